@@ -1,0 +1,2 @@
+//! Shared helpers for the benchmarks and drivers.
+#![forbid(unsafe_code)]

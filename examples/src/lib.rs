@@ -1,0 +1,2 @@
+//! Shared helpers for the examples.
+#![forbid(unsafe_code)]

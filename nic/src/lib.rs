@@ -1,0 +1,36 @@
+//! # krcore-nic: the NIC provider contract and `sim`, a software RNIC
+//!
+//! The bottom layer of KRCore-rs. Everything above it (the control plane in
+//! `krcore-kmod`, the SDK, the RACE store) is generic over the [`Nic`] trait and
+//! never knows which provider it runs on.
+//!
+//! ```text
+//! krcore (sdk) -> krcore-kmod (engine) -> krcore-nic::Nic
+//!                                           |- sim::SimNic   (default, no hardware)
+//!                                           `- verbs (feature `verbs`, later)
+//! ```
+//!
+//! ## Providers
+//! - [`sim`]: a faithful software RNIC over shared memory. `sim:mem` is a private
+//!   in-process fabric; `sim:/dev/shm/NAME` is a directory fabric shared by
+//!   processes. One-sided operations are executed by the initiator directly on
+//!   the target's memory after the checks a NIC does; errors are completions,
+//!   QPs go to ERR and flush, send-queue credits are enforced.
+//!
+//! ## Invariants every provider keeps
+//! See [`provider`] and the suite in [`conformance`], which runs unchanged on
+//! every provider.
+#![deny(unsafe_code)]
+#![warn(missing_debug_implementations)]
+
+pub mod counters;
+pub mod error;
+pub mod provider;
+pub mod types;
+
+pub use counters::Counters;
+pub use error::{NicError, PostError, PostErrorKind, Result};
+pub use provider::{
+    bring_up, CompletionQueue, MemoryRegion, Nic, QpInit, QueuePair, SharedReceiveQueue,
+};
+pub use types::*;
