@@ -23,9 +23,11 @@
 #![deny(unsafe_code)]
 #![warn(missing_debug_implementations)]
 
+pub mod conformance;
 pub mod counters;
 pub mod error;
 pub mod provider;
+pub mod sim;
 pub mod types;
 
 pub use counters::Counters;

@@ -11,7 +11,9 @@ use std::fmt;
 ///
 /// In `sim` a GID is `fabric id (8) | node slot (4) | slot generation (4)`, so a
 /// GID of a node that died is never confused with the node that reuses its slot.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, serde::Serialize, serde::Deserialize,
+)]
 pub struct Gid(pub [u8; 16]);
 
 impl Gid {
@@ -213,7 +215,9 @@ impl Payload {
 }
 
 /// A remote address and the rkey that grants access to it.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, PartialEq, Eq, Debug, Default, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct RemoteAddr {
     /// Virtual address in the target process.
     pub addr: u64,

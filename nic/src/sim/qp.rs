@@ -1,0 +1,629 @@
+//! Sim queue pairs: the state machine, the send queue with its credits, and
+//! the driving of posted work (execution lives in `exec`).
+//!
+//! Send-queue model: every posted WR gets a sequence number `seq`. Executed
+//! WRs that need a completion (signaled, or failed, or flushed) push a CQE
+//! carrying `seq`; polling it advances the QP's `sq_done` to `seq + 1`, which
+//! frees every slot up to it. Free credits are `max_send_wr - (posted -
+//! sq_done)`. Sequences never restart (RESET sets `sq_done = posted`), so a
+//! stale CQE from before a reset cannot free slots it does not own.
+//!
+//! Work is executed in order at post time by the posting thread; a SEND that
+//! finds no receive buffer (RNR) stays queued and is retried on later posts
+//! and polls of the send CQ, every `rnr_interval`, `rnr_retry` times (7 =
+//! forever), then fails with `RNR_RETRY_EXC_ERR`. Later WRs wait behind it,
+//! as on a real send queue.
+
+use super::ctl::{self, QpEntry};
+use super::exec::{Exec, Outcome, TargetCache};
+use super::node::{post_recv_ring, push_cqe, Cqe, NodeInner, SimCq, SimSrq, RWQE_WORDS};
+use super::ring::{ring_bytes, Ring};
+use super::shm::{now_ns, Segment};
+use crate::counters::Counters;
+use crate::error::{NicError, PostError, PostErrorKind, Result};
+use crate::provider::{QpInit, QueuePair};
+use crate::types::*;
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
+use std::sync::Arc;
+
+pub(crate) struct Pending {
+    pub wr: SendWr,
+    pub seq: u64,
+    /// RNR retries spent.
+    pub rnr_tries: u32,
+    /// When the next RNR retry may happen (0: not blocked yet).
+    pub next_try_ns: u64,
+}
+
+/// Mutable send-side state, guarded by the QP's send lock.
+pub(crate) struct SendState {
+    pub posted: u64,
+    pub pending: VecDeque<Pending>,
+    pub rnr_retry: u8,
+    pub peer: Option<RcPeer>,
+    pub last_dc: Option<(Gid, u32)>,
+    pub last_visible: u64,
+    pub on_cq_pending_list: bool,
+    pub target: TargetCache,
+    pub c: Counters,
+}
+
+pub(crate) struct QpInner {
+    pub node: Arc<NodeInner>,
+    pub idx: u32,
+    pub qpn: u32,
+    pub qp_type: QpType,
+    pub pd: u32,
+    pub caps: QpCaps,
+    pub send_cq: SimCq,
+    pub recv_cq: SimCq,
+    #[allow(dead_code)]
+    pub srq: Option<SimSrq>,
+    pub rq: Option<(Arc<Segment>, String)>,
+    pub send: Mutex<SendState>,
+}
+
+impl Drop for QpInner {
+    fn drop(&mut self) {
+        let e = self.entry();
+        e.free();
+        if let Some((_, name)) = &self.rq {
+            self.node.fabric.remove_segment(name);
+        }
+        let st = self.send.get_mut();
+        let mut r = self.node.retired.lock();
+        add(&mut r, &st.c);
+        self.node.counters.qps_destroyed.fetch_add(1, Relaxed);
+    }
+}
+
+fn add(into: &mut Counters, c: &Counters) {
+    into.state_changes += c.state_changes;
+    into.dc_target_switches += c.dc_target_switches;
+    into.doorbells += c.doorbells;
+    into.send_wrs += c.send_wrs;
+    into.reads += c.reads;
+    into.writes += c.writes;
+    into.sends += c.sends;
+    into.atomics += c.atomics;
+    into.bytes_read += c.bytes_read;
+    into.bytes_written += c.bytes_written;
+}
+
+impl QpInner {
+    pub(crate) fn entry(&self) -> QpEntry<'_> {
+        QpEntry::new(&self.node.ctl, self.idx)
+    }
+
+    pub(crate) fn add_counters(&self, into: &mut Counters) {
+        add(into, &self.send.lock().c);
+    }
+
+    fn state(&self) -> QpState {
+        self.entry().state_word().state
+    }
+
+    /// Retries waiting work; returns whether work is still waiting. Called by
+    /// polling the send CQ (never blocks on the send lock).
+    pub(crate) fn drive(self: &Arc<Self>) -> bool {
+        match self.send.try_lock() {
+            Some(mut st) => {
+                self.progress(&mut st);
+                let waiting = !st.pending.is_empty();
+                st.on_cq_pending_list = waiting;
+                waiting
+            }
+            None => true,
+        }
+    }
+
+    fn complete(&self, st: &mut SendState, p: &Pending, status: WcStatus, byte_len: u32) {
+        let visible_at = self.visible_at(st, &p.wr, byte_len);
+        push_cqe(
+            &self.send_cq.inner.seg,
+            &Cqe {
+                wr_id: p.wr.wr_id,
+                sq_seq: Some(p.seq),
+                visible_at,
+                byte_len,
+                imm: None,
+                qpn: self.qpn,
+                src_qp: 0,
+                status,
+                opcode: p.wr.op.wc_opcode(),
+            },
+        );
+    }
+
+    /// Modeled completion time of `wr` (0 without a latency model).
+    fn visible_at(&self, st: &mut SendState, wr: &SendWr, bytes: u32) -> u64 {
+        let Some(m) = &self.node.config.latency else {
+            return 0;
+        };
+        let base = match wr.op {
+            WrOp::Read { .. } => m.read_ns,
+            WrOp::Write { .. } | WrOp::WriteImm { .. } => m.write_ns,
+            WrOp::Send | WrOp::SendImm { .. } => m.send_ns,
+            WrOp::CompareSwap { .. } | WrOp::FetchAdd { .. } => m.atomic_ns,
+        };
+        let gap = if self.qp_type == QpType::Dci {
+            m.dc_gap_ns
+        } else {
+            m.rc_gap_ns
+        };
+        let t = now_ns() + base + (bytes as f64 / m.bytes_per_ns) as u64;
+        let v = t.max(st.last_visible + gap);
+        st.last_visible = v;
+        v
+    }
+
+    fn flush_pending(&self, st: &mut SendState) {
+        while let Some(p) = st.pending.pop_front() {
+            self.complete(st, &p, WcStatus::WrFlushErr, 0);
+        }
+    }
+
+    /// Executes queued WRs in order until one must wait (RNR) or all ran.
+    pub(crate) fn progress(self: &Arc<Self>, st: &mut SendState) {
+        while !st.pending.is_empty() {
+            if self.state() == QpState::Err {
+                self.flush_pending(st);
+                break;
+            }
+            let now_if_blocked = {
+                let p = &st.pending[0];
+                if p.next_try_ns != 0 {
+                    let now = now_ns();
+                    if now < p.next_try_ns {
+                        break;
+                    }
+                    now
+                } else {
+                    0
+                }
+            };
+            let wr = st.pending[0].wr;
+            let outcome = Exec { qp: self, st }.run(&wr);
+            match outcome {
+                Outcome::Done { status, byte_len } => {
+                    let Some(p) = st.pending.pop_front() else {
+                        break;
+                    };
+                    if status == WcStatus::Success {
+                        if wr.is_signaled() {
+                            self.complete(st, &p, status, byte_len);
+                        }
+                    } else {
+                        if self.entry().force_err() {
+                            st.c.state_changes += 1;
+                        }
+                        self.complete(st, &p, status, byte_len);
+                        self.flush_rq();
+                    }
+                }
+                Outcome::ReceiverNotReady => {
+                    let interval = self.node.config.rnr_interval.as_nanos() as u64;
+                    let rnr_retry = st.rnr_retry;
+                    let p = &mut st.pending[0];
+                    if p.next_try_ns == 0 {
+                        p.next_try_ns = now_ns() + interval;
+                    } else {
+                        p.rnr_tries += 1;
+                        p.next_try_ns = now_if_blocked + interval;
+                        if rnr_retry != 7 && p.rnr_tries > rnr_retry as u32 {
+                            let Some(p) = st.pending.pop_front() else {
+                                break;
+                            };
+                            if self.entry().force_err() {
+                                st.c.state_changes += 1;
+                            }
+                            self.complete(st, &p, WcStatus::RnrRetryExcErr, 0);
+                            continue;
+                        }
+                    }
+                    if !st.on_cq_pending_list {
+                        st.on_cq_pending_list = true;
+                        self.send_cq.add_pending(Arc::downgrade(self));
+                    }
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Flushes the QP's own receive queue after it entered ERR: every posted
+    /// receive completes with `WR_FLUSH_ERR` on the receive CQ.
+    pub(crate) fn flush_rq(&self) {
+        if let Some((seg, _)) = &self.rq {
+            flush_recv_ring(
+                seg,
+                &self.recv_cq.inner.seg,
+                self.qpn,
+                self.node.config.latency.is_some(),
+            );
+        }
+    }
+}
+
+/// Flushes a receive ring into a CQ (used by the owner and by a remote sender
+/// that moved the owner's QP to ERR).
+pub(crate) fn flush_recv_ring(rq: &Segment, cq: &Segment, qpn: u32, _modeled: bool) {
+    let ring = Ring::attach(rq, 0, RWQE_WORDS);
+    let mut buf = [0u64; RWQE_WORDS - 1];
+    while ring.pop(&mut buf) {
+        push_cqe(
+            cq,
+            &Cqe {
+                wr_id: buf[0],
+                qpn,
+                status: WcStatus::WrFlushErr,
+                opcode: WcOpcode::Recv,
+                ..Cqe::default()
+            },
+        );
+    }
+}
+
+/// A queue pair of a sim node.
+#[derive(Clone)]
+pub struct SimQp {
+    pub(crate) inner: Arc<QpInner>,
+}
+
+impl std::fmt::Debug for SimQp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimQp")
+            .field("qpn", &format_args!("{:#x}", self.inner.qpn))
+            .field("type", &self.inner.qp_type)
+            .field("state", &self.inner.state())
+            .finish()
+    }
+}
+
+impl SimQp {
+    pub(crate) fn create(
+        node: &Arc<NodeInner>,
+        pd: u32,
+        init: &QpInit<'_, super::SimNic>,
+    ) -> Result<SimQp> {
+        let t = init.qp_type;
+        if matches!(t, QpType::Dci | QpType::Dct) && !node.caps.dc {
+            return Err(NicError::Unsupported(
+                "DC transport (this device has no DC support)",
+            ));
+        }
+        for cq in [init.send_cq, init.recv_cq] {
+            if !Arc::ptr_eq(&cq.inner.node, node) {
+                return Err(NicError::InvalidArgument("CQ of another device".into()));
+            }
+        }
+        if let Some(srq) = init.srq {
+            if !Arc::ptr_eq(&srq.inner.node, node) {
+                return Err(NicError::InvalidArgument("SRQ of another device".into()));
+            }
+        }
+        let caps = init.caps;
+        let max_wr = node.caps.max_qp_wr;
+        if t == QpType::Dct && init.srq.is_none() {
+            return Err(NicError::InvalidArgument("a DCT needs an SRQ".into()));
+        }
+        if t != QpType::Dct && (caps.max_send_wr == 0 || caps.max_send_wr > max_wr) {
+            return Err(NicError::InvalidArgument(format!(
+                "max_send_wr {} outside 1..={max_wr}",
+                caps.max_send_wr
+            )));
+        }
+        if caps.max_recv_wr > max_wr
+            || caps.max_send_sge as usize > MAX_SGE
+            || caps.max_recv_sge as usize > MAX_SGE
+        {
+            return Err(NicError::InvalidArgument(format!(
+                "QP caps out of range (max {max_wr} WRs, {MAX_SGE} SGEs)"
+            )));
+        }
+        let ctl_seg = node.ctl.clone();
+        let (idx, gen) = {
+            // Slot allocation: a free entry, generation bumped (never 0 in
+            // the low 12 bits, so a QPN is never 0).
+            let mut found = None;
+            for i in 0..ctl::MAX_QP {
+                let e = QpEntry::new(&ctl_seg, i);
+                let sw = e.state_word();
+                if sw.qp_type.is_none() {
+                    let mut g = sw.gen.wrapping_add(1);
+                    if g & 0xfff == 0 {
+                        g = g.wrapping_add(1);
+                    }
+                    found = Some((i, g));
+                    break;
+                }
+            }
+            found.ok_or(NicError::Exhausted("queue pairs"))?
+        };
+        let qpn = ctl::qpn(idx, gen);
+        let use_rq = init.srq.is_none() && t != QpType::Dci && caps.max_recv_wr > 0;
+        let rq = if use_rq {
+            let cap = caps.max_recv_wr.next_power_of_two();
+            let name = node.seg_name(format_args!("rq{idx}g{gen}"));
+            let seg = node
+                .fabric
+                .create_segment(&name, ring_bytes(cap, RWQE_WORDS))?;
+            Ring::init(&seg, 0, cap, RWQE_WORDS);
+            Some((seg, name))
+        } else {
+            None
+        };
+        let e = QpEntry::new(&ctl_seg, idx);
+        e.publish(
+            gen,
+            t,
+            pd,
+            (init.recv_cq.inner.idx, init.recv_cq.inner.gen),
+            init.srq.map(|s| (s.inner.idx, s.inner.gen)),
+            if use_rq { caps.max_recv_wr } else { 0 },
+            if t == QpType::Dct { init.dc_key } else { 0 },
+        );
+        node.counters.qps_created.fetch_add(1, Relaxed);
+        node.charge(|m| m.qp_create_ns);
+        let inner = Arc::new(QpInner {
+            node: node.clone(),
+            idx,
+            qpn,
+            qp_type: t,
+            pd,
+            caps,
+            send_cq: init.send_cq.clone(),
+            recv_cq: init.recv_cq.clone(),
+            srq: init.srq.cloned(),
+            rq,
+            send: Mutex::new(SendState {
+                posted: 0,
+                pending: VecDeque::new(),
+                rnr_retry: 7,
+                peer: None,
+                last_dc: None,
+                last_visible: 0,
+                on_cq_pending_list: false,
+                target: TargetCache::default(),
+                c: Counters::default(),
+            }),
+        });
+        let mut qps = node.qps.lock();
+        qps.retain(|w| w.strong_count() > 0);
+        qps.push(Arc::downgrade(&inner));
+        Ok(SimQp { inner })
+    }
+
+    fn bad(index: usize, kind: PostErrorKind) -> PostError {
+        PostError { index, kind }
+    }
+
+    /// Checks what a NIC driver checks while building a WQE (EINVAL).
+    fn validate(&self, index: usize, wr: &SendWr) -> std::result::Result<(), PostError> {
+        let q = &self.inner;
+        let m = |s| Err(Self::bad(index, PostErrorKind::Malformed(s)));
+        match (q.qp_type, &wr.dest) {
+            (QpType::Rc, Destination::Connected) => {}
+            (QpType::Dci, Destination::Dc(_)) => {}
+            (QpType::Ud, Destination::Ud(_)) => {}
+            (QpType::Rc, _) => return m("an RC QP sends only to its connected peer"),
+            (QpType::Dci, _) => return m("a DCI work request must name a DC target"),
+            (QpType::Ud, _) => return m("a UD work request must name a UD destination"),
+            (QpType::Dct, _) => return m("a DCT has no send queue"),
+        }
+        if q.qp_type == QpType::Ud && !matches!(wr.op, WrOp::Send | WrOp::SendImm { .. }) {
+            return m("UD carries only SEND and SEND_WITH_IMM");
+        }
+        match &wr.payload {
+            Payload::Inline(d) => {
+                if matches!(wr.op, WrOp::Read { .. }) || wr.op.is_atomic() {
+                    return m("inline data only for WRITE and SEND");
+                }
+                if d.as_slice().len() > q.node.caps.max_inline as usize {
+                    return m("inline data larger than max_inline");
+                }
+            }
+            Payload::Local(sg) => {
+                if sg.as_slice().len() > q.caps.max_send_sge.max(1) as usize {
+                    return m("more SGEs than max_send_sge");
+                }
+                if wr.op.is_atomic() && (sg.as_slice().len() != 1 || sg.as_slice()[0].length != 8) {
+                    return m("an atomic needs exactly one 8-byte SGE");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn credits(&self, st: &SendState) -> u32 {
+        let done = self.inner.entry().sq_done().load(Acquire);
+        let used = st.posted.saturating_sub(done);
+        (self.inner.caps.max_send_wr as u64).saturating_sub(used) as u32
+    }
+}
+
+impl QueuePair for SimQp {
+    fn qpn(&self) -> u32 {
+        self.inner.qpn
+    }
+
+    fn qp_type(&self) -> QpType {
+        self.inner.qp_type
+    }
+
+    fn state(&self) -> QpState {
+        self.inner.state()
+    }
+
+    fn max_send_wr(&self) -> u32 {
+        self.inner.caps.max_send_wr
+    }
+
+    fn send_credits(&self) -> u32 {
+        let st = self.inner.send.lock();
+        self.credits(&st)
+    }
+
+    fn modify(&self, t: Transition) -> Result<()> {
+        let q = &self.inner;
+        let e = q.entry();
+        let mut st = q.send.lock();
+        let from = e.state_word().state;
+        let qt = q.qp_type;
+        let invalid = |to| {
+            Err(NicError::InvalidTransition {
+                qp_type: qt,
+                from,
+                to,
+            })
+        };
+        let moved = match t {
+            Transition::Init { access, qkey } => {
+                if from != QpState::Reset {
+                    return invalid(QpState::Init);
+                }
+                e.set_access_qkey(access, qkey);
+                e.cas_state(QpState::Reset, QpState::Init)
+            }
+            Transition::Rtr { peer } => {
+                if from != QpState::Init {
+                    return invalid(QpState::Rtr);
+                }
+                match (qt, peer) {
+                    (QpType::Rc, Some(p)) => {
+                        e.set_peer(p.gid, p.qpn);
+                        st.peer = Some(p);
+                        q.node.charge(|m| m.rc_connect_ns);
+                    }
+                    (QpType::Rc, None) => {
+                        return Err(NicError::InvalidArgument(
+                            "an RC QP needs the remote GID and QPN at RTR".into(),
+                        ))
+                    }
+                    (_, Some(_)) => {
+                        return Err(NicError::InvalidArgument(format!(
+                            "a {qt:?} QP takes no remote peer at RTR"
+                        )))
+                    }
+                    (_, None) => {}
+                }
+                e.cas_state(QpState::Init, QpState::Rtr)
+            }
+            Transition::Rts { rnr_retry, .. } => {
+                if from != QpState::Rtr || qt == QpType::Dct {
+                    return invalid(QpState::Rts);
+                }
+                st.rnr_retry = rnr_retry.min(7);
+                e.cas_state(QpState::Rtr, QpState::Rts)
+            }
+            Transition::Reset => {
+                // Outstanding work is discarded without completions; every
+                // slot becomes free.
+                st.pending.clear();
+                e.sq_done().fetch_max(st.posted, AcqRel);
+                if let Some((seg, _)) = &q.rq {
+                    let ring = Ring::attach(seg, 0, RWQE_WORDS);
+                    let mut buf = [0u64; RWQE_WORDS - 1];
+                    while ring.pop(&mut buf) {}
+                }
+                st.peer = None;
+                st.last_dc = None;
+                st.target = TargetCache::default();
+                loop {
+                    let cur = e.state_word().state;
+                    if cur == QpState::Reset || e.cas_state(cur, QpState::Reset) {
+                        break;
+                    }
+                }
+                true
+            }
+            Transition::Err => {
+                e.force_err();
+                q.flush_pending(&mut st);
+                q.flush_rq();
+                true
+            }
+        };
+        if !moved {
+            // A remote peer moved the QP to ERR concurrently.
+            return invalid(e.state_word().state);
+        }
+        q.node.counters.state_changes.fetch_add(1, Relaxed);
+        Ok(())
+    }
+
+    fn post_send(&self, wrs: &[SendWr]) -> std::result::Result<(), PostError> {
+        let q = &self.inner;
+        let mut st = q.send.lock();
+        let state = q.state();
+        if !matches!(state, QpState::Rts | QpState::Err) {
+            return Err(Self::bad(0, PostErrorKind::BadState(state)));
+        }
+        let mut result = Ok(());
+        let mut n = 0;
+        for (i, wr) in wrs.iter().enumerate() {
+            if let Err(e) = self.validate(i, wr) {
+                result = Err(e);
+                break;
+            }
+            if self.credits(&st) == 0 {
+                result = Err(Self::bad(
+                    i,
+                    PostErrorKind::QueueFull {
+                        depth: q.caps.max_send_wr,
+                    },
+                ));
+                break;
+            }
+            let seq = st.posted;
+            st.posted += 1;
+            st.pending.push_back(Pending {
+                wr: *wr,
+                seq,
+                rnr_tries: 0,
+                next_try_ns: 0,
+            });
+            n += 1;
+        }
+        if n > 0 {
+            st.c.doorbells += 1;
+            st.c.send_wrs += n;
+            q.progress(&mut st);
+        }
+        result
+    }
+
+    fn post_recv(&self, wrs: &[RecvWr]) -> std::result::Result<(), PostError> {
+        let q = &self.inner;
+        let state = q.state();
+        let Some((seg, _)) = &q.rq else {
+            return Err(Self::bad(
+                0,
+                PostErrorKind::Malformed(match q.qp_type {
+                    QpType::Dci => "a DCI has no receive queue",
+                    _ => "this QP receives from an SRQ (or was created with max_recv_wr 0)",
+                }),
+            ));
+        };
+        if state == QpState::Reset {
+            return Err(Self::bad(0, PostErrorKind::BadState(state)));
+        }
+        let r = post_recv_ring(seg, wrs, q.caps.max_recv_sge.max(1));
+        let posted = r.as_ref().map(|_| wrs.len()).unwrap_or_else(|e| e.index);
+        q.node.counters.recv_wrs.fetch_add(posted as u64, Relaxed);
+        if q.state() == QpState::Err {
+            q.flush_rq();
+        }
+        r
+    }
+}
+
+impl SimQp {
+    /// Convenience for tests and tools: a CQ-independent view of how many
+    /// posted WRs have not been executed yet (waiting on RNR).
+    pub fn waiting_wrs(&self) -> usize {
+        self.inner.send.lock().pending.len()
+    }
+}

@@ -1,0 +1,275 @@
+//! Shared-memory segments: the only module of `sim` with `unsafe` code.
+//!
+//! A [`Segment`] is a mapping of bytes that other threads or processes may read
+//! and write concurrently, exactly like memory a NIC can DMA into. It is never
+//! exposed as `&[u8]`/`&mut [u8]` (that would promise no concurrent writer);
+//! every access goes through a bounds-checked accessor that uses atomic
+//! operations, so racy accesses are defined behaviour (relaxed atomics compile
+//! to plain moves on x86-64 and aarch64).
+//!
+//! Invariants:
+//! - `base` is page aligned (mmap) or caller memory the caller vouched for, and
+//!   stays mapped for the lifetime of the `Segment` (the mapping is owned, or
+//!   the caller promised it under `unsafe` in [`Segment::borrowed`]).
+//! - Segments are never truncated or remapped: a file-backed segment that is
+//!   removed from the fabric is only unlinked, so existing mappings in other
+//!   processes stay valid (no SIGBUS).
+#![allow(unsafe_code)]
+
+use crate::error::{NicError, Result};
+use std::fs::{File, OpenOptions};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+
+enum Backing {
+    Map(#[allow(dead_code)] memmap2::MmapRaw),
+    Anon(#[allow(dead_code)] memmap2::MmapMut),
+    Borrowed,
+}
+
+/// A byte range shared with the (simulated) NIC and with other processes.
+pub struct Segment {
+    base: *mut u8,
+    len: usize,
+    _backing: Backing,
+}
+
+impl std::fmt::Debug for Segment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Segment")
+            .field("base", &self.base)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+// SAFETY: a Segment is a pointer to memory that is valid for the Segment's
+// lifetime (see the module invariants) and is only accessed through atomic
+// operations, which are safe to perform from any thread.
+unsafe impl Send for Segment {}
+// SAFETY: as above: all access through `&Segment` is atomic.
+unsafe impl Sync for Segment {}
+
+fn os(op: &'static str) -> impl FnOnce(std::io::Error) -> NicError {
+    move |source| NicError::Os { op, source }
+}
+
+impl Segment {
+    /// Zeroed private memory of `len` bytes (anonymous mapping, lazily backed).
+    pub fn anon(len: usize) -> Result<Segment> {
+        let mut map = memmap2::MmapOptions::new()
+            .len(len.max(1))
+            .map_anon()
+            .map_err(os("mmap anonymous"))?;
+        let base = map.as_mut_ptr();
+        Ok(Segment {
+            base,
+            len,
+            _backing: Backing::Anon(map),
+        })
+    }
+
+    /// Creates a new file of `len` zero bytes at `path` (fails if it exists) and
+    /// maps it shared.
+    pub fn create_file(path: &Path, len: usize) -> Result<Segment> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .map_err(os("create segment file"))?;
+        file.set_len(len.max(1) as u64)
+            .map_err(os("size segment file"))?;
+        Self::map_file(&file, len)
+    }
+
+    /// Maps an existing segment file shared.
+    pub fn open_file(path: &Path) -> Result<Segment> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(os("open segment file"))?;
+        let len = file.metadata().map_err(os("stat segment file"))?.len() as usize;
+        Self::map_file(&file, len)
+    }
+
+    fn map_file(file: &File, len: usize) -> Result<Segment> {
+        let map = memmap2::MmapOptions::new()
+            .len(len.max(1))
+            .map_raw(file)
+            .map_err(os("mmap segment file"))?;
+        let base = map.as_mut_ptr();
+        Ok(Segment {
+            base,
+            len,
+            _backing: Backing::Map(map),
+        })
+    }
+
+    /// Wraps caller memory.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must be valid for reads and writes for the lifetime of
+    /// the returned segment, and must not be accessed through Rust references
+    /// while the segment may write it.
+    pub unsafe fn borrowed(ptr: *mut u8, len: usize) -> Segment {
+        Segment {
+            base: ptr,
+            len,
+            _backing: Backing::Borrowed,
+        }
+    }
+
+    /// Address of the first byte in this process.
+    pub fn addr(&self) -> u64 {
+        self.base as u64
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    fn check(&self, off: usize, len: usize) -> Result<()> {
+        crate::provider::check_range(self.len, off, len)
+    }
+
+    /// The 8-byte word at `off` as an atomic.
+    ///
+    /// # Errors
+    /// `InvalidArgument` when `off` is misaligned or out of bounds.
+    pub fn u64_at(&self, off: usize) -> Result<&AtomicU64> {
+        self.check(off, 8)?;
+        if (self.base as usize + off) % 8 != 0 {
+            return Err(NicError::InvalidArgument(format!(
+                "offset {off} is not 8-byte aligned"
+            )));
+        }
+        // SAFETY: `off..off+8` is in bounds (checked above) of memory that is
+        // valid for the lifetime of `self` (module invariant), the address is
+        // 8-byte aligned (checked), and AtomicU64 has the size and alignment
+        // of u64. All accesses to this memory are atomic (module invariant).
+        Ok(unsafe { &*(self.base.add(off) as *const AtomicU64) })
+    }
+
+    /// The 8-byte word at `off`, for offsets the caller computed from a fixed
+    /// layout. Panics on a misaligned or out-of-bounds offset, which would be a
+    /// bug in the sim's own table layout, never a consequence of user input.
+    pub fn word(&self, off: usize) -> &AtomicU64 {
+        match self.u64_at(off) {
+            Ok(w) => w,
+            Err(e) => panic!("sim layout bug: {e}"),
+        }
+    }
+
+    fn byte(&self, off: usize) -> &AtomicU8 {
+        // SAFETY: callers check `off < self.len`; the memory is valid for the
+        // lifetime of `self` and AtomicU8 has the layout of u8.
+        unsafe { &*(self.base.add(off) as *const AtomicU8) }
+    }
+
+    /// Copies `buf.len()` bytes at `off` out of the segment.
+    pub fn copy_out(&self, off: usize, buf: &mut [u8]) -> Result<()> {
+        self.check(off, buf.len())?;
+        let mut i = 0;
+        let n = buf.len();
+        while i < n && (self.base as usize + off + i) % 8 != 0 {
+            buf[i] = self.byte(off + i).load(Ordering::Relaxed);
+            i += 1;
+        }
+        while i + 8 <= n {
+            let w = self.word(off + i).load(Ordering::Relaxed);
+            buf[i..i + 8].copy_from_slice(&w.to_ne_bytes());
+            i += 8;
+        }
+        while i < n {
+            buf[i] = self.byte(off + i).load(Ordering::Relaxed);
+            i += 1;
+        }
+        Ok(())
+    }
+
+    /// Copies `data` into the segment at `off`.
+    pub fn copy_in(&self, off: usize, data: &[u8]) -> Result<()> {
+        self.check(off, data.len())?;
+        let mut i = 0;
+        let n = data.len();
+        while i < n && (self.base as usize + off + i) % 8 != 0 {
+            self.byte(off + i).store(data[i], Ordering::Relaxed);
+            i += 1;
+        }
+        while i + 8 <= n {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&data[i..i + 8]);
+            self.word(off + i)
+                .store(u64::from_ne_bytes(w), Ordering::Relaxed);
+            i += 8;
+        }
+        while i < n {
+            self.byte(off + i).store(data[i], Ordering::Relaxed);
+            i += 1;
+        }
+        Ok(())
+    }
+
+    /// Copies `len` bytes from `self[src_off..]` to `dst[dst_off..]` (the two
+    /// may be the same segment; overlapping ranges copy as if through a
+    /// temporary only when they are word-aligned alike, as a DMA engine would
+    /// not promise either).
+    pub fn copy_to(&self, src_off: usize, dst: &Segment, dst_off: usize, len: usize) -> Result<()> {
+        self.check(src_off, len)?;
+        dst.check(dst_off, len)?;
+        let s = self.base as usize + src_off;
+        let d = dst.base as usize + dst_off;
+        let mut i = 0;
+        if s % 8 == d % 8 {
+            while i < len && (s + i) % 8 != 0 {
+                dst.byte(dst_off + i).store(
+                    self.byte(src_off + i).load(Ordering::Relaxed),
+                    Ordering::Relaxed,
+                );
+                i += 1;
+            }
+            while i + 8 <= len {
+                dst.word(dst_off + i).store(
+                    self.word(src_off + i).load(Ordering::Relaxed),
+                    Ordering::Relaxed,
+                );
+                i += 8;
+            }
+        } else {
+            // Different word phase: stage through a stack buffer.
+            let mut tmp = [0u8; 256];
+            while i < len {
+                let n = (len - i).min(tmp.len());
+                self.copy_out(src_off + i, &mut tmp[..n])?;
+                dst.copy_in(dst_off + i, &tmp[..n])?;
+                i += n;
+            }
+        }
+        while i < len {
+            dst.byte(dst_off + i).store(
+                self.byte(src_off + i).load(Ordering::Relaxed),
+                Ordering::Relaxed,
+            );
+            i += 1;
+        }
+        Ok(())
+    }
+}
+
+/// Nanoseconds on the system-wide monotonic clock (the same clock in every
+/// process of the machine, unlike `Instant`'s opaque values).
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec and CLOCK_MONOTONIC always
+    // exists, so the call only writes `ts`.
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts);
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
