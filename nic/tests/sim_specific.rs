@@ -1,0 +1,344 @@
+//! Semantics of `sim` beyond the portable suite: fabric errors, dead nodes,
+//! PDs, receiver-side errors, the latency model, and concurrency.
+
+use krcore_nic::conformance::{poll_one, rc_pair, Side};
+use krcore_nic::sim::{LatencyModel, SimConfig, SimFabric, SimNic};
+use krcore_nic::*;
+use std::sync::Arc;
+
+fn pair_with(cfg: SimConfig) -> (SimNic, SimNic) {
+    let f = SimFabric::in_memory();
+    (
+        SimNic::open(&f, cfg.clone()).unwrap(),
+        SimNic::open(&f, cfg).unwrap(),
+    )
+}
+
+fn pair() -> (SimNic, SimNic) {
+    pair_with(SimConfig::default())
+}
+
+#[test]
+fn fabric_directory_errors_are_typed() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope");
+    assert!(matches!(
+        SimFabric::open_dir(&missing, false),
+        Err(NicError::FabricMissing(_))
+    ));
+    let deep = dir.path().join("no/such/parent");
+    assert!(matches!(
+        SimFabric::open_dir(&deep, true),
+        Err(NicError::FabricMissing(_))
+    ));
+    // A fabric written by another layout version.
+    let other = dir.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    let mut hdr = vec![0u8; 64];
+    hdr[..8].copy_from_slice(b"KRSIMFAB");
+    hdr[8..12].copy_from_slice(&99u32.to_le_bytes());
+    std::fs::write(other.join("fabric"), &hdr).unwrap();
+    match SimFabric::open_dir(&other, false) {
+        Err(NicError::FabricVersion { found: 99, .. }) => {}
+        r => panic!("expected a version error, got {r:?}"),
+    }
+    for bad in ["mem", "sim:", "sim:a/b", "verbs:x"] {
+        assert!(
+            matches!(SimFabric::from_spec(bad), Err(NicError::BadFabricSpec(_))),
+            "{bad}"
+        );
+    }
+    // Two opens of one directory are one fabric.
+    let shared = dir.path().join("shared");
+    let f1 = SimFabric::open_dir(&shared, true).unwrap();
+    let f2 = SimFabric::open_dir(&shared, false).unwrap();
+    assert_eq!(f1.id(), f2.id());
+}
+
+#[test]
+fn caller_memory_registration() {
+    let (a, b) = pair();
+    let sa = Side::new(&a, 4096);
+    let sb = Side::new(&b, 64);
+    let mut buf = vec![0u8; 4096];
+    buf[..5].copy_from_slice(b"mine!");
+    // SAFETY: `buf` outlives `mr` (dropped at the end of the scope, after
+    // the region) and is not touched through Rust references meanwhile.
+    let mr = unsafe { b.register_mr(&sb.pd, buf.as_mut_ptr(), buf.len(), Access::ALL) }.unwrap();
+    let (qa, _qb) = rc_pair(&sa, &sb, QpCaps::default());
+    qa.post_send(&[SendWr::read(1, sa.mr.sge(0, 5).unwrap(), mr.remote(0))])
+        .unwrap();
+    assert_eq!(poll_one(&sa.cq).status, WcStatus::Success);
+    let mut got = [0u8; 5];
+    sa.mr.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"mine!");
+    drop(mr);
+    drop(buf);
+
+    let dir = tempfile::tempdir().unwrap();
+    let f = SimFabric::open_dir(dir.path().join("f"), true).unwrap();
+    let n = SimNic::open(&f, SimConfig::default()).unwrap();
+    let pd = n.alloc_pd().unwrap();
+    let mut v = vec![0u8; 64];
+    // SAFETY: the call is refused before the memory is used.
+    let r = unsafe { n.register_mr(&pd, v.as_mut_ptr(), v.len(), Access::ALL) };
+    assert!(matches!(r, Err(NicError::Unsupported(_))));
+}
+
+#[test]
+fn killed_node_gives_retry_exceeded() {
+    let (a, b) = pair();
+    let (sa, sb) = (Side::new(&a, 4096), Side::new(&b, 4096));
+    let (qa, _qb) = rc_pair(&sa, &sb, QpCaps::default());
+    qa.post_send(&[SendWr::read(1, sa.mr.sge(0, 8).unwrap(), sb.mr.remote(0))])
+        .unwrap();
+    assert_eq!(poll_one(&sa.cq).status, WcStatus::Success);
+    b.kill();
+    qa.post_send(&[SendWr::read(2, sa.mr.sge(0, 8).unwrap(), sb.mr.remote(0))])
+        .unwrap();
+    assert_eq!(poll_one(&sa.cq).status, WcStatus::RetryExcErr);
+    assert_eq!(qa.state(), QpState::Err);
+}
+
+#[test]
+fn peer_not_ready_or_not_connected_gives_retry_exceeded() {
+    let (a, b) = pair();
+    let (sa, sb) = (Side::new(&a, 4096), Side::new(&b, 4096));
+    let qa = sa.qp(QpType::Rc, QpCaps::default(), None, 0);
+    let qb = sb.qp(QpType::Rc, QpCaps::default(), None, 0);
+    bring_up(
+        &qa,
+        Access::ALL,
+        Some(RcPeer {
+            gid: b.gid(),
+            qpn: qb.qpn(),
+        }),
+    )
+    .unwrap();
+    // qb stays in RESET.
+    qa.post_send(&[SendWr::read(1, sa.mr.sge(0, 8).unwrap(), sb.mr.remote(0))])
+        .unwrap();
+    assert_eq!(poll_one(&sa.cq).status, WcStatus::RetryExcErr);
+    // qc is up but connected to someone else.
+    let qa2 = sa.qp(QpType::Rc, QpCaps::default(), None, 0);
+    let qc = sb.qp(QpType::Rc, QpCaps::default(), None, 0);
+    bring_up(
+        &qa2,
+        Access::ALL,
+        Some(RcPeer {
+            gid: b.gid(),
+            qpn: qc.qpn(),
+        }),
+    )
+    .unwrap();
+    bring_up(
+        &qc,
+        Access::ALL,
+        Some(RcPeer {
+            gid: a.gid(),
+            qpn: 0x123,
+        }),
+    )
+    .unwrap();
+    qa2.post_send(&[SendWr::read(2, sa.mr.sge(0, 8).unwrap(), sb.mr.remote(0))])
+        .unwrap();
+    assert_eq!(poll_one(&sa.cq).status, WcStatus::RetryExcErr);
+}
+
+#[test]
+fn protection_domains_are_enforced() {
+    let (a, b) = pair();
+    let (sa, sb) = (Side::new(&a, 4096), Side::new(&b, 4096));
+    let other_pd_mr = {
+        let pd2 = b.alloc_pd().unwrap();
+        b.alloc_mr(&pd2, 4096, Access::ALL).unwrap()
+    };
+    let (qa, _qb) = rc_pair(&sa, &sb, QpCaps::default());
+    qa.post_send(&[SendWr::read(
+        1,
+        sa.mr.sge(0, 8).unwrap(),
+        other_pd_mr.remote(0),
+    )])
+    .unwrap();
+    assert_eq!(
+        poll_one(&sa.cq).status,
+        WcStatus::RemAccessErr,
+        "remote MR in another PD"
+    );
+    let (qa, _qb) = rc_pair(&sa, &sb, QpCaps::default());
+    let local_pd2 = {
+        let pd2 = a.alloc_pd().unwrap();
+        a.alloc_mr(&pd2, 64, Access::ALL).unwrap()
+    };
+    qa.post_send(&[SendWr::read(
+        2,
+        local_pd2.sge(0, 8).unwrap(),
+        sb.mr.remote(0),
+    )])
+    .unwrap();
+    assert_eq!(
+        poll_one(&sa.cq).status,
+        WcStatus::LocProtErr,
+        "local MR in another PD"
+    );
+}
+
+#[test]
+fn short_receive_buffer_errors_both_sides() {
+    let (a, b) = pair();
+    let (sa, sb) = (Side::new(&a, 4096), Side::new(&b, 4096));
+    let (qa, qb) = rc_pair(&sa, &sb, QpCaps::default());
+    qb.post_recv(&[
+        RecvWr::new(1, sb.mr.sge(0, 8).unwrap()),
+        RecvWr::new(2, sb.mr.sge(8, 8).unwrap()),
+    ])
+    .unwrap();
+    qa.post_send(&[SendWr::send(9, sa.mr.sge(0, 64).unwrap(), None)])
+        .unwrap();
+    assert_eq!(poll_one(&sa.cq).status, WcStatus::RemInvReqErr);
+    let wc = poll_one(&sb.cq);
+    assert_eq!((wc.wr_id, wc.status), (1, WcStatus::LocLenErr));
+    assert_eq!(
+        qb.state(),
+        QpState::Err,
+        "an RC receiver that fails enters ERR"
+    );
+    let wc = poll_one(&sb.cq);
+    assert_eq!(
+        (wc.wr_id, wc.status),
+        (2, WcStatus::WrFlushErr),
+        "its other receives flush"
+    );
+}
+
+#[test]
+fn dc_unsupported_device_refuses_dc_qps() {
+    let (a, _b) = pair_with(SimConfig {
+        dc: false,
+        ..SimConfig::default()
+    });
+    assert!(!a.caps().dc);
+    let s = Side::new(&a, 64);
+    let r = a.create_qp(
+        &s.pd,
+        &QpInit {
+            qp_type: QpType::Dci,
+            caps: QpCaps::default(),
+            send_cq: &s.cq,
+            recv_cq: &s.cq,
+            srq: None,
+            dc_key: 0,
+        },
+    );
+    assert!(matches!(r, Err(NicError::Unsupported(_))));
+}
+
+#[test]
+fn latency_model_delays_completions_and_charges_control_path() {
+    let m = LatencyModel::cx4();
+    let (a, b) = pair_with(SimConfig {
+        latency: Some(m),
+        ..SimConfig::default()
+    });
+    let before = a.counters();
+    let (sa, sb) = (Side::new(&a, 4096), Side::new(&b, 4096));
+    let (qa, _qb) = rc_pair(&sa, &sb, QpCaps::default());
+    let d = a.counters() - before;
+    assert_eq!(
+        d.modeled_control_ns,
+        m.qp_create_ns + m.rc_connect_ns + m.mr_reg_ns,
+        "one QP created and connected, one MR registered (modeled)"
+    );
+    let posted = std::time::Instant::now();
+    qa.post_send(&[SendWr::read(1, sa.mr.sge(0, 8).unwrap(), sb.mr.remote(0))])
+        .unwrap();
+    let mut wc = [Wc::default()];
+    // The completion is not visible right after posting...
+    let first = sa.cq.poll(&mut wc).unwrap();
+    let wc = if first == 1 { wc[0] } else { poll_one(&sa.cq) };
+    assert!(
+        first == 0 || posted.elapsed().as_nanos() as u64 >= m.read_ns,
+        "a READ completion may not be visible before its modeled latency"
+    );
+    assert_eq!(wc.status, WcStatus::Success);
+    assert!(posted.elapsed().as_nanos() as u64 >= m.read_ns);
+}
+
+#[test]
+fn threads_on_separate_qps_faa_one_counter_exactly() {
+    let (a, b) = pair();
+    let sb = Arc::new(Side::new(&b, 4096));
+    let threads = 4;
+    let per = 5000u64;
+    let hs: Vec<_> = (0..threads)
+        .map(|_| {
+            let a = a.clone();
+            let sb = sb.clone();
+            std::thread::spawn(move || {
+                let sa = Side::new(&a, 64);
+                let (qa, _qb) = rc_pair(&sa, &sb, QpCaps::default());
+                for i in 0..per {
+                    qa.post_send(&[SendWr::faa(i, sa.mr.sge(0, 8).unwrap(), sb.mr.remote(0), 1)])
+                        .unwrap();
+                    assert_eq!(poll_one(&sa.cq).status, WcStatus::Success);
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    assert_eq!(sb.mr.load_u64(0).unwrap(), threads * per);
+}
+
+#[test]
+fn shared_qp_from_threads_keeps_credits_consistent() {
+    // Many threads post on ONE QP (verbs allows it); every WR completes
+    // exactly once and credits return to full.
+    let (a, b) = pair();
+    let sa = Side::new(&a, 4096);
+    let sb = Side::new(&b, 4096);
+    let caps = QpCaps {
+        max_send_wr: 8,
+        ..QpCaps::default()
+    };
+    let (qa, _qb) = rc_pair(&sa, &sb, caps);
+    let qa = Arc::new(qa);
+    let total = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let sa = Arc::new(sa);
+    let hs: Vec<_> = (0..3u64)
+        .map(|t| {
+            let (qa, sa, sb_mr, total) = (qa.clone(), sa.clone(), sb.mr.clone(), total.clone());
+            std::thread::spawn(move || {
+                let mut done = 0;
+                let mut wc = [Wc::default(); 8];
+                while done < 2000 {
+                    let wr =
+                        SendWr::faa(t, sa.mr.sge(8 * t as usize, 8).unwrap(), sb_mr.remote(0), 1);
+                    match qa.post_send(&[wr]) {
+                        Ok(()) => done += 1,
+                        Err(e) => assert!(matches!(e.kind, PostErrorKind::QueueFull { .. }), "{e}"),
+                    }
+                    let n = sa.cq.poll(&mut wc).unwrap();
+                    for w in &wc[..n] {
+                        assert_eq!(w.status, WcStatus::Success);
+                    }
+                    total.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    let mut wc = [Wc::default(); 8];
+    let start = std::time::Instant::now();
+    while total.load(std::sync::atomic::Ordering::Relaxed) < 6000 {
+        let n = sa.cq.poll(&mut wc).unwrap();
+        total.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+        assert!(start.elapsed().as_secs() < 10);
+    }
+    assert_eq!(total.load(std::sync::atomic::Ordering::Relaxed), 6000);
+    assert_eq!(sb.mr.load_u64(0).unwrap(), 6000);
+    assert_eq!(qa.send_credits(), 8);
+}
