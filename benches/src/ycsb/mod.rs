@@ -1,0 +1,17 @@
+//! YCSB workload machinery (placeholder, filled in below).
+mod error;
+mod generator;
+mod hash;
+mod zipfian;
+
+pub use error::{Result, YcsbError};
+pub use generator::{
+    AcknowledgedCounterGenerator, CounterGenerator, DiscreteGenerator, UniformGenerator,
+};
+pub use hash::{
+    build_key_name, fnv1a64, fnv_hash64, InsertOrder, FNV_OFFSET_BASIS_64, FNV_PRIME_64,
+};
+pub use zipfian::{
+    zeta, ScrambledZipfianGenerator, SkewedLatestGenerator, ZipfianGenerator, SCRAMBLED_ITEM_COUNT,
+    SCRAMBLED_ZETAN, ZIPFIAN_CONSTANT,
+};
