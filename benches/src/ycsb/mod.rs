@@ -2,6 +2,9 @@
 mod error;
 mod generator;
 mod hash;
+mod ops;
+mod properties;
+mod workload;
 mod zipfian;
 
 pub use error::{Result, YcsbError};
@@ -11,6 +14,9 @@ pub use generator::{
 pub use hash::{
     build_key_name, fnv1a64, fnv_hash64, InsertOrder, FNV_OFFSET_BASIS_64, FNV_PRIME_64,
 };
+pub use ops::{KeySpace, OperationGenerator, Request};
+pub use properties::Properties;
+pub use workload::{proportion_key, Operation, Proportions, RequestDistribution, Workload};
 pub use zipfian::{
     zeta, ScrambledZipfianGenerator, SkewedLatestGenerator, ZipfianGenerator, SCRAMBLED_ITEM_COUNT,
     SCRAMBLED_ZETAN, ZIPFIAN_CONSTANT,
