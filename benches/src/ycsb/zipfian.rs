@@ -190,7 +190,7 @@ fn check_theta(theta: f64) -> Result<()> {
 /// the item count. Construction is `O(1)`.
 #[derive(Debug, Clone)]
 pub struct ScrambledZipfianGenerator {
-    gen: ZipfianGenerator,
+    zipfian: ZipfianGenerator,
     min: u64,
     item_count: u64,
 }
@@ -210,14 +210,14 @@ impl ScrambledZipfianGenerator {
             })?;
         // Java: `new ZipfianGenerator(0, ITEM_COUNT, 0.99, ZETAN)`, i.e. the
         // inclusive range 0..=ITEM_COUNT.
-        let gen = ZipfianGenerator::build(
+        let zipfian = ZipfianGenerator::build(
             0,
             SCRAMBLED_ITEM_COUNT + 1,
             ZIPFIAN_CONSTANT,
             SCRAMBLED_ZETAN,
         );
         Ok(Self {
-            gen,
+            zipfian,
             min,
             item_count,
         })
@@ -231,7 +231,7 @@ impl ScrambledZipfianGenerator {
 
     /// [`ScrambledZipfianGenerator::next_value`] with the uniform draw given.
     pub fn next_value_from_unit(&mut self, u: f64) -> u64 {
-        let raw = self.gen.next_long_from_unit(self.gen.items, u);
+        let raw = self.zipfian.next_long_from_unit(self.zipfian.items, u);
         self.scramble(raw)
     }
 
