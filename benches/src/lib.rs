@@ -1,2 +1,11 @@
-//! Shared helpers for the benchmarks and drivers.
+//! Shared helpers for the KRCore-rs benchmarks and load drivers.
+//!
+//! - [`ycsb`]: the YCSB core-workload machinery (generators faithful to
+//!   YCSB's Java, workloads A to F and property files, latency histograms,
+//!   and reports in YCSB's text format or JSON) used by the `krcore-ycsb`
+//!   driver. It is pure: no clock and no I/O besides reading a property file.
+//!
+//! Benchmarks report figures; they are never timed tests (DESIGN.md section 8).
 #![forbid(unsafe_code)]
+
+pub mod ycsb;
