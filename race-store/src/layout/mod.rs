@@ -11,12 +11,14 @@
 //! | [`slot`]      | slot word `fp 8 \| len 8 \| node 8 \| offset 40`   | 8 B           |
 //! | [`bucket`]    | bucket `{local_depth, suffix, 7 slots}`, groups    | 64 B / 192 B  |
 //! | [`subtable`]  | geometry, suffix algebra, split plans              | groups x 192 B|
+//! | [`kv`]        | out-of-place KV block with CRC32                   | 64 B x n      |
 //!
 //! All multi-byte integers are little-endian, which is also what RDMA atomics
 //! see on little-endian hosts: a slot or directory word is CASed as the `u64`
 //! whose little-endian bytes are stored.
 
 pub mod bucket;
+pub mod kv;
 pub mod slot;
 pub mod subtable;
 
@@ -63,6 +65,11 @@ pub(crate) fn write_array<const N: usize>(buf: &mut [u8], at: usize, bytes: [u8;
 }
 
 #[inline]
+pub(crate) fn read_u16(buf: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes(read_array(buf, at))
+}
+
+#[inline]
 pub(crate) fn read_u32(buf: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(read_array(buf, at))
 }
@@ -79,7 +86,8 @@ mod tests {
     #[test]
     fn helpers_never_panic_out_of_range() {
         let buf = [1u8, 2, 3];
-        assert_eq!(read_u32(&buf, 0), 0);
+        assert_eq!(read_u16(&buf, 1), 0x0302);
+        assert_eq!(read_u16(&buf, 2), 0);
         assert_eq!(read_u64(&buf, usize::MAX), 0);
         let mut out = [0u8; 4];
         assert!(write_array(&mut out, 0, [9u8; 4]));
