@@ -11,6 +11,7 @@
 //! | [`slot`]      | slot word `fp 8 \| len 8 \| node 8 \| offset 40`   | 8 B           |
 //! | [`bucket`]    | bucket `{local_depth, suffix, 7 slots}`, groups    | 64 B / 192 B  |
 //! | [`subtable`]  | geometry, suffix algebra, split plans              | groups x 192 B|
+//! | [`dir_header`]| directory header: global depth + leased lock       | 8 B           |
 //! | [`kv`]        | out-of-place KV block with CRC32                   | 64 B x n      |
 //!
 //! All multi-byte integers are little-endian, which is also what RDMA atomics
@@ -18,6 +19,7 @@
 //! whose little-endian bytes are stored.
 
 pub mod bucket;
+pub mod dir_header;
 pub mod kv;
 pub mod slot;
 pub mod subtable;
