@@ -12,6 +12,8 @@
 //! | [`bucket`]    | bucket `{local_depth, suffix, 7 slots}`, groups    | 64 B / 192 B  |
 //! | [`subtable`]  | geometry, suffix algebra, split plans              | groups x 192 B|
 //! | [`dir_header`]| directory header: global depth + leased lock       | 8 B           |
+//! | [`directory`] | entry words, directory image and its consistency   | 64 B + 8 B x 2^g |
+//! | [`extendible`]| entries of a suffix, split rewrites, doubling      | -             |
 //! | [`kv`]        | out-of-place KV block with CRC32                   | 64 B x n      |
 //!
 //! All multi-byte integers are little-endian, which is also what RDMA atomics
@@ -20,6 +22,8 @@
 
 pub mod bucket;
 pub mod dir_header;
+pub mod directory;
+pub mod extendible;
 pub mod kv;
 pub mod slot;
 pub mod subtable;
