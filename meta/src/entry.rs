@@ -107,18 +107,28 @@ pub enum EntryError {
         /// The checksum of the bytes read.
         computed: u32,
     },
-    /// The bytes are stable and the checksum matches (or the version is 0) but
-    /// they break a layout invariant: unknown flags, a never-written slot that
-    /// is not all zero, an empty slot with fields set, an entry with epoch 0.
+    /// The version is 0 (never written, so no checksum) but the other bytes
+    /// are not all zero: the implicit integrity check of a never-written slot
+    /// failed. Same cause and retry policy as [`EntryError::Checksum`] (a
+    /// reader copying out of address order raced the slot's first write).
+    #[error("never-written slot (version 0) holds non-zero bytes")]
+    UnwrittenNotZero,
+    /// The bytes are stable and the checksum matches but they break a layout
+    /// invariant: unknown flags, an empty slot with fields set, an entry with
+    /// epoch 0.
     #[error("malformed entry: {0}")]
     Malformed(&'static str),
 }
 
 impl EntryError {
     /// Whether reading the entry again may succeed: [`EntryError::Torn`] always;
-    /// [`EntryError::Checksum`] a bounded number of times (see its docs).
+    /// [`EntryError::Checksum`] and [`EntryError::UnwrittenNotZero`] a bounded
+    /// number of times (see their docs).
     pub fn is_retryable(&self) -> bool {
-        matches!(self, EntryError::Torn { .. } | EntryError::Checksum { .. })
+        matches!(
+            self,
+            EntryError::Torn { .. } | EntryError::Checksum { .. } | EntryError::UnwrittenNotZero
+        )
     }
 }
 
@@ -350,7 +360,7 @@ impl EntryRepr {
     ///
     /// Checks, in order: the seqlock copies (equal and even, else
     /// [`EntryError::Torn`]), the never-written slot (all zero, else
-    /// [`EntryError::Malformed`]), the checksum, the flags, and emptiness.
+    /// [`EntryError::UnwrittenNotZero`]), the checksum, the flags, and emptiness.
     /// Never panics, whatever the bytes.
     ///
     /// # Errors
@@ -367,7 +377,7 @@ impl EntryRepr {
             return if view.b()[..ENTRY_LEN].iter().all(|&b| b == 0) {
                 Err(EntryError::Empty { version })
             } else {
-                Err(EntryError::Malformed("never-written slot is not zero"))
+                Err(EntryError::UnwrittenNotZero)
             };
         }
         let stored = view.checksum();

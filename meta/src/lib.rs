@@ -5,6 +5,7 @@
 #![warn(missing_docs, missing_debug_implementations)]
 
 pub mod entry;
+pub mod table;
 
 /// Version of the table layout (entry format, bucket hash, checksum function).
 /// A client refuses a table whose bootstrap reports another version.

@@ -1,6 +1,8 @@
 //! Unit tests of the meta layer (kept out of the modules to keep files small).
 
 mod entry;
+mod table;
+mod torn;
 
 use krcore_nic::Gid;
 
