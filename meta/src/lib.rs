@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations)]
 
+pub mod engine;
 pub mod entry;
 pub mod table;
 

@@ -1,5 +1,6 @@
 //! Unit tests of the meta layer (kept out of the modules to keep files small).
 
+mod engine;
 mod entry;
 mod table;
 mod torn;
