@@ -33,7 +33,7 @@
 //! whole entry in one READ detect a concurrent writer is described in
 //! [`crate::table::SeqlockWrite`].
 
-use core::ops::Range;
+use crate::le::{get_gid, get_u16, get_u32, get_u64};
 use krcore_nic::{DcTarget, Gid};
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -141,24 +141,6 @@ pub struct EntryView<T: AsRef<[u8]>> {
     buffer: T,
 }
 
-fn read_u64(b: &[u8], r: Range<usize>) -> u64 {
-    let mut w = [0u8; 8];
-    w.copy_from_slice(&b[r]);
-    u64::from_le_bytes(w)
-}
-
-fn read_u32(b: &[u8], r: Range<usize>) -> u32 {
-    let mut w = [0u8; 4];
-    w.copy_from_slice(&b[r]);
-    u32::from_le_bytes(w)
-}
-
-fn read_u16(b: &[u8], r: Range<usize>) -> u16 {
-    let mut w = [0u8; 2];
-    w.copy_from_slice(&b[r]);
-    u16::from_le_bytes(w)
-}
-
 impl<T: AsRef<[u8]>> EntryView<T> {
     /// Wraps `buffer` without checking its length; accessors panic if it is
     /// shorter than [`ENTRY_LEN`]. Prefer [`EntryView::new_checked`].
@@ -199,54 +181,52 @@ impl<T: AsRef<[u8]>> EntryView<T> {
 
     /// The first copy of the seqlock word.
     pub fn version_head(&self) -> u64 {
-        read_u64(self.b(), field::VERSION_HEAD)
+        get_u64(self.b(), field::VERSION_HEAD)
     }
 
     /// The second copy of the seqlock word.
     pub fn version_tail(&self) -> u64 {
-        read_u64(self.b(), field::VERSION_TAIL)
+        get_u64(self.b(), field::VERSION_TAIL)
     }
 
     /// The GID field.
     pub fn gid(&self) -> Gid {
-        let mut g = [0u8; 16];
-        g.copy_from_slice(&self.b()[field::GID]);
-        Gid(g)
+        get_gid(self.b(), field::GID)
     }
 
     /// The DCT number field.
     pub fn dct_num(&self) -> u32 {
-        read_u32(self.b(), field::DCT_NUM)
+        get_u32(self.b(), field::DCT_NUM)
     }
 
     /// The LID field.
     pub fn lid(&self) -> u16 {
-        read_u16(self.b(), field::LID)
+        get_u16(self.b(), field::LID)
     }
 
     /// The flags field.
     pub fn flags(&self) -> u16 {
-        read_u16(self.b(), field::FLAGS)
+        get_u16(self.b(), field::FLAGS)
     }
 
     /// The DC key field.
     pub fn dc_key(&self) -> u64 {
-        read_u64(self.b(), field::DC_KEY)
+        get_u64(self.b(), field::DC_KEY)
     }
 
     /// The epoch field.
     pub fn epoch(&self) -> u32 {
-        read_u32(self.b(), field::EPOCH)
+        get_u32(self.b(), field::EPOCH)
     }
 
     /// The stored checksum.
     pub fn checksum(&self) -> u32 {
-        read_u32(self.b(), field::CHECKSUM)
+        get_u32(self.b(), field::CHECKSUM)
     }
 
     /// The lease expiry field (server clock, ms).
     pub fn lease_expiry_ms(&self) -> u64 {
-        read_u64(self.b(), field::LEASE_EXPIRY)
+        get_u64(self.b(), field::LEASE_EXPIRY)
     }
 
     /// The checksum the entry should carry for `version` and its other fields.

@@ -4,6 +4,7 @@ mod engine;
 mod entry;
 mod table;
 mod torn;
+mod wire;
 
 use krcore_nic::Gid;
 
