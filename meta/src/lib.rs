@@ -25,7 +25,7 @@
 //!   [`table::TableMemory`] and the seqlock write [`table::SeqlockWrite`].
 //! - [`engine`]: [`engine::MetaTable`], register/renew/deregister/sweep.
 //! - [`wire`]: two-sided messages ([`wire::Packet`], [`wire::Repr`]).
-
+//! - [`MetaTable::handle`](engine::MetaTable::handle): bytes in, reply out.
 //!
 //! ## Invariants
 //! - Everything on the wire or in the table is little-endian at fixed offsets
@@ -68,6 +68,7 @@
 pub mod engine;
 pub mod entry;
 mod le;
+mod server;
 pub mod table;
 pub mod wire;
 

@@ -2,6 +2,7 @@
 
 mod engine;
 mod entry;
+mod server;
 mod table;
 mod torn;
 mod wire;
