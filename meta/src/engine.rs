@@ -94,7 +94,6 @@ struct Slot {
 ///
 /// `M` is any [`TableMemory`]: a `Vec<u8>` (the default, see
 /// [`MetaTable::with_vec`]), a `&mut [u8]`, or the host's registered memory.
-#[derive(Debug)]
 pub struct MetaTable<M: TableMemory = Vec<u8>> {
     geometry: Geometry,
     mem: M,
@@ -103,6 +102,19 @@ pub struct MetaTable<M: TableMemory = Vec<u8>> {
     expiries: BTreeSet<(u64, usize)>,
     live: usize,
     last_epoch: u32,
+}
+
+/// Summarises the table (geometry, counts, epoch) without dumping its memory.
+impl<M: TableMemory> std::fmt::Debug for MetaTable<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetaTable")
+            .field("geometry", &self.geometry)
+            .field("memory_len", &self.mem.len_bytes())
+            .field("live", &self.live)
+            .field("last_epoch", &self.last_epoch)
+            .field("next_expiry_ms", &self.next_expiry_ms())
+            .finish()
+    }
 }
 
 impl MetaTable<Vec<u8>> {

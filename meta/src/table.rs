@@ -328,15 +328,19 @@ pub struct WordStore {
 /// A reader accepts the copy only if `head == tail`, even, and the checksum
 /// (computed over the fields and the version) matches ([`EntryRepr::parse`]).
 ///
-/// - A reader that copies the entry in ascending address order (what NICs do
-///   in practice) reads head, body, tail. If it sees `head == tail == v`, its
-///   tail load preceded step 2, so every body load preceded step 3: the old
-///   value. If it sees `head == tail == v+2`, its head load followed step 10,
-///   so every body load did too, and they preceded the next write's step 3
-///   since its tail load preceded the next write's step 2: the new value.
-///   Any other pair is odd or unequal: torn.
-/// - A descending reader is covered symmetrically (the stores nest: head is
-///   opened first and closed last).
+/// Both copies are odd from before the first body store until after the
+/// last one. So for a reader that loads one copy first and the other last:
+///
+/// - Ascending address order (what NICs do in practice): head, body, tail.
+///   If it sees `head == tail == v`, its tail load preceded step 2, so every
+///   body load preceded step 3: the old value. If it sees `v+2` twice, its
+///   head load followed step 10, so every body load did too, and they
+///   preceded the next write's step 3 because its tail load preceded the
+///   next write's step 2: the new value. Any other pair is odd or unequal:
+///   torn.
+/// - Descending order: the same argument with head and tail swapped.
+///   (Which copy is closed first does not matter; opening both before the
+///   body does. A test removes either opening store and sees a mix.)
 /// - Any other order is covered by the checksum, which includes the version:
 ///   a mix of old and new fields under matching versions fails it (up to a
 ///   2^-32 collision) and is reported as [`EntryError::Checksum`].

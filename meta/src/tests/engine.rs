@@ -427,3 +427,12 @@ fn model_based_random_operations() {
         }
     }
 }
+
+#[test]
+fn debug_does_not_dump_memory() {
+    let mut t = table(1024, 8);
+    t.register(target(1), 0, 10, 0).unwrap();
+    let d = format!("{t:?}");
+    assert!(d.contains("live: 1") && d.contains("last_epoch: 1"), "{d}");
+    assert!(d.len() < 300, "{d}");
+}
