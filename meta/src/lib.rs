@@ -1,2 +1,108 @@
-//! Placeholder: this crate is built in a later step (see the project issues).
+//! # krcore-meta: the meta server's table layout, wire format and engine
+//!
+//! KRCore turns "connect to a node" into a metadata lookup: a DC initiator
+//! reaches any node given its `(GID, dct_num, dc_key)`. The meta server holds
+//! that metadata for every node in a table that clients read with ONE one-sided
+//! READ (no server CPU); nodes register, renew and deregister with two-sided
+//! messages (the only work of the server's CPU). This crate is the pure layer
+//! of that server: byte layouts, message formats and the table engine. It does
+//! no I/O and reads no clock; a host (embedded or a standalone binary, built on
+//! the NIC provider) receives messages, passes `now_ms`, and applies the
+//! engine's word stores to registered memory.
+//!
+//! ```text
+//! client (kmod meta client)                         meta server host
+//!   BootstrapRequest  --- two-sided --->  MetaTable::handle -> Bootstrap
+//!   Register/Renew/.. --- two-sided --->  MetaTable::handle -> Ok / Err
+//!                                         (SeqlockWrite -> TableMemory stores)
+//!   READ bucket_of(gid) <-- one-sided ---  table memory (registered MR)
+//!   table::find_in_bucket(bytes, gid) -> entry | None | Torn (retry) | Corrupt
+//! ```
+//!
+//! ## Modules
+//! - [`entry`]: the 64-byte entry ([`entry::EntryView`], [`entry::EntryRepr`]).
+//! - [`table`]: geometry and hashing, the reader's [`table::find_in_bucket`],
+//!   [`table::TableMemory`] and the seqlock write [`table::SeqlockWrite`].
+//! - [`engine`]: [`engine::MetaTable`], register/renew/deregister/sweep.
+//! - [`wire`]: two-sided messages ([`wire::Packet`], [`wire::Repr`]).
+//! - [`MetaTable::handle`](engine::MetaTable::handle): bytes in, reply out.
+//!
+//! ## Invariants
+//! - Everything on the wire or in the table is little-endian at fixed offsets
+//!   (see each module's layout table); parsing never panics on any bytes.
+//! - A table entry is written only by the server, as ten ordered 8-byte stores
+//!   (version odd at both ends, body, checksum word, version even at both
+//!   ends). A reader accepts an entry only if both version copies are equal
+//!   and even and the checksum (which covers the version) matches, so a READ
+//!   racing a write yields the old value, the new value, or a retryable error.
+//! - A GID lives only in its bucket; one READ of the bucket finds it.
+//! - Epochs only grow, table-wide: every (re-)registration gets a new one.
+//! - Layout changes bump [`LAYOUT_VERSION`]; message format changes bump
+//!   [`wire::WIRE_VERSION`].
+//!
+//! ## Thread safety
+//! [`engine::MetaTable`] is a single-writer state machine (`&mut self`); the
+//! host serialises requests and sweeps. Readers never touch it: they READ the
+//! table memory, which the host's [`table::TableMemory`] writes with atomic
+//! stores.
+//!
+//! ## Quick start
+//! ```
+//! use krcore_meta::engine::MetaTable;
+//! use krcore_meta::table::{find_in_bucket, Geometry};
+//! use krcore_nic::{DcTarget, Gid};
+//!
+//! let geometry = Geometry::with_buckets(1024).unwrap();
+//! let mut table = MetaTable::with_vec(geometry);
+//! let node = DcTarget { gid: Gid([7; 16]), dct_num: 42, dc_key: 0xdc };
+//! let lease = table.register(node, 0, 10_000, /* now_ms */ 0).unwrap();
+//!
+//! // A client READs bucket_len() bytes at bucket_offset(bucket_of(gid)).
+//! let bucket = &table.memory()[geometry.bucket_range(geometry.bucket_of(&node.gid))];
+//! let entry = find_in_bucket(bucket, &node.gid).unwrap().unwrap();
+//! assert_eq!((entry.dc_target(), entry.epoch), (node, lease.epoch));
+//! ```
 #![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations)]
+
+pub mod engine;
+pub mod entry;
+mod le;
+mod server;
+pub mod table;
+pub mod wire;
+
+/// Version of the table layout (entry format, bucket hash and its seed,
+/// checksum function, bucket placement). A client refuses a table whose
+/// bootstrap reports another version.
+pub const LAYOUT_VERSION: u16 = 1;
+
+/// Any error of this crate, for hosts that handle them together.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An entry's bytes.
+    #[error(transparent)]
+    Entry(#[from] entry::EntryError),
+    /// A table geometry.
+    #[error(transparent)]
+    Geometry(#[from] table::GeometryError),
+    /// A bucket lookup.
+    #[error(transparent)]
+    Lookup(#[from] table::LookupError),
+    /// A table operation.
+    #[error(transparent)]
+    Table(#[from] engine::TableError),
+    /// A message's bytes.
+    #[error(transparent)]
+    Wire(#[from] wire::WireError),
+    /// A bootstrap reply's table description.
+    #[error(transparent)]
+    Bootstrap(#[from] wire::BootstrapError),
+}
+
+/// Result with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests;

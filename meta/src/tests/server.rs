@@ -1,0 +1,188 @@
+use super::gid;
+use crate::engine::{Lease, MetaTable};
+use crate::table::{find_in_bucket, Geometry};
+use crate::wire::*;
+use krcore_nic::{DcTarget, RemoteAddr};
+use rand::{Rng, RngCore, SeedableRng};
+
+fn target(n: u64) -> DcTarget {
+    DcTarget {
+        gid: gid(n),
+        dct_num: n as u32,
+        dc_key: n,
+    }
+}
+
+fn setup() -> (MetaTable, BootstrapRepr) {
+    let g = Geometry::new(4, 1).unwrap();
+    let b = BootstrapRepr::new(
+        g,
+        RemoteAddr {
+            addr: 0x1000,
+            rkey: 9,
+        },
+        1,
+        target(0),
+    );
+    (MetaTable::with_vec(g), b)
+}
+
+fn call(t: &mut MetaTable, b: &BootstrapRepr, id: u64, m: Message, now: u64) -> Message {
+    let req = Repr {
+        request_id: id,
+        message: m,
+    }
+    .to_bytes();
+    let reply = t.handle(&req, now, b).expect("a reply");
+    assert_eq!(reply.request_id, id);
+    // The reply survives the wire.
+    assert_eq!(Repr::parse_bytes(&reply.to_bytes()), Ok(reply));
+    reply.message
+}
+
+fn register(n: u64, lease_ms: u64) -> Message {
+    Message::Register(RegisterRepr {
+        target: target(n),
+        lid: 1,
+        lease_ms,
+    })
+}
+
+#[test]
+fn request_reply_flow() {
+    let (mut t, b) = setup();
+    assert_eq!(
+        call(&mut t, &b, 1, Message::BootstrapRequest, 0),
+        Message::Bootstrap(b)
+    );
+    let ok = Message::Ok(Lease {
+        epoch: 1,
+        lease_expiry_ms: 1_100,
+    });
+    assert_eq!(call(&mut t, &b, 2, register(1, 100), 1_000), ok);
+    // The client reads the table described by the bootstrap reply.
+    let g = b.geometry().unwrap();
+    let bucket = &t.memory()[g.bucket_range(g.bucket_of(&gid(1)))];
+    assert_eq!(find_in_bucket(bucket, &gid(1)).unwrap().unwrap().epoch, 1);
+    assert_eq!(
+        call(&mut t, &b, 3, Message::Renew { gid: gid(1) }, 1_050),
+        Message::Ok(Lease {
+            epoch: 1,
+            lease_expiry_ms: 1_150
+        })
+    );
+    assert_eq!(
+        call(&mut t, &b, 4, Message::Deregister { gid: gid(1) }, 1_060),
+        Message::Ok(Lease {
+            epoch: 1,
+            lease_expiry_ms: 1_150
+        })
+    );
+}
+
+#[test]
+fn table_errors_become_codes() {
+    let (mut t, b) = setup();
+    let e = |c| Message::Err(c);
+    assert_eq!(
+        call(&mut t, &b, 1, Message::Renew { gid: gid(1) }, 0),
+        e(ErrorCode::NotRegistered)
+    );
+    assert_eq!(
+        call(&mut t, &b, 2, Message::Deregister { gid: gid(1) }, 0),
+        e(ErrorCode::NotRegistered)
+    );
+    assert_eq!(
+        call(&mut t, &b, 3, register(1, 0), 0),
+        e(ErrorCode::InvalidLease)
+    );
+    call(&mut t, &b, 4, register(1, 10), 0);
+    assert_eq!(
+        call(&mut t, &b, 5, Message::Renew { gid: gid(1) }, 10),
+        e(ErrorCode::LeaseExpired)
+    );
+    // One slot per bucket: a second GID in gid(1)'s bucket is refused.
+    let g = t.geometry();
+    let other = (2..)
+        .find(|&n| g.bucket_of(&gid(n)) == g.bucket_of(&gid(1)))
+        .unwrap();
+    assert_eq!(
+        call(&mut t, &b, 6, register(other, 10), 0),
+        e(ErrorCode::BucketFull)
+    );
+}
+
+#[test]
+fn replies_sent_as_requests_are_refused() {
+    let (mut t, b) = setup();
+    for m in [
+        Message::Ok(Lease {
+            epoch: 1,
+            lease_expiry_ms: 0,
+        }),
+        Message::Err(ErrorCode::Internal),
+        Message::Bootstrap(b),
+    ] {
+        assert_eq!(
+            call(&mut t, &b, 1, m, 0),
+            Message::Err(ErrorCode::UnexpectedMessage)
+        );
+    }
+    assert!(t.is_empty());
+}
+
+#[test]
+fn unparsable_requests() {
+    let (mut t, b) = setup();
+    let good = Repr {
+        request_id: 77,
+        message: Message::Renew { gid: gid(1) },
+    }
+    .to_bytes();
+    // Not a meta message: no reply.
+    assert_eq!(t.handle(&good[..HEADER_LEN - 1], 0, &b), None);
+    let mut bad = good.clone();
+    bad[1] ^= 0xff;
+    assert_eq!(t.handle(&bad, 0, &b), None);
+    // A meta header with a bad body: answered with the request id.
+    let expect = |code| {
+        Some(Repr {
+            request_id: 77,
+            message: Message::Err(code),
+        })
+    };
+    assert_eq!(t.handle(&good[..20], 0, &b), expect(ErrorCode::Malformed));
+    let mut v2 = good.clone();
+    v2[4] = 9;
+    assert_eq!(t.handle(&v2, 0, &b), expect(ErrorCode::UnsupportedVersion));
+    let mut ty = good;
+    ty[5] = 0x55;
+    assert_eq!(t.handle(&ty, 0, &b), expect(ErrorCode::Malformed));
+}
+
+#[test]
+fn random_requests_never_panic() {
+    let (mut t, b) = setup();
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(0x5e7);
+    let mut buf = [0u8; MAX_MESSAGE_LEN];
+    for now in 0..20_000u64 {
+        let len = rng.gen_range(0..=buf.len());
+        rng.fill_bytes(&mut buf[..len]);
+        if len >= HEADER_LEN && rng.gen_bool(0.9) {
+            buf[0..4].copy_from_slice(b"KRMT");
+            buf[4] = WIRE_VERSION;
+            buf[5] = rng.gen_range(1..=4);
+            let pl = MessageType::from_u8(buf[5]).unwrap().payload_len() as u16;
+            buf[6..8].copy_from_slice(&pl.to_le_bytes());
+            if buf[5] == 1 && len >= HEADER_LEN + 24 {
+                buf[HEADER_LEN + 22..HEADER_LEN + 24].fill(0);
+            }
+        }
+        if let Some(r) = t.handle(&buf[..len], now, &b) {
+            assert!(!r.message.msg_type().is_request());
+        }
+        if now % 100 == 0 {
+            t.sweep(now);
+        }
+    }
+}

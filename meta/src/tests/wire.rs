@@ -1,0 +1,326 @@
+use super::gid;
+use crate::engine::Lease;
+use crate::table::{Geometry, GeometryError};
+use crate::wire::*;
+use crate::LAYOUT_VERSION;
+use krcore_nic::{DcTarget, RemoteAddr};
+use rand::{Rng, RngCore, SeedableRng};
+
+fn server() -> DcTarget {
+    DcTarget {
+        gid: gid(0x5e),
+        dct_num: 0x0102_0304,
+        dc_key: 0x0a0b_0c0d_0e0f_1011,
+    }
+}
+
+fn bootstrap() -> BootstrapRepr {
+    BootstrapRepr::new(
+        Geometry::new(1024, 8).unwrap(),
+        RemoteAddr {
+            addr: 0x7f00_0000_1000,
+            rkey: 0x1234,
+        },
+        99,
+        server(),
+    )
+}
+
+fn all_messages() -> Vec<Message> {
+    vec![
+        Message::Register(RegisterRepr {
+            target: server(),
+            lid: 0xbeef,
+            lease_ms: 30_000,
+        }),
+        Message::Renew { gid: gid(1) },
+        Message::Deregister { gid: gid(2) },
+        Message::BootstrapRequest,
+        Message::Ok(Lease {
+            epoch: 7,
+            lease_expiry_ms: 123_456,
+        }),
+        Message::Err(ErrorCode::BucketFull),
+        Message::Err(ErrorCode::Unknown(999)),
+        Message::Bootstrap(bootstrap()),
+    ]
+}
+
+#[test]
+fn round_trip_every_message() {
+    for (i, m) in all_messages().into_iter().enumerate() {
+        let r = Repr {
+            request_id: 0xfeed_0000 + i as u64,
+            message: m,
+        };
+        let bytes = r.to_bytes();
+        assert_eq!(bytes.len(), r.buffer_len());
+        assert!(bytes.len() <= MAX_MESSAGE_LEN);
+        assert_eq!(Repr::parse_bytes(&bytes), Ok(r), "{m:?}");
+        // A longer receive buffer parses the same.
+        let mut big = vec![0xeeu8; MAX_MESSAGE_LEN + 10];
+        assert_eq!(r.emit(&mut big), Ok(bytes.len()));
+        assert_eq!(Repr::parse_bytes(&big), Ok(r));
+        assert!(big[bytes.len()..].iter().all(|&b| b == 0xee));
+    }
+}
+
+#[test]
+fn every_error_code_round_trips() {
+    let codes = [
+        ErrorCode::Malformed,
+        ErrorCode::UnsupportedVersion,
+        ErrorCode::UnexpectedMessage,
+        ErrorCode::BucketFull,
+        ErrorCode::NotRegistered,
+        ErrorCode::LeaseExpired,
+        ErrorCode::InvalidLease,
+        ErrorCode::EpochExhausted,
+        ErrorCode::Internal,
+        ErrorCode::Unknown(4242),
+    ];
+    for c in codes {
+        assert_eq!(ErrorCode::from_u16(c.to_u16()), Some(c));
+    }
+    assert_eq!(ErrorCode::from_u16(0), None);
+}
+
+#[test]
+fn header_layout() {
+    let r = Repr {
+        request_id: 0x1122_3344_5566_7788,
+        message: Message::Renew { gid: gid(3) },
+    };
+    let b = r.to_bytes();
+    assert_eq!(&b[0..4], b"KRMT");
+    assert_eq!(b[4], WIRE_VERSION);
+    assert_eq!(b[5], 2);
+    assert_eq!(&b[6..8], &16u16.to_le_bytes());
+    assert_eq!(&b[8..16], &0x1122_3344_5566_7788u64.to_le_bytes());
+    assert_eq!(&b[16..32], gid(3).as_bytes());
+    let p = Packet::new_checked(&b[..]).unwrap();
+    assert_eq!(p.payload(), gid(3).as_bytes());
+}
+
+#[test]
+fn register_payload_layout() {
+    let b = Repr {
+        request_id: 1,
+        message: all_messages()[0],
+    }
+    .to_bytes();
+    let p = &b[HEADER_LEN..];
+    assert_eq!(&p[16..20], &0x0102_0304u32.to_le_bytes());
+    assert_eq!(&p[20..22], &0xbeefu16.to_le_bytes());
+    assert_eq!(&p[22..24], &[0, 0]);
+    assert_eq!(&p[24..32], &0x0a0b_0c0d_0e0f_1011u64.to_le_bytes());
+    assert_eq!(&p[32..40], &30_000u64.to_le_bytes());
+}
+
+fn bytes_of(m: Message) -> Vec<u8> {
+    Repr {
+        request_id: 5,
+        message: m,
+    }
+    .to_bytes()
+}
+
+#[test]
+fn truncated() {
+    let b = bytes_of(Message::Deregister { gid: gid(1) });
+    for len in 0..HEADER_LEN {
+        assert_eq!(
+            Repr::parse_bytes(&b[..len]),
+            Err(WireError::Truncated {
+                len,
+                need: HEADER_LEN
+            })
+        );
+    }
+    for len in HEADER_LEN..b.len() {
+        assert_eq!(
+            Repr::parse_bytes(&b[..len]),
+            Err(WireError::Truncated { len, need: b.len() })
+        );
+    }
+}
+
+#[test]
+fn bad_magic_version_type() {
+    let good = bytes_of(Message::BootstrapRequest);
+    let mut b = good.clone();
+    b[0] = b'X';
+    assert!(matches!(Repr::parse_bytes(&b), Err(WireError::BadMagic(_))));
+    let mut b = good.clone();
+    b[4] = 2;
+    assert_eq!(Repr::parse_bytes(&b), Err(WireError::UnsupportedVersion(2)));
+    let mut b = good;
+    b[5] = 0x7f;
+    assert_eq!(Repr::parse_bytes(&b), Err(WireError::UnknownType(0x7f)));
+}
+
+#[test]
+fn wrong_payload_length() {
+    // A Renew header announcing 17 bytes.
+    let mut b = bytes_of(Message::Renew { gid: gid(1) });
+    b[6] = 17;
+    b.push(0);
+    assert_eq!(
+        Repr::parse_bytes(&b),
+        Err(WireError::PayloadLength {
+            msg_type: MessageType::Renew,
+            expected: 16,
+            got: 17
+        })
+    );
+    // A Register header announcing a Renew-sized payload.
+    let mut b = bytes_of(Message::Renew { gid: gid(1) });
+    b[5] = MessageType::Register as u8;
+    assert!(matches!(
+        Repr::parse_bytes(&b),
+        Err(WireError::PayloadLength {
+            msg_type: MessageType::Register,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn reserved_bytes_must_be_zero() {
+    for (m, off) in [
+        (all_messages()[0], 22),
+        (all_messages()[4], 5),
+        (all_messages()[5], 3),
+        (all_messages()[7], 61),
+    ] {
+        let mut b = bytes_of(m);
+        b[HEADER_LEN + off] = 1;
+        assert_eq!(
+            Repr::parse_bytes(&b),
+            Err(WireError::ReservedNotZero(m.msg_type())),
+            "{m:?}"
+        );
+    }
+}
+
+#[test]
+fn value_rules() {
+    let b = bytes_of(Message::Ok(Lease {
+        epoch: 0,
+        lease_expiry_ms: 1,
+    }));
+    assert_eq!(
+        Repr::parse_bytes(&b),
+        Err(WireError::Malformed {
+            msg_type: MessageType::Ok,
+            what: "epoch 0"
+        })
+    );
+    let b = bytes_of(Message::Err(ErrorCode::Unknown(0)));
+    assert_eq!(
+        Repr::parse_bytes(&b),
+        Err(WireError::Malformed {
+            msg_type: MessageType::Err,
+            what: "code 0"
+        })
+    );
+}
+
+#[test]
+fn emit_into_small_buffer() {
+    let r = Repr {
+        request_id: 0,
+        message: Message::Bootstrap(bootstrap()),
+    };
+    let mut buf = [0u8; HEADER_LEN + 71];
+    assert_eq!(
+        r.emit(&mut buf),
+        Err(WireError::BufferTooSmall {
+            need: HEADER_LEN + 72,
+            have: HEADER_LEN + 71
+        })
+    );
+}
+
+#[test]
+fn message_types() {
+    for t in 0..=255u8 {
+        if let Some(mt) = MessageType::from_u8(t) {
+            assert_eq!(mt as u8, t);
+            assert_eq!(mt.is_request(), t < 0x80);
+        }
+    }
+}
+
+#[test]
+fn bootstrap_geometry_checks() {
+    let b = bootstrap();
+    assert_eq!(b.layout_version, LAYOUT_VERSION);
+    assert_eq!(b.geometry(), Ok(Geometry::new(1024, 8).unwrap()));
+    assert_eq!(b.table_len, 1024 * 8 * 64);
+    let mut x = b;
+    x.layout_version = 2;
+    assert_eq!(
+        x.geometry(),
+        Err(BootstrapError::LayoutVersion { found: 2 })
+    );
+    let mut x = b;
+    x.entry_len = 128;
+    assert_eq!(x.geometry(), Err(BootstrapError::EntryLen { found: 128 }));
+    let mut x = b;
+    x.n_buckets = 0;
+    assert_eq!(
+        x.geometry(),
+        Err(BootstrapError::Geometry(GeometryError::ZeroBuckets))
+    );
+    let mut x = b;
+    x.table_len += 64;
+    assert_eq!(
+        x.geometry(),
+        Err(BootstrapError::TableLen {
+            found: b.table_len + 64,
+            expected: b.table_len
+        })
+    );
+}
+
+#[test]
+fn random_bytes_never_panic() {
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(0xb17e5);
+    let mut buf = [0u8; MAX_MESSAGE_LEN + 16];
+    let mut parsed = 0;
+    for _ in 0..50_000 {
+        let len = rng.gen_range(0..=buf.len());
+        rng.fill_bytes(&mut buf[..len]);
+        // Most of the time give it a valid magic, version, type and length,
+        // so that the payload checks are reached.
+        if len >= HEADER_LEN && rng.gen_bool(0.8) {
+            buf[0..4].copy_from_slice(b"KRMT");
+            buf[4] = WIRE_VERSION;
+            let types = [1u8, 2, 3, 4, 0x81, 0x82, 0x83];
+            let t = types[rng.gen_range(0..types.len())];
+            buf[5] = t;
+            let pl = MessageType::from_u8(t).unwrap().payload_len() as u16;
+            buf[6..8].copy_from_slice(&pl.to_le_bytes());
+            if rng.gen_bool(0.5) {
+                // Zero the reserved bytes now and then.
+                let end = len.min(HEADER_LEN + pl as usize);
+                for b in &mut buf[HEADER_LEN..end] {
+                    if rng.gen_bool(0.3) {
+                        *b = 0;
+                    }
+                }
+            }
+        }
+        if let Ok(r) = Repr::parse_bytes(&buf[..len]) {
+            parsed += 1;
+            // Whatever parses re-emits to the same bytes.
+            assert_eq!(&r.to_bytes()[..], &buf[..r.buffer_len()]);
+        }
+        let _ = Packet::new_checked(&buf[..len]).map(|p| p.payload().len());
+    }
+    assert!(
+        parsed > 1_000,
+        "the fuzzer reached the payload parsers: {parsed}"
+    );
+}

@@ -1,0 +1,661 @@
+//! Two-sided messages between clients and the meta server: registration,
+//! renewal, deregistration, bootstrap, and their replies.
+//!
+//! Every message is a 16-byte header and a fixed-size payload, little-endian.
+//! A receive buffer may be longer than the message (bytes past
+//! `HEADER_LEN + payload_len` are ignored).
+//!
+//! ```text
+//! header   0..4  magic u32 = MAGIC ("KRMT")   4 version u8 = WIRE_VERSION
+//!          5     type u8                      6..8 payload_len u16
+//!          8..16 request_id u64 (echoed in the reply)
+//!
+//! Register (type 1, 40 B)  0..16 gid  16..20 dct_num u32  20..22 lid u16
+//!                          22..24 reserved (0)  24..32 dc_key u64  32..40 lease_ms u64
+//! Renew (2, 16 B)          0..16 gid
+//! Deregister (3, 16 B)     0..16 gid
+//! BootstrapRequest (4, 0 B)
+//! Ok (0x81, 16 B)          0..4 epoch u32 (!= 0)  4..8 reserved (0)  8..16 lease_expiry_ms u64
+//! Err (0x82, 8 B)          0..2 code u16 (!= 0)  2..8 reserved (0)
+//! Bootstrap (0x83, 72 B)   0..2 layout_version u16  2..4 entry_len u16
+//!                          4..8 slots_per_bucket u32  8..12 n_buckets u32
+//!                          12..16 table rkey u32  16..24 table addr u64
+//!                          24..32 table_len u64  32..40 incarnation u64
+//!                          40..56 server gid  56..60 server dct_num u32
+//!                          60..64 reserved (0)  64..72 server dc_key u64
+//! ```
+//!
+//! Parsing checks, in order: the buffer holds a header, the magic, the
+//! version, the type, the payload length for that type, the buffer holds the
+//! payload, reserved bytes are zero, and per-type value rules. It never
+//! panics, whatever the bytes.
+
+use crate::engine::Lease;
+use crate::entry::ENTRY_LEN;
+use crate::le::{get_gid, get_u16, get_u32, get_u64, put};
+use crate::table::{Geometry, GeometryError};
+use crate::LAYOUT_VERSION;
+use krcore_nic::{DcTarget, Gid, RemoteAddr};
+
+/// First four bytes of every message: ASCII "KRMT" read as a little-endian u32.
+pub const MAGIC: u32 = u32::from_le_bytes(*b"KRMT");
+/// Version of this message format.
+pub const WIRE_VERSION: u8 = 1;
+/// Bytes of the header.
+pub const HEADER_LEN: usize = 16;
+/// Bytes of the longest message (a bootstrap reply): size receive buffers by it.
+pub const MAX_MESSAGE_LEN: usize = HEADER_LEN + BOOTSTRAP_LEN;
+
+const REGISTER_LEN: usize = 40;
+const GID_ONLY_LEN: usize = 16;
+const OK_LEN: usize = 16;
+const ERR_LEN: usize = 8;
+const BOOTSTRAP_LEN: usize = 72;
+
+/// Named byte ranges of the header.
+pub mod field {
+    use core::ops::Range;
+
+    /// Magic number.
+    pub const MAGIC: Range<usize> = 0..4;
+    /// Format version.
+    pub const VERSION: usize = 4;
+    /// Message type.
+    pub const TYPE: usize = 5;
+    /// Payload length in bytes.
+    pub const PAYLOAD_LEN: Range<usize> = 6..8;
+    /// Request id, echoed in the reply.
+    pub const REQUEST_ID: Range<usize> = 8..16;
+}
+
+/// Why bytes are not a valid message, or a message does not fit a buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum WireError {
+    /// The buffer is shorter than the header, or than header plus payload.
+    #[error("message truncated: {len} bytes, need {need}")]
+    Truncated {
+        /// Bytes available.
+        len: usize,
+        /// Bytes needed.
+        need: usize,
+    },
+    /// The magic number is wrong: not a meta message.
+    #[error("bad magic {0:#010x}")]
+    BadMagic(u32),
+    /// The format version is not [`WIRE_VERSION`].
+    #[error("unsupported message version {0}")]
+    UnsupportedVersion(u8),
+    /// The type byte names no message.
+    #[error("unknown message type {0:#04x}")]
+    UnknownType(u8),
+    /// The payload length does not match the message type.
+    #[error("{msg_type:?} payload must be {expected} bytes, header says {got}")]
+    PayloadLength {
+        /// The message type.
+        msg_type: MessageType,
+        /// Its payload length.
+        expected: usize,
+        /// The header's payload length.
+        got: usize,
+    },
+    /// A reserved field is not zero.
+    #[error("{0:?}: reserved bytes are not zero")]
+    ReservedNotZero(MessageType),
+    /// A field value breaks a rule of its message.
+    #[error("malformed {msg_type:?}: {what}")]
+    Malformed {
+        /// The message type.
+        msg_type: MessageType,
+        /// Which rule.
+        what: &'static str,
+    },
+    /// The output buffer is too small for the message being emitted.
+    #[error("buffer of {have} bytes cannot hold a {need}-byte message")]
+    BufferTooSmall {
+        /// Bytes needed.
+        need: usize,
+        /// Bytes available.
+        have: usize,
+    },
+}
+
+/// The message types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum MessageType {
+    /// Client -> server: register a node.
+    Register = 1,
+    /// Client -> server: renew a node's lease.
+    Renew = 2,
+    /// Client -> server: remove a node.
+    Deregister = 3,
+    /// Client -> server: where is the table?
+    BootstrapRequest = 4,
+    /// Server -> client: success, with the lease.
+    Ok = 0x81,
+    /// Server -> client: failure, with a code.
+    Err = 0x82,
+    /// Server -> client: the table's location and shape.
+    Bootstrap = 0x83,
+}
+
+impl MessageType {
+    /// From the type byte.
+    pub fn from_u8(v: u8) -> Option<MessageType> {
+        Some(match v {
+            1 => MessageType::Register,
+            2 => MessageType::Renew,
+            3 => MessageType::Deregister,
+            4 => MessageType::BootstrapRequest,
+            0x81 => MessageType::Ok,
+            0x82 => MessageType::Err,
+            0x83 => MessageType::Bootstrap,
+            _ => return None,
+        })
+    }
+
+    /// The payload length of this type.
+    pub fn payload_len(self) -> usize {
+        match self {
+            MessageType::Register => REGISTER_LEN,
+            MessageType::Renew | MessageType::Deregister => GID_ONLY_LEN,
+            MessageType::BootstrapRequest => 0,
+            MessageType::Ok => OK_LEN,
+            MessageType::Err => ERR_LEN,
+            MessageType::Bootstrap => BOOTSTRAP_LEN,
+        }
+    }
+
+    /// Whether clients send it (replies are sent by the server).
+    pub fn is_request(self) -> bool {
+        (self as u8) < 0x80
+    }
+}
+
+/// Why the server refused a request (the code of an `Err` reply).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorCode {
+    /// The request could not be parsed.
+    Malformed,
+    /// The request's format version is not supported.
+    UnsupportedVersion,
+    /// A reply type was sent as a request.
+    UnexpectedMessage,
+    /// The GID's bucket is full.
+    BucketFull,
+    /// The GID is not registered.
+    NotRegistered,
+    /// The GID's lease expired; register again.
+    LeaseExpired,
+    /// A lease of 0 ms was asked for.
+    InvalidLease,
+    /// The server ran out of epochs.
+    EpochExhausted,
+    /// Any other server-side failure.
+    Internal,
+    /// A code this build does not know (a newer server); never 0.
+    Unknown(u16),
+}
+
+impl ErrorCode {
+    /// The code on the wire.
+    pub fn to_u16(self) -> u16 {
+        match self {
+            ErrorCode::Malformed => 1,
+            ErrorCode::UnsupportedVersion => 2,
+            ErrorCode::UnexpectedMessage => 3,
+            ErrorCode::BucketFull => 16,
+            ErrorCode::NotRegistered => 17,
+            ErrorCode::LeaseExpired => 18,
+            ErrorCode::InvalidLease => 19,
+            ErrorCode::EpochExhausted => 20,
+            ErrorCode::Internal => 255,
+            ErrorCode::Unknown(c) => c,
+        }
+    }
+
+    /// From the code on the wire (unknown codes are kept; 0 is not a code).
+    pub fn from_u16(c: u16) -> Option<ErrorCode> {
+        Some(match c {
+            0 => return None,
+            1 => ErrorCode::Malformed,
+            2 => ErrorCode::UnsupportedVersion,
+            3 => ErrorCode::UnexpectedMessage,
+            16 => ErrorCode::BucketFull,
+            17 => ErrorCode::NotRegistered,
+            18 => ErrorCode::LeaseExpired,
+            19 => ErrorCode::InvalidLease,
+            20 => ErrorCode::EpochExhausted,
+            255 => ErrorCode::Internal,
+            c => ErrorCode::Unknown(c),
+        })
+    }
+}
+
+/// A checked view over a message's header (and payload).
+///
+/// Once [`Packet::new_checked`] has accepted a buffer, no accessor can panic.
+#[derive(Debug, Clone, Copy)]
+pub struct Packet<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> Packet<T> {
+    /// Wraps `buffer` without checks; accessors panic on a short buffer.
+    pub fn new_unchecked(buffer: T) -> Packet<T> {
+        Packet { buffer }
+    }
+
+    /// Wraps `buffer` after checking it holds a header and the payload length
+    /// the header announces.
+    ///
+    /// # Errors
+    /// [`WireError::Truncated`].
+    pub fn new_checked(buffer: T) -> Result<Packet<T>, WireError> {
+        let p = Packet::new_unchecked(buffer);
+        p.check_len()?;
+        Ok(p)
+    }
+
+    /// The check of [`Packet::new_checked`].
+    ///
+    /// # Errors
+    /// [`WireError::Truncated`].
+    pub fn check_len(&self) -> Result<(), WireError> {
+        let len = self.buffer.as_ref().len();
+        if len < HEADER_LEN {
+            return Err(WireError::Truncated {
+                len,
+                need: HEADER_LEN,
+            });
+        }
+        let need = HEADER_LEN + self.payload_len();
+        if len < need {
+            return Err(WireError::Truncated { len, need });
+        }
+        Ok(())
+    }
+
+    fn b(&self) -> &[u8] {
+        self.buffer.as_ref()
+    }
+
+    /// The magic number.
+    pub fn magic(&self) -> u32 {
+        get_u32(self.b(), field::MAGIC)
+    }
+
+    /// The format version.
+    pub fn version(&self) -> u8 {
+        self.b()[field::VERSION]
+    }
+
+    /// The raw type byte.
+    pub fn msg_type(&self) -> u8 {
+        self.b()[field::TYPE]
+    }
+
+    /// The payload length from the header.
+    pub fn payload_len(&self) -> usize {
+        get_u16(self.b(), field::PAYLOAD_LEN) as usize
+    }
+
+    /// The request id.
+    pub fn request_id(&self) -> u64 {
+        get_u64(self.b(), field::REQUEST_ID)
+    }
+
+    /// The payload: exactly `payload_len()` bytes after the header.
+    pub fn payload(&self) -> &[u8] {
+        &self.b()[HEADER_LEN..HEADER_LEN + self.payload_len()]
+    }
+}
+
+/// The body of a Register request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RegisterRepr {
+    /// The node's DC target (GID, DCT number, DC key).
+    pub target: DcTarget,
+    /// The node's LID.
+    pub lid: u16,
+    /// Lease length asked for (ms, > 0 to be accepted by the server).
+    pub lease_ms: u64,
+}
+
+/// The body of a Bootstrap reply: everything a client that knows only the
+/// server's address needs to READ the table.
+///
+/// Parsing checks only the format; [`BootstrapRepr::geometry`] checks that
+/// the layout is one this build can read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BootstrapRepr {
+    /// [`LAYOUT_VERSION`] of the server's table.
+    pub layout_version: u16,
+    /// Entry size in bytes ([`ENTRY_LEN`]).
+    pub entry_len: u16,
+    /// Entries per bucket.
+    pub slots_per_bucket: u32,
+    /// Number of buckets.
+    pub n_buckets: u32,
+    /// Remote address and rkey of the table's first byte.
+    pub table: RemoteAddr,
+    /// Table length in bytes (`n_buckets * slots_per_bucket * entry_len`).
+    pub table_len: u64,
+    /// Changes every time the server starts: a client that sees a new value
+    /// must drop every entry it cached from the old table.
+    pub incarnation: u64,
+    /// The server's own DC target, for two-sided requests.
+    pub server: DcTarget,
+}
+
+/// Why a bootstrap reply describes a table this build cannot read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BootstrapError {
+    /// Another table layout version.
+    #[error("table layout version {found}, this build reads {LAYOUT_VERSION}")]
+    LayoutVersion {
+        /// The server's layout version.
+        found: u16,
+    },
+    /// Another entry size.
+    #[error("entry size {found}, this build reads {ENTRY_LEN}")]
+    EntryLen {
+        /// The server's entry size.
+        found: u16,
+    },
+    /// The bucket counts are out of range.
+    #[error(transparent)]
+    Geometry(#[from] GeometryError),
+    /// The table length does not match the geometry.
+    #[error("table length {found} does not match the geometry's {expected}")]
+    TableLen {
+        /// The server's table length.
+        found: u64,
+        /// What the geometry implies.
+        expected: u64,
+    },
+}
+
+impl BootstrapRepr {
+    /// The reply a server with `geometry`, registered at `table`, sends.
+    pub fn new(
+        geometry: Geometry,
+        table: RemoteAddr,
+        incarnation: u64,
+        server: DcTarget,
+    ) -> BootstrapRepr {
+        BootstrapRepr {
+            layout_version: LAYOUT_VERSION,
+            entry_len: ENTRY_LEN as u16,
+            slots_per_bucket: geometry.slots_per_bucket(),
+            n_buckets: geometry.n_buckets(),
+            table,
+            table_len: geometry.table_len(),
+            incarnation,
+            server,
+        }
+    }
+
+    /// The table geometry, after checking the layout is readable by this build.
+    ///
+    /// # Errors
+    /// [`BootstrapError`].
+    pub fn geometry(&self) -> Result<Geometry, BootstrapError> {
+        if self.layout_version != LAYOUT_VERSION {
+            return Err(BootstrapError::LayoutVersion {
+                found: self.layout_version,
+            });
+        }
+        if self.entry_len as usize != ENTRY_LEN {
+            return Err(BootstrapError::EntryLen {
+                found: self.entry_len,
+            });
+        }
+        let g = Geometry::new(self.n_buckets, self.slots_per_bucket)?;
+        if g.table_len() != self.table_len {
+            return Err(BootstrapError::TableLen {
+                found: self.table_len,
+                expected: g.table_len(),
+            });
+        }
+        Ok(g)
+    }
+}
+
+/// A parsed message body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Message {
+    /// Register (or re-register) a node.
+    Register(RegisterRepr),
+    /// Renew a node's lease.
+    Renew {
+        /// The node.
+        gid: Gid,
+    },
+    /// Remove a node.
+    Deregister {
+        /// The node.
+        gid: Gid,
+    },
+    /// Ask for the table's location.
+    BootstrapRequest,
+    /// Success: the registration's epoch and lease expiry (for Deregister, those
+    /// of the removed registration).
+    Ok(Lease),
+    /// Failure.
+    Err(ErrorCode),
+    /// The table's location and shape.
+    Bootstrap(BootstrapRepr),
+}
+
+impl Message {
+    /// The type of this message.
+    pub fn msg_type(&self) -> MessageType {
+        match self {
+            Message::Register(_) => MessageType::Register,
+            Message::Renew { .. } => MessageType::Renew,
+            Message::Deregister { .. } => MessageType::Deregister,
+            Message::BootstrapRequest => MessageType::BootstrapRequest,
+            Message::Ok(_) => MessageType::Ok,
+            Message::Err(_) => MessageType::Err,
+            Message::Bootstrap(_) => MessageType::Bootstrap,
+        }
+    }
+}
+
+/// A parsed message: its request id and body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Repr {
+    /// Chosen by the client, echoed by the server's reply.
+    pub request_id: u64,
+    /// The body.
+    pub message: Message,
+}
+
+fn zero(b: &[u8]) -> bool {
+    b.iter().all(|&x| x == 0)
+}
+
+impl Repr {
+    /// Parses a message, checking everything listed in the module docs.
+    ///
+    /// # Errors
+    /// [`WireError`], never a panic.
+    pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<Repr, WireError> {
+        packet.check_len()?;
+        if packet.magic() != MAGIC {
+            return Err(WireError::BadMagic(packet.magic()));
+        }
+        if packet.version() != WIRE_VERSION {
+            return Err(WireError::UnsupportedVersion(packet.version()));
+        }
+        let t = MessageType::from_u8(packet.msg_type())
+            .ok_or(WireError::UnknownType(packet.msg_type()))?;
+        if packet.payload_len() != t.payload_len() {
+            return Err(WireError::PayloadLength {
+                msg_type: t,
+                expected: t.payload_len(),
+                got: packet.payload_len(),
+            });
+        }
+        let p = packet.payload();
+        let malformed = |what| WireError::Malformed { msg_type: t, what };
+        let message = match t {
+            MessageType::Register => {
+                if !zero(&p[22..24]) {
+                    return Err(WireError::ReservedNotZero(t));
+                }
+                Message::Register(RegisterRepr {
+                    target: DcTarget {
+                        gid: get_gid(p, 0..16),
+                        dct_num: get_u32(p, 16..20),
+                        dc_key: get_u64(p, 24..32),
+                    },
+                    lid: get_u16(p, 20..22),
+                    lease_ms: get_u64(p, 32..40),
+                })
+            }
+            MessageType::Renew => Message::Renew {
+                gid: get_gid(p, 0..16),
+            },
+            MessageType::Deregister => Message::Deregister {
+                gid: get_gid(p, 0..16),
+            },
+            MessageType::BootstrapRequest => Message::BootstrapRequest,
+            MessageType::Ok => {
+                if !zero(&p[4..8]) {
+                    return Err(WireError::ReservedNotZero(t));
+                }
+                let epoch = get_u32(p, 0..4);
+                if epoch == 0 {
+                    return Err(malformed("epoch 0"));
+                }
+                Message::Ok(Lease {
+                    epoch,
+                    lease_expiry_ms: get_u64(p, 8..16),
+                })
+            }
+            MessageType::Err => {
+                if !zero(&p[2..8]) {
+                    return Err(WireError::ReservedNotZero(t));
+                }
+                let code = ErrorCode::from_u16(get_u16(p, 0..2)).ok_or(malformed("code 0"))?;
+                Message::Err(code)
+            }
+            MessageType::Bootstrap => {
+                if !zero(&p[60..64]) {
+                    return Err(WireError::ReservedNotZero(t));
+                }
+                Message::Bootstrap(BootstrapRepr {
+                    layout_version: get_u16(p, 0..2),
+                    entry_len: get_u16(p, 2..4),
+                    slots_per_bucket: get_u32(p, 4..8),
+                    n_buckets: get_u32(p, 8..12),
+                    table: RemoteAddr {
+                        rkey: get_u32(p, 12..16),
+                        addr: get_u64(p, 16..24),
+                    },
+                    table_len: get_u64(p, 24..32),
+                    incarnation: get_u64(p, 32..40),
+                    server: DcTarget {
+                        gid: get_gid(p, 40..56),
+                        dct_num: get_u32(p, 56..60),
+                        dc_key: get_u64(p, 64..72),
+                    },
+                })
+            }
+        };
+        Ok(Repr {
+            request_id: packet.request_id(),
+            message,
+        })
+    }
+
+    /// Parses a message from bytes (see [`Repr::parse`]).
+    ///
+    /// # Errors
+    /// [`WireError`].
+    pub fn parse_bytes(bytes: &[u8]) -> Result<Repr, WireError> {
+        Repr::parse(&Packet::new_checked(bytes)?)
+    }
+
+    /// Bytes of the emitted message.
+    pub fn buffer_len(&self) -> usize {
+        HEADER_LEN + self.message.msg_type().payload_len()
+    }
+
+    /// Writes the message at the start of `buf`, returning its length. Bytes of
+    /// `buf` past the message are untouched.
+    ///
+    /// Emitting a value that breaks a parse rule (an `Ok` with epoch 0, an
+    /// `ErrorCode::Unknown(0)`) produces bytes that [`Repr::parse`] rejects.
+    ///
+    /// # Errors
+    /// [`WireError::BufferTooSmall`].
+    pub fn emit(&self, buf: &mut [u8]) -> Result<usize, WireError> {
+        let len = self.buffer_len();
+        if buf.len() < len {
+            return Err(WireError::BufferTooSmall {
+                need: len,
+                have: buf.len(),
+            });
+        }
+        let t = self.message.msg_type();
+        let (h, rest) = buf.split_at_mut(HEADER_LEN);
+        put(h, field::MAGIC, &MAGIC.to_le_bytes());
+        h[field::VERSION] = WIRE_VERSION;
+        h[field::TYPE] = t as u8;
+        put(
+            h,
+            field::PAYLOAD_LEN,
+            &(t.payload_len() as u16).to_le_bytes(),
+        );
+        put(h, field::REQUEST_ID, &self.request_id.to_le_bytes());
+        let p = &mut rest[..t.payload_len()];
+        p.fill(0);
+        match &self.message {
+            Message::Register(r) => {
+                put(p, 0..16, r.target.gid.as_bytes());
+                put(p, 16..20, &r.target.dct_num.to_le_bytes());
+                put(p, 20..22, &r.lid.to_le_bytes());
+                put(p, 24..32, &r.target.dc_key.to_le_bytes());
+                put(p, 32..40, &r.lease_ms.to_le_bytes());
+            }
+            Message::Renew { gid } | Message::Deregister { gid } => {
+                put(p, 0..16, gid.as_bytes());
+            }
+            Message::BootstrapRequest => {}
+            Message::Ok(l) => {
+                put(p, 0..4, &l.epoch.to_le_bytes());
+                put(p, 8..16, &l.lease_expiry_ms.to_le_bytes());
+            }
+            Message::Err(c) => put(p, 0..2, &c.to_u16().to_le_bytes()),
+            Message::Bootstrap(b) => {
+                put(p, 0..2, &b.layout_version.to_le_bytes());
+                put(p, 2..4, &b.entry_len.to_le_bytes());
+                put(p, 4..8, &b.slots_per_bucket.to_le_bytes());
+                put(p, 8..12, &b.n_buckets.to_le_bytes());
+                put(p, 12..16, &b.table.rkey.to_le_bytes());
+                put(p, 16..24, &b.table.addr.to_le_bytes());
+                put(p, 24..32, &b.table_len.to_le_bytes());
+                put(p, 32..40, &b.incarnation.to_le_bytes());
+                put(p, 40..56, b.server.gid.as_bytes());
+                put(p, 56..60, &b.server.dct_num.to_le_bytes());
+                put(p, 64..72, &b.server.dc_key.to_le_bytes());
+            }
+        }
+        Ok(len)
+    }
+
+    /// The emitted message as a new vector.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.buffer_len()];
+        match self.emit(&mut v) {
+            Ok(_) => v,
+            Err(e) => unreachable!("buffer_len() bytes always fit: {e}"),
+        }
+    }
+}
