@@ -1,2 +1,9 @@
-//! Placeholder: this crate is built in a later step (see the project issues).
+//! # krcore-kmod: the KRCore control plane engine
+//!
+//! (Crate docs are completed as the pieces land.)
 #![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations)]
+
+pub mod wrid;
+
+pub use wrid::{PhysWrId, Slot, SlotTable, VqpId, WrIdError};
