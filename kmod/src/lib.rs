@@ -4,6 +4,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations)]
 
+pub mod credits;
 pub mod wrid;
 
+pub use credits::{CreditError, PostedWr, QueueView, SendQueueCredits};
 pub use wrid::{PhysWrId, Slot, SlotTable, VqpId, WrIdError};
