@@ -5,7 +5,10 @@
 #![warn(missing_docs, missing_debug_implementations)]
 
 pub mod credits;
+pub mod dccache;
+mod sync;
 pub mod wrid;
 
 pub use credits::{CreditError, PostedWr, QueueView, SendQueueCredits};
+pub use dccache::{CachedTarget, DcCache, Insert, Lookup, MetaEpoch};
 pub use wrid::{PhysWrId, Slot, SlotTable, VqpId, WrIdError};

@@ -3,10 +3,9 @@
 //! `RUSTFLAGS="--cfg krcore_loom"` with the `loom` feature, so that a loom model
 //! (in the `loom-tests` crate) exercises the very same code.
 //!
-//! Only the subset that both implementations share is re-exported: no
-//! `const fn new`, no `get_mut`, no release fences (loom models acquire fences
-//! only), and spinning goes through [`spin_loop`] so that loom can schedule the
-//! thread that holds what the spinner waits for.
+//! Code here sticks to the subset both implementations share (no `const fn
+//! new`, no `get_mut`), and spinning goes through [`spin_loop`] so that loom
+//! can schedule the thread that holds what the spinner waits for.
 
 #[cfg(all(krcore_loom, not(feature = "loom")))]
 compile_error!("`--cfg krcore_loom` needs the `loom` feature of krcore-kmod (`--features loom`)");
