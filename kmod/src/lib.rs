@@ -6,9 +6,14 @@
 
 pub mod credits;
 pub mod dccache;
+pub mod precheck;
 mod sync;
 pub mod wrid;
 
 pub use credits::{CreditError, PostedWr, QueueView, SendQueueCredits};
 pub use dccache::{CachedTarget, DcCache, Insert, Lookup, MetaEpoch};
+pub use precheck::{
+    LocalMr, LocalMrTable, NoGrants, OpKind, Plan, Policy, Precheck, Reason, Rejection,
+    RemoteGrant, RemoteGrants, Transport,
+};
 pub use wrid::{PhysWrId, Slot, SlotTable, VqpId, WrIdError};
