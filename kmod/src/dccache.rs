@@ -103,6 +103,9 @@ const HAND_SHIFT: u32 = 9;
 const VERSION_SHIFT: u32 = 12;
 const DEFAULT_SEED: u64 = 0x6b72_636f_7265_2d72; // "krcore-r"
 
+// The header layout has 8 occupancy/reference bits and a 3-bit hand.
+const _: () = assert!(WAYS == 8 && HAND_SHIFT - OCC_SHIFT == WAYS as u32);
+
 /// A cached target with the meta epoch it was read at.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct CachedTarget {
