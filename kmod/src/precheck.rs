@@ -1,0 +1,597 @@
+//! The pre-check (KRCore Algorithm 2) as a pure function.
+//!
+//! A physical QP is shared by many VQPs, and a single bad WR puts it in ERR
+//! and flushes everybody's work. So before a VQP's batch reaches the NIC the
+//! engine checks it against what it knows and either rejects it with a typed
+//! [`Rejection`] (it never reaches the NIC) or returns a [`Plan`]:
+//!
+//! - **(b) validity**, per WR, in this order: opcode allowed on the
+//!   transport; destination kind matches the transport; payload shape (SGE
+//!   count, inline size, inline only for WRITE/SEND); atomics carry one 8-byte
+//!   SGE and an 8-byte aligned remote address; every SGE's lkey is one of this
+//!   process's MRs ([`LocalMrTable`]), the SGE lies inside it, and the MR
+//!   allows local writes when the NIC writes into it (READ, CAS, FAA); the
+//!   remote range lies inside a known, unexpired grant with the right access,
+//!   *when a grant is known* for that (target, rkey) ([`RemoteGrants`]).
+//! - **(a) capacity**: a batch that does not fit in the free credits makes
+//!   the caller poll first ([`Plan::credits_short`]).
+//! - **(c) signaling**: when posting the batch would leave more than
+//!   `max_unsignaled` WRs after the newest signaled one, its last WR is
+//!   forced signaled ([`Plan::force_signal`]).
+//!
+//! Nothing here reads a clock: `now` is an argument.
+//!
+//! # Why forcing the last WR suffices
+//!
+//! The *unsignaled tail* (see [`crate::credits`]) is what no pending
+//! completion will free. The pre-check keeps it at most `m =
+//! min(max_unsignaled, depth - 1)`, and caps a batch at `depth - m` WRs, so a
+//! batch that must wait for credits can always get them by polling: the
+//! outstanding WRs outside the tail are covered by a signaled WR. Forcing the
+//! batch's last WR signaled makes the tail 0; forcing more would only free
+//! credits earlier. The rule is exact rather than Algorithm 2's bound
+//! (`outstanding unsignaled + batch unsignaled > m`): a batch that already
+//! ends in a short unsignaled run after a signaled WR needs no forcing. For a
+//! batch with no signaled WR the two agree.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::time::Instant;
+
+use krcore_nic::{Access, Destination, Gid, Payload, SendFlags, SendWr, WrOp, MAX_INLINE, MAX_SGE};
+
+use crate::credits::QueueView;
+
+/// The transport of the physical QP a VQP posts on.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+#[non_exhaustive]
+pub enum Transport {
+    /// Reliable connected: every opcode, to the connected peer.
+    Rc,
+    /// DC initiator: every opcode, to the DC target named in each WR.
+    Dc,
+    /// Unreliable datagram: SEND and SEND_WITH_IMM only.
+    Ud,
+}
+
+impl Transport {
+    /// Whether the transport carries `op`.
+    pub fn allows(self, op: OpKind) -> bool {
+        match self {
+            Transport::Rc | Transport::Dc => true,
+            Transport::Ud => matches!(op, OpKind::Send | OpKind::SendImm),
+        }
+    }
+
+    fn destination_ok(self, dest: &Destination) -> bool {
+        matches!(
+            (self, dest),
+            (Transport::Rc, Destination::Connected)
+                | (Transport::Dc, Destination::Dc(_))
+                | (Transport::Ud, Destination::Ud(_))
+        )
+    }
+}
+
+/// The opcode of a [`WrOp`], without its operands.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+#[non_exhaustive]
+pub enum OpKind {
+    /// RDMA READ.
+    Read,
+    /// RDMA WRITE.
+    Write,
+    /// RDMA WRITE with immediate.
+    WriteImm,
+    /// SEND.
+    Send,
+    /// SEND with immediate.
+    SendImm,
+    /// Compare-and-swap.
+    CompareSwap,
+    /// Fetch-and-add.
+    FetchAdd,
+}
+
+impl OpKind {
+    /// The kind of `op`.
+    pub fn of(op: &WrOp) -> OpKind {
+        match op {
+            WrOp::Read { .. } => OpKind::Read,
+            WrOp::Write { .. } => OpKind::Write,
+            WrOp::WriteImm { .. } => OpKind::WriteImm,
+            WrOp::Send => OpKind::Send,
+            WrOp::SendImm { .. } => OpKind::SendImm,
+            WrOp::CompareSwap { .. } => OpKind::CompareSwap,
+            WrOp::FetchAdd { .. } => OpKind::FetchAdd,
+        }
+    }
+
+    /// Whether the NIC writes into the local SGEs (READ results, atomics'
+    /// old values), which needs `LOCAL_WRITE` on their MRs.
+    pub fn writes_locally(self) -> bool {
+        matches!(self, OpKind::Read | OpKind::CompareSwap | OpKind::FetchAdd)
+    }
+
+    /// Whether inline data is allowed.
+    pub fn allows_inline(self) -> bool {
+        matches!(
+            self,
+            OpKind::Write | OpKind::WriteImm | OpKind::Send | OpKind::SendImm
+        )
+    }
+
+    /// The remote access a grant must give, for one-sided operations.
+    pub fn remote_access(self) -> Option<Access> {
+        match self {
+            OpKind::Read => Some(Access::REMOTE_READ),
+            OpKind::Write | OpKind::WriteImm => Some(Access::REMOTE_WRITE),
+            OpKind::CompareSwap | OpKind::FetchAdd => Some(Access::REMOTE_ATOMIC),
+            OpKind::Send | OpKind::SendImm => None,
+        }
+    }
+}
+
+impl fmt::Display for OpKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// A memory region owned by the posting process.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct LocalMr {
+    /// First byte's virtual address.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Access flags it was registered with.
+    pub access: Access,
+}
+
+/// The MRs of the posting process, by lkey. Only MRs this process owns may be
+/// listed: an lkey it does not own is rejected, never passed to the NIC.
+pub trait LocalMrTable {
+    /// The MR with local key `lkey`, if the process owns one.
+    fn lookup(&self, lkey: u32) -> Option<LocalMr>;
+}
+
+impl LocalMrTable for HashMap<u32, LocalMr> {
+    fn lookup(&self, lkey: u32) -> Option<LocalMr> {
+        self.get(&lkey).copied()
+    }
+}
+
+impl LocalMrTable for BTreeMap<u32, LocalMr> {
+    fn lookup(&self, lkey: u32) -> Option<LocalMr> {
+        self.get(&lkey).copied()
+    }
+}
+
+/// Remote access a peer granted (an MR lease handed out by its SDK).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct RemoteGrant {
+    /// First byte's address in the target.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// What the grant allows (`REMOTE_READ`, `REMOTE_WRITE`, `REMOTE_ATOMIC`).
+    pub access: Access,
+    /// The grant is void from this instant on.
+    pub expires_at: Instant,
+}
+
+/// Grants known to this process, by (target GID, rkey). Unknown grants are
+/// not checked (the NIC will); known ones are.
+pub trait RemoteGrants {
+    /// The grant of `rkey` at `target`, if known.
+    fn lookup(&self, target: &Gid, rkey: u32) -> Option<RemoteGrant>;
+}
+
+impl RemoteGrants for HashMap<(Gid, u32), RemoteGrant> {
+    fn lookup(&self, target: &Gid, rkey: u32) -> Option<RemoteGrant> {
+        self.get(&(*target, rkey)).copied()
+    }
+}
+
+/// No known grants: remote ranges are left to the NIC.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct NoGrants;
+
+impl RemoteGrants for NoGrants {
+    fn lookup(&self, _target: &Gid, _rkey: u32) -> Option<RemoteGrant> {
+        None
+    }
+}
+
+/// Limits of the physical QP, shared by every VQP posting on it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Policy {
+    /// Most WRs allowed after the newest signaled one (clamped to
+    /// `depth - 1`).
+    pub max_unsignaled: u32,
+    /// Most SGEs per WR (the QP's `max_send_sge`).
+    pub max_sge: usize,
+    /// Most inline bytes per WR (the QP's inline limit).
+    pub max_inline: usize,
+}
+
+impl Default for Policy {
+    fn default() -> Policy {
+        Policy {
+            max_unsignaled: 16,
+            max_sge: MAX_SGE,
+            max_inline: MAX_INLINE,
+        }
+    }
+}
+
+impl Policy {
+    /// `max_unsignaled` clamped so that a full queue always holds a signaled
+    /// WR.
+    pub fn effective_max_unsignaled(&self, depth: u32) -> u32 {
+        self.max_unsignaled.min(depth.saturating_sub(1))
+    }
+
+    /// The largest batch a queue of `depth` accepts.
+    pub fn max_batch(&self, depth: u32) -> u32 {
+        depth - self.effective_max_unsignaled(depth)
+    }
+}
+
+/// Why a batch was rejected; the WR at [`Rejection::index`] and those after
+/// it were not checked, and nothing of the batch was posted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("work request {index} rejected: {reason}")]
+pub struct Rejection {
+    /// Index in the batch of the offending WR (0 for an empty batch).
+    pub index: usize,
+    /// Why.
+    pub reason: Reason,
+}
+
+/// The reason of a [`Rejection`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Reason {
+    /// The batch has no WR.
+    #[error("empty batch")]
+    EmptyBatch,
+    /// The batch is longer than the queue can ever take at once.
+    #[error("batch of {len} WRs exceeds the limit of {max} for this queue")]
+    BatchTooLarge {
+        /// WRs in the batch.
+        len: usize,
+        /// [`Policy::max_batch`].
+        max: u32,
+    },
+    /// The transport does not carry this opcode.
+    #[error("{op} is not allowed on {transport:?}")]
+    OpNotAllowed {
+        /// The opcode.
+        op: OpKind,
+        /// The transport.
+        transport: Transport,
+    },
+    /// The destination kind does not match the transport.
+    #[error("destination does not match transport {transport:?}")]
+    WrongDestination {
+        /// The transport.
+        transport: Transport,
+    },
+    /// More SGEs than the QP takes.
+    #[error("{count} SGEs, the QP takes at most {max}")]
+    TooManySges {
+        /// SGEs in the WR.
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// More inline bytes than the QP takes.
+    #[error("{len} inline bytes, the QP takes at most {max}")]
+    InlineTooLarge {
+        /// Inline bytes.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// Inline data on an opcode that reads into local memory.
+    #[error("inline data is not allowed for {op}")]
+    InlineNotAllowed {
+        /// The opcode.
+        op: OpKind,
+    },
+    /// An atomic without exactly one 8-byte SGE.
+    #[error("an atomic needs one 8-byte SGE, got {sges} SGEs of {len} bytes")]
+    AtomicSgeLength {
+        /// SGEs in the WR.
+        sges: usize,
+        /// Their total length.
+        len: u64,
+    },
+    /// An atomic at a remote address that is not 8-byte aligned.
+    #[error("atomic at remote address {addr:#x} is not 8-byte aligned")]
+    AtomicMisaligned {
+        /// The remote address.
+        addr: u64,
+    },
+    /// The lkey of an SGE is not an MR of this process.
+    #[error("SGE {sge}: lkey {lkey:#x} is not owned by this process")]
+    LkeyNotOwned {
+        /// Index of the SGE in the WR.
+        sge: usize,
+        /// The lkey.
+        lkey: u32,
+    },
+    /// An SGE reaches outside its MR.
+    #[error("SGE {sge}: {addr:#x}+{length} lies outside its MR {mr_addr:#x}+{mr_len}")]
+    SgeOutOfBounds {
+        /// Index of the SGE in the WR.
+        sge: usize,
+        /// SGE address.
+        addr: u64,
+        /// SGE length.
+        length: u32,
+        /// MR address.
+        mr_addr: u64,
+        /// MR length.
+        mr_len: u64,
+    },
+    /// The NIC would write into an MR registered without `LOCAL_WRITE`.
+    #[error("SGE {sge}: {op} writes into MR {lkey:#x}, registered without LOCAL_WRITE")]
+    LocalWriteMissing {
+        /// Index of the SGE in the WR.
+        sge: usize,
+        /// The lkey.
+        lkey: u32,
+        /// The opcode.
+        op: OpKind,
+    },
+    /// The known grant for the rkey has expired.
+    #[error("grant for rkey {rkey:#x} expired")]
+    GrantExpired {
+        /// The rkey.
+        rkey: u32,
+    },
+    /// The known grant for the rkey does not allow the operation.
+    #[error("grant for rkey {rkey:#x} does not allow {op}")]
+    RemoteAccessMissing {
+        /// The rkey.
+        rkey: u32,
+        /// The opcode.
+        op: OpKind,
+    },
+    /// The remote range lies outside the known grant.
+    #[error("remote {addr:#x}+{len} lies outside the grant {grant_addr:#x}+{grant_len}")]
+    RemoteOutOfGrant {
+        /// Remote address.
+        addr: u64,
+        /// Bytes accessed.
+        len: u64,
+        /// Grant address.
+        grant_addr: u64,
+        /// Grant length.
+        grant_len: u64,
+    },
+}
+
+/// What the caller must do to post an accepted batch.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Plan {
+    /// Credits to reclaim (by polling signaled completions) before posting;
+    /// 0 when the batch fits now.
+    pub credits_short: u32,
+    /// The WR to post signaled although it is not (always the batch's last).
+    pub force_signal: Option<usize>,
+    /// The queue's unsignaled tail once the batch is posted as planned.
+    pub unsignaled_after: u32,
+}
+
+impl Plan {
+    /// Whether the caller must poll before posting.
+    pub fn must_reclaim(&self) -> bool {
+        self.credits_short > 0
+    }
+
+    /// Sets the forced signal flag on `batch` (the batch that was checked).
+    pub fn apply(&self, batch: &mut [SendWr]) {
+        if let Some(i) = self.force_signal {
+            batch[i].flags = batch[i].flags | SendFlags::SIGNALED;
+        }
+    }
+}
+
+/// Everything the pre-check looks at besides the batch.
+#[derive(Debug)]
+pub struct Precheck<'a, M: ?Sized, G: ?Sized> {
+    /// Transport of the physical QP.
+    pub transport: Transport,
+    /// The connected peer of an RC QP (to find grants for WRs to
+    /// [`Destination::Connected`]); `None` skips grant checks for them.
+    pub peer: Option<Gid>,
+    /// The posting process's MRs.
+    pub local_mrs: &'a M,
+    /// Known remote grants ([`NoGrants`] when none).
+    pub grants: &'a G,
+    /// The current time, for grant expiry.
+    pub now: Instant,
+    /// The physical queue ([`crate::SendQueueCredits::view`]).
+    pub queue: QueueView,
+    /// Limits of the physical QP.
+    pub policy: Policy,
+}
+
+impl<M: LocalMrTable + ?Sized, G: RemoteGrants + ?Sized> Precheck<'_, M, G> {
+    /// Checks `batch`.
+    ///
+    /// # Errors
+    /// A [`Rejection`] naming the first bad WR and why; the batch must not be
+    /// posted.
+    pub fn check(&self, batch: &[SendWr]) -> Result<Plan, Rejection> {
+        let reject = |index, reason| Rejection { index, reason };
+        if batch.is_empty() {
+            return Err(reject(0, Reason::EmptyBatch));
+        }
+        let depth = self.queue.depth;
+        let max_batch = self.policy.max_batch(depth);
+        if batch.len() > max_batch as usize {
+            return Err(reject(
+                max_batch as usize,
+                Reason::BatchTooLarge {
+                    len: batch.len(),
+                    max: max_batch,
+                },
+            ));
+        }
+        for (index, wr) in batch.iter().enumerate() {
+            self.check_wr(wr).map_err(|reason| reject(index, reason))?;
+        }
+        Ok(self.plan(batch))
+    }
+
+    fn plan(&self, batch: &[SendWr]) -> Plan {
+        let n = batch.len() as u32;
+        let credits_short = n.saturating_sub(self.queue.free);
+        let max = self.policy.effective_max_unsignaled(self.queue.depth);
+        let run_after = match batch.iter().rposition(SendWr::is_signaled) {
+            Some(k) => n - 1 - k as u32,
+            None => self.queue.unsignaled_tail + n,
+        };
+        if run_after > max {
+            Plan {
+                credits_short,
+                force_signal: Some(batch.len() - 1),
+                unsignaled_after: 0,
+            }
+        } else {
+            Plan {
+                credits_short,
+                force_signal: None,
+                unsignaled_after: run_after,
+            }
+        }
+    }
+
+    fn check_wr(&self, wr: &SendWr) -> Result<(), Reason> {
+        let op = OpKind::of(&wr.op);
+        let transport = self.transport;
+        if !transport.allows(op) {
+            return Err(Reason::OpNotAllowed { op, transport });
+        }
+        if !transport.destination_ok(&wr.dest) {
+            return Err(Reason::WrongDestination { transport });
+        }
+        let sges = match &wr.payload {
+            Payload::Inline(data) => {
+                if !op.allows_inline() {
+                    return Err(Reason::InlineNotAllowed { op });
+                }
+                let (len, max) = (data.as_slice().len(), self.policy.max_inline);
+                if len > max {
+                    return Err(Reason::InlineTooLarge { len, max });
+                }
+                &[][..]
+            }
+            Payload::Local(sg) => {
+                let (count, max) = (sg.as_slice().len(), self.policy.max_sge);
+                if count > max {
+                    return Err(Reason::TooManySges { count, max });
+                }
+                sg.as_slice()
+            }
+        };
+        if let WrOp::CompareSwap { remote, .. } | WrOp::FetchAdd { remote, .. } = wr.op {
+            if sges.len() != 1 || sges[0].length != 8 {
+                return Err(Reason::AtomicSgeLength {
+                    sges: sges.len(),
+                    len: wr.payload.len(),
+                });
+            }
+            if remote.addr % 8 != 0 {
+                return Err(Reason::AtomicMisaligned { addr: remote.addr });
+            }
+        }
+        for (i, sge) in sges.iter().enumerate() {
+            let mr = self
+                .local_mrs
+                .lookup(sge.lkey)
+                .ok_or(Reason::LkeyNotOwned {
+                    sge: i,
+                    lkey: sge.lkey,
+                })?;
+            let inside = sge.addr >= mr.addr
+                && match (
+                    sge.addr.checked_add(u64::from(sge.length)),
+                    mr.addr.checked_add(mr.len),
+                ) {
+                    (Some(end), Some(mr_end)) => end <= mr_end,
+                    _ => false,
+                };
+            if !inside {
+                return Err(Reason::SgeOutOfBounds {
+                    sge: i,
+                    addr: sge.addr,
+                    length: sge.length,
+                    mr_addr: mr.addr,
+                    mr_len: mr.len,
+                });
+            }
+            if op.writes_locally() && !mr.access.contains(Access::LOCAL_WRITE) {
+                return Err(Reason::LocalWriteMissing {
+                    sge: i,
+                    lkey: sge.lkey,
+                    op,
+                });
+            }
+        }
+        self.check_remote(wr, op)
+    }
+
+    fn check_remote(&self, wr: &SendWr, op: OpKind) -> Result<(), Reason> {
+        let (Some(remote), Some(needed)) = (wr.op.remote(), op.remote_access()) else {
+            return Ok(());
+        };
+        let target = match wr.dest {
+            Destination::Dc(t) => Some(t.gid),
+            Destination::Connected => self.peer,
+            Destination::Ud(_) => None,
+        };
+        let Some(grant) = target.and_then(|t| self.grants.lookup(&t, remote.rkey)) else {
+            return Ok(());
+        };
+        if self.now >= grant.expires_at {
+            return Err(Reason::GrantExpired { rkey: remote.rkey });
+        }
+        if !grant.access.contains(needed) {
+            return Err(Reason::RemoteAccessMissing {
+                rkey: remote.rkey,
+                op,
+            });
+        }
+        let len = if wr.op.is_atomic() {
+            8
+        } else {
+            wr.payload.len()
+        };
+        let inside = remote.addr >= grant.addr
+            && match (
+                remote.addr.checked_add(len),
+                grant.addr.checked_add(grant.len),
+            ) {
+                (Some(end), Some(grant_end)) => end <= grant_end,
+                _ => false,
+            };
+        if !inside {
+            return Err(Reason::RemoteOutOfGrant {
+                addr: remote.addr,
+                len,
+                grant_addr: grant.addr,
+                grant_len: grant.len,
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;
