@@ -57,7 +57,12 @@ fn bench_fabric(c: &mut Criterion, label: &str, fabric: &SimFabric) {
     g.throughput(Throughput::Elements(16));
     let batch: Vec<SendWr> = (0..16u64)
         .map(|i| {
-            SendWr::read(i, sa.mr.sge(64 * i as usize, 64).unwrap(), remote.offset(64 * i)).signaled(i == 15)
+            SendWr::read(
+                i,
+                sa.mr.sge(64 * i as usize, 64).unwrap(),
+                remote.offset(64 * i),
+            )
+            .signaled(i == 15)
         })
         .collect();
     g.bench_function("read_64B_x16_one_doorbell", |bch| {
@@ -81,7 +86,9 @@ fn bench_fabric(c: &mut Criterion, label: &str, fabric: &SimFabric) {
 fn sim(c: &mut Criterion) {
     bench_fabric(c, "mem", &SimFabric::in_memory());
     let dir = if std::path::Path::new("/dev/shm").is_dir() {
-        tempfile::Builder::new().prefix("krcore-bench-").tempdir_in("/dev/shm")
+        tempfile::Builder::new()
+            .prefix("krcore-bench-")
+            .tempdir_in("/dev/shm")
     } else {
         tempfile::tempdir()
     }

@@ -100,9 +100,19 @@ pub fn mr_invalidate(seg: &Segment, idx: u32) {
     w.store(s & !1, Release);
 }
 
+/// The raw state word of the MR slot a key names (a cache of an entry stays
+/// valid while this word is unchanged: fields change only while invalid, and
+/// every registration bumps the generation).
+#[inline]
+pub fn mr_state_for_key(seg: &Segment, key: u32) -> Option<u64> {
+    let (idx, _) = split_key(key);
+    (idx < MAX_MR).then(|| mr_word(seg, idx, 0).load(Acquire))
+}
+
 /// Looks up the MR a key names; `None` when the key is out of range, stale,
-/// or the entry changed while being read.
-pub fn mr_lookup(seg: &Segment, key: u32) -> Option<MrInfo> {
+/// or the entry changed while being read. Also returns the state word the
+/// snapshot is valid for (see [`mr_state_for_key`]).
+pub fn mr_lookup_state(seg: &Segment, key: u32) -> Option<(MrInfo, u64)> {
     let (idx, gen8) = split_key(key);
     if idx >= MAX_MR {
         return None;
@@ -118,13 +128,14 @@ pub fn mr_lookup(seg: &Segment, key: u32) -> Option<MrInfo> {
     if mr_word(seg, idx, 0).load(Relaxed) != s0 {
         return None;
     }
-    Some(MrInfo {
+    let info = MrInfo {
         gen: (s0 >> 1) as u32,
         base,
         len,
         access: Access((ap >> 32) as u32),
         pd: ap as u32,
-    })
+    };
+    Some((info, s0))
 }
 
 /// QP number = (generation low 12 bits) << 12 | index; never 0 because
@@ -211,6 +222,14 @@ impl<'a> QpEntry<'a> {
 
     pub fn state_word(&self) -> QpStateWord {
         QpStateWord::decode(self.w(qpw::STATE).load(Acquire))
+    }
+
+    /// The raw state word (generation, type, state): a cache of the QP's
+    /// other fields stays valid while it is unchanged, because those fields
+    /// change only together with a transition.
+    #[inline]
+    pub fn state_raw(&self) -> u64 {
+        self.w(qpw::STATE).load(Acquire)
     }
 
     /// Allocates the slot for a new QP (fields first, then the state word).

@@ -26,7 +26,7 @@ use super::qp::{flush_recv_ring, QpInner, SendState};
 use super::ring::Ring;
 use super::shm::{now_ns, Segment};
 use crate::types::*;
-use std::sync::atomic::Ordering::AcqRel;
+use std::sync::atomic::Ordering::{AcqRel, Acquire};
 use std::sync::Arc;
 
 /// What executing a WR produced.
@@ -55,14 +55,42 @@ pub(crate) struct CachedNode {
     checked_ns: u64,
 }
 
-const SEG_CACHE: usize = 8;
+/// A destination QP validated for this initiator, kept while its state word
+/// (generation, type, state) is unchanged: its PD, access flags, peer, keys
+/// change only together with a transition.
+#[derive(Clone, Copy)]
+struct CachedDst {
+    node: u64,
+    qpn: u32,
+    state: u64,
+    pd: u32,
+    access: Access,
+}
 
-/// Per-QP caches of resolved nodes and segment mappings.
+/// A resolved MR, kept while the MR's state word is unchanged (its fields
+/// change only while it is invalid; re-registration bumps the generation).
+struct CachedMr {
+    node: u64,
+    key: u32,
+    state: u64,
+    info: ctl::MrInfo,
+    seg: Arc<Segment>,
+}
+
+const SEG_CACHE: usize = 8;
+const MR_CACHE: usize = 16;
+
+/// Per-QP caches of resolved nodes, destination QPs, MRs and segments.
 #[derive(Default)]
 pub(crate) struct TargetCache {
     node: Option<CachedNode>,
+    dst: Option<CachedDst>,
+    mrs: [Option<CachedMr>; MR_CACHE],
+    mr_next: usize,
+    /// MR cache entries used by the WR being executed (never evicted by it).
+    pinned: u16,
     segs: [Option<(u128, Arc<Segment>)>; SEG_CACHE],
-    next: usize,
+    seg_next: usize,
 }
 
 fn seg_key(slot: u32, gen: u32, kind: u8, idx: u32, objgen: u32) -> u128 {
@@ -73,66 +101,75 @@ fn seg_key(slot: u32, gen: u32, kind: u8, idx: u32, objgen: u32) -> u128 {
         | objgen as u128
 }
 
-const K_MR: u8 = 1;
+fn node_key(slot: u32, gen: u32) -> u64 {
+    (slot as u64) << 32 | gen as u64
+}
+
 const K_CQ: u8 = 2;
 const K_SRQ: u8 = 3;
 const K_RQ: u8 = 4;
 
-/// A resolved piece of memory: `len` bytes at `off` in a segment.
+/// A resolved piece of memory: `len` bytes at `off` in the MR held by cache
+/// entry `mr`.
+#[derive(Clone, Copy, Default)]
 struct Piece {
-    seg: Arc<Segment>,
+    mr: u8,
     off: usize,
     len: usize,
 }
 
 /// Up to MAX_SGE pieces without allocating.
-#[derive(Default)]
+#[derive(Clone, Copy, Default)]
 struct Pieces {
     n: usize,
-    p: [Option<Piece>; MAX_SGE],
+    p: [Piece; MAX_SGE],
 }
 
 impl Pieces {
     fn push(&mut self, piece: Piece) {
         if self.n < MAX_SGE {
-            self.p[self.n] = Some(piece);
+            self.p[self.n] = piece;
             self.n += 1;
         }
     }
-    fn iter(&self) -> impl Iterator<Item = &Piece> {
-        self.p[..self.n].iter().flatten()
+    fn as_slice(&self) -> &[Piece] {
+        &self.p[..self.n]
     }
     fn total(&self) -> usize {
-        self.iter().map(|p| p.len).sum()
+        self.as_slice().iter().map(|p| p.len).sum()
     }
 }
 
 /// Where the bytes of a WRITE or SEND come from.
+#[derive(Clone, Copy)]
 enum Source<'a> {
-    Pieces(&'a Pieces),
+    Pieces(Pieces),
     Bytes(&'a [u8]),
 }
 
 /// Copies the source stream (optionally preceded by `prefix`) into the
-/// destination pieces, in order.
-fn transfer(prefix: &[u8], src: &Source<'_>, dst: &Pieces) {
+/// destination pieces, in order. Every piece was validated against its MR.
+fn transfer(cache: &TargetCache, prefix: &[u8], src: &Source<'_>, dst: &Pieces) {
+    let seg = |p: &Piece| cache.mrs[p.mr as usize].as_ref().map(|m| &*m.seg);
     let mut di = 0;
     let mut doff = 0;
-    let mut put = |bytes: Option<&[u8]>, seg: Option<(&Segment, usize)>, mut len: usize| {
+    let mut put = |bytes: Option<&[u8]>, from: Option<(&Segment, usize)>, mut len: usize| {
         let mut consumed = 0;
         while len > 0 && di < dst.n {
-            let Some(d) = &dst.p[di] else { break };
+            let d = &dst.p[di];
             let n = len.min(d.len - doff);
-            // Ranges were validated against their MRs; a failure here would
-            // be a sim bug, and is ignored rather than crashing the host.
-            match (bytes, seg) {
-                (Some(b), _) => {
-                    let _ = d.seg.copy_in(d.off + doff, &b[consumed..consumed + n]);
+            if let Some(dseg) = seg(d) {
+                // Ranges were validated against their MRs; a failure here
+                // would be a sim bug and is ignored rather than crashing.
+                match (bytes, from) {
+                    (Some(b), _) => {
+                        let _ = dseg.copy_in(d.off + doff, &b[consumed..consumed + n]);
+                    }
+                    (None, Some((s, so))) => {
+                        let _ = s.copy_to(so + consumed, dseg, d.off + doff, n);
+                    }
+                    _ => {}
                 }
-                (None, Some((s, so))) => {
-                    let _ = s.copy_to(so + consumed, &d.seg, d.off + doff, n);
-                }
-                _ => {}
             }
             consumed += n;
             len -= n;
@@ -149,8 +186,10 @@ fn transfer(prefix: &[u8], src: &Source<'_>, dst: &Pieces) {
     match src {
         Source::Bytes(b) => put(Some(b), None, b.len()),
         Source::Pieces(ps) => {
-            for p in ps.iter() {
-                put(None, Some((&p.seg, p.off)), p.len);
+            for p in ps.as_slice() {
+                if let Some(s) = seg(p) {
+                    put(None, Some((s, p.off)), p.len);
+                }
             }
         }
     }
@@ -186,7 +225,6 @@ impl Exec<'_> {
             }
         }
         let what = match kind {
-            K_MR => format!("mr{idx}g{objgen}"),
             K_CQ => format!("cq{idx}g{objgen}"),
             K_SRQ => format!("srq{idx}g{objgen}"),
             _ => format!("rq{idx}g{objgen}"),
@@ -195,8 +233,8 @@ impl Exec<'_> {
             .fabric()
             .open_segment(&FabricInner::seg_name(slot, gen, &what))?;
         let t = &mut self.st.target;
-        t.segs[t.next] = Some((key, seg.clone()));
-        t.next = (t.next + 1) % SEG_CACHE;
+        t.segs[t.seg_next] = Some((key, seg.clone()));
+        t.seg_next = (t.seg_next + 1) % SEG_CACHE;
         Some(seg)
     }
 
@@ -248,12 +286,66 @@ impl Exec<'_> {
         Some((slot, gen, ctl_seg))
     }
 
+    /// The MR a key names on node `(slot, gen)`, through the validated
+    /// cache; returns its cache index (pinned for the current WR).
+    fn mr(&mut self, slot: u32, gen: u32, ctl_seg: &Segment, key: u32) -> Option<u8> {
+        let nk = node_key(slot, gen);
+        let t = &mut self.st.target;
+        for (i, e) in t.mrs.iter().enumerate() {
+            if let Some(m) = e {
+                if m.node == nk && m.key == key {
+                    if ctl::mr_state_for_key(ctl_seg, key) == Some(m.state) {
+                        t.pinned |= 1 << i;
+                        return Some(i as u8);
+                    }
+                    t.mrs[i] = None;
+                    break;
+                }
+            }
+        }
+        let (info, state) = ctl::mr_lookup_state(ctl_seg, key)?;
+        let (idx, _) = ctl::split_key(key);
+        let name = FabricInner::seg_name(slot, gen, &format!("mr{idx}g{}", info.gen));
+        let seg = self.qp.node.fabric.open_segment(&name)?;
+        let t = &mut self.st.target;
+        let mut i = t.mr_next;
+        while t.pinned & (1 << i) != 0 {
+            i = (i + 1) % MR_CACHE;
+        }
+        t.mr_next = (i + 1) % MR_CACHE;
+        t.mrs[i] = Some(CachedMr {
+            node: nk,
+            key,
+            state,
+            info,
+            seg,
+        });
+        t.pinned |= 1 << i;
+        Some(i as u8)
+    }
+
+    fn mr_info(&self, i: u8) -> ctl::MrInfo {
+        match &self.st.target.mrs[i as usize] {
+            Some(m) => m.info,
+            None => ctl::MrInfo {
+                gen: 0,
+                base: 0,
+                len: 0,
+                access: Access::NONE,
+                pd: u32::MAX,
+            },
+        }
+    }
+
     /// Resolves local SGEs (`LOC_PROT_ERR` on any failed check).
     fn local(&mut self, sg: &SgList, need_write: bool) -> Result<Pieces, WcStatus> {
         let node = self.qp.node.clone();
         let mut out = Pieces::default();
         for s in sg.as_slice() {
-            let info = ctl::mr_lookup(&node.ctl, s.lkey).ok_or(WcStatus::LocProtErr)?;
+            let i = self
+                .mr(node.slot, node.gen, &node.ctl, s.lkey)
+                .ok_or(WcStatus::LocProtErr)?;
+            let info = self.mr_info(i);
             if info.pd != self.qp.pd
                 || (need_write && !info.access.contains(Access::LOCAL_WRITE))
                 || s.addr < info.base
@@ -263,12 +355,8 @@ impl Exec<'_> {
             {
                 return Err(WcStatus::LocProtErr);
             }
-            let (idx, _) = ctl::split_key(s.lkey);
-            let seg = self
-                .segment(node.slot, node.gen, K_MR, idx, info.gen)
-                .ok_or(WcStatus::LocProtErr)?;
             out.push(Piece {
-                seg,
+                mr: i,
                 off: (s.addr - info.base) as usize,
                 len: s.length as usize,
             });
@@ -286,13 +374,15 @@ impl Exec<'_> {
         remote: RemoteAddr,
         len: usize,
         need: Access,
-        target_pd: u32,
-        target_access: Access,
+        dst: &CachedDst,
     ) -> Result<Piece, WcStatus> {
-        let info = ctl::mr_lookup(ctl_seg, remote.rkey).ok_or(WcStatus::RemAccessErr)?;
-        if info.pd != target_pd
+        let i = self
+            .mr(slot, gen, ctl_seg, remote.rkey)
+            .ok_or(WcStatus::RemAccessErr)?;
+        let info = self.mr_info(i);
+        if info.pd != dst.pd
             || !info.access.contains(need)
-            || !target_access.contains(need)
+            || !dst.access.contains(need)
             || remote.addr < info.base
             || remote
                 .addr
@@ -301,23 +391,82 @@ impl Exec<'_> {
         {
             return Err(WcStatus::RemAccessErr);
         }
-        let (idx, _) = ctl::split_key(remote.rkey);
-        let seg = self
-            .segment(slot, gen, K_MR, idx, info.gen)
-            .ok_or(WcStatus::RemAccessErr)?;
         Ok(Piece {
-            seg,
+            mr: i,
             off: (remote.addr - info.base) as usize,
             len,
         })
     }
 
+    /// Validates the destination QP (through the cache) for this initiator.
+    fn destination(
+        &mut self,
+        slot: u32,
+        gen: u32,
+        ctl_seg: &Segment,
+        dst_qpn: u32,
+        key: u64,
+    ) -> Result<(CachedDst, u32), DstError> {
+        let q = self.qp.clone();
+        let nk = node_key(slot, gen);
+        let (idx, _) = ctl::split_qpn(dst_qpn);
+        if idx >= ctl::MAX_QP {
+            return Err(DstError::Unreachable);
+        }
+        let te = QpEntry::new(ctl_seg, idx);
+        let raw = te.state_raw();
+        if let Some(d) = self.st.target.dst {
+            if d.node == nk && d.qpn == dst_qpn && d.state == raw {
+                return Ok((d, (raw >> 16) as u32));
+            }
+        }
+        let Some((te, tsw)) = QpEntry::by_qpn(ctl_seg, dst_qpn) else {
+            return Err(DstError::Unreachable);
+        };
+        let ready = matches!(tsw.state, QpState::Rtr | QpState::Rts);
+        match q.qp_type {
+            QpType::Rc => {
+                if tsw.qp_type != Some(QpType::Rc) || !ready || te.peer() != (q.node.gid, q.qpn) {
+                    return Err(DstError::Unreachable);
+                }
+            }
+            QpType::Dci => {
+                if tsw.qp_type != Some(QpType::Dct) || !ready {
+                    return Err(DstError::Unreachable);
+                }
+                if te.dc_key() != key {
+                    return Err(DstError::KeyMismatch);
+                }
+            }
+            _ => {
+                if tsw.qp_type != Some(QpType::Ud) || !ready || te.qkey() as u64 != key {
+                    return Err(DstError::Unreachable);
+                }
+            }
+        }
+        let d = CachedDst {
+            node: nk,
+            qpn: dst_qpn,
+            state: te.state_raw(),
+            pd: te.pd(),
+            access: te.access(),
+        };
+        // A DCT's key is per WR: cache only what does not depend on it.
+        if q.qp_type != QpType::Dci && d.state == raw {
+            self.st.target.dst = Some(d);
+        }
+        Ok((d, tsw.gen))
+    }
+
     /// Executes `wr`.
     pub(crate) fn run(&mut self, wr: &SendWr) -> Outcome {
-        match self.run_inner(wr) {
+        self.st.target.pinned = 0;
+        let out = match self.run_inner(wr) {
             Ok(o) => o,
             Err(status) => done(status),
-        }
+        };
+        self.st.target.pinned = 0;
+        out
     }
 
     fn run_inner(&mut self, wr: &SendWr) -> Result<Outcome, WcStatus> {
@@ -328,7 +477,7 @@ impl Exec<'_> {
             status: WcStatus::Success,
             byte_len: len as u32,
         };
-        let (gid, dst_qpn, dc_key) = match (q.qp_type, wr.dest) {
+        let (gid, dst_qpn, key) = match (q.qp_type, wr.dest) {
             (QpType::Rc, Destination::Connected) => match self.st.peer {
                 Some(p) => (p.gid, p.qpn, 0),
                 None => return Err(WcStatus::RetryExcErr),
@@ -356,68 +505,30 @@ impl Exec<'_> {
                 Err(WcStatus::RetryExcErr)
             };
         };
-        let Some((te, tsw)) = QpEntry::by_qpn(&ctl_seg, dst_qpn) else {
-            return if ud {
-                Ok(dropped)
-            } else {
-                Err(WcStatus::RetryExcErr)
-            };
+        let (dst, tgen) = match self.destination(slot, gen, &ctl_seg, dst_qpn, key) {
+            Ok(d) => d,
+            Err(_) if ud => return Ok(dropped),
+            Err(DstError::Unreachable) => return Err(WcStatus::RetryExcErr),
+            Err(DstError::KeyMismatch) => return Err(WcStatus::RemAccessErr),
         };
-        let ready = matches!(tsw.state, QpState::Rtr | QpState::Rts);
-        match q.qp_type {
-            QpType::Rc => {
-                if tsw.qp_type != Some(QpType::Rc) || !ready || te.peer() != (q.node.gid, q.qpn) {
-                    return Err(WcStatus::RetryExcErr);
-                }
-            }
-            QpType::Dci => {
-                if tsw.qp_type != Some(QpType::Dct) || !ready {
-                    return Err(WcStatus::RetryExcErr);
-                }
-                if te.dc_key() != dc_key {
-                    return Err(WcStatus::RemAccessErr);
-                }
-            }
-            _ => {
-                if tsw.qp_type != Some(QpType::Ud) || !ready || te.qkey() as u64 != dc_key {
-                    return Ok(dropped);
-                }
-            }
-        }
-        let (tpd, tacc) = (te.pd(), te.access());
+        let ok = |byte_len: usize| Outcome::Done {
+            status: WcStatus::Success,
+            byte_len: byte_len as u32,
+        };
         match wr.op {
             WrOp::Read { remote } => {
                 let Payload::Local(sg) = &wr.payload else {
                     return Err(WcStatus::LocQpOpErr);
                 };
-                let r = self.remote(
-                    slot,
-                    gen,
-                    &ctl_seg,
-                    remote,
-                    len,
-                    Access::REMOTE_READ,
-                    tpd,
-                    tacc,
-                )?;
+                let r = self.remote(slot, gen, &ctl_seg, remote, len, Access::REMOTE_READ, &dst)?;
                 let locals = self.local(sg, true)?;
-                transfer(&[], &Source::Pieces(&single(r)), &locals);
+                transfer(&self.st.target, &[], &Source::Pieces(single(r)), &locals);
                 self.st.c.reads += 1;
                 self.st.c.bytes_read += len as u64;
-                Ok(Outcome::Done {
-                    status: WcStatus::Success,
-                    byte_len: len as u32,
-                })
+                Ok(ok(len))
             }
             WrOp::Write { remote } | WrOp::WriteImm { remote, .. } => {
-                let imm = match wr.op {
-                    WrOp::WriteImm { imm, .. } => Some(imm),
-                    _ => None,
-                };
-                let locals = match &wr.payload {
-                    Payload::Local(sg) => Some(self.local(sg, false)?),
-                    Payload::Inline(_) => None,
-                };
+                let src = self.source(&wr.payload)?;
                 let r = single(self.remote(
                     slot,
                     gen,
@@ -425,71 +536,42 @@ impl Exec<'_> {
                     remote,
                     len,
                     Access::REMOTE_WRITE,
-                    tpd,
-                    tacc,
+                    &dst,
                 )?);
-                let src = match (&locals, &wr.payload) {
-                    (Some(p), _) => Source::Pieces(p),
-                    (None, Payload::Inline(d)) => Source::Bytes(d.as_slice()),
-                    (None, Payload::Local(_)) => return Err(WcStatus::LocQpOpErr),
-                };
-                if let Some(imm) = imm {
+                if let WrOp::WriteImm { imm, .. } = wr.op {
                     // The write and its receive are one message: no receive,
                     // no write (RNR).
-                    let out = self.deliver(
-                        slot,
-                        gen,
-                        &ctl_seg,
-                        &te,
-                        tsw.gen,
-                        dst_qpn,
-                        Delivery::WriteImm {
-                            imm,
-                            len,
-                            target: &r,
-                            src: &src,
-                        },
-                    )?;
-                    if out == Outcome::ReceiverNotReady {
-                        return Ok(out);
+                    let d = Delivery::WriteImm {
+                        imm,
+                        len,
+                        target: r,
+                        src,
+                    };
+                    if self.deliver(slot, gen, &ctl_seg, &dst, tgen, d)?
+                        == Outcome::ReceiverNotReady
+                    {
+                        return Ok(Outcome::ReceiverNotReady);
                     }
                 } else {
-                    transfer(&[], &src, &r);
+                    transfer(&self.st.target, &[], &src, &r);
                 }
                 self.st.c.writes += 1;
                 self.st.c.bytes_written += len as u64;
-                Ok(Outcome::Done {
-                    status: WcStatus::Success,
-                    byte_len: len as u32,
-                })
+                Ok(ok(len))
             }
             WrOp::Send | WrOp::SendImm { .. } => {
                 let imm = match wr.op {
                     WrOp::SendImm { imm } => Some(imm),
                     _ => None,
                 };
-                let locals = match &wr.payload {
-                    Payload::Local(sg) => Some(self.local(sg, false)?),
-                    Payload::Inline(_) => None,
-                };
-                let src = match (&locals, &wr.payload) {
-                    (Some(p), _) => Source::Pieces(p),
-                    (None, Payload::Inline(d)) => Source::Bytes(d.as_slice()),
-                    (None, Payload::Local(_)) => return Err(WcStatus::LocQpOpErr),
-                };
+                let src = self.source(&wr.payload)?;
                 let out = self.deliver(
                     slot,
                     gen,
                     &ctl_seg,
-                    &te,
-                    tsw.gen,
-                    dst_qpn,
-                    Delivery::Send {
-                        imm,
-                        len,
-                        src: &src,
-                        ud,
-                    },
+                    &dst,
+                    tgen,
+                    Delivery::Send { imm, len, src, ud },
                 )?;
                 if out == Outcome::ReceiverNotReady {
                     return if ud { Ok(dropped) } else { Ok(out) };
@@ -505,56 +587,51 @@ impl Exec<'_> {
                 if remote.addr % 8 != 0 {
                     return Err(WcStatus::RemInvReqErr);
                 }
-                let r = self.remote(
-                    slot,
-                    gen,
-                    &ctl_seg,
-                    remote,
-                    8,
-                    Access::REMOTE_ATOMIC,
-                    tpd,
-                    tacc,
-                )?;
+                let r = self.remote(slot, gen, &ctl_seg, remote, 8, Access::REMOTE_ATOMIC, &dst)?;
                 let locals = self.local(sg, true)?;
-                let word = r.seg.u64_at(r.off).map_err(|_| WcStatus::RemInvReqErr)?;
+                let Some(m) = &self.st.target.mrs[r.mr as usize] else {
+                    return Err(WcStatus::RemAccessErr);
+                };
+                let word = m.seg.u64_at(r.off).map_err(|_| WcStatus::RemInvReqErr)?;
                 let old = match wr.op {
                     WrOp::CompareSwap { compare, swap, .. } => {
-                        match word.compare_exchange(
-                            compare,
-                            swap,
-                            AcqRel,
-                            std::sync::atomic::Ordering::Acquire,
-                        ) {
+                        match word.compare_exchange(compare, swap, AcqRel, Acquire) {
                             Ok(v) | Err(v) => v,
                         }
                     }
                     WrOp::FetchAdd { add, .. } => word.fetch_add(add, AcqRel),
                     _ => return Err(WcStatus::LocQpOpErr),
                 };
-                transfer(&[], &Source::Bytes(&old.to_ne_bytes()), &locals);
+                let bytes = old.to_ne_bytes();
+                transfer(&self.st.target, &[], &Source::Bytes(&bytes), &locals);
                 self.st.c.atomics += 1;
-                Ok(Outcome::Done {
-                    status: WcStatus::Success,
-                    byte_len: 8,
-                })
+                Ok(ok(8))
             }
         }
     }
 
+    /// The local source of a WRITE or SEND.
+    fn source<'w>(&mut self, payload: &'w Payload) -> Result<Source<'w>, WcStatus> {
+        Ok(match payload {
+            Payload::Local(sg) => Source::Pieces(self.local(sg, false)?),
+            Payload::Inline(d) => Source::Bytes(d.as_slice()),
+        })
+    }
+
     /// Consumes a receive at the target and completes it there.
-    #[allow(clippy::too_many_arguments)]
     fn deliver(
         &mut self,
         slot: u32,
         gen: u32,
         ctl_seg: &Segment,
-        te: &QpEntry<'_>,
+        dst: &CachedDst,
         tgen: u32,
-        dst_qpn: u32,
         d: Delivery<'_>,
     ) -> Result<Outcome, WcStatus> {
         let q = self.qp.clone();
+        let dst_qpn = dst.qpn;
         let (tidx, _) = ctl::split_qpn(dst_qpn);
+        let te = QpEntry::new(ctl_seg, tidx);
         let rq = match te.srq() {
             Some((si, sg)) => self.segment(slot, gen, K_SRQ, si, sg),
             None => self.segment(slot, gen, K_RQ, tidx, tgen),
@@ -572,29 +649,28 @@ impl Exec<'_> {
             return Ok(Outcome::ReceiverNotReady);
         }
         let recv = decode_recv(&buf);
-        let rc_receiver = q.qp_type == QpType::Rc;
+        let ud = matches!(d, Delivery::Send { ud: true, .. });
         let visible_at = match &q.node.config.latency {
             Some(m) => now_ns() + m.send_ns / 2,
             None => 0,
         };
-        let fail = |this: &mut Self, rstatus: WcStatus, sstatus: WcStatus| {
-            push_cqe(
-                &rcq,
-                &Cqe {
-                    wr_id: recv.wr_id,
-                    qpn: dst_qpn,
-                    src_qp: q.qpn,
-                    status: rstatus,
-                    opcode: WcOpcode::Recv,
-                    visible_at,
-                    ..Cqe::default()
-                },
-            );
-            if rc_receiver && te.force_err() {
-                flush_recv_ring(&rq, &rcq, dst_qpn, false);
+        let cqe = |status, opcode, byte_len, imm| Cqe {
+            wr_id: recv.wr_id,
+            qpn: dst_qpn,
+            src_qp: q.qpn,
+            status,
+            opcode,
+            byte_len,
+            imm,
+            visible_at,
+            sq_seq: None,
+        };
+        let fail = |rstatus: WcStatus, sstatus: WcStatus| {
+            push_cqe(&rcq, &cqe(rstatus, WcOpcode::Recv, 0, None));
+            if q.qp_type == QpType::Rc && te.force_err() {
+                flush_recv_ring(&rq, &rcq, dst_qpn);
             }
-            let _ = this;
-            if matches!(d, Delivery::Send { ud: true, .. }) {
+            if ud {
                 Ok(Outcome::Done {
                     status: WcStatus::Success,
                     byte_len: 0,
@@ -604,41 +680,42 @@ impl Exec<'_> {
             }
         };
         // Receive buffers are checked against the target's MR table.
-        let target_pd = te.pd();
-        let mut dst = Pieces::default();
+        let mut rdst = Pieces::default();
         for s in recv.sg.as_slice() {
-            let Some(info) = ctl::mr_lookup(ctl_seg, s.lkey) else {
-                return fail(self, WcStatus::LocProtErr, WcStatus::RemOpErr);
+            let Some(i) = self.mr(slot, gen, ctl_seg, s.lkey) else {
+                return fail(WcStatus::LocProtErr, WcStatus::RemOpErr);
             };
-            if info.pd != target_pd
+            let info = self.mr_info(i);
+            if info.pd != dst.pd
                 || !info.access.contains(Access::LOCAL_WRITE)
                 || s.addr < info.base
                 || s.addr
                     .checked_add(s.length as u64)
                     .is_none_or(|e| e > info.base + info.len)
             {
-                return fail(self, WcStatus::LocProtErr, WcStatus::RemOpErr);
+                return fail(WcStatus::LocProtErr, WcStatus::RemOpErr);
             }
-            let (idx, _) = ctl::split_key(s.lkey);
-            let Some(seg) = self.segment(slot, gen, K_MR, idx, info.gen) else {
-                return fail(self, WcStatus::LocProtErr, WcStatus::RemOpErr);
-            };
-            dst.push(Piece {
-                seg,
+            rdst.push(Piece {
+                mr: i,
                 off: (s.addr - info.base) as usize,
                 len: s.length as usize,
             });
         }
-        let (byte_len, imm, opcode) = match d {
+        let done_cqe = match d {
             Delivery::Send { imm, len, src, ud } => {
                 let grh_len = if ud { GRH_LEN } else { 0 };
-                if len + grh_len > dst.total() {
-                    return fail(self, WcStatus::LocLenErr, WcStatus::RemInvReqErr);
+                if len + grh_len > rdst.total() {
+                    return fail(WcStatus::LocLenErr, WcStatus::RemInvReqErr);
                 }
                 let mut grh = [0u8; GRH_LEN];
                 grh[8..24].copy_from_slice(q.node.gid.as_bytes());
-                transfer(&grh[..grh_len], src, &dst);
-                ((len + grh_len) as u32, imm, WcOpcode::Recv)
+                transfer(&self.st.target, &grh[..grh_len], &src, &rdst);
+                cqe(
+                    WcStatus::Success,
+                    WcOpcode::Recv,
+                    (len + grh_len) as u32,
+                    imm,
+                )
             }
             Delivery::WriteImm {
                 imm,
@@ -646,27 +723,19 @@ impl Exec<'_> {
                 target,
                 src,
             } => {
-                transfer(&[], src, target);
-                (len as u32, Some(imm), WcOpcode::RecvRdmaWithImm)
+                transfer(&self.st.target, &[], &src, &target);
+                cqe(
+                    WcStatus::Success,
+                    WcOpcode::RecvRdmaWithImm,
+                    len as u32,
+                    Some(imm),
+                )
             }
         };
-        push_cqe(
-            &rcq,
-            &Cqe {
-                wr_id: recv.wr_id,
-                qpn: dst_qpn,
-                src_qp: q.qpn,
-                status: WcStatus::Success,
-                opcode,
-                byte_len,
-                imm,
-                visible_at,
-                sq_seq: None,
-            },
-        );
+        push_cqe(&rcq, &done_cqe);
         Ok(Outcome::Done {
             status: WcStatus::Success,
-            byte_len,
+            byte_len: done_cqe.byte_len,
         })
     }
 }
@@ -677,17 +746,26 @@ fn single(p: Piece) -> Pieces {
     ps
 }
 
+/// Why a destination QP was not usable.
+enum DstError {
+    /// Missing, wrong type, not ready, or not connected to us: the target
+    /// NIC drops our packets (`RETRY_EXC_ERR`; UD: silent drop).
+    Unreachable,
+    /// The DCT refuses the key (`REM_ACCESS_ERR`).
+    KeyMismatch,
+}
+
 enum Delivery<'a> {
     Send {
         imm: Option<u32>,
         len: usize,
-        src: &'a Source<'a>,
+        src: Source<'a>,
         ud: bool,
     },
     WriteImm {
         imm: u32,
         len: usize,
-        target: &'a Pieces,
-        src: &'a Source<'a>,
+        target: Pieces,
+        src: Source<'a>,
     },
 }

@@ -79,7 +79,7 @@ impl std::fmt::Debug for SimFabric {
 fn random_id() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(std::process::id() as u64);
+    h.write_u64(super::shm::pid() as u64);
     h.write_u128(
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -315,7 +315,7 @@ impl FabricInner {
         }
         let base = SLOTS + slot as usize * SLOT_BYTES;
         let pid = self.header.word(base + 8).load(Acquire) as u32;
-        if pid == std::process::id() {
+        if pid == super::shm::pid() {
             return true;
         }
         let start = self.header.word(base + 16).load(Acquire);
@@ -325,7 +325,7 @@ impl FabricInner {
     /// Whether node slot `slot` belongs to this process.
     pub(crate) fn slot_pid_is_self(&self, slot: u32) -> bool {
         let base = SLOTS + slot as usize * SLOT_BYTES;
-        self.header.word(base + 8).load(Relaxed) as u32 == std::process::id()
+        self.header.word(base + 8).load(Relaxed) as u32 == super::shm::pid()
     }
 
     /// Registers an existing segment (caller memory on `sim:mem`) under `name`.
@@ -335,7 +335,7 @@ impl FabricInner {
 
     /// Claims a slot for a new node in this process; returns `(slot, gen)`.
     pub(crate) fn claim_slot(&self) -> Result<(u32, u32)> {
-        let pid = std::process::id();
+        let pid = super::shm::pid();
         let start = proc_start_time(pid).unwrap_or(0);
         for slot in 0..MAX_NODES {
             let w = self.slot_state(slot);

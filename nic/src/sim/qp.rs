@@ -119,20 +119,20 @@ impl QpInner {
         }
     }
 
-    fn complete(&self, st: &mut SendState, p: &Pending, status: WcStatus, byte_len: u32) {
-        let visible_at = self.visible_at(st, &p.wr, byte_len);
+    fn complete(&self, st: &mut SendState, wr: &SendWr, seq: u64, status: WcStatus, byte_len: u32) {
+        let visible_at = self.visible_at(st, wr, byte_len);
         push_cqe(
             &self.send_cq.inner.seg,
             &Cqe {
-                wr_id: p.wr.wr_id,
-                sq_seq: Some(p.seq),
+                wr_id: wr.wr_id,
+                sq_seq: Some(seq),
                 visible_at,
                 byte_len,
                 imm: None,
                 qpn: self.qpn,
                 src_qp: 0,
                 status,
-                opcode: p.wr.op.wc_opcode(),
+                opcode: wr.op.wc_opcode(),
             },
         );
     }
@@ -161,7 +161,7 @@ impl QpInner {
 
     fn flush_pending(&self, st: &mut SendState) {
         while let Some(p) = st.pending.pop_front() {
-            self.complete(st, &p, WcStatus::WrFlushErr, 0);
+            self.complete(st, &p.wr, p.seq, WcStatus::WrFlushErr, 0);
         }
     }
 
@@ -191,17 +191,7 @@ impl QpInner {
                     let Some(p) = st.pending.pop_front() else {
                         break;
                     };
-                    if status == WcStatus::Success {
-                        if wr.is_signaled() {
-                            self.complete(st, &p, status, byte_len);
-                        }
-                    } else {
-                        if self.entry().force_err() {
-                            st.c.state_changes += 1;
-                        }
-                        self.complete(st, &p, status, byte_len);
-                        self.flush_rq();
-                    }
+                    self.finish(st, &p.wr, p.seq, status, byte_len);
                 }
                 Outcome::ReceiverNotReady => {
                     let interval = self.node.config.rnr_interval.as_nanos() as u64;
@@ -219,7 +209,7 @@ impl QpInner {
                             if self.entry().force_err() {
                                 st.c.state_changes += 1;
                             }
-                            self.complete(st, &p, WcStatus::RnrRetryExcErr, 0);
+                            self.complete(st, &p.wr, p.seq, WcStatus::RnrRetryExcErr, 0);
                             continue;
                         }
                     }
@@ -233,23 +223,48 @@ impl QpInner {
         }
     }
 
+    /// Completes an executed WR: a completion when signaled or failed; a
+    /// failure moves the QP to ERR and flushes its receive queue.
+    fn finish(&self, st: &mut SendState, wr: &SendWr, seq: u64, status: WcStatus, byte_len: u32) {
+        if status == WcStatus::Success {
+            if wr.is_signaled() {
+                self.complete(st, wr, seq, status, byte_len);
+            }
+        } else {
+            if self.entry().force_err() {
+                st.c.state_changes += 1;
+            }
+            self.complete(st, wr, seq, status, byte_len);
+            self.flush_rq();
+        }
+    }
+
+    /// Queues a WR that found no receive buffer for RNR retries.
+    fn wait_rnr(self: &Arc<Self>, st: &mut SendState, wr: &SendWr, seq: u64) {
+        st.pending.push_back(Pending {
+            wr: *wr,
+            seq,
+            rnr_tries: 0,
+            next_try_ns: now_ns() + self.node.config.rnr_interval.as_nanos() as u64,
+        });
+        if !st.on_cq_pending_list {
+            st.on_cq_pending_list = true;
+            self.send_cq.add_pending(Arc::downgrade(self));
+        }
+    }
+
     /// Flushes the QP's own receive queue after it entered ERR: every posted
     /// receive completes with `WR_FLUSH_ERR` on the receive CQ.
     pub(crate) fn flush_rq(&self) {
         if let Some((seg, _)) = &self.rq {
-            flush_recv_ring(
-                seg,
-                &self.recv_cq.inner.seg,
-                self.qpn,
-                self.node.config.latency.is_some(),
-            );
+            flush_recv_ring(seg, &self.recv_cq.inner.seg, self.qpn);
         }
     }
 }
 
 /// Flushes a receive ring into a CQ (used by the owner and by a remote sender
 /// that moved the owner's QP to ERR).
-pub(crate) fn flush_recv_ring(rq: &Segment, cq: &Segment, qpn: u32, _modeled: bool) {
+pub(crate) fn flush_recv_ring(rq: &Segment, cq: &Segment, qpn: u32) {
     let ring = Ring::attach(rq, 0, RWQE_WORDS);
     let mut buf = [0u64; RWQE_WORDS - 1];
     while ring.pop(&mut buf) {
@@ -563,6 +578,9 @@ impl QueuePair for SimQp {
         }
         let mut result = Ok(());
         let mut n = 0;
+        // Fast path: with nothing queued on an RTS QP, execute each WR
+        // straight from the caller's slice (no copy into the queue).
+        let mut direct = state == QpState::Rts && st.pending.is_empty();
         for (i, wr) in wrs.iter().enumerate() {
             if let Err(e) = self.validate(i, wr) {
                 result = Err(e);
@@ -579,18 +597,33 @@ impl QueuePair for SimQp {
             }
             let seq = st.posted;
             st.posted += 1;
-            st.pending.push_back(Pending {
-                wr: *wr,
-                seq,
-                rnr_tries: 0,
-                next_try_ns: 0,
-            });
             n += 1;
+            if direct {
+                match (Exec { qp: q, st: &mut st }).run(wr) {
+                    Outcome::Done { status, byte_len } => {
+                        q.finish(&mut st, wr, seq, status, byte_len);
+                        direct = status == WcStatus::Success;
+                    }
+                    Outcome::ReceiverNotReady => {
+                        q.wait_rnr(&mut st, wr, seq);
+                        direct = false;
+                    }
+                }
+            } else {
+                st.pending.push_back(Pending {
+                    wr: *wr,
+                    seq,
+                    rnr_tries: 0,
+                    next_try_ns: 0,
+                });
+            }
         }
         if n > 0 {
             st.c.doorbells += 1;
             st.c.send_wrs += n;
-            q.progress(&mut st);
+            if !st.pending.is_empty() {
+                q.progress(&mut st);
+            }
         }
         result
     }

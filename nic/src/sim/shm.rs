@@ -139,6 +139,7 @@ impl Segment {
     ///
     /// # Errors
     /// `InvalidArgument` when `off` is misaligned or out of bounds.
+    #[inline]
     pub fn u64_at(&self, off: usize) -> Result<&AtomicU64> {
         self.check(off, 8)?;
         if (self.base as usize + off) % 8 != 0 {
@@ -156,13 +157,28 @@ impl Segment {
     /// The 8-byte word at `off`, for offsets the caller computed from a fixed
     /// layout. Panics on a misaligned or out-of-bounds offset, which would be a
     /// bug in the sim's own table layout, never a consequence of user input.
+    #[inline]
     pub fn word(&self, off: usize) -> &AtomicU64 {
-        match self.u64_at(off) {
-            Ok(w) => w,
-            Err(e) => panic!("sim layout bug: {e}"),
+        let addr = self.base as usize + off;
+        if off.checked_add(8).is_none_or(|e| e > self.len) || addr % 8 != 0 {
+            layout_bug(off, self.len);
         }
+        // SAFETY: in bounds and aligned (checked above) in memory valid for
+        // the lifetime of `self`; AtomicU64 has the layout of u64.
+        unsafe { &*(addr as *const AtomicU64) }
     }
 
+    /// The word at `off` where the caller has already checked that
+    /// `off..off+8` is in bounds and `base + off` is 8-byte aligned.
+    #[inline]
+    fn word_unchecked(&self, off: usize) -> &AtomicU64 {
+        debug_assert!(off + 8 <= self.len && (self.base as usize + off) % 8 == 0);
+        // SAFETY: callers guarantee bounds and alignment (see above); the
+        // memory is valid for the lifetime of `self`.
+        unsafe { &*(self.base.add(off) as *const AtomicU64) }
+    }
+
+    #[inline]
     fn byte(&self, off: usize) -> &AtomicU8 {
         // SAFETY: callers check `off < self.len`; the memory is valid for the
         // lifetime of `self` and AtomicU8 has the layout of u8.
@@ -179,7 +195,7 @@ impl Segment {
             i += 1;
         }
         while i + 8 <= n {
-            let w = self.word(off + i).load(Ordering::Relaxed);
+            let w = self.word_unchecked(off + i).load(Ordering::Relaxed);
             buf[i..i + 8].copy_from_slice(&w.to_ne_bytes());
             i += 8;
         }
@@ -202,7 +218,7 @@ impl Segment {
         while i + 8 <= n {
             let mut w = [0u8; 8];
             w.copy_from_slice(&data[i..i + 8]);
-            self.word(off + i)
+            self.word_unchecked(off + i)
                 .store(u64::from_ne_bytes(w), Ordering::Relaxed);
             i += 8;
         }
@@ -258,6 +274,46 @@ impl Segment {
         Ok(())
     }
 }
+
+#[cold]
+#[inline(never)]
+fn layout_bug(off: usize, len: usize) -> ! {
+    panic!("sim layout bug: word at {off} outside or misaligned in a segment of {len} bytes")
+}
+
+/// This process's id, cached: `getpid` is a system call, and the sim asks on
+/// every operation whether a target node lives in this process. A
+/// `pthread_atfork` child handler clears the cache, so a forked child never
+/// sees its parent's pid.
+#[inline]
+pub fn pid() -> u32 {
+    let p = PID.load(Ordering::Relaxed);
+    if p != 0 {
+        return p;
+    }
+    refresh_pid()
+}
+
+#[cold]
+fn refresh_pid() -> u32 {
+    static AT_FORK: std::sync::Once = std::sync::Once::new();
+    AT_FORK.call_once(|| {
+        // SAFETY: registers a handler that only performs an atomic store,
+        // which is async-signal-safe and valid in a freshly forked child.
+        unsafe {
+            libc::pthread_atfork(None, None, Some(clear_pid_after_fork));
+        }
+    });
+    let p = std::process::id();
+    PID.store(p, Ordering::Relaxed);
+    p
+}
+
+extern "C" fn clear_pid_after_fork() {
+    PID.store(0, Ordering::Relaxed);
+}
+
+static PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 /// Nanoseconds on the system-wide monotonic clock (the same clock in every
 /// process of the machine, unlike `Instant`'s opaque values).
