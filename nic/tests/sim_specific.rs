@@ -342,3 +342,35 @@ fn shared_qp_from_threads_keeps_credits_consistent() {
     assert_eq!(sb.mr.load_u64(0).unwrap(), 6000);
     assert_eq!(qa.send_credits(), 8);
 }
+
+#[test]
+fn well_known_names_on_both_fabric_kinds() {
+    let dir = tempfile::tempdir().unwrap();
+    let d1 = SimFabric::open_dir(dir.path().join("f"), true).unwrap();
+    let d2 = SimFabric::open_dir(dir.path().join("f"), false).unwrap();
+    let m = SimFabric::in_memory();
+    for (publisher, reader) in [(&m, &m), (&d1, &d2)] {
+        assert_eq!(reader.lookup("meta").unwrap(), None);
+        publisher.publish("meta", b"where the table is").unwrap();
+        assert_eq!(
+            reader.lookup("meta").unwrap().as_deref(),
+            Some(&b"where the table is"[..])
+        );
+        publisher.publish("meta", b"v2").unwrap();
+        assert_eq!(reader.lookup("meta").unwrap().as_deref(), Some(&b"v2"[..]));
+        publisher.unpublish("meta").unwrap();
+        assert_eq!(reader.lookup("meta").unwrap(), None);
+        for bad in ["", "../x", "a/b", ".hidden", &"x".repeat(65)] {
+            assert!(
+                matches!(
+                    publisher.publish(bad, b""),
+                    Err(NicError::InvalidArgument(_))
+                ),
+                "{bad}"
+            );
+        }
+        assert!(publisher
+            .publish("big", &vec![0u8; (64 << 10) + 1])
+            .is_err());
+    }
+}

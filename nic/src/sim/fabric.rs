@@ -55,6 +55,8 @@ pub(crate) struct FabricInner {
     /// sim:mem: the registry of segments. Directory fabric: a cache of
     /// mappings of segment files in front of the files themselves.
     segs: RwLock<HashMap<String, Arc<Segment>>>,
+    /// sim:mem: published well-known names.
+    names: RwLock<HashMap<String, Vec<u8>>>,
 }
 
 /// A simulated RDMA fabric that nodes ([`super::SimNic`]) join.
@@ -101,6 +103,7 @@ impl SimFabric {
                 header: Arc::new(header),
                 id,
                 segs: RwLock::new(HashMap::new()),
+                names: RwLock::new(HashMap::new()),
             }),
         }
     }
@@ -155,6 +158,7 @@ impl SimFabric {
                 header: Arc::new(header),
                 id,
                 segs: RwLock::new(HashMap::new()),
+                names: RwLock::new(HashMap::new()),
             }),
         })
     }
@@ -207,6 +211,79 @@ impl SimFabric {
             .collect()
     }
 
+    /// Publishes `value` under a well-known `name` on this fabric (how a
+    /// service such as the meta server lets clients find it: the sim's
+    /// equivalent of a bootstrap address). Replaces an earlier value.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a name outside `[A-Za-z0-9._-]{1,64}` or a value
+    /// over 64 KiB; `Os` when the file cannot be written.
+    pub fn publish(&self, name: &str, value: &[u8]) -> Result<()> {
+        check_name(name)?;
+        if value.len() > MAX_NAME_VALUE {
+            return Err(NicError::InvalidArgument(format!(
+                "published value of {} bytes exceeds {MAX_NAME_VALUE}",
+                value.len()
+            )));
+        }
+        match &self.inner.kind {
+            Kind::Mem => {
+                self.inner
+                    .names
+                    .write()
+                    .insert(name.to_string(), value.to_vec());
+                Ok(())
+            }
+            Kind::Dir(p) => {
+                let tmp = p.join(format!(".name-{name}.{}", super::shm::pid()));
+                let fin = p.join(format!("name-{name}"));
+                std::fs::write(&tmp, value)
+                    .and_then(|_| std::fs::rename(&tmp, &fin))
+                    .map_err(|source| NicError::Os {
+                        op: "publish name",
+                        source,
+                    })
+            }
+        }
+    }
+
+    /// The value published under `name`, if any.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a malformed name; `Os` for a read failure other
+    /// than "not found".
+    pub fn lookup(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        check_name(name)?;
+        match &self.inner.kind {
+            Kind::Mem => Ok(self.inner.names.read().get(name).cloned()),
+            Kind::Dir(p) => match std::fs::read(p.join(format!("name-{name}"))) {
+                Ok(v) => Ok(Some(v)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(source) => Err(NicError::Os {
+                    op: "look up name",
+                    source,
+                }),
+            },
+        }
+    }
+
+    /// Removes a published name (no error when absent).
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a malformed name.
+    pub fn unpublish(&self, name: &str) -> Result<()> {
+        check_name(name)?;
+        match &self.inner.kind {
+            Kind::Mem => {
+                self.inner.names.write().remove(name);
+            }
+            Kind::Dir(p) => {
+                let _ = std::fs::remove_file(p.join(format!("name-{name}")));
+            }
+        }
+        Ok(())
+    }
+
     /// Frees the slots and removes the segments of nodes whose process died
     /// without closing them. Returns how many were reaped.
     pub fn reap_dead(&self) -> usize {
@@ -226,6 +303,24 @@ impl SimFabric {
             }
         }
         n
+    }
+}
+
+/// Largest value [`SimFabric::publish`] accepts.
+pub const MAX_NAME_VALUE: usize = 64 << 10;
+
+fn check_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok && !name.starts_with('.') {
+        Ok(())
+    } else {
+        Err(NicError::InvalidArgument(format!(
+            "bad published name {name:?}: use [A-Za-z0-9._-]{{1,64}}, not starting with '.'"
+        )))
     }
 }
 

@@ -29,7 +29,7 @@ mod qp;
 mod ring;
 mod shm;
 
-pub use fabric::{SimFabric, FABRIC_VERSION, MAX_NODES};
+pub use fabric::{SimFabric, FABRIC_VERSION, MAX_NAME_VALUE, MAX_NODES};
 pub use latency::LatencyModel;
 pub use node::{SimConfig, SimCq, SimMr, SimNic, SimPd, SimSrq};
 pub use qp::SimQp;
