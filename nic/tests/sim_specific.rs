@@ -374,3 +374,45 @@ fn well_known_names_on_both_fabric_kinds() {
             .is_err());
     }
 }
+
+#[test]
+fn concurrent_object_creation_never_shares_a_table_slot() {
+    let (a, _b) = pair();
+    let pd = a.alloc_pd().unwrap();
+    let cq = a.create_cq(16).unwrap();
+    let hs: Vec<_> = (0..4)
+        .map(|_| {
+            let (a, pd, cq) = (a.clone(), pd.clone(), cq.clone());
+            std::thread::spawn(move || {
+                let mut keep = vec![];
+                for _ in 0..50 {
+                    let mr = a.alloc_mr(&pd, 64, Access::ALL).unwrap();
+                    let qp = a
+                        .create_qp(
+                            &pd,
+                            &QpInit {
+                                qp_type: QpType::Rc,
+                                caps: QpCaps::default(),
+                                send_cq: &cq,
+                                recv_cq: &cq,
+                                srq: None,
+                                dc_key: 0,
+                            },
+                        )
+                        .unwrap();
+                    keep.push((mr, qp));
+                }
+                keep
+            })
+        })
+        .collect();
+    let all: Vec<_> = hs.into_iter().flat_map(|h| h.join().unwrap()).collect();
+    let mut keys: Vec<u32> = all.iter().map(|(m, _)| m.lkey() >> 8).collect();
+    let mut qpns: Vec<u32> = all.iter().map(|(_, q)| q.qpn() & 0xfff).collect();
+    keys.sort();
+    keys.dedup();
+    qpns.sort();
+    qpns.dedup();
+    assert_eq!(keys.len(), 200, "MR table slots are unique");
+    assert_eq!(qpns.len(), 200, "QP table slots are unique");
+}

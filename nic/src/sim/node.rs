@@ -78,8 +78,27 @@ pub(crate) struct NodeInner {
 #[derive(Default)]
 struct Cursors {
     mr: u32,
+    qp: u32,
     cq: u32,
     srq: u32,
+    /// Indexes handed out but not yet published in the control block.
+    reserved: Vec<(&'static str, u32)>,
+}
+
+/// A table index handed out by the allocator: other allocations skip it until
+/// this guard drops, which the caller does after publishing the entry.
+pub(crate) struct Reservation<'a> {
+    node: &'a NodeInner,
+    what: &'static str,
+    pub idx: u32,
+    pub gen: u32,
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        let mut c = self.node.alloc.lock();
+        c.reserved.retain(|r| *r != (self.what, self.idx));
+    }
 }
 
 impl Drop for NodeInner {
@@ -99,20 +118,42 @@ impl NodeInner {
         }
     }
 
+    /// Reserves a QP table index (see [`NodeInner::alloc_index`]).
+    pub(crate) fn alloc_qp_index(
+        &self,
+        free: impl Fn(u32) -> Option<u32>,
+    ) -> Result<Reservation<'_>> {
+        self.alloc_index(ctl::MAX_QP, |c| &mut c.qp, free, "queue pairs")
+    }
+
+    /// Reserves a free index of a table, scanning round-robin from the
+    /// table's cursor; `free(idx)` returns the generation the new entry will
+    /// have when `idx` is free in the control block. The index stays
+    /// reserved until the returned guard drops (after the caller published
+    /// it), so concurrent allocations never get the same index.
     fn alloc_index(
         &self,
         max: u32,
         cursor: impl Fn(&mut Cursors) -> &mut u32,
         free: impl Fn(u32) -> Option<u32>,
         what: &'static str,
-    ) -> Result<(u32, u32)> {
+    ) -> Result<Reservation<'_>> {
         let mut c = self.alloc.lock();
-        let cur = cursor(&mut c);
+        let start = *cursor(&mut c);
         for k in 0..max {
-            let idx = (*cur + k) % max;
+            let idx = (start + k) % max;
+            if c.reserved.contains(&(what, idx)) {
+                continue;
+            }
             if let Some(gen) = free(idx) {
-                *cur = (idx + 1) % max;
-                return Ok((idx, gen));
+                *cursor(&mut c) = (idx + 1) % max;
+                c.reserved.push((what, idx));
+                return Ok(Reservation {
+                    node: self,
+                    what,
+                    idx,
+                    gen,
+                });
             }
         }
         Err(NicError::Exhausted(what))
@@ -303,7 +344,7 @@ impl Nic for SimNic {
         }
         let n = &self.inner;
         let ctl = n.ctl.clone();
-        let (idx, gen) = n.alloc_index(
+        let slot = n.alloc_index(
             ctl::MAX_CQ,
             |c| &mut c.cq,
             |i| {
@@ -312,11 +353,13 @@ impl Nic for SimNic {
             },
             "completion queues",
         )?;
+        let (idx, gen) = (slot.idx, slot.gen);
         let cap = depth.next_power_of_two();
         let name = n.seg_name(format_args!("cq{idx}g{gen}"));
         let seg = n.fabric.create_segment(&name, ring_bytes(cap, CQE_WORDS))?;
         Ring::init(&seg, 0, cap, CQE_WORDS);
         ctl::cq_publish(&n.ctl, idx, gen, cap);
+        drop(slot);
         Ok(SimCq {
             inner: Arc::new(CqInner {
                 node: n.clone(),
@@ -344,7 +387,7 @@ impl Nic for SimNic {
         }
         let n = &self.inner;
         let ctl = n.ctl.clone();
-        let (idx, gen) = n.alloc_index(
+        let slot = n.alloc_index(
             ctl::MAX_SRQ,
             |c| &mut c.srq,
             |i| {
@@ -353,6 +396,7 @@ impl Nic for SimNic {
             },
             "shared receive queues",
         )?;
+        let (idx, gen) = (slot.idx, slot.gen);
         let cap = max_wr.next_power_of_two();
         let name = n.seg_name(format_args!("srq{idx}g{gen}"));
         let seg = n
@@ -360,6 +404,7 @@ impl Nic for SimNic {
             .create_segment(&name, ring_bytes(cap, RWQE_WORDS))?;
         Ring::init(&seg, 0, cap, RWQE_WORDS);
         ctl::srq_publish(&n.ctl, idx, gen, cap, max_sge);
+        drop(slot);
         Ok(SimSrq {
             inner: Arc::new(SrqInner {
                 node: n.clone(),
@@ -414,7 +459,7 @@ impl SimNic {
     ) -> Result<SimMr> {
         let n = &self.inner;
         let ctl = n.ctl.clone();
-        let (idx, gen) = n.alloc_index(
+        let slot = n.alloc_index(
             ctl::MAX_MR,
             |c| &mut c.mr,
             |i| {
@@ -423,9 +468,11 @@ impl SimNic {
             },
             "memory region keys",
         )?;
+        let (idx, gen) = (slot.idx, slot.gen);
         let name = n.seg_name(format_args!("mr{idx}g{gen}"));
         let seg = make(&name)?;
         ctl::mr_publish(&n.ctl, idx, gen, seg.addr(), len as u64, access, pd.id);
+        drop(slot);
         n.counters.mrs_registered.fetch_add(1, Relaxed);
         n.charge(|m| m.mr_reg_ns);
         let key = ctl::mr_key(idx, gen);

@@ -339,24 +339,19 @@ impl SimQp {
             )));
         }
         let ctl_seg = node.ctl.clone();
-        let (idx, gen) = {
-            // Slot allocation: a free entry, generation bumped (never 0 in
-            // the low 12 bits, so a QPN is never 0).
-            let mut found = None;
-            for i in 0..ctl::MAX_QP {
-                let e = QpEntry::new(&ctl_seg, i);
-                let sw = e.state_word();
-                if sw.qp_type.is_none() {
-                    let mut g = sw.gen.wrapping_add(1);
-                    if g & 0xfff == 0 {
-                        g = g.wrapping_add(1);
-                    }
-                    found = Some((i, g));
-                    break;
+        // A free entry, generation bumped (never 0 in the low 12 bits, so a
+        // QPN is never 0), claimed under the node's allocation lock.
+        let slot = node.alloc_qp_index(|i| {
+            let sw = QpEntry::new(&ctl_seg, i).state_word();
+            sw.qp_type.is_none().then(|| {
+                let mut g = sw.gen.wrapping_add(1);
+                if g & 0xfff == 0 {
+                    g = g.wrapping_add(1);
                 }
-            }
-            found.ok_or(NicError::Exhausted("queue pairs"))?
-        };
+                g
+            })
+        })?;
+        let (idx, gen) = (slot.idx, slot.gen);
         let qpn = ctl::qpn(idx, gen);
         let use_rq = init.srq.is_none() && t != QpType::Dci && caps.max_recv_wr > 0;
         let rq = if use_rq {
@@ -380,6 +375,7 @@ impl SimQp {
             if use_rq { caps.max_recv_wr } else { 0 },
             if t == QpType::Dct { init.dc_key } else { 0 },
         );
+        drop(slot);
         node.counters.qps_created.fetch_add(1, Relaxed);
         node.charge(|m| m.qp_create_ns);
         let inner = Arc::new(QpInner {
