@@ -53,6 +53,9 @@ pub(crate) struct CachedNode {
     gen: u32,
     ctl: Arc<Segment>,
     checked_ns: u64,
+    /// Our pid when the node was found to live in this process (0: it does
+    /// not). Compared with the current pid, so a forked child re-checks.
+    local_pid: u32,
 }
 
 /// A destination QP validated for this initiator, kept while its state word
@@ -99,6 +102,11 @@ fn seg_key(slot: u32, gen: u32, kind: u8, idx: u32, objgen: u32) -> u128 {
         | (kind as u128) << 56
         | (idx as u128) << 32
         | objgen as u128
+}
+
+/// The preferred MR cache entry of `(node, key)`.
+fn mr_home(node: u64, key: u32) -> usize {
+    ((key >> 8) ^ key ^ (node >> 32) as u32) as usize % MR_CACHE
 }
 
 fn node_key(slot: u32, gen: u32) -> u64 {
@@ -151,6 +159,26 @@ enum Source<'a> {
 /// destination pieces, in order. Every piece was validated against its MR.
 fn transfer(cache: &TargetCache, prefix: &[u8], src: &Source<'_>, dst: &Pieces) {
     let seg = |p: &Piece| cache.mrs[p.mr as usize].as_ref().map(|m| &*m.seg);
+    // Fast path: one piece to one piece of the same length (nearly every
+    // READ, WRITE and atomic result).
+    if prefix.is_empty() && dst.n == 1 {
+        let d = &dst.p[0];
+        match src {
+            Source::Pieces(ps) if ps.n == 1 && ps.p[0].len == d.len => {
+                if let (Some(ss), Some(ds)) = (seg(&ps.p[0]), seg(d)) {
+                    let _ = ss.copy_to(ps.p[0].off, ds, d.off, d.len);
+                }
+                return;
+            }
+            Source::Bytes(b) if b.len() == d.len => {
+                if let Some(ds) = seg(d) {
+                    let _ = ds.copy_in(d.off, b);
+                }
+                return;
+            }
+            _ => {}
+        }
+    }
     let mut di = 0;
     let mut doff = 0;
     let mut put = |bytes: Option<&[u8]>, from: Option<(&Segment, usize)>, mut len: usize| {
@@ -238,22 +266,23 @@ impl Exec<'_> {
         Some(seg)
     }
 
-    /// Resolves a destination GID to a live node's control block.
-    fn target_node(&mut self, gid: &Gid) -> Option<(u32, u32, Arc<Segment>)> {
+    /// Resolves a destination GID to a live node, leaving it in the cache's
+    /// `node` entry; returns its `(slot, generation)`.
+    fn target_node(&mut self, gid: &Gid) -> Option<(u32, u32)> {
         let interval = self.node().config.liveness_interval.as_nanos() as u64;
         let cached = match &self.st.target.node {
-            Some(c) if c.gid == *gid => Some((c.slot, c.gen, c.ctl.clone(), c.checked_ns)),
+            Some(c) if c.gid == *gid => Some((c.slot, c.gen, c.checked_ns, c.local_pid)),
             _ => None,
         };
-        if let Some((slot, gen, ctl_seg, checked_ns)) = cached {
+        if let Some((slot, gen, checked_ns, local_pid)) = cached {
             // Same-process nodes: the slot word is the truth. Others: the pid
             // check is trusted for `liveness_interval`.
             let state = self.fabric().slot_state(slot);
             if state & 0xff != super::fabric::SLOT_ALIVE || state >> 8 != gen as u64 {
                 return None;
             }
-            if self.fabric().slot_pid_is_self(slot) {
-                return Some((slot, gen, ctl_seg));
+            if local_pid != 0 && local_pid == super::shm::pid() {
+                return Some((slot, gen));
             }
             let now = now_ns();
             if now.saturating_sub(checked_ns) > interval {
@@ -264,7 +293,7 @@ impl Exec<'_> {
                     c.checked_ns = now;
                 }
             }
-            return Some((slot, gen, ctl_seg));
+            return Some((slot, gen));
         }
         let (slot, gen) = self.fabric().parse_gid(gid)?;
         if !self.fabric().slot_alive(slot, gen as u64) {
@@ -276,43 +305,59 @@ impl Exec<'_> {
         if !ctl::valid(&ctl_seg) {
             return None;
         }
+        let local_pid = if self.fabric().slot_pid_is_self(slot) {
+            super::shm::pid()
+        } else {
+            0
+        };
         self.st.target.node = Some(CachedNode {
             gid: *gid,
             slot,
             gen,
-            ctl: ctl_seg.clone(),
+            ctl: ctl_seg,
             checked_ns: now_ns(),
+            local_pid,
         });
-        Some((slot, gen, ctl_seg))
+        Some((slot, gen))
     }
 
     /// The MR a key names on node `(slot, gen)`, through the validated
     /// cache; returns its cache index (pinned for the current WR).
     fn mr(&mut self, slot: u32, gen: u32, ctl_seg: &Segment, key: u32) -> Option<u8> {
         let nk = node_key(slot, gen);
+        let home = mr_home(nk, key);
         let t = &mut self.st.target;
-        for (i, e) in t.mrs.iter().enumerate() {
-            if let Some(m) = e {
-                if m.node == nk && m.key == key {
-                    if ctl::mr_state_for_key(ctl_seg, key) == Some(m.state) {
-                        t.pinned |= 1 << i;
-                        return Some(i as u8);
-                    }
-                    t.mrs[i] = None;
-                    break;
-                }
+        // Probe the home entry first, then the rest.
+        let found = match &t.mrs[home] {
+            Some(m) if m.node == nk && m.key == key => Some(home),
+            _ => t
+                .mrs
+                .iter()
+                .position(|e| matches!(e, Some(m) if m.node == nk && m.key == key)),
+        };
+        if let Some(i) = found {
+            let state = t.mrs[i].as_ref().map(|m| m.state);
+            if ctl::mr_state_for_key(ctl_seg, key) == state {
+                t.pinned |= 1 << i;
+                return Some(i as u8);
             }
+            t.mrs[i] = None;
         }
         let (info, state) = ctl::mr_lookup_state(ctl_seg, key)?;
         let (idx, _) = ctl::split_key(key);
         let name = FabricInner::seg_name(slot, gen, &format!("mr{idx}g{}", info.gen));
         let seg = self.qp.node.fabric.open_segment(&name)?;
         let t = &mut self.st.target;
-        let mut i = t.mr_next;
-        while t.pinned & (1 << i) != 0 {
-            i = (i + 1) % MR_CACHE;
-        }
-        t.mr_next = (i + 1) % MR_CACHE;
+        let i = if t.pinned & (1 << home) == 0 {
+            home
+        } else {
+            let mut i = t.mr_next;
+            while t.pinned & (1 << i) != 0 {
+                i = (i + 1) % MR_CACHE;
+            }
+            t.mr_next = (i + 1) % MR_CACHE;
+            i
+        };
         t.mrs[i] = Some(CachedMr {
             node: nk,
             key,
@@ -338,9 +383,10 @@ impl Exec<'_> {
     }
 
     /// Resolves local SGEs (`LOC_PROT_ERR` on any failed check).
-    fn local(&mut self, sg: &SgList, need_write: bool) -> Result<Pieces, WcStatus> {
-        let node = self.qp.node.clone();
-        let mut out = Pieces::default();
+    fn local(&mut self, sg: &SgList, need_write: bool, out: &mut Pieces) -> Result<(), WcStatus> {
+        let qp = self.qp;
+        let node = &qp.node;
+        out.n = 0;
         for s in sg.as_slice() {
             let i = self
                 .mr(node.slot, node.gen, &node.ctl, s.lkey)
@@ -361,7 +407,7 @@ impl Exec<'_> {
                 len: s.length as usize,
             });
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Resolves a remote range (`REM_ACCESS_ERR` on any failed check).
@@ -407,7 +453,7 @@ impl Exec<'_> {
         dst_qpn: u32,
         key: u64,
     ) -> Result<(CachedDst, u32), DstError> {
-        let q = self.qp.clone();
+        let q = self.qp;
         let nk = node_key(slot, gen);
         let (idx, _) = ctl::split_qpn(dst_qpn);
         if idx >= ctl::MAX_QP {
@@ -470,7 +516,7 @@ impl Exec<'_> {
     }
 
     fn run_inner(&mut self, wr: &SendWr) -> Result<Outcome, WcStatus> {
-        let q = self.qp.clone();
+        let q = self.qp;
         let ud = q.qp_type == QpType::Ud;
         let len = wr.payload.len() as usize;
         let dropped = Outcome::Done {
@@ -498,14 +544,41 @@ impl Exec<'_> {
         if ud && len > q.node.caps.ud_mtu as usize {
             return Err(WcStatus::LocLenErr);
         }
-        let Some((slot, gen, ctl_seg)) = self.target_node(&gid) else {
-            return if ud {
-                Ok(dropped)
-            } else {
-                Err(WcStatus::RetryExcErr)
-            };
+        let unreachable = if ud {
+            Ok(dropped)
+        } else {
+            Err(WcStatus::RetryExcErr)
         };
-        let (dst, tgen) = match self.destination(slot, gen, &ctl_seg, dst_qpn, key) {
+        let Some((slot, gen)) = self.target_node(&gid) else {
+            return unreachable;
+        };
+        // Borrow the target's control block out of the cache for the rest of
+        // the WR (moved, not cloned: no reference-count traffic per WR).
+        let Some(node) = self.st.target.node.take() else {
+            return unreachable;
+        };
+        let r = self.on_node(wr, slot, gen, &node.ctl, dst_qpn, key);
+        self.st.target.node = Some(node);
+        r
+    }
+
+    fn on_node(
+        &mut self,
+        wr: &SendWr,
+        slot: u32,
+        gen: u32,
+        ctl_seg: &Segment,
+        dst_qpn: u32,
+        key: u64,
+    ) -> Result<Outcome, WcStatus> {
+        let q = self.qp;
+        let ud = q.qp_type == QpType::Ud;
+        let len = wr.payload.len() as usize;
+        let dropped = Outcome::Done {
+            status: WcStatus::Success,
+            byte_len: len as u32,
+        };
+        let (dst, tgen) = match self.destination(slot, gen, ctl_seg, dst_qpn, key) {
             Ok(d) => d,
             Err(_) if ud => return Ok(dropped),
             Err(DstError::Unreachable) => return Err(WcStatus::RetryExcErr),
@@ -520,8 +593,9 @@ impl Exec<'_> {
                 let Payload::Local(sg) = &wr.payload else {
                     return Err(WcStatus::LocQpOpErr);
                 };
-                let r = self.remote(slot, gen, &ctl_seg, remote, len, Access::REMOTE_READ, &dst)?;
-                let locals = self.local(sg, true)?;
+                let r = self.remote(slot, gen, ctl_seg, remote, len, Access::REMOTE_READ, &dst)?;
+                let mut locals = Pieces::default();
+                self.local(sg, true, &mut locals)?;
                 transfer(&self.st.target, &[], &Source::Pieces(single(r)), &locals);
                 self.st.c.reads += 1;
                 self.st.c.bytes_read += len as u64;
@@ -532,7 +606,7 @@ impl Exec<'_> {
                 let r = single(self.remote(
                     slot,
                     gen,
-                    &ctl_seg,
+                    ctl_seg,
                     remote,
                     len,
                     Access::REMOTE_WRITE,
@@ -547,8 +621,7 @@ impl Exec<'_> {
                         target: r,
                         src,
                     };
-                    if self.deliver(slot, gen, &ctl_seg, &dst, tgen, d)?
-                        == Outcome::ReceiverNotReady
+                    if self.deliver(slot, gen, ctl_seg, &dst, tgen, d)? == Outcome::ReceiverNotReady
                     {
                         return Ok(Outcome::ReceiverNotReady);
                     }
@@ -568,7 +641,7 @@ impl Exec<'_> {
                 let out = self.deliver(
                     slot,
                     gen,
-                    &ctl_seg,
+                    ctl_seg,
                     &dst,
                     tgen,
                     Delivery::Send { imm, len, src, ud },
@@ -587,8 +660,9 @@ impl Exec<'_> {
                 if remote.addr % 8 != 0 {
                     return Err(WcStatus::RemInvReqErr);
                 }
-                let r = self.remote(slot, gen, &ctl_seg, remote, 8, Access::REMOTE_ATOMIC, &dst)?;
-                let locals = self.local(sg, true)?;
+                let r = self.remote(slot, gen, ctl_seg, remote, 8, Access::REMOTE_ATOMIC, &dst)?;
+                let mut locals = Pieces::default();
+                self.local(sg, true, &mut locals)?;
                 let Some(m) = &self.st.target.mrs[r.mr as usize] else {
                     return Err(WcStatus::RemAccessErr);
                 };
@@ -613,7 +687,11 @@ impl Exec<'_> {
     /// The local source of a WRITE or SEND.
     fn source<'w>(&mut self, payload: &'w Payload) -> Result<Source<'w>, WcStatus> {
         Ok(match payload {
-            Payload::Local(sg) => Source::Pieces(self.local(sg, false)?),
+            Payload::Local(sg) => {
+                let mut ps = Pieces::default();
+                self.local(sg, false, &mut ps)?;
+                Source::Pieces(ps)
+            }
             Payload::Inline(d) => Source::Bytes(d.as_slice()),
         })
     }
@@ -628,7 +706,7 @@ impl Exec<'_> {
         tgen: u32,
         d: Delivery<'_>,
     ) -> Result<Outcome, WcStatus> {
-        let q = self.qp.clone();
+        let q = self.qp;
         let dst_qpn = dst.qpn;
         let (tidx, _) = ctl::split_qpn(dst_qpn);
         let te = QpEntry::new(ctl_seg, tidx);
