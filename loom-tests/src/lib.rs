@@ -1,2 +1,45 @@
-//! Placeholder: this crate is built in a later step (see the project issues).
+//! loom models of KRCore-rs's lock-free protocols.
+//!
+//! The models live in `tests/` and compile only under the project-specific
+//! cfg `krcore_loom` (never bare `cfg(loom)`), which also switches the crates'
+//! `sync` shims to loom's primitives so the models exercise the real code:
+//!
+//! ```sh
+//! ci/loom.sh        # RUSTFLAGS="--cfg krcore_loom" LOOM_MAX_PREEMPTIONS=2, release
+//! ```
+//!
+//! Each model states the invariant it protects. Writing a model: put the side
+//! that *checks* (a reader, a sweeper) in the spawned thread and the side that
+//! mutates in the main thread as well as in spawned ones; loom explores far
+//! fewer interleavings when the only writer is the spawned thread.
 #![forbid(unsafe_code)]
+
+/// Helpers shared by the models: values derived from a key, so that any torn
+/// or mixed read is detectable.
+pub mod derive {
+    use krcore_nic::{DcTarget, Gid};
+
+    /// A GID for model key `k`.
+    pub fn gid(k: u8) -> Gid {
+        let mut g = [0u8; 16];
+        g[0] = k;
+        g[15] = k.wrapping_mul(31);
+        Gid(g)
+    }
+
+    /// The target stored for `(k, version)`: every field is derived from both,
+    /// so a reader seeing fields of two different writes notices.
+    pub fn target(k: u8, version: u32) -> DcTarget {
+        DcTarget {
+            gid: gid(k),
+            dct_num: (k as u32) << 16 | version,
+            dc_key: ((k as u64) << 32 | version as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        }
+    }
+
+    /// Whether `t` is exactly `target(k, v)` for some version `v`; returns it.
+    pub fn version_of(k: u8, t: &DcTarget) -> Option<u32> {
+        let v = t.dct_num & 0xffff;
+        (*t == target(k, v)).then_some(v)
+    }
+}
