@@ -8,4 +8,5 @@
 //! Benchmarks report figures; they are never timed tests (DESIGN.md section 8).
 #![forbid(unsafe_code)]
 
+pub mod driver;
 pub mod ycsb;

@@ -1,0 +1,65 @@
+//! The YCSB driver behind `krcore-ycsb`: backends ([`KvClient`]), the load
+//! and run phases over client threads, and the progress display.
+//!
+//! A backend hands each client thread its own [`KvClient`] (a connection, a
+//! VQP set, or a handle to an in-process map); the driver never shares one
+//! client between threads, so backends need no locking of their own beyond
+//! what their store needs.
+
+mod map;
+mod redis;
+mod run;
+
+pub use map::MapBackend;
+pub use redis::{RedisBackend, RedisError};
+pub use run::{run_load, run_phase, sized, PhaseError, PhaseResult, RunOptions};
+
+/// Why a backend operation failed (the driver records it as an `ERROR`
+/// return, like YCSB's `Status.ERROR`).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BackendError {
+    /// The store refused or failed the operation.
+    #[error("{backend}: {message}")]
+    Store {
+        backend: &'static str,
+        message: String,
+    },
+    /// The backend could not be set up.
+    #[error("{backend} setup: {message}")]
+    Setup {
+        backend: &'static str,
+        message: String,
+    },
+}
+
+/// What a read or update found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Found {
+    /// The key existed.
+    Yes,
+    /// The key did not exist (YCSB's `NOT_FOUND`).
+    No,
+}
+
+/// One client thread's connection to a store.
+pub trait KvClient: Send {
+    /// Reads `key` into `out` (cleared first).
+    fn read(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<Found, BackendError>;
+    /// Inserts `key` (an upsert, as YCSB's inserts are for every binding).
+    fn insert(&mut self, key: &[u8], value: &[u8]) -> Result<(), BackendError>;
+    /// Replaces the value of an existing `key`; `Found::No` when absent.
+    fn update(&mut self, key: &[u8], value: &[u8]) -> Result<Found, BackendError>;
+}
+
+/// A store the driver can run against.
+pub trait Backend: Send + Sync {
+    /// Short name (`race`, `dashmap`, `redis`).
+    fn name(&self) -> &'static str;
+    /// A client for one thread.
+    fn client(&self) -> Result<Box<dyn KvClient>, BackendError>;
+    /// A label every figure must carry (e.g. "modeled (cx4)"), if any.
+    fn label(&self) -> Option<String> {
+        None
+    }
+}

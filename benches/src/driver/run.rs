@@ -1,0 +1,382 @@
+//! The load and run phases: client threads, each with its own client,
+//! generator, RNG and measurements, merged at the end.
+
+use super::{Backend, BackendError, Found, KvClient};
+use crate::ycsb::{
+    KeySpace, Measurements, Operation, OperationGenerator, Report, Status, Workload, YcsbError,
+};
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use std::io::IsTerminal;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How to run a phase.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// Client threads.
+    pub threads: usize,
+    /// Base RNG seed (thread `i` uses `seed + i`).
+    pub seed: u64,
+    /// Show a progress bar with live ops/s (only when stderr is a terminal).
+    pub progress: bool,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            threads: 1,
+            seed: 0x5eed,
+            progress: true,
+        }
+    }
+}
+
+/// The outcome of one phase.
+#[derive(Debug)]
+pub struct PhaseResult {
+    /// YCSB-format report (labelled when the backend says so).
+    pub report: Report,
+    /// The merged measurements.
+    pub measurements: Measurements,
+    /// Wall-clock time of the phase.
+    pub runtime: Duration,
+    /// Operations attempted.
+    pub operations: u64,
+    /// Operations that returned an error.
+    pub errors: u64,
+}
+
+/// Why a phase could not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PhaseError {
+    /// The backend failed to give a client.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    /// The workload is not runnable.
+    #[error(transparent)]
+    Workload(#[from] YcsbError),
+    /// A client thread panicked.
+    #[error("client thread {0} panicked")]
+    Panicked(usize),
+}
+
+/// `workload` with `records` records (all loaded by this driver) and
+/// `operations` run-phase operations.
+pub fn sized(mut workload: Workload, records: u64, operations: u64) -> Workload {
+    workload.record_count = records;
+    workload.insert_start = 0;
+    workload.insert_count = records;
+    workload.operation_count = operations;
+    workload
+}
+
+/// Fills `buf` with `len` bytes derived from `(keynum, version)`: cheap,
+/// deterministic, and different for every write of a key.
+fn fill_value(buf: &mut Vec<u8>, len: usize, keynum: u64, version: u64) {
+    buf.clear();
+    let mut x = keynum.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ version;
+    while buf.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        buf.extend_from_slice(&x.to_le_bytes());
+    }
+    buf.truncate(len);
+}
+
+struct Progress {
+    done: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    ticker: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Progress {
+    fn start(enabled: bool, total: u64, label: &'static str) -> Progress {
+        let done = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let ticker = (enabled && std::io::stderr().is_terminal() && total >= 100_000).then(|| {
+            let (done, stop) = (done.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let bar = indicatif::ProgressBar::new(total);
+                bar.set_style(
+                    indicatif::ProgressStyle::with_template(
+                        "{prefix} [{bar:40}] {pos}/{len} {msg}",
+                    )
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+                );
+                bar.set_prefix(label);
+                let start = Instant::now();
+                while !stop.load(Ordering::Relaxed) {
+                    let n = done.load(Ordering::Relaxed);
+                    bar.set_position(n);
+                    bar.set_message(format!(
+                        "{:.0} ops/s",
+                        n as f64 / start.elapsed().as_secs_f64().max(1e-9)
+                    ));
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                bar.finish_and_clear();
+            })
+        });
+        Progress { done, stop, ticker }
+    }
+
+    fn finish(mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.ticker.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn status_of(r: Result<Found, BackendError>) -> Status {
+    match r {
+        Ok(Found::Yes) => Status::Ok,
+        Ok(Found::No) => Status::NotFound,
+        Err(_) => Status::Error,
+    }
+}
+
+fn finish_phase(
+    backend: &dyn Backend,
+    per_thread: Vec<Measurements>,
+    runtime: Duration,
+    operations: u64,
+) -> Result<PhaseResult, PhaseError> {
+    let mut all = Measurements::new();
+    for m in &per_thread {
+        all.merge(m)?;
+    }
+    let errors = all
+        .iter()
+        .filter(|(name, _)| !name.ends_with("-FAILED"))
+        .map(|(_, m)| m.count(Status::Error))
+        .sum();
+    let mut report = Report::new(&all, runtime, operations);
+    if let Some(l) = backend.label() {
+        report = report.with_label(l);
+    }
+    Ok(PhaseResult {
+        report,
+        measurements: all,
+        runtime,
+        operations,
+        errors,
+    })
+}
+
+/// The load phase: threads take the workload's record keys until none are
+/// left and insert each with a fresh value.
+///
+/// # Errors
+/// A backend that cannot give a client, or a thread that panicked.
+pub fn run_load(
+    backend: &dyn Backend,
+    workload: &Workload,
+    keys: &KeySpace,
+    opts: &RunOptions,
+) -> Result<PhaseResult, PhaseError> {
+    let threads = opts.threads.max(1);
+    let clients: Vec<Box<dyn KvClient>> = (0..threads)
+        .map(|_| backend.client())
+        .collect::<Result<_, _>>()?;
+    let progress = Progress::start(opts.progress, workload.record_count, "load");
+    let start = Instant::now();
+    let results: Vec<Result<Measurements, PhaseError>> = std::thread::scope(|s| {
+        let hs: Vec<_> = clients
+            .into_iter()
+            .enumerate()
+            .map(|(t, mut client)| {
+                let done = progress.done.clone();
+                s.spawn(move || {
+                    let mut m = Measurements::new();
+                    let mut value = Vec::new();
+                    let value_len = workload.value_size() as usize;
+                    let mut n = 0u64;
+                    while let Some(k) = keys.next_load_key() {
+                        let key = workload.key_name(k);
+                        fill_value(&mut value, value_len, k, 0);
+                        let t0 = Instant::now();
+                        let r = client.insert(key.as_bytes(), &value).map(|_| Found::Yes);
+                        m.record(Operation::Insert, status_of(r), t0.elapsed());
+                        n += 1;
+                        if n % 1024 == 0 {
+                            done.fetch_add(1024, Ordering::Relaxed);
+                        }
+                    }
+                    (t, m)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .enumerate()
+            .map(|(i, h)| {
+                h.join()
+                    .map(|(_, m)| m)
+                    .map_err(|_| PhaseError::Panicked(i))
+            })
+            .collect()
+    });
+    let runtime = start.elapsed();
+    progress.finish();
+    let per_thread = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    finish_phase(backend, per_thread, runtime, workload.record_count)
+}
+
+/// The run phase: `workload.operation_count` operations split over the
+/// threads, each drawn from the workload's mix and key distribution.
+///
+/// # Errors
+/// A workload with a scan (a hash store has none), a backend that cannot
+/// give a client, or a thread that panicked.
+pub fn run_phase(
+    backend: &dyn Backend,
+    workload: &Workload,
+    keys: &KeySpace,
+    opts: &RunOptions,
+) -> Result<PhaseResult, PhaseError> {
+    workload.ensure_no_scan()?;
+    let threads = opts.threads.max(1);
+    let clients: Vec<Box<dyn KvClient>> = (0..threads)
+        .map(|_| backend.client())
+        .collect::<Result<_, _>>()?;
+    let gens: Vec<OperationGenerator> = (0..threads)
+        .map(|_| OperationGenerator::new(workload))
+        .collect::<Result<_, _>>()?;
+    let total = workload.operation_count;
+    let progress = Progress::start(opts.progress, total, "run");
+    let start = Instant::now();
+    let results: Vec<Result<Measurements, PhaseError>> = std::thread::scope(|s| {
+        let hs: Vec<_> = clients
+            .into_iter()
+            .zip(gens)
+            .enumerate()
+            .map(|(t, (mut client, mut gen))| {
+                let done = progress.done.clone();
+                let share = total / threads as u64 + u64::from((t as u64) < total % threads as u64);
+                let seed = opts.seed.wrapping_add(t as u64);
+                s.spawn(move || {
+                    let mut rng = SmallRng::seed_from_u64(seed);
+                    let mut m = Measurements::new();
+                    let (mut value, mut out) = (Vec::new(), Vec::new());
+                    let value_len = workload.value_size() as usize;
+                    for i in 0..share {
+                        let req = gen.next_request(&mut rng, keys);
+                        let key = workload.key_name(req.keynum);
+                        let t0 = Instant::now();
+                        match req.op {
+                            Operation::Read => {
+                                let r = client.read(key.as_bytes(), &mut out);
+                                m.record(Operation::Read, status_of(r), t0.elapsed());
+                            }
+                            Operation::Update => {
+                                fill_value(&mut value, value_len, req.keynum, i + 1);
+                                let r = client.update(key.as_bytes(), &value);
+                                m.record(Operation::Update, status_of(r), t0.elapsed());
+                            }
+                            Operation::Insert => {
+                                fill_value(&mut value, value_len, req.keynum, 0);
+                                let r = client.insert(key.as_bytes(), &value).map(|_| Found::Yes);
+                                m.record(Operation::Insert, status_of(r), t0.elapsed());
+                                // Acknowledged whether or not it succeeded,
+                                // as YCSB does in a `finally`.
+                                keys.acknowledge_insert(req.keynum);
+                            }
+                            Operation::ReadModifyWrite => {
+                                // YCSB measures the read, the write, and the whole.
+                                let r = client.read(key.as_bytes(), &mut out);
+                                let rs = status_of(r);
+                                m.record(Operation::Read, rs, t0.elapsed());
+                                let t1 = Instant::now();
+                                fill_value(&mut value, value_len, req.keynum, i + 1);
+                                let w = client.update(key.as_bytes(), &value);
+                                let ws = status_of(w);
+                                m.record(Operation::Update, ws, t1.elapsed());
+                                let whole = if rs.is_ok() && ws.is_ok() {
+                                    Status::Ok
+                                } else {
+                                    Status::Error
+                                };
+                                m.record(Operation::ReadModifyWrite, whole, t0.elapsed());
+                            }
+                            Operation::Scan => {
+                                // Refused by ensure_no_scan above; counted if reached.
+                                m.record(Operation::Scan, Status::Error, t0.elapsed());
+                            }
+                        }
+                        if i % 1024 == 1023 {
+                            done.fetch_add(1024, Ordering::Relaxed);
+                        }
+                    }
+                    m
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .enumerate()
+            .map(|(i, h)| h.join().map_err(|_| PhaseError::Panicked(i)))
+            .collect()
+    });
+    let runtime = start.elapsed();
+    progress.finish();
+    let per_thread = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    finish_phase(backend, per_thread, runtime, total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::driver::MapBackend;
+
+    #[test]
+    fn map_backend_runs_every_workload_but_e() {
+        for w in ['a', 'b', 'c', 'd', 'f'] {
+            let workload = sized(Workload::preset(w).unwrap(), 500, 2000);
+            let backend = MapBackend::new();
+            let keys = KeySpace::new(&workload);
+            let opts = RunOptions {
+                threads: 2,
+                progress: false,
+                ..RunOptions::default()
+            };
+            let load = run_load(&backend, &workload, &keys, &opts).unwrap();
+            assert_eq!(load.errors, 0);
+            assert_eq!(backend.len(), 500, "workload {w}: every record loaded");
+            let run = run_phase(&backend, &workload, &keys, &opts).unwrap();
+            assert_eq!(run.errors, 0, "workload {w}");
+            let ops: u64 = ["READ", "UPDATE", "INSERT"]
+                .iter()
+                .filter_map(|n| run.measurements.get(n))
+                .map(|m| m.operations())
+                .sum();
+            let rmw = run
+                .measurements
+                .get("READ-MODIFY-WRITE")
+                .map_or(0, |m| m.operations());
+            // Each RMW is also counted once as READ and once as UPDATE.
+            assert_eq!(
+                ops - 2 * rmw,
+                2000 - rmw,
+                "workload {w}: every operation measured"
+            );
+            let text = run.report.to_text();
+            assert!(text.contains("[OVERALL], Throughput(ops/sec), "), "{text}");
+        }
+        let e = Workload::preset('e').unwrap();
+        let keys = KeySpace::new(&e);
+        let err = run_phase(&MapBackend::new(), &e, &keys, &RunOptions::default()).unwrap_err();
+        assert!(err.to_string().to_lowercase().contains("scan"), "{err}");
+    }
+
+    #[test]
+    fn values_differ_per_version() {
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        fill_value(&mut a, 100, 7, 1);
+        fill_value(&mut b, 100, 7, 2);
+        assert_eq!(a.len(), 100);
+        assert_ne!(a, b);
+    }
+}
