@@ -85,6 +85,7 @@
 #![warn(missing_docs, missing_debug_implementations)]
 
 pub mod bootstrap;
+pub mod client;
 pub mod engine;
 pub mod entry;
 pub mod error;
@@ -96,6 +97,7 @@ pub mod table;
 mod ud;
 pub mod wire;
 
+pub use client::{lookup_once, MetaClient, MetaRpc, RpcConfig};
 pub use error::{MetaError, MetaResult};
 pub use host::{MetaConfig, MetaServer, MetaServerHandle};
 
