@@ -66,7 +66,10 @@ pub struct MetaConfig {
     /// Least time between two lease sweeps, in ms (0: every step).
     pub lease_sweep_ms: u64,
     /// Epoch of the first registration. `None`: the wall-clock second at
-    /// start, so a restarted server's epochs exceed its predecessor's.
+    /// start, so a restarted server's epochs exceed its predecessor's as
+    /// long as it handed out fewer epochs than it ran seconds (and restarts
+    /// are a second apart); clients must in any case drop their cache when
+    /// the bootstrap's incarnation changes.
     pub first_epoch: Option<u32>,
     /// Incarnation reported in the bootstrap. `None`: derived from the
     /// wall clock and the process id.
