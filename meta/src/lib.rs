@@ -1,22 +1,27 @@
-//! # krcore-meta: the meta server's table layout, wire format and engine
+//! # krcore-meta: the KRCore meta server
 //!
 //! KRCore turns "connect to a node" into a metadata lookup: a DC initiator
 //! reaches any node given its `(GID, dct_num, dc_key)`. The meta server holds
 //! that metadata for every node in a table that clients read with ONE one-sided
 //! READ (no server CPU); nodes register, renew and deregister with two-sided
-//! messages (the only work of the server's CPU). This crate is the pure layer
-//! of that server: byte layouts, message formats and the table engine. It does
-//! no I/O and reads no clock; a host (embedded or a standalone binary, built on
-//! the NIC provider) receives messages, passes `now_ms`, and applies the
-//! engine's word stores to registered memory.
+//! messages (the only work of the server's CPU).
+//!
+//! Two layers:
+//! - the pure layer (byte layouts, message formats, the table engine), which
+//!   does no I/O and reads no clock;
+//! - the host around it, generic over the NIC provider: [`host::MetaServer`]
+//!   (table MR + DCT for READs, UD QP for requests), [`client::MetaRpc`],
+//!   [`client::lookup_once`], and [`bootstrap`] (how clients find a server);
+//!   plus the `krcore-meta` binary.
 //!
 //! ```text
-//! client (kmod meta client)                         meta server host
-//!   BootstrapRequest  --- two-sided --->  MetaTable::handle -> Bootstrap
-//!   Register/Renew/.. --- two-sided --->  MetaTable::handle -> Ok / Err
-//!                                         (SeqlockWrite -> TableMemory stores)
-//!   READ bucket_of(gid) <-- one-sided ---  table memory (registered MR)
+//! client node                                         meta server host
+//!   MetaRpc: Register/Renew/.. --- UD SEND --->  poll_once(now_ms)
+//!                              <--- UD SEND ---   MetaTable::handle -> Ok / Err
+//!                                                 (SeqlockWrite -> MrTable stores)
+//!   lookup_once: READ bucket_of(gid) via DCI <--- table MR behind the DCT (no CPU)
 //!   table::find_in_bucket(bytes, gid) -> entry | None | Torn (retry) | Corrupt
+//!   bootstrap: sim fabric name "krcore-meta", or TCP -> BootstrapRepr
 //! ```
 //!
 //! ## Modules
@@ -26,6 +31,12 @@
 //! - [`engine`]: [`engine::MetaTable`], register/renew/deregister/sweep.
 //! - [`wire`]: two-sided messages ([`wire::Packet`], [`wire::Repr`]).
 //! - [`MetaTable::handle`](engine::MetaTable::handle): bytes in, reply out.
+//! - [`host`]: [`host::MetaServer`], its config, stats and thread runner.
+//! - [`mr_table`]: [`mr_table::MrTable`], the table memory in a registered MR.
+//! - [`client`]: [`client::MetaClient`], [`client::MetaRpc`],
+//!   [`client::lookup_once`].
+//! - [`bootstrap`]: publishing/finding a server (sim names, TCP).
+//! - [`error`]: [`MetaError`], the host layer's error.
 //!
 //! ## Invariants
 //! - Everything on the wire or in the table is little-endian at fixed offsets
@@ -44,7 +55,15 @@
 //! [`engine::MetaTable`] is a single-writer state machine (`&mut self`); the
 //! host serialises requests and sweeps. Readers never touch it: they READ the
 //! table memory, which the host's [`table::TableMemory`] writes with atomic
-//! stores.
+//! stores. [`host::MetaServer`] is `Send` (run it on any thread, or let
+//! [`host::MetaServer::spawn`] do it); [`client::MetaRpc`] is one caller at a
+//! time (`&mut self`).
+//!
+//! ## Cleanup
+//! Dropping a server releases its NIC objects (clients' READs then fail with
+//! an error completion) and removes its sim publications; a
+//! [`host::MetaServerHandle`] or [`bootstrap::TcpBootstrap`] stops and joins
+//! its thread when dropped.
 //!
 //! ## Quick start
 //! ```
@@ -65,12 +84,22 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations)]
 
+pub mod bootstrap;
+pub mod client;
 pub mod engine;
 pub mod entry;
+pub mod error;
+pub mod host;
 mod le;
+pub mod mr_table;
 mod server;
 pub mod table;
+mod ud;
 pub mod wire;
+
+pub use client::{lookup_once, MetaClient, MetaRpc, RpcConfig};
+pub use error::{MetaError, MetaResult};
+pub use host::{MetaConfig, MetaServer, MetaServerHandle};
 
 /// Version of the table layout (entry format, bucket hash and its seed,
 /// checksum function, bucket placement). A client refuses a table whose
@@ -99,6 +128,9 @@ pub enum Error {
     /// A bootstrap reply's table description.
     #[error(transparent)]
     Bootstrap(#[from] wire::BootstrapError),
+    /// The host layer (server, RPC client, bootstrap).
+    #[error(transparent)]
+    Host(#[from] error::MetaError),
 }
 
 /// Result with this crate's [`Error`].

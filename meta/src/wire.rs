@@ -17,13 +17,18 @@
 //! BootstrapRequest (4, 0 B)
 //! Ok (0x81, 16 B)          0..4 epoch u32 (!= 0)  4..8 reserved (0)  8..16 lease_expiry_ms u64
 //! Err (0x82, 8 B)          0..2 code u16 (!= 0)  2..8 reserved (0)
-//! Bootstrap (0x83, 72 B)   0..2 layout_version u16  2..4 entry_len u16
+//! Bootstrap (0x83, 80 B)   0..2 layout_version u16  2..4 entry_len u16
 //!                          4..8 slots_per_bucket u32  8..12 n_buckets u32
 //!                          12..16 table rkey u32  16..24 table addr u64
 //!                          24..32 table_len u64  32..40 incarnation u64
 //!                          40..56 server gid  56..60 server dct_num u32
-//!                          60..64 reserved (0)  64..72 server dc_key u64
+//!                          60..64 rpc qpn u32 (!= 0)  64..72 server dc_key u64
+//!                          72..76 rpc qkey u32  76..80 reserved (0)
 //! ```
+//!
+//! Version history: 1 had a 72-byte Bootstrap without the RPC address
+//! (bytes 60..64 reserved); 2 adds the server's UD QPN and qkey, where
+//! clients send Register/Renew/Deregister/BootstrapRequest.
 //!
 //! Parsing checks, in order: the buffer holds a header, the magic, the
 //! version, the type, the payload length for that type, the buffer holds the
@@ -35,12 +40,12 @@ use crate::entry::ENTRY_LEN;
 use crate::le::{get_gid, get_u16, get_u32, get_u64, put};
 use crate::table::{Geometry, GeometryError};
 use crate::LAYOUT_VERSION;
-use krcore_nic::{DcTarget, Gid, RemoteAddr};
+use krcore_nic::{DcTarget, Gid, RemoteAddr, UdTarget};
 
 /// First four bytes of every message: ASCII "KRMT" read as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"KRMT");
 /// Version of this message format.
-pub const WIRE_VERSION: u8 = 1;
+pub const WIRE_VERSION: u8 = 2;
 /// Bytes of the header.
 pub const HEADER_LEN: usize = 16;
 /// Bytes of the longest message (a bootstrap reply): size receive buffers by it.
@@ -50,7 +55,7 @@ const REGISTER_LEN: usize = 40;
 const GID_ONLY_LEN: usize = 16;
 const OK_LEN: usize = 16;
 const ERR_LEN: usize = 8;
-const BOOTSTRAP_LEN: usize = 72;
+const BOOTSTRAP_LEN: usize = 80;
 
 /// Named byte ranges of the header.
 pub mod field {
@@ -346,8 +351,15 @@ pub struct BootstrapRepr {
     /// Changes every time the server starts: a client that sees a new value
     /// must drop every entry it cached from the old table.
     pub incarnation: u64,
-    /// The server's own DC target, for two-sided requests.
+    /// The DC target through which clients READ the table (`dct_num` and
+    /// `dc_key` of the server's DCT; `gid` is also the GID of the RPC QP).
     pub server: DcTarget,
+    /// QP number of the server's UD QP, where clients send requests
+    /// (Register, Renew, Deregister, BootstrapRequest). Never 0.
+    pub rpc_qpn: u32,
+    /// Queue key of the server's UD QP: a client's UD QP must use it, since
+    /// replies are sent with it too.
+    pub rpc_qkey: u32,
 }
 
 /// Why a bootstrap reply describes a table this build cannot read.
@@ -380,13 +392,17 @@ pub enum BootstrapError {
 }
 
 impl BootstrapRepr {
-    /// The reply a server with `geometry`, registered at `table`, sends.
+    /// The reply a server with `geometry`, registered at `table`, READ
+    /// through the DCT `server`, taking requests on the UD QP `rpc` (whose
+    /// GID must be `server.gid`: only its QPN and qkey are sent), sends.
     pub fn new(
         geometry: Geometry,
         table: RemoteAddr,
         incarnation: u64,
         server: DcTarget,
+        rpc: UdTarget,
     ) -> BootstrapRepr {
+        debug_assert_eq!(rpc.gid, server.gid, "the RPC QP lives on the server's port");
         BootstrapRepr {
             layout_version: LAYOUT_VERSION,
             entry_len: ENTRY_LEN as u16,
@@ -396,6 +412,17 @@ impl BootstrapRepr {
             table_len: geometry.table_len(),
             incarnation,
             server,
+            rpc_qpn: rpc.qpn,
+            rpc_qkey: rpc.qkey,
+        }
+    }
+
+    /// Where to send requests: the server's UD QP.
+    pub fn rpc_target(&self) -> UdTarget {
+        UdTarget {
+            gid: self.server.gid,
+            qpn: self.rpc_qpn,
+            qkey: self.rpc_qkey,
         }
     }
 
@@ -546,8 +573,12 @@ impl Repr {
                 Message::Err(code)
             }
             MessageType::Bootstrap => {
-                if !zero(&p[60..64]) {
+                if !zero(&p[76..80]) {
                     return Err(WireError::ReservedNotZero(t));
+                }
+                let rpc_qpn = get_u32(p, 60..64);
+                if rpc_qpn == 0 {
+                    return Err(malformed("rpc qpn 0"));
                 }
                 Message::Bootstrap(BootstrapRepr {
                     layout_version: get_u16(p, 0..2),
@@ -565,6 +596,8 @@ impl Repr {
                         dct_num: get_u32(p, 56..60),
                         dc_key: get_u64(p, 64..72),
                     },
+                    rpc_qpn,
+                    rpc_qkey: get_u32(p, 72..76),
                 })
             }
         };
@@ -591,7 +624,7 @@ impl Repr {
     /// `buf` past the message are untouched.
     ///
     /// Emitting a value that breaks a parse rule (an `Ok` with epoch 0, an
-    /// `ErrorCode::Unknown(0)`) produces bytes that [`Repr::parse`] rejects.
+    /// `ErrorCode::Unknown(0)`, a `Bootstrap` with RPC QPN 0) produces bytes that [`Repr::parse`] rejects.
     ///
     /// # Errors
     /// [`WireError::BufferTooSmall`].
@@ -644,7 +677,9 @@ impl Repr {
                 put(p, 32..40, &b.incarnation.to_le_bytes());
                 put(p, 40..56, b.server.gid.as_bytes());
                 put(p, 56..60, &b.server.dct_num.to_le_bytes());
+                put(p, 60..64, &b.rpc_qpn.to_le_bytes());
                 put(p, 64..72, &b.server.dc_key.to_le_bytes());
+                put(p, 72..76, &b.rpc_qkey.to_le_bytes());
             }
         }
         Ok(len)

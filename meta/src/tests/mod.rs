@@ -2,6 +2,7 @@
 
 mod engine;
 mod entry;
+mod mr_table;
 mod server;
 mod table;
 mod torn;

@@ -2,7 +2,7 @@ use super::gid;
 use crate::engine::{Lease, MetaTable};
 use crate::table::{find_in_bucket, Geometry};
 use crate::wire::*;
-use krcore_nic::{DcTarget, RemoteAddr};
+use krcore_nic::{DcTarget, RemoteAddr, UdTarget};
 use rand::{Rng, RngCore, SeedableRng};
 
 fn target(n: u64) -> DcTarget {
@@ -23,6 +23,11 @@ fn setup() -> (MetaTable, BootstrapRepr) {
         },
         1,
         target(0),
+        UdTarget {
+            gid: gid(0),
+            qpn: 5,
+            qkey: 6,
+        },
     );
     (MetaTable::with_vec(g), b)
 }

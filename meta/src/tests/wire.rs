@@ -3,7 +3,7 @@ use crate::engine::Lease;
 use crate::table::{Geometry, GeometryError};
 use crate::wire::*;
 use crate::LAYOUT_VERSION;
-use krcore_nic::{DcTarget, RemoteAddr};
+use krcore_nic::{DcTarget, RemoteAddr, UdTarget};
 use rand::{Rng, RngCore, SeedableRng};
 
 fn server() -> DcTarget {
@@ -23,6 +23,11 @@ fn bootstrap() -> BootstrapRepr {
         },
         99,
         server(),
+        UdTarget {
+            gid: server().gid,
+            qpn: 0x00a0_0b0c,
+            qkey: 0x1111_2222,
+        },
     )
 }
 
@@ -152,8 +157,15 @@ fn bad_magic_version_type() {
     b[0] = b'X';
     assert!(matches!(Repr::parse_bytes(&b), Err(WireError::BadMagic(_))));
     let mut b = good.clone();
-    b[4] = 2;
-    assert_eq!(Repr::parse_bytes(&b), Err(WireError::UnsupportedVersion(2)));
+    b[4] = WIRE_VERSION + 1;
+    assert_eq!(
+        Repr::parse_bytes(&b),
+        Err(WireError::UnsupportedVersion(WIRE_VERSION + 1))
+    );
+    // Version 1 (the 72-byte bootstrap without the RPC address) is refused.
+    let mut b = bytes_of(Message::BootstrapRequest);
+    b[4] = 1;
+    assert_eq!(Repr::parse_bytes(&b), Err(WireError::UnsupportedVersion(1)));
     let mut b = good;
     b[5] = 0x7f;
     assert_eq!(Repr::parse_bytes(&b), Err(WireError::UnknownType(0x7f)));
@@ -191,7 +203,7 @@ fn reserved_bytes_must_be_zero() {
         (all_messages()[0], 22),
         (all_messages()[4], 5),
         (all_messages()[5], 3),
-        (all_messages()[7], 61),
+        (all_messages()[7], 77),
     ] {
         let mut b = bytes_of(m);
         b[HEADER_LEN + off] = 1;
@@ -224,6 +236,39 @@ fn value_rules() {
             what: "code 0"
         })
     );
+    let mut no_rpc = bootstrap();
+    no_rpc.rpc_qpn = 0;
+    assert_eq!(
+        Repr::parse_bytes(&bytes_of(Message::Bootstrap(no_rpc))),
+        Err(WireError::Malformed {
+            msg_type: MessageType::Bootstrap,
+            what: "rpc qpn 0"
+        })
+    );
+}
+
+#[test]
+fn bootstrap_payload_layout() {
+    let b = bytes_of(Message::Bootstrap(bootstrap()));
+    assert_eq!(b.len(), HEADER_LEN + 80);
+    assert_eq!(MAX_MESSAGE_LEN, HEADER_LEN + 80);
+    let p = &b[HEADER_LEN..];
+    assert_eq!(&p[0..2], &LAYOUT_VERSION.to_le_bytes());
+    assert_eq!(&p[4..8], &8u32.to_le_bytes());
+    assert_eq!(&p[8..12], &1024u32.to_le_bytes());
+    assert_eq!(&p[12..16], &0x1234u32.to_le_bytes());
+    assert_eq!(&p[16..24], &0x7f00_0000_1000u64.to_le_bytes());
+    assert_eq!(&p[40..56], server().gid.as_bytes());
+    assert_eq!(&p[56..60], &0x0102_0304u32.to_le_bytes());
+    assert_eq!(&p[60..64], &0x00a0_0b0cu32.to_le_bytes());
+    assert_eq!(&p[64..72], &0x0a0b_0c0d_0e0f_1011u64.to_le_bytes());
+    assert_eq!(&p[72..76], &0x1111_2222u32.to_le_bytes());
+    assert_eq!(&p[76..80], &[0; 4]);
+    let rpc = bootstrap().rpc_target();
+    assert_eq!(
+        (rpc.gid, rpc.qpn, rpc.qkey),
+        (server().gid, 0x00a0_0b0c, 0x1111_2222)
+    );
 }
 
 #[test]
@@ -232,12 +277,12 @@ fn emit_into_small_buffer() {
         request_id: 0,
         message: Message::Bootstrap(bootstrap()),
     };
-    let mut buf = [0u8; HEADER_LEN + 71];
+    let mut buf = [0u8; HEADER_LEN + 79];
     assert_eq!(
         r.emit(&mut buf),
         Err(WireError::BufferTooSmall {
-            need: HEADER_LEN + 72,
-            have: HEADER_LEN + 71
+            need: HEADER_LEN + 80,
+            have: HEADER_LEN + 79
         })
     );
 }

@@ -1,0 +1,304 @@
+//! A UD endpoint shared by the server and the RPC client: one UD QP, a
+//! receive CQ and a send CQ, and one registered buffer cut into receive and
+//! send slots.
+//!
+//! ```text
+//! buffer: [recv slot 0] .. [recv slot R-1] [send slot 0] .. [send slot S-1]
+//!         each SLOT_LEN bytes; a receive lands as GRH (40 B) + message
+//! ```
+//!
+//! Invariants:
+//! - Every receive slot is posted exactly once at any time: a slot is
+//!   re-posted only after its completion was polled, never after a flush
+//!   (the QP is in ERR then, and [`UdEndpoint::recover`] re-posts them all).
+//! - Every send is signaled and uses send slot `seq % S`; a send is posted
+//!   only with a free credit, so the slot's previous send has completed (a
+//!   UD QP completes in order) and its bytes are no longer needed.
+//! - Both CQs are at least as deep as what can be outstanding on them, so
+//!   they never overflow.
+
+use crate::error::{Ctx, MetaResult};
+use crate::wire::{Repr, MAX_MESSAGE_LEN};
+use krcore_nic::{Access, PostErrorKind};
+use krcore_nic::{
+    CompletionQueue, Destination, Gid, MemoryRegion, Nic, QpCaps, QpInit, QpState, QpType,
+    QueuePair, RecvWr, SendWr, Transition, UdTarget, Wc, WcStatus, GRH_LEN,
+};
+
+/// Bytes of one buffer slot: a GRH and the longest message, rounded up.
+pub(crate) const SLOT_LEN: usize = 256;
+const _: () = assert!(GRH_LEN + MAX_MESSAGE_LEN <= SLOT_LEN);
+
+/// Receive completions taken per poll.
+const POLL_BATCH: usize = 32;
+
+/// One received datagram, copied out of its slot.
+#[derive(Clone, Copy)]
+pub(crate) struct Incoming {
+    /// Source GID, from the GRH.
+    pub src: Gid,
+    /// Source QP number, from the completion.
+    pub src_qp: u32,
+    len: usize,
+    bytes: [u8; SLOT_LEN],
+}
+
+impl Incoming {
+    /// The message after the GRH.
+    pub fn payload(&self) -> &[u8] {
+        &self.bytes[GRH_LEN..GRH_LEN + self.len]
+    }
+}
+
+/// What the endpoint saw (totals since creation).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct UdCounters {
+    pub received: u64,
+    /// Receives shorter than a GRH (dropped).
+    pub runts: u64,
+    pub recv_errors: u64,
+    pub sent: u64,
+    pub send_errors: u64,
+    /// Sends given up for lack of a free send slot.
+    pub no_credit: u64,
+    /// Times the QP was found in ERR and brought back.
+    pub recoveries: u64,
+}
+
+pub(crate) struct UdEndpoint<N: Nic> {
+    qp: N::Qp,
+    recv_cq: N::Cq,
+    send_cq: N::Cq,
+    mr: N::Mr,
+    qkey: u32,
+    recv_slots: u32,
+    send_slots: u32,
+    next_send: u64,
+    wcs: Vec<Wc>,
+    pub counters: UdCounters,
+}
+
+impl<N: Nic> UdEndpoint<N> {
+    /// Creates the QP (brought to RTS with `qkey`), its CQs and buffer, and
+    /// posts every receive slot.
+    pub fn new(
+        nic: &N,
+        pd: &N::Pd,
+        qkey: u32,
+        recv_slots: u32,
+        send_slots: u32,
+    ) -> MetaResult<UdEndpoint<N>> {
+        let max = nic.caps().max_qp_wr;
+        for (what, n) in [("receive slots", recv_slots), ("send slots", send_slots)] {
+            if n == 0 || n > max {
+                return Err(crate::MetaError::Config(format!(
+                    "{n} UD {what}: must be in 1..={max}"
+                )));
+            }
+        }
+        let recv_cq = nic
+            .create_cq(recv_slots.saturating_mul(2))
+            .ctx("create UD receive CQ")?;
+        let send_cq = nic.create_cq(send_slots).ctx("create UD send CQ")?;
+        let qp = nic
+            .create_qp(
+                pd,
+                &QpInit {
+                    qp_type: QpType::Ud,
+                    caps: QpCaps {
+                        max_send_wr: send_slots,
+                        max_recv_wr: recv_slots,
+                        max_send_sge: 1,
+                        max_recv_sge: 1,
+                    },
+                    send_cq: &send_cq,
+                    recv_cq: &recv_cq,
+                    srq: None,
+                    dc_key: 0,
+                },
+            )
+            .ctx("create UD QP")?;
+        let len = (recv_slots as usize + send_slots as usize) * SLOT_LEN;
+        let mr = nic
+            .alloc_mr(pd, len, Access::LOCAL_WRITE)
+            .ctx("register UD buffers")?;
+        let mut ep = UdEndpoint {
+            qp,
+            recv_cq,
+            send_cq,
+            mr,
+            qkey,
+            recv_slots,
+            send_slots,
+            next_send: 0,
+            wcs: vec![Wc::default(); POLL_BATCH],
+            counters: UdCounters::default(),
+        };
+        ep.bring_up()?;
+        Ok(ep)
+    }
+
+    /// The QP number peers send to.
+    pub fn qpn(&self) -> u32 {
+        self.qp.qpn()
+    }
+
+    fn bring_up(&mut self) -> MetaResult<()> {
+        self.qp
+            .modify(Transition::Init {
+                access: Access::NONE,
+                qkey: self.qkey,
+            })
+            .ctx("UD QP to INIT")?;
+        self.qp
+            .modify(Transition::Rtr { peer: None })
+            .ctx("UD QP to RTR")?;
+        self.qp
+            .modify(Transition::Rts {
+                rnr_retry: 0,
+                retry_cnt: 0,
+            })
+            .ctx("UD QP to RTS")?;
+        let wrs = (0..self.recv_slots)
+            .map(|i| self.recv_wr(i))
+            .collect::<MetaResult<Vec<_>>>()?;
+        self.qp.post_recv(&wrs).ctx("post UD receives")
+    }
+
+    fn recv_wr(&self, slot: u32) -> MetaResult<RecvWr> {
+        let sge = self
+            .mr
+            .sge(slot as usize * SLOT_LEN, SLOT_LEN as u32)
+            .ctx("receive slot SGE")?;
+        Ok(RecvWr::new(u64::from(slot), sge))
+    }
+
+    /// Brings a QP found in ERR back: discards every completion (flushes and
+    /// receives not yet polled: their senders retry), resets the QP, brings
+    /// it up and re-posts every receive slot.
+    fn recover(&mut self) -> MetaResult<()> {
+        self.counters.recoveries += 1;
+        while self
+            .recv_cq
+            .poll(&mut self.wcs)
+            .ctx("drain UD receive CQ")?
+            > 0
+        {}
+        while self.send_cq.poll(&mut self.wcs).ctx("drain UD send CQ")? > 0 {}
+        self.qp.modify(Transition::Reset).ctx("reset UD QP")?;
+        self.bring_up()
+    }
+
+    /// Polls send completions, freeing send slots.
+    fn reap_sends(&mut self) -> MetaResult<()> {
+        loop {
+            let n = self.send_cq.poll(&mut self.wcs).ctx("poll UD send CQ")?;
+            for wc in &self.wcs[..n] {
+                if wc.status != WcStatus::Success {
+                    self.counters.send_errors += 1;
+                }
+            }
+            if n < self.wcs.len() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Sends `msg` to `dest` from a free send slot. Returns `false` (and
+    /// counts it) when no slot is free even after polling the send CQ: the
+    /// datagram is not sent, as if the network had lost it.
+    ///
+    /// # Errors
+    /// Provider failures (CQ overflow, a refused post).
+    pub fn send(&mut self, dest: UdTarget, msg: &Repr) -> MetaResult<bool> {
+        self.reap_sends()?;
+        if self.qp.state() == QpState::Err {
+            self.recover()?;
+        }
+        if self.qp.send_credits() == 0 {
+            self.counters.no_credit += 1;
+            return Ok(false);
+        }
+        let mut buf = [0u8; MAX_MESSAGE_LEN];
+        let Ok(len) = msg.emit(&mut buf) else {
+            // Unreachable: every message fits MAX_MESSAGE_LEN.
+            self.counters.send_errors += 1;
+            return Ok(false);
+        };
+        let slot = self.recv_slots as u64 + self.next_send % u64::from(self.send_slots);
+        let off = slot as usize * SLOT_LEN;
+        self.mr
+            .write(off, &buf[..len])
+            .ctx("copy message to send slot")?;
+        let sge = self.mr.sge(off, len as u32).ctx("send slot SGE")?;
+        let wr = SendWr::send(self.next_send, sge, None).to(Destination::Ud(dest));
+        match self.qp.post_send(&[wr]) {
+            Ok(()) => {}
+            Err(e) if matches!(e.kind, PostErrorKind::QueueFull { .. }) => {
+                self.counters.no_credit += 1;
+                return Ok(false);
+            }
+            Err(e) => return Err(e).ctx("post UD send"),
+        }
+        self.next_send += 1;
+        self.counters.sent += 1;
+        Ok(true)
+    }
+
+    /// Polls up to one batch of receive completions, appending each
+    /// datagram to `out`, and re-posts the slots. Returns how many
+    /// completions were polled (including errors and runts).
+    ///
+    /// # Errors
+    /// Provider failures (CQ overflow, a refused post).
+    pub fn poll_recv(&mut self, out: &mut Vec<Incoming>) -> MetaResult<usize> {
+        let n = self.recv_cq.poll(&mut self.wcs).ctx("poll UD receive CQ")?;
+        let mut repost = Vec::with_capacity(n);
+        let mut flushed = false;
+        for i in 0..n {
+            let wc = self.wcs[i];
+            let slot = wc.wr_id;
+            if slot >= u64::from(self.recv_slots) {
+                // Not one of ours: cannot be re-posted.
+                self.counters.recv_errors += 1;
+                continue;
+            }
+            if wc.status == WcStatus::WrFlushErr {
+                self.counters.recv_errors += 1;
+                flushed = true;
+                continue;
+            }
+            repost.push(self.recv_wr(slot as u32)?);
+            if wc.status != WcStatus::Success {
+                self.counters.recv_errors += 1;
+                continue;
+            }
+            let len = (wc.byte_len as usize).min(SLOT_LEN);
+            if len < GRH_LEN {
+                self.counters.runts += 1;
+                continue;
+            }
+            let mut m = Incoming {
+                src: Gid([0; 16]),
+                src_qp: wc.src_qp,
+                len: len - GRH_LEN,
+                bytes: [0; SLOT_LEN],
+            };
+            self.mr
+                .read(slot as usize * SLOT_LEN, &mut m.bytes[..len])
+                .ctx("copy out receive slot")?;
+            let mut g = [0u8; 16];
+            g.copy_from_slice(&m.bytes[8..24]);
+            m.src = Gid(g);
+            self.counters.received += 1;
+            out.push(m);
+        }
+        if flushed || self.qp.state() == QpState::Err {
+            // The QP left RTS: the reposts would only flush again.
+            self.recover()?;
+        } else if !repost.is_empty() {
+            self.qp.post_recv(&repost).ctx("re-post UD receives")?;
+        }
+        Ok(n)
+    }
+}
