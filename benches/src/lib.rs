@@ -8,5 +8,6 @@
 //! Benchmarks report figures; they are never timed tests (DESIGN.md section 8).
 #![forbid(unsafe_code)]
 
+pub mod baseline;
 pub mod driver;
 pub mod ycsb;
