@@ -122,9 +122,17 @@
 
 pub mod credits;
 pub mod dccache;
+pub mod engine;
+pub mod local_meta;
 pub mod precheck;
 mod sync;
 pub mod wrid;
+
+pub use engine::{
+    DciStats, Engine, EngineConfig, EngineError, EngineStats, MetaFailure, MetaLocation, MetaStats,
+    OwnedMr, Vqp, VqpError, DCIS_PER_CPU, DEFAULT_DC_KEY,
+};
+pub use local_meta::LocalMetaServer;
 
 pub use credits::{CreditError, PostedWr, QueueView, SendQueueCredits};
 pub use dccache::{CachedTarget, DcCache, Insert, Lookup, MetaEpoch};
