@@ -188,9 +188,21 @@ impl<N: Nic> Vqp<N> {
         Ok(())
     }
 
+    /// Posts one request. When the VQP is full, moves finished completions
+    /// out of the engine and retries: requests never fail for lack of room
+    /// (completions always come, so this ends).
     fn submit(&self, mut wr: SendWr) -> Result<Request<N>> {
         let wr_id = wr.wr_id;
-        self.inner.vqp.post_send(std::slice::from_mut(&mut wr))?;
+        loop {
+            match self.inner.vqp.post_send(std::slice::from_mut(&mut wr)) {
+                Ok(()) => break,
+                Err(krcore_kmod::VqpError::VqpFull { .. }) => {
+                    self.pump()?;
+                    std::hint::spin_loop();
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
         Ok(Request {
             vqp: self.clone(),
             wr_id,
