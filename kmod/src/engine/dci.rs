@@ -174,21 +174,22 @@ impl<N: Nic> Dci<N> {
                 (st.mr_generation, st.mrs) = eng.mrs.snapshot();
             }
         }
-        if !vqp.state.lock().has_room(n) {
-            // Completions already in the CQ may free the VQP's slots.
-            self.drain(eng, &mut st)?;
-            let v = vqp.state.lock();
-            if !v.has_room(n) {
-                return Err(VqpError::VqpFull {
-                    vqp: vqp.id,
-                    outstanding: v.occupied(),
-                    requested: n,
-                    capacity: v.slots.capacity(),
-                });
-            }
-        }
         let plan = {
-            let v = vqp.state.lock();
+            let mut v = vqp.state.lock();
+            if !v.has_room(n) {
+                // Completions already in the CQ may free the VQP's slots.
+                drop(v);
+                self.drain(eng, &mut st)?;
+                v = vqp.state.lock();
+                if !v.has_room(n) {
+                    return Err(VqpError::VqpFull {
+                        vqp: vqp.id,
+                        outstanding: v.occupied(),
+                        requested: n,
+                        capacity: v.slots.capacity(),
+                    });
+                }
+            }
             let target = v
                 .target
                 .ok_or(VqpError::NotConnected { vqp: vqp.id })?
@@ -207,6 +208,7 @@ impl<N: Nic> Dci<N> {
         }
         let mut v = vqp.state.lock();
         let first = v.slots.next_seq();
+        let (occupied, capacity) = (v.occupied(), v.slots.capacity());
         for wr in wrs.iter_mut() {
             // Room was checked under this DCI's lock, which every poster of
             // this VQP holds: the push cannot fail.
@@ -215,9 +217,9 @@ impl<N: Nic> Dci<N> {
                 .push(wr.wr_id, wr.is_signaled())
                 .map_err(|_| VqpError::VqpFull {
                     vqp: vqp.id,
-                    outstanding: 0,
+                    outstanding: occupied,
                     requested: n,
-                    capacity: 0,
+                    capacity,
                 })?;
             wr.wr_id = PhysWrId::new(vqp.id, seq).raw();
         }
