@@ -2,21 +2,56 @@
 //!
 //! The "kernel module" of KRCore (USENIX ATC'22): virtual QPs (VQPs) over a
 //! pool of shared, pre-initialized DC queue pairs. This crate holds the
-//! engine's provider-independent pieces; the parts that drive a
-//! [`krcore_nic::Nic`] are built on them.
+//! engine's provider-independent pieces (pure, no I/O) and the [`engine`]
+//! that hosts them in-process over any [`krcore_nic::Nic`].
 //!
 //! ```text
 //! sdk (Vqp, MemoryRegion, completions)
 //!   |
-//! kmod engine ------------------------------------------------ no I/O, no clock
+//! engine (host) ---------------------------- threads, clocks, the provider
+//!   |  Engine<N>  PD, DCT+SRQ, DCI pool (per-DCI lock), meta client
+//!   |  Vqp<N>     connect = DCCache lookup | one meta READ; post; poll
+//!   |
+//! pure pieces ------------------------------------------- no I/O, no clock
 //!   |  dccache   Gid -> DC target metadata, node-wide, lock-free reads
 //!   |  precheck  Algorithm 2: validity, capacity, signaling of a VQP's batch
 //!   |  wrid      physical wr_id = (VQP id, sequence); per-VQP slot tables
 //!   |  credits   send-queue credits of one shared physical QP
 //!   |
-//! host (later: pools, VQP table, CQ polling) -- threads, clocks, the provider
-//!   |
 //! krcore_nic::Nic (sim, verbs)
+//! ```
+//!
+//! # Quick start
+//!
+//! ```
+//! use krcore_kmod::{Engine, EngineConfig, LocalMetaServer};
+//! use krcore_meta::table::Geometry;
+//! use krcore_nic::sim::{SimConfig, SimFabric, SimNic};
+//! use krcore_nic::{Access, MemoryRegion, Nic, SendWr, Wc};
+//!
+//! let fabric = SimFabric::in_memory();
+//! let node = || SimNic::open(&fabric, SimConfig::default()).unwrap();
+//! // The meta table (an embedded one here), a memory node registered in it.
+//! let meta = LocalMetaServer::start(node(), Geometry::with_buckets(64).unwrap())?;
+//! let cfg = || EngineConfig::default().with_meta(meta.location());
+//! let server = Engine::start(node(), cfg())?;
+//! meta.register(server.local_target(), 60_000, 0).unwrap();
+//! let remote = server.alloc_mr(4096, Access::ALL)?;
+//!
+//! let client = Engine::start(node(), cfg())?;
+//! let vqp = client.create_vqp()?;
+//! let before = client.nic().counters();
+//! vqp.connect(server.gid())?; // DCCache miss: ONE READ of the meta table
+//! let d = client.nic().counters() - before;
+//! assert_eq!((d.reads, d.qps_created), (1, 0));
+//!
+//! let local = client.alloc_mr(64, Access::LOCAL_WRITE)?;
+//! vqp.post_send(&mut [SendWr::cas(9, local.sge(0, 8).unwrap(), remote.remote(0), 0, 1)])
+//!     .unwrap();
+//! let mut wc = [Wc::default()];
+//! while vqp.poll(&mut wc).unwrap() == 0 {}
+//! assert_eq!((wc[0].wr_id, remote.load_u64(0).unwrap()), (9, 1));
+//! # Ok::<(), krcore_kmod::EngineError>(())
 //! ```
 //!
 //! # The pieces
@@ -34,14 +69,21 @@
 //!   signaled completion credits every WR before it, including other VQPs'
 //!   unsignaled WRs, and impossible completions are typed errors.
 //!
+//! - [`engine`]: [`Engine`] and [`Vqp`], the host: which lock guards what,
+//!   how completions are routed, what is cached, and how a DCI in ERR is
+//!   recovered are in its module docs. [`LocalMetaServer`] is an embedded
+//!   meta table for tests and single-process programs.
+//!
 //! Each module documents its invariants; each is tested against a reference
-//! model.
+//! model or, for the host, by scripted scenarios on the `sim` provider
+//! (`tests/engine_*.rs`).
 //!
 //! # Engine rules
 //!
-//! - **No I/O, no clock, no threads.** The engine takes inputs (`now`
-//!   included) and returns decisions; the host polls, posts and sleeps. This
-//!   keeps every test deterministic.
+//! - **No I/O, no clock, no threads in the pieces.** They take inputs (`now`
+//!   included) and return decisions; the host ([`engine`]) polls, posts and
+//!   reads the clock (pre-check `now`, bounded waits). This keeps the
+//!   pieces' tests deterministic.
 //! - **No process-global state**, so that the engine can later be hosted by a
 //!   node-wide daemon.
 //! - **No `unsafe`** (`#![forbid(unsafe_code)]`).
@@ -51,7 +93,9 @@
 //! [`DcCache`] is `Sync` and meant to be shared (`Arc`) by every VQP of a
 //! node: reads take no lock, writers are serialized per bucket. The other
 //! pieces are plain values with `&mut self` updates, owned by whoever owns the
-//! physical QP or the VQP (behind that owner's lock or on its thread).
+//! physical QP or the VQP: in the [`engine`], a DCI's lock guards its
+//! [`SendQueueCredits`], a VQP's lock its [`SlotTable`]. [`Engine`] and
+//! [`Vqp`] are `Send + Sync`; there is no engine-wide lock on the data path.
 //!
 //! # Example: one batch through the pieces
 //!
@@ -122,9 +166,17 @@
 
 pub mod credits;
 pub mod dccache;
+pub mod engine;
+pub mod local_meta;
 pub mod precheck;
 mod sync;
 pub mod wrid;
+
+pub use engine::{
+    DciStats, Engine, EngineConfig, EngineError, EngineStats, MetaFailure, MetaLocation, MetaStats,
+    OwnedMr, Vqp, VqpError, DCIS_PER_CPU, DEFAULT_DC_KEY,
+};
+pub use local_meta::LocalMetaServer;
 
 pub use credits::{CreditError, PostedWr, QueueView, SendQueueCredits};
 pub use dccache::{CachedTarget, DcCache, Insert, Lookup, MetaEpoch};

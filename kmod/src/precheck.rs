@@ -449,6 +449,34 @@ impl<M: LocalMrTable + ?Sized, G: RemoteGrants + ?Sized> Precheck<'_, M, G> {
         Ok(self.plan(batch))
     }
 
+    /// Only the capacity and signaling parts, (a) and (c): the batch's
+    /// shape limits (non-empty, at most [`Policy::max_batch`]) and the
+    /// [`Plan`], with no validity check of any WR. For an engine configured
+    /// to skip validation (to show what the check protects against): the
+    /// credit account stays exact, but a bad WR reaches the NIC.
+    ///
+    /// # Errors
+    /// [`Reason::EmptyBatch`] and [`Reason::BatchTooLarge`].
+    pub fn plan_unvalidated(&self, batch: &[SendWr]) -> Result<Plan, Rejection> {
+        if batch.is_empty() {
+            return Err(Rejection {
+                index: 0,
+                reason: Reason::EmptyBatch,
+            });
+        }
+        let max = self.policy.max_batch(self.queue.depth);
+        if batch.len() > max as usize {
+            return Err(Rejection {
+                index: max as usize,
+                reason: Reason::BatchTooLarge {
+                    len: batch.len(),
+                    max,
+                },
+            });
+        }
+        Ok(self.plan(batch))
+    }
+
     fn plan(&self, batch: &[SendWr]) -> Plan {
         let n = batch.len() as u32;
         let credits_short = n.saturating_sub(self.queue.free);

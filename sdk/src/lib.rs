@@ -1,2 +1,120 @@
-//! Placeholder: this crate is built in a later step (see the project issues).
+//! # krcore: microsecond-scale RDMA connections, verbs-shaped
+//!
+//! The user API of KRCore-rs, after KRCore (USENIX ATC'22). A [`Node`] runs
+//! the KRCore control plane ([`krcore_kmod::Engine`]) over one NIC port: a
+//! pool of pre-initialized DC initiators shared by virtual QPs ([`Vqp`]). A
+//! VQP's `connect` is a metadata lookup, not a 15.7 ms RC handshake: a hit in
+//! the node's DCCache costs nothing; a miss costs ONE one-sided READ of the
+//! meta server's table.
+//!
+//! ```text
+//! krcore (this crate)   Node, Vqp, MemoryRegion, RemoteRegion, Request
+//!   |                   verbs layer: post(&mut [SendWr]) = one doorbell, poll
+//!   |                   Infinity-style layer: read/write/cas/faa -> Request
+//! krcore-kmod           Engine: DCI pool, DCCache, pre-check, wr_id routing
+//! krcore-nic            Nic trait: sim (default, no hardware), verbs (later)
+//! ```
+//!
+//! # Quick start (runs on `sim:mem`, no RDMA hardware)
+//!
+//! ```
+//! use krcore::{Access, Node, RemoteRegion, SendWr, Wc, WcStatus};
+//!
+//! // A memory node that also hosts the meta table, and a client that joins
+//! // its fabric (both register themselves in the table).
+//! let server = Node::builder().fabric("sim:mem").host_meta().build()?;
+//! let client = Node::builder().join(&server).build()?;
+//!
+//! // The server shares a region; the token travels as plain data.
+//! let region = server.alloc(4096, Access::ALL)?;
+//! region.write(0, b"hello, rdma")?;
+//! let json = serde_json::to_string(&region.token()).unwrap();
+//! let token: RemoteRegion = serde_json::from_str(&json).unwrap();
+//!
+//! // High level: operations return a request token.
+//! let vqp = client.connect(token.gid)?; // one READ of the meta table
+//! let buf = client.alloc(64, Access::LOCAL_WRITE)?;
+//! vqp.read(&buf, 0, &token, 0, 11)?.wait()?;
+//! let mut got = [0u8; 11];
+//! buf.read(0, &mut got)?;
+//! assert_eq!(&got, b"hello, rdma");
+//! let old = vqp.compare_and_swap(&token, 64, 0, 42)?.wait()?.old_value;
+//! assert_eq!((old, region.load_u64(64)?), (Some(0), 42));
+//! assert_eq!(vqp.fetch_add(&token, 64, 1)?.wait()?.old_value, Some(42));
+//!
+//! // Verbs level: a slice of WRs is one doorbell; completions carry your
+//! // wr_ids. Out-of-grant WRs are typed rejections that never reach the NIC.
+//! let mut wrs = [
+//!     SendWr::write(1, buf.sge(0, 5)?, token.at(128)).signaled(false),
+//!     SendWr::read(2, buf.sge(8, 5)?, token.at(128)),
+//! ];
+//! vqp.post(&mut wrs)?;
+//! let mut wc = [Wc::default(); 4];
+//! let mut n = 0;
+//! while n == 0 {
+//!     n = vqp.poll(&mut wc)?;
+//! }
+//! assert_eq!((n, wc[0].wr_id, wc[0].status), (1, 2, WcStatus::Success));
+//! let bad = vqp.read(&buf, 0, &token, 4090, 8);
+//! assert!(matches!(bad, Err(krcore::Error::OutOfRange { .. })));
+//!
+//! // A second VQP to the same node: a DCCache hit, no network, no QP.
+//! let again = client.vqp()?; // may create a pool DCI (lazily, up to the cap)
+//! let before = client.counters();
+//! again.connect(server.gid())?;
+//! let d = client.counters() - before;
+//! assert_eq!((d.network_ops(), d.qps_created), (0, 0));
+//! # Ok::<(), krcore::Error>(())
+//! ```
+//!
+//! # Providers
+//!
+//! `sim` is the default: [`Node::builder`] opens a sim node (`sim:mem`, a
+//! private in-process fabric, unless told otherwise). Any provider works
+//! through [`Node::with_nic`].
+//!
+//! # Meta server
+//!
+//! A node reads the meta table at [`NodeBuilder::meta`]; for single-process
+//! programs and tests, [`NodeBuilder::host_meta`] puts an embedded table
+//! ([`LocalMetaServer`]) on the node and [`NodeBuilder::join`] shares it.
+//!
+//! # Thread safety
+//!
+//! [`Node`], [`Vqp`] and [`MemoryRegion`] are `Send + Sync` and cheap to
+//! clone. VQPs on different DCIs never contend; VQPs sharing a DCI serialize
+//! their posts and polls on that DCI's lock only.
+//!
+//! # Errors
+//!
+//! Every fallible call returns [`Error`]: engine and VQP errors are typed
+//! (`UnknownNode`, `MetaUnavailable`, pre-check `Rejected` with its reason,
+//! ...), and a request that completed with an error status is
+//! [`Error::Failed`].
+//!
+//! # Cleanup
+//!
+//! Dropping the last handle of a node, VQP or region releases it. A VQP
+//! dropped with WRs in flight discards their completions.
 #![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations)]
+
+mod error;
+mod memory;
+mod node;
+mod vqp;
+
+pub use error::{Error, Result};
+pub use memory::{MemoryRegion, RemoteRegion};
+pub use node::{Node, NodeBuilder};
+pub use vqp::{Completion, Request, Vqp, REQUEST_WR_ID_BIT};
+
+pub use krcore_kmod::{
+    EngineConfig, EngineError, EngineStats, LocalMetaServer, MetaFailure, MetaLocation, Reason,
+    Rejection, RemoteGrant, VqpError,
+};
+pub use krcore_meta::table::Geometry;
+pub use krcore_nic::{
+    sim, Access, Counters, DcTarget, Destination, Gid, InlineData, NicError, Payload, RemoteAddr,
+    SendFlags, SendWr, SgList, Sge, Wc, WcOpcode, WcStatus, WrOp,
+};

@@ -699,3 +699,34 @@ fn precheck_keeps_the_credit_engine_live() {
         }
     }
 }
+
+/// Without validation a bad WR passes, but the shape limits and the plan
+/// (reclaim, forced signal) are exactly those of the full check.
+#[test]
+fn plan_unvalidated_skips_validity_but_not_capacity_or_signaling() {
+    let f = Fixture::new();
+    let mut ctx = f.ctx(Transport::Dc);
+    let foreign = SendWr::read(1, sge(0xdead, 0x1000, 64), remote(RKEY_ALL, 0)).to(dc());
+    assert!(ctx.check(&[foreign]).is_err());
+    assert!(ctx.plan_unvalidated(&[foreign]).is_ok());
+    assert_eq!(
+        ctx.plan_unvalidated(&[]).unwrap_err().reason,
+        Reason::EmptyBatch
+    );
+    let max = Policy::default().max_batch(64) as usize;
+    assert!(matches!(
+        ctx.plan_unvalidated(&unsignaled(max + 1))
+            .unwrap_err()
+            .reason,
+        Reason::BatchTooLarge { .. }
+    ));
+    for (free, tail, n) in [(64, 0, 4), (2, 0, 4), (64, 15, 2), (10, 3, 20)] {
+        ctx.queue = q(64, free, tail);
+        let batch = unsignaled(n);
+        assert_eq!(
+            ctx.plan_unvalidated(&batch).unwrap(),
+            ctx.check(&batch).unwrap(),
+            "free {free} tail {tail} n {n}"
+        );
+    }
+}

@@ -1,0 +1,301 @@
+//! 64 VQPs share ONE DC initiator; one more VQP posts bad WRs. With the
+//! pre-check, the bad WRs are typed rejections that never reach the NIC and
+//! every other VQP completes everything. Without it, the NIC moves the
+//! shared DCI to ERR and innocent VQPs see their WRs flushed: the pre-check
+//! is what protects them. Either way the engine recovers the DCI and the
+//! pool keeps working.
+
+mod common;
+
+use std::time::Instant;
+
+use common::{config, counted, Cluster, MemNode, WAIT};
+use krcore_kmod::{Engine, OwnedMr, Reason, Vqp, VqpError};
+use krcore_nic::sim::{SimMr, SimNic};
+use krcore_nic::{Access, MemoryRegion, Nic, RemoteAddr, SendWr, Wc, WcStatus};
+
+const GOOD: usize = 64;
+const REGION: u64 = 64;
+
+struct Fixture {
+    _c: Cluster,
+    mem: MemNode,
+    client: Engine<SimNic>,
+    local: OwnedMr<SimNic>,
+    good: Vec<Vqp<SimNic>>,
+    bad: Vqp<SimNic>,
+    /// An MR of the client node in another PD: not the engine's.
+    foreign: SimMr,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Bad {
+    /// A READ past the end of the grant (and of the MR).
+    OutOfGrant,
+    /// A READ into memory the engine does not own.
+    ForeignLkey,
+    /// A CAS at an address that is not 8-byte aligned.
+    MisalignedCas,
+}
+
+impl Fixture {
+    fn new(precheck: bool) -> Fixture {
+        let c = Cluster::new();
+        let mem = c.memory_node((GOOD as u64 + 1) as usize * REGION as usize);
+        let client = c.engine(config(|cfg| {
+            cfg.pool_size = 1;
+            cfg.precheck = precheck;
+        }));
+        let local = client
+            .alloc_mr((GOOD + 1) * REGION as usize, Access::LOCAL_WRITE)
+            .unwrap();
+        let all = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+        let vqp = |i: usize| {
+            let v = client.create_vqp().unwrap();
+            v.connect(mem.gid()).unwrap();
+            v.add_grant(
+                mem.gid(),
+                mem.mr.rkey(),
+                mem.grant(i as u64 * REGION, REGION, all),
+            );
+            v
+        };
+        let good: Vec<_> = (0..GOOD).map(vqp).collect();
+        let bad = vqp(GOOD);
+        assert!(good.iter().chain([&bad]).all(|v| v.dci_index() == 0));
+        assert_eq!(client.stats().dcis, 1, "ONE shared DCI");
+        let pd = client.nic().alloc_pd().unwrap();
+        let foreign = client.nic().alloc_mr(&pd, 64, Access::LOCAL_WRITE).unwrap();
+        Fixture {
+            _c: c,
+            mem,
+            client,
+            local,
+            good,
+            bad,
+            foreign,
+        }
+    }
+
+    fn remote(&self, i: usize, off: u64) -> RemoteAddr {
+        self.mem.mr.remote((i as u64 * REGION + off) as usize)
+    }
+
+    fn value(i: usize, round: u64) -> u64 {
+        (round << 32) | i as u64
+    }
+
+    /// WRITE (unsignaled) a value, READ it back, CAS a counter: one doorbell.
+    fn good_batch(&self, i: usize, round: u64) -> [SendWr; 3] {
+        let base = i * REGION as usize;
+        self.local
+            .write(base, &Self::value(i, round).to_le_bytes())
+            .unwrap();
+        let id = round * 10;
+        [
+            SendWr::write(id, self.local.sge(base, 8).unwrap(), self.remote(i, 0)).signaled(false),
+            SendWr::read(
+                id + 1,
+                self.local.sge(base + 8, 8).unwrap(),
+                self.remote(i, 0),
+            ),
+            SendWr::cas(
+                id + 2,
+                self.local.sge(base + 24, 8).unwrap(),
+                self.remote(i, 16),
+                round,
+                round + 1,
+            ),
+        ]
+    }
+
+    fn bad_wr(&self, kind: Bad) -> SendWr {
+        let base = GOOD * REGION as usize;
+        let local = self.local.sge(base, 8).unwrap();
+        match kind {
+            Bad::OutOfGrant => SendWr::read(
+                900,
+                local,
+                self.mem.mr.remote(0).offset(self.mem.mr.len() as u64),
+            ),
+            Bad::ForeignLkey => {
+                SendWr::read(901, self.foreign.sge(0, 8).unwrap(), self.remote(GOOD, 0))
+            }
+            Bad::MisalignedCas => SendWr::cas(902, local, self.remote(GOOD, 4), 0, 1),
+        }
+    }
+
+    /// Polls VQP `v` until the completion of `last` arrives.
+    fn wait_for(v: &Vqp<SimNic>, last: u64) -> Vec<Wc> {
+        let start = Instant::now();
+        let mut got = Vec::new();
+        let mut buf = [Wc::default(); 8];
+        while !got.iter().any(|w: &Wc| w.wr_id == last) {
+            let k = v.poll(&mut buf).unwrap();
+            got.extend_from_slice(&buf[..k]);
+            assert!(
+                start.elapsed() < WAIT,
+                "no completion {last} on {v:?}: {got:?}"
+            );
+        }
+        for w in &got {
+            assert_eq!(
+                w.qp_num,
+                v.id().get(),
+                "a VQP sees only its own completions"
+            );
+        }
+        got
+    }
+
+    /// Checks a round that succeeded for VQP `i`.
+    fn check_success(&self, i: usize, round: u64, wcs: &[Wc]) {
+        let ids: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+        let id = round * 10;
+        assert_eq!(
+            ids,
+            [(id + 1, WcStatus::Success), (id + 2, WcStatus::Success)],
+            "VQP {i} round {round}: the user's signaled WRs, with the user's wr_ids"
+        );
+        let base = i * REGION as usize;
+        let mut read = [0u8; 8];
+        self.local.read(base + 8, &mut read).unwrap();
+        assert_eq!(u64::from_le_bytes(read), Self::value(i, round));
+        assert_eq!(
+            self.local.load_u64(base + 24).unwrap(),
+            round,
+            "CAS old value"
+        );
+    }
+}
+
+/// With the pre-check every bad WR is a typed rejection; nothing reaches the
+/// NIC, nothing fails, every innocent VQP completes every round.
+#[test]
+fn the_precheck_protects_the_vqps_sharing_a_dci() {
+    let f = Fixture::new(true);
+    let kinds = [Bad::OutOfGrant, Bad::ForeignLkey, Bad::MisalignedCas];
+    let (_, d) = counted(f.client.nic(), || {
+        for round in 0..6u64 {
+            for (i, v) in f.good.iter().enumerate() {
+                v.post_send(&mut f.good_batch(i, round)).unwrap();
+                if i == GOOD / 2 {
+                    let kind = kinds[round as usize % 3];
+                    let mut wr = [f.bad_wr(kind)];
+                    let err = f.bad.post_send(&mut wr).unwrap_err();
+                    let VqpError::Rejected(r) = err else {
+                        panic!("{kind:?}: expected a rejection, got {err}");
+                    };
+                    match (kind, &r.reason) {
+                        (Bad::OutOfGrant, Reason::RemoteOutOfGrant { .. })
+                        | (Bad::ForeignLkey, Reason::LkeyNotOwned { .. })
+                        | (Bad::MisalignedCas, Reason::AtomicMisaligned { .. }) => {}
+                        _ => panic!("{kind:?}: wrong reason {r}"),
+                    }
+                    assert_eq!(wr[0].wr_id, f.bad_wr(kind).wr_id, "wr_id given back");
+                }
+            }
+            for (i, v) in f.good.iter().enumerate() {
+                let wcs = Fixture::wait_for(v, round * 10 + 2);
+                f.check_success(i, round, &wcs);
+            }
+        }
+    });
+    assert_eq!(d.error_completions, 0, "{d:?}");
+    assert_eq!(d.qps_created, 0, "{d:?}");
+    assert_eq!(
+        d.send_wrs,
+        6 * GOOD as u64 * 3,
+        "only the good WRs reached the NIC"
+    );
+    let s = f.client.stats();
+    assert_eq!(s.dci.recoveries, 0);
+    assert_eq!(s.dci.rejected, 6);
+    assert_eq!(s.dci.error_completions, 0);
+    assert_eq!(f.bad.outstanding(), 0);
+    assert_eq!(
+        f.mem.mr.load_u64(GOOD * REGION as usize + 16).unwrap(),
+        0,
+        "the bad VQP's region was never touched"
+    );
+}
+
+/// The same traffic without the pre-check: the bad WR reaches the NIC, the
+/// shared DCI goes to ERR and the innocent VQPs that post behind it see
+/// WR_FLUSH_ERR. The engine reports every flushed WR to its owner, resets
+/// and re-arms the DCI, and the next round succeeds for everyone.
+#[test]
+fn without_the_precheck_innocent_vqps_are_flushed() {
+    let f = Fixture::new(false);
+    let cases = [
+        (Bad::OutOfGrant, WcStatus::RemAccessErr),
+        (Bad::ForeignLkey, WcStatus::LocProtErr),
+        (Bad::MisalignedCas, WcStatus::RemInvReqErr),
+    ];
+    let mut round = 0u64;
+    let mut flushed_innocents = 0;
+    for (n, (kind, status)) in cases.into_iter().enumerate() {
+        // A clean round first: everyone succeeds.
+        for (i, v) in f.good.iter().enumerate() {
+            v.post_send(&mut f.good_batch(i, round)).unwrap();
+        }
+        for (i, v) in f.good.iter().enumerate() {
+            let wcs = Fixture::wait_for(v, round * 10 + 2);
+            f.check_success(i, round, &wcs);
+        }
+        round += 1;
+        // The poisoned round: the bad WR goes in among the others.
+        for (i, v) in f.good.iter().enumerate() {
+            if i == GOOD / 2 {
+                f.bad.post_send(&mut [f.bad_wr(kind)]).unwrap();
+            }
+            v.post_send(&mut f.good_batch(i, round)).unwrap();
+        }
+        let wc = Fixture::wait_for(&f.bad, f.bad_wr(kind).wr_id);
+        assert_eq!(wc.len(), 1);
+        assert_eq!(wc[0].status, status, "{kind:?}: the NIC's verdict");
+        for (i, v) in f.good.iter().enumerate() {
+            let wcs = Fixture::wait_for(v, round * 10 + 2);
+            let statuses: Vec<_> = wcs.iter().map(|w| (w.wr_id % 10, w.status)).collect();
+            if statuses.iter().all(|(_, s)| *s == WcStatus::Success) {
+                assert_eq!(statuses.len(), 2, "VQP {i}: {statuses:?}");
+            } else {
+                // Flushed WRs are all reported, the unsignaled WRITE too.
+                assert_eq!(
+                    statuses,
+                    [
+                        (0, WcStatus::WrFlushErr),
+                        (1, WcStatus::WrFlushErr),
+                        (2, WcStatus::WrFlushErr)
+                    ],
+                    "VQP {i} round {round}"
+                );
+                assert!(i >= GOOD / 2, "VQP {i} posted before the bad WR");
+                flushed_innocents += 1;
+                // Its CAS never ran: realign the expected counter.
+                f.mem
+                    .mr
+                    .store_u64(i * REGION as usize + 16, round + 1)
+                    .unwrap();
+            }
+        }
+        assert!(flushed_innocents > 0, "the NIC flushed innocent VQPs");
+        assert_eq!(f.client.stats().dci.recoveries, n as u64 + 1);
+        // A REM_ACCESS_ERR disconnected the bad VQP (and invalidated the
+        // target): it connects again like any user would.
+        if f.bad.target().is_none() {
+            assert_eq!(status, WcStatus::RemAccessErr);
+            f.bad.connect(f.mem.gid()).unwrap();
+        }
+        round += 1;
+    }
+    // The DCI was re-armed each time: a last round succeeds for everyone.
+    for (i, v) in f.good.iter().enumerate() {
+        v.post_send(&mut f.good_batch(i, round)).unwrap();
+    }
+    for (i, v) in f.good.iter().enumerate() {
+        let wcs = Fixture::wait_for(v, round * 10 + 2);
+        f.check_success(i, round, &wcs);
+    }
+    eprintln!("{flushed_innocents} innocent VQP batches flushed over 3 poisoned rounds");
+}

@@ -1,0 +1,58 @@
+//! The SDK's error type.
+
+use krcore_kmod::{EngineError, VqpError};
+use krcore_nic::{Gid, NicError, WcStatus};
+
+/// Any error of the SDK.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Opening the fabric or node, or a provider call.
+    #[error("NIC: {0}")]
+    Nic(#[from] NicError),
+    /// Starting the engine, connecting, registering memory.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// Posting or polling on a VQP (pre-check rejections included).
+    #[error(transparent)]
+    Vqp(#[from] VqpError),
+    /// A request reached the NIC and completed with an error status.
+    #[error("request {wr_id:#x} completed with {status:?}")]
+    Failed {
+        /// The request's wr_id.
+        wr_id: u64,
+        /// The completion status.
+        status: WcStatus,
+    },
+    /// A high-level operation reaches outside a region.
+    #[error("{offset}+{len} lies outside the {region_len}-byte {which} region")]
+    OutOfRange {
+        /// Offset asked for.
+        offset: u64,
+        /// Bytes asked for.
+        len: u64,
+        /// The region's length.
+        region_len: u64,
+        /// `"local"` or `"remote"`.
+        which: &'static str,
+    },
+    /// A wr_id with the bit the SDK reserves for its requests
+    /// ([`crate::REQUEST_WR_ID_BIT`]).
+    #[error("wr_id {0:#x} uses the bit reserved for SDK requests")]
+    ReservedWrId(u64),
+    /// The node builder was given contradictory or missing settings.
+    #[error("node builder: {0}")]
+    Builder(&'static str),
+    /// The meta table refused a registration.
+    #[error("registering {gid} with the meta table: {source}")]
+    Register {
+        /// The node.
+        gid: Gid,
+        /// Why.
+        #[source]
+        source: krcore_meta::engine::TableError,
+    },
+}
+
+/// Result of the SDK's fallible calls.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

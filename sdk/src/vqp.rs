@@ -1,0 +1,412 @@
+//! The user's VQP: the verbs-shaped layer (post a slice of WRs = one
+//! doorbell, poll completions) and, on top of it, Infinity-style requests
+//! (`read`/`write`/`compare_and_swap`/`fetch_add` returning a [`Request`]).
+//!
+//! Both layers share the VQP's completions: requests use wr_ids with
+//! [`REQUEST_WR_ID_BIT`] set, which [`Vqp::post`] refuses from users, and
+//! their completions are kept aside for [`Request::wait`] instead of being
+//! returned by [`Vqp::poll`].
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use krcore_nic::sim::SimNic;
+use krcore_nic::{Access, Gid, Nic, SendWr, Wc, WcStatus};
+use parking_lot::Mutex;
+
+use crate::error::{Error, Result};
+use crate::memory::{check, MemoryRegion, RemoteRegion};
+use crate::node::Node;
+
+/// The wr_id bit the SDK reserves for its [`Request`]s.
+pub const REQUEST_WR_ID_BIT: u64 = 1 << 63;
+
+/// What a finished [`Request`] reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    /// The work completion (status `Success`; failed requests are errors).
+    pub wc: Wc,
+    /// For `compare_and_swap`/`fetch_add`: the remote word's value before
+    /// the operation.
+    pub old_value: Option<u64>,
+}
+
+#[derive(Default)]
+struct Stash {
+    /// Request completions, by wr_id, with the atomic's old value.
+    requests: HashMap<u64, (Wc, Option<u64>)>,
+    /// The user's own completions, in order.
+    user: VecDeque<Wc>,
+    /// Requests dropped before they finished: their completions are dropped.
+    abandoned: HashSet<u64>,
+}
+
+struct Inner<N: Nic> {
+    vqp: krcore_kmod::Vqp<N>,
+    node: Node<N>,
+    stash: Mutex<Stash>,
+    next_request: Mutex<u64>,
+    /// 8 bytes per VQP slot for atomics' old values, allocated on first use.
+    scratch: Mutex<Option<MemoryRegion<N>>>,
+}
+
+/// A virtual QP (see the crate docs). Cheap to clone; `Send + Sync`.
+pub struct Vqp<N: Nic = SimNic> {
+    inner: Arc<Inner<N>>,
+}
+
+impl<N: Nic> Clone for Vqp<N> {
+    fn clone(&self) -> Self {
+        Vqp {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<N: Nic> std::fmt::Debug for Vqp<N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.inner.vqp.fmt(f)
+    }
+}
+
+impl<N: Nic> Vqp<N> {
+    pub(crate) fn new(vqp: krcore_kmod::Vqp<N>, node: Node<N>) -> Vqp<N> {
+        Vqp {
+            inner: Arc::new(Inner {
+                vqp,
+                node,
+                stash: Mutex::new(Stash::default()),
+                next_request: Mutex::new(0),
+                scratch: Mutex::new(None),
+            }),
+        }
+    }
+
+    /// The VQP's id (the `qp_num` of its completions).
+    pub fn id(&self) -> u32 {
+        self.inner.vqp.id().get()
+    }
+
+    /// Points the VQP at node `gid`: a cache hit costs nothing, a miss one
+    /// READ of the meta table.
+    ///
+    /// # Errors
+    /// [`Error::Engine`] with `UnknownNode`, `MetaUnavailable`, ...
+    pub fn connect(&self, gid: Gid) -> Result<()> {
+        Ok(self.inner.vqp.connect(gid)?)
+    }
+
+    /// The node the VQP posts to.
+    pub fn target(&self) -> Option<Gid> {
+        self.inner.vqp.target().map(|t| t.target.gid)
+    }
+
+    /// The engine-level VQP (grants, statistics).
+    pub fn raw(&self) -> &krcore_kmod::Vqp<N> {
+        &self.inner.vqp
+    }
+
+    /// Posts `wrs` as one doorbell (see [`krcore_kmod::Vqp::post_send`]):
+    /// the VQP names its target in each WR; on return the WRs hold the
+    /// caller's wr_ids again.
+    ///
+    /// # Errors
+    /// [`Error::ReservedWrId`]; [`Error::Vqp`] with the pre-check's typed
+    /// rejection (nothing was posted) or another post failure.
+    pub fn post(&self, wrs: &mut [SendWr]) -> Result<()> {
+        if let Some(wr) = wrs.iter().find(|w| w.wr_id & REQUEST_WR_ID_BIT != 0) {
+            return Err(Error::ReservedWrId(wr.wr_id));
+        }
+        Ok(self.inner.vqp.post_send(wrs)?)
+    }
+
+    /// Polls up to `out.len()` completions of WRs posted with [`Vqp::post`].
+    ///
+    /// # Errors
+    /// [`Error::Vqp`] when the shared CQ failed.
+    pub fn poll(&self, out: &mut [Wc]) -> Result<usize> {
+        self.pump()?;
+        let mut stash = self.inner.stash.lock();
+        let n = out.len().min(stash.user.len());
+        for (slot, wc) in out.iter_mut().zip(stash.user.drain(..n)) {
+            *slot = wc;
+        }
+        Ok(n)
+    }
+
+    /// Moves the engine's completions into the stash, reading atomics' old
+    /// values before their scratch slot can be reused.
+    fn pump(&self) -> Result<()> {
+        let mut buf = [Wc::default(); 32];
+        loop {
+            let k = self.inner.vqp.poll(&mut buf)?;
+            if k == 0 {
+                return Ok(());
+            }
+            let scratch = self.inner.scratch.lock();
+            let mut stash = self.inner.stash.lock();
+            for wc in &buf[..k] {
+                if wc.wr_id & REQUEST_WR_ID_BIT == 0 {
+                    stash.user.push_back(*wc);
+                    continue;
+                }
+                if stash.abandoned.remove(&wc.wr_id) {
+                    continue;
+                }
+                let old = match (wc.status, wc.opcode, scratch.as_ref()) {
+                    (
+                        WcStatus::Success,
+                        krcore_nic::WcOpcode::CompSwap | krcore_nic::WcOpcode::FetchAdd,
+                        Some(s),
+                    ) => s.load_u64(self.scratch_offset(wc.wr_id)).ok(),
+                    _ => None,
+                };
+                stash.requests.insert(wc.wr_id, (*wc, old));
+            }
+        }
+    }
+
+    fn scratch_offset(&self, wr_id: u64) -> usize {
+        let depth = u64::from(self.inner.node.engine().config().vqp_depth);
+        ((wr_id & !REQUEST_WR_ID_BIT) % depth) as usize * 8
+    }
+
+    fn next_wr_id(&self) -> u64 {
+        let mut n = self.inner.next_request.lock();
+        *n += 1;
+        REQUEST_WR_ID_BIT | *n
+    }
+
+    /// Connects to the token's node if needed and makes its grant known.
+    fn prepare(&self, remote: &RemoteRegion) -> Result<()> {
+        if self.target() != Some(remote.gid) {
+            self.connect(remote.gid)?;
+        }
+        let v = &self.inner.vqp;
+        v.add_grant(remote.gid, remote.rkey, remote.grant());
+        Ok(())
+    }
+
+    /// Posts one request. When the VQP is full, moves finished completions
+    /// out of the engine and retries: requests never fail for lack of room
+    /// (completions always come, so this ends).
+    fn submit(&self, mut wr: SendWr) -> Result<Request<N>> {
+        let wr_id = wr.wr_id;
+        loop {
+            match self.inner.vqp.post_send(std::slice::from_mut(&mut wr)) {
+                Ok(()) => break,
+                Err(krcore_kmod::VqpError::VqpFull { .. }) => {
+                    self.pump()?;
+                    std::hint::spin_loop();
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(Request {
+            vqp: self.clone(),
+            wr_id,
+            done: None,
+        })
+    }
+
+    /// READs `len` bytes at `remote_offset` of `remote` into `local` at
+    /// `local_offset`.
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`]; [`Error::Engine`] if connecting fails;
+    /// [`Error::Vqp`] when the post is refused.
+    pub fn read(
+        &self,
+        local: &MemoryRegion<N>,
+        local_offset: u64,
+        remote: &RemoteRegion,
+        remote_offset: u64,
+        len: u32,
+    ) -> Result<Request<N>> {
+        check(local_offset, len.into(), local.len() as u64, "local")?;
+        check(remote_offset, len.into(), remote.len, "remote")?;
+        self.prepare(remote)?;
+        let sge = local.sge(local_offset as usize, len)?;
+        self.submit(SendWr::read(
+            self.next_wr_id(),
+            sge,
+            remote.at(remote_offset),
+        ))
+    }
+
+    /// WRITEs `len` bytes of `local` at `local_offset` to `remote` at
+    /// `remote_offset`.
+    ///
+    /// # Errors
+    /// As [`Vqp::read`].
+    pub fn write(
+        &self,
+        local: &MemoryRegion<N>,
+        local_offset: u64,
+        remote: &RemoteRegion,
+        remote_offset: u64,
+        len: u32,
+    ) -> Result<Request<N>> {
+        check(local_offset, len.into(), local.len() as u64, "local")?;
+        check(remote_offset, len.into(), remote.len, "remote")?;
+        self.prepare(remote)?;
+        let sge = local.sge(local_offset as usize, len)?;
+        self.submit(SendWr::write(
+            self.next_wr_id(),
+            sge,
+            remote.at(remote_offset),
+        ))
+    }
+
+    fn scratch_sge(&self, wr_id: u64) -> Result<krcore_nic::Sge> {
+        let mut scratch = self.inner.scratch.lock();
+        if scratch.is_none() {
+            let depth = self.inner.node.engine().config().vqp_depth as usize;
+            *scratch = Some(self.inner.node.alloc(depth * 8, Access::LOCAL_WRITE)?);
+        }
+        match scratch.as_ref() {
+            Some(s) => s.sge(self.scratch_offset(wr_id), 8),
+            None => Err(Error::Builder("scratch buffer missing")),
+        }
+    }
+
+    /// Compare-and-swap of the 8-byte word at `remote_offset` of `remote`:
+    /// the [`Completion::old_value`] is the word before (the swap happened
+    /// iff it equals `compare`).
+    ///
+    /// # Errors
+    /// As [`Vqp::read`]; a misaligned offset is a pre-check rejection.
+    pub fn compare_and_swap(
+        &self,
+        remote: &RemoteRegion,
+        remote_offset: u64,
+        compare: u64,
+        swap: u64,
+    ) -> Result<Request<N>> {
+        check(remote_offset, 8, remote.len, "remote")?;
+        self.prepare(remote)?;
+        let wr_id = self.next_wr_id();
+        let sge = self.scratch_sge(wr_id)?;
+        self.submit(SendWr::cas(
+            wr_id,
+            sge,
+            remote.at(remote_offset),
+            compare,
+            swap,
+        ))
+    }
+
+    /// Fetch-and-add of `add` to the 8-byte word at `remote_offset`; the
+    /// [`Completion::old_value`] is the word before.
+    ///
+    /// # Errors
+    /// As [`Vqp::compare_and_swap`].
+    pub fn fetch_add(
+        &self,
+        remote: &RemoteRegion,
+        remote_offset: u64,
+        add: u64,
+    ) -> Result<Request<N>> {
+        check(remote_offset, 8, remote.len, "remote")?;
+        self.prepare(remote)?;
+        let wr_id = self.next_wr_id();
+        let sge = self.scratch_sge(wr_id)?;
+        self.submit(SendWr::faa(wr_id, sge, remote.at(remote_offset), add))
+    }
+}
+
+/// A posted request (Infinity's `RequestToken`): wait for it, or check it.
+///
+/// Dropping an unfinished request is fine: its completion is discarded
+/// when it arrives.
+pub struct Request<N: Nic = SimNic> {
+    vqp: Vqp<N>,
+    wr_id: u64,
+    done: Option<(Wc, Option<u64>)>,
+}
+
+impl<N: Nic> std::fmt::Debug for Request<N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Request")
+            .field("wr_id", &format_args!("{:#x}", self.wr_id))
+            .field("done", &self.done.is_some())
+            .finish()
+    }
+}
+
+impl<N: Nic> Drop for Request<N> {
+    fn drop(&mut self) {
+        if self.done.is_none() {
+            let mut stash = self.vqp.inner.stash.lock();
+            if stash.requests.remove(&self.wr_id).is_none() {
+                stash.abandoned.insert(self.wr_id);
+            }
+        }
+    }
+}
+
+impl<N: Nic> Request<N> {
+    /// The request's wr_id.
+    pub fn wr_id(&self) -> u64 {
+        self.wr_id
+    }
+
+    fn finish(&self, (wc, old_value): (Wc, Option<u64>)) -> Result<Completion> {
+        if wc.status == WcStatus::Success {
+            Ok(Completion { wc, old_value })
+        } else {
+            Err(Error::Failed {
+                wr_id: self.wr_id,
+                status: wc.status,
+            })
+        }
+    }
+
+    /// Whether the request finished: `Ok(Some(..))` once it succeeded.
+    ///
+    /// # Errors
+    /// [`Error::Failed`] when it completed with an error status;
+    /// [`Error::Vqp`] when polling failed.
+    pub fn try_wait(&mut self) -> Result<Option<Completion>> {
+        if self.done.is_none() {
+            self.vqp.pump()?;
+            self.done = self.vqp.inner.stash.lock().requests.remove(&self.wr_id);
+        }
+        match self.done {
+            Some(d) => self.finish(d).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Waits for the request (completions always come: errors included).
+    ///
+    /// # Errors
+    /// As [`Request::try_wait`].
+    pub fn wait(mut self) -> Result<Completion> {
+        // (Drop sees `done` set once this returns a result.)
+        loop {
+            if let Some(c) = self.try_wait()? {
+                return Ok(c);
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Waits at most `timeout`; `Ok(None)` when it has not finished.
+    ///
+    /// # Errors
+    /// As [`Request::try_wait`].
+    pub fn wait_timeout(&mut self, timeout: Duration) -> Result<Option<Completion>> {
+        let start = Instant::now();
+        loop {
+            if let Some(c) = self.try_wait()? {
+                return Ok(Some(c));
+            }
+            if start.elapsed() >= timeout {
+                return Ok(None);
+            }
+            std::hint::spin_loop();
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! The SDK's user-facing behaviour on `sim:mem`.
+
+use std::time::Duration;
+
+use krcore::sim::SimNic;
+use krcore::{
+    Access, EngineConfig, EngineError, Error, Node, Reason, RemoteRegion, SendWr, VqpError, Wc,
+    WcStatus,
+};
+
+fn pair() -> (Node, Node) {
+    let server = Node::builder()
+        .fabric("sim:mem")
+        .host_meta()
+        .build()
+        .unwrap();
+    let client = Node::builder().join(&server).build().unwrap();
+    (server, client)
+}
+
+#[test]
+fn tokens_round_trip_through_serde() {
+    let (server, _) = pair();
+    let region = server.alloc(4096, Access::ALL).unwrap();
+    let token = region.remote_region(64, 128, Access::REMOTE_READ).unwrap();
+    let json = serde_json::to_string(&token).unwrap();
+    let back: RemoteRegion = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, token);
+    assert_eq!(back.gid, server.gid());
+    assert_eq!(back.at(8).addr, region.remote_addr(72).addr);
+    assert!(matches!(
+        region.remote_region(4000, 128, Access::REMOTE_READ),
+        Err(Error::OutOfRange { .. })
+    ));
+}
+
+#[test]
+fn a_token_bounds_every_operation_through_the_precheck() {
+    let (server, client) = pair();
+    let region = server.alloc(4096, Access::ALL).unwrap();
+    // A read-only token over 64..128.
+    let token = region.remote_region(64, 64, Access::REMOTE_READ).unwrap();
+    let vqp = client.connect(server.gid()).unwrap();
+    let buf = client.alloc(64, Access::LOCAL_WRITE).unwrap();
+    vqp.read(&buf, 0, &token, 0, 64).unwrap().wait().unwrap();
+    // The high-level layer checks ranges itself...
+    assert!(matches!(
+        vqp.read(&buf, 0, &token, 60, 8),
+        Err(Error::OutOfRange { .. })
+    ));
+    // ...and the engine's pre-check enforces the grant's access flags.
+    match vqp.write(&buf, 0, &token, 0, 8) {
+        Err(Error::Vqp(VqpError::Rejected(r))) => {
+            assert!(
+                matches!(r.reason, Reason::RemoteAccessMissing { .. }),
+                "{r}"
+            )
+        }
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+    // Hand-built WRs outside the known grant are rejected too.
+    let mut wr = [SendWr::read(1, buf.sge(0, 8).unwrap(), token.at(64))];
+    match vqp.post(&mut wr) {
+        Err(Error::Vqp(VqpError::Rejected(r))) => {
+            assert!(matches!(r.reason, Reason::RemoteOutOfGrant { .. }), "{r}")
+        }
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+    assert_eq!(client.counters().error_completions, 0);
+}
+
+#[test]
+fn requests_and_user_completions_do_not_mix() {
+    let (server, client) = pair();
+    let region = server.alloc(4096, Access::ALL).unwrap();
+    let token = region.token();
+    let vqp = client.connect(server.gid()).unwrap();
+    let buf = client.alloc(256, Access::LOCAL_WRITE).unwrap();
+    let mut req = vqp.fetch_add(&token, 0, 5).unwrap();
+    let mut wrs = [SendWr::read(77, buf.sge(0, 8).unwrap(), token.at(8))];
+    vqp.post(&mut wrs).unwrap();
+    let mut wc = [Wc::default(); 8];
+    let mut got = Vec::new();
+    while got.is_empty() {
+        let n = vqp.poll(&mut wc).unwrap();
+        got.extend_from_slice(&wc[..n]);
+    }
+    assert_eq!(got.len(), 1, "only the user's completion: {got:?}");
+    assert_eq!(got[0].wr_id, 77);
+    let done = req.wait_timeout(Duration::from_secs(5)).unwrap().unwrap();
+    assert_eq!(done.old_value, Some(0));
+    assert_eq!(region.load_u64(0).unwrap(), 5);
+    assert!(req.try_wait().unwrap().is_some(), "stays finished");
+    // Dropped requests do not leak into later polls.
+    drop(vqp.fetch_add(&token, 0, 1).unwrap());
+    assert_eq!(vqp.poll(&mut wc).unwrap(), 0);
+    // The reserved bit is refused at the verbs layer.
+    let mut wrs = [SendWr::read(
+        krcore::REQUEST_WR_ID_BIT | 1,
+        buf.sge(0, 8).unwrap(),
+        token.at(8),
+    )];
+    assert!(matches!(vqp.post(&mut wrs), Err(Error::ReservedWrId(_))));
+}
+
+#[test]
+fn many_requests_in_flight_keep_their_old_values() {
+    let (server, client) = pair();
+    let region = server.alloc(4096, Access::ALL).unwrap();
+    let token = region.token();
+    let vqp = client.connect(server.gid()).unwrap();
+    let mut olds = Vec::new();
+    // 3 x 300 in flight: more than the VQP's depth (128) at once.
+    for _ in 0..3 {
+        let reqs: Vec<_> = (0..300)
+            .map(|_| vqp.fetch_add(&token, 8, 1).unwrap())
+            .collect();
+        for r in reqs {
+            olds.push(r.wait().unwrap().old_value.unwrap());
+        }
+    }
+    olds.sort_unstable();
+    assert_eq!(
+        olds,
+        (0..900).collect::<Vec<u64>>(),
+        "each FAA saw a distinct value"
+    );
+}
+
+#[test]
+fn a_failed_request_is_a_typed_error() {
+    let (server, client) = pair();
+    let region = server.alloc(4096, Access::ALL).unwrap();
+    let token = region.token();
+    let vqp = client.connect(server.gid()).unwrap();
+    let buf = client.alloc(64, Access::LOCAL_WRITE).unwrap();
+    server.engine().nic().kill();
+    match vqp.read(&buf, 0, &token, 0, 8).unwrap().wait() {
+        Err(Error::Failed { status, .. }) => assert_eq!(status, WcStatus::RetryExcErr),
+        other => panic!("expected a failed request, got {other:?}"),
+    }
+    // The target was invalidated; the dead node's meta table is gone too.
+    assert!(vqp.target().is_none());
+    assert!(matches!(
+        vqp.connect(server.gid()),
+        Err(Error::Engine(EngineError::MetaUnavailable { .. }))
+    ));
+}
+
+#[test]
+fn builder_settings_are_checked() {
+    let (server, _) = pair();
+    let err = Node::builder()
+        .join(&server)
+        .host_meta()
+        .build()
+        .unwrap_err();
+    assert!(matches!(err, Error::Builder(_)), "{err}");
+    let err = Node::builder().fabric("tcp:nope").build().unwrap_err();
+    assert!(matches!(err, Error::Nic(_)), "{err}");
+    // Without a meta server, connects can only hit the cache.
+    let lonely = Node::builder().build().unwrap();
+    let err = lonely.connect(server.gid()).unwrap_err();
+    assert!(
+        matches!(err, Error::Engine(EngineError::NoMetaServer { .. })),
+        "{err}"
+    );
+}
+
+#[test]
+fn any_nic_through_with_nic() {
+    let (server, _) = pair();
+    let nic = SimNic::open(server.fabric().unwrap(), Default::default()).unwrap();
+    let cfg = EngineConfig::default().with_meta(server.meta_location().unwrap());
+    let node: Node<SimNic> = Node::with_nic(nic, cfg).unwrap();
+    let region = server.alloc(64, Access::ALL).unwrap();
+    region.write(0, b"generic!").unwrap();
+    let vqp = node.connect(server.gid()).unwrap();
+    let buf = node.alloc(8, Access::LOCAL_WRITE).unwrap();
+    vqp.read(&buf, 0, &region.token(), 0, 8)
+        .unwrap()
+        .wait()
+        .unwrap();
+    let mut got = [0u8; 8];
+    buf.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"generic!");
+}
