@@ -81,7 +81,10 @@ pub enum ConnectError {
 ///
 /// # Errors
 /// Provider or socket failures.
-pub fn rc_connect_over_tcp<N: Nic>(client: &RcEndpoint<N>, server: &RcEndpoint<N>) -> Result<(N::Qp, N::Qp), ConnectError>
+pub fn rc_connect_over_tcp<N: Nic>(
+    client: &RcEndpoint<N>,
+    server: &RcEndpoint<N>,
+) -> Result<(N::Qp, N::Qp), ConnectError>
 where
     N::Qp: Send,
     N::Pd: Sync,
@@ -140,7 +143,8 @@ mod tests {
         let mr = a.alloc_mr(&ea.pd, 64, Access::ALL).unwrap();
         let target = b.alloc_mr(&eb.pd, 64, Access::ALL).unwrap();
         target.write(0, b"baseline").unwrap();
-        qa.post_send(&[SendWr::read(1, mr.sge(0, 8).unwrap(), target.remote(0))]).unwrap();
+        qa.post_send(&[SendWr::read(1, mr.sge(0, 8).unwrap(), target.remote(0))])
+            .unwrap();
         assert_eq!(poll_one(&ea.cq).status, WcStatus::Success);
         let mut got = [0u8; 8];
         mr.read(0, &mut got).unwrap();

@@ -24,18 +24,20 @@
 //! # Quick start
 //!
 //! ```
-//! use krcore_kmod::{Engine, EngineConfig, LocalMetaServer};
-//! use krcore_meta::table::Geometry;
+//! use krcore_kmod::{Engine, EngineConfig, MetaLocation};
+//! use krcore_meta::{MetaConfig, MetaServer};
 //! use krcore_nic::sim::{SimConfig, SimFabric, SimNic};
 //! use krcore_nic::{Access, MemoryRegion, Nic, SendWr, Wc};
 //!
 //! let fabric = SimFabric::in_memory();
 //! let node = || SimNic::open(&fabric, SimConfig::default()).unwrap();
-//! // The meta table (an embedded one here), a memory node registered in it.
-//! let meta = LocalMetaServer::start(node(), Geometry::with_buckets(64).unwrap())?;
-//! let cfg = || EngineConfig::default().with_meta(meta.location());
+//! // The meta server (hosted in this process), a memory node registered in
+//! // its table by a local call (remote nodes register over two-sided RPC).
+//! let mut meta = MetaServer::start(node(), MetaConfig::default()).unwrap();
+//! let location = MetaLocation::from_bootstrap(&meta.bootstrap())?;
+//! let cfg = || EngineConfig::default().with_meta(location);
 //! let server = Engine::start(node(), cfg())?;
-//! meta.register(server.local_target(), 60_000, 0).unwrap();
+//! meta.table_mut().register(server.local_target(), 0, 60_000, 0).unwrap();
 //! let remote = server.alloc_mr(4096, Access::ALL)?;
 //!
 //! let client = Engine::start(node(), cfg())?;
@@ -71,8 +73,8 @@
 //!
 //! - [`engine`]: [`Engine`] and [`Vqp`], the host: which lock guards what,
 //!   how completions are routed, what is cached, and how a DCI in ERR is
-//!   recovered are in its module docs. [`LocalMetaServer`] is an embedded
-//!   meta table for tests and single-process programs.
+//!   recovered are in its module docs. The meta server itself is
+//!   `krcore_meta::MetaServer`; the engine only reads its table.
 //!
 //! Each module documents its invariants; each is tested against a reference
 //! model or, for the host, by scripted scenarios on the `sim` provider
@@ -167,7 +169,6 @@
 pub mod credits;
 pub mod dccache;
 pub mod engine;
-pub mod local_meta;
 pub mod precheck;
 mod sync;
 pub mod wrid;
@@ -176,7 +177,6 @@ pub use engine::{
     DciStats, Engine, EngineConfig, EngineError, EngineStats, MetaFailure, MetaLocation, MetaStats,
     OwnedMr, Vqp, VqpError, DCIS_PER_CPU, DEFAULT_DC_KEY,
 };
-pub use local_meta::LocalMetaServer;
 
 pub use credits::{CreditError, PostedWr, QueueView, SendQueueCredits};
 pub use dccache::{CachedTarget, DcCache, Insert, Lookup, MetaEpoch};

@@ -101,7 +101,7 @@ fn a_dead_meta_server_is_typed_and_bounded() {
     v.connect(mem.gid()).unwrap();
     let other = c.memory_node(64);
 
-    c.meta.nic().kill();
+    c.meta_nic().kill();
     let start = Instant::now();
     let err = client
         .create_vqp()
@@ -137,8 +137,7 @@ fn a_dead_meta_server_is_typed_and_bounded() {
 /// Opens the entry's seqlock (both version copies odd), as a writer in the
 /// middle of a rewrite leaves it.
 fn open_entry(c: &Cluster, gid: &Gid) -> (usize, u64) {
-    let off = c.meta.entry_offset(gid).expect("entry");
-    let mr = c.meta.table_mr();
+    let (mr, off) = c.entry(gid);
     let v = mr.load_u64(off).unwrap();
     mr.store_u64(off, v + 1).unwrap();
     mr.store_u64(off + 56, v + 1).unwrap();
@@ -146,7 +145,7 @@ fn open_entry(c: &Cluster, gid: &Gid) -> (usize, u64) {
 }
 
 fn close_entry(c: &Cluster, (off, v): (usize, u64)) {
-    let mr = c.meta.table_mr();
+    let mr = c.meta.lock().table_mr().clone();
     mr.store_u64(off + 56, v).unwrap();
     mr.store_u64(off, v).unwrap();
 }
@@ -205,7 +204,7 @@ fn concurrent_rewrites_never_yield_a_mixed_entry() {
         dct_num: 1000 + i,
         dc_key: 0xabc0_0000 + u64::from(i),
     };
-    c.meta.register(target(0), 1 << 40, 0).unwrap();
+    c.register(target(0), 1 << 40, 0).unwrap();
     let client = c.engine(config(|c| {
         c.meta_retries = 100_000;
         c.meta_backoff = Duration::ZERO;
@@ -217,7 +216,7 @@ fn concurrent_rewrites_never_yield_a_mixed_entry() {
             let mut i = 0;
             while !stop.load(Ordering::Relaxed) {
                 i += 1;
-                c.meta.register(target(i % 2), 1 << 40, 0).unwrap();
+                c.register(target(i % 2), 1 << 40, 0).unwrap();
             }
             i
         })
@@ -249,9 +248,9 @@ fn an_expired_lease_is_unknown_once_the_cache_entry_is_invalidated() {
     let v = client.create_vqp().unwrap();
     // A node with a short lease.
     let short = c.engine(EngineConfig::default().with_pool_size(1));
-    c.meta.register(short.local_target(), 100, 0).unwrap();
+    c.register(short.local_target(), 100, 0).unwrap();
     v.connect(short.gid()).unwrap();
-    assert_eq!(c.meta.sweep(1_000), vec![short.gid()]);
+    assert_eq!(c.sweep(1_000), vec![short.gid()]);
     // Cached: still resolves without the network (KRCore caches until told).
     let (r, d) = counted(client.nic(), || v.connect(short.gid()));
     r.unwrap();
@@ -269,7 +268,7 @@ fn an_expired_lease_is_unknown_once_the_cache_entry_is_invalidated() {
     // WR to it fails with RETRY_EXC_ERR, which invalidates the entry and
     // disconnects the VQP; connecting again reports the node unknown.
     v.connect(mem.gid()).unwrap();
-    c.meta.deregister(&mem.gid()).unwrap();
+    c.deregister(&mem.gid()).unwrap();
     mem.engine.nic().kill();
     let buf = client.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
     v.post_send(&mut [SendWr::read(5, buf.sge(0, 8).unwrap(), mem.mr.remote(0))])
@@ -303,7 +302,7 @@ fn a_restarted_target_is_found_again_with_a_newer_epoch() {
     let nic = c.nic();
     let first = Engine::start(nic.clone(), EngineConfig::default().with_pool_size(1)).unwrap();
     let mr = first.alloc_mr(64, Access::ALL).unwrap();
-    let lease1 = c.meta.register(first.local_target(), 1 << 40, 0).unwrap();
+    let lease1 = c.register(first.local_target(), 1 << 40, 0).unwrap();
     let client = c.engine(EngineConfig::default());
     let v = client.create_vqp().unwrap();
     v.connect(nic.gid()).unwrap();
@@ -313,7 +312,7 @@ fn a_restarted_target_is_found_again_with_a_newer_epoch() {
     let second = Engine::start(nic.clone(), EngineConfig::default().with_pool_size(1)).unwrap();
     drop(first);
     assert_ne!(second.local_target(), v.target().unwrap().target);
-    let lease2 = c.meta.register(second.local_target(), 1 << 40, 0).unwrap();
+    let lease2 = c.register(second.local_target(), 1 << 40, 0).unwrap();
     assert!(lease2.epoch > lease1.epoch);
 
     let buf = client.alloc_mr(8, Access::LOCAL_WRITE).unwrap();

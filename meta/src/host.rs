@@ -38,7 +38,7 @@ use crate::ud::{Incoming, UdEndpoint};
 use crate::wire::{BootstrapRepr, ErrorCode, Message};
 use krcore_nic::sim::SimFabric;
 use krcore_nic::{
-    bring_up, Access, DcTarget, MemoryRegion, Nic, QpCaps, QpInit, QpType, QueuePair, UdTarget,
+    bring_up, Access, DcTarget, Gid, MemoryRegion, Nic, QpCaps, QpInit, QpType, QueuePair, UdTarget,
 };
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -271,9 +271,28 @@ impl<N: Nic> MetaServer<N> {
         &self.table
     }
 
+    /// The registered region holding the table.
+    pub fn table_mr(&self) -> &N::Mr {
+        self.table().memory().mr()
+    }
+
+    /// Byte offset in the table MR of the entry that holds `gid`, if any
+    /// (for tests that tamper with an entry).
+    pub fn entry_offset(&self, gid: &Gid) -> Option<usize> {
+        let g = self.geometry();
+        let bucket = g.bucket_of(gid);
+        (0..g.slots_per_bucket()).find_map(|slot| {
+            let off = g.entry_offset(bucket, slot) as usize;
+            let mut got = [0u8; 16];
+            self.table_mr().read(off + 8, &mut got).ok()?;
+            (got == *gid.as_bytes()).then_some(off)
+        })
+    }
+
     /// The table engine, for registrations made by the host itself (its own
-    /// node, tests). Every change is a seqlock write into the MR clients
-    /// READ, exactly as for a request.
+    /// node, an embedded server's nodes in the same process, tests; remote
+    /// nodes use [`crate::MetaRpc`]). Every change is a seqlock write into
+    /// the MR clients READ, exactly as for a request.
     pub fn table_mut(&mut self) -> &mut MetaTable<MrTable<N::Mr>> {
         &mut self.table
     }

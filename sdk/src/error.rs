@@ -13,6 +13,9 @@ pub enum Error {
     /// Starting the engine, connecting, registering memory.
     #[error(transparent)]
     Engine(#[from] EngineError),
+    /// The embedded meta server could not start.
+    #[error(transparent)]
+    Meta(#[from] krcore_meta::MetaError),
     /// Posting or polling on a VQP (pre-check rejections included).
     #[error(transparent)]
     Vqp(#[from] VqpError),

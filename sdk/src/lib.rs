@@ -77,7 +77,7 @@
 //!
 //! A node reads the meta table at [`NodeBuilder::meta`]; for single-process
 //! programs and tests, [`NodeBuilder::host_meta`] puts an embedded table
-//! ([`LocalMetaServer`]) on the node and [`NodeBuilder::join`] shares it.
+//! ([`MetaHost`], the real meta server hosted in-process) on the node and [`NodeBuilder::join`] shares it.
 //!
 //! # Thread safety
 //!
@@ -106,12 +106,12 @@ mod vqp;
 
 pub use error::{Error, Result};
 pub use memory::{MemoryRegion, RemoteRegion};
-pub use node::{Node, NodeBuilder};
+pub use node::{MetaHost, Node, NodeBuilder};
 pub use vqp::{Completion, Request, Vqp, REQUEST_WR_ID_BIT};
 
 pub use krcore_kmod::{
-    EngineConfig, EngineError, EngineStats, LocalMetaServer, MetaFailure, MetaLocation, Reason,
-    Rejection, RemoteGrant, VqpError,
+    EngineConfig, EngineError, EngineStats, MetaFailure, MetaLocation, Reason, Rejection,
+    RemoteGrant, VqpError,
 };
 pub use krcore_meta::table::Geometry;
 pub use krcore_nic::{

@@ -2,14 +2,21 @@
 
 use std::sync::Arc;
 
-use krcore_kmod::{Engine, EngineConfig, LocalMetaServer, MetaLocation};
+use krcore_kmod::{Engine, EngineConfig, MetaLocation};
 use krcore_meta::table::Geometry;
+use krcore_meta::{MetaConfig, MetaServer};
 use krcore_nic::sim::{SimConfig, SimFabric, SimNic};
 use krcore_nic::{Access, DcTarget, Gid, Nic};
+use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
 use crate::memory::MemoryRegion;
 use crate::vqp::Vqp;
+
+/// An embedded meta server hosted by a node of this process: the real
+/// server (same table, same one-sided READ path for clients), with nodes of
+/// the process registered by local calls through [`MetaServer::table_mut`].
+pub type MetaHost<N> = Mutex<MetaServer<N>>;
 
 /// Lease of a registration made by the builder in an embedded meta table
 /// (its clock is the caller's: the builder registers at time 0).
@@ -21,7 +28,7 @@ const EMBEDDED_BUCKETS: u32 = 1024;
 struct NodeInner<N: Nic> {
     engine: Engine<N>,
     fabric: Option<SimFabric>,
-    meta_host: Option<Arc<LocalMetaServer<N>>>,
+    meta_host: Option<Arc<MetaHost<N>>>,
 }
 
 /// One node: a NIC port, its KRCore engine, and (on `sim`) its fabric.
@@ -96,7 +103,7 @@ impl<N: Nic> Node<N> {
 
     /// The meta table this node hosts, if it was built with
     /// [`NodeBuilder::host_meta`].
-    pub fn meta_server(&self) -> Option<&LocalMetaServer<N>> {
+    pub fn meta_server(&self) -> Option<&MetaHost<N>> {
         self.inner.meta_host.as_deref()
     }
 
@@ -139,8 +146,10 @@ impl<N: Nic> Node<N> {
     ///
     /// # Errors
     /// [`Error::Register`].
-    pub fn register_in(&self, meta: &LocalMetaServer<N>) -> Result<()> {
-        meta.register(self.local_target(), EMBEDDED_LEASE_MS, 0)
+    pub fn register_in(&self, meta: &MetaHost<N>) -> Result<()> {
+        meta.lock()
+            .table_mut()
+            .register(self.local_target(), 0, EMBEDDED_LEASE_MS, 0)
             .map(|_| ())
             .map_err(|source| Error::Register {
                 gid: self.gid(),
@@ -266,13 +275,16 @@ impl NodeBuilder {
                     "host_meta and a meta location exclude each other",
                 ));
             }
-            let host = LocalMetaServer::start(
+            let host = MetaServer::start(
                 nic.clone(),
-                Geometry::with_buckets(EMBEDDED_BUCKETS)
-                    .map_err(|_| Error::Builder("embedded meta geometry"))?,
+                MetaConfig {
+                    geometry: Geometry::with_buckets(EMBEDDED_BUCKETS)
+                        .map_err(|_| Error::Builder("embedded meta geometry"))?,
+                    ..MetaConfig::default()
+                },
             )?;
-            config.meta = Some(host.location());
-            Some(Arc::new(host))
+            config.meta = Some(MetaLocation::from_bootstrap(&host.bootstrap())?);
+            Some(Arc::new(Mutex::new(host)))
         } else {
             joined_meta_host
         };

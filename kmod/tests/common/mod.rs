@@ -1,21 +1,28 @@
-//! A small deterministic cluster on a `sim:mem` fabric: one meta node holding
-//! the meta table ([`LocalMetaServer`]), memory nodes running an engine and
-//! registered in the table, and client engines.
+//! A small deterministic cluster on a `sim:mem` fabric: one meta node running
+//! the meta server (not polled: nodes register by local calls into its
+//! table), memory nodes running an engine and registered in the table, and
+//! client engines.
 #![allow(dead_code)]
 
 use std::time::{Duration, Instant};
 
-use krcore_kmod::{Engine, EngineConfig, LocalMetaServer, OwnedMr, RemoteGrant, Vqp};
+use krcore_kmod::{Engine, EngineConfig, MetaLocation, OwnedMr, RemoteGrant, Vqp};
+use krcore_meta::engine::{Lease, TableError};
+use krcore_meta::entry::EntryRepr;
 use krcore_meta::table::Geometry;
+use krcore_meta::{MetaConfig, MetaServer};
 use krcore_nic::sim::{SimConfig, SimFabric, SimNic};
 use krcore_nic::{Access, MemoryRegion, Nic, Wc};
+use krcore_nic::{DcTarget, Gid};
+use parking_lot::Mutex;
 
 /// How long a test waits for completions before failing.
 pub const WAIT: Duration = Duration::from_secs(10);
 
 pub struct Cluster {
     pub fabric: SimFabric,
-    pub meta: LocalMetaServer<SimNic>,
+    pub meta: Mutex<MetaServer<SimNic>>,
+    pub location: MetaLocation,
 }
 
 /// A node whose memory peers reach: an engine (for its DCT) and one MR.
@@ -44,8 +51,51 @@ impl Cluster {
     pub fn new() -> Cluster {
         let fabric = SimFabric::in_memory();
         let nic = SimNic::open(&fabric, SimConfig::default()).expect("meta node");
-        let meta = LocalMetaServer::start(nic, Geometry::with_buckets(64).unwrap()).expect("meta");
-        Cluster { fabric, meta }
+        let cfg = MetaConfig {
+            geometry: Geometry::with_buckets(64).unwrap(),
+            ..MetaConfig::default()
+        };
+        let meta = MetaServer::start(nic, cfg).expect("meta");
+        let location = MetaLocation::from_bootstrap(&meta.bootstrap()).expect("location");
+        Cluster {
+            fabric,
+            meta: Mutex::new(meta),
+            location,
+        }
+    }
+
+    /// Registers `target` in the table at time `now_ms`.
+    pub fn register(
+        &self,
+        target: DcTarget,
+        lease_ms: u64,
+        now_ms: u64,
+    ) -> Result<Lease, TableError> {
+        self.meta
+            .lock()
+            .table_mut()
+            .register(target, 0, lease_ms, now_ms)
+    }
+
+    /// Removes `gid` from the table.
+    pub fn deregister(&self, gid: &Gid) -> Result<EntryRepr, TableError> {
+        self.meta.lock().table_mut().deregister(gid)
+    }
+
+    /// Sweeps leases expired at `now_ms`.
+    pub fn sweep(&self, now_ms: u64) -> Vec<Gid> {
+        self.meta.lock().table_mut().sweep(now_ms)
+    }
+
+    /// The meta node's NIC.
+    pub fn meta_nic(&self) -> SimNic {
+        self.meta.lock().nic().clone()
+    }
+
+    /// The table MR and the offset of `gid`'s entry in it.
+    pub fn entry(&self, gid: &Gid) -> (<SimNic as krcore_nic::Nic>::Mr, usize) {
+        let m = self.meta.lock();
+        (m.table_mr().clone(), m.entry_offset(gid).expect("entry"))
     }
 
     pub fn nic(&self) -> SimNic {
@@ -54,7 +104,7 @@ impl Cluster {
 
     /// An engine on a new node, pointed at the meta table.
     pub fn engine(&self, cfg: EngineConfig) -> Engine<SimNic> {
-        Engine::start(self.nic(), cfg.with_meta(self.meta.location())).expect("engine")
+        Engine::start(self.nic(), cfg.with_meta(self.location)).expect("engine")
     }
 
     /// A memory node with an `len`-byte MR (every access), registered in the
@@ -62,8 +112,7 @@ impl Cluster {
     pub fn memory_node(&self, len: usize) -> MemNode {
         let engine = self.engine(EngineConfig::default().with_pool_size(1));
         let mr = engine.alloc_mr(len, Access::ALL).expect("MR");
-        self.meta
-            .register(engine.local_target(), 1 << 40, 0)
+        self.register(engine.local_target(), 1 << 40, 0)
             .expect("register");
         MemNode { engine, mr }
     }
