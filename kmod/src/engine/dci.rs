@@ -23,7 +23,7 @@
 //!   as `WR_FLUSH_ERR` to its owner, and brings the QP back to RTS, so the
 //!   pool keeps working. (Re-posting flushed WRs is a later step.)
 
-use std::collections::HashMap;
+use super::idhash::IdMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -72,11 +72,14 @@ pub struct DciStats {
 
 pub(crate) struct DciState {
     credits: SendQueueCredits,
-    vqps: HashMap<VqpId, Arc<VqpShared>>,
+    vqps: IdMap<VqpId, Arc<VqpShared>>,
     mr_generation: u64,
     mrs: MrSnapshot,
     needs_recovery: bool,
     stats: DciStats,
+    /// Any instant: the `now` handed to the pre-check when the VQP knows no
+    /// grants (nothing can expire then).
+    epoch: Instant,
 }
 
 pub(crate) struct Dci<N: Nic> {
@@ -131,7 +134,8 @@ impl<N: Nic> Dci<N> {
             cq,
             state: Mutex::new(DciState {
                 credits: SendQueueCredits::new(depth),
-                vqps: HashMap::new(),
+                vqps: IdMap::default(),
+                epoch: Instant::now(),
                 mr_generation: u64::MAX,
                 mrs: MrSnapshot::default(),
                 needs_recovery: false,
@@ -261,7 +265,13 @@ impl<N: Nic> Dci<N> {
         v: &VqpState,
         wrs: &[SendWr],
     ) -> Result<Plan, VqpError> {
-        let now = Instant::now();
+        // Grants are the only thing that expires: read the clock only when
+        // the VQP knows some (a clock read per post is measurable).
+        let now = if v.grants.is_empty() {
+            st.epoch
+        } else {
+            Instant::now()
+        };
         let queue = st.credits.view();
         if eng.cfg.precheck {
             Precheck {
@@ -412,12 +422,28 @@ fn route(cache: &DcCache, st: &mut DciState, wc: &Wc) {
             return;
         }
     };
+    // Delivering a WR retires every earlier WR of its VQP (they completed
+    // silently before it), so only the last WR of each run of one VQP's WRs
+    // needs a delivery: one map lookup and one VQP lock per run, not per WR.
     let len = retired.len();
+    let mut run: Option<(PhysWrId, usize)> = None;
     for (i, (_, posted)) in retired.enumerate() {
-        let last = i + 1 == len;
-        let status = if last { wc.status } else { WcStatus::Success };
-        if !deliver(cache, vqps, posted.wr_id, status, last.then_some(wc)) {
-            stats.orphaned += 1;
+        let wr = posted.wr_id;
+        if let Some((prev, n)) = run {
+            if prev.vqp() != wr.vqp() {
+                if !deliver(cache, vqps, prev, WcStatus::Success, None) {
+                    stats.orphaned += n as u64;
+                }
+                run = None;
+            }
+        }
+        run = Some((wr, run.map_or(1, |(_, n)| n + 1)));
+        if i + 1 == len {
+            if let Some((last, n)) = run.take() {
+                if !deliver(cache, vqps, last, wc.status, Some(wc)) {
+                    stats.orphaned += n as u64;
+                }
+            }
         }
     }
 }
@@ -427,7 +453,7 @@ fn route(cache: &DcCache, st: &mut DciState, wc: &Wc) {
 /// VQP's ring. Returns false when the VQP is gone or does not know the WR.
 fn deliver(
     cache: &DcCache,
-    vqps: &HashMap<VqpId, Arc<VqpShared>>,
+    vqps: &IdMap<VqpId, Arc<VqpShared>>,
     wr: PhysWrId,
     status: WcStatus,
     wc: Option<&Wc>,

@@ -39,6 +39,7 @@
 
 mod dci;
 mod error;
+mod idhash;
 mod meta;
 mod mrs;
 mod vqp;

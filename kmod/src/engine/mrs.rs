@@ -11,7 +11,7 @@
 //! concurrently with a post may still pass that post's pre-check (the race
 //! is the caller's: it dropped memory it was posting from).
 
-use std::collections::HashMap;
+use super::idhash::IdMap;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -23,7 +23,7 @@ use crate::precheck::{LocalMr, LocalMrTable};
 
 /// An immutable snapshot of the owned MRs, by lkey.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct MrSnapshot(Arc<HashMap<u32, LocalMr>>);
+pub(crate) struct MrSnapshot(Arc<IdMap<u32, LocalMr>>);
 
 impl LocalMrTable for MrSnapshot {
     fn lookup(&self, lkey: u32) -> Option<LocalMr> {
@@ -63,7 +63,7 @@ impl MrRegistry {
         (self.generation.load(Ordering::Acquire), map.clone())
     }
 
-    fn update(&self, f: impl FnOnce(&mut HashMap<u32, LocalMr>)) {
+    fn update(&self, f: impl FnOnce(&mut IdMap<u32, LocalMr>)) {
         let mut map = self.map.lock();
         f(Arc::make_mut(&mut map.0));
         self.generation.fetch_add(1, Ordering::Release);

@@ -68,6 +68,9 @@ struct CachedDst {
     state: u64,
     pd: u32,
     access: Access,
+    /// The destination's key (a DCT's `dc_key`, a UD QP's qkey; 0 for RC),
+    /// fixed for the state word's generation; checked against every WR.
+    key: u64,
 }
 
 /// A resolved MR, kept while the MR's state word is unchanged (its fields
@@ -463,7 +466,12 @@ impl Exec<'_> {
         let raw = te.state_raw();
         if let Some(d) = self.st.target.dst {
             if d.node == nk && d.qpn == dst_qpn && d.state == raw {
-                return Ok((d, (raw >> 16) as u32));
+                return match q.qp_type {
+                    _ if d.key == key => Ok((d, (raw >> 16) as u32)),
+                    QpType::Dci => Err(DstError::KeyMismatch),
+                    QpType::Ud => Err(DstError::Unreachable),
+                    _ => Ok((d, (raw >> 16) as u32)),
+                };
             }
         }
         let Some((te, tsw)) = QpEntry::by_qpn(ctl_seg, dst_qpn) else {
@@ -496,9 +504,9 @@ impl Exec<'_> {
             state: te.state_raw(),
             pd: te.pd(),
             access: te.access(),
+            key,
         };
-        // A DCT's key is per WR: cache only what does not depend on it.
-        if q.qp_type != QpType::Dci && d.state == raw {
+        if d.state == raw {
             self.st.target.dst = Some(d);
         }
         Ok((d, tsw.gen))
