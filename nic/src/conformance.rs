@@ -72,28 +72,33 @@ impl<N: Nic + Clone> Side<N> {
     }
 }
 
-/// Connects an RC pair between `a` and `b` (both brought to RTS).
-pub fn rc_pair<N: Nic + Clone>(a: &Side<N>, b: &Side<N>, caps: QpCaps) -> (N::Qp, N::Qp) {
-    let qa = a.qp(QpType::Rc, caps, None, 0);
-    let qb = b.qp(QpType::Rc, caps, None, 0);
+/// Brings two RC QPs in RESET up to RTS, each connected to the other.
+pub fn connect_rc<Q: QueuePair>(qa: &Q, gid_a: Gid, qb: &Q, gid_b: Gid) {
     bring_up(
-        &qa,
+        qa,
         Access::ALL,
         Some(RcPeer {
-            gid: b.nic.gid(),
+            gid: gid_b,
             qpn: qb.qpn(),
         }),
     )
     .expect("bring up a");
     bring_up(
-        &qb,
+        qb,
         Access::ALL,
         Some(RcPeer {
-            gid: a.nic.gid(),
+            gid: gid_a,
             qpn: qa.qpn(),
         }),
     )
     .expect("bring up b");
+}
+
+/// Connects an RC pair between `a` and `b` (both brought to RTS).
+pub fn rc_pair<N: Nic + Clone>(a: &Side<N>, b: &Side<N>, caps: QpCaps) -> (N::Qp, N::Qp) {
+    let qa = a.qp(QpType::Rc, caps, None, 0);
+    let qb = b.qp(QpType::Rc, caps, None, 0);
+    connect_rc(&qa, a.nic.gid(), &qb, b.nic.gid());
     (qa, qb)
 }
 
@@ -319,24 +324,7 @@ pub fn srq_shared<N: Nic + Clone>(a: &N, b: &N) {
     for _ in 0..2 {
         let qa = sa.qp(QpType::Rc, caps, None, 0);
         let qb = sb.qp(QpType::Rc, caps, Some(&srq), 0);
-        bring_up(
-            &qa,
-            Access::ALL,
-            Some(RcPeer {
-                gid: b.gid(),
-                qpn: qb.qpn(),
-            }),
-        )
-        .unwrap();
-        bring_up(
-            &qb,
-            Access::ALL,
-            Some(RcPeer {
-                gid: a.gid(),
-                qpn: qa.qpn(),
-            }),
-        )
-        .unwrap();
+        connect_rc(&qa, a.gid(), &qb, b.gid());
         pairs.push((qa, qb));
     }
     srq.post_recv(&[
@@ -859,24 +847,7 @@ pub fn cq_overflow<N: Nic + Clone>(a: &N, b: &N) {
         )
         .unwrap();
     let qb = sb.qp(QpType::Rc, caps, None, 0);
-    bring_up(
-        &qa,
-        Access::ALL,
-        Some(RcPeer {
-            gid: b.gid(),
-            qpn: qb.qpn(),
-        }),
-    )
-    .unwrap();
-    bring_up(
-        &qb,
-        Access::ALL,
-        Some(RcPeer {
-            gid: a.gid(),
-            qpn: qa.qpn(),
-        }),
-    )
-    .unwrap();
+    connect_rc(&qa, a.gid(), &qb, b.gid());
     let batch: Vec<SendWr> = (0..(depth * 2) as u64)
         .map(|i| SendWr::read(i, sa.mr.sge(0, 8).unwrap(), sb.mr.remote(0)))
         .collect();
