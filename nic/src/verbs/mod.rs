@@ -28,7 +28,8 @@
 //!   them as ONE `ibv_post_send` chain (one doorbell) built in a per-QP
 //!   reusable buffer; `bad_wr` becomes the [`crate::PostError`] index.
 //! - RoCE: every address vector is global (GRH with the peer's GID and our
-//!   GID index); RC uses the port's active MTU (1024 on rxe), PSN
+//!   GID index); RC uses the port's active MTU (4096 for rxe on `lo` in
+//!   the Soft-RoCE guest, 1024 for rxe on a 1500-byte Ethernet netdev), PSN
 //!   `ffi::PSN` on both sides, ACK timeout 14 (67 ms), retry counts from
 //!   [`crate::Transition::Rts`]. UD address handles are cached per QP by GID.
 //! - CQ overflow: a thread per context reads async events; `IBV_EVENT_CQ_ERR`
@@ -41,6 +42,15 @@
 //!   are kept per QP under its send lock and summed by `counters()`. READs,
 //!   WRITEs, atomics and bytes are counted when posted (a real NIC does not
 //!   report unsignaled successes).
+//!
+//! ## Where a device departs from the sim (seen on rxe, kernel 6.1)
+//! - A misaligned atomic is refused at post time (`EINVAL` from rxe's
+//!   user-space provider, reported as `PostErrorKind::Malformed`), not
+//!   completed with `REM_INV_REQ` as on mlx5 and in the sim.
+//! - A remote access error moves the *responder* RC QP to ERR as well (the
+//!   sim leaves the target alone): recovery resets both ends.
+//! - Everything else the conformance suite checks holds unchanged,
+//!   including CQ overflow (rxe raises `IBV_EVENT_CQ_ERR`).
 //!
 //! ## Thread safety
 //! Every handle is `Send + Sync`; posting to one QP is serialized by its send
