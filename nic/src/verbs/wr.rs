@@ -210,7 +210,8 @@ pub(crate) fn post_send(q: &QpInner, wrs: &[SendWr]) -> Result<(), PostError> {
     }
     let (n, refused) = admit(q, st, wrs);
     if n == 0 {
-        return Err(refused.unwrap_or_else(|| bad(0, PostErrorKind::Malformed("empty post"))));
+        // Nothing admitted: an empty slice is a no-op (no doorbell).
+        return refused.map_or(Ok(()), Err);
     }
     let wrs = &wrs[..n];
     // Remember every WR in the ring before the device can complete it.
