@@ -29,6 +29,8 @@ pub mod error;
 pub mod provider;
 pub mod sim;
 pub mod types;
+#[cfg(feature = "verbs")]
+pub mod verbs;
 
 pub use counters::Counters;
 pub use error::{NicError, PostError, PostErrorKind, Result};

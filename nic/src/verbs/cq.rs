@@ -1,0 +1,187 @@
+//! Completion queues: `ibv_poll_cq`, and the translation of device
+//! completions back to the caller's `wr_id`s with send-queue credit release.
+
+use super::device::DeviceInner;
+use super::error::VerbsError;
+use super::ffi::{self, sys};
+use super::qp::SendShared;
+use super::recv::RECV_TAG;
+use crate::error::{NicError, Result};
+use crate::provider::CompletionQueue;
+use crate::types::Wc;
+use parking_lot::RwLock;
+use std::collections::HashMap;
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// Device completions read per `ibv_poll_cq` call.
+const POLL_BATCH: usize = 16;
+
+/// Owner of an `ibv_cq`.
+pub(crate) struct CqInner {
+    pub cq: *mut sys::ibv_cq,
+    depth: u32,
+    /// Send queues completing here, by QP number (credits and `wr_id`s).
+    pub send_qps: RwLock<HashMap<u32, Arc<SendShared>>>,
+    /// Set by the async event thread on `IBV_EVENT_CQ_ERR`, or by a failed
+    /// poll. Sticky.
+    overflowed: Arc<AtomicBool>,
+    pub dev: Arc<DeviceInner>,
+}
+
+// SAFETY: the CQ handle is only passed to thread-safe libibverbs calls
+// (`ibv_poll_cq` on one CQ from several threads is serialized by the
+// provider library's CQ lock).
+unsafe impl Send for CqInner {}
+// SAFETY: as above.
+unsafe impl Sync for CqInner {}
+
+impl Drop for CqInner {
+    fn drop(&mut self) {
+        self.dev.cq_flags.lock().remove(&(self.cq as usize));
+        // SAFETY: `cq` came from `ibv_create_cq`; every QP using it holds
+        // an `Arc` to this struct, so none is left; destroyed once.
+        unsafe { sys::ibv_destroy_cq(self.cq) };
+    }
+}
+
+/// A completion queue of a verbs device.
+#[derive(Clone)]
+pub struct VerbsCq {
+    pub(crate) inner: Arc<CqInner>,
+}
+
+impl std::fmt::Debug for VerbsCq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VerbsCq")
+            .field("depth", &self.inner.depth)
+            .finish()
+    }
+}
+
+impl VerbsCq {
+    pub(crate) fn create(dev: &Arc<DeviceInner>, depth: u32) -> Result<VerbsCq> {
+        if depth == 0 || depth > dev.caps.max_cqe {
+            return Err(NicError::InvalidArgument(format!(
+                "CQ depth {depth} outside 1..={}",
+                dev.caps.max_cqe
+            )));
+        }
+        // SAFETY: valid context; no completion channel, no vector.
+        let cq = unsafe {
+            sys::ibv_create_cq(
+                dev.ctx(),
+                depth as i32,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        if cq.is_null() {
+            return Err(VerbsError::from_os("ibv_create_cq", ffi::errno()).into());
+        }
+        // SAFETY: `cq` is valid; `cqe` is the depth the device granted.
+        let granted = unsafe { (*cq).cqe }.max(depth as i32) as u32;
+        let overflowed = Arc::new(AtomicBool::new(false));
+        dev.cq_flags.lock().insert(cq as usize, overflowed.clone());
+        Ok(VerbsCq {
+            inner: Arc::new(CqInner {
+                cq,
+                depth: granted,
+                send_qps: RwLock::new(HashMap::new()),
+                overflowed,
+                dev: dev.clone(),
+            }),
+        })
+    }
+
+    pub(crate) fn check_device(&self, dev: &Arc<DeviceInner>) -> Result<()> {
+        if Arc::ptr_eq(&self.inner.dev, dev) {
+            Ok(())
+        } else {
+            Err(NicError::InvalidArgument("CQ of another device".into()))
+        }
+    }
+
+    /// Translates one device completion; `None` for a stale one (its QP was
+    /// reset or destroyed and its slot reused).
+    fn translate(&self, w: &sys::ibv_wc) -> Option<Wc> {
+        let status = ffi::wc_status(w.status);
+        let mut wc = Wc {
+            wr_id: w.wr_id,
+            status,
+            opcode: ffi::wc_opcode(w.opcode),
+            byte_len: w.byte_len,
+            imm: None,
+            qp_num: w.qp_num,
+            src_qp: w.src_qp,
+        };
+        if w.wr_id & RECV_TAG != 0 {
+            wc.wr_id = self.inner.dev.recv.take(w.wr_id)?;
+            if status.is_ok() && w.wc_flags & sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0 {
+                // SAFETY: with IBV_WC_WITH_IMM the union holds the immediate
+                // (network byte order); every bit pattern is a valid u32.
+                let be = unsafe { w.imm_data_invalidated_rkey_union.imm_data };
+                wc.imm = Some(u32::from_be(be));
+            }
+        } else {
+            let sq = self.inner.send_qps.read().get(&w.qp_num).cloned()?;
+            let (wr_id, opcode) = sq.complete(w.wr_id)?;
+            wc.wr_id = wr_id;
+            // Verbs leaves the opcode of an error completion undefined: report
+            // the WR's own, as the contract asks.
+            if !status.is_ok() {
+                wc.opcode = opcode;
+            }
+            wc.src_qp = 0;
+        }
+        if !status.is_ok() {
+            self.inner
+                .dev
+                .counters
+                .error_completions
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        Some(wc)
+    }
+}
+
+impl CompletionQueue for VerbsCq {
+    fn depth(&self) -> u32 {
+        self.inner.depth
+    }
+
+    fn poll(&self, out: &mut [Wc]) -> Result<usize> {
+        let mut n = 0;
+        let mut raw: [MaybeUninit<sys::ibv_wc>; POLL_BATCH] =
+            [const { MaybeUninit::uninit() }; POLL_BATCH];
+        while n < out.len() {
+            let want = (out.len() - n).min(POLL_BATCH);
+            // SAFETY: `raw` has room for `want` completions; the CQ is live.
+            let got = unsafe { sys::ibv_poll_cq(self.inner.cq, want as i32, raw[0].as_mut_ptr()) };
+            if got < 0 {
+                // A CQ in error (mlx5 reports overflow this way too).
+                self.inner.overflowed.store(true, Ordering::Release);
+                break;
+            }
+            for w in &raw[..got as usize] {
+                // SAFETY: the first `got` entries were written by the poll.
+                let w = unsafe { w.assume_init_ref() };
+                if let Some(wc) = self.translate(w) {
+                    out[n] = wc;
+                    n += 1;
+                }
+            }
+            if (got as usize) < want {
+                break;
+            }
+        }
+        if n == 0 && self.inner.overflowed.load(Ordering::Acquire) {
+            return Err(NicError::CqOverflow {
+                depth: self.inner.depth,
+            });
+        }
+        Ok(n)
+    }
+}

@@ -1,0 +1,374 @@
+//! The opened device context: `ibv_context`, port/GID attributes, the async
+//! event thread, the receive-id table and the counters shared by every object
+//! made from it.
+
+use super::error::VerbsError;
+use super::ffi::{self, sys};
+use super::qp::SendShared;
+use super::recv::RecvTable;
+use crate::counters::Counters;
+use crate::types::{DeviceCaps, Gid, MAX_INLINE, MAX_SGE};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::ffi::CStr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+
+/// Control-path counters kept device-wide; data-path counters live per QP
+/// (under the QP's send lock) and are folded in by `counters()`.
+#[derive(Default)]
+pub(crate) struct DeviceCounters {
+    pub qps_created: AtomicU64,
+    pub qps_destroyed: AtomicU64,
+    pub state_changes: AtomicU64,
+    pub recv_wrs: AtomicU64,
+    pub error_completions: AtomicU64,
+    pub mrs_registered: AtomicU64,
+}
+
+/// CQs that the async event thread may flag as overflowed, by `ibv_cq`
+/// address.
+pub(crate) type CqFlags = Mutex<HashMap<usize, Arc<AtomicBool>>>;
+
+/// The owner of `ibv_context`. Every object holds an `Arc` to it (through
+/// its PD or directly), so the context is closed after the last object.
+pub(crate) struct DeviceInner {
+    ctx: *mut sys::ibv_context,
+    pub name: String,
+    pub gid_index: u8,
+    pub gid: Gid,
+    pub caps: DeviceCaps,
+    /// `enum ibv_mtu` of the port's active MTU (the path MTU we use).
+    pub active_mtu: u32,
+    /// Most outstanding READs/atomics per QP (initiator and responder).
+    pub rd_atomic: u8,
+    pub counters: DeviceCounters,
+    /// Live QPs' data-path counters, and those of destroyed QPs.
+    pub qps: Mutex<Vec<Weak<SendShared>>>,
+    pub retired: Mutex<Counters>,
+    pub recv: RecvTable,
+    pub cq_flags: Arc<CqFlags>,
+    pub dc: Option<super::dc::DcSupport>,
+    next_id: AtomicU64,
+    events: Option<EventThread>,
+}
+
+// SAFETY: `ibv_context` and every verbs call on it are thread-safe
+// (libibverbs documents all verbs as callable from any thread); the raw
+// pointer is only dereferenced by libibverbs itself.
+unsafe impl Send for DeviceInner {}
+// SAFETY: as above; shared access only passes the pointer to libibverbs.
+unsafe impl Sync for DeviceInner {}
+
+impl Drop for DeviceInner {
+    fn drop(&mut self) {
+        // Stop the event thread first: it reads the context's async fd.
+        self.events.take();
+        // SAFETY: `ctx` came from `ibv_open_device`, every object made from it
+        // held an `Arc` to this struct and is gone, and the event thread
+        // using it was joined above.
+        unsafe { sys::ibv_close_device(self.ctx) };
+    }
+}
+
+impl DeviceInner {
+    pub(crate) fn ctx(&self) -> *mut sys::ibv_context {
+        self.ctx
+    }
+
+    /// A process-unique id for owners of receive entries.
+    pub(crate) fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Relaxed)
+    }
+
+    /// Opens `name` (port 1) with the RoCE/IB GID at `gid_index`.
+    pub(crate) fn open(name: &str, gid_index: u8) -> Result<DeviceInner, VerbsError> {
+        let mut n: i32 = 0;
+        // SAFETY: `n` is a valid out-pointer; the list is freed below on
+        // every path.
+        let list = unsafe { sys::ibv_get_device_list(&mut n) };
+        if list.is_null() {
+            let e = ffi::errno();
+            // ENOSYS: no kernel support at all; treat like "no device".
+            return match e.raw_os_error() {
+                Some(libc::ENOSYS) | Some(libc::ENODEV) => Err(VerbsError::NoDevice),
+                _ => Err(VerbsError::Os {
+                    op: "ibv_get_device_list",
+                    source: e,
+                }),
+            };
+        }
+        let list = DeviceList(list);
+        let mut found = Vec::new();
+        let mut chosen = None;
+        for i in 0..n.max(0) as usize {
+            // SAFETY: the list has `n` valid entries followed by NULL.
+            let dev = unsafe { *list.0.add(i) };
+            // SAFETY: `dev` is a valid device; the name is a NUL-terminated
+            // string owned by it.
+            let dname = unsafe { CStr::from_ptr(sys::ibv_get_device_name(dev)) }
+                .to_string_lossy()
+                .into_owned();
+            if dname == name {
+                chosen = Some(dev);
+            }
+            found.push(dname);
+        }
+        let Some(dev) = chosen else {
+            return Err(if found.is_empty() {
+                VerbsError::NoDevice
+            } else {
+                VerbsError::UnknownDevice {
+                    name: name.to_string(),
+                    found,
+                }
+            });
+        };
+        let mlx5 = super::dc::is_mlx5(dev);
+        // SAFETY: `dev` is an entry of the live list.
+        let ctx = unsafe { sys::ibv_open_device(dev) };
+        drop(list);
+        if ctx.is_null() {
+            return Err(VerbsError::from_os("ibv_open_device", ffi::errno()));
+        }
+        let ctx = Ctx(ctx);
+        let (attr, port) = ctx.query()?;
+        let gid = ctx.gid(gid_index, port.gid_tbl_len)?;
+        let dc = if mlx5 { super::dc::probe(ctx.0) } else { None };
+        let phys = physical_memory();
+        let caps = DeviceCaps {
+            dc: dc.is_some(),
+            max_mr_size: attr.max_mr_size.min(phys),
+            max_qp_wr: attr.max_qp_wr.max(1) as u32,
+            max_cqe: attr.max_cqe.max(1) as u32,
+            max_sge: (attr.max_sge.max(1) as u32).min(MAX_SGE as u32),
+            max_inline: MAX_INLINE as u32,
+            ud_mtu: ffi::mtu_bytes(port.active_mtu),
+            register_user_memory: true,
+        };
+        let cq_flags: Arc<CqFlags> = Arc::default();
+        let events = EventThread::start(ctx.0, cq_flags.clone())?;
+        let rd_atomic = (attr.max_qp_rd_atom.clamp(1, ffi::RD_ATOMIC as i32) as u8)
+            .min(attr.max_qp_init_rd_atom.clamp(1, ffi::RD_ATOMIC as i32) as u8);
+        Ok(DeviceInner {
+            ctx: ctx.take(),
+            name: name.to_string(),
+            gid_index,
+            gid,
+            caps,
+            active_mtu: port.active_mtu,
+            rd_atomic,
+            counters: DeviceCounters::default(),
+            qps: Mutex::new(Vec::new()),
+            retired: Mutex::new(Counters::default()),
+            recv: RecvTable::default(),
+            cq_flags,
+            dc,
+            next_id: AtomicU64::new(1),
+            events: Some(events),
+        })
+    }
+}
+
+/// `ibv_get_device_list` result, freed on drop.
+struct DeviceList(*mut *mut sys::ibv_device);
+
+impl Drop for DeviceList {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from `ibv_get_device_list` and is freed
+        // once; opened contexts stay valid after the list is freed.
+        unsafe { sys::ibv_free_device_list(self.0) };
+    }
+}
+
+/// A context being set up: closed on drop unless taken.
+struct Ctx(*mut sys::ibv_context);
+
+impl Ctx {
+    fn take(self) -> *mut sys::ibv_context {
+        let p = self.0;
+        std::mem::forget(self);
+        p
+    }
+
+    fn query(&self) -> Result<(sys::ibv_device_attr, sys::ibv_port_attr), VerbsError> {
+        let mut attr = std::mem::MaybeUninit::<sys::ibv_device_attr>::zeroed();
+        // SAFETY: valid context and out-pointer to a zeroed attribute struct.
+        let rc = unsafe { sys::ibv_query_device(self.0, attr.as_mut_ptr()) };
+        if rc != 0 {
+            return Err(VerbsError::from_os("ibv_query_device", ffi::rc_error(rc)));
+        }
+        // SAFETY: `ibv_query_device` succeeded and filled the struct (it is
+        // plain old data, valid even where the device left bytes zeroed).
+        let attr = unsafe { attr.assume_init() };
+        let mut port = std::mem::MaybeUninit::<sys::ibv_port_attr>::zeroed();
+        // SAFETY: valid context, port number and out-pointer.
+        let rc = unsafe { sys::___ibv_query_port(self.0, ffi::PORT, port.as_mut_ptr()) };
+        if rc != 0 {
+            return Err(VerbsError::from_os("ibv_query_port", ffi::rc_error(rc)));
+        }
+        // SAFETY: filled by a successful query; plain old data.
+        let port = unsafe { port.assume_init() };
+        if port.state != sys::ibv_port_state::IBV_PORT_ACTIVE {
+            return Err(VerbsError::PortDown { state: port.state });
+        }
+        Ok((attr, port))
+    }
+
+    fn gid(&self, index: u8, table_len: i32) -> Result<Gid, VerbsError> {
+        let bad = |reason: &'static str| VerbsError::BadGidIndex {
+            index,
+            table_len: table_len.max(0) as u32,
+            reason,
+        };
+        if i32::from(index) >= table_len {
+            return Err(bad("past the end of the port's GID table"));
+        }
+        let mut g = sys::ibv_gid { raw: [0; 16] };
+        // SAFETY: valid context, port and out-pointer to a 16-byte union.
+        let rc = unsafe { sys::ibv_query_gid(self.0, ffi::PORT, i32::from(index), &mut g) };
+        if rc != 0 {
+            return Err(bad("ibv_query_gid failed"));
+        }
+        // SAFETY: every bit pattern of the union is a valid `[u8; 16]`.
+        let raw = unsafe { g.raw };
+        if raw == [0; 16] {
+            return Err(bad("the entry is empty (no address on the netdev?)"));
+        }
+        Ok(Gid(raw))
+    }
+}
+
+impl Drop for Ctx {
+    fn drop(&mut self) {
+        // SAFETY: the context was opened by `ibv_open_device`, nothing was
+        // created from it yet, and it is closed once.
+        unsafe { sys::ibv_close_device(self.0) };
+    }
+}
+
+/// Bytes of physical memory: the most any registration can pin.
+fn physical_memory() -> u64 {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let (pages, size) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    if pages <= 0 || size <= 0 {
+        u64::MAX
+    } else {
+        (pages as u64).saturating_mul(size as u64)
+    }
+}
+
+/// The thread reading the context's async events: it flags CQs that report
+/// `IBV_EVENT_CQ_ERR` (overflow) and acknowledges every event (destroying an
+/// object waits for its events to be acknowledged).
+struct EventThread {
+    stop_fd: i32,
+    handle: Option<JoinHandle<()>>,
+}
+
+/// The context pointer handed to the event thread.
+struct SendCtx(*mut sys::ibv_context);
+// SAFETY: the thread only passes the pointer to thread-safe libibverbs
+// calls, and `DeviceInner::drop` joins it before closing the context.
+unsafe impl Send for SendCtx {}
+
+impl EventThread {
+    fn start(ctx: *mut sys::ibv_context, flags: Arc<CqFlags>) -> Result<EventThread, VerbsError> {
+        // SAFETY: plain syscall; the fd is owned by the returned struct.
+        let stop_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if stop_fd < 0 {
+            return Err(VerbsError::from_os("eventfd", ffi::errno()));
+        }
+        // SAFETY: `ctx` is a valid open context; reading the fd field.
+        let async_fd = unsafe { (*ctx).async_fd };
+        // SAFETY: fcntl on a valid fd owned by the context.
+        let fl = unsafe { libc::fcntl(async_fd, libc::F_GETFL) };
+        // SAFETY: as above.
+        if fl < 0 || unsafe { libc::fcntl(async_fd, libc::F_SETFL, fl | libc::O_NONBLOCK) } < 0 {
+            let e = ffi::errno();
+            // SAFETY: closing the eventfd we just created.
+            unsafe { libc::close(stop_fd) };
+            return Err(VerbsError::from_os("fcntl(async_fd, O_NONBLOCK)", e));
+        }
+        let sctx = SendCtx(ctx);
+        let handle = std::thread::Builder::new()
+            .name("krcore-verbs-events".into())
+            .spawn(move || event_loop(sctx, async_fd, stop_fd, flags))
+            .map_err(|e| VerbsError::Os {
+                op: "spawn the async event thread",
+                source: e,
+            })?;
+        Ok(EventThread {
+            stop_fd,
+            handle: Some(handle),
+        })
+    }
+}
+
+impl Drop for EventThread {
+    fn drop(&mut self) {
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes from a valid u64 to our eventfd.
+        unsafe { libc::write(self.stop_fd, (&one as *const u64).cast(), 8) };
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+        // SAFETY: the thread that polled it has exited; closed once.
+        unsafe { libc::close(self.stop_fd) };
+    }
+}
+
+fn event_loop(ctx: SendCtx, async_fd: i32, stop_fd: i32, flags: Arc<CqFlags>) {
+    let ctx = ctx.0;
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: async_fd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: stop_fd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: `fds` is a valid array of two pollfd.
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if rc < 0 {
+            if ffi::errno().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return;
+        }
+        if fds[1].revents != 0 {
+            return;
+        }
+        loop {
+            let mut ev = std::mem::MaybeUninit::<ffi::RawAsyncEvent>::zeroed();
+            // SAFETY: `RawAsyncEvent` has the layout of `ibv_async_event`
+            // (checked at compile time in `ffi`); the async fd is
+            // non-blocking, so this returns -1 when no event is queued.
+            let rc = unsafe { sys::ibv_get_async_event(ctx, ev.as_mut_ptr().cast()) };
+            if rc != 0 {
+                break;
+            }
+            // SAFETY: filled by a successful `ibv_get_async_event`; both
+            // fields are plain integers/pointers.
+            let e = unsafe { ev.assume_init_ref() };
+            if e.event_type == ffi::EVENT_CQ_ERR {
+                if let Some(f) = flags.lock().get(&(e.element as usize)) {
+                    f.store(true, std::sync::atomic::Ordering::Release);
+                }
+            }
+            // SAFETY: acknowledging the event we just got, once.
+            unsafe { sys::ibv_ack_async_event(ev.as_mut_ptr().cast()) };
+        }
+    }
+}

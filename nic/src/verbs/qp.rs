@@ -1,0 +1,689 @@
+//! Queue pairs: creation, the state machine through `ibv_modify_qp`, receive
+//! posting and the send-queue ring that enforces credits.
+//!
+//! Send-queue model (the same as the sim's): every posted WR gets a sequence
+//! number `seq`, which is the `wr_id` the device sees; the caller's `wr_id`
+//! and the WR's opcode wait in `ring[seq % max_send_wr]`. Polling a send
+//! completion for `seq` returns the caller's `wr_id` and advances `sq_done`
+//! to `seq + 1`, freeing every slot before it (unsignaled WRs included).
+//! Credits are `max_send_wr - (posted - sq_done)`. Sequences never restart:
+//! RESET sets `sq_done = posted`, and a completion left over from before the
+//! reset finds its slot reused (or `sq_done` past it) and frees nothing.
+
+use super::cq::VerbsCq;
+use super::device::DeviceInner;
+use super::error::VerbsError;
+use super::ffi::{self, sys};
+use super::mr::{PdInner, VerbsPd};
+use super::srq::VerbsSrq;
+use super::VerbsNic;
+use crate::counters::Counters;
+use crate::error::{NicError, PostError, PostErrorKind, Result};
+use crate::provider::{QpInit, QueuePair};
+use crate::types::*;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
+use std::sync::Arc;
+
+/// One posted send WR as the ring remembers it.
+#[derive(Clone, Copy)]
+pub(crate) struct SendSlot {
+    pub seq: u64,
+    pub wr_id: u64,
+    pub opcode: WcOpcode,
+}
+
+/// An address handle (UD destinations and DC targets), destroyed on drop.
+pub(crate) struct Ah {
+    pub ah: *mut sys::ibv_ah,
+    _pd: Arc<PdInner>,
+}
+
+impl Drop for Ah {
+    fn drop(&mut self) {
+        // SAFETY: `ah` came from `ibv_create_ah` and is destroyed once; the
+        // QPs that used it have posted their WRs (AHs may be destroyed while
+        // WRs naming them are outstanding only on some providers, so the
+        // cache lives as long as its QP).
+        unsafe { sys::ibv_destroy_ah(self.ah) };
+    }
+}
+
+impl Ah {
+    pub(crate) fn create(pd: &Arc<PdInner>, gid: Gid) -> Option<Ah> {
+        let mut attr = ffi::ah_attr(gid, pd.dev.gid_index);
+        // SAFETY: valid PD and a fully initialised attribute struct.
+        let ah = unsafe { sys::ibv_create_ah(pd.pd, &mut attr) };
+        (!ah.is_null()).then(|| Ah {
+            ah,
+            _pd: pd.clone(),
+        })
+    }
+}
+
+/// Send-side state, under the QP's send lock.
+pub(crate) struct SendState {
+    /// WRs posted since creation.
+    pub posted: u64,
+    pub ring: Vec<SendSlot>,
+    /// Data-path counters of this QP.
+    pub c: Counters,
+    /// The state this provider last moved the QP to (the device may have
+    /// moved it to ERR since; `state()` asks the device).
+    pub state: QpState,
+    /// Address handles by destination GID (UD, DCI).
+    pub ahs: HashMap<Gid, Ah>,
+    /// Reusable chain buffers (no allocation per post once warm).
+    pub wrs: Vec<sys::ibv_send_wr>,
+    pub sges: Vec<sys::ibv_sge>,
+    /// Last DC target (for `dc_target_switches`).
+    pub last_dc: Option<(Gid, u32)>,
+}
+
+/// What a CQ needs of a QP: the ring and the credit counter.
+pub(crate) struct SendShared {
+    pub max_send_wr: u32,
+    pub sq_done: AtomicU64,
+    pub st: Mutex<SendState>,
+}
+
+// SAFETY: the raw pointers inside (`ibv_send_wr` chain buffers, AHs) are only
+// used under the `st` lock by the thread posting, and AHs are thread-safe
+// handles.
+unsafe impl Send for SendShared {}
+// SAFETY: as above; all interior mutability is behind `st` or atomics.
+unsafe impl Sync for SendShared {}
+
+impl SendShared {
+    /// Resolves a polled send completion: the caller's `wr_id` and the WR's
+    /// opcode, freeing every slot up to it. `None` for a stale completion.
+    pub(crate) fn complete(&self, seq: u64) -> Option<(u64, WcOpcode)> {
+        let st = self.st.lock();
+        let slot = st.ring.get((seq % self.max_send_wr as u64) as usize)?;
+        if slot.seq != seq {
+            return None;
+        }
+        let r = (slot.wr_id, slot.opcode);
+        drop(st);
+        self.sq_done.fetch_max(seq + 1, AcqRel);
+        Some(r)
+    }
+
+    pub(crate) fn credits(&self, st: &SendState) -> u32 {
+        let used = st.posted.saturating_sub(self.sq_done.load(Acquire));
+        (self.max_send_wr as u64).saturating_sub(used) as u32
+    }
+}
+
+/// Owner of an `ibv_qp`.
+pub(crate) struct QpInner {
+    pub qp: *mut sys::ibv_qp,
+    pub qpn: u32,
+    pub qp_type: QpType,
+    pub caps: QpCaps,
+    /// Owner id of its receives in the device's receive table.
+    pub owner: u64,
+    pub has_rq: bool,
+    pub shared: Arc<SendShared>,
+    /// Extended QP handles of a DCI (`None` for other types).
+    pub dc: Option<super::dc::DciHandles>,
+    pub send_cq: VerbsCq,
+    pub _recv_cq: VerbsCq,
+    pub _srq: Option<VerbsSrq>,
+    pub pd: Arc<PdInner>,
+}
+
+// SAFETY: the QP handle is only passed to thread-safe libibverbs calls;
+// posting is serialized by `shared.st`.
+unsafe impl Send for QpInner {}
+// SAFETY: as above.
+unsafe impl Sync for QpInner {}
+
+impl Drop for QpInner {
+    fn drop(&mut self) {
+        self.send_cq.inner.send_qps.write().remove(&self.qpn);
+        // SAFETY: `qp` came from `ibv_create_qp`/`mlx5dv_create_qp` and is
+        // destroyed once; its CQs, SRQ and PD outlive it (fields).
+        unsafe { sys::ibv_destroy_qp(self.qp) };
+        let dev = &self.pd.dev;
+        dev.recv.release_owner(self.owner);
+        let mut st = self.shared.st.lock();
+        add_counters(&mut dev.retired.lock(), &st.c);
+        st.c = Counters::default();
+        dev.counters.qps_destroyed.fetch_add(1, Relaxed);
+    }
+}
+
+pub(crate) fn add_counters(into: &mut Counters, c: &Counters) {
+    into.state_changes += c.state_changes;
+    into.dc_target_switches += c.dc_target_switches;
+    into.doorbells += c.doorbells;
+    into.send_wrs += c.send_wrs;
+    into.reads += c.reads;
+    into.writes += c.writes;
+    into.sends += c.sends;
+    into.atomics += c.atomics;
+    into.bytes_read += c.bytes_read;
+    into.bytes_written += c.bytes_written;
+}
+
+/// A queue pair of a verbs device.
+#[derive(Clone)]
+pub struct VerbsQp {
+    pub(crate) inner: Arc<QpInner>,
+}
+
+impl std::fmt::Debug for VerbsQp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VerbsQp")
+            .field("qpn", &format_args!("{:#x}", self.inner.qpn))
+            .field("type", &self.inner.qp_type)
+            .finish()
+    }
+}
+
+fn check_caps(dev: &DeviceInner, t: QpType, caps: &QpCaps) -> Result<()> {
+    let max_wr = dev.caps.max_qp_wr;
+    if t != QpType::Dct && (caps.max_send_wr == 0 || caps.max_send_wr > max_wr) {
+        return Err(NicError::InvalidArgument(format!(
+            "max_send_wr {} outside 1..={max_wr}",
+            caps.max_send_wr
+        )));
+    }
+    let max_sge = dev.caps.max_sge;
+    if caps.max_recv_wr > max_wr || caps.max_send_sge > max_sge || caps.max_recv_sge > max_sge {
+        return Err(NicError::InvalidArgument(format!(
+            "QP caps out of range (max {max_wr} WRs, {max_sge} SGEs)"
+        )));
+    }
+    Ok(())
+}
+
+impl VerbsQp {
+    pub(crate) fn create(pd: &VerbsPd, init: &QpInit<'_, VerbsNic>) -> Result<VerbsQp> {
+        let dev = &pd.inner.dev;
+        let t = init.qp_type;
+        init.send_cq.check_device(dev)?;
+        init.recv_cq.check_device(dev)?;
+        if let Some(srq) = init.srq {
+            srq.check_device(dev)?;
+        }
+        check_caps(dev, t, &init.caps)?;
+        if t == QpType::Dct && init.srq.is_none() {
+            return Err(NicError::InvalidArgument("a DCT needs an SRQ".into()));
+        }
+        let caps = init.caps;
+        let has_rq = init.srq.is_none() && t != QpType::Dci && caps.max_recv_wr > 0;
+        let (qp, dc) = match t {
+            QpType::Rc | QpType::Ud => (Self::create_std(pd, init, has_rq)?, None),
+            QpType::Dci | QpType::Dct => {
+                let Some(dcs) = &dev.dc else {
+                    return Err(NicError::Unsupported(
+                        "DC transport (this device has no DC support)",
+                    ));
+                };
+                dcs.create(pd, init)?
+            }
+        };
+        // SAFETY: `qp` is the valid QP just created.
+        let qpn = unsafe { (*qp).qp_num };
+        let max_send_wr = caps.max_send_wr.max(1);
+        let shared = Arc::new(SendShared {
+            max_send_wr,
+            sq_done: AtomicU64::new(0),
+            st: Mutex::new(SendState {
+                posted: 0,
+                ring: vec![
+                    SendSlot {
+                        seq: u64::MAX,
+                        wr_id: 0,
+                        opcode: WcOpcode::Send,
+                    };
+                    max_send_wr as usize
+                ],
+                c: Counters::default(),
+                state: QpState::Reset,
+                ahs: HashMap::new(),
+                wrs: Vec::new(),
+                sges: Vec::new(),
+                last_dc: None,
+            }),
+        });
+        init.send_cq
+            .inner
+            .send_qps
+            .write()
+            .insert(qpn, shared.clone());
+        {
+            let mut qps = dev.qps.lock();
+            qps.retain(|w| w.strong_count() > 0);
+            qps.push(Arc::downgrade(&shared));
+        }
+        dev.counters.qps_created.fetch_add(1, Relaxed);
+        Ok(VerbsQp {
+            inner: Arc::new(QpInner {
+                qp,
+                qpn,
+                qp_type: t,
+                caps,
+                owner: dev.next_id(),
+                has_rq,
+                shared,
+                dc,
+                send_cq: init.send_cq.clone(),
+                _recv_cq: init.recv_cq.clone(),
+                _srq: init.srq.cloned(),
+                pd: pd.inner.clone(),
+            }),
+        })
+    }
+
+    fn create_std(
+        pd: &VerbsPd,
+        init: &QpInit<'_, VerbsNic>,
+        has_rq: bool,
+    ) -> Result<*mut sys::ibv_qp> {
+        let caps = init.caps;
+        let mut attr = sys::ibv_qp_init_attr {
+            qp_context: std::ptr::null_mut(),
+            send_cq: init.send_cq.inner.cq,
+            recv_cq: init.recv_cq.inner.cq,
+            srq: init.srq.map_or(std::ptr::null_mut(), |s| s.inner.srq),
+            cap: sys::ibv_qp_cap {
+                max_send_wr: caps.max_send_wr,
+                max_recv_wr: if has_rq { caps.max_recv_wr } else { 0 },
+                max_send_sge: caps.max_send_sge.max(1),
+                max_recv_sge: caps.max_recv_sge.max(1),
+                max_inline_data: pd.inner.dev.caps.max_inline,
+            },
+            qp_type: match init.qp_type {
+                QpType::Ud => sys::ibv_qp_type::IBV_QPT_UD,
+                _ => sys::ibv_qp_type::IBV_QPT_RC,
+            },
+            sq_sig_all: 0,
+        };
+        // SAFETY: valid PD, CQs and SRQ of this device (checked by the
+        // caller) and a fully initialised attribute struct.
+        let qp = unsafe { sys::ibv_create_qp(pd.inner.pd, &mut attr) };
+        if qp.is_null() {
+            return Err(VerbsError::from_os("ibv_create_qp", ffi::errno()).into());
+        }
+        Ok(qp)
+    }
+
+    /// The attributes and mask of a transition, or the contract's error.
+    fn attrs(&self, t: Transition, from: QpState) -> Result<(sys::ibv_qp_attr, u32, QpState)> {
+        let q = &self.inner;
+        let dev = &q.pd.dev;
+        let qt = q.qp_type;
+        let invalid = |to| {
+            Err(NicError::InvalidTransition {
+                qp_type: qt,
+                from,
+                to,
+            })
+        };
+        use sys::ibv_qp_attr_mask as m;
+        // SAFETY: `ibv_qp_attr` is plain old data; all-zero is a valid value
+        // for every field (the mask says which ones the device reads).
+        let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        let to = match t {
+            Transition::Init { .. } => QpState::Init,
+            Transition::Rtr { .. } => QpState::Rtr,
+            Transition::Rts { .. } => QpState::Rts,
+            Transition::Reset => QpState::Reset,
+            Transition::Err => QpState::Err,
+        };
+        a.qp_state = ffi::ibv_state(to);
+        let mut mask = m::IBV_QP_STATE.0;
+        match t {
+            Transition::Init { access, qkey } => {
+                if from != QpState::Reset {
+                    return invalid(QpState::Init);
+                }
+                a.pkey_index = 0;
+                a.port_num = ffi::PORT;
+                mask |= m::IBV_QP_PKEY_INDEX.0 | m::IBV_QP_PORT.0;
+                match qt {
+                    QpType::Ud => {
+                        a.qkey = qkey;
+                        mask |= m::IBV_QP_QKEY.0;
+                    }
+                    QpType::Rc | QpType::Dct => {
+                        a.qp_access_flags = ffi::access_flags(access);
+                        mask |= m::IBV_QP_ACCESS_FLAGS.0;
+                    }
+                    QpType::Dci => {}
+                }
+            }
+            Transition::Rtr { peer } => {
+                if from != QpState::Init {
+                    return invalid(QpState::Rtr);
+                }
+                match (qt, peer) {
+                    (QpType::Rc, Some(p)) => {
+                        a.path_mtu = dev.active_mtu;
+                        a.dest_qp_num = p.qpn;
+                        a.rq_psn = ffi::PSN;
+                        a.max_dest_rd_atomic = dev.rd_atomic;
+                        a.min_rnr_timer = ffi::MIN_RNR_TIMER;
+                        a.ah_attr = ffi::ah_attr(p.gid, dev.gid_index);
+                        mask |= m::IBV_QP_AV.0
+                            | m::IBV_QP_PATH_MTU.0
+                            | m::IBV_QP_DEST_QPN.0
+                            | m::IBV_QP_RQ_PSN.0
+                            | m::IBV_QP_MAX_DEST_RD_ATOMIC.0
+                            | m::IBV_QP_MIN_RNR_TIMER.0;
+                    }
+                    (QpType::Rc, None) => {
+                        return Err(NicError::InvalidArgument(
+                            "an RC QP needs the remote GID and QPN at RTR".into(),
+                        ))
+                    }
+                    (_, Some(_)) => {
+                        return Err(NicError::InvalidArgument(format!(
+                            "a {qt:?} QP takes no remote peer at RTR"
+                        )))
+                    }
+                    (QpType::Ud, None) => {}
+                    (QpType::Dci | QpType::Dct, None) => {
+                        // The DC address vector names only our port/GID; the
+                        // target comes per WR (DCI), the initiator per packet
+                        // (DCT).
+                        a.path_mtu = dev.active_mtu;
+                        a.ah_attr = ffi::ah_attr(Gid::default(), dev.gid_index);
+                        mask |= m::IBV_QP_AV.0 | m::IBV_QP_PATH_MTU.0;
+                        if qt == QpType::Dct {
+                            a.min_rnr_timer = ffi::MIN_RNR_TIMER;
+                            mask |= m::IBV_QP_MIN_RNR_TIMER.0;
+                        }
+                    }
+                }
+            }
+            Transition::Rts {
+                rnr_retry,
+                retry_cnt,
+            } => {
+                if from != QpState::Rtr || qt == QpType::Dct {
+                    return invalid(QpState::Rts);
+                }
+                a.sq_psn = ffi::PSN;
+                mask |= m::IBV_QP_SQ_PSN.0;
+                if qt != QpType::Ud {
+                    a.timeout = ffi::ACK_TIMEOUT;
+                    a.retry_cnt = retry_cnt.min(7);
+                    a.rnr_retry = rnr_retry.min(7);
+                    a.max_rd_atomic = dev.rd_atomic;
+                    mask |= m::IBV_QP_TIMEOUT.0
+                        | m::IBV_QP_RETRY_CNT.0
+                        | m::IBV_QP_RNR_RETRY.0
+                        | m::IBV_QP_MAX_QP_RD_ATOMIC.0;
+                }
+            }
+            Transition::Reset | Transition::Err => {}
+        }
+        Ok((a, mask, to))
+    }
+
+    /// The state the device reports (ERR after a fault), or the last state
+    /// this provider set when the query fails.
+    fn query_state(&self) -> Option<QpState> {
+        // SAFETY: both structs are plain old data and all-zero is valid.
+        let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut init: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: valid QP and out-pointers.
+        let rc = unsafe {
+            sys::ibv_query_qp(
+                self.inner.qp,
+                &mut a,
+                sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32,
+                &mut init,
+            )
+        };
+        (rc == 0).then(|| ffi::qp_state(a.qp_state))
+    }
+
+    /// Posts receives to an RQ (`srq == None`) or an SRQ.
+    pub(crate) fn post_recv_chain(
+        dev: &DeviceInner,
+        owner: u64,
+        target: RecvTarget,
+        max_sge: u32,
+        wrs: &[RecvWr],
+    ) -> std::result::Result<(), PostError> {
+        const CHUNK: usize = 16;
+        for (c, chunk) in wrs.chunks(CHUNK).enumerate() {
+            let base = c * CHUNK;
+            if let Some(i) = chunk
+                .iter()
+                .position(|w| w.sg.as_slice().len() > max_sge as usize)
+            {
+                post_chunk(dev, owner, &target, &chunk[..i]).map_err(|mut e| {
+                    e.index += base;
+                    e
+                })?;
+                return Err(PostError {
+                    index: base + i,
+                    kind: PostErrorKind::Malformed("more SGEs than max_recv_sge"),
+                });
+            }
+            post_chunk(dev, owner, &target, chunk).map_err(|mut e| {
+                e.index += base;
+                e
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// Where receives go.
+pub(crate) enum RecvTarget<'a> {
+    Qp(*mut sys::ibv_qp, u32),
+    Srq(&'a VerbsSrq),
+}
+
+fn post_chunk(
+    dev: &DeviceInner,
+    owner: u64,
+    target: &RecvTarget<'_>,
+    wrs: &[RecvWr],
+) -> std::result::Result<(), PostError> {
+    if wrs.is_empty() {
+        return Ok(());
+    }
+    let n = wrs.len();
+    let mut tags = [0u64; 16];
+    let srq_count = match target {
+        RecvTarget::Srq(s) => Some(&s.inner.outstanding),
+        RecvTarget::Qp(..) => None,
+    };
+    dev.recv.insert(
+        owner,
+        wrs.iter().map(|w| w.wr_id),
+        srq_count,
+        &mut tags[..n],
+    );
+    let mut sges = [sys::ibv_sge {
+        addr: 0,
+        length: 0,
+        lkey: 0,
+    }; 16 * MAX_SGE];
+    // SAFETY: `ibv_recv_wr` is plain old data (integers and raw pointers);
+    // all-zero is valid.
+    let mut rws: [sys::ibv_recv_wr; 16] = unsafe { std::mem::zeroed() };
+    let mut k = 0;
+    for w in wrs {
+        for s in w.sg.as_slice() {
+            sges[k] = sys::ibv_sge {
+                addr: s.addr,
+                length: s.length,
+                lkey: s.lkey,
+            };
+            k += 1;
+        }
+    }
+    // Link only through raw pointers from here on, so that no later access
+    // through the arrays invalidates them.
+    let base = rws.as_mut_ptr();
+    let sbase = sges.as_mut_ptr();
+    let mut k = 0;
+    for (i, w) in wrs.iter().enumerate() {
+        let ns = w.sg.as_slice().len();
+        // SAFETY: `i < n <= 16` and `k + ns <= 16 * MAX_SGE`: in bounds of
+        // `rws` and `sges`.
+        unsafe {
+            let r = &mut *base.add(i);
+            r.wr_id = tags[i];
+            r.num_sge = ns as i32;
+            r.sg_list = if ns > 0 {
+                sbase.add(k)
+            } else {
+                std::ptr::null_mut()
+            };
+            r.next = if i + 1 < n {
+                base.add(i + 1)
+            } else {
+                std::ptr::null_mut()
+            };
+        }
+        k += ns;
+    }
+    let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
+    // SAFETY: the chain lives on this stack frame during the call; every
+    // pointer in it is into `rws`/`sges`; the QP/SRQ is live (borrowed).
+    let rc = unsafe {
+        match target {
+            RecvTarget::Qp(qp, _) => sys::ibv_post_recv(*qp, base, &mut bad),
+            RecvTarget::Srq(s) => sys::ibv_post_srq_recv(s.inner.srq, base, &mut bad),
+        }
+    };
+    if rc == 0 {
+        dev.counters.recv_wrs.fetch_add(n as u64, Relaxed);
+        return Ok(());
+    }
+    let index = if bad.is_null() {
+        0
+    } else {
+        (bad as usize - base as usize) / std::mem::size_of::<sys::ibv_recv_wr>()
+    };
+    dev.recv.cancel(&tags[index..n]);
+    dev.counters.recv_wrs.fetch_add(index as u64, Relaxed);
+    let depth = match target {
+        RecvTarget::Qp(_, d) => *d,
+        RecvTarget::Srq(s) => s.inner.max_wr,
+    };
+    Err(PostError {
+        index,
+        kind: recv_error_kind(rc, depth),
+    })
+}
+
+fn recv_error_kind(rc: i32, depth: u32) -> PostErrorKind {
+    match rc.abs() {
+        libc::ENOMEM => PostErrorKind::QueueFull { depth },
+        _ => PostErrorKind::Malformed("the device refused the receive request"),
+    }
+}
+
+impl QueuePair for VerbsQp {
+    fn qpn(&self) -> u32 {
+        self.inner.qpn
+    }
+
+    fn qp_type(&self) -> QpType {
+        self.inner.qp_type
+    }
+
+    fn state(&self) -> QpState {
+        match self.query_state() {
+            Some(s) => s,
+            None => self.inner.shared.st.lock().state,
+        }
+    }
+
+    fn max_send_wr(&self) -> u32 {
+        self.inner.shared.max_send_wr
+    }
+
+    fn send_credits(&self) -> u32 {
+        let sh = &self.inner.shared;
+        let st = sh.st.lock();
+        sh.credits(&st)
+    }
+
+    fn modify(&self, t: Transition) -> Result<()> {
+        let q = &self.inner;
+        let sh = &q.shared;
+        let mut st = sh.st.lock();
+        let from = match t {
+            // A fault may have moved the QP to ERR behind our back.
+            Transition::Init { .. } | Transition::Rtr { .. } | Transition::Rts { .. } => {
+                if st.state == QpState::Rts || st.state == QpState::Rtr {
+                    self.query_state().unwrap_or(st.state)
+                } else {
+                    st.state
+                }
+            }
+            _ => st.state,
+        };
+        let (mut a, mask, to) = self.attrs(t, from)?;
+        // SAFETY: valid QP; `a` is initialised for every bit in `mask`.
+        let rc = unsafe { sys::ibv_modify_qp(q.qp, &mut a, mask as i32) };
+        if rc != 0 {
+            let now = self.query_state().unwrap_or(st.state);
+            if now != from {
+                return Err(NicError::InvalidTransition {
+                    qp_type: q.qp_type,
+                    from: now,
+                    to,
+                });
+            }
+            return Err(VerbsError::from_os("ibv_modify_qp", ffi::rc_error(rc)).into());
+        }
+        st.state = to;
+        if to == QpState::Reset {
+            // Outstanding work is discarded without completions.
+            sh.sq_done.fetch_max(st.posted, AcqRel);
+            st.last_dc = None;
+            if q.has_rq {
+                q.pd.dev.recv.release_owner(q.owner);
+            }
+        }
+        st.c.state_changes += 1;
+        Ok(())
+    }
+
+    fn post_send(&self, wrs: &[SendWr]) -> std::result::Result<(), PostError> {
+        super::wr::post_send(&self.inner, wrs)
+    }
+
+    fn post_recv(&self, wrs: &[RecvWr]) -> std::result::Result<(), PostError> {
+        let q = &self.inner;
+        if !q.has_rq {
+            return Err(PostError {
+                index: 0,
+                kind: PostErrorKind::Malformed(match q.qp_type {
+                    QpType::Dci => "a DCI has no receive queue",
+                    _ => "this QP receives from an SRQ (or was created with max_recv_wr 0)",
+                }),
+            });
+        }
+        let state = q.shared.st.lock().state;
+        if state == QpState::Reset {
+            return Err(PostError {
+                index: 0,
+                kind: PostErrorKind::BadState(state),
+            });
+        }
+        Self::post_recv_chain(
+            &q.pd.dev,
+            q.owner,
+            RecvTarget::Qp(q.qp, q.caps.max_recv_wr),
+            q.caps.max_recv_sge.max(1),
+            wrs,
+        )
+    }
+}

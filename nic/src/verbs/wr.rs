@@ -1,0 +1,347 @@
+//! `post_send`: validation, credits, and one `ibv_post_send` chain per call
+//! (one doorbell), built in the QP's reusable buffers.
+
+use super::ffi::sys;
+use super::qp::{Ah, QpInner, SendSlot, SendState};
+use crate::error::{PostError, PostErrorKind};
+use crate::types::*;
+
+fn bad(index: usize, kind: PostErrorKind) -> PostError {
+    PostError { index, kind }
+}
+
+/// Checks what a driver checks while building a WQE (EINVAL), so that every
+/// device refuses the same WRs the same way.
+pub(crate) fn validate(q: &QpInner, index: usize, wr: &SendWr) -> Result<(), PostError> {
+    let m = |s| Err(bad(index, PostErrorKind::Malformed(s)));
+    match (q.qp_type, &wr.dest) {
+        (QpType::Rc, Destination::Connected) => {}
+        (QpType::Dci, Destination::Dc(_)) => {}
+        (QpType::Ud, Destination::Ud(_)) => {}
+        (QpType::Rc, _) => return m("an RC QP sends only to its connected peer"),
+        (QpType::Dci, _) => return m("a DCI work request must name a DC target"),
+        (QpType::Ud, _) => return m("a UD work request must name a UD destination"),
+        (QpType::Dct, _) => return m("a DCT has no send queue"),
+    }
+    if q.qp_type == QpType::Ud {
+        if !matches!(wr.op, WrOp::Send | WrOp::SendImm { .. }) {
+            return m("UD carries only SEND and SEND_WITH_IMM");
+        }
+        if wr.payload.len() > q.pd.dev.caps.ud_mtu as u64 {
+            return m("a UD message larger than the path MTU");
+        }
+    }
+    match &wr.payload {
+        Payload::Inline(d) => {
+            if matches!(wr.op, WrOp::Read { .. }) || wr.op.is_atomic() {
+                return m("inline data only for WRITE and SEND");
+            }
+            if d.as_slice().len() > q.pd.dev.caps.max_inline as usize {
+                return m("inline data larger than max_inline");
+            }
+        }
+        Payload::Local(sg) => {
+            if sg.as_slice().len() > q.caps.max_send_sge.max(1) as usize {
+                return m("more SGEs than max_send_sge");
+            }
+            if wr.op.is_atomic() && (sg.as_slice().len() != 1 || sg.as_slice()[0].length != 8) {
+                return m("an atomic needs exactly one 8-byte SGE");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// How many WRs of `wrs` can be posted, and the error for the first one that
+/// cannot.
+fn admit(q: &QpInner, st: &SendState, wrs: &[SendWr]) -> (usize, Option<PostError>) {
+    let credits = q.shared.credits(st) as usize;
+    for (i, wr) in wrs.iter().enumerate() {
+        if let Err(e) = validate(q, i, wr) {
+            return (i, Some(e));
+        }
+        if i >= credits {
+            return (
+                i,
+                Some(bad(
+                    i,
+                    PostErrorKind::QueueFull {
+                        depth: q.shared.max_send_wr,
+                    },
+                )),
+            );
+        }
+    }
+    (wrs.len(), None)
+}
+
+/// Fills the opcode-specific part of `w`.
+fn set_op(w: &mut sys::ibv_send_wr, op: &WrOp) {
+    use sys::ibv_wr_opcode::*;
+    let rdma = |remote: &RemoteAddr| sys::wr_t {
+        rdma: sys::rdma_t {
+            remote_addr: remote.addr,
+            rkey: remote.rkey,
+        },
+    };
+    match op {
+        WrOp::Read { remote } => {
+            w.opcode = IBV_WR_RDMA_READ;
+            w.wr = rdma(remote);
+        }
+        WrOp::Write { remote } => {
+            w.opcode = IBV_WR_RDMA_WRITE;
+            w.wr = rdma(remote);
+        }
+        WrOp::WriteImm { remote, imm } => {
+            w.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+            w.wr = rdma(remote);
+            w.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+        }
+        WrOp::Send => w.opcode = IBV_WR_SEND,
+        WrOp::SendImm { imm } => {
+            w.opcode = IBV_WR_SEND_WITH_IMM;
+            w.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+        }
+        WrOp::CompareSwap {
+            remote,
+            compare,
+            swap,
+        } => {
+            w.opcode = IBV_WR_ATOMIC_CMP_AND_SWP;
+            w.wr = sys::wr_t {
+                atomic: sys::atomic_t {
+                    remote_addr: remote.addr,
+                    compare_add: *compare,
+                    swap: *swap,
+                    rkey: remote.rkey,
+                },
+            };
+        }
+        WrOp::FetchAdd { remote, add } => {
+            w.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+            w.wr = sys::wr_t {
+                atomic: sys::atomic_t {
+                    remote_addr: remote.addr,
+                    compare_add: *add,
+                    swap: 0,
+                    rkey: remote.rkey,
+                },
+            };
+        }
+    }
+}
+
+/// `IBV_SEND_*` flags of a WR.
+pub(crate) fn send_flags(wr: &SendWr) -> u32 {
+    let mut f = 0;
+    if wr.is_signaled() {
+        f |= sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+    }
+    if wr.flags.contains(SendFlags::FENCE) {
+        f |= sys::ibv_send_flags::IBV_SEND_FENCE.0;
+    }
+    if matches!(wr.payload, Payload::Inline(_)) {
+        f |= sys::ibv_send_flags::IBV_SEND_INLINE.0;
+    }
+    f
+}
+
+/// The SGEs of a WR's payload (inline bytes are one SGE over the caller's
+/// `InlineData`, which the device copies at post time).
+pub(crate) fn push_sges(out: &mut Vec<sys::ibv_sge>, p: &Payload) -> usize {
+    match p {
+        Payload::Local(sg) => {
+            for s in sg.as_slice() {
+                out.push(sys::ibv_sge {
+                    addr: s.addr,
+                    length: s.length,
+                    lkey: s.lkey,
+                });
+            }
+            sg.as_slice().len()
+        }
+        Payload::Inline(d) if d.as_slice().is_empty() => 0,
+        Payload::Inline(d) => {
+            out.push(sys::ibv_sge {
+                addr: d.as_slice().as_ptr() as u64,
+                length: d.as_slice().len() as u32,
+                lkey: 0,
+            });
+            1
+        }
+    }
+}
+
+/// Counts a posted WR.
+pub(crate) fn count(st: &mut SendState, wr: &SendWr) {
+    let len = wr.payload.len();
+    match wr.op {
+        WrOp::Read { .. } => {
+            st.c.reads += 1;
+            st.c.bytes_read += len;
+        }
+        WrOp::Write { .. } | WrOp::WriteImm { .. } => {
+            st.c.writes += 1;
+            st.c.bytes_written += len;
+        }
+        WrOp::Send | WrOp::SendImm { .. } => {
+            st.c.sends += 1;
+            st.c.bytes_written += len;
+        }
+        WrOp::CompareSwap { .. } | WrOp::FetchAdd { .. } => st.c.atomics += 1,
+    }
+}
+
+/// The `PostErrorKind` of a failed `ibv_post_send` return code.
+pub(crate) fn device_refusal(rc: i32, depth: u32) -> PostErrorKind {
+    match rc.abs() {
+        libc::ENOMEM => PostErrorKind::QueueFull { depth },
+        libc::EINVAL => PostErrorKind::Malformed("the device refused the work request (EINVAL)"),
+        _ => PostErrorKind::Malformed("the device refused the work request"),
+    }
+}
+
+pub(crate) fn post_send(q: &QpInner, wrs: &[SendWr]) -> Result<(), PostError> {
+    let mut guard = q.shared.st.lock();
+    let st = &mut *guard;
+    if !matches!(st.state, QpState::Rts | QpState::Err) {
+        return Err(bad(0, PostErrorKind::BadState(st.state)));
+    }
+    let (n, refused) = admit(q, st, wrs);
+    if n == 0 {
+        // Nothing admitted: an empty slice is a no-op (no doorbell).
+        return refused.map_or(Ok(()), Err);
+    }
+    let wrs = &wrs[..n];
+    // Remember every WR in the ring before the device can complete it.
+    let depth = q.shared.max_send_wr as u64;
+    for (i, wr) in wrs.iter().enumerate() {
+        let seq = st.posted + i as u64;
+        st.ring[(seq % depth) as usize] = SendSlot {
+            seq,
+            wr_id: wr.wr_id,
+            opcode: wr.op.wc_opcode(),
+        };
+    }
+    let posted = if let Some(dc) = &q.dc {
+        dc.post(q, st, wrs)
+    } else {
+        post_chain(q, st, wrs)
+    };
+    let (done, failed) = posted;
+    for wr in &wrs[..done] {
+        count(st, wr);
+    }
+    st.posted += done as u64;
+    if done > 0 {
+        st.c.doorbells += 1;
+        st.c.send_wrs += done as u64;
+    }
+    if let Some(kind) = failed {
+        return Err(bad(done, kind));
+    }
+    match refused {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// What a post handed to the device: how many WRs it took, and why it
+/// refused the next one.
+pub(crate) type Posted = (usize, Option<PostErrorKind>);
+
+/// No address handle could be made for a destination.
+pub(crate) const NO_AH: PostErrorKind =
+    PostErrorKind::Malformed("no address handle could be created for the destination GID");
+
+/// Builds the chain for `wrs` (all admitted) and posts it with one
+/// `ibv_post_send`.
+fn post_chain(q: &QpInner, st: &mut SendState, wrs: &[SendWr]) -> Posted {
+    st.wrs.clear();
+    st.sges.clear();
+    st.wrs.reserve(wrs.len());
+    st.sges.reserve(wrs.len() * MAX_SGE);
+    let mut cut = None;
+    for (i, wr) in wrs.iter().enumerate() {
+        // SAFETY: `ibv_send_wr` is plain old data (integers, raw pointers and
+        // unions of those); all-zero is a valid value.
+        let mut w: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
+        w.wr_id = st.posted + i as u64;
+        w.num_sge = push_sges(&mut st.sges, &wr.payload) as i32;
+        w.send_flags = send_flags(wr);
+        set_op(&mut w, &wr.op);
+        if let Destination::Ud(t) = wr.dest {
+            let Some(ah) = ah_for(q, st, t.gid) else {
+                cut = Some(NO_AH);
+                break;
+            };
+            w.wr = sys::wr_t {
+                ud: sys::ud_t {
+                    ah,
+                    remote_qpn: t.qpn,
+                    remote_qkey: t.qkey,
+                },
+            };
+        }
+        st.wrs.push(w);
+    }
+    if st.wrs.is_empty() {
+        return (0, cut);
+    }
+    link(st);
+    let mut bad_wr: *mut sys::ibv_send_wr = std::ptr::null_mut();
+    let head = st.wrs.as_mut_ptr();
+    // SAFETY: the chain is in `st.wrs`/`st.sges`, linked by `link` and not
+    // touched until the call returns; inline SGEs point into `wrs`, borrowed
+    // for the call; the QP is live.
+    let rc = unsafe { sys::ibv_post_send(q.qp, head, &mut bad_wr) };
+    if rc == 0 {
+        return (st.wrs.len(), cut);
+    }
+    let done = if bad_wr.is_null() {
+        0
+    } else {
+        (bad_wr as usize - head as usize) / std::mem::size_of::<sys::ibv_send_wr>()
+    };
+    (done, Some(device_refusal(rc, q.shared.max_send_wr)))
+}
+
+/// Sets `next` and `sg_list` of the chain in `st.wrs` (after it is complete,
+/// so no push can move what a pointer points to).
+fn link(st: &mut SendState) {
+    let n = st.wrs.len();
+    let head = st.wrs.as_mut_ptr();
+    let sges = st.sges.as_mut_ptr();
+    let mut k = 0usize;
+    for i in 0..n {
+        // SAFETY: `i < n`: in bounds; every access below goes through the
+        // raw pointers taken above, so none of them is invalidated.
+        let w = unsafe { &mut *head.add(i) };
+        w.sg_list = if w.num_sge > 0 {
+            // SAFETY: `k + num_sge <= sges.len()`: the SGEs were pushed in
+            // this order.
+            unsafe { sges.add(k) }
+        } else {
+            std::ptr::null_mut()
+        };
+        k += w.num_sge as usize;
+        w.next = if i + 1 < n {
+            // SAFETY: `i + 1 < n`: in bounds.
+            unsafe { head.add(i + 1) }
+        } else {
+            std::ptr::null_mut()
+        };
+    }
+}
+
+/// The cached address handle to `gid`, created on first use.
+pub(crate) fn ah_for(q: &QpInner, st: &mut SendState, gid: Gid) -> Option<*mut sys::ibv_ah> {
+    if let Some(a) = st.ahs.get(&gid) {
+        return Some(a.ah);
+    }
+    let a = Ah::create(&q.pd, gid)?;
+    let p = a.ah;
+    st.ahs.insert(gid, a);
+    Some(p)
+}
