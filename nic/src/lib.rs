@@ -7,7 +7,7 @@
 //! ```text
 //! krcore (sdk) -> krcore-kmod (engine) -> krcore-nic::Nic
 //!                                           |- sim::SimNic   (default, no hardware)
-//!                                           `- verbs (feature `verbs`, later)
+//!                                           `- verbs::VerbsNic (feature `verbs`)
 //! ```
 //!
 //! ## Providers
@@ -16,6 +16,9 @@
 //!   processes. One-sided operations are executed by the initiator directly on
 //!   the target's memory after the checks a NIC does; errors are completions,
 //!   QPs go to ERR and flush, send-queue credits are enforced.
+//! - `verbs` (cargo feature `verbs`, needs `libibverbs-dev`, `librdmacm-dev`,
+//!   `libclang-dev`): real RDMA through rdma-sys, on ConnectX (with DC through
+//!   a small mlx5dv binding) or Soft-RoCE (RC/UD only; `caps().dc` is false).
 //!
 //! ## Invariants every provider keeps
 //! See [`provider`] and the suite in [`conformance`], which runs unchanged on

@@ -467,9 +467,10 @@ impl RecvWr {
 }
 
 /// Completion status, with the numeric values of `enum ibv_wc_status`.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Hash, serde::Serialize, serde::Deserialize)]
 #[repr(u8)]
 pub enum WcStatus {
+    #[default]
     Success = 0,
     LocLenErr = 1,
     LocQpOpErr = 2,
@@ -514,9 +515,10 @@ impl WcStatus {
 }
 
 /// Completion opcode (`enum ibv_wc_opcode`).
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Hash, serde::Serialize, serde::Deserialize)]
 #[repr(u8)]
 pub enum WcOpcode {
+    #[default]
     Send = 0,
     RdmaWrite = 1,
     RdmaRead = 2,
@@ -561,17 +563,6 @@ pub struct Wc {
     pub src_qp: u32,
 }
 
-impl Default for WcStatus {
-    fn default() -> Self {
-        WcStatus::Success
-    }
-}
-
-impl Default for WcOpcode {
-    fn default() -> Self {
-        WcOpcode::Send
-    }
-}
 
 /// Queue pair transport type.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash, serde::Serialize, serde::Deserialize)]
