@@ -577,12 +577,18 @@ impl QueuePair for SimQp {
         // Fast path: with nothing queued on an RTS QP, execute each WR
         // straight from the caller's slice (no copy into the queue).
         let mut direct = state == QpState::Rts && st.pending.is_empty();
+        // Free slots are read once per doorbell and re-read only when they
+        // run out (a concurrent poll may have freed some meanwhile).
+        let mut free = self.credits(&st);
         for (i, wr) in wrs.iter().enumerate() {
             if let Err(e) = self.validate(i, wr) {
                 result = Err(e);
                 break;
             }
-            if self.credits(&st) == 0 {
+            if free == 0 {
+                free = self.credits(&st);
+            }
+            if free == 0 {
                 result = Err(Self::bad(
                     i,
                     PostErrorKind::QueueFull {
@@ -591,6 +597,7 @@ impl QueuePair for SimQp {
                 ));
                 break;
             }
+            free -= 1;
             let seq = st.posted;
             st.posted += 1;
             n += 1;
