@@ -467,7 +467,9 @@ impl RecvWr {
 }
 
 /// Completion status, with the numeric values of `enum ibv_wc_status`.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, PartialEq, Eq, Debug, Default, Hash, serde::Serialize, serde::Deserialize,
+)]
 #[repr(u8)]
 pub enum WcStatus {
     #[default]
@@ -515,7 +517,9 @@ impl WcStatus {
 }
 
 /// Completion opcode (`enum ibv_wc_opcode`).
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, PartialEq, Eq, Debug, Default, Hash, serde::Serialize, serde::Deserialize,
+)]
 #[repr(u8)]
 pub enum WcOpcode {
     #[default]
@@ -562,7 +566,6 @@ pub struct Wc {
     /// For receives on UD/DCT: the sender's QP number.
     pub src_qp: u32,
 }
-
 
 /// Queue pair transport type.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash, serde::Serialize, serde::Deserialize)]

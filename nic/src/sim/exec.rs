@@ -385,32 +385,49 @@ impl Exec<'_> {
         }
     }
 
-    /// Resolves local SGEs (`LOC_PROT_ERR` on any failed check).
-    fn local(&mut self, sg: &SgList, need_write: bool, out: &mut Pieces) -> Result<(), WcStatus> {
+    /// Resolves one local SGE (`LOC_PROT_ERR` on any failed check).
+    fn local_one(&mut self, s: &Sge, need_write: bool) -> Result<Piece, WcStatus> {
         let qp = self.qp;
         let node = &qp.node;
+        let i = self
+            .mr(node.slot, node.gen, &node.ctl, s.lkey)
+            .ok_or(WcStatus::LocProtErr)?;
+        let info = self.mr_info(i);
+        if info.pd != qp.pd
+            || (need_write && !info.access.contains(Access::LOCAL_WRITE))
+            || s.addr < info.base
+            || s.addr
+                .checked_add(s.length as u64)
+                .is_none_or(|e| e > info.base + info.len)
+        {
+            return Err(WcStatus::LocProtErr);
+        }
+        Ok(Piece {
+            mr: i,
+            off: (s.addr - info.base) as usize,
+            len: s.length as usize,
+        })
+    }
+
+    /// Resolves local SGEs (`LOC_PROT_ERR` on any failed check).
+    fn local(&mut self, sg: &SgList, need_write: bool, out: &mut Pieces) -> Result<(), WcStatus> {
         out.n = 0;
         for s in sg.as_slice() {
-            let i = self
-                .mr(node.slot, node.gen, &node.ctl, s.lkey)
-                .ok_or(WcStatus::LocProtErr)?;
-            let info = self.mr_info(i);
-            if info.pd != self.qp.pd
-                || (need_write && !info.access.contains(Access::LOCAL_WRITE))
-                || s.addr < info.base
-                || s.addr
-                    .checked_add(s.length as u64)
-                    .is_none_or(|e| e > info.base + info.len)
-            {
-                return Err(WcStatus::LocProtErr);
-            }
-            out.push(Piece {
-                mr: i,
-                off: (s.addr - info.base) as usize,
-                len: s.length as usize,
-            });
+            let p = self.local_one(s, need_write)?;
+            out.push(p);
         }
         Ok(())
+    }
+
+    /// Copies piece `src` into piece `dst` (same length).
+    fn copy_piece(&self, src: &Piece, dst: &Piece) {
+        let t = &self.st.target;
+        if let (Some(s), Some(d)) = (&t.mrs[src.mr as usize], &t.mrs[dst.mr as usize]) {
+            // Both ranges were validated against their MRs.
+            let _ = s
+                .seg
+                .copy_to(src.off, &d.seg, dst.off, dst.len.min(src.len));
+        }
     }
 
     /// Resolves a remote range (`REM_ACCESS_ERR` on any failed check).
@@ -602,11 +619,30 @@ impl Exec<'_> {
                     return Err(WcStatus::LocQpOpErr);
                 };
                 let r = self.remote(slot, gen, ctl_seg, remote, len, Access::REMOTE_READ, &dst)?;
-                let mut locals = Pieces::default();
-                self.local(sg, true, &mut locals)?;
-                transfer(&self.st.target, &[], &Source::Pieces(single(r)), &locals);
+                if let [sge] = sg.as_slice() {
+                    // One SGE, the common case: no scatter list to build.
+                    let l = self.local_one(sge, true)?;
+                    self.copy_piece(&r, &l);
+                } else {
+                    let mut locals = Pieces::default();
+                    self.local(sg, true, &mut locals)?;
+                    transfer(&self.st.target, &[], &Source::Pieces(single(r)), &locals);
+                }
                 self.st.c.reads += 1;
                 self.st.c.bytes_read += len as u64;
+                Ok(ok(len))
+            }
+            WrOp::Write { remote } if matches!(&wr.payload, Payload::Local(sg) if sg.as_slice().len() == 1) =>
+            {
+                // One SGE, the common case: no gather list to build.
+                let Payload::Local(sg) = &wr.payload else {
+                    return Err(WcStatus::LocQpOpErr);
+                };
+                let l = self.local_one(&sg.as_slice()[0], false)?;
+                let r = self.remote(slot, gen, ctl_seg, remote, len, Access::REMOTE_WRITE, &dst)?;
+                self.copy_piece(&l, &r);
+                self.st.c.writes += 1;
+                self.st.c.bytes_written += len as u64;
                 Ok(ok(len))
             }
             WrOp::Write { remote } | WrOp::WriteImm { remote, .. } => {
