@@ -94,7 +94,7 @@ mod le;
 pub mod mr_table;
 mod server;
 pub mod table;
-mod ud;
+pub mod ud;
 pub mod wire;
 
 pub use client::{lookup_once, MetaClient, MetaRpc, RpcConfig};

@@ -26,7 +26,9 @@ use krcore_nic::{
 };
 
 /// Bytes of one buffer slot: a GRH and the longest message, rounded up.
-pub(crate) const SLOT_LEN: usize = 256;
+pub const SLOT_LEN: usize = 256;
+/// The longest datagram [`UdEndpoint::send_bytes`] carries.
+pub const MAX_DATAGRAM: usize = SLOT_LEN - GRH_LEN;
 const _: () = assert!(GRH_LEN + MAX_MESSAGE_LEN <= SLOT_LEN);
 
 /// Receive completions taken per poll.
@@ -34,13 +36,23 @@ const POLL_BATCH: usize = 32;
 
 /// One received datagram, copied out of its slot.
 #[derive(Clone, Copy)]
-pub(crate) struct Incoming {
+pub struct Incoming {
     /// Source GID, from the GRH.
     pub src: Gid,
     /// Source QP number, from the completion.
     pub src_qp: u32,
     len: usize,
     bytes: [u8; SLOT_LEN],
+}
+
+impl std::fmt::Debug for Incoming {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Incoming")
+            .field("src", &self.src)
+            .field("src_qp", &self.src_qp)
+            .field("len", &self.len)
+            .finish()
+    }
 }
 
 impl Incoming {
@@ -52,12 +64,16 @@ impl Incoming {
 
 /// What the endpoint saw (totals since creation).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct UdCounters {
+pub struct UdCounters {
+    /// Datagrams received and handed out.
     pub received: u64,
     /// Receives shorter than a GRH (dropped).
     pub runts: u64,
+    /// Receive completions with an error status.
     pub recv_errors: u64,
+    /// Datagrams sent.
     pub sent: u64,
+    /// Sends refused (too long, or the message did not encode).
     pub send_errors: u64,
     /// Sends given up for lack of a free send slot.
     pub no_credit: u64,
@@ -65,7 +81,18 @@ pub(crate) struct UdCounters {
     pub recoveries: u64,
 }
 
-pub(crate) struct UdEndpoint<N: Nic> {
+impl<N: Nic> std::fmt::Debug for UdEndpoint<N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UdEndpoint")
+            .field("qpn", &self.qp.qpn())
+            .field("counters", &self.counters)
+            .finish()
+    }
+}
+
+/// A UD QP with its own receive and send CQs and one registered buffer cut
+/// into slots (see the module docs): a small request/reply endpoint.
+pub struct UdEndpoint<N: Nic> {
     qp: N::Qp,
     recv_cq: N::Cq,
     send_cq: N::Cq,
@@ -75,6 +102,7 @@ pub(crate) struct UdEndpoint<N: Nic> {
     send_slots: u32,
     next_send: u64,
     wcs: Vec<Wc>,
+    /// What the endpoint saw.
     pub counters: UdCounters,
 }
 
@@ -211,6 +239,23 @@ impl<N: Nic> UdEndpoint<N> {
     /// # Errors
     /// Provider failures (CQ overflow, a refused post).
     pub fn send(&mut self, dest: UdTarget, msg: &Repr) -> MetaResult<bool> {
+        let mut buf = [0u8; MAX_MESSAGE_LEN];
+        let Ok(len) = msg.emit(&mut buf) else {
+            // Unreachable: every message fits MAX_MESSAGE_LEN.
+            self.counters.send_errors += 1;
+            return Ok(false);
+        };
+        self.send_bytes(dest, &buf[..len])
+    }
+
+    /// Sends the raw datagram `bytes` (at most [`MAX_DATAGRAM`] bytes) to
+    /// `dest`, like [`UdEndpoint::send`]; for other protocols than meta's
+    /// (the RACE memory node's block allocation uses it).
+    ///
+    /// # Errors
+    /// Provider failures; `MetaError::Nic`-style context when `bytes` is too
+    /// long.
+    pub fn send_bytes(&mut self, dest: UdTarget, bytes: &[u8]) -> MetaResult<bool> {
         self.reap_sends()?;
         if self.qp.state() == QpState::Err {
             self.recover()?;
@@ -219,12 +264,12 @@ impl<N: Nic> UdEndpoint<N> {
             self.counters.no_credit += 1;
             return Ok(false);
         }
-        let mut buf = [0u8; MAX_MESSAGE_LEN];
-        let Ok(len) = msg.emit(&mut buf) else {
-            // Unreachable: every message fits MAX_MESSAGE_LEN.
+        if bytes.len() > MAX_DATAGRAM {
             self.counters.send_errors += 1;
             return Ok(false);
-        };
+        }
+        let buf = bytes;
+        let len = bytes.len();
         let slot = self.recv_slots as u64 + self.next_send % u64::from(self.send_slots);
         let off = slot as usize * SLOT_LEN;
         self.mr
