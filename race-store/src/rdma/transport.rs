@@ -1,0 +1,363 @@
+//! [`VqpTransport`]: the client's [`Transport`] over KRCore virtual QPs.
+//!
+//! One VQP per memory node (connected by a metadata lookup, no QP created).
+//! A batch becomes one doorbell per memory node it touches: the node's WRs are
+//! posted together, only the last one signaled; the call returns when every
+//! node's last WR has completed, which (RDMA completes a QP's WRs in order)
+//! means all of them have. Each VQP knows a grant over its node's region, so
+//! the engine's pre-check refuses any access outside it before it reaches the
+//! NIC: a bad pointer from corrupted remote bytes is a typed error, never a
+//! flushed shared queue.
+//!
+//! Local memory: one registered scratch buffer, cut per batch into a slice
+//! per op (READ destinations, WRITE sources unless inline, 8-byte atomic
+//! results).
+
+use super::proto::{AllocReply, AllocRequest, NodeInfo, ALLOC_REPLY_LEN};
+use crate::layout::slot::RemotePtr;
+use crate::remote::{OpResult, RemoteOp, Transport, TransportError};
+use krcore::{Access, Node};
+use krcore_kmod::{OwnedMr, RemoteGrant, Vqp, VqpError};
+use krcore_meta::ud::{Incoming, UdEndpoint};
+use krcore_nic::{
+    Destination, InlineData, MemoryRegion, Nic, Payload, SendFlags, SendWr, SgList, UdTarget, Wc,
+    WcStatus, WrOp, MAX_INLINE,
+};
+use std::time::{Duration, Instant};
+
+/// Scratch buffer size (grows when a batch needs more).
+const SCRATCH: usize = 1 << 20;
+/// How long one batch may take before the transport gives up.
+const BATCH_TIMEOUT: Duration = Duration::from_secs(10);
+/// Block allocation: per-attempt timeout and attempts.
+const ALLOC_TIMEOUT: Duration = Duration::from_millis(500);
+const ALLOC_ATTEMPTS: u32 = 6;
+
+struct Remote<N: Nic> {
+    info: NodeInfo,
+    vqp: Vqp<N>,
+}
+
+/// A [`Transport`] over KRCore VQPs, for one client thread.
+pub struct VqpTransport<N: Nic> {
+    node: Node<N>,
+    remotes: Vec<Remote<N>>,
+    scratch: OwnedMr<N>,
+    rpc: UdEndpoint<N>,
+    next_req: u64,
+    /// Tags the wr_ids of a batch (`batch << 24 | index`), so completions of
+    /// an abandoned batch are recognized and dropped.
+    batch: u64,
+    wcs: Vec<Wc>,
+    wrs: Vec<Vec<SendWr>>,
+    incoming: Vec<Incoming>,
+}
+
+impl<N: Nic> std::fmt::Debug for VqpTransport<N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VqpTransport")
+            .field("gid", &self.node.gid())
+            .field("nodes", &self.remotes.len())
+            .finish()
+    }
+}
+
+fn setup(what: &'static str) -> impl Fn(String) -> TransportError {
+    move |e| TransportError::Setup { what, reason: e }
+}
+
+impl<N: Nic> VqpTransport<N> {
+    /// Connects `node` to the memory nodes `infos` (ids `0..infos.len()`, in
+    /// order): one VQP each, connected through the node's engine (a DCCache
+    /// hit or one READ of the meta table; no QP created).
+    ///
+    /// # Errors
+    /// [`TransportError::Setup`] when a memory node is unknown to the meta
+    /// server or a resource cannot be allocated.
+    pub fn connect(node: &Node<N>, infos: &[NodeInfo]) -> Result<Self, TransportError> {
+        let engine = node.engine();
+        let mut remotes = Vec::with_capacity(infos.len());
+        for (i, info) in infos.iter().enumerate() {
+            if usize::from(info.id) != i {
+                return Err(TransportError::Setup {
+                    what: "memory node list",
+                    reason: format!("entry {i} describes node {}", info.id),
+                });
+            }
+            let vqp = engine.create_vqp().map_err(|e| setup("create a VQP")(e.to_string()))?;
+            vqp.connect(info.gid)
+                .map_err(|e| setup("connect to a memory node")(e.to_string()))?;
+            vqp.add_grant(
+                info.gid,
+                info.rkey,
+                RemoteGrant {
+                    addr: info.base,
+                    len: info.len,
+                    access: Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC,
+                    expires_at: Instant::now() + Duration::from_secs(365 * 24 * 3600),
+                },
+            );
+            remotes.push(Remote { info: *info, vqp });
+        }
+        let scratch = engine
+            .alloc_mr(SCRATCH, Access::LOCAL_WRITE)
+            .map_err(|e| setup("scratch memory")(e.to_string()))?;
+        let rpc = UdEndpoint::new(engine.nic(), engine.pd(), super::proto::RPC_QKEY, 8, 8)
+            .map_err(|e| setup("allocation RPC endpoint")(e.to_string()))?;
+        Ok(VqpTransport {
+            node: node.clone(),
+            wrs: (0..infos.len()).map(|_| Vec::new()).collect(),
+            remotes,
+            scratch,
+            rpc,
+            next_req: 1,
+            batch: 0,
+            wcs: vec![Wc::default(); 16],
+            incoming: Vec::new(),
+        })
+    }
+
+    /// The client node.
+    pub fn node(&self) -> &Node<N> {
+        &self.node
+    }
+
+    fn remote_addr(&self, ptr: RemotePtr) -> Result<(usize, u64, u32), TransportError> {
+        let n = usize::from(ptr.node());
+        let r = self.remotes.get(n).ok_or(TransportError::NoSuchNode { node: ptr.node() })?;
+        Ok((n, r.info.base + ptr.offset(), r.info.rkey))
+    }
+
+    fn grow_scratch(&mut self, need: usize) -> Result<(), TransportError> {
+        if need <= self.scratch.len() {
+            return Ok(());
+        }
+        let len = need.next_power_of_two();
+        self.scratch = self
+            .node
+            .engine()
+            .alloc_mr(len, Access::LOCAL_WRITE)
+            .map_err(|e| setup("scratch memory")(e.to_string()))?;
+        Ok(())
+    }
+}
+
+fn vqp_error(node: u8, e: VqpError) -> TransportError {
+    match e {
+        VqpError::Rejected(r) => TransportError::Refused {
+            node,
+            reason: r.to_string(),
+        },
+        other => TransportError::Refused {
+            node,
+            reason: other.to_string(),
+        },
+    }
+}
+
+fn status_error(node: u8, ptr: RemotePtr, len: u64, status: WcStatus) -> TransportError {
+    match status {
+        WcStatus::RetryExcErr => TransportError::NodeDown { node },
+        WcStatus::RemAccessErr => TransportError::OutOfBounds { ptr, len },
+        WcStatus::RemInvReqErr => TransportError::Misaligned { ptr },
+        other => TransportError::Refused {
+            node,
+            reason: format!("completion status {other:?}"),
+        },
+    }
+}
+
+impl<N: Nic> Transport for VqpTransport<N> {
+    fn execute(&mut self, batch: &[RemoteOp<'_>]) -> Result<Vec<OpResult>, TransportError> {
+        // Lay the batch out in scratch.
+        let mut offs = Vec::with_capacity(batch.len());
+        let mut need = 0usize;
+        for op in batch {
+            offs.push(need);
+            need += match op {
+                RemoteOp::Read { len, .. } => *len as usize,
+                RemoteOp::Write { bytes, .. } if bytes.len() > MAX_INLINE => bytes.len(),
+                RemoteOp::Write { .. } => 0,
+                RemoteOp::Cas { .. } | RemoteOp::Faa { .. } => 8,
+            }
+            .next_multiple_of(8);
+        }
+        self.grow_scratch(need.max(8))?;
+        if batch.len() >= 1 << 24 {
+            return Err(TransportError::Refused {
+                node: 0,
+                reason: "batch too large".into(),
+            });
+        }
+        self.batch += 1;
+        let tag = self.batch << 24;
+        for w in &mut self.wrs {
+            w.clear();
+        }
+        let mut last = vec![None; self.remotes.len()];
+        for (i, op) in batch.iter().enumerate() {
+            let (n, addr, rkey) = self.remote_addr(op.ptr())?;
+            let remote = krcore_nic::RemoteAddr { addr, rkey };
+            let local = |len: u32| {
+                self.scratch
+                    .sge(offs[i], len)
+                    .map_err(|e| setup("scratch SGE")(e.to_string()))
+            };
+            let wr = match *op {
+                RemoteOp::Read { len, .. } => SendWr::read(tag | i as u64, local(len)?, remote),
+                RemoteOp::Write { bytes, .. } => {
+                    let payload = match InlineData::new(bytes) {
+                        Some(d) => Payload::Inline(d),
+                        None => {
+                            self.scratch
+                                .write(offs[i], bytes)
+                                .map_err(|e| setup("scratch copy")(e.to_string()))?;
+                            Payload::Local(SgList::one(local(bytes.len() as u32)?))
+                        }
+                    };
+                    SendWr {
+                        wr_id: tag | i as u64,
+                        op: WrOp::Write { remote },
+                        payload,
+                        flags: SendFlags::SIGNALED,
+                        dest: Destination::Connected,
+                    }
+                }
+                RemoteOp::Cas { expect, new, .. } => {
+                    SendWr::cas(tag | i as u64, local(8)?, remote, expect, new)
+                }
+                RemoteOp::Faa { add, .. } => SendWr::faa(tag | i as u64, local(8)?, remote, add),
+            };
+            self.wrs[n].push(wr.signaled(false));
+            last[n] = Some(i);
+        }
+        // One doorbell per memory node, its last WR signaled.
+        for (n, wrs) in self.wrs.iter_mut().enumerate() {
+            if let Some(w) = wrs.last_mut() {
+                *w = w.signaled(true);
+                self.remotes[n]
+                    .vqp
+                    .post_send(wrs)
+                    .map_err(|e| vqp_error(n as u8, e))?;
+            }
+        }
+        // Wait for every node's last WR; an error completion fails the batch.
+        let start = Instant::now();
+        let mut failure = None;
+        for (n, l) in last.iter().enumerate() {
+            let Some(last_i) = *l else { continue };
+            let mut done = false;
+            while !done {
+                let k = self.remotes[n]
+                    .vqp
+                    .poll(&mut self.wcs)
+                    .map_err(|e| vqp_error(n as u8, e))?;
+                for wc in &self.wcs[..k] {
+                    if wc.wr_id >> 24 != self.batch {
+                        continue; // a completion of an abandoned batch
+                    }
+                    let i = (wc.wr_id & ((1 << 24) - 1)) as usize;
+                    if wc.status != WcStatus::Success && failure.is_none() {
+                        let op = &batch[i.min(batch.len() - 1)];
+                        let len = match op {
+                            RemoteOp::Read { len, .. } => u64::from(*len),
+                            RemoteOp::Write { bytes, .. } => bytes.len() as u64,
+                            _ => 8,
+                        };
+                        failure = Some(status_error(n as u8, op.ptr(), len, wc.status));
+                    }
+                    // Every WR completes (success, error or flush), the
+                    // last one last: wait for it even after an error so no
+                    // completion of this batch is left for the next.
+                    if i == last_i {
+                        done = true;
+                    }
+                }
+                if !done && start.elapsed() > BATCH_TIMEOUT {
+                    return Err(TransportError::Refused {
+                        node: n as u8,
+                        reason: format!("no completion within {BATCH_TIMEOUT:?}"),
+                    });
+                }
+            }
+        }
+        if let Some(f) = failure {
+            return Err(f);
+        }
+        let mut out = Vec::with_capacity(batch.len());
+        for (i, op) in batch.iter().enumerate() {
+            out.push(match op {
+                RemoteOp::Read { len, .. } => {
+                    let mut v = vec![0u8; *len as usize];
+                    self.scratch
+                        .read(offs[i], &mut v)
+                        .map_err(|e| setup("scratch read")(e.to_string()))?;
+                    OpResult::Read(v)
+                }
+                RemoteOp::Write { .. } => OpResult::Written,
+                RemoteOp::Cas { .. } | RemoteOp::Faa { .. } => {
+                    let old = self
+                        .scratch
+                        .load_u64(offs[i])
+                        .map_err(|e| setup("scratch read")(e.to_string()))?;
+                    if matches!(op, RemoteOp::Cas { .. }) {
+                        OpResult::Cas { old }
+                    } else {
+                        OpResult::Faa { old }
+                    }
+                }
+            });
+        }
+        Ok(out)
+    }
+
+    fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {
+        let r = self
+            .remotes
+            .get(usize::from(node))
+            .ok_or(TransportError::NoSuchNode { node })?;
+        let dest = UdTarget {
+            gid: r.info.gid,
+            qpn: r.info.rpc_qpn,
+            qkey: r.info.rpc_qkey,
+        };
+        let req_id = self.next_req;
+        self.next_req += 1;
+        let req = AllocRequest { req_id, size }.encode();
+        for _ in 0..ALLOC_ATTEMPTS {
+            let sent = self
+                .rpc
+                .send_bytes(dest, &req)
+                .map_err(|e| setup("send an allocation request")(e.to_string()))?;
+            let start = Instant::now();
+            while sent && start.elapsed() < ALLOC_TIMEOUT {
+                self.incoming.clear();
+                self.rpc
+                    .poll_recv(&mut self.incoming)
+                    .map_err(|e| setup("receive an allocation reply")(e.to_string()))?;
+                for m in &self.incoming {
+                    let p = m.payload();
+                    if p.len() < ALLOC_REPLY_LEN {
+                        continue;
+                    }
+                    let Ok(reply) = AllocReply::decode(p) else { continue };
+                    if reply.req_id != req_id {
+                        continue;
+                    }
+                    return match reply.offset {
+                        Some(off) => RemotePtr::new(node, off).map_err(|_| TransportError::BadResponse {
+                            reason: "allocated offset out of range",
+                        }),
+                        None => Err(TransportError::OutOfMemory { node, size }),
+                    };
+                }
+                std::thread::yield_now();
+            }
+        }
+        Err(TransportError::NodeDown { node })
+    }
+
+    fn nodes(&self) -> u8 {
+        self.remotes.len() as u8
+    }
+}
