@@ -169,6 +169,7 @@
 pub mod credits;
 pub mod dccache;
 pub mod engine;
+pub mod handshake;
 pub mod precheck;
 mod sync;
 pub mod wrid;
