@@ -397,7 +397,9 @@ fn concurrent_connects_to_one_target_make_one_pair() {
 }
 
 /// Two engines without handshake threads connect to each other at the same
-/// time: each answers the other while it waits for its own answer.
+/// time: each answers the other while it waits for its own answer (a
+/// blocking connect drives its own endpoint), and afterwards from its host's
+/// loop (`progress()`), so neither blocking connect starves the other.
 #[test]
 fn engines_without_threads_answer_each_other_while_they_wait() {
     let f = Fabric::new();
@@ -413,19 +415,24 @@ fn engines_without_threads_answer_each_other_while_they_wait() {
     let (a, b) = (node(), node());
     a.mr.write(0, b"node a!!").unwrap();
     b.mr.write(0, b"node b!!").unwrap();
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    let side = |me: &MemNode, peer: &MemNode| {
+        let v = me.engine.create_vqp().unwrap();
+        v.connect(peer.engine.gid()).unwrap();
+        let buf = me.engine.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
+        let got = read8(&v, &buf, peer, 0);
+        done.fetch_add(1, Ordering::SeqCst);
+        // The host's loop: keep answering until the peer is connected too.
+        let start = Instant::now();
+        while done.load(Ordering::SeqCst) < 2 {
+            me.engine.progress().unwrap();
+            assert!(start.elapsed() < common::WAIT);
+        }
+        got
+    };
     let (got_a, got_b) = std::thread::scope(|s| {
-        let ta = s.spawn(|| {
-            let v = a.engine.create_vqp().unwrap();
-            v.connect(b.engine.gid()).unwrap();
-            let buf = a.engine.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
-            read8(&v, &buf, &b, 0)
-        });
-        let tb = s.spawn(|| {
-            let v = b.engine.create_vqp().unwrap();
-            v.connect(a.engine.gid()).unwrap();
-            let buf = b.engine.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
-            read8(&v, &buf, &a, 0)
-        });
+        let ta = s.spawn(|| side(&a, &b));
+        let tb = s.spawn(|| side(&b, &a));
         (ta.join().unwrap(), tb.join().unwrap())
     });
     assert_eq!((&got_a, &got_b), (b"node b!!", b"node a!!"));

@@ -176,9 +176,10 @@ struct Core<N: Nic> {
 /// (non-blocking), or from the thread [`HandshakeResponder::spawn_progress`]
 /// starts (the engine does when `EngineConfig::handshake_thread` is set). An
 /// initiator waiting for an answer drives its own endpoint too, so two
-/// engines without threads that connect to each other still answer each
-/// other while they wait. The pair's data path never involves the
-/// responder's CPU: its end of the pair is passive.
+/// engines without threads that connect to each other at the same time
+/// answer each other while they wait (a Request arriving after the wait is
+/// answered by the next `progress()`). The pair's data path never involves
+/// the responder's CPU: its end of the pair is passive.
 ///
 /// # What is kept (invariants)
 ///
