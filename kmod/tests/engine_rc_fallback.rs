@@ -437,3 +437,85 @@ fn engines_without_threads_answer_each_other_while_they_wait() {
     });
     assert_eq!((&got_a, &got_b), (b"node b!!", b"node a!!"));
 }
+
+/// Dropping an engine closes its pairs: the target and the meta host free
+/// their ends (Close messages, applied by their threads).
+#[test]
+fn a_dropped_engine_closes_its_pairs() {
+    let f = Fabric::new();
+    let mem = f.memory_node(64);
+    let client = f.client();
+    let v = client.create_vqp().unwrap();
+    v.connect(mem.engine.gid()).unwrap();
+    let meta_ends = f.meta.responder().stats().passive_qps;
+    assert_eq!(meta_ends, 1, "the client's meta pair");
+    assert_eq!(mem.engine.stats().handshake.passive_qps, 1);
+    drop(v);
+    drop(client);
+    let start = Instant::now();
+    while mem.engine.stats().handshake.passive_qps > 0 || f.meta.responder().stats().passive_qps > 0
+    {
+        assert!(start.elapsed() < common::WAIT, "ends still alive");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(mem.engine.stats().handshake.closed, 1);
+}
+
+/// A meta host that dies is a typed, bounded failure; cached targets and
+/// existing pairs keep working.
+#[test]
+fn a_dead_meta_host_is_typed_and_bounded() {
+    let f = Fabric::new();
+    let (mem, other) = (f.memory_node(64), f.memory_node(64));
+    let client = f.client();
+    let v = client.create_vqp().unwrap();
+    v.connect(mem.engine.gid()).unwrap();
+    f.meta_nic.kill();
+    let start = Instant::now();
+    let err = client
+        .create_vqp()
+        .unwrap()
+        .connect(other.engine.gid())
+        .unwrap_err();
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+    match err {
+        EngineError::MetaUnavailable { gid, failure } => {
+            assert_eq!(gid, other.engine.gid());
+            assert!(
+                matches!(
+                    failure,
+                    krcore_kmod::MetaFailure::Completion(WcStatus::RetryExcErr)
+                ),
+                "{failure}"
+            );
+        }
+        e => panic!("expected MetaUnavailable, got {e:?}"),
+    }
+    // The next lookup re-pairs with the meta node first: a handshake timeout.
+    let err = client
+        .create_vqp()
+        .unwrap()
+        .connect(other.engine.gid())
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            EngineError::MetaUnavailable {
+                failure: krcore_kmod::MetaFailure::Handshake(HandshakeFailure::Timeout { .. }),
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // The cached target and its pair are untouched.
+    let w = client.create_vqp().unwrap();
+    let (r, d) = counted(client.nic(), || w.connect(mem.engine.gid()));
+    r.unwrap();
+    assert_eq!(d.network_ops(), 0);
+    let buf = client.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
+    read8(&w, &buf, &mem, 0);
+}

@@ -95,8 +95,8 @@ enum MetaLink<N: Nic> {
     Dci,
     Rc {
         hs: HandshakeResponder<N>,
-        /// Whether the QP is paired (RTS) right now.
-        paired: bool,
+        /// The nonce of the pairing while the QP is paired (RTS).
+        paired: Option<u64>,
     },
 }
 
@@ -156,7 +156,7 @@ impl<N: Nic> MetaClient<N> {
             .map_err(EngineError::nic("create the meta QP"))?;
         let link = match hs {
             // Paired at the first lookup.
-            Some(hs) => MetaLink::Rc { hs, paired: false },
+            Some(hs) => MetaLink::Rc { hs, paired: None },
             None => {
                 bring_up(&qp, Access::NONE, None)
                     .map_err(EngineError::nic("bring up the meta DCI"))?;
@@ -182,6 +182,21 @@ impl<N: Nic> MetaClient<N> {
 
     pub(crate) fn stats(&self) -> MetaStats {
         self.dci.lock().stats
+    }
+
+    /// RC fallback mode: tells the meta node the pair is going away (best
+    /// effort), so that it frees its end.
+    pub(crate) fn close(&self) {
+        let mut dci = self.dci.lock();
+        let qpn = dci.qp.qpn();
+        if let MetaLink::Rc { hs, paired } = &mut dci.link {
+            if let (Some(nonce), Ok(target)) = (
+                paired.take(),
+                super::rc::handshake_target(&self.location.server),
+            ) {
+                hs.close(qpn, target, nonce);
+            }
+        }
     }
 
     /// Looks `gid` up: `Ok(None)` when the table has no entry for it.
@@ -238,14 +253,14 @@ impl<N: Nic> MetaDci<N> {
         let MetaLink::Rc { hs, paired } = &mut self.link else {
             return Ok(());
         };
-        if *paired {
+        if paired.is_some() {
             return Ok(());
         }
         self.stats.handshakes += 1;
         let target = super::rc::handshake_target(&server).map_err(ReadError::Nic)?;
         match super::rc::pair_with(hs, &self.qp, target) {
-            Ok(_) => {
-                *paired = true;
+            Ok(nonce) => {
+                *paired = Some(nonce);
                 Ok(())
             }
             Err(EngineError::Handshake { failure, .. }) => {
@@ -321,7 +336,7 @@ impl<N: Nic> MetaDci<N> {
         match &mut self.link {
             MetaLink::Dci => bring_up(&self.qp, Access::NONE, None),
             MetaLink::Rc { paired, .. } => {
-                *paired = false;
+                *paired = None;
                 Ok(())
             }
         }

@@ -239,6 +239,20 @@ impl<N: Nic> EngineInner<N> {
     }
 }
 
+impl<N: Nic> Drop for EngineInner<N> {
+    /// RC fallback mode: tells every target (and the meta node) that this
+    /// node's ends of their pairs are gone, so that they free theirs (best
+    /// effort: a lost Close leaves an end until its responder needs room).
+    fn drop(&mut self) {
+        if let Transport::Rc(f) = &self.transport {
+            f.pool.close_all(&f.hs);
+            if let Some(m) = &self.meta {
+                m.close();
+            }
+        }
+    }
+}
+
 /// The KRCore control plane of one NIC port, hosted in this process.
 ///
 /// Cheap to clone (`Arc`); `Send + Sync`. See the module docs for what it

@@ -291,6 +291,13 @@ impl<N: Nic> PhysQp<N> {
         self.state.lock().stats
     }
 
+    /// Closes the pair whatever is in flight (the engine is going away):
+    /// returns the pairing's nonce if it was open.
+    pub(crate) fn close(&self) -> Option<u64> {
+        let mut st = self.state.lock();
+        st.qp.take().map(|_| st.nonce)
+    }
+
     /// Closes an idle RC pair (eviction): drains its CQ, and if no WR is
     /// left in flight destroys the QP and returns the pairing's nonce (for
     /// the Close message). `Ok(None)`: WRs are in flight, the pair stays.

@@ -108,6 +108,17 @@ impl<N: Nic> RcPool<N> {
         p.is_open().then_some(p)
     }
 
+    /// Closes every pair and tells each target (best effort): the engine
+    /// is going away.
+    pub(crate) fn close_all(&self, hs: &HandshakeResponder<N>) {
+        let pairs: Vec<_> = self.map.lock().drain().map(|(_, p)| p).collect();
+        for p in pairs {
+            if let (Some(nonce), Some(l)) = (p.close(), p.rc_link()) {
+                hs.close(p.qpn(), l.handshake, nonce);
+            }
+        }
+    }
+
     fn retire(&self, p: &PhysQp<N>) {
         let mut s = self.stats.lock();
         let st = p.stats();
@@ -200,7 +211,7 @@ pub(crate) fn acquire<N: Nic>(
         reason: "RC pairs exist only in RC fallback mode",
     })?;
     let gid = t.target.gid;
-    if let Some(p) = pool.get(&gid) {
+    let hit = |p: Arc<PhysQp<N>>| {
         pool.stats.lock().reused += 1;
         if let Some(l) = p.rc_link() {
             l.used.store(
@@ -208,13 +219,16 @@ pub(crate) fn acquire<N: Nic>(
                 Ordering::Relaxed,
             );
         }
-        return Ok(p);
+        p
+    };
+    if let Some(p) = pool.get(&gid) {
+        return Ok(hit(p));
     }
     let hs_target = handshake_target(&t.target)?;
     let _creating = pool.create.lock();
+    // Another creator may have made it while this one waited.
     if let Some(p) = pool.get(&gid) {
-        pool.stats.lock().reused += 1;
-        return Ok(p);
+        return Ok(hit(p));
     }
     make_room(eng, pool)?;
     let (qp, cq) = create_qp(
@@ -249,13 +263,18 @@ pub(crate) fn acquire<N: Nic>(
 fn make_room<N: Nic>(eng: &EngineInner<N>, pool: &RcPool<N>) -> Result<(), EngineError> {
     let cap = eng.cfg.rc_cap;
     loop {
-        let mut pairs: Vec<(u64, bool, Gid, Arc<PhysQp<N>>)> = pool
+        let snapshot: Vec<(Gid, Arc<PhysQp<N>>)> = pool
             .map
             .lock()
             .iter()
+            .map(|(g, p)| (*g, p.clone()))
+            .collect();
+        // Pair locks are taken with the map lock released.
+        let mut pairs: Vec<(u64, bool, Gid, Arc<PhysQp<N>>)> = snapshot
+            .into_iter()
             .map(|(g, p)| {
                 let used = p.rc_link().map_or(0, |l| l.used.load(Ordering::Relaxed));
-                (used, p.is_open(), *g, p.clone())
+                (used, p.is_open(), g, p)
             })
             .collect();
         // Closed pairs hold no QP: drop them from the map first.

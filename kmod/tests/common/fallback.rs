@@ -16,6 +16,8 @@ pub struct Fabric {
     pub fabric: SimFabric,
     pub meta: RcMetaHost<SimNic>,
     pub location: MetaLocation,
+    /// The meta host's device (to kill it).
+    pub meta_nic: SimNic,
     _meta_thread: ProgressThread,
 }
 
@@ -31,7 +33,7 @@ impl Fabric {
         let fabric = SimFabric::in_memory();
         let nic = SimNic::open(&fabric, no_dc()).unwrap();
         let meta = RcMetaHost::start(
-            nic,
+            nic.clone(),
             MetaConfig {
                 geometry: Geometry::with_buckets(64).unwrap(),
                 ..MetaConfig::default()
@@ -45,6 +47,7 @@ impl Fabric {
             fabric,
             meta,
             location,
+            meta_nic: nic,
             _meta_thread: thread,
         }
     }
