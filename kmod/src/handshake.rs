@@ -30,8 +30,10 @@
 //!   newer nonce is a re-handshake (the initiator reset its QP after an
 //!   error: the responder resets and re-arms its end too); an older nonce is
 //!   a stale duplicate and is ignored.
-//! - Replies go to the request's UD source (GID from the GRH, QPN from the
-//!   completion) with the request's `reply_qkey`.
+//! - Replies go to the Request's `gid` (the initiator names its port; on
+//!   RoCE v2 over IPv4 a receive carries an IPv4 header where a GRH would
+//!   hold the source GID), at the UD QPN its completion reports, with the
+//!   Request's `reply_qkey`.
 //! - The responder's end of a pair is passive: it never posts; it exists so
 //!   that the initiator's one-sided WRs reach the responder's memory.
 //!

@@ -440,8 +440,10 @@ impl<N: Nic> Core<N> {
                     qpn,
                     reply_qkey,
                 } => {
+                    // The Request names its sender's port: the GID to
+                    // answer at (and to pair with), whatever the GRH holds.
                     let reply_to = UdTarget {
-                        gid: d.src,
+                        gid,
                         qpn: d.src_qp,
                         qkey: reply_qkey,
                     };
