@@ -18,11 +18,11 @@ pub const DEFAULT_DC_KEY: u64 = 0x6b72_636f_7265_6463; // "krcoredc"
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct EngineConfig {
-    /// Most DC initiators in the pool. Default: [`DCIS_PER_CPU`] times the
-    /// CPUs available to the process.
+    /// Most DC initiators in the pool (DC mode). Default: [`DCIS_PER_CPU`]
+    /// times the CPUs available to the process.
     pub pool_size: usize,
     /// DCIs created at start (the rest on demand, by `create_vqp`, up to
-    /// `pool_size`). Default 1.
+    /// `pool_size`; DC mode). Default 1.
     pub prestart: usize,
     /// Send-queue depth of each DCI, and in RC fallback mode of each RC QP
     /// (its CQ has as many entries). Default 128.
@@ -51,9 +51,9 @@ pub struct EngineConfig {
     /// Longest the engine collects flushes after a QP error before it
     /// resets the QP and reports the rest flushed itself. Default 100 ms.
     pub flush_timeout: Duration,
-    /// Depth of the DCT's SRQ and receive CQ. Default 256.
+    /// Depth of the DCT's SRQ and receive CQ (DC mode). Default 256.
     pub recv_depth: u32,
-    /// The DCT's `dc_key`. Default [`DEFAULT_DC_KEY`].
+    /// The DCT's `dc_key` (DC mode). Default [`DEFAULT_DC_KEY`].
     pub dc_key: u64,
     /// RC fallback mode: most RC pairs (one per target) at any time; past
     /// it the least recently used idle pair is evicted. Default 256.
