@@ -9,17 +9,38 @@
 //! sdk (Vqp, MemoryRegion, completions)
 //!   |
 //! engine (host) ---------------------------- threads, clocks, the provider
-//!   |  Engine<N>  PD, DCT+SRQ, DCI pool (per-DCI lock), meta client
+//!   |  Engine<N>  PD, DCT+SRQ, DCI pool (per-QP lock), meta client
+//!   |             RC fallback (no DC): handshake endpoint, RC pairs (LRU)
 //!   |  Vqp<N>     connect = DCCache lookup | one meta READ; post; poll
+//!   |             RC fallback: + the target's RC pair (hit | handshake)
+//!   |  RcMetaHost the meta table served over RC fallback
 //!   |
 //! pure pieces ------------------------------------------- no I/O, no clock
 //!   |  dccache   Gid -> DC target metadata, node-wide, lock-free reads
 //!   |  precheck  Algorithm 2: validity, capacity, signaling of a VQP's batch
 //!   |  wrid      physical wr_id = (VQP id, sequence); per-VQP slot tables
 //!   |  credits   send-queue credits of one shared physical QP
+//!   |  handshake the RC handshake's messages (RC fallback mode)
 //!   |
 //! krcore_nic::Nic (sim, verbs)
 //! ```
+//!
+//! # Modes
+//!
+//! On a device with DC the engine is KRCore proper ([`EngineMode::Dc`]). On
+//! a device without DC (Soft-RoCE, other vendors) it runs in
+//! [`EngineMode::RcFallback`] and says so ([`Engine::mode`],
+//! [`EngineStats::mode`]): instead of a DCT it runs a handshake endpoint (a
+//! UD QP, [`HandshakeResponder`]); instead of a DCI pool, a VQP's connect
+//! gets the RC QP of its target's pair, shared by every VQP of the node that
+//! talks to that target, made by a two-sided handshake over UD
+//! ([`handshake`]) and cached (LRU, `EngineConfig::rc_cap`). Pre-check,
+//! credits, wr_id routing and recovery are the same code on both (recovery
+//! of an RC pair re-handshakes it: the target's end failed too). The meta
+//! entry keeps its layout and names the handshake endpoint instead of a DCT
+//! ([`Engine::local_target`]); the table is served by an [`RcMetaHost`]
+//! (the meta crate's server needs DC). A cluster is all-DC or
+//! all-fallback: mixed clusters are not supported.
 //!
 //! # Quick start
 //!
@@ -70,6 +91,8 @@
 //! - [`credits`]: [`SendQueueCredits`] accounts a physical send queue: a
 //!   signaled completion credits every WR before it, including other VQPs'
 //!   unsignaled WRs, and impossible completions are typed errors.
+//! - [`handshake`]: the RC fallback's handshake messages
+//!   ([`handshake::HandshakeRepr`]) and the protocol's rules.
 //!
 //! - [`engine`]: [`Engine`] and [`Vqp`], the host: which lock guards what,
 //!   how completions are routed, what is cached, and how a DCI in ERR is
@@ -98,6 +121,11 @@
 //! physical QP or the VQP: in the [`engine`], a DCI's lock guards its
 //! [`SendQueueCredits`], a VQP's lock its [`SlotTable`]. [`Engine`] and
 //! [`Vqp`] are `Send + Sync`; there is no engine-wide lock on the data path.
+//!
+//! The engine starts no thread unless asked: in RC fallback mode a node
+//! answers peers' handshakes from [`Engine::progress`] (non-blocking, the
+//! host calls it) or, with `EngineConfig::handshake_thread`, from a thread
+//! the engine owns and joins when it is dropped.
 //!
 //! # Example: one batch through the pieces
 //!
@@ -169,13 +197,16 @@
 pub mod credits;
 pub mod dccache;
 pub mod engine;
+pub mod handshake;
 pub mod precheck;
 mod sync;
 pub mod wrid;
 
 pub use engine::{
-    DciStats, Engine, EngineConfig, EngineError, EngineStats, MetaFailure, MetaLocation, MetaStats,
-    OwnedMr, Vqp, VqpError, DCIS_PER_CPU, DEFAULT_DC_KEY,
+    DciStats, Engine, EngineConfig, EngineError, EngineMode, EngineStats, HandshakeConfig,
+    HandshakeFailure, HandshakeResponder, HandshakeStats, MetaFailure, MetaLocation, MetaStats,
+    OwnedMr, ProgressThread, QpStats, RcMetaHost, RcStats, Vqp, VqpError, DCIS_PER_CPU,
+    DEFAULT_DC_KEY, DEFAULT_HANDSHAKE_QKEY,
 };
 
 pub use credits::{CreditError, PostedWr, QueueView, SendQueueCredits};

@@ -8,12 +8,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{config, counted, wait_wcs, Cluster};
-use krcore_kmod::{Engine, EngineConfig, EngineError, MetaFailure, VqpError};
+use krcore_kmod::{Engine, EngineConfig, EngineError, EngineMode, MetaFailure, VqpError};
 use krcore_nic::sim::{SimConfig, SimNic};
 use krcore_nic::{Access, DcTarget, Gid, MemoryRegion, Nic, SendWr, WcStatus};
 
+/// A device without DC no longer refuses the engine: it runs in RC
+/// fallback mode (tests/engine_rc_fallback.rs covers that mode), and a DC
+/// device still runs KRCore proper.
 #[test]
-fn a_device_without_dc_is_unsupported() {
+fn the_mode_follows_the_device() {
     let c = Cluster::new();
     let nic = SimNic::open(
         &c.fabric,
@@ -23,9 +26,14 @@ fn a_device_without_dc_is_unsupported() {
         },
     )
     .unwrap();
-    let err = Engine::start(nic, EngineConfig::default()).unwrap_err();
-    assert!(matches!(err, EngineError::Unsupported { .. }), "{err}");
-    assert!(err.to_string().contains("RC fallback"), "{err}");
+    let e = Engine::start(nic, EngineConfig::default()).unwrap();
+    assert_eq!(e.mode(), EngineMode::RcFallback);
+    assert_eq!(e.stats().mode, EngineMode::RcFallback);
+    let dc = c.engine(EngineConfig::default());
+    assert_eq!(dc.mode(), EngineMode::Dc);
+    assert_eq!(dc.stats().mode, EngineMode::Dc);
+    assert_eq!(dc.progress().unwrap(), 0, "nothing to progress in DC mode");
+    assert!(dc.handshake_responder().is_none());
 }
 
 #[test]

@@ -1,16 +1,23 @@
-//! 64 VQPs share ONE DC initiator; one more VQP posts bad WRs. With the
+//! 64 VQPs share ONE physical QP; one more VQP posts bad WRs. With the
 //! pre-check, the bad WRs are typed rejections that never reach the NIC and
 //! every other VQP completes everything. Without it, the NIC moves the
-//! shared DCI to ERR and innocent VQPs see their WRs flushed: the pre-check
-//! is what protects them. Either way the engine recovers the DCI and the
-//! pool keeps working.
+//! shared QP to ERR and innocent VQPs see their WRs flushed: the pre-check
+//! is what protects them. Either way the engine recovers the QP and keeps
+//! working.
+//!
+//! Each scenario runs twice: on a DC initiator of the pool (DC mode), and
+//! on the RC QP of the client's pair with the memory node (RC fallback
+//! mode, devices without DC), where recovery re-handshakes the pair because
+//! the target's end failed too.
 
 mod common;
 
+use std::any::Any;
 use std::time::Instant;
 
+use common::fallback::Fabric;
 use common::{config, counted, Cluster, MemNode, WAIT};
-use krcore_kmod::{Engine, OwnedMr, Reason, Vqp, VqpError};
+use krcore_kmod::{DciStats, Engine, EngineMode, OwnedMr, Reason, Vqp, VqpError};
 use krcore_nic::sim::{SimMr, SimNic};
 use krcore_nic::{Access, MemoryRegion, Nic, RemoteAddr, SendWr, Wc, WcStatus};
 
@@ -18,7 +25,7 @@ const GOOD: usize = 64;
 const REGION: u64 = 64;
 
 struct Fixture {
-    _c: Cluster,
+    _c: Box<dyn Any>,
     mem: MemNode,
     client: Engine<SimNic>,
     local: OwnedMr<SimNic>,
@@ -39,13 +46,26 @@ enum Bad {
 }
 
 impl Fixture {
-    fn new(precheck: bool) -> Fixture {
-        let c = Cluster::new();
-        let mem = c.memory_node((GOOD as u64 + 1) as usize * REGION as usize);
-        let client = c.engine(config(|cfg| {
+    fn new(precheck: bool, mode: EngineMode) -> Fixture {
+        let len = (GOOD as u64 + 1) as usize * REGION as usize;
+        let cfg = config(|cfg| {
             cfg.pool_size = 1;
             cfg.precheck = precheck;
-        }));
+            cfg.handshake_thread = true;
+        });
+        let (c, mem, client): (Box<dyn Any>, _, _) = match mode {
+            EngineMode::Dc => {
+                let c = Cluster::new();
+                let (mem, client) = (c.memory_node(len), c.engine(cfg));
+                (Box::new(c), mem, client)
+            }
+            _ => {
+                let f = Fabric::new();
+                let (mem, client) = (f.memory_node(len), f.engine(cfg));
+                (Box::new(f), mem, client)
+            }
+        };
+        assert_eq!(client.mode(), mode);
         let local = client
             .alloc_mr((GOOD + 1) * REGION as usize, Access::LOCAL_WRITE)
             .unwrap();
@@ -62,8 +82,13 @@ impl Fixture {
         };
         let good: Vec<_> = (0..GOOD).map(vqp).collect();
         let bad = vqp(GOOD);
-        assert!(good.iter().chain([&bad]).all(|v| v.dci_index() == 0));
-        assert_eq!(client.stats().dcis, 1, "ONE shared DCI");
+        let qpn = bad.physical_qpn();
+        assert!(good.iter().all(|v| v.physical_qpn() == qpn));
+        let s = client.stats();
+        match mode {
+            EngineMode::Dc => assert_eq!(s.dcis, 1, "ONE shared DCI"),
+            _ => assert_eq!((s.dcis, s.rc.pairs), (0, 1), "ONE shared RC QP"),
+        }
         let pd = client.nic().alloc_pd().unwrap();
         let foreign = client.nic().alloc_mr(&pd, 64, Access::LOCAL_WRITE).unwrap();
         Fixture {
@@ -74,6 +99,15 @@ impl Fixture {
             good,
             bad,
             foreign,
+        }
+    }
+
+    /// The shared QP's statistics.
+    fn qp_stats(&self) -> DciStats {
+        let s = self.client.stats();
+        match s.mode {
+            EngineMode::Dc => s.dci,
+            _ => s.rc.qp,
         }
     }
 
@@ -173,7 +207,16 @@ impl Fixture {
 /// NIC, nothing fails, every innocent VQP completes every round.
 #[test]
 fn the_precheck_protects_the_vqps_sharing_a_dci() {
-    let f = Fixture::new(true);
+    precheck_protects(EngineMode::Dc);
+}
+
+#[test]
+fn the_precheck_protects_the_vqps_sharing_an_rc_qp() {
+    precheck_protects(EngineMode::RcFallback);
+}
+
+fn precheck_protects(mode: EngineMode) {
+    let f = Fixture::new(true, mode);
     let kinds = [Bad::OutOfGrant, Bad::ForeignLkey, Bad::MisalignedCas];
     let (_, d) = counted(f.client.nic(), || {
         for round in 0..6u64 {
@@ -208,10 +251,10 @@ fn the_precheck_protects_the_vqps_sharing_a_dci() {
         6 * GOOD as u64 * 3,
         "only the good WRs reached the NIC"
     );
-    let s = f.client.stats();
-    assert_eq!(s.dci.recoveries, 0);
-    assert_eq!(s.dci.rejected, 6);
-    assert_eq!(s.dci.error_completions, 0);
+    let s = f.qp_stats();
+    assert_eq!(s.recoveries, 0);
+    assert_eq!(s.rejected, 6);
+    assert_eq!(s.error_completions, 0);
     assert_eq!(f.bad.outstanding(), 0);
     assert_eq!(
         f.mem.mr.load_u64(GOOD * REGION as usize + 16).unwrap(),
@@ -221,12 +264,22 @@ fn the_precheck_protects_the_vqps_sharing_a_dci() {
 }
 
 /// The same traffic without the pre-check: the bad WR reaches the NIC, the
-/// shared DCI goes to ERR and the innocent VQPs that post behind it see
+/// shared QP goes to ERR and the innocent VQPs that post behind it see
 /// WR_FLUSH_ERR. The engine reports every flushed WR to its owner, resets
-/// and re-arms the DCI, and the next round succeeds for everyone.
+/// and re-arms the QP (an RC pair: re-handshakes it), and the next round
+/// succeeds for everyone.
 #[test]
 fn without_the_precheck_innocent_vqps_are_flushed() {
-    let f = Fixture::new(false);
+    without_precheck(EngineMode::Dc);
+}
+
+#[test]
+fn without_the_precheck_innocent_vqps_on_an_rc_qp_are_flushed() {
+    without_precheck(EngineMode::RcFallback);
+}
+
+fn without_precheck(mode: EngineMode) {
+    let f = Fixture::new(false, mode);
     let cases = [
         (Bad::OutOfGrant, WcStatus::RemAccessErr),
         (Bad::ForeignLkey, WcStatus::LocProtErr),
@@ -280,7 +333,13 @@ fn without_the_precheck_innocent_vqps_are_flushed() {
             }
         }
         assert!(flushed_innocents > 0, "the NIC flushed innocent VQPs");
-        assert_eq!(f.client.stats().dci.recoveries, n as u64 + 1);
+        assert_eq!(f.qp_stats().recoveries, n as u64 + 1);
+        if mode == EngineMode::RcFallback {
+            // Each recovery re-armed the target's end of the same pair.
+            let hs = f.mem.engine.stats().handshake;
+            assert_eq!((hs.rearmed, hs.passive_qps), (n as u64 + 1, 1), "{hs:?}");
+            assert_eq!(f.client.stats().rc.created, 1, "the same pair throughout");
+        }
         // A REM_ACCESS_ERR disconnected the bad VQP (and invalidated the
         // target): it connects again like any user would.
         if f.bad.target().is_none() {

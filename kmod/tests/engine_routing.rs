@@ -1,16 +1,19 @@
 //! Completion routing under threads: 4 threads, each with its own VQPs, on 2
-//! shared DCIs. Every user wr_id a thread signals comes back exactly once,
-//! to the VQP that posted it, and nothing else does (reference check against
-//! per-VQP sets of expected wr_ids).
+//! shared DCIs (DC mode) or on ONE shared RC QP (RC fallback mode: every VQP
+//! talks to the same target). Every user wr_id a thread signals comes back
+//! exactly once, to the VQP that posted it, and nothing else does
+//! (reference check against per-VQP sets of expected wr_ids).
 
 mod common;
 
+use std::any::Any;
 use std::collections::HashSet;
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
+use common::fallback::Fabric;
 use common::{config, Cluster, WAIT};
-use krcore_kmod::{Vqp, VqpError};
+use krcore_kmod::{EngineMode, Vqp, VqpError};
 use krcore_nic::sim::SimNic;
 use krcore_nic::{Access, MemoryRegion, SendWr, Wc, WcStatus};
 
@@ -47,13 +50,33 @@ fn poll_check(v: &Vqp<SimNic>, expected: &mut HashSet<u64>, seen: &mut u64) {
 
 #[test]
 fn every_wr_id_comes_back_once_to_its_own_vqp() {
-    let c = Cluster::new();
-    let mem = c.memory_node(THREADS * 4096);
-    let client = c.engine(config(|cfg| {
+    run(EngineMode::Dc);
+}
+
+#[test]
+fn every_wr_id_comes_back_once_to_its_own_vqp_on_an_rc_qp() {
+    run(EngineMode::RcFallback);
+}
+
+fn run(mode: EngineMode) {
+    let cfg = config(|cfg| {
         cfg.pool_size = 2;
         cfg.dci_depth = 64;
         cfg.vqp_depth = 32;
-    }));
+        cfg.handshake_thread = true;
+    });
+    let (_c, mem, client): (Box<dyn Any>, _, _) = match mode {
+        EngineMode::Dc => {
+            let c = Cluster::new();
+            let (mem, client) = (c.memory_node(THREADS * 4096), c.engine(cfg));
+            (Box::new(c), mem, client)
+        }
+        _ => {
+            let f = Fabric::new();
+            let (mem, client) = (f.memory_node(THREADS * 4096), f.engine(cfg));
+            (Box::new(f), mem, client)
+        }
+    };
     let barrier = Barrier::new(THREADS);
     let mem = Arc::new(mem);
     let totals: Vec<(u64, u64, u64)> = std::thread::scope(|s| {
@@ -179,16 +202,25 @@ fn every_wr_id_comes_back_once_to_its_own_vqp() {
             "thread {t}: every FAA executed exactly once"
         );
     }
-    let s = client.stats();
-    assert_eq!(s.dcis, 2);
-    assert_eq!(s.dci.error_completions, 0);
-    assert_eq!(s.dci.stale_completions, 0);
-    assert_eq!(s.dci.orphaned, 0);
-    assert!(s.dci.forced_signals > 0, "{s:?}");
+    let all = client.stats();
+    let s = match mode {
+        EngineMode::Dc => {
+            assert_eq!(all.dcis, 2);
+            all.dci
+        }
+        _ => {
+            assert_eq!((all.dcis, all.rc.pairs, all.rc.created), (0, 1, 1));
+            all.rc.qp
+        }
+    };
+    assert_eq!(s.error_completions, 0);
+    assert_eq!(s.stale_completions, 0);
+    assert_eq!(s.orphaned, 0);
+    assert!(s.forced_signals > 0, "{s:?}");
     assert_eq!(
-        s.dci.wrs,
+        s.wrs,
         totals.iter().map(|t| t.0).sum::<u64>(),
         "every posted WR went out once"
     );
-    eprintln!("{totals:?} {s:?}");
+    eprintln!("{mode}: {totals:?} {s:?}");
 }

@@ -73,6 +73,19 @@
 //! private in-process fabric, unless told otherwise). Any provider works
 //! through [`Node::with_nic`].
 //!
+//! # Devices without DC (RC fallback mode)
+//!
+//! On a device without DC (Soft-RoCE, non-ConnectX NICs; in `sim`,
+//! [`NodeBuilder::sim_config`] with `dc: false`) the engine runs in RC
+//! fallback mode ([`Node::mode`], [`EngineStats::mode`]): a VQP's connect is
+//! the same lookup, then the RC QP its node shares with the target (made
+//! once by a handshake over UD, cached, LRU-evicted past
+//! `EngineConfig::rc_cap`). The API does not change. Each node answers
+//! handshakes from a thread of its own (the SDK's default; see
+//! [`NodeBuilder::handshake_thread`]); [`NodeBuilder::host_meta`] serves the
+//! embedded table over RC ([`Node::rc_meta_host`]). A cluster is all-DC or
+//! all-fallback.
+//!
 //! # Meta server
 //!
 //! A node reads the meta table at [`NodeBuilder::meta`]; for single-process
@@ -106,12 +119,12 @@ mod vqp;
 
 pub use error::{Error, Result};
 pub use memory::{MemoryRegion, RemoteRegion};
-pub use node::{MetaHost, Node, NodeBuilder};
+pub use node::{MetaHost, Node, NodeBuilder, RcMetaHosted};
 pub use vqp::{Completion, Request, Vqp, REQUEST_WR_ID_BIT};
 
 pub use krcore_kmod::{
-    EngineConfig, EngineError, EngineStats, MetaFailure, MetaLocation, Reason, Rejection,
-    RemoteGrant, VqpError,
+    EngineConfig, EngineError, EngineMode, EngineStats, HandshakeFailure, MetaFailure,
+    MetaLocation, Reason, Rejection, RemoteGrant, VqpError,
 };
 pub use krcore_meta::table::Geometry;
 pub use krcore_nic::{

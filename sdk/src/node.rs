@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use krcore_kmod::{Engine, EngineConfig, MetaLocation};
+use krcore_kmod::{Engine, EngineConfig, EngineMode, MetaLocation, ProgressThread, RcMetaHost};
 use krcore_meta::table::Geometry;
 use krcore_meta::{MetaConfig, MetaServer};
 use krcore_nic::sim::{SimConfig, SimFabric, SimNic};
@@ -18,6 +18,42 @@ use crate::vqp::Vqp;
 /// the process registered by local calls through [`MetaServer::table_mut`].
 pub type MetaHost<N> = Mutex<MetaServer<N>>;
 
+/// The embedded meta table of a node in RC fallback mode (a device without
+/// DC, where [`MetaServer`] cannot run): the same table, READ over RC pairs
+/// made by a handshake with its responder, which a thread of the node runs.
+pub struct RcMetaHosted<N: Nic> {
+    host: RcMetaHost<N>,
+    _thread: ProgressThread,
+}
+
+impl<N: Nic> RcMetaHosted<N> {
+    /// The host (its table, bootstrap and statistics).
+    pub fn host(&self) -> &RcMetaHost<N> {
+        &self.host
+    }
+}
+
+impl<N: Nic> std::fmt::Debug for RcMetaHosted<N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.host.fmt(f)
+    }
+}
+
+/// The meta table a node hosts, in either mode.
+enum Hosted<N: Nic> {
+    Dc(Arc<MetaHost<N>>),
+    Rc(Arc<RcMetaHosted<N>>),
+}
+
+impl<N: Nic> Clone for Hosted<N> {
+    fn clone(&self) -> Self {
+        match self {
+            Hosted::Dc(h) => Hosted::Dc(h.clone()),
+            Hosted::Rc(h) => Hosted::Rc(h.clone()),
+        }
+    }
+}
+
 /// Lease of a registration made by the builder in an embedded meta table
 /// (its clock is the caller's: the builder registers at time 0).
 const EMBEDDED_LEASE_MS: u64 = 1 << 40;
@@ -28,7 +64,7 @@ const EMBEDDED_BUCKETS: u32 = 1024;
 struct NodeInner<N: Nic> {
     engine: Engine<N>,
     fabric: Option<SimFabric>,
-    meta_host: Option<Arc<MetaHost<N>>>,
+    meta_host: Option<Hosted<N>>,
 }
 
 /// One node: a NIC port, its KRCore engine, and (on `sim`) its fabric.
@@ -69,9 +105,15 @@ impl Node<SimNic> {
 impl<N: Nic> Node<N> {
     /// A node over any provider's NIC, with an engine configured by `cfg`.
     ///
+    /// On a device without DC the engine runs in RC fallback mode; the SDK
+    /// then always runs its handshake thread (`cfg.handshake_thread` is
+    /// turned on), so that the node accepts connections with no help from
+    /// the caller.
+    ///
     /// # Errors
-    /// [`Error::Engine`] when the engine cannot start (no DC, ...).
-    pub fn with_nic(nic: N, cfg: EngineConfig) -> Result<Node<N>> {
+    /// [`Error::Engine`] when the engine cannot start.
+    pub fn with_nic(nic: N, mut cfg: EngineConfig) -> Result<Node<N>> {
+        cfg.handshake_thread = true;
         Ok(Node {
             inner: Arc::new(NodeInner {
                 engine: Engine::start(nic, cfg)?,
@@ -86,7 +128,9 @@ impl<N: Nic> Node<N> {
         self.inner.engine.gid()
     }
 
-    /// This node's DC address (what the meta server publishes for it).
+    /// This node's address (what the meta server publishes for it): its
+    /// DCT, or in RC fallback mode its handshake endpoint (see
+    /// [`Engine::local_target`]).
     pub fn local_target(&self) -> DcTarget {
         self.inner.engine.local_target()
     }
@@ -101,10 +145,28 @@ impl<N: Nic> Node<N> {
         &self.inner.engine
     }
 
-    /// The meta table this node hosts, if it was built with
-    /// [`NodeBuilder::host_meta`].
+    /// How the node's engine reaches other nodes: DC, or the RC fallback
+    /// on a device without DC.
+    pub fn mode(&self) -> EngineMode {
+        self.inner.engine.mode()
+    }
+
+    /// The meta server this node hosts, if it was built with
+    /// [`NodeBuilder::host_meta`] on a device with DC.
     pub fn meta_server(&self) -> Option<&MetaHost<N>> {
-        self.inner.meta_host.as_deref()
+        match &self.inner.meta_host {
+            Some(Hosted::Dc(h)) => Some(h),
+            _ => None,
+        }
+    }
+
+    /// The meta table this node hosts, if it was built with
+    /// [`NodeBuilder::host_meta`] on a device without DC.
+    pub fn rc_meta_host(&self) -> Option<&RcMetaHosted<N>> {
+        match &self.inner.meta_host {
+            Some(Hosted::Rc(h)) => Some(h),
+            _ => None,
+        }
     }
 
     /// Where the meta table this node reads is.
@@ -147,14 +209,35 @@ impl<N: Nic> Node<N> {
     /// # Errors
     /// [`Error::Register`].
     pub fn register_in(&self, meta: &MetaHost<N>) -> Result<()> {
-        meta.lock()
+        let r = meta
+            .lock()
             .table_mut()
-            .register(self.local_target(), 0, EMBEDDED_LEASE_MS, 0)
-            .map(|_| ())
-            .map_err(|source| Error::Register {
-                gid: self.gid(),
-                source,
-            })
+            .register(self.local_target(), 0, EMBEDDED_LEASE_MS, 0);
+        self.registered(r)
+    }
+
+    fn registered<T>(
+        &self,
+        r: std::result::Result<T, krcore_meta::engine::TableError>,
+    ) -> Result<()> {
+        r.map(|_| ()).map_err(|source| Error::Register {
+            gid: self.gid(),
+            source,
+        })
+    }
+
+    /// Registers this node in the table this process hosts (either mode).
+    fn register_hosted(&self, hosted: &Hosted<N>) -> Result<()> {
+        match hosted {
+            Hosted::Dc(h) => self.register_in(h),
+            Hosted::Rc(h) => {
+                let r = h
+                    .host
+                    .table()
+                    .register(self.local_target(), 0, EMBEDDED_LEASE_MS, 0);
+                self.registered(r)
+            }
+        }
     }
 }
 
@@ -177,12 +260,32 @@ enum Place {
 ///   fabric and meta table of another node of this process).
 /// - Meta server: [`NodeBuilder::meta`] (a location), [`NodeBuilder::host_meta`]
 ///   (host an embedded table on this node), or inherited by `join`.
-#[derive(Debug, Default)]
+/// - Device: [`NodeBuilder::sim_config`] (for example `dc: false`, a device
+///   like Soft-RoCE: the node runs in RC fallback mode).
+/// - RC fallback mode: the engine answers peers' handshakes from a thread of
+///   its own unless [`NodeBuilder::handshake_thread`] turns it off (the
+///   caller then calls `node.engine().progress()`).
+#[derive(Debug)]
 pub struct NodeBuilder {
     place: Place,
     config: EngineConfig,
     meta: Option<MetaLocation>,
     host_meta: bool,
+    sim: Option<SimConfig>,
+    handshake_thread: bool,
+}
+
+impl Default for NodeBuilder {
+    fn default() -> NodeBuilder {
+        NodeBuilder {
+            place: Place::default(),
+            config: EngineConfig::default(),
+            meta: None,
+            host_meta: false,
+            sim: None,
+            handshake_thread: true,
+        }
+    }
 }
 
 impl NodeBuilder {
@@ -218,15 +321,33 @@ impl NodeBuilder {
     }
 
     /// Hosts an embedded meta table on this node (and registers the node in
-    /// it): the simplest single-process setup.
+    /// it): the simplest single-process setup. On a device with DC it is a
+    /// [`MetaServer`] ([`Node::meta_server`]); without DC an [`RcMetaHost`]
+    /// with its responder's thread ([`Node::rc_meta_host`]).
     pub fn host_meta(mut self) -> NodeBuilder {
         self.host_meta = true;
         self
     }
 
-    /// The engine's configuration (its `meta` is set by the builder).
+    /// The engine's configuration (its `meta` and `handshake_thread` are
+    /// set by the builder).
     pub fn config(mut self, config: EngineConfig) -> NodeBuilder {
         self.config = config;
+        self
+    }
+
+    /// The sim device to open (ignored for [`NodeBuilder::nic`]). Default
+    /// [`SimConfig::default`] (with DC), or with [`NodeBuilder::join`] the
+    /// joined node's (a cluster is all-DC or all-RC-fallback).
+    pub fn sim_config(mut self, sim: SimConfig) -> NodeBuilder {
+        self.sim = Some(sim);
+        self
+    }
+
+    /// RC fallback mode: whether the engine answers handshakes from a
+    /// thread of its own. Default true.
+    pub fn handshake_thread(mut self, on: bool) -> NodeBuilder {
+        self.handshake_thread = on;
         self
     }
 
@@ -241,18 +362,22 @@ impl NodeBuilder {
             mut config,
             meta,
             host_meta,
+            sim,
+            handshake_thread,
         } = self;
+        config.handshake_thread = handshake_thread;
         let mut joined_meta_host = None;
+        let dev = |sim: Option<SimConfig>| sim.unwrap_or_default();
         let (nic, fabric) = match place {
             Place::Default => {
                 let f = SimFabric::in_memory();
-                (SimNic::open(&f, SimConfig::default())?, Some(f))
+                (SimNic::open(&f, dev(sim))?, Some(f))
             }
             Place::Spec(spec) => {
                 let f = SimFabric::from_spec(&spec)?;
-                (SimNic::open(&f, SimConfig::default())?, Some(f))
+                (SimNic::open(&f, dev(sim))?, Some(f))
             }
-            Place::Fabric(f) => (SimNic::open(&f, SimConfig::default())?, Some(f)),
+            Place::Fabric(f) => (SimNic::open(&f, dev(sim))?, Some(f)),
             Place::Nic(nic) => (nic, None),
             Place::Join(other) => {
                 let f = other
@@ -263,7 +388,8 @@ impl NodeBuilder {
                     config.meta = other.meta_location();
                 }
                 joined_meta_host = other.inner.meta_host.clone();
-                (SimNic::open(&f, SimConfig::default())?, Some(f))
+                let sim = sim.unwrap_or_else(|| other.inner.engine.nic().config().clone());
+                (SimNic::open(&f, sim)?, Some(f))
             }
         };
         if let Some(m) = meta {
@@ -275,16 +401,25 @@ impl NodeBuilder {
                     "host_meta and a meta location exclude each other",
                 ));
             }
-            let host = MetaServer::start(
-                nic.clone(),
-                MetaConfig {
-                    geometry: Geometry::with_buckets(EMBEDDED_BUCKETS)
-                        .map_err(|_| Error::Builder("embedded meta geometry"))?,
-                    ..MetaConfig::default()
-                },
-            )?;
-            config.meta = Some(MetaLocation::from_bootstrap(&host.bootstrap())?);
-            Some(Arc::new(Mutex::new(host)))
+            let meta_cfg = MetaConfig {
+                geometry: Geometry::with_buckets(EMBEDDED_BUCKETS)
+                    .map_err(|_| Error::Builder("embedded meta geometry"))?,
+                ..MetaConfig::default()
+            };
+            if nic.caps().dc {
+                let host = MetaServer::start(nic.clone(), meta_cfg)?;
+                config.meta = Some(MetaLocation::from_bootstrap(&host.bootstrap())?);
+                Some(Hosted::Dc(Arc::new(Mutex::new(host))))
+            } else {
+                // MetaServer needs DC: serve the table over RC pairs.
+                let host = RcMetaHost::start(nic.clone(), meta_cfg, config.handshake.clone())?;
+                config.meta = Some(host.location()?);
+                let thread = host.spawn_progress()?;
+                Some(Hosted::Rc(Arc::new(RcMetaHosted {
+                    host,
+                    _thread: thread,
+                })))
+            }
         } else {
             joined_meta_host
         };
@@ -296,7 +431,7 @@ impl NodeBuilder {
             }),
         };
         if let Some(host) = &node.inner.meta_host {
-            node.register_in(host)?;
+            node.register_hosted(host)?;
         }
         Ok(node)
     }

@@ -8,8 +8,42 @@ use krcore_meta::wire::BootstrapError;
 use krcore_nic::{Gid, NicError, PostError, WcStatus};
 
 use crate::credits::CreditError;
+use crate::handshake::RejectCode;
 use crate::precheck::Rejection;
 use crate::wrid::VqpId;
+
+/// Why an RC handshake (RC fallback mode) did not produce a pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HandshakeFailure {
+    /// No answer to any of `attempts` Requests (the target is dead, not
+    /// running its responder, or unreachable).
+    Timeout {
+        /// Requests sent.
+        attempts: u32,
+        /// How long the initiator waited in all.
+        waited: Duration,
+    },
+    /// The target's responder refused.
+    Rejected(RejectCode),
+    /// The Accept came from another port than the one asked.
+    WrongPeer {
+        /// The GID the Accept named.
+        gid: Gid,
+    },
+}
+
+impl std::fmt::Display for HandshakeFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HandshakeFailure::Timeout { attempts, waited } => {
+                write!(f, "no answer to {attempts} requests within {waited:?}")
+            }
+            HandshakeFailure::Rejected(code) => write!(f, "refused: {code}"),
+            HandshakeFailure::WrongPeer { gid } => write!(f, "answered by another port {gid}"),
+        }
+    }
+}
 
 /// Why the meta server could not answer a lookup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,6 +55,8 @@ pub enum MetaFailure {
     Completion(WcStatus),
     /// No completion for the READ within the configured timeout.
     Timeout(Duration),
+    /// RC fallback mode: the RC pair to the meta node could not be made.
+    Handshake(HandshakeFailure),
 }
 
 impl std::fmt::Display for MetaFailure {
@@ -28,6 +64,7 @@ impl std::fmt::Display for MetaFailure {
         match self {
             MetaFailure::Completion(s) => write!(f, "table READ completed with {s:?}"),
             MetaFailure::Timeout(d) => write!(f, "no completion for the table READ within {d:?}"),
+            MetaFailure::Handshake(h) => write!(f, "RC handshake with the meta node: {h}"),
         }
     }
 }
@@ -93,11 +130,63 @@ pub enum EngineError {
     /// Every VQP id was handed out.
     #[error("VQP ids exhausted")]
     VqpIdsExhausted,
+    /// A provider refused a post on the engine's own QPs (the handshake
+    /// endpoint).
+    #[error("{op}: {source}")]
+    Post {
+        /// What the engine was doing.
+        op: &'static str,
+        /// The provider's refusal.
+        #[source]
+        source: PostError,
+    },
+    /// RC fallback mode: the handshake with `gid` failed; nothing was
+    /// created that outlives the call.
+    #[error("RC handshake with {gid}: {failure}")]
+    Handshake {
+        /// The target.
+        gid: Gid,
+        /// What happened.
+        failure: HandshakeFailure,
+    },
+    /// RC fallback mode: the cache of RC pairs is at its cap and every
+    /// pair still has WRs in flight, so none can be evicted. Retry after
+    /// polling, or raise `EngineConfig::rc_cap`.
+    #[error("all {cap} RC pairs have WRs in flight; none can be evicted")]
+    RcPairsBusy {
+        /// `EngineConfig::rc_cap`.
+        cap: usize,
+    },
+    /// RC fallback mode: a VQP with WRs in flight cannot move to another
+    /// target's RC pair (their completions come from the old one). Poll
+    /// until `outstanding()` is 0 first.
+    #[error("{vqp} has {outstanding} WRs in flight on its RC pair; poll them before reconnecting")]
+    VqpBusy {
+        /// The VQP.
+        vqp: VqpId,
+        /// Its WRs in flight.
+        outstanding: u32,
+    },
+    /// RC fallback mode: the meta entry of `gid` does not describe a
+    /// handshake endpoint (its `dc_key` does not fit a qkey): the node
+    /// registered a DC address. Mixed DC/RC-fallback clusters are not
+    /// supported.
+    #[error("{gid} is registered with a DC address (dc_key {dc_key:#x}), not an RC-fallback handshake endpoint")]
+    NotAFallbackNode {
+        /// The node.
+        gid: Gid,
+        /// The `dc_key` of its entry.
+        dc_key: u64,
+    },
 }
 
 impl EngineError {
     pub(crate) fn nic(op: &'static str) -> impl FnOnce(NicError) -> EngineError {
         move |source| EngineError::Nic { op, source }
+    }
+
+    pub(crate) fn post(op: &'static str) -> impl FnOnce(PostError) -> EngineError {
+        move |source| EngineError::Post { op, source }
     }
 }
 
@@ -156,6 +245,18 @@ pub enum VqpError {
     /// NIC (a provider bug): the DCI is reset.
     #[error("send-queue account: {0}")]
     Credit(#[from] CreditError),
+    /// RC fallback mode: the VQP's RC pair was evicted or lost (its target
+    /// stopped answering), and making a new one failed. Nothing was posted;
+    /// the source says why (a dead target is
+    /// [`EngineError::Handshake`]).
+    #[error("{vqp}: its RC pair is gone and a new one could not be made: {source}")]
+    Rebind {
+        /// The VQP.
+        vqp: VqpId,
+        /// Why the new pair could not be made.
+        #[source]
+        source: Box<EngineError>,
+    },
 }
 
 impl VqpError {

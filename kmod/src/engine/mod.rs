@@ -1,30 +1,53 @@
 //! The engine host: the pure pieces ([`crate::dccache`], [`crate::precheck`],
-//! [`crate::wrid`], [`crate::credits`]) driving a [`Nic`] in-process.
+//! [`crate::wrid`], [`crate::credits`], [`crate::handshake`]) driving a
+//! [`Nic`] in-process.
+//!
+//! # Modes
+//!
+//! [`Engine::start`] picks the mode from the device ([`EngineMode`]):
+//! KRCore proper on a device with DC, the RC fallback without it (Soft-RoCE,
+//! non-ConnectX NICs). Both share the VQP, pre-check, credit, routing and
+//! recovery code (the `physqp` module: "a shared physical QP"); they differ in what
+//! that QP is and how a VQP gets one.
 //!
 //! ```text
 //! Engine<N>  (Arc, Clone; no process-global state: two engines on two NICs
 //!   |         in one process share nothing)
-//!   |- PD, DCT + SRQ + receive CQ   incoming two-sided traffic (later issue)
-//!   |- DCI pool [0..pool_size)      created lazily, each with its own send CQ
-//!   |     `- per-DCI lock: credits, VQPs bound to it, MR snapshot
+//!   |- PD
+//!   |- DC mode:
+//!   |   |- DCT + SRQ + receive CQ   incoming two-sided traffic (later issue)
+//!   |   `- DCI pool [0..pool_size)  created lazily, each with its own send CQ
+//!   |         `- per-QP lock: credits, VQPs bound to it, MR snapshot
+//!   |- RC fallback mode:
+//!   |   |- handshake endpoint       UD QP (instead of a DCT) + passive RC QPs
+//!   |   |                           (peers' ends), progress() / its thread
+//!   |   `- RC pairs (LRU, rc_cap)   one RC QP per target, own send CQ,
+//!   |         `- per-QP lock        the same state as a DCI's
 //!   |- DcCache                      lock-free reads, per-bucket writers
-//!   |- meta client                  own DCI + READ buffer, own lock
+//!   |- meta client                  own DCI (RC mode: own RC QP) + READ
+//!   |                               buffer, own lock
 //!   `- owned MRs                    copy-on-write map + generation
-//! Vqp<N>  bound round-robin to one DCI: slot table, completion ring,
-//!         target, known grants (its own lock)
+//! Vqp<N>  DC: bound round-robin to one DCI; RC: bound at connect to its
+//!         target's pair. Slot table, completion ring, target, known
+//!         grants (its own lock)
 //! ```
 //!
 //! # What takes which lock
 //!
 //! | operation            | locks                                           |
 //! |----------------------|-------------------------------------------------|
-//! | `post_send`, `poll`  | the VQP's DCI, then briefly each VQP it routes to|
+//! | `post_send`, `poll`  | the VQP's QP, then briefly each VQP it routes to |
+//! |                      | (RC: first the VQP's binding, for an `Arc` clone)|
 //! | `connect`, hit       | none (DCCache seqlock read), then the VQP's      |
-//! | `connect`, miss      | the meta DCI's (one READ round trip)            |
+//! |                      | (RC: the binding's, the pair map's briefly)      |
+//! | `connect`, miss      | the meta QP's (one READ round trip)             |
+//! | RC: new pair         | the pair cache's creation lock (one handshake)  |
 //! | `create_vqp`         | the pool's (creating a DCI when below the cap)  |
 //! | `alloc_mr`, MR drop  | the MR map's (posts see it through one atomic)  |
 //!
-//! No lock spans DCIs: VQPs on different DCIs never contend.
+//! No lock spans physical QPs: VQPs on different QPs never contend. RC
+//! recovery re-handshakes under the pair's lock (bounded by the handshake
+//! timeout and retries).
 //!
 //! # What is cached
 //!
@@ -32,162 +55,83 @@
 //!   34 B per target. Filled on a miss by one READ of the meta table;
 //!   replaced when a lookup returns a newer epoch; invalidated when a WR to
 //!   the target completes with `REM_ACCESS_ERR` or `RETRY_EXC_ERR`, or by
-//!   [`Engine::invalidate`].
+//!   [`Engine::invalidate`]. In RC fallback mode the same fields name the
+//!   target's handshake endpoint (`dct_num` = UD QPN, `dc_key` = qkey).
+//! - RC fallback mode, per node: at most `rc_cap` RC pairs, one per target
+//!   (see [`RcStats`]); per handshake endpoint, at most `passive_cap`
+//!   passive ends of peers' pairs (see [`HandshakeResponder`]).
 //! - Per VQP: its target (copied at `connect`; cleared by the same error
 //!   completions, so the user connects again and sees a changed or removed
-//!   registration).
+//!   registration); in RC fallback mode, its pair.
 
-mod dci;
+mod config;
 mod error;
 mod idhash;
 mod meta;
 mod mrs;
+mod physqp;
+mod rc;
+mod rc_meta;
+mod responder;
+mod ud;
 mod vqp;
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use krcore_nic::{bring_up, Access, DcTarget, Gid, Nic, QpCaps, QpInit, QpType, QueuePair};
 use parking_lot::Mutex;
 
-pub use dci::DciStats;
-pub use error::{EngineError, MetaFailure, VqpError};
+pub use config::{EngineConfig, DCIS_PER_CPU, DEFAULT_DC_KEY};
+pub use error::{EngineError, HandshakeFailure, MetaFailure, VqpError};
 pub use meta::{MetaLocation, MetaStats};
 pub use mrs::OwnedMr;
+pub use physqp::{DciStats, QpStats};
+pub use rc::RcStats;
+pub use rc_meta::RcMetaHost;
+pub use responder::{
+    HandshakeConfig, HandshakeResponder, HandshakeStats, ProgressThread, DEFAULT_HANDSHAKE_QKEY,
+};
 pub use vqp::Vqp;
 
 use crate::dccache::{CachedTarget, DcCache, Insert};
 use crate::precheck::Policy;
 use crate::wrid::VqpId;
-use dci::Dci;
 use meta::{MetaClient, MetaPolicy};
 use mrs::MrRegistry;
-use vqp::VqpShared;
+use physqp::PhysQp;
+use rc::RcPool;
+use vqp::{Binding, VqpShared};
 
-/// DC initiators per CPU in KRCore's pool (the paper's Figure 14(a): more
-/// than 2 per CPU removes contention; 8 is its default).
-pub const DCIS_PER_CPU: usize = 8;
-
-/// The `dc_key` of the engine's DCT unless configured otherwise.
-pub const DEFAULT_DC_KEY: u64 = 0x6b72_636f_7265_6463; // "krcoredc"
-
-/// How an engine is set up. Start from [`EngineConfig::default`].
-#[derive(Debug, Clone)]
+/// How the engine reaches other nodes, decided at start from the device's
+/// capabilities ([`krcore_nic::DeviceCaps::dc`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub struct EngineConfig {
-    /// Most DC initiators in the pool. Default: [`DCIS_PER_CPU`] times the
-    /// CPUs available to the process.
-    pub pool_size: usize,
-    /// DCIs created at start (the rest on demand, by `create_vqp`, up to
-    /// `pool_size`). Default 1.
-    pub prestart: usize,
-    /// Send-queue depth of each DCI (its CQ has as many entries). Default 128.
-    pub dci_depth: u32,
-    /// Per-VQP limit of WRs in flight plus completions not yet polled.
-    /// Must exceed `policy.max_unsignaled`. Default 128.
-    pub vqp_depth: u32,
-    /// Pre-check limits; `max_sge`/`max_inline` are clamped to the device's.
-    pub policy: Policy,
-    /// Run the pre-check's validity checks (b). Capacity (a) and signaling
-    /// (c) always run: they keep the shared queue's account exact. Turn it
-    /// off only to show what it protects against. Default true.
-    pub precheck: bool,
-    /// DCCache capacity in targets. Default 4096.
-    pub cache_capacity: usize,
-    /// The meta server's table; `None`: connects can only hit the cache.
-    pub meta: Option<MetaLocation>,
-    /// READs after the first when the bucket is torn. Default 16.
-    pub meta_retries: u32,
-    /// First pause between torn READs (doubles up to 1 ms). Default 1 us.
-    pub meta_backoff: Duration,
-    /// Longest wait for a meta READ's completion. Default 1 s.
-    pub meta_timeout: Duration,
-    /// Longest a post polls for send-queue credits. Default 1 s.
-    pub reclaim_timeout: Duration,
-    /// Longest the engine collects flushes after a DCI error before it
-    /// resets the DCI and reports the rest flushed itself. Default 100 ms.
-    pub flush_timeout: Duration,
-    /// Depth of the DCT's SRQ and receive CQ. Default 256.
-    pub recv_depth: u32,
-    /// The DCT's `dc_key`. Default [`DEFAULT_DC_KEY`].
-    pub dc_key: u64,
+pub enum EngineMode {
+    /// KRCore proper: a pool of shared DC initiators; connect is a lookup.
+    Dc,
+    /// The device has no DC (Soft-RoCE, non-ConnectX NICs): each target is
+    /// reached through one RC QP shared by the node's VQPs, made by a
+    /// handshake over UD and cached (LRU, `EngineConfig::rc_cap`).
+    RcFallback,
 }
 
-impl Default for EngineConfig {
-    fn default() -> EngineConfig {
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        EngineConfig {
-            pool_size: DCIS_PER_CPU * cpus,
-            prestart: 1,
-            dci_depth: 128,
-            vqp_depth: 128,
-            policy: Policy::default(),
-            precheck: true,
-            cache_capacity: 4096,
-            meta: None,
-            meta_retries: 16,
-            meta_backoff: Duration::from_micros(1),
-            meta_timeout: Duration::from_secs(1),
-            reclaim_timeout: Duration::from_secs(1),
-            flush_timeout: Duration::from_millis(100),
-            recv_depth: 256,
-            dc_key: DEFAULT_DC_KEY,
-        }
+impl std::fmt::Display for EngineMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            EngineMode::Dc => "DC",
+            EngineMode::RcFallback => "RC fallback",
+        })
     }
 }
 
-impl EngineConfig {
-    /// With the meta server at `meta`.
-    pub fn with_meta(mut self, meta: MetaLocation) -> EngineConfig {
-        self.meta = Some(meta);
-        self
-    }
-
-    /// With at most `n` DCIs.
-    pub fn with_pool_size(mut self, n: usize) -> EngineConfig {
-        self.pool_size = n;
-        self
-    }
-
-    /// With the pre-check's validity checks on or off.
-    pub fn with_precheck(mut self, on: bool) -> EngineConfig {
-        self.precheck = on;
-        self
-    }
-
-    fn validate(&self) -> Result<(), EngineError> {
-        let bad = |m: String| Err(EngineError::Config(m));
-        if self.pool_size == 0 {
-            return bad("pool_size must be at least 1".into());
-        }
-        if self.prestart > self.pool_size {
-            return bad(format!(
-                "prestart {} exceeds pool_size {}",
-                self.prestart, self.pool_size
-            ));
-        }
-        if self.dci_depth < 2 {
-            return bad("dci_depth must be at least 2".into());
-        }
-        if self.vqp_depth <= self.policy.max_unsignaled {
-            return bad(format!(
-                "vqp_depth {} must exceed policy.max_unsignaled {}",
-                self.vqp_depth, self.policy.max_unsignaled
-            ));
-        }
-        if self.cache_capacity == 0 || self.recv_depth == 0 {
-            return bad("cache_capacity and recv_depth must be non-zero".into());
-        }
-        Ok(())
-    }
-}
-
-/// Engine-wide statistics, summed over the DCIs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Engine-wide statistics, summed over the DCIs (or the RC pairs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct EngineStats {
-    /// DCIs created so far.
+    /// How the engine reaches other nodes.
+    pub mode: EngineMode,
+    /// DCIs created so far (0 in RC fallback mode).
     pub dcis: usize,
     /// VQPs created so far.
     pub vqps_created: u64,
@@ -199,10 +143,33 @@ pub struct EngineStats {
     pub meta: MetaStats,
     /// The DCIs' statistics, summed.
     pub dci: DciStats,
+    /// RC fallback mode: the RC pairs (their queues' statistics in
+    /// `rc.qp`).
+    pub rc: RcStats,
+    /// RC fallback mode: the handshake endpoint.
+    pub handshake: HandshakeStats,
     /// MRs the engine owns right now.
     pub owned_mrs: usize,
 }
 
+impl Default for EngineStats {
+    fn default() -> EngineStats {
+        EngineStats {
+            mode: EngineMode::Dc,
+            dcis: 0,
+            vqps_created: 0,
+            connect_hits: 0,
+            connect_misses: 0,
+            meta: MetaStats::default(),
+            dci: DciStats::default(),
+            rc: RcStats::default(),
+            handshake: HandshakeStats::default(),
+            owned_mrs: 0,
+        }
+    }
+}
+
+/// DC mode: the DCT peers reach this node through.
 struct Receiver<N: Nic> {
     #[allow(dead_code)] // polled by the two-sided path (later issue)
     cq: N::Cq,
@@ -211,21 +178,79 @@ struct Receiver<N: Nic> {
     dct: N::Qp,
 }
 
+/// RC fallback mode: the handshake endpoint (instead of a DCT) and the RC
+/// pairs (instead of a DCI pool).
+struct Fallback<N: Nic> {
+    hs: HandshakeResponder<N>,
+    pool: RcPool<N>,
+    /// Dropped (stopped and joined) with the engine.
+    _thread: Option<ProgressThread>,
+}
+
+/// What the engine runs on: a DCT in DC mode, a handshake endpoint and RC
+/// pairs in RC fallback mode.
+enum Transport<N: Nic> {
+    Dc(Receiver<N>),
+    Rc(Box<Fallback<N>>),
+}
+
 pub(crate) struct EngineInner<N: Nic> {
-    pub(crate) nic: N,
+    /// Shared with the handshake endpoint (RC fallback mode).
+    pub(crate) nic: Arc<N>,
     pub(crate) pd: N::Pd,
     pub(crate) cfg: EngineConfig,
     /// `cfg.policy` clamped to the device.
     pub(crate) policy: Policy,
     pub(crate) cache: DcCache,
     pub(crate) mrs: Arc<MrRegistry>,
-    recv: Receiver<N>,
+    /// RC fallback mode: the LRU clock of the RC pairs.
+    pub(crate) rc_tick: AtomicU64,
+    transport: Transport<N>,
     meta: Option<MetaClient<N>>,
-    pool: Mutex<Vec<Arc<Dci<N>>>>,
+    pool: Mutex<Vec<Arc<PhysQp<N>>>>,
     next_dci: AtomicUsize,
     next_vqp: AtomicU32,
     hits: AtomicU64,
     misses: AtomicU64,
+}
+
+impl<N: Nic> EngineInner<N> {
+    /// The handshake endpoint (RC fallback mode).
+    pub(crate) fn handshake(&self) -> Option<&HandshakeResponder<N>> {
+        match &self.transport {
+            Transport::Rc(f) => Some(&f.hs),
+            Transport::Dc(_) => None,
+        }
+    }
+
+    /// The RC pairs (RC fallback mode).
+    pub(crate) fn rc_pool(&self) -> Option<&RcPool<N>> {
+        match &self.transport {
+            Transport::Rc(f) => Some(&f.pool),
+            Transport::Dc(_) => None,
+        }
+    }
+
+    fn mode(&self) -> EngineMode {
+        match self.transport {
+            Transport::Dc(_) => EngineMode::Dc,
+            Transport::Rc(_) => EngineMode::RcFallback,
+        }
+    }
+}
+
+impl<N: Nic> Drop for EngineInner<N> {
+    /// RC fallback mode: tells every target (and the meta node) that this
+    /// node's ends of their pairs are gone, so that they free theirs (best
+    /// effort: a lost Close leaves an end until its responder needs room).
+    fn drop(&mut self) {
+        if let Transport::Rc(f) = &self.transport {
+            f.pool.close_all(&f.hs);
+            if let Some(m) = &self.meta {
+                m.close();
+            }
+        }
+    }
 }
 
 /// The KRCore control plane of one NIC port, hosted in this process.
@@ -248,6 +273,7 @@ impl<N: Nic> std::fmt::Debug for Engine<N> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine")
             .field("gid", &self.inner.nic.gid())
+            .field("mode", &self.inner.mode())
             .field("dcis", &self.inner.pool.lock().len())
             .field("cache", &self.inner.cache)
             .finish()
@@ -255,39 +281,60 @@ impl<N: Nic> std::fmt::Debug for Engine<N> {
 }
 
 impl<N: Nic> Engine<N> {
-    /// Starts an engine on `nic`: a PD, the DCT with its SRQ and receive CQ,
-    /// `cfg.prestart` DCIs, the DCCache, and the meta client's DCI when
-    /// `cfg.meta` is set.
+    /// Starts an engine on `nic`.
+    ///
+    /// - DC mode (the device has DC): a PD, the DCT with its SRQ and
+    ///   receive CQ, `cfg.prestart` DCIs, the DCCache, and the meta client's
+    ///   DCI when `cfg.meta` is set.
+    /// - RC fallback mode (no DC): a PD, the handshake endpoint (a UD QP,
+    ///   instead of a DCT; its thread when `cfg.handshake_thread`), no DCI
+    ///   pool (RC pairs are made by connects), the DCCache, and the meta
+    ///   client's RC QP when `cfg.meta` is set (paired at the first lookup).
+    ///   [`Engine::mode`] and [`EngineStats::mode`] say which.
     ///
     /// # Errors
-    /// [`EngineError::Unsupported`] on a device without DC;
     /// [`EngineError::Config`]; [`EngineError::Nic`] when the device refuses
-    /// a resource.
+    /// a resource; in RC fallback mode [`EngineError::NotAFallbackNode`]
+    /// when `cfg.meta` names a DC meta server.
     pub fn start(nic: N, cfg: EngineConfig) -> Result<Engine<N>, EngineError> {
         cfg.validate()?;
         let caps = nic.caps();
-        if !caps.dc {
-            return Err(EngineError::Unsupported {
-                reason: "the device has no DC transport (not a ConnectX NIC?); the RC fallback \
-                         (connections over a UD handshake, DESIGN 3.2) is not implemented yet",
-            });
-        }
         let mut policy = cfg.policy;
         policy.max_sge = policy.max_sge.min(caps.max_sge as usize).max(1);
         policy.max_inline = policy.max_inline.min(caps.max_inline as usize);
+        let nic = Arc::new(nic);
         let pd = nic
             .alloc_pd()
             .map_err(EngineError::nic("allocate the PD"))?;
-        let recv = Self::start_receiver(&nic, &pd, &cfg)?;
+        let transport = if caps.dc {
+            Transport::Dc(Self::start_receiver(&nic, &pd, &cfg)?)
+        } else {
+            let hs =
+                HandshakeResponder::start_shared(nic.clone(), pd.clone(), cfg.handshake.clone())?;
+            let thread = if cfg.handshake_thread {
+                Some(hs.spawn_progress()?)
+            } else {
+                None
+            };
+            Transport::Rc(Box::new(Fallback {
+                hs,
+                pool: RcPool::default(),
+                _thread: thread,
+            }))
+        };
         let meta = match cfg.meta {
             Some(loc) => Some(MetaClient::start(
-                &nic,
+                &*nic,
                 &pd,
                 loc,
                 MetaPolicy {
                     retries: cfg.meta_retries,
                     backoff: cfg.meta_backoff,
                     timeout: cfg.meta_timeout,
+                },
+                match &transport {
+                    Transport::Rc(f) => Some(f.hs.clone()),
+                    Transport::Dc(_) => None,
                 },
             )?),
             None => None,
@@ -298,7 +345,8 @@ impl<N: Nic> Engine<N> {
             pd,
             policy,
             mrs: Arc::new(MrRegistry::default()),
-            recv,
+            rc_tick: AtomicU64::new(0),
+            transport,
             meta,
             pool: Mutex::new(Vec::new()),
             next_dci: AtomicUsize::new(0),
@@ -307,10 +355,10 @@ impl<N: Nic> Engine<N> {
             misses: AtomicU64::new(0),
             cfg,
         });
-        {
+        if inner.mode() == EngineMode::Dc {
             let mut pool = inner.pool.lock();
             for i in 0..inner.cfg.prestart {
-                pool.push(Arc::new(Dci::create(&inner, i)?));
+                pool.push(Arc::new(PhysQp::dci(&inner, i)?));
             }
         }
         Ok(Engine { inner })
@@ -347,6 +395,30 @@ impl<N: Nic> Engine<N> {
         Ok(Receiver { cq, srq, dct })
     }
 
+    /// How the engine reaches other nodes (DC, or the RC fallback).
+    pub fn mode(&self) -> EngineMode {
+        self.inner.mode()
+    }
+
+    /// RC fallback mode: one non-blocking step of the handshake endpoint
+    /// (answers peers' handshakes; see [`HandshakeResponder::progress`]).
+    /// Needed for this node to accept connections unless the engine runs
+    /// its handshake thread. A no-op returning 0 in DC mode.
+    ///
+    /// # Errors
+    /// Provider failures of the endpoint (CQ overflow, a refused post).
+    pub fn progress(&self) -> Result<usize, EngineError> {
+        match self.inner.handshake() {
+            Some(hs) => hs.progress(),
+            None => Ok(0),
+        }
+    }
+
+    /// RC fallback mode: the handshake endpoint.
+    pub fn handshake_responder(&self) -> Option<&HandshakeResponder<N>> {
+        self.inner.handshake()
+    }
+
     /// The NIC the engine runs on.
     pub fn nic(&self) -> &N {
         &self.inner.nic
@@ -362,13 +434,32 @@ impl<N: Nic> Engine<N> {
         self.inner.nic.gid()
     }
 
-    /// This node's DC address: what it registers with the meta server so
-    /// that peers can reach its memory.
+    /// This node's address: what it registers with the meta server so that
+    /// peers can reach its memory.
+    ///
+    /// DC mode: its DCT (`dct_num`, `dc_key`). RC fallback mode: the same
+    /// entry layout names the handshake endpoint instead: `dct_num` is the
+    /// endpoint's UD QPN and `dc_key` its qkey (below 2^32, which is how a
+    /// fallback engine tells such an entry from a DC node's). The engine
+    /// knows the fabric's mode from its own device; mixed DC/RC-fallback
+    /// clusters are not supported (a fallback engine refuses a DC node's
+    /// entry with [`EngineError::NotAFallbackNode`]).
     pub fn local_target(&self) -> DcTarget {
-        DcTarget {
-            gid: self.inner.nic.gid(),
-            dct_num: self.inner.recv.dct.qpn(),
-            dc_key: self.inner.cfg.dc_key,
+        let gid = self.inner.nic.gid();
+        match &self.inner.transport {
+            Transport::Dc(r) => DcTarget {
+                gid,
+                dct_num: r.dct.qpn(),
+                dc_key: self.inner.cfg.dc_key,
+            },
+            Transport::Rc(f) => {
+                let t = f.hs.target();
+                DcTarget {
+                    gid,
+                    dct_num: t.qpn,
+                    dc_key: u64::from(t.qkey),
+                }
+            }
         }
     }
 
@@ -387,8 +478,9 @@ impl<N: Nic> Engine<N> {
         self.inner.meta.as_ref().map(|m| m.location)
     }
 
-    /// Creates a VQP bound round-robin to a DCI of the pool (creating the
-    /// DCI when the pool is below its cap).
+    /// Creates a VQP. DC mode: bound round-robin to a DCI of the pool
+    /// (creating the DCI when the pool is below its cap). RC fallback mode:
+    /// unbound until its first connect (no QP is created here).
     ///
     /// # Errors
     /// [`EngineError::VqpIdsExhausted`]; [`EngineError::Nic`] when a DCI
@@ -396,17 +488,23 @@ impl<N: Nic> Engine<N> {
     pub fn create_vqp(&self) -> Result<Vqp<N>, EngineError> {
         let n = self.inner.next_vqp.fetch_add(1, Ordering::Relaxed);
         let id = VqpId::new(n).map_err(|_| EngineError::VqpIdsExhausted)?;
-        let dci = self.pick_dci()?;
         let shared = Arc::new(VqpShared::new(id, self.inner.cfg.vqp_depth));
-        dci.attach(shared.clone());
+        let binding = match self.inner.mode() {
+            EngineMode::Dc => {
+                let dci = self.pick_dci()?;
+                dci.attach(shared.clone());
+                Binding::Dci(dci)
+            }
+            EngineMode::RcFallback => Binding::Rc(Mutex::new(None)),
+        };
         Ok(Vqp {
             engine: self.inner.clone(),
-            dci,
+            binding,
             shared,
         })
     }
 
-    fn pick_dci(&self) -> Result<Arc<Dci<N>>, EngineError> {
+    fn pick_dci(&self) -> Result<Arc<PhysQp<N>>, EngineError> {
         let k = self.inner.next_dci.fetch_add(1, Ordering::Relaxed) % self.inner.cfg.pool_size;
         let mut pool = self.inner.pool.lock();
         if let Some(d) = pool.get(k) {
@@ -414,7 +512,7 @@ impl<N: Nic> Engine<N> {
         }
         // Below the cap: create the next DCI (the pool grows in order).
         let index = pool.len();
-        let d = Arc::new(Dci::create(&self.inner, index)?);
+        let d = Arc::new(PhysQp::dci(&self.inner, index)?);
         pool.push(d.clone());
         Ok(d)
     }
@@ -456,24 +554,22 @@ impl<N: Nic> Engine<N> {
         self.inner.cache.invalidate(gid)
     }
 
-    /// Statistics, summed over the DCIs (takes each DCI's lock briefly).
+    /// Statistics, summed over the DCIs or RC pairs (takes each one's lock
+    /// briefly).
     pub fn stats(&self) -> EngineStats {
-        let pool: Vec<Arc<Dci<N>>> = self.inner.pool.lock().clone();
+        let pool: Vec<Arc<PhysQp<N>>> = self.inner.pool.lock().clone();
         let mut dci = DciStats::default();
         for d in &pool {
-            let s = d.stats();
-            dci.doorbells += s.doorbells;
-            dci.wrs += s.wrs;
-            dci.forced_signals += s.forced_signals;
-            dci.rejected += s.rejected;
-            dci.completions += s.completions;
-            dci.error_completions += s.error_completions;
-            dci.stale_completions += s.stale_completions;
-            dci.orphaned += s.orphaned;
-            dci.recoveries += s.recoveries;
-            dci.flushed_by_reset += s.flushed_by_reset;
+            dci.add(&d.stats());
         }
         EngineStats {
+            mode: self.inner.mode(),
+            rc: self.inner.rc_pool().map(RcPool::stats).unwrap_or_default(),
+            handshake: self
+                .inner
+                .handshake()
+                .map(HandshakeResponder::stats)
+                .unwrap_or_default(),
             dcis: pool.len(),
             vqps_created: u64::from(self.inner.next_vqp.load(Ordering::Relaxed) - 1),
             connect_hits: self.inner.hits.load(Ordering::Relaxed),

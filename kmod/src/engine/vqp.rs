@@ -1,9 +1,18 @@
-//! Virtual QPs: a verbs-shaped handle bound to one shared DCI.
+//! Virtual QPs: a verbs-shaped handle bound to one shared physical QP.
 //!
 //! A VQP owns its slot table (sequence -> the user's wr_id), its completion
 //! ring, its target (after `connect`) and the remote grants it knows. All of
-//! it sits behind the VQP's own lock; the shared DCI's lock is taken first
-//! whenever both are needed (see [`super::dci`]).
+//! it sits behind the VQP's own lock; the shared QP's lock is taken first
+//! whenever both are needed (see [`super::physqp`]).
+//!
+//! Binding: in DC mode a VQP is bound at creation, for life, to a DCI of the
+//! pool (any target is reached through it). In RC fallback mode it is bound
+//! at `connect` to the RC pair of its target (created by a handshake on a
+//! miss of the engine's pair cache); the binding sits behind a small lock of
+//! its own, read (one `Arc` clone) by each post and poll. A pair that was
+//! evicted or lost is replaced transparently by the next post: a new pair
+//! for the same target (one handshake), or a typed
+//! [`VqpError::Rebind`] when the target does not answer.
 //!
 //! Capacity: `slots.outstanding() + ring.len() <= depth` at all times, so a
 //! VQP's memory is fixed at creation, like a CQ sized to its send queue: a
@@ -16,8 +25,8 @@ use std::sync::Arc;
 use krcore_nic::{Gid, Nic, SendWr, Wc};
 use parking_lot::Mutex;
 
-use super::dci::Dci;
 use super::error::{EngineError, VqpError};
+use super::physqp::{PhysQp, PostFail};
 use super::EngineInner;
 use crate::dccache::CachedTarget;
 use crate::precheck::RemoteGrant;
@@ -69,24 +78,42 @@ impl VqpShared {
     }
 }
 
-/// A virtual QP: what a user posts to and polls, sharing a DC initiator with
-/// other VQPs.
+/// Which physical QP a VQP posts on (see the module docs).
+pub(crate) enum Binding<N: Nic> {
+    /// DC mode: a DCI of the pool, for life.
+    Dci(Arc<PhysQp<N>>),
+    /// RC fallback mode: its target's RC pair, once connected.
+    Rc(Mutex<Option<Arc<PhysQp<N>>>>),
+}
+
+impl<N: Nic> Binding<N> {
+    fn current(&self) -> Option<Arc<PhysQp<N>>> {
+        match self {
+            Binding::Dci(q) => Some(q.clone()),
+            Binding::Rc(slot) => slot.lock().clone(),
+        }
+    }
+}
+
+/// A virtual QP: what a user posts to and polls, sharing a physical QP (a DC
+/// initiator, or in RC fallback mode its target's RC QP) with other VQPs.
 ///
 /// `Send + Sync`; several threads may use one VQP (their posts are
-/// serialized by the shared DCI's lock). Dropping the VQP detaches it from
-/// its DCI: completions of WRs still in flight are then discarded.
+/// serialized by the shared QP's lock). Dropping the VQP detaches it from
+/// its QP: completions of WRs still in flight are then discarded.
 pub struct Vqp<N: Nic> {
     pub(crate) engine: Arc<EngineInner<N>>,
-    pub(crate) dci: Arc<Dci<N>>,
+    pub(crate) binding: Binding<N>,
     pub(crate) shared: Arc<VqpShared>,
 }
 
 impl<N: Nic> std::fmt::Debug for Vqp<N> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let phys = self.binding.current();
         let st = self.shared.state.lock();
         f.debug_struct("Vqp")
             .field("id", &self.shared.id)
-            .field("dci", &self.dci.index)
+            .field("qp", &phys)
             .field("target", &st.target.map(|t| t.target))
             .field("outstanding", &st.slots.outstanding())
             .field("unpolled", &st.ring.len())
@@ -96,7 +123,9 @@ impl<N: Nic> std::fmt::Debug for Vqp<N> {
 
 impl<N: Nic> Drop for Vqp<N> {
     fn drop(&mut self) {
-        self.dci.detach(self.shared.id);
+        if let Some(q) = self.binding.current() {
+            q.detach(self.shared.id);
+        }
     }
 }
 
@@ -106,29 +135,100 @@ impl<N: Nic> Vqp<N> {
         self.shared.id
     }
 
-    /// Index in the engine's pool of the DCI this VQP posts on.
+    /// Index of the physical QP this VQP posts on: in DC mode the DCI's
+    /// index in the pool; in RC fallback mode the serial number of its RC
+    /// pair (0 before the first connect).
     pub fn dci_index(&self) -> usize {
-        self.dci.index
+        self.binding.current().map_or(0, |q| q.index)
     }
 
-    /// QP number of that DCI.
+    /// QP number of the physical QP this VQP posts on (the DCI, or the RC
+    /// QP); 0 in RC fallback mode before the first connect.
     pub fn dci_qpn(&self) -> u32 {
-        self.dci.qpn()
+        self.physical_qpn().unwrap_or(0)
     }
 
-    /// Points the VQP at the node `gid`: a DCCache hit costs nothing on the
-    /// network and creates no QP; a miss costs one READ of the meta server's
-    /// table (plus retries if the bucket was being written).
+    /// QP number of the physical QP this VQP posts on, if it has one.
+    pub fn physical_qpn(&self) -> Option<u32> {
+        self.binding.current().map(|q| q.qpn())
+    }
+
+    /// Points the VQP at the node `gid`.
+    ///
+    /// DC mode: a DCCache hit costs nothing on the network and creates no
+    /// QP; a miss costs one READ of the meta server's table (plus retries if
+    /// the bucket was being written).
+    ///
+    /// RC fallback mode: the same lookup (the entry names the target's
+    /// handshake endpoint), then the engine's RC pair to the target: an
+    /// existing pair costs nothing (no QP, no network); otherwise one RC QP
+    /// and one handshake round trip with the target (which may evict the
+    /// least recently used idle pair when the cache is at its cap).
     ///
     /// # Errors
     /// [`EngineError::UnknownNode`] when the meta server has no live entry
     /// for `gid`; [`EngineError::MetaUnavailable`] when the meta server did
     /// not answer in time; [`EngineError::MetaInconsistent`],
-    /// [`EngineError::NoMetaServer`], [`EngineError::Nic`]. The VQP keeps its
-    /// previous target on error.
+    /// [`EngineError::NoMetaServer`], [`EngineError::Nic`]. RC fallback
+    /// mode: [`EngineError::Handshake`] when the target does not answer
+    /// (bounded by the handshake timeout and retries; nothing is left
+    /// behind), [`EngineError::RcPairsBusy`], [`EngineError::VqpBusy`]
+    /// (WRs in flight to another target), [`EngineError::NotAFallbackNode`].
+    /// The VQP keeps its previous target on error.
     pub fn connect(&self, gid: Gid) -> Result<(), EngineError> {
         let t = super::resolve(&self.engine, &gid)?;
+        let Binding::Rc(slot) = &self.binding else {
+            self.shared.state.lock().target = Some(t);
+            return Ok(());
+        };
+        let mut slot = slot.lock();
+        if let Some(cur) = &*slot {
+            if cur.rc_link().is_some_and(|l| l.gid == gid) && cur.is_open() {
+                self.shared.state.lock().target = Some(t);
+                return Ok(());
+            }
+        }
+        let outstanding = self.shared.state.lock().slots.outstanding();
+        if outstanding > 0 {
+            return Err(EngineError::VqpBusy {
+                vqp: self.shared.id,
+                outstanding,
+            });
+        }
+        let pair = super::rc::acquire(&self.engine, t)?;
+        if let Some(old) = slot.replace(pair.clone()) {
+            old.detach(self.shared.id);
+        }
+        pair.attach(self.shared.clone());
         self.shared.state.lock().target = Some(t);
+        Ok(())
+    }
+
+    /// RC fallback mode: replaces the pair `stale` (closed, or no longer
+    /// this VQP's) by the current pair of the VQP's target.
+    fn rebind(&self, stale: &Arc<PhysQp<N>>) -> Result<(), VqpError> {
+        let Binding::Rc(slot) = &self.binding else {
+            return Ok(());
+        };
+        let mut slot = slot.lock();
+        if !slot.as_ref().is_some_and(|q| Arc::ptr_eq(q, stale)) || stale.is_open() {
+            // Someone re-bound it already (or it is merely detached): retry.
+            if slot.as_ref().is_some_and(|q| Arc::ptr_eq(q, stale)) {
+                stale.attach(self.shared.clone());
+            }
+            return Ok(());
+        }
+        let vqp = self.shared.id;
+        let Some(t) = self.shared.state.lock().target else {
+            return Err(VqpError::NotConnected { vqp });
+        };
+        let pair = super::rc::acquire(&self.engine, t).map_err(|e| VqpError::Rebind {
+            vqp,
+            source: Box::new(e),
+        })?;
+        stale.detach(vqp);
+        pair.attach(self.shared.clone());
+        *slot = Some(pair);
         Ok(())
     }
 
@@ -154,10 +254,11 @@ impl<N: Nic> Vqp<N> {
         self.shared.state.lock().slots.outstanding()
     }
 
-    /// Posts `wrs` as ONE doorbell on the shared DCI.
+    /// Posts `wrs` as ONE doorbell on the shared physical QP.
     ///
     /// The engine names the VQP's target in every WR (`dest` stays set on
-    /// return), runs the pre-check, polls the DCI to reclaim credits when
+    /// return: the DC target, or `Connected` on an RC pair), runs the
+    /// pre-check, polls the QP to reclaim credits when
     /// the batch does not fit, may force the last WR signaled, and posts
     /// with physical wr_ids. On return the WRs hold the caller's wr_ids and
     /// flags again. Completions come back through [`Vqp::poll`] with the
@@ -172,24 +273,58 @@ impl<N: Nic> Vqp<N> {
     /// - [`VqpError::QueueBusy`]: the shared send queue did not drain in time.
     /// - [`VqpError::Post`]: the provider refused part of the batch (see its
     ///   docs for which WRs were posted).
+    /// - [`VqpError::Rebind`] (RC fallback mode): the VQP's pair was
+    ///   evicted or lost and a new one could not be made.
     /// - [`VqpError::Nic`], [`VqpError::Credit`].
     pub fn post_send(&self, wrs: &mut [SendWr]) -> Result<(), VqpError> {
-        self.dci.post(&self.engine, &self.shared, wrs)
+        if let Binding::Dci(q) = &self.binding {
+            return match q.post(&self.engine, &self.shared, wrs) {
+                Ok(()) => Ok(()),
+                Err(PostFail::Vqp(e)) => Err(e),
+                // A DCI is never closed, and its VQPs never leave it.
+                Err(PostFail::Stale) => Err(VqpError::NotConnected {
+                    vqp: self.shared.id,
+                }),
+            };
+        }
+        // RC: a stale pair is replaced, then the post is tried again; two
+        // replacements in a row mean concurrent reconnects: give up typed.
+        for _ in 0..3 {
+            let Some(q) = self.binding.current() else {
+                return Err(VqpError::NotConnected {
+                    vqp: self.shared.id,
+                });
+            };
+            match q.post(&self.engine, &self.shared, wrs) {
+                Ok(()) => return Ok(()),
+                Err(PostFail::Vqp(e)) => return Err(e),
+                Err(PostFail::Stale) => self.rebind(&q)?,
+            }
+        }
+        Err(VqpError::NotConnected {
+            vqp: self.shared.id,
+        })
     }
 
     /// Polls up to `out.len()` of this VQP's completions, oldest first.
     ///
-    /// Drains the shared DCI's CQ (under that DCI's lock), routing every
+    /// Drains the shared QP's CQ (under that QP's lock), routing every
     /// completion to its own VQP, then returns this VQP's. A VQP only ever
     /// sees its own completions, with its own wr_ids, `qp_num` = its id.
     ///
+    /// In RC fallback mode a poll that finds the pair in error re-handshakes
+    /// it with the target (bounded by the handshake timeout and retries).
+    ///
     /// # Errors
     /// [`VqpError::Nic`] when the CQ failed (overflow) and nothing was
-    /// ready; [`VqpError::Nic`] when a DCI reset after an error failed.
+    /// ready; [`VqpError::Nic`] when a QP reset after an error failed.
     pub fn poll(&self, out: &mut [Wc]) -> Result<usize, VqpError> {
         let mut n = self.shared.pop(out);
         if n < out.len() {
-            match self.dci.drain_locked(&self.engine) {
+            let Some(q) = self.binding.current() else {
+                return Ok(n);
+            };
+            match q.drain_locked(&self.engine) {
                 Ok(_) => {}
                 Err(e) if n == 0 => return Err(e),
                 Err(_) => return Ok(n),

@@ -4,6 +4,8 @@
 //! client engines.
 #![allow(dead_code)]
 
+pub mod fallback;
+
 use std::time::{Duration, Instant};
 
 use krcore_kmod::{Engine, EngineConfig, MetaLocation, OwnedMr, RemoteGrant, Vqp};

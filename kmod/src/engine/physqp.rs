@@ -1,13 +1,18 @@
-//! One shared DC initiator: its QP, its send CQ, and behind ONE lock (this
-//! DCI's, never the engine's) its credit account, the VQPs bound to it and
-//! its snapshot of the owned MRs.
+//! One shared physical QP: a DC initiator of the pool (DC mode) or the RC
+//! QP of one (node, target) pair (RC fallback mode). Its send CQ, and behind
+//! ONE lock (this QP's, never the engine's) its credit account, the VQPs
+//! bound to it and its snapshot of the owned MRs. The pre-check, credits,
+//! wr_id routing and recovery below are the same code for both transports;
+//! only the destination, the pre-check's transport and how the QP is brought
+//! back after an error differ ([`Link`]).
 //!
 //! # Locking
 //!
-//! Lock order: a DCI's lock, then a VQP's lock. Posting and completion
-//! routing run under the DCI's lock; they take a VQP's lock only briefly
+//! Lock order: a QP's lock, then a VQP's lock. Posting and completion
+//! routing run under the QP's lock; they take a VQP's lock only briefly
 //! (slot table, completion ring), never while polling for another VQP.
-//! Nothing here takes an engine-wide lock.
+//! Nothing here takes an engine-wide lock. (RC recovery sends a handshake
+//! through the engine's handshake endpoint, whose locks are leaves.)
 //!
 //! # Invariants
 //!
@@ -18,18 +23,28 @@
 //!   ([`SendQueueCredits::complete`]); each is delivered to its VQP once:
 //!   to the VQP's ring when the user signaled it or it failed, silently
 //!   otherwise.
-//! - After an error completion the DCI is in ERR: the engine collects the
+//! - After an error completion the QP is in ERR: the engine collects the
 //!   flushes (bounded), resets the QP, reports whatever was still outstanding
 //!   as `WR_FLUSH_ERR` to its owner, and brings the QP back to RTS, so the
-//!   pool keeps working. (Re-posting flushed WRs is a later step.)
+//!   pool keeps working. (Re-posting flushed WRs is a later step.) A DCI
+//!   needs no peer to come back; an RC QP's peer entered ERR too (on a
+//!   remote error the responder's end fails as well), so the RC QP is
+//!   re-handshaken: the responder resets and re-arms its end (see
+//!   [`crate::handshake`]). If the target does not answer, the pair is
+//!   closed: its QP is destroyed and every later post re-acquires a pair
+//!   (and fails, typed, while the target is gone).
+//! - A closed RC pair (`qp` is `None`: evicted, or lost) accepts no post:
+//!   posts see [`PostFail::Stale`] and re-bind their VQP. An RC pair only
+//!   carries WRs of VQPs attached to it and connected to its target.
 
 use super::idhash::IdMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use krcore_nic::{
-    bring_up, Access, CompletionQueue, Destination, Nic, QpCaps, QpInit, QpType, QueuePair,
-    SendFlags, SendWr, Transition, Wc, WcStatus,
+    bring_up, Access, CompletionQueue, Destination, Gid, Nic, QpCaps, QpInit, QpType, QueuePair,
+    SendFlags, SendWr, Transition, UdTarget, Wc, WcStatus,
 };
 use parking_lot::Mutex;
 
@@ -45,7 +60,8 @@ use crate::wrid::{PhysWrId, VqpId};
 /// Completions polled per CQ poll call.
 const POLL_BATCH: usize = 32;
 
-/// Statistics of one DCI (monotonic).
+/// Statistics of one shared physical QP (monotonic): a DCI, or in RC
+/// fallback mode an RC pair.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DciStats {
     /// Doorbells rung (accepted `post_send` calls).
@@ -64,88 +80,203 @@ pub struct DciStats {
     pub stale_completions: u64,
     /// Completions for VQPs that no longer exist.
     pub orphaned: u64,
-    /// Times the DCI was reset and brought up again after ERR.
+    /// Times the QP was reset and brought up again after ERR (for an RC
+    /// pair: re-handshaken with its target).
     pub recoveries: u64,
     /// WRs still outstanding at a reset, reported flushed by the engine.
     pub flushed_by_reset: u64,
+    /// RC pairs closed because their target did not answer the
+    /// re-handshake after an error.
+    pub lost: u64,
 }
 
-pub(crate) struct DciState {
+impl DciStats {
+    /// Adds `o` into `self`.
+    pub(crate) fn add(&mut self, o: &DciStats) {
+        self.doorbells += o.doorbells;
+        self.wrs += o.wrs;
+        self.forced_signals += o.forced_signals;
+        self.rejected += o.rejected;
+        self.completions += o.completions;
+        self.error_completions += o.error_completions;
+        self.stale_completions += o.stale_completions;
+        self.orphaned += o.orphaned;
+        self.recoveries += o.recoveries;
+        self.flushed_by_reset += o.flushed_by_reset;
+        self.lost += o.lost;
+    }
+}
+
+/// The statistics of any shared physical QP (the historical name is
+/// [`DciStats`]).
+pub type QpStats = DciStats;
+
+/// What the QP is shared for.
+pub(crate) enum Link {
+    /// A DC initiator: any target, named per WR.
+    Dci,
+    /// The RC QP of the pair (this node, `target`).
+    Rc(RcLink),
+}
+
+/// The far end of an RC pair.
+pub(crate) struct RcLink {
+    /// The target's GID.
+    pub(crate) gid: Gid,
+    /// The target's handshake endpoint.
+    pub(crate) handshake: UdTarget,
+    /// LRU stamp: the engine's RC tick when a VQP last used the pair.
+    pub(crate) used: AtomicU64,
+}
+
+/// Why a post did not go through.
+pub(crate) enum PostFail {
+    /// The QP is closed, or no longer the VQP's: re-read the VQP's binding
+    /// (RC fallback mode only). Nothing was posted; the WRs are untouched.
+    Stale,
+    /// A real error, for the caller.
+    Vqp(VqpError),
+}
+
+impl From<VqpError> for PostFail {
+    fn from(e: VqpError) -> PostFail {
+        PostFail::Vqp(e)
+    }
+}
+
+pub(crate) struct PhysState<N: Nic> {
+    /// `None`: an RC pair that was closed (evicted, or lost).
+    qp: Option<N::Qp>,
     credits: SendQueueCredits,
     vqps: IdMap<VqpId, Arc<VqpShared>>,
     mr_generation: u64,
     mrs: MrSnapshot,
     needs_recovery: bool,
+    /// RC: the nonce of the current pairing (for Close).
+    nonce: u64,
     stats: DciStats,
     /// Any instant: the `now` handed to the pre-check when the VQP knows no
     /// grants (nothing can expire then).
     epoch: Instant,
 }
 
-pub(crate) struct Dci<N: Nic> {
+pub(crate) struct PhysQp<N: Nic> {
+    /// DC: index in the pool; RC: serial number of the pair.
     pub(crate) index: usize,
-    qp: N::Qp,
+    qpn: u32,
     cq: N::Cq,
-    state: Mutex<DciState>,
+    pub(crate) link: Link,
+    state: Mutex<PhysState<N>>,
 }
 
-impl<N: Nic> std::fmt::Debug for Dci<N> {
+impl<N: Nic> std::fmt::Debug for PhysQp<N> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Dci")
-            .field("index", &self.index)
-            .field("qpn", &self.qp.qpn())
-            .finish()
+        let mut d = f.debug_struct(match self.link {
+            Link::Dci => "Dci",
+            Link::Rc(_) => "RcPair",
+        });
+        d.field("index", &self.index).field("qpn", &self.qpn);
+        if let Link::Rc(l) = &self.link {
+            d.field("target", &l.gid);
+        }
+        d.finish()
     }
 }
 
-impl<N: Nic> Dci<N> {
-    /// Creates a DCI with a CQ of its own, brought up to RTS.
-    pub(crate) fn create(eng: &EngineInner<N>, index: usize) -> Result<Dci<N>, EngineError> {
-        let depth = eng.cfg.dci_depth;
-        // Every CQE retires at least one WR, and a WR holds its credit until
-        // its CQE (or a later one) is polled: at most `depth` CQEs wait.
-        let cq = eng
-            .nic
-            .create_cq(depth)
-            .map_err(EngineError::nic("create a DCI's CQ"))?;
-        let qp = eng
-            .nic
-            .create_qp(
-                &eng.pd,
-                &QpInit {
-                    qp_type: QpType::Dci,
-                    caps: QpCaps {
-                        max_send_wr: depth,
-                        max_recv_wr: 0,
-                        max_send_sge: eng.policy.max_sge as u32,
-                        max_recv_sge: 0,
-                    },
-                    send_cq: &cq,
-                    recv_cq: &cq,
-                    srq: None,
-                    dc_key: 0,
+/// The CQ and QP of a new shared QP (its CQ as deep as its send queue).
+pub(crate) fn create_qp<N: Nic>(
+    eng: &EngineInner<N>,
+    qp_type: QpType,
+    what: (&'static str, &'static str),
+) -> Result<(N::Qp, N::Cq), EngineError> {
+    let depth = eng.cfg.dci_depth;
+    // Every CQE retires at least one WR, and a WR holds its credit until
+    // its CQE (or a later one) is polled: at most `depth` CQEs wait.
+    let cq = eng.nic.create_cq(depth).map_err(EngineError::nic(what.0))?;
+    let qp = eng
+        .nic
+        .create_qp(
+            &eng.pd,
+            &QpInit {
+                qp_type,
+                caps: QpCaps {
+                    max_send_wr: depth,
+                    max_recv_wr: 0,
+                    max_send_sge: eng.policy.max_sge as u32,
+                    max_recv_sge: 1,
                 },
-            )
-            .map_err(EngineError::nic("create a DCI"))?;
+                send_cq: &cq,
+                recv_cq: &cq,
+                srq: None,
+                dc_key: 0,
+            },
+        )
+        .map_err(EngineError::nic(what.1))?;
+    Ok((qp, cq))
+}
+
+impl<N: Nic> PhysQp<N> {
+    /// Creates a DCI with a CQ of its own, brought up to RTS.
+    pub(crate) fn dci(eng: &EngineInner<N>, index: usize) -> Result<PhysQp<N>, EngineError> {
+        let (qp, cq) = create_qp(eng, QpType::Dci, ("create a DCI's CQ", "create a DCI"))?;
         bring_up(&qp, Access::NONE, None).map_err(EngineError::nic("bring up a DCI"))?;
-        Ok(Dci {
+        Ok(PhysQp::new(eng, index, qp, cq, Link::Dci, 0))
+    }
+
+    /// Wraps an RC QP already paired (RTS) with `link`'s target.
+    pub(crate) fn rc(
+        eng: &EngineInner<N>,
+        index: usize,
+        qp: N::Qp,
+        cq: N::Cq,
+        link: RcLink,
+        nonce: u64,
+    ) -> PhysQp<N> {
+        PhysQp::new(eng, index, qp, cq, Link::Rc(link), nonce)
+    }
+
+    fn new(
+        eng: &EngineInner<N>,
+        index: usize,
+        qp: N::Qp,
+        cq: N::Cq,
+        link: Link,
+        nonce: u64,
+    ) -> PhysQp<N> {
+        PhysQp {
             index,
-            qp,
+            qpn: qp.qpn(),
             cq,
-            state: Mutex::new(DciState {
-                credits: SendQueueCredits::new(depth),
+            link,
+            state: Mutex::new(PhysState {
+                qp: Some(qp),
+                credits: SendQueueCredits::new(eng.cfg.dci_depth),
                 vqps: IdMap::default(),
                 epoch: Instant::now(),
                 mr_generation: u64::MAX,
                 mrs: MrSnapshot::default(),
                 needs_recovery: false,
+                nonce,
                 stats: DciStats::default(),
             }),
-        })
+        }
     }
 
     pub(crate) fn qpn(&self) -> u32 {
-        self.qp.qpn()
+        self.qpn
+    }
+
+    /// The target of an RC pair.
+    pub(crate) fn rc_link(&self) -> Option<&RcLink> {
+        match &self.link {
+            Link::Rc(l) => Some(l),
+            Link::Dci => None,
+        }
+    }
+
+    /// Whether the QP still exists (an RC pair may be closed).
+    pub(crate) fn is_open(&self) -> bool {
+        self.state.lock().qp.is_some()
     }
 
     pub(crate) fn attach(&self, vqp: Arc<VqpShared>) {
@@ -160,17 +291,50 @@ impl<N: Nic> Dci<N> {
         self.state.lock().stats
     }
 
+    /// Closes the pair whatever is in flight (the engine is going away):
+    /// returns the pairing's nonce if it was open.
+    pub(crate) fn close(&self) -> Option<u64> {
+        let mut st = self.state.lock();
+        st.qp.take().map(|_| st.nonce)
+    }
+
+    /// Closes an idle RC pair (eviction): drains its CQ, and if no WR is
+    /// left in flight destroys the QP and returns the pairing's nonce (for
+    /// the Close message). `Ok(None)`: WRs are in flight, the pair stays.
+    pub(crate) fn close_if_idle(&self, eng: &EngineInner<N>) -> Result<Option<u64>, VqpError> {
+        let mut st = self.state.lock();
+        if st.qp.is_some() {
+            self.drain(eng, &mut st)?;
+        }
+        if st.qp.is_some() && st.credits.outstanding() > 0 {
+            return Ok(None);
+        }
+        // Dropping the QP (its last handle) destroys it and discards
+        // nothing: no WR is in flight.
+        st.qp = None;
+        Ok(Some(st.nonce))
+    }
+
     /// Posts `wrs` for `vqp` as one doorbell (see [`crate::engine::Vqp::post_send`]).
     pub(crate) fn post(
         &self,
         eng: &EngineInner<N>,
         vqp: &VqpShared,
         wrs: &mut [SendWr],
-    ) -> Result<(), VqpError> {
+    ) -> Result<(), PostFail> {
         let n = wrs.len();
         let mut st = self.state.lock();
         if st.needs_recovery {
             self.recover(eng, &mut st)?;
+        }
+        if st.qp.is_none() {
+            return Err(PostFail::Stale);
+        }
+        if let Link::Rc(l) = &self.link {
+            if !st.vqps.contains_key(&vqp.id) {
+                return Err(PostFail::Stale);
+            }
+            l.touch(&eng.rc_tick);
         }
         if eng.cfg.precheck {
             let generation = eng.mrs.generation();
@@ -191,15 +355,22 @@ impl<N: Nic> Dci<N> {
                         outstanding: v.occupied(),
                         requested: n,
                         capacity: v.slots.capacity(),
-                    });
+                    }
+                    .into());
                 }
             }
             let target = v
                 .target
                 .ok_or(VqpError::NotConnected { vqp: vqp.id })?
                 .target;
+            let dest = match &self.link {
+                Link::Dci => Destination::Dc(target),
+                // The VQP moved to another target meanwhile.
+                Link::Rc(l) if l.gid != target.gid => return Err(PostFail::Stale),
+                Link::Rc(_) => Destination::Connected,
+            };
             for wr in wrs.iter_mut() {
-                wr.dest = Destination::Dc(target);
+                wr.dest = dest;
             }
             let planned = self.plan(eng, &st, &v, wrs);
             if planned.is_err() {
@@ -214,7 +385,7 @@ impl<N: Nic> Dci<N> {
         let first = v.slots.next_seq();
         let (occupied, capacity) = (v.occupied(), v.slots.capacity());
         for wr in wrs.iter_mut() {
-            // Room was checked under this DCI's lock, which every poster of
+            // Room was checked under this QP's lock, which every poster of
             // this VQP holds: the push cannot fail.
             let seq = v
                 .slots
@@ -228,12 +399,22 @@ impl<N: Nic> Dci<N> {
             wr.wr_id = PhysWrId::new(vqp.id, seq).raw();
         }
         plan.apply(wrs);
-        let result = self.qp.post_send(wrs);
+        let PhysState {
+            qp, credits, stats, ..
+        } = &mut *st;
+        // A reclaim that ran into an error may have closed an RC pair.
+        let result = match qp {
+            Some(qp) => qp.post_send(wrs),
+            None => Err(krcore_nic::PostError {
+                index: 0,
+                kind: krcore_nic::PostErrorKind::BadState(krcore_nic::QpState::Reset),
+            }),
+        };
         let posted = match &result {
             Ok(()) => n,
             Err(e) => e.index.min(n),
         };
-        let accounted = st.credits.post_wrs(&wrs[..posted]);
+        let accounted = credits.post_wrs(&wrs[..posted]);
         // Give the caller its WRs back as it wrote them (dest aside).
         for (i, wr) in wrs.iter_mut().enumerate() {
             if let Some(slot) = v.slots.get(first + i as u64) {
@@ -246,22 +427,22 @@ impl<N: Nic> Dci<N> {
         v.slots.unpush((n - posted) as u32);
         drop(v);
         if posted > 0 {
-            st.stats.doorbells += 1;
-            st.stats.wrs += posted as u64;
-            st.stats.forced_signals += u64::from(plan.force_signal.is_some_and(|i| i < posted));
+            stats.doorbells += 1;
+            stats.wrs += posted as u64;
+            stats.forced_signals += u64::from(plan.force_signal.is_some_and(|i| i < posted));
         }
         if let Err(e) = accounted {
             // Our account and the NIC disagree: start over from a reset.
             st.needs_recovery = true;
-            return Err(e.into());
+            return Err(VqpError::from(e).into());
         }
-        result.map_err(VqpError::Post)
+        result.map_err(|e| VqpError::Post(e).into())
     }
 
     fn plan(
         &self,
         eng: &EngineInner<N>,
-        st: &DciState,
+        st: &PhysState<N>,
         v: &VqpState,
         wrs: &[SendWr],
     ) -> Result<Plan, VqpError> {
@@ -272,11 +453,15 @@ impl<N: Nic> Dci<N> {
         } else {
             Instant::now()
         };
+        let (transport, peer) = match &self.link {
+            Link::Dci => (Transport::Dc, None),
+            Link::Rc(l) => (Transport::Rc, Some(l.gid)),
+        };
         let queue = st.credits.view();
         if eng.cfg.precheck {
             Precheck {
-                transport: Transport::Dc,
-                peer: None,
+                transport,
+                peer,
                 local_mrs: &st.mrs,
                 grants: &v.grants,
                 now,
@@ -287,8 +472,8 @@ impl<N: Nic> Dci<N> {
             .map_err(VqpError::from)
         } else {
             Precheck {
-                transport: Transport::Dc,
-                peer: None,
+                transport,
+                peer,
                 local_mrs: &AnyMr,
                 grants: &v.grants,
                 now,
@@ -301,7 +486,12 @@ impl<N: Nic> Dci<N> {
     }
 
     /// Polls until `n` credits are free, bounded by the reclaim timeout.
-    fn reclaim(&self, eng: &EngineInner<N>, st: &mut DciState, n: usize) -> Result<(), VqpError> {
+    fn reclaim(
+        &self,
+        eng: &EngineInner<N>,
+        st: &mut PhysState<N>,
+        n: usize,
+    ) -> Result<(), VqpError> {
         let start = Instant::now();
         loop {
             self.drain(eng, st)?;
@@ -320,22 +510,22 @@ impl<N: Nic> Dci<N> {
         }
     }
 
-    /// Drains the CQ under this DCI's lock and routes every completion.
+    /// Drains the CQ under this QP's lock and routes every completion.
     pub(crate) fn drain_locked(&self, eng: &EngineInner<N>) -> Result<usize, VqpError> {
         let mut st = self.state.lock();
         self.drain(eng, &mut st)
     }
 
     /// Polls the CQ until it is empty, routing each completion; recovers the
-    /// DCI if one of them was an error.
-    fn drain(&self, eng: &EngineInner<N>, st: &mut DciState) -> Result<usize, VqpError> {
+    /// QP if one of them was an error.
+    fn drain(&self, eng: &EngineInner<N>, st: &mut PhysState<N>) -> Result<usize, VqpError> {
         let mut buf = [Wc::default(); POLL_BATCH];
         let mut total = 0;
         loop {
             let k = self
                 .cq
                 .poll(&mut buf)
-                .map_err(VqpError::nic("poll a DCI's CQ"))?;
+                .map_err(VqpError::nic("poll a shared QP's CQ"))?;
             for wc in &buf[..k] {
                 route(&eng.cache, st, wc);
             }
@@ -350,8 +540,8 @@ impl<N: Nic> Dci<N> {
         Ok(total)
     }
 
-    /// Brings a DCI that reported an error back to RTS (see the module docs).
-    fn recover(&self, eng: &EngineInner<N>, st: &mut DciState) -> Result<(), VqpError> {
+    /// Brings a QP that reported an error back to RTS (see the module docs).
+    fn recover(&self, eng: &EngineInner<N>, st: &mut PhysState<N>) -> Result<(), VqpError> {
         let mut buf = [Wc::default(); POLL_BATCH];
         let start = Instant::now();
         // The NIC flushes every outstanding WR; collect those completions so
@@ -360,7 +550,7 @@ impl<N: Nic> Dci<N> {
             let k = self
                 .cq
                 .poll(&mut buf)
-                .map_err(VqpError::nic("poll a DCI's CQ"))?;
+                .map_err(VqpError::nic("poll a shared QP's CQ"))?;
             for wc in &buf[..k] {
                 route(&eng.cache, st, wc);
             }
@@ -368,10 +558,11 @@ impl<N: Nic> Dci<N> {
                 std::thread::yield_now();
             }
         }
-        self.qp
-            .modify(Transition::Reset)
-            .map_err(VqpError::nic("reset a DCI"))?;
-        let DciState {
+        if let Some(qp) = &st.qp {
+            qp.modify(Transition::Reset)
+                .map_err(VqpError::nic("reset a shared QP"))?;
+        }
+        let PhysState {
             credits,
             vqps,
             stats,
@@ -386,23 +577,53 @@ impl<N: Nic> Dci<N> {
             let k = self
                 .cq
                 .poll(&mut buf)
-                .map_err(VqpError::nic("poll a DCI's CQ"))?;
+                .map_err(VqpError::nic("poll a shared QP's CQ"))?;
             stats.stale_completions += k as u64;
             if k < buf.len() {
                 break;
             }
         }
-        bring_up(&self.qp, Access::NONE, None).map_err(VqpError::nic("bring up a DCI"))?;
         st.needs_recovery = false;
+        let Some(qp) = &st.qp else {
+            return Ok(());
+        };
+        match &self.link {
+            Link::Dci => {
+                bring_up(qp, Access::NONE, None).map_err(VqpError::nic("bring up a DCI"))?;
+            }
+            Link::Rc(l) => match super::rc::pair_up(eng, qp, l.handshake) {
+                Ok(nonce) => st.nonce = nonce,
+                Err(_) => {
+                    // The target did not answer (or the QP could not be
+                    // brought up): close the pair. Its VQPs re-bind on their
+                    // next post, and fail, typed, while the target is gone.
+                    st.qp = None;
+                    st.stats.lost += 1;
+                    return Ok(());
+                }
+            },
+        }
         st.stats.recoveries += 1;
         Ok(())
     }
 }
 
+impl RcLink {
+    /// Marks the pair most recently used (exact LRU): a load of the shared
+    /// tick, and a bump only when another pair was used since this one.
+    fn touch(&self, tick: &AtomicU64) {
+        let now = tick.load(Ordering::Relaxed);
+        if self.used.load(Ordering::Relaxed) != now {
+            self.used
+                .store(tick.fetch_add(1, Ordering::Relaxed) + 1, Ordering::Relaxed);
+        }
+    }
+}
+
 /// Applies one polled completion: credits the shared queue and delivers
 /// every WR it retires to its VQP.
-fn route(cache: &DcCache, st: &mut DciState, wc: &Wc) {
-    let DciState {
+fn route<N: Nic>(cache: &DcCache, st: &mut PhysState<N>, wc: &Wc) {
+    let PhysState {
         credits,
         vqps,
         stats,

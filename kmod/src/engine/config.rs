@@ -1,0 +1,157 @@
+//! [`EngineConfig`]: how an engine is set up.
+
+use std::time::Duration;
+
+use super::error::EngineError;
+use super::meta::MetaLocation;
+use super::responder::HandshakeConfig;
+use crate::precheck::Policy;
+
+/// DC initiators per CPU in KRCore's pool (the paper's Figure 14(a): more
+/// than 2 per CPU removes contention; 8 is its default).
+pub const DCIS_PER_CPU: usize = 8;
+
+/// The `dc_key` of the engine's DCT unless configured otherwise.
+pub const DEFAULT_DC_KEY: u64 = 0x6b72_636f_7265_6463; // "krcoredc"
+
+/// How an engine is set up. Start from [`EngineConfig::default`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct EngineConfig {
+    /// Most DC initiators in the pool (DC mode). Default: [`DCIS_PER_CPU`]
+    /// times the CPUs available to the process.
+    pub pool_size: usize,
+    /// DCIs created at start (the rest on demand, by `create_vqp`, up to
+    /// `pool_size`; DC mode). Default 1.
+    pub prestart: usize,
+    /// Send-queue depth of each DCI, and in RC fallback mode of each RC QP
+    /// (its CQ has as many entries). Default 128.
+    pub dci_depth: u32,
+    /// Per-VQP limit of WRs in flight plus completions not yet polled.
+    /// Must exceed `policy.max_unsignaled`. Default 128.
+    pub vqp_depth: u32,
+    /// Pre-check limits; `max_sge`/`max_inline` are clamped to the device's.
+    pub policy: Policy,
+    /// Run the pre-check's validity checks (b). Capacity (a) and signaling
+    /// (c) always run: they keep the shared queue's account exact. Turn it
+    /// off only to show what it protects against. Default true.
+    pub precheck: bool,
+    /// DCCache capacity in targets. Default 4096.
+    pub cache_capacity: usize,
+    /// The meta server's table; `None`: connects can only hit the cache.
+    pub meta: Option<MetaLocation>,
+    /// READs after the first when the bucket is torn. Default 16.
+    pub meta_retries: u32,
+    /// First pause between torn READs (doubles up to 1 ms). Default 1 us.
+    pub meta_backoff: Duration,
+    /// Longest wait for a meta READ's completion. Default 1 s.
+    pub meta_timeout: Duration,
+    /// Longest a post polls for send-queue credits. Default 1 s.
+    pub reclaim_timeout: Duration,
+    /// Longest the engine collects flushes after a QP error before it
+    /// resets the QP and reports the rest flushed itself. Default 100 ms.
+    pub flush_timeout: Duration,
+    /// Depth of the DCT's SRQ and receive CQ (DC mode). Default 256.
+    pub recv_depth: u32,
+    /// The DCT's `dc_key` (DC mode). Default [`DEFAULT_DC_KEY`].
+    pub dc_key: u64,
+    /// RC fallback mode: most RC pairs (one per target) at any time; past
+    /// it the least recently used idle pair is evicted. Default 256.
+    pub rc_cap: usize,
+    /// RC fallback mode: the handshake endpoint (qkey, timeouts, retries,
+    /// passive QP cap).
+    pub handshake: HandshakeConfig,
+    /// RC fallback mode: answer peers' handshakes from a background thread
+    /// of the engine's (named `krcore-handshake`). Off, the host must call
+    /// [`super::Engine::progress`] for this node to accept connections
+    /// (its own connects drive its endpoint while they wait). Default false:
+    /// the engine starts no thread unless asked; the SDK turns it on.
+    pub handshake_thread: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> EngineConfig {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        EngineConfig {
+            pool_size: DCIS_PER_CPU * cpus,
+            prestart: 1,
+            dci_depth: 128,
+            vqp_depth: 128,
+            policy: Policy::default(),
+            precheck: true,
+            cache_capacity: 4096,
+            meta: None,
+            meta_retries: 16,
+            meta_backoff: Duration::from_micros(1),
+            meta_timeout: Duration::from_secs(1),
+            reclaim_timeout: Duration::from_secs(1),
+            flush_timeout: Duration::from_millis(100),
+            recv_depth: 256,
+            dc_key: DEFAULT_DC_KEY,
+            rc_cap: 256,
+            handshake: HandshakeConfig::default(),
+            handshake_thread: false,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// With the meta server at `meta`.
+    pub fn with_meta(mut self, meta: MetaLocation) -> EngineConfig {
+        self.meta = Some(meta);
+        self
+    }
+
+    /// With at most `n` DCIs.
+    pub fn with_pool_size(mut self, n: usize) -> EngineConfig {
+        self.pool_size = n;
+        self
+    }
+
+    /// With the pre-check's validity checks on or off.
+    pub fn with_precheck(mut self, on: bool) -> EngineConfig {
+        self.precheck = on;
+        self
+    }
+
+    /// With the RC fallback's handshake thread on or off.
+    pub fn with_handshake_thread(mut self, on: bool) -> EngineConfig {
+        self.handshake_thread = on;
+        self
+    }
+
+    /// With at most `n` RC pairs (RC fallback mode).
+    pub fn with_rc_cap(mut self, n: usize) -> EngineConfig {
+        self.rc_cap = n;
+        self
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), EngineError> {
+        let bad = |m: String| Err(EngineError::Config(m));
+        if self.pool_size == 0 {
+            return bad("pool_size must be at least 1".into());
+        }
+        if self.prestart > self.pool_size {
+            return bad(format!(
+                "prestart {} exceeds pool_size {}",
+                self.prestart, self.pool_size
+            ));
+        }
+        if self.dci_depth < 2 {
+            return bad("dci_depth must be at least 2".into());
+        }
+        if self.vqp_depth <= self.policy.max_unsignaled {
+            return bad(format!(
+                "vqp_depth {} must exceed policy.max_unsignaled {}",
+                self.vqp_depth, self.policy.max_unsignaled
+            ));
+        }
+        if self.cache_capacity == 0 || self.recv_depth == 0 {
+            return bad("cache_capacity and recv_depth must be non-zero".into());
+        }
+        if self.rc_cap == 0 || self.handshake.passive_cap == 0 {
+            return bad("rc_cap and handshake.passive_cap must be non-zero".into());
+        }
+        Ok(())
+    }
+}

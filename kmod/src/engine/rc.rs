@@ -1,0 +1,316 @@
+//! RC fallback mode: the node's RC pairs, one per target, in a bounded LRU
+//! cache, each made by a handshake with the target's responder. What is
+//! cached and how pairs are evicted is documented on [`RcStats`].
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use krcore_nic::{Access, DcTarget, Gid, Nic, QpType, QueuePair, Transition, UdTarget};
+use parking_lot::Mutex;
+
+use super::error::{EngineError, VqpError};
+use super::physqp::{create_qp, DciStats, PhysQp, RcLink};
+use super::responder::HandshakeResponder;
+use super::EngineInner;
+use crate::dccache::CachedTarget;
+
+/// Statistics of the RC pairs (RC fallback mode): the node's RC pairs,
+/// one per target, in a bounded LRU cache, each made by a handshake with
+/// the target's responder.
+///
+/// # What is cached
+///
+/// - Per target GID, at most one open RC pair: an RC QP of this node (in the
+///   engine's PD, with its own send CQ, `dci_depth` deep) paired with a
+///   passive QP of the target, shared by every VQP of this node connected to
+///   that target. At most `EngineConfig::rc_cap` pairs exist at any time.
+/// - Each pair's LRU stamp: the engine's RC tick when a post or a connect
+///   last used it. Exact LRU at a small cost on the data path: a post loads
+///   the shared tick, and bumps it (one `fetch_add`) only when another pair
+///   was used since this one's last post.
+///
+/// # Creating and evicting
+///
+/// Creation is serialized (one creator at a time: the cache's `create`
+/// lock; lookups of existing pairs take only the map lock, briefly): make
+/// room first (so the cap holds at every instant; a handshake that then
+/// fails may have evicted an idle pair, rebuilt on its next use), then
+/// create the QP, bring it to INIT, handshake, RTR/RTS. A handshake that
+/// fails destroys the new QP before returning: nothing is left behind (on
+/// the target either: a timed-out handshake sends a Close, and an end that
+/// still lingers is reclaimed by the responder's `passive_cap`).
+///
+/// Making room evicts, in order: closed pairs (lost after an error), then
+/// the least recently used pair *with no WR in flight* (its CQ is drained
+/// first). A pair with WRs in flight is never evicted: when every pair has
+/// some, the connect is refused with [`EngineError::RcPairsBusy`] (the
+/// caller polls and retries). An evicted pair's QP is destroyed at once and
+/// its target is told (a Close datagram, best effort); VQPs still bound to
+/// it get a new pair on their next post.
+///
+/// Lock order: `create`, then the map; a pair's own lock is never taken
+/// while the map lock is held.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RcStats {
+    /// Open pairs now.
+    pub pairs: usize,
+    /// Pairs created (each one RC QP and one handshake).
+    pub created: u64,
+    /// Connects (and re-binds) answered by an existing pair: no QP, no
+    /// network.
+    pub reused: u64,
+    /// Pairs evicted to make room (LRU, idle ones only).
+    pub evicted: u64,
+    /// Connects refused because every pair had WRs in flight.
+    pub busy: u64,
+    /// Handshakes for a new pair that failed (typed errors to the caller).
+    pub failed: u64,
+    /// The pairs' queue statistics, summed (closed pairs included).
+    pub qp: DciStats,
+}
+
+/// The cache of RC pairs (see the module docs).
+pub(crate) struct RcPool<N: Nic> {
+    map: Mutex<HashMap<Gid, Arc<PhysQp<N>>>>,
+    create: Mutex<()>,
+    next_index: AtomicUsize,
+    stats: Mutex<RcStats>,
+}
+
+impl<N: Nic> Default for RcPool<N> {
+    fn default() -> RcPool<N> {
+        RcPool {
+            map: Mutex::new(HashMap::new()),
+            create: Mutex::new(()),
+            next_index: AtomicUsize::new(1),
+            stats: Mutex::new(RcStats::default()),
+        }
+    }
+}
+
+impl<N: Nic> RcPool<N> {
+    pub(crate) fn stats(&self) -> RcStats {
+        let pairs: Vec<_> = self.map.lock().values().cloned().collect();
+        let mut s = *self.stats.lock();
+        s.pairs = 0;
+        for p in &pairs {
+            s.qp.add(&p.stats());
+            s.pairs += usize::from(p.is_open());
+        }
+        s
+    }
+
+    /// The open pair to `gid`, if any (no QP, no network).
+    pub(crate) fn get(&self, gid: &Gid) -> Option<Arc<PhysQp<N>>> {
+        let p = self.map.lock().get(gid).cloned()?;
+        p.is_open().then_some(p)
+    }
+
+    /// Closes every pair and tells each target (best effort): the engine
+    /// is going away.
+    pub(crate) fn close_all(&self, hs: &HandshakeResponder<N>) {
+        let pairs: Vec<_> = self.map.lock().drain().map(|(_, p)| p).collect();
+        for p in pairs {
+            if let (Some(nonce), Some(l)) = (p.close(), p.rc_link()) {
+                hs.close(p.qpn(), l.handshake, nonce);
+            }
+        }
+    }
+
+    fn retire(&self, p: &PhysQp<N>) {
+        let mut s = self.stats.lock();
+        let st = p.stats();
+        s.qp.add(&st);
+    }
+}
+
+/// The handshake endpoint a meta entry (or a meta location) names in RC
+/// fallback mode: `dct_num` is the UD QPN, `dc_key` the qkey.
+///
+/// # Errors
+/// [`EngineError::NotAFallbackNode`] when `dc_key` does not fit a qkey (the
+/// entry is a DC node's).
+pub(crate) fn handshake_target(t: &DcTarget) -> Result<UdTarget, EngineError> {
+    let qkey = u32::try_from(t.dc_key).map_err(|_| EngineError::NotAFallbackNode {
+        gid: t.gid,
+        dc_key: t.dc_key,
+    })?;
+    Ok(UdTarget {
+        gid: t.gid,
+        qpn: t.dct_num,
+        qkey,
+    })
+}
+
+/// Pairs `qp` (an RC QP of this engine, in RESET) with the responder at
+/// `target` through the engine's handshake endpoint. See [`pair_with`].
+///
+/// # Errors
+/// As [`pair_with`]; [`EngineError::Unsupported`] in DC mode.
+pub(crate) fn pair_up<N: Nic>(
+    eng: &EngineInner<N>,
+    qp: &N::Qp,
+    target: UdTarget,
+) -> Result<u64, EngineError> {
+    let hs = eng.handshake().ok_or(EngineError::Unsupported {
+        reason: "RC pairs exist only in RC fallback mode",
+    })?;
+    pair_with(hs, qp, target)
+}
+
+/// Pairs `qp` (an RC QP in RESET, in `hs`'s PD's device) with the responder
+/// at `target`: INIT, handshake, RTR, RTS. Returns the pairing's nonce. On
+/// any failure the QP is left in RESET.
+///
+/// # Errors
+/// [`EngineError::Handshake`] when the target does not answer or refuses;
+/// [`EngineError::Nic`] when the QP cannot be brought up.
+pub(crate) fn pair_with<N: Nic>(
+    hs: &HandshakeResponder<N>,
+    qp: &N::Qp,
+    target: UdTarget,
+) -> Result<u64, EngineError> {
+    let r = (|| {
+        qp.modify(Transition::Init {
+            access: Access::NONE,
+            qkey: 0,
+        })
+        .map_err(EngineError::nic("bring an RC QP to INIT"))?;
+        let paired = hs.handshake(qp.qpn(), target)?;
+        qp.modify(Transition::Rtr {
+            peer: Some(paired.peer),
+        })
+        .map_err(EngineError::nic("bring an RC QP to RTR"))?;
+        let cfg = hs.config();
+        qp.modify(Transition::Rts {
+            rnr_retry: cfg.rnr_retry,
+            retry_cnt: cfg.retry_cnt,
+        })
+        .map_err(EngineError::nic("bring an RC QP to RTS"))?;
+        Ok(paired.nonce)
+    })();
+    if r.is_err() {
+        let _ = qp.modify(Transition::Reset);
+    }
+    r
+}
+
+/// The open pair to `t`'s node, created (one RC QP, one handshake) when
+/// there is none. See the module docs for eviction.
+///
+/// # Errors
+/// [`EngineError::Handshake`], [`EngineError::RcPairsBusy`],
+/// [`EngineError::NotAFallbackNode`], [`EngineError::Nic`].
+pub(crate) fn acquire<N: Nic>(
+    eng: &EngineInner<N>,
+    t: CachedTarget,
+) -> Result<Arc<PhysQp<N>>, EngineError> {
+    let pool = eng.rc_pool().ok_or(EngineError::Unsupported {
+        reason: "RC pairs exist only in RC fallback mode",
+    })?;
+    let gid = t.target.gid;
+    let hit = |p: Arc<PhysQp<N>>| {
+        pool.stats.lock().reused += 1;
+        if let Some(l) = p.rc_link() {
+            l.used.store(
+                eng.rc_tick.fetch_add(1, Ordering::Relaxed) + 1,
+                Ordering::Relaxed,
+            );
+        }
+        p
+    };
+    if let Some(p) = pool.get(&gid) {
+        return Ok(hit(p));
+    }
+    let hs_target = handshake_target(&t.target)?;
+    let _creating = pool.create.lock();
+    // Another creator may have made it while this one waited.
+    if let Some(p) = pool.get(&gid) {
+        return Ok(hit(p));
+    }
+    make_room(eng, pool)?;
+    let (qp, cq) = create_qp(
+        eng,
+        QpType::Rc,
+        ("create an RC pair's CQ", "create an RC QP"),
+    )?;
+    let nonce = match pair_up(eng, &qp, hs_target) {
+        Ok(n) => n,
+        Err(e) => {
+            pool.stats.lock().failed += 1;
+            // `qp` and `cq` are dropped here: destroyed, nothing leaks.
+            return Err(e);
+        }
+    };
+    let link = RcLink {
+        gid,
+        handshake: hs_target,
+        used: AtomicU64::new(eng.rc_tick.fetch_add(1, Ordering::Relaxed) + 1),
+    };
+    let index = pool.next_index.fetch_add(1, Ordering::Relaxed);
+    let pair = Arc::new(PhysQp::rc(eng, index, qp, cq, link, nonce));
+    if let Some(old) = pool.map.lock().insert(gid, pair.clone()) {
+        // A closed pair of the same target: fold its statistics.
+        pool.retire(&old);
+    }
+    pool.stats.lock().created += 1;
+    Ok(pair)
+}
+
+/// Evicts until a new pair fits under the cap (see the module docs).
+fn make_room<N: Nic>(eng: &EngineInner<N>, pool: &RcPool<N>) -> Result<(), EngineError> {
+    let cap = eng.cfg.rc_cap;
+    loop {
+        let snapshot: Vec<(Gid, Arc<PhysQp<N>>)> = pool
+            .map
+            .lock()
+            .iter()
+            .map(|(g, p)| (*g, p.clone()))
+            .collect();
+        // Pair locks are taken with the map lock released.
+        let mut pairs: Vec<(u64, bool, Gid, Arc<PhysQp<N>>)> = snapshot
+            .into_iter()
+            .map(|(g, p)| {
+                let used = p.rc_link().map_or(0, |l| l.used.load(Ordering::Relaxed));
+                (used, p.is_open(), g, p)
+            })
+            .collect();
+        // Closed pairs hold no QP: drop them from the map first.
+        let closed: Vec<Gid> = pairs.iter().filter(|p| !p.1).map(|p| p.2).collect();
+        if !closed.is_empty() {
+            let mut map = pool.map.lock();
+            for g in &closed {
+                if let Some(p) = map.remove(g) {
+                    pool.retire(&p);
+                }
+            }
+            pairs.retain(|p| p.1);
+        }
+        if pairs.len() < cap {
+            return Ok(());
+        }
+        pairs.sort_by_key(|p| p.0);
+        let mut evicted = false;
+        for (_, _, gid, p) in &pairs {
+            let nonce = p.close_if_idle(eng).map_err(|e| match e {
+                VqpError::Nic { op, source } => EngineError::Nic { op, source },
+                other => EngineError::Config(format!("draining an RC pair to evict it: {other}")),
+            })?;
+            let Some(nonce) = nonce else { continue };
+            pool.map.lock().remove(gid);
+            pool.retire(p);
+            pool.stats.lock().evicted += 1;
+            if let (Some(hs), Some(l)) = (eng.handshake(), p.rc_link()) {
+                hs.close(p.qpn(), l.handshake, nonce);
+            }
+            evicted = true;
+            break;
+        }
+        if !evicted {
+            pool.stats.lock().busy += 1;
+            return Err(EngineError::RcPairsBusy { cap });
+        }
+    }
+}
