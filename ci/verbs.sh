@@ -40,10 +40,10 @@ fi
 [ -x "$SOFTROCE_DIR/softroce-run" ] || { say "no $SOFTROCE_DIR/softroce-run"; exit 1; }
 
 # --- build on the host; collect the verbs_* test executables
-say "building krcore-nic tests with --features verbs"
+say "building krcore-nic and krcore-kmod tests with --features verbs"
 json=$(mktemp)
 trap 'rm -f "$json"' EXIT
-cargo test -p krcore-nic --features verbs --no-run --message-format=json >"$json"
+cargo test -p krcore-nic -p krcore-kmod --features verbs --no-run --message-format=json >"$json"
 mapfile -t bins < <(
   grep '"reason":"compiler-artifact"' "$json" |
     grep '"kind":\["test"\]' |

@@ -332,9 +332,11 @@ impl<N: Nic> UdEndpoint<N> {
             self.mr
                 .read(slot as usize * SLOT_LEN, &mut m.bytes[..len])
                 .ctx("copy out receive slot")?;
-            let mut g = [0u8; 16];
-            g.copy_from_slice(&m.bytes[8..24]);
-            m.src = Gid(g);
+            let mut grh = [0u8; GRH_LEN];
+            grh.copy_from_slice(&m.bytes[..GRH_LEN]);
+            // Not bytes 8..24: on RoCE v2 over IPv4 this area holds an IPv4
+            // header instead of a GRH.
+            m.src = krcore_nic::grh_source_gid(&grh);
             self.counters.received += 1;
             out.push(m);
         }

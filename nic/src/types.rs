@@ -692,3 +692,100 @@ pub struct DeviceCaps {
 /// Bytes of the Global Routing Header placed before the payload of every UD
 /// receive, as on real hardware (the source GID sits at bytes 8..24).
 pub const GRH_LEN: usize = 40;
+
+/// The sender's GID from the 40 bytes a UD receive starts with: a GRH
+/// (InfiniBand, RoCE v1, RoCE v2 over IPv6: the source GID at bytes 8..24),
+/// or for RoCE v2 over IPv4 an IPv4 header in bytes 20..40 (the first 20
+/// undefined), whose source address becomes the IPv4-mapped GID
+/// `::ffff:a.b.c.d`. IPv4 is recognized as `ibv_init_ah_from_wc` does it:
+/// bytes 20.. start an IPv4 header (`0x45`) and either the first nibble is
+/// not an IPv6 version (the header's checksum may be 0 then: rxe over
+/// loopback leaves it to offload) or the checksum is right. One more
+/// condition keeps a GRH whose source GID holds `0x45` at byte 20 from being
+/// misread: the header must carry UDP (RoCE v2 always does), unless its
+/// checksum is right.
+pub fn grh_source_gid(grh: &[u8; GRH_LEN]) -> Gid {
+    let ip4 = &grh[20..40];
+    let checksum_ok = || {
+        let sum: u32 = ip4
+            .chunks(2)
+            .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+            .sum();
+        let folded = (sum & 0xffff) + (sum >> 16);
+        (folded & 0xffff) + (folded >> 16) == 0xffff
+    };
+    const UDP: u8 = 17;
+    let ipv4 = ip4[0] == 0x45 && ((grh[0] >> 4 != 6 && ip4[9] == UDP) || checksum_ok());
+    let mut g = [0u8; 16];
+    if ipv4 {
+        g[10] = 0xff;
+        g[11] = 0xff;
+        g[12..16].copy_from_slice(&ip4[12..16]);
+    } else {
+        g.copy_from_slice(&grh[8..24]);
+    }
+    Gid(g)
+}
+
+#[cfg(test)]
+mod grh_tests {
+    use super::*;
+
+    fn ipv4_header(src: [u8; 4]) -> [u8; 20] {
+        let mut h = [0u8; 20];
+        h[0] = 0x45;
+        h[8] = 64; // TTL
+        h[9] = 17; // UDP
+        h[12..16].copy_from_slice(&src);
+        h[16..20].copy_from_slice(&[127, 0, 0, 1]);
+        let sum: u32 = h
+            .chunks(2)
+            .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+            .sum();
+        let folded = (sum & 0xffff) + (sum >> 16);
+        let csum = !((folded & 0xffff) + (folded >> 16)) as u16;
+        h[10..12].copy_from_slice(&csum.to_be_bytes());
+        h
+    }
+
+    #[test]
+    fn a_grh_names_its_source_gid() {
+        let mut grh = [0u8; GRH_LEN];
+        grh[0] = 0x60;
+        let gid: [u8; 16] = std::array::from_fn(|i| i as u8 + 1);
+        grh[8..24].copy_from_slice(&gid);
+        assert_eq!(grh_source_gid(&grh), Gid(gid));
+        // The sim writes only the source GID (byte 0 is 0), whatever it holds.
+        let mut sim = [0u8; GRH_LEN];
+        let mut g = [0u8; 16];
+        g[12] = 0x45;
+        sim[8..24].copy_from_slice(&g);
+        assert_eq!(grh_source_gid(&sim), Gid(g));
+    }
+
+    #[test]
+    fn roce_v2_over_ipv4_gives_the_ipv4_mapped_gid() {
+        let mut want = [0u8; 16];
+        want[10..12].copy_from_slice(&[0xff, 0xff]);
+        want[12..16].copy_from_slice(&[10, 1, 2, 3]);
+        let mut grh = [0u8; GRH_LEN];
+        grh[20..40].copy_from_slice(&ipv4_header([10, 1, 2, 3]));
+        assert_eq!(grh_source_gid(&grh), Gid(want));
+        // As rxe delivers it over loopback: checksum left 0 (offload).
+        grh[30..32].copy_from_slice(&[0, 0]);
+        assert_eq!(grh_source_gid(&grh), Gid(want));
+        // Seen in the Soft-RoCE guest, verbatim.
+        let rxe: [u8; GRH_LEN] = [
+            0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x45, 0, 0, 0x44, 0x01,
+            0x93, 0x40, 0, 0x40, 0x11, 0, 0, 0x7f, 0, 0, 1, 0x7f, 0, 0, 1,
+        ];
+        let mut lo = [0u8; 16];
+        lo[10..16].copy_from_slice(&[0xff, 0xff, 0x7f, 0, 0, 1]);
+        assert_eq!(grh_source_gid(&rxe), Gid(lo));
+        // An IPv6 GRH whose bytes 20.. happen to look like IPv4 without a
+        // valid checksum is a GRH.
+        let mut v6 = grh;
+        v6[0] = 0x60;
+        assert_ne!(grh_source_gid(&v6), Gid(want));
+    }
+}
