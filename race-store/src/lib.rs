@@ -86,11 +86,13 @@
     )
 )]
 
+pub mod clock;
 pub mod error;
 pub mod hash;
 pub mod layout;
+pub mod remote;
 
 #[cfg(test)]
 mod prop_tests;
 
-pub use error::{LayoutError, Result};
+pub use error::{Error, LayoutError, Result};
