@@ -90,6 +90,7 @@ pub mod clock;
 pub mod error;
 pub mod hash;
 pub mod layout;
+pub mod memory;
 pub mod remote;
 
 #[cfg(test)]
