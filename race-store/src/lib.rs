@@ -86,6 +86,7 @@
     )
 )]
 
+pub mod client;
 pub mod clock;
 pub mod error;
 pub mod hash;
@@ -96,4 +97,5 @@ pub mod remote;
 #[cfg(test)]
 mod prop_tests;
 
+pub use client::{Client, ClientConfig};
 pub use error::{Error, LayoutError, Result};
