@@ -107,6 +107,20 @@ struct CachedBlock {
     value: Option<Vec<u8>>,
 }
 
+impl OpCtx {
+    /// Records that the block of `word` holds this operation's key with
+    /// `value` (a block the operation wrote itself), as read at `start`.
+    pub(crate) fn remember(&mut self, word: Slot, value: &[u8], start: u64) {
+        self.blocks.insert(
+            word.thawed().raw(),
+            CachedBlock {
+                start,
+                value: Some(value.to_vec()),
+            },
+        );
+    }
+}
+
 /// A slot's place in a subtable, independent of the subtable's address (a
 /// split copies a slot to the same place in the new subtable).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

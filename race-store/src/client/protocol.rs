@@ -39,12 +39,12 @@
 //!    installed the slot was posted (or, when both are in one doorbell, the
 //!    block is on the slot's node and ordered before it).
 //! 5. A published block is retired only by the client whose CAS unlinked it
-//!    (update, delete, de-duplication) or by the splitter that dropped it,
-//!    exactly once, and is reused only after the grace period.
-//! 6. After an insert returns, the key has at most one copy in its subtable
-//!    that this insert left (the de-duplication below); a reader always
-//!    returns the copy at the lowest slot address, the one de-duplication
-//!    keeps.
+//!    (update, delete, withdrawal of its own racing copy) or by the splitter
+//!    that dropped it, exactly once, and is reused only after the grace
+//!    period.
+//! 6. Readers and writers use the copy of a key at the lowest slot address;
+//!    de-duplication and splits keep it when they can, so extra copies (of
+//!    racing or crashed inserters) are never the visible one for long.
 //!
 //! ## Search (get): 2 RTTs on a hit
 //! 1. From the cached directory entry: READ both combined buckets (2 x 128 B,
@@ -79,28 +79,41 @@
 //! 4. **CAS the empty slot + READ both combined buckets again** in one
 //!    doorbell: same node, so the READs execute after the CAS. A failed CAS
 //!    retries from 1 (the block is already written).
-//! 5. **De-duplicate**: among the copies of the key now in the buckets, keep
-//!    the lowest slot address and CAS the others back to empty (retiring
-//!    their blocks), one doorbell with a fresh re-READ, until one copy is
-//!    left. The insert succeeded iff the survivor is at its own position (it
-//!    may have been updated by a racing writer in the meantime); else it
-//!    fails with `KeyExists` (`put` retries as an update). If the subtable
-//!    got frozen meanwhile, wait for the split and continue in the new
-//!    subtable, where the slot sits at the same position (the splitter
-//!    de-duplicates with the same rule).
+//! 5. **De-duplicate**: read the blocks of new fingerprint matches in the
+//!    re-read. If this client's copy is the only copy of the key, the insert
+//!    has won and returns. Otherwise the copies race:
+//!    * a copy that is not the lowest addressed withdraws: its owner CASes it
+//!      back to empty (retiring its block) and searches again: it finds the
+//!      other copy (`insert` fails with [`crate::Error::KeyExists`], `put`
+//!      updates it), or, if every copy withdrew, inserts anew;
+//!    * the lowest addressed copy (the one readers return) waits a few
+//!      re-reads for the others to withdraw, and wins when they have; if
+//!      they stay, their owner already won (or died after its CAS), and the
+//!      lowest withdraws instead.
 //!
-//! So no duplicate stays visible after an insert returns, and concurrent
-//! inserts of one key converge to one copy. As in RACE, de-duplication is by
-//! address, not by time: an insert that already returned success can lose
-//! its copy to a racing insert of the same key that landed at a lower
-//! address (both report success, one value survives). Keys written by one
-//! client at a time are exactly linearizable.
+//!    Each client only ever removes its *own* copy, so a copy that won is
+//!    never taken away by de-duplication. If the subtable got frozen
+//!    meanwhile, the client waits for the split and continues in the new
+//!    subtable, where its slot sits at the same position (the splitter keeps
+//!    the lowest copy of a key and drops the others).
+//!
+//! At most one of several concurrent inserts of a key wins: a winner saw,
+//! after its CAS, no other copy, and keeps its copy, so of two winners each
+//! would have read the other's slot after the other's CAS. Nothing is left
+//! after an insert returns but copies of other, still running, or crashed
+//! inserters; a crashed inserter's copy is an insert that took effect (a
+//! later insert fails on it, a reader may return it if it is the lowest, a
+//! delete removes it). RACE instead keeps the lowest copy and lets its owner
+//! remove the others, which can remove the copy of an insert that already
+//! returned success (two successes, one lost): we trade that for a few
+//! re-reads in the racing case only. A copy is visible to readers from its
+//! CAS on, so a racing insert's value can be read just before it withdraws.
 //!
 //! ## Update, delete, read-modify-write: 3 RTTs
 //! Search (2 RTTs), then one doorbell with the WRITE of the new block (same
-//! node as the slot; else a doorbell before), CASes of any extra copies to
-//! empty (highest address first, so no older copy surfaces), and the CAS of
-//! the lowest copy from the word read to the new word (empty for a delete).
+//! node as the slot; else a doorbell before) and the CAS of the lowest copy
+//! from the word read to the new word. A delete instead CASes every copy to
+//! empty, highest address first, so that no older copy surfaces.
 //! A failed CAS re-searches (and calls the rmw function again). A
 //! read-modify-write on an absent key inserts with the insert protocol and
 //! starts over if the insert finds the key.

@@ -30,6 +30,9 @@ pub(crate) enum Decision {
     Remove,
 }
 
+/// Re-reads the lowest of several racing copies makes before it withdraws.
+const DEDUP_WAITS: u32 = 8;
+
 /// The decision function of [`Client::modify`].
 pub(crate) type Decide<'a> = dyn FnMut(Option<&[u8]>) -> Result<Decision, Error> + 'a;
 
@@ -57,7 +60,7 @@ impl<T: Transport> Client<T> {
         let block = kv::encode(key, value).map_err(Error::from_kv)?;
         let mut ctx = OpCtx::default();
         let mut pending = None;
-        let result = self.insert_loop(key, hash, &block, mode, &mut ctx, &mut pending);
+        let result = self.insert_loop(key, value, hash, &block, mode, &mut ctx, &mut pending);
         if let Some(p) = pending {
             if !p.maybe_published {
                 self.alloc.release(p.ptr, p.len);
@@ -66,9 +69,11 @@ impl<T: Transport> Client<T> {
         result
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn insert_loop(
         &mut self,
         key: &[u8],
+        value: &[u8],
         hash: &KeyHash,
         block: &[u8],
         mode: InsertMode,
@@ -153,13 +158,13 @@ impl<T: Transport> Client<T> {
             }
             // Published: from now on whoever unlinks it retires it.
             *pending = None;
+            ctx.remember(p.slot, value, start);
             let reread = view.reread(&mut res, 1)?;
-            if self.dedup(key, hash, pos, reread, start, ctx)? {
+            if self.dedup(key, hash, pos, p.slot, reread, start, ctx)? {
                 return Ok(true);
             }
-            if mode == InsertMode::Insert {
-                return Ok(false);
-            }
+            // Lost to another copy: search again (it finds the key, or
+            // inserts anew if the other copy withdrew as well).
         }
     }
 
@@ -179,23 +184,34 @@ impl<T: Transport> Client<T> {
         }
     }
 
-    /// After this client's slot at `pos` was installed: keeps the copy of
-    /// `key` with the lowest slot address and CASes the others back to empty,
-    /// re-reading until one copy is left. `Ok(true)` if the survivor is at
-    /// `pos` (this insert won), `Ok(false)` if another copy won.
+    /// After this client's slot `mine` was installed at `pos`: settles
+    /// concurrent inserts of the same key. `Ok(true)`: this insert won (its
+    /// copy is the only one, possibly updated since by another writer).
+    /// `Ok(false)`: another copy holds the key; this client's copy has been
+    /// removed (by its own CAS, or by a delete), or was updated by a writer
+    /// that took it for the key's copy.
+    ///
+    /// Each inserter removes only its own copy, so a copy that has won is
+    /// never removed by de-duplication: a copy that is not the lowest
+    /// addressed withdraws at once; the lowest waits a few re-reads for the
+    /// others to withdraw and withdraws itself if they stay (their owner
+    /// already won, or died).
     ///
     /// `view` was read at `start`, after the CAS. If the subtable is split
     /// meanwhile, the slot is looked for at the same position in the new
     /// subtable (a split copies slots in place).
+    #[allow(clippy::too_many_arguments)]
     fn dedup(
         &mut self,
         key: &[u8],
         hash: &KeyHash,
         pos: SlotPos,
+        mine: Slot,
         mut view: BucketsView,
         mut start: u64,
         ctx: &mut OpCtx,
     ) -> Result<bool, Error> {
+        let mut waits = 0;
         loop {
             if ctx.attempts >= self.config.max_attempts {
                 return Err(Error::Contention {
@@ -226,34 +242,37 @@ impl<T: Transport> Client<T> {
                 view = self.read_buckets(hash, &[])?;
                 continue;
             };
-            let mine = view.addr_of(pos)?;
-            let Some((lowest, others)) = copies.split_first() else {
-                // Every copy is gone (deleted after it was visible).
+            let addr = view.addr_of(pos)?;
+            let at_mine = copies.iter().find(|c| c.addr == addr);
+            if copies.iter().all(|c| c.addr == addr) {
+                // Alone (or gone with no other copy: deleted after it won).
                 return Ok(true);
-            };
-            if others.is_empty() {
-                return Ok(lowest.addr == mine);
             }
-            let mut ops: Vec<RemoteOp<'_>> = others
-                .iter()
-                .rev()
-                .map(|c| RemoteOp::Cas {
-                    ptr: c.addr,
-                    expect: c.word.raw(),
-                    new: Slot::EMPTY.raw(),
-                })
-                .collect();
-            let n = ops.len();
+            let Some(copy) = at_mine.filter(|c| c.word.thawed() == mine) else {
+                return Ok(false);
+            };
+            let lowest = copies.first().is_some_and(|c| c.addr == addr);
+            if lowest && waits < DEDUP_WAITS {
+                waits += 1;
+                self.backoff(ctx);
+                start = self.now();
+                view = self.read_buckets(hash, &[])?;
+                continue;
+            }
+            let mut ops = vec![RemoteOp::Cas {
+                ptr: copy.addr,
+                expect: copy.word.raw(),
+                new: Slot::EMPTY.raw(),
+            }];
             ops.extend(view.read_ops()?);
             start = self.now();
             let mut res = self.exec(&ops)?;
-            for (i, c) in others.iter().rev().enumerate() {
-                if cas_old(&res, i)? == c.word.raw() {
-                    self.retire(c.word);
-                    self.stats.dups_removed += 1;
-                }
+            if cas_old(&res, 0)? == copy.word.raw() {
+                self.retire(mine);
+                self.stats.dups_removed += 1;
+                return Ok(false);
             }
-            view = view.reread(&mut res, n)?;
+            view = view.reread(&mut res, 1)?;
         }
     }
 
@@ -307,12 +326,12 @@ impl<T: Transport> Client<T> {
         }
     }
 
-    /// One doorbell that CASes the lowest copy to `new` (empty to delete) and
-    /// the other copies to empty, highest address first so that no older
-    /// copy becomes visible. `block` (the new KV block) is written first: in
-    /// the same doorbell when it is on the slot's node (ordered), else in a
-    /// doorbell of its own. Retires what it unlinks. `Ok(true)` if the lowest
-    /// copy was replaced.
+    /// One doorbell that CASes the lowest copy to `new`. For a delete (`new`
+    /// empty), the other copies (left by a crashed or racing inserter) are
+    /// removed too, highest address first, so that none surfaces. `block`
+    /// (the new KV block) is written first: in the same doorbell when it is
+    /// on the slot's node (ordered), else in a doorbell of its own. Retires
+    /// what it unlinks. `Ok(true)` if the lowest copy was replaced.
     fn replace(
         &mut self,
         copies: &[KeyCopy],
@@ -323,6 +342,7 @@ impl<T: Transport> Client<T> {
         let Some((lowest, others)) = copies.split_first() else {
             return Ok(false);
         };
+        let others = if new.is_empty() { others } else { &[] };
         let mut ops = Vec::with_capacity(copies.len() + 1);
         if let Some((ptr, bytes)) = block {
             let write = RemoteOp::Write { ptr, bytes };
