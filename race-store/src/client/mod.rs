@@ -369,6 +369,18 @@ impl<T: Transport> Client<T> {
         })
     }
 
+    /// Finishes a resize abandoned by a dead client, if any: takes the resize
+    /// lock when it is free or its lease has expired, completes the logged
+    /// split, releases the lock. Clients do this on their own when they meet
+    /// the abandoned subtable; a tool or a test can force it. `Ok(false)` if
+    /// another client holds the lock under a live lease.
+    ///
+    /// # Errors
+    /// Transport errors, [`Error::Corrupt`] for a garbage directory header.
+    pub fn recover_resize(&mut self) -> Result<bool, Error> {
+        self.take_over_now()
+    }
+
     /// Reads the whole table and checks its invariants (directory, headers,
     /// slots, KV blocks, duplicates); returns every key-value pair. For tests
     /// and tools: it reads everything, with many round trips.

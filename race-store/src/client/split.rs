@@ -113,6 +113,16 @@ impl<T: Transport> Client<T> {
         self.release_lock(held, outcome)
     }
 
+    /// [`Client::recover_resize`]: `false` if the lock is busy.
+    pub(crate) fn take_over_now(&mut self) -> Result<bool, Error> {
+        let Some(mut held) = self.lock()? else {
+            return Ok(false);
+        };
+        let outcome = self.recover(&mut held);
+        self.release_lock(held, outcome)?;
+        Ok(true)
+    }
+
     fn release_lock(&mut self, held: DirHeader, outcome: Result<Held, Error>) -> Result<(), Error> {
         match outcome {
             Ok(Held::Done(dropped)) => {

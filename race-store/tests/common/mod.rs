@@ -77,3 +77,5 @@ pub fn value(key: u64, version: u64, len: usize) -> Vec<u8> {
     v.truncate(len.max(1));
     v
 }
+
+pub mod sched;
