@@ -2,12 +2,21 @@
 //! unlinked blocks after a grace period.
 //!
 //! * **Coarse blocks** come from a memory node ([`Transport::alloc_block`], a
-//!   two-sided message), `coarse_block_bytes` at a time (or one block of the
-//!   class if that is larger). They are never returned.
+//!   two-sided message) and are never returned. A refill is a quarter of
+//!   what the (node, class) already holds, at least `coarse_block_bytes` and
+//!   at most [`MAX_REFILL`] (rounded to whole blocks): small tables waste
+//!   little, large ones need few messages, and the uncarved remainder stays
+//!   under a quarter of the class's footprint.
 //! * **Size classes** ([`CLASS_UNITS`], in 64 B units, at most 25% internal
 //!   waste) are carved from the current coarse block of the class, per node.
 //!   A block's class is a function of its length, so a block freed by any
 //!   client can be reused by any other through the slot word's length field.
+//! * **Placement**: a block is wanted on the node of the key's slot (then its
+//!   WRITE and the slot's CAS share one doorbell), but memory comes first:
+//!   a free block or carved space on the preferred node, then on any node,
+//!   and only then a new coarse block (preferred node first). Otherwise a
+//!   split that moves keys to another node would strand their old blocks in
+//!   the free list of the first.
 //! * **Reclamation.** A block that was never published (its slot CAS failed)
 //!   goes straight back to its free list ([`KvAllocator::release`]). A block
 //!   that was published and then unlinked by a successful CAS (update,
@@ -41,6 +50,9 @@ pub const CLASS_UNITS: [u8; 28] = [
     192, 224, 255,
 ];
 
+/// Largest coarse block a refill asks for.
+pub const MAX_REFILL: u64 = 1 << 20;
+
 /// The size class of a block of `units` 64 B units (`1..=255`).
 pub fn class_of(units: u8) -> usize {
     CLASS_UNITS
@@ -70,6 +82,8 @@ pub struct KvMemoryStats {
 struct ClassArena {
     free: VecDeque<RemotePtr>,
     chunk: Option<(RemotePtr, u64)>,
+    /// Coarse bytes obtained for this (node, class).
+    coarse: u64,
 }
 
 #[derive(Debug)]
@@ -108,7 +122,7 @@ impl KvAllocator {
     }
 
     /// A block for `block_len` bytes (a multiple of 64), preferably on node
-    /// `prefer`, else on any other node with room.
+    /// `prefer` (see the module docs for the order of preference).
     ///
     /// # Errors
     /// [`Error::OutOfMemory`] if no node can provide one, or the transport
@@ -124,12 +138,26 @@ impl KvAllocator {
         self.reclaim(now);
         let units = u8::try_from(block_len / LEN_UNIT).unwrap_or(u8::MAX);
         let class = class_of(units);
-        let nodes = self.arenas.len() as u8;
+        let nodes = self.arenas.len().max(1) as u16;
+        let order: Vec<u8> = (0..nodes)
+            .map(|i| ((u16::from(prefer) + i) % nodes) as u8)
+            .collect();
+        for &node in &order {
+            if let Some(ptr) = self.take_free(node, class) {
+                return Ok(ptr);
+            }
+            if let Some(ptr) = self.carve(node, class)? {
+                return Ok(ptr);
+            }
+        }
         let mut first_err = None;
-        for i in 0..nodes.max(1) {
-            let node = ((u16::from(prefer) + u16::from(i)) % u16::from(nodes.max(1))) as u8;
-            match self.alloc_on(transport, stats, node, class) {
-                Ok(ptr) => return Ok(ptr),
+        for &node in &order {
+            match self.refill(transport, stats, node, class) {
+                Ok(()) => {
+                    if let Some(ptr) = self.carve(node, class)? {
+                        return Ok(ptr);
+                    }
+                }
                 Err(Error::OutOfMemory { .. }) => {}
                 Err(e) => {
                     first_err.get_or_insert(e);
@@ -141,31 +169,38 @@ impl KvAllocator {
         }))
     }
 
-    fn alloc_on<T: Transport>(
+    fn take_free(&mut self, node: u8, class: usize) -> Option<RemotePtr> {
+        self.arena(node, class)?.free.pop_front()
+    }
+
+    fn carve(&mut self, node: u8, class: usize) -> Result<Option<RemotePtr>, Error> {
+        let size = class_bytes(class);
+        let Some(arena) = self.arena(node, class) else {
+            return Ok(None);
+        };
+        match arena.chunk {
+            Some((ptr, left)) if left >= size => {
+                arena.chunk = Some((ptr.add(size)?, left - size));
+                Ok(Some(ptr))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    fn refill<T: Transport>(
         &mut self,
         transport: &mut T,
         stats: &mut TransportStats,
         node: u8,
         class: usize,
-    ) -> Result<RemotePtr, Error> {
+    ) -> Result<(), Error> {
         let size = class_bytes(class);
-        let coarse = self.coarse_block_bytes.max(size) / size * size;
-        let arena = self
-            .arenas
-            .get_mut(usize::from(node))
-            .and_then(|a| a.get_mut(class))
-            .ok_or(Error::BadTable {
-                reason: "allocation on an unknown node",
-            })?;
-        if let Some(ptr) = arena.free.pop_front() {
-            return Ok(ptr);
-        }
-        if let Some((ptr, left)) = arena.chunk {
-            if left >= size {
-                arena.chunk = Some((ptr.add(size)?, left - size));
-                return Ok(ptr);
-            }
-        }
+        let min = self.coarse_block_bytes;
+        let arena = self.arena(node, class).ok_or(Error::BadTable {
+            reason: "allocation on an unknown node",
+        })?;
+        let want = (arena.coarse / 4).clamp(min, MAX_REFILL.max(min)).max(size);
+        let coarse = want / size * size;
         stats.block_rpcs += 1;
         let base = match transport.alloc_block(node, coarse) {
             Ok(base) => base,
@@ -181,9 +216,11 @@ impl KvAllocator {
                 reason: "memory node returned a block that is not 64-byte aligned",
             });
         }
+        arena.coarse += coarse;
+        // The rest of the previous chunk (smaller than a block) is dropped.
+        arena.chunk = Some((base, coarse));
         self.coarse_bytes += coarse;
-        arena.chunk = Some((base.add(size)?, coarse - size));
-        Ok(base)
+        Ok(())
     }
 
     /// Returns a block that was never published (immediately reusable).

@@ -522,11 +522,11 @@ impl<T: Transport> Client<T> {
         sub: RemotePtr,
         ctx: &OpCtx,
     ) -> Result<(), Error> {
-        self.stats.split_waits += 1;
         self.refresh_directory()?;
         if self.locate(hash)?.0 != sub {
             return Ok(());
         }
+        self.stats.split_waits += 1;
         let h = self.dir.header();
         let (now, _) = self.lease_clock();
         if !h.is_locked() || h.lease_expired(now) {

@@ -37,7 +37,7 @@ mod write;
 
 use std::sync::Arc;
 
-pub use alloc::{KvMemoryStats, CLASS_UNITS};
+pub use alloc::{KvMemoryStats, CLASS_UNITS, MAX_REFILL};
 pub use verify::TableCheck;
 
 use crate::clock::Clock;
@@ -70,13 +70,14 @@ pub struct ClientConfig {
     pub grace_ticks: u64,
     /// Retries of one operation before [`Error::Contention`].
     pub max_attempts: u32,
-    /// Size of the coarse blocks asked from memory nodes for KV blocks.
+    /// Smallest coarse block asked from a memory node for KV blocks (later
+    /// refills grow with the footprint, see [`MAX_REFILL`]).
     pub coarse_block_bytes: u64,
 }
 
 impl Default for ClientConfig {
     /// For a [`crate::clock::SystemClock`] (microsecond ticks): 1 s lease,
-    /// 100 ms attempts, 300 ms grace, 16 KiB coarse blocks.
+    /// 100 ms attempts, 300 ms grace, coarse blocks from 4 KiB.
     fn default() -> Self {
         Self {
             lease_ticks: 1_000_000,
@@ -84,7 +85,7 @@ impl Default for ClientConfig {
             max_op_ticks: 100_000,
             grace_ticks: 300_000,
             max_attempts: 100_000,
-            coarse_block_bytes: 16 << 10,
+            coarse_block_bytes: 4 << 10,
         }
     }
 }
