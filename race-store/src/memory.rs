@@ -35,11 +35,11 @@ use std::sync::{Arc, Mutex};
 use crate::error::Error;
 use crate::layout::dir_header::DirHeader;
 use crate::layout::directory::{DirEntry, DirectoryRepr};
-use crate::layout::slot::RemotePtr;
+use crate::layout::slot::{RemotePtr, MAX_OFFSET};
 use crate::layout::subtable::{Subtable, SubtableGeometry, Suffix};
 use crate::layout::table::{
-    node0_heap_start, SplitLogRepr, SuperblockRepr, DIR_OFFSET, DIR_PTR, SPLIT_LOG_OFFSET,
-    SPLIT_LOG_SIZE, SUPERBLOCK_OFFSET, SUPERBLOCK_SIZE,
+    node0_heap_start, SuperblockRepr, DIR_OFFSET, DIR_PTR, SPLIT_LOG_OFFSET, SPLIT_LOG_SIZE,
+    SUPERBLOCK_OFFSET, SUPERBLOCK_SIZE,
 };
 use crate::layout::MAX_GLOBAL_DEPTH;
 use crate::remote::{OpResult, RemoteOp, Transport, TransportError};
@@ -228,11 +228,14 @@ impl MemoryNode {
         self.write(DIR_PTR.offset(), &dir_bytes)?;
         self.write(SPLIT_LOG_OFFSET, &[0u8; SPLIT_LOG_SIZE])?;
         self.write(SUPERBLOCK_OFFSET, &sb)?;
-        debug_assert!(matches!(
-            SplitLogRepr::parse(&self.read(SPLIT_LOG_OFFSET, SPLIT_LOG_SIZE)?),
-            Ok(None)
-        ));
         Ok(())
+    }
+
+    fn out_of_bounds(&self, offset: u64, len: u64) -> TransportError {
+        TransportError::OutOfBounds {
+            ptr: RemotePtr::from_bits(u64::from(self.id) << 40 | (offset & MAX_OFFSET)),
+            len,
+        }
     }
 
     fn check(&self, offset: u64, len: u64) -> Result<(), TransportError> {
@@ -241,20 +244,16 @@ impl MemoryNode {
         }
         match offset.checked_add(len) {
             Some(end) if end <= self.capacity() => Ok(()),
-            _ => Err(TransportError::OutOfBounds {
-                ptr: RemotePtr::from_bits(u64::from(self.id) << 40 | (offset & ((1 << 40) - 1))),
-                len,
-            }),
+            _ => Err(self.out_of_bounds(offset, len)),
         }
     }
 
-    fn word(&self, index: u64) -> &AtomicU64 {
-        // In range after `check`; a spare word keeps a bug from panicking.
-        static SPARE: AtomicU64 = AtomicU64::new(0);
-        usize::try_from(index)
+    /// The word holding byte `offset` (in range after `check`).
+    fn word(&self, offset: u64) -> Result<&AtomicU64, TransportError> {
+        usize::try_from(offset / 8)
             .ok()
             .and_then(|i| self.words.get(i))
-            .unwrap_or(&SPARE)
+            .ok_or_else(|| self.out_of_bounds(offset, 8))
     }
 
     fn atomic_word(&self, offset: u64) -> Result<&AtomicU64, TransportError> {
@@ -264,7 +263,7 @@ impl MemoryNode {
                 ptr: RemotePtr::from_bits(u64::from(self.id) << 40 | offset),
             });
         }
-        Ok(self.word(offset / 8))
+        self.word(offset)
     }
 
     /// Reads `len` bytes at `offset` (word by word).
@@ -277,7 +276,7 @@ impl MemoryNode {
         let end = offset + len as u64;
         let mut at = offset;
         while at < end {
-            let word = self.word(at / 8).load(Ordering::SeqCst).to_le_bytes();
+            let word = self.word(at)?.load(Ordering::SeqCst).to_le_bytes();
             let from = (at % 8) as usize;
             let take = (8 - from).min((end - at) as usize);
             out.extend_from_slice(word.get(from..from + take).unwrap_or(&[]));
@@ -300,7 +299,7 @@ impl MemoryNode {
             let from = (at % 8) as usize;
             let take = (8 - from).min(rest.len());
             let (chunk, tail) = rest.split_at(take);
-            let word = self.word(at / 8);
+            let word = self.word(at)?;
             if take == 8 {
                 let mut w = [0u8; 8];
                 w.copy_from_slice(chunk);
@@ -362,7 +361,7 @@ impl MemoryNode {
         let mut heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());
         let start = heap.next.next_multiple_of(BLOCK_ALIGN);
         match start.checked_add(rounded) {
-            Some(end) if end <= self.capacity() && end <= crate::layout::slot::MAX_OFFSET => {
+            Some(end) if end <= self.capacity() && end <= MAX_OFFSET => {
                 heap.next = end;
                 heap.blocks += 1;
                 Ok(start)

@@ -28,16 +28,20 @@ enum Held {
     Lost,
 }
 
-/// One occupied slot of a subtable image.
-struct ImageSlot {
-    offset: usize,
-    group: u32,
-    bucket: usize,
-    word: Slot,
+/// One slot of a subtable image.
+pub(crate) struct ImageSlot {
+    /// Byte offset in the subtable.
+    pub(crate) offset: usize,
+    /// Bucket group.
+    pub(crate) group: u32,
+    /// Bucket in the group (0, 1 = overflow, 2).
+    pub(crate) bucket: usize,
+    /// The slot word.
+    pub(crate) word: Slot,
 }
 
-/// Every slot of a subtable image: (byte offset, group, bucket, word).
-fn image_slots(image: &[u8], geometry: SubtableGeometry) -> Vec<ImageSlot> {
+/// Every slot of a subtable image, in address order.
+pub(crate) fn image_slots(image: &[u8], geometry: SubtableGeometry) -> Vec<ImageSlot> {
     let mut out = Vec::new();
     for group in 0..geometry.groups() {
         for bucket in 0..BUCKETS_PER_GROUP {
@@ -60,7 +64,12 @@ fn image_slots(image: &[u8], geometry: SubtableGeometry) -> Vec<ImageSlot> {
 
 /// Whether a key with `hash` may sit in bucket `bucket` of group `group`: one
 /// of its two main buckets or their overflow bucket.
-fn position_fits(hash: &KeyHash, geometry: SubtableGeometry, group: u32, bucket: usize) -> bool {
+pub(crate) fn position_fits(
+    hash: &KeyHash,
+    geometry: SubtableGeometry,
+    group: u32,
+    bucket: usize,
+) -> bool {
     hash.bucket_locs(geometry).iter().any(|loc| {
         loc.group == group
             && (bucket == 1 || bucket == loc.side.main_offset_in_group() / BUCKET_SIZE)

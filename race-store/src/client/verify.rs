@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use crate::error::Error;
 use crate::hash::KeyHash;
-use crate::layout::bucket::{Bucket, BUCKETS_PER_GROUP, SLOTS_PER_BUCKET};
+use crate::layout::bucket::BUCKETS_PER_GROUP;
 use crate::layout::directory::DirectoryRepr;
 use crate::layout::kv;
 use crate::layout::low_mask;
@@ -16,6 +16,7 @@ use crate::layout::table::{SplitLogRepr, SPLIT_LOG_SIZE};
 use crate::remote::{RemoteOp, Transport};
 
 use super::engine::take_read;
+use super::split::{image_slots, position_fits};
 use super::Client;
 
 /// What [`Client::check_table`] found.
@@ -76,32 +77,32 @@ pub(crate) fn check_table<T: Transport>(c: &mut Client<T>) -> Result<TableCheck,
         let mut res = c.exec(&[RemoteOp::Read { ptr: sub, len }])?;
         let image = take_read(&mut res, 0)?;
         let st = Subtable::new_checked(&image[..], geometry)?;
-        let mut slots = Vec::new();
         for group in 0..geometry.groups() {
             for bucket in 0..BUCKETS_PER_GROUP {
-                let b: Bucket<&[u8]> = st.bucket(group, bucket)?;
-                match b.header() {
-                    Ok(h) if h == suffix => {}
-                    _ => check.problems.push(format!(
+                let b = st.bucket(group, bucket)?;
+                if b.header().ok() != Some(suffix) {
+                    check.problems.push(format!(
                         "subtable {sub:?} ({suffix:?}) bucket {group}/{bucket}: header ({}, {})",
                         b.local_depth(),
                         b.suffix()
-                    )),
+                    ));
                 }
-                for index in 0..SLOTS_PER_BUCKET {
-                    let word = b.slot(index).unwrap_or_default();
-                    if let Err(e) = word.validate() {
-                        check.problems.push(format!("{sub:?}: {e}"));
-                        continue;
-                    }
-                    check.frozen_slots += usize::from(word.is_frozen());
-                    let word = word.thawed();
-                    if !word.is_empty() {
-                        let off =
-                            geometry.group_offset(group)? + (bucket * 64 + 8 + index * 8) as u64;
-                        slots.push((sub.add(off)?, group, bucket, word));
-                    }
-                }
+            }
+        }
+        let mut slots = Vec::new();
+        for s in image_slots(&image, geometry) {
+            if let Err(e) = s.word.validate() {
+                check.problems.push(format!("{sub:?}: {e}"));
+                continue;
+            }
+            check.frozen_slots += usize::from(s.word.is_frozen());
+            if !s.word.thawed().is_empty() {
+                slots.push((
+                    sub.add(s.offset as u64)?,
+                    s.group,
+                    s.bucket,
+                    s.word.thawed(),
+                ));
             }
         }
         if slots.is_empty() {
@@ -125,13 +126,9 @@ pub(crate) fn check_table<T: Transport>(c: &mut Client<T>) -> Result<TableCheck,
                 }
             };
             let hash = KeyHash::of(kv.key());
-            let fits = hash.bucket_locs(geometry).iter().any(|loc| {
-                loc.group == group
-                    && (bucket == 1 || bucket == loc.side.main_offset_in_group() / 64)
-            });
             if !suffix.contains(hash.dir_hash())
                 || hash.fingerprint().get() != word.fingerprint()
-                || !fits
+                || !position_fits(&hash, geometry, group, bucket)
                 || kv.block_len() != word.block_len()
             {
                 check
