@@ -200,12 +200,16 @@
 //!   `start + max_op_ticks < unlink + grace`, so it never reads `B` reused,
 //!   and no CAS of it can succeed on a word that reappeared by reuse (ABA).
 //! * **Backstop: the reader's checks.** Every block is verified (magic,
-//!   CRC, length, key) before use; a block of another key is skipped and a
-//!   garbage one restarts the attempt. This catches what the grace period
-//!   assumes away (a client stalled past its deadline, clock skew beyond the
-//!   margin) for reads of a block reused for another key; it cannot tell a
-//!   block reused for the *same* key, which is why the grace period comes
-//!   first.
+//!   CRC, length, key) before use, so even if the timing assumptions below
+//!   are broken (a client stalled past its deadline, clock skew beyond the
+//!   margin) a reader never returns a torn block or another key's value. The
+//!   checks cannot tell a block reused for the *same* key (an older or not
+//!   yet committed value, or the ABA case where reuse brings back the exact
+//!   slot word a CAS expects), nor a block reused for another key from a
+//!   genuine fingerprint collision (skipped: the key could look absent).
+//!   That is why the grace period is the primary guarantee; the tests in
+//!   `tests/reclaim.rs` build both races and show the deadline catching
+//!   them.
 //! * **Bounded memory** ([`super::KvMemoryStats`]): under an update-heavy load
 //!   each client's KV memory is its live blocks, the blocks retired during
 //!   one grace period, and at most one partly carved coarse block per
