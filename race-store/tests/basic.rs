@@ -122,3 +122,49 @@ fn grows_from_one_tiny_subtable() {
         assert_eq!(d.get(&key(i)).unwrap(), want);
     }
 }
+
+#[test]
+fn garbage_in_remote_memory_is_an_error_not_a_panic() {
+    use rand::rngs::SmallRng;
+    use rand::{Rng, SeedableRng};
+    for seed in 0..40u64 {
+        let cluster = tiny_cluster(1, 2, 1 << 20, 6);
+        let clock = manual_clock();
+        let config = race_store::ClientConfig {
+            max_attempts: 200,
+            ..manual_config()
+        };
+        let mut c = race_store::Client::open(cluster.transport(), clock.clone(), config).unwrap();
+        for i in 0..40 {
+            c.put(&key(i), &value(i, 0, 30)).unwrap();
+        }
+        // Scribble over the directory, the subtables and the KV heap.
+        let node = cluster.node(0).unwrap();
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let used = node.stats().heap_used;
+        for _ in 0..rng.gen_range(1..40) {
+            let at = rng.gen_range(4096..used) & !7;
+            let word: u64 = match rng.gen_range(0..4) {
+                0 => rng.gen(),
+                1 => rng.gen::<u64>() & 0xFFFF_FFFF_FFFF, // a plausible pointer
+                2 => 1,                                   // a frozen empty slot
+                _ => u64::MAX,
+            };
+            node.write(at, &word.to_le_bytes()).unwrap();
+        }
+        for i in 0..60 {
+            let k = key(i % 45);
+            let _ = match i % 6 {
+                0 => c.get(&k).map(|_| ()),
+                1 => c.insert(&k, b"x"),
+                2 => c.put(&k, b"y"),
+                3 => c.update(&k, b"z"),
+                4 => c.delete(&k),
+                _ => c.rmw(&k, |v| v.map(<[u8]>::to_vec)).map(|_| ()),
+            };
+            clock.advance(5_000);
+        }
+        let _ = c.check_table();
+        let _ = race_store::Client::open(cluster.transport(), clock.clone(), config);
+    }
+}
