@@ -1,11 +1,107 @@
-//! The one error type of the pure layout layer.
+//! The crate's two error types.
 //!
-//! Every check on bytes that came from remote memory, and every constructor
-//! with an out-of-range argument, fails with a [`LayoutError`] instead of
-//! panicking. Variants carry the values that explain the failure.
+//! * [`LayoutError`], of the pure layout layer: every check on bytes that
+//!   came from remote memory, and every constructor with an out-of-range
+//!   argument, fails with one instead of panicking. Variants carry the values
+//!   that explain the failure.
+//! * [`Error`], of the client and the memory nodes: what a table operation
+//!   can fail with.
 
-/// Result of a layout operation.
+use crate::remote::TransportError;
+
+/// Result of a layout operation (or, as `Result<T, Error>`, of a table
+/// operation).
 pub type Result<T, E = LayoutError> = core::result::Result<T, E>;
+
+/// Why a table operation failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// `update` or `delete` of a key that is not in the table.
+    #[error("key not found")]
+    NotFound,
+    /// `insert` of a key that is already in the table.
+    #[error("key already exists")]
+    KeyExists,
+    /// The empty key is not allowed.
+    #[error("empty key")]
+    EmptyKey,
+    /// The key does not fit in a KV block even with an empty value.
+    #[error("key of {len} bytes exceeds the maximum {max}")]
+    KeyTooLarge {
+        /// The key length.
+        len: usize,
+        /// The largest key length.
+        max: usize,
+    },
+    /// The value does not fit in one KV block with its key
+    /// (see [`crate::layout::kv::max_value_len`]).
+    #[error("value of {len} bytes exceeds the maximum {max} for this key")]
+    ValueTooLarge {
+        /// The value length.
+        len: usize,
+        /// The largest value length for this key.
+        max: usize,
+    },
+    /// The memory nodes cannot provide what the operation needs: a KV block,
+    /// a new subtable for a split, or a deeper directory. The table is left
+    /// consistent: every other key stays readable and writable.
+    #[error("out of memory: {what}")]
+    OutOfMemory {
+        /// What could not be allocated.
+        what: &'static str,
+    },
+    /// The transport failed (a memory node is down, this client was
+    /// disconnected, ...). Like any timeout, the operation may or may not
+    /// have taken effect.
+    #[error("transport error")]
+    Transport(#[from] TransportError),
+    /// A remote structure that must be valid failed its checks.
+    #[error("corrupt remote {what}")]
+    Corrupt {
+        /// The structure.
+        what: &'static str,
+        /// The check that failed.
+        #[source]
+        source: LayoutError,
+    },
+    /// The memory nodes do not hold a table this client can use, or the
+    /// configuration is invalid.
+    #[error("bad table or configuration: {reason}")]
+    BadTable {
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// The operation retried too often (livelock guard,
+    /// [`crate::client::ClientConfig::max_attempts`]).
+    #[error("operation gave up after {attempts} attempts")]
+    Contention {
+        /// Attempts made.
+        attempts: u32,
+    },
+    /// An internal layout computation failed (a bug, or a configuration
+    /// outside the layout's limits).
+    #[error("layout error")]
+    Layout(#[from] LayoutError),
+}
+
+impl Error {
+    /// Maps the errors of [`crate::layout::kv::encode`] and
+    /// [`crate::layout::kv::block_len`] to the user-facing variants.
+    pub fn from_kv(e: LayoutError) -> Self {
+        match e {
+            LayoutError::EmptyKey => Error::EmptyKey,
+            LayoutError::KeyTooLarge { len, max } => Error::KeyTooLarge { len, max },
+            LayoutError::ValueTooLarge { len, max } => Error::ValueTooLarge { len, max },
+            other => Error::Layout(other),
+        }
+    }
+
+    /// A [`Error::Corrupt`] for `what`.
+    pub fn corrupt(what: &'static str, source: LayoutError) -> Self {
+        Error::Corrupt { what, source }
+    }
+}
 
 /// Why a layout, hashing or geometry operation failed.
 ///

@@ -5,20 +5,41 @@
 //! with one-sided RDMA only (READ, WRITE, CAS), so memory nodes spend no CPU
 //! on the data path.
 //!
-//! This crate currently holds the **pure layer**: byte layouts, hashing and
-//! table geometry, everything that reads or writes remote bytes, with no I/O
-//! and no clock. The RDMA client and the memory-node server are built on top
-//! of it later.
+//! The crate has three layers:
+//!
+//! * the **pure layer** ([`hash`], [`layout`]): byte layouts, hashing and
+//!   table geometry, everything that reads or writes remote bytes, with no
+//!   I/O and no clock;
+//! * the **client engine** ([`client`]): the RACE protocol (search, insert
+//!   with de-duplication, update, delete, read-modify-write, client-driven
+//!   resizing under a leased lock, KV block reclamation). It does no I/O and
+//!   reads no clock: it talks to memory nodes through a small [`remote::Transport`]
+//!   trait (one call = one doorbell = one round trip) and gets time from a
+//!   caller-provided [`clock::Clock`];
+//! * **transports and hosts**: [`memory`] holds in-process memory nodes and
+//!   their [`memory::LocalTransport`]; [`remote::FaultInjector`] wraps any
+//!   transport to make its client die at a chosen doorbell. A transport over
+//!   KRCore virtual QPs plugs in the same way.
 //!
 //! ```text
-//! key ──hash──> KeyHash { h1, h2 } ──┬─ low bits of h1 ─> directory entry ─> subtable
-//!                                    ├─ high bits of h1 ─> combined bucket #1 ┐ one 128 B READ each,
-//!                                    ├─ high bits of h2 ─> combined bucket #2 ┘ same doorbell
-//!                                    └─ low bits of h2 ──> fingerprint (1..=255) in the slot
-//! slot ──(node, offset, len)──> KV block { klen, magic, vlen, key, value, crc32 }
+//! Client ──(RemoteOp batches: READ/WRITE/CAS/FAA)──> Transport ──> memory nodes
+//!  │ │  + alloc_block (two-sided, coarse blocks)        ├─ LocalTransport (in process)
+//!  │ │                                                  └─ FaultInjector<T>, ...
+//!  │ └── Clock (now, backoff): SystemClock, ManualClock
+//!  └──── pure layer: hash, layout (checked views)
 //! ```
 //!
+//! The protocol, its invariants and its timing assumptions are written down
+//! in [`client::protocol`].
+//!
 //! ## Modules
+//! * [`client`]: [`Client`] and its configuration, statistics and table
+//!   checker; [`client::protocol`] documents the protocol.
+//! * [`remote`]: [`remote::RemoteOp`], [`remote::Transport`], round-trip
+//!   counters, the fault injector.
+//! * [`memory`]: [`memory::LocalCluster`] of in-process memory nodes, table
+//!   bootstrap ([`memory::MemoryNode::format`]).
+//! * [`clock`]: [`clock::Clock`], [`clock::SystemClock`], [`clock::ManualClock`].
 //! * [`hash`]: the two hash functions, fingerprint, directory index, bucket
 //!   locations.
 //! * [`layout`]: the remote structures, each a checked view:
@@ -26,10 +47,35 @@
 //!   group, 128 B combined bucket, insert choice), [`layout::subtable`]
 //!   (geometry, suffixes, split plans), [`layout::dir_header`] (global depth
 //!   and leased resize lock), [`layout::directory`] (entries, doubling,
-//!   consistency), [`layout::kv`] (KV blocks with CRC).
-//! * [`error`]: [`LayoutError`], the one error type.
+//!   consistency), [`layout::kv`] (KV blocks with CRC), [`layout::table`]
+//!   (superblock, split log, fixed locations on node 0).
+//! * [`error`]: [`Error`] for table operations, [`LayoutError`] for the pure
+//!   layer.
 //!
 //! ## Quick start
+//! ```
+//! use std::sync::Arc;
+//! use race_store::clock::SystemClock;
+//! use race_store::memory::{ClusterConfig, LocalCluster};
+//! use race_store::{Client, ClientConfig, Error};
+//!
+//! # fn main() -> Result<(), Error> {
+//! // Two memory nodes in this process; node 0 holds a fresh table.
+//! let cluster = LocalCluster::new(ClusterConfig { nodes: 2, ..ClusterConfig::default() })?;
+//! let clock = Arc::new(SystemClock::new());
+//! // One client per thread; all share the table through the memory nodes.
+//! let mut a = Client::open(cluster.transport(), clock.clone(), ClientConfig::default())?;
+//! let mut b = Client::open(cluster.transport(), clock, ClientConfig::default())?;
+//! a.insert(b"user:42", b"alice")?;
+//! assert_eq!(b.get(b"user:42")?.as_deref(), Some(&b"alice"[..]));
+//! assert_eq!(b.insert(b"user:42", b"bob"), Err(Error::KeyExists));
+//! let before = b.stats().transport.round_trips;
+//! b.get(b"user:42")?;
+//! assert_eq!(b.stats().transport.round_trips - before, 2);
+//! # Ok(()) }
+//! ```
+//!
+//! The pure layer alone (what a client computes for one key):
 //! ```
 //! use race_store::hash::KeyHash;
 //! use race_store::layout::bucket::{choose_insert_slot, CombinedBucket, COMBINED_SIZE};
@@ -63,15 +109,33 @@
 //!   value and has a `validate`, and KV blocks are verified by length and CRC.
 //!   Non-test code denies indexing, `unwrap`, `expect` and `panic!` (clippy).
 //! * An occupied slot has a fingerprint in `1..=255` and a length in `1..=255`
-//!   units of 64 B; the empty slot is the word 0.
+//!   units of 64 B; the empty slot is the word 0; bit 0 marks a frozen slot
+//!   (KV blocks are 64 B aligned).
 //! * A subtable of local depth `d` and suffix `s` holds exactly the keys whose
 //!   directory hash ends in `s`; every one of its bucket headers says so, and
 //!   the `2^(g-d)` directory entries `s + k * 2^d` point to it.
 //! * All integers in remote memory are little-endian.
+//! * The client's invariants (copy-on-split, frozen slots, reclamation) are
+//!   listed in [`client::protocol`].
 //!
 //! ## Thread safety
-//! Everything here is plain data and pure functions: `Send + Sync`, no global
-//! state. Concurrency lives in remote memory and is the client's business.
+//! The pure layer is plain data and pure functions: `Send + Sync`, no global
+//! state. A [`Client`] is `Send` (move it to a thread) but used through
+//! `&mut self`: one client per thread. Clients coordinate only through the
+//! memory nodes; a [`memory::LocalCluster`] and its transports may be used
+//! from any number of threads.
+//!
+//! ## Cleanup
+//! Dropping a client releases nothing remotely: memory it took from the
+//! nodes stays allocated (its free blocks are leaked), and a resize lock it
+//! held is broken by another client when the lease expires.
+//!
+//! ## Tests
+//! `tests/` holds model-based tests (threads against `HashMap` references),
+//! a deterministic multi-client harness (`tests/common/sched.rs`: one remote
+//! op per step, seeded), crash tests (a client dying at every doorbell of an
+//! insert and of a split), round-trip assertions and the memory bound.
+//! `RACE_MODEL_OPS` and `RACE_SIM_SEEDS` scale the randomized ones.
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations)]
 #![cfg_attr(
@@ -86,11 +150,16 @@
     )
 )]
 
+pub mod client;
+pub mod clock;
 pub mod error;
 pub mod hash;
 pub mod layout;
+pub mod memory;
+pub mod remote;
 
 #[cfg(test)]
 mod prop_tests;
 
-pub use error::{LayoutError, Result};
+pub use client::{Client, ClientConfig};
+pub use error::{Error, LayoutError, Result};

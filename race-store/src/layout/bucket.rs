@@ -24,6 +24,10 @@
 //! Insertion picks the less loaded of the two candidate main buckets (one per
 //! hash function), then the less loaded of their overflow buckets; slots never
 //! move and nothing is evicted ([`choose_insert_slot`]).
+//!
+//! A subtable that has been split is *retired*: every bucket header gets the
+//! local depth [`RETIRED_LOCAL_DEPTH`], which no valid header has, so that a
+//! client that reaches it through a stale directory cache rejects it.
 
 use core::num::NonZeroU8;
 
@@ -46,6 +50,8 @@ pub const GROUP_SIZE: usize = BUCKET_SIZE * BUCKETS_PER_GROUP;
 pub const COMBINED_SIZE: usize = 2 * BUCKET_SIZE;
 /// Offset of the overflow bucket inside its group.
 pub const OVERFLOW_OFFSET_IN_GROUP: usize = BUCKET_SIZE;
+/// The `local_depth` header field of a retired subtable (see the module docs).
+pub const RETIRED_LOCAL_DEPTH: u32 = u32::MAX;
 
 /// Byte ranges of the bucket fields.
 pub mod field {
@@ -186,6 +192,11 @@ impl<T: AsRef<[u8]>> Bucket<T> {
         Suffix::from_header(self.local_depth(), self.suffix())
     }
 
+    /// Whether the header marks a retired subtable ([`RETIRED_LOCAL_DEPTH`]).
+    pub fn is_retired(&self) -> bool {
+        self.local_depth() == RETIRED_LOCAL_DEPTH
+    }
+
     /// Slot `index`, or `None` if `index >= 7`. The word is unvalidated.
     pub fn slot(&self, index: usize) -> Option<Slot> {
         slot_offset(index).map(|at| Slot::from_raw(read_u64(self.buffer.as_ref(), at)))
@@ -227,6 +238,17 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Bucket<T> {
             u32::from(header.depth()).to_le_bytes(),
         );
         write_array(buf, field::SUFFIX.start, header.bits().to_le_bytes());
+    }
+
+    /// Marks the bucket's subtable retired (header only; slots untouched).
+    pub fn set_retired(&mut self) {
+        let buf = self.buffer.as_mut();
+        write_array(
+            buf,
+            field::LOCAL_DEPTH.start,
+            RETIRED_LOCAL_DEPTH.to_le_bytes(),
+        );
+        write_array(buf, field::SUFFIX.start, 0u32.to_le_bytes());
     }
 
     /// Writes slot `index`.
@@ -359,6 +381,11 @@ impl<T: AsRef<[u8]>> CombinedBucket<T> {
             return Err(LayoutError::HeaderMismatch { main, overflow });
         }
         m.header()
+    }
+
+    /// Whether either bucket carries the retired header.
+    pub fn is_retired(&self) -> bool {
+        self.main().is_retired() || self.overflow().is_retired()
     }
 
     /// Total non-empty slots in both buckets.
@@ -605,6 +632,21 @@ mod tests {
             })
         );
         assert_eq!(c.into_inner().len(), COMBINED_SIZE);
+    }
+
+    #[test]
+    fn retired_header() {
+        let mut buf = combined(3, 1);
+        let c = CombinedBucket::new_checked(&buf[..], MainSide::Left).unwrap();
+        assert!(!c.is_retired());
+        let mut c = CombinedBucket::new_checked(&mut buf[..], MainSide::Left).unwrap();
+        c.bucket_mut(BucketRole::Overflow).set_retired();
+        let c = CombinedBucket::new_checked(&buf[..], MainSide::Left).unwrap();
+        assert!(c.is_retired() && c.overflow().is_retired() && !c.main().is_retired());
+        assert!(c.header().is_err());
+        assert!(c.overflow().header().is_err());
+        // Slots are untouched.
+        assert_eq!(c.load(), 4);
     }
 
     fn combined(main_used: usize, over_used: usize) -> [u8; COMBINED_SIZE] {

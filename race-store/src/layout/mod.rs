@@ -15,6 +15,7 @@
 //! | [`directory`] | entry words, directory image and its consistency   | 64 B + 8 B x 2^g |
 //! | [`extendible`]| entries of a suffix, split rewrites, doubling      | -             |
 //! | [`kv`]        | out-of-place KV block with CRC32                   | 64 B x n      |
+//! | [`table`]     | superblock, split log, fixed locations on node 0   | 64 B each     |
 //!
 //! All multi-byte integers are little-endian, which is also what RDMA atomics
 //! see on little-endian hosts: a slot or directory word is CASed as the `u64`
@@ -27,6 +28,7 @@ pub mod extendible;
 pub mod kv;
 pub mod slot;
 pub mod subtable;
+pub mod table;
 
 /// Largest global depth of a directory, and so the largest local depth.
 ///

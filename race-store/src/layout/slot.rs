@@ -19,6 +19,14 @@
 //!
 //! Slots only ever change by a 64-bit CAS on the whole word, which is stored
 //! little-endian in the bucket.
+//!
+//! ## The frozen bit
+//! KV blocks are allocated 64 B aligned, so bit 0 of a pointer to a KV block
+//! is always 0. The client uses that bit of the slot word as a *frozen* mark
+//! ([`SLOT_FROZEN`]): a subtable being split has every slot frozen (the empty
+//! slot becomes the word [`SLOT_FROZEN`]), so that no writer's CAS, which
+//! always expects an unfrozen word, can succeed on it any more. Readers mask
+//! the bit off ([`Slot::thawed`]) and keep reading frozen slots normally.
 
 use core::num::NonZeroU8;
 
@@ -46,6 +54,9 @@ pub const PTR_MASK: u64 = (1 << PTR_BITS) - 1;
 pub const LEN_UNIT: usize = 64;
 /// Largest value of the length field (255 units = 16320 B).
 pub const MAX_LEN_UNITS: u8 = u8::MAX;
+/// The frozen bit (bit 0 of the offset, which a 64 B aligned KV block never
+/// uses); see the module docs. The frozen empty slot is exactly this word.
+pub const SLOT_FROZEN: u64 = 1;
 
 /// A location in the disaggregated memory: a memory node and a byte offset
 /// into that node's registered region.
@@ -179,18 +190,35 @@ impl Slot {
         RemotePtr::from_bits(self.0 & PTR_MASK)
     }
 
-    /// Whether this slot is occupied with fingerprint `fp`.
+    /// Whether this slot is occupied with fingerprint `fp` (frozen or not).
     pub const fn matches(self, fp: NonZeroU8) -> bool {
         self.fingerprint() == fp.get()
     }
 
-    /// Checks that the word is either [`Slot::EMPTY`] or well formed
-    /// (fingerprint and length both non-zero).
+    /// Whether the frozen bit is set (see the module docs).
+    pub const fn is_frozen(self) -> bool {
+        self.0 & SLOT_FROZEN != 0
+    }
+
+    /// This word with the frozen bit set.
+    pub const fn frozen(self) -> Self {
+        Slot(self.0 | SLOT_FROZEN)
+    }
+
+    /// This word with the frozen bit cleared: the slot as it was before its
+    /// subtable was frozen (what readers use).
+    pub const fn thawed(self) -> Self {
+        Slot(self.0 & !SLOT_FROZEN)
+    }
+
+    /// Checks that the word is either [`Slot::EMPTY`], the frozen empty slot
+    /// [`SLOT_FROZEN`], or well formed (fingerprint and length both non-zero,
+    /// frozen or not).
     ///
     /// # Errors
     /// [`LayoutError::MalformedSlot`] otherwise.
     pub const fn validate(self) -> Result<Self> {
-        if self.is_empty() {
+        if self.thawed().is_empty() {
             return Ok(self);
         }
         if self.fingerprint() == 0 {
@@ -319,5 +347,23 @@ mod tests {
             Slot::from_raw(0x0700_0000_0000_0040).validate(),
             Err(LayoutError::MalformedSlot { .. })
         ));
+    }
+
+    #[test]
+    fn frozen_bit() {
+        let s = Slot::new(fp(9), 2, RemotePtr::new(3, 4096).unwrap()).unwrap();
+        assert!(!s.is_frozen());
+        let f = s.frozen();
+        assert!(f.is_frozen() && !f.is_empty());
+        assert_eq!(f.raw(), s.raw() | 1);
+        assert_eq!(f.thawed(), s);
+        assert_eq!((f.fingerprint(), f.len_units()), (9, 2));
+        assert_eq!(f.validate(), Ok(f));
+        let fe = Slot::EMPTY.frozen();
+        assert_eq!(fe.raw(), SLOT_FROZEN);
+        assert!(fe.is_frozen() && !fe.is_empty() && fe.thawed().is_empty());
+        assert_eq!(fe.validate(), Ok(fe));
+        // Frozen garbage is still garbage.
+        assert!(Slot::from_raw(0x0001_0000_0000_0041).validate().is_err());
     }
 }

@@ -448,6 +448,18 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Subtable<T> {
         }
     }
 
+    /// Marks every bucket header retired (see
+    /// [`crate::layout::bucket::RETIRED_LOCAL_DEPTH`]); slots are untouched.
+    pub fn set_retired(&mut self) {
+        for group in 0..self.geometry.groups {
+            for index in 0..BUCKETS_PER_GROUP {
+                if let Ok(mut b) = self.bucket_mut(group, index) {
+                    b.set_retired();
+                }
+            }
+        }
+    }
+
     /// Rewrites the header of every bucket (the last step of a split, which
     /// tells clients with a stale directory cache that keys have moved).
     pub fn set_headers(&mut self, header: Suffix) {
@@ -632,6 +644,9 @@ mod tests {
         let (stay, _) = header.split().unwrap();
         st.set_headers(stay);
         assert_eq!(st.bucket(0, 2).unwrap().header(), Ok(stay));
+        assert_eq!(st.bucket(1, 1).unwrap().slot(2), Some(slot));
+        st.set_retired();
+        assert!(st.bucket(1, 2).unwrap().is_retired());
         assert_eq!(st.bucket(1, 1).unwrap().slot(2), Some(slot));
         assert!(matches!(
             Subtable::new_checked(&buf[..383], g),

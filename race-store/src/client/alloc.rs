@@ -1,0 +1,350 @@
+//! KV block memory: size classes carved from coarse blocks, and safe reuse of
+//! unlinked blocks after a grace period.
+//!
+//! * **Coarse blocks** come from a memory node ([`Transport::alloc_block`], a
+//!   two-sided message) and are never returned. A refill is a quarter of
+//!   what the (node, class) already holds, at least `coarse_block_bytes` and
+//!   at most [`MAX_REFILL`] (rounded to whole blocks): small tables waste
+//!   little, large ones need few messages, and the uncarved remainder stays
+//!   under a quarter of the class's footprint.
+//! * **Size classes** ([`CLASS_UNITS`], in 64 B units, at most 25% internal
+//!   waste) are carved from the current coarse block of the class, per node.
+//!   A block's class is a function of its length, so a block freed by any
+//!   client can be reused by any other through the slot word's length field.
+//! * **Placement**: a block is wanted on the node of the key's slot (then its
+//!   WRITE and the slot's CAS share one doorbell), but memory comes first:
+//!   a free block or carved space on the preferred node, then on any node,
+//!   and only then a new coarse block (preferred node first). Otherwise a
+//!   split that moves keys to another node would strand their old blocks in
+//!   the free list of the first.
+//! * **Reclamation.** A block that was never published (its slot CAS failed)
+//!   goes straight back to its free list ([`KvAllocator::release`]). A block
+//!   that was published and then unlinked by a successful CAS (update,
+//!   delete, dedup, split) is *retired* by the client whose CAS unlinked it
+//!   ([`KvAllocator::retire`]), stamped with the time, and only reused once
+//!   `grace_ticks` have passed. Free lists are FIFO, so a reused address is
+//!   as old as possible.
+//!
+//! Why the grace period is safe is argued in [`crate::client`] ("Timing
+//! assumptions"): every client bounds each attempt of an operation to
+//! `max_op_ticks`, and `grace_ticks > max_op_ticks` plus margin.
+//!
+//! Memory bound: per client, at most one partly carved coarse block per
+//! (node, class) in use, plus the blocks retired during the last grace
+//! period. Under an update-heavy load a client frees as many blocks as it
+//! allocates, so its footprint stays at live data + one grace period of
+//! updates + the carving slack. (Free lists are per client: a pattern where
+//! one client only deletes and another only inserts moves memory from one
+//! to the other's free list; a shared free-block exchange through the memory
+//! node is future work.)
+
+use std::collections::VecDeque;
+
+use crate::error::Error;
+use crate::layout::slot::{RemotePtr, Slot, LEN_UNIT};
+use crate::remote::{Transport, TransportError, TransportStats};
+
+/// Block sizes of the size classes, in 64 B units.
+pub const CLASS_UNITS: [u8; 28] = [
+    1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160,
+    192, 224, 255,
+];
+
+/// Largest coarse block a refill asks for.
+pub const MAX_REFILL: u64 = 1 << 20;
+
+/// The size class of a block of `units` 64 B units (`1..=255`).
+pub fn class_of(units: u8) -> usize {
+    CLASS_UNITS
+        .iter()
+        .position(|&c| c >= units)
+        .unwrap_or(CLASS_UNITS.len() - 1)
+}
+
+fn class_bytes(class: usize) -> u64 {
+    u64::from(CLASS_UNITS.get(class).copied().unwrap_or(u8::MAX)) * LEN_UNIT as u64
+}
+
+/// Memory figures of one client's KV allocator.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KvMemoryStats {
+    /// Bytes of coarse blocks obtained from memory nodes for KV blocks.
+    pub coarse_bytes: u64,
+    /// Bytes of blocks in the free lists (reusable now).
+    pub free_bytes: u64,
+    /// Bytes of retired blocks waiting for their grace period.
+    pub quarantined_bytes: u64,
+    /// Bytes not yet carved out of the current coarse blocks.
+    pub uncarved_bytes: u64,
+}
+
+#[derive(Debug, Default)]
+struct ClassArena {
+    free: VecDeque<RemotePtr>,
+    chunk: Option<(RemotePtr, u64)>,
+    /// Coarse bytes obtained for this (node, class).
+    coarse: u64,
+}
+
+#[derive(Debug)]
+struct Retired {
+    tick: u64,
+    ptr: RemotePtr,
+    class: usize,
+}
+
+/// One client's KV block allocator (see the module docs).
+#[derive(Debug)]
+pub struct KvAllocator {
+    arenas: Vec<Vec<ClassArena>>,
+    quarantine: VecDeque<Retired>,
+    coarse_bytes: u64,
+    grace_ticks: u64,
+    coarse_block_bytes: u64,
+}
+
+impl KvAllocator {
+    /// An empty allocator for `nodes` memory nodes.
+    pub fn new(nodes: u8, grace_ticks: u64, coarse_block_bytes: u64) -> Self {
+        Self {
+            arenas: (0..nodes)
+                .map(|_| {
+                    (0..CLASS_UNITS.len())
+                        .map(|_| ClassArena::default())
+                        .collect()
+                })
+                .collect(),
+            quarantine: VecDeque::new(),
+            coarse_bytes: 0,
+            grace_ticks,
+            coarse_block_bytes: coarse_block_bytes.max(LEN_UNIT as u64),
+        }
+    }
+
+    /// A block for `block_len` bytes (a multiple of 64), preferably on node
+    /// `prefer` (see the module docs for the order of preference).
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] if no node can provide one, or the transport
+    /// error of a node that is down.
+    pub fn alloc<T: Transport>(
+        &mut self,
+        transport: &mut T,
+        stats: &mut TransportStats,
+        prefer: u8,
+        block_len: usize,
+        now: u64,
+    ) -> Result<RemotePtr, Error> {
+        self.reclaim(now);
+        let units = u8::try_from(block_len / LEN_UNIT).unwrap_or(u8::MAX);
+        let class = class_of(units);
+        let nodes = self.arenas.len().max(1) as u16;
+        let order: Vec<u8> = (0..nodes)
+            .map(|i| ((u16::from(prefer) + i) % nodes) as u8)
+            .collect();
+        for &node in &order {
+            if let Some(ptr) = self.take_free(node, class) {
+                return Ok(ptr);
+            }
+            if let Some(ptr) = self.carve(node, class)? {
+                return Ok(ptr);
+            }
+        }
+        let mut first_err = None;
+        for &node in &order {
+            match self.refill(transport, stats, node, class) {
+                Ok(()) => {
+                    if let Some(ptr) = self.carve(node, class)? {
+                        return Ok(ptr);
+                    }
+                }
+                Err(Error::OutOfMemory { .. }) => {}
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        Err(first_err.unwrap_or(Error::OutOfMemory {
+            what: "KV block: no memory node has room",
+        }))
+    }
+
+    fn take_free(&mut self, node: u8, class: usize) -> Option<RemotePtr> {
+        self.arena(node, class)?.free.pop_front()
+    }
+
+    fn carve(&mut self, node: u8, class: usize) -> Result<Option<RemotePtr>, Error> {
+        let size = class_bytes(class);
+        let Some(arena) = self.arena(node, class) else {
+            return Ok(None);
+        };
+        match arena.chunk {
+            Some((ptr, left)) if left >= size => {
+                arena.chunk = Some((ptr.add(size)?, left - size));
+                Ok(Some(ptr))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    fn refill<T: Transport>(
+        &mut self,
+        transport: &mut T,
+        stats: &mut TransportStats,
+        node: u8,
+        class: usize,
+    ) -> Result<(), Error> {
+        let size = class_bytes(class);
+        let min = self.coarse_block_bytes;
+        let arena = self.arena(node, class).ok_or(Error::BadTable {
+            reason: "allocation on an unknown node",
+        })?;
+        let want = (arena.coarse / 4).clamp(min, MAX_REFILL.max(min)).max(size);
+        let coarse = want / size * size;
+        stats.block_rpcs += 1;
+        let base = match transport.alloc_block(node, coarse) {
+            Ok(base) => base,
+            Err(TransportError::OutOfMemory { .. }) => {
+                return Err(Error::OutOfMemory {
+                    what: "KV block: memory node full",
+                })
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if base.offset() % LEN_UNIT as u64 != 0 {
+            return Err(Error::BadTable {
+                reason: "memory node returned a block that is not 64-byte aligned",
+            });
+        }
+        arena.coarse += coarse;
+        // The rest of the previous chunk (smaller than a block) is dropped.
+        arena.chunk = Some((base, coarse));
+        self.coarse_bytes += coarse;
+        Ok(())
+    }
+
+    /// Returns a block that was never published (immediately reusable).
+    pub fn release(&mut self, ptr: RemotePtr, block_len: usize) {
+        let class = class_of(u8::try_from(block_len / LEN_UNIT).unwrap_or(u8::MAX));
+        if let Some(a) = self.arena(ptr.node(), class) {
+            a.free.push_back(ptr);
+        }
+    }
+
+    /// Retires the block of a published slot this client just unlinked; it
+    /// is reused after the grace period.
+    pub fn retire(&mut self, slot: Slot, now: u64) {
+        let slot = slot.thawed();
+        if slot.is_empty() {
+            return;
+        }
+        self.quarantine.push_back(Retired {
+            tick: now,
+            ptr: slot.ptr(),
+            class: class_of(slot.len_units()),
+        });
+    }
+
+    /// Moves the retired blocks whose grace period has passed to their free
+    /// lists.
+    pub fn reclaim(&mut self, now: u64) {
+        while let Some(r) = self.quarantine.front() {
+            if now.saturating_sub(r.tick) <= self.grace_ticks {
+                break;
+            }
+            let (ptr, class) = (r.ptr, r.class);
+            self.quarantine.pop_front();
+            if let Some(a) = self.arena(ptr.node(), class) {
+                a.free.push_back(ptr);
+            }
+        }
+    }
+
+    fn arena(&mut self, node: u8, class: usize) -> Option<&mut ClassArena> {
+        self.arenas
+            .get_mut(usize::from(node))
+            .and_then(|a| a.get_mut(class))
+    }
+
+    /// Memory figures.
+    pub fn stats(&self) -> KvMemoryStats {
+        let mut s = KvMemoryStats {
+            coarse_bytes: self.coarse_bytes,
+            ..KvMemoryStats::default()
+        };
+        for node in &self.arenas {
+            for (class, a) in node.iter().enumerate() {
+                s.free_bytes += a.free.len() as u64 * class_bytes(class);
+                s.uncarved_bytes += a.chunk.map_or(0, |(_, left)| left);
+            }
+        }
+        s.quarantined_bytes = self.quarantine.iter().map(|r| class_bytes(r.class)).sum();
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::{ClusterConfig, LocalCluster, TableConfig};
+
+    #[test]
+    fn classes_cover_every_length_with_bounded_waste() {
+        for units in 1..=255u8 {
+            let c = class_of(units);
+            let size = CLASS_UNITS[c];
+            assert!(size >= units);
+            assert!(u32::from(size) * 4 <= u32::from(units) * 5 + 4, "{units}");
+        }
+        assert_eq!(class_of(1), 0);
+        assert_eq!(class_of(255), CLASS_UNITS.len() - 1);
+    }
+
+    #[test]
+    fn carve_release_retire_reclaim() {
+        let cluster = LocalCluster::new(ClusterConfig {
+            nodes: 2,
+            node_bytes: 1 << 16,
+            table: TableConfig {
+                geometry: crate::layout::subtable::SubtableGeometry::new(1).unwrap(),
+                initial_global_depth: 0,
+                max_global_depth: 4,
+            },
+        })
+        .unwrap();
+        let mut t = cluster.transport();
+        let mut st = TransportStats::default();
+        let mut a = KvAllocator::new(2, 10, 1024);
+        let p1 = a.alloc(&mut t, &mut st, 1, 64, 0).unwrap();
+        let p2 = a.alloc(&mut t, &mut st, 1, 64, 0).unwrap();
+        assert_eq!((p1.node(), p2.offset() - p1.offset()), (1, 64));
+        assert_eq!(st.block_rpcs, 1);
+        assert_eq!(a.stats().coarse_bytes, 1024);
+        // Unpublished: reused at once.
+        a.release(p2, 64);
+        assert_eq!(a.alloc(&mut t, &mut st, 1, 64, 0).unwrap(), p2);
+        // Published and unlinked: only after the grace period.
+        let fp = core::num::NonZeroU8::new(3).unwrap();
+        a.retire(Slot::for_block(fp, 64, p1).unwrap(), 5);
+        assert_eq!(a.stats().quarantined_bytes, 64);
+        let p3 = a.alloc(&mut t, &mut st, 1, 64, 15).unwrap();
+        assert_ne!(p3, p1);
+        assert_eq!(a.alloc(&mut t, &mut st, 1, 64, 16).unwrap(), p1);
+        assert_eq!(a.stats().quarantined_bytes, 0);
+        // A large class gets its own coarse block.
+        let big = a.alloc(&mut t, &mut st, 0, 4096, 16).unwrap();
+        assert_eq!(big.node(), 0);
+        assert_eq!(a.stats().coarse_bytes, 1024 + 4096);
+        // A full node falls back to the other one.
+        cluster.set_node_down(0, false);
+        let mut small = KvAllocator::new(2, 10, 1 << 20);
+        let q = small.alloc(&mut t, &mut st, 0, 64, 0);
+        assert!(matches!(q, Err(Error::OutOfMemory { .. })));
+        cluster.set_node_down(1, true);
+        let mut b = KvAllocator::new(2, 10, 1024);
+        assert!(matches!(
+            b.alloc(&mut t, &mut st, 1, 64, 0),
+            Ok(p) if p.node() == 0
+        ));
+    }
+}

@@ -1,0 +1,406 @@
+//! The RACE client: one-sided reads and CASes on memory nodes, no I/O of its
+//! own (everything goes through a [`Transport`]) and no clock of its own
+//! (time comes from the caller's [`Clock`]).
+//!
+//! The protocol is documented in [`protocol`]; this module holds the public
+//! API. A [`Client`] is one user of the table (one thread; `Send`, not
+//! `Sync`); any number of clients, in any threads or processes, share a table
+//! through the memory nodes only.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use race_store::client::{Client, ClientConfig};
+//! use race_store::clock::SystemClock;
+//! use race_store::memory::{ClusterConfig, LocalCluster};
+//!
+//! # fn main() -> Result<(), race_store::Error> {
+//! let cluster = LocalCluster::new(ClusterConfig::default())?;
+//! let clock = Arc::new(SystemClock::new());
+//! let mut client = Client::open(cluster.transport(), clock, ClientConfig::default())?;
+//! client.insert(b"user:42", b"alice")?;
+//! assert_eq!(client.get(b"user:42")?.as_deref(), Some(&b"alice"[..]));
+//! client.rmw(b"visits", |v| {
+//!     let n = v.map_or(0, |b| b.len()) + 1;
+//!     Some(vec![b'x'; n])
+//! })?;
+//! client.delete(b"user:42")?;
+//! assert_eq!(client.get(b"user:42")?, None);
+//! # Ok(()) }
+//! ```
+
+mod alloc;
+mod engine;
+pub mod protocol;
+mod split;
+mod verify;
+mod write;
+
+use std::sync::Arc;
+
+pub use alloc::{KvMemoryStats, CLASS_UNITS, MAX_REFILL};
+pub use verify::TableCheck;
+
+use crate::clock::Clock;
+use crate::error::Error;
+use crate::hash::KeyHash;
+use crate::layout::kv;
+use crate::layout::slot::RemotePtr;
+use crate::layout::table::{SuperblockRepr, CLIENT_COUNTER_OFFSET, SUPERBLOCK_SIZE};
+use crate::remote::{RemoteOp, Transport, TransportStats};
+
+use alloc::KvAllocator;
+use engine::{DirCache, OpCtx, ViewState};
+use write::{Decision, InsertMode};
+
+/// Tunables of a client; every duration is in [`Clock`] ticks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClientConfig {
+    /// Lease of the resize lock: a client that holds it longer without
+    /// renewing may be overtaken by another one.
+    pub lease_ticks: u64,
+    /// Unit of the lease expiry stored in the directory header (39 bits of
+    /// it): 1000 microsecond ticks = milliseconds, 17 years of range.
+    pub lease_unit_ticks: u64,
+    /// Longest an attempt of an operation may use what it read: past this,
+    /// the attempt restarts from the bucket READ (see [`protocol`],
+    /// reclamation).
+    pub max_op_ticks: u64,
+    /// How long a retired KV block waits before reuse. Must exceed
+    /// `2 * max_op_ticks`, plus the clock skew and stall margin you assume.
+    pub grace_ticks: u64,
+    /// Retries of one operation before [`Error::Contention`].
+    pub max_attempts: u32,
+    /// Smallest coarse block asked from a memory node for KV blocks (later
+    /// refills grow with the footprint, see [`MAX_REFILL`]).
+    pub coarse_block_bytes: u64,
+}
+
+impl Default for ClientConfig {
+    /// For a [`crate::clock::SystemClock`] (microsecond ticks): 1 s lease,
+    /// 100 ms attempts, 300 ms grace, coarse blocks from 4 KiB.
+    fn default() -> Self {
+        Self {
+            lease_ticks: 1_000_000,
+            lease_unit_ticks: 1_000,
+            max_op_ticks: 100_000,
+            grace_ticks: 300_000,
+            max_attempts: 100_000,
+            coarse_block_bytes: 4 << 10,
+        }
+    }
+}
+
+impl ClientConfig {
+    fn validate(&self) -> Result<(), Error> {
+        if self.max_op_ticks == 0 || self.grace_ticks <= 2 * self.max_op_ticks {
+            return Err(Error::BadTable {
+                reason: "grace_ticks must exceed 2 * max_op_ticks > 0",
+            });
+        }
+        if self.lease_ticks == 0 || self.lease_unit_ticks == 0 || self.max_attempts == 0 {
+            return Err(Error::BadTable {
+                reason: "lease_ticks, lease_unit_ticks and max_attempts must be positive",
+            });
+        }
+        Ok(())
+    }
+}
+
+/// What a client did (cumulative).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClientStats {
+    /// Round trips, operations and bytes on the transport.
+    pub transport: TransportStats,
+    /// Attempts restarted (failed CAS, stale cache, expired attempt, ...).
+    pub retries: u64,
+    /// Directory re-reads.
+    pub dir_refreshes: u64,
+    /// Waits for a split in progress (frozen or retired subtable).
+    pub split_waits: u64,
+    /// Splits this client completed (its own or taken over).
+    pub splits: u64,
+    /// Directory doublings this client did.
+    pub doublings: u64,
+    /// Expired resize leases this client broke.
+    pub takeovers: u64,
+    /// KV blocks that failed their checks when read (torn or reused).
+    pub bad_blocks: u64,
+    /// Duplicate copies of a key this client removed.
+    pub dups_removed: u64,
+    /// KV block memory.
+    pub kv_memory: KvMemoryStats,
+}
+
+/// A client of one RACE table (see the module docs).
+pub struct Client<T: Transport> {
+    transport: T,
+    clock: Arc<dyn Clock>,
+    config: ClientConfig,
+    id: u16,
+    table: SuperblockRepr,
+    dir: DirCache,
+    alloc: KvAllocator,
+    spare_subtables: Vec<RemotePtr>,
+    stats: ClientStats,
+}
+
+impl<T: Transport> core::fmt::Debug for Client<T> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Client")
+            .field("id", &self.id)
+            .field("global_depth", &self.dir.global_depth())
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: Transport> Client<T> {
+    /// Opens the table on the memory nodes behind `transport`: reads the
+    /// superblock and takes a client id (one round trip), then reads the
+    /// directory (one or two).
+    ///
+    /// # Errors
+    /// [`Error::BadTable`] for an invalid configuration or a node count that
+    /// differs from the table's, [`Error::Corrupt`] for a bad superblock,
+    /// transport errors.
+    pub fn open(transport: T, clock: Arc<dyn Clock>, config: ClientConfig) -> Result<Self, Error> {
+        config.validate()?;
+        let mut client = Self {
+            alloc: KvAllocator::new(
+                transport.nodes(),
+                config.grace_ticks,
+                config.coarse_block_bytes,
+            ),
+            transport,
+            clock,
+            config,
+            id: 0,
+            table: SuperblockRepr {
+                geometry: crate::layout::subtable::SubtableGeometry::DEFAULT,
+                max_global_depth: 0,
+                nodes: 0,
+                dir_offset: 0,
+                split_log_offset: 0,
+            },
+            dir: DirCache::default(),
+            spare_subtables: Vec::new(),
+            stats: ClientStats::default(),
+        };
+        let sb_ptr = RemotePtr::new(0, 0)?;
+        let mut res = client.exec(&[
+            RemoteOp::Read {
+                ptr: sb_ptr,
+                len: SUPERBLOCK_SIZE as u32,
+            },
+            RemoteOp::Faa {
+                ptr: sb_ptr.add(CLIENT_COUNTER_OFFSET)?,
+                add: 1,
+            },
+        ])?;
+        let id = engine::take_faa(&mut res, 1)?;
+        let sb = engine::take_read(&mut res, 0)?;
+        client.table = SuperblockRepr::parse(&sb).map_err(|e| Error::corrupt("superblock", e))?;
+        if client.table.nodes != client.transport.nodes() {
+            return Err(Error::BadTable {
+                reason:
+                    "the transport reaches a different number of memory nodes than the table has",
+            });
+        }
+        if client.table.dir_offset != crate::layout::table::DIR_OFFSET {
+            return Err(Error::BadTable {
+                reason: "directory is not at DIR_PTR",
+            });
+        }
+        client.id = id as u16;
+        client.refresh_directory()?;
+        Ok(client)
+    }
+
+    /// This client's id (its owner id in the resize lock).
+    pub fn id(&self) -> u16 {
+        self.id
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ClientConfig {
+        &self.config
+    }
+
+    /// The table's superblock, as read at open.
+    pub fn table(&self) -> &SuperblockRepr {
+        &self.table
+    }
+
+    /// Global depth of the cached directory.
+    pub fn cached_global_depth(&self) -> u8 {
+        self.dir.global_depth()
+    }
+
+    /// Cumulative statistics.
+    pub fn stats(&self) -> ClientStats {
+        ClientStats {
+            kv_memory: self.alloc.stats(),
+            ..self.stats
+        }
+    }
+
+    /// The transport.
+    pub fn transport(&self) -> &T {
+        &self.transport
+    }
+
+    /// The transport, mutably (e.g. to change a fault plan).
+    pub fn transport_mut(&mut self) -> &mut T {
+        &mut self.transport
+    }
+
+    /// The value of `key`: 2 round trips on a hit (both combined buckets in
+    /// one doorbell, then the matching KV blocks in one), 1 on a miss
+    /// without fingerprint matches. Never waits, except on a key whose
+    /// subtable is between the two last steps of a split.
+    ///
+    /// # Errors
+    /// [`Error::EmptyKey`], [`Error::KeyTooLarge`], transport errors,
+    /// [`Error::Contention`].
+    pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        check_key(key)?;
+        let hash = KeyHash::of(key);
+        let mut ctx = OpCtx::default();
+        loop {
+            self.begin_attempt(&mut ctx)?;
+            let view = self.read_buckets(&hash, &[])?;
+            match view.state(&hash) {
+                ViewState::Ok | ViewState::Frozen => {}
+                ViewState::Stale => {
+                    self.refresh_directory()?;
+                    continue;
+                }
+                ViewState::Retired => {
+                    self.await_split(&hash, view.sub(), &ctx)?;
+                    continue;
+                }
+            }
+            let Some(copies) = self.copies(&view, key, &hash, &mut ctx)? else {
+                continue;
+            };
+            if !self.fresh(&ctx) {
+                continue;
+            }
+            return Ok(copies.into_iter().next().map(|c| c.value));
+        }
+    }
+
+    /// Inserts `key` if it is absent: 2 round trips without contention and
+    /// fingerprint matches (WRITE block + READ buckets; CAS + re-READ), one
+    /// more to read blocks with a matching fingerprint.
+    ///
+    /// # Errors
+    /// [`Error::KeyExists`], the input errors, [`Error::OutOfMemory`],
+    /// transport errors, [`Error::Contention`].
+    pub fn insert(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
+        check_kv(key, value)?;
+        match self.insert_or_put(key, value, &KeyHash::of(key), InsertMode::Insert)? {
+            true => Ok(()),
+            false => Err(Error::KeyExists),
+        }
+    }
+
+    /// Sets `key` to `value`, inserting it if absent (upsert).
+    ///
+    /// # Errors
+    /// As [`Client::insert`], except [`Error::KeyExists`].
+    pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
+        check_kv(key, value)?;
+        self.insert_or_put(key, value, &KeyHash::of(key), InsertMode::Put)
+            .map(|_| ())
+    }
+
+    /// Replaces the value of an existing key: 3 round trips (buckets, blocks,
+    /// WRITE new block + CAS old slot to new).
+    ///
+    /// # Errors
+    /// [`Error::NotFound`], the input errors, [`Error::OutOfMemory`],
+    /// transport errors, [`Error::Contention`].
+    pub fn update(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
+        check_kv(key, value)?;
+        self.modify(key, &mut |cur| match cur {
+            Some(_) => Ok(Decision::Write(value.to_vec())),
+            None => Err(Error::NotFound),
+        })
+        .map(|_| ())
+    }
+
+    /// Removes a key (CAS its slot to empty).
+    ///
+    /// # Errors
+    /// [`Error::NotFound`], the key errors, transport errors,
+    /// [`Error::Contention`].
+    pub fn delete(&mut self, key: &[u8]) -> Result<(), Error> {
+        check_key(key)?;
+        self.modify(key, &mut |cur| match cur {
+            Some(_) => Ok(Decision::Remove),
+            None => Err(Error::NotFound),
+        })
+        .map(|_| ())
+    }
+
+    /// Read-modify-write: `f` gets the current value (`None` if absent) and
+    /// returns the new one (`None` deletes). Retried, with `f` called again,
+    /// until the write applies to the value `f` saw. Returns the value now
+    /// stored.
+    ///
+    /// # Errors
+    /// [`Error::ValueTooLarge`] if `f` returns a value too large (nothing is
+    /// written), the key errors, [`Error::OutOfMemory`], transport errors,
+    /// [`Error::Contention`].
+    pub fn rmw<F>(&mut self, key: &[u8], mut f: F) -> Result<Option<Vec<u8>>, Error>
+    where
+        F: FnMut(Option<&[u8]>) -> Option<Vec<u8>>,
+    {
+        check_key(key)?;
+        self.modify(key, &mut |cur| {
+            Ok(match (cur.is_some(), f(cur)) {
+                (_, Some(v)) => {
+                    check_kv(key, &v)?;
+                    Decision::Write(v)
+                }
+                (true, None) => Decision::Remove,
+                (false, None) => Decision::Keep,
+            })
+        })
+    }
+
+    /// Finishes a resize abandoned by a dead client, if any: takes the resize
+    /// lock when it is free or its lease has expired, completes the logged
+    /// split, releases the lock. Clients do this on their own when they meet
+    /// the abandoned subtable; a tool or a test can force it. `Ok(false)` if
+    /// another client holds the lock under a live lease.
+    ///
+    /// # Errors
+    /// Transport errors, [`Error::Corrupt`] for a garbage directory header.
+    pub fn recover_resize(&mut self) -> Result<bool, Error> {
+        self.take_over_now()
+    }
+
+    /// Reads the whole table and checks its invariants (directory, headers,
+    /// slots, KV blocks, duplicates); returns every key-value pair. For tests
+    /// and tools: it reads everything, with many round trips.
+    ///
+    /// # Errors
+    /// Transport errors; problems found are reported in the result.
+    pub fn check_table(&mut self) -> Result<TableCheck, Error> {
+        verify::check_table(self)
+    }
+}
+
+fn check_key(key: &[u8]) -> Result<(), Error> {
+    kv::max_value_len(key.len())
+        .map(|_| ())
+        .map_err(Error::from_kv)
+}
+
+fn check_kv(key: &[u8], value: &[u8]) -> Result<(), Error> {
+    kv::block_len(key.len(), value.len())
+        .map(|_| ())
+        .map_err(Error::from_kv)
+}

@@ -1,0 +1,135 @@
+//! Time, as the caller provides it.
+//!
+//! The client never reads a system clock itself: it asks the [`Clock`] it
+//! was given. Time is measured in *ticks* whose length the caller chooses
+//! (microseconds for [`SystemClock`]); every duration in
+//! [`crate::client::ClientConfig`] is in the same ticks. Clients that share a
+//! table must share a time base: their clocks may disagree by at most the
+//! margin the configuration leaves (see the timing assumptions in
+//! [`crate::client`]).
+//!
+//! * [`SystemClock`]: monotonic microseconds since the clock was created;
+//!   backoff yields, then sleeps a little.
+//! * [`ManualClock`]: a counter the test advances; its backoff advances it
+//!   too, so that a client waiting for an expired lease makes progress in a
+//!   single-threaded, deterministic test.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// A source of time for the client (see the module docs).
+pub trait Clock: Send + Sync {
+    /// The current time in ticks. Must never go backwards.
+    fn now(&self) -> u64;
+
+    /// Called when the client waits for another client (a resize in
+    /// progress, a contended word) before it retries; `attempt` counts the
+    /// retries of the current operation. The default only hints a spin.
+    fn backoff(&self, attempt: u32) {
+        let _ = attempt;
+        core::hint::spin_loop();
+    }
+}
+
+/// Monotonic microseconds since creation (`Instant`-based).
+#[derive(Clone, Copy, Debug)]
+pub struct SystemClock {
+    start: Instant,
+}
+
+impl SystemClock {
+    /// A clock starting at tick 0 now.
+    pub fn new() -> Self {
+        Self {
+            start: Instant::now(),
+        }
+    }
+}
+
+impl Default for SystemClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for SystemClock {
+    fn now(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    fn backoff(&self, attempt: u32) {
+        if attempt < 4 {
+            std::thread::yield_now();
+        } else {
+            let us = 1u64 << attempt.min(10);
+            std::thread::sleep(Duration::from_micros(us));
+        }
+    }
+}
+
+/// A clock that only moves when told to (tests).
+#[derive(Debug, Default)]
+pub struct ManualClock {
+    now: AtomicU64,
+    backoff_ticks: u64,
+}
+
+impl ManualClock {
+    /// A clock at tick `start` whose backoff advances it by `backoff_ticks`.
+    pub fn new(start: u64, backoff_ticks: u64) -> Self {
+        Self {
+            now: AtomicU64::new(start),
+            backoff_ticks,
+        }
+    }
+
+    /// Moves time forward by `ticks`; returns the new time.
+    pub fn advance(&self, ticks: u64) -> u64 {
+        self.now
+            .fetch_add(ticks, Ordering::SeqCst)
+            .saturating_add(ticks)
+    }
+
+    /// Sets the time (never backwards: the larger of now and `tick`).
+    pub fn set(&self, tick: u64) {
+        self.now.fetch_max(tick, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> u64 {
+        self.now.load(Ordering::SeqCst)
+    }
+
+    fn backoff(&self, _attempt: u32) {
+        self.advance(self.backoff_ticks);
+        std::thread::yield_now();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manual_clock_moves_forward_only() {
+        let c = ManualClock::new(10, 3);
+        assert_eq!(c.now(), 10);
+        assert_eq!(c.advance(5), 15);
+        c.set(12);
+        assert_eq!(c.now(), 15);
+        c.set(20);
+        assert_eq!(c.now(), 20);
+        c.backoff(1);
+        assert_eq!(c.now(), 23);
+    }
+
+    #[test]
+    fn system_clock_is_monotonic() {
+        let c = SystemClock::new();
+        let a = c.now();
+        c.backoff(0);
+        c.backoff(5);
+        assert!(c.now() >= a);
+    }
+}

@@ -1,0 +1,680 @@
+//! In-process memory nodes and the transport that reaches them.
+//!
+//! A [`MemoryNode`] is a registered region (`Box<[AtomicU64]>`: word-granular
+//! atomics, no `unsafe`; byte reads and writes are assembled from words) and
+//! a coarse block allocator (the memory node's side of
+//! [`Transport::alloc_block`]). A [`LocalCluster`] owns N of them behind an
+//! `Arc`; each client gets its own [`LocalTransport`], and any number of
+//! clients may run on any threads at once.
+//!
+//! The semantics are those of [`crate::remote`]: a batch executes in order,
+//! each op on its own; every 8-byte word is read or written atomically
+//! (`SeqCst`), a multi-word READ or WRITE is not atomic as a whole, CAS and
+//! FAA are real atomic operations. [`LocalTransport::set_interleave`] yields
+//! the thread between ops, which makes multi-word reads and writes of
+//! concurrent clients interleave far more often (a stress knob).
+//!
+//! Fault injection: [`LocalCluster::set_node_down`] makes every op to a node
+//! (and every allocation on it) fail with [`TransportError::NodeDown`] until
+//! it is brought back. Client crashes are injected per client with
+//! [`crate::remote::FaultInjector`].
+//!
+//! ## Memory node 0 and bootstrap
+//! [`MemoryNode::format`] lays out a new table on node 0 (see
+//! [`crate::layout::table`] for the map): the superblock at offset 0, an idle
+//! split log at 64, the directory at the fixed [`DIR_PTR`] (node 0, offset
+//! 4096) with room to double up to `max_global_depth`, then the heap, where
+//! the `2^initial_global_depth` initial subtables are allocated with every
+//! bucket header set. A client learns everything else from the superblock
+//! when it opens. On other nodes the first 4 KiB are reserved too, so that
+//! offset 0 is never a valid block on any node.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::error::Error;
+use crate::layout::dir_header::DirHeader;
+use crate::layout::directory::{DirEntry, DirectoryRepr};
+use crate::layout::slot::{RemotePtr, MAX_OFFSET};
+use crate::layout::subtable::{Subtable, SubtableGeometry, Suffix};
+use crate::layout::table::{
+    node0_heap_start, SuperblockRepr, DIR_OFFSET, DIR_PTR, SPLIT_LOG_OFFSET, SPLIT_LOG_SIZE,
+    SUPERBLOCK_OFFSET, SUPERBLOCK_SIZE,
+};
+use crate::layout::MAX_GLOBAL_DEPTH;
+use crate::remote::{OpResult, RemoteOp, Transport, TransportError};
+
+/// Alignment of every block the node allocator hands out.
+pub const BLOCK_ALIGN: u64 = 64;
+/// Bytes reserved at the start of every node (offset 0 is never a block).
+pub const RESERVED_PREFIX: u64 = 4096;
+
+/// The shape of a new table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TableConfig {
+    /// Geometry of every subtable.
+    pub geometry: SubtableGeometry,
+    /// Global depth of the initial directory (`2^depth` initial subtables).
+    pub initial_global_depth: u8,
+    /// Largest global depth; node 0 reserves the directory for it.
+    pub max_global_depth: u8,
+}
+
+impl Default for TableConfig {
+    fn default() -> Self {
+        Self {
+            geometry: SubtableGeometry::DEFAULT,
+            initial_global_depth: 0,
+            max_global_depth: 16,
+        }
+    }
+}
+
+/// The shape of a [`LocalCluster`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClusterConfig {
+    /// Number of memory nodes (1..=255).
+    pub nodes: u8,
+    /// Size of each node's region in bytes.
+    pub node_bytes: u64,
+    /// The table to format on node 0.
+    pub table: TableConfig,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            nodes: 1,
+            node_bytes: 64 << 20,
+            table: TableConfig::default(),
+        }
+    }
+}
+
+/// Usage figures of one memory node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NodeStats {
+    /// Size of the region.
+    pub capacity: u64,
+    /// Bytes handed out by the block allocator (including the reserved
+    /// prefix and, on node 0, the table metadata and directory area).
+    pub heap_used: u64,
+    /// Blocks handed out.
+    pub blocks: u64,
+}
+
+#[derive(Debug)]
+struct Heap {
+    next: u64,
+    blocks: u64,
+}
+
+/// One memory node: a region of atomic words and a coarse block allocator.
+#[derive(Debug)]
+pub struct MemoryNode {
+    id: u8,
+    words: Box<[AtomicU64]>,
+    heap: Mutex<Heap>,
+    down: AtomicBool,
+}
+
+impl MemoryNode {
+    /// A zeroed node `id` of `bytes` bytes (rounded up to 8).
+    pub fn new(id: u8, bytes: u64) -> Self {
+        let n = usize::try_from(bytes.div_ceil(8)).unwrap_or(0);
+        Self {
+            id,
+            words: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            heap: Mutex::new(Heap {
+                next: RESERVED_PREFIX,
+                blocks: 0,
+            }),
+            down: AtomicBool::new(false),
+        }
+    }
+
+    /// The node id.
+    pub fn id(&self) -> u8 {
+        self.id
+    }
+
+    /// Size of the region in bytes.
+    pub fn capacity(&self) -> u64 {
+        self.words.len() as u64 * 8
+    }
+
+    /// Whether the node is failed.
+    pub fn is_down(&self) -> bool {
+        self.down.load(Ordering::SeqCst)
+    }
+
+    /// Fails (or revives) the node.
+    pub fn set_down(&self, down: bool) {
+        self.down.store(down, Ordering::SeqCst);
+    }
+
+    /// Usage figures.
+    pub fn stats(&self) -> NodeStats {
+        let heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());
+        NodeStats {
+            capacity: self.capacity(),
+            heap_used: heap.next,
+            blocks: heap.blocks,
+        }
+    }
+
+    /// Lays out a new table on this node, which must be node 0 (see the module
+    /// docs); `nodes` is the cluster size recorded in the superblock.
+    ///
+    /// # Errors
+    /// [`Error::BadTable`] if this is not node 0, the node was already used,
+    /// or the depths are out of range; [`Error::OutOfMemory`] if the node is
+    /// too small.
+    pub fn format(&self, table: &TableConfig, nodes: u8) -> Result<(), Error> {
+        if self.id != 0 {
+            return Err(Error::BadTable {
+                reason: "a table is formatted on node 0",
+            });
+        }
+        let g = table.initial_global_depth;
+        if table.max_global_depth > MAX_GLOBAL_DEPTH || g > table.max_global_depth {
+            return Err(Error::BadTable {
+                reason: "initial depth above max depth, or max depth above 20",
+            });
+        }
+        {
+            let mut heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());
+            if heap.next != RESERVED_PREFIX {
+                return Err(Error::BadTable {
+                    reason: "node 0 is already in use",
+                });
+            }
+            heap.next = node0_heap_start(table.max_global_depth)?;
+            if heap.next > self.capacity() {
+                return Err(Error::OutOfMemory {
+                    what: "directory area on node 0",
+                });
+            }
+        }
+        let mut sb = [0u8; SUPERBLOCK_SIZE];
+        SuperblockRepr {
+            geometry: table.geometry,
+            max_global_depth: table.max_global_depth,
+            nodes,
+            dir_offset: DIR_OFFSET,
+            split_log_offset: SPLIT_LOG_OFFSET,
+        }
+        .emit(&mut sb)?;
+        let oom = |_| Error::OutOfMemory {
+            what: "initial subtables on node 0",
+        };
+        let mut entries = Vec::with_capacity(1 << g);
+        let bytes = table.geometry.bytes();
+        let mut image = vec![0u8; usize::try_from(bytes).map_err(|_| oom(()))?];
+        for bits in 0..(1u32 << g) {
+            let offset = self.alloc(bytes).map_err(|_| oom(()))?;
+            Subtable::new_checked(&mut image[..], table.geometry)?
+                .init_empty(Suffix::new(bits, g)?);
+            self.write(offset, &image)?;
+            entries.push(DirEntry::new(g, RemotePtr::new(0, offset)?)?);
+        }
+        let dir = DirectoryRepr {
+            header: DirHeader::unlocked(g)?,
+            entries,
+        };
+        dir.check_consistency()?;
+        let mut dir_bytes = vec![0u8; dir.buffer_len()];
+        dir.emit(&mut dir_bytes)?;
+        self.write(DIR_PTR.offset(), &dir_bytes)?;
+        self.write(SPLIT_LOG_OFFSET, &[0u8; SPLIT_LOG_SIZE])?;
+        self.write(SUPERBLOCK_OFFSET, &sb)?;
+        Ok(())
+    }
+
+    fn out_of_bounds(&self, offset: u64, len: u64) -> TransportError {
+        TransportError::OutOfBounds {
+            ptr: RemotePtr::from_bits(u64::from(self.id) << 40 | (offset & MAX_OFFSET)),
+            len,
+        }
+    }
+
+    fn check(&self, offset: u64, len: u64) -> Result<(), TransportError> {
+        if self.is_down() {
+            return Err(TransportError::NodeDown { node: self.id });
+        }
+        match offset.checked_add(len) {
+            Some(end) if end <= self.capacity() => Ok(()),
+            _ => Err(self.out_of_bounds(offset, len)),
+        }
+    }
+
+    /// The word holding byte `offset` (in range after `check`).
+    fn word(&self, offset: u64) -> Result<&AtomicU64, TransportError> {
+        usize::try_from(offset / 8)
+            .ok()
+            .and_then(|i| self.words.get(i))
+            .ok_or_else(|| self.out_of_bounds(offset, 8))
+    }
+
+    fn atomic_word(&self, offset: u64) -> Result<&AtomicU64, TransportError> {
+        self.check(offset, 8)?;
+        if offset % 8 != 0 {
+            return Err(TransportError::Misaligned {
+                ptr: RemotePtr::from_bits(u64::from(self.id) << 40 | offset),
+            });
+        }
+        self.word(offset)
+    }
+
+    /// Reads `len` bytes at `offset` (word by word).
+    ///
+    /// # Errors
+    /// [`TransportError::NodeDown`] or [`TransportError::OutOfBounds`].
+    pub fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>, TransportError> {
+        self.check(offset, len as u64)?;
+        let mut out = Vec::with_capacity(len);
+        let end = offset + len as u64;
+        let mut at = offset;
+        while at < end {
+            let word = self.word(at)?.load(Ordering::SeqCst).to_le_bytes();
+            let from = (at % 8) as usize;
+            let take = (8 - from).min((end - at) as usize);
+            out.extend_from_slice(word.get(from..from + take).unwrap_or(&[]));
+            at += take as u64;
+        }
+        Ok(out)
+    }
+
+    /// Writes `bytes` at `offset`: whole words are stored, partial words are
+    /// merged with a CAS loop (so concurrent writers of other bytes of the
+    /// same word are not lost).
+    ///
+    /// # Errors
+    /// [`TransportError::NodeDown`] or [`TransportError::OutOfBounds`].
+    pub fn write(&self, offset: u64, bytes: &[u8]) -> Result<(), TransportError> {
+        self.check(offset, bytes.len() as u64)?;
+        let mut at = offset;
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            let from = (at % 8) as usize;
+            let take = (8 - from).min(rest.len());
+            let (chunk, tail) = rest.split_at(take);
+            let word = self.word(at)?;
+            if take == 8 {
+                let mut w = [0u8; 8];
+                w.copy_from_slice(chunk);
+                word.store(u64::from_le_bytes(w), Ordering::SeqCst);
+            } else {
+                let _ = word.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |old| {
+                    let mut w = old.to_le_bytes();
+                    if let Some(dst) = w.get_mut(from..from + take) {
+                        dst.copy_from_slice(chunk);
+                    }
+                    Some(u64::from_le_bytes(w))
+                });
+            }
+            at += take as u64;
+            rest = tail;
+        }
+        Ok(())
+    }
+
+    /// Compare-and-swap of the word at `offset`; returns the previous value.
+    ///
+    /// # Errors
+    /// [`TransportError::NodeDown`], [`TransportError::OutOfBounds`] or
+    /// [`TransportError::Misaligned`].
+    pub fn cas(&self, offset: u64, expect: u64, new: u64) -> Result<u64, TransportError> {
+        let word = self.atomic_word(offset)?;
+        Ok(
+            match word.compare_exchange(expect, new, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(old) | Err(old) => old,
+            },
+        )
+    }
+
+    /// Fetch-and-add of the word at `offset`; returns the previous value.
+    ///
+    /// # Errors
+    /// As [`MemoryNode::cas`].
+    pub fn faa(&self, offset: u64, add: u64) -> Result<u64, TransportError> {
+        Ok(self.atomic_word(offset)?.fetch_add(add, Ordering::SeqCst))
+    }
+
+    /// Allocates a block of `size` bytes (rounded up to 64), 64-byte aligned;
+    /// returns its offset. Blocks are never freed (clients recycle them).
+    ///
+    /// # Errors
+    /// [`TransportError::NodeDown`] or [`TransportError::OutOfMemory`].
+    pub fn alloc(&self, size: u64) -> Result<u64, TransportError> {
+        if self.is_down() {
+            return Err(TransportError::NodeDown { node: self.id });
+        }
+        let oom = TransportError::OutOfMemory {
+            node: self.id,
+            size,
+        };
+        let rounded = size
+            .max(1)
+            .checked_next_multiple_of(BLOCK_ALIGN)
+            .ok_or(oom.clone())?;
+        let mut heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());
+        let start = heap.next.next_multiple_of(BLOCK_ALIGN);
+        match start.checked_add(rounded) {
+            Some(end) if end <= self.capacity() && end <= MAX_OFFSET => {
+                heap.next = end;
+                heap.blocks += 1;
+                Ok(start)
+            }
+            _ => Err(oom),
+        }
+    }
+}
+
+/// N memory nodes in this process, node 0 formatted with a table.
+#[derive(Clone, Debug)]
+pub struct LocalCluster {
+    nodes: Arc<[MemoryNode]>,
+}
+
+impl LocalCluster {
+    /// Creates the nodes and formats the table on node 0.
+    ///
+    /// # Errors
+    /// [`Error::BadTable`] for 0 nodes, or the errors of
+    /// [`MemoryNode::format`].
+    pub fn new(config: ClusterConfig) -> Result<Self, Error> {
+        if config.nodes == 0 {
+            return Err(Error::BadTable {
+                reason: "a cluster needs at least one memory node",
+            });
+        }
+        let nodes: Arc<[MemoryNode]> = (0..config.nodes)
+            .map(|id| MemoryNode::new(id, config.node_bytes))
+            .collect();
+        nodes
+            .first()
+            .ok_or(Error::BadTable {
+                reason: "no node 0",
+            })?
+            .format(&config.table, config.nodes)?;
+        Ok(Self { nodes })
+    }
+
+    /// A new transport for one client.
+    pub fn transport(&self) -> LocalTransport {
+        LocalTransport {
+            nodes: Arc::clone(&self.nodes),
+            interleave: false,
+        }
+    }
+
+    /// Node `id`.
+    pub fn node(&self, id: u8) -> Option<&MemoryNode> {
+        self.nodes.get(usize::from(id))
+    }
+
+    /// Number of nodes.
+    pub fn len(&self) -> u8 {
+        self.nodes.len() as u8
+    }
+
+    /// Always false: a cluster has at least one node.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Fails (or revives) node `id`; false if there is no such node.
+    pub fn set_node_down(&self, id: u8, down: bool) -> bool {
+        self.node(id).map(|n| n.set_down(down)).is_some()
+    }
+
+    /// Usage figures of every node.
+    pub fn stats(&self) -> Vec<NodeStats> {
+        self.nodes.iter().map(MemoryNode::stats).collect()
+    }
+}
+
+/// One client's transport to a [`LocalCluster`] (cheap to create; `Send`).
+#[derive(Clone, Debug)]
+pub struct LocalTransport {
+    nodes: Arc<[MemoryNode]>,
+    interleave: bool,
+}
+
+impl LocalTransport {
+    /// Yield the thread between the ops of a batch (a stress knob: it makes
+    /// concurrent clients interleave inside multi-op doorbells).
+    pub fn set_interleave(&mut self, on: bool) {
+        self.interleave = on;
+    }
+
+    fn node(&self, id: u8) -> Result<&MemoryNode, TransportError> {
+        self.nodes
+            .get(usize::from(id))
+            .ok_or(TransportError::NoSuchNode { node: id })
+    }
+
+    fn execute_one(&self, op: &RemoteOp<'_>) -> Result<OpResult, TransportError> {
+        let node = self.node(op.node())?;
+        let offset = op.ptr().offset();
+        Ok(match *op {
+            RemoteOp::Read { len, .. } => OpResult::Read(node.read(offset, len as usize)?),
+            RemoteOp::Write { bytes, .. } => {
+                node.write(offset, bytes)?;
+                OpResult::Written
+            }
+            RemoteOp::Cas { expect, new, .. } => OpResult::Cas {
+                old: node.cas(offset, expect, new)?,
+            },
+            RemoteOp::Faa { add, .. } => OpResult::Faa {
+                old: node.faa(offset, add)?,
+            },
+        })
+    }
+}
+
+impl Transport for LocalTransport {
+    fn execute(&mut self, batch: &[RemoteOp<'_>]) -> Result<Vec<OpResult>, TransportError> {
+        let mut out = Vec::with_capacity(batch.len());
+        for (i, op) in batch.iter().enumerate() {
+            if self.interleave && i > 0 {
+                std::thread::yield_now();
+            }
+            out.push(self.execute_one(op)?);
+        }
+        Ok(out)
+    }
+
+    fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {
+        let offset = self.node(node)?.alloc(size)?;
+        RemotePtr::new(node, offset).map_err(|_| TransportError::OutOfMemory { node, size })
+    }
+
+    fn nodes(&self) -> u8 {
+        self.nodes.len() as u8
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::directory::Directory;
+
+    fn p(node: u8, off: u64) -> RemotePtr {
+        RemotePtr::new(node, off).unwrap()
+    }
+
+    #[test]
+    fn bytes_over_words() {
+        let n = MemoryNode::new(1, 256);
+        n.write(3, b"hello, world").unwrap();
+        assert_eq!(n.read(3, 12).unwrap(), b"hello, world");
+        assert_eq!(n.read(0, 3).unwrap(), [0, 0, 0]);
+        n.write(5, b"XY").unwrap();
+        assert_eq!(n.read(3, 12).unwrap(), b"heXYo, world");
+        assert_eq!(n.read(16, 0).unwrap(), Vec::<u8>::new());
+        assert!(matches!(
+            n.read(250, 8),
+            Err(TransportError::OutOfBounds { len: 8, .. })
+        ));
+        assert!(n.write(u64::MAX, b"x").is_err());
+    }
+
+    #[test]
+    fn atomics_and_alignment() {
+        let n = MemoryNode::new(2, 64);
+        assert_eq!(n.cas(8, 0, 7).unwrap(), 0);
+        assert_eq!(n.cas(8, 0, 9).unwrap(), 7);
+        assert_eq!(n.faa(8, 3).unwrap(), 7);
+        assert_eq!(n.read(8, 8).unwrap(), 10u64.to_le_bytes());
+        assert!(matches!(
+            n.cas(4, 0, 1),
+            Err(TransportError::Misaligned { .. })
+        ));
+        assert!(matches!(
+            n.faa(64, 1),
+            Err(TransportError::OutOfBounds { .. })
+        ));
+        n.set_down(true);
+        assert_eq!(n.cas(8, 0, 1), Err(TransportError::NodeDown { node: 2 }));
+        assert_eq!(n.alloc(64), Err(TransportError::NodeDown { node: 2 }));
+    }
+
+    #[test]
+    fn allocator_aligns_and_runs_out() {
+        let n = MemoryNode::new(0, 8192);
+        assert_eq!(n.alloc(1).unwrap(), 4096);
+        assert_eq!(n.alloc(100).unwrap(), 4160);
+        assert_eq!(n.alloc(64).unwrap(), 4288);
+        assert_eq!(n.stats().blocks, 3);
+        assert!(matches!(
+            n.alloc(8192),
+            Err(TransportError::OutOfMemory { .. })
+        ));
+        assert!(n.alloc(u64::MAX).is_err());
+    }
+
+    #[test]
+    fn format_lays_out_directory_and_subtables() {
+        let table = TableConfig {
+            geometry: SubtableGeometry::new(2).unwrap(),
+            initial_global_depth: 2,
+            max_global_depth: 5,
+        };
+        let cluster = LocalCluster::new(ClusterConfig {
+            nodes: 2,
+            node_bytes: 1 << 16,
+            table,
+        })
+        .unwrap();
+        let n0 = cluster.node(0).unwrap();
+        let sb = SuperblockRepr::parse(&n0.read(0, 64).unwrap()).unwrap();
+        assert_eq!(
+            (sb.geometry, sb.max_global_depth, sb.nodes),
+            (table.geometry, 5, 2)
+        );
+        let dir_bytes = n0.read(DIR_OFFSET, 64 + 8 * 4).unwrap();
+        let dir = DirectoryRepr::parse(&Directory::new_checked(&dir_bytes[..]).unwrap()).unwrap();
+        dir.check_consistency().unwrap();
+        assert_eq!(dir.global_depth(), 2);
+        for (i, e) in dir.entries.iter().enumerate() {
+            assert_eq!(e.local_depth(), 2);
+            let img = n0
+                .read(e.ptr().offset(), table.geometry.bytes() as usize)
+                .unwrap();
+            let st = Subtable::new_checked(&img[..], table.geometry).unwrap();
+            assert_eq!(
+                st.bucket(1, 2).unwrap().header(),
+                Ok(Suffix::new(i as u32, 2).unwrap())
+            );
+            assert!(e.ptr().offset() >= node0_heap_start(5).unwrap());
+        }
+        assert!(matches!(n0.format(&table, 2), Err(Error::BadTable { .. })));
+        assert!(matches!(
+            cluster.node(1).unwrap().format(&table, 2),
+            Err(Error::BadTable { .. })
+        ));
+        let tiny = ClusterConfig {
+            nodes: 1,
+            node_bytes: 4096,
+            table,
+        };
+        assert!(matches!(
+            LocalCluster::new(tiny),
+            Err(Error::OutOfMemory { .. })
+        ));
+        assert!(LocalCluster::new(ClusterConfig {
+            nodes: 0,
+            ..ClusterConfig::default()
+        })
+        .is_err());
+    }
+
+    #[test]
+    fn transport_batches_in_order_and_node_down() {
+        let cluster = LocalCluster::new(ClusterConfig {
+            nodes: 2,
+            node_bytes: 1 << 16,
+            table: TableConfig {
+                geometry: SubtableGeometry::new(1).unwrap(),
+                initial_global_depth: 0,
+                max_global_depth: 4,
+            },
+        })
+        .unwrap();
+        let mut t = cluster.transport();
+        assert_eq!(t.nodes(), 2);
+        let block = t.alloc_block(1, 100).unwrap();
+        assert_eq!(block.node(), 1);
+        assert_eq!(block.offset() % 64, 0);
+        let data = 5u64.to_le_bytes();
+        let r = t
+            .execute(&[
+                RemoteOp::Write {
+                    ptr: block,
+                    bytes: &data,
+                },
+                RemoteOp::Cas {
+                    ptr: block,
+                    expect: 5,
+                    new: 6,
+                },
+                RemoteOp::Faa { ptr: block, add: 1 },
+                RemoteOp::Read { ptr: block, len: 8 },
+            ])
+            .unwrap();
+        assert_eq!(
+            r,
+            vec![
+                OpResult::Written,
+                OpResult::Cas { old: 5 },
+                OpResult::Faa { old: 6 },
+                OpResult::Read(7u64.to_le_bytes().to_vec())
+            ]
+        );
+        assert!(cluster.set_node_down(1, true));
+        assert_eq!(
+            t.execute(&[RemoteOp::Read { ptr: block, len: 8 }]),
+            Err(TransportError::NodeDown { node: 1 })
+        );
+        assert!(t
+            .execute(&[RemoteOp::Read {
+                ptr: p(0, 0),
+                len: 8
+            }])
+            .is_ok());
+        assert!(cluster.set_node_down(1, false));
+        assert!(!cluster.set_node_down(9, true));
+        assert_eq!(
+            t.execute(&[RemoteOp::Read {
+                ptr: p(3, 0),
+                len: 8
+            }]),
+            Err(TransportError::NoSuchNode { node: 3 })
+        );
+        assert_eq!(cluster.len(), 2);
+        assert!(!cluster.is_empty());
+        assert_eq!(cluster.stats().len(), 2);
+    }
+}

@@ -1,0 +1,470 @@
+//! What a one-sided transport can do on memory nodes, as a small device trait.
+//!
+//! The RACE client is written against [`Transport`], in the style of
+//! smoltcp's `phy::Device`: a few methods, several implementations
+//! ([`crate::memory::LocalTransport`] in process; a KRCore virtual-QP
+//! transport later), and wrappers that add behaviour around any of them
+//! ([`FaultInjector`]).
+//!
+//! ## Round trips
+//! One [`Transport::execute`] call is **one doorbell = one round trip**: all
+//! the operations of the batch are posted together and the call returns when
+//! all have completed. The client counts calls ([`TransportStats`]), which is
+//! how tests assert "a search is 2 round trips".
+//!
+//! ## Ordering
+//! Operations of one batch that target the **same memory node** execute in
+//! batch order, each one completely before the next starts (as on one RC or DC
+//! queue pair, where a later READ or atomic is not executed before an earlier
+//! WRITE has been placed). Operations to **different nodes** have no order
+//! between them. Each 8-byte aligned word is read and written atomically; a
+//! READ or WRITE of several words is *not* atomic as a whole (a concurrent
+//! reader may see any mix of old and new words). CAS and FAA are atomic on
+//! their 8-byte aligned word.
+//!
+//! ## Failures
+//! If `execute` returns an error, any prefix-closed subset of the batch (per
+//! node) may have executed: the caller must treat the state of every op of
+//! the batch as unknown (for a CAS: maybe done).
+//!
+//! ## Memory-node allocation
+//! [`Transport::alloc_block`] is the memory node's coarse allocator, reached
+//! over a two-sided message (the node's CPU serves it). Clients carve their
+//! own size classes out of these blocks; there is no remote free.
+
+use crate::layout::slot::RemotePtr;
+
+/// One one-sided operation on a memory node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RemoteOp<'a> {
+    /// Read `len` bytes at `ptr`.
+    Read {
+        /// Where to read.
+        ptr: RemotePtr,
+        /// How many bytes.
+        len: u32,
+    },
+    /// Write `bytes` at `ptr`.
+    Write {
+        /// Where to write.
+        ptr: RemotePtr,
+        /// What to write.
+        bytes: &'a [u8],
+    },
+    /// Compare-and-swap the 8-byte aligned little-endian word at `ptr`.
+    Cas {
+        /// The word (8-byte aligned).
+        ptr: RemotePtr,
+        /// The value expected.
+        expect: u64,
+        /// The value installed if the word equals `expect`.
+        new: u64,
+    },
+    /// Fetch-and-add on the 8-byte aligned word at `ptr` (wrapping).
+    Faa {
+        /// The word (8-byte aligned).
+        ptr: RemotePtr,
+        /// The addend.
+        add: u64,
+    },
+}
+
+impl RemoteOp<'_> {
+    /// The target address.
+    pub fn ptr(&self) -> RemotePtr {
+        match *self {
+            RemoteOp::Read { ptr, .. }
+            | RemoteOp::Write { ptr, .. }
+            | RemoteOp::Cas { ptr, .. }
+            | RemoteOp::Faa { ptr, .. } => ptr,
+        }
+    }
+
+    /// The target memory node.
+    pub fn node(&self) -> u8 {
+        self.ptr().node()
+    }
+}
+
+/// The result of one [`RemoteOp`], in batch order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OpResult {
+    /// The bytes read (exactly the requested length).
+    Read(Vec<u8>),
+    /// The write completed.
+    Written,
+    /// The word's value before the CAS; it swapped iff `old == expect`.
+    Cas {
+        /// Previous value.
+        old: u64,
+    },
+    /// The word's value before the addition.
+    Faa {
+        /// Previous value.
+        old: u64,
+    },
+}
+
+impl OpResult {
+    /// The bytes of a READ result.
+    pub fn read_bytes(&self) -> Option<&[u8]> {
+        match self {
+            OpResult::Read(b) => Some(b),
+            _ => None,
+        }
+    }
+
+    /// The previous value of a CAS.
+    pub fn cas_old(&self) -> Option<u64> {
+        match self {
+            OpResult::Cas { old } => Some(*old),
+            _ => None,
+        }
+    }
+
+    /// The previous value of a FAA.
+    pub fn faa_old(&self) -> Option<u64> {
+        match self {
+            OpResult::Faa { old } => Some(*old),
+            _ => None,
+        }
+    }
+}
+
+/// Why a transport call failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransportError {
+    /// The memory node does not answer (crashed, or failed by fault injection).
+    #[error("memory node {node} is down")]
+    NodeDown {
+        /// The node.
+        node: u8,
+    },
+    /// No memory node has this id.
+    #[error("no memory node {node}")]
+    NoSuchNode {
+        /// The node.
+        node: u8,
+    },
+    /// The range is outside the node's registered region.
+    #[error("range {ptr:?}+{len} is outside the node's region")]
+    OutOfBounds {
+        /// Start of the range.
+        ptr: RemotePtr,
+        /// Its length.
+        len: u64,
+    },
+    /// An atomic on an address that is not 8-byte aligned.
+    #[error("atomic at {ptr:?} is not 8-byte aligned")]
+    Misaligned {
+        /// The address.
+        ptr: RemotePtr,
+    },
+    /// The memory node has no block of this size left.
+    #[error("memory node {node} cannot allocate {size} bytes")]
+    OutOfMemory {
+        /// The node.
+        node: u8,
+        /// The requested size.
+        size: u64,
+    },
+    /// This client's connection is gone (fault injection: the client "died").
+    #[error("transport disconnected")]
+    Disconnected,
+    /// The transport returned results that do not match the batch.
+    #[error("malformed transport response: {reason}")]
+    BadResponse {
+        /// What was wrong.
+        reason: &'static str,
+    },
+}
+
+/// A one-sided transport to a set of memory nodes (see the module docs for
+/// the round-trip, ordering and failure contract).
+pub trait Transport {
+    /// Posts `batch` with one doorbell and waits for all of it: one round
+    /// trip. Results are in batch order.
+    ///
+    /// # Errors
+    /// A [`TransportError`]; the batch may then have partly executed.
+    fn execute(&mut self, batch: &[RemoteOp<'_>]) -> Result<Vec<OpResult>, TransportError>;
+
+    /// Asks memory node `node` for a block of `size` bytes (64-byte aligned),
+    /// over a two-sided message.
+    ///
+    /// # Errors
+    /// [`TransportError::OutOfMemory`], [`TransportError::NodeDown`], ...
+    fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError>;
+
+    /// Number of memory nodes (ids `0..nodes()`).
+    fn nodes(&self) -> u8;
+}
+
+impl<T: Transport + ?Sized> Transport for &mut T {
+    fn execute(&mut self, batch: &[RemoteOp<'_>]) -> Result<Vec<OpResult>, TransportError> {
+        (**self).execute(batch)
+    }
+    fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {
+        (**self).alloc_block(node, size)
+    }
+    fn nodes(&self) -> u8 {
+        (**self).nodes()
+    }
+}
+
+impl<T: Transport + ?Sized> Transport for Box<T> {
+    fn execute(&mut self, batch: &[RemoteOp<'_>]) -> Result<Vec<OpResult>, TransportError> {
+        (**self).execute(batch)
+    }
+    fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {
+        (**self).alloc_block(node, size)
+    }
+    fn nodes(&self) -> u8 {
+        (**self).nodes()
+    }
+}
+
+/// Counters of transport use: round trips (doorbells), operations, bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TransportStats {
+    /// `execute` calls: doorbells, i.e. round trips.
+    pub round_trips: u64,
+    /// Operations posted.
+    pub ops: u64,
+    /// READs posted.
+    pub reads: u64,
+    /// WRITEs posted.
+    pub writes: u64,
+    /// CAS and FAA posted.
+    pub atomics: u64,
+    /// Bytes requested by READs.
+    pub bytes_read: u64,
+    /// Bytes carried by WRITEs.
+    pub bytes_written: u64,
+    /// `alloc_block` calls (two-sided messages to memory nodes).
+    pub block_rpcs: u64,
+}
+
+impl TransportStats {
+    /// Accounts one doorbell carrying `batch`.
+    pub fn record(&mut self, batch: &[RemoteOp<'_>]) {
+        self.round_trips += 1;
+        self.ops += batch.len() as u64;
+        for op in batch {
+            match op {
+                RemoteOp::Read { len, .. } => {
+                    self.reads += 1;
+                    self.bytes_read += u64::from(*len);
+                }
+                RemoteOp::Write { bytes, .. } => {
+                    self.writes += 1;
+                    self.bytes_written += bytes.len() as u64;
+                }
+                RemoteOp::Cas { .. } | RemoteOp::Faa { .. } => self.atomics += 1,
+            }
+        }
+    }
+
+    /// The counters accumulated since `earlier` (field-wise difference).
+    pub fn since(&self, earlier: &TransportStats) -> TransportStats {
+        TransportStats {
+            round_trips: self.round_trips.saturating_sub(earlier.round_trips),
+            ops: self.ops.saturating_sub(earlier.ops),
+            reads: self.reads.saturating_sub(earlier.reads),
+            writes: self.writes.saturating_sub(earlier.writes),
+            atomics: self.atomics.saturating_sub(earlier.atomics),
+            bytes_read: self.bytes_read.saturating_sub(earlier.bytes_read),
+            bytes_written: self.bytes_written.saturating_sub(earlier.bytes_written),
+            block_rpcs: self.block_rpcs.saturating_sub(earlier.block_rpcs),
+        }
+    }
+}
+
+/// When a [`FaultInjector`] kills its client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CrashPlan {
+    /// The doorbell (1-based, counting `execute` calls) that fails.
+    pub at_doorbell: u64,
+    /// How many ops of that batch still execute before the failure (a client
+    /// that dies after posting part of a batch).
+    pub executed_prefix: usize,
+}
+
+/// A transport wrapper that makes its client "die": from a chosen doorbell
+/// on, every call fails with [`TransportError::Disconnected`], after letting
+/// a prefix of that doorbell's batch execute. Like redb's countdown backend,
+/// for crash tests: run an operation once to count its doorbells, then replay
+/// it crashing at each one.
+#[derive(Debug)]
+pub struct FaultInjector<T> {
+    inner: T,
+    plan: Option<CrashPlan>,
+    doorbells: u64,
+    dead: bool,
+}
+
+impl<T: Transport> FaultInjector<T> {
+    /// Wraps `inner`; with `plan: None` it never fails.
+    pub fn new(inner: T, plan: Option<CrashPlan>) -> Self {
+        Self {
+            inner,
+            plan,
+            doorbells: 0,
+            dead: false,
+        }
+    }
+
+    /// Doorbells seen so far (including the failing one).
+    pub fn doorbells(&self) -> u64 {
+        self.doorbells
+    }
+
+    /// Whether the crash has happened.
+    pub fn is_dead(&self) -> bool {
+        self.dead
+    }
+
+    /// Sets (or clears) the crash plan; doorbells are counted from now on.
+    pub fn set_plan(&mut self, plan: Option<CrashPlan>) {
+        self.plan = plan;
+        self.doorbells = 0;
+    }
+
+    /// The wrapped transport.
+    pub fn into_inner(self) -> T {
+        self.inner
+    }
+}
+
+impl<T: Transport> Transport for FaultInjector<T> {
+    fn execute(&mut self, batch: &[RemoteOp<'_>]) -> Result<Vec<OpResult>, TransportError> {
+        if self.dead {
+            return Err(TransportError::Disconnected);
+        }
+        self.doorbells += 1;
+        match self.plan {
+            Some(plan) if plan.at_doorbell == self.doorbells => {
+                self.dead = true;
+                let prefix = batch.get(..plan.executed_prefix).unwrap_or(batch);
+                if !prefix.is_empty() {
+                    // The posted part reaches memory; its results are lost.
+                    let _ = self.inner.execute(prefix);
+                }
+                Err(TransportError::Disconnected)
+            }
+            _ => self.inner.execute(batch),
+        }
+    }
+
+    fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {
+        if self.dead {
+            return Err(TransportError::Disconnected);
+        }
+        self.inner.alloc_block(node, size)
+    }
+
+    fn nodes(&self) -> u8 {
+        self.inner.nodes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A transport that records batches and answers with fixed results.
+    #[derive(Default)]
+    struct Recorder {
+        batches: Vec<usize>,
+    }
+
+    impl Transport for Recorder {
+        fn execute(&mut self, batch: &[RemoteOp<'_>]) -> Result<Vec<OpResult>, TransportError> {
+            self.batches.push(batch.len());
+            Ok(batch.iter().map(|_| OpResult::Written).collect())
+        }
+        fn alloc_block(&mut self, node: u8, _size: u64) -> Result<RemotePtr, TransportError> {
+            Ok(RemotePtr::new(node, 4096).unwrap())
+        }
+        fn nodes(&self) -> u8 {
+            1
+        }
+    }
+
+    fn p(off: u64) -> RemotePtr {
+        RemotePtr::new(0, off).unwrap()
+    }
+
+    #[test]
+    fn stats_count_doorbells_ops_and_bytes() {
+        let mut s = TransportStats::default();
+        let bytes = [0u8; 100];
+        s.record(&[
+            RemoteOp::Read {
+                ptr: p(0),
+                len: 128,
+            },
+            RemoteOp::Write {
+                ptr: p(64),
+                bytes: &bytes,
+            },
+            RemoteOp::Cas {
+                ptr: p(8),
+                expect: 0,
+                new: 1,
+            },
+            RemoteOp::Faa { ptr: p(16), add: 1 },
+        ]);
+        let before = s;
+        s.record(&[RemoteOp::Read { ptr: p(0), len: 64 }]);
+        assert_eq!(
+            before,
+            TransportStats {
+                round_trips: 1,
+                ops: 4,
+                reads: 1,
+                writes: 1,
+                atomics: 2,
+                bytes_read: 128,
+                bytes_written: 100,
+                block_rpcs: 0
+            }
+        );
+        let d = s.since(&before);
+        assert_eq!((d.round_trips, d.ops, d.bytes_read), (1, 1, 64));
+    }
+
+    #[test]
+    fn fault_injector_crashes_at_doorbell_with_prefix() {
+        let plan = CrashPlan {
+            at_doorbell: 2,
+            executed_prefix: 1,
+        };
+        let mut t = FaultInjector::new(Recorder::default(), Some(plan));
+        let batch = [
+            RemoteOp::Read { ptr: p(0), len: 8 },
+            RemoteOp::Read { ptr: p(8), len: 8 },
+        ];
+        assert!(t.execute(&batch).is_ok());
+        assert_eq!(t.execute(&batch), Err(TransportError::Disconnected));
+        assert!(t.is_dead());
+        assert_eq!(t.execute(&batch), Err(TransportError::Disconnected));
+        assert_eq!(t.alloc_block(0, 64), Err(TransportError::Disconnected));
+        assert_eq!(t.doorbells(), 2);
+        assert_eq!(t.nodes(), 1);
+        // Doorbell 1 fully, doorbell 2 only its first op.
+        assert_eq!(t.into_inner().batches, vec![2, 1]);
+        let mut healthy = FaultInjector::new(Recorder::default(), None);
+        for _ in 0..5 {
+            assert!(healthy.execute(&batch).is_ok());
+        }
+        assert_eq!(
+            RemoteOp::Faa { ptr: p(16), add: 1 }.ptr(),
+            RemoteOp::Read { ptr: p(16), len: 1 }.ptr()
+        );
+        assert_eq!(OpResult::Cas { old: 3 }.cas_old(), Some(3));
+        assert_eq!(OpResult::Written.read_bytes(), None);
+        assert_eq!(OpResult::Faa { old: 5 }.faa_old(), Some(5));
+    }
+}
