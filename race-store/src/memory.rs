@@ -109,28 +109,127 @@ struct Heap {
     blocks: u64,
 }
 
-/// One memory node: a region of atomic words and a coarse block allocator.
+/// The bytes behind a memory node: plain atomic words in this process
+/// ([`WordMemory`]), or a registered RDMA region (see `crate::rdma`).
+/// Callers check ranges before calling.
+pub trait NodeMemory: Send + Sync + std::fmt::Debug {
+    /// Size in bytes.
+    fn len_bytes(&self) -> u64;
+    /// Copies `buf.len()` bytes at `offset` out (in range).
+    fn read_into(&self, offset: u64, buf: &mut [u8]);
+    /// Copies `bytes` in at `offset` (in range).
+    fn write_from(&self, offset: u64, bytes: &[u8]);
+}
+
+/// A region of atomic words in this process (no `unsafe`): byte reads and
+/// writes are assembled from words; partial words are merged with a CAS
+/// loop so concurrent writers of other bytes of the word are not lost.
 #[derive(Debug)]
-pub struct MemoryNode {
-    id: u8,
+pub struct WordMemory {
     words: Box<[AtomicU64]>,
+}
+
+impl WordMemory {
+    /// `bytes` zeroed bytes (rounded up to 8).
+    pub fn new(bytes: u64) -> Self {
+        let n = usize::try_from(bytes.div_ceil(8)).unwrap_or(0);
+        WordMemory {
+            words: (0..n).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    fn word(&self, offset: u64) -> Option<&AtomicU64> {
+        usize::try_from(offset / 8)
+            .ok()
+            .and_then(|i| self.words.get(i))
+    }
+}
+
+impl NodeMemory for WordMemory {
+    fn len_bytes(&self) -> u64 {
+        self.words.len() as u64 * 8
+    }
+
+    fn read_into(&self, offset: u64, buf: &mut [u8]) {
+        let end = offset + buf.len() as u64;
+        let mut at = offset;
+        let mut filled = 0;
+        while at < end {
+            let word = self.word(at).map_or(0, |w| w.load(Ordering::SeqCst)).to_le_bytes();
+            let from = (at % 8) as usize;
+            let take = (8 - from).min((end - at) as usize);
+            if let (Some(dst), Some(src)) = (buf.get_mut(filled..filled + take), word.get(from..from + take)) {
+                dst.copy_from_slice(src);
+            }
+            filled += take;
+            at += take as u64;
+        }
+    }
+
+    fn write_from(&self, offset: u64, bytes: &[u8]) {
+        let mut at = offset;
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            let from = (at % 8) as usize;
+            let take = (8 - from).min(rest.len());
+            let (chunk, tail) = rest.split_at(take);
+            if let Some(word) = self.word(at) {
+                if take == 8 {
+                    let mut w = [0u8; 8];
+                    w.copy_from_slice(chunk);
+                    word.store(u64::from_le_bytes(w), Ordering::SeqCst);
+                } else {
+                    let _ = word.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |old| {
+                        let mut w = old.to_le_bytes();
+                        if let Some(dst) = w.get_mut(from..from + take) {
+                            dst.copy_from_slice(chunk);
+                        }
+                        Some(u64::from_le_bytes(w))
+                    });
+                }
+            }
+            at += take as u64;
+            rest = tail;
+        }
+    }
+}
+
+/// One memory node: a region and a coarse block allocator. In process
+/// ([`WordMemory`], the default) it also serves one-sided operations
+/// itself; over RDMA the NIC does.
+#[derive(Debug)]
+pub struct MemoryNode<M: NodeMemory = WordMemory> {
+    id: u8,
+    mem: M,
     heap: Mutex<Heap>,
     down: AtomicBool,
 }
 
 impl MemoryNode {
-    /// A zeroed node `id` of `bytes` bytes (rounded up to 8).
+    /// A zeroed in-process node `id` of `bytes` bytes (rounded up to 8).
     pub fn new(id: u8, bytes: u64) -> Self {
-        let n = usize::try_from(bytes.div_ceil(8)).unwrap_or(0);
-        Self {
+        MemoryNode::with_memory(id, WordMemory::new(bytes))
+    }
+}
+
+impl<M: NodeMemory> MemoryNode<M> {
+    /// Node `id` over `mem` (zeroed), its heap starting after the reserved
+    /// prefix.
+    pub fn with_memory(id: u8, mem: M) -> Self {
+        MemoryNode {
             id,
-            words: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            mem,
             heap: Mutex::new(Heap {
                 next: RESERVED_PREFIX,
                 blocks: 0,
             }),
             down: AtomicBool::new(false),
         }
+    }
+
+    /// The memory behind the node.
+    pub fn memory(&self) -> &M {
+        &self.mem
     }
 
     /// The node id.
@@ -140,7 +239,7 @@ impl MemoryNode {
 
     /// Size of the region in bytes.
     pub fn capacity(&self) -> u64 {
-        self.words.len() as u64 * 8
+        self.mem.len_bytes()
     }
 
     /// Whether the node is failed.
@@ -248,97 +347,25 @@ impl MemoryNode {
         }
     }
 
-    /// The word holding byte `offset` (in range after `check`).
-    fn word(&self, offset: u64) -> Result<&AtomicU64, TransportError> {
-        usize::try_from(offset / 8)
-            .ok()
-            .and_then(|i| self.words.get(i))
-            .ok_or_else(|| self.out_of_bounds(offset, 8))
-    }
-
-    fn atomic_word(&self, offset: u64) -> Result<&AtomicU64, TransportError> {
-        self.check(offset, 8)?;
-        if offset % 8 != 0 {
-            return Err(TransportError::Misaligned {
-                ptr: RemotePtr::from_bits(u64::from(self.id) << 40 | offset),
-            });
-        }
-        self.word(offset)
-    }
-
-    /// Reads `len` bytes at `offset` (word by word).
+    /// Reads `len` bytes at `offset`.
     ///
     /// # Errors
     /// [`TransportError::NodeDown`] or [`TransportError::OutOfBounds`].
     pub fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>, TransportError> {
         self.check(offset, len as u64)?;
-        let mut out = Vec::with_capacity(len);
-        let end = offset + len as u64;
-        let mut at = offset;
-        while at < end {
-            let word = self.word(at)?.load(Ordering::SeqCst).to_le_bytes();
-            let from = (at % 8) as usize;
-            let take = (8 - from).min((end - at) as usize);
-            out.extend_from_slice(word.get(from..from + take).unwrap_or(&[]));
-            at += take as u64;
-        }
+        let mut out = vec![0u8; len];
+        self.mem.read_into(offset, &mut out);
         Ok(out)
     }
 
-    /// Writes `bytes` at `offset`: whole words are stored, partial words are
-    /// merged with a CAS loop (so concurrent writers of other bytes of the
-    /// same word are not lost).
+    /// Writes `bytes` at `offset`.
     ///
     /// # Errors
     /// [`TransportError::NodeDown`] or [`TransportError::OutOfBounds`].
     pub fn write(&self, offset: u64, bytes: &[u8]) -> Result<(), TransportError> {
         self.check(offset, bytes.len() as u64)?;
-        let mut at = offset;
-        let mut rest = bytes;
-        while !rest.is_empty() {
-            let from = (at % 8) as usize;
-            let take = (8 - from).min(rest.len());
-            let (chunk, tail) = rest.split_at(take);
-            let word = self.word(at)?;
-            if take == 8 {
-                let mut w = [0u8; 8];
-                w.copy_from_slice(chunk);
-                word.store(u64::from_le_bytes(w), Ordering::SeqCst);
-            } else {
-                let _ = word.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |old| {
-                    let mut w = old.to_le_bytes();
-                    if let Some(dst) = w.get_mut(from..from + take) {
-                        dst.copy_from_slice(chunk);
-                    }
-                    Some(u64::from_le_bytes(w))
-                });
-            }
-            at += take as u64;
-            rest = tail;
-        }
+        self.mem.write_from(offset, bytes);
         Ok(())
-    }
-
-    /// Compare-and-swap of the word at `offset`; returns the previous value.
-    ///
-    /// # Errors
-    /// [`TransportError::NodeDown`], [`TransportError::OutOfBounds`] or
-    /// [`TransportError::Misaligned`].
-    pub fn cas(&self, offset: u64, expect: u64, new: u64) -> Result<u64, TransportError> {
-        let word = self.atomic_word(offset)?;
-        Ok(
-            match word.compare_exchange(expect, new, Ordering::SeqCst, Ordering::SeqCst) {
-                Ok(old) | Err(old) => old,
-            },
-        )
-    }
-
-    /// Fetch-and-add of the word at `offset`; returns the previous value.
-    ///
-    /// # Errors
-    /// As [`MemoryNode::cas`].
-    pub fn faa(&self, offset: u64, add: u64) -> Result<u64, TransportError> {
-        Ok(self.atomic_word(offset)?.fetch_add(add, Ordering::SeqCst))
     }
 
     /// Allocates a block of `size` bytes (rounded up to 64), 64-byte aligned;
@@ -369,6 +396,43 @@ impl MemoryNode {
             _ => Err(oom),
         }
     }
+}
+
+impl MemoryNode<WordMemory> {
+    fn atomic_word(&self, offset: u64) -> Result<&AtomicU64, TransportError> {
+        self.check(offset, 8)?;
+        if offset % 8 != 0 {
+            return Err(TransportError::Misaligned {
+                ptr: RemotePtr::from_bits(u64::from(self.id) << 40 | offset),
+            });
+        }
+        self.mem
+            .word(offset)
+            .ok_or_else(|| self.out_of_bounds(offset, 8))
+    }
+
+    /// Compare-and-swap of the word at `offset`; returns the previous value.
+    ///
+    /// # Errors
+    /// [`TransportError::NodeDown`], [`TransportError::OutOfBounds`] or
+    /// [`TransportError::Misaligned`].
+    pub fn cas(&self, offset: u64, expect: u64, new: u64) -> Result<u64, TransportError> {
+        let word = self.atomic_word(offset)?;
+        Ok(
+            match word.compare_exchange(expect, new, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(old) | Err(old) => old,
+            },
+        )
+    }
+
+    /// Fetch-and-add of the word at `offset`; returns the previous value.
+    ///
+    /// # Errors
+    /// As [`MemoryNode::cas`].
+    pub fn faa(&self, offset: u64, add: u64) -> Result<u64, TransportError> {
+        Ok(self.atomic_word(offset)?.fetch_add(add, Ordering::SeqCst))
+    }
+
 }
 
 /// N memory nodes in this process, node 0 formatted with a table.
