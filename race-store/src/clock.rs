@@ -67,6 +67,30 @@ impl Clock for SystemClock {
     }
 }
 
+/// Microseconds since the Unix epoch: the same ticks in every process of a
+/// machine (and across NTP-synchronized machines, up to their skew, which
+/// the lease margins must cover). For clients in different processes, whose
+/// leases and deadlines must compare; [`SystemClock`] counts from its own
+/// creation. Never goes backwards within a process (a wall-clock step back
+/// holds the clock until real time catches up).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WallClock;
+
+static WALL_LAST: AtomicU64 = AtomicU64::new(0);
+
+impl Clock for WallClock {
+    fn now(&self) -> u64 {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        WALL_LAST.fetch_max(t, Ordering::Relaxed).max(t)
+    }
+
+    fn backoff(&self, attempt: u32) {
+        SystemClock::new().backoff(attempt);
+    }
+}
+
 /// A clock that only moves when told to (tests).
 #[derive(Debug, Default)]
 pub struct ManualClock {

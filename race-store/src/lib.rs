@@ -156,6 +156,7 @@ pub mod error;
 pub mod hash;
 pub mod layout;
 pub mod memory;
+pub mod rdma;
 pub mod remote;
 
 #[cfg(test)]

@@ -155,10 +155,16 @@ impl NodeMemory for WordMemory {
         let mut at = offset;
         let mut filled = 0;
         while at < end {
-            let word = self.word(at).map_or(0, |w| w.load(Ordering::SeqCst)).to_le_bytes();
+            let word = self
+                .word(at)
+                .map_or(0, |w| w.load(Ordering::SeqCst))
+                .to_le_bytes();
             let from = (at % 8) as usize;
             let take = (8 - from).min((end - at) as usize);
-            if let (Some(dst), Some(src)) = (buf.get_mut(filled..filled + take), word.get(from..from + take)) {
+            if let (Some(dst), Some(src)) = (
+                buf.get_mut(filled..filled + take),
+                word.get(from..from + take),
+            ) {
                 dst.copy_from_slice(src);
             }
             filled += take;
@@ -432,7 +438,6 @@ impl MemoryNode<WordMemory> {
     pub fn faa(&self, offset: u64, add: u64) -> Result<u64, TransportError> {
         Ok(self.atomic_word(offset)?.fetch_add(add, Ordering::SeqCst))
     }
-
 }
 
 /// N memory nodes in this process, node 0 formatted with a table.

@@ -172,6 +172,24 @@ pub enum TransportError {
     /// This client's connection is gone (fault injection: the client "died").
     #[error("transport disconnected")]
     Disconnected,
+    /// The transport could not be set up (a memory node unknown to the
+    /// meta server, no memory for buffers, ...).
+    #[error("transport setup: {what}: {reason}")]
+    Setup {
+        /// What was being set up.
+        what: &'static str,
+        /// Why it failed.
+        reason: String,
+    },
+    /// The local side refused the operation before it reached the network
+    /// (the KRCore pre-check: out of the node's grant, for example).
+    #[error("memory node {node}: refused: {reason}")]
+    Refused {
+        /// The memory node.
+        node: u8,
+        /// Why.
+        reason: String,
+    },
     /// The transport returned results that do not match the batch.
     #[error("malformed transport response: {reason}")]
     BadResponse {

@@ -194,7 +194,10 @@ mod tests {
             rpc_qkey: RPC_QKEY,
         };
         assert_eq!(NodeInfo::decode(&info.encode()).unwrap(), info);
-        let req = AllocRequest { req_id: 9, size: 1 << 20 };
+        let req = AllocRequest {
+            req_id: 9,
+            size: 1 << 20,
+        };
         assert_eq!(AllocRequest::decode(&req.encode()).unwrap(), req);
         for offset in [Some(4096), None] {
             let r = AllocReply { req_id: 9, offset };

@@ -84,7 +84,9 @@ impl<N: Nic> VqpTransport<N> {
                     reason: format!("entry {i} describes node {}", info.id),
                 });
             }
-            let vqp = engine.create_vqp().map_err(|e| setup("create a VQP")(e.to_string()))?;
+            let vqp = engine
+                .create_vqp()
+                .map_err(|e| setup("create a VQP")(e.to_string()))?;
             vqp.connect(info.gid)
                 .map_err(|e| setup("connect to a memory node")(e.to_string()))?;
             vqp.add_grant(
@@ -124,7 +126,10 @@ impl<N: Nic> VqpTransport<N> {
 
     fn remote_addr(&self, ptr: RemotePtr) -> Result<(usize, u64, u32), TransportError> {
         let n = usize::from(ptr.node());
-        let r = self.remotes.get(n).ok_or(TransportError::NoSuchNode { node: ptr.node() })?;
+        let r = self
+            .remotes
+            .get(n)
+            .ok_or(TransportError::NoSuchNode { node: ptr.node() })?;
         Ok((n, r.info.base + ptr.offset(), r.info.rkey))
     }
 
@@ -340,14 +345,18 @@ impl<N: Nic> Transport for VqpTransport<N> {
                     if p.len() < ALLOC_REPLY_LEN {
                         continue;
                     }
-                    let Ok(reply) = AllocReply::decode(p) else { continue };
+                    let Ok(reply) = AllocReply::decode(p) else {
+                        continue;
+                    };
                     if reply.req_id != req_id {
                         continue;
                     }
                     return match reply.offset {
-                        Some(off) => RemotePtr::new(node, off).map_err(|_| TransportError::BadResponse {
-                            reason: "allocated offset out of range",
-                        }),
+                        Some(off) => {
+                            RemotePtr::new(node, off).map_err(|_| TransportError::BadResponse {
+                                reason: "allocated offset out of range",
+                            })
+                        }
                         None => Err(TransportError::OutOfMemory { node, size }),
                     };
                 }
