@@ -145,3 +145,37 @@ fn get_is_two_doorbells_and_connect_creates_no_qp() {
     // same group, as in this one-group table), then the KV block.
     assert!((2..=3).contains(&d.reads), "{d:?}");
 }
+
+#[test]
+fn batches_larger_than_a_vqp_run_as_several_doorbells() {
+    use race_store::layout::slot::RemotePtr;
+    use race_store::remote::{OpResult, RemoteOp, Transport};
+    let c = cluster(1, 16 << 20);
+    let node = Node::builder().join(&c.meta).build().unwrap();
+    let mut t = VqpTransport::connect(&node, &c.infos).unwrap();
+    let base = 8 << 20;
+    let writes: Vec<Vec<u8>> = (0..1000u64).map(|i| i.to_le_bytes().repeat(8)).collect();
+    let ops: Vec<RemoteOp<'_>> = writes
+        .iter()
+        .enumerate()
+        .map(|(i, w)| RemoteOp::Write {
+            ptr: RemotePtr::new(0, base + 64 * i as u64).unwrap(),
+            bytes: w,
+        })
+        .collect();
+    assert!(t
+        .execute(&ops)
+        .unwrap()
+        .iter()
+        .all(|r| *r == OpResult::Written));
+    let reads: Vec<RemoteOp<'_>> = (0..1000u64)
+        .map(|i| RemoteOp::Read {
+            ptr: RemotePtr::new(0, base + 64 * i).unwrap(),
+            len: 64,
+        })
+        .collect();
+    let got = t.execute(&reads).unwrap();
+    for (i, r) in got.iter().enumerate() {
+        assert_eq!(r.read_bytes(), Some(&writes[i][..]));
+    }
+}

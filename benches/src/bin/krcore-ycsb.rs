@@ -3,17 +3,25 @@
 //!
 //! ```text
 //! krcore-ycsb [--workload a|b|c|d|f|PATH] [--records N] [--operations N]
-//!             [--threads N] [--db dashmap|redis] [--json PATH] [--seed N]
+//!             [--threads N] [--db race|dashmap|redis] [--memory-nodes N]
+//!             [--latency-model none|cx4] [--json PATH] [--seed N]
 //! ```
+//!
+//! With no arguments: the RACE store on an embedded `sim:mem` cluster (a
+//! meta server, two memory nodes, one compute node per client thread),
+//! YCSB workload A after a load phase.
 
 use clap::{Parser, ValueEnum};
-use krcore_benches::driver::{self, Backend, MapBackend, RedisBackend, RunOptions};
+use krcore_benches::driver::{self, Backend, MapBackend, RaceBackend, RedisBackend, RunOptions};
 use krcore_benches::ycsb::{KeySpace, Workload};
+use krcore_nic::sim::LatencyModel;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Db {
+    /// The RACE store over KRCore on an embedded sim:mem cluster.
+    Race,
     /// An in-process concurrent map (the upper bound).
     Dashmap,
     /// A redis-server the driver starts on loopback (needs redis-server).
@@ -37,8 +45,18 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     threads: usize,
     /// Backend.
-    #[arg(long, value_enum, default_value_t = Db::Dashmap)]
+    #[arg(long, value_enum, default_value_t = Db::Race)]
     db: Db,
+    /// Memory nodes of the race cluster.
+    #[arg(long, default_value_t = 2)]
+    memory_nodes: u8,
+    /// Megabytes of each memory node's region (allocated lazily).
+    #[arg(long, default_value_t = 2048)]
+    node_mb: u64,
+    /// Latency model of the sim fabric (race only): none or cx4. Figures
+    /// under a model are labelled modeled.
+    #[arg(long, default_value = "none")]
+    latency_model: String,
     /// Also write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -71,7 +89,25 @@ fn main() -> ExitCode {
     let records = args.records.unwrap_or(workload.record_count);
     let operations = args.operations.unwrap_or(workload.operation_count);
     workload = driver::sized(workload, records, operations);
+    let model = match LatencyModel::from_name(&args.latency_model) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("krcore-ycsb: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if model.is_some() && !matches!(args.db, Db::Race) {
+        eprintln!("krcore-ycsb: --latency-model applies to --db race only");
+        return ExitCode::from(2);
+    }
     let backend: Box<dyn Backend> = match args.db {
+        Db::Race => match RaceBackend::start(args.memory_nodes, args.node_mb << 20, model) {
+            Ok(r) => Box::new(r),
+            Err(e) => {
+                eprintln!("krcore-ycsb: {e}");
+                return ExitCode::from(2);
+            }
+        },
         Db::Dashmap => Box::new(MapBackend::new()),
         Db::Redis => match RedisBackend::start() {
             Ok(r) => Box::new(r),
@@ -126,6 +162,14 @@ fn main() -> ExitCode {
         }
     }
     if load.errors + run.errors > 0 {
+        for (phase, r) in [("load", &load), ("run", &run)] {
+            if let Some(e) = &r.first_error {
+                eprintln!(
+                    "krcore-ycsb: {phase} phase: {} failed, first error: {e}",
+                    r.errors
+                );
+            }
+        }
         eprintln!(
             "krcore-ycsb: {} operations failed",
             load.errors + run.errors

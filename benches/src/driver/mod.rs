@@ -7,10 +7,12 @@
 //! what their store needs.
 
 mod map;
+mod race;
 mod redis;
 mod run;
 
 pub use map::MapBackend;
+pub use race::RaceBackend;
 pub use redis::{RedisBackend, RedisError};
 pub use run::{run_load, run_phase, sized, PhaseError, PhaseResult, RunOptions};
 

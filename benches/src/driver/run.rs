@@ -46,6 +46,8 @@ pub struct PhaseResult {
     pub operations: u64,
     /// Operations that returned an error.
     pub errors: u64,
+    /// The first error a client thread saw, for the operator.
+    pub first_error: Option<String>,
 }
 
 /// Why a phase could not run.
@@ -132,23 +134,42 @@ impl Progress {
     }
 }
 
+thread_local! {
+    static FIRST_ERROR: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
 fn status_of(r: Result<Found, BackendError>) -> Status {
     match r {
         Ok(Found::Yes) => Status::Ok,
         Ok(Found::No) => Status::NotFound,
-        Err(_) => Status::Error,
+        Err(e) => {
+            FIRST_ERROR.with(|f| {
+                let mut f = f.borrow_mut();
+                if f.is_none() {
+                    *f = Some(e.to_string());
+                }
+            });
+            Status::Error
+        }
     }
+}
+
+/// The first error this thread recorded, cleared.
+fn take_first_error() -> Option<String> {
+    FIRST_ERROR.with(|f| f.borrow_mut().take())
 }
 
 fn finish_phase(
     backend: &dyn Backend,
-    per_thread: Vec<Measurements>,
+    per_thread: Vec<(Measurements, Option<String>)>,
     runtime: Duration,
     operations: u64,
 ) -> Result<PhaseResult, PhaseError> {
     let mut all = Measurements::new();
-    for m in &per_thread {
-        all.merge(m)?;
+    let mut first_error = None;
+    for (m, e) in per_thread {
+        all.merge(&m)?;
+        first_error = first_error.or(e);
     }
     let errors = all
         .iter()
@@ -165,6 +186,7 @@ fn finish_phase(
         runtime,
         operations,
         errors,
+        first_error,
     })
 }
 
@@ -185,41 +207,42 @@ pub fn run_load(
         .collect::<Result<_, _>>()?;
     let progress = Progress::start(opts.progress, workload.record_count, "load");
     let start = Instant::now();
-    let results: Vec<Result<Measurements, PhaseError>> = std::thread::scope(|s| {
-        let hs: Vec<_> = clients
-            .into_iter()
-            .enumerate()
-            .map(|(t, mut client)| {
-                let done = progress.done.clone();
-                s.spawn(move || {
-                    let mut m = Measurements::new();
-                    let mut value = Vec::new();
-                    let value_len = workload.value_size() as usize;
-                    let mut n = 0u64;
-                    while let Some(k) = keys.next_load_key() {
-                        let key = workload.key_name(k);
-                        fill_value(&mut value, value_len, k, 0);
-                        let t0 = Instant::now();
-                        let r = client.insert(key.as_bytes(), &value).map(|_| Found::Yes);
-                        m.record(Operation::Insert, status_of(r), t0.elapsed());
-                        n += 1;
-                        if n % 1024 == 0 {
-                            done.fetch_add(1024, Ordering::Relaxed);
+    let results: Vec<Result<(Measurements, Option<String>), PhaseError>> =
+        std::thread::scope(|s| {
+            let hs: Vec<_> = clients
+                .into_iter()
+                .enumerate()
+                .map(|(t, mut client)| {
+                    let done = progress.done.clone();
+                    s.spawn(move || {
+                        let mut m = Measurements::new();
+                        let mut value = Vec::new();
+                        let value_len = workload.value_size() as usize;
+                        let mut n = 0u64;
+                        while let Some(k) = keys.next_load_key() {
+                            let key = workload.key_name(k);
+                            fill_value(&mut value, value_len, k, 0);
+                            let t0 = Instant::now();
+                            let r = client.insert(key.as_bytes(), &value).map(|_| Found::Yes);
+                            m.record(Operation::Insert, status_of(r), t0.elapsed());
+                            n += 1;
+                            if n % 1024 == 0 {
+                                done.fetch_add(1024, Ordering::Relaxed);
+                            }
                         }
-                    }
-                    (t, m)
+                        (t, m, take_first_error())
+                    })
                 })
-            })
-            .collect();
-        hs.into_iter()
-            .enumerate()
-            .map(|(i, h)| {
-                h.join()
-                    .map(|(_, m)| m)
-                    .map_err(|_| PhaseError::Panicked(i))
-            })
-            .collect()
-    });
+                .collect();
+            hs.into_iter()
+                .enumerate()
+                .map(|(i, h)| {
+                    h.join()
+                        .map(|(_, m, e)| (m, e))
+                        .map_err(|_| PhaseError::Panicked(i))
+                })
+                .collect()
+        });
     let runtime = start.elapsed();
     progress.finish();
     let per_thread = results.into_iter().collect::<Result<Vec<_>, _>>()?;
@@ -249,77 +272,80 @@ pub fn run_phase(
     let total = workload.operation_count;
     let progress = Progress::start(opts.progress, total, "run");
     let start = Instant::now();
-    let results: Vec<Result<Measurements, PhaseError>> = std::thread::scope(|s| {
-        let hs: Vec<_> = clients
-            .into_iter()
-            .zip(gens)
-            .enumerate()
-            .map(|(t, (mut client, mut gen))| {
-                let done = progress.done.clone();
-                let share = total / threads as u64 + u64::from((t as u64) < total % threads as u64);
-                let seed = opts.seed.wrapping_add(t as u64);
-                s.spawn(move || {
-                    let mut rng = SmallRng::seed_from_u64(seed);
-                    let mut m = Measurements::new();
-                    let (mut value, mut out) = (Vec::new(), Vec::new());
-                    let value_len = workload.value_size() as usize;
-                    for i in 0..share {
-                        let req = gen.next_request(&mut rng, keys);
-                        let key = workload.key_name(req.keynum);
-                        let t0 = Instant::now();
-                        match req.op {
-                            Operation::Read => {
-                                let r = client.read(key.as_bytes(), &mut out);
-                                m.record(Operation::Read, status_of(r), t0.elapsed());
+    let results: Vec<Result<(Measurements, Option<String>), PhaseError>> =
+        std::thread::scope(|s| {
+            let hs: Vec<_> = clients
+                .into_iter()
+                .zip(gens)
+                .enumerate()
+                .map(|(t, (mut client, mut gen))| {
+                    let done = progress.done.clone();
+                    let share =
+                        total / threads as u64 + u64::from((t as u64) < total % threads as u64);
+                    let seed = opts.seed.wrapping_add(t as u64);
+                    s.spawn(move || {
+                        let mut rng = SmallRng::seed_from_u64(seed);
+                        let mut m = Measurements::new();
+                        let (mut value, mut out) = (Vec::new(), Vec::new());
+                        let value_len = workload.value_size() as usize;
+                        for i in 0..share {
+                            let req = gen.next_request(&mut rng, keys);
+                            let key = workload.key_name(req.keynum);
+                            let t0 = Instant::now();
+                            match req.op {
+                                Operation::Read => {
+                                    let r = client.read(key.as_bytes(), &mut out);
+                                    m.record(Operation::Read, status_of(r), t0.elapsed());
+                                }
+                                Operation::Update => {
+                                    fill_value(&mut value, value_len, req.keynum, i + 1);
+                                    let r = client.update(key.as_bytes(), &value);
+                                    m.record(Operation::Update, status_of(r), t0.elapsed());
+                                }
+                                Operation::Insert => {
+                                    fill_value(&mut value, value_len, req.keynum, 0);
+                                    let r =
+                                        client.insert(key.as_bytes(), &value).map(|_| Found::Yes);
+                                    m.record(Operation::Insert, status_of(r), t0.elapsed());
+                                    // Acknowledged whether or not it succeeded,
+                                    // as YCSB does in a `finally`.
+                                    keys.acknowledge_insert(req.keynum);
+                                }
+                                Operation::ReadModifyWrite => {
+                                    // YCSB measures the read, the write, and the whole.
+                                    let r = client.read(key.as_bytes(), &mut out);
+                                    let rs = status_of(r);
+                                    m.record(Operation::Read, rs, t0.elapsed());
+                                    let t1 = Instant::now();
+                                    fill_value(&mut value, value_len, req.keynum, i + 1);
+                                    let w = client.update(key.as_bytes(), &value);
+                                    let ws = status_of(w);
+                                    m.record(Operation::Update, ws, t1.elapsed());
+                                    let whole = if rs.is_ok() && ws.is_ok() {
+                                        Status::Ok
+                                    } else {
+                                        Status::Error
+                                    };
+                                    m.record(Operation::ReadModifyWrite, whole, t0.elapsed());
+                                }
+                                Operation::Scan => {
+                                    // Refused by ensure_no_scan above; counted if reached.
+                                    m.record(Operation::Scan, Status::Error, t0.elapsed());
+                                }
                             }
-                            Operation::Update => {
-                                fill_value(&mut value, value_len, req.keynum, i + 1);
-                                let r = client.update(key.as_bytes(), &value);
-                                m.record(Operation::Update, status_of(r), t0.elapsed());
-                            }
-                            Operation::Insert => {
-                                fill_value(&mut value, value_len, req.keynum, 0);
-                                let r = client.insert(key.as_bytes(), &value).map(|_| Found::Yes);
-                                m.record(Operation::Insert, status_of(r), t0.elapsed());
-                                // Acknowledged whether or not it succeeded,
-                                // as YCSB does in a `finally`.
-                                keys.acknowledge_insert(req.keynum);
-                            }
-                            Operation::ReadModifyWrite => {
-                                // YCSB measures the read, the write, and the whole.
-                                let r = client.read(key.as_bytes(), &mut out);
-                                let rs = status_of(r);
-                                m.record(Operation::Read, rs, t0.elapsed());
-                                let t1 = Instant::now();
-                                fill_value(&mut value, value_len, req.keynum, i + 1);
-                                let w = client.update(key.as_bytes(), &value);
-                                let ws = status_of(w);
-                                m.record(Operation::Update, ws, t1.elapsed());
-                                let whole = if rs.is_ok() && ws.is_ok() {
-                                    Status::Ok
-                                } else {
-                                    Status::Error
-                                };
-                                m.record(Operation::ReadModifyWrite, whole, t0.elapsed());
-                            }
-                            Operation::Scan => {
-                                // Refused by ensure_no_scan above; counted if reached.
-                                m.record(Operation::Scan, Status::Error, t0.elapsed());
+                            if i % 1024 == 1023 {
+                                done.fetch_add(1024, Ordering::Relaxed);
                             }
                         }
-                        if i % 1024 == 1023 {
-                            done.fetch_add(1024, Ordering::Relaxed);
-                        }
-                    }
-                    m
+                        (m, take_first_error())
+                    })
                 })
-            })
-            .collect();
-        hs.into_iter()
-            .enumerate()
-            .map(|(i, h)| h.join().map_err(|_| PhaseError::Panicked(i)))
-            .collect()
-    });
+                .collect();
+            hs.into_iter()
+                .enumerate()
+                .map(|(i, h)| h.join().map_err(|_| PhaseError::Panicked(i)))
+                .collect()
+        });
     let runtime = start.elapsed();
     progress.finish();
     let per_thread = results.into_iter().collect::<Result<Vec<_>, _>>()?;

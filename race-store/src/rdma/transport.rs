@@ -147,33 +147,9 @@ impl<N: Nic> VqpTransport<N> {
     }
 }
 
-fn vqp_error(node: u8, e: VqpError) -> TransportError {
-    match e {
-        VqpError::Rejected(r) => TransportError::Refused {
-            node,
-            reason: r.to_string(),
-        },
-        other => TransportError::Refused {
-            node,
-            reason: other.to_string(),
-        },
-    }
-}
-
-fn status_error(node: u8, ptr: RemotePtr, len: u64, status: WcStatus) -> TransportError {
-    match status {
-        WcStatus::RetryExcErr => TransportError::NodeDown { node },
-        WcStatus::RemAccessErr => TransportError::OutOfBounds { ptr, len },
-        WcStatus::RemInvReqErr => TransportError::Misaligned { ptr },
-        other => TransportError::Refused {
-            node,
-            reason: format!("completion status {other:?}"),
-        },
-    }
-}
-
-impl<N: Nic> Transport for VqpTransport<N> {
-    fn execute(&mut self, batch: &[RemoteOp<'_>]) -> Result<Vec<OpResult>, TransportError> {
+impl<N: Nic> VqpTransport<N> {
+    /// One doorbell per memory node for a batch of at most [`CHUNK`] ops.
+    fn execute_chunk(&mut self, batch: &[RemoteOp<'_>]) -> Result<Vec<OpResult>, TransportError> {
         // Lay the batch out in scratch.
         let mut offs = Vec::with_capacity(batch.len());
         let mut need = 0usize;
@@ -312,6 +288,49 @@ impl<N: Nic> Transport for VqpTransport<N> {
                     }
                 }
             });
+        }
+        Ok(out)
+    }
+}
+
+fn vqp_error(node: u8, e: VqpError) -> TransportError {
+    match e {
+        VqpError::Rejected(r) => TransportError::Refused {
+            node,
+            reason: r.to_string(),
+        },
+        other => TransportError::Refused {
+            node,
+            reason: other.to_string(),
+        },
+    }
+}
+
+fn status_error(node: u8, ptr: RemotePtr, len: u64, status: WcStatus) -> TransportError {
+    match status {
+        WcStatus::RetryExcErr => TransportError::NodeDown { node },
+        WcStatus::RemAccessErr => TransportError::OutOfBounds { ptr, len },
+        WcStatus::RemInvReqErr => TransportError::Misaligned { ptr },
+        other => TransportError::Refused {
+            node,
+            reason: format!("completion status {other:?}"),
+        },
+    }
+}
+
+/// Most ops in one doorbell per memory node. Larger batches (a split reads
+/// every KV block of a subtable) run as consecutive doorbells: per-node
+/// order is kept, and the scratch buffer is reused.
+const CHUNK: usize = 32;
+
+impl<N: Nic> Transport for VqpTransport<N> {
+    fn execute(&mut self, batch: &[RemoteOp<'_>]) -> Result<Vec<OpResult>, TransportError> {
+        if batch.len() <= CHUNK {
+            return self.execute_chunk(batch);
+        }
+        let mut out = Vec::with_capacity(batch.len());
+        for chunk in batch.chunks(CHUNK) {
+            out.extend(self.execute_chunk(chunk)?);
         }
         Ok(out)
     }
