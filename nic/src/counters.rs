@@ -42,6 +42,22 @@ pub struct Counters {
 }
 
 impl Counters {
+    /// Adds the per-QP data-path counters of `c` (state changes, DC target
+    /// switches, doorbells, WRs, operations and bytes) to `self`: how a
+    /// device folds a QP's counters into its totals.
+    pub fn add_data_path(&mut self, c: &Counters) {
+        self.state_changes += c.state_changes;
+        self.dc_target_switches += c.dc_target_switches;
+        self.doorbells += c.doorbells;
+        self.send_wrs += c.send_wrs;
+        self.reads += c.reads;
+        self.writes += c.writes;
+        self.sends += c.sends;
+        self.atomics += c.atomics;
+        self.bytes_read += c.bytes_read;
+        self.bytes_written += c.bytes_written;
+    }
+
     /// Network operations executed (READ, WRITE, SEND, atomics).
     pub fn network_ops(&self) -> u64 {
         self.reads + self.writes + self.sends + self.atomics

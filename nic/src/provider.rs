@@ -170,6 +170,54 @@ pub trait MemoryRegion: Clone + Send + Sync + 'static {
     }
 }
 
+/// Checks a send WR as a NIC driver does while building its WQE: the
+/// destination kind fits the transport, UD carries only SENDs, inline data
+/// only for WRITE/SEND and within `dev.max_inline`, SGEs within
+/// `caps.max_send_sge`, atomics with exactly one 8-byte SGE. Every provider
+/// refuses the same WRs the same way (`EINVAL`, [`crate::PostErrorKind::Malformed`]).
+///
+/// # Errors
+/// The reason, for [`crate::PostErrorKind::Malformed`].
+pub fn validate_send_wr(
+    qp_type: QpType,
+    caps: &QpCaps,
+    dev: &DeviceCaps,
+    wr: &SendWr,
+) -> std::result::Result<(), &'static str> {
+    use crate::types::{Destination, Payload, WrOp};
+    match (qp_type, &wr.dest) {
+        (QpType::Rc, Destination::Connected) => {}
+        (QpType::Dci, Destination::Dc(_)) => {}
+        (QpType::Ud, Destination::Ud(_)) => {}
+        (QpType::Rc, _) => return Err("an RC QP sends only to its connected peer"),
+        (QpType::Dci, _) => return Err("a DCI work request must name a DC target"),
+        (QpType::Ud, _) => return Err("a UD work request must name a UD destination"),
+        (QpType::Dct, _) => return Err("a DCT has no send queue"),
+    }
+    if qp_type == QpType::Ud && !matches!(wr.op, WrOp::Send | WrOp::SendImm { .. }) {
+        return Err("UD carries only SEND and SEND_WITH_IMM");
+    }
+    match &wr.payload {
+        Payload::Inline(d) => {
+            if matches!(wr.op, WrOp::Read { .. }) || wr.op.is_atomic() {
+                return Err("inline data only for WRITE and SEND");
+            }
+            if d.as_slice().len() > dev.max_inline as usize {
+                return Err("inline data larger than max_inline");
+            }
+        }
+        Payload::Local(sg) => {
+            if sg.as_slice().len() > caps.max_send_sge.max(1) as usize {
+                return Err("more SGEs than max_send_sge");
+            }
+            if wr.op.is_atomic() && (sg.as_slice().len() != 1 || sg.as_slice()[0].length != 8) {
+                return Err("an atomic needs exactly one 8-byte SGE");
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Checks that `offset..offset+len` lies within `0..total`.
 pub(crate) fn check_range(total: usize, offset: usize, len: usize) -> Result<()> {
     match offset.checked_add(len) {

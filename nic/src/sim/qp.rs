@@ -74,22 +74,9 @@ impl Drop for QpInner {
         }
         let st = self.send.get_mut();
         let mut r = self.node.retired.lock();
-        add(&mut r, &st.c);
+        r.add_data_path(&st.c);
         self.node.counters.qps_destroyed.fetch_add(1, Relaxed);
     }
-}
-
-fn add(into: &mut Counters, c: &Counters) {
-    into.state_changes += c.state_changes;
-    into.dc_target_switches += c.dc_target_switches;
-    into.doorbells += c.doorbells;
-    into.send_wrs += c.send_wrs;
-    into.reads += c.reads;
-    into.writes += c.writes;
-    into.sends += c.sends;
-    into.atomics += c.atomics;
-    into.bytes_read += c.bytes_read;
-    into.bytes_written += c.bytes_written;
 }
 
 impl QpInner {
@@ -98,7 +85,7 @@ impl QpInner {
     }
 
     pub(crate) fn add_counters(&self, into: &mut Counters) {
-        add(into, &self.send.lock().c);
+        into.add_data_path(&self.send.lock().c);
     }
 
     fn state(&self) -> QpState {
@@ -414,38 +401,8 @@ impl SimQp {
     /// Checks what a NIC driver checks while building a WQE (EINVAL).
     fn validate(&self, index: usize, wr: &SendWr) -> std::result::Result<(), PostError> {
         let q = &self.inner;
-        let m = |s| Err(Self::bad(index, PostErrorKind::Malformed(s)));
-        match (q.qp_type, &wr.dest) {
-            (QpType::Rc, Destination::Connected) => {}
-            (QpType::Dci, Destination::Dc(_)) => {}
-            (QpType::Ud, Destination::Ud(_)) => {}
-            (QpType::Rc, _) => return m("an RC QP sends only to its connected peer"),
-            (QpType::Dci, _) => return m("a DCI work request must name a DC target"),
-            (QpType::Ud, _) => return m("a UD work request must name a UD destination"),
-            (QpType::Dct, _) => return m("a DCT has no send queue"),
-        }
-        if q.qp_type == QpType::Ud && !matches!(wr.op, WrOp::Send | WrOp::SendImm { .. }) {
-            return m("UD carries only SEND and SEND_WITH_IMM");
-        }
-        match &wr.payload {
-            Payload::Inline(d) => {
-                if matches!(wr.op, WrOp::Read { .. }) || wr.op.is_atomic() {
-                    return m("inline data only for WRITE and SEND");
-                }
-                if d.as_slice().len() > q.node.caps.max_inline as usize {
-                    return m("inline data larger than max_inline");
-                }
-            }
-            Payload::Local(sg) => {
-                if sg.as_slice().len() > q.caps.max_send_sge.max(1) as usize {
-                    return m("more SGEs than max_send_sge");
-                }
-                if wr.op.is_atomic() && (sg.as_slice().len() != 1 || sg.as_slice()[0].length != 8) {
-                    return m("an atomic needs exactly one 8-byte SGE");
-                }
-            }
-        }
-        Ok(())
+        crate::provider::validate_send_wr(q.qp_type, &q.caps, &q.node.caps, wr)
+            .map_err(|s| Self::bad(index, PostErrorKind::Malformed(s)))
     }
 
     fn credits(&self, st: &SendState) -> u32 {

@@ -156,7 +156,7 @@ impl Nic for VerbsNic {
         let d = &self.inner;
         let mut c = *d.retired.lock();
         for q in d.qps.lock().iter().filter_map(Weak::upgrade) {
-            qp::add_counters(&mut c, &q.st.lock().c);
+            c.add_data_path(&q.st.lock().c);
         }
         c.qps_created = d.counters.qps_created.load(Relaxed);
         c.qps_destroyed = d.counters.qps_destroyed.load(Relaxed);

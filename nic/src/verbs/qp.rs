@@ -150,23 +150,10 @@ impl Drop for QpInner {
         let dev = &self.pd.dev;
         dev.recv.release_owner(self.owner);
         let mut st = self.shared.st.lock();
-        add_counters(&mut dev.retired.lock(), &st.c);
+        dev.retired.lock().add_data_path(&st.c);
         st.c = Counters::default();
         dev.counters.qps_destroyed.fetch_add(1, Relaxed);
     }
-}
-
-pub(crate) fn add_counters(into: &mut Counters, c: &Counters) {
-    into.state_changes += c.state_changes;
-    into.dc_target_switches += c.dc_target_switches;
-    into.doorbells += c.doorbells;
-    into.send_wrs += c.send_wrs;
-    into.reads += c.reads;
-    into.writes += c.writes;
-    into.sends += c.sends;
-    into.atomics += c.atomics;
-    into.bytes_read += c.bytes_read;
-    into.bytes_written += c.bytes_written;
 }
 
 /// A queue pair of a verbs device.

@@ -13,43 +13,17 @@ fn bad(index: usize, kind: PostErrorKind) -> PostError {
 /// Checks what a driver checks while building a WQE (EINVAL), so that every
 /// device refuses the same WRs the same way.
 pub(crate) fn validate(q: &QpInner, index: usize, wr: &SendWr) -> Result<(), PostError> {
-    let m = |s| Err(bad(index, PostErrorKind::Malformed(s)));
-    match (q.qp_type, &wr.dest) {
-        (QpType::Rc, Destination::Connected) => {}
-        (QpType::Dci, Destination::Dc(_)) => {}
-        (QpType::Ud, Destination::Ud(_)) => {}
-        (QpType::Rc, _) => return m("an RC QP sends only to its connected peer"),
-        (QpType::Dci, _) => return m("a DCI work request must name a DC target"),
-        (QpType::Ud, _) => return m("a UD work request must name a UD destination"),
-        (QpType::Dct, _) => return m("a DCT has no send queue"),
-    }
-    if q.qp_type == QpType::Ud {
-        if !matches!(wr.op, WrOp::Send | WrOp::SendImm { .. }) {
-            return m("UD carries only SEND and SEND_WITH_IMM");
-        }
-        if wr.payload.len() > q.pd.dev.caps.ud_mtu as u64 {
-            return m("a UD message larger than the path MTU");
-        }
-    }
-    match &wr.payload {
-        Payload::Inline(d) => {
-            if matches!(wr.op, WrOp::Read { .. }) || wr.op.is_atomic() {
-                return m("inline data only for WRITE and SEND");
+    let dev = &q.pd.dev.caps;
+    crate::provider::validate_send_wr(q.qp_type, &q.caps, dev, wr)
+        .and_then(|()| {
+            // rxe and mlx5 refuse an oversized UD message at post time.
+            if q.qp_type == QpType::Ud && wr.payload.len() > u64::from(dev.ud_mtu) {
+                Err("a UD message larger than the path MTU")
+            } else {
+                Ok(())
             }
-            if d.as_slice().len() > q.pd.dev.caps.max_inline as usize {
-                return m("inline data larger than max_inline");
-            }
-        }
-        Payload::Local(sg) => {
-            if sg.as_slice().len() > q.caps.max_send_sge.max(1) as usize {
-                return m("more SGEs than max_send_sge");
-            }
-            if wr.op.is_atomic() && (sg.as_slice().len() != 1 || sg.as_slice()[0].length != 8) {
-                return m("an atomic needs exactly one 8-byte SGE");
-            }
-        }
-    }
-    Ok(())
+        })
+        .map_err(|s| bad(index, PostErrorKind::Malformed(s)))
 }
 
 /// How many WRs of `wrs` can be posted, and the error for the first one that
