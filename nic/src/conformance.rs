@@ -468,9 +468,24 @@ pub fn dc_ops<N: Nic + Clone>(a: &N, b: &N) {
     assert_eq!(dci.state(), QpState::Err);
 }
 
+/// Behaviour where a device legitimately departs from the sim (verbs allows
+/// both), for [`error_completions_with`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Quirks {
+    /// The device refuses a misaligned atomic when it is posted (rxe:
+    /// `EINVAL`, nothing posted, QP still RTS) instead of completing it with
+    /// `REM_INV_REQ_ERR` and entering ERR.
+    pub misaligned_atomic_refused_at_post: bool,
+}
+
 /// Every remote and local protection error is a completion, not a panic; the
 /// QP enters ERR and later WRs flush until reset; reset + bring-up recovers.
 pub fn error_completions<N: Nic + Clone>(a: &N, b: &N) {
+    error_completions_with(a, b, Quirks::default());
+}
+
+/// [`error_completions`] for a device with [`Quirks`].
+pub fn error_completions_with<N: Nic + Clone>(a: &N, b: &N, quirks: Quirks) {
     let (sa, sb) = (Side::new(a, 4096), Side::new(b, 4096));
     let ro = b
         .alloc_mr(&sb.pd, 4096, Access::LOCAL_WRITE | Access::REMOTE_READ)
@@ -530,7 +545,24 @@ pub fn error_completions<N: Nic + Clone>(a: &N, b: &N) {
             WcStatus::LocProtErr,
         ),
     ];
+    let atomic_at_post = quirks.misaligned_atomic_refused_at_post;
     for (what, wr, status) in cases {
+        if atomic_at_post && what == "misaligned atomic" {
+            let (qa, _qb) = rc_pair(&sa, &sb, QpCaps::default());
+            let good = SendWr::read(2, sa.mr.sge(0, 8).unwrap(), sb.mr.remote(0));
+            let e = qa.post_send(&[wr.signaled(false), good]).unwrap_err();
+            assert_eq!(e.index, 0, "{e}");
+            assert!(matches!(e.kind, PostErrorKind::Malformed(_)), "{e}");
+            assert_eq!(
+                qa.state(),
+                QpState::Rts,
+                "a refused post leaves the QP alone"
+            );
+            assert_eq!(qa.send_credits(), qa.max_send_wr(), "nothing was posted");
+            qa.post_send(&[good]).unwrap();
+            ok(&poll_one(&sa.cq), 2);
+            continue;
+        }
         let (qa, _qb) = rc_pair(&sa, &sb, QpCaps::default());
         // The bad WR unsignaled, then two good ones: all three complete.
         let good = SendWr::read(2, sa.mr.sge(0, 8).unwrap(), sb.mr.remote(0));
@@ -585,16 +617,25 @@ pub fn error_completions<N: Nic + Clone>(a: &N, b: &N) {
     qa.post_send(&[SendWr::read(6, sa.mr.sge(0, 8).unwrap(), stale)])
         .unwrap();
     assert_eq!(poll_one(&sa.cq).status, WcStatus::RemAccessErr);
-    qa.modify(Transition::Reset).unwrap();
-    bring_up(
-        &qa,
-        Access::ALL,
-        Some(RcPeer {
-            gid: b.gid(),
-            qpn: qb.qpn(),
-        }),
-    )
-    .unwrap();
+    // A real RC responder that NAKs an access violation moves its own QP to
+    // ERR too (IB spec, responder class errors; rxe does, the sim does not):
+    // then both ends are reset and reconnected.
+    if qb.state() == QpState::Err {
+        qb.modify(Transition::Reset).unwrap();
+        qa.modify(Transition::Reset).unwrap();
+        connect_rc(&qa, a.gid(), &qb, b.gid());
+    } else {
+        qa.modify(Transition::Reset).unwrap();
+        bring_up(
+            &qa,
+            Access::ALL,
+            Some(RcPeer {
+                gid: b.gid(),
+                qpn: qb.qpn(),
+            }),
+        )
+        .unwrap();
+    }
     qa.post_send(&[SendWr::read(7, sa.mr.sge(0, 8).unwrap(), sb.mr.remote(0))])
         .unwrap();
     ok(&poll_one(&sa.cq), 7);

@@ -224,15 +224,14 @@ impl<N: Nic> Vqp<N> {
         remote_offset: u64,
         len: u32,
     ) -> Result<Request<N>> {
-        check(local_offset, len.into(), local.len() as u64, "local")?;
-        check(remote_offset, len.into(), remote.len, "remote")?;
-        self.prepare(remote)?;
-        let sge = local.sge(local_offset as usize, len)?;
-        self.submit(SendWr::read(
-            self.next_wr_id(),
-            sge,
-            remote.at(remote_offset),
-        ))
+        self.one_sided(
+            SendWr::read,
+            local,
+            local_offset,
+            remote,
+            remote_offset,
+            len,
+        )
     }
 
     /// WRITEs `len` bytes of `local` at `local_offset` to `remote` at
@@ -248,15 +247,31 @@ impl<N: Nic> Vqp<N> {
         remote_offset: u64,
         len: u32,
     ) -> Result<Request<N>> {
+        self.one_sided(
+            SendWr::write,
+            local,
+            local_offset,
+            remote,
+            remote_offset,
+            len,
+        )
+    }
+
+    /// A READ or WRITE between `local` and `remote` after range checks.
+    fn one_sided(
+        &self,
+        make: fn(u64, krcore_nic::Sge, krcore_nic::RemoteAddr) -> SendWr,
+        local: &MemoryRegion<N>,
+        local_offset: u64,
+        remote: &RemoteRegion,
+        remote_offset: u64,
+        len: u32,
+    ) -> Result<Request<N>> {
         check(local_offset, len.into(), local.len() as u64, "local")?;
         check(remote_offset, len.into(), remote.len, "remote")?;
         self.prepare(remote)?;
         let sge = local.sge(local_offset as usize, len)?;
-        self.submit(SendWr::write(
-            self.next_wr_id(),
-            sge,
-            remote.at(remote_offset),
-        ))
+        self.submit(make(self.next_wr_id(), sge, remote.at(remote_offset)))
     }
 
     fn scratch_sge(&self, wr_id: u64) -> Result<krcore_nic::Sge> {
