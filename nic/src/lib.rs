@@ -29,6 +29,7 @@
 pub mod conformance;
 pub mod counters;
 pub mod error;
+pub mod fault;
 pub mod provider;
 pub mod sim;
 pub mod types;
