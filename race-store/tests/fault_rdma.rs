@@ -1,0 +1,309 @@
+//! race-store over KRCore on a faulty NIC: two clients, each on its own
+//! compute node whose NIC is a `FaultNic<SimNic>` (delayed and reordered
+//! completions, WRs failing with `RETRY_EXC_ERR`/`REM_ACCESS_ERR`, QPs
+//! forced to ERR, memory node 1 dropped for a stretch of the script), run
+//! a seeded script of insert / update / delete / get on a shared key space
+//! over a tiny table (so splits happen), against a reference model.
+//!
+//! The model keeps, per key, the set of states the table may be in: an
+//! operation that fails with a typed transient error (`Transport`,
+//! `Contention`) may or may not have taken effect, so it widens the set; a
+//! successful operation must be consistent with the set and narrows it to
+//! one state. Checked:
+//! - no corrupted or stale value: every `get` returns a state in the set;
+//!   `insert`/`update`/`delete` outcomes (`KeyExists`, `NotFound`) agree;
+//! - no lost or duplicated operation: the final table (read by a client
+//!   without faults, `check_table`) has no problems, no duplicate key, and
+//!   every key in a state of its set;
+//! - errors are typed (`Corrupt`, `BadTable`, `Layout` never appear);
+//! - nothing hangs: every transport wait is bounded, and a client whose
+//!   transport failed is reopened (as a restarted process would be) a
+//!   bounded number of times.
+//!
+//! `KRCORE_FAULT_SEEDS` (default 20) and `KRCORE_FAULT_OPS` (operations per
+//! seed, default 120) scale the run.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use krcore::Node;
+use krcore_kmod::EngineConfig;
+use krcore_nic::fault::{FaultConfig, FaultNic};
+use krcore_nic::sim::{SimConfig, SimNic};
+use race_store::clock::{Clock, ManualClock};
+use race_store::layout::subtable::SubtableGeometry;
+use race_store::memory::TableConfig;
+use race_store::rdma::{MemoryServer, MemoryServerHandle, NodeInfo, VqpTransport};
+use race_store::{Client, ClientConfig, Error};
+
+type Fnic = FaultNic<SimNic>;
+type FClient = Client<VqpTransport<Fnic>>;
+
+const KEYS: u64 = 48;
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+struct Cluster {
+    meta: Node,
+    _servers: Vec<MemoryServerHandle>,
+    infos: Vec<NodeInfo>,
+}
+
+fn cluster() -> Cluster {
+    let meta = Node::builder()
+        .fabric("sim:mem")
+        .host_meta()
+        .build()
+        .unwrap();
+    let table = TableConfig {
+        geometry: SubtableGeometry::new(1).unwrap(),
+        initial_global_depth: 0,
+        max_global_depth: 12,
+    };
+    let mut servers = Vec::new();
+    let mut infos = Vec::new();
+    for id in 0..2u8 {
+        let node = Node::builder().join(&meta).build().unwrap();
+        let s = MemoryServer::start(&node, id, 16 << 20, &table, 2).unwrap();
+        infos.push(s.info());
+        servers.push(s.spawn(Duration::from_micros(50)));
+    }
+    Cluster {
+        meta,
+        _servers: servers,
+        infos,
+    }
+}
+
+/// A compute node on a faulty NIC.
+fn faulty_node(c: &Cluster, cfg: FaultConfig) -> Node<Fnic> {
+    let sim = SimNic::open(c.meta.fabric().unwrap(), SimConfig::default()).unwrap();
+    let cfg_engine = EngineConfig::default().with_meta(c.meta.meta_location().unwrap());
+    Node::with_nic(FaultNic::new(sim, cfg), cfg_engine).unwrap()
+}
+
+/// Opens a client on `node`, retrying typed setup failures (bounded).
+fn open(node: &Node<Fnic>, infos: &[NodeInfo], clock: &Arc<dyn Clock>) -> FClient {
+    let mut last = None;
+    for _ in 0..50 {
+        match VqpTransport::connect(node, infos) {
+            Ok(t) => match Client::open(t, clock.clone(), ClientConfig::default()) {
+                Ok(c) => return c,
+                Err(e) => last = Some(format!("{e:?}")),
+            },
+            Err(e) => last = Some(format!("{e:?}")),
+        }
+    }
+    panic!("a client could not be opened in 50 attempts: {last:?}");
+}
+
+type State = Option<Vec<u8>>;
+
+/// Per key: the states the table may be in.
+#[derive(Default)]
+struct Model {
+    keys: HashMap<Vec<u8>, Vec<State>>,
+}
+
+impl Model {
+    fn set(&mut self, k: &[u8]) -> &mut Vec<State> {
+        self.keys.entry(k.to_vec()).or_insert_with(|| vec![None])
+    }
+}
+
+fn transient(e: &Error) -> bool {
+    match e {
+        Error::Transport(_) | Error::Contention { .. } => true,
+        other => panic!("untyped or corrupt outcome under faults: {other:?}"),
+    }
+}
+
+fn add(set: &mut Vec<State>, s: State) {
+    if !set.contains(&s) {
+        set.push(s);
+    }
+}
+
+/// Runs one operation and checks/updates the model. Returns whether the
+/// client must be reopened.
+fn step(cl: &mut FClient, m: &mut Model, op: u64, k: &[u8], v: &[u8]) -> bool {
+    let set = m.set(k);
+    let has_some = set.iter().any(Option::is_some);
+    let has_none = set.contains(&None);
+    let ctx = |what: &str| format!("{what} {:?}: states {set:?}", String::from_utf8_lossy(k));
+    match op % 5 {
+        0 => match cl.get(k) {
+            Ok(x) => {
+                assert!(set.contains(&x), "{}: get returned {x:?}", ctx("stale/corrupt read"));
+                *set = vec![x];
+            }
+            Err(e) => return transient(&e),
+        },
+        1 => match cl.insert(k, v) {
+            Ok(()) => {
+                assert!(has_none, "{}", ctx("insert of a present key succeeded"));
+                *set = vec![Some(v.to_vec())];
+            }
+            Err(Error::KeyExists) => {
+                assert!(has_some, "{}", ctx("KeyExists for an absent key"));
+                set.retain(Option::is_some);
+            }
+            Err(e) => {
+                if has_none {
+                    add(set, Some(v.to_vec()));
+                }
+                return transient(&e);
+            }
+        },
+        2 => match cl.update(k, v) {
+            Ok(()) => {
+                assert!(has_some, "{}", ctx("update of an absent key succeeded"));
+                *set = vec![Some(v.to_vec())];
+            }
+            Err(Error::NotFound) => {
+                assert!(has_none, "{}", ctx("NotFound for a present key"));
+                *set = vec![None];
+            }
+            Err(e) => {
+                if has_some {
+                    add(set, Some(v.to_vec()));
+                }
+                return transient(&e);
+            }
+        },
+        3 => match cl.delete(k) {
+            Ok(()) => {
+                assert!(has_some, "{}", ctx("delete of an absent key succeeded"));
+                *set = vec![None];
+            }
+            Err(Error::NotFound) => {
+                assert!(has_none, "{}", ctx("NotFound for a present key"));
+                *set = vec![None];
+            }
+            Err(e) => {
+                add(set, None);
+                return transient(&e);
+            }
+        },
+        _ => match cl.insert(k, v) {
+            // A second insert flavour keeps the table growing (splits).
+            Ok(()) => {
+                assert!(has_none, "{}", ctx("insert of a present key succeeded"));
+                *set = vec![Some(v.to_vec())];
+            }
+            Err(Error::KeyExists) => {
+                assert!(has_some, "{}", ctx("KeyExists for an absent key"));
+                set.retain(Option::is_some);
+            }
+            Err(e) => {
+                if has_none {
+                    add(set, Some(v.to_vec()));
+                }
+                return transient(&e);
+            }
+        },
+    }
+    false
+}
+
+struct Outcome {
+    ok_or_typed: u64,
+    reopened: u64,
+    injected: u64,
+    global_depth: u8,
+}
+
+fn run_seed(seed: u64) -> Outcome {
+    let ops = env("KRCORE_FAULT_OPS", 120);
+    let c = cluster();
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(1, 1_000));
+    let cfg = |i: u64| FaultConfig {
+        fail_ppm: 15_000,
+        force_err_ppm: 5_000,
+        ..FaultConfig::chaos(seed * 2 + i, 6)
+    };
+    let nodes = [faulty_node(&c, cfg(0)), faulty_node(&c, cfg(1))];
+    let mut clients: Vec<FClient> = nodes.iter().map(|n| open(n, &c.infos, &clock)).collect();
+    let mut m = Model::default();
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut reopened = 0;
+    let drop_window = (seed % 2 == 0).then_some((ops / 3, ops / 2));
+    for i in 0..ops {
+        if let Some((from, to)) = drop_window {
+            for n in &nodes {
+                if i == from {
+                    n.engine().nic().drop_node(c.infos[1].gid);
+                }
+                if i == to {
+                    n.engine().nic().restore_node(c.infos[1].gid);
+                }
+            }
+        }
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let who = (x >> 40) as usize % 2;
+        let key = format!("k{}", (x >> 8) % KEYS).into_bytes();
+        let val = format!("s{seed}-op{i}-{}", "v".repeat((x % 40) as usize)).into_bytes();
+        if step(&mut clients[who], &mut m, x >> 20, &key, &val) {
+            clients[who] = open(&nodes[who], &c.infos, &clock);
+            reopened += 1;
+        }
+    }
+    for n in &nodes {
+        n.engine().nic().restore_node(c.infos[1].gid);
+    }
+    // A client without faults reads back the whole table.
+    let plain = Node::builder().join(&c.meta).build().unwrap();
+    let t = VqpTransport::connect(&plain, &c.infos).unwrap();
+    let mut checker = Client::open(t, clock.clone(), ClientConfig::default()).unwrap();
+    let report = checker.check_table().unwrap();
+    assert!(report.problems.is_empty(), "seed {seed}: {:?}", report.problems);
+    assert_eq!(report.duplicates, 0, "seed {seed}: duplicate keys visible");
+    let present: HashMap<_, _> = report.pairs.into_iter().collect();
+    for (k, set) in &m.keys {
+        let s = present.get(k).cloned();
+        assert!(
+            set.contains(&s),
+            "seed {seed}: key {:?} is {s:?}, model allows {set:?}",
+            String::from_utf8_lossy(k)
+        );
+    }
+    for k in present.keys() {
+        assert!(m.keys.contains_key(k), "seed {seed}: key {k:?} never written");
+    }
+    let injected = nodes
+        .iter()
+        .map(|n| {
+            let s = n.engine().nic().stats();
+            s.failed_wrs + s.forced_errs + s.dropped_wrs
+        })
+        .sum();
+    Outcome {
+        ok_or_typed: ops,
+        reopened,
+        injected,
+        global_depth: report.global_depth,
+    }
+}
+
+#[test]
+fn race_store_over_a_faulty_nic_stays_correct() {
+    let seeds = env("KRCORE_FAULT_SEEDS", 20);
+    let outs: Vec<Outcome> = (0..seeds).map(run_seed).collect();
+    let ops: u64 = outs.iter().map(|o| o.ok_or_typed).sum();
+    let reopened: u64 = outs.iter().map(|o| o.reopened).sum();
+    let injected: u64 = outs.iter().map(|o| o.injected).sum();
+    let split = outs.iter().filter(|o| o.global_depth > 0).count();
+    eprintln!(
+        "{seeds} seeds: {ops} operations checked, {injected} faults injected, \
+         {reopened} client reopens, {split} seeds with splits"
+    );
+    assert!(injected > 0 && reopened > 0 && split > 0);
+}
