@@ -158,6 +158,7 @@ pub mod layout;
 pub mod memory;
 pub mod rdma;
 pub mod remote;
+mod sync;
 
 #[cfg(test)]
 mod prop_tests;

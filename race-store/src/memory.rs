@@ -29,7 +29,8 @@
 //! when it opens. On other nodes the first 4 KiB are reserved too, so that
 //! offset 0 is never a valid block on any node.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::sync::AtomicU64;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::error::Error;
