@@ -8,6 +8,20 @@
 //! ci/loom.sh        # RUSTFLAGS="--cfg krcore_loom" LOOM_MAX_PREEMPTIONS=2, release
 //! ```
 //!
+//! # Models
+//!
+//! | file | protocol | invariant |
+//! |------|----------|-----------|
+//! | `tests/dccache.rs` | DCCache insert / invalidate / read (per-bucket seqlocks) | no torn or stale entry |
+//! | `tests/shared_qp.rs` | completion routing and send-queue credits on a shared physical QP (kmod's `SendQueueCredits` + per-VQP `SlotTable`s, host locking modeled) | no lost, duplicate or misrouted completion; no double credit; all credits free at the end |
+//! | `tests/race.rs` | the RACE client (race-store, unmodified) over memory whose words are loom atomics: racing inserts + duplicate removal, update/delete with a leftover duplicate, KV block reclamation | one copy visible after inserts settle; no stale read; a reclaimed block is never read reused |
+//!
+//! `shared_qp.rs` also holds `mutation_*` models with one protected step
+//! removed; they must fail (`should_panic`), so the checks are known to
+//! bite. The RACE mutations live in library code and were shown by
+//! temporary edits (see the crate's history). The VQP switch from DC to RC
+//! with in-flight work has no model yet.
+//!
 //! Each model states the invariant it protects. Writing a model: put the side
 //! that *checks* (a reader, a sweeper) in the spawned thread and the side that
 //! mutates in the main thread as well as in spawned ones; loom explores far

@@ -79,13 +79,20 @@ fn client(c: &LocalCluster, clock: &Arc<ModelClock>) -> Client<LocalTransport> {
 /// Invariant: two clients inserting one key at once leave exactly one copy
 /// visible once both inserts settle (duplicate removal keeps the lowest
 /// slot); exactly one insert succeeds and its value is the one read.
+///
+/// Identical views make both inserters pick the same slot (a CAS decides),
+/// so `b` first deletes another key `z` from the bucket `a` may choose
+/// around: `a` (having seen `z`) and `b` (not) can then CAS the key into two
+/// different slots, and only duplicate removal keeps one.
 #[test]
 fn racing_inserts_of_one_key_leave_one_copy() {
     loom::model(|| {
         let c = cluster();
         let clock = Arc::new(ModelClock::default());
         let (mut a, mut b) = (client(&c, &clock), client(&c, &clock));
+        a.insert(b"z", b"zz").unwrap();
         let t = thread::spawn(move || {
+            b.delete(b"z").unwrap();
             let r = b.insert(b"k", b"from-b");
             (r, b)
         });
