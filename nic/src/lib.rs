@@ -20,6 +20,11 @@
 //!   `libclang-dev`): real RDMA through rdma-sys, on ConnectX (with DC through
 //!   a small mlx5dv binding) or Soft-RoCE (RC/UD only; `caps().dc` is false).
 //!
+//! ## Wrappers
+//! - [`fault::FaultNic`]: wraps any provider and injects, from a seed, the
+//!   faults hardware produces (delayed/reordered completions within RDMA's
+//!   ordering, failed WRs, dropped nodes, QPs forced to ERR), for tests.
+//!
 //! ## Invariants every provider keeps
 //! See [`provider`] and the suite in [`conformance`], which runs unchanged on
 //! every provider.

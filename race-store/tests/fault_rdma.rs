@@ -140,7 +140,11 @@ fn step(cl: &mut FClient, m: &mut Model, op: u64, k: &[u8], v: &[u8]) -> bool {
     match op % 5 {
         0 => match cl.get(k) {
             Ok(x) => {
-                assert!(set.contains(&x), "{}: get returned {x:?}", ctx("stale/corrupt read"));
+                assert!(
+                    set.contains(&x),
+                    "{}: get returned {x:?}",
+                    ctx("stale/corrupt read")
+                );
                 *set = vec![x];
             }
             Err(e) => return transient(&e),
@@ -264,7 +268,11 @@ fn run_seed(seed: u64) -> Outcome {
     let t = VqpTransport::connect(&plain, &c.infos).unwrap();
     let mut checker = Client::open(t, clock.clone(), ClientConfig::default()).unwrap();
     let report = checker.check_table().unwrap();
-    assert!(report.problems.is_empty(), "seed {seed}: {:?}", report.problems);
+    assert!(
+        report.problems.is_empty(),
+        "seed {seed}: {:?}",
+        report.problems
+    );
     assert_eq!(report.duplicates, 0, "seed {seed}: duplicate keys visible");
     let present: HashMap<_, _> = report.pairs.into_iter().collect();
     for (k, set) in &m.keys {
@@ -276,7 +284,10 @@ fn run_seed(seed: u64) -> Outcome {
         );
     }
     for k in present.keys() {
-        assert!(m.keys.contains_key(k), "seed {seed}: key {k:?} never written");
+        assert!(
+            m.keys.contains_key(k),
+            "seed {seed}: key {k:?} never written"
+        );
     }
     let injected = nodes
         .iter()
