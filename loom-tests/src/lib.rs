@@ -16,11 +16,19 @@
 //! | `tests/shared_qp.rs` | completion routing and send-queue credits on a shared physical QP (kmod's `SendQueueCredits` + per-VQP `SlotTable`s, host locking modeled) | no lost, duplicate or misrouted completion; no double credit; all credits free at the end |
 //! | `tests/race.rs` | the RACE client (race-store, unmodified) over memory whose words are loom atomics: racing inserts + duplicate removal, update/delete with a leftover duplicate, KV block reclamation | one copy visible after inserts settle; no stale read; a reclaimed block is never read reused |
 //!
-//! `shared_qp.rs` also holds `mutation_*` models with one protected step
-//! removed; they must fail (`should_panic`), so the checks are known to
-//! bite. The RACE mutations live in library code and were shown by
-//! temporary edits (see the crate's history). The VQP switch from DC to RC
-//! with in-flight work has no model yet.
+//! Each model fails when the step it protects is removed. `shared_qp.rs`
+//! keeps its mutations as `mutation_*` models that must fail
+//! (`should_panic`); the RACE steps live in library code, so their
+//! mutations were applied as temporary edits, each caught by loom:
+//!
+//! | mutation (temporary edit) | model that failed | what it reported |
+//! |---------------------------|-------------------|------------------|
+//! | `insert_loop` skips `dedup` (client/write.rs) | `racing_inserts_of_one_key_leave_one_copy` | both inserts `Ok` |
+//! | `replace` CASes the lowest copy before removing the others (delete) | `reads_racing_update_and_delete_are_never_stale` | stale read after the update returned |
+//! | `reclaim` ignores `grace_ticks` (client/alloc.rs) | `a_block_is_not_reused_within_its_grace_period` | reader saw `None` (another key's block) |
+//! | `get` skips its `fresh` deadline check (client/mod.rs) | `a_reader_never_uses_a_block_reused_after_its_grace_period` | reader saw `None` |
+//!
+//! The VQP switch from DC to RC with in-flight work has no model yet.
 //!
 //! Each model states the invariant it protects. Writing a model: put the side
 //! that *checks* (a reader, a sweeper) in the spawned thread and the side that
