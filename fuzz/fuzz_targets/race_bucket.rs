@@ -16,7 +16,13 @@ fuzz_target!(|data: &[u8]| {
     let fp = NonZeroU8::new(data.first().copied().unwrap_or(1).max(1)).unwrap();
     for buf in [data.to_vec(), padded(data, 64), padded(data, 192)] {
         if let Ok(b) = Bucket::new_checked(&buf[..]) {
-            let _ = (b.local_depth(), b.suffix(), b.header(), b.load(), b.first_free());
+            let _ = (
+                b.local_depth(),
+                b.suffix(),
+                b.header(),
+                b.load(),
+                b.first_free(),
+            );
             let _ = b.matching(fp).count();
             for i in 0..8 {
                 let _ = b.slot(i);
