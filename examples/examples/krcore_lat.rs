@@ -171,7 +171,7 @@ mod lat {
 
     /// p50 (`t_typical`) and p99 in cycles, computed as perftest's
     /// `print_report_lat` does from the post stamps.
-    fn perftest_stats(stamps: &[u64]) -> (f64, f64) {
+    fn perftest_stats(stamps: &[u64]) -> (f64, f64, f64) {
         let mut d: Vec<u64> = stamps.windows(2).map(|w| w[1] - w[0]).collect();
         d.sort_unstable();
         let m = d.len() - 2; // LAT_MEASURE_TAIL
@@ -181,7 +181,7 @@ mod lat {
             d[m / 2] as f64
         };
         let i99 = ((m as f64) * 0.99).ceil() as usize;
-        (median, d[i99.min(d.len() - 1)] as f64)
+        (median, d[i99.min(d.len() - 1)] as f64, d[0] as f64)
     }
 
     /// Runs `iters` round trips of `one` (post one WR, spin on its
@@ -207,7 +207,7 @@ mod lat {
                 spun.push((r.posted_at.wrapping_sub(at) as f64, f64::from(r.spins)));
             }
         }
-        let (p50, p99) = perftest_stats(&stamps);
+        let (p50, p99, min) = perftest_stats(&stamps);
         let (post, spins) = if spun.is_empty() {
             (None, None)
         } else {
@@ -219,6 +219,7 @@ mod lat {
         Ok(Timing {
             p50,
             p99,
+            min,
             post,
             spins,
         })
@@ -236,6 +237,9 @@ mod lat {
     struct Timing {
         p50: f64,
         p99: f64,
+        /// `t_min`: the machine at its best (the host is shared; a loaded
+        /// spell shifts p50 of one contender but rarely everyone's minimum).
+        min: f64,
         post: Option<f64>,
         spins: Option<f64>,
     }
@@ -318,11 +322,12 @@ mod lat {
                 String::from_utf8_lossy(&out.stderr)
             ));
         }
-        let (p50, p99) = parse_report(&text)
+        let (p50, p99, min) = parse_report(&text)
             .ok_or_else(|| format!("no report line in {tool}'s output: {text}"))?;
         Ok(Timing {
             p50,
             p99,
+            min,
             post: None,
             spins: None,
         })
@@ -361,7 +366,7 @@ mod lat {
 
     /// The report line after perftest's `t_typical` header: `bytes iters
     /// t_min t_max t_typical t_avg t_stdev 99% 99.9%`.
-    fn parse_report(text: &str) -> Option<(f64, f64)> {
+    fn parse_report(text: &str) -> Option<(f64, f64, f64)> {
         let mut lines = text.lines().skip_while(|l| !l.contains("t_typical"));
         lines.next()?;
         let f: Vec<f64> = lines
@@ -369,7 +374,7 @@ mod lat {
             .split_whitespace()
             .map(|w| w.parse::<f64>().unwrap_or(f64::NAN))
             .collect();
-        (f.len() >= 8).then(|| (f[4], f[7]))
+        (f.len() >= 8).then(|| (f[4], f[7], f[2]))
     }
 
     fn median(mut v: Vec<f64>) -> f64 {
@@ -559,9 +564,10 @@ mod lat {
                 };
                 let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
                 println!(
-                    "round={round} op={op} who={who} p50_cycles={:.0} p99_cycles={:.0} p50_us={:.2} p99_us={:.2} post_cycles={} empty_polls={}",
+                    "round={round} op={op} who={who} p50_cycles={:.0} p99_cycles={:.0} min_cycles={:.0} p50_us={:.2} p99_us={:.2} post_cycles={} empty_polls={}",
                     r.p50,
                     r.p99,
+                    r.min,
                     r.p50 / mhz,
                     r.p99 / mhz,
                     opt(r.post),
@@ -590,8 +596,16 @@ mod lat {
                 if let Some(b) = &base {
                     let r50 = median(v.iter().zip(b).map(|(r, b)| r.p50 / b.p50).collect());
                     let r99 = median(v.iter().zip(b).map(|(r, b)| r.p99 / b.p99).collect());
+                    let rmin = median(v.iter().zip(b).map(|(r, b)| r.min / b.min).collect());
+                    let (lo, hi) = v
+                        .iter()
+                        .zip(b)
+                        .map(|(r, b)| r.p50 / b.p50)
+                        .fold((f64::INFINITY, 0.0f64), |(lo, hi), x| {
+                            (lo.min(x), hi.max(x))
+                        });
                     line +=
-                        &format!(" ratio_p50_vs_perftest={r50:.3} ratio_p99_vs_perftest={r99:.3}");
+                        &format!(" ratio_p50_vs_perftest={r50:.3} (rounds {lo:.2}..{hi:.2}) ratio_p99_vs_perftest={r99:.3} ratio_min_vs_perftest={rmin:.3}");
                 }
                 println!("{line}");
             }
