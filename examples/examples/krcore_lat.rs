@@ -34,8 +34,11 @@
 //! `$SOFTROCE_GID_INDEX`, else 1), `--ip ADDR` (where perftest's client
 //! connects: `$SOFTROCE_IP`, else 127.0.0.1), `--iters N` (1000 per round
 //! and contender), `--rounds N` (6), `--pairs N` (connect samples, 8),
-//! `--no-perftest`, `--idle-sleep-us N` (the SDK nodes' handshake threads'
-//! idle sleep; default the engine's).
+//! `--no-perftest`, `--no-sdk`, `--idle-sleep-us N` (idle sleep of the
+//! background threads of the latency phase's SDK nodes: meta host and
+//! handshake responders; default the engine's, 100 us. They serve connects
+//! only; on a small emulated guest their wake-ups load every contender,
+//! perftest included. The connect phase always uses the engine's default).
 //!
 //! Output: `key=value` lines; the `summary` lines give, per operation, each
 //! contender's median over rounds of its p50 and p99, and the median over
@@ -447,8 +450,10 @@ mod lat {
         let sdk = if a.sdk { Some(Sdk::start(a)?) } else { None };
         if let Some(k) = &sdk {
             println!(
-                "sdk_mode={:?} (RC fallback expected on a device without DC)",
-                k.client.mode()
+                "sdk_mode={:?} (RC fallback expected on a device without DC) sdk_idle_sleep_us={}",
+                k.client.mode(),
+                a.idle_sleep
+                    .map_or("default".into(), |d| d.as_micros().to_string())
             );
         }
         let per_poll = empty_poll_cycles(|wc| sa.cq.poll(wc).map_err(|e| e.to_string()))?;
