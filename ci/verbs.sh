@@ -1,21 +1,32 @@
 #!/usr/bin/env bash
 # ci/verbs.sh -- the verbs provider on a real kernel RDMA stack.
 #
-# Builds krcore-nic's verbs tests on the host (feature `verbs`), runs the
-# device-free unit tests there, then runs every `verbs_*` test binary's
-# #[ignore]d device tests inside a Soft-RoCE guest
-# (../shared/softroce/softroce-run, rxe0). Called from the repository root
-# (by .ci/run) with ../shared beside it. Exits non-zero on any failure.
+# Builds on the host (feature `verbs`): the `verbs_*` test binaries of
+# krcore-nic (the conformance suite), krcore-kmod (the engine in RC fallback
+# mode) and race-store (a RACE smoke test), plus the latency tool
+# `krcore_lat` (release). Runs the device-free unit tests of the provider on
+# the host, then everything else inside ONE Soft-RoCE guest
+# (../shared/softroce/softroce-run, rxe0): each test binary's #[ignore]d
+# device tests, then krcore_lat (64 B READ / 8 B CAS latency through the
+# provider and the SDK's VQP side by side with perftest, and the connect
+# cost). The latency figures are printed, never judged (the guest is
+# emulated); krcore_lat fails only if an operation fails. Called from the
+# repository root (by .ci/run) with ../shared beside it. Exits non-zero on
+# any failure, naming every step that failed.
 #
 # Environment:
 #   SOFTROCE_DIR       where softroce-run lives (default ../shared/softroce)
-#   VERBS_TIMEOUT      seconds per guest run (default 900)
+#   VERBS_TIMEOUT      seconds for the guest run (default 1500)
+#   VERBS_LAT          0 skips the latency tool (default 1)
+#   VERBS_LAT_ARGS     arguments of krcore_lat (default: --rounds 2 --iters 500 --pairs 3)
 #   CARGO_TARGET_DIR   honoured as usual
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 SOFTROCE_DIR=${SOFTROCE_DIR:-../shared/softroce}
-VERBS_TIMEOUT=${VERBS_TIMEOUT:-900}
+VERBS_TIMEOUT=${VERBS_TIMEOUT:-1500}
+VERBS_LAT=${VERBS_LAT:-1}
+VERBS_LAT_ARGS=${VERBS_LAT_ARGS:---rounds 2 --iters 500 --pairs 3}
 
 say() { printf '[ci/verbs] %s\n' "$*" >&2; }
 
@@ -39,11 +50,17 @@ fi
 
 [ -x "$SOFTROCE_DIR/softroce-run" ] || { say "no $SOFTROCE_DIR/softroce-run"; exit 1; }
 
-# --- build on the host; collect the verbs_* test executables
-say "building krcore-nic and krcore-kmod tests with --features verbs"
+# --- build on the host: every tests/verbs_*.rs of the three crates (only
+# those targets: the default suite has built the rest without the feature)
+say "building the verbs tests of krcore-nic, krcore-kmod and race-store"
+tests=()
+for f in nic/tests/verbs_*.rs kmod/tests/verbs_*.rs race-store/tests/verbs_*.rs; do
+  [ -e "$f" ] && tests+=(--test "$(basename "$f" .rs)")
+done
 json=$(mktemp)
 trap 'rm -f "$json"' EXIT
-cargo test -p krcore-nic -p krcore-kmod --features verbs --no-run --message-format=json >"$json"
+cargo test -p krcore-nic -p krcore-kmod -p race-store --features verbs "${tests[@]}" \
+  --no-run --message-format=json >"$json"
 mapfile -t bins < <(
   grep '"reason":"compiler-artifact"' "$json" |
     grep '"kind":\["test"\]' |
@@ -51,32 +68,59 @@ mapfile -t bins < <(
     sed 's/^"executable":"//; s/"$//' |
     grep '/verbs_[^/]*$' | sort -u
 )
-if [ ${#bins[@]} -eq 0 ]; then
-  say "no verbs_* test binary found in cargo's output"
-  exit 1
+# Every suite named here must have been built: a renamed or lost test
+# target fails the stage instead of silently testing less.
+for want in verbs_conformance verbs_engine verbs_smoke; do
+  printf '%s\n' "${bins[@]}" | grep -q "/$want-[0-9a-f]*$" ||
+    { say "no $want test binary in cargo's output"; exit 1; }
+done
+
+lat=
+if [ "$VERBS_LAT" != 0 ]; then
+  say "building krcore_lat (release)"
+  cargo build --release -p krcore-examples --features verbs --example krcore_lat \
+    --message-format=json >"$json"
+  lat=$(grep '"reason":"compiler-artifact"' "$json" |
+    grep -o '"executable":"[^"]*/krcore_lat"' |
+    sed 's/^"executable":"//; s/"$//' | tail -n1)
+  [ -n "$lat" ] && [ -x "$lat" ] || { say "krcore_lat was not built"; exit 1; }
 fi
 
 # --- device-free unit tests of the provider (receive tags, errors) on the host
 say "host unit tests of the verbs module"
 cargo test -p krcore-nic --features verbs --lib -- verbs::
 
-# --- device tests in the guest, one guest per binary
-status=0
-for bin in "${bins[@]}"; do
-  say "running $(basename "$bin") in Soft-RoCE"
-  set +e
-  "$SOFTROCE_DIR/softroce-run" -t "$VERBS_TIMEOUT" -- sh -c \
-    'KRCORE_TEST_DEVICE="$SOFTROCE_DEV" KRCORE_TEST_GID_INDEX="$SOFTROCE_GID_INDEX" exec "$0" --ignored --test-threads=1' \
-    "$bin"
-  rc=$?
-  set -e
-  if [ $rc -ne 0 ]; then
-    case $rc in
-      124) say "$(basename "$bin"): timed out after ${VERBS_TIMEOUT}s" ;;
-      125) say "$(basename "$bin"): the Soft-RoCE guest failed" ;;
-      *) say "$(basename "$bin"): failed (exit $rc)" ;;
-    esac
-    status=1
-  fi
+# --- everything that needs a device, in one guest. The inner script runs
+# every step even after a failure and exits with the number of failed steps.
+inner='
+failed=""
+step() {
+  name=$1; shift
+  echo "[guest] === $name"
+  if "$@"; then echo "[guest] === $name: ok"; else
+    rc=$?; echo "[guest] === $name: FAILED (exit $rc)"; failed="$failed $name"; fi
+}
+export KRCORE_TEST_DEVICE="$SOFTROCE_DEV" KRCORE_TEST_GID_INDEX="$SOFTROCE_GID_INDEX"
+lat=$1; shift
+for bin in "$@"; do
+  step "$(basename "$bin")" "$bin" --ignored --test-threads=1
 done
-exit $status
+if [ -n "$lat" ]; then
+  step krcore_lat "$lat" $VERBS_LAT_ARGS
+fi
+if [ -n "$failed" ]; then echo "[guest] failed:$failed"; exit 1; fi
+echo "[guest] all steps passed"
+'
+say "running ${#bins[@]} test binaries${lat:+ and krcore_lat} in one Soft-RoCE guest"
+set +e
+VERBS_LAT_ARGS="$VERBS_LAT_ARGS" "$SOFTROCE_DIR/softroce-run" -t "$VERBS_TIMEOUT" -- \
+  bash -c "$inner" verbs-guest "$lat" "${bins[@]}"
+rc=$?
+set -e
+case $rc in
+  0) say "all verbs steps passed" ;;
+  124) say "the guest timed out after ${VERBS_TIMEOUT}s" ;;
+  125) say "the Soft-RoCE guest failed" ;;
+  *) say "verbs steps failed (see the [guest] lines above)" ;;
+esac
+exit $rc

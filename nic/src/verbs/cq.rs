@@ -126,8 +126,15 @@ impl VerbsCq {
                 wc.imm = Some(u32::from_be(be));
             }
         } else {
-            let sq = self.inner.send_qps.read().get(&w.qp_num).cloned()?;
-            let (wr_id, opcode) = sq.complete(w.wr_id)?;
+            // Resolved under the map's read lock (lock order: `send_qps`,
+            // then a QP's `st`; nothing takes them the other way round):
+            // no reference count traffic per completion.
+            let (wr_id, opcode) = self
+                .inner
+                .send_qps
+                .read()
+                .get(&w.qp_num)?
+                .complete(w.wr_id)?;
             wc.wr_id = wr_id;
             // Verbs leaves the opcode of an error completion undefined: report
             // the WR's own, as the contract asks.
