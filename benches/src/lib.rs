@@ -5,9 +5,16 @@
 //!   and reports in YCSB's text format or JSON) used by the `krcore-ycsb`
 //!   driver. It is pure: no clock and no I/O besides reading a property file.
 //!
+//! - [`cluster`]: RACE clusters shared by processes on a directory sim
+//!   fabric (host side and compute side) and the `--fabric` spec.
+//! - [`proc`]: client processes of the drivers (re-exec, line protocol).
+//! - [`driver`]: the YCSB driver (backends, phases, multi-process runs).
+//!
 //! Benchmarks report figures; they are never timed tests (DESIGN.md section 8).
 #![forbid(unsafe_code)]
 
 pub mod baseline;
+pub mod cluster;
 pub mod driver;
+pub mod proc;
 pub mod ycsb;
