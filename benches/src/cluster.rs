@@ -11,9 +11,13 @@
 //!                                       VqpTransport::connect   (one VQP/node)
 //! ```
 //!
-//! Every client of every process uses [`WallClock`] (microseconds since the
-//! Unix epoch), so the leases and deadlines written in remote memory compare
-//! across processes.
+//! Every client of every process uses a [`ClusterClock`]: microseconds since
+//! the cluster's epoch (the host's start, published on the fabric under
+//! [`CLOCK_NAME`]), read from the system clock every process of the machine
+//! shares, so the leases and deadlines written in remote memory compare
+//! across processes. (Not `race_store::clock::WallClock`: microseconds
+//! since 1970 are about 2^40.7 ms, past the directory header's 39-bit lease
+//! field in milliseconds, and the first split fails on a "corrupt" header.)
 //!
 //! Invariants: a [`ClusterHost`] keeps its memory nodes serving until it is
 //! dropped; a directory fabric it created ([`ClusterHost::fabric_dir`]) is
@@ -24,7 +28,7 @@ use krcore::Node;
 use krcore_kmod::MetaLocation;
 use krcore_meta::bootstrap;
 use krcore_nic::sim::{LatencyModel, SimConfig, SimFabric, SimNic};
-use race_store::clock::{Clock, WallClock};
+use race_store::clock::{Clock, SystemClock};
 use race_store::memory::TableConfig;
 use race_store::rdma::{lookup_nodes_on_sim, MemoryServer, MemoryServerHandle, NodeInfo, VqpTransport};
 use race_store::{Client, ClientConfig, Error};
@@ -109,6 +113,47 @@ impl FabricSpec {
     }
 }
 
+/// The name under which a host publishes its clock epoch.
+pub const CLOCK_NAME: &str = "race-clock-epoch";
+
+/// Microseconds since a cluster epoch (itself microseconds since the Unix
+/// epoch), from the system clock: the same ticks in every process of the
+/// machine. Never goes backwards within one clock (a wall-clock step back
+/// holds it until real time catches up).
+#[derive(Debug)]
+pub struct ClusterClock {
+    epoch_us: u64,
+    last: std::sync::atomic::AtomicU64,
+}
+
+impl ClusterClock {
+    /// A clock counting from `epoch_us`.
+    pub fn new(epoch_us: u64) -> ClusterClock {
+        ClusterClock {
+            epoch_us,
+            last: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Its epoch.
+    pub fn epoch_us(&self) -> u64 {
+        self.epoch_us
+    }
+}
+
+impl Clock for ClusterClock {
+    fn now(&self) -> u64 {
+        let t = crate::proc::epoch_us().saturating_sub(self.epoch_us);
+        self.last
+            .fetch_max(t, std::sync::atomic::Ordering::Relaxed)
+            .max(t)
+    }
+
+    fn backoff(&self, attempt: u32) {
+        SystemClock::new().backoff(attempt);
+    }
+}
+
 /// What a [`ClusterHost`] starts.
 #[derive(Debug, Clone)]
 pub struct ClusterOptions {
@@ -137,6 +182,7 @@ impl Default for ClusterOptions {
 /// sim fabric, published under [`bootstrap::DEFAULT_NAME`] and
 /// [`race_store::rdma::node_name`].
 pub struct ClusterHost {
+    clock: Arc<ClusterClock>,
     fabric: SimFabric,
     meta: Node,
     memory: Vec<Node>,
@@ -186,6 +232,10 @@ impl ClusterHost {
         dir: Option<tempfile::TempDir>,
     ) -> Result<ClusterHost, ClusterError> {
         let n = opts.memory_nodes.max(1);
+        let epoch_us = crate::proc::epoch_us();
+        fabric
+            .publish(CLOCK_NAME, &epoch_us.to_le_bytes())
+            .map_err(|e| setup("publish the clock epoch")(e.to_string()))?;
         let meta = Node::builder()
             .sim_fabric(&fabric)
             .sim_config(opts.sim.clone())
@@ -214,6 +264,7 @@ impl ClusterHost {
             memory.push(node);
         }
         Ok(ClusterHost {
+            clock: Arc::new(ClusterClock::new(epoch_us)),
             fabric,
             meta,
             memory,
@@ -257,6 +308,7 @@ impl ClusterHost {
                 .meta_location()
                 .ok_or_else(|| setup("meta location")("the meta node has none".into()))?,
             infos: self.infos.clone(),
+            clock: self.clock.clone(),
         })
     }
 }
@@ -270,6 +322,8 @@ pub struct Remote {
     pub meta: MetaLocation,
     /// The memory nodes.
     pub infos: Vec<NodeInfo>,
+    /// The cluster's clock.
+    pub clock: Arc<ClusterClock>,
 }
 
 impl Remote {
@@ -287,10 +341,16 @@ impl Remote {
             .map_err(|e| setup("read the meta bootstrap")(e.to_string()))?;
         let infos = lookup_nodes_on_sim(&fabric, memory_nodes)
             .map_err(|e| setup("find the memory nodes")(e.to_string()))?;
+        let epoch = fabric
+            .lookup(CLOCK_NAME)
+            .map_err(|e| setup("find the clock epoch")(e.to_string()))?
+            .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
+            .ok_or_else(|| setup("find the clock epoch")(format!("{CLOCK_NAME} is not published")))?;
         Ok(Remote {
             fabric,
             meta,
             infos,
+            clock: Arc::new(ClusterClock::new(u64::from_le_bytes(epoch))),
         })
     }
 
@@ -320,7 +380,7 @@ impl Remote {
         let node = self.compute_node(sim)?;
         let t = VqpTransport::connect(&node, &self.infos)
             .map_err(|e| setup("connect to the memory nodes")(e.to_string()))?;
-        let clock: Arc<dyn Clock> = Arc::new(WallClock);
+        let clock: Arc<dyn Clock> = self.clock.clone();
         Client::open(t, clock, config).map_err(|e| setup("open the RACE client")(error_chain(&e)))
     }
 }
@@ -469,6 +529,7 @@ mod tests {
         // What a client process does, from the directory alone.
         let remote = Remote::discover(&path, 2).unwrap();
         assert_eq!(remote.infos, host.infos());
+        assert_eq!(remote.clock.epoch_us(), host.remote().unwrap().clock.epoch_us());
         let mut a = remote
             .race_client(&SimConfig::default(), ClientConfig::default())
             .unwrap();

@@ -8,6 +8,7 @@
 //! - [`cluster`]: RACE clusters shared by processes on a directory sim
 //!   fabric (host side and compute side) and the `--fabric` spec.
 //! - [`proc`]: client processes of the drivers (re-exec, line protocol).
+//! - [`soak`]: the soak test's values, write logs and verification.
 //! - [`driver`]: the YCSB driver (backends, phases, multi-process runs).
 //!
 //! Benchmarks report figures; they are never timed tests (DESIGN.md section 8).
@@ -17,4 +18,5 @@ pub mod baseline;
 pub mod cluster;
 pub mod driver;
 pub mod proc;
+pub mod soak;
 pub mod ycsb;

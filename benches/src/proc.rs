@@ -152,6 +152,11 @@ impl ChildProc {
             .map_err(|source| ProcError::Write { pid, source })
     }
 
+    /// Whether the child has exited (by itself or killed).
+    pub fn has_exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
+    }
+
     /// SIGKILLs the child and reaps it; returns the time (microseconds since
     /// the epoch) by which it was certainly dead.
     pub fn kill(&mut self) -> u64 {
