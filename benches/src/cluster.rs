@@ -30,7 +30,9 @@ use krcore_meta::bootstrap;
 use krcore_nic::sim::{LatencyModel, SimConfig, SimFabric, SimNic};
 use race_store::clock::{Clock, SystemClock};
 use race_store::memory::TableConfig;
-use race_store::rdma::{lookup_nodes_on_sim, MemoryServer, MemoryServerHandle, NodeInfo, VqpTransport};
+use race_store::rdma::{
+    lookup_nodes_on_sim, MemoryServer, MemoryServerHandle, NodeInfo, VqpTransport,
+};
 use race_store::{Client, ClientConfig, Error};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -243,7 +245,9 @@ impl ClusterHost {
             .build()
             .map_err(|e| setup("start the meta server")(e.to_string()))?;
         meta.meta_server()
-            .ok_or_else(|| setup("start the meta server")("the meta node hosts no DC meta server".into()))?
+            .ok_or_else(|| {
+                setup("start the meta server")("the meta node hosts no DC meta server".into())
+            })?
             .lock()
             .publish_on_sim(&fabric, bootstrap::DEFAULT_NAME)
             .map_err(|e| setup("publish the meta server")(e.to_string()))?;
@@ -345,7 +349,9 @@ impl Remote {
             .lookup(CLOCK_NAME)
             .map_err(|e| setup("find the clock epoch")(e.to_string()))?
             .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
-            .ok_or_else(|| setup("find the clock epoch")(format!("{CLOCK_NAME} is not published")))?;
+            .ok_or_else(|| {
+                setup("find the clock epoch")(format!("{CLOCK_NAME} is not published"))
+            })?;
         Ok(Remote {
             fabric,
             meta,
@@ -529,7 +535,10 @@ mod tests {
         // What a client process does, from the directory alone.
         let remote = Remote::discover(&path, 2).unwrap();
         assert_eq!(remote.infos, host.infos());
-        assert_eq!(remote.clock.epoch_us(), host.remote().unwrap().clock.epoch_us());
+        assert_eq!(
+            remote.clock.epoch_us(),
+            host.remote().unwrap().clock.epoch_us()
+        );
         let mut a = remote
             .race_client(&SimConfig::default(), ClientConfig::default())
             .unwrap();
@@ -540,6 +549,9 @@ mod tests {
             .unwrap();
         a.put(b"k", b"v1").unwrap();
         assert_eq!(b.get(b"k").unwrap().as_deref(), Some(&b"v1"[..]));
-        assert!(Remote::discover(&path, 3).is_err(), "node 2 is not published");
+        assert!(
+            Remote::discover(&path, 3).is_err(),
+            "node 2 is not published"
+        );
     }
 }

@@ -391,7 +391,9 @@ pub fn verify(
         };
         let Some(w) = ws.iter().find(|w| w.wid == wid && w.seq == seq) else {
             v.wrong += 1;
-            v.example(format!("key {k}: holds write ({wid}, {seq}), which nobody logged"));
+            v.example(format!(
+                "key {k}: holds write ({wid}, {seq}), which nobody logged"
+            ));
             continue;
         };
         if w.ack_us.is_none() {
@@ -479,13 +481,18 @@ mod tests {
         ];
         let end_of = |wid: u64| if wid == 2 { 100 } else { 0 };
         let run = |k1: Option<Vec<u8>>, k2: Option<Vec<u8>>| {
-            verify(&writes, end_of, |k| Ok(if k == 1 { k1.clone() } else { k2.clone() }))
+            verify(&writes, end_of, |k| {
+                Ok(if k == 1 { k1.clone() } else { k2.clone() })
+            })
         };
         // The acked write last: fine. The unacked concurrent one: fine too.
         let a = run(Some(encode_value(1, 1, 1, 40)), None);
         assert!(a.ok(), "{a:?}");
         assert_eq!((a.keys, a.writes, a.acked, a.unacked), (2, 4, 2, 2));
-        let b = run(Some(encode_value(1, 2, 1, 40)), Some(encode_value(2, 2, 2, 40)));
+        let b = run(
+            Some(encode_value(1, 2, 1, 40)),
+            Some(encode_value(2, 2, 2, 40)),
+        );
         assert!(b.ok(), "{b:?}");
         assert_eq!(b.final_unacked, 2);
         // The load value: superseded by writer 1's ack (invoked at 25 > 10).

@@ -318,7 +318,10 @@ fn run(args: &Args) -> Result<bool, String> {
         .map_err(|e| e.to_string())?;
     for k in 0..args.records {
         loader
-            .put(key_name(k).as_bytes(), &encode_value(k, 0, 0, args.value_size))
+            .put(
+                key_name(k).as_bytes(),
+                &encode_value(k, 0, 0, args.value_size),
+            )
             .map_err(|e| format!("load key {k}: {e}"))?;
     }
     let load_end = epoch_us();
@@ -367,7 +370,10 @@ fn run(args: &Args) -> Result<bool, String> {
             if r.proc.has_exited() {
                 unexpected += 1;
                 deaths.insert(r.incarnation, r.proc.kill());
-                eprintln!("krcore-soak: client incarnation {} exited by itself", r.incarnation);
+                eprintln!(
+                    "krcore-soak: client incarnation {} exited by itself",
+                    r.incarnation
+                );
                 *r = Running {
                     proc: spawn(&exe, &spec_of(next_inc))?,
                     incarnation: next_inc,
@@ -429,15 +435,23 @@ fn run(args: &Args) -> Result<bool, String> {
     loop {
         match checker.recover_resize() {
             Ok(true) => break,
-            Ok(false) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(200)),
-            Ok(false) => return Err("the resize lock is still held 30 s after the last kill".into()),
+            Ok(false) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(200))
+            }
+            Ok(false) => {
+                return Err("the resize lock is still held 30 s after the last kill".into())
+            }
             Err(e) => return Err(format!("recover_resize: {e}")),
         }
     }
-    let check = checker.check_table().map_err(|e| format!("check_table: {e}"))?;
+    let check = checker
+        .check_table()
+        .map_err(|e| format!("check_table: {e}"))?;
     let table: HashMap<Vec<u8>, Vec<u8>> = check.pairs.iter().cloned().collect();
-    let written: std::collections::HashSet<Vec<u8>> =
-        writes.iter().map(|w| key_name(w.keynum).into_bytes()).collect();
+    let written: std::collections::HashSet<Vec<u8>> = writes
+        .iter()
+        .map(|w| key_name(w.keynum).into_bytes())
+        .collect();
     let phantom = table.keys().filter(|k| !written.contains(*k)).count() as u64;
     let end_of = |wid: u64| deaths.get(&(wid / WIDS)).copied().unwrap_or(u64::MAX);
     let mut get_mismatch = 0u64;
@@ -475,7 +489,10 @@ fn run(args: &Args) -> Result<bool, String> {
     println!("# krcore-soak: YCSB A ({:.0}% reads, {:.0}% inserts), {} processes x {} threads, kills every ~{:?}",
         args.read_proportion * 100.0, args.insert_proportion * 100.0, args.processes, args.threads, args.kill_every);
     println!("duration            {:.1} s", summary.duration_s);
-    println!("kills               {} (SIGKILL), unexpected exits {}, incarnations {}", kills, unexpected, summary.incarnations);
+    println!(
+        "kills               {} (SIGKILL), unexpected exits {}, incarnations {}",
+        kills, unexpected, summary.incarnations
+    );
     println!("operations          {} writes issued ({} acknowledged, {} failed), {} reads verified ({} bad)",
         summary.writes_issued, summary.writes_acked, summary.writes_failed, reads_ok, reads_bad);
     println!("table               global depth {}, {} subtables, {} keys, {} duplicates, {} phantom keys, {} problems",
@@ -485,7 +502,12 @@ fn run(args: &Args) -> Result<bool, String> {
     println!("lost acked writes   {}", v.lost);
     println!("wrong values        {}", v.wrong);
     println!("get vs table scan   {get_mismatch} mismatches");
-    for e in v.examples.iter().chain(&check.problems).chain(bad_read_lines.iter().take(10)) {
+    for e in v
+        .examples
+        .iter()
+        .chain(&check.problems)
+        .chain(bad_read_lines.iter().take(10))
+    {
         println!("  ! {e}");
     }
     if let Some(p) = &args.json {
@@ -493,9 +515,5 @@ fn run(args: &Args) -> Result<bool, String> {
         std::fs::write(p, json).map_err(|e| format!("{}: {e}", p.display()))?;
     }
     drop(host);
-    Ok(v.ok()
-        && reads_bad == 0
-        && phantom == 0
-        && get_mismatch == 0
-        && check.problems.is_empty())
+    Ok(v.ok() && reads_bad == 0 && phantom == 0 && get_mismatch == 0 && check.problems.is_empty())
 }

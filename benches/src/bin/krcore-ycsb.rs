@@ -26,9 +26,9 @@ use krcore_benches::driver::{
 };
 use krcore_benches::ycsb::{KeySpace, Workload};
 use krcore_nic::sim::{LatencyModel, SimConfig, SimFabric};
-use std::time::Duration;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Db {

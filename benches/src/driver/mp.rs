@@ -167,11 +167,10 @@ pub fn run_children(
             pid,
             reason: e.to_string(),
         })?;
-        let m = Measurements::from_wire(&r.measurements)
-            .map_err(|e| MpError::BadResult {
-                pid,
-                reason: e.to_string(),
-            })?;
+        let m = Measurements::from_wire(&r.measurements).map_err(|e| MpError::BadResult {
+            pid,
+            reason: e.to_string(),
+        })?;
         all.merge(&m).map_err(PhaseError::from)?;
         start = start.min(r.start_us);
         end = end.max(r.end_us);

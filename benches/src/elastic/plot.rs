@@ -79,11 +79,12 @@ fn text<DB: DrawingBackend>(
                 if bits & (1 << col) != 0 {
                     let px = x + (i as i32 * 8 + col) * scale;
                     let py = y + row as i32 * scale;
-                    area.draw(&Rectangle::new(
-                        [(px, py), (px + scale - 1, py + scale - 1)],
-                        color.filled(),
-                    ))
-                    .map_err(draw_err)?;
+                    for dx in 0..scale {
+                        for dy in 0..scale {
+                            area.draw_pixel((px + dx, py + dy), color)
+                                .map_err(draw_err)?;
+                        }
+                    }
                 }
             }
         }
@@ -105,7 +106,12 @@ fn fmt_num(v: f64) -> String {
 ///
 /// # Errors
 /// [`PlotError`].
-pub fn draw(path: &Path, title: &str, notes: &[String], series: &[Series]) -> Result<(), PlotError> {
+pub fn draw(
+    path: &Path,
+    title: &str,
+    notes: &[String],
+    series: &[Series],
+) -> Result<(), PlotError> {
     let root = BitMapBackend::new(path, (W as u32, H as u32)).into_drawing_area();
     root.fill(&WHITE).map_err(draw_err)?;
     let t_max = series
@@ -145,7 +151,13 @@ pub fn draw(path: &Path, title: &str, notes: &[String], series: &[Series]) -> Re
     }
     root.draw(&PathElement::new(vec![(x0, y1), (x0, y0), (x1, y0)], black))
         .map_err(draw_err)?;
-    text(&root, "time since the first spawn (s)", (x0 + (x1 - x0) / 2 - 120, y0 + 26), 1, &black)?;
+    text(
+        &root,
+        "time since the first spawn (s)",
+        (x0 + (x1 - x0) / 2 - 120, y0 + 26),
+        1,
+        &black,
+    )?;
     text(&root, "ops/s (100 ms buckets)", (8, y1 - 18), 1, &black)?;
     text(&root, title, (x0, 10), 2, &black)?;
     // Series and their join markers.
@@ -171,12 +183,21 @@ pub fn draw(path: &Path, title: &str, notes: &[String], series: &[Series]) -> Re
         }
         // Legend.
         let ly = y1 + 8 + 14 * i as i32;
-        root.draw(&Rectangle::new([(x1 - 330, ly), (x1 - 318, ly + 8)], c.filled()))
-            .map_err(draw_err)?;
-        text(&root, &s.name, (x1 - 312, ly), 1, &black)?;
+        root.draw(&Rectangle::new(
+            [(x1 - 560, ly), (x1 - 548, ly + 8)],
+            c.filled(),
+        ))
+        .map_err(draw_err)?;
+        text(&root, &s.name, (x1 - 542, ly), 1, &black)?;
     }
     for (i, n) in notes.iter().enumerate() {
-        text(&root, n, (x0, H - 2 - 12 * (notes.len() - i) as i32), 1, &RGBColor(90, 90, 90))?;
+        text(
+            &root,
+            n,
+            (x0, H - 2 - 12 * (notes.len() - i) as i32),
+            1,
+            &RGBColor(90, 90, 90),
+        )?;
     }
     root.present().map_err(draw_err)?;
     Ok(())
@@ -192,7 +213,9 @@ mod tests {
         let p = dir.path().join("t.png");
         let s = Series {
             name: "krcore".into(),
-            points: (0..50).map(|i| (f64::from(i) * 0.1, f64::from(i * 1000))).collect(),
+            points: (0..50)
+                .map(|i| (f64::from(i) * 0.1, f64::from(i * 1000)))
+                .collect(),
             joins: vec![0.5, 1.5],
         };
         draw(&p, "test", &["a note".into()], &[s]).unwrap();

@@ -17,9 +17,8 @@ use krcore::Node;
 use krcore_meta::ud::{Incoming, UdEndpoint};
 use krcore_nic::sim::SimNic;
 use krcore_nic::{
-    bring_up, Access, CompletionQueue, Destination, InlineData, MemoryRegion, Nic, Payload,
-    QpCaps, QpInit, QpType, QueuePair, SendFlags, SendWr, SgList, UdTarget, Wc, WcStatus, WrOp,
-    MAX_INLINE,
+    bring_up, Access, CompletionQueue, Destination, InlineData, MemoryRegion, Nic, Payload, QpCaps,
+    QpInit, QpType, QueuePair, SendFlags, SendWr, SgList, UdTarget, Wc, WcStatus, WrOp, MAX_INLINE,
 };
 use race_store::layout::slot::RemotePtr;
 use race_store::rdma::{AllocReply, AllocRequest, NodeInfo, RPC_QKEY};
@@ -39,7 +38,11 @@ pub struct RcAcceptor {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-fn accept_one(node: &Node, cq: &<SimNic as Nic>::Cq, mut sock: TcpStream) -> std::io::Result<<SimNic as Nic>::Qp> {
+fn accept_one(
+    node: &Node,
+    cq: &<SimNic as Nic>::Cq,
+    mut sock: TcpStream,
+) -> std::io::Result<<SimNic as Nic>::Qp> {
     let io = |e: krcore_nic::NicError| std::io::Error::other(e.to_string());
     sock.set_nonblocking(false)?;
     sock.set_nodelay(true)?;
@@ -303,10 +306,12 @@ impl RcTransport {
             if let Some(l) = w.last_mut() {
                 *l = l.signaled(true);
                 last[n] = Some(l.wr_id);
-                self.qps[n].post_send(w).map_err(|e| TransportError::Refused {
-                    node: n as u8,
-                    reason: e.to_string(),
-                })?;
+                self.qps[n]
+                    .post_send(w)
+                    .map_err(|e| TransportError::Refused {
+                        node: n as u8,
+                        reason: e.to_string(),
+                    })?;
                 waiting += 1;
             }
         }
@@ -323,10 +328,7 @@ impl RcTransport {
                     continue;
                 }
                 if wc.status != WcStatus::Success && failure.is_none() {
-                    let n = last
-                        .iter()
-                        .position(|l| *l == Some(wc.wr_id))
-                        .unwrap_or(0) as u8;
+                    let n = last.iter().position(|l| *l == Some(wc.wr_id)).unwrap_or(0) as u8;
                     failure = Some(match wc.status {
                         WcStatus::RetryExcErr => TransportError::NodeDown { node: n },
                         other => TransportError::Refused {
@@ -412,11 +414,11 @@ impl Transport for RcTransport {
                         continue;
                     }
                     return match reply.offset {
-                        Some(off) => RemotePtr::new(node, off).map_err(|_| {
-                            TransportError::BadResponse {
+                        Some(off) => {
+                            RemotePtr::new(node, off).map_err(|_| TransportError::BadResponse {
                                 reason: "allocated offset out of range",
-                            }
-                        }),
+                            })
+                        }
                         None => Err(TransportError::OutOfMemory { node, size }),
                     };
                 }

@@ -307,10 +307,18 @@ mod tests {
     fn wire_round_trip_keeps_histograms_and_counts() {
         let mut m = Measurements::new();
         for i in 0..5000u64 {
-            m.record(Operation::Read, Status::Ok, Duration::from_micros(i * 7 % 3001));
+            m.record(
+                Operation::Read,
+                Status::Ok,
+                Duration::from_micros(i * 7 % 3001),
+            );
         }
         m.record(Operation::Update, Status::Error, Duration::from_millis(40));
-        m.record(Operation::Update, Status::NotFound, Duration::from_micros(3));
+        m.record(
+            Operation::Update,
+            Status::NotFound,
+            Duration::from_micros(3),
+        );
         let json = serde_json::to_string(&m.to_wire()).unwrap();
         let back = Measurements::from_wire(&serde_json::from_str(&json).unwrap()).unwrap();
         let names: Vec<_> = back.iter().map(|(n, _)| n.to_string()).collect();
