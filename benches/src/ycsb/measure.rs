@@ -242,14 +242,23 @@ impl Measurements {
     /// Rebuilds measurements sent by [`Measurements::to_wire`].
     ///
     /// # Errors
-    /// [`YcsbError::Wire`] for a bucket the histogram refuses (a value past
-    /// the auto-resizing range, or a count that overflows).
+    /// [`YcsbError::Wire`] for buckets not in strictly increasing value
+    /// order (as `to_wire` writes them: anything else is not its output) or
+    /// a bucket the histogram refuses.
     pub fn from_wire(wire: &MeasurementsWire) -> Result<Measurements> {
         let mut out = Measurements::new();
         for w in &wire.metrics {
             let m = out.metric_mut(&w.name);
             m.returns = w.returns;
+            let mut prev = None;
             for &(value, count) in &w.buckets {
+                if prev.is_some_and(|p| value <= p) {
+                    return Err(YcsbError::Wire {
+                        metric: w.name.clone(),
+                        reason: format!("bucket {value} out of order"),
+                    });
+                }
+                prev = Some(value);
                 m.histogram
                     .record_n(value, count)
                     .map_err(|e| YcsbError::Wire {
@@ -343,7 +352,7 @@ mod tests {
             metrics: vec![MetricWire {
                 name: "READ".into(),
                 returns: [0; 3],
-                buckets: vec![(u64::MAX, 1)],
+                buckets: vec![(40, 1), (12, 1)],
             }],
         };
         assert!(matches!(
