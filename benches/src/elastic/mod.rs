@@ -23,10 +23,11 @@
 //! latency model (`Counters::modeled_control_ns`: QP creation, RC connect,
 //! MR registration), on the compute node and, in verbs mode, on the memory
 //! nodes for their half of each connection. The modeled join is measured +
-//! modeled. With `model_sleep` the process also sleeps its modeled control
-//! time before its first get, so that the throughput timeline shows when a
-//! node would start contributing on hardware; the slept time is excluded
-//! from the measured figures.
+//! modeled. With `model_sleep` the process also sleeps the modeled control
+//! time of its `connect` phase (both sides) before its first get, so that
+//! the throughput timeline shows when a node would start contributing on
+//! hardware once its host is up (the engine start is not slept, see below);
+//! the slept time is excluded from the measured figures.
 //!
 //! # Engine start
 //! In KRCore the DC pool is created once per host when the kernel module
