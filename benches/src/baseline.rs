@@ -28,7 +28,11 @@ impl<N: Nic> RcEndpoint<N> {
         Ok(RcEndpoint { nic, pd, cq })
     }
 
-    fn create(&self) -> krcore_nic::Result<N::Qp> {
+    /// A fresh RC QP in this endpoint's PD, both queues on its CQ.
+    ///
+    /// # Errors
+    /// The provider's.
+    pub fn create(&self) -> krcore_nic::Result<N::Qp> {
         self.nic.create_qp(
             &self.pd,
             &QpInit {
@@ -43,14 +47,16 @@ impl<N: Nic> RcEndpoint<N> {
     }
 }
 
-fn encode(gid: &Gid, qpn: u32) -> [u8; 20] {
+/// The 20 bytes a side sends: its GID and QPN.
+pub fn encode(gid: &Gid, qpn: u32) -> [u8; 20] {
     let mut b = [0u8; 20];
     b[..16].copy_from_slice(gid.as_bytes());
     b[16..].copy_from_slice(&qpn.to_le_bytes());
     b
 }
 
-fn decode(b: &[u8; 20]) -> RcPeer {
+/// The peer [`encode`] describes.
+pub fn decode(b: &[u8; 20]) -> RcPeer {
     let mut g = [0u8; 16];
     g.copy_from_slice(&b[..16]);
     RcPeer {

@@ -7,6 +7,7 @@
 //! what their store needs.
 
 mod map;
+pub mod mp;
 mod race;
 mod redis;
 mod run;
@@ -14,7 +15,7 @@ mod run;
 pub use map::MapBackend;
 pub use race::RaceBackend;
 pub use redis::{RedisBackend, RedisError};
-pub use run::{run_load, run_phase, sized, PhaseError, PhaseResult, RunOptions};
+pub use run::{run_load, run_phase, sized, Gate, PhaseError, PhaseResult, RunOptions};
 
 /// Why a backend operation failed (the driver records it as an `ERROR`
 /// return, like YCSB's `Status.ERROR`).

@@ -21,6 +21,29 @@ pub struct RunOptions {
     pub seed: u64,
     /// Show a progress bar with live ops/s (only when stderr is a terminal).
     pub progress: bool,
+    /// Called once every client thread has its client, just before the
+    /// phase's clock starts: a multi-process driver's barrier.
+    pub gate: Option<Gate>,
+}
+
+/// A barrier hook for [`RunOptions::gate`]; an `Err` aborts the phase with
+/// [`PhaseError::Gate`].
+#[derive(Clone)]
+pub struct Gate(pub Arc<dyn Fn() -> Result<(), String> + Send + Sync>);
+
+impl std::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Gate(..)")
+    }
+}
+
+impl RunOptions {
+    fn pass_gate(&self) -> Result<(), PhaseError> {
+        match &self.gate {
+            Some(g) => (g.0)().map_err(PhaseError::Gate),
+            None => Ok(()),
+        }
+    }
 }
 
 impl Default for RunOptions {
@@ -29,6 +52,7 @@ impl Default for RunOptions {
             threads: 1,
             seed: 0x5eed,
             progress: true,
+            gate: None,
         }
     }
 }
@@ -63,6 +87,9 @@ pub enum PhaseError {
     /// A client thread panicked.
     #[error("client thread {0} panicked")]
     Panicked(usize),
+    /// The start barrier ([`RunOptions::gate`]) failed.
+    #[error("start barrier: {0}")]
+    Gate(String),
 }
 
 /// `workload` with `records` records (all loaded by this driver) and
@@ -205,6 +232,7 @@ pub fn run_load(
     let clients: Vec<Box<dyn KvClient>> = (0..threads)
         .map(|_| backend.client())
         .collect::<Result<_, _>>()?;
+    opts.pass_gate()?;
     let progress = Progress::start(opts.progress, workload.record_count, "load");
     let start = Instant::now();
     let results: Vec<Result<(Measurements, Option<String>), PhaseError>> =
@@ -270,6 +298,7 @@ pub fn run_phase(
         .map(|_| OperationGenerator::new(workload))
         .collect::<Result<_, _>>()?;
     let total = workload.operation_count;
+    opts.pass_gate()?;
     let progress = Progress::start(opts.progress, total, "run");
     let start = Instant::now();
     let results: Vec<Result<(Measurements, Option<String>), PhaseError>> =

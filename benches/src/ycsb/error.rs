@@ -102,4 +102,12 @@ pub enum YcsbError {
         #[source]
         source: hdrhistogram::AdditionError,
     },
+    /// Measurements sent by another process could not be rebuilt.
+    #[error("measurements of {metric} from another process: {reason}")]
+    Wire {
+        /// The metric.
+        metric: String,
+        /// What the histogram refused.
+        reason: String,
+    },
 }

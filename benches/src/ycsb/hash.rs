@@ -66,7 +66,7 @@ pub fn build_key_name(keynum: u64, order: InsertOrder, zero_padding: usize) -> S
     let fill = zero_padding.saturating_sub(digits.len());
     let mut key = String::with_capacity(4 + fill + digits.len());
     key.push_str("user");
-    key.extend(std::iter::repeat('0').take(fill));
+    key.extend(std::iter::repeat_n('0', fill));
     key.push_str(&digits);
     key
 }

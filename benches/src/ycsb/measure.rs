@@ -197,6 +197,80 @@ impl Measurements {
     }
 }
 
+/// One metric in [`MeasurementsWire`]: its name, return counts and the
+/// histogram's recorded buckets as `(value, count)` pairs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetricWire {
+    /// Metric name (`READ`, `UPDATE-FAILED`, ...).
+    pub name: String,
+    /// Counts of `OK`, `ERROR`, `NOT_FOUND`.
+    pub returns: [u64; 3],
+    /// Recorded latencies: each bucket's highest equivalent value (us) and
+    /// its count. Re-recording them rebuilds the same buckets, so quantiles,
+    /// min and max are those of the original histogram.
+    pub buckets: Vec<(u64, u64)>,
+}
+
+/// [`Measurements`] as plain data, to send from a client process to the
+/// driver that merges them (JSON through serde).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MeasurementsWire {
+    /// Every metric, in name order.
+    pub metrics: Vec<MetricWire>,
+}
+
+impl Measurements {
+    /// These measurements as plain data ([`Measurements::from_wire`] undoes it).
+    pub fn to_wire(&self) -> MeasurementsWire {
+        MeasurementsWire {
+            metrics: self
+                .metrics
+                .iter()
+                .map(|(name, m)| MetricWire {
+                    name: name.clone(),
+                    returns: m.returns,
+                    buckets: m
+                        .histogram
+                        .iter_recorded()
+                        .map(|v| (v.value_iterated_to(), v.count_at_value()))
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+
+    /// Rebuilds measurements sent by [`Measurements::to_wire`].
+    ///
+    /// # Errors
+    /// [`YcsbError::Wire`] for buckets not in strictly increasing value
+    /// order (as `to_wire` writes them: anything else is not its output) or
+    /// a bucket the histogram refuses.
+    pub fn from_wire(wire: &MeasurementsWire) -> Result<Measurements> {
+        let mut out = Measurements::new();
+        for w in &wire.metrics {
+            let m = out.metric_mut(&w.name);
+            m.returns = w.returns;
+            let mut prev = None;
+            for &(value, count) in &w.buckets {
+                if prev.is_some_and(|p| value <= p) {
+                    return Err(YcsbError::Wire {
+                        metric: w.name.clone(),
+                        reason: format!("bucket {value} out of order"),
+                    });
+                }
+                prev = Some(value);
+                m.histogram
+                    .record_n(value, count)
+                    .map_err(|e| YcsbError::Wire {
+                        metric: w.name.clone(),
+                        reason: format!("{e:?}"),
+                    })?;
+            }
+        }
+        Ok(out)
+    }
+}
+
 fn duration_micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
@@ -236,6 +310,55 @@ mod tests {
         let u = m.get("UPDATE").unwrap();
         assert_eq!(u.operations(), 2);
         assert_eq!(u.histogram().min(), 0);
+    }
+
+    #[test]
+    fn wire_round_trip_keeps_histograms_and_counts() {
+        let mut m = Measurements::new();
+        for i in 0..5000u64 {
+            m.record(
+                Operation::Read,
+                Status::Ok,
+                Duration::from_micros(i * 7 % 3001),
+            );
+        }
+        m.record(Operation::Update, Status::Error, Duration::from_millis(40));
+        m.record(
+            Operation::Update,
+            Status::NotFound,
+            Duration::from_micros(3),
+        );
+        let json = serde_json::to_string(&m.to_wire()).unwrap();
+        let back = Measurements::from_wire(&serde_json::from_str(&json).unwrap()).unwrap();
+        let names: Vec<_> = back.iter().map(|(n, _)| n.to_string()).collect();
+        assert_eq!(names, ["READ", "UPDATE", "UPDATE-FAILED"]);
+        for (name, a) in m.iter() {
+            let b = back.get(name).unwrap();
+            assert_eq!(a.operations(), b.operations(), "{name}");
+            for q in [0.0, 0.5, 0.95, 0.99, 0.999, 1.0] {
+                assert_eq!(
+                    a.histogram().value_at_quantile(q),
+                    b.histogram().value_at_quantile(q),
+                    "{name} q{q}"
+                );
+            }
+            assert_eq!(a.histogram().min(), b.histogram().min());
+            assert_eq!(a.histogram().max(), b.histogram().max());
+            for s in Status::ALL {
+                assert_eq!(a.count(s), b.count(s));
+            }
+        }
+        let bad = MeasurementsWire {
+            metrics: vec![MetricWire {
+                name: "READ".into(),
+                returns: [0; 3],
+                buckets: vec![(40, 1), (12, 1)],
+            }],
+        };
+        assert!(matches!(
+            Measurements::from_wire(&bad),
+            Err(YcsbError::Wire { .. })
+        ));
     }
 
     #[test]

@@ -116,7 +116,7 @@ pub use generator::{
 pub use hash::{
     build_key_name, fnv1a64, fnv_hash64, InsertOrder, FNV_OFFSET_BASIS_64, FNV_PRIME_64,
 };
-pub use measure::{Measurements, Metric, Status};
+pub use measure::{Measurements, MeasurementsWire, Metric, MetricWire, Status};
 pub use ops::{KeySpace, OperationGenerator, Request};
 pub use properties::Properties;
 pub use report::{

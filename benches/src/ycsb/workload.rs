@@ -362,7 +362,7 @@ impl Workload {
             return Err(YcsbError::NoOperations);
         }
         let end = self.insert_start.checked_add(self.insert_count);
-        if self.insert_count == 0 || end.map_or(true, |end| end > self.record_count) {
+        if self.insert_count == 0 || end.is_none_or(|end| end > self.record_count) {
             return Err(YcsbError::InsertRange {
                 start: self.insert_start,
                 count: self.insert_count,

@@ -1,0 +1,586 @@
+//! `krcore-elastic`: compute nodes (separate processes) join a running RACE
+//! cluster one by one while load runs; per join, the time from process
+//! start to the first successful get, measured and modeled, in KRCore mode
+//! (VQPs) and as a plain verbs application (one RC connection per memory
+//! node). See `krcore_benches::elastic` for what is measured and modeled.
+//!
+//! ```text
+//! krcore-elastic [--mode krcore|verbs|both] [--memory-nodes 4] [--compute-nodes 8]
+//!                [--duration 6s] [--join-every 500ms] [--records 10000]
+//!                [--latency-model cx4|none] [--no-model-sleep]
+//!                [--json PATH] [--png PATH]
+//! ```
+
+use clap::{Parser, ValueEnum};
+use krcore::Node;
+use krcore_benches::baseline::RcEndpoint;
+use krcore_benches::cluster::{fresh_fabric_dir, ClusterHost, ClusterOptions, Remote};
+use krcore_benches::elastic::rc::{RcAcceptor, RcTransport};
+use krcore_benches::elastic::{
+    plot, timeline, Buckets, EngineSummary, JoinRecord, LoadRecord, Mode, Modeled, Stamps,
+};
+use krcore_benches::proc::{epoch_us, say, ChildProc};
+use krcore_kmod::EngineConfig;
+use krcore_nic::sim::{LatencyModel, SimConfig, SimFabric, SimNic};
+use krcore_nic::Nic;
+use race_store::layout::slot::RemotePtr;
+use race_store::rdma::VqpTransport;
+use race_store::remote::{OpResult, RemoteOp, Transport, TransportError};
+use race_store::{Client, ClientConfig};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+use std::time::Duration;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum ModeArg {
+    Krcore,
+    Verbs,
+    Both,
+}
+
+/// Elastic scale-out: compute processes join a running RACE cluster.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// krcore (VQPs), verbs (RC per memory node), or both, one after the other.
+    #[arg(long, value_enum, default_value_t = ModeArg::Both)]
+    mode: ModeArg,
+    /// Memory nodes.
+    #[arg(long, default_value_t = 4)]
+    memory_nodes: u8,
+    /// Compute nodes (processes) that join.
+    #[arg(long, default_value_t = 8)]
+    compute_nodes: usize,
+    /// Run time of each mode, from the first spawn (e.g. 6s).
+    #[arg(long, default_value = "6s", value_parser = parse_duration)]
+    duration: Duration,
+    /// Time between spawns (a spawn also waits for the previous join).
+    #[arg(long, default_value = "500ms", value_parser = parse_duration)]
+    join_every: Duration,
+    /// Keys loaded before the first join.
+    #[arg(long, default_value_t = 10_000)]
+    records: u64,
+    /// Megabytes of each memory node's region (allocated lazily).
+    #[arg(long, default_value_t = 256)]
+    node_mb: u64,
+    /// Latency model of every node (cx4 or none). Modeled figures need it.
+    #[arg(long, default_value = "cx4")]
+    latency_model: String,
+    /// Do not sleep the modeled control-path time before the first get.
+    #[arg(long)]
+    no_model_sleep: bool,
+    /// Raw series and joins as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Throughput plot (PNG).
+    #[arg(long)]
+    png: Option<PathBuf>,
+    /// Internal: run as a compute process.
+    #[arg(long, hide = true)]
+    child_spec: Option<String>,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit() && c != '.') {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: f64 = num.parse().map_err(|_| format!("bad duration {s:?}"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        _ => return Err(format!("bad duration unit in {s:?} (ms, s, m)")),
+    };
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!("bad duration {s:?}"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct ChildSpec {
+    mode: Mode,
+    fabric: PathBuf,
+    memory_nodes: u8,
+    acceptors: Vec<SocketAddr>,
+    index: usize,
+    spawn_us: u64,
+    stop_us: u64,
+    records: u64,
+    latency: String,
+    model_sleep: bool,
+}
+
+fn key(k: u64) -> String {
+    format!("elastic{k:012}")
+}
+
+/// The RACE transport of either mode.
+enum AnyTransport {
+    Vqp(VqpTransport<SimNic>),
+    Rc(RcTransport),
+}
+
+impl Transport for AnyTransport {
+    fn execute(&mut self, batch: &[RemoteOp<'_>]) -> Result<Vec<OpResult>, TransportError> {
+        match self {
+            AnyTransport::Vqp(t) => t.execute(batch),
+            AnyTransport::Rc(t) => t.execute(batch),
+        }
+    }
+    fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {
+        match self {
+            AnyTransport::Vqp(t) => t.alloc_block(node, size),
+            AnyTransport::Rc(t) => t.alloc_block(node, size),
+        }
+    }
+    fn nodes(&self) -> u8 {
+        match self {
+            AnyTransport::Vqp(t) => t.nodes(),
+            AnyTransport::Rc(t) => t.nodes(),
+        }
+    }
+}
+
+fn engine_summary(node: &Node) -> EngineSummary {
+    let s = node.engine().stats();
+    EngineSummary {
+        dcis: s.dcis as u64,
+        vqps_created: s.vqps_created,
+        connect_hits: s.connect_hits,
+        connect_misses: s.connect_misses,
+        meta_reads: s.meta.reads,
+    }
+}
+
+fn child_main(spec: &ChildSpec) -> Result<(), String> {
+    let main = epoch_us();
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    let sim = SimConfig {
+        latency: LatencyModel::from_name(&spec.latency)?,
+        ..SimConfig::default()
+    };
+    let remote = Remote::discover(&spec.fabric, spec.memory_nodes).map_err(|x| e(&x))?;
+    let nic = SimNic::open(&remote.fabric, sim).map_err(|x| e(&x))?;
+    let device = epoch_us();
+    let c0 = nic.counters();
+    let mut node = None;
+    let mut modeled = Modeled::default();
+    let (transport, context, c1) = match spec.mode {
+        Mode::Krcore => {
+            // KRCore creates its DC pool when the module loads: the whole
+            // pool is prestarted here, in the engine start (`context`).
+            let mut cfg = EngineConfig::default();
+            cfg.prestart = cfg.pool_size;
+            let n = Node::builder()
+                .nic(nic.clone())
+                .config(cfg)
+                .meta(remote.meta)
+                .build()
+                .map_err(|x| e(&x))?;
+            let context = epoch_us();
+            let c1 = nic.counters();
+            let t = VqpTransport::connect(&n, &remote.infos).map_err(|x| e(&x))?;
+            node = Some(n);
+            (AnyTransport::Vqp(t), context, c1)
+        }
+        Mode::Verbs => {
+            let ep = RcEndpoint::new(nic.clone(), 1024).map_err(|x| e(&x))?;
+            let context = epoch_us();
+            let c1 = nic.counters();
+            let t = RcTransport::connect(ep, &remote.infos, &spec.acceptors).map_err(|x| e(&x))?;
+            modeled.server_ns = t.server_modeled_ns;
+            modeled.server_qps = spec.acceptors.len() as u64;
+            (AnyTransport::Rc(t), context, c1)
+        }
+    };
+    let connect = epoch_us();
+    let c2 = nic.counters();
+    modeled.context_ns = c1.modeled_control_ns - c0.modeled_control_ns;
+    modeled.connect_ns = c2.modeled_control_ns - c1.modeled_control_ns;
+    // Opening the NIC itself charges nothing the counters see before c0.
+    modeled.device_ns = 0;
+    let mut slept_us = 0;
+    if spec.model_sleep {
+        // The application's part: KRCore's engine start happens at boot.
+        let ns = modeled.connect_ns + modeled.server_ns;
+        let t = epoch_us();
+        std::thread::sleep(Duration::from_nanos(ns));
+        slept_us = epoch_us() - t;
+    }
+    let mut client = Client::open(transport, remote.clock.clone(), ClientConfig::default())
+        .map_err(|x| e(&x))?;
+    let mut rng = SmallRng::seed_from_u64(spec.index as u64 + 1);
+    let first = rng.gen_range(0..spec.records.max(1));
+    match client.get(key(first).as_bytes()).map_err(|x| e(&x))? {
+        Some(_) => {}
+        None => return Err(format!("first get: {} is absent", key(first))),
+    }
+    let first_get = epoch_us();
+    let c3 = nic.counters();
+    modeled.first_get_ns = c3.modeled_control_ns - c2.modeled_control_ns;
+    modeled.qps_created = c3.qps_created - c0.qps_created;
+    let join = JoinRecord {
+        index: spec.index,
+        stamps: Stamps {
+            spawn: spec.spawn_us,
+            main,
+            device,
+            context,
+            connect,
+            first_get,
+        },
+        modeled,
+        slept_us,
+        engine: node.as_ref().map(engine_summary),
+    };
+    say(&format!(
+        "JOINED {}",
+        serde_json::to_string(&join).map_err(|x| e(&x))?
+    ));
+    let mut buckets = Buckets::default();
+    buckets.add(first_get, 1);
+    let (mut ops, mut errors) = (1u64, 0u64);
+    loop {
+        let now = epoch_us();
+        if now >= spec.stop_us {
+            break;
+        }
+        let k = rng.gen_range(0..spec.records.max(1));
+        match client.get(key(k).as_bytes()) {
+            Ok(Some(_)) => {
+                ops += 1;
+                buckets.add(epoch_us(), 1);
+            }
+            _ => errors += 1,
+        }
+    }
+    let load = LoadRecord {
+        buckets: buckets.pairs(),
+        ops,
+        errors,
+        engine: node.as_ref().map(engine_summary),
+    };
+    say(&format!(
+        "RESULT {}",
+        serde_json::to_string(&load).map_err(|x| e(&x))?
+    ));
+    Ok(())
+}
+
+#[derive(Debug, Serialize)]
+struct ModeRun {
+    mode: Mode,
+    memory_nodes: u8,
+    compute_nodes: usize,
+    start_us: u64,
+    joins: Vec<JoinRecord>,
+    loads: Vec<LoadRecord>,
+    /// `(seconds since start, ops/s)`.
+    timeline: Vec<(f64, f64)>,
+}
+
+impl ModeRun {
+    /// Mean over joins, in ms.
+    fn mean(&self, f: impl Fn(&JoinRecord) -> u64) -> f64 {
+        if self.joins.is_empty() {
+            return 0.0;
+        }
+        self.joins.iter().map(|j| f(j) as f64).sum::<f64>() / self.joins.len() as f64 / 1000.0
+    }
+
+    /// Median over joins, in ms (robust to a process start stalled by
+    /// the machine's load).
+    fn median(&self, f: impl Fn(&JoinRecord) -> u64) -> f64 {
+        let mut v: Vec<u64> = self.joins.iter().map(f).collect();
+        v.sort_unstable();
+        match v.len() {
+            0 => 0.0,
+            n if n % 2 == 1 => v[n / 2] as f64 / 1000.0,
+            n => (v[n / 2 - 1] + v[n / 2]) as f64 / 2000.0,
+        }
+    }
+}
+
+fn run_mode(args: &Args, mode: Mode) -> Result<ModeRun, String> {
+    let model = LatencyModel::from_name(&args.latency_model)?;
+    let dir = fresh_fabric_dir("krcore-elastic-").map_err(|e| e.to_string())?;
+    let path = dir.path().join("fabric");
+    let fabric = SimFabric::open_dir(&path, true).map_err(|e| e.to_string())?;
+    let opts = ClusterOptions {
+        memory_nodes: args.memory_nodes.max(1),
+        node_bytes: args.node_mb << 20,
+        sim: SimConfig {
+            latency: model,
+            ..SimConfig::default()
+        },
+        ..ClusterOptions::default()
+    };
+    let host = ClusterHost::start(fabric, &opts, Some(dir)).map_err(|e| e.to_string())?;
+    let mut loader = host
+        .remote()
+        .map_err(|e| e.to_string())?
+        .race_client(&SimConfig::default(), ClientConfig::default())
+        .map_err(|e| e.to_string())?;
+    for k in 0..args.records.max(1) {
+        loader
+            .put(key(k).as_bytes(), &k.to_le_bytes())
+            .map_err(|e| format!("load: {e}"))?;
+    }
+    drop(loader);
+    let acceptors: Vec<RcAcceptor> = if mode == Mode::Verbs {
+        host.memory_nodes()
+            .iter()
+            .map(RcAcceptor::start)
+            .collect::<Result<_, _>>()
+            .map_err(|e| e.to_string())?
+    } else {
+        Vec::new()
+    };
+    let addrs: Vec<SocketAddr> = acceptors.iter().map(RcAcceptor::addr).collect();
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let start_us = epoch_us();
+    let stop_us = start_us + u64::try_from(args.duration.as_micros()).unwrap_or(u64::MAX);
+    let mut kids = Vec::new();
+    let mut joins = Vec::new();
+    for index in 0..args.compute_nodes {
+        let slot =
+            start_us + index as u64 * u64::try_from(args.join_every.as_micros()).unwrap_or(0);
+        let now = epoch_us();
+        if slot > now {
+            std::thread::sleep(Duration::from_micros(slot - now));
+        }
+        let spec = ChildSpec {
+            mode,
+            fabric: path.clone(),
+            memory_nodes: opts.memory_nodes,
+            acceptors: addrs.clone(),
+            index,
+            spawn_us: epoch_us(),
+            stop_us,
+            records: args.records.max(1),
+            latency: args.latency_model.clone(),
+            model_sleep: !args.no_model_sleep && model.is_some(),
+        };
+        let mut cmd = Command::new(&exe);
+        cmd.arg("--child-spec")
+            .arg(serde_json::to_string(&spec).map_err(|e| e.to_string())?);
+        let mut kid = ChildProc::spawn(cmd).map_err(|e| e.to_string())?;
+        let line = kid
+            .expect("JOINED", Duration::from_secs(120))
+            .map_err(|e| e.to_string())?;
+        let j: JoinRecord = serde_json::from_str(&line).map_err(|e| e.to_string())?;
+        joins.push(j);
+        kids.push(kid);
+    }
+    let mut loads = Vec::new();
+    let left = Duration::from_micros(stop_us.saturating_sub(epoch_us())) + Duration::from_secs(60);
+    for k in &mut kids {
+        let line = k.expect("RESULT", left).map_err(|e| e.to_string())?;
+        loads.push(serde_json::from_str::<LoadRecord>(&line).map_err(|e| e.to_string())?);
+        k.finish(Duration::from_secs(10));
+    }
+    drop(acceptors);
+    let timeline = timeline(&loads, start_us);
+    Ok(ModeRun {
+        mode,
+        memory_nodes: opts.memory_nodes,
+        compute_nodes: args.compute_nodes,
+        start_us,
+        joins,
+        loads,
+        timeline,
+    })
+}
+
+fn print_mode(r: &ModeRun, model: &str) {
+    println!(
+        "# mode={} memory_nodes={} compute_nodes={} (modeled = measured + {model} control-path time)",
+        r.mode.name(),
+        r.memory_nodes,
+        r.compute_nodes
+    );
+    println!("join  measured_ms  modeled_{model}_ms  app_measured_ms  app_modeled_{model}_ms  app_control_{model}_ms  qps(node/memory)  exec_ms  device_ms  context_ms  connect_ms  first_get_ms");
+    for j in &r.joins {
+        let s = j.stamps;
+        let ms = |a: u64, b: u64| b.saturating_sub(a) as f64 / 1000.0;
+        println!(
+            "{:>4}  {:>11.2}  {:>14.2}  {:>15.2}  {:>18.2}  {:>18.2}  {:>8}/{:<7}  {:>7.2}  {:>9.2}  {:>10.2}  {:>10.2}  {:>12.2}",
+            j.index + 1,
+            j.measured_us() as f64 / 1000.0,
+            j.modeled_us() as f64 / 1000.0,
+            j.app_measured_us() as f64 / 1000.0,
+            j.app_modeled_us() as f64 / 1000.0,
+            (j.modeled.total_ns() - j.modeled.context_ns) as f64 / 1e6,
+            j.modeled.qps_created,
+            j.modeled.server_qps,
+            ms(s.spawn, s.main),
+            ms(s.main, s.device),
+            ms(s.device, s.context),
+            ms(s.context, s.connect),
+            ms(s.connect, s.first_get).max(0.0) - j.slept_us as f64 / 1000.0,
+        );
+    }
+    for (name, f) in [
+        (
+            "mean",
+            ModeRun::mean as fn(&ModeRun, fn(&JoinRecord) -> u64) -> f64,
+        ),
+        ("median", ModeRun::median),
+    ] {
+        println!(
+            "{name:<6}{:>9.2}  {:>14.2}  {:>15.2}  {:>18.2}",
+            f(r, JoinRecord::measured_us),
+            f(r, JoinRecord::modeled_us),
+            f(r, JoinRecord::app_measured_us),
+            f(r, JoinRecord::app_modeled_us),
+        );
+    }
+    let total: u64 = r.loads.iter().map(|l| l.ops).sum();
+    let errors: u64 = r.loads.iter().map(|l| l.errors).sum();
+    let peak = r.timeline.iter().map(|p| p.1).fold(0.0, f64::max);
+    println!("gets {total} ({errors} failed), peak {peak:.0} ops/s per 100 ms bucket");
+    if let Some(e) = r.loads.iter().find_map(|l| l.engine) {
+        println!(
+            "engine (node 1 at the end): dcis {} vqps {} connect hits {} misses {} meta reads {}",
+            e.dcis, e.vqps_created, e.connect_hits, e.connect_misses, e.meta_reads
+        );
+    }
+    println!();
+}
+
+const UPGRADES_NOTE: &str =
+    "DC->RC upgrade markers: pending (krcore_kmod::EngineStats has no upgrade counters yet)";
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    if let Some(spec) = &args.child_spec {
+        let r = serde_json::from_str::<ChildSpec>(spec)
+            .map_err(|e| e.to_string())
+            .and_then(|s| child_main(&s));
+        return match r {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("krcore-elastic compute process: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if let Err(e) = LatencyModel::from_name(&args.latency_model) {
+        eprintln!("krcore-elastic: {e}");
+        return ExitCode::from(2);
+    }
+    if args.compute_nodes == 0 {
+        eprintln!("krcore-elastic: --compute-nodes must be at least 1");
+        return ExitCode::from(2);
+    }
+    let modes = match args.mode {
+        ModeArg::Krcore => vec![Mode::Krcore],
+        ModeArg::Verbs => vec![Mode::Verbs],
+        ModeArg::Both => vec![Mode::Krcore, Mode::Verbs],
+    };
+    let mut runs = Vec::new();
+    for m in modes {
+        match run_mode(&args, m) {
+            Ok(r) => {
+                print_mode(&r, &args.latency_model);
+                runs.push(r);
+            }
+            Err(e) => {
+                eprintln!("krcore-elastic: mode {}: {e}", m.name());
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    if let [k, v] = runs.as_slice() {
+        let red = |f: fn(&JoinRecord) -> u64| {
+            let (a, b) = (k.median(f), v.median(f));
+            if b > 0.0 {
+                100.0 * (1.0 - a / b)
+            } else {
+                0.0
+            }
+        };
+        println!("# krcore vs verbs: median join time, how much shorter in krcore mode");
+        println!(
+            "measured software time (process start to first get): {:.1}% shorter",
+            red(JoinRecord::measured_us)
+        );
+        println!(
+            "modeled ({}) join (measured + modeled control path): {:.1}% shorter",
+            args.latency_model,
+            red(JoinRecord::modeled_us)
+        );
+        println!("  without the per-process engine start (KRCore's DC pool exists at boot):");
+        println!(
+            "  measured: {:.1}% shorter, modeled ({}): {:.1}% shorter",
+            red(JoinRecord::app_measured_us),
+            args.latency_model,
+            red(JoinRecord::app_modeled_us)
+        );
+        println!(
+            "  modeled ({}) control-path time alone: {:.1}% shorter",
+            args.latency_model,
+            red(|j| (j.modeled.total_ns() - j.modeled.context_ns) / 1000)
+        );
+    }
+    println!("{UPGRADES_NOTE}");
+    if let Some(p) = &args.json {
+        let json = serde_json::json!({
+            "latency_model": args.latency_model,
+            "model_sleep": !args.no_model_sleep,
+            "bucket_ms": 100,
+            "upgrade_markers": UPGRADES_NOTE,
+            "runs": runs,
+        });
+        if let Err(e) = std::fs::write(p, json.to_string()) {
+            eprintln!("krcore-elastic: {}: {e}", p.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    if let Some(p) = &args.png {
+        let series: Vec<plot::Series> = runs
+            .iter()
+            .map(|r| plot::Series {
+                name: format!(
+                    "{}: median join {:.1} ms (modeled {}, no engine boot)",
+                    r.mode.name(),
+                    r.median(JoinRecord::app_modeled_us),
+                    args.latency_model
+                ),
+                points: r.timeline.clone(),
+                joins: r
+                    .joins
+                    .iter()
+                    .map(|j| j.stamps.first_get.saturating_sub(r.start_us) as f64 / 1e6)
+                    .collect(),
+            })
+            .collect();
+        let title = format!(
+            "RACE gets while {} compute nodes join ({} memory nodes)",
+            args.compute_nodes, args.memory_nodes
+        );
+        let notes = vec![
+            format!(
+                "dashed: join (first successful get); sim fabric, latency model {}{}",
+                args.latency_model,
+                if args.no_model_sleep {
+                    ""
+                } else {
+                    ", modeled control-path time slept before the first get"
+                }
+            ),
+            UPGRADES_NOTE.to_string(),
+        ];
+        if let Err(e) = plot::draw(p, &title, &notes, &series) {
+            eprintln!("krcore-elastic: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
+}

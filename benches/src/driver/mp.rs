@@ -1,0 +1,286 @@
+//! YCSB over client processes on a shared (directory) sim fabric.
+//!
+//! The driver hosts the cluster ([`crate::cluster::ClusterHost`]) and runs
+//! each phase as `processes` children (its own binary re-executed with a
+//! hidden flag carrying a [`ChildSpec`] as JSON). A child joins the fabric,
+//! builds its clients, says `READY`, waits for `GO` (so every process starts
+//! its clock together), runs its share, and sends `RESULT {json}` with its
+//! measurements. The driver merges the histograms; a phase's runtime is
+//! from the earliest child start to the latest child end.
+//!
+//! Shares: the load phase splits the records into contiguous ranges
+//! (YCSB's `insertstart`/`insertcount` per client); the run phase splits the
+//! operations. Run-phase inserts (workload D) draw new key numbers from
+//! `recordcount` up in every process, as independent YCSB clients do, so
+//! two processes may insert the same new key (an upsert; no error).
+
+use super::{run_load, run_phase, Gate, PhaseError, PhaseResult, RunOptions};
+use crate::cluster::{Remote, SharedRaceBackend};
+use crate::proc::{epoch_us, say, wait_for, ChildProc, ProcError};
+use crate::ycsb::{KeySpace, Measurements, MeasurementsWire, Report, Status, Workload};
+use krcore_nic::sim::{LatencyModel, SimConfig};
+use parking_lot::Mutex;
+use race_store::ClientConfig;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Which phase a child runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Phase {
+    /// Insert the child's range of records.
+    Load,
+    /// Run the child's share of the operations.
+    Run,
+}
+
+/// What one client process does.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ChildSpec {
+    /// The fabric directory.
+    pub fabric: PathBuf,
+    /// Memory nodes published on it.
+    pub memory_nodes: u8,
+    /// The phase.
+    pub phase: Phase,
+    /// The workload, already cut to this child's share.
+    pub workload: Workload,
+    /// Client threads.
+    pub threads: usize,
+    /// RNG seed (distinct per child).
+    pub seed: u64,
+    /// Latency model name (`none` or `cx4`).
+    pub latency: String,
+}
+
+/// What a child sends back.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ChildResult {
+    /// Its merged measurements.
+    pub measurements: MeasurementsWire,
+    /// When its clock started and stopped (us since the epoch).
+    pub start_us: u64,
+    /// See `start_us`.
+    pub end_us: u64,
+    /// Operations attempted.
+    pub operations: u64,
+    /// Operations that failed.
+    pub errors: u64,
+    /// Its first error.
+    pub first_error: Option<String>,
+}
+
+/// Why a multi-process phase failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MpError {
+    /// Talking to a child failed.
+    #[error(transparent)]
+    Proc(#[from] ProcError),
+    /// A child sent something unreadable.
+    #[error("client process {pid}: bad result: {reason}")]
+    BadResult {
+        /// The child.
+        pid: u32,
+        /// What was wrong.
+        reason: String,
+    },
+    /// Merging measurements failed.
+    #[error(transparent)]
+    Phase(#[from] PhaseError),
+}
+
+/// How long a child may take to join and build its clients.
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Splits `total` into `parts` nearly equal shares (the first ones larger).
+pub fn shares(total: u64, parts: usize) -> Vec<u64> {
+    let parts = parts.max(1) as u64;
+    (0..parts)
+        .map(|i| total / parts + u64::from(i < total % parts))
+        .collect()
+}
+
+/// The per-child specs of a phase.
+pub fn child_specs(
+    base: &ChildSpec,
+    processes: usize,
+    records: u64,
+    operations: u64,
+) -> Vec<ChildSpec> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let op_shares = shares(operations, processes);
+    for (i, n) in shares(records, processes).into_iter().enumerate() {
+        let mut s = base.clone();
+        s.seed = base.seed.wrapping_add(1000 * i as u64);
+        match base.phase {
+            Phase::Load => {
+                s.workload.insert_start = start;
+                s.workload.insert_count = n;
+            }
+            Phase::Run => s.workload.operation_count = op_shares[i],
+        }
+        start += n;
+        out.push(s);
+    }
+    out
+}
+
+/// Driver side: runs one phase as `specs.len()` children of `exe`
+/// (re-executed with `--child-spec JSON`), released together, and merges
+/// their measurements. `label` marks modeled figures.
+///
+/// # Errors
+/// [`MpError`].
+pub fn run_children(
+    exe: &std::path::Path,
+    specs: &[ChildSpec],
+    label: Option<String>,
+    timeout: Duration,
+) -> Result<PhaseResult, MpError> {
+    let mut kids = Vec::new();
+    for s in specs {
+        let json = serde_json::to_string(s).map_err(|e| MpError::BadResult {
+            pid: 0,
+            reason: e.to_string(),
+        })?;
+        let mut cmd = Command::new(exe);
+        cmd.arg("--child-spec").arg(json);
+        kids.push(ChildProc::spawn(cmd)?);
+    }
+    for k in &mut kids {
+        k.expect("READY", READY_TIMEOUT)?;
+    }
+    for k in &mut kids {
+        k.send("GO")?;
+    }
+    let mut all = Measurements::new();
+    let (mut start, mut end) = (u64::MAX, 0);
+    let (mut operations, mut errors, mut first_error) = (0, 0, None);
+    for k in &mut kids {
+        let line = k.expect("RESULT", timeout)?;
+        let pid = k.pid();
+        let r: ChildResult = serde_json::from_str(&line).map_err(|e| MpError::BadResult {
+            pid,
+            reason: e.to_string(),
+        })?;
+        let m = Measurements::from_wire(&r.measurements).map_err(|e| MpError::BadResult {
+            pid,
+            reason: e.to_string(),
+        })?;
+        all.merge(&m).map_err(PhaseError::from)?;
+        start = start.min(r.start_us);
+        end = end.max(r.end_us);
+        operations += r.operations;
+        errors += r.errors;
+        first_error = first_error.or(r.first_error);
+        k.finish(Duration::from_secs(30));
+    }
+    let runtime = Duration::from_micros(end.saturating_sub(start));
+    let mut report = Report::new(&all, runtime, operations);
+    if let Some(l) = label {
+        report = report.with_label(l);
+    }
+    Ok(PhaseResult {
+        report,
+        measurements: all,
+        runtime,
+        operations,
+        errors,
+        first_error,
+    })
+}
+
+/// Child side: runs `spec` and prints `READY`, then (after `GO`) `RESULT`.
+///
+/// # Errors
+/// A message for the operator (the driver sees the child exit).
+pub fn child_main(spec: &ChildSpec) -> Result<(), String> {
+    let model = LatencyModel::from_name(&spec.latency)?;
+    let sim = SimConfig {
+        latency: model,
+        ..SimConfig::default()
+    };
+    let remote = Remote::discover(&spec.fabric, spec.memory_nodes).map_err(|e| e.to_string())?;
+    let backend = SharedRaceBackend::new(remote, sim, ClientConfig::default());
+    let started = Arc::new(Mutex::new(0u64));
+    let flag = started.clone();
+    let opts = RunOptions {
+        threads: spec.threads.max(1),
+        seed: spec.seed,
+        progress: false,
+        gate: Some(Gate(Arc::new(move || {
+            say("READY");
+            wait_for("GO")?;
+            *flag.lock() = epoch_us();
+            Ok(())
+        }))),
+    };
+    let keys = KeySpace::new(&spec.workload);
+    let r = match spec.phase {
+        Phase::Load => run_load(&backend, &spec.workload, &keys, &opts),
+        Phase::Run => run_phase(&backend, &spec.workload, &keys, &opts),
+    }
+    .map_err(|e| e.to_string())?;
+    let start_us = *started.lock();
+    let result = ChildResult {
+        measurements: r.measurements.to_wire(),
+        start_us,
+        end_us: start_us + u64::try_from(r.runtime.as_micros()).unwrap_or(u64::MAX),
+        operations: r.operations,
+        errors: r.errors,
+        first_error: r.first_error,
+    };
+    let json = serde_json::to_string(&result).map_err(|e| e.to_string())?;
+    say(&format!("RESULT {json}"));
+    Ok(())
+}
+
+/// Operations in `m` that returned `status` (every metric but `-FAILED`).
+pub fn count_status(m: &Measurements, status: Status) -> u64 {
+    m.iter()
+        .filter(|(n, _)| !n.ends_with("-FAILED"))
+        .map(|(_, x)| x.count(status))
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::driver::sized;
+
+    #[test]
+    fn shares_cover_everything_once() {
+        assert_eq!(shares(10, 3), vec![4, 3, 3]);
+        assert_eq!(shares(2, 4), vec![1, 1, 0, 0]);
+        assert_eq!(shares(7, 0), vec![7]);
+        let base = ChildSpec {
+            fabric: "/x".into(),
+            memory_nodes: 2,
+            phase: Phase::Load,
+            workload: sized(Workload::preset('a').unwrap(), 10, 100),
+            threads: 1,
+            seed: 1,
+            latency: "none".into(),
+        };
+        let load = child_specs(&base, 3, 10, 100);
+        let ranges: Vec<_> = load.iter().map(|s| s.workload.load_range()).collect();
+        assert_eq!(ranges, vec![0..4, 4..7, 7..10]);
+        let run = child_specs(
+            &ChildSpec {
+                phase: Phase::Run,
+                ..base
+            },
+            3,
+            10,
+            100,
+        );
+        let ops: Vec<_> = run.iter().map(|s| s.workload.operation_count).collect();
+        assert_eq!(ops, vec![34, 33, 33]);
+        assert!(run.iter().all(|s| s.workload.load_range() == (0..10)));
+        assert_ne!(run[0].seed, run[1].seed);
+    }
+}

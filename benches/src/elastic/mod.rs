@@ -1,0 +1,287 @@
+//! The elastic experiment behind `krcore-elastic` (after the KRCore paper's
+//! elastic RACE experiment): memory nodes and a meta server are up, and
+//! compute nodes (separate processes) join one by one while the ones
+//! already in run load.
+//!
+//! # A join, measured and modeled
+//! Each compute process stamps its phases (microseconds since the epoch,
+//! the clock every process shares) from the driver's `spawn` to its first
+//! successful get:
+//!
+//! | phase | krcore mode | verbs mode |
+//! |---|---|---|
+//! | `exec` | process start until `main` | same |
+//! | `device` | open the fabric, find the cluster, open the NIC | same |
+//! | `context` | engine start: DCT, the whole DCI pool (prestarted, as KRCore's module does at boot), meta client | PD + CQ |
+//! | `connect` | one VQP per memory node (DCCache/meta READ), scratch MR, UD QP for allocation | per memory node: RC QP on both sides, QPN swap over loopback TCP, RTR/RTS; scratch MR, UD QP |
+//! | `first_get` | open the RACE client, first get | same |
+//!
+//! *Measured software time* is the wall time of these phases on this
+//! machine (the sim executes the verbs; under a latency model data-path
+//! completions wait their modeled time for real). *Modeled hardware time* is
+//! what the sim charges, without sleeping, to control-path calls under the
+//! latency model (`Counters::modeled_control_ns`: QP creation, RC connect,
+//! MR registration), on the compute node and, in verbs mode, on the memory
+//! nodes for their half of each connection. The modeled join is measured +
+//! modeled. With `model_sleep` the process also sleeps the modeled control
+//! time of its `connect` phase (both sides) before its first get, so that
+//! the throughput timeline shows when a node would start contributing on
+//! hardware once its host is up (the engine start is not slept, see below);
+//! the slept time is excluded from the measured figures.
+//!
+//! # Engine start
+//! In KRCore the DC pool is created once per host when the kernel module
+//! loads, not per application. Here every compute process starts its own
+//! engine, so the `context` phase of krcore mode is reported apart:
+//! [`JoinRecord::app_modeled_us`] leaves it out (the KRCore setting), the
+//! totals include it.
+//!
+//! # Throughput timeline
+//! Each process counts completed gets per 100 ms bucket (absolute bucket
+//! index `epoch_us / 100_000`); the driver sums them over processes.
+//!
+//! # DC->RC upgrades
+//! `krcore_kmod::EngineStats` has no upgrade counters yet: the timeline has
+//! no upgrade markers, and each node's engine statistics are recorded
+//! instead ([`EngineSummary`]).
+
+pub mod plot;
+pub mod rc;
+
+use serde::{Deserialize, Serialize};
+
+/// Timeline bucket width.
+pub const BUCKET_US: u64 = 100_000;
+
+/// The mode of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Mode {
+    /// VQPs connected through the DCCache / meta server.
+    Krcore,
+    /// One RC connection per memory node, made at join.
+    Verbs,
+}
+
+impl Mode {
+    /// `krcore` or `verbs`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Krcore => "krcore",
+            Mode::Verbs => "verbs",
+        }
+    }
+}
+
+/// Phase stamps of one join (microseconds since the epoch).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stamps {
+    /// The driver, just before spawning the process.
+    pub spawn: u64,
+    /// `main` entered.
+    pub main: u64,
+    /// Fabric opened, cluster found, NIC opened.
+    pub device: u64,
+    /// Engine (krcore) or PD + CQ (verbs) ready.
+    pub context: u64,
+    /// Connected to every memory node.
+    pub connect: u64,
+    /// First successful get returned.
+    pub first_get: u64,
+}
+
+/// Modeled control-path nanoseconds of one join, per phase.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Modeled {
+    /// Opening the NIC.
+    pub device_ns: u64,
+    /// Engine start / PD + CQ.
+    pub context_ns: u64,
+    /// Connecting (compute node side).
+    pub connect_ns: u64,
+    /// The memory nodes' side of the connections (verbs mode).
+    pub server_ns: u64,
+    /// The first get (client open).
+    pub first_get_ns: u64,
+    /// QPs the compute node created during the join.
+    pub qps_created: u64,
+    /// QPs the memory nodes created for it.
+    pub server_qps: u64,
+}
+
+impl Modeled {
+    /// Every modeled nanosecond of the join.
+    pub fn total_ns(&self) -> u64 {
+        self.device_ns + self.context_ns + self.connect_ns + self.server_ns + self.first_get_ns
+    }
+}
+
+/// A compute node's engine statistics (krcore mode), as far as the engine
+/// reports them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineSummary {
+    /// DCIs in the pool.
+    pub dcis: u64,
+    /// VQPs created.
+    pub vqps_created: u64,
+    /// Connects answered by the DCCache.
+    pub connect_hits: u64,
+    /// Connects that read the meta table.
+    pub connect_misses: u64,
+    /// Meta table READs.
+    pub meta_reads: u64,
+}
+
+/// What a compute process reports when it has joined.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JoinRecord {
+    /// Its index (join order).
+    pub index: usize,
+    /// Phase stamps.
+    pub stamps: Stamps,
+    /// Modeled control-path time.
+    pub modeled: Modeled,
+    /// Microseconds slept for the modeled time (excluded from `stamps`
+    /// differences below).
+    pub slept_us: u64,
+    /// Engine statistics after the first get (krcore mode).
+    pub engine: Option<EngineSummary>,
+}
+
+impl JoinRecord {
+    /// Measured software time of the join, process start to first get,
+    /// without the modeled sleep.
+    pub fn measured_us(&self) -> u64 {
+        self.stamps
+            .first_get
+            .saturating_sub(self.stamps.spawn)
+            .saturating_sub(self.slept_us)
+    }
+
+    /// Measured + modeled control-path time: the join on modeled hardware.
+    pub fn modeled_us(&self) -> u64 {
+        self.measured_us() + self.modeled.total_ns() / 1000
+    }
+
+    /// Measured software time of the `context` phase.
+    pub fn context_us(&self) -> u64 {
+        self.stamps.context.saturating_sub(self.stamps.device)
+    }
+
+    /// The join without the engine start (the KRCore setting, where the DC
+    /// pool exists before any application): measured.
+    pub fn app_measured_us(&self) -> u64 {
+        self.measured_us().saturating_sub(self.context_us())
+    }
+
+    /// The join without the engine start: measured + modeled.
+    pub fn app_modeled_us(&self) -> u64 {
+        self.app_measured_us() + (self.modeled.total_ns() - self.modeled.context_ns) / 1000
+    }
+}
+
+/// What a compute process reports at the end.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct LoadRecord {
+    /// `(bucket index, gets completed)` pairs.
+    pub buckets: Vec<(u64, u64)>,
+    /// Gets completed.
+    pub ops: u64,
+    /// Gets that failed.
+    pub errors: u64,
+    /// Engine statistics at the end (krcore mode).
+    pub engine: Option<EngineSummary>,
+}
+
+/// Per-bucket counts of a process, in a dense window.
+#[derive(Debug, Clone, Default)]
+pub struct Buckets {
+    counts: std::collections::BTreeMap<u64, u64>,
+}
+
+impl Buckets {
+    /// Counts one op completed at `t_us`.
+    pub fn add(&mut self, t_us: u64, n: u64) {
+        *self.counts.entry(t_us / BUCKET_US).or_default() += n;
+    }
+
+    /// As `(bucket, count)` pairs.
+    pub fn pairs(&self) -> Vec<(u64, u64)> {
+        self.counts.iter().map(|(&b, &c)| (b, c)).collect()
+    }
+}
+
+/// Sums processes' buckets into `(seconds since start_us, ops/s)` points,
+/// one per bucket from `start_us` to the last bucket with data.
+pub fn timeline(records: &[LoadRecord], start_us: u64) -> Vec<(f64, f64)> {
+    let mut sum = std::collections::BTreeMap::new();
+    for r in records {
+        for &(b, c) in &r.buckets {
+            *sum.entry(b).or_insert(0u64) += c;
+        }
+    }
+    let first = start_us / BUCKET_US;
+    let Some(&last) = sum.keys().next_back() else {
+        return Vec::new();
+    };
+    (first..=last)
+        .map(|b| {
+            let t = (b - first) as f64 * BUCKET_US as f64 / 1e6;
+            let ops = sum.get(&b).copied().unwrap_or(0) as f64 * 1e6 / BUCKET_US as f64;
+            (t, ops)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn join_figures_add_up() {
+        let j = JoinRecord {
+            index: 0,
+            stamps: Stamps {
+                spawn: 1_000,
+                main: 2_000,
+                device: 3_000,
+                context: 5_000,
+                connect: 6_000,
+                first_get: 10_000,
+            },
+            modeled: Modeled {
+                context_ns: 2_000_000,
+                connect_ns: 1_000_000,
+                server_ns: 500_000,
+                ..Modeled::default()
+            },
+            slept_us: 3_500,
+            engine: None,
+        };
+        assert_eq!(j.measured_us(), 5_500);
+        assert_eq!(j.modeled_us(), 5_500 + 3_500);
+        assert_eq!(j.context_us(), 2_000);
+        assert_eq!(j.app_measured_us(), 3_500);
+        assert_eq!(j.app_modeled_us(), 3_500 + 1_500);
+    }
+
+    #[test]
+    fn timelines_sum_processes_and_fill_gaps() {
+        let mut a = Buckets::default();
+        a.add(1_000_050_000, 3);
+        a.add(1_000_350_000, 1);
+        let mut b = Buckets::default();
+        b.add(1_000_099_999, 2);
+        let recs = [
+            LoadRecord {
+                buckets: a.pairs(),
+                ..LoadRecord::default()
+            },
+            LoadRecord {
+                buckets: b.pairs(),
+                ..LoadRecord::default()
+            },
+        ];
+        let t = timeline(&recs, 1_000_000_000);
+        assert_eq!(t, vec![(0.0, 50.0), (0.1, 0.0), (0.2, 0.0), (0.3, 10.0)]);
+    }
+}

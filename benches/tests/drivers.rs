@@ -1,0 +1,159 @@
+//! The driver binaries end to end: client processes on a /dev/shm fabric
+//! (krcore-ycsb --processes 2), joins in both modes (krcore-elastic), and
+//! a short soak (ignored by default: 20 s of kills).
+
+use std::process::Command;
+
+fn run(bin: &str, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(bin).args(args).output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The value of `[SECTION], NAME, value` in the run phase's report.
+fn field(report: &str, section: &str, name: &str) -> Option<f64> {
+    let run = report.split("# run phase").nth(1)?;
+    run.lines()
+        .find(|l| l.starts_with(&format!("[{section}], {name}, ")))
+        .and_then(|l| l.rsplit(", ").next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn ycsb_with_two_client_processes_runs_every_workload_but_e() {
+    let bin = env!("CARGO_BIN_EXE_krcore-ycsb");
+    for w in ["a", "b", "c", "d", "f"] {
+        let (ok, out, err) = run(
+            bin,
+            &[
+                "--processes",
+                "2",
+                "--workload",
+                w,
+                "--records",
+                "300",
+                "--operations",
+                "600",
+                "--node-mb",
+                "32",
+            ],
+        );
+        assert!(ok, "workload {w}: {err}\n{out}");
+        assert!(out.contains("processes=2"), "{out}");
+        let ops: f64 = ["READ", "UPDATE", "INSERT"]
+            .iter()
+            .filter_map(|s| field(&out, s, "Operations"))
+            .sum();
+        let rmw = field(&out, "READ-MODIFY-WRITE", "Operations").unwrap_or(0.0);
+        // A read-modify-write is also one READ and one UPDATE.
+        assert_eq!(
+            ops - rmw,
+            600.0,
+            "workload {w}: both shares measured\n{out}"
+        );
+        assert!(field(&out, "OVERALL", "Throughput(ops/sec)").unwrap() > 0.0);
+        assert!(!out.contains("Return=ERROR"), "{out}");
+    }
+}
+
+#[test]
+fn ycsb_refuses_fabrics_it_cannot_run() {
+    let bin = env!("CARGO_BIN_EXE_krcore-ycsb");
+    let (ok, _, err) = run(bin, &["--fabric", "verbs:mlx5_0", "--records", "10"]);
+    assert!(!ok);
+    assert!(err.contains("unsupported: verbs:mlx5_0"), "{err}");
+    let (ok, _, err) = run(bin, &["--fabric", "sim:mem", "--processes", "2"]);
+    assert!(!ok);
+    assert!(err.contains("private to one process"), "{err}");
+    let (ok, _, err) = run(bin, &["--fabric", "tcp:x"]);
+    assert!(!ok);
+    assert!(err.contains("bad fabric"), "{err}");
+}
+
+#[test]
+fn elastic_joins_in_both_modes_and_writes_json_and_png() {
+    let bin = env!("CARGO_BIN_EXE_krcore-elastic");
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("e.json");
+    let png = dir.path().join("e.png");
+    let (ok, out, err) = run(
+        bin,
+        &[
+            "--memory-nodes",
+            "2",
+            "--compute-nodes",
+            "2",
+            "--duration",
+            "1500ms",
+            "--join-every",
+            "200ms",
+            "--records",
+            "200",
+            "--json",
+            json.to_str().unwrap(),
+            "--png",
+            png.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{err}\n{out}");
+    assert!(out.contains("krcore vs verbs"), "{out}");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    for (r, (mode, server_qps)) in runs.iter().zip([("Krcore", 0), ("Verbs", 2)]) {
+        assert_eq!(r["mode"], mode);
+        let joins = r["joins"].as_array().unwrap();
+        assert_eq!(joins.len(), 2);
+        for j in joins {
+            assert_eq!(j["modeled"]["server_qps"], server_qps);
+            let s = &j["stamps"];
+            assert!(s["first_get"].as_u64().unwrap() >= s["spawn"].as_u64().unwrap());
+            // Modeled control-path time under cx4: QPs were created.
+            assert!(j["modeled"]["qps_created"].as_u64().unwrap() >= 1);
+        }
+        assert!(!r["timeline"].as_array().unwrap().is_empty());
+    }
+    // krcore mode's connect creates no QP per memory node (at most the
+    // allocation RPC's UD QP); verbs mode creates one RC QP per memory node
+    // on each side.
+    let k = &runs[0]["joins"][0]["modeled"];
+    let cx4_qp = 13_660_000u64;
+    assert!(k["connect_ns"].as_u64().unwrap() < 2 * cx4_qp, "{k}");
+    let vb = &runs[1]["joins"][0]["modeled"];
+    assert!(vb["connect_ns"].as_u64().unwrap() >= 2 * cx4_qp, "{vb}");
+    assert!(vb["server_ns"].as_u64().unwrap() >= 2 * cx4_qp, "{vb}");
+    assert_eq!(&std::fs::read(&png).unwrap()[1..4], b"PNG");
+}
+
+#[test]
+#[ignore = "runs 20 s of client kills; `cargo test -p krcore-benches --test drivers -- --ignored`"]
+fn short_soak_loses_nothing() {
+    let bin = env!("CARGO_BIN_EXE_krcore-soak");
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("soak.json");
+    let (ok, out, err) = run(
+        bin,
+        &[
+            "--duration",
+            "20s",
+            "--kill-every",
+            "2s",
+            "--records",
+            "2000",
+            "--node-mb",
+            "256",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{err}\n{out}");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert!(v["kills"].as_u64().unwrap() >= 5, "{v}");
+    assert_eq!(v["verification"]["lost"], 0);
+    assert_eq!(v["verification"]["wrong"], 0);
+    assert!(v["writes_acked"].as_u64().unwrap() > 0);
+    assert!(v["global_depth"].as_u64().unwrap() > 0, "the table resized");
+}
