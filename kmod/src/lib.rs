@@ -198,14 +198,16 @@ pub mod credits;
 pub mod dccache;
 pub mod engine;
 pub mod handshake;
+pub mod msg;
 pub mod precheck;
 mod sync;
 pub mod wrid;
 
 pub use engine::{
-    DciStats, Engine, EngineConfig, EngineError, EngineMode, EngineStats, HandshakeConfig,
-    HandshakeFailure, HandshakeResponder, HandshakeStats, MetaFailure, MetaLocation, MetaStats,
-    OwnedMr, ProgressThread, QpStats, RcMetaHost, RcStats, Vqp, VqpError, DCIS_PER_CPU,
+    DciStats, Endpoint, Engine, EngineConfig, EngineError, EngineMode, EngineStats, ForkKit,
+    HandshakeConfig, HandshakeFailure, HandshakeResponder, HandshakeStats, LeaseError, LeaseId,
+    Message, MetaFailure, MetaLocation, MetaStats, MsgConfig, MsgError, MsgStats, OwnedMr, Port,
+    ProgressThread, QpStats, RcMetaHost, RcStats, Sender, Vqp, VqpError, DCIS_PER_CPU,
     DEFAULT_DC_KEY, DEFAULT_HANDSHAKE_QKEY,
 };
 

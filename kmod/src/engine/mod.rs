@@ -66,9 +66,11 @@
 
 mod config;
 mod error;
+mod fork;
 mod idhash;
 mod meta;
 mod mrs;
+mod msg;
 mod physqp;
 mod rc;
 mod rc_meta;
@@ -76,16 +78,18 @@ mod responder;
 mod ud;
 mod vqp;
 
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use krcore_nic::{bring_up, Access, DcTarget, Gid, Nic, QpCaps, QpInit, QpType, QueuePair};
 use parking_lot::Mutex;
 
 pub use config::{EngineConfig, DCIS_PER_CPU, DEFAULT_DC_KEY};
 pub use error::{EngineError, HandshakeFailure, MetaFailure, VqpError};
+pub use fork::ForkKit;
 pub use meta::{MetaLocation, MetaStats};
-pub use mrs::OwnedMr;
+pub use mrs::{LeaseError, LeaseId, OwnedMr};
+pub use msg::{Endpoint, Message, MsgConfig, MsgError, MsgStats, Port, Sender};
 pub use physqp::{DciStats, QpStats};
 pub use rc::RcStats;
 pub use rc_meta::RcMetaHost;
@@ -212,6 +216,12 @@ pub(crate) struct EngineInner<N: Nic> {
     next_vqp: AtomicU32,
     hits: AtomicU64,
     misses: AtomicU64,
+    /// Two-sided messaging, made by the first bind or endpoint.
+    msg: OnceLock<Arc<msg::MsgNode<N>>>,
+    msg_init: Mutex<()>,
+    /// Set in a forked child ([`ForkKit::adopt`]): no meta lookups, no new
+    /// NIC objects, no messaging.
+    forked: AtomicBool,
 }
 
 impl<N: Nic> EngineInner<N> {
@@ -353,6 +363,9 @@ impl<N: Nic> Engine<N> {
             next_vqp: AtomicU32::new(1),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
+            msg: OnceLock::new(),
+            msg_init: Mutex::new(()),
+            forked: AtomicBool::new(false),
             cfg,
         });
         if inner.mode() == EngineMode::Dc {
@@ -523,6 +536,7 @@ impl<N: Nic> Engine<N> {
     /// # Errors
     /// [`EngineError::Nic`] with the provider's refusal.
     pub fn alloc_mr(&self, len: usize, access: Access) -> Result<OwnedMr<N>, EngineError> {
+        fork::refuse_in_child(&self.inner, "allocating an MR in a forked child")?;
         let mr = self
             .inner
             .nic
@@ -596,6 +610,7 @@ pub(crate) fn resolve<N: Nic>(
         return Ok(hit);
     }
     eng.misses.fetch_add(1, Ordering::Relaxed);
+    fork::refuse_in_child(eng, "a meta lookup (DCCache miss) in a forked child")?;
     let meta = eng
         .meta
         .as_ref()
