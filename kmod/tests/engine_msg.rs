@@ -13,7 +13,7 @@ use common::{config, Cluster, WAIT};
 use krcore_kmod::msg::RefuseCode;
 use krcore_kmod::{Engine, EngineConfig, MsgError, OwnedMr};
 use krcore_nic::sim::SimNic;
-use krcore_nic::{Access, Gid, MemoryRegion};
+use krcore_nic::{Access, Gid, MemoryRegion, Nic};
 
 const PORT: u16 = 7;
 
@@ -296,4 +296,25 @@ fn push_region_is_pulled_from_the_callers_mr() {
     while ep.in_flight_regions() > 0 {
         assert!(start.elapsed() < WAIT);
     }
+}
+
+/// Messaging keeps no reference cycle: dropping the last handles of an
+/// engine that used messaging (and runs the progress thread) destroys its
+/// QPs.
+#[test]
+fn an_engine_that_used_messaging_is_dropped() {
+    let c = Cluster::new();
+    let rx = node(&c, |_| {});
+    let tx = node(&c, |_| {});
+    let port = rx.bind(PORT).unwrap();
+    let ep = tx.endpoint().unwrap();
+    ep.push(rx.gid(), PORT, b"hello").unwrap();
+    let m = port.pop().unwrap();
+    port.reply(&m, b"bye").unwrap();
+    assert_eq!(ep.pop_reply().unwrap().to_vec(), b"bye");
+    let nic = rx.nic().clone();
+    let before = nic.counters();
+    drop((m, port, rx));
+    let d = nic.counters() - before;
+    assert!(d.qps_destroyed >= 2, "DCT and DCIs destroyed: {d:?}");
 }
