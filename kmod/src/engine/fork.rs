@@ -115,7 +115,7 @@ impl<N: Nic> ForkKit<N> {
     /// [`EngineError::Unsupported`] when the pool's lock was held by
     /// another thread of the parent at the fork (it can never be released
     /// in the child).
-    pub fn adopt(self) -> Result<Engine<N>, EngineError> {
+    pub fn adopt(&self) -> Result<Engine<N>, EngineError> {
         let inner = &self.engine.inner;
         let Some(mut pool) = inner.pool.try_lock_for(Duration::from_millis(10)) else {
             return Err(EngineError::Unsupported {
