@@ -16,7 +16,7 @@
 //!
 //! Each (VQP, port) channel has `msg.window` credits. A push takes one; the
 //! receiver returns them as its user pops. With no credit:
-//! [`Vqp::push`] blocks (driving the engine) up to `msg.timeout` (1 s by
+//! [`Vqp::push`] blocks (driving the engine) up to `msg.timeout` (5 s by
 //! default) and then fails with [`MsgError::Timeout`]; [`Vqp::try_push`]
 //! fails at once with [`MsgError::WouldBlock`]. Nothing is ever dropped:
 //! a message is either accepted (and will be delivered once) or refused

@@ -15,7 +15,9 @@
 //!   |         in one process share nothing)
 //!   |- PD
 //!   |- DC mode:
-//!   |   |- DCT + SRQ + receive CQ   incoming two-sided traffic (later issue)
+//!   |   |- DCT + SRQ + receive CQ   incoming two-sided traffic: messaging
+//!   |   |                           (msg*.rs: ports, endpoints; made at the
+//!   |   |                           first bind/endpoint, own locks)
 //!   |   `- DCI pool [0..pool_size)  created lazily, each with its own send CQ
 //!   |         `- per-QP lock: credits, VQPs bound to it, MR snapshot
 //!   |- RC fallback mode:
@@ -44,6 +46,8 @@
 //! | RC: new pair         | the pair cache's creation lock (one handshake)  |
 //! | `create_vqp`         | the pool's (creating a DCI when below the cap)  |
 //! | `alloc_mr`, MR drop  | the MR map's (posts see it through one atomic)  |
+//! | messaging receive    | the node's receive lock (try-lock), then a      |
+//! |                      | port's or endpoint's state lock (see `msg`)     |
 //!
 //! No lock spans physical QPs: VQPs on different QPs never contend. RC
 //! recovery re-handshakes under the pair's lock (bounded by the handshake
@@ -180,9 +184,8 @@ impl Default for EngineStats {
 
 /// DC mode: the DCT peers reach this node through.
 struct Receiver<N: Nic> {
-    #[allow(dead_code)] // polled by the two-sided path (later issue)
+    /// Receive CQ and SRQ: drained and refilled by messaging (`msg`).
     cq: N::Cq,
-    #[allow(dead_code)]
     srq: N::Srq,
     dct: N::Qp,
 }

@@ -103,7 +103,7 @@ pub struct MsgConfig {
     /// Receive slots kept for control messages. Default 32.
     pub ctl_slots: u32,
     /// Longest a blocking call waits (push for a credit or the Open's
-    /// answer, pop, reply, a descriptor READ). Default 1 s.
+    /// answer, pop, reply, a descriptor READ). Default 5 s.
     pub timeout: Duration,
     /// Drain the receive CQ from a thread of the engine's (named
     /// `krcore-msg`, started by the first bind/endpoint, joined when the
@@ -126,7 +126,7 @@ impl Default for MsgConfig {
             reply_window: 4,
             port_slots: 64,
             ctl_slots: 32,
-            timeout: Duration::from_secs(1),
+            timeout: Duration::from_secs(5),
             progress_thread: false,
             idle_sleep: Duration::from_micros(50),
         }
@@ -237,6 +237,10 @@ pub struct MsgStats {
     pub recv_errors: u64,
     /// Error completions of the node's own message sends.
     pub send_errors: u64,
+    /// Receives whose handling failed (a receive buffer that could not be
+    /// re-posted, an answer to an Open that could not be sent: that sender
+    /// times out, typed).
+    pub progress_errors: u64,
 }
 
 #[derive(Default)]
@@ -253,6 +257,7 @@ pub(crate) struct Counters {
     pub(crate) orphaned: AtomicU64,
     pub(crate) recv_errors: AtomicU64,
     pub(crate) send_errors: AtomicU64,
+    pub(crate) progress_errors: AtomicU64,
 }
 
 pub(crate) fn bump(c: &AtomicU64) {
@@ -558,6 +563,7 @@ impl<N: Nic> MsgNode<N> {
             orphaned: l(&c.orphaned),
             recv_errors: l(&c.recv_errors),
             send_errors: l(&c.send_errors),
+            progress_errors: l(&c.progress_errors),
         }
     }
 
@@ -569,17 +575,26 @@ impl<N: Nic> MsgNode<N> {
         };
         let mut wcs = [Wc::default(); 16];
         let mut total = 0;
+        let mut first_error = None;
         loop {
             let k = self
                 .cq
                 .poll(&mut wcs)
                 .map_err(MsgError::nic("poll the receive CQ"))?;
+            // Every polled completion is handled, whatever fails for one of
+            // them: a completion is polled once.
             for wc in &wcs[..k] {
-                self.handle(eng, &mut buf, wc)?;
+                if let Err(e) = self.handle(eng, &mut buf, wc) {
+                    bump(&self.counters.progress_errors);
+                    first_error.get_or_insert(e);
+                }
             }
             total += k;
             if k < wcs.len() {
-                return Ok(total);
+                return match first_error {
+                    Some(e) => Err(e),
+                    None => Ok(total),
+                };
             }
         }
     }
@@ -608,12 +623,15 @@ impl<N: Nic> MsgNode<N> {
         }
         let len = (wc.byte_len as usize).min(self.slot_len);
         let bytes = &mut buf[..len];
-        self.bufs
+        // The buffer goes back to the SRQ whatever happens next.
+        let read = self
+            .bufs
             .read(off, bytes)
-            .map_err(MsgError::nic("read a receive buffer"))?;
+            .map_err(MsgError::nic("read a receive buffer"));
         let parsed = MsgRepr::parse_bytes(bytes);
         let body = bytes.get(HEADER_LEN..).unwrap_or(&[]).to_vec();
         repost(self)?;
+        read?;
         let Ok(m) = parsed else {
             bump(&self.counters.malformed);
             return Ok(());
