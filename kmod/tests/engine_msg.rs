@@ -170,8 +170,21 @@ fn a_stalled_receiver_stalls_the_sender_without_loss() {
         let m = port.pop_timeout(WAIT).expect("pop");
         assert_eq!(m.to_vec(), i.to_le_bytes(), "message {i}");
     }
-    t.join().unwrap();
+    let ep = t.join().unwrap();
     assert_eq!(rx.msg_stats().out_of_order, 0);
+    // 200 pops returned 200 credits in batches of 4: none pending.
+    assert_eq!(port.return_credits().unwrap(), 0);
+    // Three more: pending below the batch until returned explicitly.
+    for i in 0..3u64 {
+        ep.push(rx.gid(), PORT, &i.to_le_bytes()).unwrap();
+        port.pop().unwrap();
+    }
+    assert_eq!(ep.credits(rx.gid(), PORT), Some(5));
+    assert_eq!(port.return_credits().unwrap(), 3);
+    let start = std::time::Instant::now();
+    while ep.credits(rx.gid(), PORT) != Some(8) {
+        assert!(start.elapsed() < WAIT, "credits never came back");
+    }
 }
 
 #[test]

@@ -317,6 +317,59 @@ impl<N: Nic> Port<N> {
         Ok(())
     }
 
+    /// Returns now the credits of every message popped so far (they go
+    /// back in batches of half a channel's window otherwise): for a
+    /// receiver that pops in batches and wants its senders at full window
+    /// at once. Returns the credits sent back.
+    ///
+    /// # Errors
+    /// Engine and post errors (the credits stay pending).
+    pub fn return_credits(&self) -> Result<u32, MsgError> {
+        let tx = self.tx.lock();
+        let due: Vec<(Sender, u32)> = {
+            let mut st = self.shared.state.lock();
+            st.channels
+                .iter_mut()
+                .filter_map(|(s, c)| c.returns.flush().map(|n| (*s, n)))
+                .collect()
+        };
+        let mut sent = 0;
+        let mut result = Ok(());
+        let imm = tx.vqp.id().get();
+        for (sender, n) in due {
+            if result.is_ok() {
+                let m = MsgRepr {
+                    src: self.eng.nic.gid(),
+                    dst: MsgDst::Vqp {
+                        vqp: sender.vqp,
+                        from: self.shared.port,
+                    },
+                    kind: MsgKind::Credit { count: n },
+                };
+                let cfg = &self.node.cfg;
+                match send_inline(
+                    &tx.vqp,
+                    sender.gid,
+                    imm,
+                    &m.emit(),
+                    cfg.timeout,
+                    &self.node.counters,
+                ) {
+                    Ok(()) => {
+                        sent += n;
+                        continue;
+                    }
+                    Err(e) => result = Err(e),
+                }
+            }
+            // Not sent: the credits stay pending.
+            if let Some(c) = self.shared.state.lock().channels.get_mut(&sender) {
+                c.returns.unflush(n);
+            }
+        }
+        result.map(|()| sent)
+    }
+
     /// Pops the oldest message, waiting up to `timeout`.
     ///
     /// # Errors
