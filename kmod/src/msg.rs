@@ -374,6 +374,18 @@ impl MsgRepr {
     /// # Errors
     /// Version, kind, length and destination problems as [`MsgWireError`].
     pub fn parse<T: AsRef<[u8]>>(p: &MsgPacket<T>) -> Result<MsgRepr, MsgWireError> {
+        MsgRepr::parse_with_body(p, p.body().len())
+    }
+
+    /// Parses a checked view of the header alone, the body (`body_len`
+    /// bytes) being elsewhere (read straight into its own buffer).
+    ///
+    /// # Errors
+    /// As [`MsgRepr::parse`].
+    pub fn parse_with_body<T: AsRef<[u8]>>(
+        p: &MsgPacket<T>,
+        body_len: usize,
+    ) -> Result<MsgRepr, MsgWireError> {
         if p.version() != VERSION {
             return Err(MsgWireError::UnsupportedVersion(p.version()));
         }
@@ -398,7 +410,7 @@ impl MsgRepr {
                 RefuseCode::from_u8(p.code()).ok_or(MsgWireError::Malformed("refuse"))?,
             ),
             4 => {
-                let present = p.body().len();
+                let present = body_len;
                 if present != p.len() as usize {
                     return Err(MsgWireError::BadLength {
                         declared: p.len(),

@@ -78,7 +78,8 @@ use super::msg_port::PortShared;
 use super::msg_send::{send_inline, POOL_KEEP};
 use super::{Engine, EngineInner, EngineMode, Transport};
 use crate::msg::{
-    Descriptor, MsgDst, MsgKind, MsgRepr, RefuseCode, SendWindow, WindowError, HEADER_LEN,
+    Descriptor, MsgDst, MsgKind, MsgPacket, MsgRepr, RefuseCode, SendWindow, WindowError,
+    HEADER_LEN,
 };
 
 /// How messaging is set up (part of [`super::EngineConfig`]).
@@ -381,7 +382,8 @@ pub(crate) struct MsgNode<N: Nic> {
     pub(crate) bufs: OwnedMr<N>,
     pub(crate) srq: N::Srq,
     pub(crate) cq: N::Cq,
-    pub(crate) recv: Mutex<Vec<u8>>,
+    /// Held (try-lock) by the one thread draining the receive CQ.
+    pub(crate) recv: Mutex<()>,
     pub(crate) budget: Mutex<u32>,
     pub(crate) ports: RwLock<HashMap<u16, Arc<PortShared<N>>>>,
     pub(crate) endpoints: RwLock<HashMap<u32, Arc<EndpointShared<N>>>>,
@@ -488,7 +490,7 @@ impl<N: Nic> MsgNode<N> {
             bufs,
             srq: r.srq.clone(),
             cq: r.cq.clone(),
-            recv: Mutex::new(vec![0u8; slot_len]),
+            recv: Mutex::new(()),
             ports: RwLock::new(HashMap::new()),
             endpoints: RwLock::new(HashMap::new()),
             counters: Counters::default(),
@@ -570,7 +572,7 @@ impl<N: Nic> MsgNode<N> {
     /// Drains the receive CQ (one thread at a time; others return 0 at
     /// once) and demultiplexes what arrived.
     pub(crate) fn progress(&self, eng: &Arc<EngineInner<N>>) -> Result<usize, MsgError> {
-        let Some(mut buf) = self.recv.try_lock() else {
+        let Some(_receiving) = self.recv.try_lock() else {
             return Ok(0);
         };
         let mut wcs = [Wc::default(); 16];
@@ -584,7 +586,7 @@ impl<N: Nic> MsgNode<N> {
             // Every polled completion is handled, whatever fails for one of
             // them: a completion is polled once.
             for wc in &wcs[..k] {
-                if let Err(e) = self.handle(eng, &mut buf, wc) {
+                if let Err(e) = self.handle(eng, wc) {
                     bump(&self.counters.progress_errors);
                     first_error.get_or_insert(e);
                 }
@@ -599,12 +601,7 @@ impl<N: Nic> MsgNode<N> {
         }
     }
 
-    pub(crate) fn handle(
-        &self,
-        eng: &Arc<EngineInner<N>>,
-        buf: &mut [u8],
-        wc: &Wc,
-    ) -> Result<(), MsgError> {
+    pub(crate) fn handle(&self, eng: &Arc<EngineInner<N>>, wc: &Wc) -> Result<(), MsgError> {
         bump(&self.counters.received);
         let slot = wc.wr_id as usize;
         let off = slot * self.slot_len;
@@ -621,15 +618,20 @@ impl<N: Nic> MsgNode<N> {
             bump(&self.counters.recv_errors);
             return repost(self);
         }
+        // The header, then the body straight into its own buffer (one copy
+        // out of the receive slot).
         let len = (wc.byte_len as usize).min(self.slot_len);
-        let bytes = &mut buf[..len];
-        // The buffer goes back to the SRQ whatever happens next.
+        let mut head = [0u8; HEADER_LEN];
+        let mut body = vec![0u8; len.saturating_sub(HEADER_LEN)];
+        let head_len = len.min(HEADER_LEN);
         let read = self
             .bufs
-            .read(off, bytes)
+            .read(off, &mut head[..head_len])
+            .and_then(|()| self.bufs.read(off + HEADER_LEN, &mut body))
             .map_err(MsgError::nic("read a receive buffer"));
-        let parsed = MsgRepr::parse_bytes(bytes);
-        let body = bytes.get(HEADER_LEN..).unwrap_or(&[]).to_vec();
+        let parsed = MsgPacket::new_checked(&head[..head_len])
+            .and_then(|p| MsgRepr::parse_with_body(&p, body.len()));
+        // The buffer goes back to the SRQ whatever happens next.
         repost(self)?;
         read?;
         let Ok(m) = parsed else {
