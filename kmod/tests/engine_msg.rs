@@ -71,7 +71,7 @@ fn ten_thousand_messages_arrive_intact_and_in_order_per_sender() {
     let rx = node(&c, tune);
     let port = rx.bind(PORT).expect("bind");
     let sizes = |s: u32| {
-        let mut r = Rng(0xabcd ^ u64::from(s + 1) * 0x1000_0001);
+        let mut r = Rng(0xabcd ^ (u64::from(s + 1) * 0x1000_0001));
         (0..PER)
             .map(|_| (r.next() % (4 * INLINE as u64)) as usize)
             .collect::<Vec<_>>()

@@ -44,9 +44,8 @@ pub(crate) struct EndpointShared<N: Nic> {
 
 pub(crate) struct EpTx<N: Nic> {
     pub(crate) vqp: Vqp<N>,
-    /// `ring_slots` staging slots for inline messages, used round-robin:
-    /// a slot is reused `ring_slots` posts later, when the VQP's depth
-    /// guarantees the WR that used it was retired.
+    /// Staging slots for inline messages, used round-robin (see
+    /// `MsgNode::staging_ring`).
     pub(crate) ring: OwnedMr<N>,
     pub(crate) posts: u64,
     pub(crate) staging: Staging<N>,
@@ -112,7 +111,7 @@ impl<N: Nic> Endpoint<N> {
         self.push_with(
             gid,
             port,
-            Payload2::Bytes(data),
+            Outgoing::Bytes(data),
             Wait::For(self.node.cfg.timeout),
         )
     }
@@ -128,7 +127,7 @@ impl<N: Nic> Endpoint<N> {
         data: &[u8],
         timeout: Duration,
     ) -> Result<(), MsgError> {
-        self.push_with(gid, port, Payload2::Bytes(data), Wait::For(timeout))
+        self.push_with(gid, port, Outgoing::Bytes(data), Wait::For(timeout))
     }
 
     /// Pushes without waiting for a credit: [`MsgError::WouldBlock`] when
@@ -138,7 +137,7 @@ impl<N: Nic> Endpoint<N> {
     /// # Errors
     /// [`MsgError::WouldBlock`]; as [`Endpoint::push`].
     pub fn try_push(&self, gid: Gid, port: u16, data: &[u8]) -> Result<(), MsgError> {
-        self.push_with(gid, port, Payload2::Bytes(data), Wait::No)
+        self.push_with(gid, port, Outgoing::Bytes(data), Wait::No)
     }
 
     /// Pushes `len` bytes at `offset` of `region` as a descriptor (zero
@@ -163,7 +162,7 @@ impl<N: Nic> Endpoint<N> {
         self.push_with(
             gid,
             port,
-            Payload2::Region(region, offset, len),
+            Outgoing::Region(region, offset, len),
             Wait::For(self.node.cfg.timeout),
         )
     }
@@ -187,7 +186,7 @@ impl<N: Nic> Endpoint<N> {
         &self,
         gid: Gid,
         port: u16,
-        payload: Payload2<'_, N>,
+        payload: Outgoing<'_, N>,
         wait: Wait,
     ) -> Result<(), MsgError> {
         let cfg = &self.node.cfg;
@@ -331,7 +330,7 @@ impl<N: Nic> Endpoint<N> {
         gid: Gid,
         port: u16,
         seq: u64,
-        payload: Payload2<'_, N>,
+        payload: Outgoing<'_, N>,
     ) -> Result<(), MsgError> {
         self.collect_released(tx);
         let dst = MsgDst::Port(port);
@@ -344,7 +343,7 @@ impl<N: Nic> Endpoint<N> {
         } = tx;
         let slot = self.node.ring_slot(posts);
         match payload {
-            Payload2::Bytes(data) => send_data(
+            Outgoing::Bytes(data) => send_data(
                 &self.eng,
                 vqp,
                 staging,
@@ -356,7 +355,7 @@ impl<N: Nic> Endpoint<N> {
                 data,
                 &self.node,
             ),
-            Payload2::Region(mr, offset, len) => {
+            Outgoing::Region(mr, offset, len) => {
                 aim(vqp, gid)?;
                 let desc = Descriptor {
                     addr: mr.addr() + offset as u64,
@@ -496,17 +495,19 @@ impl<N: Nic> Endpoint<N> {
     }
 }
 
+/// What a push sends: bytes (copied inline, or into a staging buffer for
+/// a descriptor), or a range of the caller's MR (a descriptor of it).
 #[derive(Clone, Copy)]
-pub(crate) enum Payload2<'a, N: Nic> {
+pub(crate) enum Outgoing<'a, N: Nic> {
     Bytes(&'a [u8]),
     Region(&'a OwnedMr<N>, usize, u32),
 }
 
-impl<N: Nic> Payload2<'_, N> {
+impl<N: Nic> Outgoing<'_, N> {
     pub(crate) fn len(&self) -> usize {
         match self {
-            Payload2::Bytes(b) => b.len(),
-            Payload2::Region(_, _, l) => *l as usize,
+            Outgoing::Bytes(b) => b.len(),
+            Outgoing::Region(_, _, l) => *l as usize,
         }
     }
 }
