@@ -242,6 +242,40 @@ fn bind_twice_unbound_port_oversized_and_busy_are_typed_errors() {
     drop(port);
     assert_eq!(rx.msg_unreserved().unwrap(), free + 8);
     let _again = rx.bind(PORT).unwrap();
+    // A sender whose channel outlived the port: the message that reached
+    // no port is reported to it, typed, at its next push.
+    let ep2 = tx.endpoint().unwrap();
+    ep2.push(rx.gid(), PORT + 2, b"x").expect_err("unbound");
+    let late = rx.bind(PORT + 2).unwrap();
+    ep2.push(rx.gid(), PORT + 2, b"kept").unwrap();
+    assert_eq!(late.pop().unwrap().to_vec(), b"kept");
+    drop(late);
+    let orphaned = rx.msg_stats().orphaned;
+    let start = std::time::Instant::now();
+    let mut accepted = 0;
+    loop {
+        match ep2.push(rx.gid(), PORT + 2, b"after unbind") {
+            Ok(()) => accepted += 1,
+            Err(MsgError::Refused {
+                code: RefuseCode::Unbound,
+                ..
+            }) => break,
+            Err(e) => panic!("{e}"),
+        }
+        assert!(start.elapsed() < WAIT, "never told");
+    }
+    assert!(accepted >= 1);
+    // Every accepted one is accounted for at the receiver, none delivered.
+    while rx.msg_stats().orphaned - orphaned < accepted {
+        assert!(start.elapsed() < WAIT, "orphans not all counted");
+        rx.msg_progress().unwrap();
+    }
+    assert_eq!(rx.msg_stats().orphaned - orphaned, accepted);
+    assert_eq!(
+        rx.msg_stats().orphaned - orphaned,
+        accepted,
+        "each one reported"
+    );
     let rc = Fabric::new();
     assert!(matches!(
         rc.engine(EngineConfig::default()).bind(1),

@@ -31,7 +31,12 @@
 //! receiver slows its senders (their pushes block or say
 //! [`MsgError::WouldBlock`]), and nothing is dropped. A message that cannot
 //! be delivered (unbound port, the port's slots all granted, too large) is
-//! a typed error at the sender.
+//! a typed error at the sender. One case is reported late: messages a
+//! sender pushed while the port it had a channel to was being unbound are
+//! not delivered; the receiver counts them ([`MsgStats::orphaned`]) and
+//! answers with a Refuse, so the sender's next push to that port fails with
+//! [`MsgError::Refused`] (`Unbound`) and `Ok` pushes since the unbind are
+//! the ones lost. Dropping a [`Port`] discards what its ring still holds.
 //!
 //! Control messages are bounded per channel (one Open, then at most one
 //! Credit per half window and one Release per descriptor); `ctl_slots` is
@@ -232,7 +237,9 @@ pub struct MsgStats {
     pub out_of_order: u64,
     /// Receives that were not messages, or broke the protocol.
     pub malformed: u64,
-    /// Data messages for a port unbound after it granted the channel.
+    /// Messages for a port unbound after it granted the channel, or for
+    /// an endpoint dropped since (not delivered; a port's sender is told
+    /// with a Refuse, so its next push fails typed).
     pub orphaned: u64,
     /// Receive completions with an error status.
     pub recv_errors: u64,
@@ -270,7 +277,7 @@ pub(crate) fn bump(c: &AtomicU64) {
 pub struct Sender {
     /// The sending node.
     pub gid: Gid,
-    /// The sending VQP (an [`Endpoint`]'s id).
+    /// The sending VQP (an [`Endpoint`](super::Endpoint)'s id).
     pub vqp: u32,
 }
 
@@ -715,9 +722,23 @@ impl<N: Nic> MsgNode<N> {
                 Ok(())
             }
             MsgKind::Data { seq, .. } | MsgKind::Desc { seq, .. } => {
+                // A message for a port unbound since it granted the
+                // channel: not delivered, and its sender is told (its next
+                // push fails with `Refused { code: Unbound }`).
+                let orphan = |this: &MsgNode<N>| {
+                    bump(&this.counters.orphaned);
+                    let refuse = MsgRepr {
+                        src: eng.nic.gid(),
+                        dst: MsgDst::Vqp {
+                            vqp: from.vqp,
+                            from: p,
+                        },
+                        kind: MsgKind::Refuse(RefuseCode::Unbound),
+                    };
+                    this.send_ctl(eng, from.gid, &refuse)
+                };
                 let Some(port) = port else {
-                    bump(&self.counters.orphaned);
-                    return Ok(());
+                    return orphan(self);
                 };
                 let body = match m.kind {
                     MsgKind::Desc { len, desc, .. } => {
@@ -731,8 +752,8 @@ impl<N: Nic> MsgNode<N> {
                 };
                 let mut st = port.state.lock();
                 let Some(c) = st.channels.get_mut(&from) else {
-                    bump(&self.counters.orphaned);
-                    return Ok(());
+                    drop(st);
+                    return orphan(self);
                 };
                 if c.seq.accept(seq).is_err() {
                     bump(&self.counters.out_of_order);

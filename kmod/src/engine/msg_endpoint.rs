@@ -205,10 +205,15 @@ impl<N: Nic> Endpoint<N> {
             self.node.progress(&self.eng)?;
             let seq = {
                 let mut st = self.shared.state.lock();
-                match st.channels.get_mut(&key) {
-                    Some(c) => c.fwd.take(),
-                    None => None,
+                let c = st.channels.get_mut(&key);
+                // The port went away meanwhile (it reported a message that
+                // found no port): typed, and the channel is forgotten.
+                if let Some(Status::Refused(code)) = c.as_ref().map(|c| c.status) {
+                    drop(st);
+                    self.forget(key);
+                    return Err(MsgError::Refused { gid, port, code });
                 }
+                c.and_then(|c| c.fwd.take())
             };
             if let Some(seq) = seq {
                 let r = self.send(&mut tx, gid, port, seq, payload);
@@ -384,7 +389,7 @@ impl<N: Nic> Endpoint<N> {
     /// pulled here. The reply's credit goes back to its port.
     ///
     /// # Errors
-    /// As [`Port::try_pop`].
+    /// As [`Port::try_pop`](super::Port::try_pop).
     pub fn try_pop_reply(&self) -> Result<Option<Message<N>>, MsgError> {
         self.node.progress(&self.eng)?;
         let tx = self.tx.lock();
