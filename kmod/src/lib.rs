@@ -21,6 +21,7 @@
 //!   |  wrid      physical wr_id = (VQP id, sequence); per-VQP slot tables
 //!   |  credits   send-queue credits of one shared physical QP
 //!   |  handshake the RC handshake's messages (RC fallback mode)
+//!   |  msg       two-sided messages: header layout, credit accounts
 //!   |
 //! krcore_nic::Nic (sim, verbs)
 //! ```
@@ -93,6 +94,14 @@
 //!   unsignaled WRs, and impossible completions are typed errors.
 //! - [`handshake`]: the RC fallback's handshake messages
 //!   ([`handshake::HandshakeRepr`]) and the protocol's rules.
+//! - [`msg`]: two-sided messaging's header ([`msg::MsgRepr`]), channel
+//!   protocol and credit accounts ([`msg::SendWindow`],
+//!   [`msg::ReturnBatch`]); hosted by [`Engine::bind`] ([`Port`]) and
+//!   [`Engine::endpoint`] ([`Endpoint`]).
+//!
+//! Also hosted by the engine: MR leases ([`OwnedMr::lease`],
+//! [`OwnedMr::deregister`]) and fork kits for worker processes
+//! ([`Engine::prepare_fork`], [`ForkKit`]).
 //!
 //! - [`engine`]: [`Engine`] and [`Vqp`], the host: which lock guards what,
 //!   how completions are routed, what is cached, and how a DCI in ERR is
@@ -198,14 +207,16 @@ pub mod credits;
 pub mod dccache;
 pub mod engine;
 pub mod handshake;
+pub mod msg;
 pub mod precheck;
 mod sync;
 pub mod wrid;
 
 pub use engine::{
-    DciStats, Engine, EngineConfig, EngineError, EngineMode, EngineStats, HandshakeConfig,
-    HandshakeFailure, HandshakeResponder, HandshakeStats, MetaFailure, MetaLocation, MetaStats,
-    OwnedMr, ProgressThread, QpStats, RcMetaHost, RcStats, Vqp, VqpError, DCIS_PER_CPU,
+    DciStats, Endpoint, Engine, EngineConfig, EngineError, EngineMode, EngineStats, ForkKit,
+    HandshakeConfig, HandshakeFailure, HandshakeResponder, HandshakeStats, LeaseError, LeaseId,
+    Message, MetaFailure, MetaLocation, MetaStats, MsgConfig, MsgError, MsgStats, OwnedMr, Port,
+    ProgressThread, QpStats, RcMetaHost, RcStats, Sender, Vqp, VqpError, DCIS_PER_CPU,
     DEFAULT_DC_KEY, DEFAULT_HANDSHAKE_QKEY,
 };
 

@@ -1,6 +1,6 @@
 //! The SDK's error type.
 
-use krcore_kmod::{EngineError, VqpError};
+use krcore_kmod::{EngineError, LeaseError, MsgError, VqpError};
 use krcore_nic::{Gid, NicError, WcStatus};
 
 /// Any error of the SDK.
@@ -46,6 +46,15 @@ pub enum Error {
     /// The node builder was given contradictory or missing settings.
     #[error("node builder: {0}")]
     Builder(&'static str),
+    /// Two-sided messaging (bind, push, pop, reply).
+    #[error(transparent)]
+    Msg(#[from] MsgError),
+    /// A lease could not be taken (range, access).
+    #[error("lease: {0}")]
+    Lease(#[from] LeaseError),
+    /// The operation is not available here.
+    #[error("unsupported: {0}")]
+    Unsupported(&'static str),
     /// The meta table refused a registration.
     #[error("registering {gid} with the meta table: {source}")]
     Register {
@@ -55,6 +64,16 @@ pub enum Error {
         #[source]
         source: krcore_meta::engine::TableError,
     },
+}
+
+/// A refused [`crate::MemoryRegion::deregister`]: the region comes back.
+#[derive(Debug, thiserror::Error)]
+#[error("deregistration refused: {reason}")]
+pub struct DeregisterError<N: krcore_nic::Nic = krcore_nic::sim::SimNic> {
+    /// The region, still registered.
+    pub region: crate::MemoryRegion<N>,
+    /// Why.
+    pub reason: LeaseError,
 }
 
 /// Result of the SDK's fallible calls.

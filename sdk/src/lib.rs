@@ -92,6 +92,31 @@
 //! programs and tests, [`NodeBuilder::host_meta`] puts an embedded table
 //! ([`MetaHost`], the real meta server hosted in-process) on the node and [`NodeBuilder::join`] shares it.
 //!
+//! # Two-sided messaging
+//!
+//! [`Node::bind`] a port, [`Vqp::push`] to it, [`Port::pop`] and
+//! [`Port::reply`]; credit-based flow control, zero-copy for large
+//! messages (see [`msg`]).
+//!
+//! # MR leases
+//!
+//! [`MemoryRegion::lease`] hands out a [`RemoteRegion`] with an expiry:
+//! a peer's pre-check refuses it once expired (it never reaches the NIC);
+//! [`MemoryRegion::deregister`] refuses while leases are live unless
+//! [`MemoryRegion::revoke_leases`] ended them, after which peers get
+//! `REM_ACCESS_ERR` ([`Error::Failed`]); dropping a leased region defers
+//! its deregistration until its leases expire. ([`MemoryRegion::token`]
+//! hands out an unleased token: no expiry, no protection from a drop.)
+//!
+//! # Worker processes (fork)
+//!
+//! On a directory fabric ([`krcore_nic::sim::SimFabric::open_dir`],
+//! `sim:/dev/shm/NAME`), [`Node::fork`] starts a worker process that
+//! inherits the initialized node (engine, warm DCCache, MRs) and posts at
+//! once on DCIs the parent prepared for it: see [`Worker`] for what the
+//! worker may and may not do. `sim:mem` is private to its process:
+//! [`Error::Unsupported`].
+//!
 //! # Thread safety
 //!
 //! [`Node`], [`Vqp`] and [`MemoryRegion`] are `Send + Sync` and cheap to
@@ -113,18 +138,22 @@
 #![warn(missing_docs, missing_debug_implementations)]
 
 mod error;
+mod fork;
 mod memory;
+pub mod msg;
 mod node;
 mod vqp;
 
-pub use error::{Error, Result};
+pub use error::{DeregisterError, Error, Result};
+pub use fork::Worker;
 pub use memory::{MemoryRegion, RemoteRegion};
+pub use msg::{Message, MsgError, Port, Sender};
 pub use node::{MetaHost, Node, NodeBuilder, RcMetaHosted};
 pub use vqp::{Completion, Request, Vqp, REQUEST_WR_ID_BIT};
 
 pub use krcore_kmod::{
-    EngineConfig, EngineError, EngineMode, EngineStats, HandshakeFailure, MetaFailure,
-    MetaLocation, Reason, Rejection, RemoteGrant, VqpError,
+    EngineConfig, EngineError, EngineMode, EngineStats, HandshakeFailure, LeaseError, LeaseId,
+    MetaFailure, MetaLocation, Reason, Rejection, RemoteGrant, VqpError,
 };
 pub use krcore_meta::table::Geometry;
 pub use krcore_nic::{

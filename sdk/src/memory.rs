@@ -1,13 +1,13 @@
 //! Local memory regions and the remote-region tokens handed to peers.
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use krcore_kmod::{OwnedMr, RemoteGrant};
+use krcore_kmod::{LeaseId, OwnedMr, RemoteGrant};
 use krcore_nic::sim::SimNic;
 use krcore_nic::{Access, Gid, MemoryRegion as _, Nic, RemoteAddr, Sge};
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use crate::error::{DeregisterError, Error, Result};
 
 /// Checks `offset..offset+len` inside `0..region_len`.
 pub(crate) fn check(offset: u64, len: u64, region_len: u64, which: &'static str) -> Result<()> {
@@ -106,8 +106,106 @@ impl<N: Nic> MemoryRegion<N> {
         self.mr.remote(offset)
     }
 
+    /// A lease: a token granting peers `access` to `offset..offset+len`
+    /// for `ttl` (see the crate docs' "MR leases"). The token carries its
+    /// expiry (wall clock, so that it travels between processes); a peer's
+    /// pre-check refuses it once expired.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use krcore::{Access, Node};
+    ///
+    /// let node = Node::builder().host_meta().build()?;
+    /// let region = node.alloc(4096, Access::ALL)?;
+    /// let token = region.lease(0, 64, Access::REMOTE_READ, Duration::from_secs(60))?;
+    /// assert!(!token.is_expired());
+    /// let region = match region.deregister() {
+    ///     Err(refused) => refused.region, // a live lease
+    ///     Ok(()) => unreachable!(),
+    /// };
+    /// assert_eq!(region.revoke_leases(), 1);
+    /// region.deregister().map_err(|e| e.reason)?; // peers now get REM_ACCESS_ERR
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`]; [`Error::Lease`] when the region was
+    /// registered without `access`.
+    pub fn lease(
+        &self,
+        offset: u64,
+        len: u64,
+        access: Access,
+        ttl: Duration,
+    ) -> Result<RemoteRegion> {
+        Ok(self.lease_with_id(offset, len, access, ttl)?.1)
+    }
+
+    /// [`MemoryRegion::lease`], also returning the lease's id (for
+    /// [`MemoryRegion::revoke`]).
+    ///
+    /// # Errors
+    /// As [`MemoryRegion::lease`].
+    pub fn lease_with_id(
+        &self,
+        offset: u64,
+        len: u64,
+        access: Access,
+        ttl: Duration,
+    ) -> Result<(LeaseId, RemoteRegion)> {
+        check(offset, len, self.len() as u64, "local")?;
+        let (id, grant) = self.mr.lease(offset, len, access, Instant::now() + ttl)?;
+        let expires =
+            unix_ms_now().saturating_add(ttl.as_millis().min(u128::from(u64::MAX - 1)) as u64);
+        Ok((
+            id,
+            RemoteRegion {
+                gid: self.gid,
+                addr: grant.addr,
+                len,
+                rkey: self.mr.rkey(),
+                access,
+                expires_unix_ms: expires.min(NEVER - 1),
+            },
+        ))
+    }
+
+    /// Revokes one lease; returns whether it was live.
+    pub fn revoke(&self, id: LeaseId) -> bool {
+        self.mr.revoke(id)
+    }
+
+    /// Revokes every lease of the region; returns how many were live.
+    pub fn revoke_leases(&self) -> usize {
+        self.mr.revoke_all()
+    }
+
+    /// Leases live now.
+    pub fn live_leases(&self) -> usize {
+        self.mr.live_leases(Instant::now())
+    }
+
+    /// Deregisters the region now: peers holding its tokens get
+    /// `REM_ACCESS_ERR` from then on.
+    ///
+    /// # Errors
+    /// Refused (the region comes back in the error) while leases are live
+    /// ([`krcore_kmod::LeaseError::Live`]: revoke them first) or while other
+    /// clones of this handle exist ([`krcore_kmod::LeaseError::Shared`]).
+    pub fn deregister(self) -> std::result::Result<(), DeregisterError<N>> {
+        let gid = self.gid;
+        self.mr
+            .deregister(Instant::now())
+            .map_err(|(mr, reason)| DeregisterError {
+                region: MemoryRegion { mr, gid },
+                reason,
+            })
+    }
+
     /// A token granting peers `access` to `offset..offset+len` of this
-    /// region (the region's own access flags still apply at the NIC).
+    /// region (the region's own access flags still apply at the NIC). No
+    /// lease: it never expires, and does not keep the region registered
+    /// (see [`MemoryRegion::lease`]).
     ///
     /// # Errors
     /// [`Error::OutOfRange`] when the range is outside the region.
@@ -119,11 +217,12 @@ impl<N: Nic> MemoryRegion<N> {
             len,
             rkey: self.mr.rkey(),
             access,
+            expires_unix_ms: NEVER,
         })
     }
 
     /// A token for the whole region with every access it was registered
-    /// with.
+    /// with (no lease, see [`MemoryRegion::remote_region`]).
     pub fn token(&self) -> RemoteRegion {
         RemoteRegion {
             gid: self.gid,
@@ -131,6 +230,7 @@ impl<N: Nic> MemoryRegion<N> {
             len: self.len() as u64,
             rkey: self.mr.rkey(),
             access: self.mr.access(),
+            expires_unix_ms: NEVER,
         }
     }
 
@@ -156,10 +256,29 @@ pub struct RemoteRegion {
     pub rkey: u32,
     /// Granted access (`REMOTE_READ`, `REMOTE_WRITE`, `REMOTE_ATOMIC`).
     pub access: Access,
+    /// When the lease ends, in milliseconds since the Unix epoch (wall
+    /// clock: the token travels between processes); `u64::MAX` for a
+    /// token without lease. Absent in serialized tokens of older
+    /// versions: no lease.
+    #[serde(default = "never")]
+    pub expires_unix_ms: u64,
 }
 
-/// How long a grant derived from a token stays valid at the pre-check
-/// (tokens carry no expiry yet: MR leases are a later step).
+/// `expires_unix_ms` of a token without lease.
+const NEVER: u64 = u64::MAX;
+
+fn never() -> u64 {
+    NEVER
+}
+
+fn unix_ms_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// How long a grant derived from a token without lease stays valid at the
+/// pre-check.
 const GRANT_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 
 impl RemoteRegion {
@@ -171,13 +290,26 @@ impl RemoteRegion {
         }
     }
 
-    /// The grant the pre-check enforces for this token.
+    /// Whether the token's lease has ended (never for a token without
+    /// lease).
+    pub fn is_expired(&self) -> bool {
+        self.expires_unix_ms != NEVER && unix_ms_now() >= self.expires_unix_ms
+    }
+
+    /// The grant the pre-check enforces for this token: its expiry moved to
+    /// this process's monotonic clock (already past for an expired token).
     pub fn grant(&self) -> RemoteGrant {
+        let now = Instant::now();
+        let expires_at = if self.expires_unix_ms == NEVER {
+            now + GRANT_TTL
+        } else {
+            now + Duration::from_millis(self.expires_unix_ms.saturating_sub(unix_ms_now()))
+        };
         RemoteGrant {
             addr: self.addr,
             len: self.len,
             access: self.access,
-            expires_at: Instant::now() + GRANT_TTL,
+            expires_at,
         }
     }
 }

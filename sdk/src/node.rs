@@ -114,6 +114,7 @@ impl<N: Nic> Node<N> {
     /// [`Error::Engine`] when the engine cannot start.
     pub fn with_nic(nic: N, mut cfg: EngineConfig) -> Result<Node<N>> {
         cfg.handshake_thread = true;
+        cfg.msg.progress_thread = true;
         Ok(Node {
             inner: Arc::new(NodeInner {
                 engine: Engine::start(nic, cfg)?,
@@ -366,6 +367,9 @@ impl NodeBuilder {
             handshake_thread,
         } = self;
         config.handshake_thread = handshake_thread;
+        // Ports answer Opens and return credits while their users do not
+        // call in (see krcore::msg).
+        config.msg.progress_thread = true;
         let mut joined_meta_host = None;
         let dev = |sim: Option<SimConfig>| sim.unwrap_or_default();
         let (nic, fabric) = match place {

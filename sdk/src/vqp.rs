@@ -49,6 +49,8 @@ struct Inner<N: Nic> {
     next_request: Mutex<u64>,
     /// 8 bytes per VQP slot for atomics' old values, allocated on first use.
     scratch: Mutex<Option<MemoryRegion<N>>>,
+    /// The messaging endpoint, made by the first push.
+    endpoint: std::sync::OnceLock<krcore_kmod::Endpoint<N>>,
 }
 
 /// A virtual QP (see the crate docs). Cheap to clone; `Send + Sync`.
@@ -79,6 +81,7 @@ impl<N: Nic> Vqp<N> {
                 stash: Mutex::new(Stash::default()),
                 next_request: Mutex::new(0),
                 scratch: Mutex::new(None),
+                endpoint: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -100,6 +103,61 @@ impl<N: Nic> Vqp<N> {
     /// The node the VQP posts to.
     pub fn target(&self) -> Option<Gid> {
         self.inner.vqp.target().map(|t| t.target.gid)
+    }
+
+    /// The VQP's messaging endpoint (made at the first call).
+    fn endpoint(&self) -> Result<&krcore_kmod::Endpoint<N>> {
+        if let Some(e) = self.inner.endpoint.get() {
+            return Ok(e);
+        }
+        let e = self.inner.node.engine().endpoint()?;
+        Ok(self.inner.endpoint.get_or_init(|| e))
+    }
+
+    fn msg_target(&self) -> Result<Gid> {
+        self.target()
+            .ok_or(Error::Vqp(krcore_kmod::VqpError::NotConnected {
+                vqp: self.inner.vqp.id(),
+            }))
+    }
+
+    /// Pushes `data` to `port` of the VQP's target node, blocking (up to
+    /// `msg.timeout`) while the channel has no credit; see [`crate::msg`].
+    ///
+    /// # Errors
+    /// [`Error::Msg`]: `Refused` (no such port, port busy), `TooLarge`,
+    /// `Timeout` (the receiver does not pop); [`Error::Vqp`] when not
+    /// connected.
+    pub fn push(&self, port: u16, data: &[u8]) -> Result<()> {
+        let to = self.msg_target()?;
+        Ok(self.endpoint()?.push(to, port, data)?)
+    }
+
+    /// Pushes without waiting for a credit: [`crate::MsgError::WouldBlock`]
+    /// when the receiver has not popped enough yet.
+    ///
+    /// # Errors
+    /// As [`Vqp::push`], and `WouldBlock`.
+    pub fn try_push(&self, port: u16, data: &[u8]) -> Result<()> {
+        let to = self.msg_target()?;
+        Ok(self.endpoint()?.try_push(to, port, data)?)
+    }
+
+    /// Pops the oldest reply to this VQP's messages, waiting up to
+    /// `msg.timeout`.
+    ///
+    /// # Errors
+    /// [`Error::Msg`] (`Timeout`, a failed pull).
+    pub fn pop_reply(&self) -> Result<crate::Message<N>> {
+        Ok(self.endpoint()?.pop_reply()?)
+    }
+
+    /// The oldest reply, if any, without waiting.
+    ///
+    /// # Errors
+    /// As [`Vqp::pop_reply`].
+    pub fn try_pop_reply(&self) -> Result<Option<crate::Message<N>>> {
+        Ok(self.endpoint()?.try_pop_reply()?)
     }
 
     /// The engine-level VQP (grants, statistics).

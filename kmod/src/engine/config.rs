@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use super::error::EngineError;
 use super::meta::MetaLocation;
+use super::msg::MsgConfig;
 use super::responder::HandshakeConfig;
 use crate::precheck::Policy;
 
@@ -67,6 +68,8 @@ pub struct EngineConfig {
     /// (its own connects drive its endpoint while they wait). Default false:
     /// the engine starts no thread unless asked; the SDK turns it on.
     pub handshake_thread: bool,
+    /// Two-sided messaging (DC mode): inline threshold, windows, buffers.
+    pub msg: MsgConfig,
 }
 
 impl Default for EngineConfig {
@@ -91,6 +94,7 @@ impl Default for EngineConfig {
             rc_cap: 256,
             handshake: HandshakeConfig::default(),
             handshake_thread: false,
+            msg: MsgConfig::default(),
         }
     }
 }

@@ -15,7 +15,9 @@
 //!   |         in one process share nothing)
 //!   |- PD
 //!   |- DC mode:
-//!   |   |- DCT + SRQ + receive CQ   incoming two-sided traffic (later issue)
+//!   |   |- DCT + SRQ + receive CQ   incoming two-sided traffic: messaging
+//!   |   |                           (msg*.rs: ports, endpoints; made at the
+//!   |   |                           first bind/endpoint, own locks)
 //!   |   `- DCI pool [0..pool_size)  created lazily, each with its own send CQ
 //!   |         `- per-QP lock: credits, VQPs bound to it, MR snapshot
 //!   |- RC fallback mode:
@@ -44,6 +46,8 @@
 //! | RC: new pair         | the pair cache's creation lock (one handshake)  |
 //! | `create_vqp`         | the pool's (creating a DCI when below the cap)  |
 //! | `alloc_mr`, MR drop  | the MR map's (posts see it through one atomic)  |
+//! | messaging receive    | the node's receive lock (try-lock), then a      |
+//! |                      | port's or endpoint's state lock (see `msg`)     |
 //!
 //! No lock spans physical QPs: VQPs on different QPs never contend. RC
 //! recovery re-handshakes under the pair's lock (bounded by the handshake
@@ -66,9 +70,14 @@
 
 mod config;
 mod error;
+mod fork;
 mod idhash;
 mod meta;
 mod mrs;
+mod msg;
+mod msg_endpoint;
+mod msg_port;
+mod msg_send;
 mod physqp;
 mod rc;
 mod rc_meta;
@@ -76,16 +85,20 @@ mod responder;
 mod ud;
 mod vqp;
 
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use krcore_nic::{bring_up, Access, DcTarget, Gid, Nic, QpCaps, QpInit, QpType, QueuePair};
 use parking_lot::Mutex;
 
 pub use config::{EngineConfig, DCIS_PER_CPU, DEFAULT_DC_KEY};
 pub use error::{EngineError, HandshakeFailure, MetaFailure, VqpError};
+pub use fork::ForkKit;
 pub use meta::{MetaLocation, MetaStats};
-pub use mrs::OwnedMr;
+pub use mrs::{LeaseError, LeaseId, OwnedMr};
+pub use msg::{Message, MsgConfig, MsgError, MsgStats, Sender};
+pub use msg_endpoint::Endpoint;
+pub use msg_port::Port;
 pub use physqp::{DciStats, QpStats};
 pub use rc::RcStats;
 pub use rc_meta::RcMetaHost;
@@ -171,9 +184,8 @@ impl Default for EngineStats {
 
 /// DC mode: the DCT peers reach this node through.
 struct Receiver<N: Nic> {
-    #[allow(dead_code)] // polled by the two-sided path (later issue)
+    /// Receive CQ and SRQ: drained and refilled by messaging (`msg`).
     cq: N::Cq,
-    #[allow(dead_code)]
     srq: N::Srq,
     dct: N::Qp,
 }
@@ -212,6 +224,12 @@ pub(crate) struct EngineInner<N: Nic> {
     next_vqp: AtomicU32,
     hits: AtomicU64,
     misses: AtomicU64,
+    /// Two-sided messaging, made by the first bind or endpoint.
+    msg: OnceLock<Arc<msg::MsgNode<N>>>,
+    msg_init: Mutex<()>,
+    /// Set in a forked child ([`ForkKit::adopt`]): no meta lookups, no new
+    /// NIC objects, no messaging.
+    forked: AtomicBool,
 }
 
 impl<N: Nic> EngineInner<N> {
@@ -353,6 +371,9 @@ impl<N: Nic> Engine<N> {
             next_vqp: AtomicU32::new(1),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
+            msg: OnceLock::new(),
+            msg_init: Mutex::new(()),
+            forked: AtomicBool::new(false),
             cfg,
         });
         if inner.mode() == EngineMode::Dc {
@@ -523,6 +544,7 @@ impl<N: Nic> Engine<N> {
     /// # Errors
     /// [`EngineError::Nic`] with the provider's refusal.
     pub fn alloc_mr(&self, len: usize, access: Access) -> Result<OwnedMr<N>, EngineError> {
+        fork::refuse_in_child(&self.inner, "allocating an MR in a forked child")?;
         let mr = self
             .inner
             .nic
@@ -596,6 +618,7 @@ pub(crate) fn resolve<N: Nic>(
         return Ok(hit);
     }
     eng.misses.fetch_add(1, Ordering::Relaxed);
+    fork::refuse_in_child(eng, "a meta lookup (DCCache miss) in a forked child")?;
     let meta = eng
         .meta
         .as_ref()

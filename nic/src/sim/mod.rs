@@ -33,3 +33,4 @@ pub use fabric::{SimFabric, FABRIC_VERSION, MAX_NAME_VALUE, MAX_NODES};
 pub use latency::LatencyModel;
 pub use node::{SimConfig, SimCq, SimMr, SimNic, SimPd, SimSrq};
 pub use qp::SimQp;
+pub use shm::{fork_process, ForkedChild};

@@ -348,3 +348,122 @@ pub fn now_ns() -> u64 {
     }
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
+
+/// A child process made by [`fork_process`]. Dropping it without
+/// [`ForkedChild::wait`] kills the child (SIGKILL) and reaps it.
+#[derive(Debug)]
+pub struct ForkedChild {
+    pid: libc::pid_t,
+    reaped: bool,
+}
+
+/// Forks this process (for workers that inherit an initialized sim node on
+/// a directory fabric; see `krcore_kmod::ForkKit` for what a child may
+/// use). The child runs `child` and exits with its return value through
+/// `_exit`: no destructors and no exit handlers run in the child, so it
+/// never releases objects it inherited (they are the parent's). A panic in
+/// `child` exits with 101.
+///
+/// The child has one thread, the caller's: `child` must not wait for a
+/// lock another thread of the parent may have held at the fork.
+///
+/// # Errors
+/// `Os` when `fork` fails.
+pub fn fork_process(child: impl FnOnce() -> i32) -> Result<ForkedChild> {
+    // SAFETY: `fork` has no memory-safety precondition; in the child only
+    // `child` runs, then `_exit` (the documented contract covers locks held
+    // by other threads at the fork).
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(NicError::Os {
+            op: "fork",
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    if pid == 0 {
+        let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(child)).unwrap_or(101);
+        // SAFETY: `_exit` ends the process at once; it is always sound.
+        unsafe { libc::_exit(code) }
+    }
+    Ok(ForkedChild { pid, reaped: false })
+}
+
+impl ForkedChild {
+    /// The child's process id.
+    pub fn pid(&self) -> u32 {
+        self.pid as u32
+    }
+
+    /// Whether the child exited: its exit code (or 128 + the signal that
+    /// killed it), without waiting.
+    ///
+    /// # Errors
+    /// `Os` when `waitpid` fails.
+    pub fn try_wait(&mut self) -> Result<Option<i32>> {
+        if self.reaped {
+            return Err(NicError::InvalidArgument(
+                "the child was already reaped".into(),
+            ));
+        }
+        let mut status = 0;
+        // SAFETY: `status` is a valid, writable int; `pid` is our child.
+        let r = unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) };
+        if r == 0 {
+            return Ok(None);
+        }
+        if r != self.pid {
+            return Err(NicError::Os {
+                op: "waitpid",
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        self.reaped = true;
+        Ok(Some(exit_code(status)))
+    }
+
+    /// Waits for the child to exit: its exit code, or 128 + the signal
+    /// that killed it.
+    ///
+    /// # Errors
+    /// `Os` when `waitpid` fails.
+    pub fn wait(mut self) -> Result<i32> {
+        let mut status = 0;
+        loop {
+            // SAFETY: `status` is a valid, writable int; `pid` is our child.
+            let r = unsafe { libc::waitpid(self.pid, &mut status, 0) };
+            if r == self.pid {
+                break;
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(NicError::Os {
+                    op: "waitpid",
+                    source: e,
+                });
+            }
+        }
+        self.reaped = true;
+        Ok(exit_code(status))
+    }
+}
+
+fn exit_code(status: i32) -> i32 {
+    if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        128 + libc::WTERMSIG(status)
+    }
+}
+
+impl Drop for ForkedChild {
+    fn drop(&mut self) {
+        if !self.reaped {
+            let mut status = 0;
+            // SAFETY: signals and reaps our own child; `status` is writable.
+            unsafe {
+                libc::kill(self.pid, libc::SIGKILL);
+                libc::waitpid(self.pid, &mut status, 0);
+            }
+        }
+    }
+}

@@ -1,0 +1,863 @@
+//! Two-sided messaging over the node's DCT/SRQ (DC mode): bound [`Port`]s
+//! that receive, [`Endpoint`]s (a VQP each) that push and get replies. The
+//! protocol, header layout and credit accounts are the pure
+//! [`crate::msg`]; this is the host.
+//!
+//! ```text
+//! MsgNode<N>  (per engine, made by the first bind/endpoint)
+//!   |- receive buffers: recv_depth slots of HEADER_LEN + inline_max bytes,
+//!   |  posted on the DCT's SRQ; re-posted as soon as a slot is handled
+//!   |- receive lock (try-lock): one thread at a time drains the receive CQ
+//!   |  and demultiplexes: port messages -> that port's ring (by the port
+//!   |  number in the header), answers and replies -> the endpoint's (by the
+//!   |  VQP id in the header), Open -> Grant/Refuse sent at once
+//!   |- budget: receive slots not reserved (ports' slots, reply windows)
+//!   `- Grant/Refuse: sent from a VQP made for each (Opens are rare)
+//! Port<N>      ring + channels (own lock); a VQP for replies, credit
+//!              returns, releases and descriptor READs (own lock)
+//! Endpoint<N>  a VQP; channels, reply ring (own lock); send staging
+//! ```
+//!
+//! # Buffers and flow control (no receive-not-ready, no drop)
+//!
+//! The SRQ holds `recv_depth` buffers. `ctl_slots` of them are kept for
+//! control messages (handled, and re-posted, by whoever polls next). The
+//! rest is a budget from which [`Engine::bind`] reserves the port's
+//! `port_slots`, and each channel an endpoint opens reserves its
+//! `reply_window`. A port grants a channel at most the slots it has not
+//! granted yet; a channel sends a data message only with a credit, which
+//! comes back after the receiving user popped it. So the data messages that
+//! can be in flight to this node never exceed its reservations: a slow
+//! receiver slows its senders (their pushes block or say
+//! [`MsgError::WouldBlock`]), and nothing is dropped. A message that cannot
+//! be delivered (unbound port, the port's slots all granted, too large) is
+//! a typed error at the sender. One case is reported late: messages a
+//! sender pushed while the port it had a channel to was being unbound are
+//! not delivered; the receiver counts them ([`MsgStats::orphaned`]) and
+//! answers with a Refuse, so the sender's next push to that port fails with
+//! [`MsgError::Refused`] (`Unbound`) and `Ok` pushes since the unbind are
+//! the ones lost. Dropping a [`Port`] discards what its ring still holds.
+//!
+//! Control messages are bounded per channel (one Open, then at most one
+//! Credit per half window and one Release per descriptor); `ctl_slots` is
+//! sized for the expected number of concurrently opening senders. The
+//! receive CQ is drained by every call into messaging (push, pop, reply,
+//! [`Engine::msg_progress`]): a node whose users never call in leaves
+//! control messages queued (senders then wait, bounded by their timeouts).
+//!
+//! # Ordering
+//!
+//! A channel's data messages go from one VQP (one DCI) to one DCT, so they
+//! arrive in order; the receive CQ is drained by one thread at a time, so
+//! they enter the port's ring in order. The ring is FIFO: per-sender order
+//! is kept (checked: [`MsgStats::out_of_order`]). Replies of a port go
+//! through the port's one VQP: per-channel order again.
+//!
+//! # Zero copy
+//!
+//! A message longer than `inline_max` travels as a descriptor: the sender
+//! copies it into a registered staging buffer (none with
+//! [`Endpoint::push_region`]: the caller's own MR is the buffer), the
+//! receiver READs it into a registered landing buffer at pop time (one
+//! READ, no SRQ bounce), then sends Release so the sender reuses the buffer.
+//!
+//! # Not supported (typed errors)
+//!
+//! RC fallback mode ([`MsgError::Unsupported`]: the handshake endpoint does
+//! not carry data messages yet; the RC handshake and meta registration keep
+//! their own UD protocol); a forked child.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use krcore_nic::CompletionQueue;
+use krcore_nic::{Access, Gid, MemoryRegion, Nic, RecvWr, SharedReceiveQueue, Wc, WcStatus};
+use parking_lot::{Mutex, RwLock};
+
+use super::error::{EngineError, VqpError};
+use super::mrs::OwnedMr;
+use super::msg_endpoint::{EndpointShared, Status};
+use super::msg_port::PortShared;
+use super::msg_send::{send_inline, POOL_KEEP};
+use super::{Engine, EngineInner, EngineMode, Transport};
+use crate::msg::{
+    Descriptor, MsgDst, MsgKind, MsgPacket, MsgRepr, RefuseCode, SendWindow, WindowError,
+    HEADER_LEN,
+};
+
+/// How messaging is set up (part of [`super::EngineConfig`]).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct MsgConfig {
+    /// Largest body sent inline through the SRQ; longer ones travel as a
+    /// descriptor and are pulled with one READ. Each receive buffer is
+    /// `HEADER_LEN + inline_max` bytes. Default 8192.
+    pub inline_max: usize,
+    /// Largest message. Default 16 MiB.
+    pub max_message: usize,
+    /// Credits a channel asks for (data messages in flight or unpopped).
+    /// Default 8.
+    pub window: u32,
+    /// Replies a channel can hold at the sender (reserved from the
+    /// sender's receive budget at Open). Default 4.
+    pub reply_window: u32,
+    /// Receive slots a bind reserves for its port (shared by its senders'
+    /// windows). Default 64.
+    pub port_slots: u32,
+    /// Receive slots kept for control messages. Default 32.
+    pub ctl_slots: u32,
+    /// Longest a blocking call waits (push for a credit or the Open's
+    /// answer, pop, reply, a descriptor READ). Default 5 s.
+    pub timeout: Duration,
+    /// Drain the receive CQ from a thread of the engine's (named
+    /// `krcore-msg`, started by the first bind/endpoint, joined when the
+    /// engine is dropped), so that Opens are answered and credits flow
+    /// while this node's users do not call in. Off, the host calls
+    /// [`Engine::msg_progress`] (every messaging call drains it too).
+    /// Default false (the engine starts no thread unless asked); the SDK
+    /// turns it on.
+    pub progress_thread: bool,
+    /// Sleep of the progress thread after an idle spell. Default 50 us.
+    pub idle_sleep: Duration,
+}
+
+impl Default for MsgConfig {
+    fn default() -> MsgConfig {
+        MsgConfig {
+            inline_max: 8192,
+            max_message: 16 << 20,
+            window: 8,
+            reply_window: 4,
+            port_slots: 64,
+            ctl_slots: 32,
+            timeout: Duration::from_secs(5),
+            progress_thread: false,
+            idle_sleep: Duration::from_micros(50),
+        }
+    }
+}
+
+/// Errors of messaging.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MsgError {
+    /// Messaging is not available here.
+    #[error("messaging unsupported: {reason}")]
+    Unsupported {
+        /// Why.
+        reason: &'static str,
+    },
+    /// The configuration cannot work.
+    #[error("messaging configuration: {0}")]
+    Config(String),
+    /// Another port handle holds this port.
+    #[error("port {port} is already bound")]
+    PortInUse {
+        /// The port.
+        port: u16,
+    },
+    /// The node's receive buffers are all reserved.
+    #[error("{wanted} receive slots wanted, {free} left unreserved")]
+    NoBuffers {
+        /// Slots asked for.
+        wanted: u32,
+        /// Slots left.
+        free: u32,
+    },
+    /// The receiver refused the channel.
+    #[error("{gid} port {port}: {code}")]
+    Refused {
+        /// The receiving node.
+        gid: Gid,
+        /// The port.
+        port: u16,
+        /// Why.
+        code: RefuseCode,
+    },
+    /// The message is longer than `max_message`.
+    #[error("message of {len} bytes exceeds the limit of {max}")]
+    TooLarge {
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// No credit (or nothing to pop) right now: try again later.
+    #[error("would block")]
+    WouldBlock,
+    /// A blocking call gave up.
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+    /// A message's SEND or a descriptor's READ completed with an error.
+    #[error("{what} completed with {status:?}")]
+    Failed {
+        /// Which operation.
+        what: &'static str,
+        /// The completion status.
+        status: WcStatus,
+    },
+    /// A peer broke the credit protocol.
+    #[error("credit protocol: {0}")]
+    Window(#[from] WindowError),
+    /// Engine (connect, MR) failure.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// Posting or polling failure.
+    #[error(transparent)]
+    Vqp(#[from] VqpError),
+}
+
+impl MsgError {
+    pub(crate) fn nic(what: &'static str) -> impl FnOnce(krcore_nic::NicError) -> MsgError {
+        move |source| MsgError::Engine(EngineError::Nic { op: what, source })
+    }
+}
+
+/// Messaging statistics of a node (totals since start).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MsgStats {
+    /// Receive completions handled.
+    pub received: u64,
+    /// Data messages (inline) delivered to rings.
+    pub inline_delivered: u64,
+    /// Descriptor messages delivered to rings.
+    pub descriptors_delivered: u64,
+    /// Descriptor bodies pulled by READ.
+    pub pulled: u64,
+    /// Control messages handled.
+    pub control: u64,
+    /// Channels granted.
+    pub granted: u64,
+    /// Opens refused.
+    pub refused: u64,
+    /// Data messages whose sequence number was not the next one.
+    pub out_of_order: u64,
+    /// Receives that were not messages, or broke the protocol.
+    pub malformed: u64,
+    /// Messages for a port unbound after it granted the channel, or for
+    /// an endpoint dropped since (not delivered; a port's sender is told
+    /// with a Refuse, so its next push fails typed).
+    pub orphaned: u64,
+    /// Receive completions with an error status.
+    pub recv_errors: u64,
+    /// Error completions of the node's own message sends.
+    pub send_errors: u64,
+    /// Receives whose handling failed (a receive buffer that could not be
+    /// re-posted, an answer to an Open that could not be sent: that sender
+    /// times out, typed).
+    pub progress_errors: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) received: AtomicU64,
+    pub(crate) inline_delivered: AtomicU64,
+    pub(crate) descriptors_delivered: AtomicU64,
+    pub(crate) pulled: AtomicU64,
+    pub(crate) control: AtomicU64,
+    pub(crate) granted: AtomicU64,
+    pub(crate) refused: AtomicU64,
+    pub(crate) out_of_order: AtomicU64,
+    pub(crate) malformed: AtomicU64,
+    pub(crate) orphaned: AtomicU64,
+    pub(crate) recv_errors: AtomicU64,
+    pub(crate) send_errors: AtomicU64,
+    pub(crate) progress_errors: AtomicU64,
+}
+
+pub(crate) fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Who sent a message: the node and the VQP id (the immediate data).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Sender {
+    /// The sending node.
+    pub gid: Gid,
+    /// The sending VQP (an [`Endpoint`](super::Endpoint)'s id).
+    pub vqp: u32,
+}
+
+pub(crate) enum Body<N: Nic> {
+    Inline(Vec<u8>),
+    Pending { len: u32, desc: Descriptor },
+    Pulled { mr: Landing<N>, len: usize },
+}
+
+/// A received message (popped from a port, or a reply popped from an
+/// endpoint).
+pub struct Message<N: Nic> {
+    /// Who sent it.
+    pub from: Sender,
+    /// The port it was sent to (for a reply: the port that replied).
+    pub port: u16,
+    /// The channel's sequence number.
+    pub seq: u64,
+    pub(crate) body: Body<N>,
+}
+
+impl<N: Nic> std::fmt::Debug for Message<N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Message")
+            .field("from", &self.from)
+            .field("port", &self.port)
+            .field("seq", &self.seq)
+            .field("len", &self.len())
+            .field("zero_copy", &self.is_zero_copy())
+            .finish()
+    }
+}
+
+impl<N: Nic> Message<N> {
+    /// Body length.
+    pub fn len(&self) -> usize {
+        match &self.body {
+            Body::Inline(v) => v.len(),
+            Body::Pending { len, .. } => *len as usize,
+            Body::Pulled { len, .. } => *len,
+        }
+    }
+
+    /// Whether the body is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether the body travelled as a descriptor (pulled by READ into a
+    /// registered landing buffer).
+    pub fn is_zero_copy(&self) -> bool {
+        !matches!(self.body, Body::Inline(_))
+    }
+
+    /// Copies the body out.
+    pub fn to_vec(&self) -> Vec<u8> {
+        match &self.body {
+            Body::Inline(v) => v.clone(),
+            Body::Pending { .. } => Vec::new(),
+            Body::Pulled { mr, len } => {
+                let mut v = vec![0u8; *len];
+                // In range: the landing buffer is at least `len` long.
+                let _ = mr.mr().read(0, &mut v);
+                v
+            }
+        }
+    }
+
+    /// The registered buffer the body was pulled into (zero copy), and the
+    /// body's length in it.
+    pub fn region(&self) -> Option<(&OwnedMr<N>, usize)> {
+        match &self.body {
+            Body::Pulled { mr, len } => Some((mr.mr(), *len)),
+            _ => None,
+        }
+    }
+}
+
+/// A landing buffer that goes back to its pool when the message is
+/// dropped.
+pub(crate) struct Landing<N: Nic> {
+    pub(crate) mr: Option<OwnedMr<N>>,
+    pub(crate) pool: std::sync::Weak<Mutex<Vec<OwnedMr<N>>>>,
+}
+
+impl<N: Nic> Landing<N> {
+    pub(crate) fn mr(&self) -> &OwnedMr<N> {
+        self.mr.as_ref().expect("present until drop")
+    }
+}
+
+impl<N: Nic> Drop for Landing<N> {
+    fn drop(&mut self) {
+        if let (Some(mr), Some(pool)) = (self.mr.take(), self.pool.upgrade()) {
+            let mut p = pool.lock();
+            if p.len() < POOL_KEEP {
+                p.push(mr);
+            }
+        }
+    }
+}
+
+/// The node's messaging host (see the module docs).
+pub(crate) struct MsgNode<N: Nic> {
+    pub(crate) cfg: MsgConfig,
+    pub(crate) slot_len: usize,
+    /// Bytes of a staging ring.
+    pub(crate) ring_len: usize,
+    pub(crate) bufs: OwnedMr<N>,
+    pub(crate) srq: N::Srq,
+    pub(crate) cq: N::Cq,
+    /// Held (try-lock) by the one thread draining the receive CQ.
+    pub(crate) recv: Mutex<()>,
+    pub(crate) budget: Mutex<u32>,
+    pub(crate) ports: RwLock<HashMap<u16, Arc<PortShared<N>>>>,
+    pub(crate) endpoints: RwLock<HashMap<u32, Arc<EndpointShared<N>>>>,
+    pub(crate) counters: Counters,
+    pub(crate) thread: Mutex<Option<Worker>>,
+}
+
+/// The progress thread: stopped and joined when the node is dropped
+/// (detached if the thread itself drops the last engine handle).
+pub(crate) struct Worker {
+    pub(crate) stop: Arc<std::sync::atomic::AtomicBool>,
+    pub(crate) handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(h) = self.handle.take() {
+            if h.thread().id() != std::thread::current().id() {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+pub(crate) fn run_progress<N: Nic>(
+    eng: std::sync::Weak<EngineInner<N>>,
+    stop: &std::sync::atomic::AtomicBool,
+    idle_sleep: Duration,
+) {
+    const SPIN_POLLS: u32 = 64;
+    let mut idle = 0u32;
+    while !stop.load(Ordering::Acquire) {
+        let Some(e) = eng.upgrade() else {
+            return;
+        };
+        let n = match e.msg.get() {
+            Some(m) => m.progress(&e).unwrap_or(0),
+            None => 0,
+        };
+        drop(e);
+        if n > 0 {
+            idle = 0;
+        } else if idle < SPIN_POLLS {
+            idle += 1;
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(idle_sleep);
+        }
+    }
+}
+
+impl<N: Nic> MsgNode<N> {
+    /// The node's messaging host, made on first use.
+    pub(crate) fn get(eng: &Arc<EngineInner<N>>) -> Result<Arc<MsgNode<N>>, MsgError> {
+        if eng.forked.load(Ordering::Relaxed) {
+            return Err(MsgError::Unsupported {
+                reason: "a forked child does not receive (the parent owns the SRQ)",
+            });
+        }
+        if let Some(m) = eng.msg.get() {
+            return Ok(m.clone());
+        }
+        let Transport::Dc(r) = &eng.transport else {
+            return Err(MsgError::Unsupported {
+                reason: "RC fallback mode has no DCT/SRQ for messages",
+            });
+        };
+        let _guard = eng.msg_init.lock();
+        if let Some(m) = eng.msg.get() {
+            return Ok(m.clone());
+        }
+        let cfg = eng.cfg.msg.clone();
+        let depth = eng.cfg.recv_depth;
+        if cfg.ctl_slots >= depth || cfg.window == 0 || cfg.reply_window == 0 {
+            return Err(MsgError::Config(format!(
+                "ctl_slots {} must be below recv_depth {depth}; windows non-zero",
+                cfg.ctl_slots
+            )));
+        }
+        if (eng.policy.max_inline) < HEADER_LEN {
+            return Err(MsgError::Unsupported {
+                reason: "the device's inline limit is below the message header",
+            });
+        }
+        let slot_len = HEADER_LEN + cfg.inline_max;
+        let mr = eng
+            .nic
+            .alloc_mr(&eng.pd, slot_len * depth as usize, Access::LOCAL_WRITE)
+            .map_err(MsgError::nic("allocate the receive buffers"))?;
+        let bufs = OwnedMr::new(mr, &eng.mrs);
+        for i in 0..depth {
+            let sge = MemoryRegion::sge(&*bufs, i as usize * slot_len, slot_len as u32)
+                .map_err(MsgError::nic("a receive buffer"))?;
+            r.srq
+                .post_recv(&[RecvWr::new(u64::from(i), sge)])
+                .map_err(|e| MsgError::Vqp(VqpError::Post(e)))?;
+        }
+        let node = Arc::new(MsgNode {
+            budget: Mutex::new(depth - cfg.ctl_slots),
+            cfg,
+            slot_len,
+            ring_len: slot_len * eng.cfg.vqp_depth as usize,
+            bufs,
+            srq: r.srq.clone(),
+            cq: r.cq.clone(),
+            recv: Mutex::new(()),
+            ports: RwLock::new(HashMap::new()),
+            endpoints: RwLock::new(HashMap::new()),
+            counters: Counters::default(),
+            thread: Mutex::new(None),
+        });
+        let _ = eng.msg.set(node.clone());
+        if node.cfg.progress_thread {
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let (flag, weak, sleep) = (stop.clone(), Arc::downgrade(eng), node.cfg.idle_sleep);
+            let handle = std::thread::Builder::new()
+                .name("krcore-msg".into())
+                .spawn(move || run_progress(weak, &flag, sleep))
+                .map_err(|e| MsgError::Config(format!("spawn the messaging thread: {e}")))?;
+            *node.thread.lock() = Some(Worker {
+                stop,
+                handle: Some(handle),
+            });
+        }
+        Ok(node)
+    }
+
+    /// A staging ring for inline sends: `vqp_depth` slots of a receive
+    /// slot's size, used round-robin ([`MsgNode::ring_slot`]): a slot is
+    /// reused `vqp_depth` posts of its VQP later, when the VQP's depth
+    /// guarantees the WR that used it was retired.
+    pub(crate) fn staging_ring(&self, eng: &EngineInner<N>) -> Result<OwnedMr<N>, MsgError> {
+        let slots = eng.cfg.vqp_depth as usize;
+        let mr = eng
+            .nic
+            .alloc_mr(&eng.pd, slots * self.slot_len, Access::LOCAL_WRITE)
+            .map_err(MsgError::nic("allocate a send staging ring"))?;
+        Ok(OwnedMr::new(mr, &eng.mrs))
+    }
+
+    /// The offset of the next staging slot (every post of the VQP counts).
+    pub(crate) fn ring_slot(&self, posts: &mut u64) -> usize {
+        let slots = self.ring_len / self.slot_len;
+        let off = (*posts % slots as u64) as usize * self.slot_len;
+        *posts += 1;
+        off
+    }
+
+    pub(crate) fn reserve(&self, n: u32) -> Result<(), MsgError> {
+        let mut b = self.budget.lock();
+        if *b < n {
+            return Err(MsgError::NoBuffers {
+                wanted: n,
+                free: *b,
+            });
+        }
+        *b -= n;
+        Ok(())
+    }
+
+    pub(crate) fn unreserve(&self, n: u32) {
+        *self.budget.lock() += n;
+    }
+
+    pub(crate) fn stats(&self) -> MsgStats {
+        let c = &self.counters;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        MsgStats {
+            received: l(&c.received),
+            inline_delivered: l(&c.inline_delivered),
+            descriptors_delivered: l(&c.descriptors_delivered),
+            pulled: l(&c.pulled),
+            control: l(&c.control),
+            granted: l(&c.granted),
+            refused: l(&c.refused),
+            out_of_order: l(&c.out_of_order),
+            malformed: l(&c.malformed),
+            orphaned: l(&c.orphaned),
+            recv_errors: l(&c.recv_errors),
+            send_errors: l(&c.send_errors),
+            progress_errors: l(&c.progress_errors),
+        }
+    }
+
+    /// Drains the receive CQ (one thread at a time; others return 0 at
+    /// once) and demultiplexes what arrived.
+    pub(crate) fn progress(&self, eng: &Arc<EngineInner<N>>) -> Result<usize, MsgError> {
+        let Some(_receiving) = self.recv.try_lock() else {
+            return Ok(0);
+        };
+        let mut wcs = [Wc::default(); 16];
+        let mut total = 0;
+        let mut first_error = None;
+        loop {
+            let k = self
+                .cq
+                .poll(&mut wcs)
+                .map_err(MsgError::nic("poll the receive CQ"))?;
+            // Every polled completion is handled, whatever fails for one of
+            // them: a completion is polled once.
+            for wc in &wcs[..k] {
+                if let Err(e) = self.handle(eng, wc) {
+                    bump(&self.counters.progress_errors);
+                    first_error.get_or_insert(e);
+                }
+            }
+            total += k;
+            if k < wcs.len() {
+                return match first_error {
+                    Some(e) => Err(e),
+                    None => Ok(total),
+                };
+            }
+        }
+    }
+
+    pub(crate) fn handle(&self, eng: &Arc<EngineInner<N>>, wc: &Wc) -> Result<(), MsgError> {
+        bump(&self.counters.received);
+        let slot = wc.wr_id as usize;
+        let off = slot * self.slot_len;
+        let repost = |this: &MsgNode<N>| -> Result<(), MsgError> {
+            let sge = this
+                .bufs
+                .sge(off, this.slot_len as u32)
+                .map_err(MsgError::nic("a receive buffer"))?;
+            this.srq
+                .post_recv(&[RecvWr::new(wc.wr_id, sge)])
+                .map_err(|e| MsgError::Vqp(VqpError::Post(e)))
+        };
+        if !wc.status.is_ok() {
+            bump(&self.counters.recv_errors);
+            return repost(self);
+        }
+        // The header, then the body straight into its own buffer (one copy
+        // out of the receive slot).
+        let len = (wc.byte_len as usize).min(self.slot_len);
+        let mut head = [0u8; HEADER_LEN];
+        let mut body = vec![0u8; len.saturating_sub(HEADER_LEN)];
+        let head_len = len.min(HEADER_LEN);
+        let read = self
+            .bufs
+            .read(off, &mut head[..head_len])
+            .and_then(|()| self.bufs.read(off + HEADER_LEN, &mut body))
+            .map_err(MsgError::nic("read a receive buffer"));
+        let parsed = MsgPacket::new_checked(&head[..head_len])
+            .and_then(|p| MsgRepr::parse_with_body(&p, body.len()));
+        // The buffer goes back to the SRQ whatever happens next.
+        repost(self)?;
+        read?;
+        let Ok(m) = parsed else {
+            bump(&self.counters.malformed);
+            return Ok(());
+        };
+        let Some(imm) = wc.imm else {
+            bump(&self.counters.malformed);
+            return Ok(());
+        };
+        match m.dst {
+            MsgDst::Port(p) => self.to_port(
+                eng,
+                m,
+                p,
+                Sender {
+                    gid: m.src,
+                    vqp: imm,
+                },
+                body,
+            ),
+            MsgDst::Vqp { vqp, from } => {
+                self.to_endpoint(m, vqp, from, body);
+                Ok(())
+            }
+        }
+    }
+
+    pub(crate) fn to_port(
+        &self,
+        eng: &Arc<EngineInner<N>>,
+        m: MsgRepr,
+        p: u16,
+        from: Sender,
+        body: Vec<u8>,
+    ) -> Result<(), MsgError> {
+        let port = self.ports.read().get(&p).cloned();
+        match m.kind {
+            MsgKind::Open {
+                window,
+                reply_window,
+            } => {
+                bump(&self.counters.control);
+                let answer = match &port {
+                    None => MsgKind::Refuse(RefuseCode::Unbound),
+                    Some(port) => port.admit(from, window, reply_window),
+                };
+                match answer {
+                    MsgKind::Grant { .. } => bump(&self.counters.granted),
+                    _ => bump(&self.counters.refused),
+                }
+                let reply = MsgRepr {
+                    src: eng.nic.gid(),
+                    dst: MsgDst::Vqp {
+                        vqp: from.vqp,
+                        from: p,
+                    },
+                    kind: answer,
+                };
+                self.send_ctl(eng, from.gid, &reply)
+            }
+            MsgKind::Release { token } => {
+                bump(&self.counters.control);
+                if let Some(port) = port {
+                    port.state.lock().released.push(token);
+                }
+                Ok(())
+            }
+            MsgKind::Credit { count } => {
+                bump(&self.counters.control);
+                if let Some(port) = port {
+                    let mut st = port.state.lock();
+                    let ok = st
+                        .channels
+                        .get_mut(&from)
+                        .is_some_and(|c| c.reply.credit(count).is_ok());
+                    if !ok {
+                        bump(&self.counters.malformed);
+                    }
+                }
+                Ok(())
+            }
+            MsgKind::Data { seq, .. } | MsgKind::Desc { seq, .. } => {
+                // A message for a port unbound since it granted the
+                // channel: not delivered, and its sender is told (its next
+                // push fails with `Refused { code: Unbound }`).
+                let orphan = |this: &MsgNode<N>| {
+                    bump(&this.counters.orphaned);
+                    let refuse = MsgRepr {
+                        src: eng.nic.gid(),
+                        dst: MsgDst::Vqp {
+                            vqp: from.vqp,
+                            from: p,
+                        },
+                        kind: MsgKind::Refuse(RefuseCode::Unbound),
+                    };
+                    this.send_ctl(eng, from.gid, &refuse)
+                };
+                let Some(port) = port else {
+                    return orphan(self);
+                };
+                let body = match m.kind {
+                    MsgKind::Desc { len, desc, .. } => {
+                        bump(&self.counters.descriptors_delivered);
+                        Body::Pending { len, desc }
+                    }
+                    _ => {
+                        bump(&self.counters.inline_delivered);
+                        Body::Inline(body)
+                    }
+                };
+                let mut st = port.state.lock();
+                let Some(c) = st.channels.get_mut(&from) else {
+                    drop(st);
+                    return orphan(self);
+                };
+                if c.seq.accept(seq).is_err() {
+                    bump(&self.counters.out_of_order);
+                }
+                st.ring.push_back(Message {
+                    from,
+                    port: p,
+                    seq,
+                    body,
+                });
+                Ok(())
+            }
+            _ => {
+                bump(&self.counters.malformed);
+                Ok(())
+            }
+        }
+    }
+
+    pub(crate) fn to_endpoint(&self, m: MsgRepr, vqp: u32, from: u16, body: Vec<u8>) {
+        let Some(ep) = self.endpoints.read().get(&vqp).cloned() else {
+            bump(&self.counters.orphaned);
+            return;
+        };
+        let key = (m.src, from);
+        let mut st = ep.state.lock();
+        match m.kind {
+            MsgKind::Grant { window } => {
+                bump(&self.counters.control);
+                if let Some(c) = st.channels.get_mut(&key) {
+                    c.status = Status::Open;
+                    c.fwd = SendWindow::new(window);
+                }
+            }
+            MsgKind::Refuse(code) => {
+                bump(&self.counters.control);
+                if let Some(c) = st.channels.get_mut(&key) {
+                    c.status = Status::Refused(code);
+                }
+            }
+            MsgKind::Credit { count } => {
+                bump(&self.counters.control);
+                let ok = st
+                    .channels
+                    .get_mut(&key)
+                    .is_some_and(|c| c.fwd.credit(count).is_ok());
+                if !ok {
+                    bump(&self.counters.malformed);
+                }
+            }
+            MsgKind::Release { token } => {
+                bump(&self.counters.control);
+                st.released.push(token);
+            }
+            MsgKind::Data { seq, .. } | MsgKind::Desc { seq, .. } => {
+                let Some(c) = st.channels.get_mut(&key) else {
+                    bump(&self.counters.orphaned);
+                    return;
+                };
+                if c.reply_seq.accept(seq).is_err() {
+                    bump(&self.counters.out_of_order);
+                }
+                let body = match m.kind {
+                    MsgKind::Desc { len, desc, .. } => {
+                        bump(&self.counters.descriptors_delivered);
+                        Body::Pending { len, desc }
+                    }
+                    _ => {
+                        bump(&self.counters.inline_delivered);
+                        Body::Inline(body)
+                    }
+                };
+                st.replies.push_back(Message {
+                    from: Sender { gid: m.src, vqp: 0 },
+                    port: from,
+                    seq,
+                    body,
+                });
+            }
+            MsgKind::Open { .. } => bump(&self.counters.malformed),
+        }
+    }
+
+    /// Sends an answer to an Open from a VQP made for it (Opens are rare:
+    /// once per channel). The VQP is dropped after the post: the inline
+    /// send needs no buffer, and its completion is not needed. (The node
+    /// keeps no VQP of its own: a VQP holds the engine, which holds this.)
+    pub(crate) fn send_ctl(
+        &self,
+        eng: &Arc<EngineInner<N>>,
+        to: Gid,
+        m: &MsgRepr,
+    ) -> Result<(), MsgError> {
+        let vqp = Engine { inner: eng.clone() }.create_vqp()?;
+        let imm = vqp.id().get();
+        send_inline(&vqp, to, imm, &m.emit(), self.cfg.timeout, &self.counters)
+    }
+}
+
+// Mode check used by the SDK's docs: messaging runs in DC mode only.
+impl<N: Nic> Engine<N> {
+    /// Whether this engine can bind ports and push messages (DC mode, not a
+    /// forked child).
+    pub fn msg_supported(&self) -> bool {
+        self.mode() == EngineMode::Dc && !self.inner.forked.load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,518 @@
+//! Endpoints: the send side of messaging (see [`super::msg`]).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use krcore_nic::{Access, Gid, MemoryRegion, Nic};
+use parking_lot::Mutex;
+
+use super::mrs::OwnedMr;
+use super::msg::*;
+use super::msg_send::*;
+use super::vqp::Vqp;
+use super::EngineInner;
+use crate::msg::{
+    Descriptor, MsgDst, MsgKind, MsgRepr, RefuseCode, ReturnBatch, SendWindow, SeqCheck,
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Status {
+    Opening,
+    Open,
+    Refused(RefuseCode),
+}
+
+/// The send side of one channel at the endpoint.
+pub(crate) struct ChannelTx {
+    pub(crate) status: Status,
+    pub(crate) fwd: SendWindow,
+    pub(crate) reply_returns: ReturnBatch,
+    pub(crate) reply_seq: SeqCheck,
+    pub(crate) reply_window: u32,
+}
+
+pub(crate) struct EpState<N: Nic> {
+    pub(crate) channels: HashMap<(Gid, u16), ChannelTx>,
+    pub(crate) replies: VecDeque<Message<N>>,
+    pub(crate) released: Vec<u64>,
+}
+
+pub(crate) struct EndpointShared<N: Nic> {
+    pub(crate) state: Mutex<EpState<N>>,
+}
+
+pub(crate) struct EpTx<N: Nic> {
+    pub(crate) vqp: Vqp<N>,
+    /// Staging slots for inline messages, used round-robin (see
+    /// `MsgNode::staging_ring`).
+    pub(crate) ring: OwnedMr<N>,
+    pub(crate) posts: u64,
+    pub(crate) staging: Staging<N>,
+    pub(crate) landing: Arc<Mutex<Vec<OwnedMr<N>>>>,
+}
+
+/// A messaging endpoint: one VQP that pushes messages to ports (its id is
+/// the immediate of every message) and receives their replies. `Send +
+/// Sync`; pushes are serialized per endpoint.
+pub struct Endpoint<N: Nic> {
+    pub(crate) eng: Arc<EngineInner<N>>,
+    pub(crate) node: Arc<MsgNode<N>>,
+    pub(crate) shared: Arc<EndpointShared<N>>,
+    pub(crate) tx: Mutex<EpTx<N>>,
+    pub(crate) id: u32,
+}
+
+impl<N: Nic> std::fmt::Debug for Endpoint<N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let st = self.shared.state.lock();
+        f.debug_struct("Endpoint")
+            .field("vqp", &self.id)
+            .field("channels", &st.channels.len())
+            .field("replies", &st.replies.len())
+            .finish()
+    }
+}
+
+impl<N: Nic> Drop for Endpoint<N> {
+    fn drop(&mut self) {
+        self.node.endpoints.write().remove(&self.id);
+        let st = self.shared.state.lock();
+        let reserved: u32 = st.channels.values().map(|c| c.reply_window).sum();
+        self.node.unreserve(reserved);
+    }
+}
+
+/// How a push waits for a credit.
+#[derive(Clone, Copy)]
+pub(crate) enum Wait {
+    No,
+    For(Duration),
+}
+
+impl<N: Nic> Endpoint<N> {
+    /// The endpoint's VQP id (the immediate data of its messages; what a
+    /// port sees as [`Sender::vqp`]).
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// Pushes `data` to `port` at node `gid`, waiting up to `msg.timeout`
+    /// for a credit (the first push to a port also waits for the channel's
+    /// Open round trip).
+    ///
+    /// # Errors
+    /// [`MsgError::TooLarge`]; [`MsgError::Refused`] (`Unbound`: no such
+    /// port; `Busy`: its slots are all granted); [`MsgError::NoBuffers`]
+    /// (no room here for the channel's replies); [`MsgError::Timeout`] when
+    /// the receiver does not pop; engine (`UnknownNode`, ...) and post
+    /// errors. Nothing is sent on error.
+    pub fn push(&self, gid: Gid, port: u16, data: &[u8]) -> Result<(), MsgError> {
+        self.push_with(
+            gid,
+            port,
+            Outgoing::Bytes(data),
+            Wait::For(self.node.cfg.timeout),
+        )
+    }
+
+    /// [`Endpoint::push`] waiting at most `timeout`.
+    ///
+    /// # Errors
+    /// As [`Endpoint::push`].
+    pub fn push_timeout(
+        &self,
+        gid: Gid,
+        port: u16,
+        data: &[u8],
+        timeout: Duration,
+    ) -> Result<(), MsgError> {
+        self.push_with(gid, port, Outgoing::Bytes(data), Wait::For(timeout))
+    }
+
+    /// Pushes without waiting for a credit: [`MsgError::WouldBlock`] when
+    /// the channel has none (the receiver has not popped enough yet). The
+    /// channel's first push still waits for the Open round trip.
+    ///
+    /// # Errors
+    /// [`MsgError::WouldBlock`]; as [`Endpoint::push`].
+    pub fn try_push(&self, gid: Gid, port: u16, data: &[u8]) -> Result<(), MsgError> {
+        self.push_with(gid, port, Outgoing::Bytes(data), Wait::No)
+    }
+
+    /// Pushes `len` bytes at `offset` of `region` as a descriptor (zero
+    /// copy: the receiver READs them from `region`). The region must allow
+    /// `REMOTE_READ`, and must not be written until the receiver released
+    /// it ([`Endpoint::in_flight_regions`] drops to 0).
+    ///
+    /// # Errors
+    /// As [`Endpoint::push`]; [`MsgError::Engine`] for a range outside the
+    /// region.
+    pub fn push_region(
+        &self,
+        gid: Gid,
+        port: u16,
+        region: &OwnedMr<N>,
+        offset: usize,
+        len: u32,
+    ) -> Result<(), MsgError> {
+        region
+            .sge(offset, len)
+            .map_err(MsgError::nic("the pushed region"))?;
+        self.push_with(
+            gid,
+            port,
+            Outgoing::Region(region, offset, len),
+            Wait::For(self.node.cfg.timeout),
+        )
+    }
+
+    /// Descriptor buffers not yet released by their receivers.
+    pub fn in_flight_regions(&self) -> usize {
+        let _ = self.node.progress(&self.eng);
+        let mut tx = self.tx.lock();
+        self.collect_released(&mut tx);
+        tx.staging.lent.len()
+    }
+
+    pub(crate) fn collect_released(&self, tx: &mut EpTx<N>) {
+        let released = std::mem::take(&mut self.shared.state.lock().released);
+        for t in released {
+            tx.staging.release(t);
+        }
+    }
+
+    pub(crate) fn push_with(
+        &self,
+        gid: Gid,
+        port: u16,
+        payload: Outgoing<'_, N>,
+        wait: Wait,
+    ) -> Result<(), MsgError> {
+        let cfg = &self.node.cfg;
+        let len = payload.len();
+        if len > cfg.max_message {
+            return Err(MsgError::TooLarge {
+                len,
+                max: cfg.max_message,
+            });
+        }
+        let key = (gid, port);
+        let start = Instant::now();
+        let mut tx = self.tx.lock();
+        self.open(&mut tx, key, start)?;
+        loop {
+            self.node.progress(&self.eng)?;
+            let seq = {
+                let mut st = self.shared.state.lock();
+                let c = st.channels.get_mut(&key);
+                // The port went away meanwhile (it reported a message that
+                // found no port): typed, and the channel is forgotten.
+                if let Some(Status::Refused(code)) = c.as_ref().map(|c| c.status) {
+                    drop(st);
+                    self.forget(key);
+                    return Err(MsgError::Refused { gid, port, code });
+                }
+                c.and_then(|c| c.fwd.take())
+            };
+            if let Some(seq) = seq {
+                let r = self.send(&mut tx, gid, port, seq, payload);
+                if r.is_err() {
+                    if let Some(c) = self.shared.state.lock().channels.get_mut(&key) {
+                        c.fwd.untake();
+                    }
+                }
+                return r;
+            }
+            match wait {
+                Wait::No => return Err(MsgError::WouldBlock),
+                Wait::For(t) if start.elapsed() >= t => {
+                    return Err(MsgError::Timeout(start.elapsed()))
+                }
+                Wait::For(_) => {
+                    reap(&tx.vqp, &self.node.counters)?;
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+
+    /// Opens the channel `key` if needed: Open, then wait for its answer.
+    pub(crate) fn open(
+        &self,
+        tx: &mut EpTx<N>,
+        key: (Gid, u16),
+        start: Instant,
+    ) -> Result<(), MsgError> {
+        let cfg = &self.node.cfg;
+        let status = self
+            .shared
+            .state
+            .lock()
+            .channels
+            .get(&key)
+            .map(|c| c.status);
+        match status {
+            Some(Status::Open) => return Ok(()),
+            // A refusal that came after an Open timed out: ask again (the
+            // port may be bound, or drained, by now).
+            Some(Status::Refused(_)) => self.forget(key),
+            Some(Status::Opening) | None => {}
+        }
+        // An Open still unanswered is sent again: a port answers a repeated
+        // Open with the same grant.
+        if status != Some(Status::Opening) {
+            self.node.reserve(cfg.reply_window)?;
+            self.shared.state.lock().channels.insert(
+                key,
+                ChannelTx {
+                    status: Status::Opening,
+                    fwd: SendWindow::new(0),
+                    reply_returns: ReturnBatch::new(cfg.reply_window),
+                    reply_seq: SeqCheck::default(),
+                    reply_window: cfg.reply_window,
+                },
+            );
+        }
+        let open = MsgRepr {
+            src: self.eng.nic.gid(),
+            dst: MsgDst::Port(key.1),
+            kind: MsgKind::Open {
+                window: cfg.window,
+                reply_window: cfg.reply_window,
+            },
+        };
+        if let Err(e) = send_inline(
+            &tx.vqp,
+            key.0,
+            self.id,
+            &open.emit(),
+            cfg.timeout,
+            &self.node.counters,
+        ) {
+            self.forget(key);
+            return Err(e);
+        }
+        loop {
+            self.node.progress(&self.eng)?;
+            let status = self
+                .shared
+                .state
+                .lock()
+                .channels
+                .get(&key)
+                .map(|c| c.status);
+            match status {
+                Some(Status::Open) => return Ok(()),
+                Some(Status::Refused(code)) => {
+                    self.forget(key);
+                    return Err(MsgError::Refused {
+                        gid: key.0,
+                        port: key.1,
+                        code,
+                    });
+                }
+                _ => {}
+            }
+            if start.elapsed() >= cfg.timeout {
+                // Left Opening: a late Grant still opens it.
+                return Err(MsgError::Timeout(start.elapsed()));
+            }
+            reap(&tx.vqp, &self.node.counters)?;
+            std::thread::yield_now();
+        }
+    }
+
+    pub(crate) fn forget(&self, key: (Gid, u16)) {
+        if self.shared.state.lock().channels.remove(&key).is_some() {
+            self.node.unreserve(self.node.cfg.reply_window);
+        }
+    }
+
+    pub(crate) fn send(
+        &self,
+        tx: &mut EpTx<N>,
+        gid: Gid,
+        port: u16,
+        seq: u64,
+        payload: Outgoing<'_, N>,
+    ) -> Result<(), MsgError> {
+        self.collect_released(tx);
+        let dst = MsgDst::Port(port);
+        let EpTx {
+            vqp,
+            ring,
+            posts,
+            staging,
+            ..
+        } = tx;
+        let slot = self.node.ring_slot(posts);
+        match payload {
+            Outgoing::Bytes(data) => send_data(
+                &self.eng,
+                vqp,
+                staging,
+                (ring, slot),
+                gid,
+                dst,
+                self.id,
+                seq,
+                data,
+                &self.node,
+            ),
+            Outgoing::Region(mr, offset, len) => {
+                aim(vqp, gid)?;
+                let desc = Descriptor {
+                    addr: mr.addr() + offset as u64,
+                    rkey: mr.rkey(),
+                    token: 0,
+                };
+                let token = staging.lend(mr.clone(), false);
+                send_descriptor(
+                    vqp,
+                    gid,
+                    dst,
+                    self.id,
+                    seq,
+                    len,
+                    Descriptor { token, ..desc },
+                    self.eng.nic.gid(),
+                    self.node.cfg.timeout,
+                    &self.node.counters,
+                )
+                .inspect_err(|_| staging.release(token))
+            }
+        }
+    }
+
+    /// The oldest reply, if any (non-blocking); a descriptor's body is
+    /// pulled here. The reply's credit goes back to its port.
+    ///
+    /// # Errors
+    /// As [`Port::try_pop`](super::Port::try_pop).
+    pub fn try_pop_reply(&self) -> Result<Option<Message<N>>, MsgError> {
+        self.node.progress(&self.eng)?;
+        let tx = self.tx.lock();
+        let (mut msg, credit) = {
+            let mut st = self.shared.state.lock();
+            let Some(msg) = st.replies.pop_front() else {
+                return Ok(None);
+            };
+            let credit = st
+                .channels
+                .get_mut(&(msg.from.gid, msg.port))
+                .and_then(|c| c.reply_returns.popped());
+            (msg, credit)
+        };
+        let mut pulled = Ok(());
+        if let Body::Pending { len, desc } = msg.body {
+            pulled = (|| {
+                let landing =
+                    take_buffer(&self.eng, &tx.landing, len as usize, Access::LOCAL_WRITE)?;
+                let read = read_into(
+                    &tx.vqp,
+                    msg.from.gid,
+                    &landing,
+                    len,
+                    desc,
+                    self.node.cfg.timeout,
+                    &self.node.counters,
+                );
+                // Release whatever happened: the buffer is not read again.
+                let rel = MsgRepr {
+                    src: self.eng.nic.gid(),
+                    dst: MsgDst::Port(msg.port),
+                    kind: MsgKind::Release { token: desc.token },
+                };
+                send_inline(
+                    &tx.vqp,
+                    msg.from.gid,
+                    self.id,
+                    &rel.emit(),
+                    self.node.cfg.timeout,
+                    &self.node.counters,
+                )?;
+                read?;
+                bump(&self.node.counters.pulled);
+                msg.body = Body::Pulled {
+                    mr: Landing {
+                        mr: Some(landing),
+                        pool: Arc::downgrade(&tx.landing),
+                    },
+                    len: len as usize,
+                };
+                Ok::<(), MsgError>(())
+            })();
+        }
+        if let Some(n) = credit {
+            let m = MsgRepr {
+                src: self.eng.nic.gid(),
+                dst: MsgDst::Port(msg.port),
+                kind: MsgKind::Credit { count: n },
+            };
+            send_inline(
+                &tx.vqp,
+                msg.from.gid,
+                self.id,
+                &m.emit(),
+                self.node.cfg.timeout,
+                &self.node.counters,
+            )?;
+        }
+        pulled?;
+        Ok(Some(msg))
+    }
+
+    /// Pops the oldest reply, waiting up to `timeout`.
+    ///
+    /// # Errors
+    /// [`MsgError::Timeout`]; as [`Endpoint::try_pop_reply`].
+    pub fn pop_reply_timeout(&self, timeout: Duration) -> Result<Message<N>, MsgError> {
+        let start = Instant::now();
+        loop {
+            if let Some(m) = self.try_pop_reply()? {
+                return Ok(m);
+            }
+            if start.elapsed() >= timeout {
+                return Err(MsgError::Timeout(start.elapsed()));
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Pops the oldest reply, waiting up to `msg.timeout`.
+    ///
+    /// # Errors
+    /// As [`Endpoint::pop_reply_timeout`].
+    pub fn pop_reply(&self) -> Result<Message<N>, MsgError> {
+        self.pop_reply_timeout(self.node.cfg.timeout)
+    }
+
+    /// Credits available now on the channel to (`gid`, `port`) (`None`
+    /// before it is open).
+    pub fn credits(&self, gid: Gid, port: u16) -> Option<u32> {
+        let _ = self.node.progress(&self.eng);
+        let st = self.shared.state.lock();
+        st.channels
+            .get(&(gid, port))
+            .filter(|c| c.status == Status::Open)
+            .map(|c| c.fwd.available())
+    }
+}
+
+/// What a push sends: bytes (copied inline, or into a staging buffer for
+/// a descriptor), or a range of the caller's MR (a descriptor of it).
+#[derive(Clone, Copy)]
+pub(crate) enum Outgoing<'a, N: Nic> {
+    Bytes(&'a [u8]),
+    Region(&'a OwnedMr<N>, usize, u32),
+}
+
+impl<N: Nic> Outgoing<'_, N> {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Outgoing::Bytes(b) => b.len(),
+            Outgoing::Region(_, _, l) => *l as usize,
+        }
+    }
+}

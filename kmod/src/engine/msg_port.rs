@@ -1,0 +1,474 @@
+//! Bound ports: the receive side of messaging (see [`super::msg`]).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use krcore_nic::{Access, Nic};
+use parking_lot::Mutex;
+
+use super::mrs::OwnedMr;
+use super::msg::*;
+use super::msg_endpoint::*;
+use super::msg_send::*;
+use super::vqp::Vqp;
+use super::{Engine, EngineInner};
+use crate::msg::{MsgDst, MsgKind, MsgRepr, RefuseCode, ReturnBatch, SendWindow, SeqCheck};
+
+/// The receive side of one channel at the port.
+pub(crate) struct ChannelRx {
+    pub(crate) window: u32,
+    pub(crate) returns: ReturnBatch,
+    pub(crate) seq: SeqCheck,
+    pub(crate) reply: SendWindow,
+}
+
+pub(crate) struct PortState<N: Nic> {
+    pub(crate) ring: VecDeque<Message<N>>,
+    pub(crate) channels: HashMap<Sender, ChannelRx>,
+    /// Slots not granted to any channel.
+    pub(crate) ungranted: u32,
+    pub(crate) bound: bool,
+    /// Tokens of reply descriptors the endpoints released.
+    pub(crate) released: Vec<u64>,
+}
+
+pub(crate) struct PortShared<N: Nic> {
+    pub(crate) port: u16,
+    pub(crate) state: Mutex<PortState<N>>,
+}
+
+impl<N: Nic> PortShared<N> {
+    pub(crate) fn admit(&self, from: Sender, window: u32, reply_window: u32) -> MsgKind {
+        let mut st = self.state.lock();
+        if !st.bound {
+            return MsgKind::Refuse(RefuseCode::Unbound);
+        }
+        if let Some(c) = st.channels.get(&from) {
+            // A repeated Open (the answer was slow): the same grant.
+            return MsgKind::Grant { window: c.window };
+        }
+        let granted = window.min(st.ungranted);
+        if granted == 0 {
+            return MsgKind::Refuse(RefuseCode::Busy);
+        }
+        st.ungranted -= granted;
+        st.channels.insert(
+            from,
+            ChannelRx {
+                window: granted,
+                returns: ReturnBatch::new(granted),
+                seq: SeqCheck::default(),
+                reply: SendWindow::new(reply_window),
+            },
+        );
+        MsgKind::Grant { window: granted }
+    }
+}
+
+/// A bound port: receives the messages pushed to it, in per-sender order,
+/// and replies to their senders. Dropping it unbinds the port (messages
+/// still in its ring are discarded; later ones are counted as
+/// [`MsgStats::orphaned`]).
+pub struct Port<N: Nic> {
+    pub(crate) eng: Arc<EngineInner<N>>,
+    pub(crate) node: Arc<MsgNode<N>>,
+    pub(crate) shared: Arc<PortShared<N>>,
+    pub(crate) tx: Mutex<PortTx<N>>,
+}
+
+pub(crate) struct PortTx<N: Nic> {
+    pub(crate) vqp: Vqp<N>,
+    pub(crate) landing: Arc<Mutex<Vec<OwnedMr<N>>>>,
+    pub(crate) staging: Staging<N>,
+    /// Staging slots for inline replies (see `EpTx::ring`).
+    pub(crate) ring: OwnedMr<N>,
+    pub(crate) posts: u64,
+}
+
+impl<N: Nic> std::fmt::Debug for Port<N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let st = self.shared.state.lock();
+        f.debug_struct("Port")
+            .field("port", &self.shared.port)
+            .field("queued", &st.ring.len())
+            .field("channels", &st.channels.len())
+            .finish()
+    }
+}
+
+impl<N: Nic> Drop for Port<N> {
+    fn drop(&mut self) {
+        self.node.ports.write().remove(&self.shared.port);
+        let mut st = self.shared.state.lock();
+        st.bound = false;
+        st.ring.clear();
+        self.node.unreserve(self.node.cfg.port_slots);
+    }
+}
+
+impl<N: Nic> Engine<N> {
+    /// Binds `port` on this node: messages pushed to it are received by
+    /// the returned [`Port`]. Reserves `msg.port_slots` receive slots.
+    ///
+    /// # Errors
+    /// [`MsgError::PortInUse`]; [`MsgError::NoBuffers`] when the node's
+    /// receive slots are all reserved; [`MsgError::Unsupported`] in RC
+    /// fallback mode or a forked child; engine errors of the first use
+    /// (receive buffers, the port's VQP).
+    pub fn bind(&self, port: u16) -> Result<Port<N>, MsgError> {
+        let node = MsgNode::get(&self.inner)?;
+        let slots = node.cfg.port_slots;
+        if node.ports.read().contains_key(&port) {
+            return Err(MsgError::PortInUse { port });
+        }
+        let vqp = self.create_vqp()?;
+        let ring = node.staging_ring(&self.inner)?;
+        let shared = Arc::new(PortShared {
+            port,
+            state: Mutex::new(PortState {
+                ring: VecDeque::new(),
+                channels: HashMap::new(),
+                ungranted: slots,
+                bound: true,
+                released: Vec::new(),
+            }),
+        });
+        {
+            let mut ports = node.ports.write();
+            if ports.contains_key(&port) {
+                return Err(MsgError::PortInUse { port });
+            }
+            node.reserve(slots)?;
+            ports.insert(port, shared.clone());
+        }
+        Ok(Port {
+            eng: self.inner.clone(),
+            node,
+            shared,
+            tx: Mutex::new(PortTx {
+                vqp,
+                landing: Arc::new(Mutex::new(Vec::new())),
+                staging: Staging::default(),
+                ring,
+                posts: 0,
+            }),
+        })
+    }
+
+    /// A new messaging endpoint (a VQP of its own): pushes messages to
+    /// ports and receives their replies.
+    ///
+    /// # Errors
+    /// As [`Engine::bind`] ([`MsgError::Unsupported`], engine errors).
+    pub fn endpoint(&self) -> Result<Endpoint<N>, MsgError> {
+        let node = MsgNode::get(&self.inner)?;
+        let vqp = self.create_vqp()?;
+        let id = vqp.id().get();
+        let shared = Arc::new(EndpointShared {
+            state: Mutex::new(EpState {
+                channels: HashMap::new(),
+                replies: VecDeque::new(),
+                released: Vec::new(),
+            }),
+        });
+        let ring = node.staging_ring(&self.inner)?;
+        node.endpoints.write().insert(id, shared.clone());
+        Ok(Endpoint {
+            eng: self.inner.clone(),
+            node,
+            shared,
+            tx: Mutex::new(EpTx {
+                vqp,
+                ring,
+                posts: 0,
+                staging: Staging::default(),
+                landing: Arc::new(Mutex::new(Vec::new())),
+            }),
+            id,
+        })
+    }
+
+    /// Handles what arrived for this node's ports and endpoints (they do it
+    /// themselves on every call; this is for a host with no other reason to
+    /// call in). Returns the receives handled; 0 before messaging is used.
+    ///
+    /// # Errors
+    /// Provider failures of the receive path.
+    pub fn msg_progress(&self) -> Result<usize, MsgError> {
+        match self.inner.msg.get() {
+            Some(m) => m.clone().progress(&self.inner),
+            None => Ok(0),
+        }
+    }
+
+    /// Messaging statistics (zeros before messaging is used).
+    pub fn msg_stats(&self) -> MsgStats {
+        self.inner.msg.get().map(|m| m.stats()).unwrap_or_default()
+    }
+
+    /// Receive slots not reserved by ports or reply windows (`None` before
+    /// messaging is used).
+    pub fn msg_unreserved(&self) -> Option<u32> {
+        self.inner.msg.get().map(|m| *m.budget.lock())
+    }
+}
+
+impl<N: Nic> Port<N> {
+    /// The port number.
+    pub fn port(&self) -> u16 {
+        self.shared.port
+    }
+
+    /// Messages received and not popped yet.
+    pub fn queued(&self) -> usize {
+        self.shared.state.lock().ring.len()
+    }
+
+    /// The oldest message, if any (non-blocking). A descriptor's body is
+    /// pulled here (one READ, waited for); its sender then gets the buffer
+    /// back. The message's credit goes back to its sender (in batches of
+    /// half its window).
+    ///
+    /// # Errors
+    /// [`MsgError::Failed`] when the pull failed (the message is consumed
+    /// and reported, not dropped silently); engine and post errors.
+    pub fn try_pop(&self) -> Result<Option<Message<N>>, MsgError> {
+        self.node.progress(&self.eng)?;
+        let mut tx = self.tx.lock();
+        let (mut msg, credit) = {
+            let mut st = self.shared.state.lock();
+            let Some(msg) = st.ring.pop_front() else {
+                return Ok(None);
+            };
+            let credit = st
+                .channels
+                .get_mut(&msg.from)
+                .and_then(|c| c.returns.popped());
+            (msg, credit)
+        };
+        let pulled = self.pull(&mut tx, &mut msg);
+        if let Some(n) = credit {
+            let m = MsgRepr {
+                src: self.eng.nic.gid(),
+                dst: MsgDst::Vqp {
+                    vqp: msg.from.vqp,
+                    from: self.shared.port,
+                },
+                kind: MsgKind::Credit { count: n },
+            };
+            let imm = tx.vqp.id().get();
+            send_inline(
+                &tx.vqp,
+                msg.from.gid,
+                imm,
+                &m.emit(),
+                self.node.cfg.timeout,
+                &self.node.counters,
+            )?;
+        }
+        pulled?;
+        Ok(Some(msg))
+    }
+
+    /// Pulls a descriptor's body (one READ) and releases the sender's
+    /// buffer.
+    pub(crate) fn pull(&self, tx: &mut PortTx<N>, msg: &mut Message<N>) -> Result<(), MsgError> {
+        let Body::Pending { len, desc } = msg.body else {
+            return Ok(());
+        };
+        let landing = take_buffer(&self.eng, &tx.landing, len as usize, Access::LOCAL_WRITE)?;
+        let read = read_into(
+            &tx.vqp,
+            msg.from.gid,
+            &landing,
+            len,
+            desc,
+            self.node.cfg.timeout,
+            &self.node.counters,
+        );
+        // Release whatever happened: the sender's buffer is not read again.
+        let m = MsgRepr {
+            src: self.eng.nic.gid(),
+            dst: MsgDst::Vqp {
+                vqp: msg.from.vqp,
+                from: self.shared.port,
+            },
+            kind: MsgKind::Release { token: desc.token },
+        };
+        let imm = tx.vqp.id().get();
+        send_inline(
+            &tx.vqp,
+            msg.from.gid,
+            imm,
+            &m.emit(),
+            self.node.cfg.timeout,
+            &self.node.counters,
+        )?;
+        read?;
+        bump(&self.node.counters.pulled);
+        msg.body = Body::Pulled {
+            mr: Landing {
+                mr: Some(landing),
+                pool: Arc::downgrade(&tx.landing),
+            },
+            len: len as usize,
+        };
+        Ok(())
+    }
+
+    /// Returns now the credits of every message popped so far (they go
+    /// back in batches of half a channel's window otherwise): for a
+    /// receiver that pops in batches and wants its senders at full window
+    /// at once. Returns the credits sent back.
+    ///
+    /// # Errors
+    /// Engine and post errors (the credits stay pending).
+    pub fn return_credits(&self) -> Result<u32, MsgError> {
+        let tx = self.tx.lock();
+        let due: Vec<(Sender, u32)> = {
+            let mut st = self.shared.state.lock();
+            st.channels
+                .iter_mut()
+                .filter_map(|(s, c)| c.returns.flush().map(|n| (*s, n)))
+                .collect()
+        };
+        let mut sent = 0;
+        let mut result = Ok(());
+        let imm = tx.vqp.id().get();
+        for (sender, n) in due {
+            if result.is_ok() {
+                let m = MsgRepr {
+                    src: self.eng.nic.gid(),
+                    dst: MsgDst::Vqp {
+                        vqp: sender.vqp,
+                        from: self.shared.port,
+                    },
+                    kind: MsgKind::Credit { count: n },
+                };
+                let cfg = &self.node.cfg;
+                match send_inline(
+                    &tx.vqp,
+                    sender.gid,
+                    imm,
+                    &m.emit(),
+                    cfg.timeout,
+                    &self.node.counters,
+                ) {
+                    Ok(()) => {
+                        sent += n;
+                        continue;
+                    }
+                    Err(e) => result = Err(e),
+                }
+            }
+            // Not sent: the credits stay pending.
+            if let Some(c) = self.shared.state.lock().channels.get_mut(&sender) {
+                c.returns.unflush(n);
+            }
+        }
+        result.map(|()| sent)
+    }
+
+    /// Pops the oldest message, waiting up to `timeout`.
+    ///
+    /// # Errors
+    /// [`MsgError::Timeout`]; as [`Port::try_pop`].
+    pub fn pop_timeout(&self, timeout: Duration) -> Result<Message<N>, MsgError> {
+        let start = Instant::now();
+        loop {
+            if let Some(m) = self.try_pop()? {
+                return Ok(m);
+            }
+            if start.elapsed() >= timeout {
+                return Err(MsgError::Timeout(start.elapsed()));
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Pops the oldest message, waiting up to `msg.timeout`.
+    ///
+    /// # Errors
+    /// As [`Port::pop_timeout`].
+    pub fn pop(&self) -> Result<Message<N>, MsgError> {
+        self.pop_timeout(self.node.cfg.timeout)
+    }
+
+    /// Replies to `to`'s sender (its endpoint's reply ring), waiting up to
+    /// `msg.timeout` for a reply credit.
+    ///
+    /// # Errors
+    /// [`MsgError::TooLarge`], [`MsgError::Timeout`] (the sender does not
+    /// pop its replies), [`MsgError::Refused`] with
+    /// [`RefuseCode::Unbound`] when the sender's channel is unknown here;
+    /// engine and post errors.
+    pub fn reply(&self, to: &Message<N>, data: &[u8]) -> Result<(), MsgError> {
+        self.reply_to(to.from, data)
+    }
+
+    /// Replies to `sender` (see [`Port::reply`]).
+    ///
+    /// # Errors
+    /// As [`Port::reply`].
+    pub fn reply_to(&self, sender: Sender, data: &[u8]) -> Result<(), MsgError> {
+        let cfg = &self.node.cfg;
+        if data.len() > cfg.max_message {
+            return Err(MsgError::TooLarge {
+                len: data.len(),
+                max: cfg.max_message,
+            });
+        }
+        let start = Instant::now();
+        loop {
+            self.node.progress(&self.eng)?;
+            let taken = {
+                let mut st = self.shared.state.lock();
+                let Some(c) = st.channels.get_mut(&sender) else {
+                    return Err(MsgError::Refused {
+                        gid: sender.gid,
+                        port: self.shared.port,
+                        code: RefuseCode::Unbound,
+                    });
+                };
+                c.reply.take()
+            };
+            if let Some(seq) = taken {
+                let mut tx = self.tx.lock();
+                let tx = &mut *tx;
+                let dst = MsgDst::Vqp {
+                    vqp: sender.vqp,
+                    from: self.shared.port,
+                };
+                let released = std::mem::take(&mut self.shared.state.lock().released);
+                for t in released {
+                    tx.staging.release(t);
+                }
+                let imm = tx.vqp.id().get();
+                let slot = self.node.ring_slot(&mut tx.posts);
+                let r = send_data(
+                    &self.eng,
+                    &tx.vqp,
+                    &mut tx.staging,
+                    (&tx.ring, slot),
+                    sender.gid,
+                    dst,
+                    imm,
+                    seq,
+                    data,
+                    &self.node,
+                );
+                if r.is_err() {
+                    if let Some(c) = self.shared.state.lock().channels.get_mut(&sender) {
+                        c.reply.untake();
+                    }
+                }
+                return r;
+            }
+            if start.elapsed() >= cfg.timeout {
+                return Err(MsgError::Timeout(start.elapsed()));
+            }
+            std::thread::yield_now();
+        }
+    }
+}

@@ -1,0 +1,311 @@
+//! Messaging I/O helpers: posting message sends on a VQP, descriptor
+//! READs, staging and landing buffers (see [`super::msg`]).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use krcore_nic::{
+    Access, Gid, InlineData, MemoryRegion, Nic, Payload, SendFlags, SendWr, SgList, Sge, Wc, WrOp,
+};
+use parking_lot::Mutex;
+
+use super::error::VqpError;
+use super::mrs::OwnedMr;
+use super::msg::*;
+use super::vqp::Vqp;
+use super::EngineInner;
+use crate::msg::{Descriptor, MsgDst, MsgKind, MsgRepr, HEADER_LEN};
+
+/// Free buffers kept per pool.
+pub(crate) const POOL_KEEP: usize = 8;
+/// Smallest staging or landing buffer.
+pub(crate) const MIN_BUFFER: usize = 64 << 10;
+
+/// A buffer of at least `len` bytes from `pool`, or a new one.
+pub(crate) fn take_buffer<N: Nic>(
+    eng: &EngineInner<N>,
+    pool: &Mutex<Vec<OwnedMr<N>>>,
+    len: usize,
+    access: Access,
+) -> Result<OwnedMr<N>, MsgError> {
+    let mut p = pool.lock();
+    if let Some(i) = p.iter().position(|m| m.len() >= len) {
+        return Ok(p.swap_remove(i));
+    }
+    drop(p);
+    let size = len.max(MIN_BUFFER).next_power_of_two();
+    let mr = eng
+        .nic
+        .alloc_mr(&eng.pd, size, access)
+        .map_err(MsgError::nic("allocate a message buffer"))?;
+    Ok(OwnedMr::new(mr, &eng.mrs))
+}
+
+/// Points `vqp` at `to` (a DCCache hit after the first time).
+pub(crate) fn aim<N: Nic>(vqp: &Vqp<N>, to: Gid) -> Result<(), MsgError> {
+    if vqp.target().map(|t| t.target.gid) != Some(to) {
+        vqp.connect(to)?;
+    }
+    Ok(())
+}
+
+/// Polls `vqp`'s completions away, counting errors of message sends.
+pub(crate) fn reap<N: Nic>(vqp: &Vqp<N>, counters: &Counters) -> Result<(), MsgError> {
+    let mut wcs = [Wc::default(); 16];
+    loop {
+        let k = vqp.poll(&mut wcs)?;
+        for wc in &wcs[..k] {
+            if !wc.status.is_ok() {
+                bump(&counters.send_errors);
+            }
+        }
+        if k < wcs.len() {
+            return Ok(());
+        }
+    }
+}
+
+/// Posts one unsignaled WR on `vqp`, reaping completions while the VQP is
+/// full (bounded by `timeout`).
+pub(crate) fn post_one<N: Nic>(
+    vqp: &Vqp<N>,
+    mut wr: SendWr,
+    timeout: Duration,
+    counters: &Counters,
+) -> Result<(), MsgError> {
+    let start = Instant::now();
+    loop {
+        match vqp.post_send(std::slice::from_mut(&mut wr)) {
+            Ok(()) => return Ok(()),
+            Err(VqpError::VqpFull { .. }) if start.elapsed() < timeout => {
+                reap(vqp, counters)?;
+                std::thread::yield_now();
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+pub(crate) fn send_inline<N: Nic>(
+    vqp: &Vqp<N>,
+    to: Gid,
+    imm: u32,
+    bytes: &[u8],
+    timeout: Duration,
+    counters: &Counters,
+) -> Result<(), MsgError> {
+    aim(vqp, to)?;
+    let data = InlineData::new(bytes).ok_or(MsgError::Unsupported {
+        reason: "control message longer than the inline limit",
+    })?;
+    let wr = SendWr {
+        wr_id: 0,
+        op: WrOp::SendImm { imm },
+        payload: Payload::Inline(data),
+        flags: SendFlags::NONE,
+        dest: krcore_nic::Destination::Connected,
+    };
+    post_one(vqp, wr, timeout, counters)
+}
+
+/// Descriptor buffers lent out until the receiver's Release.
+pub(crate) struct Staging<N: Nic> {
+    pub(crate) free: Arc<Mutex<Vec<OwnedMr<N>>>>,
+    pub(crate) lent: HashMap<u64, (OwnedMr<N>, bool)>,
+    pub(crate) next_token: u64,
+}
+
+impl<N: Nic> Default for Staging<N> {
+    fn default() -> Self {
+        Staging {
+            free: Arc::new(Mutex::new(Vec::new())),
+            lent: HashMap::new(),
+            next_token: 1,
+        }
+    }
+}
+
+impl<N: Nic> Staging<N> {
+    /// Takes back a released buffer (`pooled`: it came from the pool).
+    pub(crate) fn release(&mut self, token: u64) {
+        if let Some((mr, pooled)) = self.lent.remove(&token) {
+            let mut f = self.free.lock();
+            if pooled && f.len() < POOL_KEEP {
+                f.push(mr);
+            }
+        }
+    }
+
+    /// Lends `mr` for one descriptor; returns its token.
+    pub(crate) fn lend(&mut self, mr: OwnedMr<N>, pooled: bool) -> u64 {
+        let t = self.next_token;
+        self.next_token += 1;
+        self.lent.insert(t, (mr, pooled));
+        t
+    }
+}
+
+/// READs `len` bytes at `desc` from `from` into `landing`, waiting for the
+/// completion (bounded).
+pub(crate) fn read_into<N: Nic>(
+    vqp: &Vqp<N>,
+    from: Gid,
+    landing: &OwnedMr<N>,
+    len: u32,
+    desc: Descriptor,
+    timeout: Duration,
+    counters: &Counters,
+) -> Result<(), MsgError> {
+    const PULL: u64 = 0x5055_4c4c; // "PULL"
+    aim(vqp, from)?;
+    let sge = landing
+        .sge(0, len)
+        .map_err(MsgError::nic("a landing buffer"))?;
+    let wr = SendWr::read(
+        PULL,
+        sge,
+        krcore_nic::RemoteAddr {
+            addr: desc.addr,
+            rkey: desc.rkey,
+        },
+    );
+    post_one(vqp, wr, timeout, counters)?;
+    let start = Instant::now();
+    let mut wcs = [Wc::default(); 16];
+    loop {
+        let k = vqp.poll(&mut wcs)?;
+        for wc in &wcs[..k] {
+            if wc.wr_id == PULL {
+                return if wc.status.is_ok() {
+                    Ok(())
+                } else {
+                    Err(MsgError::Failed {
+                        what: "descriptor READ",
+                        status: wc.status,
+                    })
+                };
+            }
+            if !wc.status.is_ok() {
+                bump(&counters.send_errors);
+            }
+        }
+        if start.elapsed() >= timeout {
+            return Err(MsgError::Timeout(start.elapsed()));
+        }
+        if k == 0 {
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// Sends one data message (inline, or a descriptor of a staging buffer or
+/// of `region`) from `vqp`, unsignaled.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn send_data<N: Nic>(
+    eng: &EngineInner<N>,
+    vqp: &Vqp<N>,
+    staging: &mut Staging<N>,
+    (ring, off): (&OwnedMr<N>, usize),
+    to: Gid,
+    dst: MsgDst,
+    imm: u32,
+    seq: u64,
+    data: &[u8],
+    node: &MsgNode<N>,
+) -> Result<(), MsgError> {
+    let cfg = &node.cfg;
+    aim(vqp, to)?;
+    let src = eng.nic.gid();
+    if data.len() <= cfg.inline_max {
+        let header = MsgRepr {
+            src,
+            dst,
+            kind: MsgKind::Data {
+                seq,
+                len: data.len() as u32,
+            },
+        }
+        .emit();
+        if HEADER_LEN + data.len() <= eng.policy.max_inline {
+            let mut b = [0u8; krcore_nic::MAX_INLINE];
+            b[..HEADER_LEN].copy_from_slice(&header);
+            b[HEADER_LEN..HEADER_LEN + data.len()].copy_from_slice(data);
+            return send_inline(
+                vqp,
+                to,
+                imm,
+                &b[..HEADER_LEN + data.len()],
+                cfg.timeout,
+                &node.counters,
+            );
+        }
+        // Through a staging slot of the sender's ring.
+        ring.write(off, &header)
+            .and_then(|()| ring.write(off + HEADER_LEN, data))
+            .map_err(MsgError::nic("write a staging buffer"))?;
+        let sge = ring
+            .sge(off, (HEADER_LEN + data.len()) as u32)
+            .map_err(MsgError::nic("a staging buffer"))?;
+        return post_one(vqp, send_wr(sge, imm), cfg.timeout, &node.counters);
+    }
+    let mr = take_buffer(
+        eng,
+        &staging.free,
+        data.len(),
+        Access::LOCAL_WRITE | Access::REMOTE_READ,
+    )?;
+    mr.write(0, data)
+        .map_err(MsgError::nic("write a staging buffer"))?;
+    let desc = Descriptor {
+        addr: mr.addr(),
+        rkey: mr.rkey(),
+        token: 0,
+    };
+    let token = staging.lend(mr, true);
+    send_descriptor(
+        vqp,
+        to,
+        dst,
+        imm,
+        seq,
+        data.len() as u32,
+        Descriptor { token, ..desc },
+        src,
+        cfg.timeout,
+        &node.counters,
+    )
+    .inspect_err(|_| staging.release(token))
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn send_descriptor<N: Nic>(
+    vqp: &Vqp<N>,
+    to: Gid,
+    dst: MsgDst,
+    imm: u32,
+    seq: u64,
+    len: u32,
+    desc: Descriptor,
+    src: Gid,
+    timeout: Duration,
+    counters: &Counters,
+) -> Result<(), MsgError> {
+    let header = MsgRepr {
+        src,
+        dst,
+        kind: MsgKind::Desc { seq, len, desc },
+    }
+    .emit();
+    send_inline(vqp, to, imm, &header, timeout, counters)
+}
+
+pub(crate) fn send_wr(sge: Sge, imm: u32) -> SendWr {
+    SendWr {
+        wr_id: 0,
+        op: WrOp::SendImm { imm },
+        payload: Payload::Local(SgList::one(sge)),
+        flags: SendFlags::NONE,
+        dest: krcore_nic::Destination::Connected,
+    }
+}

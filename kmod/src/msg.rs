@@ -1,0 +1,866 @@
+//! Two-sided messaging, the pure part: the message header's byte layout (a
+//! checked view, [`MsgPacket`], and a parsed value, [`MsgRepr`]) and the
+//! credit accounts of a channel ([`SendWindow`], [`ReturnBatch`]). No I/O,
+//! no clock; the host is `engine::msg`.
+//!
+//! # Channels
+//!
+//! A *channel* joins one sending VQP (an endpoint, at node A) and one bound
+//! port (at node B). It is opened by the endpoint's first push and carries
+//! credits both ways:
+//!
+//! ```text
+//! endpoint (A, vqp v)                                   port P (node B)
+//!   Open{window w, reply window r}  --- SEND_WITH_IMM(v) --->  bound? room?
+//!        <--- Grant{window w'} (w' <= w) or Refuse{code} ---   reserves w'
+//!   Data / Desc  (one credit each)  ------------------------>  ring of P
+//!        <--- Credit{n}             (when the user popped n)
+//!        <--- Release{token}        (a Desc was pulled by READ)
+//!        <--- Data / Desc (reply, one reply credit each) ----  reply()
+//!   Credit{n} (replies popped) ----------------------------->
+//! ```
+//!
+//! Every message is a SEND_WITH_IMM into the receiving node's SRQ; the
+//! immediate is the sending VQP's id (RDMAvisor's vQPN). Control messages
+//! (Open, Grant, Refuse, Credit, Release) are handled by the receiving
+//! engine as soon as it polls and their receive buffer is re-posted at once;
+//! data messages hold one credit of their channel until the user pops them.
+//!
+//! # Invariants
+//!
+//! - A sender posts a data message only while it holds a credit
+//!   ([`SendWindow::take`]); the receiver returns a credit only after the
+//!   message left its ring ([`ReturnBatch::popped`]). So a channel never has
+//!   more than its window of data messages at the receiver, and the
+//!   receiver's buffers (reserved per channel at Open) never run out: no
+//!   receive-not-ready, no drop.
+//! - Data messages of one channel carry consecutive sequence numbers from 0;
+//!   they travel over one initiator QP to one target queue, so they arrive in
+//!   order. The receiver checks the sequence ([`SeqCheck`]).
+//!
+//! # Layout (little-endian, [`HEADER_LEN`] bytes, then the inline body)
+//!
+//! ```text
+//!  0..4   magic "KRMS"                  [`MAGIC`]
+//!  4      version                       [`VERSION`]
+//!  5      kind                          1 Open 2 Grant 3 Refuse 4 Data
+//!                                       5 Desc 6 Credit 7 Release
+//!  6      flags                         bit 0: to a VQP (else to a port)
+//!  7      refuse code                   (Refuse; 0 otherwise)
+//!  8..12  dst                           port number, or VQP id
+//! 12..16  src port                      messages to a VQP: the port they
+//!                                       come from; 0 otherwise
+//! 16..32  src gid                       the sender's port GID
+//! 32..40  arg                           Data/Desc: sequence; Open: window
+//!                                       (low 32) | reply window (high 32);
+//!                                       Grant: window; Credit: count;
+//!                                       Release: token
+//! 40..44  len                           Data/Desc: body length
+//! 44..48  rkey                          Desc: the buffer's rkey
+//! 48..56  addr                          Desc: the buffer's address
+//! 56..64  token                         Desc: the sender's buffer token
+//! ```
+//!
+//! Remote bytes are untrusted: [`MsgPacket::new_checked`] validates the
+//! length and magic once; the accessors cannot panic afterwards, and
+//! [`MsgRepr::parse`] never panics on any bytes.
+
+use std::ops::Range;
+
+use krcore_nic::Gid;
+
+/// The first four bytes of every message (ASCII "KRMS").
+pub const MAGIC: u32 = u32::from_le_bytes(*b"KRMS");
+/// The protocol version this build speaks.
+pub const VERSION: u8 = 1;
+/// Length of the header every message starts with.
+pub const HEADER_LEN: usize = 64;
+
+/// Byte ranges of the header's fields.
+pub mod field {
+    use std::ops::Range;
+    /// Magic.
+    pub const MAGIC: Range<usize> = 0..4;
+    /// Version.
+    pub const VERSION: usize = 4;
+    /// Kind.
+    pub const KIND: usize = 5;
+    /// Flags.
+    pub const FLAGS: usize = 6;
+    /// Refuse code.
+    pub const CODE: usize = 7;
+    /// Destination port or VQP id.
+    pub const DST: Range<usize> = 8..12;
+    /// Source port.
+    pub const SRC_PORT: Range<usize> = 12..16;
+    /// Source GID.
+    pub const GID: Range<usize> = 16..32;
+    /// Kind-specific argument.
+    pub const ARG: Range<usize> = 32..40;
+    /// Body length.
+    pub const LEN: Range<usize> = 40..44;
+    /// Descriptor rkey.
+    pub const RKEY: Range<usize> = 44..48;
+    /// Descriptor address.
+    pub const ADDR: Range<usize> = 48..56;
+    /// Descriptor token.
+    pub const TOKEN: Range<usize> = 56..64;
+}
+
+/// Flag: the destination is a VQP id (replies, answers to an endpoint).
+pub const FLAG_TO_VQP: u8 = 1;
+
+/// Why bytes are not a message this build understands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum MsgWireError {
+    /// Shorter than [`HEADER_LEN`].
+    #[error("message of {len} bytes, a {HEADER_LEN}-byte header needed")]
+    Truncated {
+        /// Bytes given.
+        len: usize,
+    },
+    /// Not a message.
+    #[error("bad magic {0:#010x}")]
+    BadMagic(u32),
+    /// Another protocol version.
+    #[error("message version {0}, this build speaks {VERSION}")]
+    UnsupportedVersion(u8),
+    /// An unknown kind.
+    #[error("unknown message kind {0}")]
+    UnknownKind(u8),
+    /// A Data message whose body length disagrees with the bytes received.
+    #[error("body of {declared} bytes declared, {present} present")]
+    BadLength {
+        /// The header's `len`.
+        declared: u32,
+        /// Bytes after the header.
+        present: usize,
+    },
+    /// A Refuse without a known code, or a kind sent to the wrong side.
+    #[error("malformed {0} message")]
+    Malformed(&'static str),
+}
+
+/// Why a port refused a channel (and why a push failed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RefuseCode {
+    /// No port of that number is bound at the receiver.
+    Unbound,
+    /// The port's buffers are all granted to other senders.
+    Busy,
+    /// The receiver has no buffers left for the reply window.
+    NoBuffers,
+}
+
+impl RefuseCode {
+    /// The code on the wire.
+    pub fn to_u8(self) -> u8 {
+        match self {
+            RefuseCode::Unbound => 1,
+            RefuseCode::Busy => 2,
+            RefuseCode::NoBuffers => 3,
+        }
+    }
+
+    /// From the code on the wire.
+    pub fn from_u8(c: u8) -> Option<RefuseCode> {
+        Some(match c {
+            1 => RefuseCode::Unbound,
+            2 => RefuseCode::Busy,
+            3 => RefuseCode::NoBuffers,
+            _ => return None,
+        })
+    }
+}
+
+impl std::fmt::Display for RefuseCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RefuseCode::Unbound => "no port bound",
+            RefuseCode::Busy => "port busy (all buffers granted)",
+            RefuseCode::NoBuffers => "no receive buffers left",
+        })
+    }
+}
+
+/// Where a message goes at the receiving node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MsgDst {
+    /// A bound port.
+    Port(u16),
+    /// A VQP (an endpoint): replies and answers, from port `from`.
+    Vqp {
+        /// The VQP id.
+        vqp: u32,
+        /// The port of the channel the message belongs to.
+        from: u16,
+    },
+}
+
+/// A zero-copy descriptor: where the receiver READs the body from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Descriptor {
+    /// Address of the body at the sender.
+    pub addr: u64,
+    /// rkey of the sender's registered buffer.
+    pub rkey: u32,
+    /// The sender's token for the buffer (echoed in Release).
+    pub token: u64,
+}
+
+/// What a message says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum MsgKind {
+    /// Opens a channel: the sender's data window and the reply window it
+    /// reserved for the channel's replies.
+    Open {
+        /// Credits asked for.
+        window: u32,
+        /// Replies the sender can hold for this channel.
+        reply_window: u32,
+    },
+    /// The port admits the channel with `window` credits.
+    Grant {
+        /// Credits granted.
+        window: u32,
+    },
+    /// The port refuses the channel.
+    Refuse(RefuseCode),
+    /// An inline message of `len` bytes (after the header).
+    Data {
+        /// Channel sequence number.
+        seq: u64,
+        /// Body length.
+        len: u32,
+    },
+    /// A message the receiver pulls with one READ.
+    Desc {
+        /// Channel sequence number.
+        seq: u64,
+        /// Body length.
+        len: u32,
+        /// Where the body is.
+        desc: Descriptor,
+    },
+    /// `count` credits come back (messages were popped).
+    Credit {
+        /// Credits returned.
+        count: u32,
+    },
+    /// The descriptor buffer `token` was pulled: the sender may reuse it.
+    Release {
+        /// The buffer's token.
+        token: u64,
+    },
+}
+
+/// A parsed message header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MsgRepr {
+    /// The sender's port GID.
+    pub src: Gid,
+    /// Where it goes.
+    pub dst: MsgDst,
+    /// What it says.
+    pub kind: MsgKind,
+}
+
+/// A checked view over a message's header (and body).
+#[derive(Debug, Clone, Copy)]
+pub struct MsgPacket<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> MsgPacket<T> {
+    /// A view after checking the length and the magic.
+    ///
+    /// # Errors
+    /// [`MsgWireError::Truncated`], [`MsgWireError::BadMagic`].
+    pub fn new_checked(buffer: T) -> Result<MsgPacket<T>, MsgWireError> {
+        let len = buffer.as_ref().len();
+        if len < HEADER_LEN {
+            return Err(MsgWireError::Truncated { len });
+        }
+        let p = MsgPacket { buffer };
+        if p.magic() != MAGIC {
+            return Err(MsgWireError::BadMagic(p.magic()));
+        }
+        Ok(p)
+    }
+
+    fn bytes<const K: usize>(&self, r: Range<usize>) -> [u8; K] {
+        let mut out = [0u8; K];
+        // Lengths were checked by `new_checked`; a short range yields zeros.
+        if let Some(src) = self.buffer.as_ref().get(r) {
+            if src.len() == K {
+                out.copy_from_slice(src);
+            }
+        }
+        out
+    }
+
+    fn byte(&self, i: usize) -> u8 {
+        self.buffer.as_ref().get(i).copied().unwrap_or(0)
+    }
+
+    /// Magic.
+    pub fn magic(&self) -> u32 {
+        u32::from_le_bytes(self.bytes(field::MAGIC))
+    }
+    /// Version.
+    pub fn version(&self) -> u8 {
+        self.byte(field::VERSION)
+    }
+    /// Kind byte.
+    pub fn kind(&self) -> u8 {
+        self.byte(field::KIND)
+    }
+    /// Flags byte.
+    pub fn flags(&self) -> u8 {
+        self.byte(field::FLAGS)
+    }
+    /// Refuse code byte.
+    pub fn code(&self) -> u8 {
+        self.byte(field::CODE)
+    }
+    /// Destination port or VQP id.
+    pub fn dst(&self) -> u32 {
+        u32::from_le_bytes(self.bytes(field::DST))
+    }
+    /// Source port.
+    pub fn src_port(&self) -> u32 {
+        u32::from_le_bytes(self.bytes(field::SRC_PORT))
+    }
+    /// Source GID.
+    pub fn gid(&self) -> Gid {
+        Gid(self.bytes(field::GID))
+    }
+    /// Kind-specific argument.
+    pub fn arg(&self) -> u64 {
+        u64::from_le_bytes(self.bytes(field::ARG))
+    }
+    /// Body length.
+    pub fn len(&self) -> u32 {
+        u32::from_le_bytes(self.bytes(field::LEN))
+    }
+    /// Whether the body length is 0.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Descriptor rkey.
+    pub fn rkey(&self) -> u32 {
+        u32::from_le_bytes(self.bytes(field::RKEY))
+    }
+    /// Descriptor address.
+    pub fn addr(&self) -> u64 {
+        u64::from_le_bytes(self.bytes(field::ADDR))
+    }
+    /// Descriptor token.
+    pub fn token(&self) -> u64 {
+        u64::from_le_bytes(self.bytes(field::TOKEN))
+    }
+    /// The bytes after the header.
+    pub fn body(&self) -> &[u8] {
+        self.buffer.as_ref().get(HEADER_LEN..).unwrap_or(&[])
+    }
+}
+
+impl MsgRepr {
+    /// Parses a checked view (header, and for Data the body's length).
+    ///
+    /// # Errors
+    /// Version, kind, length and destination problems as [`MsgWireError`].
+    pub fn parse<T: AsRef<[u8]>>(p: &MsgPacket<T>) -> Result<MsgRepr, MsgWireError> {
+        MsgRepr::parse_with_body(p, p.body().len())
+    }
+
+    /// Parses a checked view of the header alone, the body (`body_len`
+    /// bytes) being elsewhere (read straight into its own buffer).
+    ///
+    /// # Errors
+    /// As [`MsgRepr::parse`].
+    pub fn parse_with_body<T: AsRef<[u8]>>(
+        p: &MsgPacket<T>,
+        body_len: usize,
+    ) -> Result<MsgRepr, MsgWireError> {
+        if p.version() != VERSION {
+            return Err(MsgWireError::UnsupportedVersion(p.version()));
+        }
+        let to_vqp = p.flags() & FLAG_TO_VQP != 0;
+        let port = |v: u32| u16::try_from(v).map_err(|_| MsgWireError::Malformed("port"));
+        let dst = if to_vqp {
+            MsgDst::Vqp {
+                vqp: p.dst(),
+                from: port(p.src_port())?,
+            }
+        } else {
+            MsgDst::Port(port(p.dst())?)
+        };
+        let arg = p.arg();
+        let kind = match p.kind() {
+            1 => MsgKind::Open {
+                window: arg as u32,
+                reply_window: (arg >> 32) as u32,
+            },
+            2 => MsgKind::Grant { window: arg as u32 },
+            3 => MsgKind::Refuse(
+                RefuseCode::from_u8(p.code()).ok_or(MsgWireError::Malformed("refuse"))?,
+            ),
+            4 => {
+                let present = body_len;
+                if present != p.len() as usize {
+                    return Err(MsgWireError::BadLength {
+                        declared: p.len(),
+                        present,
+                    });
+                }
+                MsgKind::Data {
+                    seq: arg,
+                    len: p.len(),
+                }
+            }
+            5 => MsgKind::Desc {
+                seq: arg,
+                len: p.len(),
+                desc: Descriptor {
+                    addr: p.addr(),
+                    rkey: p.rkey(),
+                    token: p.token(),
+                },
+            },
+            6 => MsgKind::Credit { count: arg as u32 },
+            7 => MsgKind::Release { token: arg },
+            k => return Err(MsgWireError::UnknownKind(k)),
+        };
+        // Channels open toward ports and are answered toward VQPs.
+        let ok = match kind {
+            MsgKind::Open { .. } => !to_vqp,
+            MsgKind::Grant { .. } | MsgKind::Refuse(_) => to_vqp,
+            _ => true,
+        };
+        if !ok {
+            return Err(MsgWireError::Malformed("direction"));
+        }
+        Ok(MsgRepr {
+            src: p.gid(),
+            dst,
+            kind,
+        })
+    }
+
+    /// Parses raw bytes (a receive buffer's first `byte_len` bytes).
+    ///
+    /// # Errors
+    /// As [`MsgPacket::new_checked`] and [`MsgRepr::parse`].
+    pub fn parse_bytes(bytes: &[u8]) -> Result<MsgRepr, MsgWireError> {
+        MsgRepr::parse(&MsgPacket::new_checked(bytes)?)
+    }
+
+    /// The header's bytes. For Data, the body follows (its length is the
+    /// kind's `len`).
+    pub fn emit(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[field::MAGIC].copy_from_slice(&MAGIC.to_le_bytes());
+        b[field::VERSION] = VERSION;
+        let (dst, src_port, flags) = match self.dst {
+            MsgDst::Port(p) => (u32::from(p), 0, 0),
+            MsgDst::Vqp { vqp, from } => (vqp, u32::from(from), FLAG_TO_VQP),
+        };
+        b[field::FLAGS] = flags;
+        b[field::DST].copy_from_slice(&dst.to_le_bytes());
+        b[field::SRC_PORT].copy_from_slice(&src_port.to_le_bytes());
+        b[field::GID].copy_from_slice(self.src.as_bytes());
+        let (kind, arg, len) = match self.kind {
+            MsgKind::Open {
+                window,
+                reply_window,
+            } => (1, u64::from(window) | u64::from(reply_window) << 32, 0),
+            MsgKind::Grant { window } => (2, u64::from(window), 0),
+            MsgKind::Refuse(code) => {
+                b[field::CODE] = code.to_u8();
+                (3, 0, 0)
+            }
+            MsgKind::Data { seq, len } => (4, seq, len),
+            MsgKind::Desc { seq, len, desc } => {
+                b[field::RKEY].copy_from_slice(&desc.rkey.to_le_bytes());
+                b[field::ADDR].copy_from_slice(&desc.addr.to_le_bytes());
+                b[field::TOKEN].copy_from_slice(&desc.token.to_le_bytes());
+                (5, seq, len)
+            }
+            MsgKind::Credit { count } => (6, u64::from(count), 0),
+            MsgKind::Release { token } => (7, token, 0),
+        };
+        b[field::KIND] = kind;
+        b[field::ARG].copy_from_slice(&arg.to_le_bytes());
+        b[field::LEN].copy_from_slice(&len.to_le_bytes());
+        b
+    }
+}
+
+/// Why a credit account refused an update.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum WindowError {
+    /// More credits came back than were in use (a duplicate or forged
+    /// Credit message).
+    #[error("{returned} credits returned, only {in_use} in use")]
+    OverReturn {
+        /// Credits in the message.
+        returned: u32,
+        /// Credits taken and not yet returned.
+        in_use: u32,
+    },
+}
+
+/// The sender's side of one direction of a channel: how many messages it
+/// may still send before the receiver returns credits.
+///
+/// Invariant: `available + in_use == window`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendWindow {
+    window: u32,
+    in_use: u32,
+    next_seq: u64,
+}
+
+impl SendWindow {
+    /// A window of `window` credits, all available.
+    pub fn new(window: u32) -> SendWindow {
+        SendWindow {
+            window,
+            in_use: 0,
+            next_seq: 0,
+        }
+    }
+
+    /// The window.
+    pub fn window(&self) -> u32 {
+        self.window
+    }
+
+    /// Credits available now.
+    pub fn available(&self) -> u32 {
+        self.window - self.in_use
+    }
+
+    /// Credits taken and not yet returned.
+    pub fn in_use(&self) -> u32 {
+        self.in_use
+    }
+
+    /// Takes one credit for the next message: its sequence number, or
+    /// `None` when none is available (the sender must wait).
+    pub fn take(&mut self) -> Option<u64> {
+        if self.in_use == self.window {
+            return None;
+        }
+        self.in_use += 1;
+        let s = self.next_seq;
+        self.next_seq += 1;
+        Some(s)
+    }
+
+    /// Gives back a credit taken by [`SendWindow::take`] whose message was
+    /// not sent after all (the post failed); its sequence number is
+    /// re-used by the next take.
+    pub fn untake(&mut self) {
+        if self.in_use > 0 {
+            self.in_use -= 1;
+            self.next_seq -= 1;
+        }
+    }
+
+    /// Applies a Credit message.
+    ///
+    /// # Errors
+    /// [`WindowError::OverReturn`]; the account is unchanged.
+    pub fn credit(&mut self, count: u32) -> Result<(), WindowError> {
+        if count > self.in_use {
+            return Err(WindowError::OverReturn {
+                returned: count,
+                in_use: self.in_use,
+            });
+        }
+        self.in_use -= count;
+        Ok(())
+    }
+}
+
+/// The receiver's side: credits of popped messages, returned in batches of
+/// at least half the window (so a sender blocked on an empty window always
+/// gets credits back once the user pops: it has the whole window out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReturnBatch {
+    window: u32,
+    pending: u32,
+}
+
+impl ReturnBatch {
+    /// The return account of a channel with `window` credits.
+    pub fn new(window: u32) -> ReturnBatch {
+        ReturnBatch { window, pending: 0 }
+    }
+
+    /// The batch size: half the window, at least 1.
+    pub fn threshold(&self) -> u32 {
+        (self.window / 2).max(1)
+    }
+
+    /// Credits popped and not yet returned.
+    pub fn pending(&self) -> u32 {
+        self.pending
+    }
+
+    /// One message was popped: `Some(n)` when `n` credits should be sent
+    /// back now (the pending count restarts from 0).
+    pub fn popped(&mut self) -> Option<u32> {
+        self.pending += 1;
+        self.flush_at(self.threshold())
+    }
+
+    /// All pending credits, if any (to send them back now).
+    pub fn flush(&mut self) -> Option<u32> {
+        self.flush_at(1)
+    }
+
+    /// Undoes a flush whose Credit message could not be sent.
+    pub fn unflush(&mut self, n: u32) {
+        self.pending += n;
+    }
+
+    fn flush_at(&mut self, at: u32) -> Option<u32> {
+        if self.pending >= at {
+            Some(std::mem::take(&mut self.pending))
+        } else {
+            None
+        }
+    }
+}
+
+/// The receiver's sequence check of one channel: data messages must arrive
+/// with consecutive sequence numbers from 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SeqCheck {
+    next: u64,
+}
+
+impl SeqCheck {
+    /// Records `seq`; `Err(expected)` when it is not the next one (the
+    /// message is still delivered: nothing is dropped, the gap is counted).
+    pub fn accept(&mut self, seq: u64) -> Result<(), u64> {
+        let expected = self.next;
+        self.next = seq.wrapping_add(1);
+        if seq == expected {
+            Ok(())
+        } else {
+            Err(expected)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all_kinds() -> Vec<MsgKind> {
+        vec![
+            MsgKind::Open {
+                window: 8,
+                reply_window: 4,
+            },
+            MsgKind::Grant { window: 8 },
+            MsgKind::Refuse(RefuseCode::Unbound),
+            MsgKind::Refuse(RefuseCode::Busy),
+            MsgKind::Refuse(RefuseCode::NoBuffers),
+            MsgKind::Data { seq: 7, len: 0 },
+            MsgKind::Desc {
+                seq: u64::MAX,
+                len: 1 << 20,
+                desc: Descriptor {
+                    addr: 0xdead_beef_0000,
+                    rkey: 0x1234,
+                    token: 99,
+                },
+            },
+            MsgKind::Credit { count: 3 },
+            MsgKind::Release { token: 5 },
+        ]
+    }
+
+    #[test]
+    fn every_kind_round_trips() {
+        let src = Gid([7; 16]);
+        for kind in all_kinds() {
+            let dst = match kind {
+                MsgKind::Open { .. } | MsgKind::Data { .. } | MsgKind::Desc { .. } => {
+                    MsgDst::Port(65535)
+                }
+                _ => MsgDst::Vqp { vqp: 42, from: 9 },
+            };
+            let r = MsgRepr { src, dst, kind };
+            assert_eq!(MsgRepr::parse_bytes(&r.emit()), Ok(r), "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn data_body_must_match_its_length() {
+        let r = MsgRepr {
+            src: Gid([1; 16]),
+            dst: MsgDst::Port(3),
+            kind: MsgKind::Data { seq: 0, len: 5 },
+        };
+        let mut bytes = r.emit().to_vec();
+        bytes.extend_from_slice(b"hell");
+        assert_eq!(
+            MsgRepr::parse_bytes(&bytes),
+            Err(MsgWireError::BadLength {
+                declared: 5,
+                present: 4
+            })
+        );
+        bytes.push(b'o');
+        let p = MsgPacket::new_checked(&bytes[..]).unwrap();
+        assert_eq!(MsgRepr::parse(&p), Ok(r));
+        assert_eq!(p.body(), b"hello");
+    }
+
+    #[test]
+    fn bad_bytes_are_typed_errors() {
+        assert_eq!(
+            MsgRepr::parse_bytes(&[0; 10]),
+            Err(MsgWireError::Truncated { len: 10 })
+        );
+        assert_eq!(
+            MsgRepr::parse_bytes(&[0; HEADER_LEN]),
+            Err(MsgWireError::BadMagic(0))
+        );
+        let good = MsgRepr {
+            src: Gid([1; 16]),
+            dst: MsgDst::Port(3),
+            kind: MsgKind::Credit { count: 1 },
+        }
+        .emit();
+        let mut b = good;
+        b[field::VERSION] = 9;
+        assert_eq!(
+            MsgRepr::parse_bytes(&b),
+            Err(MsgWireError::UnsupportedVersion(9))
+        );
+        let mut b = good;
+        b[field::KIND] = 0;
+        assert_eq!(MsgRepr::parse_bytes(&b), Err(MsgWireError::UnknownKind(0)));
+        let mut b = good;
+        b[field::DST].copy_from_slice(&70_000u32.to_le_bytes());
+        assert_eq!(
+            MsgRepr::parse_bytes(&b),
+            Err(MsgWireError::Malformed("port"))
+        );
+        // A Grant toward a port, an Open toward a VQP: wrong direction.
+        let mut b = good;
+        b[field::KIND] = 2;
+        assert_eq!(
+            MsgRepr::parse_bytes(&b),
+            Err(MsgWireError::Malformed("direction"))
+        );
+        let mut b = good;
+        b[field::KIND] = 3;
+        b[field::FLAGS] = FLAG_TO_VQP;
+        assert_eq!(
+            MsgRepr::parse_bytes(&b),
+            Err(MsgWireError::Malformed("refuse"))
+        );
+    }
+
+    #[test]
+    fn window_never_exceeds_its_size_and_refuses_over_returns() {
+        let mut w = SendWindow::new(3);
+        assert_eq!(
+            (w.take(), w.take(), w.take(), w.take()),
+            (Some(0), Some(1), Some(2), None)
+        );
+        assert_eq!(
+            w.credit(4),
+            Err(WindowError::OverReturn {
+                returned: 4,
+                in_use: 3
+            })
+        );
+        w.credit(2).unwrap();
+        assert_eq!(w.available(), 2);
+        assert_eq!(w.take(), Some(3));
+        w.untake();
+        assert_eq!(w.take(), Some(3));
+    }
+
+    /// A random schedule of takes, deliveries and pops against a reference:
+    /// the receiver never holds more than the window, and a sender with an
+    /// empty window is always unblocked by the receiver's pops.
+    #[test]
+    fn credits_model() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for window in [1u32, 2, 3, 8, 17] {
+            let mut w = SendWindow::new(window);
+            let mut r = ReturnBatch::new(window);
+            let (mut wire, mut ring, mut credits_wire) = (0u32, 0u32, Vec::<u32>::new());
+            let mut seq = SeqCheck::default();
+            let (mut sent, mut delivered) = (0u64, 0u64);
+            for _ in 0..20_000 {
+                match next() % 4 {
+                    0 => {
+                        if let Some(s) = w.take() {
+                            assert_eq!(s, sent);
+                            sent += 1;
+                            wire += 1;
+                        } else {
+                            // Blocked: everything is out, so pops will
+                            // return at least a batch.
+                            assert_eq!(
+                                wire + ring + r.pending() + credits_wire.iter().sum::<u32>(),
+                                window
+                            );
+                        }
+                    }
+                    1 if wire > 0 => {
+                        wire -= 1;
+                        ring += 1;
+                        assert!(seq.accept(delivered).is_ok());
+                        delivered += 1;
+                    }
+                    2 if ring > 0 => {
+                        ring -= 1;
+                        if let Some(n) = r.popped() {
+                            credits_wire.push(n);
+                        }
+                    }
+                    3 if !credits_wire.is_empty() => {
+                        w.credit(credits_wire.remove(0)).unwrap();
+                    }
+                    _ => {}
+                }
+                assert!(ring + wire <= window);
+                assert_eq!(
+                    w.in_use(),
+                    wire + ring + r.pending() + credits_wire.iter().sum::<u32>()
+                );
+            }
+            assert!(sent > 100, "window {window}: only {sent} sent");
+        }
+    }
+
+    #[test]
+    fn sequence_gaps_are_reported() {
+        let mut s = SeqCheck::default();
+        assert_eq!(s.accept(0), Ok(()));
+        assert_eq!(s.accept(2), Err(1));
+        assert_eq!(s.accept(3), Ok(()));
+    }
+}

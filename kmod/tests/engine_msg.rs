@@ -1,0 +1,367 @@
+//! Two-sided messaging (DC mode): ports, endpoints, replies, credits and
+//! zero-copy descriptors, on a `sim:mem` cluster whose nodes are all
+//! registered in the meta table (a port answers its senders by GID).
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::fallback::Fabric;
+use common::{config, Cluster, WAIT};
+use krcore_kmod::msg::RefuseCode;
+use krcore_kmod::{Engine, EngineConfig, MsgError, OwnedMr};
+use krcore_nic::sim::SimNic;
+use krcore_nic::{Access, Gid, MemoryRegion, Nic};
+
+const PORT: u16 = 7;
+
+/// A registered engine with messaging set by `f`.
+fn node(c: &Cluster, f: impl FnOnce(&mut EngineConfig)) -> Engine<SimNic> {
+    let e = c.engine(config(|cfg| {
+        cfg.msg.timeout = WAIT;
+        cfg.msg.progress_thread = true;
+        f(cfg)
+    }));
+    c.register(e.local_target(), 1 << 40, 0).expect("register");
+    e
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// The body of message `seq` of sender `s`: its length from the seeded
+/// sizes, bytes that name both.
+fn body(s: u32, seq: u64, len: usize) -> Vec<u8> {
+    let mut v = Vec::with_capacity(len);
+    let mut x = Rng(u64::from(s) << 32 ^ seq ^ 0x9e37_79b9_7f4a_7c15);
+    while v.len() < len {
+        v.extend_from_slice(&x.next().to_le_bytes());
+    }
+    v.truncate(len);
+    if len >= 12 {
+        v[..4].copy_from_slice(&s.to_le_bytes());
+        v[4..12].copy_from_slice(&seq.to_le_bytes());
+    }
+    v
+}
+
+/// 10,000 messages from 4 senders (on 4 nodes), random sizes on both sides
+/// of the zero-copy threshold, a small window: every message arrives once,
+/// intact, in order per sender.
+#[test]
+fn ten_thousand_messages_arrive_intact_and_in_order_per_sender() {
+    const SENDERS: u32 = 4;
+    const PER: u64 = 2_500;
+    const INLINE: usize = 1024;
+    let c = Arc::new(Cluster::new());
+    let tune = |cfg: &mut EngineConfig| {
+        cfg.msg.inline_max = INLINE;
+        cfg.msg.window = 4;
+    };
+    let rx = node(&c, tune);
+    let port = rx.bind(PORT).expect("bind");
+    let sizes = |s: u32| {
+        let mut r = Rng(0xabcd ^ (u64::from(s + 1) * 0x1000_0001));
+        (0..PER)
+            .map(|_| (r.next() % (4 * INLINE as u64)) as usize)
+            .collect::<Vec<_>>()
+    };
+    let rx_gid = rx.gid();
+    let senders: Vec<_> = (0..SENDERS)
+        .map(|s| {
+            let e = node(&c, tune);
+            std::thread::spawn(move || {
+                let ep = e.endpoint().expect("endpoint");
+                for (seq, len) in sizes(s).into_iter().enumerate() {
+                    ep.push(rx_gid, PORT, &body(s, seq as u64, len))
+                        .unwrap_or_else(|err| panic!("sender {s} message {seq}: {err}"));
+                }
+                (e.gid(), ep.id(), e.msg_stats(), ep)
+            })
+        })
+        .collect();
+    let mut next: HashMap<(Gid, u32), u64> = HashMap::new();
+    let mut large = 0;
+    for _ in 0..u64::from(SENDERS) * PER {
+        let m = port.pop_timeout(WAIT).expect("pop");
+        let seq = next.entry((m.from.gid, m.from.vqp)).or_default();
+        assert_eq!(m.seq, *seq, "per-sender order");
+        let data = m.to_vec();
+        assert!(data.len() >= 12 || data.len() == m.len());
+        let s = if data.len() >= 12 {
+            u32::from_le_bytes(data[..4].try_into().unwrap())
+        } else {
+            u32::MAX
+        };
+        if s != u32::MAX {
+            assert_eq!(data, body(s, *seq, data.len()), "intact");
+        }
+        assert_eq!(m.is_zero_copy(), data.len() > INLINE);
+        large += usize::from(m.is_zero_copy());
+        *seq += 1;
+    }
+    let mut expected_large = 0;
+    for (s, t) in senders.into_iter().enumerate() {
+        let (gid, vqp, _, ep) = t.join().expect("sender");
+        assert_eq!(next[&(gid, vqp)], PER);
+        expected_large += sizes(s as u32).iter().filter(|&&l| l > INLINE).count();
+        // Every descriptor buffer came back.
+        let start = std::time::Instant::now();
+        while ep.in_flight_regions() > 0 {
+            assert!(start.elapsed() < WAIT, "descriptor buffers not released");
+            port.try_pop().expect("progress");
+        }
+    }
+    assert_eq!(large, expected_large);
+    assert!(
+        large > 1000 && large < 9000,
+        "both paths exercised: {large}"
+    );
+    let st = rx.msg_stats();
+    assert_eq!(st.out_of_order, 0);
+    assert_eq!(st.malformed + st.orphaned + st.recv_errors, 0);
+    assert_eq!(st.pulled as usize, large);
+    assert!(port.try_pop().unwrap().is_none(), "nothing extra");
+}
+
+/// A receiver that stops popping stalls its sender at exactly the window;
+/// nothing is lost, and everything arrives once popping resumes.
+#[test]
+fn a_stalled_receiver_stalls_the_sender_without_loss() {
+    let c = Cluster::new();
+    let rx = node(&c, |cfg| cfg.msg.window = 8);
+    let tx = node(&c, |cfg| cfg.msg.window = 8);
+    let port = rx.bind(PORT).unwrap();
+    let ep = tx.endpoint().unwrap();
+    let mut sent = 0u64;
+    loop {
+        match ep.try_push(rx.gid(), PORT, &sent.to_le_bytes()) {
+            Ok(()) => sent += 1,
+            Err(MsgError::WouldBlock) => break,
+            Err(e) => panic!("{e}"),
+        }
+        assert!(sent <= 8, "the window holds");
+    }
+    assert_eq!(sent, 8);
+    assert_eq!(ep.credits(rx.gid(), PORT), Some(0));
+    let e = ep.push_timeout(rx.gid(), PORT, b"late", Duration::from_millis(20));
+    assert!(matches!(e, Err(MsgError::Timeout(_))), "{e:?}");
+    rx.msg_progress().unwrap();
+    assert_eq!(port.queued(), 8, "held at the receiver, not dropped");
+    // The sender keeps pushing from a thread; the receiver resumes.
+    let (g, total) = (rx.gid(), 200u64);
+    let t = std::thread::spawn(move || {
+        for i in 8..total {
+            ep.push(g, PORT, &i.to_le_bytes()).expect("push");
+        }
+        ep
+    });
+    for i in 0..total {
+        let m = port.pop_timeout(WAIT).expect("pop");
+        assert_eq!(m.to_vec(), i.to_le_bytes(), "message {i}");
+    }
+    let ep = t.join().unwrap();
+    assert_eq!(rx.msg_stats().out_of_order, 0);
+    // 200 pops returned 200 credits in batches of 4: none pending.
+    assert_eq!(port.return_credits().unwrap(), 0);
+    // Three more: pending below the batch until returned explicitly.
+    for i in 0..3u64 {
+        ep.push(rx.gid(), PORT, &i.to_le_bytes()).unwrap();
+        port.pop().unwrap();
+    }
+    assert_eq!(ep.credits(rx.gid(), PORT), Some(5));
+    assert_eq!(port.return_credits().unwrap(), 3);
+    let start = std::time::Instant::now();
+    while ep.credits(rx.gid(), PORT) != Some(8) {
+        assert!(start.elapsed() < WAIT, "credits never came back");
+    }
+}
+
+#[test]
+fn bind_twice_unbound_port_oversized_and_busy_are_typed_errors() {
+    let c = Cluster::new();
+    let rx = node(&c, |cfg| {
+        cfg.msg.port_slots = 8;
+        cfg.msg.window = 8;
+        cfg.msg.max_message = 1 << 16;
+    });
+    let tx = node(&c, |cfg| cfg.msg.max_message = 1 << 16);
+    let port = rx.bind(PORT).unwrap();
+    assert!(matches!(
+        rx.bind(PORT),
+        Err(MsgError::PortInUse { port: PORT })
+    ));
+    let ep = tx.endpoint().unwrap();
+    match ep.push(rx.gid(), PORT + 1, b"x") {
+        Err(MsgError::Refused {
+            port,
+            code: RefuseCode::Unbound,
+            ..
+        }) => assert_eq!(port, PORT + 1),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        ep.push(rx.gid(), PORT, &vec![0; (1 << 16) + 1]),
+        Err(MsgError::TooLarge {
+            len: 65537,
+            max: 65536
+        })
+    ));
+    // The first channel takes all 8 slots of the port: a second sender is
+    // refused, typed, instead of overrunning the receiver.
+    ep.push(rx.gid(), PORT, b"first").unwrap();
+    let other = tx.endpoint().unwrap();
+    assert!(matches!(
+        other.push(rx.gid(), PORT, b"second"),
+        Err(MsgError::Refused {
+            code: RefuseCode::Busy,
+            ..
+        })
+    ));
+    assert_eq!(port.pop().unwrap().to_vec(), b"first");
+    // A node nobody registered.
+    let stranger = c.engine(EngineConfig::default());
+    assert!(matches!(
+        ep.push(stranger.gid(), PORT, b"?"),
+        Err(MsgError::Engine(
+            krcore_kmod::EngineError::UnknownNode { .. }
+        ))
+    ));
+    // Unbinding frees the port for a new bind; the receive slots come back.
+    let free = rx.msg_unreserved().unwrap();
+    drop(port);
+    assert_eq!(rx.msg_unreserved().unwrap(), free + 8);
+    let _again = rx.bind(PORT).unwrap();
+    // A sender whose channel outlived the port: the message that reached
+    // no port is reported to it, typed, at its next push.
+    let ep2 = tx.endpoint().unwrap();
+    ep2.push(rx.gid(), PORT + 2, b"x").expect_err("unbound");
+    let late = rx.bind(PORT + 2).unwrap();
+    ep2.push(rx.gid(), PORT + 2, b"kept").unwrap();
+    assert_eq!(late.pop().unwrap().to_vec(), b"kept");
+    drop(late);
+    let orphaned = rx.msg_stats().orphaned;
+    let start = std::time::Instant::now();
+    let mut accepted = 0;
+    loop {
+        match ep2.push(rx.gid(), PORT + 2, b"after unbind") {
+            Ok(()) => accepted += 1,
+            Err(MsgError::Refused {
+                code: RefuseCode::Unbound,
+                ..
+            }) => break,
+            Err(e) => panic!("{e}"),
+        }
+        assert!(start.elapsed() < WAIT, "never told");
+    }
+    assert!(accepted >= 1);
+    // Every accepted one is accounted for at the receiver, none delivered.
+    while rx.msg_stats().orphaned - orphaned < accepted {
+        assert!(start.elapsed() < WAIT, "orphans not all counted");
+        rx.msg_progress().unwrap();
+    }
+    assert_eq!(rx.msg_stats().orphaned - orphaned, accepted);
+    assert_eq!(
+        rx.msg_stats().orphaned - orphaned,
+        accepted,
+        "each one reported"
+    );
+    let rc = Fabric::new();
+    assert!(matches!(
+        rc.engine(EngineConfig::default()).bind(1),
+        Err(MsgError::Unsupported { .. })
+    ));
+}
+
+/// Replies go back to the VQP that sent: two endpoints of one node each get
+/// exactly their own replies, small and large (zero copy), in order.
+#[test]
+fn replies_go_back_to_the_sending_endpoint() {
+    let c = Cluster::new();
+    let tune = |cfg: &mut EngineConfig| cfg.msg.inline_max = 256;
+    let rx = node(&c, tune);
+    let tx = node(&c, tune);
+    let port = rx.bind(PORT).unwrap();
+    let a = tx.endpoint().unwrap();
+    let b = tx.endpoint().unwrap();
+    for i in 0..20u64 {
+        a.push(rx.gid(), PORT, &i.to_le_bytes()).unwrap();
+        b.push(rx.gid(), PORT, &(1000 + i).to_le_bytes()).unwrap();
+        for _ in 0..2 {
+            let m = port.pop().unwrap();
+            let n = u64::from_le_bytes(m.to_vec().try_into().unwrap());
+            let mut reply = vec![0u8; if n % 2 == 0 { 8 } else { 4000 }];
+            reply[..8].copy_from_slice(&(n * 10).to_le_bytes());
+            port.reply(&m, &reply).unwrap();
+        }
+        for (ep, base) in [(&a, 0), (&b, 1000)] {
+            let r = ep.pop_reply().unwrap();
+            assert_eq!(r.port, PORT);
+            assert_eq!(r.from.gid, rx.gid());
+            let d = r.to_vec();
+            assert_eq!(
+                u64::from_le_bytes(d[..8].try_into().unwrap()),
+                (base + i) * 10
+            );
+            assert_eq!(r.is_zero_copy(), d.len() > 256);
+        }
+    }
+    assert!(a.try_pop_reply().unwrap().is_none());
+    assert!(b.try_pop_reply().unwrap().is_none());
+}
+
+/// push_region: the receiver READs the caller's own MR (no staging copy);
+/// the region is released once pulled.
+#[test]
+fn push_region_is_pulled_from_the_callers_mr() {
+    let c = Cluster::new();
+    let rx = node(&c, |_| {});
+    let tx = node(&c, |_| {});
+    let port = rx.bind(PORT).unwrap();
+    let ep = tx.endpoint().unwrap();
+    let mr: OwnedMr<SimNic> = tx
+        .alloc_mr(1 << 20, Access::LOCAL_WRITE | Access::REMOTE_READ)
+        .unwrap();
+    let data: Vec<u8> = (0..1 << 20).map(|i| (i * 7) as u8).collect();
+    mr.write(0, &data).unwrap();
+    ep.push_region(rx.gid(), PORT, &mr, 4096, 100_000).unwrap();
+    assert_eq!(ep.in_flight_regions(), 1);
+    let m = port.pop().unwrap();
+    assert!(m.is_zero_copy());
+    assert_eq!(m.to_vec(), &data[4096..4096 + 100_000]);
+    let start = std::time::Instant::now();
+    while ep.in_flight_regions() > 0 {
+        assert!(start.elapsed() < WAIT);
+    }
+}
+
+/// Messaging keeps no reference cycle: dropping the last handles of an
+/// engine that used messaging (and runs the progress thread) destroys its
+/// QPs.
+#[test]
+fn an_engine_that_used_messaging_is_dropped() {
+    let c = Cluster::new();
+    let rx = node(&c, |_| {});
+    let tx = node(&c, |_| {});
+    let port = rx.bind(PORT).unwrap();
+    let ep = tx.endpoint().unwrap();
+    ep.push(rx.gid(), PORT, b"hello").unwrap();
+    let m = port.pop().unwrap();
+    port.reply(&m, b"bye").unwrap();
+    assert_eq!(ep.pop_reply().unwrap().to_vec(), b"bye");
+    let nic = rx.nic().clone();
+    let before = nic.counters();
+    drop((m, port, rx));
+    let d = nic.counters() - before;
+    assert!(d.qps_destroyed >= 2, "DCT and DCIs destroyed: {d:?}");
+}
