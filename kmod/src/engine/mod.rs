@@ -101,7 +101,6 @@ use meta::{MetaClient, MetaPolicy};
 use mrs::MrRegistry;
 use physqp::PhysQp;
 use rc::RcPool;
-use vqp::{Binding, VqpShared};
 
 /// How the engine reaches other nodes, decided at start from the device's
 /// capabilities ([`krcore_nic::DeviceCaps::dc`]).
@@ -488,19 +487,9 @@ impl<N: Nic> Engine<N> {
     pub fn create_vqp(&self) -> Result<Vqp<N>, EngineError> {
         let n = self.inner.next_vqp.fetch_add(1, Ordering::Relaxed);
         let id = VqpId::new(n).map_err(|_| EngineError::VqpIdsExhausted)?;
-        let shared = Arc::new(VqpShared::new(id, self.inner.cfg.vqp_depth));
-        let binding = match self.inner.mode() {
-            EngineMode::Dc => {
-                let dci = self.pick_dci()?;
-                dci.attach(shared.clone());
-                Binding::Dci(dci)
-            }
-            EngineMode::RcFallback => Binding::Rc(Mutex::new(None)),
-        };
-        Ok(Vqp {
-            engine: self.inner.clone(),
-            binding,
-            shared,
+        Ok(match self.inner.mode() {
+            EngineMode::Dc => Vqp::on_dci(self.inner.clone(), id, self.pick_dci()?),
+            EngineMode::RcFallback => Vqp::unbound(self.inner.clone(), id),
         })
     }
 

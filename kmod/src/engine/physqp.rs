@@ -8,11 +8,15 @@
 //!
 //! # Locking
 //!
-//! Lock order: a QP's lock, then a VQP's lock. Posting and completion
-//! routing run under the QP's lock; they take a VQP's lock only briefly
-//! (slot table, completion ring), never while polling for another VQP.
-//! Nothing here takes an engine-wide lock. (RC recovery sends a handshake
-//! through the engine's handshake endpoint, whose locks are leaves.)
+//! ONE lock per physical QP, and nothing else on the data path: the state of
+//! every VQP bound to the QP (slot table, completion ring, target, grants:
+//! [`VqpState`]) lives in the QP's state, in a map by VQP id. A post takes
+//! the QP's lock once; so does a poll (pop the VQP's ring; when that is not
+//! enough, drain the CQ, routing each completion to its VQP's ring, and pop
+//! again). Nothing here takes an engine-wide lock. RC fallback mode: a
+//! VQP's binding lock (see [`super::vqp`]) is taken before a QP's lock,
+//! never after. (RC recovery sends a handshake through the engine's
+//! handshake endpoint, whose locks are leaves.)
 //!
 //! # Invariants
 //!
@@ -38,8 +42,8 @@
 //!   carries WRs of VQPs attached to it and connected to its target.
 
 use super::idhash::IdMap;
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Instant;
 
 use krcore_nic::{
@@ -50,11 +54,11 @@ use parking_lot::Mutex;
 
 use super::error::{EngineError, VqpError};
 use super::mrs::{AnyMr, MrSnapshot};
-use super::vqp::{VqpShared, VqpState};
+use super::vqp::VqpState;
 use super::EngineInner;
 use crate::credits::SendQueueCredits;
 use crate::dccache::DcCache;
-use crate::precheck::{Plan, Precheck, Transport};
+use crate::precheck::{LocalMr, LocalMrTable, NoGrants, Plan, Precheck, Transport};
 use crate::wrid::{PhysWrId, VqpId};
 
 /// Completions polled per CQ poll call.
@@ -148,9 +152,15 @@ pub(crate) struct PhysState<N: Nic> {
     /// `None`: an RC pair that was closed (evicted, or lost).
     qp: Option<N::Qp>,
     credits: SendQueueCredits,
-    vqps: IdMap<VqpId, Arc<VqpShared>>,
+    /// The state of every VQP bound to this QP.
+    vqps: IdMap<VqpId, VqpState>,
     mr_generation: u64,
     mrs: MrSnapshot,
+    /// The last MR the pre-check looked up in `mrs` (posts mostly reuse
+    /// one MR): spares the hash lookup. Cleared with the snapshot.
+    last_mr: Option<(u32, LocalMr)>,
+    /// The CQ poll buffer (kept, so that a poll initializes nothing).
+    buf: Vec<Wc>,
     needs_recovery: bool,
     /// RC: the nonce of the current pairing (for Close).
     nonce: u64,
@@ -255,6 +265,8 @@ impl<N: Nic> PhysQp<N> {
                 epoch: Instant::now(),
                 mr_generation: u64::MAX,
                 mrs: MrSnapshot::default(),
+                last_mr: None,
+                buf: vec![Wc::default(); POLL_BATCH],
                 needs_recovery: false,
                 nonce,
                 stats: DciStats::default(),
@@ -279,12 +291,20 @@ impl<N: Nic> PhysQp<N> {
         self.state.lock().qp.is_some()
     }
 
-    pub(crate) fn attach(&self, vqp: Arc<VqpShared>) {
-        self.state.lock().vqps.insert(vqp.id, vqp);
+    /// Hands the VQP `id`'s state to this QP.
+    pub(crate) fn attach(&self, id: VqpId, vqp: VqpState) {
+        self.state.lock().vqps.insert(id, vqp);
     }
 
-    pub(crate) fn detach(&self, id: VqpId) {
-        self.state.lock().vqps.remove(&id);
+    /// Takes the VQP `id`'s state back (completions of its WRs still in
+    /// flight are then discarded).
+    pub(crate) fn detach(&self, id: VqpId) -> Option<VqpState> {
+        self.state.lock().vqps.remove(&id)
+    }
+
+    /// Runs `f` on the state of the VQP `id`, if this QP holds it.
+    pub(crate) fn with_vqp<R>(&self, id: VqpId, f: impl FnOnce(&mut VqpState) -> R) -> Option<R> {
+        self.state.lock().vqps.get_mut(&id).map(f)
     }
 
     pub(crate) fn stats(&self) -> DciStats {
@@ -315,54 +335,52 @@ impl<N: Nic> PhysQp<N> {
         Ok(Some(st.nonce))
     }
 
-    /// Posts `wrs` for `vqp` as one doorbell (see [`crate::engine::Vqp::post_send`]).
+    /// Posts `wrs` for the VQP `id` as one doorbell (see
+    /// [`crate::engine::Vqp::post_send`]). [`PostFail::Stale`] when this QP
+    /// does not hold the VQP's state (it moved) or is closed.
     pub(crate) fn post(
         &self,
         eng: &EngineInner<N>,
-        vqp: &VqpShared,
+        id: VqpId,
         wrs: &mut [SendWr],
     ) -> Result<(), PostFail> {
         let n = wrs.len();
-        let mut st = self.state.lock();
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
         if st.needs_recovery {
-            self.recover(eng, &mut st)?;
+            self.recover(eng, st)?;
         }
         if st.qp.is_none() {
             return Err(PostFail::Stale);
-        }
-        if let Link::Rc(l) = &self.link {
-            if !st.vqps.contains_key(&vqp.id) {
-                return Err(PostFail::Stale);
-            }
-            l.touch(&eng.rc_tick);
         }
         if eng.cfg.precheck {
             let generation = eng.mrs.generation();
             if generation != st.mr_generation {
                 (st.mr_generation, st.mrs) = eng.mrs.snapshot();
+                st.last_mr = None;
             }
         }
-        let plan = {
-            let mut v = vqp.state.lock();
+        let room = st.vqps.get(&id).ok_or(PostFail::Stale)?.has_room(n);
+        if !room {
+            // Completions already in the CQ may free the VQP's slots.
+            self.drain(eng, st)?;
+            let v = st.vqps.get(&id).ok_or(PostFail::Stale)?;
             if !v.has_room(n) {
-                // Completions already in the CQ may free the VQP's slots.
-                drop(v);
-                self.drain(eng, &mut st)?;
-                v = vqp.state.lock();
-                if !v.has_room(n) {
-                    return Err(VqpError::VqpFull {
-                        vqp: vqp.id,
-                        outstanding: v.occupied(),
-                        requested: n,
-                        capacity: v.slots.capacity(),
-                    }
-                    .into());
+                return Err(VqpError::VqpFull {
+                    vqp: id,
+                    outstanding: v.occupied(),
+                    requested: n,
+                    capacity: v.slots.capacity(),
                 }
+                .into());
             }
-            let target = v
-                .target
-                .ok_or(VqpError::NotConnected { vqp: vqp.id })?
-                .target;
+        }
+        if let Link::Rc(l) = &self.link {
+            l.touch(&eng.rc_tick);
+        }
+        let plan = {
+            let v = st.vqps.get(&id).ok_or(PostFail::Stale)?;
+            let target = v.target.ok_or(VqpError::NotConnected { vqp: id })?.target;
             let dest = match &self.link {
                 Link::Dci => Destination::Dc(target),
                 // The VQP moved to another target meanwhile.
@@ -372,16 +390,24 @@ impl<N: Nic> PhysQp<N> {
             for wr in wrs.iter_mut() {
                 wr.dest = dest;
             }
-            let planned = self.plan(eng, &st, &v, wrs);
+            let planned = self.plan(eng, st, id, wrs);
             if planned.is_err() {
                 st.stats.rejected += 1;
             }
             planned?
         };
         if plan.must_reclaim() {
-            self.reclaim(eng, &mut st, n)?;
+            self.reclaim(eng, st, n)?;
         }
-        let mut v = vqp.state.lock();
+        let PhysState {
+            qp,
+            credits,
+            stats,
+            vqps,
+            needs_recovery,
+            ..
+        } = st;
+        let v = vqps.get_mut(&id).ok_or(PostFail::Stale)?;
         let first = v.slots.next_seq();
         let (occupied, capacity) = (v.occupied(), v.slots.capacity());
         for wr in wrs.iter_mut() {
@@ -391,17 +417,14 @@ impl<N: Nic> PhysQp<N> {
                 .slots
                 .push(wr.wr_id, wr.is_signaled())
                 .map_err(|_| VqpError::VqpFull {
-                    vqp: vqp.id,
+                    vqp: id,
                     outstanding: occupied,
                     requested: n,
                     capacity,
                 })?;
-            wr.wr_id = PhysWrId::new(vqp.id, seq).raw();
+            wr.wr_id = PhysWrId::new(id, seq).raw();
         }
         plan.apply(wrs);
-        let PhysState {
-            qp, credits, stats, ..
-        } = &mut *st;
         // A reclaim that ran into an error may have closed an RC pair.
         let result = match qp {
             Some(qp) => qp.post_send(wrs),
@@ -425,7 +448,6 @@ impl<N: Nic> PhysQp<N> {
             }
         }
         v.slots.unpush((n - posted) as u32);
-        drop(v);
         if posted > 0 {
             stats.doorbells += 1;
             stats.wrs += posted as u64;
@@ -433,7 +455,7 @@ impl<N: Nic> PhysQp<N> {
         }
         if let Err(e) = accounted {
             // Our account and the NIC disagree: start over from a reset.
-            st.needs_recovery = true;
+            *needs_recovery = true;
             return Err(VqpError::from(e).into());
         }
         result.map_err(|e| VqpError::Post(e).into())
@@ -442,47 +464,62 @@ impl<N: Nic> PhysQp<N> {
     fn plan(
         &self,
         eng: &EngineInner<N>,
-        st: &PhysState<N>,
-        v: &VqpState,
+        st: &mut PhysState<N>,
+        id: VqpId,
         wrs: &[SendWr],
     ) -> Result<Plan, VqpError> {
-        // Grants are the only thing that expires: read the clock only when
-        // the VQP knows some (a clock read per post is measurable).
-        let now = if v.grants.is_empty() {
-            st.epoch
-        } else {
-            Instant::now()
-        };
         let (transport, peer) = match &self.link {
             Link::Dci => (Transport::Dc, None),
             Link::Rc(l) => (Transport::Rc, Some(l.gid)),
         };
         let queue = st.credits.view();
-        if eng.cfg.precheck {
-            Precheck {
-                transport,
-                peer,
-                local_mrs: &st.mrs,
-                grants: &v.grants,
-                now,
-                queue,
-                policy: eng.policy,
-            }
-            .check(wrs)
-            .map_err(VqpError::from)
-        } else {
-            Precheck {
+        let Some(v) = st.vqps.get(&id) else {
+            return Err(VqpError::NotConnected { vqp: id });
+        };
+        if !eng.cfg.precheck {
+            return Precheck {
                 transport,
                 peer,
                 local_mrs: &AnyMr,
                 grants: &v.grants,
-                now,
+                now: st.epoch,
                 queue,
                 policy: eng.policy,
             }
             .plan_unvalidated(wrs)
-            .map_err(VqpError::from)
+            .map_err(VqpError::from);
         }
+        let mrs = LastMr {
+            mrs: &st.mrs,
+            last: Cell::new(st.last_mr),
+        };
+        let planned = if v.grants.is_empty() {
+            // No grant known: nothing can expire, no clock read, no lookup
+            // per WR.
+            Precheck {
+                transport,
+                peer,
+                local_mrs: &mrs,
+                grants: &NoGrants,
+                now: st.epoch,
+                queue,
+                policy: eng.policy,
+            }
+            .check(wrs)
+        } else {
+            Precheck {
+                transport,
+                peer,
+                local_mrs: &mrs,
+                grants: &v.grants,
+                now: Instant::now(),
+                queue,
+                policy: eng.policy,
+            }
+            .check(wrs)
+        };
+        st.last_mr = mrs.last.get();
+        planned.map_err(VqpError::from)
     }
 
     /// Polls until `n` credits are free, bounded by the reclaim timeout.
@@ -510,30 +547,54 @@ impl<N: Nic> PhysQp<N> {
         }
     }
 
-    /// Drains the CQ under this QP's lock and routes every completion.
-    pub(crate) fn drain_locked(&self, eng: &EngineInner<N>) -> Result<usize, VqpError> {
-        let mut st = self.state.lock();
-        self.drain(eng, &mut st)
+    /// Polls up to `out.len()` completions of the VQP `id` (see
+    /// [`crate::engine::Vqp::poll`]): its ring first, then the CQ drained
+    /// and routed. `None` when this QP does not hold the VQP's state.
+    pub(crate) fn poll(
+        &self,
+        eng: &EngineInner<N>,
+        id: VqpId,
+        out: &mut [Wc],
+    ) -> Result<Option<usize>, VqpError> {
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        let Some(v) = st.vqps.get_mut(&id) else {
+            return Ok(None);
+        };
+        let mut n = v.pop(out);
+        if n < out.len() {
+            match self.drain(eng, st) {
+                Ok(_) => {}
+                Err(e) if n == 0 => return Err(e),
+                Err(_) => return Ok(Some(n)),
+            }
+            if let Some(v) = st.vqps.get_mut(&id) {
+                n += v.pop(&mut out[n..]);
+            }
+        }
+        Ok(Some(n))
     }
 
     /// Polls the CQ until it is empty, routing each completion; recovers the
     /// QP if one of them was an error.
     fn drain(&self, eng: &EngineInner<N>, st: &mut PhysState<N>) -> Result<usize, VqpError> {
-        let mut buf = [Wc::default(); POLL_BATCH];
+        let mut buf = std::mem::take(&mut st.buf);
         let mut total = 0;
-        loop {
-            let k = self
-                .cq
-                .poll(&mut buf)
-                .map_err(VqpError::nic("poll a shared QP's CQ"))?;
+        let polled = loop {
+            let k = match self.cq.poll(&mut buf) {
+                Ok(k) => k,
+                Err(e) => break Err(e),
+            };
             for wc in &buf[..k] {
                 route(&eng.cache, st, wc);
             }
             total += k;
             if k < buf.len() {
-                break;
+                break Ok(());
             }
-        }
+        };
+        st.buf = buf;
+        polled.map_err(VqpError::nic("poll a shared QP's CQ"))?;
         if st.needs_recovery {
             self.recover(eng, st)?;
         }
@@ -674,21 +735,21 @@ fn route<N: Nic>(cache: &DcCache, st: &mut PhysState<N>, wc: &Wc) {
 /// VQP's ring. Returns false when the VQP is gone or does not know the WR.
 fn deliver(
     cache: &DcCache,
-    vqps: &IdMap<VqpId, Arc<VqpShared>>,
+    vqps: &mut IdMap<VqpId, VqpState>,
     wr: PhysWrId,
     status: WcStatus,
     wc: Option<&Wc>,
 ) -> bool {
-    let Some(vqp) = vqps.get(&wr.vqp()) else {
-        return false;
-    };
-    let mut guard = vqp.state.lock();
-    let VqpState {
+    let id = wr.vqp();
+    let Some(VqpState {
         slots,
         ring,
         target,
         ..
-    } = &mut *guard;
+    }) = vqps.get_mut(&id)
+    else {
+        return false;
+    };
     let Some(seq) = slots.resolve(wr.wire_seq()) else {
         return false;
     };
@@ -706,7 +767,7 @@ fn deliver(
                 opcode: wc.map(|w| w.opcode).unwrap_or_default(),
                 byte_len: wc.map_or(0, |w| w.byte_len),
                 imm: None,
-                qp_num: vqp.id.get(),
+                qp_num: id.get(),
                 src_qp: 0,
             });
         }
@@ -719,4 +780,24 @@ fn deliver(
         }
     }
     true
+}
+
+/// The owned-MR snapshot with the last lookup remembered (see
+/// `PhysState::last_mr`).
+struct LastMr<'a> {
+    mrs: &'a MrSnapshot,
+    last: Cell<Option<(u32, LocalMr)>>,
+}
+
+impl LocalMrTable for LastMr<'_> {
+    fn lookup(&self, lkey: u32) -> Option<LocalMr> {
+        if let Some((k, mr)) = self.last.get() {
+            if k == lkey {
+                return Some(mr);
+            }
+        }
+        let mr = self.mrs.lookup(lkey)?;
+        self.last.set(Some((lkey, mr)));
+        Some(mr)
+    }
 }
