@@ -207,9 +207,9 @@ fn figures() {
 
     // Memory: what the DCCache holds per target vs what one RC QP per
     // target pins.
-    // Capacity with headroom: 8-way buckets would evict some of exactly
-    // 10,000 hashed targets.
-    let cache = DcCache::new(16_384);
+    // Sized for 10,000 (two-choice placement over 8-way buckets, with the
+    // cache's own headroom): every target fits.
+    let cache = DcCache::new(10_000);
     for i in 0..10_000u32 {
         let mut g = [0u8; 16];
         g[..4].copy_from_slice(&i.to_le_bytes());
@@ -230,8 +230,9 @@ fn figures() {
     let rc_host = caps.max_send_wr as usize * 64
         + caps.max_recv_wr as usize * 16 * caps.max_recv_sge as usize;
     println!(
-        "DCCache (capacity {}) holding {} of 10000 targets: {} bytes ({:.1} B per target held, {:.3} MiB); one RC QP per target would pin >= {} B each ({:.1} MiB for 10000)",
+        "DCCache (capacity {}, {} slots) holding {} of 10000 targets: {} bytes ({:.1} B per target held, {:.3} MiB); one RC QP per target would pin >= {} B each ({:.1} MiB for 10000)",
         cache.capacity(),
+        cache.slots(),
         cache.len(),
         bytes,
         bytes as f64 / cache.len().max(1) as f64,

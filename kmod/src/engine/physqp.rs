@@ -380,7 +380,10 @@ impl<N: Nic> PhysQp<N> {
         }
         let plan = {
             let v = st.vqps.get(&id).ok_or(PostFail::Stale)?;
-            let target = v.target.ok_or(VqpError::NotConnected { vqp: id })?.target;
+            let target = v
+                .target
+                .ok_or_else(|| VqpError::NotConnected { vqp: id })?
+                .target;
             let dest = match &self.link {
                 Link::Dci => Destination::Dc(target),
                 // The VQP moved to another target meanwhile.
@@ -563,7 +566,7 @@ impl<N: Nic> PhysQp<N> {
         };
         let mut n = v.pop(out);
         if n < out.len() {
-            match self.drain(eng, st) {
+            match self.drain_for(eng, st, Some((id, out.len() - n))) {
                 Ok(_) => {}
                 Err(e) if n == 0 => return Err(e),
                 Err(_) => return Ok(Some(n)),
@@ -578,20 +581,39 @@ impl<N: Nic> PhysQp<N> {
     /// Polls the CQ until it is empty, routing each completion; recovers the
     /// QP if one of them was an error.
     fn drain(&self, eng: &EngineInner<N>, st: &mut PhysState<N>) -> Result<usize, VqpError> {
+        self.drain_for(eng, st, None)
+    }
+
+    /// [`PhysQp::drain`], stopping early once the VQP `until.0` holds
+    /// `until.1` completions (a poll needs no more; the rest stays in the
+    /// CQ, in order, for the next drain). The first CQ poll asks for just
+    /// that many, so a synchronous poll costs one CQE read, like a raw one.
+    fn drain_for(
+        &self,
+        eng: &EngineInner<N>,
+        st: &mut PhysState<N>,
+        until: Option<(VqpId, usize)>,
+    ) -> Result<usize, VqpError> {
         let mut buf = std::mem::take(&mut st.buf);
+        let (watch, want) = until.unwrap_or((VqpId::ENGINE, usize::MAX));
+        let mut chunk = want.clamp(1, POLL_BATCH);
         let mut total = 0;
         let polled = loop {
-            let k = match self.cq.poll(&mut buf) {
+            let k = match self.cq.poll(&mut buf[..chunk]) {
                 Ok(k) => k,
                 Err(e) => break Err(e),
             };
+            let mut enough = false;
             for wc in &buf[..k] {
-                route(&eng.cache, st, wc);
+                if let Some(len) = route(&eng.cache, st, wc, watch) {
+                    enough = len >= want;
+                }
             }
             total += k;
-            if k < buf.len() {
+            if k < chunk || enough || st.needs_recovery {
                 break Ok(());
             }
+            chunk = POLL_BATCH;
         };
         st.buf = buf;
         polled.map_err(VqpError::nic("poll a shared QP's CQ"))?;
@@ -613,7 +635,7 @@ impl<N: Nic> PhysQp<N> {
                 .poll(&mut buf)
                 .map_err(VqpError::nic("poll a shared QP's CQ"))?;
             for wc in &buf[..k] {
-                route(&eng.cache, st, wc);
+                route(&eng.cache, st, wc, VqpId::ENGINE);
             }
             if k == 0 {
                 std::thread::yield_now();
@@ -631,7 +653,7 @@ impl<N: Nic> PhysQp<N> {
         } = st;
         for (_, posted) in credits.reset() {
             stats.flushed_by_reset += 1;
-            deliver(&eng.cache, vqps, posted.wr_id, WcStatus::WrFlushErr, None);
+            let _ = deliver(&eng.cache, vqps, posted.wr_id, WcStatus::WrFlushErr, None);
         }
         // Completions of the old incarnation still in the CQ match nothing.
         loop {
@@ -682,8 +704,9 @@ impl RcLink {
 }
 
 /// Applies one polled completion: credits the shared queue and delivers
-/// every WR it retires to its VQP.
-fn route<N: Nic>(cache: &DcCache, st: &mut PhysState<N>, wc: &Wc) {
+/// every WR it retires to its VQP. Returns the ring length of the VQP
+/// `watch` if this completion delivered to it.
+fn route<N: Nic>(cache: &DcCache, st: &mut PhysState<N>, wc: &Wc, watch: VqpId) -> Option<usize> {
     let PhysState {
         credits,
         vqps,
@@ -701,20 +724,23 @@ fn route<N: Nic>(cache: &DcCache, st: &mut PhysState<N>, wc: &Wc) {
         Ok(r) => r,
         Err(_) => {
             stats.stale_completions += 1;
-            return;
+            return None;
         }
     };
     // Delivering a WR retires every earlier WR of its VQP (they completed
     // silently before it), so only the last WR of each run of one VQP's WRs
     // needs a delivery: one map lookup and one VQP lock per run, not per WR.
     let len = retired.len();
+    let mut watched = None;
     let mut run: Option<(PhysWrId, usize)> = None;
     for (i, (_, posted)) in retired.enumerate() {
         let wr = posted.wr_id;
         if let Some((prev, n)) = run {
             if prev.vqp() != wr.vqp() {
-                if !deliver(cache, vqps, prev, WcStatus::Success, None) {
-                    stats.orphaned += n as u64;
+                match deliver(cache, vqps, prev, WcStatus::Success, None) {
+                    None => stats.orphaned += n as u64,
+                    Some(l) if prev.vqp() == watch => watched = Some(l),
+                    Some(_) => {}
                 }
                 run = None;
             }
@@ -722,24 +748,28 @@ fn route<N: Nic>(cache: &DcCache, st: &mut PhysState<N>, wc: &Wc) {
         run = Some((wr, run.map_or(1, |(_, n)| n + 1)));
         if i + 1 == len {
             if let Some((last, n)) = run.take() {
-                if !deliver(cache, vqps, last, wc.status, Some(wc)) {
-                    stats.orphaned += n as u64;
+                match deliver(cache, vqps, last, wc.status, Some(wc)) {
+                    None => stats.orphaned += n as u64,
+                    Some(l) if last.vqp() == watch => watched = Some(l),
+                    Some(_) => {}
                 }
             }
         }
     }
+    watched
 }
 
 /// Retires one physical WR in its VQP's slot table and, when the user asked
 /// for a completion or the WR failed, pushes the user's completion to the
-/// VQP's ring. Returns false when the VQP is gone or does not know the WR.
+/// VQP's ring. Returns the ring's length then; `None` when the VQP is gone
+/// or does not know the WR.
 fn deliver(
     cache: &DcCache,
     vqps: &mut IdMap<VqpId, VqpState>,
     wr: PhysWrId,
     status: WcStatus,
     wc: Option<&Wc>,
-) -> bool {
+) -> Option<usize> {
     let id = wr.vqp();
     let Some(VqpState {
         slots,
@@ -748,14 +778,10 @@ fn deliver(
         ..
     }) = vqps.get_mut(&id)
     else {
-        return false;
+        return None;
     };
-    let Some(seq) = slots.resolve(wr.wire_seq()) else {
-        return false;
-    };
-    let Ok(retired) = slots.retire_through(seq) else {
-        return false;
-    };
+    let seq = slots.resolve(wr.wire_seq())?;
+    let retired = slots.retire_through(seq).ok()?;
     for (s, slot) in retired {
         // Earlier slots of this VQP (none, when completions come in order)
         // completed silently before this one.
@@ -779,7 +805,7 @@ fn deliver(
             cache.invalidate(&t.target.gid);
         }
     }
-    true
+    Some(ring.len())
 }
 
 /// The owned-MR snapshot with the last lookup remembered (see
@@ -790,6 +816,7 @@ struct LastMr<'a> {
 }
 
 impl LocalMrTable for LastMr<'_> {
+    #[inline]
     fn lookup(&self, lkey: u32) -> Option<LocalMr> {
         if let Some((k, mr)) = self.last.get() {
             if k == lkey {

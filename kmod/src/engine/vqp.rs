@@ -68,10 +68,15 @@ impl VqpState {
     }
 
     /// Moves up to `out.len()` completions out of the ring, oldest first.
+    #[inline]
     pub(crate) fn pop(&mut self, out: &mut [Wc]) -> usize {
-        let n = out.len().min(self.ring.len());
-        for (slot, wc) in out.iter_mut().zip(self.ring.drain(..n)) {
-            *slot = wc;
+        let mut n = 0;
+        while n < out.len() {
+            let Some(wc) = self.ring.pop_front() else {
+                break;
+            };
+            out[n] = wc;
+            n += 1;
         }
         n
     }
