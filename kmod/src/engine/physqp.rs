@@ -27,15 +27,25 @@
 //!   ([`SendQueueCredits::complete`]); each is delivered to its VQP once:
 //!   to the VQP's ring when the user signaled it or it failed, silently
 //!   otherwise.
-//! - After an error completion the QP is in ERR: the engine collects the
-//!   flushes (bounded), resets the QP, reports whatever was still outstanding
-//!   as `WR_FLUSH_ERR` to its owner, and brings the QP back to RTS, so the
-//!   pool keeps working. (Re-posting flushed WRs is a later step.) A DCI
-//!   needs no peer to come back; an RC QP's peer entered ERR too (on a
-//!   remote error the responder's end fails as well), so the RC QP is
+//! - After an error completion the QP is in ERR. The failing WR's
+//!   completion goes to its owner (the "guilty" VQP) when routed; the flush
+//!   completions of the later WRs are not routed. Recovery resets the QP
+//!   (discarding the flushes still to come), reports the guilty VQP's later
+//!   WRs as `WR_FLUSH_ERR` (as its own QP would), brings the QP back to RTS
+//!   and re-posts every other VQP's outstanding WRs in their original order
+//!   (they never executed: the NIC flushes, it does not execute, what
+//!   follows a failed WR), with the same physical wr_ids, from the copy
+//!   kept at post time (`PhysState::sent`), the last one forced signaled.
+//!   Innocent VQPs thus see only their own results, each exactly once, in
+//!   order. A dead target (`RETRY_EXC_ERR`) is the failing WR's typed
+//!   status for its VQP, whose target is cleared and whose DCCache entry is
+//!   invalidated; other VQPs' WRs to it fail the same way on their turn.
+//!   A DCI needs no peer to come back; an RC QP's peer entered ERR too (on
+//!   a remote error the responder's end fails as well), so the RC QP is
 //!   re-handshaken: the responder resets and re-arms its end (see
 //!   [`crate::handshake`]). If the target does not answer, the pair is
-//!   closed: its QP is destroyed and every later post re-acquires a pair
+//!   closed and every outstanding WR is reported `WR_FLUSH_ERR` to its
+//!   owner: its QP is destroyed and every later post re-acquires a pair
 //!   (and fails, typed, while the target is gone).
 //! - A closed RC pair (`qp` is `None`: evicted, or lost) accepts no post:
 //!   posts see [`PostFail::Stale`] and re-bind their VQP. An RC pair only
@@ -87,8 +97,13 @@ pub struct DciStats {
     /// Times the QP was reset and brought up again after ERR (for an RC
     /// pair: re-handshaken with its target).
     pub recoveries: u64,
-    /// WRs still outstanding at a reset, reported flushed by the engine.
+    /// WRs still outstanding at a reset that the engine reported flushed
+    /// to their owner: the failing VQP's later WRs (and every WR when the
+    /// QP could not be brought back).
     pub flushed_by_reset: u64,
+    /// WRs of innocent VQPs the NIC flushed and the engine posted again
+    /// after the reset (never executed, so the retry is safe).
+    pub reposted: u64,
     /// RC pairs closed because their target did not answer the
     /// re-handshake after an error.
     pub lost: u64,
@@ -107,6 +122,7 @@ impl DciStats {
         self.orphaned += o.orphaned;
         self.recoveries += o.recoveries;
         self.flushed_by_reset += o.flushed_by_reset;
+        self.reposted += o.reposted;
         self.lost += o.lost;
     }
 }
@@ -162,6 +178,12 @@ pub(crate) struct PhysState<N: Nic> {
     /// The CQ poll buffer (kept, so that a poll initializes nothing).
     buf: Vec<Wc>,
     needs_recovery: bool,
+    /// The VQP whose WR failed first and put the QP in ERR (recovery
+    /// reports its flushed WRs to it and re-posts everybody else's).
+    guilty: Option<VqpId>,
+    /// A copy of every outstanding WR as posted (physical wr_id, forced
+    /// signal), by physical sequence: what recovery re-posts.
+    sent: Box<[SendWr]>,
     /// RC: the nonce of the current pairing (for Close).
     nonce: u64,
     stats: DciStats,
@@ -268,6 +290,12 @@ impl<N: Nic> PhysQp<N> {
                 last_mr: None,
                 buf: vec![Wc::default(); POLL_BATCH],
                 needs_recovery: false,
+                guilty: None,
+                sent: vec![
+                    SendWr::read(0, Default::default(), Default::default());
+                    (eng.cfg.dci_depth as usize).next_power_of_two()
+                ]
+                .into_boxed_slice(),
                 nonce,
                 stats: DciStats::default(),
             }),
@@ -408,6 +436,7 @@ impl<N: Nic> PhysQp<N> {
             stats,
             vqps,
             needs_recovery,
+            sent,
             ..
         } = st;
         let v = vqps.get_mut(&id).ok_or(PostFail::Stale)?;
@@ -441,6 +470,9 @@ impl<N: Nic> PhysQp<N> {
             Err(e) => e.index.min(n),
         };
         let accounted = credits.post_wrs(&wrs[..posted]);
+        if let Ok(seqs) = &accounted {
+            keep_copies(sent, seqs.start, &wrs[..posted]);
+        }
         // Give the caller its WRs back as it wrote them (dest aside).
         for (i, wr) in wrs.iter_mut().enumerate() {
             if let Some(slot) = v.slots.get(first + i as u64) {
@@ -626,34 +658,32 @@ impl<N: Nic> PhysQp<N> {
     /// Brings a QP that reported an error back to RTS (see the module docs).
     fn recover(&self, eng: &EngineInner<N>, st: &mut PhysState<N>) -> Result<(), VqpError> {
         let mut buf = [Wc::default(); POLL_BATCH];
-        let start = Instant::now();
-        // The NIC flushes every outstanding WR; collect those completions so
-        // their owners see them, for a bounded time.
-        while st.credits.outstanding() > 0 && start.elapsed() < eng.cfg.flush_timeout {
-            let k = self
-                .cq
-                .poll(&mut buf)
-                .map_err(VqpError::nic("poll a shared QP's CQ"))?;
-            for wc in &buf[..k] {
-                route(&eng.cache, st, wc, VqpId::ENGINE);
-            }
-            if k == 0 {
-                std::thread::yield_now();
-            }
-        }
+        // The failing WR was delivered to its owner when its completion was
+        // routed; the NIC flushes every later WR (none of them executed).
+        // Reset: the flush completions still to come match nothing.
         if let Some(qp) = &st.qp {
             qp.modify(Transition::Reset)
                 .map_err(VqpError::nic("reset a shared QP"))?;
         }
+        let guilty = st.guilty.take();
         let PhysState {
             credits,
             vqps,
             stats,
+            sent,
             ..
-        } = st;
-        for (_, posted) in credits.reset() {
-            stats.flushed_by_reset += 1;
-            let _ = deliver(&eng.cache, vqps, posted.wr_id, WcStatus::WrFlushErr, None);
+        } = &mut *st;
+        // The failing VQP's later WRs are flushed, as on a QP of its own;
+        // every other VQP's are posted again, in their order.
+        let mut again: Vec<SendWr> = Vec::new();
+        for (seq, posted) in credits.reset() {
+            let owner = posted.wr_id.vqp();
+            if Some(owner) == guilty || !vqps.contains_key(&owner) {
+                stats.flushed_by_reset += 1;
+                let _ = deliver(&eng.cache, vqps, posted.wr_id, WcStatus::WrFlushErr, None);
+            } else {
+                again.push(sent[(seq as usize) & (sent.len() - 1)]);
+            }
         }
         // Completions of the old incarnation still in the CQ match nothing.
         loop {
@@ -667,27 +697,97 @@ impl<N: Nic> PhysQp<N> {
             }
         }
         st.needs_recovery = false;
-        let Some(qp) = &st.qp else {
-            return Ok(());
-        };
-        match &self.link {
-            Link::Dci => {
-                bring_up(qp, Access::NONE, None).map_err(VqpError::nic("bring up a DCI"))?;
+        let up = match (&st.qp, &self.link) {
+            (None, _) => false,
+            (Some(qp), Link::Dci) => {
+                if let Err(e) = bring_up(qp, Access::NONE, None) {
+                    self.flush_all(eng, st, &again);
+                    return Err(VqpError::nic("bring up a DCI")(e));
+                }
+                true
             }
-            Link::Rc(l) => match super::rc::pair_up(eng, qp, l.handshake) {
-                Ok(nonce) => st.nonce = nonce,
+            (Some(qp), Link::Rc(l)) => match super::rc::pair_up(eng, qp, l.handshake) {
+                Ok(nonce) => {
+                    st.nonce = nonce;
+                    true
+                }
                 Err(_) => {
                     // The target did not answer (or the QP could not be
                     // brought up): close the pair. Its VQPs re-bind on their
                     // next post, and fail, typed, while the target is gone.
                     st.qp = None;
                     st.stats.lost += 1;
-                    return Ok(());
+                    false
                 }
             },
+        };
+        if !up {
+            self.flush_all(eng, st, &again);
+            return Ok(());
         }
         st.stats.recoveries += 1;
+        self.repost(eng, st, again);
         Ok(())
+    }
+
+    /// Posts the innocent VQPs' flushed WRs again (physical wr_ids and
+    /// slots unchanged: the slots are still outstanding), the last one
+    /// signaled so that the queue's unsignaled tail stays bounded. WRs the
+    /// NIC refuses are reported flushed to their owners.
+    fn repost(&self, eng: &EngineInner<N>, st: &mut PhysState<N>, mut again: Vec<SendWr>) {
+        if again.is_empty() {
+            return;
+        }
+        if let Some(last) = again.last_mut() {
+            last.flags = last.flags | SendFlags::SIGNALED;
+        }
+        let PhysState {
+            qp,
+            credits,
+            stats,
+            sent,
+            needs_recovery,
+            ..
+        } = &mut *st;
+        let Some(qp) = qp else {
+            return self.flush_all(eng, st, &again);
+        };
+        let posted = match qp.post_send(&again) {
+            Ok(()) => again.len(),
+            Err(e) => e.index.min(again.len()),
+        };
+        match credits.post_wrs(&again[..posted]) {
+            Ok(seqs) => keep_copies(sent, seqs.start, &again[..posted]),
+            // Our account and the NIC disagree: start over from a reset.
+            Err(_) => *needs_recovery = true,
+        }
+        stats.reposted += posted as u64;
+        self.flush_all(eng, st, &again[posted..]);
+    }
+
+    /// Reports `wrs` (outstanding in their VQPs' slot tables, not on the
+    /// QP) flushed to their owners.
+    fn flush_all(&self, eng: &EngineInner<N>, st: &mut PhysState<N>, wrs: &[SendWr]) {
+        for wr in wrs {
+            st.stats.flushed_by_reset += 1;
+            let _ = deliver(
+                &eng.cache,
+                &mut st.vqps,
+                PhysWrId::from_raw(wr.wr_id),
+                WcStatus::WrFlushErr,
+                None,
+            );
+        }
+    }
+}
+
+/// Keeps a copy of WRs just posted at physical sequences `first..` (see
+/// `PhysState::sent`).
+#[inline]
+fn keep_copies(sent: &mut [SendWr], first: u64, wrs: &[SendWr]) {
+    let mask = sent.len() - 1;
+    for (i, wr) in wrs.iter().enumerate() {
+        sent[(first as usize + i) & mask] = *wr;
     }
 }
 
@@ -712,13 +812,21 @@ fn route<N: Nic>(cache: &DcCache, st: &mut PhysState<N>, wc: &Wc, watch: VqpId) 
         vqps,
         stats,
         needs_recovery,
+        guilty,
         ..
     } = st;
     stats.completions += 1;
     if !wc.status.is_ok() {
         stats.error_completions += 1;
-        // The QP is in ERR now (verbs: any error completion).
+        if *needs_recovery && wc.status == WcStatus::WrFlushErr {
+            // A later WR the NIC flushed after the failing one: recovery
+            // re-posts it (or reports it, if it is the failing VQP's).
+            return None;
+        }
+        // The QP is in ERR now (verbs: any error completion); this WR's
+        // VQP is the one that failed.
         *needs_recovery = true;
+        *guilty = Some(PhysWrId::from_raw(wc.wr_id).vqp());
     }
     let retired = match credits.complete_wr_id(PhysWrId::from_raw(wc.wr_id), wc.status) {
         Ok(r) => r,
