@@ -17,7 +17,8 @@
 //!   |- DC mode:
 //!   |   |- DCT + SRQ + receive CQ   incoming two-sided traffic (later issue)
 //!   |   `- DCI pool [0..pool_size)  created lazily, each with its own send CQ
-//!   |         `- per-QP lock: credits, VQPs bound to it, MR snapshot
+//!   |         `- per-QP lock: credits, the state of the VQPs bound to it
+//!   |                         (slots, rings, targets, grants), MR snapshot
 //!   |- RC fallback mode:
 //!   |   |- handshake endpoint       UD QP (instead of a DCT) + passive RC QPs
 //!   |   |                           (peers' ends), progress() / its thread
@@ -28,17 +29,17 @@
 //!   |                               buffer, own lock
 //!   `- owned MRs                    copy-on-write map + generation
 //! Vqp<N>  DC: bound round-robin to one DCI; RC: bound at connect to its
-//!         target's pair. Slot table, completion ring, target, known
-//!         grants (its own lock)
+//!         target's pair. Its state (slot table, completion ring, target,
+//!         known grants) lives in that QP, under the QP's lock
 //! ```
 //!
 //! # What takes which lock
 //!
 //! | operation            | locks                                           |
 //! |----------------------|-------------------------------------------------|
-//! | `post_send`, `poll`  | the VQP's QP, then briefly each VQP it routes to |
+//! | `post_send`, `poll`  | the VQP's QP only (one lock; VQP state inside)   |
 //! |                      | (RC: first the VQP's binding, for an `Arc` clone)|
-//! | `connect`, hit       | none (DCCache seqlock read), then the VQP's      |
+//! | `connect`, hit       | none (DCCache seqlock read), then the VQP's QP   |
 //! |                      | (RC: the binding's, the pair map's briefly)      |
 //! | `connect`, miss      | the meta QP's (one READ round trip)             |
 //! | RC: new pair         | the pair cache's creation lock (one handshake)  |

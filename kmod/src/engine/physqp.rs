@@ -408,10 +408,9 @@ impl<N: Nic> PhysQp<N> {
         }
         let plan = {
             let v = st.vqps.get(&id).ok_or(PostFail::Stale)?;
-            let target = v
-                .target
-                .ok_or_else(|| VqpError::NotConnected { vqp: id })?
-                .target;
+            let Some(target) = v.target.map(|t| t.target) else {
+                return Err(VqpError::NotConnected { vqp: id }.into());
+            };
             let dest = match &self.link {
                 Link::Dci => Destination::Dc(target),
                 // The VQP moved to another target meanwhile.
@@ -879,15 +878,12 @@ fn deliver(
     wc: Option<&Wc>,
 ) -> Option<usize> {
     let id = wr.vqp();
-    let Some(VqpState {
+    let VqpState {
         slots,
         ring,
         target,
         ..
-    }) = vqps.get_mut(&id)
-    else {
-        return None;
-    };
+    } = vqps.get_mut(&id)?;
     let seq = slots.resolve(wr.wire_seq())?;
     let retired = slots.retire_through(seq).ok()?;
     for (s, slot) in retired {
