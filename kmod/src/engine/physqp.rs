@@ -34,8 +34,12 @@
 //!   WRs as `WR_FLUSH_ERR` (as its own QP would), brings the QP back to RTS
 //!   and re-posts every other VQP's outstanding WRs in their original order
 //!   (they never executed: the NIC flushes, it does not execute, what
-//!   follows a failed WR), with the same physical wr_ids, from the copy
-//!   kept at post time (`PhysState::sent`), the last one forced signaled.
+//!   follows a failed WR), from the copy kept at post time
+//!   (`PhysState::sent`), under NEW sequences of their VQPs' slot tables
+//!   (same user wr_ids), the last one forced signaled. Completions of the
+//!   old incarnation that a CQ still returns after the reset (a delayed
+//!   CQE) thus match no outstanding WR: they are counted stale and never
+//!   start another recovery.
 //!   Innocent VQPs thus see only their own results, each exactly once, in
 //!   order. A dead target (`RETRY_EXC_ERR`) is the failing WR's typed
 //!   status for its VQP, whose target is cleared and whose DCCache entry is
@@ -684,6 +688,7 @@ impl<N: Nic> PhysQp<N> {
                 again.push(sent[(seq as usize) & (sent.len() - 1)]);
             }
         }
+        renumber(vqps, &mut again);
         // Completions of the old incarnation still in the CQ match nothing.
         loop {
             let k = self
@@ -729,9 +734,9 @@ impl<N: Nic> PhysQp<N> {
         Ok(())
     }
 
-    /// Posts the innocent VQPs' flushed WRs again (physical wr_ids and
-    /// slots unchanged: the slots are still outstanding), the last one
-    /// signaled so that the queue's unsignaled tail stays bounded. WRs the
+    /// Posts the innocent VQPs' flushed WRs again (renumbered by
+    /// [`renumber`]), the last one signaled so that the queue's unsignaled
+    /// tail stays bounded. WRs the
     /// NIC refuses are reported flushed to their owners.
     fn repost(&self, eng: &EngineInner<N>, st: &mut PhysState<N>, mut again: Vec<SendWr>) {
         if again.is_empty() {
@@ -780,6 +785,39 @@ impl<N: Nic> PhysQp<N> {
     }
 }
 
+/// Gives the WRs to re-post new sequences in their VQPs' slot tables (same
+/// user wr_ids and flags, same order), so that completions of the old
+/// incarnation, which a CQ may still return after the reset, match none of
+/// them. Every outstanding WR of an innocent VQP is in `again` (its earlier
+/// WRs were retired by the failing WR's completion).
+fn renumber(vqps: &mut IdMap<VqpId, VqpState>, again: &mut [SendWr]) {
+    let mut slots = Vec::with_capacity(again.len());
+    for wr in again.iter() {
+        let old = PhysWrId::from_raw(wr.wr_id);
+        let slot = vqps.get(&old.vqp()).and_then(|v| {
+            let seq = v.slots.resolve(old.wire_seq())?;
+            v.slots.get(seq)
+        });
+        slots.push(slot);
+    }
+    for wr in again.iter() {
+        if let Some(v) = vqps.get_mut(&PhysWrId::from_raw(wr.wr_id).vqp()) {
+            // Dropping the iterator retires them all (idempotent).
+            let _ = v.slots.retire_all();
+        }
+    }
+    for (wr, slot) in again.iter_mut().zip(slots) {
+        let id = PhysWrId::from_raw(wr.wr_id).vqp();
+        let (Some(v), Some(slot)) = (vqps.get_mut(&id), slot) else {
+            continue;
+        };
+        // Room: the VQP had these WRs outstanding a moment ago.
+        if let Ok(seq) = v.slots.push(slot.user_wr_id, slot.user_signaled) {
+            wr.wr_id = PhysWrId::new(id, seq).raw();
+        }
+    }
+}
+
 /// Keeps a copy of WRs just posted at physical sequences `first..` (see
 /// `PhysState::sent`).
 #[inline]
@@ -822,18 +860,22 @@ fn route<N: Nic>(cache: &DcCache, st: &mut PhysState<N>, wc: &Wc, watch: VqpId) 
             // re-posts it (or reports it, if it is the failing VQP's).
             return None;
         }
+    }
+    let retired = match credits.complete_wr_id(PhysWrId::from_raw(wc.wr_id), wc.status) {
+        Ok(r) => r,
+        Err(_) => {
+            // Of an old incarnation (before a reset): re-posted WRs carry
+            // new wr_ids, so this matches nothing and changes nothing.
+            stats.stale_completions += 1;
+            return None;
+        }
+    };
+    if !wc.status.is_ok() {
         // The QP is in ERR now (verbs: any error completion); this WR's
         // VQP is the one that failed.
         *needs_recovery = true;
         *guilty = Some(PhysWrId::from_raw(wc.wr_id).vqp());
     }
-    let retired = match credits.complete_wr_id(PhysWrId::from_raw(wc.wr_id), wc.status) {
-        Ok(r) => r,
-        Err(_) => {
-            stats.stale_completions += 1;
-            return None;
-        }
-    };
     // Delivering a WR retires every earlier WR of its VQP (they completed
     // silently before it), so only the last WR of each run of one VQP's WRs
     // needs a delivery: one map lookup and one VQP lock per run, not per WR.
