@@ -1,17 +1,67 @@
-//! Profiling loop: N 64-byte READs through one VQP (post + poll) on sim:mem.
-use krcore_kmod::{Engine, EngineConfig, MetaLocation};
+//! Profiling loop: 64-byte READs on sim:mem, through one VQP or directly on
+//! a raw DCI of the provider aimed at the same DCT (the pair the
+//! `control_plane` bench compares), `batch` WRs per doorbell (the last
+//! signaled), posted then polled to completion.
+//!
+//! `prof_vqp [ops] [batch] [vqp|raw]`
+//!
+//! The measured loop is the non-inlined `vqp_loop` / `raw_loop`, so that
+//! `valgrind --tool=callgrind --toggle-collect='*vqp_loop*'` (or
+//! `'*raw_loop*'`) counts its instructions only; divide by `ops * batch`
+//! for instructions per WR.
+use krcore_kmod::{Engine, EngineConfig, MetaLocation, OwnedMr, Vqp};
 use krcore_meta::{MetaConfig, MetaServer};
+use krcore_nic::conformance::Side;
 use krcore_nic::sim::{SimConfig, SimFabric, SimNic};
 use krcore_nic::*;
+
+const MAX_BATCH: usize = 64;
+
+#[inline(never)]
+fn vqp_loop(
+    vqp: &Vqp<SimNic>,
+    local: &OwnedMr<SimNic>,
+    remote: &<SimNic as Nic>::Mr,
+    n: u64,
+    batch: usize,
+) {
+    let mut wc = [Wc::default()];
+    // post_send hands the WRs back as the caller wrote them: reuse them.
+    let mut wrs: [SendWr; MAX_BATCH] = std::array::from_fn(|i| {
+        SendWr::read(
+            i as u64,
+            local.sge(64 * i, 64).unwrap(),
+            remote.remote(64 * i),
+        )
+        .signaled(i + 1 == batch)
+    });
+    for _ in 0..n {
+        vqp.post_send(&mut wrs[..batch]).unwrap();
+        while vqp.poll(&mut wc).unwrap() == 0 {}
+    }
+}
+
+#[inline(never)]
+fn raw_loop(qp: &<SimNic as Nic>::Qp, cq: &<SimNic as Nic>::Cq, wrs: &[SendWr], n: u64) {
+    let mut wc = [Wc::default()];
+    for _ in 0..n {
+        qp.post_send(wrs).unwrap();
+        while cq.poll(&mut wc).unwrap() == 0 {}
+    }
+}
+
 fn main() {
-    let n: u64 = std::env::args()
-        .nth(1)
+    let mut args = std::env::args().skip(1);
+    let n: u64 = args
+        .next()
         .and_then(|s| s.parse().ok())
         .unwrap_or(1_000_000);
-    let batch: usize = std::env::args()
-        .nth(2)
+    let batch: usize = args
+        .next()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(1);
+        .unwrap_or(1)
+        .clamp(1, MAX_BATCH);
+    let raw = args.next().is_some_and(|m| m == "raw");
     let f = SimFabric::in_memory();
     let node = || SimNic::open(&f, SimConfig::default()).unwrap();
     let mut meta = MetaServer::start(node(), MetaConfig::default()).unwrap();
@@ -30,27 +80,41 @@ fn main() {
     )
     .unwrap();
     let remote = server.alloc_mr(1 << 16, Access::ALL).unwrap();
-    let local = client.alloc_mr(1 << 16, Access::ALL).unwrap();
-    let vqp = client.create_vqp().unwrap();
-    vqp.connect(server.gid()).unwrap();
-    let mut wc = [Wc::default()];
     let t = std::time::Instant::now();
-    for _ in 0..n {
-        let mut wrs: Vec<SendWr> = (0..batch)
+    if raw {
+        let side = Side::new(client.nic(), 1 << 16);
+        let dci = side.qp(
+            QpType::Dci,
+            QpCaps {
+                max_send_wr: 64,
+                ..QpCaps::default()
+            },
+            None,
+            0,
+        );
+        bring_up(&dci, Access::NONE, None).unwrap();
+        let to = Destination::Dc(server.local_target());
+        let wrs: Vec<SendWr> = (0..batch)
             .map(|i| {
                 SendWr::read(
                     i as u64,
-                    local.sge(64 * i, 64).unwrap(),
+                    side.mr.sge(64 * i, 64).unwrap(),
                     remote.remote(64 * i),
                 )
+                .to(to)
                 .signaled(i + 1 == batch)
             })
             .collect();
-        vqp.post_send(&mut wrs).unwrap();
-        while vqp.poll(&mut wc).unwrap() == 0 {}
+        raw_loop(&dci, &side.cq, &wrs, n);
+    } else {
+        let local = client.alloc_mr(1 << 16, Access::ALL).unwrap();
+        let vqp = client.create_vqp().unwrap();
+        vqp.connect(server.gid()).unwrap();
+        vqp_loop(&vqp, &local, &remote, n, batch);
     }
     println!(
-        "{:.1} ns per WR (batch {batch})",
+        "{} {:.1} ns per WR (batch {batch})",
+        if raw { "raw" } else { "vqp" },
         t.elapsed().as_nanos() as f64 / (n as f64 * batch as f64)
     );
 }

@@ -123,13 +123,21 @@ pub struct QueueView {
 /// The credit account of one physical send queue.
 #[derive(Clone)]
 pub struct SendQueueCredits {
+    /// A power of two at least `depth` long (indexing is a mask, not a
+    /// division); only `depth` entries are ever outstanding.
     ring: Box<[PostedWr]>,
+    depth: u32,
     /// Oldest outstanding sequence.
     head: u64,
     /// Next sequence to post.
     tail: u64,
     /// One past the newest signaled sequence ever posted (0: none).
     covered: u64,
+    /// Signaled WRs ever posted, and ever credited: their difference is
+    /// the signaled WRs outstanding (lets the usual completion, of the
+    /// newest signaled WR, skip the scan for an earlier one).
+    signaled_posted: u64,
+    signaled_done: u64,
 }
 
 impl fmt::Debug for SendQueueCredits {
@@ -155,16 +163,19 @@ impl SendQueueCredits {
             signaled: false,
         };
         SendQueueCredits {
-            ring: vec![empty; depth as usize].into_boxed_slice(),
+            ring: vec![empty; (depth as usize).next_power_of_two()].into_boxed_slice(),
+            depth,
             head: 0,
             tail: 0,
             covered: 0,
+            signaled_posted: 0,
+            signaled_done: 0,
         }
     }
 
     /// Send-queue depth.
     pub fn depth(&self) -> u32 {
-        self.ring.len() as u32
+        self.depth
     }
 
     /// WRs posted and not yet credited.
@@ -208,8 +219,9 @@ impl SendQueueCredits {
         }
     }
 
+    #[inline]
     fn index(&self, seq: u64) -> usize {
-        (seq % self.ring.len() as u64) as usize
+        (seq as usize) & (self.ring.len() - 1)
     }
 
     /// Records a doorbell of WRs, all or nothing, and returns their sequences.
@@ -237,6 +249,7 @@ impl SendQueueCredits {
             self.tail += 1;
             if wr.signaled {
                 self.covered = self.tail;
+                self.signaled_posted += 1;
             }
         }
         // An iterator that lies about its length must not break the account.
@@ -261,7 +274,17 @@ impl SendQueueCredits {
 
     /// The sequence of the oldest outstanding WR posted with `wr_id` (the one
     /// a completion with that wr_id is for, since completions come in order).
+    ///
+    /// Physical wr_ids of outstanding WRs are unique (the engine's are:
+    /// (VQP, sequence)), so the usual answer, the newest signaled WR when it
+    /// is the only signaled one outstanding, is tried first, without a scan.
     pub fn locate(&self, wr_id: PhysWrId) -> Option<u64> {
+        if self.covered > self.head && self.signaled_posted - self.signaled_done == 1 {
+            let newest = self.covered - 1;
+            if self.ring[self.index(newest)].wr_id == wr_id {
+                return Some(newest);
+            }
+        }
         (self.head..self.tail).find(|&s| self.ring[self.index(s)].wr_id == wr_id)
     }
 
@@ -288,12 +311,21 @@ impl SendQueueCredits {
                 tail: self.tail,
             });
         }
-        if status.is_ok() && !self.ring[self.index(seq)].signaled {
+        let signaled = self.ring[self.index(seq)].signaled;
+        if status.is_ok() && !signaled {
             return Err(CreditError::UnsignaledSuccess { seq });
         }
-        if let Some(pending) = (self.head..seq).find(|&s| self.ring[self.index(s)].signaled) {
-            return Err(CreditError::OutOfOrder { seq, pending });
+        // The usual case: the newest signaled WR, the only one outstanding
+        // (no scan needed). Otherwise look for an earlier signaled WR.
+        let only_newest = seq + 1 == self.covered && self.signaled_posted - self.signaled_done == 1;
+        if !only_newest {
+            if let Some(pending) = (self.head..seq).find(|&s| self.ring[self.index(s)].signaled) {
+                return Err(CreditError::OutOfOrder { seq, pending });
+            }
         }
+        // No signaled WR before `seq` is outstanding: at most `seq` itself
+        // is credited as signaled.
+        self.signaled_done += u64::from(signaled);
         let from = self.head;
         self.head = seq + 1;
         Ok(Retired {
@@ -326,6 +358,7 @@ impl SendQueueCredits {
     pub fn reset(&mut self) -> Retired<'_> {
         let from = self.head;
         self.head = self.tail;
+        self.signaled_done = self.signaled_posted;
         Retired {
             ring: &self.ring,
             next: from,
@@ -351,7 +384,7 @@ impl Iterator for Retired<'_> {
         }
         let seq = self.next;
         self.next += 1;
-        Some((seq, self.ring[(seq % self.ring.len() as u64) as usize]))
+        Some((seq, self.ring[(seq as usize) & (self.ring.len() - 1)]))
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {

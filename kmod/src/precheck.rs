@@ -56,6 +56,7 @@ pub enum Transport {
 
 impl Transport {
     /// Whether the transport carries `op`.
+    #[inline]
     pub fn allows(self, op: OpKind) -> bool {
         match self {
             Transport::Rc | Transport::Dc => true,
@@ -63,6 +64,7 @@ impl Transport {
         }
     }
 
+    #[inline]
     fn destination_ok(self, dest: &Destination) -> bool {
         matches!(
             (self, dest),
@@ -95,6 +97,7 @@ pub enum OpKind {
 
 impl OpKind {
     /// The kind of `op`.
+    #[inline]
     pub fn of(op: &WrOp) -> OpKind {
         match op {
             WrOp::Read { .. } => OpKind::Read,
@@ -109,11 +112,13 @@ impl OpKind {
 
     /// Whether the NIC writes into the local SGEs (READ results, atomics'
     /// old values), which needs `LOCAL_WRITE` on their MRs.
+    #[inline]
     pub fn writes_locally(self) -> bool {
         matches!(self, OpKind::Read | OpKind::CompareSwap | OpKind::FetchAdd)
     }
 
     /// Whether inline data is allowed.
+    #[inline]
     pub fn allows_inline(self) -> bool {
         matches!(
             self,
@@ -122,6 +127,7 @@ impl OpKind {
     }
 
     /// The remote access a grant must give, for one-sided operations.
+    #[inline]
     pub fn remote_access(self) -> Option<Access> {
         match self {
             OpKind::Read => Some(Access::REMOTE_READ),
@@ -199,6 +205,7 @@ impl RemoteGrants for HashMap<(Gid, u32), RemoteGrant> {
 pub struct NoGrants;
 
 impl RemoteGrants for NoGrants {
+    #[inline]
     fn lookup(&self, _target: &Gid, _rkey: u32) -> Option<RemoteGrant> {
         None
     }
@@ -229,11 +236,13 @@ impl Default for Policy {
 impl Policy {
     /// `max_unsignaled` clamped so that a full queue always holds a signaled
     /// WR.
+    #[inline]
     pub fn effective_max_unsignaled(&self, depth: u32) -> u32 {
         self.max_unsignaled.min(depth.saturating_sub(1))
     }
 
     /// The largest batch a queue of `depth` accepts.
+    #[inline]
     pub fn max_batch(&self, depth: u32) -> u32 {
         depth - self.effective_max_unsignaled(depth)
     }
@@ -477,6 +486,7 @@ impl<M: LocalMrTable + ?Sized, G: RemoteGrants + ?Sized> Precheck<'_, M, G> {
         Ok(self.plan(batch))
     }
 
+    #[inline]
     fn plan(&self, batch: &[SendWr]) -> Plan {
         let n = batch.len() as u32;
         let credits_short = n.saturating_sub(self.queue.free);
@@ -500,6 +510,7 @@ impl<M: LocalMrTable + ?Sized, G: RemoteGrants + ?Sized> Precheck<'_, M, G> {
         }
     }
 
+    #[inline]
     fn check_wr(&self, wr: &SendWr) -> Result<(), Reason> {
         let op = OpKind::of(&wr.op);
         let transport = self.transport;

@@ -30,8 +30,8 @@
 //! # Slot table invariants
 //!
 //! - Sequences are handed out in order: `head <= seq < tail`, `tail - head <=
-//!   capacity`; slot `seq % capacity` holds sequence `seq` while it is
-//!   outstanding.
+//!   capacity`; slot `seq mod L` (`L`: `capacity` rounded up to a power of
+//!   two) holds sequence `seq` while it is outstanding.
 //! - Retirement is in order and only of outstanding sequences
 //!   ([`SlotTable::retire_through`]): a VQP's WRs all go to one physical QP at a
 //!   time, whose send queue completes in order. Retiring twice, or retiring a
@@ -151,7 +151,10 @@ pub struct Slot {
 /// VQP's limit of outstanding WRs. A ring; no allocation after construction.
 #[derive(Clone)]
 pub struct SlotTable {
+    /// A power of two at least `capacity` long (indexing is a mask, not a
+    /// division); only `capacity` slots are ever outstanding.
     slots: Box<[Slot]>,
+    capacity: u32,
     /// Oldest outstanding sequence.
     head: u64,
     /// Next sequence to hand out.
@@ -184,7 +187,9 @@ impl SlotTable {
     pub fn starting_at(capacity: u32, first: u64) -> SlotTable {
         assert!(capacity > 0, "a slot table needs a capacity of at least 1");
         SlotTable {
-            slots: vec![Slot::default(); capacity as usize].into_boxed_slice(),
+            slots: vec![Slot::default(); (capacity as usize).next_power_of_two()]
+                .into_boxed_slice(),
+            capacity,
             head: first,
             tail: first,
         }
@@ -192,7 +197,7 @@ impl SlotTable {
 
     /// Most WRs outstanding at once.
     pub fn capacity(&self) -> u32 {
-        self.slots.len() as u32
+        self.capacity
     }
 
     /// WRs outstanding.
@@ -215,8 +220,9 @@ impl SlotTable {
         self.tail
     }
 
+    #[inline]
     fn index(&self, seq: u64) -> usize {
-        (seq % self.slots.len() as u64) as usize
+        (seq as usize) & (self.slots.len() - 1)
     }
 
     /// Records a WR and returns its sequence.
@@ -320,7 +326,7 @@ impl Iterator for RetiredSlots<'_> {
         }
         let seq = self.next;
         self.next += 1;
-        Some((seq, self.slots[(seq % self.slots.len() as u64) as usize]))
+        Some((seq, self.slots[(seq as usize) & (self.slots.len() - 1)]))
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {

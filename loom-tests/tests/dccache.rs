@@ -1,5 +1,5 @@
 //! loom models of the DCCache (kmod/src/dccache.rs): per-bucket seqlocks over
-//! arrays of atomics.
+//! arrays of atomics, two bucket choices per GID.
 #![cfg(krcore_loom)]
 
 use krcore_kmod::{DcCache, Insert, Lookup};
@@ -108,5 +108,72 @@ fn invalidate_racing_lookup() {
         assert!(cache.invalidate(&gid(6)));
         reader.join().unwrap();
         assert_eq!(cache.get(&gid(6)), None);
+    });
+}
+
+/// Two model keys (from 1 up) whose bucket pairs in a two-bucket cache are
+/// (0, 1) and (1, 0): inserting both takes the buckets in opposite orders.
+fn crossed_pair(cache: &DcCache) -> (u8, u8) {
+    let first = |k: u8| cache.buckets_for(&gid(k)).0;
+    let a = (1..=255)
+        .find(|&k| first(k) == 0)
+        .expect("a key on bucket 0");
+    let b = (1..=255)
+        .find(|&k| first(k) == 1)
+        .expect("a key on bucket 1");
+    (a, b)
+}
+
+/// Invariant: writers take a GID's two buckets lowest index first, so two
+/// inserts whose GIDs name the buckets in opposite orders never deadlock
+/// (loom reports a deadlock), and both land whole.
+#[test]
+fn inserts_with_crossed_bucket_pairs_both_land() {
+    loom::model(|| {
+        let cache = Arc::new(DcCache::with_buckets(2, 1));
+        let (a, b) = crossed_pair(&cache);
+        let w = {
+            let cache = cache.clone();
+            thread::spawn(move || {
+                assert!(matches!(cache.insert(target(a, 1), 1), Insert::Inserted));
+            })
+        };
+        assert!(matches!(cache.insert(target(b, 1), 1), Insert::Inserted));
+        w.join().unwrap();
+        for k in [a, b] {
+            let t = cache.get(&gid(k)).expect("both inserts must land");
+            assert_eq!(version_of(k, &t.target), Some(1));
+        }
+    });
+}
+
+/// Invariant: an entry placed in its SECOND bucket (the first was fuller)
+/// is seen whole or missed by a racing reader, never torn; a reader that
+/// starts after the insert returned finds it; an invalidate racing a reader
+/// leaves it gone.
+#[test]
+fn second_bucket_entry_racing_reader_and_invalidate() {
+    loom::model(|| {
+        let cache = Arc::new(DcCache::with_buckets(2, 1));
+        let (a, _) = crossed_pair(&cache);
+        // Another key on bucket 0 makes it the fuller one.
+        let other = (1..=255u8)
+            .find(|&k| k != a && cache.buckets_for(&gid(k)).0 == 0)
+            .expect("a second key on bucket 0");
+        cache.insert(target(other, 1), 1);
+        let reader = {
+            let cache = cache.clone();
+            thread::spawn(move || {
+                if let Lookup::Hit(t) = cache.lookup(&gid(a)) {
+                    assert_eq!(version_of(a, &t.target), Some(2), "torn entry");
+                }
+            })
+        };
+        assert!(matches!(cache.insert(target(a, 2), 2), Insert::Inserted));
+        assert_eq!(cache.get(&gid(a)).map(|t| t.target), Some(target(a, 2)));
+        assert!(cache.invalidate(&gid(a)));
+        reader.join().unwrap();
+        assert_eq!(cache.get(&gid(a)), None);
+        assert_eq!(cache.len(), 1);
     });
 }

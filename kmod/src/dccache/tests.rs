@@ -84,8 +84,8 @@ fn epoch_change_drops_older_entries_and_refuses_older_inserts() {
 
 #[test]
 fn clock_eviction_gives_referenced_entries_a_second_chance() {
-    // Capacity 8 is one bucket: every GID competes for the same ways.
-    let c = DcCache::new(8);
+    // One bucket: every GID competes for the same ways.
+    let c = DcCache::with_buckets(1, DEFAULT_SEED);
     assert_eq!(c.capacity(), 8);
     for i in 0..8 {
         assert_eq!(c.insert(target(i, 0), 1), Insert::Inserted);
@@ -112,7 +112,7 @@ fn clock_eviction_gives_referenced_entries_a_second_chance() {
 
 #[test]
 fn invalidated_slots_are_reused_before_evicting() {
-    let c = DcCache::new(8);
+    let c = DcCache::with_buckets(1, DEFAULT_SEED);
     for i in 0..8 {
         c.insert(target(i, 0), 1);
     }
@@ -125,11 +125,15 @@ fn invalidated_slots_are_reused_before_evicting() {
 }
 
 #[test]
-fn capacity_rounds_up_to_whole_buckets() {
-    assert_eq!(DcCache::new(0).capacity(), WAYS);
-    assert_eq!(DcCache::new(1).capacity(), WAYS);
-    assert_eq!(DcCache::new(WAYS + 1).capacity(), 2 * WAYS);
+fn slots_are_the_capacity_with_headroom_in_whole_buckets() {
+    assert_eq!(DcCache::new(0).slots(), WAYS);
+    assert_eq!(DcCache::new(1).slots(), WAYS);
+    assert_eq!(DcCache::new(5).slots(), WAYS);
+    assert_eq!(DcCache::new(6).slots(), 2 * WAYS);
+    assert_eq!(DcCache::new(10_000).slots(), 16_000);
     assert_eq!(DcCache::new(10_000).capacity(), 10_000);
+    assert_eq!(DcCache::with_buckets(3, 1).slots(), 3 * WAYS);
+    assert_eq!(DcCache::with_buckets(3, 1).capacity(), 3 * WAYS);
 }
 
 #[test]
@@ -137,13 +141,72 @@ fn memory_accounting_counts_the_arrays() {
     assert_eq!(BYTES_PER_SLOT, 34);
     let c = DcCache::new(10_000);
     let fixed = std::mem::size_of::<DcCache>();
-    assert_eq!(c.memory_bytes(), fixed + 10_000 * 32 + (10_000 / WAYS) * 16);
-    assert_eq!(c.memory_bytes(), fixed + c.capacity() * BYTES_PER_SLOT);
+    assert_eq!(c.memory_bytes(), fixed + 16_000 * 32 + (16_000 / WAYS) * 16);
+    assert_eq!(c.memory_bytes(), fixed + c.slots() * BYTES_PER_SLOT);
+    assert!(c.memory_bytes() < 1 << 20, "10,000 targets in under 1 MiB");
     // Full or empty, the footprint is the same.
-    for i in 0..20_000 {
+    for i in 0..40_000 {
         c.insert(target(i, 0), 1);
     }
-    assert_eq!(c.memory_bytes(), fixed + 10_000 * BYTES_PER_SLOT);
+    assert_eq!(c.len(), c.slots(), "evictions fill every slot");
+    assert_eq!(c.memory_bytes(), fixed + 16_000 * BYTES_PER_SLOT);
+}
+
+/// A cache sized for 10,000 targets holds 10,000 random GIDs, every one
+/// readable afterwards with what was inserted (two-choice placement; one
+/// choice in the same slots overflows buckets). Several seeds of GIDs and
+/// of the bucket hash.
+#[test]
+fn ten_thousand_random_gids_all_fit() {
+    for seed in 1..=4u64 {
+        let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let c = DcCache::with_seed(10_000, next());
+        let targets: Vec<DcTarget> = (0..10_000)
+            .map(|i| {
+                let mut g = [0u8; 16];
+                g[..8].copy_from_slice(&next().to_le_bytes());
+                g[8..].copy_from_slice(&next().to_le_bytes());
+                DcTarget {
+                    gid: Gid(g),
+                    dct_num: i,
+                    dc_key: next(),
+                }
+            })
+            .collect();
+        for (i, t) in targets.iter().enumerate() {
+            assert_eq!(c.insert(*t, 1), Insert::Inserted, "seed {seed}, target {i}");
+        }
+        assert_eq!(c.len(), 10_000);
+        for t in &targets {
+            assert_eq!(
+                c.get(&t.gid),
+                Some(CachedTarget {
+                    target: *t,
+                    epoch: 1
+                })
+            );
+        }
+    }
+}
+
+/// With one bucket choice, the same slots overflow: what two choices buy.
+#[test]
+fn two_choices_place_what_one_bucket_each_could_not() {
+    let c = DcCache::new(10_000);
+    let mut per_first = vec![0usize; c.slots() / WAYS];
+    for i in 0..10_000u64 {
+        per_first[c.buckets_of(gid_words(&gid(i))).0] += 1;
+        assert_eq!(c.insert(target(i, 0), 1), Insert::Inserted);
+    }
+    let overflow: usize = per_first.iter().map(|&n| n.saturating_sub(WAYS)).sum();
+    assert!(overflow > 0, "first buckets alone would have overflowed");
+    assert_eq!(c.len(), 10_000);
 }
 
 #[test]
@@ -230,7 +293,7 @@ fn model_against_a_hashmap_reference() {
         let probe = gid(next(96));
         assert_eq!(c.lookup(&probe).hit(), reference.get(&probe).copied());
         assert_eq!(c.len(), reference.len());
-        assert!(c.len() <= c.capacity());
+        assert!(c.len() <= c.slots());
     }
     assert!(
         evictions > 1000 && stale > 100,

@@ -19,7 +19,8 @@
 //!   |   |                           (msg*.rs: ports, endpoints; made at the
 //!   |   |                           first bind/endpoint, own locks)
 //!   |   `- DCI pool [0..pool_size)  created lazily, each with its own send CQ
-//!   |         `- per-QP lock: credits, VQPs bound to it, MR snapshot
+//!   |         `- per-QP lock: credits, the state of the VQPs bound to it
+//!   |                         (slots, rings, targets, grants), MR snapshot
 //!   |- RC fallback mode:
 //!   |   |- handshake endpoint       UD QP (instead of a DCT) + passive RC QPs
 //!   |   |                           (peers' ends), progress() / its thread
@@ -30,17 +31,17 @@
 //!   |                               buffer, own lock
 //!   `- owned MRs                    copy-on-write map + generation
 //! Vqp<N>  DC: bound round-robin to one DCI; RC: bound at connect to its
-//!         target's pair. Slot table, completion ring, target, known
-//!         grants (its own lock)
+//!         target's pair. Its state (slot table, completion ring, target,
+//!         known grants) lives in that QP, under the QP's lock
 //! ```
 //!
 //! # What takes which lock
 //!
 //! | operation            | locks                                           |
 //! |----------------------|-------------------------------------------------|
-//! | `post_send`, `poll`  | the VQP's QP, then briefly each VQP it routes to |
+//! | `post_send`, `poll`  | the VQP's QP only (one lock; VQP state inside)   |
 //! |                      | (RC: first the VQP's binding, for an `Arc` clone)|
-//! | `connect`, hit       | none (DCCache seqlock read), then the VQP's      |
+//! | `connect`, hit       | none (DCCache seqlock read), then the VQP's QP   |
 //! |                      | (RC: the binding's, the pair map's briefly)      |
 //! | `connect`, miss      | the meta QP's (one READ round trip)             |
 //! | RC: new pair         | the pair cache's creation lock (one handshake)  |
@@ -114,7 +115,6 @@ use meta::{MetaClient, MetaPolicy};
 use mrs::MrRegistry;
 use physqp::PhysQp;
 use rc::RcPool;
-use vqp::{Binding, VqpShared};
 
 /// How the engine reaches other nodes, decided at start from the device's
 /// capabilities ([`krcore_nic::DeviceCaps::dc`]).
@@ -509,19 +509,9 @@ impl<N: Nic> Engine<N> {
     pub fn create_vqp(&self) -> Result<Vqp<N>, EngineError> {
         let n = self.inner.next_vqp.fetch_add(1, Ordering::Relaxed);
         let id = VqpId::new(n).map_err(|_| EngineError::VqpIdsExhausted)?;
-        let shared = Arc::new(VqpShared::new(id, self.inner.cfg.vqp_depth));
-        let binding = match self.inner.mode() {
-            EngineMode::Dc => {
-                let dci = self.pick_dci()?;
-                dci.attach(shared.clone());
-                Binding::Dci(dci)
-            }
-            EngineMode::RcFallback => Binding::Rc(Mutex::new(None)),
-        };
-        Ok(Vqp {
-            engine: self.inner.clone(),
-            binding,
-            shared,
+        Ok(match self.inner.mode() {
+            EngineMode::Dc => Vqp::on_dci(self.inner.clone(), id, self.pick_dci()?),
+            EngineMode::RcFallback => Vqp::unbound(self.inner.clone(), id),
         })
     }
 

@@ -8,11 +8,15 @@
 //!
 //! # Locking
 //!
-//! Lock order: a QP's lock, then a VQP's lock. Posting and completion
-//! routing run under the QP's lock; they take a VQP's lock only briefly
-//! (slot table, completion ring), never while polling for another VQP.
-//! Nothing here takes an engine-wide lock. (RC recovery sends a handshake
-//! through the engine's handshake endpoint, whose locks are leaves.)
+//! ONE lock per physical QP, and nothing else on the data path: the state of
+//! every VQP bound to the QP (slot table, completion ring, target, grants:
+//! [`VqpState`]) lives in the QP's state, in a map by VQP id. A post takes
+//! the QP's lock once; so does a poll (pop the VQP's ring; when that is not
+//! enough, drain the CQ, routing each completion to its VQP's ring, and pop
+//! again). Nothing here takes an engine-wide lock. RC fallback mode: a
+//! VQP's binding lock (see [`super::vqp`]) is taken before a QP's lock,
+//! never after. (RC recovery sends a handshake through the engine's
+//! handshake endpoint, whose locks are leaves.)
 //!
 //! # Invariants
 //!
@@ -23,23 +27,37 @@
 //!   ([`SendQueueCredits::complete`]); each is delivered to its VQP once:
 //!   to the VQP's ring when the user signaled it or it failed, silently
 //!   otherwise.
-//! - After an error completion the QP is in ERR: the engine collects the
-//!   flushes (bounded), resets the QP, reports whatever was still outstanding
-//!   as `WR_FLUSH_ERR` to its owner, and brings the QP back to RTS, so the
-//!   pool keeps working. (Re-posting flushed WRs is a later step.) A DCI
-//!   needs no peer to come back; an RC QP's peer entered ERR too (on a
-//!   remote error the responder's end fails as well), so the RC QP is
+//! - After an error completion the QP is in ERR. The failing WR's
+//!   completion goes to its owner (the "guilty" VQP) when routed; the flush
+//!   completions of the later WRs are not routed. Recovery resets the QP
+//!   (discarding the flushes still to come), reports the guilty VQP's later
+//!   WRs as `WR_FLUSH_ERR` (as its own QP would), brings the QP back to RTS
+//!   and re-posts every other VQP's outstanding WRs in their original order
+//!   (they never executed: the NIC flushes, it does not execute, what
+//!   follows a failed WR), from the copy kept at post time
+//!   (`PhysState::sent`), under NEW sequences of their VQPs' slot tables
+//!   (same user wr_ids), the last one forced signaled. Completions of the
+//!   old incarnation that a CQ still returns after the reset (a delayed
+//!   CQE) thus match no outstanding WR: they are counted stale and never
+//!   start another recovery.
+//!   Innocent VQPs thus see only their own results, each exactly once, in
+//!   order. A dead target (`RETRY_EXC_ERR`) is the failing WR's typed
+//!   status for its VQP, whose target is cleared and whose DCCache entry is
+//!   invalidated; other VQPs' WRs to it fail the same way on their turn.
+//!   A DCI needs no peer to come back; an RC QP's peer entered ERR too (on
+//!   a remote error the responder's end fails as well), so the RC QP is
 //!   re-handshaken: the responder resets and re-arms its end (see
 //!   [`crate::handshake`]). If the target does not answer, the pair is
-//!   closed: its QP is destroyed and every later post re-acquires a pair
+//!   closed and every outstanding WR is reported `WR_FLUSH_ERR` to its
+//!   owner: its QP is destroyed and every later post re-acquires a pair
 //!   (and fails, typed, while the target is gone).
 //! - A closed RC pair (`qp` is `None`: evicted, or lost) accepts no post:
 //!   posts see [`PostFail::Stale`] and re-bind their VQP. An RC pair only
 //!   carries WRs of VQPs attached to it and connected to its target.
 
 use super::idhash::IdMap;
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Instant;
 
 use krcore_nic::{
@@ -50,11 +68,11 @@ use parking_lot::Mutex;
 
 use super::error::{EngineError, VqpError};
 use super::mrs::{AnyMr, MrSnapshot};
-use super::vqp::{VqpShared, VqpState};
+use super::vqp::VqpState;
 use super::EngineInner;
 use crate::credits::SendQueueCredits;
 use crate::dccache::DcCache;
-use crate::precheck::{Plan, Precheck, Transport};
+use crate::precheck::{LocalMr, LocalMrTable, NoGrants, Plan, Precheck, Transport};
 use crate::wrid::{PhysWrId, VqpId};
 
 /// Completions polled per CQ poll call.
@@ -83,8 +101,13 @@ pub struct DciStats {
     /// Times the QP was reset and brought up again after ERR (for an RC
     /// pair: re-handshaken with its target).
     pub recoveries: u64,
-    /// WRs still outstanding at a reset, reported flushed by the engine.
+    /// WRs still outstanding at a reset that the engine reported flushed
+    /// to their owner: the failing VQP's later WRs (and every WR when the
+    /// QP could not be brought back).
     pub flushed_by_reset: u64,
+    /// WRs of innocent VQPs the NIC flushed and the engine posted again
+    /// after the reset (never executed, so the retry is safe).
+    pub reposted: u64,
     /// RC pairs closed because their target did not answer the
     /// re-handshake after an error.
     pub lost: u64,
@@ -103,6 +126,7 @@ impl DciStats {
         self.orphaned += o.orphaned;
         self.recoveries += o.recoveries;
         self.flushed_by_reset += o.flushed_by_reset;
+        self.reposted += o.reposted;
         self.lost += o.lost;
     }
 }
@@ -148,10 +172,22 @@ pub(crate) struct PhysState<N: Nic> {
     /// `None`: an RC pair that was closed (evicted, or lost).
     qp: Option<N::Qp>,
     credits: SendQueueCredits,
-    vqps: IdMap<VqpId, Arc<VqpShared>>,
+    /// The state of every VQP bound to this QP.
+    vqps: IdMap<VqpId, VqpState>,
     mr_generation: u64,
     mrs: MrSnapshot,
+    /// The last MR the pre-check looked up in `mrs` (posts mostly reuse
+    /// one MR): spares the hash lookup. Cleared with the snapshot.
+    last_mr: Option<(u32, LocalMr)>,
+    /// The CQ poll buffer (kept, so that a poll initializes nothing).
+    buf: Vec<Wc>,
     needs_recovery: bool,
+    /// The VQP whose WR failed first and put the QP in ERR (recovery
+    /// reports its flushed WRs to it and re-posts everybody else's).
+    guilty: Option<VqpId>,
+    /// A copy of every outstanding WR as posted (physical wr_id, forced
+    /// signal), by physical sequence: what recovery re-posts.
+    sent: Box<[SendWr]>,
     /// RC: the nonce of the current pairing (for Close).
     nonce: u64,
     stats: DciStats,
@@ -255,7 +291,15 @@ impl<N: Nic> PhysQp<N> {
                 epoch: Instant::now(),
                 mr_generation: u64::MAX,
                 mrs: MrSnapshot::default(),
+                last_mr: None,
+                buf: vec![Wc::default(); POLL_BATCH],
                 needs_recovery: false,
+                guilty: None,
+                sent: vec![
+                    SendWr::read(0, Default::default(), Default::default());
+                    (eng.cfg.dci_depth as usize).next_power_of_two()
+                ]
+                .into_boxed_slice(),
                 nonce,
                 stats: DciStats::default(),
             }),
@@ -279,12 +323,20 @@ impl<N: Nic> PhysQp<N> {
         self.state.lock().qp.is_some()
     }
 
-    pub(crate) fn attach(&self, vqp: Arc<VqpShared>) {
-        self.state.lock().vqps.insert(vqp.id, vqp);
+    /// Hands the VQP `id`'s state to this QP.
+    pub(crate) fn attach(&self, id: VqpId, vqp: VqpState) {
+        self.state.lock().vqps.insert(id, vqp);
     }
 
-    pub(crate) fn detach(&self, id: VqpId) {
-        self.state.lock().vqps.remove(&id);
+    /// Takes the VQP `id`'s state back (completions of its WRs still in
+    /// flight are then discarded).
+    pub(crate) fn detach(&self, id: VqpId) -> Option<VqpState> {
+        self.state.lock().vqps.remove(&id)
+    }
+
+    /// Runs `f` on the state of the VQP `id`, if this QP holds it.
+    pub(crate) fn with_vqp<R>(&self, id: VqpId, f: impl FnOnce(&mut VqpState) -> R) -> Option<R> {
+        self.state.lock().vqps.get_mut(&id).map(f)
     }
 
     pub(crate) fn stats(&self) -> DciStats {
@@ -315,54 +367,54 @@ impl<N: Nic> PhysQp<N> {
         Ok(Some(st.nonce))
     }
 
-    /// Posts `wrs` for `vqp` as one doorbell (see [`crate::engine::Vqp::post_send`]).
+    /// Posts `wrs` for the VQP `id` as one doorbell (see
+    /// [`crate::engine::Vqp::post_send`]). [`PostFail::Stale`] when this QP
+    /// does not hold the VQP's state (it moved) or is closed.
     pub(crate) fn post(
         &self,
         eng: &EngineInner<N>,
-        vqp: &VqpShared,
+        id: VqpId,
         wrs: &mut [SendWr],
     ) -> Result<(), PostFail> {
         let n = wrs.len();
-        let mut st = self.state.lock();
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
         if st.needs_recovery {
-            self.recover(eng, &mut st)?;
+            self.recover(eng, st)?;
         }
         if st.qp.is_none() {
             return Err(PostFail::Stale);
-        }
-        if let Link::Rc(l) = &self.link {
-            if !st.vqps.contains_key(&vqp.id) {
-                return Err(PostFail::Stale);
-            }
-            l.touch(&eng.rc_tick);
         }
         if eng.cfg.precheck {
             let generation = eng.mrs.generation();
             if generation != st.mr_generation {
                 (st.mr_generation, st.mrs) = eng.mrs.snapshot();
+                st.last_mr = None;
             }
         }
-        let plan = {
-            let mut v = vqp.state.lock();
+        let room = st.vqps.get(&id).ok_or(PostFail::Stale)?.has_room(n);
+        if !room {
+            // Completions already in the CQ may free the VQP's slots.
+            self.drain(eng, st)?;
+            let v = st.vqps.get(&id).ok_or(PostFail::Stale)?;
             if !v.has_room(n) {
-                // Completions already in the CQ may free the VQP's slots.
-                drop(v);
-                self.drain(eng, &mut st)?;
-                v = vqp.state.lock();
-                if !v.has_room(n) {
-                    return Err(VqpError::VqpFull {
-                        vqp: vqp.id,
-                        outstanding: v.occupied(),
-                        requested: n,
-                        capacity: v.slots.capacity(),
-                    }
-                    .into());
+                return Err(VqpError::VqpFull {
+                    vqp: id,
+                    outstanding: v.occupied(),
+                    requested: n,
+                    capacity: v.slots.capacity(),
                 }
+                .into());
             }
-            let target = v
-                .target
-                .ok_or(VqpError::NotConnected { vqp: vqp.id })?
-                .target;
+        }
+        if let Link::Rc(l) = &self.link {
+            l.touch(&eng.rc_tick);
+        }
+        let plan = {
+            let v = st.vqps.get(&id).ok_or(PostFail::Stale)?;
+            let Some(target) = v.target.map(|t| t.target) else {
+                return Err(VqpError::NotConnected { vqp: id }.into());
+            };
             let dest = match &self.link {
                 Link::Dci => Destination::Dc(target),
                 // The VQP moved to another target meanwhile.
@@ -372,16 +424,25 @@ impl<N: Nic> PhysQp<N> {
             for wr in wrs.iter_mut() {
                 wr.dest = dest;
             }
-            let planned = self.plan(eng, &st, &v, wrs);
+            let planned = self.plan(eng, st, id, wrs);
             if planned.is_err() {
                 st.stats.rejected += 1;
             }
             planned?
         };
         if plan.must_reclaim() {
-            self.reclaim(eng, &mut st, n)?;
+            self.reclaim(eng, st, n)?;
         }
-        let mut v = vqp.state.lock();
+        let PhysState {
+            qp,
+            credits,
+            stats,
+            vqps,
+            needs_recovery,
+            sent,
+            ..
+        } = st;
+        let v = vqps.get_mut(&id).ok_or(PostFail::Stale)?;
         let first = v.slots.next_seq();
         let (occupied, capacity) = (v.occupied(), v.slots.capacity());
         for wr in wrs.iter_mut() {
@@ -391,17 +452,14 @@ impl<N: Nic> PhysQp<N> {
                 .slots
                 .push(wr.wr_id, wr.is_signaled())
                 .map_err(|_| VqpError::VqpFull {
-                    vqp: vqp.id,
+                    vqp: id,
                     outstanding: occupied,
                     requested: n,
                     capacity,
                 })?;
-            wr.wr_id = PhysWrId::new(vqp.id, seq).raw();
+            wr.wr_id = PhysWrId::new(id, seq).raw();
         }
         plan.apply(wrs);
-        let PhysState {
-            qp, credits, stats, ..
-        } = &mut *st;
         // A reclaim that ran into an error may have closed an RC pair.
         let result = match qp {
             Some(qp) => qp.post_send(wrs),
@@ -415,6 +473,9 @@ impl<N: Nic> PhysQp<N> {
             Err(e) => e.index.min(n),
         };
         let accounted = credits.post_wrs(&wrs[..posted]);
+        if let Ok(seqs) = &accounted {
+            keep_copies(sent, seqs.start, &wrs[..posted]);
+        }
         // Give the caller its WRs back as it wrote them (dest aside).
         for (i, wr) in wrs.iter_mut().enumerate() {
             if let Some(slot) = v.slots.get(first + i as u64) {
@@ -425,7 +486,6 @@ impl<N: Nic> PhysQp<N> {
             }
         }
         v.slots.unpush((n - posted) as u32);
-        drop(v);
         if posted > 0 {
             stats.doorbells += 1;
             stats.wrs += posted as u64;
@@ -433,7 +493,7 @@ impl<N: Nic> PhysQp<N> {
         }
         if let Err(e) = accounted {
             // Our account and the NIC disagree: start over from a reset.
-            st.needs_recovery = true;
+            *needs_recovery = true;
             return Err(VqpError::from(e).into());
         }
         result.map_err(|e| VqpError::Post(e).into())
@@ -442,47 +502,62 @@ impl<N: Nic> PhysQp<N> {
     fn plan(
         &self,
         eng: &EngineInner<N>,
-        st: &PhysState<N>,
-        v: &VqpState,
+        st: &mut PhysState<N>,
+        id: VqpId,
         wrs: &[SendWr],
     ) -> Result<Plan, VqpError> {
-        // Grants are the only thing that expires: read the clock only when
-        // the VQP knows some (a clock read per post is measurable).
-        let now = if v.grants.is_empty() {
-            st.epoch
-        } else {
-            Instant::now()
-        };
         let (transport, peer) = match &self.link {
             Link::Dci => (Transport::Dc, None),
             Link::Rc(l) => (Transport::Rc, Some(l.gid)),
         };
         let queue = st.credits.view();
-        if eng.cfg.precheck {
-            Precheck {
-                transport,
-                peer,
-                local_mrs: &st.mrs,
-                grants: &v.grants,
-                now,
-                queue,
-                policy: eng.policy,
-            }
-            .check(wrs)
-            .map_err(VqpError::from)
-        } else {
-            Precheck {
+        let Some(v) = st.vqps.get(&id) else {
+            return Err(VqpError::NotConnected { vqp: id });
+        };
+        if !eng.cfg.precheck {
+            return Precheck {
                 transport,
                 peer,
                 local_mrs: &AnyMr,
                 grants: &v.grants,
-                now,
+                now: st.epoch,
                 queue,
                 policy: eng.policy,
             }
             .plan_unvalidated(wrs)
-            .map_err(VqpError::from)
+            .map_err(VqpError::from);
         }
+        let mrs = LastMr {
+            mrs: &st.mrs,
+            last: Cell::new(st.last_mr),
+        };
+        let planned = if v.grants.is_empty() {
+            // No grant known: nothing can expire, no clock read, no lookup
+            // per WR.
+            Precheck {
+                transport,
+                peer,
+                local_mrs: &mrs,
+                grants: &NoGrants,
+                now: st.epoch,
+                queue,
+                policy: eng.policy,
+            }
+            .check(wrs)
+        } else {
+            Precheck {
+                transport,
+                peer,
+                local_mrs: &mrs,
+                grants: &v.grants,
+                now: Instant::now(),
+                queue,
+                policy: eng.policy,
+            }
+            .check(wrs)
+        };
+        st.last_mr = mrs.last.get();
+        planned.map_err(VqpError::from)
     }
 
     /// Polls until `n` credits are free, bounded by the reclaim timeout.
@@ -510,30 +585,73 @@ impl<N: Nic> PhysQp<N> {
         }
     }
 
-    /// Drains the CQ under this QP's lock and routes every completion.
-    pub(crate) fn drain_locked(&self, eng: &EngineInner<N>) -> Result<usize, VqpError> {
-        let mut st = self.state.lock();
-        self.drain(eng, &mut st)
+    /// Polls up to `out.len()` completions of the VQP `id` (see
+    /// [`crate::engine::Vqp::poll`]): its ring first, then the CQ drained
+    /// and routed. `None` when this QP does not hold the VQP's state.
+    pub(crate) fn poll(
+        &self,
+        eng: &EngineInner<N>,
+        id: VqpId,
+        out: &mut [Wc],
+    ) -> Result<Option<usize>, VqpError> {
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        let Some(v) = st.vqps.get_mut(&id) else {
+            return Ok(None);
+        };
+        let mut n = v.pop(out);
+        if n < out.len() {
+            match self.drain_for(eng, st, Some((id, out.len() - n))) {
+                Ok(_) => {}
+                Err(e) if n == 0 => return Err(e),
+                Err(_) => return Ok(Some(n)),
+            }
+            if let Some(v) = st.vqps.get_mut(&id) {
+                n += v.pop(&mut out[n..]);
+            }
+        }
+        Ok(Some(n))
     }
 
     /// Polls the CQ until it is empty, routing each completion; recovers the
     /// QP if one of them was an error.
     fn drain(&self, eng: &EngineInner<N>, st: &mut PhysState<N>) -> Result<usize, VqpError> {
-        let mut buf = [Wc::default(); POLL_BATCH];
+        self.drain_for(eng, st, None)
+    }
+
+    /// [`PhysQp::drain`], stopping early once the VQP `until.0` holds
+    /// `until.1` completions (a poll needs no more; the rest stays in the
+    /// CQ, in order, for the next drain). The first CQ poll asks for just
+    /// that many, so a synchronous poll costs one CQE read, like a raw one.
+    fn drain_for(
+        &self,
+        eng: &EngineInner<N>,
+        st: &mut PhysState<N>,
+        until: Option<(VqpId, usize)>,
+    ) -> Result<usize, VqpError> {
+        let mut buf = std::mem::take(&mut st.buf);
+        let (watch, want) = until.unwrap_or((VqpId::ENGINE, usize::MAX));
+        let mut chunk = want.clamp(1, POLL_BATCH);
         let mut total = 0;
-        loop {
-            let k = self
-                .cq
-                .poll(&mut buf)
-                .map_err(VqpError::nic("poll a shared QP's CQ"))?;
+        let polled = loop {
+            let k = match self.cq.poll(&mut buf[..chunk]) {
+                Ok(k) => k,
+                Err(e) => break Err(e),
+            };
+            let mut enough = false;
             for wc in &buf[..k] {
-                route(&eng.cache, st, wc);
+                if let Some(len) = route(&eng.cache, st, wc, watch) {
+                    enough = len >= want;
+                }
             }
             total += k;
-            if k < buf.len() {
-                break;
+            if k < chunk || enough || st.needs_recovery {
+                break Ok(());
             }
-        }
+            chunk = POLL_BATCH;
+        };
+        st.buf = buf;
+        polled.map_err(VqpError::nic("poll a shared QP's CQ"))?;
         if st.needs_recovery {
             self.recover(eng, st)?;
         }
@@ -543,35 +661,34 @@ impl<N: Nic> PhysQp<N> {
     /// Brings a QP that reported an error back to RTS (see the module docs).
     fn recover(&self, eng: &EngineInner<N>, st: &mut PhysState<N>) -> Result<(), VqpError> {
         let mut buf = [Wc::default(); POLL_BATCH];
-        let start = Instant::now();
-        // The NIC flushes every outstanding WR; collect those completions so
-        // their owners see them, for a bounded time.
-        while st.credits.outstanding() > 0 && start.elapsed() < eng.cfg.flush_timeout {
-            let k = self
-                .cq
-                .poll(&mut buf)
-                .map_err(VqpError::nic("poll a shared QP's CQ"))?;
-            for wc in &buf[..k] {
-                route(&eng.cache, st, wc);
-            }
-            if k == 0 {
-                std::thread::yield_now();
-            }
-        }
+        // The failing WR was delivered to its owner when its completion was
+        // routed; the NIC flushes every later WR (none of them executed).
+        // Reset: the flush completions still to come match nothing.
         if let Some(qp) = &st.qp {
             qp.modify(Transition::Reset)
                 .map_err(VqpError::nic("reset a shared QP"))?;
         }
+        let guilty = st.guilty.take();
         let PhysState {
             credits,
             vqps,
             stats,
+            sent,
             ..
-        } = st;
-        for (_, posted) in credits.reset() {
-            stats.flushed_by_reset += 1;
-            deliver(&eng.cache, vqps, posted.wr_id, WcStatus::WrFlushErr, None);
+        } = &mut *st;
+        // The failing VQP's later WRs are flushed, as on a QP of its own;
+        // every other VQP's are posted again, in their order.
+        let mut again: Vec<SendWr> = Vec::new();
+        for (seq, posted) in credits.reset() {
+            let owner = posted.wr_id.vqp();
+            if Some(owner) == guilty || !vqps.contains_key(&owner) {
+                stats.flushed_by_reset += 1;
+                let _ = deliver(&eng.cache, vqps, posted.wr_id, WcStatus::WrFlushErr, None);
+            } else {
+                again.push(sent[(seq as usize) & (sent.len() - 1)]);
+            }
         }
+        renumber(vqps, &mut again);
         // Completions of the old incarnation still in the CQ match nothing.
         loop {
             let k = self
@@ -584,27 +701,130 @@ impl<N: Nic> PhysQp<N> {
             }
         }
         st.needs_recovery = false;
-        let Some(qp) = &st.qp else {
-            return Ok(());
-        };
-        match &self.link {
-            Link::Dci => {
-                bring_up(qp, Access::NONE, None).map_err(VqpError::nic("bring up a DCI"))?;
+        let up = match (&st.qp, &self.link) {
+            (None, _) => false,
+            (Some(qp), Link::Dci) => {
+                if let Err(e) = bring_up(qp, Access::NONE, None) {
+                    self.flush_all(eng, st, &again);
+                    return Err(VqpError::nic("bring up a DCI")(e));
+                }
+                true
             }
-            Link::Rc(l) => match super::rc::pair_up(eng, qp, l.handshake) {
-                Ok(nonce) => st.nonce = nonce,
+            (Some(qp), Link::Rc(l)) => match super::rc::pair_up(eng, qp, l.handshake) {
+                Ok(nonce) => {
+                    st.nonce = nonce;
+                    true
+                }
                 Err(_) => {
                     // The target did not answer (or the QP could not be
                     // brought up): close the pair. Its VQPs re-bind on their
                     // next post, and fail, typed, while the target is gone.
                     st.qp = None;
                     st.stats.lost += 1;
-                    return Ok(());
+                    false
                 }
             },
+        };
+        if !up {
+            self.flush_all(eng, st, &again);
+            return Ok(());
         }
         st.stats.recoveries += 1;
+        self.repost(eng, st, again);
         Ok(())
+    }
+
+    /// Posts the innocent VQPs' flushed WRs again (renumbered by
+    /// [`renumber`]), the last one signaled so that the queue's unsignaled
+    /// tail stays bounded. WRs the
+    /// NIC refuses are reported flushed to their owners.
+    fn repost(&self, eng: &EngineInner<N>, st: &mut PhysState<N>, mut again: Vec<SendWr>) {
+        if again.is_empty() {
+            return;
+        }
+        if let Some(last) = again.last_mut() {
+            last.flags = last.flags | SendFlags::SIGNALED;
+        }
+        let PhysState {
+            qp,
+            credits,
+            stats,
+            sent,
+            needs_recovery,
+            ..
+        } = &mut *st;
+        let Some(qp) = qp else {
+            return self.flush_all(eng, st, &again);
+        };
+        let posted = match qp.post_send(&again) {
+            Ok(()) => again.len(),
+            Err(e) => e.index.min(again.len()),
+        };
+        match credits.post_wrs(&again[..posted]) {
+            Ok(seqs) => keep_copies(sent, seqs.start, &again[..posted]),
+            // Our account and the NIC disagree: start over from a reset.
+            Err(_) => *needs_recovery = true,
+        }
+        stats.reposted += posted as u64;
+        self.flush_all(eng, st, &again[posted..]);
+    }
+
+    /// Reports `wrs` (outstanding in their VQPs' slot tables, not on the
+    /// QP) flushed to their owners.
+    fn flush_all(&self, eng: &EngineInner<N>, st: &mut PhysState<N>, wrs: &[SendWr]) {
+        for wr in wrs {
+            st.stats.flushed_by_reset += 1;
+            let _ = deliver(
+                &eng.cache,
+                &mut st.vqps,
+                PhysWrId::from_raw(wr.wr_id),
+                WcStatus::WrFlushErr,
+                None,
+            );
+        }
+    }
+}
+
+/// Gives the WRs to re-post new sequences in their VQPs' slot tables (same
+/// user wr_ids and flags, same order), so that completions of the old
+/// incarnation, which a CQ may still return after the reset, match none of
+/// them. Every outstanding WR of an innocent VQP is in `again` (its earlier
+/// WRs were retired by the failing WR's completion).
+fn renumber(vqps: &mut IdMap<VqpId, VqpState>, again: &mut [SendWr]) {
+    let mut slots = Vec::with_capacity(again.len());
+    for wr in again.iter() {
+        let old = PhysWrId::from_raw(wr.wr_id);
+        let slot = vqps.get(&old.vqp()).and_then(|v| {
+            let seq = v.slots.resolve(old.wire_seq())?;
+            v.slots.get(seq)
+        });
+        slots.push(slot);
+    }
+    for wr in again.iter() {
+        if let Some(v) = vqps.get_mut(&PhysWrId::from_raw(wr.wr_id).vqp()) {
+            // Dropping the iterator retires them all (idempotent).
+            let _ = v.slots.retire_all();
+        }
+    }
+    for (wr, slot) in again.iter_mut().zip(slots) {
+        let id = PhysWrId::from_raw(wr.wr_id).vqp();
+        let (Some(v), Some(slot)) = (vqps.get_mut(&id), slot) else {
+            continue;
+        };
+        // Room: the VQP had these WRs outstanding a moment ago.
+        if let Ok(seq) = v.slots.push(slot.user_wr_id, slot.user_signaled) {
+            wr.wr_id = PhysWrId::new(id, seq).raw();
+        }
+    }
+}
+
+/// Keeps a copy of WRs just posted at physical sequences `first..` (see
+/// `PhysState::sent`).
+#[inline]
+fn keep_copies(sent: &mut [SendWr], first: u64, wrs: &[SendWr]) {
+    let mask = sent.len() - 1;
+    for (i, wr) in wrs.iter().enumerate() {
+        sent[(first as usize + i) & mask] = *wr;
     }
 }
 
@@ -621,39 +841,55 @@ impl RcLink {
 }
 
 /// Applies one polled completion: credits the shared queue and delivers
-/// every WR it retires to its VQP.
-fn route<N: Nic>(cache: &DcCache, st: &mut PhysState<N>, wc: &Wc) {
+/// every WR it retires to its VQP. Returns the ring length of the VQP
+/// `watch` if this completion delivered to it.
+fn route<N: Nic>(cache: &DcCache, st: &mut PhysState<N>, wc: &Wc, watch: VqpId) -> Option<usize> {
     let PhysState {
         credits,
         vqps,
         stats,
         needs_recovery,
+        guilty,
         ..
     } = st;
     stats.completions += 1;
     if !wc.status.is_ok() {
         stats.error_completions += 1;
-        // The QP is in ERR now (verbs: any error completion).
-        *needs_recovery = true;
+        if *needs_recovery && wc.status == WcStatus::WrFlushErr {
+            // A later WR the NIC flushed after the failing one: recovery
+            // re-posts it (or reports it, if it is the failing VQP's).
+            return None;
+        }
     }
     let retired = match credits.complete_wr_id(PhysWrId::from_raw(wc.wr_id), wc.status) {
         Ok(r) => r,
         Err(_) => {
+            // Of an old incarnation (before a reset): re-posted WRs carry
+            // new wr_ids, so this matches nothing and changes nothing.
             stats.stale_completions += 1;
-            return;
+            return None;
         }
     };
+    if !wc.status.is_ok() {
+        // The QP is in ERR now (verbs: any error completion); this WR's
+        // VQP is the one that failed.
+        *needs_recovery = true;
+        *guilty = Some(PhysWrId::from_raw(wc.wr_id).vqp());
+    }
     // Delivering a WR retires every earlier WR of its VQP (they completed
     // silently before it), so only the last WR of each run of one VQP's WRs
     // needs a delivery: one map lookup and one VQP lock per run, not per WR.
     let len = retired.len();
+    let mut watched = None;
     let mut run: Option<(PhysWrId, usize)> = None;
     for (i, (_, posted)) in retired.enumerate() {
         let wr = posted.wr_id;
         if let Some((prev, n)) = run {
             if prev.vqp() != wr.vqp() {
-                if !deliver(cache, vqps, prev, WcStatus::Success, None) {
-                    stats.orphaned += n as u64;
+                match deliver(cache, vqps, prev, WcStatus::Success, None) {
+                    None => stats.orphaned += n as u64,
+                    Some(l) if prev.vqp() == watch => watched = Some(l),
+                    Some(_) => {}
                 }
                 run = None;
             }
@@ -661,40 +897,37 @@ fn route<N: Nic>(cache: &DcCache, st: &mut PhysState<N>, wc: &Wc) {
         run = Some((wr, run.map_or(1, |(_, n)| n + 1)));
         if i + 1 == len {
             if let Some((last, n)) = run.take() {
-                if !deliver(cache, vqps, last, wc.status, Some(wc)) {
-                    stats.orphaned += n as u64;
+                match deliver(cache, vqps, last, wc.status, Some(wc)) {
+                    None => stats.orphaned += n as u64,
+                    Some(l) if last.vqp() == watch => watched = Some(l),
+                    Some(_) => {}
                 }
             }
         }
     }
+    watched
 }
 
 /// Retires one physical WR in its VQP's slot table and, when the user asked
 /// for a completion or the WR failed, pushes the user's completion to the
-/// VQP's ring. Returns false when the VQP is gone or does not know the WR.
+/// VQP's ring. Returns the ring's length then; `None` when the VQP is gone
+/// or does not know the WR.
 fn deliver(
     cache: &DcCache,
-    vqps: &IdMap<VqpId, Arc<VqpShared>>,
+    vqps: &mut IdMap<VqpId, VqpState>,
     wr: PhysWrId,
     status: WcStatus,
     wc: Option<&Wc>,
-) -> bool {
-    let Some(vqp) = vqps.get(&wr.vqp()) else {
-        return false;
-    };
-    let mut guard = vqp.state.lock();
+) -> Option<usize> {
+    let id = wr.vqp();
     let VqpState {
         slots,
         ring,
         target,
         ..
-    } = &mut *guard;
-    let Some(seq) = slots.resolve(wr.wire_seq()) else {
-        return false;
-    };
-    let Ok(retired) = slots.retire_through(seq) else {
-        return false;
-    };
+    } = vqps.get_mut(&id)?;
+    let seq = slots.resolve(wr.wire_seq())?;
+    let retired = slots.retire_through(seq).ok()?;
     for (s, slot) in retired {
         // Earlier slots of this VQP (none, when completions come in order)
         // completed silently before this one.
@@ -706,7 +939,7 @@ fn deliver(
                 opcode: wc.map(|w| w.opcode).unwrap_or_default(),
                 byte_len: wc.map_or(0, |w| w.byte_len),
                 imm: None,
-                qp_num: vqp.id.get(),
+                qp_num: id.get(),
                 src_qp: 0,
             });
         }
@@ -718,5 +951,26 @@ fn deliver(
             cache.invalidate(&t.target.gid);
         }
     }
-    true
+    Some(ring.len())
+}
+
+/// The owned-MR snapshot with the last lookup remembered (see
+/// `PhysState::last_mr`).
+struct LastMr<'a> {
+    mrs: &'a MrSnapshot,
+    last: Cell<Option<(u32, LocalMr)>>,
+}
+
+impl LocalMrTable for LastMr<'_> {
+    #[inline]
+    fn lookup(&self, lkey: u32) -> Option<LocalMr> {
+        if let Some((k, mr)) = self.last.get() {
+            if k == lkey {
+                return Some(mr);
+            }
+        }
+        let mr = self.mrs.lookup(lkey)?;
+        self.last.set(Some((lkey, mr)));
+        Some(mr)
+    }
 }

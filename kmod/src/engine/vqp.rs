@@ -1,23 +1,30 @@
 //! Virtual QPs: a verbs-shaped handle bound to one shared physical QP.
 //!
-//! A VQP owns its slot table (sequence -> the user's wr_id), its completion
-//! ring, its target (after `connect`) and the remote grants it knows. All of
-//! it sits behind the VQP's own lock; the shared QP's lock is taken first
-//! whenever both are needed (see [`super::physqp`]).
+//! A VQP's state ([`VqpState`]: its slot table, completion ring, target
+//! and the remote grants it knows) lives INSIDE the physical QP it is bound
+//! to, under that QP's lock: a post or a poll takes exactly one lock (the
+//! QP's), never a second per-VQP lock, and routing a completion to its VQP
+//! is a map lookup under the lock already held. Only while no QP holds it
+//! (RC fallback mode, before the first connect) does the state sit in the
+//! VQP's own `parked` slot.
 //!
 //! Binding: in DC mode a VQP is bound at creation, for life, to a DCI of the
 //! pool (any target is reached through it). In RC fallback mode it is bound
 //! at `connect` to the RC pair of its target (created by a handshake on a
 //! miss of the engine's pair cache); the binding sits behind a small lock of
-//! its own, read (one `Arc` clone) by each post and poll. A pair that was
-//! evicted or lost is replaced transparently by the next post: a new pair
-//! for the same target (one handshake), or a typed
-//! [`VqpError::Rebind`] when the target does not answer.
+//! its own, read (one `Arc` clone) by each post and poll. Moving the state
+//! from one QP to another (connect to another target, re-bind after the
+//! pair was evicted or lost) happens under the binding lock, with no WR in
+//! flight: a post or poll that raced with the move finds no state on the
+//! QP it read and retries with the new binding. A pair that was evicted or
+//! lost is replaced transparently by the next post: a new pair for the same
+//! target (one handshake), or a typed [`VqpError::Rebind`] when the target
+//! does not answer.
 //!
 //! Capacity: `slots.outstanding() + ring.len() <= depth` at all times, so a
 //! VQP's memory is fixed at creation, like a CQ sized to its send queue: a
 //! post that would exceed it is refused with [`VqpError::VqpFull`] until the
-//! user polls.
+//! user polls. Neither posting nor polling allocates.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -32,14 +39,25 @@ use crate::dccache::CachedTarget;
 use crate::precheck::RemoteGrant;
 use crate::wrid::{SlotTable, VqpId};
 
+/// Everything a VQP owns, held by its physical QP (see the module docs).
 pub(crate) struct VqpState {
     pub(crate) slots: SlotTable,
+    /// Completions not yet polled; never grows past its initial capacity.
     pub(crate) ring: VecDeque<Wc>,
     pub(crate) target: Option<CachedTarget>,
     pub(crate) grants: HashMap<(Gid, u32), RemoteGrant>,
 }
 
 impl VqpState {
+    pub(crate) fn new(depth: u32) -> VqpState {
+        VqpState {
+            slots: SlotTable::new(depth),
+            ring: VecDeque::with_capacity(depth as usize),
+            target: None,
+            grants: HashMap::new(),
+        }
+    }
+
     /// WRs in flight plus completions not yet polled.
     pub(crate) fn occupied(&self) -> u32 {
         self.slots.outstanding() + self.ring.len() as u32
@@ -48,31 +66,17 @@ impl VqpState {
     pub(crate) fn has_room(&self, n: usize) -> bool {
         (self.occupied() as usize).saturating_add(n) <= self.slots.capacity() as usize
     }
-}
 
-pub(crate) struct VqpShared {
-    pub(crate) id: VqpId,
-    pub(crate) state: Mutex<VqpState>,
-}
-
-impl VqpShared {
-    pub(crate) fn new(id: VqpId, depth: u32) -> VqpShared {
-        VqpShared {
-            id,
-            state: Mutex::new(VqpState {
-                slots: SlotTable::new(depth),
-                ring: VecDeque::with_capacity(depth as usize),
-                target: None,
-                grants: HashMap::new(),
-            }),
-        }
-    }
-
-    fn pop(&self, out: &mut [Wc]) -> usize {
-        let mut st = self.state.lock();
-        let n = out.len().min(st.ring.len());
-        for (slot, wc) in out.iter_mut().zip(st.ring.drain(..n)) {
-            *slot = wc;
+    /// Moves up to `out.len()` completions out of the ring, oldest first.
+    #[inline]
+    pub(crate) fn pop(&mut self, out: &mut [Wc]) -> usize {
+        let mut n = 0;
+        while n < out.len() {
+            let Some(wc) = self.ring.pop_front() else {
+                break;
+            };
+            out[n] = wc;
+            n += 1;
         }
         n
     }
@@ -104,19 +108,29 @@ impl<N: Nic> Binding<N> {
 pub struct Vqp<N: Nic> {
     pub(crate) engine: Arc<EngineInner<N>>,
     pub(crate) binding: Binding<N>,
-    pub(crate) shared: Arc<VqpShared>,
+    pub(crate) id: VqpId,
+    /// The state while no QP holds it (RC fallback mode, unbound).
+    pub(crate) parked: Mutex<Option<VqpState>>,
 }
 
 impl<N: Nic> std::fmt::Debug for Vqp<N> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let phys = self.binding.current();
-        let st = self.shared.state.lock();
+        let (target, outstanding, unpolled) = self
+            .with_state(|st| {
+                (
+                    st.target.map(|t| t.target),
+                    st.slots.outstanding(),
+                    st.ring.len(),
+                )
+            })
+            .unwrap_or_default();
         f.debug_struct("Vqp")
-            .field("id", &self.shared.id)
+            .field("id", &self.id)
             .field("qp", &phys)
-            .field("target", &st.target.map(|t| t.target))
-            .field("outstanding", &st.slots.outstanding())
-            .field("unpolled", &st.ring.len())
+            .field("target", &target)
+            .field("outstanding", &outstanding)
+            .field("unpolled", &unpolled)
             .finish()
     }
 }
@@ -124,7 +138,7 @@ impl<N: Nic> std::fmt::Debug for Vqp<N> {
 impl<N: Nic> Drop for Vqp<N> {
     fn drop(&mut self) {
         if let Some(q) = self.binding.current() {
-            q.detach(self.shared.id);
+            q.detach(self.id);
         }
     }
 }
@@ -132,7 +146,57 @@ impl<N: Nic> Drop for Vqp<N> {
 impl<N: Nic> Vqp<N> {
     /// This VQP's id (also the `qp_num` of its completions).
     pub fn id(&self) -> VqpId {
-        self.shared.id
+        self.id
+    }
+
+    /// A VQP bound to `dci` for life (DC mode), its state handed to it.
+    pub(crate) fn on_dci(engine: Arc<EngineInner<N>>, id: VqpId, dci: Arc<PhysQp<N>>) -> Vqp<N> {
+        dci.attach(id, VqpState::new(engine.cfg.vqp_depth));
+        Vqp {
+            engine,
+            binding: Binding::Dci(dci),
+            id,
+            parked: Mutex::new(None),
+        }
+    }
+
+    /// An unbound VQP (RC fallback mode), its state parked.
+    pub(crate) fn unbound(engine: Arc<EngineInner<N>>, id: VqpId) -> Vqp<N> {
+        let st = VqpState::new(engine.cfg.vqp_depth);
+        Vqp {
+            engine,
+            binding: Binding::Rc(Mutex::new(None)),
+            id,
+            parked: Mutex::new(Some(st)),
+        }
+    }
+
+    /// Runs `f` on the VQP's state wherever it lives; `None` only if it is
+    /// nowhere (a bug: every move keeps it somewhere). RC: under the binding
+    /// lock, so that no move runs meanwhile.
+    pub(crate) fn with_state<R>(&self, f: impl FnOnce(&mut VqpState) -> R) -> Option<R> {
+        match &self.binding {
+            Binding::Dci(q) => q.with_vqp(self.id, f),
+            Binding::Rc(slot) => {
+                let slot = slot.lock();
+                match &*slot {
+                    Some(q) => q.with_vqp(self.id, f),
+                    None => self.parked.lock().as_mut().map(f),
+                }
+            }
+        }
+    }
+
+    /// RC: takes the state out of its current holder (the binding lock
+    /// `slot` is held by the caller).
+    fn take_state(&self, slot: &Option<Arc<PhysQp<N>>>) -> VqpState {
+        let st = match slot {
+            Some(q) => q.detach(self.id),
+            None => self.parked.lock().take(),
+        };
+        // Every move keeps the state somewhere; a fresh one is the safe
+        // answer should that ever fail (nothing is in flight to lose).
+        st.unwrap_or_else(|| VqpState::new(self.engine.cfg.vqp_depth))
     }
 
     /// Index of the physical QP this VQP posts on: in DC mode the DCI's
@@ -178,29 +242,34 @@ impl<N: Nic> Vqp<N> {
     pub fn connect(&self, gid: Gid) -> Result<(), EngineError> {
         let t = super::resolve(&self.engine, &gid)?;
         let Binding::Rc(slot) = &self.binding else {
-            self.shared.state.lock().target = Some(t);
+            self.with_state(|st| st.target = Some(t));
             return Ok(());
         };
         let mut slot = slot.lock();
         if let Some(cur) = &*slot {
-            if cur.rc_link().is_some_and(|l| l.gid == gid) && cur.is_open() {
-                self.shared.state.lock().target = Some(t);
+            if cur.rc_link().is_some_and(|l| l.gid == gid)
+                && cur.is_open()
+                && cur.with_vqp(self.id, |st| st.target = Some(t)).is_some()
+            {
                 return Ok(());
             }
         }
-        let outstanding = self.shared.state.lock().slots.outstanding();
+        let outstanding = match &*slot {
+            Some(q) => q.with_vqp(self.id, |st| st.slots.outstanding()),
+            None => self.parked.lock().as_ref().map(|st| st.slots.outstanding()),
+        }
+        .unwrap_or(0);
         if outstanding > 0 {
             return Err(EngineError::VqpBusy {
-                vqp: self.shared.id,
+                vqp: self.id,
                 outstanding,
             });
         }
         let pair = super::rc::acquire(&self.engine, t)?;
-        if let Some(old) = slot.replace(pair.clone()) {
-            old.detach(self.shared.id);
-        }
-        pair.attach(self.shared.clone());
-        self.shared.state.lock().target = Some(t);
+        let mut st = self.take_state(&slot);
+        st.target = Some(t);
+        pair.attach(self.id, st);
+        *slot = Some(pair);
         Ok(())
     }
 
@@ -212,46 +281,44 @@ impl<N: Nic> Vqp<N> {
         };
         let mut slot = slot.lock();
         if !slot.as_ref().is_some_and(|q| Arc::ptr_eq(q, stale)) || stale.is_open() {
-            // Someone re-bound it already (or it is merely detached): retry.
-            if slot.as_ref().is_some_and(|q| Arc::ptr_eq(q, stale)) {
-                stale.attach(self.shared.clone());
-            }
+            // Someone re-bound it already (the state moved meanwhile): retry.
             return Ok(());
         }
-        let vqp = self.shared.id;
-        let Some(t) = self.shared.state.lock().target else {
+        let vqp = self.id;
+        let Some(t) = stale.with_vqp(vqp, |st| st.target).flatten() else {
             return Err(VqpError::NotConnected { vqp });
         };
         let pair = super::rc::acquire(&self.engine, t).map_err(|e| VqpError::Rebind {
             vqp,
             source: Box::new(e),
         })?;
-        stale.detach(vqp);
-        pair.attach(self.shared.clone());
+        let st = self.take_state(&slot);
+        pair.attach(vqp, st);
         *slot = Some(pair);
         Ok(())
     }
 
     /// The target the VQP posts to, if connected.
     pub fn target(&self) -> Option<CachedTarget> {
-        self.shared.state.lock().target
+        self.with_state(|st| st.target).flatten()
     }
 
     /// Makes a remote grant known: WRs to `gid` with `rkey` must then stay
     /// inside it (pre-check (b)). WRs with an rkey no grant is known for are
     /// left to the NIC.
     pub fn add_grant(&self, gid: Gid, rkey: u32, grant: RemoteGrant) {
-        self.shared.state.lock().grants.insert((gid, rkey), grant);
+        self.with_state(|st| st.grants.insert((gid, rkey), grant));
     }
 
     /// Forgets a grant; returns it if it was known.
     pub fn remove_grant(&self, gid: &Gid, rkey: u32) -> Option<RemoteGrant> {
-        self.shared.state.lock().grants.remove(&(*gid, rkey))
+        self.with_state(|st| st.grants.remove(&(*gid, rkey)))
+            .flatten()
     }
 
     /// WRs posted and not yet completed.
     pub fn outstanding(&self) -> u32 {
-        self.shared.state.lock().slots.outstanding()
+        self.with_state(|st| st.slots.outstanding()).unwrap_or(0)
     }
 
     /// Posts `wrs` as ONE doorbell on the shared physical QP.
@@ -278,38 +345,33 @@ impl<N: Nic> Vqp<N> {
     /// - [`VqpError::Nic`], [`VqpError::Credit`].
     pub fn post_send(&self, wrs: &mut [SendWr]) -> Result<(), VqpError> {
         if let Binding::Dci(q) = &self.binding {
-            return match q.post(&self.engine, &self.shared, wrs) {
+            return match q.post(&self.engine, self.id, wrs) {
                 Ok(()) => Ok(()),
                 Err(PostFail::Vqp(e)) => Err(e),
                 // A DCI is never closed, and its VQPs never leave it.
-                Err(PostFail::Stale) => Err(VqpError::NotConnected {
-                    vqp: self.shared.id,
-                }),
+                Err(PostFail::Stale) => Err(VqpError::NotConnected { vqp: self.id }),
             };
         }
         // RC: a stale pair is replaced, then the post is tried again; two
         // replacements in a row mean concurrent reconnects: give up typed.
         for _ in 0..3 {
             let Some(q) = self.binding.current() else {
-                return Err(VqpError::NotConnected {
-                    vqp: self.shared.id,
-                });
+                return Err(VqpError::NotConnected { vqp: self.id });
             };
-            match q.post(&self.engine, &self.shared, wrs) {
+            match q.post(&self.engine, self.id, wrs) {
                 Ok(()) => return Ok(()),
                 Err(PostFail::Vqp(e)) => return Err(e),
                 Err(PostFail::Stale) => self.rebind(&q)?,
             }
         }
-        Err(VqpError::NotConnected {
-            vqp: self.shared.id,
-        })
+        Err(VqpError::NotConnected { vqp: self.id })
     }
 
     /// Polls up to `out.len()` of this VQP's completions, oldest first.
     ///
-    /// Drains the shared QP's CQ (under that QP's lock), routing every
-    /// completion to its own VQP, then returns this VQP's. A VQP only ever
+    /// Under the shared QP's lock (the only lock taken): returns what this
+    /// VQP's ring holds; when that is not enough, drains the QP's CQ,
+    /// routing every completion to its own VQP, then returns this VQP's. A VQP only ever
     /// sees its own completions, with its own wr_ids, `qp_num` = its id.
     ///
     /// In RC fallback mode a poll that finds the pair in error re-handshakes
@@ -319,18 +381,19 @@ impl<N: Nic> Vqp<N> {
     /// [`VqpError::Nic`] when the CQ failed (overflow) and nothing was
     /// ready; [`VqpError::Nic`] when a QP reset after an error failed.
     pub fn poll(&self, out: &mut [Wc]) -> Result<usize, VqpError> {
-        let mut n = self.shared.pop(out);
-        if n < out.len() {
-            let Some(q) = self.binding.current() else {
-                return Ok(n);
-            };
-            match q.drain_locked(&self.engine) {
-                Ok(_) => {}
-                Err(e) if n == 0 => return Err(e),
-                Err(_) => return Ok(n),
-            }
-            n += self.shared.pop(&mut out[n..]);
+        if let Binding::Dci(q) = &self.binding {
+            return Ok(q.poll(&self.engine, self.id, out)?.unwrap_or(0));
         }
-        Ok(n)
+        // RC: the state may be moving to another pair: read the binding
+        // again (a move finishes under the binding lock).
+        for _ in 0..3 {
+            let Some(q) = self.binding.current() else {
+                return Ok(0);
+            };
+            if let Some(n) = q.poll(&self.engine, self.id, out)? {
+                return Ok(n);
+            }
+        }
+        Ok(0)
     }
 }
