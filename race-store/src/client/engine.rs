@@ -3,7 +3,6 @@
 //! combined buckets of a key, and reading the KV blocks that match its
 //! fingerprint.
 
-use std::collections::{BTreeMap, HashMap};
 
 use crate::error::Error;
 use crate::error::LayoutError;
@@ -96,7 +95,9 @@ impl DirCache {
 pub(crate) struct OpCtx {
     pub(crate) attempts: u32,
     pub(crate) start: u64,
-    blocks: HashMap<u64, CachedBlock>,
+    /// Few entries (the fingerprint matches of one key): a vector, searched
+    /// linearly, costs less than hashing.
+    blocks: Vec<(u64, CachedBlock)>,
 }
 
 #[derive(Debug)]
@@ -111,13 +112,24 @@ impl OpCtx {
     /// Records that the block of `word` holds this operation's key with
     /// `value` (a block the operation wrote itself), as read at `start`.
     pub(crate) fn remember(&mut self, word: Slot, value: &[u8], start: u64) {
-        self.blocks.insert(
+        self.cache(
             word.thawed().raw(),
             CachedBlock {
                 start,
                 value: Some(value.to_vec()),
             },
         );
+    }
+
+    fn cached(&self, raw: u64) -> Option<&CachedBlock> {
+        self.blocks.iter().find(|(w, _)| *w == raw).map(|(_, b)| b)
+    }
+
+    fn cache(&mut self, raw: u64, block: CachedBlock) {
+        match self.blocks.iter_mut().find(|(w, _)| *w == raw) {
+            Some((_, b)) => *b = block,
+            None => self.blocks.push((raw, block)),
+        }
     }
 }
 
@@ -263,23 +275,32 @@ impl BucketsView {
         }
     }
 
-    /// Every distinct slot of both combined buckets, in address order.
-    pub(crate) fn slots(&self) -> Vec<SlotRef> {
-        let mut out = BTreeMap::new();
+    /// The distinct slots of both combined buckets whose word satisfies
+    /// `keep`, in address order (the two combined buckets may share their
+    /// overflow bucket: each slot appears once).
+    pub(crate) fn slots_where(&self, keep: impl Fn(Slot) -> bool) -> Vec<SlotRef> {
+        let mut out = Vec::new();
         for i in 0..self.distinct() {
             let (Some(c), Some(&loc)) = (self.combined(i), self.locs.get(i)) else {
                 continue;
             };
             for role in [BucketRole::Main, BucketRole::Overflow] {
                 for (index, word) in c.bucket(role).slots().into_iter().enumerate() {
+                    if !keep(word) {
+                        continue;
+                    }
                     let pos = SlotPos { loc, role, index };
                     if let Ok(addr) = self.addr_of(pos) {
-                        out.insert(addr, SlotRef { addr, word });
+                        out.push(SlotRef { addr, word });
                     }
                 }
             }
         }
-        out.into_values().collect()
+        if out.len() > 1 {
+            out.sort_unstable_by_key(|s| s.addr);
+            out.dedup_by_key(|s| s.addr);
+        }
+        out
     }
 
     /// The address of the slot at `pos` in this view's subtable.
@@ -459,18 +480,14 @@ impl<T: Transport> Client<T> {
         ctx: &mut OpCtx,
     ) -> Result<Option<Vec<KeyCopy>>, Error> {
         let fp = hash.fingerprint();
-        let candidates: Vec<SlotRef> = view
-            .slots()
-            .into_iter()
-            .filter(|s| !s.word.thawed().is_empty() && s.word.matches(fp))
-            .collect();
+        let candidates = view.slots_where(|w| !w.thawed().is_empty() && w.matches(fp));
         let (start, max) = (ctx.start, self.config.max_op_ticks);
         ctx.blocks
-            .retain(|_, b| start.saturating_sub(b.start) <= max);
+            .retain(|(_, b)| start.saturating_sub(b.start) <= max);
         let mut need: Vec<Slot> = candidates
             .iter()
             .map(|s| s.word.thawed())
-            .filter(|w| !ctx.blocks.contains_key(&w.raw()))
+            .filter(|w| ctx.cached(w.raw()).is_none())
             .collect();
         need.sort_unstable_by_key(|w| w.raw());
         need.dedup();
@@ -493,14 +510,14 @@ impl<T: Transport> Client<T> {
                         return Ok(None);
                     }
                 };
-                ctx.blocks.insert(w.raw(), CachedBlock { start, value });
+                ctx.cache(w.raw(), CachedBlock { start, value });
             }
         }
         Ok(Some(
             candidates
                 .iter()
                 .filter_map(|s| {
-                    let value = ctx.blocks.get(&s.word.thawed().raw())?.value.clone()?;
+                    let value = ctx.cached(s.word.thawed().raw())?.value.clone()?;
                     Some(KeyCopy {
                         addr: s.addr,
                         word: s.word,

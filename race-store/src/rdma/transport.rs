@@ -50,6 +50,10 @@ pub struct VqpTransport<N: Nic> {
     batch: u64,
     wcs: Vec<Wc>,
     wrs: Vec<Vec<SendWr>>,
+    /// Per batch: each op's offset in scratch, and each node's last op
+    /// (kept across batches to avoid allocating per doorbell).
+    offs: Vec<usize>,
+    last: Vec<Option<usize>>,
     incoming: Vec<Incoming>,
 }
 
@@ -109,6 +113,8 @@ impl<N: Nic> VqpTransport<N> {
         Ok(VqpTransport {
             node: node.clone(),
             wrs: (0..infos.len()).map(|_| Vec::new()).collect(),
+            offs: Vec::new(),
+            last: vec![None; infos.len()],
             remotes,
             scratch,
             rpc,
@@ -151,7 +157,8 @@ impl<N: Nic> VqpTransport<N> {
     /// One doorbell per memory node for a batch of at most [`CHUNK`] ops.
     fn execute_chunk(&mut self, batch: &[RemoteOp<'_>]) -> Result<Vec<OpResult>, TransportError> {
         // Lay the batch out in scratch.
-        let mut offs = Vec::with_capacity(batch.len());
+        let mut offs = std::mem::take(&mut self.offs);
+        offs.clear();
         let mut need = 0usize;
         for op in batch {
             offs.push(need);
@@ -171,11 +178,25 @@ impl<N: Nic> VqpTransport<N> {
             });
         }
         self.batch += 1;
-        let tag = self.batch << 24;
         for w in &mut self.wrs {
             w.clear();
         }
-        let mut last = vec![None; self.remotes.len()];
+        let mut last = std::mem::take(&mut self.last);
+        last.clear();
+        last.resize(self.remotes.len(), None);
+        let res = self.post_and_wait(batch, &offs, &mut last);
+        self.offs = offs;
+        self.last = last;
+        res
+    }
+
+    fn post_and_wait(
+        &mut self,
+        batch: &[RemoteOp<'_>],
+        offs: &[usize],
+        last: &mut [Option<usize>],
+    ) -> Result<Vec<OpResult>, TransportError> {
+        let tag = self.batch << 24;
         for (i, op) in batch.iter().enumerate() {
             let (n, addr, rkey) = self.remote_addr(op.ptr())?;
             let remote = krcore_nic::RemoteAddr { addr, rkey };
