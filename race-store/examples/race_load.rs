@@ -28,7 +28,8 @@ fn main() {
     let mut infos: Vec<NodeInfo> = Vec::new();
     for id in 0..2u8 {
         let node = Node::builder().join(&meta).build().expect("node");
-        let s = MemoryServer::start(&node, id, 1 << 30, &TableConfig::default(), 2).expect("server");
+        let s =
+            MemoryServer::start(&node, id, 1 << 30, &TableConfig::default(), 2).expect("server");
         infos.push(s.info());
         servers.push(s.spawn(Duration::from_micros(100)));
     }

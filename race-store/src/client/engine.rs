@@ -3,7 +3,6 @@
 //! combined buckets of a key, and reading the KV blocks that match its
 //! fingerprint.
 
-
 use crate::error::Error;
 use crate::error::LayoutError;
 use crate::hash::KeyHash;
@@ -198,16 +197,26 @@ impl BucketsView {
         geometry: SubtableGeometry,
         locs: [BucketLoc; 2],
     ) -> Result<Vec<RemoteOp<'static>>, Error> {
+        let mut ops = Vec::with_capacity(2);
+        Self::push_read_ops(&mut ops, sub, geometry, locs)?;
+        Ok(ops)
+    }
+
+    /// Appends the READs of both combined buckets (one if they coincide).
+    fn push_read_ops(
+        ops: &mut Vec<RemoteOp<'_>>,
+        sub: RemotePtr,
+        geometry: SubtableGeometry,
+        locs: [BucketLoc; 2],
+    ) -> Result<(), Error> {
         let n = if locs[0] == locs[1] { 1 } else { 2 };
-        locs.iter()
-            .take(n)
-            .map(|&loc| {
-                Ok(RemoteOp::Read {
-                    ptr: sub.add(geometry.combined_offset(loc)?)?,
-                    len: crate::layout::bucket::COMBINED_SIZE as u32,
-                })
-            })
-            .collect()
+        for &loc in locs.iter().take(n) {
+            ops.push(RemoteOp::Read {
+                ptr: sub.add(geometry.combined_offset(loc)?)?,
+                len: crate::layout::bucket::COMBINED_SIZE as u32,
+            });
+        }
+        Ok(())
     }
 
     /// The READs that re-read this view.
@@ -462,8 +471,9 @@ impl<T: Transport> Client<T> {
     ) -> Result<BucketsView, Error> {
         let (sub, locs) = self.locate(hash)?;
         let geometry = self.table.geometry;
-        let mut ops = pre.to_vec();
-        ops.extend(BucketsView::read_ops_for(sub, geometry, locs)?);
+        let mut ops = Vec::with_capacity(pre.len() + 2);
+        ops.extend_from_slice(pre);
+        BucketsView::push_read_ops(&mut ops, sub, geometry, locs)?;
         let mut res = self.exec(&ops)?;
         BucketsView::from_results(sub, geometry, locs, &mut res, pre.len())
     }
