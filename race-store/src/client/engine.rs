@@ -511,9 +511,15 @@ impl<T: Transport> Client<T> {
                 .collect();
             let mut res = self.exec(&ops)?;
             for (i, w) in need.iter().enumerate() {
-                let buf = take_read(&mut res, i)?;
+                let mut buf = take_read(&mut res, i)?;
                 let value = match kv::decode_for_key(&buf, key) {
-                    Ok(kv) if kv.block_len() == w.block_len() => Some(kv.value().to_vec()),
+                    Ok(kv) if kv.block_len() == w.block_len() => {
+                        // The value in place: no second allocation.
+                        let vlen = kv.value().len();
+                        buf.truncate(kv::KV_HEADER_SIZE + key.len() + vlen);
+                        buf.drain(..kv::KV_HEADER_SIZE + key.len());
+                        Some(buf)
+                    }
                     Err(LayoutError::KeyMismatch) => None,
                     _ => {
                         self.stats.bad_blocks += 1;
