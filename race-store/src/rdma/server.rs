@@ -163,7 +163,9 @@ impl<N: Nic> MemoryServer<N> {
             .map_err(|e| setup("receive allocation requests")(e.to_string()))?;
         let mut n = 0;
         for i in 0..self.incoming.len() {
-            let m = self.incoming[i];
+            let Some(&m) = self.incoming.get(i) else {
+                break;
+            };
             let Ok(req) = AllocRequest::decode(m.payload()) else {
                 continue; // garbage is dropped
             };

@@ -197,12 +197,12 @@ impl<N: Nic> VqpTransport<N> {
         last: &mut [Option<usize>],
     ) -> Result<Vec<OpResult>, TransportError> {
         let tag = self.batch << 24;
-        for (i, op) in batch.iter().enumerate() {
+        for (i, (op, &off)) in batch.iter().zip(offs).enumerate() {
             let (n, addr, rkey) = self.remote_addr(op.ptr())?;
             let remote = krcore_nic::RemoteAddr { addr, rkey };
             let local = |len: u32| {
                 self.scratch
-                    .sge(offs[i], len)
+                    .sge(off, len)
                     .map_err(|e| setup("scratch SGE")(e.to_string()))
             };
             let wr = match *op {
@@ -212,7 +212,7 @@ impl<N: Nic> VqpTransport<N> {
                         Some(d) => Payload::Inline(d),
                         None => {
                             self.scratch
-                                .write(offs[i], bytes)
+                                .write(off, bytes)
                                 .map_err(|e| setup("scratch copy")(e.to_string()))?;
                             Payload::Local(SgList::one(local(bytes.len() as u32)?))
                         }
@@ -230,14 +230,17 @@ impl<N: Nic> VqpTransport<N> {
                 }
                 RemoteOp::Faa { add, .. } => SendWr::faa(tag | i as u64, local(8)?, remote, add),
             };
-            self.wrs[n].push(wr.signaled(false));
-            last[n] = Some(i);
+            let (Some(wrs), Some(l)) = (self.wrs.get_mut(n), last.get_mut(n)) else {
+                return Err(TransportError::NoSuchNode { node: n as u8 });
+            };
+            wrs.push(wr.signaled(false));
+            *l = Some(i);
         }
         // One doorbell per memory node, its last WR signaled.
-        for (n, wrs) in self.wrs.iter_mut().enumerate() {
+        for (n, (wrs, remote)) in self.wrs.iter_mut().zip(&self.remotes).enumerate() {
             if let Some(w) = wrs.last_mut() {
                 *w = w.signaled(true);
-                self.remotes[n]
+                remote
                     .vqp
                     .post_send(wrs)
                     .map_err(|e| vqp_error(n as u8, e))?;
@@ -246,21 +249,21 @@ impl<N: Nic> VqpTransport<N> {
         // Wait for every node's last WR; an error completion fails the batch.
         let start = Instant::now();
         let mut failure = None;
-        for (n, l) in last.iter().enumerate() {
+        let wcs = &mut self.wcs;
+        for (n, (l, remote)) in last.iter().zip(&self.remotes).enumerate() {
             let Some(last_i) = *l else { continue };
             let mut done = false;
             while !done {
-                let k = self.remotes[n]
-                    .vqp
-                    .poll(&mut self.wcs)
-                    .map_err(|e| vqp_error(n as u8, e))?;
-                for wc in &self.wcs[..k] {
+                let k = remote.vqp.poll(wcs).map_err(|e| vqp_error(n as u8, e))?;
+                for wc in wcs.iter().take(k) {
                     if wc.wr_id >> 24 != self.batch {
                         continue; // a completion of an abandoned batch
                     }
                     let i = (wc.wr_id & ((1 << 24) - 1)) as usize;
                     if wc.status != WcStatus::Success && failure.is_none() {
-                        let op = &batch[i.min(batch.len() - 1)];
+                        let Some(op) = batch.get(i).or(batch.last()) else {
+                            continue;
+                        };
                         let len = match op {
                             RemoteOp::Read { len, .. } => u64::from(*len),
                             RemoteOp::Write { bytes, .. } => bytes.len() as u64,
@@ -287,12 +290,12 @@ impl<N: Nic> VqpTransport<N> {
             return Err(f);
         }
         let mut out = Vec::with_capacity(batch.len());
-        for (i, op) in batch.iter().enumerate() {
+        for (op, &off) in batch.iter().zip(offs) {
             out.push(match op {
                 RemoteOp::Read { len, .. } => {
                     let mut v = vec![0u8; *len as usize];
                     self.scratch
-                        .read(offs[i], &mut v)
+                        .read(off, &mut v)
                         .map_err(|e| setup("scratch read")(e.to_string()))?;
                     OpResult::Read(v)
                 }
@@ -300,7 +303,7 @@ impl<N: Nic> VqpTransport<N> {
                 RemoteOp::Cas { .. } | RemoteOp::Faa { .. } => {
                     let old = self
                         .scratch
-                        .load_u64(offs[i])
+                        .load_u64(off)
                         .map_err(|e| setup("scratch read")(e.to_string()))?;
                     if matches!(op, RemoteOp::Cas { .. }) {
                         OpResult::Cas { old }
