@@ -56,7 +56,7 @@ impl Cluster {
             let node = Node::builder().join(&meta).build().unwrap();
             let s = MemoryServer::start(&node, id, 1 << 30, &TableConfig::default(), 2).unwrap();
             infos.push(s.info());
-            servers.push(s.spawn(Duration::from_micros(100)));
+            servers.push(s.spawn(Duration::from_millis(1)));
         }
         Cluster {
             meta,

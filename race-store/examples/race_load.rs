@@ -31,7 +31,7 @@ fn main() {
         let s =
             MemoryServer::start(&node, id, 1 << 30, &TableConfig::default(), 2).expect("server");
         infos.push(s.info());
-        servers.push(s.spawn(Duration::from_micros(100)));
+        servers.push(s.spawn(Duration::from_millis(1)));
     }
     let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
     let client = |_: u64| {

@@ -247,7 +247,9 @@ impl<N: Nic> VqpTransport<N> {
             }
         }
         // Wait for every node's last WR; an error completion fails the batch.
-        let start = Instant::now();
+        // The clock is read only once a poll came back short (on the sim a
+        // doorbell has usually completed by the time post_send returns).
+        let mut start: Option<Instant> = None;
         let mut failure = None;
         let wcs = &mut self.wcs;
         for (n, (l, remote)) in last.iter().zip(&self.remotes).enumerate() {
@@ -278,7 +280,7 @@ impl<N: Nic> VqpTransport<N> {
                         done = true;
                     }
                 }
-                if !done && start.elapsed() > BATCH_TIMEOUT {
+                if !done && start.get_or_insert_with(Instant::now).elapsed() > BATCH_TIMEOUT {
                     return Err(TransportError::Refused {
                         node: n as u8,
                         reason: format!("no completion within {BATCH_TIMEOUT:?}"),
