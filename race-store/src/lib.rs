@@ -140,7 +140,7 @@
 //! `/dev/shm` fabric (a model check with concurrent splits, and clients
 //! killed with SIGKILL mid-insert and while holding the resize lock).
 //! `RACE_MODEL_OPS`, `RACE_SIM_SEEDS` and `RACE_MP_OPS` scale the randomized
-//! ones. Benchmarks: `cargo bench -p krcore-benches --bench race_store`
+//! ones. Benchmarks: `cargo bench -p krcore-benches --bench race_vs_map`
 //! (against an in-process map); `examples/race_load.rs` is a fixed load for
 //! profiling.
 #![forbid(unsafe_code)]

@@ -8,13 +8,13 @@
 //!   trip count, single-client latency, and throughput with 1 and 2 client
 //!   threads for 100% get and 50/50 get/put, each beside DashMap's and as a
 //!   ratio;
-//! * then criterion groups `race_store/latency` (get, put) and
-//!   `race_store/throughput` (`{race,dashmap}/{get,mix}/{1,2}t`; one
+//! * then criterion groups `race_vs_map/latency` (get, put) and
+//!   `race_vs_map/throughput` (`{race,dashmap}/{get,mix}/{1,2}t`; one
 //!   iteration = one operation on every thread).
 //!
 //! Figures are measured software time on the sim (no latency model).
 //!
-//! Run: `cargo bench -p krcore-benches --bench race_store`
+//! Run: `cargo bench -p krcore-benches --bench race_vs_map`
 //! (`RACE_BENCH_SUMMARY_OPS` sets the summary's operations per thread,
 //! default 200,000; `RACE_BENCH_SUMMARY_ONLY=1` skips criterion.)
 
@@ -191,7 +191,7 @@ fn per_op(node: &Node, c: &mut RaceClient, n: u64, put: bool) -> (f64, f64, Dura
 fn summary(cluster: &Cluster, map: &Arc<DashMap<Vec<u8>, Vec<u8>>>) {
     let ops = summary_ops();
     println!(
-        "race_store summary: {KEYS} keys, 8 B keys, 64 B values, sim:mem, measured software time"
+        "race_vs_map summary: {KEYS} keys, 8 B keys, 64 B values, sim:mem, measured software time"
     );
     let (node, mut c) = cluster.client();
     let n = (ops / 4).max(1000);
@@ -234,7 +234,7 @@ fn summary(cluster: &Cluster, map: &Arc<DashMap<Vec<u8>, Vec<u8>>>) {
 }
 
 fn criterion_benches(c: &mut Criterion, cluster: &Cluster, map: &Arc<DashMap<Vec<u8>, Vec<u8>>>) {
-    let mut g = c.benchmark_group("race_store/latency");
+    let mut g = c.benchmark_group("race_vs_map/latency");
     let (_node, mut client) = cluster.client();
     let mut keys = Keys::new(3);
     g.bench_function("get", |b| {
@@ -245,7 +245,7 @@ fn criterion_benches(c: &mut Criterion, cluster: &Cluster, map: &Arc<DashMap<Vec
     });
     g.finish();
 
-    let mut g = c.benchmark_group("race_store/throughput");
+    let mut g = c.benchmark_group("race_vs_map/throughput");
     for mix in [Mix::Get, Mix::GetPut] {
         for threads in [1usize, 2] {
             g.throughput(Throughput::Elements(threads as u64));
