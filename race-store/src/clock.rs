@@ -67,21 +67,31 @@ impl Clock for SystemClock {
     }
 }
 
-/// Microseconds since the Unix epoch: the same ticks in every process of a
-/// machine (and across NTP-synchronized machines, up to their skew, which
-/// the lease margins must cover). For clients in different processes, whose
-/// leases and deadlines must compare; [`SystemClock`] counts from its own
-/// creation. Never goes backwards within a process (a wall-clock step back
-/// holds the clock until real time catches up).
+/// Microseconds since [`WALL_EPOCH_UNIX_SECS`] (2024-01-01T00:00:00Z): the
+/// same ticks in every process of a machine (and across NTP-synchronized
+/// machines, up to their skew, which the lease margins must cover). For
+/// clients in different processes, whose leases and deadlines must compare;
+/// [`SystemClock`] counts from its own creation. Never goes backwards within
+/// a process (a wall-clock step back holds the clock until real time catches
+/// up).
+///
+/// Why not the Unix epoch: the directory header stores a lease expiry in 39
+/// bits of [`crate::ClientConfig::lease_unit_ticks`] (milliseconds by
+/// default), about 17 years; counted from 1970 it would not fit. From 2024
+/// it fits until 2041.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct WallClock;
+
+/// The origin of [`WallClock`] ticks, in seconds since the Unix epoch.
+pub const WALL_EPOCH_UNIX_SECS: u64 = 1_704_067_200;
 
 static WALL_LAST: AtomicU64 = AtomicU64::new(0);
 
 impl Clock for WallClock {
     fn now(&self) -> u64 {
+        let epoch = std::time::UNIX_EPOCH + Duration::from_secs(WALL_EPOCH_UNIX_SECS);
         let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
+            .duration_since(epoch)
             .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
         WALL_LAST.fetch_max(t, Ordering::Relaxed).max(t)
     }
@@ -146,6 +156,17 @@ mod tests {
         assert_eq!(c.now(), 20);
         c.backoff(1);
         assert_eq!(c.now(), 23);
+    }
+
+    #[test]
+    fn wall_clock_leases_fit_the_directory_header() {
+        use crate::layout::dir_header::DirHeader;
+        let cfg = crate::ClientConfig::default();
+        let now = WallClock.now();
+        let expiry = (now + cfg.lease_ticks) / cfg.lease_unit_ticks;
+        let h = DirHeader::locked(3, 1, expiry).unwrap();
+        assert_eq!(h.lease_expiry(), expiry);
+        assert!(WallClock.now() >= now);
     }
 
     #[test]

@@ -39,7 +39,8 @@
 //!   counters, the fault injector.
 //! * [`memory`]: [`memory::LocalCluster`] of in-process memory nodes, table
 //!   bootstrap ([`memory::MemoryNode::format`]).
-//! * [`clock`]: [`clock::Clock`], [`clock::SystemClock`], [`clock::ManualClock`].
+//! * [`clock`]: [`clock::Clock`], [`clock::SystemClock`], [`clock::WallClock`]
+//!   (one time base for client processes), [`clock::ManualClock`].
 //! * [`hash`]: the two hash functions, fingerprint, directory index, bucket
 //!   locations.
 //! * [`layout`]: the remote structures, each a checked view:
@@ -135,7 +136,13 @@
 //! a deterministic multi-client harness (`tests/common/sched.rs`: one remote
 //! op per step, seeded), crash tests (a client dying at every doorbell of an
 //! insert and of a split), round-trip assertions and the memory bound.
-//! `RACE_MODEL_OPS` and `RACE_SIM_SEEDS` scale the randomized ones.
+//! `tests/multiprocess.rs` runs clients as separate processes on a
+//! `/dev/shm` fabric (a model check with concurrent splits, and clients
+//! killed with SIGKILL mid-insert and while holding the resize lock).
+//! `RACE_MODEL_OPS`, `RACE_SIM_SEEDS` and `RACE_MP_OPS` scale the randomized
+//! ones. Benchmarks: `cargo bench -p krcore-benches --bench race_vs_map`
+//! (against an in-process map); `examples/race_load.rs` is a fixed load for
+//! profiling.
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations)]
 #![cfg_attr(

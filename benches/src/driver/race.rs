@@ -59,7 +59,7 @@ impl RaceBackend {
             let s = MemoryServer::start(&node, id, node_bytes, &table, memory_nodes.max(1))
                 .map_err(setup)?;
             infos.push(s.info());
-            servers.push(s.spawn(Duration::from_micros(100)));
+            servers.push(s.spawn(Duration::from_millis(1)));
         }
         Ok(RaceBackend {
             meta,

@@ -54,6 +54,9 @@ fn os(op: &'static str) -> impl FnOnce(std::io::Error) -> NicError {
     move |source| NicError::Os { op, source }
 }
 
+/// Anonymous segments from this size on ask for transparent huge pages.
+const HUGE_PAGE_MIN: usize = 4 << 20;
+
 impl Segment {
     /// Zeroed private memory of `len` bytes (anonymous mapping, lazily backed).
     pub fn anon(len: usize) -> Result<Segment> {
@@ -61,6 +64,12 @@ impl Segment {
             .len(len.max(1))
             .map_anon()
             .map_err(os("mmap anonymous"))?;
+        if len >= HUGE_PAGE_MIN {
+            // Large regions (memory nodes' tables) are read at random
+            // offsets: transparent huge pages spare most TLB misses. Only a
+            // hint; the kernel may ignore it.
+            let _ = map.advise(memmap2::Advice::HugePage);
+        }
         let base = map.as_mut_ptr();
         Ok(Segment {
             base,

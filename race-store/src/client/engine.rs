@@ -3,8 +3,6 @@
 //! combined buckets of a key, and reading the KV blocks that match its
 //! fingerprint.
 
-use std::collections::{BTreeMap, HashMap};
-
 use crate::error::Error;
 use crate::error::LayoutError;
 use crate::hash::KeyHash;
@@ -96,7 +94,9 @@ impl DirCache {
 pub(crate) struct OpCtx {
     pub(crate) attempts: u32,
     pub(crate) start: u64,
-    blocks: HashMap<u64, CachedBlock>,
+    /// Few entries (the fingerprint matches of one key): a vector, searched
+    /// linearly, costs less than hashing.
+    blocks: Vec<(u64, CachedBlock)>,
 }
 
 #[derive(Debug)]
@@ -111,13 +111,24 @@ impl OpCtx {
     /// Records that the block of `word` holds this operation's key with
     /// `value` (a block the operation wrote itself), as read at `start`.
     pub(crate) fn remember(&mut self, word: Slot, value: &[u8], start: u64) {
-        self.blocks.insert(
+        self.cache(
             word.thawed().raw(),
             CachedBlock {
                 start,
                 value: Some(value.to_vec()),
             },
         );
+    }
+
+    fn cached(&self, raw: u64) -> Option<&CachedBlock> {
+        self.blocks.iter().find(|(w, _)| *w == raw).map(|(_, b)| b)
+    }
+
+    fn cache(&mut self, raw: u64, block: CachedBlock) {
+        match self.blocks.iter_mut().find(|(w, _)| *w == raw) {
+            Some((_, b)) => *b = block,
+            None => self.blocks.push((raw, block)),
+        }
     }
 }
 
@@ -186,16 +197,26 @@ impl BucketsView {
         geometry: SubtableGeometry,
         locs: [BucketLoc; 2],
     ) -> Result<Vec<RemoteOp<'static>>, Error> {
+        let mut ops = Vec::with_capacity(2);
+        Self::push_read_ops(&mut ops, sub, geometry, locs)?;
+        Ok(ops)
+    }
+
+    /// Appends the READs of both combined buckets (one if they coincide).
+    fn push_read_ops(
+        ops: &mut Vec<RemoteOp<'_>>,
+        sub: RemotePtr,
+        geometry: SubtableGeometry,
+        locs: [BucketLoc; 2],
+    ) -> Result<(), Error> {
         let n = if locs[0] == locs[1] { 1 } else { 2 };
-        locs.iter()
-            .take(n)
-            .map(|&loc| {
-                Ok(RemoteOp::Read {
-                    ptr: sub.add(geometry.combined_offset(loc)?)?,
-                    len: crate::layout::bucket::COMBINED_SIZE as u32,
-                })
-            })
-            .collect()
+        for &loc in locs.iter().take(n) {
+            ops.push(RemoteOp::Read {
+                ptr: sub.add(geometry.combined_offset(loc)?)?,
+                len: crate::layout::bucket::COMBINED_SIZE as u32,
+            });
+        }
+        Ok(())
     }
 
     /// The READs that re-read this view.
@@ -263,23 +284,32 @@ impl BucketsView {
         }
     }
 
-    /// Every distinct slot of both combined buckets, in address order.
-    pub(crate) fn slots(&self) -> Vec<SlotRef> {
-        let mut out = BTreeMap::new();
+    /// The distinct slots of both combined buckets whose word satisfies
+    /// `keep`, in address order (the two combined buckets may share their
+    /// overflow bucket: each slot appears once).
+    pub(crate) fn slots_where(&self, keep: impl Fn(Slot) -> bool) -> Vec<SlotRef> {
+        let mut out = Vec::new();
         for i in 0..self.distinct() {
             let (Some(c), Some(&loc)) = (self.combined(i), self.locs.get(i)) else {
                 continue;
             };
             for role in [BucketRole::Main, BucketRole::Overflow] {
                 for (index, word) in c.bucket(role).slots().into_iter().enumerate() {
+                    if !keep(word) {
+                        continue;
+                    }
                     let pos = SlotPos { loc, role, index };
                     if let Ok(addr) = self.addr_of(pos) {
-                        out.insert(addr, SlotRef { addr, word });
+                        out.push(SlotRef { addr, word });
                     }
                 }
             }
         }
-        out.into_values().collect()
+        if out.len() > 1 {
+            out.sort_unstable_by_key(|s| s.addr);
+            out.dedup_by_key(|s| s.addr);
+        }
+        out
     }
 
     /// The address of the slot at `pos` in this view's subtable.
@@ -441,8 +471,9 @@ impl<T: Transport> Client<T> {
     ) -> Result<BucketsView, Error> {
         let (sub, locs) = self.locate(hash)?;
         let geometry = self.table.geometry;
-        let mut ops = pre.to_vec();
-        ops.extend(BucketsView::read_ops_for(sub, geometry, locs)?);
+        let mut ops = Vec::with_capacity(pre.len() + 2);
+        ops.extend_from_slice(pre);
+        BucketsView::push_read_ops(&mut ops, sub, geometry, locs)?;
         let mut res = self.exec(&ops)?;
         BucketsView::from_results(sub, geometry, locs, &mut res, pre.len())
     }
@@ -459,18 +490,14 @@ impl<T: Transport> Client<T> {
         ctx: &mut OpCtx,
     ) -> Result<Option<Vec<KeyCopy>>, Error> {
         let fp = hash.fingerprint();
-        let candidates: Vec<SlotRef> = view
-            .slots()
-            .into_iter()
-            .filter(|s| !s.word.thawed().is_empty() && s.word.matches(fp))
-            .collect();
+        let candidates = view.slots_where(|w| !w.thawed().is_empty() && w.matches(fp));
         let (start, max) = (ctx.start, self.config.max_op_ticks);
         ctx.blocks
-            .retain(|_, b| start.saturating_sub(b.start) <= max);
+            .retain(|(_, b)| start.saturating_sub(b.start) <= max);
         let mut need: Vec<Slot> = candidates
             .iter()
             .map(|s| s.word.thawed())
-            .filter(|w| !ctx.blocks.contains_key(&w.raw()))
+            .filter(|w| ctx.cached(w.raw()).is_none())
             .collect();
         need.sort_unstable_by_key(|w| w.raw());
         need.dedup();
@@ -484,23 +511,29 @@ impl<T: Transport> Client<T> {
                 .collect();
             let mut res = self.exec(&ops)?;
             for (i, w) in need.iter().enumerate() {
-                let buf = take_read(&mut res, i)?;
+                let mut buf = take_read(&mut res, i)?;
                 let value = match kv::decode_for_key(&buf, key) {
-                    Ok(kv) if kv.block_len() == w.block_len() => Some(kv.value().to_vec()),
+                    Ok(kv) if kv.block_len() == w.block_len() => {
+                        // The value in place: no second allocation.
+                        let vlen = kv.value().len();
+                        buf.truncate(kv::KV_HEADER_SIZE + key.len() + vlen);
+                        buf.drain(..kv::KV_HEADER_SIZE + key.len());
+                        Some(buf)
+                    }
                     Err(LayoutError::KeyMismatch) => None,
                     _ => {
                         self.stats.bad_blocks += 1;
                         return Ok(None);
                     }
                 };
-                ctx.blocks.insert(w.raw(), CachedBlock { start, value });
+                ctx.cache(w.raw(), CachedBlock { start, value });
             }
         }
         Ok(Some(
             candidates
                 .iter()
                 .filter_map(|s| {
-                    let value = ctx.blocks.get(&s.word.thawed().raw())?.value.clone()?;
+                    let value = ctx.cached(s.word.thawed().raw())?.value.clone()?;
                     Some(KeyCopy {
                         addr: s.addr,
                         word: s.word,

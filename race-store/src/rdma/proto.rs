@@ -28,16 +28,20 @@ pub const ALLOC_REQUEST_LEN: usize = 24;
 /// Bytes of an encoded [`AllocReply`].
 pub const ALLOC_REPLY_LEN: usize = 28;
 
+/// The little-endian word at `at` (0 when out of range: callers check the
+/// length first).
 fn u32_at(b: &[u8], at: usize) -> u32 {
-    let mut w = [0u8; 4];
-    w.copy_from_slice(&b[at..at + 4]);
-    u32::from_le_bytes(w)
+    b.get(at..at + 4)
+        .and_then(|s| s.try_into().ok())
+        .map_or(0, u32::from_le_bytes)
 }
 
+/// The little-endian word at `at` (0 when out of range: callers check the
+/// length first).
 fn u64_at(b: &[u8], at: usize) -> u64 {
-    let mut w = [0u8; 8];
-    w.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(w)
+    b.get(at..at + 8)
+        .and_then(|s| s.try_into().ok())
+        .map_or(0, u64::from_le_bytes)
 }
 
 fn bad(reason: &'static str) -> TransportError {
@@ -86,10 +90,12 @@ impl NodeInfo {
         if b.len() != NODE_INFO_LEN || u32_at(b, 0) != NODE_MAGIC {
             return Err(bad("memory node record: wrong length or magic"));
         }
-        let mut g = [0u8; 16];
-        g.copy_from_slice(&b[8..24]);
+        let g: [u8; 16] = b
+            .get(8..24)
+            .and_then(|s| s.try_into().ok())
+            .ok_or_else(|| bad("memory node record: wrong length or magic"))?;
         let info = NodeInfo {
-            id: b[4],
+            id: b.get(4).copied().unwrap_or(0),
             gid: Gid(g),
             base: u64_at(b, 24),
             len: u64_at(b, 32),

@@ -20,6 +20,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The shortest sleep of a served node between empty polls (see
+/// [`MemoryServer::spawn`]).
+pub const MIN_IDLE: Duration = Duration::from_micros(20);
+
 /// The published name of memory node `id` on a sim fabric.
 pub fn node_name(id: u8) -> String {
     format!("race-node-{id}")
@@ -163,7 +167,9 @@ impl<N: Nic> MemoryServer<N> {
             .map_err(|e| setup("receive allocation requests")(e.to_string()))?;
         let mut n = 0;
         for i in 0..self.incoming.len() {
-            let m = self.incoming[i];
+            let Some(&m) = self.incoming.get(i) else {
+                break;
+            };
             let Ok(req) = AllocRequest::decode(m.payload()) else {
                 continue; // garbage is dropped
             };
@@ -187,9 +193,11 @@ impl<N: Nic> MemoryServer<N> {
         Ok(n)
     }
 
-    /// Serves on a thread of its own until the handle is dropped, sleeping
-    /// `idle` between empty polls (allocation is rare: clients carve coarse
-    /// blocks).
+    /// Serves on a thread of its own until the handle is dropped. Between
+    /// empty polls it sleeps, from [`MIN_IDLE`] doubling up to `idle`
+    /// (allocation is rare: clients carve coarse blocks; a thread waking
+    /// every few microseconds would take CPU from the clients), and polls
+    /// again right after serving a request.
     pub fn spawn(mut self, idle: Duration) -> MemoryServerHandle
     where
         N::Qp: Send,
@@ -200,10 +208,14 @@ impl<N: Nic> MemoryServer<N> {
         let thread = std::thread::Builder::new()
             .name(format!("race-node-{}", info.id))
             .spawn(move || {
+                let mut sleep = MIN_IDLE.min(idle);
                 while !flag.load(Ordering::Relaxed) {
                     match self.poll_once() {
-                        Ok(0) => std::thread::sleep(idle),
-                        Ok(_) => {}
+                        Ok(0) => {
+                            std::thread::sleep(sleep);
+                            sleep = (sleep * 2).min(idle);
+                        }
+                        Ok(_) => sleep = MIN_IDLE.min(idle),
                         Err(_) => std::thread::sleep(idle * 10),
                     }
                 }

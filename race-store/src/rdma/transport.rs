@@ -50,6 +50,10 @@ pub struct VqpTransport<N: Nic> {
     batch: u64,
     wcs: Vec<Wc>,
     wrs: Vec<Vec<SendWr>>,
+    /// Per batch: each op's offset in scratch, and each node's last op
+    /// (kept across batches to avoid allocating per doorbell).
+    offs: Vec<usize>,
+    last: Vec<Option<usize>>,
     incoming: Vec<Incoming>,
 }
 
@@ -109,6 +113,8 @@ impl<N: Nic> VqpTransport<N> {
         Ok(VqpTransport {
             node: node.clone(),
             wrs: (0..infos.len()).map(|_| Vec::new()).collect(),
+            offs: Vec::new(),
+            last: vec![None; infos.len()],
             remotes,
             scratch,
             rpc,
@@ -151,7 +157,8 @@ impl<N: Nic> VqpTransport<N> {
     /// One doorbell per memory node for a batch of at most [`CHUNK`] ops.
     fn execute_chunk(&mut self, batch: &[RemoteOp<'_>]) -> Result<Vec<OpResult>, TransportError> {
         // Lay the batch out in scratch.
-        let mut offs = Vec::with_capacity(batch.len());
+        let mut offs = std::mem::take(&mut self.offs);
+        offs.clear();
         let mut need = 0usize;
         for op in batch {
             offs.push(need);
@@ -171,17 +178,31 @@ impl<N: Nic> VqpTransport<N> {
             });
         }
         self.batch += 1;
-        let tag = self.batch << 24;
         for w in &mut self.wrs {
             w.clear();
         }
-        let mut last = vec![None; self.remotes.len()];
-        for (i, op) in batch.iter().enumerate() {
+        let mut last = std::mem::take(&mut self.last);
+        last.clear();
+        last.resize(self.remotes.len(), None);
+        let res = self.post_and_wait(batch, &offs, &mut last);
+        self.offs = offs;
+        self.last = last;
+        res
+    }
+
+    fn post_and_wait(
+        &mut self,
+        batch: &[RemoteOp<'_>],
+        offs: &[usize],
+        last: &mut [Option<usize>],
+    ) -> Result<Vec<OpResult>, TransportError> {
+        let tag = self.batch << 24;
+        for (i, (op, &off)) in batch.iter().zip(offs).enumerate() {
             let (n, addr, rkey) = self.remote_addr(op.ptr())?;
             let remote = krcore_nic::RemoteAddr { addr, rkey };
             let local = |len: u32| {
                 self.scratch
-                    .sge(offs[i], len)
+                    .sge(off, len)
                     .map_err(|e| setup("scratch SGE")(e.to_string()))
             };
             let wr = match *op {
@@ -191,7 +212,7 @@ impl<N: Nic> VqpTransport<N> {
                         Some(d) => Payload::Inline(d),
                         None => {
                             self.scratch
-                                .write(offs[i], bytes)
+                                .write(off, bytes)
                                 .map_err(|e| setup("scratch copy")(e.to_string()))?;
                             Payload::Local(SgList::one(local(bytes.len() as u32)?))
                         }
@@ -209,37 +230,42 @@ impl<N: Nic> VqpTransport<N> {
                 }
                 RemoteOp::Faa { add, .. } => SendWr::faa(tag | i as u64, local(8)?, remote, add),
             };
-            self.wrs[n].push(wr.signaled(false));
-            last[n] = Some(i);
+            let (Some(wrs), Some(l)) = (self.wrs.get_mut(n), last.get_mut(n)) else {
+                return Err(TransportError::NoSuchNode { node: n as u8 });
+            };
+            wrs.push(wr.signaled(false));
+            *l = Some(i);
         }
         // One doorbell per memory node, its last WR signaled.
-        for (n, wrs) in self.wrs.iter_mut().enumerate() {
+        for (n, (wrs, remote)) in self.wrs.iter_mut().zip(&self.remotes).enumerate() {
             if let Some(w) = wrs.last_mut() {
                 *w = w.signaled(true);
-                self.remotes[n]
+                remote
                     .vqp
                     .post_send(wrs)
                     .map_err(|e| vqp_error(n as u8, e))?;
             }
         }
         // Wait for every node's last WR; an error completion fails the batch.
-        let start = Instant::now();
+        // The clock is read only once a poll came back short (on the sim a
+        // doorbell has usually completed by the time post_send returns).
+        let mut start: Option<Instant> = None;
         let mut failure = None;
-        for (n, l) in last.iter().enumerate() {
+        let wcs = &mut self.wcs;
+        for (n, (l, remote)) in last.iter().zip(&self.remotes).enumerate() {
             let Some(last_i) = *l else { continue };
             let mut done = false;
             while !done {
-                let k = self.remotes[n]
-                    .vqp
-                    .poll(&mut self.wcs)
-                    .map_err(|e| vqp_error(n as u8, e))?;
-                for wc in &self.wcs[..k] {
+                let k = remote.vqp.poll(wcs).map_err(|e| vqp_error(n as u8, e))?;
+                for wc in wcs.iter().take(k) {
                     if wc.wr_id >> 24 != self.batch {
                         continue; // a completion of an abandoned batch
                     }
                     let i = (wc.wr_id & ((1 << 24) - 1)) as usize;
                     if wc.status != WcStatus::Success && failure.is_none() {
-                        let op = &batch[i.min(batch.len() - 1)];
+                        let Some(op) = batch.get(i).or(batch.last()) else {
+                            continue;
+                        };
                         let len = match op {
                             RemoteOp::Read { len, .. } => u64::from(*len),
                             RemoteOp::Write { bytes, .. } => bytes.len() as u64,
@@ -254,7 +280,7 @@ impl<N: Nic> VqpTransport<N> {
                         done = true;
                     }
                 }
-                if !done && start.elapsed() > BATCH_TIMEOUT {
+                if !done && start.get_or_insert_with(Instant::now).elapsed() > BATCH_TIMEOUT {
                     return Err(TransportError::Refused {
                         node: n as u8,
                         reason: format!("no completion within {BATCH_TIMEOUT:?}"),
@@ -266,12 +292,12 @@ impl<N: Nic> VqpTransport<N> {
             return Err(f);
         }
         let mut out = Vec::with_capacity(batch.len());
-        for (i, op) in batch.iter().enumerate() {
+        for (op, &off) in batch.iter().zip(offs) {
             out.push(match op {
                 RemoteOp::Read { len, .. } => {
                     let mut v = vec![0u8; *len as usize];
                     self.scratch
-                        .read(offs[i], &mut v)
+                        .read(off, &mut v)
                         .map_err(|e| setup("scratch read")(e.to_string()))?;
                     OpResult::Read(v)
                 }
@@ -279,7 +305,7 @@ impl<N: Nic> VqpTransport<N> {
                 RemoteOp::Cas { .. } | RemoteOp::Faa { .. } => {
                     let old = self
                         .scratch
-                        .load_u64(offs[i])
+                        .load_u64(off)
                         .map_err(|e| setup("scratch read")(e.to_string()))?;
                     if matches!(op, RemoteOp::Cas { .. }) {
                         OpResult::Cas { old }
