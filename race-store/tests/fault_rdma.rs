@@ -16,9 +16,10 @@
 //!   without faults, `check_table`) has no problems, no duplicate key, and
 //!   every key in a state of its set;
 //! - errors are typed (`Corrupt`, `BadTable`, `Layout` never appear);
-//! - nothing hangs: every transport wait is bounded, and a client whose
-//!   transport failed is reopened (as a restarted process would be) a
-//!   bounded number of times.
+//! - nothing hangs: every transport wait is bounded;
+//! - a failed operation does not poison its client: the same client (its
+//!   transport reconnects a VQP whose target an error completion cleared)
+//!   goes on with the script.
 //!
 //! `KRCORE_FAULT_SEEDS` (default 20) and `KRCORE_FAULT_OPS` (operations per
 //! seed, default 120) scale the run.
@@ -130,8 +131,8 @@ fn add(set: &mut Vec<State>, s: State) {
     }
 }
 
-/// Runs one operation and checks/updates the model. Returns whether the
-/// client must be reopened.
+/// Runs one operation and checks/updates the model. Returns whether it
+/// failed with a (typed, transient) error.
 fn step(cl: &mut FClient, m: &mut Model, op: u64, k: &[u8], v: &[u8]) -> bool {
     let set = m.set(k);
     let has_some = set.iter().any(Option::is_some);
@@ -218,7 +219,7 @@ fn step(cl: &mut FClient, m: &mut Model, op: u64, k: &[u8], v: &[u8]) -> bool {
 
 struct Outcome {
     ok_or_typed: u64,
-    reopened: u64,
+    failed: u64,
     injected: u64,
     global_depth: u8,
 }
@@ -236,7 +237,7 @@ fn run_seed(seed: u64) -> Outcome {
     let mut clients: Vec<FClient> = nodes.iter().map(|n| open(n, &c.infos, &clock)).collect();
     let mut m = Model::default();
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut reopened = 0;
+    let mut failed = 0;
     let drop_window = (seed % 2 == 0).then_some((ops / 3, ops / 2));
     for i in 0..ops {
         if let Some((from, to)) = drop_window {
@@ -256,8 +257,7 @@ fn run_seed(seed: u64) -> Outcome {
         let key = format!("k{}", (x >> 8) % KEYS).into_bytes();
         let val = format!("s{seed}-op{i}-{}", "v".repeat((x % 40) as usize)).into_bytes();
         if step(&mut clients[who], &mut m, x >> 20, &key, &val) {
-            clients[who] = open(&nodes[who], &c.infos, &clock);
-            reopened += 1;
+            failed += 1;
         }
     }
     for n in &nodes {
@@ -298,7 +298,7 @@ fn run_seed(seed: u64) -> Outcome {
         .sum();
     Outcome {
         ok_or_typed: ops,
-        reopened,
+        failed,
         injected,
         global_depth: report.global_depth,
     }
@@ -309,12 +309,12 @@ fn race_store_over_a_faulty_nic_stays_correct() {
     let seeds = env("KRCORE_FAULT_SEEDS", 20);
     let outs: Vec<Outcome> = (0..seeds).map(run_seed).collect();
     let ops: u64 = outs.iter().map(|o| o.ok_or_typed).sum();
-    let reopened: u64 = outs.iter().map(|o| o.reopened).sum();
+    let failed: u64 = outs.iter().map(|o| o.failed).sum();
     let injected: u64 = outs.iter().map(|o| o.injected).sum();
     let split = outs.iter().filter(|o| o.global_depth > 0).count();
     eprintln!(
         "{seeds} seeds: {ops} operations checked, {injected} faults injected, \
-         {reopened} client reopens, {split} seeds with splits"
+         {failed} failed operations survived by their client, {split} seeds with splits"
     );
-    assert!(injected > 0 && reopened > 0 && split > 0);
+    assert!(injected > 0 && failed > 0 && split > 0);
 }

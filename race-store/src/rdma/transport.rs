@@ -240,10 +240,21 @@ impl<N: Nic> VqpTransport<N> {
         for (n, (wrs, remote)) in self.wrs.iter_mut().zip(&self.remotes).enumerate() {
             if let Some(w) = wrs.last_mut() {
                 *w = w.signaled(true);
-                remote
-                    .vqp
-                    .post_send(wrs)
-                    .map_err(|e| vqp_error(n as u8, e))?;
+                let posted = match remote.vqp.post_send(wrs) {
+                    // An error completion (a node that was down, a revoked
+                    // registration) cleared the VQP's target: connect again
+                    // (a DCCache miss, one meta READ) and retry once, so one
+                    // failed batch does not leave the transport unusable.
+                    Err(VqpError::NotConnected { .. }) => {
+                        remote
+                            .vqp
+                            .connect(remote.info.gid)
+                            .map_err(|_| TransportError::NodeDown { node: n as u8 })?;
+                        remote.vqp.post_send(wrs)
+                    }
+                    other => other,
+                };
+                posted.map_err(|e| vqp_error(n as u8, e))?;
             }
         }
         // Wait for every node's last WR; an error completion fails the batch.
