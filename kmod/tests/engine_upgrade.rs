@@ -125,7 +125,11 @@ impl<'a> Workload<'a> {
         for i in 0..self.next {
             let mut b = [0u8; 8];
             self.buf.read(i * 8, &mut b).unwrap();
-            assert_eq!(u64::from_le_bytes(b), i as u64, "FAA old value of round {i}");
+            assert_eq!(
+                u64::from_le_bytes(b),
+                i as u64,
+                "FAA old value of round {i}"
+            );
             self.buf.read(MAX_ROUNDS * 8 + i * 8, &mut b).unwrap();
             assert_eq!(u64::from_le_bytes(b), i as u64, "READ of round {i}");
         }
@@ -159,7 +163,10 @@ fn a_threshold_upgrades_mid_stream_and_keeps_the_sequential_log() {
     assert!((33..=36).contains(&at), "switched at round {at}");
     assert!(w.seen[at..].iter().all(|t| *t == VqpTransport::Rc));
     let s = e.stats();
-    assert_eq!((s.rc_upgrades, s.rc_downgrades, s.rc_upgrade_failures), (1, 0, 0));
+    assert_eq!(
+        (s.rc_upgrades, s.rc_downgrades, s.rc_upgrade_failures),
+        (1, 0, 0)
+    );
     assert_eq!((s.rc.created, s.rc.pairs), (1, 1));
     assert_eq!(s.dci.wrs, 3 * at as u64, "the DC rounds on the DCI");
     assert_eq!(s.rc.qp.wrs, 3 * (240 - at) as u64, "the rest on the pair");
@@ -278,7 +285,10 @@ fn an_endpoint_that_is_gone_times_out_and_the_vqp_keeps_working() {
     }
     w.check();
     let s = e.stats();
-    assert_eq!((s.rc_upgrades, s.rc_upgrade_failures, s.rc.pairs), (0, 1, 0));
+    assert_eq!(
+        (s.rc_upgrades, s.rc_upgrade_failures, s.rc.pairs),
+        (0, 1, 0)
+    );
     assert!(s.handshake.timeouts >= 1);
 }
 

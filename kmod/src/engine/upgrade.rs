@@ -136,7 +136,11 @@ impl<N: Nic> DcBinding<N> {
 
     /// The QP holding the state now.
     pub(crate) fn current(&self) -> Arc<PhysQp<N>> {
-        self.slot.lock().rc.clone().unwrap_or_else(|| self.dci.clone())
+        self.slot
+            .lock()
+            .rc
+            .clone()
+            .unwrap_or_else(|| self.dci.clone())
     }
 
     /// Runs `f` on the QP holding the state, with no move in between.
@@ -341,7 +345,9 @@ impl<N: Nic> Vqp<N> {
         let mut slot = b.slot.lock();
         let id = self.id;
         let q = slot.rc.clone().unwrap_or_else(|| b.dci.clone());
-        let old = q.with_vqp(id, |st| st.target.map(|t| t.target.gid)).flatten();
+        let old = q
+            .with_vqp(id, |st| st.target.map(|t| t.target.gid))
+            .flatten();
         let same = old == Some(t.target.gid);
         if let Some(pair) = slot.rc.clone().filter(|_| !same) {
             match pair.detach_drained(id) {
@@ -351,7 +357,12 @@ impl<N: Nic> Vqp<N> {
                     b.on_rc.store(false, Ordering::Release);
                     self.engine.downgrades.fetch_add(1, Ordering::Relaxed);
                 }
-                Some(Err(outstanding)) => return Err(EngineError::VqpBusy { vqp: id, outstanding }),
+                Some(Err(outstanding)) => {
+                    return Err(EngineError::VqpBusy {
+                        vqp: id,
+                        outstanding,
+                    })
+                }
                 None => {
                     // Every move keeps the state somewhere: fresh is safe.
                     b.dci.attach(id, VqpState::new(self.engine.cfg.vqp_depth));
