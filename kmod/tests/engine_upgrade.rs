@@ -320,3 +320,42 @@ fn rc_cap_one_with_two_hot_targets_evicts_back_to_dc() {
         assert!(w.seen.contains(&VqpTransport::Rc) && w.seen.contains(&VqpTransport::Dc));
     }
 }
+
+/// Stress: three threads, each with its own VQP (two to one target, one to
+/// another), upgrading by threshold under `rc_cap` = 1, so pairs are
+/// evicted while other threads post and VQPs fall back and re-upgrade
+/// concurrently; every VQP's log is still exactly sequential.
+#[test]
+fn concurrent_upgrades_and_evictions_keep_every_log_sequential() {
+    let c = Cluster::new();
+    let m1 = upgradable_node(&c, 8192);
+    let m2 = upgradable_node(&c, 8192);
+    let e = client(&c, |cfg| cfg.with_upgrade_after(Some(24)).with_rc_cap(1));
+    let mut ws = vec![
+        Workload::new(&e, &m1, 0),
+        Workload::new(&e, &m2, 0),
+        Workload::new(&e, &m1, 4096),
+    ];
+    // Lockstep windows (a barrier between them) so that the three really
+    // overlap whatever the scheduler does.
+    let barrier = std::sync::Barrier::new(ws.len());
+    std::thread::scope(|s| {
+        for (k, w) in ws.iter_mut().enumerate() {
+            let barrier = &barrier;
+            s.spawn(move || {
+                for i in 0..150 {
+                    w.window(1 + (i + k) % 4);
+                    barrier.wait();
+                }
+            });
+        }
+    });
+    for w in &ws {
+        w.check();
+    }
+    let s = e.stats();
+    assert!(s.rc_upgrades >= 2, "{s:?}");
+    assert!(s.rc_downgrades >= 1, "{s:?}");
+    assert!(s.rc.pairs <= 1, "{s:?}");
+    assert_eq!(s.dci.error_completions + s.rc.qp.error_completions, 0);
+}
