@@ -18,9 +18,11 @@
 //!   |   |- DCT + SRQ + receive CQ   incoming two-sided traffic: messaging
 //!   |   |                           (msg*.rs: ports, endpoints; made at the
 //!   |   |                           first bind/endpoint, own locks)
-//!   |   `- DCI pool [0..pool_size)  created lazily, each with its own send CQ
-//!   |         `- per-QP lock: credits, the state of the VQPs bound to it
-//!   |                         (slots, rings, targets, grants), MR snapshot
+//!   |   |- DCI pool [0..pool_size)  created lazily, each with its own send CQ
+//!   |   |     `- per-QP lock: credits, the state of the VQPs bound to it
+//!   |   |                     (slots, rings, targets, grants), MR snapshot
+//!   |   `- with upgrade_endpoint: a handshake endpoint and RC pairs (as in
+//!   |         the RC fallback) for upgraded VQPs (`upgrade`: DC -> RC)
 //!   |- RC fallback mode:
 //!   |   |- handshake endpoint       UD QP (instead of a DCT) + passive RC QPs
 //!   |   |                           (peers' ends), progress() / its thread
@@ -30,9 +32,10 @@
 //!   |- meta client                  own DCI (RC mode: own RC QP) + READ
 //!   |                               buffer, own lock
 //!   `- owned MRs                    copy-on-write map + generation
-//! Vqp<N>  DC: bound round-robin to one DCI; RC: bound at connect to its
-//!         target's pair. Its state (slot table, completion ring, target,
-//!         known grants) lives in that QP, under the QP's lock
+//! Vqp<N>  DC: bound round-robin to one DCI (while upgraded, its state sits
+//!         on its target's RC pair); RC: bound at connect to its target's
+//!         pair. Its state (slot table, completion ring, target, known
+//!         grants) lives in that QP, under the QP's lock
 //! ```
 //!
 //! # What takes which lock
@@ -46,6 +49,8 @@
 //! | `connect`, miss      | the meta QP's (one READ round trip)             |
 //! | RC: new pair         | the pair cache's creation lock (one handshake)  |
 //! | `create_vqp`         | the pool's (creating a DCI when below the cap)  |
+//! | DC upgrade, upgraded | the VQP's binding lock, then a QP's; a new pair: |
+//! | post                 | the pair cache's locks (one handshake)          |
 //! | `alloc_mr`, MR drop  | the MR map's (posts see it through one atomic)  |
 //! | messaging receive    | the node's receive lock (try-lock), then a      |
 //! |                      | port's or endpoint's state lock (see `msg`)     |
@@ -158,10 +163,11 @@ pub struct EngineStats {
     pub meta: MetaStats,
     /// The DCIs' statistics, summed.
     pub dci: DciStats,
-    /// RC fallback mode: the RC pairs (their queues' statistics in
-    /// `rc.qp`).
+    /// RC fallback mode (DC mode: the upgraded VQPs'): the RC pairs
+    /// (their queues' statistics in `rc.qp`).
     pub rc: RcStats,
-    /// RC fallback mode: the handshake endpoint.
+    /// RC fallback mode (DC mode with `upgrade_endpoint`): the handshake
+    /// endpoint.
     pub handshake: HandshakeStats,
     /// MRs the engine owns right now.
     pub owned_mrs: usize,
