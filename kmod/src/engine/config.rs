@@ -75,6 +75,9 @@ pub struct EngineConfig {
     /// [`super::Vqp::transport`]). `None`: only on an explicit hint
     /// ([`super::Vqp::upgrade`]). After a failed upgrade the next attempt
     /// waits for `threshold << failures` more WRs (at most 2^10 times).
+    /// Needs `upgrade_endpoint` on this node too (the pairs are made
+    /// through it); without it every attempt fails, counted in
+    /// `EngineStats::rc_upgrade_failures`. Ignored in RC fallback mode.
     /// Default `None` (off: a VQP stays on its DCI unless hinted).
     pub upgrade_after: Option<u64>,
     /// DC mode: run a handshake endpoint (a UD QP beside the DCT, in the
