@@ -216,8 +216,8 @@ pub use engine::{
     DciStats, Endpoint, Engine, EngineConfig, EngineError, EngineMode, EngineStats, ForkKit,
     HandshakeConfig, HandshakeFailure, HandshakeResponder, HandshakeStats, LeaseError, LeaseId,
     Message, MetaFailure, MetaLocation, MetaStats, MsgConfig, MsgError, MsgStats, OwnedMr, Port,
-    ProgressThread, QpStats, RcMetaHost, RcStats, Sender, Vqp, VqpError, DCIS_PER_CPU,
-    DEFAULT_DC_KEY, DEFAULT_HANDSHAKE_QKEY,
+    ProgressThread, QpStats, RcMetaHost, RcStats, Sender, Vqp, VqpError, VqpTransport,
+    DCIS_PER_CPU, DEFAULT_DC_KEY, DEFAULT_HANDSHAKE_QKEY,
 };
 
 pub use credits::{CreditError, PostedWr, QueueView, SendQueueCredits};

@@ -210,11 +210,30 @@ impl<N: Nic> Node<N> {
     /// # Errors
     /// [`Error::Register`].
     pub fn register_in(&self, meta: &MetaHost<N>) -> Result<()> {
-        let r = meta
-            .lock()
+        let mut m = meta.lock();
+        let r = m
             .table_mut()
             .register(self.local_target(), 0, EMBEDDED_LEASE_MS, 0);
-        self.registered(r)
+        self.registered(r)?;
+        // DC mode with the upgrade endpoint: its name beside the DCT's.
+        if let Some(hs) = self.inner.engine.handshake_entry() {
+            let r = m.table_mut().register(hs, 0, EMBEDDED_LEASE_MS, 0);
+            self.registered(r)?;
+        }
+        Ok(())
+    }
+
+    /// The engine's DC -> RC upgrade counters (DC mode; see
+    /// [`krcore_kmod::EngineConfig::upgrade_after`]): `(upgrades,
+    /// downgrades, failed attempts, RC pairs open now)`.
+    pub fn upgrade_counters(&self) -> (u64, u64, u64, usize) {
+        let s = self.inner.engine.stats();
+        (
+            s.rc_upgrades,
+            s.rc_downgrades,
+            s.rc_upgrade_failures,
+            s.rc.pairs,
+        )
     }
 
     fn registered<T>(

@@ -105,6 +105,25 @@ impl<N: Nic> Vqp<N> {
         self.inner.vqp.target().map(|t| t.target.gid)
     }
 
+    /// How the VQP reaches its target now: DC, or an RC pair after the
+    /// engine upgraded it (see [`krcore_kmod::Vqp::transport`]). Drivers
+    /// show upgrade events by watching it change.
+    pub fn transport(&self) -> krcore_kmod::VqpTransport {
+        self.inner.vqp.transport()
+    }
+
+    /// Hint: moves the VQP to an RC pair with its target now (DC mode, the
+    /// engine built with `upgrade_endpoint`; see
+    /// [`krcore_kmod::Vqp::upgrade`]). Returns the transport after the call.
+    ///
+    /// # Errors
+    /// [`Error::Engine`]: `Unsupported`, `NotConnected`, `UnknownNode` (the
+    /// target runs no endpoint), `Handshake`, `RcPairsBusy`. The VQP then
+    /// stays on DC, working.
+    pub fn upgrade(&self) -> Result<krcore_kmod::VqpTransport> {
+        Ok(self.inner.vqp.upgrade()?)
+    }
+
     /// The VQP's messaging endpoint (made at the first call).
     fn endpoint(&self) -> Result<&krcore_kmod::Endpoint<N>> {
         if let Some(e) = self.inner.endpoint.get() {

@@ -70,6 +70,23 @@ pub struct EngineConfig {
     pub handshake_thread: bool,
     /// Two-sided messaging (DC mode): inline threshold, windows, buffers.
     pub msg: MsgConfig,
+    /// DC mode, hybrid DC -> RC upgrade: a VQP that posted this many WRs to
+    /// its current target moves to an RC pair with that target (see
+    /// [`super::Vqp::transport`]). `None`: only on an explicit hint
+    /// ([`super::Vqp::upgrade`]). After a failed upgrade the next attempt
+    /// waits for `threshold << failures` more WRs (at most 2^10 times).
+    /// Needs `upgrade_endpoint` on this node too (the pairs are made
+    /// through it); without it every attempt fails, counted in
+    /// `EngineStats::rc_upgrade_failures`. Ignored in RC fallback mode.
+    /// Default `None` (off: a VQP stays on its DCI unless hinted).
+    pub upgrade_after: Option<u64>,
+    /// DC mode: run a handshake endpoint (a UD QP beside the DCT, in the
+    /// engine's PD) that answers peers' upgrade handshakes. Peers find it
+    /// under [`super::handshake_gid`] of this node's GID in the meta table:
+    /// the host registers [`super::Engine::handshake_entry`] beside
+    /// [`super::Engine::local_target`]. Answered from the thread of
+    /// `handshake_thread`, or [`super::Engine::progress`]. Default false.
+    pub upgrade_endpoint: bool,
 }
 
 impl Default for EngineConfig {
@@ -95,6 +112,8 @@ impl Default for EngineConfig {
             handshake: HandshakeConfig::default(),
             handshake_thread: false,
             msg: MsgConfig::default(),
+            upgrade_after: None,
+            upgrade_endpoint: false,
         }
     }
 }
@@ -130,6 +149,20 @@ impl EngineConfig {
         self
     }
 
+    /// With the DC -> RC upgrade after `n` WRs to one target (`None`: on
+    /// hints only).
+    pub fn with_upgrade_after(mut self, n: Option<u64>) -> EngineConfig {
+        self.upgrade_after = n;
+        self
+    }
+
+    /// With the DC mode handshake endpoint (answering peers' upgrades) on
+    /// or off.
+    pub fn with_upgrade_endpoint(mut self, on: bool) -> EngineConfig {
+        self.upgrade_endpoint = on;
+        self
+    }
+
     pub(crate) fn validate(&self) -> Result<(), EngineError> {
         let bad = |m: String| Err(EngineError::Config(m));
         if self.pool_size == 0 {
@@ -155,6 +188,9 @@ impl EngineConfig {
         }
         if self.rc_cap == 0 || self.handshake.passive_cap == 0 {
             return bad("rc_cap and handshake.passive_cap must be non-zero".into());
+        }
+        if self.upgrade_after == Some(0) {
+            return bad("upgrade_after must be at least 1 (None turns it off)".into());
         }
         Ok(())
     }

@@ -167,6 +167,12 @@ pub enum EngineError {
         /// Its WRs in flight.
         outstanding: u32,
     },
+    /// The VQP has no target (connect it first).
+    #[error("{vqp} is not connected")]
+    NotConnected {
+        /// The VQP.
+        vqp: VqpId,
+    },
     /// RC fallback mode: the meta entry of `gid` does not describe a
     /// handshake endpoint (its `dc_key` does not fit a qkey): the node
     /// registered a DC address. Mixed DC/RC-fallback clusters are not

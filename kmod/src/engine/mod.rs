@@ -18,9 +18,11 @@
 //!   |   |- DCT + SRQ + receive CQ   incoming two-sided traffic: messaging
 //!   |   |                           (msg*.rs: ports, endpoints; made at the
 //!   |   |                           first bind/endpoint, own locks)
-//!   |   `- DCI pool [0..pool_size)  created lazily, each with its own send CQ
-//!   |         `- per-QP lock: credits, the state of the VQPs bound to it
-//!   |                         (slots, rings, targets, grants), MR snapshot
+//!   |   |- DCI pool [0..pool_size)  created lazily, each with its own send CQ
+//!   |   |     `- per-QP lock: credits, the state of the VQPs bound to it
+//!   |   |                     (slots, rings, targets, grants), MR snapshot
+//!   |   `- with upgrade_endpoint: a handshake endpoint and RC pairs (as in
+//!   |         the RC fallback) for upgraded VQPs (`upgrade`: DC -> RC)
 //!   |- RC fallback mode:
 //!   |   |- handshake endpoint       UD QP (instead of a DCT) + passive RC QPs
 //!   |   |                           (peers' ends), progress() / its thread
@@ -30,9 +32,10 @@
 //!   |- meta client                  own DCI (RC mode: own RC QP) + READ
 //!   |                               buffer, own lock
 //!   `- owned MRs                    copy-on-write map + generation
-//! Vqp<N>  DC: bound round-robin to one DCI; RC: bound at connect to its
-//!         target's pair. Its state (slot table, completion ring, target,
-//!         known grants) lives in that QP, under the QP's lock
+//! Vqp<N>  DC: bound round-robin to one DCI (while upgraded, its state sits
+//!         on its target's RC pair); RC: bound at connect to its target's
+//!         pair. Its state (slot table, completion ring, target, known
+//!         grants) lives in that QP, under the QP's lock
 //! ```
 //!
 //! # What takes which lock
@@ -46,6 +49,8 @@
 //! | `connect`, miss      | the meta QP's (one READ round trip)             |
 //! | RC: new pair         | the pair cache's creation lock (one handshake)  |
 //! | `create_vqp`         | the pool's (creating a DCI when below the cap)  |
+//! | DC upgrade, upgraded | the VQP's binding lock, then a QP's; a new pair: |
+//! | post                 | the pair cache's locks (one handshake)          |
 //! | `alloc_mr`, MR drop  | the MR map's (posts see it through one atomic)  |
 //! | messaging receive    | the node's receive lock (try-lock), then a      |
 //! |                      | port's or endpoint's state lock (see `msg`)     |
@@ -84,6 +89,7 @@ mod rc;
 mod rc_meta;
 mod responder;
 mod ud;
+mod upgrade;
 mod vqp;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -106,6 +112,7 @@ pub use rc_meta::RcMetaHost;
 pub use responder::{
     HandshakeConfig, HandshakeResponder, HandshakeStats, ProgressThread, DEFAULT_HANDSHAKE_QKEY,
 };
+pub use upgrade::{handshake_gid, VqpTransport};
 pub use vqp::Vqp;
 
 use crate::dccache::{CachedTarget, DcCache, Insert};
@@ -156,13 +163,22 @@ pub struct EngineStats {
     pub meta: MetaStats,
     /// The DCIs' statistics, summed.
     pub dci: DciStats,
-    /// RC fallback mode: the RC pairs (their queues' statistics in
-    /// `rc.qp`).
+    /// RC fallback mode (DC mode: the upgraded VQPs'): the RC pairs
+    /// (their queues' statistics in `rc.qp`).
     pub rc: RcStats,
-    /// RC fallback mode: the handshake endpoint.
+    /// RC fallback mode (DC mode with `upgrade_endpoint`): the handshake
+    /// endpoint.
     pub handshake: HandshakeStats,
     /// MRs the engine owns right now.
     pub owned_mrs: usize,
+    /// DC mode: VQPs moved from their DCI to an RC pair (threshold or hint).
+    pub rc_upgrades: u64,
+    /// DC mode: VQPs moved back to their DCI (their pair was evicted or
+    /// lost, or they connected to another target).
+    pub rc_downgrades: u64,
+    /// DC mode: upgrade attempts that failed (no handshake entry, refused,
+    /// timed out, pairs busy); the VQP stayed on its DCI.
+    pub rc_upgrade_failures: u64,
 }
 
 impl Default for EngineStats {
@@ -178,6 +194,9 @@ impl Default for EngineStats {
             rc: RcStats::default(),
             handshake: HandshakeStats::default(),
             owned_mrs: 0,
+            rc_upgrades: 0,
+            rc_downgrades: 0,
+            rc_upgrade_failures: 0,
         }
     }
 }
@@ -191,7 +210,8 @@ struct Receiver<N: Nic> {
 }
 
 /// RC fallback mode: the handshake endpoint (instead of a DCT) and the RC
-/// pairs (instead of a DCI pool).
+/// pairs (instead of a DCI pool). DC mode with `upgrade_endpoint`: the same,
+/// beside the DCT and the DCIs, for the DC -> RC upgrade.
 struct Fallback<N: Nic> {
     hs: HandshakeResponder<N>,
     pool: RcPool<N>,
@@ -218,6 +238,12 @@ pub(crate) struct EngineInner<N: Nic> {
     /// RC fallback mode: the LRU clock of the RC pairs.
     pub(crate) rc_tick: AtomicU64,
     transport: Transport<N>,
+    /// DC mode with `upgrade_endpoint`: the handshake endpoint and the RC
+    /// pairs of upgraded VQPs.
+    upgrade: Option<Box<Fallback<N>>>,
+    pub(crate) upgrades: AtomicU64,
+    pub(crate) downgrades: AtomicU64,
+    pub(crate) upgrade_failures: AtomicU64,
     meta: Option<MetaClient<N>>,
     pool: Mutex<Vec<Arc<PhysQp<N>>>>,
     next_dci: AtomicUsize,
@@ -234,18 +260,20 @@ pub(crate) struct EngineInner<N: Nic> {
 
 impl<N: Nic> EngineInner<N> {
     /// The handshake endpoint (RC fallback mode).
+    /// DC mode: the upgrade's endpoint, if configured.
     pub(crate) fn handshake(&self) -> Option<&HandshakeResponder<N>> {
         match &self.transport {
             Transport::Rc(f) => Some(&f.hs),
-            Transport::Dc(_) => None,
+            Transport::Dc(_) => self.upgrade.as_ref().map(|f| &f.hs),
         }
     }
 
     /// The RC pairs (RC fallback mode).
+    /// DC mode: the upgraded VQPs' pairs, if the upgrade is configured.
     pub(crate) fn rc_pool(&self) -> Option<&RcPool<N>> {
         match &self.transport {
             Transport::Rc(f) => Some(&f.pool),
-            Transport::Dc(_) => None,
+            Transport::Dc(_) => self.upgrade.as_ref().map(|f| &f.pool),
         }
     }
 
@@ -267,6 +295,9 @@ impl<N: Nic> Drop for EngineInner<N> {
             if let Some(m) = &self.meta {
                 m.close();
             }
+        }
+        if let Some(f) = &self.upgrade {
+            f.pool.close_all(&f.hs);
         }
     }
 }
@@ -324,9 +355,7 @@ impl<N: Nic> Engine<N> {
         let pd = nic
             .alloc_pd()
             .map_err(EngineError::nic("allocate the PD"))?;
-        let transport = if caps.dc {
-            Transport::Dc(Self::start_receiver(&nic, &pd, &cfg)?)
-        } else {
+        let fallback = || -> Result<Box<Fallback<N>>, EngineError> {
             let hs =
                 HandshakeResponder::start_shared(nic.clone(), pd.clone(), cfg.handshake.clone())?;
             let thread = if cfg.handshake_thread {
@@ -334,11 +363,21 @@ impl<N: Nic> Engine<N> {
             } else {
                 None
             };
-            Transport::Rc(Box::new(Fallback {
+            Ok(Box::new(Fallback {
                 hs,
                 pool: RcPool::default(),
                 _thread: thread,
             }))
+        };
+        let (transport, upgrade) = if caps.dc {
+            let up = if cfg.upgrade_endpoint {
+                Some(fallback()?)
+            } else {
+                None
+            };
+            (Transport::Dc(Self::start_receiver(&nic, &pd, &cfg)?), up)
+        } else {
+            (Transport::Rc(fallback()?), None)
         };
         let meta = match cfg.meta {
             Some(loc) => Some(MetaClient::start(
@@ -365,6 +404,10 @@ impl<N: Nic> Engine<N> {
             mrs: Arc::new(MrRegistry::default()),
             rc_tick: AtomicU64::new(0),
             transport,
+            upgrade,
+            upgrades: AtomicU64::new(0),
+            downgrades: AtomicU64::new(0),
+            upgrade_failures: AtomicU64::new(0),
             meta,
             pool: Mutex::new(Vec::new()),
             next_dci: AtomicUsize::new(0),
@@ -421,10 +464,11 @@ impl<N: Nic> Engine<N> {
         self.inner.mode()
     }
 
-    /// RC fallback mode: one non-blocking step of the handshake endpoint
-    /// (answers peers' handshakes; see [`HandshakeResponder::progress`]).
-    /// Needed for this node to accept connections unless the engine runs
-    /// its handshake thread. A no-op returning 0 in DC mode.
+    /// RC fallback mode (and DC mode with `upgrade_endpoint`): one
+    /// non-blocking step of the handshake endpoint (answers peers'
+    /// handshakes; see [`HandshakeResponder::progress`]). Needed for this
+    /// node to accept connections (upgrades) unless the engine runs its
+    /// handshake thread. A no-op returning 0 without an endpoint.
     ///
     /// # Errors
     /// Provider failures of the endpoint (CQ overflow, a refused post).
@@ -435,7 +479,8 @@ impl<N: Nic> Engine<N> {
         }
     }
 
-    /// RC fallback mode: the handshake endpoint.
+    /// RC fallback mode (and DC mode with `upgrade_endpoint`): the
+    /// handshake endpoint.
     pub fn handshake_responder(&self) -> Option<&HandshakeResponder<N>> {
         self.inner.handshake()
     }
@@ -482,6 +527,34 @@ impl<N: Nic> Engine<N> {
                 }
             }
         }
+    }
+
+    /// DC mode with `upgrade_endpoint`: the meta entry naming this node's
+    /// handshake endpoint, for the host to register beside
+    /// [`Engine::local_target`]: GID [`handshake_gid`] of this node's,
+    /// `dct_num` = the endpoint's UD QPN, `dc_key` = its qkey. `None` in RC
+    /// fallback mode (the node's own entry names it) and without the
+    /// endpoint.
+    pub fn handshake_entry(&self) -> Option<DcTarget> {
+        let f = self.inner.upgrade.as_ref()?;
+        let t = f.hs.target();
+        Some(DcTarget {
+            gid: handshake_gid(&self.inner.nic.gid()),
+            dct_num: t.qpn,
+            dc_key: u64::from(t.qkey),
+        })
+    }
+
+    /// DC mode: makes (or finds) the RC pair to `gid` now, through a
+    /// handshake with the target's endpoint, so that the VQPs' upgrades to
+    /// it cost no handshake (a VQP moves at its hint or threshold; see
+    /// [`Vqp::upgrade`]).
+    ///
+    /// # Errors
+    /// [`EngineError::Unsupported`] in RC fallback mode or without
+    /// `upgrade_endpoint`; as [`Vqp::upgrade`].
+    pub fn upgrade(&self, gid: &Gid) -> Result<(), EngineError> {
+        upgrade::pair_for(&self.inner, gid).map(|_| ())
     }
 
     /// The configuration (with the policy as given, before clamping).
@@ -594,6 +667,9 @@ impl<N: Nic> Engine<N> {
                 .unwrap_or_default(),
             dci,
             owned_mrs: self.inner.mrs.len(),
+            rc_upgrades: self.inner.upgrades.load(Ordering::Relaxed),
+            rc_downgrades: self.inner.downgrades.load(Ordering::Relaxed),
+            rc_upgrade_failures: self.inner.upgrade_failures.load(Ordering::Relaxed),
         }
     }
 }

@@ -334,6 +334,19 @@ impl<N: Nic> PhysQp<N> {
         self.state.lock().vqps.remove(&id)
     }
 
+    /// Takes the VQP `id`'s state back only if none of its WRs is in
+    /// flight, checked and taken under one lock (the DC -> RC upgrade's
+    /// switch): `Some(Err(outstanding))` otherwise, `None` when this QP
+    /// does not hold it.
+    pub(crate) fn detach_drained(&self, id: VqpId) -> Option<Result<VqpState, u32>> {
+        let mut st = self.state.lock();
+        let n = st.vqps.get(&id)?.slots.outstanding();
+        if n > 0 {
+            return Some(Err(n));
+        }
+        st.vqps.remove(&id).map(Ok)
+    }
+
     /// Runs `f` on the state of the VQP `id`, if this QP holds it.
     pub(crate) fn with_vqp<R>(&self, id: VqpId, f: impl FnOnce(&mut VqpState) -> R) -> Option<R> {
         self.state.lock().vqps.get_mut(&id).map(f)

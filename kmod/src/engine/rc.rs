@@ -155,7 +155,7 @@ pub(crate) fn pair_up<N: Nic>(
     target: UdTarget,
 ) -> Result<u64, EngineError> {
     let hs = eng.handshake().ok_or(EngineError::Unsupported {
-        reason: "RC pairs exist only in RC fallback mode",
+        reason: "RC pairs exist only in RC fallback mode or with upgrade_endpoint",
     })?;
     pair_with(hs, qp, target)
 }
@@ -207,10 +207,21 @@ pub(crate) fn acquire<N: Nic>(
     eng: &EngineInner<N>,
     t: CachedTarget,
 ) -> Result<Arc<PhysQp<N>>, EngineError> {
+    let hs_target = handshake_target(&t.target)?;
+    acquire_with(eng, t.target.gid, hs_target)
+}
+
+/// The open pair to the node `gid`, whose handshake endpoint is
+/// `hs_target` (the DC mode upgrade finds it under another name: see
+/// `super::upgrade`). As [`acquire`].
+pub(crate) fn acquire_with<N: Nic>(
+    eng: &EngineInner<N>,
+    gid: Gid,
+    hs_target: UdTarget,
+) -> Result<Arc<PhysQp<N>>, EngineError> {
     let pool = eng.rc_pool().ok_or(EngineError::Unsupported {
-        reason: "RC pairs exist only in RC fallback mode",
+        reason: "RC pairs exist only in RC fallback mode or with upgrade_endpoint",
     })?;
-    let gid = t.target.gid;
     let hit = |p: Arc<PhysQp<N>>| {
         pool.stats.lock().reused += 1;
         if let Some(l) = p.rc_link() {
@@ -224,7 +235,6 @@ pub(crate) fn acquire<N: Nic>(
     if let Some(p) = pool.get(&gid) {
         return Ok(hit(p));
     }
-    let hs_target = handshake_target(&t.target)?;
     let _creating = pool.create.lock();
     // Another creator may have made it while this one waited.
     if let Some(p) = pool.get(&gid) {

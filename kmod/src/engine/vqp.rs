@@ -9,7 +9,8 @@
 //! VQP's own `parked` slot.
 //!
 //! Binding: in DC mode a VQP is bound at creation, for life, to a DCI of the
-//! pool (any target is reached through it). In RC fallback mode it is bound
+//! pool (any target is reached through it); an upgraded VQP's state moves
+//! to an RC pair with its target and back (see `super::upgrade`). In RC fallback mode it is bound
 //! at `connect` to the RC pair of its target (created by a handshake on a
 //! miss of the engine's pair cache); the binding sits behind a small lock of
 //! its own, read (one `Arc` clone) by each post and poll. Moving the state
@@ -34,6 +35,7 @@ use parking_lot::Mutex;
 
 use super::error::{EngineError, VqpError};
 use super::physqp::{PhysQp, PostFail};
+use super::upgrade::DcBinding;
 use super::EngineInner;
 use crate::dccache::CachedTarget;
 use crate::precheck::RemoteGrant;
@@ -84,8 +86,9 @@ impl VqpState {
 
 /// Which physical QP a VQP posts on (see the module docs).
 pub(crate) enum Binding<N: Nic> {
-    /// DC mode: a DCI of the pool, for life.
-    Dci(Arc<PhysQp<N>>),
+    /// DC mode: a DCI of the pool, for life, and an RC pair while upgraded
+    /// (see `super::upgrade`).
+    Dc(DcBinding<N>),
     /// RC fallback mode: its target's RC pair, once connected.
     Rc(Mutex<Option<Arc<PhysQp<N>>>>),
 }
@@ -93,7 +96,7 @@ pub(crate) enum Binding<N: Nic> {
 impl<N: Nic> Binding<N> {
     fn current(&self) -> Option<Arc<PhysQp<N>>> {
         match self {
-            Binding::Dci(q) => Some(q.clone()),
+            Binding::Dc(b) => Some(b.current()),
             Binding::Rc(slot) => slot.lock().clone(),
         }
     }
@@ -152,9 +155,10 @@ impl<N: Nic> Vqp<N> {
     /// A VQP bound to `dci` for life (DC mode), its state handed to it.
     pub(crate) fn on_dci(engine: Arc<EngineInner<N>>, id: VqpId, dci: Arc<PhysQp<N>>) -> Vqp<N> {
         dci.attach(id, VqpState::new(engine.cfg.vqp_depth));
+        let threshold = engine.cfg.upgrade_after;
         Vqp {
             engine,
-            binding: Binding::Dci(dci),
+            binding: Binding::Dc(DcBinding::new(dci, threshold)),
             id,
             parked: Mutex::new(None),
         }
@@ -176,7 +180,7 @@ impl<N: Nic> Vqp<N> {
     /// lock, so that no move runs meanwhile.
     pub(crate) fn with_state<R>(&self, f: impl FnOnce(&mut VqpState) -> R) -> Option<R> {
         match &self.binding {
-            Binding::Dci(q) => q.with_vqp(self.id, f),
+            Binding::Dc(b) => b.with_current(|q| q.with_vqp(self.id, f)),
             Binding::Rc(slot) => {
                 let slot = slot.lock();
                 match &*slot {
@@ -241,9 +245,9 @@ impl<N: Nic> Vqp<N> {
     /// The VQP keeps its previous target on error.
     pub fn connect(&self, gid: Gid) -> Result<(), EngineError> {
         let t = super::resolve(&self.engine, &gid)?;
-        let Binding::Rc(slot) = &self.binding else {
-            self.with_state(|st| st.target = Some(t));
-            return Ok(());
+        let slot = match &self.binding {
+            Binding::Dc(b) => return self.connect_dc(b, t),
+            Binding::Rc(slot) => slot,
         };
         let mut slot = slot.lock();
         if let Some(cur) = &*slot {
@@ -344,13 +348,8 @@ impl<N: Nic> Vqp<N> {
     ///   evicted or lost and a new one could not be made.
     /// - [`VqpError::Nic`], [`VqpError::Credit`].
     pub fn post_send(&self, wrs: &mut [SendWr]) -> Result<(), VqpError> {
-        if let Binding::Dci(q) = &self.binding {
-            return match q.post(&self.engine, self.id, wrs) {
-                Ok(()) => Ok(()),
-                Err(PostFail::Vqp(e)) => Err(e),
-                // A DCI is never closed, and its VQPs never leave it.
-                Err(PostFail::Stale) => Err(VqpError::NotConnected { vqp: self.id }),
-            };
+        if let Binding::Dc(b) = &self.binding {
+            return self.post_dc(b, wrs);
         }
         // RC: a stale pair is replaced, then the post is tried again; two
         // replacements in a row mean concurrent reconnects: give up typed.
@@ -381,8 +380,8 @@ impl<N: Nic> Vqp<N> {
     /// [`VqpError::Nic`] when the CQ failed (overflow) and nothing was
     /// ready; [`VqpError::Nic`] when a QP reset after an error failed.
     pub fn poll(&self, out: &mut [Wc]) -> Result<usize, VqpError> {
-        if let Binding::Dci(q) = &self.binding {
-            return Ok(q.poll(&self.engine, self.id, out)?.unwrap_or(0));
+        if let Binding::Dc(b) = &self.binding {
+            return self.poll_dc(b, out);
         }
         // RC: the state may be moving to another pair: read the binding
         // again (a move finishes under the binding lock).

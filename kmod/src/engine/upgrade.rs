@@ -1,0 +1,387 @@
+//! DC mode: the hybrid DC -> RC upgrade of a VQP.
+//!
+//! A DC mode VQP is bound for life to a DCI of the pool. With the upgrade
+//! configured (`EngineConfig::upgrade_endpoint` on both ends, and
+//! `upgrade_after` or a hint), a VQP that is hot on one target moves its
+//! state to an RC pair with that target: the same pairs as the RC fallback
+//! mode ([`super::rc`]: one per target GID, made by a UD handshake with the
+//! target's endpoint, at most `rc_cap`, least recently used idle pair
+//! evicted), in the same PD.
+//!
+//! # Where the target's endpoint is
+//!
+//! A DC node's meta entry names its DCT. Its handshake endpoint is
+//! registered as a second entry, under [`handshake_gid`] of the node's GID
+//! (`dct_num` = UD QPN, `dc_key` = qkey; see
+//! [`super::Engine::handshake_entry`]), resolved through the DCCache like
+//! any target. No entry: the upgrade fails ([`super::EngineError::UnknownNode`])
+//! and the VQP stays on its DCI.
+//!
+//! # When a VQP moves
+//!
+//! - Counting: each post adds its WRs to the VQP's counter (one relaxed
+//!   `fetch_add` on the VQP's own atomic, only when `upgrade_after` is set).
+//!   Reaching `next_at` (`upgrade_after` WRs since the connect), or a hint
+//!   ([`super::Vqp::upgrade`]), sends the next post down the slow path.
+//! - Building: the slow path (under the VQP's binding lock only; other
+//!   VQPs on the DCI are not held) gets the pair: an existing one costs
+//!   nothing; a new one costs one handshake, bounded by the handshake
+//!   timeout and retries, on the posting thread.
+//! - Switching: the state leaves the DCI only when none of the VQP's WRs is
+//!   in flight there (`PhysQp::detach_drained`: checked and taken under the
+//!   DCI's lock), so every DC WR completed before the first RC WR is
+//!   posted: order kept, nothing lost or duplicated (completions not yet
+//!   polled move with the state). Until then posts stay on the DCI and the
+//!   pair waits (`pending`). A VQP that never lets its WRs drain never
+//!   moves.
+//! - Failing: a failed build (no entry, refused, timed out, pairs busy)
+//!   leaves the VQP on its DCI, counts `rc_upgrade_failures`, and backs off:
+//!   the next attempt after `upgrade_after << failures` more WRs (at most
+//!   2^10 times; a hinted-only VQP waits for the next hint).
+//! - Falling back: a pair is evicted only with no WR in flight (or lost
+//!   after its WRs were reported flushed): the next post of a VQP on it
+//!   finds it closed and moves the state back to its DCI (`rc_downgrades`),
+//!   then counts again. A connect to another target moves it back too
+//!   (refused with [`super::EngineError::VqpBusy`] while WRs are in flight
+//!   on the pair).
+//!
+//! Lock order: the VQP's binding lock, then a QP's lock (as in RC fallback
+//! mode); the pair cache's locks are taken under the binding lock.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use krcore_nic::{Gid, Nic, SendWr, Wc};
+use parking_lot::Mutex;
+
+use super::error::{EngineError, VqpError};
+use super::physqp::{PhysQp, PostFail};
+use super::vqp::{Binding, Vqp, VqpState};
+use super::{EngineInner, EngineMode};
+
+/// How a VQP reaches its target right now ([`Vqp::transport`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum VqpTransport {
+    /// Through a DC initiator of the pool.
+    Dc,
+    /// Through the RC pair with its target (upgraded, or RC fallback mode).
+    Rc,
+}
+
+/// The name of `gid`'s handshake endpoint in the meta table (DC mode): the
+/// GID with bit 0 of its first byte flipped. Port GIDs never collide with
+/// it: link-local `fe80::` becomes multicast `ff80::`, IPv4-mapped `::ffff:`
+/// becomes the discard prefix `0100::`, and on `sim` the first byte is the
+/// fabric's id, the same for every node of a fabric.
+pub fn handshake_gid(gid: &Gid) -> Gid {
+    let mut g = gid.0;
+    g[0] ^= 0x01;
+    Gid(g)
+}
+
+/// The RC pair to the node `gid` for the upgrade: existing, or made by a
+/// handshake with the endpoint registered under [`handshake_gid`].
+pub(crate) fn pair_for<N: Nic>(
+    eng: &EngineInner<N>,
+    gid: &Gid,
+) -> Result<Arc<PhysQp<N>>, EngineError> {
+    if eng.mode() != EngineMode::Dc || eng.rc_pool().is_none() {
+        return Err(EngineError::Unsupported {
+            reason: "the DC -> RC upgrade needs DC mode and EngineConfig::upgrade_endpoint",
+        });
+    }
+    let t = super::resolve(eng, &handshake_gid(gid))?;
+    let mut hs = super::rc::handshake_target(&t.target)?;
+    // The entry's GID is the endpoint's name; datagrams go to the node's.
+    hs.gid = *gid;
+    super::rc::acquire_with(eng, *gid, hs)
+}
+
+struct Slot<N: Nic> {
+    /// The pair holding the VQP's state, once upgraded.
+    rc: Option<Arc<PhysQp<N>>>,
+    /// A pair made for the VQP, waiting for its DC WRs to drain.
+    pending: Option<Arc<PhysQp<N>>>,
+}
+
+/// A DC mode VQP's binding: its DCI for life, and while upgraded its RC
+/// pair (see the module docs).
+pub(crate) struct DcBinding<N: Nic> {
+    pub(crate) dci: Arc<PhysQp<N>>,
+    slot: Mutex<Slot<N>>,
+    /// The state is on `slot.rc` (read without the lock by the fast path).
+    on_rc: AtomicBool,
+    /// WRs posted since the connect (counted with `upgrade_after` only).
+    wrs: AtomicU64,
+    /// Count at which the next post tries to upgrade (0: hinted).
+    next_at: AtomicU64,
+    fails: AtomicU32,
+}
+
+impl<N: Nic> DcBinding<N> {
+    pub(crate) fn new(dci: Arc<PhysQp<N>>, threshold: Option<u64>) -> DcBinding<N> {
+        DcBinding {
+            dci,
+            slot: Mutex::new(Slot {
+                rc: None,
+                pending: None,
+            }),
+            on_rc: AtomicBool::new(false),
+            wrs: AtomicU64::new(0),
+            next_at: AtomicU64::new(threshold.unwrap_or(u64::MAX)),
+            fails: AtomicU32::new(0),
+        }
+    }
+
+    /// The QP holding the state now.
+    pub(crate) fn current(&self) -> Arc<PhysQp<N>> {
+        self.slot
+            .lock()
+            .rc
+            .clone()
+            .unwrap_or_else(|| self.dci.clone())
+    }
+
+    /// Runs `f` on the QP holding the state, with no move in between.
+    pub(crate) fn with_current<R>(&self, f: impl FnOnce(&Arc<PhysQp<N>>) -> R) -> R {
+        let slot = self.slot.lock();
+        f(slot.rc.as_ref().unwrap_or(&self.dci))
+    }
+}
+
+impl<N: Nic> Vqp<N> {
+    fn dc_binding(&self) -> Option<&DcBinding<N>> {
+        match &self.binding {
+            Binding::Dc(b) => Some(b),
+            Binding::Rc(_) => None,
+        }
+    }
+
+    /// How the VQP reaches its target now: [`VqpTransport::Dc`] on its DCI,
+    /// [`VqpTransport::Rc`] once upgraded (and always in RC fallback mode).
+    pub fn transport(&self) -> VqpTransport {
+        match self.dc_binding() {
+            Some(b) if !b.on_rc.load(Ordering::Acquire) => VqpTransport::Dc,
+            _ => VqpTransport::Rc,
+        }
+    }
+
+    /// Hint (DC mode): moves the VQP to an RC pair with its target now.
+    ///
+    /// Makes (or finds) the pair, one handshake at most, on this thread;
+    /// moves the state at once when none of the VQP's WRs is in flight,
+    /// otherwise at the first post that finds them drained (the VQP keeps
+    /// posting on its DCI meanwhile). Returns the transport after the call.
+    ///
+    /// # Errors
+    /// [`EngineError::Unsupported`] in RC fallback mode or without
+    /// `upgrade_endpoint`; [`EngineError::NotConnected`]; the pair's errors
+    /// ([`EngineError::UnknownNode`] when the target registered no handshake
+    /// endpoint, [`EngineError::Handshake`], [`EngineError::RcPairsBusy`],
+    /// ...). On error the VQP stays on its DCI, working.
+    pub fn upgrade(&self) -> Result<VqpTransport, EngineError> {
+        let Some(b) = self.dc_binding() else {
+            return Err(EngineError::Unsupported {
+                reason: "RC fallback VQPs are on RC pairs already",
+            });
+        };
+        let mut slot = b.slot.lock();
+        if slot.rc.is_some() {
+            return Ok(VqpTransport::Rc);
+        }
+        let Some(t) = b.dci.with_vqp(self.id, |st| st.target).flatten() else {
+            return Err(EngineError::NotConnected { vqp: self.id });
+        };
+        let pair = match pair_for(&self.engine, &t.target.gid) {
+            Ok(p) => p,
+            Err(e) => {
+                self.engine.upgrade_failures.fetch_add(1, Ordering::Relaxed);
+                return Err(e);
+            }
+        };
+        slot.pending = Some(pair);
+        if self.switch(b, &mut slot) {
+            Ok(VqpTransport::Rc)
+        } else {
+            b.next_at.store(0, Ordering::Relaxed);
+            Ok(VqpTransport::Dc)
+        }
+    }
+
+    /// Moves the state from the DCI to the pending pair if drained.
+    fn switch(&self, b: &DcBinding<N>, slot: &mut Slot<N>) -> bool {
+        let Some(pair) = slot.pending.as_ref() else {
+            return false;
+        };
+        match b.dci.detach_drained(self.id) {
+            Some(Ok(st)) => {
+                pair.attach(self.id, st);
+                slot.rc = slot.pending.take();
+                b.on_rc.store(true, Ordering::Release);
+                b.fails.store(0, Ordering::Relaxed);
+                self.engine.upgrades.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Moves the state from the pair back to the DCI (the pair is closed,
+    /// so nothing of the VQP's is in flight on it), then counts again.
+    fn downgrade(&self, b: &DcBinding<N>, slot: &mut Slot<N>, count: u64) {
+        let Some(pair) = slot.rc.take() else {
+            return;
+        };
+        let st = pair
+            .detach(self.id)
+            .unwrap_or_else(|| VqpState::new(self.engine.cfg.vqp_depth));
+        b.dci.attach(self.id, st);
+        b.on_rc.store(false, Ordering::Release);
+        self.engine.downgrades.fetch_add(1, Ordering::Relaxed);
+        let next = self
+            .engine
+            .cfg
+            .upgrade_after
+            .map_or(u64::MAX, |t| count.saturating_add(t));
+        b.next_at.store(next, Ordering::Relaxed);
+    }
+
+    /// A failed build: stay on DC, back off.
+    fn failed(&self, b: &DcBinding<N>, count: u64) {
+        self.engine.upgrade_failures.fetch_add(1, Ordering::Relaxed);
+        let fails = b.fails.fetch_add(1, Ordering::Relaxed) + 1;
+        let next = self.engine.cfg.upgrade_after.map_or(u64::MAX, |t| {
+            count.saturating_add(t.saturating_mul(1 << fails.min(10)))
+        });
+        b.next_at.store(next, Ordering::Relaxed);
+    }
+
+    /// Tries to upgrade (under the binding lock): gets the pair, moves when
+    /// drained.
+    fn try_upgrade(&self, b: &DcBinding<N>, slot: &mut Slot<N>, count: u64) {
+        let Some(t) = b.dci.with_vqp(self.id, |st| st.target).flatten() else {
+            return;
+        };
+        let gid = t.target.gid;
+        if slot
+            .pending
+            .as_ref()
+            .is_some_and(|p| !p.is_open() || p.rc_link().map(|l| l.gid) != Some(gid))
+        {
+            slot.pending = None;
+        }
+        if slot.pending.is_none() {
+            match pair_for(&self.engine, &gid) {
+                Ok(p) => slot.pending = Some(p),
+                Err(_) => return self.failed(b, count),
+            }
+        }
+        self.switch(b, slot);
+    }
+
+    /// DC mode post (see the module docs): the DCI directly unless the VQP
+    /// is upgraded or due to try.
+    pub(crate) fn post_dc(&self, b: &DcBinding<N>, wrs: &mut [SendWr]) -> Result<(), VqpError> {
+        let n = wrs.len() as u64;
+        let count = if self.engine.cfg.upgrade_after.is_some() {
+            b.wrs.fetch_add(n, Ordering::Relaxed).saturating_add(n)
+        } else {
+            b.wrs.load(Ordering::Relaxed)
+        };
+        if !b.on_rc.load(Ordering::Acquire) && count < b.next_at.load(Ordering::Relaxed) {
+            match b.dci.post(&self.engine, self.id, wrs) {
+                Ok(()) => return Ok(()),
+                Err(PostFail::Vqp(e)) => return Err(e),
+                // The state moved to a pair meanwhile.
+                Err(PostFail::Stale) => {}
+            }
+        }
+        for _ in 0..4 {
+            let mut slot = b.slot.lock();
+            if let Some(pair) = slot.rc.clone() {
+                match pair.post(&self.engine, self.id, wrs) {
+                    Ok(()) => return Ok(()),
+                    Err(PostFail::Vqp(e)) => return Err(e),
+                    Err(PostFail::Stale) => {
+                        self.downgrade(b, &mut slot, count);
+                        continue;
+                    }
+                }
+            }
+            if count >= b.next_at.load(Ordering::Relaxed) {
+                self.try_upgrade(b, &mut slot, count);
+                if slot.rc.is_some() {
+                    continue;
+                }
+            }
+            match b.dci.post(&self.engine, self.id, wrs) {
+                Ok(()) => return Ok(()),
+                Err(PostFail::Vqp(e)) => return Err(e),
+                Err(PostFail::Stale) => continue,
+            }
+        }
+        Err(VqpError::NotConnected { vqp: self.id })
+    }
+
+    /// DC mode poll: the QP holding the state.
+    pub(crate) fn poll_dc(&self, b: &DcBinding<N>, out: &mut [Wc]) -> Result<usize, VqpError> {
+        if !b.on_rc.load(Ordering::Acquire) {
+            if let Some(n) = b.dci.poll(&self.engine, self.id, out)? {
+                return Ok(n);
+            }
+        }
+        // Under the binding lock: no move in between.
+        b.with_current(|q| Ok(q.poll(&self.engine, self.id, out)?.unwrap_or(0)))
+    }
+
+    /// DC mode connect: sets the target; an upgraded VQP connecting to
+    /// another target moves back to its DCI first (drained).
+    pub(crate) fn connect_dc(
+        &self,
+        b: &DcBinding<N>,
+        t: crate::dccache::CachedTarget,
+    ) -> Result<(), EngineError> {
+        let mut slot = b.slot.lock();
+        let id = self.id;
+        let q = slot.rc.clone().unwrap_or_else(|| b.dci.clone());
+        let old = q
+            .with_vqp(id, |st| st.target.map(|t| t.target.gid))
+            .flatten();
+        let same = old == Some(t.target.gid);
+        if let Some(pair) = slot.rc.clone().filter(|_| !same) {
+            match pair.detach_drained(id) {
+                Some(Ok(st)) => {
+                    b.dci.attach(id, st);
+                    slot.rc = None;
+                    b.on_rc.store(false, Ordering::Release);
+                    self.engine.downgrades.fetch_add(1, Ordering::Relaxed);
+                }
+                Some(Err(outstanding)) => {
+                    return Err(EngineError::VqpBusy {
+                        vqp: id,
+                        outstanding,
+                    })
+                }
+                None => {
+                    // Every move keeps the state somewhere: fresh is safe.
+                    b.dci.attach(id, VqpState::new(self.engine.cfg.vqp_depth));
+                    slot.rc = None;
+                    b.on_rc.store(false, Ordering::Release);
+                }
+            }
+        }
+        let q = slot.rc.clone().unwrap_or_else(|| b.dci.clone());
+        q.with_vqp(id, |st| st.target = Some(t));
+        if !same {
+            slot.pending = None;
+            b.wrs.store(0, Ordering::Relaxed);
+            b.fails.store(0, Ordering::Relaxed);
+            b.next_at.store(
+                self.engine.cfg.upgrade_after.unwrap_or(u64::MAX),
+                Ordering::Relaxed,
+            );
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,361 @@
+//! DC mode: the hybrid DC -> RC upgrade. A VQP under sustained traffic (FAA
+//! on a remote counter, WRITE then READ of a remote log) moves to an RC pair
+//! mid-stream, by threshold or by hint, and its results are checked against
+//! the sequential log: every FAA old value exactly once and in order, every
+//! READ sees the WRITE before it, every completion once, in posting order.
+
+mod common;
+
+use common::{Cluster, MemNode};
+use krcore_kmod::{Engine, EngineConfig, EngineError, OwnedMr, Vqp, VqpTransport};
+use krcore_nic::sim::SimNic;
+use krcore_nic::{Access, DcTarget, MemoryRegion, SendWr, Wc, WcStatus};
+
+/// Rounds one workload can run (local buffer size).
+const MAX_ROUNDS: usize = 1024;
+/// Log slots on the target.
+const LOG: usize = 64;
+
+/// A memory node whose engine answers upgrade handshakes, registered under
+/// its GID and its handshake name.
+fn upgradable_node(c: &Cluster, len: usize) -> MemNode {
+    let engine = c.engine(
+        EngineConfig::default()
+            .with_pool_size(1)
+            .with_upgrade_endpoint(true)
+            .with_handshake_thread(true),
+    );
+    let mr = engine.alloc_mr(len, Access::ALL).expect("MR");
+    c.register(engine.local_target(), 1 << 40, 0).unwrap();
+    c.register(engine.handshake_entry().expect("entry"), 1 << 40, 0)
+        .unwrap();
+    MemNode { engine, mr }
+}
+
+fn client(c: &Cluster, f: impl FnOnce(EngineConfig) -> EngineConfig) -> Engine<SimNic> {
+    c.engine(f(EngineConfig::default()
+        .with_pool_size(1)
+        .with_upgrade_endpoint(true)))
+}
+
+/// One VQP's sequential workload on one target region: round `i` posts
+/// FAA(counter, +1), WRITE(log[i % LOG] = i), READ(log[i % LOG]) as one
+/// batch; `window` rounds are posted before their completions are polled.
+struct Workload<'a> {
+    v: Vqp<SimNic>,
+    buf: OwnedMr<SimNic>,
+    mem: &'a MemNode,
+    /// Offset of this workload's counter (and log after it) on the target.
+    base: usize,
+    next: usize,
+    next_wc: u64,
+    /// Transports seen at each post, in order.
+    seen: Vec<VqpTransport>,
+}
+
+impl<'a> Workload<'a> {
+    fn new(e: &Engine<SimNic>, mem: &'a MemNode, base: usize) -> Workload<'a> {
+        let v = e.create_vqp().unwrap();
+        v.connect(mem.gid()).unwrap();
+        let buf = e.alloc_mr(MAX_ROUNDS * 24, Access::ALL).unwrap();
+        Workload {
+            v,
+            buf,
+            mem,
+            base,
+            next: 0,
+            next_wc: 0,
+            seen: Vec::new(),
+        }
+    }
+
+    fn post_round(&mut self) {
+        let i = self.next;
+        assert!(i < MAX_ROUNDS);
+        self.next += 1;
+        let src = 2 * MAX_ROUNDS * 8 + i * 8;
+        self.buf.write(src, &(i as u64).to_le_bytes()).unwrap();
+        let log = self.mem.mr.remote(self.base + 8 + (i % LOG) * 8);
+        let id = 3 * i as u64;
+        let mut wrs = [
+            SendWr::faa(
+                id,
+                self.buf.sge(i * 8, 8).unwrap(),
+                self.mem.mr.remote(self.base),
+                1,
+            ),
+            SendWr::write(id + 1, self.buf.sge(src, 8).unwrap(), log),
+            SendWr::read(
+                id + 2,
+                self.buf.sge(MAX_ROUNDS * 8 + i * 8, 8).unwrap(),
+                log,
+            ),
+        ];
+        self.v.post_send(&mut wrs).unwrap();
+        self.seen.push(self.v.transport());
+    }
+
+    /// Polls until every posted WR completed, checking order and status.
+    fn drain(&mut self) {
+        let want = 3 * self.next as u64;
+        let start = std::time::Instant::now();
+        let mut out = [Wc::default(); 16];
+        while self.next_wc < want {
+            let n = self.v.poll(&mut out).unwrap();
+            for wc in &out[..n] {
+                assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+                assert_eq!(wc.wr_id, self.next_wc, "completions in posting order");
+                self.next_wc += 1;
+            }
+            assert!(start.elapsed() < common::WAIT, "stuck at {}", self.next_wc);
+        }
+        assert_eq!(self.v.outstanding(), 0);
+    }
+
+    fn window(&mut self, rounds: usize) {
+        for _ in 0..rounds {
+            self.post_round();
+        }
+        self.drain();
+    }
+
+    /// The sequential log: FAA old values 0, 1, 2, ... once each, in
+    /// order; each READ saw its round's WRITE; the counter is the count.
+    fn check(&self) {
+        for i in 0..self.next {
+            let mut b = [0u8; 8];
+            self.buf.read(i * 8, &mut b).unwrap();
+            assert_eq!(
+                u64::from_le_bytes(b),
+                i as u64,
+                "FAA old value of round {i}"
+            );
+            self.buf.read(MAX_ROUNDS * 8 + i * 8, &mut b).unwrap();
+            assert_eq!(u64::from_le_bytes(b), i as u64, "READ of round {i}");
+        }
+        let mut b = [0u8; 8];
+        self.mem.mr.read(self.base, &mut b).unwrap();
+        assert_eq!(u64::from_le_bytes(b), self.next as u64, "the counter");
+    }
+
+    /// Index of the first round posted on RC.
+    fn switched_at(&self) -> Option<usize> {
+        self.seen.iter().position(|t| *t == VqpTransport::Rc)
+    }
+}
+
+#[test]
+fn a_threshold_upgrades_mid_stream_and_keeps_the_sequential_log() {
+    let c = Cluster::new();
+    let mem = upgradable_node(&c, 4096);
+    let e = client(&c, |cfg| cfg.with_upgrade_after(Some(100)));
+    let mut w = Workload::new(&e, &mem, 0);
+    assert_eq!(w.v.transport(), VqpTransport::Dc);
+    // Windows of 4 rounds (12 WRs): the threshold is crossed with WRs in
+    // flight, so the switch waits for them to drain.
+    for _ in 0..60 {
+        w.window(4);
+    }
+    w.check();
+    assert_eq!(w.v.transport(), VqpTransport::Rc);
+    let at = w.switched_at().expect("switched");
+    // 100 WRs = round 33.3; the window of rounds 32..36 started before.
+    assert!((33..=36).contains(&at), "switched at round {at}");
+    assert!(w.seen[at..].iter().all(|t| *t == VqpTransport::Rc));
+    let s = e.stats();
+    assert_eq!(
+        (s.rc_upgrades, s.rc_downgrades, s.rc_upgrade_failures),
+        (1, 0, 0)
+    );
+    assert_eq!((s.rc.created, s.rc.pairs), (1, 1));
+    assert_eq!(s.dci.wrs, 3 * at as u64, "the DC rounds on the DCI");
+    assert_eq!(s.rc.qp.wrs, 3 * (240 - at) as u64, "the rest on the pair");
+    assert_eq!(mem.engine.stats().handshake.passive_qps, 1);
+}
+
+#[test]
+fn a_hint_with_wrs_in_flight_switches_once_they_drained() {
+    let c = Cluster::new();
+    let mem = upgradable_node(&c, 4096);
+    let e = client(&c, |cfg| cfg);
+    let mut w = Workload::new(&e, &mem, 0);
+    for _ in 0..10 {
+        w.window(3);
+    }
+    // Hint with a window in flight: the pair is made, the VQP stays on DC.
+    for _ in 0..3 {
+        w.post_round();
+    }
+    assert!(w.v.outstanding() > 0);
+    assert_eq!(w.v.upgrade().unwrap(), VqpTransport::Dc);
+    assert_eq!(e.stats().rc.created, 1);
+    w.post_round(); // still in flight: on DC
+    assert_eq!(w.v.transport(), VqpTransport::Dc);
+    w.drain();
+    for _ in 0..10 {
+        w.window(3);
+    }
+    w.check();
+    assert_eq!(w.switched_at(), Some(34), "the first post after the drain");
+    let s = e.stats();
+    assert_eq!((s.rc_upgrades, s.rc_upgrade_failures), (1, 0));
+    // A hint on an upgraded VQP is a no-op.
+    assert_eq!(w.v.upgrade().unwrap(), VqpTransport::Rc);
+    assert_eq!(e.stats().rc.created, 1);
+}
+
+#[test]
+fn a_prebuilt_pair_is_shared_and_a_drained_hint_switches_at_once() {
+    let c = Cluster::new();
+    let mem = upgradable_node(&c, 4096);
+    let e = client(&c, |cfg| cfg);
+    e.upgrade(&mem.gid()).unwrap();
+    let mut a = Workload::new(&e, &mem, 0);
+    let mut b = Workload::new(&e, &mem, 1024);
+    a.window(2);
+    b.window(2);
+    assert_eq!(a.v.upgrade().unwrap(), VqpTransport::Rc);
+    assert_eq!(b.v.upgrade().unwrap(), VqpTransport::Rc);
+    for _ in 0..20 {
+        a.window(2);
+        b.window(3);
+    }
+    a.check();
+    b.check();
+    let s = e.stats();
+    assert_eq!((s.rc.created, s.rc_upgrades), (1, 2), "one pair, two VQPs");
+    assert_eq!(mem.engine.stats().handshake.passive_qps, 1);
+    // Connecting to another target moves an upgraded VQP back to its DCI.
+    let other = upgradable_node(&c, 64);
+    a.v.connect(other.gid()).unwrap();
+    assert_eq!(a.v.transport(), VqpTransport::Dc);
+    assert_eq!(e.stats().rc_downgrades, 1);
+}
+
+#[test]
+fn a_target_without_an_endpoint_leaves_the_vqp_on_dc_with_backoff() {
+    let c = Cluster::new();
+    // A plain DC node: no handshake entry in the meta table.
+    let mem = c.memory_node(4096);
+    let e = client(&c, |cfg| cfg.with_upgrade_after(Some(10)));
+    let mut w = Workload::new(&e, &mem, 0);
+    for _ in 0..100 {
+        w.window(2);
+    }
+    w.check();
+    assert!(w.seen.iter().all(|t| *t == VqpTransport::Dc));
+    let s = e.stats();
+    assert_eq!(s.rc_upgrades, 0);
+    // Attempts at the posts reaching 12, 33, 75, 156, 318 WRs (each waits
+    // 10 << failures more): 5 in 600 WRs.
+    assert_eq!(s.rc_upgrade_failures, 5, "{s:?}");
+    assert!(matches!(
+        w.v.upgrade(),
+        Err(EngineError::UnknownNode { .. })
+    ));
+    w.window(1);
+    w.check();
+}
+
+#[test]
+fn an_endpoint_that_is_gone_times_out_and_the_vqp_keeps_working() {
+    let c = Cluster::new();
+    let mem = c.memory_node(4096);
+    // Register a handshake name for `mem` naming an endpoint that is gone.
+    let ghost = c.engine(EngineConfig::default().with_upgrade_endpoint(true));
+    let dead = ghost.handshake_entry().unwrap();
+    drop(ghost);
+    c.register(
+        DcTarget {
+            gid: krcore_kmod::engine::handshake_gid(&mem.gid()),
+            ..dead
+        },
+        1 << 40,
+        0,
+    )
+    .unwrap();
+    let e = client(&c, |cfg| cfg);
+    let mut w = Workload::new(&e, &mem, 0);
+    w.window(3);
+    let r = w.v.upgrade();
+    assert!(matches!(r, Err(EngineError::Handshake { .. })), "{r:?}");
+    assert_eq!(w.v.transport(), VqpTransport::Dc);
+    for _ in 0..10 {
+        w.window(3);
+    }
+    w.check();
+    let s = e.stats();
+    assert_eq!(
+        (s.rc_upgrades, s.rc_upgrade_failures, s.rc.pairs),
+        (0, 1, 0)
+    );
+    assert!(s.handshake.timeouts >= 1);
+}
+
+#[test]
+fn rc_cap_one_with_two_hot_targets_evicts_back_to_dc() {
+    let c = Cluster::new();
+    let m1 = upgradable_node(&c, 4096);
+    let m2 = upgradable_node(&c, 4096);
+    let e = client(&c, |cfg| cfg.with_upgrade_after(Some(30)).with_rc_cap(1));
+    let mut a = Workload::new(&e, &m1, 0);
+    let mut b = Workload::new(&e, &m2, 0);
+    for _ in 0..60 {
+        a.window(2);
+        b.window(2);
+        let s = e.stats();
+        assert!(s.rc.pairs <= 1, "the cap holds: {s:?}");
+    }
+    a.check();
+    b.check();
+    let s = e.stats();
+    // Each VQP upgrades after 30 WRs (5 windows), evicting the other's pair;
+    // the other falls back at its next post and counts again.
+    assert!(s.rc_upgrades >= 4, "{s:?}");
+    assert!(s.rc_downgrades >= 3, "{s:?}");
+    assert!(s.rc.evicted >= 3, "{s:?}");
+    assert_eq!(s.rc_upgrade_failures, 0, "idle pairs are always evictable");
+    assert!(s.rc_upgrades - s.rc_downgrades <= 1);
+    for w in [&a, &b] {
+        assert!(w.seen.contains(&VqpTransport::Rc) && w.seen.contains(&VqpTransport::Dc));
+    }
+}
+
+/// Stress: three threads, each with its own VQP (two to one target, one to
+/// another), upgrading by threshold under `rc_cap` = 1, so pairs are
+/// evicted while other threads post and VQPs fall back and re-upgrade
+/// concurrently; every VQP's log is still exactly sequential.
+#[test]
+fn concurrent_upgrades_and_evictions_keep_every_log_sequential() {
+    let c = Cluster::new();
+    let m1 = upgradable_node(&c, 8192);
+    let m2 = upgradable_node(&c, 8192);
+    let e = client(&c, |cfg| cfg.with_upgrade_after(Some(24)).with_rc_cap(1));
+    let mut ws = vec![
+        Workload::new(&e, &m1, 0),
+        Workload::new(&e, &m2, 0),
+        Workload::new(&e, &m1, 4096),
+    ];
+    // Lockstep windows (a barrier between them) so that the three really
+    // overlap whatever the scheduler does.
+    let barrier = std::sync::Barrier::new(ws.len());
+    std::thread::scope(|s| {
+        for (k, w) in ws.iter_mut().enumerate() {
+            let barrier = &barrier;
+            s.spawn(move || {
+                for i in 0..150 {
+                    w.window(1 + (i + k) % 4);
+                    barrier.wait();
+                }
+            });
+        }
+    });
+    for w in &ws {
+        w.check();
+    }
+    let s = e.stats();
+    assert!(s.rc_upgrades >= 2, "{s:?}");
+    assert!(s.rc_downgrades >= 1, "{s:?}");
+    assert!(s.rc.pairs <= 1, "{s:?}");
+    assert_eq!(s.dci.error_completions + s.rc.qp.error_completions, 0);
+}
