@@ -261,8 +261,29 @@ impl SendQueueCredits {
     ///
     /// # Errors
     /// As [`SendQueueCredits::post`].
+    #[inline]
     pub fn post_wrs(&mut self, wrs: &[SendWr]) -> Result<Range<u64>, CreditError> {
-        self.post(wrs.iter().map(PostedWr::of))
+        // `post` over a slice, without the iterator's length check.
+        let n = wrs.len();
+        if n > self.free() as usize {
+            return Err(CreditError::WouldOverrun {
+                requested: n,
+                free: self.free(),
+            });
+        }
+        let first = self.tail;
+        let mask = self.ring.len() - 1;
+        for (i, wr) in wrs.iter().enumerate() {
+            let seq = first + i as u64;
+            let posted = PostedWr::of(wr);
+            self.ring[(seq as usize) & mask] = posted;
+            if posted.signaled {
+                self.covered = seq + 1;
+                self.signaled_posted += 1;
+            }
+        }
+        self.tail = first + n as u64;
+        Ok(first..self.tail)
     }
 
     /// The record of an outstanding sequence.

@@ -532,11 +532,12 @@ impl<M: LocalMrTable + ?Sized, G: RemoteGrants + ?Sized> Precheck<'_, M, G> {
                 &[][..]
             }
             Payload::Local(sg) => {
-                let (count, max) = (sg.as_slice().len(), self.policy.max_sge);
+                let sges = sg.as_slice();
+                let (count, max) = (sges.len(), self.policy.max_sge);
                 if count > max {
                     return Err(Reason::TooManySges { count, max });
                 }
-                sg.as_slice()
+                sges
             }
         };
         if let WrOp::CompareSwap { remote, .. } | WrOp::FetchAdd { remote, .. } = wr.op {

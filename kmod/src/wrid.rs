@@ -39,6 +39,8 @@
 
 use std::fmt;
 
+use krcore_nic::{SendFlags, SendWr};
+
 /// Bits of the VQP id in a physical wr_id.
 pub const VQP_ID_BITS: u32 = 24;
 /// Bits of the per-VQP sequence in a physical wr_id.
@@ -243,6 +245,56 @@ impl SlotTable {
         };
         self.tail += 1;
         Ok(seq)
+    }
+
+    /// Records a doorbell of WRs of the VQP `vqp`, all or nothing: each WR's
+    /// user wr_id and signal flag go to a slot, and its `wr_id` becomes
+    /// the physical one ([`PhysWrId`]). Returns the first sequence; the WRs
+    /// hold `first..first + wrs.len()`. [`SlotTable::restore`] gives the
+    /// caller its values back.
+    ///
+    /// # Errors
+    /// [`WrIdError::SlotsFull`] when fewer than `wrs.len()` slots are free;
+    /// nothing is recorded then.
+    #[inline]
+    pub fn record(&mut self, vqp: VqpId, wrs: &mut [SendWr]) -> Result<u64, WrIdError> {
+        if wrs.len() > self.free() as usize {
+            return Err(WrIdError::SlotsFull {
+                capacity: self.capacity(),
+            });
+        }
+        let first = self.tail;
+        let mask = self.slots.len() - 1;
+        for (i, wr) in wrs.iter_mut().enumerate() {
+            let seq = first + i as u64;
+            self.slots[(seq as usize) & mask] = Slot {
+                user_wr_id: wr.wr_id,
+                user_signaled: wr.is_signaled(),
+            };
+            wr.wr_id = PhysWrId::new(vqp, seq).raw();
+        }
+        self.tail = first + wrs.len() as u64;
+        Ok(first)
+    }
+
+    /// Puts back into `wrs` the user wr_ids and signal flags recorded at
+    /// sequences `first..` ([`SlotTable::record`]): the WRs read as the
+    /// user wrote them (the engine may have forced a signal). WRs past
+    /// the outstanding sequences are left as they are.
+    #[inline]
+    pub fn restore(&self, first: u64, wrs: &mut [SendWr]) {
+        let mask = self.slots.len() - 1;
+        let known = self.tail.saturating_sub(first).min(wrs.len() as u64) as usize;
+        if first < self.head {
+            return;
+        }
+        for (i, wr) in wrs[..known].iter_mut().enumerate() {
+            let slot = self.slots[((first as usize) + i) & mask];
+            wr.wr_id = slot.user_wr_id;
+            if !slot.user_signaled {
+                wr.flags = SendFlags(wr.flags.0 & !SendFlags::SIGNALED.0);
+            }
+        }
     }
 
     /// Undoes the last `n` pushes (the post they were for was refused).
@@ -477,5 +529,37 @@ mod tests {
         assert_eq!(t.next_seq(), 1);
         assert_eq!(t.push(9, false), Ok(1));
         assert_eq!(t.get(1).unwrap().user_wr_id, 9);
+    }
+
+    #[test]
+    fn record_rewrites_wr_ids_and_restore_gives_them_back() {
+        use krcore_nic::{RemoteAddr, Sge};
+        let vqp = VqpId::new(7).unwrap();
+        let mut t = SlotTable::starting_at(3, (1 << SEQ_BITS) - 1);
+        let wr = |id, sig| SendWr::read(id, Sge::default(), RemoteAddr::default()).signaled(sig);
+        let mut wrs = [wr(10, false), wr(11, true)];
+        let first = t.record(vqp, &mut wrs).unwrap();
+        assert_eq!(first, (1 << SEQ_BITS) - 1);
+        assert_eq!(wrs[0].wr_id, PhysWrId::new(vqp, first).raw());
+        assert_eq!(wrs[1].wr_id, PhysWrId::new(vqp, first + 1).raw());
+        assert_eq!(
+            t.get(first + 1).unwrap(),
+            Slot {
+                user_wr_id: 11,
+                user_signaled: true
+            }
+        );
+        // The engine forces a signal on the first; restore undoes it.
+        wrs[0].flags = wrs[0].flags | SendFlags::SIGNALED;
+        t.restore(first, &mut wrs);
+        assert_eq!((wrs[0].wr_id, wrs[0].is_signaled()), (10, false));
+        assert_eq!((wrs[1].wr_id, wrs[1].is_signaled()), (11, true));
+        // Two more do not fit in a capacity of 3: nothing is recorded.
+        let mut more = [wr(12, true), wr(13, true)];
+        assert_eq!(
+            t.record(vqp, &mut more),
+            Err(WrIdError::SlotsFull { capacity: 3 })
+        );
+        assert_eq!((t.outstanding(), more[0].wr_id), (2, 12));
     }
 }

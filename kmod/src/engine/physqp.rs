@@ -456,22 +456,15 @@ impl<N: Nic> PhysQp<N> {
             ..
         } = st;
         let v = vqps.get_mut(&id).ok_or(PostFail::Stale)?;
-        let first = v.slots.next_seq();
         let (occupied, capacity) = (v.occupied(), v.slots.capacity());
-        for wr in wrs.iter_mut() {
-            // Room was checked under this QP's lock, which every poster of
-            // this VQP holds: the push cannot fail.
-            let seq = v
-                .slots
-                .push(wr.wr_id, wr.is_signaled())
-                .map_err(|_| VqpError::VqpFull {
-                    vqp: id,
-                    outstanding: occupied,
-                    requested: n,
-                    capacity,
-                })?;
-            wr.wr_id = PhysWrId::new(id, seq).raw();
-        }
+        // Room was checked under this QP's lock, which every poster of this
+        // VQP holds: the record cannot fail.
+        let first = v.slots.record(id, wrs).map_err(|_| VqpError::VqpFull {
+            vqp: id,
+            outstanding: occupied,
+            requested: n,
+            capacity,
+        })?;
         plan.apply(wrs);
         // A reclaim that ran into an error may have closed an RC pair.
         let result = match qp {
@@ -490,14 +483,7 @@ impl<N: Nic> PhysQp<N> {
             keep_copies(sent, seqs.start, &wrs[..posted]);
         }
         // Give the caller its WRs back as it wrote them (dest aside).
-        for (i, wr) in wrs.iter_mut().enumerate() {
-            if let Some(slot) = v.slots.get(first + i as u64) {
-                wr.wr_id = slot.user_wr_id;
-                if !slot.user_signaled {
-                    wr.flags = SendFlags(wr.flags.0 & !SendFlags::SIGNALED.0);
-                }
-            }
-        }
+        v.slots.restore(first, wrs);
         v.slots.unpush((n - posted) as u32);
         if posted > 0 {
             stats.doorbells += 1;
@@ -612,13 +598,22 @@ impl<N: Nic> PhysQp<N> {
         let Some(v) = st.vqps.get_mut(&id) else {
             return Ok(None);
         };
-        let mut n = v.pop(out);
+        let n = v.pop(out);
+        if n == out.len() {
+            return Ok(Some(n));
+        }
+        // The ring is empty now: the drain delivers this VQP's completions
+        // straight into `out` (no ring round trip) until it is full.
+        let mut sink = Sink { vqp: id, out, n };
+        let drained = self.drain_for(eng, st, Some(&mut sink));
+        let Sink { out, mut n, .. } = sink;
+        match drained {
+            Ok(_) => {}
+            Err(e) if n == 0 => return Err(e),
+            Err(_) => return Ok(Some(n)),
+        }
         if n < out.len() {
-            match self.drain_for(eng, st, Some((id, out.len() - n))) {
-                Ok(_) => {}
-                Err(e) if n == 0 => return Err(e),
-                Err(_) => return Ok(Some(n)),
-            }
+            // A recovery may have reported flushes to the ring.
             if let Some(v) = st.vqps.get_mut(&id) {
                 n += v.pop(&mut out[n..]);
             }
@@ -632,18 +627,20 @@ impl<N: Nic> PhysQp<N> {
         self.drain_for(eng, st, None)
     }
 
-    /// [`PhysQp::drain`], stopping early once the VQP `until.0` holds
-    /// `until.1` completions (a poll needs no more; the rest stays in the
-    /// CQ, in order, for the next drain). The first CQ poll asks for just
-    /// that many, so a synchronous poll costs one CQE read, like a raw one.
+    /// [`PhysQp::drain`], delivering the completions of the polling VQP
+    /// (`sink`) straight into its buffer while its ring is empty, and
+    /// stopping early once that buffer is full (a poll needs no more; the
+    /// rest stays in the CQ, in order, for the next drain). The first CQ
+    /// poll asks for just the room left, so a synchronous poll costs one
+    /// CQE read, like a raw one.
     fn drain_for(
         &self,
         eng: &EngineInner<N>,
         st: &mut PhysState<N>,
-        until: Option<(VqpId, usize)>,
+        mut sink: Option<&mut Sink<'_>>,
     ) -> Result<usize, VqpError> {
         let mut buf = std::mem::take(&mut st.buf);
-        let (watch, want) = until.unwrap_or((VqpId::ENGINE, usize::MAX));
+        let want = sink.as_ref().map_or(usize::MAX, |s| s.room());
         let mut chunk = want.clamp(1, POLL_BATCH);
         let mut total = 0;
         let polled = loop {
@@ -651,12 +648,10 @@ impl<N: Nic> PhysQp<N> {
                 Ok(k) => k,
                 Err(e) => break Err(e),
             };
-            let mut enough = false;
             for wc in &buf[..k] {
-                if let Some(len) = route(&eng.cache, st, wc, watch) {
-                    enough = len >= want;
-                }
+                route(&eng.cache, st, wc, sink.as_deref_mut());
             }
+            let enough = sink.as_ref().is_some_and(|s| s.room() == 0);
             total += k;
             if k < chunk || enough || st.needs_recovery {
                 break Ok(());
@@ -696,7 +691,14 @@ impl<N: Nic> PhysQp<N> {
             let owner = posted.wr_id.vqp();
             if Some(owner) == guilty || !vqps.contains_key(&owner) {
                 stats.flushed_by_reset += 1;
-                let _ = deliver(&eng.cache, vqps, posted.wr_id, WcStatus::WrFlushErr, None);
+                let _ = deliver(
+                    &eng.cache,
+                    vqps,
+                    posted.wr_id,
+                    WcStatus::WrFlushErr,
+                    None,
+                    None,
+                );
             } else {
                 again.push(sent[(seq as usize) & (sent.len() - 1)]);
             }
@@ -793,6 +795,7 @@ impl<N: Nic> PhysQp<N> {
                 PhysWrId::from_raw(wr.wr_id),
                 WcStatus::WrFlushErr,
                 None,
+                None,
             );
         }
     }
@@ -835,10 +838,16 @@ fn renumber(vqps: &mut IdMap<VqpId, VqpState>, again: &mut [SendWr]) {
 /// `PhysState::sent`).
 #[inline]
 fn keep_copies(sent: &mut [SendWr], first: u64, wrs: &[SendWr]) {
-    let mask = sent.len() - 1;
-    for (i, wr) in wrs.iter().enumerate() {
-        sent[(first as usize + i) & mask] = *wr;
+    let at = (first as usize) & (sent.len() - 1);
+    if let [wr] = wrs {
+        sent[at] = *wr;
+        return;
     }
+    // At most two contiguous copies (the ring may wrap), not one per WR.
+    let head = wrs.len().min(sent.len() - at);
+    sent[at..at + head].copy_from_slice(&wrs[..head]);
+    let rest = &wrs[head..];
+    sent[..rest.len()].copy_from_slice(rest);
 }
 
 impl RcLink {
@@ -853,10 +862,24 @@ impl RcLink {
     }
 }
 
+/// The buffer of the VQP that polls: its completions go there directly
+/// while its ring is empty (see [`deliver`]).
+pub(crate) struct Sink<'a> {
+    vqp: VqpId,
+    out: &'a mut [Wc],
+    /// Entries of `out` filled.
+    n: usize,
+}
+
+impl Sink<'_> {
+    fn room(&self) -> usize {
+        self.out.len() - self.n
+    }
+}
+
 /// Applies one polled completion: credits the shared queue and delivers
-/// every WR it retires to its VQP. Returns the ring length of the VQP
-/// `watch` if this completion delivered to it.
-fn route<N: Nic>(cache: &DcCache, st: &mut PhysState<N>, wc: &Wc, watch: VqpId) -> Option<usize> {
+/// every WR it retires to its VQP (the polling VQP's into `sink`).
+fn route<N: Nic>(cache: &DcCache, st: &mut PhysState<N>, wc: &Wc, mut sink: Option<&mut Sink<'_>>) {
     let PhysState {
         credits,
         vqps,
@@ -871,7 +894,7 @@ fn route<N: Nic>(cache: &DcCache, st: &mut PhysState<N>, wc: &Wc, watch: VqpId) 
         if *needs_recovery && wc.status == WcStatus::WrFlushErr {
             // A later WR the NIC flushed after the failing one: recovery
             // re-posts it (or reports it, if it is the failing VQP's).
-            return None;
+            return;
         }
     }
     let retired = match credits.complete_wr_id(PhysWrId::from_raw(wc.wr_id), wc.status) {
@@ -880,7 +903,7 @@ fn route<N: Nic>(cache: &DcCache, st: &mut PhysState<N>, wc: &Wc, watch: VqpId) 
             // Of an old incarnation (before a reset): re-posted WRs carry
             // new wr_ids, so this matches nothing and changes nothing.
             stats.stale_completions += 1;
-            return None;
+            return;
         }
     };
     if !wc.status.is_ok() {
@@ -893,16 +916,14 @@ fn route<N: Nic>(cache: &DcCache, st: &mut PhysState<N>, wc: &Wc, watch: VqpId) 
     // silently before it), so only the last WR of each run of one VQP's WRs
     // needs a delivery: one map lookup and one VQP lock per run, not per WR.
     let len = retired.len();
-    let mut watched = None;
     let mut run: Option<(PhysWrId, usize)> = None;
     for (i, (_, posted)) in retired.enumerate() {
         let wr = posted.wr_id;
         if let Some((prev, n)) = run {
             if prev.vqp() != wr.vqp() {
-                match deliver(cache, vqps, prev, WcStatus::Success, None) {
-                    None => stats.orphaned += n as u64,
-                    Some(l) if prev.vqp() == watch => watched = Some(l),
-                    Some(_) => {}
+                let to = sink.as_deref_mut();
+                if deliver(cache, vqps, prev, WcStatus::Success, None, to).is_none() {
+                    stats.orphaned += n as u64;
                 }
                 run = None;
             }
@@ -910,28 +931,28 @@ fn route<N: Nic>(cache: &DcCache, st: &mut PhysState<N>, wc: &Wc, watch: VqpId) 
         run = Some((wr, run.map_or(1, |(_, n)| n + 1)));
         if i + 1 == len {
             if let Some((last, n)) = run.take() {
-                match deliver(cache, vqps, last, wc.status, Some(wc)) {
-                    None => stats.orphaned += n as u64,
-                    Some(l) if last.vqp() == watch => watched = Some(l),
-                    Some(_) => {}
+                let to = sink.as_deref_mut();
+                if deliver(cache, vqps, last, wc.status, Some(wc), to).is_none() {
+                    stats.orphaned += n as u64;
                 }
             }
         }
     }
-    watched
 }
 
 /// Retires one physical WR in its VQP's slot table and, when the user asked
-/// for a completion or the WR failed, pushes the user's completion to the
-/// VQP's ring. Returns the ring's length then; `None` when the VQP is gone
-/// or does not know the WR.
+/// for a completion or the WR failed, hands the user's completion to the
+/// VQP: into `sink` when it is the polling VQP's, its ring is empty (so
+/// nothing older waits there) and the sink has room; to the VQP's ring
+/// otherwise. `None` when the VQP is gone or does not know the WR.
 fn deliver(
     cache: &DcCache,
     vqps: &mut IdMap<VqpId, VqpState>,
     wr: PhysWrId,
     status: WcStatus,
     wc: Option<&Wc>,
-) -> Option<usize> {
+    mut sink: Option<&mut Sink<'_>>,
+) -> Option<()> {
     let id = wr.vqp();
     let VqpState {
         slots,
@@ -946,7 +967,7 @@ fn deliver(
         // completed silently before this one.
         let status = if s == seq { status } else { WcStatus::Success };
         if slot.user_signaled || !status.is_ok() {
-            ring.push_back(Wc {
+            let user = Wc {
                 wr_id: slot.user_wr_id,
                 status,
                 opcode: wc.map(|w| w.opcode).unwrap_or_default(),
@@ -954,7 +975,14 @@ fn deliver(
                 imm: None,
                 qp_num: id.get(),
                 src_qp: 0,
-            });
+            };
+            match sink.as_deref_mut() {
+                Some(s) if s.vqp == id && s.n < s.out.len() && ring.is_empty() => {
+                    s.out[s.n] = user;
+                    s.n += 1;
+                }
+                _ => ring.push_back(user),
+            }
         }
     }
     if matches!(status, WcStatus::RemAccessErr | WcStatus::RetryExcErr) {
@@ -964,7 +992,7 @@ fn deliver(
             cache.invalidate(&t.target.gid);
         }
     }
-    Some(ring.len())
+    Some(())
 }
 
 /// The owned-MR snapshot with the last lookup remembered (see
