@@ -50,7 +50,11 @@
 //! A channel's data messages go from one VQP (one DCI) to one DCT, so they
 //! arrive in order; the receive CQ is drained by one thread at a time, so
 //! they enter the port's ring in order. The ring is FIFO: per-sender order
-//! is kept (checked: [`MsgStats::out_of_order`]). Replies of a port go
+//! is kept (checked: [`MsgStats::out_of_order`]). A polled receive is never
+//! dropped on the way: its body is copied out of the slot first, and a slot
+//! whose re-post the SRQ refuses (a full-looking SRQ for a moment) waits for
+//! the next drain ([`MsgStats::reposts_deferred`]) while its message is
+//! delivered; dropping it would let the channel's next message overtake it. Replies of a port go
 //! through the port's one VQP: per-channel order again.
 //!
 //! # Zero copy
