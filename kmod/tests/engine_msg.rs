@@ -129,7 +129,10 @@ fn ten_thousand_messages_arrive_intact_and_in_order_per_sender() {
     );
     let st = rx.msg_stats();
     assert_eq!(st.out_of_order, 0);
-    assert_eq!(st.malformed + st.orphaned + st.recv_errors, 0);
+    assert_eq!(
+        st.malformed + st.orphaned + st.recv_errors + st.progress_errors,
+        0
+    );
     assert_eq!(st.pulled as usize, large);
     assert!(port.try_pop().unwrap().is_none(), "nothing extra");
 }
@@ -364,4 +367,88 @@ fn an_engine_that_used_messaging_is_dropped() {
     drop((m, port, rx));
     let d = nic.counters() - before;
     assert!(d.qps_destroyed >= 2, "DCT and DCIs destroyed: {d:?}");
+}
+
+/// The 10,000-message test as a stress run with knobs from the environment
+/// (`P_SENDERS`, `P_PER`, `P_INLINE`, `P_WINDOW`, `P_POOL`, `P_DEPTH`),
+/// printing every node's messaging and DCI stats; collects up to 20 order
+/// or header/body mismatches before failing. Long: `--ignored`.
+#[test]
+#[ignore]
+fn order_stress_with_knobs() {
+    let env = |k: &str, d: u64| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let senders = env("P_SENDERS", 4) as u32;
+    let per = env("P_PER", 2500);
+    let inline = env("P_INLINE", 1024) as usize;
+    let window = env("P_WINDOW", 4) as u32;
+    let pool = env("P_POOL", 0) as usize;
+    let depth = env("P_DEPTH", 0) as u32;
+    let c = Arc::new(Cluster::new());
+    let tune = move |cfg: &mut EngineConfig| {
+        cfg.msg.inline_max = inline;
+        cfg.msg.window = window;
+        if pool > 0 {
+            cfg.pool_size = pool;
+        }
+        if depth > 0 {
+            cfg.vqp_depth = depth;
+        }
+    };
+    let rx = node(&c, tune);
+    let port = rx.bind(PORT).expect("bind");
+    let rx_gid = rx.gid();
+    let sizes = move |s: u32| {
+        let mut r = Rng(0xabcd ^ (u64::from(s + 1) * 0x1000_0001));
+        (0..per)
+            .map(|_| (r.next() % (4 * inline as u64)) as usize)
+            .collect::<Vec<_>>()
+    };
+    let nodes: Vec<_> = (0..senders).map(|_| node(&c, tune)).collect();
+    let threads: Vec<_> = nodes
+        .iter()
+        .enumerate()
+        .map(|(s, e)| {
+            let ep = e.endpoint().expect("endpoint");
+            std::thread::spawn(move || {
+                for (seq, len) in sizes(s as u32).into_iter().enumerate() {
+                    ep.push(rx_gid, PORT, &body(s as u32, seq as u64, len))
+                        .unwrap_or_else(|err| panic!("sender {s} message {seq}: {err}"));
+                }
+                ep
+            })
+        })
+        .collect();
+    let mut next: HashMap<(Gid, u32), u64> = HashMap::new();
+    let mut bad = Vec::new();
+    for _ in 0..u64::from(senders) * per {
+        let m = port.pop_timeout(WAIT).expect("pop");
+        let seq = next.entry((m.from.gid, m.from.vqp)).or_default();
+        if m.seq != *seq && bad.len() < 20 {
+            bad.push((m.from, *seq, m.seq, m.len(), m.is_zero_copy()));
+        }
+        let data = m.to_vec();
+        if data.len() >= 12 {
+            let s = u32::from_le_bytes(data[..4].try_into().unwrap());
+            let bseq = u64::from_le_bytes(data[4..12].try_into().unwrap());
+            if bseq != m.seq && bad.len() < 20 {
+                bad.push((m.from, 1 << 60 | bseq, m.seq, s as usize, m.is_zero_copy()));
+            }
+        }
+        *seq = m.seq + 1;
+    }
+    let eps: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    eprintln!("rx msg {:?}", rx.msg_stats());
+    eprintln!("rx dci {:?}", rx.stats().dci);
+    for (e, ep) in nodes.iter().zip(&eps) {
+        eprintln!("tx {} msg {:?}", ep.id(), e.msg_stats());
+        eprintln!("tx dci {:?}", e.stats().dci);
+    }
+    assert!(bad.is_empty(), "order violations: {bad:?}");
+    let st = rx.msg_stats();
+    assert_eq!(st.out_of_order + st.progress_errors + st.malformed, 0);
 }

@@ -50,7 +50,11 @@
 //! A channel's data messages go from one VQP (one DCI) to one DCT, so they
 //! arrive in order; the receive CQ is drained by one thread at a time, so
 //! they enter the port's ring in order. The ring is FIFO: per-sender order
-//! is kept (checked: [`MsgStats::out_of_order`]). Replies of a port go
+//! is kept (checked: [`MsgStats::out_of_order`]). A polled receive is never
+//! dropped on the way: its body is copied out of the slot first, and a slot
+//! whose re-post the SRQ refuses (a full-looking SRQ for a moment) waits for
+//! the next drain ([`MsgStats::reposts_deferred`]) while its message is
+//! delivered; dropping it would let the channel's next message overtake it. Replies of a port go
 //! through the port's one VQP: per-channel order again.
 //!
 //! # Zero copy
@@ -246,9 +250,12 @@ pub struct MsgStats {
     /// Error completions of the node's own message sends.
     pub send_errors: u64,
     /// Receives whose handling failed (a receive buffer that could not be
-    /// re-posted, an answer to an Open that could not be sent: that sender
+    /// read, an answer to an Open that could not be sent: that sender
     /// times out, typed).
     pub progress_errors: u64,
+    /// Receive slots whose re-post the SRQ refused; each is posted again
+    /// by the next drain (its message was delivered regardless).
+    pub reposts_deferred: u64,
 }
 
 #[derive(Default)]
@@ -266,6 +273,7 @@ pub(crate) struct Counters {
     pub(crate) recv_errors: AtomicU64,
     pub(crate) send_errors: AtomicU64,
     pub(crate) progress_errors: AtomicU64,
+    pub(crate) reposts_deferred: AtomicU64,
 }
 
 pub(crate) fn bump(c: &AtomicU64) {
@@ -389,13 +397,28 @@ pub(crate) struct MsgNode<N: Nic> {
     pub(crate) bufs: OwnedMr<N>,
     pub(crate) srq: N::Srq,
     pub(crate) cq: N::Cq,
-    /// Held (try-lock) by the one thread draining the receive CQ.
-    pub(crate) recv: Mutex<()>,
+    /// Held (try-lock) by the one thread draining the receive CQ; holds
+    /// the receive slots whose re-post was refused (retried first thing by
+    /// every drain).
+    pub(crate) recv: Mutex<Receiving>,
     pub(crate) budget: Mutex<u32>,
     pub(crate) ports: RwLock<HashMap<u16, Arc<PortShared<N>>>>,
     pub(crate) endpoints: RwLock<HashMap<u32, Arc<EndpointShared<N>>>>,
     pub(crate) counters: Counters,
     pub(crate) thread: Mutex<Option<Worker>>,
+}
+
+/// The receive side's own state (under [`MsgNode::recv`]).
+#[derive(Default)]
+pub(crate) struct Receiving {
+    /// Slots (wr_ids) handled whose re-post the SRQ refused: posted again
+    /// by the next drain. A refused re-post never costs the message that
+    /// was in the slot (it was copied out first).
+    pub(crate) deferred: Vec<u64>,
+    /// Test hook: this many upcoming re-posts are refused as if the SRQ
+    /// were full.
+    #[cfg(test)]
+    pub(crate) refuse_reposts: u32,
 }
 
 /// The progress thread: stopped and joined when the node is dropped
@@ -493,11 +516,11 @@ impl<N: Nic> MsgNode<N> {
             budget: Mutex::new(depth - cfg.ctl_slots),
             cfg,
             slot_len,
-            ring_len: slot_len * eng.cfg.vqp_depth as usize,
+            ring_len: slot_len * (eng.cfg.vqp_depth as usize + 1),
             bufs,
             srq: r.srq.clone(),
             cq: r.cq.clone(),
-            recv: Mutex::new(()),
+            recv: Mutex::new(Receiving::default()),
             ports: RwLock::new(HashMap::new()),
             endpoints: RwLock::new(HashMap::new()),
             counters: Counters::default(),
@@ -519,12 +542,16 @@ impl<N: Nic> MsgNode<N> {
         Ok(node)
     }
 
-    /// A staging ring for inline sends: `vqp_depth` slots of a receive
-    /// slot's size, used round-robin ([`MsgNode::ring_slot`]): a slot is
-    /// reused `vqp_depth` posts of its VQP later, when the VQP's depth
-    /// guarantees the WR that used it was retired.
+    /// A staging ring for inline sends: `vqp_depth + 1` slots of a receive
+    /// slot's size, used round-robin ([`MsgNode::ring_slot`]). A slot is
+    /// written again `vqp_depth + 1` posts of its VQP later, BEFORE that post
+    /// is checked for room: at that moment the `vqp_depth` WRs in between
+    /// may all be outstanding, so (a VQP holds at most `vqp_depth`, retired
+    /// in order) the WR that used the slot was retired. With only
+    /// `vqp_depth` slots it could still be outstanding: a NIC reading it
+    /// late, or a recovery re-posting it, would send the newer message.
     pub(crate) fn staging_ring(&self, eng: &EngineInner<N>) -> Result<OwnedMr<N>, MsgError> {
-        let slots = eng.cfg.vqp_depth as usize;
+        let slots = eng.cfg.vqp_depth as usize + 1;
         let mr = eng
             .nic
             .alloc_mr(&eng.pd, slots * self.slot_len, Access::LOCAL_WRITE)
@@ -573,15 +600,22 @@ impl<N: Nic> MsgNode<N> {
             recv_errors: l(&c.recv_errors),
             send_errors: l(&c.send_errors),
             progress_errors: l(&c.progress_errors),
+            reposts_deferred: l(&c.reposts_deferred),
         }
     }
 
     /// Drains the receive CQ (one thread at a time; others return 0 at
     /// once) and demultiplexes what arrived.
     pub(crate) fn progress(&self, eng: &Arc<EngineInner<N>>) -> Result<usize, MsgError> {
-        let Some(_receiving) = self.recv.try_lock() else {
+        let Some(mut receiving) = self.recv.try_lock() else {
             return Ok(0);
         };
+        let rx = &mut *receiving;
+        if !rx.deferred.is_empty() {
+            for slot in std::mem::take(&mut rx.deferred) {
+                self.repost(rx, slot);
+            }
+        }
         let mut wcs = [Wc::default(); 16];
         let mut total = 0;
         let mut first_error = None;
@@ -593,7 +627,7 @@ impl<N: Nic> MsgNode<N> {
             // Every polled completion is handled, whatever fails for one of
             // them: a completion is polled once.
             for wc in &wcs[..k] {
-                if let Err(e) = self.handle(eng, wc) {
+                if let Err(e) = self.handle(eng, rx, wc) {
                     bump(&self.counters.progress_errors);
                     first_error.get_or_insert(e);
                 }
@@ -608,22 +642,44 @@ impl<N: Nic> MsgNode<N> {
         }
     }
 
-    pub(crate) fn handle(&self, eng: &Arc<EngineInner<N>>, wc: &Wc) -> Result<(), MsgError> {
+    /// Posts receive slot `slot` on the SRQ again; a refused post (the SRQ
+    /// can report itself full for a moment while a sender is taking a
+    /// buffer) leaves it in `rx.deferred` for the next drain.
+    pub(crate) fn repost(&self, rx: &mut Receiving, slot: u64) {
+        #[cfg(test)]
+        if rx.refuse_reposts > 0 {
+            rx.refuse_reposts -= 1;
+            bump(&self.counters.reposts_deferred);
+            rx.deferred.push(slot);
+            return;
+        }
+        let off = slot as usize * self.slot_len;
+        let posted = self
+            .bufs
+            .sge(off, self.slot_len as u32)
+            .is_ok_and(|sge| self.srq.post_recv(&[RecvWr::new(slot, sge)]).is_ok());
+        if !posted {
+            bump(&self.counters.reposts_deferred);
+            rx.deferred.push(slot);
+        }
+    }
+
+    /// Handles one receive completion. Whatever fails, a message that
+    /// arrived intact is delivered (a polled completion is never lost: the
+    /// channel's next message would otherwise overtake it).
+    pub(crate) fn handle(
+        &self,
+        eng: &Arc<EngineInner<N>>,
+        rx: &mut Receiving,
+        wc: &Wc,
+    ) -> Result<(), MsgError> {
         bump(&self.counters.received);
         let slot = wc.wr_id as usize;
         let off = slot * self.slot_len;
-        let repost = |this: &MsgNode<N>| -> Result<(), MsgError> {
-            let sge = this
-                .bufs
-                .sge(off, this.slot_len as u32)
-                .map_err(MsgError::nic("a receive buffer"))?;
-            this.srq
-                .post_recv(&[RecvWr::new(wc.wr_id, sge)])
-                .map_err(|e| MsgError::Vqp(VqpError::Post(e)))
-        };
         if !wc.status.is_ok() {
             bump(&self.counters.recv_errors);
-            return repost(self);
+            self.repost(rx, wc.wr_id);
+            return Ok(());
         }
         // The header, then the body straight into its own buffer (one copy
         // out of the receive slot).
@@ -638,8 +694,9 @@ impl<N: Nic> MsgNode<N> {
             .map_err(MsgError::nic("read a receive buffer"));
         let parsed = MsgPacket::new_checked(&head[..head_len])
             .and_then(|p| MsgRepr::parse_with_body(&p, body.len()));
-        // The buffer goes back to the SRQ whatever happens next.
-        repost(self)?;
+        // The buffer goes back to the SRQ whatever happens next (or to the
+        // deferred list: the message, copied out above, is delivered anyway).
+        self.repost(rx, wc.wr_id);
         read?;
         let Ok(m) = parsed else {
             bump(&self.counters.malformed);
@@ -859,5 +916,103 @@ impl<N: Nic> Engine<N> {
     /// forked child).
     pub fn msg_supported(&self) -> bool {
         self.mode() == EngineMode::Dc && !self.inner.forked.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use krcore_meta::table::Geometry;
+    use krcore_meta::{MetaConfig, MetaServer};
+    use krcore_nic::sim::{SimConfig, SimFabric, SimNic};
+
+    use super::super::{Engine, EngineConfig, MetaLocation};
+
+    const PORT: u16 = 7;
+
+    /// A receive slot whose re-post the SRQ refuses (the sim's SRQ says
+    /// "full" for a moment while a sender is taking a buffer, which heavy
+    /// load stretches) used to cost the message in it: the channel's next
+    /// message then overtook it (the per-sender order check of the
+    /// 10,000-message test failed once). Now the message is delivered and
+    /// the slot posted again by the next drain.
+    #[test]
+    fn a_refused_repost_costs_no_message_and_no_slot() {
+        let fabric = SimFabric::in_memory();
+        let nic = || SimNic::open(&fabric, SimConfig::default()).expect("sim node");
+        let geometry = Geometry::with_buckets(64).expect("geometry");
+        let mut meta = MetaServer::start(
+            nic(),
+            MetaConfig {
+                geometry,
+                ..MetaConfig::default()
+            },
+        )
+        .expect("meta");
+        let location = MetaLocation::from_bootstrap(&meta.bootstrap()).expect("location");
+        let mut node = || {
+            let mut cfg = EngineConfig::default().with_meta(location);
+            cfg.msg.window = 8;
+            cfg.msg.timeout = Duration::from_secs(10);
+            let e = Engine::start(nic(), cfg).expect("engine");
+            meta.table_mut()
+                .register(e.local_target(), 0, 1 << 40, 0)
+                .expect("register");
+            e
+        };
+        let (rx, tx) = (node(), node());
+        let port = rx.bind(PORT).expect("bind");
+        let ep = tx.endpoint().expect("endpoint");
+        let host = rx.inner.msg.get().expect("messaging").clone();
+        let body = |i: u64| i.to_le_bytes().to_vec();
+        // The channel opens (the receiver answers the Open from a helper
+        // thread: no progress thread here), message 0 goes through.
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                while !done.load(std::sync::atomic::Ordering::Acquire) {
+                    let _ = rx.msg_progress();
+                    std::thread::yield_now();
+                }
+            });
+            let pushed = ep.push(rx.gid(), PORT, &body(0));
+            done.store(true, std::sync::atomic::Ordering::Release);
+            pushed.expect("first push");
+        });
+        let m = port.pop().expect("message 0");
+        assert_eq!((m.seq, m.to_vec()), (0, body(0)));
+        // Three messages wait in the receive CQ; the re-posts of all three
+        // slots are refused when they are handled.
+        for i in 1..4 {
+            ep.push(rx.gid(), PORT, &body(i)).expect("push");
+        }
+        host.recv.lock().refuse_reposts = 3;
+        let m = port.pop().expect("message 1");
+        assert_eq!((m.seq, m.to_vec()), (1, body(1)));
+        assert_eq!(host.recv.lock().deferred.len(), 3, "slots held back");
+        assert_eq!(rx.msg_stats().reposts_deferred, 3);
+        for i in 2..4 {
+            let m = port.pop().expect("message");
+            assert_eq!((m.seq, m.to_vec()), (i, body(i)), "in order, intact");
+        }
+        assert!(host.recv.lock().deferred.is_empty(), "slots posted again");
+        // More messages than the SRQ has slots, one refusal every 7: all
+        // arrive, in order, and no slot stays out.
+        let depth = rx.inner.cfg.recv_depth as u64;
+        for i in 4..4 + 2 * depth {
+            if i % 7 == 0 {
+                host.recv.lock().refuse_reposts = 1;
+            }
+            ep.push(rx.gid(), PORT, &body(i)).expect("push");
+            let m = port.pop().expect("message");
+            assert_eq!((m.seq, m.to_vec()), (i, body(i)), "in order, intact");
+        }
+        let _ = rx.msg_progress().expect("progress");
+        assert!(host.recv.lock().deferred.is_empty(), "slots posted again");
+        let st = rx.msg_stats();
+        let refused = (4..4 + 2 * depth).filter(|i| i % 7 == 0).count() as u64;
+        assert_eq!(st.reposts_deferred, 3 + refused);
+        assert_eq!(st.out_of_order + st.progress_errors + st.malformed, 0);
     }
 }
