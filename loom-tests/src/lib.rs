@@ -25,7 +25,7 @@
 //! |---------------------------------|--------------|-------------------|
 //! | `shared_qp::mutation_recording_after_the_doorbell_loses_completions` | account updated in the doorbell's critical section | account refused a completion |
 //! | `shared_qp::mutation_draining_outside_the_qp_lock_routes_out_of_order` | CQ drained and routed under the QP lock | account refused a completion |
-//! | `upgrade_switch::mutation_drain_check_and_move_under_two_locks` | `detach_drained` checks and takes under one DCI lock | a WR never completed (a DCI post slipped in between; its completion has no state to go to) |
+//! | `upgrade_switch::mutation_drain_check_and_move_under_two_locks` | `detach_drained` checks and takes under one DCI lock | posted on the RC pair while WRs of the VQP are in flight on the DCI (a DCI post slipped in between check and move); without the later RC post: a WR never completed |
 //! | `upgrade_switch::mutation_switching_without_waiting_for_drain` | the switch waits for the VQP's DCI WRs | posted on the RC pair while WRs of the VQP are in flight on the DCI |
 //! | `upgrade_switch::mutation_switch_leaves_unpolled_completions_behind` | unpolled completions move with the state | lost completion (`[0, 2]` delivered) |
 //! | `upgrade_switch::mutation_evicting_a_pair_with_work_in_flight` | `close_if_idle` closes only with nothing in flight | posted on the DCI while WRs of the VQP are in flight on the RC pair |

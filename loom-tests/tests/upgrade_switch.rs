@@ -395,8 +395,9 @@ fn post_poll_post(vqp: &Vqp) {
     vqp.post();
 }
 
-/// The switch: one WR already in flight on the DCI; a user posts and
-/// polls, another polls, while the hint switches the VQP to its pair.
+/// The switch: one WR already in flight on the DCI; a user posts, polls and
+/// posts, another posts and polls, while the hint switches the VQP to its
+/// pair.
 fn upgrade_model(steps: Steps) {
     loom::model(move || {
         let vqp = Arc::new(Vqp::new(steps, false));
@@ -408,6 +409,7 @@ fn upgrade_model(steps: Steps) {
         let poller = {
             let vqp = vqp.clone();
             thread::spawn(move || {
+                vqp.post();
                 vqp.poll();
             })
         };
@@ -448,7 +450,7 @@ fn eviction_moves_the_vqp_back_to_its_dci_losing_nothing() {
 /// state taken under a second. A post on the DCI in between moves to the
 /// pair with its WR in flight on the DCI.
 #[test]
-#[should_panic(expected = "a WR never completed")]
+#[should_panic(expected = "in flight on the DCI")]
 fn mutation_drain_check_and_move_under_two_locks() {
     upgrade_model(Steps {
         check_and_move_under_one_lock: false,
