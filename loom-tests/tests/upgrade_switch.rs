@@ -1,0 +1,489 @@
+//! loom model of the VQP switch from DC to RC with in-flight work (kmod's
+//! `engine::upgrade`), and of the way back when the pair is evicted, with
+//! kmod's pure pieces: a [`SendQueueCredits`] account per physical QP and
+//! the VQP's [`SlotTable`] (physical wr_id -> the user's wr_id), which moves
+//! between the QPs with the rest of the VQP's state.
+//!
+//! The modeled host mirrors `engine/upgrade.rs` and `engine/physqp.rs`:
+//! - a physical QP (the DCI, the RC pair) has one lock guarding its account,
+//!   the VQP states it holds, its send queue, its CQ and its doorbell; a
+//!   doorbelled WR stays in flight (in the send queue) until the next poll
+//!   of that QP, when the NIC has executed it into the CQ; a poll then
+//!   routes the whole CQ into the VQP's ring of unpolled completions (as
+//!   `PhysQp::drain` does in batches) and pops one, so a switch or an
+//!   eviction can find WRs in flight and completions not yet polled;
+//! - the VQP's binding: a lock over `{rc, pending}`, an `on_rc` flag read
+//!   without it by the fast paths, and `due` (`next_at == 0`: the next post
+//!   tries to switch);
+//! - the switch (`Vqp::switch` over `PhysQp::detach_drained`): the state
+//!   leaves the DCI only if none of the VQP's WRs is in flight there,
+//!   checked and taken under the DCI's single lock; the state carries its
+//!   unpolled completions along;
+//! - eviction (`PhysQp::close_if_idle`): drains the pair's CQ and closes it
+//!   only with nothing in flight; the next post finds it closed (`Stale`) and
+//!   moves the state back to the DCI (`Vqp::downgrade`).
+//!
+//! Every WR gets the next value of one global ticket counter under its QP's
+//! lock, as its user wr_id: the post order. Invariants: the VQP is
+//! delivered exactly the tickets `0..n` in that order (no lost, no
+//! duplicate completion; per-VQP order kept across the switch), nothing is
+//! posted on one QP while the VQP has WRs in flight on the other, and at the
+//! end both accounts are empty and the state is in exactly one place.
+//!
+//! The protected steps are switchable; each `mutation_*` model removes one
+//! and must fail (`should_panic`).
+#![cfg(krcore_loom)]
+
+use std::collections::VecDeque;
+
+use krcore_kmod::{PhysWrId, PostedWr, SendQueueCredits, SlotTable, VqpId};
+use krcore_nic::{Wc, WcStatus};
+use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::SeqCst};
+use loom::sync::{Arc, Mutex};
+use loom::thread;
+
+const DEPTH: u32 = 4;
+
+fn vqp_id() -> VqpId {
+    VqpId::new(1).unwrap()
+}
+
+/// Which protected steps the host performs.
+#[derive(Clone, Copy)]
+struct Steps {
+    /// The switch checks "drained" and detaches in one DCI critical section
+    /// (else: checks under one acquisition, detaches under a second).
+    check_and_move_under_one_lock: bool,
+    /// The switch waits for the VQP's DCI WRs to drain (else: moves at once).
+    wait_for_drain: bool,
+    /// The moved state keeps its unpolled completions (else: they stay
+    /// behind on the DCI's side and are dropped with its entry).
+    move_unpolled: bool,
+    /// Eviction closes a pair only with nothing in flight (else: whatever
+    /// is in flight is destroyed with the QP).
+    evict_only_idle: bool,
+}
+
+const CORRECT: Steps = Steps {
+    check_and_move_under_one_lock: true,
+    wait_for_drain: true,
+    move_unpolled: true,
+    evict_only_idle: true,
+};
+
+/// The VQP's state (`VqpState`): it lives on exactly one physical QP.
+struct VqpState {
+    slots: SlotTable,
+    /// Completions routed, not yet polled (user wr_ids).
+    ring: VecDeque<u64>,
+    /// What the user has polled, in order.
+    delivered: Vec<u64>,
+}
+
+struct QpState {
+    open: bool,
+    credits: SendQueueCredits,
+    vqp: Option<VqpState>,
+    /// Doorbelled WRs the NIC has not executed yet.
+    sq: VecDeque<Wc>,
+    cq: VecDeque<Wc>,
+}
+
+/// A physical QP (the DCI or the RC pair).
+struct Qp {
+    name: &'static str,
+    state: Mutex<QpState>,
+    /// Oracle: the VQP's WRs posted here and not yet routed.
+    inflight: AtomicU32,
+}
+
+enum PostFail {
+    /// This QP does not hold the VQP's state, or is closed.
+    Stale,
+}
+
+impl Qp {
+    fn new(name: &'static str, vqp: Option<VqpState>) -> Qp {
+        Qp {
+            name,
+            state: Mutex::new(QpState {
+                open: true,
+                credits: SendQueueCredits::new(DEPTH),
+                vqp,
+                sq: VecDeque::new(),
+                cq: VecDeque::new(),
+            }),
+            inflight: AtomicU32::new(0),
+        }
+    }
+
+    /// Posts one signaled WR for the VQP (`PhysQp::post`); `other` is the
+    /// VQP's other QP, checked by the oracle.
+    fn post(&self, other: &Qp, ticket: &AtomicU64) -> Result<(), PostFail> {
+        let mut guard = self.state.lock().unwrap();
+        let st = &mut *guard;
+        let (true, Some(v)) = (st.open, st.vqp.as_mut()) else {
+            return Err(PostFail::Stale);
+        };
+        assert_eq!(
+            other.inflight.load(SeqCst),
+            0,
+            "posted on {} while WRs of the VQP are in flight on {}",
+            self.name,
+            other.name
+        );
+        let id = ticket.fetch_add(1, SeqCst);
+        let seq = v.slots.push(id, true).expect("VQP has room");
+        let wr = PostedWr {
+            wr_id: PhysWrId::new(vqp_id(), seq),
+            signaled: true,
+        };
+        st.credits.post([wr]).expect("credits");
+        self.inflight.fetch_add(1, SeqCst);
+        // The doorbell: the WR is the NIC's now; it completes later.
+        st.sq.push_back(Wc {
+            wr_id: wr.wr_id.raw(),
+            status: WcStatus::Success,
+            ..Wc::default()
+        });
+        Ok(())
+    }
+
+    /// Routes the CQ's oldest completion into the VQP's ring (`route`).
+    fn route_one(&self, st: &mut QpState) -> bool {
+        let Some(wc) = st.cq.pop_front() else {
+            return false;
+        };
+        let retired: Vec<PostedWr> = st
+            .credits
+            .complete_wr_id(PhysWrId::from_raw(wc.wr_id), wc.status)
+            .unwrap_or_else(|e| panic!("{}: account refused a completion: {e}", self.name))
+            .map(|(_, w)| w)
+            .collect();
+        for w in retired {
+            self.inflight.fetch_sub(1, SeqCst);
+            // No state here: the completion has nobody to go to (lost).
+            let Some(v) = st.vqp.as_mut() else { continue };
+            let Some(seq) = v.slots.resolve(w.wr_id.wire_seq()) else {
+                continue;
+            };
+            let slots: Vec<_> = v.slots.retire_through(seq).unwrap().collect();
+            for (_, s) in slots {
+                v.ring.push_back(s.user_wr_id);
+            }
+        }
+        true
+    }
+
+    /// Polls one completion for the VQP (`PhysQp::poll`): `None` when this
+    /// QP does not hold its state.
+    fn poll(&self) -> Option<usize> {
+        let mut guard = self.state.lock().unwrap();
+        let st = &mut *guard;
+        st.vqp.as_ref()?;
+        // The NIC has executed what was posted before this poll.
+        let done: Vec<Wc> = st.sq.drain(..).collect();
+        st.cq.extend(done);
+        while self.route_one(st) {}
+        let v = st.vqp.as_mut().unwrap();
+        Some(v.ring.pop_front().map_or(0, |id| {
+            v.delivered.push(id);
+            1
+        }))
+    }
+
+    /// `PhysQp::detach_drained`: the state, if none of its WRs is in flight.
+    fn detach_drained(&self, steps: Steps) -> Option<VqpState> {
+        let drained = |st: &QpState| {
+            !steps.wait_for_drain || st.vqp.as_ref().is_some_and(|v| v.slots.outstanding() == 0)
+        };
+        let mut st = self.state.lock().unwrap();
+        if !drained(&st) {
+            return None;
+        }
+        if !steps.check_and_move_under_one_lock {
+            drop(st);
+            st = self.state.lock().unwrap();
+        }
+        let mut v = st.vqp.take()?;
+        if !steps.move_unpolled {
+            v.ring.clear();
+        }
+        Some(v)
+    }
+
+    /// `PhysQp::detach` (a closed pair: nothing of the VQP in flight).
+    fn detach(&self) -> Option<VqpState> {
+        self.state.lock().unwrap().vqp.take()
+    }
+
+    fn attach(&self, v: VqpState) {
+        let mut st = self.state.lock().unwrap();
+        assert!(st.vqp.is_none(), "{} already holds the VQP", self.name);
+        st.vqp = Some(v);
+    }
+
+    /// `PhysQp::close_if_idle` (eviction): drains the CQ, closes if idle.
+    fn close_if_idle(&self, steps: Steps) -> bool {
+        let mut guard = self.state.lock().unwrap();
+        let st = &mut *guard;
+        while self.route_one(st) {}
+        if steps.evict_only_idle && st.credits.outstanding() > 0 {
+            return false;
+        }
+        st.open = false;
+        // Destroying the QP: whatever was still in flight is gone.
+        st.sq.clear();
+        st.cq.clear();
+        true
+    }
+}
+
+struct Slot {
+    rc: bool,
+    pending: bool,
+}
+
+/// The VQP and its binding (`DcBinding`).
+struct Vqp {
+    steps: Steps,
+    dci: Qp,
+    rc: Qp,
+    slot: Mutex<Slot>,
+    on_rc: AtomicBool,
+    /// `next_at == 0`: the next post goes down the slow path to switch.
+    due: AtomicBool,
+    ticket: AtomicU64,
+}
+
+impl Vqp {
+    fn new(steps: Steps, on_rc: bool) -> Vqp {
+        let state = || VqpState {
+            slots: SlotTable::new(DEPTH),
+            ring: VecDeque::new(),
+            delivered: Vec::new(),
+        };
+        Vqp {
+            steps,
+            dci: Qp::new("the DCI", (!on_rc).then(state)),
+            rc: Qp::new("the RC pair", on_rc.then(state)),
+            slot: Mutex::new(Slot {
+                rc: on_rc,
+                pending: false,
+            }),
+            on_rc: AtomicBool::new(on_rc),
+            due: AtomicBool::new(false),
+            ticket: AtomicU64::new(0),
+        }
+    }
+
+    /// `Vqp::switch`: moves the state to the pending pair if drained.
+    fn switch(&self, slot: &mut Slot) -> bool {
+        if !slot.pending {
+            return false;
+        }
+        match self.dci.detach_drained(self.steps) {
+            Some(v) => {
+                self.rc.attach(v);
+                slot.pending = false;
+                slot.rc = true;
+                self.on_rc.store(true, SeqCst);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The hint (`Vqp::upgrade`), the pair already made.
+    fn upgrade(&self) -> bool {
+        let mut slot = self.slot.lock().unwrap();
+        if slot.rc {
+            return true;
+        }
+        slot.pending = true;
+        let moved = self.switch(&mut slot);
+        if !moved {
+            self.due.store(true, SeqCst);
+        }
+        moved
+    }
+
+    /// `Vqp::downgrade`: the pair is closed; the state goes back.
+    fn downgrade(&self, slot: &mut Slot) {
+        if !std::mem::take(&mut slot.rc) {
+            return;
+        }
+        let v = self.rc.detach().expect("the closed pair held the state");
+        self.dci.attach(v);
+        self.on_rc.store(false, SeqCst);
+        self.due.store(false, SeqCst);
+    }
+
+    /// `Vqp::post_dc`: one signaled WR.
+    fn post(&self) {
+        if !self.on_rc.load(SeqCst)
+            && !self.due.load(SeqCst)
+            && self.dci.post(&self.rc, &self.ticket).is_ok()
+        {
+            return;
+        }
+        for _ in 0..4 {
+            let mut slot = self.slot.lock().unwrap();
+            if slot.rc {
+                match self.rc.post(&self.dci, &self.ticket) {
+                    Ok(()) => return,
+                    Err(PostFail::Stale) => {
+                        self.downgrade(&mut slot);
+                        continue;
+                    }
+                }
+            }
+            if self.due.load(SeqCst) && self.switch(&mut slot) {
+                continue;
+            }
+            if self.dci.post(&self.rc, &self.ticket).is_ok() {
+                return;
+            }
+        }
+        panic!("post found the VQP's state nowhere");
+    }
+
+    /// `Vqp::poll_dc`: one completion at most.
+    fn poll(&self) -> usize {
+        if !self.on_rc.load(SeqCst) {
+            if let Some(n) = self.dci.poll() {
+                return n;
+            }
+        }
+        // Under the binding lock: no move in between.
+        let slot = self.slot.lock().unwrap();
+        let q = if slot.rc { &self.rc } else { &self.dci };
+        q.poll().expect("the current QP holds the state")
+    }
+
+    /// After every thread joined: polls everything, checks the invariants.
+    fn settle_and_check(&self) {
+        let n = self.ticket.load(SeqCst);
+        for _ in 0..n {
+            self.poll();
+        }
+        let slot = self.slot.lock().unwrap();
+        let (cur, other) = if slot.rc {
+            (&self.rc, &self.dci)
+        } else {
+            (&self.dci, &self.rc)
+        };
+        let o = other.state.lock().unwrap();
+        assert!(o.vqp.is_none(), "the state is in two places");
+        assert_eq!(o.credits.outstanding(), 0, "a WR never completed");
+        let c = cur.state.lock().unwrap();
+        let v = c.vqp.as_ref().expect("the state is lost");
+        assert_eq!(
+            v.delivered,
+            (0..n).collect::<Vec<_>>(),
+            "lost, duplicate or reordered completion"
+        );
+        assert_eq!(c.credits.outstanding(), 0, "a WR never completed");
+        assert_eq!(v.slots.outstanding(), 0, "a slot never retired");
+    }
+}
+
+/// A user thread: posts a WR, polls once, posts another.
+fn post_poll_post(vqp: &Vqp) {
+    vqp.post();
+    vqp.poll();
+    vqp.post();
+}
+
+/// The switch: one WR already in flight on the DCI; a user posts, polls and
+/// posts, another posts and polls, while the hint switches the VQP to its
+/// pair.
+fn upgrade_model(steps: Steps) {
+    loom::model(move || {
+        let vqp = Arc::new(Vqp::new(steps, false));
+        vqp.post();
+        let poster = {
+            let vqp = vqp.clone();
+            thread::spawn(move || post_poll_post(&vqp))
+        };
+        let poller = {
+            let vqp = vqp.clone();
+            thread::spawn(move || {
+                vqp.post();
+                vqp.poll();
+            })
+        };
+        vqp.upgrade();
+        poster.join().unwrap();
+        poller.join().unwrap();
+        vqp.settle_and_check();
+    });
+}
+
+/// The way back: the VQP is on its pair with one WR in flight; a user
+/// posts and polls while the pair is evicted, then posts again.
+fn evict_model(steps: Steps) {
+    loom::model(move || {
+        let vqp = Arc::new(Vqp::new(steps, true));
+        vqp.post();
+        let poster = {
+            let vqp = vqp.clone();
+            thread::spawn(move || post_poll_post(&vqp))
+        };
+        vqp.rc.close_if_idle(vqp.steps);
+        poster.join().unwrap();
+        vqp.settle_and_check();
+    });
+}
+
+#[test]
+fn upgrade_switch_keeps_every_completion_once_and_in_order() {
+    upgrade_model(CORRECT);
+}
+
+#[test]
+fn eviction_moves_the_vqp_back_to_its_dci_losing_nothing() {
+    evict_model(CORRECT);
+}
+
+/// Mutation: "drained" is checked under one DCI lock acquisition and the
+/// state taken under a second. A post on the DCI in between moves to the
+/// pair with its WR in flight on the DCI.
+#[test]
+#[should_panic(expected = "in flight on the DCI")]
+fn mutation_drain_check_and_move_under_two_locks() {
+    upgrade_model(Steps {
+        check_and_move_under_one_lock: false,
+        ..CORRECT
+    });
+}
+
+/// Mutation: the switch does not wait for the VQP's DCI WRs to drain.
+#[test]
+#[should_panic(expected = "in flight on the DCI")]
+fn mutation_switching_without_waiting_for_drain() {
+    upgrade_model(Steps {
+        wait_for_drain: false,
+        ..CORRECT
+    });
+}
+
+/// Mutation: completions routed but not yet polled stay behind on the DCI.
+#[test]
+#[should_panic(expected = "lost, duplicate or reordered completion")]
+fn mutation_switch_leaves_unpolled_completions_behind() {
+    upgrade_model(Steps {
+        move_unpolled: false,
+        ..CORRECT
+    });
+}
+
+/// Mutation: the pair is evicted with a WR in flight.
+#[test]
+#[should_panic(expected = "in flight on the RC pair")]
+fn mutation_evicting_a_pair_with_work_in_flight() {
+    evict_model(Steps {
+        evict_only_idle: false,
+        ..CORRECT
+    });
+}
