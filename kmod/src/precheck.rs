@@ -194,7 +194,7 @@ pub trait RemoteGrants {
     fn lookup(&self, target: &Gid, rkey: u32) -> Option<RemoteGrant>;
 }
 
-impl RemoteGrants for HashMap<(Gid, u32), RemoteGrant> {
+impl<S: std::hash::BuildHasher> RemoteGrants for HashMap<(Gid, u32), RemoteGrant, S> {
     fn lookup(&self, target: &Gid, rkey: u32) -> Option<RemoteGrant> {
         self.get(&(*target, rkey)).copied()
     }

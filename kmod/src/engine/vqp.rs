@@ -27,13 +27,14 @@
 //! post that would exceed it is refused with [`VqpError::VqpFull`] until the
 //! user polls. Neither posting nor polling allocates.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use krcore_nic::{Gid, Nic, SendWr, Wc};
 use parking_lot::Mutex;
 
 use super::error::{EngineError, VqpError};
+use super::idhash::IdMap;
 use super::physqp::{PhysQp, PostFail};
 use super::upgrade::DcBinding;
 use super::EngineInner;
@@ -47,7 +48,9 @@ pub(crate) struct VqpState {
     /// Completions not yet polled; never grows past its initial capacity.
     pub(crate) ring: VecDeque<Wc>,
     pub(crate) target: Option<CachedTarget>,
-    pub(crate) grants: HashMap<(Gid, u32), RemoteGrant>,
+    /// Keyed by this process's own grants (no untrusted keys): the cheap
+    /// [`IdMap`] hasher, not SipHash, on the pre-check's per-WR lookup.
+    pub(crate) grants: IdMap<(Gid, u32), RemoteGrant>,
 }
 
 impl VqpState {
@@ -56,7 +59,7 @@ impl VqpState {
             slots: SlotTable::new(depth),
             ring: VecDeque::with_capacity(depth as usize),
             target: None,
-            grants: HashMap::new(),
+            grants: IdMap::default(),
         }
     }
 
