@@ -662,7 +662,7 @@ fn main() -> ExitCode {
             .iter()
             .map(|r| plot::Series {
                 name: format!(
-                    "{}: median join {:.1} ms modeled {} ({:.1} ms measured), engine start included",
+                    "{}: median join {:.1} ms modeled {}, {:.1} ms measured, with engine start",
                     r.mode.name(),
                     r.median(JoinRecord::modeled_us),
                     args.latency_model,

@@ -196,11 +196,11 @@ pub fn draw(
         // Legend.
         let ly = y1 + 8 + 14 * i as i32;
         root.draw(&Rectangle::new(
-            [(x1 - 560, ly), (x1 - 548, ly + 8)],
+            [(x1 - 690, ly), (x1 - 678, ly + 8)],
             c.filled(),
         ))
         .map_err(draw_err)?;
-        text(&root, &s.name, (x1 - 542, ly), 1, &black)?;
+        text(&root, &s.name, (x1 - 672, ly), 1, &black)?;
     }
     for (i, n) in notes.iter().enumerate() {
         text(
