@@ -25,7 +25,7 @@
 
 use crate::driver::{Backend, BackendError, Found, KvClient};
 use krcore::Node;
-use krcore_kmod::MetaLocation;
+use krcore_kmod::{EngineConfig, MetaLocation};
 use krcore_meta::bootstrap;
 use krcore_nic::sim::{LatencyModel, SimConfig, SimFabric, SimNic};
 use race_store::clock::{Clock, SystemClock};
@@ -233,6 +233,22 @@ impl ClusterHost {
         opts: &ClusterOptions,
         dir: Option<tempfile::TempDir>,
     ) -> Result<ClusterHost, ClusterError> {
+        Self::start_with(fabric, opts, dir, EngineConfig::default())
+    }
+
+    /// As [`ClusterHost::start`], the memory nodes' engines built with
+    /// `memory_engine` (e.g. with `upgrade_endpoint`, so compute nodes can
+    /// upgrade hot VQPs to RC: the SDK registers the handshake endpoint in
+    /// the meta table beside the node's DCT when the node joins).
+    ///
+    /// # Errors
+    /// [`ClusterError::Setup`].
+    pub fn start_with(
+        fabric: SimFabric,
+        opts: &ClusterOptions,
+        dir: Option<tempfile::TempDir>,
+        memory_engine: EngineConfig,
+    ) -> Result<ClusterHost, ClusterError> {
         let n = opts.memory_nodes.max(1);
         let epoch_us = crate::proc::epoch_us();
         fabric
@@ -257,6 +273,7 @@ impl ClusterHost {
         for id in 0..n {
             let node = Node::builder()
                 .join(&meta)
+                .config(memory_engine.clone())
                 .build()
                 .map_err(|e| setup("open a memory node")(e.to_string()))?;
             let s = MemoryServer::start(&node, id, opts.node_bytes, &opts.table, n)

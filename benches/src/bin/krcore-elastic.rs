@@ -8,6 +8,7 @@
 //! krcore-elastic [--mode krcore|verbs|both] [--memory-nodes 4] [--compute-nodes 8]
 //!                [--duration 6s] [--join-every 500ms] [--records 10000]
 //!                [--latency-model cx4|none] [--no-model-sleep]
+//!                [--pool-size 1] [--upgrade-after 100000|off]
 //!                [--json PATH] [--png PATH]
 //! ```
 
@@ -17,7 +18,8 @@ use krcore_benches::baseline::RcEndpoint;
 use krcore_benches::cluster::{fresh_fabric_dir, ClusterHost, ClusterOptions, Remote};
 use krcore_benches::elastic::rc::{RcAcceptor, RcTransport};
 use krcore_benches::elastic::{
-    plot, timeline, Buckets, EngineSummary, JoinRecord, LoadRecord, Mode, Modeled, Stamps,
+    plot, rate_around, timeline, Buckets, EngineSummary, JoinRecord, LoadRecord, Mode, Modeled,
+    Stamps, UpgradeEvent,
 };
 use krcore_benches::proc::{epoch_us, say, ChildProc};
 use krcore_kmod::EngineConfig;
@@ -73,6 +75,16 @@ struct Args {
     /// Do not sleep the modeled control-path time before the first get.
     #[arg(long)]
     no_model_sleep: bool,
+    /// krcore mode: DCIs in each compute node's pool. None is created at
+    /// engine start; each is created on demand by the first post that
+    /// needs it.
+    #[arg(long, default_value_t = 1)]
+    pool_size: usize,
+    /// krcore mode: WRs a VQP posts to one memory node before it moves to
+    /// an RC pair (EngineConfig::upgrade_after); `off` or `0` disables the
+    /// upgrade (and the handshake endpoints).
+    #[arg(long, default_value = "100000", value_parser = parse_upgrade)]
+    upgrade_after: Upgrade,
     /// Raw series and joins as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -82,6 +94,20 @@ struct Args {
     /// Internal: run as a compute process.
     #[arg(long, hide = true)]
     child_spec: Option<String>,
+}
+
+/// `--upgrade-after`: a WR count, or off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Upgrade(Option<u64>);
+
+fn parse_upgrade(s: &str) -> Result<Upgrade, String> {
+    match s {
+        "off" | "0" => Ok(Upgrade(None)),
+        _ => s
+            .parse::<u64>()
+            .map(|n| Upgrade(Some(n)))
+            .map_err(|_| format!("bad --upgrade-after {s:?} (a WR count, or off)")),
+    }
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -114,6 +140,8 @@ struct ChildSpec {
     records: u64,
     latency: String,
     model_sleep: bool,
+    pool_size: usize,
+    upgrade_after: Option<u64>,
 }
 
 fn key(k: u64) -> String {
@@ -155,6 +183,9 @@ fn engine_summary(node: &Node) -> EngineSummary {
         connect_hits: s.connect_hits,
         connect_misses: s.connect_misses,
         meta_reads: s.meta.reads,
+        rc_upgrades: s.rc_upgrades,
+        rc_downgrades: s.rc_downgrades,
+        rc_upgrade_failures: s.rc_upgrade_failures,
     }
 }
 
@@ -173,10 +204,14 @@ fn child_main(spec: &ChildSpec) -> Result<(), String> {
     let mut modeled = Modeled::default();
     let (transport, context, c1) = match spec.mode {
         Mode::Krcore => {
-            // KRCore creates its DC pool when the module loads: the whole
-            // pool is prestarted here, in the engine start (`context`).
-            let mut cfg = EngineConfig::default();
-            cfg.prestart = cfg.pool_size;
+            // A small lazy pool: the engine start (`context`) creates the
+            // DCT (and, with the upgrade, its handshake UD endpoint) but no
+            // DCI; the first post creates one (counted in the first get).
+            let mut cfg = EngineConfig::default()
+                .with_pool_size(spec.pool_size.max(1))
+                .with_upgrade_after(spec.upgrade_after)
+                .with_upgrade_endpoint(spec.upgrade_after.is_some());
+            cfg.prestart = 0;
             let n = Node::builder()
                 .nic(nic.clone())
                 .config(cfg)
@@ -246,10 +281,25 @@ fn child_main(spec: &ChildSpec) -> Result<(), String> {
     let mut buckets = Buckets::default();
     buckets.add(first_get, 1);
     let (mut ops, mut errors) = (1u64, 0u64);
+    let mut upgrades = Vec::new();
+    let mut seen = (0, 0, 0);
     loop {
         let now = epoch_us();
         if now >= spec.stop_us {
             break;
+        }
+        if let Some(n) = node.as_ref().filter(|_| ops % 64 == 0) {
+            let (u, d, f, _) = n.upgrade_counters();
+            if (u, d, f) != seen {
+                seen = (u, d, f);
+                upgrades.push(UpgradeEvent {
+                    node: spec.index,
+                    t_us: now,
+                    upgrades: u,
+                    downgrades: d,
+                    failures: f,
+                });
+            }
         }
         let k = rng.gen_range(0..spec.records.max(1));
         match client.get(key(k).as_bytes()) {
@@ -265,6 +315,7 @@ fn child_main(spec: &ChildSpec) -> Result<(), String> {
         ops,
         errors,
         engine: node.as_ref().map(engine_summary),
+        upgrades,
     };
     say(&format!(
         "RESULT {}",
@@ -283,6 +334,11 @@ struct ModeRun {
     loads: Vec<LoadRecord>,
     /// `(seconds since start, ops/s)`.
     timeline: Vec<(f64, f64)>,
+    /// Every compute process's upgrade events, in time order.
+    upgrades: Vec<UpgradeEvent>,
+    /// Per process, at its first upgrade: `(node, seconds since start, its
+    /// own ops/s over the 500 ms before, over the 500 ms after)`.
+    upgrade_rates: Vec<(usize, f64, f64, f64)>,
 }
 
 impl ModeRun {
@@ -321,7 +377,11 @@ fn run_mode(args: &Args, mode: Mode) -> Result<ModeRun, String> {
         },
         ..ClusterOptions::default()
     };
-    let host = ClusterHost::start(fabric, &opts, Some(dir)).map_err(|e| e.to_string())?;
+    // krcore mode with the upgrade: the memory nodes answer handshakes.
+    let memory_engine = EngineConfig::default()
+        .with_upgrade_endpoint(mode == Mode::Krcore && args.upgrade_after.0.is_some());
+    let host = ClusterHost::start_with(fabric, &opts, Some(dir), memory_engine)
+        .map_err(|e| e.to_string())?;
     let mut loader = host
         .remote()
         .map_err(|e| e.to_string())?
@@ -366,6 +426,8 @@ fn run_mode(args: &Args, mode: Mode) -> Result<ModeRun, String> {
             records: args.records.max(1),
             latency: args.latency_model.clone(),
             model_sleep: !args.no_model_sleep && model.is_some(),
+            pool_size: args.pool_size,
+            upgrade_after: args.upgrade_after.0,
         };
         let mut cmd = Command::new(&exe);
         cmd.arg("--child-spec")
@@ -387,6 +449,16 @@ fn run_mode(args: &Args, mode: Mode) -> Result<ModeRun, String> {
     }
     drop(acceptors);
     let timeline = timeline(&loads, start_us);
+    let mut upgrades: Vec<UpgradeEvent> = loads.iter().flat_map(|l| l.upgrades.clone()).collect();
+    upgrades.sort_by_key(|u| u.t_us);
+    let upgrade_rates = loads
+        .iter()
+        .filter_map(|l| {
+            let u = l.upgrades.iter().find(|u| u.upgrades > 0)?;
+            let (a, b) = rate_around(l, u.t_us, 500_000)?;
+            Some((u.node, secs_since(start_us, u.t_us), a, b))
+        })
+        .collect();
     Ok(ModeRun {
         mode,
         memory_nodes: opts.memory_nodes,
@@ -395,7 +467,13 @@ fn run_mode(args: &Args, mode: Mode) -> Result<ModeRun, String> {
         joins,
         loads,
         timeline,
+        upgrades,
+        upgrade_rates,
     })
+}
+
+fn secs_since(start_us: u64, t_us: u64) -> f64 {
+    t_us.saturating_sub(start_us) as f64 / 1e6
 }
 
 fn print_mode(r: &ModeRun, model: &str) {
@@ -447,15 +525,36 @@ fn print_mode(r: &ModeRun, model: &str) {
     println!("gets {total} ({errors} failed), peak {peak:.0} ops/s per 100 ms bucket");
     if let Some(e) = r.loads.iter().find_map(|l| l.engine) {
         println!(
-            "engine (node 1 at the end): dcis {} vqps {} connect hits {} misses {} meta reads {}",
-            e.dcis, e.vqps_created, e.connect_hits, e.connect_misses, e.meta_reads
+            "engine (node 1 at the end): dcis {} vqps {} connect hits {} misses {} meta reads {} rc upgrades {} downgrades {} failed {}",
+            e.dcis, e.vqps_created, e.connect_hits, e.connect_misses, e.meta_reads,
+            e.rc_upgrades, e.rc_downgrades, e.rc_upgrade_failures
         );
+    }
+    if r.mode == Mode::Krcore {
+        println!("upgrade events (DC->RC; time since first spawn, node, cumulative upgrades/downgrades/failed):");
+        for u in &r.upgrades {
+            println!(
+                "  {:>6.2} s  node {:>2}  {}/{}/{}",
+                secs_since(r.start_us, u.t_us),
+                u.node + 1,
+                u.upgrades,
+                u.downgrades,
+                u.failures
+            );
+        }
+        if r.upgrades.is_empty() {
+            println!("  none");
+        }
+        for &(n, t, a, b) in &r.upgrade_rates {
+            println!(
+                "  node {:>2} first upgrade at {t:.2} s: its gets/s 500 ms before {a:.0}, after {b:.0} ({:+.1}%)",
+                n + 1,
+                if a > 0.0 { 100.0 * (b / a - 1.0) } else { 0.0 }
+            );
+        }
     }
     println!();
 }
-
-const UPGRADES_NOTE: &str =
-    "DC->RC upgrade markers: pending (krcore_kmod::EngineStats has no upgrade counters yet)";
 
 fn main() -> ExitCode {
     let args = Args::parse();
@@ -507,16 +606,31 @@ fn main() -> ExitCode {
             }
         };
         println!("# krcore vs verbs: median join time, how much shorter in krcore mode");
+        println!("headline, process start to first get WITH the engine start:");
         println!(
-            "measured software time (process start to first get): {:.1}% shorter",
+            "  modeled ({}) join (measured + modeled control path): krcore {:.2} ms, verbs {:.2} ms: {:.1}% shorter",
+            args.latency_model,
+            k.median(JoinRecord::modeled_us),
+            v.median(JoinRecord::modeled_us),
+            red(JoinRecord::modeled_us)
+        );
+        println!(
+            "  measured software time: krcore {:.2} ms, verbs {:.2} ms: {:.1}% shorter",
+            k.median(JoinRecord::measured_us),
+            v.median(JoinRecord::measured_us),
             red(JoinRecord::measured_us)
         );
         println!(
-            "modeled ({}) join (measured + modeled control path): {:.1}% shorter",
+            "  engine start alone: modeled ({}) control time krcore {:.2} ms, verbs {:.2} ms; measured krcore {:.2} ms, verbs {:.2} ms",
             args.latency_model,
-            red(JoinRecord::modeled_us)
+            k.median(|j| j.modeled.context_ns / 1000),
+            v.median(|j| j.modeled.context_ns / 1000),
+            k.median(JoinRecord::context_us),
+            v.median(JoinRecord::context_us),
         );
-        println!("  without the per-process engine start (KRCore's DC pool exists at boot):");
+        println!(
+            "  split: without the per-process engine start (KRCore's DC pool exists at boot):"
+        );
         println!(
             "  measured: {:.1}% shorter, modeled ({}): {:.1}% shorter",
             red(JoinRecord::app_measured_us),
@@ -529,13 +643,13 @@ fn main() -> ExitCode {
             red(|j| (j.modeled.total_ns() - j.modeled.context_ns) / 1000)
         );
     }
-    println!("{UPGRADES_NOTE}");
     if let Some(p) = &args.json {
         let json = serde_json::json!({
             "latency_model": args.latency_model,
             "model_sleep": !args.no_model_sleep,
             "bucket_ms": 100,
-            "upgrade_markers": UPGRADES_NOTE,
+            "upgrade_after": args.upgrade_after.0,
+            "pool_size": args.pool_size,
             "runs": runs,
         });
         if let Err(e) = std::fs::write(p, json.to_string()) {
@@ -548,16 +662,23 @@ fn main() -> ExitCode {
             .iter()
             .map(|r| plot::Series {
                 name: format!(
-                    "{}: median join {:.1} ms (modeled {}, no engine boot)",
+                    "{}: median join {:.1} ms modeled {}, {:.1} ms measured, with engine start",
                     r.mode.name(),
-                    r.median(JoinRecord::app_modeled_us),
-                    args.latency_model
+                    r.median(JoinRecord::modeled_us),
+                    args.latency_model,
+                    r.median(JoinRecord::measured_us),
                 ),
                 points: r.timeline.clone(),
                 joins: r
                     .joins
                     .iter()
                     .map(|j| j.stamps.first_get.saturating_sub(r.start_us) as f64 / 1e6)
+                    .collect(),
+                upgrades: r
+                    .upgrades
+                    .iter()
+                    .filter(|u| u.upgrades > 0)
+                    .map(|u| secs_since(r.start_us, u.t_us))
                     .collect(),
             })
             .collect();
@@ -575,7 +696,12 @@ fn main() -> ExitCode {
                     ", modeled control-path time slept before the first get"
                 }
             ),
-            UPGRADES_NOTE.to_string(),
+            match args.upgrade_after.0 {
+                Some(n) => format!(
+                    "triangles on the time axis: a compute node's VQPs moved DC->RC (upgrade_after {n} WRs)"
+                ),
+                None => "DC->RC upgrade off (--upgrade-after off)".to_string(),
+            },
         ];
         if let Err(e) = plot::draw(p, &title, &notes, &series) {
             eprintln!("krcore-elastic: {e}");

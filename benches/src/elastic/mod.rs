@@ -12,9 +12,9 @@
 //! |---|---|---|
 //! | `exec` | process start until `main` | same |
 //! | `device` | open the fabric, find the cluster, open the NIC | same |
-//! | `context` | engine start: DCT, the whole DCI pool (prestarted, as KRCore's module does at boot), meta client | PD + CQ |
-//! | `connect` | one VQP per memory node (DCCache/meta READ), scratch MR, UD QP for allocation | per memory node: RC QP on both sides, QPN swap over loopback TCP, RTR/RTS; scratch MR, UD QP |
-//! | `first_get` | open the RACE client, first get | same |
+//! | `context` | engine start: DCT, meta client, with the upgrade its handshake UD endpoint; no DCI (a small pool, `--pool-size`, created on demand) | PD + CQ |
+//! | `connect` | one VQP per memory node (DCCache/meta READ), scratch MR (the allocation UD QP is created on the first allocation, which a get never makes) | per memory node: RC QP on both sides, QPN swap over loopback TCP, RTR/RTS; scratch MR, UD QP |
+//! | `first_get` | open the RACE client, first get (krcore: creates the first DCI) | same |
 //!
 //! *Measured software time* is the wall time of these phases on this
 //! machine (the sim executes the verbs; under a latency model data-path
@@ -32,18 +32,25 @@
 //! # Engine start
 //! In KRCore the DC pool is created once per host when the kernel module
 //! loads, not per application. Here every compute process starts its own
-//! engine, so the `context` phase of krcore mode is reported apart:
-//! [`JoinRecord::app_modeled_us`] leaves it out (the KRCore setting), the
-//! totals include it.
+//! engine; the driver keeps that start cheap (no DCI prestarted, a pool of
+//! `--pool-size` DCIs created on demand) and the headline join
+//! ([`JoinRecord::modeled_us`], [`JoinRecord::measured_us`]) includes it.
+//! [`JoinRecord::app_modeled_us`] leaves the `context` phase out (the
+//! KRCore setting with the pool up at boot) and is reported as the split.
 //!
 //! # Throughput timeline
 //! Each process counts completed gets per 100 ms bucket (absolute bucket
 //! index `epoch_us / 100_000`); the driver sums them over processes.
 //!
 //! # DC->RC upgrades
-//! `krcore_kmod::EngineStats` has no upgrade counters yet: the timeline has
-//! no upgrade markers, and each node's engine statistics are recorded
-//! instead ([`EngineSummary`]).
+//! In krcore mode the memory nodes run the engine's upgrade handshake
+//! endpoint and the compute nodes set `EngineConfig::upgrade_after`: a VQP
+//! that posted that many WRs to one memory node moves to an RC pair with
+//! it. Each compute process samples its engine's upgrade counters while it
+//! runs load and reports every change as an [`UpgradeEvent`] (time, node,
+//! cumulative counts); the driver marks them on the timeline and compares
+//! each process's own get rate just before and just after
+//! ([`rate_around`]).
 
 pub mod plot;
 pub mod rc;
@@ -129,6 +136,31 @@ pub struct EngineSummary {
     pub connect_misses: u64,
     /// Meta table READs.
     pub meta_reads: u64,
+    /// VQPs moved from their DCI to an RC pair.
+    #[serde(default)]
+    pub rc_upgrades: u64,
+    /// VQPs moved back to their DCI.
+    #[serde(default)]
+    pub rc_downgrades: u64,
+    /// Upgrade attempts that failed (the VQP stayed on its DCI).
+    #[serde(default)]
+    pub rc_upgrade_failures: u64,
+}
+
+/// A change of a compute process's upgrade counters, seen while it ran
+/// load (sampled every few gets, so `t_us` is at most a few gets late).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpgradeEvent {
+    /// Compute process index (join order).
+    pub node: usize,
+    /// When the change was seen (`epoch_us`).
+    pub t_us: u64,
+    /// Cumulative upgrades, downgrades and failed attempts by then.
+    pub upgrades: u64,
+    /// Cumulative downgrades.
+    pub downgrades: u64,
+    /// Cumulative failed attempts.
+    pub failures: u64,
 }
 
 /// What a compute process reports when it has joined.
@@ -190,6 +222,36 @@ pub struct LoadRecord {
     pub errors: u64,
     /// Engine statistics at the end (krcore mode).
     pub engine: Option<EngineSummary>,
+    /// Changes of the upgrade counters while the process ran (krcore mode).
+    #[serde(default)]
+    pub upgrades: Vec<UpgradeEvent>,
+}
+
+/// A process's own get rate (ops/s) over the `window_us` before and the
+/// `window_us` after `t_us`, from its buckets (whole buckets only: the one
+/// holding `t_us` is in neither window). `None` when either window has no
+/// whole bucket inside the process's data.
+pub fn rate_around(r: &LoadRecord, t_us: u64, window_us: u64) -> Option<(f64, f64)> {
+    let b = t_us / BUCKET_US;
+    let k = (window_us / BUCKET_US).max(1);
+    let (first, last) = (r.buckets.first()?.0, r.buckets.last()?.0);
+    // Whole buckets strictly inside the data (the first and last bucket of
+    // a process are partial).
+    if b < first + 1 + k || b + k + 1 > last {
+        return None;
+    }
+    let sum = |lo: u64, hi: u64| -> u64 {
+        r.buckets
+            .iter()
+            .filter(|(x, _)| (lo..hi).contains(x))
+            .map(|p| p.1)
+            .sum()
+    };
+    let secs = (k * BUCKET_US) as f64 / 1e6;
+    Some((
+        sum(b - k, b) as f64 / secs,
+        sum(b + 1, b + 1 + k) as f64 / secs,
+    ))
 }
 
 /// Per-bucket counts of a process, in a dense window.
@@ -262,6 +324,23 @@ mod tests {
         assert_eq!(j.context_us(), 2_000);
         assert_eq!(j.app_measured_us(), 3_500);
         assert_eq!(j.app_modeled_us(), 3_500 + 1_500);
+    }
+
+    #[test]
+    fn rate_around_compares_whole_buckets_before_and_after() {
+        let r = LoadRecord {
+            buckets: (10..30)
+                .map(|b| (b, if b < 20 { 100 } else { 300 }))
+                .collect(),
+            ..LoadRecord::default()
+        };
+        // Event in bucket 20: before = buckets 15..20, after = 21..26.
+        let (a, b) = rate_around(&r, 20 * BUCKET_US + 5, 5 * BUCKET_US).unwrap();
+        assert_eq!(a, 1000.0);
+        assert_eq!(b, 3000.0);
+        // Too close to either end of the data.
+        assert_eq!(rate_around(&r, 12 * BUCKET_US, 5 * BUCKET_US), None);
+        assert_eq!(rate_around(&r, 27 * BUCKET_US, 5 * BUCKET_US), None);
     }
 
     #[test]

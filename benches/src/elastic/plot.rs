@@ -1,6 +1,7 @@
 //! The elastic experiment's PNG: throughput over time, one line per run,
 //! with a dashed vertical line (and a numbered tag) where each compute node
-//! joined (its first successful get).
+//! joined (its first successful get), and a solid triangle on the time
+//! axis where a compute node's VQPs moved from DC to RC (upgrade events).
 //!
 //! Drawn with plotters' bitmap backend from primitives (lines, rectangles,
 //! pixels) and text from the public-domain 8x8 bitmap font of `font8x8`, so
@@ -18,6 +19,8 @@ pub struct Series {
     pub points: Vec<(f64, f64)>,
     /// Join times in seconds (first successful get of each compute node).
     pub joins: Vec<f64>,
+    /// DC->RC upgrade times in seconds (one per counter change of a node).
+    pub upgrades: Vec<f64>,
 }
 
 /// Why the plot could not be written.
@@ -181,14 +184,23 @@ pub fn draw(
             let tag = format!("{}", j + 1);
             text(&root, &tag, (x + 2, y1 + 2 + 10 * i as i32), 1, &c)?;
         }
+        for &ut in &s.upgrades {
+            let x = px(ut);
+            let base = y0 - 2 - 12 * i as i32;
+            root.draw(&Polygon::new(
+                vec![(x - 5, base), (x + 5, base), (x, base - 10)],
+                c.filled(),
+            ))
+            .map_err(draw_err)?;
+        }
         // Legend.
         let ly = y1 + 8 + 14 * i as i32;
         root.draw(&Rectangle::new(
-            [(x1 - 560, ly), (x1 - 548, ly + 8)],
+            [(x1 - 690, ly), (x1 - 678, ly + 8)],
             c.filled(),
         ))
         .map_err(draw_err)?;
-        text(&root, &s.name, (x1 - 542, ly), 1, &black)?;
+        text(&root, &s.name, (x1 - 672, ly), 1, &black)?;
     }
     for (i, n) in notes.iter().enumerate() {
         text(
@@ -217,6 +229,7 @@ mod tests {
                 .map(|i| (f64::from(i) * 0.1, f64::from(i * 1000)))
                 .collect(),
             joins: vec![0.5, 1.5],
+            upgrades: vec![2.0],
         };
         draw(&p, "test", &["a note".into()], &[s]).unwrap();
         let bytes = std::fs::read(&p).unwrap();

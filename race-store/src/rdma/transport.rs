@@ -9,6 +9,13 @@
 //! NIC: a bad pointer from corrupted remote bytes is a typed error, never a
 //! flushed shared queue.
 //!
+//! Block allocation goes over a UD endpoint (the memory node's allocator
+//! RPC). It is created lazily, on the first [`Transport::alloc_block`]: a
+//! client that only reads (a joining compute node's first get) never creates
+//! a QP at all, so connecting stays a metadata lookup. Creation failing then
+//! is a typed [`TransportError::Setup`] from that `alloc_block`, and the next
+//! allocation tries again.
+//!
 //! Local memory: one registered scratch buffer, cut per batch into a slice
 //! per op (READ destinations, WRITE sources unless inline, 8-byte atomic
 //! results).
@@ -43,7 +50,8 @@ pub struct VqpTransport<N: Nic> {
     node: Node<N>,
     remotes: Vec<Remote<N>>,
     scratch: OwnedMr<N>,
-    rpc: UdEndpoint<N>,
+    /// The allocation RPC endpoint; `None` until the first `alloc_block`.
+    rpc: Option<UdEndpoint<N>>,
     next_req: u64,
     /// Tags the wr_ids of a batch (`batch << 24 | index`), so completions of
     /// an abandoned batch are recognized and dropped.
@@ -108,8 +116,6 @@ impl<N: Nic> VqpTransport<N> {
         let scratch = engine
             .alloc_mr(SCRATCH, Access::LOCAL_WRITE)
             .map_err(|e| setup("scratch memory")(e.to_string()))?;
-        let rpc = UdEndpoint::new(engine.nic(), engine.pd(), super::proto::RPC_QKEY, 8, 8)
-            .map_err(|e| setup("allocation RPC endpoint")(e.to_string()))?;
         Ok(VqpTransport {
             node: node.clone(),
             wrs: (0..infos.len()).map(|_| Vec::new()).collect(),
@@ -117,7 +123,7 @@ impl<N: Nic> VqpTransport<N> {
             last: vec![None; infos.len()],
             remotes,
             scratch,
-            rpc,
+            rpc: None,
             next_req: 1,
             batch: 0,
             wcs: vec![Wc::default(); 16],
@@ -128,6 +134,26 @@ impl<N: Nic> VqpTransport<N> {
     /// The client node.
     pub fn node(&self) -> &Node<N> {
         &self.node
+    }
+
+    /// Whether the allocation RPC endpoint (the transport's only QP of its
+    /// own) has been created yet.
+    pub fn has_rpc_endpoint(&self) -> bool {
+        self.rpc.is_some()
+    }
+
+    /// The allocation RPC endpoint, created on first use.
+    fn rpc(&mut self) -> Result<&mut UdEndpoint<N>, TransportError> {
+        if self.rpc.is_none() {
+            let engine = self.node.engine();
+            let ep = UdEndpoint::new(engine.nic(), engine.pd(), super::proto::RPC_QKEY, 8, 8)
+                .map_err(|e| setup("allocation RPC endpoint")(e.to_string()))?;
+            self.rpc = Some(ep);
+        }
+        self.rpc.as_mut().ok_or(TransportError::Setup {
+            what: "allocation RPC endpoint",
+            reason: "not created".into(),
+        })
     }
 
     fn remote_addr(&self, ptr: RemotePtr) -> Result<(usize, u64, u32), TransportError> {
@@ -387,15 +413,16 @@ impl<N: Nic> Transport for VqpTransport<N> {
         let req = AllocRequest { req_id, size }.encode();
         for _ in 0..ALLOC_ATTEMPTS {
             let sent = self
-                .rpc
+                .rpc()?
                 .send_bytes(dest, &req)
                 .map_err(|e| setup("send an allocation request")(e.to_string()))?;
             let start = Instant::now();
             while sent && start.elapsed() < ALLOC_TIMEOUT {
                 self.incoming.clear();
-                self.rpc
-                    .poll_recv(&mut self.incoming)
-                    .map_err(|e| setup("receive an allocation reply")(e.to_string()))?;
+                let mut incoming = std::mem::take(&mut self.incoming);
+                let polled = self.rpc()?.poll_recv(&mut incoming);
+                self.incoming = incoming;
+                polled.map_err(|e| setup("receive an allocation reply")(e.to_string()))?;
                 for m in &self.incoming {
                     let p = m.payload();
                     if p.len() < ALLOC_REPLY_LEN {
