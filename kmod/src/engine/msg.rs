@@ -74,7 +74,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use krcore_nic::CompletionQueue;
 use krcore_nic::{Access, Gid, MemoryRegion, Nic, RecvWr, SharedReceiveQueue, Wc, WcStatus};
@@ -916,6 +916,24 @@ impl<N: Nic> Engine<N> {
     /// forked child).
     pub fn msg_supported(&self) -> bool {
         self.mode() == EngineMode::Dc && !self.inner.forked.load(Ordering::Relaxed)
+    }
+}
+
+/// Retries `try_once`, yielding between tries, until it returns a value or
+/// `timeout` has passed ([`MsgError::Timeout`]); its errors end the wait.
+pub(crate) fn wait_for<T>(
+    timeout: Duration,
+    mut try_once: impl FnMut() -> Result<Option<T>, MsgError>,
+) -> Result<T, MsgError> {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = try_once()? {
+            return Ok(v);
+        }
+        if start.elapsed() >= timeout {
+            return Err(MsgError::Timeout(start.elapsed()));
+        }
+        std::thread::yield_now();
     }
 }
 

@@ -468,16 +468,7 @@ impl<N: Nic> Endpoint<N> {
     /// # Errors
     /// [`MsgError::Timeout`]; as [`Endpoint::try_pop_reply`].
     pub fn pop_reply_timeout(&self, timeout: Duration) -> Result<Message<N>, MsgError> {
-        let start = Instant::now();
-        loop {
-            if let Some(m) = self.try_pop_reply()? {
-                return Ok(m);
-            }
-            if start.elapsed() >= timeout {
-                return Err(MsgError::Timeout(start.elapsed()));
-            }
-            std::thread::yield_now();
-        }
+        super::msg::wait_for(timeout, || self.try_pop_reply())
     }
 
     /// Pops the oldest reply, waiting up to `msg.timeout`.

@@ -375,16 +375,7 @@ impl<N: Nic> Port<N> {
     /// # Errors
     /// [`MsgError::Timeout`]; as [`Port::try_pop`].
     pub fn pop_timeout(&self, timeout: Duration) -> Result<Message<N>, MsgError> {
-        let start = Instant::now();
-        loop {
-            if let Some(m) = self.try_pop()? {
-                return Ok(m);
-            }
-            if start.elapsed() >= timeout {
-                return Err(MsgError::Timeout(start.elapsed()));
-            }
-            std::thread::yield_now();
-        }
+        super::msg::wait_for(timeout, || self.try_pop())
     }
 
     /// Pops the oldest message, waiting up to `msg.timeout`.
