@@ -40,6 +40,18 @@
 //! | `reclaim` ignores `grace_ticks` (client/alloc.rs) | `a_block_is_not_reused_within_its_grace_period` | reader saw `None` (another key's block) |
 //! | `get` skips its `fresh` deadline check (client/mod.rs) | `a_reader_never_uses_a_block_reused_after_its_grace_period` | reader saw `None` |
 //!
+//! The DCCache protocol (kmod/src/dccache.rs), temporary edits, each caught
+//! by `ci/loom.sh`:
+//!
+//! | mutation (temporary edit) | model that failed | what it reported |
+//! |---------------------------|-------------------|------------------|
+//! | `lookup_in` skips the second `seq` load | `lookup_racing_replace_is_never_torn` | torn entry |
+//! | `lookup_in` ignores the WRITER bit | `lookup_racing_replace_is_never_torn` | torn entry |
+//! | `lookup` never reads the second bucket | `concurrent_inserts_into_one_bucket_both_land`, `second_bucket_entry_racing_reader_and_invalidate` | the entry in its second bucket is not found (assertions at tests/dccache.rs) |
+//! | `lock_pair` takes the buckets in key order, not index order | `inserts_with_crossed_bucket_pairs_both_land` | loom: branch limit (the two writers deadlock) |
+//! | `insert` ignores the epoch floor | `epoch_sweep_is_final_against_racing_old_insert` | its sweep-finality assertion fails |
+//! | `remove` does not publish the bucket (`changed = false`) | `invalidate_racing_lookup` | entry still cached after invalidate |
+//!
 //! Each model states the invariant it protects. Writing a model: put the side
 //! that *checks* (a reader, a sweeper) in the spawned thread and the side that
 //! mutates in the main thread as well as in spawned ones; loom explores far
