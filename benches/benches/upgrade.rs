@@ -50,7 +50,10 @@ fn setup(latency: Option<LatencyModel>) -> Setup {
     };
     let server = Engine::start(node(), cfg()).unwrap();
     let client = Engine::start(node(), cfg()).unwrap();
-    for t in [server.local_target(), server.handshake_entry().unwrap()] {
+    for t in [
+        server.local_target().unwrap(),
+        server.handshake_entry().unwrap().unwrap(),
+    ] {
         meta.table_mut().register(t, 0, 1 << 40, 0).unwrap();
     }
     let mr = server.alloc_mr(4096, Access::ALL).unwrap();

@@ -59,7 +59,7 @@
 //! let location = MetaLocation::from_bootstrap(&meta.bootstrap())?;
 //! let cfg = || EngineConfig::default().with_meta(location);
 //! let server = Engine::start(node(), cfg())?;
-//! meta.table_mut().register(server.local_target(), 0, 60_000, 0).unwrap();
+//! meta.table_mut().register(server.local_target()?, 0, 60_000, 0).unwrap();
 //! let remote = server.alloc_mr(4096, Access::ALL)?;
 //!
 //! let client = Engine::start(node(), cfg())?;
