@@ -120,6 +120,10 @@ pub(crate) const META_VQP: VqpId = VqpId::MAX;
 /// Completions taken from the meta VQP's ring per poll.
 const POLL_BATCH: usize = 4;
 
+/// How long a lookup spins for its READ's completion before it yields
+/// between polls.
+const SPIN_FOR: Duration = Duration::from_micros(200);
+
 /// The meta client's path to the table.
 enum MetaLink<N: Nic> {
     /// DC mode before the first lookup: nothing created.
@@ -332,7 +336,10 @@ impl<N: Nic> MetaState<N> {
         let mut wcs = [Wc::default(); POLL_BATCH];
         let status = 'wait: loop {
             let n = match dci.poll(eng, META_VQP, &mut wcs) {
-                Ok(n) => n.unwrap_or(0),
+                Ok(Some(n)) => n,
+                // The state is gone from the DCI (never detached: not
+                // expected); the next lookup attaches a fresh one.
+                Ok(None) => return Err(ReadError::Post(VqpError::NotConnected { vqp: META_VQP })),
                 Err(e) => return Err(ReadError::Post(e)),
             };
             self.share.completions += n as u64;
@@ -341,10 +348,18 @@ impl<N: Nic> MetaState<N> {
                 break 'wait Some(wc.status);
             }
             if n == 0 {
-                if start.elapsed() > timeout {
+                let waited = start.elapsed();
+                if waited > timeout {
                     break None;
                 }
-                std::thread::yield_now();
+                // A READ completes in microseconds: spin (yielding would
+                // hand the CPU to any busy process for a whole time slice
+                // per lookup on a loaded host); past SPIN_FOR, yield.
+                if waited < SPIN_FOR {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
             }
         };
         match status {
