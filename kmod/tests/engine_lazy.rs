@@ -105,6 +105,41 @@ fn a_dc_start_creates_no_qp_and_each_first_need_creates_exactly_its_own() {
     );
 }
 
+/// A node that only initiates upgrades creates its handshake endpoint at
+/// its first one (its UD QP and the pair's RC QP), never before.
+#[test]
+fn an_upgrade_initiator_creates_its_endpoint_at_its_first_upgrade() {
+    let c = Cluster::new();
+    let target = c.engine(lazy_config().with_handshake_thread(true));
+    let mr = target.alloc_mr(64, Access::ALL).unwrap();
+    c.register(target.local_target().unwrap(), 1 << 40, 0)
+        .unwrap();
+    c.register(target.handshake_entry().unwrap().unwrap(), 1 << 40, 0)
+        .unwrap();
+    let nic = c.nic();
+    let e = Engine::start(
+        nic.clone(),
+        lazy_config()
+            .with_handshake_thread(true)
+            .with_meta(c.location),
+    )
+    .unwrap();
+    let v = e.create_vqp().unwrap();
+    v.connect(target.gid()).unwrap();
+    e.resolve(&handshake_gid(&target.gid())).unwrap();
+    assert_eq!(e.stats().handshake_endpoints_created, 0);
+    let (r, d) = counted(&nic, || v.upgrade());
+    assert_eq!(r.unwrap(), krcore_kmod::VqpTransport::Rc);
+    assert_eq!(d.qps_created, 2, "its UD endpoint and the RC QP: {d:?}");
+    let s = e.stats();
+    assert_eq!((s.handshake_endpoints_created, s.rc_upgrades), (1, 1));
+    assert_eq!(s.dcts_created, 0, "an initiator is never reached");
+    let buf = e.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
+    v.post_send(&mut [SendWr::read(1, buf.sge(0, 8).unwrap(), mr.remote(0))])
+        .unwrap();
+    assert_eq!(wait_wcs(&v, 1)[0].status, WcStatus::Success);
+}
+
 #[test]
 fn memory_with_remote_access_makes_the_node_reachable() {
     let c = Cluster::new();

@@ -69,6 +69,10 @@ pub struct EngineConfig {
     /// [`super::Engine::progress`] for this node to accept connections
     /// (its own connects drive its endpoint while they wait). Default false:
     /// the engine starts no thread unless asked; the SDK turns it on.
+    /// DC mode with `upgrade_endpoint`: the thread starts when the
+    /// endpoint becomes reachable ([`super::Engine::handshake_entry`], or
+    /// `eager_start`); an endpoint made by the node's own first upgrade
+    /// runs none (its handshakes drive it).
     pub handshake_thread: bool,
     /// Two-sided messaging (DC mode): inline threshold, windows, buffers.
     pub msg: MsgConfig,

@@ -258,11 +258,29 @@ struct Receiver<N: Nic> {
 }
 
 /// A handshake endpoint (UD QP) and, with `handshake_thread`, the thread
-/// answering it.
+/// answering it once peers can reach it (see [`HsEndpoint::reachable`]).
 struct HsEndpoint<N: Nic> {
     hs: HandshakeResponder<N>,
     /// Dropped (stopped and joined) with the engine.
-    _thread: Option<ProgressThread>,
+    thread: Lazy<ProgressThread>,
+}
+
+impl<N: Nic> HsEndpoint<N> {
+    /// Peers can reach the endpoint from now on (its entry is registered,
+    /// or it is the node's address): with `handshake_thread`, start the
+    /// thread answering them (once). Before, the endpoint only carries this
+    /// node's own handshakes, which drive it while they wait: a node that
+    /// only initiates upgrades runs no thread.
+    fn reachable(&self, eng: &EngineInner<N>) -> Result<(), EngineError> {
+        if eng.cfg.handshake_thread {
+            eng.create_once(
+                &self.thread,
+                "starting the handshake thread in a forked child",
+                || self.hs.spawn_progress(),
+            )?;
+        }
+        Ok(())
+    }
 }
 
 /// RC fallback mode: the handshake endpoint (instead of a DCT; created at
@@ -329,8 +347,8 @@ impl<N: Nic> EngineInner<N> {
     /// `upgrade_endpoint` (exactly once, see [`lazy`]): by the first upgrade
     /// this node initiates, or by [`Engine::handshake_entry`] (a node that
     /// is an upgrade target registers that entry, which creates the
-    /// endpoint first). Its thread starts with it when
-    /// `cfg.handshake_thread` is set.
+    /// endpoint first). Its thread (`cfg.handshake_thread`) starts when it
+    /// becomes reachable ([`HsEndpoint::reachable`]), not here.
     ///
     /// # Errors
     /// [`EngineError::Unsupported`] in DC mode without `upgrade_endpoint`,
@@ -347,7 +365,7 @@ impl<N: Nic> EngineInner<N> {
         self.create_once(
             &f.ep,
             "creating the handshake endpoint in a forked child",
-            || start_endpoint(&self.nic, &self.pd, &self.cfg),
+            || start_endpoint(&self.nic, &self.pd, &self.cfg, false),
         )
         .map(|e| &e.hs)
     }
@@ -506,7 +524,7 @@ impl<N: Nic> Engine<N> {
             };
             let up = if cfg.upgrade_endpoint {
                 let ep = if cfg.eager_start {
-                    Lazy::ready(start_endpoint(&nic, &pd, &cfg)?)
+                    Lazy::ready(start_endpoint(&nic, &pd, &cfg, true)?)
                 } else {
                     Lazy::new()
                 };
@@ -520,7 +538,7 @@ impl<N: Nic> Engine<N> {
             (Transport::Dc(receiver), up)
         } else {
             let f = Fallback {
-                ep: Lazy::ready(start_endpoint(&nic, &pd, &cfg)?),
+                ep: Lazy::ready(start_endpoint(&nic, &pd, &cfg, true)?),
                 pool: RcPool::default(),
             };
             (Transport::Rc(Box::new(f)), None)
@@ -664,10 +682,12 @@ impl<N: Nic> Engine<N> {
     /// endpoint.
     ///
     /// The endpoint is created by the first call (or by this node's first
-    /// upgrade, or at start with `eager_start`), with its thread when
-    /// `handshake_thread` is set: a node that serves as an upgrade target
-    /// registers this entry, so it answers handshakes from then on; a node
-    /// that only initiates upgrades creates its endpoint at its first one.
+    /// upgrade, or at start with `eager_start`), and with `handshake_thread`
+    /// the first call starts its thread: a node that serves as an upgrade
+    /// target registers this entry, so it answers handshakes from then on.
+    /// A node that only initiates upgrades creates its endpoint at its
+    /// first one and runs no thread (its handshakes drive the endpoint
+    /// while they wait; nobody can address it without this entry).
     ///
     /// # Errors
     /// [`EngineError::Nic`] when the device refuses the UD QP (the next
@@ -677,7 +697,13 @@ impl<N: Nic> Engine<N> {
         if self.inner.upgrade.is_none() {
             return Ok(None);
         }
-        let t = self.inner.handshake_endpoint()?.target();
+        let hs = self.inner.handshake_endpoint()?;
+        let t = hs.target();
+        if let Some(f) = &self.inner.upgrade {
+            if let Some(e) = f.ep.get() {
+                e.reachable(&self.inner)?;
+            }
+        }
         Ok(Some(DcTarget {
             gid: handshake_gid(&self.inner.nic.gid()),
             dct_num: t.qpn,
@@ -904,21 +930,20 @@ fn start_receiver<N: Nic>(
     Ok(Receiver { cq, srq, dct })
 }
 
-/// A handshake endpoint in the engine's PD, with its thread when
+/// A handshake endpoint in the engine's PD; `reachable` (RC fallback mode:
+/// it is the node's address; an eager start) also starts its thread when
 /// `cfg.handshake_thread` is set.
 fn start_endpoint<N: Nic>(
     nic: &Arc<N>,
     pd: &N::Pd,
     cfg: &EngineConfig,
+    reachable: bool,
 ) -> Result<HsEndpoint<N>, EngineError> {
     let hs = HandshakeResponder::start_shared(nic.clone(), pd.clone(), cfg.handshake.clone())?;
-    let thread = if cfg.handshake_thread {
-        Some(hs.spawn_progress()?)
+    let thread = if reachable && cfg.handshake_thread {
+        Lazy::ready(hs.spawn_progress()?)
     } else {
-        None
+        Lazy::new()
     };
-    Ok(HsEndpoint {
-        hs,
-        _thread: thread,
-    })
+    Ok(HsEndpoint { hs, thread })
 }
