@@ -36,6 +36,7 @@
 //! helping producer reads with Acquire before it may overwrite the payload.
 
 use super::shm::Segment;
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 
 const HEAD: usize = 0;
@@ -71,7 +72,7 @@ impl<'a> Ring<'a> {
             mask: capacity as u64 - 1,
         };
         for p in 0..capacity as u64 {
-            r.cell_word(p, 0).store(p, Relaxed);
+            r.cell(p).0.store(p, Relaxed);
         }
         std::sync::atomic::fence(Release);
         r
@@ -93,10 +94,20 @@ impl<'a> Ring<'a> {
         self.mask + 1
     }
 
-    fn cell_word(&self, pos: u64, w: usize) -> &'a std::sync::atomic::AtomicU64 {
+    /// The words of the cell of `pos`: its sequence, then the payload (one
+    /// bounds check for the whole cell).
+    fn cell(&self, pos: u64) -> (&'a AtomicU64, &'a [AtomicU64]) {
         let idx = (pos & self.mask) as usize;
-        self.seg
-            .word(self.base + CELLS + (idx * self.cell_words + w) * 8)
+        let words = self.seg.words(
+            self.base + CELLS + idx * self.cell_words * 8,
+            self.cell_words,
+        );
+        match words.split_first() {
+            Some((seq, payload)) => (seq, payload),
+            // A ring has at least one word per cell; a bad layout panicked in
+            // `words` already.
+            None => (self.seg.word(self.base + CELLS), &[]),
+        }
     }
 
     /// Entries currently queued (approximate under concurrency).
@@ -125,13 +136,13 @@ impl<'a> Ring<'a> {
         let tail = self.seg.word(self.base + TAIL);
         let cap = self.mask + 1;
         let mut pos = tail.load(Relaxed);
-        loop {
-            let cell = self.cell_word(pos, 0);
+        let (seq_word, words) = loop {
+            let (cell, words) = self.cell(pos);
             let seq = cell.load(Acquire);
             let dif = seq.wrapping_sub(pos) as i64;
             if dif == 0 {
                 match tail.compare_exchange_weak(pos, pos + 1, Relaxed, Relaxed) {
-                    Ok(_) => break,
+                    Ok(_) => break (cell, words),
                     Err(p) => pos = p,
                 }
             } else if dif < 0 {
@@ -152,11 +163,11 @@ impl<'a> Ring<'a> {
             } else {
                 pos = tail.load(Relaxed);
             }
+        };
+        for (cell, w) in words.iter().zip(payload) {
+            cell.store(*w, Relaxed);
         }
-        for (i, w) in payload.iter().enumerate() {
-            self.cell_word(pos, i + 1).store(*w, Relaxed);
-        }
-        self.cell_word(pos, 0).store(pos + 1, Release);
+        seq_word.store(pos + 1, Release);
         true
     }
 
@@ -169,11 +180,12 @@ impl<'a> Ring<'a> {
         let head = self.seg.word(self.base + HEAD);
         let mut pos = head.load(Relaxed);
         loop {
-            let seq = self.cell_word(pos, 0).load(Acquire);
+            let (cell, words) = self.cell(pos);
+            let seq = cell.load(Acquire);
             let dif = seq.wrapping_sub(pos + 1) as i64;
             if dif == 0 {
-                for (i, o) in out.iter_mut().enumerate() {
-                    *o = self.cell_word(pos, i + 1).load(Relaxed);
+                for (o, w) in out.iter_mut().zip(words) {
+                    *o = w.load(Relaxed);
                 }
                 if !ready(out) {
                     return None;
@@ -195,9 +207,10 @@ impl<'a> Ring<'a> {
     /// Frees the cell of the entry claimed at `pos` (unless a producer
     /// already did).
     fn free(&self, pos: u64) {
-        let _ =
-            self.cell_word(pos, 0)
-                .compare_exchange(pos + 1, pos + self.mask + 1, Release, Relaxed);
+        let _ = self
+            .cell(pos)
+            .0
+            .compare_exchange(pos + 1, pos + self.mask + 1, Release, Relaxed);
     }
 
     /// Dequeues one entry into `out` if there is one and `ready(payload)`

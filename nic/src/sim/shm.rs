@@ -177,6 +177,29 @@ impl Segment {
         unsafe { &*(addr as *const AtomicU64) }
     }
 
+    /// The `n` consecutive 8-byte words at `off`, for offsets the caller
+    /// computed from a fixed layout (a ring cell): one bounds and alignment
+    /// check for all of them. Panics like [`Segment::word`] on a bad range,
+    /// which would be a bug in the sim's own layout.
+    #[inline]
+    pub fn words(&self, off: usize, n: usize) -> &[AtomicU64] {
+        let addr = self.base as usize + off;
+        let bytes = n.checked_mul(8);
+        if bytes
+            .and_then(|b| off.checked_add(b))
+            .is_none_or(|e| e > self.len)
+            || addr % 8 != 0
+        {
+            layout_bug(off, self.len);
+        }
+        // SAFETY: `off..off + 8n` is in bounds and the start is 8-byte
+        // aligned (checked above), in memory valid for the lifetime of
+        // `self`; AtomicU64 has the size and alignment of u64, so `n`
+        // consecutive words form a valid `[AtomicU64]`. All accesses to this
+        // memory are atomic (module invariant).
+        unsafe { std::slice::from_raw_parts(addr as *const AtomicU64, n) }
+    }
+
     /// The word at `off` where the caller has already checked that
     /// `off..off+8` is in bounds and `base + off` is 8-byte aligned.
     #[inline]
