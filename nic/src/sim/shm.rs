@@ -226,14 +226,16 @@ impl Segment {
             buf[i] = self.byte(off + i).load(Ordering::Relaxed);
             i += 1;
         }
-        while i + 8 <= n {
-            let w = self.word_unchecked(off + i).load(Ordering::Relaxed);
-            buf[i..i + 8].copy_from_slice(&w.to_ne_bytes());
-            i += 8;
+        // Aligned words: exact 8-byte chunks of `buf` (no per-word slice
+        // bounds checks).
+        let mut chunks = buf[i..].chunks_exact_mut(8);
+        for (k, chunk) in (&mut chunks).enumerate() {
+            let w = self.word_unchecked(off + i + 8 * k).load(Ordering::Relaxed);
+            chunk.copy_from_slice(&w.to_ne_bytes());
         }
-        while i < n {
-            buf[i] = self.byte(off + i).load(Ordering::Relaxed);
-            i += 1;
+        let done = n - chunks.into_remainder().len();
+        for (j, b) in buf.iter_mut().enumerate().skip(done) {
+            *b = self.byte(off + j).load(Ordering::Relaxed);
         }
         Ok(())
     }
@@ -272,7 +274,8 @@ impl Segment {
         if (sp | dp | len) % 8 == 0 {
             // The common case (aligned words): a tight loop of relaxed word
             // loads and stores.
-            for i in (0..len).step_by(8) {
+            for k in 0..len / 8 {
+                let i = 8 * k;
                 // SAFETY: `src_off..src_off+len` and `dst_off..dst_off+len`
                 // are in bounds (checked above), both start 8-byte aligned
                 // and `len` is a multiple of 8, so every word is in bounds
