@@ -180,7 +180,7 @@ impl Completions {
         let at = self.bytes.len();
         self.bytes.resize(at + len, 0);
         self.entries.push(Completion::Read { at, len });
-        &mut self.bytes[at..]
+        self.bytes.get_mut(at..).unwrap_or_default()
     }
 
     /// Appends `len` zeroed bytes that no result names yet and returns their
@@ -190,7 +190,7 @@ impl Completions {
     pub fn reserve(&mut self, len: usize) -> (usize, &mut [u8]) {
         let at = self.bytes.len();
         self.bytes.resize(at + len, 0);
-        (at, &mut self.bytes[at..])
+        (at, self.bytes.get_mut(at..).unwrap_or_default())
     }
 
     /// Appends a READ result naming bytes `at..at + len` of the buffer (from

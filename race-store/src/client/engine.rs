@@ -258,15 +258,6 @@ impl<T: Copy, const N: usize> InlineList<T, N> {
             &mut self.spill
         }
     }
-
-    /// Keeps the first `len` entries.
-    pub(crate) fn truncate(&mut self, len: usize) {
-        if self.spill.is_empty() {
-            self.n = self.n.min(len);
-        } else {
-            self.spill.truncate(len);
-        }
-    }
 }
 
 impl<T: Copy, const N: usize> core::ops::Deref for InlineList<T, N> {
@@ -422,16 +413,17 @@ impl BucketsView {
             }
         }
         if out.len() > 1 {
-            let refs = out.as_mut_slice();
-            refs.sort_unstable_by_key(|s| s.addr);
-            let mut n = 1;
-            for i in 1..refs.len() {
-                if refs[i].addr != refs[n - 1].addr {
-                    refs[n] = refs[i];
-                    n += 1;
+            out.as_mut_slice().sort_unstable_by_key(|s| s.addr);
+            let mut unique = SlotRefs::new(SlotRef {
+                addr: DIR_PTR,
+                word: Slot::EMPTY,
+            });
+            for r in out.iter() {
+                if unique.last().is_none_or(|l| l.addr != r.addr) {
+                    unique.push(*r);
                 }
             }
-            out.truncate(n);
+            return unique;
         }
         out
     }
