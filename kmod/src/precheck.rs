@@ -183,8 +183,10 @@ pub struct RemoteGrant {
     pub len: u64,
     /// What the grant allows (`REMOTE_READ`, `REMOTE_WRITE`, `REMOTE_ATOMIC`).
     pub access: Access,
-    /// The grant is void from this instant on.
-    pub expires_at: Instant,
+    /// The grant is void from this instant on; `None`: it never expires
+    /// (no lease). The engine reads the clock for the pre-check only while
+    /// a VQP knows a grant with an expiry.
+    pub expires_at: Option<Instant>,
 }
 
 /// Grants known to this process, by (target GID, rkey). Unknown grants are
@@ -599,7 +601,7 @@ impl<M: LocalMrTable + ?Sized, G: RemoteGrants + ?Sized> Precheck<'_, M, G> {
         let Some(grant) = target.and_then(|t| self.grants.lookup(&t, remote.rkey)) else {
             return Ok(());
         };
-        if self.now >= grant.expires_at {
+        if grant.expires_at.is_some_and(|t| self.now >= t) {
             return Err(Reason::GrantExpired { rkey: remote.rkey });
         }
         if !grant.access.contains(needed) {

@@ -531,7 +531,11 @@ impl<N: Nic> PhysQp<N> {
                 .check(wrs)
             } else {
                 // The clock is read only when a known grant can expire.
-                let now = Instant::now();
+                let now = if v.expiring > 0 {
+                    Instant::now()
+                } else {
+                    *epoch
+                };
                 Precheck {
                     transport,
                     peer,

@@ -57,6 +57,9 @@ pub(crate) struct VqpState {
     /// Keyed by this process's own grants (no untrusted keys): the cheap
     /// [`IdMap`] hasher, not SipHash, on the pre-check's per-WR lookup.
     pub(crate) grants: IdMap<(Gid, u32), RemoteGrant>,
+    /// How many of `grants` carry an expiry: the pre-check reads the
+    /// clock only while there is one (leases are opt-in).
+    pub(crate) expiring: u32,
 }
 
 impl VqpState {
@@ -67,6 +70,7 @@ impl VqpState {
             ring: VecDeque::with_capacity(depth as usize),
             target: None,
             grants: IdMap::default(),
+            expiring: 0,
         }
     }
 
@@ -315,14 +319,25 @@ impl<N: Nic> Vqp<N> {
     /// Makes a remote grant known: WRs to `gid` with `rkey` must then stay
     /// inside it (pre-check (b)). WRs with an rkey no grant is known for are
     /// left to the NIC.
+    ///
+    /// A grant without expiry costs no clock read at posts; while the VQP
+    /// knows one with an expiry, each post reads the clock once.
     pub fn add_grant(&self, gid: Gid, rkey: u32, grant: RemoteGrant) {
-        self.with_state(|st| st.grants.insert((gid, rkey), grant));
+        self.with_state(|st| {
+            let old = st.grants.insert((gid, rkey), grant);
+            st.expiring -= u32::from(old.is_some_and(|g| g.expires_at.is_some()));
+            st.expiring += u32::from(grant.expires_at.is_some());
+        });
     }
 
     /// Forgets a grant; returns it if it was known.
     pub fn remove_grant(&self, gid: &Gid, rkey: u32) -> Option<RemoteGrant> {
-        self.with_state(|st| st.grants.remove(&(*gid, rkey)))
-            .flatten()
+        self.with_state(|st| {
+            let old = st.grants.remove(&(*gid, rkey));
+            st.expiring -= u32::from(old.is_some_and(|g| g.expires_at.is_some()));
+            old
+        })
+        .flatten()
     }
 
     /// WRs posted and not yet completed.

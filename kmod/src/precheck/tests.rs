@@ -80,7 +80,7 @@ impl Fixture {
                     addr: GRANT_ADDR,
                     len: 0x1000,
                     access,
-                    expires_at: t0 + Duration::from_secs(ttl),
+                    expires_at: Some(t0 + Duration::from_secs(ttl)),
                 };
                 grants.insert((target, rkey), grant);
             }
@@ -400,10 +400,27 @@ fn rejects_expired_grants() {
     );
     // Expiry is inclusive: at `expires_at` the grant is void.
     let mut ctx = f.ctx(Transport::Dc);
-    ctx.now = f.grants[&(Gid([3; 16]), RKEY_ALL)].expires_at;
+    ctx.now = f.grants[&(Gid([3; 16]), RKEY_ALL)].expires_at.unwrap();
     let wr = SendWr::read(1, sge(RW, 0x1000, 8), remote(RKEY_ALL, 0)).to(dc());
     assert_eq!(
         ctx.check(&[wr]).unwrap_err().reason,
+        Reason::GrantExpired { rkey: RKEY_ALL }
+    );
+}
+
+#[test]
+fn a_grant_without_expiry_never_expires() {
+    let mut f = Fixture::new();
+    let g = f.grants.get_mut(&(Gid([3; 16]), RKEY_OLD)).unwrap();
+    g.expires_at = None;
+    let mut ctx = f.ctx(Transport::Dc);
+    // Any instant: long after every other grant ended.
+    ctx.now += Duration::from_secs(1 << 30);
+    let ok = SendWr::read(1, sge(RW, 0x1000, 8), remote(RKEY_OLD, 0)).to(dc());
+    assert!(ctx.check(&[ok]).is_ok());
+    let expired = SendWr::read(1, sge(RW, 0x1000, 8), remote(RKEY_ALL, 0)).to(dc());
+    assert_eq!(
+        ctx.check(&[expired]).unwrap_err().reason,
         Reason::GrantExpired { rkey: RKEY_ALL }
     );
 }
