@@ -425,6 +425,41 @@ impl<R: Posted> SendQueueCredits<R> {
         self.account(n)
     }
 
+    /// [`SendQueueCredits::commit`] of all `n` staged records, whose
+    /// signaled ones the caller counted while writing them: `signaled` of
+    /// them, the newest at index `newest` (no scan of the records).
+    #[inline]
+    pub(crate) fn commit_counted(
+        &mut self,
+        n: usize,
+        signaled: u32,
+        newest: Option<usize>,
+    ) -> Range<u64>
+    where
+        R: Clone,
+    {
+        assert!(n <= self.free() as usize, "commit past the staged records");
+        let first = self.tail;
+        let at = self.index(first);
+        let len = self.mask + 1;
+        if at + n > len {
+            let (front, back) = self.ring.split_at_mut(len);
+            front[..at + n - len].clone_from_slice(&back[..at + n - len]);
+        }
+        debug_assert_eq!(
+            (first..first + n as u64)
+                .filter(|&s| self.ring[self.index(s)].signaled())
+                .count(),
+            signaled as usize
+        );
+        if let Some(i) = newest {
+            self.covered = first + i as u64 + 1;
+        }
+        self.signaled_posted += u64::from(signaled);
+        self.tail = first + n as u64;
+        first..self.tail
+    }
+
     /// The sequence of the oldest outstanding WR posted with `wr_id` (the one
     /// a completion with that wr_id is for, since completions come in order).
     ///

@@ -588,23 +588,41 @@ impl<N: Nic> PhysQp<N> {
         // The pre-check left room for the batch (reclaiming if needed).
         let staged = credits.stage(n).map_err(VqpError::from)?;
         let mask = users.len() - 1;
-        // One copy of the batch (not one per WR), then the wr_ids.
+        // One copy of the batch (not one per WR), then the wr_ids; the
+        // signaled WRs are counted on the way (for the commit).
         staged.copy_from_slice(wrs);
+        let (mut signaled, mut newest) = (0u32, None);
         for (i, (rec, wr)) in staged.iter_mut().zip(wrs).enumerate() {
             let seq = first + i as u64;
             rec.wr_id = PhysWrId::new(id, seq).raw();
+            let user_signaled = wr.is_signaled();
             users[(seq as usize) & mask] = Slot {
                 user_wr_id: wr.wr_id,
-                user_signaled: wr.is_signaled(),
+                user_signaled,
             };
+            if user_signaled {
+                signaled += 1;
+                newest = Some(i);
+            }
+        }
+        if let Some(i) = plan.force_signal {
+            // Always the batch's last WR.
+            signaled += u32::from(!wrs[i].is_signaled());
+            newest = Some(i);
         }
         plan.apply(staged);
         let result = qp.post_send(staged);
         let posted = match &result {
-            Ok(()) => n,
-            Err(e) => e.index.min(n),
+            Ok(()) => {
+                credits.commit_counted(n, signaled, newest);
+                n
+            }
+            Err(e) => {
+                let posted = e.index.min(n);
+                credits.commit(posted);
+                posted
+            }
         };
-        credits.commit(posted);
         if let Some(v) = vqps.get_mut(&id) {
             v.outstanding += posted as u32;
         }
