@@ -670,7 +670,15 @@ impl<N: Nic> PhysQp<N> {
     ) -> Result<Option<usize>, VqpError> {
         let mut guard = self.state.lock();
         let st = &mut *guard;
-        let Some(v) = st.vqps.get_mut(&id) else {
+        let PhysState {
+            credits,
+            users,
+            vqps,
+            stats,
+            needs_recovery,
+            ..
+        } = st;
+        let Some(v) = vqps.get_mut(&id) else {
             return Ok(None);
         };
         let n = v.pop(out);
@@ -680,6 +688,56 @@ impl<N: Nic> PhysQp<N> {
         // The ring is empty now: the drain delivers this VQP's completions
         // straight into `out` (no ring round trip) until it is full.
         let mut sink = Sink { vqp: id, out, n };
+        let mut polled = None;
+        if !*needs_recovery {
+            // The synchronous case first: one CQE, this VQP's own success
+            // for the oldest WR on the QP, which retires only itself: no
+            // routing (no other VQP's WR is involved).
+            let mut wc = [Wc::default()];
+            match self.cq.poll(&mut wc) {
+                Ok(0) => return Ok(Some(sink.n)),
+                Ok(_) => {
+                    let wr_id = PhysWrId::from_raw(wc[0].wr_id);
+                    let head = credits.head();
+                    let own = wc[0].status.is_ok()
+                        && wr_id.vqp() == id
+                        && credits.resolve(wr_id) == Some(head)
+                        && credits.complete_range(head, wc[0].status).is_ok();
+                    if own {
+                        stats.completions += 1;
+                        let slot = users[(head as usize) & (users.len() - 1)];
+                        let status = wc[0].status;
+                        if deliver(
+                            &eng.cache,
+                            id,
+                            v,
+                            slot,
+                            status,
+                            Some(&wc[0]),
+                            Some(&mut sink),
+                        )
+                        .is_none()
+                        {
+                            stats.orphaned += 1;
+                        }
+                        if sink.room() == 0 {
+                            return Ok(Some(sink.n));
+                        }
+                    } else {
+                        polled = Some(wc[0]);
+                    }
+                }
+                Err(e) if sink.n == 0 => return Err(VqpError::nic("poll a shared QP's CQ")(e)),
+                Err(_) => return Ok(Some(sink.n)),
+            }
+        }
+        if let Some(wc) = polled {
+            // Anything else is routed as the drain would.
+            route(&eng.cache, st, &wc, Some(&mut sink));
+            if sink.room() == 0 && !st.needs_recovery {
+                return Ok(Some(sink.n));
+            }
+        }
         let drained = self.drain_for(eng, st, Some(&mut sink));
         let Sink { out, mut n, .. } = sink;
         match drained {
