@@ -517,7 +517,7 @@ impl<R: Posted> SendQueueCredits<R> {
     ///
     /// # Errors
     /// As [`SendQueueCredits::complete`].
-    #[inline]
+    #[inline(always)]
     pub fn complete_range(
         &mut self,
         seq: u64,

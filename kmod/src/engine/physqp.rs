@@ -467,7 +467,7 @@ impl<N: Nic> PhysQp<N> {
 
     /// Names the VQP's target in `wrs` and runs the pre-check: `Ok(None)`
     /// when the VQP has no room for them.
-    #[inline]
+    #[inline(always)]
     fn plan(
         &self,
         eng: &EngineInner<N>,
@@ -590,7 +590,12 @@ impl<N: Nic> PhysQp<N> {
         let mask = users.len() - 1;
         // One copy of the batch (not one per WR), then the wr_ids; the
         // signaled WRs are counted on the way (for the commit).
-        staged.copy_from_slice(wrs);
+        if let ([rec], [wr]) = (&mut *staged, wrs) {
+            // One WR: a copy of known size, no call.
+            *rec = *wr;
+        } else {
+            staged.copy_from_slice(wrs);
+        }
         let (mut signaled, mut newest) = (0u32, None);
         for (i, (rec, wr)) in staged.iter_mut().zip(wrs).enumerate() {
             let seq = first + i as u64;
@@ -703,26 +708,32 @@ impl<N: Nic> PhysQp<N> {
                         && wr_id.vqp() == id
                         && credits.resolve(wr_id) == Some(head)
                         && credits.complete_range(head, wc[0].status).is_ok();
-                    if own {
+                    if own && v.outstanding > 0 {
+                        // `deliver`, for a success into the sink (the ring
+                        // is empty, the sink has room).
                         stats.completions += 1;
+                        v.outstanding -= 1;
                         let slot = users[(head as usize) & (users.len() - 1)];
-                        let status = wc[0].status;
-                        if deliver(
-                            &eng.cache,
-                            id,
-                            v,
-                            slot,
-                            status,
-                            Some(&wc[0]),
-                            Some(&mut sink),
-                        )
-                        .is_none()
-                        {
-                            stats.orphaned += 1;
+                        if slot.user_signaled {
+                            sink.out[sink.n] = Wc {
+                                wr_id: slot.user_wr_id,
+                                status: wc[0].status,
+                                opcode: wc[0].opcode,
+                                byte_len: wc[0].byte_len,
+                                imm: None,
+                                qp_num: id.get(),
+                                src_qp: 0,
+                            };
+                            sink.n += 1;
                         }
                         if sink.room() == 0 {
                             return Ok(Some(sink.n));
                         }
+                    } else if own {
+                        // Retired, but of an earlier attachment (see
+                        // `deliver`): nothing to deliver.
+                        stats.completions += 1;
+                        stats.orphaned += 1;
                     } else {
                         polled = Some(wc[0]);
                     }
