@@ -8,15 +8,24 @@
 //! (the capacity part of the pre-check) instead of letting the NIC refuse.
 //!
 //! Every posted WR gets a *physical sequence*, a `u64` counting the QP's
-//! posts from 0. A ring of `depth` entries remembers each outstanding WR's
-//! [`PhysWrId`] and signaled flag, so that a completion can be matched and the
-//! WRs it covers (including other VQPs' unsignaled WRs) reported back.
+//! posts from 0. A ring of records remembers each outstanding WR's
+//! [`PhysWrId`] and signaled flag ([`Posted`]), so that a completion can be
+//! matched and the WRs it covers (including other VQPs' unsignaled WRs)
+//! reported back. The record is generic: [`PostedWr`] holds just these two;
+//! the engine keeps the whole [`SendWr`] as posted, so that the record is
+//! also what the doorbell rings on and what recovery re-posts
+//! ([`SendQueueCredits::stage`] then [`SendQueueCredits::commit`]), and
+//! gives each WR the physical wr_id `(VQP, physical sequence)`, so that a
+//! completion finds its record without a scan
+//! ([`SendQueueCredits::resolve`]).
 //!
 //! # Invariants
 //!
 //! - `head <= covered.max(head) <= tail` and `tail - head <= depth`:
 //!   `head..tail` are the outstanding WRs, oldest first. `free = depth -
-//!   (tail - head)`.
+//!   (tail - head)`. The record of sequence `s` is at `s mod L` (`L` a
+//!   power of two at least `depth`); staging writes only records of free
+//!   slots, so an outstanding record is never overwritten.
 //! - A completion at sequence `s` credits exactly `head..=s`, once:
 //!   completing `s < head` ([`CreditError::AlreadyCredited`]) or `s >= tail`
 //!   ([`CreditError::NotPosted`]) is refused and changes nothing, so credits
@@ -35,7 +44,7 @@ use std::ops::Range;
 
 use krcore_nic::{SendWr, WcStatus};
 
-use crate::wrid::PhysWrId;
+use crate::wrid::{PhysWrId, SEQ_MASK};
 
 /// Errors of the credit engine. Each one means the caller's view of the queue
 /// is inconsistent with the NIC's; none of them changes the engine's state.
@@ -90,6 +99,18 @@ pub enum CreditError {
     },
 }
 
+/// What the account needs to know of one posted WR: its physical wr_id and
+/// whether it was posted signaled. The account is generic over the record
+/// it keeps per WR: [`PostedWr`] (just these two), or, in the engine, the
+/// whole [`SendWr`] as posted (the one record per WR that also serves as
+/// the doorbell's memory and recovery's copy, see [`SendQueueCredits::stage`]).
+pub trait Posted {
+    /// The physical wr_id it was posted with.
+    fn wr_id(&self) -> PhysWrId;
+    /// Whether it was posted signaled (after the pre-check's forcing).
+    fn signaled(&self) -> bool;
+}
+
 /// What the engine remembers about one posted WR.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct PostedWr {
@@ -109,6 +130,28 @@ impl PostedWr {
     }
 }
 
+impl Posted for PostedWr {
+    #[inline]
+    fn wr_id(&self) -> PhysWrId {
+        self.wr_id
+    }
+    #[inline]
+    fn signaled(&self) -> bool {
+        self.signaled
+    }
+}
+
+impl Posted for SendWr {
+    #[inline]
+    fn wr_id(&self) -> PhysWrId {
+        PhysWrId::from_raw(self.wr_id)
+    }
+    #[inline]
+    fn signaled(&self) -> bool {
+        self.is_signaled()
+    }
+}
+
 /// A snapshot of a physical send queue, the input of the pre-check.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct QueueView {
@@ -120,12 +163,18 @@ pub struct QueueView {
     pub unsignaled_tail: u32,
 }
 
-/// The credit account of one physical send queue.
+/// The credit account of one physical send queue, keeping one record `R`
+/// per outstanding WR (see [`Posted`]).
 #[derive(Clone)]
-pub struct SendQueueCredits {
-    /// A power of two at least `depth` long (indexing is a mask, not a
-    /// division); only `depth` entries are ever outstanding.
-    ring: Box<[PostedWr]>,
+pub struct SendQueueCredits<R = PostedWr> {
+    /// `L + spare` records: sequence `s` lives at `s mod L` (`L`: a power
+    /// of two at least `depth`; indexing is a mask, not a division); only
+    /// `depth` are ever outstanding. The `spare` records past `L` let a
+    /// staged batch stay contiguous where the ring wraps
+    /// ([`SendQueueCredits::stage`]).
+    ring: Box<[R]>,
+    /// `L - 1`.
+    mask: usize,
     depth: u32,
     /// Oldest outstanding sequence.
     head: u64,
@@ -140,30 +189,89 @@ pub struct SendQueueCredits {
     signaled_done: u64,
 }
 
-impl fmt::Debug for SendQueueCredits {
+impl<R> fmt::Debug for SendQueueCredits<R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SendQueueCredits")
-            .field("depth", &self.depth())
+            .field("depth", &self.depth)
             .field("head", &self.head)
             .field("tail", &self.tail)
-            .field("unsignaled_tail", &self.unsignaled_tail())
+            .field("covered", &self.covered)
             .finish()
     }
 }
 
-impl SendQueueCredits {
+impl SendQueueCredits<PostedWr> {
     /// The account of an empty queue of `depth` slots.
     ///
     /// # Panics
     /// If `depth` is 0 (a configuration bug).
     pub fn new(depth: u32) -> SendQueueCredits {
-        assert!(depth > 0, "a send queue needs at least one slot");
         let empty = PostedWr {
             wr_id: PhysWrId::from_raw(0),
             signaled: false,
         };
+        SendQueueCredits::with_records(depth, 0, empty)
+    }
+
+    /// Records a doorbell of WRs, all or nothing, and returns their sequences.
+    ///
+    /// # Errors
+    /// [`CreditError::WouldOverrun`] when more WRs than free credits are given;
+    /// nothing is recorded then.
+    pub fn post<I>(&mut self, wrs: I) -> Result<Range<u64>, CreditError>
+    where
+        I: IntoIterator<Item = PostedWr>,
+        I::IntoIter: ExactSizeIterator,
+    {
+        let wrs = wrs.into_iter();
+        let n = wrs.len();
+        self.check_room(n)?;
+        let first = self.tail;
+        let mut written = 0u64;
+        for wr in wrs {
+            // Never past the announced length (a lying iterator).
+            if written == n as u64 {
+                break;
+            }
+            let i = self.index(first + written);
+            self.ring[i] = wr;
+            written += 1;
+        }
+        // An iterator that lies about its length must not break the account.
+        assert_eq!(written, n as u64, "ExactSizeIterator lied");
+        Ok(self.account(n))
+    }
+
+    /// [`SendQueueCredits::post`] for WRs exactly as they go to the NIC.
+    ///
+    /// # Errors
+    /// As [`SendQueueCredits::post`].
+    #[inline]
+    pub fn post_wrs(&mut self, wrs: &[SendWr]) -> Result<Range<u64>, CreditError> {
+        self.check_room(wrs.len())?;
+        let first = self.tail;
+        for (i, wr) in wrs.iter().enumerate() {
+            let at = self.index(first + i as u64);
+            self.ring[at] = PostedWr::of(wr);
+        }
+        Ok(self.account(wrs.len()))
+    }
+}
+
+impl<R: Posted + Clone> SendQueueCredits<R> {
+    /// The account of an empty queue of `depth` slots, its records
+    /// initialized to `empty`, with `spare` extra records for staging
+    /// batches of up to `spare + 1` WRs contiguously
+    /// ([`SendQueueCredits::stage`]).
+    ///
+    /// # Panics
+    /// If `depth` is 0 (a configuration bug).
+    pub fn with_records(depth: u32, spare: u32, empty: R) -> SendQueueCredits<R> {
+        assert!(depth > 0, "a send queue needs at least one slot");
+        let len = (depth as usize).next_power_of_two();
         SendQueueCredits {
-            ring: vec![empty; (depth as usize).next_power_of_two()].into_boxed_slice(),
+            ring: vec![empty; len + spare as usize].into_boxed_slice(),
+            mask: len - 1,
             depth,
             head: 0,
             tail: 0,
@@ -172,7 +280,9 @@ impl SendQueueCredits {
             signaled_done: 0,
         }
     }
+}
 
+impl<R: Posted> SendQueueCredits<R> {
     /// Send-queue depth.
     pub fn depth(&self) -> u32 {
         self.depth
@@ -211,86 +321,143 @@ impl SendQueueCredits {
     }
 
     /// The snapshot the pre-check takes.
+    #[inline]
     pub fn view(&self) -> QueueView {
+        let outstanding = (self.tail - self.head) as u32;
         QueueView {
-            depth: self.depth(),
-            free: self.free(),
-            unsignaled_tail: self.unsignaled_tail(),
+            depth: self.depth,
+            free: self.depth - outstanding,
+            unsignaled_tail: (self.tail - self.covered.max(self.head)) as u32,
         }
     }
 
     #[inline]
     fn index(&self, seq: u64) -> usize {
-        (seq as usize) & (self.ring.len() - 1)
+        (seq as usize) & self.mask
     }
 
-    /// Records a doorbell of WRs, all or nothing, and returns their sequences.
-    ///
-    /// # Errors
-    /// [`CreditError::WouldOverrun`] when more WRs than free credits are given;
-    /// nothing is recorded then.
-    pub fn post<I>(&mut self, wrs: I) -> Result<Range<u64>, CreditError>
-    where
-        I: IntoIterator<Item = PostedWr>,
-        I::IntoIter: ExactSizeIterator,
-    {
-        let wrs = wrs.into_iter();
-        let n = wrs.len();
-        if n > self.free() as usize {
-            return Err(CreditError::WouldOverrun {
-                requested: n,
-                free: self.free(),
-            });
-        }
-        let first = self.tail;
-        for wr in wrs {
-            let i = self.index(self.tail);
-            self.ring[i] = wr;
-            self.tail += 1;
-            if wr.signaled {
-                self.covered = self.tail;
-                self.signaled_posted += 1;
-            }
-        }
-        // An iterator that lies about its length must not break the account.
-        assert_eq!(self.tail - first, n as u64, "ExactSizeIterator lied");
-        Ok(first..self.tail)
-    }
-
-    /// [`SendQueueCredits::post`] for WRs exactly as they go to the NIC.
-    ///
-    /// # Errors
-    /// As [`SendQueueCredits::post`].
     #[inline]
-    pub fn post_wrs(&mut self, wrs: &[SendWr]) -> Result<Range<u64>, CreditError> {
-        // `post` over a slice, without the iterator's length check.
-        let n = wrs.len();
+    fn check_room(&self, n: usize) -> Result<(), CreditError> {
         if n > self.free() as usize {
             return Err(CreditError::WouldOverrun {
                 requested: n,
                 free: self.free(),
             });
         }
+        Ok(())
+    }
+
+    /// Counts the `n` records written at `tail..` as posted.
+    #[inline]
+    fn account(&mut self, n: usize) -> Range<u64> {
         let first = self.tail;
-        let mask = self.ring.len() - 1;
-        for (i, wr) in wrs.iter().enumerate() {
-            let seq = first + i as u64;
-            let posted = PostedWr::of(wr);
-            self.ring[(seq as usize) & mask] = posted;
-            if posted.signaled {
+        for seq in first..first + n as u64 {
+            if self.ring[(seq as usize) & self.mask].signaled() {
                 self.covered = seq + 1;
                 self.signaled_posted += 1;
             }
         }
         self.tail = first + n as u64;
-        Ok(first..self.tail)
+        first..self.tail
     }
 
     /// The record of an outstanding sequence.
-    pub fn get(&self, seq: u64) -> Option<PostedWr> {
+    pub fn get(&self, seq: u64) -> Option<R>
+    where
+        R: Clone,
+    {
         (self.head..self.tail)
             .contains(&seq)
-            .then(|| self.ring[self.index(seq)])
+            .then(|| self.ring[self.index(seq)].clone())
+    }
+
+    /// The record kept for `seq`, outstanding or not: meaningful for the
+    /// last `depth` sequences posted (e.g. those a completion just
+    /// retired, [`SendQueueCredits::complete_range`]).
+    #[inline]
+    pub fn record(&self, seq: u64) -> &R {
+        &self.ring[self.index(seq)]
+    }
+
+    /// Stages `n` WRs for posting: the records of sequences `tail..tail+n`,
+    /// as ONE contiguous slice (past the ring's end, into the spare
+    /// records, where it wraps), for the caller to fill and hand to the NIC
+    /// as one doorbell. Nothing is posted until
+    /// [`SendQueueCredits::commit`]; staging again overwrites.
+    ///
+    /// # Errors
+    /// [`CreditError::WouldOverrun`] when fewer than `n` credits are free
+    /// (the records of outstanding WRs are never overwritten), or the batch
+    /// is longer than the spare records allow.
+    #[inline]
+    pub fn stage(&mut self, n: usize) -> Result<&mut [R], CreditError> {
+        self.check_room(n)?;
+        let at = self.index(self.tail);
+        if at + n > self.ring.len() {
+            return Err(CreditError::WouldOverrun {
+                requested: n,
+                free: (self.ring.len() - at) as u32,
+            });
+        }
+        Ok(&mut self.ring[at..at + n])
+    }
+
+    /// Counts the first `n` staged records ([`SendQueueCredits::stage`])
+    /// as posted (the NIC took them) and returns their sequences. Staged
+    /// records past `n` are dropped.
+    ///
+    /// # Panics
+    /// If `n` exceeds the free credits (more than was staged).
+    #[inline]
+    pub fn commit(&mut self, n: usize) -> Range<u64>
+    where
+        R: Clone,
+    {
+        assert!(n <= self.free() as usize, "commit past the staged records");
+        let at = self.index(self.tail);
+        let len = self.mask + 1;
+        if at + n > len {
+            // Staged past the ring's end: move that part to where the mask
+            // finds it (those slots hold no outstanding WR: `n <= free`).
+            let (front, back) = self.ring.split_at_mut(len);
+            front[..at + n - len].clone_from_slice(&back[..at + n - len]);
+        }
+        self.account(n)
+    }
+
+    /// [`SendQueueCredits::commit`] of all `n` staged records, whose
+    /// signaled ones the caller counted while writing them: `signaled` of
+    /// them, the newest at index `newest` (no scan of the records).
+    #[inline]
+    pub(crate) fn commit_counted(
+        &mut self,
+        n: usize,
+        signaled: u32,
+        newest: Option<usize>,
+    ) -> Range<u64>
+    where
+        R: Clone,
+    {
+        assert!(n <= self.free() as usize, "commit past the staged records");
+        let first = self.tail;
+        let at = self.index(first);
+        let len = self.mask + 1;
+        if at + n > len {
+            let (front, back) = self.ring.split_at_mut(len);
+            front[..at + n - len].clone_from_slice(&back[..at + n - len]);
+        }
+        debug_assert_eq!(
+            (first..first + n as u64)
+                .filter(|&s| self.ring[self.index(s)].signaled())
+                .count(),
+            signaled as usize
+        );
+        if let Some(i) = newest {
+            self.covered = first + i as u64 + 1;
+        }
+        self.signaled_posted += u64::from(signaled);
+        self.tail = first + n as u64;
+        first..self.tail
     }
 
     /// The sequence of the oldest outstanding WR posted with `wr_id` (the one
@@ -302,11 +469,26 @@ impl SendQueueCredits {
     pub fn locate(&self, wr_id: PhysWrId) -> Option<u64> {
         if self.covered > self.head && self.signaled_posted - self.signaled_done == 1 {
             let newest = self.covered - 1;
-            if self.ring[self.index(newest)].wr_id == wr_id {
+            if self.ring[self.index(newest)].wr_id() == wr_id {
                 return Some(newest);
             }
         }
-        (self.head..self.tail).find(|&s| self.ring[self.index(s)].wr_id == wr_id)
+        (self.head..self.tail).find(|&s| self.ring[self.index(s)].wr_id() == wr_id)
+    }
+
+    /// The outstanding sequence of `wr_id` when physical wr_ids carry the
+    /// low bits of the QP's own sequence ([`PhysWrId::wire_seq`], as the
+    /// engine posts them): O(1), no scan. `None` when no outstanding WR has
+    /// exactly that wr_id (a completion of an old incarnation, before a
+    /// reset, matches nothing: its sequence is below `head`).
+    #[inline]
+    pub fn resolve(&self, wr_id: PhysWrId) -> Option<u64> {
+        let delta = wr_id.wire_seq().wrapping_sub(self.head) & SEQ_MASK;
+        if delta >= self.tail - self.head {
+            return None;
+        }
+        let seq = self.head + delta;
+        (self.ring[self.index(seq)].wr_id() == wr_id).then_some(seq)
     }
 
     /// Applies a polled completion at sequence `seq` with `status`: credits
@@ -319,7 +501,28 @@ impl SendQueueCredits {
     /// # Errors
     /// The [`CreditError`] variants for an impossible completion (see the
     /// module invariants); nothing is credited then.
-    pub fn complete(&mut self, seq: u64, status: WcStatus) -> Result<Retired<'_>, CreditError> {
+    pub fn complete(&mut self, seq: u64, status: WcStatus) -> Result<Retired<'_, R>, CreditError> {
+        let range = self.complete_range(seq, status)?;
+        Ok(Retired {
+            ring: &self.ring,
+            mask: self.mask,
+            next: range.start,
+            end: range.end,
+        })
+    }
+
+    /// [`SendQueueCredits::complete`], returning the credited sequences
+    /// (their records stay readable with [`SendQueueCredits::record`] until
+    /// the next post).
+    ///
+    /// # Errors
+    /// As [`SendQueueCredits::complete`].
+    #[inline(always)]
+    pub fn complete_range(
+        &mut self,
+        seq: u64,
+        status: WcStatus,
+    ) -> Result<Range<u64>, CreditError> {
         if seq < self.head {
             return Err(CreditError::AlreadyCredited {
                 seq,
@@ -332,7 +535,7 @@ impl SendQueueCredits {
                 tail: self.tail,
             });
         }
-        let signaled = self.ring[self.index(seq)].signaled;
+        let signaled = self.ring[self.index(seq)].signaled();
         if status.is_ok() && !signaled {
             return Err(CreditError::UnsignaledSuccess { seq });
         }
@@ -340,7 +543,7 @@ impl SendQueueCredits {
         // (no scan needed). Otherwise look for an earlier signaled WR.
         let only_newest = seq + 1 == self.covered && self.signaled_posted - self.signaled_done == 1;
         if !only_newest {
-            if let Some(pending) = (self.head..seq).find(|&s| self.ring[self.index(s)].signaled) {
+            if let Some(pending) = (self.head..seq).find(|&s| self.ring[self.index(s)].signaled()) {
                 return Err(CreditError::OutOfOrder { seq, pending });
             }
         }
@@ -349,11 +552,7 @@ impl SendQueueCredits {
         self.signaled_done += u64::from(signaled);
         let from = self.head;
         self.head = seq + 1;
-        Ok(Retired {
-            ring: &self.ring,
-            next: from,
-            end: seq + 1,
-        })
+        Ok(from..seq + 1)
     }
 
     /// [`SendQueueCredits::complete`] for a completion identified by its
@@ -366,7 +565,7 @@ impl SendQueueCredits {
         &mut self,
         wr_id: PhysWrId,
         status: WcStatus,
-    ) -> Result<Retired<'_>, CreditError> {
+    ) -> Result<Retired<'_, R>, CreditError> {
         let seq = self
             .locate(wr_id)
             .ok_or(CreditError::UnknownWrId { wr_id })?;
@@ -376,36 +575,45 @@ impl SendQueueCredits {
     /// Credits every outstanding WR: the QP was reset (RESET discards
     /// outstanding work without completions). The returned WRs were not all
     /// executed; recovery decides which to re-post.
-    pub fn reset(&mut self) -> Retired<'_> {
+    pub fn reset(&mut self) -> Retired<'_, R> {
+        let range = self.reset_range();
+        Retired {
+            ring: &self.ring,
+            mask: self.mask,
+            next: range.start,
+            end: range.end,
+        }
+    }
+
+    /// [`SendQueueCredits::reset`], returning the credited sequences (see
+    /// [`SendQueueCredits::record`]).
+    pub fn reset_range(&mut self) -> Range<u64> {
         let from = self.head;
         self.head = self.tail;
         self.signaled_done = self.signaled_posted;
-        Retired {
-            ring: &self.ring,
-            next: from,
-            end: self.tail,
-        }
+        from..self.tail
     }
 }
 
 /// WRs credited by one completion, oldest first, with their sequences.
 #[derive(Debug)]
-pub struct Retired<'a> {
-    ring: &'a [PostedWr],
+pub struct Retired<'a, R = PostedWr> {
+    ring: &'a [R],
+    mask: usize,
     next: u64,
     end: u64,
 }
 
-impl Iterator for Retired<'_> {
-    type Item = (u64, PostedWr);
+impl<R: Clone> Iterator for Retired<'_, R> {
+    type Item = (u64, R);
 
-    fn next(&mut self) -> Option<(u64, PostedWr)> {
+    fn next(&mut self) -> Option<(u64, R)> {
         if self.next == self.end {
             return None;
         }
         let seq = self.next;
         self.next += 1;
-        Some((seq, self.ring[(seq as usize) & (self.ring.len() - 1)]))
+        Some((seq, self.ring[(seq as usize) & self.mask].clone()))
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
@@ -414,7 +622,7 @@ impl Iterator for Retired<'_> {
     }
 }
 
-impl ExactSizeIterator for Retired<'_> {}
+impl<R: Clone> ExactSizeIterator for Retired<'_, R> {}
 
 #[cfg(test)]
 mod tests {
@@ -606,6 +814,75 @@ mod tests {
         assert_eq!(q.free(), 4);
         assert_eq!(q.unsignaled_tail(), 0);
         assert_eq!(q.next_seq(), 2);
+    }
+
+    fn rec(vqp: u32, seq: u64, signaled: bool) -> SendWr {
+        use krcore_nic::{RemoteAddr, Sge};
+        let id = PhysWrId::new(VqpId::new(vqp).unwrap(), seq);
+        SendWr::read(id.raw(), Sge::default(), RemoteAddr::default()).signaled(signaled)
+    }
+
+    /// Staged batches stay contiguous where the ring wraps (in the spare
+    /// records), and after the commit every record is where its sequence
+    /// says; completions resolve by their sequence bits.
+    #[test]
+    fn staged_batches_wrap_contiguously_and_resolve_by_sequence() {
+        let empty = rec(0, 0, false);
+        let mut q = SendQueueCredits::with_records(6, 7, empty);
+        let mut seq = 0u64;
+        for lap in 0..20u64 {
+            // Batches of 1..=5 WRs: every start position, every wrap.
+            let n = (lap % 5 + 1) as usize;
+            let first = q.next_seq();
+            assert_eq!(first, seq);
+            let staged = q.stage(n).unwrap();
+            assert_eq!(staged.len(), n);
+            for (i, r) in staged.iter_mut().enumerate() {
+                *r = rec(1 + (lap % 3) as u32, first + i as u64, i + 1 == n);
+            }
+            assert_eq!(q.commit(n), first..first + n as u64);
+            for s in first..first + n as u64 {
+                assert_eq!(q.record(s).wr_id().wire_seq(), s);
+                assert_eq!(q.get(s).map(|r| r.wr_id), Some(q.record(s).wr_id));
+            }
+            let last = *q.record(first + n as u64 - 1);
+            assert_eq!(q.resolve(last.wr_id()), Some(first + n as u64 - 1));
+            // Another VQP's id with the same sequence bits matches nothing.
+            let other = PhysWrId::new(VqpId::new(9).unwrap(), first + n as u64 - 1);
+            assert_eq!(q.resolve(other), None);
+            let done = q.complete_range(first + n as u64 - 1, WcStatus::Success);
+            assert_eq!(done, Ok(first..first + n as u64));
+            // Credited: no longer resolves (a stale completion).
+            assert_eq!(q.resolve(last.wr_id()), None);
+            seq += n as u64;
+        }
+        assert!(seq > 4 * 8, "the ring wrapped several times");
+    }
+
+    #[test]
+    fn staging_never_overwrites_outstanding_records() {
+        let mut q = SendQueueCredits::with_records(4, 3, rec(0, 0, false));
+        let staged = q.stage(3).unwrap();
+        for (i, r) in staged.iter_mut().enumerate() {
+            *r = rec(1, i as u64, i == 2);
+        }
+        q.commit(3);
+        assert_eq!(
+            q.stage(2).unwrap_err(),
+            CreditError::WouldOverrun {
+                requested: 2,
+                free: 1
+            }
+        );
+        // A staged batch that is not committed is dropped.
+        q.stage(1).unwrap()[0] = rec(2, 3, true);
+        assert_eq!(q.commit(0), 3..3);
+        assert_eq!(q.outstanding(), 3);
+        assert_eq!(q.resolve(PhysWrId::new(VqpId::new(2).unwrap(), 3)), None);
+        // Reset credits all three; their records stay readable.
+        assert_eq!(q.reset_range(), 0..3);
+        assert_eq!(q.record(1).wr_id().vqp().get(), 1);
+        assert_eq!(q.free(), 4);
     }
 
     /// Random posts and in-order completions against a `VecDeque` reference,

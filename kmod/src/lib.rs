@@ -19,8 +19,8 @@
 //! pure pieces ------------------------------------------- no I/O, no clock
 //!   |  dccache   Gid -> DC target metadata, node-wide, lock-free reads
 //!   |  precheck  Algorithm 2: validity, capacity, signaling of a VQP's batch
-//!   |  wrid      physical wr_id = (VQP id, sequence); per-VQP slot tables
-//!   |  credits   send-queue credits of one shared physical QP
+//!   |  wrid      physical wr_id = (VQP id, sequence); user slots
+//!   |  credits   send-queue credits of one shared physical QP, a record per WR
 //!   |  handshake the RC handshake's messages (RC fallback mode)
 //!   |  msg       two-sided messages: header layout, credit accounts
 //!   |
@@ -88,11 +88,13 @@
 //!   [`Rejection`] (the batch never reaches the NIC) or a [`Plan`]: poll first
 //!   to reclaim credits, and which WR to force signaled.
 //! - [`wrid`]: [`PhysWrId`] packs (VQP id, sequence) into the 64-bit `wr_id`
-//!   the NIC sees; a VQP's [`SlotTable`] maps the sequence back to the user's
-//!   `wr_id` and whether the user asked for a completion.
-//! - [`credits`]: [`SendQueueCredits`] accounts a physical send queue: a
-//!   signaled completion credits every WR before it, including other VQPs'
-//!   unsignaled WRs, and impossible completions are typed errors.
+//!   the NIC sees; the engine keeps the user's `wr_id` and whether the user
+//!   asked for a completion beside the QP's record of the WR ([`Slot`]).
+//! - [`credits`]: [`SendQueueCredits`] accounts a physical send queue with
+//!   one record per WR (in the engine: the WR as posted, which the doorbell
+//!   rings on and recovery re-posts): a signaled completion credits every
+//!   WR before it, including other VQPs' unsignaled WRs, and impossible
+//!   completions are typed errors.
 //! - [`handshake`]: the RC fallback's handshake messages
 //!   ([`handshake::HandshakeRepr`]) and the protocol's rules.
 //! - [`msg`]: two-sided messaging's header ([`msg::MsgRepr`]), channel
@@ -128,8 +130,8 @@
 //! [`DcCache`] is `Sync` and meant to be shared (`Arc`) by every VQP of a
 //! node: reads take no lock, writers are serialized per bucket. The other
 //! pieces are plain values with `&mut self` updates, owned by whoever owns the
-//! physical QP or the VQP: in the [`engine`], a DCI's lock guards its
-//! [`SendQueueCredits`], a VQP's lock its [`SlotTable`]. [`Engine`] and
+//! physical QP or the VQP: in the [`engine`], a physical QP's lock guards
+//! its [`SendQueueCredits`] and the state of the VQPs bound to it. [`Engine`] and
 //! [`Vqp`] are `Send + Sync`; there is no engine-wide lock on the data path.
 //!
 //! The engine starts no thread unless asked: in RC fallback mode a node
@@ -143,7 +145,7 @@
 //! use std::collections::HashMap;
 //! use std::time::Instant;
 //! use krcore_kmod::{
-//!     DcCache, LocalMr, NoGrants, PhysWrId, Policy, Precheck, SendQueueCredits, SlotTable,
+//!     DcCache, LocalMr, NoGrants, PhysWrId, Policy, Posted, Precheck, SendQueueCredits, Slot,
 //!     Transport, VqpId,
 //! };
 //! use krcore_nic::{Access, DcTarget, Destination, Gid, RemoteAddr, SendWr, Sge, WcStatus};
@@ -157,8 +159,9 @@
 //!
 //! // post: pre-check a VQP's batch against the shared physical QP.
 //! let vqp = VqpId::new(1)?;
-//! let mut slots = SlotTable::new(64);
-//! let mut sq = SendQueueCredits::new(128);
+//! // One record per WR: the WR as posted, the user's wr_id beside it.
+//! let mut sq = SendQueueCredits::with_records(128, 127, SendWr::read(0, Sge::default(), RemoteAddr::default()));
+//! let mut users = vec![Slot::default(); 128];
 //! let mrs = HashMap::from([(0x10, LocalMr { addr: 0x1000, len: 4096, access: Access::LOCAL_WRITE })]);
 //! let local = Sge { addr: 0x1000, length: 64, lkey: 0x10 };
 //! let user = [SendWr::read(7, local, RemoteAddr { addr: 0x9000, rkey: 3 })
@@ -175,26 +178,29 @@
 //! let plan = check.check(&user)?;
 //! assert!(!plan.must_reclaim());
 //!
-//! // Swap in physical wr_ids, keeping the user's in the slot table.
-//! let mut phys = user;
-//! for wr in &mut phys {
-//!     let seq = slots.push(wr.wr_id, wr.is_signaled())?;
+//! // Copy the batch into the records with physical wr_ids (the user's
+//! // beside them), ring the doorbell on the records, commit.
+//! let first = sq.next_seq();
+//! let staged = sq.stage(user.len())?;
+//! staged.copy_from_slice(&user);
+//! for (i, wr) in staged.iter_mut().enumerate() {
+//!     let seq = first + i as u64;
+//!     users[seq as usize % 128] = Slot { user_wr_id: wr.wr_id, user_signaled: wr.is_signaled() };
 //!     wr.wr_id = PhysWrId::new(vqp, seq).raw();
 //! }
-//! plan.apply(&mut phys);
-//! sq.post_wrs(&phys)?;
-//! // ... the host calls `qp.post_send(&phys)` and polls the CQ ...
+//! plan.apply(staged);
+//! // ... the host calls `qp.post_send(staged)` ...
+//! sq.commit(user.len());
 //!
-//! // A polled completion credits the queue and is routed to its VQP.
-//! let polled = PhysWrId::from_raw(phys[0].wr_id);
+//! // A polled completion finds its record and credits the queue through it.
+//! let polled = sq.record(first).wr_id();
+//! let seq = sq.resolve(polled).expect("outstanding");
 //! let mut delivered = Vec::new();
-//! for (_, posted) in sq.complete_wr_id(polled, WcStatus::Success)? {
-//!     assert_eq!(posted.wr_id.vqp(), vqp);
-//!     let seq = slots.resolve(posted.wr_id.wire_seq()).expect("outstanding");
-//!     for (_, slot) in slots.retire_through(seq)? {
-//!         if slot.user_signaled {
-//!             delivered.push(slot.user_wr_id);
-//!         }
+//! for s in sq.complete_range(seq, WcStatus::Success)? {
+//!     assert_eq!(sq.record(s).wr_id().vqp(), vqp);
+//!     let slot = users[s as usize % 128];
+//!     if slot.user_signaled {
+//!         delivered.push(slot.user_wr_id);
 //!     }
 //! }
 //! assert_eq!(delivered, [7]);
@@ -221,7 +227,7 @@ pub use engine::{
     DCIS_PER_CPU, DEFAULT_DC_KEY, DEFAULT_HANDSHAKE_QKEY,
 };
 
-pub use credits::{CreditError, PostedWr, QueueView, SendQueueCredits};
+pub use credits::{CreditError, Posted, PostedWr, QueueView, SendQueueCredits};
 pub use dccache::{CachedTarget, DcCache, Insert, Lookup, MetaEpoch};
 pub use precheck::{
     LocalMr, LocalMrTable, NoGrants, OpKind, Plan, Policy, Precheck, Reason, Rejection,

@@ -183,8 +183,10 @@ pub struct RemoteGrant {
     pub len: u64,
     /// What the grant allows (`REMOTE_READ`, `REMOTE_WRITE`, `REMOTE_ATOMIC`).
     pub access: Access,
-    /// The grant is void from this instant on.
-    pub expires_at: Instant,
+    /// The grant is void from this instant on; `None`: it never expires
+    /// (no lease). The engine reads the clock for the pre-check only while
+    /// a VQP knows a grant with an expiry.
+    pub expires_at: Option<Instant>,
 }
 
 /// Grants known to this process, by (target GID, rkey). Unknown grants are
@@ -437,6 +439,14 @@ impl<M: LocalMrTable + ?Sized, G: RemoteGrants + ?Sized> Precheck<'_, M, G> {
     /// A [`Rejection`] naming the first bad WR and why; the batch must not be
     /// posted.
     pub fn check(&self, batch: &[SendWr]) -> Result<Plan, Rejection> {
+        self.check_batch(batch, true)
+    }
+
+    /// [`Precheck::check`]; `common_path`: accept the common WR in one
+    /// straight pass ([`Self::common_wr_ok`]) before the full check (the
+    /// tests compare both ways).
+    #[inline]
+    fn check_batch(&self, batch: &[SendWr], common_path: bool) -> Result<Plan, Rejection> {
         let reject = |index, reason| Rejection { index, reason };
         if batch.is_empty() {
             return Err(reject(0, Reason::EmptyBatch));
@@ -453,9 +463,50 @@ impl<M: LocalMrTable + ?Sized, G: RemoteGrants + ?Sized> Precheck<'_, M, G> {
             ));
         }
         for (index, wr) in batch.iter().enumerate() {
-            self.check_wr(wr).map_err(|reason| reject(index, reason))?;
+            if !(common_path && self.common_wr_ok(wr)) {
+                self.check_wr(wr).map_err(|reason| reject(index, reason))?;
+            }
         }
         Ok(self.plan(batch))
+    }
+
+    /// The common WR, accepted in one straight pass: a READ or WRITE of
+    /// one SGE inside an owned MR (which allows local writes for a READ),
+    /// to the destination of the transport, with no grant known for its
+    /// (target, rkey). `false` for anything else, which [`Self::check_wr`]
+    /// then checks in full (so the verdict and the reason are exactly
+    /// [`Self::check_wr`]'s: this only accepts what it would accept).
+    #[inline(always)]
+    fn common_wr_ok(&self, wr: &SendWr) -> bool {
+        let (remote, writes_locally) = match wr.op {
+            WrOp::Read { remote } => (remote, true),
+            WrOp::Write { remote } => (remote, false),
+            _ => return false,
+        };
+        let target = match (self.transport, &wr.dest) {
+            (Transport::Dc, Destination::Dc(t)) => Some(t.gid),
+            (Transport::Rc, Destination::Connected) => self.peer,
+            _ => return false,
+        };
+        let Payload::Local(sg) = &wr.payload else {
+            return false;
+        };
+        let [sge] = sg.as_slice() else {
+            return false;
+        };
+        if self.policy.max_sge == 0 {
+            return false;
+        }
+        let Some(mr) = self.local_mrs.lookup(sge.lkey) else {
+            return false;
+        };
+        let end = sge.addr.wrapping_add(u64::from(sge.length));
+        let mr_end = mr.addr.wrapping_add(mr.len);
+        let inside = sge.addr >= mr.addr && end >= sge.addr && mr_end >= mr.addr && end <= mr_end;
+        if !inside || (writes_locally && !mr.access.contains(Access::LOCAL_WRITE)) {
+            return false;
+        }
+        target.is_none_or(|t| self.grants.lookup(&t, remote.rkey).is_none())
     }
 
     /// Only the capacity and signaling parts, (a) and (c): the batch's
@@ -599,7 +650,7 @@ impl<M: LocalMrTable + ?Sized, G: RemoteGrants + ?Sized> Precheck<'_, M, G> {
         let Some(grant) = target.and_then(|t| self.grants.lookup(&t, remote.rkey)) else {
             return Ok(());
         };
-        if self.now >= grant.expires_at {
+        if grant.expires_at.is_some_and(|t| self.now >= t) {
             return Err(Reason::GrantExpired { rkey: remote.rkey });
         }
         if !grant.access.contains(needed) {

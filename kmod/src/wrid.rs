@@ -2,9 +2,13 @@
 //!
 //! Many VQPs share one physical QP and one CQ, so the `wr_id` the NIC sees
 //! cannot be the user's. The engine posts a [`PhysWrId`] instead: the owning
-//! VQP and that VQP's sequence number, packed in 64 bits. The user's `wr_id` and
-//! whether the *user* asked for a completion are kept in the VQP's
-//! [`SlotTable`], indexed by the sequence number.
+//! VQP and a sequence number, packed in 64 bits. The engine's sequence is
+//! the physical QP's own (its count of posted WRs): the user's `wr_id` and
+//! whether the *user* asked for a completion are kept beside the QP's
+//! record of the WR (see [`crate::credits`] and the engine's `physqp`), so
+//! a completion finds both with one index. A [`SlotTable`] is the per-VQP
+//! alternative (a VQP's own sequence -> [`Slot`]), for hosts that keep a
+//! table per VQP (the `loom-tests` upgrade model does).
 //!
 //! # Layout of a physical wr_id
 //!
@@ -18,10 +22,11 @@
 //! - 24 bits of VQP id: 16,777,215 VQPs per node. Id 0 is reserved
 //!   ([`VqpId::ENGINE`]) for WRs the engine posts on its own behalf (meta
 //!   READs, a signaled filler WR); user VQPs get ids from 1.
-//! - 40 bits of sequence: the low bits of the VQP's 64-bit sequence counter.
-//!   A slot table never has more than `capacity` (a `u32`) sequences
-//!   outstanding, far below 2^40, so [`SlotTable::resolve`] recovers the full
-//!   sequence from the 40 bits without ambiguity.
+//! - 40 bits of sequence: the low bits of a 64-bit sequence counter (the
+//!   QP's, or a slot table's). Never more than a `u32` count of sequences
+//!   is outstanding, far below 2^40, so the full sequence is recovered from
+//!   the 40 bits without ambiguity
+//!   ([`crate::SendQueueCredits::resolve`], [`SlotTable::resolve`]).
 //!
 //! Every 64-bit value decodes (there is no invalid encoding): an unexpected
 //! `wr_id` is caught by the slot table, which only resolves outstanding

@@ -9,7 +9,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{config, counted, wait_wcs, Cluster, WAIT};
-use krcore_kmod::{Engine, LeaseError, OwnedMr, Reason, Vqp, VqpError};
+use krcore_kmod::{Engine, LeaseError, OwnedMr, Reason, RemoteGrant, Vqp, VqpError};
 use krcore_nic::sim::SimNic;
 use krcore_nic::{Access, MemoryRegion, RemoteAddr, SendWr, WcStatus};
 
@@ -216,4 +216,49 @@ fn dropping_a_leased_mr_defers_its_deregistration_until_the_lease_expires() {
     v.post_send(&mut [f.read(3, addr)]).unwrap();
     assert_eq!(wait_wcs(&v, 1)[0].status, WcStatus::RemAccessErr);
     let _ = &f.c;
+}
+
+/// Grants without expiry cost no clock read at posts; the pre-check reads
+/// the clock while the VQP knows a grant with one. The count behind that
+/// follows every add, replace and remove: expiry stays exact.
+#[test]
+fn expiry_stays_exact_with_grants_with_and_without_expiry_mixed() {
+    let f = Fixture::new();
+    let (a, b) = (
+        f.owner.alloc_mr(64, Access::ALL).unwrap(),
+        f.owner.alloc_mr(64, Access::ALL).unwrap(),
+    );
+    let v = f.vqp();
+    let gid = f.owner.gid();
+    let forever = |mr: &OwnedMr<SimNic>| RemoteGrant {
+        addr: mr.addr(),
+        len: 64,
+        access: Access::REMOTE_READ,
+        expires_at: None,
+    };
+    let post = |id, mr: &OwnedMr<SimNic>| match v.post_send(&mut [f.read(id, mr.remote(0))]) {
+        Ok(()) => Ok(wait_wcs(&v, 1)[0].status),
+        Err(VqpError::Rejected(rej)) => Err(rej.reason),
+        Err(e) => panic!("{e:?}"),
+    };
+    // `a` never expires.
+    v.add_grant(gid, a.rkey(), forever(&a));
+    assert_eq!(post(1, &a), Ok(WcStatus::Success));
+    // `b`: a lease that ended: refused; `a` still passes.
+    let (_, ended) = b.lease(0, 64, Access::REMOTE_READ, Instant::now()).unwrap();
+    v.add_grant(gid, b.rkey(), ended);
+    assert_eq!(post(2, &b), Err(Reason::GrantExpired { rkey: b.rkey() }));
+    assert_eq!(post(3, &a), Ok(WcStatus::Success));
+    // The ended lease replaced by a grant without expiry: `b` passes.
+    v.add_grant(gid, b.rkey(), forever(&b));
+    assert_eq!(post(4, &b), Ok(WcStatus::Success));
+    // `a`'s grant replaced by an ended lease: refused (the clock is read
+    // again, with only this one grant carrying an expiry).
+    let (_, ended) = a.lease(0, 64, Access::REMOTE_READ, Instant::now()).unwrap();
+    v.add_grant(gid, a.rkey(), ended);
+    assert_eq!(post(5, &a), Err(Reason::GrantExpired { rkey: a.rkey() }));
+    assert_eq!(post(6, &b), Ok(WcStatus::Success));
+    // Forgotten: left to the NIC, which serves the registered MR.
+    assert!(v.remove_grant(&gid, a.rkey()).is_some());
+    assert_eq!(post(7, &a), Ok(WcStatus::Success));
 }

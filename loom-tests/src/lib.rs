@@ -13,7 +13,7 @@
 //! | file | protocol | invariant |
 //! |------|----------|-----------|
 //! | `tests/dccache.rs` | DCCache insert / invalidate / read (per-bucket seqlocks) | no torn or stale entry |
-//! | `tests/shared_qp.rs` | completion routing and send-queue credits on a shared physical QP (kmod's `SendQueueCredits` + per-VQP `SlotTable`s, host locking modeled) | no lost, duplicate or misrouted completion; no double credit; all credits free at the end |
+//! | `tests/shared_qp.rs` | completion routing and send-queue credits on a shared physical QP (kmod's `SendQueueCredits` with one record per WR, staged/committed as the engine does, user slots beside it, per-VQP counts; host locking modeled) | no lost, duplicate or misrouted completion; no double credit; all credits free at the end |
 //! | `tests/upgrade_switch.rs` | the VQP switch from DC to RC with in-flight work and the way back on eviction (kmod's `SendQueueCredits` + the VQP's `SlotTable`, moving between a modeled DCI and RC pair; binding lock, `detach_drained`, `close_if_idle` and downgrade modeled after `engine/upgrade.rs`) | every completion delivered once, in post order across the switch; nothing posted on one QP while the VQP has WRs in flight on the other; both accounts empty at the end |
 //! | `tests/race.rs` | the RACE client (race-store, unmodified) over memory whose words are loom atomics: racing inserts + duplicate removal, update/delete with a leftover duplicate, KV block reclamation | one copy visible after inserts settle; no stale read; a reclaimed block is never read reused |
 //!

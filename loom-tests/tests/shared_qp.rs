@@ -1,17 +1,26 @@
 //! loom model of completion routing and send-queue credit accounting on a
-//! shared physical QP, with kmod's pure pieces: [`SendQueueCredits`] (the
-//! QP's account) and one [`SlotTable`] per VQP (physical wr_id -> the user's
-//! wr_id), driven the way the engine host drives them.
+//! shared physical QP, with kmod's pure pieces as the engine uses them: the
+//! QP's [`SendQueueCredits`] keeping ONE record per WR (the WR as posted,
+//! physical wr_id `(VQP, QP sequence)`), staged, rung and committed
+//! ([`SendQueueCredits::stage`], [`SendQueueCredits::commit`]), the user's
+//! wr_id and signal flag beside it ([`Slot`], same index), and a count of
+//! outstanding WRs per VQP; completions are resolved by their sequence bits
+//! ([`SendQueueCredits::resolve`]) and credit every record up to theirs
+//! ([`SendQueueCredits::complete_range`]), driven the way the engine host
+//! (`kmod/src/engine/physqp.rs`: `post`, `ring_doorbell`, `route`,
+//! `deliver`) drives them.
 //!
-//! The modeled host: a QP lock guards the account, the slot tables and the
-//! doorbell; the NIC executes a WR when its doorbell rings and pushes the
-//! completion of a signaled WR into the CQ (its own lock, like a CQ ring).
-//! A poll drains the CQ and routes every completion to its VQP.
+//! The modeled host: a QP lock guards the account, the user slots, the
+//! counts and the doorbell; the NIC executes a WR when its doorbell rings
+//! and pushes the completion of a signaled WR into the CQ (its own lock,
+//! like a CQ ring). A poll drains the CQ and routes every completion to its
+//! VQP.
 //!
 //! Invariants: every WR a user signaled is delivered to its own VQP exactly
 //! once (no lost, no duplicate, no misrouted completion); the account never
-//! refuses a completion (no credit counted twice or for an unposted WR); and
-//! when everything has completed every credit is free again.
+//! refuses a completion (no credit counted twice or for an unposted WR); no
+//! VQP's count of outstanding WRs goes negative; and when everything has
+//! completed every credit is free again and every count is 0.
 //!
 //! The two steps the protocol needs are switchable, and the `mutation_*`
 //! models remove one each and must fail (`should_panic`): that is the proof
@@ -20,8 +29,8 @@
 
 use std::collections::VecDeque;
 
-use krcore_kmod::{PhysWrId, PostedWr, SendQueueCredits, SlotTable, VqpId};
-use krcore_nic::{Wc, WcStatus};
+use krcore_kmod::{PhysWrId, Posted, SendQueueCredits, Slot, VqpId};
+use krcore_nic::{RemoteAddr, SendWr, Sge, Wc, WcStatus};
 use loom::sync::{Arc, Mutex};
 use loom::thread;
 
@@ -31,8 +40,8 @@ const VQPS: usize = 2;
 /// Which protected steps the host performs.
 #[derive(Clone, Copy)]
 struct Steps {
-    /// The account and slot table are updated in the same critical section
-    /// as the doorbell (else: doorbell first, account afterwards).
+    /// The records are committed to the account in the same critical
+    /// section as the doorbell (else: doorbell first, commit afterwards).
     record_with_doorbell: bool,
     /// Completions are taken from the CQ and routed under the QP lock (else:
     /// taken under the CQ lock only, routed afterwards).
@@ -45,8 +54,11 @@ const CORRECT: Steps = Steps {
 };
 
 struct Phys {
-    credits: SendQueueCredits,
-    slots: Vec<SlotTable>,
+    credits: SendQueueCredits<SendWr>,
+    /// The user's wr_id and flag of each record, at sequence mod its length.
+    users: Vec<Slot>,
+    /// WRs outstanding per VQP.
+    outstanding: Vec<u32>,
     /// User wr_ids delivered to each VQP.
     delivered: Vec<Vec<u64>>,
 }
@@ -59,11 +71,14 @@ struct Qp {
 
 impl Qp {
     fn new(steps: Steps) -> Qp {
+        let len = DEPTH.next_power_of_two();
+        let empty = SendWr::read(0, Sge::default(), RemoteAddr::default());
         Qp {
             steps,
             phys: Mutex::new(Phys {
-                credits: SendQueueCredits::new(DEPTH),
-                slots: (0..VQPS).map(|_| SlotTable::new(DEPTH)).collect(),
+                credits: SendQueueCredits::with_records(DEPTH, len - 1, empty),
+                users: vec![Slot::default(); len as usize],
+                outstanding: vec![0; VQPS],
                 delivered: vec![Vec::new(); VQPS],
             }),
             cq: Mutex::new(VecDeque::new()),
@@ -71,61 +86,78 @@ impl Qp {
     }
 
     /// The NIC: executes the doorbell's WRs; signaled ones complete.
-    fn ring(&self, wrs: &[PostedWr]) {
+    fn ring(&self, wrs: &[SendWr]) {
         let mut cq = self.cq.lock().unwrap();
-        for w in wrs.iter().filter(|w| w.signaled) {
+        for w in wrs.iter().filter(|w| w.is_signaled()) {
             cq.push_back(Wc {
-                wr_id: w.wr_id.raw(),
+                wr_id: w.wr_id,
                 status: WcStatus::Success,
                 ..Wc::default()
             });
         }
     }
 
-    /// VQP `v` posts user WRs `(user_wr_id, signaled)` as one doorbell.
+    /// VQP `v` posts user WRs `(user_wr_id, signaled)` as one doorbell:
+    /// staged into the records, rung, committed.
     fn post(&self, v: usize, user: &[(u64, bool)]) {
         let vqp = VqpId::new(v as u32 + 1).unwrap();
-        let mut p = self.phys.lock().unwrap();
-        let wrs: Vec<PostedWr> = user
-            .iter()
-            .map(|&(id, signaled)| {
-                let seq = p.slots[v].push(id, signaled).expect("VQP has room");
-                PostedWr {
-                    wr_id: PhysWrId::new(vqp, seq),
-                    signaled,
-                }
-            })
-            .collect();
+        let mut guard = self.phys.lock().unwrap();
+        let p = &mut *guard;
+        let first = p.credits.next_seq();
+        let mask = p.users.len() - 1;
+        let staged = p.credits.stage(user.len()).expect("credits");
+        for (i, (rec, &(id, signaled))) in staged.iter_mut().zip(user).enumerate() {
+            let seq = first + i as u64;
+            let wr_id = PhysWrId::new(vqp, seq).raw();
+            *rec = SendWr::read(wr_id, Sge::default(), RemoteAddr::default()).signaled(signaled);
+            p.users[(seq as usize) & mask] = Slot {
+                user_wr_id: id,
+                user_signaled: signaled,
+            };
+        }
         if self.steps.record_with_doorbell {
-            p.credits.post(wrs.iter().copied()).expect("credits");
-            self.ring(&wrs);
+            self.ring(staged);
+            p.credits.commit(user.len());
+            p.outstanding[v] += user.len() as u32;
         } else {
-            drop(p);
-            self.ring(&wrs);
+            let rung: Vec<SendWr> = staged.to_vec();
+            drop(guard);
+            self.ring(&rung);
             let mut p = self.phys.lock().unwrap();
-            p.credits.post(wrs.iter().copied()).expect("credits");
+            p.credits.commit(user.len());
+            p.outstanding[v] += user.len() as u32;
         }
     }
 
-    /// Routes one completion: credits the account, retires the VQP's slots
-    /// and delivers what the user signaled.
+    /// Routes one completion: credits the account through its record, and
+    /// retires every record up to it from its VQP's count; the completed
+    /// one is delivered when its user signaled it.
     fn route(p: &mut Phys, wc: &Wc) {
-        let retired: Vec<PostedWr> = p
+        let wr_id = PhysWrId::from_raw(wc.wr_id);
+        let retired = p
             .credits
-            .complete_wr_id(PhysWrId::from_raw(wc.wr_id), wc.status)
-            .unwrap_or_else(|e| panic!("account refused a completion: {e}"))
-            .map(|(_, w)| w)
-            .collect();
-        for w in retired {
-            let v = w.wr_id.vqp().get() as usize - 1;
-            let seq = p.slots[v]
-                .resolve(w.wr_id.wire_seq())
-                .expect("a retired WR has a slot");
-            let slots: Vec<_> = p.slots[v].retire_through(seq).unwrap().collect();
-            for (_, s) in slots {
-                if s.user_signaled {
-                    p.delivered[v].push(s.user_wr_id);
+            .resolve(wr_id)
+            .ok_or_else(|| format!("no outstanding WR has {wr_id:?}"))
+            .and_then(|seq| {
+                p.credits
+                    .complete_range(seq, wc.status)
+                    .map_err(|e| e.to_string())
+            })
+            .unwrap_or_else(|e| panic!("account refused a completion: {e}"));
+        let mask = p.users.len() - 1;
+        let last = retired.end - 1;
+        for seq in retired {
+            let v = p.credits.record(seq).wr_id().vqp().get() as usize - 1;
+            p.outstanding[v] = p.outstanding[v]
+                .checked_sub(1)
+                .expect("a VQP's outstanding count went negative");
+            let slot = p.users[(seq as usize) & mask];
+            if seq == last {
+                if slot.user_signaled {
+                    p.delivered[v].push(slot.user_wr_id);
                 }
+            } else {
+                assert!(!slot.user_signaled, "a signaled WR retired silently");
             }
         }
     }
@@ -191,6 +223,11 @@ fn model(steps: Steps) {
             "a credit leaked or was counted twice"
         );
         assert_eq!(p.credits.outstanding(), 0);
+        assert_eq!(
+            p.outstanding,
+            vec![0; VQPS],
+            "a WR never left its VQP's count"
+        );
     });
 }
 
@@ -199,9 +236,10 @@ fn shared_qp_routes_every_completion_once_and_credits_exactly() {
     model(CORRECT);
 }
 
-/// Mutation: the account is updated after the doorbell, outside its
+/// Mutation: the records are committed after the doorbell, outside its
 /// critical section. A poller can then see a completion the account does
-/// not know yet: the completion is refused (lost).
+/// not know yet (and another poster can stage over the uncommitted
+/// records): the completion is refused (lost).
 #[test]
 #[should_panic(expected = "account refused a completion")]
 fn mutation_recording_after_the_doorbell_loses_completions() {

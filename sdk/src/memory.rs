@@ -277,10 +277,6 @@ fn unix_ms_now() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// How long a grant derived from a token without lease stays valid at the
-/// pre-check.
-const GRANT_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
-
 impl RemoteRegion {
     /// The remote address `offset` bytes in.
     pub fn at(&self, offset: u64) -> RemoteAddr {
@@ -296,15 +292,15 @@ impl RemoteRegion {
         self.expires_unix_ms != NEVER && unix_ms_now() >= self.expires_unix_ms
     }
 
-    /// The grant the pre-check enforces for this token: its expiry moved to
-    /// this process's monotonic clock (already past for an expired token).
+    /// The grant the pre-check enforces for this token: a lease's expiry
+    /// moved to this process's monotonic clock (already past for an expired
+    /// token); none for a token without lease. Only a lease reads the
+    /// clocks (here, and the pre-check at each post while the VQP knows it).
     pub fn grant(&self) -> RemoteGrant {
-        let now = Instant::now();
-        let expires_at = if self.expires_unix_ms == NEVER {
-            now + GRANT_TTL
-        } else {
-            now + Duration::from_millis(self.expires_unix_ms.saturating_sub(unix_ms_now()))
-        };
+        let expires_at = (self.expires_unix_ms != NEVER).then(|| {
+            Instant::now()
+                + Duration::from_millis(self.expires_unix_ms.saturating_sub(unix_ms_now()))
+        });
         RemoteGrant {
             addr: self.addr,
             len: self.len,

@@ -298,7 +298,7 @@ impl<N: Nic> OwnedMr<N> {
                 addr: mr.addr() + offset,
                 len,
                 access,
-                expires_at,
+                expires_at: Some(expires_at),
             },
         ))
     }

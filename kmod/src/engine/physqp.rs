@@ -9,24 +9,42 @@
 //! # Locking
 //!
 //! ONE lock per physical QP, and nothing else on the data path: the state of
-//! every VQP bound to the QP (slot table, completion ring, target, grants:
-//! [`VqpState`]) lives in the QP's state, in a map by VQP id. A post takes
-//! the QP's lock once; so does a poll (pop the VQP's ring; when that is not
-//! enough, drain the CQ, routing each completion to its VQP's ring, and pop
-//! again). Nothing here takes an engine-wide lock. RC fallback mode: a
-//! VQP's binding lock (see [`super::vqp`]) is taken before a QP's lock,
-//! never after. (RC recovery sends a handshake through the engine's
-//! handshake endpoint, whose locks are leaves.)
+//! every VQP bound to the QP (count of WRs in flight, completion ring,
+//! target, grants: [`VqpState`]) lives in the QP's state, in a map by VQP
+//! id, beside the QP's records of its WRs. A post takes the QP's lock once;
+//! so does a poll (pop the VQP's ring; when that is not enough, drain the
+//! CQ, routing each completion to its VQP's ring, and pop again). Nothing
+//! here takes an engine-wide lock. RC fallback mode: a VQP's binding lock
+//! (see [`super::vqp`]) is taken before a QP's lock, never after. (RC
+//! recovery sends a handshake through the engine's handshake endpoint,
+//! whose locks are leaves.)
+//!
+//! # One record per WR
+//!
+//! Each WR on the QP has ONE record, at its physical sequence (the QP's own
+//! count of posted WRs) in the account `credits`: the WR as posted (the
+//! physical wr_id `(vqp, sequence)`, the forced signal), and beside it in
+//! `users` the user's wr_id and signal flag. A post copies the batch into
+//! the records ([`SendQueueCredits::stage`], contiguous even where the ring
+//! wraps), rings the doorbell on the records themselves, and commits what
+//! the NIC took: no per-VQP table, no copy kept aside for recovery, and the
+//! caller's WRs are left as they were (but `dest`). A completion finds its
+//! record by the sequence bits of its wr_id ([`SendQueueCredits::resolve`],
+//! O(1)), which also detects a completion of an old incarnation (its
+//! sequence is below every outstanding one).
 //!
 //! # Invariants
 //!
-//! - Every WR on the QP was recorded in `credits` (in posting order) and, with
-//!   a physical wr_id `(vqp, seq)`, in that VQP's slot table, before the lock
-//!   was released.
+//! - Every WR on the QP was recorded in `credits` (in posting order, with
+//!   its user's wr_id and flag in `users`) and counted in its VQP's
+//!   `outstanding` before the lock was released.
 //! - A polled completion retires, in order, every physical WR up to its own
-//!   ([`SendQueueCredits::complete`]); each is delivered to its VQP once:
-//!   to the VQP's ring when the user signaled it or it failed, silently
-//!   otherwise.
+//!   ([`SendQueueCredits::complete_range`]); each leaves its VQP's count
+//!   once, and the completed one is delivered to its VQP's ring (or the
+//!   poller's buffer) when the user signaled it or it failed. The earlier
+//!   ones were unsignaled (or their completion would have come first), so
+//!   their users did not ask for a completion either: the engine only adds
+//!   signals.
 //! - After an error completion the QP is in ERR. The failing WR's
 //!   completion goes to its owner (the "guilty" VQP) when routed; the flush
 //!   completions of the later WRs are not routed. Recovery resets the QP
@@ -34,12 +52,11 @@
 //!   WRs as `WR_FLUSH_ERR` (as its own QP would), brings the QP back to RTS
 //!   and re-posts every other VQP's outstanding WRs in their original order
 //!   (they never executed: the NIC flushes, it does not execute, what
-//!   follows a failed WR), from the copy kept at post time
-//!   (`PhysState::sent`), under NEW sequences of their VQPs' slot tables
-//!   (same user wr_ids), the last one forced signaled. Completions of the
-//!   old incarnation that a CQ still returns after the reset (a delayed
-//!   CQE) thus match no outstanding WR: they are counted stale and never
-//!   start another recovery.
+//!   follows a failed WR), from their records, under NEW physical
+//!   sequences (same user wr_ids), the last one forced signaled.
+//!   Completions of the old incarnation that a CQ still returns after the
+//!   reset (a delayed CQE) thus match no outstanding WR: they are counted
+//!   stale and never start another recovery.
 //!   Innocent VQPs thus see only their own results, each exactly once, in
 //!   order. A dead target (`RETRY_EXC_ERR`) is the failing WR's typed
 //!   status for its VQP, whose target is cleared and whose DCCache entry is
@@ -51,6 +68,9 @@
 //!   closed and every outstanding WR is reported `WR_FLUSH_ERR` to its
 //!   owner: its QP is destroyed and every later post re-acquires a pair
 //!   (and fails, typed, while the target is gone).
+//! - A VQP's state leaves a QP only with none of its WRs in flight there
+//!   (`detach_drained`; a dropped VQP's WRs complete as orphans), so a
+//!   record always belongs to the VQP's current attachment.
 //! - A closed RC pair (`qp` is `None`: evicted, or lost) accepts no post:
 //!   posts see [`PostFail::Stale`] and re-bind their VQP. An RC pair only
 //!   carries WRs of VQPs attached to it and connected to its target.
@@ -70,10 +90,10 @@ use super::error::{EngineError, VqpError};
 use super::mrs::{AnyMr, MrSnapshot};
 use super::vqp::VqpState;
 use super::EngineInner;
-use crate::credits::SendQueueCredits;
+use crate::credits::{CreditError, Posted, SendQueueCredits};
 use crate::dccache::DcCache;
 use crate::precheck::{LocalMr, LocalMrTable, NoGrants, Plan, Precheck, Transport};
-use crate::wrid::{PhysWrId, VqpId};
+use crate::wrid::{PhysWrId, Slot, VqpId};
 
 /// Completions polled per CQ poll call.
 const POLL_BATCH: usize = 32;
@@ -171,7 +191,13 @@ impl From<VqpError> for PostFail {
 pub(crate) struct PhysState<N: Nic> {
     /// `None`: an RC pair that was closed (evicted, or lost).
     qp: Option<N::Qp>,
-    credits: SendQueueCredits,
+    /// The account of the send queue, keeping ONE record per WR: the WR
+    /// as posted (physical wr_id, forced signal). The doorbell rings on
+    /// these records, and recovery re-posts from them.
+    credits: SendQueueCredits<SendWr>,
+    /// Beside each record (same index: sequence mod `users.len()`), the
+    /// user's wr_id and signal flag, for the completion.
+    users: Box<[Slot]>,
     /// The state of every VQP bound to this QP.
     vqps: IdMap<VqpId, VqpState>,
     mr_generation: u64,
@@ -185,9 +211,6 @@ pub(crate) struct PhysState<N: Nic> {
     /// The VQP whose WR failed first and put the QP in ERR (recovery
     /// reports its flushed WRs to it and re-posts everybody else's).
     guilty: Option<VqpId>,
-    /// A copy of every outstanding WR as posted (physical wr_id, forced
-    /// signal), by physical sequence: what recovery re-posts.
-    sent: Box<[SendWr]>,
     /// RC: the nonce of the current pairing (for Close).
     nonce: u64,
     stats: DciStats,
@@ -279,6 +302,7 @@ impl<N: Nic> PhysQp<N> {
         link: Link,
         nonce: u64,
     ) -> PhysQp<N> {
+        let ring_len = eng.cfg.dci_depth.next_power_of_two();
         PhysQp {
             index,
             qpn: qp.qpn(),
@@ -286,7 +310,14 @@ impl<N: Nic> PhysQp<N> {
             link,
             state: Mutex::new(PhysState {
                 qp: Some(qp),
-                credits: SendQueueCredits::new(eng.cfg.dci_depth),
+                // Spare records: any batch up to the depth is staged
+                // contiguously where the ring wraps.
+                credits: SendQueueCredits::with_records(
+                    eng.cfg.dci_depth,
+                    ring_len - 1,
+                    SendWr::read(0, Default::default(), Default::default()),
+                ),
+                users: vec![Slot::default(); ring_len as usize].into_boxed_slice(),
                 vqps: IdMap::default(),
                 epoch: Instant::now(),
                 mr_generation: u64::MAX,
@@ -295,11 +326,6 @@ impl<N: Nic> PhysQp<N> {
                 buf: vec![Wc::default(); POLL_BATCH],
                 needs_recovery: false,
                 guilty: None,
-                sent: vec![
-                    SendWr::read(0, Default::default(), Default::default());
-                    (eng.cfg.dci_depth as usize).next_power_of_two()
-                ]
-                .into_boxed_slice(),
                 nonce,
                 stats: DciStats::default(),
             }),
@@ -340,7 +366,7 @@ impl<N: Nic> PhysQp<N> {
     /// does not hold it.
     pub(crate) fn detach_drained(&self, id: VqpId) -> Option<Result<VqpState, u32>> {
         let mut st = self.state.lock();
-        let n = st.vqps.get(&id)?.slots.outstanding();
+        let n = st.vqps.get(&id)?.outstanding;
         if n > 0 {
             return Some(Err(n));
         }
@@ -383,6 +409,10 @@ impl<N: Nic> PhysQp<N> {
     /// Posts `wrs` for the VQP `id` as one doorbell (see
     /// [`crate::engine::Vqp::post_send`]). [`PostFail::Stale`] when this QP
     /// does not hold the VQP's state (it moved) or is closed.
+    ///
+    /// The WRs are copied into the QP's records (physical wr_id, forced
+    /// signal) and the doorbell rings on the records themselves: the
+    /// caller's WRs keep their wr_ids and flags (only `dest` is set).
     pub(crate) fn post(
         &self,
         eng: &EngineInner<N>,
@@ -405,158 +435,208 @@ impl<N: Nic> PhysQp<N> {
                 st.last_mr = None;
             }
         }
-        let room = st.vqps.get(&id).ok_or(PostFail::Stale)?.has_room(n);
-        if !room {
-            // Completions already in the CQ may free the VQP's slots.
-            self.drain(eng, st)?;
-            let v = st.vqps.get(&id).ok_or(PostFail::Stale)?;
-            if !v.has_room(n) {
-                return Err(VqpError::VqpFull {
-                    vqp: id,
-                    outstanding: v.occupied(),
-                    requested: n,
-                    capacity: v.slots.capacity(),
+        let plan = match self.plan(eng, st, id, wrs)? {
+            Some(plan) => plan,
+            None => {
+                // The VQP is full: completions already in the CQ may free
+                // its slots.
+                self.drain(eng, st)?;
+                match self.plan(eng, st, id, wrs)? {
+                    Some(plan) => plan,
+                    None => {
+                        let v = st.vqps.get(&id).ok_or(PostFail::Stale)?;
+                        return Err(VqpError::VqpFull {
+                            vqp: id,
+                            outstanding: v.occupied(),
+                            requested: n,
+                            capacity: v.capacity,
+                        }
+                        .into());
+                    }
                 }
-                .into());
             }
-        }
+        };
         if let Link::Rc(l) = &self.link {
             l.touch(&eng.rc_tick);
         }
-        let plan = {
-            let v = st.vqps.get(&id).ok_or(PostFail::Stale)?;
-            let Some(target) = v.target.map(|t| t.target) else {
-                return Err(VqpError::NotConnected { vqp: id }.into());
-            };
-            let dest = match &self.link {
-                Link::Dci => Destination::Dc(target),
-                // The VQP moved to another target meanwhile.
-                Link::Rc(l) if l.gid != target.gid => return Err(PostFail::Stale),
-                Link::Rc(_) => Destination::Connected,
-            };
-            for wr in wrs.iter_mut() {
-                wr.dest = dest;
-            }
-            let planned = self.plan(eng, st, id, wrs);
-            if planned.is_err() {
-                st.stats.rejected += 1;
-            }
-            planned?
-        };
         if plan.must_reclaim() {
             self.reclaim(eng, st, n)?;
         }
-        let PhysState {
-            qp,
-            credits,
-            stats,
-            vqps,
-            needs_recovery,
-            sent,
-            ..
-        } = st;
-        let v = vqps.get_mut(&id).ok_or(PostFail::Stale)?;
-        let (occupied, capacity) = (v.occupied(), v.slots.capacity());
-        // Room was checked under this QP's lock, which every poster of this
-        // VQP holds: the record cannot fail.
-        let first = v.slots.record(id, wrs).map_err(|_| VqpError::VqpFull {
-            vqp: id,
-            outstanding: occupied,
-            requested: n,
-            capacity,
-        })?;
-        plan.apply(wrs);
-        // A reclaim that ran into an error may have closed an RC pair.
-        let result = match qp {
-            Some(qp) => qp.post_send(wrs),
-            None => Err(krcore_nic::PostError {
-                index: 0,
-                kind: krcore_nic::PostErrorKind::BadState(krcore_nic::QpState::Reset),
-            }),
-        };
-        let posted = match &result {
-            Ok(()) => n,
-            Err(e) => e.index.min(n),
-        };
-        let accounted = credits.post_wrs(&wrs[..posted]);
-        if let Ok(seqs) = &accounted {
-            keep_copies(sent, seqs.start, &wrs[..posted]);
-        }
-        // Give the caller its WRs back as it wrote them (dest aside).
-        v.slots.restore(first, wrs);
-        v.slots.unpush((n - posted) as u32);
-        if posted > 0 {
-            stats.doorbells += 1;
-            stats.wrs += posted as u64;
-            stats.forced_signals += u64::from(plan.force_signal.is_some_and(|i| i < posted));
-        }
-        if let Err(e) = accounted {
-            // Our account and the NIC disagree: start over from a reset.
-            *needs_recovery = true;
-            return Err(VqpError::from(e).into());
-        }
-        result.map_err(|e| VqpError::Post(e).into())
+        self.ring_doorbell(st, id, wrs, &plan)
     }
 
+    /// Names the VQP's target in `wrs` and runs the pre-check: `Ok(None)`
+    /// when the VQP has no room for them.
+    #[inline(always)]
     fn plan(
         &self,
         eng: &EngineInner<N>,
         st: &mut PhysState<N>,
         id: VqpId,
-        wrs: &[SendWr],
-    ) -> Result<Plan, VqpError> {
-        let (transport, peer) = match &self.link {
-            Link::Dci => (Transport::Dc, None),
-            Link::Rc(l) => (Transport::Rc, Some(l.gid)),
+        wrs: &mut [SendWr],
+    ) -> Result<Option<Plan>, PostFail> {
+        let PhysState {
+            credits,
+            vqps,
+            mrs,
+            last_mr,
+            stats,
+            epoch,
+            ..
+        } = st;
+        let v = vqps.get(&id).ok_or(PostFail::Stale)?;
+        if !v.has_room(wrs.len()) {
+            return Ok(None);
+        }
+        let Some(target) = v.target.map(|t| t.target) else {
+            return Err(VqpError::NotConnected { vqp: id }.into());
         };
-        let queue = st.credits.view();
-        let Some(v) = st.vqps.get(&id) else {
-            return Err(VqpError::NotConnected { vqp: id });
+        let (dest, transport, peer) = match &self.link {
+            Link::Dci => (Destination::Dc(target), Transport::Dc, None),
+            // The VQP moved to another target meanwhile.
+            Link::Rc(l) if l.gid != target.gid => return Err(PostFail::Stale),
+            Link::Rc(l) => (Destination::Connected, Transport::Rc, Some(l.gid)),
         };
-        if !eng.cfg.precheck {
-            return Precheck {
+        for wr in wrs.iter_mut() {
+            wr.dest = dest;
+        }
+        let queue = credits.view();
+        let planned = if !eng.cfg.precheck {
+            Precheck {
                 transport,
                 peer,
                 local_mrs: &AnyMr,
-                grants: &v.grants,
-                now: st.epoch,
+                grants: &NoGrants,
+                now: *epoch,
                 queue,
                 policy: eng.policy,
             }
             .plan_unvalidated(wrs)
-            .map_err(VqpError::from);
-        }
-        let mrs = LastMr {
-            mrs: &st.mrs,
-            last: Cell::new(st.last_mr),
-        };
-        let planned = if v.grants.is_empty() {
-            // No grant known: nothing can expire, no clock read, no lookup
-            // per WR.
-            Precheck {
-                transport,
-                peer,
-                local_mrs: &mrs,
-                grants: &NoGrants,
-                now: st.epoch,
-                queue,
-                policy: eng.policy,
-            }
-            .check(wrs)
         } else {
-            Precheck {
-                transport,
-                peer,
-                local_mrs: &mrs,
-                grants: &v.grants,
-                now: Instant::now(),
-                queue,
-                policy: eng.policy,
-            }
-            .check(wrs)
+            let mrs = LastMr {
+                mrs,
+                last: Cell::new(*last_mr),
+            };
+            let planned = if v.grants.is_empty() {
+                // No grant known: nothing can expire, no lookup per WR.
+                Precheck {
+                    transport,
+                    peer,
+                    local_mrs: &mrs,
+                    grants: &NoGrants,
+                    now: *epoch,
+                    queue,
+                    policy: eng.policy,
+                }
+                .check(wrs)
+            } else {
+                // The clock is read only when a known grant can expire.
+                let now = if v.expiring > 0 {
+                    Instant::now()
+                } else {
+                    *epoch
+                };
+                Precheck {
+                    transport,
+                    peer,
+                    local_mrs: &mrs,
+                    grants: &v.grants,
+                    now,
+                    queue,
+                    policy: eng.policy,
+                }
+                .check(wrs)
+            };
+            *last_mr = mrs.last.get();
+            planned
         };
-        st.last_mr = mrs.last.get();
-        planned.map_err(VqpError::from)
+        if planned.is_err() {
+            stats.rejected += 1;
+        }
+        Ok(Some(planned.map_err(VqpError::from)?))
+    }
+
+    /// Copies the checked `wrs` into the QP's records (physical wr_ids,
+    /// the users' wr_ids and flags beside them, `plan`'s forced signal),
+    /// rings the doorbell on the records and counts what the NIC took.
+    #[inline]
+    fn ring_doorbell(
+        &self,
+        st: &mut PhysState<N>,
+        id: VqpId,
+        wrs: &[SendWr],
+        plan: &Plan,
+    ) -> Result<(), PostFail> {
+        let n = wrs.len();
+        let PhysState {
+            qp,
+            credits,
+            users,
+            vqps,
+            stats,
+            ..
+        } = st;
+        // A reclaim that ran into an error may have closed an RC pair.
+        let Some(qp) = qp else {
+            return Err(VqpError::Post(krcore_nic::PostError {
+                index: 0,
+                kind: krcore_nic::PostErrorKind::BadState(krcore_nic::QpState::Reset),
+            })
+            .into());
+        };
+        let first = credits.next_seq();
+        // The pre-check left room for the batch (reclaiming if needed).
+        let staged = credits.stage(n).map_err(VqpError::from)?;
+        let mask = users.len() - 1;
+        // One copy of the batch (not one per WR), then the wr_ids; the
+        // signaled WRs are counted on the way (for the commit).
+        if let ([rec], [wr]) = (&mut *staged, wrs) {
+            // One WR: a copy of known size, no call.
+            *rec = *wr;
+        } else {
+            staged.copy_from_slice(wrs);
+        }
+        let (mut signaled, mut newest) = (0u32, None);
+        for (i, (rec, wr)) in staged.iter_mut().zip(wrs).enumerate() {
+            let seq = first + i as u64;
+            rec.wr_id = PhysWrId::new(id, seq).raw();
+            let user_signaled = wr.is_signaled();
+            users[(seq as usize) & mask] = Slot {
+                user_wr_id: wr.wr_id,
+                user_signaled,
+            };
+            if user_signaled {
+                signaled += 1;
+                newest = Some(i);
+            }
+        }
+        if let Some(i) = plan.force_signal {
+            // Always the batch's last WR.
+            signaled += u32::from(!wrs[i].is_signaled());
+            newest = Some(i);
+        }
+        plan.apply(staged);
+        let result = qp.post_send(staged);
+        let posted = match &result {
+            Ok(()) => {
+                credits.commit_counted(n, signaled, newest);
+                n
+            }
+            Err(e) => {
+                let posted = e.index.min(n);
+                credits.commit(posted);
+                posted
+            }
+        };
+        if let Some(v) = vqps.get_mut(&id) {
+            v.outstanding += posted as u32;
+        }
+        if posted > 0 {
+            stats.doorbells += 1;
+            stats.wrs += posted as u64;
+            stats.forced_signals += u64::from(plan.force_signal.is_some_and(|i| i < posted));
+        }
+        result.map_err(|e| VqpError::Post(e).into())
     }
 
     /// Polls until `n` credits are free, bounded by the reclaim timeout.
@@ -595,7 +675,15 @@ impl<N: Nic> PhysQp<N> {
     ) -> Result<Option<usize>, VqpError> {
         let mut guard = self.state.lock();
         let st = &mut *guard;
-        let Some(v) = st.vqps.get_mut(&id) else {
+        let PhysState {
+            credits,
+            users,
+            vqps,
+            stats,
+            needs_recovery,
+            ..
+        } = st;
+        let Some(v) = vqps.get_mut(&id) else {
             return Ok(None);
         };
         let n = v.pop(out);
@@ -605,6 +693,62 @@ impl<N: Nic> PhysQp<N> {
         // The ring is empty now: the drain delivers this VQP's completions
         // straight into `out` (no ring round trip) until it is full.
         let mut sink = Sink { vqp: id, out, n };
+        let mut polled = None;
+        if !*needs_recovery {
+            // The synchronous case first: one CQE, this VQP's own success
+            // for the oldest WR on the QP, which retires only itself: no
+            // routing (no other VQP's WR is involved).
+            let mut wc = [Wc::default()];
+            match self.cq.poll(&mut wc) {
+                Ok(0) => return Ok(Some(sink.n)),
+                Ok(_) => {
+                    let wr_id = PhysWrId::from_raw(wc[0].wr_id);
+                    let head = credits.head();
+                    let own = wc[0].status.is_ok()
+                        && wr_id.vqp() == id
+                        && credits.resolve(wr_id) == Some(head)
+                        && credits.complete_range(head, wc[0].status).is_ok();
+                    if own && v.outstanding > 0 {
+                        // `deliver`, for a success into the sink (the ring
+                        // is empty, the sink has room).
+                        stats.completions += 1;
+                        v.outstanding -= 1;
+                        let slot = users[(head as usize) & (users.len() - 1)];
+                        if slot.user_signaled {
+                            sink.out[sink.n] = Wc {
+                                wr_id: slot.user_wr_id,
+                                status: wc[0].status,
+                                opcode: wc[0].opcode,
+                                byte_len: wc[0].byte_len,
+                                imm: None,
+                                qp_num: id.get(),
+                                src_qp: 0,
+                            };
+                            sink.n += 1;
+                        }
+                        if sink.room() == 0 {
+                            return Ok(Some(sink.n));
+                        }
+                    } else if own {
+                        // Retired, but of an earlier attachment (see
+                        // `deliver`): nothing to deliver.
+                        stats.completions += 1;
+                        stats.orphaned += 1;
+                    } else {
+                        polled = Some(wc[0]);
+                    }
+                }
+                Err(e) if sink.n == 0 => return Err(VqpError::nic("poll a shared QP's CQ")(e)),
+                Err(_) => return Ok(Some(sink.n)),
+            }
+        }
+        if let Some(wc) = polled {
+            // Anything else is routed as the drain would.
+            route(&eng.cache, st, &wc, Some(&mut sink));
+            if sink.room() == 0 && !st.needs_recovery {
+                return Ok(Some(sink.n));
+            }
+        }
         let drained = self.drain_for(eng, st, Some(&mut sink));
         let Sink { out, mut n, .. } = sink;
         match drained {
@@ -679,31 +823,29 @@ impl<N: Nic> PhysQp<N> {
         let guilty = st.guilty.take();
         let PhysState {
             credits,
+            users,
             vqps,
             stats,
-            sent,
             ..
         } = &mut *st;
         // The failing VQP's later WRs are flushed, as on a QP of its own;
-        // every other VQP's are posted again, in their order.
-        let mut again: Vec<SendWr> = Vec::new();
-        for (seq, posted) in credits.reset() {
-            let owner = posted.wr_id.vqp();
-            if Some(owner) == guilty || !vqps.contains_key(&owner) {
-                stats.flushed_by_reset += 1;
-                let _ = deliver(
-                    &eng.cache,
-                    vqps,
-                    posted.wr_id,
-                    WcStatus::WrFlushErr,
-                    None,
-                    None,
-                );
-            } else {
-                again.push(sent[(seq as usize) & (sent.len() - 1)]);
+        // every other VQP's are posted again, in their order (their records
+        // are copied out: the re-post writes new records over them).
+        let mask = users.len() - 1;
+        let mut again: Vec<(SendWr, Slot)> = Vec::new();
+        for seq in credits.reset_range() {
+            let wr = *credits.record(seq);
+            let slot = users[(seq as usize) & mask];
+            let owner = PhysWrId::from_raw(wr.wr_id).vqp();
+            match vqps.get_mut(&owner) {
+                Some(_) if Some(owner) != guilty => again.push((wr, slot)),
+                Some(v) => {
+                    stats.flushed_by_reset += 1;
+                    deliver(&eng.cache, owner, v, slot, WcStatus::WrFlushErr, None, None);
+                }
+                None => stats.flushed_by_reset += 1,
             }
         }
-        renumber(vqps, &mut again);
         // Completions of the old incarnation still in the CQ match nothing.
         loop {
             let k = self
@@ -745,109 +887,71 @@ impl<N: Nic> PhysQp<N> {
             return Ok(());
         }
         st.stats.recoveries += 1;
-        self.repost(eng, st, again);
+        self.repost(eng, st, &again);
         Ok(())
     }
 
-    /// Posts the innocent VQPs' flushed WRs again (renumbered by
-    /// [`renumber`]), the last one signaled so that the queue's unsignaled
-    /// tail stays bounded. WRs the
-    /// NIC refuses are reported flushed to their owners.
-    fn repost(&self, eng: &EngineInner<N>, st: &mut PhysState<N>, mut again: Vec<SendWr>) {
+    /// Posts the innocent VQPs' flushed WRs again, in their order, under
+    /// NEW physical sequences (same user wr_ids and flags), so that
+    /// completions of the old incarnation, which a CQ may still return
+    /// after the reset, match none of them; the last one signaled so that
+    /// the queue's unsignaled tail stays bounded. They stay outstanding for
+    /// their VQPs. WRs the NIC refuses are reported flushed to their owners.
+    fn repost(&self, eng: &EngineInner<N>, st: &mut PhysState<N>, again: &[(SendWr, Slot)]) {
         if again.is_empty() {
             return;
-        }
-        if let Some(last) = again.last_mut() {
-            last.flags = last.flags | SendFlags::SIGNALED;
         }
         let PhysState {
             qp,
             credits,
+            users,
             stats,
-            sent,
-            needs_recovery,
             ..
         } = &mut *st;
-        let Some(qp) = qp else {
-            return self.flush_all(eng, st, &again);
+        let mask = users.len() - 1;
+        let first = credits.next_seq();
+        // After the reset every credit is free, and the spare records fit
+        // any batch up to the depth.
+        let (Some(qp), Ok(staged)) = (qp.as_ref(), credits.stage(again.len())) else {
+            return self.flush_all(eng, st, again);
         };
-        let posted = match qp.post_send(&again) {
+        for (i, (rec, (wr, slot))) in staged.iter_mut().zip(again).enumerate() {
+            let seq = first + i as u64;
+            *rec = *wr;
+            rec.wr_id = PhysWrId::new(PhysWrId::from_raw(wr.wr_id).vqp(), seq).raw();
+            users[(seq as usize) & mask] = *slot;
+        }
+        if let Some(last) = staged.last_mut() {
+            last.flags = last.flags | SendFlags::SIGNALED;
+        }
+        let posted = match qp.post_send(staged) {
             Ok(()) => again.len(),
             Err(e) => e.index.min(again.len()),
         };
-        match credits.post_wrs(&again[..posted]) {
-            Ok(seqs) => keep_copies(sent, seqs.start, &again[..posted]),
-            // Our account and the NIC disagree: start over from a reset.
-            Err(_) => *needs_recovery = true,
-        }
+        credits.commit(posted);
         stats.reposted += posted as u64;
         self.flush_all(eng, st, &again[posted..]);
     }
 
-    /// Reports `wrs` (outstanding in their VQPs' slot tables, not on the
-    /// QP) flushed to their owners.
-    fn flush_all(&self, eng: &EngineInner<N>, st: &mut PhysState<N>, wrs: &[SendWr]) {
-        for wr in wrs {
+    /// Reports `wrs` (counted outstanding by their VQPs, not on the QP)
+    /// flushed to their owners.
+    fn flush_all(&self, eng: &EngineInner<N>, st: &mut PhysState<N>, wrs: &[(SendWr, Slot)]) {
+        for (wr, slot) in wrs {
             st.stats.flushed_by_reset += 1;
-            let _ = deliver(
-                &eng.cache,
-                &mut st.vqps,
-                PhysWrId::from_raw(wr.wr_id),
-                WcStatus::WrFlushErr,
-                None,
-                None,
-            );
+            let owner = PhysWrId::from_raw(wr.wr_id).vqp();
+            if let Some(v) = st.vqps.get_mut(&owner) {
+                deliver(
+                    &eng.cache,
+                    owner,
+                    v,
+                    *slot,
+                    WcStatus::WrFlushErr,
+                    None,
+                    None,
+                );
+            }
         }
     }
-}
-
-/// Gives the WRs to re-post new sequences in their VQPs' slot tables (same
-/// user wr_ids and flags, same order), so that completions of the old
-/// incarnation, which a CQ may still return after the reset, match none of
-/// them. Every outstanding WR of an innocent VQP is in `again` (its earlier
-/// WRs were retired by the failing WR's completion).
-fn renumber(vqps: &mut IdMap<VqpId, VqpState>, again: &mut [SendWr]) {
-    let mut slots = Vec::with_capacity(again.len());
-    for wr in again.iter() {
-        let old = PhysWrId::from_raw(wr.wr_id);
-        let slot = vqps.get(&old.vqp()).and_then(|v| {
-            let seq = v.slots.resolve(old.wire_seq())?;
-            v.slots.get(seq)
-        });
-        slots.push(slot);
-    }
-    for wr in again.iter() {
-        if let Some(v) = vqps.get_mut(&PhysWrId::from_raw(wr.wr_id).vqp()) {
-            // Dropping the iterator retires them all (idempotent).
-            let _ = v.slots.retire_all();
-        }
-    }
-    for (wr, slot) in again.iter_mut().zip(slots) {
-        let id = PhysWrId::from_raw(wr.wr_id).vqp();
-        let (Some(v), Some(slot)) = (vqps.get_mut(&id), slot) else {
-            continue;
-        };
-        // Room: the VQP had these WRs outstanding a moment ago.
-        if let Ok(seq) = v.slots.push(slot.user_wr_id, slot.user_signaled) {
-            wr.wr_id = PhysWrId::new(id, seq).raw();
-        }
-    }
-}
-
-/// Keeps a copy of WRs just posted at physical sequences `first..` (see
-/// `PhysState::sent`).
-#[inline]
-fn keep_copies(sent: &mut [SendWr], first: u64, wrs: &[SendWr]) {
-    let at = (first as usize) & (sent.len() - 1);
-    if let [wr] = wrs {
-        sent[at] = *wr;
-        return;
-    }
-    // At most two contiguous copies (the ring may wrap), not one per WR.
-    let head = wrs.len().min(sent.len() - at);
-    sent[at..at + head].copy_from_slice(&wrs[..head]);
-    let rest = &wrs[head..];
-    sent[..rest.len()].copy_from_slice(rest);
 }
 
 impl RcLink {
@@ -879,9 +983,11 @@ impl Sink<'_> {
 
 /// Applies one polled completion: credits the shared queue and delivers
 /// every WR it retires to its VQP (the polling VQP's into `sink`).
-fn route<N: Nic>(cache: &DcCache, st: &mut PhysState<N>, wc: &Wc, mut sink: Option<&mut Sink<'_>>) {
+#[inline]
+fn route<N: Nic>(cache: &DcCache, st: &mut PhysState<N>, wc: &Wc, sink: Option<&mut Sink<'_>>) {
     let PhysState {
         credits,
+        users,
         vqps,
         stats,
         needs_recovery,
@@ -897,98 +1003,92 @@ fn route<N: Nic>(cache: &DcCache, st: &mut PhysState<N>, wc: &Wc, mut sink: Opti
             return;
         }
     }
-    let retired = match credits.complete_wr_id(PhysWrId::from_raw(wc.wr_id), wc.status) {
-        Ok(r) => r,
-        Err(_) => {
-            // Of an old incarnation (before a reset): re-posted WRs carry
-            // new wr_ids, so this matches nothing and changes nothing.
-            stats.stale_completions += 1;
-            return;
-        }
+    let wr_id = PhysWrId::from_raw(wc.wr_id);
+    let retired = match credits.resolve(wr_id) {
+        Some(seq) => credits.complete_range(seq, wc.status),
+        None => Err(CreditError::UnknownWrId { wr_id }),
+    };
+    let Ok(retired) = retired else {
+        // Of an old incarnation (before a reset): re-posted WRs carry
+        // new wr_ids, so this matches nothing and changes nothing.
+        stats.stale_completions += 1;
+        return;
     };
     if !wc.status.is_ok() {
         // The QP is in ERR now (verbs: any error completion); this WR's
         // VQP is the one that failed.
         *needs_recovery = true;
-        *guilty = Some(PhysWrId::from_raw(wc.wr_id).vqp());
+        *guilty = Some(wr_id.vqp());
     }
-    // Delivering a WR retires every earlier WR of its VQP (they completed
-    // silently before it), so only the last WR of each run of one VQP's WRs
-    // needs a delivery: one map lookup and one VQP lock per run, not per WR.
-    let len = retired.len();
-    let mut run: Option<(PhysWrId, usize)> = None;
-    for (i, (_, posted)) in retired.enumerate() {
-        let wr = posted.wr_id;
-        if let Some((prev, n)) = run {
-            if prev.vqp() != wr.vqp() {
-                let to = sink.as_deref_mut();
-                if deliver(cache, vqps, prev, WcStatus::Success, None, to).is_none() {
-                    stats.orphaned += n as u64;
-                }
-                run = None;
-            }
+    // Every WR before the completed one completed silently: it was
+    // unsignaled (or its completion would have come first), so the user
+    // did not ask for its completion either (the engine only ever adds
+    // signals): it only leaves its VQP's count. One VQP lookup per run of
+    // one VQP's WRs, not per WR; only the last WR delivers a completion.
+    let last = retired.end - 1;
+    let mut seq = retired.start;
+    while seq < last {
+        let id = credits.record(seq).wr_id().vqp();
+        let mut run = 1;
+        while seq + run < last && credits.record(seq + run).wr_id().vqp() == id {
+            run += 1;
         }
-        run = Some((wr, run.map_or(1, |(_, n)| n + 1)));
-        if i + 1 == len {
-            if let Some((last, n)) = run.take() {
-                let to = sink.as_deref_mut();
-                if deliver(cache, vqps, last, wc.status, Some(wc), to).is_none() {
-                    stats.orphaned += n as u64;
-                }
-            }
+        seq += run;
+        match vqps.get_mut(&id) {
+            Some(v) if v.outstanding >= run as u32 => v.outstanding -= run as u32,
+            _ => stats.orphaned += run,
         }
+    }
+    let id = wr_id.vqp();
+    let slot = users[(last as usize) & (users.len() - 1)];
+    let delivered = vqps
+        .get_mut(&id)
+        .and_then(|v| deliver(cache, id, v, slot, wc.status, Some(wc), sink));
+    if delivered.is_none() {
+        stats.orphaned += 1;
     }
 }
 
-/// Retires one physical WR in its VQP's slot table and, when the user asked
-/// for a completion or the WR failed, hands the user's completion to the
-/// VQP: into `sink` when it is the polling VQP's, its ring is empty (so
-/// nothing older waits there) and the sink has room; to the VQP's ring
-/// otherwise. `None` when the VQP is gone or does not know the WR.
+/// Retires one WR of the VQP `id` (state `v`) and, when the user asked for
+/// a completion or the WR failed, hands the user's completion to the VQP:
+/// into `sink` when it is the polling VQP's, its ring is empty (so nothing
+/// older waits there) and the sink has room; to the VQP's ring otherwise.
+/// `None` when the VQP has no WR outstanding (the record is of an earlier
+/// attachment of the VQP to this QP: it moves only when drained, see
+/// `super::upgrade`, so this never happens; nothing is delivered then).
+#[inline]
 fn deliver(
     cache: &DcCache,
-    vqps: &mut IdMap<VqpId, VqpState>,
-    wr: PhysWrId,
+    id: VqpId,
+    v: &mut VqpState,
+    slot: Slot,
     status: WcStatus,
     wc: Option<&Wc>,
-    mut sink: Option<&mut Sink<'_>>,
+    sink: Option<&mut Sink<'_>>,
 ) -> Option<()> {
-    let id = wr.vqp();
-    let VqpState {
-        slots,
-        ring,
-        target,
-        ..
-    } = vqps.get_mut(&id)?;
-    let seq = slots.resolve(wr.wire_seq())?;
-    let retired = slots.retire_through(seq).ok()?;
-    for (s, slot) in retired {
-        // Earlier slots of this VQP (none, when completions come in order)
-        // completed silently before this one.
-        let status = if s == seq { status } else { WcStatus::Success };
-        if slot.user_signaled || !status.is_ok() {
-            let user = Wc {
-                wr_id: slot.user_wr_id,
-                status,
-                opcode: wc.map(|w| w.opcode).unwrap_or_default(),
-                byte_len: wc.map_or(0, |w| w.byte_len),
-                imm: None,
-                qp_num: id.get(),
-                src_qp: 0,
-            };
-            match sink.as_deref_mut() {
-                Some(s) if s.vqp == id && s.n < s.out.len() && ring.is_empty() => {
-                    s.out[s.n] = user;
-                    s.n += 1;
-                }
-                _ => ring.push_back(user),
+    v.outstanding = v.outstanding.checked_sub(1)?;
+    if slot.user_signaled || !status.is_ok() {
+        let user = Wc {
+            wr_id: slot.user_wr_id,
+            status,
+            opcode: wc.map(|w| w.opcode).unwrap_or_default(),
+            byte_len: wc.map_or(0, |w| w.byte_len),
+            imm: None,
+            qp_num: id.get(),
+            src_qp: 0,
+        };
+        match sink {
+            Some(s) if s.vqp == id && s.n < s.out.len() && v.ring.is_empty() => {
+                s.out[s.n] = user;
+                s.n += 1;
             }
+            _ => v.ring.push_back(user),
         }
     }
     if matches!(status, WcStatus::RemAccessErr | WcStatus::RetryExcErr) {
         // The target refused us (stale dc_key, vanished MR) or is gone: its
         // cached metadata may be stale. The VQP must connect again.
-        if let Some(t) = target.take() {
+        if let Some(t) = v.target.take() {
             cache.invalidate(&t.target.gid);
         }
     }

@@ -1,6 +1,6 @@
 //! Virtual QPs: a verbs-shaped handle bound to one shared physical QP.
 //!
-//! A VQP's state ([`VqpState`]: its slot table, completion ring, target
+//! A VQP's state ([`VqpState`]: its count of WRs in flight, completion ring, target
 //! and the remote grants it knows) lives INSIDE the physical QP it is bound
 //! to, under that QP's lock: a post or a poll takes exactly one lock (the
 //! QP's), never a second per-VQP lock, and routing a completion to its VQP
@@ -22,7 +22,7 @@
 //! target (one handshake), or a typed [`VqpError::Rebind`] when the target
 //! does not answer.
 //!
-//! Capacity: `slots.outstanding() + ring.len() <= depth` at all times, so a
+//! Capacity: `outstanding + ring.len() <= depth` at all times, so a
 //! VQP's memory is fixed at creation, like a CQ sized to its send queue: a
 //! post that would exceed it is refused with [`VqpError::VqpFull`] until the
 //! user polls. Neither posting nor polling allocates.
@@ -40,36 +40,48 @@ use super::upgrade::DcBinding;
 use super::EngineInner;
 use crate::dccache::CachedTarget;
 use crate::precheck::RemoteGrant;
-use crate::wrid::{SlotTable, VqpId};
+use crate::wrid::VqpId;
 
 /// Everything a VQP owns, held by its physical QP (see the module docs).
+/// Its WRs in flight are recorded by the QP itself, one record per WR
+/// (the user's wr_id and signal flag beside the WR as posted, see
+/// `super::physqp`); the VQP only counts them.
 pub(crate) struct VqpState {
-    pub(crate) slots: SlotTable,
+    /// WRs posted and not yet completed (recorded in the QP's records).
+    pub(crate) outstanding: u32,
+    /// Most WRs outstanding plus completions unpolled (`vqp_depth`).
+    pub(crate) capacity: u32,
     /// Completions not yet polled; never grows past its initial capacity.
     pub(crate) ring: VecDeque<Wc>,
     pub(crate) target: Option<CachedTarget>,
     /// Keyed by this process's own grants (no untrusted keys): the cheap
     /// [`IdMap`] hasher, not SipHash, on the pre-check's per-WR lookup.
     pub(crate) grants: IdMap<(Gid, u32), RemoteGrant>,
+    /// How many of `grants` carry an expiry: the pre-check reads the
+    /// clock only while there is one (leases are opt-in).
+    pub(crate) expiring: u32,
 }
 
 impl VqpState {
     pub(crate) fn new(depth: u32) -> VqpState {
         VqpState {
-            slots: SlotTable::new(depth),
+            outstanding: 0,
+            capacity: depth,
             ring: VecDeque::with_capacity(depth as usize),
             target: None,
             grants: IdMap::default(),
+            expiring: 0,
         }
     }
 
     /// WRs in flight plus completions not yet polled.
     pub(crate) fn occupied(&self) -> u32 {
-        self.slots.outstanding() + self.ring.len() as u32
+        self.outstanding + self.ring.len() as u32
     }
 
+    #[inline]
     pub(crate) fn has_room(&self, n: usize) -> bool {
-        (self.occupied() as usize).saturating_add(n) <= self.slots.capacity() as usize
+        (self.occupied() as usize).saturating_add(n) <= self.capacity as usize
     }
 
     /// Moves up to `out.len()` completions out of the ring, oldest first.
@@ -123,13 +135,7 @@ impl<N: Nic> std::fmt::Debug for Vqp<N> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let phys = self.binding.current();
         let (target, outstanding, unpolled) = self
-            .with_state(|st| {
-                (
-                    st.target.map(|t| t.target),
-                    st.slots.outstanding(),
-                    st.ring.len(),
-                )
-            })
+            .with_state(|st| (st.target.map(|t| t.target), st.outstanding, st.ring.len()))
             .unwrap_or_default();
         f.debug_struct("Vqp")
             .field("id", &self.id)
@@ -262,8 +268,8 @@ impl<N: Nic> Vqp<N> {
             }
         }
         let outstanding = match &*slot {
-            Some(q) => q.with_vqp(self.id, |st| st.slots.outstanding()),
-            None => self.parked.lock().as_ref().map(|st| st.slots.outstanding()),
+            Some(q) => q.with_vqp(self.id, |st| st.outstanding),
+            None => self.parked.lock().as_ref().map(|st| st.outstanding),
         }
         .unwrap_or(0);
         if outstanding > 0 {
@@ -313,19 +319,30 @@ impl<N: Nic> Vqp<N> {
     /// Makes a remote grant known: WRs to `gid` with `rkey` must then stay
     /// inside it (pre-check (b)). WRs with an rkey no grant is known for are
     /// left to the NIC.
+    ///
+    /// A grant without expiry costs no clock read at posts; while the VQP
+    /// knows one with an expiry, each post reads the clock once.
     pub fn add_grant(&self, gid: Gid, rkey: u32, grant: RemoteGrant) {
-        self.with_state(|st| st.grants.insert((gid, rkey), grant));
+        self.with_state(|st| {
+            let old = st.grants.insert((gid, rkey), grant);
+            st.expiring -= u32::from(old.is_some_and(|g| g.expires_at.is_some()));
+            st.expiring += u32::from(grant.expires_at.is_some());
+        });
     }
 
     /// Forgets a grant; returns it if it was known.
     pub fn remove_grant(&self, gid: &Gid, rkey: u32) -> Option<RemoteGrant> {
-        self.with_state(|st| st.grants.remove(&(*gid, rkey)))
-            .flatten()
+        self.with_state(|st| {
+            let old = st.grants.remove(&(*gid, rkey));
+            st.expiring -= u32::from(old.is_some_and(|g| g.expires_at.is_some()));
+            old
+        })
+        .flatten()
     }
 
     /// WRs posted and not yet completed.
     pub fn outstanding(&self) -> u32 {
-        self.with_state(|st| st.slots.outstanding()).unwrap_or(0)
+        self.with_state(|st| st.outstanding).unwrap_or(0)
     }
 
     /// Posts `wrs` as ONE doorbell on the shared physical QP.
@@ -333,9 +350,9 @@ impl<N: Nic> Vqp<N> {
     /// The engine names the VQP's target in every WR (`dest` stays set on
     /// return: the DC target, or `Connected` on an RC pair), runs the
     /// pre-check, polls the QP to reclaim credits when
-    /// the batch does not fit, may force the last WR signaled, and posts
-    /// with physical wr_ids. On return the WRs hold the caller's wr_ids and
-    /// flags again. Completions come back through [`Vqp::poll`] with the
+    /// the batch does not fit, and posts copies of the WRs (kept as the
+    /// QP's records of them) with physical wr_ids, the last one possibly
+    /// forced signaled. The caller's WRs keep their wr_ids and flags. Completions come back through [`Vqp::poll`] with the
     /// caller's wr_ids: one per WR the caller signaled, and one per WR that
     /// failed.
     ///

@@ -80,7 +80,7 @@ impl Fixture {
                     addr: GRANT_ADDR,
                     len: 0x1000,
                     access,
-                    expires_at: t0 + Duration::from_secs(ttl),
+                    expires_at: Some(t0 + Duration::from_secs(ttl)),
                 };
                 grants.insert((target, rkey), grant);
             }
@@ -400,10 +400,27 @@ fn rejects_expired_grants() {
     );
     // Expiry is inclusive: at `expires_at` the grant is void.
     let mut ctx = f.ctx(Transport::Dc);
-    ctx.now = f.grants[&(Gid([3; 16]), RKEY_ALL)].expires_at;
+    ctx.now = f.grants[&(Gid([3; 16]), RKEY_ALL)].expires_at.unwrap();
     let wr = SendWr::read(1, sge(RW, 0x1000, 8), remote(RKEY_ALL, 0)).to(dc());
     assert_eq!(
         ctx.check(&[wr]).unwrap_err().reason,
+        Reason::GrantExpired { rkey: RKEY_ALL }
+    );
+}
+
+#[test]
+fn a_grant_without_expiry_never_expires() {
+    let mut f = Fixture::new();
+    let g = f.grants.get_mut(&(Gid([3; 16]), RKEY_OLD)).unwrap();
+    g.expires_at = None;
+    let mut ctx = f.ctx(Transport::Dc);
+    // Any instant: long after every other grant ended.
+    ctx.now += Duration::from_secs(1 << 30);
+    let ok = SendWr::read(1, sge(RW, 0x1000, 8), remote(RKEY_OLD, 0)).to(dc());
+    assert!(ctx.check(&[ok]).is_ok());
+    let expired = SendWr::read(1, sge(RW, 0x1000, 8), remote(RKEY_ALL, 0)).to(dc());
+    assert_eq!(
+        ctx.check(&[expired]).unwrap_err().reason,
         Reason::GrantExpired { rkey: RKEY_ALL }
     );
 }
@@ -729,4 +746,84 @@ fn plan_unvalidated_skips_validity_but_not_capacity_or_signaling() {
             "free {free} tail {tail} n {n}"
         );
     }
+}
+
+/// The common-WR pass accepts exactly what the full check accepts:
+/// random WRs (every opcode, SGEs around and across MR bounds and the end
+/// of the address space, every destination kind, known, unknown and
+/// expired grants, on every transport) get the same verdict and reason
+/// both ways.
+#[test]
+fn the_common_path_agrees_with_the_full_check() {
+    let mut f = Fixture::new();
+    f.mrs.insert(
+        0x30,
+        LocalMr {
+            addr: u64::MAX - 0xff,
+            len: 0x100,
+            access: Access::LOCAL_WRITE,
+        },
+    );
+    let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let lkeys = [RW, RO, 0x30, 0x99];
+    let addrs = [
+        0x0,
+        0xfff,
+        0x1000,
+        0x1ff8,
+        0x2000,
+        0x4000,
+        0x40f8,
+        u64::MAX - 0xff,
+        u64::MAX - 7,
+    ];
+    let rkeys = [RKEY_ALL, RKEY_READ, RKEY_OLD, RKEY_UNKNOWN];
+    let mut common = 0;
+    for _ in 0..20_000 {
+        let pick = |r: u64, n: usize| (r % n as u64) as usize;
+        let s = sge(
+            lkeys[pick(next(), lkeys.len())],
+            addrs[pick(next(), addrs.len())],
+            [0, 1, 8, 8, 64, 64, 0x1000, u32::MAX][pick(next(), 8)],
+        );
+        let r = remote(rkeys[pick(next(), rkeys.len())], next() % 0x1100);
+        let mut wr = match next() % 5 {
+            0 => SendWr::read(1, s, r),
+            1 => SendWr::write(1, s, r),
+            2 => SendWr::cas(1, s, r, 0, 1),
+            3 => SendWr::send(1, s, None),
+            _ => SendWr::write(1, s, r),
+        };
+        if next() % 6 == 0 {
+            wr.payload = Payload::Local(SgList::from_slice(&[s, s]).unwrap());
+        }
+        if next() % 8 == 0 {
+            wr.payload = Payload::Inline(InlineData::new(&[1, 2, 3]).unwrap());
+        }
+        wr.dest = [dc(), Destination::Connected, ud()][pick(next(), 3)];
+        let transport = [Transport::Dc, Transport::Rc, Transport::Ud][pick(next(), 3)];
+        if next() % 2 == 0 {
+            // Mostly the destination the transport takes.
+            wr.dest = match transport {
+                Transport::Dc => dc(),
+                Transport::Rc => Destination::Connected,
+                _ => ud(),
+            };
+        }
+        let mut ctx = f.ctx(transport);
+        if next() % 4 == 0 {
+            ctx.policy.max_sge = 0;
+        }
+        let quick = ctx.check_batch(&[wr], true);
+        let full = ctx.check_batch(&[wr], false);
+        assert_eq!(quick, full, "{wr:?} on {transport:?}");
+        common += usize::from(ctx.common_wr_ok(&wr));
+    }
+    assert!(common > 30, "the common path was exercised ({common})");
 }

@@ -44,7 +44,7 @@ impl MemNode {
             addr: self.mr.addr() + off,
             len,
             access,
-            expires_at: Instant::now() + Duration::from_secs(3600),
+            expires_at: None,
         }
     }
 }

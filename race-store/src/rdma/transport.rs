@@ -110,7 +110,7 @@ impl<N: Nic> VqpTransport<N> {
                     addr: info.base,
                     len: info.len,
                     access: Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC,
-                    expires_at: Instant::now() + Duration::from_secs(365 * 24 * 3600),
+                    expires_at: None,
                 },
             );
             remotes.push(Remote { info: *info, vqp });
