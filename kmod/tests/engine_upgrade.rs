@@ -359,3 +359,202 @@ fn concurrent_upgrades_and_evictions_keep_every_log_sequential() {
     assert!(s.rc.pairs <= 1, "{s:?}");
     assert_eq!(s.dci.error_completions + s.rc.qp.error_completions, 0);
 }
+
+/// A memory node whose handshake endpoint holds at most one passive QP and
+/// refuses new pairs past it (no eviction).
+fn refusing_node(c: &Cluster, len: usize) -> MemNode {
+    let mut cfg = EngineConfig::default()
+        .with_pool_size(1)
+        .with_upgrade_endpoint(true)
+        .with_handshake_thread(true);
+    cfg.handshake.passive_cap = 1;
+    cfg.handshake.refuse_when_full = true;
+    let engine = c.engine(cfg);
+    let mr = engine.alloc_mr(len, Access::ALL).expect("MR");
+    c.register(engine.local_target(), 1 << 40, 0).unwrap();
+    c.register(engine.handshake_entry().expect("entry"), 1 << 40, 0)
+        .unwrap();
+    MemNode { engine, mr }
+}
+
+#[test]
+fn a_target_that_refuses_leaves_the_vqp_on_dc_working() {
+    use krcore_kmod::handshake::RejectCode;
+    use krcore_kmod::HandshakeFailure;
+    let c = Cluster::new();
+    let mem = refusing_node(&c, 8192);
+    // Another node takes the target's only passive QP.
+    let first = client(&c, |cfg| cfg);
+    first.upgrade(&mem.gid()).expect("the first pair fits");
+    // Hinted: the refusal is typed, the VQP stays on its DCI.
+    let e = client(&c, |cfg| cfg);
+    let mut w = Workload::new(&e, &mem, 0);
+    w.window(3);
+    let r = w.v.upgrade();
+    assert!(
+        matches!(
+            r,
+            Err(EngineError::Handshake {
+                failure: HandshakeFailure::Rejected(RejectCode::Full),
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    assert_eq!(w.v.transport(), VqpTransport::Dc);
+    for _ in 0..10 {
+        w.window(3);
+    }
+    w.check();
+    let s = e.stats();
+    assert_eq!(
+        (s.rc_upgrades, s.rc_upgrade_failures, s.rc.pairs, s.rc.failed),
+        (0, 1, 0, 1)
+    );
+    assert_eq!(s.handshake.refused, 1);
+    // By threshold: every attempt is refused, counted, backed off; every
+    // op on the way succeeds in order.
+    let e2 = client(&c, |cfg| cfg.with_upgrade_after(Some(10)));
+    let mut w2 = Workload::new(&e2, &mem, 4096);
+    for _ in 0..100 {
+        w2.window(2);
+    }
+    w2.check();
+    assert!(w2.seen.iter().all(|t| *t == VqpTransport::Dc));
+    let s2 = e2.stats();
+    assert_eq!((s2.rc_upgrades, s2.rc.pairs), (0, 0));
+    assert!(s2.rc_upgrade_failures >= 1, "{s2:?}");
+    assert_eq!(s2.handshake.refused, s2.rc_upgrade_failures, "{s2:?}");
+    let ms = mem.engine.stats().handshake;
+    assert_eq!(ms.passive_qps, 1, "the first pair is kept, not evicted");
+    assert_eq!(ms.passive_evicted, 0);
+    assert_eq!(ms.rejected, 1 + s2.rc_upgrade_failures);
+    // The first node's pair still works.
+    let mut w3 = Workload::new(&first, &mem, 2048);
+    assert_eq!(w3.v.upgrade().unwrap(), VqpTransport::Rc);
+    w3.window(3);
+    w3.check();
+}
+
+/// The target's handshake endpoint receives the Request and dies before it
+/// answers: a raw UD QP on the target's NIC, registered as its endpoint,
+/// that the test drops as soon as the Request arrived.
+#[test]
+fn a_target_that_dies_mid_handshake_leaves_the_vqp_on_dc_working() {
+    use krcore_kmod::handshake::{HandshakeMessage, HandshakeRepr};
+    use krcore_kmod::HandshakeFailure;
+    use krcore_nic::{
+        CompletionQueue, Nic, QpCaps, QpInit, QpType, QueuePair, RecvWr, Transition, GRH_LEN,
+    };
+    let c = Cluster::new();
+    let mem = c.memory_node(4096);
+    let nic = mem.engine.nic();
+    let pd = mem.engine.pd();
+    let qkey = krcore_kmod::DEFAULT_HANDSHAKE_QKEY;
+    let cq = nic.create_cq(16).unwrap();
+    let qp = nic
+        .create_qp(
+            pd,
+            &QpInit {
+                qp_type: QpType::Ud,
+                caps: QpCaps {
+                    max_send_wr: 1,
+                    max_recv_wr: 4,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                },
+                send_cq: &cq,
+                recv_cq: &cq,
+                srq: None,
+                dc_key: 0,
+            },
+        )
+        .unwrap();
+    qp.modify(Transition::Init {
+        access: Access::NONE,
+        qkey,
+    })
+    .unwrap();
+    qp.modify(Transition::Rtr { peer: None }).unwrap();
+    qp.modify(Transition::Rts {
+        rnr_retry: 0,
+        retry_cnt: 0,
+    })
+    .unwrap();
+    let buf = nic.alloc_mr(pd, 4 * 256, Access::LOCAL_WRITE).unwrap();
+    for i in 0..4 {
+        qp.post_recv(&[RecvWr::new(i, buf.sge(i as usize * 256, 256).unwrap())])
+            .unwrap();
+    }
+    c.register(
+        DcTarget {
+            gid: krcore_kmod::engine::handshake_gid(&mem.gid()),
+            dct_num: qp.qpn(),
+            dc_key: u64::from(qkey),
+        },
+        1 << 40,
+        0,
+    )
+    .unwrap();
+    // Generous waits: the endpoint dies while the initiator still waits.
+    let e = client(&c, |mut cfg| {
+        cfg.handshake.timeout = std::time::Duration::from_millis(200);
+        cfg.handshake.retries = 1;
+        cfg
+    });
+    let mut w = Workload::new(&e, &mem, 0);
+    w.window(3);
+    let endpoint = std::sync::Mutex::new(Some((qp, cq, buf)));
+    let hinted = std::thread::scope(|s| {
+        let dying = s.spawn(|| {
+            let start = std::time::Instant::now();
+            let mut wcs = [Wc::default(); 4];
+            loop {
+                let guard = endpoint.lock().unwrap();
+                let (_, cq, buf) = guard.as_ref().unwrap();
+                if cq.poll(&mut wcs).unwrap() > 0 {
+                    let wc = wcs[0];
+                    let mut b = vec![0u8; wc.byte_len as usize - GRH_LEN];
+                    buf.read(wc.wr_id as usize * 256 + GRH_LEN, &mut b).unwrap();
+                    drop(guard);
+                    // Dies: QP, CQ and buffers destroyed, nothing answered.
+                    endpoint.lock().unwrap().take();
+                    return HandshakeRepr::parse_bytes(&b).unwrap();
+                }
+                drop(guard);
+                assert!(start.elapsed() < common::WAIT, "no Request arrived");
+                std::thread::yield_now();
+            }
+        });
+        let r = w.v.upgrade();
+        (r, dying.join().unwrap())
+    });
+    let (r, request) = hinted;
+    assert!(
+        matches!(request.message, HandshakeMessage::Request { .. }),
+        "{request:?}"
+    );
+    assert!(
+        matches!(
+            r,
+            Err(EngineError::Handshake {
+                failure: HandshakeFailure::Timeout { .. },
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    assert!(endpoint.lock().unwrap().is_none(), "the endpoint died");
+    assert_eq!(w.v.transport(), VqpTransport::Dc);
+    for _ in 0..10 {
+        w.window(3);
+    }
+    w.check();
+    let s = e.stats();
+    assert_eq!(
+        (s.rc_upgrades, s.rc_upgrade_failures, s.rc.pairs, s.rc.failed),
+        (0, 1, 0, 1)
+    );
+    assert_eq!(s.handshake.timeouts, 1);
+    assert_eq!(s.dci.error_completions, 0);
+}
