@@ -529,9 +529,7 @@ impl<N: Nic> Core<N> {
                     }
                 }
             }
-            None if full && self.cfg.refuse_when_full => {
-                Err(RejectCode::Full)
-            }
+            None if full && self.cfg.refuse_when_full => Err(RejectCode::Full),
             None => {
                 if ep.passive.len() >= self.cfg.passive_cap {
                     let oldest = ep
