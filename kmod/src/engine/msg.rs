@@ -256,6 +256,13 @@ pub struct MsgStats {
     /// Receive slots whose re-post the SRQ refused; each is posted again
     /// by the next drain (its message was delivered regardless).
     pub reposts_deferred: u64,
+    /// Credit returns whose send failed after their message was popped:
+    /// the message was delivered, the credits stay owed and go back with
+    /// the next pop (or [`Port::return_credits`]).
+    pub credits_deferred: u64,
+    /// Releases of pulled descriptors whose send failed: the message was
+    /// delivered, the Release is sent again by the next pop.
+    pub releases_deferred: u64,
 }
 
 #[derive(Default)]
@@ -274,6 +281,8 @@ pub(crate) struct Counters {
     pub(crate) send_errors: AtomicU64,
     pub(crate) progress_errors: AtomicU64,
     pub(crate) reposts_deferred: AtomicU64,
+    pub(crate) credits_deferred: AtomicU64,
+    pub(crate) releases_deferred: AtomicU64,
 }
 
 pub(crate) fn bump(c: &AtomicU64) {
@@ -601,6 +610,8 @@ impl<N: Nic> MsgNode<N> {
             send_errors: l(&c.send_errors),
             progress_errors: l(&c.progress_errors),
             reposts_deferred: l(&c.reposts_deferred),
+            credits_deferred: l(&c.credits_deferred),
+            releases_deferred: l(&c.releases_deferred),
         }
     }
 
