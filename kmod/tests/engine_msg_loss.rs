@@ -107,3 +107,106 @@ fn a_failed_credit_return_still_delivers_the_message_and_owes_the_credits() {
     }
     assert_eq!(rx.msg_stats().out_of_order, 0);
 }
+
+/// The sender's NIC fails every WR to the receiver for a moment (FaultNic
+/// `drop_node`): message SENDs the endpoint accepted (their pushes
+/// returned `Ok`) complete with `RETRY_EXC_ERR` (a WR posted behind a failed
+/// one would be flushed, `WR_FLUSH_ERR`). The endpoint's next pushes report
+/// each lost message as `Lost` (its seq and status), once, in order, sending
+/// nothing; the receiver gets exactly the others, intact and in order, and
+/// the channel has its whole window back.
+#[test]
+fn an_endpoints_failed_send_reports_every_lost_message() {
+    use krcore_nic::fault::{FaultConfig, FaultNic};
+    use krcore_nic::WcStatus;
+    let c = Cluster::new();
+    let rx = node(&c, |_| {});
+    let nic = FaultNic::new(c.nic(), FaultConfig::none(7));
+    let faults = nic.clone();
+    let tx = Engine::start(
+        nic,
+        config(|cfg| {
+            cfg.msg.timeout = WAIT;
+            cfg.msg.progress_thread = true;
+        })
+        .with_meta(c.location),
+    )
+    .expect("engine");
+    c.register(tx.local_target(), 1 << 40, 0).expect("register");
+    let port = rx.bind(PORT).expect("bind");
+    let ep = tx.endpoint().expect("endpoint");
+    // Message `i` carries body(i); the k-th accepted push has seq k.
+    let mut accepted: Vec<u64> = Vec::new();
+    let mut lost: Vec<(u64, WcStatus)> = Vec::new();
+    let mut next = 0u64;
+    let mut push = |accepted: &mut Vec<u64>, lost: &mut Vec<(u64, WcStatus)>| match ep.push(
+        rx.gid(),
+        PORT,
+        &body(next, 100),
+    ) {
+        Ok(()) => {
+            accepted.push(next);
+            next += 1;
+        }
+        Err(MsgError::Lost {
+            gid,
+            port: p,
+            seq,
+            status,
+        }) => {
+            assert_eq!((gid, p), (rx.gid(), PORT));
+            lost.push((seq, status));
+        }
+        Err(e) => panic!("push: {e}"),
+    };
+    for _ in 0..3 {
+        push(&mut accepted, &mut lost);
+    }
+    assert_eq!((accepted.len(), lost.len()), (3, 0));
+    faults.drop_node(rx.gid());
+    while accepted.len() < 6 {
+        push(&mut accepted, &mut lost);
+        assert!(lost.len() <= 3, "{lost:?}");
+    }
+    faults.restore_node(rx.gid());
+    while accepted.len() < 9 {
+        push(&mut accepted, &mut lost);
+        assert!(lost.len() <= 3, "{lost:?}");
+    }
+    // The three accepted while the receiver was unreachable, each once,
+    // in order; nothing accepted after.
+    assert_eq!(
+        lost.iter().map(|l| l.0).collect::<Vec<_>>(),
+        vec![3, 4, 5],
+        "{lost:?}"
+    );
+    assert!(lost
+        .iter()
+        .all(|l| matches!(l.1, WcStatus::RetryExcErr | WcStatus::WrFlushErr)));
+    assert_eq!(lost[0].1, WcStatus::RetryExcErr, "the first one failed");
+    let failed = lost.iter().filter(|l| l.1 == WcStatus::RetryExcErr).count();
+    assert_eq!(faults.stats().dropped_wrs, failed as u64);
+    assert_eq!(tx.msg_stats().send_errors, 3);
+    // The receiver gets exactly the others, intact, in order.
+    for (seq, &i) in accepted.iter().enumerate() {
+        if (3..6).contains(&seq) {
+            continue;
+        }
+        let m = port.pop().expect("pop");
+        assert_eq!((m.seq, m.to_vec()), (seq as u64, body(i, 100)));
+    }
+    assert!(port.try_pop().expect("try_pop").is_none());
+    let s = rx.msg_stats();
+    assert_eq!(s.out_of_order, 1, "the gap of the lost ones: {s:?}");
+    // Their credits are back: a full window once the others are popped.
+    port.return_credits().expect("return");
+    let start = Instant::now();
+    while ep.credits(rx.gid(), PORT) != Some(tx.config().msg.window) {
+        assert!(
+            start.elapsed() < WAIT,
+            "credits: {:?}",
+            ep.credits(rx.gid(), PORT)
+        );
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}

@@ -56,6 +56,23 @@ pub(crate) struct EpTx<N: Nic> {
     /// Releases of pulled reply descriptors whose send failed: (node,
     /// port, token), sent again by the next pop.
     pub(crate) owed_releases: Vec<(Gid, u16, u64)>,
+    /// The tag of the next data message (its SEND's wr_id, with
+    /// [`MSG_TAG`]).
+    pub(crate) next_tag: u64,
+    /// Where each recent data message went, by `tag % len`: (tag, node,
+    /// port, seq). A message's entry outlives its SEND's completion: at most
+    /// the VQP's depth of WRs can follow it before that completion is
+    /// reaped (they complete after it, and hold the VQP's room till then).
+    pub(crate) tags: Vec<(u64, Gid, u16, u64)>,
+    /// Messages found lost, reported one per push.
+    pub(crate) lost: VecDeque<MsgError>,
+}
+
+impl<N: Nic> EpTx<N> {
+    /// The empty tag table of a VQP `depth` deep.
+    pub(crate) fn tag_table(depth: u32) -> Vec<(u64, Gid, u16, u64)> {
+        vec![(u64::MAX, Gid::default(), 0, 0); depth as usize + 2]
+    }
 }
 
 /// A messaging endpoint: one VQP that pushes messages to ports (its id is
@@ -83,6 +100,7 @@ impl<N: Nic> std::fmt::Debug for Endpoint<N> {
 impl<N: Nic> Drop for Endpoint<N> {
     fn drop(&mut self) {
         self.node.endpoints.write().remove(&self.id);
+        self.node.counters.failed.lock().remove(&self.id);
         let st = self.shared.state.lock();
         let reserved: u32 = st.channels.values().map(|c| c.reply_window).sum();
         self.node.unreserve(reserved);
@@ -206,6 +224,12 @@ impl<N: Nic> Endpoint<N> {
         let key = (gid, port);
         let start = Instant::now();
         let mut tx = self.tx.lock();
+        // Messages accepted earlier and lost since come first, one per push.
+        reap(&tx.vqp, &self.node.counters)?;
+        self.collect_lost(&mut tx);
+        if let Some(lost) = tx.lost.pop_front() {
+            return Err(lost);
+        }
         self.open(&mut tx, key, start)?;
         loop {
             self.node.progress(&self.eng)?;
@@ -329,6 +353,34 @@ impl<N: Nic> Endpoint<N> {
         }
     }
 
+    /// Turns the failed SENDs filed for this endpoint's VQP into `Lost`
+    /// errors (in posting order), giving each lost message's credit back to
+    /// its channel (the receiver never got it, so never returns it).
+    pub(crate) fn collect_lost(&self, tx: &mut EpTx<N>) {
+        let Some(failed) = self.node.counters.failed.lock().remove(&self.id) else {
+            return;
+        };
+        let mut st = self.shared.state.lock();
+        for (tag, status) in failed {
+            let n = tx.tags.len() as u64;
+            let (t, gid, port, seq) = tx.tags[(tag % n) as usize];
+            if t != tag {
+                // Overwritten (cannot happen with the depth bound): counted.
+                bump(&self.node.counters.progress_errors);
+                continue;
+            }
+            if let Some(c) = st.channels.get_mut(&(gid, port)) {
+                let _ = c.fwd.credit(1);
+            }
+            tx.lost.push_back(MsgError::Lost {
+                gid,
+                port,
+                seq,
+                status,
+            });
+        }
+    }
+
     pub(crate) fn forget(&self, key: (Gid, u16)) {
         if self.shared.state.lock().channels.remove(&key).is_some() {
             self.node.unreserve(self.node.cfg.reply_window);
@@ -345,6 +397,11 @@ impl<N: Nic> Endpoint<N> {
     ) -> Result<(), MsgError> {
         self.collect_released(tx);
         let dst = MsgDst::Port(port);
+        let tag = tx.next_tag;
+        tx.next_tag += 1;
+        let n = tx.tags.len() as u64;
+        tx.tags[(tag % n) as usize] = (tag, gid, port, seq);
+        let wr_id = MSG_TAG | tag;
         let EpTx {
             vqp,
             ring,
@@ -365,6 +422,7 @@ impl<N: Nic> Endpoint<N> {
                 seq,
                 data,
                 &self.node,
+                wr_id,
             ),
             Outgoing::Region(mr, offset, len) => {
                 aim(vqp, gid)?;
@@ -385,6 +443,7 @@ impl<N: Nic> Endpoint<N> {
                     self.eng.nic.gid(),
                     self.node.cfg.timeout,
                     &self.node.counters,
+                    wr_id,
                 )
                 .inspect_err(|_| staging.release(token))
             }

@@ -194,6 +194,9 @@ impl<N: Nic> Engine<N> {
                 staging: Staging::default(),
                 landing: Arc::new(Mutex::new(Vec::new())),
                 owed_releases: Vec::new(),
+                next_tag: 0,
+                tags: EpTx::<N>::tag_table(self.inner.cfg.vqp_depth),
+                lost: VecDeque::new(),
             }),
             id,
         })
@@ -483,6 +486,7 @@ impl<N: Nic> Port<N> {
                     seq,
                     data,
                     &self.node,
+                    0,
                 );
                 if r.is_err() {
                     if let Some(c) = self.shared.state.lock().channels.get_mut(&sender) {
