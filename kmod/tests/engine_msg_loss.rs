@@ -210,3 +210,80 @@ fn an_endpoints_failed_send_reports_every_lost_message() {
         std::thread::sleep(Duration::from_micros(200));
     }
 }
+
+/// The same for a port's replies: the port's node cannot reach the
+/// endpoint's for a moment; each reply accepted then is reported by the
+/// port's next replies as `ReplyLost`, and the endpoint gets the others.
+#[test]
+fn a_ports_failed_reply_is_reported_by_its_next_replies() {
+    use krcore_kmod::Sender;
+    use krcore_nic::fault::{FaultConfig, FaultNic};
+    use krcore_nic::WcStatus;
+    let c = Cluster::new();
+    let nic = FaultNic::new(c.nic(), FaultConfig::none(11));
+    let faults = nic.clone();
+    let rx = Engine::start(
+        nic,
+        config(|cfg| {
+            cfg.msg.timeout = WAIT;
+            cfg.msg.progress_thread = true;
+        })
+        .with_meta(c.location),
+    )
+    .expect("engine");
+    c.register(rx.local_target(), 1 << 40, 0).expect("register");
+    let tx = node(&c, |_| {});
+    let port = rx.bind(PORT).expect("bind");
+    let ep = tx.endpoint().expect("endpoint");
+    ep.push(rx.gid(), PORT, &body(0, 16)).expect("push");
+    let m = port.pop().expect("pop");
+    let to = m.from;
+    assert_eq!(
+        to,
+        Sender {
+            gid: tx.gid(),
+            vqp: ep.id()
+        }
+    );
+    let window = tx.config().msg.reply_window as usize;
+    let mut accepted: Vec<u64> = Vec::new();
+    let mut lost: Vec<(u64, WcStatus)> = Vec::new();
+    let mut next = 0u64;
+    let mut reply = |accepted: &mut Vec<u64>, lost: &mut Vec<(u64, WcStatus)>| match port
+        .reply_to(to, &body(next, 40))
+    {
+        Ok(()) => {
+            accepted.push(next);
+            next += 1;
+        }
+        Err(MsgError::ReplyLost { to: t, seq, status }) => {
+            assert_eq!(t, to);
+            lost.push((seq, status));
+        }
+        Err(e) => panic!("reply: {e}"),
+    };
+    reply(&mut accepted, &mut lost);
+    faults.drop_node(tx.gid());
+    while accepted.len() < 3 {
+        reply(&mut accepted, &mut lost);
+        assert!(lost.len() <= 2, "{lost:?}");
+    }
+    faults.restore_node(tx.gid());
+    while lost.len() < 2 {
+        reply(&mut accepted, &mut lost);
+        assert!(accepted.len() <= 3, "{accepted:?} {lost:?}");
+    }
+    assert_eq!(lost.iter().map(|l| l.0).collect::<Vec<_>>(), vec![1, 2]);
+    assert_eq!(lost[0].1, WcStatus::RetryExcErr);
+    // The endpoint gets reply 0 and, after the gap, the next ones.
+    let r = ep.pop_reply().expect("reply 0");
+    assert_eq!((r.seq, r.to_vec()), (0, body(0, 40)));
+    for _ in 0..window - 1 {
+        reply(&mut accepted, &mut lost);
+    }
+    assert_eq!(lost.len(), 2, "nothing lost once reachable");
+    for (seq, &i) in accepted.iter().enumerate().skip(3) {
+        let r = ep.pop_reply().expect("reply");
+        assert_eq!((r.seq, r.to_vec()), (seq as u64, body(i, 40)));
+    }
+}

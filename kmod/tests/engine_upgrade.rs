@@ -657,3 +657,33 @@ fn a_threshold_upgrade_builds_in_the_background_while_posts_stay_on_dc() {
     );
     assert_eq!(s.dci.wrs, 3 * at as u64);
 }
+
+/// Dropping an engine whose builder is in the middle of a handshake (the
+/// target does not answer) neither hangs nor waits for the handshake: the
+/// builder holds the engine until its handshake ends, then stops.
+#[test]
+fn an_engine_dropped_during_a_background_build_does_not_hang() {
+    let c = Cluster::new();
+    let target = c.engine(EngineConfig::default().with_upgrade_endpoint(true));
+    let mr = target.alloc_mr(4096, Access::ALL).expect("MR");
+    c.register(target.local_target(), 1 << 40, 0).unwrap();
+    c.register(target.handshake_entry().expect("entry"), 1 << 40, 0)
+        .unwrap();
+    let mem = MemNode { engine: target, mr };
+    let e = client(&c, |mut cfg| {
+        cfg.handshake.timeout = std::time::Duration::from_millis(300);
+        cfg.handshake.retries = 0;
+        cfg.with_upgrade_after(Some(3))
+    });
+    let mut w = Workload::new(&e, &mem, 0);
+    w.window(2);
+    w.check();
+    assert_eq!(e.stats().rc.builds, 1);
+    drop(w);
+    drop(e);
+    // The target is still there, and works for a new client.
+    let e2 = client(&c, |cfg| cfg);
+    let mut w2 = Workload::new(&e2, &mem, 1024);
+    w2.window(2);
+    w2.check();
+}

@@ -211,7 +211,7 @@ pub fn find_in_bucket(bucket: &[u8], gid: &Gid) -> Result<Option<EntryRepr>, Loo
         let parsed = EntryView::new_checked(bytes).and_then(|v| EntryRepr::parse(&v));
         match parsed {
             Ok(e) if e.gid == *gid => {
-                if found.map_or(true, |f| e.epoch > f.epoch) {
+                if found.is_none_or(|f| e.epoch > f.epoch) {
                     found = Some(e);
                 }
             }

@@ -48,8 +48,8 @@
 //! be sent is delivered anyway; those are owed and sent again by the next
 //! pop ([`MsgStats::credits_deferred`], [`MsgStats::releases_deferred`]),
 //! and a descriptor whose sender cannot be reached stays queued (a typed
-//! error; the next pop pulls it). Not covered: a port's replies (their
-//! failed SENDs are counted in [`MsgStats::send_errors`] only).
+//! error; the next pop pulls it). A port's replies are tagged the same way:
+//! its next replies return [`MsgError::ReplyLost`] for each lost one.
 //!
 //! Control messages are bounded per channel (one Open, then at most one
 //! Credit per half window and one Release per descriptor); `ctl_slots` is
@@ -229,6 +229,18 @@ pub enum MsgError {
         /// The port.
         port: u16,
         /// The message's sequence number in its channel.
+        seq: u64,
+        /// Its completion status.
+        status: WcStatus,
+    },
+    /// A reply a port sent earlier ([`Port::reply`](super::Port::reply)
+    /// returned `Ok`) was not delivered, as [`MsgError::Lost`]: returned
+    /// by the port's next replies, one per lost reply.
+    #[error("reply {seq} to {to:?} was lost: its SEND completed with {status:?}")]
+    ReplyLost {
+        /// The endpoint it was for.
+        to: Sender,
+        /// The reply's sequence number in its channel.
         seq: u64,
         /// Its completion status.
         status: WcStatus,

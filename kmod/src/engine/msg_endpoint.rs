@@ -56,23 +56,8 @@ pub(crate) struct EpTx<N: Nic> {
     /// Releases of pulled reply descriptors whose send failed: (node,
     /// port, token), sent again by the next pop.
     pub(crate) owed_releases: Vec<(Gid, u16, u64)>,
-    /// The tag of the next data message (its SEND's wr_id, with
-    /// [`MSG_TAG`]).
-    pub(crate) next_tag: u64,
-    /// Where each recent data message went, by `tag % len`: (tag, node,
-    /// port, seq). A message's entry outlives its SEND's completion: at most
-    /// the VQP's depth of WRs can follow it before that completion is
-    /// reaped (they complete after it, and hold the VQP's room till then).
-    pub(crate) tags: Vec<(u64, Gid, u16, u64)>,
-    /// Messages found lost, reported one per push.
-    pub(crate) lost: VecDeque<MsgError>,
-}
-
-impl<N: Nic> EpTx<N> {
-    /// The empty tag table of a VQP `depth` deep.
-    pub(crate) fn tag_table(depth: u32) -> Vec<(u64, Gid, u16, u64)> {
-        vec![(u64::MAX, Gid::default(), 0, 0); depth as usize + 2]
-    }
+    /// The data messages' tags (lost ones are reported by the next push).
+    pub(crate) sent: SentTags,
 }
 
 /// A messaging endpoint: one VQP that pushes messages to ports (its id is
@@ -227,7 +212,7 @@ impl<N: Nic> Endpoint<N> {
         // Messages accepted earlier and lost since come first, one per push.
         reap(&tx.vqp, &self.node.counters)?;
         self.collect_lost(&mut tx);
-        if let Some(lost) = tx.lost.pop_front() {
+        if let Some(lost) = tx.sent.lost.pop_front() {
             return Err(lost);
         }
         self.open(&mut tx, key, start)?;
@@ -357,28 +342,20 @@ impl<N: Nic> Endpoint<N> {
     /// errors (in posting order), giving each lost message's credit back to
     /// its channel (the receiver never got it, so never returns it).
     pub(crate) fn collect_lost(&self, tx: &mut EpTx<N>) {
-        let Some(failed) = self.node.counters.failed.lock().remove(&self.id) else {
-            return;
-        };
         let mut st = self.shared.state.lock();
-        for (tag, status) in failed {
-            let n = tx.tags.len() as u64;
-            let (t, gid, port, seq) = tx.tags[(tag % n) as usize];
-            if t != tag {
-                // Overwritten (cannot happen with the depth bound): counted.
-                bump(&self.node.counters.progress_errors);
-                continue;
-            }
-            if let Some(c) = st.channels.get_mut(&(gid, port)) {
-                let _ = c.fwd.credit(1);
-            }
-            tx.lost.push_back(MsgError::Lost {
-                gid,
-                port,
-                seq,
-                status,
+        tx.sent
+            .collect(self.id, &self.node.counters, |gid, dst, seq, status| {
+                let port = dst as u16;
+                if let Some(c) = st.channels.get_mut(&(gid, port)) {
+                    let _ = c.fwd.credit(1);
+                }
+                MsgError::Lost {
+                    gid,
+                    port,
+                    seq,
+                    status,
+                }
             });
-        }
     }
 
     pub(crate) fn forget(&self, key: (Gid, u16)) {
@@ -397,11 +374,7 @@ impl<N: Nic> Endpoint<N> {
     ) -> Result<(), MsgError> {
         self.collect_released(tx);
         let dst = MsgDst::Port(port);
-        let tag = tx.next_tag;
-        tx.next_tag += 1;
-        let n = tx.tags.len() as u64;
-        tx.tags[(tag % n) as usize] = (tag, gid, port, seq);
-        let wr_id = MSG_TAG | tag;
+        let wr_id = tx.sent.tag(gid, u32::from(port), seq);
         let EpTx {
             vqp,
             ring,

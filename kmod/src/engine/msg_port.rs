@@ -90,6 +90,8 @@ pub(crate) struct PortTx<N: Nic> {
     /// Releases of pulled descriptors whose send failed (sent again by the
     /// next pop).
     pub(crate) owed_releases: Vec<(Sender, u64)>,
+    /// The replies' tags (lost ones are reported by the next reply).
+    pub(crate) sent: SentTags,
 }
 
 impl<N: Nic> std::fmt::Debug for Port<N> {
@@ -106,6 +108,8 @@ impl<N: Nic> std::fmt::Debug for Port<N> {
 impl<N: Nic> Drop for Port<N> {
     fn drop(&mut self) {
         self.node.ports.write().remove(&self.shared.port);
+        let vqp = self.tx.lock().vqp.id().get();
+        self.node.counters.failed.lock().remove(&vqp);
         let mut st = self.shared.state.lock();
         st.bound = false;
         st.ring.clear();
@@ -160,6 +164,7 @@ impl<N: Nic> Engine<N> {
                 ring,
                 posts: 0,
                 owed_releases: Vec::new(),
+                sent: SentTags::new(self.inner.cfg.vqp_depth),
             }),
         })
     }
@@ -194,9 +199,7 @@ impl<N: Nic> Engine<N> {
                 staging: Staging::default(),
                 landing: Arc::new(Mutex::new(Vec::new())),
                 owed_releases: Vec::new(),
-                next_tag: 0,
-                tags: EpTx::<N>::tag_table(self.inner.cfg.vqp_depth),
-                lost: VecDeque::new(),
+                sent: SentTags::new(self.inner.cfg.vqp_depth),
             }),
             id,
         })
@@ -429,7 +432,8 @@ impl<N: Nic> Port<N> {
     ///
     /// # Errors
     /// [`MsgError::TooLarge`], [`MsgError::Timeout`] (the sender does not
-    /// pop its replies), [`MsgError::Refused`] with
+    /// pop its replies), [`MsgError::ReplyLost`] for a reply sent earlier
+    /// that was not delivered (one per lost reply; nothing is sent then), [`MsgError::Refused`] with
     /// [`RefuseCode::Unbound`] when the sender's channel is unknown here;
     /// engine and post errors.
     pub fn reply(&self, to: &Message<N>, data: &[u8]) -> Result<(), MsgError> {
@@ -449,6 +453,26 @@ impl<N: Nic> Port<N> {
             });
         }
         let start = Instant::now();
+        {
+            // Replies accepted earlier and lost since come first, one per
+            // call (their senders' reply credits back).
+            let mut tx = self.tx.lock();
+            reap(&tx.vqp, &self.node.counters)?;
+            let vqp = tx.vqp.id().get();
+            let mut st = self.shared.state.lock();
+            tx.sent
+                .collect(vqp, &self.node.counters, |gid, dst, seq, status| {
+                    let to = Sender { gid, vqp: dst };
+                    if let Some(c) = st.channels.get_mut(&to) {
+                        let _ = c.reply.credit(1);
+                    }
+                    MsgError::ReplyLost { to, seq, status }
+                });
+            drop(st);
+            if let Some(lost) = tx.sent.lost.pop_front() {
+                return Err(lost);
+            }
+        }
         loop {
             self.node.progress(&self.eng)?;
             let taken = {
@@ -475,6 +499,7 @@ impl<N: Nic> Port<N> {
                 }
                 let imm = tx.vqp.id().get();
                 let slot = self.node.ring_slot(&mut tx.posts);
+                let wr_id = tx.sent.tag(sender.gid, sender.vqp, seq);
                 let r = send_data(
                     &self.eng,
                     &tx.vqp,
@@ -486,7 +511,7 @@ impl<N: Nic> Port<N> {
                     seq,
                     data,
                     &self.node,
-                    0,
+                    wr_id,
                 );
                 if r.is_err() {
                     if let Some(c) = self.shared.state.lock().channels.get_mut(&sender) {

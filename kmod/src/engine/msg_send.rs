@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use krcore_nic::{
-    Access, Gid, InlineData, MemoryRegion, Nic, Payload, SendFlags, SendWr, SgList, Sge, Wc, WrOp,
+    Access, Gid, InlineData, MemoryRegion, Nic, Payload, SendFlags, SendWr, SgList, Sge, Wc,
+    WcStatus, WrOp,
 };
 use parking_lot::Mutex;
 
@@ -20,6 +21,68 @@ use crate::msg::{Descriptor, MsgDst, MsgKind, MsgRepr, HEADER_LEN};
 /// The wr_id bit of an endpoint's data message SEND: the rest of the
 /// wr_id is the endpoint's tag of the message (see `Endpoint::send`).
 pub(crate) const MSG_TAG: u64 = 1 << 63;
+
+/// Where a VQP's recent data messages went, by tag (their SEND's wr_id
+/// with [`MSG_TAG`]), to report the ones whose SEND failed as
+/// [`MsgError::Lost`].
+///
+/// A message's entry outlives its SEND's completion: at most the VQP's
+/// depth of WRs can follow it before that completion is reaped (they
+/// complete after it and hold the VQP's room till then), and lost ones are
+/// collected before the next data message is tagged; the table has two
+/// entries more than that.
+pub(crate) struct SentTags {
+    next: u64,
+    /// By `tag % len`: (tag, node, destination (an endpoint's port, a
+    /// port's endpoint VQP), seq).
+    table: Vec<(u64, Gid, u32, u64)>,
+    /// Messages found lost, reported one per call.
+    pub(crate) lost: std::collections::VecDeque<MsgError>,
+}
+
+impl SentTags {
+    /// The table of a VQP `depth` deep.
+    pub(crate) fn new(depth: u32) -> SentTags {
+        SentTags {
+            next: 0,
+            table: vec![(u64::MAX, Gid::default(), 0, 0); depth as usize + 2],
+            lost: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// Tags the next data message (to `dst` at `gid`, `seq`): its wr_id.
+    pub(crate) fn tag(&mut self, gid: Gid, dst: u32, seq: u64) -> u64 {
+        let tag = self.next;
+        self.next += 1;
+        let n = self.table.len() as u64;
+        self.table[(tag % n) as usize] = (tag, gid, dst, seq);
+        MSG_TAG | tag
+    }
+
+    /// Turns the failures filed for `vqp` into errors made by `lost(gid,
+    /// dst, seq, status)` (which also gives the message's credit back), in
+    /// posting order.
+    pub(crate) fn collect(
+        &mut self,
+        vqp: u32,
+        counters: &Counters,
+        mut lost: impl FnMut(Gid, u32, u64, WcStatus) -> MsgError,
+    ) {
+        let Some(failed) = counters.failed.lock().remove(&vqp) else {
+            return;
+        };
+        for (tag, status) in failed {
+            let n = self.table.len() as u64;
+            let (t, gid, dst, seq) = self.table[(tag % n) as usize];
+            if t != tag {
+                // Overwritten (the depth bound forbids it): counted.
+                bump(&counters.progress_errors);
+                continue;
+            }
+            self.lost.push_back(lost(gid, dst, seq, status));
+        }
+    }
+}
 
 /// Free buffers kept per pool.
 pub(crate) const POOL_KEEP: usize = 8;
