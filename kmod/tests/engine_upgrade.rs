@@ -471,18 +471,16 @@ fn a_target_that_refuses_leaves_the_vqp_on_dc_working() {
     w3.check();
 }
 
-/// The target's handshake endpoint receives the Request and dies before it
-/// answers: a raw UD QP on the target's NIC, registered as its endpoint,
-/// that the test drops as soon as the Request arrived.
-#[test]
-fn a_target_that_dies_mid_handshake_leaves_the_vqp_on_dc_working() {
-    use krcore_kmod::handshake::{HandshakeMessage, HandshakeRepr};
-    use krcore_kmod::HandshakeFailure;
-    use krcore_nic::{
-        CompletionQueue, Nic, QpCaps, QpInit, QpType, QueuePair, RecvWr, Transition, GRH_LEN,
-    };
-    let c = Cluster::new();
-    let mem = c.memory_node(4096);
+/// A raw UD QP on `mem`'s NIC, registered as its handshake endpoint: it
+/// receives Requests and never answers.
+type RawEndpoint = (
+    <SimNic as krcore_nic::Nic>::Qp,
+    <SimNic as krcore_nic::Nic>::Cq,
+    <SimNic as krcore_nic::Nic>::Mr,
+);
+
+fn raw_endpoint(c: &Cluster, mem: &MemNode) -> RawEndpoint {
+    use krcore_nic::{Nic, QpCaps, QpInit, QpType, QueuePair, RecvWr, Transition};
     let nic = mem.engine.nic();
     let pd = mem.engine.pd();
     let qkey = krcore_kmod::DEFAULT_HANDSHAKE_QKEY;
@@ -531,6 +529,46 @@ fn a_target_that_dies_mid_handshake_leaves_the_vqp_on_dc_working() {
         0,
     )
     .unwrap();
+    (qp, cq, buf)
+}
+
+/// Waits (bounded) for the first datagram at `endpoint`, then destroys it
+/// (the endpoint dies without answering); returns what arrived.
+fn die_after_the_request(
+    endpoint: &std::sync::Mutex<Option<RawEndpoint>>,
+) -> krcore_kmod::handshake::HandshakeRepr {
+    use krcore_kmod::handshake::HandshakeRepr;
+    use krcore_nic::{CompletionQueue, GRH_LEN};
+    let start = std::time::Instant::now();
+    let mut wcs = [Wc::default(); 4];
+    loop {
+        let guard = endpoint.lock().unwrap();
+        let (_, cq, buf) = guard.as_ref().unwrap();
+        if cq.poll(&mut wcs).unwrap() > 0 {
+            let wc = wcs[0];
+            let mut b = vec![0u8; wc.byte_len as usize - GRH_LEN];
+            buf.read(wc.wr_id as usize * 256 + GRH_LEN, &mut b).unwrap();
+            drop(guard);
+            // Dies: QP, CQ and buffers destroyed, nothing answered.
+            endpoint.lock().unwrap().take();
+            return HandshakeRepr::parse_bytes(&b).unwrap();
+        }
+        drop(guard);
+        assert!(start.elapsed() < common::WAIT, "no Request arrived");
+        std::thread::yield_now();
+    }
+}
+
+/// The target's handshake endpoint receives the Request and dies before it
+/// answers: a raw UD QP on the target's NIC, registered as its endpoint,
+/// that the test drops as soon as the Request arrived.
+#[test]
+fn a_target_that_dies_mid_handshake_leaves_the_vqp_on_dc_working() {
+    use krcore_kmod::handshake::HandshakeMessage;
+    use krcore_kmod::HandshakeFailure;
+    let c = Cluster::new();
+    let mem = c.memory_node(4096);
+    let (qp, cq, buf) = raw_endpoint(&c, &mem);
     // Generous waits: the endpoint dies while the initiator still waits.
     let e = client(&c, |mut cfg| {
         cfg.handshake.timeout = std::time::Duration::from_millis(200);
@@ -541,26 +579,7 @@ fn a_target_that_dies_mid_handshake_leaves_the_vqp_on_dc_working() {
     w.window(3);
     let endpoint = std::sync::Mutex::new(Some((qp, cq, buf)));
     let hinted = std::thread::scope(|s| {
-        let dying = s.spawn(|| {
-            let start = std::time::Instant::now();
-            let mut wcs = [Wc::default(); 4];
-            loop {
-                let guard = endpoint.lock().unwrap();
-                let (_, cq, buf) = guard.as_ref().unwrap();
-                if cq.poll(&mut wcs).unwrap() > 0 {
-                    let wc = wcs[0];
-                    let mut b = vec![0u8; wc.byte_len as usize - GRH_LEN];
-                    buf.read(wc.wr_id as usize * 256 + GRH_LEN, &mut b).unwrap();
-                    drop(guard);
-                    // Dies: QP, CQ and buffers destroyed, nothing answered.
-                    endpoint.lock().unwrap().take();
-                    return HandshakeRepr::parse_bytes(&b).unwrap();
-                }
-                drop(guard);
-                assert!(start.elapsed() < common::WAIT, "no Request arrived");
-                std::thread::yield_now();
-            }
-        });
+        let dying = s.spawn(|| die_after_the_request(&endpoint));
         let r = w.v.upgrade();
         (r, dying.join().unwrap())
     });
@@ -686,4 +705,50 @@ fn an_engine_dropped_during_a_background_build_does_not_hang() {
     let mut w2 = Workload::new(&e2, &mem, 1024);
     w2.window(2);
     w2.check();
+}
+
+/// As above, by threshold: the builder thread sends the Request, the
+/// endpoint dies without answering, and the VQP, which kept posting on DC
+/// all along, sees the failure at a later look and stays there.
+#[test]
+fn a_target_that_dies_mid_background_build_leaves_the_vqp_on_dc_working() {
+    use krcore_kmod::handshake::HandshakeMessage;
+    let c = Cluster::new();
+    let mem = c.memory_node(4096);
+    let endpoint = std::sync::Mutex::new(Some(raw_endpoint(&c, &mem)));
+    let e = client(&c, |mut cfg| {
+        cfg.handshake.timeout = std::time::Duration::from_millis(200);
+        cfg.handshake.retries = 1;
+        cfg.with_upgrade_after(Some(10))
+    });
+    let mut w = Workload::new(&e, &mem, 0);
+    let request = std::thread::scope(|s| {
+        let dying = s.spawn(|| die_after_the_request(&endpoint));
+        // Past the threshold: the build is asked for; posts go on (on DC)
+        // while the endpoint receives the Request and dies.
+        for _ in 0..10 {
+            w.window(2);
+        }
+        dying.join().unwrap()
+    });
+    assert!(
+        matches!(request.message, HandshakeMessage::Request { .. }),
+        "{request:?}"
+    );
+    wait_builds(&e);
+    // The next post sees the failure and backs off (20 WRs): two windows
+    // (12 WRs) stay below the next attempt.
+    w.window(2);
+    w.window(2);
+    w.check();
+    assert!(w.seen.iter().all(|t| *t == VqpTransport::Dc));
+    let s = e.stats();
+    assert_eq!(
+        (s.rc_upgrades, s.rc.pairs, s.rc.builds, s.rc.build_failures),
+        (0, 0, 1, 1),
+        "{s:?}"
+    );
+    assert_eq!(s.rc_upgrade_failures, 1, "{s:?}");
+    assert_eq!(s.handshake.timeouts, 1);
+    assert_eq!(s.dci.error_completions, 0);
 }
