@@ -32,10 +32,15 @@ fn upgradable_node(c: &Cluster, len: usize) -> MemNode {
     MemNode { engine, mr }
 }
 
+/// A client engine. Its handshakes wait generously for answers (a loaded
+/// machine can delay the target's handshake thread past the default 20 ms
+/// times 5): tests that expect a timeout set their own.
 fn client(c: &Cluster, f: impl FnOnce(EngineConfig) -> EngineConfig) -> Engine<SimNic> {
-    c.engine(f(EngineConfig::default()
+    let mut cfg = EngineConfig::default()
         .with_pool_size(1)
-        .with_upgrade_endpoint(true)))
+        .with_upgrade_endpoint(true);
+    cfg.handshake.timeout = std::time::Duration::from_millis(500);
+    c.engine(f(cfg))
 }
 
 /// Waits (bounded) until no background build of `e`'s is in flight: an
@@ -296,7 +301,10 @@ fn an_endpoint_that_is_gone_times_out_and_the_vqp_keeps_working() {
         0,
     )
     .unwrap();
-    let e = client(&c, |cfg| cfg);
+    let e = client(&c, |mut cfg| {
+        cfg.handshake.timeout = std::time::Duration::from_millis(20);
+        cfg
+    });
     let mut w = Workload::new(&e, &mem, 0);
     w.window(3);
     let r = w.v.upgrade();
