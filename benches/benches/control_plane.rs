@@ -39,7 +39,7 @@ impl Cluster {
         };
         let server = Engine::start(node(), ecfg()).unwrap();
         meta.table_mut()
-            .register(server.local_target(), 0, 1 << 40, 0)
+            .register(server.local_target().unwrap(), 0, 1 << 40, 0)
             .unwrap();
         let client = Engine::start(node(), ecfg()).unwrap();
         Cluster {
@@ -258,7 +258,7 @@ fn data_path(cr: &mut Criterion) {
         0,
     );
     bring_up(&dci, Access::NONE, None).unwrap();
-    let to = Destination::Dc(c.server.local_target());
+    let to = Destination::Dc(c.server.local_target().unwrap());
     // VQP: the engine's path (pre-check, wr_id routing, credits).
     let vqp = c.client.create_vqp().unwrap();
     vqp.connect(gid).unwrap();

@@ -61,7 +61,7 @@ impl Pair {
         let tx = Engine::start(node(), cfg()).unwrap();
         for e in [&rx, &tx] {
             meta.table_mut()
-                .register(e.local_target(), 0, 1 << 40, 0)
+                .register(e.local_target().unwrap(), 0, 1 << 40, 0)
                 .unwrap();
         }
         let port = rx.bind(PORT).unwrap();

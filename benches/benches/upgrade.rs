@@ -60,7 +60,10 @@ fn setup_with(latency: Option<LatencyModel>, upgrade_after: Option<u64>) -> Setu
     };
     let server = Engine::start(node(), cfg()).unwrap();
     let client = Engine::start(node(), cfg().with_upgrade_after(upgrade_after)).unwrap();
-    for t in [server.local_target(), server.handshake_entry().unwrap()] {
+    for t in [
+        server.local_target().unwrap(),
+        server.handshake_entry().unwrap().unwrap(),
+    ] {
         meta.table_mut().register(t, 0, 1 << 40, 0).unwrap();
     }
     let mr = server.alloc_mr(4096, Access::ALL).unwrap();

@@ -691,7 +691,7 @@ mod lat {
             let server =
                 Node::with_nic(open(a)?, cfg.clone()).map_err(|e| format!("server: {e}"))?;
             meta.table()
-                .register(server.local_target(), 0, 1 << 40, 0)
+                .register(server.local_target().unwrap(), 0, 1 << 40, 0)
                 .map_err(|e| format!("register: {e}"))?;
             let region = server.alloc(4096, Access::ALL).map_err(|e| e.to_string())?;
             let client = Node::with_nic(open(a)?, cfg).map_err(|e| format!("client: {e}"))?;
@@ -810,7 +810,7 @@ mod lat {
         let cfg = &cfg;
         let server = Node::with_nic(open(a)?, cfg.clone()).map_err(|e| format!("server: {e}"))?;
         meta.table()
-            .register(server.local_target(), 0, 1 << 40, 0)
+            .register(server.local_target().unwrap(), 0, 1 << 40, 0)
             .map_err(|e| format!("register: {e}"))?;
         // Cycle stamps, not the clock: in an emulated guest a clock read
         // can cost more than a cached connect.

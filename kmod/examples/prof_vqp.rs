@@ -72,7 +72,7 @@ fn main() {
     )
     .unwrap();
     meta.table_mut()
-        .register(server.local_target(), 0, 1 << 40, 0)
+        .register(server.local_target().unwrap(), 0, 1 << 40, 0)
         .unwrap();
     let client = Engine::start(
         node(),
@@ -93,7 +93,7 @@ fn main() {
             0,
         );
         bring_up(&dci, Access::NONE, None).unwrap();
-        let to = Destination::Dc(server.local_target());
+        let to = Destination::Dc(server.local_target().unwrap());
         let wrs: Vec<SendWr> = (0..batch)
             .map(|i| {
                 SendWr::read(

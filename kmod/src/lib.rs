@@ -9,7 +9,8 @@
 //! sdk (Vqp, MemoryRegion, completions)
 //!   |
 //! engine (host) ---------------------------- threads, clocks, the provider
-//!   |  Engine<N>  PD, DCT+SRQ, DCI pool (per-QP lock), meta client
+//!   |  Engine<N>  PD, DCI pool (per-QP lock), meta client (READs via DCI 0);
+//!   |             DCT+SRQ, upgrade endpoint: created on first need
 //!   |             RC fallback (no DC): handshake endpoint, RC pairs (LRU)
 //!   |  Vqp<N>     connect = DCCache lookup | one meta READ; post; poll
 //!   |             RC fallback: + the target's RC pair (hit | handshake)
@@ -59,7 +60,7 @@
 //! let location = MetaLocation::from_bootstrap(&meta.bootstrap())?;
 //! let cfg = || EngineConfig::default().with_meta(location);
 //! let server = Engine::start(node(), cfg())?;
-//! meta.table_mut().register(server.local_target(), 0, 60_000, 0).unwrap();
+//! meta.table_mut().register(server.local_target()?, 0, 60_000, 0).unwrap();
 //! let remote = server.alloc_mr(4096, Access::ALL)?;
 //!
 //! let client = Engine::start(node(), cfg())?;

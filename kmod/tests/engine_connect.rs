@@ -48,7 +48,10 @@ fn a_miss_reads_once_and_a_hit_costs_nothing() {
     assert_eq!(d.reads, 1, "a miss is ONE READ of the table: {d:?}");
     assert_eq!(d.network_ops(), 1, "{d:?}");
     assert_eq!(d.qps_created, 0, "a miss creates no QP: {d:?}");
-    assert_eq!(a.target().unwrap().target, mem.engine.local_target());
+    assert_eq!(
+        a.target().unwrap().target,
+        mem.engine.local_target().unwrap()
+    );
 
     let (r, d) = counted(client.nic(), || b.connect(mem.gid()));
     r.unwrap();
@@ -180,7 +183,10 @@ fn a_torn_entry_is_retried_until_the_writer_is_done() {
     assert!(s.torn_retries >= 1, "{s:?}");
     assert_eq!(d.reads, s.reads, "one READ per attempt");
     assert_eq!(s.reads, s.torn_retries + 1);
-    assert_eq!(v.target().unwrap().target, mem.engine.local_target());
+    assert_eq!(
+        v.target().unwrap().target,
+        mem.engine.local_target().unwrap()
+    );
 }
 
 #[test]
@@ -256,7 +262,7 @@ fn an_expired_lease_is_unknown_once_the_cache_entry_is_invalidated() {
     let v = client.create_vqp().unwrap();
     // A node with a short lease.
     let short = c.engine(EngineConfig::default().with_pool_size(1));
-    c.register(short.local_target(), 100, 0).unwrap();
+    c.register(short.local_target().unwrap(), 100, 0).unwrap();
     v.connect(short.gid()).unwrap();
     assert_eq!(c.sweep(1_000), vec![short.gid()]);
     // Cached: still resolves without the network (KRCore caches until told).
@@ -310,7 +316,9 @@ fn a_restarted_target_is_found_again_with_a_newer_epoch() {
     let nic = c.nic();
     let first = Engine::start(nic.clone(), EngineConfig::default().with_pool_size(1)).unwrap();
     let mr = first.alloc_mr(64, Access::ALL).unwrap();
-    let lease1 = c.register(first.local_target(), 1 << 40, 0).unwrap();
+    let lease1 = c
+        .register(first.local_target().unwrap(), 1 << 40, 0)
+        .unwrap();
     let client = c.engine(EngineConfig::default());
     let v = client.create_vqp().unwrap();
     v.connect(nic.gid()).unwrap();
@@ -319,8 +327,10 @@ fn a_restarted_target_is_found_again_with_a_newer_epoch() {
     // Restart: a new engine (new DCT number) on the same node, re-registered.
     let second = Engine::start(nic.clone(), EngineConfig::default().with_pool_size(1)).unwrap();
     drop(first);
-    assert_ne!(second.local_target(), v.target().unwrap().target);
-    let lease2 = c.register(second.local_target(), 1 << 40, 0).unwrap();
+    assert_ne!(second.local_target().unwrap(), v.target().unwrap().target);
+    let lease2 = c
+        .register(second.local_target().unwrap(), 1 << 40, 0)
+        .unwrap();
     assert!(lease2.epoch > lease1.epoch);
 
     let buf = client.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
@@ -336,7 +346,10 @@ fn a_restarted_target_is_found_again_with_a_newer_epoch() {
     r.unwrap();
     assert_eq!(d.reads, 1);
     let t = v.target().unwrap();
-    assert_eq!((t.target, t.epoch), (second.local_target(), lease2.epoch));
+    assert_eq!(
+        (t.target, t.epoch),
+        (second.local_target().unwrap(), lease2.epoch)
+    );
     // (The restarted node's memory is registered anew, in its new PD.)
     let mr2 = second.alloc_mr(64, Access::ALL).unwrap();
     v.post_send(&mut [SendWr::read(2, buf.sge(0, 8).unwrap(), mr2.remote(0))])

@@ -26,7 +26,8 @@ impl Fixture {
     fn new() -> Fixture {
         let c = Cluster::new();
         let owner = c.engine(config(|_| {}));
-        c.register(owner.local_target(), 1 << 40, 0).unwrap();
+        c.register(owner.local_target().unwrap(), 1 << 40, 0)
+            .unwrap();
         // ONE DCI: every VQP of the client shares the physical QP.
         let client = c.engine(config(|cfg| cfg.pool_size = 1));
         let local = client.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();

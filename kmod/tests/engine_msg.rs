@@ -24,7 +24,8 @@ fn node(c: &Cluster, f: impl FnOnce(&mut EngineConfig)) -> Engine<SimNic> {
         cfg.msg.progress_thread = true;
         f(cfg)
     }));
-    c.register(e.local_target(), 1 << 40, 0).expect("register");
+    c.register(e.local_target().unwrap(), 1 << 40, 0)
+        .expect("register");
     e
 }
 

@@ -21,7 +21,8 @@ fn node(c: &Cluster, f: impl FnOnce(&mut EngineConfig)) -> Engine<SimNic> {
         cfg.msg.progress_thread = true;
         f(cfg)
     }));
-    c.register(e.local_target(), 1 << 40, 0).expect("register");
+    c.register(e.local_target().unwrap(), 1 << 40, 0)
+        .expect("register");
     e
 }
 
@@ -80,7 +81,8 @@ fn a_failed_credit_return_still_delivers_the_message_and_owes_the_credits() {
     assert_eq!(port.queued(), 1, "not lost");
     // Reachable again: the next pop delivers it and pays what is owed; the
     // sender gets its whole window and its buffer back.
-    c.register(tx.local_target(), 1 << 40, 0).expect("register");
+    c.register(tx.local_target().unwrap(), 1 << 40, 0)
+        .expect("register");
     let i = window - 1;
     let m = port.pop().expect("pop");
     assert_eq!((m.seq, m.to_vec()), (i, body(i, len(i))));
@@ -132,7 +134,8 @@ fn an_endpoints_failed_send_reports_every_lost_message() {
         .with_meta(c.location),
     )
     .expect("engine");
-    c.register(tx.local_target(), 1 << 40, 0).expect("register");
+    c.register(tx.local_target().unwrap(), 1 << 40, 0)
+        .expect("register");
     let port = rx.bind(PORT).expect("bind");
     let ep = tx.endpoint().expect("endpoint");
     // Message `i` carries body(i); the k-th accepted push has seq k.
@@ -231,7 +234,8 @@ fn a_ports_failed_reply_is_reported_by_its_next_replies() {
         .with_meta(c.location),
     )
     .expect("engine");
-    c.register(rx.local_target(), 1 << 40, 0).expect("register");
+    c.register(rx.local_target().unwrap(), 1 << 40, 0)
+        .expect("register");
     let tx = node(&c, |_| {});
     let port = rx.bind(PORT).expect("bind");
     let ep = tx.endpoint().expect("endpoint");

@@ -45,7 +45,7 @@ fn a_device_without_dc_runs_in_rc_fallback_and_says_so() {
     assert_eq!(d.qps_created, 2, "{d:?}");
     // The meta entry names the handshake endpoint.
     let hs = e.handshake_responder().unwrap().target();
-    let t = e.local_target();
+    let t = e.local_target().unwrap();
     assert_eq!(
         (t.gid, t.dct_num, t.dc_key),
         (hs.gid, hs.qpn, u64::from(hs.qkey))
@@ -259,7 +259,7 @@ fn a_target_answers_only_when_progressed() {
     let mr = engine.alloc_mr(64, Access::ALL).unwrap();
     f.meta
         .table()
-        .register(engine.local_target(), 0, 1 << 40, 0)
+        .register(engine.local_target().unwrap(), 0, 1 << 40, 0)
         .unwrap();
     let client = f.client();
     let v = client.create_vqp().unwrap();
@@ -297,7 +297,8 @@ fn remote_nodes_register_over_the_meta_rpc() {
     let engine = f.engine(EngineConfig::default().with_handshake_thread(true));
     let mr = engine.alloc_mr(64, Access::ALL).unwrap();
     let mut rpc = MetaRpc::new(engine.nic(), &f.meta.bootstrap(), RpcConfig::default()).unwrap();
-    rpc.register(engine.local_target(), 0, 60_000).unwrap();
+    rpc.register(engine.local_target().unwrap(), 0, 60_000)
+        .unwrap();
     assert_eq!(rpc.fetch_bootstrap().unwrap(), f.meta.bootstrap());
     let client = f.client();
     let v = client.create_vqp().unwrap();
@@ -346,7 +347,7 @@ fn a_lost_passive_end_is_rebuilt_by_a_re_handshake() {
     let mr = engine.alloc_mr(64, Access::ALL).unwrap();
     f.meta
         .table()
-        .register(engine.local_target(), 0, 1 << 40, 0)
+        .register(engine.local_target().unwrap(), 0, 1 << 40, 0)
         .unwrap();
     let mem = MemNode { engine, mr };
     let (c1, c2) = (f.client(), f.client());
@@ -408,7 +409,7 @@ fn engines_without_threads_answer_each_other_while_they_wait() {
         let mr = e.alloc_mr(64, Access::ALL).unwrap();
         f.meta
             .table()
-            .register(e.local_target(), 0, 1 << 40, 0)
+            .register(e.local_target().unwrap(), 0, 1 << 40, 0)
             .unwrap();
         MemNode { engine: e, mr }
     };

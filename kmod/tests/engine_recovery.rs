@@ -128,7 +128,8 @@ fn a_dead_target_is_typed_for_its_vqps_only() {
     )
     .unwrap();
     let doomed_mr = doomed.alloc_mr(4096, Access::ALL).unwrap();
-    c.register(doomed.local_target(), 1 << 40, 0).unwrap();
+    c.register(doomed.local_target().unwrap(), 1 << 40, 0)
+        .unwrap();
     let e = client(&c);
     let local = e.alloc_mr(4096, Access::ALL).unwrap();
     let good: Vec<Vqp<SimNic>> = (0..3).map(|_| e.create_vqp().unwrap()).collect();

@@ -26,9 +26,14 @@ fn upgradable_node(c: &Cluster, len: usize) -> MemNode {
             .with_handshake_thread(true),
     );
     let mr = engine.alloc_mr(len, Access::ALL).expect("MR");
-    c.register(engine.local_target(), 1 << 40, 0).unwrap();
-    c.register(engine.handshake_entry().expect("entry"), 1 << 40, 0)
+    c.register(engine.local_target().unwrap(), 1 << 40, 0)
         .unwrap();
+    c.register(
+        engine.handshake_entry().unwrap().expect("entry"),
+        1 << 40,
+        0,
+    )
+    .unwrap();
     MemNode { engine, mr }
 }
 
@@ -77,6 +82,12 @@ impl<'a> Workload<'a> {
     fn new(e: &Engine<SimNic>, mem: &'a MemNode, base: usize) -> Workload<'a> {
         let v = e.create_vqp().unwrap();
         v.connect(mem.gid()).unwrap();
+        // Warm the DCCache with the target's handshake entry, so that the
+        // upgrade reads no meta entry: a meta READ shares the VQP's DCI and
+        // its wait polls that DCI, which would retire this VQP's WRs in
+        // flight and move the switch point the tests pin down. (A target
+        // without an endpoint has no such entry.)
+        let _ = e.resolve(&krcore_kmod::engine::handshake_gid(&mem.gid()));
         let buf = e.alloc_mr(MAX_ROUNDS * 24, Access::ALL).unwrap();
         Workload {
             v,
@@ -290,7 +301,7 @@ fn an_endpoint_that_is_gone_times_out_and_the_vqp_keeps_working() {
     let mem = c.memory_node(4096);
     // Register a handshake name for `mem` naming an endpoint that is gone.
     let ghost = c.engine(EngineConfig::default().with_upgrade_endpoint(true));
-    let dead = ghost.handshake_entry().unwrap();
+    let dead = ghost.handshake_entry().unwrap().unwrap();
     drop(ghost);
     c.register(
         DcTarget {
@@ -408,9 +419,14 @@ fn refusing_node(c: &Cluster, len: usize) -> MemNode {
     cfg.handshake.refuse_when_full = true;
     let engine = c.engine(cfg);
     let mr = engine.alloc_mr(len, Access::ALL).expect("MR");
-    c.register(engine.local_target(), 1 << 40, 0).unwrap();
-    c.register(engine.handshake_entry().expect("entry"), 1 << 40, 0)
+    c.register(engine.local_target().unwrap(), 1 << 40, 0)
         .unwrap();
+    c.register(
+        engine.handshake_entry().unwrap().expect("entry"),
+        1 << 40,
+        0,
+    )
+    .unwrap();
     MemNode { engine, mr }
 }
 
@@ -638,9 +654,14 @@ fn a_threshold_upgrade_builds_in_the_background_while_posts_stay_on_dc() {
             .with_upgrade_endpoint(true),
     );
     let mr = engine.alloc_mr(4096, Access::ALL).expect("MR");
-    c.register(engine.local_target(), 1 << 40, 0).unwrap();
-    c.register(engine.handshake_entry().expect("entry"), 1 << 40, 0)
+    c.register(engine.local_target().unwrap(), 1 << 40, 0)
         .unwrap();
+    c.register(
+        engine.handshake_entry().unwrap().expect("entry"),
+        1 << 40,
+        0,
+    )
+    .unwrap();
     let mem = MemNode { engine, mr };
     // The builder waits for the answer (generously: a loaded machine).
     let e = client(&c, |mut cfg| {
@@ -693,9 +714,14 @@ fn an_engine_dropped_during_a_background_build_does_not_hang() {
     let c = Cluster::new();
     let target = c.engine(EngineConfig::default().with_upgrade_endpoint(true));
     let mr = target.alloc_mr(4096, Access::ALL).expect("MR");
-    c.register(target.local_target(), 1 << 40, 0).unwrap();
-    c.register(target.handshake_entry().expect("entry"), 1 << 40, 0)
+    c.register(target.local_target().unwrap(), 1 << 40, 0)
         .unwrap();
+    c.register(
+        target.handshake_entry().unwrap().expect("entry"),
+        1 << 40,
+        0,
+    )
+    .unwrap();
     let mem = MemNode { engine: target, mr };
     let e = client(&c, |mut cfg| {
         cfg.handshake.timeout = std::time::Duration::from_millis(300);

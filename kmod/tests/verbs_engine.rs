@@ -85,7 +85,7 @@ fn connect_read_cas_through_the_engine_in_rc_fallback() {
     assert_eq!(server.mode(), EngineMode::RcFallback, "rxe has no DC");
     let region = server.alloc_mr(4096, Access::ALL).unwrap();
     meta.table()
-        .register(server.local_target(), 0, 1 << 40, 0)
+        .register(server.local_target().unwrap(), 0, 1 << 40, 0)
         .unwrap();
 
     let client = Engine::start(open(), cfg).expect("client engine");
@@ -180,7 +180,7 @@ fn a_remote_error_is_recovered_by_a_re_handshake() {
     let server = Engine::start(open(), cfg.clone()).unwrap();
     let region = server.alloc_mr(4096, Access::ALL).unwrap();
     meta.table()
-        .register(server.local_target(), 0, 1 << 40, 0)
+        .register(server.local_target().unwrap(), 0, 1 << 40, 0)
         .unwrap();
     let client = Engine::start(open(), cfg).unwrap();
     let (bad, good) = (client.create_vqp().unwrap(), client.create_vqp().unwrap());

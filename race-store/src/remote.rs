@@ -131,6 +131,161 @@ impl OpResult {
     }
 }
 
+/// One result of a doorbell in [`Completions`]: a READ's bytes live in the
+/// shared byte buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Completion {
+    Read { at: usize, len: usize },
+    Written,
+    Cas { old: u64 },
+    Faa { old: u64 },
+}
+
+/// The results of one doorbell, in batch order, in caller-owned storage that
+/// is reused from doorbell to doorbell: READ bytes go to one byte buffer, so
+/// a warm `Completions` costs no allocation per operation (unlike a
+/// `Vec<OpResult>`, one vector per READ). Filled by
+/// [`Transport::execute_into`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Completions {
+    entries: Vec<Completion>,
+    bytes: Vec<u8>,
+}
+
+impl Completions {
+    /// An empty result set.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Forgets every result (keeps the storage).
+    pub fn clear(&mut self) {
+        self.entries.clear();
+        self.bytes.clear();
+    }
+
+    /// Number of results.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether there is no result.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Appends a READ result of `len` bytes (zeroed) and returns them, for
+    /// the transport to fill.
+    pub fn push_read(&mut self, len: usize) -> &mut [u8] {
+        let at = self.bytes.len();
+        self.bytes.resize(at + len, 0);
+        self.entries.push(Completion::Read { at, len });
+        self.bytes.get_mut(at..).unwrap_or_default()
+    }
+
+    /// Appends `len` zeroed bytes that no result names yet and returns their
+    /// start and the bytes: a transport can copy a whole landing area at
+    /// once, then declare the READ results in it with
+    /// [`Completions::push_read_at`].
+    pub fn reserve(&mut self, len: usize) -> (usize, &mut [u8]) {
+        let at = self.bytes.len();
+        self.bytes.resize(at + len, 0);
+        (at, self.bytes.get_mut(at..).unwrap_or_default())
+    }
+
+    /// Appends a READ result naming bytes `at..at + len` of the buffer (from
+    /// [`Completions::reserve`]); `false`, appending nothing, if the range
+    /// is not in the buffer.
+    pub fn push_read_at(&mut self, at: usize, len: usize) -> bool {
+        if at.checked_add(len).is_none_or(|end| end > self.bytes.len()) {
+            return false;
+        }
+        self.entries.push(Completion::Read { at, len });
+        true
+    }
+
+    /// The 8 bytes at `at` of the buffer as a native-endian word (what an
+    /// RDMA atomic leaves in local memory), if in range.
+    pub fn word_at(&self, at: usize) -> Option<u64> {
+        let b = self.bytes.get(at..at.checked_add(8)?)?;
+        Some(u64::from_ne_bytes(b.try_into().ok()?))
+    }
+
+    /// Appends a READ result with these bytes.
+    pub fn push_read_bytes(&mut self, bytes: &[u8]) {
+        let at = self.bytes.len();
+        self.bytes.extend_from_slice(bytes);
+        self.entries.push(Completion::Read {
+            at,
+            len: bytes.len(),
+        });
+    }
+
+    /// Appends a completed WRITE.
+    pub fn push_written(&mut self) {
+        self.entries.push(Completion::Written);
+    }
+
+    /// Appends a CAS result (the word's previous value).
+    pub fn push_cas(&mut self, old: u64) {
+        self.entries.push(Completion::Cas { old });
+    }
+
+    /// Appends a FAA result (the word's previous value).
+    pub fn push_faa(&mut self, old: u64) {
+        self.entries.push(Completion::Faa { old });
+    }
+
+    /// Appends an owned result.
+    pub fn push(&mut self, result: &OpResult) {
+        match result {
+            OpResult::Read(b) => self.push_read_bytes(b),
+            OpResult::Written => self.push_written(),
+            OpResult::Cas { old } => self.push_cas(*old),
+            OpResult::Faa { old } => self.push_faa(*old),
+        }
+    }
+
+    /// The bytes of result `i` if it is a READ.
+    pub fn read(&self, i: usize) -> Option<&[u8]> {
+        match self.entries.get(i)? {
+            Completion::Read { at, len } => self.bytes.get(*at..at.checked_add(*len)?),
+            _ => None,
+        }
+    }
+
+    /// The previous value of result `i` if it is a CAS.
+    pub fn cas_old(&self, i: usize) -> Option<u64> {
+        match self.entries.get(i)? {
+            Completion::Cas { old } => Some(*old),
+            _ => None,
+        }
+    }
+
+    /// The previous value of result `i` if it is a FAA.
+    pub fn faa_old(&self, i: usize) -> Option<u64> {
+        match self.entries.get(i)? {
+            Completion::Faa { old } => Some(*old),
+            _ => None,
+        }
+    }
+
+    /// Result `i` as an owned [`OpResult`].
+    pub fn to_result(&self, i: usize) -> Option<OpResult> {
+        Some(match self.entries.get(i)? {
+            Completion::Read { .. } => OpResult::Read(self.read(i)?.to_vec()),
+            Completion::Written => OpResult::Written,
+            Completion::Cas { old } => OpResult::Cas { old: *old },
+            Completion::Faa { old } => OpResult::Faa { old: *old },
+        })
+    }
+
+    /// Every result as an owned [`OpResult`].
+    pub fn to_results(&self) -> Vec<OpResult> {
+        (0..self.len()).filter_map(|i| self.to_result(i)).collect()
+    }
+}
+
 /// Why a transport call failed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -208,6 +363,25 @@ pub trait Transport {
     /// A [`TransportError`]; the batch may then have partly executed.
     fn execute(&mut self, batch: &[RemoteOp<'_>]) -> Result<Vec<OpResult>, TransportError>;
 
+    /// As [`Transport::execute`], with the results in `out` (cleared first),
+    /// whose storage is reused: the client's hot paths call this. The
+    /// default goes through `execute`; a transport that can fill `out`
+    /// directly overrides it (and the two must behave alike).
+    ///
+    /// # Errors
+    /// As [`Transport::execute`]; `out` is then unspecified.
+    fn execute_into(
+        &mut self,
+        batch: &[RemoteOp<'_>],
+        out: &mut Completions,
+    ) -> Result<(), TransportError> {
+        out.clear();
+        for r in &self.execute(batch)? {
+            out.push(r);
+        }
+        Ok(())
+    }
+
     /// Asks memory node `node` for a block of `size` bytes (64-byte aligned),
     /// over a two-sided message.
     ///
@@ -223,6 +397,13 @@ impl<T: Transport + ?Sized> Transport for &mut T {
     fn execute(&mut self, batch: &[RemoteOp<'_>]) -> Result<Vec<OpResult>, TransportError> {
         (**self).execute(batch)
     }
+    fn execute_into(
+        &mut self,
+        batch: &[RemoteOp<'_>],
+        out: &mut Completions,
+    ) -> Result<(), TransportError> {
+        (**self).execute_into(batch, out)
+    }
     fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {
         (**self).alloc_block(node, size)
     }
@@ -234,6 +415,13 @@ impl<T: Transport + ?Sized> Transport for &mut T {
 impl<T: Transport + ?Sized> Transport for Box<T> {
     fn execute(&mut self, batch: &[RemoteOp<'_>]) -> Result<Vec<OpResult>, TransportError> {
         (**self).execute(batch)
+    }
+    fn execute_into(
+        &mut self,
+        batch: &[RemoteOp<'_>],
+        out: &mut Completions,
+    ) -> Result<(), TransportError> {
+        (**self).execute_into(batch, out)
     }
     fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {
         (**self).alloc_block(node, size)
@@ -355,8 +543,10 @@ impl<T: Transport> FaultInjector<T> {
     }
 }
 
-impl<T: Transport> Transport for FaultInjector<T> {
-    fn execute(&mut self, batch: &[RemoteOp<'_>]) -> Result<Vec<OpResult>, TransportError> {
+impl<T: Transport> FaultInjector<T> {
+    /// Counts a doorbell; `Err` if the client is (now) dead, after letting
+    /// the planned prefix of `batch` execute.
+    fn doorbell(&mut self, batch: &[RemoteOp<'_>]) -> Result<(), TransportError> {
         if self.dead {
             return Err(TransportError::Disconnected);
         }
@@ -371,8 +561,24 @@ impl<T: Transport> Transport for FaultInjector<T> {
                 }
                 Err(TransportError::Disconnected)
             }
-            _ => self.inner.execute(batch),
+            _ => Ok(()),
         }
+    }
+}
+
+impl<T: Transport> Transport for FaultInjector<T> {
+    fn execute(&mut self, batch: &[RemoteOp<'_>]) -> Result<Vec<OpResult>, TransportError> {
+        self.doorbell(batch)?;
+        self.inner.execute(batch)
+    }
+
+    fn execute_into(
+        &mut self,
+        batch: &[RemoteOp<'_>],
+        out: &mut Completions,
+    ) -> Result<(), TransportError> {
+        self.doorbell(batch)?;
+        self.inner.execute_into(batch, out)
     }
 
     fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {

@@ -91,7 +91,7 @@ fn insert_get_update_delete_with_a_split_over_rc_fallback() {
     let mem_node = Node::with_nic(open(), cfg.clone()).expect("memory node");
     assert_eq!(mem_node.mode(), EngineMode::RcFallback, "rxe has no DC");
     meta.table()
-        .register(mem_node.local_target(), 0, 1 << 40, 0)
+        .register(mem_node.local_target().unwrap(), 0, 1 << 40, 0)
         .unwrap();
     let table = TableConfig {
         geometry: SubtableGeometry::new(1).unwrap(),

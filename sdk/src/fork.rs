@@ -26,9 +26,14 @@ const WORKER_DCIS: usize = 1;
 ///   no network), post and poll on those VQPs (READ/WRITE/atomics,
 ///   requests), use regions the parent allocated before the fork (both
 ///   processes map them: agree on who writes what), use tokens it holds.
-/// - **Refused, typed**: a DCCache miss (the meta client's QP is the
+/// - **Refused, typed**: a DCCache miss (the meta client's VQP is the
 ///   parent's), allocating regions (the sim's allocator state is per
-///   process), messaging (the SRQ is the parent's), forking again.
+///   process), messaging (the SRQ is the parent's), forking again, and
+///   creating what the parent's engine creates on first need but had not
+///   created before the fork: the DCT ([`Node::local_target`]) and the
+///   upgrade's handshake endpoint (a DC -> RC upgrade then fails and the
+///   VQP stays on its DCI). A parent that wants them fixed creates them
+///   before forking (e.g. by registering, or `EngineConfig::eager_start`).
 /// - **Must not**: use VQPs created before the fork (they post on the
 ///   parent's DCIs), or objects that were locked by another thread of the
 ///   parent at the fork: fork from a quiescent point.

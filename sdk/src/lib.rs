@@ -108,6 +108,19 @@
 //! its deregistration until its leases expire. ([`MemoryRegion::token`]
 //! hands out an unleased token: no expiry, no protection from a drop.)
 //!
+//! # What a node creates, and when
+//!
+//! Building a node that is not registered anywhere (a compute node given a
+//! meta location, [`NodeBuilder::meta`]) creates no QP: its first VQP
+//! creates the DCI it posts on (which also carries the meta lookups), and a
+//! node that only issues one-sided operations needs nothing else. Its DCT
+//! is created when it must be reachable ([`Node::local_target`], what
+//! registering in a meta table calls; a region with remote access; the
+//! first [`Node::bind`]), and the DC -> RC upgrade's handshake endpoint when
+//! it registers as an upgrade target or upgrades first itself (see
+//! [`krcore_kmod::Engine::start`]; [`EngineConfig::eager_start`] makes both
+//! at start).
+//!
 //! # Worker processes (fork)
 //!
 //! On a directory fabric ([`krcore_nic::sim::SimFabric::open_dir`],

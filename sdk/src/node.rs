@@ -131,9 +131,14 @@ impl<N: Nic> Node<N> {
 
     /// This node's address (what the meta server publishes for it): its
     /// DCT, or in RC fallback mode its handshake endpoint (see
-    /// [`Engine::local_target`]).
-    pub fn local_target(&self) -> DcTarget {
-        self.inner.engine.local_target()
+    /// [`Engine::local_target`]). DC mode: the first call creates the DCT
+    /// (a node that is never reached, such as a compute node issuing only
+    /// one-sided operations, never creates one).
+    ///
+    /// # Errors
+    /// [`Error::Engine`] when the DCT cannot be created.
+    pub fn local_target(&self) -> Result<DcTarget> {
+        Ok(self.inner.engine.local_target()?)
     }
 
     /// The NIC's counters ("connect created 0 QPs").
@@ -208,15 +213,18 @@ impl<N: Nic> Node<N> {
     /// does this over two-sided messages in a deployment).
     ///
     /// # Errors
-    /// [`Error::Register`].
+    /// [`Error::Register`]; [`Error::Engine`] when the DCT (or the
+    /// handshake endpoint) cannot be created.
     pub fn register_in(&self, meta: &MetaHost<N>) -> Result<()> {
+        // Made (on first need) before the table's lock is taken: the DCT,
+        // and in DC mode with the upgrade endpoint its name beside the
+        // DCT's (a registered node answers upgrades).
+        let target = self.local_target()?;
+        let hs = self.inner.engine.handshake_entry()?;
         let mut m = meta.lock();
-        let r = m
-            .table_mut()
-            .register(self.local_target(), 0, EMBEDDED_LEASE_MS, 0);
+        let r = m.table_mut().register(target, 0, EMBEDDED_LEASE_MS, 0);
         self.registered(r)?;
-        // DC mode with the upgrade endpoint: its name beside the DCT's.
-        if let Some(hs) = self.inner.engine.handshake_entry() {
+        if let Some(hs) = hs {
             let r = m.table_mut().register(hs, 0, EMBEDDED_LEASE_MS, 0);
             self.registered(r)?;
         }
@@ -254,7 +262,7 @@ impl<N: Nic> Node<N> {
                 let r = h
                     .host
                     .table()
-                    .register(self.local_target(), 0, EMBEDDED_LEASE_MS, 0);
+                    .register(self.local_target()?, 0, EMBEDDED_LEASE_MS, 0);
                 self.registered(r)
             }
         }

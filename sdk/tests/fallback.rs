@@ -78,7 +78,7 @@ fn with_nic_runs_the_handshake_thread() {
     hosted
         .host()
         .table()
-        .register(other.local_target(), 0, 1 << 40, 0)
+        .register(other.local_target().unwrap(), 0, 1 << 40, 0)
         .unwrap();
     let region = other.alloc(64, Access::ALL).unwrap();
     region.store_u64(0, 5).unwrap();

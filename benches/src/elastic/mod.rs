@@ -12,9 +12,9 @@
 //! |---|---|---|
 //! | `exec` | process start until `main` | same |
 //! | `device` | open the fabric, find the cluster, open the NIC | same |
-//! | `context` | engine start: DCT, meta client, with the upgrade its handshake UD endpoint; no DCI (a small pool, `--pool-size`, created on demand) | PD + CQ |
-//! | `connect` | one VQP per memory node (DCCache/meta READ), scratch MR (the allocation UD QP is created on the first allocation, which a get never makes) | per memory node: RC QP on both sides, QPN swap over loopback TCP, RTR/RTS; scratch MR, UD QP |
-//! | `first_get` | open the RACE client, first get (krcore: creates the first DCI) | same |
+//! | `context` | engine start: a PD and nothing else (no QP: the DCT, the meta client's VQP and the upgrade's handshake endpoint are created on first need, which a compute node's join never has except the meta VQP, which shares DCI 0) | PD + CQ |
+//! | `connect` | one VQP per memory node (the first creates DCI 0 of a small pool, `--pool-size`; DCCache/meta READ through it), scratch MR (the allocation UD QP is created on the first allocation, which a get never makes) | per memory node: RC QP on both sides, QPN swap over loopback TCP, RTR/RTS; scratch MR, UD QP |
+//! | `first_get` | open the RACE client, first get | same |
 //!
 //! *Measured software time* is the wall time of these phases on this
 //! machine (the sim executes the verbs; under a latency model data-path
@@ -32,11 +32,13 @@
 //! # Engine start
 //! In KRCore the DC pool is created once per host when the kernel module
 //! loads, not per application. Here every compute process starts its own
-//! engine; the driver keeps that start cheap (no DCI prestarted, a pool of
-//! `--pool-size` DCIs created on demand) and the headline join
-//! ([`JoinRecord::modeled_us`], [`JoinRecord::measured_us`]) includes it.
-//! [`JoinRecord::app_modeled_us`] leaves the `context` phase out (the
-//! KRCore setting with the pool up at boot) and is reported as the split.
+//! engine, and the headline join ([`JoinRecord::modeled_us`],
+//! [`JoinRecord::measured_us`]) includes it. The engine start is lazy (see
+//! `krcore_kmod::Engine::start`): it creates no QP, and the join creates
+//! one, DCI 0 of a pool of `--pool-size` DCIs created on demand, which the
+//! meta lookups share. [`JoinRecord::app_modeled_us`] leaves the `context`
+//! phase out (the KRCore setting with the pool up at boot) and is reported
+//! as the split.
 //!
 //! # Throughput timeline
 //! Each process counts completed gets per 100 ms bucket (absolute bucket
@@ -145,6 +147,13 @@ pub struct EngineSummary {
     /// Upgrade attempts that failed (the VQP stayed on its DCI).
     #[serde(default)]
     pub rc_upgrade_failures: u64,
+    /// DCTs created (0 until the node must be reachable; a compute node
+    /// never is).
+    #[serde(default)]
+    pub dcts_created: u64,
+    /// Handshake endpoints created (0 until the node's first upgrade).
+    #[serde(default)]
+    pub handshake_endpoints_created: u64,
 }
 
 /// A change of a compute process's upgrade counters, seen while it ran

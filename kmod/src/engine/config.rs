@@ -22,8 +22,10 @@ pub struct EngineConfig {
     /// Most DC initiators in the pool (DC mode). Default: [`DCIS_PER_CPU`]
     /// times the CPUs available to the process.
     pub pool_size: usize,
-    /// DCIs created at start (the rest on demand, by `create_vqp`, up to
-    /// `pool_size`; DC mode). Default 1.
+    /// DCIs created at start (the rest on demand, by `create_vqp` and the
+    /// first meta lookup, up to `pool_size`; DC mode). Default 0: the
+    /// first VQP creates DCI 0, so an engine start creates no QP (see
+    /// [`super::Engine::start`]).
     pub prestart: usize,
     /// Send-queue depth of each DCI, and in RC fallback mode of each RC QP
     /// (its CQ has as many entries). Default 128.
@@ -67,6 +69,10 @@ pub struct EngineConfig {
     /// [`super::Engine::progress`] for this node to accept connections
     /// (its own connects drive its endpoint while they wait). Default false:
     /// the engine starts no thread unless asked; the SDK turns it on.
+    /// DC mode with `upgrade_endpoint`: the thread starts when the
+    /// endpoint becomes reachable ([`super::Engine::handshake_entry`], or
+    /// `eager_start`); an endpoint made by the node's own first upgrade
+    /// runs none (its handshakes drive it).
     pub handshake_thread: bool,
     /// Two-sided messaging (DC mode): inline threshold, windows, buffers.
     pub msg: MsgConfig,
@@ -87,6 +93,15 @@ pub struct EngineConfig {
     /// [`super::Engine::local_target`]. Answered from the thread of
     /// `handshake_thread`, or [`super::Engine::progress`]. Default false.
     pub upgrade_endpoint: bool,
+    /// DC mode: create at start what is otherwise created on first need:
+    /// the DCT with its SRQ and receive CQ (first need: the node must be
+    /// reachable, see [`super::Engine::local_target`]) and, with
+    /// `upgrade_endpoint`, the handshake endpoint (first need: see
+    /// [`super::Engine::handshake_entry`]). For a node that is reached
+    /// anyway (a memory node) and should not pay for it later, or that
+    /// forks children before it registers. Default false: a node that only
+    /// issues one-sided operations never creates them.
+    pub eager_start: bool,
 }
 
 impl Default for EngineConfig {
@@ -94,7 +109,7 @@ impl Default for EngineConfig {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         EngineConfig {
             pool_size: DCIS_PER_CPU * cpus,
-            prestart: 1,
+            prestart: 0,
             dci_depth: 128,
             vqp_depth: 128,
             policy: Policy::default(),
@@ -114,6 +129,7 @@ impl Default for EngineConfig {
             msg: MsgConfig::default(),
             upgrade_after: None,
             upgrade_endpoint: false,
+            eager_start: false,
         }
     }
 }
@@ -160,6 +176,13 @@ impl EngineConfig {
     /// or off.
     pub fn with_upgrade_endpoint(mut self, on: bool) -> EngineConfig {
         self.upgrade_endpoint = on;
+        self
+    }
+
+    /// With the DCT (and the upgrade's handshake endpoint) created at start
+    /// (`true`) or on first need (`false`, the default).
+    pub fn with_eager_start(mut self, on: bool) -> EngineConfig {
+        self.eager_start = on;
         self
     }
 

@@ -116,6 +116,17 @@ pub enum EngineError {
         /// What happened to the READ.
         failure: MetaFailure,
     },
+    /// DC mode: the meta client's READ could not be posted on DCI 0 of the
+    /// pool (its shared send queue stayed full for `reclaim_timeout`, or
+    /// the provider refused the post).
+    #[error("meta lookup of {gid}: the table READ could not be posted: {source}")]
+    MetaPost {
+        /// The GID looked up.
+        gid: Gid,
+        /// Why.
+        #[source]
+        source: VqpError,
+    },
     /// Every READ of the bucket found it torn or corrupt.
     #[error("meta table bucket of {gid} unreadable after {attempts} READs: {last}")]
     MetaInconsistent {

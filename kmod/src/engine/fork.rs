@@ -21,10 +21,23 @@
 //!   pass the pre-check; the parent and child must agree who writes what),
 //!   the DCCache (its private copy, warm).
 //! - **Refused with typed errors** (the flag [`ForkKit::adopt`] sets):
-//!   DCCache misses (the meta client's QP is the parent's:
+//!   DCCache misses (the meta client's VQP and buffer are the parent's:
 //!   [`EngineError::Unsupported`]), new MRs (the sim's allocator state is
 //!   per process: [`EngineError::Unsupported`]), messaging (the SRQ and its
 //!   CQ are the parent's: `MsgError::Unsupported`).
+//! - **Lazy resources** (see [`super::Engine::start`]): what the parent had
+//!   not created before the fork is refused in the child, typed
+//!   ([`EngineError::Unsupported`]; a child creates no NIC object): the
+//!   DCT ([`super::Engine::local_target`]) and the upgrade's handshake
+//!   endpoint ([`super::Engine::handshake_entry`], so a VQP's DC -> RC
+//!   upgrade fails and the VQP stays on its DCI). What the parent had
+//!   created is the parent's: `local_target` and `handshake_entry` return
+//!   the parent's addresses (the same node), and the DCT's SRQ still
+//!   belongs to the parent (messaging stays refused). The meta client's
+//!   READ buffer and its VQP on the parent's DCI 0 are never used by the
+//!   child (its DCCache misses are refused). A parent that wants its
+//!   addresses fixed before forking creates them first (`local_target`,
+//!   `handshake_entry`) or starts with `EngineConfig::eager_start`.
 //! - **Must not touch**: VQPs created before the fork (they post on the
 //!   parent's DCIs), the parent's DCIs, CQs, DCT and SRQ; and it must not
 //!   return past the fork point or run destructors of inherited objects

@@ -1,13 +1,26 @@
 //! The meta client: one one-sided READ of the meta server's table bucket per
 //! DCCache miss.
 //!
-//! The READ goes through a DC initiator the engine owns for its own traffic
-//! (created at start, so a miss creates no QP), not through a data DCI: a
-//! dead meta server fails the READ with `RETRY_EXC_ERR`, which moves the
-//! initiator to ERR, and on a data DCI that would flush every other VQP's
-//! work. The meta DCI is reset and brought up again after any failure.
-//! Lookups serialize on the meta DCI's lock (each holds it for one READ round
-//! trip, plus retries); the data path never takes it.
+//! # DC mode: READs through DCI 0 of the pool
+//!
+//! The client owns no QP. Its READs go through DCI 0 of the engine's pool
+//! as a VQP of the engine's own ([`META_VQP`], the last VQP id, never handed
+//! to a user), with a READ buffer registered as an owned MR: the same
+//! pre-check, credits, wr_id routing and recovery as every VQP. Both are
+//! made at the first lookup (the DCI only if the pool is still empty: a
+//! compute node's first VQP usually made it already), so the engine start
+//! creates nothing for the meta client and a join costs no QP for it.
+//!
+//! A dead meta server fails the READ with `RETRY_EXC_ERR`, which moves the
+//! DCI to ERR. The pool's recovery handles that as for any VQP (see
+//! `physqp`): the meta VQP is the guilty one and gets the error; every other
+//! VQP's WRs that the NIC flushed are posted again (they never executed),
+//! so the data path sees a short delay, no error. A READ whose completion
+//! does not come within `meta_timeout` is abandoned (its late completion is
+//! recognized by its wr_id and dropped). Lookups serialize on the client's
+//! lock (each holds it for one READ round trip, plus retries); the data
+//! path never takes it. The READs are left out of
+//! [`super::EngineStats::dci`] (they are counted here).
 //!
 //! # RC fallback mode
 //!
@@ -27,14 +40,22 @@ use std::time::{Duration, Instant};
 use krcore_meta::entry::EntryRepr;
 use krcore_meta::table::{find_in_bucket, Geometry};
 use krcore_meta::wire::BootstrapRepr;
+use std::sync::Arc;
+
 use krcore_nic::{
-    bring_up, Access, CompletionQueue, DcTarget, Destination, Gid, MemoryRegion, Nic, QpCaps,
-    QpInit, QpType, QueuePair, RemoteAddr, SendWr, Transition, Wc, WcStatus,
+    Access, CompletionQueue, DcTarget, Destination, Gid, MemoryRegion, Nic, QpCaps, QpInit, QpType,
+    QueuePair, RemoteAddr, SendWr, Transition, Wc, WcStatus,
 };
 use parking_lot::Mutex;
 
-use super::error::{EngineError, MetaFailure};
+use super::error::{EngineError, MetaFailure, VqpError};
+use super::mrs::OwnedMr;
+use super::physqp::{DciStats, PhysQp, PostFail};
 use super::responder::HandshakeResponder;
+use super::vqp::VqpState;
+use super::EngineInner;
+use crate::dccache::CachedTarget;
+use crate::wrid::VqpId;
 
 /// Where the meta server's table is: what a client needs to READ it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,40 +105,77 @@ pub struct MetaStats {
     pub torn_retries: u64,
     /// Lookups that failed because the server did not answer.
     pub unavailable: u64,
-    /// Resets of the meta QP after a failed READ.
+    /// RC fallback mode: resets of the meta QP after a failed READ (DC
+    /// mode: a failed READ's recovery of DCI 0 is counted in the engine's
+    /// `dci.recoveries`).
     pub resets: u64,
     /// RC fallback mode: handshakes with the meta node.
     pub handshakes: u64,
 }
 
-/// The meta client's QP: a DCI, or an RC QP paired with the meta node.
+/// The last VQP id: the meta client's VQP on DCI 0 (DC mode).
+/// [`super::Engine::create_vqp`] never hands it out.
+pub(crate) const META_VQP: VqpId = VqpId::MAX;
+
+/// Completions taken from the meta VQP's ring per poll.
+const POLL_BATCH: usize = 4;
+
+/// How long a lookup spins for its READ's completion before it yields
+/// between polls.
+const SPIN_FOR: Duration = Duration::from_micros(200);
+
+/// The meta client's path to the table.
 enum MetaLink<N: Nic> {
-    Dci,
-    Rc {
-        hs: HandshakeResponder<N>,
-        /// The nonce of the pairing while the QP is paired (RTS).
-        paired: Option<u64>,
+    /// DC mode before the first lookup: nothing created.
+    Idle,
+    /// DC mode: the meta VQP on DCI 0 of the pool and its READ buffer.
+    Pool {
+        dci: Arc<PhysQp<N>>,
+        buf: OwnedMr<N>,
     },
+    /// RC fallback mode: an RC QP of the client's own.
+    Rc(RcLink<N>),
 }
 
-struct MetaDci<N: Nic> {
+/// RC fallback mode: the client's RC QP, paired with the meta node.
+struct RcLink<N: Nic> {
     qp: N::Qp,
     cq: N::Cq,
     buf: N::Mr,
+    hs: HandshakeResponder<N>,
+    /// The nonce of the pairing while the QP is paired (RTS).
+    paired: Option<u64>,
+}
+
+/// The meta VQP's share of DCI 0's statistics (left out of the engine's).
+#[derive(Debug, Clone, Copy, Default)]
+struct DciShare {
+    doorbells: u64,
+    completions: u64,
+}
+
+struct MetaState<N: Nic> {
     next_wr_id: u64,
     stats: MetaStats,
+    share: DciShare,
     link: MetaLink<N>,
 }
 
 pub(crate) struct MetaClient<N: Nic> {
     pub(crate) location: MetaLocation,
     policy: MetaPolicy,
-    dci: Mutex<MetaDci<N>>,
+    state: Mutex<MetaState<N>>,
 }
 
 impl<N: Nic> MetaClient<N> {
-    /// A client READing through a DCI, or (with `hs`, RC fallback mode)
-    /// through an RC QP paired with the meta node by `hs`.
+    /// DC mode (`hs` is `None`): a client that creates nothing until its
+    /// first lookup (see the module docs). RC fallback mode: a client
+    /// READing through an RC QP (created here) paired with the meta node by
+    /// `hs` at the first lookup.
+    ///
+    /// # Errors
+    /// RC fallback mode: [`EngineError::NotAFallbackNode`] when the
+    /// location names a DC server; [`EngineError::Nic`].
     pub(crate) fn start(
         nic: &N,
         pd: &N::Pd,
@@ -125,76 +183,46 @@ impl<N: Nic> MetaClient<N> {
         policy: MetaPolicy,
         hs: Option<HandshakeResponder<N>>,
     ) -> Result<MetaClient<N>, EngineError> {
-        if hs.is_some() {
-            // Check the location names a handshake endpoint before use.
-            super::rc::handshake_target(&location.server)?;
-        }
-        let cq = nic
-            .create_cq(8)
-            .map_err(EngineError::nic("create the meta CQ"))?;
-        let qp = nic
-            .create_qp(
-                pd,
-                &QpInit {
-                    qp_type: if hs.is_some() {
-                        QpType::Rc
-                    } else {
-                        QpType::Dci
-                    },
-                    caps: QpCaps {
-                        max_send_wr: 4,
-                        max_recv_wr: 0,
-                        max_send_sge: 1,
-                        max_recv_sge: 0,
-                    },
-                    send_cq: &cq,
-                    recv_cq: &cq,
-                    srq: None,
-                    dc_key: 0,
-                },
-            )
-            .map_err(EngineError::nic("create the meta QP"))?;
         let link = match hs {
-            // Paired at the first lookup.
-            Some(hs) => MetaLink::Rc { hs, paired: None },
-            None => {
-                bring_up(&qp, Access::NONE, None)
-                    .map_err(EngineError::nic("bring up the meta DCI"))?;
-                MetaLink::Dci
-            }
+            None => MetaLink::Idle,
+            Some(hs) => MetaLink::Rc(RcLink::start(nic, pd, &location, hs)?),
         };
-        let buf = nic
-            .alloc_mr(pd, location.geometry.bucket_len(), Access::LOCAL_WRITE)
-            .map_err(EngineError::nic("allocate the meta READ buffer"))?;
         Ok(MetaClient {
             location,
             policy,
-            dci: Mutex::new(MetaDci {
-                qp,
-                cq,
-                buf,
+            state: Mutex::new(MetaState {
                 next_wr_id: 1,
                 stats: MetaStats::default(),
+                share: DciShare::default(),
                 link,
             }),
         })
     }
 
     pub(crate) fn stats(&self) -> MetaStats {
-        self.dci.lock().stats
+        self.state.lock().stats
+    }
+
+    /// Takes the meta VQP's READs out of `dci` (the pool's summed
+    /// statistics).
+    pub(crate) fn exclude_from(&self, dci: &mut DciStats) {
+        let st = self.state.lock();
+        dci.doorbells = dci.doorbells.saturating_sub(st.share.doorbells);
+        dci.wrs = dci.wrs.saturating_sub(st.share.doorbells);
+        dci.completions = dci.completions.saturating_sub(st.share.completions);
     }
 
     /// RC fallback mode: tells the meta node the pair is going away (best
     /// effort), so that it frees its end.
     pub(crate) fn close(&self) {
-        let mut dci = self.dci.lock();
-        let qpn = dci.qp.qpn();
-        if let MetaLink::Rc { hs, paired } = &mut dci.link {
+        let mut st = self.state.lock();
+        if let MetaLink::Rc(l) = &mut st.link {
+            let qpn = l.qp.qpn();
             if let (Some(nonce), Ok(target)) = (
-                paired.take(),
+                l.paired.take(),
                 super::rc::handshake_target(&self.location.server),
             ) {
-                hs.close(qpn, target, nonce);
+                l.hs.close(qpn, target, nonce);
             }
         }
     }
@@ -203,23 +231,29 @@ impl<N: Nic> MetaClient<N> {
     ///
     /// # Errors
     /// [`EngineError::MetaUnavailable`], [`EngineError::MetaInconsistent`],
-    /// [`EngineError::Nic`].
-    pub(crate) fn lookup(&self, gid: &Gid) -> Result<Option<EntryRepr>, EngineError> {
+    /// [`EngineError::Nic`]; DC mode: [`EngineError::MetaPost`] when the
+    /// READ could not be posted on DCI 0 (its send queue stayed full).
+    pub(crate) fn lookup(
+        &self,
+        eng: &EngineInner<N>,
+        gid: &Gid,
+    ) -> Result<Option<EntryRepr>, EngineError> {
         let loc = &self.location;
         let g = loc.geometry;
         let remote = loc.table.offset(g.bucket_offset(g.bucket_of(gid)));
         let len = g.bucket_len();
         let mut bytes = vec![0u8; len];
-        let mut dci = self.dci.lock();
+        let mut st = self.state.lock();
         let mut backoff = self.policy.backoff;
         let mut attempts = 0;
         loop {
             attempts += 1;
-            dci.read_bucket(remote, &mut bytes, loc.server, self.policy.timeout)
+            st.read_bucket(eng, remote, &mut bytes, loc.server, self.policy.timeout)
                 .map_err(|e| match e {
                     ReadError::Failed(failure) => {
                         EngineError::MetaUnavailable { gid: *gid, failure }
                     }
+                    ReadError::Post(source) => EngineError::MetaPost { gid: *gid, source },
                     ReadError::Nic(e) => e,
                 })?;
             match find_in_bucket(&bytes, gid) {
@@ -233,7 +267,7 @@ impl<N: Nic> MetaClient<N> {
                 }
                 Err(_) => {}
             }
-            dci.stats.torn_retries += 1;
+            st.stats.torn_retries += 1;
             if !backoff.is_zero() {
                 std::thread::sleep(backoff);
                 backoff = (backoff * 2).min(Duration::from_millis(1));
@@ -244,27 +278,177 @@ impl<N: Nic> MetaClient<N> {
 
 enum ReadError {
     Failed(MetaFailure),
+    Post(VqpError),
     Nic(EngineError),
 }
 
-impl<N: Nic> MetaDci<N> {
-    /// RC fallback mode: pairs the QP with the meta node if it is not.
-    fn pair(&mut self, server: DcTarget) -> Result<(), ReadError> {
-        let MetaLink::Rc { hs, paired } = &mut self.link else {
-            return Ok(());
+impl<N: Nic> MetaState<N> {
+    /// One READ of `out.len()` bytes at `remote`, waited for.
+    fn read_bucket(
+        &mut self,
+        eng: &EngineInner<N>,
+        remote: RemoteAddr,
+        out: &mut [u8],
+        server: DcTarget,
+        timeout: Duration,
+    ) -> Result<(), ReadError> {
+        let wr_id = self.next_wr_id;
+        self.next_wr_id += 1;
+        if let MetaLink::Rc(l) = &mut self.link {
+            return l.read_bucket(&mut self.stats, wr_id, remote, out, server, timeout);
+        }
+        if let MetaLink::Idle = self.link {
+            self.link = start_pool(eng, out.len()).map_err(ReadError::Nic)?;
+        }
+        let MetaLink::Pool { dci, buf } = &self.link else {
+            // Idle was replaced above and Rc returned: not reached.
+            return Err(ReadError::Nic(EngineError::Config(
+                "the meta client has no path to the table".into(),
+            )));
         };
-        if paired.is_some() {
+        let target = CachedTarget {
+            target: server,
+            epoch: 0,
+        };
+        // The VQP's target is cleared by a RETRY_EXC_ERR (a dead server):
+        // set it for every READ.
+        if dci
+            .with_vqp(META_VQP, |v| v.target = Some(target))
+            .is_none()
+        {
+            let mut v = VqpState::new(eng.cfg.vqp_depth);
+            v.target = Some(target);
+            dci.attach(META_VQP, v);
+        }
+        let sge = buf
+            .sge(0, out.len() as u32)
+            .map_err(|e| ReadError::Nic(EngineError::nic("meta READ buffer")(e)))?;
+        let mut wr = [SendWr::read(wr_id, sge, remote)];
+        self.stats.reads += 1;
+        match dci.post(eng, META_VQP, &mut wr) {
+            Ok(()) => self.share.doorbells += 1,
+            Err(PostFail::Vqp(e)) => return Err(ReadError::Post(e)),
+            Err(PostFail::Stale) => {
+                return Err(ReadError::Post(VqpError::NotConnected { vqp: META_VQP }))
+            }
+        }
+        let start = Instant::now();
+        let mut wcs = [Wc::default(); POLL_BATCH];
+        let status = 'wait: loop {
+            let n = match dci.poll(eng, META_VQP, &mut wcs) {
+                Ok(Some(n)) => n,
+                // The state is gone from the DCI (never detached: not
+                // expected); the next lookup attaches a fresh one.
+                Ok(None) => return Err(ReadError::Post(VqpError::NotConnected { vqp: META_VQP })),
+                Err(e) => return Err(ReadError::Post(e)),
+            };
+            self.share.completions += n as u64;
+            // Others are late completions of abandoned READs.
+            if let Some(wc) = wcs[..n].iter().find(|wc| wc.wr_id == wr_id) {
+                break 'wait Some(wc.status);
+            }
+            if n == 0 {
+                let waited = start.elapsed();
+                if waited > timeout {
+                    break None;
+                }
+                // A READ completes in microseconds: spin (yielding would
+                // hand the CPU to any busy process for a whole time slice
+                // per lookup on a loaded host); past SPIN_FOR, yield.
+                if waited < SPIN_FOR {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+        };
+        match status {
+            Some(WcStatus::Success) => buf
+                .read(0, out)
+                .map_err(|e| ReadError::Nic(EngineError::nic("meta READ buffer")(e))),
+            other => {
+                self.stats.unavailable += 1;
+                Err(ReadError::Failed(match other {
+                    Some(s) => MetaFailure::Completion(s),
+                    None => MetaFailure::Timeout(timeout),
+                }))
+            }
+        }
+    }
+}
+
+/// DC mode, the first lookup: DCI 0 (created if the pool is empty), the
+/// meta VQP on it and its READ buffer (an owned MR: the pre-check knows its
+/// lkey).
+fn start_pool<N: Nic>(eng: &EngineInner<N>, len: usize) -> Result<MetaLink<N>, EngineError> {
+    let dci = eng.first_dci()?;
+    let mr = eng
+        .nic
+        .alloc_mr(&eng.pd, len, Access::LOCAL_WRITE)
+        .map_err(EngineError::nic("allocate the meta READ buffer"))?;
+    let buf = OwnedMr::new(mr, &eng.mrs);
+    dci.attach(META_VQP, VqpState::new(eng.cfg.vqp_depth));
+    Ok(MetaLink::Pool { dci, buf })
+}
+
+impl<N: Nic> RcLink<N> {
+    /// The RC QP (in RESET until the first lookup pairs it) and its READ
+    /// buffer.
+    fn start(
+        nic: &N,
+        pd: &N::Pd,
+        location: &MetaLocation,
+        hs: HandshakeResponder<N>,
+    ) -> Result<RcLink<N>, EngineError> {
+        // Check the location names a handshake endpoint before use.
+        super::rc::handshake_target(&location.server)?;
+        let cq = nic
+            .create_cq(8)
+            .map_err(EngineError::nic("create the meta CQ"))?;
+        let qp = nic
+            .create_qp(
+                pd,
+                &QpInit {
+                    qp_type: QpType::Rc,
+                    caps: QpCaps {
+                        max_send_wr: 4,
+                        max_recv_wr: 0,
+                        max_send_sge: 1,
+                        max_recv_sge: 0,
+                    },
+                    send_cq: &cq,
+                    recv_cq: &cq,
+                    srq: None,
+                    dc_key: 0,
+                },
+            )
+            .map_err(EngineError::nic("create the meta QP"))?;
+        let buf = nic
+            .alloc_mr(pd, location.geometry.bucket_len(), Access::LOCAL_WRITE)
+            .map_err(EngineError::nic("allocate the meta READ buffer"))?;
+        Ok(RcLink {
+            qp,
+            cq,
+            buf,
+            hs,
+            paired: None,
+        })
+    }
+
+    /// Pairs the QP with the meta node if it is not.
+    fn pair(&mut self, stats: &mut MetaStats, server: DcTarget) -> Result<(), ReadError> {
+        if self.paired.is_some() {
             return Ok(());
         }
-        self.stats.handshakes += 1;
+        stats.handshakes += 1;
         let target = super::rc::handshake_target(&server).map_err(ReadError::Nic)?;
-        match super::rc::pair_with(hs, &self.qp, target) {
+        match super::rc::pair_with(&self.hs, &self.qp, target) {
             Ok(nonce) => {
-                *paired = Some(nonce);
+                self.paired = Some(nonce);
                 Ok(())
             }
             Err(EngineError::Handshake { failure, .. }) => {
-                self.stats.unavailable += 1;
+                stats.unavailable += 1;
                 Err(ReadError::Failed(MetaFailure::Handshake(failure)))
             }
             Err(e) => Err(ReadError::Nic(e)),
@@ -274,28 +458,24 @@ impl<N: Nic> MetaDci<N> {
     /// One READ of `out.len()` bytes at `remote`, waited for.
     fn read_bucket(
         &mut self,
+        stats: &mut MetaStats,
+        wr_id: u64,
         remote: RemoteAddr,
         out: &mut [u8],
         server: DcTarget,
         timeout: Duration,
     ) -> Result<(), ReadError> {
         let nic = |op| move |e| ReadError::Nic(EngineError::nic(op)(e));
-        self.pair(server)?;
-        let wr_id = self.next_wr_id;
-        self.next_wr_id += 1;
+        self.pair(stats, server)?;
         let sge = self
             .buf
             .sge(0, out.len() as u32)
             .map_err(nic("meta READ buffer"))?;
-        let dest = match self.link {
-            MetaLink::Dci => Destination::Dc(server),
-            MetaLink::Rc { .. } => Destination::Connected,
-        };
-        let wr = SendWr::read(wr_id, sge, remote).to(dest);
-        self.stats.reads += 1;
+        let wr = SendWr::read(wr_id, sge, remote).to(Destination::Connected);
+        stats.reads += 1;
         if let Err(e) = self.qp.post_send(&[wr]) {
             // Not in RTS (a reset that failed half way): re-arm and report.
-            self.rearm().map_err(nic("re-arm the meta QP"))?;
+            self.rearm(stats).map_err(nic("re-arm the meta QP"))?;
             return Err(ReadError::Nic(EngineError::Config(format!(
                 "meta QP refused the READ: {e}"
             ))));
@@ -316,8 +496,8 @@ impl<N: Nic> MetaDci<N> {
                 Ok(())
             }
             other => {
-                self.stats.unavailable += 1;
-                self.rearm().map_err(nic("re-arm the meta QP"))?;
+                stats.unavailable += 1;
+                self.rearm(stats).map_err(nic("re-arm the meta QP"))?;
                 Err(ReadError::Failed(match other {
                     Some(s) => MetaFailure::Completion(s),
                     None => MetaFailure::Timeout(timeout),
@@ -326,19 +506,14 @@ impl<N: Nic> MetaDci<N> {
         }
     }
 
-    /// Reset (discarding whatever is outstanding) and RESET -> RTS again
-    /// (a DCI), or left in RESET to be paired again by the next lookup (RC).
-    fn rearm(&mut self) -> krcore_nic::Result<()> {
-        self.stats.resets += 1;
+    /// Reset (discarding whatever is outstanding), left in RESET to be
+    /// paired again by the next lookup.
+    fn rearm(&mut self, stats: &mut MetaStats) -> krcore_nic::Result<()> {
+        stats.resets += 1;
         self.qp.modify(Transition::Reset)?;
         let mut wc = [Wc::default(); 4];
         while self.cq.poll(&mut wc)? > 0 {}
-        match &mut self.link {
-            MetaLink::Dci => bring_up(&self.qp, Access::NONE, None),
-            MetaLink::Rc { paired, .. } => {
-                *paired = None;
-                Ok(())
-            }
-        }
+        self.paired = None;
+        Ok(())
     }
 }

@@ -15,28 +15,54 @@
 //!   |         in one process share nothing)
 //!   |- PD
 //!   |- DC mode:
-//!   |   |- DCT + SRQ + receive CQ   incoming two-sided traffic: messaging
+//!   |   |- DCT + SRQ + receive CQ   (lazy: first need) incoming traffic:
+//!   |   |                           peers' one-sided ops, messaging
 //!   |   |                           (msg*.rs: ports, endpoints; made at the
 //!   |   |                           first bind/endpoint, own locks)
 //!   |   |- DCI pool [0..pool_size)  created lazily, each with its own send CQ
 //!   |   |     `- per-QP lock: credits, the state of the VQPs bound to it
 //!   |   |                     (slots, rings, targets, grants), MR snapshot
-//!   |   `- with upgrade_endpoint: a handshake endpoint and RC pairs (as in
-//!   |         the RC fallback) for upgraded VQPs (`upgrade`: DC -> RC)
+//!   |   `- with upgrade_endpoint: a handshake endpoint (lazy: first need)
+//!   |         and RC pairs (as in the RC fallback) for upgraded VQPs
+//!   |         (`upgrade`: DC -> RC)
 //!   |- RC fallback mode:
 //!   |   |- handshake endpoint       UD QP (instead of a DCT) + passive RC QPs
 //!   |   |                           (peers' ends), progress() / its thread
 //!   |   `- RC pairs (LRU, rc_cap)   one RC QP per target, own send CQ,
 //!   |         `- per-QP lock        the same state as a DCI's
 //!   |- DcCache                      lock-free reads, per-bucket writers
-//!   |- meta client                  own DCI (RC mode: own RC QP) + READ
-//!   |                               buffer, own lock
+//!   |- meta client                  DC: a VQP of its own on DCI 0 + READ
+//!   |                               buffer (lazy: first lookup); RC mode:
+//!   |                               own RC QP; own lock
 //!   `- owned MRs                    copy-on-write map + generation
 //! Vqp<N>  DC: bound round-robin to one DCI (while upgraded, its state sits
 //!         on its target's RC pair); RC: bound at connect to its target's
 //!         pair. Its state (slot table, completion ring, target, known
 //!         grants) lives in that QP, under the QP's lock
 //! ```
+//!
+//! # What is created when (DC mode)
+//!
+//! [`Engine::start`] creates the PD and `prestart` DCIs (0: none), nothing
+//! else. Everything else is created on first need, exactly once however
+//! many threads need it at the same moment (the `lazy` module: a
+//! `OnceLock` whose creation runs under a mutex of its own; a failed
+//! creation keeps nothing and is retried by the next need; errors are typed,
+//! never a panic):
+//!
+//! | resource                     | first need                               |
+//! |------------------------------|------------------------------------------|
+//! | a DCI of the pool            | `create_vqp` (round-robin, up to `pool_size`); DCI 0 also by the first meta lookup |
+//! | DCT + SRQ + receive CQ       | the node must be reachable: [`Engine::local_target`] (what a node registers with the meta server), [`Engine::alloc_mr`] with remote access, the first messaging port or endpoint |
+//! | meta client's VQP + buffer   | the first DCCache miss (one MR; no QP: it shares DCI 0) |
+//! | handshake endpoint (upgrade) | [`Engine::handshake_entry`] (a target registers it: it answers from then on), or the node's first upgrade as initiator |
+//!
+//! `EngineConfig::eager_start` creates the DCT and the handshake endpoint
+//! at start instead (a memory node reached anyway). A compute node that
+//! only issues one-sided operations thus creates one QP (its first VQP's
+//! DCI) before its first get. In a forked child nothing is created (see
+//! [`ForkKit`]). RC fallback mode creates its handshake endpoint (the
+//! node's address) and the meta client's RC QP at start.
 //!
 //! # What takes which lock
 //!
@@ -46,11 +72,16 @@
 //! |                      | (RC: first the VQP's binding, for an `Arc` clone)|
 //! | `connect`, hit       | none (DCCache seqlock read), then the VQP's QP   |
 //! |                      | (RC: the binding's, the pair map's briefly)      |
-//! | `connect`, miss      | the meta QP's (one READ round trip)             |
+//! | `connect`, miss      | the meta client's (one READ round trip; DC: the  |
+//! |                      | posts and polls take DCI 0's lock briefly)      |
+//! | first need of a lazy | its creation lock (once; never on a data path)  |
+//! | resource             |                                                 |
 //! | RC: new pair         | the pair cache's creation lock (one handshake)  |
 //! | `create_vqp`         | the pool's (creating a DCI when below the cap)  |
 //! | DC upgrade, upgraded | the VQP's binding lock, then a QP's; a new pair: |
-//! | post                 | the pair cache's locks (one handshake)          |
+//! | post                 | the builder's queue lock (the handshake runs on |
+//! |                      | the engine's builder thread; a hint: the pair   |
+//! |                      | cache's locks, one handshake, on its thread)    |
 //! | `alloc_mr`, MR drop  | the MR map's (posts see it through one atomic)  |
 //! | messaging receive    | the node's receive lock (try-lock), then a      |
 //! |                      | port's or endpoint's state lock (see `msg`)     |
@@ -78,6 +109,7 @@ mod config;
 mod error;
 mod fork;
 mod idhash;
+mod lazy;
 mod meta;
 mod mrs;
 mod msg;
@@ -118,10 +150,14 @@ pub use vqp::Vqp;
 use crate::dccache::{CachedTarget, DcCache, Insert};
 use crate::precheck::Policy;
 use crate::wrid::VqpId;
+use lazy::Lazy;
 use meta::{MetaClient, MetaPolicy};
 use mrs::MrRegistry;
 use physqp::PhysQp;
 use rc::RcPool;
+
+/// The access flags that make an MR something peers use.
+const REMOTE_ACCESS: Access = Access(Access::ALL.0 & !Access::LOCAL_WRITE.0);
 
 /// How the engine reaches other nodes, decided at start from the device's
 /// capabilities ([`krcore_nic::DeviceCaps::dc`]).
@@ -161,8 +197,19 @@ pub struct EngineStats {
     pub connect_misses: u64,
     /// The meta client's statistics.
     pub meta: MetaStats,
-    /// The DCIs' statistics, summed.
+    /// The DCIs' statistics, summed: the VQPs' traffic. DC mode: the meta
+    /// client's READs share DCI 0 but are left out here (doorbells, WRs and
+    /// completions; they are counted in `meta`); a failed one's recovery of
+    /// the DCI is counted.
     pub dci: DciStats,
+    /// DC mode: DCTs (each with its SRQ and receive CQ) created: 0 until
+    /// first need (see [`Engine::local_target`]), then 1, however many
+    /// threads needed it at once.
+    pub dcts_created: u32,
+    /// Handshake endpoints created: 1 in RC fallback mode (at start); DC
+    /// mode with `upgrade_endpoint`: 0 until first need (see
+    /// [`Engine::handshake_entry`]), then 1.
+    pub handshake_endpoints_created: u32,
     /// RC fallback mode (DC mode: the upgraded VQPs'): the RC pairs
     /// (their queues' statistics in `rc.qp`).
     pub rc: RcStats,
@@ -191,6 +238,8 @@ impl Default for EngineStats {
             connect_misses: 0,
             meta: MetaStats::default(),
             dci: DciStats::default(),
+            dcts_created: 0,
+            handshake_endpoints_created: 0,
             rc: RcStats::default(),
             handshake: HandshakeStats::default(),
             owned_mrs: 0,
@@ -201,7 +250,8 @@ impl Default for EngineStats {
     }
 }
 
-/// DC mode: the DCT peers reach this node through.
+/// DC mode: the DCT peers reach this node through. Created on first need
+/// ([`EngineInner::receiver`]), or at start with `EngineConfig::eager_start`.
 struct Receiver<N: Nic> {
     /// Receive CQ and SRQ: drained and refilled by messaging (`msg`).
     cq: N::Cq,
@@ -209,20 +259,46 @@ struct Receiver<N: Nic> {
     dct: N::Qp,
 }
 
-/// RC fallback mode: the handshake endpoint (instead of a DCT) and the RC
-/// pairs (instead of a DCI pool). DC mode with `upgrade_endpoint`: the same,
-/// beside the DCT and the DCIs, for the DC -> RC upgrade.
-struct Fallback<N: Nic> {
+/// A handshake endpoint (UD QP) and, with `handshake_thread`, the thread
+/// answering it once peers can reach it (see [`HsEndpoint::reachable`]).
+struct HsEndpoint<N: Nic> {
     hs: HandshakeResponder<N>,
-    pool: RcPool<N>,
     /// Dropped (stopped and joined) with the engine.
-    _thread: Option<ProgressThread>,
+    thread: Lazy<ProgressThread>,
+}
+
+impl<N: Nic> HsEndpoint<N> {
+    /// Peers can reach the endpoint from now on (its entry is registered,
+    /// or it is the node's address): with `handshake_thread`, start the
+    /// thread answering them (once). Before, the endpoint only carries this
+    /// node's own handshakes, which drive it while they wait: a node that
+    /// only initiates upgrades runs no thread.
+    fn reachable(&self, eng: &EngineInner<N>) -> Result<(), EngineError> {
+        if eng.cfg.handshake_thread {
+            eng.create_once(
+                &self.thread,
+                "starting the handshake thread in a forked child",
+                || self.hs.spawn_progress(),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// RC fallback mode: the handshake endpoint (instead of a DCT; created at
+/// start: it is the node's address) and the RC pairs (instead of a DCI
+/// pool). DC mode with `upgrade_endpoint`: the same, beside the DCT and the
+/// DCIs, for the DC -> RC upgrade; the endpoint is then created on first
+/// need ([`EngineInner::handshake_endpoint`]).
+struct Fallback<N: Nic> {
+    ep: Lazy<HsEndpoint<N>>,
+    pool: RcPool<N>,
 }
 
 /// What the engine runs on: a DCT in DC mode, a handshake endpoint and RC
 /// pairs in RC fallback mode.
 enum Transport<N: Nic> {
-    Dc(Receiver<N>),
+    Dc(Lazy<Receiver<N>>),
     Rc(Box<Fallback<N>>),
 }
 
@@ -259,13 +335,41 @@ pub(crate) struct EngineInner<N: Nic> {
 }
 
 impl<N: Nic> EngineInner<N> {
-    /// The handshake endpoint (RC fallback mode).
-    /// DC mode: the upgrade's endpoint, if configured.
+    /// The handshake endpoint (RC fallback mode). DC mode: the upgrade's
+    /// endpoint, if configured AND created already (see
+    /// [`EngineInner::handshake_endpoint`]); never creates it.
     pub(crate) fn handshake(&self) -> Option<&HandshakeResponder<N>> {
         match &self.transport {
-            Transport::Rc(f) => Some(&f.hs),
-            Transport::Dc(_) => self.upgrade.as_ref().map(|f| &f.hs),
+            Transport::Rc(f) => f.ep.get().map(|e| &e.hs),
+            Transport::Dc(_) => self.upgrade.as_ref()?.ep.get().map(|e| &e.hs),
         }
+    }
+
+    /// The handshake endpoint, created on first need in DC mode with
+    /// `upgrade_endpoint` (exactly once, see [`lazy`]): by the first upgrade
+    /// this node initiates, or by [`Engine::handshake_entry`] (a node that
+    /// is an upgrade target registers that entry, which creates the
+    /// endpoint first). Its thread (`cfg.handshake_thread`) starts when it
+    /// becomes reachable ([`HsEndpoint::reachable`]), not here.
+    ///
+    /// # Errors
+    /// [`EngineError::Unsupported`] in DC mode without `upgrade_endpoint`,
+    /// or when it must be created in a forked child; [`EngineError::Nic`]
+    /// when the device refuses the UD QP (nothing is kept; the next call
+    /// tries again).
+    pub(crate) fn handshake_endpoint(&self) -> Result<&HandshakeResponder<N>, EngineError> {
+        let f = match &self.transport {
+            Transport::Rc(f) => f,
+            Transport::Dc(_) => self.upgrade.as_ref().ok_or(EngineError::Unsupported {
+                reason: "RC pairs exist only in RC fallback mode or with upgrade_endpoint",
+            })?,
+        };
+        self.create_once(
+            &f.ep,
+            "creating the handshake endpoint in a forked child",
+            || start_endpoint(&self.nic, &self.pd, &self.cfg, false),
+        )
+        .map(|e| &e.hs)
     }
 
     /// The RC pairs (RC fallback mode).
@@ -275,6 +379,55 @@ impl<N: Nic> EngineInner<N> {
             Transport::Rc(f) => Some(&f.pool),
             Transport::Dc(_) => self.upgrade.as_ref().map(|f| &f.pool),
         }
+    }
+
+    /// DC mode: the DCT with its SRQ and receive CQ, created on first need
+    /// (exactly once, see [`lazy`]): when the node must be reachable, i.e.
+    /// by [`Engine::local_target`] (what a node registers with the meta
+    /// server), by [`Engine::alloc_mr`] with remote access, and by the first
+    /// messaging port or endpoint (`msg`).
+    ///
+    /// # Errors
+    /// [`EngineError::Unsupported`] in RC fallback mode (no DCT), or when it
+    /// must be created in a forked child; [`EngineError::Nic`] when the
+    /// device refuses a resource (nothing is kept; the next call tries
+    /// again).
+    fn receiver(&self) -> Result<&Receiver<N>, EngineError> {
+        let Transport::Dc(r) = &self.transport else {
+            return Err(EngineError::Unsupported {
+                reason: "RC fallback mode has no DCT (its handshake endpoint is its address)",
+            });
+        };
+        self.create_once(r, "creating the DCT in a forked child", || {
+            start_receiver(&*self.nic, &self.pd, &self.cfg)
+        })
+    }
+
+    /// `lazy`'s value, created by `create` unless this is a forked child
+    /// (a child creates no NIC object: see [`fork`]).
+    fn create_once<'a, T>(
+        &self,
+        lazy: &'a Lazy<T>,
+        in_child: &'static str,
+        create: impl FnOnce() -> Result<T, EngineError>,
+    ) -> Result<&'a T, EngineError> {
+        if let Some(v) = lazy.get() {
+            return Ok(v);
+        }
+        fork::refuse_in_child(self, in_child)?;
+        lazy.get_or_try_init(create)
+    }
+
+    /// DCI 0 of the pool, created if the pool is empty (the meta client's
+    /// READs go through it).
+    pub(crate) fn first_dci(&self) -> Result<Arc<PhysQp<N>>, EngineError> {
+        let mut pool = self.pool.lock();
+        if let Some(d) = pool.first() {
+            return Ok(d.clone());
+        }
+        let d = Arc::new(PhysQp::dci(self, 0)?);
+        pool.push(d.clone());
+        Ok(d)
     }
 
     fn mode(&self) -> EngineMode {
@@ -291,13 +444,16 @@ impl<N: Nic> Drop for EngineInner<N> {
     /// effort: a lost Close leaves an end until its responder needs room).
     fn drop(&mut self) {
         if let Transport::Rc(f) = &self.transport {
-            f.pool.close_all(&f.hs);
+            if let Some(e) = f.ep.get() {
+                f.pool.close_all(&e.hs);
+            }
             if let Some(m) = &self.meta {
                 m.close();
             }
         }
-        if let Some(f) = &self.upgrade {
-            f.pool.close_all(&f.hs);
+        // No endpoint: no pair was ever made.
+        if let Some((f, e)) = self.upgrade.as_ref().and_then(|f| Some((f, f.ep.get()?))) {
+            f.pool.close_all(&e.hs);
         }
     }
 }
@@ -332,13 +488,20 @@ impl<N: Nic> std::fmt::Debug for Engine<N> {
 impl<N: Nic> Engine<N> {
     /// Starts an engine on `nic`.
     ///
-    /// - DC mode (the device has DC): a PD, the DCT with its SRQ and
-    ///   receive CQ, `cfg.prestart` DCIs, the DCCache, and the meta client's
-    ///   DCI when `cfg.meta` is set.
+    /// - DC mode (the device has DC): a PD, `cfg.prestart` DCIs, the
+    ///   DCCache and the meta client (no QP of its own: its READs go through
+    ///   DCI 0 of the pool). Nothing else: the DCT with its SRQ and receive
+    ///   CQ is created when the node must be reachable, and with
+    ///   `upgrade_endpoint` the handshake endpoint at its first use (see
+    ///   [`Engine::local_target`], [`Engine::handshake_entry`]), unless
+    ///   `cfg.eager_start` creates both here. With `prestart` 0 the start
+    ///   creates no QP at all: a compute node that only issues one-sided
+    ///   operations creates one DCI (its first VQP's) before its first get.
     /// - RC fallback mode (no DC): a PD, the handshake endpoint (a UD QP,
-    ///   instead of a DCT; its thread when `cfg.handshake_thread`), no DCI
-    ///   pool (RC pairs are made by connects), the DCCache, and the meta
-    ///   client's RC QP when `cfg.meta` is set (paired at the first lookup).
+    ///   instead of a DCT: it is the node's address; its thread when
+    ///   `cfg.handshake_thread`), no DCI pool (RC pairs are made by
+    ///   connects), the DCCache, and the meta client's RC QP when `cfg.meta`
+    ///   is set (paired at the first lookup).
     ///   [`Engine::mode`] and [`EngineStats::mode`] say which.
     ///
     /// # Errors
@@ -355,29 +518,32 @@ impl<N: Nic> Engine<N> {
         let pd = nic
             .alloc_pd()
             .map_err(EngineError::nic("allocate the PD"))?;
-        let fallback = || -> Result<Box<Fallback<N>>, EngineError> {
-            let hs =
-                HandshakeResponder::start_shared(nic.clone(), pd.clone(), cfg.handshake.clone())?;
-            let thread = if cfg.handshake_thread {
-                Some(hs.spawn_progress()?)
-            } else {
-                None
-            };
-            Ok(Box::new(Fallback {
-                hs,
-                pool: RcPool::default(),
-                _thread: thread,
-            }))
-        };
         let (transport, upgrade) = if caps.dc {
+            let receiver = if cfg.eager_start {
+                Lazy::ready(start_receiver(&*nic, &pd, &cfg)?)
+            } else {
+                Lazy::new()
+            };
             let up = if cfg.upgrade_endpoint {
-                Some(fallback()?)
+                let ep = if cfg.eager_start {
+                    Lazy::ready(start_endpoint(&nic, &pd, &cfg, true)?)
+                } else {
+                    Lazy::new()
+                };
+                Some(Box::new(Fallback {
+                    ep,
+                    pool: RcPool::default(),
+                }))
             } else {
                 None
             };
-            (Transport::Dc(Self::start_receiver(&nic, &pd, &cfg)?), up)
+            (Transport::Dc(receiver), up)
         } else {
-            (Transport::Rc(fallback()?), None)
+            let f = Fallback {
+                ep: Lazy::ready(start_endpoint(&nic, &pd, &cfg, true)?),
+                pool: RcPool::default(),
+            };
+            (Transport::Rc(Box::new(f)), None)
         };
         let meta = match cfg.meta {
             Some(loc) => Some(MetaClient::start(
@@ -390,7 +556,7 @@ impl<N: Nic> Engine<N> {
                     timeout: cfg.meta_timeout,
                 },
                 match &transport {
-                    Transport::Rc(f) => Some(f.hs.clone()),
+                    Transport::Rc(f) => f.ep.get().map(|e| e.hs.clone()),
                     Transport::Dc(_) => None,
                 },
             )?),
@@ -428,37 +594,6 @@ impl<N: Nic> Engine<N> {
         Ok(Engine { inner })
     }
 
-    fn start_receiver(nic: &N, pd: &N::Pd, cfg: &EngineConfig) -> Result<Receiver<N>, EngineError> {
-        let cq = nic
-            .create_cq(cfg.recv_depth)
-            .map_err(EngineError::nic("create the receive CQ"))?;
-        let srq = nic
-            .create_srq(pd, cfg.recv_depth, 1)
-            .map_err(EngineError::nic("create the SRQ"))?;
-        let dct = nic
-            .create_qp(
-                pd,
-                &QpInit {
-                    qp_type: QpType::Dct,
-                    caps: QpCaps {
-                        max_send_wr: 0,
-                        max_recv_wr: 0,
-                        max_send_sge: 0,
-                        max_recv_sge: 1,
-                    },
-                    send_cq: &cq,
-                    recv_cq: &cq,
-                    srq: Some(&srq),
-                    dc_key: cfg.dc_key,
-                },
-            )
-            .map_err(EngineError::nic("create the DCT"))?;
-        // Peers' one-sided operations reach this node's MRs through the DCT;
-        // each MR's own access flags still decide what is allowed.
-        bring_up(&dct, Access::ALL, None).map_err(EngineError::nic("bring up the DCT"))?;
-        Ok(Receiver { cq, srq, dct })
-    }
-
     /// How the engine reaches other nodes (DC, or the RC fallback).
     pub fn mode(&self) -> EngineMode {
         self.inner.mode()
@@ -468,7 +603,9 @@ impl<N: Nic> Engine<N> {
     /// non-blocking step of the handshake endpoint (answers peers'
     /// handshakes; see [`HandshakeResponder::progress`]). Needed for this
     /// node to accept connections (upgrades) unless the engine runs its
-    /// handshake thread. A no-op returning 0 without an endpoint.
+    /// handshake thread. A no-op returning 0 without an endpoint (DC mode:
+    /// also before the endpoint was created, see [`Engine::handshake_entry`];
+    /// nobody can reach it then).
     ///
     /// # Errors
     /// Provider failures of the endpoint (CQ overflow, a refused post).
@@ -479,8 +616,8 @@ impl<N: Nic> Engine<N> {
         }
     }
 
-    /// RC fallback mode (and DC mode with `upgrade_endpoint`): the
-    /// handshake endpoint.
+    /// RC fallback mode (and DC mode with `upgrade_endpoint`, once created:
+    /// see [`Engine::handshake_entry`]): the handshake endpoint.
     pub fn handshake_responder(&self) -> Option<&HandshakeResponder<N>> {
         self.inner.handshake()
     }
@@ -503,28 +640,38 @@ impl<N: Nic> Engine<N> {
     /// This node's address: what it registers with the meta server so that
     /// peers can reach its memory.
     ///
-    /// DC mode: its DCT (`dct_num`, `dc_key`). RC fallback mode: the same
-    /// entry layout names the handshake endpoint instead: `dct_num` is the
-    /// endpoint's UD QPN and `dc_key` its qkey (below 2^32, which is how a
-    /// fallback engine tells such an entry from a DC node's). The engine
-    /// knows the fabric's mode from its own device; mixed DC/RC-fallback
-    /// clusters are not supported (a fallback engine refuses a DC node's
-    /// entry with [`EngineError::NotAFallbackNode`]).
-    pub fn local_target(&self) -> DcTarget {
+    /// DC mode: its DCT (`dct_num`, `dc_key`), created by the first call
+    /// (or an earlier first need, see [`Engine::start`]): the engine starts
+    /// without it, since a node that only issues one-sided operations is
+    /// never reached. Concurrent first calls create one DCT and all return
+    /// it. RC fallback mode: the same entry layout names the handshake
+    /// endpoint instead (created at start): `dct_num` is the endpoint's UD
+    /// QPN and `dc_key` its qkey (below 2^32, which is how a fallback engine
+    /// tells such an entry from a DC node's). The engine knows the fabric's
+    /// mode from its own device; mixed DC/RC-fallback clusters are not
+    /// supported (a fallback engine refuses a DC node's entry with
+    /// [`EngineError::NotAFallbackNode`]).
+    ///
+    /// # Errors
+    /// DC mode: [`EngineError::Nic`] when the device refuses the DCT, SRQ
+    /// or receive CQ (the next call tries again);
+    /// [`EngineError::Unsupported`] in a forked child whose parent had not
+    /// created the DCT before the fork.
+    pub fn local_target(&self) -> Result<DcTarget, EngineError> {
         let gid = self.inner.nic.gid();
         match &self.inner.transport {
-            Transport::Dc(r) => DcTarget {
+            Transport::Dc(_) => Ok(DcTarget {
                 gid,
-                dct_num: r.dct.qpn(),
+                dct_num: self.inner.receiver()?.dct.qpn(),
                 dc_key: self.inner.cfg.dc_key,
-            },
-            Transport::Rc(f) => {
-                let t = f.hs.target();
-                DcTarget {
+            }),
+            Transport::Rc(_) => {
+                let t = self.inner.handshake_endpoint()?.target();
+                Ok(DcTarget {
                     gid,
                     dct_num: t.qpn,
                     dc_key: u64::from(t.qkey),
-                }
+                })
             }
         }
     }
@@ -532,17 +679,38 @@ impl<N: Nic> Engine<N> {
     /// DC mode with `upgrade_endpoint`: the meta entry naming this node's
     /// handshake endpoint, for the host to register beside
     /// [`Engine::local_target`]: GID [`handshake_gid`] of this node's,
-    /// `dct_num` = the endpoint's UD QPN, `dc_key` = its qkey. `None` in RC
-    /// fallback mode (the node's own entry names it) and without the
+    /// `dct_num` = the endpoint's UD QPN, `dc_key` = its qkey. `Ok(None)` in
+    /// RC fallback mode (the node's own entry names it) and without the
     /// endpoint.
-    pub fn handshake_entry(&self) -> Option<DcTarget> {
-        let f = self.inner.upgrade.as_ref()?;
-        let t = f.hs.target();
-        Some(DcTarget {
+    ///
+    /// The endpoint is created by the first call (or by this node's first
+    /// upgrade, or at start with `eager_start`), and with `handshake_thread`
+    /// the first call starts its thread: a node that serves as an upgrade
+    /// target registers this entry, so it answers handshakes from then on.
+    /// A node that only initiates upgrades creates its endpoint at its
+    /// first one and runs no thread (its handshakes drive the endpoint
+    /// while they wait; nobody can address it without this entry).
+    ///
+    /// # Errors
+    /// [`EngineError::Nic`] when the device refuses the UD QP (the next
+    /// call tries again); [`EngineError::Unsupported`] in a forked child
+    /// whose parent had not created the endpoint before the fork.
+    pub fn handshake_entry(&self) -> Result<Option<DcTarget>, EngineError> {
+        if self.inner.upgrade.is_none() {
+            return Ok(None);
+        }
+        let hs = self.inner.handshake_endpoint()?;
+        let t = hs.target();
+        if let Some(f) = &self.inner.upgrade {
+            if let Some(e) = f.ep.get() {
+                e.reachable(&self.inner)?;
+            }
+        }
+        Ok(Some(DcTarget {
             gid: handshake_gid(&self.inner.nic.gid()),
             dct_num: t.qpn,
             dc_key: u64::from(t.qkey),
-        })
+        }))
     }
 
     /// DC mode: makes (or finds) the RC pair to `gid` now, through a
@@ -581,6 +749,10 @@ impl<N: Nic> Engine<N> {
     /// cannot be created.
     pub fn create_vqp(&self) -> Result<Vqp<N>, EngineError> {
         let n = self.inner.next_vqp.fetch_add(1, Ordering::Relaxed);
+        if n >= meta::META_VQP.get() {
+            // The last id is the meta client's (see `meta`).
+            return Err(EngineError::VqpIdsExhausted);
+        }
         let id = VqpId::new(n).map_err(|_| EngineError::VqpIdsExhausted)?;
         Ok(match self.inner.mode() {
             EngineMode::Dc => Vqp::on_dci(self.inner.clone(), id, self.pick_dci()?),
@@ -604,10 +776,20 @@ impl<N: Nic> Engine<N> {
     /// Allocates `len` bytes of zeroed memory registered in the engine's PD
     /// and known to the pre-check as this process's.
     ///
+    /// DC mode: memory with remote access is there for peers, which reach
+    /// it through this node's DCT: the first such MR creates the DCT (see
+    /// [`Engine::local_target`]) if it does not exist yet. Local-only
+    /// memory (`LOCAL_WRITE`, the buffers of a node that only issues
+    /// one-sided operations) creates nothing but the MR.
+    ///
     /// # Errors
-    /// [`EngineError::Nic`] with the provider's refusal.
+    /// [`EngineError::Nic`] with the provider's refusal (of the MR, or of
+    /// the DCT).
     pub fn alloc_mr(&self, len: usize, access: Access) -> Result<OwnedMr<N>, EngineError> {
         fork::refuse_in_child(&self.inner, "allocating an MR in a forked child")?;
+        if self.mode() == EngineMode::Dc && access.0 & REMOTE_ACCESS.0 != 0 {
+            self.inner.receiver()?;
+        }
         let mr = self
             .inner
             .nic
@@ -619,7 +801,9 @@ impl<N: Nic> Engine<N> {
     /// Makes an MR the caller registered (with [`Nic::register_mr`] or
     /// [`Nic::alloc_mr`], in [`Engine::pd`]) known to the pre-check as this
     /// process's. The engine cannot check the MR's PD: one registered in
-    /// another PD passes the pre-check and fails at the NIC.
+    /// another PD passes the pre-check and fails at the NIC. Creates no
+    /// DCT: peers reach the MR once the node is reachable
+    /// ([`Engine::local_target`], which a node calls to register).
     pub fn register_mr(&self, mr: N::Mr) -> OwnedMr<N> {
         OwnedMr::new(mr, &self.inner.mrs)
     }
@@ -647,7 +831,19 @@ impl<N: Nic> Engine<N> {
         for d in &pool {
             dci.add(&d.stats());
         }
+        let meta = self.inner.meta.as_ref();
+        if let Some(m) = meta {
+            m.exclude_from(&mut dci);
+        }
         EngineStats {
+            dcts_created: match &self.inner.transport {
+                Transport::Dc(r) => r.creations(),
+                Transport::Rc(_) => 0,
+            },
+            handshake_endpoints_created: match &self.inner.transport {
+                Transport::Rc(f) => f.ep.creations(),
+                Transport::Dc(_) => self.inner.upgrade.as_ref().map_or(0, |f| f.ep.creations()),
+            },
             mode: self.inner.mode(),
             rc: self.inner.rc_pool().map(RcPool::stats).unwrap_or_default(),
             handshake: self
@@ -659,12 +855,7 @@ impl<N: Nic> Engine<N> {
             vqps_created: u64::from(self.inner.next_vqp.load(Ordering::Relaxed) - 1),
             connect_hits: self.inner.hits.load(Ordering::Relaxed),
             connect_misses: self.inner.misses.load(Ordering::Relaxed),
-            meta: self
-                .inner
-                .meta
-                .as_ref()
-                .map(MetaClient::stats)
-                .unwrap_or_default(),
+            meta: meta.map(MetaClient::stats).unwrap_or_default(),
             dci,
             owned_mrs: self.inner.mrs.len(),
             rc_upgrades: self.inner.upgrades.load(Ordering::Relaxed),
@@ -689,7 +880,7 @@ pub(crate) fn resolve<N: Nic>(
         .meta
         .as_ref()
         .ok_or(EngineError::NoMetaServer { gid: *gid })?;
-    let Some(entry) = meta.lookup(gid)? else {
+    let Some(entry) = meta.lookup(eng, gid)? else {
         eng.cache.invalidate(gid);
         return Err(EngineError::UnknownNode { gid: *gid });
     };
@@ -703,4 +894,58 @@ pub(crate) fn resolve<N: Nic>(
         Insert::Stale { .. } => eng.cache.get(gid).unwrap_or(found),
         _ => found,
     })
+}
+
+/// DC mode: the DCT with its SRQ and receive CQ, brought up.
+fn start_receiver<N: Nic>(
+    nic: &N,
+    pd: &N::Pd,
+    cfg: &EngineConfig,
+) -> Result<Receiver<N>, EngineError> {
+    let cq = nic
+        .create_cq(cfg.recv_depth)
+        .map_err(EngineError::nic("create the receive CQ"))?;
+    let srq = nic
+        .create_srq(pd, cfg.recv_depth, 1)
+        .map_err(EngineError::nic("create the SRQ"))?;
+    let dct = nic
+        .create_qp(
+            pd,
+            &QpInit {
+                qp_type: QpType::Dct,
+                caps: QpCaps {
+                    max_send_wr: 0,
+                    max_recv_wr: 0,
+                    max_send_sge: 0,
+                    max_recv_sge: 1,
+                },
+                send_cq: &cq,
+                recv_cq: &cq,
+                srq: Some(&srq),
+                dc_key: cfg.dc_key,
+            },
+        )
+        .map_err(EngineError::nic("create the DCT"))?;
+    // Peers' one-sided operations reach this node's MRs through the DCT;
+    // each MR's own access flags still decide what is allowed.
+    bring_up(&dct, Access::ALL, None).map_err(EngineError::nic("bring up the DCT"))?;
+    Ok(Receiver { cq, srq, dct })
+}
+
+/// A handshake endpoint in the engine's PD; `reachable` (RC fallback mode:
+/// it is the node's address; an eager start) also starts its thread when
+/// `cfg.handshake_thread` is set.
+fn start_endpoint<N: Nic>(
+    nic: &Arc<N>,
+    pd: &N::Pd,
+    cfg: &EngineConfig,
+    reachable: bool,
+) -> Result<HsEndpoint<N>, EngineError> {
+    let hs = HandshakeResponder::start_shared(nic.clone(), pd.clone(), cfg.handshake.clone())?;
+    let thread = if reachable && cfg.handshake_thread {
+        Lazy::ready(hs.spawn_progress()?)
+    } else {
+        Lazy::new()
+    };
+    Ok(HsEndpoint { hs, thread })
 }

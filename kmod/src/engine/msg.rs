@@ -532,11 +532,12 @@ impl<N: Nic> MsgNode<N> {
         if let Some(m) = eng.msg.get() {
             return Ok(m.clone());
         }
-        let Transport::Dc(r) = &eng.transport else {
+        let Transport::Dc(_) = &eng.transport else {
             return Err(MsgError::Unsupported {
                 reason: "RC fallback mode has no DCT/SRQ for messages",
             });
         };
+        let r = eng.receiver()?;
         let _guard = eng.msg_init.lock();
         if let Some(m) = eng.msg.get() {
             return Ok(m.clone());
@@ -1032,7 +1033,7 @@ mod tests {
             cfg.msg.timeout = Duration::from_secs(10);
             let e = Engine::start(nic(), cfg).expect("engine");
             meta.table_mut()
-                .register(e.local_target(), 0, 1 << 40, 0)
+                .register(e.local_target().unwrap(), 0, 1 << 40, 0)
                 .expect("register");
             e
         };

@@ -212,10 +212,7 @@ pub(crate) fn pair_up<N: Nic>(
     qp: &N::Qp,
     target: UdTarget,
 ) -> Result<u64, EngineError> {
-    let hs = eng.handshake().ok_or(EngineError::Unsupported {
-        reason: "RC pairs exist only in RC fallback mode or with upgrade_endpoint",
-    })?;
-    pair_with(hs, qp, target)
+    pair_with(eng.handshake_endpoint()?, qp, target)
 }
 
 /// Pairs `qp` (an RC QP in RESET, in `hs`'s PD's device) with the responder

@@ -67,7 +67,7 @@ impl Fabric {
         let mr = engine.alloc_mr(len, Access::ALL).unwrap();
         self.meta
             .table()
-            .register(engine.local_target(), 0, 1 << 40, 0)
+            .register(engine.local_target().unwrap(), 0, 1 << 40, 0)
             .unwrap();
         MemNode { engine, mr }
     }

@@ -114,7 +114,7 @@ impl Cluster {
     pub fn memory_node(&self, len: usize) -> MemNode {
         let engine = self.engine(EngineConfig::default().with_pool_size(1));
         let mr = engine.alloc_mr(len, Access::ALL).expect("MR");
-        self.register(engine.local_target(), 1 << 40, 0)
+        self.register(engine.local_target().unwrap(), 1 << 40, 0)
             .expect("register");
         MemNode { engine, mr }
     }

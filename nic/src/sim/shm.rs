@@ -177,6 +177,29 @@ impl Segment {
         unsafe { &*(addr as *const AtomicU64) }
     }
 
+    /// The `n` consecutive 8-byte words at `off`, for offsets the caller
+    /// computed from a fixed layout (a ring cell): one bounds and alignment
+    /// check for all of them. Panics like [`Segment::word`] on a bad range,
+    /// which would be a bug in the sim's own layout.
+    #[inline]
+    pub fn words(&self, off: usize, n: usize) -> &[AtomicU64] {
+        let addr = self.base as usize + off;
+        let bytes = n.checked_mul(8);
+        if bytes
+            .and_then(|b| off.checked_add(b))
+            .is_none_or(|e| e > self.len)
+            || addr % 8 != 0
+        {
+            layout_bug(off, self.len);
+        }
+        // SAFETY: `off..off + 8n` is in bounds and the start is 8-byte
+        // aligned (checked above), in memory valid for the lifetime of
+        // `self`; AtomicU64 has the size and alignment of u64, so `n`
+        // consecutive words form a valid `[AtomicU64]`. All accesses to this
+        // memory are atomic (module invariant).
+        unsafe { std::slice::from_raw_parts(addr as *const AtomicU64, n) }
+    }
+
     /// The word at `off` where the caller has already checked that
     /// `off..off+8` is in bounds and `base + off` is 8-byte aligned.
     #[inline]
@@ -203,14 +226,16 @@ impl Segment {
             buf[i] = self.byte(off + i).load(Ordering::Relaxed);
             i += 1;
         }
-        while i + 8 <= n {
-            let w = self.word_unchecked(off + i).load(Ordering::Relaxed);
-            buf[i..i + 8].copy_from_slice(&w.to_ne_bytes());
-            i += 8;
+        // Aligned words: exact 8-byte chunks of `buf` (no per-word slice
+        // bounds checks).
+        let mut chunks = buf[i..].chunks_exact_mut(8);
+        for (k, chunk) in (&mut chunks).enumerate() {
+            let w = self.word_unchecked(off + i + 8 * k).load(Ordering::Relaxed);
+            chunk.copy_from_slice(&w.to_ne_bytes());
         }
-        while i < n {
-            buf[i] = self.byte(off + i).load(Ordering::Relaxed);
-            i += 1;
+        let done = n - chunks.into_remainder().len();
+        for (j, b) in buf.iter_mut().enumerate().skip(done) {
+            *b = self.byte(off + j).load(Ordering::Relaxed);
         }
         Ok(())
     }
@@ -249,7 +274,8 @@ impl Segment {
         if (sp | dp | len) % 8 == 0 {
             // The common case (aligned words): a tight loop of relaxed word
             // loads and stores.
-            for i in (0..len).step_by(8) {
+            for k in 0..len / 8 {
+                let i = 8 * k;
                 // SAFETY: `src_off..src_off+len` and `dst_off..dst_off+len`
                 // are in bounds (checked above), both start 8-byte aligned
                 // and `len` is a multiple of 8, so every word is in bounds

@@ -6,7 +6,9 @@
 use crate::error::Error;
 use crate::error::LayoutError;
 use crate::hash::KeyHash;
-use crate::layout::bucket::{choose_insert_slot, BucketLoc, BucketRole, CombinedBucket};
+use crate::layout::bucket::{
+    choose_insert_slot, BucketLoc, BucketRole, CombinedBucket, COMBINED_SIZE,
+};
 use crate::layout::dir_header::DirHeader;
 use crate::layout::directory::{directory_len, DirEntry, DIR_ENTRIES_OFFSET, DIR_ENTRY_SIZE};
 use crate::layout::kv;
@@ -14,7 +16,7 @@ use crate::layout::slot::{RemotePtr, Slot};
 use crate::layout::subtable::SubtableGeometry;
 use crate::layout::table::DIR_PTR;
 use crate::layout::{low_mask, read_u64};
-use crate::remote::{OpResult, RemoteOp, Transport, TransportError};
+use crate::remote::{Completions, OpResult, RemoteOp, Transport, TransportError};
 
 use super::Client;
 
@@ -42,6 +44,12 @@ pub(crate) fn take_faa(res: &mut [OpResult], i: usize) -> Result<u64, Error> {
         .and_then(OpResult::faa_old)
         .ok_or_else(|| bad_response("expected a FAA result"))
 }
+
+/// A placeholder op for batches built in place (always overwritten).
+const NO_OP: RemoteOp<'static> = RemoteOp::Faa {
+    ptr: DIR_PTR,
+    add: 0,
+};
 
 fn bad_response(reason: &'static str) -> Error {
     Error::Transport(TransportError::BadResponse { reason })
@@ -100,7 +108,7 @@ pub(crate) struct OpCtx {
 }
 
 #[derive(Debug)]
-struct CachedBlock {
+pub(crate) struct CachedBlock {
     /// Start of the attempt that read it.
     start: u64,
     /// The value if the block holds the key, `None` if another key.
@@ -118,6 +126,32 @@ impl OpCtx {
                 value: Some(value.to_vec()),
             },
         );
+    }
+
+    /// An operation state whose block cache reuses `blocks`' storage.
+    pub(crate) fn reusing(mut blocks: Vec<(u64, CachedBlock)>) -> Self {
+        blocks.clear();
+        Self {
+            attempts: 0,
+            start: 0,
+            blocks,
+        }
+    }
+
+    /// The block cache's storage, emptied, for [`OpCtx::reusing`].
+    pub(crate) fn into_storage(mut self) -> Vec<(u64, CachedBlock)> {
+        self.blocks.clear();
+        self.blocks
+    }
+
+    /// Takes the value of the cached block of `word` (which then reads as
+    /// not holding the key: call only when the operation is done with it).
+    pub(crate) fn take_value(&mut self, word: Slot) -> Option<Vec<u8>> {
+        let raw = word.thawed().raw();
+        self.blocks
+            .iter_mut()
+            .find(|(w, _)| *w == raw)
+            .and_then(|(_, b)| b.value.take())
     }
 
     fn cached(&self, raw: u64) -> Option<&CachedBlock> {
@@ -169,14 +203,76 @@ pub(crate) enum ViewState {
     Retired,
 }
 
-/// The two combined buckets of a key, as read in one doorbell.
+/// The two combined buckets of a key, as read in one doorbell (copied into
+/// the view: no allocation).
 #[derive(Clone, Debug)]
 pub(crate) struct BucketsView {
     sub: RemotePtr,
     geometry: SubtableGeometry,
     locs: [BucketLoc; 2],
-    bufs: [Vec<u8>; 2],
+    /// Where each combined bucket was read.
+    at: [RemotePtr; 2],
+    bufs: [[u8; COMBINED_SIZE]; 2],
 }
+
+/// Words of a combined bucket: two buckets of a header word and 7 slots.
+const COMBINED_WORDS: usize = COMBINED_SIZE / 8;
+/// Words per bucket (the header is word 0 of each).
+const BUCKET_WORDS: usize = COMBINED_WORDS / 2;
+
+/// A short list kept inline (the common case: a key's fingerprint matches
+/// one or two slots), spilling to the heap past `N` entries.
+#[derive(Clone, Debug)]
+pub(crate) struct InlineList<T: Copy, const N: usize> {
+    n: usize,
+    inline: [T; N],
+    spill: Vec<T>,
+}
+
+impl<T: Copy, const N: usize> InlineList<T, N> {
+    /// An empty list; `fill` only initializes the unused inline room.
+    pub(crate) fn new(fill: T) -> Self {
+        Self {
+            n: 0,
+            inline: [fill; N],
+            spill: Vec::new(),
+        }
+    }
+
+    pub(crate) fn push(&mut self, v: T) {
+        if self.spill.is_empty() {
+            if let Some(e) = self.inline.get_mut(self.n) {
+                *e = v;
+                self.n += 1;
+                return;
+            }
+            self.spill.extend_from_slice(&self.inline);
+        }
+        self.spill.push(v);
+    }
+
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [T] {
+        if self.spill.is_empty() {
+            self.inline.get_mut(..self.n).unwrap_or(&mut [])
+        } else {
+            &mut self.spill
+        }
+    }
+}
+
+impl<T: Copy, const N: usize> core::ops::Deref for InlineList<T, N> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        if self.spill.is_empty() {
+            self.inline.get(..self.n).unwrap_or(&[])
+        } else {
+            &self.spill
+        }
+    }
+}
+
+/// Slots of a view, in address order.
+pub(crate) type SlotRefs = InlineList<SlotRef, 4>;
 
 impl BucketsView {
     /// The subtable.
@@ -192,76 +288,84 @@ impl BucketsView {
         }
     }
 
-    fn read_ops_for(
+    /// Appends the READs of both combined buckets (one if they coincide) to
+    /// `ops`, from index `at`; returns the new length.
+    fn put_read_ops(
+        ops: &mut [RemoteOp<'_>],
+        at: usize,
         sub: RemotePtr,
         geometry: SubtableGeometry,
         locs: [BucketLoc; 2],
-    ) -> Result<Vec<RemoteOp<'static>>, Error> {
-        let mut ops = Vec::with_capacity(2);
-        Self::push_read_ops(&mut ops, sub, geometry, locs)?;
-        Ok(ops)
-    }
-
-    /// Appends the READs of both combined buckets (one if they coincide).
-    fn push_read_ops(
-        ops: &mut Vec<RemoteOp<'_>>,
-        sub: RemotePtr,
-        geometry: SubtableGeometry,
-        locs: [BucketLoc; 2],
-    ) -> Result<(), Error> {
+    ) -> Result<usize, Error> {
         let n = if locs[0] == locs[1] { 1 } else { 2 };
-        for &loc in locs.iter().take(n) {
-            ops.push(RemoteOp::Read {
+        for (k, &loc) in locs.iter().take(n).enumerate() {
+            let op = ops
+                .get_mut(at + k)
+                .ok_or_else(|| bad_response("batch too long"))?;
+            *op = RemoteOp::Read {
                 ptr: sub.add(geometry.combined_offset(loc)?)?,
-                len: crate::layout::bucket::COMBINED_SIZE as u32,
-            });
+                len: COMBINED_SIZE as u32,
+            };
         }
-        Ok(())
+        Ok(at + n)
     }
 
     /// The READs that re-read this view.
     pub(crate) fn read_ops(&self) -> Result<Vec<RemoteOp<'static>>, Error> {
-        Self::read_ops_for(self.sub, self.geometry, self.locs)
+        let mut ops = [NO_OP; 2];
+        let n = Self::put_read_ops(&mut ops, 0, self.sub, self.geometry, self.locs)?;
+        Ok(ops.get(..n).unwrap_or(&[]).to_vec())
     }
 
     /// The same buckets, from READ results at `at..` of a doorbell that
     /// carried [`BucketsView::read_ops`].
     pub(crate) fn reread(&self, res: &mut [OpResult], at: usize) -> Result<Self, Error> {
-        Self::from_results(self.sub, self.geometry, self.locs, res, at)
+        let get = |i: usize| res.get(i).and_then(OpResult::read_bytes);
+        let second = if self.distinct() == 1 { at } else { at + 1 };
+        Self::from_reads(self.sub, self.geometry, self.locs, get(at), get(second))
     }
 
-    fn from_results(
+    fn from_reads(
         sub: RemotePtr,
         geometry: SubtableGeometry,
         locs: [BucketLoc; 2],
-        res: &mut [OpResult],
-        at: usize,
+        first: Option<&[u8]>,
+        second: Option<&[u8]>,
     ) -> Result<Self, Error> {
-        let first = take_read(res, at)?;
-        let second = if locs[0] == locs[1] {
-            first.clone()
-        } else {
-            take_read(res, at + 1)?
+        let copy = |b: Option<&[u8]>| -> Result<[u8; COMBINED_SIZE], Error> {
+            b.and_then(|b| <[u8; COMBINED_SIZE]>::try_from(b).ok())
+                .ok_or_else(|| bad_response("expected a combined bucket READ result"))
+        };
+        let at = |loc: BucketLoc| -> Result<RemotePtr, Error> {
+            Ok(sub.add(geometry.combined_offset(loc)?)?)
         };
         Ok(Self {
             sub,
             geometry,
             locs,
-            bufs: [first, second],
+            at: [at(locs[0])?, at(locs[1])?],
+            bufs: [copy(first)?, copy(second)?],
         })
     }
 
     fn combined(&self, i: usize) -> Option<CombinedBucket<&[u8]>> {
         let buf = self.bufs.get(i)?;
         let loc = self.locs.get(i)?;
+        // A fixed-size array: the length check folds away.
         CombinedBucket::new_checked(&buf[..], loc.side).ok()
+    }
+
+    /// The words of combined bucket `i`, in address order.
+    fn words(&self, i: usize) -> Option<[u64; COMBINED_WORDS]> {
+        let buf = self.bufs.get(i)?;
+        Some(core::array::from_fn(|w| read_u64(buf, w * 8)))
     }
 
     /// What the headers and slots say (see [`ViewState`]).
     pub(crate) fn state(&self, hash: &KeyHash) -> ViewState {
         let (mut stale, mut frozen) = (false, false);
         for i in 0..self.distinct() {
-            let Some(c) = self.combined(i) else {
+            let (Some(c), Some(words)) = (self.combined(i), self.words(i)) else {
                 return ViewState::Retired;
             };
             if c.is_retired() {
@@ -271,9 +375,10 @@ impl BucketsView {
                 Ok(h) => stale |= !h.contains(hash.dir_hash()),
                 Err(_) => return ViewState::Retired,
             }
-            frozen |= [c.main(), c.overflow()]
+            frozen |= words
                 .iter()
-                .any(|b| b.slots().iter().any(|s| s.is_frozen()));
+                .enumerate()
+                .any(|(w, &raw)| w % BUCKET_WORDS != 0 && Slot::from_raw(raw).is_frozen());
         }
         if stale {
             ViewState::Stale
@@ -287,27 +392,38 @@ impl BucketsView {
     /// The distinct slots of both combined buckets whose word satisfies
     /// `keep`, in address order (the two combined buckets may share their
     /// overflow bucket: each slot appears once).
-    pub(crate) fn slots_where(&self, keep: impl Fn(Slot) -> bool) -> Vec<SlotRef> {
-        let mut out = Vec::new();
+    pub(crate) fn slots_where(&self, keep: impl Fn(Slot) -> bool) -> SlotRefs {
+        let mut out = SlotRefs::new(SlotRef {
+            addr: DIR_PTR,
+            word: Slot::EMPTY,
+        });
         for i in 0..self.distinct() {
-            let (Some(c), Some(&loc)) = (self.combined(i), self.locs.get(i)) else {
+            let (Some(words), Some(&at)) = (self.words(i), self.at.get(i)) else {
                 continue;
             };
-            for role in [BucketRole::Main, BucketRole::Overflow] {
-                for (index, word) in c.bucket(role).slots().into_iter().enumerate() {
-                    if !keep(word) {
-                        continue;
-                    }
-                    let pos = SlotPos { loc, role, index };
-                    if let Ok(addr) = self.addr_of(pos) {
-                        out.push(SlotRef { addr, word });
-                    }
+            for (w, &raw) in words.iter().enumerate() {
+                let word = Slot::from_raw(raw);
+                // Word 0 of each bucket is its header.
+                if w % BUCKET_WORDS == 0 || !keep(word) {
+                    continue;
+                }
+                if let Ok(addr) = at.add(w as u64 * 8) {
+                    out.push(SlotRef { addr, word });
                 }
             }
         }
         if out.len() > 1 {
-            out.sort_unstable_by_key(|s| s.addr);
-            out.dedup_by_key(|s| s.addr);
+            out.as_mut_slice().sort_unstable_by_key(|s| s.addr);
+            let mut unique = SlotRefs::new(SlotRef {
+                addr: DIR_PTR,
+                word: Slot::EMPTY,
+            });
+            for r in out.iter() {
+                if unique.last().is_none_or(|l| l.addr != r.addr) {
+                    unique.push(*r);
+                }
+            }
+            return unique;
         }
         out
     }
@@ -333,7 +449,22 @@ impl BucketsView {
 }
 
 impl<T: Transport> Client<T> {
-    /// One doorbell: every round trip of the client goes through here.
+    /// One doorbell into reusable storage: every round trip of the client
+    /// goes through here or [`Client::exec`].
+    pub(crate) fn exec_into(
+        &mut self,
+        batch: &[RemoteOp<'_>],
+        out: &mut Completions,
+    ) -> Result<(), Error> {
+        self.stats.transport.record(batch);
+        self.transport.execute_into(batch, out)?;
+        if out.len() != batch.len() {
+            return Err(bad_response("result count differs from the batch"));
+        }
+        Ok(())
+    }
+
+    /// One doorbell, results as owned values (the cold paths).
     pub(crate) fn exec(&mut self, batch: &[RemoteOp<'_>]) -> Result<Vec<OpResult>, Error> {
         self.stats.transport.record(batch);
         let res = self.transport.execute(batch)?;
@@ -471,11 +602,86 @@ impl<T: Transport> Client<T> {
     ) -> Result<BucketsView, Error> {
         let (sub, locs) = self.locate(hash)?;
         let geometry = self.table.geometry;
-        let mut ops = Vec::with_capacity(pre.len() + 2);
-        ops.extend_from_slice(pre);
-        BucketsView::push_read_ops(&mut ops, sub, geometry, locs)?;
-        let mut res = self.exec(&ops)?;
-        BucketsView::from_results(sub, geometry, locs, &mut res, pre.len())
+        // The batch on the stack for the usual `pre` of at most one op.
+        let mut small = [NO_OP; 3];
+        let mut large = Vec::new();
+        let ops: &mut [RemoteOp<'_>] = if pre.len() + 2 <= small.len() {
+            &mut small
+        } else {
+            large.resize(pre.len() + 2, NO_OP);
+            &mut large
+        };
+        ops.get_mut(..pre.len())
+            .ok_or_else(|| bad_response("batch too long"))?
+            .copy_from_slice(pre);
+        let n = BucketsView::put_read_ops(ops, pre.len(), sub, geometry, locs)?;
+        let batch = ops.get(..n).unwrap_or(&[]);
+        let mut res = std::mem::take(&mut self.results);
+        let view = self.exec_into(batch, &mut res).and_then(|()| {
+            let second = if locs[0] == locs[1] { 0 } else { 1 };
+            BucketsView::from_reads(
+                sub,
+                geometry,
+                locs,
+                res.read(pre.len()),
+                res.read(pre.len() + second),
+            )
+        });
+        self.results = res;
+        view
+    }
+
+    /// Reads the KV blocks of `candidates` not read yet in this operation
+    /// (or read by an attempt that is too old) into `ctx`'s block cache, in
+    /// one doorbell. `Ok(false)` if a block failed its checks (torn or
+    /// reused): retry the attempt.
+    fn fetch_blocks(
+        &mut self,
+        candidates: &[SlotRef],
+        key: &[u8],
+        ctx: &mut OpCtx,
+    ) -> Result<bool, Error> {
+        let (start, max) = (ctx.start, self.config.max_op_ticks);
+        ctx.blocks
+            .retain(|(_, b)| start.saturating_sub(b.start) <= max);
+        let mut need = InlineList::<Slot, 4>::new(Slot::EMPTY);
+        for s in candidates {
+            let w = s.word.thawed();
+            if ctx.cached(w.raw()).is_none() && !need.contains(&w) {
+                need.push(w);
+            }
+        }
+        if need.is_empty() {
+            return Ok(true);
+        }
+        need.as_mut_slice().sort_unstable_by_key(|w| w.raw());
+        let mut ops = InlineList::<RemoteOp<'_>, 4>::new(NO_OP);
+        for w in need.iter() {
+            ops.push(RemoteOp::Read {
+                ptr: w.ptr(),
+                len: w.block_len() as u32,
+            });
+        }
+        let mut res = std::mem::take(&mut self.results);
+        let r = self.exec_into(&ops, &mut res).and_then(|()| {
+            for (i, w) in need.iter().enumerate() {
+                let buf = res
+                    .read(i)
+                    .ok_or_else(|| bad_response("expected a READ result"))?;
+                let value = match kv::decode_for_key(buf, key) {
+                    Ok(kv) if kv.block_len() == w.block_len() => Some(kv.value().to_vec()),
+                    Err(LayoutError::KeyMismatch) => None,
+                    _ => {
+                        self.stats.bad_blocks += 1;
+                        return Ok(false);
+                    }
+                };
+                ctx.cache(w.raw(), CachedBlock { start, value });
+            }
+            Ok(true)
+        });
+        self.results = res;
+        r
     }
 
     /// The copies of `key` in `view`, lowest address first: the slots whose
@@ -491,43 +697,8 @@ impl<T: Transport> Client<T> {
     ) -> Result<Option<Vec<KeyCopy>>, Error> {
         let fp = hash.fingerprint();
         let candidates = view.slots_where(|w| !w.thawed().is_empty() && w.matches(fp));
-        let (start, max) = (ctx.start, self.config.max_op_ticks);
-        ctx.blocks
-            .retain(|(_, b)| start.saturating_sub(b.start) <= max);
-        let mut need: Vec<Slot> = candidates
-            .iter()
-            .map(|s| s.word.thawed())
-            .filter(|w| ctx.cached(w.raw()).is_none())
-            .collect();
-        need.sort_unstable_by_key(|w| w.raw());
-        need.dedup();
-        if !need.is_empty() {
-            let ops: Vec<RemoteOp<'_>> = need
-                .iter()
-                .map(|w| RemoteOp::Read {
-                    ptr: w.ptr(),
-                    len: w.block_len() as u32,
-                })
-                .collect();
-            let mut res = self.exec(&ops)?;
-            for (i, w) in need.iter().enumerate() {
-                let mut buf = take_read(&mut res, i)?;
-                let value = match kv::decode_for_key(&buf, key) {
-                    Ok(kv) if kv.block_len() == w.block_len() => {
-                        // The value in place: no second allocation.
-                        let vlen = kv.value().len();
-                        buf.truncate(kv::KV_HEADER_SIZE + key.len() + vlen);
-                        buf.drain(..kv::KV_HEADER_SIZE + key.len());
-                        Some(buf)
-                    }
-                    Err(LayoutError::KeyMismatch) => None,
-                    _ => {
-                        self.stats.bad_blocks += 1;
-                        return Ok(None);
-                    }
-                };
-                ctx.cache(w.raw(), CachedBlock { start, value });
-            }
+        if !self.fetch_blocks(&candidates, key, ctx)? {
+            return Ok(None);
         }
         Ok(Some(
             candidates
@@ -542,6 +713,28 @@ impl<T: Transport> Client<T> {
                 })
                 .collect(),
         ))
+    }
+
+    /// The lowest addressed copy of `key` in `view` (what a get returns),
+    /// as [`Client::copies`] finds it, but without gathering the others:
+    /// `Ok(None)` if a block failed its checks, `Ok(Some(None))` if the key
+    /// is absent, else the slot word of the copy (its value is in `ctx`,
+    /// see [`OpCtx::take_value`]).
+    pub(crate) fn lowest_copy(
+        &mut self,
+        view: &BucketsView,
+        key: &[u8],
+        hash: &KeyHash,
+        ctx: &mut OpCtx,
+    ) -> Result<Option<Option<Slot>>, Error> {
+        let fp = hash.fingerprint();
+        let candidates = view.slots_where(|w| !w.thawed().is_empty() && w.matches(fp));
+        if !self.fetch_blocks(&candidates, key, ctx)? {
+            return Ok(None);
+        }
+        Ok(Some(candidates.iter().map(|s| s.word.thawed()).find(|w| {
+            ctx.cached(w.raw()).is_some_and(|b| b.value.is_some())
+        })))
     }
 
     /// Waits for the split of `sub`, which holds `hash`'s buckets and was

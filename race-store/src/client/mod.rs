@@ -46,10 +46,10 @@ use crate::hash::KeyHash;
 use crate::layout::kv;
 use crate::layout::slot::RemotePtr;
 use crate::layout::table::{SuperblockRepr, CLIENT_COUNTER_OFFSET, SUPERBLOCK_SIZE};
-use crate::remote::{RemoteOp, Transport, TransportStats};
+use crate::remote::{Completions, RemoteOp, Transport, TransportStats};
 
 use alloc::KvAllocator;
-use engine::{DirCache, OpCtx, ViewState};
+use engine::{CachedBlock, DirCache, OpCtx, ViewState};
 use write::{Decision, InsertMode};
 
 /// Tunables of a client; every duration is in [`Clock`] ticks.
@@ -142,6 +142,10 @@ pub struct Client<T: Transport> {
     alloc: KvAllocator,
     spare_subtables: Vec<RemotePtr>,
     stats: ClientStats,
+    /// Reused storage: doorbell results of the hot paths, and the block
+    /// cache of an operation ([`OpCtx`]).
+    results: Completions,
+    blocks: Vec<(u64, CachedBlock)>,
 }
 
 impl<T: Transport> core::fmt::Debug for Client<T> {
@@ -185,6 +189,8 @@ impl<T: Transport> Client<T> {
             dir: DirCache::default(),
             spare_subtables: Vec::new(),
             stats: ClientStats::default(),
+            results: Completions::new(),
+            blocks: Vec::new(),
         };
         let sb_ptr = RemotePtr::new(0, 0)?;
         let mut res = client.exec(&[
@@ -265,28 +271,39 @@ impl<T: Transport> Client<T> {
     pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
         check_key(key)?;
         let hash = KeyHash::of(key);
-        let mut ctx = OpCtx::default();
+        let mut ctx = OpCtx::reusing(std::mem::take(&mut self.blocks));
+        let r = self.get_in(key, &hash, &mut ctx);
+        self.blocks = ctx.into_storage();
+        r
+    }
+
+    fn get_in(
+        &mut self,
+        key: &[u8],
+        hash: &KeyHash,
+        ctx: &mut OpCtx,
+    ) -> Result<Option<Vec<u8>>, Error> {
         loop {
-            self.begin_attempt(&mut ctx)?;
-            let view = self.read_buckets(&hash, &[])?;
-            match view.state(&hash) {
+            self.begin_attempt(ctx)?;
+            let view = self.read_buckets(hash, &[])?;
+            match view.state(hash) {
                 ViewState::Ok | ViewState::Frozen => {}
                 ViewState::Stale => {
                     self.refresh_directory()?;
                     continue;
                 }
                 ViewState::Retired => {
-                    self.await_split(&hash, view.sub(), &ctx)?;
+                    self.await_split(hash, view.sub(), ctx)?;
                     continue;
                 }
             }
-            let Some(copies) = self.copies(&view, key, &hash, &mut ctx)? else {
+            let Some(copy) = self.lowest_copy(&view, key, hash, ctx)? else {
                 continue;
             };
-            if !self.fresh(&ctx) {
+            if !self.fresh(ctx) {
                 continue;
             }
-            return Ok(copies.into_iter().next().map(|c| c.value));
+            return Ok(copy.and_then(|w| ctx.take_value(w)));
         }
     }
 

@@ -22,7 +22,7 @@
 
 use super::proto::{AllocReply, AllocRequest, NodeInfo, ALLOC_REPLY_LEN};
 use crate::layout::slot::RemotePtr;
-use crate::remote::{OpResult, RemoteOp, Transport, TransportError};
+use crate::remote::{Completions, OpResult, RemoteOp, Transport, TransportError};
 use krcore::{Access, Node};
 use krcore_kmod::{OwnedMr, RemoteGrant, Vqp, VqpError};
 use krcore_meta::ud::{Incoming, UdEndpoint};
@@ -63,6 +63,8 @@ pub struct VqpTransport<N: Nic> {
     offs: Vec<usize>,
     last: Vec<Option<usize>>,
     incoming: Vec<Incoming>,
+    /// Results for [`Transport::execute`] (which converts them).
+    results: Completions,
 }
 
 impl<N: Nic> std::fmt::Debug for VqpTransport<N> {
@@ -128,6 +130,7 @@ impl<N: Nic> VqpTransport<N> {
             batch: 0,
             wcs: vec![Wc::default(); 16],
             incoming: Vec::new(),
+            results: Completions::new(),
         })
     }
 
@@ -180,8 +183,13 @@ impl<N: Nic> VqpTransport<N> {
 }
 
 impl<N: Nic> VqpTransport<N> {
-    /// One doorbell per memory node for a batch of at most [`CHUNK`] ops.
-    fn execute_chunk(&mut self, batch: &[RemoteOp<'_>]) -> Result<Vec<OpResult>, TransportError> {
+    /// One doorbell per memory node for a batch of at most [`CHUNK`] ops;
+    /// appends the results to `out`.
+    fn execute_chunk(
+        &mut self,
+        batch: &[RemoteOp<'_>],
+        out: &mut Completions,
+    ) -> Result<(), TransportError> {
         // Lay the batch out in scratch.
         let mut offs = std::mem::take(&mut self.offs);
         offs.clear();
@@ -210,7 +218,7 @@ impl<N: Nic> VqpTransport<N> {
         let mut last = std::mem::take(&mut self.last);
         last.clear();
         last.resize(self.remotes.len(), None);
-        let res = self.post_and_wait(batch, &offs, &mut last);
+        let res = self.post_and_wait(batch, &offs, &mut last, need, out);
         self.offs = offs;
         self.last = last;
         res
@@ -221,7 +229,9 @@ impl<N: Nic> VqpTransport<N> {
         batch: &[RemoteOp<'_>],
         offs: &[usize],
         last: &mut [Option<usize>],
-    ) -> Result<Vec<OpResult>, TransportError> {
+        need: usize,
+        out: &mut Completions,
+    ) -> Result<(), TransportError> {
         let tag = self.batch << 24;
         for (i, (op, &off)) in batch.iter().zip(offs).enumerate() {
             let (n, addr, rkey) = self.remote_addr(op.ptr())?;
@@ -328,31 +338,31 @@ impl<N: Nic> VqpTransport<N> {
         if let Some(f) = failure {
             return Err(f);
         }
-        let mut out = Vec::with_capacity(batch.len());
+        // The landing area in one copy (READ bytes and atomic results; the
+        // few bytes of non-inline WRITE sources ride along), then each
+        // result names its part of it.
+        let (base, landing) = out.reserve(need);
+        if need > 0 {
+            self.scratch
+                .read(0, landing)
+                .map_err(|e| setup("scratch read")(e.to_string()))?;
+        }
+        let bad = || TransportError::BadResponse {
+            reason: "result outside the landing area",
+        };
         for (op, &off) in batch.iter().zip(offs) {
-            out.push(match op {
+            match op {
                 RemoteOp::Read { len, .. } => {
-                    let mut v = vec![0u8; *len as usize];
-                    self.scratch
-                        .read(off, &mut v)
-                        .map_err(|e| setup("scratch read")(e.to_string()))?;
-                    OpResult::Read(v)
-                }
-                RemoteOp::Write { .. } => OpResult::Written,
-                RemoteOp::Cas { .. } | RemoteOp::Faa { .. } => {
-                    let old = self
-                        .scratch
-                        .load_u64(off)
-                        .map_err(|e| setup("scratch read")(e.to_string()))?;
-                    if matches!(op, RemoteOp::Cas { .. }) {
-                        OpResult::Cas { old }
-                    } else {
-                        OpResult::Faa { old }
+                    if !out.push_read_at(base + off, *len as usize) {
+                        return Err(bad());
                     }
                 }
-            });
+                RemoteOp::Write { .. } => out.push_written(),
+                RemoteOp::Cas { .. } => out.push_cas(out.word_at(base + off).ok_or_else(bad)?),
+                RemoteOp::Faa { .. } => out.push_faa(out.word_at(base + off).ok_or_else(bad)?),
+            }
         }
-        Ok(out)
+        Ok(())
     }
 }
 
@@ -388,14 +398,23 @@ const CHUNK: usize = 32;
 
 impl<N: Nic> Transport for VqpTransport<N> {
     fn execute(&mut self, batch: &[RemoteOp<'_>]) -> Result<Vec<OpResult>, TransportError> {
-        if batch.len() <= CHUNK {
-            return self.execute_chunk(batch);
-        }
-        let mut out = Vec::with_capacity(batch.len());
+        let mut out = std::mem::take(&mut self.results);
+        let r = self.execute_into(batch, &mut out);
+        let res = r.map(|()| out.to_results());
+        self.results = out;
+        res
+    }
+
+    fn execute_into(
+        &mut self,
+        batch: &[RemoteOp<'_>],
+        out: &mut Completions,
+    ) -> Result<(), TransportError> {
+        out.clear();
         for chunk in batch.chunks(CHUNK) {
-            out.extend(self.execute_chunk(chunk)?);
+            self.execute_chunk(chunk, out)?;
         }
-        Ok(out)
+        Ok(())
     }
 
     fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {

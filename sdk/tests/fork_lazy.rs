@@ -1,0 +1,113 @@
+//! Forking a node whose engine started lazily (DC mode): the child uses
+//! what the parent made before the fork and is refused, typed, what the
+//! parent had not created (a child creates no NIC object): the DCT and the
+//! upgrade's handshake endpoint. The parent creates them afterwards as
+//! usual.
+
+use std::time::Duration;
+
+use krcore::{Access, EngineConfig, EngineError, Error, Node};
+
+/// A fresh directory fabric, removed on drop.
+struct Dir(std::path::PathBuf);
+
+impl Dir {
+    fn new(tag: &str) -> Dir {
+        let base = if std::path::Path::new("/dev/shm").is_dir() {
+            std::path::PathBuf::from("/dev/shm")
+        } else {
+            std::env::temp_dir()
+        };
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        Dir(base.join(format!(
+            "krcore-forklazy-{tag}-{}-{nanos}",
+            std::process::id()
+        )))
+    }
+
+    fn spec(&self) -> String {
+        format!("sim:{}", self.0.display())
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+// Exit codes of the child, one per failed step.
+const OK: i32 = 0;
+const READ: i32 = 10;
+const DCT_NOT_REFUSED: i32 = 11;
+const ENDPOINT_NOT_REFUSED: i32 = 12;
+const CREATED_IN_CHILD: i32 = 13;
+
+fn unsupported<T>(r: krcore::Result<T>) -> bool {
+    matches!(r, Err(Error::Engine(EngineError::Unsupported { .. })))
+}
+
+#[test]
+fn a_child_is_refused_the_lazy_resources_its_parent_had_not_created() {
+    let dir = Dir::new("child");
+    let server = Node::builder()
+        .fabric(&dir.spec())
+        .host_meta()
+        .build()
+        .unwrap();
+    // Not joined (a joined node registers, which creates its DCT): a
+    // compute node reading the meta table, with the upgrade configured.
+    let client = Node::builder()
+        .fabric(&dir.spec())
+        .meta(server.meta_location().unwrap())
+        .config(EngineConfig::default().with_upgrade_endpoint(true))
+        .build()
+        .unwrap();
+    let region = server.alloc(64, Access::ALL).unwrap();
+    region.write(0, b"parent!!").unwrap();
+    let token = region.token();
+    client.connect(server.gid()).unwrap(); // warms the DCCache
+    let buf = client.alloc(64, Access::LOCAL_WRITE).unwrap();
+    let s = client.engine().stats();
+    assert_eq!((s.dcts_created, s.handshake_endpoints_created), (0, 0));
+    let worker = client
+        .fork(|node| {
+            let read = node
+                .connect(token.gid)
+                .and_then(|v| v.read(&buf, 0, &token, 0, 8)?.wait());
+            let mut got = [0u8; 8];
+            if read.is_err() || buf.read(0, &mut got).is_err() || &got != b"parent!!" {
+                return READ;
+            }
+            if !unsupported(node.local_target()) {
+                return DCT_NOT_REFUSED;
+            }
+            if !matches!(
+                node.engine().handshake_entry(),
+                Err(EngineError::Unsupported { .. })
+            ) {
+                return ENDPOINT_NOT_REFUSED;
+            }
+            let s = node.engine().stats();
+            if (s.dcts_created, s.handshake_endpoints_created) != (0, 0) {
+                return CREATED_IN_CHILD;
+            }
+            OK
+        })
+        .unwrap();
+    let mut worker = worker;
+    let code = worker.wait_timeout(Duration::from_secs(30)).unwrap();
+    assert_eq!(
+        code,
+        Some(OK),
+        "the worker's exit code names the failed step"
+    );
+    // The parent creates them as usual afterwards.
+    let before = client.counters();
+    client.local_target().unwrap();
+    client.engine().handshake_entry().unwrap().unwrap();
+    assert_eq!((client.counters() - before).qps_created, 2);
+}
