@@ -11,6 +11,12 @@
 //! upgraded, so that the ratio is measured side by side under the same
 //! load.
 //!
+//! Last, an upgrade by threshold (`upgrade_after`): the pair is built in
+//! the background, so the VQP keeps posting on DC meanwhile; printed: the
+//! windows posted between the threshold and the switch, the time between
+//! them, and the longest `post_send` call in that span beside the median
+//! one before the threshold (a post never waits for the handshake).
+//!
 //! Run: `cargo bench -p krcore-benches --bench upgrade`
 
 use std::time::{Duration, Instant};
@@ -33,6 +39,10 @@ struct Setup {
 }
 
 fn setup(latency: Option<LatencyModel>) -> Setup {
+    setup_with(latency, None)
+}
+
+fn setup_with(latency: Option<LatencyModel>, upgrade_after: Option<u64>) -> Setup {
     let fabric = SimFabric::in_memory();
     let sim = SimConfig {
         latency,
@@ -49,7 +59,7 @@ fn setup(latency: Option<LatencyModel>) -> Setup {
             .with_handshake_thread(true)
     };
     let server = Engine::start(node(), cfg()).unwrap();
-    let client = Engine::start(node(), cfg()).unwrap();
+    let client = Engine::start(node(), cfg().with_upgrade_after(upgrade_after)).unwrap();
     for t in [
         server.local_target().unwrap(),
         server.handshake_entry().unwrap().unwrap(),
@@ -85,8 +95,8 @@ impl Reader {
     }
 
     /// One window: `WINDOW` READs of 64 B in one doorbell, every one
-    /// signaled, polled to the end.
-    fn window(&mut self, s: &Setup) {
+    /// signaled, polled to the end. Returns the `post_send` call's time.
+    fn window(&mut self, s: &Setup) -> Duration {
         let mut wrs: Vec<SendWr> = (0..WINDOW)
             .map(|i| {
                 SendWr::read(
@@ -96,7 +106,9 @@ impl Reader {
                 )
             })
             .collect();
+        let t = Instant::now();
         self.v.post_send(&mut wrs).unwrap();
+        let posted = t.elapsed();
         let mut got = 0;
         while got < WINDOW {
             let n = self.v.poll(&mut self.wcs).unwrap();
@@ -105,6 +117,7 @@ impl Reader {
             }
             got += n;
         }
+        posted
     }
 
     /// READs per second over `d`, and the windows run.
@@ -213,6 +226,44 @@ fn measure(label: &str, latency: Option<LatencyModel>) {
     drop(s.fabric);
 }
 
+/// An upgrade by threshold: the pair is built in the background while the
+/// VQP keeps posting on DC (see the module docs).
+fn threshold(label: &str) {
+    const AFTER: u64 = 100 * WINDOW as u64;
+    let s = setup_with(None, Some(AFTER));
+    let mut r = Reader::new(&s);
+    let mut before = Vec::new();
+    for _ in 0..AFTER / WINDOW as u64 {
+        before.push(r.window(&s));
+    }
+    before.sort();
+    let median = before[before.len() / 2];
+    let crossed = Instant::now();
+    let (mut windows, mut longest) = (0u64, Duration::ZERO);
+    let mut built = None;
+    while r.v.transport() == VqpTransport::Dc {
+        longest = longest.max(r.window(&s));
+        windows += 1;
+        if built.is_none() && s.client.stats().rc.builds_done > 0 {
+            built = Some(crossed.elapsed());
+        }
+        assert!(crossed.elapsed() < Duration::from_secs(30), "no switch");
+    }
+    let switched = crossed.elapsed();
+    let st = s.client.stats();
+    println!(
+        "{label}: upgrade by threshold ({AFTER} WRs): {windows} windows ({} WRs) posted on DC while the pair was built in the background; build done after {:.2} ms, switch after {:.2} ms; longest post_send meanwhile {:.1} us, median before the threshold {:.1} us; rc_upgrades {}, builds {} [measured]",
+        windows * WINDOW as u64,
+        built.unwrap_or(switched).as_secs_f64() * 1e3,
+        switched.as_secs_f64() * 1e3,
+        longest.as_secs_f64() * 1e6,
+        median.as_secs_f64() * 1e6,
+        st.rc_upgrades,
+        st.rc.builds,
+    );
+    drop(s.fabric);
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; `cargo test --benches` runs it with
     // no argument: keep that run short.
@@ -227,4 +278,5 @@ fn main() {
     }
     measure("no model", None);
     measure("cx4", Some(LatencyModel::cx4()));
+    threshold("no model");
 }

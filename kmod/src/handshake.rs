@@ -43,7 +43,8 @@
 //!  0..4   magic "KRHS"            [`MAGIC`]
 //!  4      version                 [`VERSION`]
 //!  5      type                    1 Request, 2 Accept, 3 Reject, 4 Close
-//!  6..8   reject code             (Reject; 0 otherwise)
+//!  6..8   reject code             (Reject: 1 Resources, 2 UnsupportedVersion,
+//!                                 3 Malformed, 4 Full; 0 otherwise)
 //!  8..16  nonce                   chosen by the initiator, echoed
 //! 16..32  gid                     the sender's port GID (Request, Close:
 //!                                 the initiator's; Accept: the responder's)
@@ -118,6 +119,10 @@ pub enum RejectCode {
     UnsupportedVersion,
     /// The Request could not be parsed.
     Malformed,
+    /// The responder holds `passive_cap` passive QPs and is configured to
+    /// refuse new pairs rather than evict its least recently used one
+    /// (`HandshakeConfig::refuse_when_full`).
+    Full,
     /// A code this build does not know (0: the Reject carried none).
     Unknown(u16),
 }
@@ -129,6 +134,7 @@ impl RejectCode {
             RejectCode::Resources => 1,
             RejectCode::UnsupportedVersion => 2,
             RejectCode::Malformed => 3,
+            RejectCode::Full => 4,
             RejectCode::Unknown(c) => c,
         }
     }
@@ -140,6 +146,7 @@ impl RejectCode {
             1 => RejectCode::Resources,
             2 => RejectCode::UnsupportedVersion,
             3 => RejectCode::Malformed,
+            4 => RejectCode::Full,
             c => RejectCode::Unknown(c),
         })
     }
@@ -151,6 +158,7 @@ impl std::fmt::Display for RejectCode {
             RejectCode::Resources => write!(f, "no resources for an RC QP"),
             RejectCode::UnsupportedVersion => write!(f, "unsupported handshake version"),
             RejectCode::Malformed => write!(f, "malformed request"),
+            RejectCode::Full => write!(f, "the responder's passive QPs are at their cap"),
             RejectCode::Unknown(c) => write!(f, "unknown reject code {c}"),
         }
     }
@@ -460,6 +468,7 @@ mod tests {
             RejectCode::Resources,
             RejectCode::UnsupportedVersion,
             RejectCode::Malformed,
+            RejectCode::Full,
             RejectCode::Unknown(999),
         ] {
             assert_eq!(RejectCode::from_u16(c.to_u16()), Some(c));

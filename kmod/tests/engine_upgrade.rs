@@ -37,10 +37,30 @@ fn upgradable_node(c: &Cluster, len: usize) -> MemNode {
     MemNode { engine, mr }
 }
 
+/// A client engine. Its handshakes wait generously for answers (a loaded
+/// machine can delay the target's handshake thread past the default 20 ms
+/// times 5): tests that expect a timeout set their own.
 fn client(c: &Cluster, f: impl FnOnce(EngineConfig) -> EngineConfig) -> Engine<SimNic> {
-    c.engine(f(EngineConfig::default()
+    let mut cfg = EngineConfig::default()
         .with_pool_size(1)
-        .with_upgrade_endpoint(true)))
+        .with_upgrade_endpoint(true);
+    cfg.handshake.timeout = std::time::Duration::from_millis(500);
+    c.engine(f(cfg))
+}
+
+/// Waits (bounded) until no background build of `e`'s is in flight: an
+/// upgrade by threshold asks the builder thread for the pair and keeps
+/// posting on DC; the VQP takes the pair (or the failure) at its next look.
+fn wait_builds(e: &Engine<SimNic>) {
+    let start = std::time::Instant::now();
+    loop {
+        let s = e.stats().rc;
+        if s.builds == s.builds_done {
+            return;
+        }
+        assert!(start.elapsed() < common::WAIT, "a build never ended: {s:?}");
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
 }
 
 /// One VQP's sequential workload on one target region: round `i` posts
@@ -166,12 +186,16 @@ fn a_threshold_upgrades_mid_stream_and_keeps_the_sequential_log() {
     // flight, so the switch waits for them to drain.
     for _ in 0..60 {
         w.window(4);
+        wait_builds(&e);
     }
     w.check();
     assert_eq!(w.v.transport(), VqpTransport::Rc);
     let at = w.switched_at().expect("switched");
-    // 100 WRs = round 33.3; the window of rounds 32..36 started before.
-    assert!((33..=36).contains(&at), "switched at round {at}");
+    // Round 33's post reaches 102 WRs: it asks for the pair and the VQP
+    // keeps posting on DC. The next look, at 118 WRs (round 39, the pair
+    // built by then), finds it with rounds 36..39 in flight; the first post
+    // after they drained (round 40) switches.
+    assert_eq!(at, 40, "switched at round {at}");
     assert!(w.seen[at..].iter().all(|t| *t == VqpTransport::Rc));
     let s = e.stats();
     assert_eq!(
@@ -252,14 +276,17 @@ fn a_target_without_an_endpoint_leaves_the_vqp_on_dc_with_backoff() {
     let mut w = Workload::new(&e, &mem, 0);
     for _ in 0..100 {
         w.window(2);
+        wait_builds(&e);
     }
     w.check();
     assert!(w.seen.iter().all(|t| *t == VqpTransport::Dc));
     let s = e.stats();
     assert_eq!(s.rc_upgrades, 0);
-    // Attempts at the posts reaching 12, 33, 75, 156, 318 WRs (each waits
-    // 10 << failures more): 5 in 600 WRs.
+    // Builds asked at the posts reaching 12, 51, 111, 210, 390 WRs, each
+    // failure seen 16 WRs later (30, 69, 129, 228, 408), the next attempt
+    // 10 << failures after that: 5 in 600 WRs.
     assert_eq!(s.rc_upgrade_failures, 5, "{s:?}");
+    assert_eq!((s.rc.builds, s.rc.build_failures), (5, 5), "{s:?}");
     assert!(matches!(
         w.v.upgrade(),
         Err(EngineError::UnknownNode { .. })
@@ -285,7 +312,10 @@ fn an_endpoint_that_is_gone_times_out_and_the_vqp_keeps_working() {
         0,
     )
     .unwrap();
-    let e = client(&c, |cfg| cfg);
+    let e = client(&c, |mut cfg| {
+        cfg.handshake.timeout = std::time::Duration::from_millis(20);
+        cfg
+    });
     let mut w = Workload::new(&e, &mem, 0);
     w.window(3);
     let r = w.v.upgrade();
@@ -313,7 +343,9 @@ fn rc_cap_one_with_two_hot_targets_evicts_back_to_dc() {
     let mut b = Workload::new(&e, &m2, 0);
     for _ in 0..60 {
         a.window(2);
+        wait_builds(&e);
         b.window(2);
+        wait_builds(&e);
         let s = e.stats();
         assert!(s.rc.pairs <= 1, "the cap holds: {s:?}");
     }
@@ -325,7 +357,11 @@ fn rc_cap_one_with_two_hot_targets_evicts_back_to_dc() {
     assert!(s.rc_upgrades >= 4, "{s:?}");
     assert!(s.rc_downgrades >= 3, "{s:?}");
     assert!(s.rc.evicted >= 3, "{s:?}");
-    assert_eq!(s.rc_upgrade_failures, 0, "idle pairs are always evictable");
+    // Idle pairs are evictable, except one built in the background for the
+    // other VQP and not yet taken by it (reserved): a build then finds the
+    // cap busy, and that is the only way an upgrade fails here.
+    assert_eq!(s.rc_upgrade_failures, s.rc.busy, "{s:?}");
+    assert_eq!(s.rc.build_failures, s.rc.busy, "{s:?}");
     assert!(s.rc_upgrades - s.rc_downgrades <= 1);
     for w in [&a, &b] {
         assert!(w.seen.contains(&VqpTransport::Rc) && w.seen.contains(&VqpTransport::Dc));
@@ -352,10 +388,11 @@ fn concurrent_upgrades_and_evictions_keep_every_log_sequential() {
     let barrier = std::sync::Barrier::new(ws.len());
     std::thread::scope(|s| {
         for (k, w) in ws.iter_mut().enumerate() {
-            let barrier = &barrier;
+            let (barrier, e) = (&barrier, &e);
             s.spawn(move || {
                 for i in 0..150 {
                     w.window(1 + (i + k) % 4);
+                    wait_builds(e);
                     barrier.wait();
                 }
             });
@@ -369,4 +406,383 @@ fn concurrent_upgrades_and_evictions_keep_every_log_sequential() {
     assert!(s.rc_downgrades >= 1, "{s:?}");
     assert!(s.rc.pairs <= 1, "{s:?}");
     assert_eq!(s.dci.error_completions + s.rc.qp.error_completions, 0);
+}
+
+/// A memory node whose handshake endpoint holds at most one passive QP and
+/// refuses new pairs past it (no eviction).
+fn refusing_node(c: &Cluster, len: usize) -> MemNode {
+    let mut cfg = EngineConfig::default()
+        .with_pool_size(1)
+        .with_upgrade_endpoint(true)
+        .with_handshake_thread(true);
+    cfg.handshake.passive_cap = 1;
+    cfg.handshake.refuse_when_full = true;
+    let engine = c.engine(cfg);
+    let mr = engine.alloc_mr(len, Access::ALL).expect("MR");
+    c.register(engine.local_target().unwrap(), 1 << 40, 0)
+        .unwrap();
+    c.register(
+        engine.handshake_entry().unwrap().expect("entry"),
+        1 << 40,
+        0,
+    )
+    .unwrap();
+    MemNode { engine, mr }
+}
+
+#[test]
+fn a_target_that_refuses_leaves_the_vqp_on_dc_working() {
+    use krcore_kmod::handshake::RejectCode;
+    use krcore_kmod::HandshakeFailure;
+    let c = Cluster::new();
+    let mem = refusing_node(&c, 8192);
+    // Another node takes the target's only passive QP.
+    let first = client(&c, |cfg| cfg);
+    first.upgrade(&mem.gid()).expect("the first pair fits");
+    // Hinted: the refusal is typed, the VQP stays on its DCI.
+    let e = client(&c, |cfg| cfg);
+    let mut w = Workload::new(&e, &mem, 0);
+    w.window(3);
+    let r = w.v.upgrade();
+    assert!(
+        matches!(
+            r,
+            Err(EngineError::Handshake {
+                failure: HandshakeFailure::Rejected(RejectCode::Full),
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    assert_eq!(w.v.transport(), VqpTransport::Dc);
+    for _ in 0..10 {
+        w.window(3);
+    }
+    w.check();
+    let s = e.stats();
+    assert_eq!(
+        (
+            s.rc_upgrades,
+            s.rc_upgrade_failures,
+            s.rc.pairs,
+            s.rc.failed
+        ),
+        (0, 1, 0, 1)
+    );
+    assert_eq!(s.handshake.refused, 1);
+    // By threshold: every attempt is refused, counted, backed off; every
+    // op on the way succeeds in order.
+    let e2 = client(&c, |cfg| cfg.with_upgrade_after(Some(10)));
+    let mut w2 = Workload::new(&e2, &mem, 4096);
+    for _ in 0..100 {
+        w2.window(2);
+        wait_builds(&e2);
+    }
+    w2.check();
+    assert!(w2.seen.iter().all(|t| *t == VqpTransport::Dc));
+    let s2 = e2.stats();
+    assert_eq!((s2.rc_upgrades, s2.rc.pairs), (0, 0));
+    assert_eq!(s2.rc_upgrade_failures, 5, "as without an endpoint: {s2:?}");
+    assert_eq!(s2.handshake.refused, s2.rc_upgrade_failures, "{s2:?}");
+    let ms = mem.engine.stats().handshake;
+    assert_eq!(ms.passive_qps, 1, "the first pair is kept, not evicted");
+    assert_eq!(ms.passive_evicted, 0);
+    assert_eq!(ms.rejected, 1 + s2.rc_upgrade_failures);
+    // The first node's pair still works.
+    let mut w3 = Workload::new(&first, &mem, 2048);
+    assert_eq!(w3.v.upgrade().unwrap(), VqpTransport::Rc);
+    w3.window(3);
+    w3.check();
+}
+
+/// A raw UD QP on `mem`'s NIC, registered as its handshake endpoint: it
+/// receives Requests and never answers.
+type RawEndpoint = (
+    <SimNic as krcore_nic::Nic>::Qp,
+    <SimNic as krcore_nic::Nic>::Cq,
+    <SimNic as krcore_nic::Nic>::Mr,
+);
+
+fn raw_endpoint(c: &Cluster, mem: &MemNode) -> RawEndpoint {
+    use krcore_nic::{Nic, QpCaps, QpInit, QpType, QueuePair, RecvWr, Transition};
+    let nic = mem.engine.nic();
+    let pd = mem.engine.pd();
+    let qkey = krcore_kmod::DEFAULT_HANDSHAKE_QKEY;
+    let cq = nic.create_cq(16).unwrap();
+    let qp = nic
+        .create_qp(
+            pd,
+            &QpInit {
+                qp_type: QpType::Ud,
+                caps: QpCaps {
+                    max_send_wr: 1,
+                    max_recv_wr: 4,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                },
+                send_cq: &cq,
+                recv_cq: &cq,
+                srq: None,
+                dc_key: 0,
+            },
+        )
+        .unwrap();
+    qp.modify(Transition::Init {
+        access: Access::NONE,
+        qkey,
+    })
+    .unwrap();
+    qp.modify(Transition::Rtr { peer: None }).unwrap();
+    qp.modify(Transition::Rts {
+        rnr_retry: 0,
+        retry_cnt: 0,
+    })
+    .unwrap();
+    let buf = nic.alloc_mr(pd, 4 * 256, Access::LOCAL_WRITE).unwrap();
+    for i in 0..4 {
+        qp.post_recv(&[RecvWr::new(i, buf.sge(i as usize * 256, 256).unwrap())])
+            .unwrap();
+    }
+    c.register(
+        DcTarget {
+            gid: krcore_kmod::engine::handshake_gid(&mem.gid()),
+            dct_num: qp.qpn(),
+            dc_key: u64::from(qkey),
+        },
+        1 << 40,
+        0,
+    )
+    .unwrap();
+    (qp, cq, buf)
+}
+
+/// Waits (bounded) for the first datagram at `endpoint`, then destroys it
+/// (the endpoint dies without answering); returns what arrived.
+fn die_after_the_request(
+    endpoint: &std::sync::Mutex<Option<RawEndpoint>>,
+) -> krcore_kmod::handshake::HandshakeRepr {
+    use krcore_kmod::handshake::HandshakeRepr;
+    use krcore_nic::{CompletionQueue, GRH_LEN};
+    let start = std::time::Instant::now();
+    let mut wcs = [Wc::default(); 4];
+    loop {
+        let guard = endpoint.lock().unwrap();
+        let (_, cq, buf) = guard.as_ref().unwrap();
+        if cq.poll(&mut wcs).unwrap() > 0 {
+            let wc = wcs[0];
+            let mut b = vec![0u8; wc.byte_len as usize - GRH_LEN];
+            buf.read(wc.wr_id as usize * 256 + GRH_LEN, &mut b).unwrap();
+            drop(guard);
+            // Dies: QP, CQ and buffers destroyed, nothing answered.
+            endpoint.lock().unwrap().take();
+            return HandshakeRepr::parse_bytes(&b).unwrap();
+        }
+        drop(guard);
+        assert!(start.elapsed() < common::WAIT, "no Request arrived");
+        std::thread::yield_now();
+    }
+}
+
+/// The target's handshake endpoint receives the Request and dies before it
+/// answers: a raw UD QP on the target's NIC, registered as its endpoint,
+/// that the test drops as soon as the Request arrived.
+#[test]
+fn a_target_that_dies_mid_handshake_leaves_the_vqp_on_dc_working() {
+    use krcore_kmod::handshake::HandshakeMessage;
+    use krcore_kmod::HandshakeFailure;
+    let c = Cluster::new();
+    let mem = c.memory_node(4096);
+    let (qp, cq, buf) = raw_endpoint(&c, &mem);
+    // Generous waits: the endpoint dies while the initiator still waits.
+    let e = client(&c, |mut cfg| {
+        cfg.handshake.timeout = std::time::Duration::from_millis(200);
+        cfg.handshake.retries = 1;
+        cfg
+    });
+    let mut w = Workload::new(&e, &mem, 0);
+    w.window(3);
+    let endpoint = std::sync::Mutex::new(Some((qp, cq, buf)));
+    let hinted = std::thread::scope(|s| {
+        let dying = s.spawn(|| die_after_the_request(&endpoint));
+        let r = w.v.upgrade();
+        (r, dying.join().unwrap())
+    });
+    let (r, request) = hinted;
+    assert!(
+        matches!(request.message, HandshakeMessage::Request { .. }),
+        "{request:?}"
+    );
+    assert!(
+        matches!(
+            r,
+            Err(EngineError::Handshake {
+                failure: HandshakeFailure::Timeout { .. },
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    assert!(endpoint.lock().unwrap().is_none(), "the endpoint died");
+    assert_eq!(w.v.transport(), VqpTransport::Dc);
+    for _ in 0..10 {
+        w.window(3);
+    }
+    w.check();
+    let s = e.stats();
+    assert_eq!(
+        (
+            s.rc_upgrades,
+            s.rc_upgrade_failures,
+            s.rc.pairs,
+            s.rc.failed
+        ),
+        (0, 1, 0, 1)
+    );
+    assert_eq!(s.handshake.timeouts, 1);
+    assert_eq!(s.dci.error_completions, 0);
+}
+
+/// The pair is built in the background: the target answers handshakes only
+/// when the test progresses it, and until then the VQP that crossed its
+/// threshold keeps posting on DC (no post waits for the handshake).
+#[test]
+fn a_threshold_upgrade_builds_in_the_background_while_posts_stay_on_dc() {
+    let c = Cluster::new();
+    let engine = c.engine(
+        EngineConfig::default()
+            .with_pool_size(1)
+            .with_upgrade_endpoint(true),
+    );
+    let mr = engine.alloc_mr(4096, Access::ALL).expect("MR");
+    c.register(engine.local_target().unwrap(), 1 << 40, 0)
+        .unwrap();
+    c.register(
+        engine.handshake_entry().unwrap().expect("entry"),
+        1 << 40,
+        0,
+    )
+    .unwrap();
+    let mem = MemNode { engine, mr };
+    // The builder waits for the answer (generously: a loaded machine).
+    let e = client(&c, |mut cfg| {
+        cfg.handshake.timeout = std::time::Duration::from_secs(2);
+        cfg.with_upgrade_after(Some(30))
+    });
+    let mut w = Workload::new(&e, &mem, 0);
+    for _ in 0..20 {
+        w.window(2);
+    }
+    // 120 WRs, the threshold at 30: the build is asked for and in flight,
+    // unanswered; every post returned, on DC.
+    let s = e.stats();
+    assert_eq!((s.rc.builds, s.rc.builds_done), (1, 0), "{s:?}");
+    assert!(w.seen.iter().all(|t| *t == VqpTransport::Dc));
+    assert_eq!(s.rc_upgrade_failures, 0);
+    // The target answers: the build ends, the VQP takes the pair at a
+    // later post, once its DC WRs drained.
+    let start = std::time::Instant::now();
+    while e.stats().rc.builds_done == 0 {
+        mem.engine.progress().unwrap();
+        assert!(start.elapsed() < common::WAIT, "the build never ended");
+        std::thread::yield_now();
+    }
+    for _ in 0..10 {
+        w.window(2);
+    }
+    w.check();
+    let at = w.switched_at().expect("switched");
+    assert!(at >= 40, "after the 20 windows on DC: {at}");
+    assert!(w.seen[at..].iter().all(|t| *t == VqpTransport::Rc));
+    let s = e.stats();
+    assert_eq!(
+        (
+            s.rc_upgrades,
+            s.rc_upgrade_failures,
+            s.rc.builds,
+            s.rc.created
+        ),
+        (1, 0, 1, 1)
+    );
+    assert_eq!(s.dci.wrs, 3 * at as u64);
+}
+
+/// Dropping an engine whose builder is in the middle of a handshake (the
+/// target does not answer) neither hangs nor waits for the handshake: the
+/// builder holds the engine until its handshake ends, then stops.
+#[test]
+fn an_engine_dropped_during_a_background_build_does_not_hang() {
+    let c = Cluster::new();
+    let target = c.engine(EngineConfig::default().with_upgrade_endpoint(true));
+    let mr = target.alloc_mr(4096, Access::ALL).expect("MR");
+    c.register(target.local_target().unwrap(), 1 << 40, 0)
+        .unwrap();
+    c.register(
+        target.handshake_entry().unwrap().expect("entry"),
+        1 << 40,
+        0,
+    )
+    .unwrap();
+    let mem = MemNode { engine: target, mr };
+    let e = client(&c, |mut cfg| {
+        cfg.handshake.timeout = std::time::Duration::from_millis(300);
+        cfg.handshake.retries = 0;
+        cfg.with_upgrade_after(Some(3))
+    });
+    let mut w = Workload::new(&e, &mem, 0);
+    w.window(2);
+    w.check();
+    assert_eq!(e.stats().rc.builds, 1);
+    drop(w);
+    drop(e);
+    // The target is still there, and works for a new client.
+    let e2 = client(&c, |cfg| cfg);
+    let mut w2 = Workload::new(&e2, &mem, 1024);
+    w2.window(2);
+    w2.check();
+}
+
+/// As above, by threshold: the builder thread sends the Request, the
+/// endpoint dies without answering, and the VQP, which kept posting on DC
+/// all along, sees the failure at a later look and stays there.
+#[test]
+fn a_target_that_dies_mid_background_build_leaves_the_vqp_on_dc_working() {
+    use krcore_kmod::handshake::HandshakeMessage;
+    let c = Cluster::new();
+    let mem = c.memory_node(4096);
+    let endpoint = std::sync::Mutex::new(Some(raw_endpoint(&c, &mem)));
+    let e = client(&c, |mut cfg| {
+        cfg.handshake.timeout = std::time::Duration::from_millis(200);
+        cfg.handshake.retries = 1;
+        cfg.with_upgrade_after(Some(10))
+    });
+    let mut w = Workload::new(&e, &mem, 0);
+    let request = std::thread::scope(|s| {
+        let dying = s.spawn(|| die_after_the_request(&endpoint));
+        // Past the threshold: the build is asked for; posts go on (on DC)
+        // while the endpoint receives the Request and dies.
+        for _ in 0..10 {
+            w.window(2);
+        }
+        dying.join().unwrap()
+    });
+    assert!(
+        matches!(request.message, HandshakeMessage::Request { .. }),
+        "{request:?}"
+    );
+    wait_builds(&e);
+    // The next post sees the failure and backs off (20 WRs): two windows
+    // (12 WRs) stay below the next attempt.
+    w.window(2);
+    w.window(2);
+    w.check();
+    assert!(w.seen.iter().all(|t| *t == VqpTransport::Dc));
+    let s = e.stats();
+    assert_eq!(
+        (s.rc_upgrades, s.rc.pairs, s.rc.builds, s.rc.build_failures),
+        (0, 0, 1, 1),
+        "{s:?}"
+    );
+    assert_eq!(s.rc_upgrade_failures, 1, "{s:?}");
+    assert_eq!(s.handshake.timeouts, 1);
+    assert_eq!(s.dci.error_completions, 0);
 }

@@ -14,7 +14,7 @@
 //! |------|----------|-----------|
 //! | `tests/dccache.rs` | DCCache insert / invalidate / read (per-bucket seqlocks) | no torn or stale entry |
 //! | `tests/shared_qp.rs` | completion routing and send-queue credits on a shared physical QP (kmod's `SendQueueCredits` with one record per WR, staged/committed as the engine does, user slots beside it, per-VQP counts; host locking modeled) | no lost, duplicate or misrouted completion; no double credit; all credits free at the end |
-//! | `tests/upgrade_switch.rs` | the VQP switch from DC to RC with in-flight work and the way back on eviction (kmod's `SendQueueCredits` + the VQP's `SlotTable`, moving between a modeled DCI and RC pair; binding lock, `detach_drained`, `close_if_idle` and downgrade modeled after `engine/upgrade.rs`) | every completion delivered once, in post order across the switch; nothing posted on one QP while the VQP has WRs in flight on the other; both accounts empty at the end |
+//! | `tests/upgrade_switch.rs` | the VQP switch from DC to RC with in-flight work and the way back on eviction (kmod's `SendQueueCredits` + the VQP's `SlotTable`, moving between a modeled DCI and RC pair; binding lock, `detach_drained`, `close_if_idle`, downgrade and the pickup of a pair built in the background modeled after `engine/upgrade.rs`) | every completion delivered once, in post order across the switch; nothing posted on one QP while the VQP has WRs in flight on the other; both accounts empty at the end |
 //! | `tests/race.rs` | the RACE client (race-store, unmodified) over memory whose words are loom atomics: racing inserts + duplicate removal, update/delete with a leftover duplicate, KV block reclamation | one copy visible after inserts settle; no stale read; a reclaimed block is never read reused |
 //!
 //! Each model fails when the step it protects is removed. `shared_qp.rs`
@@ -27,6 +27,7 @@
 //! | `shared_qp::mutation_draining_outside_the_qp_lock_routes_out_of_order` | CQ drained and routed under the QP lock | account refused a completion |
 //! | `upgrade_switch::mutation_drain_check_and_move_under_two_locks` | `detach_drained` checks and takes under one DCI lock | posted on the RC pair while WRs of the VQP are in flight on the DCI (a DCI post slipped in between check and move); without the later RC post: a WR never completed |
 //! | `upgrade_switch::mutation_switching_without_waiting_for_drain` | the switch waits for the VQP's DCI WRs | posted on the RC pair while WRs of the VQP are in flight on the DCI |
+//! | `upgrade_switch::mutation_background_switch_without_waiting_for_drain` | a pair built in the background is taken only once the VQP's DCI WRs drained | posted on the RC pair while WRs of the VQP are in flight on the DCI |
 //! | `upgrade_switch::mutation_switch_leaves_unpolled_completions_behind` | unpolled completions move with the state | lost completion (`[0, 2]` delivered) |
 //! | `upgrade_switch::mutation_evicting_a_pair_with_work_in_flight` | `close_if_idle` closes only with nothing in flight | posted on the DCI while WRs of the VQP are in flight on the RC pair |
 //!

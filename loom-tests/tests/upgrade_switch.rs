@@ -19,6 +19,11 @@
 //!   leaves the DCI only if none of the VQP's WRs is in flight there,
 //!   checked and taken under the DCI's single lock; the state carries its
 //!   unpolled completions along;
+//! - the background build (`upgrade::request_build` and the builder
+//!   thread): a thread of its own makes the pair (`built`) at any moment
+//!   while the VQP, due to upgrade, keeps posting on its DCI; a post that
+//!   looks (`Vqp::try_upgrade`) and finds the pair takes it as pending and
+//!   switches under the same drain rule;
 //! - eviction (`PhysQp::close_if_idle`): drains the pair's CQ and closes it
 //!   only with nothing in flight; the next post finds it closed (`Stale`) and
 //!   moves the state back to the DCI (`Vqp::downgrade`).
@@ -253,6 +258,8 @@ struct Vqp {
     on_rc: AtomicBool,
     /// `next_at == 0`: the next post goes down the slow path to switch.
     due: AtomicBool,
+    /// The builder thread made the pair (it is in the pair cache).
+    built: AtomicBool,
     ticket: AtomicU64,
 }
 
@@ -273,6 +280,7 @@ impl Vqp {
             }),
             on_rc: AtomicBool::new(on_rc),
             due: AtomicBool::new(false),
+            built: AtomicBool::new(false),
             ticket: AtomicU64::new(0),
         }
     }
@@ -338,8 +346,14 @@ impl Vqp {
                     }
                 }
             }
-            if self.due.load(SeqCst) && self.switch(&mut slot) {
-                continue;
+            if self.due.load(SeqCst) {
+                // `try_upgrade`: an existing pair becomes the pending one.
+                if !slot.pending && self.built.load(SeqCst) {
+                    slot.pending = true;
+                }
+                if self.switch(&mut slot) {
+                    continue;
+                }
             }
             if self.dci.post(&self.rc, &self.ticket).is_ok() {
                 return;
@@ -420,6 +434,34 @@ fn upgrade_model(steps: Steps) {
     });
 }
 
+/// The background build: the VQP is due (its threshold crossed, the build
+/// asked for) with one WR in flight; the builder makes the pair while a
+/// user posts, polls and posts and another posts and polls. Once everything
+/// settled, the next post switches.
+fn background_model(steps: Steps) {
+    loom::model(move || {
+        let vqp = Arc::new(Vqp::new(steps, false));
+        vqp.post();
+        vqp.due.store(true, SeqCst);
+        let builder = {
+            let vqp = vqp.clone();
+            thread::spawn(move || vqp.built.store(true, SeqCst))
+        };
+        let poster = {
+            let vqp = vqp.clone();
+            thread::spawn(move || post_poll_post(&vqp))
+        };
+        vqp.post();
+        vqp.poll();
+        builder.join().unwrap();
+        poster.join().unwrap();
+        vqp.settle_and_check();
+        vqp.post();
+        assert!(vqp.on_rc.load(SeqCst), "a drained, due VQP did not switch");
+        vqp.settle_and_check();
+    });
+}
+
 /// The way back: the VQP is on its pair with one WR in flight; a user
 /// posts and polls while the pair is evicted, then posts again.
 fn evict_model(steps: Steps) {
@@ -444,6 +486,22 @@ fn upgrade_switch_keeps_every_completion_once_and_in_order() {
 #[test]
 fn eviction_moves_the_vqp_back_to_its_dci_losing_nothing() {
     evict_model(CORRECT);
+}
+
+#[test]
+fn a_pair_built_in_the_background_is_taken_at_a_later_post_losing_nothing() {
+    background_model(CORRECT);
+}
+
+/// Mutation: the VQP takes the pair built in the background without
+/// waiting for its DCI WRs to drain.
+#[test]
+#[should_panic(expected = "in flight on the DCI")]
+fn mutation_background_switch_without_waiting_for_drain() {
+    background_model(Steps {
+        wait_for_drain: false,
+        ..CORRECT
+    });
 }
 
 /// Mutation: "drained" is checked under one DCI lock acquisition and the

@@ -18,9 +18,13 @@
 //! receiver returns them as its user pops. With no credit:
 //! [`Vqp::push`] blocks (driving the engine) up to `msg.timeout` (5 s by
 //! default) and then fails with [`MsgError::Timeout`]; [`Vqp::try_push`]
-//! fails at once with [`MsgError::WouldBlock`]. Nothing is ever dropped:
-//! a message is either accepted (and will be delivered once) or refused
-//! with a typed error (`Refused { code: Unbound | Busy }`, `TooLarge`, ...).
+//! fails at once with [`MsgError::WouldBlock`]. Nothing is ever dropped
+//! silently: a message is either accepted (and will be delivered once) or
+//! refused with a typed error (`Refused { code: Unbound | Busy }`,
+//! `TooLarge`, ...); an accepted message whose SEND then fails on the wire
+//! (the target became unreachable) is reported by the VQP's next pushes as
+//! [`MsgError::Lost`] with its sequence number (a port's reply, by the
+//! port's next replies as [`MsgError::ReplyLost`]).
 //!
 //! ```
 //! use krcore::{MsgError, Node};

@@ -79,7 +79,9 @@
 //! | RC: new pair         | the pair cache's creation lock (one handshake)  |
 //! | `create_vqp`         | the pool's (creating a DCI when below the cap)  |
 //! | DC upgrade, upgraded | the VQP's binding lock, then a QP's; a new pair: |
-//! | post                 | the pair cache's locks (one handshake)          |
+//! | post                 | the builder's queue lock (the handshake runs on |
+//! |                      | the engine's builder thread; a hint: the pair   |
+//! |                      | cache's locks, one handshake, on its thread)    |
 //! | `alloc_mr`, MR drop  | the MR map's (posts see it through one atomic)  |
 //! | messaging receive    | the node's receive lock (try-lock), then a      |
 //! |                      | port's or endpoint's state lock (see `msg`)     |

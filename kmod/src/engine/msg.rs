@@ -38,6 +38,19 @@
 //! [`MsgError::Refused`] (`Unbound`) and `Ok` pushes since the unbind are
 //! the ones lost. Dropping a [`Port`] discards what its ring still holds.
 //!
+//! A SEND that fails is not silent either. A data message an endpoint
+//! pushed (`Ok`) whose unsignaled SEND completes in error (the failing WR,
+//! or one the NIC flushed behind it) is reported to its sender: the
+//! endpoint's next pushes return [`MsgError::Lost`] with its seq and
+//! status, one each, and its credit is back in the channel (message SENDs
+//! carry a tag in their wr_id; the error completions are filed per VQP by
+//! whoever polls). A popped message whose credit return or Release cannot
+//! be sent is delivered anyway; those are owed and sent again by the next
+//! pop ([`MsgStats::credits_deferred`], [`MsgStats::releases_deferred`]),
+//! and a descriptor whose sender cannot be reached stays queued (a typed
+//! error; the next pop pulls it). A port's replies are tagged the same way:
+//! its next replies return [`MsgError::ReplyLost`] for each lost one.
+//!
 //! Control messages are bounded per channel (one Open, then at most one
 //! Credit per half window and one Release per descriptor); `ctl_slots` is
 //! sized for the expected number of concurrently opening senders. The
@@ -202,6 +215,36 @@ pub enum MsgError {
         /// The completion status.
         status: WcStatus,
     },
+    /// A message an earlier push accepted (it returned `Ok`) was not
+    /// delivered: its SEND completed with `status` (the first failure), or
+    /// the NIC flushed it after an earlier one failed (`WR_FLUSH_ERR`). One
+    /// such error per lost message, returned by the endpoint's next pushes
+    /// (nothing is sent by the call that returns it). The message's credit
+    /// is back in the channel; the receiver sees the gap in `seq`
+    /// ([`MsgStats::out_of_order`]).
+    #[error("message {seq} to {gid} port {port} was lost: its SEND completed with {status:?}")]
+    Lost {
+        /// The receiving node.
+        gid: Gid,
+        /// The port.
+        port: u16,
+        /// The message's sequence number in its channel.
+        seq: u64,
+        /// Its completion status.
+        status: WcStatus,
+    },
+    /// A reply a port sent earlier ([`Port::reply`](super::Port::reply)
+    /// returned `Ok`) was not delivered, as [`MsgError::Lost`]: returned
+    /// by the port's next replies, one per lost reply.
+    #[error("reply {seq} to {to:?} was lost: its SEND completed with {status:?}")]
+    ReplyLost {
+        /// The endpoint it was for.
+        to: Sender,
+        /// The reply's sequence number in its channel.
+        seq: u64,
+        /// Its completion status.
+        status: WcStatus,
+    },
     /// A peer broke the credit protocol.
     #[error("credit protocol: {0}")]
     Window(#[from] WindowError),
@@ -256,6 +299,13 @@ pub struct MsgStats {
     /// Receive slots whose re-post the SRQ refused; each is posted again
     /// by the next drain (its message was delivered regardless).
     pub reposts_deferred: u64,
+    /// Credit returns whose send failed after their message was popped:
+    /// the message was delivered, the credits stay owed and go back with
+    /// the next pop (or [`Port::return_credits`](super::Port::return_credits)).
+    pub credits_deferred: u64,
+    /// Releases of pulled descriptors whose send failed: the message was
+    /// delivered, the Release is sent again by the next pop.
+    pub releases_deferred: u64,
 }
 
 #[derive(Default)]
@@ -274,6 +324,11 @@ pub(crate) struct Counters {
     pub(crate) send_errors: AtomicU64,
     pub(crate) progress_errors: AtomicU64,
     pub(crate) reposts_deferred: AtomicU64,
+    pub(crate) credits_deferred: AtomicU64,
+    pub(crate) releases_deferred: AtomicU64,
+    /// Error completions of tagged data messages, by sending VQP: (tag,
+    /// status), taken by their endpoint (which reports them lost).
+    pub(crate) failed: Mutex<HashMap<u32, Vec<(u64, WcStatus)>>>,
 }
 
 pub(crate) fn bump(c: &AtomicU64) {
@@ -602,6 +657,8 @@ impl<N: Nic> MsgNode<N> {
             send_errors: l(&c.send_errors),
             progress_errors: l(&c.progress_errors),
             reposts_deferred: l(&c.reposts_deferred),
+            credits_deferred: l(&c.credits_deferred),
+            releases_deferred: l(&c.releases_deferred),
         }
     }
 

@@ -36,6 +36,9 @@ pub(crate) struct EpState<N: Nic> {
     pub(crate) channels: HashMap<(Gid, u16), ChannelTx>,
     pub(crate) replies: VecDeque<Message<N>>,
     pub(crate) released: Vec<u64>,
+    /// A reply credit return failed: credits are owed (sent again by the
+    /// next pop).
+    pub(crate) credits_owed: bool,
 }
 
 pub(crate) struct EndpointShared<N: Nic> {
@@ -50,6 +53,11 @@ pub(crate) struct EpTx<N: Nic> {
     pub(crate) posts: u64,
     pub(crate) staging: Staging<N>,
     pub(crate) landing: Arc<Mutex<Vec<OwnedMr<N>>>>,
+    /// Releases of pulled reply descriptors whose send failed: (node,
+    /// port, token), sent again by the next pop.
+    pub(crate) owed_releases: Vec<(Gid, u16, u64)>,
+    /// The data messages' tags (lost ones are reported by the next push).
+    pub(crate) sent: SentTags,
 }
 
 /// A messaging endpoint: one VQP that pushes messages to ports (its id is
@@ -77,6 +85,7 @@ impl<N: Nic> std::fmt::Debug for Endpoint<N> {
 impl<N: Nic> Drop for Endpoint<N> {
     fn drop(&mut self) {
         self.node.endpoints.write().remove(&self.id);
+        self.node.counters.failed.lock().remove(&self.id);
         let st = self.shared.state.lock();
         let reserved: u32 = st.channels.values().map(|c| c.reply_window).sum();
         self.node.unreserve(reserved);
@@ -200,6 +209,12 @@ impl<N: Nic> Endpoint<N> {
         let key = (gid, port);
         let start = Instant::now();
         let mut tx = self.tx.lock();
+        // Messages accepted earlier and lost since come first, one per push.
+        reap(&tx.vqp, &self.node.counters)?;
+        self.collect_lost(&mut tx);
+        if let Some(lost) = tx.sent.lost.pop_front() {
+            return Err(lost);
+        }
         self.open(&mut tx, key, start)?;
         loop {
             self.node.progress(&self.eng)?;
@@ -323,6 +338,26 @@ impl<N: Nic> Endpoint<N> {
         }
     }
 
+    /// Turns the failed SENDs filed for this endpoint's VQP into `Lost`
+    /// errors (in posting order), giving each lost message's credit back to
+    /// its channel (the receiver never got it, so never returns it).
+    pub(crate) fn collect_lost(&self, tx: &mut EpTx<N>) {
+        let mut st = self.shared.state.lock();
+        tx.sent
+            .collect(self.id, &self.node.counters, |gid, dst, seq, status| {
+                let port = dst as u16;
+                if let Some(c) = st.channels.get_mut(&(gid, port)) {
+                    let _ = c.fwd.credit(1);
+                }
+                MsgError::Lost {
+                    gid,
+                    port,
+                    seq,
+                    status,
+                }
+            });
+    }
+
     pub(crate) fn forget(&self, key: (Gid, u16)) {
         if self.shared.state.lock().channels.remove(&key).is_some() {
             self.node.unreserve(self.node.cfg.reply_window);
@@ -339,6 +374,7 @@ impl<N: Nic> Endpoint<N> {
     ) -> Result<(), MsgError> {
         self.collect_released(tx);
         let dst = MsgDst::Port(port);
+        let wr_id = tx.sent.tag(gid, u32::from(port), seq);
         let EpTx {
             vqp,
             ring,
@@ -359,6 +395,7 @@ impl<N: Nic> Endpoint<N> {
                 seq,
                 data,
                 &self.node,
+                wr_id,
             ),
             Outgoing::Region(mr, offset, len) => {
                 aim(vqp, gid)?;
@@ -379,6 +416,7 @@ impl<N: Nic> Endpoint<N> {
                     self.eng.nic.gid(),
                     self.node.cfg.timeout,
                     &self.node.counters,
+                    wr_id,
                 )
                 .inspect_err(|_| staging.release(token))
             }
@@ -386,24 +424,33 @@ impl<N: Nic> Endpoint<N> {
     }
 
     /// The oldest reply, if any (non-blocking); a descriptor's body is
-    /// pulled here. The reply's credit goes back to its port.
+    /// pulled here. The reply's credit goes back to its port. As with
+    /// [`Port::try_pop`](super::Port::try_pop), a popped reply is always
+    /// returned: a credit return or Release that cannot be sent stays owed
+    /// and is sent again by the next call.
     ///
     /// # Errors
     /// As [`Port::try_pop`](super::Port::try_pop).
     pub fn try_pop_reply(&self) -> Result<Option<Message<N>>, MsgError> {
         self.node.progress(&self.eng)?;
-        let tx = self.tx.lock();
-        let (mut msg, credit) = {
-            let mut st = self.shared.state.lock();
-            let Some(msg) = st.replies.pop_front() else {
-                return Ok(None);
-            };
-            let credit = st
-                .channels
-                .get_mut(&(msg.from.gid, msg.port))
-                .and_then(|c| c.reply_returns.popped());
-            (msg, credit)
+        let mut tx = self.tx.lock();
+        self.settle_owed(&mut tx);
+        let Some(mut msg) = self.shared.state.lock().replies.pop_front() else {
+            return Ok(None);
         };
+        // A descriptor whose port cannot be reached now stays queued (see
+        // `Port::try_pop`).
+        if let (Body::Pending { .. }, Err(e)) = (&msg.body, aim(&tx.vqp, msg.from.gid)) {
+            self.shared.state.lock().replies.push_front(msg);
+            return Err(e);
+        }
+        let credit = self
+            .shared
+            .state
+            .lock()
+            .channels
+            .get_mut(&(msg.from.gid, msg.port))
+            .and_then(|c| c.reply_returns.popped());
         let mut pulled = Ok(());
         if let Body::Pending { len, desc } = msg.body {
             pulled = (|| {
@@ -418,20 +465,13 @@ impl<N: Nic> Endpoint<N> {
                     self.node.cfg.timeout,
                     &self.node.counters,
                 );
-                // Release whatever happened: the buffer is not read again.
-                let rel = MsgRepr {
-                    src: self.eng.nic.gid(),
-                    dst: MsgDst::Port(msg.port),
-                    kind: MsgKind::Release { token: desc.token },
-                };
-                send_inline(
-                    &tx.vqp,
-                    msg.from.gid,
-                    self.id,
-                    &rel.emit(),
-                    self.node.cfg.timeout,
-                    &self.node.counters,
-                )?;
+                // Release whatever happened: the buffer is not read again
+                // (owed when it cannot be sent now).
+                let release = MsgKind::Release { token: desc.token };
+                if self.send_ctl(&tx, msg.from.gid, msg.port, release).is_err() {
+                    tx.owed_releases.push((msg.from.gid, msg.port, desc.token));
+                    bump(&self.node.counters.releases_deferred);
+                }
                 read?;
                 bump(&self.node.counters.pulled);
                 msg.body = Body::Pulled {
@@ -445,22 +485,74 @@ impl<N: Nic> Endpoint<N> {
             })();
         }
         if let Some(n) = credit {
-            let m = MsgRepr {
-                src: self.eng.nic.gid(),
-                dst: MsgDst::Port(msg.port),
-                kind: MsgKind::Credit { count: n },
-            };
-            send_inline(
-                &tx.vqp,
-                msg.from.gid,
-                self.id,
-                &m.emit(),
-                self.node.cfg.timeout,
-                &self.node.counters,
-            )?;
+            let kind = MsgKind::Credit { count: n };
+            if self.send_ctl(&tx, msg.from.gid, msg.port, kind).is_err() {
+                // Delivered regardless: the credits stay owed.
+                let mut st = self.shared.state.lock();
+                if let Some(c) = st.channels.get_mut(&(msg.from.gid, msg.port)) {
+                    c.reply_returns.unflush(n);
+                }
+                st.credits_owed = true;
+                bump(&self.node.counters.credits_deferred);
+            }
         }
         pulled?;
         Ok(Some(msg))
+    }
+
+    /// Sends a control message to `port` at `gid` from the endpoint's VQP.
+    fn send_ctl(&self, tx: &EpTx<N>, gid: Gid, port: u16, kind: MsgKind) -> Result<(), MsgError> {
+        let m = MsgRepr {
+            src: self.eng.nic.gid(),
+            dst: MsgDst::Port(port),
+            kind,
+        };
+        send_inline(
+            &tx.vqp,
+            gid,
+            self.id,
+            &m.emit(),
+            self.node.cfg.timeout,
+            &self.node.counters,
+        )
+    }
+
+    /// Sends what earlier pops owe (Releases, reply credits); what fails
+    /// again stays owed.
+    fn settle_owed(&self, tx: &mut EpTx<N>) {
+        if !tx.owed_releases.is_empty() {
+            let owed = std::mem::take(&mut tx.owed_releases);
+            let left: Vec<_> = owed
+                .into_iter()
+                .filter(|&(gid, port, token)| {
+                    self.send_ctl(tx, gid, port, MsgKind::Release { token })
+                        .is_err()
+                })
+                .collect();
+            tx.owed_releases = left;
+        }
+        if !std::mem::take(&mut self.shared.state.lock().credits_owed) {
+            return;
+        }
+        let due: Vec<((Gid, u16), u32)> = {
+            let mut st = self.shared.state.lock();
+            st.channels
+                .iter_mut()
+                .filter_map(|(k, c)| c.reply_returns.flush().map(|n| (*k, n)))
+                .collect()
+        };
+        for ((gid, port), n) in due {
+            if self
+                .send_ctl(tx, gid, port, MsgKind::Credit { count: n })
+                .is_err()
+            {
+                let mut st = self.shared.state.lock();
+                if let Some(c) = st.channels.get_mut(&(gid, port)) {
+                    c.reply_returns.unflush(n);
+                }
+                st.credits_owed = true;
+            }
+        }
     }
 
     /// Pops the oldest reply, waiting up to `timeout`.

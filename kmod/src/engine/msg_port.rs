@@ -31,6 +31,9 @@ pub(crate) struct PortState<N: Nic> {
     pub(crate) bound: bool,
     /// Tokens of reply descriptors the endpoints released.
     pub(crate) released: Vec<u64>,
+    /// A credit return failed: some channel's credits are owed (sent again
+    /// by the next pop).
+    pub(crate) credits_owed: bool,
 }
 
 pub(crate) struct PortShared<N: Nic> {
@@ -84,6 +87,11 @@ pub(crate) struct PortTx<N: Nic> {
     /// Staging slots for inline replies (see `EpTx::ring`).
     pub(crate) ring: OwnedMr<N>,
     pub(crate) posts: u64,
+    /// Releases of pulled descriptors whose send failed (sent again by the
+    /// next pop).
+    pub(crate) owed_releases: Vec<(Sender, u64)>,
+    /// The replies' tags (lost ones are reported by the next reply).
+    pub(crate) sent: SentTags,
 }
 
 impl<N: Nic> std::fmt::Debug for Port<N> {
@@ -100,6 +108,8 @@ impl<N: Nic> std::fmt::Debug for Port<N> {
 impl<N: Nic> Drop for Port<N> {
     fn drop(&mut self) {
         self.node.ports.write().remove(&self.shared.port);
+        let vqp = self.tx.lock().vqp.id().get();
+        self.node.counters.failed.lock().remove(&vqp);
         let mut st = self.shared.state.lock();
         st.bound = false;
         st.ring.clear();
@@ -132,6 +142,7 @@ impl<N: Nic> Engine<N> {
                 ungranted: slots,
                 bound: true,
                 released: Vec::new(),
+                credits_owed: false,
             }),
         });
         {
@@ -152,6 +163,8 @@ impl<N: Nic> Engine<N> {
                 staging: Staging::default(),
                 ring,
                 posts: 0,
+                owed_releases: Vec::new(),
+                sent: SentTags::new(self.inner.cfg.vqp_depth),
             }),
         })
     }
@@ -170,6 +183,7 @@ impl<N: Nic> Engine<N> {
                 channels: HashMap::new(),
                 replies: VecDeque::new(),
                 released: Vec::new(),
+                credits_owed: false,
             }),
         });
         let ring = node.staging_ring(&self.inner)?;
@@ -184,6 +198,8 @@ impl<N: Nic> Engine<N> {
                 posts: 0,
                 staging: Staging::default(),
                 landing: Arc::new(Mutex::new(Vec::new())),
+                owed_releases: Vec::new(),
+                sent: SentTags::new(self.inner.cfg.vqp_depth),
             }),
             id,
         })
@@ -230,45 +246,93 @@ impl<N: Nic> Port<N> {
     /// back. The message's credit goes back to its sender (in batches of
     /// half its window).
     ///
+    /// A popped message is always returned: when its credit return (or its
+    /// descriptor's Release) cannot be sent, the credits stay owed and the
+    /// Release pending, both sent again by the next call
+    /// ([`MsgStats::credits_deferred`], [`MsgStats::releases_deferred`]).
+    ///
     /// # Errors
-    /// [`MsgError::Failed`] when the pull failed (the message is consumed
-    /// and reported, not dropped silently); engine and post errors.
+    /// [`MsgError::Failed`] when the pull's READ failed (the message is
+    /// consumed and reported, not dropped silently); engine errors when the
+    /// sender of a descriptor cannot be reached (the message stays queued,
+    /// pulled by a later pop).
     pub fn try_pop(&self) -> Result<Option<Message<N>>, MsgError> {
         self.node.progress(&self.eng)?;
         let mut tx = self.tx.lock();
-        let (mut msg, credit) = {
-            let mut st = self.shared.state.lock();
-            let Some(msg) = st.ring.pop_front() else {
-                return Ok(None);
-            };
-            let credit = st
-                .channels
-                .get_mut(&msg.from)
-                .and_then(|c| c.returns.popped());
-            (msg, credit)
+        self.settle_owed(&mut tx);
+        let Some(mut msg) = self.shared.state.lock().ring.pop_front() else {
+            return Ok(None);
         };
+        // A descriptor whose sender cannot be reached now stays queued, at
+        // the head (pops are serialized by `tx`): the error is typed and
+        // the next pop tries again.
+        if let (Body::Pending { .. }, Err(e)) = (&msg.body, aim(&tx.vqp, msg.from.gid)) {
+            self.shared.state.lock().ring.push_front(msg);
+            return Err(e);
+        }
+        let credit = self
+            .shared
+            .state
+            .lock()
+            .channels
+            .get_mut(&msg.from)
+            .and_then(|c| c.returns.popped());
         let pulled = self.pull(&mut tx, &mut msg);
         if let Some(n) = credit {
-            let m = MsgRepr {
-                src: self.eng.nic.gid(),
-                dst: MsgDst::Vqp {
-                    vqp: msg.from.vqp,
-                    from: self.shared.port,
-                },
-                kind: MsgKind::Credit { count: n },
-            };
-            let imm = tx.vqp.id().get();
-            send_inline(
-                &tx.vqp,
-                msg.from.gid,
-                imm,
-                &m.emit(),
-                self.node.cfg.timeout,
-                &self.node.counters,
-            )?;
+            if self
+                .send_ctl(&tx, msg.from, MsgKind::Credit { count: n })
+                .is_err()
+            {
+                // Delivered regardless: the credits stay owed.
+                let mut st = self.shared.state.lock();
+                if let Some(c) = st.channels.get_mut(&msg.from) {
+                    c.returns.unflush(n);
+                }
+                st.credits_owed = true;
+                bump(&self.node.counters.credits_deferred);
+            }
         }
         pulled?;
         Ok(Some(msg))
+    }
+
+    /// Sends a control message to `to`'s endpoint from the port's VQP.
+    fn send_ctl(&self, tx: &PortTx<N>, to: Sender, kind: MsgKind) -> Result<(), MsgError> {
+        let m = MsgRepr {
+            src: self.eng.nic.gid(),
+            dst: MsgDst::Vqp {
+                vqp: to.vqp,
+                from: self.shared.port,
+            },
+            kind,
+        };
+        let imm = tx.vqp.id().get();
+        send_inline(
+            &tx.vqp,
+            to.gid,
+            imm,
+            &m.emit(),
+            self.node.cfg.timeout,
+            &self.node.counters,
+        )
+    }
+
+    /// Sends what earlier pops owe (Releases, credits); what fails again
+    /// stays owed.
+    fn settle_owed(&self, tx: &mut PortTx<N>) {
+        if !tx.owed_releases.is_empty() {
+            let owed = std::mem::take(&mut tx.owed_releases);
+            let left: Vec<_> = owed
+                .into_iter()
+                .filter(|&(to, token)| self.send_ctl(tx, to, MsgKind::Release { token }).is_err())
+                .collect();
+            tx.owed_releases = left;
+        }
+        if std::mem::take(&mut self.shared.state.lock().credits_owed)
+            && self.return_credits_with(tx).is_err()
+        {
+            self.shared.state.lock().credits_owed = true;
+        }
     }
 
     /// Pulls a descriptor's body (one READ) and releases the sender's
@@ -288,23 +352,13 @@ impl<N: Nic> Port<N> {
             &self.node.counters,
         );
         // Release whatever happened: the sender's buffer is not read again.
-        let m = MsgRepr {
-            src: self.eng.nic.gid(),
-            dst: MsgDst::Vqp {
-                vqp: msg.from.vqp,
-                from: self.shared.port,
-            },
-            kind: MsgKind::Release { token: desc.token },
-        };
-        let imm = tx.vqp.id().get();
-        send_inline(
-            &tx.vqp,
-            msg.from.gid,
-            imm,
-            &m.emit(),
-            self.node.cfg.timeout,
-            &self.node.counters,
-        )?;
+        // A Release that cannot be sent now is owed (the message is not
+        // lost for it).
+        let release = MsgKind::Release { token: desc.token };
+        if self.send_ctl(tx, msg.from, release).is_err() {
+            tx.owed_releases.push((msg.from, desc.token));
+            bump(&self.node.counters.releases_deferred);
+        }
         read?;
         bump(&self.node.counters.pulled);
         msg.body = Body::Pulled {
@@ -326,6 +380,10 @@ impl<N: Nic> Port<N> {
     /// Engine and post errors (the credits stay pending).
     pub fn return_credits(&self) -> Result<u32, MsgError> {
         let tx = self.tx.lock();
+        self.return_credits_with(&tx)
+    }
+
+    fn return_credits_with(&self, tx: &PortTx<N>) -> Result<u32, MsgError> {
         let due: Vec<(Sender, u32)> = {
             let mut st = self.shared.state.lock();
             st.channels
@@ -335,26 +393,9 @@ impl<N: Nic> Port<N> {
         };
         let mut sent = 0;
         let mut result = Ok(());
-        let imm = tx.vqp.id().get();
         for (sender, n) in due {
             if result.is_ok() {
-                let m = MsgRepr {
-                    src: self.eng.nic.gid(),
-                    dst: MsgDst::Vqp {
-                        vqp: sender.vqp,
-                        from: self.shared.port,
-                    },
-                    kind: MsgKind::Credit { count: n },
-                };
-                let cfg = &self.node.cfg;
-                match send_inline(
-                    &tx.vqp,
-                    sender.gid,
-                    imm,
-                    &m.emit(),
-                    cfg.timeout,
-                    &self.node.counters,
-                ) {
+                match self.send_ctl(tx, sender, MsgKind::Credit { count: n }) {
                     Ok(()) => {
                         sent += n;
                         continue;
@@ -391,7 +432,8 @@ impl<N: Nic> Port<N> {
     ///
     /// # Errors
     /// [`MsgError::TooLarge`], [`MsgError::Timeout`] (the sender does not
-    /// pop its replies), [`MsgError::Refused`] with
+    /// pop its replies), [`MsgError::ReplyLost`] for a reply sent earlier
+    /// that was not delivered (one per lost reply; nothing is sent then), [`MsgError::Refused`] with
     /// [`RefuseCode::Unbound`] when the sender's channel is unknown here;
     /// engine and post errors.
     pub fn reply(&self, to: &Message<N>, data: &[u8]) -> Result<(), MsgError> {
@@ -411,6 +453,26 @@ impl<N: Nic> Port<N> {
             });
         }
         let start = Instant::now();
+        {
+            // Replies accepted earlier and lost since come first, one per
+            // call (their senders' reply credits back).
+            let mut tx = self.tx.lock();
+            reap(&tx.vqp, &self.node.counters)?;
+            let vqp = tx.vqp.id().get();
+            let mut st = self.shared.state.lock();
+            tx.sent
+                .collect(vqp, &self.node.counters, |gid, dst, seq, status| {
+                    let to = Sender { gid, vqp: dst };
+                    if let Some(c) = st.channels.get_mut(&to) {
+                        let _ = c.reply.credit(1);
+                    }
+                    MsgError::ReplyLost { to, seq, status }
+                });
+            drop(st);
+            if let Some(lost) = tx.sent.lost.pop_front() {
+                return Err(lost);
+            }
+        }
         loop {
             self.node.progress(&self.eng)?;
             let taken = {
@@ -437,6 +499,7 @@ impl<N: Nic> Port<N> {
                 }
                 let imm = tx.vqp.id().get();
                 let slot = self.node.ring_slot(&mut tx.posts);
+                let wr_id = tx.sent.tag(sender.gid, sender.vqp, seq);
                 let r = send_data(
                     &self.eng,
                     &tx.vqp,
@@ -448,6 +511,7 @@ impl<N: Nic> Port<N> {
                     seq,
                     data,
                     &self.node,
+                    wr_id,
                 );
                 if r.is_err() {
                     if let Some(c) = self.shared.state.lock().channels.get_mut(&sender) {

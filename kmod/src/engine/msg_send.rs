@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use krcore_nic::{
-    Access, Gid, InlineData, MemoryRegion, Nic, Payload, SendFlags, SendWr, SgList, Sge, Wc, WrOp,
+    Access, Gid, InlineData, MemoryRegion, Nic, Payload, SendFlags, SendWr, SgList, Sge, Wc,
+    WcStatus, WrOp,
 };
 use parking_lot::Mutex;
 
@@ -16,6 +17,72 @@ use super::msg::*;
 use super::vqp::Vqp;
 use super::EngineInner;
 use crate::msg::{Descriptor, MsgDst, MsgKind, MsgRepr, HEADER_LEN};
+
+/// The wr_id bit of an endpoint's data message SEND: the rest of the
+/// wr_id is the endpoint's tag of the message (see `Endpoint::send`).
+pub(crate) const MSG_TAG: u64 = 1 << 63;
+
+/// Where a VQP's recent data messages went, by tag (their SEND's wr_id
+/// with [`MSG_TAG`]), to report the ones whose SEND failed as
+/// [`MsgError::Lost`].
+///
+/// A message's entry outlives its SEND's completion: at most the VQP's
+/// depth of WRs can follow it before that completion is reaped (they
+/// complete after it and hold the VQP's room till then), and lost ones are
+/// collected before the next data message is tagged; the table has two
+/// entries more than that.
+pub(crate) struct SentTags {
+    next: u64,
+    /// By `tag % len`: (tag, node, destination (an endpoint's port, a
+    /// port's endpoint VQP), seq).
+    table: Vec<(u64, Gid, u32, u64)>,
+    /// Messages found lost, reported one per call.
+    pub(crate) lost: std::collections::VecDeque<MsgError>,
+}
+
+impl SentTags {
+    /// The table of a VQP `depth` deep.
+    pub(crate) fn new(depth: u32) -> SentTags {
+        SentTags {
+            next: 0,
+            table: vec![(u64::MAX, Gid::default(), 0, 0); depth as usize + 2],
+            lost: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// Tags the next data message (to `dst` at `gid`, `seq`): its wr_id.
+    pub(crate) fn tag(&mut self, gid: Gid, dst: u32, seq: u64) -> u64 {
+        let tag = self.next;
+        self.next += 1;
+        let n = self.table.len() as u64;
+        self.table[(tag % n) as usize] = (tag, gid, dst, seq);
+        MSG_TAG | tag
+    }
+
+    /// Turns the failures filed for `vqp` into errors made by `lost(gid,
+    /// dst, seq, status)` (which also gives the message's credit back), in
+    /// posting order.
+    pub(crate) fn collect(
+        &mut self,
+        vqp: u32,
+        counters: &Counters,
+        mut lost: impl FnMut(Gid, u32, u64, WcStatus) -> MsgError,
+    ) {
+        let Some(failed) = counters.failed.lock().remove(&vqp) else {
+            return;
+        };
+        for (tag, status) in failed {
+            let n = self.table.len() as u64;
+            let (t, gid, dst, seq) = self.table[(tag % n) as usize];
+            if t != tag {
+                // Overwritten (the depth bound forbids it): counted.
+                bump(&counters.progress_errors);
+                continue;
+            }
+            self.lost.push_back(lost(gid, dst, seq, status));
+        }
+    }
+}
 
 /// Free buffers kept per pool.
 pub(crate) const POOL_KEEP: usize = 8;
@@ -50,14 +117,29 @@ pub(crate) fn aim<N: Nic>(vqp: &Vqp<N>, to: Gid) -> Result<(), MsgError> {
     Ok(())
 }
 
-/// Polls `vqp`'s completions away, counting errors of message sends.
+/// Counts an error completion of a message send; files a tagged data
+/// message's for its endpoint (it reports the message lost).
+pub(crate) fn failed_send(wc: &Wc, counters: &Counters) {
+    bump(&counters.send_errors);
+    if wc.wr_id & MSG_TAG != 0 {
+        counters
+            .failed
+            .lock()
+            .entry(wc.qp_num)
+            .or_default()
+            .push((wc.wr_id & !MSG_TAG, wc.status));
+    }
+}
+
+/// Polls `vqp`'s completions away, counting errors of message sends (and
+/// filing those of tagged data messages, see [`failed_send`]).
 pub(crate) fn reap<N: Nic>(vqp: &Vqp<N>, counters: &Counters) -> Result<(), MsgError> {
     let mut wcs = [Wc::default(); 16];
     loop {
         let k = vqp.poll(&mut wcs)?;
         for wc in &wcs[..k] {
             if !wc.status.is_ok() {
-                bump(&counters.send_errors);
+                failed_send(wc, counters);
             }
         }
         if k < wcs.len() {
@@ -95,12 +177,25 @@ pub(crate) fn send_inline<N: Nic>(
     timeout: Duration,
     counters: &Counters,
 ) -> Result<(), MsgError> {
+    send_inline_wr(vqp, to, imm, bytes, timeout, counters, 0)
+}
+
+/// [`send_inline`] with the WR's `wr_id` (a data message's tag).
+pub(crate) fn send_inline_wr<N: Nic>(
+    vqp: &Vqp<N>,
+    to: Gid,
+    imm: u32,
+    bytes: &[u8],
+    timeout: Duration,
+    counters: &Counters,
+    wr_id: u64,
+) -> Result<(), MsgError> {
     aim(vqp, to)?;
     let data = InlineData::new(bytes).ok_or(MsgError::Unsupported {
         reason: "control message longer than the inline limit",
     })?;
     let wr = SendWr {
-        wr_id: 0,
+        wr_id,
         op: WrOp::SendImm { imm },
         payload: Payload::Inline(data),
         flags: SendFlags::NONE,
@@ -187,7 +282,7 @@ pub(crate) fn read_into<N: Nic>(
                 };
             }
             if !wc.status.is_ok() {
-                bump(&counters.send_errors);
+                failed_send(wc, counters);
             }
         }
         if start.elapsed() >= timeout {
@@ -213,6 +308,7 @@ pub(crate) fn send_data<N: Nic>(
     seq: u64,
     data: &[u8],
     node: &MsgNode<N>,
+    wr_id: u64,
 ) -> Result<(), MsgError> {
     let cfg = &node.cfg;
     aim(vqp, to)?;
@@ -231,13 +327,14 @@ pub(crate) fn send_data<N: Nic>(
             let mut b = [0u8; krcore_nic::MAX_INLINE];
             b[..HEADER_LEN].copy_from_slice(&header);
             b[HEADER_LEN..HEADER_LEN + data.len()].copy_from_slice(data);
-            return send_inline(
+            return send_inline_wr(
                 vqp,
                 to,
                 imm,
                 &b[..HEADER_LEN + data.len()],
                 cfg.timeout,
                 &node.counters,
+                wr_id,
             );
         }
         // Through a staging slot of the sender's ring.
@@ -247,7 +344,11 @@ pub(crate) fn send_data<N: Nic>(
         let sge = ring
             .sge(off, (HEADER_LEN + data.len()) as u32)
             .map_err(MsgError::nic("a staging buffer"))?;
-        return post_one(vqp, send_wr(sge, imm), cfg.timeout, &node.counters);
+        let wr = SendWr {
+            wr_id,
+            ..send_wr(sge, imm)
+        };
+        return post_one(vqp, wr, cfg.timeout, &node.counters);
     }
     let mr = take_buffer(
         eng,
@@ -274,6 +375,7 @@ pub(crate) fn send_data<N: Nic>(
         src,
         cfg.timeout,
         &node.counters,
+        wr_id,
     )
     .inspect_err(|_| staging.release(token))
 }
@@ -290,6 +392,7 @@ pub(crate) fn send_descriptor<N: Nic>(
     src: Gid,
     timeout: Duration,
     counters: &Counters,
+    wr_id: u64,
 ) -> Result<(), MsgError> {
     let header = MsgRepr {
         src,
@@ -297,7 +400,7 @@ pub(crate) fn send_descriptor<N: Nic>(
         kind: MsgKind::Desc { seq, len, desc },
     }
     .emit();
-    send_inline(vqp, to, imm, &header, timeout, counters)
+    send_inline_wr(vqp, to, imm, &header, timeout, counters, wr_id)
 }
 
 pub(crate) fn send_wr(sge: Sge, imm: u32) -> SendWr {

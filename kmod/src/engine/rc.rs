@@ -4,7 +4,8 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use krcore_nic::{Access, DcTarget, Gid, Nic, QpType, QueuePair, Transition, UdTarget};
 use parking_lot::Mutex;
@@ -43,7 +44,11 @@ use crate::dccache::CachedTarget;
 ///
 /// Making room evicts, in order: closed pairs (lost after an error), then
 /// the least recently used pair *with no WR in flight* (its CQ is drained
-/// first). A pair with WRs in flight is never evicted: when every pair has
+/// first) and not reserved (DC mode upgrade: a pair built in the
+/// background is kept for the VQPs that asked for it until one of them
+/// takes it, all of them gave up, or 1 s (`RESERVE_FOR`) passed; otherwise two
+/// hot targets under a cap of one would evict each other's fresh pair
+/// before its VQP ever looked). A pair with WRs in flight is never evicted: when every pair has
 /// some, the connect is refused with [`EngineError::RcPairsBusy`] (the
 /// caller polls and retries). An evicted pair's QP is destroyed at once and
 /// its target is told (a Close datagram, best effort); VQPs still bound to
@@ -67,6 +72,15 @@ pub struct RcStats {
     pub busy: u64,
     /// Handshakes for a new pair that failed (typed errors to the caller).
     pub failed: u64,
+    /// DC mode upgrade: pairs requested from the background builder
+    /// (one per target at a time, shared by the VQPs waiting for it).
+    pub builds: u64,
+    /// DC mode upgrade: background builds that ended (`builds -
+    /// builds_done` are in flight).
+    pub builds_done: u64,
+    /// DC mode upgrade: background builds that failed (no handshake entry,
+    /// refused, timed out, pairs busy).
+    pub build_failures: u64,
     /// The pairs' queue statistics, summed (closed pairs included).
     pub qp: DciStats,
 }
@@ -76,8 +90,19 @@ pub(crate) struct RcPool<N: Nic> {
     map: Mutex<HashMap<Gid, Arc<PhysQp<N>>>>,
     create: Mutex<()>,
     next_index: AtomicUsize,
-    stats: Mutex<RcStats>,
+    pub(crate) stats: Mutex<RcStats>,
+    /// DC mode upgrade: the background builder, started by the first
+    /// request (see `super::upgrade`); stopped and joined with the pool.
+    pub(crate) builder: Mutex<Option<super::upgrade::Builder>>,
+    /// DC mode upgrade: pairs built in the background and not yet taken by
+    /// the VQPs waiting for them (their ticket, and when the reservation
+    /// lapses): not evicted meanwhile (see `make_room`).
+    reserved: Mutex<HashMap<Gid, (Weak<super::upgrade::Build>, Instant)>>,
 }
+
+/// Longest a pair built in the background stays reserved for the VQPs that
+/// asked for it when none of them takes it (they stopped posting).
+pub(crate) const RESERVE_FOR: Duration = Duration::from_secs(1);
 
 impl<N: Nic> Default for RcPool<N> {
     fn default() -> RcPool<N> {
@@ -86,6 +111,8 @@ impl<N: Nic> Default for RcPool<N> {
             create: Mutex::new(()),
             next_index: AtomicUsize::new(1),
             stats: Mutex::new(RcStats::default()),
+            builder: Mutex::new(None),
+            reserved: Mutex::new(HashMap::new()),
         }
     }
 }
@@ -106,6 +133,37 @@ impl<N: Nic> RcPool<N> {
     pub(crate) fn get(&self, gid: &Gid) -> Option<Arc<PhysQp<N>>> {
         let p = self.map.lock().get(gid).cloned()?;
         p.is_open().then_some(p)
+    }
+
+    /// Reserves the pair to `gid` for the holders of `build` (see
+    /// `reserved`).
+    pub(crate) fn reserve(&self, gid: Gid, build: &Arc<super::upgrade::Build>) {
+        self.reserved
+            .lock()
+            .insert(gid, (Arc::downgrade(build), Instant::now() + RESERVE_FOR));
+    }
+
+    /// Whether the pair to `gid` is reserved (a waiting VQP still holds
+    /// its ticket, and the reservation has not lapsed). Drops lapsed ones.
+    fn is_reserved(&self, gid: &Gid) -> bool {
+        let mut r = self.reserved.lock();
+        let now = Instant::now();
+        r.retain(|_, (w, until)| w.strong_count() > 0 && *until > now);
+        r.contains_key(gid)
+    }
+
+    /// The open pair to `gid`, if any, counted as a reuse and stamped as
+    /// used (as a hit of [`acquire_with`]).
+    pub(crate) fn existing(&self, eng: &EngineInner<N>, gid: &Gid) -> Option<Arc<PhysQp<N>>> {
+        let p = self.get(gid)?;
+        self.stats.lock().reused += 1;
+        if let Some(l) = p.rc_link() {
+            l.used.store(
+                eng.rc_tick.fetch_add(1, Ordering::Relaxed) + 1,
+                Ordering::Relaxed,
+            );
+        }
+        Some(p)
     }
 
     /// Closes every pair and tells each target (best effort): the engine
@@ -301,6 +359,9 @@ fn make_room<N: Nic>(eng: &EngineInner<N>, pool: &RcPool<N>) -> Result<(), Engin
         pairs.sort_by_key(|p| p.0);
         let mut evicted = false;
         for (_, _, gid, p) in &pairs {
+            if pool.is_reserved(gid) {
+                continue;
+            }
             let nonce = p.close_if_idle(eng).map_err(|e| match e {
                 VqpError::Nic { op, source } => EngineError::Nic { op, source },
                 other => EngineError::Config(format!("draining an RC pair to evict it: {other}")),

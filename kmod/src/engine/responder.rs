@@ -42,6 +42,12 @@ pub struct HandshakeConfig {
     pub retries: u32,
     /// Most passive RC QPs (this node's ends of peers' pairs). Default 1024.
     pub passive_cap: usize,
+    /// At `passive_cap`, a Request for a new pair is refused (Reject with
+    /// [`RejectCode::Full`]; the initiator gets a typed
+    /// [`HandshakeFailure::Rejected`]) instead of evicting the least
+    /// recently handshaken passive QP. Retries and re-handshakes of pairs
+    /// this responder already holds are still answered. Default false.
+    pub refuse_when_full: bool,
     /// `retry_cnt` of both ends at RTS: transport retries before
     /// `RETRY_EXC_ERR`. Default 3.
     pub retry_cnt: u8,
@@ -60,6 +66,7 @@ impl Default for HandshakeConfig {
             timeout: Duration::from_millis(20),
             retries: 4,
             passive_cap: 1024,
+            refuse_when_full: false,
             retry_cnt: 3,
             rnr_retry: 3,
             idle_sleep: Duration::from_micros(100),
@@ -190,7 +197,9 @@ struct Core<N: Nic> {
 ///   A passive QP lives until its initiator's Close, or until it is the
 ///   least recently handshaken one when a new key needs room (an initiator
 ///   that died without a Close is reclaimed that way; a live one whose QP
-///   was evicted sees `RETRY_EXC_ERR` and re-handshakes).
+///   was evicted sees `RETRY_EXC_ERR` and re-handshakes). With
+///   `refuse_when_full`, a new key at the cap is refused instead
+///   ([`RejectCode::Full`]): nothing is evicted.
 /// - Mailbox: one entry per handshake in progress, removed when it ends
 ///   (success, failure or timeout): nothing outlives the call. A handshake
 ///   that timed out sends a Close for its nonce (best effort), so that a
@@ -490,6 +499,7 @@ impl<N: Nic> Core<N> {
         ep.tick += 1;
         let tick = ep.tick;
         let key = (peer.gid, peer.qpn);
+        let full = ep.passive.len() >= self.cfg.passive_cap;
         let answer = match ep.passive.get_mut(&key) {
             Some(p) if p.nonce == nonce => {
                 p.stamp = tick;
@@ -519,6 +529,7 @@ impl<N: Nic> Core<N> {
                     }
                 }
             }
+            None if full && self.cfg.refuse_when_full => Err(RejectCode::Full),
             None => {
                 if ep.passive.len() >= self.cfg.passive_cap {
                     let oldest = ep

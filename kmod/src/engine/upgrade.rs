@@ -23,10 +23,22 @@
 //!   `fetch_add` on the VQP's own atomic, only when `upgrade_after` is set).
 //!   Reaching `next_at` (`upgrade_after` WRs since the connect), or a hint
 //!   ([`super::Vqp::upgrade`]), sends the next post down the slow path.
-//! - Building: the slow path (under the VQP's binding lock only; other
-//!   VQPs on the DCI are not held) gets the pair: an existing one costs
-//!   nothing; a new one costs one handshake, bounded by the handshake
-//!   timeout and retries, on the posting thread.
+//! - Building, in the background: the slow path (under the VQP's binding
+//!   lock only; other VQPs on the DCI are not held) takes an existing open
+//!   pair at once (no network). Without one it asks the engine's builder
+//!   for it and returns to posting on the DCI: the builder is one thread
+//!   (`krcore-upgrade`, started by the first request, none while nothing
+//!   asks; stopped and joined with the engine) that resolves the target's
+//!   endpoint and makes the pair (one handshake, bounded by the handshake
+//!   timeout and retries), one target at a time, one build per target
+//!   whatever the number of VQPs waiting for it (their ticket, `Build`).
+//!   Meanwhile the VQP looks again every `BUILD_CHECK_WRS` WRs (a counted
+//!   VQP; a hinted-only one at every post): the pair is ready when the
+//!   pair cache holds it, the build failed when its ticket says so. No post
+//!   ever waits for the network. A fresh pair is not evicted before a VQP
+//!   that asked for it took it (reserved; see [`super::RcStats`]). A hint
+//!   ([`super::Vqp::upgrade`]) and [`super::Engine::upgrade`] build on the
+//!   calling thread instead: they wait for the pair.
 //! - Switching: the state leaves the DCI only when none of the VQP's WRs is
 //!   in flight there (`PhysQp::detach_drained`: checked and taken under the
 //!   DCI's lock), so every DC WR completed before the first RC WR is
@@ -34,8 +46,10 @@
 //!   polled move with the state). Until then posts stay on the DCI and the
 //!   pair waits (`pending`). A VQP that never lets its WRs drain never
 //!   moves.
-//! - Failing: a failed build (no entry, refused, timed out, pairs busy)
-//!   leaves the VQP on its DCI, counts `rc_upgrade_failures`, and backs off:
+//! - Failing: a failed build (no entry, refused, timed out, pairs busy;
+//!   the target refusing or dying mid-handshake is a timeout or a refusal)
+//!   leaves the VQP on its DCI, counts `rc_upgrade_failures` once per VQP
+//!   that waited for it, and backs off:
 //!   the next attempt after `upgrade_after << failures` more WRs (at most
 //!   2^10 times; a hinted-only VQP waits for the next hint).
 //! - Falling back: a pair is evicted only with no WR in flight (or lost
@@ -46,13 +60,16 @@
 //!   on the pair).
 //!
 //! Lock order: the VQP's binding lock, then a QP's lock (as in RC fallback
-//! mode); the pair cache's locks are taken under the binding lock.
+//! mode); the pair cache's locks and the builder's queue lock are taken
+//! under the binding lock, never the other way round. The builder thread
+//! takes no VQP's lock: it only fills the pair cache and its tickets.
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 
 use krcore_nic::{Gid, Nic, SendWr, Wc};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use super::error::{EngineError, VqpError};
 use super::physqp::{PhysQp, PostFail};
@@ -98,11 +115,138 @@ pub(crate) fn pair_for<N: Nic>(
     super::rc::acquire_with(eng, *gid, hs)
 }
 
+/// WRs a counted VQP posts between two looks at the background build it
+/// waits for.
+const BUILD_CHECK_WRS: u64 = 16;
+
+/// One background build of the pair to one node: the ticket the VQPs
+/// waiting for it hold.
+#[derive(Debug)]
+pub(crate) struct Build {
+    gid: Gid,
+    /// Set once by the builder when the build ended: whether it succeeded
+    /// (the pair is then in the pair cache, unless evicted since).
+    done: OnceLock<bool>,
+}
+
+#[derive(Default)]
+struct Jobs {
+    queue: VecDeque<Arc<Build>>,
+    /// The build in flight per target (queued or running).
+    inflight: HashMap<Gid, Arc<Build>>,
+    stop: bool,
+}
+
+#[derive(Default)]
+struct BuilderShared {
+    jobs: Mutex<Jobs>,
+    wake: Condvar,
+}
+
+/// The engine's background builder of upgrade pairs (see the module
+/// docs): its queue and its thread, stopped and joined when dropped (with
+/// the pair cache, so with the engine).
+pub(crate) struct Builder {
+    shared: Arc<BuilderShared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Builder {
+    fn drop(&mut self) {
+        self.shared.jobs.lock().stop = true;
+        self.shared.wake.notify_all();
+        if let Some(t) = self.thread.take() {
+            // The engine's last handle may be the builder's own (the user
+            // dropped the engine during a build): it exits by itself then.
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+/// Asks the builder for the pair to `gid` (starting the builder at the
+/// first request): the build in flight for `gid`, or a new one.
+///
+/// # Errors
+/// [`EngineError::Unsupported`] without the upgrade or in a forked child;
+/// [`EngineError::Config`] when the thread cannot be started.
+fn request_build<N: Nic>(eng: &Arc<EngineInner<N>>, gid: Gid) -> Result<Arc<Build>, EngineError> {
+    super::fork::refuse_in_child(eng, "a background RC build in a forked child")?;
+    let pool = eng.rc_pool().ok_or(EngineError::Unsupported {
+        reason: "the DC -> RC upgrade needs DC mode and EngineConfig::upgrade_endpoint",
+    })?;
+    let mut builder = pool.builder.lock();
+    if builder.is_none() {
+        let shared = Arc::new(BuilderShared::default());
+        let (s, weak) = (shared.clone(), Arc::downgrade(eng));
+        let thread = std::thread::Builder::new()
+            .name("krcore-upgrade".into())
+            .spawn(move || run_builder(&s, &weak))
+            .map_err(|e| EngineError::Config(format!("spawn the upgrade builder: {e}")))?;
+        *builder = Some(Builder {
+            shared,
+            thread: Some(thread),
+        });
+    }
+    let shared = &builder.as_ref().expect("started above").shared;
+    let mut jobs = shared.jobs.lock();
+    if let Some(b) = jobs.inflight.get(&gid) {
+        return Ok(b.clone());
+    }
+    let b = Arc::new(Build {
+        gid,
+        done: OnceLock::new(),
+    });
+    jobs.inflight.insert(gid, b.clone());
+    jobs.queue.push_back(b.clone());
+    pool.stats.lock().builds += 1;
+    shared.wake.notify_one();
+    Ok(b)
+}
+
+/// The builder's loop: one build at a time, until stopped or the engine
+/// is gone.
+fn run_builder<N: Nic>(shared: &BuilderShared, eng: &Weak<EngineInner<N>>) {
+    loop {
+        let job = {
+            let mut jobs = shared.jobs.lock();
+            loop {
+                if jobs.stop {
+                    return;
+                }
+                if let Some(j) = jobs.queue.pop_front() {
+                    break j;
+                }
+                shared.wake.wait(&mut jobs);
+            }
+        };
+        let Some(e) = eng.upgrade() else { return };
+        let ok = pair_for(&e, &job.gid).is_ok();
+        if ok {
+            if let Some(pool) = e.rc_pool() {
+                pool.reserve(job.gid, &job);
+            }
+        }
+        shared.jobs.lock().inflight.remove(&job.gid);
+        let _ = job.done.set(ok);
+        if let Some(pool) = e.rc_pool() {
+            let mut s = pool.stats.lock();
+            s.builds_done += 1;
+            s.build_failures += u64::from(!ok);
+        }
+        // Possibly the engine's last handle: dropping it stops this loop.
+        drop(e);
+    }
+}
+
 struct Slot<N: Nic> {
     /// The pair holding the VQP's state, once upgraded.
     rc: Option<Arc<PhysQp<N>>>,
     /// A pair made for the VQP, waiting for its DC WRs to drain.
     pending: Option<Arc<PhysQp<N>>>,
+    /// The background build the VQP waits for.
+    build: Option<Arc<Build>>,
 }
 
 /// A DC mode VQP's binding: its DCI for life, and while upgraded its RC
@@ -126,6 +270,7 @@ impl<N: Nic> DcBinding<N> {
             slot: Mutex::new(Slot {
                 rc: None,
                 pending: None,
+                build: None,
             }),
             on_rc: AtomicBool::new(false),
             wrs: AtomicU64::new(0),
@@ -169,8 +314,11 @@ impl<N: Nic> Vqp<N> {
 
     /// Hint (DC mode): moves the VQP to an RC pair with its target now.
     ///
-    /// Makes (or finds) the pair, one handshake at most, on this thread;
-    /// moves the state at once when none of the VQP's WRs is in flight,
+    /// Makes (or finds) the pair, one handshake at most, on this thread:
+    /// unlike an upgrade by threshold (built in the background), the hint
+    /// waits for the build (bounded by the handshake timeout and retries;
+    /// a background build of the same pair in flight is waited for, not
+    /// repeated). Moves the state at once when none of the VQP's WRs is in flight,
     /// otherwise at the first post that finds them drained (the VQP keeps
     /// posting on its DCI meanwhile). Returns the transport after the call.
     ///
@@ -193,6 +341,7 @@ impl<N: Nic> Vqp<N> {
         let Some(t) = b.dci.with_vqp(self.id, |st| st.target).flatten() else {
             return Err(EngineError::NotConnected { vqp: self.id });
         };
+        slot.build = None;
         let pair = match pair_for(&self.engine, &t.target.gid) {
             Ok(p) => p,
             Err(e) => {
@@ -257,8 +406,9 @@ impl<N: Nic> Vqp<N> {
         b.next_at.store(next, Ordering::Relaxed);
     }
 
-    /// Tries to upgrade (under the binding lock): gets the pair, moves when
-    /// drained.
+    /// Tries to upgrade (under the binding lock): takes the pair if it
+    /// exists, else waits for its background build (asking for one if
+    /// none is in flight); moves when drained.
     fn try_upgrade(&self, b: &DcBinding<N>, slot: &mut Slot<N>, count: u64) {
         let Some(t) = b.dci.with_vqp(self.id, |st| st.target).flatten() else {
             return;
@@ -272,9 +422,41 @@ impl<N: Nic> Vqp<N> {
             slot.pending = None;
         }
         if slot.pending.is_none() {
-            match pair_for(&self.engine, &gid) {
-                Ok(p) => slot.pending = Some(p),
-                Err(_) => return self.failed(b, count),
+            let existing = self
+                .engine
+                .rc_pool()
+                .and_then(|pool| pool.existing(&self.engine, &gid));
+            if let Some(p) = existing {
+                slot.pending = Some(p);
+                slot.build = None;
+            } else {
+                // Look again after a few more WRs (a hinted-only VQP, not
+                // counted, at its next post).
+                let again = if self.engine.cfg.upgrade_after.is_some() {
+                    count.saturating_add(BUILD_CHECK_WRS)
+                } else {
+                    0
+                };
+                if let Some(bd) = slot.build.take().filter(|bd| bd.gid == gid) {
+                    match bd.done.get() {
+                        None => {
+                            slot.build = Some(bd);
+                            b.next_at.store(again, Ordering::Relaxed);
+                            return;
+                        }
+                        Some(false) => return self.failed(b, count),
+                        // Built, and evicted since: ask again.
+                        Some(true) => {}
+                    }
+                }
+                match request_build(&self.engine, gid) {
+                    Ok(bd) => {
+                        slot.build = Some(bd);
+                        b.next_at.store(again, Ordering::Relaxed);
+                    }
+                    Err(_) => self.failed(b, count),
+                }
+                return;
             }
         }
         self.switch(b, slot);
@@ -375,6 +557,7 @@ impl<N: Nic> Vqp<N> {
         q.with_vqp(id, |st| st.target = Some(t));
         if !same {
             slot.pending = None;
+            slot.build = None;
             b.wrs.store(0, Ordering::Relaxed);
             b.fails.store(0, Ordering::Relaxed);
             b.next_at.store(

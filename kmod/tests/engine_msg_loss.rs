@@ -1,0 +1,293 @@
+//! Messaging: no message is silently lost when the control or data sends
+//! around it fail. A port whose credit return (or a descriptor's Release)
+//! cannot be sent still delivers the popped message and owes the credits;
+//! an endpoint whose unsignaled message SEND fails reports each message it
+//! lost (the failing one, and the later ones the NIC flushed) as a typed
+//! error to its sender.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{config, Cluster, WAIT};
+use krcore_kmod::{Engine, EngineConfig, EngineError, MsgError};
+use krcore_nic::sim::SimNic;
+
+const PORT: u16 = 9;
+
+fn node(c: &Cluster, f: impl FnOnce(&mut EngineConfig)) -> Engine<SimNic> {
+    let e = c.engine(config(|cfg| {
+        cfg.msg.timeout = WAIT;
+        cfg.msg.progress_thread = true;
+        f(cfg)
+    }));
+    c.register(e.local_target().unwrap(), 1 << 40, 0)
+        .expect("register");
+    e
+}
+
+fn body(i: u64, len: usize) -> Vec<u8> {
+    let mut v = i.to_le_bytes().repeat(len.div_ceil(8));
+    v.truncate(len);
+    v
+}
+
+/// The receiver cannot reach the sender for a while (its meta entry is
+/// gone and the receiver's cache entry dropped): the credit returns (and a
+/// descriptor's Release) fail, yet every popped message is delivered, and
+/// the owed credits flow once the sender is reachable again.
+#[test]
+fn a_failed_credit_return_still_delivers_the_message_and_owes_the_credits() {
+    let c = Cluster::new();
+    let rx = node(&c, |cfg| cfg.msg.inline_max = 256);
+    let tx = node(&c, |cfg| cfg.msg.inline_max = 256);
+    let port = rx.bind(PORT).expect("bind");
+    let ep = tx.endpoint().expect("endpoint");
+    let window = tx.config().msg.window as u64;
+    // A full window, the last message a descriptor (pulled by READ from
+    // the sender's buffer, then released).
+    let len = |i: u64| if i == window - 1 { 1000 } else { 100 };
+    for i in 0..window {
+        ep.push(rx.gid(), PORT, &body(i, len(i))).expect("push");
+    }
+    assert_eq!(ep.credits(rx.gid(), PORT), Some(0));
+    assert_eq!(ep.in_flight_regions(), 1);
+    // The sender becomes unreachable for the receiver.
+    c.deregister(&tx.gid()).expect("deregister");
+    rx.invalidate(&tx.gid());
+    let start = Instant::now();
+    while port.queued() < window as usize {
+        assert!(start.elapsed() < WAIT, "the window never arrived");
+        std::thread::yield_now();
+    }
+    for i in 0..window - 1 {
+        let m = port.pop().expect("a popped message is delivered");
+        assert_eq!(
+            (m.seq, m.to_vec()),
+            (i, body(i, len(i))),
+            "intact, in order"
+        );
+    }
+    let s = rx.msg_stats();
+    assert!(s.credits_deferred >= 1, "{s:?}");
+    assert_eq!(ep.credits(rx.gid(), PORT), Some(0), "no credit reached it");
+    // The descriptor cannot be pulled now: a typed error, and it stays
+    // queued.
+    let r = port.try_pop();
+    assert!(
+        matches!(r, Err(MsgError::Engine(EngineError::UnknownNode { .. }))),
+        "{r:?}"
+    );
+    assert_eq!(port.queued(), 1, "not lost");
+    // Reachable again: the next pop delivers it and pays what is owed; the
+    // sender gets its whole window and its buffer back.
+    c.register(tx.local_target().unwrap(), 1 << 40, 0)
+        .expect("register");
+    let i = window - 1;
+    let m = port.pop().expect("pop");
+    assert_eq!((m.seq, m.to_vec()), (i, body(i, len(i))));
+    assert!(m.is_zero_copy());
+    assert!(port.try_pop().expect("try_pop").is_none());
+    // The last pop's credit waits for its batch (half a window) as usual:
+    // return it now.
+    port.return_credits().expect("return credits");
+    let start = Instant::now();
+    while ep.credits(rx.gid(), PORT) != Some(window as u32) {
+        assert!(start.elapsed() < WAIT, "the owed credits never arrived");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let start = Instant::now();
+    while ep.in_flight_regions() > 0 {
+        assert!(start.elapsed() < WAIT, "the Release never arrived");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    // And the channel carries on, in order.
+    for i in window..3 * window {
+        ep.push(rx.gid(), PORT, &body(i, 100)).expect("push");
+        let m = port.pop().expect("pop");
+        assert_eq!((m.seq, m.to_vec()), (i, body(i, 100)));
+    }
+    assert_eq!(rx.msg_stats().out_of_order, 0);
+}
+
+/// The sender's NIC fails every WR to the receiver for a moment (FaultNic
+/// `drop_node`): message SENDs the endpoint accepted (their pushes
+/// returned `Ok`) complete with `RETRY_EXC_ERR` (a WR posted behind a failed
+/// one would be flushed, `WR_FLUSH_ERR`). The endpoint's next pushes report
+/// each lost message as `Lost` (its seq and status), once, in order, sending
+/// nothing; the receiver gets exactly the others, intact and in order, and
+/// the channel has its whole window back.
+#[test]
+fn an_endpoints_failed_send_reports_every_lost_message() {
+    use krcore_nic::fault::{FaultConfig, FaultNic};
+    use krcore_nic::WcStatus;
+    let c = Cluster::new();
+    let rx = node(&c, |_| {});
+    let nic = FaultNic::new(c.nic(), FaultConfig::none(7));
+    let faults = nic.clone();
+    let tx = Engine::start(
+        nic,
+        config(|cfg| {
+            cfg.msg.timeout = WAIT;
+            cfg.msg.progress_thread = true;
+        })
+        .with_meta(c.location),
+    )
+    .expect("engine");
+    c.register(tx.local_target().unwrap(), 1 << 40, 0)
+        .expect("register");
+    let port = rx.bind(PORT).expect("bind");
+    let ep = tx.endpoint().expect("endpoint");
+    // Message `i` carries body(i); the k-th accepted push has seq k.
+    let mut accepted: Vec<u64> = Vec::new();
+    let mut lost: Vec<(u64, WcStatus)> = Vec::new();
+    let mut next = 0u64;
+    let mut push = |accepted: &mut Vec<u64>, lost: &mut Vec<(u64, WcStatus)>| match ep.push(
+        rx.gid(),
+        PORT,
+        &body(next, 100),
+    ) {
+        Ok(()) => {
+            accepted.push(next);
+            next += 1;
+        }
+        Err(MsgError::Lost {
+            gid,
+            port: p,
+            seq,
+            status,
+        }) => {
+            assert_eq!((gid, p), (rx.gid(), PORT));
+            lost.push((seq, status));
+        }
+        Err(e) => panic!("push: {e}"),
+    };
+    for _ in 0..3 {
+        push(&mut accepted, &mut lost);
+    }
+    assert_eq!((accepted.len(), lost.len()), (3, 0));
+    faults.drop_node(rx.gid());
+    while accepted.len() < 6 {
+        push(&mut accepted, &mut lost);
+        assert!(lost.len() <= 3, "{lost:?}");
+    }
+    faults.restore_node(rx.gid());
+    while accepted.len() < 9 {
+        push(&mut accepted, &mut lost);
+        assert!(lost.len() <= 3, "{lost:?}");
+    }
+    // The three accepted while the receiver was unreachable, each once,
+    // in order; nothing accepted after.
+    assert_eq!(
+        lost.iter().map(|l| l.0).collect::<Vec<_>>(),
+        vec![3, 4, 5],
+        "{lost:?}"
+    );
+    assert!(lost
+        .iter()
+        .all(|l| matches!(l.1, WcStatus::RetryExcErr | WcStatus::WrFlushErr)));
+    assert_eq!(lost[0].1, WcStatus::RetryExcErr, "the first one failed");
+    let failed = lost.iter().filter(|l| l.1 == WcStatus::RetryExcErr).count();
+    assert_eq!(faults.stats().dropped_wrs, failed as u64);
+    assert_eq!(tx.msg_stats().send_errors, 3);
+    // The receiver gets exactly the others, intact, in order.
+    for (seq, &i) in accepted.iter().enumerate() {
+        if (3..6).contains(&seq) {
+            continue;
+        }
+        let m = port.pop().expect("pop");
+        assert_eq!((m.seq, m.to_vec()), (seq as u64, body(i, 100)));
+    }
+    assert!(port.try_pop().expect("try_pop").is_none());
+    let s = rx.msg_stats();
+    assert_eq!(s.out_of_order, 1, "the gap of the lost ones: {s:?}");
+    // Their credits are back: a full window once the others are popped.
+    port.return_credits().expect("return");
+    let start = Instant::now();
+    while ep.credits(rx.gid(), PORT) != Some(tx.config().msg.window) {
+        assert!(
+            start.elapsed() < WAIT,
+            "credits: {:?}",
+            ep.credits(rx.gid(), PORT)
+        );
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// The same for a port's replies: the port's node cannot reach the
+/// endpoint's for a moment; each reply accepted then is reported by the
+/// port's next replies as `ReplyLost`, and the endpoint gets the others.
+#[test]
+fn a_ports_failed_reply_is_reported_by_its_next_replies() {
+    use krcore_kmod::Sender;
+    use krcore_nic::fault::{FaultConfig, FaultNic};
+    use krcore_nic::WcStatus;
+    let c = Cluster::new();
+    let nic = FaultNic::new(c.nic(), FaultConfig::none(11));
+    let faults = nic.clone();
+    let rx = Engine::start(
+        nic,
+        config(|cfg| {
+            cfg.msg.timeout = WAIT;
+            cfg.msg.progress_thread = true;
+        })
+        .with_meta(c.location),
+    )
+    .expect("engine");
+    c.register(rx.local_target().unwrap(), 1 << 40, 0)
+        .expect("register");
+    let tx = node(&c, |_| {});
+    let port = rx.bind(PORT).expect("bind");
+    let ep = tx.endpoint().expect("endpoint");
+    ep.push(rx.gid(), PORT, &body(0, 16)).expect("push");
+    let m = port.pop().expect("pop");
+    let to = m.from;
+    assert_eq!(
+        to,
+        Sender {
+            gid: tx.gid(),
+            vqp: ep.id()
+        }
+    );
+    let window = tx.config().msg.reply_window as usize;
+    let mut accepted: Vec<u64> = Vec::new();
+    let mut lost: Vec<(u64, WcStatus)> = Vec::new();
+    let mut next = 0u64;
+    let mut reply = |accepted: &mut Vec<u64>, lost: &mut Vec<(u64, WcStatus)>| match port
+        .reply_to(to, &body(next, 40))
+    {
+        Ok(()) => {
+            accepted.push(next);
+            next += 1;
+        }
+        Err(MsgError::ReplyLost { to: t, seq, status }) => {
+            assert_eq!(t, to);
+            lost.push((seq, status));
+        }
+        Err(e) => panic!("reply: {e}"),
+    };
+    reply(&mut accepted, &mut lost);
+    faults.drop_node(tx.gid());
+    while accepted.len() < 3 {
+        reply(&mut accepted, &mut lost);
+        assert!(lost.len() <= 2, "{lost:?}");
+    }
+    faults.restore_node(tx.gid());
+    while lost.len() < 2 {
+        reply(&mut accepted, &mut lost);
+        assert!(accepted.len() <= 3, "{accepted:?} {lost:?}");
+    }
+    assert_eq!(lost.iter().map(|l| l.0).collect::<Vec<_>>(), vec![1, 2]);
+    assert_eq!(lost[0].1, WcStatus::RetryExcErr);
+    // The endpoint gets reply 0 and, after the gap, the next ones.
+    let r = ep.pop_reply().expect("reply 0");
+    assert_eq!((r.seq, r.to_vec()), (0, body(0, 40)));
+    for _ in 0..window - 1 {
+        reply(&mut accepted, &mut lost);
+    }
+    assert_eq!(lost.len(), 2, "nothing lost once reachable");
+    for (seq, &i) in accepted.iter().enumerate().skip(3) {
+        let r = ep.pop_reply().expect("reply");
+        assert_eq!((r.seq, r.to_vec()), (seq as u64, body(i, 40)));
+    }
+}
