@@ -51,7 +51,9 @@ pub(crate) struct CachedNode {
     gid: Gid,
     slot: u32,
     gen: u32,
-    ctl: Arc<Segment>,
+    /// The node's control block; `None` only while a WR borrows it (moved
+    /// out and back: no reference-count traffic per WR).
+    ctl: Option<Arc<Segment>>,
     checked_ns: u64,
     /// Our pid when the node was found to live in this process (0: it does
     /// not). Compared with the current pid, so a forked child re-checks.
@@ -274,7 +276,9 @@ impl Exec<'_> {
     fn target_node(&mut self, gid: &Gid) -> Option<(u32, u32)> {
         let interval = self.node().config.liveness_interval.as_nanos() as u64;
         let cached = match &self.st.target.node {
-            Some(c) if c.gid == *gid => Some((c.slot, c.gen, c.checked_ns, c.local_pid)),
+            Some(c) if c.gid == *gid && c.ctl.is_some() => {
+                Some((c.slot, c.gen, c.checked_ns, c.local_pid))
+            }
             _ => None,
         };
         if let Some((slot, gen, checked_ns, local_pid)) = cached {
@@ -317,7 +321,7 @@ impl Exec<'_> {
             gid: *gid,
             slot,
             gen,
-            ctl: ctl_seg,
+            ctl: Some(ctl_seg),
             checked_ns: now_ns(),
             local_pid,
         });
@@ -578,12 +582,15 @@ impl Exec<'_> {
             return unreachable;
         };
         // Borrow the target's control block out of the cache for the rest of
-        // the WR (moved, not cloned: no reference-count traffic per WR).
-        let Some(node) = self.st.target.node.take() else {
+        // the WR (moved, not cloned: no reference-count traffic per WR; only
+        // the pointer moves, not the whole cache entry).
+        let Some(ctl) = self.st.target.node.as_mut().and_then(|n| n.ctl.take()) else {
             return unreachable;
         };
-        let r = self.on_node(wr, slot, gen, &node.ctl, dst_qpn, key);
-        self.st.target.node = Some(node);
+        let r = self.on_node(wr, slot, gen, &ctl, dst_qpn, key);
+        if let Some(n) = &mut self.st.target.node {
+            n.ctl = Some(ctl);
+        }
         r
     }
 

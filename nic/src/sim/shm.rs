@@ -200,6 +200,22 @@ impl Segment {
         unsafe { std::slice::from_raw_parts(addr as *const AtomicU64, n) }
     }
 
+    /// The `N` consecutive 8-byte words at `off` as an array (a fixed
+    /// header: constant indices need no further checks). Panics like
+    /// [`Segment::word`] on a bad range, a bug in the sim's own layout.
+    #[inline]
+    pub fn words_array<const N: usize>(&self, off: usize) -> &[AtomicU64; N] {
+        let addr = self.base as usize + off;
+        if off.checked_add(N * 8).is_none_or(|e| e > self.len) || addr % 8 != 0 {
+            layout_bug(off, self.len);
+        }
+        // SAFETY: `off..off + 8N` is in bounds and the start is 8-byte
+        // aligned (checked above), in memory valid for the lifetime of
+        // `self`; `[AtomicU64; N]` has the layout of `[u64; N]`. All accesses
+        // to this memory are atomic (module invariant).
+        unsafe { &*(addr as *const [AtomicU64; N]) }
+    }
+
     /// The word at `off` where the caller has already checked that
     /// `off..off+8` is in bounds and `base + off` is 8-byte aligned.
     #[inline]
