@@ -97,7 +97,9 @@ impl<'a> Ring<'a> {
         debug_assert!(capacity.is_power_of_two());
         let r = Ring::view(seg, base, Some(capacity as u64), cell_words);
         for p in 0..capacity as u64 {
-            r.cell(p).0.store(p, Relaxed);
+            if let Some(seq) = r.seq(p) {
+                seq.store(p, Relaxed);
+            }
         }
         std::sync::atomic::fence(Release);
         r
@@ -109,21 +111,27 @@ impl<'a> Ring<'a> {
         Ring::view(seg, base, None, cell_words)
     }
 
+    /// The sequence word and the first `N` payload words of the cell of
+    /// `pos` (`N == cell_words - 1` for every caller). `None` is unreachable:
+    /// `cells` holds `capacity` whole cells (checked when the view was made).
+    #[inline]
+    fn cell_n<const N: usize>(&self, pos: u64) -> Option<(&'a AtomicU64, &'a [AtomicU64; N])> {
+        debug_assert_eq!(N + 1, self.cell_words);
+        let start = (pos & self.mask) as usize * self.cell_words;
+        let (seq, rest) = self.cells.get(start..)?.split_first()?;
+        Some((seq, rest.first_chunk::<N>()?))
+    }
+
     /// Number of cells.
     pub fn capacity(&self) -> u64 {
         self.mask + 1
     }
 
-    /// The words of the cell of `pos`: its sequence, then the payload.
+    /// The sequence word of the cell of `pos` (`None` is unreachable, see
+    /// `cell_n`).
     #[inline]
-    fn cell(&self, pos: u64) -> (&'a AtomicU64, &'a [AtomicU64]) {
-        let start = (pos & self.mask) as usize * self.cell_words;
-        match self.cells.get(start..start + self.cell_words) {
-            Some([seq, payload @ ..]) => (seq, payload),
-            // Unreachable: `cells` holds `capacity` cells of at least one
-            // word (checked when the view was made).
-            _ => (self.flags, &[]),
-        }
+    fn seq(&self, pos: u64) -> Option<&'a AtomicU64> {
+        self.cells.get((pos & self.mask) as usize * self.cell_words)
     }
 
     /// Entries currently queued (approximate under concurrency).
@@ -145,13 +153,15 @@ impl<'a> Ring<'a> {
 
     /// Enqueues `payload` (`cell_words - 1` words); `false` when full
     /// (`capacity` entries queued), never while there is room.
-    pub fn push(&self, payload: &[u64]) -> bool {
-        debug_assert_eq!(payload.len(), self.cell_words - 1);
+    pub fn push<const N: usize>(&self, payload: &[u64; N]) -> bool {
         let tail = self.tail;
         let cap = self.mask + 1;
         let mut pos = tail.load(Relaxed);
         let (seq_word, words) = loop {
-            let (cell, words) = self.cell(pos);
+            // A layout mismatch (unreachable, see `cell_n`) reads as full.
+            let Some((cell, words)) = self.cell_n::<N>(pos) else {
+                return false;
+            };
             let seq = cell.load(Acquire);
             let dif = seq.wrapping_sub(pos) as i64;
             if dif == 0 {
@@ -189,12 +199,15 @@ impl<'a> Ring<'a> {
     /// `ready(payload)` accepts it; returns its position, whose cell the
     /// caller must then [`Ring::free`] (a producer may free it first, see
     /// the module docs).
-    fn claim(&self, out: &mut [u64], ready: impl Fn(&[u64]) -> bool) -> Option<u64> {
-        debug_assert_eq!(out.len(), self.cell_words - 1);
+    fn claim<const N: usize>(
+        &self,
+        out: &mut [u64; N],
+        ready: impl Fn(&[u64; N]) -> bool,
+    ) -> Option<u64> {
         let head = self.head;
         let mut pos = head.load(Relaxed);
         loop {
-            let (cell, words) = self.cell(pos);
+            let (cell, words) = self.cell_n::<N>(pos)?;
             let seq = cell.load(Acquire);
             let dif = seq.wrapping_sub(pos + 1) as i64;
             if dif == 0 {
@@ -221,15 +234,18 @@ impl<'a> Ring<'a> {
     /// Frees the cell of the entry claimed at `pos` (unless a producer
     /// already did).
     fn free(&self, pos: u64) {
-        let _ = self
-            .cell(pos)
-            .0
-            .compare_exchange(pos + 1, pos + self.mask + 1, Release, Relaxed);
+        if let Some(seq) = self.seq(pos) {
+            let _ = seq.compare_exchange(pos + 1, pos + self.mask + 1, Release, Relaxed);
+        }
     }
 
     /// Dequeues one entry into `out` if there is one and `ready(payload)`
     /// accepts it (used to hide completions whose modeled time has not come).
-    pub fn pop_if(&self, out: &mut [u64], ready: impl Fn(&[u64]) -> bool) -> bool {
+    pub fn pop_if<const N: usize>(
+        &self,
+        out: &mut [u64; N],
+        ready: impl Fn(&[u64; N]) -> bool,
+    ) -> bool {
         match self.claim(out, ready) {
             Some(pos) => {
                 // The payload copied before the claim is ours.
@@ -241,7 +257,7 @@ impl<'a> Ring<'a> {
     }
 
     /// Dequeues one entry.
-    pub fn pop(&self, out: &mut [u64]) -> bool {
+    pub fn pop<const N: usize>(&self, out: &mut [u64; N]) -> bool {
         self.pop_if(out, |_| true)
     }
 }
