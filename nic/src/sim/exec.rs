@@ -330,6 +330,7 @@ impl Exec<'_> {
 
     /// The MR a key names on node `(slot, gen)`, through the validated
     /// cache; returns its cache index (pinned for the current WR).
+    #[inline]
     fn mr(&mut self, slot: u32, gen: u32, ctl_seg: &Segment, key: u32) -> Option<u8> {
         let nk = node_key(slot, gen);
         let home = mr_home(nk, key);
@@ -350,6 +351,17 @@ impl Exec<'_> {
             }
             t.mrs[i] = None;
         }
+        self.mr_miss(slot, gen, ctl_seg, key)
+    }
+
+    /// [`Exec::mr`] when the key is not cached (or its MR changed): resolves
+    /// it from the control block and caches it. Kept out of line so the hit
+    /// path stays small enough to inline.
+    #[cold]
+    #[inline(never)]
+    fn mr_miss(&mut self, slot: u32, gen: u32, ctl_seg: &Segment, key: u32) -> Option<u8> {
+        let nk = node_key(slot, gen);
+        let home = mr_home(nk, key);
         let (info, state) = ctl::mr_lookup_state(ctl_seg, key)?;
         let (idx, _) = ctl::split_key(key);
         let name = FabricInner::seg_name(slot, gen, &format!("mr{idx}g{}", info.gen));
@@ -390,6 +402,7 @@ impl Exec<'_> {
     }
 
     /// Resolves one local SGE (`LOC_PROT_ERR` on any failed check).
+    #[inline]
     fn local_one(&mut self, s: &Sge, need_write: bool) -> Result<Piece, WcStatus> {
         let qp = self.qp;
         let node = &qp.node;
@@ -587,25 +600,25 @@ impl Exec<'_> {
         let Some(ctl) = self.st.target.node.as_mut().and_then(|n| n.ctl.take()) else {
             return unreachable;
         };
-        let r = self.on_node(wr, slot, gen, &ctl, dst_qpn, key);
+        let r = self.on_node(wr, len, (slot, gen), &ctl, dst_qpn, key);
         if let Some(n) = &mut self.st.target.node {
             n.ctl = Some(ctl);
         }
         r
     }
 
+    /// Executes `wr` (of `len` payload bytes) on the live node `(slot, gen)`.
     fn on_node(
         &mut self,
         wr: &SendWr,
-        slot: u32,
-        gen: u32,
+        len: usize,
+        (slot, gen): (u32, u32),
         ctl_seg: &Segment,
         dst_qpn: u32,
         key: u64,
     ) -> Result<Outcome, WcStatus> {
         let q = self.qp;
         let ud = q.qp_type == QpType::Ud;
-        let len = wr.payload.len() as usize;
         let dropped = Outcome::Done {
             status: WcStatus::Success,
             byte_len: len as u32,
