@@ -86,7 +86,10 @@ struct CachedMr {
 }
 
 const SEG_CACHE: usize = 8;
+/// A power of two (the home entry is a mask of the key's hash), at most 16
+/// (`TargetCache::pinned` has a bit per entry).
 const MR_CACHE: usize = 16;
+const _: () = assert!(MR_CACHE.is_power_of_two() && MR_CACHE <= 16);
 
 /// Per-QP caches of resolved nodes, destination QPs, MRs and segments.
 #[derive(Default)]
@@ -110,8 +113,9 @@ fn seg_key(slot: u32, gen: u32, kind: u8, idx: u32, objgen: u32) -> u128 {
 }
 
 /// The preferred MR cache entry of `(node, key)`.
+#[inline(always)]
 fn mr_home(node: u64, key: u32) -> usize {
-    ((key >> 8) ^ key ^ (node >> 32) as u32) as usize % MR_CACHE
+    ((key >> 8) ^ key ^ (node >> 32) as u32) as usize & (MR_CACHE - 1)
 }
 
 fn node_key(slot: u32, gen: u32) -> u64 {
@@ -330,7 +334,7 @@ impl Exec<'_> {
 
     /// The MR a key names on node `(slot, gen)`, through the validated
     /// cache; returns its cache index (pinned for the current WR).
-    #[inline]
+    #[inline(always)]
     fn mr(&mut self, slot: u32, gen: u32, ctl_seg: &Segment, key: u32) -> Option<u8> {
         let nk = node_key(slot, gen);
         let home = mr_home(nk, key);
