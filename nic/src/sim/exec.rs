@@ -278,7 +278,6 @@ impl Exec<'_> {
     /// Resolves a destination GID to a live node, leaving it in the cache's
     /// `node` entry; returns its `(slot, generation)`.
     fn target_node(&mut self, gid: &Gid) -> Option<(u32, u32)> {
-        let interval = self.node().config.liveness_interval.as_nanos() as u64;
         let cached = match &self.st.target.node {
             Some(c) if c.gid == *gid && c.ctl.is_some() => {
                 Some((c.slot, c.gen, c.checked_ns, c.local_pid))
@@ -296,6 +295,7 @@ impl Exec<'_> {
                 return Some((slot, gen));
             }
             let now = now_ns();
+            let interval = self.node().config.liveness_interval.as_nanos() as u64;
             if now.saturating_sub(checked_ns) > interval {
                 if !self.fabric().slot_alive(slot, gen as u64) {
                     return None;

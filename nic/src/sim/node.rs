@@ -614,6 +614,7 @@ impl Cqe {
 
 /// Pushes a completion into a CQ ring; on overflow marks the CQ in error (the
 /// completion is lost, and `poll` reports it).
+#[inline]
 pub(crate) fn push_cqe(seg: &Segment, cqe: &Cqe) {
     let ring = Ring::attach(seg, 0, CQE_WORDS);
     if !ring.push(&cqe.encode()) {
