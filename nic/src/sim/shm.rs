@@ -290,18 +290,20 @@ impl Segment {
         if (sp | dp | len) % 8 == 0 {
             // The common case (aligned words): a tight loop of relaxed word
             // loads and stores.
-            for k in 0..len / 8 {
-                let i = 8 * k;
-                // SAFETY: `src_off..src_off+len` and `dst_off..dst_off+len`
-                // are in bounds (checked above), both start 8-byte aligned
-                // and `len` is a multiple of 8, so every word is in bounds
-                // and aligned; the memory lives as long as the segments.
-                let (s, d) = unsafe {
-                    (
-                        &*((sp + i) as *const AtomicU64),
-                        &*((dp + i) as *const AtomicU64),
-                    )
-                };
+            let n = len / 8;
+            // SAFETY: `src_off..src_off+len` and `dst_off..dst_off+len` are
+            // in bounds (checked above), both start 8-byte aligned and `len`
+            // is a multiple of 8, so each is `n` aligned words in memory that
+            // lives as long as the segments; AtomicU64 has the layout of u64.
+            // The two views may overlap: shared references to atomics may
+            // alias, and all accesses to this memory are atomic.
+            let (s, d) = unsafe {
+                (
+                    std::slice::from_raw_parts(sp as *const AtomicU64, n),
+                    std::slice::from_raw_parts(dp as *const AtomicU64, n),
+                )
+            };
+            for (d, s) in d.iter().zip(s) {
                 d.store(s.load(Ordering::Relaxed), Ordering::Relaxed);
             }
             return Ok(());
