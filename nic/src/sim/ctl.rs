@@ -206,6 +206,7 @@ impl<'a> QpEntry<'a> {
     }
 
     /// Entry named by a QP number, if its generation matches and it is in use.
+    #[inline]
     pub fn by_qpn(seg: &'a Segment, qpn: u32) -> Option<(QpEntry<'a>, QpStateWord)> {
         let (idx, gen12) = split_qpn(qpn);
         if idx >= MAX_QP {
@@ -216,6 +217,7 @@ impl<'a> QpEntry<'a> {
         (sw.qp_type.is_some() && sw.gen & 0xfff == gen12).then_some((e, sw))
     }
 
+    #[inline]
     fn w(&self, i: usize) -> &'a AtomicU64 {
         self.seg.word(self.off + i * 8)
     }
@@ -353,6 +355,7 @@ impl<'a> QpEntry<'a> {
         (Gid(g), qpn)
     }
     /// The send-queue position freed by polling (monotonic).
+    #[inline]
     pub fn sq_done(&self) -> &'a AtomicU64 {
         self.w(qpw::SQ_DONE)
     }

@@ -51,7 +51,9 @@ pub(crate) struct CachedNode {
     gid: Gid,
     slot: u32,
     gen: u32,
-    ctl: Arc<Segment>,
+    /// The node's control block; `None` only while a WR borrows it (moved
+    /// out and back: no reference-count traffic per WR).
+    ctl: Option<Arc<Segment>>,
     checked_ns: u64,
     /// Our pid when the node was found to live in this process (0: it does
     /// not). Compared with the current pid, so a forked child re-checks.
@@ -84,7 +86,10 @@ struct CachedMr {
 }
 
 const SEG_CACHE: usize = 8;
+/// A power of two (the home entry is a mask of the key's hash), at most 16
+/// (`TargetCache::pinned` has a bit per entry).
 const MR_CACHE: usize = 16;
+const _: () = assert!(MR_CACHE.is_power_of_two() && MR_CACHE <= 16);
 
 /// Per-QP caches of resolved nodes, destination QPs, MRs and segments.
 #[derive(Default)]
@@ -108,8 +113,9 @@ fn seg_key(slot: u32, gen: u32, kind: u8, idx: u32, objgen: u32) -> u128 {
 }
 
 /// The preferred MR cache entry of `(node, key)`.
+#[inline(always)]
 fn mr_home(node: u64, key: u32) -> usize {
-    ((key >> 8) ^ key ^ (node >> 32) as u32) as usize % MR_CACHE
+    ((key >> 8) ^ key ^ (node >> 32) as u32) as usize & (MR_CACHE - 1)
 }
 
 fn node_key(slot: u32, gen: u32) -> u64 {
@@ -272,9 +278,10 @@ impl Exec<'_> {
     /// Resolves a destination GID to a live node, leaving it in the cache's
     /// `node` entry; returns its `(slot, generation)`.
     fn target_node(&mut self, gid: &Gid) -> Option<(u32, u32)> {
-        let interval = self.node().config.liveness_interval.as_nanos() as u64;
         let cached = match &self.st.target.node {
-            Some(c) if c.gid == *gid => Some((c.slot, c.gen, c.checked_ns, c.local_pid)),
+            Some(c) if c.gid == *gid && c.ctl.is_some() => {
+                Some((c.slot, c.gen, c.checked_ns, c.local_pid))
+            }
             _ => None,
         };
         if let Some((slot, gen, checked_ns, local_pid)) = cached {
@@ -288,6 +295,7 @@ impl Exec<'_> {
                 return Some((slot, gen));
             }
             let now = now_ns();
+            let interval = self.node().config.liveness_interval.as_nanos() as u64;
             if now.saturating_sub(checked_ns) > interval {
                 if !self.fabric().slot_alive(slot, gen as u64) {
                     return None;
@@ -317,7 +325,7 @@ impl Exec<'_> {
             gid: *gid,
             slot,
             gen,
-            ctl: ctl_seg,
+            ctl: Some(ctl_seg),
             checked_ns: now_ns(),
             local_pid,
         });
@@ -326,6 +334,7 @@ impl Exec<'_> {
 
     /// The MR a key names on node `(slot, gen)`, through the validated
     /// cache; returns its cache index (pinned for the current WR).
+    #[inline(always)]
     fn mr(&mut self, slot: u32, gen: u32, ctl_seg: &Segment, key: u32) -> Option<u8> {
         let nk = node_key(slot, gen);
         let home = mr_home(nk, key);
@@ -346,6 +355,17 @@ impl Exec<'_> {
             }
             t.mrs[i] = None;
         }
+        self.mr_miss(slot, gen, ctl_seg, key)
+    }
+
+    /// [`Exec::mr`] when the key is not cached (or its MR changed): resolves
+    /// it from the control block and caches it. Kept out of line so the hit
+    /// path stays small enough to inline.
+    #[cold]
+    #[inline(never)]
+    fn mr_miss(&mut self, slot: u32, gen: u32, ctl_seg: &Segment, key: u32) -> Option<u8> {
+        let nk = node_key(slot, gen);
+        let home = mr_home(nk, key);
         let (info, state) = ctl::mr_lookup_state(ctl_seg, key)?;
         let (idx, _) = ctl::split_key(key);
         let name = FabricInner::seg_name(slot, gen, &format!("mr{idx}g{}", info.gen));
@@ -386,6 +406,7 @@ impl Exec<'_> {
     }
 
     /// Resolves one local SGE (`LOC_PROT_ERR` on any failed check).
+    #[inline]
     fn local_one(&mut self, s: &Sge, need_write: bool) -> Result<Piece, WcStatus> {
         let qp = self.qp;
         let node = &qp.node;
@@ -578,27 +599,30 @@ impl Exec<'_> {
             return unreachable;
         };
         // Borrow the target's control block out of the cache for the rest of
-        // the WR (moved, not cloned: no reference-count traffic per WR).
-        let Some(node) = self.st.target.node.take() else {
+        // the WR (moved, not cloned: no reference-count traffic per WR; only
+        // the pointer moves, not the whole cache entry).
+        let Some(ctl) = self.st.target.node.as_mut().and_then(|n| n.ctl.take()) else {
             return unreachable;
         };
-        let r = self.on_node(wr, slot, gen, &node.ctl, dst_qpn, key);
-        self.st.target.node = Some(node);
+        let r = self.on_node(wr, len, (slot, gen), &ctl, dst_qpn, key);
+        if let Some(n) = &mut self.st.target.node {
+            n.ctl = Some(ctl);
+        }
         r
     }
 
+    /// Executes `wr` (of `len` payload bytes) on the live node `(slot, gen)`.
     fn on_node(
         &mut self,
         wr: &SendWr,
-        slot: u32,
-        gen: u32,
+        len: usize,
+        (slot, gen): (u32, u32),
         ctl_seg: &Segment,
         dst_qpn: u32,
         key: u64,
     ) -> Result<Outcome, WcStatus> {
         let q = self.qp;
         let ud = q.qp_type == QpType::Ud;
-        let len = wr.payload.len() as usize;
         let dropped = Outcome::Done {
             status: WcStatus::Success,
             byte_len: len as u32,

@@ -561,8 +561,9 @@ impl MemoryRegion for SimMr {
 // ---------------------------------------------------------------------------
 // Completion queue entries
 
-/// Words of a CQ ring cell (sequence + 7 payload words).
-pub(crate) const CQE_WORDS: usize = 8;
+/// Words of a CQ ring cell: sequence + 6 payload words (wr_id, sq_seq,
+/// visible_at, byte_len | imm << 32, qpn | src_qp << 32, flags).
+pub(crate) const CQE_WORDS: usize = 7;
 
 /// A completion as stored in a CQ ring.
 #[derive(Clone, Copy, Debug, Default)]
@@ -592,7 +593,6 @@ impl Cqe {
             self.byte_len as u64 | (self.imm.unwrap_or(0) as u64) << 32,
             self.qpn as u64 | (self.src_qp as u64) << 32,
             flags,
-            0,
         ]
     }
 
@@ -614,6 +614,7 @@ impl Cqe {
 
 /// Pushes a completion into a CQ ring; on overflow marks the CQ in error (the
 /// completion is lost, and `poll` reports it).
+#[inline]
 pub(crate) fn push_cqe(seg: &Segment, cqe: &Cqe) {
     let ring = Ring::attach(seg, 0, CQE_WORDS);
     if !ring.push(&cqe.encode()) {

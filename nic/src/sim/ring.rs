@@ -52,41 +52,74 @@ pub fn ring_bytes(capacity: u32, cell_words: usize) -> usize {
 }
 
 /// A view of a ring living in `seg` at offset `base`.
+///
+/// The head, tail and flags words and the whole cell array are resolved (one
+/// bounds and alignment check) when the view is made, so a push or pop
+/// touches no segment bookkeeping.
 #[derive(Debug, Clone, Copy)]
 pub struct Ring<'a> {
-    seg: &'a Segment,
-    base: usize,
+    head: &'a AtomicU64,
+    tail: &'a AtomicU64,
+    flags: &'a AtomicU64,
+    /// `capacity * cell_words` words.
+    cells: &'a [AtomicU64],
     cell_words: usize,
     mask: u64,
 }
 
 impl<'a> Ring<'a> {
+    /// The view of the ring at `base` with `cap` cells (the stored capacity
+    /// when `None`): two range checks, one for the header, one for the cells.
+    #[inline]
+    fn view(seg: &'a Segment, base: usize, cap: Option<u64>, cell_words: usize) -> Ring<'a> {
+        let hdr = seg.words_array::<{ CELLS / 8 }>(base);
+        let cap = match cap {
+            Some(c) => {
+                hdr[CAP / 8].store(c, Relaxed);
+                c
+            }
+            None => hdr[CAP / 8].load(Acquire).max(1).next_power_of_two(),
+        };
+        Ring {
+            head: &hdr[HEAD / 8],
+            tail: &hdr[TAIL / 8],
+            flags: &hdr[FLAGS / 8],
+            // A range past the segment is a bug in the sim's own layout
+            // (`words` panics, as `word` would on first use of the cell).
+            cells: seg.words(base + CELLS, cap as usize * cell_words),
+            cell_words,
+            mask: cap - 1,
+        }
+    }
+
     /// Initializes a fresh (zeroed) ring. Must run before the ring is published.
     pub fn init(seg: &'a Segment, base: usize, capacity: u32, cell_words: usize) -> Ring<'a> {
         debug_assert!(capacity.is_power_of_two());
-        seg.word(base + CAP).store(capacity as u64, Relaxed);
-        let r = Ring {
-            seg,
-            base,
-            cell_words,
-            mask: capacity as u64 - 1,
-        };
+        let r = Ring::view(seg, base, Some(capacity as u64), cell_words);
         for p in 0..capacity as u64 {
-            r.cell(p).0.store(p, Relaxed);
+            if let Some(seq) = r.seq(p) {
+                seq.store(p, Relaxed);
+            }
         }
         std::sync::atomic::fence(Release);
         r
     }
 
     /// Attaches to a ring that was initialized (possibly by another process).
+    #[inline]
     pub fn attach(seg: &'a Segment, base: usize, cell_words: usize) -> Ring<'a> {
-        let cap = seg.word(base + CAP).load(Acquire).max(1);
-        Ring {
-            seg,
-            base,
-            cell_words,
-            mask: cap.next_power_of_two() - 1,
-        }
+        Ring::view(seg, base, None, cell_words)
+    }
+
+    /// The sequence word and the first `N` payload words of the cell of
+    /// `pos` (`N == cell_words - 1` for every caller). `None` is unreachable:
+    /// `cells` holds `capacity` whole cells (checked when the view was made).
+    #[inline]
+    fn cell_n<const N: usize>(&self, pos: u64) -> Option<(&'a AtomicU64, &'a [AtomicU64; N])> {
+        debug_assert_eq!(N + 1, self.cell_words);
+        let start = (pos & self.mask) as usize * self.cell_words;
+        let (seq, rest) = self.cells.get(start..)?.split_first()?;
+        Some((seq, rest.first_chunk::<N>()?))
     }
 
     /// Number of cells.
@@ -94,50 +127,41 @@ impl<'a> Ring<'a> {
         self.mask + 1
     }
 
-    /// The words of the cell of `pos`: its sequence, then the payload (one
-    /// bounds check for the whole cell).
-    fn cell(&self, pos: u64) -> (&'a AtomicU64, &'a [AtomicU64]) {
-        let idx = (pos & self.mask) as usize;
-        let words = self.seg.words(
-            self.base + CELLS + idx * self.cell_words * 8,
-            self.cell_words,
-        );
-        match words.split_first() {
-            Some((seq, payload)) => (seq, payload),
-            // A ring has at least one word per cell; a bad layout panicked in
-            // `words` already.
-            None => (self.seg.word(self.base + CELLS), &[]),
-        }
+    /// The sequence word of the cell of `pos` (`None` is unreachable, see
+    /// `cell_n`).
+    #[inline]
+    fn seq(&self, pos: u64) -> Option<&'a AtomicU64> {
+        self.cells.get((pos & self.mask) as usize * self.cell_words)
     }
 
     /// Entries currently queued (approximate under concurrency).
     pub fn len(&self) -> u64 {
-        let t = self.seg.word(self.base + TAIL).load(Acquire);
-        let h = self.seg.word(self.base + HEAD).load(Acquire);
+        let t = self.tail.load(Acquire);
+        let h = self.head.load(Acquire);
         t.saturating_sub(h)
     }
 
     /// Whether the ring overflowed at some point (sticky).
     pub fn overflowed(&self) -> bool {
-        self.seg.word(self.base + FLAGS).load(Acquire) & FLAG_OVERFLOW != 0
+        self.flags.load(Acquire) & FLAG_OVERFLOW != 0
     }
 
     /// Marks the ring overflowed.
     pub fn set_overflowed(&self) {
-        self.seg
-            .word(self.base + FLAGS)
-            .fetch_or(FLAG_OVERFLOW, AcqRel);
+        self.flags.fetch_or(FLAG_OVERFLOW, AcqRel);
     }
 
     /// Enqueues `payload` (`cell_words - 1` words); `false` when full
     /// (`capacity` entries queued), never while there is room.
-    pub fn push(&self, payload: &[u64]) -> bool {
-        debug_assert_eq!(payload.len(), self.cell_words - 1);
-        let tail = self.seg.word(self.base + TAIL);
+    pub fn push<const N: usize>(&self, payload: &[u64; N]) -> bool {
+        let tail = self.tail;
         let cap = self.mask + 1;
         let mut pos = tail.load(Relaxed);
         let (seq_word, words) = loop {
-            let (cell, words) = self.cell(pos);
+            // A layout mismatch (unreachable, see `cell_n`) reads as full.
+            let Some((cell, words)) = self.cell_n::<N>(pos) else {
+                return false;
+            };
             let seq = cell.load(Acquire);
             let dif = seq.wrapping_sub(pos) as i64;
             if dif == 0 {
@@ -150,7 +174,7 @@ impl<'a> Ring<'a> {
                 // in the cell. Claimed by a consumer that has not freed the
                 // cell yet (`head` past it): free it on its behalf.
                 let prev = pos.wrapping_sub(cap);
-                let head = self.seg.word(self.base + HEAD).load(Acquire);
+                let head = self.head.load(Acquire);
                 if seq == prev.wrapping_add(1) && (head.wrapping_sub(prev) as i64) > 0 {
                     let _ = cell.compare_exchange(seq, pos, AcqRel, Acquire);
                     continue;
@@ -175,12 +199,15 @@ impl<'a> Ring<'a> {
     /// `ready(payload)` accepts it; returns its position, whose cell the
     /// caller must then [`Ring::free`] (a producer may free it first, see
     /// the module docs).
-    fn claim(&self, out: &mut [u64], ready: impl Fn(&[u64]) -> bool) -> Option<u64> {
-        debug_assert_eq!(out.len(), self.cell_words - 1);
-        let head = self.seg.word(self.base + HEAD);
+    fn claim<const N: usize>(
+        &self,
+        out: &mut [u64; N],
+        ready: impl Fn(&[u64; N]) -> bool,
+    ) -> Option<u64> {
+        let head = self.head;
         let mut pos = head.load(Relaxed);
         loop {
-            let (cell, words) = self.cell(pos);
+            let (cell, words) = self.cell_n::<N>(pos)?;
             let seq = cell.load(Acquire);
             let dif = seq.wrapping_sub(pos + 1) as i64;
             if dif == 0 {
@@ -207,15 +234,18 @@ impl<'a> Ring<'a> {
     /// Frees the cell of the entry claimed at `pos` (unless a producer
     /// already did).
     fn free(&self, pos: u64) {
-        let _ = self
-            .cell(pos)
-            .0
-            .compare_exchange(pos + 1, pos + self.mask + 1, Release, Relaxed);
+        if let Some(seq) = self.seq(pos) {
+            let _ = seq.compare_exchange(pos + 1, pos + self.mask + 1, Release, Relaxed);
+        }
     }
 
     /// Dequeues one entry into `out` if there is one and `ready(payload)`
     /// accepts it (used to hide completions whose modeled time has not come).
-    pub fn pop_if(&self, out: &mut [u64], ready: impl Fn(&[u64]) -> bool) -> bool {
+    pub fn pop_if<const N: usize>(
+        &self,
+        out: &mut [u64; N],
+        ready: impl Fn(&[u64; N]) -> bool,
+    ) -> bool {
         match self.claim(out, ready) {
             Some(pos) => {
                 // The payload copied before the claim is ours.
@@ -227,7 +257,7 @@ impl<'a> Ring<'a> {
     }
 
     /// Dequeues one entry.
-    pub fn pop(&self, out: &mut [u64]) -> bool {
+    pub fn pop<const N: usize>(&self, out: &mut [u64; N]) -> bool {
         self.pop_if(out, |_| true)
     }
 }

@@ -200,6 +200,22 @@ impl Segment {
         unsafe { std::slice::from_raw_parts(addr as *const AtomicU64, n) }
     }
 
+    /// The `N` consecutive 8-byte words at `off` as an array (a fixed
+    /// header: constant indices need no further checks). Panics like
+    /// [`Segment::word`] on a bad range, a bug in the sim's own layout.
+    #[inline]
+    pub fn words_array<const N: usize>(&self, off: usize) -> &[AtomicU64; N] {
+        let addr = self.base as usize + off;
+        if off.checked_add(N * 8).is_none_or(|e| e > self.len) || addr % 8 != 0 {
+            layout_bug(off, self.len);
+        }
+        // SAFETY: `off..off + 8N` is in bounds and the start is 8-byte
+        // aligned (checked above), in memory valid for the lifetime of
+        // `self`; `[AtomicU64; N]` has the layout of `[u64; N]`. All accesses
+        // to this memory are atomic (module invariant).
+        unsafe { &*(addr as *const [AtomicU64; N]) }
+    }
+
     /// The word at `off` where the caller has already checked that
     /// `off..off+8` is in bounds and `base + off` is 8-byte aligned.
     #[inline]
@@ -274,18 +290,20 @@ impl Segment {
         if (sp | dp | len) % 8 == 0 {
             // The common case (aligned words): a tight loop of relaxed word
             // loads and stores.
-            for k in 0..len / 8 {
-                let i = 8 * k;
-                // SAFETY: `src_off..src_off+len` and `dst_off..dst_off+len`
-                // are in bounds (checked above), both start 8-byte aligned
-                // and `len` is a multiple of 8, so every word is in bounds
-                // and aligned; the memory lives as long as the segments.
-                let (s, d) = unsafe {
-                    (
-                        &*((sp + i) as *const AtomicU64),
-                        &*((dp + i) as *const AtomicU64),
-                    )
-                };
+            let n = len / 8;
+            // SAFETY: `src_off..src_off+len` and `dst_off..dst_off+len` are
+            // in bounds (checked above), both start 8-byte aligned and `len`
+            // is a multiple of 8, so each is `n` aligned words in memory that
+            // lives as long as the segments; AtomicU64 has the layout of u64.
+            // The two views may overlap: shared references to atomics may
+            // alias, and all accesses to this memory are atomic.
+            let (s, d) = unsafe {
+                (
+                    std::slice::from_raw_parts(sp as *const AtomicU64, n),
+                    std::slice::from_raw_parts(dp as *const AtomicU64, n),
+                )
+            };
+            for (d, s) in d.iter().zip(s) {
                 d.store(s.load(Ordering::Relaxed), Ordering::Relaxed);
             }
             return Ok(());
