@@ -38,6 +38,12 @@ impl Hasher for IdHasher {
     fn write_u64(&mut self, n: u64) {
         self.0 = (self.0 ^ n).wrapping_mul(K);
     }
+
+    /// One multiply, like `write_u64` (the default would run the 8 bytes
+    /// through `write`); slices (a GID's bytes) hash their length this way.
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
 }
 
 /// The `BuildHasher` for [`IdHasher`].
