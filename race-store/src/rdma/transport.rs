@@ -311,7 +311,7 @@ impl<N: Nic> VqpTransport<N> {
             let mut want = 1;
             while !done {
                 let all = wcs.len();
-                let got = &mut wcs[..want.min(all)];
+                let got = wcs.get_mut(..want.min(all)).unwrap_or_default();
                 want = all;
                 let k = remote.vqp.poll(got).map_err(|e| vqp_error(n as u8, e))?;
                 for wc in wcs.iter().take(k) {
