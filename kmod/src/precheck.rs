@@ -38,7 +38,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::time::Instant;
 
-use krcore_nic::{Access, Destination, Gid, Payload, SendFlags, SendWr, WrOp, MAX_INLINE, MAX_SGE};
+use krcore_nic::{
+    Access, Destination, Gid, Payload, RemoteAddr, SendFlags, SendWr, WrOp, MAX_INLINE, MAX_SGE,
+};
 
 use crate::credits::QueueView;
 
@@ -472,10 +474,13 @@ impl<M: LocalMrTable + ?Sized, G: RemoteGrants + ?Sized> Precheck<'_, M, G> {
 
     /// The common WR, accepted in one straight pass: a READ or WRITE of
     /// one SGE inside an owned MR (which allows local writes for a READ),
-    /// to the destination of the transport, with no grant known for its
-    /// (target, rkey). `false` for anything else, which [`Self::check_wr`]
-    /// then checks in full (so the verdict and the reason are exactly
-    /// [`Self::check_wr`]'s: this only accepts what it would accept).
+    /// to the destination of the transport, with either no grant known for
+    /// its (target, rkey) or a known grant it satisfies
+    /// ([`Self::grant_allows`], the very check [`Self::check_remote`]
+    /// runs, so the grant is looked up once). `false` for anything else,
+    /// which [`Self::check_wr`] then checks in full (so the verdict and the
+    /// reason are exactly [`Self::check_wr`]'s: this only accepts what it
+    /// would accept).
     #[inline(always)]
     fn common_wr_ok(&self, wr: &SendWr) -> bool {
         let (remote, writes_locally) = match wr.op {
@@ -506,7 +511,21 @@ impl<M: LocalMrTable + ?Sized, G: RemoteGrants + ?Sized> Precheck<'_, M, G> {
         if !inside || (writes_locally && !mr.access.contains(Access::LOCAL_WRITE)) {
             return false;
         }
-        target.is_none_or(|t| self.grants.lookup(&t, remote.rkey).is_none())
+        let Some(t) = target else {
+            return true;
+        };
+        match self.grants.lookup(&t, remote.rkey) {
+            None => true,
+            Some(grant) => {
+                let op = if writes_locally {
+                    OpKind::Read
+                } else {
+                    OpKind::Write
+                };
+                self.grant_allows(&grant, remote, op, u64::from(sge.length))
+                    .is_ok()
+            }
+        }
     }
 
     /// Only the capacity and signaling parts, (a) and (c): the batch's
@@ -639,7 +658,7 @@ impl<M: LocalMrTable + ?Sized, G: RemoteGrants + ?Sized> Precheck<'_, M, G> {
     }
 
     fn check_remote(&self, wr: &SendWr, op: OpKind) -> Result<(), Reason> {
-        let (Some(remote), Some(needed)) = (wr.op.remote(), op.remote_access()) else {
+        let (Some(remote), Some(_)) = (wr.op.remote(), op.remote_access()) else {
             return Ok(());
         };
         let target = match wr.dest {
@@ -648,6 +667,28 @@ impl<M: LocalMrTable + ?Sized, G: RemoteGrants + ?Sized> Precheck<'_, M, G> {
             Destination::Ud(_) => None,
         };
         let Some(grant) = target.and_then(|t| self.grants.lookup(&t, remote.rkey)) else {
+            return Ok(());
+        };
+        let len = if wr.op.is_atomic() {
+            8
+        } else {
+            wr.payload.len()
+        };
+        self.grant_allows(&grant, remote, op, len)
+    }
+
+    /// Whether the known `grant` allows `op` on `len` bytes at `remote`:
+    /// not expired, the access `op` needs, and the range inside the grant.
+    /// `op` must be one-sided (it needs a remote access).
+    #[inline(always)]
+    fn grant_allows(
+        &self,
+        grant: &RemoteGrant,
+        remote: RemoteAddr,
+        op: OpKind,
+        len: u64,
+    ) -> Result<(), Reason> {
+        let Some(needed) = op.remote_access() else {
             return Ok(());
         };
         if grant.expires_at.is_some_and(|t| self.now >= t) {
@@ -659,11 +700,6 @@ impl<M: LocalMrTable + ?Sized, G: RemoteGrants + ?Sized> Precheck<'_, M, G> {
                 op,
             });
         }
-        let len = if wr.op.is_atomic() {
-            8
-        } else {
-            wr.payload.len()
-        };
         let inside = remote.addr >= grant.addr
             && match (
                 remote.addr.checked_add(len),

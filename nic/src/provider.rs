@@ -219,6 +219,7 @@ pub fn validate_send_wr(
 }
 
 /// Checks that `offset..offset+len` lies within `0..total`.
+#[inline]
 pub(crate) fn check_range(total: usize, offset: usize, len: usize) -> Result<()> {
     match offset.checked_add(len) {
         Some(end) if end <= total => Ok(()),

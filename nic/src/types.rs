@@ -18,6 +18,7 @@ pub struct Gid(pub [u8; 16]);
 
 impl Gid {
     /// The raw bytes.
+    #[inline]
     pub fn as_bytes(&self) -> &[u8; 16] {
         &self.0
     }
@@ -121,6 +122,7 @@ pub struct SgList {
 
 impl SgList {
     /// An empty list (a zero-length SEND, for example).
+    #[inline]
     pub const fn empty() -> SgList {
         SgList {
             len: 0,
@@ -133,6 +135,7 @@ impl SgList {
     }
 
     /// A list of one entry.
+    #[inline]
     pub const fn one(sge: Sge) -> SgList {
         let mut l = SgList::empty();
         l.entries[0] = sge;
@@ -141,6 +144,7 @@ impl SgList {
     }
 
     /// A list from a slice; `None` when it has more than [`MAX_SGE`] entries.
+    #[inline]
     pub fn from_slice(sges: &[Sge]) -> Option<SgList> {
         if sges.len() > MAX_SGE {
             return None;
@@ -152,11 +156,13 @@ impl SgList {
     }
 
     /// The entries.
+    #[inline]
     pub fn as_slice(&self) -> &[Sge] {
         &self.entries[..self.len as usize]
     }
 
     /// Total length in bytes of all entries.
+    #[inline]
     pub fn total_len(&self) -> u64 {
         self.as_slice().iter().map(|s| s.length as u64).sum()
     }
@@ -172,6 +178,7 @@ pub struct InlineData {
 
 impl InlineData {
     /// Inline data from `data`; `None` when longer than [`MAX_INLINE`].
+    #[inline]
     pub fn new(data: &[u8]) -> Option<InlineData> {
         if data.len() > MAX_INLINE {
             return None;
@@ -185,6 +192,7 @@ impl InlineData {
     }
 
     /// The bytes.
+    #[inline]
     pub fn as_slice(&self) -> &[u8] {
         &self.bytes[..self.len as usize]
     }
@@ -201,6 +209,7 @@ pub enum Payload {
 
 impl Payload {
     /// Total payload length in bytes.
+    #[inline]
     pub fn len(&self) -> u64 {
         match self {
             Payload::Local(sg) => sg.total_len(),
@@ -209,6 +218,7 @@ impl Payload {
     }
 
     /// Whether the payload is empty.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -227,6 +237,7 @@ pub struct RemoteAddr {
 
 impl RemoteAddr {
     /// The same region `delta` bytes further.
+    #[inline]
     pub fn offset(self, delta: u64) -> RemoteAddr {
         RemoteAddr {
             addr: self.addr.wrapping_add(delta),
@@ -260,11 +271,13 @@ pub enum WrOp {
 
 impl WrOp {
     /// Whether this is an atomic (CAS or FAA).
+    #[inline]
     pub fn is_atomic(&self) -> bool {
         matches!(self, WrOp::CompareSwap { .. } | WrOp::FetchAdd { .. })
     }
 
     /// The remote address of a one-sided operation.
+    #[inline]
     pub fn remote(&self) -> Option<RemoteAddr> {
         match *self {
             WrOp::Read { remote }
@@ -277,6 +290,7 @@ impl WrOp {
     }
 
     /// The completion opcode a successful execution reports.
+    #[inline]
     pub fn wc_opcode(&self) -> WcOpcode {
         match self {
             WrOp::Read { .. } => WcOpcode::RdmaRead,
@@ -364,6 +378,7 @@ pub struct SendWr {
 
 impl SendWr {
     /// A READ of `local.length` bytes at `remote` into `local`.
+    #[inline]
     pub fn read(wr_id: u64, local: Sge, remote: RemoteAddr) -> SendWr {
         SendWr {
             wr_id,
@@ -375,6 +390,7 @@ impl SendWr {
     }
 
     /// A WRITE of `local` to `remote`.
+    #[inline]
     pub fn write(wr_id: u64, local: Sge, remote: RemoteAddr) -> SendWr {
         SendWr {
             wr_id,
@@ -386,6 +402,7 @@ impl SendWr {
     }
 
     /// A CAS at `remote` (old value into the 8-byte `local`).
+    #[inline]
     pub fn cas(wr_id: u64, local: Sge, remote: RemoteAddr, compare: u64, swap: u64) -> SendWr {
         SendWr {
             wr_id,
@@ -401,6 +418,7 @@ impl SendWr {
     }
 
     /// A FAA at `remote` (old value into the 8-byte `local`).
+    #[inline]
     pub fn faa(wr_id: u64, local: Sge, remote: RemoteAddr, add: u64) -> SendWr {
         SendWr {
             wr_id,
@@ -412,6 +430,7 @@ impl SendWr {
     }
 
     /// A SEND of `local` (with `imm` when given).
+    #[inline]
     pub fn send(wr_id: u64, local: Sge, imm: Option<u32>) -> SendWr {
         SendWr {
             wr_id,
@@ -426,12 +445,14 @@ impl SendWr {
     }
 
     /// The same WR with `dest` set.
+    #[inline]
     pub fn to(mut self, dest: Destination) -> SendWr {
         self.dest = dest;
         self
     }
 
     /// The same WR signaled or not.
+    #[inline]
     pub fn signaled(mut self, yes: bool) -> SendWr {
         if yes {
             self.flags.0 |= SendFlags::SIGNALED.0;
@@ -442,6 +463,7 @@ impl SendWr {
     }
 
     /// Whether the WR asks for a completion on success.
+    #[inline]
     pub fn is_signaled(&self) -> bool {
         self.flags.contains(SendFlags::SIGNALED)
     }
@@ -511,6 +533,7 @@ impl WcStatus {
     }
 
     /// Whether the status is success.
+    #[inline]
     pub fn is_ok(self) -> bool {
         self == WcStatus::Success
     }

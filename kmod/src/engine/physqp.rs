@@ -92,7 +92,9 @@ use super::vqp::VqpState;
 use super::EngineInner;
 use crate::credits::{CreditError, Posted, SendQueueCredits};
 use crate::dccache::DcCache;
-use crate::precheck::{LocalMr, LocalMrTable, NoGrants, Plan, Precheck, Transport};
+use crate::precheck::{
+    LocalMr, LocalMrTable, NoGrants, Plan, Precheck, RemoteGrant, RemoteGrants, Transport,
+};
 use crate::wrid::{PhysWrId, Slot, VqpId};
 
 /// Completions polled per CQ poll call.
@@ -540,7 +542,10 @@ impl<N: Nic> PhysQp<N> {
                     transport,
                     peer,
                     local_mrs: &mrs,
-                    grants: &v.grants,
+                    grants: &LastGrant {
+                        grants: &v.grants,
+                        last: &v.last_grant,
+                    },
                     now,
                     queue,
                     policy: eng.policy,
@@ -1097,6 +1102,29 @@ fn deliver(
 
 /// The owned-MR snapshot with the last lookup remembered (see
 /// `PhysState::last_mr`).
+/// A VQP's known grants with its last lookup remembered
+/// ([`VqpState::last_grant`]): a VQP's WRs mostly name one (target, rkey),
+/// so most WRs skip the hash lookup. The remembered answer (a grant, or
+/// none known) is the map's own: every change of the VQP's grants clears it.
+struct LastGrant<'a> {
+    grants: &'a IdMap<(Gid, u32), RemoteGrant>,
+    last: &'a Cell<Option<(Gid, u32, Option<RemoteGrant>)>>,
+}
+
+impl RemoteGrants for LastGrant<'_> {
+    #[inline]
+    fn lookup(&self, target: &Gid, rkey: u32) -> Option<RemoteGrant> {
+        if let Some((gid, key, grant)) = self.last.get() {
+            if key == rkey && gid == *target {
+                return grant;
+            }
+        }
+        let grant = self.grants.get(&(*target, rkey)).copied();
+        self.last.set(Some((*target, rkey, grant)));
+        grant
+    }
+}
+
 struct LastMr<'a> {
     mrs: &'a MrSnapshot,
     last: Cell<Option<(u32, LocalMr)>>,

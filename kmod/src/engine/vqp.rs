@@ -27,6 +27,7 @@
 //! post that would exceed it is refused with [`VqpError::VqpFull`] until the
 //! user polls. Neither posting nor polling allocates.
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -57,6 +58,10 @@ pub(crate) struct VqpState {
     /// Keyed by this process's own grants (no untrusted keys): the cheap
     /// [`IdMap`] hasher, not SipHash, on the pre-check's per-WR lookup.
     pub(crate) grants: IdMap<(Gid, u32), RemoteGrant>,
+    /// The pre-check's last lookup in `grants`: (target, rkey) and what
+    /// `grants` held for it. Invariant: it equals `grants`' answer, so
+    /// every change of `grants` (`add_grant`, `remove_grant`) clears it.
+    pub(crate) last_grant: Cell<Option<(Gid, u32, Option<RemoteGrant>)>>,
     /// How many of `grants` carry an expiry: the pre-check reads the
     /// clock only while there is one (leases are opt-in).
     pub(crate) expiring: u32,
@@ -70,6 +75,7 @@ impl VqpState {
             ring: VecDeque::with_capacity(depth as usize),
             target: None,
             grants: IdMap::default(),
+            last_grant: Cell::new(None),
             expiring: 0,
         }
     }
@@ -324,6 +330,7 @@ impl<N: Nic> Vqp<N> {
     /// knows one with an expiry, each post reads the clock once.
     pub fn add_grant(&self, gid: Gid, rkey: u32, grant: RemoteGrant) {
         self.with_state(|st| {
+            st.last_grant.set(None);
             let old = st.grants.insert((gid, rkey), grant);
             st.expiring -= u32::from(old.is_some_and(|g| g.expires_at.is_some()));
             st.expiring += u32::from(grant.expires_at.is_some());
@@ -333,6 +340,7 @@ impl<N: Nic> Vqp<N> {
     /// Forgets a grant; returns it if it was known.
     pub fn remove_grant(&self, gid: &Gid, rkey: u32) -> Option<RemoteGrant> {
         self.with_state(|st| {
+            st.last_grant.set(None);
             let old = st.grants.remove(&(*gid, rkey));
             st.expiring -= u32::from(old.is_some_and(|g| g.expires_at.is_some()));
             old

@@ -398,17 +398,23 @@ impl BucketsView {
             word: Slot::EMPTY,
         });
         for i in 0..self.distinct() {
-            let (Some(words), Some(&at)) = (self.words(i), self.at.get(i)) else {
+            let (Some(buf), Some(&at)) = (self.bufs.get(i), self.at.get(i)) else {
                 continue;
             };
-            for (w, &raw) in words.iter().enumerate() {
-                let word = Slot::from_raw(raw);
-                // Word 0 of each bucket is its header.
-                if w % BUCKET_WORDS == 0 || !keep(word) {
-                    continue;
-                }
-                if let Ok(addr) = at.add(w as u64 * 8) {
-                    out.push(SlotRef { addr, word });
+            // Straight over the bytes, bucket by bucket (no copy into a word
+            // array), skipping word 0 of each bucket: its header.
+            for (b, bucket) in buf.chunks_exact(BUCKET_WORDS * 8).enumerate() {
+                for (s, raw) in bucket.chunks_exact(8).enumerate().skip(1) {
+                    let mut le = [0u8; 8];
+                    le.copy_from_slice(raw);
+                    let word = Slot::from_raw(u64::from_le_bytes(le));
+                    if !keep(word) {
+                        continue;
+                    }
+                    let w = b * BUCKET_WORDS + s;
+                    if let Ok(addr) = at.add(w as u64 * 8) {
+                        out.push(SlotRef { addr, word });
+                    }
                 }
             }
         }
@@ -696,7 +702,7 @@ impl<T: Transport> Client<T> {
         ctx: &mut OpCtx,
     ) -> Result<Option<Vec<KeyCopy>>, Error> {
         let fp = hash.fingerprint();
-        let candidates = view.slots_where(|w| !w.thawed().is_empty() && w.matches(fp));
+        let candidates = view.slots_where(|w| w.matches(fp) && !w.thawed().is_empty());
         if !self.fetch_blocks(&candidates, key, ctx)? {
             return Ok(None);
         }
@@ -728,7 +734,7 @@ impl<T: Transport> Client<T> {
         ctx: &mut OpCtx,
     ) -> Result<Option<Option<Slot>>, Error> {
         let fp = hash.fingerprint();
-        let candidates = view.slots_where(|w| !w.thawed().is_empty() && w.matches(fp));
+        let candidates = view.slots_where(|w| w.matches(fp) && !w.thawed().is_empty());
         if !self.fetch_blocks(&candidates, key, ctx)? {
             return Ok(None);
         }

@@ -302,8 +302,18 @@ impl<N: Nic> VqpTransport<N> {
         for (n, (l, remote)) in last.iter().zip(&self.remotes).enumerate() {
             let Some(last_i) = *l else { continue };
             let mut done = false;
+            // Only a node's last WR is signaled: without errors its one
+            // completion is all there is, and a poll asking for one entry
+            // returns once it has it (the VQP skips draining the rest of
+            // the shared CQ, left for the next poll). Later polls (errors
+            // complete every WR; stale completions of an abandoned batch)
+            // take as many as fit.
+            let mut want = 1;
             while !done {
-                let k = remote.vqp.poll(wcs).map_err(|e| vqp_error(n as u8, e))?;
+                let all = wcs.len();
+                let got = wcs.get_mut(..want.min(all)).unwrap_or_default();
+                want = all;
+                let k = remote.vqp.poll(got).map_err(|e| vqp_error(n as u8, e))?;
                 for wc in wcs.iter().take(k) {
                     if wc.wr_id >> 24 != self.batch {
                         continue; // a completion of an abandoned batch
