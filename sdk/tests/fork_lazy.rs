@@ -111,3 +111,78 @@ fn a_child_is_refused_the_lazy_resources_its_parent_had_not_created() {
     client.engine().handshake_entry().unwrap().unwrap();
     assert_eq!((client.counters() - before).qps_created, 2);
 }
+
+const UPGRADE_NOT_REFUSED: i32 = 20;
+const NOT_ON_DC: i32 = 21;
+const READ_AFTER: i32 = 22;
+
+/// The parent's RC pairs are its own QPs (their locks live in the
+/// parent's memory): a child VQP asking for the upgrade is refused, typed,
+/// instead of posting on the parent's pair, and keeps working on its DCI.
+#[test]
+fn a_child_never_upgrades_onto_its_parents_rc_pair() {
+    let dir = Dir::new("upgrade");
+    let cfg = || EngineConfig::default().with_upgrade_endpoint(true);
+    let server = Node::builder()
+        .fabric(&dir.spec())
+        .config(cfg())
+        .host_meta()
+        .build()
+        .unwrap();
+    let client = Node::builder()
+        .fabric(&dir.spec())
+        .meta(server.meta_location().unwrap())
+        .config(cfg())
+        .build()
+        .unwrap();
+    let region = server.alloc(64, Access::ALL).unwrap();
+    region.write(0, b"parent!!").unwrap();
+    let token = region.token();
+    let buf = client.alloc(64, Access::LOCAL_WRITE).unwrap();
+    // The parent upgrades first: its pool now holds an RC pair to the server.
+    let vqp = client.connect(server.gid()).unwrap();
+    vqp.read(&buf, 0, &token, 0, 8).unwrap().wait().unwrap();
+    assert_eq!(vqp.upgrade().unwrap(), krcore::VqpTransport::Rc);
+    let server_gid = server.gid();
+    let worker = client
+        .fork(|node| {
+            let read = |v: &krcore::Vqp| {
+                buf.write(0, &[0; 8])?;
+                v.read(&buf, 0, &token, 0, 8)?.wait()?;
+                let mut got = [0u8; 8];
+                buf.read(0, &mut got)?;
+                Ok::<bool, Error>(&got == b"parent!!")
+            };
+            let Ok(v) = node.connect(server_gid) else {
+                return READ;
+            };
+            if !matches!(read(&v), Ok(true)) {
+                return READ;
+            }
+            if !unsupported(v.upgrade()) {
+                return UPGRADE_NOT_REFUSED;
+            }
+            if v.transport() != krcore::VqpTransport::Dc {
+                return NOT_ON_DC;
+            }
+            if !matches!(read(&v), Ok(true)) {
+                return READ_AFTER;
+            }
+            OK
+        })
+        .unwrap();
+    let mut worker = worker;
+    let code = worker.wait_timeout(Duration::from_secs(30)).unwrap();
+    assert_eq!(
+        code,
+        Some(OK),
+        "the worker's exit code names the failed step"
+    );
+    // The parent's pair is untouched and still serves its VQP.
+    buf.write(0, &[0; 8]).unwrap();
+    vqp.read(&buf, 0, &token, 0, 8).unwrap().wait().unwrap();
+    let mut got = [0u8; 8];
+    buf.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"parent!!");
+    assert_eq!(vqp.transport(), krcore::VqpTransport::Rc);
+}

@@ -24,7 +24,11 @@
 //!   DCCache misses (the meta client's VQP and buffer are the parent's:
 //!   [`EngineError::Unsupported`]), new MRs (the sim's allocator state is
 //!   per process: [`EngineError::Unsupported`]), messaging (the SRQ and its
-//!   CQ are the parent's: `MsgError::Unsupported`).
+//!   CQ are the parent's: `MsgError::Unsupported`), the DC -> RC upgrade
+//!   (the RC pairs in the inherited pool are the parent's QPs, guarded by
+//!   the parent's locks: a child VQP's hint is refused with
+//!   [`EngineError::Unsupported`] and the VQP stays on its DCI; a child
+//!   starts no background build).
 //! - **Lazy resources** (see [`super::Engine::start`]): what the parent had
 //!   not created before the fork is refused in the child, typed
 //!   ([`EngineError::Unsupported`]; a child creates no NIC object): the

@@ -108,6 +108,10 @@ pub(crate) fn pair_for<N: Nic>(
             reason: "the DC -> RC upgrade needs DC mode and EngineConfig::upgrade_endpoint",
         });
     }
+    // The pool's pairs are the parent's QPs (shared mappings, guarded by
+    // the parent's locks, not the child's copies): a child never posts on
+    // them, nor makes its own.
+    super::fork::refuse_in_child(eng, "the DC -> RC upgrade in a forked child")?;
     let t = super::resolve(eng, &handshake_gid(gid))?;
     let mut hs = super::rc::handshake_target(&t.target)?;
     // The entry's GID is the endpoint's name; datagrams go to the node's.
