@@ -7,39 +7,10 @@
 
 use std::time::{Duration, Instant};
 
+mod common;
+use common::{Dir, SERIAL};
+
 use krcore::{Access, EngineError, Error, Node};
-
-/// Forking while other test threads of this binary run could copy a lock
-/// they hold: run the tests one at a time.
-static SERIAL: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
-
-/// A fresh directory fabric, removed on drop.
-struct Dir(std::path::PathBuf);
-
-impl Dir {
-    fn new(tag: &str) -> Dir {
-        let base = if std::path::Path::new("/dev/shm").is_dir() {
-            std::path::PathBuf::from("/dev/shm")
-        } else {
-            std::env::temp_dir()
-        };
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        Dir(base.join(format!("krcore-fork-{tag}-{}-{nanos}", std::process::id())))
-    }
-
-    fn spec(&self) -> String {
-        format!("sim:{}", self.0.display())
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 // Exit codes of the child, one per failed step.
 const OK: i32 = 0;
@@ -54,7 +25,7 @@ const META_READ_IN_CHILD: i32 = 16;
 #[test]
 fn a_forked_worker_reads_its_parents_memory_on_inherited_state() {
     let _serial = SERIAL.lock();
-    let dir = Dir::new("read");
+    let dir = Dir::new("fork", "read");
     let server = Node::builder()
         .fabric(&dir.spec())
         .host_meta()

@@ -6,38 +6,10 @@
 
 use std::time::Duration;
 
+mod common;
+use common::{Dir, SERIAL};
+
 use krcore::{Access, EngineConfig, EngineError, Error, Node};
-
-/// A fresh directory fabric, removed on drop.
-struct Dir(std::path::PathBuf);
-
-impl Dir {
-    fn new(tag: &str) -> Dir {
-        let base = if std::path::Path::new("/dev/shm").is_dir() {
-            std::path::PathBuf::from("/dev/shm")
-        } else {
-            std::env::temp_dir()
-        };
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        Dir(base.join(format!(
-            "krcore-forklazy-{tag}-{}-{nanos}",
-            std::process::id()
-        )))
-    }
-
-    fn spec(&self) -> String {
-        format!("sim:{}", self.0.display())
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 // Exit codes of the child, one per failed step.
 const OK: i32 = 0;
@@ -52,7 +24,8 @@ fn unsupported<T>(r: krcore::Result<T>) -> bool {
 
 #[test]
 fn a_child_is_refused_the_lazy_resources_its_parent_had_not_created() {
-    let dir = Dir::new("child");
+    let _serial = SERIAL.lock();
+    let dir = Dir::new("forklazy", "child");
     let server = Node::builder()
         .fabric(&dir.spec())
         .host_meta()
@@ -121,7 +94,8 @@ const READ_AFTER: i32 = 22;
 /// instead of posting on the parent's pair, and keeps working on its DCI.
 #[test]
 fn a_child_never_upgrades_onto_its_parents_rc_pair() {
-    let dir = Dir::new("upgrade");
+    let _serial = SERIAL.lock();
+    let dir = Dir::new("forklazy", "upgrade");
     let cfg = || EngineConfig::default().with_upgrade_endpoint(true);
     let server = Node::builder()
         .fabric(&dir.spec())
