@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::{config, Cluster, WAIT};
 use krcore_kmod::{Engine, EngineConfig, EngineError, MsgError};
+use krcore_nic::fault::{FaultConfig, FaultNic};
 use krcore_nic::sim::SimNic;
 
 const PORT: u16 = 9;
@@ -24,6 +25,25 @@ fn node(c: &Cluster, f: impl FnOnce(&mut EngineConfig)) -> Engine<SimNic> {
     c.register(e.local_target().unwrap(), 1 << 40, 0)
         .expect("register");
     e
+}
+
+/// A messaging node (as [`node`]) whose NIC is wrapped in a [`FaultNic`]
+/// seeded with `seed`, and the handle that injects its faults.
+fn fault_node(c: &Cluster, seed: u64) -> (Engine<FaultNic<SimNic>>, FaultNic<SimNic>) {
+    let nic = FaultNic::new(c.nic(), FaultConfig::none(seed));
+    let faults = nic.clone();
+    let e = Engine::start(
+        nic,
+        config(|cfg| {
+            cfg.msg.timeout = WAIT;
+            cfg.msg.progress_thread = true;
+        })
+        .with_meta(c.location),
+    )
+    .expect("engine");
+    c.register(e.local_target().unwrap(), 1 << 40, 0)
+        .expect("register");
+    (e, faults)
 }
 
 fn body(i: u64, len: usize) -> Vec<u8> {
@@ -119,23 +139,10 @@ fn a_failed_credit_return_still_delivers_the_message_and_owes_the_credits() {
 /// the channel has its whole window back.
 #[test]
 fn an_endpoints_failed_send_reports_every_lost_message() {
-    use krcore_nic::fault::{FaultConfig, FaultNic};
     use krcore_nic::WcStatus;
     let c = Cluster::new();
     let rx = node(&c, |_| {});
-    let nic = FaultNic::new(c.nic(), FaultConfig::none(7));
-    let faults = nic.clone();
-    let tx = Engine::start(
-        nic,
-        config(|cfg| {
-            cfg.msg.timeout = WAIT;
-            cfg.msg.progress_thread = true;
-        })
-        .with_meta(c.location),
-    )
-    .expect("engine");
-    c.register(tx.local_target().unwrap(), 1 << 40, 0)
-        .expect("register");
+    let (tx, faults) = fault_node(&c, 7);
     let port = rx.bind(PORT).expect("bind");
     let ep = tx.endpoint().expect("endpoint");
     // Message `i` carries body(i); the k-th accepted push has seq k.
@@ -220,22 +227,9 @@ fn an_endpoints_failed_send_reports_every_lost_message() {
 #[test]
 fn a_ports_failed_reply_is_reported_by_its_next_replies() {
     use krcore_kmod::Sender;
-    use krcore_nic::fault::{FaultConfig, FaultNic};
     use krcore_nic::WcStatus;
     let c = Cluster::new();
-    let nic = FaultNic::new(c.nic(), FaultConfig::none(11));
-    let faults = nic.clone();
-    let rx = Engine::start(
-        nic,
-        config(|cfg| {
-            cfg.msg.timeout = WAIT;
-            cfg.msg.progress_thread = true;
-        })
-        .with_meta(c.location),
-    )
-    .expect("engine");
-    c.register(rx.local_target().unwrap(), 1 << 40, 0)
-        .expect("register");
+    let (rx, faults) = fault_node(&c, 11);
     let tx = node(&c, |_| {});
     let port = rx.bind(PORT).expect("bind");
     let ep = tx.endpoint().expect("endpoint");

@@ -7,7 +7,7 @@
 mod common;
 
 use common::{Cluster, MemNode};
-use krcore_kmod::{Engine, EngineConfig, EngineError, OwnedMr, Vqp, VqpTransport};
+use krcore_kmod::{Engine, EngineConfig, EngineError, EngineStats, OwnedMr, Vqp, VqpTransport};
 use krcore_nic::sim::SimNic;
 use krcore_nic::{Access, DcTarget, MemoryRegion, SendWr, Wc, WcStatus};
 
@@ -408,6 +408,28 @@ fn concurrent_upgrades_and_evictions_keep_every_log_sequential() {
     assert_eq!(s.dci.error_completions + s.rc.qp.error_completions, 0);
 }
 
+/// After one failed upgrade attempt: the VQP is on its DCI, ten more
+/// windows keep the sequential log, and the engine counts exactly one
+/// failure, no upgrade and no pair. Returns the stats for further checks.
+fn stayed_on_dc_after_one_failure(e: &Engine<SimNic>, w: &mut Workload<'_>) -> EngineStats {
+    assert_eq!(w.v.transport(), VqpTransport::Dc);
+    for _ in 0..10 {
+        w.window(3);
+    }
+    w.check();
+    let s = e.stats();
+    assert_eq!(
+        (
+            s.rc_upgrades,
+            s.rc_upgrade_failures,
+            s.rc.pairs,
+            s.rc.failed
+        ),
+        (0, 1, 0, 1)
+    );
+    s
+}
+
 /// A memory node whose handshake endpoint holds at most one passive QP and
 /// refuses new pairs past it (no eviction).
 fn refusing_node(c: &Cluster, len: usize) -> MemNode {
@@ -454,21 +476,7 @@ fn a_target_that_refuses_leaves_the_vqp_on_dc_working() {
         ),
         "{r:?}"
     );
-    assert_eq!(w.v.transport(), VqpTransport::Dc);
-    for _ in 0..10 {
-        w.window(3);
-    }
-    w.check();
-    let s = e.stats();
-    assert_eq!(
-        (
-            s.rc_upgrades,
-            s.rc_upgrade_failures,
-            s.rc.pairs,
-            s.rc.failed
-        ),
-        (0, 1, 0, 1)
-    );
+    let s = stayed_on_dc_after_one_failure(&e, &mut w);
     assert_eq!(s.handshake.refused, 1);
     // By threshold: every attempt is refused, counted, backed off; every
     // op on the way succeeds in order.
@@ -623,21 +631,7 @@ fn a_target_that_dies_mid_handshake_leaves_the_vqp_on_dc_working() {
         "{r:?}"
     );
     assert!(endpoint.lock().unwrap().is_none(), "the endpoint died");
-    assert_eq!(w.v.transport(), VqpTransport::Dc);
-    for _ in 0..10 {
-        w.window(3);
-    }
-    w.check();
-    let s = e.stats();
-    assert_eq!(
-        (
-            s.rc_upgrades,
-            s.rc_upgrade_failures,
-            s.rc.pairs,
-            s.rc.failed
-        ),
-        (0, 1, 0, 1)
-    );
+    let s = stayed_on_dc_after_one_failure(&e, &mut w);
     assert_eq!(s.handshake.timeouts, 1);
     assert_eq!(s.dci.error_completions, 0);
 }
