@@ -8,12 +8,11 @@
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{Dir, SERIAL};
+use common::{Dir, OK, SERIAL};
 
 use krcore::{Access, EngineError, Error, Node};
 
 // Exit codes of the child, one per failed step.
-const OK: i32 = 0;
 const CONNECT: i32 = 10;
 const READ: i32 = 11;
 const DATA: i32 = 12;
@@ -87,13 +86,7 @@ fn a_forked_worker_reads_its_parents_memory_on_inherited_state() {
             OK
         })
         .unwrap();
-    let mut worker = worker;
-    let code = worker.wait_timeout(Duration::from_secs(30)).unwrap();
-    assert_eq!(
-        code,
-        Some(OK),
-        "the worker's exit code names the failed step"
-    );
+    common::expect_ok(worker);
     let took = Duration::from_nanos(result.load_u64(0).unwrap());
     assert!(took > Duration::ZERO);
     let in_child = Duration::from_nanos(result.load_u64(8).unwrap());

@@ -4,15 +4,13 @@
 //! upgrade's handshake endpoint. The parent creates them afterwards as
 //! usual.
 
-use std::time::Duration;
 
 mod common;
-use common::{Dir, SERIAL};
+use common::{Dir, OK, SERIAL};
 
 use krcore::{Access, EngineConfig, EngineError, Error, Node};
 
 // Exit codes of the child, one per failed step.
-const OK: i32 = 0;
 const READ: i32 = 10;
 const DCT_NOT_REFUSED: i32 = 11;
 const ENDPOINT_NOT_REFUSED: i32 = 12;
@@ -71,13 +69,7 @@ fn a_child_is_refused_the_lazy_resources_its_parent_had_not_created() {
             OK
         })
         .unwrap();
-    let mut worker = worker;
-    let code = worker.wait_timeout(Duration::from_secs(30)).unwrap();
-    assert_eq!(
-        code,
-        Some(OK),
-        "the worker's exit code names the failed step"
-    );
+    common::expect_ok(worker);
     // The parent creates them as usual afterwards.
     let before = client.counters();
     client.local_target().unwrap();
@@ -145,13 +137,7 @@ fn a_child_never_upgrades_onto_its_parents_rc_pair() {
             OK
         })
         .unwrap();
-    let mut worker = worker;
-    let code = worker.wait_timeout(Duration::from_secs(30)).unwrap();
-    assert_eq!(
-        code,
-        Some(OK),
-        "the worker's exit code names the failed step"
-    );
+    common::expect_ok(worker);
     // The parent's pair is untouched and still serves its VQP.
     buf.write(0, &[0; 8]).unwrap();
     vqp.read(&buf, 0, &token, 0, 8).unwrap().wait().unwrap();

@@ -5,6 +5,22 @@
 /// they hold into the child: every test that forks holds this.
 pub static SERIAL: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
 
+/// The exit code every forked worker of these tests returns on success;
+/// any other code names the step that failed.
+pub const OK: i32 = 0;
+
+/// Waits (30 s at most) for `worker` and asserts it exited with [`OK`].
+pub fn expect_ok(mut worker: krcore::Worker) {
+    let code = worker
+        .wait_timeout(std::time::Duration::from_secs(30))
+        .unwrap();
+    assert_eq!(
+        code,
+        Some(OK),
+        "the worker's exit code names the failed step"
+    );
+}
+
 /// A fresh directory fabric (under `/dev/shm` when present), removed on
 /// drop.
 pub struct Dir(std::path::PathBuf);
