@@ -4,7 +4,6 @@
 //! upgrade's handshake endpoint. The parent creates them afterwards as
 //! usual.
 
-
 mod common;
 use common::{Dir, OK, SERIAL};
 
