@@ -105,6 +105,131 @@ impl VqpState {
     }
 }
 
+/// Buckets of [`VqpTable`]'s direct index (a power of two).
+const DIRECT: usize = 64;
+
+/// The states of the VQPs bound to one physical QP, found by id without
+/// hashing on the data path: a dense vector of (id, state), and a
+/// direct-mapped index from a multiplicative hash of the id (one multiply,
+/// one compare) to its position; the ids whose bucket is taken go to a
+/// spill map.
+///
+/// Invariants: every id is in `states` at most once; for each position
+/// `i`, `states[i].0` is found at `i` through exactly one of: its bucket
+/// (`direct[bucket(id)] == i + 1`) or `spill` (`spill[id] == i`); `direct`
+/// entries are 0 (empty) or a position plus one.
+pub(crate) struct VqpTable {
+    states: Vec<(VqpId, VqpState)>,
+    direct: [u32; DIRECT],
+    spill: IdMap<VqpId, u32>,
+}
+
+impl Default for VqpTable {
+    fn default() -> VqpTable {
+        VqpTable {
+            states: Vec::new(),
+            direct: [0; DIRECT],
+            spill: IdMap::default(),
+        }
+    }
+}
+
+impl VqpTable {
+    #[inline]
+    fn bucket(id: VqpId) -> usize {
+        (id.get().wrapping_mul(0x9e37_79b1) >> (32 - DIRECT.trailing_zeros())) as usize
+    }
+
+    /// The position of `id`'s state, if held.
+    #[inline]
+    pub(crate) fn index(&self, id: VqpId) -> Option<usize> {
+        let d = self.direct[Self::bucket(id)] as usize;
+        if d != 0 {
+            if let Some((i, _)) = self.states.get(d - 1) {
+                if *i == id {
+                    return Some(d - 1);
+                }
+            }
+        }
+        self.index_spilled(id)
+    }
+
+    #[cold]
+    fn index_spilled(&self, id: VqpId) -> Option<usize> {
+        if self.spill.is_empty() {
+            return None;
+        }
+        self.spill.get(&id).map(|&i| i as usize)
+    }
+
+    /// The state at position `i` (from [`VqpTable::index`], no change since).
+    #[inline]
+    pub(crate) fn at(&mut self, i: usize) -> &mut VqpState {
+        &mut self.states[i].1
+    }
+
+    #[inline]
+    pub(crate) fn get(&self, id: VqpId) -> Option<&VqpState> {
+        self.index(id).map(|i| &self.states[i].1)
+    }
+
+    #[inline]
+    pub(crate) fn get_mut(&mut self, id: VqpId) -> Option<&mut VqpState> {
+        self.index(id).map(|i| &mut self.states[i].1)
+    }
+
+    /// Records that `id` lives at position `i`.
+    fn place(&mut self, id: VqpId, i: usize) {
+        let b = Self::bucket(id);
+        if self.direct[b] == 0 {
+            self.direct[b] = i as u32 + 1;
+        } else {
+            self.spill.insert(id, i as u32);
+        }
+    }
+
+    /// Forgets where `id` (at position `i`) lives.
+    fn unplace(&mut self, id: VqpId, i: usize) {
+        let b = Self::bucket(id);
+        if self.direct[b] as usize == i + 1 {
+            self.direct[b] = 0;
+        } else {
+            self.spill.remove(&id);
+        }
+    }
+
+    /// Hands `id` its state (replacing one it had).
+    pub(crate) fn insert(&mut self, id: VqpId, st: VqpState) {
+        match self.index(id) {
+            Some(i) => self.states[i].1 = st,
+            None => {
+                self.states.push((id, st));
+                self.place(id, self.states.len() - 1);
+            }
+        }
+    }
+
+    /// Takes `id`'s state out.
+    pub(crate) fn remove(&mut self, id: VqpId) -> Option<VqpState> {
+        let i = self.index(id)?;
+        self.unplace(id, i);
+        let last = self.states.len() - 1;
+        if i != last {
+            // The last state moves to `i`.
+            let moved = self.states[last].0;
+            self.unplace(moved, last);
+            self.place(moved, i);
+        }
+        Some(self.states.swap_remove(i).1)
+    }
+
+    /// How many VQPs are held.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.states.len()
+    }
+}
+
 /// Which physical QP a VQP posts on (see the module docs).
 pub(crate) enum Binding<N: Nic> {
     /// DC mode: a DCI of the pool, for life, and an RC pair while upgraded
@@ -422,5 +547,80 @@ impl<N: Nic> Vqp<N> {
             }
         }
         Ok(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn id(n: u32) -> VqpId {
+        VqpId::new(n).unwrap()
+    }
+
+    /// Checks every lookup of `t` against the reference `r` (ids 1..=max).
+    fn same(t: &VqpTable, r: &HashMap<u32, u32>, max: u32) {
+        assert_eq!(t.len(), r.len());
+        for n in 1..=max {
+            assert_eq!(
+                t.get(id(n)).map(|s| s.capacity),
+                r.get(&n).copied(),
+                "vqp {n}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_table_agrees_with_a_map_through_inserts_removes_and_collisions() {
+        // Ids spaced like a pool's round robin (many share a bucket, so
+        // the spill map and the moves of `remove` are exercised), in a
+        // fixed pseudo-random order of inserts and removes.
+        let mut t = VqpTable::default();
+        let mut r = HashMap::new();
+        let max = 400;
+        let mut x = 0x2545_f491_u32;
+        for step in 0..5_000u32 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            let n = 1 + (x % max);
+            if x & 0x100 == 0 {
+                t.insert(id(n), VqpState::new(step));
+                r.insert(n, step);
+            } else {
+                assert_eq!(
+                    t.remove(id(n)).map(|s| s.capacity),
+                    r.remove(&n),
+                    "remove {n}"
+                );
+            }
+            if step % 97 == 0 {
+                same(&t, &r, max);
+            }
+        }
+        same(&t, &r, max);
+        for n in 1..=max {
+            assert_eq!(t.remove(id(n)).map(|s| s.capacity), r.remove(&n));
+        }
+        same(&t, &r, max);
+        assert!(t.spill.is_empty() && t.direct.iter().all(|&d| d == 0));
+    }
+
+    #[test]
+    fn index_finds_each_state_at_its_position() {
+        let mut t = VqpTable::default();
+        for n in [1, 9, 17, 25, 65, 129, 2] {
+            t.insert(id(n), VqpState::new(n));
+        }
+        for n in [1, 9, 17, 25, 65, 129, 2] {
+            let i = t.index(id(n)).unwrap();
+            assert_eq!(t.at(i).capacity, n);
+        }
+        assert_eq!(t.index(id(3)), None);
+        // Replacing keeps one entry.
+        t.insert(id(9), VqpState::new(90));
+        assert_eq!(t.len(), 7);
+        assert_eq!(t.get(id(9)).unwrap().capacity, 90);
     }
 }
