@@ -29,6 +29,7 @@
 
 use std::cell::Cell;
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use krcore_nic::{Gid, Nic, SendWr, Wc};
@@ -260,6 +261,9 @@ pub struct Vqp<N: Nic> {
     pub(crate) id: VqpId,
     /// The state while no QP holds it (RC fallback mode, unbound).
     pub(crate) parked: Mutex<Option<VqpState>>,
+    /// Bumped by every [`Vqp::add_grant`] and [`Vqp::remove_grant`] (after
+    /// the change): see [`Vqp::grants_epoch`].
+    grants_epoch: AtomicU64,
 }
 
 impl<N: Nic> std::fmt::Debug for Vqp<N> {
@@ -301,6 +305,7 @@ impl<N: Nic> Vqp<N> {
             binding: Binding::Dc(DcBinding::new(dci, threshold)),
             id,
             parked: Mutex::new(None),
+            grants_epoch: AtomicU64::new(0),
         }
     }
 
@@ -312,6 +317,7 @@ impl<N: Nic> Vqp<N> {
             binding: Binding::Rc(Mutex::new(None)),
             id,
             parked: Mutex::new(Some(st)),
+            grants_epoch: AtomicU64::new(0),
         }
     }
 
@@ -460,17 +466,31 @@ impl<N: Nic> Vqp<N> {
             st.expiring -= u32::from(old.is_some_and(|g| g.expires_at.is_some()));
             st.expiring += u32::from(grant.expires_at.is_some());
         });
+        self.grants_epoch.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Forgets a grant; returns it if it was known.
     pub fn remove_grant(&self, gid: &Gid, rkey: u32) -> Option<RemoteGrant> {
-        self.with_state(|st| {
-            st.last_grant.set(None);
-            let old = st.grants.remove(&(*gid, rkey));
-            st.expiring -= u32::from(old.is_some_and(|g| g.expires_at.is_some()));
-            old
-        })
-        .flatten()
+        let old = self
+            .with_state(|st| {
+                st.last_grant.set(None);
+                let old = st.grants.remove(&(*gid, rkey));
+                st.expiring -= u32::from(old.is_some_and(|g| g.expires_at.is_some()));
+                old
+            })
+            .flatten();
+        self.grants_epoch.fetch_add(1, Ordering::AcqRel);
+        old
+    }
+
+    /// How many times the VQP's known grants were changed
+    /// ([`Vqp::add_grant`], [`Vqp::remove_grant`]), read without a lock.
+    /// A caller that added a grant and saw the epoch move by exactly one
+    /// (its own change) knows the grant is still in place while the epoch
+    /// stays at that value: it may skip adding it again (the SDK does, per
+    /// request).
+    pub fn grants_epoch(&self) -> u64 {
+        self.grants_epoch.load(Ordering::Acquire)
     }
 
     /// WRs posted and not yet completed.
