@@ -684,6 +684,43 @@ pub(crate) fn common_shape<'w>(
     Some((remote, op, sge))
 }
 
+/// One owned MR as the engine's fast path checks SGEs against it: its
+/// lkey, bounds (an MR whose end would wrap around has none: it is never
+/// the fast path's), and whether it allows local writes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MrWindow {
+    lkey: u32,
+    lo: u64,
+    hi: u64,
+    local_write: bool,
+}
+
+impl MrWindow {
+    /// The window of `mr`, registered under `lkey`; `None` when its end
+    /// wraps around.
+    #[inline(always)]
+    pub(crate) fn of(lkey: u32, mr: &LocalMr) -> Option<MrWindow> {
+        Some(MrWindow {
+            lkey,
+            lo: mr.addr,
+            hi: mr.addr.checked_add(mr.len)?,
+            local_write: mr.access.contains(Access::LOCAL_WRITE),
+        })
+    }
+
+    /// [`local_ok`] for an SGE of a READ (`read`) or WRITE whose lkey is
+    /// this MR's: the same verdict.
+    #[inline(always)]
+    pub(crate) fn holds(&self, sge: &krcore_nic::Sge, read: bool) -> bool {
+        let end = sge.addr.wrapping_add(u64::from(sge.length));
+        sge.lkey == self.lkey
+            && sge.addr >= self.lo
+            && end >= sge.addr
+            && end <= self.hi
+            && (self.local_write || !read)
+    }
+}
+
 /// Whether `sge` lies inside `mr` (its MR) and `mr` allows what `op` does
 /// to it locally: [`Precheck::check_wr`]'s verdict on one SGE.
 #[inline(always)]

@@ -81,8 +81,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use krcore_nic::{
-    bring_up, Access, CompletionQueue, Destination, Gid, Nic, QpCaps, QpInit, QpType, QueuePair,
-    SendFlags, SendWr, Transition, UdTarget, Wc, WcStatus,
+    bring_up, Access, CompletionQueue, Destination, Gid, Nic, Payload, QpCaps, QpInit, QpType,
+    QueuePair, SendFlags, SendWr, Transition, UdTarget, Wc, WcStatus, WrOp,
 };
 use parking_lot::Mutex;
 
@@ -93,7 +93,8 @@ use super::EngineInner;
 use crate::credits::{CreditError, Posted, SendQueueCredits};
 use crate::dccache::DcCache;
 use crate::precheck::{
-    LocalMr, LocalMrTable, NoGrants, Plan, Precheck, RemoteGrant, RemoteGrants, Transport,
+    LocalMr, LocalMrTable, MrWindow, NoGrants, OpKind, Plan, Precheck, RemoteGrant, RemoteGrants,
+    Transport,
 };
 use crate::wrid::{PhysWrId, Slot, VqpId};
 
@@ -456,8 +457,9 @@ impl<N: Nic> PhysQp<N> {
     /// (`PhysState::last_mr`), to a (target, rkey) with no grant known or
     /// the one the VQP's grant memo remembers, satisfied
     /// (`VqpState::last_grant`), all as the full pre-check judges them
-    /// ([`crate::precheck`]'s `common_shape`, `local_ok`, `grant_covers`
-    /// are its own). Names the target in `wrs` on the way, and returns the
+    /// (`MrWindow::holds` gives `precheck::local_ok`'s verdict, and
+    /// `grant_covers` is the pre-check's own). Names the target in `wrs` on
+    /// the way, and returns the
     /// VQP's position and whether the batch's last WR must be forced
     /// signaled (part (c), as [`crate::precheck::plan_batch`] decides it).
     /// `None` for anything else, with nothing changed but `dest` of some
@@ -490,33 +492,61 @@ impl<N: Nic> PhysQp<N> {
         let Destination::Dc(target) = &dest else {
             return None;
         };
-        // No grant known: nothing to look up. Otherwise the memo must
-        // hold this (target, rkey).
-        let memo = if v.grants.is_empty() {
-            None
-        } else {
-            Some(v.last_grant.get()?)
-        };
-        let policy = &eng.policy;
-        for wr in wrs.iter_mut() {
-            let (remote, op, sge) = crate::precheck::common_shape(wr, policy)?;
-            if sge.lkey != lkey || !crate::precheck::local_ok(sge, &mr, op) {
-                return None;
-            }
-            if let Some((gid, rkey, known)) = &memo {
-                if *rkey != remote.rkey || *gid != target.gid {
+        if eng.policy.max_sge == 0 {
+            return None;
+        }
+        let window = MrWindow::of(lkey, &mr)?;
+        if v.grants.is_empty() {
+            // No grant known: nothing to look up.
+            for wr in wrs.iter_mut() {
+                let read = match wr.op {
+                    WrOp::Read { .. } => true,
+                    WrOp::Write { .. } => false,
+                    _ => return None,
+                };
+                let Payload::Local(sg) = &wr.payload else {
+                    return None;
+                };
+                let [sge] = sg.as_slice() else {
+                    return None;
+                };
+                if !window.holds(sge, read) {
                     return None;
                 }
-                if let Some(grant) = known {
+                wr.dest = dest;
+            }
+        } else {
+            // The memo must hold this (target, rkey).
+            let (gid, rkey, known) = v.last_grant.get()?;
+            if gid != target.gid {
+                return None;
+            }
+            let now = known.and_then(|g| g.expires_at).map(|_| Instant::now());
+            for wr in wrs.iter_mut() {
+                let (remote, op) = match wr.op {
+                    WrOp::Read { remote } => (remote, OpKind::Read),
+                    WrOp::Write { remote } => (remote, OpKind::Write),
+                    _ => return None,
+                };
+                let Payload::Local(sg) = &wr.payload else {
+                    return None;
+                };
+                let [sge] = sg.as_slice() else {
+                    return None;
+                };
+                if !window.holds(sge, op == OpKind::Read) || remote.rkey != rkey {
+                    return None;
+                }
+                if let Some(grant) = &known {
                     let len = u64::from(sge.length);
-                    if grant.expires_at.is_some_and(|t| Instant::now() >= t)
+                    if grant.expires_at.zip(now).is_some_and(|(t, now)| now >= t)
                         || crate::precheck::grant_covers(grant, remote, op, len).is_err()
                     {
                         return None;
                     }
                 }
+                wr.dest = dest;
             }
-            wr.dest = dest;
         }
         // (c) as `plan_batch`: the run of unsignaled WRs the batch leaves.
         let run_after = match wrs.iter().rposition(SendWr::is_signaled) {
@@ -816,13 +846,14 @@ impl<N: Nic> PhysQp<N> {
         if st.needs_recovery {
             return self.poll_rest(eng, st, id, out, n, None);
         }
-        let mut wc = [Wc::default()];
-        let wc = match self.cq.poll(&mut wc) {
+        // One CQE, read straight into the caller's next entry (rewritten
+        // in place into the user's completion below, or handed on).
+        match self.cq.poll(&mut out[n..=n]) {
             Ok(0) => return Ok(Some(n)),
-            Ok(_) => wc[0],
+            Ok(_) => {}
             Err(e) if n == 0 => return Err(VqpError::nic("poll a shared QP's CQ")(e)),
             Err(_) => return Ok(Some(n)),
-        };
+        }
         let PhysState {
             credits,
             users,
@@ -834,6 +865,7 @@ impl<N: Nic> PhysQp<N> {
         // This VQP's success, retiring only its own WRs: the oldest one
         // on the QP, or any while all outstanding WRs are its own.
         let head = credits.head();
+        let wc = &mut out[n];
         let wr_id = PhysWrId::from_raw(wc.wr_id);
         let seq = match credits.resolve(wr_id) {
             Some(seq)
@@ -844,7 +876,10 @@ impl<N: Nic> PhysQp<N> {
             {
                 seq
             }
-            _ => return self.poll_rest(eng, st, id, out, n, Some(wc)),
+            _ => {
+                let wc = *wc;
+                return self.poll_rest(eng, st, id, out, n, Some(wc));
+            }
         };
         // `route` then `deliver`, for a success into `out` (the ring is
         // empty, there is room): the earlier WRs were unsignaled and only
@@ -865,15 +900,12 @@ impl<N: Nic> PhysQp<N> {
             v.outstanding -= 1;
             let slot = users[(seq as usize) & (users.len() - 1)];
             if slot.user_signaled {
-                out[n] = Wc {
-                    wr_id: slot.user_wr_id,
-                    status: wc.status,
-                    opcode: wc.opcode,
-                    byte_len: wc.byte_len,
-                    imm: None,
-                    qp_num: id.get(),
-                    src_qp: 0,
-                };
+                // The user's completion: status, opcode and length as
+                // polled.
+                wc.wr_id = slot.user_wr_id;
+                wc.imm = None;
+                wc.qp_num = id.get();
+                wc.src_qp = 0;
                 n += 1;
             }
         }

@@ -520,10 +520,17 @@ impl<N: Nic> Vqp<N> {
     /// - [`VqpError::Rebind`] (RC fallback mode): the VQP's pair was
     ///   evicted or lost and a new one could not be made.
     /// - [`VqpError::Nic`], [`VqpError::Credit`].
+    #[inline]
     pub fn post_send(&self, wrs: &mut [SendWr]) -> Result<(), VqpError> {
-        if let Binding::Dc(b) = &self.binding {
-            return self.post_dc(b, wrs);
+        match &self.binding {
+            Binding::Dc(b) => self.post_dc(b, wrs),
+            Binding::Rc(_) => self.post_rc(wrs),
         }
+    }
+
+    /// [`Vqp::post_send`] in RC fallback mode.
+    #[inline(never)]
+    fn post_rc(&self, wrs: &mut [SendWr]) -> Result<(), VqpError> {
         // RC: a stale pair is replaced, then the post is tried again; two
         // replacements in a row mean concurrent reconnects: give up typed.
         for _ in 0..3 {
@@ -552,10 +559,17 @@ impl<N: Nic> Vqp<N> {
     /// # Errors
     /// [`VqpError::Nic`] when the CQ failed (overflow) and nothing was
     /// ready; [`VqpError::Nic`] when a QP reset after an error failed.
+    #[inline]
     pub fn poll(&self, out: &mut [Wc]) -> Result<usize, VqpError> {
-        if let Binding::Dc(b) = &self.binding {
-            return self.poll_dc(b, out);
+        match &self.binding {
+            Binding::Dc(b) => self.poll_dc(b, out),
+            Binding::Rc(_) => self.poll_rc(out),
         }
+    }
+
+    /// [`Vqp::poll`] in RC fallback mode.
+    #[inline(never)]
+    fn poll_rc(&self, out: &mut [Wc]) -> Result<usize, VqpError> {
         // RC: the state may be moving to another pair: read the binding
         // again (a move finishes under the binding lock).
         for _ in 0..3 {
