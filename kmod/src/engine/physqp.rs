@@ -10,14 +10,26 @@
 //!
 //! ONE lock per physical QP, and nothing else on the data path: the state of
 //! every VQP bound to the QP (count of WRs in flight, completion ring,
-//! target, grants: [`VqpState`]) lives in the QP's state, in a map by VQP
-//! id, beside the QP's records of its WRs. A post takes the QP's lock once;
+//! target, grants: [`VqpState`]) lives in the QP's state, in a table by VQP
+//! id ([`VqpTable`]), beside the QP's records of its WRs. A post takes the
+//! QP's lock once;
 //! so does a poll (pop the VQP's ring; when that is not enough, drain the
 //! CQ, routing each completion to its VQP's ring, and pop again). Nothing
 //! here takes an engine-wide lock. RC fallback mode: a VQP's binding lock
 //! (see [`super::vqp`]) is taken before a QP's lock, never after. (RC
 //! recovery sends a handshake through the engine's handshake endpoint,
 //! whose locks are leaves.)
+//!
+//! # The common case inline
+//!
+//! A post of READs/WRITEs of one SGE in the MR the pre-check last looked
+//! up, on a DCI with room, is checked inline (`PhysQp::fast_check`: the
+//! pre-check's own verdict, computed without its general setup) and goes
+//! straight to the doorbell; anything else (and anything it would reject)
+//! takes the general path. A poll that reads this VQP's own success
+//! retiring only this VQP's WRs (the oldest WR on the QP, or any while
+//! `PhysState::sole` says every outstanding WR is this VQP's) applies it
+//! inline without routing; anything else is routed in full.
 //!
 //! # One record per WR
 //!

@@ -3,8 +3,10 @@
 //! A VQP's state ([`VqpState`]: its count of WRs in flight, completion ring, target
 //! and the remote grants it knows) lives INSIDE the physical QP it is bound
 //! to, under that QP's lock: a post or a poll takes exactly one lock (the
-//! QP's), never a second per-VQP lock, and routing a completion to its VQP
-//! is a map lookup under the lock already held. Only while no QP holds it
+//! QP's), never a second per-VQP lock, and finding a VQP's state, for its
+//! post or poll or to route a completion to it, is a [`VqpTable`] lookup
+//! (one multiply, one compare; no hashing) under the lock already held.
+//! Only while no QP holds it
 //! (RC fallback mode, before the first connect) does the state sit in the
 //! VQP's own `parked` slot.
 //!
