@@ -643,6 +643,70 @@ mod tests {
         assert!(t.spill.is_empty() && t.direct.iter().all(|&d| d == 0));
     }
 
+    /// Two VQPs on one DCI: B's unsignaled WR is posted before A's
+    /// signaled one, so A's completion retires B's WR too. A's poll must
+    /// route it (B's count drops, A gets its completion), not apply it as
+    /// if every retired WR were A's (the inline poll does so only while
+    /// all outstanding WRs are the poller's, `PhysState::sole`).
+    #[test]
+    fn a_completion_retiring_another_vqps_wr_is_routed() {
+        use crate::{Engine, EngineConfig, MetaLocation};
+        use krcore_meta::{MetaConfig, MetaServer};
+        use krcore_nic::sim::{SimConfig, SimFabric, SimNic};
+        use krcore_nic::{Access, MemoryRegion, SendWr, Wc, WcStatus};
+
+        let f = SimFabric::in_memory();
+        let node = || SimNic::open(&f, SimConfig::default()).unwrap();
+        let mut meta = MetaServer::start(node(), MetaConfig::default()).unwrap();
+        let loc = MetaLocation::from_bootstrap(&meta.bootstrap()).unwrap();
+        let cfg = || EngineConfig::default().with_meta(loc).with_pool_size(1);
+        let server = Engine::start(node(), cfg()).unwrap();
+        meta.table_mut()
+            .register(server.local_target().unwrap(), 0, 1 << 40, 0)
+            .unwrap();
+        let client = Engine::start(node(), cfg()).unwrap();
+        let remote = server.alloc_mr(4096, Access::ALL).unwrap();
+        let local = client.alloc_mr(4096, Access::ALL).unwrap();
+        let (a, b) = (client.create_vqp().unwrap(), client.create_vqp().unwrap());
+        a.connect(server.gid()).unwrap();
+        b.connect(server.gid()).unwrap();
+        assert_eq!(a.dci_qpn(), b.dci_qpn(), "one shared DCI");
+        let read = |id, off| SendWr::read(id, local.sge(off, 64).unwrap(), remote.remote(off));
+        for round in 0..3u64 {
+            b.post_send(&mut [read(100 + round, 0).signaled(false)])
+                .unwrap();
+            a.post_send(&mut [read(200 + round, 64)]).unwrap();
+            let mut wc = [Wc::default(); 4];
+            let mut got = 0;
+            for _ in 0..1000 {
+                got = a.poll(&mut wc).unwrap();
+                if got > 0 {
+                    break;
+                }
+            }
+            assert_eq!(got, 1, "round {round}: A's completion");
+            assert_eq!(wc[0].wr_id, 200 + round);
+            assert_eq!(wc[0].status, WcStatus::Success);
+            assert_eq!(wc[0].qp_num, a.id().get());
+            assert_eq!((a.outstanding(), b.outstanding()), (0, 0));
+            assert_eq!(b.poll(&mut wc).unwrap(), 0, "B asked for nothing");
+        }
+        // A alone: its unsignaled WR then its signaled one, retired by one
+        // completion through the inline path.
+        a.post_send(&mut [read(300, 0).signaled(false), read(301, 64)])
+            .unwrap();
+        let mut wc = [Wc::default(); 4];
+        let mut got = 0;
+        for _ in 0..1000 {
+            got = a.poll(&mut wc).unwrap();
+            if got > 0 {
+                break;
+            }
+        }
+        assert_eq!((got, wc[0].wr_id), (1, 301));
+        assert_eq!(a.outstanding(), 0);
+    }
+
     #[test]
     fn index_finds_each_state_at_its_position() {
         let mut t = VqpTable::default();
