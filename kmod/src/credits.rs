@@ -638,6 +638,47 @@ mod tests {
     }
 
     #[test]
+    fn resolve_across_the_40_bit_wrap() {
+        // An account whose next sequence is just below 2^40.
+        let first = (1u64 << crate::wrid::SEQ_BITS) - 2;
+        let mut q = SendQueueCredits::new(8);
+        (q.head, q.tail, q.covered) = (first, first, first);
+        let vqp = VqpId::new(9).unwrap();
+        let phys = |seq| PhysWrId::new(vqp, seq);
+        let seqs = q
+            .post((0..4u32).map(|i| PostedWr {
+                wr_id: phys(first + u64::from(i)),
+                signaled: true,
+            }))
+            .unwrap();
+        assert_eq!(seqs, first..first + 4);
+        // The last two wrapped: their sequence bits are 0 and 1.
+        assert_eq!(phys(first + 3).wire_seq(), 1);
+        for s in seqs {
+            assert_eq!(q.resolve(phys(s)), Some(s));
+        }
+        // Low bits of a sequence that is not outstanding do not resolve,
+        // nor does another VQP's wr_id with the right sequence bits.
+        assert_eq!(q.resolve(phys(first + 4)), None);
+        assert_eq!(q.resolve(phys(first - 1)), None);
+        assert_eq!(
+            q.resolve(PhysWrId::new(VqpId::new(8).unwrap(), first + 2)),
+            None
+        );
+        assert_eq!(
+            q.complete_range(first, WcStatus::Success),
+            Ok(first..first + 1)
+        );
+        assert_eq!(
+            q.complete_range(first + 1, WcStatus::Success),
+            Ok(first + 1..first + 2)
+        );
+        assert_eq!(q.resolve(phys(first)), None);
+        assert_eq!(q.resolve(phys(first + 2)), Some(first + 2));
+        assert_eq!(q.resolve(phys(first + 3)), Some(first + 3));
+    }
+
+    #[test]
     fn post_and_credit_through_a_signaled_completion() {
         let mut q = SendQueueCredits::new(8);
         let seqs = q

@@ -233,7 +233,7 @@ pub use precheck::{
     LocalMr, LocalMrTable, NoGrants, OpKind, Plan, Policy, Precheck, Reason, Rejection,
     RemoteGrant, RemoteGrants, Transport,
 };
-pub use wrid::{PhysWrId, Slot, SlotTable, VqpId, WrIdError};
+pub use wrid::{PhysWrId, Slot, VqpId, WrIdError};
 
 /// Any error of the engine's pieces.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -483,32 +483,18 @@ impl<M: LocalMrTable + ?Sized, G: RemoteGrants + ?Sized> Precheck<'_, M, G> {
     /// would accept).
     #[inline(always)]
     fn common_wr_ok(&self, wr: &SendWr) -> bool {
-        let (remote, writes_locally) = match wr.op {
-            WrOp::Read { remote } => (remote, true),
-            WrOp::Write { remote } => (remote, false),
-            _ => return false,
+        let Some((remote, op, sge)) = common_shape(wr, &self.policy) else {
+            return false;
         };
         let target = match (self.transport, &wr.dest) {
             (Transport::Dc, Destination::Dc(t)) => Some(t.gid),
             (Transport::Rc, Destination::Connected) => self.peer,
             _ => return false,
         };
-        let Payload::Local(sg) = &wr.payload else {
-            return false;
-        };
-        let [sge] = sg.as_slice() else {
-            return false;
-        };
-        if self.policy.max_sge == 0 {
-            return false;
-        }
         let Some(mr) = self.local_mrs.lookup(sge.lkey) else {
             return false;
         };
-        let end = sge.addr.wrapping_add(u64::from(sge.length));
-        let mr_end = mr.addr.wrapping_add(mr.len);
-        let inside = sge.addr >= mr.addr && end >= sge.addr && mr_end >= mr.addr && end <= mr_end;
-        if !inside || (writes_locally && !mr.access.contains(Access::LOCAL_WRITE)) {
+        if !local_ok(sge, &mr, op) {
             return false;
         }
         let Some(t) = target else {
@@ -516,15 +502,9 @@ impl<M: LocalMrTable + ?Sized, G: RemoteGrants + ?Sized> Precheck<'_, M, G> {
         };
         match self.grants.lookup(&t, remote.rkey) {
             None => true,
-            Some(grant) => {
-                let op = if writes_locally {
-                    OpKind::Read
-                } else {
-                    OpKind::Write
-                };
-                self.grant_allows(&grant, remote, op, u64::from(sge.length))
-                    .is_ok()
-            }
+            Some(grant) => self
+                .grant_allows(&grant, remote, op, u64::from(sge.length))
+                .is_ok(),
         }
     }
 
@@ -558,26 +538,7 @@ impl<M: LocalMrTable + ?Sized, G: RemoteGrants + ?Sized> Precheck<'_, M, G> {
 
     #[inline]
     fn plan(&self, batch: &[SendWr]) -> Plan {
-        let n = batch.len() as u32;
-        let credits_short = n.saturating_sub(self.queue.free);
-        let max = self.policy.effective_max_unsignaled(self.queue.depth);
-        let run_after = match batch.iter().rposition(SendWr::is_signaled) {
-            Some(k) => n - 1 - k as u32,
-            None => self.queue.unsignaled_tail + n,
-        };
-        if run_after > max {
-            Plan {
-                credits_short,
-                force_signal: Some(batch.len() - 1),
-                unsignaled_after: 0,
-            }
-        } else {
-            Plan {
-                credits_short,
-                force_signal: None,
-                unsignaled_after: run_after,
-            }
-        }
+        plan_batch(self.queue, &self.policy, batch)
     }
 
     #[inline]
@@ -688,35 +649,149 @@ impl<M: LocalMrTable + ?Sized, G: RemoteGrants + ?Sized> Precheck<'_, M, G> {
         op: OpKind,
         len: u64,
     ) -> Result<(), Reason> {
-        let Some(needed) = op.remote_access() else {
+        if op.remote_access().is_none() {
             return Ok(());
-        };
+        }
         if grant.expires_at.is_some_and(|t| self.now >= t) {
             return Err(Reason::GrantExpired { rkey: remote.rkey });
         }
-        if !grant.access.contains(needed) {
-            return Err(Reason::RemoteAccessMissing {
-                rkey: remote.rkey,
-                op,
-            });
+        grant_covers(grant, remote, op, len)
+    }
+}
+
+/// The shape of the common WR ([`Precheck::common_wr_ok`]): a READ or
+/// WRITE of exactly one SGE on a QP that takes SGEs; its remote address,
+/// opcode and SGE. `None` for anything else.
+#[inline(always)]
+pub(crate) fn common_shape<'w>(
+    wr: &'w SendWr,
+    policy: &Policy,
+) -> Option<(RemoteAddr, OpKind, &'w krcore_nic::Sge)> {
+    let (remote, op) = match wr.op {
+        WrOp::Read { remote } => (remote, OpKind::Read),
+        WrOp::Write { remote } => (remote, OpKind::Write),
+        _ => return None,
+    };
+    let Payload::Local(sg) = &wr.payload else {
+        return None;
+    };
+    let [sge] = sg.as_slice() else {
+        return None;
+    };
+    if policy.max_sge == 0 {
+        return None;
+    }
+    Some((remote, op, sge))
+}
+
+/// One owned MR as the engine's fast path checks SGEs against it: its
+/// lkey, bounds (an MR whose end would wrap around has none: it is never
+/// the fast path's), and whether it allows local writes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MrWindow {
+    lkey: u32,
+    lo: u64,
+    hi: u64,
+    local_write: bool,
+}
+
+impl MrWindow {
+    /// The window of `mr`, registered under `lkey`; `None` when its end
+    /// wraps around.
+    #[inline(always)]
+    pub(crate) fn of(lkey: u32, mr: &LocalMr) -> Option<MrWindow> {
+        Some(MrWindow {
+            lkey,
+            lo: mr.addr,
+            hi: mr.addr.checked_add(mr.len)?,
+            local_write: mr.access.contains(Access::LOCAL_WRITE),
+        })
+    }
+
+    /// [`local_ok`] for an SGE of a READ (`read`) or WRITE whose lkey is
+    /// this MR's: the same verdict.
+    #[inline(always)]
+    pub(crate) fn holds(&self, sge: &krcore_nic::Sge, read: bool) -> bool {
+        let end = sge.addr.wrapping_add(u64::from(sge.length));
+        sge.lkey == self.lkey
+            && sge.addr >= self.lo
+            && end >= sge.addr
+            && end <= self.hi
+            && (self.local_write || !read)
+    }
+}
+
+/// Whether `sge` lies inside `mr` (its MR) and `mr` allows what `op` does
+/// to it locally: [`Precheck::check_wr`]'s verdict on one SGE.
+#[inline(always)]
+pub(crate) fn local_ok(sge: &krcore_nic::Sge, mr: &LocalMr, op: OpKind) -> bool {
+    let end = sge.addr.wrapping_add(u64::from(sge.length));
+    let mr_end = mr.addr.wrapping_add(mr.len);
+    let inside = sge.addr >= mr.addr && end >= sge.addr && mr_end >= mr.addr && end <= mr_end;
+    inside && (!op.writes_locally() || mr.access.contains(Access::LOCAL_WRITE))
+}
+
+/// Whether the known `grant` gives the access one-sided `op` needs and
+/// holds the `len` bytes at `remote` (its expiry is the caller's).
+#[inline(always)]
+pub(crate) fn grant_covers(
+    grant: &RemoteGrant,
+    remote: RemoteAddr,
+    op: OpKind,
+    len: u64,
+) -> Result<(), Reason> {
+    let Some(needed) = op.remote_access() else {
+        return Ok(());
+    };
+    if !grant.access.contains(needed) {
+        return Err(Reason::RemoteAccessMissing {
+            rkey: remote.rkey,
+            op,
+        });
+    }
+    let inside = remote.addr >= grant.addr
+        && match (
+            remote.addr.checked_add(len),
+            grant.addr.checked_add(grant.len),
+        ) {
+            (Some(end), Some(grant_end)) => end <= grant_end,
+            _ => false,
+        };
+    if !inside {
+        return Err(Reason::RemoteOutOfGrant {
+            addr: remote.addr,
+            len,
+            grant_addr: grant.addr,
+            grant_len: grant.len,
+        });
+    }
+    Ok(())
+}
+
+/// Parts (a) and (c) of the pre-check for an accepted `batch` (non-empty,
+/// at most [`Policy::max_batch`]) on `queue`: credits to reclaim, and the
+/// forced signal when the batch would leave too long an unsignaled tail.
+#[inline]
+pub(crate) fn plan_batch(queue: QueueView, policy: &Policy, batch: &[SendWr]) -> Plan {
+    let n = batch.len() as u32;
+    let credits_short = n.saturating_sub(queue.free);
+    let max = policy.effective_max_unsignaled(queue.depth);
+    let run_after = match batch.iter().rposition(SendWr::is_signaled) {
+        Some(k) => n - 1 - k as u32,
+        None => queue.unsignaled_tail + n,
+    };
+    if run_after > max {
+        Plan {
+            credits_short,
+            force_signal: Some(batch.len() - 1),
+            unsignaled_after: 0,
         }
-        let inside = remote.addr >= grant.addr
-            && match (
-                remote.addr.checked_add(len),
-                grant.addr.checked_add(grant.len),
-            ) {
-                (Some(end), Some(grant_end)) => end <= grant_end,
-                _ => false,
-            };
-        if !inside {
-            return Err(Reason::RemoteOutOfGrant {
-                addr: remote.addr,
-                len,
-                grant_addr: grant.addr,
-                grant_len: grant.len,
-            });
+    } else {
+        Plan {
+            credits_short,
+            force_signal: None,
+            unsignaled_after: run_after,
         }
-        Ok(())
     }
 }
 

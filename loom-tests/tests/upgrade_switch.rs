@@ -1,22 +1,30 @@
 //! loom model of the VQP switch from DC to RC with in-flight work (kmod's
 //! `engine::upgrade`), and of the way back when the pair is evicted, with
-//! kmod's pure pieces: a [`SendQueueCredits`] account per physical QP and
-//! the VQP's [`SlotTable`] (physical wr_id -> the user's wr_id), which moves
-//! between the QPs with the rest of the VQP's state.
+//! kmod's pure pieces as the engine uses them: per physical QP, a
+//! [`SendQueueCredits`] account keeping ONE record per WR (the WR as
+//! posted, physical wr_id `(VQP, QP sequence)`, staged, rung and
+//! committed) with the user's wr_id and signal flag beside it ([`Slot`],
+//! same index), completions resolved by their sequence bits and crediting
+//! every record up to theirs; the VQP's state (`VqpState`: its COUNT of
+//! WRs in flight and its ring of unpolled completions) moves between the
+//! QPs, the records stay with the QP that posted them.
 //!
 //! The modeled host mirrors `engine/upgrade.rs` and `engine/physqp.rs`:
 //! - a physical QP (the DCI, the RC pair) has one lock guarding its account,
-//!   the VQP states it holds, its send queue, its CQ and its doorbell; a
+//!   its user slots, the VQP states it holds, its send queue, its CQ and
+//!   its doorbell; a
 //!   doorbelled WR stays in flight (in the send queue) until the next poll
 //!   of that QP, when the NIC has executed it into the CQ; a poll then
 //!   routes the whole CQ into the VQP's ring of unpolled completions (as
-//!   `PhysQp::drain` does in batches) and pops one, so a switch or an
-//!   eviction can find WRs in flight and completions not yet polled;
+//!   `PhysQp::drain` does in batches: each retired record leaves the VQP's
+//!   count, the completed one is delivered when its user signaled it, as
+//!   `route`/`deliver` do) and pops one, so a switch or an eviction can
+//!   find WRs in flight and completions not yet polled;
 //! - the VQP's binding: a lock over `{rc, pending}`, an `on_rc` flag read
 //!   without it by the fast paths, and `due` (`next_at == 0`: the next post
 //!   tries to switch);
 //! - the switch (`Vqp::switch` over `PhysQp::detach_drained`): the state
-//!   leaves the DCI only if none of the VQP's WRs is in flight there,
+//!   leaves the DCI only if its count of WRs in flight there is 0,
 //!   checked and taken under the DCI's single lock; the state carries its
 //!   unpolled completions along;
 //! - the background build (`upgrade::request_build` and the builder
@@ -41,8 +49,8 @@
 
 use std::collections::VecDeque;
 
-use krcore_kmod::{PhysWrId, PostedWr, SendQueueCredits, SlotTable, VqpId};
-use krcore_nic::{Wc, WcStatus};
+use krcore_kmod::{PhysWrId, Posted, SendQueueCredits, Slot, VqpId};
+use krcore_nic::{RemoteAddr, SendWr, Sge, Wc, WcStatus};
 use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::SeqCst};
 use loom::sync::{Arc, Mutex};
 use loom::thread;
@@ -78,7 +86,8 @@ const CORRECT: Steps = Steps {
 
 /// The VQP's state (`VqpState`): it lives on exactly one physical QP.
 struct VqpState {
-    slots: SlotTable,
+    /// Its WRs posted and not yet completed (recorded in the QP's records).
+    outstanding: u32,
     /// Completions routed, not yet polled (user wr_ids).
     ring: VecDeque<u64>,
     /// What the user has polled, in order.
@@ -87,7 +96,10 @@ struct VqpState {
 
 struct QpState {
     open: bool,
-    credits: SendQueueCredits,
+    /// One record per WR: the WR as posted.
+    credits: SendQueueCredits<SendWr>,
+    /// The user's wr_id and flag of each record, at sequence mod its length.
+    users: Vec<Slot>,
     vqp: Option<VqpState>,
     /// Doorbelled WRs the NIC has not executed yet.
     sq: VecDeque<Wc>,
@@ -109,11 +121,14 @@ enum PostFail {
 
 impl Qp {
     fn new(name: &'static str, vqp: Option<VqpState>) -> Qp {
+        let len = DEPTH.next_power_of_two();
+        let empty = SendWr::read(0, Sge::default(), RemoteAddr::default());
         Qp {
             name,
             state: Mutex::new(QpState {
                 open: true,
-                credits: SendQueueCredits::new(DEPTH),
+                credits: SendQueueCredits::with_records(DEPTH, len - 1, empty),
+                users: vec![Slot::default(); len as usize],
                 vqp,
                 sq: VecDeque::new(),
                 cq: VecDeque::new(),
@@ -137,20 +152,32 @@ impl Qp {
             self.name,
             other.name
         );
+        assert!(
+            v.outstanding + (v.ring.len() as u32) < DEPTH,
+            "VQP has room"
+        );
         let id = ticket.fetch_add(1, SeqCst);
-        let seq = v.slots.push(id, true).expect("VQP has room");
-        let wr = PostedWr {
-            wr_id: PhysWrId::new(vqp_id(), seq),
-            signaled: true,
+        // `ring_doorbell`: the record staged, the user's slot beside it,
+        // the doorbell rung on the record, the record committed, the WR
+        // counted for its VQP, all in this critical section.
+        let seq = st.credits.next_seq();
+        let mask = st.users.len() - 1;
+        let wr_id = PhysWrId::new(vqp_id(), seq).raw();
+        let staged = st.credits.stage(1).expect("credits");
+        staged[0] = SendWr::read(wr_id, Sge::default(), RemoteAddr::default()).signaled(true);
+        st.users[(seq as usize) & mask] = Slot {
+            user_wr_id: id,
+            user_signaled: true,
         };
-        st.credits.post([wr]).expect("credits");
-        self.inflight.fetch_add(1, SeqCst);
         // The doorbell: the WR is the NIC's now; it completes later.
         st.sq.push_back(Wc {
-            wr_id: wr.wr_id.raw(),
+            wr_id: staged[0].wr_id,
             status: WcStatus::Success,
             ..Wc::default()
         });
+        st.credits.commit(1);
+        v.outstanding += 1;
+        self.inflight.fetch_add(1, SeqCst);
         Ok(())
     }
 
@@ -159,22 +186,33 @@ impl Qp {
         let Some(wc) = st.cq.pop_front() else {
             return false;
         };
-        let retired: Vec<PostedWr> = st
+        let wr_id = PhysWrId::from_raw(wc.wr_id);
+        let retired = st
             .credits
-            .complete_wr_id(PhysWrId::from_raw(wc.wr_id), wc.status)
-            .unwrap_or_else(|e| panic!("{}: account refused a completion: {e}", self.name))
-            .map(|(_, w)| w)
-            .collect();
-        for w in retired {
+            .resolve(wr_id)
+            .ok_or_else(|| format!("no outstanding WR has {wr_id:?}"))
+            .and_then(|seq| {
+                st.credits
+                    .complete_range(seq, wc.status)
+                    .map_err(|e| e.to_string())
+            })
+            .unwrap_or_else(|e| panic!("{}: account refused a completion: {e}", self.name));
+        let mask = st.users.len() - 1;
+        let last = retired.end - 1;
+        for seq in retired {
+            assert_eq!(st.credits.record(seq).wr_id().vqp(), vqp_id());
             self.inflight.fetch_sub(1, SeqCst);
             // No state here: the completion has nobody to go to (lost).
             let Some(v) = st.vqp.as_mut() else { continue };
-            let Some(seq) = v.slots.resolve(w.wr_id.wire_seq()) else {
+            // `deliver`: a record of an earlier attachment (nothing
+            // counted) delivers nothing.
+            let Some(left) = v.outstanding.checked_sub(1) else {
                 continue;
             };
-            let slots: Vec<_> = v.slots.retire_through(seq).unwrap().collect();
-            for (_, s) in slots {
-                v.ring.push_back(s.user_wr_id);
+            v.outstanding = left;
+            let slot = st.users[(seq as usize) & mask];
+            if seq == last && slot.user_signaled {
+                v.ring.push_back(slot.user_wr_id);
             }
         }
         true
@@ -200,7 +238,7 @@ impl Qp {
     /// `PhysQp::detach_drained`: the state, if none of its WRs is in flight.
     fn detach_drained(&self, steps: Steps) -> Option<VqpState> {
         let drained = |st: &QpState| {
-            !steps.wait_for_drain || st.vqp.as_ref().is_some_and(|v| v.slots.outstanding() == 0)
+            !steps.wait_for_drain || st.vqp.as_ref().is_some_and(|v| v.outstanding == 0)
         };
         let mut st = self.state.lock().unwrap();
         if !drained(&st) {
@@ -244,7 +282,8 @@ impl Qp {
     }
 }
 
-struct Slot {
+/// The binding's lock-guarded part (`upgrade::Slot`).
+struct Bound {
     rc: bool,
     pending: bool,
 }
@@ -254,7 +293,7 @@ struct Vqp {
     steps: Steps,
     dci: Qp,
     rc: Qp,
-    slot: Mutex<Slot>,
+    slot: Mutex<Bound>,
     on_rc: AtomicBool,
     /// `next_at == 0`: the next post goes down the slow path to switch.
     due: AtomicBool,
@@ -266,7 +305,7 @@ struct Vqp {
 impl Vqp {
     fn new(steps: Steps, on_rc: bool) -> Vqp {
         let state = || VqpState {
-            slots: SlotTable::new(DEPTH),
+            outstanding: 0,
             ring: VecDeque::new(),
             delivered: Vec::new(),
         };
@@ -274,7 +313,7 @@ impl Vqp {
             steps,
             dci: Qp::new("the DCI", (!on_rc).then(state)),
             rc: Qp::new("the RC pair", on_rc.then(state)),
-            slot: Mutex::new(Slot {
+            slot: Mutex::new(Bound {
                 rc: on_rc,
                 pending: false,
             }),
@@ -286,7 +325,7 @@ impl Vqp {
     }
 
     /// `Vqp::switch`: moves the state to the pending pair if drained.
-    fn switch(&self, slot: &mut Slot) -> bool {
+    fn switch(&self, slot: &mut Bound) -> bool {
         if !slot.pending {
             return false;
         }
@@ -317,7 +356,7 @@ impl Vqp {
     }
 
     /// `Vqp::downgrade`: the pair is closed; the state goes back.
-    fn downgrade(&self, slot: &mut Slot) {
+    fn downgrade(&self, slot: &mut Bound) {
         if !std::mem::take(&mut slot.rc) {
             return;
         }
@@ -398,7 +437,7 @@ impl Vqp {
             "lost, duplicate or reordered completion"
         );
         assert_eq!(c.credits.outstanding(), 0, "a WR never completed");
-        assert_eq!(v.slots.outstanding(), 0, "a slot never retired");
+        assert_eq!(v.outstanding, 0, "a WR stayed counted in flight");
     }
 }
 

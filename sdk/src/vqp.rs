@@ -51,6 +51,10 @@ struct Inner<N: Nic> {
     scratch: Mutex<Option<MemoryRegion<N>>>,
     /// The messaging endpoint, made by the first push.
     endpoint: std::sync::OnceLock<krcore_kmod::Endpoint<N>>,
+    /// The token whose grant `prepare` made known last, and the VQP's
+    /// grants epoch right after (its own change): while the epoch stays
+    /// there, the grant is known unchanged and requests skip `add_grant`.
+    granted: Mutex<Option<(RemoteRegion, u64)>>,
 }
 
 /// A virtual QP (see the crate docs). Cheap to clone; `Send + Sync`.
@@ -82,6 +86,7 @@ impl<N: Nic> Vqp<N> {
                 next_request: Mutex::new(0),
                 scratch: Mutex::new(None),
                 endpoint: std::sync::OnceLock::new(),
+                granted: Mutex::new(None),
             }),
         }
     }
@@ -255,13 +260,24 @@ impl<N: Nic> Vqp<N> {
         REQUEST_WR_ID_BIT | *n
     }
 
-    /// Connects to the token's node if needed and makes its grant known.
+    /// Connects to the token's node if needed and makes its grant known:
+    /// not again when this token's grant was the last one made known and
+    /// nobody changed the VQP's grants since (no lock of the shared QP,
+    /// no map insert per request).
     fn prepare(&self, remote: &RemoteRegion) -> Result<()> {
         if self.target() != Some(remote.gid) {
             self.connect(remote.gid)?;
         }
         let v = &self.inner.vqp;
+        let mut granted = self.inner.granted.lock();
+        let before = v.grants_epoch();
+        if *granted == Some((*remote, before)) {
+            return Ok(());
+        }
         v.add_grant(remote.gid, remote.rkey, remote.grant());
+        let after = v.grants_epoch();
+        // Remembered only when the one change was this one.
+        *granted = (after == before + 1).then_some((*remote, after));
         Ok(())
     }
 
@@ -500,5 +516,53 @@ impl<N: Nic> Request<N> {
             }
             std::hint::spin_loop();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Access, Error, Node, Reason, VqpError};
+
+    #[test]
+    fn requests_make_a_token_known_once_and_again_after_a_change() {
+        let server = Node::builder()
+            .fabric("sim:mem")
+            .host_meta()
+            .build()
+            .unwrap();
+        let client = Node::builder().join(&server).build().unwrap();
+        let region = server.alloc(4096, Access::ALL).unwrap();
+        let token = region.remote_region(64, 64, Access::REMOTE_READ).unwrap();
+        let other = region.remote_region(0, 4096, Access::ALL).unwrap();
+        let vqp = client.connect(server.gid()).unwrap();
+        let buf = client.alloc(64, Access::LOCAL_WRITE).unwrap();
+        let epoch = || vqp.raw().grants_epoch();
+        assert_eq!(epoch(), 0);
+        vqp.read(&buf, 0, &token, 0, 64).unwrap().wait().unwrap();
+        assert_eq!(epoch(), 1, "the first request makes the grant known");
+        for _ in 0..10 {
+            vqp.read(&buf, 0, &token, 0, 8).unwrap().wait().unwrap();
+        }
+        assert_eq!(epoch(), 1, "the same token again: no add_grant");
+        vqp.read(&buf, 0, &other, 0, 8).unwrap().wait().unwrap();
+        assert_eq!(epoch(), 2, "another token is made known");
+        vqp.read(&buf, 0, &token, 0, 8).unwrap().wait().unwrap();
+        assert_eq!(epoch(), 3);
+        // Someone forgets the read-only grant behind the SDK's back: the
+        // next request makes it known again, so the pre-check still
+        // refuses a WRITE through the read-only token (were it skipped,
+        // the grant would be unknown and the WRITE left to the NIC, which
+        // allows it: the region is registered with every access).
+        assert!(vqp.raw().remove_grant(&token.gid, token.rkey).is_some());
+        match vqp.write(&buf, 0, &token, 0, 8) {
+            Err(Error::Vqp(VqpError::Rejected(r))) => {
+                assert!(
+                    matches!(r.reason, Reason::RemoteAccessMissing { .. }),
+                    "{r}"
+                )
+            }
+            other => panic!("expected a rejection, got {other:?}"),
+        }
+        assert_eq!(epoch(), 5);
     }
 }

@@ -10,14 +10,26 @@
 //!
 //! ONE lock per physical QP, and nothing else on the data path: the state of
 //! every VQP bound to the QP (count of WRs in flight, completion ring,
-//! target, grants: [`VqpState`]) lives in the QP's state, in a map by VQP
-//! id, beside the QP's records of its WRs. A post takes the QP's lock once;
+//! target, grants: [`VqpState`]) lives in the QP's state, in a table by VQP
+//! id ([`VqpTable`]), beside the QP's records of its WRs. A post takes the
+//! QP's lock once;
 //! so does a poll (pop the VQP's ring; when that is not enough, drain the
 //! CQ, routing each completion to its VQP's ring, and pop again). Nothing
 //! here takes an engine-wide lock. RC fallback mode: a VQP's binding lock
 //! (see [`super::vqp`]) is taken before a QP's lock, never after. (RC
 //! recovery sends a handshake through the engine's handshake endpoint,
 //! whose locks are leaves.)
+//!
+//! # The common case inline
+//!
+//! A post of READs/WRITEs of one SGE in the MR the pre-check last looked
+//! up, on a DCI with room, is checked inline (`PhysQp::fast_check`: the
+//! pre-check's own verdict, computed without its general setup) and goes
+//! straight to the doorbell; anything else (and anything it would reject)
+//! takes the general path. A poll that reads this VQP's own success
+//! retiring only this VQP's WRs (the oldest WR on the QP, or any while
+//! `PhysState::sole` says every outstanding WR is this VQP's) applies it
+//! inline without routing; anything else is routed in full.
 //!
 //! # One record per WR
 //!
@@ -81,19 +93,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use krcore_nic::{
-    bring_up, Access, CompletionQueue, Destination, Gid, Nic, QpCaps, QpInit, QpType, QueuePair,
-    SendFlags, SendWr, Transition, UdTarget, Wc, WcStatus,
+    bring_up, Access, CompletionQueue, Destination, Gid, Nic, Payload, QpCaps, QpInit, QpType,
+    QueuePair, SendFlags, SendWr, Transition, UdTarget, Wc, WcStatus, WrOp,
 };
 use parking_lot::Mutex;
 
 use super::error::{EngineError, VqpError};
 use super::mrs::{AnyMr, MrSnapshot};
-use super::vqp::VqpState;
+use super::vqp::{VqpState, VqpTable};
 use super::EngineInner;
 use crate::credits::{CreditError, Posted, SendQueueCredits};
 use crate::dccache::DcCache;
 use crate::precheck::{
-    LocalMr, LocalMrTable, NoGrants, Plan, Precheck, RemoteGrant, RemoteGrants, Transport,
+    LocalMr, LocalMrTable, MrWindow, NoGrants, OpKind, Plan, Precheck, RemoteGrant, RemoteGrants,
+    Transport,
 };
 use crate::wrid::{PhysWrId, Slot, VqpId};
 
@@ -201,7 +214,11 @@ pub(crate) struct PhysState<N: Nic> {
     /// user's wr_id and signal flag, for the completion.
     users: Box<[Slot]>,
     /// The state of every VQP bound to this QP.
-    vqps: IdMap<VqpId, VqpState>,
+    vqps: VqpTable,
+    /// `Some(v)`: every outstanding WR is the VQP `v`'s (kept by every
+    /// post; a re-post after recovery clears it). Lets a poll by `v` apply
+    /// a completion that retires several WRs without routing each.
+    sole: Option<VqpId>,
     mr_generation: u64,
     mrs: MrSnapshot,
     /// The last MR the pre-check looked up in `mrs` (posts mostly reuse
@@ -225,6 +242,13 @@ pub(crate) struct PhysQp<N: Nic> {
     /// DC: index in the pool; RC: serial number of the pair.
     pub(crate) index: usize,
     qpn: u32,
+    /// A DCI with the pre-check on: posts may take the fast path
+    /// ([`PhysQp::fast_check`]).
+    fast: bool,
+    /// [`crate::precheck::Policy::max_batch`] of the queue.
+    max_batch: u32,
+    /// [`crate::precheck::Policy::effective_max_unsignaled`] of the queue.
+    max_unsignaled: u32,
     cq: N::Cq,
     pub(crate) link: Link,
     state: Mutex<PhysState<N>>,
@@ -305,9 +329,13 @@ impl<N: Nic> PhysQp<N> {
         nonce: u64,
     ) -> PhysQp<N> {
         let ring_len = eng.cfg.dci_depth.next_power_of_two();
+        let depth = eng.cfg.dci_depth;
         PhysQp {
             index,
             qpn: qp.qpn(),
+            fast: eng.cfg.precheck && matches!(link, Link::Dci),
+            max_batch: eng.policy.max_batch(depth),
+            max_unsignaled: eng.policy.effective_max_unsignaled(depth),
             cq,
             link,
             state: Mutex::new(PhysState {
@@ -320,7 +348,8 @@ impl<N: Nic> PhysQp<N> {
                     SendWr::read(0, Default::default(), Default::default()),
                 ),
                 users: vec![Slot::default(); ring_len as usize].into_boxed_slice(),
-                vqps: IdMap::default(),
+                vqps: VqpTable::default(),
+                sole: None,
                 epoch: Instant::now(),
                 mr_generation: u64::MAX,
                 mrs: MrSnapshot::default(),
@@ -359,7 +388,7 @@ impl<N: Nic> PhysQp<N> {
     /// Takes the VQP `id`'s state back (completions of its WRs still in
     /// flight are then discarded).
     pub(crate) fn detach(&self, id: VqpId) -> Option<VqpState> {
-        self.state.lock().vqps.remove(&id)
+        self.state.lock().vqps.remove(id)
     }
 
     /// Takes the VQP `id`'s state back only if none of its WRs is in
@@ -368,16 +397,16 @@ impl<N: Nic> PhysQp<N> {
     /// does not hold it.
     pub(crate) fn detach_drained(&self, id: VqpId) -> Option<Result<VqpState, u32>> {
         let mut st = self.state.lock();
-        let n = st.vqps.get(&id)?.outstanding;
+        let n = st.vqps.get(id)?.outstanding;
         if n > 0 {
             return Some(Err(n));
         }
-        st.vqps.remove(&id).map(Ok)
+        st.vqps.remove(id).map(Ok)
     }
 
     /// Runs `f` on the state of the VQP `id`, if this QP holds it.
     pub(crate) fn with_vqp<R>(&self, id: VqpId, f: impl FnOnce(&mut VqpState) -> R) -> Option<R> {
-        self.state.lock().vqps.get_mut(&id).map(f)
+        self.state.lock().vqps.get_mut(id).map(f)
     }
 
     pub(crate) fn stats(&self) -> DciStats {
@@ -415,15 +444,143 @@ impl<N: Nic> PhysQp<N> {
     /// The WRs are copied into the QP's records (physical wr_id, forced
     /// signal) and the doorbell rings on the records themselves: the
     /// caller's WRs keep their wr_ids and flags (only `dest` is set).
+    ///
+    /// The common post is checked inline ([`PhysQp::fast_check`]); anything
+    /// else takes the general path ([`PhysQp::post_general`]).
+    #[inline]
     pub(crate) fn post(
         &self,
         eng: &EngineInner<N>,
         id: VqpId,
         wrs: &mut [SendWr],
     ) -> Result<(), PostFail> {
-        let n = wrs.len();
         let mut guard = self.state.lock();
         let st = &mut *guard;
+        match self.fast_check(eng, st, id, wrs) {
+            Some((i, force_last)) => self.ring_doorbell(st, i, id, wrs, force_last),
+            None => self.post_general(eng, st, id, wrs),
+        }
+    }
+
+    /// The common post, checked without the general pre-check's setup: a
+    /// DCI in RTS, the pre-check on and the owned-MR snapshot current,
+    /// room in the VQP and in the send queue, and every WR a READ or WRITE
+    /// of one SGE inside the MR the pre-check last looked up
+    /// (`PhysState::last_mr`), to a (target, rkey) with no grant known or
+    /// the one the VQP's grant memo remembers, satisfied
+    /// (`VqpState::last_grant`), all as the full pre-check judges them
+    /// (`MrWindow::holds` gives `precheck::local_ok`'s verdict, and
+    /// `grant_covers` is the pre-check's own). Names the target in `wrs` on
+    /// the way, and returns the
+    /// VQP's position and whether the batch's last WR must be forced
+    /// signaled (part (c), as [`crate::precheck::plan_batch`] decides it).
+    /// `None` for anything else, with nothing changed but `dest` of some
+    /// WRs (which the general path sets to the same value): it decides, so
+    /// this only ever accepts what the full pre-check accepts.
+    #[inline(always)]
+    fn fast_check(
+        &self,
+        eng: &EngineInner<N>,
+        st: &mut PhysState<N>,
+        id: VqpId,
+        wrs: &mut [SendWr],
+    ) -> Option<(usize, bool)> {
+        if !self.fast || st.needs_recovery {
+            return None;
+        }
+        st.qp.as_ref()?;
+        let (lkey, mr) = st.last_mr?;
+        if eng.mrs.generation() != st.mr_generation {
+            return None;
+        }
+        let i = st.vqps.index(id)?;
+        let credits = &st.credits;
+        let v = st.vqps.at(i);
+        let n = wrs.len();
+        if n == 0 || n > self.max_batch as usize || n > credits.free() as usize || !v.has_room(n) {
+            return None;
+        }
+        let dest = Destination::Dc(v.target.as_ref()?.target);
+        let Destination::Dc(target) = &dest else {
+            return None;
+        };
+        if eng.policy.max_sge == 0 {
+            return None;
+        }
+        let window = MrWindow::of(lkey, &mr)?;
+        if v.grants.is_empty() {
+            // No grant known: nothing to look up.
+            for wr in wrs.iter_mut() {
+                let read = match wr.op {
+                    WrOp::Read { .. } => true,
+                    WrOp::Write { .. } => false,
+                    _ => return None,
+                };
+                let Payload::Local(sg) = &wr.payload else {
+                    return None;
+                };
+                let [sge] = sg.as_slice() else {
+                    return None;
+                };
+                if !window.holds(sge, read) {
+                    return None;
+                }
+                wr.dest = dest;
+            }
+        } else {
+            // The memo must hold this (target, rkey).
+            let (gid, rkey, known) = v.last_grant.get()?;
+            if gid != target.gid {
+                return None;
+            }
+            let now = known.and_then(|g| g.expires_at).map(|_| Instant::now());
+            for wr in wrs.iter_mut() {
+                let (remote, op) = match wr.op {
+                    WrOp::Read { remote } => (remote, OpKind::Read),
+                    WrOp::Write { remote } => (remote, OpKind::Write),
+                    _ => return None,
+                };
+                let Payload::Local(sg) = &wr.payload else {
+                    return None;
+                };
+                let [sge] = sg.as_slice() else {
+                    return None;
+                };
+                if !window.holds(sge, op == OpKind::Read) || remote.rkey != rkey {
+                    return None;
+                }
+                if let Some(grant) = &known {
+                    let len = u64::from(sge.length);
+                    if grant.expires_at.zip(now).is_some_and(|(t, now)| now >= t)
+                        || crate::precheck::grant_covers(grant, remote, op, len).is_err()
+                    {
+                        return None;
+                    }
+                }
+                wr.dest = dest;
+            }
+        }
+        // (c) as `plan_batch`: the run of unsignaled WRs the batch leaves.
+        let run_after = match wrs.iter().rposition(SendWr::is_signaled) {
+            Some(k) => (n - 1 - k) as u32,
+            None => credits.unsignaled_tail() + n as u32,
+        };
+        Some((i, run_after > self.max_unsignaled))
+    }
+
+    /// [`PhysQp::post`] in general: recovery first if needed, the
+    /// owned-MR snapshot refreshed, the full pre-check, reclaiming credits
+    /// when the batch does not fit.
+    #[cold]
+    #[inline(never)]
+    fn post_general(
+        &self,
+        eng: &EngineInner<N>,
+        st: &mut PhysState<N>,
+        id: VqpId,
+        wrs: &mut [SendWr],
+    ) -> Result<(), PostFail> {
+        let n = wrs.len();
         if st.needs_recovery {
             self.recover(eng, st)?;
         }
@@ -446,7 +603,7 @@ impl<N: Nic> PhysQp<N> {
                 match self.plan(eng, st, id, wrs)? {
                     Some(plan) => plan,
                     None => {
-                        let v = st.vqps.get(&id).ok_or(PostFail::Stale)?;
+                        let v = st.vqps.get(id).ok_or(PostFail::Stale)?;
                         return Err(VqpError::VqpFull {
                             vqp: id,
                             outstanding: v.occupied(),
@@ -464,7 +621,9 @@ impl<N: Nic> PhysQp<N> {
         if plan.must_reclaim() {
             self.reclaim(eng, st, n)?;
         }
-        self.ring_doorbell(st, id, wrs, &plan)
+        let i = st.vqps.index(id).ok_or(PostFail::Stale)?;
+        // The plan forces only ever the batch's last WR.
+        self.ring_doorbell(st, i, id, wrs, plan.force_signal.is_some())
     }
 
     /// Names the VQP's target in `wrs` and runs the pre-check: `Ok(None)`
@@ -486,7 +645,7 @@ impl<N: Nic> PhysQp<N> {
             epoch,
             ..
         } = st;
-        let v = vqps.get(&id).ok_or(PostFail::Stale)?;
+        let v = vqps.get(id).ok_or(PostFail::Stale)?;
         if !v.has_room(wrs.len()) {
             return Ok(None);
         }
@@ -562,15 +721,18 @@ impl<N: Nic> PhysQp<N> {
     }
 
     /// Copies the checked `wrs` into the QP's records (physical wr_ids,
-    /// the users' wr_ids and flags beside them, `plan`'s forced signal),
-    /// rings the doorbell on the records and counts what the NIC took.
-    #[inline]
+    /// the users' wr_ids and flags beside them, the last WR forced
+    /// signaled if `force_last`), rings the doorbell on the records and
+    /// counts what the NIC took (the VQP `id` is at position `i` of
+    /// `vqps`).
+    #[inline(always)]
     fn ring_doorbell(
         &self,
         st: &mut PhysState<N>,
+        i: usize,
         id: VqpId,
         wrs: &[SendWr],
-        plan: &Plan,
+        force_last: bool,
     ) -> Result<(), PostFail> {
         let n = wrs.len();
         let PhysState {
@@ -579,6 +741,7 @@ impl<N: Nic> PhysQp<N> {
             users,
             vqps,
             stats,
+            sole,
             ..
         } = st;
         // A reclaim that ran into an error may have closed an RC pair.
@@ -590,20 +753,16 @@ impl<N: Nic> PhysQp<N> {
             .into());
         };
         let first = credits.next_seq();
+        let alone = credits.outstanding() == 0 || *sole == Some(id);
         // The pre-check left room for the batch (reclaiming if needed).
         let staged = credits.stage(n).map_err(VqpError::from)?;
         let mask = users.len() - 1;
         // One copy of the batch (not one per WR), then the wr_ids; the
         // signaled WRs are counted on the way (for the commit).
-        if let ([rec], [wr]) = (&mut *staged, wrs) {
-            // One WR: a copy of known size, no call.
-            *rec = *wr;
-        } else {
-            staged.copy_from_slice(wrs);
-        }
+        staged.copy_from_slice(wrs);
         let (mut signaled, mut newest) = (0u32, None);
-        for (i, (rec, wr)) in staged.iter_mut().zip(wrs).enumerate() {
-            let seq = first + i as u64;
+        for (k, (rec, wr)) in staged.iter_mut().zip(wrs).enumerate() {
+            let seq = first + k as u64;
             rec.wr_id = PhysWrId::new(id, seq).raw();
             let user_signaled = wr.is_signaled();
             users[(seq as usize) & mask] = Slot {
@@ -612,15 +771,16 @@ impl<N: Nic> PhysQp<N> {
             };
             if user_signaled {
                 signaled += 1;
-                newest = Some(i);
+                newest = Some(k);
             }
         }
-        if let Some(i) = plan.force_signal {
-            // Always the batch's last WR.
-            signaled += u32::from(!wrs[i].is_signaled());
-            newest = Some(i);
+        if force_last {
+            if let Some(last) = staged.last_mut() {
+                signaled += u32::from(!last.is_signaled());
+                last.flags = last.flags | SendFlags::SIGNALED;
+                newest = Some(n - 1);
+            }
         }
-        plan.apply(staged);
         let result = qp.post_send(staged);
         let posted = match &result {
             Ok(()) => {
@@ -633,13 +793,12 @@ impl<N: Nic> PhysQp<N> {
                 posted
             }
         };
-        if let Some(v) = vqps.get_mut(&id) {
-            v.outstanding += posted as u32;
-        }
         if posted > 0 {
+            *sole = alone.then_some(id);
+            vqps.at(i).outstanding += posted as u32;
             stats.doorbells += 1;
             stats.wrs += posted as u64;
-            stats.forced_signals += u64::from(plan.force_signal.is_some_and(|i| i < posted));
+            stats.forced_signals += u64::from(force_last && posted == n);
         }
         result.map_err(|e| VqpError::Post(e).into())
     }
@@ -672,6 +831,12 @@ impl<N: Nic> PhysQp<N> {
     /// Polls up to `out.len()` completions of the VQP `id` (see
     /// [`crate::engine::Vqp::poll`]): its ring first, then the CQ drained
     /// and routed. `None` when this QP does not hold the VQP's state.
+    ///
+    /// The synchronous case is inlined: one CQE, this VQP's own success
+    /// for the oldest WR on the QP, which retires only itself (no other
+    /// VQP's WR is involved, nothing to route). Anything else continues in
+    /// [`PhysQp::poll_rest`], the CQE already read handed over.
+    #[inline]
     pub(crate) fn poll(
         &self,
         eng: &EngineInner<N>,
@@ -680,75 +845,105 @@ impl<N: Nic> PhysQp<N> {
     ) -> Result<Option<usize>, VqpError> {
         let mut guard = self.state.lock();
         let st = &mut *guard;
+        let Some(i) = st.vqps.index(id) else {
+            return Ok(None);
+        };
+        let v = st.vqps.at(i);
+        let n = if v.ring.is_empty() { 0 } else { v.pop(out) };
+        if n == out.len() {
+            return Ok(Some(n));
+        }
+        // The ring is empty now: this VQP's completions go straight into
+        // `out` (no ring round trip) until it is full.
+        if st.needs_recovery {
+            return self.poll_rest(eng, st, id, out, n, None);
+        }
+        // One CQE, read straight into the caller's next entry (rewritten
+        // in place into the user's completion below, or handed on).
+        match self.cq.poll(&mut out[n..=n]) {
+            Ok(0) => return Ok(Some(n)),
+            Ok(_) => {}
+            Err(e) if n == 0 => return Err(VqpError::nic("poll a shared QP's CQ")(e)),
+            Err(_) => return Ok(Some(n)),
+        }
         let PhysState {
             credits,
             users,
             vqps,
             stats,
-            needs_recovery,
+            sole,
             ..
         } = st;
-        let Some(v) = vqps.get_mut(&id) else {
-            return Ok(None);
+        // This VQP's success, retiring only its own WRs: the oldest one
+        // on the QP, or any while all outstanding WRs are its own.
+        let head = credits.head();
+        let wc = &mut out[n];
+        let wr_id = PhysWrId::from_raw(wc.wr_id);
+        let seq = match credits.resolve(wr_id) {
+            Some(seq)
+                if wc.status.is_ok()
+                    && wr_id.vqp() == id
+                    && (seq == head || *sole == Some(id))
+                    && credits.complete_range(seq, wc.status).is_ok() =>
+            {
+                seq
+            }
+            _ => {
+                let wc = *wc;
+                return self.poll_rest(eng, st, id, out, n, Some(wc));
+            }
         };
-        let n = v.pop(out);
+        // `route` then `deliver`, for a success into `out` (the ring is
+        // empty, there is room): the earlier WRs were unsignaled and only
+        // leave the count.
+        stats.completions += 1;
+        let v = vqps.at(i);
+        let earlier = (seq - head) as u32;
+        match v.outstanding.checked_sub(earlier) {
+            Some(left) => v.outstanding = left,
+            None => stats.orphaned += u64::from(earlier),
+        }
+        let mut n = n;
+        if v.outstanding == 0 {
+            // Retired, but of an earlier attachment (see `deliver`):
+            // nothing to deliver.
+            stats.orphaned += 1;
+        } else {
+            v.outstanding -= 1;
+            let slot = users[(seq as usize) & (users.len() - 1)];
+            if slot.user_signaled {
+                // The user's completion: status, opcode and length as
+                // polled.
+                wc.wr_id = slot.user_wr_id;
+                wc.imm = None;
+                wc.qp_num = id.get();
+                wc.src_qp = 0;
+                n += 1;
+            }
+        }
         if n == out.len() {
             return Ok(Some(n));
         }
-        // The ring is empty now: the drain delivers this VQP's completions
-        // straight into `out` (no ring round trip) until it is full.
+        self.poll_rest(eng, st, id, out, n, None)
+    }
+
+    /// The rest of [`PhysQp::poll`]: `n` entries of `out` filled, the
+    /// VQP's ring empty; `polled` a CQE read and not yet applied. Routes it,
+    /// then drains the CQ into `out` (recovering the QP if needed).
+    #[cold]
+    #[inline(never)]
+    fn poll_rest(
+        &self,
+        eng: &EngineInner<N>,
+        st: &mut PhysState<N>,
+        id: VqpId,
+        out: &mut [Wc],
+        n: usize,
+        polled: Option<Wc>,
+    ) -> Result<Option<usize>, VqpError> {
         let mut sink = Sink { vqp: id, out, n };
-        let mut polled = None;
-        if !*needs_recovery {
-            // The synchronous case first: one CQE, this VQP's own success
-            // for the oldest WR on the QP, which retires only itself: no
-            // routing (no other VQP's WR is involved).
-            let mut wc = [Wc::default()];
-            match self.cq.poll(&mut wc) {
-                Ok(0) => return Ok(Some(sink.n)),
-                Ok(_) => {
-                    let wr_id = PhysWrId::from_raw(wc[0].wr_id);
-                    let head = credits.head();
-                    let own = wc[0].status.is_ok()
-                        && wr_id.vqp() == id
-                        && credits.resolve(wr_id) == Some(head)
-                        && credits.complete_range(head, wc[0].status).is_ok();
-                    if own && v.outstanding > 0 {
-                        // `deliver`, for a success into the sink (the ring
-                        // is empty, the sink has room).
-                        stats.completions += 1;
-                        v.outstanding -= 1;
-                        let slot = users[(head as usize) & (users.len() - 1)];
-                        if slot.user_signaled {
-                            sink.out[sink.n] = Wc {
-                                wr_id: slot.user_wr_id,
-                                status: wc[0].status,
-                                opcode: wc[0].opcode,
-                                byte_len: wc[0].byte_len,
-                                imm: None,
-                                qp_num: id.get(),
-                                src_qp: 0,
-                            };
-                            sink.n += 1;
-                        }
-                        if sink.room() == 0 {
-                            return Ok(Some(sink.n));
-                        }
-                    } else if own {
-                        // Retired, but of an earlier attachment (see
-                        // `deliver`): nothing to deliver.
-                        stats.completions += 1;
-                        stats.orphaned += 1;
-                    } else {
-                        polled = Some(wc[0]);
-                    }
-                }
-                Err(e) if sink.n == 0 => return Err(VqpError::nic("poll a shared QP's CQ")(e)),
-                Err(_) => return Ok(Some(sink.n)),
-            }
-        }
         if let Some(wc) = polled {
-            // Anything else is routed as the drain would.
+            // Routed as the drain would.
             route(&eng.cache, st, &wc, Some(&mut sink));
             if sink.room() == 0 && !st.needs_recovery {
                 return Ok(Some(sink.n));
@@ -763,7 +958,7 @@ impl<N: Nic> PhysQp<N> {
         }
         if n < out.len() {
             // A recovery may have reported flushes to the ring.
-            if let Some(v) = st.vqps.get_mut(&id) {
+            if let Some(v) = st.vqps.get_mut(id) {
                 n += v.pop(&mut out[n..]);
             }
         }
@@ -842,7 +1037,7 @@ impl<N: Nic> PhysQp<N> {
             let wr = *credits.record(seq);
             let slot = users[(seq as usize) & mask];
             let owner = PhysWrId::from_raw(wr.wr_id).vqp();
-            match vqps.get_mut(&owner) {
+            match vqps.get_mut(owner) {
                 Some(_) if Some(owner) != guilty => again.push((wr, slot)),
                 Some(v) => {
                     stats.flushed_by_reset += 1;
@@ -906,6 +1101,8 @@ impl<N: Nic> PhysQp<N> {
         if again.is_empty() {
             return;
         }
+        // Several VQPs' WRs, possibly.
+        st.sole = None;
         let PhysState {
             qp,
             credits,
@@ -944,7 +1141,7 @@ impl<N: Nic> PhysQp<N> {
         for (wr, slot) in wrs {
             st.stats.flushed_by_reset += 1;
             let owner = PhysWrId::from_raw(wr.wr_id).vqp();
-            if let Some(v) = st.vqps.get_mut(&owner) {
+            if let Some(v) = st.vqps.get_mut(owner) {
                 deliver(
                     &eng.cache,
                     owner,
@@ -1039,7 +1236,7 @@ fn route<N: Nic>(cache: &DcCache, st: &mut PhysState<N>, wc: &Wc, sink: Option<&
             run += 1;
         }
         seq += run;
-        match vqps.get_mut(&id) {
+        match vqps.get_mut(id) {
             Some(v) if v.outstanding >= run as u32 => v.outstanding -= run as u32,
             _ => stats.orphaned += run,
         }
@@ -1047,7 +1244,7 @@ fn route<N: Nic>(cache: &DcCache, st: &mut PhysState<N>, wc: &Wc, sink: Option<&
     let id = wr_id.vqp();
     let slot = users[(last as usize) & (users.len() - 1)];
     let delivered = vqps
-        .get_mut(&id)
+        .get_mut(id)
         .and_then(|v| deliver(cache, id, v, slot, wc.status, Some(wc), sink));
     if delivered.is_none() {
         stats.orphaned += 1;

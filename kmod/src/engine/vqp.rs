@@ -3,8 +3,10 @@
 //! A VQP's state ([`VqpState`]: its count of WRs in flight, completion ring, target
 //! and the remote grants it knows) lives INSIDE the physical QP it is bound
 //! to, under that QP's lock: a post or a poll takes exactly one lock (the
-//! QP's), never a second per-VQP lock, and routing a completion to its VQP
-//! is a map lookup under the lock already held. Only while no QP holds it
+//! QP's), never a second per-VQP lock, and finding a VQP's state, for its
+//! post or poll or to route a completion to it, is a [`VqpTable`] lookup
+//! (one multiply, one compare; no hashing) under the lock already held.
+//! Only while no QP holds it
 //! (RC fallback mode, before the first connect) does the state sit in the
 //! VQP's own `parked` slot.
 //!
@@ -29,6 +31,7 @@
 
 use std::cell::Cell;
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use krcore_nic::{Gid, Nic, SendWr, Wc};
@@ -105,6 +108,131 @@ impl VqpState {
     }
 }
 
+/// Buckets of [`VqpTable`]'s direct index (a power of two).
+const DIRECT: usize = 64;
+
+/// The states of the VQPs bound to one physical QP, found by id without
+/// hashing on the data path: a dense vector of (id, state), and a
+/// direct-mapped index from a multiplicative hash of the id (one multiply,
+/// one compare) to its position; the ids whose bucket is taken go to a
+/// spill map.
+///
+/// Invariants: every id is in `states` at most once; for each position
+/// `i`, `states[i].0` is found at `i` through exactly one of: its bucket
+/// (`direct[bucket(id)] == i + 1`) or `spill` (`spill[id] == i`); `direct`
+/// entries are 0 (empty) or a position plus one.
+pub(crate) struct VqpTable {
+    states: Vec<(VqpId, VqpState)>,
+    direct: [u32; DIRECT],
+    spill: IdMap<VqpId, u32>,
+}
+
+impl Default for VqpTable {
+    fn default() -> VqpTable {
+        VqpTable {
+            states: Vec::new(),
+            direct: [0; DIRECT],
+            spill: IdMap::default(),
+        }
+    }
+}
+
+impl VqpTable {
+    #[inline]
+    fn bucket(id: VqpId) -> usize {
+        (id.get().wrapping_mul(0x9e37_79b1) >> (32 - DIRECT.trailing_zeros())) as usize
+    }
+
+    /// The position of `id`'s state, if held.
+    #[inline]
+    pub(crate) fn index(&self, id: VqpId) -> Option<usize> {
+        let d = self.direct[Self::bucket(id)] as usize;
+        if d != 0 {
+            if let Some((i, _)) = self.states.get(d - 1) {
+                if *i == id {
+                    return Some(d - 1);
+                }
+            }
+        }
+        self.index_spilled(id)
+    }
+
+    #[cold]
+    fn index_spilled(&self, id: VqpId) -> Option<usize> {
+        if self.spill.is_empty() {
+            return None;
+        }
+        self.spill.get(&id).map(|&i| i as usize)
+    }
+
+    /// The state at position `i` (from [`VqpTable::index`], no change since).
+    #[inline]
+    pub(crate) fn at(&mut self, i: usize) -> &mut VqpState {
+        &mut self.states[i].1
+    }
+
+    #[inline]
+    pub(crate) fn get(&self, id: VqpId) -> Option<&VqpState> {
+        self.index(id).map(|i| &self.states[i].1)
+    }
+
+    #[inline]
+    pub(crate) fn get_mut(&mut self, id: VqpId) -> Option<&mut VqpState> {
+        self.index(id).map(|i| &mut self.states[i].1)
+    }
+
+    /// Records that `id` lives at position `i`.
+    fn place(&mut self, id: VqpId, i: usize) {
+        let b = Self::bucket(id);
+        if self.direct[b] == 0 {
+            self.direct[b] = i as u32 + 1;
+        } else {
+            self.spill.insert(id, i as u32);
+        }
+    }
+
+    /// Forgets where `id` (at position `i`) lives.
+    fn unplace(&mut self, id: VqpId, i: usize) {
+        let b = Self::bucket(id);
+        if self.direct[b] as usize == i + 1 {
+            self.direct[b] = 0;
+        } else {
+            self.spill.remove(&id);
+        }
+    }
+
+    /// Hands `id` its state (replacing one it had).
+    pub(crate) fn insert(&mut self, id: VqpId, st: VqpState) {
+        match self.index(id) {
+            Some(i) => self.states[i].1 = st,
+            None => {
+                self.states.push((id, st));
+                self.place(id, self.states.len() - 1);
+            }
+        }
+    }
+
+    /// Takes `id`'s state out.
+    pub(crate) fn remove(&mut self, id: VqpId) -> Option<VqpState> {
+        let i = self.index(id)?;
+        self.unplace(id, i);
+        let last = self.states.len() - 1;
+        if i != last {
+            // The last state moves to `i`.
+            let moved = self.states[last].0;
+            self.unplace(moved, last);
+            self.place(moved, i);
+        }
+        Some(self.states.swap_remove(i).1)
+    }
+
+    /// How many VQPs are held.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.states.len()
+    }
+}
+
 /// Which physical QP a VQP posts on (see the module docs).
 pub(crate) enum Binding<N: Nic> {
     /// DC mode: a DCI of the pool, for life, and an RC pair while upgraded
@@ -135,6 +263,9 @@ pub struct Vqp<N: Nic> {
     pub(crate) id: VqpId,
     /// The state while no QP holds it (RC fallback mode, unbound).
     pub(crate) parked: Mutex<Option<VqpState>>,
+    /// Bumped by every [`Vqp::add_grant`] and [`Vqp::remove_grant`] (after
+    /// the change): see [`Vqp::grants_epoch`].
+    grants_epoch: AtomicU64,
 }
 
 impl<N: Nic> std::fmt::Debug for Vqp<N> {
@@ -176,6 +307,7 @@ impl<N: Nic> Vqp<N> {
             binding: Binding::Dc(DcBinding::new(dci, threshold)),
             id,
             parked: Mutex::new(None),
+            grants_epoch: AtomicU64::new(0),
         }
     }
 
@@ -187,6 +319,7 @@ impl<N: Nic> Vqp<N> {
             binding: Binding::Rc(Mutex::new(None)),
             id,
             parked: Mutex::new(Some(st)),
+            grants_epoch: AtomicU64::new(0),
         }
     }
 
@@ -335,17 +468,31 @@ impl<N: Nic> Vqp<N> {
             st.expiring -= u32::from(old.is_some_and(|g| g.expires_at.is_some()));
             st.expiring += u32::from(grant.expires_at.is_some());
         });
+        self.grants_epoch.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Forgets a grant; returns it if it was known.
     pub fn remove_grant(&self, gid: &Gid, rkey: u32) -> Option<RemoteGrant> {
-        self.with_state(|st| {
-            st.last_grant.set(None);
-            let old = st.grants.remove(&(*gid, rkey));
-            st.expiring -= u32::from(old.is_some_and(|g| g.expires_at.is_some()));
-            old
-        })
-        .flatten()
+        let old = self
+            .with_state(|st| {
+                st.last_grant.set(None);
+                let old = st.grants.remove(&(*gid, rkey));
+                st.expiring -= u32::from(old.is_some_and(|g| g.expires_at.is_some()));
+                old
+            })
+            .flatten();
+        self.grants_epoch.fetch_add(1, Ordering::AcqRel);
+        old
+    }
+
+    /// How many times the VQP's known grants were changed
+    /// ([`Vqp::add_grant`], [`Vqp::remove_grant`]), read without a lock.
+    /// A caller that added a grant and saw the epoch move by exactly one
+    /// (its own change) knows the grant is still in place while the epoch
+    /// stays at that value: it may skip adding it again (the SDK does, per
+    /// request).
+    pub fn grants_epoch(&self) -> u64 {
+        self.grants_epoch.load(Ordering::Acquire)
     }
 
     /// WRs posted and not yet completed.
@@ -375,10 +522,17 @@ impl<N: Nic> Vqp<N> {
     /// - [`VqpError::Rebind`] (RC fallback mode): the VQP's pair was
     ///   evicted or lost and a new one could not be made.
     /// - [`VqpError::Nic`], [`VqpError::Credit`].
+    #[inline]
     pub fn post_send(&self, wrs: &mut [SendWr]) -> Result<(), VqpError> {
-        if let Binding::Dc(b) = &self.binding {
-            return self.post_dc(b, wrs);
+        match &self.binding {
+            Binding::Dc(b) => self.post_dc(b, wrs),
+            Binding::Rc(_) => self.post_rc(wrs),
         }
+    }
+
+    /// [`Vqp::post_send`] in RC fallback mode.
+    #[inline(never)]
+    fn post_rc(&self, wrs: &mut [SendWr]) -> Result<(), VqpError> {
         // RC: a stale pair is replaced, then the post is tried again; two
         // replacements in a row mean concurrent reconnects: give up typed.
         for _ in 0..3 {
@@ -407,10 +561,17 @@ impl<N: Nic> Vqp<N> {
     /// # Errors
     /// [`VqpError::Nic`] when the CQ failed (overflow) and nothing was
     /// ready; [`VqpError::Nic`] when a QP reset after an error failed.
+    #[inline]
     pub fn poll(&self, out: &mut [Wc]) -> Result<usize, VqpError> {
-        if let Binding::Dc(b) = &self.binding {
-            return self.poll_dc(b, out);
+        match &self.binding {
+            Binding::Dc(b) => self.poll_dc(b, out),
+            Binding::Rc(_) => self.poll_rc(out),
         }
+    }
+
+    /// [`Vqp::poll`] in RC fallback mode.
+    #[inline(never)]
+    fn poll_rc(&self, out: &mut [Wc]) -> Result<usize, VqpError> {
         // RC: the state may be moving to another pair: read the binding
         // again (a move finishes under the binding lock).
         for _ in 0..3 {
@@ -422,5 +583,144 @@ impl<N: Nic> Vqp<N> {
             }
         }
         Ok(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn id(n: u32) -> VqpId {
+        VqpId::new(n).unwrap()
+    }
+
+    /// Checks every lookup of `t` against the reference `r` (ids 1..=max).
+    fn same(t: &VqpTable, r: &HashMap<u32, u32>, max: u32) {
+        assert_eq!(t.len(), r.len());
+        for n in 1..=max {
+            assert_eq!(
+                t.get(id(n)).map(|s| s.capacity),
+                r.get(&n).copied(),
+                "vqp {n}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_table_agrees_with_a_map_through_inserts_removes_and_collisions() {
+        // Ids spaced like a pool's round robin (many share a bucket, so
+        // the spill map and the moves of `remove` are exercised), in a
+        // fixed pseudo-random order of inserts and removes.
+        let mut t = VqpTable::default();
+        let mut r = HashMap::new();
+        let max = 400;
+        let mut x = 0x2545_f491_u32;
+        for step in 0..5_000u32 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            let n = 1 + (x % max);
+            if x & 0x100 == 0 {
+                t.insert(id(n), VqpState::new(step));
+                r.insert(n, step);
+            } else {
+                assert_eq!(
+                    t.remove(id(n)).map(|s| s.capacity),
+                    r.remove(&n),
+                    "remove {n}"
+                );
+            }
+            if step % 97 == 0 {
+                same(&t, &r, max);
+            }
+        }
+        same(&t, &r, max);
+        for n in 1..=max {
+            assert_eq!(t.remove(id(n)).map(|s| s.capacity), r.remove(&n));
+        }
+        same(&t, &r, max);
+        assert!(t.spill.is_empty() && t.direct.iter().all(|&d| d == 0));
+    }
+
+    /// Two VQPs on one DCI: B's unsignaled WR is posted before A's
+    /// signaled one, so A's completion retires B's WR too. A's poll must
+    /// route it (B's count drops, A gets its completion), not apply it as
+    /// if every retired WR were A's (the inline poll does so only while
+    /// all outstanding WRs are the poller's, `PhysState::sole`).
+    #[test]
+    fn a_completion_retiring_another_vqps_wr_is_routed() {
+        use crate::{Engine, EngineConfig, MetaLocation};
+        use krcore_meta::{MetaConfig, MetaServer};
+        use krcore_nic::sim::{SimConfig, SimFabric, SimNic};
+        use krcore_nic::{Access, MemoryRegion, SendWr, Wc, WcStatus};
+
+        let f = SimFabric::in_memory();
+        let node = || SimNic::open(&f, SimConfig::default()).unwrap();
+        let mut meta = MetaServer::start(node(), MetaConfig::default()).unwrap();
+        let loc = MetaLocation::from_bootstrap(&meta.bootstrap()).unwrap();
+        let cfg = || EngineConfig::default().with_meta(loc).with_pool_size(1);
+        let server = Engine::start(node(), cfg()).unwrap();
+        meta.table_mut()
+            .register(server.local_target().unwrap(), 0, 1 << 40, 0)
+            .unwrap();
+        let client = Engine::start(node(), cfg()).unwrap();
+        let remote = server.alloc_mr(4096, Access::ALL).unwrap();
+        let local = client.alloc_mr(4096, Access::ALL).unwrap();
+        let (a, b) = (client.create_vqp().unwrap(), client.create_vqp().unwrap());
+        a.connect(server.gid()).unwrap();
+        b.connect(server.gid()).unwrap();
+        assert_eq!(a.dci_qpn(), b.dci_qpn(), "one shared DCI");
+        let read = |id, off| SendWr::read(id, local.sge(off, 64).unwrap(), remote.remote(off));
+        for round in 0..3u64 {
+            b.post_send(&mut [read(100 + round, 0).signaled(false)])
+                .unwrap();
+            a.post_send(&mut [read(200 + round, 64)]).unwrap();
+            let mut wc = [Wc::default(); 4];
+            let mut got = 0;
+            for _ in 0..1000 {
+                got = a.poll(&mut wc).unwrap();
+                if got > 0 {
+                    break;
+                }
+            }
+            assert_eq!(got, 1, "round {round}: A's completion");
+            assert_eq!(wc[0].wr_id, 200 + round);
+            assert_eq!(wc[0].status, WcStatus::Success);
+            assert_eq!(wc[0].qp_num, a.id().get());
+            assert_eq!((a.outstanding(), b.outstanding()), (0, 0));
+            assert_eq!(b.poll(&mut wc).unwrap(), 0, "B asked for nothing");
+        }
+        // A alone: its unsignaled WR then its signaled one, retired by one
+        // completion through the inline path.
+        a.post_send(&mut [read(300, 0).signaled(false), read(301, 64)])
+            .unwrap();
+        let mut wc = [Wc::default(); 4];
+        let mut got = 0;
+        for _ in 0..1000 {
+            got = a.poll(&mut wc).unwrap();
+            if got > 0 {
+                break;
+            }
+        }
+        assert_eq!((got, wc[0].wr_id), (1, 301));
+        assert_eq!(a.outstanding(), 0);
+    }
+
+    #[test]
+    fn index_finds_each_state_at_its_position() {
+        let mut t = VqpTable::default();
+        for n in [1, 9, 17, 25, 65, 129, 2] {
+            t.insert(id(n), VqpState::new(n));
+        }
+        for n in [1, 9, 17, 25, 65, 129, 2] {
+            let i = t.index(id(n)).unwrap();
+            assert_eq!(t.at(i).capacity, n);
+        }
+        assert_eq!(t.index(id(3)), None);
+        // Replacing keeps one entry.
+        t.insert(id(9), VqpState::new(90));
+        assert_eq!(t.len(), 7);
+        assert_eq!(t.get(id(9)).unwrap().capacity, 90);
     }
 }

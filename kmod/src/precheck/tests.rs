@@ -827,3 +827,58 @@ fn the_common_path_agrees_with_the_full_check() {
     }
     assert!(common > 30, "the common path was exercised ({common})");
 }
+
+/// The engine's fast path judges an SGE through [`MrWindow::holds`]: the
+/// same verdict as [`local_ok`] for every MR it has a window of (and none
+/// for an MR whose end wraps around, which `local_ok` never accepts).
+#[test]
+fn mr_window_agrees_with_local_ok() {
+    let edges = [
+        0u64,
+        1,
+        7,
+        8,
+        4096,
+        u64::MAX / 2,
+        u64::MAX - 64,
+        u64::MAX - 1,
+        u64::MAX,
+    ];
+    let lens = [0u32, 1, 8, 64, u32::MAX];
+    let accesses = [Access::ALL, Access::REMOTE_READ];
+    let mut checked = 0;
+    for &mr_addr in &edges {
+        for &mr_len in &[0u64, 8, 4096, u64::MAX / 2, u64::MAX] {
+            for &access in &accesses {
+                let mr = LocalMr {
+                    addr: mr_addr,
+                    len: mr_len,
+                    access,
+                };
+                let window = MrWindow::of(7, &mr);
+                for &addr in &edges {
+                    for &length in &lens {
+                        for lkey in [7, 8] {
+                            let sge = krcore_nic::Sge { addr, length, lkey };
+                            for op in [OpKind::Read, OpKind::Write] {
+                                let want = lkey == 7 && local_ok(&sge, &mr, op);
+                                match window {
+                                    Some(w) => {
+                                        assert_eq!(
+                                            w.holds(&sge, op == OpKind::Read),
+                                            want,
+                                            "{mr:?} {sge:?} {op}"
+                                        );
+                                        checked += 1;
+                                    }
+                                    None => assert!(!want, "{mr:?} {sge:?} {op}"),
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 1000);
+}
