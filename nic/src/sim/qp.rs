@@ -537,6 +537,13 @@ impl QueuePair for SimQp {
         // Free slots are read once per doorbell and re-read only when they
         // run out (a concurrent poll may have freed some meanwhile).
         let mut free = self.credits(&st);
+        if direct {
+            // Read ahead for the whole doorbell first (see `Exec::prefetch`).
+            let ex = Exec { qp: q, st: &mut st };
+            for wr in wrs {
+                ex.prefetch(wr);
+            }
+        }
         for (i, wr) in wrs.iter().enumerate() {
             if let Err(e) = self.validate(i, wr) {
                 result = Err(e);

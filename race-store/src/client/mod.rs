@@ -286,7 +286,8 @@ impl<T: Transport> Client<T> {
         loop {
             self.begin_attempt(ctx)?;
             let view = self.read_buckets(hash, &[])?;
-            match view.state(hash) {
+            let (state, candidates) = view.search(hash);
+            match state {
                 ViewState::Ok | ViewState::Frozen => {}
                 ViewState::Stale => {
                     self.refresh_directory()?;
@@ -297,7 +298,7 @@ impl<T: Transport> Client<T> {
                     continue;
                 }
             }
-            let Some(copy) = self.lowest_copy(&view, key, hash, ctx)? else {
+            let Some(copy) = self.lowest_copy(&candidates, key, ctx)? else {
                 continue;
             };
             if !self.fresh(ctx) {
