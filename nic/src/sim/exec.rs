@@ -567,16 +567,10 @@ impl Exec<'_> {
             WrOp::CompareSwap { remote, .. } | WrOp::FetchAdd { remote, .. } => (remote, 8),
             WrOp::Send | WrOp::SendImm { .. } => return,
         };
-        let gid = match (self.qp.qp_type, wr.dest) {
-            (QpType::Dci, Destination::Dc(t)) => t.gid,
-            (QpType::Rc, Destination::Connected) => match &self.st.peer {
-                Some(p) => p.gid,
-                None => return,
-            },
-            _ => return,
-        };
+        // The last target node, without checking that it is this WR's: an
+        // MR of another node misses below, or costs a useless prefetch.
         let t = &self.st.target;
-        let Some(n) = t.node.as_ref().filter(|n| n.gid == gid) else {
+        let Some(n) = &t.node else {
             return;
         };
         let nk = node_key(n.slot, n.gen);
