@@ -757,24 +757,60 @@ impl<T: Transport> Client<T> {
         ))
     }
 
-    /// The lowest addressed copy of `key` among `candidates` (the
-    /// fingerprint matches of a view, [`BucketsView::search`]; what a get
-    /// returns), as [`Client::copies`] finds it, but without gathering the
-    /// others: `Ok(None)` if a block failed its checks, `Ok(Some(None))` if
-    /// the key is absent, else the slot word of the copy (its value is in
-    /// `ctx`, see [`OpCtx::take_value`]).
-    pub(crate) fn lowest_copy(
+    /// The value a get returns from `candidates` (the fingerprint matches
+    /// of a view, [`BucketsView::search`]): that of the copy of `key` at the
+    /// lowest slot address, their KV blocks read in one doorbell (blocks
+    /// already read in this operation are reused while still fresh).
+    /// `Ok(None)` if a block failed its checks (torn or reused: retry the
+    /// attempt), `Ok(Some(None))` if the key is absent.
+    pub(crate) fn lowest_value(
         &mut self,
         candidates: &[SlotRef],
         key: &[u8],
         ctx: &mut OpCtx,
-    ) -> Result<Option<Option<Slot>>, Error> {
-        if !self.fetch_blocks(candidates, key, ctx)? {
-            return Ok(None);
+    ) -> Result<Option<Option<Vec<u8>>>, Error> {
+        match candidates {
+            [] => Ok(Some(None)),
+            // The common case, one match and nothing read yet in this
+            // operation: its block, straight from the doorbell's result (a
+            // retry never needs it again: it restarts on a failed check,
+            // and an attempt that ran out of time drops what it read).
+            [c] if ctx.blocks.is_empty() => {
+                let w = c.word.thawed();
+                let op = [RemoteOp::Read {
+                    ptr: w.ptr(),
+                    len: w.block_len() as u32,
+                }];
+                let mut res = std::mem::take(&mut self.results);
+                let r = self.exec_into(&op, &mut res).and_then(|()| {
+                    let buf = res
+                        .read(0)
+                        .ok_or_else(|| bad_response("expected a READ result"))?;
+                    Ok(match kv::decode_for_key(buf, key) {
+                        Ok(kv) if kv.block_len() == w.block_len() => {
+                            Some(Some(kv.value().to_vec()))
+                        }
+                        Err(LayoutError::KeyMismatch) => Some(None),
+                        _ => None,
+                    })
+                });
+                self.results = res;
+                if matches!(r, Ok(None)) {
+                    self.stats.bad_blocks += 1;
+                }
+                r
+            }
+            _ => {
+                if !self.fetch_blocks(candidates, key, ctx)? {
+                    return Ok(None);
+                }
+                let lowest = candidates
+                    .iter()
+                    .map(|s| s.word.thawed())
+                    .find(|w| ctx.cached(w.raw()).is_some_and(|b| b.value.is_some()));
+                Ok(Some(lowest.and_then(|w| ctx.take_value(w))))
+            }
         }
-        Ok(Some(candidates.iter().map(|s| s.word.thawed()).find(|w| {
-            ctx.cached(w.raw()).is_some_and(|b| b.value.is_some())
-        })))
     }
 
     /// Waits for the split of `sub`, which holds `hash`'s buckets and was

@@ -298,13 +298,13 @@ impl<T: Transport> Client<T> {
                     continue;
                 }
             }
-            let Some(copy) = self.lowest_copy(&candidates, key, ctx)? else {
+            let Some(value) = self.lowest_value(&candidates, key, ctx)? else {
                 continue;
             };
             if !self.fresh(ctx) {
                 continue;
             }
-            return Ok(copy.and_then(|w| ctx.take_value(w)));
+            return Ok(value);
         }
     }
 

@@ -27,8 +27,8 @@ use krcore::{Access, Node};
 use krcore_kmod::{OwnedMr, RemoteGrant, Vqp, VqpError};
 use krcore_meta::ud::{Incoming, UdEndpoint};
 use krcore_nic::{
-    Destination, InlineData, MemoryRegion, Nic, Payload, RemoteAddr, SendFlags, SendWr, Sge,
-    SgList, UdTarget, Wc, WcStatus, WrOp, MAX_INLINE,
+    Destination, InlineData, MemoryRegion, Nic, Payload, RemoteAddr, SendFlags, SendWr, SgList,
+    Sge, UdTarget, Wc, WcStatus, WrOp, MAX_INLINE,
 };
 use std::time::{Duration, Instant};
 
@@ -242,7 +242,9 @@ impl<N: Nic> VqpTransport<N> {
         // scratch buffer (`grow_scratch`): each SGE below is in range.
         let scratch = self.scratch_sge;
         if need > scratch.length as usize {
-            return Err(setup("scratch SGE")("batch larger than the scratch buffer".into()));
+            return Err(setup("scratch SGE")(
+                "batch larger than the scratch buffer".into(),
+            ));
         }
         let local = |off: usize, len: u32| {
             SgList::one(Sge {
@@ -266,7 +268,9 @@ impl<N: Nic> VqpTransport<N> {
             // Built in place, unsignaled; the node's last one is signaled
             // below.
             let (op, payload) = match *op {
-                RemoteOp::Read { len, .. } => (WrOp::Read { remote }, Payload::Local(local(off, len))),
+                RemoteOp::Read { len, .. } => {
+                    (WrOp::Read { remote }, Payload::Local(local(off, len)))
+                }
                 RemoteOp::Write { bytes, .. } => {
                     let payload = match InlineData::new(bytes) {
                         Some(d) => Payload::Inline(d),
@@ -287,9 +291,10 @@ impl<N: Nic> VqpTransport<N> {
                     },
                     Payload::Local(local(off, 8)),
                 ),
-                RemoteOp::Faa { add, .. } => {
-                    (WrOp::FetchAdd { remote, add }, Payload::Local(local(off, 8)))
-                }
+                RemoteOp::Faa { add, .. } => (
+                    WrOp::FetchAdd { remote, add },
+                    Payload::Local(local(off, 8)),
+                ),
             };
             wrs.push(SendWr {
                 wr_id: tag | i as u64,
