@@ -278,6 +278,18 @@ impl<T: Copy, const N: usize> core::ops::Deref for InlineList<T, N> {
 /// Slots of a view, in address order.
 pub(crate) type SlotRefs = InlineList<SlotRef, 4>;
 
+/// Bit `w` set iff slot word `w` of a combined bucket has fingerprint `fp`
+/// (header words never: their bit is cleared). A branch-free loop; a
+/// fingerprint is never 0, so a matching word is never empty (nor the
+/// frozen empty word).
+fn fp_mask(words: &[u64; COMBINED_WORDS], fp: u8) -> u32 {
+    let mut mask = 0u32;
+    for (w, &raw) in words.iter().enumerate() {
+        mask |= u32::from(raw >> FP_SHIFT == u64::from(fp)) << w;
+    }
+    mask & SLOT_WORDS
+}
+
 /// Filler of unused [`SlotRefs`] room.
 const NO_SLOT: SlotRef = SlotRef {
     addr: DIR_PTR,
@@ -388,42 +400,31 @@ impl BucketsView {
             return None;
         }
         let suffix = Suffix::from_header(h0 as u32, (h0 >> 32) as u32).ok()?;
-        // The OR of every word's frozen bit, the headers' masked out (their
-        // bit 0 is a local depth bit).
-        let mut any = 0u32;
+        // The OR of the slot words (not the headers: their bit 0 is a local
+        // depth bit).
+        let mut any = 0;
         for (w, &raw) in words.iter().enumerate() {
-            any |= u32::from(raw & SLOT_FROZEN != 0) << w;
+            if w % BUCKET_WORDS != 0 {
+                any |= raw;
+            }
         }
-        Some((!suffix.contains(hash.dir_hash()), any & SLOT_WORDS != 0))
+        Some((!suffix.contains(hash.dir_hash()), any & SLOT_FROZEN != 0))
     }
 
     /// What the headers and slots say (see [`ViewState`]).
     pub(crate) fn state(&self, hash: &KeyHash) -> ViewState {
-        let (mut stale, mut frozen) = (false, false);
-        for words in self.words.iter().take(self.distinct()) {
-            let Some((s, f)) = Self::scan_header(words, hash) else {
-                return ViewState::Retired;
-            };
-            stale |= s;
-            frozen |= f;
-        }
-        if stale {
-            ViewState::Stale
-        } else if frozen {
-            ViewState::Frozen
-        } else {
-            ViewState::Ok
-        }
+        self.scan(hash, None).0
     }
 
-    /// A search's view of both combined buckets in one pass: what the
-    /// headers say ([`BucketsView::state`]) and, unless that is `Stale` or
-    /// `Retired`, the slots whose fingerprint is `hash`'s
+    /// A search's view of both combined buckets in one pass over their
+    /// words: what the headers say ([`BucketsView::state`]) and, unless that
+    /// is `Stale` or `Retired`, the slots whose fingerprint is `hash`'s
     /// ([`BucketsView::matching`]).
     pub(crate) fn search(&self, hash: &KeyHash) -> (ViewState, SlotRefs) {
-        let state = self.state(hash);
+        let fp = hash.fingerprint().get();
+        let (state, masks) = self.scan(hash, Some(fp));
         match state {
-            ViewState::Ok | ViewState::Frozen => (state, self.matching(hash)),
+            ViewState::Ok | ViewState::Frozen => (state, self.slots_of(masks)),
             ViewState::Stale | ViewState::Retired => (state, SlotRefs::new(NO_SLOT)),
         }
     }
@@ -433,18 +434,62 @@ impl BucketsView {
     /// combined buckets may share their overflow bucket: each slot appears
     /// once).
     pub(crate) fn matching(&self, hash: &KeyHash) -> SlotRefs {
-        let fp = u64::from(hash.fingerprint().get());
-        let mut out = SlotRefs::new(NO_SLOT);
-        for (words, &at) in self.words.iter().zip(&self.at).take(self.distinct()) {
-            // A mask of the matching words first (a branch-free loop), then
-            // its few set bits. Word 0 of each bucket is its header. A
-            // fingerprint is never 0, so a matching word is never empty (nor
-            // the frozen empty word).
-            let mut mask = 0u32;
-            for (w, &raw) in words.iter().enumerate() {
-                mask |= u32::from(raw >> FP_SHIFT == fp) << w;
+        let fp = hash.fingerprint().get();
+        let masks = self.words.map(|w| fp_mask(&w, fp));
+        self.slots_of(masks)
+    }
+
+    /// The state, and with `fp` the masks of the slot words whose
+    /// fingerprint is `fp` in each distinct combined bucket.
+    fn scan(&self, hash: &KeyHash, fp: Option<u8>) -> (ViewState, [u32; 2]) {
+        let (mut stale, mut frozen) = (false, false);
+        let mut masks = [0u32; 2];
+        for (words, mask) in self.words.iter().zip(&mut masks).take(self.distinct()) {
+            let Some((s, f)) = Self::scan_header(words, hash) else {
+                return (ViewState::Retired, [0; 2]);
+            };
+            stale |= s;
+            frozen |= f;
+            if let Some(fp) = fp {
+                *mask = fp_mask(words, fp);
             }
-            mask &= SLOT_WORDS;
+        }
+        let state = if stale {
+            ViewState::Stale
+        } else if frozen {
+            ViewState::Frozen
+        } else {
+            ViewState::Ok
+        };
+        (state, masks)
+    }
+
+    /// The slots named by `masks` (bit `w`: word `w` of a combined bucket),
+    /// in address order, each once. Combined buckets start on 64 B
+    /// boundaries, 128 B apart or more unless they are the two of one group
+    /// (64 B apart, sharing the overflow bucket: the upper one's first
+    /// bucket is the lower one's second).
+    fn slots_of(&self, masks: [u32; 2]) -> SlotRefs {
+        let mut out = SlotRefs::new(NO_SLOT);
+        let mut order = [(self.at[0], masks[0], 0usize), (self.at[1], masks[1], 1)];
+        if self.distinct() == 1 {
+            order[1].1 = 0;
+        } else if order[1].0 < order[0].0 {
+            order.swap(0, 1);
+        }
+        let overlap = order[0]
+            .0
+            .offset()
+            .saturating_add(COMBINED_SIZE as u64)
+            .saturating_sub(order[1].0.offset());
+        if overlap > 0 && order[0].0.node() == order[1].0.node() {
+            let shared = (overlap / 8).min(COMBINED_WORDS as u64) as u32;
+            order[1].1 &= !((1u32 << shared) - 1);
+        }
+        for (at, mut mask, i) in order {
+            let Some(words) = self.words.get(i) else {
+                continue;
+            };
             while mask != 0 {
                 let w = mask.trailing_zeros() as usize;
                 mask &= mask - 1;
@@ -456,16 +501,6 @@ impl BucketsView {
                     word: Slot::from_raw(raw),
                 });
             }
-        }
-        if out.len() > 1 {
-            out.as_mut_slice().sort_unstable_by_key(|s| s.addr);
-            let mut unique = SlotRefs::new(NO_SLOT);
-            for r in out.iter() {
-                if unique.last().is_none_or(|l| l.addr != r.addr) {
-                    unique.push(*r);
-                }
-            }
-            return unique;
         }
         out
     }
@@ -836,6 +871,91 @@ impl<T: Transport> Client<T> {
         } else {
             self.backoff(ctx);
             Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::bucket::MainSide;
+    use crate::layout::slot::LEN_SHIFT;
+
+    /// The matches of `fp` found the slow way: every slot of both images at
+    /// its address, sorted, each address once.
+    fn reference(view: &BucketsView, images: [&[u8]; 2], fp: u8) -> Vec<(RemotePtr, u64)> {
+        let mut all = Vec::new();
+        for (i, img) in images.iter().enumerate().take(view.distinct()) {
+            for w in (0..COMBINED_WORDS).filter(|w| w % BUCKET_WORDS != 0) {
+                let raw = read_u64(img, w * 8);
+                if raw >> FP_SHIFT == u64::from(fp) {
+                    all.push((view.at[i].add(w as u64 * 8).unwrap(), raw));
+                }
+            }
+        }
+        all.sort_unstable();
+        all.dedup_by_key(|e| e.0);
+        all
+    }
+
+    #[test]
+    fn search_finds_each_matching_slot_once_in_address_order() {
+        let sub = RemotePtr::new(1, 1 << 20).unwrap();
+        let g = SubtableGeometry::DEFAULT;
+        let hash = KeyHash::from_raw(0, 0);
+        let fp = hash.fingerprint().get();
+        let other = if fp == 255 { 1 } else { fp + 1 };
+        // The 24 words of group `group`: headers (0, 0), every third slot
+        // word matching `fp`, each word distinct.
+        let group = |group: u32| -> Vec<u64> {
+            (0..24u64)
+                .map(|w| match w % 8 {
+                    0 => 0,
+                    _ => {
+                        let f = if (w + u64::from(group)) % 3 == 0 {
+                            fp
+                        } else {
+                            other
+                        };
+                        (u64::from(f) << FP_SHIFT)
+                            | (1 << LEN_SHIFT)
+                            | ((u64::from(group) * 24 + w) * 64)
+                    }
+                })
+                .collect()
+        };
+        // The bytes of the combined bucket at `loc`: group words 0..16
+        // (left) or 8..24 (right).
+        let image = |loc: BucketLoc| -> Vec<u8> {
+            let start = if loc.side == MainSide::Left { 0 } else { 8 };
+            group(loc.group)[start..start + 16]
+                .iter()
+                .flat_map(|w| w.to_le_bytes())
+                .collect()
+        };
+        let loc = |group, side| BucketLoc { group, side };
+        for locs in [
+            // The two main buckets of one group: they share the overflow.
+            [loc(5, MainSide::Right), loc(5, MainSide::Left)],
+            [loc(5, MainSide::Left), loc(5, MainSide::Right)],
+            [loc(9, MainSide::Left), loc(2, MainSide::Right)],
+            [loc(2, MainSide::Right), loc(3, MainSide::Left)],
+            [loc(3, MainSide::Left), loc(3, MainSide::Left)],
+        ] {
+            let (a, b) = (image(locs[0]), image(locs[1]));
+            let view = BucketsView::from_reads(sub, g, locs, Some(&a), Some(&b)).unwrap();
+            let (state, found) = view.search(&hash);
+            assert_eq!(state, ViewState::Ok);
+            let got: Vec<_> = found.iter().map(|s| (s.addr, s.word.raw())).collect();
+            let want = reference(&view, [&a, &b], fp);
+            assert!(want.len() >= 4, "the layout has matches to find");
+            assert_eq!(got, want, "locs {locs:?}");
+            let again: Vec<_> = view
+                .matching(&hash)
+                .iter()
+                .map(|s| (s.addr, s.word.raw()))
+                .collect();
+            assert_eq!(again, got);
         }
     }
 }
