@@ -132,6 +132,12 @@ pub struct ClientStats {
 }
 
 /// A client of one RACE table (see the module docs).
+///
+/// Aligned to 128 bytes (two cache lines, the unit the adjacent-line
+/// prefetcher moves): a client is one thread's and updates its own fields
+/// on every operation, so clients kept side by side (a vector of
+/// per-thread clients) must not share a cache line.
+#[repr(align(128))]
 pub struct Client<T: Transport> {
     transport: T,
     clock: Arc<dyn Clock>,
