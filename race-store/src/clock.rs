@@ -54,7 +54,12 @@ impl Default for SystemClock {
 
 impl Clock for SystemClock {
     fn now(&self) -> u64 {
-        u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX)
+        // Whole seconds and the microseconds of the last one: no 128-bit
+        // arithmetic on this per-operation path.
+        let d = self.start.elapsed();
+        d.as_secs()
+            .saturating_mul(1_000_000)
+            .saturating_add(u64::from(d.subsec_micros()))
     }
 
     fn backoff(&self, attempt: u32) {

@@ -7,13 +7,13 @@ use crate::error::Error;
 use crate::error::LayoutError;
 use crate::hash::KeyHash;
 use crate::layout::bucket::{
-    choose_insert_slot, BucketLoc, BucketRole, CombinedBucket, COMBINED_SIZE,
+    choose_insert_slot, BucketLoc, BucketRole, CombinedBucket, COMBINED_SIZE, RETIRED_LOCAL_DEPTH,
 };
 use crate::layout::dir_header::DirHeader;
 use crate::layout::directory::{directory_len, DirEntry, DIR_ENTRIES_OFFSET, DIR_ENTRY_SIZE};
 use crate::layout::kv;
-use crate::layout::slot::{RemotePtr, Slot};
-use crate::layout::subtable::SubtableGeometry;
+use crate::layout::slot::{RemotePtr, Slot, FP_SHIFT, SLOT_FROZEN};
+use crate::layout::subtable::{SubtableGeometry, Suffix};
 use crate::layout::table::DIR_PTR;
 use crate::layout::{low_mask, read_u64};
 use crate::remote::{Completions, OpResult, RemoteOp, Transport, TransportError};
@@ -204,7 +204,8 @@ pub(crate) enum ViewState {
 }
 
 /// The two combined buckets of a key, as read in one doorbell (copied into
-/// the view: no allocation).
+/// the view as little-endian words: no allocation, and the scans below are
+/// plain word loops).
 #[derive(Clone, Debug)]
 pub(crate) struct BucketsView {
     sub: RemotePtr,
@@ -212,13 +213,16 @@ pub(crate) struct BucketsView {
     locs: [BucketLoc; 2],
     /// Where each combined bucket was read.
     at: [RemotePtr; 2],
-    bufs: [[u8; COMBINED_SIZE]; 2],
+    words: [[u64; COMBINED_WORDS]; 2],
 }
 
 /// Words of a combined bucket: two buckets of a header word and 7 slots.
 const COMBINED_WORDS: usize = COMBINED_SIZE / 8;
 /// Words per bucket (the header is word 0 of each).
 const BUCKET_WORDS: usize = COMBINED_WORDS / 2;
+/// The slot words of a combined bucket, as a bit mask (all but the two
+/// header words).
+const SLOT_WORDS: u32 = ((1 << COMBINED_WORDS) - 1) & !1 & !(1 << BUCKET_WORDS);
 
 /// A short list kept inline (the common case: a key's fingerprint matches
 /// one or two slots), spilling to the heap past `N` entries.
@@ -273,6 +277,24 @@ impl<T: Copy, const N: usize> core::ops::Deref for InlineList<T, N> {
 
 /// Slots of a view, in address order.
 pub(crate) type SlotRefs = InlineList<SlotRef, 4>;
+
+/// Bit `w` set iff slot word `w` of a combined bucket has fingerprint `fp`
+/// (header words never: their bit is cleared). A branch-free loop; a
+/// fingerprint is never 0, so a matching word is never empty (nor the
+/// frozen empty word).
+fn fp_mask(words: &[u64; COMBINED_WORDS], fp: u8) -> u32 {
+    let mut mask = 0u32;
+    for (w, &raw) in words.iter().enumerate() {
+        mask |= u32::from(raw >> FP_SHIFT == u64::from(fp)) << w;
+    }
+    mask & SLOT_WORDS
+}
+
+/// Filler of unused [`SlotRefs`] room.
+const NO_SLOT: SlotRef = SlotRef {
+    addr: DIR_PTR,
+    word: Slot::EMPTY,
+};
 
 impl BucketsView {
     /// The subtable.
@@ -332,9 +354,15 @@ impl BucketsView {
         first: Option<&[u8]>,
         second: Option<&[u8]>,
     ) -> Result<Self, Error> {
-        let copy = |b: Option<&[u8]>| -> Result<[u8; COMBINED_SIZE], Error> {
-            b.and_then(|b| <[u8; COMBINED_SIZE]>::try_from(b).ok())
-                .ok_or_else(|| bad_response("expected a combined bucket READ result"))
+        let copy = |b: Option<&[u8]>| -> Result<[u64; COMBINED_WORDS], Error> {
+            let b = b
+                .and_then(|b| <&[u8; COMBINED_SIZE]>::try_from(b).ok())
+                .ok_or_else(|| bad_response("expected a combined bucket READ result"))?;
+            let mut words = [0u64; COMBINED_WORDS];
+            for (w, c) in words.iter_mut().zip(b.chunks_exact(8)) {
+                *w = u64::from_le_bytes(c.try_into().unwrap_or_default());
+            }
+            Ok(words)
         };
         let at = |loc: BucketLoc| -> Result<RemotePtr, Error> {
             Ok(sub.add(geometry.combined_offset(loc)?)?)
@@ -344,92 +372,135 @@ impl BucketsView {
             geometry,
             locs,
             at: [at(locs[0])?, at(locs[1])?],
-            bufs: [copy(first)?, copy(second)?],
+            words: [copy(first)?, copy(second)?],
         })
     }
 
-    fn combined(&self, i: usize) -> Option<CombinedBucket<&[u8]>> {
-        let buf = self.bufs.get(i)?;
-        let loc = self.locs.get(i)?;
-        // A fixed-size array: the length check folds away.
-        CombinedBucket::new_checked(&buf[..], loc.side).ok()
+    /// The bytes of combined bucket `i` (for the cold paths that parse it
+    /// with [`CombinedBucket`]).
+    fn bytes(&self, i: usize) -> Option<[u8; COMBINED_SIZE]> {
+        let words = self.words.get(i)?;
+        let mut buf = [0u8; COMBINED_SIZE];
+        for (c, w) in buf.chunks_exact_mut(8).zip(words) {
+            c.copy_from_slice(&w.to_le_bytes());
+        }
+        Some(buf)
     }
 
-    /// The words of combined bucket `i`, in address order.
-    fn words(&self, i: usize) -> Option<[u64; COMBINED_WORDS]> {
-        let buf = self.bufs.get(i)?;
-        Some(core::array::from_fn(|w| read_u64(buf, w * 8)))
+    /// What the two headers of a combined bucket say, and whether any of its
+    /// slots is frozen; `None` for a retired or torn combined bucket (either
+    /// header retired, the two headers differ, or a garbage header): the
+    /// answers of [`CombinedBucket::is_retired`] and
+    /// [`CombinedBucket::header`], in one pass over the words.
+    #[inline]
+    fn scan_header(words: &[u64; COMBINED_WORDS], hash: &KeyHash) -> Option<(bool, bool)> {
+        let (h0, h1) = (words[0], words[BUCKET_WORDS]);
+        // Header word: local depth in the low half, suffix in the high half.
+        if h0 as u32 == RETIRED_LOCAL_DEPTH || h1 as u32 == RETIRED_LOCAL_DEPTH || h0 != h1 {
+            return None;
+        }
+        let suffix = Suffix::from_header(h0 as u32, (h0 >> 32) as u32).ok()?;
+        // The OR of the slot words (not the headers: their bit 0 is a local
+        // depth bit).
+        let mut any = 0;
+        for (w, &raw) in words.iter().enumerate() {
+            if w % BUCKET_WORDS != 0 {
+                any |= raw;
+            }
+        }
+        Some((!suffix.contains(hash.dir_hash()), any & SLOT_FROZEN != 0))
     }
 
     /// What the headers and slots say (see [`ViewState`]).
     pub(crate) fn state(&self, hash: &KeyHash) -> ViewState {
-        let (mut stale, mut frozen) = (false, false);
-        for i in 0..self.distinct() {
-            let (Some(c), Some(words)) = (self.combined(i), self.words(i)) else {
-                return ViewState::Retired;
-            };
-            if c.is_retired() {
-                return ViewState::Retired;
-            }
-            match c.header() {
-                Ok(h) => stale |= !h.contains(hash.dir_hash()),
-                Err(_) => return ViewState::Retired,
-            }
-            frozen |= words
-                .iter()
-                .enumerate()
-                .any(|(w, &raw)| w % BUCKET_WORDS != 0 && Slot::from_raw(raw).is_frozen());
+        self.scan(hash, None).0
+    }
+
+    /// A search's view of both combined buckets in one pass over their
+    /// words: what the headers say ([`BucketsView::state`]) and, unless that
+    /// is `Stale` or `Retired`, the slots whose fingerprint is `hash`'s
+    /// ([`BucketsView::matching`]).
+    pub(crate) fn search(&self, hash: &KeyHash) -> (ViewState, SlotRefs) {
+        let fp = hash.fingerprint().get();
+        let (state, masks) = self.scan(hash, Some(fp));
+        match state {
+            ViewState::Ok | ViewState::Frozen => (state, self.slots_of(masks)),
+            ViewState::Stale | ViewState::Retired => (state, SlotRefs::new(NO_SLOT)),
         }
-        if stale {
+    }
+
+    /// The distinct slots of both combined buckets whose fingerprint is
+    /// `hash`'s (occupied, frozen or not), in address order (the two
+    /// combined buckets may share their overflow bucket: each slot appears
+    /// once).
+    pub(crate) fn matching(&self, hash: &KeyHash) -> SlotRefs {
+        let fp = hash.fingerprint().get();
+        let masks = self.words.map(|w| fp_mask(&w, fp));
+        self.slots_of(masks)
+    }
+
+    /// The state, and with `fp` the masks of the slot words whose
+    /// fingerprint is `fp` in each distinct combined bucket.
+    fn scan(&self, hash: &KeyHash, fp: Option<u8>) -> (ViewState, [u32; 2]) {
+        let (mut stale, mut frozen) = (false, false);
+        let mut masks = [0u32; 2];
+        for (words, mask) in self.words.iter().zip(&mut masks).take(self.distinct()) {
+            let Some((s, f)) = Self::scan_header(words, hash) else {
+                return (ViewState::Retired, [0; 2]);
+            };
+            stale |= s;
+            frozen |= f;
+            if let Some(fp) = fp {
+                *mask = fp_mask(words, fp);
+            }
+        }
+        let state = if stale {
             ViewState::Stale
         } else if frozen {
             ViewState::Frozen
         } else {
             ViewState::Ok
-        }
+        };
+        (state, masks)
     }
 
-    /// The distinct slots of both combined buckets whose word satisfies
-    /// `keep`, in address order (the two combined buckets may share their
-    /// overflow bucket: each slot appears once).
-    pub(crate) fn slots_where(&self, keep: impl Fn(Slot) -> bool) -> SlotRefs {
-        let mut out = SlotRefs::new(SlotRef {
-            addr: DIR_PTR,
-            word: Slot::EMPTY,
-        });
-        for i in 0..self.distinct() {
-            let (Some(buf), Some(&at)) = (self.bufs.get(i), self.at.get(i)) else {
+    /// The slots named by `masks` (bit `w`: word `w` of a combined bucket),
+    /// in address order, each once. Combined buckets start on 64 B
+    /// boundaries, 128 B apart or more unless they are the two of one group
+    /// (64 B apart, sharing the overflow bucket: the upper one's first
+    /// bucket is the lower one's second).
+    fn slots_of(&self, masks: [u32; 2]) -> SlotRefs {
+        let mut out = SlotRefs::new(NO_SLOT);
+        let mut order = [(self.at[0], masks[0], 0usize), (self.at[1], masks[1], 1)];
+        if self.distinct() == 1 {
+            order[1].1 = 0;
+        } else if order[1].0 < order[0].0 {
+            order.swap(0, 1);
+        }
+        let overlap = order[0]
+            .0
+            .offset()
+            .saturating_add(COMBINED_SIZE as u64)
+            .saturating_sub(order[1].0.offset());
+        if overlap > 0 && order[0].0.node() == order[1].0.node() {
+            let shared = (overlap / 8).min(COMBINED_WORDS as u64) as u32;
+            order[1].1 &= !((1u32 << shared) - 1);
+        }
+        for (at, mut mask, i) in order {
+            let Some(words) = self.words.get(i) else {
                 continue;
             };
-            // Straight over the bytes, bucket by bucket (no copy into a word
-            // array), skipping word 0 of each bucket: its header.
-            for (b, bucket) in buf.chunks_exact(BUCKET_WORDS * 8).enumerate() {
-                for (s, raw) in bucket.chunks_exact(8).enumerate().skip(1) {
-                    let mut le = [0u8; 8];
-                    le.copy_from_slice(raw);
-                    let word = Slot::from_raw(u64::from_le_bytes(le));
-                    if !keep(word) {
-                        continue;
-                    }
-                    let w = b * BUCKET_WORDS + s;
-                    if let Ok(addr) = at.add(w as u64 * 8) {
-                        out.push(SlotRef { addr, word });
-                    }
-                }
+            while mask != 0 {
+                let w = mask.trailing_zeros() as usize;
+                mask &= mask - 1;
+                let (Some(&raw), Ok(addr)) = (words.get(w), at.add(w as u64 * 8)) else {
+                    continue;
+                };
+                out.push(SlotRef {
+                    addr,
+                    word: Slot::from_raw(raw),
+                });
             }
-        }
-        if out.len() > 1 {
-            out.as_mut_slice().sort_unstable_by_key(|s| s.addr);
-            let mut unique = SlotRefs::new(SlotRef {
-                addr: DIR_PTR,
-                word: Slot::EMPTY,
-            });
-            for r in out.iter() {
-                if unique.last().is_none_or(|l| l.addr != r.addr) {
-                    unique.push(*r);
-                }
-            }
-            return unique;
         }
         out
     }
@@ -443,8 +514,9 @@ impl BucketsView {
     /// Where to insert (see [`choose_insert_slot`]), `None` if all four
     /// buckets are full.
     pub(crate) fn choose_insert(&self) -> Option<SlotPos> {
-        let c0 = self.combined(0)?;
-        let c1 = self.combined(1)?;
+        let (b0, b1) = (self.bytes(0)?, self.bytes(1)?);
+        let c0 = CombinedBucket::new_checked(&b0[..], self.locs[0].side).ok()?;
+        let c1 = CombinedBucket::new_checked(&b1[..], self.locs[1].side).ok()?;
         let t = choose_insert_slot([&c0, &c1])?;
         Some(SlotPos {
             loc: *self.locs.get(t.candidate)?,
@@ -701,8 +773,7 @@ impl<T: Transport> Client<T> {
         hash: &KeyHash,
         ctx: &mut OpCtx,
     ) -> Result<Option<Vec<KeyCopy>>, Error> {
-        let fp = hash.fingerprint();
-        let candidates = view.slots_where(|w| w.matches(fp) && !w.thawed().is_empty());
+        let candidates = view.matching(hash);
         if !self.fetch_blocks(&candidates, key, ctx)? {
             return Ok(None);
         }
@@ -721,26 +792,60 @@ impl<T: Transport> Client<T> {
         ))
     }
 
-    /// The lowest addressed copy of `key` in `view` (what a get returns),
-    /// as [`Client::copies`] finds it, but without gathering the others:
-    /// `Ok(None)` if a block failed its checks, `Ok(Some(None))` if the key
-    /// is absent, else the slot word of the copy (its value is in `ctx`,
-    /// see [`OpCtx::take_value`]).
-    pub(crate) fn lowest_copy(
+    /// The value a get returns from `candidates` (the fingerprint matches
+    /// of a view, [`BucketsView::search`]): that of the copy of `key` at the
+    /// lowest slot address, their KV blocks read in one doorbell (blocks
+    /// already read in this operation are reused while still fresh).
+    /// `Ok(None)` if a block failed its checks (torn or reused: retry the
+    /// attempt), `Ok(Some(None))` if the key is absent.
+    pub(crate) fn lowest_value(
         &mut self,
-        view: &BucketsView,
+        candidates: &[SlotRef],
         key: &[u8],
-        hash: &KeyHash,
         ctx: &mut OpCtx,
-    ) -> Result<Option<Option<Slot>>, Error> {
-        let fp = hash.fingerprint();
-        let candidates = view.slots_where(|w| w.matches(fp) && !w.thawed().is_empty());
-        if !self.fetch_blocks(&candidates, key, ctx)? {
-            return Ok(None);
+    ) -> Result<Option<Option<Vec<u8>>>, Error> {
+        match candidates {
+            [] => Ok(Some(None)),
+            // The common case, one match and nothing read yet in this
+            // operation: its block, straight from the doorbell's result (a
+            // retry never needs it again: it restarts on a failed check,
+            // and an attempt that ran out of time drops what it read).
+            [c] if ctx.blocks.is_empty() => {
+                let w = c.word.thawed();
+                let op = [RemoteOp::Read {
+                    ptr: w.ptr(),
+                    len: w.block_len() as u32,
+                }];
+                let mut res = std::mem::take(&mut self.results);
+                let r = self.exec_into(&op, &mut res).and_then(|()| {
+                    let buf = res
+                        .read(0)
+                        .ok_or_else(|| bad_response("expected a READ result"))?;
+                    Ok(match kv::decode_for_key(buf, key) {
+                        Ok(kv) if kv.block_len() == w.block_len() => {
+                            Some(Some(kv.value().to_vec()))
+                        }
+                        Err(LayoutError::KeyMismatch) => Some(None),
+                        _ => None,
+                    })
+                });
+                self.results = res;
+                if matches!(r, Ok(None)) {
+                    self.stats.bad_blocks += 1;
+                }
+                r
+            }
+            _ => {
+                if !self.fetch_blocks(candidates, key, ctx)? {
+                    return Ok(None);
+                }
+                let lowest = candidates
+                    .iter()
+                    .map(|s| s.word.thawed())
+                    .find(|w| ctx.cached(w.raw()).is_some_and(|b| b.value.is_some()));
+                Ok(Some(lowest.and_then(|w| ctx.take_value(w))))
+            }
         }
-        Ok(Some(candidates.iter().map(|s| s.word.thawed()).find(|w| {
-            ctx.cached(w.raw()).is_some_and(|b| b.value.is_some())
-        })))
     }
 
     /// Waits for the split of `sub`, which holds `hash`'s buckets and was
@@ -766,6 +871,91 @@ impl<T: Transport> Client<T> {
         } else {
             self.backoff(ctx);
             Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::bucket::MainSide;
+    use crate::layout::slot::LEN_SHIFT;
+
+    /// The matches of `fp` found the slow way: every slot of both images at
+    /// its address, sorted, each address once.
+    fn reference(view: &BucketsView, images: [&[u8]; 2], fp: u8) -> Vec<(RemotePtr, u64)> {
+        let mut all = Vec::new();
+        for (i, img) in images.iter().enumerate().take(view.distinct()) {
+            for w in (0..COMBINED_WORDS).filter(|w| w % BUCKET_WORDS != 0) {
+                let raw = read_u64(img, w * 8);
+                if raw >> FP_SHIFT == u64::from(fp) {
+                    all.push((view.at[i].add(w as u64 * 8).unwrap(), raw));
+                }
+            }
+        }
+        all.sort_unstable();
+        all.dedup_by_key(|e| e.0);
+        all
+    }
+
+    #[test]
+    fn search_finds_each_matching_slot_once_in_address_order() {
+        let sub = RemotePtr::new(1, 1 << 20).unwrap();
+        let g = SubtableGeometry::DEFAULT;
+        let hash = KeyHash::from_raw(0, 0);
+        let fp = hash.fingerprint().get();
+        let other = if fp == 255 { 1 } else { fp + 1 };
+        // The 24 words of group `group`: headers (0, 0), every third slot
+        // word matching `fp`, each word distinct.
+        let group = |group: u32| -> Vec<u64> {
+            (0..24u64)
+                .map(|w| match w % 8 {
+                    0 => 0,
+                    _ => {
+                        let f = if (w + u64::from(group)) % 3 == 0 {
+                            fp
+                        } else {
+                            other
+                        };
+                        (u64::from(f) << FP_SHIFT)
+                            | (1 << LEN_SHIFT)
+                            | ((u64::from(group) * 24 + w) * 64)
+                    }
+                })
+                .collect()
+        };
+        // The bytes of the combined bucket at `loc`: group words 0..16
+        // (left) or 8..24 (right).
+        let image = |loc: BucketLoc| -> Vec<u8> {
+            let start = if loc.side == MainSide::Left { 0 } else { 8 };
+            group(loc.group)[start..start + 16]
+                .iter()
+                .flat_map(|w| w.to_le_bytes())
+                .collect()
+        };
+        let loc = |group, side| BucketLoc { group, side };
+        for locs in [
+            // The two main buckets of one group: they share the overflow.
+            [loc(5, MainSide::Right), loc(5, MainSide::Left)],
+            [loc(5, MainSide::Left), loc(5, MainSide::Right)],
+            [loc(9, MainSide::Left), loc(2, MainSide::Right)],
+            [loc(2, MainSide::Right), loc(3, MainSide::Left)],
+            [loc(3, MainSide::Left), loc(3, MainSide::Left)],
+        ] {
+            let (a, b) = (image(locs[0]), image(locs[1]));
+            let view = BucketsView::from_reads(sub, g, locs, Some(&a), Some(&b)).unwrap();
+            let (state, found) = view.search(&hash);
+            assert_eq!(state, ViewState::Ok);
+            let got: Vec<_> = found.iter().map(|s| (s.addr, s.word.raw())).collect();
+            let want = reference(&view, [&a, &b], fp);
+            assert!(want.len() >= 4, "the layout has matches to find");
+            assert_eq!(got, want, "locs {locs:?}");
+            let again: Vec<_> = view
+                .matching(&hash)
+                .iter()
+                .map(|s| (s.addr, s.word.raw()))
+                .collect();
+            assert_eq!(again, got);
         }
     }
 }

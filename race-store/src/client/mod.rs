@@ -132,6 +132,12 @@ pub struct ClientStats {
 }
 
 /// A client of one RACE table (see the module docs).
+///
+/// Aligned to 128 bytes (two cache lines, the unit the adjacent-line
+/// prefetcher moves): a client is one thread's and updates its own fields
+/// on every operation, so clients kept side by side (a vector of
+/// per-thread clients) must not share a cache line.
+#[repr(align(128))]
 pub struct Client<T: Transport> {
     transport: T,
     clock: Arc<dyn Clock>,
@@ -286,7 +292,8 @@ impl<T: Transport> Client<T> {
         loop {
             self.begin_attempt(ctx)?;
             let view = self.read_buckets(hash, &[])?;
-            match view.state(hash) {
+            let (state, candidates) = view.search(hash);
+            match state {
                 ViewState::Ok | ViewState::Frozen => {}
                 ViewState::Stale => {
                     self.refresh_directory()?;
@@ -297,13 +304,13 @@ impl<T: Transport> Client<T> {
                     continue;
                 }
             }
-            let Some(copy) = self.lowest_copy(&view, key, hash, ctx)? else {
+            let Some(value) = self.lowest_value(&candidates, key, ctx)? else {
                 continue;
             };
             if !self.fresh(ctx) {
                 continue;
             }
-            return Ok(copy.and_then(|w| ctx.take_value(w)));
+            return Ok(value);
         }
     }
 

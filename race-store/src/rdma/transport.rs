@@ -27,8 +27,8 @@ use krcore::{Access, Node};
 use krcore_kmod::{OwnedMr, RemoteGrant, Vqp, VqpError};
 use krcore_meta::ud::{Incoming, UdEndpoint};
 use krcore_nic::{
-    Destination, InlineData, MemoryRegion, Nic, Payload, SendFlags, SendWr, SgList, UdTarget, Wc,
-    WcStatus, WrOp, MAX_INLINE,
+    Destination, InlineData, MemoryRegion, Nic, Payload, RemoteAddr, SendFlags, SendWr, SgList,
+    Sge, UdTarget, Wc, WcStatus, WrOp, MAX_INLINE,
 };
 use std::time::{Duration, Instant};
 
@@ -50,6 +50,9 @@ pub struct VqpTransport<N: Nic> {
     node: Node<N>,
     remotes: Vec<Remote<N>>,
     scratch: OwnedMr<N>,
+    /// `scratch`'s address, lkey and length, read once (a batch checks its
+    /// whole layout against the length, then builds its SGEs directly).
+    scratch_sge: Sge,
     /// The allocation RPC endpoint; `None` until the first `alloc_block`.
     rpc: Option<UdEndpoint<N>>,
     next_req: u64,
@@ -73,6 +76,15 @@ impl<N: Nic> std::fmt::Debug for VqpTransport<N> {
             .field("gid", &self.node.gid())
             .field("nodes", &self.remotes.len())
             .finish()
+    }
+}
+
+/// The SGE of a whole MR (its length in `length`, saturated).
+fn sge_of<N: Nic>(mr: &OwnedMr<N>) -> Sge {
+    Sge {
+        addr: mr.addr(),
+        length: u32::try_from(mr.len()).unwrap_or(u32::MAX),
+        lkey: mr.lkey(),
     }
 }
 
@@ -119,6 +131,7 @@ impl<N: Nic> VqpTransport<N> {
             .alloc_mr(SCRATCH, Access::LOCAL_WRITE)
             .map_err(|e| setup("scratch memory")(e.to_string()))?;
         Ok(VqpTransport {
+            scratch_sge: sge_of(&scratch),
             node: node.clone(),
             wrs: (0..infos.len()).map(|_| Vec::new()).collect(),
             offs: Vec::new(),
@@ -159,15 +172,6 @@ impl<N: Nic> VqpTransport<N> {
         })
     }
 
-    fn remote_addr(&self, ptr: RemotePtr) -> Result<(usize, u64, u32), TransportError> {
-        let n = usize::from(ptr.node());
-        let r = self
-            .remotes
-            .get(n)
-            .ok_or(TransportError::NoSuchNode { node: ptr.node() })?;
-        Ok((n, r.info.base + ptr.offset(), r.info.rkey))
-    }
-
     fn grow_scratch(&mut self, need: usize) -> Result<(), TransportError> {
         if need <= self.scratch.len() {
             return Ok(());
@@ -178,6 +182,7 @@ impl<N: Nic> VqpTransport<N> {
             .engine()
             .alloc_mr(len, Access::LOCAL_WRITE)
             .map_err(|e| setup("scratch memory")(e.to_string()))?;
+        self.scratch_sge = sge_of(&self.scratch);
         Ok(())
     }
 }
@@ -233,16 +238,39 @@ impl<N: Nic> VqpTransport<N> {
         out: &mut Completions,
     ) -> Result<(), TransportError> {
         let tag = self.batch << 24;
+        // Every op's local bytes lie in `0..need`, and `need` fits the
+        // scratch buffer (`grow_scratch`): each SGE below is in range.
+        let scratch = self.scratch_sge;
+        if need > scratch.length as usize {
+            return Err(setup("scratch SGE")(
+                "batch larger than the scratch buffer".into(),
+            ));
+        }
+        let local = |off: usize, len: u32| {
+            SgList::one(Sge {
+                addr: scratch.addr + off as u64,
+                length: len,
+                lkey: scratch.lkey,
+            })
+        };
         for (i, (op, &off)) in batch.iter().zip(offs).enumerate() {
-            let (n, addr, rkey) = self.remote_addr(op.ptr())?;
-            let remote = krcore_nic::RemoteAddr { addr, rkey };
-            let local = |len: u32| {
-                self.scratch
-                    .sge(off, len)
-                    .map_err(|e| setup("scratch SGE")(e.to_string()))
+            let ptr = op.ptr();
+            let n = usize::from(ptr.node());
+            let (Some(r), Some(wrs), Some(l)) =
+                (self.remotes.get(n), self.wrs.get_mut(n), last.get_mut(n))
+            else {
+                return Err(TransportError::NoSuchNode { node: ptr.node() });
             };
-            let wr = match *op {
-                RemoteOp::Read { len, .. } => SendWr::read(tag | i as u64, local(len)?, remote),
+            let remote = RemoteAddr {
+                addr: r.info.base + ptr.offset(),
+                rkey: r.info.rkey,
+            };
+            // Built in place, unsignaled; the node's last one is signaled
+            // below.
+            let (op, payload) = match *op {
+                RemoteOp::Read { len, .. } => {
+                    (WrOp::Read { remote }, Payload::Local(local(off, len)))
+                }
                 RemoteOp::Write { bytes, .. } => {
                     let payload = match InlineData::new(bytes) {
                         Some(d) => Payload::Inline(d),
@@ -250,32 +278,37 @@ impl<N: Nic> VqpTransport<N> {
                             self.scratch
                                 .write(off, bytes)
                                 .map_err(|e| setup("scratch copy")(e.to_string()))?;
-                            Payload::Local(SgList::one(local(bytes.len() as u32)?))
+                            Payload::Local(local(off, bytes.len() as u32))
                         }
                     };
-                    SendWr {
-                        wr_id: tag | i as u64,
-                        op: WrOp::Write { remote },
-                        payload,
-                        flags: SendFlags::SIGNALED,
-                        dest: Destination::Connected,
-                    }
+                    (WrOp::Write { remote }, payload)
                 }
-                RemoteOp::Cas { expect, new, .. } => {
-                    SendWr::cas(tag | i as u64, local(8)?, remote, expect, new)
-                }
-                RemoteOp::Faa { add, .. } => SendWr::faa(tag | i as u64, local(8)?, remote, add),
+                RemoteOp::Cas { expect, new, .. } => (
+                    WrOp::CompareSwap {
+                        remote,
+                        compare: expect,
+                        swap: new,
+                    },
+                    Payload::Local(local(off, 8)),
+                ),
+                RemoteOp::Faa { add, .. } => (
+                    WrOp::FetchAdd { remote, add },
+                    Payload::Local(local(off, 8)),
+                ),
             };
-            let (Some(wrs), Some(l)) = (self.wrs.get_mut(n), last.get_mut(n)) else {
-                return Err(TransportError::NoSuchNode { node: n as u8 });
-            };
-            wrs.push(wr.signaled(false));
+            wrs.push(SendWr {
+                wr_id: tag | i as u64,
+                op,
+                payload,
+                flags: SendFlags::NONE,
+                dest: Destination::Connected,
+            });
             *l = Some(i);
         }
         // One doorbell per memory node, its last WR signaled.
         for (n, (wrs, remote)) in self.wrs.iter_mut().zip(&self.remotes).enumerate() {
             if let Some(w) = wrs.last_mut() {
-                *w = w.signaled(true);
+                w.flags = SendFlags::SIGNALED;
                 let posted = match remote.vqp.post_send(wrs) {
                     // An error completion (a node that was down, a revoked
                     // registration) cleared the VQP's target: connect again
