@@ -10,7 +10,8 @@
 //!   |
 //! engine (host) ---------------------------- threads, clocks, the provider
 //!   |  Engine<N>  PD, DCI pool (per-QP lock), meta client (READs via DCI 0);
-//!   |             DCT+SRQ, upgrade endpoint: created on first need
+//!   |             DCT+SRQ, messaging (ports, endpoints), the upgrade's
+//!   |             handshake port (hs_msg: no UD QP): created on first need
 //!   |             RC fallback (no DC): handshake endpoint, RC pairs (LRU)
 //!   |  Vqp<N>     connect = DCCache lookup | one meta READ; post; poll
 //!   |             RC fallback: + the target's RC pair (hit | handshake)
@@ -21,7 +22,8 @@
 //!   |  precheck  Algorithm 2: validity, capacity, signaling of a VQP's batch
 //!   |  wrid      physical wr_id = (VQP id, sequence); user slots
 //!   |  credits   send-queue credits of one shared physical QP, a record per WR
-//!   |  handshake the RC handshake's messages (RC fallback mode)
+//!   |  handshake the RC handshake's messages (RC fallback: over UD; DC
+//!   |            upgrade: carried by messaging, engine::hs_msg)
 //!   |  msg       two-sided messages: header layout, credit accounts
 //!   |
 //! krcore_nic::Nic (sim, verbs)
@@ -95,8 +97,10 @@
 //!   rings on and recovery re-posts): a signaled completion credits every
 //!   WR before it, including other VQPs' unsignaled WRs, and impossible
 //!   completions are typed errors.
-//! - [`handshake`]: the RC fallback's handshake messages
-//!   ([`handshake::HandshakeRepr`]) and the protocol's rules.
+//! - [`handshake`]: the RC handshake's messages
+//!   ([`handshake::HandshakeRepr`]) and the protocol's rules: over UD in
+//!   RC fallback mode, as messages to a reserved port in DC mode (the
+//!   upgrade, [`engine::hs_msg`]).
 //! - [`msg`]: two-sided messaging's header ([`msg::MsgRepr`]), channel
 //!   protocol and credit accounts ([`msg::SendWindow`],
 //!   [`msg::ReturnBatch`]); hosted by [`Engine::bind`] ([`Port`]) and

@@ -31,6 +31,11 @@ pub enum HandshakeFailure {
         /// The GID the Accept named.
         gid: Gid,
     },
+    /// DC mode (the handshake travels as messages): the target's messaging
+    /// refused the handshake channel: `Unbound` when it does not serve
+    /// upgrades (its reserved port is not bound), `Busy` when the port's
+    /// receive slots are all granted to other initiators.
+    Refused(crate::msg::RefuseCode),
 }
 
 impl std::fmt::Display for HandshakeFailure {
@@ -41,6 +46,7 @@ impl std::fmt::Display for HandshakeFailure {
             }
             HandshakeFailure::Rejected(code) => write!(f, "refused: {code}"),
             HandshakeFailure::WrongPeer { gid } => write!(f, "answered by another port {gid}"),
+            HandshakeFailure::Refused(code) => write!(f, "handshake port: {code}"),
         }
     }
 }

@@ -78,11 +78,25 @@
 //! receiver READs it into a registered landing buffer at pop time (one
 //! READ, no SRQ bounce), then sends Release so the sender reuses the buffer.
 //!
+//! # The engine's own services
+//!
+//! Ports from [`super::hs_msg::FIRST_RESERVED_PORT`] on are the engine's
+//! ([`Engine::bind`] refuses them: [`MsgError::ReservedPort`]). The DC ->
+//! RC upgrade's handshake is carried on [`super::hs_msg::HANDSHAKE_PORT`]
+//! (see [`super::hs_msg`]). They take inline messages only: a descriptor
+//! sent there is dropped and counted ([`MsgStats::malformed`]).
+//!
+//! # Reaching a sender registered nowhere
+//!
+//! An Open names its sender's DCT (`dct_num`, `dc_key` in the header): the
+//! receiver answers there even when the sender has no meta entry (a compute
+//! node), by caching it with the lowest epoch (`learn_sender`): any meta
+//! entry for that GID replaces it, it never replaces one.
+//!
 //! # Not supported (typed errors)
 //!
-//! RC fallback mode ([`MsgError::Unsupported`]: the handshake endpoint does
-//! not carry data messages yet; the RC handshake and meta registration keep
-//! their own UD protocol); a forked child.
+//! RC fallback mode ([`MsgError::Unsupported`]: no DCT/SRQ; the RC
+//! fallback's handshake keeps its UD endpoint); a forked child.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -160,6 +174,13 @@ impl Default for MsgConfig {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum MsgError {
+    /// The port is reserved for the engine's own services (from
+    /// [`super::hs_msg::FIRST_RESERVED_PORT`] on: the upgrade handshake).
+    #[error("port {port} is reserved for the engine")]
+    ReservedPort {
+        /// The port.
+        port: u16,
+    },
     /// Messaging is not available here.
     #[error("messaging unsupported: {reason}")]
     Unsupported {
@@ -795,8 +816,11 @@ impl<N: Nic> MsgNode<N> {
             MsgKind::Open {
                 window,
                 reply_window,
+                dct_num,
+                dc_key,
             } => {
                 bump(&self.counters.control);
+                learn_sender(eng, m.src, dct_num, dc_key);
                 let answer = match &port {
                     None => MsgKind::Refuse(RefuseCode::Unbound),
                     Some(port) => port.admit(from, window, reply_window),
@@ -834,6 +858,13 @@ impl<N: Nic> MsgNode<N> {
                         bump(&self.counters.malformed);
                     }
                 }
+                Ok(())
+            }
+            // The engine's reserved ports take inline messages only (their
+            // payloads are small; a descriptor would make the serving
+            // step READ from a peer): a descriptor there is dropped.
+            MsgKind::Desc { .. } if p >= super::hs_msg::FIRST_RESERVED_PORT => {
+                bump(&self.counters.malformed);
                 Ok(())
             }
             MsgKind::Data { seq, .. } | MsgKind::Desc { seq, .. } => {
@@ -962,9 +993,28 @@ impl<N: Nic> MsgNode<N> {
         to: Gid,
         m: &MsgRepr,
     ) -> Result<(), MsgError> {
-        let vqp = Engine { inner: eng.clone() }.create_vqp()?;
+        let vqp = Engine::handle(eng.clone()).create_vqp()?;
         let imm = vqp.id().get();
         send_inline(&vqp, to, imm, &m.emit(), self.cfg.timeout, &self.counters)
+    }
+}
+
+/// An Open names its sender's DCT: answers go there. A sender this node
+/// has no entry for (a compute node registers nowhere) is cached with the
+/// lowest epoch (0), so that any meta entry replaces it and it never
+/// replaces one; it is dropped like any entry when a send to it fails.
+/// Trust: as the rest of a cluster's control plane, the header's source
+/// is believed (DC carries no verified source).
+fn learn_sender<N: Nic>(eng: &EngineInner<N>, gid: Gid, dct_num: u32, dc_key: u64) {
+    if dct_num != 0 && eng.cache.get(&gid).is_none() {
+        let _ = eng.cache.insert(
+            krcore_nic::DcTarget {
+                gid,
+                dct_num,
+                dc_key,
+            },
+            0,
+        );
     }
 }
 
