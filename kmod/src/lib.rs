@@ -16,6 +16,8 @@
 //!   |  Vqp<N>     connect = DCCache lookup | one meta READ; post; poll
 //!   |             RC fallback: + the target's RC pair (hit | handshake)
 //!   |  RcMetaHost the meta table served over RC fallback
+//!   |  MsgMetaHost the meta table hosted by a DC engine: registration as
+//!   |             messages on META_PORT (engine::meta_msg), READ lookups
 //!   |
 //! pure pieces ------------------------------------------- no I/O, no clock
 //!   |  dccache   Gid -> DC target metadata, node-wide, lock-free reads
@@ -226,9 +228,10 @@ pub mod wrid;
 pub use engine::{
     DciStats, Endpoint, Engine, EngineConfig, EngineError, EngineMode, EngineStats, ForkKit,
     HandshakeConfig, HandshakeFailure, HandshakeResponder, HandshakeStats, LeaseError, LeaseId,
-    Message, MetaFailure, MetaLocation, MetaStats, MsgConfig, MsgError, MsgStats, OwnedMr, Port,
-    ProgressThread, QpStats, RcMetaHost, RcStats, Sender, Vqp, VqpError, VqpTransport,
-    DCIS_PER_CPU, DEFAULT_DC_KEY, DEFAULT_HANDSHAKE_QKEY,
+    Message, MetaFailure, MetaHostStats, MetaHostThread, MetaLocation, MetaStats, MsgConfig,
+    MsgError, MsgMetaHost, MsgStats, OwnedMr, Port, ProgressThread, QpStats, RcMetaHost, RcStats,
+    Sender, Vqp, VqpError, VqpTransport, DCIS_PER_CPU, DEFAULT_DC_KEY, DEFAULT_HANDSHAKE_QKEY,
+    META_PORT,
 };
 
 pub use credits::{CreditError, Posted, PostedWr, QueueView, SendQueueCredits};

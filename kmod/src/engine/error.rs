@@ -63,6 +63,10 @@ pub enum MetaFailure {
     Timeout(Duration),
     /// RC fallback mode: the RC pair to the meta node could not be made.
     Handshake(HandshakeFailure),
+    /// DC mode, registration over messaging: the meta node's messaging
+    /// refused the request channel (`Unbound`: it serves no meta table on
+    /// its reserved port, e.g. a UD `MetaServer`).
+    Refused(crate::msg::RefuseCode),
 }
 
 impl std::fmt::Display for MetaFailure {
@@ -71,6 +75,7 @@ impl std::fmt::Display for MetaFailure {
             MetaFailure::Completion(s) => write!(f, "table READ completed with {s:?}"),
             MetaFailure::Timeout(d) => write!(f, "no completion for the table READ within {d:?}"),
             MetaFailure::Handshake(h) => write!(f, "RC handshake with the meta node: {h}"),
+            MetaFailure::Refused(code) => write!(f, "the meta node's request port: {code}"),
         }
     }
 }
@@ -113,6 +118,15 @@ pub enum EngineError {
     UnknownNode {
         /// The GID looked up.
         gid: Gid,
+    },
+    /// DC mode, registration over messaging: the meta server answered the
+    /// Register, Renew or Deregister of `gid` with an error.
+    #[error("meta server refused the request for {gid}: {code:?}")]
+    MetaRefused {
+        /// The GID the request was about.
+        gid: Gid,
+        /// The server's code.
+        code: krcore_meta::wire::ErrorCode,
     },
     /// The meta server did not answer.
     #[error("meta server unavailable while looking up {gid}: {failure}")]

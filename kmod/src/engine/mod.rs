@@ -114,6 +114,7 @@ pub mod hs_msg;
 mod idhash;
 mod lazy;
 mod meta;
+pub mod meta_msg;
 mod mrs;
 mod msg;
 mod msg_endpoint;
@@ -137,6 +138,7 @@ pub use config::{EngineConfig, DCIS_PER_CPU, DEFAULT_DC_KEY};
 pub use error::{EngineError, HandshakeFailure, MetaFailure, VqpError};
 pub use fork::ForkKit;
 pub use meta::{MetaLocation, MetaStats};
+pub use meta_msg::{MetaHostStats, MetaHostThread, MsgMetaHost, META_PORT};
 pub use mrs::{LeaseError, LeaseId, OwnedMr};
 pub use msg::{Message, MsgConfig, MsgError, MsgStats, Sender};
 pub use msg_endpoint::Endpoint;
@@ -312,8 +314,14 @@ pub(crate) struct EngineInner<N: Nic> {
     /// handshake's messaging objects).
     me: std::sync::Weak<EngineInner<N>>,
     /// Live [`Engine`] handles; the last one's drop releases the services
-    /// that hold the engine (`hs_msg`).
+    /// that hold the engine (`hs_msg`, `meta_msg`'s endpoint) and sets
+    /// `released`.
     handles: AtomicUsize,
+    released: AtomicBool,
+    /// DC mode: the endpoint of meta registration over messaging
+    /// (`meta_msg`); its lock serializes the calls.
+    meta_ep: Mutex<Option<Endpoint<N>>>,
+    meta_next_id: AtomicU64,
     pub(crate) upgrades: AtomicU64,
     pub(crate) downgrades: AtomicU64,
     pub(crate) upgrade_failures: AtomicU64,
@@ -478,9 +486,11 @@ impl<N: Nic> Drop for Engine<N> {
     /// engine is freed once its VQPs, ports and endpoints are gone too.
     fn drop(&mut self) {
         if self.inner.handles.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.inner.released.store(true, Ordering::Release);
             if let Some(hs) = self.inner.hs_msg() {
                 hs.release();
             }
+            self.inner.release_meta_client();
         }
     }
 }
@@ -578,6 +588,14 @@ impl<N: Nic> Engine<N> {
         let inner = Arc::new_cyclic(|me| EngineInner {
             me: me.clone(),
             handles: AtomicUsize::new(0),
+            released: AtomicBool::new(false),
+            meta_ep: Mutex::new(None),
+            meta_next_id: AtomicU64::new(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_nanos() as u64,
+            ),
             cache: DcCache::new(cfg.cache_capacity),
             nic,
             pd,
