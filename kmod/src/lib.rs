@@ -45,8 +45,13 @@
 //! of an RC pair re-handshakes it: the target's end failed too). The meta
 //! entry keeps its layout and names the handshake endpoint instead of a DCT
 //! ([`Engine::local_target`]); the table is served by an [`RcMetaHost`]
-//! (the meta crate's server needs DC). A cluster is all-DC or
-//! all-fallback: mixed clusters are not supported.
+//! (the meta crate's server needs DC). Two-sided messaging works in both
+//! modes: over the DCT in DC mode, over the RC pairs in RC fallback mode
+//! (their passive ends share the receiver's SRQ). The UD handshake is what
+//! RC fallback mode keeps UD for: it builds a node's first pair to a peer
+//! (DC mode needs no UD QP at all: its upgrade handshake and meta
+//! registration travel as messages). A cluster is all-DC or all-fallback:
+//! mixed clusters are not supported.
 //!
 //! # Quick start
 //!

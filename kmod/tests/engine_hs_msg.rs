@@ -18,12 +18,14 @@ use krcore_nic::{Access, MemoryRegion, Nic, SendWr, WcStatus};
 /// A memory node that serves upgrades (registered with its upgrade entry),
 /// with or without the engine's handshake thread.
 fn target(c: &Cluster, thread: bool) -> MemNode {
-    let engine = c.engine(
-        EngineConfig::default()
-            .with_pool_size(1)
-            .with_upgrade_endpoint(true)
-            .with_handshake_thread(thread),
-    );
+    let mut cfg = EngineConfig::default()
+        .with_pool_size(1)
+        .with_upgrade_endpoint(true)
+        .with_handshake_thread(thread);
+    // Its own upgrades (two_unthreaded_engines_...) wait generously: a
+    // loaded machine delays the peer's answers.
+    cfg.handshake.timeout = Duration::from_millis(500);
+    let engine = c.engine(cfg);
     let mr = engine.alloc_mr(4096, Access::ALL).expect("MR");
     c.register(engine.local_target().unwrap(), 1 << 40, 0)
         .unwrap();

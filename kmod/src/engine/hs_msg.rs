@@ -174,7 +174,12 @@ impl<N: Nic> HsMsg<N> {
         let port = Engine::handle(eng.clone())
             .bind_reserved(HANDSHAKE_PORT)
             .map_err(|e| msg_error(gid, e))?;
-        let passives = Passives::new(eng.nic.clone(), eng.pd.clone(), eng.cfg.handshake.clone())?;
+        let passives = Passives::new(
+            eng.nic.clone(),
+            eng.pd.clone(),
+            eng.cfg.handshake.clone(),
+            None,
+        )?;
         *server = Some(Arc::new(Server {
             port,
             passives: Mutex::new(passives),

@@ -279,6 +279,16 @@ struct HsEndpoint<N: Nic> {
 struct Fallback<N: Nic> {
     ep: Lazy<HsEndpoint<N>>,
     pool: RcPool<N>,
+    /// Messaging's receive side (no DCT): the passive ends of peers' pairs
+    /// share this SRQ and CQ.
+    rx: RcRx<N>,
+}
+
+/// RC fallback mode: the SRQ and receive CQ messages arrive at (over the
+/// passive ends of peers' pairs), made at start.
+struct RcRx<N: Nic> {
+    cq: N::Cq,
+    srq: N::Srq,
 }
 
 /// DC mode with `upgrade_endpoint`: the RC pairs of upgraded VQPs, made by
@@ -378,7 +388,7 @@ impl<N: Nic> EngineInner<N> {
         self.create_once(
             &f.ep,
             "creating the handshake endpoint in a forked child",
-            || start_endpoint(&self.nic, &self.pd, &self.cfg, false),
+            || start_endpoint(&self.nic, &self.pd, &self.cfg, &f.rx),
         )
         .map(|e| &e.hs)
     }
@@ -389,6 +399,26 @@ impl<N: Nic> EngineInner<N> {
         match &self.transport {
             Transport::Rc(f) => Some(&f.pool),
             Transport::Dc(_) => self.upgrade.as_ref().map(|u| &u.pool),
+        }
+    }
+
+    /// Messaging's receive side: the SRQ and receive CQ (DC mode: the DCT's,
+    /// created on first need; RC fallback mode: those the passive ends of
+    /// peers' pairs share, made at start), and this node's address for
+    /// answers (`dct_num`, `dc_key` of [`Engine::local_target`]).
+    ///
+    /// # Errors
+    /// As [`EngineInner::receiver`] in DC mode.
+    pub(crate) fn msg_rx(&self) -> Result<(N::Srq, N::Cq, u32, u64), EngineError> {
+        match &self.transport {
+            Transport::Dc(_) => {
+                let r = self.receiver()?;
+                Ok((r.srq.clone(), r.cq.clone(), r.dct.qpn(), self.cfg.dc_key))
+            }
+            Transport::Rc(f) => {
+                let t = self.handshake_endpoint()?.target();
+                Ok((f.rx.srq.clone(), f.rx.cq.clone(), t.qpn, u64::from(t.qkey)))
+            }
         }
     }
 
@@ -562,9 +592,18 @@ impl<N: Nic> Engine<N> {
             });
             (Transport::Dc(receiver), up)
         } else {
+            let rx = RcRx {
+                cq: nic
+                    .create_cq(cfg.recv_depth)
+                    .map_err(EngineError::nic("create the receive CQ"))?,
+                srq: nic
+                    .create_srq(&pd, cfg.recv_depth, 1)
+                    .map_err(EngineError::nic("create the SRQ"))?,
+            };
             let f = Fallback {
-                ep: Lazy::ready(start_endpoint(&nic, &pd, &cfg, true)?),
+                ep: Lazy::ready(start_endpoint(&nic, &pd, &cfg, &rx)?),
                 pool: RcPool::default(),
+                rx,
             };
             (Transport::Rc(Box::new(f)), None)
         };
@@ -983,17 +1022,22 @@ fn start_receiver<N: Nic>(
     Ok(Receiver { cq, srq, dct })
 }
 
-/// A handshake endpoint in the engine's PD; `reachable` (RC fallback mode:
-/// it is the node's address; an eager start) also starts its thread when
-/// `cfg.handshake_thread` is set.
+/// RC fallback mode: the handshake endpoint in the engine's PD (the node's
+/// address), its passive ends sharing `rx` (messages arrive over peers'
+/// pairs), and its thread when `cfg.handshake_thread` is set.
 fn start_endpoint<N: Nic>(
     nic: &Arc<N>,
     pd: &N::Pd,
     cfg: &EngineConfig,
-    reachable: bool,
+    rx: &RcRx<N>,
 ) -> Result<HsEndpoint<N>, EngineError> {
-    let hs = HandshakeResponder::start_shared(nic.clone(), pd.clone(), cfg.handshake.clone())?;
-    let thread = if reachable && cfg.handshake_thread {
+    let hs = HandshakeResponder::start_shared(
+        nic.clone(),
+        pd.clone(),
+        cfg.handshake.clone(),
+        Some((rx.srq.clone(), rx.cq.clone())),
+    )?;
+    let thread = if cfg.handshake_thread {
         Lazy::ready(hs.spawn_progress()?)
     } else {
         Lazy::new()

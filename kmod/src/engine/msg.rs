@@ -1,7 +1,20 @@
-//! Two-sided messaging over the node's DCT/SRQ (DC mode): bound [`Port`]s
-//! that receive, [`Endpoint`]s (a VQP each) that push and get replies. The
-//! protocol, header layout and credit accounts are the pure
-//! [`crate::msg`]; this is the host.
+//! Two-sided messaging over the node's SRQ: bound [`Port`]s that receive,
+//! [`Endpoint`]s (a VQP each) that push and get replies. The protocol,
+//! header layout and credit accounts are the pure [`crate::msg`]; this is
+//! the host.
+//!
+//! # Both modes
+//!
+//! DC mode: messages are SENDs from a DCI to the receiver's DCT, whose SRQ
+//! holds the receive buffers. RC fallback mode (no DC: Soft-RoCE): the same
+//! SENDs travel over the per-target RC pairs (a VQP's connect binds it to
+//! its target's pair, made by the UD handshake); the passive ends of peers'
+//! pairs share the receiving node's SRQ and receive CQ (made at start), so
+//! the receive side below is the same code. Message sends are signaled in
+//! RC mode, so that an endpoint or port talking to several nodes can move
+//! its VQP from one pair to the next (a VQP moves only with nothing in
+//! flight). The address an Open carries for answers is the node's
+//! [`Engine::local_target`] (DC: the DCT; RC: the handshake endpoint).
 //!
 //! ```text
 //! MsgNode<N>  (per engine, made by the first bind/endpoint)
@@ -95,8 +108,10 @@
 //!
 //! # Not supported (typed errors)
 //!
-//! RC fallback mode ([`MsgError::Unsupported`]: no DCT/SRQ; the RC
-//! fallback's handshake keeps its UD endpoint); a forked child.
+//! A forked child ([`MsgError::Unsupported`]: the parent owns the SRQ).
+//! RC fallback mode's own handshake stays on UD (it builds the first pair
+//! to a node: messaging needs the pair), and so does registration with its
+//! meta host ([`super::RcMetaHost`], `krcore_meta::MetaRpc`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -112,7 +127,7 @@ use super::mrs::OwnedMr;
 use super::msg_endpoint::{EndpointShared, Status};
 use super::msg_port::PortShared;
 use super::msg_send::{send_inline, POOL_KEEP};
-use super::{Engine, EngineInner, EngineMode, Transport};
+use super::{Engine, EngineInner};
 use crate::msg::{
     Descriptor, MsgDst, MsgKind, MsgPacket, MsgRepr, RefuseCode, SendWindow, WindowError,
     HEADER_LEN,
@@ -553,12 +568,7 @@ impl<N: Nic> MsgNode<N> {
         if let Some(m) = eng.msg.get() {
             return Ok(m.clone());
         }
-        let Transport::Dc(_) = &eng.transport else {
-            return Err(MsgError::Unsupported {
-                reason: "RC fallback mode has no DCT/SRQ for messages",
-            });
-        };
-        let r = eng.receiver()?;
+        let (srq, cq, _, _) = eng.msg_rx()?;
         let _guard = eng.msg_init.lock();
         if let Some(m) = eng.msg.get() {
             return Ok(m.clone());
@@ -585,8 +595,7 @@ impl<N: Nic> MsgNode<N> {
         for i in 0..depth {
             let sge = MemoryRegion::sge(&*bufs, i as usize * slot_len, slot_len as u32)
                 .map_err(MsgError::nic("a receive buffer"))?;
-            r.srq
-                .post_recv(&[RecvWr::new(u64::from(i), sge)])
+            srq.post_recv(&[RecvWr::new(u64::from(i), sge)])
                 .map_err(|e| MsgError::Vqp(VqpError::Post(e)))?;
         }
         let node = Arc::new(MsgNode {
@@ -595,8 +604,8 @@ impl<N: Nic> MsgNode<N> {
             slot_len,
             ring_len: slot_len * (eng.cfg.vqp_depth as usize + 1),
             bufs,
-            srq: r.srq.clone(),
-            cq: r.cq.clone(),
+            srq,
+            cq,
             recv: Mutex::new(Receiving::default()),
             ports: RwLock::new(HashMap::new()),
             endpoints: RwLock::new(HashMap::new()),
@@ -1020,10 +1029,10 @@ fn learn_sender<N: Nic>(eng: &EngineInner<N>, gid: Gid, dct_num: u32, dc_key: u6
 
 // Mode check used by the SDK's docs: messaging runs in DC mode only.
 impl<N: Nic> Engine<N> {
-    /// Whether this engine can bind ports and push messages (DC mode, not a
-    /// forked child).
+    /// Whether this engine can bind ports and push messages (not in a
+    /// forked child; both modes).
     pub fn msg_supported(&self) -> bool {
-        self.mode() == EngineMode::Dc && !self.inner.forked.load(Ordering::Relaxed)
+        !self.inner.forked.load(Ordering::Relaxed)
     }
 }
 

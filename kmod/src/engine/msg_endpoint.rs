@@ -4,7 +4,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use krcore_nic::{Access, Gid, MemoryRegion, Nic, QueuePair};
+use krcore_nic::{Access, Gid, MemoryRegion, Nic};
 use parking_lot::Mutex;
 
 use super::mrs::OwnedMr;
@@ -298,8 +298,8 @@ impl<N: Nic> Endpoint<N> {
         }
         // Answers come back to this node's DCT: the Open says where, so
         // that a node registered nowhere gets them too.
-        let (dct_num, dc_key) = match self.eng.receiver() {
-            Ok(r) => (r.dct.qpn(), self.eng.cfg.dc_key),
+        let (dct_num, dc_key) = match self.eng.msg_rx() {
+            Ok((_, _, n, k)) => (n, k),
             Err(_) => (0, 0),
         };
         let open = MsgRepr {

@@ -142,6 +142,9 @@ pub(crate) struct Passives<N: Nic> {
     cfg: HandshakeConfig,
     map: HashMap<(Gid, u32), Passive<N>>,
     cq: N::Cq,
+    /// RC fallback mode with messaging: the node's SRQ and receive CQ, which
+    /// the passive ends share (messages arrive over the peers' pairs).
+    rx: Option<(N::Srq, N::Cq)>,
     tick: u64,
     wcs: [Wc; 8],
 }
@@ -156,6 +159,7 @@ impl<N: Nic> Passives<N> {
         nic: Arc<N>,
         pd: N::Pd,
         cfg: HandshakeConfig,
+        rx: Option<(N::Srq, N::Cq)>,
     ) -> Result<Passives<N>, EngineError> {
         if cfg.passive_cap == 0 {
             return Err(EngineError::Config("passive_cap must be at least 1".into()));
@@ -169,6 +173,7 @@ impl<N: Nic> Passives<N> {
             cfg,
             map: HashMap::new(),
             cq,
+            rx,
             tick: 0,
             wcs: [Wc::default(); 8],
         })
@@ -299,8 +304,8 @@ impl<N: Nic> Passives<N> {
                     max_recv_sge: 1,
                 },
                 send_cq: &self.cq,
-                recv_cq: &self.cq,
-                srq: None,
+                recv_cq: self.rx.as_ref().map_or(&self.cq, |r| &r.1),
+                srq: self.rx.as_ref().map(|r| &r.0),
                 dc_key: 0,
             },
         )?;
@@ -436,17 +441,20 @@ impl<N: Nic> HandshakeResponder<N> {
         pd: N::Pd,
         cfg: HandshakeConfig,
     ) -> Result<HandshakeResponder<N>, EngineError> {
-        Self::start_shared(Arc::new(nic), pd, cfg)
+        Self::start_shared(Arc::new(nic), pd, cfg, None)
     }
 
     /// [`HandshakeResponder::start`] on a device handle shared with its
     /// owner (the engine).
+    /// `rx`: the SRQ and receive CQ the passive ends share (RC fallback
+    /// mode: messages arrive over peers' pairs).
     pub(crate) fn start_shared(
         nic: Arc<N>,
         pd: N::Pd,
         cfg: HandshakeConfig,
+        rx: Option<(N::Srq, N::Cq)>,
     ) -> Result<HandshakeResponder<N>, EngineError> {
-        let passives = Passives::new(nic.clone(), pd.clone(), cfg.clone())?;
+        let passives = Passives::new(nic.clone(), pd.clone(), cfg.clone(), rx)?;
         let ud = UdEndpoint::new(&*nic, &pd, cfg.qkey, cfg.recv_slots, cfg.send_slots)?;
         // Nonces grow per initiator, across restarts too: start from the
         // wall clock (see crate::handshake).
