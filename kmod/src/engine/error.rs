@@ -221,10 +221,6 @@ impl EngineError {
     pub(crate) fn nic(op: &'static str) -> impl FnOnce(NicError) -> EngineError {
         move |source| EngineError::Nic { op, source }
     }
-
-    pub(crate) fn post(op: &'static str) -> impl FnOnce(PostError) -> EngineError {
-        move |source| EngineError::Post { op, source }
-    }
 }
 
 /// Errors of a VQP's data path. A post that returns an error posted nothing

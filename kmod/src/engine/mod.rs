@@ -124,7 +124,6 @@ mod physqp;
 mod rc;
 mod rc_meta;
 mod responder;
-mod ud;
 mod upgrade;
 mod vqp;
 

@@ -19,7 +19,19 @@ use krcore_nic::{
 use parking_lot::Mutex;
 
 use super::error::{EngineError, HandshakeFailure};
-use super::ud::{Datagram, UdEndpoint, MAX_DATAGRAM};
+// The UD endpoint of the handshake (and of a fallback meta host's RPC) is
+// the meta crate's, the one UD request/reply endpoint of the workspace.
+use krcore_meta::ud::{Incoming as Datagram, UdEndpoint, MAX_DATAGRAM};
+
+/// A UD endpoint's error as the engine's.
+fn ud_err(e: krcore_meta::MetaError) -> EngineError {
+    match e {
+        krcore_meta::MetaError::Nic { op, source } => EngineError::Nic { op, source },
+        krcore_meta::MetaError::Post { op, source } => EngineError::Post { op, source },
+        krcore_meta::MetaError::Config(c) => EngineError::Config(c),
+        other => EngineError::Config(format!("the handshake's UD endpoint: {other}")),
+    }
+}
 use crate::handshake::{HandshakeMessage, HandshakeRepr, RejectCode};
 
 /// The default qkey of a handshake endpoint (ASCII "KRHS").
@@ -455,7 +467,8 @@ impl<N: Nic> HandshakeResponder<N> {
         rx: Option<(N::Srq, N::Cq)>,
     ) -> Result<HandshakeResponder<N>, EngineError> {
         let passives = Passives::new(nic.clone(), pd.clone(), cfg.clone(), rx)?;
-        let ud = UdEndpoint::new(&*nic, &pd, cfg.qkey, cfg.recv_slots, cfg.send_slots)?;
+        let ud = UdEndpoint::new(&*nic, &pd, cfg.qkey, cfg.recv_slots, cfg.send_slots)
+            .map_err(ud_err)?;
         // Nonces grow per initiator, across restarts too: start from the
         // wall clock (see crate::handshake).
         let seed = std::time::SystemTime::now()
@@ -597,7 +610,7 @@ impl<N: Nic> Core<N> {
         ep.passives.drain_cq()?;
         let mut incoming = std::mem::take(&mut ep.incoming);
         incoming.clear();
-        let polled = ep.ud.poll_recv(&mut incoming);
+        let polled = ep.ud.poll_recv(&mut incoming).map_err(ud_err);
         let mut result = Ok(());
         for d in &incoming {
             if let Err(e) = self.dispatch(ep, d) {
@@ -676,7 +689,8 @@ impl<N: Nic> Core<N> {
         };
         let sent = ep
             .ud
-            .send(reply_to, &HandshakeRepr { nonce, message }.emit())?;
+            .send_bytes(reply_to, &HandshakeRepr { nonce, message }.emit())
+            .map_err(ud_err)?;
         if !sent {
             self.stats.lock().lost_sends += 1;
         }
@@ -706,7 +720,7 @@ impl<N: Nic> Core<N> {
             qpn: d.src_qp,
             qkey: self.cfg.qkey,
         };
-        if !ep.ud.send(dest, &buf[..len])? {
+        if !ep.ud.send_bytes(dest, &buf[..len]).map_err(ud_err)? {
             self.stats.lock().lost_sends += 1;
         }
         Ok(())
@@ -720,7 +734,7 @@ impl<N: Nic> Core<N> {
                 qpn: local_qpn,
             },
         };
-        let sent = self.ep.lock().ud.send(target, &msg.emit());
+        let sent = self.ep.lock().ud.send_bytes(target, &msg.emit());
         if matches!(sent, Ok(true)) {
             self.stats.lock().closes_sent += 1;
         }
@@ -796,8 +810,8 @@ impl<N: Nic> Core<N> {
             self.ep
                 .lock()
                 .ud
-                .send(target, &request)
-                .map_err(Exchange::Engine)?;
+                .send_bytes(target, &request)
+                .map_err(|e| Exchange::Engine(ud_err(e)))?;
             self.stats.lock().requests_sent += 1;
             let deadline = Instant::now() + self.cfg.timeout;
             loop {
