@@ -10,18 +10,22 @@
 //!   |
 //! engine (host) ---------------------------- threads, clocks, the provider
 //!   |  Engine<N>  PD, DCI pool (per-QP lock), meta client (READs via DCI 0);
-//!   |             DCT+SRQ, upgrade endpoint: created on first need
+//!   |             DCT+SRQ, messaging (ports, endpoints), the upgrade's
+//!   |             handshake port (hs_msg: no UD QP): created on first need
 //!   |             RC fallback (no DC): handshake endpoint, RC pairs (LRU)
 //!   |  Vqp<N>     connect = DCCache lookup | one meta READ; post; poll
 //!   |             RC fallback: + the target's RC pair (hit | handshake)
 //!   |  RcMetaHost the meta table served over RC fallback
+//!   |  MsgMetaHost the meta table hosted by a DC engine: registration as
+//!   |             messages on META_PORT (engine::meta_msg), READ lookups
 //!   |
 //! pure pieces ------------------------------------------- no I/O, no clock
 //!   |  dccache   Gid -> DC target metadata, node-wide, lock-free reads
 //!   |  precheck  Algorithm 2: validity, capacity, signaling of a VQP's batch
 //!   |  wrid      physical wr_id = (VQP id, sequence); user slots
 //!   |  credits   send-queue credits of one shared physical QP, a record per WR
-//!   |  handshake the RC handshake's messages (RC fallback mode)
+//!   |  handshake the RC handshake's messages (RC fallback: over UD; DC
+//!   |            upgrade: carried by messaging, engine::hs_msg)
 //!   |  msg       two-sided messages: header layout, credit accounts
 //!   |
 //! krcore_nic::Nic (sim, verbs)
@@ -41,8 +45,13 @@
 //! of an RC pair re-handshakes it: the target's end failed too). The meta
 //! entry keeps its layout and names the handshake endpoint instead of a DCT
 //! ([`Engine::local_target`]); the table is served by an [`RcMetaHost`]
-//! (the meta crate's server needs DC). A cluster is all-DC or
-//! all-fallback: mixed clusters are not supported.
+//! (the meta crate's server needs DC). Two-sided messaging works in both
+//! modes: over the DCT in DC mode, over the RC pairs in RC fallback mode
+//! (their passive ends share the receiver's SRQ). The UD handshake is what
+//! RC fallback mode keeps UD for: it builds a node's first pair to a peer
+//! (DC mode needs no UD QP at all: its upgrade handshake and meta
+//! registration travel as messages). A cluster is all-DC or all-fallback:
+//! mixed clusters are not supported.
 //!
 //! # Quick start
 //!
@@ -95,8 +104,10 @@
 //!   rings on and recovery re-posts): a signaled completion credits every
 //!   WR before it, including other VQPs' unsignaled WRs, and impossible
 //!   completions are typed errors.
-//! - [`handshake`]: the RC fallback's handshake messages
-//!   ([`handshake::HandshakeRepr`]) and the protocol's rules.
+//! - [`handshake`]: the RC handshake's messages
+//!   ([`handshake::HandshakeRepr`]) and the protocol's rules: over UD in
+//!   RC fallback mode, as messages to a reserved port in DC mode (the
+//!   upgrade, [`engine::hs_msg`]).
 //! - [`msg`]: two-sided messaging's header ([`msg::MsgRepr`]), channel
 //!   protocol and credit accounts ([`msg::SendWindow`],
 //!   [`msg::ReturnBatch`]); hosted by [`Engine::bind`] ([`Port`]) and
@@ -222,9 +233,10 @@ pub mod wrid;
 pub use engine::{
     DciStats, Endpoint, Engine, EngineConfig, EngineError, EngineMode, EngineStats, ForkKit,
     HandshakeConfig, HandshakeFailure, HandshakeResponder, HandshakeStats, LeaseError, LeaseId,
-    Message, MetaFailure, MetaLocation, MetaStats, MsgConfig, MsgError, MsgStats, OwnedMr, Port,
-    ProgressThread, QpStats, RcMetaHost, RcStats, Sender, Vqp, VqpError, VqpTransport,
-    DCIS_PER_CPU, DEFAULT_DC_KEY, DEFAULT_HANDSHAKE_QKEY,
+    Message, MetaFailure, MetaHostStats, MetaHostThread, MetaLocation, MetaStats, MsgConfig,
+    MsgError, MsgMetaHost, MsgStats, OwnedMr, Port, ProgressThread, QpStats, RcMetaHost, RcStats,
+    Sender, Vqp, VqpError, VqpTransport, DCIS_PER_CPU, DEFAULT_DC_KEY, DEFAULT_HANDSHAKE_QKEY,
+    META_PORT,
 };
 
 pub use credits::{CreditError, Posted, PostedWr, QueueView, SendQueueCredits};

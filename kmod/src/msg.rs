@@ -56,8 +56,10 @@
 //!                                       Grant: window; Credit: count;
 //!                                       Release: token
 //! 40..44  len                           Data/Desc: body length
-//! 44..48  rkey                          Desc: the buffer's rkey
-//! 48..56  addr                          Desc: the buffer's address
+//! 44..48  rkey                          Desc: the buffer's rkey; Open: the
+//!                                       sender's DCT number (0: none)
+//! 48..56  addr                          Desc: the buffer's address; Open:
+//!                                       the sender's DCT key
 //! 56..64  token                         Desc: the sender's buffer token
 //! ```
 //!
@@ -221,6 +223,10 @@ pub enum MsgKind {
         window: u32,
         /// Replies the sender can hold for this channel.
         reply_window: u32,
+        /// The sender's DCT number (0: not given): where the answers go.
+        dct_num: u32,
+        /// The sender's DCT key.
+        dc_key: u64,
     },
     /// The port admits the channel with `window` credits.
     Grant {
@@ -404,6 +410,8 @@ impl MsgRepr {
             1 => MsgKind::Open {
                 window: arg as u32,
                 reply_window: (arg >> 32) as u32,
+                dct_num: p.rkey(),
+                dc_key: p.addr(),
             },
             2 => MsgKind::Grant { window: arg as u32 },
             3 => MsgKind::Refuse(
@@ -477,7 +485,13 @@ impl MsgRepr {
             MsgKind::Open {
                 window,
                 reply_window,
-            } => (1, u64::from(window) | u64::from(reply_window) << 32, 0),
+                dct_num,
+                dc_key,
+            } => {
+                b[field::RKEY].copy_from_slice(&dct_num.to_le_bytes());
+                b[field::ADDR].copy_from_slice(&dc_key.to_le_bytes());
+                (1, u64::from(window) | u64::from(reply_window) << 32, 0)
+            }
             MsgKind::Grant { window } => (2, u64::from(window), 0),
             MsgKind::Refuse(code) => {
                 b[field::CODE] = code.to_u8();
@@ -670,6 +684,8 @@ mod tests {
             MsgKind::Open {
                 window: 8,
                 reply_window: 4,
+                dct_num: 0x1234,
+                dc_key: 0xdc,
             },
             MsgKind::Grant { window: 8 },
             MsgKind::Refuse(RefuseCode::Unbound),

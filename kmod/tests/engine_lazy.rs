@@ -90,25 +90,28 @@ fn a_dc_start_creates_no_qp_and_each_first_need_creates_exactly_its_own() {
     let (_, d) = counted(&nic, || e.alloc_mr(64, Access::ALL).unwrap());
     assert_eq!((d.qps_created, d.mrs_registered), (0, 1), "{d:?}");
 
-    // Serving as an upgrade target creates the handshake endpoint (one UD
-    // QP), once.
+    // Serving as an upgrade target creates no QP: the handshake is served
+    // on the DCT's reserved messaging port (its receive buffers and the
+    // port's staging ring are made now, once).
     let (hs, d) = counted(&nic, || e.handshake_entry().unwrap().unwrap());
-    assert_eq!(d.qps_created, 1, "the UD endpoint: {d:?}");
+    assert_eq!((d.qps_created, d.mrs_registered), (0, 2), "{d:?}");
     assert_eq!(hs.gid, handshake_gid(&e.gid()));
-    assert_eq!(hs.dct_num, e.handshake_responder().unwrap().target().qpn);
+    assert_eq!((hs.dct_num, hs.dc_key), (t.dct_num, t.dc_key), "the DCT");
+    assert!(e.handshake_responder().is_none(), "no UD endpoint");
     let (hs2, d) = counted(&nic, || e.handshake_entry().unwrap().unwrap());
-    assert_eq!((hs2, d.qps_created), (hs, 0));
+    assert_eq!((hs2, d.qps_created, d.mrs_registered), (hs, 0, 0));
     let s = e.stats();
     assert_eq!(
         (s.dcis, s.dcts_created, s.handshake_endpoints_created),
-        (1, 1, 1)
+        (1, 1, 0)
     );
 }
 
-/// A node that only initiates upgrades creates its handshake endpoint at
-/// its first one (its UD QP and the pair's RC QP), never before.
+/// A node that only initiates upgrades creates what its handshake needs at
+/// its first one, never before: its DCT (the answers come back as
+/// messages) and the pair's RC QP; no UD QP.
 #[test]
-fn an_upgrade_initiator_creates_its_endpoint_at_its_first_upgrade() {
+fn an_upgrade_initiator_creates_its_receiver_at_its_first_upgrade() {
     let c = Cluster::new();
     let target = c.engine(lazy_config().with_handshake_thread(true));
     let mr = target.alloc_mr(64, Access::ALL).unwrap();
@@ -127,13 +130,13 @@ fn an_upgrade_initiator_creates_its_endpoint_at_its_first_upgrade() {
     let v = e.create_vqp().unwrap();
     v.connect(target.gid()).unwrap();
     e.resolve(&handshake_gid(&target.gid())).unwrap();
-    assert_eq!(e.stats().handshake_endpoints_created, 0);
+    assert_eq!(e.stats().dcts_created, 0);
     let (r, d) = counted(&nic, || v.upgrade());
     assert_eq!(r.unwrap(), krcore_kmod::VqpTransport::Rc);
-    assert_eq!(d.qps_created, 2, "its UD endpoint and the RC QP: {d:?}");
+    assert_eq!(d.qps_created, 2, "its DCT and the RC QP: {d:?}");
     let s = e.stats();
-    assert_eq!((s.handshake_endpoints_created, s.rc_upgrades), (1, 1));
-    assert_eq!(s.dcts_created, 0, "an initiator is never reached");
+    assert_eq!((s.handshake_endpoints_created, s.rc_upgrades), (0, 1));
+    assert_eq!(s.dcts_created, 1, "the answers' receiver");
     let buf = e.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
     v.post_send(&mut [SendWr::read(1, buf.sge(0, 8).unwrap(), mr.remote(0))])
         .unwrap();
@@ -164,15 +167,16 @@ fn memory_with_remote_access_makes_the_node_reachable() {
 }
 
 #[test]
-fn eager_start_creates_the_dct_and_the_endpoint_at_start() {
+fn eager_start_creates_the_dct_and_serves_upgrades_at_start() {
     let c = Cluster::new();
     let nic = c.nic();
     let (e, d) = counted(&nic, || {
         Engine::start(nic.clone(), lazy_config().with_eager_start(true)).unwrap()
     });
-    assert_eq!(d.qps_created, 2, "DCT + UD endpoint: {d:?}");
+    // The DCT, and the DCI the reserved port's VQP is bound to; no UD QP.
+    assert_eq!(d.qps_created, 2, "DCT + DCI 0: {d:?}");
     let s = e.stats();
-    assert_eq!((s.dcts_created, s.handshake_endpoints_created), (1, 1));
+    assert_eq!((s.dcts_created, s.handshake_endpoints_created), (1, 0));
     let (_, d) = counted(&nic, || {
         e.local_target().unwrap();
         e.handshake_entry().unwrap().unwrap();
@@ -224,20 +228,20 @@ fn concurrent_first_needs_create_each_resource_once() {
             .collect();
         let d = nic.counters() - before;
         assert_eq!(
-            d.qps_created, 3,
-            "round {round}: one DCT, one UD endpoint, one DCI: {d:?}"
+            d.qps_created, 2,
+            "round {round}: one DCT, one DCI (no UD endpoint): {d:?}"
         );
         assert!(seen.iter().all(|s| *s == seen[0]), "{seen:?}");
         let s = e.stats();
         assert_eq!(
             (s.dcis, s.dcts_created, s.handshake_endpoints_created),
-            (1, 1, 1),
+            (1, 1, 0),
             "round {round}"
         );
         assert!(s.meta.reads >= 1);
-        // THREADS MRs with remote access, one meta READ buffer, one UD
-        // endpoint buffer.
-        assert_eq!(d.mrs_registered, THREADS as u64 + 2, "{d:?}");
+        // THREADS MRs with remote access, one meta READ buffer, the
+        // messaging receive buffers and the reserved port's staging ring.
+        assert_eq!(d.mrs_registered, THREADS as u64 + 3, "{d:?}");
     }
 }
 

@@ -280,11 +280,10 @@ fn bind_twice_unbound_port_oversized_and_busy_are_typed_errors() {
         accepted,
         "each one reported"
     );
+    // RC fallback mode binds too (messages over its RC pairs: see
+    // tests/engine_msg_rc.rs); a forked child is what refuses messaging.
     let rc = Fabric::new();
-    assert!(matches!(
-        rc.engine(EngineConfig::default()).bind(1),
-        Err(MsgError::Unsupported { .. })
-    ));
+    assert!(rc.engine(EngineConfig::default()).bind(1).is_ok());
 }
 
 /// Replies go back to the VQP that sent: two endpoints of one node each get

@@ -203,7 +203,9 @@ fn a_threshold_upgrades_mid_stream_and_keeps_the_sequential_log() {
         (1, 0, 0)
     );
     assert_eq!((s.rc.created, s.rc.pairs), (1, 1));
-    assert_eq!(s.dci.wrs, 3 * at as u64, "the DC rounds on the DCI");
+    // The DC rounds on the DCI, and the handshake's two messages (Open,
+    // Request: the handshake travels as messages, from the same DCI).
+    assert_eq!(s.dci.wrs, 3 * at as u64 + 2, "the DC rounds on the DCI");
     assert_eq!(s.rc.qp.wrs, 3 * (240 - at) as u64, "the rest on the pair");
     assert_eq!(mem.engine.stats().handshake.passive_qps, 1);
 }
@@ -212,7 +214,9 @@ fn a_threshold_upgrades_mid_stream_and_keeps_the_sequential_log() {
 fn a_hint_with_wrs_in_flight_switches_once_they_drained() {
     let c = Cluster::new();
     let mem = upgradable_node(&c, 4096);
-    let e = client(&c, |cfg| cfg);
+    // Two DCIs: the handshake's messages go from the second, so that their
+    // polls do not retire the workload's WRs on the first.
+    let e = client(&c, |cfg| cfg.with_pool_size(2));
     let mut w = Workload::new(&e, &mem, 0);
     for _ in 0..10 {
         w.window(3);
@@ -503,105 +507,49 @@ fn a_target_that_refuses_leaves_the_vqp_on_dc_working() {
     w3.check();
 }
 
-/// A raw UD QP on `mem`'s NIC, registered as its handshake endpoint: it
-/// receives Requests and never answers.
-type RawEndpoint = (
-    <SimNic as krcore_nic::Nic>::Qp,
-    <SimNic as krcore_nic::Nic>::Cq,
-    <SimNic as krcore_nic::Nic>::Mr,
-);
-
-fn raw_endpoint(c: &Cluster, mem: &MemNode) -> RawEndpoint {
-    use krcore_nic::{Nic, QpCaps, QpInit, QpType, QueuePair, RecvWr, Transition};
-    let nic = mem.engine.nic();
-    let pd = mem.engine.pd();
-    let qkey = krcore_kmod::DEFAULT_HANDSHAKE_QKEY;
-    let cq = nic.create_cq(16).unwrap();
-    let qp = nic
-        .create_qp(
-            pd,
-            &QpInit {
-                qp_type: QpType::Ud,
-                caps: QpCaps {
-                    max_send_wr: 1,
-                    max_recv_wr: 4,
-                    max_send_sge: 1,
-                    max_recv_sge: 1,
-                },
-                send_cq: &cq,
-                recv_cq: &cq,
-                srq: None,
-                dc_key: 0,
-            },
-        )
+/// A memory node that serves upgrades with no thread: Requests wait in its
+/// reserved messaging port until someone calls `progress()`.
+fn unthreaded_target(c: &Cluster, len: usize) -> MemNode {
+    let engine = c.engine(
+        EngineConfig::default()
+            .with_pool_size(1)
+            .with_upgrade_endpoint(true),
+    );
+    let mr = engine.alloc_mr(len, Access::ALL).expect("MR");
+    c.register(engine.local_target().unwrap(), 1 << 40, 0)
         .unwrap();
-    qp.modify(Transition::Init {
-        access: Access::NONE,
-        qkey,
-    })
-    .unwrap();
-    qp.modify(Transition::Rtr { peer: None }).unwrap();
-    qp.modify(Transition::Rts {
-        rnr_retry: 0,
-        retry_cnt: 0,
-    })
-    .unwrap();
-    let buf = nic.alloc_mr(pd, 4 * 256, Access::LOCAL_WRITE).unwrap();
-    for i in 0..4 {
-        qp.post_recv(&[RecvWr::new(i, buf.sge(i as usize * 256, 256).unwrap())])
-            .unwrap();
-    }
     c.register(
-        DcTarget {
-            gid: krcore_kmod::engine::handshake_gid(&mem.gid()),
-            dct_num: qp.qpn(),
-            dc_key: u64::from(qkey),
-        },
+        engine.handshake_entry().unwrap().expect("entry"),
         1 << 40,
         0,
     )
     .unwrap();
-    (qp, cq, buf)
+    MemNode { engine, mr }
 }
 
-/// Waits (bounded) for the first datagram at `endpoint`, then destroys it
-/// (the endpoint dies without answering); returns what arrived.
-fn die_after_the_request(
-    endpoint: &std::sync::Mutex<Option<RawEndpoint>>,
-) -> krcore_kmod::handshake::HandshakeRepr {
-    use krcore_kmod::handshake::HandshakeRepr;
-    use krcore_nic::{CompletionQueue, GRH_LEN};
+/// Drives `target`'s messaging (Opens answered, messages into their ports,
+/// no handshake served) until the Request sits in its reserved port, then
+/// its handshake service dies (the port goes, the Request unanswered).
+fn die_after_the_request(target: &Engine<SimNic>) {
     let start = std::time::Instant::now();
-    let mut wcs = [Wc::default(); 4];
-    loop {
-        let guard = endpoint.lock().unwrap();
-        let (_, cq, buf) = guard.as_ref().unwrap();
-        if cq.poll(&mut wcs).unwrap() > 0 {
-            let wc = wcs[0];
-            let mut b = vec![0u8; wc.byte_len as usize - GRH_LEN];
-            buf.read(wc.wr_id as usize * 256 + GRH_LEN, &mut b).unwrap();
-            drop(guard);
-            // Dies: QP, CQ and buffers destroyed, nothing answered.
-            endpoint.lock().unwrap().take();
-            return HandshakeRepr::parse_bytes(&b).unwrap();
-        }
-        drop(guard);
+    while target.msg_stats().inline_delivered == 0 {
+        target.msg_progress().unwrap();
         assert!(start.elapsed() < common::WAIT, "no Request arrived");
         std::thread::yield_now();
     }
+    target.stop_serving_upgrades();
+    let s = target.stats().handshake;
+    assert_eq!((s.accepted, s.rejected), (0, 0), "nothing answered");
 }
 
-/// The target's handshake endpoint receives the Request and dies before it
-/// answers: a raw UD QP on the target's NIC, registered as its endpoint,
-/// that the test drops as soon as the Request arrived.
+/// The target's handshake service receives the Request (a message on its
+/// reserved port) and dies before it answers.
 #[test]
 fn a_target_that_dies_mid_handshake_leaves_the_vqp_on_dc_working() {
-    use krcore_kmod::handshake::HandshakeMessage;
     use krcore_kmod::HandshakeFailure;
     let c = Cluster::new();
-    let mem = c.memory_node(4096);
-    let (qp, cq, buf) = raw_endpoint(&c, &mem);
-    // Generous waits: the endpoint dies while the initiator still waits.
+    let mem = unthreaded_target(&c, 4096);
+    // Generous waits: the service dies while the initiator still waits.
     let e = client(&c, |mut cfg| {
         cfg.handshake.timeout = std::time::Duration::from_millis(200);
         cfg.handshake.retries = 1;
@@ -609,17 +557,12 @@ fn a_target_that_dies_mid_handshake_leaves_the_vqp_on_dc_working() {
     });
     let mut w = Workload::new(&e, &mem, 0);
     w.window(3);
-    let endpoint = std::sync::Mutex::new(Some((qp, cq, buf)));
-    let hinted = std::thread::scope(|s| {
-        let dying = s.spawn(|| die_after_the_request(&endpoint));
+    let r = std::thread::scope(|s| {
+        let dying = s.spawn(|| die_after_the_request(&mem.engine));
         let r = w.v.upgrade();
-        (r, dying.join().unwrap())
+        dying.join().unwrap();
+        r
     });
-    let (r, request) = hinted;
-    assert!(
-        matches!(request.message, HandshakeMessage::Request { .. }),
-        "{request:?}"
-    );
     assert!(
         matches!(
             r,
@@ -630,10 +573,10 @@ fn a_target_that_dies_mid_handshake_leaves_the_vqp_on_dc_working() {
         ),
         "{r:?}"
     );
-    assert!(endpoint.lock().unwrap().is_none(), "the endpoint died");
     let s = stayed_on_dc_after_one_failure(&e, &mut w);
     assert_eq!(s.handshake.timeouts, 1);
     assert_eq!(s.dci.error_completions, 0);
+    assert_eq!(mem.engine.stats().handshake.passive_qps, 0);
 }
 
 /// The pair is built in the background: the target answers handshakes only
@@ -697,7 +640,8 @@ fn a_threshold_upgrade_builds_in_the_background_while_posts_stay_on_dc() {
         ),
         (1, 0, 1, 1)
     );
-    assert_eq!(s.dci.wrs, 3 * at as u64);
+    // Plus the handshake's messages (Open, Request) on the same DCI.
+    assert_eq!(s.dci.wrs, 3 * at as u64 + 2);
 }
 
 /// Dropping an engine whose builder is in the middle of a handshake (the
@@ -736,33 +680,27 @@ fn an_engine_dropped_during_a_background_build_does_not_hang() {
 }
 
 /// As above, by threshold: the builder thread sends the Request, the
-/// endpoint dies without answering, and the VQP, which kept posting on DC
-/// all along, sees the failure at a later look and stays there.
+/// target's service dies without answering, and the VQP, which kept posting
+/// on DC all along, sees the failure at a later look and stays there.
 #[test]
 fn a_target_that_dies_mid_background_build_leaves_the_vqp_on_dc_working() {
-    use krcore_kmod::handshake::HandshakeMessage;
     let c = Cluster::new();
-    let mem = c.memory_node(4096);
-    let endpoint = std::sync::Mutex::new(Some(raw_endpoint(&c, &mem)));
+    let mem = unthreaded_target(&c, 4096);
     let e = client(&c, |mut cfg| {
         cfg.handshake.timeout = std::time::Duration::from_millis(200);
         cfg.handshake.retries = 1;
         cfg.with_upgrade_after(Some(10))
     });
     let mut w = Workload::new(&e, &mem, 0);
-    let request = std::thread::scope(|s| {
-        let dying = s.spawn(|| die_after_the_request(&endpoint));
+    std::thread::scope(|s| {
+        let dying = s.spawn(|| die_after_the_request(&mem.engine));
         // Past the threshold: the build is asked for; posts go on (on DC)
-        // while the endpoint receives the Request and dies.
+        // while the target receives the Request and its service dies.
         for _ in 0..10 {
             w.window(2);
         }
         dying.join().unwrap()
     });
-    assert!(
-        matches!(request.message, HandshakeMessage::Request { .. }),
-        "{request:?}"
-    );
     wait_builds(&e);
     // The next post sees the failure and backs off (20 WRs): two windows
     // (12 WRs) stay below the next attempt.

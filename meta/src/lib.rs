@@ -24,6 +24,21 @@
 //!   bootstrap: sim fabric name "krcore-meta", or TCP -> BootstrapRepr
 //! ```
 //!
+//! ## Two hosts of one table
+//!
+//! The table engine, its layout and the request format ([`wire`]) are this
+//! crate's and shared. Requests reach a table two ways:
+//! - [`host::MetaServer`] (here): requests as UD datagrams, for hosts and
+//!   clients without an engine ([`client::MetaRpc`]).
+//! - `krcore_kmod::MsgMetaHost` (DC mode): the table hosted by an engine,
+//!   requests as two-sided messages on the engine's reserved port
+//!   `krcore_kmod::META_PORT` (the same DCT/SRQ receive protocol as every
+//!   message: the sender's VQP id in the immediate, credits, replies), sent
+//!   by `Engine::meta_register`/`meta_renew`/`meta_deregister`. It lives in
+//!   `krcore-kmod` because messaging does (this crate does not depend on
+//!   the engine; the engine depends on it for the layout). Lookups are
+//!   one-sided READs in both.
+//!
 //! ## Modules
 //! - [`entry`]: the 64-byte entry ([`entry::EntryView`], [`entry::EntryRepr`]).
 //! - [`table`]: geometry and hashing, the reader's [`table::find_in_bucket`],

@@ -1,4 +1,5 @@
-//! Two-sided messaging (DC mode): a node binds ports and receives; a VQP
+//! Two-sided messaging (DC mode over the DCT; RC fallback mode over the RC
+//! pairs): a node binds ports and receives; a VQP
 //! pushes to a port of its target node and gets the replies (after
 //! KRCore's two-sided path and RDMAvisor's vQPN).
 //!
@@ -42,8 +43,9 @@
 //! # Ok::<(), krcore::Error>(())
 //! ```
 //!
-//! Not available in RC fallback mode or in a forked worker
-//! ([`MsgError::Unsupported`]).
+//! Not available in a forked worker ([`MsgError::Unsupported`]). Ports from
+//! `krcore_kmod::engine::hs_msg::FIRST_RESERVED_PORT` on are the engine's
+//! ([`MsgError::ReservedPort`]).
 
 use krcore_nic::Nic;
 

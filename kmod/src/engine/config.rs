@@ -61,18 +61,19 @@ pub struct EngineConfig {
     /// RC fallback mode: most RC pairs (one per target) at any time; past
     /// it the least recently used idle pair is evicted. Default 256.
     pub rc_cap: usize,
-    /// RC fallback mode: the handshake endpoint (qkey, timeouts, retries,
-    /// passive QP cap).
+    /// The handshake (timeouts, retries, passive QP cap, `retry_cnt` and
+    /// `rnr_retry` of the pairs): RC fallback mode's UD endpoint (also its
+    /// qkey and slots), and DC mode's upgrade handshake over messaging.
     pub handshake: HandshakeConfig,
     /// RC fallback mode: answer peers' handshakes from a background thread
     /// of the engine's (named `krcore-handshake`). Off, the host must call
     /// [`super::Engine::progress`] for this node to accept connections
     /// (its own connects drive its endpoint while they wait). Default false:
     /// the engine starts no thread unless asked; the SDK turns it on.
-    /// DC mode with `upgrade_endpoint`: the thread starts when the
-    /// endpoint becomes reachable ([`super::Engine::handshake_entry`], or
-    /// `eager_start`); an endpoint made by the node's own first upgrade
-    /// runs none (its handshakes drive it).
+    /// DC mode with `upgrade_endpoint`: the thread serves the reserved
+    /// handshake port, started when the node starts serving upgrades
+    /// ([`super::Engine::handshake_entry`], or `eager_start`); a node that
+    /// only initiates upgrades runs none.
     pub handshake_thread: bool,
     /// Two-sided messaging (DC mode): inline threshold, windows, buffers.
     pub msg: MsgConfig,
@@ -86,17 +87,19 @@ pub struct EngineConfig {
     /// `EngineStats::rc_upgrade_failures`. Ignored in RC fallback mode.
     /// Default `None` (off: a VQP stays on its DCI unless hinted).
     pub upgrade_after: Option<u64>,
-    /// DC mode: run a handshake endpoint (a UD QP beside the DCT, in the
-    /// engine's PD) that answers peers' upgrade handshakes. Peers find it
-    /// under [`super::handshake_gid`] of this node's GID in the meta table:
-    /// the host registers [`super::Engine::handshake_entry`] beside
+    /// DC mode: the DC -> RC upgrade. Its handshakes travel as messages
+    /// (no UD QP, see [`super::hs_msg`]): a node that serves upgrades
+    /// answers them on its DCT's reserved port
+    /// [`super::hs_msg::HANDSHAKE_PORT`], and says so in the meta table
+    /// under [`super::handshake_gid`] of its GID: the host registers
+    /// [`super::Engine::handshake_entry`] beside
     /// [`super::Engine::local_target`]. Answered from the thread of
     /// `handshake_thread`, or [`super::Engine::progress`]. Default false.
     pub upgrade_endpoint: bool,
     /// DC mode: create at start what is otherwise created on first need:
     /// the DCT with its SRQ and receive CQ (first need: the node must be
     /// reachable, see [`super::Engine::local_target`]) and, with
-    /// `upgrade_endpoint`, the handshake endpoint (first need: see
+    /// `upgrade_endpoint`, the reserved handshake port (first need: see
     /// [`super::Engine::handshake_entry`]). For a node that is reached
     /// anyway (a memory node) and should not pay for it later, or that
     /// forks children before it registers. Default false: a node that only

@@ -31,6 +31,11 @@ pub enum HandshakeFailure {
         /// The GID the Accept named.
         gid: Gid,
     },
+    /// DC mode (the handshake travels as messages): the target's messaging
+    /// refused the handshake channel: `Unbound` when it does not serve
+    /// upgrades (its reserved port is not bound), `Busy` when the port's
+    /// receive slots are all granted to other initiators.
+    Refused(crate::msg::RefuseCode),
 }
 
 impl std::fmt::Display for HandshakeFailure {
@@ -41,6 +46,7 @@ impl std::fmt::Display for HandshakeFailure {
             }
             HandshakeFailure::Rejected(code) => write!(f, "refused: {code}"),
             HandshakeFailure::WrongPeer { gid } => write!(f, "answered by another port {gid}"),
+            HandshakeFailure::Refused(code) => write!(f, "handshake port: {code}"),
         }
     }
 }
@@ -57,6 +63,10 @@ pub enum MetaFailure {
     Timeout(Duration),
     /// RC fallback mode: the RC pair to the meta node could not be made.
     Handshake(HandshakeFailure),
+    /// DC mode, registration over messaging: the meta node's messaging
+    /// refused the request channel (`Unbound`: it serves no meta table on
+    /// its reserved port, e.g. a UD `MetaServer`).
+    Refused(crate::msg::RefuseCode),
 }
 
 impl std::fmt::Display for MetaFailure {
@@ -65,6 +75,7 @@ impl std::fmt::Display for MetaFailure {
             MetaFailure::Completion(s) => write!(f, "table READ completed with {s:?}"),
             MetaFailure::Timeout(d) => write!(f, "no completion for the table READ within {d:?}"),
             MetaFailure::Handshake(h) => write!(f, "RC handshake with the meta node: {h}"),
+            MetaFailure::Refused(code) => write!(f, "the meta node's request port: {code}"),
         }
     }
 }
@@ -107,6 +118,15 @@ pub enum EngineError {
     UnknownNode {
         /// The GID looked up.
         gid: Gid,
+    },
+    /// DC mode, registration over messaging: the meta server answered the
+    /// Register, Renew or Deregister of `gid` with an error.
+    #[error("meta server refused the request for {gid}: {code:?}")]
+    MetaRefused {
+        /// The GID the request was about.
+        gid: Gid,
+        /// The server's code.
+        code: krcore_meta::wire::ErrorCode,
     },
     /// The meta server did not answer.
     #[error("meta server unavailable while looking up {gid}: {failure}")]
@@ -200,10 +220,6 @@ pub enum EngineError {
 impl EngineError {
     pub(crate) fn nic(op: &'static str) -> impl FnOnce(NicError) -> EngineError {
         move |source| EngineError::Nic { op, source }
-    }
-
-    pub(crate) fn post(op: &'static str) -> impl FnOnce(PostError) -> EngineError {
-        move |source| EngineError::Post { op, source }
     }
 }
 

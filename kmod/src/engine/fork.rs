@@ -33,8 +33,8 @@
 //!   not created before the fork is refused in the child, typed
 //!   ([`EngineError::Unsupported`]; a child creates no NIC object): the
 //!   DCT ([`super::Engine::local_target`]) and the upgrade's handshake
-//!   endpoint ([`super::Engine::handshake_entry`], so a VQP's DC -> RC
-//!   upgrade fails and the VQP stays on its DCI). What the parent had
+//!   port ([`super::Engine::handshake_entry`]); a VQP's DC -> RC upgrade
+//!   fails anyway and the VQP stays on its DCI. What the parent had
 //!   created is the parent's: `local_target` and `handshake_entry` return
 //!   the parent's addresses (the same node), and the DCT's SRQ still
 //!   belongs to the parent (messaging stays refused). The meta client's

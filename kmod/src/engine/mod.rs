@@ -22,9 +22,11 @@
 //!   |   |- DCI pool [0..pool_size)  created lazily, each with its own send CQ
 //!   |   |     `- per-QP lock: credits, the state of the VQPs bound to it
 //!   |   |                     (slots, rings, targets, grants), MR snapshot
-//!   |   `- with upgrade_endpoint: a handshake endpoint (lazy: first need)
-//!   |         and RC pairs (as in the RC fallback) for upgraded VQPs
-//!   |         (`upgrade`: DC -> RC)
+//!   |   `- with upgrade_endpoint: RC pairs (as in the RC fallback) for
+//!   |         upgraded VQPs (`upgrade`: DC -> RC), made by handshakes
+//!   |         carried by messaging (`hs_msg`: the reserved port
+//!   |         HANDSHAKE_PORT on the DCT, served by progress() / the
+//!   |         handshake thread; no UD QP)
 //!   |- RC fallback mode:
 //!   |   |- handshake endpoint       UD QP (instead of a DCT) + passive RC QPs
 //!   |   |                           (peers' ends), progress() / its thread
@@ -55,10 +57,10 @@
 //! | a DCI of the pool            | `create_vqp` (round-robin, up to `pool_size`); DCI 0 also by the first meta lookup |
 //! | DCT + SRQ + receive CQ       | the node must be reachable: [`Engine::local_target`] (what a node registers with the meta server), [`Engine::alloc_mr`] with remote access, the first messaging port or endpoint |
 //! | meta client's VQP + buffer   | the first DCCache miss (one MR; no QP: it shares DCI 0) |
-//! | handshake endpoint (upgrade) | [`Engine::handshake_entry`] (a target registers it: it answers from then on), or the node's first upgrade as initiator |
+//! | upgrade: reserved port + passive CQ | [`Engine::handshake_entry`] (a target registers it: it answers from then on); an initiator's first upgrade makes its messaging endpoint (and the DCT its answers arrive at) |
 //!
-//! `EngineConfig::eager_start` creates the DCT and the handshake endpoint
-//! at start instead (a memory node reached anyway). A compute node that
+//! `EngineConfig::eager_start` creates the DCT and serves upgrades at
+//! start instead (a memory node reached anyway). A compute node that
 //! only issues one-sided operations thus creates one QP (its first VQP's
 //! DCI) before its first get. In a forked child nothing is created (see
 //! [`ForkKit`]). RC fallback mode creates its handshake endpoint (the
@@ -108,9 +110,11 @@
 mod config;
 mod error;
 mod fork;
+pub mod hs_msg;
 mod idhash;
 mod lazy;
 mod meta;
+pub mod meta_msg;
 mod mrs;
 mod msg;
 mod msg_endpoint;
@@ -120,7 +124,6 @@ mod physqp;
 mod rc;
 mod rc_meta;
 mod responder;
-mod ud;
 mod upgrade;
 mod vqp;
 
@@ -134,6 +137,7 @@ pub use config::{EngineConfig, DCIS_PER_CPU, DEFAULT_DC_KEY};
 pub use error::{EngineError, HandshakeFailure, MetaFailure, VqpError};
 pub use fork::ForkKit;
 pub use meta::{MetaLocation, MetaStats};
+pub use meta_msg::{MetaHostStats, MetaHostThread, MsgMetaHost, META_PORT};
 pub use mrs::{LeaseError, LeaseId, OwnedMr};
 pub use msg::{Message, MsgConfig, MsgError, MsgStats, Sender};
 pub use msg_endpoint::Endpoint;
@@ -206,15 +210,16 @@ pub struct EngineStats {
     /// first need (see [`Engine::local_target`]), then 1, however many
     /// threads needed it at once.
     pub dcts_created: u32,
-    /// Handshake endpoints created: 1 in RC fallback mode (at start); DC
-    /// mode with `upgrade_endpoint`: 0 until first need (see
-    /// [`Engine::handshake_entry`]), then 1.
+    /// UD handshake endpoints created: 1 in RC fallback mode (at start); 0
+    /// in DC mode (the upgrade's handshake travels as messages, see
+    /// [`hs_msg`]).
     pub handshake_endpoints_created: u32,
     /// RC fallback mode (DC mode: the upgraded VQPs'): the RC pairs
     /// (their queues' statistics in `rc.qp`).
     pub rc: RcStats,
-    /// RC fallback mode (DC mode with `upgrade_endpoint`): the handshake
-    /// endpoint.
+    /// The handshake's both sides: RC fallback mode, the UD endpoint; DC
+    /// mode with `upgrade_endpoint`, the handshake over messaging (its
+    /// `meta_requests`, `ud_recoveries` stay 0).
     pub handshake: HandshakeStats,
     /// MRs the engine owns right now.
     pub owned_mrs: usize,
@@ -259,39 +264,36 @@ struct Receiver<N: Nic> {
     dct: N::Qp,
 }
 
-/// A handshake endpoint (UD QP) and, with `handshake_thread`, the thread
-/// answering it once peers can reach it (see [`HsEndpoint::reachable`]).
+/// A handshake endpoint (UD QP, RC fallback mode) and, with
+/// `handshake_thread`, the thread answering it.
 struct HsEndpoint<N: Nic> {
     hs: HandshakeResponder<N>,
     /// Dropped (stopped and joined) with the engine.
-    thread: Lazy<ProgressThread>,
-}
-
-impl<N: Nic> HsEndpoint<N> {
-    /// Peers can reach the endpoint from now on (its entry is registered,
-    /// or it is the node's address): with `handshake_thread`, start the
-    /// thread answering them (once). Before, the endpoint only carries this
-    /// node's own handshakes, which drive it while they wait: a node that
-    /// only initiates upgrades runs no thread.
-    fn reachable(&self, eng: &EngineInner<N>) -> Result<(), EngineError> {
-        if eng.cfg.handshake_thread {
-            eng.create_once(
-                &self.thread,
-                "starting the handshake thread in a forked child",
-                || self.hs.spawn_progress(),
-            )?;
-        }
-        Ok(())
-    }
+    _thread: Lazy<ProgressThread>,
 }
 
 /// RC fallback mode: the handshake endpoint (instead of a DCT; created at
 /// start: it is the node's address) and the RC pairs (instead of a DCI
-/// pool). DC mode with `upgrade_endpoint`: the same, beside the DCT and the
-/// DCIs, for the DC -> RC upgrade; the endpoint is then created on first
-/// need ([`EngineInner::handshake_endpoint`]).
+/// pool).
 struct Fallback<N: Nic> {
     ep: Lazy<HsEndpoint<N>>,
+    pool: RcPool<N>,
+    /// Messaging's receive side (no DCT): the passive ends of peers' pairs
+    /// share this SRQ and CQ.
+    rx: RcRx<N>,
+}
+
+/// RC fallback mode: the SRQ and receive CQ messages arrive at (over the
+/// passive ends of peers' pairs), made at start.
+struct RcRx<N: Nic> {
+    cq: N::Cq,
+    srq: N::Srq,
+}
+
+/// DC mode with `upgrade_endpoint`: the RC pairs of upgraded VQPs, made by
+/// handshakes carried by messaging (`hs_msg`: no UD endpoint).
+struct Upgrade<N: Nic> {
+    hs: hs_msg::HsMsg<N>,
     pool: RcPool<N>,
 }
 
@@ -314,9 +316,21 @@ pub(crate) struct EngineInner<N: Nic> {
     /// RC fallback mode: the LRU clock of the RC pairs.
     pub(crate) rc_tick: AtomicU64,
     transport: Transport<N>,
-    /// DC mode with `upgrade_endpoint`: the handshake endpoint and the RC
-    /// pairs of upgraded VQPs.
-    upgrade: Option<Box<Fallback<N>>>,
+    /// DC mode with `upgrade_endpoint`: the handshake over messaging and
+    /// the RC pairs of upgraded VQPs.
+    upgrade: Option<Box<Upgrade<N>>>,
+    /// This engine (for the services that need an owning handle: the
+    /// handshake's messaging objects).
+    me: std::sync::Weak<EngineInner<N>>,
+    /// Live [`Engine`] handles; the last one's drop releases the services
+    /// that hold the engine (`hs_msg`, `meta_msg`'s endpoint) and sets
+    /// `released`.
+    handles: AtomicUsize,
+    released: AtomicBool,
+    /// DC mode: the endpoint of meta registration over messaging
+    /// (`meta_msg`); its lock serializes the calls.
+    meta_ep: Mutex<Option<Endpoint<N>>>,
+    meta_next_id: AtomicU64,
     pub(crate) upgrades: AtomicU64,
     pub(crate) downgrades: AtomicU64,
     pub(crate) upgrade_failures: AtomicU64,
@@ -335,39 +349,45 @@ pub(crate) struct EngineInner<N: Nic> {
 }
 
 impl<N: Nic> EngineInner<N> {
-    /// The handshake endpoint (RC fallback mode). DC mode: the upgrade's
-    /// endpoint, if configured AND created already (see
-    /// [`EngineInner::handshake_endpoint`]); never creates it.
+    /// The UD handshake endpoint (RC fallback mode; `None` in DC mode);
+    /// never creates it.
     pub(crate) fn handshake(&self) -> Option<&HandshakeResponder<N>> {
         match &self.transport {
             Transport::Rc(f) => f.ep.get().map(|e| &e.hs),
-            Transport::Dc(_) => self.upgrade.as_ref()?.ep.get().map(|e| &e.hs),
+            Transport::Dc(_) => None,
         }
     }
 
-    /// The handshake endpoint, created on first need in DC mode with
-    /// `upgrade_endpoint` (exactly once, see [`lazy`]): by the first upgrade
-    /// this node initiates, or by [`Engine::handshake_entry`] (a node that
-    /// is an upgrade target registers that entry, which creates the
-    /// endpoint first). Its thread (`cfg.handshake_thread`) starts when it
-    /// becomes reachable ([`HsEndpoint::reachable`]), not here.
+    /// DC mode with `upgrade_endpoint`: the handshake over messaging.
+    pub(crate) fn hs_msg(&self) -> Option<&hs_msg::HsMsg<N>> {
+        self.upgrade.as_ref().map(|u| &u.hs)
+    }
+
+    /// An owning handle of this engine (`None` while it is being dropped).
+    pub(crate) fn arc(&self) -> Option<Arc<EngineInner<N>>> {
+        self.me.upgrade()
+    }
+
+    /// RC fallback mode: the handshake endpoint (created at start; a
+    /// failed start is retried here).
     ///
     /// # Errors
-    /// [`EngineError::Unsupported`] in DC mode without `upgrade_endpoint`,
-    /// or when it must be created in a forked child; [`EngineError::Nic`]
-    /// when the device refuses the UD QP (nothing is kept; the next call
-    /// tries again).
+    /// [`EngineError::Unsupported`] in DC mode (the upgrade's handshake
+    /// travels as messages, `hs_msg`), or when it must be created in a
+    /// forked child; [`EngineError::Nic`] when the device refuses the UD QP.
     pub(crate) fn handshake_endpoint(&self) -> Result<&HandshakeResponder<N>, EngineError> {
-        let f = match &self.transport {
-            Transport::Rc(f) => f,
-            Transport::Dc(_) => self.upgrade.as_ref().ok_or(EngineError::Unsupported {
-                reason: "RC pairs exist only in RC fallback mode or with upgrade_endpoint",
-            })?,
-        };
+        let f =
+            match &self.transport {
+                Transport::Rc(f) => f,
+                Transport::Dc(_) => return Err(EngineError::Unsupported {
+                    reason:
+                        "DC mode has no handshake endpoint (the upgrade's handshake is messaging)",
+                }),
+            };
         self.create_once(
             &f.ep,
             "creating the handshake endpoint in a forked child",
-            || start_endpoint(&self.nic, &self.pd, &self.cfg, false),
+            || start_endpoint(&self.nic, &self.pd, &self.cfg, &f.rx),
         )
         .map(|e| &e.hs)
     }
@@ -377,7 +397,27 @@ impl<N: Nic> EngineInner<N> {
     pub(crate) fn rc_pool(&self) -> Option<&RcPool<N>> {
         match &self.transport {
             Transport::Rc(f) => Some(&f.pool),
-            Transport::Dc(_) => self.upgrade.as_ref().map(|f| &f.pool),
+            Transport::Dc(_) => self.upgrade.as_ref().map(|u| &u.pool),
+        }
+    }
+
+    /// Messaging's receive side: the SRQ and receive CQ (DC mode: the DCT's,
+    /// created on first need; RC fallback mode: those the passive ends of
+    /// peers' pairs share, made at start), and this node's address for
+    /// answers (`dct_num`, `dc_key` of [`Engine::local_target`]).
+    ///
+    /// # Errors
+    /// As [`EngineInner::receiver`] in DC mode.
+    pub(crate) fn msg_rx(&self) -> Result<(N::Srq, N::Cq, u32, u64), EngineError> {
+        match &self.transport {
+            Transport::Dc(_) => {
+                let r = self.receiver()?;
+                Ok((r.srq.clone(), r.cq.clone(), r.dct.qpn(), self.cfg.dc_key))
+            }
+            Transport::Rc(f) => {
+                let t = self.handshake_endpoint()?.target();
+                Ok((f.rx.srq.clone(), f.rx.cq.clone(), t.qpn, u64::from(t.qkey)))
+            }
         }
     }
 
@@ -451,10 +491,7 @@ impl<N: Nic> Drop for EngineInner<N> {
                 m.close();
             }
         }
-        // No endpoint: no pair was ever made.
-        if let Some((f, e)) = self.upgrade.as_ref().and_then(|f| Some((f, f.ep.get()?))) {
-            f.pool.close_all(&e.hs);
-        }
+        // DC mode: the upgrade's pairs send no Close (see `hs_msg`).
     }
 }
 
@@ -468,9 +505,30 @@ pub struct Engine<N: Nic> {
 
 impl<N: Nic> Clone for Engine<N> {
     fn clone(&self) -> Self {
-        Engine {
-            inner: self.inner.clone(),
+        Engine::handle(self.inner.clone())
+    }
+}
+
+impl<N: Nic> Drop for Engine<N> {
+    /// The last handle releases the services that hold the engine (the
+    /// upgrade's handshake over messaging, see `hs_msg`), so that the
+    /// engine is freed once its VQPs, ports and endpoints are gone too.
+    fn drop(&mut self) {
+        if self.inner.handles.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.inner.released.store(true, Ordering::Release);
+            if let Some(hs) = self.inner.hs_msg() {
+                hs.release();
+            }
+            self.inner.release_meta_client();
         }
+    }
+}
+
+impl<N: Nic> Engine<N> {
+    /// A handle of `inner` (counted, see [`EngineInner::handles`]).
+    pub(crate) fn handle(inner: Arc<EngineInner<N>>) -> Engine<N> {
+        inner.handles.fetch_add(1, Ordering::AcqRel);
+        Engine { inner }
     }
 }
 
@@ -492,9 +550,10 @@ impl<N: Nic> Engine<N> {
     ///   DCCache and the meta client (no QP of its own: its READs go through
     ///   DCI 0 of the pool). Nothing else: the DCT with its SRQ and receive
     ///   CQ is created when the node must be reachable, and with
-    ///   `upgrade_endpoint` the handshake endpoint at its first use (see
-    ///   [`Engine::local_target`], [`Engine::handshake_entry`]), unless
-    ///   `cfg.eager_start` creates both here. With `prestart` 0 the start
+    ///   `upgrade_endpoint` the upgrade's handshake port when the node
+    ///   serves upgrades (see [`Engine::local_target`],
+    ///   [`Engine::handshake_entry`]), unless `cfg.eager_start` does both
+    ///   here. With `prestart` 0 the start
     ///   creates no QP at all: a compute node that only issues one-sided
     ///   operations creates one DCI (its first VQP's) before its first get.
     /// - RC fallback mode (no DC): a PD, the handshake endpoint (a UD QP,
@@ -524,24 +583,26 @@ impl<N: Nic> Engine<N> {
             } else {
                 Lazy::new()
             };
-            let up = if cfg.upgrade_endpoint {
-                let ep = if cfg.eager_start {
-                    Lazy::ready(start_endpoint(&nic, &pd, &cfg, true)?)
-                } else {
-                    Lazy::new()
-                };
-                Some(Box::new(Fallback {
-                    ep,
+            let up = cfg.upgrade_endpoint.then(|| {
+                Box::new(Upgrade {
+                    hs: hs_msg::HsMsg::default(),
                     pool: RcPool::default(),
-                }))
-            } else {
-                None
-            };
+                })
+            });
             (Transport::Dc(receiver), up)
         } else {
+            let rx = RcRx {
+                cq: nic
+                    .create_cq(cfg.recv_depth)
+                    .map_err(EngineError::nic("create the receive CQ"))?,
+                srq: nic
+                    .create_srq(&pd, cfg.recv_depth, 1)
+                    .map_err(EngineError::nic("create the SRQ"))?,
+            };
             let f = Fallback {
-                ep: Lazy::ready(start_endpoint(&nic, &pd, &cfg, true)?),
+                ep: Lazy::ready(start_endpoint(&nic, &pd, &cfg, &rx)?),
                 pool: RcPool::default(),
+                rx,
             };
             (Transport::Rc(Box::new(f)), None)
         };
@@ -562,7 +623,17 @@ impl<N: Nic> Engine<N> {
             )?),
             None => None,
         };
-        let inner = Arc::new(EngineInner {
+        let inner = Arc::new_cyclic(|me| EngineInner {
+            me: me.clone(),
+            handles: AtomicUsize::new(0),
+            released: AtomicBool::new(false),
+            meta_ep: Mutex::new(None),
+            meta_next_id: AtomicU64::new(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_nanos() as u64,
+            ),
             cache: DcCache::new(cfg.cache_capacity),
             nic,
             pd,
@@ -591,7 +662,13 @@ impl<N: Nic> Engine<N> {
                 pool.push(Arc::new(PhysQp::dci(&inner, i)?));
             }
         }
-        Ok(Engine { inner })
+        let engine = Engine::handle(inner);
+        if engine.inner.cfg.eager_start {
+            if let Some(hs) = engine.inner.hs_msg() {
+                hs.serve(&engine.inner)?;
+            }
+        }
+        Ok(engine)
     }
 
     /// How the engine reaches other nodes (DC, or the RC fallback).
@@ -599,25 +676,30 @@ impl<N: Nic> Engine<N> {
         self.inner.mode()
     }
 
-    /// RC fallback mode (and DC mode with `upgrade_endpoint`): one
-    /// non-blocking step of the handshake endpoint (answers peers'
-    /// handshakes; see [`HandshakeResponder::progress`]). Needed for this
-    /// node to accept connections (upgrades) unless the engine runs its
-    /// handshake thread. A no-op returning 0 without an endpoint (DC mode:
-    /// also before the endpoint was created, see [`Engine::handshake_entry`];
-    /// nobody can reach it then).
+    /// One non-blocking step of the handshake's responder: answers
+    /// peers' handshakes. RC fallback mode: the UD handshake endpoint (see
+    /// [`HandshakeResponder::progress`]). DC mode with `upgrade_endpoint`,
+    /// once the node serves upgrades ([`Engine::handshake_entry`]): the
+    /// reserved messaging port [`hs_msg::HANDSHAKE_PORT`] (see [`hs_msg`]).
+    /// Needed for this node to accept connections (upgrades) unless the
+    /// engine runs its handshake thread. A no-op returning 0 when there is
+    /// nothing to serve (DC mode: before the node serves upgrades; nobody
+    /// can reach it then).
     ///
     /// # Errors
     /// Provider failures of the endpoint (CQ overflow, a refused post).
     pub fn progress(&self) -> Result<usize, EngineError> {
+        if let Some(hs) = self.inner.hs_msg() {
+            return hs.progress();
+        }
         match self.inner.handshake() {
             Some(hs) => hs.progress(),
             None => Ok(0),
         }
     }
 
-    /// RC fallback mode (and DC mode with `upgrade_endpoint`, once created:
-    /// see [`Engine::handshake_entry`]): the handshake endpoint.
+    /// RC fallback mode: the handshake endpoint (DC mode has none: the
+    /// upgrade's handshake travels as messages, see [`hs_msg`]).
     pub fn handshake_responder(&self) -> Option<&HandshakeResponder<N>> {
         self.inner.handshake()
     }
@@ -676,45 +758,49 @@ impl<N: Nic> Engine<N> {
         }
     }
 
-    /// DC mode with `upgrade_endpoint`: the meta entry naming this node's
-    /// handshake endpoint, for the host to register beside
-    /// [`Engine::local_target`]: GID [`handshake_gid`] of this node's,
-    /// `dct_num` = the endpoint's UD QPN, `dc_key` = its qkey. `Ok(None)` in
-    /// RC fallback mode (the node's own entry names it) and without the
-    /// endpoint.
+    /// DC mode with `upgrade_endpoint`: makes this node serve upgrade
+    /// handshakes, and returns the meta entry that says so, for the host
+    /// to register beside [`Engine::local_target`]: GID [`handshake_gid`]
+    /// of this node's, naming its DCT (`dct_num`, `dc_key`), whose reserved
+    /// messaging port [`hs_msg::HANDSHAKE_PORT`] answers the handshakes
+    /// (no UD QP: see [`hs_msg`]). An initiator looks this entry up before
+    /// it asks for a pair: a node without it is not asked. `Ok(None)` in RC
+    /// fallback mode (the node's own entry names its handshake endpoint)
+    /// and without `upgrade_endpoint`.
     ///
-    /// The endpoint is created by the first call (or by this node's first
-    /// upgrade, or at start with `eager_start`), and with `handshake_thread`
-    /// the first call starts its thread: a node that serves as an upgrade
-    /// target registers this entry, so it answers handshakes from then on.
-    /// A node that only initiates upgrades creates its endpoint at its
-    /// first one and runs no thread (its handshakes drive the endpoint
-    /// while they wait; nobody can address it without this entry).
+    /// The first call creates the DCT (if not yet), the messaging host and
+    /// binds the reserved port; with `handshake_thread` it starts the
+    /// thread serving it, otherwise the host calls [`Engine::progress`]. A
+    /// node that only initiates upgrades never calls it and serves nothing.
     ///
     /// # Errors
-    /// [`EngineError::Nic`] when the device refuses the UD QP (the next
-    /// call tries again); [`EngineError::Unsupported`] in a forked child
-    /// whose parent had not created the endpoint before the fork.
+    /// [`EngineError::Nic`] when the device refuses the DCT or messaging's
+    /// buffers (the next call tries again); [`EngineError::Unsupported`]
+    /// in a forked child, or after the engine's last handle was dropped.
     pub fn handshake_entry(&self) -> Result<Option<DcTarget>, EngineError> {
-        if self.inner.upgrade.is_none() {
+        let Some(hs) = self.inner.hs_msg() else {
             return Ok(None);
-        }
-        let hs = self.inner.handshake_endpoint()?;
-        let t = hs.target();
-        if let Some(f) = &self.inner.upgrade {
-            if let Some(e) = f.ep.get() {
-                e.reachable(&self.inner)?;
-            }
-        }
+        };
+        hs.serve(&self.inner)?;
         Ok(Some(DcTarget {
             gid: handshake_gid(&self.inner.nic.gid()),
-            dct_num: t.qpn,
-            dc_key: u64::from(t.qkey),
+            dct_num: self.inner.receiver()?.dct.qpn(),
+            dc_key: self.inner.cfg.dc_key,
         }))
     }
 
+    /// DC mode with `upgrade_endpoint`: stops serving upgrade handshakes
+    /// (the reserved port is unbound: Requests queued there are discarded,
+    /// their initiators time out; later ones are refused, typed). Pairs
+    /// made before keep working. [`Engine::handshake_entry`] serves again.
+    pub fn stop_serving_upgrades(&self) {
+        if let Some(hs) = self.inner.hs_msg() {
+            hs.stop_serving();
+        }
+    }
+
     /// DC mode: makes (or finds) the RC pair to `gid` now, through a
-    /// handshake with the target's endpoint, so that the VQPs' upgrades to
+    /// handshake (over messaging) with the target's engine, so that the VQPs' upgrades to
     /// it cost no handshake (a VQP moves at its hint or threshold; see
     /// [`Vqp::upgrade`]).
     ///
@@ -842,15 +928,18 @@ impl<N: Nic> Engine<N> {
             },
             handshake_endpoints_created: match &self.inner.transport {
                 Transport::Rc(f) => f.ep.creations(),
-                Transport::Dc(_) => self.inner.upgrade.as_ref().map_or(0, |f| f.ep.creations()),
+                Transport::Dc(_) => 0,
             },
             mode: self.inner.mode(),
             rc: self.inner.rc_pool().map(RcPool::stats).unwrap_or_default(),
-            handshake: self
-                .inner
-                .handshake()
-                .map(HandshakeResponder::stats)
-                .unwrap_or_default(),
+            handshake: match self.inner.hs_msg() {
+                Some(hs) => hs.stats(),
+                None => self
+                    .inner
+                    .handshake()
+                    .map(HandshakeResponder::stats)
+                    .unwrap_or_default(),
+            },
             dcis: pool.len(),
             vqps_created: u64::from(self.inner.next_vqp.load(Ordering::Relaxed) - 1),
             connect_hits: self.inner.hits.load(Ordering::Relaxed),
@@ -932,20 +1021,28 @@ fn start_receiver<N: Nic>(
     Ok(Receiver { cq, srq, dct })
 }
 
-/// A handshake endpoint in the engine's PD; `reachable` (RC fallback mode:
-/// it is the node's address; an eager start) also starts its thread when
-/// `cfg.handshake_thread` is set.
+/// RC fallback mode: the handshake endpoint in the engine's PD (the node's
+/// address), its passive ends sharing `rx` (messages arrive over peers'
+/// pairs), and its thread when `cfg.handshake_thread` is set.
 fn start_endpoint<N: Nic>(
     nic: &Arc<N>,
     pd: &N::Pd,
     cfg: &EngineConfig,
-    reachable: bool,
+    rx: &RcRx<N>,
 ) -> Result<HsEndpoint<N>, EngineError> {
-    let hs = HandshakeResponder::start_shared(nic.clone(), pd.clone(), cfg.handshake.clone())?;
-    let thread = if reachable && cfg.handshake_thread {
+    let hs = HandshakeResponder::start_shared(
+        nic.clone(),
+        pd.clone(),
+        cfg.handshake.clone(),
+        Some((rx.srq.clone(), rx.cq.clone())),
+    )?;
+    let thread = if cfg.handshake_thread {
         Lazy::ready(hs.spawn_progress()?)
     } else {
         Lazy::new()
     };
-    Ok(HsEndpoint { hs, thread })
+    Ok(HsEndpoint {
+        hs,
+        _thread: thread,
+    })
 }

@@ -1,7 +1,20 @@
-//! Two-sided messaging over the node's DCT/SRQ (DC mode): bound [`Port`]s
-//! that receive, [`Endpoint`]s (a VQP each) that push and get replies. The
-//! protocol, header layout and credit accounts are the pure
-//! [`crate::msg`]; this is the host.
+//! Two-sided messaging over the node's SRQ: bound [`Port`]s that receive,
+//! [`Endpoint`]s (a VQP each) that push and get replies. The protocol,
+//! header layout and credit accounts are the pure [`crate::msg`]; this is
+//! the host.
+//!
+//! # Both modes
+//!
+//! DC mode: messages are SENDs from a DCI to the receiver's DCT, whose SRQ
+//! holds the receive buffers. RC fallback mode (no DC: Soft-RoCE): the same
+//! SENDs travel over the per-target RC pairs (a VQP's connect binds it to
+//! its target's pair, made by the UD handshake); the passive ends of peers'
+//! pairs share the receiving node's SRQ and receive CQ (made at start), so
+//! the receive side below is the same code. Message sends are signaled in
+//! RC mode, so that an endpoint or port talking to several nodes can move
+//! its VQP from one pair to the next (a VQP moves only with nothing in
+//! flight). The address an Open carries for answers is the node's
+//! [`Engine::local_target`] (DC: the DCT; RC: the handshake endpoint).
 //!
 //! ```text
 //! MsgNode<N>  (per engine, made by the first bind/endpoint)
@@ -78,11 +91,27 @@
 //! receiver READs it into a registered landing buffer at pop time (one
 //! READ, no SRQ bounce), then sends Release so the sender reuses the buffer.
 //!
+//! # The engine's own services
+//!
+//! Ports from [`super::hs_msg::FIRST_RESERVED_PORT`] on are the engine's
+//! ([`Engine::bind`] refuses them: [`MsgError::ReservedPort`]). The DC ->
+//! RC upgrade's handshake is carried on [`super::hs_msg::HANDSHAKE_PORT`]
+//! (see [`super::hs_msg`]). They take inline messages only: a descriptor
+//! sent there is dropped and counted ([`MsgStats::malformed`]).
+//!
+//! # Reaching a sender registered nowhere
+//!
+//! An Open names its sender's DCT (`dct_num`, `dc_key` in the header): the
+//! receiver answers there even when the sender has no meta entry (a compute
+//! node), by caching it with the lowest epoch (`learn_sender`): any meta
+//! entry for that GID replaces it, it never replaces one.
+//!
 //! # Not supported (typed errors)
 //!
-//! RC fallback mode ([`MsgError::Unsupported`]: the handshake endpoint does
-//! not carry data messages yet; the RC handshake and meta registration keep
-//! their own UD protocol); a forked child.
+//! A forked child ([`MsgError::Unsupported`]: the parent owns the SRQ).
+//! RC fallback mode's own handshake stays on UD (it builds the first pair
+//! to a node: messaging needs the pair), and so does registration with its
+//! meta host ([`super::RcMetaHost`], `krcore_meta::MetaRpc`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -98,7 +127,7 @@ use super::mrs::OwnedMr;
 use super::msg_endpoint::{EndpointShared, Status};
 use super::msg_port::PortShared;
 use super::msg_send::{send_inline, POOL_KEEP};
-use super::{Engine, EngineInner, EngineMode, Transport};
+use super::{Engine, EngineInner};
 use crate::msg::{
     Descriptor, MsgDst, MsgKind, MsgPacket, MsgRepr, RefuseCode, SendWindow, WindowError,
     HEADER_LEN,
@@ -160,6 +189,13 @@ impl Default for MsgConfig {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum MsgError {
+    /// The port is reserved for the engine's own services (from
+    /// [`super::hs_msg::FIRST_RESERVED_PORT`] on: the upgrade handshake).
+    #[error("port {port} is reserved for the engine")]
+    ReservedPort {
+        /// The port.
+        port: u16,
+    },
     /// Messaging is not available here.
     #[error("messaging unsupported: {reason}")]
     Unsupported {
@@ -532,12 +568,7 @@ impl<N: Nic> MsgNode<N> {
         if let Some(m) = eng.msg.get() {
             return Ok(m.clone());
         }
-        let Transport::Dc(_) = &eng.transport else {
-            return Err(MsgError::Unsupported {
-                reason: "RC fallback mode has no DCT/SRQ for messages",
-            });
-        };
-        let r = eng.receiver()?;
+        let (srq, cq, _, _) = eng.msg_rx()?;
         let _guard = eng.msg_init.lock();
         if let Some(m) = eng.msg.get() {
             return Ok(m.clone());
@@ -564,8 +595,7 @@ impl<N: Nic> MsgNode<N> {
         for i in 0..depth {
             let sge = MemoryRegion::sge(&*bufs, i as usize * slot_len, slot_len as u32)
                 .map_err(MsgError::nic("a receive buffer"))?;
-            r.srq
-                .post_recv(&[RecvWr::new(u64::from(i), sge)])
+            srq.post_recv(&[RecvWr::new(u64::from(i), sge)])
                 .map_err(|e| MsgError::Vqp(VqpError::Post(e)))?;
         }
         let node = Arc::new(MsgNode {
@@ -574,8 +604,8 @@ impl<N: Nic> MsgNode<N> {
             slot_len,
             ring_len: slot_len * (eng.cfg.vqp_depth as usize + 1),
             bufs,
-            srq: r.srq.clone(),
-            cq: r.cq.clone(),
+            srq,
+            cq,
             recv: Mutex::new(Receiving::default()),
             ports: RwLock::new(HashMap::new()),
             endpoints: RwLock::new(HashMap::new()),
@@ -795,8 +825,11 @@ impl<N: Nic> MsgNode<N> {
             MsgKind::Open {
                 window,
                 reply_window,
+                dct_num,
+                dc_key,
             } => {
                 bump(&self.counters.control);
+                learn_sender(eng, m.src, dct_num, dc_key);
                 let answer = match &port {
                     None => MsgKind::Refuse(RefuseCode::Unbound),
                     Some(port) => port.admit(from, window, reply_window),
@@ -834,6 +867,13 @@ impl<N: Nic> MsgNode<N> {
                         bump(&self.counters.malformed);
                     }
                 }
+                Ok(())
+            }
+            // The engine's reserved ports take inline messages only (their
+            // payloads are small; a descriptor would make the serving
+            // step READ from a peer): a descriptor there is dropped.
+            MsgKind::Desc { .. } if p >= super::hs_msg::FIRST_RESERVED_PORT => {
+                bump(&self.counters.malformed);
                 Ok(())
             }
             MsgKind::Data { seq, .. } | MsgKind::Desc { seq, .. } => {
@@ -962,18 +1002,37 @@ impl<N: Nic> MsgNode<N> {
         to: Gid,
         m: &MsgRepr,
     ) -> Result<(), MsgError> {
-        let vqp = Engine { inner: eng.clone() }.create_vqp()?;
+        let vqp = Engine::handle(eng.clone()).create_vqp()?;
         let imm = vqp.id().get();
         send_inline(&vqp, to, imm, &m.emit(), self.cfg.timeout, &self.counters)
     }
 }
 
+/// An Open names its sender's DCT: answers go there. A sender this node
+/// has no entry for (a compute node registers nowhere) is cached with the
+/// lowest epoch (0), so that any meta entry replaces it and it never
+/// replaces one; it is dropped like any entry when a send to it fails.
+/// Trust: as the rest of a cluster's control plane, the header's source
+/// is believed (DC carries no verified source).
+fn learn_sender<N: Nic>(eng: &EngineInner<N>, gid: Gid, dct_num: u32, dc_key: u64) {
+    if dct_num != 0 && eng.cache.get(&gid).is_none() {
+        let _ = eng.cache.insert(
+            krcore_nic::DcTarget {
+                gid,
+                dct_num,
+                dc_key,
+            },
+            0,
+        );
+    }
+}
+
 // Mode check used by the SDK's docs: messaging runs in DC mode only.
 impl<N: Nic> Engine<N> {
-    /// Whether this engine can bind ports and push messages (DC mode, not a
-    /// forked child).
+    /// Whether this engine can bind ports and push messages (not in a
+    /// forked child; both modes).
     pub fn msg_supported(&self) -> bool {
-        self.mode() == EngineMode::Dc && !self.inner.forked.load(Ordering::Relaxed)
+        !self.inner.forked.load(Ordering::Relaxed)
     }
 }
 

@@ -215,7 +215,13 @@ impl<N: Nic> Endpoint<N> {
         if let Some(lost) = tx.sent.lost.pop_front() {
             return Err(lost);
         }
-        self.open(&mut tx, key, start)?;
+        // The Open round trip is bounded by the push's wait (a push that
+        // does not wait for credits still waits for the Open).
+        let limit = match wait {
+            Wait::For(t) => t,
+            Wait::No => cfg.timeout,
+        };
+        self.open(&mut tx, key, start, limit)?;
         loop {
             self.node.progress(&self.eng)?;
             let seq = {
@@ -258,6 +264,7 @@ impl<N: Nic> Endpoint<N> {
         tx: &mut EpTx<N>,
         key: (Gid, u16),
         start: Instant,
+        limit: Duration,
     ) -> Result<(), MsgError> {
         let cfg = &self.node.cfg;
         let status = self
@@ -289,12 +296,20 @@ impl<N: Nic> Endpoint<N> {
                 },
             );
         }
+        // Answers come back to this node's DCT: the Open says where, so
+        // that a node registered nowhere gets them too.
+        let (dct_num, dc_key) = match self.eng.msg_rx() {
+            Ok((_, _, n, k)) => (n, k),
+            Err(_) => (0, 0),
+        };
         let open = MsgRepr {
             src: self.eng.nic.gid(),
             dst: MsgDst::Port(key.1),
             kind: MsgKind::Open {
                 window: cfg.window,
                 reply_window: cfg.reply_window,
+                dct_num,
+                dc_key,
             },
         };
         if let Err(e) = send_inline(
@@ -329,7 +344,7 @@ impl<N: Nic> Endpoint<N> {
                 }
                 _ => {}
             }
-            if start.elapsed() >= cfg.timeout {
+            if start.elapsed() >= limit {
                 // Left Opening: a late Grant still opens it.
                 return Err(MsgError::Timeout(start.elapsed()));
             }

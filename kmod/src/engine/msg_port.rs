@@ -127,6 +127,15 @@ impl<N: Nic> Engine<N> {
     /// fallback mode or a forked child; engine errors of the first use
     /// (receive buffers, the port's VQP).
     pub fn bind(&self, port: u16) -> Result<Port<N>, MsgError> {
+        if port >= super::hs_msg::FIRST_RESERVED_PORT {
+            return Err(MsgError::ReservedPort { port });
+        }
+        self.bind_reserved(port)
+    }
+
+    /// [`Engine::bind`] without the reserved-port check (the engine's own
+    /// services).
+    pub(crate) fn bind_reserved(&self, port: u16) -> Result<Port<N>, MsgError> {
         let node = MsgNode::get(&self.inner)?;
         let slots = node.cfg.port_slots;
         if node.ports.read().contains_key(&port) {
@@ -445,6 +454,16 @@ impl<N: Nic> Port<N> {
     /// # Errors
     /// As [`Port::reply`].
     pub fn reply_to(&self, sender: Sender, data: &[u8]) -> Result<(), MsgError> {
+        self.reply_within(sender, data, self.node.cfg.timeout)
+    }
+
+    /// [`Port::reply_to`] waiting at most `timeout` for a reply credit.
+    pub(crate) fn reply_within(
+        &self,
+        sender: Sender,
+        data: &[u8],
+        timeout: Duration,
+    ) -> Result<(), MsgError> {
         let cfg = &self.node.cfg;
         if data.len() > cfg.max_message {
             return Err(MsgError::TooLarge {
@@ -520,7 +539,7 @@ impl<N: Nic> Port<N> {
                 }
                 return r;
             }
-            if start.elapsed() >= cfg.timeout {
+            if start.elapsed() >= timeout {
                 return Err(MsgError::Timeout(start.elapsed()));
             }
             std::thread::yield_now();

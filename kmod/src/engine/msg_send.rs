@@ -109,12 +109,45 @@ pub(crate) fn take_buffer<N: Nic>(
     Ok(OwnedMr::new(mr, &eng.mrs))
 }
 
-/// Points `vqp` at `to` (a DCCache hit after the first time).
+/// Points `vqp` at `to` (a DCCache hit after the first time). RC
+/// fallback mode: a VQP moves to another target's pair only with no WR in
+/// flight; its message sends are signaled there, so reaping them (bounded
+/// by the messaging timeout) lets it move.
 pub(crate) fn aim<N: Nic>(vqp: &Vqp<N>, to: Gid) -> Result<(), MsgError> {
-    if vqp.target().map(|t| t.target.gid) != Some(to) {
-        vqp.connect(to)?;
+    if vqp.target().map(|t| t.target.gid) == Some(to) {
+        return Ok(());
     }
-    Ok(())
+    let start = Instant::now();
+    loop {
+        match vqp.connect(to) {
+            Ok(()) => return Ok(()),
+            Err(e @ super::error::EngineError::VqpBusy { .. }) => {
+                let node = vqp.engine.msg.get().cloned();
+                let timeout = node
+                    .as_ref()
+                    .map_or(Duration::from_secs(5), |n| n.cfg.timeout);
+                if start.elapsed() >= timeout {
+                    return Err(e.into());
+                }
+                if let Some(n) = &node {
+                    reap(vqp, &n.counters)?;
+                }
+                std::thread::yield_now();
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Message sends are unsignaled on DC (the pre-check signals one in
+/// `max_unsignaled`); in RC fallback mode they are signaled, so that a VQP
+/// that sends to several targets can leave one pair for the next
+/// (see [`aim`]).
+fn send_flags<N: Nic>(vqp: &Vqp<N>) -> SendFlags {
+    match vqp.engine.mode() {
+        super::EngineMode::Dc => SendFlags::NONE,
+        _ => SendFlags::SIGNALED,
+    }
 }
 
 /// Counts an error completion of a message send; files a tagged data
@@ -198,7 +231,7 @@ pub(crate) fn send_inline_wr<N: Nic>(
         wr_id,
         op: WrOp::SendImm { imm },
         payload: Payload::Inline(data),
-        flags: SendFlags::NONE,
+        flags: send_flags(vqp),
         dest: krcore_nic::Destination::Connected,
     };
     post_one(vqp, wr, timeout, counters)
@@ -346,6 +379,7 @@ pub(crate) fn send_data<N: Nic>(
             .map_err(MsgError::nic("a staging buffer"))?;
         let wr = SendWr {
             wr_id,
+            flags: send_flags(vqp),
             ..send_wr(sge, imm)
         };
         return post_one(vqp, wr, cfg.timeout, &node.counters);

@@ -202,16 +202,28 @@ pub(crate) fn handshake_target(t: &DcTarget) -> Result<UdTarget, EngineError> {
     })
 }
 
-/// Pairs `qp` (an RC QP of this engine, in RESET) with the responder at
-/// `target` through the engine's handshake endpoint. See [`pair_with`].
+/// Pairs `qp` (an RC QP of this engine, in RESET) with the node at
+/// `target`: RC fallback mode through the engine's UD handshake endpoint
+/// (see [`pair_with`]); DC mode (the upgrade) by a handshake carried by
+/// messaging to the node `target.gid` (`super::hs_msg`; the UD fields are
+/// unused).
 ///
 /// # Errors
-/// As [`pair_with`]; [`EngineError::Unsupported`] in DC mode.
+/// As [`pair_with`]; DC mode: [`EngineError::Unsupported`] without
+/// `upgrade_endpoint` or once the engine's last handle was dropped.
 pub(crate) fn pair_up<N: Nic>(
     eng: &EngineInner<N>,
     qp: &N::Qp,
     target: UdTarget,
 ) -> Result<u64, EngineError> {
+    if let Some(hs) = eng.hs_msg() {
+        let me = eng.arc().ok_or(EngineError::Unsupported {
+            reason: "the engine is being dropped",
+        })?;
+        return pair_via(qp, &eng.cfg.handshake, |qpn| {
+            hs.handshake(&me, qpn, target.gid)
+        });
+    }
     pair_with(eng.handshake_endpoint()?, qp, target)
 }
 
@@ -227,18 +239,27 @@ pub(crate) fn pair_with<N: Nic>(
     qp: &N::Qp,
     target: UdTarget,
 ) -> Result<u64, EngineError> {
+    pair_via(qp, hs.config(), |qpn| hs.handshake(qpn, target))
+}
+
+/// INIT, `exchange` (the handshake, whatever carries it), RTR, RTS; the QP
+/// back in RESET on any failure. Returns the pairing's nonce.
+fn pair_via<Q: QueuePair>(
+    qp: &Q,
+    cfg: &super::HandshakeConfig,
+    exchange: impl FnOnce(u32) -> Result<super::responder::Paired, EngineError>,
+) -> Result<u64, EngineError> {
     let r = (|| {
         qp.modify(Transition::Init {
             access: Access::NONE,
             qkey: 0,
         })
         .map_err(EngineError::nic("bring an RC QP to INIT"))?;
-        let paired = hs.handshake(qp.qpn(), target)?;
+        let paired = exchange(qp.qpn())?;
         qp.modify(Transition::Rtr {
             peer: Some(paired.peer),
         })
         .map_err(EngineError::nic("bring an RC QP to RTR"))?;
-        let cfg = hs.config();
         qp.modify(Transition::Rts {
             rnr_retry: cfg.rnr_retry,
             retry_cnt: cfg.retry_cnt,
@@ -372,6 +393,8 @@ fn make_room<N: Nic>(eng: &EngineInner<N>, pool: &RcPool<N>) -> Result<(), Engin
             pool.stats.lock().evicted += 1;
             if let (Some(hs), Some(l)) = (eng.handshake(), p.rc_link()) {
                 hs.close(p.qpn(), l.handshake, nonce);
+            } else if let (Some(hs), Some(l)) = (eng.hs_msg(), p.rc_link()) {
+                hs.close(eng.nic.gid(), p.qpn(), l.gid, nonce);
             }
             evicted = true;
             break;

@@ -19,7 +19,19 @@ use krcore_nic::{
 use parking_lot::Mutex;
 
 use super::error::{EngineError, HandshakeFailure};
-use super::ud::{Datagram, UdEndpoint, MAX_DATAGRAM};
+// The UD endpoint of the handshake (and of a fallback meta host's RPC) is
+// the meta crate's, the one UD request/reply endpoint of the workspace.
+use krcore_meta::ud::{Incoming as Datagram, UdEndpoint, MAX_DATAGRAM};
+
+/// A UD endpoint's error as the engine's.
+fn ud_err(e: krcore_meta::MetaError) -> EngineError {
+    match e {
+        krcore_meta::MetaError::Nic { op, source } => EngineError::Nic { op, source },
+        krcore_meta::MetaError::Post { op, source } => EngineError::Post { op, source },
+        krcore_meta::MetaError::Config(c) => EngineError::Config(c),
+        other => EngineError::Config(format!("the handshake's UD endpoint: {other}")),
+    }
+}
 use crate::handshake::{HandshakeMessage, HandshakeRepr, RejectCode};
 
 /// The default qkey of a handshake endpoint (ASCII "KRHS").
@@ -127,11 +139,206 @@ struct Passive<N: Nic> {
 
 struct EndpointState<N: Nic> {
     ud: UdEndpoint<N>,
-    passive: HashMap<(Gid, u32), Passive<N>>,
-    passive_cq: N::Cq,
-    tick: u64,
+    passives: Passives<N>,
     incoming: Vec<Datagram>,
+}
+
+/// The responder's side of the handshake: the passive ends of peers'
+/// pairs and the rules that answer a Request or a Close (see
+/// [`HandshakeResponder`] for the invariants). Shared by the two carriers
+/// of the handshake: the UD endpoint (RC fallback mode) and the reserved
+/// messaging port (DC mode, `super::hs_msg`).
+pub(crate) struct Passives<N: Nic> {
+    nic: Arc<N>,
+    pd: N::Pd,
+    cfg: HandshakeConfig,
+    map: HashMap<(Gid, u32), Passive<N>>,
+    cq: N::Cq,
+    /// RC fallback mode with messaging: the node's SRQ and receive CQ, which
+    /// the passive ends share (messages arrive over the peers' pairs).
+    rx: Option<(N::Srq, N::Cq)>,
+    tick: u64,
     wcs: [Wc; 8],
+}
+
+impl<N: Nic> Passives<N> {
+    /// No passive QP yet; their CQ is created here.
+    ///
+    /// # Errors
+    /// [`EngineError::Config`] for a zero `passive_cap`;
+    /// [`EngineError::Nic`] when the device refuses the CQ.
+    pub(crate) fn new(
+        nic: Arc<N>,
+        pd: N::Pd,
+        cfg: HandshakeConfig,
+        rx: Option<(N::Srq, N::Cq)>,
+    ) -> Result<Passives<N>, EngineError> {
+        if cfg.passive_cap == 0 {
+            return Err(EngineError::Config("passive_cap must be at least 1".into()));
+        }
+        let cq = nic
+            .create_cq(64)
+            .map_err(EngineError::nic("create the passive RC CQ"))?;
+        Ok(Passives {
+            nic,
+            pd,
+            cfg,
+            map: HashMap::new(),
+            cq,
+            rx,
+            tick: 0,
+            wcs: [Wc::default(); 8],
+        })
+    }
+
+    /// Passive QPs alive now.
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Passive QPs never post; anything on their CQ (flushes) is noise.
+    pub(crate) fn drain_cq(&mut self) -> Result<(), EngineError> {
+        while self
+            .cq
+            .poll(&mut self.wcs)
+            .map_err(EngineError::nic("poll the passive RC CQ"))?
+            > 0
+        {}
+        Ok(())
+    }
+
+    /// Applies a Close of `(gid, qpn)` paired with `nonce`.
+    pub(crate) fn close(&mut self, gid: Gid, qpn: u32, nonce: u64, stats: &Mutex<HandshakeStats>) {
+        let known = self.map.get(&(gid, qpn)).map(|p| p.nonce);
+        let mut s = stats.lock();
+        if known == Some(nonce) {
+            self.map.remove(&(gid, qpn));
+            s.closed += 1;
+        } else {
+            s.stale += 1;
+        }
+    }
+
+    /// The answer to a Request from `peer` with `nonce` (see the rules on
+    /// [`HandshakeResponder`]): an Accept naming this node's end (`gid`)
+    /// or a Reject; `None` for a stale Request (ignored).
+    pub(crate) fn serve(
+        &mut self,
+        gid: Gid,
+        nonce: u64,
+        peer: RcPeer,
+        stats: &Mutex<HandshakeStats>,
+    ) -> Option<HandshakeMessage> {
+        self.tick += 1;
+        let tick = self.tick;
+        let key = (peer.gid, peer.qpn);
+        let full = self.map.len() >= self.cfg.passive_cap;
+        let answer = match self.map.get_mut(&key) {
+            Some(p) if p.nonce == nonce => {
+                p.stamp = tick;
+                stats.lock().duplicates += 1;
+                Ok(p.qp.qpn())
+            }
+            Some(p) if p.nonce > nonce => {
+                stats.lock().stale += 1;
+                return None;
+            }
+            Some(p) => {
+                p.nonce = nonce;
+                p.stamp = tick;
+                let qpn = p.qp.qpn();
+                match p
+                    .qp
+                    .modify(Transition::Reset)
+                    .and_then(|()| arm(&self.cfg, &p.qp, peer))
+                {
+                    Ok(()) => {
+                        stats.lock().rearmed += 1;
+                        Ok(qpn)
+                    }
+                    Err(_) => {
+                        self.map.remove(&key);
+                        Err(RejectCode::Resources)
+                    }
+                }
+            }
+            None if full && self.cfg.refuse_when_full => Err(RejectCode::Full),
+            None => {
+                if full {
+                    let oldest = self
+                        .map
+                        .iter()
+                        .min_by_key(|(_, p)| p.stamp)
+                        .map(|(k, _)| *k);
+                    if let Some(k) = oldest {
+                        self.map.remove(&k);
+                        stats.lock().passive_evicted += 1;
+                    }
+                }
+                match self.create_passive(peer) {
+                    Ok(qp) => {
+                        let qpn = qp.qpn();
+                        self.map.insert(
+                            key,
+                            Passive {
+                                qp,
+                                nonce,
+                                stamp: tick,
+                            },
+                        );
+                        Ok(qpn)
+                    }
+                    Err(_) => Err(RejectCode::Resources),
+                }
+            }
+        };
+        Some(match answer {
+            Ok(qpn) => {
+                stats.lock().accepted += 1;
+                HandshakeMessage::Accept { gid, qpn }
+            }
+            Err(code) => {
+                stats.lock().rejected += 1;
+                HandshakeMessage::Reject { code }
+            }
+        })
+    }
+
+    fn create_passive(&self, peer: RcPeer) -> krcore_nic::Result<N::Qp> {
+        let qp = self.nic.create_qp(
+            &self.pd,
+            &QpInit {
+                qp_type: QpType::Rc,
+                caps: QpCaps {
+                    max_send_wr: 1,
+                    max_recv_wr: 0,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                },
+                send_cq: &self.cq,
+                recv_cq: self.rx.as_ref().map_or(&self.cq, |r| &r.1),
+                srq: self.rx.as_ref().map(|r| &r.0),
+                dc_key: 0,
+            },
+        )?;
+        arm(&self.cfg, &qp, peer)?;
+        Ok(qp)
+    }
+}
+
+/// RESET -> INIT -> RTR (against `peer`) -> RTS. Peers' one-sided
+/// operations reach this node's MRs through it; each MR's own access flags
+/// still decide what is allowed (as through a DCT).
+fn arm<Q: QueuePair>(cfg: &HandshakeConfig, qp: &Q, peer: RcPeer) -> krcore_nic::Result<()> {
+    qp.modify(Transition::Init {
+        access: Access::ALL,
+        qkey: 0,
+    })?;
+    qp.modify(Transition::Rtr { peer: Some(peer) })?;
+    qp.modify(Transition::Rts {
+        rnr_retry: cfg.rnr_retry,
+        retry_cnt: cfg.retry_cnt,
+    })
 }
 
 /// A meta table served through this endpoint (see `super::rc_meta`).
@@ -144,7 +351,6 @@ pub(crate) struct MetaHook<N: Nic> {
 }
 
 struct Core<N: Nic> {
-    nic: Arc<N>,
     pd: N::Pd,
     cfg: HandshakeConfig,
     gid: Gid,
@@ -247,23 +453,22 @@ impl<N: Nic> HandshakeResponder<N> {
         pd: N::Pd,
         cfg: HandshakeConfig,
     ) -> Result<HandshakeResponder<N>, EngineError> {
-        Self::start_shared(Arc::new(nic), pd, cfg)
+        Self::start_shared(Arc::new(nic), pd, cfg, None)
     }
 
     /// [`HandshakeResponder::start`] on a device handle shared with its
     /// owner (the engine).
+    /// `rx`: the SRQ and receive CQ the passive ends share (RC fallback
+    /// mode: messages arrive over peers' pairs).
     pub(crate) fn start_shared(
         nic: Arc<N>,
         pd: N::Pd,
         cfg: HandshakeConfig,
+        rx: Option<(N::Srq, N::Cq)>,
     ) -> Result<HandshakeResponder<N>, EngineError> {
-        if cfg.passive_cap == 0 {
-            return Err(EngineError::Config("passive_cap must be at least 1".into()));
-        }
-        let ud = UdEndpoint::new(&*nic, &pd, cfg.qkey, cfg.recv_slots, cfg.send_slots)?;
-        let passive_cq = nic
-            .create_cq(64)
-            .map_err(EngineError::nic("create the passive RC CQ"))?;
+        let passives = Passives::new(nic.clone(), pd.clone(), cfg.clone(), rx)?;
+        let ud = UdEndpoint::new(&*nic, &pd, cfg.qkey, cfg.recv_slots, cfg.send_slots)
+            .map_err(ud_err)?;
         // Nonces grow per initiator, across restarts too: start from the
         // wall clock (see crate::handshake).
         let seed = std::time::SystemTime::now()
@@ -273,18 +478,14 @@ impl<N: Nic> HandshakeResponder<N> {
         let (gid, qpn) = (nic.gid(), ud.qpn());
         Ok(HandshakeResponder {
             core: Arc::new(Core {
-                nic,
                 pd,
                 cfg,
                 gid,
                 qpn,
                 ep: Mutex::new(EndpointState {
                     ud,
-                    passive: HashMap::new(),
-                    passive_cq,
-                    tick: 0,
+                    passives,
                     incoming: Vec::new(),
-                    wcs: [Wc::default(); 8],
                 }),
                 mailbox: Mutex::new(HashMap::new()),
                 next_nonce: AtomicU64::new(seed.max(1)),
@@ -317,7 +518,7 @@ impl<N: Nic> HandshakeResponder<N> {
     pub fn stats(&self) -> HandshakeStats {
         let mut s = *self.core.stats.lock();
         let ep = self.core.ep.lock();
-        s.passive_qps = ep.passive.len();
+        s.passive_qps = ep.passives.len();
         s.ud_recoveries = ep.ud.counters.recoveries;
         s.lost_sends += ep.ud.counters.no_credit;
         s
@@ -406,16 +607,10 @@ impl<N: Nic> Core<N> {
             return Ok(0);
         };
         let ep = &mut *ep;
-        // Passive QPs never post; anything on their CQ (flushes) is noise.
-        while ep
-            .passive_cq
-            .poll(&mut ep.wcs)
-            .map_err(EngineError::nic("poll the passive RC CQ"))?
-            > 0
-        {}
+        ep.passives.drain_cq()?;
         let mut incoming = std::mem::take(&mut ep.incoming);
         incoming.clear();
-        let polled = ep.ud.poll_recv(&mut incoming);
+        let polled = ep.ud.poll_recv(&mut incoming).map_err(ud_err);
         let mut result = Ok(());
         for d in &incoming {
             if let Err(e) = self.dispatch(ep, d) {
@@ -459,14 +654,7 @@ impl<N: Nic> Core<N> {
                     self.serve(ep, r.nonce, RcPeer { gid, qpn }, reply_to)
                 }
                 HandshakeMessage::Close { gid, qpn } => {
-                    let known = ep.passive.get(&(gid, qpn)).map(|p| p.nonce);
-                    let mut s = self.stats.lock();
-                    if known == Some(r.nonce) {
-                        ep.passive.remove(&(gid, qpn));
-                        s.closed += 1;
-                    } else {
-                        s.stale += 1;
-                    }
+                    ep.passives.close(gid, qpn, r.nonce, &self.stats);
                     Ok(())
                 }
                 HandshakeMessage::Accept { .. } | HandshakeMessage::Reject { .. } => {
@@ -496,122 +684,17 @@ impl<N: Nic> Core<N> {
         peer: RcPeer,
         reply_to: UdTarget,
     ) -> Result<(), EngineError> {
-        ep.tick += 1;
-        let tick = ep.tick;
-        let key = (peer.gid, peer.qpn);
-        let full = ep.passive.len() >= self.cfg.passive_cap;
-        let answer = match ep.passive.get_mut(&key) {
-            Some(p) if p.nonce == nonce => {
-                p.stamp = tick;
-                self.stats.lock().duplicates += 1;
-                Ok(p.qp.qpn())
-            }
-            Some(p) if p.nonce > nonce => {
-                self.stats.lock().stale += 1;
-                return Ok(());
-            }
-            Some(p) => {
-                p.nonce = nonce;
-                p.stamp = tick;
-                let qpn = p.qp.qpn();
-                match p
-                    .qp
-                    .modify(Transition::Reset)
-                    .and_then(|()| self.arm(&p.qp, peer))
-                {
-                    Ok(()) => {
-                        self.stats.lock().rearmed += 1;
-                        Ok(qpn)
-                    }
-                    Err(_) => {
-                        ep.passive.remove(&key);
-                        Err(RejectCode::Resources)
-                    }
-                }
-            }
-            None if full && self.cfg.refuse_when_full => Err(RejectCode::Full),
-            None => {
-                if ep.passive.len() >= self.cfg.passive_cap {
-                    let oldest = ep
-                        .passive
-                        .iter()
-                        .min_by_key(|(_, p)| p.stamp)
-                        .map(|(k, _)| *k);
-                    if let Some(k) = oldest {
-                        ep.passive.remove(&k);
-                        self.stats.lock().passive_evicted += 1;
-                    }
-                }
-                match self.create_passive(&ep.passive_cq, peer) {
-                    Ok(qp) => {
-                        let qpn = qp.qpn();
-                        ep.passive.insert(
-                            key,
-                            Passive {
-                                qp,
-                                nonce,
-                                stamp: tick,
-                            },
-                        );
-                        Ok(qpn)
-                    }
-                    Err(_) => Err(RejectCode::Resources),
-                }
-            }
-        };
-        let message = match answer {
-            Ok(qpn) => {
-                self.stats.lock().accepted += 1;
-                HandshakeMessage::Accept { gid: self.gid, qpn }
-            }
-            Err(code) => {
-                self.stats.lock().rejected += 1;
-                HandshakeMessage::Reject { code }
-            }
+        let Some(message) = ep.passives.serve(self.gid, nonce, peer, &self.stats) else {
+            return Ok(());
         };
         let sent = ep
             .ud
-            .send(reply_to, &HandshakeRepr { nonce, message }.emit())?;
+            .send_bytes(reply_to, &HandshakeRepr { nonce, message }.emit())
+            .map_err(ud_err)?;
         if !sent {
             self.stats.lock().lost_sends += 1;
         }
         Ok(())
-    }
-
-    fn create_passive(&self, cq: &N::Cq, peer: RcPeer) -> krcore_nic::Result<N::Qp> {
-        let qp = self.nic.create_qp(
-            &self.pd,
-            &QpInit {
-                qp_type: QpType::Rc,
-                caps: QpCaps {
-                    max_send_wr: 1,
-                    max_recv_wr: 0,
-                    max_send_sge: 1,
-                    max_recv_sge: 1,
-                },
-                send_cq: cq,
-                recv_cq: cq,
-                srq: None,
-                dc_key: 0,
-            },
-        )?;
-        self.arm(&qp, peer)?;
-        Ok(qp)
-    }
-
-    /// RESET -> INIT -> RTR (against `peer`) -> RTS. Peers' one-sided
-    /// operations reach this node's MRs through it; each MR's own access
-    /// flags still decide what is allowed (as through a DCT).
-    fn arm(&self, qp: &N::Qp, peer: RcPeer) -> krcore_nic::Result<()> {
-        qp.modify(Transition::Init {
-            access: Access::ALL,
-            qkey: 0,
-        })?;
-        qp.modify(Transition::Rtr { peer: Some(peer) })?;
-        qp.modify(Transition::Rts {
-            rnr_retry: self.cfg.rnr_retry,
-            retry_cnt: self.cfg.retry_cnt,
-        })
     }
 
     fn serve_meta(
@@ -637,7 +720,7 @@ impl<N: Nic> Core<N> {
             qpn: d.src_qp,
             qkey: self.cfg.qkey,
         };
-        if !ep.ud.send(dest, &buf[..len])? {
+        if !ep.ud.send_bytes(dest, &buf[..len]).map_err(ud_err)? {
             self.stats.lock().lost_sends += 1;
         }
         Ok(())
@@ -651,7 +734,7 @@ impl<N: Nic> Core<N> {
                 qpn: local_qpn,
             },
         };
-        let sent = self.ep.lock().ud.send(target, &msg.emit());
+        let sent = self.ep.lock().ud.send_bytes(target, &msg.emit());
         if matches!(sent, Ok(true)) {
             self.stats.lock().closes_sent += 1;
         }
@@ -727,8 +810,8 @@ impl<N: Nic> Core<N> {
             self.ep
                 .lock()
                 .ud
-                .send(target, &request)
-                .map_err(Exchange::Engine)?;
+                .send_bytes(target, &request)
+                .map_err(|e| Exchange::Engine(ud_err(e)))?;
             self.stats.lock().requests_sent += 1;
             let deadline = Instant::now() + self.cfg.timeout;
             loop {

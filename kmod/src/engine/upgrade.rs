@@ -4,18 +4,19 @@
 //! configured (`EngineConfig::upgrade_endpoint` on both ends, and
 //! `upgrade_after` or a hint), a VQP that is hot on one target moves its
 //! state to an RC pair with that target: the same pairs as the RC fallback
-//! mode ([`super::rc`]: one per target GID, made by a UD handshake with the
-//! target's endpoint, at most `rc_cap`, least recently used idle pair
-//! evicted), in the same PD.
+//! mode ([`super::rc`]: one per target GID, at most `rc_cap`, least
+//! recently used idle pair evicted), in the same PD, each made by one
+//! handshake carried by two-sided messaging to the target's reserved port
+//! ([`super::hs_msg`]; the RC fallback's payloads, no UD QP).
 //!
-//! # Where the target's endpoint is
+//! # Which targets serve upgrades
 //!
-//! A DC node's meta entry names its DCT. Its handshake endpoint is
-//! registered as a second entry, under [`handshake_gid`] of the node's GID
-//! (`dct_num` = UD QPN, `dc_key` = qkey; see
-//! [`super::Engine::handshake_entry`]), resolved through the DCCache like
-//! any target. No entry: the upgrade fails ([`super::EngineError::UnknownNode`])
-//! and the VQP stays on its DCI.
+//! A DC node's meta entry names its DCT. A node that serves upgrades
+//! registers a second entry, under [`handshake_gid`] of its GID (naming the
+//! same DCT; see [`super::Engine::handshake_entry`]), resolved through the
+//! DCCache like any target. No entry: the upgrade fails
+//! ([`super::EngineError::UnknownNode`]) and the VQP stays on its DCI,
+//! without a message sent. The handshake then goes to the node's own GID.
 //!
 //! # When a VQP moves
 //!
@@ -86,7 +87,7 @@ pub enum VqpTransport {
     Rc,
 }
 
-/// The name of `gid`'s handshake endpoint in the meta table (DC mode): the
+/// The name of `gid`'s upgrade entry in the meta table (DC mode): the
 /// GID with bit 0 of its first byte flipped. Port GIDs never collide with
 /// it: link-local `fe80::` becomes multicast `ff80::`, IPv4-mapped `::ffff:`
 /// becomes the discard prefix `0100::`, and on `sim` the first byte is the
@@ -98,7 +99,8 @@ pub fn handshake_gid(gid: &Gid) -> Gid {
 }
 
 /// The RC pair to the node `gid` for the upgrade: existing, or made by a
-/// handshake with the endpoint registered under [`handshake_gid`].
+/// handshake (over messaging) with a node that registered [`handshake_gid`]
+/// of its GID.
 pub(crate) fn pair_for<N: Nic>(
     eng: &EngineInner<N>,
     gid: &Gid,
@@ -112,10 +114,14 @@ pub(crate) fn pair_for<N: Nic>(
     // the parent's locks, not the child's copies): a child never posts on
     // them, nor makes its own.
     super::fork::refuse_in_child(eng, "the DC -> RC upgrade in a forked child")?;
+    // The entry says the node serves upgrades (on its DCT's reserved
+    // messaging port); the handshake goes to the node's GID.
     let t = super::resolve(eng, &handshake_gid(gid))?;
-    let mut hs = super::rc::handshake_target(&t.target)?;
-    // The entry's GID is the endpoint's name; datagrams go to the node's.
-    hs.gid = *gid;
+    let hs = krcore_nic::UdTarget {
+        gid: *gid,
+        qpn: t.target.dct_num,
+        qkey: 0,
+    };
     super::rc::acquire_with(eng, *gid, hs)
 }
 

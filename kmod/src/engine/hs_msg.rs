@@ -1,0 +1,471 @@
+//! DC mode: the DC -> RC upgrade's handshake carried by two-sided messaging.
+//!
+//! The handshake's payloads are the RC fallback's ([`crate::handshake`]:
+//! Request, Accept, Reject, Close, with their nonces); only the carrier
+//! differs. In DC mode they travel as messages to a reserved port of the
+//! target's DCT/SRQ, [`HANDSHAKE_PORT`], and the answers come back over
+//! messaging's reply path (the initiator's endpoint's reply ring), with
+//! messaging's credits, sequence checks and loss reports. A DC engine thus
+//! needs no UD QP for upgrades, on either end.
+//!
+//! ```text
+//! initiator (builder thread / hint)              target
+//!   Endpoint (engine's own) --- Open ----------->  DCT/SRQ demux: Grant
+//!     push Request{nonce, gid, qpn} ------------>  reserved Port ring
+//!                                                  served by Engine::progress
+//!                                                  or the handshake thread:
+//!                                                  Passives::serve -> passive QP
+//!     pop_reply <--- reply Accept{qpn} | Reject --  Port::reply
+//!   RTR/RTS against the Accept
+//!     push Close{nonce} (eviction, timeout) ---->  Passives::close
+//! ```
+//!
+//! # Who serves the reserved port
+//!
+//! Nothing unless the node serves upgrades: [`super::Engine::handshake_entry`]
+//! (what a target calls to register its upgrade entry) or `eager_start`
+//! binds [`HANDSHAKE_PORT`]. Requests that arrive there wait in its ring
+//! until one of these pops them:
+//! - [`super::Engine::progress`] (non-blocking; the host calls it), or
+//! - with `EngineConfig::handshake_thread`, the engine's thread
+//!   `krcore-handshake`, started when the port is bound and stopped (joined)
+//!   when the engine's last handle goes;
+//! - and an initiator of this node waiting for its own answer (so two
+//!   engines without threads that upgrade to each other at once answer each
+//!   other while they wait, as over UD).
+//!
+//! The messaging layer's Open and credits are handled by whoever drains the
+//! receive CQ (any messaging call, [`super::Engine::msg_progress`], the
+//! messaging thread, and the serving step above). If nobody does, the
+//! initiator's wait ends with a typed [`HandshakeFailure::Timeout`]: every
+//! wait is bounded by `handshake.timeout` per attempt and `handshake.retries`
+//! attempts (a Request is re-sent with the same nonce; the target answers a
+//! repeated nonce with the same QP, so retries are idempotent).
+//!
+//! # Locks
+//!
+//! Handshakes of one engine are serialized by the client's lock (held for
+//! one handshake; the RC pair cache serializes creations anyway); the
+//! serving step takes the passive QPs' lock (try-lock: one server at a
+//! time). Neither is on the data path: the VQPs' posts never take them.
+//!
+//! # Lifetime
+//!
+//! The reserved port and the initiator's endpoint are messaging objects,
+//! which hold the engine; the engine holds them here. The cycle is broken
+//! when the engine's last [`super::Engine`] handle is dropped
+//! (`HsMsg::release`): the port is unbound, the endpoint dropped, the
+//! thread stopped; after that this node neither serves nor starts upgrades
+//! (typed [`EngineError::Unsupported`]), while its remaining VQPs keep
+//! working. Pairs still open when the engine goes send no Close (a target
+//! reclaims their passive ends at `passive_cap`, as for a crashed peer).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use krcore_nic::{Gid, Nic, RcPeer};
+use parking_lot::Mutex;
+
+use super::error::{EngineError, HandshakeFailure};
+use super::msg::{MsgError, Worker};
+use super::msg_endpoint::Endpoint;
+use super::msg_port::Port;
+use super::responder::{HandshakeStats, Paired, Passives};
+use super::{Engine, EngineInner};
+use crate::handshake::{HandshakeMessage, HandshakeRepr};
+
+/// The reserved messaging port a DC engine serves the upgrade handshake on.
+/// [`super::Engine::bind`] refuses it (and every port from
+/// [`FIRST_RESERVED_PORT`] on) to users.
+pub const HANDSHAKE_PORT: u16 = 0xffff;
+
+/// The first port reserved for the engine's own services
+/// ([`HANDSHAKE_PORT`]; the rest for later services).
+pub const FIRST_RESERVED_PORT: u16 = 0xfff0;
+
+/// Longest the serving step waits for a reply credit: an initiator that
+/// gave up leaves its replies unpopped, and the server must not stall on
+/// it (the answer is counted lost; a retry of the Request gets it again).
+const REPLY_WAIT: Duration = Duration::from_millis(5);
+
+/// The serving side: the reserved port and the passive ends it made.
+struct Server<N: Nic> {
+    port: Port<N>,
+    passives: Mutex<Passives<N>>,
+}
+
+/// The handshake over messaging of one DC engine with `upgrade_endpoint`
+/// (see the module docs).
+pub(crate) struct HsMsg<N: Nic> {
+    stats: Mutex<HandshakeStats>,
+    next_nonce: AtomicU64,
+    server: Mutex<Option<Arc<Server<N>>>>,
+    /// The initiator's endpoint; its lock serializes this node's handshakes.
+    client: Mutex<Option<Endpoint<N>>>,
+    thread: Mutex<Option<Worker>>,
+    /// Set when the engine's last handle went (see the module docs).
+    closed: AtomicBool,
+}
+
+impl<N: Nic> Default for HsMsg<N> {
+    fn default() -> HsMsg<N> {
+        // Nonces grow per initiator, across restarts too: start from the
+        // wall clock (see crate::handshake).
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos() as u64;
+        HsMsg {
+            stats: Mutex::new(HandshakeStats::default()),
+            next_nonce: AtomicU64::new(seed.max(1)),
+            server: Mutex::new(None),
+            client: Mutex::new(None),
+            thread: Mutex::new(None),
+            closed: AtomicBool::new(false),
+        }
+    }
+}
+
+fn closed_error() -> EngineError {
+    EngineError::Unsupported {
+        reason: "the engine's last handle was dropped: upgrades are no longer served or started",
+    }
+}
+
+fn msg_error(gid: Gid, e: MsgError) -> EngineError {
+    match e {
+        MsgError::Engine(e) => e,
+        MsgError::Refused { code, .. } => EngineError::Handshake {
+            gid,
+            failure: HandshakeFailure::Refused(code),
+        },
+        other => EngineError::Config(format!("the handshake's messaging: {other}")),
+    }
+}
+
+impl<N: Nic> HsMsg<N> {
+    /// Statistics of both sides (passive QPs counted now).
+    pub(crate) fn stats(&self) -> HandshakeStats {
+        let mut s = *self.stats.lock();
+        if let Some(srv) = self.server.lock().clone() {
+            s.passive_qps = srv.passives.lock().len();
+        }
+        s
+    }
+
+    /// Binds the reserved port (once) and, with `handshake_thread`, starts
+    /// the thread serving it.
+    ///
+    /// # Errors
+    /// [`EngineError::Unsupported`] after [`HsMsg::release`] or in a forked
+    /// child; messaging's errors of the first use (DCT, receive buffers,
+    /// the port's VQP), as engine errors.
+    pub(crate) fn serve(&self, eng: &Arc<EngineInner<N>>) -> Result<(), EngineError> {
+        let mut server = self.server.lock();
+        if server.is_some() {
+            return Ok(());
+        }
+        if self.closed.load(Ordering::Acquire) {
+            return Err(closed_error());
+        }
+        super::fork::refuse_in_child(eng, "serving upgrades in a forked child")?;
+        let gid = eng.nic.gid();
+        let port = Engine::handle(eng.clone())
+            .bind_reserved(HANDSHAKE_PORT)
+            .map_err(|e| msg_error(gid, e))?;
+        let passives = Passives::new(
+            eng.nic.clone(),
+            eng.pd.clone(),
+            eng.cfg.handshake.clone(),
+            None,
+        )?;
+        *server = Some(Arc::new(Server {
+            port,
+            passives: Mutex::new(passives),
+        }));
+        drop(server);
+        if eng.cfg.handshake_thread {
+            let stop = Arc::new(AtomicBool::new(false));
+            let (flag, weak, sleep) = (
+                stop.clone(),
+                Arc::downgrade(eng),
+                eng.cfg.handshake.idle_sleep,
+            );
+            let handle = std::thread::Builder::new()
+                .name("krcore-handshake".into())
+                .spawn(move || run(&weak, &flag, sleep))
+                .map_err(|e| EngineError::Config(format!("spawn the handshake thread: {e}")))?;
+            *self.thread.lock() = Some(Worker {
+                stop,
+                handle: Some(handle),
+            });
+        }
+        Ok(())
+    }
+
+    /// Stops serving: the reserved port is unbound (Requests queued there
+    /// are discarded; later ones are refused), the thread stopped.
+    pub(crate) fn stop_serving(&self) {
+        let worker = self.thread.lock().take();
+        drop(worker);
+        let server = self.server.lock().take();
+        drop(server);
+    }
+
+    /// The engine's last handle went: break the cycle (see the module docs).
+    pub(crate) fn release(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.stop_serving();
+        // A handshake in progress holds the client: it drops the endpoint
+        // itself when it ends.
+        if let Some(mut c) = self.client.try_lock() {
+            c.take();
+        }
+    }
+
+    /// One non-blocking serving step: pops what the reserved port holds and
+    /// answers it. Returns the messages handled (0 when not serving, or
+    /// another thread is serving right now).
+    ///
+    /// # Errors
+    /// Provider failures of the passive CQ or the receive path.
+    pub(crate) fn progress(&self) -> Result<usize, EngineError> {
+        let Some(srv) = self.server.lock().clone() else {
+            return Ok(0);
+        };
+        let Some(mut passives) = srv.passives.try_lock() else {
+            return Ok(0);
+        };
+        passives.drain_cq()?;
+        let mut handled = 0;
+        loop {
+            let msg = match srv.port.try_pop() {
+                Ok(Some(m)) => m,
+                Ok(None) => return Ok(handled),
+                Err(MsgError::Engine(e)) => return Err(e),
+                // A message that failed on the way (counted by messaging).
+                Err(_) => {
+                    self.stats.lock().dropped += 1;
+                    continue;
+                }
+            };
+            handled += 1;
+            let Ok(r) = HandshakeRepr::parse_bytes(&msg.to_vec()) else {
+                self.stats.lock().dropped += 1;
+                continue;
+            };
+            match r.message {
+                // The Request names its sender's port; messaging says who
+                // sent it: they must agree.
+                HandshakeMessage::Request { gid, qpn, .. } if gid == msg.from.gid => {
+                    let local = srv.port.eng.nic.gid();
+                    let peer = RcPeer { gid, qpn };
+                    let Some(answer) = passives.serve(local, r.nonce, peer, &self.stats) else {
+                        continue;
+                    };
+                    let reply = HandshakeRepr {
+                        nonce: r.nonce,
+                        message: answer,
+                    }
+                    .emit();
+                    if srv.port.reply_within(msg.from, &reply, REPLY_WAIT).is_err() {
+                        self.stats.lock().lost_sends += 1;
+                    }
+                }
+                HandshakeMessage::Close { gid, qpn } if gid == msg.from.gid => {
+                    passives.close(gid, qpn, r.nonce, &self.stats);
+                }
+                _ => self.stats.lock().dropped += 1,
+            }
+        }
+    }
+
+    /// Pairs `local_qpn` (an RC QP of this node, in INIT) with the node
+    /// `gid`: Request, then its answer, retried with the same nonce.
+    ///
+    /// # Errors
+    /// [`EngineError::Handshake`]: no answer in `(1 + retries) * timeout`
+    /// ([`HandshakeFailure::Timeout`]), refused by the target
+    /// ([`HandshakeFailure::Rejected`], or [`HandshakeFailure::Refused`]
+    /// when it does not serve upgrades or its port is busy), answered by
+    /// another node; [`EngineError::Unsupported`] after the engine's last
+    /// handle went; engine errors of messaging.
+    pub(crate) fn handshake(
+        &self,
+        eng: &Arc<EngineInner<N>>,
+        local_qpn: u32,
+        gid: Gid,
+    ) -> Result<Paired, EngineError> {
+        let mut client = self.client.lock();
+        if self.closed.load(Ordering::Acquire) {
+            client.take();
+            return Err(closed_error());
+        }
+        if client.is_none() {
+            let ep = Engine::handle(eng.clone())
+                .endpoint()
+                .map_err(|e| msg_error(gid, e))?;
+            *client = Some(ep);
+        }
+        let Some(ep) = client.as_ref() else {
+            return Err(closed_error());
+        };
+        let r = self.exchange(ep, eng.nic.gid(), local_qpn, gid, &eng.cfg.handshake);
+        if self.closed.load(Ordering::Acquire) {
+            client.take();
+        }
+        r
+    }
+
+    fn exchange(
+        &self,
+        ep: &Endpoint<N>,
+        local: Gid,
+        local_qpn: u32,
+        gid: Gid,
+        cfg: &super::HandshakeConfig,
+    ) -> Result<Paired, EngineError> {
+        // Late answers to earlier handshakes.
+        while let Ok(Some(_)) = ep.try_pop_reply() {
+            self.stats.lock().stale += 1;
+        }
+        let nonce = self.next_nonce.fetch_add(1, Ordering::Relaxed);
+        let request = HandshakeRepr {
+            nonce,
+            message: HandshakeMessage::Request {
+                gid: local,
+                qpn: local_qpn,
+                reply_qkey: 0,
+            },
+        }
+        .emit();
+        let attempts = cfg.retries.saturating_add(1);
+        let start = Instant::now();
+        for attempt in 0..attempts {
+            if attempt > 0 {
+                self.stats.lock().retries += 1;
+            }
+            match ep.push_timeout(gid, HANDSHAKE_PORT, &request, cfg.timeout) {
+                Ok(()) => self.stats.lock().requests_sent += 1,
+                // No Grant or no credit in time (nobody drains the target),
+                // or an earlier message of this endpoint was lost: the
+                // attempt is spent.
+                Err(MsgError::Timeout(_) | MsgError::Lost { .. }) => continue,
+                Err(e @ MsgError::Refused { .. }) => {
+                    self.stats.lock().refused += 1;
+                    return Err(msg_error(gid, e));
+                }
+                Err(e) => return Err(msg_error(gid, e)),
+            }
+            let deadline = Instant::now() + cfg.timeout;
+            loop {
+                // This node's own server too (see the module docs).
+                let _ = self.progress();
+                if let Ok(Some(m)) = ep.try_pop_reply() {
+                    match HandshakeRepr::parse_bytes(&m.to_vec()) {
+                        Ok(r) if r.nonce == nonce && m.from.gid == gid => {
+                            return self.answered(gid, nonce, r.message);
+                        }
+                        _ => self.stats.lock().stale += 1,
+                    }
+                    continue;
+                }
+                if Instant::now() >= deadline {
+                    break;
+                }
+                std::thread::yield_now();
+            }
+        }
+        self.stats.lock().timeouts += 1;
+        // A target that was only slow may still act on the Request: tell
+        // it the QP is gone (best effort, no wait).
+        self.send_close(ep, local, local_qpn, gid, nonce);
+        Err(EngineError::Handshake {
+            gid,
+            failure: HandshakeFailure::Timeout {
+                attempts,
+                waited: start.elapsed(),
+            },
+        })
+    }
+
+    fn answered(
+        &self,
+        gid: Gid,
+        nonce: u64,
+        message: HandshakeMessage,
+    ) -> Result<Paired, EngineError> {
+        let failure = match message {
+            HandshakeMessage::Accept { gid: peer, qpn } if peer == gid => {
+                self.stats.lock().paired += 1;
+                return Ok(Paired {
+                    peer: RcPeer { gid: peer, qpn },
+                    nonce,
+                });
+            }
+            HandshakeMessage::Accept { gid: peer, .. } => HandshakeFailure::WrongPeer { gid: peer },
+            HandshakeMessage::Reject { code } => {
+                self.stats.lock().refused += 1;
+                HandshakeFailure::Rejected(code)
+            }
+            _ => HandshakeFailure::Rejected(crate::handshake::RejectCode::Malformed),
+        };
+        Err(EngineError::Handshake { gid, failure })
+    }
+
+    fn send_close(&self, ep: &Endpoint<N>, local: Gid, local_qpn: u32, gid: Gid, nonce: u64) {
+        let close = HandshakeRepr {
+            nonce,
+            message: HandshakeMessage::Close {
+                gid: local,
+                qpn: local_qpn,
+            },
+        }
+        .emit();
+        if ep.try_push(gid, HANDSHAKE_PORT, &close).is_ok() {
+            self.stats.lock().closes_sent += 1;
+        }
+    }
+
+    /// Tells `gid` that `local_qpn` (paired with `nonce`) is gone (best
+    /// effort: skipped while a handshake holds the endpoint, and when the
+    /// channel has no credit).
+    pub(crate) fn close(&self, local: Gid, local_qpn: u32, gid: Gid, nonce: u64) {
+        let Some(client) = self.client.try_lock() else {
+            return;
+        };
+        if let Some(ep) = client.as_ref() {
+            self.send_close(ep, local, local_qpn, gid, nonce);
+        }
+    }
+}
+
+/// The handshake thread: serves the reserved port until stopped or the
+/// engine is gone.
+fn run<N: Nic>(eng: &Weak<EngineInner<N>>, stop: &AtomicBool, idle_sleep: Duration) {
+    const SPIN_POLLS: u32 = 64;
+    let mut idle = 0u32;
+    while !stop.load(Ordering::Acquire) {
+        let Some(e) = eng.upgrade() else { return };
+        let n = match e.hs_msg() {
+            Some(hs) => hs.progress(),
+            None => Ok(0),
+        };
+        if n.is_err() {
+            if let Some(hs) = e.hs_msg() {
+                hs.stats.lock().thread_errors += 1;
+            }
+        }
+        // Possibly the engine's last reference: dropping it ends the loop.
+        drop(e);
+        match n {
+            Ok(n) if n > 0 => idle = 0,
+            Ok(_) if idle < SPIN_POLLS => {
+                idle += 1;
+                std::thread::yield_now();
+            }
+            _ => std::thread::sleep(idle_sleep),
+        }
+    }
+}

@@ -1,0 +1,520 @@
+//! DC mode: meta registration carried by two-sided messaging.
+//!
+//! The meta server becomes a messaging peer: [`MsgMetaHost`] is the meta
+//! table hosted by an engine, READ by clients through that engine's DCT (no
+//! server CPU), and served for Register/Renew/Deregister/BootstrapRequest
+//! on the reserved port [`META_PORT`] of the same DCT/SRQ, with messaging's
+//! receive protocol (the sender's VQP id in the immediate, credits, replies
+//! to the sender's endpoint). Nodes call [`Engine::meta_register`],
+//! [`Engine::meta_renew`], [`Engine::meta_deregister`].
+//!
+//! ```text
+//! node engine                                   meta node's engine
+//!   Endpoint (engine's own) --- Open --------->  DCT/SRQ demux: Grant
+//!     push Register/Renew/.. (meta wire) ----->  reserved Port META_PORT
+//!                                                MsgMetaHost::progress:
+//!                                                MetaTable::handle -> Ok/Err
+//!     pop_reply <--- reply Ok(lease) | Err ----  Port::reply
+//!   lookups: READ bucket via a DCI  -------->   table MR behind the DCT (no CPU)
+//! ```
+//!
+//! # Why here (kmod), not in the meta crate
+//!
+//! Messaging is the engine's (`kmod` depends on `krcore-meta` for the table
+//! layout, not the other way round). Hosting the table in an engine reuses
+//! all of messaging, receive demultiplexing, credits, replies, loss reports
+//! and malformed-input counting, instead of a second implementation of the
+//! protocol in the meta crate; the meta crate keeps the pure parts both
+//! sides share (table layout, [`MetaTable`], the request wire format
+//! [`krcore_meta::wire`]) and its UD-served `MetaServer` for clients that
+//! have no engine. As [`super::RcMetaHost`] hosts the table in RC fallback
+//! mode, [`MsgMetaHost`] hosts it in DC mode.
+//!
+//! # Invariants (those of a meta server)
+//!
+//! - The host's CPU touches only two-sided requests: lookups are one-sided
+//!   READs of the table MR through the engine's DCT.
+//! - Bad input never stops it: bytes that are not a meta request get an
+//!   `Err` reply or are dropped, counted ([`MetaHostStats`]); a failed reply
+//!   is counted; messaging drops and counts what breaks its own protocol.
+//! - Leases are swept by every serving step, at most every
+//!   `lease_sweep_ms` (the host's clock: ms since start, or the caller's in
+//!   [`MsgMetaHost::progress_at`]).
+//!
+//! # Who serves
+//!
+//! [`MsgMetaHost::progress`] (non-blocking; the host calls it) or the thread
+//! of [`MsgMetaHost::spawn`]. Nobody serving: clients' calls end with a
+//! bounded, typed [`EngineError::MetaUnavailable`].
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use krcore_meta::engine::{Lease, MetaTable};
+use krcore_meta::mr_table::MrTable;
+use krcore_meta::wire::{BootstrapRepr, ErrorCode, Message as MetaMessage, RegisterRepr, Repr};
+use krcore_meta::MetaConfig;
+use krcore_nic::{Access, DcTarget, Gid, MemoryRegion, Nic, UdTarget};
+use parking_lot::{Mutex, MutexGuard};
+
+use super::error::{EngineError, MetaFailure};
+use super::meta::MetaLocation;
+use super::mrs::OwnedMr;
+use super::msg::{MsgError, Worker};
+use super::msg_port::Port;
+use super::{Engine, EngineInner, EngineMode};
+
+/// The reserved messaging port a [`MsgMetaHost`] serves requests on.
+pub const META_PORT: u16 = 0xfffe;
+
+/// Longest the host waits for a reply credit (a client that gave up leaves
+/// its replies unpopped; the host must not stall on it).
+const REPLY_WAIT: Duration = Duration::from_millis(5);
+
+/// Requests re-sent after a timeout by [`Engine::meta_register`] and the
+/// others (each waits `EngineConfig::meta_timeout`).
+pub const META_RPC_RETRIES: u32 = 2;
+
+/// Largest meta message (a bootstrap reply is the longest).
+const META_MAX: usize = 256;
+
+/// What a [`MsgMetaHost`] did (totals since start).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MetaHostStats {
+    /// Requests answered (each got a reply, possibly `Err`).
+    pub requests: u64,
+    /// Of those, answered with `Err(Malformed | UnsupportedVersion |
+    /// UnexpectedMessage)`.
+    pub malformed: u64,
+    /// Messages that were not meta requests at all: dropped, no reply.
+    pub dropped: u64,
+    /// Replies that could not be sent (the client stopped popping, or is
+    /// gone): counted, the client's call times out.
+    pub reply_failures: u64,
+    /// Lease sweeps run.
+    pub sweeps: u64,
+    /// Registrations removed by sweeps.
+    pub swept: u64,
+}
+
+/// The meta table hosted by a DC engine, served over messaging (see the
+/// module docs). `Send + Sync`.
+pub struct MsgMetaHost<N: Nic> {
+    engine: Engine<N>,
+    port: Port<N>,
+    table: Mutex<MetaTable<MrTable<N::Mr>>>,
+    _mr: OwnedMr<N>,
+    bootstrap: BootstrapRepr,
+    started: Instant,
+    sweep_every_ms: u64,
+    next_sweep_ms: AtomicU64,
+    stats: Mutex<MetaHostStats>,
+}
+
+impl<N: Nic> std::fmt::Debug for MsgMetaHost<N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MsgMetaHost")
+            .field("bootstrap", &self.bootstrap)
+            .field("stats", &*self.stats.lock())
+            .finish()
+    }
+}
+
+fn wall_clock() -> Duration {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+}
+
+impl<N: Nic> MsgMetaHost<N> {
+    /// Hosts a meta table on `engine` (DC mode): the table MR
+    /// (`REMOTE_READ | LOCAL_WRITE`, zeroed) in the engine's PD, the DCT
+    /// clients READ it through (created if not yet), and the reserved port
+    /// [`META_PORT`] bound for requests.
+    ///
+    /// From `meta` it takes `geometry`, `first_epoch`, `incarnation` and
+    /// `lease_sweep_ms` (the DCT's key is the engine's `dc_key`; `qkey` and
+    /// slot counts are not used: there is no UD QP).
+    ///
+    /// # Errors
+    /// [`EngineError::Unsupported`] in RC fallback mode (see
+    /// [`super::RcMetaHost`]), or when the port is already served;
+    /// [`EngineError::Config`] for a table larger than memory;
+    /// [`EngineError::Nic`] when the provider refuses an object.
+    pub fn start(engine: &Engine<N>, meta: MetaConfig) -> Result<MsgMetaHost<N>, EngineError> {
+        if engine.mode() != EngineMode::Dc {
+            return Err(EngineError::Unsupported {
+                reason: "MsgMetaHost needs DC mode (RC fallback: RcMetaHost)",
+            });
+        }
+        let geometry = meta.geometry;
+        let len = usize::try_from(geometry.table_len()).map_err(|_| {
+            EngineError::Config(format!(
+                "a meta table of {} bytes does not fit in memory",
+                geometry.table_len()
+            ))
+        })?;
+        let mr = engine.alloc_mr(len, Access::REMOTE_READ | Access::LOCAL_WRITE)?;
+        let first_epoch = meta
+            .first_epoch
+            .unwrap_or_else(|| u32::try_from(wall_clock().as_secs()).unwrap_or(u32::MAX / 2));
+        let incarnation = meta.incarnation.unwrap_or_else(|| {
+            (wall_clock().as_nanos() as u64) ^ (u64::from(std::process::id()) << 40)
+        });
+        let table = MetaTable::with_first_epoch(geometry, MrTable::new((*mr).clone()), first_epoch)
+            .map_err(|e| EngineError::Config(format!("meta table: {e}")))?;
+        let server = engine.local_target()?;
+        let port = engine.bind_reserved(META_PORT).map_err(|e| match e {
+            MsgError::Engine(e) => e,
+            MsgError::PortInUse { .. } => EngineError::Unsupported {
+                reason: "this engine hosts a meta table already",
+            },
+            other => EngineError::Config(format!("bind the meta port: {other}")),
+        })?;
+        // The bootstrap's RPC target names the reserved port, not a UD QP
+        // (a messaging host has none): `rpc_qpn` is META_PORT, `rpc_qkey` 0.
+        let bootstrap = BootstrapRepr::new(
+            geometry,
+            mr.remote(0),
+            incarnation,
+            server,
+            UdTarget {
+                gid: server.gid,
+                qpn: u32::from(META_PORT),
+                qkey: 0,
+            },
+        );
+        Ok(MsgMetaHost {
+            engine: engine.clone(),
+            port,
+            table: Mutex::new(table),
+            _mr: mr,
+            bootstrap,
+            started: Instant::now(),
+            sweep_every_ms: meta.lease_sweep_ms,
+            next_sweep_ms: AtomicU64::new(0),
+            stats: Mutex::new(MetaHostStats::default()),
+        })
+    }
+
+    /// What clients need to reach the table (and the request port: see
+    /// [`MsgMetaHost::start`]).
+    pub fn bootstrap(&self) -> BootstrapRepr {
+        self.bootstrap
+    }
+
+    /// The location engines read the table at.
+    ///
+    /// # Errors
+    /// As [`MetaLocation::from_bootstrap`].
+    pub fn location(&self) -> Result<MetaLocation, EngineError> {
+        MetaLocation::from_bootstrap(&self.bootstrap)
+    }
+
+    /// The engine hosting the table.
+    pub fn engine(&self) -> &Engine<N> {
+        &self.engine
+    }
+
+    /// The table engine, for registrations made by the host's process
+    /// itself. Hold the guard briefly: serving takes it.
+    pub fn table(&self) -> MutexGuard<'_, MetaTable<MrTable<N::Mr>>> {
+        self.table.lock()
+    }
+
+    /// Statistics.
+    pub fn stats(&self) -> MetaHostStats {
+        *self.stats.lock()
+    }
+
+    /// Milliseconds on the host's clock (since start).
+    pub fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// One non-blocking step at the host's clock (see
+    /// [`MsgMetaHost::progress_at`]).
+    ///
+    /// # Errors
+    /// As [`MsgMetaHost::progress_at`].
+    pub fn progress(&self) -> Result<usize, EngineError> {
+        self.progress_at(self.now_ms())
+    }
+
+    /// One non-blocking step at `now_ms`: answers every request queued on
+    /// the port, then sweeps expired leases when due. Returns the messages
+    /// handled.
+    ///
+    /// # Errors
+    /// Provider failures of the receive path (bad input is counted, never
+    /// an error).
+    pub fn progress_at(&self, now_ms: u64) -> Result<usize, EngineError> {
+        let mut handled = 0;
+        loop {
+            let msg = match self.port.try_pop() {
+                Ok(Some(m)) => m,
+                Ok(None) => break,
+                Err(MsgError::Engine(e)) => return Err(e),
+                Err(_) => {
+                    self.stats.lock().dropped += 1;
+                    continue;
+                }
+            };
+            handled += 1;
+            let bytes = msg.to_vec();
+            let reply = self.table.lock().handle(&bytes, now_ms, &self.bootstrap);
+            let Some(reply) = reply else {
+                self.stats.lock().dropped += 1;
+                continue;
+            };
+            {
+                let mut s = self.stats.lock();
+                s.requests += 1;
+                if let MetaMessage::Err(
+                    ErrorCode::Malformed
+                    | ErrorCode::UnsupportedVersion
+                    | ErrorCode::UnexpectedMessage,
+                ) = reply.message
+                {
+                    s.malformed += 1;
+                }
+            }
+            let mut buf = [0u8; META_MAX];
+            let sent = reply
+                .emit(&mut buf)
+                .ok()
+                .map(|len| self.port.reply_within(msg.from, &buf[..len], REPLY_WAIT));
+            if !matches!(sent, Some(Ok(()))) {
+                self.stats.lock().reply_failures += 1;
+            }
+        }
+        if now_ms >= self.next_sweep_ms.load(Ordering::Relaxed) {
+            let gone = self.table.lock().sweep(now_ms);
+            let mut s = self.stats.lock();
+            s.sweeps += 1;
+            s.swept += gone.len() as u64;
+            self.next_sweep_ms.store(
+                now_ms.saturating_add(self.sweep_every_ms),
+                Ordering::Relaxed,
+            );
+        }
+        Ok(handled)
+    }
+
+    /// Runs [`MsgMetaHost::progress`] on a thread (`krcore-meta`) until
+    /// the returned handle is dropped (it stops and joins the thread).
+    ///
+    /// # Errors
+    /// [`EngineError::Config`] when the thread cannot be created.
+    pub fn spawn(self: &Arc<Self>, idle_sleep: Duration) -> Result<MetaHostThread, EngineError>
+    where
+        N: 'static,
+    {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (flag, host) = (stop.clone(), Arc::downgrade(self));
+        let handle = std::thread::Builder::new()
+            .name("krcore-meta".into())
+            .spawn(move || {
+                const SPIN_POLLS: u32 = 64;
+                let mut idle = 0u32;
+                while !flag.load(Ordering::Acquire) {
+                    let Some(h) = host.upgrade() else { return };
+                    let n = h.progress().unwrap_or(0);
+                    drop(h);
+                    if n > 0 {
+                        idle = 0;
+                    } else if idle < SPIN_POLLS {
+                        idle += 1;
+                        std::thread::yield_now();
+                    } else {
+                        std::thread::sleep(idle_sleep);
+                    }
+                }
+            })
+            .map_err(|e| EngineError::Config(format!("spawn the meta host thread: {e}")))?;
+        Ok(MetaHostThread {
+            _worker: Worker {
+                stop,
+                handle: Some(handle),
+            },
+        })
+    }
+}
+
+/// The thread of [`MsgMetaHost::spawn`]: stopped and joined when dropped.
+pub struct MetaHostThread {
+    _worker: Worker,
+}
+
+impl std::fmt::Debug for MetaHostThread {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetaHostThread").finish()
+    }
+}
+
+// The client side: an engine's registration calls.
+impl<N: Nic> Engine<N> {
+    /// Registers `target` (usually [`Engine::local_target`], or the
+    /// upgrade entry of [`Engine::handshake_entry`]) with the meta server
+    /// this engine reads ([`super::EngineConfig::meta`]), for `lease_ms`:
+    /// a message to its [`META_PORT`] (the server is a [`MsgMetaHost`]).
+    ///
+    /// Each attempt waits `meta_timeout` for the answer; a timed-out
+    /// request is sent again ([`META_RPC_RETRIES`] times) with the same
+    /// request id. Messaging delivers a request once, but a request a slow
+    /// server answers late may have been applied: a repeated Register gets
+    /// a newer epoch, a repeated Deregister `NotRegistered`.
+    ///
+    /// # Errors
+    /// [`EngineError::NoMetaServer`]; [`EngineError::MetaRefused`] with
+    /// the server's code; [`EngineError::MetaUnavailable`] with
+    /// [`MetaFailure::Timeout`] when no answer came; engine errors of
+    /// messaging (DC mode only: [`EngineError::Unsupported`] otherwise).
+    pub fn meta_register(
+        &self,
+        target: DcTarget,
+        lid: u16,
+        lease_ms: u64,
+    ) -> Result<Lease, EngineError> {
+        self.meta_call(
+            target.gid,
+            MetaMessage::Register(RegisterRepr {
+                target,
+                lid,
+                lease_ms,
+            }),
+        )
+    }
+
+    /// Renews `gid`'s lease (see [`Engine::meta_register`]).
+    ///
+    /// # Errors
+    /// As [`Engine::meta_register`].
+    pub fn meta_renew(&self, gid: &Gid) -> Result<Lease, EngineError> {
+        self.meta_call(*gid, MetaMessage::Renew { gid: *gid })
+    }
+
+    /// Removes `gid`'s registration (see [`Engine::meta_register`]).
+    ///
+    /// # Errors
+    /// As [`Engine::meta_register`].
+    pub fn meta_deregister(&self, gid: &Gid) -> Result<Lease, EngineError> {
+        self.meta_call(*gid, MetaMessage::Deregister { gid: *gid })
+    }
+
+    fn meta_call(&self, gid: Gid, message: MetaMessage) -> Result<Lease, EngineError> {
+        let eng = &self.inner;
+        let location = eng.cfg.meta.ok_or(EngineError::NoMetaServer { gid })?;
+        let server = location.server.gid;
+        if eng.mode() != EngineMode::Dc {
+            return Err(EngineError::Unsupported {
+                reason:
+                    "meta registration over messaging needs DC mode (RC fallback: MetaRpc over UD)",
+            });
+        }
+        // The location names the server's DCT: its requests go there (the
+        // server need not be in its own table). Cached with the lowest
+        // epoch, as a learned sender (a meta entry replaces it).
+        if eng.cache.get(&server).is_none() {
+            let _ = eng.cache.insert(location.server, 0);
+        }
+        let mut client = eng.meta_ep.lock();
+        if eng.released.load(Ordering::Acquire) {
+            client.take();
+            return Err(EngineError::Unsupported {
+                reason: "the engine's last handle was dropped",
+            });
+        }
+        if client.is_none() {
+            *client = Some(self.endpoint().map_err(|e| msg_error(gid, e))?);
+        }
+        let Some(ep) = client.as_ref() else {
+            return Err(EngineError::NoMetaServer { gid });
+        };
+        let r = meta_exchange(eng, ep, server, gid, message);
+        if eng.released.load(Ordering::Acquire) {
+            client.take();
+        }
+        r
+    }
+}
+
+/// One request to `server`'s [`META_PORT`] and its answer (see
+/// [`Engine::meta_register`]).
+fn meta_exchange<N: Nic>(
+    eng: &EngineInner<N>,
+    ep: &super::Endpoint<N>,
+    server: Gid,
+    gid: Gid,
+    message: MetaMessage,
+) -> Result<Lease, EngineError> {
+    {
+        let request_id = eng.meta_next_id.fetch_add(1, Ordering::Relaxed);
+        let mut buf = [0u8; META_MAX];
+        let len = Repr {
+            request_id,
+            message,
+        }
+        .emit(&mut buf)
+        .map_err(|e| EngineError::Config(format!("a meta request: {e}")))?;
+        while let Ok(Some(_)) = ep.try_pop_reply() {}
+        let timeout = eng.cfg.meta_timeout;
+        let start = Instant::now();
+        for _ in 0..=META_RPC_RETRIES {
+            match ep.push_timeout(server, META_PORT, &buf[..len], timeout) {
+                Ok(()) => {}
+                Err(MsgError::Timeout(_) | MsgError::Lost { .. }) => continue,
+                Err(e) => return Err(msg_error(gid, e)),
+            }
+            let deadline = Instant::now() + timeout;
+            while Instant::now() < deadline {
+                let Ok(Some(m)) = ep.try_pop_reply() else {
+                    std::thread::yield_now();
+                    continue;
+                };
+                let reply = m.to_vec();
+                match Repr::parse_bytes(&reply) {
+                    Ok(r) if r.request_id == request_id && m.from.gid == server => {
+                        return match r.message {
+                            MetaMessage::Ok(lease) => Ok(lease),
+                            MetaMessage::Err(code) => Err(EngineError::MetaRefused { gid, code }),
+                            _ => Err(EngineError::MetaRefused {
+                                gid,
+                                code: ErrorCode::UnexpectedMessage,
+                            }),
+                        };
+                    }
+                    // A late answer to an earlier call, or not an answer.
+                    _ => {}
+                }
+            }
+        }
+        Err(EngineError::MetaUnavailable {
+            gid,
+            failure: MetaFailure::Timeout(start.elapsed()),
+        })
+    }
+}
+
+fn msg_error(gid: Gid, e: MsgError) -> EngineError {
+    match e {
+        MsgError::Engine(e) => e,
+        MsgError::Refused { code, .. } => EngineError::MetaUnavailable {
+            gid,
+            failure: MetaFailure::Refused(code),
+        },
+        other => EngineError::Config(format!("meta registration's messaging: {other}")),
+    }
+}
+
+impl<N: Nic> EngineInner<N> {
+    /// The engine's last handle went: drop the registration endpoint (it
+    /// holds the engine), unless a call holds it (that call drops it).
+    pub(crate) fn release_meta_client(&self) {
+        if let Some(mut c) = self.meta_ep.try_lock() {
+            c.take();
+        }
+    }
+}

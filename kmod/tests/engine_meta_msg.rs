@@ -1,0 +1,226 @@
+//! DC mode: meta registration over messaging. The meta server is an
+//! engine ([`MsgMetaHost`]): Register/Renew/Deregister arrive as messages
+//! on its reserved port, lookups stay one-sided READs of its table (no
+//! server CPU), bad input is dropped or refused and counted, leases are
+//! swept, and nobody serving is a bounded typed error.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use krcore_kmod::{Engine, EngineConfig, EngineError, MetaFailure, MsgMetaHost, META_PORT};
+use krcore_meta::table::Geometry;
+use krcore_meta::wire::ErrorCode;
+use krcore_meta::MetaConfig;
+use krcore_nic::sim::{SimConfig, SimFabric, SimNic};
+use krcore_nic::{Access, MemoryRegion, SendWr, Wc, WcStatus};
+
+struct Fabric {
+    fabric: SimFabric,
+}
+
+impl Fabric {
+    fn new() -> Fabric {
+        Fabric {
+            fabric: SimFabric::in_memory(),
+        }
+    }
+
+    fn engine(&self, cfg: EngineConfig) -> Engine<SimNic> {
+        let nic = SimNic::open(&self.fabric, SimConfig::default()).unwrap();
+        Engine::start(nic, cfg).unwrap()
+    }
+
+    /// The meta node: an engine hosting the table.
+    fn meta(&self) -> MsgMetaHost<SimNic> {
+        let e = self.engine(EngineConfig::default().with_pool_size(1));
+        let cfg = MetaConfig {
+            geometry: Geometry::with_buckets(64).unwrap(),
+            lease_sweep_ms: 0,
+            ..MetaConfig::default()
+        };
+        MsgMetaHost::start(&e, cfg).unwrap()
+    }
+}
+
+fn node(f: &Fabric, host: &MsgMetaHost<SimNic>, timeout: Duration) -> Engine<SimNic> {
+    let mut cfg = EngineConfig::default()
+        .with_pool_size(1)
+        .with_meta(host.location().unwrap());
+    cfg.meta_timeout = timeout;
+    f.engine(cfg)
+}
+
+/// Runs `f` while a thread serves `host` at its own clock (stopped however
+/// `f` ends).
+fn served<R>(host: &MsgMetaHost<SimNic>, f: impl FnOnce() -> R) -> R {
+    struct Done<'a>(&'a std::sync::atomic::AtomicBool);
+    impl Drop for Done<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::Release);
+        }
+    }
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !done.load(std::sync::atomic::Ordering::Acquire) {
+                host.progress().unwrap();
+                std::thread::yield_now();
+            }
+        });
+        let _done = Done(&done);
+        f()
+    })
+}
+
+fn read8(
+    e: &Engine<SimNic>,
+    target: &Engine<SimNic>,
+    mr: &krcore_kmod::OwnedMr<SimNic>,
+) -> Result<[u8; 8], EngineError> {
+    let v = e.create_vqp().unwrap();
+    v.connect(target.gid())?;
+    let buf = e.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
+    v.post_send(&mut [SendWr::read(1, buf.sge(0, 8).unwrap(), mr.remote(0))])
+        .unwrap();
+    let mut wc = [Wc::default()];
+    let start = std::time::Instant::now();
+    while v.poll(&mut wc).unwrap() == 0 {
+        assert!(start.elapsed() < Duration::from_secs(10));
+    }
+    assert_eq!(wc[0].status, WcStatus::Success);
+    let mut got = [0u8; 8];
+    buf.read(0, &mut got).unwrap();
+    Ok(got)
+}
+
+#[test]
+fn registration_arrives_as_a_message_and_lookups_stay_reads() {
+    let f = Fabric::new();
+    let host = f.meta();
+    let mem = node(&f, &host, Duration::from_secs(2));
+    let mr = mem.alloc_mr(64, Access::ALL).unwrap();
+    mr.write(0, b"via msg!").unwrap();
+    let t = mem.local_target().unwrap();
+    let lease = served(&host, || mem.meta_register(t, 0, 60_000)).unwrap();
+    // It arrived as a message on the reserved port of the host's DCT/SRQ.
+    let ms = host.engine().msg_stats();
+    assert_eq!(
+        (ms.granted, ms.inline_delivered, ms.malformed),
+        (1, 1, 0),
+        "{ms:?}"
+    );
+    assert_eq!(host.stats().requests, 1);
+    assert_eq!(mem.msg_stats().inline_delivered, 1, "the Ok reply");
+    // Lookups are one READ of the table: the host's CPU is not involved
+    // (nobody serves from here on).
+    let client = node(&f, &host, Duration::from_secs(2));
+    assert_eq!(&read8(&client, &mem, &mr).unwrap(), b"via msg!");
+    let entry = client.resolve(&mem.gid()).unwrap();
+    assert_eq!((entry.target, entry.epoch), (t, lease.epoch));
+    assert_eq!(client.stats().meta.reads, 1);
+    assert_eq!(host.stats().requests, 1, "no request for the lookup");
+    // Renew keeps the epoch; deregister removes the entry.
+    let renewed = served(&host, || mem.meta_renew(&mem.gid())).unwrap();
+    assert_eq!(renewed.epoch, lease.epoch);
+    served(&host, || mem.meta_deregister(&mem.gid())).unwrap();
+    client.invalidate(&mem.gid());
+    assert!(matches!(
+        client.resolve(&mem.gid()),
+        Err(EngineError::UnknownNode { .. })
+    ));
+    // A second deregister is refused, typed.
+    let r = served(&host, || mem.meta_deregister(&mem.gid()));
+    assert!(
+        matches!(
+            r,
+            Err(EngineError::MetaRefused {
+                code: ErrorCode::NotRegistered,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    assert_eq!(host.stats().requests, 4);
+    // No UD QP anywhere: the host's engine made a DCT and a DCI only.
+    assert_eq!(host.engine().stats().handshake_endpoints_created, 0);
+}
+
+#[test]
+fn bad_messages_on_the_meta_port_never_stop_the_host() {
+    let f = Fabric::new();
+    let host = f.meta();
+    let peer = node(&f, &host, Duration::from_secs(2));
+    let ep = peer.endpoint().unwrap();
+    let to = host.engine().gid();
+    // The meta node is in no table: its address is the bootstrap's.
+    peer.cache().insert(host.bootstrap().server, 0);
+    served(&host, || {
+        ep.push(to, META_PORT, b"not a meta request").unwrap();
+        ep.push(to, META_PORT, &[0u8; 3]).unwrap();
+        // A descriptor (past the inline limit) to the reserved port.
+        let big = vec![1u8; peer.config().msg.inline_max + 1];
+        ep.push(to, META_PORT, &big).unwrap();
+    });
+    let start = std::time::Instant::now();
+    while host.engine().msg_stats().malformed == 0 || host.stats().dropped < 2 {
+        host.progress().unwrap();
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            host.stats()
+        );
+    }
+    let s = host.stats();
+    assert_eq!((s.dropped, s.requests), (2, 0), "{s:?}");
+    // The host still serves.
+    let t = peer.local_target().unwrap();
+    served(&host, || peer.meta_register(t, 0, 60_000)).unwrap();
+    assert_eq!(host.stats().requests, 1);
+}
+
+#[test]
+fn expired_leases_are_swept() {
+    let f = Fabric::new();
+    let host = f.meta();
+    let mem = node(&f, &host, Duration::from_secs(2));
+    let t = mem.local_target().unwrap();
+    let lease = served(&host, || mem.meta_register(t, 0, 50)).unwrap();
+    host.progress_at(lease.lease_expiry_ms + 1).unwrap();
+    assert_eq!(host.stats().swept, 1);
+    let client = node(&f, &host, Duration::from_secs(2));
+    assert!(matches!(
+        client.resolve(&mem.gid()),
+        Err(EngineError::UnknownNode { .. })
+    ));
+}
+
+#[test]
+fn nobody_serving_is_a_bounded_typed_error() {
+    let f = Fabric::new();
+    let host = f.meta();
+    let mem = node(&f, &host, Duration::from_millis(20));
+    let t = mem.local_target().unwrap();
+    let r = mem.meta_register(t, 0, 60_000);
+    assert!(
+        matches!(
+            r,
+            Err(EngineError::MetaUnavailable {
+                failure: MetaFailure::Timeout(_),
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn a_host_thread_serves_and_stops() {
+    let f = Fabric::new();
+    let host = Arc::new(f.meta());
+    let thread = host.spawn(Duration::from_micros(50)).unwrap();
+    let mem = node(&f, &host, Duration::from_secs(2));
+    let t = mem.local_target().unwrap();
+    mem.meta_register(t, 0, 60_000).unwrap();
+    drop(thread);
+    assert_eq!(host.stats().requests, 1);
+}
