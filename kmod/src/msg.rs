@@ -18,7 +18,13 @@
 //!        <--- Release{token}        (a Desc was pulled by READ)
 //!        <--- Data / Desc (reply, one reply credit each) ----  reply()
 //!   Credit{n} (replies popped) ----------------------------->
+//!   Close (all credits back, no reply pending) -------------->  frees w'
 //! ```
+//!
+//! A channel lives until its sender closes it (or the port is unbound).
+//! Close travels the same path as the channel's data (one sending VQP to
+//! one target queue), so it arrives after every data message of the
+//! channel, and an Open that reopens the channel arrives after it.
 //!
 //! Every message is a SEND_WITH_IMM into the receiving node's SRQ; the
 //! immediate is the sending VQP's id (RDMAvisor's vQPN). Control messages
@@ -44,7 +50,7 @@
 //!  0..4   magic "KRMS"                  [`MAGIC`]
 //!  4      version                       [`VERSION`]
 //!  5      kind                          1 Open 2 Grant 3 Refuse 4 Data
-//!                                       5 Desc 6 Credit 7 Release
+//!                                       5 Desc 6 Credit 7 Release 8 Close
 //!  6      flags                         bit 0: to a VQP (else to a port)
 //!  7      refuse code                   (Refuse; 0 otherwise)
 //!  8..12  dst                           port number, or VQP id
@@ -261,6 +267,10 @@ pub enum MsgKind {
         /// The buffer's token.
         token: u64,
     },
+    /// The sender ends its channel (sent only with every credit back and
+    /// no reply pending): the port forgets it and its window returns to
+    /// the port's ungranted slots. A later push reopens with an Open.
+    Close,
 }
 
 /// A parsed message header.
@@ -441,11 +451,12 @@ impl MsgRepr {
             },
             6 => MsgKind::Credit { count: arg as u32 },
             7 => MsgKind::Release { token: arg },
+            8 => MsgKind::Close,
             k => return Err(MsgWireError::UnknownKind(k)),
         };
         // Channels open toward ports and are answered toward VQPs.
         let ok = match kind {
-            MsgKind::Open { .. } => !to_vqp,
+            MsgKind::Open { .. } | MsgKind::Close => !to_vqp,
             MsgKind::Grant { .. } | MsgKind::Refuse(_) => to_vqp,
             _ => true,
         };
@@ -506,6 +517,7 @@ impl MsgRepr {
             }
             MsgKind::Credit { count } => (6, u64::from(count), 0),
             MsgKind::Release { token } => (7, token, 0),
+            MsgKind::Close => (8, 0, 0),
         };
         b[field::KIND] = kind;
         b[field::ARG].copy_from_slice(&arg.to_le_bytes());
@@ -703,6 +715,7 @@ mod tests {
             },
             MsgKind::Credit { count: 3 },
             MsgKind::Release { token: 5 },
+            MsgKind::Close,
         ]
     }
 
@@ -711,9 +724,10 @@ mod tests {
         let src = Gid([7; 16]);
         for kind in all_kinds() {
             let dst = match kind {
-                MsgKind::Open { .. } | MsgKind::Data { .. } | MsgKind::Desc { .. } => {
-                    MsgDst::Port(65535)
-                }
+                MsgKind::Open { .. }
+                | MsgKind::Close
+                | MsgKind::Data { .. }
+                | MsgKind::Desc { .. } => MsgDst::Port(65535),
                 _ => MsgDst::Vqp { vqp: 42, from: 9 },
             };
             let r = MsgRepr { src, dst, kind };

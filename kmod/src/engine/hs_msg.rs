@@ -20,6 +20,26 @@
 //!     push Close{nonce} (eviction, timeout) ---->  Passives::close
 //! ```
 //!
+//! # Capacity: any number of initiators over time
+//!
+//! The initiator's endpoint is a control endpoint: its channel to a
+//! target's [`HANDSHAKE_PORT`] asks for `msg.control_window` credits
+//! (default 1: one Request outstanding), so the port's `msg.port_slots`
+//! (default 64) admit that many initiators at once; and when an exchange
+//! is over the initiator closes the channel
+//! ([`Endpoint::close_channel`]: a Close message, sent only once the
+//! Request's credit is back), so the target's slots return to it and the
+//! number of initiators over time is unbounded. An Open that finds every
+//! slot granted is refused `Busy`; the initiator asks again after a short
+//! pause ([`HandshakeStats::busy`]), within `handshake.retries`, and only
+//! then fails with [`HandshakeFailure::Refused`]. Invariants: nothing is
+//! dropped silently (a reply the target sends after the Close is counted
+//! `orphaned` at the initiator; the Request it answers was answered
+//! already), credits stay consistent (the Close carries none: the channel
+//! is idle), and a closed initiator reopens with a fresh Open, behind its
+//! Close on the same path. A Close that cannot be sent leaves the slot
+//! granted until the port is unbound (counted nowhere else: best effort).
+//!
 //! # Who serves the reserved port
 //!
 //! Nothing unless the node serves upgrades: [`super::Engine::handshake_entry`]
@@ -74,6 +94,7 @@ use super::msg_port::Port;
 use super::responder::{HandshakeStats, Paired, Passives};
 use super::{Engine, EngineInner};
 use crate::handshake::{HandshakeMessage, HandshakeRepr};
+use crate::msg::RefuseCode;
 
 /// The reserved messaging port a DC engine serves the upgrade handshake on.
 /// [`super::Engine::bind`] refuses it (and every port from
@@ -88,6 +109,12 @@ pub const FIRST_RESERVED_PORT: u16 = 0xfff0;
 /// gave up leaves its replies unpopped, and the server must not stall on
 /// it (the answer is counted lost; a retry of the Request gets it again).
 const REPLY_WAIT: Duration = Duration::from_millis(5);
+
+/// The pause before asking a busy port again: 1 ms, doubling per attempt,
+/// at most the attempt's timeout.
+pub(crate) fn busy_pause(attempt: u32, timeout: Duration) -> Duration {
+    Duration::from_millis(1u64 << attempt.min(10)).min(timeout)
+}
 
 /// The serving side: the reserved port and the passive ends it made.
 struct Server<N: Nic> {
@@ -304,7 +331,7 @@ impl<N: Nic> HsMsg<N> {
         }
         if client.is_none() {
             let ep = Engine::handle(eng.clone())
-                .endpoint()
+                .control_endpoint()
                 .map_err(|e| msg_error(gid, e))?;
             *client = Some(ep);
         }
@@ -312,6 +339,10 @@ impl<N: Nic> HsMsg<N> {
             return Err(closed_error());
         };
         let r = self.exchange(ep, eng.nic.gid(), local_qpn, gid, &eng.cfg.handshake);
+        // The exchange is over: give the target's port its slot back (see
+        // "Capacity" in the module docs). Best effort: a channel not idle
+        // yet (a retried Request not popped) stays open for the next one.
+        let _ = ep.close_channel(gid, HANDSHAKE_PORT);
         if self.closed.load(Ordering::Acquire) {
             client.take();
         }
@@ -352,6 +383,16 @@ impl<N: Nic> HsMsg<N> {
                 // or an earlier message of this endpoint was lost: the
                 // attempt is spent.
                 Err(MsgError::Timeout(_) | MsgError::Lost { .. }) => continue,
+                // Every slot of the target's port is held by an exchange
+                // in progress: the next attempt asks again, after a pause.
+                Err(MsgError::Refused {
+                    code: RefuseCode::Busy,
+                    ..
+                }) if attempt + 1 < attempts => {
+                    self.stats.lock().busy += 1;
+                    std::thread::sleep(busy_pause(attempt, cfg.timeout));
+                    continue;
+                }
                 Err(e @ MsgError::Refused { .. }) => {
                     self.stats.lock().refused += 1;
                     return Err(msg_error(gid, e));
@@ -437,6 +478,7 @@ impl<N: Nic> HsMsg<N> {
         };
         if let Some(ep) = client.as_ref() {
             self.send_close(ep, local, local_qpn, gid, nonce);
+            let _ = ep.close_channel(gid, HANDSHAKE_PORT);
         }
     }
 }

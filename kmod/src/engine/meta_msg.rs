@@ -18,6 +18,19 @@
 //!   lookups: READ bucket via a DCI  -------->   table MR behind the DCT (no CPU)
 //! ```
 //!
+//! # Capacity: any number of nodes over time
+//!
+//! A node's registration endpoint is a control endpoint (as the upgrade
+//! handshake's, see [`super::hs_msg`]): its channel to [`META_PORT`] asks
+//! for `msg.control_window` credits (default 1), and is closed (a Close
+//! message, once the request's credit is back) when the call is over, so
+//! the host's slots return to it: at most `msg.port_slots / control_window`
+//! calls hold a slot at once, any number of nodes register over time. A
+//! call whose Open finds every slot granted is refused `Busy` and asks
+//! again after a pause, within its retries; then
+//! [`MetaFailure::Refused`]. A reply sent after the Close (to a retried
+//! request already answered) is counted `orphaned` at the node.
+//!
 //! # Why here (kmod), not in the meta crate
 //!
 //! Messaging is the engine's (`kmod` depends on `krcore-meta` for the table
@@ -64,6 +77,7 @@ use super::mrs::OwnedMr;
 use super::msg::{MsgError, Worker};
 use super::msg_port::Port;
 use super::{Engine, EngineInner, EngineMode};
+use crate::msg::RefuseCode;
 
 /// The reserved messaging port a [`MsgMetaHost`] serves requests on.
 pub const META_PORT: u16 = 0xfffe;
@@ -428,12 +442,14 @@ impl<N: Nic> Engine<N> {
             });
         }
         if client.is_none() {
-            *client = Some(self.endpoint().map_err(|e| msg_error(gid, e))?);
+            *client = Some(self.control_endpoint().map_err(|e| msg_error(gid, e))?);
         }
         let Some(ep) = client.as_ref() else {
             return Err(EngineError::NoMetaServer { gid });
         };
         let r = meta_exchange(eng, ep, server, gid, message);
+        // Done: the host's port gets its slot back (see "Capacity").
+        let _ = ep.close_channel(server, META_PORT);
         if eng.released.load(Ordering::Acquire) {
             client.take();
         }
@@ -462,10 +478,19 @@ fn meta_exchange<N: Nic>(
         while let Ok(Some(_)) = ep.try_pop_reply() {}
         let timeout = eng.cfg.meta_timeout;
         let start = Instant::now();
-        for _ in 0..=META_RPC_RETRIES {
+        for attempt in 0..=META_RPC_RETRIES {
             match ep.push_timeout(server, META_PORT, &buf[..len], timeout) {
                 Ok(()) => {}
                 Err(MsgError::Timeout(_) | MsgError::Lost { .. }) => continue,
+                // Every slot of the host's port is held by a registration
+                // in progress: ask again after a pause.
+                Err(MsgError::Refused {
+                    code: RefuseCode::Busy,
+                    ..
+                }) if attempt < META_RPC_RETRIES => {
+                    std::thread::sleep(super::hs_msg::busy_pause(attempt, timeout));
+                    continue;
+                }
                 Err(e) => return Err(msg_error(gid, e)),
             }
             let deadline = Instant::now() + timeout;

@@ -141,7 +141,7 @@ pub use meta_msg::{MetaHostStats, MetaHostThread, MsgMetaHost, META_PORT};
 pub use mrs::{LeaseError, LeaseId, OwnedMr};
 pub use msg::{Message, MsgConfig, MsgError, MsgStats, Sender};
 pub use msg_endpoint::Endpoint;
-pub use msg_port::Port;
+pub use msg_port::{Port, PortUsage};
 pub use physqp::{DciStats, QpStats};
 pub use rc::RcStats;
 pub use rc_meta::RcMetaHost;

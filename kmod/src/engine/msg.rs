@@ -152,6 +152,11 @@ pub struct MsgConfig {
     /// Receive slots a bind reserves for its port (shared by its senders'
     /// windows). Default 64.
     pub port_slots: u32,
+    /// Credits the engine's own control endpoints (the upgrade handshake,
+    /// meta registration) ask for: they are request/response with one
+    /// request outstanding, so one credit suffices, and a reserved port's
+    /// `port_slots` admit that many initiators at once. Default 1.
+    pub control_window: u32,
     /// Receive slots kept for control messages. Default 32.
     pub ctl_slots: u32,
     /// Longest a blocking call waits (push for a credit or the Open's
@@ -177,6 +182,7 @@ impl Default for MsgConfig {
             window: 8,
             reply_window: 4,
             port_slots: 64,
+            control_window: 1,
             ctl_slots: 32,
             timeout: Duration::from_secs(5),
             progress_thread: false,
@@ -342,6 +348,9 @@ pub struct MsgStats {
     /// Releases of pulled descriptors whose send failed: the message was
     /// delivered, the Release is sent again by the next pop.
     pub releases_deferred: u64,
+    /// Channels closed by their sender (a Close received by one of this
+    /// node's ports: the channel's window went back to the port).
+    pub closed: u64,
 }
 
 #[derive(Default)]
@@ -362,6 +371,7 @@ pub(crate) struct Counters {
     pub(crate) reposts_deferred: AtomicU64,
     pub(crate) credits_deferred: AtomicU64,
     pub(crate) releases_deferred: AtomicU64,
+    pub(crate) closed: AtomicU64,
     /// Error completions of tagged data messages, by sending VQP: (tag,
     /// status), taken by their endpoint (which reports them lost).
     pub(crate) failed: Mutex<HashMap<u32, Vec<(u64, WcStatus)>>>,
@@ -575,7 +585,11 @@ impl<N: Nic> MsgNode<N> {
         }
         let cfg = eng.cfg.msg.clone();
         let depth = eng.cfg.recv_depth;
-        if cfg.ctl_slots >= depth || cfg.window == 0 || cfg.reply_window == 0 {
+        if cfg.ctl_slots >= depth
+            || cfg.window == 0
+            || cfg.reply_window == 0
+            || cfg.control_window == 0
+        {
             return Err(MsgError::Config(format!(
                 "ctl_slots {} must be below recv_depth {depth}; windows non-zero",
                 cfg.ctl_slots
@@ -689,6 +703,7 @@ impl<N: Nic> MsgNode<N> {
             reposts_deferred: l(&c.reposts_deferred),
             credits_deferred: l(&c.credits_deferred),
             releases_deferred: l(&c.releases_deferred),
+            closed: l(&c.closed),
         }
     }
 
@@ -855,6 +870,15 @@ impl<N: Nic> MsgNode<N> {
                 }
                 Ok(())
             }
+            MsgKind::Close => {
+                bump(&self.counters.control);
+                // A Close for a channel the port does not know (unbound
+                // and bound again, or a repeated Close) has nothing to free.
+                if port.is_some_and(|port| port.close(from)) {
+                    bump(&self.counters.closed);
+                }
+                Ok(())
+            }
             MsgKind::Credit { count } => {
                 bump(&self.counters.control);
                 if let Some(port) = port {
@@ -988,7 +1012,7 @@ impl<N: Nic> MsgNode<N> {
                     body,
                 });
             }
-            MsgKind::Open { .. } => bump(&self.counters.malformed),
+            MsgKind::Open { .. } | MsgKind::Close => bump(&self.counters.malformed),
         }
     }
 

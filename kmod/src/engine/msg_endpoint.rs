@@ -69,6 +69,9 @@ pub struct Endpoint<N: Nic> {
     pub(crate) shared: Arc<EndpointShared<N>>,
     pub(crate) tx: Mutex<EpTx<N>>,
     pub(crate) id: u32,
+    /// Credits its Opens ask for (`msg.window`; `msg.control_window` for
+    /// the engine's own control endpoints).
+    pub(crate) window: u32,
 }
 
 impl<N: Nic> std::fmt::Debug for Endpoint<N> {
@@ -306,7 +309,7 @@ impl<N: Nic> Endpoint<N> {
             src: self.eng.nic.gid(),
             dst: MsgDst::Port(key.1),
             kind: MsgKind::Open {
-                window: cfg.window,
+                window: self.window,
                 reply_window: cfg.reply_window,
                 dct_num,
                 dc_key,
@@ -584,6 +587,57 @@ impl<N: Nic> Endpoint<N> {
     /// As [`Endpoint::pop_reply_timeout`].
     pub fn pop_reply(&self) -> Result<Message<N>, MsgError> {
         self.pop_reply_timeout(self.node.cfg.timeout)
+    }
+
+    /// Closes the channel to (`gid`, `port`) when it is idle: open, every
+    /// credit back (all its messages popped at the port) and no reply of
+    /// it waiting here. The port then forgets the channel and its window
+    /// goes back to the port's slots; this endpoint's reply window goes
+    /// back to this node's budget. A later push to the port opens a new
+    /// channel (an Open round trip). Returns whether it was closed; a
+    /// channel that is not idle is left open (close it again later), and
+    /// one never opened, or refused, is simply forgotten (`Ok(false)`).
+    ///
+    /// Best effort at the port: when the Close cannot be sent (the error
+    /// is returned) the channel is still forgotten here, and its window
+    /// stays granted at the port until the port is unbound.
+    ///
+    /// # Errors
+    /// Engine and post errors of sending the Close.
+    pub fn close_channel(&self, gid: Gid, port: u16) -> Result<bool, MsgError> {
+        let _ = self.node.progress(&self.eng);
+        let key = (gid, port);
+        let tx = self.tx.lock();
+        {
+            let st = self.shared.state.lock();
+            let Some(c) = st.channels.get(&key) else {
+                return Ok(false);
+            };
+            match c.status {
+                Status::Open => {}
+                // Opening: a late Grant may still come; keep the entry so
+                // that it is matched (a repeated Open gets the same grant).
+                Status::Opening => return Ok(false),
+                Status::Refused(_) => {
+                    drop(st);
+                    self.forget(key);
+                    return Ok(false);
+                }
+            }
+            let idle = c.fwd.in_use() == 0
+                && !st
+                    .replies
+                    .iter()
+                    .any(|m| m.from.gid == gid && m.port == port);
+            if !idle {
+                return Ok(false);
+            }
+        }
+        // Forgotten first: nothing of this channel is sent after the Close
+        // (a push from now on opens a new channel, behind the Close).
+        self.forget(key);
+        self.send_ctl(&tx, gid, port, MsgKind::Close)?;
+        Ok(true)
     }
 
     /// Credits available now on the channel to (`gid`, `port`) (`None`

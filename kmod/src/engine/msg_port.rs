@@ -67,6 +67,52 @@ impl<N: Nic> PortShared<N> {
         );
         MsgKind::Grant { window: granted }
     }
+
+    /// The sender `from` closed its channel: the port forgets it and its
+    /// window goes back to the ungranted slots. Returns whether there was
+    /// such a channel.
+    ///
+    /// Sound because an endpoint sends Close only with every credit of the
+    /// channel back (each of its messages was popped here) and after its
+    /// last message (same VQP, same target queue: in order), so none of
+    /// the channel's messages is in flight or in the ring, and none
+    /// follows; messages of the channel still in the ring (a sender that
+    /// broke this rule) are delivered, their credits not returned. Replies
+    /// and credits the port still owed the channel are dropped with it
+    /// (its sender forgot the channel before sending Close).
+    pub(crate) fn close(&self, from: Sender) -> bool {
+        let mut st = self.state.lock();
+        match st.channels.remove(&from) {
+            Some(c) => {
+                st.ungranted += c.window;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// What the port has granted now.
+    pub(crate) fn usage(&self) -> PortUsage {
+        let st = self.state.lock();
+        PortUsage {
+            channels: st.channels.len(),
+            ungranted: st.ungranted,
+            queued: st.ring.len(),
+        }
+    }
+}
+
+/// What a bound port has granted ([`Engine::msg_port_usage`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PortUsage {
+    /// Open channels (senders holding a window of the port's slots).
+    pub channels: usize,
+    /// The port's slots granted to no channel (all of `msg.port_slots`
+    /// when no channel is open).
+    pub ungranted: u32,
+    /// Messages received and not popped.
+    pub queued: usize,
 }
 
 /// A bound port: receives the messages pushed to it, in per-sender order,
@@ -184,6 +230,18 @@ impl<N: Nic> Engine<N> {
     /// # Errors
     /// As [`Engine::bind`] ([`MsgError::Unsupported`], engine errors).
     pub fn endpoint(&self) -> Result<Endpoint<N>, MsgError> {
+        let window = MsgNode::get(&self.inner)?.cfg.window;
+        self.endpoint_with_window(window)
+    }
+
+    /// An endpoint of the engine's own control exchanges (handshake, meta
+    /// registration): its channels ask for `msg.control_window` credits.
+    pub(crate) fn control_endpoint(&self) -> Result<Endpoint<N>, MsgError> {
+        let window = MsgNode::get(&self.inner)?.cfg.control_window;
+        self.endpoint_with_window(window)
+    }
+
+    fn endpoint_with_window(&self, window: u32) -> Result<Endpoint<N>, MsgError> {
         let node = MsgNode::get(&self.inner)?;
         let vqp = self.create_vqp()?;
         let id = vqp.id().get();
@@ -211,6 +269,7 @@ impl<N: Nic> Engine<N> {
                 sent: SentTags::new(self.inner.cfg.vqp_depth),
             }),
             id,
+            window,
         })
     }
 
@@ -230,6 +289,15 @@ impl<N: Nic> Engine<N> {
     /// Messaging statistics (zeros before messaging is used).
     pub fn msg_stats(&self) -> MsgStats {
         self.inner.msg.get().map(|m| m.stats()).unwrap_or_default()
+    }
+
+    /// What the port `port` bound on this node (a user's, or a reserved
+    /// one of the engine's: [`super::hs_msg::HANDSHAKE_PORT`], [`super::META_PORT`])
+    /// has granted now; `None` when it is not bound.
+    pub fn msg_port_usage(&self, port: u16) -> Option<PortUsage> {
+        let node = self.inner.msg.get()?;
+        let shared = node.ports.read().get(&port).cloned()?;
+        Some(shared.usage())
     }
 
     /// Receive slots not reserved by ports or reply windows (`None` before

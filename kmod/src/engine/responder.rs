@@ -102,6 +102,10 @@ pub struct HandshakeStats {
     pub timeouts: u64,
     /// Initiator: Close messages sent.
     pub closes_sent: u64,
+    /// Initiator (DC mode): Opens of the target's handshake port refused
+    /// `Busy` (every slot held by another initiator's exchange) and asked
+    /// again after a pause.
+    pub busy: u64,
     /// Responder: Requests answered with an Accept (retries included).
     pub accepted: u64,
     /// Responder: retried Requests answered with the existing QP.
