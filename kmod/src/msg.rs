@@ -160,6 +160,13 @@ pub enum RefuseCode {
     Busy,
     /// The receiver has no buffers left for the reply window.
     NoBuffers,
+    /// The port reclaimed the channel: it was idle while another sender
+    /// needed its slots (the engine's reserved ports only). The sender
+    /// forgets it; a push that learns it fails with this code (nothing of
+    /// that push was sent), the next push opens a new channel. A message
+    /// the port got after reclaiming is not delivered (counted orphaned)
+    /// and answered with this code.
+    Reclaimed,
 }
 
 impl RefuseCode {
@@ -169,6 +176,7 @@ impl RefuseCode {
             RefuseCode::Unbound => 1,
             RefuseCode::Busy => 2,
             RefuseCode::NoBuffers => 3,
+            RefuseCode::Reclaimed => 4,
         }
     }
 
@@ -178,6 +186,7 @@ impl RefuseCode {
             1 => RefuseCode::Unbound,
             2 => RefuseCode::Busy,
             3 => RefuseCode::NoBuffers,
+            4 => RefuseCode::Reclaimed,
             _ => return None,
         })
     }
@@ -189,6 +198,7 @@ impl std::fmt::Display for RefuseCode {
             RefuseCode::Unbound => "no port bound",
             RefuseCode::Busy => "port busy (all buffers granted)",
             RefuseCode::NoBuffers => "no receive buffers left",
+            RefuseCode::Reclaimed => "idle channel reclaimed by the port",
         })
     }
 }
@@ -703,6 +713,7 @@ mod tests {
             MsgKind::Refuse(RefuseCode::Unbound),
             MsgKind::Refuse(RefuseCode::Busy),
             MsgKind::Refuse(RefuseCode::NoBuffers),
+            MsgKind::Refuse(RefuseCode::Reclaimed),
             MsgKind::Data { seq: 7, len: 0 },
             MsgKind::Desc {
                 seq: u64::MAX,

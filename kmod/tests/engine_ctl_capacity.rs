@@ -28,13 +28,14 @@ use krcore_nic::{Access, MemoryRegion, SendWr, WcStatus};
 const NODES: usize = 20;
 
 /// A memory node serving upgrades with its handshake thread; its ports
-/// have `port_slots` slots.
-fn target(c: &Cluster, port_slots: u32) -> MemNode {
+/// have `port_slots` slots and reclaim channels idle for `idle`.
+fn target(c: &Cluster, port_slots: u32, idle: Duration) -> MemNode {
     let mut cfg = EngineConfig::default()
         .with_pool_size(1)
         .with_upgrade_endpoint(true)
         .with_handshake_thread(true);
     cfg.msg.port_slots = port_slots;
+    cfg.msg.control_idle = idle;
     let engine = c.engine(cfg);
     let mr = engine.alloc_mr(4096, Access::ALL).expect("MR");
     c.register(engine.local_target().unwrap(), 1 << 40, 0)
@@ -90,7 +91,7 @@ fn settled(e: &Engine<SimNic>, port: u16) -> PortUsage {
 #[test]
 fn twenty_initiators_upgrade_to_one_target_and_its_slots_come_back() {
     let c = Cluster::new();
-    let mem = target(&c, 64);
+    let mem = target(&c, 64, Duration::from_secs(1));
     mem.mr.write(0, b"scale rc").unwrap();
     let baseline = mem.engine.msg_port_usage(HANDSHAKE_PORT).expect("bound");
     assert_eq!((baseline.channels, baseline.ungranted), (0, 64));
@@ -129,7 +130,7 @@ fn a_port_of_two_slots_serves_twenty_initiators_one_after_another() {
     // Without the Close, the third initiator would be refused `Busy`
     // forever: the first two would hold the port's slots.
     let c = Cluster::new();
-    let mem = target(&c, 2);
+    let mem = target(&c, 2, Duration::from_secs(1));
     mem.mr.write(0, b"two slot").unwrap();
     let baseline = mem.engine.msg_port_usage(HANDSHAKE_PORT).expect("bound");
     assert_eq!((baseline.channels, baseline.ungranted), (0, 2));
@@ -146,7 +147,8 @@ fn a_port_of_two_slots_serves_twenty_initiators_one_after_another() {
 #[test]
 fn a_full_control_port_answers_busy_and_the_initiator_retries_then_gets_in() {
     let c = Cluster::new();
-    let mem = target(&c, 1);
+    // Never reclaimed here: the hog's channel stays.
+    let mem = target(&c, 1, Duration::from_secs(3600));
     mem.mr.write(0, b"got in!!").unwrap();
     // A user endpoint holds the port's only slot (it never closes).
     let hog = c.engine(EngineConfig::default());
@@ -185,6 +187,54 @@ fn a_full_control_port_answers_busy_and_the_initiator_retries_then_gets_in() {
     assert_eq!(settled(&mem.engine, HANDSHAKE_PORT).ungranted, 1);
     assert_eq!(&upgrade_and_read(&e, &mem).unwrap(), b"got in!!");
     assert_eq!(settled(&mem.engine, HANDSHAKE_PORT).ungranted, 1);
+}
+
+#[test]
+fn an_idle_channel_never_closed_is_reclaimed_and_its_sender_reopens() {
+    // A port of one slot, reclaiming at once: a sender that never closes
+    // (crashed, or its Close lost) gives way to the next initiator.
+    let c = Cluster::new();
+    let mem = target(&c, 1, Duration::ZERO);
+    mem.mr.write(0, b"reclaim!").unwrap();
+    let hog = c.engine(EngineConfig::default());
+    c.register(hog.local_target().unwrap(), 1 << 40, 0).unwrap();
+    let ep = hog.endpoint().unwrap();
+    ep.push(mem.gid(), HANDSHAKE_PORT, b"not a handshake message")
+        .unwrap();
+    // Idle: the target popped (dropped) it and returned its credit.
+    let start = Instant::now();
+    while ep.credits(mem.gid(), HANDSHAKE_PORT) != Some(1) {
+        assert!(start.elapsed() < WAIT, "the hog's credit never came back");
+        std::thread::yield_now();
+    }
+    let e = initiator(&c);
+    assert_eq!(&upgrade_and_read(&e, &mem).unwrap(), b"reclaim!");
+    let u = settled(&mem.engine, HANDSHAKE_PORT);
+    assert_eq!((u.channels, u.ungranted), (0, 1));
+    let ms = mem.engine.msg_stats();
+    assert_eq!((ms.reclaimed, ms.closed, ms.orphaned), (1, 1, 0), "{ms:?}");
+    assert_eq!(e.stats().handshake.busy, 0);
+    // The hog is told (its channel is gone: no credits)...
+    let start = Instant::now();
+    while ep.credits(mem.gid(), HANDSHAKE_PORT).is_some() {
+        assert!(start.elapsed() < WAIT, "the hog was never told");
+        std::thread::yield_now();
+    }
+    // ... and its next push opens a new channel and is delivered (popped
+    // and dropped by the server, counted).
+    let dropped = mem.engine.stats().handshake.dropped;
+    ep.push(mem.gid(), HANDSHAKE_PORT, b"still not one")
+        .unwrap();
+    let start = Instant::now();
+    while mem.engine.stats().handshake.dropped == dropped {
+        assert!(
+            start.elapsed() < WAIT,
+            "the hog's second message never arrived"
+        );
+        std::thread::yield_now();
+    }
+    let ms = mem.engine.msg_stats();
+    assert_eq!((ms.granted, ms.orphaned), (3, 0), "{ms:?}");
 }
 
 #[test]

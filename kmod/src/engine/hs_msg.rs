@@ -37,8 +37,20 @@
 //! `orphaned` at the initiator; the Request it answers was answered
 //! already), credits stay consistent (the Close carries none: the channel
 //! is idle), and a closed initiator reopens with a fresh Open, behind its
-//! Close on the same path. A Close that cannot be sent leaves the slot
-//! granted until the port is unbound (counted nowhere else: best effort).
+//! Close on the same path.
+//!
+//! A channel that is never closed (its initiator crashed, its Close could
+//! not be sent, or a retried Request's credit was still out) holds one
+//! slot only until another initiator needs it: a reserved port whose
+//! slots are all granted reclaims, at an Open, the channel idle longest if
+//! idle for `msg.control_idle` (nothing of it in the ring, no credit owed
+//! to it), and tells its sender with a Refuse `Reclaimed`
+//! ([`MsgStats::reclaimed`](super::MsgStats::reclaimed)). That sender
+//! forgets the channel and reopens at its next push. A Request that was in
+//! flight when its channel was reclaimed is not delivered: counted
+//! `orphaned` at the target and answered `Reclaimed`; the initiator's
+//! attempt times out and the next attempt reopens and sends it again
+//! (same nonce), within `handshake.retries`.
 //!
 //! # Who serves the reserved port
 //!
@@ -383,6 +395,12 @@ impl<N: Nic> HsMsg<N> {
                 // or an earlier message of this endpoint was lost: the
                 // attempt is spent.
                 Err(MsgError::Timeout(_) | MsgError::Lost { .. }) => continue,
+                // The target reclaimed this endpoint's idle channel (the
+                // channel is forgotten): the next attempt opens a new one.
+                Err(MsgError::Refused {
+                    code: RefuseCode::Reclaimed,
+                    ..
+                }) => continue,
                 // Every slot of the target's port is held by an exchange
                 // in progress: the next attempt asks again, after a pause.
                 Err(MsgError::Refused {

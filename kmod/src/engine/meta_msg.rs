@@ -29,7 +29,9 @@
 //! call whose Open finds every slot granted is refused `Busy` and asks
 //! again after a pause, within its retries; then
 //! [`MetaFailure::Refused`]. A reply sent after the Close (to a retried
-//! request already answered) is counted `orphaned` at the node.
+//! request already answered) is counted `orphaned` at the node. A channel
+//! never closed (a crashed node) is reclaimed when its slot is needed and
+//! it has been idle for `msg.control_idle` (see [`super::hs_msg`]).
 //!
 //! # Why here (kmod), not in the meta crate
 //!
@@ -482,6 +484,12 @@ fn meta_exchange<N: Nic>(
             match ep.push_timeout(server, META_PORT, &buf[..len], timeout) {
                 Ok(()) => {}
                 Err(MsgError::Timeout(_) | MsgError::Lost { .. }) => continue,
+                // The host reclaimed this endpoint's idle channel: the
+                // next attempt opens a new one.
+                Err(MsgError::Refused {
+                    code: RefuseCode::Reclaimed,
+                    ..
+                }) => continue,
                 // Every slot of the host's port is held by a registration
                 // in progress: ask again after a pause.
                 Err(MsgError::Refused {

@@ -64,6 +64,18 @@
 //! error; the next pop pulls it). A port's replies are tagged the same way:
 //! its next replies return [`MsgError::ReplyLost`] for each lost one.
 //!
+//! A channel holds its window of the port's slots until its sender closes
+//! it ([`Endpoint::close_channel`](super::Endpoint::close_channel): a
+//! Close, sent only when the channel is idle, every credit back and no
+//! reply waiting; the port returns the window to its ungranted slots,
+//! [`MsgStats::closed`]) or the port is unbound. The engine's own control
+//! endpoints (handshake, meta registration) ask for `control_window` (1)
+//! credits and close after each exchange; their reserved ports also
+//! reclaim, when full, a channel idle for `control_idle`
+//! ([`MsgStats::reclaimed`]; its sender is told with a Refuse
+//! `Reclaimed`), so the number of initiators over time is unbounded (see
+//! [`super::hs_msg`]). [`Engine::msg_port_usage`] shows a port's grants.
+//!
 //! Control messages are bounded per channel (one Open, then at most one
 //! Credit per half window and one Release per descriptor); `ctl_slots` is
 //! sized for the expected number of concurrently opening senders. The
@@ -157,6 +169,11 @@ pub struct MsgConfig {
     /// request outstanding, so one credit suffices, and a reserved port's
     /// `port_slots` admit that many initiators at once. Default 1.
     pub control_window: u32,
+    /// How long a channel to one of the engine's reserved ports must have
+    /// been idle before the port may reclaim it for another sender, when
+    /// its slots are all granted (a sender that crashed, or whose Close
+    /// was lost, holds a slot until then). Default 1 s.
+    pub control_idle: Duration,
     /// Receive slots kept for control messages. Default 32.
     pub ctl_slots: u32,
     /// Longest a blocking call waits (push for a credit or the Open's
@@ -183,6 +200,7 @@ impl Default for MsgConfig {
             reply_window: 4,
             port_slots: 64,
             control_window: 1,
+            control_idle: Duration::from_secs(1),
             ctl_slots: 32,
             timeout: Duration::from_secs(5),
             progress_thread: false,
@@ -351,6 +369,9 @@ pub struct MsgStats {
     /// Channels closed by their sender (a Close received by one of this
     /// node's ports: the channel's window went back to the port).
     pub closed: u64,
+    /// Idle channels of the engine's reserved ports reclaimed for another
+    /// sender (`msg.control_idle`; the reclaimed sender is told).
+    pub reclaimed: u64,
 }
 
 #[derive(Default)]
@@ -372,6 +393,7 @@ pub(crate) struct Counters {
     pub(crate) credits_deferred: AtomicU64,
     pub(crate) releases_deferred: AtomicU64,
     pub(crate) closed: AtomicU64,
+    pub(crate) reclaimed: AtomicU64,
     /// Error completions of tagged data messages, by sending VQP: (tag,
     /// status), taken by their endpoint (which reports them lost).
     pub(crate) failed: Mutex<HashMap<u32, Vec<(u64, WcStatus)>>>,
@@ -704,6 +726,7 @@ impl<N: Nic> MsgNode<N> {
             credits_deferred: l(&c.credits_deferred),
             releases_deferred: l(&c.releases_deferred),
             closed: l(&c.closed),
+            reclaimed: l(&c.reclaimed),
         }
     }
 
@@ -845,10 +868,33 @@ impl<N: Nic> MsgNode<N> {
             } => {
                 bump(&self.counters.control);
                 learn_sender(eng, m.src, dct_num, dc_key);
+                let reserved = p >= super::hs_msg::FIRST_RESERVED_PORT;
+                let mut reclaimed = Vec::new();
                 let answer = match &port {
                     None => MsgKind::Refuse(RefuseCode::Unbound),
-                    Some(port) => port.admit(from, window, reply_window),
+                    Some(port) => port.admit(
+                        from,
+                        window,
+                        reply_window,
+                        reserved.then_some(self.cfg.control_idle),
+                        &mut reclaimed,
+                    ),
                 };
+                // Each reclaimed sender is told (best effort: one that
+                // does not hear it finds out at its next push, answered
+                // `Reclaimed` below).
+                for s in reclaimed {
+                    bump(&self.counters.reclaimed);
+                    let refuse = MsgRepr {
+                        src: eng.nic.gid(),
+                        dst: MsgDst::Vqp {
+                            vqp: s.vqp,
+                            from: p,
+                        },
+                        kind: MsgKind::Refuse(RefuseCode::Reclaimed),
+                    };
+                    let _ = self.send_ctl(eng, s.gid, &refuse);
+                }
                 match answer {
                     MsgKind::Grant { .. } => bump(&self.counters.granted),
                     _ => bump(&self.counters.refused),
@@ -904,7 +950,9 @@ impl<N: Nic> MsgNode<N> {
                 // A message for a port unbound since it granted the
                 // channel: not delivered, and its sender is told (its next
                 // push fails with `Refused { code: Unbound }`).
-                let orphan = |this: &MsgNode<N>| {
+                // On a reserved port still bound, an unknown channel is
+                // one the port reclaimed (see `PortShared::admit`).
+                let orphan = |this: &MsgNode<N>, code: RefuseCode| {
                     bump(&this.counters.orphaned);
                     let refuse = MsgRepr {
                         src: eng.nic.gid(),
@@ -912,12 +960,12 @@ impl<N: Nic> MsgNode<N> {
                             vqp: from.vqp,
                             from: p,
                         },
-                        kind: MsgKind::Refuse(RefuseCode::Unbound),
+                        kind: MsgKind::Refuse(code),
                     };
                     this.send_ctl(eng, from.gid, &refuse)
                 };
                 let Some(port) = port else {
-                    return orphan(self);
+                    return orphan(self, RefuseCode::Unbound);
                 };
                 let body = match m.kind {
                     MsgKind::Desc { len, desc, .. } => {
@@ -931,9 +979,15 @@ impl<N: Nic> MsgNode<N> {
                 };
                 let mut st = port.state.lock();
                 let Some(c) = st.channels.get_mut(&from) else {
+                    let code = if reserved_bound(p, st.bound) {
+                        RefuseCode::Reclaimed
+                    } else {
+                        RefuseCode::Unbound
+                    };
                     drop(st);
-                    return orphan(self);
+                    return orphan(self, code);
                 };
+                c.last = Instant::now();
                 if c.seq.accept(seq).is_err() {
                     bump(&self.counters.out_of_order);
                 }
@@ -1038,6 +1092,11 @@ impl<N: Nic> MsgNode<N> {
 /// replaces one; it is dropped like any entry when a send to it fails.
 /// Trust: as the rest of a cluster's control plane, the header's source
 /// is believed (DC carries no verified source).
+/// Whether port `p` is one of the engine's reserved ports and bound.
+fn reserved_bound(p: u16, bound: bool) -> bool {
+    bound && p >= super::hs_msg::FIRST_RESERVED_PORT
+}
+
 fn learn_sender<N: Nic>(eng: &EngineInner<N>, gid: Gid, dct_num: u32, dc_key: u64) {
     if dct_num != 0 && eng.cache.get(&gid).is_none() {
         let _ = eng.cache.insert(

@@ -21,6 +21,9 @@ pub(crate) struct ChannelRx {
     pub(crate) returns: ReturnBatch,
     pub(crate) seq: SeqCheck,
     pub(crate) reply: SendWindow,
+    /// Last data message received or popped (idle reclaim, reserved
+    /// ports only).
+    pub(crate) last: Instant,
 }
 
 pub(crate) struct PortState<N: Nic> {
@@ -42,7 +45,21 @@ pub(crate) struct PortShared<N: Nic> {
 }
 
 impl<N: Nic> PortShared<N> {
-    pub(crate) fn admit(&self, from: Sender, window: u32, reply_window: u32) -> MsgKind {
+    /// Admits `from`'s channel (the answer to its Open). With `reclaim`
+    /// (the engine's reserved ports: `msg.control_idle`), a port whose
+    /// slots are all granted first takes back the window of the channel
+    /// idle longest, if idle that long (no message of it in the ring, no
+    /// credit owed to it, nothing received or popped since): the senders
+    /// whose channels were reclaimed are pushed to `reclaimed` (they are
+    /// told with a Refuse `Reclaimed`).
+    pub(crate) fn admit(
+        &self,
+        from: Sender,
+        window: u32,
+        reply_window: u32,
+        reclaim: Option<Duration>,
+        reclaimed: &mut Vec<Sender>,
+    ) -> MsgKind {
         let mut st = self.state.lock();
         if !st.bound {
             return MsgKind::Refuse(RefuseCode::Unbound);
@@ -50,6 +67,23 @@ impl<N: Nic> PortShared<N> {
         if let Some(c) = st.channels.get(&from) {
             // A repeated Open (the answer was slow): the same grant.
             return MsgKind::Grant { window: c.window };
+        }
+        if let (0, Some(idle)) = (st.ungranted, reclaim) {
+            let st = &mut *st;
+            let victim = st
+                .channels
+                .iter()
+                .filter(|(s, c)| {
+                    c.returns.pending() == 0
+                        && c.last.elapsed() >= idle
+                        && !st.ring.iter().any(|m| m.from == **s)
+                })
+                .min_by_key(|(_, c)| c.last)
+                .map(|(s, _)| *s);
+            if let Some(v) = victim.and_then(|v| st.channels.remove(&v).map(|c| (v, c))) {
+                st.ungranted += v.1.window;
+                reclaimed.push(v.0);
+            }
         }
         let granted = window.min(st.ungranted);
         if granted == 0 {
@@ -63,6 +97,7 @@ impl<N: Nic> PortShared<N> {
                 returns: ReturnBatch::new(granted),
                 seq: SeqCheck::default(),
                 reply: SendWindow::new(reply_window),
+                last: Instant::now(),
             },
         );
         MsgKind::Grant { window: granted }
@@ -353,7 +388,10 @@ impl<N: Nic> Port<N> {
             .lock()
             .channels
             .get_mut(&msg.from)
-            .and_then(|c| c.returns.popped());
+            .and_then(|c| {
+                c.last = Instant::now();
+                c.returns.popped()
+            });
         let pulled = self.pull(&mut tx, &mut msg);
         if let Some(n) = credit {
             if self
