@@ -482,14 +482,19 @@ impl<N: Nic> HsMsg<N> {
             },
         }
         .emit();
-        if ep.try_push(gid, HANDSHAKE_PORT, &close).is_ok() {
+        // The channel was closed after the exchange: this reopens it, an
+        // Open round trip bounded by one handshake attempt's timeout (a
+        // dead target does not hold an eviction for `msg.timeout`).
+        let wait = ep.eng.cfg.handshake.timeout;
+        if ep.push_timeout(gid, HANDSHAKE_PORT, &close, wait).is_ok() {
             self.stats.lock().closes_sent += 1;
         }
     }
 
     /// Tells `gid` that `local_qpn` (paired with `nonce`) is gone (best
-    /// effort: skipped while a handshake holds the endpoint, and when the
-    /// channel has no credit).
+    /// effort: skipped while a handshake holds the endpoint, and when no
+    /// channel opens or no credit comes within `handshake.timeout`), then
+    /// closes the channel again.
     pub(crate) fn close(&self, local: Gid, local_qpn: u32, gid: Gid, nonce: u64) {
         let Some(client) = self.client.try_lock() else {
             return;

@@ -600,7 +600,10 @@ impl<N: Nic> Endpoint<N> {
     ///
     /// Best effort at the port: when the Close cannot be sent (the error
     /// is returned) the channel is still forgotten here, and its window
-    /// stays granted at the port until the port is unbound.
+    /// stays granted at the port until the port is unbound (or, on the
+    /// engine's reserved ports, reclaimed when idle: `msg.control_idle`).
+    /// A reply the port sends to a closed channel fails there, typed
+    /// ([`MsgError::Refused`], `Unbound`).
     ///
     /// # Errors
     /// Engine and post errors of sending the Close.
