@@ -36,17 +36,7 @@ fn target(c: &Cluster, port_slots: u32, idle: Duration) -> MemNode {
         .with_handshake_thread(true);
     cfg.msg.port_slots = port_slots;
     cfg.msg.control_idle = idle;
-    let engine = c.engine(cfg);
-    let mr = engine.alloc_mr(4096, Access::ALL).expect("MR");
-    c.register(engine.local_target().unwrap(), 1 << 40, 0)
-        .unwrap();
-    c.register(
-        engine.handshake_entry().unwrap().expect("entry"),
-        1 << 40,
-        0,
-    )
-    .unwrap();
-    MemNode { engine, mr }
+    c.upgradable_node(cfg, 4096)
 }
 
 /// A compute node (registered nowhere) that upgrades VQPs.

@@ -25,17 +25,7 @@ fn target(c: &Cluster, thread: bool) -> MemNode {
     // Its own upgrades (two_unthreaded_engines_...) wait generously: a
     // loaded machine delays the peer's answers.
     cfg.handshake.timeout = Duration::from_millis(500);
-    let engine = c.engine(cfg);
-    let mr = engine.alloc_mr(4096, Access::ALL).expect("MR");
-    c.register(engine.local_target().unwrap(), 1 << 40, 0)
-        .unwrap();
-    c.register(
-        engine.handshake_entry().unwrap().expect("entry"),
-        1 << 40,
-        0,
-    )
-    .unwrap();
-    MemNode { engine, mr }
+    c.upgradable_node(cfg, 4096)
 }
 
 /// An upgrade initiator (registered nowhere: a compute node).

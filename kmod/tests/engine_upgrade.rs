@@ -19,22 +19,13 @@ const LOG: usize = 64;
 /// A memory node whose engine answers upgrade handshakes, registered under
 /// its GID and its handshake name.
 fn upgradable_node(c: &Cluster, len: usize) -> MemNode {
-    let engine = c.engine(
+    c.upgradable_node(
         EngineConfig::default()
             .with_pool_size(1)
             .with_upgrade_endpoint(true)
             .with_handshake_thread(true),
-    );
-    let mr = engine.alloc_mr(len, Access::ALL).expect("MR");
-    c.register(engine.local_target().unwrap(), 1 << 40, 0)
-        .unwrap();
-    c.register(
-        engine.handshake_entry().unwrap().expect("entry"),
-        1 << 40,
-        0,
+        len,
     )
-    .unwrap();
-    MemNode { engine, mr }
 }
 
 /// A client engine. Its handshakes wait generously for answers (a loaded
@@ -444,17 +435,7 @@ fn refusing_node(c: &Cluster, len: usize) -> MemNode {
         .with_handshake_thread(true);
     cfg.handshake.passive_cap = 1;
     cfg.handshake.refuse_when_full = true;
-    let engine = c.engine(cfg);
-    let mr = engine.alloc_mr(len, Access::ALL).expect("MR");
-    c.register(engine.local_target().unwrap(), 1 << 40, 0)
-        .unwrap();
-    c.register(
-        engine.handshake_entry().unwrap().expect("entry"),
-        1 << 40,
-        0,
-    )
-    .unwrap();
-    MemNode { engine, mr }
+    c.upgradable_node(cfg, len)
 }
 
 #[test]

@@ -118,6 +118,24 @@ impl Cluster {
             .expect("register");
         MemNode { engine, mr }
     }
+
+    /// A memory node that serves DC -> RC upgrades: an engine with `cfg`, a
+    /// `len`-byte MR (every access), and both its DCT and its upgrade entry
+    /// registered in the meta table with a long lease.
+    #[allow(dead_code)] // not every test binary upgrades
+    pub fn upgradable_node(&self, cfg: EngineConfig, len: usize) -> MemNode {
+        let engine = self.engine(cfg);
+        let mr = engine.alloc_mr(len, Access::ALL).expect("MR");
+        self.register(engine.local_target().unwrap(), 1 << 40, 0)
+            .expect("register");
+        self.register(
+            engine.handshake_entry().unwrap().expect("entry"),
+            1 << 40,
+            0,
+        )
+        .expect("register the upgrade entry");
+        MemNode { engine, mr }
+    }
 }
 
 /// Polls `vqp` until `n` completions arrived (bounded by [`WAIT`]).
