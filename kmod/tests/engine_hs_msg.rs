@@ -48,6 +48,23 @@ fn read_first(e: &Engine<SimNic>, v: &krcore_kmod::Vqp<SimNic>, mem: &MemNode) -
     got
 }
 
+/// Runs `f` while another thread calls `serve` in a loop (a target without
+/// its own thread), and returns `f`'s result.
+fn while_serving<R>(serve: impl Fn() + Sync, f: impl FnOnce() -> R) -> R {
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !done.load(std::sync::atomic::Ordering::Acquire) {
+                serve();
+                std::thread::yield_now();
+            }
+        });
+        let r = f();
+        done.store(true, std::sync::atomic::Ordering::Release);
+        r
+    })
+}
+
 #[test]
 fn an_upgrade_in_dc_mode_creates_no_ud_qp_on_either_engine() {
     let c = Cluster::new();
@@ -172,18 +189,12 @@ fn bad_messages_on_the_handshake_port_are_dropped_and_counted() {
     let e = client(&c, Duration::from_millis(500));
     let v = e.create_vqp().unwrap();
     v.connect(mem.gid()).unwrap();
-    let done = std::sync::atomic::AtomicBool::new(false);
-    let r = std::thread::scope(|s| {
-        s.spawn(|| {
-            while !done.load(std::sync::atomic::Ordering::Acquire) {
-                let _ = mem.engine.progress();
-                std::thread::yield_now();
-            }
-        });
-        let r = v.upgrade();
-        done.store(true, std::sync::atomic::Ordering::Release);
-        r
-    });
+    let r = while_serving(
+        || {
+            let _ = mem.engine.progress();
+        },
+        || v.upgrade(),
+    );
     assert_eq!(r.unwrap(), VqpTransport::Rc);
     assert_eq!(mem.engine.stats().handshake.accepted, 1);
 }
@@ -228,18 +239,12 @@ fn a_node_that_stopped_serving_refuses_typed() {
     v.connect(mem.gid()).unwrap();
     // The target's messaging thread is off: its Open is answered while the
     // test drives the target's messaging.
-    let done = std::sync::atomic::AtomicBool::new(false);
-    let r = std::thread::scope(|s| {
-        s.spawn(|| {
-            while !done.load(std::sync::atomic::Ordering::Acquire) {
-                let _ = mem.engine.msg_progress();
-                std::thread::yield_now();
-            }
-        });
-        let r = v.upgrade();
-        done.store(true, std::sync::atomic::Ordering::Release);
-        r
-    });
+    let r = while_serving(
+        || {
+            let _ = mem.engine.msg_progress();
+        },
+        || v.upgrade(),
+    );
     assert!(
         matches!(
             r,

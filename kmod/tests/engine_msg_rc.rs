@@ -8,7 +8,8 @@ mod common;
 use std::time::Duration;
 
 use common::fallback::Fabric;
-use krcore_kmod::{EngineConfig, EngineMode, MsgError};
+use krcore_kmod::{Engine, EngineConfig, EngineMode, MsgError};
+use krcore_nic::sim::SimNic;
 
 const PORT: u16 = 40;
 
@@ -19,16 +20,22 @@ fn cfg() -> EngineConfig {
     cfg
 }
 
+/// An engine with [`cfg`], registered in the meta table (a receiver).
+fn registered(f: &Fabric) -> Engine<SimNic> {
+    let e = f.engine(cfg());
+    f.meta
+        .table()
+        .register(e.local_target().unwrap(), 0, 1 << 40, 0)
+        .unwrap();
+    e
+}
+
 #[test]
 fn push_pop_reply_over_rc_pairs() {
     let f = Fabric::new();
-    let rx = f.engine(cfg());
     // The receiver registers; the sender registers nowhere (its Open
     // names its handshake endpoint: the receiver answers there).
-    f.meta
-        .table()
-        .register(rx.local_target().unwrap(), 0, 1 << 40, 0)
-        .unwrap();
+    let rx = registered(&f);
     let tx = f.engine(cfg());
     assert_eq!(rx.mode(), EngineMode::RcFallback);
     assert!(rx.msg_supported());
@@ -62,11 +69,7 @@ fn push_pop_reply_over_rc_pairs() {
 #[test]
 fn a_slow_receiver_stalls_the_sender_without_loss_over_rc() {
     let f = Fabric::new();
-    let rx = f.engine(cfg());
-    f.meta
-        .table()
-        .register(rx.local_target().unwrap(), 0, 1 << 40, 0)
-        .unwrap();
+    let rx = registered(&f);
     let tx = f.engine(cfg());
     let port = rx.bind(PORT).unwrap();
     let ep = tx.endpoint().unwrap();
@@ -94,13 +97,7 @@ fn a_slow_receiver_stalls_the_sender_without_loss_over_rc() {
 #[test]
 fn one_endpoint_to_two_receivers_over_rc() {
     let f = Fabric::new();
-    let (a, b) = (f.engine(cfg()), f.engine(cfg()));
-    for e in [&a, &b] {
-        f.meta
-            .table()
-            .register(e.local_target().unwrap(), 0, 1 << 40, 0)
-            .unwrap();
-    }
+    let (a, b) = (registered(&f), registered(&f));
     let tx = f.engine(cfg());
     let (pa, pb) = (a.bind(PORT).unwrap(), b.bind(PORT).unwrap());
     let ep = tx.endpoint().unwrap();
