@@ -93,8 +93,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use krcore_nic::{
-    bring_up, Access, CompletionQueue, Destination, Gid, Nic, Payload, QpCaps, QpInit, QpType,
-    QueuePair, SendFlags, SendWr, Transition, UdTarget, Wc, WcStatus, WrOp,
+    bring_up, Access, CompletionQueue, Destination, Gid, Nic, QpCaps, QpInit, QpType, QueuePair,
+    SendFlags, SendWr, Transition, UdTarget, Wc, WcStatus,
 };
 use parking_lot::Mutex;
 
@@ -511,18 +511,8 @@ impl<N: Nic> PhysQp<N> {
         if v.grants.is_empty() {
             // No grant known: nothing to look up.
             for wr in wrs.iter_mut() {
-                let read = match wr.op {
-                    WrOp::Read { .. } => true,
-                    WrOp::Write { .. } => false,
-                    _ => return None,
-                };
-                let Payload::Local(sg) = &wr.payload else {
-                    return None;
-                };
-                let [sge] = sg.as_slice() else {
-                    return None;
-                };
-                if !window.holds(sge, read) {
+                let (_, op, sge) = crate::precheck::common_shape(wr, &eng.policy)?;
+                if !window.holds(sge, op == OpKind::Read) {
                     return None;
                 }
                 wr.dest = dest;
@@ -535,17 +525,7 @@ impl<N: Nic> PhysQp<N> {
             }
             let now = known.and_then(|g| g.expires_at).map(|_| Instant::now());
             for wr in wrs.iter_mut() {
-                let (remote, op) = match wr.op {
-                    WrOp::Read { remote } => (remote, OpKind::Read),
-                    WrOp::Write { remote } => (remote, OpKind::Write),
-                    _ => return None,
-                };
-                let Payload::Local(sg) = &wr.payload else {
-                    return None;
-                };
-                let [sge] = sg.as_slice() else {
-                    return None;
-                };
+                let (remote, op, sge) = crate::precheck::common_shape(wr, &eng.policy)?;
                 if !window.holds(sge, op == OpKind::Read) || remote.rkey != rkey {
                     return None;
                 }
