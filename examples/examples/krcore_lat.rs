@@ -56,6 +56,8 @@
 //! connects: `$SOFTROCE_IP`, else 127.0.0.1), `--iters N` (1000 per round
 //! and contender), `--rounds N` (6), `--pairs N` (connect samples, 8),
 //! `--no-perftest`, `--no-sdk`, `--slice-ms N` (length of a turn, 10),
+//! `--depth N` (send queue depth of the provider's QP, 16; perftest's
+//! latency tests use 1),
 //! `--idle-sleep-us N` (idle sleep of the
 //! background threads of the latency phase's SDK nodes: meta host and
 //! handshake responders; default 20,000 us, where the engine's is 100 us).
@@ -122,6 +124,7 @@ mod lat {
         sdk: bool,
         idle_sleep: Option<Duration>,
         slice_ms: u64,
+        depth: u32,
     }
 
     fn env_or(keys: &[&str], default: &str) -> String {
@@ -146,6 +149,7 @@ mod lat {
             sdk: true,
             idle_sleep: Some(Duration::from_micros(20_000)),
             slice_ms: 10,
+            depth: 16,
         };
         let mut it = std::env::args().skip(1);
         while let Some(k) = it.next() {
@@ -159,6 +163,7 @@ mod lat {
                 "--pairs" => a.pairs = num(&k, v()?)?,
                 "--no-perftest" => a.perftest = false,
                 "--no-sdk" => a.sdk = false,
+                "--depth" => a.depth = num(&k, v()?)?.max(1) as u32,
                 "--slice-ms" => a.slice_ms = num(&k, v()?)?.max(1) as u64,
                 "--idle-sleep-us" => {
                     a.idle_sleep = Some(Duration::from_micros(num(&k, v()?)? as u64))
@@ -719,7 +724,7 @@ mod lat {
         let nic_b = open(a)?;
         let (sa, sb) = (Side::new(&nic_a, 4096), Side::new(&nic_b, 4096));
         let caps = QpCaps {
-            max_send_wr: 16,
+            max_send_wr: a.depth,
             max_recv_wr: 1,
             ..QpCaps::default()
         };
