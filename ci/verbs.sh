@@ -18,7 +18,10 @@
 #   SOFTROCE_DIR       where softroce-run lives (default ../shared/softroce)
 #   VERBS_TIMEOUT      seconds for the guest run (default 1500)
 #   VERBS_LAT          0 skips the latency tool (default 1)
-#   VERBS_LAT_ARGS     arguments of krcore_lat (default: --rounds 2 --iters 500 --pairs 3)
+#   VERBS_LAT_ARGS     arguments of krcore_lat (default: --rounds 6 --iters 1000 --pairs 3:
+#                      six rounds in which perftest and our contenders take
+#                      turns, about 2.5 min; the medians over rounds of the
+#                      per-round ratios vary by a few percent between runs)
 #   CARGO_TARGET_DIR   honoured as usual
 set -euo pipefail
 
@@ -26,7 +29,7 @@ cd "$(dirname "$0")/.."
 SOFTROCE_DIR=${SOFTROCE_DIR:-../shared/softroce}
 VERBS_TIMEOUT=${VERBS_TIMEOUT:-1500}
 VERBS_LAT=${VERBS_LAT:-1}
-VERBS_LAT_ARGS=${VERBS_LAT_ARGS:---rounds 2 --iters 500 --pairs 3}
+VERBS_LAT_ARGS=${VERBS_LAT_ARGS:---rounds 6 --iters 1000 --pairs 3}
 
 say() { printf '[ci/verbs] %s\n' "$*" >&2; }
 

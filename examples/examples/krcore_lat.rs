@@ -24,7 +24,28 @@
 //! perftest runs with `-C` (cycles), so both sides are in the same unit;
 //! microseconds divide by /proc/cpuinfo's "cpu MHz", as perftest does.
 //!
-//! ```text
+//! Taking turns. In an emulated guest the speed of the same code drifts
+//! between levels 2x and 4x apart, switching every few tens of
+//! milliseconds to seconds (seen in perftest's own sample series, with
+//! its client and server pinned to one vCPU or not, with one vCPU or two,
+//! with hpet or acpi_pm as clocksource, and with qemu at a high priority
+//! on the host). Runs measured one after the other (perftest's 0.2 s
+//! loop, then ours) therefore drew their speed level independently, and
+//! their ratio swung 0.5x to 2.3x per round. Now perftest's client and
+//! our contenders take turns of `--slice-ms` (10 ms) within ONE window:
+//! the client runs for a slice, is stopped (SIGSTOP), one of our
+//! contenders runs alone for a slice (in rotation), the client is
+//! continued, and so on until it exits; so both sides see the same
+//! moments of the drifting guest. perftest prints every sample (`-U`):
+//! the ones that span a stop (one per stop inside its loop, each at least
+//! a slice long) are dropped and its figures are computed from the rest
+//! exactly as its report does (its own report line is printed beside).
+//! Our turns count when they fall inside perftest's timed loop: from its
+//! first busy turn to its last, where busy means it made at least 16
+//! `write` calls in its turn (`/proc/PID/io`; on rxe each post is one).
+//! Our samples never span a gap between turns.
+//!
+//! //! ```text
 //! cargo build --release -p krcore-examples --features verbs --example krcore_lat
 //! ../shared/softroce/softroce-run -- target/release/examples/krcore_lat
 //! ```
@@ -34,7 +55,10 @@
 //! `$SOFTROCE_GID_INDEX`, else 1), `--ip ADDR` (where perftest's client
 //! connects: `$SOFTROCE_IP`, else 127.0.0.1), `--iters N` (1000 per round
 //! and contender), `--rounds N` (6), `--pairs N` (connect samples, 8),
-//! `--no-perftest`, `--no-sdk`, `--idle-sleep-us N` (idle sleep of the
+//! `--no-perftest`, `--no-sdk`, `--slice-ms N` (length of a turn, 10),
+//! `--depth N` (send queue depth of the provider's QP, 16; perftest's
+//! latency tests use 1),
+//! `--idle-sleep-us N` (idle sleep of the
 //! background threads of the latency phase's SDK nodes: meta host and
 //! handshake responders; default 20,000 us, where the engine's is 100 us).
 //! They serve connects only; on a small emulated guest their wake-ups every
@@ -44,10 +68,15 @@
 //! with the engine's default. The connect phase always uses the engine's
 //! default).
 //!
-//! Output: `key=value` lines; the `summary` lines give, per operation, each
-//! contender's median over rounds of its p50 and p99, and the median over
-//! rounds of the paired ratio contender/perftest. The tool fails (exit 1)
-//! when an operation fails; it never judges the figures.
+//! Output: `key=value` lines; per round and operation one line on the
+//! turns (how many, how many inside perftest's loop) and one per contender;
+//! the `summary` lines give, per operation, each contender's median over
+//! rounds of its p50 and p99, and the median over rounds of the ratio
+//! contender/perftest of the same round (same window). The `interleaved`
+//! lines compare the SDK with the provider op by op (one round trip of each
+//! in turn), the post (stamp to the post's return) and the completion (the
+//! post's return to the completion) apart. The tool fails (exit 1) when an
+//! operation fails; it never judges the figures.
 
 #[cfg(feature = "verbs")]
 fn main() {
@@ -79,6 +108,7 @@ mod lat {
         bring_up, CompletionQueue, Gid, MemoryRegion, Nic, QpCaps, QpType, QueuePair, RcPeer,
         SendWr, Wc, WcStatus,
     };
+    use std::cell::Cell;
     use std::collections::BTreeMap;
     use std::process::{Child, Command, Stdio};
     use std::time::{Duration, Instant};
@@ -93,6 +123,8 @@ mod lat {
         perftest: bool,
         sdk: bool,
         idle_sleep: Option<Duration>,
+        slice_ms: u64,
+        depth: u32,
     }
 
     fn env_or(keys: &[&str], default: &str) -> String {
@@ -116,6 +148,8 @@ mod lat {
             perftest: true,
             sdk: true,
             idle_sleep: Some(Duration::from_micros(20_000)),
+            slice_ms: 10,
+            depth: 16,
         };
         let mut it = std::env::args().skip(1);
         while let Some(k) = it.next() {
@@ -129,6 +163,8 @@ mod lat {
                 "--pairs" => a.pairs = num(&k, v()?)?,
                 "--no-perftest" => a.perftest = false,
                 "--no-sdk" => a.sdk = false,
+                "--depth" => a.depth = num(&k, v()?)?.max(1) as u32,
+                "--slice-ms" => a.slice_ms = num(&k, v()?)?.max(1) as u64,
                 "--idle-sleep-us" => {
                     a.idle_sleep = Some(Duration::from_micros(num(&k, v()?)? as u64))
                 }
@@ -176,10 +212,14 @@ mod lat {
             .ok()
     }
 
-    /// p50 (`t_typical`) and p99 in cycles, computed as perftest's
-    /// `print_report_lat` does from the post stamps.
-    fn perftest_stats(stamps: &[u64]) -> (f64, f64, f64) {
-        let mut d: Vec<u64> = stamps.windows(2).map(|w| w[1] - w[0]).collect();
+    /// p50 (`t_typical`), p99 and min of post-to-post samples (cycles),
+    /// computed as perftest's `print_report_lat` does: sorted, the
+    /// `LAT_MEASURE_TAIL` (2) largest dropped, `get_median`, and the sample
+    /// at `ceil(0.99 m)`.
+    fn lat_stats(mut d: Vec<u64>) -> Result<(f64, f64, f64), String> {
+        if d.len() < 5 {
+            return Err(format!("only {} samples", d.len()));
+        }
         d.sort_unstable();
         let m = d.len() - 2; // LAT_MEASURE_TAIL
         let median = if (m - 1) % 2 == 1 {
@@ -188,48 +228,343 @@ mod lat {
             d[m / 2] as f64
         };
         let i99 = ((m as f64) * 0.99).ceil() as usize;
-        (median, d[i99.min(d.len() - 1)] as f64, d[0] as f64)
+        Ok((median, d[i99.min(d.len() - 1)] as f64, d[0] as f64))
     }
 
-    /// Runs `iters` round trips of `one` (post one WR, spin on its
-    /// completion), stamping each post like perftest.
-    ///
-    /// Also returns, when `one` reports them ([`Spun`]), the medians of the
-    /// post's own cost (stamp to return) and of the empty polls per round
-    /// trip: where a slow contender loses its time.
-    fn timed(
-        iters: usize,
-        mut one: impl FnMut(usize, &mut dyn FnMut()) -> Result<Option<Spun>, String>,
-    ) -> Result<Timing, String> {
-        let mut stamps = vec![0u64; iters];
-        for i in 0..iters.min(100) {
-            one(i, &mut || {})?; // warm-up, not recorded
+    /// One contender: posts one signaled WR, stamping (the closure it is
+    /// given) right before the post, and spins on its completion.
+    type Contender<'a> = (
+        &'static str,
+        Box<dyn FnMut(&mut dyn FnMut()) -> Result<Option<Spun>, String> + 'a>,
+    );
+
+    /// Samples of one contender: post-to-post cycles, and what [`spin`]
+    /// saw (post cost, empty polls).
+    #[derive(Default)]
+    struct Pool {
+        d: Vec<u64>,
+        post: Vec<f64>,
+        spins: Vec<f64>,
+    }
+
+    impl Pool {
+        fn extend(&mut self, o: Pool) {
+            self.d.extend(o.d);
+            self.post.extend(o.post);
+            self.spins.extend(o.spins);
         }
-        let mut spun = Vec::with_capacity(iters);
-        for (i, stamp) in stamps.iter_mut().enumerate() {
+
+        fn timing(self) -> Result<Timing, String> {
+            let (p50, p99, min) = lat_stats(self.d)?;
+            let m = |v: Vec<f64>| (!v.is_empty()).then(|| median(v));
+            Ok(Timing {
+                p50,
+                p99,
+                min,
+                post: m(self.post),
+                spins: m(self.spins),
+            })
+        }
+    }
+
+    /// One turn: contender `k % n` alone (as perftest runs alone), round
+    /// trips back to back for `slice` cycles. The samples are the
+    /// differences of consecutive post stamps (perftest's post to post);
+    /// none spans the gap between two turns.
+    fn turn(ours: &mut [Contender<'_>], k: usize, slice: u64) -> Result<Vec<Pool>, String> {
+        let mut pools: Vec<Pool> = ours.iter().map(|_| Pool::default()).collect();
+        let j = k % ours.len();
+        let p = &mut pools[j];
+        let one = &mut ours[j].1;
+        let start = cycles();
+        let mut prev: Option<u64> = None;
+        loop {
             let mut at = 0;
-            let r = one(i, &mut || at = cycles())?;
-            *stamp = at;
+            let r = one(&mut || at = cycles())?;
+            if let Some(b) = prev {
+                p.d.push(at.wrapping_sub(b));
+            }
+            prev = Some(at);
             if let Some(r) = r {
-                spun.push((r.posted_at.wrapping_sub(at) as f64, f64::from(r.spins)));
+                p.post.push(r.posted_at.wrapping_sub(at) as f64);
+                p.spins.push(f64::from(r.spins));
+            }
+            if cycles().wrapping_sub(start) >= slice {
+                return Ok(pools);
             }
         }
-        let (p50, p99, min) = perftest_stats(&stamps);
-        let (post, spins) = if spun.is_empty() {
-            (None, None)
-        } else {
-            (
-                Some(median(spun.iter().map(|s| s.0).collect())),
-                Some(median(spun.iter().map(|s| s.1).collect())),
-            )
-        };
-        Ok(Timing {
-            p50,
-            p99,
-            min,
-            post,
-            spins,
+    }
+
+    /// Our contenders without perftest: turns until each has `iters`
+    /// samples.
+    fn alone(ours: &mut [Contender<'_>], iters: usize, slice: u64) -> Result<Vec<Timing>, String> {
+        let mut pools: Vec<Pool> = ours.iter().map(|_| Pool::default()).collect();
+        let mut k = 0;
+        while pools.iter().any(|p| p.d.len() < iters) {
+            for (p, t) in pools.iter_mut().zip(turn(ours, k, slice)?) {
+                p.extend(t);
+            }
+            k += 1;
+        }
+        pools.into_iter().map(Pool::timing).collect()
+    }
+
+    /// The write system calls of a process (`syscw` of `/proc/PID/io`):
+    /// on rxe every `ibv_post_send` is one (the doorbell is a `write` to
+    /// the uverbs file), so they tell whether perftest's client was in its
+    /// timed loop during its turn (its setup makes only a few). Exact at
+    /// any moment, unlike the device's counters (cached by the kernel for
+    /// 10 ms).
+    fn write_calls(pid: u32) -> Option<u64> {
+        let io = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+        io.lines()
+            .find_map(|l| l.strip_prefix("syscw:"))?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// Write calls in one of perftest's turns that mean "in its loop" (a
+    /// turn of 10 ms holds 25 to 100 round trips here).
+    const BUSY_WRITES: u64 = 16;
+
+    /// Sends `sig` to the perftest client.
+    fn signal(pid: rustix::process::Pid, sig: rustix::process::Signal) -> Result<(), String> {
+        rustix::process::kill_process(pid, sig).map_err(|e| format!("kill: {e}"))
+    }
+
+    /// Waits (bounded) until `pid` is stopped (or gone): a SIGSTOP takes
+    /// effect when the process next leaves the kernel.
+    fn wait_stopped(pid: u32) -> Result<(), String> {
+        let path = format!("/proc/{pid}/stat");
+        for _ in 0..20_000 {
+            let Ok(st) = std::fs::read_to_string(&path) else {
+                return Ok(()); // reaped
+            };
+            let state = st
+                .rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().next());
+            if matches!(state, Some("T" | "t" | "Z" | "X")) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        Err(format!("perftest client {pid} did not stop"))
+    }
+
+    /// Sends SIGCONT on drop: an error path never leaves perftest stopped.
+    struct ContGuard(rustix::process::Pid);
+
+    impl Drop for ContGuard {
+        fn drop(&mut self) {
+            let _ = signal(self.0, rustix::process::Signal::CONT);
+        }
+    }
+
+    /// What one window of turns with perftest gave.
+    struct Window {
+        perftest: Timing,
+        /// perftest's own report line (p50, p99, min): with the samples
+        /// that span a stop in it.
+        report: (f64, f64, f64),
+        /// `None`: no turn of that contender fell inside perftest's loop.
+        ours: Vec<Option<Timing>>,
+        turns: usize,
+        accepted: usize,
+        stops_in_loop: usize,
+    }
+
+    /// perftest's client and our contenders take turns on the guest: the
+    /// client runs for `slice`, is stopped (SIGSTOP), one of our
+    /// contenders runs for `slice` (in rotation), the client is continued,
+    /// and so on until it exits. Both thus see the same moments of an
+    /// emulator whose speed drifts by 2x and more within seconds.
+    ///
+    /// - Our turn counts only when perftest's turns before and after it
+    ///   were in its timed loop (the device sent packets during them).
+    /// - perftest prints every sample (`-U`); the samples that span a stop
+    ///   are its largest ones (a stop lasts a whole slice): the `stops`
+    ///   largest are dropped, where `stops` counts the stops from its first
+    ///   busy turn on; then its figures are computed as its own report does.
+    fn with_perftest(
+        a: &Args,
+        tool: &str,
+        extra: &[&str],
+        ours: &mut [Contender<'_>],
+        slice: u64,
+    ) -> Result<Window, String> {
+        let port = 20000 + (std::process::id() as u16 ^ (cycles() as u16)) % 10000;
+        // perftest's timed loop spans about as many round trips as all of
+        // our turns together; twice that, since only our turns between two
+        // of its busy ones count.
+        let n = 2 * a.iters * ours.len().max(1);
+        let mut common: Vec<String> = vec![
+            "-d".into(),
+            a.device.clone(),
+            "-x".into(),
+            a.gid_index.to_string(),
+            "-p".into(),
+            port.to_string(),
+            "-n".into(),
+            n.to_string(),
+            "-C".into(),
+        ];
+        common.extend(extra.iter().map(|s| s.to_string()));
+        let mut server = Command::new(tool)
+            .args(&common)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("spawn {tool}: {e}"))?;
+        let listening = (0..400).any(|_| {
+            std::thread::sleep(Duration::from_millis(25));
+            is_listening(port)
+        });
+        if !listening {
+            let _ = server.kill();
+            let _ = server.wait();
+            return Err(format!("{tool} server never listened on port {port}"));
+        }
+        // Its samples (`-U`) go to a file: tens of KB, more than a pipe
+        // holds while the client runs.
+        let out_path =
+            std::env::temp_dir().join(format!("krcore_lat-{}-{port}.out", std::process::id()));
+        let out_file =
+            std::fs::File::create(&out_path).map_err(|e| format!("{}: {e}", out_path.display()))?;
+        let mut client = Command::new(tool)
+            .args(&common)
+            .arg("-U")
+            .arg(&a.ip)
+            .stdout(out_file)
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("spawn {tool}: {e}"))?;
+        let pid = rustix::process::Pid::from_raw(client.id() as i32)
+            .ok_or("perftest client without a pid")?;
+        let slice_t = Duration::from_secs_f64(a.slice_ms as f64 / 1000.0);
+        let mut pools: Vec<Pool> = ours.iter().map(|_| Pool::default()).collect();
+        let started = Instant::now();
+        // Our turns (their samples) and, for each of perftest's turns,
+        // whether it was busy; our turn `t` sits between its turns `t` and
+        // `t + 1`.
+        let mut ours_by_turn: Vec<Vec<Pool>> = Vec::new();
+        let mut busy_turns: Vec<bool> = Vec::new();
+        let run = (|| -> Result<(), String> {
+            loop {
+                // perftest's turn.
+                let c0 = write_calls(client.id());
+                let t0 = Instant::now();
+                let mut exited = false;
+                while t0.elapsed() < slice_t {
+                    std::thread::sleep(Duration::from_millis(1).min(slice_t));
+                    if client.try_wait().map_err(|e| e.to_string())?.is_some() {
+                        exited = true;
+                        break;
+                    }
+                }
+                busy_turns.push(match (c0, write_calls(client.id())) {
+                    (Some(x), Some(y)) => y.saturating_sub(x) >= BUSY_WRITES,
+                    _ => true, // no /proc/PID/io: every turn counts
+                });
+                if exited {
+                    return Ok(());
+                }
+                if started.elapsed() > Duration::from_secs(300) {
+                    return Err(format!("{tool} did not finish within 300 s"));
+                }
+                // Our turn.
+                signal(pid, rustix::process::Signal::STOP)?;
+                let guard = ContGuard(pid);
+                wait_stopped(client.id())?;
+                let r = turn(ours, ours_by_turn.len(), slice);
+                drop(guard);
+                ours_by_turn.push(r?);
+            }
+        })();
+        // perftest's timed loop runs from its first busy turn to its last:
+        // our turns in between count (and each of them stops perftest once
+        // inside its loop).
+        let first = busy_turns.iter().position(|&b| b);
+        let last = busy_turns.iter().rposition(|&b| b);
+        let turns = ours_by_turn.len();
+        let mut accepted = 0;
+        if let (Some(first), Some(last)) = (first, last) {
+            for (t, p) in ours_by_turn.into_iter().enumerate() {
+                if first <= t && t < last {
+                    for (pool, x) in pools.iter_mut().zip(p) {
+                        pool.extend(x);
+                    }
+                    accepted += 1;
+                }
+            }
+        }
+        if let Err(e) = run {
+            let _ = client.kill();
+            let _ = client.wait();
+            let _ = server.kill();
+            let _ = server.wait();
+            let _ = std::fs::remove_file(&out_path);
+            return Err(e);
+        }
+        let out = wait_output(client, Duration::from_secs(300));
+        let srv = wait_output(server, Duration::from_secs(30));
+        let text = std::fs::read_to_string(&out_path);
+        let _ = std::fs::remove_file(&out_path);
+        let out = out?;
+        srv?;
+        let text = text.map_err(|e| format!("{}: {e}", out_path.display()))?;
+        if !out.status.success() {
+            return Err(format!(
+                "{tool} client failed ({}): {}{}",
+                out.status,
+                tail(&text),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        let report = parse_report(&text)
+            .ok_or_else(|| format!("no report line in {tool}'s output: {}", tail(&text)))?;
+        let mut d = parse_samples(&text);
+        if d.len() + 1 != n {
+            return Err(format!(
+                "{tool} printed {} samples, expected {}",
+                d.len(),
+                n - 1
+            ));
+        }
+        // The samples that span a stop: one per accepted turn, each at
+        // least a slice long (no more than there are such samples).
+        let stops_in_loop = accepted.min(d.iter().filter(|&&x| x >= slice).count());
+        d.sort_unstable();
+        d.truncate(d.len().saturating_sub(stops_in_loop));
+        let (p50, p99, min) = lat_stats(d)?;
+        Ok(Window {
+            perftest: Timing {
+                p50,
+                p99,
+                min,
+                post: None,
+                spins: None,
+            },
+            report,
+            ours: pools.into_iter().map(|p| p.timing().ok()).collect(),
+            turns,
+            accepted,
+            stops_in_loop,
         })
+    }
+
+    /// The samples perftest prints with `-U` (`#, cycles` then `i, value`
+    /// lines, in the order measured).
+    fn parse_samples(text: &str) -> Vec<u64> {
+        text.lines()
+            .skip_while(|l| !l.starts_with("#, "))
+            .skip(1)
+            .map_while(|l| {
+                let (_, v) = l.split_once(", ")?;
+                v.trim().parse::<f64>().ok().map(|v| v.round() as u64)
+            })
+            .collect()
     }
 
     /// What [`spin`] saw: when the post had returned, and how many polls
@@ -279,67 +614,6 @@ mod lat {
         }))
     }
 
-    /// One perftest server + client run; (p50, p99) in cycles from the
-    /// client's report (`-C`).
-    fn perftest(a: &Args, tool: &str, extra: &[&str]) -> Result<Timing, String> {
-        let port = 20000 + (std::process::id() as u16 ^ (cycles() as u16)) % 10000;
-        let mut common: Vec<String> = vec![
-            "-d".into(),
-            a.device.clone(),
-            "-x".into(),
-            a.gid_index.to_string(),
-            "-p".into(),
-            port.to_string(),
-            "-n".into(),
-            a.iters.to_string(),
-            "-C".into(),
-        ];
-        common.extend(extra.iter().map(|s| s.to_string()));
-        let mut server = Command::new(tool)
-            .args(&common)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("spawn {tool}: {e}"))?;
-        let listening = (0..400).any(|_| {
-            std::thread::sleep(Duration::from_millis(25));
-            is_listening(port)
-        });
-        if !listening {
-            let _ = server.kill();
-            let _ = server.wait();
-            return Err(format!("{tool} server never listened on port {port}"));
-        }
-        let client = Command::new(tool)
-            .args(&common)
-            .arg(&a.ip)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("spawn {tool}: {e}"))?;
-        let out = wait_output(client, Duration::from_secs(300));
-        let srv = wait_output(server, Duration::from_secs(30));
-        let out = out?;
-        srv?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        if !out.status.success() {
-            return Err(format!(
-                "{tool} client failed ({}): {text}{}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        let (p50, p99, min) = parse_report(&text)
-            .ok_or_else(|| format!("no report line in {tool}'s output: {text}"))?;
-        Ok(Timing {
-            p50,
-            p99,
-            min,
-            post: None,
-            spins: None,
-        })
-    }
-
     fn wait_output(mut c: Child, limit: Duration) -> Result<std::process::Output, String> {
         let start = Instant::now();
         loop {
@@ -371,17 +645,24 @@ mod lat {
         })
     }
 
-    /// The report line after perftest's `t_typical` header: `bytes iters
-    /// t_min t_max t_typical t_avg t_stdev 99% 99.9%`.
+    /// The report line after perftest's (last) `t_typical` header: `bytes
+    /// iters t_min t_max t_typical t_avg t_stdev 99% 99.9%` (with `-U` the
+    /// header comes twice: before the samples and before the report).
     fn parse_report(text: &str) -> Option<(f64, f64, f64)> {
-        let mut lines = text.lines().skip_while(|l| !l.contains("t_typical"));
-        lines.next()?;
+        let lines: Vec<&str> = text.lines().collect();
+        let h = lines.iter().rposition(|l| l.contains("t_typical"))?;
         let f: Vec<f64> = lines
-            .next()?
+            .get(h + 1)?
             .split_whitespace()
             .map(|w| w.parse::<f64>().unwrap_or(f64::NAN))
             .collect();
         (f.len() >= 8).then(|| (f[4], f[7], f[2]))
+    }
+
+    /// The last lines of a tool's output (for an error message).
+    fn tail(text: &str) -> String {
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(12)..].join("\n")
     }
 
     fn median(mut v: Vec<f64>) -> f64 {
@@ -416,7 +697,8 @@ mod lat {
         Gid(b)
     }
 
-    type Samples = BTreeMap<(&'static str, &'static str), Vec<Timing>>;
+    /// Figures by (operation, contender), then by round.
+    type Samples = BTreeMap<(&'static str, &'static str), BTreeMap<usize, Timing>>;
 
     pub fn run(a: &Args) -> Result<(), String> {
         let limit_us = 10_000_000.0;
@@ -442,7 +724,7 @@ mod lat {
         let nic_b = open(a)?;
         let (sa, sb) = (Side::new(&nic_a, 4096), Side::new(&nic_b, 4096));
         let caps = QpCaps {
-            max_send_wr: 16,
+            max_send_wr: a.depth,
             max_recv_wr: 1,
             ..QpCaps::default()
         };
@@ -470,203 +752,142 @@ mod lat {
 
         let mut s: Samples = BTreeMap::new();
         // CAS values, one sequence per word: every CAS succeeds.
-        let (mut xp, mut xv, mut xr) = (0u64, 0u64, 0u64);
+        let (xp, xv, xr) = (Cell::new(0u64), Cell::new(0u64), Cell::new(0u64));
+        let prov = Prov {
+            qp: &qa,
+            cq: &sa.cq,
+            read: SendWr::read(1, local, sb.mr.remote(0)),
+            word,
+            remote: sb.mr.remote(128),
+            x: &xp,
+        };
+        let slice = (a.slice_ms as f64 * 1000.0 * per_us) as u64;
+        if has_perftest {
+            println!("turns slice_ms={}", a.slice_ms);
+        }
         for round in 0..a.rounds {
-            let mut steps: Vec<(&'static str, &'static str)> = vec![
-                ("read64", "perftest"),
-                ("read64", "provider"),
-                ("read64", "sdk_vqp"),
-                ("read64", "sdk_request"),
-                ("cas8", "perftest"),
-                ("cas8", "provider"),
-                ("cas8", "sdk_vqp"),
-                ("cas8", "sdk_request"),
-            ];
+            let mut ops = ["read64", "cas8"];
             if round % 2 == 1 {
-                steps.reverse(); // no contender always runs first
+                ops.reverse(); // no operation always runs first
             }
-            for (op, who) in steps {
-                let r = match (op, who) {
-                    ("read64", "perftest") if has_perftest => {
-                        perftest(a, "ib_read_lat", &["-s", "64"])?
+            for op in ops {
+                let mut ours: Vec<Contender<'_>> = vec![provider_contender(op, &prov, limit)];
+                if let Some(k) = &sdk {
+                    sdk_contenders(k, op, (&xv, &xr), limit, &mut ours)?;
+                }
+                if round % 2 == 1 {
+                    ours.reverse(); // the rotation starts with another one
+                }
+                // Warm-up, not recorded.
+                for (_, one) in ours.iter_mut() {
+                    for _ in 0..100 {
+                        one(&mut || {})?;
                     }
-                    ("cas8", "perftest") if has_perftest => {
-                        perftest(a, "ib_atomic_lat", &["-A", "CMP_AND_SWAP"])?
-                    }
-                    (_, "perftest") => continue,
-                    (_, "sdk_vqp" | "sdk_request") if sdk.is_none() => continue,
-                    ("read64", "provider") => {
-                        let wr = SendWr::read(1, local, sb.mr.remote(0));
-                        timed(a.iters, |_, stamp| {
-                            stamp();
-                            qa.post_send(std::slice::from_ref(&wr))
-                                .map_err(|e| e.to_string())?;
-                            spin(limit, |wc| sa.cq.poll(wc).map_err(|e| e.to_string()))
-                        })?
-                    }
-                    ("cas8", "provider") => timed(a.iters, |_, stamp| {
-                        let wr = SendWr::cas(2, word, sb.mr.remote(128), xp, xp + 1);
-                        xp += 1;
-                        stamp();
-                        qa.post_send(&[wr]).map_err(|e| e.to_string())?;
-                        spin(limit, |wc| sa.cq.poll(wc).map_err(|e| e.to_string()))
-                    })?,
-                    ("read64", "sdk_vqp") => {
-                        let k = sdk.as_ref().expect("checked above");
-                        let (vqp, vbuf, token) = (
-                            &k.vqp,
-                            k.buf.sge(0, 64).map_err(|e| e.to_string())?,
-                            &k.token,
-                        );
-                        timed(a.iters, |_, stamp| {
-                            let mut wr = [SendWr::read(3, vbuf, token.at(0))];
-                            stamp();
-                            vqp.post(&mut wr).map_err(|e| e.to_string())?;
-                            spin(limit, |wc| vqp.poll(wc).map_err(|e| e.to_string()))
-                        })?
-                    }
-                    ("cas8", "sdk_vqp") => {
-                        let k = sdk.as_ref().expect("checked above");
-                        let (vqp, vword, token) = (
-                            &k.vqp,
-                            k.buf.sge(0, 8).map_err(|e| e.to_string())?,
-                            &k.token,
-                        );
-                        timed(a.iters, |_, stamp| {
-                            let mut wr = [SendWr::cas(4, vword, token.at(128), xv, xv + 1)];
-                            xv += 1;
-                            stamp();
-                            vqp.post(&mut wr).map_err(|e| e.to_string())?;
-                            spin(limit, |wc| vqp.poll(wc).map_err(|e| e.to_string()))
-                        })?
-                    }
-                    ("read64", "sdk_request") => {
-                        let k = sdk.as_ref().expect("checked above");
-                        // A VQP of its own: the request level makes the
-                        // token's grant known to its VQP.
-                        let (vqp, buf, token) = (&k.rvqp, &k.rbuf, &k.token);
-                        timed(a.iters, |_, stamp| {
-                            stamp();
-                            vqp.read(buf, 0, token, 0, 64)
-                                .and_then(|r| r.wait())
-                                .map(|_| None)
-                                .map_err(|e| e.to_string())
-                        })?
-                    }
-                    ("cas8", "sdk_request") => {
-                        let k = sdk.as_ref().expect("checked above");
-                        let (vqp, token) = (&k.rvqp, &k.token);
-                        timed(a.iters, |_, stamp| {
-                            stamp();
-                            let c = vqp
-                                .compare_and_swap(token, 256, xr, xr + 1)
-                                .and_then(|r| r.wait())
-                                .map_err(|e| e.to_string())?;
-                            if c.old_value != Some(xr) {
-                                return Err(format!("CAS saw {:?}, expected {xr}", c.old_value));
-                            }
-                            xr += 1;
-                            Ok(None)
-                        })?
-                    }
-                    _ => unreachable!("every step is matched above"),
-                };
+                }
+                let mut got: Vec<(&'static str, Option<Timing>)> = Vec::new();
+                if has_perftest {
+                    let (tool, extra): (&str, &[&str]) = if op == "read64" {
+                        ("ib_read_lat", &["-s", "64"])
+                    } else {
+                        ("ib_atomic_lat", &["-A", "CMP_AND_SWAP"])
+                    };
+                    let w = with_perftest(a, tool, extra, &mut ours, slice)?;
+                    println!(
+                        "round={round} op={op} turns={} accepted={} perftest_stops_in_loop={} perftest_report_p50_cycles={:.0} perftest_report_p99_cycles={:.0}",
+                        w.turns, w.accepted, w.stops_in_loop, w.report.0, w.report.1
+                    );
+                    got.push(("perftest", Some(w.perftest)));
+                    got.extend(ours.iter().map(|c| c.0).zip(w.ours));
+                } else {
+                    let t = alone(&mut ours, a.iters, slice)?;
+                    got.extend(ours.iter().map(|c| c.0).zip(t.into_iter().map(Some)));
+                }
                 let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
-                println!(
-                    "round={round} op={op} who={who} p50_cycles={:.0} p99_cycles={:.0} min_cycles={:.0} p50_us={:.2} p99_us={:.2} post_cycles={} empty_polls={}",
-                    r.p50,
-                    r.p99,
-                    r.min,
-                    r.p50 / mhz,
-                    r.p99 / mhz,
-                    opt(r.post),
-                    opt(r.spins),
-                );
-                s.entry((op, who)).or_default().push(r);
+                for (who, r) in got {
+                    let Some(r) = r else {
+                        println!("round={round} op={op} who={who} no_turn_inside_perftest_loop");
+                        continue;
+                    };
+                    println!(
+                        "round={round} op={op} who={who} p50_cycles={:.0} p99_cycles={:.0} min_cycles={:.0} p50_us={:.2} p99_us={:.2} post_cycles={} empty_polls={}",
+                        r.p50,
+                        r.p99,
+                        r.min,
+                        r.p50 / mhz,
+                        r.p99 / mhz,
+                        opt(r.post),
+                        opt(r.spins),
+                    );
+                    s.entry((op, who)).or_default().insert(round, r);
+                }
             }
         }
         for op in ["read64", "cas8"] {
             let base = s.get(&(op, "perftest")).cloned();
             for who in ["perftest", "provider", "sdk_vqp", "sdk_request"] {
                 let Some(v) = s.get(&(op, who)) else { continue };
-                let p50 = median(v.iter().map(|r| r.p50).collect());
-                let p99 = median(v.iter().map(|r| r.p99).collect());
+                let p50 = median(v.values().map(|r| r.p50).collect());
+                let p99 = median(v.values().map(|r| r.p99).collect());
                 let mut line = format!(
-                    "summary op={op} who={who} p50_us={:.2} p99_us={:.2}",
+                    "summary op={op} who={who} rounds={} p50_us={:.2} p99_us={:.2}",
+                    v.len(),
                     p50 / mhz,
                     p99 / mhz
                 );
-                if let Some(post) = v.iter().map(|r| r.post).collect::<Option<Vec<_>>>() {
+                if let Some(post) = v.values().map(|r| r.post).collect::<Option<Vec<_>>>() {
                     line += &format!(" post_cycles={:.0}", median(post));
                 }
-                if let Some(sp) = v.iter().map(|r| r.spins).collect::<Option<Vec<_>>>() {
+                if let Some(sp) = v.values().map(|r| r.spins).collect::<Option<Vec<_>>>() {
                     line += &format!(" empty_polls={:.0}", median(sp));
                 }
-                if let Some(b) = &base {
-                    let r50 = median(v.iter().zip(b).map(|(r, b)| r.p50 / b.p50).collect());
-                    let r99 = median(v.iter().zip(b).map(|(r, b)| r.p99 / b.p99).collect());
-                    let rmin = median(v.iter().zip(b).map(|(r, b)| r.min / b.min).collect());
-                    let (lo, hi) = v
-                        .iter()
-                        .zip(b)
-                        .map(|(r, b)| r.p50 / b.p50)
-                        .fold((f64::INFINITY, 0.0f64), |(lo, hi), x| {
-                            (lo.min(x), hi.max(x))
-                        });
-                    line +=
-                        &format!(" ratio_p50_vs_perftest={r50:.3} (rounds {lo:.2}..{hi:.2}) ratio_p99_vs_perftest={r99:.3} ratio_min_vs_perftest={rmin:.3}");
+                // Ratios of the same round (the same window of turns).
+                let pairs: Vec<(&Timing, &Timing)> = base
+                    .iter()
+                    .flat_map(|b| v.iter().filter_map(|(i, r)| Some((r, b.get(i)?))))
+                    .collect();
+                if !pairs.is_empty() {
+                    let ratio = |f: fn(&Timing) -> f64| -> Vec<f64> {
+                        pairs.iter().map(|(r, b)| f(r) / f(b)).collect()
+                    };
+                    let r50 = ratio(|t| t.p50);
+                    let (lo, hi) = r50.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &x| {
+                        (lo.min(x), hi.max(x))
+                    });
+                    line += &format!(
+                        " ratio_p50_vs_perftest={:.3} (rounds {lo:.2}..{hi:.2}) ratio_p99_vs_perftest={:.3} ratio_min_vs_perftest={:.3}",
+                        median(r50),
+                        median(ratio(|t| t.p99)),
+                        median(ratio(|t| t.min))
+                    );
                 }
                 println!("{line}");
             }
         }
         if let Some(k) = &sdk {
-            // The VQP's own cost, op by op against the provider.
-            let (vbuf, vword) = (
-                k.buf.sge(0, 64).map_err(|e| e.to_string())?,
-                k.buf.sge(0, 8).map_err(|e| e.to_string())?,
-            );
+            // The SDK's own cost, op by op against the provider: one round
+            // trip of each in turn, so both see the same moment of a
+            // drifting machine. The post (stamp to the post's return) and
+            // the completion (the post's return to the completion) apart:
+            // on rxe the post is a system call that runs the whole round
+            // trip in the kernel, so what the completion part costs is
+            // user space only.
             for op in ["read64", "cas8"] {
-                let r = if op == "read64" {
-                    let wr = SendWr::read(1, local, sb.mr.remote(0));
-                    interleaved(
-                        a.iters,
-                        || {
-                            qa.post_send(std::slice::from_ref(&wr))
-                                .map_err(|e| e.to_string())?;
-                            spin(limit, |wc| sa.cq.poll(wc).map_err(|e| e.to_string()))
-                        },
-                        || {
-                            k.vqp
-                                .post(&mut [SendWr::read(3, vbuf, k.token.at(0))])
-                                .map_err(|e| e.to_string())?;
-                            spin(limit, |wc| k.vqp.poll(wc).map_err(|e| e.to_string()))
-                        },
-                    )?
-                } else {
-                    interleaved(
-                        a.iters,
-                        || {
-                            let wr = SendWr::cas(2, word, sb.mr.remote(128), xp, xp + 1);
-                            xp += 1;
-                            qa.post_send(&[wr]).map_err(|e| e.to_string())?;
-                            spin(limit, |wc| sa.cq.poll(wc).map_err(|e| e.to_string()))
-                        },
-                        || {
-                            let wr = SendWr::cas(4, vword, k.token.at(128), xv, xv + 1);
-                            xv += 1;
-                            k.vqp.post(&mut [wr]).map_err(|e| e.to_string())?;
-                            spin(limit, |wc| k.vqp.poll(wc).map_err(|e| e.to_string()))
-                        },
-                    )?
-                };
-                println!(
-                    "interleaved op={op} provider_p50_us={:.2} sdk_vqp_p50_us={:.2} ratio_vqp_vs_provider={:.3} post_cycles provider={:.0} sdk_vqp={:.0}",
-                    r[0] / mhz,
-                    r[1] / mhz,
-                    r[1] / r[0],
-                    r[2],
-                    r[3]
-                );
+                let mut ours = vec![provider_contender(op, &prov, limit)];
+                sdk_contenders(k, op, (&xv, &xr), limit, &mut ours)?;
+                let r = interleaved(a.iters, &mut ours)?;
+                let base = r[0].total;
+                for (who, f) in ours.iter().map(|c| c.0).zip(&r) {
+                    let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
+                    println!(
+                        "interleaved op={op} who={who} p50_us={:.2} ratio_vs_provider={:.3} total_cycles={:.0} post_cycles={} completion_cycles={} empty_polls={}",
+                        f.total / mhz,
+                        f.total / base,
+                        f.total,
+                        opt(f.post),
+                        opt(f.completion),
+                        opt(f.spins)
+                    );
+                }
             }
         }
         drop(sdk);
@@ -772,29 +993,162 @@ mod lat {
         Ok(median(v))
     }
 
-    /// The SDK's VQP against the bare provider, one op of each in turn
-    /// (both see the same moment of a drifting machine): medians of
-    /// post-to-completion cycles, and of the post call alone.
-    fn interleaved(
-        iters: usize,
-        mut provider: impl FnMut() -> Result<Option<Spun>, String>,
-        mut vqp: impl FnMut() -> Result<Option<Spun>, String>,
-    ) -> Result<[f64; 4], String> {
-        let (mut p, mut v, mut pp, mut vp) = (vec![], vec![], vec![], vec![]);
+    /// Medians of one contender's round trips in [`interleaved`] (cycles).
+    struct Split {
+        total: f64,
+        post: Option<f64>,
+        completion: Option<f64>,
+        spins: Option<f64>,
+    }
+
+    /// Contenders one round trip each in turn, `iters` times (after 100
+    /// turns of warm-up): the median of each one's round trip, of its post
+    /// alone and of the rest (the polls up to the completion).
+    fn interleaved(iters: usize, ours: &mut [Contender<'_>]) -> Result<Vec<Split>, String> {
+        let n = ours.len();
+        let (mut total, mut post, mut done, mut spins) = (
+            vec![vec![]; n],
+            vec![vec![]; n],
+            vec![vec![]; n],
+            vec![vec![]; n],
+        );
         for i in 0..iters + 100 {
-            let c0 = cycles();
-            let a = provider()?.ok_or("no spin figures")?;
-            let c1 = cycles();
-            let b = vqp()?.ok_or("no spin figures")?;
-            let c2 = cycles();
-            if i >= 100 {
-                p.push((c1 - c0) as f64);
-                pp.push(a.posted_at.wrapping_sub(c0) as f64);
-                v.push((c2 - c1) as f64);
-                vp.push(b.posted_at.wrapping_sub(c1) as f64);
+            for (j, (_, one)) in ours.iter_mut().enumerate() {
+                let mut at = 0;
+                let r = one(&mut || at = cycles())?;
+                let end = cycles();
+                if i < 100 {
+                    continue;
+                }
+                total[j].push(end.wrapping_sub(at) as f64);
+                if let Some(r) = r {
+                    post[j].push(r.posted_at.wrapping_sub(at) as f64);
+                    done[j].push(end.wrapping_sub(r.posted_at) as f64);
+                    spins[j].push(f64::from(r.spins));
+                }
             }
         }
-        Ok([median(p), median(v), median(pp), median(vp)])
+        let m = |v: &mut Vec<Vec<f64>>, j: usize| {
+            let v = std::mem::take(&mut v[j]);
+            (!v.is_empty()).then(|| median(v))
+        };
+        Ok((0..n)
+            .map(|j| Split {
+                total: median(std::mem::take(&mut total[j])),
+                post: m(&mut post, j),
+                completion: m(&mut done, j),
+                spins: m(&mut spins, j),
+            })
+            .collect())
+    }
+
+    /// What the provider contender posts on.
+    struct Prov<'a> {
+        qp: &'a krcore_nic::verbs::VerbsQp,
+        cq: &'a krcore_nic::verbs::VerbsCq,
+        /// The 64 B READ (built once, as perftest does).
+        read: SendWr,
+        /// The local 8 B of a CAS and its target.
+        word: krcore_nic::Sge,
+        remote: krcore_nic::RemoteAddr,
+        /// The target's value: every CAS succeeds.
+        x: &'a Cell<u64>,
+    }
+
+    /// The provider: `post_send` of one WR and `poll` of its CQ.
+    fn provider_contender<'a>(op: &str, p: &'a Prov<'a>, limit: u64) -> Contender<'a> {
+        if op == "read64" {
+            (
+                "provider",
+                Box::new(move |stamp: &mut dyn FnMut()| {
+                    stamp();
+                    p.qp.post_send(std::slice::from_ref(&p.read))
+                        .map_err(|e| e.to_string())?;
+                    spin(limit, |wc| p.cq.poll(wc).map_err(|e| e.to_string()))
+                }),
+            )
+        } else {
+            (
+                "provider",
+                Box::new(move |stamp: &mut dyn FnMut()| {
+                    let v = p.x.get();
+                    p.x.set(v + 1);
+                    let wr = SendWr::cas(2, p.word, p.remote, v, v + 1);
+                    stamp();
+                    p.qp.post_send(&[wr]).map_err(|e| e.to_string())?;
+                    spin(limit, |wc| p.cq.poll(wc).map_err(|e| e.to_string()))
+                }),
+            )
+        }
+    }
+
+    /// The SDK's contenders: the VQP at the verbs level (`post`/`poll`) and
+    /// at the request level (`read(..).wait()`, `compare_and_swap`).
+    fn sdk_contenders<'a>(
+        k: &'a Sdk,
+        op: &str,
+        (xv, xr): (&'a Cell<u64>, &'a Cell<u64>),
+        limit: u64,
+        out: &mut Vec<Contender<'a>>,
+    ) -> Result<(), String> {
+        let vqp = &k.vqp;
+        let token = &k.token;
+        if op == "read64" {
+            let vbuf = k.buf.sge(0, 64).map_err(|e| e.to_string())?;
+            out.push((
+                "sdk_vqp",
+                Box::new(move |stamp: &mut dyn FnMut()| {
+                    let mut wr = [SendWr::read(3, vbuf, token.at(0))];
+                    stamp();
+                    vqp.post(&mut wr).map_err(|e| e.to_string())?;
+                    spin(limit, |wc| vqp.poll(wc).map_err(|e| e.to_string()))
+                }),
+            ));
+            // A VQP of its own: the request level makes the token's grant
+            // known to its VQP.
+            let (rvqp, rbuf) = (&k.rvqp, &k.rbuf);
+            out.push((
+                "sdk_request",
+                Box::new(move |stamp: &mut dyn FnMut()| {
+                    stamp();
+                    rvqp.read(rbuf, 0, token, 0, 64)
+                        .and_then(|r| r.wait())
+                        .map(|_| None)
+                        .map_err(|e| e.to_string())
+                }),
+            ));
+        } else {
+            let vword = k.buf.sge(0, 8).map_err(|e| e.to_string())?;
+            out.push((
+                "sdk_vqp",
+                Box::new(move |stamp: &mut dyn FnMut()| {
+                    let v = xv.get();
+                    xv.set(v + 1);
+                    let mut wr = [SendWr::cas(4, vword, token.at(128), v, v + 1)];
+                    stamp();
+                    vqp.post(&mut wr).map_err(|e| e.to_string())?;
+                    spin(limit, |wc| vqp.poll(wc).map_err(|e| e.to_string()))
+                }),
+            ));
+            let rvqp = &k.rvqp;
+            out.push((
+                "sdk_request",
+                Box::new(move |stamp: &mut dyn FnMut()| {
+                    let v = xr.get();
+                    stamp();
+                    let c = rvqp
+                        .compare_and_swap(token, 256, v, v + 1)
+                        .and_then(|r| r.wait())
+                        .map_err(|e| e.to_string())?;
+                    if c.old_value != Some(v) {
+                        return Err(format!("CAS saw {:?}, expected {v}", c.old_value));
+                    }
+                    xr.set(v + 1);
+                    Ok(None)
+                }),
+            ));
+        }
+        Ok(())
     }
 
     /// Plain RC pairs vs. the SDK's connects (see the crate docs).
