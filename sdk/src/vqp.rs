@@ -8,6 +8,7 @@
 //! returned by [`Vqp::poll`].
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -42,11 +43,26 @@ struct Stash {
     abandoned: HashSet<u64>,
 }
 
+/// How many completions [`Vqp::pump`] moves per engine poll.
+const PUMP_BATCH: usize = 8;
+
+/// How many spins [`Request::wait_timeout`] makes between clock reads (a
+/// clock read can be a system call, e.g. on an HPET clocksource).
+const SPINS_PER_CLOCK_READ: u32 = 64;
+
 struct Inner<N: Nic> {
     vqp: krcore_kmod::Vqp<N>,
     node: Node<N>,
     stash: Mutex<Stash>,
-    next_request: Mutex<u64>,
+    /// `stash.user.len()`, written under the stash lock: a poller that
+    /// reads 0 owes no stash lock. A thread sees its own pump's stashing
+    /// (program order), so its completions stay in order; between threads
+    /// polling one VQP at once there is no order to keep.
+    stashed_user: AtomicUsize,
+    /// `stash.requests.len()`, written under the stash lock: a waiter that
+    /// reads 0 has nothing to look up (it looks again on its next spin).
+    stashed_requests: AtomicUsize,
+    next_request: AtomicU64,
     /// 8 bytes per VQP slot for atomics' old values, allocated on first use.
     scratch: Mutex<Option<MemoryRegion<N>>>,
     /// The messaging endpoint, made by the first push.
@@ -83,7 +99,9 @@ impl<N: Nic> Vqp<N> {
                 vqp,
                 node,
                 stash: Mutex::new(Stash::default()),
-                next_request: Mutex::new(0),
+                stashed_user: AtomicUsize::new(0),
+                stashed_requests: AtomicUsize::new(0),
+                next_request: AtomicU64::new(0),
                 scratch: Mutex::new(None),
                 endpoint: std::sync::OnceLock::new(),
                 granted: Mutex::new(None),
@@ -205,47 +223,114 @@ impl<N: Nic> Vqp<N> {
 
     /// Polls up to `out.len()` completions of WRs posted with [`Vqp::post`].
     ///
+    /// Completions the requests' waiters moved aside come first (they are
+    /// older); then the engine's, straight into `out`, with the requests'
+    /// own completions taken out and kept for [`Request::wait`].
+    ///
     /// # Errors
     /// [`Error::Vqp`] when the shared CQ failed.
     pub fn poll(&self, out: &mut [Wc]) -> Result<usize> {
-        self.pump()?;
-        let mut stash = self.inner.stash.lock();
-        let n = out.len().min(stash.user.len());
-        for (slot, wc) in out.iter_mut().zip(stash.user.drain(..n)) {
-            *slot = wc;
+        let mut n = 0;
+        if self.inner.stashed_user.load(Ordering::Acquire) > 0 {
+            let mut stash = self.inner.stash.lock();
+            n = out.len().min(stash.user.len());
+            for (slot, wc) in out.iter_mut().zip(stash.user.drain(..n)) {
+                *slot = wc;
+            }
+            self.inner
+                .stashed_user
+                .store(stash.user.len(), Ordering::Release);
+            if n == out.len() || !stash.user.is_empty() {
+                return Ok(n);
+            }
         }
-        Ok(n)
+        let k = self.inner.vqp.poll(&mut out[n..])?;
+        let fresh = n..n + k;
+        if !out[fresh.clone()]
+            .iter()
+            .any(|wc| wc.wr_id & REQUEST_WR_ID_BIT != 0)
+        {
+            return Ok(n + k);
+        }
+        // Keep the user's completions in order at the front; requests'
+        // completions go to the stash.
+        let mut stash = self.inner.stash.lock();
+        let mut kept = n;
+        for i in fresh {
+            let wc = out[i];
+            if wc.wr_id & REQUEST_WR_ID_BIT == 0 {
+                out[kept] = wc;
+                kept += 1;
+            } else {
+                self.stash_request(&mut stash, &wc);
+            }
+        }
+        self.publish(&stash);
+        Ok(kept)
     }
 
     /// Moves the engine's completions into the stash, reading atomics' old
-    /// values before their scratch slot can be reused.
-    fn pump(&self) -> Result<()> {
-        let mut buf = [Wc::default(); 32];
+    /// values before their scratch slot can be reused. When `want`'s
+    /// completion is among them, it is returned instead of stashed.
+    fn pump(&self, want: Option<u64>) -> Result<Option<(Wc, Option<u64>)>> {
+        let mut buf = [Wc::default(); PUMP_BATCH];
+        let mut found = None;
         loop {
             let k = self.inner.vqp.poll(&mut buf)?;
             if k == 0 {
-                return Ok(());
+                return Ok(found);
             }
-            let scratch = self.inner.scratch.lock();
             let mut stash = self.inner.stash.lock();
             for wc in &buf[..k] {
                 if wc.wr_id & REQUEST_WR_ID_BIT == 0 {
                     stash.user.push_back(*wc);
-                    continue;
+                } else if Some(wc.wr_id) == want && found.is_none() {
+                    found = Some((*wc, self.old_value(wc)));
+                } else {
+                    self.stash_request(&mut stash, wc);
                 }
-                if stash.abandoned.remove(&wc.wr_id) {
-                    continue;
-                }
-                let old = match (wc.status, wc.opcode, scratch.as_ref()) {
-                    (
-                        WcStatus::Success,
-                        krcore_nic::WcOpcode::CompSwap | krcore_nic::WcOpcode::FetchAdd,
-                        Some(s),
-                    ) => s.load_u64(self.scratch_offset(wc.wr_id)).ok(),
-                    _ => None,
-                };
-                stash.requests.insert(wc.wr_id, (*wc, old));
             }
+            self.publish(&stash);
+            if k < buf.len() {
+                return Ok(found);
+            }
+        }
+    }
+
+    /// Keeps a request's completion (with the atomic's old value) for its
+    /// waiter, or drops it when the request was dropped unfinished.
+    fn stash_request(&self, stash: &mut Stash, wc: &Wc) {
+        if stash.abandoned.remove(&wc.wr_id) {
+            return;
+        }
+        let old = self.old_value(wc);
+        stash.requests.insert(wc.wr_id, (*wc, old));
+    }
+
+    /// Republishes the stash's sizes (caller holds the stash lock).
+    fn publish(&self, stash: &Stash) {
+        self.inner
+            .stashed_user
+            .store(stash.user.len(), Ordering::Release);
+        self.inner
+            .stashed_requests
+            .store(stash.requests.len(), Ordering::Release);
+    }
+
+    /// A successful atomic's old value, read from its scratch slot (before
+    /// the slot can be reused by a later request).
+    fn old_value(&self, wc: &Wc) -> Option<u64> {
+        match (wc.status, wc.opcode) {
+            (
+                WcStatus::Success,
+                krcore_nic::WcOpcode::CompSwap | krcore_nic::WcOpcode::FetchAdd,
+            ) => {
+                let scratch = self.inner.scratch.lock();
+                scratch
+                    .as_ref()
+                    .and_then(|s| s.load_u64(self.scratch_offset(wc.wr_id)).ok())
+            }
+            _ => None,
         }
     }
 
@@ -255,9 +340,7 @@ impl<N: Nic> Vqp<N> {
     }
 
     fn next_wr_id(&self) -> u64 {
-        let mut n = self.inner.next_request.lock();
-        *n += 1;
-        REQUEST_WR_ID_BIT | *n
+        REQUEST_WR_ID_BIT | (self.inner.next_request.fetch_add(1, Ordering::Relaxed) + 1)
     }
 
     /// Connects to the token's node if needed and makes its grant known:
@@ -290,7 +373,7 @@ impl<N: Nic> Vqp<N> {
             match self.inner.vqp.post_send(std::slice::from_mut(&mut wr)) {
                 Ok(()) => break,
                 Err(krcore_kmod::VqpError::VqpFull { .. }) => {
-                    self.pump()?;
+                    self.pump(None)?;
                     std::hint::spin_loop();
                 }
                 Err(e) => return Err(e.into()),
@@ -450,6 +533,7 @@ impl<N: Nic> Drop for Request<N> {
             if stash.requests.remove(&self.wr_id).is_none() {
                 stash.abandoned.insert(self.wr_id);
             }
+            self.vqp.publish(&stash);
         }
     }
 }
@@ -478,8 +562,12 @@ impl<N: Nic> Request<N> {
     /// [`Error::Vqp`] when polling failed.
     pub fn try_wait(&mut self) -> Result<Option<Completion>> {
         if self.done.is_none() {
-            self.vqp.pump()?;
-            self.done = self.vqp.inner.stash.lock().requests.remove(&self.wr_id);
+            self.done = self.vqp.pump(Some(self.wr_id))?;
+        }
+        if self.done.is_none() && self.vqp.inner.stashed_requests.load(Ordering::Acquire) > 0 {
+            let mut stash = self.vqp.inner.stash.lock();
+            self.done = stash.requests.remove(&self.wr_id);
+            self.vqp.publish(&stash);
         }
         match self.done {
             Some(d) => self.finish(d).map(Some),
@@ -507,11 +595,13 @@ impl<N: Nic> Request<N> {
     /// As [`Request::try_wait`].
     pub fn wait_timeout(&mut self, timeout: Duration) -> Result<Option<Completion>> {
         let start = Instant::now();
+        let mut spins = 0u32;
         loop {
             if let Some(c) = self.try_wait()? {
                 return Ok(Some(c));
             }
-            if start.elapsed() >= timeout {
+            spins = spins.wrapping_add(1);
+            if spins % SPINS_PER_CLOCK_READ == 0 && start.elapsed() >= timeout {
                 return Ok(None);
             }
             std::hint::spin_loop();
@@ -564,5 +654,50 @@ mod tests {
             other => panic!("expected a rejection, got {other:?}"),
         }
         assert_eq!(epoch(), 5);
+    }
+
+    /// User completions a request's waiter moved aside come back from
+    /// `poll` first and in post order, through an `out` smaller than what
+    /// is stashed; request completions never show up in `poll`.
+    #[test]
+    fn stashed_user_completions_keep_their_order() {
+        use krcore_nic::{SendWr, Wc};
+        let server = Node::builder()
+            .fabric("sim:mem")
+            .host_meta()
+            .build()
+            .unwrap();
+        let client = Node::builder().join(&server).build().unwrap();
+        let region = server.alloc(4096, Access::ALL).unwrap();
+        let token = region.token();
+        let vqp = client.connect(server.gid()).unwrap();
+        let buf = client.alloc(64, Access::LOCAL_WRITE).unwrap();
+        let post = |ids: std::ops::Range<u64>| {
+            for id in ids {
+                let mut wr = [SendWr::read(id, buf.sge(0, 8).unwrap(), token.at(8))];
+                vqp.post(&mut wr).unwrap();
+            }
+        };
+        post(1..11);
+        // Waiting polls the engine: the ten user completions go aside.
+        let old = vqp.fetch_add(&token, 0, 1).unwrap().wait().unwrap();
+        assert_eq!(old.old_value, Some(0));
+        post(11..21);
+        let pending = vqp.fetch_add(&token, 0, 1).unwrap();
+        post(21..24);
+        let mut got = Vec::new();
+        let mut out = [Wc::default(); 3];
+        for _ in 0..1_000_000 {
+            let n = vqp.poll(&mut out).unwrap();
+            got.extend(out[..n].iter().map(|wc| wc.wr_id));
+            if got.len() >= 23 {
+                break;
+            }
+        }
+        assert_eq!(got, (1..24).collect::<Vec<u64>>());
+        // The request's completion was kept for its waiter.
+        let done = pending.wait().unwrap();
+        assert_eq!(done.old_value, Some(1));
+        assert_eq!(vqp.poll(&mut out).unwrap(), 0);
     }
 }
