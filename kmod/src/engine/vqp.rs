@@ -530,20 +530,29 @@ impl<N: Nic> Vqp<N> {
         }
     }
 
-    /// [`Vqp::post_send`] in RC fallback mode.
+    /// [`Vqp::post_send`] in RC fallback mode: on the pair the binding
+    /// names, under the binding lock (before the QP's, as always), so no
+    /// handle is cloned.
     #[inline(never)]
     fn post_rc(&self, wrs: &mut [SendWr]) -> Result<(), VqpError> {
+        let Binding::Rc(slot) = &self.binding else {
+            return Err(VqpError::NotConnected { vqp: self.id });
+        };
         // RC: a stale pair is replaced, then the post is tried again; two
         // replacements in a row mean concurrent reconnects: give up typed.
         for _ in 0..3 {
-            let Some(q) = self.binding.current() else {
-                return Err(VqpError::NotConnected { vqp: self.id });
+            let stale = {
+                let slot = slot.lock();
+                let Some(q) = slot.as_ref() else {
+                    return Err(VqpError::NotConnected { vqp: self.id });
+                };
+                match q.post(&self.engine, self.id, wrs) {
+                    Ok(()) => return Ok(()),
+                    Err(PostFail::Vqp(e)) => return Err(e),
+                    Err(PostFail::Stale) => q.clone(),
+                }
             };
-            match q.post(&self.engine, self.id, wrs) {
-                Ok(()) => return Ok(()),
-                Err(PostFail::Vqp(e)) => return Err(e),
-                Err(PostFail::Stale) => self.rebind(&q)?,
-            }
+            self.rebind(&stale)?;
         }
         Err(VqpError::NotConnected { vqp: self.id })
     }
@@ -569,20 +578,18 @@ impl<N: Nic> Vqp<N> {
         }
     }
 
-    /// [`Vqp::poll`] in RC fallback mode.
+    /// [`Vqp::poll`] in RC fallback mode: under the binding lock, so the
+    /// state cannot move meanwhile (and no handle is cloned).
     #[inline(never)]
     fn poll_rc(&self, out: &mut [Wc]) -> Result<usize, VqpError> {
-        // RC: the state may be moving to another pair: read the binding
-        // again (a move finishes under the binding lock).
-        for _ in 0..3 {
-            let Some(q) = self.binding.current() else {
-                return Ok(0);
-            };
-            if let Some(n) = q.poll(&self.engine, self.id, out)? {
-                return Ok(n);
-            }
-        }
-        Ok(0)
+        let Binding::Rc(slot) = &self.binding else {
+            return Ok(0);
+        };
+        let slot = slot.lock();
+        let Some(q) = slot.as_ref() else {
+            return Ok(0);
+        };
+        Ok(q.poll(&self.engine, self.id, out)?.unwrap_or(0))
     }
 }
 
