@@ -448,23 +448,18 @@ impl<R: Posted> SendQueueCredits<R> {
         self.commit_placed_counted(n, signaled, newest)
     }
 
-    /// The record of the free sequence `seq` (`tail <= seq < tail +
-    /// free`) where it lives (`seq mod L`, never a spare record), for the
-    /// caller to write in place, then count with
-    /// [`SendQueueCredits::commit_placed_counted`] or
-    /// [`SendQueueCredits::commit_placed`] (no staging, nothing moved).
-    ///
-    /// # Panics
-    /// If `seq` is not free (its record belongs to an outstanding WR).
-    #[inline]
-    pub(crate) fn place(&mut self, seq: u64) -> &mut R {
-        debug_assert!(seq >= self.tail && seq - self.tail < u64::from(self.free()));
-        let i = self.index(seq);
-        &mut self.ring[i]
+    /// The ring's records (without the spare ones): sequence `s` lives at
+    /// `s mod len`. Only the records of free sequences
+    /// (`tail..tail + free`) may be written, before
+    /// [`SendQueueCredits::commit_placed`].
+    #[inline(always)]
+    pub(crate) fn records_mut(&mut self) -> &mut [R] {
+        let len = self.mask + 1;
+        &mut self.ring[..len]
     }
 
     /// Counts the first `n` records written in place
-    /// ([`SendQueueCredits::place`]) as posted.
+    /// ([`SendQueueCredits::records_mut`]) as posted.
     ///
     /// # Panics
     /// If `n` exceeds the free credits.
@@ -476,10 +471,8 @@ impl<R: Posted> SendQueueCredits<R> {
 
     /// [`SendQueueCredits::commit_placed`] of `n` records written in place
     /// whose signaled ones the caller counted: `signaled` of them, the
-    /// newest at index `newest`.
-    ///
-    /// # Panics
-    /// If `n` exceeds the free credits.
+    /// newest at index `newest`. The caller checked that `n` credits are
+    /// free (checked again in debug builds only).
     #[inline]
     pub(crate) fn commit_placed_counted(
         &mut self,
@@ -487,7 +480,7 @@ impl<R: Posted> SendQueueCredits<R> {
         signaled: u32,
         newest: Option<usize>,
     ) -> Range<u64> {
-        assert!(n <= self.free() as usize, "commit past the free credits");
+        debug_assert!(n <= self.free() as usize, "commit past the free credits");
         let first = self.tail;
         debug_assert_eq!(
             (first..first + n as u64)

@@ -548,7 +548,7 @@ impl<N: Nic> PhysQp<N> {
         if v.grants.is_empty() {
             // No grant known: nothing to look up.
             for wr in wrs.iter_mut() {
-                let (_, op, sge) = crate::precheck::common_shape(wr, &eng.policy)?;
+                let (_, op, sge) = crate::precheck::common_shape_of(wr)?;
                 if !window.holds(sge, op == OpKind::Read) {
                     return None;
                 }
@@ -562,7 +562,7 @@ impl<N: Nic> PhysQp<N> {
             }
             let now = known.and_then(|g| g.expires_at).map(|_| Instant::now());
             for wr in wrs.iter_mut() {
-                let (remote, op, sge) = crate::precheck::common_shape(wr, &eng.policy)?;
+                let (remote, op, sge) = crate::precheck::common_shape_of(wr)?;
                 if !window.holds(sge, op == OpKind::Read) || remote.rkey != rkey {
                     return None;
                 }
@@ -578,9 +578,14 @@ impl<N: Nic> PhysQp<N> {
             }
         }
         // (c) as `plan_batch`: the run of unsignaled WRs the batch leaves.
-        let run_after = match wrs.iter().rposition(SendWr::is_signaled) {
-            Some(k) => (n - 1 - k) as u32,
-            None => credits.unsignaled_tail() + n as u32,
+        // (The last WR signaled, the usual case, leaves none.)
+        let run_after = if wrs[n - 1].is_signaled() {
+            0
+        } else {
+            match wrs.iter().rposition(SendWr::is_signaled) {
+                Some(k) => (n - 1 - k) as u32,
+                None => credits.unsignaled_tail() + n as u32,
+            }
         };
         if let Link::Rc(l) = &self.link {
             l.touch(&eng.rc_tick);
@@ -801,45 +806,52 @@ impl<N: Nic> PhysQp<N> {
             .into());
         }
         let first = credits.next_seq();
-        let mask = users.len() - 1;
-        let (mut signaled, mut newest) = (0u32, None);
-        for (k, wr) in wrs.iter_mut().enumerate() {
-            let seq = first + k as u64;
-            let phys = PhysWrId::new(id, seq).raw();
-            let user_signaled = wr.is_signaled();
-            users[(seq as usize) & mask] = Beside {
+        let mask = users.len().wrapping_sub(1);
+        let at = (first as usize) & mask;
+        let end = at + n;
+        let records = credits.records_mut();
+        if end > users.len() || end > records.len() {
+            // The batch wraps around the ring's end: copied and staged.
+            return self.ring_copied(st, i, id, wrs, force_last);
+        }
+        let (slots, recs) = (&mut users[at..end], &mut records[at..end]);
+        for k in 0..n {
+            let wr = &mut wrs[k];
+            let phys = PhysWrId::new(id, first + k as u64).raw();
+            slots[k] = Beside {
                 slot: Slot {
                     user_wr_id: wr.wr_id,
-                    user_signaled,
+                    user_signaled: wr.is_signaled(),
                 },
                 kept: false,
             };
-            let rec = credits.place(seq);
-            rec.wr_id = phys;
-            rec.flags = wr.flags;
+            recs[k].wr_id = phys;
+            recs[k].flags = wr.flags;
             wr.wr_id = phys;
-            if user_signaled {
+        }
+        let mut restore_flags = None;
+        if force_last {
+            let last = &mut wrs[n - 1];
+            restore_flags = Some(last.flags);
+            last.flags = last.flags | SendFlags::SIGNALED;
+            recs[n - 1].flags = last.flags;
+        }
+        let result = qp.post_send(wrs);
+        // The caller's WRs as they were (but `dest`); the signaled ones
+        // counted on the way (for the commit).
+        let (mut signaled, mut newest) = (0u32, None);
+        for k in 0..n {
+            let slot = slots[k].slot;
+            wrs[k].wr_id = slot.user_wr_id;
+            if slot.user_signaled {
                 signaled += 1;
                 newest = Some(k);
             }
         }
-        let mut restore_flags = None;
-        if force_last {
-            if let Some(last) = wrs.last_mut() {
-                signaled += u32::from(!last.is_signaled());
-                restore_flags = Some(last.flags);
-                last.flags = last.flags | SendFlags::SIGNALED;
-                credits.place(first + n as u64 - 1).flags = last.flags;
-                newest = Some(n - 1);
-            }
-        }
-        let result = qp.post_send(wrs);
-        // The caller's WRs as they were (but `dest`).
-        for (k, wr) in wrs.iter_mut().enumerate() {
-            wr.wr_id = users[((first + k as u64) as usize) & mask].slot.user_wr_id;
-        }
-        if let (Some(flags), Some(last)) = (restore_flags, wrs.last_mut()) {
-            last.flags = flags;
+        if let Some(flags) = restore_flags {
+            wrs[n - 1].flags = flags;
+            signaled += u32::from(newest != Some(n - 1));
+            newest = Some(n - 1);
         }
         let posted = match &result {
             Ok(()) => {
@@ -857,15 +869,18 @@ impl<N: Nic> PhysQp<N> {
             vqps.at(i).outstanding += posted as u32;
             stats.doorbells += 1;
             stats.wrs += posted as u64;
-            stats.forced_signals += u64::from(force_last && posted == n);
+            if force_last && posted == n {
+                stats.forced_signals += 1;
+            }
         }
         result.map_err(|e| VqpError::Post(e).into())
     }
 
-    /// [`PhysQp::ring_doorbell`] with other VQPs' WRs outstanding: copies
-    /// the `wrs` into the QP's records (physical wr_ids, the users' wr_ids
-    /// and flags beside them), which recovery may re-post, and rings the
-    /// doorbell on the records.
+    /// [`PhysQp::ring_doorbell`] with other VQPs' WRs outstanding (or a
+    /// batch whose records wrap around the ring's end): copies the `wrs`
+    /// into the QP's records (physical wr_ids, the users' wr_ids and flags
+    /// beside them), which recovery may re-post, and rings the doorbell on
+    /// the records.
     #[inline(never)]
     fn ring_copied(
         &self,
@@ -889,6 +904,9 @@ impl<N: Nic> PhysQp<N> {
         let Some(qp) = qp else {
             return Err(closed());
         };
+        // (A VQP alone on the QP comes here when its batch wraps around
+        // the ring's end: it stays alone.)
+        let alone = credits.outstanding() == 0 || *sole == Some(id);
         let first = credits.next_seq();
         // The pre-check left room for the batch (reclaiming if needed).
         let staged = credits.stage(n).map_err(VqpError::from)?;
@@ -933,8 +951,7 @@ impl<N: Nic> PhysQp<N> {
             }
         };
         if posted > 0 {
-            // Another VQP's WRs are outstanding (or were, at the check).
-            *sole = None;
+            *sole = alone.then_some(id);
             vqps.at(i).outstanding += posted as u32;
             stats.doorbells += 1;
             stats.wrs += posted as u64;
