@@ -31,21 +31,27 @@
 //! `PhysState::sole` says every outstanding WR is this VQP's) applies it
 //! inline without routing; anything else is routed in full.
 //!
-//! A VQP alone on the QP (every outstanding WR its own, `PhysState::sole`)
-//! posts its WRs in place (`PhysQp::ring_in_place`): the records get the
-//! physical wr_ids and flags only, never a copy of the WR, because no
-//! recovery can re-post them (see `Beside::kept`).
-//!
 //! # One record per WR
 //!
 //! Each WR on the QP has ONE record, at its physical sequence (the QP's own
-//! count of posted WRs) in the account `credits`: the WR as posted (the
-//! physical wr_id `(vqp, sequence)`, the forced signal), and beside it in
-//! `users` the user's wr_id and signal flag. A post copies the batch into
-//! the records ([`SendQueueCredits::stage`], contiguous even where the ring
-//! wraps), rings the doorbell on the records themselves, and commits what
-//! the NIC took: no per-VQP table, no copy kept aside for recovery, and the
-//! caller's WRs are left as they were (but `dest`). A completion finds its
+//! count of posted WRs) in the account `credits`, and beside it in `users`
+//! the user's wr_id and signal flag. Two ways to post:
+//!
+//! - A VQP alone on the QP (every outstanding WR its own,
+//!   `PhysState::sole`, or none outstanding) posts in place
+//!   (`PhysQp::ring_in_place`): each record gets only the physical wr_id
+//!   `(vqp, sequence)` and the flags (what the account and the routing
+//!   read), the caller's WRs carry the physical wr_ids (and the forced
+//!   signal) to the NIC and get their own back right after the doorbell.
+//!   No copy of the WR is kept: no recovery can re-post it (see
+//!   `Beside::kept`).
+//! - Otherwise (or when the batch's records would wrap around the ring's
+//!   end) the batch is copied into the records ([`SendQueueCredits::stage`],
+//!   contiguous even where the ring wraps), the doorbell rings on the
+//!   records themselves, and recovery may re-post them.
+//!
+//! Either way the post commits what the NIC took: no per-VQP table, and
+//! the caller's WRs are left as they were (but `dest`). A completion finds its
 //! record by the sequence bits of its wr_id ([`SendQueueCredits::resolve`],
 //! O(1)), which also detects a completion of an old incarnation (its
 //! sequence is below every outstanding one).

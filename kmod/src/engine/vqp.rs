@@ -15,11 +15,11 @@
 //! to an RC pair with its target and back (see `super::upgrade`). In RC fallback mode it is bound
 //! at `connect` to the RC pair of its target (created by a handshake on a
 //! miss of the engine's pair cache); the binding sits behind a small lock of
-//! its own, read (one `Arc` clone) by each post and poll. Moving the state
+//! its own, held by each post and poll for the call (that lock, then the
+//! QP's: no handle is cloned). Moving the state
 //! from one QP to another (connect to another target, re-bind after the
 //! pair was evicted or lost) happens under the binding lock, with no WR in
-//! flight: a post or poll that raced with the move finds no state on the
-//! QP it read and retries with the new binding. A pair that was evicted or
+//! flight, so no post or poll runs meanwhile. A pair that was evicted or
 //! lost is replaced transparently by the next post: a new pair for the same
 //! target (one handshake), or a typed [`VqpError::Rebind`] when the target
 //! does not answer.
