@@ -714,6 +714,82 @@ mod tests {
         assert_eq!(a.outstanding(), 0);
     }
 
+    /// A VQP alone on its DCI posts in place (the caller's WRs carry the
+    /// physical wr_ids to the NIC): every post, forced signal and ring
+    /// wrap-around included, hands the WRs back with the caller's wr_ids
+    /// and flags, and the completions carry the caller's wr_ids.
+    #[test]
+    fn in_place_posts_give_the_callers_wrs_back_as_they_were() {
+        use crate::{Engine, EngineConfig, MetaLocation};
+        use krcore_meta::{MetaConfig, MetaServer};
+        use krcore_nic::sim::{SimConfig, SimFabric, SimNic};
+        use krcore_nic::{Access, Destination, MemoryRegion, SendWr, Wc, WcStatus};
+
+        let f = SimFabric::in_memory();
+        let node = || SimNic::open(&f, SimConfig::default()).unwrap();
+        let mut meta = MetaServer::start(node(), MetaConfig::default()).unwrap();
+        let loc = MetaLocation::from_bootstrap(&meta.bootstrap()).unwrap();
+        let cfg = || EngineConfig::default().with_meta(loc).with_pool_size(1);
+        let server = Engine::start(node(), cfg()).unwrap();
+        meta.table_mut()
+            .register(server.local_target().unwrap(), 0, 1 << 40, 0)
+            .unwrap();
+        let client = Engine::start(node(), cfg()).unwrap();
+        let remote = server.alloc_mr(4096, Access::ALL).unwrap();
+        let local = client.alloc_mr(4096, Access::ALL).unwrap();
+        let v = client.create_vqp().unwrap();
+        v.connect(server.gid()).unwrap();
+        let read = |id: u64| {
+            let off = (id as usize % 32) * 64;
+            SendWr::read(id, local.sge(off, 64).unwrap(), remote.remote(off))
+        };
+        // 20 unsignaled WRs (more than max_unsignaled: the last is forced
+        // signaled), then one signaled: 21 WRs a round, past the 128
+        // records of the DCI several times.
+        for round in 0..20u64 {
+            let mut quiet: Vec<SendWr> = (0..20)
+                .map(|k| read(1000 * round + k).signaled(false))
+                .collect();
+            let before = quiet.clone();
+            v.post_send(&mut quiet).unwrap();
+            for (wr, was) in quiet.iter().zip(&before) {
+                assert_eq!(
+                    (wr.wr_id, wr.flags),
+                    (was.wr_id, was.flags),
+                    "round {round}"
+                );
+                assert!(matches!(wr.dest, Destination::Dc(_)), "dest named");
+            }
+            let mut loud = [read(1000 * round + 999)];
+            v.post_send(&mut loud).unwrap();
+            assert_eq!(
+                (loud[0].wr_id, loud[0].is_signaled()),
+                (1000 * round + 999, true)
+            );
+            let mut wc = [Wc::default(); 4];
+            let mut got = 0;
+            for _ in 0..1000 {
+                got = v.poll(&mut wc).unwrap();
+                if got > 0 {
+                    break;
+                }
+            }
+            assert_eq!(got, 1, "round {round}: only the signaled WR's completion");
+            assert_eq!(
+                (wc[0].wr_id, wc[0].status),
+                (1000 * round + 999, WcStatus::Success)
+            );
+            assert_eq!(v.outstanding(), 0, "round {round}");
+        }
+        let s = client.stats().dci;
+        assert_eq!(s.forced_signals, 20, "{s:?}");
+        assert_eq!(
+            (s.wrs, s.error_completions, s.orphaned),
+            (420, 0, 0),
+            "{s:?}"
+        );
+    }
+
     #[test]
     fn index_finds_each_state_at_its_position() {
         let mut t = VqpTable::default();
