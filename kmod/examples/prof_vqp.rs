@@ -3,15 +3,20 @@
 //! `control_plane` bench compares), `batch` WRs per doorbell (the last
 //! signaled), posted then polled to completion.
 //!
-//! `prof_vqp [ops] [batch] [vqp|raw]`
+//! `prof_vqp [ops] [batch] [vqp|raw|rc|rawrc]`
+//!
+//! - `vqp`: a VQP on its DCI; `raw`: a raw DCI of the provider.
+//! - `rc`: a VQP upgraded (DC -> RC hint) to the RC pair with its target,
+//!   the physical QP the RC fallback mode also posts on; `rawrc`: a raw RC
+//!   QP of the provider connected to a QP of the target node.
 //!
 //! The measured loop is the non-inlined `vqp_loop` / `raw_loop`, so that
 //! `valgrind --tool=callgrind --toggle-collect='*vqp_loop*'` (or
 //! `'*raw_loop*'`) counts its instructions only; divide by `ops * batch`
 //! for instructions per WR.
-use krcore_kmod::{Engine, EngineConfig, MetaLocation, OwnedMr, Vqp};
+use krcore_kmod::{Engine, EngineConfig, MetaLocation, OwnedMr, Vqp, VqpTransport};
 use krcore_meta::{MetaConfig, MetaServer};
-use krcore_nic::conformance::Side;
+use krcore_nic::conformance::{rc_pair, Side};
 use krcore_nic::sim::{SimConfig, SimFabric, SimNic};
 use krcore_nic::*;
 
@@ -61,27 +66,58 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(1)
         .clamp(1, MAX_BATCH);
-    let raw = args.next().is_some_and(|m| m == "raw");
+    let mode = args.next().unwrap_or_else(|| "vqp".into());
+    let (raw, rc) = match mode.as_str() {
+        "vqp" => (false, false),
+        "raw" => (true, false),
+        "rc" => (false, true),
+        "rawrc" => (true, true),
+        m => panic!("unknown mode {m}: vqp, raw, rc or rawrc"),
+    };
     let f = SimFabric::in_memory();
     let node = || SimNic::open(&f, SimConfig::default()).unwrap();
     let mut meta = MetaServer::start(node(), MetaConfig::default()).unwrap();
     let loc = MetaLocation::from_bootstrap(&meta.bootstrap()).unwrap();
-    let server = Engine::start(
-        node(),
-        EngineConfig::default().with_meta(loc).with_pool_size(1),
-    )
-    .unwrap();
+    // The upgrade needs its endpoint on both ends (and the target's upgrade
+    // entry registered).
+    let cfg = || {
+        EngineConfig::default()
+            .with_meta(loc)
+            .with_pool_size(1)
+            .with_upgrade_endpoint(rc && !raw)
+            .with_handshake_thread(rc && !raw)
+    };
+    let server = Engine::start(node(), cfg()).unwrap();
     meta.table_mut()
         .register(server.local_target().unwrap(), 0, 1 << 40, 0)
         .unwrap();
-    let client = Engine::start(
-        node(),
-        EngineConfig::default().with_meta(loc).with_pool_size(1),
-    )
-    .unwrap();
+    if rc && !raw {
+        let entry = server.handshake_entry().unwrap().unwrap();
+        meta.table_mut().register(entry, 0, 1 << 40, 0).unwrap();
+    }
+    let client = Engine::start(node(), cfg()).unwrap();
     let remote = server.alloc_mr(1 << 16, Access::ALL).unwrap();
     let t = std::time::Instant::now();
-    if raw {
+    if raw && rc {
+        let side = Side::new(client.nic(), 1 << 16);
+        let far = Side::new(server.nic(), 1 << 16);
+        let caps = QpCaps {
+            max_send_wr: 64,
+            ..QpCaps::default()
+        };
+        let (qp, _peer) = rc_pair(&side, &far, caps);
+        let wrs: Vec<SendWr> = (0..batch)
+            .map(|i| {
+                SendWr::read(
+                    i as u64,
+                    side.mr.sge(64 * i, 64).unwrap(),
+                    far.mr.remote(64 * i),
+                )
+                .signaled(i + 1 == batch)
+            })
+            .collect();
+        raw_loop(&qp, &side.cq, &wrs, n);
+    } else if raw {
         let side = Side::new(client.nic(), 1 << 16);
         let dci = side.qp(
             QpType::Dci,
@@ -110,11 +146,14 @@ fn main() {
         let local = client.alloc_mr(1 << 16, Access::ALL).unwrap();
         let vqp = client.create_vqp().unwrap();
         vqp.connect(server.gid()).unwrap();
+        if rc {
+            assert_eq!(vqp.upgrade().unwrap(), VqpTransport::Rc);
+        }
         vqp_loop(&vqp, &local, &remote, n, batch);
     }
     println!(
         "{} {:.1} ns per WR (batch {batch})",
-        if raw { "raw" } else { "vqp" },
+        mode,
         t.elapsed().as_nanos() as f64 / (n as f64 * batch as f64)
     );
 }

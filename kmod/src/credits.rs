@@ -439,13 +439,49 @@ impl<R: Posted> SendQueueCredits<R> {
         R: Clone,
     {
         assert!(n <= self.free() as usize, "commit past the staged records");
-        let first = self.tail;
-        let at = self.index(first);
+        let at = self.index(self.tail);
         let len = self.mask + 1;
         if at + n > len {
             let (front, back) = self.ring.split_at_mut(len);
             front[..at + n - len].clone_from_slice(&back[..at + n - len]);
         }
+        self.commit_placed_counted(n, signaled, newest)
+    }
+
+    /// The ring's records (without the spare ones): sequence `s` lives at
+    /// `s mod len`. Only the records of free sequences
+    /// (`tail..tail + free`) may be written, before
+    /// [`SendQueueCredits::commit_placed`].
+    #[inline(always)]
+    pub(crate) fn records_mut(&mut self) -> &mut [R] {
+        let len = self.mask + 1;
+        &mut self.ring[..len]
+    }
+
+    /// Counts the first `n` records written in place
+    /// ([`SendQueueCredits::records_mut`]) as posted.
+    ///
+    /// # Panics
+    /// If `n` exceeds the free credits.
+    #[inline]
+    pub(crate) fn commit_placed(&mut self, n: usize) -> Range<u64> {
+        assert!(n <= self.free() as usize, "commit past the free credits");
+        self.account(n)
+    }
+
+    /// [`SendQueueCredits::commit_placed`] of `n` records written in place
+    /// whose signaled ones the caller counted: `signaled` of them, the
+    /// newest at index `newest`. The caller checked that `n` credits are
+    /// free (checked again in debug builds only).
+    #[inline]
+    pub(crate) fn commit_placed_counted(
+        &mut self,
+        n: usize,
+        signaled: u32,
+        newest: Option<usize>,
+    ) -> Range<u64> {
+        debug_assert!(n <= self.free() as usize, "commit past the free credits");
+        let first = self.tail;
         debug_assert_eq!(
             (first..first + n as u64)
                 .filter(|&s| self.ring[self.index(s)].signaled())
@@ -489,6 +525,37 @@ impl<R: Posted> SendQueueCredits<R> {
         }
         let seq = self.head + delta;
         (self.ring[self.index(seq)].wr_id() == wr_id).then_some(seq)
+    }
+
+    /// [`SendQueueCredits::resolve`] then
+    /// [`SendQueueCredits::complete_range`] of a SUCCESSFUL completion with
+    /// `wr_id`, in one step and only if it completes the oldest
+    /// outstanding WR or `any` is set: the sequence credited (with every
+    /// outstanding one before it). `None` when the completion matches no
+    /// outstanding signaled WR, is not the oldest (without `any`), or
+    /// would overtake an earlier signaled WR; nothing changes then.
+    #[inline(always)]
+    pub(crate) fn retire_signaled(&mut self, wr_id: PhysWrId, any: bool) -> Option<u64> {
+        let head = self.head;
+        let delta = wr_id.wire_seq().wrapping_sub(head) & SEQ_MASK;
+        if delta >= self.tail - head || (delta != 0 && !any) {
+            return None;
+        }
+        let seq = head + delta;
+        let rec = &self.ring[self.index(seq)];
+        if rec.wr_id() != wr_id || !rec.signaled() {
+            return None;
+        }
+        // The usual case: the newest signaled WR, the only one outstanding
+        // (no scan needed). Otherwise no earlier signaled WR may be
+        // outstanding (its completion would have come first).
+        let only_newest = seq + 1 == self.covered && self.signaled_posted - self.signaled_done == 1;
+        if !only_newest && (head..seq).any(|s| self.ring[self.index(s)].signaled()) {
+            return None;
+        }
+        self.signaled_done += 1;
+        self.head = seq + 1;
+        Some(seq)
     }
 
     /// Applies a polled completion at sequence `seq` with `status`: credits

@@ -684,6 +684,24 @@ pub(crate) fn common_shape<'w>(
     Some((remote, op, sge))
 }
 
+/// [`common_shape`] without the policy's part: for a caller that checked
+/// `policy.max_sge > 0` once for a whole batch.
+#[inline(always)]
+pub(crate) fn common_shape_of(wr: &SendWr) -> Option<(RemoteAddr, OpKind, &krcore_nic::Sge)> {
+    let (remote, op) = match wr.op {
+        WrOp::Read { remote } => (remote, OpKind::Read),
+        WrOp::Write { remote } => (remote, OpKind::Write),
+        _ => return None,
+    };
+    let Payload::Local(sg) = &wr.payload else {
+        return None;
+    };
+    let [sge] = sg.as_slice() else {
+        return None;
+    };
+    Some((remote, op, sge))
+}
+
 /// One owned MR as the engine's fast path checks SGEs against it: its
 /// lkey, bounds (an MR whose end would wrap around has none: it is never
 /// the fast path's), and whether it allows local writes.
@@ -712,12 +730,15 @@ impl MrWindow {
     /// this MR's: the same verdict.
     #[inline(always)]
     pub(crate) fn holds(&self, sge: &krcore_nic::Sge, read: bool) -> bool {
-        let end = sge.addr.wrapping_add(u64::from(sge.length));
-        sge.lkey == self.lkey
-            && sge.addr >= self.lo
-            && end >= sge.addr
-            && end <= self.hi
-            && (self.local_write || !read)
+        // `end` cannot wrap: `addr <= hi` and `length < 2^32`, but an MR
+        // near the top of the address space could; checked all the same.
+        let Some(end) = sge.addr.checked_add(u64::from(sge.length)) else {
+            return false;
+        };
+        if sge.lkey != self.lkey || sge.addr < self.lo || end > self.hi {
+            return false;
+        }
+        self.local_write || !read
     }
 }
 

@@ -48,6 +48,23 @@ fn poll_check(v: &Vqp<SimNic>, expected: &mut HashSet<u64>, seen: &mut u64) {
     }
 }
 
+/// Posts `wrs` on `v`, polling (and checking) while the VQP is full;
+/// fails the test when no room came back within [`WAIT`].
+fn post_polling(v: &Vqp<SimNic>, wrs: &mut [SendWr], expected: &mut HashSet<u64>, seen: &mut u64) {
+    let start = Instant::now();
+    loop {
+        match v.post_send(wrs) {
+            Ok(()) => return,
+            Err(VqpError::VqpFull { .. }) => poll_check(v, expected, seen),
+            Err(e) => panic!("post: {e}"),
+        }
+        assert!(
+            start.elapsed() < WAIT,
+            "{v:?} stayed full for {WAIT:?} (completions lost?): {expected:?}"
+        );
+    }
+}
+
 #[test]
 fn every_wr_id_comes_back_once_to_its_own_vqp() {
     run(EngineMode::Dc);
@@ -131,15 +148,7 @@ fn run(mode: EngineMode) {
                                 // Mostly unsignaled: the engine must force signals (pre-check (c)).
                                 batch.push(wr.signaled(rng.next() % 4 == 0));
                             }
-                            loop {
-                                match v.post_send(&mut batch) {
-                                    Ok(()) => break,
-                                    Err(VqpError::VqpFull { .. }) => {
-                                        poll_check(v, &mut expected[j], &mut seen)
-                                    }
-                                    Err(e) => panic!("post: {e}"),
-                                }
-                            }
+                            post_polling(v, &mut batch, &mut expected[j], &mut seen);
                             posted += n as u64;
                             for wr in &batch {
                                 assert_eq!(wr.wr_id >> 48, t as u64, "wr_ids given back");
@@ -162,15 +171,7 @@ fn run(mode: EngineMode) {
                             local.sge(0, 8).unwrap(),
                             mem.mr.remote(counter),
                         )];
-                        loop {
-                            match v.post_send(&mut last) {
-                                Ok(()) => break,
-                                Err(VqpError::VqpFull { .. }) => {
-                                    poll_check(v, &mut expected[j], &mut seen)
-                                }
-                                Err(e) => panic!("post: {e}"),
-                            }
-                        }
+                        post_polling(v, &mut last, &mut expected[j], &mut seen);
                         posted += 1;
                         expected[j].insert(wr_id);
                     }

@@ -91,6 +91,7 @@ impl std::fmt::Debug for MrRegistry {
 }
 
 impl MrRegistry {
+    #[inline]
     pub(crate) fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
     }

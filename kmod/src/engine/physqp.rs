@@ -23,7 +23,7 @@
 //! # The common case inline
 //!
 //! A post of READs/WRITEs of one SGE in the MR the pre-check last looked
-//! up, on a DCI with room, is checked inline (`PhysQp::fast_check`: the
+//! up, on a DCI or an RC pair with room, is checked inline (`PhysQp::fast_check`: the
 //! pre-check's own verdict, computed without its general setup) and goes
 //! straight to the doorbell; anything else (and anything it would reject)
 //! takes the general path. A poll that reads this VQP's own success
@@ -34,13 +34,24 @@
 //! # One record per WR
 //!
 //! Each WR on the QP has ONE record, at its physical sequence (the QP's own
-//! count of posted WRs) in the account `credits`: the WR as posted (the
-//! physical wr_id `(vqp, sequence)`, the forced signal), and beside it in
-//! `users` the user's wr_id and signal flag. A post copies the batch into
-//! the records ([`SendQueueCredits::stage`], contiguous even where the ring
-//! wraps), rings the doorbell on the records themselves, and commits what
-//! the NIC took: no per-VQP table, no copy kept aside for recovery, and the
-//! caller's WRs are left as they were (but `dest`). A completion finds its
+//! count of posted WRs) in the account `credits`, and beside it in `users`
+//! the user's wr_id and signal flag. Two ways to post:
+//!
+//! - A VQP alone on the QP (every outstanding WR its own,
+//!   `PhysState::sole`, or none outstanding) posts in place
+//!   (`PhysQp::ring_in_place`): each record gets only the physical wr_id
+//!   `(vqp, sequence)` and the flags (what the account and the routing
+//!   read), the caller's WRs carry the physical wr_ids (and the forced
+//!   signal) to the NIC and get their own back right after the doorbell.
+//!   No copy of the WR is kept: no recovery can re-post it (see
+//!   `Beside::kept`).
+//! - Otherwise (or when the batch's records would wrap around the ring's
+//!   end) the batch is copied into the records ([`SendQueueCredits::stage`],
+//!   contiguous even where the ring wraps), the doorbell rings on the
+//!   records themselves, and recovery may re-post them.
+//!
+//! Either way the post commits what the NIC took: no per-VQP table, and
+//! the caller's WRs are left as they were (but `dest`). A completion finds its
 //! record by the sequence bits of its wr_id ([`SendQueueCredits::resolve`],
 //! O(1)), which also detects a completion of an old incarnation (its
 //! sequence is below every outstanding one).
@@ -203,6 +214,33 @@ impl From<VqpError> for PostFail {
     }
 }
 
+/// What is kept beside the record of one WR (see [`PhysState::users`]).
+#[derive(Clone, Copy, Default)]
+struct Beside {
+    /// The user's wr_id and signal flag.
+    slot: Slot,
+    /// The record holds the whole WR as posted (recovery may re-post it).
+    /// `false` for a WR posted while every outstanding WR on the QP was
+    /// its VQP's ([`PhysQp::ring_in_place`]): its record has only the
+    /// physical wr_id and the flags. Recovery never re-posts such a WR:
+    /// it re-posts only WRs after the failing one, and of another VQP than
+    /// the failing one's; but the failing WR, posted before it, was still
+    /// outstanding when it was posted (its completion starts recovery
+    /// under the same lock), hence of the same VQP.
+    kept: bool,
+}
+
+/// The error of a post on a closed RC pair (a reclaim that ran into an
+/// error may have closed it).
+#[cold]
+fn closed() -> PostFail {
+    VqpError::Post(krcore_nic::PostError {
+        index: 0,
+        kind: krcore_nic::PostErrorKind::BadState(krcore_nic::QpState::Reset),
+    })
+    .into()
+}
+
 pub(crate) struct PhysState<N: Nic> {
     /// `None`: an RC pair that was closed (evicted, or lost).
     qp: Option<N::Qp>,
@@ -211,8 +249,9 @@ pub(crate) struct PhysState<N: Nic> {
     /// these records, and recovery re-posts from them.
     credits: SendQueueCredits<SendWr>,
     /// Beside each record (same index: sequence mod `users.len()`), the
-    /// user's wr_id and signal flag, for the completion.
-    users: Box<[Slot]>,
+    /// user's wr_id and signal flag, for the completion, and whether the
+    /// record holds the whole WR ([`Beside::kept`]).
+    users: Box<[Beside]>,
     /// The state of every VQP bound to this QP.
     vqps: VqpTable,
     /// `Some(v)`: every outstanding WR is the VQP `v`'s (kept by every
@@ -242,8 +281,8 @@ pub(crate) struct PhysQp<N: Nic> {
     /// DC: index in the pool; RC: serial number of the pair.
     pub(crate) index: usize,
     qpn: u32,
-    /// A DCI with the pre-check on: posts may take the fast path
-    /// ([`PhysQp::fast_check`]).
+    /// The pre-check is on: posts may take the fast path
+    /// ([`PhysQp::fast_check`]), on a DCI or an RC pair alike.
     fast: bool,
     /// [`crate::precheck::Policy::max_batch`] of the queue.
     max_batch: u32,
@@ -333,7 +372,7 @@ impl<N: Nic> PhysQp<N> {
         PhysQp {
             index,
             qpn: qp.qpn(),
-            fast: eng.cfg.precheck && matches!(link, Link::Dci),
+            fast: eng.cfg.precheck,
             max_batch: eng.policy.max_batch(depth),
             max_unsignaled: eng.policy.effective_max_unsignaled(depth),
             cq,
@@ -347,7 +386,7 @@ impl<N: Nic> PhysQp<N> {
                     ring_len - 1,
                     SendWr::read(0, Default::default(), Default::default()),
                 ),
-                users: vec![Slot::default(); ring_len as usize].into_boxed_slice(),
+                users: vec![Beside::default(); ring_len as usize].into_boxed_slice(),
                 vqps: VqpTable::default(),
                 sole: None,
                 epoch: Instant::now(),
@@ -447,7 +486,7 @@ impl<N: Nic> PhysQp<N> {
     ///
     /// The common post is checked inline ([`PhysQp::fast_check`]); anything
     /// else takes the general path ([`PhysQp::post_general`]).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn post(
         &self,
         eng: &EngineInner<N>,
@@ -463,7 +502,7 @@ impl<N: Nic> PhysQp<N> {
     }
 
     /// The common post, checked without the general pre-check's setup: a
-    /// DCI in RTS, the pre-check on and the owned-MR snapshot current,
+    /// DCI or an RC pair (the VQP's target's) in RTS, the pre-check on and the owned-MR snapshot current,
     /// room in the VQP and in the send queue, and every WR a READ or WRITE
     /// of one SGE inside the MR the pre-check last looked up
     /// (`PhysState::last_mr`), to a (target, rkey) with no grant known or
@@ -500,9 +539,13 @@ impl<N: Nic> PhysQp<N> {
         if n == 0 || n > self.max_batch as usize || n > credits.free() as usize || !v.has_room(n) {
             return None;
         }
-        let dest = Destination::Dc(v.target.as_ref()?.target);
-        let Destination::Dc(target) = &dest else {
-            return None;
+        let target = v.target.as_ref()?.target;
+        // DC: the VQP's target, named per WR. RC: the pair's target, which
+        // must be the VQP's (otherwise the general path re-binds it).
+        let dest = match &self.link {
+            Link::Dci => Destination::Dc(target),
+            Link::Rc(l) if l.gid == target.gid => Destination::Connected,
+            Link::Rc(_) => return None,
         };
         if eng.policy.max_sge == 0 {
             return None;
@@ -511,7 +554,7 @@ impl<N: Nic> PhysQp<N> {
         if v.grants.is_empty() {
             // No grant known: nothing to look up.
             for wr in wrs.iter_mut() {
-                let (_, op, sge) = crate::precheck::common_shape(wr, &eng.policy)?;
+                let (_, op, sge) = crate::precheck::common_shape_of(wr)?;
                 if !window.holds(sge, op == OpKind::Read) {
                     return None;
                 }
@@ -525,7 +568,7 @@ impl<N: Nic> PhysQp<N> {
             }
             let now = known.and_then(|g| g.expires_at).map(|_| Instant::now());
             for wr in wrs.iter_mut() {
-                let (remote, op, sge) = crate::precheck::common_shape(wr, &eng.policy)?;
+                let (remote, op, sge) = crate::precheck::common_shape_of(wr)?;
                 if !window.holds(sge, op == OpKind::Read) || remote.rkey != rkey {
                     return None;
                 }
@@ -541,10 +584,18 @@ impl<N: Nic> PhysQp<N> {
             }
         }
         // (c) as `plan_batch`: the run of unsignaled WRs the batch leaves.
-        let run_after = match wrs.iter().rposition(SendWr::is_signaled) {
-            Some(k) => (n - 1 - k) as u32,
-            None => credits.unsignaled_tail() + n as u32,
+        // (The last WR signaled, the usual case, leaves none.)
+        let run_after = if wrs[n - 1].is_signaled() {
+            0
+        } else {
+            match wrs.iter().rposition(SendWr::is_signaled) {
+                Some(k) => (n - 1 - k) as u32,
+                None => credits.unsignaled_tail() + n as u32,
+            }
         };
+        if let Link::Rc(l) = &self.link {
+            l.touch(&eng.rc_tick);
+        }
         Some((i, run_after > self.max_unsignaled))
     }
 
@@ -700,13 +751,144 @@ impl<N: Nic> PhysQp<N> {
         Ok(Some(planned.map_err(VqpError::from)?))
     }
 
-    /// Copies the checked `wrs` into the QP's records (physical wr_ids,
-    /// the users' wr_ids and flags beside them, the last WR forced
-    /// signaled if `force_last`), rings the doorbell on the records and
-    /// counts what the NIC took (the VQP `id` is at position `i` of
-    /// `vqps`).
+    /// Rings the doorbell for the checked `wrs` of the VQP `id` (at
+    /// position `i` of `vqps`), the last WR forced signaled if
+    /// `force_last`, and counts what the NIC took.
+    ///
+    /// While every outstanding WR on the QP is this VQP's (or none is),
+    /// the WRs go out in place ([`PhysQp::ring_in_place`]): no recovery
+    /// can ever re-post them (see [`Beside::kept`]), so no copy is kept.
+    /// Otherwise they are copied into the records and posted from there
+    /// ([`PhysQp::ring_copied`]).
     #[inline(always)]
     fn ring_doorbell(
+        &self,
+        st: &mut PhysState<N>,
+        i: usize,
+        id: VqpId,
+        wrs: &mut [SendWr],
+        force_last: bool,
+    ) -> Result<(), PostFail> {
+        if st.credits.outstanding() == 0 || st.sole == Some(id) {
+            self.ring_in_place(st, i, id, wrs, force_last)
+        } else {
+            self.ring_copied(st, i, id, wrs, force_last)
+        }
+    }
+
+    /// [`PhysQp::ring_doorbell`] of a VQP alone on the QP: the records
+    /// get only the physical wr_id and the flags (what the account and the
+    /// routing read), and the caller's WRs themselves carry the physical
+    /// wr_ids (and the forced signal) to the NIC, put back as they were
+    /// once it took them.
+    #[inline(always)]
+    fn ring_in_place(
+        &self,
+        st: &mut PhysState<N>,
+        i: usize,
+        id: VqpId,
+        wrs: &mut [SendWr],
+        force_last: bool,
+    ) -> Result<(), PostFail> {
+        let n = wrs.len();
+        let PhysState {
+            qp,
+            credits,
+            users,
+            vqps,
+            stats,
+            sole,
+            ..
+        } = st;
+        let Some(qp) = qp else {
+            return Err(closed());
+        };
+        if n > credits.free() as usize {
+            // The pre-check left room for the batch (reclaiming if needed).
+            return Err(VqpError::from(CreditError::WouldOverrun {
+                requested: n,
+                free: credits.free(),
+            })
+            .into());
+        }
+        let first = credits.next_seq();
+        let mask = users.len().wrapping_sub(1);
+        let at = (first as usize) & mask;
+        let end = at + n;
+        let records = credits.records_mut();
+        if end > users.len() || end > records.len() {
+            // The batch wraps around the ring's end: copied and staged.
+            return self.ring_copied(st, i, id, wrs, force_last);
+        }
+        let (slots, recs) = (&mut users[at..end], &mut records[at..end]);
+        for k in 0..n {
+            let wr = &mut wrs[k];
+            let phys = PhysWrId::new(id, first + k as u64).raw();
+            slots[k] = Beside {
+                slot: Slot {
+                    user_wr_id: wr.wr_id,
+                    user_signaled: wr.is_signaled(),
+                },
+                kept: false,
+            };
+            recs[k].wr_id = phys;
+            recs[k].flags = wr.flags;
+            wr.wr_id = phys;
+        }
+        let mut restore_flags = None;
+        if force_last {
+            let last = &mut wrs[n - 1];
+            restore_flags = Some(last.flags);
+            last.flags = last.flags | SendFlags::SIGNALED;
+            recs[n - 1].flags = last.flags;
+        }
+        let result = qp.post_send(wrs);
+        // The caller's WRs as they were (but `dest`); the signaled ones
+        // counted on the way (for the commit).
+        let (mut signaled, mut newest) = (0u32, None);
+        for k in 0..n {
+            let slot = slots[k].slot;
+            wrs[k].wr_id = slot.user_wr_id;
+            if slot.user_signaled {
+                signaled += 1;
+                newest = Some(k);
+            }
+        }
+        if let Some(flags) = restore_flags {
+            wrs[n - 1].flags = flags;
+            signaled += u32::from(newest != Some(n - 1));
+            newest = Some(n - 1);
+        }
+        let posted = match &result {
+            Ok(()) => {
+                credits.commit_placed_counted(n, signaled, newest);
+                n
+            }
+            Err(e) => {
+                let posted = e.index.min(n);
+                credits.commit_placed(posted);
+                posted
+            }
+        };
+        if posted > 0 {
+            *sole = Some(id);
+            vqps.at(i).outstanding += posted as u32;
+            stats.doorbells += 1;
+            stats.wrs += posted as u64;
+            if force_last && posted == n {
+                stats.forced_signals += 1;
+            }
+        }
+        result.map_err(|e| VqpError::Post(e).into())
+    }
+
+    /// [`PhysQp::ring_doorbell`] with other VQPs' WRs outstanding (or a
+    /// batch whose records wrap around the ring's end): copies the `wrs`
+    /// into the QP's records (physical wr_ids, the users' wr_ids and flags
+    /// beside them), which recovery may re-post, and rings the doorbell on
+    /// the records.
+    #[inline(never)]
+    fn ring_copied(
         &self,
         st: &mut PhysState<N>,
         i: usize,
@@ -726,14 +908,12 @@ impl<N: Nic> PhysQp<N> {
         } = st;
         // A reclaim that ran into an error may have closed an RC pair.
         let Some(qp) = qp else {
-            return Err(VqpError::Post(krcore_nic::PostError {
-                index: 0,
-                kind: krcore_nic::PostErrorKind::BadState(krcore_nic::QpState::Reset),
-            })
-            .into());
+            return Err(closed());
         };
-        let first = credits.next_seq();
+        // (A VQP alone on the QP comes here when its batch wraps around
+        // the ring's end: it stays alone.)
         let alone = credits.outstanding() == 0 || *sole == Some(id);
+        let first = credits.next_seq();
         // The pre-check left room for the batch (reclaiming if needed).
         let staged = credits.stage(n).map_err(VqpError::from)?;
         let mask = users.len() - 1;
@@ -745,9 +925,12 @@ impl<N: Nic> PhysQp<N> {
             let seq = first + k as u64;
             rec.wr_id = PhysWrId::new(id, seq).raw();
             let user_signaled = wr.is_signaled();
-            users[(seq as usize) & mask] = Slot {
-                user_wr_id: wr.wr_id,
-                user_signaled,
+            users[(seq as usize) & mask] = Beside {
+                slot: Slot {
+                    user_wr_id: wr.wr_id,
+                    user_signaled,
+                },
+                kept: true,
             };
             if user_signaled {
                 signaled += 1;
@@ -816,7 +999,7 @@ impl<N: Nic> PhysQp<N> {
     /// for the oldest WR on the QP, which retires only itself (no other
     /// VQP's WR is involved, nothing to route). Anything else continues in
     /// [`PhysQp::poll_rest`], the CQE already read handed over.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn poll(
         &self,
         eng: &EngineInner<N>,
@@ -856,49 +1039,44 @@ impl<N: Nic> PhysQp<N> {
         } = st;
         // This VQP's success, retiring only its own WRs: the oldest one
         // on the QP, or any while all outstanding WRs are its own.
-        let head = credits.head();
         let wc = &mut out[n];
         let wr_id = PhysWrId::from_raw(wc.wr_id);
-        let seq = match credits.resolve(wr_id) {
-            Some(seq)
-                if wc.status.is_ok()
-                    && wr_id.vqp() == id
-                    && (seq == head || *sole == Some(id))
-                    && credits.complete_range(seq, wc.status).is_ok() =>
-            {
-                seq
-            }
-            _ => {
-                let wc = *wc;
-                return self.poll_rest(eng, st, id, out, n, Some(wc));
-            }
+        let head = credits.head();
+        let retired = if wc.status.is_ok() && wr_id.vqp() == id {
+            credits.retire_signaled(wr_id, *sole == Some(id))
+        } else {
+            None
+        };
+        let Some(seq) = retired else {
+            let wc = *wc;
+            return self.poll_rest(eng, st, id, out, n, Some(wc));
         };
         // `route` then `deliver`, for a success into `out` (the ring is
         // empty, there is room): the earlier WRs were unsignaled and only
         // leave the count.
         stats.completions += 1;
         let v = vqps.at(i);
-        let earlier = (seq - head) as u32;
-        match v.outstanding.checked_sub(earlier) {
-            Some(left) => v.outstanding = left,
-            None => stats.orphaned += u64::from(earlier),
-        }
+        let retired = (seq - head) as u32 + 1;
         let mut n = n;
-        if v.outstanding == 0 {
+        match v.outstanding.checked_sub(retired) {
+            Some(left) => {
+                v.outstanding = left;
+                let slot = users[(seq as usize) & (users.len() - 1)].slot;
+                if slot.user_signaled {
+                    // The user's completion: status, opcode and length as
+                    // polled.
+                    wc.wr_id = slot.user_wr_id;
+                    wc.imm = None;
+                    wc.qp_num = id.get();
+                    wc.src_qp = 0;
+                    n += 1;
+                }
+            }
             // Retired, but of an earlier attachment (see `deliver`):
             // nothing to deliver.
-            stats.orphaned += 1;
-        } else {
-            v.outstanding -= 1;
-            let slot = users[(seq as usize) & (users.len() - 1)];
-            if slot.user_signaled {
-                // The user's completion: status, opcode and length as
-                // polled.
-                wc.wr_id = slot.user_wr_id;
-                wc.imm = None;
-                wc.qp_num = id.get();
-                wc.src_qp = 0;
-                n += 1;
+            None => {
+                stats.orphaned += u64::from(retired - v.outstanding);
+                v.outstanding = 0;
             }
         }
         if n == out.len() {
@@ -1015,10 +1193,14 @@ impl<N: Nic> PhysQp<N> {
         let mut again: Vec<(SendWr, Slot)> = Vec::new();
         for seq in credits.reset_range() {
             let wr = *credits.record(seq);
-            let slot = users[(seq as usize) & mask];
+            let Beside { slot, kept } = users[(seq as usize) & mask];
             let owner = PhysWrId::from_raw(wr.wr_id).vqp();
+            // Never a WR posted in place (see `Beside::kept`); should one
+            // come here, it is reported flushed, never re-posted from a
+            // partial record.
+            debug_assert!(kept || Some(owner) == guilty, "re-post of a WR not kept");
             match vqps.get_mut(owner) {
-                Some(_) if Some(owner) != guilty => again.push((wr, slot)),
+                Some(_) if Some(owner) != guilty && kept => again.push((wr, slot)),
                 Some(v) => {
                     stats.flushed_by_reset += 1;
                     deliver(&eng.cache, owner, v, slot, WcStatus::WrFlushErr, None, None);
@@ -1101,7 +1283,10 @@ impl<N: Nic> PhysQp<N> {
             let seq = first + i as u64;
             *rec = *wr;
             rec.wr_id = PhysWrId::new(PhysWrId::from_raw(wr.wr_id).vqp(), seq).raw();
-            users[(seq as usize) & mask] = *slot;
+            users[(seq as usize) & mask] = Beside {
+                slot: *slot,
+                kept: true,
+            };
         }
         if let Some(last) = staged.last_mut() {
             last.flags = last.flags | SendFlags::SIGNALED;
@@ -1222,7 +1407,7 @@ fn route<N: Nic>(cache: &DcCache, st: &mut PhysState<N>, wc: &Wc, sink: Option<&
         }
     }
     let id = wr_id.vqp();
-    let slot = users[(last as usize) & (users.len() - 1)];
+    let slot = users[(last as usize) & (users.len() - 1)].slot;
     let delivered = vqps
         .get_mut(id)
         .and_then(|v| deliver(cache, id, v, slot, wc.status, Some(wc), sink));

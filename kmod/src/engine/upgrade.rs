@@ -473,7 +473,9 @@ impl<N: Nic> Vqp<N> {
     }
 
     /// DC mode post (see the module docs): the DCI directly unless the VQP
-    /// is upgraded or due to try.
+    /// is upgraded or due to try (inlined into the caller; the rest is
+    /// [`Vqp::post_dc_rest`]).
+    #[inline(always)]
     pub(crate) fn post_dc(&self, b: &DcBinding<N>, wrs: &mut [SendWr]) -> Result<(), VqpError> {
         let n = wrs.len() as u64;
         let count = if self.engine.cfg.upgrade_after.is_some() {
@@ -489,9 +491,21 @@ impl<N: Nic> Vqp<N> {
                 Err(PostFail::Stale) => {}
             }
         }
+        self.post_dc_rest(b, wrs, count)
+    }
+
+    /// [`Vqp::post_dc`] on the pair, or when due to try an upgrade, or
+    /// after the state moved.
+    #[inline(never)]
+    fn post_dc_rest(
+        &self,
+        b: &DcBinding<N>,
+        wrs: &mut [SendWr],
+        count: u64,
+    ) -> Result<(), VqpError> {
         for _ in 0..4 {
             let mut slot = b.slot.lock();
-            if let Some(pair) = slot.rc.clone() {
+            if let Some(pair) = slot.rc.as_ref() {
                 match pair.post(&self.engine, self.id, wrs) {
                     Ok(()) => return Ok(()),
                     Err(PostFail::Vqp(e)) => return Err(e),
@@ -517,6 +531,7 @@ impl<N: Nic> Vqp<N> {
     }
 
     /// DC mode poll: the QP holding the state.
+    #[inline(always)]
     pub(crate) fn poll_dc(&self, b: &DcBinding<N>, out: &mut [Wc]) -> Result<usize, VqpError> {
         if !b.on_rc.load(Ordering::Acquire) {
             if let Some(n) = b.dci.poll(&self.engine, self.id, out)? {

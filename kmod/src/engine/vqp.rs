@@ -15,11 +15,11 @@
 //! to an RC pair with its target and back (see `super::upgrade`). In RC fallback mode it is bound
 //! at `connect` to the RC pair of its target (created by a handshake on a
 //! miss of the engine's pair cache); the binding sits behind a small lock of
-//! its own, read (one `Arc` clone) by each post and poll. Moving the state
+//! its own, held by each post and poll for the call (that lock, then the
+//! QP's: no handle is cloned). Moving the state
 //! from one QP to another (connect to another target, re-bind after the
 //! pair was evicted or lost) happens under the binding lock, with no WR in
-//! flight: a post or poll that raced with the move finds no state on the
-//! QP it read and retries with the new binding. A pair that was evicted or
+//! flight, so no post or poll runs meanwhile. A pair that was evicted or
 //! lost is replaced transparently by the next post: a new pair for the same
 //! target (one handshake), or a typed [`VqpError::Rebind`] when the target
 //! does not answer.
@@ -530,20 +530,29 @@ impl<N: Nic> Vqp<N> {
         }
     }
 
-    /// [`Vqp::post_send`] in RC fallback mode.
+    /// [`Vqp::post_send`] in RC fallback mode: on the pair the binding
+    /// names, under the binding lock (before the QP's, as always), so no
+    /// handle is cloned.
     #[inline(never)]
     fn post_rc(&self, wrs: &mut [SendWr]) -> Result<(), VqpError> {
+        let Binding::Rc(slot) = &self.binding else {
+            return Err(VqpError::NotConnected { vqp: self.id });
+        };
         // RC: a stale pair is replaced, then the post is tried again; two
         // replacements in a row mean concurrent reconnects: give up typed.
         for _ in 0..3 {
-            let Some(q) = self.binding.current() else {
-                return Err(VqpError::NotConnected { vqp: self.id });
+            let stale = {
+                let slot = slot.lock();
+                let Some(q) = slot.as_ref() else {
+                    return Err(VqpError::NotConnected { vqp: self.id });
+                };
+                match q.post(&self.engine, self.id, wrs) {
+                    Ok(()) => return Ok(()),
+                    Err(PostFail::Vqp(e)) => return Err(e),
+                    Err(PostFail::Stale) => q.clone(),
+                }
             };
-            match q.post(&self.engine, self.id, wrs) {
-                Ok(()) => return Ok(()),
-                Err(PostFail::Vqp(e)) => return Err(e),
-                Err(PostFail::Stale) => self.rebind(&q)?,
-            }
+            self.rebind(&stale)?;
         }
         Err(VqpError::NotConnected { vqp: self.id })
     }
@@ -569,20 +578,18 @@ impl<N: Nic> Vqp<N> {
         }
     }
 
-    /// [`Vqp::poll`] in RC fallback mode.
+    /// [`Vqp::poll`] in RC fallback mode: under the binding lock, so the
+    /// state cannot move meanwhile (and no handle is cloned).
     #[inline(never)]
     fn poll_rc(&self, out: &mut [Wc]) -> Result<usize, VqpError> {
-        // RC: the state may be moving to another pair: read the binding
-        // again (a move finishes under the binding lock).
-        for _ in 0..3 {
-            let Some(q) = self.binding.current() else {
-                return Ok(0);
-            };
-            if let Some(n) = q.poll(&self.engine, self.id, out)? {
-                return Ok(n);
-            }
-        }
-        Ok(0)
+        let Binding::Rc(slot) = &self.binding else {
+            return Ok(0);
+        };
+        let slot = slot.lock();
+        let Some(q) = slot.as_ref() else {
+            return Ok(0);
+        };
+        Ok(q.poll(&self.engine, self.id, out)?.unwrap_or(0))
     }
 }
 
@@ -705,6 +712,82 @@ mod tests {
         }
         assert_eq!((got, wc[0].wr_id), (1, 301));
         assert_eq!(a.outstanding(), 0);
+    }
+
+    /// A VQP alone on its DCI posts in place (the caller's WRs carry the
+    /// physical wr_ids to the NIC): every post, forced signal and ring
+    /// wrap-around included, hands the WRs back with the caller's wr_ids
+    /// and flags, and the completions carry the caller's wr_ids.
+    #[test]
+    fn in_place_posts_give_the_callers_wrs_back_as_they_were() {
+        use crate::{Engine, EngineConfig, MetaLocation};
+        use krcore_meta::{MetaConfig, MetaServer};
+        use krcore_nic::sim::{SimConfig, SimFabric, SimNic};
+        use krcore_nic::{Access, Destination, MemoryRegion, SendWr, Wc, WcStatus};
+
+        let f = SimFabric::in_memory();
+        let node = || SimNic::open(&f, SimConfig::default()).unwrap();
+        let mut meta = MetaServer::start(node(), MetaConfig::default()).unwrap();
+        let loc = MetaLocation::from_bootstrap(&meta.bootstrap()).unwrap();
+        let cfg = || EngineConfig::default().with_meta(loc).with_pool_size(1);
+        let server = Engine::start(node(), cfg()).unwrap();
+        meta.table_mut()
+            .register(server.local_target().unwrap(), 0, 1 << 40, 0)
+            .unwrap();
+        let client = Engine::start(node(), cfg()).unwrap();
+        let remote = server.alloc_mr(4096, Access::ALL).unwrap();
+        let local = client.alloc_mr(4096, Access::ALL).unwrap();
+        let v = client.create_vqp().unwrap();
+        v.connect(server.gid()).unwrap();
+        let read = |id: u64| {
+            let off = (id as usize % 32) * 64;
+            SendWr::read(id, local.sge(off, 64).unwrap(), remote.remote(off))
+        };
+        // 20 unsignaled WRs (more than max_unsignaled: the last is forced
+        // signaled), then one signaled: 21 WRs a round, past the 128
+        // records of the DCI several times.
+        for round in 0..20u64 {
+            let mut quiet: Vec<SendWr> = (0..20)
+                .map(|k| read(1000 * round + k).signaled(false))
+                .collect();
+            let before = quiet.clone();
+            v.post_send(&mut quiet).unwrap();
+            for (wr, was) in quiet.iter().zip(&before) {
+                assert_eq!(
+                    (wr.wr_id, wr.flags),
+                    (was.wr_id, was.flags),
+                    "round {round}"
+                );
+                assert!(matches!(wr.dest, Destination::Dc(_)), "dest named");
+            }
+            let mut loud = [read(1000 * round + 999)];
+            v.post_send(&mut loud).unwrap();
+            assert_eq!(
+                (loud[0].wr_id, loud[0].is_signaled()),
+                (1000 * round + 999, true)
+            );
+            let mut wc = [Wc::default(); 4];
+            let mut got = 0;
+            for _ in 0..1000 {
+                got = v.poll(&mut wc).unwrap();
+                if got > 0 {
+                    break;
+                }
+            }
+            assert_eq!(got, 1, "round {round}: only the signaled WR's completion");
+            assert_eq!(
+                (wc[0].wr_id, wc[0].status),
+                (1000 * round + 999, WcStatus::Success)
+            );
+            assert_eq!(v.outstanding(), 0, "round {round}");
+        }
+        let s = client.stats().dci;
+        assert_eq!(s.forced_signals, 20, "{s:?}");
+        assert_eq!(
+            (s.wrs, s.error_completions, s.orphaned),
+            (420, 0, 0),
+            "{s:?}"
+        );
     }
 
     #[test]
