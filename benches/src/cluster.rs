@@ -264,7 +264,6 @@ impl ClusterHost {
             .ok_or_else(|| {
                 setup("start the meta server")("the meta node hosts no DC meta server".into())
             })?
-            .lock()
             .publish_on_sim(&fabric, bootstrap::DEFAULT_NAME)
             .map_err(|e| setup("publish the meta server")(e.to_string()))?;
         let mut memory = Vec::new();

@@ -233,10 +233,10 @@ pub mod wrid;
 pub use engine::{
     DciStats, Endpoint, Engine, EngineConfig, EngineError, EngineMode, EngineStats, ForkKit,
     HandshakeConfig, HandshakeFailure, HandshakeResponder, HandshakeStats, LeaseError, LeaseId,
-    Message, MetaFailure, MetaHostStats, MetaHostThread, MetaLocation, MetaStats, MsgConfig,
-    MsgError, MsgMetaHost, MsgStats, OwnedMr, Port, ProgressThread, QpStats, RcMetaHost, RcStats,
-    Sender, Vqp, VqpError, VqpTransport, DCIS_PER_CPU, DEFAULT_DC_KEY, DEFAULT_HANDSHAKE_QKEY,
-    META_PORT,
+    Message, MetaFailure, MetaHostStats, MetaHostThread, MetaLease, MetaLeaseStats, MetaLocation,
+    MetaStats, MsgConfig, MsgError, MsgMetaHost, MsgStats, OwnedMr, Port, ProgressThread, QpStats,
+    RcMetaHost, RcStats, Sender, Vqp, VqpError, VqpTransport, DCIS_PER_CPU, DEFAULT_DC_KEY,
+    DEFAULT_HANDSHAKE_QKEY, META_PORT,
 };
 
 pub use credits::{CreditError, Posted, PostedWr, QueueView, SendQueueCredits};
