@@ -82,9 +82,9 @@
 //! once by a handshake over UD, cached, LRU-evicted past
 //! `EngineConfig::rc_cap`). The API does not change. Each node answers
 //! handshakes from a thread of its own (the SDK's default; see
-//! [`NodeBuilder::handshake_thread`]); [`NodeBuilder::host_meta`] serves the
-//! embedded table over RC ([`Node::rc_meta_host`]). A cluster is all-DC or
-//! all-fallback.
+//! [`NodeBuilder::handshake_thread`]); [`NodeBuilder::host_meta`] hosts the
+//! table on the node's engine in this mode too (READs and registration
+//! messages over RC pairs with it). A cluster is all-DC or all-fallback.
 //!
 //! # Meta server
 //!
@@ -165,7 +165,7 @@ pub use error::{DeregisterError, Error, Result};
 pub use fork::Worker;
 pub use memory::{MemoryRegion, RemoteRegion};
 pub use msg::{Message, MsgError, Port, Sender};
-pub use node::{MetaHost, Node, NodeBuilder, RcMetaHosted, DEFAULT_LEASE};
+pub use node::{MetaHost, Node, NodeBuilder, DEFAULT_LEASE};
 pub use vqp::{Completion, Request, Vqp, REQUEST_WR_ID_BIT};
 
 pub use krcore_kmod::{

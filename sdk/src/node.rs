@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use krcore_kmod::{
     Engine, EngineConfig, EngineMode, MetaHostThread, MetaLease, MetaLeaseStats, MetaLocation,
-    MsgMetaHost, ProgressThread, RcMetaHost,
+    MsgMetaHost,
 };
 use krcore_meta::table::Geometry;
 use krcore_meta::wire::BootstrapRepr;
@@ -18,11 +18,12 @@ use crate::error::{Error, Result};
 use crate::memory::MemoryRegion;
 use crate::vqp::Vqp;
 
-/// The meta server a node of this process hosts on a device with DC: the
-/// node's own engine hosts the table ([`MsgMetaHost`]: lookups are
-/// one-sided READs through the node's DCT, Register/Renew/Deregister arrive
-/// as messages on the reserved port `krcore_kmod::META_PORT`), served by a
-/// thread of the node. It is the server the `krcore-meta` binary runs.
+/// The meta server a node of this process hosts: the node's own engine
+/// hosts the table ([`MsgMetaHost`]: lookups are one-sided READs, through
+/// the node's DCT, or in RC fallback mode over an RC pair with the node;
+/// Register/Renew/Deregister arrive as messages on the reserved port
+/// `krcore_kmod::META_PORT`), served by a thread of the node. It is the
+/// server the `krcore-meta` binary runs.
 pub struct MetaHost<N: Nic> {
     host: Arc<MsgMetaHost<N>>,
     _thread: MetaHostThread,
@@ -57,42 +58,6 @@ impl<N: Nic> std::fmt::Debug for MetaHost<N> {
     }
 }
 
-/// The embedded meta table of a node in RC fallback mode (a device without
-/// DC, where [`MsgMetaHost`] cannot run): the same table, READ over RC pairs
-/// made by a handshake with its responder, which a thread of the node runs.
-pub struct RcMetaHosted<N: Nic> {
-    host: RcMetaHost<N>,
-    _thread: ProgressThread,
-}
-
-impl<N: Nic> RcMetaHosted<N> {
-    /// The host (its table, bootstrap and statistics).
-    pub fn host(&self) -> &RcMetaHost<N> {
-        &self.host
-    }
-}
-
-impl<N: Nic> std::fmt::Debug for RcMetaHosted<N> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.host.fmt(f)
-    }
-}
-
-/// The meta table a node hosts, in either mode.
-enum Hosted<N: Nic> {
-    Dc(Arc<MetaHost<N>>),
-    Rc(Arc<RcMetaHosted<N>>),
-}
-
-impl<N: Nic> Clone for Hosted<N> {
-    fn clone(&self) -> Self {
-        match self {
-            Hosted::Dc(h) => Hosted::Dc(h.clone()),
-            Hosted::Rc(h) => Hosted::Rc(h.clone()),
-        }
-    }
-}
-
 /// Lease of a registration made by the builder in an embedded meta table
 /// (its clock is the caller's: the builder registers at time 0).
 const EMBEDDED_LEASE_MS: u64 = 1 << 40;
@@ -109,7 +74,7 @@ struct NodeInner<N: Nic> {
     lease: Option<MetaLease<N>>,
     engine: Engine<N>,
     fabric: Option<SimFabric>,
-    meta_host: Option<Hosted<N>>,
+    meta_host: Option<Arc<MetaHost<N>>>,
 }
 
 /// One node: a NIC port, its KRCore engine, and (on `sim`) its fabric.
@@ -204,22 +169,9 @@ impl<N: Nic> Node<N> {
     }
 
     /// The meta server this node hosts, if it was built with
-    /// [`NodeBuilder::host_meta`] on a device with DC (or joined such a
-    /// node of this process).
+    /// [`NodeBuilder::host_meta`] (or joined such a node of this process).
     pub fn meta_server(&self) -> Option<&MetaHost<N>> {
-        match &self.inner.meta_host {
-            Some(Hosted::Dc(h)) => Some(h),
-            _ => None,
-        }
-    }
-
-    /// The meta table this node hosts, if it was built with
-    /// [`NodeBuilder::host_meta`] on a device without DC.
-    pub fn rc_meta_host(&self) -> Option<&RcMetaHosted<N>> {
-        match &self.inner.meta_host {
-            Some(Hosted::Rc(h)) => Some(h),
-            _ => None,
-        }
+        self.inner.meta_host.as_deref()
     }
 
     /// Where the meta table this node reads is.
@@ -306,21 +258,6 @@ impl<N: Nic> Node<N> {
             gid: self.gid(),
             source,
         })
-    }
-
-    /// Registers the RC fallback node in the table this process hosts
-    /// (registration over messaging needs DC mode).
-    fn register_hosted(&self, hosted: &Hosted<N>) -> Result<()> {
-        match hosted {
-            Hosted::Dc(h) => self.register_locally(&h.host),
-            Hosted::Rc(h) => {
-                let r = h
-                    .host
-                    .table()
-                    .register(self.local_target()?, 0, EMBEDDED_LEASE_MS, 0);
-                self.registered(r)
-            }
-        }
     }
 }
 
@@ -412,16 +349,15 @@ impl NodeBuilder {
     }
 
     /// Whether the node registers with its meta server so that peers can
-    /// reach it. DC mode: as messages to the server
-    /// ([`Engine::meta_keep_registered`]) with a lease ([`NodeBuilder::lease`])
-    /// that a thread of the node renews (every third of it) until the node
-    /// is dropped; the node's entry then stays until its lease runs out.
-    /// RC fallback mode: only in a table of this process (registration over
-    /// messaging needs DC; other processes' fallback tables are not
-    /// reached: `build` refuses). Default: on for [`NodeBuilder::join`],
-    /// off for [`NodeBuilder::meta`] (a compute node that is never reached
-    /// needs no entry). The host of [`NodeBuilder::host_meta`] is always in
-    /// its own table.
+    /// reach it: as messages to the server
+    /// ([`Engine::meta_keep_registered`]; in RC fallback mode over the RC
+    /// pair the node's first handshake with the meta node builds) with a
+    /// lease ([`NodeBuilder::lease`]) that a thread of the node renews
+    /// (every third of it) until the node is dropped; the entry then stays
+    /// until its lease runs out. Default: on for [`NodeBuilder::join`], off
+    /// for [`NodeBuilder::meta`] (a compute node that is never reached needs
+    /// no entry). The host of [`NodeBuilder::host_meta`] is always in its
+    /// own table (a local call).
     pub fn register(mut self, on: bool) -> NodeBuilder {
         self.register = Some(on);
         self
@@ -435,11 +371,11 @@ impl NodeBuilder {
 
     /// Hosts the meta table on this node (and registers the node in it):
     /// the simplest single-process setup, and what the `krcore-meta`
-    /// binary runs. On a device with DC the node's engine hosts it
-    /// ([`MsgMetaHost`], [`Node::meta_server`]): other nodes register by
-    /// messages to it; without DC an [`RcMetaHost`] with its responder's
-    /// thread ([`Node::rc_meta_host`]). A 1024-bucket table with the
-    /// default settings (see [`NodeBuilder::host_meta_with`]).
+    /// binary runs. The node's engine hosts it ([`MsgMetaHost`],
+    /// [`Node::meta_server`]) in either mode: other nodes register by
+    /// messages to it (in RC fallback mode over the RC pair their first
+    /// handshake with the node builds) and READ it. A 1024-bucket table
+    /// with the default settings (see [`NodeBuilder::host_meta_with`]).
     pub fn host_meta(self) -> NodeBuilder {
         let geometry = Geometry::with_buckets(EMBEDDED_BUCKETS)
             .unwrap_or_else(|_| MetaConfig::default().geometry);
@@ -538,32 +474,20 @@ impl NodeBuilder {
             ));
         }
         let idle_sleep = config.msg.idle_sleep;
-        let mut rc_host = None;
-        if let (Some(meta_cfg), false) = (&host_meta, nic.caps().dc) {
-            // MsgMetaHost needs DC: serve the table over RC pairs.
-            let host = RcMetaHost::start(nic.clone(), meta_cfg.clone(), config.handshake.clone())?;
-            config.meta = Some(host.location()?);
-            let thread = host.spawn_progress()?;
-            rc_host = Some(Hosted::Rc(Arc::new(RcMetaHosted {
-                host,
-                _thread: thread,
-            })));
-        }
         let engine = Engine::start(nic, config)?;
-        let meta_host = match (host_meta, rc_host) {
-            (_, Some(rc)) => Some(rc),
-            (Some(meta_cfg), None) => {
+        let hosts = host_meta.is_some();
+        let meta_host = match host_meta {
+            Some(meta_cfg) => {
                 // The node's engine hosts the table and reads it.
                 let host = Arc::new(MsgMetaHost::start(&engine, meta_cfg)?);
                 let thread = host.spawn(idle_sleep)?;
-                Some(Hosted::Dc(Arc::new(MetaHost {
+                Some(Arc::new(MetaHost {
                     host,
                     _thread: thread,
-                })))
+                }))
             }
-            (None, None) => joined_meta_host,
+            None => joined_meta_host,
         };
-        let hosts = host_meta_flag(&meta_host, &engine);
         let mut node = Node {
             inner: Arc::new(NodeInner {
                 lease: None,
@@ -572,45 +496,19 @@ impl NodeBuilder {
                 meta_host,
             }),
         };
-        let explicit = register == Some(true);
-        let register = register.unwrap_or(joined);
         if hosts {
             // The host: a local call into its own table.
             if let Some(h) = &node.inner.meta_host {
-                node.register_hosted(h)?;
+                node.register_locally(&h.host)?;
             }
-        } else if register {
-            match node.mode() {
-                EngineMode::Dc => {
-                    let entries = node.entries()?;
-                    let kept = node.inner.engine.meta_keep_registered(&entries, 0, lease)?;
-                    match Arc::get_mut(&mut node.inner) {
-                        Some(inner) => inner.lease = Some(kept),
-                        None => return Err(Error::Builder("the node was shared while built")),
-                    }
-                }
-                _ => match &node.inner.meta_host {
-                    Some(h @ Hosted::Rc(_)) => node.register_hosted(h)?,
-                    _ if !explicit => {}
-                    _ => {
-                        return Err(Error::Builder(
-                            "RC fallback mode registers only in a meta table of this process \
-                             (registration over messaging needs DC)",
-                        ))
-                    }
-                },
+        } else if register.unwrap_or(joined) {
+            let entries = node.entries()?;
+            let kept = node.inner.engine.meta_keep_registered(&entries, 0, lease)?;
+            match Arc::get_mut(&mut node.inner) {
+                Some(inner) => inner.lease = Some(kept),
+                None => return Err(Error::Builder("the node was shared while built")),
             }
         }
         Ok(node)
-    }
-}
-
-/// Whether `engine` is the one hosting `hosted` (the host registers
-/// locally; its joiners by messages).
-fn host_meta_flag<N: Nic>(hosted: &Option<Hosted<N>>, engine: &Engine<N>) -> bool {
-    match hosted {
-        Some(Hosted::Dc(h)) => h.host.engine().gid() == engine.gid(),
-        Some(Hosted::Rc(h)) => h.host.bootstrap().server.gid == engine.gid(),
-        None => false,
     }
 }

@@ -1,4 +1,5 @@
-//! DC mode: meta registration carried by two-sided messaging.
+//! Meta registration carried by two-sided messaging: the meta server that
+//! deployments run (the SDK's `host_meta`, the `krcore-meta` binary).
 //!
 //! The meta server becomes a messaging peer: [`MsgMetaHost`] is the meta
 //! table hosted by an engine, READ by clients through that engine's DCT (no
@@ -6,7 +7,19 @@
 //! on the reserved port [`META_PORT`] of the same DCT/SRQ, with messaging's
 //! receive protocol (the sender's VQP id in the immediate, credits, replies
 //! to the sender's endpoint). Nodes call [`Engine::meta_register`],
-//! [`Engine::meta_renew`], [`Engine::meta_deregister`].
+//! [`Engine::meta_renew`], [`Engine::meta_deregister`], or keep a lease
+//! alive with [`Engine::meta_keep_registered`] (a thread renewing every
+//! third of the lease, re-registering an entry the host swept).
+//!
+//! RC fallback mode (no DC) works the same over RC pairs: the bootstrap's
+//! server entry names the host engine's handshake endpoint; a node's first
+//! contact with the meta node is the UD handshake that builds its pair (one
+//! for its meta READs, one for messaging), after which Register/Renew/
+//! Deregister travel as messages on [`META_PORT`] over the pair and READs
+//! of the table arrive on a passive RC QP in the engine's PD.
+//!
+//! The hosting engine reads its own table: [`MsgMetaHost::start`] makes an
+//! engine started without a meta location adopt the host's.
 //!
 //! ```text
 //! node engine                                   meta node's engine
@@ -41,9 +54,10 @@
 //! and malformed-input counting, instead of a second implementation of the
 //! protocol in the meta crate; the meta crate keeps the pure parts both
 //! sides share (table layout, [`MetaTable`], the request wire format
-//! [`krcore_meta::wire`]) and its UD-served `MetaServer` for clients that
-//! have no engine. As [`super::RcMetaHost`] hosts the table in RC fallback
-//! mode, [`MsgMetaHost`] hosts it in DC mode.
+//! [`krcore_meta::wire`]). The older hosts, `krcore_meta::MetaServer` (DC,
+//! requests over UD) and [`super::RcMetaHost`] (RC fallback, requests over
+//! its UD handshake endpoint), serve no deployment any more: see their
+//! docs.
 //!
 //! # Invariants (those of a meta server)
 //!
@@ -78,7 +92,7 @@ use super::meta::{MetaClient, MetaLocation, MetaPolicy};
 use super::mrs::OwnedMr;
 use super::msg::{MsgError, Worker};
 use super::msg_port::Port;
-use super::{Engine, EngineInner, EngineMode};
+use super::{Engine, EngineInner};
 use crate::msg::RefuseCode;
 
 /// The reserved messaging port a [`MsgMetaHost`] serves requests on.
@@ -145,26 +159,22 @@ fn wall_clock() -> Duration {
 }
 
 impl<N: Nic> MsgMetaHost<N> {
-    /// Hosts a meta table on `engine` (DC mode): the table MR
-    /// (`REMOTE_READ | LOCAL_WRITE`, zeroed) in the engine's PD, the DCT
-    /// clients READ it through (created if not yet), and the reserved port
-    /// [`META_PORT`] bound for requests.
+    /// Hosts a meta table on `engine`: the table MR (`REMOTE_READ |
+    /// LOCAL_WRITE`, zeroed) in the engine's PD, the DCT clients READ it
+    /// through (created if not yet; RC fallback mode: the handshake
+    /// endpoint their RC pairs are made by), and the reserved port
+    /// [`META_PORT`] bound for requests. An engine started without a meta
+    /// location reads this table from now on.
     ///
     /// From `meta` it takes `geometry`, `first_epoch`, `incarnation` and
     /// `lease_sweep_ms` (the DCT's key is the engine's `dc_key`; `qkey` and
-    /// slot counts are not used: there is no UD QP).
+    /// slot counts are not used: the host makes no UD QP of its own).
     ///
     /// # Errors
-    /// [`EngineError::Unsupported`] in RC fallback mode (see
-    /// [`super::RcMetaHost`]), or when the port is already served;
+    /// [`EngineError::Unsupported`] when the port is already served;
     /// [`EngineError::Config`] for a table larger than memory;
     /// [`EngineError::Nic`] when the provider refuses an object.
     pub fn start(engine: &Engine<N>, meta: MetaConfig) -> Result<MsgMetaHost<N>, EngineError> {
-        if engine.mode() != EngineMode::Dc {
-            return Err(EngineError::Unsupported {
-                reason: "MsgMetaHost needs DC mode (RC fallback: RcMetaHost)",
-            });
-        }
         let geometry = meta.geometry;
         let len = usize::try_from(geometry.table_len()).map_err(|_| {
             EngineError::Config(format!(
@@ -391,7 +401,8 @@ impl<N: Nic> Engine<N> {
     /// [`EngineError::NoMetaServer`]; [`EngineError::MetaRefused`] with
     /// the server's code; [`EngineError::MetaUnavailable`] with
     /// [`MetaFailure::Timeout`] when no answer came; engine errors of
-    /// messaging (DC mode only: [`EngineError::Unsupported`] otherwise).
+    /// messaging (in RC fallback mode also those of the handshake that
+    /// builds the pair to the meta node).
     pub fn meta_register(
         &self,
         target: DcTarget,
@@ -432,12 +443,6 @@ impl<N: Nic> Engine<N> {
             .map(|m| m.location)
             .ok_or(EngineError::NoMetaServer { gid })?;
         let server = location.server.gid;
-        if eng.mode() != EngineMode::Dc {
-            return Err(EngineError::Unsupported {
-                reason:
-                    "meta registration over messaging needs DC mode (RC fallback: MetaRpc over UD)",
-            });
-        }
         // The location names the server's DCT: its requests go there (the
         // server need not be in its own table). Cached with the lowest
         // epoch, as a learned sender (a meta entry replaces it).
@@ -566,7 +571,7 @@ impl<N: Nic> Engine<N> {
     /// A [`MsgMetaHost`] makes its engine read its own table this way.
     fn adopt_meta(&self, location: MetaLocation) -> Result<(), EngineError> {
         let eng = &self.inner;
-        if eng.meta.get().is_some() || eng.mode() != EngineMode::Dc {
+        if eng.meta.get().is_some() {
             return Ok(());
         }
         let client = MetaClient::start(
@@ -578,7 +583,7 @@ impl<N: Nic> Engine<N> {
                 backoff: eng.cfg.meta_backoff,
                 timeout: eng.cfg.meta_timeout,
             },
-            None,
+            eng.handshake().cloned(),
         )?;
         // A concurrent adopter may have won: either location is this host's.
         let _ = eng.meta.set(client);

@@ -1,5 +1,12 @@
 //! The meta table on a fabric without DC: [`RcMetaHost`].
 //!
+//! **No deployment runs it any more**: the SDK's `host_meta` and the
+//! `krcore-meta` binary host the table with [`super::MsgMetaHost`] in RC
+//! fallback mode too (registration as messages over the RC pair, READs
+//! over RC pairs with the host engine). It stays for the verbs tests and
+//! `krcore_lat` that build their meta node on it, and for its
+//! `krcore_meta::MetaRpc` clients (registration over UD), until those move.
+//!
 //! `krcore_meta::MetaServer` serves its table through a DCT and refuses a
 //! device without DC. Its table MR lives in a PD of its own, which it does
 //! not share, and a one-sided READ must arrive on a QP of the MR's PD (the
