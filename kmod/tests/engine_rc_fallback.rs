@@ -14,7 +14,6 @@ use common::{config, counted, wait_wcs, MemNode};
 use krcore_kmod::{
     Engine, EngineConfig, EngineError, EngineMode, HandshakeFailure, OwnedMr, Vqp, VqpError,
 };
-use krcore_meta::{MetaRpc, RpcConfig};
 use krcore_nic::sim::SimNic;
 use krcore_nic::{Access, MemoryRegion, SendWr, WcStatus};
 
@@ -289,35 +288,6 @@ fn a_target_answers_only_when_progressed() {
     // gone; its Close (sent at the timeout) removed it again.
     let hs = engine.stats().handshake;
     assert_eq!((hs.passive_qps, hs.closed), (1, 1), "{hs:?}");
-}
-
-#[test]
-fn remote_nodes_register_over_the_meta_rpc() {
-    let f = Fabric::new();
-    let engine = f.engine(EngineConfig::default().with_handshake_thread(true));
-    let mr = engine.alloc_mr(64, Access::ALL).unwrap();
-    let mut rpc = MetaRpc::new(engine.nic(), &f.meta.bootstrap(), RpcConfig::default()).unwrap();
-    rpc.register(engine.local_target().unwrap(), 0, 60_000)
-        .unwrap();
-    assert_eq!(rpc.fetch_bootstrap().unwrap(), f.meta.bootstrap());
-    let client = f.client();
-    let v = client.create_vqp().unwrap();
-    v.connect(engine.gid()).unwrap();
-    let buf = client.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
-    mr.store_u64(0, 7).unwrap();
-    v.post_send(&mut [SendWr::faa(1, buf.sge(0, 8).unwrap(), mr.remote(0), 1)])
-        .unwrap();
-    assert_eq!(wait_wcs(&v, 1)[0].status, WcStatus::Success);
-    assert_eq!(mr.load_u64(0).unwrap(), 8);
-    assert!(f.meta.responder().stats().meta_requests >= 2);
-    rpc.deregister(&engine.gid()).unwrap();
-    client.invalidate(&engine.gid());
-    let err = client
-        .create_vqp()
-        .unwrap()
-        .connect(engine.gid())
-        .unwrap_err();
-    assert!(matches!(err, EngineError::UnknownNode { .. }), "{err}");
 }
 
 #[test]

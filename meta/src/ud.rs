@@ -1,6 +1,9 @@
-//! A UD endpoint shared by the server and the RPC client: one UD QP, a
-//! receive CQ and a send CQ, and one registered buffer cut into receive and
-//! send slots.
+//! A UD endpoint: one UD QP, a receive CQ and a send CQ, and one
+//! registered buffer cut into receive and send slots. Used where no
+//! connection exists yet: the RC fallback's handshake endpoint (kmod), the
+//! RACE memory servers' allocation RPC and the elastic driver's RC
+//! baseline. (The meta server's requests no longer travel over UD: they
+//! are two-sided messages to an engine, see `krcore_kmod::MsgMetaHost`.)
 //!
 //! ```text
 //! buffer: [recv slot 0] .. [recv slot R-1] [send slot 0] .. [send slot S-1]
