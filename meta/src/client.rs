@@ -33,7 +33,7 @@ impl MetaClient {
     /// A client of the server `bootstrap` describes.
     ///
     /// # Errors
-    /// [`MetaError::Bootstrap`] when this build cannot read its table.
+    /// [`crate::MetaError::Bootstrap`] when this build cannot read its table.
     pub fn new(bootstrap: BootstrapRepr) -> MetaResult<MetaClient> {
         Ok(MetaClient {
             geometry: bootstrap.geometry()?,

@@ -13,7 +13,7 @@
 //! Invariants:
 //! - Every receive slot is posted exactly once at any time: a slot is
 //!   re-posted only after its completion was polled, never after a flush
-//!   (the QP is in ERR then, and [`UdEndpoint::recover`] re-posts them all).
+//!   (the QP is in ERR then, and the endpoint's recovery re-posts them all).
 //! - Every send is signaled and uses send slot `seq % S`; a send is posted
 //!   only with a free credit, so the slot's previous send has completed (a
 //!   UD QP completes in order) and its bytes are no longer needed.

@@ -222,6 +222,13 @@ fn joined_nodes_register_by_messages_to_the_embedded_host() {
         server.connect(compute.gid()),
         Err(Error::Engine(EngineError::UnknownNode { .. }))
     ));
+    // A lease under 1 ms is refused, typed (nothing registered).
+    let r = Node::builder().join(&server).lease(Duration::ZERO).build();
+    assert!(
+        matches!(r, Err(Error::Engine(EngineError::Config(_)))),
+        "{r:?}"
+    );
+    assert_eq!(host.stats().requests, 1);
     // No UD QP on the host: its engine's DCT and DCIs only.
     let s = server.engine().stats();
     assert_eq!(s.handshake_endpoints_created, 0);
