@@ -262,9 +262,8 @@ impl ClusterHost {
             .map_err(|e| setup("start the meta server")(e.to_string()))?;
         meta.meta_server()
             .ok_or_else(|| {
-                setup("start the meta server")("the meta node hosts no DC meta server".into())
+                setup("start the meta server")("the meta node hosts no meta server".into())
             })?
-            .lock()
             .publish_on_sim(&fabric, bootstrap::DEFAULT_NAME)
             .map_err(|e| setup("publish the meta server")(e.to_string()))?;
         let mut memory = Vec::new();

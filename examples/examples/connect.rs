@@ -11,9 +11,12 @@ use std::time::Instant;
 
 fn main() -> Result<(), krcore::Error> {
     // The server hosts the meta server and registers itself in it; the
-    // client joins the same fabric and meta table.
+    // client joins the same fabric and meta table. It only issues
+    // one-sided operations, so it does not register (a registering node
+    // sends its Register as a message to the meta server, which would
+    // leave the server's address in its DCCache before the cold connect).
     let server = Node::builder().fabric("sim:mem").host_meta().build()?;
-    let client = Node::builder().join(&server).build()?;
+    let client = Node::builder().join(&server).register(false).build()?;
     println!(
         "meta server + memory node {}\nclient {}",
         server.gid(),

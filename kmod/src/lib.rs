@@ -15,9 +15,9 @@
 //!   |             RC fallback (no DC): handshake endpoint, RC pairs (LRU)
 //!   |  Vqp<N>     connect = DCCache lookup | one meta READ; post; poll
 //!   |             RC fallback: + the target's RC pair (hit | handshake)
-//!   |  RcMetaHost the meta table served over RC fallback
-//!   |  MsgMetaHost the meta table hosted by a DC engine: registration as
-//!   |             messages on META_PORT (engine::meta_msg), READ lookups
+//!   |  MsgMetaHost the meta table hosted by an engine (either mode):
+//!   |             registration as messages on META_PORT (engine::meta_msg),
+//!   |             READ lookups; RcMetaHost: an older RC fallback host
 //!   |
 //! pure pieces ------------------------------------------- no I/O, no clock
 //!   |  dccache   Gid -> DC target metadata, node-wide, lock-free reads
@@ -44,12 +44,14 @@
 //! credits, wr_id routing and recovery are the same code on both (recovery
 //! of an RC pair re-handshakes it: the target's end failed too). The meta
 //! entry keeps its layout and names the handshake endpoint instead of a DCT
-//! ([`Engine::local_target`]); the table is served by an [`RcMetaHost`]
-//! (the meta crate's server needs DC). Two-sided messaging works in both
+//! ([`Engine::local_target`]); the table is hosted by an engine as in DC
+//! mode ([`MsgMetaHost`]: READs and registration messages over RC pairs
+//! with it). Two-sided messaging works in both
 //! modes: over the DCT in DC mode, over the RC pairs in RC fallback mode
 //! (their passive ends share the receiver's SRQ). The UD handshake is what
-//! RC fallback mode keeps UD for: it builds a node's first pair to a peer
-//! (DC mode needs no UD QP at all: its upgrade handshake and meta
+//! RC fallback mode keeps UD for: it builds a node's first pair to a peer,
+//! the meta node included (then meta registration travels as messages over
+//! the pair; DC mode needs no UD QP at all: its upgrade handshake and meta
 //! registration travel as messages). A cluster is all-DC or all-fallback:
 //! mixed clusters are not supported.
 //!
@@ -233,10 +235,10 @@ pub mod wrid;
 pub use engine::{
     DciStats, Endpoint, Engine, EngineConfig, EngineError, EngineMode, EngineStats, ForkKit,
     HandshakeConfig, HandshakeFailure, HandshakeResponder, HandshakeStats, LeaseError, LeaseId,
-    Message, MetaFailure, MetaHostStats, MetaHostThread, MetaLocation, MetaStats, MsgConfig,
-    MsgError, MsgMetaHost, MsgStats, OwnedMr, Port, ProgressThread, QpStats, RcMetaHost, RcStats,
-    Sender, Vqp, VqpError, VqpTransport, DCIS_PER_CPU, DEFAULT_DC_KEY, DEFAULT_HANDSHAKE_QKEY,
-    META_PORT,
+    Message, MetaFailure, MetaHostStats, MetaHostThread, MetaLease, MetaLeaseStats, MetaLocation,
+    MetaStats, MsgConfig, MsgError, MsgMetaHost, MsgStats, OwnedMr, Port, ProgressThread, QpStats,
+    RcMetaHost, RcStats, Sender, Vqp, VqpError, VqpTransport, DCIS_PER_CPU, DEFAULT_DC_KEY,
+    DEFAULT_HANDSHAKE_QKEY, META_PORT,
 };
 
 pub use credits::{CreditError, Posted, PostedWr, QueueView, SendQueueCredits};

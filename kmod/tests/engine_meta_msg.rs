@@ -224,3 +224,132 @@ fn a_host_thread_serves_and_stops() {
     drop(thread);
     assert_eq!(host.stats().requests, 1);
 }
+
+#[test]
+fn a_kept_registration_outlives_its_short_lease() {
+    let f = Fabric::new();
+    let host = Arc::new(f.meta());
+    let _thread = host.spawn(Duration::from_micros(50)).unwrap();
+    let mem = node(&f, &host, Duration::from_secs(2));
+    let t = mem.local_target().unwrap();
+    // A 60 ms lease renewed every 20 ms, kept past several lease lengths
+    // while the host sweeps every step (lease_sweep_ms 0).
+    let kept = mem
+        .meta_keep_registered(&[t], 0, Duration::from_millis(60))
+        .unwrap();
+    assert_eq!(kept.period(), Duration::from_millis(20));
+    let epoch = kept.first_leases()[0].epoch;
+    let start = std::time::Instant::now();
+    while kept.stats().renewals < 10 {
+        assert!(start.elapsed() < Duration::from_secs(20), "{kept:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Still registered after more than three lease lengths. (A machine
+    // stalled past a lease gets the entry swept and registered again, a
+    // newer epoch: counted as lapsed.)
+    let client = node(&f, &host, Duration::from_secs(2));
+    let entry = client.resolve(&mem.gid()).unwrap();
+    assert_eq!(entry.target, t);
+    let lapsed = kept.stats().lapsed;
+    if lapsed == 0 {
+        assert_eq!(entry.epoch, epoch, "{kept:?}");
+    }
+    // The entry removed behind its back: the next renewal is refused and
+    // the thread registers it again (a new epoch).
+    host.table().deregister(&t.gid).unwrap();
+    while kept.stats().lapsed == lapsed {
+        assert!(start.elapsed() < Duration::from_secs(20), "{kept:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    client.invalidate(&mem.gid());
+    let again = client.resolve(&mem.gid()).unwrap();
+    assert!(again.epoch > epoch, "{again:?}");
+    // Deregistering stops the renewals and removes the entry.
+    kept.deregister().unwrap();
+    client.invalidate(&mem.gid());
+    assert!(matches!(
+        client.resolve(&mem.gid()),
+        Err(EngineError::UnknownNode { .. })
+    ));
+    // The host's own engine reads its table (it adopted the location;
+    // its cache knows `mem` as a sender of requests until invalidated).
+    host.engine().invalidate(&mem.gid());
+    assert_eq!(
+        host.engine().meta_location().unwrap().server,
+        host.bootstrap().server
+    );
+    assert!(matches!(
+        host.engine().resolve(&mem.gid()),
+        Err(EngineError::UnknownNode { .. })
+    ));
+}
+
+#[test]
+fn an_unrenewed_lease_is_swept_and_renewal_then_refused() {
+    let f = Fabric::new();
+    let host = Arc::new(f.meta());
+    let _thread = host.spawn(Duration::from_micros(50)).unwrap();
+    let mem = node(&f, &host, Duration::from_secs(2));
+    let t = mem.local_target().unwrap();
+    {
+        // Dropped at once: nothing renews the 30 ms lease.
+        let kept = mem
+            .meta_keep_registered(&[t], 0, Duration::from_millis(30))
+            .unwrap();
+        assert_eq!(kept.stats().registrations, 1);
+    }
+    let client = node(&f, &host, Duration::from_secs(2));
+    let start = std::time::Instant::now();
+    loop {
+        client.invalidate(&mem.gid());
+        if matches!(
+            client.resolve(&mem.gid()),
+            Err(EngineError::UnknownNode { .. })
+        ) {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(host.stats().swept >= 1);
+    let r = mem.meta_renew(&t.gid);
+    assert!(
+        matches!(
+            r,
+            Err(EngineError::MetaRefused {
+                code: ErrorCode::NotRegistered | ErrorCode::LeaseExpired,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn a_kept_registration_refuses_bad_input_and_a_dead_host() {
+    let f = Fabric::new();
+    let host = f.meta();
+    let mem = node(&f, &host, Duration::from_millis(20));
+    let t = mem.local_target().unwrap();
+    for (targets, lease) in [
+        (&[][..], Duration::from_secs(1)),
+        (&[t][..], Duration::from_micros(500)),
+    ] {
+        assert!(matches!(
+            mem.meta_keep_registered(targets, 0, lease),
+            Err(EngineError::Config(_))
+        ));
+    }
+    // Nobody serves: the first registration fails, bounded and typed.
+    let r = mem.meta_keep_registered(&[t], 0, Duration::from_secs(1));
+    assert!(
+        matches!(
+            r,
+            Err(EngineError::MetaUnavailable {
+                failure: MetaFailure::Timeout(_),
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+}

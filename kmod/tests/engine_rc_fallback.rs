@@ -14,7 +14,6 @@ use common::{config, counted, wait_wcs, MemNode};
 use krcore_kmod::{
     Engine, EngineConfig, EngineError, EngineMode, HandshakeFailure, OwnedMr, Vqp, VqpError,
 };
-use krcore_meta::{MetaRpc, RpcConfig};
 use krcore_nic::sim::SimNic;
 use krcore_nic::{Access, MemoryRegion, SendWr, WcStatus};
 
@@ -292,35 +291,6 @@ fn a_target_answers_only_when_progressed() {
 }
 
 #[test]
-fn remote_nodes_register_over_the_meta_rpc() {
-    let f = Fabric::new();
-    let engine = f.engine(EngineConfig::default().with_handshake_thread(true));
-    let mr = engine.alloc_mr(64, Access::ALL).unwrap();
-    let mut rpc = MetaRpc::new(engine.nic(), &f.meta.bootstrap(), RpcConfig::default()).unwrap();
-    rpc.register(engine.local_target().unwrap(), 0, 60_000)
-        .unwrap();
-    assert_eq!(rpc.fetch_bootstrap().unwrap(), f.meta.bootstrap());
-    let client = f.client();
-    let v = client.create_vqp().unwrap();
-    v.connect(engine.gid()).unwrap();
-    let buf = client.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
-    mr.store_u64(0, 7).unwrap();
-    v.post_send(&mut [SendWr::faa(1, buf.sge(0, 8).unwrap(), mr.remote(0), 1)])
-        .unwrap();
-    assert_eq!(wait_wcs(&v, 1)[0].status, WcStatus::Success);
-    assert_eq!(mr.load_u64(0).unwrap(), 8);
-    assert!(f.meta.responder().stats().meta_requests >= 2);
-    rpc.deregister(&engine.gid()).unwrap();
-    client.invalidate(&engine.gid());
-    let err = client
-        .create_vqp()
-        .unwrap()
-        .connect(engine.gid())
-        .unwrap_err();
-    assert!(matches!(err, EngineError::UnknownNode { .. }), "{err}");
-}
-
-#[test]
 fn a_dc_registration_is_refused_typed() {
     let f = Fabric::new();
     let ghost = krcore_nic::DcTarget {
@@ -519,4 +489,76 @@ fn a_dead_meta_host_is_typed_and_bounded() {
     assert_eq!(d.network_ops(), 0);
     let buf = client.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
     read8(&w, &buf, &mem, 0);
+}
+
+/// RC fallback with the meta table hosted by an engine ([`MsgMetaHost`]):
+/// the first handshake to the meta node stays on UD (it builds the pair),
+/// then Register/Renew/Deregister travel as messages on `META_PORT` over
+/// that pair, and lookups are READs of the table through an RC pair.
+#[test]
+fn registration_travels_as_messages_over_the_rc_pair() {
+    use krcore_kmod::{MsgMetaHost, META_PORT};
+    use krcore_meta::table::Geometry;
+    use krcore_meta::MetaConfig;
+    let f = Fabric::new();
+    let host_engine =
+        Engine::start(f.nic(), EngineConfig::default().with_handshake_thread(true)).unwrap();
+    assert_eq!(host_engine.mode(), EngineMode::RcFallback);
+    let host = Arc::new(
+        MsgMetaHost::start(
+            &host_engine,
+            MetaConfig {
+                geometry: Geometry::with_buckets(64).unwrap(),
+                lease_sweep_ms: 0,
+                ..MetaConfig::default()
+            },
+        )
+        .unwrap(),
+    );
+    let _serving = host.spawn(Duration::from_micros(50)).unwrap();
+    let on_host = |cfg: EngineConfig| {
+        Engine::start(
+            f.nic(),
+            cfg.with_handshake_thread(true)
+                .with_meta(host.location().unwrap()),
+        )
+        .unwrap()
+    };
+    let mem = on_host(EngineConfig::default());
+    let mr = mem.alloc_mr(64, Access::ALL).unwrap();
+    mr.store_u64(0, 41).unwrap();
+    let t = mem.local_target().unwrap();
+    let lease = mem.meta_register(t, 0, 60_000).unwrap();
+    assert_eq!(host.stats().requests, 1);
+    let ms = host_engine.msg_stats();
+    assert!(ms.granted >= 1 && ms.inline_delivered >= 1, "{ms:?}");
+    assert_eq!(u32::from(META_PORT), host.bootstrap().rpc_qpn);
+    // A reader finds it by one READ over its RC pair to the meta node.
+    let client = on_host(EngineConfig::default());
+    let entry = client.resolve(&mem.gid()).unwrap();
+    assert_eq!((entry.target, entry.epoch), (t, lease.epoch));
+    assert_eq!(client.stats().meta.reads, 1);
+    let v = client.create_vqp().unwrap();
+    v.connect(mem.gid()).unwrap();
+    let buf = client.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
+    v.post_send(&mut [SendWr::faa(1, buf.sge(0, 8).unwrap(), mr.remote(0), 1)])
+        .unwrap();
+    assert_eq!(wait_wcs(&v, 1)[0].status, WcStatus::Success);
+    assert_eq!(mr.load_u64(0).unwrap(), 42);
+    // Renew and deregister, as messages too.
+    assert_eq!(mem.meta_renew(&mem.gid()).unwrap().epoch, lease.epoch);
+    mem.meta_deregister(&mem.gid()).unwrap();
+    assert_eq!(host.stats().requests, 3);
+    client.invalidate(&mem.gid());
+    assert!(matches!(
+        client.resolve(&mem.gid()),
+        Err(EngineError::UnknownNode { .. })
+    ));
+    // The host's engine reads its own table through a pair with itself.
+    let kept = mem
+        .meta_keep_registered(&[t], 0, Duration::from_secs(30))
+        .unwrap();
+    host_engine.invalidate(&mem.gid());
+    assert_eq!(host_engine.resolve(&mem.gid()).unwrap().target, t);
+    kept.deregister().unwrap();
 }

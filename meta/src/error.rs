@@ -3,25 +3,22 @@
 
 use crate::engine::TableError;
 use crate::table::GeometryError;
-use crate::wire::{BootstrapError, ErrorCode, WireError};
+use crate::wire::{BootstrapError, WireError};
 use krcore_nic::{NicError, PostError, WcStatus};
-use std::time::Duration;
 
-/// Why a meta-server host, RPC client or bootstrap call failed.
+/// Why a meta table host or bootstrap call failed.
 ///
-/// Runtime failures only: a bad request from the network never becomes an
-/// error of the server (it is dropped and counted, see
-/// [`crate::host::ServerStats`]).
+/// Runtime failures only: bad bytes from the network are typed errors of
+/// the call that parses them (a bootstrap), never a panic.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum MetaError {
-    /// The device has no DC transport, and lookups by READ are served
-    /// through a DCT. The RC fallback (clients READ the table over RC QPs
-    /// set up by a handshake) is not built yet: it comes with the verbs
-    /// provider work.
+    /// The device has no DC transport, and a [`crate::MetaServer`] serves
+    /// its table through a DCT. On such devices host the table in an engine
+    /// (`krcore_kmod::MsgMetaHost`, which runs in RC fallback mode).
     #[error(
-        "the device has no DC support: the meta server's RC fallback for lookups \
-         is not built yet (it comes with the verbs provider work)"
+        "the device has no DC support: MetaServer serves its table through a DCT \
+         (host the table in an engine instead: MsgMetaHost runs in RC fallback mode)"
     )]
     DcUnsupported,
     /// A provider call failed.
@@ -71,29 +68,6 @@ pub enum MetaError {
         /// The well-known name.
         name: String,
     },
-    /// The server did not answer within the configured timeout, after every
-    /// retry: it is down, unreachable, or not serving this address.
-    #[error("{op}: no reply from the meta server after {attempts} attempts ({waited:?})")]
-    Timeout {
-        /// The request.
-        op: &'static str,
-        /// Requests sent.
-        attempts: u32,
-        /// Time spent waiting in total.
-        waited: Duration,
-    },
-    /// The server answered with an error code.
-    #[error("{op}: the meta server refused it: {code:?} (after {attempts} attempts)")]
-    Refused {
-        /// The request.
-        op: &'static str,
-        /// The server's code ([`ErrorCode::BucketFull`], ...).
-        code: ErrorCode,
-        /// Requests sent for this call. Above 1, an earlier attempt may have
-        /// been applied and its reply lost: a `Deregister` refused with
-        /// [`ErrorCode::NotRegistered`] then did succeed.
-        attempts: u32,
-    },
     /// The server answered with a message of the wrong type.
     #[error("{op}: unexpected reply {got:?}")]
     UnexpectedReply {
@@ -111,24 +85,6 @@ pub enum MetaError {
         #[source]
         source: std::io::Error,
     },
-    /// The server thread panicked (a bug: the server never panics on input).
-    #[error("the meta server thread panicked")]
-    ServerPanicked,
-}
-
-impl MetaError {
-    /// The code of a refused request, if this is one.
-    pub fn refused_code(&self) -> Option<ErrorCode> {
-        match self {
-            MetaError::Refused { code, .. } => Some(*code),
-            _ => None,
-        }
-    }
-
-    /// Whether this is a [`MetaError::Timeout`].
-    pub fn is_timeout(&self) -> bool {
-        matches!(self, MetaError::Timeout { .. })
-    }
 }
 
 /// Result with [`MetaError`].

@@ -1,69 +1,56 @@
-//! The meta server host: the NIC objects and the loop around the pure
-//! [`MetaTable`] engine.
+//! A meta table hosted without an engine: [`MetaServer`], the table MR
+//! behind a DCT of its own, for processes that register nodes by local
+//! calls ([`MetaServer::table_mut`]): test fixtures and benches.
 //!
 //! ```text
 //!             clients (any node)
-//!   one-sided READ |            | two-sided UD SEND (Register/Renew/...)
-//!                  v            v
-//!   DCT + SRQ --> table MR    UD QP --recv CQ--> poll_once(now_ms)
-//!   (no CPU)      (MrTable)     ^                   | MetaTable::handle
-//!                     ^         |                   v
-//!                     +---------|---- SeqlockWrite word stores
-//!                               +---- reply: UD SEND to (GRH src GID, src_qp, qkey)
+//!   one-sided READ |
+//!                  v
+//!   DCT + SRQ --> table MR  <--- SeqlockWrite word stores <--- table_mut()
+//!   (no CPU)      (MrTable)                                     (local calls)
 //! ```
 //!
-//! [`MetaServer::start`] allocates everything; [`MetaServer::poll_once`] is
-//! one deterministic engine step (the caller passes the time);
-//! [`MetaServer::run`] and [`MetaServer::spawn`] loop it on the server's
-//! monotonic clock ([`MetaServer::now_ms`]).
+//! Deployments host the table in an engine instead (`krcore_kmod::MsgMetaHost`,
+//! run by the SDK's `host_meta` and the `krcore-meta` binary): the same
+//! table, layout and READ path, with Register/Renew/Deregister arriving as
+//! two-sided messages. This host has no request endpoint (its bootstrap's
+//! RPC target names its DCT, qkey 0): it answers no request at all.
 //!
 //! # Invariants
-//! - The server's CPU touches only two-sided requests; the table is READ by
-//!   clients through the DCT with no server involvement.
+//! - The table is READ by clients through the DCT with no server
+//!   involvement.
 //! - Every table change is one seqlock write of aligned atomic stores in the
 //!   registered table memory (see [`MrTable`]).
-//! - Bad input never stops the server: a datagram that is not a meta message
-//!   is dropped and counted ([`ServerStats::dropped`]); a malformed meta
-//!   message gets an `Err` reply.
-//! - Lease times are on the server's clock (ms since [`MetaServer::start`]
-//!   under `run`/`spawn`); a sweep runs at most every
-//!   [`MetaConfig::lease_sweep_ms`].
+//! - Lease times are the caller's (`now_ms` of each call); nothing sweeps
+//!   unless [`MetaServer::sweep`] is called.
 
 use crate::bootstrap;
 use crate::engine::MetaTable;
 use crate::error::{Ctx, MetaError, MetaResult};
 use crate::mr_table::MrTable;
 use crate::table::Geometry;
-use crate::ud::{Incoming, UdEndpoint};
-use crate::wire::{BootstrapRepr, ErrorCode, Message};
+use crate::wire::BootstrapRepr;
 use krcore_nic::sim::SimFabric;
 use krcore_nic::{
     bring_up, Access, DcTarget, Gid, MemoryRegion, Nic, QpCaps, QpInit, QpType, QueuePair, UdTarget,
 };
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Default DC key of the server's DCT (ASCII "krmeta").
 pub const DEFAULT_DC_KEY: u64 = 0x6174_656d_726b;
-/// Default qkey of the server's UD QP (ASCII "KRMT").
-pub const DEFAULT_QKEY: u32 = u32::from_le_bytes(*b"KRMT");
 
-/// How to start a [`MetaServer`].
+/// How to start a meta table host: a [`MetaServer`], or an engine's
+/// (`krcore_kmod::MsgMetaHost`, which takes `geometry`, `lease_sweep_ms`,
+/// `first_epoch` and `incarnation`).
 #[derive(Debug, Clone)]
 pub struct MetaConfig {
     /// Table shape. Default: 1024 buckets of 8 entries (512 KiB).
     pub geometry: Geometry,
-    /// DC key of the DCT clients READ the table through.
+    /// DC key of the DCT clients READ the table through ([`MetaServer`]
+    /// only: an engine uses its own).
     pub dc_key: u64,
-    /// qkey of the UD QP; clients learn it from the bootstrap.
-    pub qkey: u32,
-    /// UD receive buffers kept posted: requests arriving while all are in
-    /// use are dropped by the NIC (clients retry).
-    pub recv_slots: u32,
-    /// UD send slots (replies in flight).
-    pub send_slots: u32,
-    /// Least time between two lease sweeps, in ms (0: every step).
+    /// Least time between two lease sweeps, in ms (0: every step) of a host
+    /// that sweeps on its own (an engine's).
     pub lease_sweep_ms: u64,
     /// Epoch of the first registration. `None`: the wall-clock second at
     /// start, so a restarted server's epochs exceed its predecessor's as
@@ -74,8 +61,6 @@ pub struct MetaConfig {
     /// Incarnation reported in the bootstrap. `None`: derived from the
     /// wall clock and the process id.
     pub incarnation: Option<u64>,
-    /// Sleep of [`MetaServer::run`] after an idle spell of polls.
-    pub idle_sleep: Duration,
 }
 
 impl Default for MetaConfig {
@@ -83,57 +68,23 @@ impl Default for MetaConfig {
         MetaConfig {
             geometry: Geometry::with_buckets(1024).unwrap_or_else(|_| unreachable!()),
             dc_key: DEFAULT_DC_KEY,
-            qkey: DEFAULT_QKEY,
-            recv_slots: 256,
-            send_slots: 64,
             lease_sweep_ms: 100,
             first_epoch: None,
             incarnation: None,
-            idle_sleep: Duration::from_micros(200),
         }
     }
 }
 
-/// What a server did (totals since start).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ServerStats {
-    /// Meta messages handled (each got a reply, possibly `Err`).
-    pub requests: u64,
-    /// Requests answered with `Err(Malformed | UnsupportedVersion |
-    /// UnexpectedMessage)` (included in `requests`).
-    pub malformed: u64,
-    /// Datagrams that were not meta messages, or shorter than a GRH:
-    /// dropped without a reply.
-    pub dropped: u64,
-    /// Replies posted.
-    pub replies: u64,
-    /// Replies not sent for lack of a free send slot (the client retries).
-    pub reply_drops: u64,
-    /// Receive or send completions with an error status.
-    pub nic_errors: u64,
-    /// Times the UD QP was found in ERR and brought back up.
-    pub recoveries: u64,
-    /// Lease sweeps run.
-    pub sweeps: u64,
-    /// Registrations removed by sweeps.
-    pub swept: u64,
-}
-
-/// An embeddable meta server over any [`Nic`] with DC.
+/// A meta table in a registered MR behind a DCT of its own, over any
+/// [`Nic`] with DC (see the module docs: registrations are local calls).
 ///
-/// Owns the table MR (`REMOTE_READ | LOCAL_WRITE`), a DCT with its SRQ
-/// (clients READ the table through it; the SRQ gets no receives: requests go
-/// to the UD QP), and a UD endpoint for requests.
+/// Owns the table MR (`REMOTE_READ | LOCAL_WRITE`) and a DCT with its SRQ
+/// (clients READ the table through it; the SRQ gets no receives).
 pub struct MetaServer<N: Nic> {
     nic: N,
     table: MetaTable<MrTable<N::Mr>>,
-    ud: UdEndpoint<N>,
     bootstrap: BootstrapRepr,
     cfg: MetaConfig,
-    next_sweep_ms: u64,
-    stats: ServerStats,
-    started: Instant,
-    incoming: Vec<Incoming>,
     published: Vec<(SimFabric, String, Vec<u8>)>,
     // Kept alive for clients' READs; never used after start.
     _dct: N::Qp,
@@ -148,7 +99,6 @@ impl<N: Nic> std::fmt::Debug for MetaServer<N> {
             .field("gid", &self.nic.gid())
             .field("bootstrap", &self.bootstrap)
             .field("table", &self.table)
-            .field("stats", &self.stats)
             .finish()
     }
 }
@@ -160,14 +110,13 @@ fn wall_clock() -> Duration {
 }
 
 impl<N: Nic> MetaServer<N> {
-    /// Starts a server on `nic`: allocates the table MR, the DCT + SRQ and
-    /// the UD QP, and zeroes the table.
+    /// Starts a table host on `nic`: allocates the table MR and the DCT +
+    /// SRQ, and zeroes the table.
     ///
     /// # Errors
     /// [`MetaError::DcUnsupported`] on a device without DC (nothing is
-    /// allocated); [`MetaError::Config`] for slot counts the device cannot
-    /// take or a table larger than memory; [`MetaError::Nic`] when the
-    /// provider refuses an object.
+    /// allocated); [`MetaError::Config`] for a table larger than memory;
+    /// [`MetaError::Nic`] when the provider refuses an object.
     pub fn start(nic: N, cfg: MetaConfig) -> MetaResult<MetaServer<N>> {
         if !nic.caps().dc {
             return Err(MetaError::DcUnsupported);
@@ -204,7 +153,6 @@ impl<N: Nic> MetaServer<N> {
             )
             .ctx("create DCT")?;
         bring_up(&dct, Access::REMOTE_READ, None).ctx("bring up DCT")?;
-        let ud = UdEndpoint::new(&nic, &pd, cfg.qkey, cfg.recv_slots, cfg.send_slots)?;
         let first_epoch = cfg
             .first_epoch
             .unwrap_or_else(|| u32::try_from(wall_clock().as_secs()).unwrap_or(u32::MAX / 2));
@@ -222,22 +170,20 @@ impl<N: Nic> MetaServer<N> {
                 dct_num: dct.qpn(),
                 dc_key: cfg.dc_key,
             },
+            // No request endpoint (registrations are local calls): the
+            // RPC target names the DCT, with qkey 0 (a bootstrap needs a
+            // nonzero QPN there).
             UdTarget {
                 gid,
-                qpn: ud.qpn(),
-                qkey: cfg.qkey,
+                qpn: dct.qpn(),
+                qkey: 0,
             },
         );
         Ok(MetaServer {
             nic,
             table,
-            ud,
             bootstrap,
             cfg,
-            next_sweep_ms: 0,
-            stats: ServerStats::default(),
-            started: Instant::now(),
-            incoming: Vec::new(),
             published: Vec::new(),
             _dct: dct,
             _srq: srq,
@@ -246,7 +192,7 @@ impl<N: Nic> MetaServer<N> {
         })
     }
 
-    /// What clients need to reach this server (see [`crate::bootstrap`]).
+    /// What clients need to READ this table (see [`crate::bootstrap`]).
     pub fn bootstrap(&self) -> BootstrapRepr {
         self.bootstrap
     }
@@ -289,113 +235,17 @@ impl<N: Nic> MetaServer<N> {
         })
     }
 
-    /// The table engine, for registrations made by the host itself (its own
-    /// node, an embedded server's nodes in the same process, tests; remote
-    /// nodes use [`crate::MetaRpc`]). Every change is a seqlock write into
-    /// the MR clients READ, exactly as for a request.
+    /// The table engine, for registrations (the only way in: this host
+    /// answers no request). Every change is a seqlock write into the MR
+    /// clients READ.
     pub fn table_mut(&mut self) -> &mut MetaTable<MrTable<N::Mr>> {
         &mut self.table
     }
 
-    /// Counters of the server (and of its UD endpoint).
-    pub fn stats(&self) -> ServerStats {
-        let u = self.ud.counters;
-        ServerStats {
-            nic_errors: u.recv_errors + u.send_errors,
-            recoveries: u.recoveries,
-            dropped: self.stats.dropped + u.runts,
-            reply_drops: self.stats.reply_drops + u.no_credit,
-            ..self.stats
-        }
-    }
-
-    /// The server's clock: ms since [`MetaServer::start`] (monotonic). The
-    /// time [`MetaServer::run`] passes to [`MetaServer::poll_once`].
-    pub fn now_ms(&self) -> u64 {
-        self.started.elapsed().as_millis() as u64
-    }
-
-    /// One engine step at server time `now_ms`: polls up to one batch of
-    /// requests from the UD receive CQ, handles each with the table engine
-    /// and replies by UD SEND to its sender (GID from the GRH, QPN from the
-    /// completion, the configured qkey), re-posts the receive buffers, and
-    /// sweeps expired leases when the sweep interval has passed. Returns the
-    /// number of receive completions polled (0: idle).
-    ///
-    /// Deterministic given the completions and `now_ms`; never blocks.
-    ///
-    /// # Errors
-    /// Provider failures only ([`MetaError::Nic`], [`MetaError::Post`]):
-    /// a CQ overflow or a refused post. Bad requests are not errors.
-    pub fn poll_once(&mut self, now_ms: u64) -> MetaResult<usize> {
-        let mut incoming = std::mem::take(&mut self.incoming);
-        incoming.clear();
-        let polled = self.ud.poll_recv(&mut incoming);
-        for m in &incoming {
-            self.serve(m, now_ms)?;
-        }
-        self.incoming = incoming;
-        let polled = polled?;
-        if now_ms >= self.next_sweep_ms {
-            self.sweep(now_ms);
-            self.next_sweep_ms = now_ms.saturating_add(self.cfg.lease_sweep_ms);
-        }
-        Ok(polled)
-    }
-
-    fn serve(&mut self, m: &Incoming, now_ms: u64) -> MetaResult<()> {
-        let Some(reply) = self.table.handle(m.payload(), now_ms, &self.bootstrap) else {
-            self.stats.dropped += 1;
-            return Ok(());
-        };
-        self.stats.requests += 1;
-        if let Message::Err(
-            ErrorCode::Malformed | ErrorCode::UnsupportedVersion | ErrorCode::UnexpectedMessage,
-        ) = reply.message
-        {
-            self.stats.malformed += 1;
-        }
-        let dest = UdTarget {
-            gid: m.src,
-            qpn: m.src_qp,
-            qkey: self.cfg.qkey,
-        };
-        if self.ud.send(dest, &reply)? {
-            self.stats.replies += 1;
-        }
-        Ok(())
-    }
-
     /// Removes every registration whose lease expired by `now_ms`; returns
-    /// how many. [`MetaServer::poll_once`] calls it on its own.
+    /// how many.
     pub fn sweep(&mut self, now_ms: u64) -> usize {
-        let gone = self.table.sweep(now_ms).len();
-        self.stats.sweeps += 1;
-        self.stats.swept += gone as u64;
-        gone
-    }
-
-    /// Runs [`MetaServer::poll_once`] on the server's clock until `stop` is
-    /// set: busy for a few idle polls, then sleeping
-    /// [`MetaConfig::idle_sleep`] between idle polls. Returns within about
-    /// one sleep of `stop` being set.
-    ///
-    /// # Errors
-    /// The first error of [`MetaServer::poll_once`].
-    pub fn run(&mut self, stop: &AtomicBool) -> MetaResult<()> {
-        const SPIN_POLLS: u32 = 64;
-        let mut idle = 0u32;
-        while !stop.load(Ordering::Acquire) {
-            if self.poll_once(self.now_ms())? > 0 {
-                idle = 0;
-            } else if idle < SPIN_POLLS {
-                idle += 1;
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(self.cfg.idle_sleep);
-            }
-        }
-        Ok(())
+        self.table.sweep(now_ms).len()
     }
 
     /// Publishes the bootstrap under the well-known `name` on a sim fabric
@@ -424,34 +274,6 @@ impl<N: Nic> MetaServer<N> {
     }
 }
 
-impl<N: Nic> MetaServer<N> {
-    /// Runs the server on its own thread (named `krcore-meta`) until the
-    /// handle is stopped or dropped.
-    ///
-    /// # Errors
-    /// [`MetaError::Io`] when the thread cannot be created.
-    pub fn spawn(mut self) -> MetaResult<MetaServerHandle<N>> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let bootstrap = self.bootstrap;
-        let flag = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("krcore-meta".into())
-            .spawn(move || {
-                let r = self.run(&flag);
-                (self, r)
-            })
-            .map_err(|source| MetaError::Io {
-                op: "spawn the meta server thread",
-                source,
-            })?;
-        Ok(MetaServerHandle {
-            stop,
-            thread: Some(thread),
-            bootstrap,
-        })
-    }
-}
-
 impl<N: Nic> Drop for MetaServer<N> {
     fn drop(&mut self) {
         for (fabric, name, bytes) in self.published.drain(..) {
@@ -460,61 +282,5 @@ impl<N: Nic> Drop for MetaServer<N> {
                 let _ = fabric.unpublish(&name);
             }
         }
-    }
-}
-
-type Joined<N> = (MetaServer<N>, MetaResult<()>);
-
-/// A [`MetaServer`] running on its own thread. Dropping the handle stops
-/// the server and joins the thread.
-pub struct MetaServerHandle<N: Nic> {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<Joined<N>>>,
-    bootstrap: BootstrapRepr,
-}
-
-impl<N: Nic> std::fmt::Debug for MetaServerHandle<N> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MetaServerHandle")
-            .field("bootstrap", &self.bootstrap)
-            .field("running", &self.is_running())
-            .finish()
-    }
-}
-
-impl<N: Nic> MetaServerHandle<N> {
-    /// The running server's bootstrap.
-    pub fn bootstrap(&self) -> BootstrapRepr {
-        self.bootstrap
-    }
-
-    /// Whether the server thread is still running (it ends on a provider
-    /// error; [`MetaServerHandle::stop`] returns that error).
-    pub fn is_running(&self) -> bool {
-        self.thread.as_ref().is_some_and(|t| !t.is_finished())
-    }
-
-    /// Stops the server, joins its thread and gives the server back.
-    ///
-    /// # Errors
-    /// The error that ended the loop early, or
-    /// [`MetaError::ServerPanicked`].
-    pub fn stop(mut self) -> MetaResult<MetaServer<N>> {
-        match self.join() {
-            Some((server, Ok(()))) => Ok(server),
-            Some((_, Err(e))) => Err(e),
-            None => Err(MetaError::ServerPanicked),
-        }
-    }
-
-    fn join(&mut self) -> Option<Joined<N>> {
-        self.stop.store(true, Ordering::Release);
-        self.thread.take().and_then(|t| t.join().ok())
-    }
-}
-
-impl<N: Nic> Drop for MetaServerHandle<N> {
-    fn drop(&mut self) {
-        let _ = self.join();
     }
 }

@@ -6,38 +6,38 @@
 //! READ (no server CPU); nodes register, renew and deregister with two-sided
 //! messages (the only work of the server's CPU).
 //!
-//! Two layers:
+//! This crate holds what every host and client of the table shares:
 //! - the pure layer (byte layouts, message formats, the table engine), which
 //!   does no I/O and reads no clock;
-//! - the host around it, generic over the NIC provider: [`host::MetaServer`]
-//!   (table MR + DCT for READs, UD QP for requests), [`client::MetaRpc`],
-//!   [`client::lookup_once`], and [`bootstrap`] (how clients find a server);
-//!   plus the `krcore-meta` binary.
+//! - around it, generic over the NIC provider: [`client::lookup_once`] (one
+//!   READ of a bucket), [`bootstrap`] (how clients find a server: a sim
+//!   fabric name or TCP), [`host::MetaServer`] (the table MR behind a DCT of
+//!   its own, registrations by local calls: test fixtures and benches), and
+//!   [`ud`] (a UD endpoint: the RC fallback's first handshake uses it).
 //!
 //! ```text
-//! client node                                         meta server host
-//!   MetaRpc: Register/Renew/.. --- UD SEND --->  poll_once(now_ms)
-//!                              <--- UD SEND ---   MetaTable::handle -> Ok / Err
+//! client node                                         meta node (an engine)
+//!   Engine::meta_register/.. --- message ----->  META_PORT: MsgMetaHost
+//!                            <--- reply -------   MetaTable::handle -> Ok / Err
 //!                                                 (SeqlockWrite -> MrTable stores)
-//!   lookup_once: READ bucket_of(gid) via DCI <--- table MR behind the DCT (no CPU)
+//!   lookup: READ bucket_of(gid) via DCI <-------  table MR behind the DCT (no CPU)
 //!   table::find_in_bucket(bytes, gid) -> entry | None | Torn (retry) | Corrupt
 //!   bootstrap: sim fabric name "krcore-meta", or TCP -> BootstrapRepr
 //! ```
 //!
-//! ## Two hosts of one table
+//! ## The server
 //!
-//! The table engine, its layout and the request format ([`wire`]) are this
-//! crate's and shared. Requests reach a table two ways:
-//! - [`host::MetaServer`] (here): requests as UD datagrams, for hosts and
-//!   clients without an engine ([`client::MetaRpc`]).
-//! - `krcore_kmod::MsgMetaHost` (DC mode): the table hosted by an engine,
-//!   requests as two-sided messages on the engine's reserved port
-//!   `krcore_kmod::META_PORT` (the same DCT/SRQ receive protocol as every
-//!   message: the sender's VQP id in the immediate, credits, replies), sent
-//!   by `Engine::meta_register`/`meta_renew`/`meta_deregister`. It lives in
-//!   `krcore-kmod` because messaging does (this crate does not depend on
-//!   the engine; the engine depends on it for the layout). Lookups are
-//!   one-sided READs in both.
+//! The server deployments run is `krcore_kmod::MsgMetaHost`: the table
+//! hosted by an engine, requests as two-sided messages on the engine's
+//! reserved port `krcore_kmod::META_PORT` (the same DCT/SRQ receive
+//! protocol as every message: the sender's VQP id in the immediate,
+//! credits, replies), sent by `Engine::meta_register`/`meta_renew`/
+//! `meta_deregister`; in RC fallback mode the same over RC pairs. It lives
+//! in `krcore-kmod` because messaging does (this crate does not depend on
+//! the engine; the engine depends on it for the layout), and so does the
+//! `krcore-meta` binary (in the SDK crate, `krcore`). Requests are handled
+//! by [`MetaTable::handle`](engine::MetaTable::handle) here, in the format
+//! of [`wire`].
 //!
 //! ## Modules
 //! - [`entry`]: the 64-byte entry ([`entry::EntryView`], [`entry::EntryRepr`]).
@@ -46,10 +46,10 @@
 //! - [`engine`]: [`engine::MetaTable`], register/renew/deregister/sweep.
 //! - [`wire`]: two-sided messages ([`wire::Packet`], [`wire::Repr`]).
 //! - [`MetaTable::handle`](engine::MetaTable::handle): bytes in, reply out.
-//! - [`host`]: [`host::MetaServer`], its config, stats and thread runner.
+//! - [`host`]: [`host::MetaServer`] (table + DCT, local registrations) and
+//!   [`host::MetaConfig`].
 //! - [`mr_table`]: [`mr_table::MrTable`], the table memory in a registered MR.
-//! - [`client`]: [`client::MetaClient`], [`client::MetaRpc`],
-//!   [`client::lookup_once`].
+//! - [`client`]: [`client::MetaClient`], [`client::lookup_once`].
 //! - [`bootstrap`]: publishing/finding a server (sim names, TCP).
 //! - [`error`]: [`MetaError`], the host layer's error.
 //!
@@ -70,15 +70,12 @@
 //! [`engine::MetaTable`] is a single-writer state machine (`&mut self`); the
 //! host serialises requests and sweeps. Readers never touch it: they READ the
 //! table memory, which the host's [`table::TableMemory`] writes with atomic
-//! stores. [`host::MetaServer`] is `Send` (run it on any thread, or let
-//! [`host::MetaServer::spawn`] do it); [`client::MetaRpc`] is one caller at a
-//! time (`&mut self`).
+//! stores. [`host::MetaServer`] is `Send`; its table changes take `&mut`.
 //!
 //! ## Cleanup
 //! Dropping a server releases its NIC objects (clients' READs then fail with
 //! an error completion) and removes its sim publications; a
-//! [`host::MetaServerHandle`] or [`bootstrap::TcpBootstrap`] stops and joins
-//! its thread when dropped.
+//! [`bootstrap::TcpBootstrap`] stops and joins its thread when dropped.
 //!
 //! ## Quick start
 //! ```
@@ -112,9 +109,9 @@ pub mod table;
 pub mod ud;
 pub mod wire;
 
-pub use client::{lookup_once, MetaClient, MetaRpc, RpcConfig};
+pub use client::{lookup_once, MetaClient};
 pub use error::{MetaError, MetaResult};
-pub use host::{MetaConfig, MetaServer, MetaServerHandle};
+pub use host::{MetaConfig, MetaServer};
 
 /// Version of the table layout (entry format, bucket hash and its seed,
 /// checksum function, bucket placement). A client refuses a table whose

@@ -1,6 +1,9 @@
-//! A UD endpoint shared by the server and the RPC client: one UD QP, a
-//! receive CQ and a send CQ, and one registered buffer cut into receive and
-//! send slots.
+//! A UD endpoint: one UD QP, a receive CQ and a send CQ, and one
+//! registered buffer cut into receive and send slots. Used where no
+//! connection exists yet: the RC fallback's handshake endpoint (kmod), the
+//! RACE memory servers' allocation RPC and the elastic driver's RC
+//! baseline. (The meta server's requests no longer travel over UD: they
+//! are two-sided messages to an engine, see `krcore_kmod::MsgMetaHost`.)
 //!
 //! ```text
 //! buffer: [recv slot 0] .. [recv slot R-1] [send slot 0] .. [send slot S-1]
@@ -10,7 +13,7 @@
 //! Invariants:
 //! - Every receive slot is posted exactly once at any time: a slot is
 //!   re-posted only after its completion was polled, never after a flush
-//!   (the QP is in ERR then, and [`UdEndpoint::recover`] re-posts them all).
+//!   (the QP is in ERR then, and the endpoint's recovery re-posts them all).
 //! - Every send is signaled and uses send slot `seq % S`; a send is posted
 //!   only with a free credit, so the slot's previous send has completed (a
 //!   UD QP completes in order) and its bytes are no longer needed.

@@ -41,7 +41,7 @@ fn publish_and_find_on_a_sim_fabric() {
         s.bootstrap().table.addr + g.bucket_offset(g.bucket_of(&fake_gid(1)))
     );
     assert_eq!(len, g.bucket_len());
-    // The bootstrap names this server's node, DCT and UD QP.
+    // The bootstrap names this server's node and DCT (no request endpoint).
     assert_eq!(c.bootstrap().server.gid, s.nic().gid());
     assert_eq!(c.bootstrap().rpc_target().gid, s.nic().gid());
     // Dropping the server removes its name.

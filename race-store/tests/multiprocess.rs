@@ -78,7 +78,7 @@ fn cluster(fabric_dir: &Path) -> Cluster {
         .host_meta()
         .build()
         .unwrap();
-    let bootstrap = meta.meta_server().unwrap().lock().bootstrap();
+    let bootstrap = meta.meta_server().unwrap().bootstrap();
     krcore_meta::bootstrap::publish_on_sim(&fabric, META_NAME, &bootstrap).unwrap();
     let table = TableConfig {
         geometry: SubtableGeometry::new(1).unwrap(),

@@ -17,7 +17,8 @@ const WORKER_DCIS: usize = 1;
 ///
 /// The worker is a copy of the parent at the fork with one thread (the
 /// forking one): the node's background threads (messaging progress, RC
-/// handshake) do not run in it. The fabric's shared memory (QPs, CQs, MRs
+/// handshake, the renewal of its meta lease: the parent keeps renewing)
+/// do not run in it. The fabric's shared memory (QPs, CQs, MRs
 /// of a `/dev/shm` fabric) is the same in both processes.
 ///
 /// - **May**: create VQPs on the inherited [`Node`] (they are bound to a DCI

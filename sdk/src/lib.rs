@@ -82,15 +82,19 @@
 //! once by a handshake over UD, cached, LRU-evicted past
 //! `EngineConfig::rc_cap`). The API does not change. Each node answers
 //! handshakes from a thread of its own (the SDK's default; see
-//! [`NodeBuilder::handshake_thread`]); [`NodeBuilder::host_meta`] serves the
-//! embedded table over RC ([`Node::rc_meta_host`]). A cluster is all-DC or
-//! all-fallback.
+//! [`NodeBuilder::handshake_thread`]); [`NodeBuilder::host_meta`] hosts the
+//! table on the node's engine in this mode too (READs and registration
+//! messages over RC pairs with it). A cluster is all-DC or all-fallback.
 //!
 //! # Meta server
 //!
 //! A node reads the meta table at [`NodeBuilder::meta`]; for single-process
-//! programs and tests, [`NodeBuilder::host_meta`] puts an embedded table
-//! ([`MetaHost`], the real meta server hosted in-process) on the node and [`NodeBuilder::join`] shares it.
+//! programs and tests, [`NodeBuilder::host_meta`] hosts the table on the
+//! node's own engine ([`MetaHost`]: the same server the `krcore-meta` binary
+//! runs) and [`NodeBuilder::join`] reads it. Nodes register by two-sided
+//! messages to the server's reserved port and a thread of the node renews
+//! the lease ([`NodeBuilder::register`], [`NodeBuilder::lease`],
+//! [`Node::lease_stats`]); lookups are one-sided READs of the table.
 //!
 //! # Two-sided messaging
 //!
@@ -161,7 +165,7 @@ pub use error::{DeregisterError, Error, Result};
 pub use fork::Worker;
 pub use memory::{MemoryRegion, RemoteRegion};
 pub use msg::{Message, MsgError, Port, Sender};
-pub use node::{MetaHost, Node, NodeBuilder, RcMetaHosted};
+pub use node::{MetaHost, Node, NodeBuilder, DEFAULT_LEASE};
 pub use vqp::{Completion, Request, Vqp, REQUEST_WR_ID_BIT};
 
 pub use krcore_kmod::{

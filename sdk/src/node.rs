@@ -2,55 +2,59 @@
 
 use std::sync::Arc;
 
-use krcore_kmod::{Engine, EngineConfig, EngineMode, MetaLocation, ProgressThread, RcMetaHost};
+use std::time::Duration;
+
+use krcore_kmod::{
+    Engine, EngineConfig, EngineMode, MetaHostThread, MetaLease, MetaLeaseStats, MetaLocation,
+    MsgMetaHost,
+};
 use krcore_meta::table::Geometry;
-use krcore_meta::{MetaConfig, MetaServer};
+use krcore_meta::wire::BootstrapRepr;
+use krcore_meta::MetaConfig;
 use krcore_nic::sim::{SimConfig, SimFabric, SimNic};
 use krcore_nic::{Access, DcTarget, Gid, Nic};
-use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
 use crate::memory::MemoryRegion;
 use crate::vqp::Vqp;
 
-/// An embedded meta server hosted by a node of this process: the real
-/// server (same table, same one-sided READ path for clients), with nodes of
-/// the process registered by local calls through [`MetaServer::table_mut`].
-pub type MetaHost<N> = Mutex<MetaServer<N>>;
-
-/// The embedded meta table of a node in RC fallback mode (a device without
-/// DC, where [`MetaServer`] cannot run): the same table, READ over RC pairs
-/// made by a handshake with its responder, which a thread of the node runs.
-pub struct RcMetaHosted<N: Nic> {
-    host: RcMetaHost<N>,
-    _thread: ProgressThread,
+/// The meta server a node of this process hosts: the node's own engine
+/// hosts the table ([`MsgMetaHost`]: lookups are one-sided READs, through
+/// the node's DCT, or in RC fallback mode over an RC pair with the node;
+/// Register/Renew/Deregister arrive as messages on the reserved port
+/// `krcore_kmod::META_PORT`), served by a thread of the node. It is the
+/// server the `krcore-meta` binary runs.
+pub struct MetaHost<N: Nic> {
+    host: Arc<MsgMetaHost<N>>,
+    _thread: MetaHostThread,
 }
 
-impl<N: Nic> RcMetaHosted<N> {
+impl<N: Nic> MetaHost<N> {
     /// The host (its table, bootstrap and statistics).
-    pub fn host(&self) -> &RcMetaHost<N> {
+    pub fn host(&self) -> &MsgMetaHost<N> {
         &self.host
     }
-}
 
-impl<N: Nic> std::fmt::Debug for RcMetaHosted<N> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.host.fmt(f)
+    /// What clients need to find the table (publish it for other
+    /// processes).
+    pub fn bootstrap(&self) -> BootstrapRepr {
+        self.host.bootstrap()
+    }
+
+    /// Publishes the bootstrap under `name` on `fabric` (clients of other
+    /// processes find the server there, see `krcore_meta::bootstrap`).
+    ///
+    /// # Errors
+    /// [`Error::Meta`] for a bad name or a failed write.
+    pub fn publish_on_sim(&self, fabric: &SimFabric, name: &str) -> Result<()> {
+        krcore_meta::bootstrap::publish_on_sim(fabric, name, &self.bootstrap())?;
+        Ok(())
     }
 }
 
-/// The meta table a node hosts, in either mode.
-enum Hosted<N: Nic> {
-    Dc(Arc<MetaHost<N>>),
-    Rc(Arc<RcMetaHosted<N>>),
-}
-
-impl<N: Nic> Clone for Hosted<N> {
-    fn clone(&self) -> Self {
-        match self {
-            Hosted::Dc(h) => Hosted::Dc(h.clone()),
-            Hosted::Rc(h) => Hosted::Rc(h.clone()),
-        }
+impl<N: Nic> std::fmt::Debug for MetaHost<N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.host.fmt(f)
     }
 }
 
@@ -61,10 +65,16 @@ const EMBEDDED_LEASE_MS: u64 = 1 << 40;
 /// Buckets of the embedded meta table a builder creates (8 entries each).
 const EMBEDDED_BUCKETS: u32 = 1024;
 
+/// Lease of a node's registration over messaging unless
+/// [`NodeBuilder::lease`] says otherwise (renewed every third of it).
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
 struct NodeInner<N: Nic> {
+    /// Dropped first: stops the renewals before the engine goes.
+    lease: Option<MetaLease<N>>,
     engine: Engine<N>,
     fabric: Option<SimFabric>,
-    meta_host: Option<Hosted<N>>,
+    meta_host: Option<Arc<MetaHost<N>>>,
 }
 
 /// One node: a NIC port, its KRCore engine, and (on `sim`) its fabric.
@@ -117,6 +127,7 @@ impl<N: Nic> Node<N> {
         cfg.msg.progress_thread = true;
         Ok(Node {
             inner: Arc::new(NodeInner {
+                lease: None,
                 engine: Engine::start(nic, cfg)?,
                 fabric: None,
                 meta_host: None,
@@ -158,21 +169,9 @@ impl<N: Nic> Node<N> {
     }
 
     /// The meta server this node hosts, if it was built with
-    /// [`NodeBuilder::host_meta`] on a device with DC.
+    /// [`NodeBuilder::host_meta`] (or joined such a node of this process).
     pub fn meta_server(&self) -> Option<&MetaHost<N>> {
-        match &self.inner.meta_host {
-            Some(Hosted::Dc(h)) => Some(h),
-            _ => None,
-        }
-    }
-
-    /// The meta table this node hosts, if it was built with
-    /// [`NodeBuilder::host_meta`] on a device without DC.
-    pub fn rc_meta_host(&self) -> Option<&RcMetaHosted<N>> {
-        match &self.inner.meta_host {
-            Some(Hosted::Rc(h)) => Some(h),
-            _ => None,
-        }
+        self.inner.meta_host.as_deref()
     }
 
     /// Where the meta table this node reads is.
@@ -209,23 +208,30 @@ impl<N: Nic> Node<N> {
         Ok(v)
     }
 
-    /// Registers this node in an embedded meta table (the meta server host
-    /// does this over two-sided messages in a deployment).
-    ///
-    /// # Errors
-    /// [`Error::Register`]; [`Error::Engine`] when the DCT (or the
-    /// handshake endpoint) cannot be created.
-    pub fn register_in(&self, meta: &MetaHost<N>) -> Result<()> {
-        // Made (on first need) before the table's lock is taken: the DCT,
-        // and in DC mode with the upgrade endpoint its name beside the
-        // DCT's (a registered node answers upgrades).
-        let target = self.local_target()?;
-        let hs = self.inner.engine.handshake_entry()?;
-        let mut m = meta.lock();
-        let r = m.table_mut().register(target, 0, EMBEDDED_LEASE_MS, 0);
-        self.registered(r)?;
-        if let Some(hs) = hs {
-            let r = m.table_mut().register(hs, 0, EMBEDDED_LEASE_MS, 0);
+    /// The renewal counters of this node's registration over messaging
+    /// (`None` when the node did not register that way: see
+    /// [`NodeBuilder::register`]).
+    pub fn lease_stats(&self) -> Option<MetaLeaseStats> {
+        self.inner.lease.as_ref().map(MetaLease::stats)
+    }
+
+    /// The meta entries this node registers: its address and, in DC mode
+    /// with the upgrade endpoint, the upgrade handshake's entry beside it
+    /// (a registered node answers upgrades). Made on first need: the DCT.
+    fn entries(&self) -> Result<Vec<DcTarget>> {
+        let mut v = vec![self.local_target()?];
+        v.extend(self.inner.engine.handshake_entry()?);
+        Ok(v)
+    }
+
+    /// Registers the meta host's own node in its table (a local call:
+    /// the host needs no message to itself).
+    fn register_locally(&self, meta: &MsgMetaHost<N>) -> Result<()> {
+        let entries = self.entries()?;
+        let now = meta.now_ms();
+        let mut t = meta.table();
+        for e in entries {
+            let r = t.register(e, 0, EMBEDDED_LEASE_MS, now);
             self.registered(r)?;
         }
         Ok(())
@@ -253,20 +259,6 @@ impl<N: Nic> Node<N> {
             source,
         })
     }
-
-    /// Registers this node in the table this process hosts (either mode).
-    fn register_hosted(&self, hosted: &Hosted<N>) -> Result<()> {
-        match hosted {
-            Hosted::Dc(h) => self.register_in(h),
-            Hosted::Rc(h) => {
-                let r = h
-                    .host
-                    .table()
-                    .register(self.local_target()?, 0, EMBEDDED_LEASE_MS, 0);
-                self.registered(r)
-            }
-        }
-    }
 }
 
 /// Where a [`NodeBuilder`] opens its node.
@@ -287,7 +279,9 @@ enum Place {
 ///   [`NodeBuilder::nic`] (an open node), or [`NodeBuilder::join`] (the
 ///   fabric and meta table of another node of this process).
 /// - Meta server: [`NodeBuilder::meta`] (a location), [`NodeBuilder::host_meta`]
-///   (host an embedded table on this node), or inherited by `join`.
+///   (host the table on this node), or inherited by `join`.
+/// - Registration: [`NodeBuilder::register`] (default: on for `join`, off
+///   for `meta`), [`NodeBuilder::lease`].
 /// - Device: [`NodeBuilder::sim_config`] (for example `dc: false`, a device
 ///   like Soft-RoCE: the node runs in RC fallback mode).
 /// - RC fallback mode: the engine answers peers' handshakes from a thread of
@@ -298,7 +292,9 @@ pub struct NodeBuilder {
     place: Place,
     config: EngineConfig,
     meta: Option<MetaLocation>,
-    host_meta: bool,
+    host_meta: Option<MetaConfig>,
+    register: Option<bool>,
+    lease: Duration,
     sim: Option<SimConfig>,
     handshake_thread: bool,
 }
@@ -309,7 +305,9 @@ impl Default for NodeBuilder {
             place: Place::default(),
             config: EngineConfig::default(),
             meta: None,
-            host_meta: false,
+            host_meta: None,
+            register: None,
+            lease: DEFAULT_LEASE,
             sim: None,
             handshake_thread: true,
         }
@@ -335,25 +333,63 @@ impl NodeBuilder {
         self
     }
 
-    /// Opens the node on `other`'s fabric, reading (and registering in) the
-    /// meta table `other` hosts or reads.
+    /// Opens the node on `other`'s fabric, reading the meta table `other`
+    /// hosts or reads, and registering in it (unless
+    /// [`NodeBuilder::register`] says not to).
     pub fn join(mut self, other: &Node<SimNic>) -> NodeBuilder {
         self.place = Place::Join(other.clone());
         self
     }
 
-    /// Reads the meta table at `location`.
+    /// Reads the meta table at `location` (the node registers in it only
+    /// with [`NodeBuilder::register`]).
     pub fn meta(mut self, location: MetaLocation) -> NodeBuilder {
         self.meta = Some(location);
         self
     }
 
-    /// Hosts an embedded meta table on this node (and registers the node in
-    /// it): the simplest single-process setup. On a device with DC it is a
-    /// [`MetaServer`] ([`Node::meta_server`]); without DC an [`RcMetaHost`]
-    /// with its responder's thread ([`Node::rc_meta_host`]).
-    pub fn host_meta(mut self) -> NodeBuilder {
-        self.host_meta = true;
+    /// Whether the node registers with its meta server so that peers can
+    /// reach it: as messages to the server
+    /// ([`Engine::meta_keep_registered`]; in RC fallback mode over the RC
+    /// pair the node's first handshake with the meta node builds) with a
+    /// lease ([`NodeBuilder::lease`]) that a thread of the node renews
+    /// (every third of it) until the node is dropped; the entry then stays
+    /// until its lease runs out. Default: on for [`NodeBuilder::join`], off
+    /// for [`NodeBuilder::meta`] (a compute node that is never reached needs
+    /// no entry). The host of [`NodeBuilder::host_meta`] is always in its
+    /// own table (a local call).
+    pub fn register(mut self, on: bool) -> NodeBuilder {
+        self.register = Some(on);
+        self
+    }
+
+    /// The lease of a registration over messaging. Default [`DEFAULT_LEASE`].
+    pub fn lease(mut self, lease: Duration) -> NodeBuilder {
+        self.lease = lease;
+        self
+    }
+
+    /// Hosts the meta table on this node (and registers the node in it):
+    /// the simplest single-process setup, and what the `krcore-meta`
+    /// binary runs. The node's engine hosts it ([`MsgMetaHost`],
+    /// [`Node::meta_server`]) in either mode: other nodes register by
+    /// messages to it (in RC fallback mode over the RC pair their first
+    /// handshake with the node builds) and READ it. A 1024-bucket table
+    /// with the default settings (see [`NodeBuilder::host_meta_with`]).
+    pub fn host_meta(self) -> NodeBuilder {
+        let geometry = Geometry::with_buckets(EMBEDDED_BUCKETS)
+            .unwrap_or_else(|_| MetaConfig::default().geometry);
+        self.host_meta_with(MetaConfig {
+            geometry,
+            ..MetaConfig::default()
+        })
+    }
+
+    /// As [`NodeBuilder::host_meta`], with the table's settings (geometry,
+    /// `lease_sweep_ms`, `first_epoch`, `incarnation`; the UD settings are
+    /// not used).
+    pub fn host_meta_with(mut self, meta: MetaConfig) -> NodeBuilder {
+        self.host_meta = Some(meta);
         self
     }
 
@@ -379,17 +415,22 @@ impl NodeBuilder {
         self
     }
 
-    /// Opens the node and starts its engine.
+    /// Opens the node and starts its engine (and registers it, see
+    /// [`NodeBuilder::register`]).
     ///
     /// # Errors
-    /// [`Error::Nic`] (bad spec, fabric full), [`Error::Engine`],
-    /// [`Error::Builder`] for contradictory settings, [`Error::Register`].
+    /// [`Error::Nic`] (bad spec, fabric full), [`Error::Engine`] (the
+    /// registration over messaging: `MetaUnavailable` when the meta server
+    /// does not answer, `MetaRefused`), [`Error::Builder`] for
+    /// contradictory settings, [`Error::Register`].
     pub fn build(self) -> Result<Node<SimNic>> {
         let NodeBuilder {
             place,
             mut config,
             meta,
             host_meta,
+            register,
+            lease,
             sim,
             handshake_thread,
         } = self;
@@ -398,6 +439,7 @@ impl NodeBuilder {
         // call in (see krcore::msg).
         config.msg.progress_thread = true;
         let mut joined_meta_host = None;
+        let joined = matches!(place, Place::Join(_));
         let dev = |sim: Option<SimConfig>| sim.unwrap_or_default();
         let (nic, fabric) = match place {
             Place::Default => {
@@ -426,43 +468,46 @@ impl NodeBuilder {
         if let Some(m) = meta {
             config.meta = Some(m);
         }
-        let meta_host = if host_meta {
-            if config.meta.is_some() {
-                return Err(Error::Builder(
-                    "host_meta and a meta location exclude each other",
-                ));
-            }
-            let meta_cfg = MetaConfig {
-                geometry: Geometry::with_buckets(EMBEDDED_BUCKETS)
-                    .map_err(|_| Error::Builder("embedded meta geometry"))?,
-                ..MetaConfig::default()
-            };
-            if nic.caps().dc {
-                let host = MetaServer::start(nic.clone(), meta_cfg)?;
-                config.meta = Some(MetaLocation::from_bootstrap(&host.bootstrap())?);
-                Some(Hosted::Dc(Arc::new(Mutex::new(host))))
-            } else {
-                // MetaServer needs DC: serve the table over RC pairs.
-                let host = RcMetaHost::start(nic.clone(), meta_cfg, config.handshake.clone())?;
-                config.meta = Some(host.location()?);
-                let thread = host.spawn_progress()?;
-                Some(Hosted::Rc(Arc::new(RcMetaHosted {
+        if host_meta.is_some() && config.meta.is_some() {
+            return Err(Error::Builder(
+                "host_meta and a meta location exclude each other",
+            ));
+        }
+        let idle_sleep = config.msg.idle_sleep;
+        let engine = Engine::start(nic, config)?;
+        let hosts = host_meta.is_some();
+        let meta_host = match host_meta {
+            Some(meta_cfg) => {
+                // The node's engine hosts the table and reads it.
+                let host = Arc::new(MsgMetaHost::start(&engine, meta_cfg)?);
+                let thread = host.spawn(idle_sleep)?;
+                Some(Arc::new(MetaHost {
                     host,
                     _thread: thread,
-                })))
+                }))
             }
-        } else {
-            joined_meta_host
+            None => joined_meta_host,
         };
-        let node = Node {
+        let mut node = Node {
             inner: Arc::new(NodeInner {
-                engine: Engine::start(nic, config)?,
+                lease: None,
+                engine,
                 fabric,
                 meta_host,
             }),
         };
-        if let Some(host) = &node.inner.meta_host {
-            node.register_hosted(host)?;
+        if hosts {
+            // The host: a local call into its own table.
+            if let Some(h) = &node.inner.meta_host {
+                node.register_locally(&h.host)?;
+            }
+        } else if register.unwrap_or(joined) {
+            let entries = node.entries()?;
+            let kept = node.inner.engine.meta_keep_registered(&entries, 0, lease)?;
+            match Arc::get_mut(&mut node.inner) {
+                Some(inner) => inner.lease = Some(kept),
+                None => return Err(Error::Builder("the node was shared while built")),
+            }
         }
         Ok(node)
     }

@@ -185,3 +185,55 @@ fn any_nic_through_with_nic() {
     buf.read(0, &mut got).unwrap();
     assert_eq!(&got, b"generic!");
 }
+
+#[test]
+fn joined_nodes_register_by_messages_to_the_embedded_host() {
+    let server = Node::builder()
+        .fabric("sim:mem")
+        .host_meta()
+        .build()
+        .unwrap();
+    let host = server.meta_server().unwrap().host();
+    // The host is in its own table by a local call, not a message.
+    assert_eq!(host.stats().requests, 0);
+    assert!(server.lease_stats().is_none());
+    let member = Node::builder()
+        .join(&server)
+        .lease(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    assert_eq!(host.stats().requests, 1, "one Register message");
+    assert_eq!(member.lease_stats().unwrap().registrations, 1);
+    // A compute node that opts out is in no table (and sends nothing).
+    let compute = Node::builder()
+        .join(&server)
+        .register(false)
+        .build()
+        .unwrap();
+    assert!(compute.lease_stats().is_none());
+    assert_eq!(host.stats().requests, 1);
+    // Both reach the member by one READ of the table, and the host by its.
+    compute.connect(member.gid()).unwrap();
+    compute.connect(server.gid()).unwrap();
+    assert_eq!(compute.engine().stats().meta.reads, 2);
+    // The host's own engine resolves nodes through its table too.
+    server.connect(member.gid()).unwrap();
+    assert!(matches!(
+        server.connect(compute.gid()),
+        Err(Error::Engine(EngineError::UnknownNode { .. }))
+    ));
+    // A lease under 1 ms is refused, typed (nothing registered).
+    let r = Node::builder().join(&server).lease(Duration::ZERO).build();
+    assert!(
+        matches!(r, Err(Error::Engine(EngineError::Config(_)))),
+        "{r:?}"
+    );
+    assert_eq!(host.stats().requests, 1);
+    // No UD QP on the host: its engine's DCT and DCIs only.
+    let s = server.engine().stats();
+    assert_eq!(s.handshake_endpoints_created, 0);
+    assert_eq!(
+        server.counters().qps_created,
+        u64::from(s.dcts_created) + s.dcis as u64
+    );
+}

@@ -1,6 +1,7 @@
 //! The SDK on devices without DC (`SimConfig { dc: false }`, like
-//! Soft-RoCE): nodes run in RC fallback mode, the embedded meta table is an
-//! `RcMetaHost`, and the user API is unchanged.
+//! Soft-RoCE): nodes run in RC fallback mode, the embedded meta table is
+//! hosted by the node's engine as in DC mode (registration as messages over
+//! the RC pair a first UD handshake builds), and the user API is unchanged.
 
 use krcore::sim::{SimConfig, SimFabric, SimNic};
 use krcore::{Access, EngineConfig, EngineMode, Node};
@@ -21,11 +22,15 @@ fn the_user_api_is_unchanged_in_rc_fallback_mode() {
         .build()
         .unwrap();
     assert_eq!(server.mode(), EngineMode::RcFallback);
-    assert!(server.meta_server().is_none() && server.rc_meta_host().is_some());
+    let host = server.meta_server().unwrap().host();
     // A joining node takes the joined node's device: all RC fallback.
     let client = Node::builder().join(&server).build().unwrap();
     assert_eq!(client.mode(), EngineMode::RcFallback);
     assert_eq!(client.engine().stats().mode, EngineMode::RcFallback);
+    // It registered by a message over its RC pair with the meta node.
+    assert_eq!(host.stats().requests, 1);
+    assert_eq!(client.lease_stats().unwrap().registrations, 1);
+    assert!(host.engine().msg_stats().inline_delivered >= 1);
 
     let region = server.alloc(4096, Access::ALL).unwrap();
     region.write(0, b"hello, rc").unwrap();
@@ -74,11 +79,10 @@ fn with_nic_runs_the_handshake_thread() {
     assert!(!cfg.handshake_thread);
     let other = Node::with_nic(SimNic::open(&fabric, no_dc()).unwrap(), cfg).unwrap();
     assert!(other.engine().config().handshake_thread);
-    let hosted = server.rc_meta_host().unwrap();
-    hosted
-        .host()
-        .table()
-        .register(other.local_target().unwrap(), 0, 1 << 40, 0)
+    // Registered by a message to the meta node (over an RC pair).
+    other
+        .engine()
+        .meta_register(other.local_target().unwrap(), 0, 60_000)
         .unwrap();
     let region = other.alloc(64, Access::ALL).unwrap();
     region.store_u64(0, 5).unwrap();

@@ -63,9 +63,9 @@ pub enum MetaFailure {
     Timeout(Duration),
     /// RC fallback mode: the RC pair to the meta node could not be made.
     Handshake(HandshakeFailure),
-    /// DC mode, registration over messaging: the meta node's messaging
-    /// refused the request channel (`Unbound`: it serves no meta table on
-    /// its reserved port, e.g. a UD `MetaServer`).
+    /// Registration over messaging: the meta node's messaging refused the
+    /// request channel (`Unbound`: it serves no meta table on its reserved
+    /// port, e.g. a `krcore_meta::MetaServer`, which answers no request).
     Refused(crate::msg::RefuseCode),
 }
 

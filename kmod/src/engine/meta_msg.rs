@@ -1,4 +1,5 @@
-//! DC mode: meta registration carried by two-sided messaging.
+//! Meta registration carried by two-sided messaging: the meta server that
+//! deployments run (the SDK's `host_meta`, the `krcore-meta` binary).
 //!
 //! The meta server becomes a messaging peer: [`MsgMetaHost`] is the meta
 //! table hosted by an engine, READ by clients through that engine's DCT (no
@@ -6,7 +7,19 @@
 //! on the reserved port [`META_PORT`] of the same DCT/SRQ, with messaging's
 //! receive protocol (the sender's VQP id in the immediate, credits, replies
 //! to the sender's endpoint). Nodes call [`Engine::meta_register`],
-//! [`Engine::meta_renew`], [`Engine::meta_deregister`].
+//! [`Engine::meta_renew`], [`Engine::meta_deregister`], or keep a lease
+//! alive with [`Engine::meta_keep_registered`] (a thread renewing every
+//! third of the lease, re-registering an entry the host swept).
+//!
+//! RC fallback mode (no DC) works the same over RC pairs: the bootstrap's
+//! server entry names the host engine's handshake endpoint; a node's first
+//! contact with the meta node is the UD handshake that builds its pair (one
+//! for its meta READs, one for messaging), after which Register/Renew/
+//! Deregister travel as messages on [`META_PORT`] over the pair and READs
+//! of the table arrive on a passive RC QP in the engine's PD.
+//!
+//! The hosting engine reads its own table: [`MsgMetaHost::start`] makes an
+//! engine started without a meta location adopt the host's.
 //!
 //! ```text
 //! node engine                                   meta node's engine
@@ -41,9 +54,10 @@
 //! and malformed-input counting, instead of a second implementation of the
 //! protocol in the meta crate; the meta crate keeps the pure parts both
 //! sides share (table layout, [`MetaTable`], the request wire format
-//! [`krcore_meta::wire`]) and its UD-served `MetaServer` for clients that
-//! have no engine. As [`super::RcMetaHost`] hosts the table in RC fallback
-//! mode, [`MsgMetaHost`] hosts it in DC mode.
+//! [`krcore_meta::wire`]). The older hosts, `krcore_meta::MetaServer` (DC,
+//! requests over UD) and [`super::RcMetaHost`] (RC fallback, requests over
+//! its UD handshake endpoint), serve no deployment any more: see their
+//! docs.
 //!
 //! # Invariants (those of a meta server)
 //!
@@ -74,11 +88,11 @@ use krcore_nic::{Access, DcTarget, Gid, MemoryRegion, Nic, UdTarget};
 use parking_lot::{Mutex, MutexGuard};
 
 use super::error::{EngineError, MetaFailure};
-use super::meta::MetaLocation;
+use super::meta::{MetaClient, MetaLocation, MetaPolicy};
 use super::mrs::OwnedMr;
 use super::msg::{MsgError, Worker};
 use super::msg_port::Port;
-use super::{Engine, EngineInner, EngineMode};
+use super::{Engine, EngineInner};
 use crate::msg::RefuseCode;
 
 /// The reserved messaging port a [`MsgMetaHost`] serves requests on.
@@ -145,26 +159,22 @@ fn wall_clock() -> Duration {
 }
 
 impl<N: Nic> MsgMetaHost<N> {
-    /// Hosts a meta table on `engine` (DC mode): the table MR
-    /// (`REMOTE_READ | LOCAL_WRITE`, zeroed) in the engine's PD, the DCT
-    /// clients READ it through (created if not yet), and the reserved port
-    /// [`META_PORT`] bound for requests.
+    /// Hosts a meta table on `engine`: the table MR (`REMOTE_READ |
+    /// LOCAL_WRITE`, zeroed) in the engine's PD, the DCT clients READ it
+    /// through (created if not yet; RC fallback mode: the handshake
+    /// endpoint their RC pairs are made by), and the reserved port
+    /// [`META_PORT`] bound for requests. An engine started without a meta
+    /// location reads this table from now on.
     ///
     /// From `meta` it takes `geometry`, `first_epoch`, `incarnation` and
     /// `lease_sweep_ms` (the DCT's key is the engine's `dc_key`; `qkey` and
-    /// slot counts are not used: there is no UD QP).
+    /// slot counts are not used: the host makes no UD QP of its own).
     ///
     /// # Errors
-    /// [`EngineError::Unsupported`] in RC fallback mode (see
-    /// [`super::RcMetaHost`]), or when the port is already served;
+    /// [`EngineError::Unsupported`] when the port is already served;
     /// [`EngineError::Config`] for a table larger than memory;
     /// [`EngineError::Nic`] when the provider refuses an object.
     pub fn start(engine: &Engine<N>, meta: MetaConfig) -> Result<MsgMetaHost<N>, EngineError> {
-        if engine.mode() != EngineMode::Dc {
-            return Err(EngineError::Unsupported {
-                reason: "MsgMetaHost needs DC mode (RC fallback: RcMetaHost)",
-            });
-        }
         let geometry = meta.geometry;
         let len = usize::try_from(geometry.table_len()).map_err(|_| {
             EngineError::Config(format!(
@@ -182,13 +192,6 @@ impl<N: Nic> MsgMetaHost<N> {
         let table = MetaTable::with_first_epoch(geometry, MrTable::new((*mr).clone()), first_epoch)
             .map_err(|e| EngineError::Config(format!("meta table: {e}")))?;
         let server = engine.local_target()?;
-        let port = engine.bind_reserved(META_PORT).map_err(|e| match e {
-            MsgError::Engine(e) => e,
-            MsgError::PortInUse { .. } => EngineError::Unsupported {
-                reason: "this engine hosts a meta table already",
-            },
-            other => EngineError::Config(format!("bind the meta port: {other}")),
-        })?;
         // The bootstrap's RPC target names the reserved port, not a UD QP
         // (a messaging host has none): `rpc_qpn` is META_PORT, `rpc_qkey` 0.
         let bootstrap = BootstrapRepr::new(
@@ -202,6 +205,17 @@ impl<N: Nic> MsgMetaHost<N> {
                 qkey: 0,
             },
         );
+        let location = MetaLocation::from_bootstrap(&bootstrap)?;
+        let port = engine.bind_reserved(META_PORT).map_err(|e| match e {
+            MsgError::Engine(e) => e,
+            MsgError::PortInUse { .. } => EngineError::Unsupported {
+                reason: "this engine hosts a meta table already",
+            },
+            other => EngineError::Config(format!("bind the meta port: {other}")),
+        })?;
+        // The hosting engine reads its own table (connects to the nodes it
+        // names) unless it was started reading another one.
+        engine.adopt_meta(location)?;
         Ok(MsgMetaHost {
             engine: engine.clone(),
             port,
@@ -387,7 +401,8 @@ impl<N: Nic> Engine<N> {
     /// [`EngineError::NoMetaServer`]; [`EngineError::MetaRefused`] with
     /// the server's code; [`EngineError::MetaUnavailable`] with
     /// [`MetaFailure::Timeout`] when no answer came; engine errors of
-    /// messaging (DC mode only: [`EngineError::Unsupported`] otherwise).
+    /// messaging (in RC fallback mode also those of the handshake that
+    /// builds the pair to the meta node).
     pub fn meta_register(
         &self,
         target: DcTarget,
@@ -422,14 +437,12 @@ impl<N: Nic> Engine<N> {
 
     fn meta_call(&self, gid: Gid, message: MetaMessage) -> Result<Lease, EngineError> {
         let eng = &self.inner;
-        let location = eng.cfg.meta.ok_or(EngineError::NoMetaServer { gid })?;
+        let location = eng
+            .meta
+            .get()
+            .map(|m| m.location)
+            .ok_or(EngineError::NoMetaServer { gid })?;
         let server = location.server.gid;
-        if eng.mode() != EngineMode::Dc {
-            return Err(EngineError::Unsupported {
-                reason:
-                    "meta registration over messaging needs DC mode (RC fallback: MetaRpc over UD)",
-            });
-        }
         // The location names the server's DCT: its requests go there (the
         // server need not be in its own table). Cached with the lowest
         // epoch, as a learned sender (a meta entry replaces it).
@@ -548,6 +561,228 @@ impl<N: Nic> EngineInner<N> {
     pub(crate) fn release_meta_client(&self) {
         if let Some(mut c) = self.meta_ep.try_lock() {
             c.take();
+        }
+    }
+}
+
+impl<N: Nic> Engine<N> {
+    /// Reads the meta table at `location` from now on, unless the engine
+    /// already reads one (set at start by `cfg.meta`, or adopted before).
+    /// A [`MsgMetaHost`] makes its engine read its own table this way.
+    fn adopt_meta(&self, location: MetaLocation) -> Result<(), EngineError> {
+        let eng = &self.inner;
+        if eng.meta.get().is_some() {
+            return Ok(());
+        }
+        let client = MetaClient::start(
+            &*eng.nic,
+            &eng.pd,
+            location,
+            MetaPolicy {
+                retries: eng.cfg.meta_retries,
+                backoff: eng.cfg.meta_backoff,
+                timeout: eng.cfg.meta_timeout,
+            },
+            eng.handshake().cloned(),
+        )?;
+        // A concurrent adopter may have won: either location is this host's.
+        let _ = eng.meta.set(client);
+        Ok(())
+    }
+
+    /// Registers `targets` with the meta server over messaging (as
+    /// [`Engine::meta_register`], each for `lease`), and keeps them
+    /// registered: a thread renews them every third of the lease (at least
+    /// 1 ms apart), so a renewal can fail twice before the lease runs out.
+    /// A renewal refused `NotRegistered` or `LeaseExpired` (the host swept
+    /// the entry: it was down, restarted, or this process stalled past the
+    /// lease) registers that target again (a new epoch). A renewal that
+    /// fails otherwise (the host is down: a bounded timeout) is counted and
+    /// tried again at the next period.
+    ///
+    /// Dropping the returned [`MetaLease`] stops the renewals (and joins
+    /// the thread, within a few ms): the entries stay until their lease
+    /// runs out. [`MetaLease::deregister`] removes them at once.
+    ///
+    /// # Errors
+    /// [`EngineError::Config`] for an empty `targets` or a lease under 1
+    /// ms, or when the thread cannot be created; the errors of
+    /// [`Engine::meta_register`] for the first registration (then nothing
+    /// is kept; targets registered before the failing one stay until their
+    /// lease runs out).
+    pub fn meta_keep_registered(
+        &self,
+        targets: &[DcTarget],
+        lid: u16,
+        lease: Duration,
+    ) -> Result<MetaLease<N>, EngineError>
+    where
+        N: 'static,
+    {
+        let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
+        if targets.is_empty() || lease_ms == 0 {
+            return Err(EngineError::Config(
+                "a kept registration needs a target and a lease of at least 1 ms".into(),
+            ));
+        }
+        let mut leases = Vec::with_capacity(targets.len());
+        for t in targets {
+            leases.push(self.meta_register(*t, lid, lease_ms)?);
+        }
+        let shared = Arc::new(KeepShared {
+            stop: Mutex::new(false),
+            wake: parking_lot::Condvar::new(),
+            stats: Mutex::new(MetaLeaseStats {
+                registrations: targets.len() as u64,
+                ..MetaLeaseStats::default()
+            }),
+        });
+        let period = Duration::from_millis((lease_ms / 3).max(1));
+        let (engine, state, targets_owned) = (self.clone(), shared.clone(), targets.to_vec());
+        let handle = std::thread::Builder::new()
+            .name("krcore-meta-lease".into())
+            .spawn(move || keep_alive(&engine, &state, &targets_owned, lid, lease_ms, period))
+            .map_err(|e| EngineError::Config(format!("spawn the lease renewal thread: {e}")))?;
+        Ok(MetaLease {
+            engine: self.clone(),
+            targets: targets.to_vec(),
+            first: leases,
+            period,
+            shared,
+            handle: Some(handle),
+        })
+    }
+}
+
+/// What a [`MetaLease`]'s thread did (totals).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MetaLeaseStats {
+    /// Registrations sent (the first ones included) that were accepted.
+    pub registrations: u64,
+    /// Renewals the host accepted.
+    pub renewals: u64,
+    /// Renewals refused `NotRegistered` / `LeaseExpired`, after which the
+    /// target was registered again.
+    pub lapsed: u64,
+    /// Renewals or re-registrations that failed (timeout, refusal): tried
+    /// again at the next period.
+    pub failures: u64,
+}
+
+struct KeepShared {
+    stop: Mutex<bool>,
+    wake: parking_lot::Condvar,
+    stats: Mutex<MetaLeaseStats>,
+}
+
+/// Registrations kept alive by a renewal thread (see
+/// [`Engine::meta_keep_registered`]). Dropping it stops the renewals.
+pub struct MetaLease<N: Nic> {
+    engine: Engine<N>,
+    targets: Vec<DcTarget>,
+    first: Vec<Lease>,
+    period: Duration,
+    shared: Arc<KeepShared>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl<N: Nic> std::fmt::Debug for MetaLease<N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetaLease")
+            .field("targets", &self.targets)
+            .field("period", &self.period)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl<N: Nic> MetaLease<N> {
+    /// The leases of the first registrations, in `targets` order.
+    pub fn first_leases(&self) -> &[Lease] {
+        &self.first
+    }
+
+    /// How often the thread renews.
+    pub fn period(&self) -> Duration {
+        self.period
+    }
+
+    /// The thread's counters.
+    pub fn stats(&self) -> MetaLeaseStats {
+        *self.shared.stats.lock()
+    }
+
+    fn stop(&mut self) {
+        *self.shared.stop.lock() = true;
+        self.shared.wake.notify_all();
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+
+    /// Stops the renewals and removes every target's registration.
+    ///
+    /// # Errors
+    /// The first error of [`Engine::meta_deregister`] (the other targets
+    /// are still tried).
+    pub fn deregister(mut self) -> Result<(), EngineError> {
+        self.stop();
+        let mut first = Ok(());
+        for t in &self.targets {
+            if let Err(e) = self.engine.meta_deregister(&t.gid) {
+                if first.is_ok() {
+                    first = Err(e);
+                }
+            }
+        }
+        first
+    }
+}
+
+impl<N: Nic> Drop for MetaLease<N> {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The renewal loop of a [`MetaLease`].
+fn keep_alive<N: Nic>(
+    engine: &Engine<N>,
+    shared: &KeepShared,
+    targets: &[DcTarget],
+    lid: u16,
+    lease_ms: u64,
+    period: Duration,
+) {
+    loop {
+        {
+            let mut stop = shared.stop.lock();
+            if !*stop {
+                let _ = shared.wake.wait_for(&mut stop, period);
+            }
+            if *stop {
+                return;
+            }
+        }
+        for t in targets {
+            let r = match engine.meta_renew(&t.gid) {
+                Ok(_) => Ok(true),
+                Err(EngineError::MetaRefused {
+                    code: ErrorCode::NotRegistered | ErrorCode::LeaseExpired,
+                    ..
+                }) => engine.meta_register(*t, lid, lease_ms).map(|_| false),
+                Err(e) => Err(e),
+            };
+            let mut s = shared.stats.lock();
+            match r {
+                Ok(true) => s.renewals += 1,
+                Ok(false) => {
+                    s.lapsed += 1;
+                    s.registrations += 1;
+                }
+                Err(_) => s.failures += 1,
+            }
         }
     }
 }

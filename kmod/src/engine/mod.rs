@@ -137,7 +137,9 @@ pub use config::{EngineConfig, DCIS_PER_CPU, DEFAULT_DC_KEY};
 pub use error::{EngineError, HandshakeFailure, MetaFailure, VqpError};
 pub use fork::ForkKit;
 pub use meta::{MetaLocation, MetaStats};
-pub use meta_msg::{MetaHostStats, MetaHostThread, MsgMetaHost, META_PORT};
+pub use meta_msg::{
+    MetaHostStats, MetaHostThread, MetaLease, MetaLeaseStats, MsgMetaHost, META_PORT,
+};
 pub use mrs::{LeaseError, LeaseId, OwnedMr};
 pub use msg::{Message, MsgConfig, MsgError, MsgStats, Sender};
 pub use msg_endpoint::Endpoint;
@@ -334,7 +336,9 @@ pub(crate) struct EngineInner<N: Nic> {
     pub(crate) upgrades: AtomicU64,
     pub(crate) downgrades: AtomicU64,
     pub(crate) upgrade_failures: AtomicU64,
-    meta: Option<MetaClient<N>>,
+    /// Set at start from `cfg.meta`, or once later by a [`MsgMetaHost`]
+    /// the engine hosts (it reads its own table).
+    meta: OnceLock<MetaClient<N>>,
     pool: Mutex<Vec<Arc<PhysQp<N>>>>,
     next_dci: AtomicUsize,
     next_vqp: AtomicU32,
@@ -487,7 +491,7 @@ impl<N: Nic> Drop for EngineInner<N> {
             if let Some(e) = f.ep.get() {
                 f.pool.close_all(&e.hs);
             }
-            if let Some(m) = &self.meta {
+            if let Some(m) = self.meta.get() {
                 m.close();
             }
         }
@@ -645,7 +649,7 @@ impl<N: Nic> Engine<N> {
             upgrades: AtomicU64::new(0),
             downgrades: AtomicU64::new(0),
             upgrade_failures: AtomicU64::new(0),
-            meta,
+            meta: meta.map_or_else(OnceLock::new, OnceLock::from),
             pool: Mutex::new(Vec::new()),
             next_dci: AtomicUsize::new(0),
             next_vqp: AtomicU32::new(1),
@@ -823,7 +827,7 @@ impl<N: Nic> Engine<N> {
 
     /// The meta server's location, if configured.
     pub fn meta_location(&self) -> Option<MetaLocation> {
-        self.inner.meta.as_ref().map(|m| m.location)
+        self.inner.meta.get().map(|m| m.location)
     }
 
     /// Creates a VQP. DC mode: bound round-robin to a DCI of the pool
@@ -917,7 +921,7 @@ impl<N: Nic> Engine<N> {
         for d in &pool {
             dci.add(&d.stats());
         }
-        let meta = self.inner.meta.as_ref();
+        let meta = self.inner.meta.get();
         if let Some(m) = meta {
             m.exclude_from(&mut dci);
         }
@@ -967,7 +971,7 @@ pub(crate) fn resolve<N: Nic>(
     fork::refuse_in_child(eng, "a meta lookup (DCCache miss) in a forked child")?;
     let meta = eng
         .meta
-        .as_ref()
+        .get()
         .ok_or(EngineError::NoMetaServer { gid: *gid })?;
     let Some(entry) = meta.lookup(eng, gid)? else {
         eng.cache.invalidate(gid);

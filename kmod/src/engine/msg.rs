@@ -122,8 +122,8 @@
 //!
 //! A forked child ([`MsgError::Unsupported`]: the parent owns the SRQ).
 //! RC fallback mode's own handshake stays on UD (it builds the first pair
-//! to a node: messaging needs the pair), and so does registration with its
-//! meta host ([`super::RcMetaHost`], `krcore_meta::MetaRpc`).
+//! to a node: messaging needs the pair); registration with the meta host
+//! then travels as messages over that pair (see [`super::meta_msg`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,25 +1,32 @@
 //! The meta table on a fabric without DC: [`RcMetaHost`].
 //!
-//! `krcore_meta::MetaServer` serves its table through a DCT and refuses a
+//! **No deployment runs it any more**: the SDK's `host_meta` and the
+//! `krcore-meta` binary host the table with [`super::MsgMetaHost`] in RC
+//! fallback mode too (registration as messages over the RC pair, READs
+//! over RC pairs with the host engine). It stays for the verbs tests and
+//! `krcore_lat` that build their meta node on it (registering nodes by
+//! local calls, [`RcMetaHost::table`]) until those move. Its responder
+//! still answers meta requests in the [`krcore_meta::wire`] format that
+//! arrive on its UD endpoint (through
+//! [`MetaTable::handle`](krcore_meta::engine::MetaTable::handle)); the UD
+//! RPC client is gone: no code of this workspace sends them any more.
+//!
+//! A `krcore_meta::MetaServer` serves its table through a DCT and refuses a
 //! device without DC. Its table MR lives in a PD of its own, which it does
 //! not share, and a one-sided READ must arrive on a QP of the MR's PD (the
 //! NIC checks it, and so does `sim`): a handshake responder run *beside* a
 //! `MetaServer` could pair RC QPs with clients, but their READs of the table
-//! would fail with `REM_ACCESS_ERR`. So in RC fallback mode the meta node's
-//! process runs this host instead: the same table engine
+//! would fail with `REM_ACCESS_ERR`. So this host puts the same table engine
 //! ([`krcore_meta::engine::MetaTable`] over an [`MrTable`], the same entry
 //! layout, the same seqlock writes) in an MR of the PD of a
 //! [`HandshakeResponder`], which pairs an RC QP with every engine that looks
-//! the table up. The same UD endpoint serves the meta RPC (Register, Renew,
-//! Deregister, BootstrapRequest, through
-//! [`MetaTable::handle`](krcore_meta::engine::MetaTable::handle)), so
-//! `krcore_meta::MetaRpc` clients work unchanged.
+//! the table up.
 //!
 //! ```text
 //! engines (RC fallback)                 RcMetaHost (meta node)
 //!   MetaClient: RC QP --- handshake --->  HandshakeResponder (UD QP)
 //!               READ bucket ----------->  passive RC QP -> table MR  (same PD)
-//!   MetaRpc: Register/Renew --- UD --->   same UD QP -> MetaTable::handle
+//!   (UD meta requests, if any) ------->  same UD QP -> MetaTable::handle
 //! ```
 //!
 //! # What the bootstrap says
@@ -80,9 +87,8 @@ impl<N: Nic> RcMetaHost<N> {
     /// in the same PD.
     ///
     /// From `meta` it takes `geometry`, `first_epoch`, `incarnation` and
-    /// `lease_sweep_ms` (with `MetaServer`'s defaults); its `dc_key`, `qkey`
-    /// and slot counts are not used: the responder's `handshake` settings
-    /// are.
+    /// `lease_sweep_ms` (with `MetaConfig`'s defaults); its `dc_key` is
+    /// not used: the responder's `handshake` settings are.
     ///
     /// # Errors
     /// [`EngineError::Config`] for a table larger than memory or a bad
@@ -156,7 +162,7 @@ impl<N: Nic> RcMetaHost<N> {
     }
 
     /// The table engine, for registrations made by the host's process
-    /// itself (remote nodes use `krcore_meta::MetaRpc`). Every change is a
+    /// itself (the only registrations it gets here). Every change is a
     /// seqlock write into the MR clients READ. Hold the guard briefly: the
     /// responder takes it for RPCs and sweeps.
     pub fn table(&self) -> MutexGuard<'_, MetaTable<MrTable<N::Mr>>> {

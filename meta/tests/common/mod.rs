@@ -5,10 +5,10 @@
 use krcore_meta::client::LookupError;
 use krcore_meta::entry::EntryRepr;
 use krcore_meta::wire::BootstrapRepr;
-use krcore_meta::{lookup_once, MetaConfig, MetaServer};
+use krcore_meta::{lookup_once, MetaConfig};
 use krcore_nic::sim::{SimCq, SimMr, SimNic, SimPd, SimQp};
 use krcore_nic::{bring_up, Access, DcTarget, Gid, Nic, QpCaps, QpInit, QpType};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Upper bound of every wait in these tests.
 pub const WAIT: Duration = Duration::from_secs(20);
@@ -80,25 +80,6 @@ impl Reader {
         }
         panic!("lookup of {gid}: torn 10000 times in a row");
     }
-}
-
-/// Runs `call` (a blocking client call) on a scoped thread while this
-/// thread steps `server` at time `now_ms`, until the call returns.
-pub fn drive<R: Send>(
-    server: &mut MetaServer<SimNic>,
-    now_ms: u64,
-    call: impl FnOnce() -> R + Send,
-) -> R {
-    std::thread::scope(|s| {
-        let h = s.spawn(call);
-        let start = Instant::now();
-        while !h.is_finished() {
-            server.poll_once(now_ms).expect("poll_once");
-            assert!(start.elapsed() < WAIT, "the client call never returned");
-            std::thread::yield_now();
-        }
-        h.join().expect("client call panicked")
-    })
 }
 
 /// A DC target with every field derived from `n`, on `gid`.

@@ -5,11 +5,16 @@
 //!             [--slots-per-bucket N] [--lease-sweep-ms N] [--tcp ADDR]
 //! ```
 //!
-//! Joins the fabric as a node, starts a [`MetaServer`], publishes its
-//! bootstrap under `--name` (and serves it over TCP with `--tcp`), prints the
-//! bootstrap and a line `ready`, then serves until killed. A killed server
-//! leaves its publication behind; the next server replaces it, and clients
-//! of the dead one get RPC timeouts and failed READs.
+//! Joins the fabric as a node whose engine hosts the meta table
+//! ([`krcore::NodeBuilder::host_meta_with`], a `krcore_kmod::MsgMetaHost`):
+//! clients look entries up with one-sided READs through the node's DCT, and
+//! nodes register, renew and deregister with two-sided messages to its
+//! reserved port `krcore_kmod::META_PORT` (no UD QP). It publishes its
+//! bootstrap under `--name` (and serves it over TCP with `--tcp`), prints
+//! the bootstrap and a line `ready`, then serves until killed. A killed
+//! server leaves its publication behind; the next server replaces it, and
+//! clients of the dead one get bounded, typed errors (registration calls
+//! time out, READs fail with an error completion).
 //!
 //! Exit codes: 2 for a bad command line or fabric (clap's own errors, a bad
 //! `--fabric` spec, `sim:mem`, a fabric directory that cannot be opened, an
@@ -17,15 +22,16 @@
 #![forbid(unsafe_code)]
 
 use clap::Parser;
-use krcore_meta::bootstrap::DEFAULT_NAME;
+use krcore::Node;
+use krcore_meta::bootstrap::{serve_bootstrap_tcp, DEFAULT_NAME};
 use krcore_meta::table::{Geometry, DEFAULT_SLOTS_PER_BUCKET};
-use krcore_meta::{MetaConfig, MetaServer};
-use krcore_nic::sim::{SimConfig, SimFabric, SimNic};
+use krcore_meta::MetaConfig;
+use krcore_nic::sim::SimFabric;
 use std::io::Write;
 use std::process::ExitCode;
-use std::sync::atomic::AtomicBool;
 
-/// KRCore meta server: DCT metadata served by one-sided READ.
+/// KRCore meta server: DCT metadata served by one-sided READ, registration
+/// by two-sided messages.
 #[derive(Parser, Debug)]
 #[command(name = "krcore-meta", version)]
 struct Args {
@@ -75,30 +81,33 @@ fn main() -> ExitCode {
         Ok(g) => g,
         Err(e) => return usage_error(format!("table geometry: {e}")),
     };
-    let nic = match SimNic::open(&fabric, SimConfig::default()) {
-        Ok(n) => n,
-        Err(e) => return failure(format!("join the fabric: {e}")),
-    };
     let cfg = MetaConfig {
         geometry,
         lease_sweep_ms: args.lease_sweep_ms,
         ..MetaConfig::default()
     };
-    let mut server = match MetaServer::start(nic, cfg) {
-        Ok(s) => s,
+    let node = match Node::builder()
+        .sim_fabric(&fabric)
+        .host_meta_with(cfg)
+        .build()
+    {
+        Ok(n) => n,
         Err(e) => return failure(format!("start: {e}")),
+    };
+    let Some(server) = node.meta_server() else {
+        return failure("the device has no DC: this binary serves DC fabrics");
     };
     if let Err(e) = server.publish_on_sim(&fabric, &args.name) {
         return failure(format!("publish as {:?}: {e}", args.name));
     }
+    let b = server.bootstrap();
     let tcp = match &args.tcp {
-        Some(addr) => match server.serve_bootstrap_tcp(addr.as_str()) {
+        Some(addr) => match serve_bootstrap_tcp(addr.as_str(), &b) {
             Ok(t) => Some(t),
             Err(e) => return failure(format!("--tcp {addr}: {e}")),
         },
         None => None,
     };
-    let b = server.bootstrap();
     let mut out = std::io::stdout().lock();
     let _ = writeln!(
         out,
@@ -111,8 +120,8 @@ fn main() -> ExitCode {
     );
     let _ = writeln!(
         out,
-        "bootstrap: gid {} dct_num {:#x} dc_key {:#x} rpc_qpn {:#x} qkey {:#x}",
-        b.server.gid, b.server.dct_num, b.server.dc_key, b.rpc_qpn, b.rpc_qkey
+        "bootstrap: gid {} dct_num {:#x} dc_key {:#x} meta_port {:#x}",
+        b.server.gid, b.server.dct_num, b.server.dc_key, b.rpc_qpn
     );
     let _ = writeln!(
         out,
@@ -122,10 +131,8 @@ fn main() -> ExitCode {
     let _ = writeln!(out, "ready");
     let _ = out.flush();
     drop(out);
-    // Runs until killed: nothing sets the flag.
-    let stop = AtomicBool::new(false);
-    match server.run(&stop) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => failure(format!("serve: {e}")),
+    // The node's thread serves; this one waits until the process is killed.
+    loop {
+        std::thread::park();
     }
 }
