@@ -41,23 +41,20 @@ fn request_loop(
     }
 }
 
-fn main() {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let n: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(20_000);
     let mode = args.next().unwrap_or_else(|| "verbs".into());
-    let server = Node::builder()
-        .fabric("sim:mem")
-        .host_meta()
-        .build()
-        .unwrap();
-    let client = Node::builder().join(&server).build().unwrap();
-    let region = server.alloc(4096, Access::ALL).unwrap();
+    let server = Node::builder().fabric("sim:mem").host_meta().build()?;
+    let client = Node::builder().join(&server).build()?;
+    let region = server.alloc(4096, Access::ALL)?;
     let token = region.token();
-    let vqp = client.connect(server.gid()).unwrap();
-    let buf = client.alloc(64, Access::LOCAL_WRITE).unwrap();
+    let vqp = client.connect(server.gid())?;
+    let buf = client.alloc(64, Access::LOCAL_WRITE)?;
     if mode == "verbs" {
-        verbs_loop(&vqp, buf.sge(0, 64).unwrap(), token.at(0), n);
+        verbs_loop(&vqp, buf.sge(0, 64)?, token.at(0), n);
     } else {
         request_loop(&vqp, &buf, &token, n);
     }
+    Ok(())
 }

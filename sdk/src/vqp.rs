@@ -655,49 +655,4 @@ mod tests {
         }
         assert_eq!(epoch(), 5);
     }
-
-    /// User completions a request's waiter moved aside come back from
-    /// `poll` first and in post order, through an `out` smaller than what
-    /// is stashed; request completions never show up in `poll`.
-    #[test]
-    fn stashed_user_completions_keep_their_order() {
-        use krcore_nic::{SendWr, Wc};
-        let server = Node::builder()
-            .fabric("sim:mem")
-            .host_meta()
-            .build()
-            .unwrap();
-        let client = Node::builder().join(&server).build().unwrap();
-        let region = server.alloc(4096, Access::ALL).unwrap();
-        let token = region.token();
-        let vqp = client.connect(server.gid()).unwrap();
-        let buf = client.alloc(64, Access::LOCAL_WRITE).unwrap();
-        let post = |ids: std::ops::Range<u64>| {
-            for id in ids {
-                let mut wr = [SendWr::read(id, buf.sge(0, 8).unwrap(), token.at(8))];
-                vqp.post(&mut wr).unwrap();
-            }
-        };
-        post(1..11);
-        // Waiting polls the engine: the ten user completions go aside.
-        let old = vqp.fetch_add(&token, 0, 1).unwrap().wait().unwrap();
-        assert_eq!(old.old_value, Some(0));
-        post(11..21);
-        let pending = vqp.fetch_add(&token, 0, 1).unwrap();
-        post(21..24);
-        let mut got = Vec::new();
-        let mut out = [Wc::default(); 3];
-        for _ in 0..1_000_000 {
-            let n = vqp.poll(&mut out).unwrap();
-            got.extend(out[..n].iter().map(|wc| wc.wr_id));
-            if got.len() >= 23 {
-                break;
-            }
-        }
-        assert_eq!(got, (1..24).collect::<Vec<u64>>());
-        // The request's completion was kept for its waiter.
-        let done = pending.wait().unwrap();
-        assert_eq!(done.old_value, Some(1));
-        assert_eq!(vqp.poll(&mut out).unwrap(), 0);
-    }
 }
