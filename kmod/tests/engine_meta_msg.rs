@@ -50,6 +50,29 @@ fn node(f: &Fabric, host: &MsgMetaHost<SimNic>, timeout: Duration) -> Engine<Sim
     f.engine(cfg)
 }
 
+/// Whether `client`, its cache entry for `gid` dropped, finds `gid`
+/// unknown to the meta table.
+fn unknown_after_invalidate(client: &Engine<SimNic>, gid: &krcore_nic::Gid) -> bool {
+    client.invalidate(gid);
+    matches!(client.resolve(gid), Err(EngineError::UnknownNode { .. }))
+}
+
+/// A meta host served by its own thread, and a node of it with its target.
+fn hosted(
+    f: &Fabric,
+) -> (
+    Arc<MsgMetaHost<SimNic>>,
+    krcore_kmod::MetaHostThread,
+    Engine<SimNic>,
+    krcore_nic::DcTarget,
+) {
+    let host = Arc::new(f.meta());
+    let thread = host.spawn(Duration::from_micros(50)).unwrap();
+    let mem = node(f, &host, Duration::from_secs(2));
+    let t = mem.local_target().unwrap();
+    (host, thread, mem, t)
+}
+
 /// Runs `f` while a thread serves `host` at its own clock (stopped however
 /// `f` ends).
 fn served<R>(host: &MsgMetaHost<SimNic>, f: impl FnOnce() -> R) -> R {
@@ -123,11 +146,7 @@ fn registration_arrives_as_a_message_and_lookups_stay_reads() {
     let renewed = served(&host, || mem.meta_renew(&mem.gid())).unwrap();
     assert_eq!(renewed.epoch, lease.epoch);
     served(&host, || mem.meta_deregister(&mem.gid())).unwrap();
-    client.invalidate(&mem.gid());
-    assert!(matches!(
-        client.resolve(&mem.gid()),
-        Err(EngineError::UnknownNode { .. })
-    ));
+    assert!(unknown_after_invalidate(&client, &mem.gid()));
     // A second deregister is refused, typed.
     let r = served(&host, || mem.meta_deregister(&mem.gid()));
     assert!(
@@ -228,10 +247,7 @@ fn a_host_thread_serves_and_stops() {
 #[test]
 fn a_kept_registration_outlives_its_short_lease() {
     let f = Fabric::new();
-    let host = Arc::new(f.meta());
-    let _thread = host.spawn(Duration::from_micros(50)).unwrap();
-    let mem = node(&f, &host, Duration::from_secs(2));
-    let t = mem.local_target().unwrap();
+    let (host, _thread, mem, t) = hosted(&f);
     // A 60 ms lease renewed every 20 ms, kept past several lease lengths
     // while the host sweeps every step (lease_sweep_ms 0).
     let kept = mem
@@ -266,11 +282,7 @@ fn a_kept_registration_outlives_its_short_lease() {
     assert!(again.epoch > epoch, "{again:?}");
     // Deregistering stops the renewals and removes the entry.
     kept.deregister().unwrap();
-    client.invalidate(&mem.gid());
-    assert!(matches!(
-        client.resolve(&mem.gid()),
-        Err(EngineError::UnknownNode { .. })
-    ));
+    assert!(unknown_after_invalidate(&client, &mem.gid()));
     // The host's own engine reads its table (it adopted the location;
     // its cache knows `mem` as a sender of requests until invalidated).
     host.engine().invalidate(&mem.gid());
@@ -287,10 +299,7 @@ fn a_kept_registration_outlives_its_short_lease() {
 #[test]
 fn an_unrenewed_lease_is_swept_and_renewal_then_refused() {
     let f = Fabric::new();
-    let host = Arc::new(f.meta());
-    let _thread = host.spawn(Duration::from_micros(50)).unwrap();
-    let mem = node(&f, &host, Duration::from_secs(2));
-    let t = mem.local_target().unwrap();
+    let (host, _thread, mem, t) = hosted(&f);
     {
         // Dropped at once: nothing renews the 30 ms lease.
         let kept = mem
@@ -301,11 +310,7 @@ fn an_unrenewed_lease_is_swept_and_renewal_then_refused() {
     let client = node(&f, &host, Duration::from_secs(2));
     let start = std::time::Instant::now();
     loop {
-        client.invalidate(&mem.gid());
-        if matches!(
-            client.resolve(&mem.gid()),
-            Err(EngineError::UnknownNode { .. })
-        ) {
+        if unknown_after_invalidate(&client, &mem.gid()) {
             break;
         }
         assert!(start.elapsed() < Duration::from_secs(20));
