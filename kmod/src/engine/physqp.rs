@@ -263,6 +263,10 @@ pub(crate) struct PhysState<N: Nic> {
     /// The last MR the pre-check looked up in `mrs` (posts mostly reuse
     /// one MR): spares the hash lookup. Cleared with the snapshot.
     last_mr: Option<(u32, LocalMr)>,
+    /// Invariant: `last_mr`'s [`MrWindow`] (`MrWindow::of`), kept beside
+    /// it (set wherever `last_mr` is) so that the fast path does not
+    /// rebuild it per post.
+    window: Option<MrWindow>,
     /// The CQ poll buffer (kept, so that a poll initializes nothing).
     buf: Vec<Wc>,
     needs_recovery: bool,
@@ -281,8 +285,9 @@ pub(crate) struct PhysQp<N: Nic> {
     /// DC: index in the pool; RC: serial number of the pair.
     pub(crate) index: usize,
     qpn: u32,
-    /// The pre-check is on: posts may take the fast path
-    /// ([`PhysQp::fast_check`]), on a DCI or an RC pair alike.
+    /// The pre-check is on (and the policy takes SGEs): posts may take
+    /// the fast path ([`PhysQp::fast_check`]), on a DCI or an RC pair
+    /// alike.
     fast: bool,
     /// [`crate::precheck::Policy::max_batch`] of the queue.
     max_batch: u32,
@@ -372,7 +377,7 @@ impl<N: Nic> PhysQp<N> {
         PhysQp {
             index,
             qpn: qp.qpn(),
-            fast: eng.cfg.precheck,
+            fast: eng.cfg.precheck && eng.policy.max_sge > 0,
             max_batch: eng.policy.max_batch(depth),
             max_unsignaled: eng.policy.effective_max_unsignaled(depth),
             cq,
@@ -393,6 +398,7 @@ impl<N: Nic> PhysQp<N> {
                 mr_generation: u64::MAX,
                 mrs: MrSnapshot::default(),
                 last_mr: None,
+                window: None,
                 buf: vec![Wc::default(); POLL_BATCH],
                 needs_recovery: false,
                 guilty: None,
@@ -496,7 +502,7 @@ impl<N: Nic> PhysQp<N> {
         let mut guard = self.state.lock();
         let st = &mut *guard;
         match self.fast_check(eng, st, id, wrs) {
-            Some((i, force_last)) => self.ring_doorbell(st, i, id, wrs, force_last),
+            Some((i, force_last)) => self.ring_doorbell(st, i, id, wrs, force_last, true),
             None => self.post_general(eng, st, id, wrs),
         }
     }
@@ -528,13 +534,12 @@ impl<N: Nic> PhysQp<N> {
             return None;
         }
         st.qp.as_ref()?;
-        let (lkey, mr) = st.last_mr?;
+        let window = st.window?;
         if eng.mrs.generation() != st.mr_generation {
             return None;
         }
-        let i = st.vqps.index(id)?;
         let credits = &st.credits;
-        let v = st.vqps.at(i);
+        let (i, v) = st.vqps.find(id)?;
         let n = wrs.len();
         if n == 0 || n > self.max_batch as usize || n > credits.free() as usize || !v.has_room(n) {
             return None;
@@ -547,10 +552,7 @@ impl<N: Nic> PhysQp<N> {
             Link::Rc(l) if l.gid == target.gid => Destination::Connected,
             Link::Rc(_) => return None,
         };
-        if eng.policy.max_sge == 0 {
-            return None;
-        }
-        let window = MrWindow::of(lkey, &mr)?;
+        // (`fast` says the policy takes SGEs: `common_shape`'s own check.)
         if v.grants.is_empty() {
             // No grant known: nothing to look up.
             for wr in wrs.iter_mut() {
@@ -623,6 +625,7 @@ impl<N: Nic> PhysQp<N> {
             if generation != st.mr_generation {
                 (st.mr_generation, st.mrs) = eng.mrs.snapshot();
                 st.last_mr = None;
+                st.window = None;
             }
         }
         let plan = match self.plan(eng, st, id, wrs)? {
@@ -654,7 +657,7 @@ impl<N: Nic> PhysQp<N> {
         }
         let i = st.vqps.index(id).ok_or(PostFail::Stale)?;
         // The plan forces only ever the batch's last WR.
-        self.ring_doorbell(st, i, id, wrs, plan.force_signal.is_some())
+        self.ring_doorbell(st, i, id, wrs, plan.force_signal.is_some(), false)
     }
 
     /// Names the VQP's target in `wrs` and runs the pre-check: `Ok(None)`
@@ -672,6 +675,7 @@ impl<N: Nic> PhysQp<N> {
             vqps,
             mrs,
             last_mr,
+            window,
             stats,
             epoch,
             ..
@@ -743,6 +747,7 @@ impl<N: Nic> PhysQp<N> {
                 .check(wrs)
             };
             *last_mr = mrs.last.get();
+            *window = last_mr.and_then(|(lkey, mr)| MrWindow::of(lkey, &mr));
             planned
         };
         if planned.is_err() {
@@ -753,7 +758,9 @@ impl<N: Nic> PhysQp<N> {
 
     /// Rings the doorbell for the checked `wrs` of the VQP `id` (at
     /// position `i` of `vqps`), the last WR forced signaled if
-    /// `force_last`, and counts what the NIC took.
+    /// `force_last`, and counts what the NIC took. `room_checked`: the
+    /// caller saw room for the batch in the send queue under this lock
+    /// (the fast path), so it is not checked again.
     ///
     /// While every outstanding WR on the QP is this VQP's (or none is),
     /// the WRs go out in place ([`PhysQp::ring_in_place`]): no recovery
@@ -768,9 +775,10 @@ impl<N: Nic> PhysQp<N> {
         id: VqpId,
         wrs: &mut [SendWr],
         force_last: bool,
+        room_checked: bool,
     ) -> Result<(), PostFail> {
         if st.credits.outstanding() == 0 || st.sole == Some(id) {
-            self.ring_in_place(st, i, id, wrs, force_last)
+            self.ring_in_place(st, i, id, wrs, force_last, room_checked)
         } else {
             self.ring_copied(st, i, id, wrs, force_last)
         }
@@ -789,6 +797,7 @@ impl<N: Nic> PhysQp<N> {
         id: VqpId,
         wrs: &mut [SendWr],
         force_last: bool,
+        room_checked: bool,
     ) -> Result<(), PostFail> {
         let n = wrs.len();
         let PhysState {
@@ -803,7 +812,7 @@ impl<N: Nic> PhysQp<N> {
         let Some(qp) = qp else {
             return Err(closed());
         };
-        if n > credits.free() as usize {
+        if !room_checked && n > credits.free() as usize {
             // The pre-check left room for the batch (reclaiming if needed).
             return Err(VqpError::from(CreditError::WouldOverrun {
                 requested: n,
@@ -1008,17 +1017,25 @@ impl<N: Nic> PhysQp<N> {
     ) -> Result<Option<usize>, VqpError> {
         let mut guard = self.state.lock();
         let st = &mut *guard;
-        let Some(i) = st.vqps.index(id) else {
+        let PhysState {
+            credits,
+            users,
+            vqps,
+            stats,
+            sole,
+            needs_recovery,
+            ..
+        } = st;
+        let Some((_, v)) = vqps.find(id) else {
             return Ok(None);
         };
-        let v = st.vqps.at(i);
         let n = if v.ring.is_empty() { 0 } else { v.pop(out) };
         if n == out.len() {
             return Ok(Some(n));
         }
         // The ring is empty now: this VQP's completions go straight into
         // `out` (no ring round trip) until it is full.
-        if st.needs_recovery {
+        if *needs_recovery {
             return self.poll_rest(eng, st, id, out, n, None);
         }
         // One CQE, read straight into the caller's next entry (rewritten
@@ -1029,14 +1046,6 @@ impl<N: Nic> PhysQp<N> {
             Err(e) if n == 0 => return Err(VqpError::nic("poll a shared QP's CQ")(e)),
             Err(_) => return Ok(Some(n)),
         }
-        let PhysState {
-            credits,
-            users,
-            vqps,
-            stats,
-            sole,
-            ..
-        } = st;
         // This VQP's success, retiring only its own WRs: the oldest one
         // on the QP, or any while all outstanding WRs are its own.
         let wc = &mut out[n];
@@ -1055,13 +1064,12 @@ impl<N: Nic> PhysQp<N> {
         // empty, there is room): the earlier WRs were unsignaled and only
         // leave the count.
         stats.completions += 1;
-        let v = vqps.at(i);
         let retired = (seq - head) as u32 + 1;
         let mut n = n;
         match v.outstanding.checked_sub(retired) {
             Some(left) => {
                 v.outstanding = left;
-                let slot = users[(seq as usize) & (users.len() - 1)].slot;
+                let slot = users[(seq as usize) & users.len().wrapping_sub(1)].slot;
                 if slot.user_signaled {
                     // The user's completion: status, opcode and length as
                     // polled.
