@@ -23,7 +23,7 @@
 //! # The common case inline
 //!
 //! A post of READs/WRITEs of one SGE in the MR the pre-check last looked
-//! up, on a DCI or an RC pair with room, is checked inline (`PhysQp::fast_check`: the
+//! up, on a DCI or an RC pair with room, is checked inline (`PhysQp::post_fast`: the
 //! pre-check's own verdict, computed without its general setup) and goes
 //! straight to the doorbell; anything else (and anything it would reject)
 //! takes the general path. A poll that reads this VQP's own success
@@ -123,6 +123,11 @@ use crate::wrid::{PhysWrId, Slot, VqpId};
 
 /// Completions polled per CQ poll call.
 const POLL_BATCH: usize = 32;
+
+/// [`PhysState::sole`] when no VQP is known to own every outstanding WR:
+/// no VQP id is this wide ([`crate::wrid::VQP_ID_BITS`] < 32).
+const NO_SOLE: u32 = u32::MAX;
+const _: () = assert!(VqpId::MAX.get() < NO_SOLE);
 
 /// Statistics of one shared physical QP (monotonic): a DCI, or in RC
 /// fallback mode an RC pair.
@@ -254,10 +259,11 @@ pub(crate) struct PhysState<N: Nic> {
     users: Box<[Beside]>,
     /// The state of every VQP bound to this QP.
     vqps: VqpTable,
-    /// `Some(v)`: every outstanding WR is the VQP `v`'s (kept by every
-    /// post; a re-post after recovery clears it). Lets a poll by `v` apply
-    /// a completion that retires several WRs without routing each.
-    sole: Option<VqpId>,
+    /// `v.get()`: every outstanding WR is the VQP `v`'s (kept by every
+    /// post; a re-post after recovery clears it to [`NO_SOLE`]). Lets a
+    /// poll by `v` apply a completion that retires several WRs without
+    /// routing each. (A raw id, compared in one instruction.)
+    sole: u32,
     mr_generation: u64,
     mrs: MrSnapshot,
     /// The last MR the pre-check looked up in `mrs` (posts mostly reuse
@@ -286,7 +292,7 @@ pub(crate) struct PhysQp<N: Nic> {
     pub(crate) index: usize,
     qpn: u32,
     /// The pre-check is on (and the policy takes SGEs): posts may take
-    /// the fast path ([`PhysQp::fast_check`]), on a DCI or an RC pair
+    /// the fast path ([`PhysQp::post_fast`]), on a DCI or an RC pair
     /// alike.
     fast: bool,
     /// [`crate::precheck::Policy::max_batch`] of the queue.
@@ -393,7 +399,7 @@ impl<N: Nic> PhysQp<N> {
                 ),
                 users: vec![Beside::default(); ring_len as usize].into_boxed_slice(),
                 vqps: VqpTable::default(),
-                sole: None,
+                sole: NO_SOLE,
                 epoch: Instant::now(),
                 mr_generation: u64::MAX,
                 mrs: MrSnapshot::default(),
@@ -490,7 +496,7 @@ impl<N: Nic> PhysQp<N> {
     /// signal) and the doorbell rings on the records themselves: the
     /// caller's WRs keep their wr_ids and flags (only `dest` is set).
     ///
-    /// The common post is checked inline ([`PhysQp::fast_check`]); anything
+    /// The common post is checked inline ([`PhysQp::post_fast`]); anything
     /// else takes the general path ([`PhysQp::post_general`]).
     #[inline(always)]
     pub(crate) fn post(
@@ -500,11 +506,7 @@ impl<N: Nic> PhysQp<N> {
         wrs: &mut [SendWr],
     ) -> Result<(), PostFail> {
         let mut guard = self.state.lock();
-        let st = &mut *guard;
-        match self.fast_check(eng, st, id, wrs) {
-            Some((i, force_last)) => self.ring_doorbell(st, i, id, wrs, force_last, true),
-            None => self.post_general(eng, st, id, wrs),
-        }
+        self.post_fast(eng, &mut guard, id, wrs)
     }
 
     /// The common post, checked without the general pre-check's setup: a
@@ -516,70 +518,100 @@ impl<N: Nic> PhysQp<N> {
     /// (`VqpState::last_grant`), all as the full pre-check judges them
     /// (`MrWindow::holds` gives `precheck::local_ok`'s verdict, and
     /// `grant_covers` is the pre-check's own). Names the target in `wrs` on
-    /// the way, and returns the
-    /// VQP's position and whether the batch's last WR must be forced
-    /// signaled (part (c), as [`crate::precheck::plan_batch`] decides it).
-    /// `None` for anything else, with nothing changed but `dest` of some
-    /// WRs (which the general path sets to the same value): it decides, so
-    /// this only ever accepts what the full pre-check accepts.
+    /// the way, decides whether the batch's last WR must be forced
+    /// signaled (part (c), as [`crate::precheck::plan_batch`] decides it)
+    /// and rings the doorbell (as [`PhysQp::ring_doorbell`] would, the
+    /// checks it repeats already made), holding the borrows of the state
+    /// it looked up (the VQP's state, the QP) from the checks to the
+    /// commit. Anything else goes to [`PhysQp::post_general`], with
+    /// nothing changed but `dest` of some WRs (which the general path sets
+    /// to the same value): it decides, so this only ever accepts what the
+    /// full pre-check accepts.
     #[inline(always)]
-    fn fast_check(
+    fn post_fast(
         &self,
         eng: &EngineInner<N>,
         st: &mut PhysState<N>,
         id: VqpId,
         wrs: &mut [SendWr],
-    ) -> Option<(usize, bool)> {
-        if !self.fast || st.needs_recovery {
-            return None;
+    ) -> Result<(), PostFail> {
+        // Anything the fast path does not take: the general path decides.
+        macro_rules! general {
+            () => {
+                return self.post_general(eng, st, id, wrs)
+            };
         }
-        st.qp.as_ref()?;
-        let window = st.window?;
-        if eng.mrs.generation() != st.mr_generation {
-            return None;
+        let PhysState {
+            qp,
+            credits,
+            users,
+            vqps,
+            sole,
+            needs_recovery,
+            window,
+            mr_generation,
+            stats,
+            ..
+        } = st;
+        if !self.fast || *needs_recovery {
+            general!();
         }
-        let credits = &st.credits;
-        let (i, v) = st.vqps.find(id)?;
+        let Some(qp) = qp.as_ref() else { general!() };
+        let Some(window) = *window else { general!() };
+        if eng.mrs.generation() != *mr_generation {
+            general!();
+        }
+        let Some((i, v)) = vqps.find(id) else {
+            general!()
+        };
         let n = wrs.len();
         if n == 0 || n > self.max_batch as usize || n > credits.free() as usize || !v.has_room(n) {
-            return None;
+            general!();
         }
-        let target = v.target.as_ref()?.target;
+        let Some(target) = v.target.as_ref().map(|t| t.target) else {
+            general!()
+        };
         // DC: the VQP's target, named per WR. RC: the pair's target, which
         // must be the VQP's (otherwise the general path re-binds it).
         let dest = match &self.link {
             Link::Dci => Destination::Dc(target),
             Link::Rc(l) if l.gid == target.gid => Destination::Connected,
-            Link::Rc(_) => return None,
+            Link::Rc(_) => general!(),
         };
         // (`fast` says the policy takes SGEs: `common_shape`'s own check.)
         if v.grants.is_empty() {
             // No grant known: nothing to look up.
             for wr in wrs.iter_mut() {
-                let (_, op, sge) = crate::precheck::common_shape_of(wr)?;
+                let Some((_, op, sge)) = crate::precheck::common_shape_of(wr) else {
+                    general!()
+                };
                 if !window.holds(sge, op == OpKind::Read) {
-                    return None;
+                    general!();
                 }
                 wr.dest = dest;
             }
         } else {
             // The memo must hold this (target, rkey).
-            let (gid, rkey, known) = v.last_grant.get()?;
+            let Some((gid, rkey, known)) = v.last_grant.get() else {
+                general!()
+            };
             if gid != target.gid {
-                return None;
+                general!();
             }
             let now = known.and_then(|g| g.expires_at).map(|_| Instant::now());
             for wr in wrs.iter_mut() {
-                let (remote, op, sge) = crate::precheck::common_shape_of(wr)?;
+                let Some((remote, op, sge)) = crate::precheck::common_shape_of(wr) else {
+                    general!()
+                };
                 if !window.holds(sge, op == OpKind::Read) || remote.rkey != rkey {
-                    return None;
+                    general!();
                 }
                 if let Some(grant) = &known {
                     let len = u64::from(sge.length);
                     if grant.expires_at.zip(now).is_some_and(|(t, now)| now >= t)
                         || crate::precheck::grant_covers(grant, remote, op, len).is_err()
                     {
-                        return None;
+                        general!();
                     }
                 }
                 wr.dest = dest;
@@ -598,7 +630,16 @@ impl<N: Nic> PhysQp<N> {
         if let Link::Rc(l) = &self.link {
             l.touch(&eng.rc_tick);
         }
-        Some((i, run_after > self.max_unsignaled))
+        let force_last = run_after > self.max_unsignaled;
+        // The doorbell (`ring_doorbell`, the room checked above): in place
+        // while the VQP is alone on the QP and the batch's records do not
+        // wrap around the ring's end.
+        let alone = credits.outstanding() == 0 || *sole == id.get();
+        let at = (credits.next_seq() as usize) & users.len().wrapping_sub(1);
+        if !alone || at + n > users.len() || at + n > credits.records_mut().len() {
+            return self.ring_copied(st, i, id, wrs, force_last);
+        }
+        self.place(qp, credits, users, v, stats, sole, id, wrs, force_last)
     }
 
     /// [`PhysQp::post`] in general: recovery first if needed, the
@@ -657,7 +698,7 @@ impl<N: Nic> PhysQp<N> {
         }
         let i = st.vqps.index(id).ok_or(PostFail::Stale)?;
         // The plan forces only ever the batch's last WR.
-        self.ring_doorbell(st, i, id, wrs, plan.force_signal.is_some(), false)
+        self.ring_doorbell(st, i, id, wrs, plan.force_signal.is_some())
     }
 
     /// Names the VQP's target in `wrs` and runs the pre-check: `Ok(None)`
@@ -758,9 +799,7 @@ impl<N: Nic> PhysQp<N> {
 
     /// Rings the doorbell for the checked `wrs` of the VQP `id` (at
     /// position `i` of `vqps`), the last WR forced signaled if
-    /// `force_last`, and counts what the NIC took. `room_checked`: the
-    /// caller saw room for the batch in the send queue under this lock
-    /// (the fast path), so it is not checked again.
+    /// `force_last`, and counts what the NIC took.
     ///
     /// While every outstanding WR on the QP is this VQP's (or none is),
     /// the WRs go out in place ([`PhysQp::ring_in_place`]): no recovery
@@ -775,20 +814,18 @@ impl<N: Nic> PhysQp<N> {
         id: VqpId,
         wrs: &mut [SendWr],
         force_last: bool,
-        room_checked: bool,
     ) -> Result<(), PostFail> {
-        if st.credits.outstanding() == 0 || st.sole == Some(id) {
-            self.ring_in_place(st, i, id, wrs, force_last, room_checked)
+        if st.credits.outstanding() == 0 || st.sole == id.get() {
+            self.ring_in_place(st, i, id, wrs, force_last)
         } else {
             self.ring_copied(st, i, id, wrs, force_last)
         }
     }
 
-    /// [`PhysQp::ring_doorbell`] of a VQP alone on the QP: the records
-    /// get only the physical wr_id and the flags (what the account and the
-    /// routing read), and the caller's WRs themselves carry the physical
-    /// wr_ids (and the forced signal) to the NIC, put back as they were
-    /// once it took them.
+    /// [`PhysQp::ring_doorbell`] of a VQP alone on the QP
+    /// ([`PhysQp::place`]), after the checks the fast path makes itself:
+    /// the QP open, room for the batch, and records that do not wrap
+    /// around the ring's end (otherwise the batch is copied and staged).
     #[inline(always)]
     fn ring_in_place(
         &self,
@@ -797,7 +834,6 @@ impl<N: Nic> PhysQp<N> {
         id: VqpId,
         wrs: &mut [SendWr],
         force_last: bool,
-        room_checked: bool,
     ) -> Result<(), PostFail> {
         let n = wrs.len();
         let PhysState {
@@ -812,7 +848,7 @@ impl<N: Nic> PhysQp<N> {
         let Some(qp) = qp else {
             return Err(closed());
         };
-        if !room_checked && n > credits.free() as usize {
+        if n > credits.free() as usize {
             // The pre-check left room for the batch (reclaiming if needed).
             return Err(VqpError::from(CreditError::WouldOverrun {
                 requested: n,
@@ -820,16 +856,50 @@ impl<N: Nic> PhysQp<N> {
             })
             .into());
         }
-        let first = credits.next_seq();
-        let mask = users.len().wrapping_sub(1);
-        let at = (first as usize) & mask;
-        let end = at + n;
-        let records = credits.records_mut();
-        if end > users.len() || end > records.len() {
+        let at = (credits.next_seq() as usize) & users.len().wrapping_sub(1);
+        if at + n > users.len() || at + n > credits.records_mut().len() {
             // The batch wraps around the ring's end: copied and staged.
             return self.ring_copied(st, i, id, wrs, force_last);
         }
-        let (slots, recs) = (&mut users[at..end], &mut records[at..end]);
+        self.place(
+            qp,
+            credits,
+            users,
+            vqps.at(i),
+            stats,
+            sole,
+            id,
+            wrs,
+            force_last,
+        )
+    }
+
+    /// The doorbell of a VQP (`v`, id `id`) alone on the QP, for `wrs`
+    /// that fit in the send queue and whose records (from the next
+    /// sequence on) do not wrap around the ring's end (the callers
+    /// checked both): the records get only the physical wr_id and the
+    /// flags (what the account and the routing read), and the caller's
+    /// WRs themselves carry the physical wr_ids (and the forced signal)
+    /// to the NIC, put back as they were once it took them.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn place(
+        &self,
+        qp: &N::Qp,
+        credits: &mut SendQueueCredits<SendWr>,
+        users: &mut [Beside],
+        v: &mut VqpState,
+        stats: &mut DciStats,
+        sole: &mut u32,
+        id: VqpId,
+        wrs: &mut [SendWr],
+        force_last: bool,
+    ) -> Result<(), PostFail> {
+        let n = wrs.len();
+        let first = credits.next_seq();
+        let at = (first as usize) & users.len().wrapping_sub(1);
+        let end = at + n;
+        let (slots, recs) = (&mut users[at..end], &mut credits.records_mut()[at..end]);
         for k in 0..n {
             let wr = &mut wrs[k];
             let phys = PhysWrId::new(id, first + k as u64).raw();
@@ -880,8 +950,8 @@ impl<N: Nic> PhysQp<N> {
             }
         };
         if posted > 0 {
-            *sole = Some(id);
-            vqps.at(i).outstanding += posted as u32;
+            *sole = id.get();
+            v.outstanding += posted as u32;
             stats.doorbells += 1;
             stats.wrs += posted as u64;
             if force_last && posted == n {
@@ -921,7 +991,7 @@ impl<N: Nic> PhysQp<N> {
         };
         // (A VQP alone on the QP comes here when its batch wraps around
         // the ring's end: it stays alone.)
-        let alone = credits.outstanding() == 0 || *sole == Some(id);
+        let alone = credits.outstanding() == 0 || *sole == id.get();
         let first = credits.next_seq();
         // The pre-check left room for the batch (reclaiming if needed).
         let staged = credits.stage(n).map_err(VqpError::from)?;
@@ -966,7 +1036,7 @@ impl<N: Nic> PhysQp<N> {
             }
         };
         if posted > 0 {
-            *sole = alone.then_some(id);
+            *sole = if alone { id.get() } else { NO_SOLE };
             vqps.at(i).outstanding += posted as u32;
             stats.doorbells += 1;
             stats.wrs += posted as u64;
@@ -1052,7 +1122,7 @@ impl<N: Nic> PhysQp<N> {
         let wr_id = PhysWrId::from_raw(wc.wr_id);
         let head = credits.head();
         let retired = if wc.status.is_ok() && wr_id.vqp() == id {
-            credits.retire_signaled(wr_id, *sole == Some(id))
+            credits.retire_signaled(wr_id, *sole == id.get())
         } else {
             None
         };
@@ -1272,7 +1342,7 @@ impl<N: Nic> PhysQp<N> {
             return;
         }
         // Several VQPs' WRs, possibly.
-        st.sole = None;
+        st.sole = NO_SOLE;
         let PhysState {
             qp,
             credits,

@@ -157,7 +157,12 @@ impl VqpTable {
     /// `id`'s position and state, if held (one lookup, one bounds check).
     #[inline]
     pub(crate) fn find(&mut self, id: VqpId) -> Option<(usize, &mut VqpState)> {
-        let i = self.index(id)?;
+        let d = (self.direct[Self::bucket(id)] as usize).wrapping_sub(1);
+        if self.states.get(d).is_some_and(|(i, _)| *i == id) {
+            // (In bounds, just checked: no second check is emitted.)
+            return Some((d, &mut self.states[d].1));
+        }
+        let i = self.index_spilled(id)?;
         Some((i, &mut self.states[i].1))
     }
 
