@@ -557,7 +557,9 @@ impl<N: Nic> PhysQp<N> {
             general!();
         }
         let Some(qp) = qp.as_ref() else { general!() };
-        let Some(window) = *window else { general!() };
+        let Some(window) = window.as_ref() else {
+            general!()
+        };
         if eng.mrs.generation() != *mr_generation {
             general!();
         }
@@ -938,27 +940,46 @@ impl<N: Nic> PhysQp<N> {
             signaled += u32::from(newest != Some(n - 1));
             newest = Some(n - 1);
         }
-        let posted = match &result {
+        let posted = match result {
             Ok(()) => {
+                // All of them (straight line: the usual case).
                 credits.commit_placed_counted(n, signaled, newest);
-                n
+                *sole = id.get();
+                v.outstanding += n as u32;
+                stats.doorbells += 1;
+                stats.wrs += n as u64;
+                stats.forced_signals += u64::from(force_last);
+                return Ok(());
             }
-            Err(e) => {
-                let posted = e.index.min(n);
-                credits.commit_placed(posted);
-                posted
-            }
+            Err(e) => e,
         };
+        Self::placed_in_part(credits, v, stats, sole, id, (n, force_last), posted)
+    }
+
+    /// [`PhysQp::place`] of `n` WRs (the last forced signaled if
+    /// `force_last`) when the NIC refused them from `e.index` on: the
+    /// ones it took are committed and counted.
+    #[cold]
+    #[inline(never)]
+    fn placed_in_part(
+        credits: &mut SendQueueCredits<SendWr>,
+        v: &mut VqpState,
+        stats: &mut DciStats,
+        sole: &mut u32,
+        id: VqpId,
+        (n, force_last): (usize, bool),
+        e: krcore_nic::PostError,
+    ) -> Result<(), PostFail> {
+        let posted = e.index.min(n);
+        credits.commit_placed(posted);
         if posted > 0 {
             *sole = id.get();
             v.outstanding += posted as u32;
             stats.doorbells += 1;
             stats.wrs += posted as u64;
-            if force_last && posted == n {
-                stats.forced_signals += 1;
-            }
+            stats.forced_signals += u64::from(force_last && posted == n);
         }
-        result.map_err(|e| VqpError::Post(e).into())
+        Err(VqpError::Post(e).into())
     }
 
     /// [`PhysQp::ring_doorbell`] with other VQPs' WRs outstanding (or a
