@@ -23,7 +23,7 @@
 //! # The common case inline
 //!
 //! A post of READs/WRITEs of one SGE in the MR the pre-check last looked
-//! up, on a DCI or an RC pair with room, is checked inline (`PhysQp::fast_check`: the
+//! up, on a DCI or an RC pair with room, is checked inline (`PhysQp::post_fast`: the
 //! pre-check's own verdict, computed without its general setup) and goes
 //! straight to the doorbell; anything else (and anything it would reject)
 //! takes the general path. A poll that reads this VQP's own success
@@ -123,6 +123,11 @@ use crate::wrid::{PhysWrId, Slot, VqpId};
 
 /// Completions polled per CQ poll call.
 const POLL_BATCH: usize = 32;
+
+/// [`PhysState::sole`] when no VQP is known to own every outstanding WR:
+/// no VQP id is this wide ([`crate::wrid::VQP_ID_BITS`] < 32).
+const NO_SOLE: u32 = u32::MAX;
+const _: () = assert!(VqpId::MAX.get() < NO_SOLE);
 
 /// Statistics of one shared physical QP (monotonic): a DCI, or in RC
 /// fallback mode an RC pair.
@@ -254,15 +259,20 @@ pub(crate) struct PhysState<N: Nic> {
     users: Box<[Beside]>,
     /// The state of every VQP bound to this QP.
     vqps: VqpTable,
-    /// `Some(v)`: every outstanding WR is the VQP `v`'s (kept by every
-    /// post; a re-post after recovery clears it). Lets a poll by `v` apply
-    /// a completion that retires several WRs without routing each.
-    sole: Option<VqpId>,
+    /// `v.get()`: every outstanding WR is the VQP `v`'s (kept by every
+    /// post; a re-post after recovery clears it to [`NO_SOLE`]). Lets a
+    /// poll by `v` apply a completion that retires several WRs without
+    /// routing each. (A raw id, compared in one instruction.)
+    sole: u32,
     mr_generation: u64,
     mrs: MrSnapshot,
     /// The last MR the pre-check looked up in `mrs` (posts mostly reuse
     /// one MR): spares the hash lookup. Cleared with the snapshot.
     last_mr: Option<(u32, LocalMr)>,
+    /// Invariant: `last_mr`'s [`MrWindow`] (`MrWindow::of`), kept beside
+    /// it (set wherever `last_mr` is) so that the fast path does not
+    /// rebuild it per post.
+    window: Option<MrWindow>,
     /// The CQ poll buffer (kept, so that a poll initializes nothing).
     buf: Vec<Wc>,
     needs_recovery: bool,
@@ -281,8 +291,9 @@ pub(crate) struct PhysQp<N: Nic> {
     /// DC: index in the pool; RC: serial number of the pair.
     pub(crate) index: usize,
     qpn: u32,
-    /// The pre-check is on: posts may take the fast path
-    /// ([`PhysQp::fast_check`]), on a DCI or an RC pair alike.
+    /// The pre-check is on (and the policy takes SGEs): posts may take
+    /// the fast path ([`PhysQp::post_fast`]), on a DCI or an RC pair
+    /// alike.
     fast: bool,
     /// [`crate::precheck::Policy::max_batch`] of the queue.
     max_batch: u32,
@@ -372,7 +383,7 @@ impl<N: Nic> PhysQp<N> {
         PhysQp {
             index,
             qpn: qp.qpn(),
-            fast: eng.cfg.precheck,
+            fast: eng.cfg.precheck && eng.policy.max_sge > 0,
             max_batch: eng.policy.max_batch(depth),
             max_unsignaled: eng.policy.effective_max_unsignaled(depth),
             cq,
@@ -388,11 +399,12 @@ impl<N: Nic> PhysQp<N> {
                 ),
                 users: vec![Beside::default(); ring_len as usize].into_boxed_slice(),
                 vqps: VqpTable::default(),
-                sole: None,
+                sole: NO_SOLE,
                 epoch: Instant::now(),
                 mr_generation: u64::MAX,
                 mrs: MrSnapshot::default(),
                 last_mr: None,
+                window: None,
                 buf: vec![Wc::default(); POLL_BATCH],
                 needs_recovery: false,
                 guilty: None,
@@ -484,7 +496,7 @@ impl<N: Nic> PhysQp<N> {
     /// signal) and the doorbell rings on the records themselves: the
     /// caller's WRs keep their wr_ids and flags (only `dest` is set).
     ///
-    /// The common post is checked inline ([`PhysQp::fast_check`]); anything
+    /// The common post is checked inline ([`PhysQp::post_fast`]); anything
     /// else takes the general path ([`PhysQp::post_general`]).
     #[inline(always)]
     pub(crate) fn post(
@@ -494,11 +506,7 @@ impl<N: Nic> PhysQp<N> {
         wrs: &mut [SendWr],
     ) -> Result<(), PostFail> {
         let mut guard = self.state.lock();
-        let st = &mut *guard;
-        match self.fast_check(eng, st, id, wrs) {
-            Some((i, force_last)) => self.ring_doorbell(st, i, id, wrs, force_last),
-            None => self.post_general(eng, st, id, wrs),
-        }
+        self.post_fast(eng, &mut guard, id, wrs)
     }
 
     /// The common post, checked without the general pre-check's setup: a
@@ -510,74 +518,102 @@ impl<N: Nic> PhysQp<N> {
     /// (`VqpState::last_grant`), all as the full pre-check judges them
     /// (`MrWindow::holds` gives `precheck::local_ok`'s verdict, and
     /// `grant_covers` is the pre-check's own). Names the target in `wrs` on
-    /// the way, and returns the
-    /// VQP's position and whether the batch's last WR must be forced
-    /// signaled (part (c), as [`crate::precheck::plan_batch`] decides it).
-    /// `None` for anything else, with nothing changed but `dest` of some
-    /// WRs (which the general path sets to the same value): it decides, so
-    /// this only ever accepts what the full pre-check accepts.
+    /// the way, decides whether the batch's last WR must be forced
+    /// signaled (part (c), as [`crate::precheck::plan_batch`] decides it)
+    /// and rings the doorbell (as [`PhysQp::ring_doorbell`] would, the
+    /// checks it repeats already made), holding the borrows of the state
+    /// it looked up (the VQP's state, the QP) from the checks to the
+    /// commit. Anything else goes to [`PhysQp::post_general`], with
+    /// nothing changed but `dest` of some WRs (which the general path sets
+    /// to the same value): it decides, so this only ever accepts what the
+    /// full pre-check accepts.
     #[inline(always)]
-    fn fast_check(
+    fn post_fast(
         &self,
         eng: &EngineInner<N>,
         st: &mut PhysState<N>,
         id: VqpId,
         wrs: &mut [SendWr],
-    ) -> Option<(usize, bool)> {
-        if !self.fast || st.needs_recovery {
-            return None;
+    ) -> Result<(), PostFail> {
+        // Anything the fast path does not take: the general path decides.
+        macro_rules! general {
+            () => {
+                return self.post_general(eng, st, id, wrs)
+            };
         }
-        st.qp.as_ref()?;
-        let (lkey, mr) = st.last_mr?;
-        if eng.mrs.generation() != st.mr_generation {
-            return None;
+        let PhysState {
+            qp,
+            credits,
+            users,
+            vqps,
+            sole,
+            needs_recovery,
+            window,
+            mr_generation,
+            stats,
+            ..
+        } = st;
+        if !self.fast || *needs_recovery {
+            general!();
         }
-        let i = st.vqps.index(id)?;
-        let credits = &st.credits;
-        let v = st.vqps.at(i);
+        let Some(qp) = qp.as_ref() else { general!() };
+        let Some(window) = window.as_ref() else {
+            general!()
+        };
+        if eng.mrs.generation() != *mr_generation {
+            general!();
+        }
+        let Some((i, v)) = vqps.find(id) else {
+            general!()
+        };
         let n = wrs.len();
         if n == 0 || n > self.max_batch as usize || n > credits.free() as usize || !v.has_room(n) {
-            return None;
+            general!();
         }
-        let target = v.target.as_ref()?.target;
+        let Some(target) = v.target.as_ref().map(|t| t.target) else {
+            general!()
+        };
         // DC: the VQP's target, named per WR. RC: the pair's target, which
         // must be the VQP's (otherwise the general path re-binds it).
         let dest = match &self.link {
             Link::Dci => Destination::Dc(target),
             Link::Rc(l) if l.gid == target.gid => Destination::Connected,
-            Link::Rc(_) => return None,
+            Link::Rc(_) => general!(),
         };
-        if eng.policy.max_sge == 0 {
-            return None;
-        }
-        let window = MrWindow::of(lkey, &mr)?;
+        // (`fast` says the policy takes SGEs: `common_shape`'s own check.)
         if v.grants.is_empty() {
             // No grant known: nothing to look up.
             for wr in wrs.iter_mut() {
-                let (_, op, sge) = crate::precheck::common_shape_of(wr)?;
+                let Some((_, op, sge)) = crate::precheck::common_shape_of(wr) else {
+                    general!()
+                };
                 if !window.holds(sge, op == OpKind::Read) {
-                    return None;
+                    general!();
                 }
                 wr.dest = dest;
             }
         } else {
             // The memo must hold this (target, rkey).
-            let (gid, rkey, known) = v.last_grant.get()?;
+            let Some((gid, rkey, known)) = v.last_grant.get() else {
+                general!()
+            };
             if gid != target.gid {
-                return None;
+                general!();
             }
             let now = known.and_then(|g| g.expires_at).map(|_| Instant::now());
             for wr in wrs.iter_mut() {
-                let (remote, op, sge) = crate::precheck::common_shape_of(wr)?;
+                let Some((remote, op, sge)) = crate::precheck::common_shape_of(wr) else {
+                    general!()
+                };
                 if !window.holds(sge, op == OpKind::Read) || remote.rkey != rkey {
-                    return None;
+                    general!();
                 }
                 if let Some(grant) = &known {
                     let len = u64::from(sge.length);
                     if grant.expires_at.zip(now).is_some_and(|(t, now)| now >= t)
                         || crate::precheck::grant_covers(grant, remote, op, len).is_err()
                     {
-                        return None;
+                        general!();
                     }
                 }
                 wr.dest = dest;
@@ -596,7 +632,16 @@ impl<N: Nic> PhysQp<N> {
         if let Link::Rc(l) = &self.link {
             l.touch(&eng.rc_tick);
         }
-        Some((i, run_after > self.max_unsignaled))
+        let force_last = run_after > self.max_unsignaled;
+        // The doorbell (`ring_doorbell`, the room checked above): in place
+        // while the VQP is alone on the QP and the batch's records do not
+        // wrap around the ring's end.
+        let alone = credits.outstanding() == 0 || *sole == id.get();
+        let at = (credits.next_seq() as usize) & users.len().wrapping_sub(1);
+        if !alone || at + n > users.len() || at + n > credits.records_mut().len() {
+            return self.ring_copied(st, i, id, wrs, force_last);
+        }
+        self.place(qp, credits, users, v, stats, sole, id, wrs, force_last)
     }
 
     /// [`PhysQp::post`] in general: recovery first if needed, the
@@ -623,6 +668,7 @@ impl<N: Nic> PhysQp<N> {
             if generation != st.mr_generation {
                 (st.mr_generation, st.mrs) = eng.mrs.snapshot();
                 st.last_mr = None;
+                st.window = None;
             }
         }
         let plan = match self.plan(eng, st, id, wrs)? {
@@ -672,6 +718,7 @@ impl<N: Nic> PhysQp<N> {
             vqps,
             mrs,
             last_mr,
+            window,
             stats,
             epoch,
             ..
@@ -743,6 +790,7 @@ impl<N: Nic> PhysQp<N> {
                 .check(wrs)
             };
             *last_mr = mrs.last.get();
+            *window = last_mr.and_then(|(lkey, mr)| MrWindow::of(lkey, &mr));
             planned
         };
         if planned.is_err() {
@@ -769,18 +817,17 @@ impl<N: Nic> PhysQp<N> {
         wrs: &mut [SendWr],
         force_last: bool,
     ) -> Result<(), PostFail> {
-        if st.credits.outstanding() == 0 || st.sole == Some(id) {
+        if st.credits.outstanding() == 0 || st.sole == id.get() {
             self.ring_in_place(st, i, id, wrs, force_last)
         } else {
             self.ring_copied(st, i, id, wrs, force_last)
         }
     }
 
-    /// [`PhysQp::ring_doorbell`] of a VQP alone on the QP: the records
-    /// get only the physical wr_id and the flags (what the account and the
-    /// routing read), and the caller's WRs themselves carry the physical
-    /// wr_ids (and the forced signal) to the NIC, put back as they were
-    /// once it took them.
+    /// [`PhysQp::ring_doorbell`] of a VQP alone on the QP
+    /// ([`PhysQp::place`]), after the checks the fast path makes itself:
+    /// the QP open, room for the batch, and records that do not wrap
+    /// around the ring's end (otherwise the batch is copied and staged).
     #[inline(always)]
     fn ring_in_place(
         &self,
@@ -811,16 +858,50 @@ impl<N: Nic> PhysQp<N> {
             })
             .into());
         }
-        let first = credits.next_seq();
-        let mask = users.len().wrapping_sub(1);
-        let at = (first as usize) & mask;
-        let end = at + n;
-        let records = credits.records_mut();
-        if end > users.len() || end > records.len() {
+        let at = (credits.next_seq() as usize) & users.len().wrapping_sub(1);
+        if at + n > users.len() || at + n > credits.records_mut().len() {
             // The batch wraps around the ring's end: copied and staged.
             return self.ring_copied(st, i, id, wrs, force_last);
         }
-        let (slots, recs) = (&mut users[at..end], &mut records[at..end]);
+        self.place(
+            qp,
+            credits,
+            users,
+            vqps.at(i),
+            stats,
+            sole,
+            id,
+            wrs,
+            force_last,
+        )
+    }
+
+    /// The doorbell of a VQP (`v`, id `id`) alone on the QP, for `wrs`
+    /// that fit in the send queue and whose records (from the next
+    /// sequence on) do not wrap around the ring's end (the callers
+    /// checked both): the records get only the physical wr_id and the
+    /// flags (what the account and the routing read), and the caller's
+    /// WRs themselves carry the physical wr_ids (and the forced signal)
+    /// to the NIC, put back as they were once it took them.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn place(
+        &self,
+        qp: &N::Qp,
+        credits: &mut SendQueueCredits<SendWr>,
+        users: &mut [Beside],
+        v: &mut VqpState,
+        stats: &mut DciStats,
+        sole: &mut u32,
+        id: VqpId,
+        wrs: &mut [SendWr],
+        force_last: bool,
+    ) -> Result<(), PostFail> {
+        let n = wrs.len();
+        let first = credits.next_seq();
+        let at = (first as usize) & users.len().wrapping_sub(1);
+        let end = at + n;
+        let (slots, recs) = (&mut users[at..end], &mut credits.records_mut()[at..end]);
         for k in 0..n {
             let wr = &mut wrs[k];
             let phys = PhysWrId::new(id, first + k as u64).raw();
@@ -859,27 +940,46 @@ impl<N: Nic> PhysQp<N> {
             signaled += u32::from(newest != Some(n - 1));
             newest = Some(n - 1);
         }
-        let posted = match &result {
+        let posted = match result {
             Ok(()) => {
+                // All of them (straight line: the usual case).
                 credits.commit_placed_counted(n, signaled, newest);
-                n
+                *sole = id.get();
+                v.outstanding += n as u32;
+                stats.doorbells += 1;
+                stats.wrs += n as u64;
+                stats.forced_signals += u64::from(force_last);
+                return Ok(());
             }
-            Err(e) => {
-                let posted = e.index.min(n);
-                credits.commit_placed(posted);
-                posted
-            }
+            Err(e) => e,
         };
+        Self::placed_in_part(credits, v, stats, sole, id, (n, force_last), posted)
+    }
+
+    /// [`PhysQp::place`] of `n` WRs (the last forced signaled if
+    /// `force_last`) when the NIC refused them from `e.index` on: the
+    /// ones it took are committed and counted.
+    #[cold]
+    #[inline(never)]
+    fn placed_in_part(
+        credits: &mut SendQueueCredits<SendWr>,
+        v: &mut VqpState,
+        stats: &mut DciStats,
+        sole: &mut u32,
+        id: VqpId,
+        (n, force_last): (usize, bool),
+        e: krcore_nic::PostError,
+    ) -> Result<(), PostFail> {
+        let posted = e.index.min(n);
+        credits.commit_placed(posted);
         if posted > 0 {
-            *sole = Some(id);
-            vqps.at(i).outstanding += posted as u32;
+            *sole = id.get();
+            v.outstanding += posted as u32;
             stats.doorbells += 1;
             stats.wrs += posted as u64;
-            if force_last && posted == n {
-                stats.forced_signals += 1;
-            }
+            stats.forced_signals += u64::from(force_last && posted == n);
         }
-        result.map_err(|e| VqpError::Post(e).into())
+        Err(VqpError::Post(e).into())
     }
 
     /// [`PhysQp::ring_doorbell`] with other VQPs' WRs outstanding (or a
@@ -912,7 +1012,7 @@ impl<N: Nic> PhysQp<N> {
         };
         // (A VQP alone on the QP comes here when its batch wraps around
         // the ring's end: it stays alone.)
-        let alone = credits.outstanding() == 0 || *sole == Some(id);
+        let alone = credits.outstanding() == 0 || *sole == id.get();
         let first = credits.next_seq();
         // The pre-check left room for the batch (reclaiming if needed).
         let staged = credits.stage(n).map_err(VqpError::from)?;
@@ -957,7 +1057,7 @@ impl<N: Nic> PhysQp<N> {
             }
         };
         if posted > 0 {
-            *sole = alone.then_some(id);
+            *sole = if alone { id.get() } else { NO_SOLE };
             vqps.at(i).outstanding += posted as u32;
             stats.doorbells += 1;
             stats.wrs += posted as u64;
@@ -1008,17 +1108,25 @@ impl<N: Nic> PhysQp<N> {
     ) -> Result<Option<usize>, VqpError> {
         let mut guard = self.state.lock();
         let st = &mut *guard;
-        let Some(i) = st.vqps.index(id) else {
+        let PhysState {
+            credits,
+            users,
+            vqps,
+            stats,
+            sole,
+            needs_recovery,
+            ..
+        } = st;
+        let Some((_, v)) = vqps.find(id) else {
             return Ok(None);
         };
-        let v = st.vqps.at(i);
         let n = if v.ring.is_empty() { 0 } else { v.pop(out) };
         if n == out.len() {
             return Ok(Some(n));
         }
         // The ring is empty now: this VQP's completions go straight into
         // `out` (no ring round trip) until it is full.
-        if st.needs_recovery {
+        if *needs_recovery {
             return self.poll_rest(eng, st, id, out, n, None);
         }
         // One CQE, read straight into the caller's next entry (rewritten
@@ -1029,21 +1137,13 @@ impl<N: Nic> PhysQp<N> {
             Err(e) if n == 0 => return Err(VqpError::nic("poll a shared QP's CQ")(e)),
             Err(_) => return Ok(Some(n)),
         }
-        let PhysState {
-            credits,
-            users,
-            vqps,
-            stats,
-            sole,
-            ..
-        } = st;
         // This VQP's success, retiring only its own WRs: the oldest one
         // on the QP, or any while all outstanding WRs are its own.
         let wc = &mut out[n];
         let wr_id = PhysWrId::from_raw(wc.wr_id);
         let head = credits.head();
         let retired = if wc.status.is_ok() && wr_id.vqp() == id {
-            credits.retire_signaled(wr_id, *sole == Some(id))
+            credits.retire_signaled(wr_id, *sole == id.get())
         } else {
             None
         };
@@ -1055,13 +1155,12 @@ impl<N: Nic> PhysQp<N> {
         // empty, there is room): the earlier WRs were unsignaled and only
         // leave the count.
         stats.completions += 1;
-        let v = vqps.at(i);
         let retired = (seq - head) as u32 + 1;
         let mut n = n;
         match v.outstanding.checked_sub(retired) {
             Some(left) => {
                 v.outstanding = left;
-                let slot = users[(seq as usize) & (users.len() - 1)].slot;
+                let slot = users[(seq as usize) & users.len().wrapping_sub(1)].slot;
                 if slot.user_signaled {
                     // The user's completion: status, opcode and length as
                     // polled.
@@ -1264,7 +1363,7 @@ impl<N: Nic> PhysQp<N> {
             return;
         }
         // Several VQPs' WRs, possibly.
-        st.sole = None;
+        st.sole = NO_SOLE;
         let PhysState {
             qp,
             credits,

@@ -146,15 +146,24 @@ impl VqpTable {
     /// The position of `id`'s state, if held.
     #[inline]
     pub(crate) fn index(&self, id: VqpId) -> Option<usize> {
-        let d = self.direct[Self::bucket(id)] as usize;
-        if d != 0 {
-            if let Some((i, _)) = self.states.get(d - 1) {
-                if *i == id {
-                    return Some(d - 1);
-                }
-            }
+        // An empty bucket (0) wraps to a position no vector has.
+        let d = (self.direct[Self::bucket(id)] as usize).wrapping_sub(1);
+        match self.states.get(d) {
+            Some((i, _)) if *i == id => Some(d),
+            _ => self.index_spilled(id),
         }
-        self.index_spilled(id)
+    }
+
+    /// `id`'s position and state, if held (one lookup, one bounds check).
+    #[inline]
+    pub(crate) fn find(&mut self, id: VqpId) -> Option<(usize, &mut VqpState)> {
+        let d = (self.direct[Self::bucket(id)] as usize).wrapping_sub(1);
+        if self.states.get(d).is_some_and(|(i, _)| *i == id) {
+            // (In bounds, just checked: no second check is emitted.)
+            return Some((d, &mut self.states[d].1));
+        }
+        let i = self.index_spilled(id)?;
+        Some((i, &mut self.states[i].1))
     }
 
     #[cold]
