@@ -324,7 +324,7 @@ impl<N: Nic> HsMsg<N> {
     /// `gid`: Request, then its answer, retried with the same nonce.
     ///
     /// # Errors
-    /// [`EngineError::Handshake`]: no answer in `(1 + retries) * timeout`
+    /// [`EngineError::Handshake`]: no answer in `handshake.total_wait()`
     /// ([`HandshakeFailure::Timeout`]), refused by the target
     /// ([`HandshakeFailure::Rejected`], or [`HandshakeFailure::Refused`]
     /// when it does not serve upgrades or its port is busy), answered by
@@ -342,9 +342,12 @@ impl<N: Nic> HsMsg<N> {
             return Err(closed_error());
         }
         if client.is_none() {
-            let ep = Engine::handle(eng.clone())
+            let mut ep = Engine::handle(eng.clone())
                 .control_endpoint()
                 .map_err(|e| msg_error(gid, e))?;
+            // The Request rides in the channel's Open: one round trip
+            // (Requests are idempotent, see `Endpoint::carry_first`).
+            ep.carry_first = true;
             *client = Some(ep);
         }
         let Some(ep) = client.as_ref() else {
@@ -389,7 +392,8 @@ impl<N: Nic> HsMsg<N> {
             if attempt > 0 {
                 self.stats.lock().retries += 1;
             }
-            match ep.push_timeout(gid, HANDSHAKE_PORT, &request, cfg.timeout) {
+            let wait = cfg.attempt_timeout(attempt);
+            match ep.push_timeout(gid, HANDSHAKE_PORT, &request, wait) {
                 Ok(()) => self.stats.lock().requests_sent += 1,
                 // No Grant or no credit in time (nobody drains the target),
                 // or an earlier message of this endpoint was lost: the
@@ -408,7 +412,7 @@ impl<N: Nic> HsMsg<N> {
                     ..
                 }) if attempt + 1 < attempts => {
                     self.stats.lock().busy += 1;
-                    std::thread::sleep(busy_pause(attempt, cfg.timeout));
+                    std::thread::sleep(busy_pause(attempt, wait));
                     continue;
                 }
                 Err(e @ MsgError::Refused { .. }) => {
@@ -417,7 +421,7 @@ impl<N: Nic> HsMsg<N> {
                 }
                 Err(e) => return Err(msg_error(gid, e)),
             }
-            let deadline = Instant::now() + cfg.timeout;
+            let deadline = Instant::now() + wait;
             loop {
                 // This node's own server too (see the module docs).
                 let _ = self.progress();
@@ -438,8 +442,16 @@ impl<N: Nic> HsMsg<N> {
         }
         self.stats.lock().timeouts += 1;
         // A target that was only slow may still act on the Request: tell
-        // it the QP is gone (best effort, no wait).
-        self.send_close(ep, local, local_qpn, gid, nonce);
+        // it the QP is gone (best effort, no wait): behind the Request on
+        // its channel when a credit is there, else as an only message.
+        let close = close_message(local, local_qpn, nonce);
+        let sent = match ep.credits(gid, HANDSHAKE_PORT) {
+            Some(n) if n > 0 => ep.try_push(gid, HANDSHAKE_PORT, &close).is_ok(),
+            _ => ep.send_only(gid, HANDSHAKE_PORT, &close).is_ok(),
+        };
+        if sent {
+            self.stats.lock().closes_sent += 1;
+        }
         Err(EngineError::Handshake {
             gid,
             failure: HandshakeFailure::Timeout {
@@ -473,37 +485,34 @@ impl<N: Nic> HsMsg<N> {
         Err(EngineError::Handshake { gid, failure })
     }
 
-    fn send_close(&self, ep: &Endpoint<N>, local: Gid, local_qpn: u32, gid: Gid, nonce: u64) {
-        let close = HandshakeRepr {
-            nonce,
-            message: HandshakeMessage::Close {
-                gid: local,
-                qpn: local_qpn,
-            },
-        }
-        .emit();
-        // The channel was closed after the exchange: this reopens it, an
-        // Open round trip bounded by one handshake attempt's timeout (a
-        // dead target does not hold an eviction for `msg.timeout`).
-        let wait = ep.eng.cfg.handshake.timeout;
-        if ep.push_timeout(gid, HANDSHAKE_PORT, &close, wait).is_ok() {
-            self.stats.lock().closes_sent += 1;
-        }
-    }
-
-    /// Tells `gid` that `local_qpn` (paired with `nonce`) is gone (best
-    /// effort: skipped while a handshake holds the endpoint, and when no
-    /// channel opens or no credit comes within `handshake.timeout`), then
-    /// closes the channel again.
+    /// Tells `gid` that `local_qpn` (paired with `nonce`) is gone: one
+    /// only message to its handshake port from the initiator's endpoint
+    /// ([`Endpoint::send_only`]): no channel opened or held, no wait. Best
+    /// effort (skipped while a handshake holds the endpoint, or without
+    /// one): a target that does not get it frees the passive end at its
+    /// `passive_cap`.
     pub(crate) fn close(&self, local: Gid, local_qpn: u32, gid: Gid, nonce: u64) {
         let Some(client) = self.client.try_lock() else {
             return;
         };
-        if let Some(ep) = client.as_ref() {
-            self.send_close(ep, local, local_qpn, gid, nonce);
-            let _ = ep.close_channel(gid, HANDSHAKE_PORT);
+        let Some(ep) = client.as_ref() else { return };
+        let close = close_message(local, local_qpn, nonce);
+        if ep.send_only(gid, HANDSHAKE_PORT, &close).is_ok() {
+            self.stats.lock().closes_sent += 1;
         }
     }
+}
+
+/// The handshake's Close of `local`'s QP `local_qpn`, paired with `nonce`.
+fn close_message(local: Gid, local_qpn: u32, nonce: u64) -> [u8; crate::handshake::HANDSHAKE_LEN] {
+    HandshakeRepr {
+        nonce,
+        message: HandshakeMessage::Close {
+            gid: local,
+            qpn: local_qpn,
+        },
+    }
+    .emit()
 }
 
 /// The handshake thread: serves the reserved port until stopped or the

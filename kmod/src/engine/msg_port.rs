@@ -24,6 +24,9 @@ pub(crate) struct ChannelRx {
     /// Last data message received or popped (idle reclaim, reserved
     /// ports only).
     pub(crate) last: Instant,
+    /// Opened with its only message ([`crate::msg::Carried::only`]): the
+    /// channel ends when that message is popped.
+    pub(crate) only: bool,
 }
 
 pub(crate) struct PortState<N: Nic> {
@@ -52,21 +55,26 @@ impl<N: Nic> PortShared<N> {
     /// credit owed to it, nothing received or popped since): the senders
     /// whose channels were reclaimed are pushed to `reclaimed` (they are
     /// told with a Refuse `Reclaimed`).
+    ///
+    /// A message the Open `carried` is delivered (seq 0, one credit of the
+    /// new window) only when this Open created the channel: a repeated
+    /// Open carries it again and must not deliver it twice. Returns the
+    /// answer and whether the carried message was delivered.
     pub(crate) fn admit(
         &self,
         from: Sender,
-        window: u32,
-        reply_window: u32,
+        (window, reply_window): (u32, u32),
         reclaim: Option<Duration>,
         reclaimed: &mut Vec<Sender>,
-    ) -> MsgKind {
+        carried: Option<(crate::msg::Carried, Vec<u8>)>,
+    ) -> (MsgKind, bool) {
         let mut st = self.state.lock();
         if !st.bound {
-            return MsgKind::Refuse(RefuseCode::Unbound);
+            return (MsgKind::Refuse(RefuseCode::Unbound), false);
         }
         if let Some(c) = st.channels.get(&from) {
             // A repeated Open (the answer was slow): the same grant.
-            return MsgKind::Grant { window: c.window };
+            return (MsgKind::Grant { window: c.window }, false);
         }
         if let (0, Some(idle)) = (st.ungranted, reclaim) {
             let st = &mut *st;
@@ -87,20 +95,30 @@ impl<N: Nic> PortShared<N> {
         }
         let granted = window.min(st.ungranted);
         if granted == 0 {
-            return MsgKind::Refuse(RefuseCode::Busy);
+            return (MsgKind::Refuse(RefuseCode::Busy), false);
         }
         st.ungranted -= granted;
-        st.channels.insert(
-            from,
-            ChannelRx {
-                window: granted,
-                returns: ReturnBatch::new(granted),
-                seq: SeqCheck::default(),
-                reply: SendWindow::new(reply_window),
-                last: Instant::now(),
-            },
-        );
-        MsgKind::Grant { window: granted }
+        let mut c = ChannelRx {
+            window: granted,
+            returns: ReturnBatch::new(granted),
+            seq: SeqCheck::default(),
+            reply: SendWindow::new(reply_window),
+            last: Instant::now(),
+            only: false,
+        };
+        let delivered = carried.map(|(carried, body)| {
+            c.only = carried.only;
+            // Seq 0 of a fresh account: always the expected one.
+            let _ = c.seq.accept(0);
+            st.ring.push_back(Message {
+                from,
+                port: self.port,
+                seq: 0,
+                body: Body::Inline(body),
+            });
+        });
+        st.channels.insert(from, c);
+        (MsgKind::Grant { window: granted }, delivered.is_some())
     }
 
     /// The sender `from` closed its channel: the port forgets it and its
@@ -124,6 +142,20 @@ impl<N: Nic> PortShared<N> {
             }
             None => false,
         }
+    }
+
+    /// Ends `from`'s channel if it was opened with its only message (just
+    /// popped): its window goes back to the port. Returns whether it did.
+    pub(crate) fn end_only(&self, from: Sender, counters: &Counters) -> bool {
+        let mut st = self.state.lock();
+        if !st.channels.get(&from).is_some_and(|c| c.only) {
+            return false;
+        }
+        if let Some(c) = st.channels.remove(&from) {
+            st.ungranted += c.window;
+            bump(&counters.closed);
+        }
+        true
     }
 
     /// What the port has granted now.
@@ -305,6 +337,7 @@ impl<N: Nic> Engine<N> {
             }),
             id,
             window,
+            carry_first: false,
         })
     }
 
@@ -392,6 +425,10 @@ impl<N: Nic> Port<N> {
                 c.last = Instant::now();
                 c.returns.popped()
             });
+        // A channel opened with its only message ends with it: no credit
+        // goes back, the window returns to the port.
+        let ended = self.shared.end_only(msg.from, &self.node.counters);
+        let credit = credit.filter(|_| !ended);
         let pulled = self.pull(&mut tx, &mut msg);
         if let Some(n) = credit {
             if self
