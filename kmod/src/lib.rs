@@ -228,6 +228,7 @@ pub mod handshake;
 pub mod msg;
 pub mod precheck;
 mod sync;
+mod wire;
 pub mod wrid;
 
 pub use engine::{

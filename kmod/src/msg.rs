@@ -337,26 +337,17 @@ impl<T: AsRef<[u8]>> MsgPacket<T> {
     /// # Errors
     /// [`MsgWireError::Truncated`], [`MsgWireError::BadMagic`].
     pub fn new_checked(buffer: T) -> Result<MsgPacket<T>, MsgWireError> {
-        let len = buffer.as_ref().len();
-        if len < HEADER_LEN {
-            return Err(MsgWireError::Truncated { len });
-        }
-        let p = MsgPacket { buffer };
-        if p.magic() != MAGIC {
-            return Err(MsgWireError::BadMagic(p.magic()));
-        }
-        Ok(p)
+        crate::wire::check(
+            buffer.as_ref(),
+            (HEADER_LEN, field::MAGIC, MAGIC),
+            |len| MsgWireError::Truncated { len },
+            MsgWireError::BadMagic,
+        )?;
+        Ok(MsgPacket { buffer })
     }
 
     fn bytes<const K: usize>(&self, r: Range<usize>) -> [u8; K] {
-        let mut out = [0u8; K];
-        // Lengths were checked by `new_checked`; a short range yields zeros.
-        if let Some(src) = self.buffer.as_ref().get(r) {
-            if src.len() == K {
-                out.copy_from_slice(src);
-            }
-        }
-        out
+        crate::wire::array(self.buffer.as_ref(), r)
     }
 
     fn byte(&self, i: usize) -> u8 {

@@ -100,7 +100,7 @@ use krcore_nic::{Gid, Nic, RcPeer};
 use parking_lot::Mutex;
 
 use super::error::{EngineError, HandshakeFailure};
-use super::msg::{MsgError, Worker};
+use super::msg::{MsgError, Service, Worker};
 use super::msg_endpoint::Endpoint;
 use super::msg_port::Port;
 use super::responder::{HandshakeStats, Paired, Passives};
@@ -173,14 +173,7 @@ fn closed_error() -> EngineError {
 }
 
 fn msg_error(gid: Gid, e: MsgError) -> EngineError {
-    match e {
-        MsgError::Engine(e) => e,
-        MsgError::Refused { code, .. } => EngineError::Handshake {
-            gid,
-            failure: HandshakeFailure::Refused(code),
-        },
-        other => EngineError::Config(format!("the handshake's messaging: {other}")),
-    }
+    e.into_engine(gid, Service::Handshake)
 }
 
 impl<N: Nic> HsMsg<N> {

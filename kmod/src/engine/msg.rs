@@ -319,6 +319,43 @@ impl MsgError {
     pub(crate) fn nic(what: &'static str) -> impl FnOnce(krcore_nic::NicError) -> MsgError {
         move |source| MsgError::Engine(EngineError::Nic { op: what, source })
     }
+
+    /// This error of an exchange the engine carries over messaging with
+    /// the node `gid` (`service`) as an engine error: engine errors as
+    /// they are; a refusal as the service's typed failure (the port is not
+    /// bound there, busy, or reclaimed the channel); anything else as a
+    /// configuration error naming the service.
+    pub(crate) fn into_engine(self, gid: Gid, service: Service) -> EngineError {
+        match (self, service) {
+            (MsgError::Engine(e), _) => e,
+            (MsgError::Refused { code, .. }, Service::Handshake) => EngineError::Handshake {
+                gid,
+                failure: super::error::HandshakeFailure::Refused(code),
+            },
+            (MsgError::Refused { code, .. }, Service::MetaRegistration) => {
+                EngineError::MetaUnavailable {
+                    gid,
+                    failure: super::error::MetaFailure::Refused(code),
+                }
+            }
+            (other, Service::Handshake) => {
+                EngineError::Config(format!("the handshake's messaging: {other}"))
+            }
+            (other, Service::MetaRegistration) => {
+                EngineError::Config(format!("meta registration's messaging: {other}"))
+            }
+        }
+    }
+}
+
+/// The engine's own exchanges carried by messaging (see
+/// [`MsgError::into_engine`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Service {
+    /// The DC -> RC upgrade's handshake (`super::hs_msg`).
+    Handshake,
+    /// Registration with the meta host (`super::meta_msg`).
+    MetaRegistration,
 }
 
 /// Messaging statistics of a node (totals since start).

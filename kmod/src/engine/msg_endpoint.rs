@@ -4,7 +4,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use krcore_nic::{Access, Gid, MemoryRegion, Nic};
+use krcore_nic::{Gid, MemoryRegion, Nic};
 use parking_lot::Mutex;
 
 use super::mrs::OwnedMr;
@@ -539,15 +539,9 @@ impl<N: Nic> Endpoint<N> {
         self.node.progress(&self.eng)?;
         let mut tx = self.tx.lock();
         self.settle_owed(&mut tx);
-        let Some(mut msg) = self.shared.state.lock().replies.pop_front() else {
+        let Some(mut msg) = take_next(&tx.vqp, &self.shared.state, |s| &mut s.replies)? else {
             return Ok(None);
         };
-        // A descriptor whose port cannot be reached now stays queued (see
-        // `Port::try_pop`).
-        if let (Body::Pending { .. }, Err(e)) = (&msg.body, aim(&tx.vqp, msg.from.gid)) {
-            self.shared.state.lock().replies.push_front(msg);
-            return Err(e);
-        }
         let credit = self
             .shared
             .state
@@ -555,42 +549,28 @@ impl<N: Nic> Endpoint<N> {
             .channels
             .get_mut(&(msg.from.gid, msg.port))
             .and_then(|c| c.reply_returns.popped());
-        let mut pulled = Ok(());
-        if let Body::Pending { len, desc } = msg.body {
-            pulled = (|| {
-                let landing =
-                    take_buffer(&self.eng, &tx.landing, len as usize, Access::LOCAL_WRITE)?;
-                let read = read_into(
-                    &tx.vqp,
-                    msg.from.gid,
-                    &landing,
-                    len,
-                    desc,
-                    self.node.cfg.timeout,
-                    &self.node.counters,
-                );
-                // Release whatever happened: the buffer is not read again
-                // (owed when it cannot be sent now).
-                let release = MsgKind::Release { token: desc.token };
-                if self.send_ctl(&tx, msg.from.gid, msg.port, release).is_err() {
-                    tx.owed_releases.push((msg.from.gid, msg.port, desc.token));
-                    bump(&self.node.counters.releases_deferred);
-                }
-                read?;
-                bump(&self.node.counters.pulled);
-                msg.body = Body::Pulled {
-                    mr: Landing {
-                        mr: Some(landing),
-                        pool: Arc::downgrade(&tx.landing),
-                    },
-                    len: len as usize,
-                };
-                Ok::<(), MsgError>(())
-            })();
-        }
+        let (gid, port) = (msg.from.gid, msg.port);
+        let EpTx {
+            vqp,
+            landing,
+            owed_releases,
+            ..
+        } = &mut *tx;
+        let pulled = pull_body(&self.eng, &self.node, vqp, landing, &mut msg, |token| {
+            if self
+                .send_ctl(vqp, gid, port, MsgKind::Release { token })
+                .is_err()
+            {
+                owed_releases.push((gid, port, token));
+                bump(&self.node.counters.releases_deferred);
+            }
+        });
         if let Some(n) = credit {
             let kind = MsgKind::Credit { count: n };
-            if self.send_ctl(&tx, msg.from.gid, msg.port, kind).is_err() {
+            if self
+                .send_ctl(&tx.vqp, msg.from.gid, msg.port, kind)
+                .is_err()
+            {
                 // Delivered regardless: the credits stay owed.
                 let mut st = self.shared.state.lock();
                 if let Some(c) = st.channels.get_mut(&(msg.from.gid, msg.port)) {
@@ -605,14 +585,14 @@ impl<N: Nic> Endpoint<N> {
     }
 
     /// Sends a control message to `port` at `gid` from the endpoint's VQP.
-    fn send_ctl(&self, tx: &EpTx<N>, gid: Gid, port: u16, kind: MsgKind) -> Result<(), MsgError> {
+    fn send_ctl(&self, vqp: &Vqp<N>, gid: Gid, port: u16, kind: MsgKind) -> Result<(), MsgError> {
         let m = MsgRepr {
             src: self.eng.nic.gid(),
             dst: MsgDst::Port(port),
             kind,
         };
         send_inline(
-            &tx.vqp,
+            vqp,
             gid,
             self.id,
             &m.emit(),
@@ -624,17 +604,13 @@ impl<N: Nic> Endpoint<N> {
     /// Sends what earlier pops owe (Releases, reply credits); what fails
     /// again stays owed.
     fn settle_owed(&self, tx: &mut EpTx<N>) {
-        if !tx.owed_releases.is_empty() {
-            let owed = std::mem::take(&mut tx.owed_releases);
-            let left: Vec<_> = owed
-                .into_iter()
-                .filter(|&(gid, port, token)| {
-                    self.send_ctl(tx, gid, port, MsgKind::Release { token })
-                        .is_err()
-                })
-                .collect();
-            tx.owed_releases = left;
-        }
+        let EpTx {
+            vqp, owed_releases, ..
+        } = tx;
+        owed_releases.retain(|&(gid, port, token)| {
+            let release = MsgKind::Release { token };
+            self.send_ctl(vqp, gid, port, release).is_err()
+        });
         if !std::mem::take(&mut self.shared.state.lock().credits_owed) {
             return;
         }
@@ -647,7 +623,7 @@ impl<N: Nic> Endpoint<N> {
         };
         for ((gid, port), n) in due {
             if self
-                .send_ctl(tx, gid, port, MsgKind::Credit { count: n })
+                .send_ctl(&tx.vqp, gid, port, MsgKind::Credit { count: n })
                 .is_err()
             {
                 let mut st = self.shared.state.lock();
@@ -732,7 +708,7 @@ impl<N: Nic> Endpoint<N> {
         // Forgotten first: nothing of this channel is sent after the Close
         // (a push from now on opens a new channel, behind the Close).
         self.forget(key);
-        self.send_ctl(&tx, gid, port, MsgKind::Close)?;
+        self.send_ctl(&tx.vqp, gid, port, MsgKind::Close)?;
         Ok(true)
     }
 

@@ -4,7 +4,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use krcore_nic::{Access, Nic};
+use krcore_nic::Nic;
 use parking_lot::Mutex;
 
 use super::mrs::OwnedMr;
@@ -405,16 +405,9 @@ impl<N: Nic> Port<N> {
         self.node.progress(&self.eng)?;
         let mut tx = self.tx.lock();
         self.settle_owed(&mut tx);
-        let Some(mut msg) = self.shared.state.lock().ring.pop_front() else {
+        let Some(mut msg) = take_next(&tx.vqp, &self.shared.state, |s| &mut s.ring)? else {
             return Ok(None);
         };
-        // A descriptor whose sender cannot be reached now stays queued, at
-        // the head (pops are serialized by `tx`): the error is typed and
-        // the next pop tries again.
-        if let (Body::Pending { .. }, Err(e)) = (&msg.body, aim(&tx.vqp, msg.from.gid)) {
-            self.shared.state.lock().ring.push_front(msg);
-            return Err(e);
-        }
         let credit = self
             .shared
             .state
@@ -432,7 +425,7 @@ impl<N: Nic> Port<N> {
         let pulled = self.pull(&mut tx, &mut msg);
         if let Some(n) = credit {
             if self
-                .send_ctl(&tx, msg.from, MsgKind::Credit { count: n })
+                .send_ctl(&tx.vqp, msg.from, MsgKind::Credit { count: n })
                 .is_err()
             {
                 // Delivered regardless: the credits stay owed.
@@ -449,7 +442,7 @@ impl<N: Nic> Port<N> {
     }
 
     /// Sends a control message to `to`'s endpoint from the port's VQP.
-    fn send_ctl(&self, tx: &PortTx<N>, to: Sender, kind: MsgKind) -> Result<(), MsgError> {
+    fn send_ctl(&self, vqp: &Vqp<N>, to: Sender, kind: MsgKind) -> Result<(), MsgError> {
         let m = MsgRepr {
             src: self.eng.nic.gid(),
             dst: MsgDst::Vqp {
@@ -458,9 +451,9 @@ impl<N: Nic> Port<N> {
             },
             kind,
         };
-        let imm = tx.vqp.id().get();
+        let imm = vqp.id().get();
         send_inline(
-            &tx.vqp,
+            vqp,
             to.gid,
             imm,
             &m.emit(),
@@ -472,14 +465,11 @@ impl<N: Nic> Port<N> {
     /// Sends what earlier pops owe (Releases, credits); what fails again
     /// stays owed.
     fn settle_owed(&self, tx: &mut PortTx<N>) {
-        if !tx.owed_releases.is_empty() {
-            let owed = std::mem::take(&mut tx.owed_releases);
-            let left: Vec<_> = owed
-                .into_iter()
-                .filter(|&(to, token)| self.send_ctl(tx, to, MsgKind::Release { token }).is_err())
-                .collect();
-            tx.owed_releases = left;
-        }
+        let PortTx {
+            vqp, owed_releases, ..
+        } = tx;
+        owed_releases
+            .retain(|&(to, token)| self.send_ctl(vqp, to, MsgKind::Release { token }).is_err());
         if std::mem::take(&mut self.shared.state.lock().credits_owed)
             && self.return_credits_with(tx).is_err()
         {
@@ -488,39 +478,25 @@ impl<N: Nic> Port<N> {
     }
 
     /// Pulls a descriptor's body (one READ) and releases the sender's
-    /// buffer.
+    /// buffer (a Release that cannot be sent now is owed: the message is
+    /// not lost for it).
     pub(crate) fn pull(&self, tx: &mut PortTx<N>, msg: &mut Message<N>) -> Result<(), MsgError> {
-        let Body::Pending { len, desc } = msg.body else {
-            return Ok(());
-        };
-        let landing = take_buffer(&self.eng, &tx.landing, len as usize, Access::LOCAL_WRITE)?;
-        let read = read_into(
-            &tx.vqp,
-            msg.from.gid,
-            &landing,
-            len,
-            desc,
-            self.node.cfg.timeout,
-            &self.node.counters,
-        );
-        // Release whatever happened: the sender's buffer is not read again.
-        // A Release that cannot be sent now is owed (the message is not
-        // lost for it).
-        let release = MsgKind::Release { token: desc.token };
-        if self.send_ctl(tx, msg.from, release).is_err() {
-            tx.owed_releases.push((msg.from, desc.token));
-            bump(&self.node.counters.releases_deferred);
-        }
-        read?;
-        bump(&self.node.counters.pulled);
-        msg.body = Body::Pulled {
-            mr: Landing {
-                mr: Some(landing),
-                pool: Arc::downgrade(&tx.landing),
-            },
-            len: len as usize,
-        };
-        Ok(())
+        let from = msg.from;
+        let PortTx {
+            vqp,
+            landing,
+            owed_releases,
+            ..
+        } = tx;
+        pull_body(&self.eng, &self.node, vqp, landing, msg, |token| {
+            if self
+                .send_ctl(vqp, from, MsgKind::Release { token })
+                .is_err()
+            {
+                owed_releases.push((from, token));
+                bump(&self.node.counters.releases_deferred);
+            }
+        })
     }
 
     /// Returns now the credits of every message popped so far (they go
@@ -547,7 +523,7 @@ impl<N: Nic> Port<N> {
         let mut result = Ok(());
         for (sender, n) in due {
             if result.is_ok() {
-                match self.send_ctl(tx, sender, MsgKind::Credit { count: n }) {
+                match self.send_ctl(&tx.vqp, sender, MsgKind::Credit { count: n }) {
                     Ok(()) => {
                         sent += n;
                         continue;

@@ -376,6 +376,73 @@ pub(crate) fn send_with_body<N: Nic>(
     post_one(vqp, wr, cfg.timeout, &node.counters)
 }
 
+/// The oldest message of the queue `queue` picks in `state` (a port's
+/// ring, an endpoint's replies). A descriptor whose sender cannot be
+/// reached now (its body is pulled from there) stays queued, at the head
+/// (pops are serialized by the caller's `tx` lock): the error is typed and
+/// the next pop tries again.
+///
+/// # Errors
+/// Engine errors of reaching a descriptor's sender.
+pub(crate) fn take_next<N: Nic, S>(
+    vqp: &Vqp<N>,
+    state: &Mutex<S>,
+    queue: impl Fn(&mut S) -> &mut std::collections::VecDeque<Message<N>>,
+) -> Result<Option<Message<N>>, MsgError> {
+    let Some(msg) = queue(&mut state.lock()).pop_front() else {
+        return Ok(None);
+    };
+    if let (Body::Pending { .. }, Err(e)) = (&msg.body, aim(vqp, msg.from.gid)) {
+        queue(&mut state.lock()).push_front(msg);
+        return Err(e);
+    }
+    Ok(Some(msg))
+}
+
+/// Pulls a descriptor message's body (the zero-copy receive, of a port's
+/// message or an endpoint's reply): one READ from its sender into a
+/// landing buffer of `pool`, then `release(token)` whatever the READ did
+/// (the sender's buffer is not read again; the caller sends the Release,
+/// or owes it). An inline or pulled body is left as it is.
+///
+/// # Errors
+/// [`MsgError::Failed`] for a failed READ (the message is consumed and
+/// reported); buffer and post errors.
+pub(crate) fn pull_body<N: Nic>(
+    eng: &EngineInner<N>,
+    node: &MsgNode<N>,
+    vqp: &Vqp<N>,
+    pool: &Arc<Mutex<Vec<OwnedMr<N>>>>,
+    msg: &mut Message<N>,
+    release: impl FnOnce(u64),
+) -> Result<(), MsgError> {
+    let Body::Pending { len, desc } = msg.body else {
+        return Ok(());
+    };
+    let landing = take_buffer(eng, pool, len as usize, Access::LOCAL_WRITE)?;
+    let cfg = &node.cfg;
+    let read = read_into(
+        vqp,
+        msg.from.gid,
+        &landing,
+        len,
+        desc,
+        cfg.timeout,
+        &node.counters,
+    );
+    release(desc.token);
+    read?;
+    bump(&node.counters.pulled);
+    msg.body = Body::Pulled {
+        mr: Landing {
+            mr: Some(landing),
+            pool: Arc::downgrade(pool),
+        },
+        len: len as usize,
+    };
+    Ok(())
+}
+
 /// Sends one data message (inline, or a descriptor of a staging buffer or
 /// of `region`) from `vqp`, unsignaled.
 #[allow(clippy::too_many_arguments)]
