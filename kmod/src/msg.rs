@@ -21,6 +21,10 @@
 //!   Close (all credits back, no reply pending) -------------->  frees w'
 //! ```
 //!
+//! An Open may carry the channel's first data message (seq 0) after its
+//! header ([`Carried`]): a request/response exchange then costs one round
+//! trip; the port delivers it with the first grant only.
+//!
 //! A channel lives until its sender closes it (or the port is unbound).
 //! Close travels the same path as the channel's data (one sending VQP to
 //! one target queue), so it arrives after every data message of the

@@ -10,15 +10,31 @@
 //!
 //! ```text
 //! initiator (builder thread / hint)              target
-//!   Endpoint (engine's own) --- Open ----------->  DCT/SRQ demux: Grant
-//!     push Request{nonce, gid, qpn} ------------>  reserved Port ring
+//!   Endpoint (engine's own):
+//!     Open carrying Request{nonce, gid, qpn} --->  DCT/SRQ demux: Grant, and
+//!                                                  the Request into the
+//!                                                  reserved Port's ring
 //!                                                  served by Engine::progress
 //!                                                  or the handshake thread:
 //!                                                  Passives::serve -> passive QP
 //!     pop_reply <--- reply Accept{qpn} | Reject --  Port::reply
+//!     Close (the channel, once idle) ----------->  slot back to the port
 //!   RTR/RTS against the Accept
-//!     push Close{nonce} (eviction, timeout) ---->  Passives::close
+//!   later: only message Close{nonce} ----------->  Passives::close
+//!          (eviction, timeout, engine dropped)
 //! ```
+//!
+//! # One round trip
+//!
+//! The initiator's endpoint carries its Request in the channel's Open
+//! ([`crate::msg::Carried`]): the target handles both in one pass of
+//! whoever serves it, so a handshake costs one round trip and one wake of
+//! the target's serving thread, as over UD (with a separate Open, the
+//! Request waited for the Grant, and the target's thread had to run
+//! twice: on a loaded host each run can be milliseconds away). An Open
+//! that times out is sent again carrying the same Request; the port
+//! delivers it once, and a Request that arrives twice anyway (a retry) is
+//! answered with the same QP (same nonce).
 //!
 //! # Capacity: any number of initiators over time
 //!
@@ -29,7 +45,11 @@
 //! is over the initiator closes the channel
 //! ([`Endpoint::close_channel`]: a Close message, sent only once the
 //! Request's credit is back), so the target's slots return to it and the
-//! number of initiators over time is unbounded. An Open that finds every
+//! number of initiators over time is unbounded. The handshake's Close of
+//! a pair (evicted, timed out, or left when the engine's last handle
+//! goes) travels as an only message (`Endpoint::send_only`): it opens
+//! no channel of the initiator's, holds its slot at the target only until
+//! the serving step pops it, and waits for nothing. An Open that finds every
 //! slot granted is refused `Busy`; the initiator asks again after a short
 //! pause ([`HandshakeStats::busy`]), within `handshake.retries`, and only
 //! then fails with [`HandshakeFailure::Refused`]. Invariants: nothing is
@@ -70,9 +90,12 @@
 //! receive CQ (any messaging call, [`super::Engine::msg_progress`], the
 //! messaging thread, and the serving step above). If nobody does, the
 //! initiator's wait ends with a typed [`HandshakeFailure::Timeout`]: every
-//! wait is bounded by `handshake.timeout` per attempt and `handshake.retries`
-//! attempts (a Request is re-sent with the same nonce; the target answers a
-//! repeated nonce with the same QP, so retries are idempotent).
+//! wait is bounded by `handshake.retries + 1` attempts, attempt `k`
+//! waiting [`super::HandshakeConfig::attempt_timeout`]`(k)` (`timeout`
+//! doubled per attempt, at most 16 times), in all
+//! [`super::HandshakeConfig::total_wait`] (a Request is re-sent with the
+//! same nonce; the target answers a repeated nonce with the same QP, so
+//! retries are idempotent).
 //!
 //! # Locks
 //!
@@ -89,8 +112,11 @@
 //! (`HsMsg::release`): the port is unbound, the endpoint dropped, the
 //! thread stopped; after that this node neither serves nor starts upgrades
 //! (typed [`EngineError::Unsupported`]), while its remaining VQPs keep
-//! working. Pairs still open when the engine goes send no Close (a target
-//! reclaims their passive ends at `passive_cap`, as for a crashed peer).
+//! working. Before that, the upgrade pairs with no WR in flight are closed
+//! and their targets told (one only message each: bounded, no wait; see
+//! `super::rc::RcPool::close_idle`); a pair still busy then stays with its
+//! VQPs and sends no Close (its target reclaims the passive end at
+//! `passive_cap`, as for a crashed peer).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};

@@ -491,7 +491,8 @@ impl<N: Nic> Drop for EngineInner<N> {
                 m.close();
             }
         }
-        // DC mode: the upgrade's pairs send no Close (see `hs_msg`).
+        // DC mode: the upgrade's idle pairs were closed (and their targets
+        // told) when the last handle went (see `Engine::drop`).
     }
 }
 

@@ -83,6 +83,25 @@
 //! [`Engine::msg_progress`]): a node whose users never call in leaves
 //! control messages queued (senders then wait, bounded by their timeouts).
 //!
+//! # Opens that carry a message
+//!
+//! An Open may carry its channel's first message (inline, seq 0, one
+//! credit of the grant: [`crate::msg::Carried`]), so that a request and
+//! its reply cost one round trip. Only the engine's handshake endpoint
+//! does (its Requests are idempotent: a carried push that times out
+//! leaves its message in doubt, delivered at most once, perhaps later by
+//! the repeated Open). An *only* message is an Open carrying the channel's
+//! only message from a sender id outside the VQP ids: nobody waits for its
+//! answer, the port forgets the channel when the message is popped, and a
+//! port that cannot take it counts it `orphaned` (the engine's notices:
+//! the handshake's Close).
+//!
+//! A Refuse of a channel that was open, with credits out (a message
+//! orphaned at an unbound port, or after a reclaim), makes the sender's
+//! next push fail with [`MsgError::Refused`] once, even if the port was
+//! bound again meanwhile; one with no credit out (an idle channel
+//! reclaimed) lost nothing: the next push simply reopens.
+//!
 //! # Ordering
 //!
 //! A channel's data messages go from one VQP (one DCI) to one DCT, so they

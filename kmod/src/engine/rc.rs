@@ -51,7 +51,8 @@ use crate::dccache::CachedTarget;
 /// before its VQP ever looked). A pair with WRs in flight is never evicted: when every pair has
 /// some, the connect is refused with [`EngineError::RcPairsBusy`] (the
 /// caller polls and retries). An evicted pair's QP is destroyed at once and
-/// its target is told (a Close datagram, best effort); VQPs still bound to
+/// its target is told (best effort: a Close datagram over UD; in DC mode an
+/// only message to its handshake port, see `super::hs_msg`); VQPs still bound to
 /// it get a new pair on their next post.
 ///
 /// Lock order: `create`, then the map; a pair's own lock is never taken
