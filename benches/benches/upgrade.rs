@@ -50,6 +50,15 @@ fn setup(latency: Option<LatencyModel>) -> Setup {
     setup_with(latency, None)
 }
 
+/// A DC engine that serves and starts upgrades (its handshake thread on).
+fn upgradable(location: MetaLocation) -> EngineConfig {
+    EngineConfig::default()
+        .with_meta(location)
+        .with_pool_size(2)
+        .with_upgrade_endpoint(true)
+        .with_handshake_thread(true)
+}
+
 fn setup_with(latency: Option<LatencyModel>, upgrade_after: Option<u64>) -> Setup {
     let fabric = SimFabric::in_memory();
     let sim = SimConfig {
@@ -59,13 +68,7 @@ fn setup_with(latency: Option<LatencyModel>, upgrade_after: Option<u64>) -> Setu
     let node = || SimNic::open(&fabric, sim.clone()).unwrap();
     let mut meta = MetaServer::start(node(), MetaConfig::default()).unwrap();
     let location = MetaLocation::from_bootstrap(&meta.bootstrap()).unwrap();
-    let cfg = || {
-        EngineConfig::default()
-            .with_meta(location)
-            .with_pool_size(2)
-            .with_upgrade_endpoint(true)
-            .with_handshake_thread(true)
-    };
+    let cfg = || upgradable(location);
     let server = Engine::start(node(), cfg()).unwrap();
     let client = Engine::start(node(), cfg().with_upgrade_after(upgrade_after)).unwrap();
     for t in [
@@ -280,14 +283,7 @@ fn carriers(rounds: usize) {
     let node = || SimNic::open(&fabric, SimConfig::default()).unwrap();
     let mut meta = MetaServer::start(node(), MetaConfig::default()).unwrap();
     let location = MetaLocation::from_bootstrap(&meta.bootstrap()).unwrap();
-    let cfg = || {
-        EngineConfig::default()
-            .with_meta(location)
-            .with_pool_size(2)
-            .with_upgrade_endpoint(true)
-            .with_handshake_thread(true)
-            .with_rc_cap(1)
-    };
+    let cfg = || upgradable(location).with_rc_cap(1);
     let dc_targets: Vec<_> = (0..2)
         .map(|_| Engine::start(node(), cfg()).unwrap())
         .collect();

@@ -1353,47 +1353,14 @@ mod tests {
     /// the slot posted again by the next drain.
     #[test]
     fn a_refused_repost_costs_no_message_and_no_slot() {
-        let fabric = SimFabric::in_memory();
-        let nic = || SimNic::open(&fabric, SimConfig::default()).expect("sim node");
-        let geometry = Geometry::with_buckets(64).expect("geometry");
-        let mut meta = MetaServer::start(
-            nic(),
-            MetaConfig {
-                geometry,
-                ..MetaConfig::default()
-            },
-        )
-        .expect("meta");
-        let location = MetaLocation::from_bootstrap(&meta.bootstrap()).expect("location");
-        let mut node = || {
-            let mut cfg = EngineConfig::default().with_meta(location);
-            cfg.msg.window = 8;
-            cfg.msg.timeout = Duration::from_secs(10);
-            let e = Engine::start(nic(), cfg).expect("engine");
-            meta.table_mut()
-                .register(e.local_target().unwrap(), 0, 1 << 40, 0)
-                .expect("register");
-            e
-        };
-        let (rx, tx) = (node(), node());
+        let (_meta, rx, tx) = pair(|cfg| cfg.msg.window = 8);
         let port = rx.bind(PORT).expect("bind");
         let ep = tx.endpoint().expect("endpoint");
         let host = rx.inner.msg.get().expect("messaging").clone();
         let body = |i: u64| i.to_le_bytes().to_vec();
         // The channel opens (the receiver answers the Open from a helper
         // thread: no progress thread here), message 0 goes through.
-        let done = std::sync::atomic::AtomicBool::new(false);
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                while !done.load(std::sync::atomic::Ordering::Acquire) {
-                    let _ = rx.msg_progress();
-                    std::thread::yield_now();
-                }
-            });
-            let pushed = ep.push(rx.gid(), PORT, &body(0));
-            done.store(true, std::sync::atomic::Ordering::Release);
-            pushed.expect("first push");
-        });
+        serving(&rx, || ep.push(rx.gid(), PORT, &body(0))).expect("first push");
         let m = port.pop().expect("message 0");
         assert_eq!((m.seq, m.to_vec()), (0, body(0)));
         // Three messages wait in the receive CQ; the re-posts of all three
