@@ -144,18 +144,21 @@ impl<N: Nic> PortShared<N> {
         }
     }
 
-    /// Ends `from`'s channel if it was opened with its only message (just
-    /// popped): its window goes back to the port. Returns whether it did.
-    pub(crate) fn end_only(&self, from: Sender, counters: &Counters) -> bool {
+    /// A message of `from`'s channel was popped: the credits to send back
+    /// now, if any. A channel opened with its only message ends with it
+    /// (no credit goes back, its window returns to the port's slots).
+    pub(crate) fn popped(&self, from: Sender, counters: &Counters) -> Option<u32> {
         let mut st = self.state.lock();
-        if !st.channels.get(&from).is_some_and(|c| c.only) {
-            return false;
+        let c = st.channels.get_mut(&from)?;
+        if !c.only {
+            c.last = Instant::now();
+            return c.returns.popped();
         }
-        if let Some(c) = st.channels.remove(&from) {
-            st.ungranted += c.window;
-            bump(&counters.closed);
-        }
-        true
+        let window = c.window;
+        st.channels.remove(&from);
+        st.ungranted += window;
+        bump(&counters.closed);
+        None
     }
 
     /// What the port has granted now.
@@ -408,20 +411,7 @@ impl<N: Nic> Port<N> {
         let Some(mut msg) = take_next(&tx.vqp, &self.shared.state, |s| &mut s.ring)? else {
             return Ok(None);
         };
-        let credit = self
-            .shared
-            .state
-            .lock()
-            .channels
-            .get_mut(&msg.from)
-            .and_then(|c| {
-                c.last = Instant::now();
-                c.returns.popped()
-            });
-        // A channel opened with its only message ends with it: no credit
-        // goes back, the window returns to the port.
-        let ended = self.shared.end_only(msg.from, &self.node.counters);
-        let credit = credit.filter(|_| !ended);
+        let credit = self.shared.popped(msg.from, &self.node.counters);
         let pulled = self.pull(&mut tx, &mut msg);
         if let Some(n) = credit {
             if self
