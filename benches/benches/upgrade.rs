@@ -17,11 +17,19 @@
 //! them, and the longest `post_send` call in that span beside the median
 //! one before the threshold (a post never waits for the handshake).
 //!
+//! Then the handshake's two carriers side by side, alternating in one run:
+//! the time to build one RC pair on the calling thread (evict the other
+//! pair under `rc_cap` 1, create the QP, handshake, RTR/RTS) with the
+//! DC upgrade's handshake over messaging (`Engine::upgrade`) and with
+//! the UD handshake of RC fallback mode (a VQP's first connect to a
+//! target; the carrier the DC upgrade used before messaging carried it).
+//! Both targets answer from their handshake thread.
+//!
 //! Run: `cargo bench -p krcore-benches --bench upgrade`
 
 use std::time::{Duration, Instant};
 
-use krcore_kmod::{Engine, EngineConfig, MetaLocation, OwnedMr, Vqp, VqpTransport};
+use krcore_kmod::{Engine, EngineConfig, MetaLocation, OwnedMr, RcMetaHost, Vqp, VqpTransport};
 use krcore_meta::{MetaConfig, MetaServer};
 use krcore_nic::sim::{LatencyModel, SimConfig, SimFabric, SimNic};
 use krcore_nic::{Access, MemoryRegion, SendWr, Wc, WcStatus};
@@ -42,6 +50,15 @@ fn setup(latency: Option<LatencyModel>) -> Setup {
     setup_with(latency, None)
 }
 
+/// A DC engine that serves and starts upgrades (its handshake thread on).
+fn upgradable(location: MetaLocation) -> EngineConfig {
+    EngineConfig::default()
+        .with_meta(location)
+        .with_pool_size(2)
+        .with_upgrade_endpoint(true)
+        .with_handshake_thread(true)
+}
+
 fn setup_with(latency: Option<LatencyModel>, upgrade_after: Option<u64>) -> Setup {
     let fabric = SimFabric::in_memory();
     let sim = SimConfig {
@@ -51,13 +68,7 @@ fn setup_with(latency: Option<LatencyModel>, upgrade_after: Option<u64>) -> Setu
     let node = || SimNic::open(&fabric, sim.clone()).unwrap();
     let mut meta = MetaServer::start(node(), MetaConfig::default()).unwrap();
     let location = MetaLocation::from_bootstrap(&meta.bootstrap()).unwrap();
-    let cfg = || {
-        EngineConfig::default()
-            .with_meta(location)
-            .with_pool_size(2)
-            .with_upgrade_endpoint(true)
-            .with_handshake_thread(true)
-    };
+    let cfg = || upgradable(location);
     let server = Engine::start(node(), cfg()).unwrap();
     let client = Engine::start(node(), cfg().with_upgrade_after(upgrade_after)).unwrap();
     for t in [
@@ -264,6 +275,92 @@ fn threshold(label: &str) {
     drop(s.fabric);
 }
 
+/// The handshake's carriers side by side (see the module docs): `rounds`
+/// pair builds each, alternating; prints the medians and their ratio.
+fn carriers(rounds: usize) {
+    // DC: two targets serving upgrades, a client with room for one pair.
+    let fabric = SimFabric::in_memory();
+    let node = || SimNic::open(&fabric, SimConfig::default()).unwrap();
+    let mut meta = MetaServer::start(node(), MetaConfig::default()).unwrap();
+    let location = MetaLocation::from_bootstrap(&meta.bootstrap()).unwrap();
+    let cfg = || upgradable(location).with_rc_cap(1);
+    let dc_targets: Vec<_> = (0..2)
+        .map(|_| Engine::start(node(), cfg()).unwrap())
+        .collect();
+    for t in &dc_targets {
+        for e in [
+            t.local_target().unwrap(),
+            t.handshake_entry().unwrap().unwrap(),
+        ] {
+            meta.table_mut().register(e, 0, 1 << 40, 0).unwrap();
+        }
+    }
+    let dc = Engine::start(node(), cfg()).unwrap();
+    // RC fallback: devices without DC, the UD handshake.
+    let rc_fabric = SimFabric::in_memory();
+    let no_dc = SimConfig {
+        dc: false,
+        ..SimConfig::default()
+    };
+    let rc_node = || SimNic::open(&rc_fabric, no_dc.clone()).unwrap();
+    let host = RcMetaHost::start(rc_node(), MetaConfig::default(), Default::default()).unwrap();
+    let rc_location = host.location().unwrap();
+    let _host_thread = host.spawn_progress().unwrap();
+    let rc_cfg = || {
+        EngineConfig::default()
+            .with_meta(rc_location)
+            .with_handshake_thread(true)
+            .with_rc_cap(1)
+    };
+    let rc_targets: Vec<_> = (0..2)
+        .map(|_| {
+            let e = Engine::start(rc_node(), rc_cfg()).unwrap();
+            host.table()
+                .register(e.local_target().unwrap(), 0, 1 << 40, 0)
+                .unwrap();
+            e
+        })
+        .collect();
+    let rc = Engine::start(rc_node(), rc_cfg()).unwrap();
+    // Warm: every target resolved and paired once with each carrier.
+    for i in 0..4 {
+        dc.upgrade(&dc_targets[i % 2].gid()).unwrap();
+        rc.create_vqp()
+            .unwrap()
+            .connect(rc_targets[i % 2].gid())
+            .unwrap();
+    }
+    let (mut over_msg, mut over_ud) = (Vec::new(), Vec::new());
+    for i in 0..rounds {
+        let t = Instant::now();
+        dc.upgrade(&dc_targets[i % 2].gid()).unwrap();
+        over_msg.push(t.elapsed());
+        let v = rc.create_vqp().unwrap();
+        let t = Instant::now();
+        v.connect(rc_targets[i % 2].gid()).unwrap();
+        over_ud.push(t.elapsed());
+    }
+    let median = |v: &mut Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+    let (m, u) = (median(&mut over_msg), median(&mut over_ud));
+    let (ds, rs) = (dc.stats(), rc.stats());
+    println!(
+        "pair build on the calling thread, {rounds} each, alternating: handshake over messaging (DC upgrade) median {:.1} us, over UD (RC fallback connect) median {:.1} us: messaging/UD = {:.2}x; pairs created {} / {}, evicted {} / {}, handshake retries {} / {} [measured]",
+        m.as_secs_f64() * 1e6,
+        u.as_secs_f64() * 1e6,
+        m.as_secs_f64() / u.as_secs_f64(),
+        ds.rc.created,
+        rs.rc.created,
+        ds.rc.evicted,
+        rs.rc.evicted,
+        ds.handshake.retries,
+        rs.handshake.retries,
+    );
+    drop((dc, rc, dc_targets, rc_targets, fabric, rc_fabric));
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; `cargo test --benches` runs it with
     // no argument: keep that run short.
@@ -279,4 +376,5 @@ fn main() {
     measure("no model", None);
     measure("cx4", Some(LatencyModel::cx4()));
     threshold("no model");
+    carriers(200);
 }

@@ -180,26 +180,17 @@ impl<T: AsRef<[u8]>> HandshakePacket<T> {
     /// # Errors
     /// [`HandshakeWireError::Truncated`], [`HandshakeWireError::BadMagic`].
     pub fn new_checked(buffer: T) -> Result<HandshakePacket<T>, HandshakeWireError> {
-        let len = buffer.as_ref().len();
-        if len < HANDSHAKE_LEN {
-            return Err(HandshakeWireError::Truncated { len });
-        }
-        let p = HandshakePacket { buffer };
-        if p.magic() != MAGIC {
-            return Err(HandshakeWireError::BadMagic(p.magic()));
-        }
-        Ok(p)
+        crate::wire::check(
+            buffer.as_ref(),
+            (HANDSHAKE_LEN, field::MAGIC, MAGIC),
+            |len| HandshakeWireError::Truncated { len },
+            HandshakeWireError::BadMagic,
+        )?;
+        Ok(HandshakePacket { buffer })
     }
 
     fn bytes<const K: usize>(&self, r: Range<usize>) -> [u8; K] {
-        let mut out = [0u8; K];
-        // Lengths were checked by `new_checked`; a short range yields zeros.
-        if let Some(src) = self.buffer.as_ref().get(r) {
-            if src.len() == K {
-                out.copy_from_slice(src);
-            }
-        }
-        out
+        crate::wire::array(self.buffer.as_ref(), r)
     }
 
     /// Magic.

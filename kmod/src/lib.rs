@@ -230,6 +230,7 @@ pub mod handshake;
 pub mod msg;
 pub mod precheck;
 mod sync;
+mod wire;
 pub mod wrid;
 
 pub use engine::{

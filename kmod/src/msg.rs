@@ -21,6 +21,10 @@
 //!   Close (all credits back, no reply pending) -------------->  frees w'
 //! ```
 //!
+//! An Open may carry the channel's first data message (seq 0) after its
+//! header ([`Carried`]): a request/response exchange then costs one round
+//! trip; the port delivers it with the first grant only.
+//!
 //! A channel lives until its sender closes it (or the port is unbound).
 //! Close travels the same path as the channel's data (one sending VQP to
 //! one target queue), so it arrives after every data message of the
@@ -51,7 +55,9 @@
 //!  4      version                       [`VERSION`]
 //!  5      kind                          1 Open 2 Grant 3 Refuse 4 Data
 //!                                       5 Desc 6 Credit 7 Release 8 Close
-//!  6      flags                         bit 0: to a VQP (else to a port)
+//!  6      flags                         bit 0: to a VQP (else to a port);
+//!                                       Open: bit 1 carries the channel's
+//!                                       first message, bit 2 its only one
 //!  7      refuse code                   (Refuse; 0 otherwise)
 //!  8..12  dst                           port number, or VQP id
 //! 12..16  src port                      messages to a VQP: the port they
@@ -61,7 +67,8 @@
 //!                                       (low 32) | reply window (high 32);
 //!                                       Grant: window; Credit: count;
 //!                                       Release: token
-//! 40..44  len                           Data/Desc: body length
+//! 40..44  len                           Data/Desc, an Open that carries
+//!                                       a message: body length
 //! 44..48  rkey                          Desc: the buffer's rkey; Open: the
 //!                                       sender's DCT number (0: none)
 //! 48..56  addr                          Desc: the buffer's address; Open:
@@ -117,6 +124,12 @@ pub mod field {
 
 /// Flag: the destination is a VQP id (replies, answers to an endpoint).
 pub const FLAG_TO_VQP: u8 = 1;
+/// Flag (Open): the channel's first data message (seq 0) follows the
+/// header (see [`Carried`]).
+pub const FLAG_CARRIES: u8 = 2;
+/// Flag (Open, with [`FLAG_CARRIES`]): that message is the channel's only
+/// one (see [`Carried::only`]).
+pub const FLAG_ONLY: u8 = 4;
 
 /// Why bytes are not a message this build understands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -228,12 +241,32 @@ pub struct Descriptor {
     pub token: u64,
 }
 
+/// An inline data message an Open carries: the channel's first one
+/// (seq 0), its body right after the header, so that a request/response
+/// exchange costs one round trip (not the Open's, then the request's).
+///
+/// The port delivers it only with the channel's first grant (a repeated
+/// Open, which carries it again, does not deliver it twice), taking one
+/// credit of the granted window; a refused Open delivers nothing (the
+/// Refuse says so). With `only`, the sender sends nothing else on the
+/// channel and does not wait for the answer: the port sends no Grant and
+/// forgets the channel once the message is popped (its window goes back
+/// at once, no Credit, no Close); a refused one is counted orphaned at the
+/// port (best effort, for notices such as the handshake's Close).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Carried {
+    /// Body length.
+    pub len: u32,
+    /// The channel's only message.
+    pub only: bool,
+}
+
 /// What a message says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum MsgKind {
     /// Opens a channel: the sender's data window and the reply window it
-    /// reserved for the channel's replies.
+    /// reserved for the channel's replies; possibly with its first message.
     Open {
         /// Credits asked for.
         window: u32,
@@ -243,6 +276,8 @@ pub enum MsgKind {
         dct_num: u32,
         /// The sender's DCT key.
         dc_key: u64,
+        /// The channel's first message, carried after the header.
+        carries: Option<Carried>,
     },
     /// The port admits the channel with `window` credits.
     Grant {
@@ -306,26 +341,17 @@ impl<T: AsRef<[u8]>> MsgPacket<T> {
     /// # Errors
     /// [`MsgWireError::Truncated`], [`MsgWireError::BadMagic`].
     pub fn new_checked(buffer: T) -> Result<MsgPacket<T>, MsgWireError> {
-        let len = buffer.as_ref().len();
-        if len < HEADER_LEN {
-            return Err(MsgWireError::Truncated { len });
-        }
-        let p = MsgPacket { buffer };
-        if p.magic() != MAGIC {
-            return Err(MsgWireError::BadMagic(p.magic()));
-        }
-        Ok(p)
+        crate::wire::check(
+            buffer.as_ref(),
+            (HEADER_LEN, field::MAGIC, MAGIC),
+            |len| MsgWireError::Truncated { len },
+            MsgWireError::BadMagic,
+        )?;
+        Ok(MsgPacket { buffer })
     }
 
     fn bytes<const K: usize>(&self, r: Range<usize>) -> [u8; K] {
-        let mut out = [0u8; K];
-        // Lengths were checked by `new_checked`; a short range yields zeros.
-        if let Some(src) = self.buffer.as_ref().get(r) {
-            if src.len() == K {
-                out.copy_from_slice(src);
-            }
-        }
-        out
+        crate::wire::array(self.buffer.as_ref(), r)
     }
 
     fn byte(&self, i: usize) -> u8 {
@@ -427,12 +453,28 @@ impl MsgRepr {
         };
         let arg = p.arg();
         let kind = match p.kind() {
-            1 => MsgKind::Open {
-                window: arg as u32,
-                reply_window: (arg >> 32) as u32,
-                dct_num: p.rkey(),
-                dc_key: p.addr(),
-            },
+            1 => {
+                let carries = match (p.flags() & FLAG_CARRIES != 0, p.flags() & FLAG_ONLY != 0) {
+                    (false, false) => None,
+                    (false, true) => return Err(MsgWireError::Malformed("open")),
+                    (true, only) => {
+                        if body_len != p.len() as usize {
+                            return Err(MsgWireError::BadLength {
+                                declared: p.len(),
+                                present: body_len,
+                            });
+                        }
+                        Some(Carried { len: p.len(), only })
+                    }
+                };
+                MsgKind::Open {
+                    window: arg as u32,
+                    reply_window: (arg >> 32) as u32,
+                    dct_num: p.rkey(),
+                    dc_key: p.addr(),
+                    carries,
+                }
+            }
             2 => MsgKind::Grant { window: arg as u32 },
             3 => MsgKind::Refuse(
                 RefuseCode::from_u8(p.code()).ok_or(MsgWireError::Malformed("refuse"))?,
@@ -499,6 +541,12 @@ impl MsgRepr {
             MsgDst::Vqp { vqp, from } => (vqp, u32::from(from), FLAG_TO_VQP),
         };
         b[field::FLAGS] = flags;
+        if let MsgKind::Open {
+            carries: Some(c), ..
+        } = self.kind
+        {
+            b[field::FLAGS] |= FLAG_CARRIES | if c.only { FLAG_ONLY } else { 0 };
+        }
         b[field::DST].copy_from_slice(&dst.to_le_bytes());
         b[field::SRC_PORT].copy_from_slice(&src_port.to_le_bytes());
         b[field::GID].copy_from_slice(self.src.as_bytes());
@@ -508,10 +556,12 @@ impl MsgRepr {
                 reply_window,
                 dct_num,
                 dc_key,
+                carries,
             } => {
                 b[field::RKEY].copy_from_slice(&dct_num.to_le_bytes());
                 b[field::ADDR].copy_from_slice(&dc_key.to_le_bytes());
-                (1, u64::from(window) | u64::from(reply_window) << 32, 0)
+                let len = carries.map_or(0, |c| c.len);
+                (1, u64::from(window) | u64::from(reply_window) << 32, len)
             }
             MsgKind::Grant { window } => (2, u64::from(window), 0),
             MsgKind::Refuse(code) => {
@@ -708,6 +758,24 @@ mod tests {
                 reply_window: 4,
                 dct_num: 0x1234,
                 dc_key: 0xdc,
+                carries: None,
+            },
+            MsgKind::Open {
+                window: 1,
+                reply_window: 1,
+                dct_num: 7,
+                dc_key: 9,
+                carries: Some(Carried {
+                    len: 0,
+                    only: false,
+                }),
+            },
+            MsgKind::Open {
+                window: 1,
+                reply_window: 0,
+                dct_num: 7,
+                dc_key: 9,
+                carries: Some(Carried { len: 0, only: true }),
             },
             MsgKind::Grant { window: 8 },
             MsgKind::Refuse(RefuseCode::Unbound),
@@ -766,6 +834,47 @@ mod tests {
         let p = MsgPacket::new_checked(&bytes[..]).unwrap();
         assert_eq!(MsgRepr::parse(&p), Ok(r));
         assert_eq!(p.body(), b"hello");
+    }
+
+    #[test]
+    fn a_carried_body_must_match_its_length_and_only_needs_carries() {
+        let open = |carries| MsgRepr {
+            src: Gid([1; 16]),
+            dst: MsgDst::Port(3),
+            kind: MsgKind::Open {
+                window: 1,
+                reply_window: 1,
+                dct_num: 2,
+                dc_key: 3,
+                carries,
+            },
+        };
+        let r = open(Some(Carried {
+            len: 3,
+            only: false,
+        }));
+        let mut bytes = r.emit().to_vec();
+        bytes.extend_from_slice(b"hi");
+        assert_eq!(
+            MsgRepr::parse_bytes(&bytes),
+            Err(MsgWireError::BadLength {
+                declared: 3,
+                present: 2
+            })
+        );
+        bytes.push(b'!');
+        assert_eq!(MsgRepr::parse_bytes(&bytes), Ok(r));
+        // An Open without a carried message ignores what follows it.
+        let plain = open(None);
+        let mut bytes = plain.emit().to_vec();
+        bytes.extend_from_slice(b"junk");
+        assert_eq!(MsgRepr::parse_bytes(&bytes), Ok(plain));
+        // "Only" without "carries" is no message this build sends.
+        bytes[field::FLAGS] |= FLAG_ONLY;
+        assert_eq!(
+            MsgRepr::parse_bytes(&bytes),
+            Err(MsgWireError::Malformed("open"))
+        );
     }
 
     #[test]

@@ -92,12 +92,113 @@ fn an_upgrade_in_dc_mode_creates_no_ud_qp_on_either_engine() {
     let (cs, ts) = (e.stats().handshake, mem.engine.stats().handshake);
     assert_eq!((cs.requests_sent, cs.paired, cs.timeouts), (1, 1, 0));
     assert_eq!((ts.accepted, ts.passive_qps, ts.dropped), (1, 1, 0));
-    // The handshake's messages went through the messaging layer.
+    // The handshake's messages went through the messaging layer: one
+    // round trip, the Request riding in the channel's Open (one receive
+    // at the target before its Accept), then the channel's Close.
+    settled(&mem.engine);
     let (cm, tm) = (e.msg_stats(), mem.engine.msg_stats());
     assert_eq!((tm.granted, tm.inline_delivered), (1, 1), "{tm:?}");
+    assert_eq!(
+        (tm.received, tm.closed),
+        (2, 1),
+        "Open+Request, Close: {tm:?}"
+    );
     assert_eq!(cm.inline_delivered, 1, "the Accept, a reply: {cm:?}");
     assert_eq!(&read_first(&e, &v, &mem), b"over rc!");
     assert_eq!(v.transport(), VqpTransport::Rc);
+}
+
+/// Waits (bounded) until `e`'s handshake port holds no channel and no
+/// message: every initiator's Close (or only message) was handled.
+fn settled(e: &Engine<SimNic>) {
+    let start = std::time::Instant::now();
+    loop {
+        let _ = e.progress();
+        let u = e.msg_port_usage(HANDSHAKE_PORT).expect("serving");
+        if u.channels == 0 && u.queued == 0 {
+            return;
+        }
+        assert!(start.elapsed() < common::WAIT, "port never settled: {u:?}");
+        std::thread::yield_now();
+    }
+}
+
+/// Waits (bounded) until `e` holds `n` passive QPs (its initiators' Closes
+/// handled).
+fn passives(e: &Engine<SimNic>, n: usize) {
+    let start = std::time::Instant::now();
+    while e.stats().handshake.passive_qps != n {
+        let _ = e.progress();
+        assert!(start.elapsed() < common::WAIT, "{:?}", e.stats().handshake);
+        std::thread::yield_now();
+    }
+}
+
+/// A pair evicted back to DC tells its target with an only message: the
+/// target frees its passive end and no channel stays open at its handshake
+/// port (the Close does not reopen the initiator's control channel).
+#[test]
+fn an_evicted_pair_is_closed_without_holding_a_channel() {
+    let c = Cluster::new();
+    let (a, b) = (target(&c, true), target(&c, true));
+    let mut cfg = EngineConfig::default()
+        .with_pool_size(1)
+        .with_upgrade_endpoint(true)
+        .with_rc_cap(1);
+    cfg.handshake.timeout = Duration::from_millis(500);
+    let e = c.engine(cfg);
+    e.upgrade(&a.gid()).unwrap();
+    settled(&a.engine);
+    passives(&a.engine, 1);
+    // The cap is one pair: b's evicts a's.
+    e.upgrade(&b.gid()).unwrap();
+    assert_eq!(e.stats().rc.evicted, 1);
+    passives(&a.engine, 0);
+    settled(&a.engine);
+    let (hs, ms) = (a.engine.stats().handshake, a.engine.msg_stats());
+    assert_eq!((hs.closed, hs.stale), (1, 0), "{hs:?}");
+    // The exchange's channel (closed after it), and the Close's own, ended
+    // when popped: no Open round trip for the Close.
+    assert_eq!((ms.granted, ms.closed, ms.orphaned), (2, 2, 0), "{ms:?}");
+    assert_eq!(e.stats().handshake.closes_sent, 1);
+    // Each exchange: its Grant and its Request's Credit; nothing answers
+    // the Close.
+    assert_eq!(e.msg_stats().control, 4);
+}
+
+/// Dropping an engine closes its idle upgrade pairs: their targets free
+/// the passive ends at once (not only at their `passive_cap`).
+#[test]
+fn dropping_an_engine_closes_its_idle_pairs() {
+    let c = Cluster::new();
+    let (a, b) = (target(&c, true), target(&c, true));
+    let e = client(&c, Duration::from_millis(500));
+    e.upgrade(&a.gid()).unwrap();
+    e.upgrade(&b.gid()).unwrap();
+    // A VQP upgraded on a's pair and kept past the engine's last handle:
+    // its pair is idle (nothing in flight), so it is closed too, and the
+    // VQP moves back to its DCI at its next post.
+    let v = e.create_vqp().unwrap();
+    v.connect(a.gid()).unwrap();
+    assert_eq!(v.upgrade().unwrap(), VqpTransport::Rc);
+    for t in [&a, &b] {
+        passives(&t.engine, 1);
+    }
+    let buf = e.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
+    drop(e);
+    for t in [&a, &b] {
+        passives(&t.engine, 0);
+        settled(&t.engine);
+        assert_eq!(t.engine.stats().handshake.closed, 1);
+    }
+    a.mr.write(0, b"after!!!").unwrap();
+    v.post_send(&mut [SendWr::read(1, buf.sge(0, 8).unwrap(), a.mr.remote(0))])
+        .unwrap();
+    assert_eq!(wait_wcs(&v, 1)[0].status, WcStatus::Success);
+    let mut got = [0u8; 8];
+    buf.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"after!!!");
+    assert_eq!(v.transport(), VqpTransport::Dc);
 }
 
 #[test]

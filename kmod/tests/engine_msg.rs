@@ -286,6 +286,45 @@ fn bind_twice_unbound_port_oversized_and_busy_are_typed_errors() {
     assert!(rc.engine(EngineConfig::default()).bind(1).is_ok());
 }
 
+/// A port unbound while a sender's channel is open: the message pushed
+/// meanwhile reaches no port, and its sender is told. The next push fails
+/// with `Refused(Unbound)`, even when the port is bound again by then (the
+/// notice is not swallowed by the reopen); the push after that opens a new
+/// channel.
+#[test]
+fn a_loss_notice_is_reported_even_after_the_port_is_bound_again() {
+    let c = Cluster::new();
+    let rx = node(&c, |_| {});
+    let tx = node(&c, |_| {});
+    let port = rx.bind(PORT).unwrap();
+    let ep = tx.endpoint().unwrap();
+    ep.push(rx.gid(), PORT, b"one").unwrap();
+    assert_eq!(port.pop().unwrap().to_vec(), b"one");
+    drop(port);
+    // Accepted (the channel is open here), orphaned there.
+    ep.push(rx.gid(), PORT, b"lost").unwrap();
+    let start = std::time::Instant::now();
+    // The notice arrived: the channel is no longer open here.
+    while ep.credits(rx.gid(), PORT).is_some() {
+        assert!(start.elapsed() < WAIT, "never told");
+        std::thread::yield_now();
+    }
+    assert_eq!(rx.msg_stats().orphaned, 1);
+    let port = rx.bind(PORT).unwrap();
+    match ep.push(rx.gid(), PORT, b"not sent") {
+        Err(MsgError::Refused {
+            code: RefuseCode::Unbound,
+            port: p,
+            ..
+        }) => assert_eq!(p, PORT),
+        other => panic!("the loss was not reported: {other:?}"),
+    }
+    ep.push(rx.gid(), PORT, b"two").unwrap();
+    let m = port.pop().unwrap();
+    assert_eq!((m.seq, m.to_vec()), (0, b"two".to_vec()), "a new channel");
+    assert!(port.try_pop().unwrap().is_none(), "'not sent' was not sent");
+}
+
 /// Replies go back to the VQP that sent: two endpoints of one node each get
 /// exactly their own replies, small and large (zero copy), in order.
 #[test]

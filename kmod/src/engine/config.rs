@@ -51,9 +51,6 @@ pub struct EngineConfig {
     pub meta_timeout: Duration,
     /// Longest a post polls for send-queue credits. Default 1 s.
     pub reclaim_timeout: Duration,
-    /// Longest the engine collects flushes after a QP error before it
-    /// resets the QP and reports the rest flushed itself. Default 100 ms.
-    pub flush_timeout: Duration,
     /// Depth of the DCT's SRQ and receive CQ (DC mode). Default 256.
     pub recv_depth: u32,
     /// The DCT's `dc_key` (DC mode). Default [`DEFAULT_DC_KEY`].
@@ -123,7 +120,6 @@ impl Default for EngineConfig {
             meta_backoff: Duration::from_micros(1),
             meta_timeout: Duration::from_secs(1),
             reclaim_timeout: Duration::from_secs(1),
-            flush_timeout: Duration::from_millis(100),
             recv_depth: 256,
             dc_key: DEFAULT_DC_KEY,
             rc_cap: 256,

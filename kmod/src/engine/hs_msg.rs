@@ -10,15 +10,31 @@
 //!
 //! ```text
 //! initiator (builder thread / hint)              target
-//!   Endpoint (engine's own) --- Open ----------->  DCT/SRQ demux: Grant
-//!     push Request{nonce, gid, qpn} ------------>  reserved Port ring
+//!   Endpoint (engine's own):
+//!     Open carrying Request{nonce, gid, qpn} --->  DCT/SRQ demux: Grant, and
+//!                                                  the Request into the
+//!                                                  reserved Port's ring
 //!                                                  served by Engine::progress
 //!                                                  or the handshake thread:
 //!                                                  Passives::serve -> passive QP
 //!     pop_reply <--- reply Accept{qpn} | Reject --  Port::reply
+//!     Close (the channel, once idle) ----------->  slot back to the port
 //!   RTR/RTS against the Accept
-//!     push Close{nonce} (eviction, timeout) ---->  Passives::close
+//!   later: only message Close{nonce} ----------->  Passives::close
+//!          (eviction, timeout, engine dropped)
 //! ```
+//!
+//! # One round trip
+//!
+//! The initiator's endpoint carries its Request in the channel's Open
+//! ([`crate::msg::Carried`]): the target handles both in one pass of
+//! whoever serves it, so a handshake costs one round trip and one wake of
+//! the target's serving thread, as over UD (with a separate Open, the
+//! Request waited for the Grant, and the target's thread had to run
+//! twice: on a loaded host each run can be milliseconds away). An Open
+//! that times out is sent again carrying the same Request; the port
+//! delivers it once, and a Request that arrives twice anyway (a retry) is
+//! answered with the same QP (same nonce).
 //!
 //! # Capacity: any number of initiators over time
 //!
@@ -29,7 +45,11 @@
 //! is over the initiator closes the channel
 //! ([`Endpoint::close_channel`]: a Close message, sent only once the
 //! Request's credit is back), so the target's slots return to it and the
-//! number of initiators over time is unbounded. An Open that finds every
+//! number of initiators over time is unbounded. The handshake's Close of
+//! a pair (evicted, timed out, or left when the engine's last handle
+//! goes) travels as an only message (`Endpoint::send_only`): it opens
+//! no channel of the initiator's, holds its slot at the target only until
+//! the serving step pops it, and waits for nothing. An Open that finds every
 //! slot granted is refused `Busy`; the initiator asks again after a short
 //! pause ([`HandshakeStats::busy`]), within `handshake.retries`, and only
 //! then fails with [`HandshakeFailure::Refused`]. Invariants: nothing is
@@ -70,9 +90,12 @@
 //! receive CQ (any messaging call, [`super::Engine::msg_progress`], the
 //! messaging thread, and the serving step above). If nobody does, the
 //! initiator's wait ends with a typed [`HandshakeFailure::Timeout`]: every
-//! wait is bounded by `handshake.timeout` per attempt and `handshake.retries`
-//! attempts (a Request is re-sent with the same nonce; the target answers a
-//! repeated nonce with the same QP, so retries are idempotent).
+//! wait is bounded by `handshake.retries + 1` attempts, attempt `k`
+//! waiting [`super::HandshakeConfig::attempt_timeout`]`(k)` (`timeout`
+//! doubled per attempt, at most 16 times), in all
+//! [`super::HandshakeConfig::total_wait`] (a Request is re-sent with the
+//! same nonce; the target answers a repeated nonce with the same QP, so
+//! retries are idempotent).
 //!
 //! # Locks
 //!
@@ -89,8 +112,11 @@
 //! (`HsMsg::release`): the port is unbound, the endpoint dropped, the
 //! thread stopped; after that this node neither serves nor starts upgrades
 //! (typed [`EngineError::Unsupported`]), while its remaining VQPs keep
-//! working. Pairs still open when the engine goes send no Close (a target
-//! reclaims their passive ends at `passive_cap`, as for a crashed peer).
+//! working. Before that, the upgrade pairs with no WR in flight are closed
+//! and their targets told (one only message each: bounded, no wait; see
+//! `super::rc::RcPool::close_idle`); a pair still busy then stays with its
+//! VQPs and sends no Close (its target reclaims the passive end at
+//! `passive_cap`, as for a crashed peer).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -100,7 +126,7 @@ use krcore_nic::{Gid, Nic, RcPeer};
 use parking_lot::Mutex;
 
 use super::error::{EngineError, HandshakeFailure};
-use super::msg::{MsgError, Worker};
+use super::msg::{MsgError, Service, Worker};
 use super::msg_endpoint::Endpoint;
 use super::msg_port::Port;
 use super::responder::{HandshakeStats, Paired, Passives};
@@ -173,14 +199,7 @@ fn closed_error() -> EngineError {
 }
 
 fn msg_error(gid: Gid, e: MsgError) -> EngineError {
-    match e {
-        MsgError::Engine(e) => e,
-        MsgError::Refused { code, .. } => EngineError::Handshake {
-            gid,
-            failure: HandshakeFailure::Refused(code),
-        },
-        other => EngineError::Config(format!("the handshake's messaging: {other}")),
-    }
+    e.into_engine(gid, Service::Handshake)
 }
 
 impl<N: Nic> HsMsg<N> {
@@ -324,7 +343,7 @@ impl<N: Nic> HsMsg<N> {
     /// `gid`: Request, then its answer, retried with the same nonce.
     ///
     /// # Errors
-    /// [`EngineError::Handshake`]: no answer in `(1 + retries) * timeout`
+    /// [`EngineError::Handshake`]: no answer in `handshake.total_wait()`
     /// ([`HandshakeFailure::Timeout`]), refused by the target
     /// ([`HandshakeFailure::Rejected`], or [`HandshakeFailure::Refused`]
     /// when it does not serve upgrades or its port is busy), answered by
@@ -342,9 +361,12 @@ impl<N: Nic> HsMsg<N> {
             return Err(closed_error());
         }
         if client.is_none() {
-            let ep = Engine::handle(eng.clone())
+            let mut ep = Engine::handle(eng.clone())
                 .control_endpoint()
                 .map_err(|e| msg_error(gid, e))?;
+            // The Request rides in the channel's Open: one round trip
+            // (Requests are idempotent, see `Endpoint::carry_first`).
+            ep.carry_first = true;
             *client = Some(ep);
         }
         let Some(ep) = client.as_ref() else {
@@ -389,7 +411,8 @@ impl<N: Nic> HsMsg<N> {
             if attempt > 0 {
                 self.stats.lock().retries += 1;
             }
-            match ep.push_timeout(gid, HANDSHAKE_PORT, &request, cfg.timeout) {
+            let wait = cfg.attempt_timeout(attempt);
+            match ep.push_timeout(gid, HANDSHAKE_PORT, &request, wait) {
                 Ok(()) => self.stats.lock().requests_sent += 1,
                 // No Grant or no credit in time (nobody drains the target),
                 // or an earlier message of this endpoint was lost: the
@@ -408,7 +431,7 @@ impl<N: Nic> HsMsg<N> {
                     ..
                 }) if attempt + 1 < attempts => {
                     self.stats.lock().busy += 1;
-                    std::thread::sleep(busy_pause(attempt, cfg.timeout));
+                    std::thread::sleep(busy_pause(attempt, wait));
                     continue;
                 }
                 Err(e @ MsgError::Refused { .. }) => {
@@ -417,7 +440,7 @@ impl<N: Nic> HsMsg<N> {
                 }
                 Err(e) => return Err(msg_error(gid, e)),
             }
-            let deadline = Instant::now() + cfg.timeout;
+            let deadline = Instant::now() + wait;
             loop {
                 // This node's own server too (see the module docs).
                 let _ = self.progress();
@@ -438,8 +461,16 @@ impl<N: Nic> HsMsg<N> {
         }
         self.stats.lock().timeouts += 1;
         // A target that was only slow may still act on the Request: tell
-        // it the QP is gone (best effort, no wait).
-        self.send_close(ep, local, local_qpn, gid, nonce);
+        // it the QP is gone (best effort, no wait): behind the Request on
+        // its channel when a credit is there, else as an only message.
+        let close = close_message(local, local_qpn, nonce);
+        let sent = match ep.credits(gid, HANDSHAKE_PORT) {
+            Some(n) if n > 0 => ep.try_push(gid, HANDSHAKE_PORT, &close).is_ok(),
+            _ => ep.send_only(gid, HANDSHAKE_PORT, &close).is_ok(),
+        };
+        if sent {
+            self.stats.lock().closes_sent += 1;
+        }
         Err(EngineError::Handshake {
             gid,
             failure: HandshakeFailure::Timeout {
@@ -473,37 +504,34 @@ impl<N: Nic> HsMsg<N> {
         Err(EngineError::Handshake { gid, failure })
     }
 
-    fn send_close(&self, ep: &Endpoint<N>, local: Gid, local_qpn: u32, gid: Gid, nonce: u64) {
-        let close = HandshakeRepr {
-            nonce,
-            message: HandshakeMessage::Close {
-                gid: local,
-                qpn: local_qpn,
-            },
-        }
-        .emit();
-        // The channel was closed after the exchange: this reopens it, an
-        // Open round trip bounded by one handshake attempt's timeout (a
-        // dead target does not hold an eviction for `msg.timeout`).
-        let wait = ep.eng.cfg.handshake.timeout;
-        if ep.push_timeout(gid, HANDSHAKE_PORT, &close, wait).is_ok() {
-            self.stats.lock().closes_sent += 1;
-        }
-    }
-
-    /// Tells `gid` that `local_qpn` (paired with `nonce`) is gone (best
-    /// effort: skipped while a handshake holds the endpoint, and when no
-    /// channel opens or no credit comes within `handshake.timeout`), then
-    /// closes the channel again.
+    /// Tells `gid` that `local_qpn` (paired with `nonce`) is gone: one
+    /// only message to its handshake port from the initiator's endpoint
+    /// ([`Endpoint::send_only`]): no channel opened or held, no wait. Best
+    /// effort (skipped while a handshake holds the endpoint, or without
+    /// one): a target that does not get it frees the passive end at its
+    /// `passive_cap`.
     pub(crate) fn close(&self, local: Gid, local_qpn: u32, gid: Gid, nonce: u64) {
         let Some(client) = self.client.try_lock() else {
             return;
         };
-        if let Some(ep) = client.as_ref() {
-            self.send_close(ep, local, local_qpn, gid, nonce);
-            let _ = ep.close_channel(gid, HANDSHAKE_PORT);
+        let Some(ep) = client.as_ref() else { return };
+        let close = close_message(local, local_qpn, nonce);
+        if ep.send_only(gid, HANDSHAKE_PORT, &close).is_ok() {
+            self.stats.lock().closes_sent += 1;
         }
     }
+}
+
+/// The handshake's Close of `local`'s QP `local_qpn`, paired with `nonce`.
+fn close_message(local: Gid, local_qpn: u32, nonce: u64) -> [u8; crate::handshake::HANDSHAKE_LEN] {
+    HandshakeRepr {
+        nonce,
+        message: HandshakeMessage::Close {
+            gid: local,
+            qpn: local_qpn,
+        },
+    }
+    .emit()
 }
 
 /// The handshake thread: serves the reserved port until stopped or the

@@ -545,14 +545,7 @@ fn meta_exchange<N: Nic>(
 }
 
 fn msg_error(gid: Gid, e: MsgError) -> EngineError {
-    match e {
-        MsgError::Engine(e) => e,
-        MsgError::Refused { code, .. } => EngineError::MetaUnavailable {
-            gid,
-            failure: MetaFailure::Refused(code),
-        },
-        other => EngineError::Config(format!("meta registration's messaging: {other}")),
-    }
+    e.into_engine(gid, super::msg::Service::MetaRegistration)
 }
 
 impl<N: Nic> EngineInner<N> {

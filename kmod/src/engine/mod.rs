@@ -495,7 +495,8 @@ impl<N: Nic> Drop for EngineInner<N> {
                 m.close();
             }
         }
-        // DC mode: the upgrade's pairs send no Close (see `hs_msg`).
+        // DC mode: the upgrade's idle pairs were closed (and their targets
+        // told) when the last handle went (see `Engine::drop`).
     }
 }
 
@@ -517,9 +518,18 @@ impl<N: Nic> Drop for Engine<N> {
     /// The last handle releases the services that hold the engine (the
     /// upgrade's handshake over messaging, see `hs_msg`), so that the
     /// engine is freed once its VQPs, ports and endpoints are gone too.
+    ///
+    /// DC mode: the upgrade's idle RC pairs are closed first and their
+    /// targets told (bounded: one post each, no wait; see
+    /// `rc::RcPool::close_idle`). Runs once: the internal handles the
+    /// release itself makes (and drops) do not run it again.
     fn drop(&mut self) {
-        if self.inner.handles.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.inner.released.store(true, Ordering::Release);
+        if self.inner.handles.fetch_sub(1, Ordering::AcqRel) == 1
+            && !self.inner.released.swap(true, Ordering::AcqRel)
+        {
+            if let (Some(pool), Some(_)) = (self.inner.rc_pool(), self.inner.hs_msg()) {
+                pool.close_idle(&self.inner);
+            }
             if let Some(hs) = self.inner.hs_msg() {
                 hs.release();
             }

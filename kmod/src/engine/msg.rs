@@ -83,6 +83,25 @@
 //! [`Engine::msg_progress`]): a node whose users never call in leaves
 //! control messages queued (senders then wait, bounded by their timeouts).
 //!
+//! # Opens that carry a message
+//!
+//! An Open may carry its channel's first message (inline, seq 0, one
+//! credit of the grant: [`crate::msg::Carried`]), so that a request and
+//! its reply cost one round trip. Only the engine's handshake endpoint
+//! does (its Requests are idempotent: a carried push that times out
+//! leaves its message in doubt, delivered at most once, perhaps later by
+//! the repeated Open). An *only* message is an Open carrying the channel's
+//! only message from a sender id outside the VQP ids: nobody waits for its
+//! answer, the port forgets the channel when the message is popped, and a
+//! port that cannot take it counts it `orphaned` (the engine's notices:
+//! the handshake's Close).
+//!
+//! A Refuse of a channel that was open, with credits out (a message
+//! orphaned at an unbound port, or after a reclaim), makes the sender's
+//! next push fail with [`MsgError::Refused`] once, even if the port was
+//! bound again meanwhile; one with no credit out (an idle channel
+//! reclaimed) lost nothing: the next push simply reopens.
+//!
 //! # Ordering
 //!
 //! A channel's data messages go from one VQP (one DCI) to one DCT, so they
@@ -126,7 +145,7 @@
 //! then travels as messages over that pair (see [`super::meta_msg`]).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -136,13 +155,12 @@ use parking_lot::{Mutex, RwLock};
 
 use super::error::{EngineError, VqpError};
 use super::mrs::OwnedMr;
-use super::msg_endpoint::{EndpointShared, Status};
+use super::msg_endpoint::EndpointShared;
 use super::msg_port::PortShared;
 use super::msg_send::{send_inline, POOL_KEEP};
 use super::{Engine, EngineInner};
 use crate::msg::{
-    Descriptor, MsgDst, MsgKind, MsgPacket, MsgRepr, RefuseCode, SendWindow, WindowError,
-    HEADER_LEN,
+    Descriptor, MsgDst, MsgKind, MsgPacket, MsgRepr, RefuseCode, WindowError, HEADER_LEN,
 };
 
 /// How messaging is set up (part of [`super::EngineConfig`]).
@@ -320,6 +338,43 @@ impl MsgError {
     pub(crate) fn nic(what: &'static str) -> impl FnOnce(krcore_nic::NicError) -> MsgError {
         move |source| MsgError::Engine(EngineError::Nic { op: what, source })
     }
+
+    /// This error of an exchange the engine carries over messaging with
+    /// the node `gid` (`service`) as an engine error: engine errors as
+    /// they are; a refusal as the service's typed failure (the port is not
+    /// bound there, busy, or reclaimed the channel); anything else as a
+    /// configuration error naming the service.
+    pub(crate) fn into_engine(self, gid: Gid, service: Service) -> EngineError {
+        match (self, service) {
+            (MsgError::Engine(e), _) => e,
+            (MsgError::Refused { code, .. }, Service::Handshake) => EngineError::Handshake {
+                gid,
+                failure: super::error::HandshakeFailure::Refused(code),
+            },
+            (MsgError::Refused { code, .. }, Service::MetaRegistration) => {
+                EngineError::MetaUnavailable {
+                    gid,
+                    failure: super::error::MetaFailure::Refused(code),
+                }
+            }
+            (other, Service::Handshake) => {
+                EngineError::Config(format!("the handshake's messaging: {other}"))
+            }
+            (other, Service::MetaRegistration) => {
+                EngineError::Config(format!("meta registration's messaging: {other}"))
+            }
+        }
+    }
+}
+
+/// The engine's own exchanges carried by messaging (see
+/// [`MsgError::into_engine`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Service {
+    /// The DC -> RC upgrade's handshake (`super::hs_msg`).
+    Handshake,
+    /// Registration with the meta host (`super::meta_msg`).
+    MetaRegistration,
 }
 
 /// Messaging statistics of a node (totals since start).
@@ -529,6 +584,9 @@ pub(crate) struct MsgNode<N: Nic> {
     pub(crate) endpoints: RwLock<HashMap<u32, Arc<EndpointShared<N>>>>,
     pub(crate) counters: Counters,
     pub(crate) thread: Mutex<Option<Worker>>,
+    /// The next sender id of an only message (see `Endpoint::send_only`):
+    /// from `1 << VQP_ID_BITS` on, never a VQP's id.
+    pub(crate) next_only: AtomicU32,
 }
 
 /// The receive side's own state (under [`MsgNode::recv`]).
@@ -647,6 +705,7 @@ impl<N: Nic> MsgNode<N> {
             endpoints: RwLock::new(HashMap::new()),
             counters: Counters::default(),
             thread: Mutex::new(None),
+            next_only: AtomicU32::new(1 << crate::wrid::VQP_ID_BITS),
         });
         let _ = eng.msg.set(node.clone());
         if node.cfg.progress_thread {
@@ -865,21 +924,31 @@ impl<N: Nic> MsgNode<N> {
                 reply_window,
                 dct_num,
                 dc_key,
+                carries,
             } => {
                 bump(&self.counters.control);
                 learn_sender(eng, m.src, dct_num, dc_key);
                 let reserved = p >= super::hs_msg::FIRST_RESERVED_PORT;
                 let mut reclaimed = Vec::new();
-                let answer = match &port {
-                    None => MsgKind::Refuse(RefuseCode::Unbound),
+                let carried = carries.map(|c| (c, body));
+                let only = carries.is_some_and(|c| c.only);
+                let (answer, delivered) = match &port {
+                    None => (MsgKind::Refuse(RefuseCode::Unbound), false),
                     Some(port) => port.admit(
                         from,
-                        window,
-                        reply_window,
+                        (window, reply_window),
                         reserved.then_some(self.cfg.control_idle),
                         &mut reclaimed,
+                        carried,
                     ),
                 };
+                if delivered {
+                    bump(&self.counters.inline_delivered);
+                } else if carries.is_some() && (only || !matches!(answer, MsgKind::Grant { .. })) {
+                    // Not delivered: a refused Open says so to its sender
+                    // (not an "only" one: nobody waits for its answer).
+                    bump(&self.counters.orphaned);
+                }
                 // Each reclaimed sender is told (best effort: one that
                 // does not hear it finds out at its next push, answered
                 // `Reclaimed` below).
@@ -898,6 +967,10 @@ impl<N: Nic> MsgNode<N> {
                 match answer {
                     MsgKind::Grant { .. } => bump(&self.counters.granted),
                     _ => bump(&self.counters.refused),
+                }
+                // The sender of an only message waits for no answer.
+                if only {
+                    return Ok(());
                 }
                 let reply = MsgRepr {
                     src: eng.nic.gid(),
@@ -1017,14 +1090,13 @@ impl<N: Nic> MsgNode<N> {
             MsgKind::Grant { window } => {
                 bump(&self.counters.control);
                 if let Some(c) = st.channels.get_mut(&key) {
-                    c.status = Status::Open;
-                    c.fwd = SendWindow::new(window);
+                    c.answered(Ok(window));
                 }
             }
             MsgKind::Refuse(code) => {
                 bump(&self.counters.control);
                 if let Some(c) = st.channels.get_mut(&key) {
-                    c.status = Status::Refused(code);
+                    c.answered(Err(code));
                 }
             }
             MsgKind::Credit { count } => {
@@ -1149,14 +1221,10 @@ mod tests {
 
     const PORT: u16 = 7;
 
-    /// A receive slot whose re-post the SRQ refuses (the sim's SRQ says
-    /// "full" for a moment while a sender is taking a buffer, which heavy
-    /// load stretches) used to cost the message in it: the channel's next
-    /// message then overtook it (the per-sender order check of the
-    /// 10,000-message test failed once). Now the message is delivered and
-    /// the slot posted again by the next drain.
-    #[test]
-    fn a_refused_repost_costs_no_message_and_no_slot() {
+    /// Two registered DC engines on one fabric (no messaging threads).
+    fn pair(
+        tune: impl Fn(&mut EngineConfig),
+    ) -> (MetaServer<SimNic>, Engine<SimNic>, Engine<SimNic>) {
         let fabric = SimFabric::in_memory();
         let nic = || SimNic::open(&fabric, SimConfig::default()).expect("sim node");
         let geometry = Geometry::with_buckets(64).expect("geometry");
@@ -1171,8 +1239,8 @@ mod tests {
         let location = MetaLocation::from_bootstrap(&meta.bootstrap()).expect("location");
         let mut node = || {
             let mut cfg = EngineConfig::default().with_meta(location);
-            cfg.msg.window = 8;
             cfg.msg.timeout = Duration::from_secs(10);
+            tune(&mut cfg);
             let e = Engine::start(nic(), cfg).expect("engine");
             meta.table_mut()
                 .register(e.local_target().unwrap(), 0, 1 << 40, 0)
@@ -1180,12 +1248,11 @@ mod tests {
             e
         };
         let (rx, tx) = (node(), node());
-        let port = rx.bind(PORT).expect("bind");
-        let ep = tx.endpoint().expect("endpoint");
-        let host = rx.inner.msg.get().expect("messaging").clone();
-        let body = |i: u64| i.to_le_bytes().to_vec();
-        // The channel opens (the receiver answers the Open from a helper
-        // thread: no progress thread here), message 0 goes through.
+        (meta, rx, tx)
+    }
+
+    /// Runs `f` while another thread drains `rx`'s receive CQ.
+    fn serving<R>(rx: &Engine<SimNic>, f: impl FnOnce() -> R) -> R {
         let done = std::sync::atomic::AtomicBool::new(false);
         std::thread::scope(|s| {
             s.spawn(|| {
@@ -1194,10 +1261,106 @@ mod tests {
                     std::thread::yield_now();
                 }
             });
-            let pushed = ep.push(rx.gid(), PORT, &body(0));
+            let r = f();
             done.store(true, std::sync::atomic::Ordering::Release);
-            pushed.expect("first push");
-        });
+            r
+        })
+    }
+
+    /// An endpoint whose Opens carry the first message: the message and the
+    /// Open are one receive at the port (one round trip for a request);
+    /// an Open that timed out and is sent again carries it again, and the
+    /// port delivers it once; sequence numbers and credits stay exact.
+    #[test]
+    fn an_open_carries_the_first_message_and_delivers_it_once() {
+        let (_meta, rx, tx) = pair(|cfg| cfg.msg.window = 2);
+        let port = rx.bind(PORT).expect("bind");
+        let mut ep = tx.endpoint().expect("endpoint");
+        ep.carry_first = true;
+        // Nobody drains the receiver: the Open (with "a") is not answered.
+        let r = ep.push_timeout(rx.gid(), PORT, b"a", Duration::from_millis(30));
+        assert!(
+            matches!(r, Err(super::super::MsgError::Timeout(_))),
+            "{r:?}"
+        );
+        // The next push sends the Open again, carrying "a" again, then "b".
+        serving(&rx, || ep.push(rx.gid(), PORT, b"b")).expect("push b");
+        let got: Vec<_> = (0..2)
+            .map(|_| {
+                let m = port.pop().expect("pop");
+                (m.seq, m.to_vec())
+            })
+            .collect();
+        assert_eq!(got, vec![(0, b"a".to_vec()), (1, b"b".to_vec())]);
+        assert!(port.try_pop().expect("pop").is_none(), "'a' delivered once");
+        let st = rx.msg_stats();
+        assert_eq!(st.received, 3, "two Opens carrying 'a', then 'b': {st:?}");
+        assert_eq!(st.granted, 2, "the repeated Open gets the same grant");
+        assert_eq!(
+            (st.out_of_order, st.orphaned, st.malformed),
+            (0, 0, 0),
+            "{st:?}"
+        );
+        // Both credits come back: the carried message took one.
+        let start = std::time::Instant::now();
+        while ep.credits(rx.gid(), PORT) != Some(2) {
+            assert!(start.elapsed() < Duration::from_secs(10), "credits lost");
+            let _ = port.return_credits();
+        }
+        // A fresh channel's first push is one receive at the port.
+        assert!(ep.close_channel(rx.gid(), PORT).expect("close"));
+        let before = rx.msg_stats().received;
+        serving(&rx, || ep.push(rx.gid(), PORT, b"c")).expect("push c");
+        let m = port.pop().expect("pop");
+        assert_eq!((m.seq, m.to_vec()), (0, b"c".to_vec()));
+        // The Close, then the Open carrying "c".
+        assert_eq!(rx.msg_stats().received - before, 2);
+    }
+
+    /// An only message: no answer awaited, delivered to the port, whose
+    /// channel ends when it is popped (no slot held); one a full port
+    /// cannot take is counted, not delivered.
+    #[test]
+    fn an_only_message_holds_no_slot_once_popped() {
+        let (_meta, rx, tx) = pair(|cfg| cfg.msg.port_slots = 1);
+        let port = rx.bind(PORT).expect("bind");
+        let ep = tx.endpoint().expect("endpoint");
+        ep.send_only(rx.gid(), PORT, b"bye").expect("send");
+        let m = port.pop().expect("pop");
+        assert_eq!((m.seq, m.to_vec()), (0, b"bye".to_vec()));
+        let u = rx.msg_port_usage(PORT).expect("bound");
+        assert_eq!((u.channels, u.ungranted), (0, 1), "{u:?}");
+        // The port's one slot is held by a channel: the next one is refused.
+        ep.send_only(rx.gid(), PORT, b"one").expect("send");
+        ep.send_only(rx.gid(), PORT, b"two").expect("send");
+        let m = port.pop().expect("pop");
+        assert_eq!(m.to_vec(), b"one");
+        assert!(port.try_pop().expect("pop").is_none());
+        let st = rx.msg_stats();
+        assert_eq!((st.orphaned, st.refused, st.closed), (1, 1, 2), "{st:?}");
+        // The sender got no answer to any of them: nothing to handle.
+        assert_eq!(tx.msg_progress().expect("progress"), 0);
+        // Longer than one receive slot: typed.
+        let long = vec![0u8; tx.inner.cfg.msg.inline_max + 1];
+        assert!(ep.send_only(rx.gid(), PORT, &long).is_err());
+    }
+
+    /// A receive slot whose re-post the SRQ refuses (the sim's SRQ says
+    /// "full" for a moment while a sender is taking a buffer, which heavy
+    /// load stretches) used to cost the message in it: the channel's next
+    /// message then overtook it (the per-sender order check of the
+    /// 10,000-message test failed once). Now the message is delivered and
+    /// the slot posted again by the next drain.
+    #[test]
+    fn a_refused_repost_costs_no_message_and_no_slot() {
+        let (_meta, rx, tx) = pair(|cfg| cfg.msg.window = 8);
+        let port = rx.bind(PORT).expect("bind");
+        let ep = tx.endpoint().expect("endpoint");
+        let host = rx.inner.msg.get().expect("messaging").clone();
+        let body = |i: u64| i.to_le_bytes().to_vec();
+        // The channel opens (the receiver answers the Open from a helper
+        // thread: no progress thread here), message 0 goes through.
+        serving(&rx, || ep.push(rx.gid(), PORT, &body(0))).expect("first push");
         let m = port.pop().expect("message 0");
         assert_eq!((m.seq, m.to_vec()), (0, body(0)));
         // Three messages wait in the receive CQ; the re-posts of all three

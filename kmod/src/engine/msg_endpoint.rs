@@ -4,7 +4,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use krcore_nic::{Access, Gid, MemoryRegion, Nic};
+use krcore_nic::{Gid, MemoryRegion, Nic};
 use parking_lot::Mutex;
 
 use super::mrs::OwnedMr;
@@ -13,14 +13,20 @@ use super::msg_send::*;
 use super::vqp::Vqp;
 use super::EngineInner;
 use crate::msg::{
-    Descriptor, MsgDst, MsgKind, MsgRepr, RefuseCode, ReturnBatch, SendWindow, SeqCheck,
+    Carried, Descriptor, MsgDst, MsgKind, MsgRepr, RefuseCode, ReturnBatch, SendWindow, SeqCheck,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Status {
     Opening,
     Open,
+    /// The Open was refused.
     Refused(RefuseCode),
+    /// The port refused the channel after it was open, with messages of
+    /// it unaccounted for (credits out): they were not delivered (the port
+    /// was unbound, or had reclaimed the channel). The next push reports
+    /// it, then the channel is forgotten.
+    Lost(RefuseCode),
 }
 
 /// The send side of one channel at the endpoint.
@@ -30,6 +36,36 @@ pub(crate) struct ChannelTx {
     pub(crate) reply_returns: ReturnBatch,
     pub(crate) reply_seq: SeqCheck,
     pub(crate) reply_window: u32,
+    /// While opening: the first message, carried by the Open (see
+    /// [`crate::msg::Carried`]); a repeated Open carries it again.
+    pub(crate) carried: Option<Vec<u8>>,
+}
+
+impl ChannelTx {
+    /// Applies the port's answer to the channel's Open (a duplicate Grant,
+    /// answering a repeated Open, changes nothing). A Refuse of an open
+    /// channel is a loss: see [`Status::Lost`].
+    pub(crate) fn answered(&mut self, answer: Result<u32, RefuseCode>) {
+        match (self.status, answer) {
+            (Status::Opening, Ok(window)) => {
+                self.status = Status::Open;
+                self.fwd = SendWindow::new(window);
+                // The carried message went with the grant: seq 0.
+                if self.carried.take().is_some() {
+                    let _ = self.fwd.take();
+                }
+            }
+            (Status::Opening, Err(code)) => self.status = Status::Refused(code),
+            // Credits out: a message of the channel never reached the port
+            // (its credit never comes back). None out: the port reclaimed
+            // an idle channel, nothing was lost (the next push reopens).
+            (Status::Open, Err(code)) if self.fwd.in_use() > 0 => {
+                self.status = Status::Lost(code);
+            }
+            (Status::Open, Err(code)) => self.status = Status::Refused(code),
+            _ => {}
+        }
+    }
 }
 
 pub(crate) struct EpState<N: Nic> {
@@ -72,6 +108,12 @@ pub struct Endpoint<N: Nic> {
     /// Credits its Opens ask for (`msg.window`; `msg.control_window` for
     /// the engine's own control endpoints).
     pub(crate) window: u32,
+    /// A push that opens a channel carries its message in the Open (see
+    /// [`crate::msg::Carried`]): one round trip for a request/response
+    /// exchange. The engine's handshake endpoint only: a push whose Open
+    /// times out leaves its message in doubt (delivered at most once,
+    /// perhaps later), which its idempotent Requests tolerate.
+    pub(crate) carry_first: bool,
 }
 
 impl<N: Nic> std::fmt::Debug for Endpoint<N> {
@@ -224,7 +266,13 @@ impl<N: Nic> Endpoint<N> {
             Wait::For(t) => t,
             Wait::No => cfg.timeout,
         };
-        self.open(&mut tx, key, start, limit)?;
+        let first = match payload {
+            Outgoing::Bytes(data) if self.carry_first && data.len() <= cfg.inline_max => Some(data),
+            _ => None,
+        };
+        if self.open(&mut tx, key, start, limit, first)? {
+            return Ok(());
+        }
         loop {
             self.node.progress(&self.eng)?;
             let seq = {
@@ -232,7 +280,9 @@ impl<N: Nic> Endpoint<N> {
                 let c = st.channels.get_mut(&key);
                 // The port went away meanwhile (it reported a message that
                 // found no port): typed, and the channel is forgotten.
-                if let Some(Status::Refused(code)) = c.as_ref().map(|c| c.status) {
+                if let Some(Status::Refused(code) | Status::Lost(code)) =
+                    c.as_ref().map(|c| c.status)
+                {
                     drop(st);
                     self.forget(key);
                     return Err(MsgError::Refused { gid, port, code });
@@ -262,13 +312,21 @@ impl<N: Nic> Endpoint<N> {
     }
 
     /// Opens the channel `key` if needed: Open, then wait for its answer.
+    /// A fresh channel's Open carries `first` when given; returns whether
+    /// it did (then granted: the message was delivered).
+    ///
+    /// # Errors
+    /// [`MsgError::Refused`] for a refused Open, and for a channel the
+    /// port refused after it was open (its messages since were lost: the
+    /// next push says so once); [`MsgError::Timeout`]; send errors.
     pub(crate) fn open(
         &self,
         tx: &mut EpTx<N>,
         key: (Gid, u16),
         start: Instant,
         limit: Duration,
-    ) -> Result<(), MsgError> {
+        first: Option<&[u8]>,
+    ) -> Result<bool, MsgError> {
         let cfg = &self.node.cfg;
         let status = self
             .shared
@@ -278,14 +336,25 @@ impl<N: Nic> Endpoint<N> {
             .get(&key)
             .map(|c| c.status);
         match status {
-            Some(Status::Open) => return Ok(()),
+            Some(Status::Open) => return Ok(false),
+            // Pushes since the port refused the open channel were lost:
+            // this push reports it (nothing of it is sent).
+            Some(Status::Lost(code)) => {
+                self.forget(key);
+                return Err(MsgError::Refused {
+                    gid: key.0,
+                    port: key.1,
+                    code,
+                });
+            }
             // A refusal that came after an Open timed out: ask again (the
             // port may be bound, or drained, by now).
             Some(Status::Refused(_)) => self.forget(key),
             Some(Status::Opening) | None => {}
         }
         // An Open still unanswered is sent again: a port answers a repeated
-        // Open with the same grant.
+        // Open with the same grant (and delivers a carried message once).
+        let carries = status != Some(Status::Opening) && first.is_some();
         if status != Some(Status::Opening) {
             self.node.reserve(cfg.reply_window)?;
             self.shared.state.lock().channels.insert(
@@ -296,9 +365,17 @@ impl<N: Nic> Endpoint<N> {
                     reply_returns: ReturnBatch::new(cfg.reply_window),
                     reply_seq: SeqCheck::default(),
                     reply_window: cfg.reply_window,
+                    carried: first.filter(|_| carries).map(<[u8]>::to_vec),
                 },
             );
         }
+        let carried = self
+            .shared
+            .state
+            .lock()
+            .channels
+            .get(&key)
+            .and_then(|c| c.carried.clone());
         // Answers come back to this node's DCT: the Open says where, so
         // that a node registered nowhere gets them too.
         let (dct_num, dc_key) = match self.eng.msg_rx() {
@@ -313,15 +390,22 @@ impl<N: Nic> Endpoint<N> {
                 reply_window: cfg.reply_window,
                 dct_num,
                 dc_key,
+                carries: carried.as_ref().map(|b| Carried {
+                    len: b.len() as u32,
+                    only: false,
+                }),
             },
         };
-        if let Err(e) = send_inline(
+        let slot = self.node.ring_slot(&mut tx.posts);
+        if let Err(e) = send_with_body(
+            &self.eng,
             &tx.vqp,
+            (&tx.ring, slot),
             key.0,
             self.id,
-            &open.emit(),
-            cfg.timeout,
-            &self.node.counters,
+            (&open.emit(), carried.as_deref().unwrap_or(&[])),
+            &self.node,
+            0,
         ) {
             self.forget(key);
             return Err(e);
@@ -336,8 +420,10 @@ impl<N: Nic> Endpoint<N> {
                 .get(&key)
                 .map(|c| c.status);
             match status {
-                Some(Status::Open) => return Ok(()),
-                Some(Status::Refused(code)) => {
+                Some(Status::Open) => {
+                    return Ok(carries);
+                }
+                Some(Status::Refused(code) | Status::Lost(code)) => {
                     self.forget(key);
                     return Err(MsgError::Refused {
                         gid: key.0,
@@ -453,15 +539,9 @@ impl<N: Nic> Endpoint<N> {
         self.node.progress(&self.eng)?;
         let mut tx = self.tx.lock();
         self.settle_owed(&mut tx);
-        let Some(mut msg) = self.shared.state.lock().replies.pop_front() else {
+        let Some(mut msg) = take_next(&tx.vqp, &self.shared.state, |s| &mut s.replies)? else {
             return Ok(None);
         };
-        // A descriptor whose port cannot be reached now stays queued (see
-        // `Port::try_pop`).
-        if let (Body::Pending { .. }, Err(e)) = (&msg.body, aim(&tx.vqp, msg.from.gid)) {
-            self.shared.state.lock().replies.push_front(msg);
-            return Err(e);
-        }
         let credit = self
             .shared
             .state
@@ -469,42 +549,28 @@ impl<N: Nic> Endpoint<N> {
             .channels
             .get_mut(&(msg.from.gid, msg.port))
             .and_then(|c| c.reply_returns.popped());
-        let mut pulled = Ok(());
-        if let Body::Pending { len, desc } = msg.body {
-            pulled = (|| {
-                let landing =
-                    take_buffer(&self.eng, &tx.landing, len as usize, Access::LOCAL_WRITE)?;
-                let read = read_into(
-                    &tx.vqp,
-                    msg.from.gid,
-                    &landing,
-                    len,
-                    desc,
-                    self.node.cfg.timeout,
-                    &self.node.counters,
-                );
-                // Release whatever happened: the buffer is not read again
-                // (owed when it cannot be sent now).
-                let release = MsgKind::Release { token: desc.token };
-                if self.send_ctl(&tx, msg.from.gid, msg.port, release).is_err() {
-                    tx.owed_releases.push((msg.from.gid, msg.port, desc.token));
-                    bump(&self.node.counters.releases_deferred);
-                }
-                read?;
-                bump(&self.node.counters.pulled);
-                msg.body = Body::Pulled {
-                    mr: Landing {
-                        mr: Some(landing),
-                        pool: Arc::downgrade(&tx.landing),
-                    },
-                    len: len as usize,
-                };
-                Ok::<(), MsgError>(())
-            })();
-        }
+        let (gid, port) = (msg.from.gid, msg.port);
+        let EpTx {
+            vqp,
+            landing,
+            owed_releases,
+            ..
+        } = &mut *tx;
+        let pulled = pull_body(&self.eng, &self.node, vqp, landing, &mut msg, |token| {
+            if self
+                .send_ctl(vqp, gid, port, MsgKind::Release { token })
+                .is_err()
+            {
+                owed_releases.push((gid, port, token));
+                bump(&self.node.counters.releases_deferred);
+            }
+        });
         if let Some(n) = credit {
             let kind = MsgKind::Credit { count: n };
-            if self.send_ctl(&tx, msg.from.gid, msg.port, kind).is_err() {
+            if self
+                .send_ctl(&tx.vqp, msg.from.gid, msg.port, kind)
+                .is_err()
+            {
                 // Delivered regardless: the credits stay owed.
                 let mut st = self.shared.state.lock();
                 if let Some(c) = st.channels.get_mut(&(msg.from.gid, msg.port)) {
@@ -519,14 +585,14 @@ impl<N: Nic> Endpoint<N> {
     }
 
     /// Sends a control message to `port` at `gid` from the endpoint's VQP.
-    fn send_ctl(&self, tx: &EpTx<N>, gid: Gid, port: u16, kind: MsgKind) -> Result<(), MsgError> {
+    fn send_ctl(&self, vqp: &Vqp<N>, gid: Gid, port: u16, kind: MsgKind) -> Result<(), MsgError> {
         let m = MsgRepr {
             src: self.eng.nic.gid(),
             dst: MsgDst::Port(port),
             kind,
         };
         send_inline(
-            &tx.vqp,
+            vqp,
             gid,
             self.id,
             &m.emit(),
@@ -538,17 +604,13 @@ impl<N: Nic> Endpoint<N> {
     /// Sends what earlier pops owe (Releases, reply credits); what fails
     /// again stays owed.
     fn settle_owed(&self, tx: &mut EpTx<N>) {
-        if !tx.owed_releases.is_empty() {
-            let owed = std::mem::take(&mut tx.owed_releases);
-            let left: Vec<_> = owed
-                .into_iter()
-                .filter(|&(gid, port, token)| {
-                    self.send_ctl(tx, gid, port, MsgKind::Release { token })
-                        .is_err()
-                })
-                .collect();
-            tx.owed_releases = left;
-        }
+        let EpTx {
+            vqp, owed_releases, ..
+        } = tx;
+        owed_releases.retain(|&(gid, port, token)| {
+            let release = MsgKind::Release { token };
+            self.send_ctl(vqp, gid, port, release).is_err()
+        });
         if !std::mem::take(&mut self.shared.state.lock().credits_owed) {
             return;
         }
@@ -561,7 +623,7 @@ impl<N: Nic> Endpoint<N> {
         };
         for ((gid, port), n) in due {
             if self
-                .send_ctl(tx, gid, port, MsgKind::Credit { count: n })
+                .send_ctl(&tx.vqp, gid, port, MsgKind::Credit { count: n })
                 .is_err()
             {
                 let mut st = self.shared.state.lock();
@@ -626,6 +688,13 @@ impl<N: Nic> Endpoint<N> {
                     self.forget(key);
                     return Ok(false);
                 }
+                // Messages pushed since the port refused the open channel
+                // were lost: said here (the channel is forgotten).
+                Status::Lost(code) => {
+                    drop(st);
+                    self.forget(key);
+                    return Err(MsgError::Refused { gid, port, code });
+                }
             }
             let idle = c.fwd.in_use() == 0
                 && !st
@@ -639,8 +708,66 @@ impl<N: Nic> Endpoint<N> {
         // Forgotten first: nothing of this channel is sent after the Close
         // (a push from now on opens a new channel, behind the Close).
         self.forget(key);
-        self.send_ctl(&tx, gid, port, MsgKind::Close)?;
+        self.send_ctl(&tx.vqp, gid, port, MsgKind::Close)?;
         Ok(true)
+    }
+
+    /// Sends `data` to `port` at `gid` as a channel's only message (see
+    /// [`crate::msg::Carried::only`]): an Open carrying it, under a sender
+    /// id of its own (never a VQP's: it meets no channel of this endpoint
+    /// at the port), without waiting for anything. Best effort: the port
+    /// delivers it if it has a slot, and forgets the channel once it is
+    /// popped (no slot held after); a refused one is counted `orphaned`
+    /// there. Bounded: one post (no Open round trip, no credit wait).
+    /// For the engine's notices (the handshake's Close).
+    ///
+    /// # Errors
+    /// [`MsgError::TooLarge`] past `msg.inline_max`; engine and post
+    /// errors.
+    pub(crate) fn send_only(&self, gid: Gid, port: u16, data: &[u8]) -> Result<(), MsgError> {
+        let cfg = &self.node.cfg;
+        if data.len() > cfg.inline_max {
+            return Err(MsgError::TooLarge {
+                len: data.len(),
+                max: cfg.inline_max,
+            });
+        }
+        let sender = self
+            .node
+            .next_only
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            .max(1 << crate::wrid::VQP_ID_BITS);
+        let (dct_num, dc_key) = match self.eng.msg_rx() {
+            Ok((_, _, n, k)) => (n, k),
+            Err(_) => (0, 0),
+        };
+        let open = MsgRepr {
+            src: self.eng.nic.gid(),
+            dst: MsgDst::Port(port),
+            kind: MsgKind::Open {
+                window: 1,
+                reply_window: 0,
+                dct_num,
+                dc_key,
+                carries: Some(Carried {
+                    len: data.len() as u32,
+                    only: true,
+                }),
+            },
+        };
+        let mut tx = self.tx.lock();
+        let tx = &mut *tx;
+        let slot = self.node.ring_slot(&mut tx.posts);
+        send_with_body(
+            &self.eng,
+            &tx.vqp,
+            (&tx.ring, slot),
+            gid,
+            sender,
+            (&open.emit(), data),
+            &self.node,
+            0,
+        )
     }
 
     /// Credits available now on the channel to (`gid`, `port`) (`None`

@@ -4,7 +4,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use krcore_nic::{Access, Nic};
+use krcore_nic::Nic;
 use parking_lot::Mutex;
 
 use super::mrs::OwnedMr;
@@ -24,6 +24,9 @@ pub(crate) struct ChannelRx {
     /// Last data message received or popped (idle reclaim, reserved
     /// ports only).
     pub(crate) last: Instant,
+    /// Opened with its only message ([`crate::msg::Carried::only`]): the
+    /// channel ends when that message is popped.
+    pub(crate) only: bool,
 }
 
 pub(crate) struct PortState<N: Nic> {
@@ -52,21 +55,26 @@ impl<N: Nic> PortShared<N> {
     /// credit owed to it, nothing received or popped since): the senders
     /// whose channels were reclaimed are pushed to `reclaimed` (they are
     /// told with a Refuse `Reclaimed`).
+    ///
+    /// A message the Open `carried` is delivered (seq 0, one credit of the
+    /// new window) only when this Open created the channel: a repeated
+    /// Open carries it again and must not deliver it twice. Returns the
+    /// answer and whether the carried message was delivered.
     pub(crate) fn admit(
         &self,
         from: Sender,
-        window: u32,
-        reply_window: u32,
+        (window, reply_window): (u32, u32),
         reclaim: Option<Duration>,
         reclaimed: &mut Vec<Sender>,
-    ) -> MsgKind {
+        carried: Option<(crate::msg::Carried, Vec<u8>)>,
+    ) -> (MsgKind, bool) {
         let mut st = self.state.lock();
         if !st.bound {
-            return MsgKind::Refuse(RefuseCode::Unbound);
+            return (MsgKind::Refuse(RefuseCode::Unbound), false);
         }
         if let Some(c) = st.channels.get(&from) {
             // A repeated Open (the answer was slow): the same grant.
-            return MsgKind::Grant { window: c.window };
+            return (MsgKind::Grant { window: c.window }, false);
         }
         if let (0, Some(idle)) = (st.ungranted, reclaim) {
             let st = &mut *st;
@@ -87,20 +95,30 @@ impl<N: Nic> PortShared<N> {
         }
         let granted = window.min(st.ungranted);
         if granted == 0 {
-            return MsgKind::Refuse(RefuseCode::Busy);
+            return (MsgKind::Refuse(RefuseCode::Busy), false);
         }
         st.ungranted -= granted;
-        st.channels.insert(
-            from,
-            ChannelRx {
-                window: granted,
-                returns: ReturnBatch::new(granted),
-                seq: SeqCheck::default(),
-                reply: SendWindow::new(reply_window),
-                last: Instant::now(),
-            },
-        );
-        MsgKind::Grant { window: granted }
+        let mut c = ChannelRx {
+            window: granted,
+            returns: ReturnBatch::new(granted),
+            seq: SeqCheck::default(),
+            reply: SendWindow::new(reply_window),
+            last: Instant::now(),
+            only: false,
+        };
+        let delivered = carried.map(|(carried, body)| {
+            c.only = carried.only;
+            // Seq 0 of a fresh account: always the expected one.
+            let _ = c.seq.accept(0);
+            st.ring.push_back(Message {
+                from,
+                port: self.port,
+                seq: 0,
+                body: Body::Inline(body),
+            });
+        });
+        st.channels.insert(from, c);
+        (MsgKind::Grant { window: granted }, delivered.is_some())
     }
 
     /// The sender `from` closed its channel: the port forgets it and its
@@ -124,6 +142,23 @@ impl<N: Nic> PortShared<N> {
             }
             None => false,
         }
+    }
+
+    /// A message of `from`'s channel was popped: the credits to send back
+    /// now, if any. A channel opened with its only message ends with it
+    /// (no credit goes back, its window returns to the port's slots).
+    pub(crate) fn popped(&self, from: Sender, counters: &Counters) -> Option<u32> {
+        let mut st = self.state.lock();
+        let c = st.channels.get_mut(&from)?;
+        if !c.only {
+            c.last = Instant::now();
+            return c.returns.popped();
+        }
+        let window = c.window;
+        st.channels.remove(&from);
+        st.ungranted += window;
+        bump(&counters.closed);
+        None
     }
 
     /// What the port has granted now.
@@ -305,6 +340,7 @@ impl<N: Nic> Engine<N> {
             }),
             id,
             window,
+            carry_first: false,
         })
     }
 
@@ -372,30 +408,14 @@ impl<N: Nic> Port<N> {
         self.node.progress(&self.eng)?;
         let mut tx = self.tx.lock();
         self.settle_owed(&mut tx);
-        let Some(mut msg) = self.shared.state.lock().ring.pop_front() else {
+        let Some(mut msg) = take_next(&tx.vqp, &self.shared.state, |s| &mut s.ring)? else {
             return Ok(None);
         };
-        // A descriptor whose sender cannot be reached now stays queued, at
-        // the head (pops are serialized by `tx`): the error is typed and
-        // the next pop tries again.
-        if let (Body::Pending { .. }, Err(e)) = (&msg.body, aim(&tx.vqp, msg.from.gid)) {
-            self.shared.state.lock().ring.push_front(msg);
-            return Err(e);
-        }
-        let credit = self
-            .shared
-            .state
-            .lock()
-            .channels
-            .get_mut(&msg.from)
-            .and_then(|c| {
-                c.last = Instant::now();
-                c.returns.popped()
-            });
+        let credit = self.shared.popped(msg.from, &self.node.counters);
         let pulled = self.pull(&mut tx, &mut msg);
         if let Some(n) = credit {
             if self
-                .send_ctl(&tx, msg.from, MsgKind::Credit { count: n })
+                .send_ctl(&tx.vqp, msg.from, MsgKind::Credit { count: n })
                 .is_err()
             {
                 // Delivered regardless: the credits stay owed.
@@ -412,7 +432,7 @@ impl<N: Nic> Port<N> {
     }
 
     /// Sends a control message to `to`'s endpoint from the port's VQP.
-    fn send_ctl(&self, tx: &PortTx<N>, to: Sender, kind: MsgKind) -> Result<(), MsgError> {
+    fn send_ctl(&self, vqp: &Vqp<N>, to: Sender, kind: MsgKind) -> Result<(), MsgError> {
         let m = MsgRepr {
             src: self.eng.nic.gid(),
             dst: MsgDst::Vqp {
@@ -421,9 +441,9 @@ impl<N: Nic> Port<N> {
             },
             kind,
         };
-        let imm = tx.vqp.id().get();
+        let imm = vqp.id().get();
         send_inline(
-            &tx.vqp,
+            vqp,
             to.gid,
             imm,
             &m.emit(),
@@ -435,14 +455,11 @@ impl<N: Nic> Port<N> {
     /// Sends what earlier pops owe (Releases, credits); what fails again
     /// stays owed.
     fn settle_owed(&self, tx: &mut PortTx<N>) {
-        if !tx.owed_releases.is_empty() {
-            let owed = std::mem::take(&mut tx.owed_releases);
-            let left: Vec<_> = owed
-                .into_iter()
-                .filter(|&(to, token)| self.send_ctl(tx, to, MsgKind::Release { token }).is_err())
-                .collect();
-            tx.owed_releases = left;
-        }
+        let PortTx {
+            vqp, owed_releases, ..
+        } = tx;
+        owed_releases
+            .retain(|&(to, token)| self.send_ctl(vqp, to, MsgKind::Release { token }).is_err());
         if std::mem::take(&mut self.shared.state.lock().credits_owed)
             && self.return_credits_with(tx).is_err()
         {
@@ -451,39 +468,25 @@ impl<N: Nic> Port<N> {
     }
 
     /// Pulls a descriptor's body (one READ) and releases the sender's
-    /// buffer.
+    /// buffer (a Release that cannot be sent now is owed: the message is
+    /// not lost for it).
     pub(crate) fn pull(&self, tx: &mut PortTx<N>, msg: &mut Message<N>) -> Result<(), MsgError> {
-        let Body::Pending { len, desc } = msg.body else {
-            return Ok(());
-        };
-        let landing = take_buffer(&self.eng, &tx.landing, len as usize, Access::LOCAL_WRITE)?;
-        let read = read_into(
-            &tx.vqp,
-            msg.from.gid,
-            &landing,
-            len,
-            desc,
-            self.node.cfg.timeout,
-            &self.node.counters,
-        );
-        // Release whatever happened: the sender's buffer is not read again.
-        // A Release that cannot be sent now is owed (the message is not
-        // lost for it).
-        let release = MsgKind::Release { token: desc.token };
-        if self.send_ctl(tx, msg.from, release).is_err() {
-            tx.owed_releases.push((msg.from, desc.token));
-            bump(&self.node.counters.releases_deferred);
-        }
-        read?;
-        bump(&self.node.counters.pulled);
-        msg.body = Body::Pulled {
-            mr: Landing {
-                mr: Some(landing),
-                pool: Arc::downgrade(&tx.landing),
-            },
-            len: len as usize,
-        };
-        Ok(())
+        let from = msg.from;
+        let PortTx {
+            vqp,
+            landing,
+            owed_releases,
+            ..
+        } = tx;
+        pull_body(&self.eng, &self.node, vqp, landing, msg, |token| {
+            if self
+                .send_ctl(vqp, from, MsgKind::Release { token })
+                .is_err()
+            {
+                owed_releases.push((from, token));
+                bump(&self.node.counters.releases_deferred);
+            }
+        })
     }
 
     /// Returns now the credits of every message popped so far (they go
@@ -510,7 +513,7 @@ impl<N: Nic> Port<N> {
         let mut result = Ok(());
         for (sender, n) in due {
             if result.is_ok() {
-                match self.send_ctl(tx, sender, MsgKind::Credit { count: n }) {
+                match self.send_ctl(&tx.vqp, sender, MsgKind::Credit { count: n }) {
                     Ok(()) => {
                         sent += n;
                         continue;

@@ -16,7 +16,7 @@ use super::mrs::OwnedMr;
 use super::msg::*;
 use super::vqp::Vqp;
 use super::EngineInner;
-use crate::msg::{Descriptor, MsgDst, MsgKind, MsgRepr, HEADER_LEN};
+use crate::msg::{Descriptor, MsgDst, MsgKind, MsgRepr};
 
 /// The wr_id bit of an endpoint's data message SEND: the rest of the
 /// wr_id is the endpoint's tag of the message (see `Endpoint::send`).
@@ -202,6 +202,20 @@ pub(crate) fn post_one<N: Nic>(
     }
 }
 
+/// Writes `header` then `body` into `out` (sized for one inline WR);
+/// returns the bytes written. The caller checked that they fit.
+pub(crate) fn with_body(
+    out: &mut [u8; krcore_nic::MAX_INLINE],
+    header: &[u8],
+    body: &[u8],
+) -> usize {
+    let n = (header.len() + body.len()).min(out.len());
+    let h = header.len().min(n);
+    out[..h].copy_from_slice(&header[..h]);
+    out[h..n].copy_from_slice(&body[..n - h]);
+    n
+}
+
 pub(crate) fn send_inline<N: Nic>(
     vqp: &Vqp<N>,
     to: Gid,
@@ -327,6 +341,108 @@ pub(crate) fn read_into<N: Nic>(
     }
 }
 
+/// Sends `header` followed by `body` in one SEND: inline when both fit
+/// the device's inline limit, else through the staging slot `(ring, off)`
+/// of the sending VQP's ring (see `MsgNode::staging_ring`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn send_with_body<N: Nic>(
+    eng: &EngineInner<N>,
+    vqp: &Vqp<N>,
+    (ring, off): (&OwnedMr<N>, usize),
+    to: Gid,
+    imm: u32,
+    (header, body): (&[u8], &[u8]),
+    node: &MsgNode<N>,
+    wr_id: u64,
+) -> Result<(), MsgError> {
+    let cfg = &node.cfg;
+    if header.len() + body.len() <= eng.policy.max_inline {
+        let mut b = [0u8; krcore_nic::MAX_INLINE];
+        let n = with_body(&mut b, header, body);
+        return send_inline_wr(vqp, to, imm, &b[..n], cfg.timeout, &node.counters, wr_id);
+    }
+    aim(vqp, to)?;
+    ring.write(off, header)
+        .and_then(|()| ring.write(off + header.len(), body))
+        .map_err(MsgError::nic("write a staging buffer"))?;
+    let sge = ring
+        .sge(off, (header.len() + body.len()) as u32)
+        .map_err(MsgError::nic("a staging buffer"))?;
+    let wr = SendWr {
+        wr_id,
+        flags: send_flags(vqp),
+        ..send_wr(sge, imm)
+    };
+    post_one(vqp, wr, cfg.timeout, &node.counters)
+}
+
+/// The oldest message of the queue `queue` picks in `state` (a port's
+/// ring, an endpoint's replies). A descriptor whose sender cannot be
+/// reached now (its body is pulled from there) stays queued, at the head
+/// (pops are serialized by the caller's `tx` lock): the error is typed and
+/// the next pop tries again.
+///
+/// # Errors
+/// Engine errors of reaching a descriptor's sender.
+pub(crate) fn take_next<N: Nic, S>(
+    vqp: &Vqp<N>,
+    state: &Mutex<S>,
+    queue: impl Fn(&mut S) -> &mut std::collections::VecDeque<Message<N>>,
+) -> Result<Option<Message<N>>, MsgError> {
+    let Some(msg) = queue(&mut state.lock()).pop_front() else {
+        return Ok(None);
+    };
+    if let (Body::Pending { .. }, Err(e)) = (&msg.body, aim(vqp, msg.from.gid)) {
+        queue(&mut state.lock()).push_front(msg);
+        return Err(e);
+    }
+    Ok(Some(msg))
+}
+
+/// Pulls a descriptor message's body (the zero-copy receive, of a port's
+/// message or an endpoint's reply): one READ from its sender into a
+/// landing buffer of `pool`, then `release(token)` whatever the READ did
+/// (the sender's buffer is not read again; the caller sends the Release,
+/// or owes it). An inline or pulled body is left as it is.
+///
+/// # Errors
+/// [`MsgError::Failed`] for a failed READ (the message is consumed and
+/// reported); buffer and post errors.
+pub(crate) fn pull_body<N: Nic>(
+    eng: &EngineInner<N>,
+    node: &MsgNode<N>,
+    vqp: &Vqp<N>,
+    pool: &Arc<Mutex<Vec<OwnedMr<N>>>>,
+    msg: &mut Message<N>,
+    release: impl FnOnce(u64),
+) -> Result<(), MsgError> {
+    let Body::Pending { len, desc } = msg.body else {
+        return Ok(());
+    };
+    let landing = take_buffer(eng, pool, len as usize, Access::LOCAL_WRITE)?;
+    let cfg = &node.cfg;
+    let read = read_into(
+        vqp,
+        msg.from.gid,
+        &landing,
+        len,
+        desc,
+        cfg.timeout,
+        &node.counters,
+    );
+    release(desc.token);
+    read?;
+    bump(&node.counters.pulled);
+    msg.body = Body::Pulled {
+        mr: Landing {
+            mr: Some(landing),
+            pool: Arc::downgrade(pool),
+        },
+        len: len as usize,
+    };
+    Ok(())
+}
+
 /// Sends one data message (inline, or a descriptor of a staging buffer or
 /// of `region`) from `vqp`, unsignaled.
 #[allow(clippy::too_many_arguments)]
@@ -356,33 +472,7 @@ pub(crate) fn send_data<N: Nic>(
             },
         }
         .emit();
-        if HEADER_LEN + data.len() <= eng.policy.max_inline {
-            let mut b = [0u8; krcore_nic::MAX_INLINE];
-            b[..HEADER_LEN].copy_from_slice(&header);
-            b[HEADER_LEN..HEADER_LEN + data.len()].copy_from_slice(data);
-            return send_inline_wr(
-                vqp,
-                to,
-                imm,
-                &b[..HEADER_LEN + data.len()],
-                cfg.timeout,
-                &node.counters,
-                wr_id,
-            );
-        }
-        // Through a staging slot of the sender's ring.
-        ring.write(off, &header)
-            .and_then(|()| ring.write(off + HEADER_LEN, data))
-            .map_err(MsgError::nic("write a staging buffer"))?;
-        let sge = ring
-            .sge(off, (HEADER_LEN + data.len()) as u32)
-            .map_err(MsgError::nic("a staging buffer"))?;
-        let wr = SendWr {
-            wr_id,
-            flags: send_flags(vqp),
-            ..send_wr(sge, imm)
-        };
-        return post_one(vqp, wr, cfg.timeout, &node.counters);
+        return send_with_body(eng, vqp, (ring, off), to, imm, (&header, data), node, wr_id);
     }
     let mr = take_buffer(
         eng,

@@ -51,7 +51,8 @@ use crate::dccache::CachedTarget;
 /// before its VQP ever looked). A pair with WRs in flight is never evicted: when every pair has
 /// some, the connect is refused with [`EngineError::RcPairsBusy`] (the
 /// caller polls and retries). An evicted pair's QP is destroyed at once and
-/// its target is told (a Close datagram, best effort); VQPs still bound to
+/// its target is told (best effort: a Close datagram over UD; in DC mode an
+/// only message to its handshake port, see `super::hs_msg`); VQPs still bound to
 /// it get a new pair on their next post.
 ///
 /// Lock order: `create`, then the map; a pair's own lock is never taken
@@ -175,6 +176,36 @@ impl<N: Nic> RcPool<N> {
                 hs.close(p.qpn(), l.handshake, nonce);
             }
         }
+    }
+
+    /// DC mode, the engine's last handle went: closes every open pair with
+    /// no WR in flight and tells its target (one only message each, no
+    /// wait: see `super::hs_msg::HsMsg::close`), so that targets free
+    /// their passive ends now rather than at their `passive_cap`. A pair
+    /// with WRs in flight stays (its VQPs still post on it; a VQP finding
+    /// its pair closed moves back to its DCI). Returns the pairs closed.
+    pub(crate) fn close_idle(&self, eng: &EngineInner<N>) -> usize {
+        let Some(hs) = eng.hs_msg() else { return 0 };
+        let pairs: Vec<(Gid, Arc<PhysQp<N>>)> = self
+            .map
+            .lock()
+            .iter()
+            .map(|(g, p)| (*g, p.clone()))
+            .collect();
+        let mut closed = 0;
+        for (gid, p) in pairs {
+            if !p.is_open() {
+                continue;
+            }
+            let Ok(Some(nonce)) = p.close_if_idle(eng) else {
+                continue;
+            };
+            self.map.lock().remove(&gid);
+            self.retire(&p);
+            hs.close(eng.nic.gid(), p.qpn(), gid, nonce);
+            closed += 1;
+        }
+        closed
     }
 
     fn retire(&self, p: &PhysQp<N>) {

@@ -48,9 +48,16 @@ pub struct HandshakeConfig {
     pub recv_slots: u32,
     /// UD send slots. Default 32.
     pub send_slots: u32,
-    /// Wait for an answer after each Request. Default 20 ms.
+    /// Wait for an answer after the first Request; each retry waits twice
+    /// as long as the attempt before, up to 16 times this
+    /// ([`HandshakeConfig::attempt_timeout`]): a peer whose serving thread
+    /// a loaded host does not run for tens of milliseconds still answers
+    /// in time, while a dead one fails after a bounded, typed wait.
+    /// Default 20 ms.
     pub timeout: Duration,
-    /// Requests re-sent after a timeout. Default 4 (5 attempts, 100 ms).
+    /// Requests re-sent after a timeout. Default 4 (5 attempts: 20 + 40 +
+    /// 80 + 160 + 320 ms, at most 620 ms in all with the default timeout;
+    /// see [`HandshakeConfig::total_wait`]).
     pub retries: u32,
     /// Most passive RC QPs (this node's ends of peers' pairs). Default 1024.
     pub passive_cap: usize,
@@ -67,6 +74,28 @@ pub struct HandshakeConfig {
     pub rnr_retry: u8,
     /// Sleep of the progress thread after an idle spell. Default 100 us.
     pub idle_sleep: Duration,
+}
+
+/// Most doublings of the handshake's per-attempt wait (16 times
+/// `timeout`).
+const MAX_DOUBLINGS: u32 = 4;
+
+impl HandshakeConfig {
+    /// How long attempt `attempt` (0: the first Request) waits for its
+    /// answer: `timeout` doubled per attempt before it, at most
+    /// `16 * timeout`.
+    pub fn attempt_timeout(&self, attempt: u32) -> Duration {
+        self.timeout.saturating_mul(1 << attempt.min(MAX_DOUBLINGS))
+    }
+
+    /// The longest a handshake waits for answers in all (every attempt
+    /// timing out): the bound of a dead target's typed
+    /// [`HandshakeFailure::Timeout`].
+    pub fn total_wait(&self) -> Duration {
+        (0..self.retries.saturating_add(1))
+            .map(|a| self.attempt_timeout(a))
+            .fold(Duration::ZERO, Duration::saturating_add)
+    }
 }
 
 impl Default for HandshakeConfig {
@@ -817,7 +846,7 @@ impl<N: Nic> Core<N> {
                 .send_bytes(target, &request)
                 .map_err(|e| Exchange::Engine(ud_err(e)))?;
             self.stats.lock().requests_sent += 1;
-            let deadline = Instant::now() + self.cfg.timeout;
+            let deadline = Instant::now() + self.cfg.attempt_timeout(attempt);
             loop {
                 if let Some(Some(r)) = self.mailbox.lock().get_mut(&nonce).map(Option::take) {
                     return Ok(r);

@@ -28,8 +28,11 @@
 //!   lock only; other VQPs on the DCI are not held) takes an existing open
 //!   pair at once (no network). Without one it asks the engine's builder
 //!   for it and returns to posting on the DCI: the builder is one thread
-//!   (`krcore-upgrade`, started by the first request, none while nothing
-//!   asks; stopped and joined with the engine) that resolves the target's
+//!   (`krcore-upgrade`, started by the first connect of a VQP counted for
+//!   the upgrade (`upgrade_after` set and the upgrade endpoint on), or
+//!   else the first request, so that a build does not wait for a new
+//!   thread's first run; idle on its queue meanwhile, none in an engine
+//!   that never counts; stopped and joined with the engine) that resolves the target's
 //!   endpoint and makes the pair (one handshake, bounded by the handshake
 //!   timeout and retries), one target at a time, one build per target
 //!   whatever the number of VQPs waiting for it (their ticket, `Build`).
@@ -175,18 +178,26 @@ impl Drop for Builder {
     }
 }
 
-/// Asks the builder for the pair to `gid` (starting the builder at the
-/// first request): the build in flight for `gid`, or a new one.
+/// Starts the engine's builder if it is not running yet (idle on its
+/// queue until a request): done at the connect of a counted VQP, so that
+/// the first build does not wait for a new thread's first run (a thread
+/// that a loaded host schedules milliseconds later).
 ///
 /// # Errors
-/// [`EngineError::Unsupported`] without the upgrade or in a forked child;
-/// [`EngineError::Config`] when the thread cannot be started.
-fn request_build<N: Nic>(eng: &Arc<EngineInner<N>>, gid: Gid) -> Result<Arc<Build>, EngineError> {
-    super::fork::refuse_in_child(eng, "a background RC build in a forked child")?;
+/// As [`request_build`].
+pub(crate) fn start_builder<N: Nic>(eng: &Arc<EngineInner<N>>) -> Result<(), EngineError> {
     let pool = eng.rc_pool().ok_or(EngineError::Unsupported {
         reason: "the DC -> RC upgrade needs DC mode and EngineConfig::upgrade_endpoint",
     })?;
-    let mut builder = pool.builder.lock();
+    started(eng, &mut pool.builder.lock()).map(|_| ())
+}
+
+/// The builder's queue, its thread started if needed.
+fn started<'a, N: Nic>(
+    eng: &Arc<EngineInner<N>>,
+    builder: &'a mut Option<Builder>,
+) -> Result<&'a Arc<BuilderShared>, EngineError> {
+    super::fork::refuse_in_child(eng, "a background RC build in a forked child")?;
     if builder.is_none() {
         let shared = Arc::new(BuilderShared::default());
         let (s, weak) = (shared.clone(), Arc::downgrade(eng));
@@ -199,7 +210,21 @@ fn request_build<N: Nic>(eng: &Arc<EngineInner<N>>, gid: Gid) -> Result<Arc<Buil
             thread: Some(thread),
         });
     }
-    let shared = &builder.as_ref().expect("started above").shared;
+    Ok(&builder.as_ref().expect("started above").shared)
+}
+
+/// Asks the builder for the pair to `gid` (starting the builder if
+/// needed): the build in flight for `gid`, or a new one.
+///
+/// # Errors
+/// [`EngineError::Unsupported`] without the upgrade or in a forked child;
+/// [`EngineError::Config`] when the thread cannot be started.
+fn request_build<N: Nic>(eng: &Arc<EngineInner<N>>, gid: Gid) -> Result<Arc<Build>, EngineError> {
+    let pool = eng.rc_pool().ok_or(EngineError::Unsupported {
+        reason: "the DC -> RC upgrade needs DC mode and EngineConfig::upgrade_endpoint",
+    })?;
+    let mut builder = pool.builder.lock();
+    let shared = started(eng, &mut builder)?;
     let mut jobs = shared.jobs.lock();
     if let Some(b) = jobs.inflight.get(&gid) {
         return Ok(b.clone());
@@ -580,6 +605,11 @@ impl<N: Nic> Vqp<N> {
         }
         let q = slot.rc.clone().unwrap_or_else(|| b.dci.clone());
         q.with_vqp(id, |st| st.target = Some(t));
+        if !same && self.engine.cfg.upgrade_after.is_some() {
+            // A counted VQP may ask for a build later: have the builder
+            // ready (best effort: a failure shows at the request).
+            let _ = start_builder(&self.engine);
+        }
         if !same {
             slot.pending = None;
             slot.build = None;
