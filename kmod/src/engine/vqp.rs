@@ -659,18 +659,16 @@ mod tests {
         assert!(t.spill.is_empty() && t.direct.iter().all(|&d| d == 0));
     }
 
-    /// Two VQPs on one DCI: B's unsignaled WR is posted before A's
-    /// signaled one, so A's completion retires B's WR too. A's poll must
-    /// route it (B's count drops, A gets its completion), not apply it as
-    /// if every retired WR were A's (the inline poll does so only while
-    /// all outstanding WRs are the poller's, `PhysState::sole`).
-    #[test]
-    fn a_completion_retiring_another_vqps_wr_is_routed() {
+    /// A meta table (returned: keep it), a server engine registered in it
+    /// and a client engine, on one in-memory fabric, one DCI each.
+    fn server_and_client() -> (
+        krcore_meta::MetaServer<krcore_nic::sim::SimNic>,
+        crate::Engine<krcore_nic::sim::SimNic>,
+        crate::Engine<krcore_nic::sim::SimNic>,
+    ) {
         use crate::{Engine, EngineConfig, MetaLocation};
         use krcore_meta::{MetaConfig, MetaServer};
         use krcore_nic::sim::{SimConfig, SimFabric, SimNic};
-        use krcore_nic::{Access, MemoryRegion, SendWr, Wc, WcStatus};
-
         let f = SimFabric::in_memory();
         let node = || SimNic::open(&f, SimConfig::default()).unwrap();
         let mut meta = MetaServer::start(node(), MetaConfig::default()).unwrap();
@@ -681,6 +679,19 @@ mod tests {
             .register(server.local_target().unwrap(), 0, 1 << 40, 0)
             .unwrap();
         let client = Engine::start(node(), cfg()).unwrap();
+        (meta, server, client)
+    }
+
+    /// Two VQPs on one DCI: B's unsignaled WR is posted before A's
+    /// signaled one, so A's completion retires B's WR too. A's poll must
+    /// route it (B's count drops, A gets its completion), not apply it as
+    /// if every retired WR were A's (the inline poll does so only while
+    /// all outstanding WRs are the poller's, `PhysState::sole`).
+    #[test]
+    fn a_completion_retiring_another_vqps_wr_is_routed() {
+        use krcore_nic::{Access, MemoryRegion, SendWr, Wc, WcStatus};
+
+        let (_meta, server, client) = server_and_client();
         let remote = server.alloc_mr(4096, Access::ALL).unwrap();
         let local = client.alloc_mr(4096, Access::ALL).unwrap();
         let (a, b) = (client.create_vqp().unwrap(), client.create_vqp().unwrap());
@@ -729,21 +740,9 @@ mod tests {
     /// and flags, and the completions carry the caller's wr_ids.
     #[test]
     fn in_place_posts_give_the_callers_wrs_back_as_they_were() {
-        use crate::{Engine, EngineConfig, MetaLocation};
-        use krcore_meta::{MetaConfig, MetaServer};
-        use krcore_nic::sim::{SimConfig, SimFabric, SimNic};
         use krcore_nic::{Access, Destination, MemoryRegion, SendWr, Wc, WcStatus};
 
-        let f = SimFabric::in_memory();
-        let node = || SimNic::open(&f, SimConfig::default()).unwrap();
-        let mut meta = MetaServer::start(node(), MetaConfig::default()).unwrap();
-        let loc = MetaLocation::from_bootstrap(&meta.bootstrap()).unwrap();
-        let cfg = || EngineConfig::default().with_meta(loc).with_pool_size(1);
-        let server = Engine::start(node(), cfg()).unwrap();
-        meta.table_mut()
-            .register(server.local_target().unwrap(), 0, 1 << 40, 0)
-            .unwrap();
-        let client = Engine::start(node(), cfg()).unwrap();
+        let (_meta, server, client) = server_and_client();
         let remote = server.alloc_mr(4096, Access::ALL).unwrap();
         let local = client.alloc_mr(4096, Access::ALL).unwrap();
         let v = client.create_vqp().unwrap();
