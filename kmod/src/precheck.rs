@@ -667,21 +667,10 @@ pub(crate) fn common_shape<'w>(
     wr: &'w SendWr,
     policy: &Policy,
 ) -> Option<(RemoteAddr, OpKind, &'w krcore_nic::Sge)> {
-    let (remote, op) = match wr.op {
-        WrOp::Read { remote } => (remote, OpKind::Read),
-        WrOp::Write { remote } => (remote, OpKind::Write),
-        _ => return None,
-    };
-    let Payload::Local(sg) = &wr.payload else {
-        return None;
-    };
-    let [sge] = sg.as_slice() else {
-        return None;
-    };
     if policy.max_sge == 0 {
         return None;
     }
-    Some((remote, op, sge))
+    common_shape_of(wr)
 }
 
 /// [`common_shape`] without the policy's part: for a caller that checked
