@@ -537,8 +537,7 @@ fn close_message(local: Gid, local_qpn: u32, nonce: u64) -> [u8; crate::handshak
 /// The handshake thread: serves the reserved port until stopped or the
 /// engine is gone.
 fn run<N: Nic>(eng: &Weak<EngineInner<N>>, stop: &AtomicBool, idle_sleep: Duration) {
-    const SPIN_POLLS: u32 = 64;
-    let mut idle = 0u32;
+    let mut wait = super::idle::IdleWait::new(idle_sleep);
     while !stop.load(Ordering::Acquire) {
         let Some(e) = eng.upgrade() else { return };
         let n = match e.hs_msg() {
@@ -553,12 +552,8 @@ fn run<N: Nic>(eng: &Weak<EngineInner<N>>, stop: &AtomicBool, idle_sleep: Durati
         // Possibly the engine's last reference: dropping it ends the loop.
         drop(e);
         match n {
-            Ok(n) if n > 0 => idle = 0,
-            Ok(_) if idle < SPIN_POLLS => {
-                idle += 1;
-                std::thread::yield_now();
-            }
-            _ => std::thread::sleep(idle_sleep),
+            Ok(n) => wait.after(n),
+            Err(_) => wait.after_error(idle_sleep),
         }
     }
 }

@@ -347,20 +347,12 @@ impl<N: Nic> MsgMetaHost<N> {
         let handle = std::thread::Builder::new()
             .name("krcore-meta".into())
             .spawn(move || {
-                const SPIN_POLLS: u32 = 64;
-                let mut idle = 0u32;
+                let mut wait = super::idle::IdleWait::new(idle_sleep);
                 while !flag.load(Ordering::Acquire) {
                     let Some(h) = host.upgrade() else { return };
                     let n = h.progress().unwrap_or(0);
                     drop(h);
-                    if n > 0 {
-                        idle = 0;
-                    } else if idle < SPIN_POLLS {
-                        idle += 1;
-                        std::thread::yield_now();
-                    } else {
-                        std::thread::sleep(idle_sleep);
-                    }
+                    wait.after(n);
                 }
             })
             .map_err(|e| EngineError::Config(format!("spawn the meta host thread: {e}")))?;

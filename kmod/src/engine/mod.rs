@@ -112,6 +112,7 @@ mod error;
 mod fork;
 pub mod hs_msg;
 mod idhash;
+mod idle;
 mod lazy;
 mod meta;
 pub mod meta_msg;

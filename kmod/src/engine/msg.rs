@@ -625,8 +625,7 @@ pub(crate) fn run_progress<N: Nic>(
     stop: &std::sync::atomic::AtomicBool,
     idle_sleep: Duration,
 ) {
-    const SPIN_POLLS: u32 = 64;
-    let mut idle = 0u32;
+    let mut wait = super::idle::IdleWait::new(idle_sleep);
     while !stop.load(Ordering::Acquire) {
         let Some(e) = eng.upgrade() else {
             return;
@@ -636,14 +635,7 @@ pub(crate) fn run_progress<N: Nic>(
             None => 0,
         };
         drop(e);
-        if n > 0 {
-            idle = 0;
-        } else if idle < SPIN_POLLS {
-            idle += 1;
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(idle_sleep);
-        }
+        wait.after(n);
     }
 }
 

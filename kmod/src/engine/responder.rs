@@ -617,19 +617,13 @@ impl<N: Nic> HandshakeResponder<N> {
 
 impl<N: Nic> Core<N> {
     fn run(&self, stop: &AtomicBool) {
-        const SPIN_POLLS: u32 = 64;
-        let mut idle = 0u32;
+        let mut wait = super::idle::IdleWait::new(self.cfg.idle_sleep);
         while !stop.load(Ordering::Acquire) {
             match self.progress() {
-                Ok(n) if n > 0 => idle = 0,
-                Ok(_) if idle < SPIN_POLLS => {
-                    idle += 1;
-                    std::thread::yield_now();
-                }
-                Ok(_) => std::thread::sleep(self.cfg.idle_sleep),
+                Ok(n) => wait.after(n),
                 Err(_) => {
                     self.stats.lock().thread_errors += 1;
-                    std::thread::sleep(Duration::from_millis(1));
+                    wait.after_error(Duration::from_millis(1));
                 }
             }
         }
