@@ -148,6 +148,47 @@ pub const FIRST_RESERVED_PORT: u16 = 0xfff0;
 /// it (the answer is counted lost; a retry of the Request gets it again).
 const REPLY_WAIT: Duration = Duration::from_millis(5);
 
+/// What a control exchange (the upgrade handshake, a meta registration)
+/// does after pushing its request to a reserved port.
+pub(crate) enum ControlPush {
+    /// The request is on its way: wait for the answer.
+    Sent,
+    /// The attempt is spent, the next one may succeed: no Grant or credit
+    /// in time (nobody drains the target), an earlier message of this
+    /// endpoint lost, or the target reclaimed this endpoint's idle channel
+    /// (forgotten: the next attempt opens a new one).
+    Retry,
+    /// Every slot of the target's port is held by an exchange in
+    /// progress: ask again after [`busy_pause`] (or fail, when no attempt
+    /// is left).
+    Busy(MsgError),
+    /// Anything else: fail.
+    Fail(MsgError),
+}
+
+impl ControlPush {
+    pub(crate) fn of(pushed: Result<(), MsgError>) -> ControlPush {
+        match pushed {
+            Ok(()) => ControlPush::Sent,
+            Err(
+                MsgError::Timeout(_)
+                | MsgError::Lost { .. }
+                | MsgError::Refused {
+                    code: RefuseCode::Reclaimed,
+                    ..
+                },
+            ) => ControlPush::Retry,
+            Err(
+                e @ MsgError::Refused {
+                    code: RefuseCode::Busy,
+                    ..
+                },
+            ) => ControlPush::Busy(e),
+            Err(e) => ControlPush::Fail(e),
+        }
+    }
+}
+
 /// The pause before asking a busy port again: 1 ms, doubling per attempt,
 /// at most the attempt's timeout.
 pub(crate) fn busy_pause(attempt: u32, timeout: Duration) -> Duration {
@@ -412,33 +453,19 @@ impl<N: Nic> HsMsg<N> {
                 self.stats.lock().retries += 1;
             }
             let wait = cfg.attempt_timeout(attempt);
-            match ep.push_timeout(gid, HANDSHAKE_PORT, &request, wait) {
-                Ok(()) => self.stats.lock().requests_sent += 1,
-                // No Grant or no credit in time (nobody drains the target),
-                // or an earlier message of this endpoint was lost: the
-                // attempt is spent.
-                Err(MsgError::Timeout(_) | MsgError::Lost { .. }) => continue,
-                // The target reclaimed this endpoint's idle channel (the
-                // channel is forgotten): the next attempt opens a new one.
-                Err(MsgError::Refused {
-                    code: RefuseCode::Reclaimed,
-                    ..
-                }) => continue,
-                // Every slot of the target's port is held by an exchange
-                // in progress: the next attempt asks again, after a pause.
-                Err(MsgError::Refused {
-                    code: RefuseCode::Busy,
-                    ..
-                }) if attempt + 1 < attempts => {
+            match ControlPush::of(ep.push_timeout(gid, HANDSHAKE_PORT, &request, wait)) {
+                ControlPush::Sent => self.stats.lock().requests_sent += 1,
+                ControlPush::Retry => continue,
+                ControlPush::Busy(_) if attempt + 1 < attempts => {
                     self.stats.lock().busy += 1;
                     std::thread::sleep(busy_pause(attempt, wait));
                     continue;
                 }
-                Err(e @ MsgError::Refused { .. }) => {
+                ControlPush::Busy(e) | ControlPush::Fail(e @ MsgError::Refused { .. }) => {
                     self.stats.lock().refused += 1;
                     return Err(msg_error(gid, e));
                 }
-                Err(e) => return Err(msg_error(gid, e)),
+                ControlPush::Fail(e) => return Err(msg_error(gid, e)),
             }
             let deadline = Instant::now() + wait;
             loop {

@@ -88,12 +88,12 @@ use krcore_nic::{Access, DcTarget, Gid, MemoryRegion, Nic, UdTarget};
 use parking_lot::{Mutex, MutexGuard};
 
 use super::error::{EngineError, MetaFailure};
+use super::hs_msg::{busy_pause, ControlPush};
 use super::meta::{MetaClient, MetaLocation, MetaPolicy};
 use super::mrs::OwnedMr;
 use super::msg::{MsgError, Worker};
 use super::msg_port::Port;
 use super::{Engine, EngineInner};
-use crate::msg::RefuseCode;
 
 /// The reserved messaging port a [`MsgMetaHost`] serves requests on.
 pub const META_PORT: u16 = 0xfffe;
@@ -486,25 +486,14 @@ fn meta_exchange<N: Nic>(
         let timeout = eng.cfg.meta_timeout;
         let start = Instant::now();
         for attempt in 0..=META_RPC_RETRIES {
-            match ep.push_timeout(server, META_PORT, &buf[..len], timeout) {
-                Ok(()) => {}
-                Err(MsgError::Timeout(_) | MsgError::Lost { .. }) => continue,
-                // The host reclaimed this endpoint's idle channel: the
-                // next attempt opens a new one.
-                Err(MsgError::Refused {
-                    code: RefuseCode::Reclaimed,
-                    ..
-                }) => continue,
-                // Every slot of the host's port is held by a registration
-                // in progress: ask again after a pause.
-                Err(MsgError::Refused {
-                    code: RefuseCode::Busy,
-                    ..
-                }) if attempt < META_RPC_RETRIES => {
-                    std::thread::sleep(super::hs_msg::busy_pause(attempt, timeout));
+            match ControlPush::of(ep.push_timeout(server, META_PORT, &buf[..len], timeout)) {
+                ControlPush::Sent => {}
+                ControlPush::Retry => continue,
+                ControlPush::Busy(_) if attempt < META_RPC_RETRIES => {
+                    std::thread::sleep(busy_pause(attempt, timeout));
                     continue;
                 }
-                Err(e) => return Err(msg_error(gid, e)),
+                ControlPush::Busy(e) | ControlPush::Fail(e) => return Err(msg_error(gid, e)),
             }
             let deadline = Instant::now() + timeout;
             while Instant::now() < deadline {
