@@ -176,12 +176,7 @@ impl<N: Nic> MsgMetaHost<N> {
     /// [`EngineError::Nic`] when the provider refuses an object.
     pub fn start(engine: &Engine<N>, meta: MetaConfig) -> Result<MsgMetaHost<N>, EngineError> {
         let geometry = meta.geometry;
-        let len = usize::try_from(geometry.table_len()).map_err(|_| {
-            EngineError::Config(format!(
-                "a meta table of {} bytes does not fit in memory",
-                geometry.table_len()
-            ))
-        })?;
+        let len = table_len(&geometry)?;
         let mr = engine.alloc_mr(len, Access::REMOTE_READ | Access::LOCAL_WRITE)?;
         let first_epoch = meta
             .first_epoch
@@ -523,6 +518,19 @@ fn meta_exchange<N: Nic>(
             failure: MetaFailure::Timeout(start.elapsed()),
         })
     }
+}
+
+/// The bytes of a meta table of `geometry`, as a length to allocate.
+///
+/// # Errors
+/// [`EngineError::Config`] for a table larger than memory.
+pub(crate) fn table_len(geometry: &krcore_meta::table::Geometry) -> Result<usize, EngineError> {
+    usize::try_from(geometry.table_len()).map_err(|_| {
+        EngineError::Config(format!(
+            "a meta table of {} bytes does not fit in memory",
+            geometry.table_len()
+        ))
+    })
 }
 
 fn msg_error(gid: Gid, e: MsgError) -> EngineError {

@@ -100,12 +100,7 @@ impl<N: Nic> RcMetaHost<N> {
         handshake: HandshakeConfig,
     ) -> Result<RcMetaHost<N>, EngineError> {
         let geometry = meta.geometry;
-        let len = usize::try_from(geometry.table_len()).map_err(|_| {
-            EngineError::Config(format!(
-                "a meta table of {} bytes does not fit in memory",
-                geometry.table_len()
-            ))
-        })?;
+        let len = super::meta_msg::table_len(&geometry)?;
         let pd = nic
             .alloc_pd()
             .map_err(EngineError::nic("allocate the meta host's PD"))?;
