@@ -23,6 +23,25 @@ use crate::node::Node;
 /// The wr_id bit the SDK reserves for its [`Request`]s.
 pub const REQUEST_WR_ID_BIT: u64 = 1 << 63;
 
+/// A request's wr_id is `REQUEST_WR_ID_BIT | seq << SLOT_BITS | slot`:
+/// `slot` is its scratch slot plus one for an atomic, 0 otherwise.
+const SLOT_BITS: u32 = 24;
+const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
+const SEQ_MASK: u64 = (REQUEST_WR_ID_BIT - 1) >> SLOT_BITS;
+
+/// The atomics' old-value words.
+///
+/// Invariant: a slot is either in `free` or owned by exactly one atomic
+/// request, from its post until its completion's word was read (or the
+/// completion was discarded). The engine frees the request's VQP slot
+/// when it polls the completion, before the word is read; so the word
+/// cannot be named by the VQP slot, or a request posted by another thread
+/// in between could overwrite it.
+struct Scratch<N: Nic> {
+    mr: MemoryRegion<N>,
+    free: Vec<u32>,
+}
+
 /// What a finished [`Request`] reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Completion {
@@ -63,8 +82,9 @@ struct Inner<N: Nic> {
     /// reads 0 has nothing to look up (it looks again on its next spin).
     stashed_requests: AtomicUsize,
     next_request: AtomicU64,
-    /// 8 bytes per VQP slot for atomics' old values, allocated on first use.
-    scratch: Mutex<Option<MemoryRegion<N>>>,
+    /// Atomics' old-value words (two per VQP slot, so that one in a
+    /// poller's hands never holds up a post), allocated on first use.
+    scratch: Mutex<Option<Scratch<N>>>,
     /// The messaging endpoint, made by the first push.
     endpoint: std::sync::OnceLock<krcore_kmod::Endpoint<N>>,
     /// The token whose grant `prepare` made known last, and the VQP's
@@ -285,7 +305,7 @@ impl<N: Nic> Vqp<N> {
                 if wc.wr_id & REQUEST_WR_ID_BIT == 0 {
                     stash.user.push_back(*wc);
                 } else if Some(wc.wr_id) == want && found.is_none() {
-                    found = Some((*wc, self.old_value(wc)));
+                    found = Some((*wc, self.settle(wc)));
                 } else {
                     self.stash_request(&mut stash, wc);
                 }
@@ -300,11 +320,10 @@ impl<N: Nic> Vqp<N> {
     /// Keeps a request's completion (with the atomic's old value) for its
     /// waiter, or drops it when the request was dropped unfinished.
     fn stash_request(&self, stash: &mut Stash, wc: &Wc) {
-        if stash.abandoned.remove(&wc.wr_id) {
-            return;
+        let old = self.settle(wc);
+        if !stash.abandoned.remove(&wc.wr_id) {
+            stash.requests.insert(wc.wr_id, (*wc, old));
         }
-        let old = self.old_value(wc);
-        stash.requests.insert(wc.wr_id, (*wc, old));
     }
 
     /// Republishes the stash's sizes (caller holds the stash lock).
@@ -317,30 +336,41 @@ impl<N: Nic> Vqp<N> {
             .store(stash.requests.len(), Ordering::Release);
     }
 
-    /// A successful atomic's old value, read from its scratch slot (before
-    /// the slot can be reused by a later request).
-    fn old_value(&self, wc: &Wc) -> Option<u64> {
-        match (wc.status, wc.opcode) {
+    /// Settles a request's completion: a successful atomic's old value is
+    /// read from its scratch slot, and the slot (whatever the status) goes
+    /// back to the free list. Called once per request completion.
+    fn settle(&self, wc: &Wc) -> Option<u64> {
+        let slot = wc.wr_id & SLOT_MASK;
+        if slot == 0 {
+            return None;
+        }
+        let mut scratch = self.inner.scratch.lock();
+        let s = scratch.as_mut()?;
+        let old = match (wc.status, wc.opcode) {
             (
                 WcStatus::Success,
                 krcore_nic::WcOpcode::CompSwap | krcore_nic::WcOpcode::FetchAdd,
-            ) => {
-                let scratch = self.inner.scratch.lock();
-                scratch
-                    .as_ref()
-                    .and_then(|s| s.load_u64(self.scratch_offset(wc.wr_id)).ok())
-            }
+            ) => s.mr.load_u64(scratch_offset(slot)).ok(),
             _ => None,
+        };
+        s.free.push(slot as u32);
+        old
+    }
+
+    /// Gives back the scratch slot of a request that was never posted.
+    fn release_unposted(&self, wr_id: u64) {
+        let slot = wr_id & SLOT_MASK;
+        if slot != 0 {
+            if let Some(s) = self.inner.scratch.lock().as_mut() {
+                s.free.push(slot as u32);
+            }
         }
     }
 
-    fn scratch_offset(&self, wr_id: u64) -> usize {
-        let depth = u64::from(self.inner.node.engine().config().vqp_depth);
-        ((wr_id & !REQUEST_WR_ID_BIT) % depth) as usize * 8
-    }
-
-    fn next_wr_id(&self) -> u64 {
-        REQUEST_WR_ID_BIT | (self.inner.next_request.fetch_add(1, Ordering::Relaxed) + 1)
+    /// A request wr_id with `slot` (0: none).
+    fn next_wr_id(&self, slot: u64) -> u64 {
+        let seq = self.inner.next_request.fetch_add(1, Ordering::Relaxed) + 1;
+        REQUEST_WR_ID_BIT | ((seq & SEQ_MASK) << SLOT_BITS) | slot
     }
 
     /// Connects to the token's node if needed and makes its grant known:
@@ -366,18 +396,24 @@ impl<N: Nic> Vqp<N> {
 
     /// Posts one request. When the VQP is full, moves finished completions
     /// out of the engine and retries: requests never fail for lack of room
-    /// (completions always come, so this ends).
+    /// (completions always come, so this ends). A request that fails to
+    /// post gives its scratch slot back.
     fn submit(&self, mut wr: SendWr) -> Result<Request<N>> {
         let wr_id = wr.wr_id;
         loop {
-            match self.inner.vqp.post_send(std::slice::from_mut(&mut wr)) {
+            let e = match self.inner.vqp.post_send(std::slice::from_mut(&mut wr)) {
                 Ok(()) => break,
-                Err(krcore_kmod::VqpError::VqpFull { .. }) => {
-                    self.pump(None)?;
-                    std::hint::spin_loop();
-                }
-                Err(e) => return Err(e.into()),
-            }
+                Err(krcore_kmod::VqpError::VqpFull { .. }) => match self.pump(None) {
+                    Ok(_) => {
+                        std::hint::spin_loop();
+                        continue;
+                    }
+                    Err(e) => e,
+                },
+                Err(e) => e.into(),
+            };
+            self.release_unposted(wr_id);
+            return Err(e);
         }
         Ok(Request {
             vqp: self.clone(),
@@ -447,18 +483,44 @@ impl<N: Nic> Vqp<N> {
         check(remote_offset, len.into(), remote.len, "remote")?;
         self.prepare(remote)?;
         let sge = local.sge(local_offset as usize, len)?;
-        self.submit(make(self.next_wr_id(), sge, remote.at(remote_offset)))
+        self.submit(make(self.next_wr_id(0), sge, remote.at(remote_offset)))
     }
 
-    fn scratch_sge(&self, wr_id: u64) -> Result<krcore_nic::Sge> {
-        let mut scratch = self.inner.scratch.lock();
-        if scratch.is_none() {
-            let depth = self.inner.node.engine().config().vqp_depth as usize;
-            *scratch = Some(self.inner.node.alloc(depth * 8, Access::LOCAL_WRITE)?);
-        }
-        match scratch.as_ref() {
-            Some(s) => s.sge(self.scratch_offset(wr_id), 8),
-            None => Err(Error::Builder("scratch buffer missing")),
+    /// Takes a scratch slot for an atomic: its wr_id and the SGE of its
+    /// old-value word. While every slot is held, moves completions out of
+    /// the engine (which settles theirs) and tries again: slots are held
+    /// only by requests in flight, whose completions always come, or by a
+    /// poller about to read one.
+    fn atomic_slot(&self) -> Result<(u64, krcore_nic::Sge)> {
+        loop {
+            {
+                let mut scratch = self.inner.scratch.lock();
+                if scratch.is_none() {
+                    let depth = self.inner.node.engine().config().vqp_depth as u64;
+                    let slots = (2 * depth).min(SLOT_MASK) as u32;
+                    *scratch = Some(Scratch {
+                        mr: self
+                            .inner
+                            .node
+                            .alloc(slots as usize * 8, Access::LOCAL_WRITE)?,
+                        free: (1..=slots).rev().collect(),
+                    });
+                }
+                if let Some(s) = scratch.as_mut() {
+                    if let Some(slot) = s.free.pop() {
+                        let slot = u64::from(slot);
+                        match s.mr.sge(scratch_offset(slot), 8) {
+                            Ok(sge) => return Ok((self.next_wr_id(slot), sge)),
+                            Err(e) => {
+                                s.free.push(slot as u32);
+                                return Err(e);
+                            }
+                        }
+                    }
+                }
+            }
+            self.pump(None)?;
+            std::hint::spin_loop();
         }
     }
 
@@ -477,8 +539,7 @@ impl<N: Nic> Vqp<N> {
     ) -> Result<Request<N>> {
         check(remote_offset, 8, remote.len, "remote")?;
         self.prepare(remote)?;
-        let wr_id = self.next_wr_id();
-        let sge = self.scratch_sge(wr_id)?;
+        let (wr_id, sge) = self.atomic_slot()?;
         self.submit(SendWr::cas(
             wr_id,
             sge,
@@ -501,10 +562,14 @@ impl<N: Nic> Vqp<N> {
     ) -> Result<Request<N>> {
         check(remote_offset, 8, remote.len, "remote")?;
         self.prepare(remote)?;
-        let wr_id = self.next_wr_id();
-        let sge = self.scratch_sge(wr_id)?;
+        let (wr_id, sge) = self.atomic_slot()?;
         self.submit(SendWr::faa(wr_id, sge, remote.at(remote_offset), add))
     }
+}
+
+/// The byte offset of scratch slot `slot` (1-based) in its region.
+fn scratch_offset(slot: u64) -> usize {
+    (slot as usize - 1) * 8
 }
 
 /// A posted request (Infinity's `RequestToken`): wait for it, or check it.

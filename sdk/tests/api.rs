@@ -276,3 +276,41 @@ fn stashed_user_completions_keep_their_order() {
     assert_eq!(done.old_value, Some(1));
     assert_eq!(vqp.poll(&mut out).unwrap(), 0);
 }
+
+/// Two threads share one VQP, each running its own fetch-and-add counter
+/// one request at a time: every old value must be its own counter's next
+/// value. A small VQP reuses slots quickly, so an atomic's scratch word
+/// written by one thread's later request while another thread had polled,
+/// but not yet read, its own would show as a foreign or repeated value.
+#[test]
+fn atomics_on_one_vqp_from_two_threads_keep_their_own_old_values() {
+    let server = Node::builder()
+        .fabric("sim:mem")
+        .host_meta()
+        .build()
+        .unwrap();
+    let mut cfg = EngineConfig::default();
+    cfg.policy.max_unsignaled = 2;
+    cfg.vqp_depth = 4;
+    let client = Node::builder().join(&server).config(cfg).build().unwrap();
+    let region = server.alloc(4096, Access::ALL).unwrap();
+    let token = region.token();
+    let vqp = client.connect(server.gid()).unwrap();
+    const OPS: u64 = 20_000;
+    let workers: Vec<_> = (0..2u64)
+        .map(|t| {
+            let (vqp, token) = (vqp.clone(), token);
+            std::thread::spawn(move || {
+                for i in 0..OPS {
+                    let c = vqp.fetch_add(&token, 64 * t, 1).unwrap().wait().unwrap();
+                    assert_eq!(c.old_value, Some(i), "thread {t}, op {i}");
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    assert_eq!(region.load_u64(0).unwrap(), OPS);
+    assert_eq!(region.load_u64(64).unwrap(), OPS);
+}
