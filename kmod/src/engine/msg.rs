@@ -1150,17 +1150,17 @@ impl<N: Nic> MsgNode<N> {
     }
 }
 
+/// Whether port `p` is one of the engine's reserved ports and bound.
+fn reserved_bound(p: u16, bound: bool) -> bool {
+    bound && p >= super::hs_msg::FIRST_RESERVED_PORT
+}
+
 /// An Open names its sender's DCT: answers go there. A sender this node
 /// has no entry for (a compute node registers nowhere) is cached with the
 /// lowest epoch (0), so that any meta entry replaces it and it never
 /// replaces one; it is dropped like any entry when a send to it fails.
 /// Trust: as the rest of a cluster's control plane, the header's source
 /// is believed (DC carries no verified source).
-/// Whether port `p` is one of the engine's reserved ports and bound.
-fn reserved_bound(p: u16, bound: bool) -> bool {
-    bound && p >= super::hs_msg::FIRST_RESERVED_PORT
-}
-
 fn learn_sender<N: Nic>(eng: &EngineInner<N>, gid: Gid, dct_num: u32, dc_key: u64) {
     if dct_num != 0 && eng.cache.get(&gid).is_none() {
         let _ = eng.cache.insert(
