@@ -255,9 +255,13 @@ pub(crate) struct PhysState<N: Nic> {
     /// The last MR the pre-check looked up in `mrs` (posts mostly reuse
     /// one MR): spares the hash lookup. Cleared with the snapshot.
     last_mr: Option<(u32, LocalMr)>,
-    /// Invariant: `last_mr`'s [`MrWindow`] (`MrWindow::of`), kept beside
-    /// it (set wherever `last_mr` is) so that the fast path does not
-    /// rebuild it per post.
+    /// `last_mr`'s [`MrWindow`] (`MrWindow::of`), kept beside it (set by
+    /// the pre-check that sets `last_mr`) so that the fast path does not
+    /// rebuild it per post; also the fast path's gate. Invariant: `Some`
+    /// only while `fast` is set and `needs_recovery` is not (the
+    /// completion that sets `needs_recovery` clears it; the next general
+    /// post's pre-check sets it again), so that the fast path checks
+    /// neither.
     window: Option<MrWindow>,
     /// The CQ poll buffer (kept, so that a poll initializes nothing).
     buf: Vec<Wc>,

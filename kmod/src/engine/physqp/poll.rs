@@ -220,6 +220,7 @@ fn route<N: Nic>(cache: &DcCache, st: &mut PhysState<N>, wc: &Wc, sink: Option<&
         stats,
         needs_recovery,
         guilty,
+        window,
         ..
     } = st;
     stats.completions += 1;
@@ -247,6 +248,8 @@ fn route<N: Nic>(cache: &DcCache, st: &mut PhysState<N>, wc: &Wc, sink: Option<&
         // VQP is the one that failed.
         *needs_recovery = true;
         *guilty = Some(wr_id.vqp());
+        // No fast post until recovered (see `PhysState::window`).
+        *window = None;
     }
     // Every WR before the completed one completed silently: it was
     // unsignaled (or its completion would have come first), so the user

@@ -16,8 +16,7 @@ use super::super::EngineInner;
 use super::{Beside, DciStats, Link, PhysQp, PhysState, PostFail, RcLink, NO_SOLE};
 use crate::credits::{CreditError, SendQueueCredits};
 use crate::precheck::{
-    LocalMr, LocalMrTable, MrWindow, NoGrants, OpKind, Plan, Precheck, RemoteGrant, RemoteGrants,
-    Transport,
+    LocalMr, LocalMrTable, MrWindow, NoGrants, Plan, Precheck, RemoteGrant, RemoteGrants, Transport,
 };
 use crate::wrid::{PhysWrId, Slot, VqpId};
 
@@ -98,13 +97,13 @@ impl<N: Nic> PhysQp<N> {
             stats,
             ..
         } = st;
-        if !self.fast || *needs_recovery {
-            general!();
-        }
-        let Some(qp) = qp.as_ref() else { general!() };
+        // A window says the fast path is on and the QP needs no recovery
+        // (see `PhysState::window`).
         let Some(window) = window.as_ref() else {
             general!()
         };
+        debug_assert!(self.fast && !*needs_recovery);
+        let Some(qp) = qp.as_ref() else { general!() };
         if eng.mrs.generation() != *mr_generation {
             general!();
         }
@@ -129,10 +128,10 @@ impl<N: Nic> PhysQp<N> {
         if v.grants.is_empty() {
             // No grant known: nothing to look up.
             for wr in wrs.iter_mut() {
-                let Some((_, op, sge)) = crate::precheck::common_shape_of(wr) else {
+                let Some((_, _, sge)) = crate::precheck::common_shape_of(wr) else {
                     general!()
                 };
-                if !window.holds(sge, op == OpKind::Read) {
+                if !window.holds(sge) {
                     general!();
                 }
                 wr.dest = dest;
@@ -150,7 +149,7 @@ impl<N: Nic> PhysQp<N> {
                 let Some((remote, op, sge)) = crate::precheck::common_shape_of(wr) else {
                     general!()
                 };
-                if !window.holds(sge, op == OpKind::Read) || remote.rkey != rkey {
+                if !window.holds(sge) || remote.rkey != rkey {
                     general!();
                 }
                 if let Some(grant) = &known {
@@ -264,6 +263,7 @@ impl<N: Nic> PhysQp<N> {
             mrs,
             last_mr,
             window,
+            needs_recovery,
             stats,
             epoch,
             ..
@@ -335,7 +335,10 @@ impl<N: Nic> PhysQp<N> {
                 .check(wrs)
             };
             *last_mr = mrs.last.get();
-            *window = last_mr.and_then(|(lkey, mr)| MrWindow::of(lkey, &mr));
+            // The fast path's gate (see `PhysState::window`).
+            *window = last_mr
+                .filter(|_| self.fast && !*needs_recovery)
+                .and_then(|(lkey, mr)| MrWindow::of(lkey, &mr));
             planned
         };
         if planned.is_err() {
@@ -447,9 +450,14 @@ impl<N: Nic> PhysQp<N> {
         let at = (first as usize) & users.len().wrapping_sub(1);
         let end = at + n;
         let (slots, recs) = (&mut users[at..end], &mut credits.records_mut()[at..end]);
+        // The batch's physical wr_ids are consecutive: its sequences do not
+        // wrap around the low `SEQ_BITS` either, since its records do not
+        // wrap around the ring's end and the ring's length (a power of two,
+        // at most 2^32) divides 2^SEQ_BITS.
+        const _: () = assert!(crate::wrid::SEQ_BITS >= 32);
+        let mut phys = PhysWrId::new(id, first).raw();
         for k in 0..n {
             let wr = &mut wrs[k];
-            let phys = PhysWrId::new(id, first + k as u64).raw();
             slots[k] = Beside {
                 slot: Slot {
                     user_wr_id: wr.wr_id,
@@ -460,6 +468,7 @@ impl<N: Nic> PhysQp<N> {
             recs[k].wr_id = phys;
             recs[k].flags = wr.flags;
             wr.wr_id = phys;
+            phys += 1;
         }
         let mut restore_flags = None;
         if force_last {
