@@ -33,22 +33,23 @@
 //!
 //! # One record per WR
 //!
-//! Each WR on the QP has ONE record, at its physical sequence (the QP's own
-//! count of posted WRs) in the account `credits`, and beside it in `users`
-//! the user's wr_id and signal flag. Two ways to post:
+//! Each WR on the QP has ONE record ([`Rec`]: its physical wr_id, whether
+//! it was posted signaled, the user's wr_id and signal flag), at its
+//! physical sequence (the QP's own count of posted WRs) in the account
+//! `credits`. Two ways to post:
 //!
 //! - A VQP alone on the QP (every outstanding WR its own,
 //!   `PhysState::sole`, or none outstanding) posts in place
-//!   (`PhysQp::ring_in_place`): each record gets only the physical wr_id
-//!   `(vqp, sequence)` and the flags (what the account and the routing
-//!   read), the caller's WRs carry the physical wr_ids (and the forced
-//!   signal) to the NIC and get their own back right after the doorbell.
-//!   No copy of the WR is kept: no recovery can re-post it (see
-//!   `Beside::kept`).
+//!   (`PhysQp::ring_in_place`): each WR gets its record only, the
+//!   caller's WRs carry the physical wr_ids `(vqp, sequence)` (and the
+//!   forced signal) to the NIC and get their own back right after the
+//!   doorbell. No copy of the WR is kept: no recovery can re-post it (see
+//!   `Rec::kept`).
 //! - Otherwise (or when the batch's records would wrap around the ring's
-//!   end) the batch is copied into the records ([`SendQueueCredits::stage`],
-//!   contiguous even where the ring wraps), the doorbell rings on the
-//!   records themselves, and recovery may re-post them.
+//!   end) the batch is copied into `PhysState::copies` (at the same
+//!   indices as the records, contiguous even where the ring wraps), the
+//!   doorbell rings on the copies themselves, and recovery may re-post
+//!   them.
 //!
 //! Either way the post commits what the NIC took: no per-VQP table, and
 //! the caller's WRs are left as they were (but `dest`). A completion finds its
@@ -58,8 +59,8 @@
 //!
 //! # Invariants
 //!
-//! - Every WR on the QP was recorded in `credits` (in posting order, with
-//!   its user's wr_id and flag in `users`) and counted in its VQP's
+//! - Every WR on the QP was recorded in `credits` (in posting order, its
+//!   record holding its user's wr_id and flag) and counted in its VQP's
 //!   `outstanding` before the lock was released.
 //! - A polled completion retires, in order, every physical WR up to its own
 //!   ([`SendQueueCredits::complete_range`]); each leaves its VQP's count
@@ -110,9 +111,9 @@ use super::error::{EngineError, VqpError};
 use super::mrs::MrSnapshot;
 use super::vqp::{VqpState, VqpTable};
 use super::EngineInner;
-use crate::credits::SendQueueCredits;
+use crate::credits::{Posted, SendQueueCredits};
 use crate::precheck::{LocalMr, MrWindow};
-use crate::wrid::{Slot, VqpId};
+use crate::wrid::{PhysWrId, Slot, VqpId};
 
 mod poll;
 mod post;
@@ -216,33 +217,69 @@ impl From<VqpError> for PostFail {
     }
 }
 
-/// What is kept beside the record of one WR (see [`PhysState::users`]).
-#[derive(Clone, Copy, Default)]
-struct Beside {
-    /// The user's wr_id and signal flag.
-    slot: Slot,
-    /// The record holds the whole WR as posted (recovery may re-post it).
-    /// `false` for a WR posted while every outstanding WR on the QP was
-    /// its VQP's ([`PhysQp::ring_in_place`]): its record has only the
-    /// physical wr_id and the flags. Recovery never re-posts such a WR:
-    /// it re-posts only WRs after the failing one, and of another VQP than
-    /// the failing one's; but the failing WR, posted before it, was still
-    /// outstanding when it was posted (its completion starts recovery
-    /// under the same lock), hence of the same VQP.
+/// The record of one WR on the QP, at its physical sequence in the
+/// account (see the module docs): what the account, the routing and
+/// recovery read of it, in one place.
+#[derive(Clone, Copy, Default, Debug)]
+struct Rec {
+    /// The physical wr_id it was posted with.
+    wr_id: u64,
+    /// The user's wr_id.
+    user_wr_id: u64,
+    /// Posted signaled (a forced signal included): what the account reads.
+    signaled: bool,
+    /// The user signaled it (asked for its completion).
+    user_signaled: bool,
+    /// `PhysState::copies` holds the whole WR as posted, at the record's
+    /// index (recovery may re-post it). `false` for a WR posted while
+    /// every outstanding WR on the QP was its VQP's
+    /// ([`PhysQp::ring_in_place`]): nothing else of it is kept. Recovery
+    /// never re-posts such a WR: it re-posts only WRs after the failing
+    /// one, and of another VQP than the failing one's; but the failing WR,
+    /// posted before it, was still outstanding when it was posted (its
+    /// completion starts recovery under the same lock), hence of the same
+    /// VQP.
     kept: bool,
+}
+
+impl Rec {
+    /// The user's wr_id and signal flag.
+    #[inline]
+    fn slot(&self) -> Slot {
+        Slot {
+            user_wr_id: self.user_wr_id,
+            user_signaled: self.user_signaled,
+        }
+    }
+}
+
+impl Posted for Rec {
+    #[inline]
+    fn wr_id(&self) -> PhysWrId {
+        PhysWrId::from_raw(self.wr_id)
+    }
+    #[inline]
+    fn signaled(&self) -> bool {
+        self.signaled
+    }
 }
 
 pub(crate) struct PhysState<N: Nic> {
     /// `None`: an RC pair that was closed (evicted, or lost).
     qp: Option<N::Qp>,
-    /// The account of the send queue, keeping ONE record per WR: the WR
-    /// as posted (physical wr_id, forced signal). The doorbell rings on
-    /// these records, and recovery re-posts from them.
-    credits: SendQueueCredits<SendWr>,
-    /// Beside each record (same index: sequence mod `users.len()`), the
-    /// user's wr_id and signal flag, for the completion, and whether the
-    /// record holds the whole WR ([`Beside::kept`]).
-    users: Box<[Beside]>,
+    /// The account of the send queue, keeping ONE record per WR ([`Rec`]),
+    /// `L` of them (a power of two, no spare records): sequence `s` at
+    /// `s & (L - 1)`.
+    credits: SendQueueCredits<Rec>,
+    /// The WRs posted by copy ([`PhysQp::ring_copied`], and re-posts) as
+    /// they went to the NIC (physical wr_id, forced signal), at their
+    /// records' indices: the doorbell rings on them, and recovery re-posts
+    /// from them (the records say which are kept, [`Rec::kept`]). `2L - 1`
+    /// of them: a batch (at most the depth, `<= L`) is staged
+    /// contiguously from its first index, past `L` where the ring wraps,
+    /// and that part is moved to the front once posted
+    /// ([`settle_copies`]).
+    copies: Box<[SendWr]>,
     /// The state of every VQP bound to this QP.
     vqps: VqpTable,
     /// `v.get()`: every outstanding WR is the VQP `v`'s (kept by every
@@ -380,14 +417,15 @@ impl<N: Nic> PhysQp<N> {
             link,
             state: Mutex::new(PhysState {
                 qp: Some(qp),
-                // Spare records: any batch up to the depth is staged
+                // No spare records: `ring_len` of them.
+                credits: SendQueueCredits::with_records(eng.cfg.dci_depth, 0, Rec::default()),
+                // Spare copies: any batch up to the depth is staged
                 // contiguously where the ring wraps.
-                credits: SendQueueCredits::with_records(
-                    eng.cfg.dci_depth,
-                    ring_len - 1,
-                    SendWr::read(0, Default::default(), Default::default()),
-                ),
-                users: vec![Beside::default(); ring_len as usize].into_boxed_slice(),
+                copies: vec![
+                    SendWr::read(0, Default::default(), Default::default());
+                    2 * ring_len as usize - 1
+                ]
+                .into_boxed_slice(),
                 vqps: VqpTable::default(),
                 sole: NO_SOLE,
                 epoch: Instant::now(),
@@ -476,5 +514,26 @@ impl<N: Nic> PhysQp<N> {
         // nothing: no WR is in flight.
         st.qp = None;
         Ok(Some(st.nonce))
+    }
+}
+
+/// Where the copies of `n` WRs from sequence `first` on are staged
+/// (contiguous; see [`PhysState::copies`]): their range in `copies`, for a
+/// ring of `len` records.
+#[inline]
+fn copies_range(first: u64, n: usize, len: usize) -> std::ops::Range<usize> {
+    let at = (first as usize) & (len - 1);
+    at..at + n
+}
+
+/// After the doorbell: the copies of the `posted` WRs staged from sequence
+/// `first` on ([`copies_range`]) that went past the ring's `len` records
+/// move to the front, where their records' indices are (those copies
+/// belong to no outstanding WR: the batch had the credits).
+#[inline]
+fn settle_copies(copies: &mut [SendWr], first: u64, posted: usize, len: usize) {
+    let end = copies_range(first, posted, len).end;
+    if end > len {
+        copies.copy_within(len..end, 0);
     }
 }

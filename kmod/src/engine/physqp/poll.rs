@@ -32,7 +32,6 @@ impl<N: Nic> PhysQp<N> {
         let st = &mut *guard;
         let PhysState {
             credits,
-            users,
             vqps,
             stats,
             sole,
@@ -69,7 +68,7 @@ impl<N: Nic> PhysQp<N> {
         } else {
             None
         };
-        let Some(seq) = retired else {
+        let Some((seq, rec)) = retired else {
             let wc = *wc;
             return self.poll_rest(eng, st, id, out, n, Some(wc));
         };
@@ -82,11 +81,10 @@ impl<N: Nic> PhysQp<N> {
         match v.outstanding.checked_sub(retired) {
             Some(left) => {
                 v.outstanding = left;
-                let slot = users[(seq as usize) & users.len().wrapping_sub(1)].slot;
-                if slot.user_signaled {
+                if rec.user_signaled {
                     // The user's completion: status, opcode and length as
                     // polled.
-                    wc.wr_id = slot.user_wr_id;
+                    wc.wr_id = rec.user_wr_id;
                     wc.imm = None;
                     wc.qp_num = id.get();
                     wc.src_qp = 0;
@@ -215,7 +213,6 @@ impl Sink<'_> {
 fn route<N: Nic>(cache: &DcCache, st: &mut PhysState<N>, wc: &Wc, sink: Option<&mut Sink<'_>>) {
     let PhysState {
         credits,
-        users,
         vqps,
         stats,
         needs_recovery,
@@ -271,7 +268,7 @@ fn route<N: Nic>(cache: &DcCache, st: &mut PhysState<N>, wc: &Wc, sink: Option<&
         }
     }
     let id = wr_id.vqp();
-    let slot = users[(last as usize) & (users.len() - 1)].slot;
+    let slot = credits.record(last).slot();
     let delivered = vqps
         .get_mut(id)
         .and_then(|v| deliver(cache, id, v, slot, wc.status, Some(wc), sink));

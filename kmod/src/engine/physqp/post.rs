@@ -13,12 +13,14 @@ use super::super::idhash::IdMap;
 use super::super::mrs::{AnyMr, MrSnapshot};
 use super::super::vqp::VqpState;
 use super::super::EngineInner;
-use super::{Beside, DciStats, Link, PhysQp, PhysState, PostFail, RcLink, NO_SOLE};
+use super::{
+    copies_range, settle_copies, DciStats, Link, PhysQp, PhysState, PostFail, RcLink, Rec, NO_SOLE,
+};
 use crate::credits::{CreditError, SendQueueCredits};
 use crate::precheck::{
     LocalMr, LocalMrTable, MrWindow, NoGrants, Plan, Precheck, RemoteGrant, RemoteGrants, Transport,
 };
-use crate::wrid::{PhysWrId, Slot, VqpId};
+use crate::wrid::{PhysWrId, VqpId};
 
 /// The error of a post on a closed RC pair (a reclaim that ran into an
 /// error may have closed it).
@@ -88,7 +90,6 @@ impl<N: Nic> PhysQp<N> {
         let PhysState {
             qp,
             credits,
-            users,
             vqps,
             sole,
             needs_recovery,
@@ -181,11 +182,12 @@ impl<N: Nic> PhysQp<N> {
         // while the VQP is alone on the QP and the batch's records do not
         // wrap around the ring's end.
         let alone = credits.outstanding() == 0 || *sole == id.get();
-        let at = (credits.next_seq() as usize) & users.len().wrapping_sub(1);
-        if !alone || at + n > users.len() || at + n > credits.records_mut().len() {
+        let len = credits.ring_mut().len();
+        let at = (credits.next_seq() as usize) & len.wrapping_sub(1);
+        if !alone || at + n > len {
             return self.ring_copied(st, i, id, wrs, force_last);
         }
-        self.place(qp, credits, users, v, stats, sole, id, wrs, force_last)
+        self.place(qp, credits, v, stats, sole, id, wrs, force_last)
     }
 
     /// [`PhysQp::post`] in general: recovery first if needed, the
@@ -389,7 +391,6 @@ impl<N: Nic> PhysQp<N> {
         let PhysState {
             qp,
             credits,
-            users,
             vqps,
             stats,
             sole,
@@ -406,38 +407,27 @@ impl<N: Nic> PhysQp<N> {
             })
             .into());
         }
-        let at = (credits.next_seq() as usize) & users.len().wrapping_sub(1);
-        if at + n > users.len() || at + n > credits.records_mut().len() {
+        let len = credits.ring_mut().len();
+        let at = (credits.next_seq() as usize) & len.wrapping_sub(1);
+        if at + n > len {
             // The batch wraps around the ring's end: copied and staged.
             return self.ring_copied(st, i, id, wrs, force_last);
         }
-        self.place(
-            qp,
-            credits,
-            users,
-            vqps.at(i),
-            stats,
-            sole,
-            id,
-            wrs,
-            force_last,
-        )
+        self.place(qp, credits, vqps.at(i), stats, sole, id, wrs, force_last)
     }
 
     /// The doorbell of a VQP (`v`, id `id`) alone on the QP, for `wrs`
     /// that fit in the send queue and whose records (from the next
     /// sequence on) do not wrap around the ring's end (the callers
-    /// checked both): the records get only the physical wr_id and the
-    /// flags (what the account and the routing read), and the caller's
-    /// WRs themselves carry the physical wr_ids (and the forced signal)
-    /// to the NIC, put back as they were once it took them.
+    /// checked both): each WR gets its record only, and the caller's WRs
+    /// themselves carry the physical wr_ids (and the forced signal) to the
+    /// NIC, put back as they were once it took them.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn place(
         &self,
         qp: &N::Qp,
-        credits: &mut SendQueueCredits<SendWr>,
-        users: &mut [Beside],
+        credits: &mut SendQueueCredits<Rec>,
         v: &mut VqpState,
         stats: &mut DciStats,
         sole: &mut u32,
@@ -447,44 +437,43 @@ impl<N: Nic> PhysQp<N> {
     ) -> Result<(), PostFail> {
         let n = wrs.len();
         let first = credits.next_seq();
-        let at = (first as usize) & users.len().wrapping_sub(1);
-        let end = at + n;
-        let (slots, recs) = (&mut users[at..end], &mut credits.records_mut()[at..end]);
+        let recs = credits.ring_mut();
+        let at = (first as usize) & recs.len().wrapping_sub(1);
+        let recs = &mut recs[at..at + n];
         // The batch's physical wr_ids are consecutive: its sequences do not
         // wrap around the low `SEQ_BITS` either, since its records do not
         // wrap around the ring's end and the ring's length (a power of two,
         // at most 2^32) divides 2^SEQ_BITS.
         const _: () = assert!(crate::wrid::SEQ_BITS >= 32);
-        let mut phys = PhysWrId::new(id, first).raw();
+        let base = PhysWrId::new(id, first).raw();
         for k in 0..n {
             let wr = &mut wrs[k];
-            slots[k] = Beside {
-                slot: Slot {
-                    user_wr_id: wr.wr_id,
-                    user_signaled: wr.is_signaled(),
-                },
+            let phys = base + k as u64;
+            let signaled = wr.is_signaled();
+            recs[k] = Rec {
+                wr_id: phys,
+                user_wr_id: wr.wr_id,
+                signaled,
+                user_signaled: signaled,
                 kept: false,
             };
-            recs[k].wr_id = phys;
-            recs[k].flags = wr.flags;
             wr.wr_id = phys;
-            phys += 1;
         }
         let mut restore_flags = None;
         if force_last {
             let last = &mut wrs[n - 1];
             restore_flags = Some(last.flags);
             last.flags = last.flags | SendFlags::SIGNALED;
-            recs[n - 1].flags = last.flags;
+            recs[n - 1].signaled = true;
         }
         let result = qp.post_send(wrs);
         // The caller's WRs as they were (but `dest`); the signaled ones
         // counted on the way (for the commit).
         let (mut signaled, mut newest) = (0u32, None);
         for k in 0..n {
-            let slot = slots[k].slot;
-            wrs[k].wr_id = slot.user_wr_id;
-            if slot.user_signaled {
+            let rec = &recs[k];
+            wrs[k].wr_id = rec.user_wr_id;
+            if rec.user_signaled {
                 signaled += 1;
                 newest = Some(k);
             }
@@ -516,7 +505,7 @@ impl<N: Nic> PhysQp<N> {
     #[cold]
     #[inline(never)]
     fn placed_in_part(
-        credits: &mut SendQueueCredits<SendWr>,
+        credits: &mut SendQueueCredits<Rec>,
         v: &mut VqpState,
         stats: &mut DciStats,
         sole: &mut u32,
@@ -554,7 +543,7 @@ impl<N: Nic> PhysQp<N> {
         let PhysState {
             qp,
             credits,
-            users,
+            copies,
             vqps,
             stats,
             sole,
@@ -568,22 +557,35 @@ impl<N: Nic> PhysQp<N> {
         // the ring's end: it stays alone.)
         let alone = credits.outstanding() == 0 || *sole == id.get();
         let first = credits.next_seq();
-        // The pre-check left room for the batch (reclaiming if needed).
-        let staged = credits.stage(n).map_err(VqpError::from)?;
-        let mask = users.len() - 1;
-        // One copy of the batch (not one per WR), then the wr_ids; the
-        // signaled WRs are counted on the way (for the commit).
+        let len = credits.ring_mut().len();
+        let mask = len - 1;
+        // The pre-check left room for the batch (reclaiming if needed);
+        // the spare copies fit any batch up to the depth.
+        let staged = match copies.get_mut(copies_range(first, n, len)) {
+            Some(staged) if n <= credits.free() as usize => staged,
+            _ => {
+                return Err(VqpError::from(CreditError::WouldOverrun {
+                    requested: n,
+                    free: credits.free(),
+                })
+                .into())
+            }
+        };
+        // One copy of the batch (not one per WR), then the wr_ids and the
+        // records; the signaled WRs are counted on the way (for the
+        // commit).
         staged.copy_from_slice(wrs);
+        let recs = credits.ring_mut();
         let (mut signaled, mut newest) = (0u32, None);
-        for (k, (rec, wr)) in staged.iter_mut().zip(wrs).enumerate() {
+        for (k, (copy, wr)) in staged.iter_mut().zip(wrs).enumerate() {
             let seq = first + k as u64;
-            rec.wr_id = PhysWrId::new(id, seq).raw();
+            copy.wr_id = PhysWrId::new(id, seq).raw();
             let user_signaled = wr.is_signaled();
-            users[(seq as usize) & mask] = Beside {
-                slot: Slot {
-                    user_wr_id: wr.wr_id,
-                    user_signaled,
-                },
+            recs[(seq as usize) & mask] = Rec {
+                wr_id: copy.wr_id,
+                user_wr_id: wr.wr_id,
+                signaled: user_signaled,
+                user_signaled,
                 kept: true,
             };
             if user_signaled {
@@ -595,20 +597,19 @@ impl<N: Nic> PhysQp<N> {
             if let Some(last) = staged.last_mut() {
                 signaled += u32::from(!last.is_signaled());
                 last.flags = last.flags | SendFlags::SIGNALED;
+                recs[((first + n as u64 - 1) as usize) & mask].signaled = true;
                 newest = Some(n - 1);
             }
         }
         let result = qp.post_send(staged);
         let posted = match &result {
-            Ok(()) => {
-                credits.commit_counted(n, signaled, newest);
-                n
-            }
-            Err(e) => {
-                let posted = e.index.min(n);
-                credits.commit(posted);
-                posted
-            }
+            Ok(()) => n,
+            Err(e) => e.index.min(n),
+        };
+        settle_copies(copies, first, posted, len);
+        match &result {
+            Ok(()) => credits.commit_placed_counted(n, signaled, newest),
+            Err(_) => credits.commit_placed(posted),
         };
         if posted > 0 {
             *sole = if alone { id.get() } else { NO_SOLE };

@@ -9,7 +9,7 @@ use krcore_nic::{
 use super::super::error::VqpError;
 use super::super::EngineInner;
 use super::poll::deliver;
-use super::{Beside, Link, PhysQp, PhysState, NO_SOLE, POLL_BATCH};
+use super::{copies_range, settle_copies, Link, PhysQp, PhysState, Rec, NO_SOLE, POLL_BATCH};
 use crate::wrid::{PhysWrId, Slot};
 
 impl<N: Nic> PhysQp<N> {
@@ -30,26 +30,30 @@ impl<N: Nic> PhysQp<N> {
         let guilty = st.guilty.take();
         let PhysState {
             credits,
-            users,
+            copies,
             vqps,
             stats,
             ..
         } = &mut *st;
         // The failing VQP's later WRs are flushed, as on a QP of its own;
-        // every other VQP's are posted again, in their order (their records
-        // are copied out: the re-post writes new records over them).
-        let mask = users.len() - 1;
+        // every other VQP's are posted again, in their order (their copies
+        // are copied out: the re-post writes new copies over them).
+        let mask = credits.ring_mut().len() - 1;
         let mut again: Vec<(SendWr, Slot)> = Vec::new();
         for seq in credits.reset_range() {
-            let wr = *credits.record(seq);
-            let Beside { slot, kept } = users[(seq as usize) & mask];
-            let owner = PhysWrId::from_raw(wr.wr_id).vqp();
-            // Never a WR posted in place (see `Beside::kept`); should one
+            let rec = *credits.record(seq);
+            let (slot, kept) = (rec.slot(), rec.kept);
+            let owner = PhysWrId::from_raw(rec.wr_id).vqp();
+            // Never a WR posted in place (see `Rec::kept`); should one
             // come here, it is reported flushed, never re-posted from a
-            // partial record.
+            // copy of another WR.
             debug_assert!(kept || Some(owner) == guilty, "re-post of a WR not kept");
             match vqps.get_mut(owner) {
-                Some(_) if Some(owner) != guilty && kept => again.push((wr, slot)),
+                Some(_) if Some(owner) != guilty && kept => {
+                    let wr = copies[(seq as usize) & mask];
+                    debug_assert_eq!(wr.wr_id, rec.wr_id, "the copy is the record's WR");
+                    again.push((wr, slot));
+                }
                 Some(v) => {
                     stats.flushed_by_reset += 1;
                     deliver(&eng.cache, owner, v, slot, WcStatus::WrFlushErr, None, None);
@@ -117,34 +121,47 @@ impl<N: Nic> PhysQp<N> {
         let PhysState {
             qp,
             credits,
-            users,
+            copies,
             stats,
             ..
         } = &mut *st;
-        let mask = users.len() - 1;
+        let n = again.len();
         let first = credits.next_seq();
-        // After the reset every credit is free, and the spare records fit
+        let recs = credits.ring_mut();
+        let (len, mask) = (recs.len(), recs.len() - 1);
+        // After the reset every credit is free, and the spare copies fit
         // any batch up to the depth.
-        let (Some(qp), Ok(staged)) = (qp.as_ref(), credits.stage(again.len())) else {
+        let room = n <= credits.free() as usize;
+        let (Some(qp), Some(staged), true) = (
+            qp.as_ref(),
+            copies.get_mut(copies_range(first, n, len)),
+            room,
+        ) else {
             return self.flush_all(eng, st, again);
         };
-        for (i, (rec, (wr, slot))) in staged.iter_mut().zip(again).enumerate() {
+        let recs = credits.ring_mut();
+        for (i, (copy, (wr, slot))) in staged.iter_mut().zip(again).enumerate() {
             let seq = first + i as u64;
-            *rec = *wr;
-            rec.wr_id = PhysWrId::new(PhysWrId::from_raw(wr.wr_id).vqp(), seq).raw();
-            users[(seq as usize) & mask] = Beside {
-                slot: *slot,
+            *copy = *wr;
+            copy.wr_id = PhysWrId::new(PhysWrId::from_raw(wr.wr_id).vqp(), seq).raw();
+            recs[(seq as usize) & mask] = Rec {
+                wr_id: copy.wr_id,
+                user_wr_id: slot.user_wr_id,
+                signaled: copy.is_signaled(),
+                user_signaled: slot.user_signaled,
                 kept: true,
             };
         }
         if let Some(last) = staged.last_mut() {
             last.flags = last.flags | SendFlags::SIGNALED;
+            recs[((first + n as u64 - 1) as usize) & mask].signaled = true;
         }
         let posted = match qp.post_send(staged) {
-            Ok(()) => again.len(),
-            Err(e) => e.index.min(again.len()),
+            Ok(()) => n,
+            Err(e) => e.index.min(n),
         };
-        credits.commit(posted);
+        settle_copies(copies, first, posted, len);
+        credits.commit_placed(posted);
         stats.reposted += posted as u64;
         self.flush_all(eng, st, &again[posted..]);
     }
