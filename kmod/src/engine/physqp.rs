@@ -226,23 +226,44 @@ struct Rec {
     wr_id: u64,
     /// The user's wr_id.
     user_wr_id: u64,
-    /// Posted signaled (a forced signal included): what the account reads.
-    signaled: bool,
     /// The user signaled it (asked for its completion).
     user_signaled: bool,
-    /// `PhysState::copies` holds the whole WR as posted, at the record's
-    /// index (recovery may re-post it). `false` for a WR posted while
-    /// every outstanding WR on the QP was its VQP's
-    /// ([`PhysQp::ring_in_place`]): nothing else of it is kept. Recovery
-    /// never re-posts such a WR: it re-posts only WRs after the failing
-    /// one, and of another VQP than the failing one's; but the failing WR,
-    /// posted before it, was still outstanding when it was posted (its
-    /// completion starts recovery under the same lock), hence of the same
-    /// VQP.
-    kept: bool,
+    /// [`Rec::SIGNALED`] and [`Rec::KEPT`] (one byte: a WR posted in place,
+    /// as the user signaled it, has the flags `user_signaled as u8`).
+    flags: u8,
 }
 
 impl Rec {
+    /// Posted signaled (a forced signal included): what the account reads.
+    const SIGNALED: u8 = 1;
+    /// `PhysState::copies` holds the whole WR as posted, at the record's
+    /// index (recovery may re-post it). Not for a WR posted while every
+    /// outstanding WR on the QP was its VQP's ([`PhysQp::ring_in_place`]):
+    /// nothing else of it is kept. Recovery never re-posts such a WR: it
+    /// re-posts only WRs after the failing one, and of another VQP than
+    /// the failing one's; but the failing WR, posted before it, was still
+    /// outstanding when it was posted (its completion starts recovery
+    /// under the same lock), hence of the same VQP.
+    const KEPT: u8 = 4;
+
+    /// The record of a WR posted signaled or not (`signaled`), with the
+    /// user's wr_id and signal flag, kept or not.
+    #[inline(always)]
+    fn new(wr_id: u64, user_wr_id: u64, signaled: bool, user_signaled: bool, kept: bool) -> Rec {
+        Rec {
+            wr_id,
+            user_wr_id,
+            user_signaled,
+            flags: (u8::from(signaled) * Rec::SIGNALED) | (u8::from(kept) * Rec::KEPT),
+        }
+    }
+
+    /// The whole WR is kept (see [`Rec::KEPT`]).
+    #[inline]
+    fn kept(&self) -> bool {
+        self.flags & Rec::KEPT != 0
+    }
+
     /// The user's wr_id and signal flag.
     #[inline]
     fn slot(&self) -> Slot {
@@ -260,7 +281,7 @@ impl Posted for Rec {
     }
     #[inline]
     fn signaled(&self) -> bool {
-        self.signaled
+        self.flags & Rec::SIGNALED != 0
     }
 }
 

@@ -450,13 +450,7 @@ impl<N: Nic> PhysQp<N> {
             let wr = &mut wrs[k];
             let phys = base + k as u64;
             let signaled = wr.is_signaled();
-            recs[k] = Rec {
-                wr_id: phys,
-                user_wr_id: wr.wr_id,
-                signaled,
-                user_signaled: signaled,
-                kept: false,
-            };
+            recs[k] = Rec::new(phys, wr.wr_id, signaled, signaled, false);
             wr.wr_id = phys;
         }
         let mut restore_flags = None;
@@ -464,7 +458,7 @@ impl<N: Nic> PhysQp<N> {
             let last = &mut wrs[n - 1];
             restore_flags = Some(last.flags);
             last.flags = last.flags | SendFlags::SIGNALED;
-            recs[n - 1].signaled = true;
+            recs[n - 1].flags |= Rec::SIGNALED;
         }
         let result = qp.post_send(wrs);
         // The caller's WRs as they were (but `dest`); the signaled ones
@@ -581,13 +575,8 @@ impl<N: Nic> PhysQp<N> {
             let seq = first + k as u64;
             copy.wr_id = PhysWrId::new(id, seq).raw();
             let user_signaled = wr.is_signaled();
-            recs[(seq as usize) & mask] = Rec {
-                wr_id: copy.wr_id,
-                user_wr_id: wr.wr_id,
-                signaled: user_signaled,
-                user_signaled,
-                kept: true,
-            };
+            recs[(seq as usize) & mask] =
+                Rec::new(copy.wr_id, wr.wr_id, user_signaled, user_signaled, true);
             if user_signaled {
                 signaled += 1;
                 newest = Some(k);
@@ -597,7 +586,7 @@ impl<N: Nic> PhysQp<N> {
             if let Some(last) = staged.last_mut() {
                 signaled += u32::from(!last.is_signaled());
                 last.flags = last.flags | SendFlags::SIGNALED;
-                recs[((first + n as u64 - 1) as usize) & mask].signaled = true;
+                recs[((first + n as u64 - 1) as usize) & mask].flags |= Rec::SIGNALED;
                 newest = Some(n - 1);
             }
         }

@@ -42,7 +42,7 @@ impl<N: Nic> PhysQp<N> {
         let mut again: Vec<(SendWr, Slot)> = Vec::new();
         for seq in credits.reset_range() {
             let rec = *credits.record(seq);
-            let (slot, kept) = (rec.slot(), rec.kept);
+            let (slot, kept) = (rec.slot(), rec.kept());
             let owner = PhysWrId::from_raw(rec.wr_id).vqp();
             // Never a WR posted in place (see `Rec::kept`); should one
             // come here, it is reported flushed, never re-posted from a
@@ -144,17 +144,19 @@ impl<N: Nic> PhysQp<N> {
             let seq = first + i as u64;
             *copy = *wr;
             copy.wr_id = PhysWrId::new(PhysWrId::from_raw(wr.wr_id).vqp(), seq).raw();
-            recs[(seq as usize) & mask] = Rec {
-                wr_id: copy.wr_id,
-                user_wr_id: slot.user_wr_id,
-                signaled: copy.is_signaled(),
-                user_signaled: slot.user_signaled,
-                kept: true,
-            };
+            // Posted signaled as the copy is (its signal may have been
+            // forced).
+            recs[(seq as usize) & mask] = Rec::new(
+                copy.wr_id,
+                slot.user_wr_id,
+                copy.is_signaled(),
+                slot.user_signaled,
+                true,
+            );
         }
         if let Some(last) = staged.last_mut() {
             last.flags = last.flags | SendFlags::SIGNALED;
-            recs[((first + n as u64 - 1) as usize) & mask].signaled = true;
+            recs[((first + n as u64 - 1) as usize) & mask].flags |= Rec::SIGNALED;
         }
         let posted = match qp.post_send(staged) {
             Ok(()) => n,
