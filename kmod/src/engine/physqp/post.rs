@@ -119,10 +119,15 @@ impl<N: Nic> PhysQp<N> {
             general!()
         };
         // DC: the VQP's target, named per WR. RC: the pair's target, which
-        // must be the VQP's (otherwise the general path re-binds it).
+        // must be the VQP's (otherwise the general path re-binds it); the
+        // pair is marked used (by the general path too, should the post go
+        // there after all).
         let dest = match &self.link {
             Link::Dci => Destination::Dc(target),
-            Link::Rc(l) if l.gid == target.gid => Destination::Connected,
+            Link::Rc(l) if l.gid == target.gid => {
+                l.touch(&eng.rc_tick);
+                Destination::Connected
+            }
             Link::Rc(_) => general!(),
         };
         // (`fast` says the policy takes SGEs: `common_shape`'s own check.)
@@ -174,9 +179,6 @@ impl<N: Nic> PhysQp<N> {
                 None => credits.unsignaled_tail() + n as u32,
             }
         };
-        if let Link::Rc(l) = &self.link {
-            l.touch(&eng.rc_tick);
-        }
         let force_last = run_after > self.max_unsignaled;
         // The doorbell (`ring_doorbell`, the room checked above): in place
         // while the VQP is alone on the QP and the batch's records do not
