@@ -45,8 +45,7 @@
 //!   forced signal) to the NIC and get their own back right after the
 //!   doorbell. No copy of the WR is kept: no recovery can re-post it (see
 //!   `Rec::kept`).
-//! - Otherwise (or when the batch's records would wrap around the ring's
-//!   end) the batch is copied into `PhysState::copies` (at the same
+//! - Otherwise the batch is copied into `PhysState::copies` (at the same
 //!   indices as the records, contiguous even where the ring wraps), the
 //!   doorbell rings on the copies themselves, and recovery may re-post
 //!   them.

@@ -181,15 +181,18 @@ impl<N: Nic> PhysQp<N> {
         };
         let force_last = run_after > self.max_unsignaled;
         // The doorbell (`ring_doorbell`, the room checked above): in place
-        // while the VQP is alone on the QP and the batch's records do not
-        // wrap around the ring's end.
+        // while the VQP is alone on the QP (out of line when the batch's
+        // records wrap around the ring's end).
         let alone = credits.outstanding() == 0 || *sole == id.get();
-        let len = credits.ring_mut().len();
-        let at = (credits.next_seq() as usize) & len.wrapping_sub(1);
-        if !alone || at + n > len {
+        if !alone {
             return self.ring_copied(st, i, id, wrs, force_last);
         }
-        self.place(qp, credits, v, stats, sole, id, wrs, force_last)
+        let len = credits.ring_mut().len();
+        let at = (credits.next_seq() as usize) & len.wrapping_sub(1);
+        if at + n > len {
+            return self.place_wrapping(qp, credits, v, stats, sole, id, wrs, force_last);
+        }
+        self.place::<false>(qp, credits, v, stats, sole, id, wrs, force_last)
     }
 
     /// [`PhysQp::post`] in general: recovery first if needed, the
@@ -378,8 +381,7 @@ impl<N: Nic> PhysQp<N> {
 
     /// [`PhysQp::ring_doorbell`] of a VQP alone on the QP
     /// ([`PhysQp::place`]), after the checks the fast path makes itself:
-    /// the QP open, room for the batch, and records that do not wrap
-    /// around the ring's end (otherwise the batch is copied and staged).
+    /// the QP open and room for the batch.
     #[inline(always)]
     fn ring_in_place(
         &self,
@@ -411,22 +413,26 @@ impl<N: Nic> PhysQp<N> {
         }
         let len = credits.ring_mut().len();
         let at = (credits.next_seq() as usize) & len.wrapping_sub(1);
+        let v = vqps.at(i);
         if at + n > len {
-            // The batch wraps around the ring's end: copied and staged.
-            return self.ring_copied(st, i, id, wrs, force_last);
+            return self.place_wrapping(qp, credits, v, stats, sole, id, wrs, force_last);
         }
-        self.place(qp, credits, vqps.at(i), stats, sole, id, wrs, force_last)
+        self.place::<false>(qp, credits, v, stats, sole, id, wrs, force_last)
     }
 
     /// The doorbell of a VQP (`v`, id `id`) alone on the QP, for `wrs`
-    /// that fit in the send queue and whose records (from the next
-    /// sequence on) do not wrap around the ring's end (the callers
-    /// checked both): each WR gets its record only, and the caller's WRs
-    /// themselves carry the physical wr_ids (and the forced signal) to the
-    /// NIC, put back as they were once it took them.
+    /// that fit in the send queue (the callers checked): each WR gets its
+    /// record only, and the caller's WRs themselves carry the physical
+    /// wr_ids (and the forced signal) to the NIC, put back as they were
+    /// once it took them.
+    ///
+    /// `WRAP`: the records may wrap around the ring's end (each is then
+    /// indexed, and its wr_id packed, on its own:
+    /// [`PhysQp::place_wrapping`]); otherwise the caller checked that they
+    /// do not.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    fn place(
+    fn place<const WRAP: bool>(
         &self,
         qp: &N::Qp,
         credits: &mut SendQueueCredits<Rec>,
@@ -440,19 +446,30 @@ impl<N: Nic> PhysQp<N> {
         let n = wrs.len();
         let first = credits.next_seq();
         let recs = credits.ring_mut();
-        let at = (first as usize) & recs.len().wrapping_sub(1);
-        let recs = &mut recs[at..at + n];
-        // The batch's physical wr_ids are consecutive: its sequences do not
-        // wrap around the low `SEQ_BITS` either, since its records do not
-        // wrap around the ring's end and the ring's length (a power of two,
-        // at most 2^32) divides 2^SEQ_BITS.
+        let mask = recs.len().wrapping_sub(1);
+        let at = (first as usize) & mask;
+        // The record of the batch's `k`th WR: at `(at + k) & mask` of
+        // `recs` (`k` of the batch's own slice when it does not wrap).
+        let (recs, at, mask) = if WRAP {
+            (recs, at, mask)
+        } else {
+            (&mut recs[at..at + n], 0, usize::MAX)
+        };
+        // Without a wrap, the batch's physical wr_ids are consecutive: its
+        // sequences do not wrap around the low `SEQ_BITS` either, since its
+        // records do not wrap around the ring's end and the ring's length
+        // (a power of two, at most 2^32) divides 2^SEQ_BITS.
         const _: () = assert!(crate::wrid::SEQ_BITS >= 32);
         let base = PhysWrId::new(id, first).raw();
         for k in 0..n {
             let wr = &mut wrs[k];
-            let phys = base + k as u64;
+            let phys = if WRAP {
+                PhysWrId::new(id, first + k as u64).raw()
+            } else {
+                base + k as u64
+            };
             let signaled = wr.is_signaled();
-            recs[k] = Rec::new(phys, wr.wr_id, signaled, signaled, false);
+            recs[(at + k) & mask] = Rec::new(phys, wr.wr_id, signaled, signaled, false);
             wr.wr_id = phys;
         }
         let mut restore_flags = None;
@@ -460,14 +477,14 @@ impl<N: Nic> PhysQp<N> {
             let last = &mut wrs[n - 1];
             restore_flags = Some(last.flags);
             last.flags = last.flags | SendFlags::SIGNALED;
-            recs[n - 1].flags |= Rec::SIGNALED;
+            recs[(at + n - 1) & mask].flags |= Rec::SIGNALED;
         }
         let result = qp.post_send(wrs);
         // The caller's WRs as they were (but `dest`); the signaled ones
         // counted on the way (for the commit).
         let (mut signaled, mut newest) = (0u32, None);
         for k in 0..n {
-            let rec = &recs[k];
+            let rec = &recs[(at + k) & mask];
             wrs[k].wr_id = rec.user_wr_id;
             if rec.user_signaled {
                 signaled += 1;
@@ -493,6 +510,25 @@ impl<N: Nic> PhysQp<N> {
             Err(e) => e,
         };
         Self::placed_in_part(credits, v, stats, sole, id, (n, force_last), posted)
+    }
+
+    /// [`PhysQp::place`] of a batch whose records wrap around the ring's
+    /// end (rare: kept out of line).
+    #[allow(clippy::too_many_arguments)]
+    #[cold]
+    #[inline(never)]
+    fn place_wrapping(
+        &self,
+        qp: &N::Qp,
+        credits: &mut SendQueueCredits<Rec>,
+        v: &mut VqpState,
+        stats: &mut DciStats,
+        sole: &mut u32,
+        id: VqpId,
+        wrs: &mut [SendWr],
+        force_last: bool,
+    ) -> Result<(), PostFail> {
+        self.place::<true>(qp, credits, v, stats, sole, id, wrs, force_last)
     }
 
     /// [`PhysQp::place`] of `n` WRs (the last forced signaled if
@@ -521,11 +557,10 @@ impl<N: Nic> PhysQp<N> {
         Err(VqpError::Post(e).into())
     }
 
-    /// [`PhysQp::ring_doorbell`] with other VQPs' WRs outstanding (or a
-    /// batch whose records wrap around the ring's end): copies the `wrs`
-    /// into the QP's records (physical wr_ids, the users' wr_ids and flags
-    /// beside them), which recovery may re-post, and rings the doorbell on
-    /// the records.
+    /// [`PhysQp::ring_doorbell`] with other VQPs' WRs outstanding: copies
+    /// the `wrs` into [`PhysState::copies`] (physical wr_ids), which
+    /// recovery may re-post, records them (the users' wr_ids and flags),
+    /// and rings the doorbell on the copies.
     #[inline(never)]
     fn ring_copied(
         &self,
@@ -549,8 +584,8 @@ impl<N: Nic> PhysQp<N> {
         let Some(qp) = qp else {
             return Err(closed());
         };
-        // (A VQP alone on the QP comes here when its batch wraps around
-        // the ring's end: it stays alone.)
+        // (Only with other VQPs' WRs outstanding, from the callers; a VQP
+        // alone would stay alone.)
         let alone = credits.outstanding() == 0 || *sole == id.get();
         let first = credits.next_seq();
         let len = credits.ring_mut().len();
