@@ -425,41 +425,19 @@ impl<R: Posted> SendQueueCredits<R> {
         self.account(n)
     }
 
-    /// [`SendQueueCredits::commit`] of all `n` staged records, whose
-    /// signaled ones the caller counted while writing them: `signaled` of
-    /// them, the newest at index `newest` (no scan of the records).
-    #[inline]
-    pub(crate) fn commit_counted(
-        &mut self,
-        n: usize,
-        signaled: u32,
-        newest: Option<usize>,
-    ) -> Range<u64>
-    where
-        R: Clone,
-    {
-        assert!(n <= self.free() as usize, "commit past the staged records");
-        let at = self.index(self.tail);
-        let len = self.mask + 1;
-        if at + n > len {
-            let (front, back) = self.ring.split_at_mut(len);
-            front[..at + n - len].clone_from_slice(&back[..at + n - len]);
-        }
-        self.commit_placed_counted(n, signaled, newest)
-    }
-
-    /// The ring's records (without the spare ones): sequence `s` lives at
-    /// `s mod len`. Only the records of free sequences
-    /// (`tail..tail + free`) may be written, before
-    /// [`SendQueueCredits::commit_placed`].
+    /// Every record, the spare ones included: an account made with no
+    /// spare records has exactly `L` (a power of two), so that the record
+    /// of sequence `s` is at `s & (len - 1)` of this slice. Only the
+    /// records of free sequences (`tail..tail + free`) may be written,
+    /// before [`SendQueueCredits::commit_placed`].
     #[inline(always)]
-    pub(crate) fn records_mut(&mut self) -> &mut [R] {
-        let len = self.mask + 1;
-        &mut self.ring[..len]
+    pub(crate) fn ring_mut(&mut self) -> &mut [R] {
+        &mut self.ring
     }
 
     /// Counts the first `n` records written in place
-    /// ([`SendQueueCredits::records_mut`]) as posted.
+    /// ([`SendQueueCredits::ring_mut`], from the next sequence on) as
+    /// posted.
     ///
     /// # Panics
     /// If `n` exceeds the free credits.
@@ -531,11 +509,12 @@ impl<R: Posted> SendQueueCredits<R> {
     /// [`SendQueueCredits::complete_range`] of a SUCCESSFUL completion with
     /// `wr_id`, in one step and only if it completes the oldest
     /// outstanding WR or `any` is set: the sequence credited (with every
-    /// outstanding one before it). `None` when the completion matches no
-    /// outstanding signaled WR, is not the oldest (without `any`), or
-    /// would overtake an earlier signaled WR; nothing changes then.
+    /// outstanding one before it) and its record. `None` when the
+    /// completion matches no outstanding signaled WR, is not the oldest
+    /// (without `any`), or would overtake an earlier signaled WR; nothing
+    /// changes then.
     #[inline(always)]
-    pub(crate) fn retire_signaled(&mut self, wr_id: PhysWrId, any: bool) -> Option<u64> {
+    pub(crate) fn retire_signaled(&mut self, wr_id: PhysWrId, any: bool) -> Option<(u64, &R)> {
         let head = self.head;
         let delta = wr_id.wire_seq().wrapping_sub(head) & SEQ_MASK;
         if delta >= self.tail - head || (delta != 0 && !any) {
@@ -555,7 +534,7 @@ impl<R: Posted> SendQueueCredits<R> {
         }
         self.signaled_done += 1;
         self.head = seq + 1;
-        Some(seq)
+        Some((seq, &self.ring[self.index(seq)]))
     }
 
     /// Applies a polled completion at sequence `seq` with `status`: credits

@@ -685,49 +685,46 @@ pub(crate) fn common_shape_of(wr: &SendWr) -> Option<(RemoteAddr, OpKind, &krcor
     let Payload::Local(sg) = &wr.payload else {
         return None;
     };
-    let [sge] = sg.as_slice() else {
-        return None;
-    };
-    Some((remote, op, sge))
+    Some((remote, op, sg.single()?))
 }
 
 /// One owned MR as the engine's fast path checks SGEs against it: its
-/// lkey, bounds (an MR whose end would wrap around has none: it is never
-/// the fast path's), and whether it allows local writes.
+/// lkey and bounds. Only an MR that allows local writes (so a READ may
+/// land in it as well as a WRITE leave it) and whose end does not wrap
+/// around has a window: any other is never the fast path's (the general
+/// path judges its WRs).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct MrWindow {
     lkey: u32,
     lo: u64,
     hi: u64,
-    local_write: bool,
 }
 
 impl MrWindow {
     /// The window of `mr`, registered under `lkey`; `None` when its end
-    /// wraps around.
+    /// wraps around or it does not allow local writes.
     #[inline(always)]
     pub(crate) fn of(lkey: u32, mr: &LocalMr) -> Option<MrWindow> {
+        if !mr.access.contains(Access::LOCAL_WRITE) {
+            return None;
+        }
         Some(MrWindow {
             lkey,
             lo: mr.addr,
             hi: mr.addr.checked_add(mr.len)?,
-            local_write: mr.access.contains(Access::LOCAL_WRITE),
         })
     }
 
-    /// [`local_ok`] for an SGE of a READ (`read`) or WRITE whose lkey is
-    /// this MR's: the same verdict.
+    /// [`local_ok`] for an SGE of a READ or a WRITE whose lkey is this
+    /// MR's: the same verdict for both (the MR allows local writes).
     #[inline(always)]
-    pub(crate) fn holds(&self, sge: &krcore_nic::Sge, read: bool) -> bool {
+    pub(crate) fn holds(&self, sge: &krcore_nic::Sge) -> bool {
         // `end` cannot wrap: `addr <= hi` and `length < 2^32`, but an MR
         // near the top of the address space could; checked all the same.
         let Some(end) = sge.addr.checked_add(u64::from(sge.length)) else {
             return false;
         };
-        if sge.lkey != self.lkey || sge.addr < self.lo || end > self.hi {
-            return false;
-        }
-        self.local_write || !read
+        sge.lkey == self.lkey && sge.addr >= self.lo && end <= self.hi
     }
 }
 

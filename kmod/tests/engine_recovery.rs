@@ -187,3 +187,80 @@ fn a_dead_target_is_typed_for_its_vqps_only() {
     assert_eq!(s.recoveries, 1);
     assert_eq!(s.flushed_by_reset, 1, "the victim's second READ");
 }
+
+/// A batch posted by copy (another VQP's WR outstanding) whose records
+/// wrap around the end of the QP's ring, flushed by the NIC after that
+/// other WR failed, is re-posted intact by recovery: the copies staged past
+/// the ring's end were moved to their records' indices. One DCI 32 deep
+/// (records ring of 32); each round posts 1 bad WR, 4 FAAs by copy and 4
+/// re-posted: 9 sequences, so over 32 rounds the batch starts at every
+/// offset of the ring, wrapping in 3 of them (and its re-post in 3 more).
+#[test]
+fn a_wrapped_copied_batch_is_reposted_intact() {
+    const ROUNDS: u64 = 32;
+    let c = Cluster::new();
+    let mem = c.memory_node(4096);
+    let e = c.engine(
+        config(|c| {
+            c.precheck = false;
+            c.dci_depth = 32;
+        })
+        .with_pool_size(1),
+    );
+    let local = e.alloc_mr(4096, Access::ALL).unwrap();
+    let (good, bad) = (e.create_vqp().unwrap(), e.create_vqp().unwrap());
+    good.connect(mem.gid()).unwrap();
+    bad.connect(mem.gid()).unwrap();
+    assert_eq!(good.dci_qpn(), bad.dci_qpn(), "one shared DCI");
+    for round in 0..ROUNDS {
+        let mut remote = mem.mr.remote(0);
+        remote.rkey ^= 0x5a5a;
+        bad.post_send(&mut [SendWr::read(
+            9000 + round,
+            local.sge(3000, 8).unwrap(),
+            remote,
+        )])
+        .unwrap();
+        let mut batch: Vec<SendWr> = (0..PER_ROUND)
+            .map(|k| {
+                SendWr::faa(
+                    round * PER_ROUND + k,
+                    local.sge(8 * k as usize, 8).unwrap(),
+                    mem.mr.remote(512),
+                    1,
+                )
+                .signaled(k + 1 == PER_ROUND)
+            })
+            .collect();
+        good.post_send(&mut batch).unwrap();
+        let last = round * PER_ROUND + PER_ROUND - 1;
+        let wcs = wait_wcs(&good, 1);
+        assert_eq!(
+            wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+            [(last, WcStatus::Success)],
+            "round {round}"
+        );
+        // Every FAA of this batch and the earlier ones ran exactly once,
+        // in order (the signaled one read the count before it).
+        assert_eq!(
+            local.load_u64(8 * (PER_ROUND as usize - 1)).unwrap(),
+            last,
+            "round {round}: FAA old value"
+        );
+        let wcs = wait_wcs(&bad, 1);
+        assert_eq!(
+            (wcs[0].wr_id, wcs[0].status),
+            (9000 + round, WcStatus::RemAccessErr)
+        );
+        bad.connect(mem.gid()).unwrap();
+    }
+    let mut buf = [Wc::default(); 4];
+    assert_eq!(good.poll(&mut buf).unwrap(), 0, "no duplicate");
+    assert_eq!(mem.mr.load_u64(512).unwrap(), ROUNDS * PER_ROUND);
+    let s = e.stats().dci;
+    assert_eq!(
+        (s.recoveries, s.reposted),
+        (ROUNDS, ROUNDS * PER_ROUND),
+        "{s:?}"
+    );
+}

@@ -161,6 +161,17 @@ impl SgList {
         &self.entries[..self.len as usize]
     }
 
+    /// The entry of a list of exactly one (the common WR's shape), read
+    /// at a constant index: no bounds check.
+    #[inline]
+    pub fn single(&self) -> Option<&Sge> {
+        if self.len == 1 {
+            Some(&self.entries[0])
+        } else {
+            None
+        }
+    }
+
     /// Total length in bytes of all entries.
     #[inline]
     pub fn total_len(&self) -> u64 {

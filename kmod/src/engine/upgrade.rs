@@ -289,11 +289,18 @@ struct Slot<N: Nic> {
 pub(crate) struct DcBinding<N: Nic> {
     pub(crate) dci: Arc<PhysQp<N>>,
     slot: Mutex<Slot<N>>,
-    /// The state is on `slot.rc` (read without the lock by the fast path).
+    /// The state is on `slot.rc` (read without the lock by polls and
+    /// [`Vqp::transport`]).
     on_rc: AtomicBool,
-    /// WRs posted since the connect (counted with `upgrade_after` only).
+    /// WRs posted since the connect (counted with `upgrade_after` only:
+    /// always 0 without it).
     wrs: AtomicU64,
-    /// Count at which the next post tries to upgrade (0: hinted).
+    /// Count at which the next post tries to upgrade (0: hinted). Also 0
+    /// while the state is on `slot.rc` (set by the switch, under the lock,
+    /// rewritten by every move back to the DCI): the only gate of a post's
+    /// DCI path, one load ([`Vqp::post_dc`]); a post that read it before
+    /// the switch finds the state gone from the DCI (`PostFail::Stale`)
+    /// and takes the slow path.
     next_at: AtomicU64,
     fails: AtomicU32,
 }
@@ -403,6 +410,8 @@ impl<N: Nic> Vqp<N> {
                 pair.attach(self.id, st);
                 slot.rc = slot.pending.take();
                 b.on_rc.store(true, Ordering::Release);
+                // Posts go down the slow path, to the pair (see `next_at`).
+                b.next_at.store(0, Ordering::Relaxed);
                 b.fails.store(0, Ordering::Relaxed);
                 self.engine.upgrades.fetch_add(1, Ordering::Relaxed);
                 true
@@ -498,17 +507,20 @@ impl<N: Nic> Vqp<N> {
     }
 
     /// DC mode post (see the module docs): the DCI directly unless the VQP
-    /// is upgraded or due to try (inlined into the caller; the rest is
-    /// [`Vqp::post_dc_rest`]).
+    /// is upgraded or due to try (`next_at`, 0 while upgraded; inlined into
+    /// the caller; the rest is [`Vqp::post_dc_rest`]).
     #[inline(always)]
     pub(crate) fn post_dc(&self, b: &DcBinding<N>, wrs: &mut [SendWr]) -> Result<(), VqpError> {
         let n = wrs.len() as u64;
+        // Without `upgrade_after` nothing counts: the count stays 0 (no
+        // load), and only a hint (`next_at` 0) or the upgrade sends a post
+        // down the slow path.
         let count = if self.engine.cfg.upgrade_after.is_some() {
             b.wrs.fetch_add(n, Ordering::Relaxed).saturating_add(n)
         } else {
-            b.wrs.load(Ordering::Relaxed)
+            0
         };
-        if !b.on_rc.load(Ordering::Acquire) && count < b.next_at.load(Ordering::Relaxed) {
+        if count < b.next_at.load(Ordering::Relaxed) {
             match b.dci.post(&self.engine, self.id, wrs) {
                 Ok(()) => return Ok(()),
                 Err(PostFail::Vqp(e)) => return Err(e),

@@ -829,8 +829,10 @@ fn the_common_path_agrees_with_the_full_check() {
 }
 
 /// The engine's fast path judges an SGE through [`MrWindow::holds`]: the
-/// same verdict as [`local_ok`] for every MR it has a window of (and none
-/// for an MR whose end wraps around, which `local_ok` never accepts).
+/// same verdict as [`local_ok`], for a READ and a WRITE alike, for every MR
+/// it has a window of. None for an MR whose end wraps around (which
+/// `local_ok` never accepts) or without `LOCAL_WRITE` (its WRs take the
+/// general path).
 #[test]
 fn mr_window_agrees_with_local_ok() {
     let edges = [
@@ -856,6 +858,11 @@ fn mr_window_agrees_with_local_ok() {
                     access,
                 };
                 let window = MrWindow::of(7, &mr);
+                assert_eq!(
+                    window.is_some(),
+                    access.contains(Access::LOCAL_WRITE) && mr_addr.checked_add(mr_len).is_some(),
+                    "{mr:?}"
+                );
                 for &addr in &edges {
                     for &length in &lens {
                         for lkey in [7, 8] {
@@ -864,14 +871,13 @@ fn mr_window_agrees_with_local_ok() {
                                 let want = lkey == 7 && local_ok(&sge, &mr, op);
                                 match window {
                                     Some(w) => {
-                                        assert_eq!(
-                                            w.holds(&sge, op == OpKind::Read),
-                                            want,
-                                            "{mr:?} {sge:?} {op}"
-                                        );
+                                        assert_eq!(w.holds(&sge), want, "{mr:?} {sge:?} {op}");
                                         checked += 1;
                                     }
-                                    None => assert!(!want, "{mr:?} {sge:?} {op}"),
+                                    None => assert!(
+                                        !want || !access.contains(Access::LOCAL_WRITE),
+                                        "{mr:?} {sge:?} {op}"
+                                    ),
                                 }
                             }
                         }
