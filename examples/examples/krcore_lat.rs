@@ -80,7 +80,10 @@
 
 #[cfg(feature = "verbs")]
 fn main() {
-    let code = match lat::parse().and_then(|a| lat::run(&a)) {
+    let code = match lat::parse().and_then(|a| match a.child.clone() {
+        Some(op) => lat::child(&a, &op),
+        None => lat::run(&a),
+    }) {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("krcore_lat: {e}");
@@ -125,6 +128,14 @@ mod lat {
         idle_sleep: Option<Duration>,
         slice_ms: u64,
         depth: u32,
+        /// A second perftest client in the rotation (perftest vs itself).
+        calibrate: bool,
+        /// The provider in a child process of its own in the rotation.
+        proc_provider: bool,
+        /// Child mode (`--child OP`, internal): see [`child`].
+        pub child: Option<String>,
+        child_n: usize,
+        child_out: Option<String>,
     }
 
     fn env_or(keys: &[&str], default: &str) -> String {
@@ -150,6 +161,11 @@ mod lat {
             idle_sleep: Some(Duration::from_micros(20_000)),
             slice_ms: 10,
             depth: 16,
+            calibrate: true,
+            proc_provider: true,
+            child: None,
+            child_n: 0,
+            child_out: None,
         };
         let mut it = std::env::args().skip(1);
         while let Some(k) = it.next() {
@@ -163,6 +179,11 @@ mod lat {
                 "--pairs" => a.pairs = num(&k, v()?)?,
                 "--no-perftest" => a.perftest = false,
                 "--no-sdk" => a.sdk = false,
+                "--no-calibrate" => a.calibrate = false,
+                "--no-proc" => a.proc_provider = false,
+                "--child" => a.child = Some(v()?),
+                "--child-n" => a.child_n = num(&k, v()?)?,
+                "--child-out" => a.child_out = Some(v()?),
                 "--depth" => a.depth = num(&k, v()?)?.max(1) as u32,
                 "--slice-ms" => a.slice_ms = num(&k, v()?)?.max(1) as u64,
                 "--idle-sleep-us" => {
@@ -353,15 +374,6 @@ mod lat {
         Err(format!("perftest client {pid} did not stop"))
     }
 
-    /// Sends SIGCONT on drop: an error path never leaves perftest stopped.
-    struct ContGuard(rustix::process::Pid);
-
-    impl Drop for ContGuard {
-        fn drop(&mut self) {
-            let _ = signal(self.0, rustix::process::Signal::CONT);
-        }
-    }
-
     /// What one window of turns with perftest gave.
     struct Window {
         perftest: Timing,
@@ -370,49 +382,264 @@ mod lat {
         report: (f64, f64, f64),
         /// `None`: no turn of that contender fell inside perftest's loop.
         ours: Vec<Option<Timing>>,
+        /// The process contenders (name, figures).
+        procs: Vec<ProcFigures>,
+        /// What the guest did during the turns, per contender (perftest
+        /// first, then `ours`, then the processes).
+        diag: Vec<(&'static str, Diag)>,
         turns: usize,
         accepted: usize,
         stops_in_loop: usize,
     }
 
-    /// perftest's client and our contenders take turns on the guest: the
-    /// client runs for `slice`, is stopped (SIGSTOP), one of our
-    /// contenders runs for `slice` (in rotation), the client is continued,
-    /// and so on until it exits. Both thus see the same moments of an
-    /// emulator whose speed drifts by 2x and more within seconds.
-    ///
-    /// - Our turn counts only when perftest's turns before and after it
-    ///   were in its timed loop (the device sent packets during them).
-    /// - perftest prints every sample (`-U`); the samples that span a stop
-    ///   are its largest ones (a stop lasts a whole slice): the `stops`
-    ///   largest are dropped, where `stops` counts the stops from its first
-    ///   busy turn on; then its figures are computed as its own report does.
-    fn with_perftest(
-        a: &Args,
-        tool: &str,
-        extra: &[&str],
-        ours: &mut [Contender<'_>],
+    /// A contender that is a process of its own, continued for its turn
+    /// and stopped after it exactly like perftest's client: a second
+    /// perftest client (`perftest_b`, `--calibrate`: perftest against
+    /// itself, which shows the tool's own bias and spread) or our provider
+    /// in a single-threaded child process with one device context
+    /// (`provider_proc`, `--proc`: the process shape of perftest's client,
+    /// see [`child`]). Its samples come from its output (`-U` format) and
+    /// are cut like perftest's: the ones that span one of its stops are
+    /// dropped.
+    struct Proc {
+        name: &'static str,
+        child: Child,
+        server: Option<Child>,
+        /// The server side QP of `provider_proc` (lives in this process,
+        /// as perftest's server QP lives in its server process).
+        _qp: Option<krcore_nic::verbs::VerbsQp>,
+        out_path: std::path::PathBuf,
+        /// Iterations it runs (it prints `n - 1` samples).
+        n: usize,
+        /// Write calls in each of its turns (`None`: unknown, it exited).
+        writes: Vec<Option<u64>>,
+        /// The moment of each of its turns (see [`by_turn`]).
+        at: Vec<usize>,
+        exited: bool,
+        diag: Diag,
+    }
+
+    /// A process contender's figures in one window, beside perftest's
+    /// over the same turns.
+    struct ProcFigures {
+        name: &'static str,
+        ours: Timing,
+        perftest: Timing,
+        /// Whether both sample series split into their turns (else both
+        /// are taken whole, stops cut).
+        aligned: bool,
+        /// Turns of each inside the common window.
+        turns: (usize, usize),
+    }
+
+    /// Whether a turn with `w` write calls was spent in the timed loop
+    /// (on rxe each post is one write; setup makes only a few per turn).
+    fn busy(w: &Option<u64>) -> bool {
+        w.is_none_or(|w| w >= BUSY_WRITES)
+    }
+
+    /// The samples of a process contender's loop by turn. `d` splits at
+    /// the samples that span a stop (at least a slice long) into pieces,
+    /// one per turn of its loop; they are matched to its turns by their
+    /// sizes: a piece of a turn inside the loop holds one sample fewer
+    /// than the turn's write calls (`writes`; the first and the last turn
+    /// of the loop may also hold setup and output writes). `at` is the
+    /// moment of each turn (perftest's turn `t` is `2t`, the turn after it
+    /// `2t + 1`). `None` when no placement fits (a round trip longer than a
+    /// slice splits a turn in two).
+    fn by_turn(
+        d: &[u64],
+        writes: &[Option<u64>],
+        at: &[usize],
         slice: u64,
-    ) -> Result<Window, String> {
-        let port = 20000 + (std::process::id() as u16 ^ (cycles() as u16)) % 10000;
-        // perftest's timed loop spans about as many round trips as all of
-        // our turns together; twice that, since only our turns between two
-        // of its busy ones count.
-        let n = 2 * a.iters * ours.len().max(1);
-        let mut common: Vec<String> = vec![
-            "-d".into(),
-            a.device.clone(),
-            "-x".into(),
-            a.gid_index.to_string(),
-            "-p".into(),
-            port.to_string(),
-            "-n".into(),
-            n.to_string(),
-            "-C".into(),
-        ];
-        common.extend(extra.iter().map(|s| s.to_string()));
+    ) -> Option<Vec<(usize, Vec<u64>)>> {
+        let pieces: Vec<Vec<u64>> = d.split(|&x| x >= slice).map(<[u64]>::to_vec).collect();
+        let m = pieces.len();
+        if std::env::var_os("KRCORE_LAT_DEBUG").is_some() {
+            eprintln!(
+                "DEBUG writes={writes:?} pieces={:?}",
+                pieces.iter().map(Vec::len).collect::<Vec<_>>()
+            );
+        }
+        if m > writes.len() {
+            return None;
+        }
+        // Mismatch of a placement at offset `o` (None: impossible).
+        let cost = |o: usize| -> Option<u64> {
+            let mut c = 0;
+            for (j, p) in pieces.iter().enumerate() {
+                let Some(w) = writes[o + j] else { continue };
+                let n = p.len() as u64 + 1;
+                if j == 0 || j + 1 == m {
+                    // Setup or output writes may come on top.
+                    if n > w + 2 {
+                        return None;
+                    }
+                } else {
+                    let e = n.abs_diff(w);
+                    if e > 2 + w / 20 {
+                        return None;
+                    }
+                    c += e;
+                }
+            }
+            Some(c)
+        };
+        let o = (0..=writes.len() - m)
+            .filter_map(|o| Some((cost(o)?, o)))
+            .min()?
+            .1;
+        Some(at[o..o + m].iter().copied().zip(pieces).collect())
+    }
+
+    /// The samples of the turns in `lo..=hi`.
+    fn in_window(t: &[(usize, Vec<u64>)], lo: usize, hi: usize) -> (Vec<u64>, usize) {
+        let v: Vec<&(usize, Vec<u64>)> = t.iter().filter(|(g, _)| (lo..=hi).contains(g)).collect();
+        (
+            v.iter().flat_map(|(_, d)| d.iter().copied()).collect(),
+            v.len(),
+        )
+    }
+
+    impl Proc {
+        fn kill(&mut self) {
+            for c in std::iter::once(&mut self.child).chain(self.server.as_mut()) {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            let _ = std::fs::remove_file(&self.out_path);
+        }
+
+        /// Its samples, once it has exited.
+        fn samples(self) -> Result<Vec<u64>, String> {
+            let out = wait_output(self.child, Duration::from_secs(300));
+            let srv = self.server.map(|s| wait_output(s, Duration::from_secs(30)));
+            let text = std::fs::read_to_string(&self.out_path);
+            let _ = std::fs::remove_file(&self.out_path);
+            let out = out?;
+            srv.transpose()?;
+            let text = text.map_err(|e| format!("{}: {e}", self.out_path.display()))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "{} failed ({}): {}{}",
+                    self.name,
+                    out.status,
+                    tail(&text),
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+            let d = parse_samples(&text);
+            if d.len() + 1 != self.n {
+                return Err(format!(
+                    "{} printed {} samples, expected {}",
+                    self.name,
+                    d.len(),
+                    self.n - 1
+                ));
+            }
+            Ok(d)
+        }
+
+        /// Its figures beside perftest's (samples `da`, writes of its turns `wa`)
+        /// over the turns where both were in their loops; when a series
+        /// does not split into its turns, both whole with their stops cut.
+        fn figures(
+            self,
+            da: &[u64],
+            wa: &[Option<u64>],
+            stops_a: usize,
+            slice: u64,
+        ) -> Result<ProcFigures, String> {
+            let (name, writes, at) = (self.name, self.writes.clone(), self.at.clone());
+            let d = self.samples()?;
+            let at_a: Vec<usize> = (0..wa.len()).map(|t| 2 * t).collect();
+            let stats = |d: Vec<u64>| -> Result<Timing, String> { cut_stops(d, 0, slice) };
+            if let (Some(x), Some(y)) = (
+                by_turn(&d, &writes, &at, slice),
+                by_turn(da, wa, &at_a, slice),
+            ) {
+                let lo = x[0].0.max(y[0].0);
+                let hi = x[x.len() - 1].0.min(y[y.len() - 1].0);
+                let (dx, nx) = in_window(&x, lo, hi);
+                let (dy, ny) = in_window(&y, lo, hi);
+                if dx.len() >= 5 && dy.len() >= 5 {
+                    return Ok(ProcFigures {
+                        name,
+                        ours: stats(dx)?,
+                        perftest: stats(dy)?,
+                        aligned: true,
+                        turns: (nx, ny),
+                    });
+                }
+            }
+            let first = writes.iter().position(busy);
+            let last = writes.iter().rposition(busy);
+            let stops = match (first, last) {
+                (Some(f), Some(l)) => l - f,
+                _ => 0,
+            };
+            Ok(ProcFigures {
+                name,
+                ours: cut_stops(d, stops, slice)?,
+                perftest: cut_stops(da.to_vec(), stops_a, slice)?,
+                aligned: false,
+                turns: (writes.len(), wa.len()),
+            })
+        }
+    }
+
+    /// Drops the `stops` samples that span a stop (each at least a slice
+    /// long: no more than there are such samples) and computes the figures
+    /// as perftest's report does.
+    fn cut_stops(mut d: Vec<u64>, stops: usize, slice: u64) -> Result<Timing, String> {
+        let stops = stops.min(d.iter().filter(|&&x| x >= slice).count());
+        d.sort_unstable();
+        d.truncate(d.len().saturating_sub(stops));
+        let (p50, p99, min) = lat_stats(d)?;
+        Ok(Timing {
+            p50,
+            p99,
+            min,
+            post: None,
+            spins: None,
+        })
+    }
+
+    /// One turn of a process contender (perftest's client included):
+    /// continued, left alone for `slice_t` (polling for its exit every
+    /// millisecond), stopped again. Returns its write calls in the turn
+    /// (`None` in the turn it exits in) and whether it exited.
+    fn proc_turn(child: &mut Child, slice_t: Duration) -> Result<(Option<u64>, bool), String> {
+        let pid = rustix::process::Pid::from_raw(child.id() as i32)
+            .ok_or("a process contender without a pid")?;
+        let c0 = write_calls(child.id());
+        signal(pid, rustix::process::Signal::CONT)?;
+        let t0 = Instant::now();
+        let mut exited = false;
+        while t0.elapsed() < slice_t {
+            std::thread::sleep(Duration::from_millis(1).min(slice_t));
+            if child.try_wait().map_err(|e| e.to_string())?.is_some() {
+                exited = true;
+                break;
+            }
+        }
+        if !exited {
+            signal(pid, rustix::process::Signal::STOP)?;
+            wait_stopped(child.id())?;
+        }
+        // Counted once it is stopped: every write of the turn.
+        let writes = match (c0, write_calls(child.id())) {
+            (Some(x), Some(y)) if !exited => Some(y.saturating_sub(x)),
+            _ => None, // exited (or no /proc/PID/io)
+        };
+        Ok((writes, exited))
+    }
+
+    /// Spawns a perftest server on `port` and waits until it listens.
+    fn perftest_server(tool: &str, common: &[String], port: u16) -> Result<Child, String> {
         let mut server = Command::new(tool)
-            .args(&common)
+            .args(common)
+            .args(["-p", &port.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -426,77 +653,216 @@ mod lat {
             let _ = server.wait();
             return Err(format!("{tool} server never listened on port {port}"));
         }
-        // Its samples (`-U`) go to a file: tens of KB, more than a pipe
-        // holds while the client runs.
-        let out_path =
-            std::env::temp_dir().join(format!("krcore_lat-{}-{port}.out", std::process::id()));
+        Ok(server)
+    }
+
+    /// Spawns a perftest client printing its samples (`-U`) to a file.
+    fn perftest_client(
+        a: &Args,
+        tool: &str,
+        common: &[String],
+        port: u16,
+        out_path: &std::path::Path,
+    ) -> Result<Child, String> {
         let out_file =
-            std::fs::File::create(&out_path).map_err(|e| format!("{}: {e}", out_path.display()))?;
-        let mut client = Command::new(tool)
-            .args(&common)
-            .arg("-U")
-            .arg(&a.ip)
+            std::fs::File::create(out_path).map_err(|e| format!("{}: {e}", out_path.display()))?;
+        Command::new(tool)
+            .args(common)
+            .args(["-p", &port.to_string(), "-U", &a.ip])
             .stdout(out_file)
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| format!("spawn {tool}: {e}"))?;
-        let pid = rustix::process::Pid::from_raw(client.id() as i32)
-            .ok_or("perftest client without a pid")?;
+            .map_err(|e| format!("spawn {tool}: {e}"))
+    }
+
+    /// Stops a freshly spawned process contender before the window opens
+    /// (it runs only in its turns, its setup included).
+    fn stop_now(c: &Child) -> Result<(), String> {
+        let pid = rustix::process::Pid::from_raw(c.id() as i32).ok_or("no pid")?;
+        signal(pid, rustix::process::Signal::STOP)?;
+        wait_stopped(c.id())
+    }
+
+    /// perftest's client and our contenders take turns on the guest: the
+    /// client runs for `slice`, is stopped (SIGSTOP), one of our
+    /// contenders runs for `slice` (in rotation; a process contender is
+    /// continued and stopped like the client), the client is continued,
+    /// and so on until it exits. Both thus see the same moments of an
+    /// emulator whose speed drifts by 2x and more within seconds.
+    ///
+    /// - Our in-process turn counts only when perftest's turns before and
+    ///   after it were in its timed loop (the device sent packets during
+    ///   them).
+    /// - perftest prints every sample (`-U`); the samples that span a stop
+    ///   are its largest ones (a stop lasts a whole slice): the `stops`
+    ///   largest are dropped, where `stops` counts the stops from its first
+    ///   busy turn on; then its figures are computed as its own report does.
+    ///   A process contender's samples are cut the same way.
+    fn with_perftest(
+        a: &Args,
+        tool: &str,
+        extra: &[&str],
+        ours: &mut [Contender<'_>],
+        mut procs: Vec<Proc>,
+        slice: u64,
+    ) -> Result<Window, String> {
+        let port = 20000 + (std::process::id() as u16 ^ (cycles() as u16)) % 10000;
+        let nslots = ours.len() + procs.len();
+        // perftest's timed loop spans about as many round trips as all of
+        // our turns together; twice that, since only our turns between two
+        // of its busy ones count.
+        let n = 2 * a.iters * nslots.max(1);
+        let mut common: Vec<String> = vec![
+            "-d".into(),
+            a.device.clone(),
+            "-x".into(),
+            a.gid_index.to_string(),
+            "-C".into(),
+        ];
+        common.extend(extra.iter().map(|s| s.to_string()));
+        let cn = |n: usize| {
+            let mut c = common.clone();
+            c.extend(["-n".to_string(), n.to_string()]);
+            c
+        };
+        let mut server = perftest_server(tool, &cn(n), port)?;
+        let tmp = |p: u16| {
+            std::env::temp_dir().join(format!("krcore_lat-{}-{p}.out", std::process::id()))
+        };
+        if a.calibrate {
+            // perftest against itself: a second server and client, the
+            // client in one of our slots. It gets one of `nslots` of our
+            // turns; it is compared over the turns where both were in
+            // their loops.
+            let nb = (n / nslots.max(1)).max(5);
+            let spawned = (|| {
+                let s = perftest_server(tool, &cn(nb), port + 1)?;
+                let out_path = tmp(port + 1);
+                let c = perftest_client(a, tool, &cn(nb), port + 1, &out_path)?;
+                Ok::<_, String>((s, c, out_path))
+            })();
+            match spawned {
+                Ok((s, c, out_path)) => {
+                    let mut p = Proc {
+                        name: "perftest_b",
+                        child: c,
+                        server: Some(s),
+                        _qp: None,
+                        out_path,
+                        n: nb,
+                        writes: Vec::new(),
+                        at: Vec::new(),
+                        exited: false,
+                        diag: Diag::default(),
+                    };
+                    if let Err(e) = stop_now(&p.child) {
+                        p.kill();
+                        return Err(e);
+                    }
+                    procs.push(p);
+                }
+                Err(e) => {
+                    let _ = server.kill();
+                    let _ = server.wait();
+                    for p in &mut procs {
+                        p.kill();
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let nslots = ours.len() + procs.len();
+        // Its samples (`-U`) go to a file: tens of KB, more than a pipe
+        // holds while the client runs.
+        let out_path = tmp(port);
+        let mut client = perftest_client(a, tool, &cn(n), port, &out_path)?;
         let slice_t = Duration::from_secs_f64(a.slice_ms as f64 / 1000.0);
         let mut pools: Vec<Pool> = ours.iter().map(|_| Pool::default()).collect();
         let started = Instant::now();
-        // Our turns (their samples) and, for each of perftest's turns,
-        // whether it was busy; our turn `t` sits between its turns `t` and
-        // `t + 1`.
-        let mut ours_by_turn: Vec<Vec<Pool>> = Vec::new();
-        let mut busy_turns: Vec<bool> = Vec::new();
+        // Our turns (the slot, its samples, what the guest did) and, for
+        // each of perftest's turns, whether it was busy; our turn `t` sits
+        // between its turns `t` and `t + 1`.
+        let mut ours_by_turn: Vec<(usize, Vec<Pool>, Diag)> = Vec::new();
+        let mut busy_turns: Vec<Option<u64>> = Vec::new();
+        let mut diag_a: Vec<Diag> = Vec::new();
+        let mut k = 0usize;
         let run = (|| -> Result<(), String> {
             loop {
                 // perftest's turn.
-                let c0 = write_calls(client.id());
-                let t0 = Instant::now();
-                let mut exited = false;
-                while t0.elapsed() < slice_t {
-                    std::thread::sleep(Duration::from_millis(1).min(slice_t));
-                    if client.try_wait().map_err(|e| e.to_string())?.is_some() {
-                        exited = true;
-                        break;
-                    }
-                }
-                busy_turns.push(match (c0, write_calls(client.id())) {
-                    (Some(x), Some(y)) => y.saturating_sub(x) >= BUSY_WRITES,
-                    _ => true, // no /proc/PID/io: every turn counts
-                });
+                let d0 = Diag::snap(Some(client.id()));
+                let (w, exited) = proc_turn(&mut client, slice_t)?;
+                busy_turns.push(w);
+                diag_a.push(Diag::snap(Some(client.id())).minus(&d0));
                 if exited {
-                    return Ok(());
+                    break;
                 }
                 if started.elapsed() > Duration::from_secs(300) {
                     return Err(format!("{tool} did not finish within 300 s"));
                 }
-                // Our turn.
-                signal(pid, rustix::process::Signal::STOP)?;
-                let guard = ContGuard(pid);
-                wait_stopped(client.id())?;
-                let r = turn(ours, ours_by_turn.len(), slice);
-                drop(guard);
-                ours_by_turn.push(r?);
+                // Our turn: the next slot whose process has not exited.
+                let mut slot = k % nslots;
+                while slot >= ours.len() && procs[slot - ours.len()].exited {
+                    k += 1;
+                    slot = k % nslots;
+                }
+                k += 1;
+                if slot < ours.len() {
+                    let d0 = Diag::snap(None);
+                    let r = turn(ours, slot, slice)?;
+                    ours_by_turn.push((slot, r, Diag::snap(None).minus(&d0)));
+                } else {
+                    let p = &mut procs[slot - ours.len()];
+                    let d0 = Diag::snap(Some(p.child.id()));
+                    let (w, exited) = proc_turn(&mut p.child, slice_t)?;
+                    let d = Diag::snap(Some(p.child.id())).minus(&d0);
+                    p.writes.push(w);
+                    p.at.push(2 * busy_turns.len() - 1);
+                    p.exited = exited;
+                    if busy(&w) {
+                        p.diag.add(&d);
+                    }
+                    ours_by_turn.push((slot, Vec::new(), Diag::default()));
+                }
             }
+            // A process contender still in its loop finishes alone.
+            let mut t = 2 * busy_turns.len();
+            for p in procs.iter_mut().filter(|p| !p.exited) {
+                while !p.exited {
+                    t += 1;
+                    p.at.push(t);
+                    if started.elapsed() > Duration::from_secs(300) {
+                        return Err(format!("{} did not finish within 300 s", p.name));
+                    }
+                    let (w, exited) = proc_turn(&mut p.child, slice_t)?;
+                    p.writes.push(w);
+                    p.exited = exited;
+                }
+            }
+            Ok(())
         })();
         // perftest's timed loop runs from its first busy turn to its last:
         // our turns in between count (and each of them stops perftest once
         // inside its loop).
-        let first = busy_turns.iter().position(|&b| b);
-        let last = busy_turns.iter().rposition(|&b| b);
+        let first = busy_turns.iter().position(busy);
+        let last = busy_turns.iter().rposition(busy);
         let turns = ours_by_turn.len();
         let mut accepted = 0;
+        let mut diag_ours: Vec<Diag> = ours.iter().map(|_| Diag::default()).collect();
+        let mut diag_pt = Diag::default();
         if let (Some(first), Some(last)) = (first, last) {
-            for (t, p) in ours_by_turn.into_iter().enumerate() {
+            for (t, (slot, p, d)) in ours_by_turn.into_iter().enumerate() {
                 if first <= t && t < last {
                     for (pool, x) in pools.iter_mut().zip(p) {
                         pool.extend(x);
                     }
+                    if slot < ours.len() {
+                        diag_ours[slot].add(&d);
+                    }
                     accepted += 1;
                 }
+            }
+            for d in &diag_a[first..=last] {
+                diag_pt.add(d);
             }
         }
         if let Err(e) = run {
@@ -505,6 +871,9 @@ mod lat {
             let _ = server.kill();
             let _ = server.wait();
             let _ = std::fs::remove_file(&out_path);
+            for p in &mut procs {
+                p.kill();
+            }
             return Err(e);
         }
         let out = wait_output(client, Duration::from_secs(300));
@@ -524,7 +893,7 @@ mod lat {
         }
         let report = parse_report(&text)
             .ok_or_else(|| format!("no report line in {tool}'s output: {}", tail(&text)))?;
-        let mut d = parse_samples(&text);
+        let d = parse_samples(&text);
         if d.len() + 1 != n {
             return Err(format!(
                 "{tool} printed {} samples, expected {}",
@@ -535,23 +904,328 @@ mod lat {
         // The samples that span a stop: one per accepted turn, each at
         // least a slice long (no more than there are such samples).
         let stops_in_loop = accepted.min(d.iter().filter(|&&x| x >= slice).count());
-        d.sort_unstable();
-        d.truncate(d.len().saturating_sub(stops_in_loop));
-        let (p50, p99, min) = lat_stats(d)?;
+        let perftest = cut_stops(d.clone(), accepted, slice)?;
+        let mut diag = vec![("perftest", diag_pt)];
+        diag.extend(ours.iter().map(|c| c.0).zip(diag_ours));
+        let mut proc_t = Vec::new();
+        let mut failed = None;
+        for p in procs {
+            diag.push((p.name, p.diag));
+            match p.figures(&d, &busy_turns, accepted, slice) {
+                Ok(f) => proc_t.push(f),
+                Err(e) => failed = failed.or(Some(e)),
+            }
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
         Ok(Window {
-            perftest: Timing {
-                p50,
-                p99,
-                min,
-                post: None,
-                spins: None,
-            },
+            perftest,
             report,
             ours: pools.into_iter().map(|p| p.timing().ok()).collect(),
+            procs: proc_t,
+            diag,
             turns,
             accepted,
             stops_in_loop,
         })
+    }
+
+    /// What the guest did during a contender's turns (sums; printed per
+    /// turn): softirqs and interrupts of all CPUs (`/proc/softirqs`,
+    /// `/proc/interrupts`), the contender's own context switches and, for
+    /// an in-process contender, those of this process's other threads
+    /// (the SDK's serving threads). Read between turns, never inside one.
+    #[derive(Default, Clone, Copy)]
+    struct Diag {
+        turns: u64,
+        /// TASKLET, NET_RX, TIMER, SCHED softirqs.
+        softirq: [u64; 4],
+        /// LOC (local timer), RES (rescheduling), CAL (function call) and
+        /// TLB (shootdown) interrupts.
+        irq: [u64; 4],
+        /// Voluntary and involuntary context switches of the contender
+        /// (the timing thread, or every thread of a process contender).
+        vol: u64,
+        invol: u64,
+        /// Context switches of this process's other threads (for an
+        /// in-process contender: how often they ran).
+        others: u64,
+    }
+
+    impl Diag {
+        const SOFTIRQS: [&'static str; 4] = ["TASKLET:", "NET_RX:", "TIMER:", "SCHED:"];
+        const IRQS: [&'static str; 4] = ["LOC:", "RES:", "CAL:", "TLB:"];
+
+        /// Now: of process `pid`, or of this thread and this process's
+        /// other threads (`None`).
+        fn snap(pid: Option<u32>) -> Diag {
+            let mut d = Diag::default();
+            let sum = |file: &str, keys: &[&str; 4], out: &mut [u64; 4]| {
+                let Ok(s) = std::fs::read_to_string(file) else {
+                    return;
+                };
+                for l in s.lines() {
+                    let mut w = l.split_whitespace();
+                    let Some(k) = w.next() else { continue };
+                    if let Some(i) = keys.iter().position(|x| *x == k) {
+                        out[i] = w.map_while(|x| x.parse::<u64>().ok()).sum();
+                    }
+                }
+            };
+            sum("/proc/softirqs", &Self::SOFTIRQS, &mut d.softirq);
+            sum("/proc/interrupts", &Self::IRQS, &mut d.irq);
+            let switches = |status: &str| -> (u64, u64) {
+                let Ok(s) = std::fs::read_to_string(status) else {
+                    return (0, 0);
+                };
+                let f = |key: &str| {
+                    s.lines()
+                        .find_map(|l| l.strip_prefix(key))
+                        .and_then(|v| v.trim().parse::<u64>().ok())
+                        .unwrap_or(0)
+                };
+                (
+                    f("voluntary_ctxt_switches:"),
+                    f("nonvoluntary_ctxt_switches:"),
+                )
+            };
+            let all = |dir: &str| -> (u64, u64) {
+                let Ok(rd) = std::fs::read_dir(dir) else {
+                    return (0, 0);
+                };
+                rd.flatten()
+                    .map(|e| switches(&format!("{}/status", e.path().display())))
+                    .fold((0, 0), |(a, b), (x, y)| (a + x, b + y))
+            };
+            match pid {
+                Some(p) => (d.vol, d.invol) = all(&format!("/proc/{p}/task")),
+                None => {
+                    (d.vol, d.invol) = switches("/proc/thread-self/status");
+                    let (v, i) = all("/proc/self/task");
+                    d.others = (v + i).saturating_sub(d.vol + d.invol);
+                }
+            }
+            d
+        }
+
+        /// What happened since `before` (one turn).
+        fn minus(&self, before: &Diag) -> Diag {
+            // A process that exited in between reads as 0 switches.
+            let sub = |a: [u64; 4], b: [u64; 4]| std::array::from_fn(|i| a[i].saturating_sub(b[i]));
+            Diag {
+                turns: 1,
+                softirq: sub(self.softirq, before.softirq),
+                irq: sub(self.irq, before.irq),
+                vol: self.vol.saturating_sub(before.vol),
+                invol: self.invol.saturating_sub(before.invol),
+                others: self.others.saturating_sub(before.others),
+            }
+        }
+
+        fn add(&mut self, d: &Diag) {
+            self.turns += d.turns;
+            for i in 0..4 {
+                self.softirq[i] += d.softirq[i];
+                self.irq[i] += d.irq[i];
+            }
+            self.vol += d.vol;
+            self.invol += d.invol;
+            self.others += d.others;
+        }
+
+        /// Per-turn averages, `key=value`.
+        fn line(&self) -> String {
+            let t = self.turns.max(1) as f64;
+            let mut s = format!("turns={}", self.turns);
+            for (k, v) in ["tasklet", "net_rx", "timer", "sched"]
+                .iter()
+                .zip(self.softirq)
+            {
+                s += &format!(" {k}={:.1}", v as f64 / t);
+            }
+            for (k, v) in ["loc", "res", "cal", "tlb"].iter().zip(self.irq) {
+                s += &format!(" {k}={:.1}", v as f64 / t);
+            }
+            s += &format!(
+                " own_vol={:.1} own_invol={:.1} other_threads={:.1}",
+                self.vol as f64 / t,
+                self.invol as f64 / t,
+                self.others as f64 / t
+            );
+            s
+        }
+    }
+
+    /// The provider in a child process of its own (`--child OP`), shaped
+    /// like perftest's client: single threaded, one device context, one
+    /// PD, CQ, MR and RC QP, connected to a server QP in the parent (as
+    /// perftest's client is to its server process). Protocol on its
+    /// stdin/stdout: it prints `qpn Q`, reads `qpn S addr A rkey R`, brings
+    /// its QP up, prints `ready`, reads `go` (the parent stops it first, so
+    /// its loop runs in its turns only), runs `--child-n` round trips timed
+    /// like perftest's `run_iter_lat` and writes the samples to
+    /// `--child-out` in perftest's `-U` format.
+    pub fn child(a: &Args, op: &str) -> Result<(), String> {
+        use std::io::{BufRead, Write};
+        let out = a.child_out.as_ref().ok_or("--child needs --child-out")?;
+        let n = a.child_n;
+        let nic = open(a)?;
+        let side = Side::new(&nic, 4096);
+        let caps = QpCaps {
+            max_send_wr: a.depth,
+            max_recv_wr: 1,
+            ..QpCaps::default()
+        };
+        let qp = side.qp(QpType::Rc, caps, None, 0);
+        let per_us = cycles_per_us();
+        let limit = (per_us * 10_000_000.0) as u64;
+        let mut stdin = std::io::stdin().lock();
+        let say = |s: String| -> Result<(), String> {
+            let mut o = std::io::stdout().lock();
+            writeln!(o, "{s}")
+                .and_then(|()| o.flush())
+                .map_err(|e| e.to_string())
+        };
+        say(format!("qpn {}", qp.qpn()))?;
+        let mut line = String::new();
+        stdin.read_line(&mut line).map_err(|e| e.to_string())?;
+        let f: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .step_by(2)
+            .map(|w| {
+                w.parse::<u64>()
+                    .map_err(|e| format!("child: {line:?}: {e}"))
+            })
+            .collect::<Result<_, _>>()?;
+        let [sqpn, addr, rkey] = f[..] else {
+            return Err(format!(
+                "child: expected `qpn S addr A rkey R`, got {line:?}"
+            ));
+        };
+        bring_up(
+            &qp,
+            krcore_nic::Access::ALL,
+            Some(RcPeer {
+                gid: nic.gid(),
+                qpn: sqpn as u32,
+            }),
+        )
+        .map_err(|e| e.to_string())?;
+        say("ready".into())?;
+        line.clear();
+        stdin.read_line(&mut line).map_err(|e| e.to_string())?;
+        if line.trim() != "go" {
+            return Err(format!("child: expected `go`, got {line:?}"));
+        }
+        let remote = krcore_nic::RemoteAddr {
+            addr,
+            rkey: rkey as u32,
+        };
+        let x = Cell::new(0u64);
+        let prov = Prov {
+            qp: &qp,
+            cq: &side.cq,
+            read: SendWr::read(1, side.mr.sge(0, 64).map_err(|e| e.to_string())?, remote),
+            word: side.mr.sge(64, 8).map_err(|e| e.to_string())?,
+            remote: remote.offset(128),
+            x: &x,
+        };
+        let (_, mut one) = provider_contender(op, &prov, limit);
+        let mut d = Vec::with_capacity(n);
+        let mut prev: Option<u64> = None;
+        for _ in 0..n {
+            let mut at = 0;
+            one(&mut || at = cycles())?;
+            if let Some(b) = prev {
+                d.push(at.wrapping_sub(b));
+            }
+            prev = Some(at);
+        }
+        let mut text = String::from("#, cycles\n");
+        for (i, v) in d.iter().enumerate() {
+            text += &format!("{}, {v}\n", i + 1);
+        }
+        std::fs::write(out, text).map_err(|e| format!("{out}: {e}"))
+    }
+
+    /// Spawns [`child`] for `op` with `n` round trips, connects it to a
+    /// server QP on `sb`, and stops it before its loop.
+    fn provider_proc(
+        a: &Args,
+        op: &str,
+        n: usize,
+        sb: &Side<VerbsNic>,
+        gid: Gid,
+    ) -> Result<Proc, String> {
+        use std::io::{BufRead, Write};
+        let out_path =
+            std::env::temp_dir().join(format!("krcore_lat-{}-child-{op}.out", std::process::id()));
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let mut c = Command::new(exe)
+            .args(["--child", op, "--child-n", &n.to_string(), "--child-out"])
+            .arg(&out_path)
+            .args([
+                "--device",
+                &a.device,
+                "--gid-index",
+                &a.gid_index.to_string(),
+            ])
+            .args(["--depth", &a.depth.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("spawn the provider child: {e}"))?;
+        let r = (|| {
+            let mut rd = std::io::BufReader::new(c.stdout.take().ok_or("no child stdout")?);
+            let mut stdin = c.stdin.take().ok_or("no child stdin")?;
+            let mut line = String::new();
+            rd.read_line(&mut line).map_err(|e| e.to_string())?;
+            let qpn: u32 = line
+                .strip_prefix("qpn ")
+                .and_then(|v| v.trim().parse().ok())
+                .ok_or_else(|| format!("provider child said {line:?}"))?;
+            let caps = QpCaps {
+                max_send_wr: 1,
+                max_recv_wr: 1,
+                ..QpCaps::default()
+            };
+            let sq = sb.qp(QpType::Rc, caps, None, 0);
+            bring_up(&sq, krcore_nic::Access::ALL, Some(RcPeer { gid, qpn }))
+                .map_err(|e| e.to_string())?;
+            let r = sb.mr.remote(1024);
+            writeln!(stdin, "qpn {} addr {} rkey {}", sq.qpn(), r.addr, r.rkey)
+                .map_err(|e| e.to_string())?;
+            line.clear();
+            rd.read_line(&mut line).map_err(|e| e.to_string())?;
+            if line.trim() != "ready" {
+                return Err(format!("provider child said {line:?}"));
+            }
+            stop_now(&c)?;
+            writeln!(stdin, "go").map_err(|e| e.to_string())?;
+            Ok(sq)
+        })();
+        match r {
+            Ok(sq) => Ok(Proc {
+                name: "provider_proc",
+                child: c,
+                server: None,
+                _qp: Some(sq),
+                out_path,
+                n,
+                writes: Vec::new(),
+                at: Vec::new(),
+                exited: false,
+                diag: Diag::default(),
+            }),
+            Err(e) => {
+                let _ = c.kill();
+                let _ = c.wait();
+                Err(e)
+            }
+        }
     }
 
     /// The samples perftest prints with `-U` (`#, cycles` then `i, value`
@@ -751,6 +1425,8 @@ mod lat {
         println!();
 
         let mut s: Samples = BTreeMap::new();
+        // The process contenders' perftest figures over their own windows.
+        let mut own_base: Samples = BTreeMap::new();
         // CAS values, one sequence per word: every CAS succeeds.
         let (xp, xv, xr) = (Cell::new(0u64), Cell::new(0u64), Cell::new(0u64));
         let prov = Prov {
@@ -791,13 +1467,36 @@ mod lat {
                     } else {
                         ("ib_atomic_lat", &["-A", "CMP_AND_SWAP"])
                     };
-                    let w = with_perftest(a, tool, extra, &mut ours, slice)?;
+                    let mut procs = Vec::new();
+                    if a.proc_provider {
+                        // Sized like perftest_b (see `with_perftest`).
+                        let n = (2 * a.iters).max(5);
+                        procs.push(provider_proc(a, op, n, &sb, nic_b.gid())?);
+                    }
+                    let w = with_perftest(a, tool, extra, &mut ours, procs, slice)?;
                     println!(
                         "round={round} op={op} turns={} accepted={} perftest_stops_in_loop={} perftest_report_p50_cycles={:.0} perftest_report_p99_cycles={:.0}",
                         w.turns, w.accepted, w.stops_in_loop, w.report.0, w.report.1
                     );
+                    for (who, d) in &w.diag {
+                        println!(
+                            "round={round} op={op} who={who} guest_per_turn {}",
+                            d.line()
+                        );
+                    }
                     got.push(("perftest", Some(w.perftest)));
                     got.extend(ours.iter().map(|c| c.0).zip(w.ours));
+                    for f in w.procs {
+                        println!(
+                            "round={round} op={op} who={} aligned={} window_turns={}/{} perftest_in_window_p50_cycles={:.0} perftest_in_window_p99_cycles={:.0}",
+                            f.name, f.aligned, f.turns.0, f.turns.1, f.perftest.p50, f.perftest.p99
+                        );
+                        got.push((f.name, Some(f.ours)));
+                        own_base
+                            .entry((op, f.name))
+                            .or_default()
+                            .insert(round, f.perftest);
+                    }
                 } else {
                     let t = alone(&mut ours, a.iters, slice)?;
                     got.extend(ours.iter().map(|c| c.0).zip(t.into_iter().map(Some)));
@@ -823,8 +1522,14 @@ mod lat {
             }
         }
         for op in ["read64", "cas8"] {
-            let base = s.get(&(op, "perftest")).cloned();
-            for who in ["perftest", "provider", "sdk_vqp", "sdk_request"] {
+            for who in [
+                "perftest",
+                "perftest_b",
+                "provider",
+                "provider_proc",
+                "sdk_vqp",
+                "sdk_request",
+            ] {
                 let Some(v) = s.get(&(op, who)) else { continue };
                 let p50 = median(v.values().map(|r| r.p50).collect());
                 let p99 = median(v.values().map(|r| r.p99).collect());
@@ -841,6 +1546,10 @@ mod lat {
                     line += &format!(" empty_polls={:.0}", median(sp));
                 }
                 // Ratios of the same round (the same window of turns).
+                let base = own_base
+                    .get(&(op, who))
+                    .or_else(|| s.get(&(op, "perftest")))
+                    .cloned();
                 let pairs: Vec<(&Timing, &Timing)> = base
                     .iter()
                     .flat_map(|b| v.iter().filter_map(|(i, r)| Some((r, b.get(i)?))))
