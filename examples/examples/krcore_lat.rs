@@ -161,8 +161,8 @@ mod lat {
             idle_sleep: Some(Duration::from_micros(20_000)),
             slice_ms: 10,
             depth: 16,
-            calibrate: true,
-            proc_provider: true,
+            calibrate: false,
+            proc_provider: false,
             child: None,
             child_n: 0,
             child_out: None,
@@ -179,8 +179,8 @@ mod lat {
                 "--pairs" => a.pairs = num(&k, v()?)?,
                 "--no-perftest" => a.perftest = false,
                 "--no-sdk" => a.sdk = false,
-                "--no-calibrate" => a.calibrate = false,
-                "--no-proc" => a.proc_provider = false,
+                "--calibrate" => a.calibrate = true,
+                "--proc" => a.proc_provider = true,
                 "--child" => a.child = Some(v()?),
                 "--child-n" => a.child_n = num(&k, v()?)?,
                 "--child-out" => a.child_out = Some(v()?),
@@ -455,15 +455,6 @@ mod lat {
     ) -> Option<Vec<(usize, Vec<u64>)>> {
         let pieces: Vec<Vec<u64>> = d.split(|&x| x >= slice).map(<[u64]>::to_vec).collect();
         let m = pieces.len();
-        if std::env::var_os("KRCORE_LAT_DEBUG").is_some() {
-            eprintln!(
-                "DEBUG writes={writes:?} pieces={:?}",
-                pieces.iter().map(Vec::len).collect::<Vec<_>>()
-            );
-        }
-        if m > writes.len() {
-            return None;
-        }
         // Mismatch of a placement at offset `o` (None: impossible).
         let cost = |o: usize| -> Option<u64> {
             let mut c = 0;
@@ -800,8 +791,11 @@ mod lat {
                     return Err(format!("{tool} did not finish within 300 s"));
                 }
                 // Our turn: the next slot whose process has not exited.
+                // A process contender waits for perftest's loop (its own
+                // setup is done before the window).
+                let in_loop = busy_turns.iter().any(busy);
                 let mut slot = k % nslots;
-                while slot >= ours.len() && procs[slot - ours.len()].exited {
+                while slot >= ours.len() && (procs[slot - ours.len()].exited || !in_loop) {
                     k += 1;
                     slot = k % nslots;
                 }
