@@ -132,6 +132,12 @@ mod lat {
         calibrate: bool,
         /// The provider in a child process of its own in the rotation.
         proc_provider: bool,
+        /// Also a child with the in-process provider's shape.
+        proc_pair: bool,
+        child_pair: bool,
+        /// Also the SDK's VQP in a child process.
+        proc_sdk: bool,
+        child_sdk: bool,
         /// Child mode (`--child OP`, internal): see [`child`].
         pub child: Option<String>,
         child_n: usize,
@@ -163,6 +169,10 @@ mod lat {
             depth: 16,
             calibrate: false,
             proc_provider: false,
+            proc_pair: false,
+            child_pair: false,
+            proc_sdk: false,
+            child_sdk: false,
             child: None,
             child_n: 0,
             child_out: None,
@@ -181,6 +191,10 @@ mod lat {
                 "--no-sdk" => a.sdk = false,
                 "--calibrate" => a.calibrate = true,
                 "--proc" => a.proc_provider = true,
+                "--proc-pair" => a.proc_pair = true,
+                "--child-pair" => a.child_pair = true,
+                "--proc-sdk" => a.proc_sdk = true,
+                "--child-sdk" => a.child_sdk = true,
                 "--child" => a.child = Some(v()?),
                 "--child-n" => a.child_n = num(&k, v()?)?,
                 "--child-out" => a.child_out = Some(v()?),
@@ -415,6 +429,9 @@ mod lat {
         writes: Vec<Option<u64>>,
         /// The moment of each of its turns (see [`by_turn`]).
         at: Vec<usize>,
+        /// Whether it waits for perftest's loop before its first turn (it
+        /// did its setup before the window).
+        gated: bool,
         exited: bool,
         diag: Diag,
     }
@@ -455,6 +472,9 @@ mod lat {
     ) -> Option<Vec<(usize, Vec<u64>)>> {
         let pieces: Vec<Vec<u64>> = d.split(|&x| x >= slice).map(<[u64]>::to_vec).collect();
         let m = pieces.len();
+        if m > writes.len() || writes.len() != at.len() {
+            return None;
+        }
         // Mismatch of a placement at offset `o` (None: impossible).
         let cost = |o: usize| -> Option<u64> {
             let mut c = 0;
@@ -597,23 +617,19 @@ mod lat {
     }
 
     /// One turn of a process contender (perftest's client included):
-    /// continued, left alone for `slice_t` (polling for its exit every
-    /// millisecond), stopped again. Returns its write calls in the turn
+    /// continued, left alone for `slice_t`, stopped again. Returns its write calls in the turn
     /// (`None` in the turn it exits in) and whether it exited.
     fn proc_turn(child: &mut Child, slice_t: Duration) -> Result<(Option<u64>, bool), String> {
         let pid = rustix::process::Pid::from_raw(child.id() as i32)
             .ok_or("a process contender without a pid")?;
         let c0 = write_calls(child.id());
         signal(pid, rustix::process::Signal::CONT)?;
-        let t0 = Instant::now();
-        let mut exited = false;
-        while t0.elapsed() < slice_t {
-            std::thread::sleep(Duration::from_millis(1).min(slice_t));
-            if child.try_wait().map_err(|e| e.to_string())?.is_some() {
-                exited = true;
-                break;
-            }
-        }
+        // One sleep for the whole turn: this process wakes once, as it
+        // does not wake at all during an in-process contender's turn (it
+        // used to poll for the exit every millisecond: ten wake-ups, their
+        // timer interrupts and switches landing in the contender's turn).
+        std::thread::sleep(slice_t);
+        let exited = child.try_wait().map_err(|e| e.to_string())?.is_some();
         if !exited {
             signal(pid, rustix::process::Signal::STOP)?;
             wait_stopped(child.id())?;
@@ -696,6 +712,7 @@ mod lat {
         ours: &mut [Contender<'_>],
         mut procs: Vec<Proc>,
         slice: u64,
+        calibrate: bool,
     ) -> Result<Window, String> {
         let port = 20000 + (std::process::id() as u16 ^ (cycles() as u16)) % 10000;
         let nslots = ours.len() + procs.len();
@@ -720,11 +737,12 @@ mod lat {
         let tmp = |p: u16| {
             std::env::temp_dir().join(format!("krcore_lat-{}-{p}.out", std::process::id()))
         };
-        if a.calibrate {
+        if calibrate {
             // perftest against itself: a second server and client, the
-            // client in one of our slots. It gets one of `nslots` of our
-            // turns; it is compared over the turns where both were in
-            // their loops.
+            // client in one of our slots (called with no other contender:
+            // both clients then run the same number of round trips and
+            // take turns one to one from their start, setup included); it
+            // is compared over the turns where both were in their loops.
             let nb = (n / nslots.max(1)).max(5);
             let spawned = (|| {
                 let s = perftest_server(tool, &cn(nb), port + 1)?;
@@ -743,6 +761,7 @@ mod lat {
                         n: nb,
                         writes: Vec::new(),
                         at: Vec::new(),
+                        gated: false,
                         exited: false,
                         diag: Diag::default(),
                     };
@@ -795,7 +814,10 @@ mod lat {
                 // setup is done before the window).
                 let in_loop = busy_turns.iter().any(busy);
                 let mut slot = k % nslots;
-                while slot >= ours.len() && (procs[slot - ours.len()].exited || !in_loop) {
+                while slot >= ours.len() && {
+                    let p = &procs[slot - ours.len()];
+                    p.exited || (p.gated && !in_loop)
+                } {
                     k += 1;
                     slot = k % nslots;
                 }
@@ -1062,6 +1084,9 @@ mod lat {
     /// `--child-out` in perftest's `-U` format.
     pub fn child(a: &Args, op: &str) -> Result<(), String> {
         use std::io::{BufRead, Write};
+        if a.child_sdk {
+            return sdk_child(a, op);
+        }
         let out = a.child_out.as_ref().ok_or("--child needs --child-out")?;
         let n = a.child_n;
         let nic = open(a)?;
@@ -1093,10 +1118,31 @@ mod lat {
                     .map_err(|e| format!("child: {line:?}: {e}"))
             })
             .collect::<Result<_, _>>()?;
-        let [sqpn, addr, rkey] = f[..] else {
+        let [mut sqpn, mut addr, mut rkey] = f[..] else {
             return Err(format!(
                 "child: expected `qpn S addr A rkey R`, got {line:?}"
             ));
+        };
+        // `--child-pair`: the in-process provider's shape instead (a
+        // second device context in this process holding the server QP).
+        let server = if a.child_pair {
+            let nb = open(a)?;
+            let sb = Side::new(&nb, 4096);
+            let sq = sb.qp(QpType::Rc, caps, None, 0);
+            bring_up(
+                &sq,
+                krcore_nic::Access::ALL,
+                Some(RcPeer {
+                    gid: nic.gid(),
+                    qpn: qp.qpn(),
+                }),
+            )
+            .map_err(|e| e.to_string())?;
+            let r = sb.mr.remote(0);
+            (sqpn, addr, rkey) = (u64::from(sq.qpn()), r.addr, u64::from(r.rkey));
+            Some((sb, sq))
+        } else {
+            None
         };
         bring_up(
             &qp,
@@ -1118,6 +1164,7 @@ mod lat {
             rkey: rkey as u32,
         };
         let x = Cell::new(0u64);
+        let _server = server;
         let prov = Prov {
             qp: &qp,
             cq: &side.cq,
@@ -1144,18 +1191,204 @@ mod lat {
         std::fs::write(out, text).map_err(|e| format!("{out}: {e}"))
     }
 
+    /// The SDK's VQP (verbs level `post`/`poll`, RC fallback) in a child
+    /// process of its own (`--child OP --child-sdk`): a client node
+    /// (engine threads included: the SDK's real process shape) reading
+    /// the parent's meta host, connected to the parent's memory node.
+    /// Reads `meta GID DCT KEY ADDR RKEY region GID ADDR LEN RKEY ACCESS
+    /// EXPIRES` (GIDs in hex), connects, prints `ready`, reads `go`, then
+    /// runs and writes its samples like [`child`].
+    fn sdk_child(a: &Args, op: &str) -> Result<(), String> {
+        use std::io::{BufRead, Write};
+        let out = a.child_out.as_ref().ok_or("--child needs --child-out")?;
+        let mut stdin = std::io::stdin().lock();
+        let say = |s: &str| -> Result<(), String> {
+            let mut o = std::io::stdout().lock();
+            writeln!(o, "{s}")
+                .and_then(|()| o.flush())
+                .map_err(|e| e.to_string())
+        };
+        let mut line = String::new();
+        stdin.read_line(&mut line).map_err(|e| e.to_string())?;
+        let w: Vec<&str> = line.split_whitespace().collect();
+        let bad = || format!("sdk child: cannot read {line:?}");
+        if w.len() != 13 || w[0] != "meta" || w[6] != "region" {
+            return Err(bad());
+        }
+        let gid = |h: &str| -> Result<Gid, String> {
+            let mut g = [0u8; 16];
+            for (i, b) in g.iter_mut().enumerate() {
+                *b = u8::from_str_radix(h.get(2 * i..2 * i + 2).ok_or_else(bad)?, 16)
+                    .map_err(|_| bad())?;
+            }
+            Ok(Gid(g))
+        };
+        let num = |x: &str| x.parse::<u64>().map_err(|_| bad());
+        let loc = krcore_kmod::MetaLocation {
+            server: krcore_nic::DcTarget {
+                gid: gid(w[1])?,
+                dct_num: num(w[2])? as u32,
+                dc_key: num(w[3])?,
+            },
+            table: krcore_nic::RemoteAddr {
+                addr: num(w[4])?,
+                rkey: num(w[5])? as u32,
+            },
+            geometry: Geometry::with_buckets(64).map_err(|e| e.to_string())?,
+        };
+        let token = krcore::RemoteRegion {
+            gid: gid(w[7])?,
+            addr: num(w[8])?,
+            len: num(w[9])?,
+            rkey: num(w[10])? as u32,
+            access: krcore_nic::Access(num(w[11])? as u32),
+            expires_unix_ms: num(w[12])?,
+        };
+        let mut cfg = EngineConfig::default().with_meta(loc);
+        cfg.handshake = handshake(a.idle_sleep);
+        let client = Node::with_nic(open(a)?, cfg).map_err(|e| format!("client: {e}"))?;
+        let vqp = client
+            .connect(token.gid)
+            .map_err(|e| format!("connect: {e}"))?;
+        let buf = client
+            .alloc(64, Access::LOCAL_WRITE)
+            .map_err(|e| e.to_string())?;
+        let per_us = cycles_per_us();
+        let limit = (per_us * 10_000_000.0) as u64;
+        say("ready")?;
+        line.clear();
+        stdin.read_line(&mut line).map_err(|e| e.to_string())?;
+        if line.trim() != "go" {
+            return Err(format!("sdk child: expected `go`, got {line:?}"));
+        }
+        // Words of its own in the region (the parent's contenders use 0..384).
+        let (rd, word) = (
+            buf.sge(0, 64).map_err(|e| e.to_string())?,
+            buf.sge(0, 8).map_err(|e| e.to_string())?,
+        );
+        let mut x = 0u64;
+        let mut d = Vec::with_capacity(a.child_n);
+        let mut prev: Option<u64> = None;
+        for _ in 0..a.child_n {
+            let mut wr = if op == "read64" {
+                [SendWr::read(3, rd, token.at(1024))]
+            } else {
+                x += 1;
+                [SendWr::cas(4, word, token.at(1152), x - 1, x)]
+            };
+            let at = cycles();
+            vqp.post(&mut wr).map_err(|e| e.to_string())?;
+            spin(limit, |wc| vqp.poll(wc).map_err(|e| e.to_string()))?;
+            if let Some(b) = prev {
+                d.push(at.wrapping_sub(b));
+            }
+            prev = Some(at);
+        }
+        let mut text = String::from("#, cycles\n");
+        for (i, v) in d.iter().enumerate() {
+            text += &format!("{}, {v}\n", i + 1);
+        }
+        std::fs::write(out, text).map_err(|e| format!("{out}: {e}"))
+    }
+
+    /// Spawns [`sdk_child`] for `op` with `n` round trips and stops it
+    /// before its loop.
+    fn sdk_proc(a: &Args, k: &Sdk, op: &str, n: usize) -> Result<Proc, String> {
+        use std::io::{BufRead, Write};
+        let meta = k.meta.ok_or("the SDK has no meta location")?;
+        let hex = |g: Gid| g.0.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        let t = k.token;
+        let out_path =
+            std::env::temp_dir().join(format!("krcore_lat-{}-sdk-{op}.out", std::process::id()));
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let mut c = Command::new(exe)
+            .args(["--child", op, "--child-sdk", "--child-n", &n.to_string()])
+            .arg("--child-out")
+            .arg(&out_path)
+            .args([
+                "--device",
+                &a.device,
+                "--gid-index",
+                &a.gid_index.to_string(),
+            ])
+            .args(
+                a.idle_sleep
+                    .map(|d| ["--idle-sleep-us".to_string(), d.as_micros().to_string()])
+                    .into_iter()
+                    .flatten(),
+            )
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("spawn the SDK child: {e}"))?;
+        let r = (|| {
+            let mut rd = std::io::BufReader::new(c.stdout.take().ok_or("no child stdout")?);
+            let mut stdin = c.stdin.take().ok_or("no child stdin")?;
+            writeln!(
+                stdin,
+                "meta {} {} {} {} {} region {} {} {} {} {} {}",
+                hex(meta.server.gid),
+                meta.server.dct_num,
+                meta.server.dc_key,
+                meta.table.addr,
+                meta.table.rkey,
+                hex(t.gid),
+                t.addr,
+                t.len,
+                t.rkey,
+                t.access.0,
+                t.expires_unix_ms
+            )
+            .map_err(|e| e.to_string())?;
+            let mut line = String::new();
+            rd.read_line(&mut line).map_err(|e| e.to_string())?;
+            if line.trim() != "ready" {
+                return Err(format!("SDK child said {line:?}"));
+            }
+            stop_now(&c)?;
+            writeln!(stdin, "go").map_err(|e| e.to_string())
+        })();
+        match r {
+            Ok(()) => Ok(Proc {
+                name: "sdk_vqp_proc",
+                child: c,
+                server: None,
+                _qp: None,
+                out_path,
+                n,
+                writes: Vec::new(),
+                at: Vec::new(),
+                gated: true,
+                exited: false,
+                diag: Diag::default(),
+            }),
+            Err(e) => {
+                let _ = c.kill();
+                let out = c.wait_with_output();
+                Err(match out {
+                    Ok(o) => format!("{e}: {}", String::from_utf8_lossy(&o.stderr)),
+                    Err(_) => e,
+                })
+            }
+        }
+    }
+
     /// Spawns [`child`] for `op` with `n` round trips, connects it to a
     /// server QP on `sb`, and stops it before its loop.
     fn provider_proc(
         a: &Args,
+        pair: bool,
         op: &str,
         n: usize,
         sb: &Side<VerbsNic>,
         gid: Gid,
     ) -> Result<Proc, String> {
         use std::io::{BufRead, Write};
-        let out_path =
-            std::env::temp_dir().join(format!("krcore_lat-{}-child-{op}.out", std::process::id()));
+        let out_path = std::env::temp_dir().join(format!(
+            "krcore_lat-{}-child-{op}-{pair}.out",
+            std::process::id()
+        ));
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let mut c = Command::new(exe)
             .args(["--child", op, "--child-n", &n.to_string(), "--child-out"])
@@ -1167,6 +1400,7 @@ mod lat {
                 &a.gid_index.to_string(),
             ])
             .args(["--depth", &a.depth.to_string()])
+            .args(pair.then_some("--child-pair"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -1203,7 +1437,11 @@ mod lat {
         })();
         match r {
             Ok(sq) => Ok(Proc {
-                name: "provider_proc",
+                name: if pair {
+                    "provider_proc_pair"
+                } else {
+                    "provider_proc"
+                },
                 child: c,
                 server: None,
                 _qp: Some(sq),
@@ -1211,6 +1449,7 @@ mod lat {
                 n,
                 writes: Vec::new(),
                 at: Vec::new(),
+                gated: true,
                 exited: false,
                 diag: Diag::default(),
             }),
@@ -1461,35 +1700,60 @@ mod lat {
                     } else {
                         ("ib_atomic_lat", &["-A", "CMP_AND_SWAP"])
                     };
-                    let mut procs = Vec::new();
-                    if a.proc_provider {
-                        // Sized like perftest_b (see `with_perftest`).
-                        let n = (2 * a.iters).max(5);
-                        procs.push(provider_proc(a, op, n, &sb, nic_b.gid())?);
-                    }
-                    let w = with_perftest(a, tool, extra, &mut ours, procs, slice)?;
-                    println!(
-                        "round={round} op={op} turns={} accepted={} perftest_stops_in_loop={} perftest_report_p50_cycles={:.0} perftest_report_p99_cycles={:.0}",
-                        w.turns, w.accepted, w.stops_in_loop, w.report.0, w.report.1
-                    );
-                    for (who, d) in &w.diag {
+                    // The window with our contenders, then (--calibrate)
+                    // one of perftest against itself.
+                    for calib in [false, true] {
+                        if calib && !a.calibrate {
+                            continue;
+                        }
+                        let mut procs = Vec::new();
+                        if a.proc_provider && !calib {
+                            // Sized like perftest_b (see `with_perftest`).
+                            let n = (2 * a.iters).max(5);
+                            procs.push(provider_proc(a, false, op, n, &sb, nic_b.gid())?);
+                        }
+                        if let (true, false, Some(k)) = (a.proc_sdk, calib, &sdk) {
+                            let n = (2 * a.iters).max(5);
+                            procs.push(sdk_proc(a, k, op, n)?);
+                        }
+                        if a.proc_pair && !calib {
+                            let n = (2 * a.iters).max(5);
+                            procs.push(provider_proc(a, true, op, n, &sb, nic_b.gid())?);
+                        }
+                        let mut none: Vec<Contender<'_>> = Vec::new();
+                        let contenders = if calib { &mut none } else { &mut ours };
+                        let w = with_perftest(a, tool, extra, contenders, procs, slice, calib)?;
+                        let (win, a_name) = if calib {
+                            (" window=calibration", "perftest_a")
+                        } else {
+                            ("", "perftest")
+                        };
                         println!(
-                            "round={round} op={op} who={who} guest_per_turn {}",
-                            d.line()
+                            "round={round} op={op}{win} turns={} accepted={} perftest_stops_in_loop={} perftest_report_p50_cycles={:.0} perftest_report_p99_cycles={:.0}",
+                            w.turns, w.accepted, w.stops_in_loop, w.report.0, w.report.1
                         );
-                    }
-                    got.push(("perftest", Some(w.perftest)));
-                    got.extend(ours.iter().map(|c| c.0).zip(w.ours));
-                    for f in w.procs {
-                        println!(
-                            "round={round} op={op} who={} aligned={} window_turns={}/{} perftest_in_window_p50_cycles={:.0} perftest_in_window_p99_cycles={:.0}",
-                            f.name, f.aligned, f.turns.0, f.turns.1, f.perftest.p50, f.perftest.p99
-                        );
-                        got.push((f.name, Some(f.ours)));
-                        own_base
-                            .entry((op, f.name))
-                            .or_default()
-                            .insert(round, f.perftest);
+                        for (who, d) in &w.diag {
+                            let who = if *who == "perftest" { a_name } else { who };
+                            println!(
+                                "round={round} op={op} who={who} guest_per_turn {}",
+                                d.line()
+                            );
+                        }
+                        if !calib {
+                            got.push(("perftest", Some(w.perftest)));
+                            got.extend(ours.iter().map(|c| c.0).zip(w.ours));
+                        }
+                        for f in w.procs {
+                            println!(
+                                "round={round} op={op} who={} aligned={} window_turns={}/{} perftest_in_window_p50_cycles={:.0} perftest_in_window_p99_cycles={:.0}",
+                                f.name, f.aligned, f.turns.0, f.turns.1, f.perftest.p50, f.perftest.p99
+                            );
+                            got.push((f.name, Some(f.ours)));
+                            own_base
+                                .entry((op, f.name))
+                                .or_default()
+                                .insert(round, f.perftest);
+                        }
                     }
                 } else {
                     let t = alone(&mut ours, a.iters, slice)?;
@@ -1521,7 +1785,9 @@ mod lat {
                 "perftest_b",
                 "provider",
                 "provider_proc",
+                "provider_proc_pair",
                 "sdk_vqp",
+                "sdk_vqp_proc",
                 "sdk_request",
             ] {
                 let Some(v) = s.get(&(op, who)) else { continue };
@@ -1604,6 +1870,8 @@ mod lat {
         _server: Node<VerbsNic>,
         _region: krcore::MemoryRegion<VerbsNic>,
         token: krcore::RemoteRegion,
+        /// Where the meta host is (for `sdk_vqp_proc`).
+        meta: Option<krcore_kmod::MetaLocation>,
         client: Node<VerbsNic>,
         /// Verbs level (`post`/`poll`); knows no grant.
         vqp: krcore::Vqp<VerbsNic>,
@@ -1622,6 +1890,7 @@ mod lat {
                 .register(server.local_target().unwrap(), 0, 1 << 40, 0)
                 .map_err(|e| format!("register: {e}"))?;
             let region = server.alloc(4096, Access::ALL).map_err(|e| e.to_string())?;
+            let meta_loc = cfg.meta;
             let client = Node::with_nic(open(a)?, cfg).map_err(|e| format!("client: {e}"))?;
             let vqp = client
                 .connect(server.gid())
@@ -1638,6 +1907,7 @@ mod lat {
                 _meta_thread: thread,
                 _meta: meta,
                 token: region.token(),
+                meta: meta_loc,
                 _region: region,
                 _server: server,
                 buf: alloc(64)?,
