@@ -92,8 +92,8 @@ pub(super) fn by_turn(
     // best[j][t]: least total mismatch with piece `j` in turn `t`, and
     // the turn of piece `j - 1`.
     let mut best: Vec<Vec<Option<(u64, usize)>>> = vec![vec![None; t_n]; m];
-    for t in 0..t_n {
-        best[0][t] = cost(0, t).map(|c| (c, t));
+    for (t, b) in best[0].iter_mut().enumerate() {
+        *b = cost(0, t).map(|c| (c, t));
     }
     for j in 1..m {
         for t in j..t_n {
