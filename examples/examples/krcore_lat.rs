@@ -618,15 +618,19 @@ mod lat {
                 // A process contender waits for perftest's loop (its own
                 // setup is done before the window).
                 let in_loop = busy_turns.iter().any(busy);
-                let mut slot = k % nslots;
-                while slot >= ours.len() && {
-                    let p = &procs[slot - ours.len()];
-                    p.exited || (p.gated && !in_loop)
-                } {
-                    k += 1;
-                    slot = k % nslots;
-                }
-                k += 1;
+                let ready = |slot: usize| {
+                    slot < ours.len() || {
+                        let p = &procs[slot - ours.len()];
+                        !(p.exited || (p.gated && !in_loop))
+                    }
+                };
+                // None ready (only process contenders, all done or
+                // waiting): perftest's next turn follows at once.
+                let Some(slot) = (0..nslots).map(|i| (k + i) % nslots).find(|&s| ready(s)) else {
+                    ours_by_turn.push((usize::MAX, Vec::new(), Diag::default()));
+                    continue;
+                };
+                k = slot + 1;
                 if slot < ours.len() {
                     let d0 = Diag::snap(None);
                     let r = turn(ours, slot, slice)?;
