@@ -43,9 +43,43 @@
 //! Our turns count when they fall inside perftest's timed loop: from its
 //! first busy turn to its last, where busy means it made at least 16
 //! `write` calls in its turn (`/proc/PID/io`; on rxe each post is one).
-//! Our samples never span a gap between turns.
+//! Our samples never span a gap between turns. During a process's turn
+//! this process sleeps the whole slice in one sleep (it used to wake every
+//! millisecond to poll for the exit: ten timer wake-ups and switches
+//! inside perftest's turns, none inside ours).
 //!
-//! //! ```text
+//! In-process vs. process contenders (a bias of the turn scheme, found
+//! with the per-turn guest counters, `guest_per_turn` lines): on rxe a
+//! READ's response runs in a tasklet; raised from the system call it wakes
+//! `ksoftirqd`. A contender running in this process is preempted by it on
+//! about every READ (`own_invol` equals `tasklet` per turn), while a
+//! process that was stopped and is continued (perftest's client) is
+//! preempted on only 40-70 % of them, and makes more round trips per
+//! turn. The same provider code therefore measures about 1.0x perftest
+//! as a stopped/continued child process and 1.2-1.4x in process. The fair
+//! figures are the process contenders', treated exactly like perftest's
+//! client (same SIGSTOP/SIGCONT turns, same cut of the samples):
+//!
+//! - `--proc`: `provider_proc`, the provider in a single-threaded child
+//!   with one device context (perftest's client shape; server QP here);
+//!   `--proc-pair`: `provider_proc_pair`, a child with the in-process
+//!   shape (two contexts, the server QP inside) to tell the two apart;
+//! - `--proc-sdk`: `sdk_vqp_proc`, the SDK's VQP (verbs level) in a child
+//!   node with its engine threads, reading this process's meta host;
+//! - `--calibrate`: per round and operation one more window in which a
+//!   second perftest client (`perftest_b`) takes turns with perftest (both
+//!   from their start, one to one): perftest against itself, the tool's
+//!   own spread. (In the main window a second client would still be in its
+//!   setup when perftest's loop ends.)
+//!
+//! A process contender waits for perftest's loop before its first turn,
+//! runs `2 * iters` round trips, and is compared with perftest over the
+//! turns where both were in their loops: each sample series is split at
+//! its stop-spanning samples and the pieces are matched to the turns by
+//! their write calls (`aligned=true`); when that fails both are taken
+//! whole with their stops cut (`aligned=false`).
+//!
+//! ```text
 //! cargo build --release -p krcore-examples --features verbs --example krcore_lat
 //! ../shared/softroce/softroce-run -- target/release/examples/krcore_lat
 //! ```
@@ -57,7 +91,8 @@
 //! and contender), `--rounds N` (6), `--pairs N` (connect samples, 8),
 //! `--no-perftest`, `--no-sdk`, `--slice-ms N` (length of a turn, 10),
 //! `--depth N` (send queue depth of the provider's QP, 16; perftest's
-//! latency tests use 1),
+//! latency tests use 1), `--proc`, `--proc-pair`, `--proc-sdk`,
+//! `--calibrate` (above; off by default),
 //! `--idle-sleep-us N` (idle sleep of the
 //! background threads of the latency phase's SDK nodes: meta host and
 //! handshake responders; default 20,000 us, where the engine's is 100 us).
@@ -80,7 +115,10 @@
 
 #[cfg(feature = "verbs")]
 fn main() {
-    let code = match lat::parse().and_then(|a| lat::run(&a)) {
+    let code = match lat::parse().and_then(|a| match a.child.clone() {
+        Some(op) => lat::child(&a, &op),
+        None => lat::run(&a),
+    }) {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("krcore_lat: {e}");
@@ -113,6 +151,12 @@ mod lat {
     use std::process::{Child, Command, Stdio};
     use std::time::{Duration, Instant};
 
+    // The process contenders; in `examples/lat/` (no `main.rs`: not an
+    // example of its own).
+    mod procs;
+    pub use procs::child;
+    use procs::{busy, cut_stops, proc_turn, provider_proc, sdk_proc, Diag, Proc, ProcFigures};
+
     pub struct Args {
         device: String,
         gid_index: u8,
@@ -125,6 +169,20 @@ mod lat {
         idle_sleep: Option<Duration>,
         slice_ms: u64,
         depth: u32,
+        /// A second perftest client in the rotation (perftest vs itself).
+        calibrate: bool,
+        /// The provider in a child process of its own in the rotation.
+        proc_provider: bool,
+        /// Also a child with the in-process provider's shape.
+        proc_pair: bool,
+        child_pair: bool,
+        /// Also the SDK's VQP in a child process.
+        proc_sdk: bool,
+        child_sdk: bool,
+        /// Child mode (`--child OP`, internal): see [`child`].
+        pub child: Option<String>,
+        child_n: usize,
+        child_out: Option<String>,
     }
 
     fn env_or(keys: &[&str], default: &str) -> String {
@@ -150,6 +208,15 @@ mod lat {
             idle_sleep: Some(Duration::from_micros(20_000)),
             slice_ms: 10,
             depth: 16,
+            calibrate: false,
+            proc_provider: false,
+            proc_pair: false,
+            child_pair: false,
+            proc_sdk: false,
+            child_sdk: false,
+            child: None,
+            child_n: 0,
+            child_out: None,
         };
         let mut it = std::env::args().skip(1);
         while let Some(k) = it.next() {
@@ -163,6 +230,15 @@ mod lat {
                 "--pairs" => a.pairs = num(&k, v()?)?,
                 "--no-perftest" => a.perftest = false,
                 "--no-sdk" => a.sdk = false,
+                "--calibrate" => a.calibrate = true,
+                "--proc" => a.proc_provider = true,
+                "--proc-pair" => a.proc_pair = true,
+                "--child-pair" => a.child_pair = true,
+                "--proc-sdk" => a.proc_sdk = true,
+                "--child-sdk" => a.child_sdk = true,
+                "--child" => a.child = Some(v()?),
+                "--child-n" => a.child_n = num(&k, v()?)?,
+                "--child-out" => a.child_out = Some(v()?),
                 "--depth" => a.depth = num(&k, v()?)?.max(1) as u32,
                 "--slice-ms" => a.slice_ms = num(&k, v()?)?.max(1) as u64,
                 "--idle-sleep-us" => {
@@ -353,15 +429,6 @@ mod lat {
         Err(format!("perftest client {pid} did not stop"))
     }
 
-    /// Sends SIGCONT on drop: an error path never leaves perftest stopped.
-    struct ContGuard(rustix::process::Pid);
-
-    impl Drop for ContGuard {
-        fn drop(&mut self) {
-            let _ = signal(self.0, rustix::process::Signal::CONT);
-        }
-    }
-
     /// What one window of turns with perftest gave.
     struct Window {
         perftest: Timing,
@@ -370,49 +437,21 @@ mod lat {
         report: (f64, f64, f64),
         /// `None`: no turn of that contender fell inside perftest's loop.
         ours: Vec<Option<Timing>>,
+        /// The process contenders (name, figures).
+        procs: Vec<ProcFigures>,
+        /// What the guest did during the turns, per contender (perftest
+        /// first, then `ours`, then the processes).
+        diag: Vec<(&'static str, Diag)>,
         turns: usize,
         accepted: usize,
         stops_in_loop: usize,
     }
 
-    /// perftest's client and our contenders take turns on the guest: the
-    /// client runs for `slice`, is stopped (SIGSTOP), one of our
-    /// contenders runs for `slice` (in rotation), the client is continued,
-    /// and so on until it exits. Both thus see the same moments of an
-    /// emulator whose speed drifts by 2x and more within seconds.
-    ///
-    /// - Our turn counts only when perftest's turns before and after it
-    ///   were in its timed loop (the device sent packets during them).
-    /// - perftest prints every sample (`-U`); the samples that span a stop
-    ///   are its largest ones (a stop lasts a whole slice): the `stops`
-    ///   largest are dropped, where `stops` counts the stops from its first
-    ///   busy turn on; then its figures are computed as its own report does.
-    fn with_perftest(
-        a: &Args,
-        tool: &str,
-        extra: &[&str],
-        ours: &mut [Contender<'_>],
-        slice: u64,
-    ) -> Result<Window, String> {
-        let port = 20000 + (std::process::id() as u16 ^ (cycles() as u16)) % 10000;
-        // perftest's timed loop spans about as many round trips as all of
-        // our turns together; twice that, since only our turns between two
-        // of its busy ones count.
-        let n = 2 * a.iters * ours.len().max(1);
-        let mut common: Vec<String> = vec![
-            "-d".into(),
-            a.device.clone(),
-            "-x".into(),
-            a.gid_index.to_string(),
-            "-p".into(),
-            port.to_string(),
-            "-n".into(),
-            n.to_string(),
-            "-C".into(),
-        ];
-        common.extend(extra.iter().map(|s| s.to_string()));
+    /// Spawns a perftest server on `port` and waits until it listens.
+    fn perftest_server(tool: &str, common: &[String], port: u16) -> Result<Child, String> {
         let mut server = Command::new(tool)
-            .args(&common)
+            .args(common)
+            .args(["-p", &port.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -426,77 +465,229 @@ mod lat {
             let _ = server.wait();
             return Err(format!("{tool} server never listened on port {port}"));
         }
-        // Its samples (`-U`) go to a file: tens of KB, more than a pipe
-        // holds while the client runs.
-        let out_path =
-            std::env::temp_dir().join(format!("krcore_lat-{}-{port}.out", std::process::id()));
+        Ok(server)
+    }
+
+    /// Spawns a perftest client printing its samples (`-U`) to a file.
+    fn perftest_client(
+        a: &Args,
+        tool: &str,
+        common: &[String],
+        port: u16,
+        out_path: &std::path::Path,
+    ) -> Result<Child, String> {
         let out_file =
-            std::fs::File::create(&out_path).map_err(|e| format!("{}: {e}", out_path.display()))?;
-        let mut client = Command::new(tool)
-            .args(&common)
-            .arg("-U")
-            .arg(&a.ip)
+            std::fs::File::create(out_path).map_err(|e| format!("{}: {e}", out_path.display()))?;
+        Command::new(tool)
+            .args(common)
+            .args(["-p", &port.to_string(), "-U", &a.ip])
             .stdout(out_file)
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| format!("spawn {tool}: {e}"))?;
-        let pid = rustix::process::Pid::from_raw(client.id() as i32)
-            .ok_or("perftest client without a pid")?;
+            .map_err(|e| format!("spawn {tool}: {e}"))
+    }
+
+    /// Stops a freshly spawned process contender before the window opens
+    /// (it runs only in its turns, its setup included).
+    fn stop_now(c: &Child) -> Result<(), String> {
+        let pid = rustix::process::Pid::from_raw(c.id() as i32).ok_or("no pid")?;
+        signal(pid, rustix::process::Signal::STOP)?;
+        wait_stopped(c.id())
+    }
+
+    /// perftest's client and our contenders take turns on the guest: the
+    /// client runs for `slice`, is stopped (SIGSTOP), one of our
+    /// contenders runs for `slice` (in rotation; a process contender is
+    /// continued and stopped like the client), the client is continued,
+    /// and so on until it exits. Both thus see the same moments of an
+    /// emulator whose speed drifts by 2x and more within seconds.
+    ///
+    /// - Our in-process turn counts only when perftest's turns before and
+    ///   after it were in its timed loop (the device sent packets during
+    ///   them).
+    /// - perftest prints every sample (`-U`); the samples that span a stop
+    ///   are its largest ones (a stop lasts a whole slice): the `stops`
+    ///   largest are dropped, where `stops` counts the stops from its first
+    ///   busy turn on; then its figures are computed as its own report does.
+    ///   A process contender's samples are cut the same way.
+    fn with_perftest(
+        a: &Args,
+        tool: &str,
+        extra: &[&str],
+        ours: &mut [Contender<'_>],
+        mut procs: Vec<Proc>,
+        slice: u64,
+        calibrate: bool,
+    ) -> Result<Window, String> {
+        let port = 20000 + (std::process::id() as u16 ^ (cycles() as u16)) % 10000;
+        let nslots = ours.len() + procs.len();
+        // perftest's timed loop spans about as many round trips as all of
+        // our turns together; twice that, since only our turns between two
+        // of its busy ones count.
+        let n = 2 * a.iters * nslots.max(1);
+        let mut common: Vec<String> = vec![
+            "-d".into(),
+            a.device.clone(),
+            "-x".into(),
+            a.gid_index.to_string(),
+            "-C".into(),
+        ];
+        common.extend(extra.iter().map(|s| s.to_string()));
+        let cn = |n: usize| {
+            let mut c = common.clone();
+            c.extend(["-n".to_string(), n.to_string()]);
+            c
+        };
+        let mut server = perftest_server(tool, &cn(n), port)?;
+        let tmp = |p: u16| {
+            std::env::temp_dir().join(format!("krcore_lat-{}-{p}.out", std::process::id()))
+        };
+        if calibrate {
+            // perftest against itself: a second server and client, the
+            // client in one of our slots (called with no other contender:
+            // both clients then run the same number of round trips and
+            // take turns one to one from their start, setup included); it
+            // is compared over the turns where both were in their loops.
+            let nb = (n / nslots.max(1)).max(5);
+            let spawned = (|| {
+                let s = perftest_server(tool, &cn(nb), port + 1)?;
+                let out_path = tmp(port + 1);
+                let c = perftest_client(a, tool, &cn(nb), port + 1, &out_path)?;
+                Ok::<_, String>((s, c, out_path))
+            })();
+            match spawned {
+                Ok((s, c, out_path)) => {
+                    let mut p = Proc {
+                        name: "perftest_b",
+                        child: c,
+                        server: Some(s),
+                        _qp: None,
+                        out_path,
+                        n: nb,
+                        writes: Vec::new(),
+                        at: Vec::new(),
+                        gated: false,
+                        exited: false,
+                        diag: Diag::default(),
+                    };
+                    if let Err(e) = stop_now(&p.child) {
+                        p.kill();
+                        return Err(e);
+                    }
+                    procs.push(p);
+                }
+                Err(e) => {
+                    let _ = server.kill();
+                    let _ = server.wait();
+                    for p in &mut procs {
+                        p.kill();
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let nslots = ours.len() + procs.len();
+        // Its samples (`-U`) go to a file: tens of KB, more than a pipe
+        // holds while the client runs.
+        let out_path = tmp(port);
+        let mut client = perftest_client(a, tool, &cn(n), port, &out_path)?;
         let slice_t = Duration::from_secs_f64(a.slice_ms as f64 / 1000.0);
         let mut pools: Vec<Pool> = ours.iter().map(|_| Pool::default()).collect();
         let started = Instant::now();
-        // Our turns (their samples) and, for each of perftest's turns,
-        // whether it was busy; our turn `t` sits between its turns `t` and
-        // `t + 1`.
-        let mut ours_by_turn: Vec<Vec<Pool>> = Vec::new();
-        let mut busy_turns: Vec<bool> = Vec::new();
+        // Our turns (the slot, its samples, what the guest did) and, for
+        // each of perftest's turns, whether it was busy; our turn `t` sits
+        // between its turns `t` and `t + 1`.
+        let mut ours_by_turn: Vec<(usize, Vec<Pool>, Diag)> = Vec::new();
+        let mut busy_turns: Vec<Option<u64>> = Vec::new();
+        let mut diag_a: Vec<Diag> = Vec::new();
+        let mut k = 0usize;
         let run = (|| -> Result<(), String> {
             loop {
                 // perftest's turn.
-                let c0 = write_calls(client.id());
-                let t0 = Instant::now();
-                let mut exited = false;
-                while t0.elapsed() < slice_t {
-                    std::thread::sleep(Duration::from_millis(1).min(slice_t));
-                    if client.try_wait().map_err(|e| e.to_string())?.is_some() {
-                        exited = true;
-                        break;
-                    }
-                }
-                busy_turns.push(match (c0, write_calls(client.id())) {
-                    (Some(x), Some(y)) => y.saturating_sub(x) >= BUSY_WRITES,
-                    _ => true, // no /proc/PID/io: every turn counts
-                });
+                let d0 = Diag::snap(Some(client.id()));
+                let (w, exited) = proc_turn(&mut client, slice_t)?;
+                busy_turns.push(w);
+                diag_a.push(Diag::snap(Some(client.id())).minus(&d0));
                 if exited {
-                    return Ok(());
+                    break;
                 }
                 if started.elapsed() > Duration::from_secs(300) {
                     return Err(format!("{tool} did not finish within 300 s"));
                 }
-                // Our turn.
-                signal(pid, rustix::process::Signal::STOP)?;
-                let guard = ContGuard(pid);
-                wait_stopped(client.id())?;
-                let r = turn(ours, ours_by_turn.len(), slice);
-                drop(guard);
-                ours_by_turn.push(r?);
+                // Our turn: the next slot whose process has not exited.
+                // A process contender waits for perftest's loop (its own
+                // setup is done before the window).
+                let in_loop = busy_turns.iter().any(busy);
+                let ready = |slot: usize| {
+                    slot < ours.len() || {
+                        let p = &procs[slot - ours.len()];
+                        !(p.exited || (p.gated && !in_loop))
+                    }
+                };
+                // None ready (only process contenders, all done or
+                // waiting): perftest's next turn follows at once.
+                let Some(slot) = (0..nslots).map(|i| (k + i) % nslots).find(|&s| ready(s)) else {
+                    ours_by_turn.push((usize::MAX, Vec::new(), Diag::default()));
+                    continue;
+                };
+                k = slot + 1;
+                if slot < ours.len() {
+                    let d0 = Diag::snap(None);
+                    let r = turn(ours, slot, slice)?;
+                    ours_by_turn.push((slot, r, Diag::snap(None).minus(&d0)));
+                } else {
+                    let p = &mut procs[slot - ours.len()];
+                    let d0 = Diag::snap(Some(p.child.id()));
+                    let (w, exited) = proc_turn(&mut p.child, slice_t)?;
+                    let d = Diag::snap(Some(p.child.id())).minus(&d0);
+                    p.writes.push(w);
+                    p.at.push(2 * busy_turns.len() - 1);
+                    p.exited = exited;
+                    if busy(&w) {
+                        p.diag.add(&d);
+                    }
+                    ours_by_turn.push((slot, Vec::new(), Diag::default()));
+                }
             }
+            // A process contender still in its loop finishes alone.
+            let mut t = 2 * busy_turns.len();
+            for p in procs.iter_mut().filter(|p| !p.exited) {
+                while !p.exited {
+                    t += 1;
+                    p.at.push(t);
+                    if started.elapsed() > Duration::from_secs(300) {
+                        return Err(format!("{} did not finish within 300 s", p.name));
+                    }
+                    let (w, exited) = proc_turn(&mut p.child, slice_t)?;
+                    p.writes.push(w);
+                    p.exited = exited;
+                }
+            }
+            Ok(())
         })();
         // perftest's timed loop runs from its first busy turn to its last:
         // our turns in between count (and each of them stops perftest once
         // inside its loop).
-        let first = busy_turns.iter().position(|&b| b);
-        let last = busy_turns.iter().rposition(|&b| b);
+        let first = busy_turns.iter().position(busy);
+        let last = busy_turns.iter().rposition(busy);
         let turns = ours_by_turn.len();
         let mut accepted = 0;
+        let mut diag_ours: Vec<Diag> = ours.iter().map(|_| Diag::default()).collect();
+        let mut diag_pt = Diag::default();
         if let (Some(first), Some(last)) = (first, last) {
-            for (t, p) in ours_by_turn.into_iter().enumerate() {
+            for (t, (slot, p, d)) in ours_by_turn.into_iter().enumerate() {
                 if first <= t && t < last {
                     for (pool, x) in pools.iter_mut().zip(p) {
                         pool.extend(x);
                     }
+                    if slot < ours.len() {
+                        diag_ours[slot].add(&d);
+                    }
                     accepted += 1;
                 }
+            }
+            for d in &diag_a[first..=last] {
+                diag_pt.add(d);
             }
         }
         if let Err(e) = run {
@@ -505,6 +696,9 @@ mod lat {
             let _ = server.kill();
             let _ = server.wait();
             let _ = std::fs::remove_file(&out_path);
+            for p in &mut procs {
+                p.kill();
+            }
             return Err(e);
         }
         let out = wait_output(client, Duration::from_secs(300));
@@ -524,7 +718,7 @@ mod lat {
         }
         let report = parse_report(&text)
             .ok_or_else(|| format!("no report line in {tool}'s output: {}", tail(&text)))?;
-        let mut d = parse_samples(&text);
+        let d = parse_samples(&text);
         if d.len() + 1 != n {
             return Err(format!(
                 "{tool} printed {} samples, expected {}",
@@ -535,19 +729,27 @@ mod lat {
         // The samples that span a stop: one per accepted turn, each at
         // least a slice long (no more than there are such samples).
         let stops_in_loop = accepted.min(d.iter().filter(|&&x| x >= slice).count());
-        d.sort_unstable();
-        d.truncate(d.len().saturating_sub(stops_in_loop));
-        let (p50, p99, min) = lat_stats(d)?;
+        let perftest = cut_stops(d.clone(), accepted, slice)?;
+        let mut diag = vec![("perftest", diag_pt)];
+        diag.extend(ours.iter().map(|c| c.0).zip(diag_ours));
+        let mut proc_t = Vec::new();
+        let mut failed = None;
+        for p in procs {
+            diag.push((p.name, p.diag));
+            match p.figures(&d, &busy_turns, accepted, slice) {
+                Ok(f) => proc_t.push(f),
+                Err(e) => failed = failed.or(Some(e)),
+            }
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
         Ok(Window {
-            perftest: Timing {
-                p50,
-                p99,
-                min,
-                post: None,
-                spins: None,
-            },
+            perftest,
             report,
             ours: pools.into_iter().map(|p| p.timing().ok()).collect(),
+            procs: proc_t,
+            diag,
             turns,
             accepted,
             stops_in_loop,
@@ -751,6 +953,8 @@ mod lat {
         println!();
 
         let mut s: Samples = BTreeMap::new();
+        // The process contenders' perftest figures over their own windows.
+        let mut own_base: Samples = BTreeMap::new();
         // CAS values, one sequence per word: every CAS succeeds.
         let (xp, xv, xr) = (Cell::new(0u64), Cell::new(0u64), Cell::new(0u64));
         let prov = Prov {
@@ -791,13 +995,61 @@ mod lat {
                     } else {
                         ("ib_atomic_lat", &["-A", "CMP_AND_SWAP"])
                     };
-                    let w = with_perftest(a, tool, extra, &mut ours, slice)?;
-                    println!(
-                        "round={round} op={op} turns={} accepted={} perftest_stops_in_loop={} perftest_report_p50_cycles={:.0} perftest_report_p99_cycles={:.0}",
-                        w.turns, w.accepted, w.stops_in_loop, w.report.0, w.report.1
-                    );
-                    got.push(("perftest", Some(w.perftest)));
-                    got.extend(ours.iter().map(|c| c.0).zip(w.ours));
+                    // The window with our contenders, then (--calibrate)
+                    // one of perftest against itself.
+                    for calib in [false, true] {
+                        if calib && !a.calibrate {
+                            continue;
+                        }
+                        let mut procs = Vec::new();
+                        if a.proc_provider && !calib {
+                            // Sized like perftest_b (see `with_perftest`).
+                            let n = (2 * a.iters).max(5);
+                            procs.push(provider_proc(a, false, op, n, &sb, nic_b.gid())?);
+                        }
+                        if let (true, false, Some(k)) = (a.proc_sdk, calib, &sdk) {
+                            let n = (2 * a.iters).max(5);
+                            procs.push(sdk_proc(a, k, op, n)?);
+                        }
+                        if a.proc_pair && !calib {
+                            let n = (2 * a.iters).max(5);
+                            procs.push(provider_proc(a, true, op, n, &sb, nic_b.gid())?);
+                        }
+                        let mut none: Vec<Contender<'_>> = Vec::new();
+                        let contenders = if calib { &mut none } else { &mut ours };
+                        let w = with_perftest(a, tool, extra, contenders, procs, slice, calib)?;
+                        let (win, a_name) = if calib {
+                            (" window=calibration", "perftest_a")
+                        } else {
+                            ("", "perftest")
+                        };
+                        println!(
+                            "round={round} op={op}{win} turns={} accepted={} perftest_stops_in_loop={} perftest_report_p50_cycles={:.0} perftest_report_p99_cycles={:.0}",
+                            w.turns, w.accepted, w.stops_in_loop, w.report.0, w.report.1
+                        );
+                        for (who, d) in &w.diag {
+                            let who = if *who == "perftest" { a_name } else { who };
+                            println!(
+                                "round={round} op={op} who={who} guest_per_turn {}",
+                                d.line()
+                            );
+                        }
+                        if !calib {
+                            got.push(("perftest", Some(w.perftest)));
+                            got.extend(ours.iter().map(|c| c.0).zip(w.ours));
+                        }
+                        for f in w.procs {
+                            println!(
+                                "round={round} op={op} who={} aligned={} window_turns={}/{} perftest_in_window_p50_cycles={:.0} perftest_in_window_p99_cycles={:.0}",
+                                f.name, f.aligned, f.turns.0, f.turns.1, f.perftest.p50, f.perftest.p99
+                            );
+                            got.push((f.name, Some(f.ours)));
+                            own_base
+                                .entry((op, f.name))
+                                .or_default()
+                                .insert(round, f.perftest);
+                        }
+                    }
                 } else {
                     let t = alone(&mut ours, a.iters, slice)?;
                     got.extend(ours.iter().map(|c| c.0).zip(t.into_iter().map(Some)));
@@ -823,8 +1075,16 @@ mod lat {
             }
         }
         for op in ["read64", "cas8"] {
-            let base = s.get(&(op, "perftest")).cloned();
-            for who in ["perftest", "provider", "sdk_vqp", "sdk_request"] {
+            for who in [
+                "perftest",
+                "perftest_b",
+                "provider",
+                "provider_proc",
+                "provider_proc_pair",
+                "sdk_vqp",
+                "sdk_vqp_proc",
+                "sdk_request",
+            ] {
                 let Some(v) = s.get(&(op, who)) else { continue };
                 let p50 = median(v.values().map(|r| r.p50).collect());
                 let p99 = median(v.values().map(|r| r.p99).collect());
@@ -841,6 +1101,10 @@ mod lat {
                     line += &format!(" empty_polls={:.0}", median(sp));
                 }
                 // Ratios of the same round (the same window of turns).
+                let base = own_base
+                    .get(&(op, who))
+                    .or_else(|| s.get(&(op, "perftest")))
+                    .cloned();
                 let pairs: Vec<(&Timing, &Timing)> = base
                     .iter()
                     .flat_map(|b| v.iter().filter_map(|(i, r)| Some((r, b.get(i)?))))
@@ -901,6 +1165,8 @@ mod lat {
         _server: Node<VerbsNic>,
         _region: krcore::MemoryRegion<VerbsNic>,
         token: krcore::RemoteRegion,
+        /// Where the meta host is (for `sdk_vqp_proc`).
+        meta: Option<krcore_kmod::MetaLocation>,
         client: Node<VerbsNic>,
         /// Verbs level (`post`/`poll`); knows no grant.
         vqp: krcore::Vqp<VerbsNic>,
@@ -919,6 +1185,7 @@ mod lat {
                 .register(server.local_target().unwrap(), 0, 1 << 40, 0)
                 .map_err(|e| format!("register: {e}"))?;
             let region = server.alloc(4096, Access::ALL).map_err(|e| e.to_string())?;
+            let meta_loc = cfg.meta;
             let client = Node::with_nic(open(a)?, cfg).map_err(|e| format!("client: {e}"))?;
             let vqp = client
                 .connect(server.gid())
@@ -935,6 +1202,7 @@ mod lat {
                 _meta_thread: thread,
                 _meta: meta,
                 token: region.token(),
+                meta: meta_loc,
                 _region: region,
                 _server: server,
                 buf: alloc(64)?,
