@@ -28,8 +28,8 @@ impl<N: Nic> PhysQp<N> {
     /// credits cannot retire alone) continues in [`PhysQp::poll_rest`] with
     /// every CQE read after it, in order. A poll that fills its free entries
     /// with CQEs, not all of them delivered (unsignaled by the user), polls
-    /// again, as the drain would. One free entry (the synchronous case: one
-    /// CQE) takes the same steps without the loop.
+    /// again, as the drain would. One free entry, or one CQE read (the
+    /// synchronous cases), take the same steps without the loop.
     #[inline(always)]
     pub(crate) fn poll(
         &self,
@@ -73,18 +73,28 @@ impl<N: Nic> PhysQp<N> {
                 None => self.poll_rest(eng, st, id, out, n, n..n + 1),
             };
         }
-        // Entries of `out` filled.
-        let mut n = n;
-        loop {
-            // CQEs read straight into the caller's free entries: rewritten
-            // in place into the user's completions below, or handed on.
-            let room = out.len() - n;
-            let k = match self.cq.poll(&mut out[n..]) {
-                Ok(0) => return Ok(Some(n)),
-                Ok(k) => k,
-                Err(e) if n == 0 => return Err(VqpError::nic("poll a shared QP's CQ")(e)),
-                Err(_) => return Ok(Some(n)),
+        // CQEs read straight into the caller's free entries: rewritten in
+        // place into the user's completions below, or handed on.
+        let mut k = match self.cq.poll(&mut out[n..]) {
+            Ok(0) => return Ok(Some(n)),
+            Ok(k) => k,
+            Err(e) if n == 0 => return Err(VqpError::nic("poll a shared QP's CQ")(e)),
+            Err(_) => return Ok(Some(n)),
+        };
+        if k == 1 {
+            // The usual case: one CQE (the synchronous one).
+            return match own(credits, *sole, stats, v, id, &mut out[n]) {
+                Some(true) => Ok(Some(n + 1)),
+                // Room was left (more than one entry was free): the CQ
+                // had no more.
+                Some(false) => Ok(Some(n)),
+                None => self.poll_rest(eng, st, id, out, n, n..n + 1),
             };
+        }
+        // Entries of `out` filled; free entries the last CQ poll asked for.
+        let mut n = n;
+        let mut room = out.len() - n;
+        loop {
             let end = n + k;
             // The next CQE read and not yet applied (`n <= r`: each CQE
             // delivers at most one completion).
@@ -107,6 +117,13 @@ impl<N: Nic> PhysQp<N> {
             if n == out.len() || k < room {
                 return Ok(Some(n));
             }
+            room = out.len() - n;
+            k = match self.cq.poll(&mut out[n..]) {
+                Ok(0) => return Ok(Some(n)),
+                Ok(k) => k,
+                Err(e) if n == 0 => return Err(VqpError::nic("poll a shared QP's CQ")(e)),
+                Err(_) => return Ok(Some(n)),
+            };
         }
     }
 
