@@ -3,12 +3,17 @@
 //! `control_plane` bench compares), `batch` WRs per doorbell (the last
 //! signaled), posted then polled to completion.
 //!
-//! `prof_vqp [ops] [batch] [vqp|raw|rc|rawrc]`
+//! `prof_vqp [ops] [batch] [vqp|raw|rc|rawrc] [poll]`
 //!
 //! - `vqp`: a VQP on its DCI; `raw`: a raw DCI of the provider.
 //! - `rc`: a VQP upgraded (DC -> RC hint) to the RC pair with its target,
 //!   the physical QP the RC fallback mode also posts on; `rawrc`: a raw RC
 //!   QP of the provider connected to a QP of the target node.
+//! - `poll`: the length of the completion array each poll passes (default
+//!   1, at most 64), the same for the VQP and the raw CQ. A length of 1 is
+//!   a one-entry array (its length known where the poll is inlined), in
+//!   `vqp_loop` / `raw_loop`; others a slice of the given length, in
+//!   `vqp_loop_array` / `raw_loop_array` (the same globs match both).
 //!
 //! The measured loop is the non-inlined `vqp_loop` / `raw_loop`, so that
 //! `valgrind --tool=callgrind --toggle-collect='*vqp_loop*'` (or
@@ -31,19 +36,47 @@ fn vqp_loop(
     batch: usize,
 ) {
     let mut wc = [Wc::default()];
-    // post_send hands the WRs back as the caller wrote them: reuse them.
-    let mut wrs: [SendWr; MAX_BATCH] = std::array::from_fn(|i| {
+    let mut wrs = read_wrs(local, remote, batch);
+    for _ in 0..n {
+        vqp.post_send(&mut wrs[..batch]).unwrap();
+        while vqp.poll(&mut wc).unwrap() == 0 {}
+    }
+}
+
+/// [`vqp_loop`], polling into a completion array of `poll` entries.
+#[inline(never)]
+fn vqp_loop_array(
+    vqp: &Vqp<SimNic>,
+    local: &OwnedMr<SimNic>,
+    remote: &<SimNic as Nic>::Mr,
+    n: u64,
+    batch: usize,
+    poll: usize,
+) {
+    let mut wc = [Wc::default(); MAX_BATCH];
+    let wc = &mut wc[..poll];
+    let mut wrs = read_wrs(local, remote, batch);
+    for _ in 0..n {
+        vqp.post_send(&mut wrs[..batch]).unwrap();
+        while vqp.poll(wc).unwrap() == 0 {}
+    }
+}
+
+/// The loop's READs (post_send hands the WRs back as the caller wrote
+/// them: they are reused).
+fn read_wrs(
+    local: &OwnedMr<SimNic>,
+    remote: &<SimNic as Nic>::Mr,
+    batch: usize,
+) -> [SendWr; MAX_BATCH] {
+    std::array::from_fn(|i| {
         SendWr::read(
             i as u64,
             local.sge(64 * i, 64).unwrap(),
             remote.remote(64 * i),
         )
         .signaled(i + 1 == batch)
-    });
-    for _ in 0..n {
-        vqp.post_send(&mut wrs[..batch]).unwrap();
-        while vqp.poll(&mut wc).unwrap() == 0 {}
-    }
+    })
 }
 
 #[inline(never)]
@@ -52,6 +85,38 @@ fn raw_loop(qp: &<SimNic as Nic>::Qp, cq: &<SimNic as Nic>::Cq, wrs: &[SendWr], 
     for _ in 0..n {
         qp.post_send(wrs).unwrap();
         while cq.poll(&mut wc).unwrap() == 0 {}
+    }
+}
+
+/// [`raw_loop`], polling into a completion array of `poll` entries.
+#[inline(never)]
+fn raw_loop_array(
+    qp: &<SimNic as Nic>::Qp,
+    cq: &<SimNic as Nic>::Cq,
+    wrs: &[SendWr],
+    n: u64,
+    poll: usize,
+) {
+    let mut wc = [Wc::default(); MAX_BATCH];
+    let wc = &mut wc[..poll];
+    for _ in 0..n {
+        qp.post_send(wrs).unwrap();
+        while cq.poll(wc).unwrap() == 0 {}
+    }
+}
+
+/// The raw loop with a completion array of `poll` entries.
+fn raw_poll(
+    qp: &<SimNic as Nic>::Qp,
+    cq: &<SimNic as Nic>::Cq,
+    wrs: &[SendWr],
+    n: u64,
+    poll: usize,
+) {
+    if poll == 1 {
+        raw_loop(qp, cq, wrs, n);
+    } else {
+        raw_loop_array(qp, cq, wrs, n, poll);
     }
 }
 
@@ -74,6 +139,11 @@ fn main() {
         "rawrc" => (true, true),
         m => panic!("unknown mode {m}: vqp, raw, rc or rawrc"),
     };
+    let poll: usize = args
+        .next()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1)
+        .clamp(1, MAX_BATCH);
     let f = SimFabric::in_memory();
     let node = || SimNic::open(&f, SimConfig::default()).unwrap();
     let mut meta = MetaServer::start(node(), MetaConfig::default()).unwrap();
@@ -116,7 +186,7 @@ fn main() {
                 .signaled(i + 1 == batch)
             })
             .collect();
-        raw_loop(&qp, &side.cq, &wrs, n);
+        raw_poll(&qp, &side.cq, &wrs, n, poll);
     } else if raw {
         let side = Side::new(client.nic(), 1 << 16);
         let dci = side.qp(
@@ -141,7 +211,7 @@ fn main() {
                 .signaled(i + 1 == batch)
             })
             .collect();
-        raw_loop(&dci, &side.cq, &wrs, n);
+        raw_poll(&dci, &side.cq, &wrs, n, poll);
     } else {
         let local = client.alloc_mr(1 << 16, Access::ALL).unwrap();
         let vqp = client.create_vqp().unwrap();
@@ -149,10 +219,14 @@ fn main() {
         if rc {
             assert_eq!(vqp.upgrade().unwrap(), VqpTransport::Rc);
         }
-        vqp_loop(&vqp, &local, &remote, n, batch);
+        if poll == 1 {
+            vqp_loop(&vqp, &local, &remote, n, batch);
+        } else {
+            vqp_loop_array(&vqp, &local, &remote, n, batch, poll);
+        }
     }
     println!(
-        "{} {:.1} ns per WR (batch {batch})",
+        "{} {:.1} ns per WR (batch {batch}, poll {poll})",
         mode,
         t.elapsed().as_nanos() as f64 / (n as f64 * batch as f64)
     );

@@ -225,3 +225,107 @@ fn run(mode: EngineMode) {
     );
     eprintln!("{mode}: {totals:?} {s:?}");
 }
+
+/// Posts `rounds` of 1-2 READs (mostly unsignaled; the last round's
+/// signaled, so nothing waits) on each of `vqps`, in turn, and notes the
+/// signaled wr_ids in `expected`.
+fn post_rounds(
+    vqps: &[Vqp<SimNic>],
+    mem: &common::MemNode,
+    local: &krcore_kmod::OwnedMr<SimNic>,
+    rng: &mut Rng,
+    rounds: std::ops::Range<u64>,
+    expected: &mut [Vec<u64>],
+) {
+    let last = rounds.end - 1;
+    for round in rounds {
+        for (j, v) in vqps.iter().enumerate() {
+            let n = 1 + (rng.next() % 2) as usize;
+            let mut batch: Vec<SendWr> = (0..n)
+                .map(|k| {
+                    let wr_id = ((j as u64) << 32) | (round << 8) | k as u64;
+                    let signaled = round == last || rng.next() % 3 == 0;
+                    SendWr::read(wr_id, local.sge(8 * k, 8).unwrap(), mem.mr.remote(8 * k))
+                        .signaled(signaled)
+                })
+                .collect();
+            v.post_send(&mut batch).unwrap();
+            expected[j].extend(batch.iter().filter(|w| w.is_signaled()).map(|w| w.wr_id));
+        }
+    }
+}
+
+/// Polls `v` with a 16-entry array until it has `expected`'s wr_ids, and
+/// checks it got exactly those, in order, and nothing more. Returns the
+/// largest count one poll returned.
+fn poll_array(v: &Vqp<SimNic>, expected: &[u64]) -> usize {
+    let mut got = Vec::new();
+    let mut buf = [Wc::default(); 16];
+    let mut most = 0;
+    let start = Instant::now();
+    while got.len() < expected.len() {
+        let k = v.poll(&mut buf).unwrap();
+        most = most.max(k);
+        for wc in &buf[..k] {
+            assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+            assert_eq!(wc.qp_num, v.id().get(), "another VQP's completion: {wc:?}");
+            got.push(wc.wr_id);
+        }
+        assert!(start.elapsed() < WAIT, "{v:?} still waits: {got:x?}");
+    }
+    assert_eq!(got, expected, "{v:?}: its own completions, in order");
+    assert_eq!(v.poll(&mut buf).unwrap(), 0, "nothing more for {v:?}");
+    assert_eq!(v.outstanding(), 0, "{v:?}");
+    most
+}
+
+/// Two VQPs on ONE DCI (mostly unsignaled WRs, so the engine forces
+/// signals among them, completions the user did not ask for). First one
+/// VQP alone: its array poll takes runs of its own completions, forced ones
+/// among them. Then their WRs interleaved on the DCI: one VQP polls with a
+/// 16-entry array while the other's completions sit between its own in the
+/// CQ. Each gets exactly its own signaled wr_ids, in post order, and the
+/// other's wait for it in order too.
+#[test]
+fn array_polls_get_exactly_their_own_completions_in_order() {
+    let cfg = config(|cfg| {
+        cfg.pool_size = 1;
+        cfg.dci_depth = 64;
+        cfg.vqp_depth = 32;
+        cfg.policy.max_unsignaled = 2;
+    });
+    let c = Cluster::new();
+    let mem = c.memory_node(4096);
+    let client = c.engine(cfg);
+    let local = client.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let vqps: [Vqp<SimNic>; 2] = std::array::from_fn(|_| {
+        let v = client.create_vqp().unwrap();
+        v.connect(mem.gid()).unwrap();
+        v
+    });
+    let mut rng = Rng(0x5eed);
+    let mut expected: [Vec<u64>; 2] = [Vec::new(), Vec::new()];
+    post_rounds(&vqps[..1], &mem, &local, &mut rng, 0..12, &mut expected);
+    assert!(expected[0].len() > 2, "{expected:?}");
+    let most = poll_array(&vqps[0], &expected[0]);
+    assert!(most > 1, "one poll returned {most}");
+    let solo = client.stats().dci;
+    assert!(solo.forced_signals > 0, "{solo:?}");
+    expected[0].clear();
+    post_rounds(&vqps, &mem, &local, &mut rng, 12..24, &mut expected);
+    assert!(
+        expected[0].len() > 2 && expected[1].len() > 2,
+        "{expected:?}"
+    );
+    for (v, expected) in vqps.iter().zip(&expected) {
+        poll_array(v, expected);
+    }
+    let s = client.stats();
+    assert_eq!(s.dcis, 1);
+    let s = s.dci;
+    assert_eq!(
+        (s.error_completions, s.stale_completions, s.orphaned),
+        (0, 0, 0)
+    );
+    assert!(s.forced_signals > solo.forced_signals, "{s:?}");
+}

@@ -2,13 +2,15 @@
 //! of its CQ and the routing of each completion to its VQP. See the
 //! parent module's docs.
 
+use std::ops::Range;
+
 use krcore_nic::{CompletionQueue, Nic, Wc, WcStatus};
 
 use super::super::error::VqpError;
 use super::super::vqp::VqpState;
 use super::super::EngineInner;
-use super::{PhysQp, PhysState, POLL_BATCH};
-use crate::credits::{CreditError, Posted};
+use super::{DciStats, PhysQp, PhysState, Rec, POLL_BATCH};
+use crate::credits::{CreditError, Posted, SendQueueCredits};
 use crate::dccache::DcCache;
 use crate::wrid::{PhysWrId, Slot, VqpId};
 
@@ -17,10 +19,17 @@ impl<N: Nic> PhysQp<N> {
     /// [`crate::engine::Vqp::poll`]): its ring first, then the CQ drained
     /// and routed. `None` when this QP does not hold the VQP's state.
     ///
-    /// The synchronous case is inlined: one CQE, this VQP's own success
-    /// for the oldest WR on the QP, which retires only itself (no other
-    /// VQP's WR is involved, nothing to route). Anything else continues in
-    /// [`PhysQp::poll_rest`], the CQE already read handed over.
+    /// The common case is inlined: the CQ is polled straight into the
+    /// caller's free entries, and each CQE that is this VQP's own success,
+    /// retiring only its own WRs (the oldest WR on the QP, or any while all
+    /// outstanding WRs are its own), is rewritten in place into the user's
+    /// completion (no other VQP's WR is involved, nothing to route). The
+    /// first CQE that is anything else (another VQP's, an error, one the
+    /// credits cannot retire alone) continues in [`PhysQp::poll_rest`] with
+    /// every CQE read after it, in order. A poll that fills its free entries
+    /// with CQEs, not all of them delivered (unsignaled by the user), polls
+    /// again, as the drain would. One free entry, or one CQE read (the
+    /// synchronous cases), take the same steps without the loop.
     #[inline(always)]
     pub(crate) fn poll(
         &self,
@@ -48,65 +57,80 @@ impl<N: Nic> PhysQp<N> {
         // The ring is empty now: this VQP's completions go straight into
         // `out` (no ring round trip) until it is full.
         if *needs_recovery {
-            return self.poll_rest(eng, st, id, out, n, None);
+            return self.poll_rest(eng, st, id, out, n, n..n);
         }
-        // One CQE, read straight into the caller's next entry (rewritten
-        // in place into the user's completion below, or handed on).
-        match self.cq.poll(&mut out[n..=n]) {
+        if out.len() - n == 1 {
+            // One CQE, read straight into the caller's last entry.
+            match self.cq.poll(&mut out[n..]) {
+                Ok(0) => return Ok(Some(n)),
+                Ok(_) => {}
+                Err(e) if n == 0 => return Err(VqpError::nic("poll a shared QP's CQ")(e)),
+                Err(_) => return Ok(Some(n)),
+            }
+            return match own(credits, *sole, stats, v, id, &mut out[n]) {
+                Some(true) => Ok(Some(n + 1)),
+                Some(false) => self.poll_rest(eng, st, id, out, n, n..n),
+                None => self.poll_rest(eng, st, id, out, n, n..n + 1),
+            };
+        }
+        // CQEs read straight into the caller's free entries: rewritten in
+        // place into the user's completions below, or handed on.
+        let mut k = match self.cq.poll(&mut out[n..]) {
             Ok(0) => return Ok(Some(n)),
-            Ok(_) => {}
+            Ok(k) => k,
             Err(e) if n == 0 => return Err(VqpError::nic("poll a shared QP's CQ")(e)),
             Err(_) => return Ok(Some(n)),
+        };
+        if k == 1 {
+            // The usual case: one CQE (the synchronous one).
+            return match own(credits, *sole, stats, v, id, &mut out[n]) {
+                Some(true) => Ok(Some(n + 1)),
+                // Room was left (more than one entry was free): the CQ
+                // had no more.
+                Some(false) => Ok(Some(n)),
+                None => self.poll_rest(eng, st, id, out, n, n..n + 1),
+            };
         }
-        // This VQP's success, retiring only its own WRs: the oldest one
-        // on the QP, or any while all outstanding WRs are its own.
-        let wc = &mut out[n];
-        let wr_id = PhysWrId::from_raw(wc.wr_id);
-        let head = credits.head();
-        let retired = if wc.status.is_ok() && wr_id.vqp() == id {
-            credits.retire_signaled(wr_id, *sole == id.get())
-        } else {
-            None
-        };
-        let Some((seq, rec)) = retired else {
-            let wc = *wc;
-            return self.poll_rest(eng, st, id, out, n, Some(wc));
-        };
-        // `route` then `deliver`, for a success into `out` (the ring is
-        // empty, there is room): the earlier WRs were unsignaled and only
-        // leave the count.
-        stats.completions += 1;
-        let retired = (seq - head) as u32 + 1;
+        // Entries of `out` filled; free entries the last CQ poll asked for.
         let mut n = n;
-        match v.outstanding.checked_sub(retired) {
-            Some(left) => {
-                v.outstanding = left;
-                if rec.user_signaled {
-                    // The user's completion: status, opcode and length as
-                    // polled.
-                    wc.wr_id = rec.user_wr_id;
-                    wc.imm = None;
-                    wc.qp_num = id.get();
-                    wc.src_qp = 0;
-                    n += 1;
+        let mut room = out.len() - n;
+        loop {
+            let end = n + k;
+            // The next CQE read and not yet applied (`n <= r`: each CQE
+            // delivers at most one completion).
+            let mut r = n;
+            while r < end {
+                match own(credits, *sole, stats, v, id, &mut out[r]) {
+                    Some(true) => {
+                        if n != r {
+                            out[n] = out[r];
+                        }
+                        n += 1;
+                    }
+                    Some(false) => {}
+                    None => return self.poll_rest(eng, st, id, out, n, r..end),
                 }
+                r += 1;
             }
-            // Retired, but of an earlier attachment (see `deliver`):
-            // nothing to deliver.
-            None => {
-                stats.orphaned += u64::from(retired - v.outstanding);
-                v.outstanding = 0;
+            // Full, or the CQ had no more than asked for: done. Otherwise
+            // (user-unsignaled WRs took entries) the CQ may hold more.
+            if n == out.len() || k < room {
+                return Ok(Some(n));
             }
+            room = out.len() - n;
+            k = match self.cq.poll(&mut out[n..]) {
+                Ok(0) => return Ok(Some(n)),
+                Ok(k) => k,
+                Err(e) if n == 0 => return Err(VqpError::nic("poll a shared QP's CQ")(e)),
+                Err(_) => return Ok(Some(n)),
+            };
         }
-        if n == out.len() {
-            return Ok(Some(n));
-        }
-        self.poll_rest(eng, st, id, out, n, None)
     }
 
     /// The rest of [`PhysQp::poll`]: `n` entries of `out` filled, the
-    /// VQP's ring empty; `polled` a CQE read and not yet applied. Routes it,
-    /// then drains the CQ into `out` (recovering the QP if needed).
+    /// VQP's ring empty; `out[polled]` CQEs read and not yet applied, in
+    /// order (`n <= polled.start`). Routes them, then drains the CQ into
+    /// `out` (recovering the QP if needed).
     #[cold]
     #[inline(never)]
     fn poll_rest(
@@ -116,12 +140,18 @@ impl<N: Nic> PhysQp<N> {
         id: VqpId,
         out: &mut [Wc],
         n: usize,
-        polled: Option<Wc>,
+        polled: Range<usize>,
     ) -> Result<Option<usize>, VqpError> {
+        debug_assert!(n <= polled.start && polled.end <= out.len());
         let mut sink = Sink { vqp: id, out, n };
-        if let Some(wc) = polled {
-            // Routed as the drain would.
-            route(&eng.cache, st, &wc, Some(&mut sink));
+        if !polled.is_empty() {
+            // Routed as the drain would. Each delivers at most one
+            // completion into the sink, so the sink's next entry never
+            // passes the next CQE to read.
+            for r in polled {
+                let wc = sink.out[r];
+                route(&eng.cache, st, &wc, Some(&mut sink));
+            }
             if sink.room() == 0 && !st.needs_recovery {
                 return Ok(Some(sink.n));
             }
@@ -321,4 +351,48 @@ pub(super) fn deliver(
         }
     }
     Some(())
+}
+
+/// Applies `wc`, a CQE just polled, if it is the VQP `id`'s own success
+/// retiring only its own WRs: the oldest one on the QP, or any while all
+/// outstanding WRs are its own (`sole`). That is `route` then `deliver` for
+/// a success into the caller's buffer (the VQP's ring is empty, there is
+/// room): the earlier WRs were unsignaled and only leave the count.
+///
+/// `Some(true)` when `wc` is now the user's completion (status, opcode and
+/// length as polled), `Some(false)` when the user did not ask for one;
+/// `None`, nothing changed, when the CQE needs [`route`].
+#[inline(always)]
+fn own(
+    credits: &mut SendQueueCredits<Rec>,
+    sole: u32,
+    stats: &mut DciStats,
+    v: &mut VqpState,
+    id: VqpId,
+    wc: &mut Wc,
+) -> Option<bool> {
+    let wr_id = PhysWrId::from_raw(wc.wr_id);
+    if !wc.status.is_ok() || wr_id.vqp() != id {
+        return None;
+    }
+    let head = credits.head();
+    let (seq, rec) = credits.retire_signaled(wr_id, sole == id.get())?;
+    stats.completions += 1;
+    let retired = (seq - head) as u32 + 1;
+    let Some(left) = v.outstanding.checked_sub(retired) else {
+        // Retired, but of an earlier attachment (see `deliver`): nothing
+        // to deliver.
+        stats.orphaned += u64::from(retired - v.outstanding);
+        v.outstanding = 0;
+        return Some(false);
+    };
+    v.outstanding = left;
+    if !rec.user_signaled {
+        return Some(false);
+    }
+    wc.wr_id = rec.user_wr_id;
+    wc.imm = None;
+    wc.qp_num = id.get();
+    wc.src_qp = 0;
+    Some(true)
 }
