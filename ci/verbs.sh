@@ -18,10 +18,20 @@
 #   SOFTROCE_DIR       where softroce-run lives (default ../shared/softroce)
 #   VERBS_TIMEOUT      seconds for the guest run (default 1500)
 #   VERBS_LAT          0 skips the latency tool (default 1)
-#   VERBS_LAT_ARGS     arguments of krcore_lat (default: --rounds 6 --iters 1000 --pairs 3:
-#                      six rounds in which perftest and our contenders take
-#                      turns, about 2.5 min; the medians over rounds of the
-#                      per-round ratios vary by a few percent between runs)
+#   VERBS_LAT_ARGS     arguments of krcore_lat (default: --rounds 12 --iters 300
+#                      --pairs 3 --proc --proc-sdk --calibrate: twelve rounds in
+#                      which perftest and our contenders take turns. The fair
+#                      figures are the process contenders' (`provider_proc`,
+#                      `sdk_vqp_proc`: children stopped and continued exactly
+#                      like perftest's client); the in-process ones
+#                      (`provider`, `sdk_vqp`, `sdk_request`) are still
+#                      printed but are biased against us on rxe (a READ's
+#                      tasklet preempts a never-stopped process on about every
+#                      READ, see krcore_lat's docs). `--calibrate` adds
+#                      perftest against itself (`perftest_b`): the tool's own
+#                      spread, to read the ratios against; about 3.5 min in
+#                      the guest (8 rounds took 145 s), the whole guest run
+#                      about 4 min)
 #   CARGO_TARGET_DIR   honoured as usual
 set -euo pipefail
 
@@ -29,7 +39,7 @@ cd "$(dirname "$0")/.."
 SOFTROCE_DIR=${SOFTROCE_DIR:-../shared/softroce}
 VERBS_TIMEOUT=${VERBS_TIMEOUT:-1500}
 VERBS_LAT=${VERBS_LAT:-1}
-VERBS_LAT_ARGS=${VERBS_LAT_ARGS:---rounds 6 --iters 1000 --pairs 3}
+VERBS_LAT_ARGS=${VERBS_LAT_ARGS:---rounds 12 --iters 300 --pairs 3 --proc --proc-sdk --calibrate}
 
 say() { printf '[ci/verbs] %s\n' "$*" >&2; }
 
@@ -100,8 +110,9 @@ failed=""
 step() {
   name=$1; shift
   echo "[guest] === $name"
-  if "$@"; then echo "[guest] === $name: ok"; else
-    rc=$?; echo "[guest] === $name: FAILED (exit $rc)"; failed="$failed $name"; fi
+  t0=$SECONDS
+  if "$@"; then echo "[guest] === $name: ok ($((SECONDS - t0)) s)"; else
+    rc=$?; echo "[guest] === $name: FAILED (exit $rc, $((SECONDS - t0)) s)"; failed="$failed $name"; fi
 }
 export KRCORE_TEST_DEVICE="$SOFTROCE_DEV" KRCORE_TEST_GID_INDEX="$SOFTROCE_GID_INDEX"
 lat=$1; shift

@@ -72,6 +72,22 @@
 //!   own spread. (In the main window a second client would still be in its
 //!   setup when perftest's loop ends.)
 //!
+//! The provider's CAS gap (`provider_proc` about 1.1-1.15x perftest's
+//! `ib_atomic_lat`, READ about 1.0x), as far as it is known: it is not the
+//! kernel path nor the QP setup. Per operation both clients make exactly
+//! one system call (a 32 B `write` on the uverbs fd, strace), the WRs are
+//! the same (one 8 B SGE, signaled, `max_rd_atomic` the device maximum as
+//! perftest's `out_reads`), and a child that posts the same CAS on the
+//! same kind of QP/CQ with raw `ibv_post_send`/`ibv_poll_cq` took turns
+//! beside `provider_proc` at 1.06x perftest against 1.16x (12 rounds,
+//! lower in 11): the rest is the provider's user-space post/poll path,
+//! which on rxe shows for a CAS only (the whole round trip runs inside
+//! the post's system call, so nothing overlaps it; a READ's response runs
+//! in a tasklet while the post returns). In process, op by op (stamp to
+//! completion) the raw and provider paths measured equal, so the cost is
+//! an emulation effect of the path (not its instruction count) or sits
+//! outside that window; not settled.
+//!
 //! A process contender waits for perftest's loop before its first turn,
 //! runs `2 * iters` round trips, and is compared with perftest over the
 //! turns where both were in their loops: each sample series is split at
