@@ -573,19 +573,7 @@ mod lat {
             })();
             match spawned {
                 Ok((s, c, out_path)) => {
-                    let mut p = Proc {
-                        name: "perftest_b",
-                        child: c,
-                        server: Some(s),
-                        _qp: None,
-                        out_path,
-                        n: nb,
-                        writes: Vec::new(),
-                        at: Vec::new(),
-                        gated: false,
-                        exited: false,
-                        diag: Diag::default(),
-                    };
+                    let mut p = Proc::new("perftest_b", c, Some(s), None, out_path, nb, false);
                     if let Err(e) = stop_now(&p.child) {
                         p.kill();
                         return Err(e);

@@ -137,6 +137,32 @@ pub(super) fn in_window(t: &[(usize, Vec<u64>)], lo: usize, hi: usize) -> (Vec<u
 }
 
 impl Proc {
+    /// A contender process not yet in any turn (`gated`: it waits for
+    /// perftest's loop before its first turn).
+    pub(super) fn new(
+        name: &'static str,
+        child: Child,
+        server: Option<Child>,
+        qp: Option<krcore_nic::verbs::VerbsQp>,
+        out_path: std::path::PathBuf,
+        n: usize,
+        gated: bool,
+    ) -> Proc {
+        Proc {
+            name,
+            child,
+            server,
+            _qp: qp,
+            out_path,
+            n,
+            writes: Vec::new(),
+            at: Vec::new(),
+            gated,
+            exited: false,
+            diag: Diag::default(),
+        }
+    }
+
     pub(super) fn kill(&mut self) {
         for c in std::iter::once(&mut self.child).chain(self.server.as_mut()) {
             let _ = c.kill();
@@ -672,19 +698,7 @@ pub(super) fn sdk_proc(a: &Args, k: &Sdk, op: &str, n: usize) -> Result<Proc, St
         writeln!(stdin, "go").map_err(|e| e.to_string())
     })();
     match r {
-        Ok(()) => Ok(Proc {
-            name: "sdk_vqp_proc",
-            child: c,
-            server: None,
-            _qp: None,
-            out_path,
-            n,
-            writes: Vec::new(),
-            at: Vec::new(),
-            gated: true,
-            exited: false,
-            diag: Diag::default(),
-        }),
+        Ok(()) => Ok(Proc::new("sdk_vqp_proc", c, None, None, out_path, n, true)),
         Err(e) => {
             let _ = c.kill();
             let out = c.wait_with_output();
@@ -758,23 +772,14 @@ pub(super) fn provider_proc(
         Ok(sq)
     })();
     match r {
-        Ok(sq) => Ok(Proc {
-            name: if pair {
+        Ok(sq) => {
+            let name = if pair {
                 "provider_proc_pair"
             } else {
                 "provider_proc"
-            },
-            child: c,
-            server: None,
-            _qp: Some(sq),
-            out_path,
-            n,
-            writes: Vec::new(),
-            at: Vec::new(),
-            gated: true,
-            exited: false,
-            diag: Diag::default(),
-        }),
+            };
+            Ok(Proc::new(name, c, None, Some(sq), out_path, n, true))
+        }
         Err(e) => {
             let _ = c.kill();
             let _ = c.wait();
