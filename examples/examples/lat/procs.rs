@@ -522,11 +522,25 @@ pub fn child(a: &Args, op: &str) -> Result<(), String> {
         x: &x,
     };
     let (_, mut one) = provider_contender(op, &prov, limit);
+    write_post_to_post(out, n, || {
+        let mut at = 0;
+        one(&mut || at = cycles())?;
+        Ok(at)
+    })
+}
+
+/// Runs `one` (a round trip returning its post's stamp) `n` times and
+/// writes the `n - 1` post-to-post samples to `out` in perftest's `-U`
+/// format.
+fn write_post_to_post(
+    out: &str,
+    n: usize,
+    mut one: impl FnMut() -> Result<u64, String>,
+) -> Result<(), String> {
     let mut d = Vec::with_capacity(n);
     let mut prev: Option<u64> = None;
     for _ in 0..n {
-        let mut at = 0;
-        one(&mut || at = cycles())?;
+        let at = one()?;
         if let Some(b) = prev {
             d.push(at.wrapping_sub(b));
         }
@@ -615,9 +629,7 @@ pub(super) fn sdk_child(a: &Args, op: &str) -> Result<(), String> {
         buf.sge(0, 8).map_err(|e| e.to_string())?,
     );
     let mut x = 0u64;
-    let mut d = Vec::with_capacity(a.child_n);
-    let mut prev: Option<u64> = None;
-    for _ in 0..a.child_n {
+    write_post_to_post(out, a.child_n, || {
         let mut wr = if op == "read64" {
             [SendWr::read(3, rd, token.at(1024))]
         } else {
@@ -627,16 +639,8 @@ pub(super) fn sdk_child(a: &Args, op: &str) -> Result<(), String> {
         let at = cycles();
         vqp.post(&mut wr).map_err(|e| e.to_string())?;
         spin(limit, |wc| vqp.poll(wc).map_err(|e| e.to_string()))?;
-        if let Some(b) = prev {
-            d.push(at.wrapping_sub(b));
-        }
-        prev = Some(at);
-    }
-    let mut text = String::from("#, cycles\n");
-    for (i, v) in d.iter().enumerate() {
-        text += &format!("{}, {v}\n", i + 1);
-    }
-    std::fs::write(out, text).map_err(|e| format!("{out}: {e}"))
+        Ok(at)
+    })
 }
 
 /// Spawns [`sdk_child`] for `op` with `n` round trips and stops it
