@@ -1,9 +1,9 @@
-//! Profiling loop: 64-byte READs on sim:mem, through one VQP or directly on
-//! a raw DCI of the provider aimed at the same DCT (the pair the
-//! `control_plane` bench compares), `batch` WRs per doorbell (the last
-//! signaled), posted then polled to completion.
+//! Profiling loop: 64-byte READs (or 8-byte atomics) on sim:mem, through
+//! one VQP or directly on a raw DCI of the provider aimed at the same DCT
+//! (the pair the `control_plane` bench compares), `batch` WRs per doorbell
+//! (the last signaled), posted then polled to completion.
 //!
-//! `prof_vqp [ops] [batch] [vqp|raw|rc|rawrc] [poll]`
+//! `prof_vqp [ops] [batch] [vqp|raw|rc|rawrc] [poll] [read|cas|faa]`
 //!
 //! - `vqp`: a VQP on its DCI; `raw`: a raw DCI of the provider.
 //! - `rc`: a VQP upgraded (DC -> RC hint) to the RC pair with its target,
@@ -14,6 +14,11 @@
 //!   a one-entry array (its length known where the poll is inlined), in
 //!   `vqp_loop` / `raw_loop`; others a slice of the given length, in
 //!   `vqp_loop_array` / `raw_loop_array` (the same globs match both).
+//! - `read|cas|faa` (default `read`): the WRs, the same for every mode:
+//!   64-byte READs, or CASes (compare 0, swap 1: the first one swaps, the
+//!   others fail the compare, every one completes successfully) or FAAs
+//!   (add 1) of the 8-byte word at the same offsets, each WR its own
+//!   64-byte slot locally and remotely.
 //!
 //! The measured loop is the non-inlined `vqp_loop` / `raw_loop`, so that
 //! `valgrind --tool=callgrind --toggle-collect='*vqp_loop*'` (or
@@ -27,16 +32,45 @@ use krcore_nic::*;
 
 const MAX_BATCH: usize = 64;
 
+/// The WRs a run posts.
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Read,
+    Cas,
+    Faa,
+}
+
+impl Op {
+    /// The `i`th WR of a batch of `batch` (the last one signaled): its
+    /// local slot at `local(offset, len)`, its remote one at
+    /// `remote(offset)`.
+    fn wr(
+        self,
+        i: usize,
+        batch: usize,
+        local: impl Fn(usize, u32) -> Sge,
+        remote: impl Fn(usize) -> RemoteAddr,
+    ) -> SendWr {
+        let (off, id) = (64 * i, i as u64);
+        let wr = match self {
+            Op::Read => SendWr::read(id, local(off, 64), remote(off)),
+            Op::Cas => SendWr::cas(id, local(off, 8), remote(off), 0, 1),
+            Op::Faa => SendWr::faa(id, local(off, 8), remote(off), 1),
+        };
+        wr.signaled(i + 1 == batch)
+    }
+}
+
 #[inline(never)]
 fn vqp_loop(
     vqp: &Vqp<SimNic>,
     local: &OwnedMr<SimNic>,
     remote: &<SimNic as Nic>::Mr,
     n: u64,
-    batch: usize,
+    (batch, op): (usize, Op),
 ) {
     let mut wc = [Wc::default()];
-    let mut wrs = read_wrs(local, remote, batch);
+    let mut wrs = vqp_wrs(local, remote, batch, op);
     for _ in 0..n {
         vqp.post_send(&mut wrs[..batch]).unwrap();
         while vqp.poll(&mut wc).unwrap() == 0 {}
@@ -50,32 +84,33 @@ fn vqp_loop_array(
     local: &OwnedMr<SimNic>,
     remote: &<SimNic as Nic>::Mr,
     n: u64,
-    batch: usize,
+    (batch, op): (usize, Op),
     poll: usize,
 ) {
     let mut wc = [Wc::default(); MAX_BATCH];
     let wc = &mut wc[..poll];
-    let mut wrs = read_wrs(local, remote, batch);
+    let mut wrs = vqp_wrs(local, remote, batch, op);
     for _ in 0..n {
         vqp.post_send(&mut wrs[..batch]).unwrap();
         while vqp.poll(wc).unwrap() == 0 {}
     }
 }
 
-/// The loop's READs (post_send hands the WRs back as the caller wrote
+/// The loop's WRs (post_send hands the WRs back as the caller wrote
 /// them: they are reused).
-fn read_wrs(
+fn vqp_wrs(
     local: &OwnedMr<SimNic>,
     remote: &<SimNic as Nic>::Mr,
     batch: usize,
+    op: Op,
 ) -> [SendWr; MAX_BATCH] {
     std::array::from_fn(|i| {
-        SendWr::read(
-            i as u64,
-            local.sge(64 * i, 64).unwrap(),
-            remote.remote(64 * i),
+        op.wr(
+            i,
+            batch,
+            |off, len| local.sge(off, len).unwrap(),
+            |off| remote.remote(off),
         )
-        .signaled(i + 1 == batch)
     })
 }
 
@@ -144,6 +179,12 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(1)
         .clamp(1, MAX_BATCH);
+    let op = match args.next().as_deref().unwrap_or("read") {
+        "read" => Op::Read,
+        "cas" => Op::Cas,
+        "faa" => Op::Faa,
+        o => panic!("unknown op {o}: read, cas or faa"),
+    };
     let f = SimFabric::in_memory();
     let node = || SimNic::open(&f, SimConfig::default()).unwrap();
     let mut meta = MetaServer::start(node(), MetaConfig::default()).unwrap();
@@ -178,12 +219,12 @@ fn main() {
         let (qp, _peer) = rc_pair(&side, &far, caps);
         let wrs: Vec<SendWr> = (0..batch)
             .map(|i| {
-                SendWr::read(
-                    i as u64,
-                    side.mr.sge(64 * i, 64).unwrap(),
-                    far.mr.remote(64 * i),
+                op.wr(
+                    i,
+                    batch,
+                    |off, len| side.mr.sge(off, len).unwrap(),
+                    |off| far.mr.remote(off),
                 )
-                .signaled(i + 1 == batch)
             })
             .collect();
         raw_poll(&qp, &side.cq, &wrs, n, poll);
@@ -202,13 +243,13 @@ fn main() {
         let to = Destination::Dc(server.local_target().unwrap());
         let wrs: Vec<SendWr> = (0..batch)
             .map(|i| {
-                SendWr::read(
-                    i as u64,
-                    side.mr.sge(64 * i, 64).unwrap(),
-                    remote.remote(64 * i),
+                op.wr(
+                    i,
+                    batch,
+                    |off, len| side.mr.sge(off, len).unwrap(),
+                    |off| remote.remote(off),
                 )
                 .to(to)
-                .signaled(i + 1 == batch)
             })
             .collect();
         raw_poll(&dci, &side.cq, &wrs, n, poll);
@@ -220,14 +261,15 @@ fn main() {
             assert_eq!(vqp.upgrade().unwrap(), VqpTransport::Rc);
         }
         if poll == 1 {
-            vqp_loop(&vqp, &local, &remote, n, batch);
+            vqp_loop(&vqp, &local, &remote, n, (batch, op));
         } else {
-            vqp_loop_array(&vqp, &local, &remote, n, batch, poll);
+            vqp_loop_array(&vqp, &local, &remote, n, (batch, op), poll);
         }
     }
     println!(
-        "{} {:.1} ns per WR (batch {batch}, poll {poll})",
+        "{} {:?} {:.1} ns per WR (batch {batch}, poll {poll})",
         mode,
+        op,
         t.elapsed().as_nanos() as f64 / (n as f64 * batch as f64)
     );
 }
