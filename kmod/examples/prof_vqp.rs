@@ -9,6 +9,10 @@
 //! - `rc`: a VQP upgraded (DC -> RC hint) to the RC pair with its target,
 //!   the physical QP the RC fallback mode also posts on; `rawrc`: a raw RC
 //!   QP of the provider connected to a QP of the target node.
+//! - `fb`: a VQP of an engine in RC fallback mode (sim devices without DC,
+//!   the meta table on an `RcMetaHost`, like Soft-RoCE), on the RC pair
+//!   with its target (`Vqp::post_rc` / `Vqp::poll_rc`); its raw
+//!   counterpart is `rawrc`.
 //! - `poll`: the length of the completion array each poll passes (default
 //!   1, at most 64), the same for the VQP and the raw CQ. A length of 1 is
 //!   a one-entry array (its length known where the poll is inlined), in
@@ -24,7 +28,9 @@
 //! `valgrind --tool=callgrind --toggle-collect='*vqp_loop*'` (or
 //! `'*raw_loop*'`) counts its instructions only; divide by `ops * batch`
 //! for instructions per WR.
-use krcore_kmod::{Engine, EngineConfig, MetaLocation, OwnedMr, Vqp, VqpTransport};
+use krcore_kmod::{
+    Engine, EngineConfig, EngineMode, MetaLocation, OwnedMr, RcMetaHost, Vqp, VqpTransport,
+};
 use krcore_meta::{MetaConfig, MetaServer};
 use krcore_nic::conformance::{rc_pair, Side};
 use krcore_nic::sim::{SimConfig, SimFabric, SimNic};
@@ -170,9 +176,9 @@ fn main() {
     let (raw, rc) = match mode.as_str() {
         "vqp" => (false, false),
         "raw" => (true, false),
-        "rc" => (false, true),
+        "rc" | "fb" => (false, true),
         "rawrc" => (true, true),
-        m => panic!("unknown mode {m}: vqp, raw, rc or rawrc"),
+        m => panic!("unknown mode {m}: vqp, raw, rc, rawrc or fb"),
     };
     let poll: usize = args
         .next()
@@ -185,6 +191,15 @@ fn main() {
         "faa" => Op::Faa,
         o => panic!("unknown op {o}: read, cas or faa"),
     };
+    if mode == "fb" {
+        let t = std::time::Instant::now();
+        fallback(n, (batch, op), poll);
+        println!(
+            "{mode} {op:?} {:.1} ns per WR (batch {batch}, poll {poll})",
+            t.elapsed().as_nanos() as f64 / (n as f64 * batch as f64)
+        );
+        return;
+    }
     let f = SimFabric::in_memory();
     let node = || SimNic::open(&f, SimConfig::default()).unwrap();
     let mut meta = MetaServer::start(node(), MetaConfig::default()).unwrap();
@@ -272,4 +287,40 @@ fn main() {
         op,
         t.elapsed().as_nanos() as f64 / (n as f64 * batch as f64)
     );
+}
+
+/// The `fb` mode: a fabric of sim devices without DC, the meta table on an
+/// `RcMetaHost` answering from its own thread, a target engine and a
+/// client engine answering handshakes from theirs; the client's VQP posts
+/// on its RC pair with the target.
+fn fallback(n: u64, (batch, op): (usize, Op), poll: usize) {
+    let f = SimFabric::in_memory();
+    let no_dc = SimConfig {
+        dc: false,
+        ..SimConfig::default()
+    };
+    let node = || SimNic::open(&f, no_dc.clone()).unwrap();
+    let meta = RcMetaHost::start(node(), MetaConfig::default(), Default::default()).unwrap();
+    let loc = meta.location().unwrap();
+    let _meta_thread = meta.spawn_progress().unwrap();
+    let cfg = || {
+        EngineConfig::default()
+            .with_meta(loc)
+            .with_handshake_thread(true)
+    };
+    let server = Engine::start(node(), cfg()).unwrap();
+    meta.table()
+        .register(server.local_target().unwrap(), 0, 1 << 40, 0)
+        .unwrap();
+    let client = Engine::start(node(), cfg()).unwrap();
+    assert_eq!(client.mode(), EngineMode::RcFallback);
+    let remote = server.alloc_mr(1 << 16, Access::ALL).unwrap();
+    let local = client.alloc_mr(1 << 16, Access::ALL).unwrap();
+    let vqp = client.create_vqp().unwrap();
+    vqp.connect(server.gid()).unwrap();
+    if poll == 1 {
+        vqp_loop(&vqp, &local, &remote, n, (batch, op));
+    } else {
+        vqp_loop_array(&vqp, &local, &remote, n, (batch, op), poll);
+    }
 }
