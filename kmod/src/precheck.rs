@@ -473,7 +473,9 @@ impl<M: LocalMrTable + ?Sized, G: RemoteGrants + ?Sized> Precheck<'_, M, G> {
     }
 
     /// The common WR, accepted in one straight pass: a READ or WRITE of
-    /// one SGE inside an owned MR (which allows local writes for a READ),
+    /// one SGE, or a CAS or FAA of one 8-byte SGE at an 8-byte aligned
+    /// remote address ([`common_shape`]), inside an owned MR (which allows
+    /// local writes for a READ or an atomic),
     /// to the destination of the transport, with either no grant known for
     /// its (target, rkey) or a known grant it satisfies
     /// ([`Self::grant_allows`], the very check [`Self::check_remote`]
@@ -659,9 +661,12 @@ impl<M: LocalMrTable + ?Sized, G: RemoteGrants + ?Sized> Precheck<'_, M, G> {
     }
 }
 
-/// The shape of the common WR ([`Precheck::common_wr_ok`]): a READ or
-/// WRITE of exactly one SGE on a QP that takes SGEs; its remote address,
-/// opcode and SGE. `None` for anything else.
+/// The shape of the common WR ([`Precheck::common_wr_ok`]): on a QP that
+/// takes SGEs, a READ or WRITE of exactly one SGE, or a CAS or FAA of
+/// exactly one 8-byte SGE at an 8-byte aligned remote address (what
+/// [`Precheck::check_wr`] demands of an atomic, so that the SGE's length is
+/// also the 8 bytes its grant check covers); its remote address, opcode
+/// and SGE. `None` for anything else.
 #[inline(always)]
 pub(crate) fn common_shape<'w>(
     wr: &'w SendWr,
@@ -680,17 +685,130 @@ pub(crate) fn common_shape_of(wr: &SendWr) -> Option<(RemoteAddr, OpKind, &krcor
     let (remote, op) = match wr.op {
         WrOp::Read { remote } => (remote, OpKind::Read),
         WrOp::Write { remote } => (remote, OpKind::Write),
+        WrOp::CompareSwap { remote, .. } => return atomic_shape(wr, remote, OpKind::CompareSwap),
+        WrOp::FetchAdd { remote, .. } => return atomic_shape(wr, remote, OpKind::FetchAdd),
         _ => return None,
     };
-    let Payload::Local(sg) = &wr.payload else {
+    Some((remote, op, single_sge(wr)?))
+}
+
+/// [`common_shape_of`] for an atomic `op` at `remote`: one 8-byte SGE
+/// (its grant check covers 8 bytes, the SGE's length), 8-byte aligned
+/// remotely (`check_wr`'s own two checks).
+#[inline(always)]
+fn atomic_shape(
+    wr: &SendWr,
+    remote: RemoteAddr,
+    op: OpKind,
+) -> Option<(RemoteAddr, OpKind, &krcore_nic::Sge)> {
+    let sge = single_sge(wr)?;
+    if sge.length != 8 || remote.addr % 8 != 0 {
         return None;
+    }
+    Some((remote, op, sge))
+}
+
+/// The SGE of a WR with exactly one.
+#[inline(always)]
+fn single_sge(wr: &SendWr) -> Option<&krcore_nic::Sge> {
+    match &wr.payload {
+        Payload::Local(sg) => sg.single(),
+        Payload::Inline(_) => None,
+    }
+}
+
+/// What the engine's fast path knows of the grants a batch's WRs fall
+/// under (see [`fast_wr_ok`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum FastGrants {
+    /// The VQP knows no grant at all: remote ranges are left to the NIC,
+    /// as the full pre-check leaves them with [`NoGrants`].
+    None,
+    /// The VQP's grant memo for the batch's target (the target was
+    /// compared by the caller): every WR must name `rkey`; `grant` is what
+    /// the VQP knows for (target, `rkey`) (`None`: no grant known, left to
+    /// the NIC). `now`: the clock, read when `grant` has an expiry (a
+    /// grant with an expiry and no `now` is not taken).
+    Memo {
+        /// The rkey of the memo.
+        rkey: u32,
+        /// The VQP's grant for it, if any.
+        grant: Option<RemoteGrant>,
+        /// The current time, if read.
+        now: Option<Instant>,
+    },
+}
+
+/// The engine's fast path's verdict on one WR (`PhysQp::post_fast`):
+/// the common shape ([`common_shape_of`]: a READ or WRITE of one SGE, a
+/// CAS or FAA of one 8-byte SGE at an aligned remote address), its SGE
+/// inside `window` (the MR the pre-check last looked up, which allows
+/// local writes: [`MrWindow::holds`]), and its remote range within what
+/// `grants` says ([`FastGrants`]: nothing known, or the memo's grant for
+/// its rkey not expired and giving the access and range
+/// ([`grant_covers`], the pre-check's own)). `true` only for a WR
+/// [`Precheck::check_wr`] accepts (destination set by the caller to the
+/// transport's, grants as `grants` says); `false` sends the batch to the
+/// general path, which decides.
+#[inline(always)]
+pub(crate) fn fast_wr_ok(wr: &SendWr, window: &MrWindow, grants: &FastGrants) -> bool {
+    // A READ or a WRITE inline; an atomic out of line, so that its checks
+    // do not weigh on the registers of the READ/WRITE loop.
+    let (remote, op) = match wr.op {
+        WrOp::Read { remote } => (remote, OpKind::Read),
+        WrOp::Write { remote } => (remote, OpKind::Write),
+        WrOp::CompareSwap { .. } | WrOp::FetchAdd { .. } => {
+            return fast_atomic_ok(wr, window, grants)
+        }
+        _ => return false,
     };
-    Some((remote, op, sg.single()?))
+    match single_sge(wr) {
+        Some(sge) => fast_sge_remote_ok(sge, remote, op, window, grants),
+        None => false,
+    }
+}
+
+/// [`fast_wr_ok`] of a CAS or a FAA.
+#[inline(never)]
+fn fast_atomic_ok(wr: &SendWr, window: &MrWindow, grants: &FastGrants) -> bool {
+    match common_shape_of(wr) {
+        Some((remote, op, sge)) => fast_sge_remote_ok(sge, remote, op, window, grants),
+        None => false,
+    }
+}
+
+/// The rest of [`fast_wr_ok`], once the shape is the common one.
+#[inline(always)]
+fn fast_sge_remote_ok(
+    sge: &krcore_nic::Sge,
+    remote: RemoteAddr,
+    op: OpKind,
+    window: &MrWindow,
+    grants: &FastGrants,
+) -> bool {
+    if !window.holds(sge) {
+        return false;
+    }
+    match grants {
+        FastGrants::None => true,
+        FastGrants::Memo { rkey, grant, now } => {
+            if remote.rkey != *rkey {
+                return false;
+            }
+            let Some(grant) = grant else {
+                return true;
+            };
+            let expired = grant
+                .expires_at
+                .is_some_and(|t| now.is_none_or(|now| now >= t));
+            !expired && grant_covers(grant, remote, op, u64::from(sge.length)).is_ok()
+        }
+    }
 }
 
 /// One owned MR as the engine's fast path checks SGEs against it: its
-/// lkey and bounds. Only an MR that allows local writes (so a READ may
-/// land in it as well as a WRITE leave it) and whose end does not wrap
+/// lkey and bounds. Only an MR that allows local writes (so a READ or an
+/// atomic may land in it as well as a WRITE leave it) and whose end does not wrap
 /// around has a window: any other is never the fast path's (the general
 /// path judges its WRs).
 #[derive(Clone, Copy, Debug)]
@@ -715,8 +833,9 @@ impl MrWindow {
         })
     }
 
-    /// [`local_ok`] for an SGE of a READ or a WRITE whose lkey is this
-    /// MR's: the same verdict for both (the MR allows local writes).
+    /// [`local_ok`] for an SGE of a READ, a WRITE, a CAS or a FAA whose
+    /// lkey is this MR's: the same verdict for all (the MR allows local
+    /// writes).
     #[inline(always)]
     pub(crate) fn holds(&self, sge: &krcore_nic::Sge) -> bool {
         // `end` cannot wrap: `addr <= hi` and `length < 2^32`, but an MR

@@ -22,7 +22,8 @@
 //!
 //! # The common case inline
 //!
-//! A post of READs/WRITEs of one SGE in the MR the pre-check last looked
+//! A post of READs/WRITEs of one SGE (or CASes/FAAs of one 8-byte SGE at
+//! an aligned remote address) in the MR the pre-check last looked
 //! up, on a DCI or an RC pair with room, is checked inline (`PhysQp::post_fast`: the
 //! pre-check's own verdict, computed without its general setup) and goes
 //! straight to the doorbell; anything else (and anything it would reject)
