@@ -18,11 +18,15 @@
 //!   a one-entry array (its length known where the poll is inlined), in
 //!   `vqp_loop` / `raw_loop`; others a slice of the given length, in
 //!   `vqp_loop_array` / `raw_loop_array` (the same globs match both).
-//! - `read|cas|faa` (default `read`): the WRs, the same for every mode:
-//!   64-byte READs, or CASes (compare 0, swap 1: the first one swaps, the
-//!   others fail the compare, every one completes successfully) or FAAs
-//!   (add 1) of the 8-byte word at the same offsets, each WR its own
-//!   64-byte slot locally and remotely.
+//! - `read|cas|faa|mix` (default `read`): the WRs, the same for every
+//!   mode: 64-byte READs, or CASes (compare 0, swap 1: the first one
+//!   swaps, the others fail the compare, every one completes
+//!   successfully) or FAAs (add 1) of the 8-byte word at the same
+//!   offsets, each WR its own 64-byte slot locally and remotely. `mix`:
+//!   one READ, then one CAS, and so on (`ops` of each, one WR per post
+//!   whatever `batch`, `poll` 1), the READ into the local MR and, for a
+//!   VQP, the CAS into a second one (as the SDK's atomics land in a
+//!   scratch MR of their own), in `vqp_loop_mix` / `raw_loop_mix`.
 //!
 //! The measured loop is the non-inlined `vqp_loop` / `raw_loop`, so that
 //! `valgrind --tool=callgrind --toggle-collect='*vqp_loop*'` (or
@@ -44,6 +48,7 @@ enum Op {
     Read,
     Cas,
     Faa,
+    Mix,
 }
 
 impl Op {
@@ -62,8 +67,27 @@ impl Op {
             Op::Read => SendWr::read(id, local(off, 64), remote(off)),
             Op::Cas => SendWr::cas(id, local(off, 8), remote(off), 0, 1),
             Op::Faa => SendWr::faa(id, local(off, 8), remote(off), 1),
+            Op::Mix => unreachable!("mix has loops of its own"),
         };
         wr.signaled(i + 1 == batch)
+    }
+
+    /// A raw QP's WRs: the batch, or for `mix` its READ and its CAS.
+    fn wrs(
+        self,
+        batch: usize,
+        local: impl Fn(usize, u32) -> Sge,
+        remote: impl Fn(usize) -> RemoteAddr,
+    ) -> Vec<SendWr> {
+        match self {
+            Op::Mix => vec![
+                Op::Read.wr(0, 1, &local, &remote),
+                Op::Cas.wr(1, 2, &local, &remote),
+            ],
+            op => (0..batch)
+                .map(|i| op.wr(i, batch, &local, &remote))
+                .collect(),
+        }
     }
 }
 
@@ -99,6 +123,45 @@ fn vqp_loop_array(
     for _ in 0..n {
         vqp.post_send(&mut wrs[..batch]).unwrap();
         while vqp.poll(wc).unwrap() == 0 {}
+    }
+}
+
+/// The `mix` op: a READ into `local`, then a CAS into `scratch`, `n`
+/// times, each its own post, polled to completion.
+#[inline(never)]
+fn vqp_loop_mix(
+    vqp: &Vqp<SimNic>,
+    local: &OwnedMr<SimNic>,
+    scratch: &OwnedMr<SimNic>,
+    remote: &<SimNic as Nic>::Mr,
+    n: u64,
+) {
+    let mut wc = [Wc::default()];
+    let mut read = [SendWr::read(0, local.sge(0, 64).unwrap(), remote.remote(0))];
+    let mut cas = [SendWr::cas(
+        1,
+        scratch.sge(0, 8).unwrap(),
+        remote.remote(64),
+        0,
+        1,
+    )];
+    for _ in 0..n {
+        vqp.post_send(&mut read).unwrap();
+        while vqp.poll(&mut wc).unwrap() == 0 {}
+        vqp.post_send(&mut cas).unwrap();
+        while vqp.poll(&mut wc).unwrap() == 0 {}
+    }
+}
+
+/// [`vqp_loop_mix`] on a raw QP (`wrs`: the READ and the CAS).
+#[inline(never)]
+fn raw_loop_mix(qp: &<SimNic as Nic>::Qp, cq: &<SimNic as Nic>::Cq, wrs: &[SendWr], n: u64) {
+    let mut wc = [Wc::default()];
+    for _ in 0..n {
+        qp.post_send(&wrs[..1]).unwrap();
+        while cq.poll(&mut wc).unwrap() == 0 {}
+        qp.post_send(&wrs[1..2]).unwrap();
+        while cq.poll(&mut wc).unwrap() == 0 {}
     }
 }
 
@@ -146,15 +209,18 @@ fn raw_loop_array(
     }
 }
 
-/// The raw loop with a completion array of `poll` entries.
+/// The raw loop with a completion array of `poll` entries (`mix`: its
+/// own loop).
 fn raw_poll(
     qp: &<SimNic as Nic>::Qp,
     cq: &<SimNic as Nic>::Cq,
     wrs: &[SendWr],
     n: u64,
-    poll: usize,
+    (poll, op): (usize, Op),
 ) {
-    if poll == 1 {
+    if let Op::Mix = op {
+        raw_loop_mix(qp, cq, wrs, n);
+    } else if poll == 1 {
         raw_loop(qp, cq, wrs, n);
     } else {
         raw_loop_array(qp, cq, wrs, n, poll);
@@ -189,14 +255,20 @@ fn main() {
         "read" => Op::Read,
         "cas" => Op::Cas,
         "faa" => Op::Faa,
-        o => panic!("unknown op {o}: read, cas or faa"),
+        "mix" => Op::Mix,
+        o => panic!("unknown op {o}: read, cas, faa or mix"),
+    };
+    // `mix`: one WR per post, polled one by one.
+    let (batch, poll) = match op {
+        Op::Mix => (1, 1),
+        _ => (batch, poll),
     };
     if mode == "fb" {
         let t = std::time::Instant::now();
         fallback(n, (batch, op), poll);
         println!(
             "{mode} {op:?} {:.1} ns per WR (batch {batch}, poll {poll})",
-            t.elapsed().as_nanos() as f64 / (n as f64 * batch as f64)
+            t.elapsed().as_nanos() as f64 / (n as f64 * wrs_per_op(batch, op))
         );
         return;
     }
@@ -232,17 +304,12 @@ fn main() {
             ..QpCaps::default()
         };
         let (qp, _peer) = rc_pair(&side, &far, caps);
-        let wrs: Vec<SendWr> = (0..batch)
-            .map(|i| {
-                op.wr(
-                    i,
-                    batch,
-                    |off, len| side.mr.sge(off, len).unwrap(),
-                    |off| far.mr.remote(off),
-                )
-            })
-            .collect();
-        raw_poll(&qp, &side.cq, &wrs, n, poll);
+        let wrs = op.wrs(
+            batch,
+            |off, len| side.mr.sge(off, len).unwrap(),
+            |off| far.mr.remote(off),
+        );
+        raw_poll(&qp, &side.cq, &wrs, n, (poll, op));
     } else if raw {
         let side = Side::new(client.nic(), 1 << 16);
         let dci = side.qp(
@@ -256,18 +323,15 @@ fn main() {
         );
         bring_up(&dci, Access::NONE, None).unwrap();
         let to = Destination::Dc(server.local_target().unwrap());
-        let wrs: Vec<SendWr> = (0..batch)
-            .map(|i| {
-                op.wr(
-                    i,
-                    batch,
-                    |off, len| side.mr.sge(off, len).unwrap(),
-                    |off| remote.remote(off),
-                )
-                .to(to)
-            })
-            .collect();
-        raw_poll(&dci, &side.cq, &wrs, n, poll);
+        let mut wrs = op.wrs(
+            batch,
+            |off, len| side.mr.sge(off, len).unwrap(),
+            |off| remote.remote(off),
+        );
+        for wr in &mut wrs {
+            wr.dest = to;
+        }
+        raw_poll(&dci, &side.cq, &wrs, n, (poll, op));
     } else {
         let local = client.alloc_mr(1 << 16, Access::ALL).unwrap();
         let vqp = client.create_vqp().unwrap();
@@ -275,18 +339,22 @@ fn main() {
         if rc {
             assert_eq!(vqp.upgrade().unwrap(), VqpTransport::Rc);
         }
-        if poll == 1 {
-            vqp_loop(&vqp, &local, &remote, n, (batch, op));
-        } else {
-            vqp_loop_array(&vqp, &local, &remote, n, (batch, op), poll);
-        }
+        run_vqp(&client, &vqp, (&local, &remote), n, (batch, op), poll);
     }
     println!(
         "{} {:?} {:.1} ns per WR (batch {batch}, poll {poll})",
         mode,
         op,
-        t.elapsed().as_nanos() as f64 / (n as f64 * batch as f64)
+        t.elapsed().as_nanos() as f64 / (n as f64 * wrs_per_op(batch, op))
     );
+}
+
+/// WRs per loop iteration.
+fn wrs_per_op(batch: usize, op: Op) -> f64 {
+    match op {
+        Op::Mix => 2.0,
+        _ => batch as f64,
+    }
 }
 
 /// The `fb` mode: a fabric of sim devices without DC, the meta table on an
@@ -318,9 +386,25 @@ fn fallback(n: u64, (batch, op): (usize, Op), poll: usize) {
     let local = client.alloc_mr(1 << 16, Access::ALL).unwrap();
     let vqp = client.create_vqp().unwrap();
     vqp.connect(server.gid()).unwrap();
-    if poll == 1 {
-        vqp_loop(&vqp, &local, &remote, n, (batch, op));
+    run_vqp(&client, &vqp, (&local, &remote), n, (batch, op), poll);
+}
+
+/// The VQP's loop for `op` and `poll` (`mix`: with a scratch MR of the
+/// client's for the CASes).
+fn run_vqp(
+    client: &Engine<SimNic>,
+    vqp: &Vqp<SimNic>,
+    (local, remote): (&OwnedMr<SimNic>, &<SimNic as Nic>::Mr),
+    n: u64,
+    (batch, op): (usize, Op),
+    poll: usize,
+) {
+    if let Op::Mix = op {
+        let scratch = client.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+        vqp_loop_mix(vqp, local, &scratch, remote, n);
+    } else if poll == 1 {
+        vqp_loop(vqp, local, remote, n, (batch, op));
     } else {
-        vqp_loop_array(&vqp, &local, &remote, n, (batch, op), poll);
+        vqp_loop_array(vqp, local, remote, n, (batch, op), poll);
     }
 }
