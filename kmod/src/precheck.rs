@@ -742,8 +742,8 @@ pub(crate) enum FastGrants {
 /// The engine's fast path's verdict on one WR (`PhysQp::post_fast`):
 /// the common shape ([`common_shape_of`]: a READ or WRITE of one SGE, a
 /// CAS or FAA of one 8-byte SGE at an aligned remote address), its SGE
-/// inside `window` (the MR the pre-check last looked up, which allows
-/// local writes: [`MrWindow::holds`]), and its remote range within what
+/// inside one of the `window`s (MRs the pre-check last looked up, which
+/// allow local writes: [`MrWindows::holds`]), and its remote range within what
 /// `grants` says ([`FastGrants`]: nothing known, or the memo's grant for
 /// its rkey not expired and giving the access and range
 /// ([`grant_covers`], the pre-check's own)). `true` only for a WR
@@ -751,7 +751,7 @@ pub(crate) enum FastGrants {
 /// transport's, grants as `grants` says); `false` sends the batch to the
 /// general path, which decides.
 #[inline(always)]
-pub(crate) fn fast_wr_ok(wr: &SendWr, window: &MrWindow, grants: &FastGrants) -> bool {
+pub(crate) fn fast_wr_ok(wr: &SendWr, window: &MrWindows, grants: &FastGrants) -> bool {
     // A READ or a WRITE inline; an atomic out of line, so that its checks
     // do not weigh on the registers of the READ/WRITE loop.
     let (remote, op) = match wr.op {
@@ -770,7 +770,7 @@ pub(crate) fn fast_wr_ok(wr: &SendWr, window: &MrWindow, grants: &FastGrants) ->
 
 /// [`fast_wr_ok`] of a CAS or a FAA.
 #[inline(never)]
-fn fast_atomic_ok(wr: &SendWr, window: &MrWindow, grants: &FastGrants) -> bool {
+fn fast_atomic_ok(wr: &SendWr, window: &MrWindows, grants: &FastGrants) -> bool {
     match common_shape_of(wr) {
         Some((remote, op, sge)) => fast_sge_remote_ok(sge, remote, op, window, grants),
         None => false,
@@ -783,7 +783,7 @@ fn fast_sge_remote_ok(
     sge: &krcore_nic::Sge,
     remote: RemoteAddr,
     op: OpKind,
-    window: &MrWindow,
+    window: &MrWindows,
     grants: &FastGrants,
 ) -> bool {
     if !window.holds(sge) {
@@ -819,6 +819,14 @@ pub(crate) struct MrWindow {
 }
 
 impl MrWindow {
+    /// A window that holds no SGE (`lo > hi`: an SGE inside would end
+    /// before it starts).
+    const NONE: MrWindow = MrWindow {
+        lkey: 0,
+        lo: u64::MAX,
+        hi: 0,
+    };
+
     /// The window of `mr`, registered under `lkey`; `None` when its end
     /// wraps around or it does not allow local writes.
     #[inline(always)]
@@ -844,6 +852,46 @@ impl MrWindow {
             return false;
         };
         sge.lkey == self.lkey && sge.addr >= self.lo && end <= self.hi
+    }
+}
+
+/// The fast path's MR windows: the last two distinct MRs the pre-check
+/// looked up that have one ([`MrWindow::of`]), the most recent first (a
+/// VQP's READs land in its buffer's MR and, with the SDK, its atomics in a
+/// scratch MR of their own: one window would send every switch between
+/// them to the general path).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MrWindows {
+    recent: MrWindow,
+    older: MrWindow,
+}
+
+impl MrWindows {
+    /// The windows of `w` alone.
+    #[inline]
+    pub(crate) fn one(w: MrWindow) -> MrWindows {
+        MrWindows {
+            recent: w,
+            older: MrWindow::NONE,
+        }
+    }
+
+    /// `w` made the most recent (replacing its lkey's window if held; the
+    /// older one otherwise goes).
+    #[inline]
+    pub(crate) fn with(self, w: MrWindow) -> MrWindows {
+        let older = if w.lkey == self.recent.lkey {
+            self.older
+        } else {
+            self.recent
+        };
+        MrWindows { recent: w, older }
+    }
+
+    /// [`MrWindow::holds`] by either window.
+    #[inline(always)]
+    pub(crate) fn holds(&self, sge: &krcore_nic::Sge) -> bool {
+        self.recent.holds(sge) || self.older.holds(sge)
     }
 }
 

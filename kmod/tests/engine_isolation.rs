@@ -360,10 +360,12 @@ fn without_precheck(mode: EngineMode) {
 
 /// CASes and FAAs of one 8-byte SGE take the engine's fast path once the
 /// pre-check has seen their MR and grant: they complete with the right old
-/// values, and every bad atomic posted in between, with the fast path
-/// armed (a 4-byte and a 16-byte SGE, a misaligned remote address, a
-/// foreign lkey, an MR without LOCAL_WRITE, a range outside the grant, a
-/// grant without atomic access, an expired grant), is still the
+/// values (FAAs into the VQP's MR, CASes into a scratch MR, as the SDK
+/// posts them), and every bad atomic posted in between, with the fast
+/// path armed (a 4-byte and a 16-byte SGE, a misaligned remote address, a
+/// foreign lkey, an MR without LOCAL_WRITE, an SGE past the end of the
+/// scratch MR, a range outside the grant, a grant without atomic access,
+/// an expired grant), is still the
 /// pre-check's typed rejection and never reaches the NIC.
 #[test]
 fn atomics_on_the_fast_path_keep_the_precheck_s_verdicts_on_a_dci() {
@@ -384,9 +386,22 @@ fn atomics_keep_the_verdicts(mode: EngineMode) {
     let counter = f.remote(0, 32);
     let local = |off: usize, len: u32| f.local.sge(off, len).unwrap();
     let no_local_write = f.client.alloc_mr(64, Access::REMOTE_READ).unwrap();
+    // The CASes land in a scratch MR of their own (as the SDK's do): the
+    // fast path holds the windows of both MRs.
+    let scratch = f.client.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
     let bad = |round: u64| -> (SendWr, fn(&Reason) -> bool) {
         let id = 900 + round;
-        match round % 6 {
+        match round % 7 {
+            6 => {
+                let past_the_end = krcore_nic::Sge {
+                    addr: scratch.addr() + 60,
+                    length: 8,
+                    lkey: scratch.lkey(),
+                };
+                (SendWr::cas(id, past_the_end, counter, 0, 1), |r| {
+                    matches!(r, Reason::SgeOutOfBounds { .. })
+                })
+            }
             0 => (SendWr::cas(id, local(16, 4), counter, 0, 1), |r| {
                 matches!(r, Reason::AtomicSgeLength { .. })
             }),
@@ -422,18 +437,22 @@ fn atomics_keep_the_verdicts(mode: EngineMode) {
         let wr = if faa {
             SendWr::faa(id, local(0, 8), counter, 1)
         } else {
-            SendWr::cas(id, local(8, 8), counter, expect, expect + 1)
+            SendWr::cas(id, scratch.sge(8, 8).unwrap(), counter, expect, expect + 1)
         };
         v.post_send(&mut [wr]).unwrap();
         let wcs = Fixture::wait_for(v, id);
         assert_eq!(wcs.len(), 1);
         assert_eq!(wcs[0].status, WcStatus::Success);
-        let old = f.local.load_u64(if faa { 0 } else { 8 }).unwrap();
+        let old = if faa {
+            f.local.load_u64(0).unwrap()
+        } else {
+            scratch.load_u64(8).unwrap()
+        };
         assert_eq!(old, expect, "{wr:?}: the old value");
         expect += 1;
     };
     let (_, d) = counted(f.client.nic(), || {
-        for round in 0..24u64 {
+        for round in 0..28u64 {
             atomic(10 * round, round % 2 == 0);
             atomic(10 * round + 1, round % 2 == 1);
             let (wr, want) = bad(round);
@@ -468,11 +487,11 @@ fn atomics_keep_the_verdicts(mode: EngineMode) {
             });
         }
     });
-    assert_eq!(expect, 50);
-    assert_eq!(f.mem.mr.load_u64(32).unwrap(), 50, "the counter");
-    assert_eq!(d.send_wrs, 50 + 2, "only the good WRs reached the NIC");
+    assert_eq!(expect, 58);
+    assert_eq!(f.mem.mr.load_u64(32).unwrap(), 58, "the counter");
+    assert_eq!(d.send_wrs, 58 + 2, "only the good WRs reached the NIC");
     assert_eq!(d.error_completions, 0, "{d:?}");
     let s = f.qp_stats();
-    assert_eq!(s.rejected, 24 + 2 + 2);
+    assert_eq!(s.rejected, 28 + 2 + 2);
     assert_eq!((s.error_completions, s.recoveries), (0, 0));
 }

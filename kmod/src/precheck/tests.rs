@@ -903,10 +903,35 @@ fn mr_window_agrees_with_local_ok() {
 /// alignment, MR bounds, local write, access, range, expiry) fails here.
 #[test]
 fn the_fast_gate_agrees_with_the_full_check() {
-    let f = Fixture::new();
-    let window = MrWindow::of(RW, &f.mrs[&RW]).expect("RW allows local writes");
-    let lkeys = [RW, RO, 0x99];
-    let addrs = [0x1000u64, 0x1008, 0x1ff8, 0x1ffc, 0x2000, 0xff8, 0x4000];
+    let mut f = Fixture::new();
+    // A second MR with LOCAL_WRITE (the SDK's scratch MR for atomics).
+    const RW2: u32 = 0x40;
+    f.mrs.insert(
+        RW2,
+        LocalMr {
+            addr: 0x8000,
+            len: 0x100,
+            access: Access::LOCAL_WRITE,
+        },
+    );
+    let w = |lkey| MrWindow::of(lkey, &f.mrs[&lkey]).expect("allows local writes");
+    // One window, and two in either order.
+    for (window, held) in [
+        (MrWindows::one(w(RW)), &[RW][..]),
+        (MrWindows::one(w(RW)).with(w(RW2)), &[RW, RW2][..]),
+        (MrWindows::one(w(RW2)).with(w(RW)), &[RW, RW2][..]),
+    ] {
+        fast_gate_agrees(&f, &window, held);
+    }
+}
+
+/// [`the_fast_gate_agrees_with_the_full_check`] with `window`, holding the
+/// windows of the MRs `held`.
+fn fast_gate_agrees(f: &Fixture, window: &MrWindows, held: &[u32]) {
+    let lkeys = [RW, RO, 0x40, 0x99];
+    let addrs = [
+        0x1000u64, 0x1008, 0x1ff8, 0x1ffc, 0x2000, 0xff8, 0x4000, 0x8000, 0x80f8, 0x80fc,
+    ];
     let lens = [4u32, 8, 16, 64];
     let offsets = [0u64, 4, 8, 0xff8, 0xffc, 0x1000, 1];
     let rkeys = [RKEY_ALL, RKEY_READ, RKEY_OLD, RKEY_UNKNOWN];
@@ -950,7 +975,8 @@ fn the_fast_gate_agrees_with_the_full_check() {
                                     let kind = OpKind::of(&wr.op);
                                     // The fast path's domain: one SGE in
                                     // the window's MR, one-sided.
-                                    let domain = lkey == RW && shape == 0 && kind != OpKind::Send;
+                                    let domain =
+                                        held.contains(&lkey) && shape == 0 && kind != OpKind::Send;
                                     // No grant known to the VQP: the full
                                     // check with none.
                                     let ctx = f.ctx(transport);
@@ -964,7 +990,7 @@ fn the_fast_gate_agrees_with_the_full_check() {
                                         policy: ctx.policy,
                                     };
                                     let full = none.check_wr(&wr);
-                                    let fast = fast_wr_ok(&wr, &window, &FastGrants::None);
+                                    let fast = fast_wr_ok(&wr, window, &FastGrants::None);
                                     assert_eq!(
                                         fast,
                                         domain && full.is_ok(),
@@ -979,7 +1005,7 @@ fn the_fast_gate_agrees_with_the_full_check() {
                                         grant: known,
                                         now: Some(f.now),
                                     };
-                                    let fast = fast_wr_ok(&wr, &window, &memo);
+                                    let fast = fast_wr_ok(&wr, window, &memo);
                                     assert_eq!(
                                         fast,
                                         domain && full.is_ok(),
@@ -990,7 +1016,7 @@ fn the_fast_gate_agrees_with_the_full_check() {
                                         grant: known,
                                         now: Some(f.now),
                                     };
-                                    assert!(!fast_wr_ok(&wr, &window, &other), "{wr:?}");
+                                    assert!(!fast_wr_ok(&wr, window, &other), "{wr:?}");
                                     if fast {
                                         *accepted.entry(kind).or_default() += 1;
                                     }
@@ -1046,7 +1072,7 @@ fn the_fast_gate_agrees_with_the_full_check() {
 #[test]
 fn the_fast_gate_needs_the_clock_for_a_grant_that_expires() {
     let f = Fixture::new();
-    let window = MrWindow::of(RW, &f.mrs[&RW]).unwrap();
+    let window = MrWindows::one(MrWindow::of(RW, &f.mrs[&RW]).unwrap());
     let wr = SendWr::faa(1, sge(RW, 0x1008, 8), remote(RKEY_ALL, 8), 1).to(dc());
     let grant = f.grants.lookup(&Gid([3; 16]), RKEY_ALL);
     let expires = grant.unwrap().expires_at.unwrap();
@@ -1066,4 +1092,50 @@ fn the_fast_gate_needs_the_clock_for_a_grant_that_expires() {
         late.check_wr(&wr),
         Err(Reason::GrantExpired { rkey: RKEY_ALL })
     );
+}
+
+/// [`MrWindows`] holds the windows of exactly the last two distinct MRs
+/// pushed (a reference list, most recent first), through a fixed
+/// pseudo-random sequence of pushes of four MRs; an SGE of any other MR
+/// is never held (nor by the empty second window of [`MrWindows::one`],
+/// even at the ends of the address space or with lkey 0).
+#[test]
+fn mr_windows_hold_the_last_two_mrs() {
+    let mr = |k: u32| LocalMr {
+        addr: 0x1000 * u64::from(k + 1),
+        len: 0x100,
+        access: Access::LOCAL_WRITE,
+    };
+    let window = |k: u32| MrWindow::of(k, &mr(k)).unwrap();
+    let inside = |k: u32| sge(k, mr(k).addr + 8, 8);
+    let mut w = MrWindows::one(window(0));
+    let mut reference = vec![0u32];
+    let mut x = 0x9e37_79b9_u32;
+    for _ in 0..500 {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        let k = x % 4;
+        w = w.with(window(k));
+        reference.retain(|&r| r != k);
+        reference.insert(0, k);
+        reference.truncate(2);
+        for j in 0..4 {
+            assert_eq!(
+                w.holds(&inside(j)),
+                reference.contains(&j),
+                "{j} {reference:?}"
+            );
+        }
+    }
+    let one = MrWindows::one(window(1));
+    for s in [
+        sge(0, u64::MAX, 0),
+        sge(0, u64::MAX - 8, 8),
+        sge(0, 0, 0),
+        sge(1, 0, 0),
+    ] {
+        assert!(!one.holds(&s), "{s:?}");
+    }
+    assert!(one.holds(&inside(1)));
 }

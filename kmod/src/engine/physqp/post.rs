@@ -18,8 +18,8 @@ use super::{
 };
 use crate::credits::{CreditError, SendQueueCredits};
 use crate::precheck::{
-    fast_wr_ok, FastGrants, LocalMr, LocalMrTable, MrWindow, NoGrants, Plan, Precheck, RemoteGrant,
-    RemoteGrants, Transport,
+    fast_wr_ok, FastGrants, LocalMr, LocalMrTable, MrWindow, MrWindows, NoGrants, Plan, Precheck,
+    RemoteGrant, RemoteGrants, Transport,
 };
 use crate::wrid::{PhysWrId, VqpId};
 
@@ -60,11 +60,11 @@ impl<N: Nic> PhysQp<N> {
     /// DCI or an RC pair (the VQP's target's) in RTS, the pre-check on and the owned-MR snapshot current,
     /// room in the VQP and in the send queue, and every WR a READ or WRITE
     /// of one SGE, or a CAS or FAA of one 8-byte SGE at an 8-byte aligned
-    /// remote address, inside the MR the pre-check last looked up
-    /// (`PhysState::last_mr`), to a (target, rkey) with no grant known or
+    /// remote address, inside one of the two MRs the pre-check last looked
+    /// up (`PhysState::window`), to a (target, rkey) with no grant known or
     /// the one the VQP's grant memo remembers, satisfied
     /// (`VqpState::last_grant`), all as the full pre-check judges them
-    /// (`precheck::fast_wr_ok`: `MrWindow::holds` gives
+    /// (`precheck::fast_wr_ok`: `MrWindows::holds` gives
     /// `precheck::local_ok`'s verdict, and `grant_covers` is the
     /// pre-check's own). Names the target in `wrs` on
     /// the way, decides whether the batch's last WR must be forced
@@ -332,10 +332,16 @@ impl<N: Nic> PhysQp<N> {
                 .check(wrs)
             };
             *last_mr = mrs.last.get();
-            // The fast path's gate (see `PhysState::window`).
-            *window = last_mr
-                .filter(|_| self.fast && !*needs_recovery)
-                .and_then(|(lkey, mr)| MrWindow::of(lkey, &mr));
+            // The fast path's gate (see `PhysState::window`): the last
+            // MR's window the most recent (the windows held stay: the
+            // snapshot did not change).
+            let last = last_mr.and_then(|(lkey, mr)| MrWindow::of(lkey, &mr));
+            *window = match (last, *window) {
+                _ if !self.fast || *needs_recovery => None,
+                (Some(w), Some(held)) => Some(held.with(w)),
+                (Some(w), None) => Some(MrWindows::one(w)),
+                (None, held) => held,
+            };
             planned
         };
         if planned.is_err() {
