@@ -3,7 +3,7 @@
 //! (the pair the `control_plane` bench compares), `batch` WRs per doorbell
 //! (the last signaled), posted then polled to completion.
 //!
-//! `prof_vqp [ops] [batch] [vqp|raw|rc|rawrc] [poll] [read|cas|faa]`
+//! `prof_vqp [ops] [batch] [vqp|raw|rc|rawrc|fb] [poll] [read|cas|faa|mix] [grant]`
 //!
 //! - `vqp`: a VQP on its DCI; `raw`: a raw DCI of the provider.
 //! - `rc`: a VQP upgraded (DC -> RC hint) to the RC pair with its target,
@@ -27,13 +27,17 @@
 //!   whatever `batch`, `poll` 1), the READ into the local MR and, for a
 //!   VQP, the CAS into a second one (as the SDK's atomics land in a
 //!   scratch MR of their own), in `vqp_loop_mix` / `raw_loop_mix`.
+//! - `grant`: the VQP knows a grant (every remote access, no expiry) over
+//!   the remote MR, as the SDK makes its remote regions known: its posts
+//!   check it (the raw modes ignore it).
 //!
 //! The measured loop is the non-inlined `vqp_loop` / `raw_loop`, so that
 //! `valgrind --tool=callgrind --toggle-collect='*vqp_loop*'` (or
 //! `'*raw_loop*'`) counts its instructions only; divide by `ops * batch`
 //! for instructions per WR.
 use krcore_kmod::{
-    Engine, EngineConfig, EngineMode, MetaLocation, OwnedMr, RcMetaHost, Vqp, VqpTransport,
+    Engine, EngineConfig, EngineMode, MetaLocation, OwnedMr, RcMetaHost, RemoteGrant, Vqp,
+    VqpTransport,
 };
 use krcore_meta::{MetaConfig, MetaServer};
 use krcore_nic::conformance::{rc_pair, Side};
@@ -41,6 +45,9 @@ use krcore_nic::sim::{SimConfig, SimFabric, SimNic};
 use krcore_nic::*;
 
 const MAX_BATCH: usize = 64;
+
+/// The `grant` argument: the VQP knows a grant over the remote MR.
+static GRANT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// The WRs a run posts.
 #[derive(Clone, Copy, Debug)]
@@ -258,6 +265,12 @@ fn main() {
         "mix" => Op::Mix,
         o => panic!("unknown op {o}: read, cas, faa or mix"),
     };
+    let grant = match args.next().as_deref() {
+        None => false,
+        Some("grant") => true,
+        Some(g) => panic!("unknown argument {g}: grant"),
+    };
+    GRANT.store(grant, std::sync::atomic::Ordering::Relaxed);
     // `mix`: one WR per post, polled one by one.
     let (batch, poll) = match op {
         Op::Mix => (1, 1),
@@ -399,6 +412,16 @@ fn run_vqp(
     (batch, op): (usize, Op),
     poll: usize,
 ) {
+    if GRANT.load(std::sync::atomic::Ordering::Relaxed) {
+        let gid = vqp.target().unwrap().target.gid;
+        let grant = RemoteGrant {
+            addr: remote.addr(),
+            len: remote.len() as u64,
+            access: Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC,
+            expires_at: None,
+        };
+        vqp.add_grant(gid, remote.rkey(), grant);
+    }
     if let Op::Mix = op {
         let scratch = client.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
         vqp_loop_mix(vqp, local, &scratch, remote, n);
