@@ -720,23 +720,41 @@ fn single_sge(wr: &SendWr) -> Option<&krcore_nic::Sge> {
 /// What the engine's fast path knows of the grants a batch's WRs fall
 /// under (see [`fast_wr_ok`]).
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum FastGrants {
+pub(crate) enum FastGrants<'a> {
     /// The VQP knows no grant at all: remote ranges are left to the NIC,
     /// as the full pre-check leaves them with [`NoGrants`].
     None,
     /// The VQP's grant memo for the batch's target (the target was
     /// compared by the caller): every WR must name `rkey`; `grant` is what
     /// the VQP knows for (target, `rkey`) (`None`: no grant known, left to
-    /// the NIC). `now`: the clock, read when `grant` has an expiry (a
-    /// grant with an expiry and no `now` is not taken).
+    /// the NIC), not expired. Built by [`FastGrants::memo`], which checks
+    /// the expiry.
     Memo {
         /// The rkey of the memo.
         rkey: u32,
         /// The VQP's grant for it, if any.
-        grant: Option<RemoteGrant>,
-        /// The current time, if read.
-        now: Option<Instant>,
+        grant: Option<&'a RemoteGrant>,
     },
+}
+
+impl<'a> FastGrants<'a> {
+    /// The memo of `rkey`, for which the VQP knows `grant` (or none);
+    /// `None` when that grant has expired at `now()` (read only for a
+    /// grant with an expiry, once per batch): every WR the fast path takes
+    /// names `rkey`, so the general path decides the whole batch.
+    #[inline(always)]
+    pub(crate) fn memo(
+        rkey: u32,
+        grant: Option<&'a RemoteGrant>,
+        now: impl FnOnce() -> Instant,
+    ) -> Option<FastGrants<'a>> {
+        if let Some(t) = grant.and_then(|g| g.expires_at) {
+            if now() >= t {
+                return None;
+            }
+        }
+        Some(FastGrants::Memo { rkey, grant })
+    }
 }
 
 /// The engine's fast path's verdict on one WR (`PhysQp::post_fast`):
@@ -745,13 +763,13 @@ pub(crate) enum FastGrants {
 /// inside one of the `window`s (MRs the pre-check last looked up, which
 /// allow local writes: [`MrWindows::holds`]), and its remote range within what
 /// `grants` says ([`FastGrants`]: nothing known, or the memo's grant for
-/// its rkey not expired and giving the access and range
-/// ([`grant_covers`], the pre-check's own)). `true` only for a WR
+/// its rkey, not expired ([`FastGrants::memo`]), giving the access and
+/// range ([`grant_covers`], the pre-check's own)). `true` only for a WR
 /// [`Precheck::check_wr`] accepts (destination set by the caller to the
 /// transport's, grants as `grants` says); `false` sends the batch to the
 /// general path, which decides.
 #[inline(always)]
-pub(crate) fn fast_wr_ok(wr: &SendWr, window: &MrWindows, grants: &FastGrants) -> bool {
+pub(crate) fn fast_wr_ok(wr: &SendWr, window: &MrWindows, grants: &FastGrants<'_>) -> bool {
     // A READ or a WRITE inline; an atomic out of line, so that its checks
     // do not weigh on the registers of the READ/WRITE loop.
     let (remote, op) = match wr.op {
@@ -770,7 +788,7 @@ pub(crate) fn fast_wr_ok(wr: &SendWr, window: &MrWindows, grants: &FastGrants) -
 
 /// [`fast_wr_ok`] of a CAS or a FAA.
 #[inline(never)]
-fn fast_atomic_ok(wr: &SendWr, window: &MrWindows, grants: &FastGrants) -> bool {
+fn fast_atomic_ok(wr: &SendWr, window: &MrWindows, grants: &FastGrants<'_>) -> bool {
     match common_shape_of(wr) {
         Some((remote, op, sge)) => fast_sge_remote_ok(sge, remote, op, window, grants),
         None => false,
@@ -784,24 +802,21 @@ fn fast_sge_remote_ok(
     remote: RemoteAddr,
     op: OpKind,
     window: &MrWindows,
-    grants: &FastGrants,
+    grants: &FastGrants<'_>,
 ) -> bool {
     if !window.holds(sge) {
         return false;
     }
     match grants {
         FastGrants::None => true,
-        FastGrants::Memo { rkey, grant, now } => {
+        FastGrants::Memo { rkey, grant } => {
             if remote.rkey != *rkey {
                 return false;
             }
-            let Some(grant) = grant else {
-                return true;
-            };
-            let expired = grant
-                .expires_at
-                .is_some_and(|t| now.is_none_or(|now| now >= t));
-            !expired && grant_covers(grant, remote, op, u64::from(sge.length)).is_ok()
+            match grant {
+                None => true,
+                Some(grant) => grant_covers(grant, remote, op, u64::from(sge.length)).is_ok(),
+            }
         }
     }
 }

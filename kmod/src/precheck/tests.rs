@@ -1000,12 +1000,8 @@ fn fast_gate_agrees(f: &Fixture, window: &MrWindows, held: &[u32]) {
                                     // VQP knows for it), and of another.
                                     let known = f.grants.lookup(&target, rkey);
                                     let full = ctx.check_wr(&wr);
-                                    let memo = FastGrants::Memo {
-                                        rkey,
-                                        grant: known,
-                                        now: Some(f.now),
-                                    };
-                                    let fast = fast_wr_ok(&wr, window, &memo);
+                                    let fast = FastGrants::memo(rkey, known.as_ref(), || f.now)
+                                        .is_some_and(|memo| fast_wr_ok(&wr, window, &memo));
                                     assert_eq!(
                                         fast,
                                         domain && full.is_ok(),
@@ -1013,8 +1009,7 @@ fn fast_gate_agrees(f: &Fixture, window: &MrWindows, held: &[u32]) {
                                     );
                                     let other = FastGrants::Memo {
                                         rkey: rkey ^ 1,
-                                        grant: known,
-                                        now: Some(f.now),
+                                        grant: known.as_ref(),
                                     };
                                     assert!(!fast_wr_ok(&wr, window, &other), "{wr:?}");
                                     if fast {
@@ -1067,23 +1062,19 @@ fn fast_gate_agrees(f: &Fixture, window: &MrWindows, held: &[u32]) {
     }
 }
 
-/// A grant with an expiry is taken by the fast gate only with the clock
-/// read (`now`), and only before it expires.
+/// The fast gate's memo of a grant with an expiry is made only before it
+/// expires (then the general path decides, and finds it expired); the
+/// clock is read only for a grant with an expiry.
 #[test]
-fn the_fast_gate_needs_the_clock_for_a_grant_that_expires() {
+fn the_fast_gate_takes_a_grant_only_before_it_expires() {
     let f = Fixture::new();
     let window = MrWindows::one(MrWindow::of(RW, &f.mrs[&RW]).unwrap());
     let wr = SendWr::faa(1, sge(RW, 0x1008, 8), remote(RKEY_ALL, 8), 1).to(dc());
-    let grant = f.grants.lookup(&Gid([3; 16]), RKEY_ALL);
-    let expires = grant.unwrap().expires_at.unwrap();
-    let memo = |now| FastGrants::Memo {
-        rkey: RKEY_ALL,
-        grant,
-        now,
-    };
-    assert!(fast_wr_ok(&wr, &window, &memo(Some(f.now))));
-    assert!(!fast_wr_ok(&wr, &window, &memo(None)));
-    assert!(!fast_wr_ok(&wr, &window, &memo(Some(expires))));
+    let grant = f.grants.lookup(&Gid([3; 16]), RKEY_ALL).unwrap();
+    let expires = grant.expires_at.unwrap();
+    let memo = FastGrants::memo(RKEY_ALL, Some(&grant), || f.now).unwrap();
+    assert!(fast_wr_ok(&wr, &window, &memo));
+    assert!(FastGrants::memo(RKEY_ALL, Some(&grant), || expires).is_none());
     let late = Precheck {
         now: expires,
         ..f.ctx(Transport::Dc)
@@ -1092,6 +1083,12 @@ fn the_fast_gate_needs_the_clock_for_a_grant_that_expires() {
         late.check_wr(&wr),
         Err(Reason::GrantExpired { rkey: RKEY_ALL })
     );
+    let forever = RemoteGrant {
+        expires_at: None,
+        ..grant
+    };
+    let memo = FastGrants::memo(RKEY_ALL, Some(&forever), || unreachable!("no clock"));
+    assert!(memo.is_some_and(|m| fast_wr_ok(&wr, &window, &m)));
 }
 
 /// [`MrWindows`] holds the windows of exactly the last two distinct MRs

@@ -144,14 +144,16 @@ impl<N: Nic> PhysQp<N> {
             }
         } else {
             // The memo must hold this (target, rkey).
-            let Some((gid, rkey, grant)) = v.last_grant.get() else {
+            // (Read in place: the VQP's state is this post's alone.)
+            let Some((gid, rkey, grant)) = v.last_grant.get_mut() else {
                 general!()
             };
-            if gid != target.gid {
+            if *gid != target.gid {
                 general!();
             }
-            let now = grant.and_then(|g| g.expires_at).map(|_| Instant::now());
-            let memo = FastGrants::Memo { rkey, grant, now };
+            let Some(memo) = FastGrants::memo(*rkey, grant.as_ref(), Instant::now) else {
+                general!()
+            };
             for wr in wrs.iter_mut() {
                 if !fast_wr_ok(wr, window, &memo) {
                     general!();
