@@ -770,40 +770,9 @@ impl<'a> FastGrants<'a> {
 /// general path, which decides.
 #[inline(always)]
 pub(crate) fn fast_wr_ok(wr: &SendWr, window: &MrWindows, grants: &FastGrants<'_>) -> bool {
-    // A READ or a WRITE inline; an atomic out of line, so that its checks
-    // do not weigh on the registers of the READ/WRITE loop.
-    let (remote, op) = match wr.op {
-        WrOp::Read { remote } => (remote, OpKind::Read),
-        WrOp::Write { remote } => (remote, OpKind::Write),
-        WrOp::CompareSwap { .. } | WrOp::FetchAdd { .. } => {
-            return fast_atomic_ok(wr, window, grants)
-        }
-        _ => return false,
+    let Some((remote, op, sge)) = common_shape_of(wr) else {
+        return false;
     };
-    match single_sge(wr) {
-        Some(sge) => fast_sge_remote_ok(sge, remote, op, window, grants),
-        None => false,
-    }
-}
-
-/// [`fast_wr_ok`] of a CAS or a FAA.
-#[inline(never)]
-fn fast_atomic_ok(wr: &SendWr, window: &MrWindows, grants: &FastGrants<'_>) -> bool {
-    match common_shape_of(wr) {
-        Some((remote, op, sge)) => fast_sge_remote_ok(sge, remote, op, window, grants),
-        None => false,
-    }
-}
-
-/// The rest of [`fast_wr_ok`], once the shape is the common one.
-#[inline(always)]
-fn fast_sge_remote_ok(
-    sge: &krcore_nic::Sge,
-    remote: RemoteAddr,
-    op: OpKind,
-    window: &MrWindows,
-    grants: &FastGrants<'_>,
-) -> bool {
     if !window.holds(sge) {
         return false;
     }
