@@ -473,7 +473,9 @@ impl<M: LocalMrTable + ?Sized, G: RemoteGrants + ?Sized> Precheck<'_, M, G> {
     }
 
     /// The common WR, accepted in one straight pass: a READ or WRITE of
-    /// one SGE inside an owned MR (which allows local writes for a READ),
+    /// one SGE, or a CAS or FAA of one 8-byte SGE at an 8-byte aligned
+    /// remote address ([`common_shape`]), inside an owned MR (which allows
+    /// local writes for a READ or an atomic),
     /// to the destination of the transport, with either no grant known for
     /// its (target, rkey) or a known grant it satisfies
     /// ([`Self::grant_allows`], the very check [`Self::check_remote`]
@@ -659,9 +661,12 @@ impl<M: LocalMrTable + ?Sized, G: RemoteGrants + ?Sized> Precheck<'_, M, G> {
     }
 }
 
-/// The shape of the common WR ([`Precheck::common_wr_ok`]): a READ or
-/// WRITE of exactly one SGE on a QP that takes SGEs; its remote address,
-/// opcode and SGE. `None` for anything else.
+/// The shape of the common WR ([`Precheck::common_wr_ok`]): on a QP that
+/// takes SGEs, a READ or WRITE of exactly one SGE, or a CAS or FAA of
+/// exactly one 8-byte SGE at an 8-byte aligned remote address (what
+/// [`Precheck::check_wr`] demands of an atomic, so that the SGE's length is
+/// also the 8 bytes its grant check covers); its remote address, opcode
+/// and SGE. `None` for anything else.
 #[inline(always)]
 pub(crate) fn common_shape<'w>(
     wr: &'w SendWr,
@@ -680,17 +685,114 @@ pub(crate) fn common_shape_of(wr: &SendWr) -> Option<(RemoteAddr, OpKind, &krcor
     let (remote, op) = match wr.op {
         WrOp::Read { remote } => (remote, OpKind::Read),
         WrOp::Write { remote } => (remote, OpKind::Write),
+        WrOp::CompareSwap { remote, .. } => return atomic_shape(wr, remote, OpKind::CompareSwap),
+        WrOp::FetchAdd { remote, .. } => return atomic_shape(wr, remote, OpKind::FetchAdd),
         _ => return None,
     };
-    let Payload::Local(sg) = &wr.payload else {
+    Some((remote, op, single_sge(wr)?))
+}
+
+/// [`common_shape_of`] for an atomic `op` at `remote`: one 8-byte SGE
+/// (its grant check covers 8 bytes, the SGE's length), 8-byte aligned
+/// remotely (`check_wr`'s own two checks).
+#[inline(always)]
+fn atomic_shape(
+    wr: &SendWr,
+    remote: RemoteAddr,
+    op: OpKind,
+) -> Option<(RemoteAddr, OpKind, &krcore_nic::Sge)> {
+    let sge = single_sge(wr)?;
+    if sge.length != 8 || remote.addr % 8 != 0 {
         return None;
+    }
+    Some((remote, op, sge))
+}
+
+/// The SGE of a WR with exactly one.
+#[inline(always)]
+fn single_sge(wr: &SendWr) -> Option<&krcore_nic::Sge> {
+    match &wr.payload {
+        Payload::Local(sg) => sg.single(),
+        Payload::Inline(_) => None,
+    }
+}
+
+/// What the engine's fast path knows of the grants a batch's WRs fall
+/// under (see [`fast_wr_ok`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum FastGrants<'a> {
+    /// The VQP knows no grant at all: remote ranges are left to the NIC,
+    /// as the full pre-check leaves them with [`NoGrants`].
+    None,
+    /// The VQP's grant memo for the batch's target (the target was
+    /// compared by the caller): every WR must name `rkey`; `grant` is what
+    /// the VQP knows for (target, `rkey`) (`None`: no grant known, left to
+    /// the NIC), not expired. Built by [`FastGrants::memo`], which checks
+    /// the expiry.
+    Memo {
+        /// The rkey of the memo.
+        rkey: u32,
+        /// The VQP's grant for it, if any.
+        grant: Option<&'a RemoteGrant>,
+    },
+}
+
+impl<'a> FastGrants<'a> {
+    /// The memo of `rkey`, for which the VQP knows `grant` (or none);
+    /// `None` when that grant has expired at `now()` (read only for a
+    /// grant with an expiry, once per batch): every WR the fast path takes
+    /// names `rkey`, so the general path decides the whole batch.
+    #[inline(always)]
+    pub(crate) fn memo(
+        rkey: u32,
+        grant: Option<&'a RemoteGrant>,
+        now: impl FnOnce() -> Instant,
+    ) -> Option<FastGrants<'a>> {
+        if let Some(t) = grant.and_then(|g| g.expires_at) {
+            if now() >= t {
+                return None;
+            }
+        }
+        Some(FastGrants::Memo { rkey, grant })
+    }
+}
+
+/// The engine's fast path's verdict on one WR (`PhysQp::post_fast`):
+/// the common shape ([`common_shape_of`]: a READ or WRITE of one SGE, a
+/// CAS or FAA of one 8-byte SGE at an aligned remote address), its SGE
+/// inside one of the `window`s (MRs the pre-check last looked up, which
+/// allow local writes: [`MrWindows::holds`]), and its remote range within what
+/// `grants` says ([`FastGrants`]: nothing known, or the memo's grant for
+/// its rkey, not expired ([`FastGrants::memo`]), giving the access and
+/// range ([`grant_covers`], the pre-check's own)). `true` only for a WR
+/// [`Precheck::check_wr`] accepts (destination set by the caller to the
+/// transport's, grants as `grants` says); `false` sends the batch to the
+/// general path, which decides.
+#[inline(always)]
+pub(crate) fn fast_wr_ok(wr: &SendWr, window: &MrWindows, grants: &FastGrants<'_>) -> bool {
+    let Some((remote, op, sge)) = common_shape_of(wr) else {
+        return false;
     };
-    Some((remote, op, sg.single()?))
+    if !window.holds(sge) {
+        return false;
+    }
+    match grants {
+        FastGrants::None => true,
+        FastGrants::Memo { rkey, grant } => {
+            if remote.rkey != *rkey {
+                return false;
+            }
+            match grant {
+                None => true,
+                Some(grant) => grant_covers(grant, remote, op, u64::from(sge.length)).is_ok(),
+            }
+        }
+    }
 }
 
 /// One owned MR as the engine's fast path checks SGEs against it: its
-/// lkey and bounds. Only an MR that allows local writes (so a READ may
-/// land in it as well as a WRITE leave it) and whose end does not wrap
+/// lkey and bounds. Only an MR that allows local writes (so a READ or an
+/// atomic may land in it as well as a WRITE leave it) and whose end does not wrap
 /// around has a window: any other is never the fast path's (the general
 /// path judges its WRs).
 #[derive(Clone, Copy, Debug)]
@@ -701,6 +803,14 @@ pub(crate) struct MrWindow {
 }
 
 impl MrWindow {
+    /// A window that holds no SGE (`lo > hi`: an SGE inside would end
+    /// before it starts).
+    const NONE: MrWindow = MrWindow {
+        lkey: 0,
+        lo: u64::MAX,
+        hi: 0,
+    };
+
     /// The window of `mr`, registered under `lkey`; `None` when its end
     /// wraps around or it does not allow local writes.
     #[inline(always)]
@@ -715,8 +825,9 @@ impl MrWindow {
         })
     }
 
-    /// [`local_ok`] for an SGE of a READ or a WRITE whose lkey is this
-    /// MR's: the same verdict for both (the MR allows local writes).
+    /// [`local_ok`] for an SGE of a READ, a WRITE, a CAS or a FAA whose
+    /// lkey is this MR's: the same verdict for all (the MR allows local
+    /// writes).
     #[inline(always)]
     pub(crate) fn holds(&self, sge: &krcore_nic::Sge) -> bool {
         // `end` cannot wrap: `addr <= hi` and `length < 2^32`, but an MR
@@ -725,6 +836,46 @@ impl MrWindow {
             return false;
         };
         sge.lkey == self.lkey && sge.addr >= self.lo && end <= self.hi
+    }
+}
+
+/// The fast path's MR windows: the last two distinct MRs the pre-check
+/// looked up that have one ([`MrWindow::of`]), the most recent first (a
+/// VQP's READs land in its buffer's MR and, with the SDK, its atomics in a
+/// scratch MR of their own: one window would send every switch between
+/// them to the general path).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MrWindows {
+    recent: MrWindow,
+    older: MrWindow,
+}
+
+impl MrWindows {
+    /// The windows of `w` alone.
+    #[inline]
+    pub(crate) fn one(w: MrWindow) -> MrWindows {
+        MrWindows {
+            recent: w,
+            older: MrWindow::NONE,
+        }
+    }
+
+    /// `w` made the most recent (replacing its lkey's window if held; the
+    /// older one otherwise goes).
+    #[inline]
+    pub(crate) fn with(self, w: MrWindow) -> MrWindows {
+        let older = if w.lkey == self.recent.lkey {
+            self.older
+        } else {
+            self.recent
+        };
+        MrWindows { recent: w, older }
+    }
+
+    /// [`MrWindow::holds`] by either window.
+    #[inline(always)]
+    pub(crate) fn holds(&self, sge: &krcore_nic::Sge) -> bool {
+        self.recent.holds(sge) || self.older.holds(sge)
     }
 }
 

@@ -357,3 +357,141 @@ fn without_precheck(mode: EngineMode) {
         "{flushed_innocents} innocent WRs flushed by the NIC and re-posted over 3 poisoned rounds"
     );
 }
+
+/// CASes and FAAs of one 8-byte SGE take the engine's fast path once the
+/// pre-check has seen their MR and grant: they complete with the right old
+/// values (FAAs into the VQP's MR, CASes into a scratch MR, as the SDK
+/// posts them), and every bad atomic posted in between, with the fast
+/// path armed (a 4-byte and a 16-byte SGE, a misaligned remote address, a
+/// foreign lkey, an MR without LOCAL_WRITE, an SGE past the end of the
+/// scratch MR, a range outside the grant, a grant without atomic access,
+/// an expired grant), is still the
+/// pre-check's typed rejection and never reaches the NIC.
+#[test]
+fn atomics_on_the_fast_path_keep_the_precheck_s_verdicts_on_a_dci() {
+    atomics_keep_the_verdicts(EngineMode::Dc);
+}
+
+#[test]
+fn atomics_on_the_fast_path_keep_the_precheck_s_verdicts_on_an_rc_qp() {
+    atomics_keep_the_verdicts(EngineMode::RcFallback);
+}
+
+fn atomics_keep_the_verdicts(mode: EngineMode) {
+    let f = Fixture::new(true, mode);
+    let v = &f.good[0];
+    let (gid, rkey) = (f.mem.gid(), f.mem.mr.rkey());
+    let all = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+    // The VQP's grant covers region 0 of the memory node; its counter.
+    let counter = f.remote(0, 32);
+    let local = |off: usize, len: u32| f.local.sge(off, len).unwrap();
+    let no_local_write = f.client.alloc_mr(64, Access::REMOTE_READ).unwrap();
+    // The CASes land in a scratch MR of their own (as the SDK's do): the
+    // fast path holds the windows of both MRs.
+    let scratch = f.client.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    let bad = |round: u64| -> (SendWr, fn(&Reason) -> bool) {
+        let id = 900 + round;
+        match round % 7 {
+            6 => {
+                let past_the_end = krcore_nic::Sge {
+                    addr: scratch.addr() + 60,
+                    length: 8,
+                    lkey: scratch.lkey(),
+                };
+                (SendWr::cas(id, past_the_end, counter, 0, 1), |r| {
+                    matches!(r, Reason::SgeOutOfBounds { .. })
+                })
+            }
+            0 => (SendWr::cas(id, local(16, 4), counter, 0, 1), |r| {
+                matches!(r, Reason::AtomicSgeLength { .. })
+            }),
+            1 => (SendWr::faa(id, local(16, 16), counter, 1), |r| {
+                matches!(r, Reason::AtomicSgeLength { .. })
+            }),
+            2 => (
+                SendWr::cas(id, local(16, 8), counter.offset(4), 0, 1),
+                |r| matches!(r, Reason::AtomicMisaligned { .. }),
+            ),
+            3 => (
+                SendWr::faa(id, f.foreign.sge(0, 8).unwrap(), counter, 1),
+                |r| matches!(r, Reason::LkeyNotOwned { .. }),
+            ),
+            4 => (
+                SendWr::cas(id, no_local_write.sge(0, 8).unwrap(), counter, 0, 1),
+                |r| matches!(r, Reason::LocalWriteMissing { .. }),
+            ),
+            _ => (SendWr::faa(id, local(16, 8), f.remote(1, 0), 1), |r| {
+                matches!(r, Reason::RemoteOutOfGrant { .. })
+            }),
+        }
+    };
+    let rejected = |wr: SendWr, want: fn(&Reason) -> bool| {
+        let err = v.post_send(&mut [wr]).unwrap_err();
+        match err {
+            VqpError::Rejected(r) if want(&r.reason) => {}
+            e => panic!("{wr:?}: not the expected rejection: {e}"),
+        }
+    };
+    let mut expect = 0u64;
+    let mut atomic = |id: u64, faa: bool| {
+        let wr = if faa {
+            SendWr::faa(id, local(0, 8), counter, 1)
+        } else {
+            SendWr::cas(id, scratch.sge(8, 8).unwrap(), counter, expect, expect + 1)
+        };
+        v.post_send(&mut [wr]).unwrap();
+        let wcs = Fixture::wait_for(v, id);
+        assert_eq!(wcs.len(), 1);
+        assert_eq!(wcs[0].status, WcStatus::Success);
+        let old = if faa {
+            f.local.load_u64(0).unwrap()
+        } else {
+            scratch.load_u64(8).unwrap()
+        };
+        assert_eq!(old, expect, "{wr:?}: the old value");
+        expect += 1;
+    };
+    let (_, d) = counted(f.client.nic(), || {
+        for round in 0..28u64 {
+            atomic(10 * round, round % 2 == 0);
+            atomic(10 * round + 1, round % 2 == 1);
+            let (wr, want) = bad(round);
+            rejected(wr, want);
+        }
+        // A grant without atomic access: READs pass, atomics do not (the
+        // second one with the VQP's grant memo holding the grant).
+        v.add_grant(gid, rkey, f.mem.grant(0, REGION, Access::REMOTE_READ));
+        for k in 0..2 {
+            let read = SendWr::read(500 + k, local(24, 8), counter);
+            v.post_send(&mut [read]).unwrap();
+            Fixture::wait_for(v, 500 + k);
+            rejected(SendWr::cas(510 + k, local(8, 8), counter, 0, 1), |r| {
+                matches!(r, Reason::RemoteAccessMissing { .. })
+            });
+        }
+        // A grant that expires: atomics pass until it does, then not.
+        let until = Instant::now() + std::time::Duration::from_millis(200);
+        let grant = krcore_kmod::RemoteGrant {
+            expires_at: Some(until),
+            ..f.mem.grant(0, REGION, all)
+        };
+        v.add_grant(gid, rkey, grant);
+        atomic(600, true);
+        atomic(601, false);
+        while Instant::now() < until {
+            std::thread::sleep(until - Instant::now());
+        }
+        for k in 0..2 {
+            rejected(SendWr::faa(610 + k, local(0, 8), counter, 1), |r| {
+                matches!(r, Reason::GrantExpired { .. })
+            });
+        }
+    });
+    assert_eq!(expect, 58);
+    assert_eq!(f.mem.mr.load_u64(32).unwrap(), 58, "the counter");
+    assert_eq!(d.send_wrs, 58 + 2, "only the good WRs reached the NIC");
+    assert_eq!(d.error_completions, 0, "{d:?}");
+    let s = f.qp_stats();
+    assert_eq!(s.rejected, 28 + 2 + 2);
+    assert_eq!((s.error_completions, s.recoveries), (0, 0));
+}

@@ -22,8 +22,9 @@
 //!
 //! # The common case inline
 //!
-//! A post of READs/WRITEs of one SGE in the MR the pre-check last looked
-//! up, on a DCI or an RC pair with room, is checked inline (`PhysQp::post_fast`: the
+//! A post of READs/WRITEs of one SGE (or CASes/FAAs of one 8-byte SGE at
+//! an aligned remote address) in one of the two MRs the pre-check last
+//! looked up, on a DCI or an RC pair with room, is checked inline (`PhysQp::post_fast`: the
 //! pre-check's own verdict, computed without its general setup) and goes
 //! straight to the doorbell; anything else (and anything it would reject)
 //! takes the general path. A poll that reads this VQP's own success
@@ -111,7 +112,7 @@ use super::mrs::MrSnapshot;
 use super::vqp::{VqpState, VqpTable};
 use super::EngineInner;
 use crate::credits::{Posted, SendQueueCredits};
-use crate::precheck::{LocalMr, MrWindow};
+use crate::precheck::{LocalMr, MrWindows};
 use crate::wrid::{PhysWrId, Slot, VqpId};
 
 mod poll;
@@ -312,14 +313,16 @@ pub(crate) struct PhysState<N: Nic> {
     /// The last MR the pre-check looked up in `mrs` (posts mostly reuse
     /// one MR): spares the hash lookup. Cleared with the snapshot.
     last_mr: Option<(u32, LocalMr)>,
-    /// `last_mr`'s [`MrWindow`] (`MrWindow::of`), kept beside it (set by
+    /// The windows (`MrWindow::of`) of the last two distinct MRs
+    /// of `mrs` the pre-check left in `last_mr` ([`MrWindows`]: a VQP's
+    /// READ buffer and the SDK's scratch MR for its atomics), kept (set by
     /// the pre-check that sets `last_mr`) so that the fast path does not
-    /// rebuild it per post; also the fast path's gate. Invariant: `Some`
-    /// only while `fast` is set and `needs_recovery` is not (the
-    /// completion that sets `needs_recovery` clears it; the next general
-    /// post's pre-check sets it again), so that the fast path checks
-    /// neither.
-    window: Option<MrWindow>,
+    /// rebuild them per post; also the fast path's gate. Invariants: only
+    /// MRs of the current snapshot `mrs` (cleared with it); `Some` only
+    /// while `fast` is set and `needs_recovery` is not (the completion
+    /// that sets `needs_recovery` clears it; the next general post's
+    /// pre-check sets it again), so that the fast path checks neither.
+    window: Option<MrWindows>,
     /// The CQ poll buffer (kept, so that a poll initializes nothing).
     buf: Vec<Wc>,
     needs_recovery: bool,

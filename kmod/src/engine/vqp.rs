@@ -547,22 +547,52 @@ impl<N: Nic> Vqp<N> {
         let Binding::Rc(slot) = &self.binding else {
             return Err(VqpError::NotConnected { vqp: self.id });
         };
-        // RC: a stale pair is replaced, then the post is tried again; two
-        // replacements in a row mean concurrent reconnects: give up typed.
-        for _ in 0..3 {
-            let stale = {
-                let slot = slot.lock();
-                let Some(q) = slot.as_ref() else {
-                    return Err(VqpError::NotConnected { vqp: self.id });
-                };
-                match q.post(&self.engine, self.id, wrs) {
-                    Ok(()) => return Ok(()),
-                    Err(PostFail::Vqp(e)) => return Err(e),
-                    Err(PostFail::Stale) => q.clone(),
-                }
-            };
-            self.rebind(&stale)?;
+        // The first try in line; a stale pair is replaced out of line.
+        match self.try_post_rc(slot, wrs)? {
+            None => Ok(()),
+            Some(stale) => self.post_rc_rebinding(slot, stale, wrs),
         }
+    }
+
+    /// One try of [`Vqp::post_rc`] on the pair the binding names, under
+    /// the binding lock: `Ok(Some(pair))` when the pair is stale (nothing
+    /// was posted).
+    #[inline(always)]
+    fn try_post_rc(
+        &self,
+        slot: &Mutex<Option<Arc<PhysQp<N>>>>,
+        wrs: &mut [SendWr],
+    ) -> Result<Option<Arc<PhysQp<N>>>, VqpError> {
+        let slot = slot.lock();
+        let Some(q) = slot.as_ref() else {
+            return Err(VqpError::NotConnected { vqp: self.id });
+        };
+        match q.post(&self.engine, self.id, wrs) {
+            Ok(()) => Ok(None),
+            Err(PostFail::Vqp(e)) => Err(e),
+            Err(PostFail::Stale) => Ok(Some(q.clone())),
+        }
+    }
+
+    /// [`Vqp::post_rc`] after its first try found the pair `stale`: the
+    /// pair is replaced, then the post is tried again; two more
+    /// replacements in a row mean concurrent reconnects: give up typed.
+    #[cold]
+    #[inline(never)]
+    fn post_rc_rebinding(
+        &self,
+        slot: &Mutex<Option<Arc<PhysQp<N>>>>,
+        mut stale: Arc<PhysQp<N>>,
+        wrs: &mut [SendWr],
+    ) -> Result<(), VqpError> {
+        for _ in 0..2 {
+            self.rebind(&stale)?;
+            match self.try_post_rc(slot, wrs)? {
+                None => return Ok(()),
+                Some(q) => stale = q,
+            }
+        }
+        self.rebind(&stale)?;
         Err(VqpError::NotConnected { vqp: self.id })
     }
 

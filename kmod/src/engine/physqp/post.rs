@@ -18,7 +18,8 @@ use super::{
 };
 use crate::credits::{CreditError, SendQueueCredits};
 use crate::precheck::{
-    LocalMr, LocalMrTable, MrWindow, NoGrants, Plan, Precheck, RemoteGrant, RemoteGrants, Transport,
+    fast_wr_ok, FastGrants, LocalMr, LocalMrTable, MrWindow, MrWindows, NoGrants, Plan, Precheck,
+    RemoteGrant, RemoteGrants, Transport,
 };
 use crate::wrid::{PhysWrId, VqpId};
 
@@ -58,12 +59,14 @@ impl<N: Nic> PhysQp<N> {
     /// The common post, checked without the general pre-check's setup: a
     /// DCI or an RC pair (the VQP's target's) in RTS, the pre-check on and the owned-MR snapshot current,
     /// room in the VQP and in the send queue, and every WR a READ or WRITE
-    /// of one SGE inside the MR the pre-check last looked up
-    /// (`PhysState::last_mr`), to a (target, rkey) with no grant known or
+    /// of one SGE, or a CAS or FAA of one 8-byte SGE at an 8-byte aligned
+    /// remote address, inside one of the two MRs the pre-check last looked
+    /// up (`PhysState::window`), to a (target, rkey) with no grant known or
     /// the one the VQP's grant memo remembers, satisfied
     /// (`VqpState::last_grant`), all as the full pre-check judges them
-    /// (`MrWindow::holds` gives `precheck::local_ok`'s verdict, and
-    /// `grant_covers` is the pre-check's own). Names the target in `wrs` on
+    /// (`precheck::fast_wr_ok`: `MrWindows::holds` gives
+    /// `precheck::local_ok`'s verdict, and `grant_covers` is the
+    /// pre-check's own). Names the target in `wrs` on
     /// the way, decides whether the batch's last WR must be forced
     /// signaled (part (c), as [`crate::precheck::plan_batch`] decides it)
     /// and rings the doorbell (as [`PhysQp::ring_doorbell`] would, the
@@ -134,37 +137,26 @@ impl<N: Nic> PhysQp<N> {
         if v.grants.is_empty() {
             // No grant known: nothing to look up.
             for wr in wrs.iter_mut() {
-                let Some((_, _, sge)) = crate::precheck::common_shape_of(wr) else {
-                    general!()
-                };
-                if !window.holds(sge) {
+                if !fast_wr_ok(wr, window, &FastGrants::None) {
                     general!();
                 }
                 wr.dest = dest;
             }
         } else {
             // The memo must hold this (target, rkey).
-            let Some((gid, rkey, known)) = v.last_grant.get() else {
+            // (Read in place: the VQP's state is this post's alone.)
+            let Some((gid, rkey, grant)) = v.last_grant.get_mut() else {
                 general!()
             };
-            if gid != target.gid {
+            if *gid != target.gid {
                 general!();
             }
-            let now = known.and_then(|g| g.expires_at).map(|_| Instant::now());
+            let Some(memo) = FastGrants::memo(*rkey, grant.as_ref(), Instant::now) else {
+                general!()
+            };
             for wr in wrs.iter_mut() {
-                let Some((remote, op, sge)) = crate::precheck::common_shape_of(wr) else {
-                    general!()
-                };
-                if !window.holds(sge) || remote.rkey != rkey {
+                if !fast_wr_ok(wr, window, &memo) {
                     general!();
-                }
-                if let Some(grant) = &known {
-                    let len = u64::from(sge.length);
-                    if grant.expires_at.zip(now).is_some_and(|(t, now)| now >= t)
-                        || crate::precheck::grant_covers(grant, remote, op, len).is_err()
-                    {
-                        general!();
-                    }
                 }
                 wr.dest = dest;
             }
@@ -342,10 +334,16 @@ impl<N: Nic> PhysQp<N> {
                 .check(wrs)
             };
             *last_mr = mrs.last.get();
-            // The fast path's gate (see `PhysState::window`).
-            *window = last_mr
-                .filter(|_| self.fast && !*needs_recovery)
-                .and_then(|(lkey, mr)| MrWindow::of(lkey, &mr));
+            // The fast path's gate (see `PhysState::window`): the last
+            // MR's window the most recent (the windows held stay: the
+            // snapshot did not change).
+            let last = last_mr.and_then(|(lkey, mr)| MrWindow::of(lkey, &mr));
+            *window = match (last, *window) {
+                _ if !self.fast || *needs_recovery => None,
+                (Some(w), Some(held)) => Some(held.with(w)),
+                (Some(w), None) => Some(MrWindows::one(w)),
+                (None, held) => held,
+            };
             planned
         };
         if planned.is_err() {
