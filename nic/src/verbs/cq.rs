@@ -136,6 +136,7 @@ impl VerbsCq {
 
     /// Translates one device completion; `None` for a stale one (its QP was
     /// reset or destroyed and its slot reused).
+    #[inline]
     fn translate(&self, w: &sys::ibv_wc) -> Option<Wc> {
         let status = ffi::wc_status(w.status);
         let mut wc = Wc {
@@ -190,19 +191,50 @@ impl CompletionQueue for VerbsCq {
     }
 
     fn poll(&self, out: &mut [Wc]) -> Result<usize> {
-        let mut n = 0;
+        // The empty poll (the common case of a spinning caller) stays small:
+        // one `ibv_poll_cq`, the overflow flag; translation is out of line.
         let mut raw: [MaybeUninit<sys::ibv_wc>; POLL_BATCH] =
             [const { MaybeUninit::uninit() }; POLL_BATCH];
-        while n < out.len() {
-            let want = (out.len() - n).min(POLL_BATCH);
+        let want = out.len().min(POLL_BATCH);
+        let got = if want == 0 {
+            0
+        } else {
             // SAFETY: `raw` has room for `want` completions; the CQ is live.
-            let got = unsafe { sys::ibv_poll_cq(self.inner.cq, want as i32, raw[0].as_mut_ptr()) };
-            if got < 0 {
-                // A CQ in error (mlx5 reports overflow this way too).
-                self.inner.overflowed.store(true, Ordering::Release);
-                break;
+            unsafe { sys::ibv_poll_cq(self.inner.cq, want as i32, raw[0].as_mut_ptr()) }
+        };
+        if got > 0 {
+            let n = self.take(out, &mut raw, got as usize, want);
+            if n > 0 {
+                return Ok(n);
             }
-            for w in &raw[..got as usize] {
+        } else if got < 0 {
+            // A CQ in error (mlx5 reports overflow this way too).
+            self.inner.overflowed.store(true, Ordering::Release);
+        }
+        if self.inner.overflowed.load(Ordering::Acquire) {
+            return Err(NicError::CqOverflow {
+                depth: self.inner.depth,
+            });
+        }
+        Ok(0)
+    }
+}
+
+impl VerbsCq {
+    /// Translates the `got` completions of a first poll that asked for
+    /// `want` into `out`, and polls on while batches come back full and
+    /// `out` has room. Returns how many it wrote (stale ones are dropped).
+    #[inline(never)]
+    fn take(
+        &self,
+        out: &mut [Wc],
+        raw: &mut [MaybeUninit<sys::ibv_wc>; POLL_BATCH],
+        mut got: usize,
+        mut want: usize,
+    ) -> usize {
+        let mut n = 0;
+        loop {
+            for w in &raw[..got] {
                 // SAFETY: the first `got` entries were written by the poll.
                 let w = unsafe { w.assume_init_ref() };
                 if let Some(wc) = self.translate(w) {
@@ -210,16 +242,18 @@ impl CompletionQueue for VerbsCq {
                     n += 1;
                 }
             }
-            if (got as usize) < want {
-                break;
+            if got < want || n == out.len() {
+                return n;
             }
+            want = (out.len() - n).min(POLL_BATCH);
+            // SAFETY: as in `poll`.
+            let r = unsafe { sys::ibv_poll_cq(self.inner.cq, want as i32, raw[0].as_mut_ptr()) };
+            if r < 0 {
+                self.inner.overflowed.store(true, Ordering::Release);
+                return n;
+            }
+            got = r as usize;
         }
-        if n == 0 && self.inner.overflowed.load(Ordering::Acquire) {
-            return Err(NicError::CqOverflow {
-                depth: self.inner.depth,
-            });
-        }
-        Ok(n)
     }
 }
 

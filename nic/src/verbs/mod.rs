@@ -66,6 +66,7 @@ mod ffi;
 mod mr;
 mod qp;
 mod recv;
+mod ring;
 mod srq;
 mod wr;
 
