@@ -4,49 +4,18 @@
 use super::device::DeviceInner;
 use super::error::VerbsError;
 use super::ffi::{self, sys};
-use super::qp::SendShared;
+use super::qptable::QpTable;
 use super::recv::RECV_TAG;
 use crate::error::{NicError, Result};
 use crate::provider::CompletionQueue;
 use crate::types::Wc;
 use parking_lot::RwLock;
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// Device completions read per `ibv_poll_cq` call.
 const POLL_BATCH: usize = 16;
-
-/// Hasher of the CQ's QP table: one multiplication per completion instead
-/// of SipHash (about 90 instructions of the ~400 a send completion cost in
-/// user space). The keys are QP numbers the device allocates, not input an
-/// attacker chooses, so no keyed hash is needed.
-#[derive(Default, Clone, Copy)]
-pub(crate) struct QpnHasher(u64);
-
-/// Fibonacci hashing's multiplier (2^64 / golden ratio, odd).
-const QPN_MUL: u64 = 0x9E37_79B9_7F4A_7C15;
-
-impl Hasher for QpnHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(QPN_MUL);
-        }
-    }
-
-    fn write_u32(&mut self, n: u32) {
-        self.0 = (self.0 ^ u64::from(n)).wrapping_mul(QPN_MUL);
-    }
-}
-
-/// Send queues completing on a CQ, by QP number.
-pub(crate) type QpTable = HashMap<u32, Arc<SendShared>, BuildHasherDefault<QpnHasher>>;
 
 /// Owner of an `ibv_cq`.
 pub(crate) struct CqInner {
@@ -134,45 +103,50 @@ impl VerbsCq {
         }
     }
 
-    /// Translates one device completion; `None` for a stale one (its QP was
-    /// reset or destroyed and its slot reused).
+    /// Translates one device completion into `wc`; `false` (and `wc`
+    /// untouched) for a stale one (its QP was reset or destroyed and its
+    /// slot reused).
     #[inline]
-    fn translate(&self, w: &sys::ibv_wc) -> Option<Wc> {
+    fn translate(&self, w: &sys::ibv_wc, wc: &mut Wc) -> bool {
         let status = ffi::wc_status(w.status);
-        let mut wc = Wc {
-            wr_id: w.wr_id,
-            status,
-            opcode: ffi::wc_opcode(w.opcode),
-            byte_len: w.byte_len,
-            imm: None,
-            qp_num: w.qp_num,
-            src_qp: w.src_qp,
-        };
+        let mut opcode = ffi::wc_opcode(w.opcode);
+        let (wr_id, imm, src_qp);
         if w.wr_id & RECV_TAG != 0 {
-            wc.wr_id = self.inner.dev.recv.take(w.wr_id)?;
-            if status.is_ok() && w.wc_flags & sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0 {
+            let Some(id) = self.inner.dev.recv.take(w.wr_id) else {
+                return false;
+            };
+            wr_id = id;
+            imm = if status.is_ok() && w.wc_flags & sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0 {
                 // SAFETY: with IBV_WC_WITH_IMM the union holds the immediate
                 // (network byte order); every bit pattern is a valid u32.
                 let be = unsafe { w.imm_data_invalidated_rkey_union.imm_data };
-                wc.imm = Some(u32::from_be(be));
-            }
+                Some(u32::from_be(be))
+            } else {
+                None
+            };
+            src_qp = w.src_qp;
         } else {
-            // Resolved under the map's read lock (lock order: `send_qps`,
-            // then a QP's `st`; nothing takes them the other way round):
-            // no reference count traffic per completion.
-            let (wr_id, opcode) = self
+            // Resolved under the table's read lock (lock order: `send_qps`,
+            // then a QP's `st`; nothing takes them the other way round; the
+            // ring itself is read without `st`): no reference count traffic
+            // per completion.
+            let Some((id, op)) = self
                 .inner
                 .send_qps
                 .read()
-                .get(&w.qp_num)?
-                .complete(w.wr_id)?;
-            wc.wr_id = wr_id;
+                .get(w.qp_num)
+                .and_then(|sh| sh.complete(w.wr_id))
+            else {
+                return false;
+            };
+            wr_id = id;
             // Verbs leaves the opcode of an error completion undefined: report
             // the WR's own, as the contract asks.
             if !status.is_ok() {
-                wc.opcode = opcode;
+                opcode = op;
             }
-            wc.src_qp = 0;
+            imm = None;
+            src_qp = 0;
         }
         if !status.is_ok() {
             self.inner
@@ -181,7 +155,16 @@ impl VerbsCq {
                 .error_completions
                 .fetch_add(1, Ordering::Relaxed);
         }
-        Some(wc)
+        *wc = Wc {
+            wr_id,
+            status,
+            opcode,
+            byte_len: w.byte_len,
+            imm,
+            qp_num: w.qp_num,
+            src_qp,
+        };
+        true
     }
 }
 
@@ -237,8 +220,7 @@ impl VerbsCq {
             for w in &raw[..got] {
                 // SAFETY: the first `got` entries were written by the poll.
                 let w = unsafe { w.assume_init_ref() };
-                if let Some(wc) = self.translate(w) {
-                    out[n] = wc;
+                if self.translate(w, &mut out[n]) {
                     n += 1;
                 }
             }
@@ -254,24 +236,5 @@ impl VerbsCq {
             }
             got = r as usize;
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::hash::BuildHasher;
-
-    #[test]
-    fn qpn_hasher_spreads_sequential_qpns() {
-        // QP numbers come in runs (rxe: 0x11, 0x12, ...): their hashes must
-        // differ, in the low bits (bucket index) and in the top 7 bits
-        // (hashbrown's tag) alike.
-        let b = BuildHasherDefault::<QpnHasher>::default();
-        let hs: Vec<u64> = (0x11u32..0x11 + 256).map(|q| b.hash_one(q)).collect();
-        let low: std::collections::HashSet<u64> = hs.iter().map(|h| h & 0xff).collect();
-        let top: std::collections::HashSet<u64> = hs.iter().map(|h| h >> 57).collect();
-        assert_eq!(low.len(), 256);
-        assert!(top.len() >= 100, "only {} distinct tags", top.len());
     }
 }

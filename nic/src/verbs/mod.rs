@@ -65,6 +65,7 @@ mod error;
 mod ffi;
 mod mr;
 mod qp;
+mod qptable;
 mod recv;
 mod ring;
 mod srq;

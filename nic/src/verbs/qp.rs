@@ -136,7 +136,7 @@ unsafe impl Sync for QpInner {}
 
 impl Drop for QpInner {
     fn drop(&mut self) {
-        self.send_cq.inner.send_qps.write().remove(&self.qpn);
+        self.send_cq.inner.send_qps.write().remove(self.qpn);
         // SAFETY: `qp` came from `ibv_create_qp`/`mlx5dv_create_qp` and is
         // destroyed once; its CQs, SRQ and PD outlive it (fields).
         unsafe { sys::ibv_destroy_qp(self.qp) };

@@ -62,8 +62,12 @@ impl SendRing {
 
     #[inline]
     fn slot(&self, seq: u64) -> &Slot {
-        // `mask < slots.len()`: the index is in bounds (the check folds).
-        &self.slots[(seq & self.mask) as usize]
+        let i = (seq & self.mask) as usize;
+        debug_assert!(i < self.slots.len());
+        // SAFETY: `slots.len()` is a power of two and `mask` is
+        // `slots.len() - 1` (both set once in `new`), so `i <= mask` is in
+        // bounds.
+        unsafe { self.slots.get_unchecked(i) }
     }
 
     /// Remembers WR `seq`. Only one thread at a time (the QP's send lock),

@@ -13,7 +13,7 @@ fn bad(index: usize, kind: PostErrorKind) -> PostError {
 
 /// Checks what a driver checks while building a WQE (EINVAL), so that every
 /// device refuses the same WRs the same way.
-#[inline]
+#[inline(always)]
 pub(crate) fn validate(q: &QpInner, index: usize, wr: &SendWr) -> Result<(), PostError> {
     let dev = &q.pd.dev.caps;
     crate::provider::validate_send_wr(q.qp_type, &q.caps, dev, wr)
@@ -109,20 +109,16 @@ fn set_op(w: &mut sys::ibv_send_wr, op: &WrOp) {
     }
 }
 
-/// `IBV_SEND_*` flags of a WR.
+/// `IBV_SEND_*` flags of a WR (branch-free: this runs on every post).
 #[inline]
 pub(crate) fn send_flags(wr: &SendWr) -> u32 {
-    let mut f = 0;
-    if wr.is_signaled() {
-        f |= sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
-    }
-    if wr.flags.contains(SendFlags::FENCE) {
-        f |= sys::ibv_send_flags::IBV_SEND_FENCE.0;
-    }
-    if matches!(wr.payload, Payload::Inline(_)) {
-        f |= sys::ibv_send_flags::IBV_SEND_INLINE.0;
-    }
-    f
+    use sys::ibv_send_flags as f;
+    let signaled = u32::from(wr.is_signaled());
+    let fence = u32::from(wr.flags.contains(SendFlags::FENCE));
+    let inline = u32::from(matches!(wr.payload, Payload::Inline(_)));
+    (signaled * f::IBV_SEND_SIGNALED.0)
+        | (fence * f::IBV_SEND_FENCE.0)
+        | (inline * f::IBV_SEND_INLINE.0)
 }
 
 /// The SGEs of a WR's payload (inline bytes are one SGE over the caller's
@@ -153,7 +149,7 @@ pub(crate) fn push_sges(out: &mut Vec<sys::ibv_sge>, p: &Payload) -> usize {
 }
 
 /// Counts a posted WR.
-#[inline]
+#[inline(always)]
 pub(crate) fn count(st: &mut SendState, wr: &SendWr) {
     match wr.op {
         WrOp::Read { .. } => {
