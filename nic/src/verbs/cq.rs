@@ -8,7 +8,7 @@ use super::qptable::QpTable;
 use super::recv::RECV_TAG;
 use crate::error::{NicError, Result};
 use crate::provider::CompletionQueue;
-use crate::types::Wc;
+use crate::types::{Wc, WcOpcode, WcStatus};
 use parking_lot::RwLock;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -105,66 +105,102 @@ impl VerbsCq {
 
     /// Translates one device completion into `wc`; `false` (and `wc`
     /// untouched) for a stale one (its QP was reset or destroyed and its
-    /// slot reused).
+    /// slot reused). The send completion of a successful WR is the inline
+    /// fast path; receives and errors are out of line.
     #[inline]
     fn translate(&self, w: &sys::ibv_wc, wc: &mut Wc) -> bool {
-        let status = ffi::wc_status(w.status);
-        let mut opcode = ffi::wc_opcode(w.opcode);
-        let (wr_id, imm, src_qp);
         if w.wr_id & RECV_TAG != 0 {
-            let Some(id) = self.inner.dev.recv.take(w.wr_id) else {
-                return false;
-            };
-            wr_id = id;
-            imm = if status.is_ok() && w.wc_flags & sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0 {
-                // SAFETY: with IBV_WC_WITH_IMM the union holds the immediate
-                // (network byte order); every bit pattern is a valid u32.
-                let be = unsafe { w.imm_data_invalidated_rkey_union.imm_data };
-                Some(u32::from_be(be))
-            } else {
-                None
-            };
-            src_qp = w.src_qp;
-        } else {
-            // Resolved under the table's read lock (lock order: `send_qps`,
-            // then a QP's `st`; nothing takes them the other way round; the
-            // ring itself is read without `st`): no reference count traffic
-            // per completion.
-            let Some((id, op)) = self
-                .inner
-                .send_qps
-                .read()
-                .get(w.qp_num)
-                .and_then(|sh| sh.complete(w.wr_id))
-            else {
-                return false;
-            };
-            wr_id = id;
-            // Verbs leaves the opcode of an error completion undefined: report
-            // the WR's own, as the contract asks.
-            if !status.is_ok() {
-                opcode = op;
-            }
-            imm = None;
-            src_qp = 0;
+            return self.translate_recv(w, wc);
         }
+        if w.status != sys::ibv_wc_status::IBV_WC_SUCCESS {
+            return self.translate_send_error(w, wc);
+        }
+        let Some((wr_id, _)) = self.complete_send(w) else {
+            return false;
+        };
+        *wc = Wc {
+            wr_id,
+            status: WcStatus::Success,
+            opcode: ffi::wc_opcode(w.opcode),
+            byte_len: w.byte_len,
+            imm: None,
+            qp_num: w.qp_num,
+            src_qp: 0,
+        };
+        true
+    }
+
+    /// The caller's `wr_id` and the opcode of the send WR a completion is
+    /// for, freeing its QP's send slots up to it; `None` when stale.
+    #[inline]
+    fn complete_send(&self, w: &sys::ibv_wc) -> Option<(u64, WcOpcode)> {
+        // Resolved under the table's read lock (lock order: `send_qps`, then
+        // a QP's `st`; nothing takes them the other way round; the ring
+        // itself is read without `st`): no reference count traffic per
+        // completion.
+        self.inner
+            .send_qps
+            .read()
+            .get(w.qp_num)
+            .and_then(|sh| sh.complete(w.wr_id))
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn translate_send_error(&self, w: &sys::ibv_wc, wc: &mut Wc) -> bool {
+        let Some((wr_id, opcode)) = self.complete_send(w) else {
+            return false;
+        };
+        self.count_error();
+        // Verbs leaves the opcode of an error completion undefined: report
+        // the WR's own, as the contract asks.
+        *wc = Wc {
+            wr_id,
+            status: ffi::wc_status(w.status),
+            opcode,
+            byte_len: w.byte_len,
+            imm: None,
+            qp_num: w.qp_num,
+            src_qp: 0,
+        };
+        true
+    }
+
+    #[inline(never)]
+    fn translate_recv(&self, w: &sys::ibv_wc, wc: &mut Wc) -> bool {
+        let Some(wr_id) = self.inner.dev.recv.take(w.wr_id) else {
+            return false;
+        };
+        let status = ffi::wc_status(w.status);
+        let imm = if status.is_ok() && w.wc_flags & sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0 {
+            // SAFETY: with IBV_WC_WITH_IMM the union holds the immediate
+            // (network byte order); every bit pattern is a valid u32.
+            let be = unsafe { w.imm_data_invalidated_rkey_union.imm_data };
+            Some(u32::from_be(be))
+        } else {
+            None
+        };
         if !status.is_ok() {
-            self.inner
-                .dev
-                .counters
-                .error_completions
-                .fetch_add(1, Ordering::Relaxed);
+            self.count_error();
         }
         *wc = Wc {
             wr_id,
             status,
-            opcode,
+            opcode: ffi::wc_opcode(w.opcode),
             byte_len: w.byte_len,
             imm,
             qp_num: w.qp_num,
-            src_qp,
+            src_qp: w.src_qp,
         };
         true
+    }
+
+    fn count_error(&self) {
+        self.inner
+            .dev
+            .counters
+            .error_completions
+            .fetch_add(1, Ordering::Relaxed);
     }
 }
 
