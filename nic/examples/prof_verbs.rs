@@ -15,25 +15,28 @@
 //! must succeed (the loop swaps the word it compared), so a broken path
 //! fails the run instead of profiling garbage.
 //!
-//! Usage (build on the host, run in the guest; one callgrind run per loop,
-//! collecting only inside it):
+//! Usage (build on the host, run in the guest from a directory it can write:
+//! the guest's own paths, `/tmp` included, are a throw-away overlay; one
+//! callgrind run per loop, collecting only inside it):
 //!
 //! ```text
 //! cargo build --release -p krcore-nic --features verbs --example prof_verbs
-//! softroce-run -- valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.cas \
-//!   --toggle-collect='prof_verbs::prof_loop_cas' \
+//! ../shared/softroce/softroce-run -- valgrind --tool=callgrind \
+//!   --callgrind-out-file=$PWD/cg.cas --toggle-collect='prof_verbs::prof_loop_cas' \
 //!   $CARGO_TARGET_DIR/release/examples/prof_verbs 2000
+//! callgrind_annotate --inclusive=yes cg.cas
 //! ```
 //!
 //! The total of such a profile divided by N is the user-space Ir of one
-//! operation (the warm-up round trips run outside the loop functions);
-//! `callgrind_annotate` splits it by object: the share of
-//! `librxe-rdmav34.so` (rxe's user-space provider, reached through
-//! `ibv_post_send`/`ibv_poll_cq`) is what raw verbs costs, the rest is this
-//! provider's (and libc's) own work. Kernel
-//! time inside the system calls is not counted by callgrind. Without
-//! valgrind the example prints wall-clock ns per operation (emulated guest:
-//! for orientation only).
+//! operation (the warm-up round trips run outside the loop functions).
+//! What raw verbs costs is the inclusive cost of rxe's user-space provider,
+//! `librxe-rdmav34.so`, reached through `ibv_post_send` / `ibv_poll_cq`
+//! (it has no symbols: two entry points `???:0x…` under that object, the
+//! libc calls it makes, such as the doorbell `write`, included); the rest
+//! is this provider's own work and the loop's (building the `SendWr`,
+//! checking the `Wc`). Kernel time inside the system calls is not counted
+//! by callgrind. Without valgrind the example prints wall-clock ns per
+//! operation (emulated guest: for orientation only).
 use krcore_nic::conformance::{rc_pair, Side};
 use krcore_nic::verbs::{VerbsCq, VerbsNic, VerbsQp};
 use krcore_nic::*;
