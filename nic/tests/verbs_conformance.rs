@@ -79,7 +79,7 @@ fn dc_ops() {
 /// Behaviour of the verbs provider beyond the shared suite.
 mod specific {
     use super::*;
-    use krcore_nic::conformance::{poll_n, poll_one, rc_pair, Side};
+    use krcore_nic::conformance::{poll_n, poll_one, rc_pair, Side, WAIT};
     use krcore_nic::verbs::VerbsError;
     use krcore_nic::*;
 
@@ -208,6 +208,87 @@ mod specific {
         assert_eq!((a.counters() - before).qps_destroyed, 1);
         drop(mr);
         drop(buf);
+    }
+    /// The send ring is written by the posting thread and read by another,
+    /// polling thread without the QP's send lock. One poster (single WRs
+    /// and two-WR chains, every third WR unsignaled, a 4-deep send queue so
+    /// that credits run out all the time) and one poller on another thread.
+    /// Reference check: every signaled WR completes exactly once, in order,
+    /// with its own `wr_id` and opcode; every FAA landed once.
+    #[test]
+    #[ignore = "needs an RDMA device: set KRCORE_TEST_DEVICE (ci/verbs.sh runs it on Soft-RoCE)"]
+    fn send_ring_across_threads() {
+        use std::time::Instant;
+        const N: u64 = 1200;
+        let (a, b) = pair();
+        let (sa, sb) = (Side::new(&a, 4096), Side::new(&b, 4096));
+        let caps = QpCaps {
+            max_send_wr: 4,
+            ..QpCaps::default()
+        };
+        let (qa, _qb) = rc_pair(&sa, &sb, caps);
+        let word = sa.mr.sge(64, 8).unwrap();
+        let data = sa.mr.sge(128, 64).unwrap();
+        let counter = sb.mr.remote(0);
+        // WR `i`: FAA, READ or WRITE by `i % 3`; WRITEs (i % 3 == 2) are
+        // unsignaled except the last one, so that it frees the queue.
+        let wr = |i: u64| {
+            let w = match i % 3 {
+                0 => SendWr::faa(i, word, counter, 1),
+                1 => SendWr::read(i, data, sb.mr.remote(256)),
+                _ => SendWr::write(i, data, sb.mr.remote(512)),
+            };
+            w.signaled(i % 3 != 2 || i == N - 1)
+        };
+        let op = |i: u64| match i % 3 {
+            0 => WcOpcode::FetchAdd,
+            1 => WcOpcode::RdmaRead,
+            _ => WcOpcode::RdmaWrite,
+        };
+        let signaled: Vec<u64> = (0..N).filter(|&i| wr(i).is_signaled()).collect();
+        std::thread::scope(|s| {
+            let poller = s.spawn(|| {
+                let start = Instant::now();
+                let mut got = Vec::new();
+                let mut wc = [Wc::default(); 4];
+                while got.len() < signaled.len() {
+                    let n = sa.cq.poll(&mut wc).expect("poll");
+                    for w in &wc[..n] {
+                        assert_eq!(w.status, WcStatus::Success, "{w:?}");
+                        assert_eq!(w.opcode, op(w.wr_id), "{w:?}");
+                        got.push(w.wr_id);
+                    }
+                    assert!(start.elapsed() < WAIT * 6, "{} completions", got.len());
+                }
+                got
+            });
+            let start = Instant::now();
+            let mut i = 0;
+            while i < N {
+                // Every seventh post is a two-WR chain (one doorbell).
+                let chain: Vec<SendWr> = if i % 7 == 0 && i + 1 < N {
+                    vec![wr(i), wr(i + 1)]
+                } else {
+                    vec![wr(i)]
+                };
+                match qa.post_send(&chain) {
+                    Ok(()) => i += chain.len() as u64,
+                    Err(PostError {
+                        index,
+                        kind: PostErrorKind::QueueFull { .. },
+                    }) => {
+                        i += index as u64;
+                        assert!(start.elapsed() < WAIT * 6, "no credits at {i}");
+                        std::thread::yield_now();
+                    }
+                    Err(e) => panic!("post {i}: {e}"),
+                }
+            }
+            assert_eq!(poller.join().expect("poller"), signaled);
+        });
+        let mut v = [0u8; 8];
+        sb.mr.read(0, &mut v).unwrap();
+        assert_eq!(u64::from_le_bytes(v), N.div_ceil(3), "every FAA once");
     }
 }
 

@@ -4,49 +4,18 @@
 use super::device::DeviceInner;
 use super::error::VerbsError;
 use super::ffi::{self, sys};
-use super::qp::SendShared;
+use super::qptable::QpTable;
 use super::recv::RECV_TAG;
 use crate::error::{NicError, Result};
 use crate::provider::CompletionQueue;
-use crate::types::Wc;
+use crate::types::{Wc, WcOpcode, WcStatus};
 use parking_lot::RwLock;
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// Device completions read per `ibv_poll_cq` call.
 const POLL_BATCH: usize = 16;
-
-/// Hasher of the CQ's QP table: one multiplication per completion instead
-/// of SipHash (about 90 instructions of the ~400 a send completion cost in
-/// user space). The keys are QP numbers the device allocates, not input an
-/// attacker chooses, so no keyed hash is needed.
-#[derive(Default, Clone, Copy)]
-pub(crate) struct QpnHasher(u64);
-
-/// Fibonacci hashing's multiplier (2^64 / golden ratio, odd).
-const QPN_MUL: u64 = 0x9E37_79B9_7F4A_7C15;
-
-impl Hasher for QpnHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(QPN_MUL);
-        }
-    }
-
-    fn write_u32(&mut self, n: u32) {
-        self.0 = (self.0 ^ u64::from(n)).wrapping_mul(QPN_MUL);
-    }
-}
-
-/// Send queues completing on a CQ, by QP number.
-pub(crate) type QpTable = HashMap<u32, Arc<SendShared>, BuildHasherDefault<QpnHasher>>;
 
 /// Owner of an `ibv_cq`.
 pub(crate) struct CqInner {
@@ -134,53 +103,104 @@ impl VerbsCq {
         }
     }
 
-    /// Translates one device completion; `None` for a stale one (its QP was
-    /// reset or destroyed and its slot reused).
-    fn translate(&self, w: &sys::ibv_wc) -> Option<Wc> {
-        let status = ffi::wc_status(w.status);
-        let mut wc = Wc {
-            wr_id: w.wr_id,
-            status,
+    /// Translates one device completion into `wc`; `false` (and `wc`
+    /// untouched) for a stale one (its QP was reset or destroyed and its
+    /// slot reused). The send completion of a successful WR is the inline
+    /// fast path; receives and errors are out of line.
+    #[inline]
+    fn translate(&self, w: &sys::ibv_wc, wc: &mut Wc) -> bool {
+        if w.wr_id & RECV_TAG != 0 {
+            return self.translate_recv(w, wc);
+        }
+        if w.status != sys::ibv_wc_status::IBV_WC_SUCCESS {
+            return self.translate_send_error(w, wc);
+        }
+        let Some((wr_id, _)) = self.complete_send(w) else {
+            return false;
+        };
+        *wc = Wc {
+            wr_id,
+            status: WcStatus::Success,
             opcode: ffi::wc_opcode(w.opcode),
             byte_len: w.byte_len,
             imm: None,
             qp_num: w.qp_num,
+            src_qp: 0,
+        };
+        true
+    }
+
+    /// The caller's `wr_id` and the opcode of the send WR a completion is
+    /// for, freeing its QP's send slots up to it; `None` when stale.
+    #[inline]
+    fn complete_send(&self, w: &sys::ibv_wc) -> Option<(u64, WcOpcode)> {
+        // Resolved under the table's read lock (lock order: `send_qps`, then
+        // a QP's `st`; nothing takes them the other way round; the ring
+        // itself is read without `st`): no reference count traffic per
+        // completion.
+        self.inner
+            .send_qps
+            .read()
+            .get(w.qp_num)
+            .and_then(|sh| sh.complete(w.wr_id))
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn translate_send_error(&self, w: &sys::ibv_wc, wc: &mut Wc) -> bool {
+        let Some((wr_id, opcode)) = self.complete_send(w) else {
+            return false;
+        };
+        self.count_error();
+        // Verbs leaves the opcode of an error completion undefined: report
+        // the WR's own, as the contract asks.
+        *wc = Wc {
+            wr_id,
+            status: ffi::wc_status(w.status),
+            opcode,
+            byte_len: w.byte_len,
+            imm: None,
+            qp_num: w.qp_num,
+            src_qp: 0,
+        };
+        true
+    }
+
+    #[inline(never)]
+    fn translate_recv(&self, w: &sys::ibv_wc, wc: &mut Wc) -> bool {
+        let Some(wr_id) = self.inner.dev.recv.take(w.wr_id) else {
+            return false;
+        };
+        let status = ffi::wc_status(w.status);
+        let imm = if status.is_ok() && w.wc_flags & sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0 {
+            // SAFETY: with IBV_WC_WITH_IMM the union holds the immediate
+            // (network byte order); every bit pattern is a valid u32.
+            let be = unsafe { w.imm_data_invalidated_rkey_union.imm_data };
+            Some(u32::from_be(be))
+        } else {
+            None
+        };
+        if !status.is_ok() {
+            self.count_error();
+        }
+        *wc = Wc {
+            wr_id,
+            status,
+            opcode: ffi::wc_opcode(w.opcode),
+            byte_len: w.byte_len,
+            imm,
+            qp_num: w.qp_num,
             src_qp: w.src_qp,
         };
-        if w.wr_id & RECV_TAG != 0 {
-            wc.wr_id = self.inner.dev.recv.take(w.wr_id)?;
-            if status.is_ok() && w.wc_flags & sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0 {
-                // SAFETY: with IBV_WC_WITH_IMM the union holds the immediate
-                // (network byte order); every bit pattern is a valid u32.
-                let be = unsafe { w.imm_data_invalidated_rkey_union.imm_data };
-                wc.imm = Some(u32::from_be(be));
-            }
-        } else {
-            // Resolved under the map's read lock (lock order: `send_qps`,
-            // then a QP's `st`; nothing takes them the other way round):
-            // no reference count traffic per completion.
-            let (wr_id, opcode) = self
-                .inner
-                .send_qps
-                .read()
-                .get(&w.qp_num)?
-                .complete(w.wr_id)?;
-            wc.wr_id = wr_id;
-            // Verbs leaves the opcode of an error completion undefined: report
-            // the WR's own, as the contract asks.
-            if !status.is_ok() {
-                wc.opcode = opcode;
-            }
-            wc.src_qp = 0;
-        }
-        if !status.is_ok() {
-            self.inner
-                .dev
-                .counters
-                .error_completions
-                .fetch_add(1, Ordering::Relaxed);
-        }
-        Some(wc)
+        true
+    }
+
+    fn count_error(&self) {
+        self.inner
+            .dev
+            .counters
+            .error_completions
+            .fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -190,54 +210,67 @@ impl CompletionQueue for VerbsCq {
     }
 
     fn poll(&self, out: &mut [Wc]) -> Result<usize> {
-        let mut n = 0;
+        // The empty poll (the common case of a spinning caller) stays small:
+        // one `ibv_poll_cq`, the overflow flag; translation is out of line.
         let mut raw: [MaybeUninit<sys::ibv_wc>; POLL_BATCH] =
             [const { MaybeUninit::uninit() }; POLL_BATCH];
-        while n < out.len() {
-            let want = (out.len() - n).min(POLL_BATCH);
+        let want = out.len().min(POLL_BATCH);
+        let got = if want == 0 {
+            0
+        } else {
             // SAFETY: `raw` has room for `want` completions; the CQ is live.
-            let got = unsafe { sys::ibv_poll_cq(self.inner.cq, want as i32, raw[0].as_mut_ptr()) };
-            if got < 0 {
-                // A CQ in error (mlx5 reports overflow this way too).
-                self.inner.overflowed.store(true, Ordering::Release);
-                break;
+            unsafe { sys::ibv_poll_cq(self.inner.cq, want as i32, raw[0].as_mut_ptr()) }
+        };
+        if got > 0 {
+            let n = self.take(out, &mut raw, got as usize, want);
+            if n > 0 {
+                return Ok(n);
             }
-            for w in &raw[..got as usize] {
-                // SAFETY: the first `got` entries were written by the poll.
-                let w = unsafe { w.assume_init_ref() };
-                if let Some(wc) = self.translate(w) {
-                    out[n] = wc;
-                    n += 1;
-                }
-            }
-            if (got as usize) < want {
-                break;
-            }
+        } else if got < 0 {
+            // A CQ in error (mlx5 reports overflow this way too).
+            self.inner.overflowed.store(true, Ordering::Release);
         }
-        if n == 0 && self.inner.overflowed.load(Ordering::Acquire) {
+        if self.inner.overflowed.load(Ordering::Acquire) {
             return Err(NicError::CqOverflow {
                 depth: self.inner.depth,
             });
         }
-        Ok(n)
+        Ok(0)
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::hash::BuildHasher;
-
-    #[test]
-    fn qpn_hasher_spreads_sequential_qpns() {
-        // QP numbers come in runs (rxe: 0x11, 0x12, ...): their hashes must
-        // differ, in the low bits (bucket index) and in the top 7 bits
-        // (hashbrown's tag) alike.
-        let b = BuildHasherDefault::<QpnHasher>::default();
-        let hs: Vec<u64> = (0x11u32..0x11 + 256).map(|q| b.hash_one(q)).collect();
-        let low: std::collections::HashSet<u64> = hs.iter().map(|h| h & 0xff).collect();
-        let top: std::collections::HashSet<u64> = hs.iter().map(|h| h >> 57).collect();
-        assert_eq!(low.len(), 256);
-        assert!(top.len() >= 100, "only {} distinct tags", top.len());
+impl VerbsCq {
+    /// Translates the `got` completions of a first poll that asked for
+    /// `want` into `out`, and polls on while batches come back full and
+    /// `out` has room. Returns how many it wrote (stale ones are dropped).
+    #[inline(never)]
+    fn take(
+        &self,
+        out: &mut [Wc],
+        raw: &mut [MaybeUninit<sys::ibv_wc>; POLL_BATCH],
+        mut got: usize,
+        mut want: usize,
+    ) -> usize {
+        let mut n = 0;
+        loop {
+            for w in &raw[..got] {
+                // SAFETY: the first `got` entries were written by the poll.
+                let w = unsafe { w.assume_init_ref() };
+                if self.translate(w, &mut out[n]) {
+                    n += 1;
+                }
+            }
+            if got < want || n == out.len() {
+                return n;
+            }
+            want = (out.len() - n).min(POLL_BATCH);
+            // SAFETY: as in `poll`.
+            let r = unsafe { sys::ibv_poll_cq(self.inner.cq, want as i32, raw[0].as_mut_ptr()) };
+            if r < 0 {
+                self.inner.overflowed.store(true, Ordering::Release);
+                return n;
+            }
+            got = r as usize;
+        }
     }
 }

@@ -90,13 +90,18 @@ pub(crate) fn ibv_state(s: QpState) -> u32 {
 
 /// Our completion status from `enum ibv_wc_status` (same numbering; values
 /// we have no name for become `GeneralErr`).
+#[inline]
 pub(crate) fn wc_status(s: u32) -> WcStatus {
+    if s == sys::ibv_wc_status::IBV_WC_SUCCESS {
+        return WcStatus::Success;
+    }
     u8::try_from(s)
         .map(WcStatus::from_u8)
         .unwrap_or(WcStatus::GeneralErr)
 }
 
 /// Our completion opcode from `enum ibv_wc_opcode`.
+#[inline]
 pub(crate) fn wc_opcode(o: u32) -> WcOpcode {
     use sys::ibv_wc_opcode::*;
     match o {

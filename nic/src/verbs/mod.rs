@@ -25,8 +25,13 @@
 //!   WR's own opcode on error completions (undefined in verbs), and tells a
 //!   flushed receive from a flushed send on a shared CQ.
 //! - `post_send` validates and admits WRs (credits) like the sim, then posts
-//!   them as ONE `ibv_post_send` chain (one doorbell) built in a per-QP
-//!   reusable buffer; `bad_wr` becomes the [`crate::PostError`] index.
+//!   them as ONE `ibv_post_send` chain (one doorbell); `bad_wr` becomes the
+//!   [`crate::PostError`] index. A single WR (the latency path) is built on
+//!   the stack, a chain in a per-QP reusable buffer.
+//! - Send completions are mapped back without the QP's send lock: the CQ
+//!   finds the QP in an open-addressing table by QP number (`qptable`,
+//!   under a read lock) and reads the `wr_id` from the QP's send ring, a
+//!   seqlock per slot (`ring`), written under the send lock at post time.
 //! - RoCE: every address vector is global (GRH with the peer's GID and our
 //!   GID index); RC uses the port's active MTU (4096 for rxe on `lo` in
 //!   the Soft-RoCE guest, 1024 for rxe on a 1500-byte Ethernet netdev), PSN
@@ -54,7 +59,9 @@
 //!
 //! ## Thread safety
 //! Every handle is `Send + Sync`; posting to one QP is serialized by its send
-//! lock, polling is serialized by the provider library's CQ lock.
+//! lock, polling is serialized by the provider library's CQ lock (the
+//! translation of what a poll returned is not: several threads may poll one
+//! CQ, see `ring` for what that allows).
 
 #![allow(unsafe_code)]
 
@@ -65,7 +72,9 @@ mod error;
 mod ffi;
 mod mr;
 mod qp;
+mod qptable;
 mod recv;
+mod ring;
 mod srq;
 mod wr;
 

@@ -3,18 +3,21 @@
 //!
 //! Send-queue model (the same as the sim's): every posted WR gets a sequence
 //! number `seq`, which is the `wr_id` the device sees; the caller's `wr_id`
-//! and the WR's opcode wait in `ring[seq % max_send_wr]`. Polling a send
-//! completion for `seq` returns the caller's `wr_id` and advances `sq_done`
-//! to `seq + 1`, freeing every slot before it (unsignaled WRs included).
-//! Credits are `max_send_wr - (posted - sq_done)`. Sequences never restart:
-//! RESET sets `sq_done = posted`, and a completion left over from before the
-//! reset finds its slot reused (or `sq_done` past it) and frees nothing.
+//! and the WR's opcode wait in the send ring (`ring`, a slot per sequence
+//! modulo a power of two >= `max_send_wr`, written under the send lock and
+//! read by pollers without it). Polling a send completion for `seq` returns
+//! the caller's `wr_id` and advances `sq_done` to `seq + 1`, freeing every
+//! slot before it (unsignaled WRs included). Credits are
+//! `max_send_wr - (posted - sq_done)`. Sequences never restart: RESET sets
+//! `sq_done = posted`, and a completion left over from before the reset
+//! finds its slot reused (or `sq_done` past it) and frees nothing.
 
 use super::cq::VerbsCq;
 use super::device::DeviceInner;
 use super::error::VerbsError;
 use super::ffi::{self, sys};
 use super::mr::{PdInner, VerbsPd};
+use super::ring::SendRing;
 use super::srq::VerbsSrq;
 use super::VerbsNic;
 use crate::counters::Counters;
@@ -26,14 +29,6 @@ use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
 use std::sync::Arc;
-
-/// One posted send WR as the ring remembers it.
-#[derive(Clone, Copy)]
-pub(crate) struct SendSlot {
-    pub seq: u64,
-    pub wr_id: u64,
-    pub opcode: WcOpcode,
-}
 
 /// An address handle (UD destinations and DC targets), destroyed on drop.
 pub(crate) struct Ah {
@@ -67,7 +62,6 @@ impl Ah {
 pub(crate) struct SendState {
     /// WRs posted since creation.
     pub posted: u64,
-    pub ring: Vec<SendSlot>,
     /// Data-path counters of this QP.
     pub c: Counters,
     /// The state this provider last moved the QP to (the device may have
@@ -86,6 +80,8 @@ pub(crate) struct SendState {
 pub(crate) struct SendShared {
     pub max_send_wr: u32,
     pub sq_done: AtomicU64,
+    /// Written only under `st` (one writer), read by pollers lock-free.
+    pub ring: SendRing,
     pub st: Mutex<SendState>,
 }
 
@@ -99,18 +95,15 @@ unsafe impl Sync for SendShared {}
 impl SendShared {
     /// Resolves a polled send completion: the caller's `wr_id` and the WR's
     /// opcode, freeing every slot up to it. `None` for a stale completion.
+    #[inline]
     pub(crate) fn complete(&self, seq: u64) -> Option<(u64, WcOpcode)> {
-        let st = self.st.lock();
-        let slot = st.ring.get((seq % self.max_send_wr as u64) as usize)?;
-        if slot.seq != seq {
-            return None;
-        }
-        let r = (slot.wr_id, slot.opcode);
-        drop(st);
+        let r = self.ring.lookup(seq)?;
+        // Several threads may poll one CQ: never move `sq_done` back.
         self.sq_done.fetch_max(seq + 1, AcqRel);
         Some(r)
     }
 
+    #[inline]
     pub(crate) fn credits(&self, st: &SendState) -> u32 {
         let used = st.posted.saturating_sub(self.sq_done.load(Acquire));
         (self.max_send_wr as u64).saturating_sub(used) as u32
@@ -143,7 +136,7 @@ unsafe impl Sync for QpInner {}
 
 impl Drop for QpInner {
     fn drop(&mut self) {
-        self.send_cq.inner.send_qps.write().remove(&self.qpn);
+        self.send_cq.inner.send_qps.write().remove(self.qpn);
         // SAFETY: `qp` came from `ibv_create_qp`/`mlx5dv_create_qp` and is
         // destroyed once; its CQs, SRQ and PD outlive it (fields).
         unsafe { sys::ibv_destroy_qp(self.qp) };
@@ -220,16 +213,9 @@ impl VerbsQp {
         let shared = Arc::new(SendShared {
             max_send_wr,
             sq_done: AtomicU64::new(0),
+            ring: SendRing::new(max_send_wr),
             st: Mutex::new(SendState {
                 posted: 0,
-                ring: vec![
-                    SendSlot {
-                        seq: u64::MAX,
-                        wr_id: 0,
-                        opcode: WcOpcode::Send,
-                    };
-                    max_send_wr as usize
-                ],
                 c: Counters::default(),
                 state: QpState::Reset,
                 ahs: HashMap::new(),

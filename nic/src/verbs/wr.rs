@@ -1,8 +1,9 @@
 //! `post_send`: validation, credits, and one `ibv_post_send` chain per call
-//! (one doorbell), built in the QP's reusable buffers.
+//! (one doorbell). One WR (the latency path) is built on the stack; a chain
+//! of several in the QP's reusable buffers.
 
 use super::ffi::sys;
-use super::qp::{Ah, QpInner, SendSlot, SendState};
+use super::qp::{Ah, QpInner, SendState};
 use crate::error::{PostError, PostErrorKind};
 use crate::types::*;
 
@@ -12,6 +13,7 @@ fn bad(index: usize, kind: PostErrorKind) -> PostError {
 
 /// Checks what a driver checks while building a WQE (EINVAL), so that every
 /// device refuses the same WRs the same way.
+#[inline(always)]
 pub(crate) fn validate(q: &QpInner, index: usize, wr: &SendWr) -> Result<(), PostError> {
     let dev = &q.pd.dev.caps;
     crate::provider::validate_send_wr(q.qp_type, &q.caps, dev, wr)
@@ -50,6 +52,7 @@ fn admit(q: &QpInner, st: &SendState, wrs: &[SendWr]) -> (usize, Option<PostErro
 }
 
 /// Fills the opcode-specific part of `w`.
+#[inline]
 fn set_op(w: &mut sys::ibv_send_wr, op: &WrOp) {
     use sys::ibv_wr_opcode::*;
     let rdma = |remote: &RemoteAddr| sys::wr_t {
@@ -106,23 +109,21 @@ fn set_op(w: &mut sys::ibv_send_wr, op: &WrOp) {
     }
 }
 
-/// `IBV_SEND_*` flags of a WR.
+/// `IBV_SEND_*` flags of a WR (branch-free: this runs on every post).
+#[inline]
 pub(crate) fn send_flags(wr: &SendWr) -> u32 {
-    let mut f = 0;
-    if wr.is_signaled() {
-        f |= sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
-    }
-    if wr.flags.contains(SendFlags::FENCE) {
-        f |= sys::ibv_send_flags::IBV_SEND_FENCE.0;
-    }
-    if matches!(wr.payload, Payload::Inline(_)) {
-        f |= sys::ibv_send_flags::IBV_SEND_INLINE.0;
-    }
-    f
+    use sys::ibv_send_flags as f;
+    let signaled = u32::from(wr.is_signaled());
+    let fence = u32::from(wr.flags.contains(SendFlags::FENCE));
+    let inline = u32::from(matches!(wr.payload, Payload::Inline(_)));
+    (signaled * f::IBV_SEND_SIGNALED.0)
+        | (fence * f::IBV_SEND_FENCE.0)
+        | (inline * f::IBV_SEND_INLINE.0)
 }
 
 /// The SGEs of a WR's payload (inline bytes are one SGE over the caller's
 /// `InlineData`, which the device copies at post time).
+#[inline]
 pub(crate) fn push_sges(out: &mut Vec<sys::ibv_sge>, p: &Payload) -> usize {
     match p {
         Payload::Local(sg) => {
@@ -148,20 +149,20 @@ pub(crate) fn push_sges(out: &mut Vec<sys::ibv_sge>, p: &Payload) -> usize {
 }
 
 /// Counts a posted WR.
+#[inline(always)]
 pub(crate) fn count(st: &mut SendState, wr: &SendWr) {
-    let len = wr.payload.len();
     match wr.op {
         WrOp::Read { .. } => {
             st.c.reads += 1;
-            st.c.bytes_read += len;
+            st.c.bytes_read += wr.payload.len();
         }
         WrOp::Write { .. } | WrOp::WriteImm { .. } => {
             st.c.writes += 1;
-            st.c.bytes_written += len;
+            st.c.bytes_written += wr.payload.len();
         }
         WrOp::Send | WrOp::SendImm { .. } => {
             st.c.sends += 1;
-            st.c.bytes_written += len;
+            st.c.bytes_written += wr.payload.len();
         }
         WrOp::CompareSwap { .. } | WrOp::FetchAdd { .. } => st.c.atomics += 1,
     }
@@ -177,6 +178,108 @@ pub(crate) fn device_refusal(rc: i32, depth: u32) -> PostErrorKind {
 }
 
 pub(crate) fn post_send(q: &QpInner, wrs: &[SendWr]) -> Result<(), PostError> {
+    match wrs {
+        [wr] if q.dc.is_none() => post_one(q, wr),
+        _ => post_many(q, wrs),
+    }
+}
+
+/// One WR on an RC or UD QP, the latency path: the same checks in the same
+/// order as `post_many` (state, validation, credits), the WR and its SGEs
+/// built on the stack, one `ibv_post_send`.
+#[inline]
+fn post_one(q: &QpInner, wr: &SendWr) -> Result<(), PostError> {
+    let sh = &*q.shared;
+    let mut guard = sh.st.lock();
+    let st = &mut *guard;
+    if !matches!(st.state, QpState::Rts | QpState::Err) {
+        return Err(bad(0, PostErrorKind::BadState(st.state)));
+    }
+    validate(q, 0, wr)?;
+    if sh.credits(st) == 0 {
+        return Err(bad(
+            0,
+            PostErrorKind::QueueFull {
+                depth: sh.max_send_wr,
+            },
+        ));
+    }
+    let seq = st.posted;
+    // SAFETY: `ibv_send_wr` is plain old data (integers, raw pointers and
+    // unions of those); all-zero is a valid value.
+    let mut w: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
+    let mut sges = [sys::ibv_sge {
+        addr: 0,
+        length: 0,
+        lkey: 0,
+    }; MAX_SGE];
+    let n = stack_sges(&mut sges, &wr.payload);
+    w.wr_id = seq;
+    w.num_sge = n as i32;
+    if n > 0 {
+        w.sg_list = sges.as_mut_ptr();
+    }
+    w.send_flags = send_flags(wr);
+    set_op(&mut w, &wr.op);
+    if let Destination::Ud(t) = wr.dest {
+        let Some(ah) = ah_for(q, st, t.gid) else {
+            return Err(bad(0, NO_AH));
+        };
+        w.wr = sys::wr_t {
+            ud: sys::ud_t {
+                ah,
+                remote_qpn: t.qpn,
+                remote_qkey: t.qkey,
+            },
+        };
+    }
+    // Remembered before the device can complete it.
+    sh.ring.record(seq, wr.wr_id, wr.op.wc_opcode());
+    let mut bad_wr: *mut sys::ibv_send_wr = std::ptr::null_mut();
+    // SAFETY: `w` and `sges` live on this frame until the call returns;
+    // `sg_list` points into `sges` (or is null with `num_sge` 0), an inline
+    // SGE into `wr`, borrowed for the call; `next` is null; the QP is live.
+    let rc = unsafe { sys::ibv_post_send(q.qp, &mut w, &mut bad_wr) };
+    if rc != 0 {
+        return Err(bad(0, device_refusal(rc, sh.max_send_wr)));
+    }
+    count(st, wr);
+    st.posted = seq + 1;
+    st.c.doorbells += 1;
+    st.c.send_wrs += 1;
+    Ok(())
+}
+
+/// The SGEs of a WR's payload into a stack array (see `push_sges`).
+#[inline]
+fn stack_sges(out: &mut [sys::ibv_sge; MAX_SGE], p: &Payload) -> usize {
+    match p {
+        Payload::Local(sg) => {
+            let s = sg.as_slice();
+            for (o, s) in out.iter_mut().zip(s) {
+                *o = sys::ibv_sge {
+                    addr: s.addr,
+                    length: s.length,
+                    lkey: s.lkey,
+                };
+            }
+            s.len()
+        }
+        Payload::Inline(d) if d.as_slice().is_empty() => 0,
+        Payload::Inline(d) => {
+            out[0] = sys::ibv_sge {
+                addr: d.as_slice().as_ptr() as u64,
+                length: d.as_slice().len() as u32,
+                lkey: 0,
+            };
+            1
+        }
+    }
+}
+
+/// Any number of WRs (and every DCI post): admitted as a prefix, posted as
+/// one chain.
+fn post_many(q: &QpInner, wrs: &[SendWr]) -> Result<(), PostError> {
     let mut guard = q.shared.st.lock();
     let st = &mut *guard;
     if !matches!(st.state, QpState::Rts | QpState::Err) {
@@ -189,14 +292,10 @@ pub(crate) fn post_send(q: &QpInner, wrs: &[SendWr]) -> Result<(), PostError> {
     }
     let wrs = &wrs[..n];
     // Remember every WR in the ring before the device can complete it.
-    let depth = q.shared.max_send_wr as u64;
     for (i, wr) in wrs.iter().enumerate() {
-        let seq = st.posted + i as u64;
-        st.ring[(seq % depth) as usize] = SendSlot {
-            seq,
-            wr_id: wr.wr_id,
-            opcode: wr.op.wc_opcode(),
-        };
+        q.shared
+            .ring
+            .record(st.posted + i as u64, wr.wr_id, wr.op.wc_opcode());
     }
     let posted = if let Some(dc) = &q.dc {
         dc.post(q, st, wrs)
