@@ -547,8 +547,14 @@ impl<N: Nic> Vqp<N> {
         let Binding::Rc(slot) = &self.binding else {
             return Err(VqpError::NotConnected { vqp: self.id });
         };
-        // The first try in line; a stale pair is replaced out of line.
-        match self.try_post_rc(slot, wrs)? {
+        // The first try in line (one WR, the usual post, every atomic of
+        // the SDK: its own copy, the batch's length known, its loops
+        // gone); a stale pair is replaced out of line.
+        let first = match wrs {
+            [wr] => self.try_post_rc(slot, std::slice::from_mut(wr)),
+            _ => self.try_post_rc(slot, wrs),
+        };
+        match first? {
             None => Ok(()),
             Some(stale) => self.post_rc_rebinding(slot, stale, wrs),
         }
@@ -628,7 +634,13 @@ impl<N: Nic> Vqp<N> {
         let Some(q) = slot.as_ref() else {
             return Ok(0);
         };
-        Ok(q.poll(&self.engine, self.id, out)?.unwrap_or(0))
+        // One entry (a synchronous wait's poll): its own copy, the
+        // array's length known.
+        let polled = match out {
+            [wc] => q.poll(&self.engine, self.id, std::slice::from_mut(wc)),
+            _ => q.poll(&self.engine, self.id, out),
+        };
+        Ok(polled?.unwrap_or(0))
     }
 }
 
