@@ -521,7 +521,8 @@ impl<R: Posted> SendQueueCredits<R> {
             return None;
         }
         let seq = head + delta;
-        let rec = &self.ring[self.index(seq)];
+        let at = self.index(seq);
+        let rec = &self.ring[at];
         if rec.wr_id() != wr_id || !rec.signaled() {
             return None;
         }
@@ -534,7 +535,7 @@ impl<R: Posted> SendQueueCredits<R> {
         }
         self.signaled_done += 1;
         self.head = seq + 1;
-        Some((seq, &self.ring[self.index(seq)]))
+        Some((seq, &self.ring[at]))
     }
 
     /// Applies a polled completion at sequence `seq` with `status`: credits

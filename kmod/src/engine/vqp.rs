@@ -535,7 +535,7 @@ impl<N: Nic> Vqp<N> {
     pub fn post_send(&self, wrs: &mut [SendWr]) -> Result<(), VqpError> {
         match &self.binding {
             Binding::Dc(b) => self.post_dc(b, wrs),
-            Binding::Rc(_) => self.post_rc(wrs),
+            Binding::Rc(slot) => self.post_rc(slot, wrs),
         }
     }
 
@@ -543,12 +543,19 @@ impl<N: Nic> Vqp<N> {
     /// names, under the binding lock (before the QP's, as always), so no
     /// handle is cloned.
     #[inline(never)]
-    fn post_rc(&self, wrs: &mut [SendWr]) -> Result<(), VqpError> {
-        let Binding::Rc(slot) = &self.binding else {
-            return Err(VqpError::NotConnected { vqp: self.id });
+    fn post_rc(
+        &self,
+        slot: &Mutex<Option<Arc<PhysQp<N>>>>,
+        wrs: &mut [SendWr],
+    ) -> Result<(), VqpError> {
+        // The first try in line (one WR, the usual post, every atomic of
+        // the SDK: its own copy, the batch's length known, its loops
+        // gone); a stale pair is replaced out of line.
+        let first = match wrs {
+            [wr] => self.try_post_rc(slot, std::slice::from_mut(wr)),
+            _ => self.try_post_rc(slot, wrs),
         };
-        // The first try in line; a stale pair is replaced out of line.
-        match self.try_post_rc(slot, wrs)? {
+        match first? {
             None => Ok(()),
             Some(stale) => self.post_rc_rebinding(slot, stale, wrs),
         }
@@ -613,22 +620,29 @@ impl<N: Nic> Vqp<N> {
     pub fn poll(&self, out: &mut [Wc]) -> Result<usize, VqpError> {
         match &self.binding {
             Binding::Dc(b) => self.poll_dc(b, out),
-            Binding::Rc(_) => self.poll_rc(out),
+            Binding::Rc(slot) => self.poll_rc(slot, out),
         }
     }
 
     /// [`Vqp::poll`] in RC fallback mode: under the binding lock, so the
     /// state cannot move meanwhile (and no handle is cloned).
     #[inline(never)]
-    fn poll_rc(&self, out: &mut [Wc]) -> Result<usize, VqpError> {
-        let Binding::Rc(slot) = &self.binding else {
-            return Ok(0);
-        };
+    fn poll_rc(
+        &self,
+        slot: &Mutex<Option<Arc<PhysQp<N>>>>,
+        out: &mut [Wc],
+    ) -> Result<usize, VqpError> {
         let slot = slot.lock();
         let Some(q) = slot.as_ref() else {
             return Ok(0);
         };
-        Ok(q.poll(&self.engine, self.id, out)?.unwrap_or(0))
+        // One entry (a synchronous wait's poll): its own copy, the
+        // array's length known.
+        let polled = match out {
+            [wc] => q.poll(&self.engine, self.id, std::slice::from_mut(wc)),
+            _ => q.poll(&self.engine, self.id, out),
+        };
+        Ok(polled?.unwrap_or(0))
     }
 }
 

@@ -674,6 +674,7 @@ impl<N: Nic> PhysQp<N> {
 impl RcLink {
     /// Marks the pair most recently used (exact LRU): a load of the shared
     /// tick, and a bump only when another pair was used since this one.
+    #[inline]
     fn touch(&self, tick: &AtomicU64) {
         let now = tick.load(Ordering::Relaxed);
         if self.used.load(Ordering::Relaxed) != now {
