@@ -18,9 +18,12 @@
 #   SOFTROCE_DIR       where softroce-run lives (default ../shared/softroce)
 #   VERBS_TIMEOUT      seconds for the guest run (default 1500)
 #   VERBS_LAT          0 skips the latency tool (default 1)
-#   VERBS_LAT_ARGS     arguments of krcore_lat (default: --rounds 12 --iters 300
+#   VERBS_LAT_ARGS     arguments of krcore_lat (default: --rounds 12 --iters 1500
 #                      --pairs 3 --proc --proc-sdk --calibrate: twelve rounds in
-#                      which perftest and our contenders take turns. The fair
+#                      which perftest and our contenders take turns; 1,500
+#                      round trips give each window about 15-20 turns per
+#                      contender, against 4-5 with 300, which narrowed
+#                      perftest_b's CAS spread from 0.76-1.87 to 0.91-1.13. The fair
 #                      figures are the process contenders' (`provider_proc`,
 #                      `sdk_vqp_proc`: children stopped and continued exactly
 #                      like perftest's client); the in-process ones
@@ -29,9 +32,8 @@
 #                      tasklet preempts a never-stopped process on about every
 #                      READ, see krcore_lat's docs). `--calibrate` adds
 #                      perftest against itself (`perftest_b`): the tool's own
-#                      spread, to read the ratios against; about 3.5 min in
-#                      the guest (8 rounds took 145 s), the whole guest run
-#                      about 4 min)
+#                      spread, to read the ratios against; about 6.5 min in
+#                      the guest)
 #   CARGO_TARGET_DIR   honoured as usual
 set -euo pipefail
 
@@ -39,7 +41,7 @@ cd "$(dirname "$0")/.."
 SOFTROCE_DIR=${SOFTROCE_DIR:-../shared/softroce}
 VERBS_TIMEOUT=${VERBS_TIMEOUT:-1500}
 VERBS_LAT=${VERBS_LAT:-1}
-VERBS_LAT_ARGS=${VERBS_LAT_ARGS:---rounds 12 --iters 300 --pairs 3 --proc --proc-sdk --calibrate}
+VERBS_LAT_ARGS=${VERBS_LAT_ARGS:---rounds 12 --iters 1500 --pairs 3 --proc --proc-sdk --calibrate}
 
 say() { printf '[ci/verbs] %s\n' "$*" >&2; }
 

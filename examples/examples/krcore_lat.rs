@@ -72,21 +72,23 @@
 //!   own spread. (In the main window a second client would still be in its
 //!   setup when perftest's loop ends.)
 //!
-//! The provider's CAS gap (`provider_proc` about 1.1-1.15x perftest's
-//! `ib_atomic_lat`, READ about 1.0x), as far as it is known: it is not the
-//! kernel path nor the QP setup. Per operation both clients make exactly
-//! one system call (a 32 B `write` on the uverbs fd, strace), the WRs are
-//! the same (one 8 B SGE, signaled, `max_rd_atomic` the device maximum as
-//! perftest's `out_reads`), and a child that posts the same CAS on the
-//! same kind of QP/CQ with raw `ibv_post_send`/`ibv_poll_cq` took turns
-//! beside `provider_proc` at 1.06x perftest against 1.16x (12 rounds,
-//! lower in 11): the rest is the provider's user-space post/poll path,
-//! which on rxe shows for a CAS only (the whole round trip runs inside
-//! the post's system call, so nothing overlaps it; a READ's response runs
-//! in a tasklet while the post returns). In process, op by op (stamp to
-//! completion) the raw and provider paths measured equal, so the cost is
-//! an emulation effect of the path (not its instruction count) or sits
-//! outside that window; not settled.
+//! What the CAS ratio measures. On rxe the kernel runs a CAS's whole round
+//! trip inside the post's system call (a READ's response runs in a tasklet
+//! while the post returns), so nothing overlaps the user-space work around
+//! it, and in the emulated guest that work shows almost one for one: about
+//! 1 % of the ratio per 90 instructions per operation. Both clients make
+//! exactly one system call per operation (a 32 B `write` on the uverbs fd,
+//! strace) and post the same WR (one 8 B SGE, signaled, `max_rd_atomic` the
+//! device maximum as perftest's `out_reads`). User-space instructions per
+//! CAS, counted with callgrind inside the guest (load-independent):
+//! perftest's client about 430 in its loop (librxe's post and poll about
+//! 270 of them); the provider about 750 (librxe 312, ours 437 with the
+//! loop's own ~80; 1,034 before this was trimmed); the SDK's VQP about
+//! 1,150 more than perftest's before the engine's atomic fast path and
+//! about 500 after (`nic/examples/prof_verbs.rs`, and this tool run with
+//! `--no-perftest` under `valgrind --tool=callgrind`). A child posting the
+//! same CAS with raw `ibv_post_send`/`ibv_poll_cq` on an identical QP took
+//! turns at 1.06x perftest: the tool's floor for a Rust child.
 //!
 //! A process contender waits for perftest's loop before its first turn,
 //! runs `2 * iters` round trips, and is compared with perftest over the
@@ -108,7 +110,8 @@
 //! `--no-perftest`, `--no-sdk`, `--slice-ms N` (length of a turn, 10),
 //! `--depth N` (send queue depth of the provider's QP, 16; perftest's
 //! latency tests use 1), `--proc`, `--proc-pair`, `--proc-sdk`,
-//! `--calibrate` (above; off by default),
+//! `--calibrate` (above; off by default), `--prof N` (only N round trips
+//! per contender and operation in named loops, for callgrind; no timing),
 //! `--idle-sleep-us N` (idle sleep of the
 //! background threads of the latency phase's SDK nodes: meta host and
 //! handshake responders; default 20,000 us, where the engine's is 100 us).
@@ -199,6 +202,9 @@ mod lat {
         pub child: Option<String>,
         child_n: usize,
         child_out: Option<String>,
+        /// `--prof N`: only N round trips per contender and operation in
+        /// named loops (for callgrind), no timing.
+        prof: usize,
     }
 
     fn env_or(keys: &[&str], default: &str) -> String {
@@ -233,6 +239,7 @@ mod lat {
             child: None,
             child_n: 0,
             child_out: None,
+            prof: 0,
         };
         let mut it = std::env::args().skip(1);
         while let Some(k) = it.next() {
@@ -255,6 +262,7 @@ mod lat {
                 "--child" => a.child = Some(v()?),
                 "--child-n" => a.child_n = num(&k, v()?)?,
                 "--child-out" => a.child_out = Some(v()?),
+                "--prof" => a.prof = num(&k, v()?)?,
                 "--depth" => a.depth = num(&k, v()?)?.max(1) as u32,
                 "--slice-ms" => a.slice_ms = num(&k, v()?)?.max(1) as u64,
                 "--idle-sleep-us" => {
@@ -325,10 +333,10 @@ mod lat {
 
     /// One contender: posts one signaled WR, stamping (the closure it is
     /// given) right before the post, and spins on its completion.
-    type Contender<'a> = (
-        &'static str,
-        Box<dyn FnMut(&mut dyn FnMut()) -> Result<Option<Spun>, String> + 'a>,
-    );
+    type Contender<'a> = (&'static str, Box<ContenderFn<'a>>);
+
+    /// A contender's round trip (see [`Contender`]).
+    type ContenderFn<'a> = dyn FnMut(&mut dyn FnMut()) -> Result<Option<Spun>, String> + 'a;
 
     /// Samples of one contender: post-to-post cycles, and what [`spin`]
     /// saw (post cost, empty polls).
@@ -969,6 +977,9 @@ mod lat {
             remote: sb.mr.remote(128),
             x: &xp,
         };
+        if a.prof > 0 {
+            return prof(a, &prov, sdk.as_ref(), (&xv, &xr), limit);
+        }
         let slice = (a.slice_ms as f64 * 1000.0 * per_us) as u64;
         if has_perftest {
             println!("turns slice_ms={}", a.slice_ms);
@@ -1328,6 +1339,70 @@ mod lat {
     }
 
     /// The provider: `post_send` of one WR and `poll` of its CQ.
+    /// `--prof N`: N round trips of each contender and operation, each
+    /// in a loop function of its own name (`prof_<contender>_<op>`), for
+    /// `valgrind --tool=callgrind --toggle-collect='*prof_sdk_vqp_cas8*'`
+    /// and the like: instructions per operation, which do not depend on
+    /// the guest's load. No timing, no perftest.
+    fn prof(
+        a: &Args,
+        prov: &Prov<'_>,
+        sdk: Option<&Sdk>,
+        x: (&Cell<u64>, &Cell<u64>),
+        limit: u64,
+    ) -> Result<(), String> {
+        for op in ["read64", "cas8"] {
+            let mut ours: Vec<Contender<'_>> = vec![provider_contender(op, prov, limit)];
+            if let Some(k) = sdk {
+                sdk_contenders(k, op, x, limit, &mut ours)?;
+            }
+            for (name, one) in ours.iter_mut() {
+                // Warm: the first round trips touch everything once.
+                prof_loop(one, 100)?;
+                let run = match (*name, op) {
+                    ("provider", "read64") => prof_provider_read64,
+                    ("provider", _) => prof_provider_cas8,
+                    ("sdk_vqp", "read64") => prof_sdk_vqp_read64,
+                    ("sdk_vqp", _) => prof_sdk_vqp_cas8,
+                    ("sdk_request", "read64") => prof_sdk_request_read64,
+                    (_, _) => prof_sdk_request_cas8,
+                };
+                run(one, a.prof)?;
+                println!("prof op={op} who={name} n={}", a.prof);
+            }
+        }
+        Ok(())
+    }
+
+    /// `n` round trips of `one`.
+    #[inline(always)]
+    fn prof_loop(one: &mut ContenderFn<'_>, n: usize) -> Result<(), String> {
+        for _ in 0..n {
+            one(&mut || {})?;
+        }
+        Ok(())
+    }
+
+    // Each loop function passes its own tag through `black_box`, so that
+    // the six identical bodies are not folded into one symbol.
+    macro_rules! prof_fns {
+        ($($f:ident = $tag:literal),*) => {$(
+            #[inline(never)]
+            fn $f(one: &mut ContenderFn<'_>, n: usize) -> Result<(), String> {
+                std::hint::black_box($tag);
+                prof_loop(one, n)
+            }
+        )*};
+    }
+    prof_fns!(
+        prof_provider_read64 = 1u8,
+        prof_provider_cas8 = 2u8,
+        prof_sdk_vqp_read64 = 3u8,
+        prof_sdk_vqp_cas8 = 4u8,
+        prof_sdk_request_read64 = 5u8,
+        prof_sdk_request_cas8 = 6u8
+    );
+
     fn provider_contender<'a>(op: &str, p: &'a Prov<'a>, limit: u64) -> Contender<'a> {
         if op == "read64" {
             (
