@@ -80,15 +80,13 @@
 //! exactly one system call per operation (a 32 B `write` on the uverbs fd,
 //! strace) and post the same WR (one 8 B SGE, signaled, `max_rd_atomic` the
 //! device maximum as perftest's `out_reads`). User-space instructions per
-//! CAS, counted with callgrind inside the guest (load-independent):
-//! perftest's client about 430 in its loop (librxe's post and poll about
-//! 270 of them); the provider about 750 (librxe 312, ours 437 with the
-//! loop's own ~80; 1,034 before this was trimmed); the SDK's VQP about
-//! 1,150 more than perftest's before the engine's atomic fast path and
-//! about 500 after (`nic/examples/prof_verbs.rs`, and this tool run with
-//! `--no-perftest` under `valgrind --tool=callgrind`). A child posting the
-//! same CAS with raw `ibv_post_send`/`ibv_poll_cq` on an identical QP took
-//! turns at 1.06x perftest: the tool's floor for a Rust child.
+//! CAS, counted with callgrind inside the guest (load-independent, `--prof`
+//! below): perftest's client about 500 in its loop (librxe's post and poll
+//! about 270 of them); the provider 783 (librxe 312); the SDK's VQP
+//! 1,295 (the engine about 400 and the SDK about 100 over the
+//! provider's). A child posting the same CAS with raw
+//! `ibv_post_send`/`ibv_poll_cq` on an identical QP took turns at 1.06x
+//! perftest: the floor of a Rust child in this scheme.
 //!
 //! A process contender waits for perftest's loop before its first turn,
 //! runs `2 * iters` round trips, and is compared with perftest over the
