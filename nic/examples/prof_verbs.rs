@@ -86,7 +86,30 @@ fn check(wc: &Wc, wr_id: u64, op: WcOpcode) -> Result<(), String> {
     Ok(())
 }
 
-/// N CAS round trips; returns the empty polls seen.
+/// N round trips of the WR `wr(i)` builds (wr_id `i`), each checked to
+/// complete as `op`; returns the empty polls seen.
+#[inline(always)]
+fn round_trips(
+    qp: &VerbsQp,
+    cq: &VerbsCq,
+    n: u64,
+    op: WcOpcode,
+    wr: impl Fn(u64) -> SendWr,
+) -> Result<u64, String> {
+    let mut wc = [Wc::default()];
+    let mut empty = 0;
+    for i in 0..n {
+        let wr = wr(i);
+        qp.post_send(std::slice::from_ref(&wr))
+            .map_err(|e| format!("post {op:?}: {e}"))?;
+        empty += wait_one(cq, &mut wc)?;
+        check(&wc[0], i, op)?;
+    }
+    Ok(empty)
+}
+
+/// N CAS round trips (the word goes `start`, `start + 1`, ...); returns
+/// the empty polls seen.
 #[inline(always)]
 fn cas_body(
     qp: &VerbsQp,
@@ -96,17 +119,9 @@ fn cas_body(
     start: u64,
     n: u64,
 ) -> Result<u64, String> {
-    let mut wc = [Wc::default()];
-    let mut empty = 0;
-    for i in 0..n {
-        let v = start + i;
-        let wr = SendWr::cas(i, word, remote, v, v + 1);
-        qp.post_send(std::slice::from_ref(&wr))
-            .map_err(|e| format!("post CAS: {e}"))?;
-        empty += wait_one(cq, &mut wc)?;
-        check(&wc[0], i, WcOpcode::CompSwap)?;
-    }
-    Ok(empty)
+    round_trips(qp, cq, n, WcOpcode::CompSwap, |i| {
+        SendWr::cas(i, word, remote, start + i, start + i + 1)
+    })
 }
 
 /// N 64-byte READ round trips; returns the empty polls seen.
@@ -118,16 +133,9 @@ fn read_body(
     remote: RemoteAddr,
     n: u64,
 ) -> Result<u64, String> {
-    let mut wc = [Wc::default()];
-    let mut empty = 0;
-    for i in 0..n {
-        let wr = SendWr::read(i, local, remote);
-        qp.post_send(std::slice::from_ref(&wr))
-            .map_err(|e| format!("post READ: {e}"))?;
-        empty += wait_one(cq, &mut wc)?;
-        check(&wc[0], i, WcOpcode::RdmaRead)?;
-    }
-    Ok(empty)
+    round_trips(qp, cq, n, WcOpcode::RdmaRead, |i| {
+        SendWr::read(i, local, remote)
+    })
 }
 
 #[inline(never)]
