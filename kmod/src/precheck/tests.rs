@@ -106,6 +106,23 @@ impl Fixture {
             policy: Policy::default(),
         }
     }
+
+    /// [`Fixture::ctx`] with no grant table at all.
+    fn ctx_without_grants(
+        &self,
+        transport: Transport,
+    ) -> Precheck<'_, HashMap<u32, LocalMr>, NoGrants> {
+        let ctx = self.ctx(transport);
+        Precheck {
+            transport,
+            peer: ctx.peer,
+            local_mrs: ctx.local_mrs,
+            grants: &NoGrants,
+            now: ctx.now,
+            queue: ctx.queue,
+            policy: ctx.policy,
+        }
+    }
 }
 
 fn q(depth: u32, free: u32, unsignaled_tail: u32) -> QueueView {
@@ -510,16 +527,7 @@ fn grants_are_looked_up_per_target() {
     });
     assert!(f.ctx(Transport::Dc).check(&[wr.to(other)]).is_ok());
     // No grant table at all.
-    let ctx = f.ctx(Transport::Dc);
-    let no = Precheck {
-        transport: ctx.transport,
-        peer: ctx.peer,
-        local_mrs: ctx.local_mrs,
-        grants: &NoGrants,
-        now: ctx.now,
-        queue: ctx.queue,
-        policy: ctx.policy,
-    };
+    let no = f.ctx_without_grants(Transport::Dc);
     assert!(no.check(&[wr.to(dc())]).is_ok());
 }
 
@@ -979,16 +987,7 @@ fn fast_gate_agrees(f: &Fixture, window: &MrWindows, held: &[u32]) {
                                         held.contains(&lkey) && shape == 0 && kind != OpKind::Send;
                                     // No grant known to the VQP: the full
                                     // check with none.
-                                    let ctx = f.ctx(transport);
-                                    let none = Precheck {
-                                        transport,
-                                        peer: ctx.peer,
-                                        local_mrs: ctx.local_mrs,
-                                        grants: &NoGrants,
-                                        now: ctx.now,
-                                        queue: ctx.queue,
-                                        policy: ctx.policy,
-                                    };
+                                    let none = f.ctx_without_grants(transport);
                                     let full = none.check_wr(&wr);
                                     let fast = fast_wr_ok(&wr, window, &FastGrants::None);
                                     assert_eq!(
@@ -999,7 +998,7 @@ fn fast_gate_agrees(f: &Fixture, window: &MrWindows, held: &[u32]) {
                                     // The memo of the WR's rkey (what the
                                     // VQP knows for it), and of another.
                                     let known = f.grants.lookup(&target, rkey);
-                                    let full = ctx.check_wr(&wr);
+                                    let full = f.ctx(transport).check_wr(&wr);
                                     let fast = FastGrants::memo(rkey, known.as_ref(), || f.now)
                                         .is_some_and(|memo| fast_wr_ok(&wr, window, &memo));
                                     assert_eq!(
