@@ -541,8 +541,10 @@ impl<N: Nic> Vqp<N> {
 
     /// [`Vqp::post_send`] in RC fallback mode: on the pair the binding
     /// names, under the binding lock (before the QP's, as always), so no
-    /// handle is cloned.
-    #[inline(never)]
+    /// handle is cloned. Inlined into the caller: in an emulated guest
+    /// (Soft-RoCE under TCG) every out-of-line call and return costs far more
+    /// than its instructions (see `krcore_lat`'s docs).
+    #[inline(always)]
     fn post_rc(
         &self,
         slot: &Mutex<Option<Arc<PhysQp<N>>>>,
@@ -625,8 +627,9 @@ impl<N: Nic> Vqp<N> {
     }
 
     /// [`Vqp::poll`] in RC fallback mode: under the binding lock, so the
-    /// state cannot move meanwhile (and no handle is cloned).
-    #[inline(never)]
+    /// state cannot move meanwhile (and no handle is cloned). Inlined, as
+    /// [`Vqp::post_rc`].
+    #[inline(always)]
     fn poll_rc(
         &self,
         slot: &Mutex<Option<Arc<PhysQp<N>>>>,

@@ -209,6 +209,7 @@ impl CompletionQueue for VerbsCq {
         self.inner.depth
     }
 
+    #[inline]
     fn poll(&self, out: &mut [Wc]) -> Result<usize> {
         // The empty poll (the common case of a spinning caller) stays small:
         // one `ibv_poll_cq`, the overflow flag; translation is out of line.

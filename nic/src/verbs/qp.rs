@@ -629,6 +629,7 @@ impl QueuePair for VerbsQp {
         Ok(())
     }
 
+    #[inline]
     fn post_send(&self, wrs: &[SendWr]) -> std::result::Result<(), PostError> {
         super::wr::post_send(&self.inner, wrs)
     }

@@ -177,6 +177,7 @@ pub(crate) fn device_refusal(rc: i32, depth: u32) -> PostErrorKind {
     }
 }
 
+#[inline]
 pub(crate) fn post_send(q: &QpInner, wrs: &[SendWr]) -> Result<(), PostError> {
     match wrs {
         [wr] if q.dc.is_none() => post_one(q, wr),
