@@ -75,15 +75,23 @@
 //! What the CAS ratio measures. On rxe the kernel runs a CAS's whole round
 //! trip inside the post's system call (a READ's response runs in a tasklet
 //! while the post returns), so nothing overlaps the user-space work around
-//! it, and in the emulated guest that work shows almost one for one: about
-//! 1 % of the ratio per 90 instructions per operation. Both clients make
+//! it. In the emulated guest what that work costs is mostly its
+//! out-of-line calls, not its instructions: a scratch variant of the
+//! provider's CAS contender, taking turns alone beside it (8 rounds of
+//! 3,000), was 2 % slower with 500 more instructions in registers, 3 %
+//! with 64 more cache lines over 32 pages, and 21 % with 64 more calls of
+//! distinct tiny functions (probably because a return is an indirect
+//! jump the emulator must look up, with the kernel's long CAS path
+//! keeping its lookup cache cold; not confirmed).
+//! The hot path is therefore inlined from the SDK's `post`/`poll` down to
+//! `ibv_post_send`/`ibv_poll_cq`. Both clients make
 //! exactly one system call per operation (a 32 B `write` on the uverbs fd,
 //! strace) and post the same WR (one 8 B SGE, signaled, `max_rd_atomic` the
 //! device maximum as perftest's `out_reads`). User-space instructions per
 //! CAS, counted with callgrind inside the guest (load-independent, `--prof`
 //! below): perftest's client about 500 in its loop (librxe's post and poll
-//! about 270 of them); the provider 783 (librxe 312); the SDK's VQP
-//! 1,295 (the engine about 400 and the SDK about 100 over the
+//! about 270 of them); the provider 743 (librxe 312); the SDK's VQP
+//! 1,149 (the engine and the SDK together about 400 over the
 //! provider's). A child posting the same CAS with raw
 //! `ibv_post_send`/`ibv_poll_cq` on an identical QP took turns at 1.06x
 //! perftest: the floor of a Rust child in this scheme.
