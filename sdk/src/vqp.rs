@@ -234,7 +234,7 @@ impl<N: Nic> Vqp<N> {
     /// # Errors
     /// [`Error::ReservedWrId`]; [`Error::Vqp`] with the pre-check's typed
     /// rejection (nothing was posted) or another post failure.
-    #[inline]
+    #[inline(always)]
     pub fn post(&self, wrs: &mut [SendWr]) -> Result<()> {
         if let Some(wr) = wrs.iter().find(|w| w.wr_id & REQUEST_WR_ID_BIT != 0) {
             return Err(Error::ReservedWrId(wr.wr_id));
@@ -250,7 +250,7 @@ impl<N: Nic> Vqp<N> {
     ///
     /// # Errors
     /// [`Error::Vqp`] when the shared CQ failed.
-    #[inline]
+    #[inline(always)]
     pub fn poll(&self, out: &mut [Wc]) -> Result<usize> {
         let mut n = 0;
         if self.inner.stashed_user.load(Ordering::Acquire) > 0 {

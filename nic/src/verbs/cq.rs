@@ -212,7 +212,7 @@ impl CompletionQueue for VerbsCq {
     #[inline]
     fn poll(&self, out: &mut [Wc]) -> Result<usize> {
         // The empty poll (the common case of a spinning caller) stays small:
-        // one `ibv_poll_cq`, the overflow flag; translation is out of line.
+        // one `ibv_poll_cq`, the overflow flag; translation behind one branch.
         let mut raw: [MaybeUninit<sys::ibv_wc>; POLL_BATCH] =
             [const { MaybeUninit::uninit() }; POLL_BATCH];
         let want = out.len().min(POLL_BATCH);
@@ -244,7 +244,7 @@ impl VerbsCq {
     /// Translates the `got` completions of a first poll that asked for
     /// `want` into `out`, and polls on while batches come back full and
     /// `out` has room. Returns how many it wrote (stale ones are dropped).
-    #[inline(never)]
+    #[inline(always)]
     fn take(
         &self,
         out: &mut [Wc],

@@ -187,8 +187,9 @@ pub(crate) fn post_send(q: &QpInner, wrs: &[SendWr]) -> Result<(), PostError> {
 
 /// One WR on an RC or UD QP, the latency path: the same checks in the same
 /// order as `post_many` (state, validation, credits), the WR and its SGEs
-/// built on the stack, one `ibv_post_send`.
-#[inline]
+/// built on the stack, one `ibv_post_send`. Inlined into the provider's
+/// `post_send` (see `VerbsQp::post_send`).
+#[inline(always)]
 fn post_one(q: &QpInner, wr: &SendWr) -> Result<(), PostError> {
     let sh = &*q.shared;
     let mut guard = sh.st.lock();
