@@ -57,6 +57,10 @@
 //!   completed with `REM_INV_REQ` as on mlx5 and in the sim.
 //! - A remote access error moves the *responder* RC QP to ERR as well (the
 //!   sim leaves the target alone): recovery resets both ends.
+//! - Completions still in a CQ when their QP is reset are dropped (the
+//!   contract's RESET discards outstanding work without completions;
+//!   libmlx5 likewise removes them from the CQ, rxe leaves them there),
+//!   whereas the sim still returns them. Poll before resetting to see them.
 //! - Everything else the conformance suite checks holds unchanged,
 //!   including CQ overflow (rxe raises `IBV_EVENT_CQ_ERR`).
 //!
