@@ -92,18 +92,20 @@ pub(crate) struct Translate<'a> {
 
 /// Polls through `raw` (`ibv_poll_cq`, or a fake in host tests: it writes
 /// up to `want` device completions into the buffer and returns how many,
-/// or a negative value on error) under `lock`, translating into `out` (see
-/// the module docs). Polls on while batches come back full and `out` has
+/// or a negative value on error) under `lock`, translating into `out` with
+/// what `ctx` gives (only called once there is something to translate, so
+/// that the empty poll does not compute it; see the module docs). Polls on while batches come back full and `out` has
 /// room. Returns how many completions it wrote (stale ones are dropped)
 /// and whether a device poll failed.
 #[inline(always)]
-pub(crate) fn poll_locked<F>(
+pub(crate) fn poll_locked<'t, C, F>(
     lock: &Mutex<CqPoll>,
-    t: &Translate<'_>,
+    ctx: C,
     out: &mut [Wc],
     mut raw: F,
 ) -> (usize, bool)
 where
+    C: FnOnce() -> Translate<'t>,
     F: FnMut(&mut [MaybeUninit<sys::ibv_wc>; POLL_BATCH], usize) -> i32,
 {
     // The empty poll (the common case of a spinning caller) stays small:
@@ -119,6 +121,7 @@ where
     if got <= 0 {
         return (0, got < 0);
     }
+    let t = &ctx();
     let mut n = 0;
     loop {
         for w in &buf[..got as usize] {
@@ -315,11 +318,11 @@ impl CompletionQueue for VerbsCq {
     #[inline]
     fn poll(&self, out: &mut [Wc]) -> Result<usize> {
         let i = &*self.inner;
-        let t = Translate {
+        let ctx = || Translate {
             recv: &i.dev.recv,
             errors: &i.dev.counters.error_completions,
         };
-        let (n, failed) = poll_locked(&i.poll, &t, out, |buf, want| {
+        let (n, failed) = poll_locked(&i.poll, ctx, out, |buf, want| {
             // SAFETY: `buf` has room for `want <= POLL_BATCH` completions;
             // the CQ is live.
             unsafe { sys::ibv_poll_cq(i.cq, want as i32, buf[0].as_mut_ptr()) }
@@ -432,11 +435,11 @@ mod tests {
         /// `pause` runs after every device poll that returned something
         /// (to widen the window between taking and translating).
         fn poll(&self, out: &mut [Wc], pause: impl Fn()) -> usize {
-            let t = Translate {
+            let ctx = || Translate {
                 recv: &self.recv,
                 errors: &self.errors,
             };
-            let (n, failed) = poll_locked(&self.lock, &t, out, |buf, want| {
+            let (n, failed) = poll_locked(&self.lock, ctx, out, |buf, want| {
                 let got = self.dev.poll(buf, want);
                 if got > 0 {
                     pause();
