@@ -93,17 +93,19 @@ pub(crate) struct Translate<'a> {
 /// Polls through `raw` (`ibv_poll_cq`, or a fake in host tests: it writes
 /// up to `want` device completions into the buffer and returns how many,
 /// or a negative value on error) under `lock`, translating into `out` with
-/// what `ctx` gives (only called once there is something to translate, so
-/// that the empty poll does not compute it; see the module docs). Polls on while batches come back full and `out` has
-/// room. Returns how many completions it wrote (stale ones are dropped)
-/// and whether a device poll failed.
+/// what `ctx` gives (called only once there is something to translate, so
+/// that the empty poll does not compute it). Polls on while batches come
+/// back full and `out` has room. Returns how many completions it wrote
+/// (stale ones are dropped); a failed device poll (a CQ in error) sets
+/// `failed`. See the module docs for the lock.
 #[inline(always)]
 pub(crate) fn poll_locked<'t, C, F>(
     lock: &Mutex<CqPoll>,
     ctx: C,
+    failed: &AtomicBool,
     out: &mut [Wc],
     mut raw: F,
-) -> (usize, bool)
+) -> usize
 where
     C: FnOnce() -> Translate<'t>,
     F: FnMut(&mut [MaybeUninit<sys::ibv_wc>; POLL_BATCH], usize) -> i32,
@@ -112,14 +114,17 @@ where
     // the lock, one device poll, the unlock; translation behind one branch.
     let mut want = out.len().min(POLL_BATCH);
     if want == 0 {
-        return (0, false);
+        return 0;
     }
     let mut buf: [MaybeUninit<sys::ibv_wc>; POLL_BATCH] =
         [const { MaybeUninit::uninit() }; POLL_BATCH];
     let p = lock.lock();
     let mut got = raw(&mut buf, want);
     if got <= 0 {
-        return (0, got < 0);
+        if got < 0 {
+            failed.store(true, Ordering::Release);
+        }
+        return 0;
     }
     let t = &ctx();
     let mut n = 0;
@@ -132,15 +137,15 @@ where
             }
         }
         if (got as usize) < want || n == out.len() {
-            return (n, false);
+            return n;
         }
         want = (out.len() - n).min(POLL_BATCH);
         got = raw(&mut buf, want);
-        if got < 0 {
-            return (n, true);
-        }
-        if got == 0 {
-            return (n, false);
+        if got <= 0 {
+            if got < 0 {
+                failed.store(true, Ordering::Release);
+            }
+            return n;
         }
     }
 }
@@ -322,15 +327,13 @@ impl CompletionQueue for VerbsCq {
             recv: &i.dev.recv,
             errors: &i.dev.counters.error_completions,
         };
-        let (n, failed) = poll_locked(&i.poll, ctx, out, |buf, want| {
+        // A failed poll is a CQ in error (mlx5 reports overflow this way
+        // too): it sets the overflow flag.
+        let n = poll_locked(&i.poll, ctx, &i.overflowed, out, |buf, want| {
             // SAFETY: `buf` has room for `want <= POLL_BATCH` completions;
             // the CQ is live.
             unsafe { sys::ibv_poll_cq(i.cq, want as i32, buf[0].as_mut_ptr()) }
         });
-        if failed {
-            // A CQ in error (mlx5 reports overflow this way too).
-            i.overflowed.store(true, Ordering::Release);
-        }
         if n > 0 {
             return Ok(n);
         }
@@ -439,14 +442,15 @@ mod tests {
                 recv: &self.recv,
                 errors: &self.errors,
             };
-            let (n, failed) = poll_locked(&self.lock, ctx, out, |buf, want| {
+            let failed = AtomicBool::new(false);
+            let n = poll_locked(&self.lock, ctx, &failed, out, |buf, want| {
                 let got = self.dev.poll(buf, want);
                 if got > 0 {
                     pause();
                 }
                 got
             });
-            assert!(!failed);
+            assert!(!failed.load(Relaxed));
             n
         }
 
