@@ -27,7 +27,10 @@
 //!
 //! Cost: one uncontended lock and unlock per `poll` (librxe's `ibv_poll_cq`
 //! takes its own CQ spinlock anyway), inline on the success path; the
-//! table lookup needs no lock of its own.
+//! table lookup needs no lock of its own (it had a read lock per
+//! completion) and `sq_done` no atomic read-modify-write. User-space
+//! instructions (`prof_verbs` under callgrind, rxe, N 2000): an empty poll
+//! 90 -> 105, a CAS round trip 676 -> 671, a 64 B READ 672 -> 667.
 
 use super::device::DeviceInner;
 use super::error::VerbsError;
