@@ -30,8 +30,11 @@
 //!   the stack, a chain in a per-QP reusable buffer.
 //! - Send completions are mapped back without the QP's send lock: the CQ
 //!   finds the QP in an open-addressing table by QP number (`qptable`,
-//!   under a read lock) and reads the `wr_id` from the QP's send ring, a
-//!   seqlock per slot (`ring`), written under the send lock at post time.
+//!   under the CQ's poll lock) and reads the `wr_id` from the QP's send
+//!   ring, a seqlock per slot (`ring`), written under the send lock at post
+//!   time. Send sequences are never reused on a CQ (a new QP starts past
+//!   those of the destroyed QPs whose numbers the device may reuse), so a
+//!   leftover completion can never be taken for another WR's.
 //! - RoCE: every address vector is global (GRH with the peer's GID and our
 //!   GID index); RC uses the port's active MTU (4096 for rxe on `lo` in
 //!   the Soft-RoCE guest, 1024 for rxe on a 1500-byte Ethernet netdev), PSN
@@ -54,14 +57,19 @@
 //!   completed with `REM_INV_REQ` as on mlx5 and in the sim.
 //! - A remote access error moves the *responder* RC QP to ERR as well (the
 //!   sim leaves the target alone): recovery resets both ends.
+//! - Completions still in a CQ when their QP is reset are dropped (the
+//!   contract's RESET discards outstanding work without completions;
+//!   libmlx5 likewise removes them from the CQ, rxe leaves them there),
+//!   whereas the sim still returns them. Poll before resetting to see them.
 //! - Everything else the conformance suite checks holds unchanged,
 //!   including CQ overflow (rxe raises `IBV_EVENT_CQ_ERR`).
 //!
 //! ## Thread safety
 //! Every handle is `Send + Sync`; posting to one QP is serialized by its send
-//! lock, polling is serialized by the provider library's CQ lock (the
-//! translation of what a poll returned is not: several threads may poll one
-//! CQ, see `ring` for what that allows).
+//! lock; polling one CQ is serialized by its poll lock, held across
+//! `ibv_poll_cq` and the translation of what it returned, so that any
+//! number of threads may poll one CQ without a completion being lost or
+//! misattributed (see `cq`).
 
 #![allow(unsafe_code)]
 

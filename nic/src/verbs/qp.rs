@@ -8,11 +8,17 @@
 //! read by pollers without it). Polling a send completion for `seq` returns
 //! the caller's `wr_id` and advances `sq_done` to `seq + 1`, freeing every
 //! slot before it (unsignaled WRs included). Credits are
-//! `max_send_wr - (posted - sq_done)`. Sequences never restart: RESET sets
-//! `sq_done = posted`, and a completion left over from before the reset
-//! finds its slot reused (or `sq_done` past it) and frees nothing.
+//! `max_send_wr - (posted - sq_done)`.
+//!
+//! Sequences are never reused on a send CQ: they never restart within a
+//! QP, and a QP starts at its send CQ's floor, past every sequence of the
+//! QPs destroyed before it (whose numbers the device may reuse), see `cq`.
+//! RESET sets `sq_done = posted` and drops the ring (under the send CQ's
+//! poll lock): a completion left in the CQ from before the reset is
+//! dropped and frees nothing, as the contract's "discarded without
+//! completions" says.
 
-use super::cq::VerbsCq;
+use super::cq::{CqPoll, VerbsCq};
 use super::device::DeviceInner;
 use super::error::VerbsError;
 use super::ffi::{self, sys};
@@ -27,7 +33,7 @@ use crate::types::*;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::Arc;
 
 /// An address handle (UD destinations and DC targets), destroyed on drop.
@@ -79,6 +85,8 @@ pub(crate) struct SendState {
 /// What a CQ needs of a QP: the ring and the credit counter.
 pub(crate) struct SendShared {
     pub max_send_wr: u32,
+    /// One past the last completed (or discarded) sequence. Written only
+    /// under the poll lock of the QP's send CQ (`cq`), read anywhere.
     pub sq_done: AtomicU64,
     /// Written only under `st` (one writer), read by pollers lock-free.
     pub ring: SendRing,
@@ -93,14 +101,48 @@ unsafe impl Send for SendShared {}
 unsafe impl Sync for SendShared {}
 
 impl SendShared {
+    /// A send queue of `max_send_wr` (>= 1) WRs whose first sequence is
+    /// `start` (its send CQ's floor, see `CqPoll::register`).
+    pub(crate) fn new(max_send_wr: u32, start: u64) -> SendShared {
+        SendShared {
+            max_send_wr,
+            sq_done: AtomicU64::new(start),
+            ring: SendRing::new(max_send_wr),
+            st: Mutex::new(SendState {
+                posted: start,
+                c: Counters::default(),
+                state: QpState::Reset,
+                ahs: HashMap::new(),
+                wrs: Vec::new(),
+                sges: Vec::new(),
+                last_dc: None,
+            }),
+        }
+    }
+
     /// Resolves a polled send completion: the caller's `wr_id` and the WR's
     /// opcode, freeing every slot up to it. `None` for a stale completion.
-    #[inline]
+    /// Called only under the poll lock of this QP's send CQ, the only
+    /// place `sq_done` is written, so a load and a store suffice (and it
+    /// never moves back).
+    #[inline(always)]
     pub(crate) fn complete(&self, seq: u64) -> Option<(u64, WcOpcode)> {
         let r = self.ring.lookup(seq)?;
-        // Several threads may poll one CQ: never move `sq_done` back.
-        self.sq_done.fetch_max(seq + 1, AcqRel);
+        if seq >= self.sq_done.load(Relaxed) {
+            self.sq_done.store(seq + 1, Release);
+        }
         Some(r)
+    }
+
+    /// RESET: every outstanding WR is discarded without a completion. Frees
+    /// every slot and drops the ring, so that completions of the discarded
+    /// work still in the CQ are dropped. Called with the send lock held
+    /// (`st`) and `poll`, the send CQ's poll lock, held.
+    pub(crate) fn discard(&self, st: &SendState, _poll: &mut CqPoll) {
+        if st.posted > self.sq_done.load(Relaxed) {
+            self.sq_done.store(st.posted, Release);
+        }
+        self.ring.clear();
     }
 
     #[inline]
@@ -136,7 +178,11 @@ unsafe impl Sync for QpInner {}
 
 impl Drop for QpInner {
     fn drop(&mut self) {
-        self.send_cq.inner.send_qps.write().remove(self.qpn);
+        // Before the QP number can be reused (the device frees it in
+        // `ibv_destroy_qp`): out of the send CQ's table, its sequences
+        // below the CQ's floor.
+        let posted = self.shared.st.lock().posted;
+        self.send_cq.inner.poll.lock().unregister(self.qpn, posted);
         // SAFETY: `qp` came from `ibv_create_qp`/`mlx5dv_create_qp` and is
         // destroyed once; its CQs, SRQ and PD outlive it (fields).
         unsafe { sys::ibv_destroy_qp(self.qp) };
@@ -210,25 +256,7 @@ impl VerbsQp {
         // SAFETY: `qp` is the valid QP just created.
         let qpn = unsafe { (*qp).qp_num };
         let max_send_wr = caps.max_send_wr.max(1);
-        let shared = Arc::new(SendShared {
-            max_send_wr,
-            sq_done: AtomicU64::new(0),
-            ring: SendRing::new(max_send_wr),
-            st: Mutex::new(SendState {
-                posted: 0,
-                c: Counters::default(),
-                state: QpState::Reset,
-                ahs: HashMap::new(),
-                wrs: Vec::new(),
-                sges: Vec::new(),
-                last_dc: None,
-            }),
-        });
-        init.send_cq
-            .inner
-            .send_qps
-            .write()
-            .insert(qpn, shared.clone());
+        let shared = init.send_cq.inner.poll.lock().register(qpn, max_send_wr);
         {
             let mut qps = dev.qps.lock();
             qps.retain(|w| w.strong_count() > 0);
@@ -619,7 +647,7 @@ impl QueuePair for VerbsQp {
         st.state = to;
         if to == QpState::Reset {
             // Outstanding work is discarded without completions.
-            sh.sq_done.fetch_max(st.posted, AcqRel);
+            sh.discard(&st, &mut q.send_cq.inner.poll.lock());
             st.last_dc = None;
             if q.has_rq {
                 q.pd.dev.recv.release_owner(q.owner);

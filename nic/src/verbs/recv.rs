@@ -7,9 +7,17 @@
 //! sequence (bit 63 clear, see `qp`), receive WRs carry a tag from this
 //! table (bit 63 set) that maps back to the user's `wr_id`.
 //!
-//! Tag layout: `1 << 63 | generation (31 bits) << 32 | slot index (32 bits)`.
-//! The generation makes a stale tag (a completion left in a CQ after its QP
-//! was reset) miss instead of returning another receive's `wr_id`.
+//! Tags are never reused: a tag is `1 << 63 | n` for the next `n` of a
+//! device-wide 63-bit counter (2^63 receives: centuries at any rate a
+//! device reaches). The table is a power-of-two array indexed by `n`'s low
+//! bits, at most half full; `insert` skips counter values whose slot is
+//! taken (so it ends within one lap), and growing keeps every entry's
+//! index (`n mod 2c` differ when `n mod c` do). A slot holds the tag it was
+//! given, and `take` resolves a tag only if its slot holds exactly that
+//! tag: a stale tag (a completion left in a CQ after its receive was
+//! released by a reset or a destroy, or with its QP number reused) always
+//! misses, whatever happened to its slot since. (A per-slot generation
+//! could wrap while a stale completion waits in an unpolled CQ.)
 
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
@@ -18,19 +26,101 @@ use std::sync::Arc;
 /// Bit 63 of a device `wr_id`: a receive tag.
 pub(crate) const RECV_TAG: u64 = 1 << 63;
 
+/// Initial table capacity.
+const MIN_CAP: usize = 64;
+
+#[derive(Default)]
 struct Slot {
-    gen: u32,
-    /// 0 when free.
+    /// The tag this slot was given, 0 when free.
+    tag: u64,
     owner: u64,
     wr_id: u64,
     /// Outstanding-receive counter of the SRQ that holds it.
     srq_count: Option<Arc<AtomicU32>>,
 }
 
-#[derive(Default)]
 struct Slab {
+    /// Power-of-two length, at most half full.
     slots: Vec<Slot>,
-    free: Vec<u32>,
+    len: usize,
+    /// The counter of the next tag (`RECV_TAG | next`), from 1.
+    next: u64,
+}
+
+impl Default for Slab {
+    fn default() -> Self {
+        Slab {
+            slots: (0..MIN_CAP).map(|_| Slot::default()).collect(),
+            len: 0,
+            next: 1,
+        }
+    }
+}
+
+impl Slab {
+    #[inline]
+    fn index(&self, tag: u64) -> usize {
+        ((tag & !RECV_TAG) as usize) & (self.slots.len() - 1)
+    }
+
+    fn grow(&mut self) {
+        let old = std::mem::take(&mut self.slots);
+        self.slots = (0..old.len() * 2).map(|_| Slot::default()).collect();
+        for s in old.into_iter().filter(|s| s.tag != 0) {
+            let i = self.index(s.tag);
+            debug_assert_eq!(self.slots[i].tag, 0, "live tags differ mod the capacity");
+            self.slots[i] = s;
+        }
+    }
+
+    /// A new, never used tag for `owner`'s receive `wr_id`.
+    fn insert(&mut self, owner: u64, wr_id: u64, srq_count: Option<&Arc<AtomicU32>>) -> u64 {
+        if (self.len + 1) * 2 > self.slots.len() {
+            self.grow();
+        }
+        // At least half the slots are free and consecutive counter values
+        // visit every slot once per lap: this ends within one lap.
+        let i = loop {
+            let n = self.next;
+            self.next += 1;
+            debug_assert!(n < RECV_TAG, "63-bit receive counter exhausted");
+            let i = self.index(n);
+            if self.slots[i].tag == 0 {
+                break i;
+            }
+        };
+        let tag = RECV_TAG | (self.next - 1);
+        let slot = &mut self.slots[i];
+        slot.tag = tag;
+        slot.owner = owner;
+        slot.wr_id = wr_id;
+        slot.srq_count = srq_count.cloned();
+        if let Some(c) = &slot.srq_count {
+            c.fetch_add(1, Relaxed);
+        }
+        self.len += 1;
+        tag
+    }
+
+    /// Frees slot `i` (occupied).
+    fn free(&mut self, i: usize) -> u64 {
+        let slot = &mut self.slots[i];
+        slot.tag = 0;
+        slot.owner = 0;
+        if let Some(c) = slot.srq_count.take() {
+            c.fetch_sub(1, Relaxed);
+        }
+        self.len -= 1;
+        slot.wr_id
+    }
+
+    fn take(&mut self, tag: u64) -> Option<u64> {
+        if tag & RECV_TAG == 0 {
+            return None;
+        }
+        let i = self.index(tag);
+        (self.slots[i].tag == tag).then(|| self.free(i))
+    }
 }
 
 /// The device-wide table of posted receives.
@@ -51,27 +141,7 @@ impl RecvTable {
     ) {
         let mut s = self.slab.lock();
         for (wr_id, tag) in wr_ids.zip(tags.iter_mut()) {
-            let idx = match s.free.pop() {
-                Some(i) => i,
-                None => {
-                    s.slots.push(Slot {
-                        gen: 0,
-                        owner: 0,
-                        wr_id: 0,
-                        srq_count: None,
-                    });
-                    (s.slots.len() - 1) as u32
-                }
-            };
-            let slot = &mut s.slots[idx as usize];
-            slot.gen = (slot.gen + 1) & 0x7fff_ffff;
-            slot.owner = owner;
-            slot.wr_id = wr_id;
-            slot.srq_count = srq_count.cloned();
-            if let Some(c) = &slot.srq_count {
-                c.fetch_add(1, Relaxed);
-            }
-            *tag = RECV_TAG | (slot.gen as u64) << 32 | idx as u64;
+            *tag = s.insert(owner, wr_id, srq_count);
         }
     }
 
@@ -79,51 +149,26 @@ impl RecvTable {
     pub(crate) fn cancel(&self, tags: &[u64]) {
         let mut s = self.slab.lock();
         for &t in tags {
-            take_locked(&mut s, t);
+            s.take(t);
         }
     }
 
-    /// Resolves a completed receive's tag (and frees it).
+    /// Resolves a completed receive's tag (and frees it); `None` for a
+    /// stale tag.
     pub(crate) fn take(&self, tag: u64) -> Option<u64> {
-        let mut s = self.slab.lock();
-        take_locked(&mut s, tag)
+        self.slab.lock().take(tag)
     }
 
     /// Frees every receive of `owner` (its QP was reset or destroyed: the
     /// device discards them without completions).
     pub(crate) fn release_owner(&self, owner: u64) {
         let mut s = self.slab.lock();
-        let mut freed = Vec::new();
-        for (i, slot) in s.slots.iter_mut().enumerate() {
-            if slot.owner == owner {
-                slot.owner = 0;
-                if let Some(c) = slot.srq_count.take() {
-                    c.fetch_sub(1, Relaxed);
-                }
-                freed.push(i as u32);
+        for i in 0..s.slots.len() {
+            if s.slots[i].tag != 0 && s.slots[i].owner == owner {
+                s.free(i);
             }
         }
-        s.free.extend(freed);
     }
-}
-
-fn take_locked(s: &mut Slab, tag: u64) -> Option<u64> {
-    if tag & RECV_TAG == 0 {
-        return None;
-    }
-    let idx = (tag & 0xffff_ffff) as usize;
-    let gen = ((tag >> 32) & 0x7fff_ffff) as u32;
-    let slot = s.slots.get_mut(idx)?;
-    if slot.owner == 0 || slot.gen != gen {
-        return None;
-    }
-    slot.owner = 0;
-    if let Some(c) = slot.srq_count.take() {
-        c.fetch_sub(1, Relaxed);
-    }
-    let wr_id = slot.wr_id;
-    s.free.push(idx as u32);
-    Some(wr_id)
 }
 
 #[cfg(test)]
@@ -158,5 +203,42 @@ mod tests {
         assert_eq!(c.load(Relaxed), 1);
         t.release_owner(1);
         assert_eq!(c.load(Relaxed), 0);
+    }
+
+    /// A stale tag (released with its owner) never resolves, however often
+    /// its slot is reused since (every slot here is reused hundreds of
+    /// times); no tag is ever handed out twice; live tags survive the
+    /// table's growth and wrap-around. Reference check: a map of live tags.
+    #[test]
+    fn stale_tags_never_resolve_and_growth_keeps_live_ones() {
+        let t = RecvTable::default();
+        let mut stale = [0u64; 4];
+        t.insert(1, [1u64, 2, 3, 4].into_iter(), None, &mut stale);
+        t.release_owner(1);
+        let mut live = std::collections::HashMap::new();
+        let mut all = std::collections::HashSet::new();
+        let mut tag = [0u64; 1];
+        for i in 0..200_000u64 {
+            t.insert(2, std::iter::once(i), None, &mut tag);
+            assert!(all.insert(tag[0]), "tag {:#x} reused", tag[0]);
+            live.insert(tag[0], i);
+            // Keep a varying number live (growth, wrap-around), free the
+            // rest at once.
+            if live.len() > (i % 300) as usize {
+                let k = *live.keys().next().unwrap();
+                assert_eq!(t.take(k), live.remove(&k));
+            }
+            if i % 4096 == 0 {
+                for s in stale {
+                    assert!(t.take(s).is_none(), "stale tag resolved at {i}");
+                }
+            }
+        }
+        for (k, v) in live {
+            assert_eq!(t.take(k), Some(v));
+        }
+        for s in stale {
+            assert!(t.take(s).is_none());
+        }
     }
 }

@@ -3,9 +3,10 @@
 //! QP's send lock.
 //!
 //! Protocol (a seqlock per slot, sequence numbers never reused):
-//! - One writer at a time: `record` is called only under the QP's send lock,
-//!   before the WR is handed to the device. It marks the slot `BUSY`, then
-//!   writes `wr_id` and `opcode`, then publishes `seq` with Release.
+//! - One writer at a time: `record` and `clear` are called only under the
+//!   QP's send lock. `record` runs before the WR is handed to the device:
+//!   it marks the slot `BUSY`, then writes `wr_id` and `opcode`, then
+//!   publishes `seq` with Release.
 //! - Any number of readers: `lookup(seq)` reads `seq` (Acquire), the data,
 //!   then `seq` again after an Acquire fence; it returns the data only if
 //!   both reads saw `seq`. A reader that read any data written by a later
@@ -15,11 +16,16 @@
 //!   sequence only grows (`s`, `BUSY`, `s + len`, ...), there is no ABA.
 //! - A slot is reused for `seq + len` (len = `max_send_wr` rounded up to a
 //!   power of two) only after `seq` has been completed or discarded
-//!   (credits), so a completion normally finds its slot intact. When
-//!   several threads poll one CQ, a later completion of the same QP can be
-//!   translated first, free the slot and let it be reused before an earlier
-//!   one is read: that earlier one then misses (`None`, a stale completion),
-//!   exactly as with the former lock-protected ring.
+//!   (credits). Completions are translated under their CQ's poll lock, in
+//!   the order the device queued them, which for one send queue is
+//!   sequence order (see `cq`): when `seq` is looked up, no later
+//!   completion of its QP has freed its slot yet, so a completion of a WR
+//!   that is still outstanding always finds its slot intact, with any
+//!   number of pollers.
+//! - A lookup misses (`None`, a stale completion) only for work that was
+//!   discarded: the QP was reset (`clear` empties every slot) or destroyed
+//!   (the QP is no longer in the CQ's table; a new QP with its number
+//!   starts past its sequences, see `cq`).
 //!
 //! A device completion carries the sequence the device was given, which
 //! `record` published (Release) before the device could see the WR, and the
@@ -82,6 +88,14 @@ impl SendRing {
         s.seq.store(seq, Ordering::Release);
     }
 
+    /// Empties every slot (the QP was reset: its outstanding WRs are
+    /// discarded). Only under the QP's send lock, like `record`.
+    pub(crate) fn clear(&self) {
+        for s in self.slots.iter() {
+            s.seq.store(BUSY, Ordering::Release);
+        }
+    }
+
     /// The `wr_id` and opcode recorded for `seq`, or `None` when its slot
     /// holds another sequence (a stale completion).
     #[inline]
@@ -139,6 +153,12 @@ mod tests {
         r.record(7, 1, WcOpcode::Send);
         r.record(7, 2, WcOpcode::RdmaWrite);
         assert_eq!(r.lookup(7), Some((2, WcOpcode::RdmaWrite)));
+        r.clear();
+        for s in 4..8 {
+            assert!(r.lookup(s).is_none(), "cleared {s}");
+        }
+        r.record(8, 3, WcOpcode::Send);
+        assert_eq!(r.lookup(8), Some((3, WcOpcode::Send)));
     }
 
     /// One writer records sequences as fast as it can (no credits: it laps
