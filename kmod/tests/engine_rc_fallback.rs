@@ -138,6 +138,39 @@ fn a_second_vqp_to_the_same_target_reuses_the_rc_qp() {
 }
 
 #[test]
+fn a_node_that_only_connects_runs_no_handshake_thread_until_its_address_is_handed_out() {
+    let f = Fabric::new();
+    let mem = f.memory_node(4096);
+    assert!(
+        mem.engine.stats().handshake_thread_running,
+        "a registered node answers from its thread"
+    );
+    // A compute node (`handshake_thread` on, as the SDK sets it) that only
+    // connects out: its connect drives its own endpoint, no thread starts.
+    let client = f.client();
+    let v = client.create_vqp().unwrap();
+    v.connect(mem.engine.gid()).unwrap();
+    let buf = client.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    mem.mr.write(0, b"no-threa").unwrap();
+    assert_eq!(&read8(&v, &buf, &mem, 0), b"no-threa");
+    assert!(!client.stats().handshake_thread_running);
+
+    // Handing its address out starts the thread: a peer then pairs with it
+    // while the node itself never calls in.
+    let target = client.local_target().unwrap();
+    assert!(client.stats().handshake_thread_running);
+    f.meta.table().register(target, 0, 1 << 40, 0).unwrap();
+    let reader = f.client();
+    reader
+        .create_vqp()
+        .unwrap()
+        .connect(client.gid())
+        .expect("the client's thread answers");
+    assert_eq!(client.stats().handshake.passive_qps, 1, "the peer's pair");
+    assert!(!reader.stats().handshake_thread_running);
+}
+
+#[test]
 fn pairs_are_evicted_least_recently_used_and_rebuilt_on_use() {
     let f = Fabric::new();
     let mems: Vec<MemNode> = (0..3).map(|_| f.memory_node(64)).collect();

@@ -116,9 +116,11 @@ impl<N: Nic> Node<N> {
     /// A node over any provider's NIC, with an engine configured by `cfg`.
     ///
     /// On a device without DC the engine runs in RC fallback mode; the SDK
-    /// then always runs its handshake thread (`cfg.handshake_thread` is
-    /// turned on), so that the node accepts connections with no help from
-    /// the caller.
+    /// then turns `cfg.handshake_thread` on, so that the node accepts
+    /// connections with no help from the caller once its address is handed
+    /// out ([`Node::local_target`], registration, messaging): the thread
+    /// starts then. A node that only connects out (a compute node issuing
+    /// one-sided operations) runs no engine thread.
     ///
     /// # Errors
     /// [`Error::Engine`] when the engine cannot start.

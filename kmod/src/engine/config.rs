@@ -63,10 +63,14 @@ pub struct EngineConfig {
     /// qkey and slots), and DC mode's upgrade handshake over messaging.
     pub handshake: HandshakeConfig,
     /// RC fallback mode: answer peers' handshakes from a background thread
-    /// of the engine's (named `krcore-handshake`). Off, the host must call
-    /// [`super::Engine::progress`] for this node to accept connections
-    /// (its own connects drive its endpoint while they wait). Default false:
-    /// the engine starts no thread unless asked; the SDK turns it on.
+    /// of the engine's (named `krcore-handshake`), started when the node's
+    /// address is first handed out ([`super::Engine::local_target`], what a
+    /// node registers with the meta server; the first messaging port or
+    /// endpoint): a node that only initiates (a compute node) runs none.
+    /// Off, the host must call [`super::Engine::progress`] for this node
+    /// to accept connections (its own connects drive its endpoint while
+    /// they wait). Default false: the engine starts no thread unless asked;
+    /// the SDK turns it on.
     /// DC mode with `upgrade_endpoint`: the thread serves the reserved
     /// handshake port, started when the node starts serving upgrades
     /// ([`super::Engine::handshake_entry`], or `eager_start`); a node that

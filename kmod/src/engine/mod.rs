@@ -217,6 +217,11 @@ pub struct EngineStats {
     /// in DC mode (the upgrade's handshake travels as messages, see
     /// [`hs_msg`]).
     pub handshake_endpoints_created: u32,
+    /// RC fallback mode with `handshake_thread`: whether the thread that
+    /// answers peers' handshakes runs. It starts when the node's address
+    /// is first handed out ([`Engine::local_target`], messaging), so a
+    /// node that only initiates runs none.
+    pub handshake_thread_running: bool,
     /// RC fallback mode (DC mode: the upgraded VQPs'): the RC pairs
     /// (their queues' statistics in `rc.qp`).
     pub rc: RcStats,
@@ -248,6 +253,7 @@ impl Default for EngineStats {
             dci: DciStats::default(),
             dcts_created: 0,
             handshake_endpoints_created: 0,
+            handshake_thread_running: false,
             rc: RcStats::default(),
             handshake: HandshakeStats::default(),
             owned_mrs: 0,
@@ -268,11 +274,12 @@ struct Receiver<N: Nic> {
 }
 
 /// A handshake endpoint (UD QP, RC fallback mode) and, with
-/// `handshake_thread`, the thread answering it.
+/// `handshake_thread`, the thread answering it, started when the node's
+/// address is first handed out ([`EngineInner::served_endpoint`]).
 struct HsEndpoint<N: Nic> {
     hs: HandshakeResponder<N>,
     /// Dropped (stopped and joined) with the engine.
-    _thread: Lazy<ProgressThread>,
+    thread: Lazy<ProgressThread>,
 }
 
 /// RC fallback mode: the handshake endpoint (instead of a DCT; created at
@@ -397,6 +404,28 @@ impl<N: Nic> EngineInner<N> {
         .map(|e| &e.hs)
     }
 
+    /// RC fallback mode: the handshake endpoint, as handed out to peers
+    /// (the node's address): with `handshake_thread`, the thread answering
+    /// it is started here (once; not in a forked child, which runs no
+    /// engine thread). Until then nobody can know the address, so nobody
+    /// asks: a node that only initiates (its own connects drive its
+    /// endpoint while they wait) runs no thread at all.
+    ///
+    /// # Errors
+    /// As [`EngineInner::handshake_endpoint`]; [`EngineError::Config`]
+    /// when the thread cannot be spawned (the next call tries again).
+    pub(crate) fn served_endpoint(&self) -> Result<&HandshakeResponder<N>, EngineError> {
+        let Transport::Rc(f) = &self.transport else {
+            return self.handshake_endpoint();
+        };
+        self.handshake_endpoint()?;
+        let ep = f.ep.get().expect("created by handshake_endpoint");
+        if self.cfg.handshake_thread && !self.forked.load(Ordering::Relaxed) {
+            ep.thread.get_or_try_init(|| ep.hs.spawn_progress())?;
+        }
+        Ok(&ep.hs)
+    }
+
     /// The RC pairs (RC fallback mode).
     /// DC mode: the upgraded VQPs' pairs, if the upgrade is configured.
     pub(crate) fn rc_pool(&self) -> Option<&RcPool<N>> {
@@ -420,7 +449,7 @@ impl<N: Nic> EngineInner<N> {
                 Ok((r.srq.clone(), r.cq.clone(), r.dct.qpn(), self.cfg.dc_key))
             }
             Transport::Rc(f) => {
-                let t = self.handshake_endpoint()?.target();
+                let t = self.served_endpoint()?.target();
                 Ok((f.rx.srq.clone(), f.rx.cq.clone(), t.qpn, u64::from(t.qkey)))
             }
         }
@@ -572,8 +601,9 @@ impl<N: Nic> Engine<N> {
     ///   creates no QP at all: a compute node that only issues one-sided
     ///   operations creates one DCI (its first VQP's) before its first get.
     /// - RC fallback mode (no DC): a PD, the handshake endpoint (a UD QP,
-    ///   instead of a DCT: it is the node's address; its thread when
-    ///   `cfg.handshake_thread`), no DCI pool (RC pairs are made by
+    ///   instead of a DCT: it is the node's address; with
+    ///   `cfg.handshake_thread` its thread starts when the address is first
+    ///   handed out, see [`Engine::local_target`]), no DCI pool (RC pairs are made by
     ///   connects), the DCCache, and the meta client's RC QP when `cfg.meta`
     ///   is set (paired at the first lookup).
     ///   [`Engine::mode`] and [`EngineStats::mode`] say which.
@@ -714,7 +744,9 @@ impl<N: Nic> Engine<N> {
     }
 
     /// RC fallback mode: the handshake endpoint (DC mode has none: the
-    /// upgrade's handshake travels as messages, see [`hs_msg`]).
+    /// upgrade's handshake travels as messages, see [`hs_msg`]). Looking
+    /// at it starts no thread: publish the node's address with
+    /// [`Engine::local_target`].
     pub fn handshake_responder(&self) -> Option<&HandshakeResponder<N>> {
         self.inner.handshake()
     }
@@ -744,7 +776,9 @@ impl<N: Nic> Engine<N> {
     /// it. RC fallback mode: the same entry layout names the handshake
     /// endpoint instead (created at start): `dct_num` is the endpoint's UD
     /// QPN and `dc_key` its qkey (below 2^32, which is how a fallback engine
-    /// tells such an entry from a DC node's). The engine knows the fabric's
+    /// tells such an entry from a DC node's); with `handshake_thread` the
+    /// first call starts the thread that answers peers' handshakes (see
+    /// [`EngineConfig::handshake_thread`]). The engine knows the fabric's
     /// mode from its own device; mixed DC/RC-fallback clusters are not
     /// supported (a fallback engine refuses a DC node's entry with
     /// [`EngineError::NotAFallbackNode`]).
@@ -753,7 +787,9 @@ impl<N: Nic> Engine<N> {
     /// DC mode: [`EngineError::Nic`] when the device refuses the DCT, SRQ
     /// or receive CQ (the next call tries again);
     /// [`EngineError::Unsupported`] in a forked child whose parent had not
-    /// created the DCT before the fork.
+    /// created the DCT before the fork. RC fallback mode:
+    /// [`EngineError::Config`] when the handshake thread cannot be spawned
+    /// (the next call tries again).
     pub fn local_target(&self) -> Result<DcTarget, EngineError> {
         let gid = self.inner.nic.gid();
         match &self.inner.transport {
@@ -763,7 +799,7 @@ impl<N: Nic> Engine<N> {
                 dc_key: self.inner.cfg.dc_key,
             }),
             Transport::Rc(_) => {
-                let t = self.inner.handshake_endpoint()?.target();
+                let t = self.inner.served_endpoint()?.target();
                 Ok(DcTarget {
                     gid,
                     dct_num: t.qpn,
@@ -945,6 +981,10 @@ impl<N: Nic> Engine<N> {
                 Transport::Rc(f) => f.ep.creations(),
                 Transport::Dc(_) => 0,
             },
+            handshake_thread_running: match &self.inner.transport {
+                Transport::Rc(f) => f.ep.get().is_some_and(|e| e.thread.get().is_some()),
+                Transport::Dc(_) => false,
+            },
             mode: self.inner.mode(),
             rc: self.inner.rc_pool().map(RcPool::stats).unwrap_or_default(),
             handshake: match self.inner.hs_msg() {
@@ -1038,7 +1078,8 @@ fn start_receiver<N: Nic>(
 
 /// RC fallback mode: the handshake endpoint in the engine's PD (the node's
 /// address), its passive ends sharing `rx` (messages arrive over peers'
-/// pairs), and its thread when `cfg.handshake_thread` is set.
+/// pairs); its thread (with `cfg.handshake_thread`) is started when the
+/// address is handed out ([`EngineInner::served_endpoint`]).
 fn start_endpoint<N: Nic>(
     nic: &Arc<N>,
     pd: &N::Pd,
@@ -1051,13 +1092,8 @@ fn start_endpoint<N: Nic>(
         cfg.handshake.clone(),
         Some((rx.srq.clone(), rx.cq.clone())),
     )?;
-    let thread = if cfg.handshake_thread {
-        Lazy::ready(hs.spawn_progress()?)
-    } else {
-        Lazy::new()
-    };
     Ok(HsEndpoint {
         hs,
-        _thread: thread,
+        thread: Lazy::new(),
     })
 }
