@@ -65,7 +65,9 @@
 //!   `--proc-pair`: `provider_proc_pair`, a child with the in-process
 //!   shape (two contexts, the server QP inside) to tell the two apart;
 //! - `--proc-sdk`: `sdk_vqp_proc`, the SDK's VQP (verbs level) in a child
-//!   node with its engine threads, reading this process's meta host;
+//!   node (`Node::with_nic`, the SDK's real shape of a compute node: it
+//!   only connects out, so it runs no engine thread), reading this
+//!   process's meta host;
 //! - `--calibrate`: per round and operation one more window in which a
 //!   second perftest client (`perftest_b`) takes turns with perftest (both
 //!   from their start, one to one): perftest against itself, the tool's

@@ -315,6 +315,8 @@ pub(super) struct Diag {
     /// Context switches of this process's other threads (for an
     /// in-process contender: how often they ran).
     pub(super) others: u64,
+    /// Threads of the contender's process (the most seen).
+    pub(super) threads: u64,
 }
 
 impl Diag {
@@ -354,20 +356,21 @@ impl Diag {
                 f("nonvoluntary_ctxt_switches:"),
             )
         };
-        let all = |dir: &str| -> (u64, u64) {
+        let all = |dir: &str| -> (u64, u64, u64) {
             let Ok(rd) = std::fs::read_dir(dir) else {
-                return (0, 0);
+                return (0, 0, 0);
             };
             rd.flatten()
                 .map(|e| switches(&format!("{}/status", e.path().display())))
-                .fold((0, 0), |(a, b), (x, y)| (a + x, b + y))
+                .fold((0, 0, 0), |(a, b, n), (x, y)| (a + x, b + y, n + 1))
         };
         match pid {
-            Some(p) => (d.vol, d.invol) = all(&format!("/proc/{p}/task")),
+            Some(p) => (d.vol, d.invol, d.threads) = all(&format!("/proc/{p}/task")),
             None => {
                 (d.vol, d.invol) = switches("/proc/thread-self/status");
-                let (v, i) = all("/proc/self/task");
+                let (v, i, n) = all("/proc/self/task");
                 d.others = (v + i).saturating_sub(d.vol + d.invol);
+                d.threads = n;
             }
         }
         d
@@ -384,6 +387,7 @@ impl Diag {
             vol: self.vol.saturating_sub(before.vol),
             invol: self.invol.saturating_sub(before.invol),
             others: self.others.saturating_sub(before.others),
+            threads: self.threads.max(before.threads),
         }
     }
 
@@ -396,6 +400,7 @@ impl Diag {
         self.vol += d.vol;
         self.invol += d.invol;
         self.others += d.others;
+        self.threads = self.threads.max(d.threads);
     }
 
     /// Per-turn averages, `key=value`.
@@ -412,10 +417,11 @@ impl Diag {
             s += &format!(" {k}={:.1}", v as f64 / t);
         }
         s += &format!(
-            " own_vol={:.1} own_invol={:.1} other_threads={:.1}",
+            " own_vol={:.1} own_invol={:.1} other_threads={:.1} threads={}",
             self.vol as f64 / t,
             self.invol as f64 / t,
-            self.others as f64 / t
+            self.others as f64 / t,
+            self.threads
         );
         s
     }
@@ -555,7 +561,8 @@ fn write_post_to_post(
 
 /// The SDK's VQP (verbs level `post`/`poll`, RC fallback) in a child
 /// process of its own (`--child OP --child-sdk`): a client node
-/// (engine threads included: the SDK's real process shape) reading
+/// (`Node::with_nic`, the SDK's real process shape: a node that only
+/// connects out starts no engine thread) reading
 /// the parent's meta host, connected to the parent's memory node.
 /// Reads `meta GID DCT KEY ADDR RKEY region GID ADDR LEN RKEY ACCESS
 /// EXPIRES` (GIDs in hex), connects, prints `ready`, reads `go`, then
