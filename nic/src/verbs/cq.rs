@@ -48,6 +48,15 @@
 //! `EVENT_CHECK_EMPTY_POLLS`th empty poll after the event was queued (a
 //! drain triggered by another CQ of the device, or by
 //! `VerbsNic::read_async_events`, reads it sooner), or the poll that fails.
+//!
+//! Cost, against the event thread it replaced (`prof_verbs` under
+//! callgrind in one Soft-RoCE guest session, rxe, N 2000, user-space Ir per
+//! operation): an empty poll 105 -> 109 (the count and its test), a CAS
+//! round trip 671 -> 628 and a 64 B READ 667 -> 624: a single-threaded
+//! process skips glibc's cancellation wrappers around librxe's doorbell
+//! `write` (52 -> 7 Ir in `write`, `__pthread_{en,dis}able_asynccancel`
+//! gone). A drain that finds nothing is one failing `read`, once per 4096
+//! empty polls.
 
 use super::device::DeviceInner;
 use super::error::VerbsError;
