@@ -390,6 +390,122 @@ mod specific {
         sb.mr.read(0, &mut v).unwrap();
         assert_eq!(u64::from_le_bytes(v), N.div_ceil(2), "every FAA once");
     }
+
+    /// The threads of this process: `(tid, comm)`.
+    fn threads() -> Vec<(u32, String)> {
+        let mut v: Vec<(u32, String)> = std::fs::read_dir("/proc/self/task")
+            .expect("/proc/self/task")
+            .filter_map(|e| {
+                let e = e.ok()?;
+                let tid = e.file_name().to_str()?.parse().ok()?;
+                let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
+                Some((tid, comm.trim_end().to_string()))
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// The provider starts no thread: opening two contexts, making a CQ,
+    /// QPs, connecting and polling (empty and not) leaves the process's
+    /// threads as they were. Robust to other test threads running at the
+    /// same time: a thread the provider started would be new and either
+    /// carry a `krcore` name or inherit this thread's name (an unnamed
+    /// thread inherits its creator's `comm`), while threads of other tests
+    /// carry their own tests' names.
+    #[test]
+    #[ignore = "needs an RDMA device: set KRCORE_TEST_DEVICE (ci/verbs.sh runs it on Soft-RoCE)"]
+    fn opening_a_device_starts_no_thread() {
+        let me = std::fs::read_to_string("/proc/thread-self/comm")
+            .expect("/proc/thread-self/comm")
+            .trim_end()
+            .to_string();
+        let before = threads();
+        assert!(before.iter().any(|t| t.1 == me), "{me:?} in {before:?}");
+        let (a, b) = pair();
+        let (sa, sb) = (Side::new(&a, 4096), Side::new(&b, 4096));
+        let (qa, _qb) = rc_pair(&sa, &sb, QpCaps::default());
+        let mut wc = [Wc::default(); 4];
+        for _ in 0..10_000 {
+            assert_eq!(sa.cq.poll(&mut wc).unwrap(), 0);
+        }
+        qa.post_send(&[SendWr::read(1, sa.mr.sge(0, 8).unwrap(), sb.mr.remote(0))])
+            .unwrap();
+        assert_eq!(poll_one(&sa.cq).wr_id, 1);
+        a.read_async_events();
+        let after = threads();
+        let new: Vec<&(u32, String)> = after.iter().filter(|t| !before.contains(t)).collect();
+        let ours: Vec<&&(u32, String)> = new
+            .iter()
+            .filter(|t| t.1 == me || t.1.starts_with("krcore"))
+            .collect();
+        assert!(
+            ours.is_empty(),
+            "the provider started threads {ours:?} (all new: {new:?})"
+        );
+        assert!(
+            !after.iter().any(|t| t.1.starts_with("krcore-verbs")),
+            "{after:?}"
+        );
+    }
+
+    /// `read_async_events` reads the overflow event at once: after it has
+    /// read the device's `IBV_EVENT_CQ_ERR`, the overflowed CQ's very first
+    /// poll that finds nothing left to return reports `CqOverflow` (no
+    /// empty poll in between, so no periodic read was needed).
+    #[test]
+    #[ignore = "needs an RDMA device: set KRCORE_TEST_DEVICE (ci/verbs.sh runs it on Soft-RoCE)"]
+    fn read_async_events_reports_overflow_at_once() {
+        use std::time::{Duration, Instant};
+        let (a, b) = pair();
+        let (sa, sb) = (Side::new(&a, 4096), Side::new(&b, 4096));
+        assert_eq!(a.read_async_events(), 0, "nothing queued on a new context");
+        let small = a.create_cq(4).unwrap();
+        let depth = small.depth();
+        let caps = QpCaps {
+            max_send_wr: depth * 4,
+            ..QpCaps::default()
+        };
+        let qa = a
+            .create_qp(
+                &sa.pd,
+                &QpInit {
+                    qp_type: QpType::Rc,
+                    caps,
+                    send_cq: &small,
+                    recv_cq: &small,
+                    srq: None,
+                    dc_key: 0,
+                },
+            )
+            .unwrap();
+        let qb = sb.qp(QpType::Rc, caps, None, 0);
+        krcore_nic::conformance::connect_rc(&qa, a.gid(), &qb, b.gid());
+        let batch: Vec<SendWr> = (0..(depth * 2) as u64)
+            .map(|i| SendWr::read(i, sa.mr.sge(0, 8).unwrap(), sb.mr.remote(0)))
+            .collect();
+        qa.post_send(&batch).unwrap();
+        // Without polling (no periodic read), until the event is read.
+        let start = Instant::now();
+        let mut events = 0;
+        while events == 0 {
+            assert!(start.elapsed() < WAIT, "no async event after overflow");
+            std::thread::sleep(Duration::from_millis(1));
+            events += a.read_async_events();
+        }
+        let mut wc = vec![Wc::default(); depth as usize * 2];
+        let mut got = 0;
+        loop {
+            match small.poll(&mut wc) {
+                Ok(0) => panic!("an empty poll after the overflow event was read ({got} polled)"),
+                Ok(n) => got += n,
+                Err(NicError::CqOverflow { .. }) => break,
+                Err(e) => panic!("unexpected {e}"),
+            }
+        }
+        assert!(got < depth as usize * 2, "overflow lost completions");
+        assert!(small.poll(&mut wc).is_err(), "overflow is sticky");
+    }
 }
 
 // ---------------------------------------------------------------------------

@@ -1,6 +1,30 @@
-//! The opened device context: `ibv_context`, port/GID attributes, the async
-//! event thread, the receive-id table and the counters shared by every object
-//! made from it.
+//! The opened device context: `ibv_context`, port/GID attributes, the
+//! lazy reader of its async events, the receive-id table and the counters
+//! shared by every object made from it.
+//!
+//! ## Async events (CQ overflow) without a thread
+//! The provider starts no thread. The context's async event fd is made
+//! non-blocking at open, and the provider reads the queued events itself,
+//! lazily ([`DeviceInner::drain_events`]): from a CQ poll every
+//! `cq::EVENT_CHECK_EMPTY_POLLS` empty polls of that CQ, from every poll
+//! whose device poll fails, and when the caller asks
+//! ([`super::VerbsNic::read_async_events`]). A drain reads every queued event
+//! (`ibv_get_async_event` until `EAGAIN`), marks the CQ of each
+//! `IBV_EVENT_CQ_ERR` overflowed, and acknowledges each event at once, so no
+//! event is ever left unacknowledged (destroying a CQ or QP waits for the
+//! acknowledgement of every event it was reported; unread events are
+//! discarded by the kernel with their object or context). Invariant: an
+//! overflow is reported by the first poll of the CQ after the provider has
+//! read the device's event, which happens at the latest after
+//! `EVENT_CHECK_EMPTY_POLLS` empty polls of that CQ, or at the first poll
+//! that fails.
+//!
+//! Why no thread: one sleeping thread makes the process multi-threaded,
+//! which costs every post (glibc's cancellation wrappers around librxe's
+//! doorbell `write`, the kernel's shared-fd-table path): the provider's 8 B
+//! CAS latency in the Soft-RoCE guest was 1.107-1.131x perftest's with the
+//! thread and 1.033-1.060x without it. rdma-core starts no thread either:
+//! async events are the application's to read.
 
 use super::error::VerbsError;
 use super::ffi::{self, sys};
@@ -13,7 +37,6 @@ use std::collections::HashMap;
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
-use std::thread::JoinHandle;
 
 /// Control-path counters kept device-wide; data-path counters live per QP
 /// (under the QP's send lock) and are folded in by `counters()`.
@@ -27,8 +50,10 @@ pub(crate) struct DeviceCounters {
     pub mrs_registered: AtomicU64,
 }
 
-/// CQs that the async event thread may flag as overflowed, by `ibv_cq`
-/// address.
+/// CQs that a drain of the async events may flag as overflowed, by
+/// `ibv_cq` address. A CQ is removed before it is destroyed (the kernel
+/// discards its unread events at destruction, so an address reused by a
+/// later CQ never receives an older CQ's event).
 pub(crate) type CqFlags = Mutex<HashMap<usize, Arc<AtomicBool>>>;
 
 /// The owner of `ibv_context`. Every object holds an `Arc` to it (through
@@ -48,10 +73,13 @@ pub(crate) struct DeviceInner {
     pub qps: Mutex<Vec<Weak<SendShared>>>,
     pub retired: Mutex<Counters>,
     pub recv: RecvTable,
-    pub cq_flags: Arc<CqFlags>,
+    pub cq_flags: CqFlags,
     pub dc: Option<super::dc::DcSupport>,
     next_id: AtomicU64,
-    events: Option<EventThread>,
+    /// Held by the one thread draining the async events; a second drainer
+    /// skips (`try_lock`). Lock order: a CQ's poll lock is never held
+    /// across a drain; a drain takes `cq_flags` under this.
+    events: Mutex<()>,
 }
 
 // SAFETY: `ibv_context` and every verbs call on it are thread-safe
@@ -63,11 +91,12 @@ unsafe impl Sync for DeviceInner {}
 
 impl Drop for DeviceInner {
     fn drop(&mut self) {
-        // Stop the event thread first: it reads the context's async fd.
-        self.events.take();
+        // Nothing to stop or join: no thread reads the async fd, and every
+        // event a drain read was acknowledged within that drain (`&mut
+        // self`: no drain runs now). Events still queued are discarded by
+        // the kernel with the context.
         // SAFETY: `ctx` came from `ibv_open_device`, every object made from it
-        // held an `Arc` to this struct and is gone, and the event thread
-        // using it was joined above.
+        // held an `Arc` to this struct and is gone, and nothing else uses it.
         unsafe { sys::ibv_close_device(self.ctx) };
     }
 }
@@ -75,6 +104,22 @@ impl Drop for DeviceInner {
 impl DeviceInner {
     pub(crate) fn ctx(&self) -> *mut sys::ibv_context {
         self.ctx
+    }
+
+    /// Reads every async event queued on the context (non-blocking), marks
+    /// the CQ of each `IBV_EVENT_CQ_ERR` overflowed and acknowledges each
+    /// event; returns how many it read. Device-wide and safe from any
+    /// number of threads: when another thread is draining, returns 0 at
+    /// once (that drain, or the next one, reads what is queued). Out of
+    /// line and cold: the poll path calls it every
+    /// `cq::EVENT_CHECK_EMPTY_POLLS` empty polls or after a failed poll.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn drain_events(&self) -> usize {
+        let Some(_drainer) = self.events.try_lock() else {
+            return 0;
+        };
+        drain_async_events(self.ctx, &self.cq_flags)
     }
 
     /// A process-unique id for owners of receive entries.
@@ -147,8 +192,7 @@ impl DeviceInner {
             ud_mtu: ffi::mtu_bytes(port.active_mtu),
             register_user_memory: true,
         };
-        let cq_flags: Arc<CqFlags> = Arc::default();
-        let events = EventThread::start(ctx.0, cq_flags.clone())?;
+        ctx.async_fd_nonblocking()?;
         let rd_atomic = (attr.max_qp_rd_atom.clamp(1, ffi::RD_ATOMIC as i32) as u8)
             .min(attr.max_qp_init_rd_atom.clamp(1, ffi::RD_ATOMIC as i32) as u8);
         Ok(DeviceInner {
@@ -163,10 +207,10 @@ impl DeviceInner {
             qps: Mutex::new(Vec::new()),
             retired: Mutex::new(Counters::default()),
             recv: RecvTable::default(),
-            cq_flags,
+            cq_flags: CqFlags::default(),
             dc,
             next_id: AtomicU64::new(1),
-            events: Some(events),
+            events: Mutex::new(()),
         })
     }
 }
@@ -214,6 +258,24 @@ impl Ctx {
             return Err(VerbsError::PortDown { state: port.state });
         }
         Ok((attr, port))
+    }
+
+    /// Makes the context's async event fd non-blocking, so that reading
+    /// the events never waits (`ibv_get_async_event` then fails with
+    /// `EAGAIN` when none is queued).
+    fn async_fd_nonblocking(&self) -> Result<(), VerbsError> {
+        // SAFETY: `self.0` is a valid open context; reading the fd field.
+        let async_fd = unsafe { (*self.0).async_fd };
+        // SAFETY: fcntl on a valid fd owned by the context.
+        let fl = unsafe { libc::fcntl(async_fd, libc::F_GETFL) };
+        // SAFETY: as above.
+        if fl < 0 || unsafe { libc::fcntl(async_fd, libc::F_SETFL, fl | libc::O_NONBLOCK) } < 0 {
+            return Err(VerbsError::from_os(
+                "fcntl(async_fd, O_NONBLOCK)",
+                ffi::errno(),
+            ));
+        }
+        Ok(())
     }
 
     fn gid(&self, index: u8, table_len: i32) -> Result<Gid, VerbsError> {
@@ -264,111 +326,34 @@ fn physical_memory() -> u64 {
     }
 }
 
-/// The thread reading the context's async events: it flags CQs that report
-/// `IBV_EVENT_CQ_ERR` (overflow) and acknowledges every event (destroying an
-/// object waits for its events to be acknowledged).
-struct EventThread {
-    stop_fd: i32,
-    handle: Option<JoinHandle<()>>,
-}
-
-/// The context pointer handed to the event thread.
-struct SendCtx(*mut sys::ibv_context);
-// SAFETY: the thread only passes the pointer to thread-safe libibverbs
-// calls, and `DeviceInner::drop` joins it before closing the context.
-unsafe impl Send for SendCtx {}
-
-impl EventThread {
-    fn start(ctx: *mut sys::ibv_context, flags: Arc<CqFlags>) -> Result<EventThread, VerbsError> {
-        // SAFETY: plain syscall; the fd is owned by the returned struct.
-        let stop_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if stop_fd < 0 {
-            return Err(VerbsError::from_os("eventfd", ffi::errno()));
-        }
-        // SAFETY: `ctx` is a valid open context; reading the fd field.
-        let async_fd = unsafe { (*ctx).async_fd };
-        // SAFETY: fcntl on a valid fd owned by the context.
-        let fl = unsafe { libc::fcntl(async_fd, libc::F_GETFL) };
-        // SAFETY: as above.
-        if fl < 0 || unsafe { libc::fcntl(async_fd, libc::F_SETFL, fl | libc::O_NONBLOCK) } < 0 {
-            let e = ffi::errno();
-            // SAFETY: closing the eventfd we just created.
-            unsafe { libc::close(stop_fd) };
-            return Err(VerbsError::from_os("fcntl(async_fd, O_NONBLOCK)", e));
-        }
-        let sctx = SendCtx(ctx);
-        let handle = std::thread::Builder::new()
-            .name("krcore-verbs-events".into())
-            .spawn(move || event_loop(sctx, async_fd, stop_fd, flags))
-            .map_err(|e| VerbsError::Os {
-                op: "spawn the async event thread",
-                source: e,
-            })?;
-        Ok(EventThread {
-            stop_fd,
-            handle: Some(handle),
-        })
-    }
-}
-
-impl Drop for EventThread {
-    fn drop(&mut self) {
-        let one: u64 = 1;
-        // SAFETY: writing 8 bytes from a valid u64 to our eventfd.
-        unsafe { libc::write(self.stop_fd, (&one as *const u64).cast(), 8) };
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
-        // SAFETY: the thread that polled it has exited; closed once.
-        unsafe { libc::close(self.stop_fd) };
-    }
-}
-
-fn event_loop(ctx: SendCtx, async_fd: i32, stop_fd: i32, flags: Arc<CqFlags>) {
-    let ctx = ctx.0;
+/// Reads every async event queued on `ctx` (whose async fd is
+/// non-blocking): flags the CQ of each `IBV_EVENT_CQ_ERR` in `flags` and
+/// acknowledges every event (destroying an object waits for its events to
+/// be acknowledged). Stops at the first failure (`EAGAIN`: none queued).
+/// Returns how many events it read. The caller holds the device's drain
+/// lock.
+fn drain_async_events(ctx: *mut sys::ibv_context, flags: &CqFlags) -> usize {
+    let mut n = 0;
     loop {
-        let mut fds = [
-            libc::pollfd {
-                fd: async_fd,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: stop_fd,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: `fds` is a valid array of two pollfd.
-        let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-        if rc < 0 {
-            if ffi::errno().kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return;
+        let mut ev = std::mem::MaybeUninit::<ffi::RawAsyncEvent>::zeroed();
+        // SAFETY: `ctx` is a live context (its owner is borrowed by the
+        // caller); `RawAsyncEvent` has the layout of `ibv_async_event`
+        // (checked at compile time in `ffi`); the async fd is non-blocking,
+        // so this returns -1 at once when no event is queued.
+        let rc = unsafe { sys::ibv_get_async_event(ctx, ev.as_mut_ptr().cast()) };
+        if rc != 0 {
+            return n;
         }
-        if fds[1].revents != 0 {
-            return;
-        }
-        loop {
-            let mut ev = std::mem::MaybeUninit::<ffi::RawAsyncEvent>::zeroed();
-            // SAFETY: `RawAsyncEvent` has the layout of `ibv_async_event`
-            // (checked at compile time in `ffi`); the async fd is
-            // non-blocking, so this returns -1 when no event is queued.
-            let rc = unsafe { sys::ibv_get_async_event(ctx, ev.as_mut_ptr().cast()) };
-            if rc != 0 {
-                break;
+        n += 1;
+        // SAFETY: filled by a successful `ibv_get_async_event`; both fields
+        // are plain integers/pointers.
+        let e = unsafe { ev.assume_init_ref() };
+        if e.event_type == ffi::EVENT_CQ_ERR {
+            if let Some(f) = flags.lock().get(&(e.element as usize)) {
+                f.store(true, std::sync::atomic::Ordering::Release);
             }
-            // SAFETY: filled by a successful `ibv_get_async_event`; both
-            // fields are plain integers/pointers.
-            let e = unsafe { ev.assume_init_ref() };
-            if e.event_type == ffi::EVENT_CQ_ERR {
-                if let Some(f) = flags.lock().get(&(e.element as usize)) {
-                    f.store(true, std::sync::atomic::Ordering::Release);
-                }
-            }
-            // SAFETY: acknowledging the event we just got, once.
-            unsafe { sys::ibv_ack_async_event(ev.as_mut_ptr().cast()) };
         }
+        // SAFETY: acknowledging the event we just got, once.
+        unsafe { sys::ibv_ack_async_event(ev.as_mut_ptr().cast()) };
     }
 }

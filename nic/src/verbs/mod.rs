@@ -40,9 +40,18 @@
 //!   the Soft-RoCE guest, 1024 for rxe on a 1500-byte Ethernet netdev), PSN
 //!   `ffi::PSN` on both sides, ACK timeout 14 (67 ms), retry counts from
 //!   [`crate::Transition::Rts`]. UD address handles are cached per QP by GID.
-//! - CQ overflow: a thread per context reads async events; `IBV_EVENT_CQ_ERR`
-//!   (what rxe and mlx5 raise when a CQ overflows) marks the CQ, and `poll`
-//!   then returns [`crate::NicError::CqOverflow`] once the CQ is drained.
+//! - No thread: the provider starts none (one sleeping thread makes the
+//!   process multi-threaded, which measurably slows every post; rdma-core
+//!   starts none either). The context's async events are read lazily and
+//!   non-blocking by the provider itself (see `device`).
+//! - CQ overflow: `IBV_EVENT_CQ_ERR` (what rxe and mlx5 raise when a CQ
+//!   overflows) marks the CQ when the provider reads the device's async
+//!   events, and `poll` then returns [`crate::NicError::CqOverflow`] once
+//!   the CQ is drained. The events are read every `EVENT_CHECK_EMPTY_POLLS`
+//!   (4096) empty polls of a CQ, after every failed device poll, and on
+//!   [`VerbsNic::read_async_events`]; so an overflow is reported by the
+//!   first poll after the provider has read the event, at the latest the
+//!   4096th empty poll of that CQ after the event (or any poll that fails).
 //! - DC: [`dc`](self) binds the few mlx5dv calls DC needs. It is untested on
 //!   hardware (see its docs); on rxe `caps().dc` is false and DCI/DCT
 //!   creation returns `Unsupported`.
@@ -146,6 +155,20 @@ impl VerbsNic {
     /// The GID index this context uses.
     pub fn gid_index(&self) -> u8 {
         self.inner.gid_index
+    }
+
+    /// Reads the device's queued async events now (non-blocking), instead
+    /// of waiting for the next periodic read of the poll path: a CQ
+    /// reported overflowed among them returns
+    /// [`NicError::CqOverflow`] from its next poll that finds it empty.
+    /// Every event read is acknowledged. Returns how many events this call
+    /// read: 0 when none was queued, or when another thread of the process
+    /// was reading them at that moment (this call then skips; that read, or
+    /// the next, flags what is queued). The provider starts no thread, so
+    /// nothing else reads them; calling this is never needed for
+    /// correctness, only to learn of an overflow sooner.
+    pub fn read_async_events(&self) -> usize {
+        self.inner.drain_events()
     }
 
     /// The path MTU of RC connections, in bytes.
