@@ -12,7 +12,7 @@
 //! - **Delayed and reordered completions** ([`FaultConfig::delay_ppm`],
 //!   [`FaultConfig::max_delay_polls`], [`FaultConfig::reorder`]): a
 //!   completion pulled from the inner CQ may be held back for up to
-//!   `max_delay_polls` calls of [`CompletionQueue::poll`], and completions
+//!   `max_delay_polls` calls of [`crate::CompletionQueue::poll`], and completions
 //!   of *different* queues (another QP, or the receive queue of the same QP)
 //!   may be returned in any order. Completions of one QP's send queue (and of
 //!   one receive queue) always stay in order, as RDMA guarantees. Every held
