@@ -86,17 +86,26 @@
 //! jump the emulator must look up, with the kernel's long CAS path
 //! keeping its lookup cache cold; not confirmed).
 //! The hot path is therefore inlined from the SDK's `post`/`poll` down to
-//! `ibv_post_send`/`ibv_poll_cq`. Both clients make
+//! `ibv_post_send`/`ibv_poll_cq` (callgrind shows no out-of-line call of
+//! ours left in either contender's round trip). The other large cost is
+//! a second thread in the process, even a sleeping one: glibc then wraps
+//! librxe's doorbell `write` in its cancellation calls and the kernel
+//! takes its shared-file-table path. The same binary with the provider's
+//! former async-event thread not started measured 1.033-1.060x perftest on
+//! CAS instead of 1.107-1.131x (two runs each, 4 rounds); the provider now
+//! starts no thread, and a node that only connects out runs no engine
+//! thread, so both children are single-threaded like perftest's client
+//! (`threads=` in the per-turn diagnostics). Both clients make
 //! exactly one system call per operation (a 32 B `write` on the uverbs fd,
 //! strace) and post the same WR (one 8 B SGE, signaled, `max_rd_atomic` the
 //! device maximum as perftest's `out_reads`). User-space instructions per
 //! CAS, counted with callgrind inside the guest (load-independent, `--prof`
 //! below): perftest's client about 500 in its loop (librxe's post and poll
-//! about 270 of them); the provider 743 (librxe 312); the SDK's VQP
-//! 1,149 (the engine and the SDK together about 400 over the
-//! provider's). A child posting the same CAS with raw
-//! `ibv_post_send`/`ibv_poll_cq` on an identical QP took turns at 1.06x
-//! perftest: the floor of a Rust child in this scheme.
+//! about 270 of them); the provider 670 (librxe 312); the SDK's VQP
+//! 1,035 (the engine and the SDK together about 365 over the
+//! provider's), both counted in this tool's multi-threaded process, where
+//! the doorbell's `write` and its cancellation calls cost about 40
+//! more than in a single-threaded child.
 //!
 //! A process contender waits for perftest's loop before its first turn,
 //! runs `2 * iters` round trips, and is compared with perftest over the

@@ -178,7 +178,7 @@ pub trait MemoryRegion: Clone + Send + Sync + 'static {
 ///
 /// # Errors
 /// The reason, for [`crate::PostErrorKind::Malformed`].
-#[inline]
+#[inline(always)]
 pub fn validate_send_wr(
     qp_type: QpType,
     caps: &QpCaps,

@@ -389,7 +389,8 @@ impl CompletionQueue for VerbsCq {
         self.inner.depth
     }
 
-    #[inline]
+    /// Inlined into callers, as `VerbsQp::post_send`.
+    #[inline(always)]
     fn poll(&self, out: &mut [Wc]) -> Result<usize> {
         let i = &*self.inner;
         let ctx = || Translate {

@@ -657,7 +657,10 @@ impl QueuePair for VerbsQp {
         Ok(())
     }
 
-    #[inline]
+    /// Inlined into callers (the engine's doorbell included): in the
+    /// emulated guest an out-of-line call costs far more than its
+    /// instructions (see `krcore_lat`'s docs).
+    #[inline(always)]
     fn post_send(&self, wrs: &[SendWr]) -> std::result::Result<(), PostError> {
         super::wr::post_send(&self.inner, wrs)
     }

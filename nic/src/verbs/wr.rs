@@ -7,6 +7,7 @@ use super::qp::{Ah, QpInner, SendState};
 use crate::error::{PostError, PostErrorKind};
 use crate::types::*;
 
+#[cold]
 fn bad(index: usize, kind: PostErrorKind) -> PostError {
     PostError { index, kind }
 }
@@ -16,16 +17,18 @@ fn bad(index: usize, kind: PostErrorKind) -> PostError {
 #[inline(always)]
 pub(crate) fn validate(q: &QpInner, index: usize, wr: &SendWr) -> Result<(), PostError> {
     let dev = &q.pd.dev.caps;
-    crate::provider::validate_send_wr(q.qp_type, &q.caps, dev, wr)
-        .and_then(|()| {
-            // rxe and mlx5 refuse an oversized UD message at post time.
-            if q.qp_type == QpType::Ud && wr.payload.len() > u64::from(dev.ud_mtu) {
-                Err("a UD message larger than the path MTU")
-            } else {
-                Ok(())
-            }
-        })
-        .map_err(|s| bad(index, PostErrorKind::Malformed(s)))
+    // (No closures: each could become an out-of-line call on the post path.)
+    let verdict = match crate::provider::validate_send_wr(q.qp_type, &q.caps, dev, wr) {
+        // rxe and mlx5 refuse an oversized UD message at post time.
+        Ok(()) if q.qp_type == QpType::Ud && wr.payload.len() > u64::from(dev.ud_mtu) => {
+            Err("a UD message larger than the path MTU")
+        }
+        v => v,
+    };
+    match verdict {
+        Ok(()) => Ok(()),
+        Err(s) => Err(bad(index, PostErrorKind::Malformed(s))),
+    }
 }
 
 /// How many WRs of `wrs` can be posted, and the error for the first one that
@@ -52,7 +55,7 @@ fn admit(q: &QpInner, st: &SendState, wrs: &[SendWr]) -> (usize, Option<PostErro
 }
 
 /// Fills the opcode-specific part of `w`.
-#[inline]
+#[inline(always)]
 fn set_op(w: &mut sys::ibv_send_wr, op: &WrOp) {
     use sys::ibv_wr_opcode::*;
     let rdma = |remote: &RemoteAddr| sys::wr_t {
@@ -110,7 +113,7 @@ fn set_op(w: &mut sys::ibv_send_wr, op: &WrOp) {
 }
 
 /// `IBV_SEND_*` flags of a WR (branch-free: this runs on every post).
-#[inline]
+#[inline(always)]
 pub(crate) fn send_flags(wr: &SendWr) -> u32 {
     use sys::ibv_send_flags as f;
     let signaled = u32::from(wr.is_signaled());
@@ -177,7 +180,7 @@ pub(crate) fn device_refusal(rc: i32, depth: u32) -> PostErrorKind {
     }
 }
 
-#[inline]
+#[inline(always)]
 pub(crate) fn post_send(q: &QpInner, wrs: &[SendWr]) -> Result<(), PostError> {
     match wrs {
         [wr] if q.dc.is_none() => post_one(q, wr),
@@ -253,7 +256,7 @@ fn post_one(q: &QpInner, wr: &SendWr) -> Result<(), PostError> {
 }
 
 /// The SGEs of a WR's payload into a stack array (see `push_sges`).
-#[inline]
+#[inline(always)]
 fn stack_sges(out: &mut [sys::ibv_sge; MAX_SGE], p: &Payload) -> usize {
     match p {
         Payload::Local(sg) => {
@@ -280,7 +283,9 @@ fn stack_sges(out: &mut [sys::ibv_sge; MAX_SGE], p: &Payload) -> usize {
 }
 
 /// Any number of WRs (and every DCI post): admitted as a prefix, posted as
-/// one chain.
+/// one chain. Out of line: only the one-WR post (`post_one`) is inlined
+/// into callers.
+#[inline(never)]
 fn post_many(q: &QpInner, wrs: &[SendWr]) -> Result<(), PostError> {
     let mut guard = q.shared.st.lock();
     let st = &mut *guard;
