@@ -95,7 +95,15 @@
 //! CAS instead of 1.107-1.131x (two runs each, 4 rounds); the provider now
 //! starts no thread, and a node that only connects out runs no engine
 //! thread, so both children are single-threaded like perftest's client
-//! (`threads=` in the per-turn diagnostics). Both clients make
+//! (`threads=` in the per-turn diagnostics). What still separates the
+//! SDK's child from the provider's (1.13-1.16x against 1.05-1.07x perftest
+//! on CAS) is mostly not its per-operation code (about 365 instructions
+//! and no call): a scratch run that only opened an idle engine node
+//! (`Node::with_nic`, no connect) beside the provider in its child moved
+//! the provider's CAS from 1.007x to 1.087x perftest (5 rounds each, one
+//! run; minima 1.060x and 1.121x). Which of the node's resources costs
+//! it (its QPs, CQs, SRQ and MRs in the same device context) is not
+//! known yet. Both clients make
 //! exactly one system call per operation (a 32 B `write` on the uverbs fd,
 //! strace) and post the same WR (one 8 B SGE, signaled, `max_rd_atomic` the
 //! device maximum as perftest's `out_reads`). User-space instructions per
