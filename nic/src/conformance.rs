@@ -865,9 +865,12 @@ pub fn doorbell_batching<N: Nic + Clone>(a: &N, b: &N) {
     assert_eq!(d.qps_created, 0);
 }
 
-/// A CQ that overflows reports it instead of dropping completions silently.
-pub fn cq_overflow<N: Nic + Clone>(a: &N, b: &N) {
-    let (sa, sb) = (Side::new(a, 4096), Side::new(b, 4096));
+/// A 4-entry CQ (`depth` as granted) shared by the send and receive queue
+/// of an RC QP on `sa`, connected to one on `sb`, with `2 * depth`
+/// signaled READs posted on it: more completions than the CQ holds. Returns
+/// the CQ, its depth and both QPs (keep them).
+pub fn overflowing_cq<N: Nic + Clone>(sa: &Side<N>, sb: &Side<N>) -> (N::Cq, u32, N::Qp, N::Qp) {
+    let (a, b) = (&sa.nic, &sb.nic);
     let small = a.create_cq(4).unwrap();
     let depth = small.depth();
     let caps = QpCaps {
@@ -893,6 +896,13 @@ pub fn cq_overflow<N: Nic + Clone>(a: &N, b: &N) {
         .map(|i| SendWr::read(i, sa.mr.sge(0, 8).unwrap(), sb.mr.remote(0)))
         .collect();
     qa.post_send(&batch).unwrap();
+    (small, depth, qa, qb)
+}
+
+/// A CQ that overflows reports it instead of dropping completions silently.
+pub fn cq_overflow<N: Nic + Clone>(a: &N, b: &N) {
+    let (sa, sb) = (Side::new(a, 4096), Side::new(b, 4096));
+    let (small, depth, _qa, _qb) = overflowing_cq(&sa, &sb);
     let start = Instant::now();
     let mut wc = vec![Wc::default(); depth as usize * 2];
     let mut got = 0;

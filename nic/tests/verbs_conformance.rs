@@ -460,31 +460,7 @@ mod specific {
         let (a, b) = pair();
         let (sa, sb) = (Side::new(&a, 4096), Side::new(&b, 4096));
         assert_eq!(a.read_async_events(), 0, "nothing queued on a new context");
-        let small = a.create_cq(4).unwrap();
-        let depth = small.depth();
-        let caps = QpCaps {
-            max_send_wr: depth * 4,
-            ..QpCaps::default()
-        };
-        let qa = a
-            .create_qp(
-                &sa.pd,
-                &QpInit {
-                    qp_type: QpType::Rc,
-                    caps,
-                    send_cq: &small,
-                    recv_cq: &small,
-                    srq: None,
-                    dc_key: 0,
-                },
-            )
-            .unwrap();
-        let qb = sb.qp(QpType::Rc, caps, None, 0);
-        krcore_nic::conformance::connect_rc(&qa, a.gid(), &qb, b.gid());
-        let batch: Vec<SendWr> = (0..(depth * 2) as u64)
-            .map(|i| SendWr::read(i, sa.mr.sge(0, 8).unwrap(), sb.mr.remote(0)))
-            .collect();
-        qa.post_send(&batch).unwrap();
+        let (small, depth, _qa, _qb) = krcore_nic::conformance::overflowing_cq(&sa, &sb);
         // Without polling (no periodic read), until the event is read.
         let start = Instant::now();
         let mut events = 0;
