@@ -388,6 +388,11 @@ impl<N: Nic> EngineInner<N> {
     /// travels as messages, `hs_msg`), or when it must be created in a
     /// forked child; [`EngineError::Nic`] when the device refuses the UD QP.
     pub(crate) fn handshake_endpoint(&self) -> Result<&HandshakeResponder<N>, EngineError> {
+        self.hs_endpoint().map(|e| &e.hs)
+    }
+
+    /// [`EngineInner::handshake_endpoint`] with its thread's slot.
+    fn hs_endpoint(&self) -> Result<&HsEndpoint<N>, EngineError> {
         let f =
             match &self.transport {
                 Transport::Rc(f) => f,
@@ -401,7 +406,6 @@ impl<N: Nic> EngineInner<N> {
             "creating the handshake endpoint in a forked child",
             || start_endpoint(&self.nic, &self.pd, &self.cfg, &f.rx),
         )
-        .map(|e| &e.hs)
     }
 
     /// RC fallback mode: the handshake endpoint, as handed out to peers
@@ -415,11 +419,7 @@ impl<N: Nic> EngineInner<N> {
     /// As [`EngineInner::handshake_endpoint`]; [`EngineError::Config`]
     /// when the thread cannot be spawned (the next call tries again).
     pub(crate) fn served_endpoint(&self) -> Result<&HandshakeResponder<N>, EngineError> {
-        let Transport::Rc(f) = &self.transport else {
-            return self.handshake_endpoint();
-        };
-        self.handshake_endpoint()?;
-        let ep = f.ep.get().expect("created by handshake_endpoint");
+        let ep = self.hs_endpoint()?;
         if self.cfg.handshake_thread && !self.forked.load(Ordering::Relaxed) {
             ep.thread.get_or_try_init(|| ep.hs.spawn_progress())?;
         }
