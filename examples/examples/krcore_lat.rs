@@ -101,9 +101,11 @@
 //! and no call): a scratch run that only opened an idle engine node
 //! (`Node::with_nic`, no connect) beside the provider in its child moved
 //! the provider's CAS from 1.007x to 1.087x perftest (5 rounds each, one
-//! run; minima 1.060x and 1.121x). Which of the node's resources costs
-//! it (its QPs, CQs, SRQ and MRs in the same device context) is not
-//! known yet. Both clients make
+//! run; minima 1.060x and 1.121x; a second, noisier run of 3 rounds:
+//! 1.046x to 1.080x). Which of the node's resources costs it (its QPs,
+//! CQs, SRQ and MRs in the same device context) is not known yet: a
+//! receive CQ and SRQ alone, or a UD endpoint alone, were within that
+//! run's noise (1.035x, 1.113x). Both clients make
 //! exactly one system call per operation (a 32 B `write` on the uverbs fd,
 //! strace) and post the same WR (one 8 B SGE, signaled, `max_rd_atomic` the
 //! device maximum as perftest's `out_reads`). User-space instructions per
