@@ -96,16 +96,11 @@
 //! starts no thread, and a node that only connects out runs no engine
 //! thread, so both children are single-threaded like perftest's client
 //! (`threads=` in the per-turn diagnostics). What still separates the
-//! SDK's child from the provider's (1.13-1.16x against 1.05-1.07x perftest
-//! on CAS) is mostly not its per-operation code (about 365 instructions
-//! and no call): a scratch run that only opened an idle engine node
-//! (`Node::with_nic`, no connect) beside the provider in its child moved
-//! the provider's CAS from 1.007x to 1.087x perftest (5 rounds each, one
-//! run; minima 1.060x and 1.121x; a second, noisier run of 3 rounds:
-//! 1.046x to 1.080x). Which of the node's resources costs it (its QPs,
-//! CQs, SRQ and MRs in the same device context) is not known yet: a
-//! receive CQ and SRQ alone, or a UD endpoint alone, were within that
-//! run's noise (1.035x, 1.113x). Both clients make
+//! SDK's child from the provider's (1.11-1.16x against 1.04-1.07x perftest
+//! on CAS) is not known: its per-operation code is about 365 more
+//! instructions and no call, and scratch runs that only opened an idle
+//! engine node beside the provider in its child moved the provider's CAS
+//! by +8 %, +3 % and -2 % in three runs (inconclusive). Both clients make
 //! exactly one system call per operation (a 32 B `write` on the uverbs fd,
 //! strace) and post the same WR (one 8 B SGE, signaled, `max_rd_atomic` the
 //! device maximum as perftest's `out_reads`). User-space instructions per
