@@ -209,6 +209,42 @@ mod specific {
         drop(mr);
         drop(buf);
     }
+    /// An RC pair on two devices with a 4-deep send queue (credits run out
+    /// all the time), an 8-byte word and a 64-byte buffer on `sa`'s MR, and
+    /// a counter at offset 0 of `sb`'s.
+    struct Shallow {
+        sa: Side<VerbsNic>,
+        sb: Side<VerbsNic>,
+        qa: <VerbsNic as Nic>::Qp,
+        qb: <VerbsNic as Nic>::Qp,
+        word: Sge,
+        data: Sge,
+        counter: RemoteAddr,
+    }
+
+    impl Shallow {
+        fn new() -> Shallow {
+            let (a, b) = pair();
+            let (sa, sb) = (Side::new(&a, 4096), Side::new(&b, 4096));
+            let caps = QpCaps {
+                max_send_wr: 4,
+                ..QpCaps::default()
+            };
+            let (qa, qb) = rc_pair(&sa, &sb, caps);
+            let (word, data) = (sa.mr.sge(64, 8).unwrap(), sa.mr.sge(128, 64).unwrap());
+            let counter = sb.mr.remote(0);
+            Shallow {
+                sa,
+                sb,
+                qa,
+                qb,
+                word,
+                data,
+                counter,
+            }
+        }
+    }
+
     /// The send ring is written by the posting thread and read by another,
     /// polling thread without the QP's send lock. One poster (single WRs
     /// and two-WR chains, every third WR unsignaled, a 4-deep send queue so
@@ -220,16 +256,15 @@ mod specific {
     fn send_ring_across_threads() {
         use std::time::Instant;
         const N: u64 = 1200;
-        let (a, b) = pair();
-        let (sa, sb) = (Side::new(&a, 4096), Side::new(&b, 4096));
-        let caps = QpCaps {
-            max_send_wr: 4,
-            ..QpCaps::default()
-        };
-        let (qa, _qb) = rc_pair(&sa, &sb, caps);
-        let word = sa.mr.sge(64, 8).unwrap();
-        let data = sa.mr.sge(128, 64).unwrap();
-        let counter = sb.mr.remote(0);
+        let Shallow {
+            sa,
+            sb,
+            qa,
+            qb: _qb,
+            word,
+            data,
+            counter,
+        } = Shallow::new();
         // WR `i`: FAA, READ or WRITE by `i % 3`; WRITEs (i % 3 == 2) are
         // unsignaled except the last one, so that it frees the queue.
         let wr = |i: u64| {
@@ -304,16 +339,15 @@ mod specific {
         use std::sync::atomic::{AtomicUsize, Ordering};
         use std::time::Instant;
         const N: u64 = 1500;
-        let (a, b) = pair();
-        let (sa, sb) = (Side::new(&a, 4096), Side::new(&b, 4096));
-        let caps = QpCaps {
-            max_send_wr: 4,
-            ..QpCaps::default()
-        };
-        let (qa, _qb) = rc_pair(&sa, &sb, caps);
-        let word = sa.mr.sge(64, 8).unwrap();
-        let data = sa.mr.sge(128, 64).unwrap();
-        let counter = sb.mr.remote(0);
+        let Shallow {
+            sa,
+            sb,
+            qa,
+            qb: _qb,
+            word,
+            data,
+            counter,
+        } = Shallow::new();
         // WR `i`: FAA or READ by parity; every fifth unsignaled (not the
         // last), so that completions also free the slots before them.
         let wr = |i: u64| {
