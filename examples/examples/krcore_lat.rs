@@ -131,7 +131,8 @@
 //! and contender), `--rounds N` (6), `--pairs N` (connect samples, 8),
 //! `--no-perftest`, `--no-sdk`, `--slice-ms N` (length of a turn, 10),
 //! `--depth N` (send queue depth of the provider's QP, 16; perftest's
-//! latency tests use 1), `--proc`, `--proc-pair`, `--proc-sdk`,
+//! latency tests use 1), `--sdk-depth N` (the SDK nodes' `dci_depth`: their
+//! shared QPs' send queue and CQ depth; the engine's default, 128), `--proc`, `--proc-pair`, `--proc-sdk`,
 //! `--calibrate` (above; off by default), `--prof N` (only N round trips
 //! per contender and operation in named loops, for callgrind; no timing),
 //! `--idle-sleep-us N` (idle sleep of the
@@ -210,6 +211,9 @@ mod lat {
         idle_sleep: Option<Duration>,
         slice_ms: u64,
         depth: u32,
+        /// `--sdk-depth N`: the SDK nodes' `dci_depth` (the send queue and
+        /// CQ depth of their shared QPs) instead of the engine's default.
+        sdk_depth: Option<u32>,
         /// A second perftest client in the rotation (perftest vs itself).
         calibrate: bool,
         /// The provider in a child process of its own in the rotation.
@@ -252,6 +256,7 @@ mod lat {
             idle_sleep: Some(Duration::from_micros(20_000)),
             slice_ms: 10,
             depth: 16,
+            sdk_depth: None,
             calibrate: false,
             proc_provider: false,
             proc_pair: false,
@@ -286,6 +291,7 @@ mod lat {
                 "--child-out" => a.child_out = Some(v()?),
                 "--prof" => a.prof = num(&k, v()?)?,
                 "--depth" => a.depth = num(&k, v()?)?.max(1) as u32,
+                "--sdk-depth" => a.sdk_depth = Some(num(&k, v()?)?.max(2) as u32),
                 "--slice-ms" => a.slice_ms = num(&k, v()?)?.max(1) as u64,
                 "--idle-sleep-us" => {
                     a.idle_sleep = Some(Duration::from_micros(num(&k, v()?)? as u64))
@@ -1278,6 +1284,9 @@ mod lat {
         let mut cfg =
             EngineConfig::default().with_meta(meta.location().map_err(|e| e.to_string())?);
         cfg.handshake = h;
+        if let Some(d) = a.sdk_depth {
+            cfg.dci_depth = d;
+        }
         Ok((meta, thread, cfg))
     }
 

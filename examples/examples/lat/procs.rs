@@ -615,6 +615,9 @@ pub(super) fn sdk_child(a: &Args, op: &str) -> Result<(), String> {
     };
     let mut cfg = EngineConfig::default().with_meta(loc);
     cfg.handshake = handshake(a.idle_sleep);
+    if let Some(d) = a.sdk_depth {
+        cfg.dci_depth = d;
+    }
     let client = Node::with_nic(open(a)?, cfg).map_err(|e| format!("client: {e}"))?;
     let vqp = client
         .connect(token.gid)
@@ -670,6 +673,12 @@ pub(super) fn sdk_proc(a: &Args, k: &Sdk, op: &str, n: usize) -> Result<Proc, St
             "--gid-index",
             &a.gid_index.to_string(),
         ])
+        .args(
+            a.sdk_depth
+                .map(|d| ["--sdk-depth".to_string(), d.to_string()])
+                .into_iter()
+                .flatten(),
+        )
         .args(
             a.idle_sleep
                 .map(|d| ["--idle-sleep-us".to_string(), d.as_micros().to_string()])
