@@ -132,7 +132,10 @@
 //! `--no-perftest`, `--no-sdk`, `--slice-ms N` (length of a turn, 10),
 //! `--depth N` (send queue depth of the provider's QP, 16; perftest's
 //! latency tests use 1), `--sdk-depth N` (the SDK nodes' `dci_depth`: their
-//! shared QPs' send queue and CQ depth; the engine's default, 128), `--proc`, `--proc-pair`, `--proc-sdk`,
+//! shared QPs' send queue and CQ depth; the engine's default, 128),
+//! `--child-touch-pages N` (the provider's child also reads one byte of
+//! each of N pages of its own per round trip: the price of a page of
+//! per-operation footprint), `--proc`, `--proc-pair`, `--proc-sdk`,
 //! `--calibrate` (above; off by default), `--prof N` (only N round trips
 //! per contender and operation in named loops, for callgrind; no timing),
 //! `--idle-sleep-us N` (idle sleep of the
@@ -214,6 +217,10 @@ mod lat {
         /// `--sdk-depth N`: the SDK nodes' `dci_depth` (the send queue and
         /// CQ depth of their shared QPs) instead of the engine's default.
         sdk_depth: Option<u32>,
+        /// `--child-touch-pages N`: the provider's child reads one byte
+        /// from each of N pages of its own per round trip (prices a page
+        /// of per-operation memory footprint, see the module docs).
+        child_touch_pages: usize,
         /// A second perftest client in the rotation (perftest vs itself).
         calibrate: bool,
         /// The provider in a child process of its own in the rotation.
@@ -257,6 +264,7 @@ mod lat {
             slice_ms: 10,
             depth: 16,
             sdk_depth: None,
+            child_touch_pages: 0,
             calibrate: false,
             proc_provider: false,
             proc_pair: false,
@@ -291,6 +299,7 @@ mod lat {
                 "--child-out" => a.child_out = Some(v()?),
                 "--prof" => a.prof = num(&k, v()?)?,
                 "--depth" => a.depth = num(&k, v()?)?.max(1) as u32,
+                "--child-touch-pages" => a.child_touch_pages = num(&k, v()?)?,
                 "--sdk-depth" => a.sdk_depth = Some(num(&k, v()?)?.max(2) as u32),
                 "--slice-ms" => a.slice_ms = num(&k, v()?)?.max(1) as u64,
                 "--idle-sleep-us" => {
@@ -1382,6 +1391,7 @@ mod lat {
         x: (&Cell<u64>, &Cell<u64>),
         limit: u64,
     ) -> Result<(), String> {
+        println!("prof mark={:#x}", std::ptr::addr_of!(PROF_MARK) as usize);
         for op in ["read64", "cas8"] {
             let mut ours: Vec<Contender<'_>> = vec![provider_contender(op, prov, limit)];
             if let Some(k) = sdk {
@@ -1405,10 +1415,16 @@ mod lat {
         Ok(())
     }
 
+    /// Read once per round trip of the `--prof` loops: a memory-trace
+    /// tool (valgrind's lackey, `--trace-mem=yes`) splits its trace into
+    /// round trips at this byte's address (printed as `prof mark=ADDR`).
+    static PROF_MARK: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
     /// `n` round trips of `one`.
     #[inline(always)]
     fn prof_loop(one: &mut ContenderFn<'_>, n: usize) -> Result<(), String> {
         for _ in 0..n {
+            std::hint::black_box(PROF_MARK.load(std::sync::atomic::Ordering::Relaxed));
             one(&mut || {})?;
         }
         Ok(())

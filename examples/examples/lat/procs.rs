@@ -528,12 +528,23 @@ pub fn child(a: &Args, op: &str) -> Result<(), String> {
         x: &x,
     };
     let (_, mut one) = provider_contender(op, &prov, limit);
+    // `--child-touch-pages`: one byte of each of N pages read per round
+    // trip (after its completion, before the next post's stamp).
+    let pages = vec![1u8; a.child_touch_pages * PAGE];
     write_post_to_post(out, n, || {
         let mut at = 0;
         one(&mut || at = cycles())?;
+        // Through `black_box`: the reads are neither hoisted nor folded.
+        let sum = std::hint::black_box(&pages)
+            .chunks(PAGE)
+            .fold(0u8, |s, page| s.wrapping_add(page[0]));
+        std::hint::black_box(sum);
         Ok(at)
     })
 }
+
+/// Bytes per page for `--child-touch-pages`.
+const PAGE: usize = 4096;
 
 /// Runs `one` (a round trip returning its post's stamp) `n` times and
 /// writes the `n - 1` post-to-post samples to `out` in perftest's `-U`
@@ -756,6 +767,7 @@ pub(super) fn provider_proc(
             &a.gid_index.to_string(),
         ])
         .args(["--depth", &a.depth.to_string()])
+        .args(["--child-touch-pages", &a.child_touch_pages.to_string()])
         .args(pair.then_some("--child-pair"))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
