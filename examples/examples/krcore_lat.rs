@@ -97,10 +97,25 @@
 //! thread, so both children are single-threaded like perftest's client
 //! (`threads=` in the per-turn diagnostics). What still separates the
 //! SDK's child from the provider's (1.11-1.16x against 1.04-1.07x perftest
-//! on CAS) is not known: its per-operation code is about 365 more
-//! instructions and no call, and scratch runs that only opened an idle
-//! engine node beside the provider in its child moved the provider's CAS
-//! by +8 %, +3 % and -2 % in three runs (inconclusive). Both clients make
+//! on CAS) is, as far as measured, the SDK's own per-operation code (about
+//! 365 more instructions, no call), not its process: a scratch SDK child
+//! that connected as usual and then posted and polled the engine's RC pair
+//! through the provider directly (same process, pair, QP and buffers;
+//! three runs of 4 rounds, alternating with the real child in one guest)
+//! had a CAS ratio of minima 0.6 % over the provider's child (the real SDK
+//! child: 7 %), and a p50 ratio 4.8 % over it (the real one: 5.8 %; p50s
+//! spread more). Scratch runs that opened an idle engine node beside the
+//! provider in its child had moved it by +8 %, +3 % and -2 %
+//! (inconclusive), and giving the SDK's QP the provider's shape
+//! (`--sdk-depth 16`, `--depth 128`, three runs each) moved neither past
+//! its spread. In this guest user-space work right after the kernel's
+//! long CAS path is far dearer than in a hot loop: perftest's client (about
+//! 500 instructions per CAS), the provider (about 630 single-threaded) and
+//! the SDK (about 1,000) line up at roughly 0.03 % of the round trip per
+//! instruction, where 500 more instructions in a register loop cost 2 %;
+//! and reading one byte of each of 16 (48) more pages per round trip
+//! (`--child-touch-pages`, two runs each) made the provider's child 5 %
+//! (8 %) slower. Both clients make
 //! exactly one system call per operation (a 32 B `write` on the uverbs fd,
 //! strace) and post the same WR (one 8 B SGE, signaled, `max_rd_atomic` the
 //! device maximum as perftest's `out_reads`). User-space instructions per

@@ -664,6 +664,31 @@ pub(super) fn sdk_child(a: &Args, op: &str) -> Result<(), String> {
     })
 }
 
+/// This program in child mode (`--child OP`) for `n` round trips writing
+/// its samples to `out`, on the parent's device and GID index, with its
+/// stdio piped.
+fn child_command(
+    a: &Args,
+    op: &str,
+    n: usize,
+    out: &std::path::Path,
+) -> Result<Command, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut c = Command::new(exe);
+    c.args(["--child", op, "--child-n", &n.to_string(), "--child-out"])
+        .arg(out)
+        .args([
+            "--device",
+            &a.device,
+            "--gid-index",
+            &a.gid_index.to_string(),
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    Ok(c)
+}
+
 /// Spawns [`sdk_child`] for `op` with `n` round trips and stops it
 /// before its loop.
 pub(super) fn sdk_proc(a: &Args, k: &Sdk, op: &str, n: usize) -> Result<Proc, String> {
@@ -673,17 +698,8 @@ pub(super) fn sdk_proc(a: &Args, k: &Sdk, op: &str, n: usize) -> Result<Proc, St
     let t = k.token;
     let out_path =
         std::env::temp_dir().join(format!("krcore_lat-{}-sdk-{op}.out", std::process::id()));
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let mut c = Command::new(exe)
-        .args(["--child", op, "--child-sdk", "--child-n", &n.to_string()])
-        .arg("--child-out")
-        .arg(&out_path)
-        .args([
-            "--device",
-            &a.device,
-            "--gid-index",
-            &a.gid_index.to_string(),
-        ])
+    let mut c = child_command(a, op, n, &out_path)?
+        .arg("--child-sdk")
         .args(
             a.sdk_depth
                 .map(|d| ["--sdk-depth".to_string(), d.to_string()])
@@ -696,9 +712,6 @@ pub(super) fn sdk_proc(a: &Args, k: &Sdk, op: &str, n: usize) -> Result<Proc, St
                 .into_iter()
                 .flatten(),
         )
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("spawn the SDK child: {e}"))?;
     let r = (|| {
@@ -756,22 +769,10 @@ pub(super) fn provider_proc(
         "krcore_lat-{}-child-{op}-{pair}.out",
         std::process::id()
     ));
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let mut c = Command::new(exe)
-        .args(["--child", op, "--child-n", &n.to_string(), "--child-out"])
-        .arg(&out_path)
-        .args([
-            "--device",
-            &a.device,
-            "--gid-index",
-            &a.gid_index.to_string(),
-        ])
+    let mut c = child_command(a, op, n, &out_path)?
         .args(["--depth", &a.depth.to_string()])
         .args(["--child-touch-pages", &a.child_touch_pages.to_string()])
         .args(pair.then_some("--child-pair"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("spawn the provider child: {e}"))?;
     let r = (|| {
