@@ -115,7 +115,10 @@
 //! instruction, where 500 more instructions in a register loop cost 2 %;
 //! and reading one byte of each of 16 (48) more pages per round trip
 //! (`--child-touch-pages`, two runs each) made the provider's child 5 %
-//! (8 %) slower. Both clients make
+//! (8 %) slower. Per CAS round trip the SDK's VQP touches 9 more data
+//! pages and 5 more code pages than the provider (medians 45 and 26
+//! against 36 and 21; `--prof 300` under valgrind's lackey in the guest,
+//! split at the marker byte). Both clients make
 //! exactly one system call per operation (a 32 B `write` on the uverbs fd,
 //! strace) and post the same WR (one 8 B SGE, signaled, `max_rd_atomic` the
 //! device maximum as perftest's `out_reads`). User-space instructions per
