@@ -667,12 +667,7 @@ pub(super) fn sdk_child(a: &Args, op: &str) -> Result<(), String> {
 /// This program in child mode (`--child OP`) for `n` round trips writing
 /// its samples to `out`, on the parent's device and GID index, with its
 /// stdio piped.
-fn child_command(
-    a: &Args,
-    op: &str,
-    n: usize,
-    out: &std::path::Path,
-) -> Result<Command, String> {
+fn child_command(a: &Args, op: &str, n: usize, out: &std::path::Path) -> Result<Command, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut c = Command::new(exe);
     c.args(["--child", op, "--child-n", &n.to_string(), "--child-out"])
