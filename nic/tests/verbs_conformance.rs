@@ -209,6 +209,7 @@ mod specific {
         drop(mr);
         drop(buf);
     }
+
     /// An RC pair on two devices with a 4-deep send queue (credits run out
     /// all the time), an 8-byte word and a 64-byte buffer on `sa`'s MR, and
     /// a counter at offset 0 of `sb`'s.
@@ -216,7 +217,8 @@ mod specific {
         sa: Side<VerbsNic>,
         sb: Side<VerbsNic>,
         qa: <VerbsNic as Nic>::Qp,
-        qb: <VerbsNic as Nic>::Qp,
+        /// The peer QP, only kept alive.
+        _qb: <VerbsNic as Nic>::Qp,
         word: Sge,
         data: Sge,
         counter: RemoteAddr,
@@ -237,7 +239,7 @@ mod specific {
                 sa,
                 sb,
                 qa,
-                qb,
+                _qb: qb,
                 word,
                 data,
                 counter,
@@ -256,22 +258,14 @@ mod specific {
     fn send_ring_across_threads() {
         use std::time::Instant;
         const N: u64 = 1200;
-        let Shallow {
-            sa,
-            sb,
-            qa,
-            qb: _qb,
-            word,
-            data,
-            counter,
-        } = Shallow::new();
+        let f = Shallow::new();
         // WR `i`: FAA, READ or WRITE by `i % 3`; WRITEs (i % 3 == 2) are
         // unsignaled except the last one, so that it frees the queue.
         let wr = |i: u64| {
             let w = match i % 3 {
-                0 => SendWr::faa(i, word, counter, 1),
-                1 => SendWr::read(i, data, sb.mr.remote(256)),
-                _ => SendWr::write(i, data, sb.mr.remote(512)),
+                0 => SendWr::faa(i, f.word, f.counter, 1),
+                1 => SendWr::read(i, f.data, f.sb.mr.remote(256)),
+                _ => SendWr::write(i, f.data, f.sb.mr.remote(512)),
             };
             w.signaled(i % 3 != 2 || i == N - 1)
         };
@@ -287,7 +281,7 @@ mod specific {
                 let mut got = Vec::new();
                 let mut wc = [Wc::default(); 4];
                 while got.len() < signaled.len() {
-                    let n = sa.cq.poll(&mut wc).expect("poll");
+                    let n = f.sa.cq.poll(&mut wc).expect("poll");
                     for w in &wc[..n] {
                         assert_eq!(w.status, WcStatus::Success, "{w:?}");
                         assert_eq!(w.opcode, op(w.wr_id), "{w:?}");
@@ -306,7 +300,7 @@ mod specific {
                 } else {
                     vec![wr(i)]
                 };
-                match qa.post_send(&chain) {
+                match f.qa.post_send(&chain) {
                     Ok(()) => i += chain.len() as u64,
                     Err(PostError {
                         index,
@@ -322,7 +316,7 @@ mod specific {
             assert_eq!(poller.join().expect("poller"), signaled);
         });
         let mut v = [0u8; 8];
-        sb.mr.read(0, &mut v).unwrap();
+        f.sb.mr.read(0, &mut v).unwrap();
         assert_eq!(u64::from_le_bytes(v), N.div_ceil(3), "every FAA once");
     }
 
@@ -339,22 +333,14 @@ mod specific {
         use std::sync::atomic::{AtomicUsize, Ordering};
         use std::time::Instant;
         const N: u64 = 1500;
-        let Shallow {
-            sa,
-            sb,
-            qa,
-            qb: _qb,
-            word,
-            data,
-            counter,
-        } = Shallow::new();
+        let f = Shallow::new();
         // WR `i`: FAA or READ by parity; every fifth unsignaled (not the
         // last), so that completions also free the slots before them.
         let wr = |i: u64| {
             let w = if i % 2 == 0 {
-                SendWr::faa(i, word, counter, 1)
+                SendWr::faa(i, f.word, f.counter, 1)
             } else {
-                SendWr::read(i, data, sb.mr.remote(256))
+                SendWr::read(i, f.data, f.sb.mr.remote(256))
             };
             w.signaled(i % 5 != 4 || i == N - 1)
         };
@@ -371,7 +357,7 @@ mod specific {
         let per_poller: Vec<Vec<u64>> = std::thread::scope(|s| {
             let pollers: Vec<_> = (0..2)
                 .map(|_| {
-                    let (sa, total, signaled) = (&sa, &total, &signaled);
+                    let (sa, total, signaled) = (&f.sa, &total, &signaled);
                     s.spawn(move || {
                         let mut got = Vec::new();
                         let mut wc = [Wc::default(); 2];
@@ -396,7 +382,7 @@ mod specific {
                 .collect();
             let mut i = 0;
             while i < N {
-                match qa.post_send(&[wr(i)]) {
+                match f.qa.post_send(&[wr(i)]) {
                     Ok(()) => i += 1,
                     Err(PostError {
                         kind: PostErrorKind::QueueFull { .. },
@@ -419,9 +405,9 @@ mod specific {
         let mut all: Vec<u64> = per_poller.concat();
         all.sort_unstable();
         assert_eq!(all, signaled, "every signaled WR exactly once");
-        assert_eq!(qa.send_credits(), 4, "every credit back");
+        assert_eq!(f.qa.send_credits(), 4, "every credit back");
         let mut v = [0u8; 8];
-        sb.mr.read(0, &mut v).unwrap();
+        f.sb.mr.read(0, &mut v).unwrap();
         assert_eq!(u64::from_le_bytes(v), N.div_ceil(2), "every FAA once");
     }
 
