@@ -318,7 +318,10 @@ mod lat {
                 "--prof" => a.prof = num(&k, v()?)?,
                 "--depth" => a.depth = num(&k, v()?)?.max(1) as u32,
                 "--child-touch-pages" => a.child_touch_pages = num(&k, v()?)?,
-                "--sdk-depth" => a.sdk_depth = Some(num(&k, v()?)?.max(2) as u32),
+                "--sdk-depth" => {
+                    a.sdk_depth =
+                        Some(u32::try_from(num(&k, v()?)?).map_err(|e| format!("{k}: {e}"))?)
+                }
                 "--slice-ms" => a.slice_ms = num(&k, v()?)?.max(1) as u64,
                 "--idle-sleep-us" => {
                     a.idle_sleep = Some(Duration::from_micros(num(&k, v()?)? as u64))
