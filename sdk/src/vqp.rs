@@ -69,15 +69,19 @@ const PUMP_BATCH: usize = 8;
 /// clock read can be a system call, e.g. on an HPET clocksource).
 const SPINS_PER_CLOCK_READ: u32 = 64;
 
+// In declaration order, from a 64-byte boundary: what every `post` and
+// `poll` reads (`stashed_user`, then the engine VQP, whose own hot fields
+// lead) shares a cache line and so a page.
+#[repr(C, align(64))]
 struct Inner<N: Nic> {
-    vqp: krcore_kmod::Vqp<N>,
-    node: Node<N>,
-    stash: Mutex<Stash>,
     /// `stash.user.len()`, written under the stash lock: a poller that
     /// reads 0 owes no stash lock. A thread sees its own pump's stashing
     /// (program order), so its completions stay in order; between threads
     /// polling one VQP at once there is no order to keep.
     stashed_user: AtomicUsize,
+    vqp: krcore_kmod::Vqp<N>,
+    node: Node<N>,
+    stash: Mutex<Stash>,
     /// `stash.requests.len()`, written under the stash lock: a waiter that
     /// reads 0 has nothing to look up (it looks again on its next spin).
     stashed_requests: AtomicUsize,

@@ -159,7 +159,7 @@ use crate::precheck::Policy;
 use crate::wrid::VqpId;
 use lazy::Lazy;
 use meta::{MetaClient, MetaPolicy};
-use mrs::MrRegistry;
+use mrs::{MrRegistry, PostWords};
 use physqp::PhysQp;
 use rc::RcPool;
 
@@ -323,8 +323,9 @@ pub(crate) struct EngineInner<N: Nic> {
     pub(crate) policy: Policy,
     pub(crate) cache: DcCache,
     pub(crate) mrs: Arc<MrRegistry>,
-    /// RC fallback mode: the LRU clock of the RC pairs.
-    pub(crate) rc_tick: AtomicU64,
+    /// The words every post reads (the registry's generation, the RC
+    /// pairs' LRU clock), shared with the registry and each shared QP.
+    pub(crate) words: Arc<PostWords>,
     transport: Transport<N>,
     /// DC mode with `upgrade_endpoint`: the handshake over messaging and
     /// the RC pairs of upgraded VQPs.
@@ -668,6 +669,7 @@ impl<N: Nic> Engine<N> {
             )?),
             None => None,
         };
+        let words = Arc::new(PostWords::default());
         let inner = Arc::new_cyclic(|me| EngineInner {
             me: me.clone(),
             handles: AtomicUsize::new(0),
@@ -683,8 +685,8 @@ impl<N: Nic> Engine<N> {
             nic,
             pd,
             policy,
-            mrs: Arc::new(MrRegistry::default()),
-            rc_tick: AtomicU64::new(0),
+            mrs: Arc::new(MrRegistry::new(words.clone())),
+            words,
             transport,
             upgrade,
             upgrades: AtomicU64::new(0),

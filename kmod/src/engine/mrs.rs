@@ -67,6 +67,30 @@ impl LocalMrTable for AnyMr {
     }
 }
 
+/// The engine-wide words a post on a shared QP reads, alone in one small
+/// allocation shared by the engine, its MR registry and every shared QP:
+/// a post's fast path then touches no page of the engine's own state or
+/// of the registry's (a page touched per operation is dear in an emulated
+/// guest, see `krcore_lat`'s docs).
+#[repr(align(64))]
+#[derive(Debug, Default)]
+pub(crate) struct PostWords {
+    /// The owned-MR registry's generation: bumped (`Release`) after every
+    /// change of its map, under the map's lock.
+    mr_generation: AtomicU64,
+    /// RC fallback mode: the LRU clock of the RC pairs (see
+    /// `super::rc`).
+    pub(crate) rc_tick: AtomicU64,
+}
+
+impl PostWords {
+    /// The owned-MR registry's generation (see [`MrRegistry`]).
+    #[inline]
+    pub(crate) fn mr_generation(&self) -> u64 {
+        self.mr_generation.load(Ordering::Acquire)
+    }
+}
+
 /// An MR whose handles are gone but whose leases are not: registered
 /// until `until`.
 struct Parked {
@@ -74,10 +98,11 @@ struct Parked {
     _mr: Box<dyn Any + Send + Sync>,
 }
 
-#[derive(Default)]
 pub(crate) struct MrRegistry {
     map: Mutex<MrSnapshot>,
-    generation: AtomicU64,
+    /// Holds the generation (`PostWords::mr_generation`), beside the
+    /// other words every post reads.
+    words: Arc<PostWords>,
     parked: Mutex<Vec<Parked>>,
 }
 
@@ -91,21 +116,30 @@ impl std::fmt::Debug for MrRegistry {
 }
 
 impl MrRegistry {
+    /// An empty registry keeping its generation in `words`.
+    pub(crate) fn new(words: Arc<PostWords>) -> MrRegistry {
+        MrRegistry {
+            map: Mutex::default(),
+            words,
+            parked: Mutex::default(),
+        }
+    }
+
     #[inline]
     pub(crate) fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Acquire)
+        self.words.mr_generation()
     }
 
     /// The current map and its generation.
     pub(crate) fn snapshot(&self) -> (u64, MrSnapshot) {
         let map = self.map.lock();
-        (self.generation.load(Ordering::Acquire), map.clone())
+        (self.words.mr_generation(), map.clone())
     }
 
     fn update(&self, f: impl FnOnce(&mut IdMap<u32, LocalMr>)) {
         let mut map = self.map.lock();
         f(Arc::make_mut(&mut map.0));
-        self.generation.fetch_add(1, Ordering::Release);
+        self.words.mr_generation.fetch_add(1, Ordering::Release);
     }
 
     /// Deregisters the parked MRs whose leases have all expired by `now`;

@@ -100,6 +100,7 @@
 //!   carries WRs of VQPs attached to it and connected to its target.
 
 use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 use std::time::Instant;
 
 use krcore_nic::{
@@ -108,7 +109,7 @@ use krcore_nic::{
 use parking_lot::Mutex;
 
 use super::error::{EngineError, VqpError};
-use super::mrs::MrSnapshot;
+use super::mrs::{MrSnapshot, PostWords};
 use super::vqp::{VqpState, VqpTable};
 use super::EngineInner;
 use crate::credits::{Posted, SendQueueCredits};
@@ -118,6 +119,10 @@ use crate::wrid::{PhysWrId, Slot, VqpId};
 mod poll;
 mod post;
 mod recover;
+
+/// `PhysQp`'s alignment (its `repr`; a divisor of the page size).
+#[cfg(test)]
+const PHYS_QP_ALIGN: usize = 1024;
 
 /// Completions polled per CQ poll call.
 const POLL_BATCH: usize = 32;
@@ -337,6 +342,12 @@ pub(crate) struct PhysState<N: Nic> {
     epoch: Instant,
 }
 
+/// Aligned to 1,024 bytes and no larger (`tests::a_shared_qp_lies_in_one_page`): the
+/// whole QP, its state and the inline state of a sole VQP (see
+/// [`VqpTable`]) lie in ONE page, so that a post or poll touches one page
+/// of the engine's own for them (pages touched per operation are dear in
+/// an emulated guest, see `krcore_lat`'s docs).
+#[repr(align(1024))]
 pub(crate) struct PhysQp<N: Nic> {
     /// DC: index in the pool; RC: serial number of the pair.
     pub(crate) index: usize,
@@ -351,6 +362,9 @@ pub(crate) struct PhysQp<N: Nic> {
     max_unsignaled: u32,
     cq: N::Cq,
     pub(crate) link: Link,
+    /// The engine's [`PostWords`] (read by every post: the MR
+    /// generation, the RC pairs' clock).
+    words: Arc<PostWords>,
     state: Mutex<PhysState<N>>,
 }
 
@@ -438,6 +452,7 @@ impl<N: Nic> PhysQp<N> {
             max_unsignaled: eng.policy.effective_max_unsignaled(depth),
             cq,
             link,
+            words: eng.words.clone(),
             state: Mutex::new(PhysState {
                 qp: Some(qp),
                 // No spare records: `ring_len` of them.
@@ -558,5 +573,25 @@ fn settle_copies(copies: &mut [SendWr], first: u64, posted: usize, len: usize) {
     let end = copies_range(first, posted, len).end;
     if end > len {
         copies.copy_within(len..end, 0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{PhysQp, PHYS_QP_ALIGN};
+
+    /// A shared QP never straddles a page: aligned to a divisor of the
+    /// page size, and no larger than its alignment.
+    fn fits_one_block<N: krcore_nic::Nic>() {
+        assert_eq!(std::mem::align_of::<PhysQp<N>>(), PHYS_QP_ALIGN);
+        assert_eq!(std::mem::size_of::<PhysQp<N>>(), PHYS_QP_ALIGN);
+        assert_eq!(4096 % PHYS_QP_ALIGN, 0);
+    }
+
+    #[test]
+    fn a_shared_qp_lies_in_one_page() {
+        fits_one_block::<krcore_nic::sim::SimNic>();
+        #[cfg(feature = "verbs")]
+        fits_one_block::<krcore_nic::verbs::VerbsNic>();
     }
 }

@@ -160,7 +160,7 @@ impl<N: Nic> RcPool<N> {
         self.stats.lock().reused += 1;
         if let Some(l) = p.rc_link() {
             l.used.store(
-                eng.rc_tick.fetch_add(1, Ordering::Relaxed) + 1,
+                eng.words.rc_tick.fetch_add(1, Ordering::Relaxed) + 1,
                 Ordering::Relaxed,
             );
         }
@@ -333,7 +333,7 @@ pub(crate) fn acquire_with<N: Nic>(
         pool.stats.lock().reused += 1;
         if let Some(l) = p.rc_link() {
             l.used.store(
-                eng.rc_tick.fetch_add(1, Ordering::Relaxed) + 1,
+                eng.words.rc_tick.fetch_add(1, Ordering::Relaxed) + 1,
                 Ordering::Relaxed,
             );
         }
@@ -364,7 +364,7 @@ pub(crate) fn acquire_with<N: Nic>(
     let link = RcLink {
         gid,
         handshake: hs_target,
-        used: AtomicU64::new(eng.rc_tick.fetch_add(1, Ordering::Relaxed) + 1),
+        used: AtomicU64::new(eng.words.rc_tick.fetch_add(1, Ordering::Relaxed) + 1),
     };
     let index = pool.next_index.fetch_add(1, Ordering::Relaxed);
     let pair = Arc::new(PhysQp::rc(eng, index, qp, cq, link, nonce));

@@ -36,6 +36,7 @@ use std::sync::Arc;
 
 use krcore_nic::{Gid, Nic, SendWr, Wc};
 use parking_lot::Mutex;
+use smallvec::SmallVec;
 
 use super::error::{EngineError, VqpError};
 use super::idhash::IdMap;
@@ -115,14 +116,15 @@ const DIRECT: usize = 64;
 /// hashing on the data path: a dense vector of (id, state), and a
 /// direct-mapped index from a multiplicative hash of the id (one multiply,
 /// one compare) to its position; the ids whose bucket is taken go to a
-/// spill map.
+/// spill map. A sole state (an RC pair's usual case) lives inline, in the
+/// QP's own allocation: a post or poll then touches no page of another.
 ///
 /// Invariants: every id is in `states` at most once; for each position
 /// `i`, `states[i].0` is found at `i` through exactly one of: its bucket
 /// (`direct[bucket(id)] == i + 1`) or `spill` (`spill[id] == i`); `direct`
 /// entries are 0 (empty) or a position plus one.
 pub(crate) struct VqpTable {
-    states: Vec<(VqpId, VqpState)>,
+    states: SmallVec<[(VqpId, VqpState); 1]>,
     direct: [u32; DIRECT],
     spill: IdMap<VqpId, u32>,
 }
@@ -130,7 +132,7 @@ pub(crate) struct VqpTable {
 impl Default for VqpTable {
     fn default() -> VqpTable {
         VqpTable {
-            states: Vec::new(),
+            states: SmallVec::new(),
             direct: [0; DIRECT],
             spill: IdMap::default(),
         }
@@ -266,15 +268,18 @@ impl<N: Nic> Binding<N> {
 /// `Send + Sync`; several threads may use one VQP (their posts are
 /// serialized by the shared QP's lock). Dropping the VQP detaches it from
 /// its QP: completions of WRs still in flight are then discarded.
+// In declaration order: what every post and poll reads (engine, binding,
+// id) leads, the parked state (RC fallback mode, unbound only) trails.
+#[repr(C)]
 pub struct Vqp<N: Nic> {
     pub(crate) engine: Arc<EngineInner<N>>,
     pub(crate) binding: Binding<N>,
     pub(crate) id: VqpId,
-    /// The state while no QP holds it (RC fallback mode, unbound).
-    pub(crate) parked: Mutex<Option<VqpState>>,
     /// Bumped by every [`Vqp::add_grant`] and [`Vqp::remove_grant`] (after
     /// the change): see [`Vqp::grants_epoch`].
     grants_epoch: AtomicU64,
+    /// The state while no QP holds it (RC fallback mode, unbound).
+    pub(crate) parked: Mutex<Option<VqpState>>,
 }
 
 impl<N: Nic> std::fmt::Debug for Vqp<N> {

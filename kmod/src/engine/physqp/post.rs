@@ -108,7 +108,7 @@ impl<N: Nic> PhysQp<N> {
         };
         debug_assert!(self.fast && !*needs_recovery);
         let Some(qp) = qp.as_ref() else { general!() };
-        if eng.mrs.generation() != *mr_generation {
+        if self.words.mr_generation() != *mr_generation {
             general!();
         }
         let Some((i, v)) = vqps.find(id) else {
@@ -128,7 +128,7 @@ impl<N: Nic> PhysQp<N> {
         let dest = match &self.link {
             Link::Dci => Destination::Dc(target),
             Link::Rc(l) if l.gid == target.gid => {
-                l.touch(&eng.rc_tick);
+                l.touch(&self.words.rc_tick);
                 Destination::Connected
             }
             Link::Rc(_) => general!(),
@@ -236,7 +236,7 @@ impl<N: Nic> PhysQp<N> {
             }
         };
         if let Link::Rc(l) = &self.link {
-            l.touch(&eng.rc_tick);
+            l.touch(&self.words.rc_tick);
         }
         if plan.must_reclaim() {
             self.reclaim(eng, st, n)?;
