@@ -11,7 +11,7 @@
 //!   QP of the provider connected to a QP of the target node.
 //! - `fb`: a VQP of an engine in RC fallback mode (sim devices without DC,
 //!   the meta table on an `RcMetaHost`, like Soft-RoCE), on the RC pair
-//!   with its target (`Vqp::post_rc` / `Vqp::poll_rc`); its raw
+//!   with its target (`Vqp::post_send` / `Vqp::poll` in that mode); its raw
 //!   counterpart is `rawrc`.
 //! - `poll`: the length of the completion array each poll passes (default
 //!   1, at most 64), the same for the VQP and the raw CQ. A length of 1 is

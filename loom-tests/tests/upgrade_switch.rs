@@ -366,7 +366,8 @@ impl Vqp {
         self.due.store(false, SeqCst);
     }
 
-    /// `Vqp::post_dc`: one signaled WR.
+    /// `Vqp::post_send` in DC mode (`dc_direct`, then `post_dc_rest`): one
+    /// signaled WR.
     fn post(&self) {
         if !self.on_rc.load(SeqCst)
             && !self.due.load(SeqCst)
@@ -401,7 +402,7 @@ impl Vqp {
         panic!("post found the VQP's state nowhere");
     }
 
-    /// `Vqp::poll_dc`: one completion at most.
+    /// `Vqp::poll` in DC mode (then `poll_dc_rest`): one completion at most.
     fn poll(&self) -> usize {
         if !self.on_rc.load(SeqCst) {
             if let Some(n) = self.dci.poll() {

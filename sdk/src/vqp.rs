@@ -8,6 +8,7 @@
 //! returned by [`Vqp::poll`].
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -256,10 +257,24 @@ impl<N: Nic> Vqp<N> {
     /// [`Error::Vqp`] when the shared CQ failed.
     #[inline(always)]
     pub fn poll(&self, out: &mut [Wc]) -> Result<usize> {
-        let mut n = 0;
         if self.inner.stashed_user.load(Ordering::Acquire) > 0 {
+            return self.poll_stashed(out);
+        }
+        let k = self.inner.vqp.poll(out)?;
+        if !out[..k].iter().any(|wc| wc.wr_id & REQUEST_WR_ID_BIT != 0) {
+            return Ok(k);
+        }
+        Ok(self.sort_out_requests(out, 0, 0..k))
+    }
+
+    /// [`Vqp::poll`] with completions moved aside by the requests' waiters
+    /// (out of line: rare, and kept off the common poll's code).
+    #[cold]
+    #[inline(never)]
+    fn poll_stashed(&self, out: &mut [Wc]) -> Result<usize> {
+        let n = {
             let mut stash = self.inner.stash.lock();
-            n = out.len().min(stash.user.len());
+            let n = out.len().min(stash.user.len());
             for (slot, wc) in out.iter_mut().zip(stash.user.drain(..n)) {
                 *slot = wc;
             }
@@ -269,17 +284,26 @@ impl<N: Nic> Vqp<N> {
             if n == out.len() || !stash.user.is_empty() {
                 return Ok(n);
             }
-        }
+            n
+        };
         let k = self.inner.vqp.poll(&mut out[n..])?;
-        let fresh = n..n + k;
+        Ok(self.sort_out_requests(out, n, n..n + k))
+    }
+
+    /// The user's completions among `out[fresh]` (polled from the engine
+    /// after the `n` already in `out`) kept in order at the front; the
+    /// requests' go to the stash. Returns how many entries of `out` are
+    /// the user's. Out of line: only a VQP that also carries requests
+    /// needs it.
+    #[cold]
+    #[inline(never)]
+    fn sort_out_requests(&self, out: &mut [Wc], n: usize, fresh: Range<usize>) -> usize {
         if !out[fresh.clone()]
             .iter()
             .any(|wc| wc.wr_id & REQUEST_WR_ID_BIT != 0)
         {
-            return Ok(n + k);
+            return fresh.end;
         }
-        // Keep the user's completions in order at the front; requests'
-        // completions go to the stash.
         let mut stash = self.inner.stash.lock();
         let mut kept = n;
         for i in fresh {
@@ -292,7 +316,7 @@ impl<N: Nic> Vqp<N> {
             }
         }
         self.publish(&stash);
-        Ok(kept)
+        kept
     }
 
     /// Moves the engine's completions into the stash, reading atomics' old

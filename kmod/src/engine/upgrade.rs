@@ -298,7 +298,7 @@ pub(crate) struct DcBinding<N: Nic> {
     /// Count at which the next post tries to upgrade (0: hinted). Also 0
     /// while the state is on `slot.rc` (set by the switch, under the lock,
     /// rewritten by every move back to the DCI): the only gate of a post's
-    /// DCI path, one load ([`Vqp::post_dc`]); a post that read it before
+    /// DCI path, one load ([`Vqp::dc_direct`]); a post that read it before
     /// the switch finds the state gone from the DCI (`PostFail::Stale`)
     /// and takes the slow path.
     next_at: AtomicU64,
@@ -306,6 +306,12 @@ pub(crate) struct DcBinding<N: Nic> {
 }
 
 impl<N: Nic> DcBinding<N> {
+    /// The state is on the RC pair (`on_rc`, read without the lock).
+    #[inline(always)]
+    pub(crate) fn on_rc(&self) -> bool {
+        self.on_rc.load(Ordering::Acquire)
+    }
+
     pub(crate) fn new(dci: Arc<PhysQp<N>>, threshold: Option<u64>) -> DcBinding<N> {
         DcBinding {
             dci,
@@ -506,12 +512,14 @@ impl<N: Nic> Vqp<N> {
         self.switch(b, slot);
     }
 
-    /// DC mode post (see the module docs): the DCI directly unless the VQP
-    /// is upgraded or due to try (`next_at`, 0 while upgraded; inlined into
-    /// the caller; the rest is [`Vqp::post_dc_rest`]).
+    /// DC mode: whether a post of `n` WRs goes to the DCI directly
+    /// (`Ok`), or (`Err`) to [`Vqp::post_dc_rest`] because the VQP is
+    /// upgraded or due to try (`next_at`, 0 while upgraded); either way
+    /// with the VQP's count of WRs including these (see the module docs).
+    /// Inlined into [`Vqp::post_send`].
     #[inline(always)]
-    pub(crate) fn post_dc(&self, b: &DcBinding<N>, wrs: &mut [SendWr]) -> Result<(), VqpError> {
-        let n = wrs.len() as u64;
+    pub(crate) fn dc_direct(&self, b: &DcBinding<N>, n: usize) -> Result<u64, u64> {
+        let n = n as u64;
         // Without `upgrade_after` nothing counts: the count stays 0 (no
         // load), and only a hint (`next_at` 0) or the upgrade sends a post
         // down the slow path.
@@ -521,20 +529,16 @@ impl<N: Nic> Vqp<N> {
             0
         };
         if count < b.next_at.load(Ordering::Relaxed) {
-            match b.dci.post(&self.engine, self.id, wrs) {
-                Ok(()) => return Ok(()),
-                Err(PostFail::Vqp(e)) => return Err(e),
-                // The state moved to a pair meanwhile.
-                Err(PostFail::Stale) => {}
-            }
+            Ok(count)
+        } else {
+            Err(count)
         }
-        self.post_dc_rest(b, wrs, count)
     }
 
-    /// [`Vqp::post_dc`] on the pair, or when due to try an upgrade, or
-    /// after the state moved.
+    /// A DC mode post on the pair, or when due to try an upgrade, or
+    /// after the state moved (see [`Vqp::dc_direct`]).
     #[inline(never)]
-    fn post_dc_rest(
+    pub(crate) fn post_dc_rest(
         &self,
         b: &DcBinding<N>,
         wrs: &mut [SendWr],
@@ -567,15 +571,10 @@ impl<N: Nic> Vqp<N> {
         Err(VqpError::NotConnected { vqp: self.id })
     }
 
-    /// DC mode poll: the QP holding the state.
-    #[inline(always)]
-    pub(crate) fn poll_dc(&self, b: &DcBinding<N>, out: &mut [Wc]) -> Result<usize, VqpError> {
-        if !b.on_rc.load(Ordering::Acquire) {
-            if let Some(n) = b.dci.poll(&self.engine, self.id, out)? {
-                return Ok(n);
-            }
-        }
-        // Under the binding lock: no move in between.
+    /// A DC mode poll of an upgraded VQP, or after its state moved: on the
+    /// QP holding the state, under the binding lock (no move in between).
+    #[inline(never)]
+    pub(crate) fn poll_dc_rest(&self, b: &DcBinding<N>, out: &mut [Wc]) -> Result<usize, VqpError> {
         b.with_current(|q| Ok(q.poll(&self.engine, self.id, out)?.unwrap_or(0)))
     }
 

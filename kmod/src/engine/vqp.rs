@@ -36,7 +36,6 @@ use std::sync::Arc;
 
 use krcore_nic::{Gid, Nic, SendWr, Wc};
 use parking_lot::Mutex;
-use smallvec::SmallVec;
 
 use super::error::{EngineError, VqpError};
 use super::idhash::IdMap;
@@ -113,18 +112,24 @@ impl VqpState {
 const DIRECT: usize = 64;
 
 /// The states of the VQPs bound to one physical QP, found by id without
-/// hashing on the data path: a dense vector of (id, state), and a
-/// direct-mapped index from a multiplicative hash of the id (one multiply,
-/// one compare) to its position; the ids whose bucket is taken go to a
-/// spill map. A sole state (an RC pair's usual case) lives inline, in the
-/// QP's own allocation: a post or poll then touches no page of another.
+/// hashing on the data path: dense positions `0..len` holding (id,
+/// state), and a direct-mapped index from a multiplicative hash of the id
+/// (one multiply, one compare) to its position; the ids whose bucket is
+/// taken go to a spill map. Position 0 lives inline (`first`), in the QP's
+/// own allocation; positions 1.. in `rest`. A sole state (an RC pair's
+/// usual case) is thus found with one compare, and a post or poll touches
+/// no page of another allocation for it.
 ///
-/// Invariants: every id is in `states` at most once; for each position
-/// `i`, `states[i].0` is found at `i` through exactly one of: its bucket
+/// Invariants: positions are dense (`rest` is empty unless `first` is
+/// set); every id is held at most once; for each position `i`, its id is
+/// found at `i` through exactly one of: its bucket
 /// (`direct[bucket(id)] == i + 1`) or `spill` (`spill[id] == i`); `direct`
 /// entries are 0 (empty) or a position plus one.
 pub(crate) struct VqpTable {
-    states: SmallVec<[(VqpId, VqpState); 1]>,
+    /// Position 0.
+    first: Option<(VqpId, VqpState)>,
+    /// Positions 1..: position `i` at `rest[i - 1]`.
+    rest: Vec<(VqpId, VqpState)>,
     direct: [u32; DIRECT],
     spill: IdMap<VqpId, u32>,
 }
@@ -132,7 +137,8 @@ pub(crate) struct VqpTable {
 impl Default for VqpTable {
     fn default() -> VqpTable {
         VqpTable {
-            states: SmallVec::new(),
+            first: None,
+            rest: Vec::new(),
             direct: [0; DIRECT],
             spill: IdMap::default(),
         }
@@ -145,27 +151,53 @@ impl VqpTable {
         (id.get().wrapping_mul(0x9e37_79b1) >> (32 - DIRECT.trailing_zeros())) as usize
     }
 
+    /// The (id, state) at position `i`, if there is one.
+    #[inline]
+    fn slot(&self, i: usize) -> Option<&(VqpId, VqpState)> {
+        if i == 0 {
+            self.first.as_ref()
+        } else {
+            self.rest.get(i.wrapping_sub(1))
+        }
+    }
+
+    #[inline]
+    fn slot_mut(&mut self, i: usize) -> Option<&mut (VqpId, VqpState)> {
+        if i == 0 {
+            self.first.as_mut()
+        } else {
+            self.rest.get_mut(i.wrapping_sub(1))
+        }
+    }
+
     /// The position of `id`'s state, if held.
     #[inline]
     pub(crate) fn index(&self, id: VqpId) -> Option<usize> {
-        // An empty bucket (0) wraps to a position no vector has.
+        if self.first.as_ref().is_some_and(|(i, _)| *i == id) {
+            return Some(0);
+        }
+        self.index_rest(id)
+    }
+
+    /// [`VqpTable::index`] past position 0. An empty bucket (0) wraps to
+    /// a position `rest` never has.
+    #[inline]
+    fn index_rest(&self, id: VqpId) -> Option<usize> {
         let d = (self.direct[Self::bucket(id)] as usize).wrapping_sub(1);
-        match self.states.get(d) {
+        match self.rest.get(d.wrapping_sub(1)) {
             Some((i, _)) if *i == id => Some(d),
             _ => self.index_spilled(id),
         }
     }
 
-    /// `id`'s position and state, if held (one lookup, one bounds check).
+    /// `id`'s position and state, if held: position 0 with one compare.
     #[inline]
     pub(crate) fn find(&mut self, id: VqpId) -> Option<(usize, &mut VqpState)> {
-        let d = (self.direct[Self::bucket(id)] as usize).wrapping_sub(1);
-        if self.states.get(d).is_some_and(|(i, _)| *i == id) {
-            // (In bounds, just checked: no second check is emitted.)
-            return Some((d, &mut self.states[d].1));
+        if self.first.as_ref().is_some_and(|(i, _)| *i == id) {
+            return self.first.as_mut().map(|(_, st)| (0, st));
         }
-        let i = self.index_spilled(id)?;
-        Some((i, &mut self.states[i].1))
+        let i = self.index_rest(id)?;
+        self.slot_mut(i).map(|(_, st)| (i, st))
     }
 
     #[cold]
@@ -176,20 +208,26 @@ impl VqpTable {
         self.spill.get(&id).map(|&i| i as usize)
     }
 
-    /// The state at position `i` (from [`VqpTable::index`], no change since).
+    /// The state at position `i` (from [`VqpTable::index`], no change
+    /// since; `None` otherwise).
     #[inline]
-    pub(crate) fn at(&mut self, i: usize) -> &mut VqpState {
-        &mut self.states[i].1
+    pub(crate) fn at(&mut self, i: usize) -> Option<&mut VqpState> {
+        self.slot_mut(i).map(|(_, st)| st)
     }
 
     #[inline]
     pub(crate) fn get(&self, id: VqpId) -> Option<&VqpState> {
-        self.index(id).map(|i| &self.states[i].1)
+        self.index(id).and_then(|i| self.slot(i)).map(|(_, st)| st)
     }
 
     #[inline]
     pub(crate) fn get_mut(&mut self, id: VqpId) -> Option<&mut VqpState> {
-        self.index(id).map(|i| &mut self.states[i].1)
+        self.find(id).map(|(_, st)| st)
+    }
+
+    /// How many VQPs are held.
+    fn count(&self) -> usize {
+        usize::from(self.first.is_some()) + self.rest.len()
     }
 
     /// Records that `id` lives at position `i`.
@@ -214,33 +252,44 @@ impl VqpTable {
 
     /// Hands `id` its state (replacing one it had).
     pub(crate) fn insert(&mut self, id: VqpId, st: VqpState) {
-        match self.index(id) {
-            Some(i) => self.states[i].1 = st,
-            None => {
-                self.states.push((id, st));
-                self.place(id, self.states.len() - 1);
-            }
+        if let Some((_, held)) = self.find(id) {
+            *held = st;
+            return;
         }
+        let i = self.count();
+        if i == 0 {
+            self.first = Some((id, st));
+        } else {
+            self.rest.push((id, st));
+        }
+        self.place(id, i);
     }
 
-    /// Takes `id`'s state out.
+    /// Takes `id`'s state out (the last position's state moves to its
+    /// position).
     pub(crate) fn remove(&mut self, id: VqpId) -> Option<VqpState> {
         let i = self.index(id)?;
         self.unplace(id, i);
-        let last = self.states.len() - 1;
-        if i != last {
-            // The last state moves to `i`.
-            let moved = self.states[last].0;
-            self.unplace(moved, last);
-            self.place(moved, i);
+        let last = self.count() - 1;
+        let tail = if last == 0 {
+            self.first.take()?
+        } else {
+            self.rest.pop()?
+        };
+        if i == last {
+            return Some(tail.1);
         }
-        Some(self.states.swap_remove(i).1)
+        // The last state moves to `i`.
+        self.unplace(tail.0, last);
+        self.place(tail.0, i);
+        let slot = self.slot_mut(i)?;
+        Some(std::mem::replace(slot, tail).1)
     }
 
     /// How many VQPs are held.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.states.len()
+        self.count()
     }
 }
 
@@ -536,42 +585,69 @@ impl<N: Nic> Vqp<N> {
     /// - [`VqpError::Rebind`] (RC fallback mode): the VQP's pair was
     ///   evicted or lost and a new one could not be made.
     /// - [`VqpError::Nic`], [`VqpError::Credit`].
-    #[inline]
+    #[inline(always)]
     pub fn post_send(&self, wrs: &mut [SendWr]) -> Result<(), VqpError> {
-        match &self.binding {
-            Binding::Dc(b) => self.post_dc(b, wrs),
-            Binding::Rc(slot) => self.post_rc(slot, wrs),
-        }
-    }
-
-    /// [`Vqp::post_send`] in RC fallback mode: on the pair the binding
-    /// names, under the binding lock (before the QP's, as always), so no
-    /// handle is cloned. Inlined into the caller: in an emulated guest
-    /// (Soft-RoCE under TCG) every out-of-line call and return costs far more
-    /// than its instructions (see `krcore_lat`'s docs).
-    #[inline(always)]
-    fn post_rc(
-        &self,
-        slot: &Mutex<Option<Arc<PhysQp<N>>>>,
-        wrs: &mut [SendWr],
-    ) -> Result<(), VqpError> {
-        // The first try in line (one WR, the usual post, every atomic of
-        // the SDK: its own copy, the batch's length known, its loops
-        // gone); a stale pair is replaced out of line.
-        let first = match wrs {
-            [wr] => self.try_post_rc(slot, std::slice::from_mut(wr)),
-            _ => self.try_post_rc(slot, wrs),
+        // The binding only names the shared QP (RC fallback mode: and holds
+        // the binding lock, before the QP's, for the call), so that ONE
+        // copy of the QP's post is inlined into the caller, whatever the
+        // transport: in an emulated guest (Soft-RoCE under TCG) every code
+        // page and every out-of-line call on the path costs far more than
+        // its instructions (see `krcore_lat`'s docs).
+        let mut rc_slot = None;
+        let mut dc_count = 0;
+        let q: &PhysQp<N> = match &self.binding {
+            Binding::Dc(b) => match self.dc_direct(b, wrs.len()) {
+                Ok(count) => {
+                    dc_count = count;
+                    &b.dci
+                }
+                Err(count) => return self.post_dc_rest(b, wrs, count),
+            },
+            Binding::Rc(slot) => match rc_slot.insert(slot.lock()).as_deref() {
+                Some(q) => q,
+                None => return Err(VqpError::NotConnected { vqp: self.id }),
+            },
         };
-        match first? {
-            None => Ok(()),
-            Some(stale) => self.post_rc_rebinding(slot, stale, wrs),
+        // One WR (the usual post, every atomic of the SDK): its own copy,
+        // the batch's length known, its loops gone.
+        let posted = match wrs {
+            [wr] => q.post(&self.engine, self.id, std::slice::from_mut(wr)),
+            _ => q.post(&self.engine, self.id, wrs),
+        };
+        match posted {
+            Ok(()) => Ok(()),
+            Err(PostFail::Vqp(e)) => Err(e),
+            Err(PostFail::Stale) => {
+                // The binding lock is released before the pair is replaced.
+                let stale = rc_slot.and_then(|g| (*g).clone());
+                self.post_after_stale(stale, wrs, dc_count)
+            }
         }
     }
 
-    /// One try of [`Vqp::post_rc`] on the pair the binding names, under
-    /// the binding lock: `Ok(Some(pair))` when the pair is stale (nothing
-    /// was posted).
-    #[inline(always)]
+    /// [`Vqp::post_send`] when the QP it tried no longer holds the VQP's
+    /// state (nothing was posted): DC mode, the state moved to an RC pair
+    /// meanwhile ([`Vqp::post_dc_rest`]); RC fallback mode, the pair
+    /// `stale` was closed (evicted or lost) and is replaced.
+    #[cold]
+    #[inline(never)]
+    fn post_after_stale(
+        &self,
+        stale: Option<Arc<PhysQp<N>>>,
+        wrs: &mut [SendWr],
+        dc_count: u64,
+    ) -> Result<(), VqpError> {
+        match (&self.binding, stale) {
+            (Binding::Dc(b), _) => self.post_dc_rest(b, wrs, dc_count),
+            (Binding::Rc(slot), Some(stale)) => self.post_rc_rebinding(slot, stale, wrs),
+            // (An RC post holds its pair while it tries it.)
+            (Binding::Rc(_), None) => Err(VqpError::NotConnected { vqp: self.id }),
+        }
+    }
+
+    /// One try of an RC fallback mode post on the pair the binding names,
+    /// under the binding lock: `Ok(Some(pair))` when the pair is stale
+    /// (nothing was posted).
     fn try_post_rc(
         &self,
         slot: &Mutex<Option<Arc<PhysQp<N>>>>,
@@ -588,7 +664,7 @@ impl<N: Nic> Vqp<N> {
         }
     }
 
-    /// [`Vqp::post_rc`] after its first try found the pair `stale`: the
+    /// An RC fallback mode post after its first try found the pair `stale`: the
     /// pair is replaced, then the post is tried again; two more
     /// replacements in a row mean concurrent reconnects: give up typed.
     #[cold]
@@ -623,26 +699,19 @@ impl<N: Nic> Vqp<N> {
     /// # Errors
     /// [`VqpError::Nic`] when the CQ failed (overflow) and nothing was
     /// ready; [`VqpError::Nic`] when a QP reset after an error failed.
-    #[inline]
-    pub fn poll(&self, out: &mut [Wc]) -> Result<usize, VqpError> {
-        match &self.binding {
-            Binding::Dc(b) => self.poll_dc(b, out),
-            Binding::Rc(slot) => self.poll_rc(slot, out),
-        }
-    }
-
-    /// [`Vqp::poll`] in RC fallback mode: under the binding lock, so the
-    /// state cannot move meanwhile (and no handle is cloned). Inlined, as
-    /// [`Vqp::post_rc`].
     #[inline(always)]
-    fn poll_rc(
-        &self,
-        slot: &Mutex<Option<Arc<PhysQp<N>>>>,
-        out: &mut [Wc],
-    ) -> Result<usize, VqpError> {
-        let slot = slot.lock();
-        let Some(q) = slot.as_ref() else {
-            return Ok(0);
+    pub fn poll(&self, out: &mut [Wc]) -> Result<usize, VqpError> {
+        // As `post_send`: the binding names the QP (RC fallback mode: under
+        // the binding lock, so the state cannot move meanwhile), and ONE
+        // copy of the QP's poll is inlined.
+        let mut rc_slot = None;
+        let q: &PhysQp<N> = match &self.binding {
+            Binding::Dc(b) if b.on_rc() => return self.poll_dc_rest(b, out),
+            Binding::Dc(b) => &b.dci,
+            Binding::Rc(slot) => match rc_slot.insert(slot.lock()).as_deref() {
+                Some(q) => q,
+                None => return Ok(0),
+            },
         };
         // One entry (a synchronous wait's poll): its own copy, the
         // array's length known.
@@ -650,7 +719,14 @@ impl<N: Nic> Vqp<N> {
             [wc] => q.poll(&self.engine, self.id, std::slice::from_mut(wc)),
             _ => q.poll(&self.engine, self.id, out),
         };
-        Ok(polled?.unwrap_or(0))
+        match (polled?, &self.binding) {
+            (Some(n), _) => Ok(n),
+            // DC mode: the state moved to an RC pair meanwhile.
+            (None, Binding::Dc(b)) => self.poll_dc_rest(b, out),
+            // RC fallback mode: the pair under the binding lock holds the
+            // state whenever it is bound.
+            (None, Binding::Rc(_)) => Ok(0),
+        }
     }
 }
 
@@ -709,6 +785,7 @@ mod tests {
         }
         same(&t, &r, max);
         assert!(t.spill.is_empty() && t.direct.iter().all(|&d| d == 0));
+        assert!(t.first.is_none() && t.rest.is_empty());
     }
 
     /// A meta table (returned: keep it), a server engine registered in it
@@ -858,7 +935,7 @@ mod tests {
         }
         for n in [1, 9, 17, 25, 65, 129, 2] {
             let i = t.index(id(n)).unwrap();
-            assert_eq!(t.at(i).capacity, n);
+            assert_eq!(t.at(i).unwrap().capacity, n);
         }
         assert_eq!(t.index(id(3)), None);
         // Replacing keeps one entry.

@@ -411,7 +411,10 @@ impl<N: Nic> PhysQp<N> {
         }
         let len = credits.ring_mut().len();
         let at = (credits.next_seq() as usize) & len.wrapping_sub(1);
-        let v = vqps.at(i);
+        // (The caller found the VQP at `i` under this lock.)
+        let Some(v) = vqps.at(i) else {
+            return Err(PostFail::Stale);
+        };
         if at + n > len {
             return self.place_wrapping(qp, credits, v, stats, sole, id, wrs, force_last);
         }
@@ -582,6 +585,10 @@ impl<N: Nic> PhysQp<N> {
         let Some(qp) = qp else {
             return Err(closed());
         };
+        // (The caller found the VQP at `i` under this lock.)
+        let Some(v) = vqps.at(i) else {
+            return Err(PostFail::Stale);
+        };
         // (Only with other VQPs' WRs outstanding, from the callers; a VQP
         // alone would stay alone.)
         let alone = credits.outstanding() == 0 || *sole == id.get();
@@ -637,7 +644,7 @@ impl<N: Nic> PhysQp<N> {
         };
         if posted > 0 {
             *sole = if alone { id.get() } else { NO_SOLE };
-            vqps.at(i).outstanding += posted as u32;
+            v.outstanding += posted as u32;
             stats.doorbells += 1;
             stats.wrs += posted as u64;
             stats.forced_signals += u64::from(force_last && posted == n);
