@@ -95,30 +95,35 @@
 //! CAS instead of 1.107-1.131x (two runs each, 4 rounds); the provider now
 //! starts no thread, and a node that only connects out runs no engine
 //! thread, so both children are single-threaded like perftest's client
-//! (`threads=` in the per-turn diagnostics). What still separates the
-//! SDK's child from the provider's (1.11-1.16x against 1.04-1.07x perftest
-//! on CAS) is, as far as measured, the SDK's own per-operation code (about
-//! 365 more instructions, no call), not its process: a scratch SDK child
-//! that connected as usual and then posted and polled the engine's RC pair
-//! through the provider directly (same process, pair, QP and buffers;
-//! three runs of 4 rounds, alternating with the real child in one guest)
-//! had a CAS ratio of minima 0.6 % over the provider's child (the real SDK
-//! child: 7 %), and a p50 ratio 4.8 % over it (the real one: 5.8 %; p50s
-//! spread more). Scratch runs that opened an idle engine node beside the
-//! provider in its child had moved it by +8 %, +3 % and -2 %
-//! (inconclusive), and giving the SDK's QP the provider's shape
-//! (`--sdk-depth 16`, `--depth 128`, three runs each) moved neither past
+//! (`threads=` in the per-turn diagnostics). What then still separated
+//! the SDK's child from the provider's (1.11-1.16x against 1.04-1.07x
+//! perftest on CAS) was the SDK's own per-operation code, not its
+//! process: a scratch SDK child that connected as usual and then posted
+//! and polled the engine's RC pair through the provider directly (same
+//! process, pair, QP and buffers) had a CAS ratio of minima 0.6 % over
+//! the provider's child (the real SDK child: 7 %); giving the SDK's QP the
+//! provider's shape (`--sdk-depth 16`, `--depth 128`) moved neither past
 //! its spread. In this guest user-space work right after the kernel's
-//! long CAS path is far dearer than in a hot loop: perftest's client (about
-//! 500 instructions per CAS), the provider (about 630 single-threaded) and
-//! the SDK (about 1,000) line up at roughly 0.03 % of the round trip per
-//! instruction, where 500 more instructions in a register loop cost 2 %;
-//! and reading one byte of each of 16 (48) more pages per round trip
-//! (`--child-touch-pages`, two runs each) made the provider's child 5 %
-//! (8 %) slower. Per CAS round trip the SDK's VQP touches 9 more data
-//! pages and 5 more code pages than the provider (medians 45 and 26
+//! long CAS path is far dearer than in a hot loop: perftest's client
+//! (about 500 instructions per CAS), the provider (about 630 single-
+//! threaded) and the SDK (about 1,000) line up at roughly 0.03 % of the
+//! round trip per instruction, where 500 more instructions in a register
+//! loop cost 2 %; and reading one byte of each of 16 (48) more pages per
+//! round trip (`--child-touch-pages`, two runs each) made the provider's
+//! child 5 % (8 %) slower. Per CAS round trip the SDK's VQP touched 9 more
+//! data pages and 5 more code pages than the provider (medians 45 and 26
 //! against 36 and 21; `--prof 300` under valgrind's lackey in the guest,
-//! split at the marker byte). Both clients make
+//! split at the marker byte). The engine's hot path was then reshaped for
+//! footprint: a post reads the MR generation and the RC pairs' clock from
+//! one small shared allocation (not the engine's state and the MR
+//! registry's, three pages), a shared QP is aligned so that it never
+//! straddles a page and keeps a sole VQP's state inline, and the VQP's
+//! post and poll inline ONE copy of the shared QP's code for both
+//! transports (the binding only names the QP): the SDK loop's hot code
+//! spans 3 pages instead of 5 (callgrind with `--dump-instr=yes` in the
+//! guest) at the same instruction count. Six alternating runs of 4 rounds
+//! each, before and after: the SDK's CAS p50 ratio 1.105 -> 1.071 (mean),
+//! its excess over the provider's child +0.056 -> -0.002. Both clients make
 //! exactly one system call per operation (a 32 B `write` on the uverbs fd,
 //! strace) and post the same WR (one 8 B SGE, signaled, `max_rd_atomic` the
 //! device maximum as perftest's `out_reads`). User-space instructions per
