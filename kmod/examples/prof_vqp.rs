@@ -3,7 +3,7 @@
 //! (the pair the `control_plane` bench compares), `batch` WRs per doorbell
 //! (the last signaled), posted then polled to completion.
 //!
-//! `prof_vqp [ops] [batch] [vqp|raw|rc|rawrc|fb] [poll] [read|cas|faa|mix] [grant]`
+//! `prof_vqp [ops] [batch] [vqp|raw|rc|rawrc|fb] [poll] [read|cas|faa|mix] [grant|lease]`
 //!
 //! - `vqp`: a VQP on its DCI; `raw`: a raw DCI of the provider.
 //! - `rc`: a VQP upgraded (DC -> RC hint) to the RC pair with its target,
@@ -29,7 +29,8 @@
 //!   scratch MR of their own), in `vqp_loop_mix` / `raw_loop_mix`.
 //! - `grant`: the VQP knows a grant (every remote access, no expiry) over
 //!   the remote MR, as the SDK makes its remote regions known: its posts
-//!   check it (the raw modes ignore it).
+//!   check it (the raw modes ignore it). `lease`: the same grant with an
+//!   expiry an hour away (a leased token), so every post checks the time.
 //!
 //! The measured loop is the non-inlined `vqp_loop` / `raw_loop`, so that
 //! `valgrind --tool=callgrind --toggle-collect='*vqp_loop*'` (or
@@ -46,8 +47,9 @@ use krcore_nic::*;
 
 const MAX_BATCH: usize = 64;
 
-/// The `grant` argument: the VQP knows a grant over the remote MR.
-static GRANT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// The `grant` argument (1: the VQP knows a grant over the remote MR;
+/// 2, `lease`: with an expiry; 0: none).
+static GRANT: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
 /// The WRs a run posts.
 #[derive(Clone, Copy, Debug)]
@@ -266,9 +268,10 @@ fn main() {
         o => panic!("unknown op {o}: read, cas, faa or mix"),
     };
     let grant = match args.next().as_deref() {
-        None => false,
-        Some("grant") => true,
-        Some(g) => panic!("unknown argument {g}: grant"),
+        None => 0,
+        Some("grant") => 1,
+        Some("lease") => 2,
+        Some(g) => panic!("unknown argument {g}: grant or lease"),
     };
     GRANT.store(grant, std::sync::atomic::Ordering::Relaxed);
     // `mix`: one WR per post, polled one by one.
@@ -412,13 +415,15 @@ fn run_vqp(
     (batch, op): (usize, Op),
     poll: usize,
 ) {
-    if GRANT.load(std::sync::atomic::Ordering::Relaxed) {
+    let kind = GRANT.load(std::sync::atomic::Ordering::Relaxed);
+    if kind > 0 {
         let gid = vqp.target().unwrap().target.gid;
         let grant = RemoteGrant {
             addr: remote.addr(),
             len: remote.len() as u64,
             access: Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC,
-            expires_at: None,
+            expires_at: (kind == 2)
+                .then(|| std::time::Instant::now() + std::time::Duration::from_secs(3600)),
         };
         vqp.add_grant(gid, remote.rkey(), grant);
     }
