@@ -262,3 +262,53 @@ fn expiry_stays_exact_with_grants_with_and_without_expiry_mixed() {
     assert!(v.remove_grant(&gid, a.rkey()).is_some());
     assert_eq!(post(7, &a), Ok(WcStatus::Success));
 }
+
+/// Posts keep coming while a lease runs out. The fast path checks the
+/// expiry against an upper bound of the time (no clock system call), the
+/// general path against the precise clock near the end: every post made
+/// wholly before the end passes, every post begun after it is refused,
+/// never the other way round (a post straddling the end may go either
+/// way).
+#[test]
+fn a_lease_running_out_under_posts_passes_before_its_end_and_never_after() {
+    let f = Fixture::new();
+    let mr = f.owner.alloc_mr(64, Access::ALL).unwrap();
+    let v = f.vqp();
+    let end = Instant::now() + Duration::from_millis(300);
+    let (_, grant) = mr.lease(0, 64, Access::REMOTE_READ, end).unwrap();
+    v.add_grant(f.owner.gid(), mr.rkey(), grant);
+    let (mut passed, mut refused) = (0u32, 0u32);
+    let mut id = 0;
+    while Instant::now() < end + Duration::from_millis(20) {
+        id += 1;
+        let before = Instant::now();
+        let r = v.post_send(&mut [f.read(id, mr.remote(0))]);
+        let after = Instant::now();
+        match r {
+            Ok(()) => {
+                assert!(before < end, "post {id} passed, begun after the end");
+                assert_eq!(wait_wcs(&v, 1)[0].status, WcStatus::Success);
+                passed += 1;
+            }
+            Err(VqpError::Rejected(rej)) => {
+                assert_eq!(rej.reason, Reason::GrantExpired { rkey: mr.rkey() });
+                assert!(
+                    after >= end,
+                    "post {id} refused, made wholly before the end"
+                );
+                refused += 1;
+            }
+            Err(e) => panic!("post {id}: {e:?}"),
+        }
+    }
+    // Begun after the end: refused.
+    match v.post_send(&mut [f.read(id + 1, mr.remote(0))]) {
+        Err(VqpError::Rejected(rej)) => {
+            assert_eq!(rej.reason, Reason::GrantExpired { rkey: mr.rkey() })
+        }
+        other => panic!("{other:?}"),
+    }
+    // (The first post came right after the lease was made, 300 ms ahead of
+    // its end.)
+    assert!(passed > 0, "passed {passed}, refused {refused}");
+}
