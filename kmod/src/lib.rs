@@ -227,7 +227,6 @@ pub mod credits;
 pub mod dccache;
 pub mod engine;
 pub mod handshake;
-mod lease_clock;
 pub mod msg;
 pub mod precheck;
 mod sync;

@@ -741,9 +741,7 @@ impl<'a> FastGrants<'a> {
     /// The memo of `rkey`, for which the VQP knows `grant` (or none);
     /// `None` when that grant has expired at `now()` (read only for a
     /// grant with an expiry, once per batch): every WR the fast path takes
-    /// names `rkey`, so the general path decides the whole batch. `now`
-    /// may be an upper bound of the time (the engine's, without a system
-    /// call): a grant it shows live is live.
+    /// names `rkey`, so the general path decides the whole batch.
     #[inline(always)]
     pub(crate) fn memo(
         rkey: u32,

@@ -263,12 +263,12 @@ fn expiry_stays_exact_with_grants_with_and_without_expiry_mixed() {
     assert_eq!(post(7, &a), Ok(WcStatus::Success));
 }
 
-/// Posts keep coming while a lease runs out. The fast path checks the
-/// expiry against an upper bound of the time (no clock system call), the
-/// general path against the precise clock near the end: every post made
-/// wholly before the end passes, every post begun after it is refused,
-/// never the other way round (a post straddling the end may go either
-/// way).
+/// Posts keep coming while a lease runs out (the fast path checks the
+/// expiry per post): every post made wholly before the end passes, every
+/// post begun after it is refused, never the other way round (a post
+/// straddling the end may go either way). Any cheaper clock for that check
+/// must keep this: `CLOCK_MONOTONIC_COARSE` plus its resolution did not
+/// (a tickless CPU's coarse clock lags by more than one tick).
 #[test]
 fn a_lease_running_out_under_posts_passes_before_its_end_and_never_after() {
     let f = Fixture::new();

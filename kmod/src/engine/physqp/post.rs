@@ -17,7 +17,6 @@ use super::{
     copies_range, settle_copies, DciStats, Link, PhysQp, PhysState, PostFail, RcLink, Rec, NO_SOLE,
 };
 use crate::credits::{CreditError, SendQueueCredits};
-use crate::lease_clock::now_upper_bound;
 use crate::precheck::{
     fast_wr_ok, FastGrants, LocalMr, LocalMrTable, MrWindow, MrWindows, NoGrants, Plan, Precheck,
     RemoteGrant, RemoteGrants, Transport,
@@ -152,10 +151,7 @@ impl<N: Nic> PhysQp<N> {
             if *gid != target.gid {
                 general!();
             }
-            // A lease's end against an upper bound of the time (no system
-            // call on any clocksource): near its end the general path
-            // reads the precise clock and decides.
-            let Some(memo) = FastGrants::memo(*rkey, grant.as_ref(), now_upper_bound) else {
+            let Some(memo) = FastGrants::memo(*rkey, grant.as_ref(), Instant::now) else {
                 general!()
             };
             for wr in wrs.iter_mut() {
