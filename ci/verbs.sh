@@ -50,7 +50,17 @@ missing=()
 pkg-config --exists libibverbs 2>/dev/null || missing+=(libibverbs-dev)
 pkg-config --exists librdmacm 2>/dev/null || missing+=(librdmacm-dev)
 command -v pkg-config >/dev/null || missing+=(pkg-config)
-ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || missing+=(libclang-dev)
+# bindgen loads libclang itself (libclang.so or libclang-N.so.1); the
+# machine image ships only libclang-cpp.so.N, which does not count.
+have_libclang() {
+  local f
+  for f in /usr/lib/llvm-*/lib/libclang.so /usr/lib/llvm-*/lib/libclang-*.so.1 \
+           /usr/lib/x86_64-linux-gnu/libclang.so /usr/lib/x86_64-linux-gnu/libclang-*.so.1; do
+    [ -e "$f" ] && return 0
+  done
+  [ -n "${LIBCLANG_PATH:-}" ] && ls "$LIBCLANG_PATH"/libclang.so* >/dev/null 2>&1
+}
+have_libclang || missing+=(libclang-dev)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     say "installing ${missing[*]}"
