@@ -24,7 +24,7 @@ use krcore::Node;
 use krcore_nic::sim::SimNic;
 use race_store::clock::{Clock, SystemClock};
 use race_store::memory::TableConfig;
-use race_store::rdma::{MemoryServer, MemoryServerHandle, NodeInfo, VqpTransport};
+use race_store::rdma::{MemoryNodeHandle, MemoryNodeServer, NodeInfo, VqpTransport};
 use race_store::{Client, ClientConfig};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -37,7 +37,7 @@ const ROUNDS: u64 = 10;
 struct Cluster {
     meta: Node,
     infos: Vec<NodeInfo>,
-    _servers: Vec<MemoryServerHandle>,
+    _servers: Vec<MemoryNodeHandle>,
     clock: Arc<dyn Clock>,
 }
 
@@ -54,7 +54,8 @@ impl Cluster {
         let mut infos = Vec::new();
         for id in 0..2u8 {
             let node = Node::builder().join(&meta).build().unwrap();
-            let s = MemoryServer::start(&node, id, 1 << 30, &TableConfig::default(), 2).unwrap();
+            let s =
+                MemoryNodeServer::start(&node, id, 1 << 30, &TableConfig::default(), 2).unwrap();
             infos.push(s.info());
             servers.push(s.spawn(Duration::from_millis(1)));
         }

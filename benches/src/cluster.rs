@@ -31,7 +31,7 @@ use krcore_nic::sim::{LatencyModel, SimConfig, SimFabric, SimNic};
 use race_store::clock::{Clock, SystemClock};
 use race_store::memory::TableConfig;
 use race_store::rdma::{
-    lookup_nodes_on_sim, MemoryServer, MemoryServerHandle, NodeInfo, VqpTransport,
+    lookup_nodes_on_sim, MemoryNodeHandle, MemoryNodeServer, NodeInfo, VqpTransport,
 };
 use race_store::{Client, ClientConfig, Error};
 use std::path::{Path, PathBuf};
@@ -189,7 +189,7 @@ pub struct ClusterHost {
     meta: Node,
     memory: Vec<Node>,
     infos: Vec<NodeInfo>,
-    _servers: Vec<MemoryServerHandle>,
+    _servers: Vec<MemoryNodeHandle>,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -275,7 +275,7 @@ impl ClusterHost {
                 .config(memory_engine.clone())
                 .build()
                 .map_err(|e| setup("open a memory node")(e.to_string()))?;
-            let s = MemoryServer::start(&node, id, opts.node_bytes, &opts.table, n)
+            let s = MemoryNodeServer::start(&node, id, opts.node_bytes, &opts.table, n)
                 .map_err(|e| setup("start a memory node")(e.to_string()))?;
             s.publish_on_sim(&fabric)
                 .map_err(|e| setup("publish a memory node")(e.to_string()))?;

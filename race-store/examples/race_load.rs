@@ -8,7 +8,7 @@
 use krcore::Node;
 use race_store::clock::{Clock, SystemClock};
 use race_store::memory::TableConfig;
-use race_store::rdma::{MemoryServer, NodeInfo, VqpTransport};
+use race_store::rdma::{MemoryNodeServer, NodeInfo, VqpTransport};
 use race_store::{Client, ClientConfig};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,8 +28,8 @@ fn main() {
     let mut infos: Vec<NodeInfo> = Vec::new();
     for id in 0..2u8 {
         let node = Node::builder().join(&meta).build().expect("node");
-        let s =
-            MemoryServer::start(&node, id, 1 << 30, &TableConfig::default(), 2).expect("server");
+        let s = MemoryNodeServer::start(&node, id, 1 << 30, &TableConfig::default(), 2)
+            .expect("server");
         infos.push(s.info());
         servers.push(s.spawn(Duration::from_millis(1)));
     }

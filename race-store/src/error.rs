@@ -52,10 +52,26 @@ pub enum Error {
         what: &'static str,
     },
     /// The transport failed (a memory node is down, this client was
-    /// disconnected, ...). Like any timeout, the operation may or may not
-    /// have taken effect.
+    /// disconnected, ...) before the operation could take effect: a read
+    /// saw nothing, a write did not apply (a write that may have applied is
+    /// [`Error::OutcomeUnknown`]).
     #[error("transport error")]
     Transport(#[from] TransportError),
+    /// A write operation (`op`: insert, put, update, delete, rmw) failed on
+    /// the transport after it sent the atomic that makes it visible: it may
+    /// or may not have applied, as with any timeout. A `get` of the key
+    /// tells which (once the memory node is reachable again); retrying the
+    /// operation is safe for `put`, `update` to the same value and `delete`
+    /// (an `insert` retried may then report [`Error::KeyExists`] for its own
+    /// first attempt).
+    #[error("{op}: outcome unknown (it may have applied): transport error")]
+    OutcomeUnknown {
+        /// The operation.
+        op: &'static str,
+        /// What failed.
+        #[source]
+        source: TransportError,
+    },
     /// A remote structure that must be valid failed its checks.
     #[error("corrupt remote {what}")]
     Corrupt {

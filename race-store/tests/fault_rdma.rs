@@ -35,7 +35,7 @@ use krcore_nic::sim::{SimConfig, SimNic};
 use race_store::clock::{Clock, ManualClock};
 use race_store::layout::subtable::SubtableGeometry;
 use race_store::memory::TableConfig;
-use race_store::rdma::{MemoryServer, MemoryServerHandle, NodeInfo, VqpTransport};
+use race_store::rdma::{MemoryNodeHandle, MemoryNodeServer, NodeInfo, VqpTransport};
 use race_store::{Client, ClientConfig, Error};
 
 type Fnic = FaultNic<SimNic>;
@@ -52,7 +52,7 @@ fn env(name: &str, default: u64) -> u64 {
 
 struct Cluster {
     meta: Node,
-    _servers: Vec<MemoryServerHandle>,
+    _servers: Vec<MemoryNodeHandle>,
     infos: Vec<NodeInfo>,
 }
 
@@ -71,7 +71,7 @@ fn cluster() -> Cluster {
     let mut infos = Vec::new();
     for id in 0..2u8 {
         let node = Node::builder().join(&meta).build().unwrap();
-        let s = MemoryServer::start(&node, id, 16 << 20, &table, 2).unwrap();
+        let s = MemoryNodeServer::start(&node, id, 16 << 20, &table, 2).unwrap();
         infos.push(s.info());
         servers.push(s.spawn(Duration::from_micros(50)));
     }
@@ -120,9 +120,16 @@ impl Model {
 
 fn transient(e: &Error) -> bool {
     match e {
-        Error::Transport(_) | Error::Contention { .. } => true,
+        Error::Transport(_) | Error::OutcomeUnknown { .. } | Error::Contention { .. } => true,
         other => panic!("untyped or corrupt outcome under faults: {other:?}"),
     }
+}
+
+/// Whether a failed write may have applied: `Error::Transport` promises it
+/// did not (the model keeps only the old states, so a write that applied
+/// anyway is caught by a later get).
+fn may_have_applied(e: &Error) -> bool {
+    !matches!(e, Error::Transport(_))
 }
 
 fn add(set: &mut Vec<State>, s: State) {
@@ -160,7 +167,7 @@ fn step(cl: &mut FClient, m: &mut Model, op: u64, k: &[u8], v: &[u8]) -> bool {
                 set.retain(Option::is_some);
             }
             Err(e) => {
-                if has_none {
+                if has_none && may_have_applied(&e) {
                     add(set, Some(v.to_vec()));
                 }
                 return transient(&e);
@@ -176,7 +183,7 @@ fn step(cl: &mut FClient, m: &mut Model, op: u64, k: &[u8], v: &[u8]) -> bool {
                 *set = vec![None];
             }
             Err(e) => {
-                if has_some {
+                if has_some && may_have_applied(&e) {
                     add(set, Some(v.to_vec()));
                 }
                 return transient(&e);
@@ -192,7 +199,9 @@ fn step(cl: &mut FClient, m: &mut Model, op: u64, k: &[u8], v: &[u8]) -> bool {
                 *set = vec![None];
             }
             Err(e) => {
-                add(set, None);
+                if may_have_applied(&e) {
+                    add(set, None);
+                }
                 return transient(&e);
             }
         },
@@ -207,7 +216,7 @@ fn step(cl: &mut FClient, m: &mut Model, op: u64, k: &[u8], v: &[u8]) -> bool {
                 set.retain(Option::is_some);
             }
             Err(e) => {
-                if has_none {
+                if has_none && may_have_applied(&e) {
                     add(set, Some(v.to_vec()));
                 }
                 return transient(&e);

@@ -30,7 +30,7 @@ use race_store::layout::slot::RemotePtr;
 use race_store::layout::subtable::SubtableGeometry;
 use race_store::layout::table::DIR_PTR;
 use race_store::memory::TableConfig;
-use race_store::rdma::{lookup_nodes_on_sim, MemoryServer, MemoryServerHandle, VqpTransport};
+use race_store::rdma::{lookup_nodes_on_sim, MemoryNodeHandle, MemoryNodeServer, VqpTransport};
 use race_store::remote::{OpResult, RemoteOp, Transport, TransportError};
 use race_store::{Client, ClientConfig, Error};
 use std::collections::{BTreeMap, HashMap};
@@ -68,7 +68,7 @@ fn scratch_dir() -> tempfile::TempDir {
 struct Cluster {
     fabric: SimFabric,
     _meta: Node,
-    _servers: Vec<MemoryServerHandle>,
+    _servers: Vec<MemoryNodeHandle>,
 }
 
 fn cluster(fabric_dir: &Path) -> Cluster {
@@ -88,7 +88,7 @@ fn cluster(fabric_dir: &Path) -> Cluster {
     let mut servers = Vec::new();
     for id in 0..NODES {
         let node = Node::builder().join(&meta).build().unwrap();
-        let s = MemoryServer::start(&node, id, 64 << 20, &table, NODES).unwrap();
+        let s = MemoryNodeServer::start(&node, id, 64 << 20, &table, NODES).unwrap();
         s.publish_on_sim(&fabric).unwrap();
         servers.push(s.spawn(Duration::from_micros(50)));
     }

@@ -7,7 +7,7 @@ use krcore::Node;
 use race_store::clock::{Clock, SystemClock};
 use race_store::layout::subtable::SubtableGeometry;
 use race_store::memory::TableConfig;
-use race_store::rdma::{MemoryServer, MemoryServerHandle, NodeInfo, VqpTransport};
+use race_store::rdma::{MemoryNodeHandle, MemoryNodeServer, NodeInfo, VqpTransport};
 use race_store::{Client, ClientConfig, Error};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,7 +15,7 @@ use std::time::Duration;
 
 struct Cluster {
     meta: Node,
-    _servers: Vec<MemoryServerHandle>,
+    _servers: Vec<MemoryNodeHandle>,
     infos: Vec<NodeInfo>,
 }
 
@@ -34,7 +34,7 @@ fn cluster(memory_nodes: u8, bytes: u64) -> Cluster {
     let mut infos = Vec::new();
     for id in 0..memory_nodes {
         let node = Node::builder().join(&meta).build().unwrap();
-        let s = MemoryServer::start(&node, id, bytes, &table, memory_nodes).unwrap();
+        let s = MemoryNodeServer::start(&node, id, bytes, &table, memory_nodes).unwrap();
         infos.push(s.info());
         servers.push(s.spawn(Duration::from_micros(50)));
     }
@@ -134,13 +134,18 @@ fn get_is_two_doorbells_and_connect_creates_no_qp() {
     let t = VqpTransport::connect(&node, &c.infos).unwrap();
     let d = node.counters() - before;
     assert_eq!(d.qps_created, 0, "the allocation endpoint is lazy: {d:?}");
-    assert!(!t.has_rpc_endpoint());
+    assert!(!t.has_msg_endpoint());
     assert_eq!(d.network_ops(), 0, "connect was a DCCache hit");
     let mut cl = Client::open(t, Arc::new(SystemClock::new()), ClientConfig::default()).unwrap();
     let before = node.counters();
     cl.put(b"key", b"value").unwrap();
     let d = node.counters() - before;
-    assert_eq!(d.qps_created, 1, "the first put allocates a block: {d:?}");
+    // The first put allocates a block: a message to the memory node's
+    // allocation port, on the node's pool DCI and DCT (this node
+    // registered, so its DCT exists): still no QP.
+    assert!(cl.transport().has_msg_endpoint());
+    assert_eq!(d.qps_created, 0, "the allocation rides on messaging: {d:?}");
+    assert_eq!(d.sends, 2, "request and reply: {d:?}");
     let before = node.counters();
     assert_eq!(cl.get(b"key").unwrap().as_deref(), Some(&b"value"[..]));
     let d = node.counters() - before;

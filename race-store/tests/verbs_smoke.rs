@@ -31,7 +31,7 @@ use krcore_nic::verbs::VerbsNic;
 use race_store::clock::{Clock, SystemClock};
 use race_store::layout::subtable::SubtableGeometry;
 use race_store::memory::TableConfig;
-use race_store::rdma::{MemoryServer, VqpTransport};
+use race_store::rdma::{MemoryNodeServer, VqpTransport};
 use race_store::{Client, ClientConfig, Error};
 
 fn open() -> VerbsNic {
@@ -98,7 +98,7 @@ fn insert_get_update_delete_with_a_split_over_rc_fallback() {
         initial_global_depth: 0,
         max_global_depth: 10,
     };
-    let server = MemoryServer::start(&mem_node, 0, 4 << 20, &table, 1).expect("memory server");
+    let server = MemoryNodeServer::start(&mem_node, 0, 4 << 20, &table, 1).expect("memory server");
     let infos = vec![server.info()];
     let _server = server.spawn(IDLE);
 

@@ -172,6 +172,12 @@ impl<N: Nic> Vqp<N> {
         Ok(self.inner.vqp.upgrade()?)
     }
 
+    /// Whether the VQP has made its messaging endpoint yet (at its first
+    /// push or reply pop: a VQP that only posts one-sided WRs never does).
+    pub fn has_endpoint(&self) -> bool {
+        self.inner.endpoint.get().is_some()
+    }
+
     /// The VQP's messaging endpoint (made at the first call).
     fn endpoint(&self) -> Result<&krcore_kmod::Endpoint<N>> {
         if let Some(e) = self.inner.endpoint.get() {

@@ -1,5 +1,5 @@
 //! The RACE store over KRCore on a sim fabric: a meta server, memory nodes
-//! (`race_store::rdma::MemoryServer`), and one compute node per client
+//! (`race_store::rdma::MemoryNodeServer`), and one compute node per client
 //! thread, each reaching every memory node through VQPs connected by a
 //! metadata lookup.
 
@@ -8,7 +8,7 @@ use krcore::Node;
 use krcore_nic::sim::{LatencyModel, SimConfig, SimNic};
 use race_store::clock::{Clock, SystemClock};
 use race_store::memory::TableConfig;
-use race_store::rdma::{MemoryServer, MemoryServerHandle, NodeInfo, VqpTransport};
+use race_store::rdma::{MemoryNodeHandle, MemoryNodeServer, NodeInfo, VqpTransport};
 use race_store::{Client, ClientConfig, Error};
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +17,7 @@ use std::time::Duration;
 pub struct RaceBackend {
     meta: Node,
     infos: Vec<NodeInfo>,
-    _servers: Vec<MemoryServerHandle>,
+    _servers: Vec<MemoryNodeHandle>,
     clock: Arc<dyn Clock>,
     sim: SimConfig,
     label: Option<String>,
@@ -56,7 +56,7 @@ impl RaceBackend {
         let mut infos = Vec::new();
         for id in 0..memory_nodes.max(1) {
             let node = Node::builder().join(&meta).build().map_err(setup)?;
-            let s = MemoryServer::start(&node, id, node_bytes, &table, memory_nodes.max(1))
+            let s = MemoryNodeServer::start(&node, id, node_bytes, &table, memory_nodes.max(1))
                 .map_err(setup)?;
             infos.push(s.info());
             servers.push(s.spawn(Duration::from_millis(1)));

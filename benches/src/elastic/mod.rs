@@ -13,7 +13,7 @@
 //! | `exec` | process start until `main` | same |
 //! | `device` | open the fabric, find the cluster, open the NIC | same |
 //! | `context` | engine start: a PD and nothing else (no QP: the DCT, the meta client's VQP and the upgrade's handshake endpoint are created on first need, which a compute node's join never has except the meta VQP, which shares DCI 0) | PD + CQ |
-//! | `connect` | one VQP per memory node (the first creates DCI 0 of a small pool, `--pool-size`; DCCache/meta READ through it), scratch MR (the allocation UD QP is created on the first allocation, which a get never makes) | per memory node: RC QP on both sides, QPN swap over loopback TCP, RTR/RTS; scratch MR, UD QP |
+//! | `connect` | one VQP per memory node (the first creates DCI 0 of a small pool, `--pool-size`; DCCache/meta READ through it), scratch MR (the messaging endpoint that carries block allocations is made at the first allocation, which a get never makes) | per memory node: RC QP on both sides, QPN swap over loopback TCP, RTR/RTS; scratch MR |
 //! | `first_get` | open the RACE client, first get | same |
 //!
 //! *Measured software time* is the wall time of these phases on this

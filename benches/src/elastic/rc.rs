@@ -8,21 +8,25 @@
 //!   with a ready byte and the modeled control-path nanoseconds it spent
 //!   (the server half of the join's hardware cost).
 //! - Client side ([`RcTransport::connect`]): a PD, a CQ, one RC QP per memory
-//!   node over that exchange, a scratch MR and a UD QP for the allocation
-//!   RPC (as the KRCore transport has), then the RACE [`Transport`] over
-//!   them: one doorbell per memory node per batch, its last WR signaled.
+//!   node over that exchange and a scratch MR, then the RACE [`Transport`]
+//!   over them: one doorbell per memory node per batch, its last WR
+//!   signaled. It only reads (the experiment's joining processes issue
+//!   gets; the store is loaded through KRCore clients): it has no channel
+//!   to the memory nodes' allocators, and [`Transport::alloc_block`] is a
+//!   typed refusal. (The KRCore transport makes its messaging endpoint,
+//!   which carries allocations, only at its first allocation: a get-only
+//!   join never does.)
 
 use crate::baseline::{decode, encode, RcEndpoint};
 use krcore::Node;
-use krcore_meta::ud::{Incoming, UdEndpoint};
 use krcore_nic::sim::SimNic;
 use krcore_nic::{
     bring_up, Access, CompletionQueue, Destination, InlineData, MemoryRegion, Nic, Payload, QpCaps,
-    QpInit, QpType, QueuePair, SendFlags, SendWr, SgList, UdTarget, Wc, WcStatus, WrOp, MAX_INLINE,
+    QpInit, QpType, QueuePair, SendFlags, SendWr, SgList, Wc, WcStatus, WrOp, MAX_INLINE,
 };
 use race_store::layout::slot::RemotePtr;
-use race_store::rdma::{AllocReply, AllocRequest, NodeInfo, RPC_QKEY};
-use race_store::remote::{OpResult, RemoteOp, Transport, TransportError};
+use race_store::rdma::NodeInfo;
+use race_store::remote::{Cause, OpResult, RemoteOp, Transport, TransportError};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -129,7 +133,17 @@ impl Drop for RcAcceptor {
 }
 
 fn setup(what: &'static str) -> impl Fn(String) -> TransportError {
-    move |reason| TransportError::Setup { what, reason }
+    move |reason| TransportError::Setup {
+        what,
+        source: Cause::msg(reason),
+    }
+}
+
+fn refused(node: u8, reason: String) -> TransportError {
+    TransportError::Refused {
+        node,
+        source: Cause::msg(reason),
+    }
 }
 
 /// Client side of one exchange: returns the QP and the server's modeled
@@ -165,9 +179,6 @@ const SCRATCH: usize = 1 << 20;
 const CHUNK: usize = 32;
 /// How long one batch may take.
 const BATCH_TIMEOUT: Duration = Duration::from_secs(10);
-/// Allocation RPC: per-attempt timeout and attempts.
-const ALLOC_TIMEOUT: Duration = Duration::from_millis(500);
-const ALLOC_ATTEMPTS: u32 = 6;
 
 /// The RACE transport of the verbs baseline (see the module docs).
 pub struct RcTransport {
@@ -175,11 +186,8 @@ pub struct RcTransport {
     qps: Vec<<SimNic as Nic>::Qp>,
     infos: Vec<NodeInfo>,
     scratch: <SimNic as Nic>::Mr,
-    rpc: UdEndpoint<SimNic>,
     batch: u64,
-    next_req: u64,
     wcs: Vec<Wc>,
-    incoming: Vec<Incoming>,
     /// Modeled control-path ns the memory nodes spent on our connections.
     pub server_modeled_ns: u64,
 }
@@ -221,18 +229,13 @@ impl RcTransport {
             .nic
             .alloc_mr(&ep.pd, SCRATCH, Access::LOCAL_WRITE)
             .map_err(|e| setup("scratch memory")(e.to_string()))?;
-        let rpc = UdEndpoint::new(&ep.nic, &ep.pd, RPC_QKEY, 8, 8)
-            .map_err(|e| setup("allocation RPC endpoint")(e.to_string()))?;
         Ok(RcTransport {
             ep,
             qps,
             infos: infos.to_vec(),
             scratch,
-            rpc,
             batch: 0,
-            next_req: 1,
             wcs: vec![Wc::default(); 64],
-            incoming: Vec::new(),
             server_modeled_ns,
         })
     }
@@ -251,10 +254,7 @@ impl RcTransport {
             .next_multiple_of(8);
         }
         if need > self.scratch.len() {
-            return Err(TransportError::Refused {
-                node: 0,
-                reason: format!("batch needs {need} bytes of scratch"),
-            });
+            return Err(refused(0, format!("batch needs {need} bytes of scratch")));
         }
         self.batch += 1;
         let tag = self.batch << 24;
@@ -310,7 +310,7 @@ impl RcTransport {
                     .post_send(w)
                     .map_err(|e| TransportError::Refused {
                         node: n as u8,
-                        reason: e.to_string(),
+                        source: Cause::new(e),
                     })?;
                 waiting += 1;
             }
@@ -331,9 +331,9 @@ impl RcTransport {
                     let n = last.iter().position(|l| *l == Some(wc.wr_id)).unwrap_or(0) as u8;
                     failure = Some(match wc.status {
                         WcStatus::RetryExcErr => TransportError::NodeDown { node: n },
-                        other => TransportError::Refused {
+                        other => TransportError::Failed {
                             node: n,
-                            reason: format!("completion status {other:?}"),
+                            status: other,
                         },
                     });
                 }
@@ -342,9 +342,9 @@ impl RcTransport {
                 }
             }
             if waiting > 0 && start.elapsed() > BATCH_TIMEOUT {
-                return Err(TransportError::Refused {
+                return Err(TransportError::Timeout {
                     node: 0,
-                    reason: format!("no completion within {BATCH_TIMEOUT:?}"),
+                    after: BATCH_TIMEOUT,
                 });
             }
         }
@@ -382,50 +382,14 @@ impl Transport for RcTransport {
         Ok(out)
     }
 
-    fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {
-        let info = self
-            .infos
-            .get(usize::from(node))
-            .ok_or(TransportError::NoSuchNode { node })?;
-        let dest = UdTarget {
-            gid: info.gid,
-            qpn: info.rpc_qpn,
-            qkey: info.rpc_qkey,
-        };
-        let req_id = self.next_req;
-        self.next_req += 1;
-        let req = AllocRequest { req_id, size }.encode();
-        for _ in 0..ALLOC_ATTEMPTS {
-            let sent = self
-                .rpc
-                .send_bytes(dest, &req)
-                .map_err(|e| setup("send an allocation request")(e.to_string()))?;
-            let start = Instant::now();
-            while sent && start.elapsed() < ALLOC_TIMEOUT {
-                self.incoming.clear();
-                self.rpc
-                    .poll_recv(&mut self.incoming)
-                    .map_err(|e| setup("receive an allocation reply")(e.to_string()))?;
-                for m in &self.incoming {
-                    let Ok(reply) = AllocReply::decode(m.payload()) else {
-                        continue;
-                    };
-                    if reply.req_id != req_id {
-                        continue;
-                    }
-                    return match reply.offset {
-                        Some(off) => {
-                            RemotePtr::new(node, off).map_err(|_| TransportError::BadResponse {
-                                reason: "allocated offset out of range",
-                            })
-                        }
-                        None => Err(TransportError::OutOfMemory { node, size }),
-                    };
-                }
-                std::thread::yield_now();
-            }
-        }
-        Err(TransportError::NodeDown { node })
+    fn alloc_block(&mut self, node: u8, _size: u64) -> Result<RemotePtr, TransportError> {
+        Err(TransportError::Refused {
+            node,
+            source: Cause::msg(
+                "the verbs baseline only reads: it has no channel to the memory nodes' allocators \
+                 (load the store through KRCore clients)",
+            ),
+        })
     }
 
     fn nodes(&self) -> u8 {
@@ -464,20 +428,28 @@ mod tests {
         let ep = RcEndpoint::new(nic.clone(), 1024).unwrap();
         let t = RcTransport::connect(ep, host.infos(), &addrs).unwrap();
         let d = nic.counters() - before;
-        assert_eq!(d.qps_created, 3, "one RC QP per memory node and the UD QP");
+        assert_eq!(d.qps_created, 2, "one RC QP per memory node");
         let remote = host.remote().unwrap();
-        let mut c = Client::open(t, remote.clock.clone(), ClientConfig::default()).unwrap();
-        for i in 0..300u32 {
-            c.put(format!("k{i}").as_bytes(), &i.to_le_bytes()).unwrap();
-        }
-        let mut other = remote
+        let mut loader = remote
             .race_client(&SimConfig::default(), ClientConfig::default())
             .unwrap();
         for i in 0..300u32 {
+            loader
+                .put(format!("k{i}").as_bytes(), &i.to_le_bytes())
+                .unwrap();
+        }
+        let mut c = Client::open(t, remote.clock.clone(), ClientConfig::default()).unwrap();
+        for i in 0..300u32 {
             assert_eq!(
-                other.get(format!("k{i}").as_bytes()).unwrap().as_deref(),
+                c.get(format!("k{i}").as_bytes()).unwrap().as_deref(),
                 Some(&i.to_le_bytes()[..])
             );
         }
+        // It only reads: a write that needs a block is a typed refusal.
+        assert!(matches!(
+            c.put(b"new-key", b"v"),
+            Err(race_store::Error::Transport(TransportError::Refused { .. }))
+                | Err(race_store::Error::OutcomeUnknown { .. })
+        ));
     }
 }

@@ -535,6 +535,7 @@ impl<T: Transport> Client<T> {
         out: &mut Completions,
     ) -> Result<(), Error> {
         self.stats.transport.record(batch);
+        self.note_atomics(batch);
         self.transport.execute_into(batch, out)?;
         if out.len() != batch.len() {
             return Err(bad_response("result count differs from the batch"));
@@ -545,11 +546,23 @@ impl<T: Transport> Client<T> {
     /// One doorbell, results as owned values (the cold paths).
     pub(crate) fn exec(&mut self, batch: &[RemoteOp<'_>]) -> Result<Vec<OpResult>, Error> {
         self.stats.transport.record(batch);
+        self.note_atomics(batch);
         let res = self.transport.execute(batch)?;
         if res.len() != batch.len() {
             return Err(bad_response("result count differs from the batch"));
         }
         Ok(res)
+    }
+
+    /// Remembers that the current operation sent an atomic (see
+    /// [`Error::OutcomeUnknown`]).
+    #[inline]
+    fn note_atomics(&mut self, batch: &[RemoteOp<'_>]) {
+        if !self.atomic_sent {
+            self.atomic_sent = batch
+                .iter()
+                .any(|op| matches!(op, RemoteOp::Cas { .. } | RemoteOp::Faa { .. }));
+        }
     }
 
     pub(crate) fn now(&self) -> u64 {

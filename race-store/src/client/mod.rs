@@ -152,6 +152,10 @@ pub struct Client<T: Transport> {
     /// cache of an operation ([`OpCtx`]).
     results: Completions,
     blocks: Vec<(u64, CachedBlock)>,
+    /// Whether the current write operation has sent an atomic (the step
+    /// that makes a write visible): a transport failure after it leaves
+    /// the outcome unknown ([`Error::OutcomeUnknown`]).
+    pub(crate) atomic_sent: bool,
 }
 
 impl<T: Transport> core::fmt::Debug for Client<T> {
@@ -197,6 +201,7 @@ impl<T: Transport> Client<T> {
             stats: ClientStats::default(),
             results: Completions::new(),
             blocks: Vec::new(),
+            atomic_sent: false,
         };
         let sb_ptr = RemotePtr::new(0, 0)?;
         let mut res = client.exec(&[
@@ -323,7 +328,10 @@ impl<T: Transport> Client<T> {
     /// transport errors, [`Error::Contention`].
     pub fn insert(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
         check_kv(key, value)?;
-        match self.insert_or_put(key, value, &KeyHash::of(key), InsertMode::Insert)? {
+        let inserted = self.write_op("insert", |c| {
+            c.insert_or_put(key, value, &KeyHash::of(key), InsertMode::Insert)
+        })?;
+        match inserted {
             true => Ok(()),
             false => Err(Error::KeyExists),
         }
@@ -335,8 +343,10 @@ impl<T: Transport> Client<T> {
     /// As [`Client::insert`], except [`Error::KeyExists`].
     pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
         check_kv(key, value)?;
-        self.insert_or_put(key, value, &KeyHash::of(key), InsertMode::Put)
-            .map(|_| ())
+        self.write_op("put", |c| {
+            c.insert_or_put(key, value, &KeyHash::of(key), InsertMode::Put)
+        })
+        .map(|_| ())
     }
 
     /// Replaces the value of an existing key: 3 round trips (buckets, blocks,
@@ -347,9 +357,11 @@ impl<T: Transport> Client<T> {
     /// transport errors, [`Error::Contention`].
     pub fn update(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
         check_kv(key, value)?;
-        self.modify(key, &mut |cur| match cur {
-            Some(_) => Ok(Decision::Write(value.to_vec())),
-            None => Err(Error::NotFound),
+        self.write_op("update", |c| {
+            c.modify(key, &mut |cur| match cur {
+                Some(_) => Ok(Decision::Write(value.to_vec())),
+                None => Err(Error::NotFound),
+            })
         })
         .map(|_| ())
     }
@@ -361,9 +373,11 @@ impl<T: Transport> Client<T> {
     /// [`Error::Contention`].
     pub fn delete(&mut self, key: &[u8]) -> Result<(), Error> {
         check_key(key)?;
-        self.modify(key, &mut |cur| match cur {
-            Some(_) => Ok(Decision::Remove),
-            None => Err(Error::NotFound),
+        self.write_op("delete", |c| {
+            c.modify(key, &mut |cur| match cur {
+                Some(_) => Ok(Decision::Remove),
+                None => Err(Error::NotFound),
+            })
         })
         .map(|_| ())
     }
@@ -382,16 +396,35 @@ impl<T: Transport> Client<T> {
         F: FnMut(Option<&[u8]>) -> Option<Vec<u8>>,
     {
         check_key(key)?;
-        self.modify(key, &mut |cur| {
-            Ok(match (cur.is_some(), f(cur)) {
-                (_, Some(v)) => {
-                    check_kv(key, &v)?;
-                    Decision::Write(v)
-                }
-                (true, None) => Decision::Remove,
-                (false, None) => Decision::Keep,
+        self.write_op("rmw", |c| {
+            c.modify(key, &mut |cur| {
+                Ok(match (cur.is_some(), f(cur)) {
+                    (_, Some(v)) => {
+                        check_kv(key, &v)?;
+                        Decision::Write(v)
+                    }
+                    (true, None) => Decision::Remove,
+                    (false, None) => Decision::Keep,
+                })
             })
         })
+    }
+
+    /// Runs the write operation `op`: a transport failure after it sent an
+    /// atomic is [`Error::OutcomeUnknown`] (the write may have applied);
+    /// one before is [`Error::Transport`] (it did not).
+    fn write_op<R>(
+        &mut self,
+        op: &'static str,
+        f: impl FnOnce(&mut Self) -> Result<R, Error>,
+    ) -> Result<R, Error> {
+        self.atomic_sent = false;
+        match f(self) {
+            Err(Error::Transport(source)) if self.atomic_sent => {
+                Err(Error::OutcomeUnknown { op, source })
+            }
+            r => r,
+        }
     }
 
     /// Finishes a resize abandoned by a dead client, if any: takes the resize

@@ -1,17 +1,20 @@
 //! race-store over KRCore: memory nodes hosted on any provider
-//! ([`MemoryServer`]) and clients whose [`crate::Transport`] is a set of
-//! virtual QPs ([`VqpTransport`]).
+//! ([`MemoryNodeServer`]) and clients whose [`crate::remote::Transport`] is
+//! a set of virtual QPs ([`VqpTransport`]).
 //!
 //! A cluster: a meta server, memory nodes (each a KRCore node registered in
 //! the meta table, node 0 holding the table), and compute nodes whose client
 //! threads connect to every memory node by a metadata lookup. On a sim
-//! fabric, memory nodes publish their [`NodeInfo`] under [`node_name`];
-//! elsewhere, hand the records to clients by any channel.
+//! fabric, memory nodes may publish their [`NodeInfo`] under [`node_name`];
+//! a deployed store finds them through the meta server (see
+//! `race_store::deploy`).
 
 mod proto;
 mod server;
 mod transport;
 
-pub use proto::{AllocReply, AllocRequest, NodeInfo, RPC_QKEY};
-pub use server::{lookup_nodes_on_sim, node_name, MemoryServer, MemoryServerHandle, MrMemory};
+pub use proto::{AllocReply, AllocRequest, NodeInfo, ALLOC_PORT, NODE_INFO_LEN};
+pub use server::{
+    lookup_nodes_on_sim, node_name, MemoryNodeHandle, MemoryNodeServer, MrMemory, MIN_IDLE,
+};
 pub use transport::VqpTransport;

@@ -1,11 +1,12 @@
 //! Byte formats of the RDMA binding: the record a memory node publishes so
 //! clients can reach it ([`NodeInfo`]), and the two-sided block allocation
-//! messages ([`AllocRequest`], [`AllocReply`]). All little-endian, parsed with
-//! length and magic checks: bytes from the fabric are untrusted.
+//! messages ([`AllocRequest`], [`AllocReply`]) sent to its [`ALLOC_PORT`].
+//! All little-endian, parsed with length and magic checks: bytes from the
+//! fabric are untrusted.
 //!
 //! ```text
-//! NodeInfo (48 B):  magic "RSNI" u32 | id u8 | pad 3 | gid 16 | base u64 |
-//!                   len u64 | rkey u32 | rpc_qpn u32   (rpc qkey: RPC_QKEY)
+//! NodeInfo (48 B):  magic "RSN2" u32 | id u8 | nodes u8 | alloc_port u16 |
+//!                   gid 16 | base u64 | len u64 | rkey u32 | reserved u32 (0)
 //! AllocRequest (24 B): magic "RSAQ" u32 | pad u32 | req_id u64 | size u64
 //! AllocReply (28 B):   magic "RSAP" u32 | status u32 | req_id u64 | offset u64
 //!                      (status 0: ok, 1: out of memory, 2: bad request)
@@ -14,10 +15,10 @@
 use crate::remote::TransportError;
 use krcore_nic::Gid;
 
-/// The qkey of every allocation endpoint (servers and clients).
-pub const RPC_QKEY: u32 = 0x5ace_a110;
+/// The messaging port a memory node serves block allocation on.
+pub const ALLOC_PORT: u16 = 0x5ace;
 
-const NODE_MAGIC: u32 = u32::from_le_bytes(*b"RSNI");
+const NODE_MAGIC: u32 = u32::from_le_bytes(*b"RSN2");
 const REQ_MAGIC: u32 = u32::from_le_bytes(*b"RSAQ");
 const REPLY_MAGIC: u32 = u32::from_le_bytes(*b"RSAP");
 
@@ -53,6 +54,8 @@ fn bad(reason: &'static str) -> TransportError {
 pub struct NodeInfo {
     /// Memory node id (the node field of every `RemotePtr` into it).
     pub id: u8,
+    /// Memory nodes of the store (ids `0..nodes`), as node 0 formatted it.
+    pub nodes: u8,
     /// The node's GID (its VQP target).
     pub gid: Gid,
     /// Address of the region's first byte in the node's address space.
@@ -61,10 +64,9 @@ pub struct NodeInfo {
     pub len: u64,
     /// Remote key of the region.
     pub rkey: u32,
-    /// QPN of the node's allocation endpoint (UD, qkey [`RPC_QKEY`]).
-    pub rpc_qpn: u32,
-    /// Its qkey (always [`RPC_QKEY`] for nodes built by this crate).
-    pub rpc_qkey: u32,
+    /// The messaging port of its block allocator ([`ALLOC_PORT`] for nodes
+    /// built by this crate).
+    pub alloc_port: u16,
 }
 
 impl NodeInfo {
@@ -73,19 +75,21 @@ impl NodeInfo {
         let mut b = [0u8; NODE_INFO_LEN];
         b[0..4].copy_from_slice(&NODE_MAGIC.to_le_bytes());
         b[4] = self.id;
+        b[5] = self.nodes;
+        b[6..8].copy_from_slice(&self.alloc_port.to_le_bytes());
         b[8..24].copy_from_slice(self.gid.as_bytes());
         b[24..32].copy_from_slice(&self.base.to_le_bytes());
         b[32..40].copy_from_slice(&self.len.to_le_bytes());
         b[40..44].copy_from_slice(&self.rkey.to_le_bytes());
-        b[44..48].copy_from_slice(&self.rpc_qpn.to_le_bytes());
         b
     }
 
     /// Parses a record.
     ///
     /// # Errors
-    /// [`TransportError::BadResponse`] for a wrong length or magic, or an
-    /// empty region.
+    /// [`TransportError::BadResponse`] for a wrong length or magic, an
+    /// empty or wrapping region, a node id not below the node count, or
+    /// reserved bytes that are not zero.
     pub fn decode(b: &[u8]) -> Result<NodeInfo, TransportError> {
         if b.len() != NODE_INFO_LEN || u32_at(b, 0) != NODE_MAGIC {
             return Err(bad("memory node record: wrong length or magic"));
@@ -96,15 +100,24 @@ impl NodeInfo {
             .ok_or_else(|| bad("memory node record: wrong length or magic"))?;
         let info = NodeInfo {
             id: b.get(4).copied().unwrap_or(0),
+            nodes: b.get(5).copied().unwrap_or(0),
+            alloc_port: u16::from_le_bytes([
+                b.get(6).copied().unwrap_or(0),
+                b.get(7).copied().unwrap_or(0),
+            ]),
             gid: Gid(g),
             base: u64_at(b, 24),
             len: u64_at(b, 32),
             rkey: u32_at(b, 40),
-            rpc_qpn: u32_at(b, 44),
-            rpc_qkey: RPC_QKEY,
         };
         if info.len == 0 || info.base.checked_add(info.len).is_none() {
             return Err(bad("memory node record: empty or wrapping region"));
+        }
+        if info.id >= info.nodes {
+            return Err(bad("memory node record: id not below the node count"));
+        }
+        if u32_at(b, 44) != 0 {
+            return Err(bad("memory node record: reserved bytes are not zero"));
         }
         Ok(info)
     }
@@ -192,12 +205,12 @@ mod tests {
     fn round_trips_and_garbage() {
         let info = NodeInfo {
             id: 3,
+            nodes: 4,
             gid: Gid([7; 16]),
             base: 0x7f00_0000_1000,
             len: 1 << 30,
             rkey: 0x1234,
-            rpc_qpn: 0x55,
-            rpc_qkey: RPC_QKEY,
+            alloc_port: ALLOC_PORT,
         };
         assert_eq!(NodeInfo::decode(&info.encode()).unwrap(), info);
         let req = AllocRequest {
@@ -224,5 +237,8 @@ mod tests {
             let _ = AllocReply::decode(&bytes);
         }
         assert!(NodeInfo::decode(&[0u8; NODE_INFO_LEN]).is_err());
+        let mut past = info;
+        past.id = 4;
+        assert!(NodeInfo::decode(&past.encode()).is_err(), "id >= nodes");
     }
 }

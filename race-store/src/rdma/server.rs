@@ -1,27 +1,27 @@
-//! [`MemoryServer`]: a RACE memory node on any KRCore provider.
+//! [`MemoryNodeServer`]: a RACE memory node on any KRCore provider.
 //!
-//! It registers one region (remote READ, WRITE and atomics) in its engine's
-//! protection domain, so peers' VQPs reach it through the node's DCT (or RC
-//! pairs in fallback mode); node 0 also lays out the table (superblock,
-//! directory, initial subtables) with the very code the in-process nodes use
+//! It registers one region (remote READ, WRITE and atomics) on its
+//! [`Node`], so peers' VQPs reach it through the node's DCT (or RC pairs in
+//! fallback mode); node 0 also lays out the table (superblock, directory,
+//! initial subtables) with the very code the in-process nodes use
 //! ([`MemoryNode::format`] over [`MrMemory`]). After that its CPU does one
-//! thing: answer coarse block allocation requests over UD. Every key-value
-//! operation is one-sided.
+//! thing: answer coarse block allocation requests, two-sided messages to
+//! its [`ALLOC_PORT`] (the SDK's messaging). Every key-value operation is
+//! one-sided.
 
-use super::proto::{AllocReply, AllocRequest, NodeInfo, RPC_QKEY};
+use super::proto::{AllocReply, AllocRequest, NodeInfo, ALLOC_PORT};
 use crate::memory::{MemoryNode, NodeMemory, TableConfig};
+use crate::remote::{Cause, TransportError};
 use crate::Error;
-use krcore::{Access, Node};
-use krcore_kmod::OwnedMr;
-use krcore_meta::ud::{Incoming, UdEndpoint};
+use krcore::{Access, MemoryRegion, Node, Port};
 use krcore_nic::sim::SimFabric;
-use krcore_nic::{MemoryRegion, Nic, UdTarget};
+use krcore_nic::Nic;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 /// The shortest sleep of a served node between empty polls (see
-/// [`MemoryServer::spawn`]).
+/// [`MemoryNodeServer::spawn`]).
 pub const MIN_IDLE: Duration = Duration::from_micros(20);
 
 /// The published name of memory node `id` on a sim fabric.
@@ -30,12 +30,12 @@ pub fn node_name(id: u8) -> String {
 }
 
 /// A registered region as a memory node's backing memory.
-pub struct MrMemory<N: Nic>(pub OwnedMr<N>);
+pub struct MrMemory<N: Nic>(pub MemoryRegion<N>);
 
 impl<N: Nic> std::fmt::Debug for MrMemory<N> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MrMemory")
-            .field("addr", &format_args!("{:#x}", self.0.addr()))
+            .field("addr", &format_args!("{:#x}", self.0.remote_addr(0).addr))
             .field("len", &self.0.len())
             .finish()
     }
@@ -47,7 +47,7 @@ impl<N: Nic> NodeMemory for MrMemory<N> {
     }
 
     fn read_into(&self, offset: u64, buf: &mut [u8]) {
-        // In range (checked by MemoryNode); the MR re-checks.
+        // In range (checked by MemoryNode); the region re-checks.
         let _ = self.0.read(offset as usize, buf);
     }
 
@@ -56,36 +56,45 @@ impl<N: Nic> NodeMemory for MrMemory<N> {
     }
 }
 
-fn setup(what: &'static str) -> impl Fn(String) -> Error {
-    move |reason| Error::Transport(crate::remote::TransportError::Setup { what, reason })
+fn setup<E>(what: &'static str) -> impl Fn(E) -> Error
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    move |e| {
+        Error::Transport(TransportError::Setup {
+            what,
+            source: Cause::new(e),
+        })
+    }
 }
 
-/// A memory node hosted on `node`.
-pub struct MemoryServer<N: Nic> {
+/// A memory node hosted on a [`Node`].
+pub struct MemoryNodeServer<N: Nic> {
     node: Node<N>,
     mem: MemoryNode<MrMemory<N>>,
-    rpc: UdEndpoint<N>,
+    port: Port<N>,
     info: NodeInfo,
-    incoming: Vec<Incoming>,
     served: u64,
 }
 
-impl<N: Nic> std::fmt::Debug for MemoryServer<N> {
+impl<N: Nic> std::fmt::Debug for MemoryNodeServer<N> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemoryServer")
+        f.debug_struct("MemoryNodeServer")
             .field("info", &self.info)
             .field("served", &self.served)
             .finish()
     }
 }
 
-impl<N: Nic> MemoryServer<N> {
-    /// Registers `bytes` of memory on `node` as memory node `id`; node 0
-    /// also formats `table` for a cluster of `nodes` memory nodes.
+impl<N: Nic> MemoryNodeServer<N> {
+    /// Registers `bytes` of memory on `node` as memory node `id` of a store
+    /// of `nodes` memory nodes, and binds its allocation port; node 0 also
+    /// formats `table`.
     ///
     /// # Errors
-    /// Setup failures (memory, the RPC endpoint) as
-    /// `Error::Transport(Setup)`; a bad table as [`Error::BadTable`].
+    /// [`Error::BadTable`] for an id not below `nodes` or a bad table;
+    /// setup failures (memory, the port) as `Error::Transport(Setup)` with
+    /// the SDK's error as source.
     pub fn start(
         node: &Node<N>,
         id: u8,
@@ -93,34 +102,39 @@ impl<N: Nic> MemoryServer<N> {
         table: &TableConfig,
         nodes: u8,
     ) -> Result<Self, Error> {
-        let engine = node.engine();
-        let len = usize::try_from(bytes).map_err(|_| setup("region size")("too large".into()))?;
-        let region = engine
-            .alloc_mr(len, Access::ALL)
-            .map_err(|e| setup("register the region")(e.to_string()))?;
-        let info_base = region.addr();
-        let rkey = region.rkey();
+        if id >= nodes {
+            return Err(Error::BadTable {
+                reason: "memory node id not below the number of memory nodes",
+            });
+        }
+        let len = usize::try_from(bytes).map_err(|_| Error::BadTable {
+            reason: "memory node region larger than the address space",
+        })?;
+        let region = node
+            .alloc(len, Access::ALL)
+            .map_err(setup("register the region"))?;
+        let remote = region.remote_addr(0);
         let mem = MemoryNode::with_memory(id, MrMemory(region));
         if id == 0 {
             mem.format(table, nodes)?;
         }
-        let rpc = UdEndpoint::new(engine.nic(), engine.pd(), RPC_QKEY, 64, 64)
-            .map_err(|e| setup("allocation RPC endpoint")(e.to_string()))?;
+        let port = node
+            .bind(ALLOC_PORT)
+            .map_err(setup("bind the allocation port"))?;
         let info = NodeInfo {
             id,
+            nodes,
             gid: node.gid(),
-            base: info_base,
+            base: remote.addr,
             len: bytes,
-            rkey,
-            rpc_qpn: rpc.qpn(),
-            rpc_qkey: RPC_QKEY,
+            rkey: remote.rkey,
+            alloc_port: ALLOC_PORT,
         };
-        Ok(MemoryServer {
+        Ok(MemoryNodeServer {
             node: node.clone(),
             mem,
-            rpc,
+            port,
             info,
-            incoming: Vec::new(),
             served: 0,
         })
     }
@@ -146,31 +160,31 @@ impl<N: Nic> MemoryServer<N> {
         self.served
     }
 
-    /// Publishes [`MemoryServer::info`] under [`node_name`] on a sim fabric.
+    /// Publishes [`MemoryNodeServer::info`] under [`node_name`] on a sim
+    /// fabric.
     ///
     /// # Errors
     /// The fabric's error.
     pub fn publish_on_sim(&self, fabric: &SimFabric) -> Result<(), Error> {
         fabric
             .publish(&node_name(self.info.id), &self.info.encode())
-            .map_err(|e| setup("publish the node record")(e.to_string()))
+            .map_err(setup("publish the node record"))
     }
 
     /// Answers the allocation requests that arrived; returns how many.
+    /// Garbage is dropped; a reply that cannot be sent (the client is gone)
+    /// only fails that client's call.
     ///
     /// # Errors
-    /// Provider failures of the RPC endpoint.
+    /// Failures of the node's receive path.
     pub fn poll_once(&mut self) -> Result<usize, Error> {
-        self.incoming.clear();
-        self.rpc
-            .poll_recv(&mut self.incoming)
-            .map_err(|e| setup("receive allocation requests")(e.to_string()))?;
         let mut n = 0;
-        for i in 0..self.incoming.len() {
-            let Some(&m) = self.incoming.get(i) else {
-                break;
-            };
-            let Ok(req) = AllocRequest::decode(m.payload()) else {
+        while let Some(m) = self
+            .port
+            .try_pop()
+            .map_err(setup("receive allocation requests"))?
+        {
+            let Ok(req) = AllocRequest::decode(&m.to_vec()) else {
                 continue; // garbage is dropped
             };
             let offset = self.mem.alloc(req.size).ok();
@@ -179,29 +193,20 @@ impl<N: Nic> MemoryServer<N> {
                 offset,
             }
             .encode();
-            let dest = UdTarget {
-                gid: m.src,
-                qpn: m.src_qp,
-                qkey: RPC_QKEY,
-            };
-            self.rpc
-                .send_bytes(dest, &reply)
-                .map_err(|e| setup("send an allocation reply")(e.to_string()))?;
+            let _ = self.port.reply(&m, &reply);
             n += 1;
         }
         self.served += n as u64;
         Ok(n)
     }
 
-    /// Serves on a thread of its own until the handle is dropped. Between
-    /// empty polls it sleeps, from [`MIN_IDLE`] doubling up to `idle`
-    /// (allocation is rare: clients carve coarse blocks; a thread waking
-    /// every few microseconds would take CPU from the clients), and polls
-    /// again right after serving a request.
-    pub fn spawn(mut self, idle: Duration) -> MemoryServerHandle
-    where
-        N::Qp: Send,
-    {
+    /// Serves on a thread of its own until the handle is dropped (or
+    /// [`MemoryNodeHandle::stop`]). Between empty polls it sleeps, from
+    /// [`MIN_IDLE`] doubling up to `idle` (allocation is rare: clients
+    /// carve coarse blocks; a thread waking every few microseconds would
+    /// take CPU from the clients), and polls again right after serving a
+    /// request.
+    pub fn spawn(mut self, idle: Duration) -> MemoryNodeHandle {
         let stop = Arc::new(AtomicBool::new(false));
         let info = self.info;
         let flag = stop.clone();
@@ -221,31 +226,40 @@ impl<N: Nic> MemoryServer<N> {
                 }
             })
             .ok();
-        MemoryServerHandle { info, stop, thread }
+        MemoryNodeHandle { info, stop, thread }
     }
 }
 
-/// A running [`MemoryServer`]; stops (and joins) on drop.
+/// A running [`MemoryNodeServer`]; stops (and joins) on drop.
 #[derive(Debug)]
-pub struct MemoryServerHandle {
+pub struct MemoryNodeHandle {
     info: NodeInfo,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-impl MemoryServerHandle {
+impl MemoryNodeHandle {
     /// The node's record.
     pub fn info(&self) -> NodeInfo {
         self.info
     }
-}
 
-impl Drop for MemoryServerHandle {
-    fn drop(&mut self) {
+    /// Stops serving and joins the thread.
+    pub fn stop(mut self) {
+        self.halt();
+    }
+
+    fn halt(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+impl Drop for MemoryNodeHandle {
+    fn drop(&mut self) {
+        self.halt();
     }
 }
 
@@ -258,9 +272,12 @@ pub fn lookup_nodes_on_sim(fabric: &SimFabric, count: u8) -> Result<Vec<NodeInfo
         .map(|id| {
             let bytes = fabric
                 .lookup(&node_name(id))
-                .map_err(|e| setup("look up a memory node")(e.to_string()))?
+                .map_err(setup("look up a memory node"))?
                 .ok_or_else(|| {
-                    setup("look up a memory node")(format!("{} is not published", node_name(id)))
+                    Error::Transport(TransportError::Setup {
+                        what: "look up a memory node",
+                        source: Cause::msg(format!("{} is not published", node_name(id))),
+                    })
                 })?;
             NodeInfo::decode(&bytes).map_err(Error::Transport)
         })

@@ -9,12 +9,13 @@
 //! NIC: a bad pointer from corrupted remote bytes is a typed error, never a
 //! flushed shared queue.
 //!
-//! Block allocation goes over a UD endpoint (the memory node's allocator
-//! RPC). It is created lazily, on the first [`Transport::alloc_block`]: a
-//! client that only reads (a joining compute node's first get) never creates
-//! a QP at all, so connecting stays a metadata lookup. Creation failing then
-//! is a typed [`TransportError::Setup`] from that `alloc_block`, and the next
-//! allocation tries again.
+//! Block allocation is a two-sided message to the memory node's allocation
+//! port ([`ALLOC_PORT`], see [`super::MemoryNodeServer`]), pushed on the
+//! node's VQP and answered to it (the SDK's messaging: credits, no silent
+//! drop). The messaging endpoint is made on the first
+//! [`Transport::alloc_block`]: a client that only reads (a joining compute
+//! node's first get) never creates a QP at all, so connecting stays a
+//! metadata lookup.
 //!
 //! Local memory: one registered scratch buffer, cut per batch into a slice
 //! per op (READ destinations, WRITE sources unless inline, 8-byte atomic
@@ -22,13 +23,11 @@
 
 use super::proto::{AllocReply, AllocRequest, NodeInfo, ALLOC_REPLY_LEN};
 use crate::layout::slot::RemotePtr;
-use crate::remote::{Completions, OpResult, RemoteOp, Transport, TransportError};
-use krcore::{Access, Node};
-use krcore_kmod::{OwnedMr, RemoteGrant, Vqp, VqpError};
-use krcore_meta::ud::{Incoming, UdEndpoint};
+use crate::remote::{Cause, Completions, OpResult, RemoteOp, Transport, TransportError};
+use krcore::{Access, MemoryRegion, Node, RemoteGrant, Vqp, VqpError};
 use krcore_nic::{
-    Destination, InlineData, MemoryRegion, Nic, Payload, RemoteAddr, SendFlags, SendWr, SgList,
-    Sge, UdTarget, Wc, WcStatus, WrOp, MAX_INLINE,
+    Destination, InlineData, Nic, Payload, RemoteAddr, SendFlags, SendWr, SgList, Sge, Wc,
+    WcStatus, WrOp, MAX_INLINE,
 };
 use std::time::{Duration, Instant};
 
@@ -36,9 +35,11 @@ use std::time::{Duration, Instant};
 const SCRATCH: usize = 1 << 20;
 /// How long one batch may take before the transport gives up.
 const BATCH_TIMEOUT: Duration = Duration::from_secs(10);
-/// Block allocation: per-attempt timeout and attempts.
-const ALLOC_TIMEOUT: Duration = Duration::from_millis(500);
-const ALLOC_ATTEMPTS: u32 = 6;
+/// How long a block allocation waits for the memory node's answer.
+const ALLOC_TIMEOUT: Duration = Duration::from_secs(5);
+/// Bits of a wr_id that tag the batch (`batch << 24 | index`): the batch
+/// counter wraps below the SDK's reserved request bit.
+const BATCH_MASK: u64 = (1 << 39) - 1;
 
 struct Remote<N: Nic> {
     info: NodeInfo,
@@ -49,12 +50,10 @@ struct Remote<N: Nic> {
 pub struct VqpTransport<N: Nic> {
     node: Node<N>,
     remotes: Vec<Remote<N>>,
-    scratch: OwnedMr<N>,
+    scratch: MemoryRegion<N>,
     /// `scratch`'s address, lkey and length, read once (a batch checks its
     /// whole layout against the length, then builds its SGEs directly).
     scratch_sge: Sge,
-    /// The allocation RPC endpoint; `None` until the first `alloc_block`.
-    rpc: Option<UdEndpoint<N>>,
     next_req: u64,
     /// Tags the wr_ids of a batch (`batch << 24 | index`), so completions of
     /// an abandoned batch are recognized and dropped.
@@ -65,7 +64,6 @@ pub struct VqpTransport<N: Nic> {
     /// (kept across batches to avoid allocating per doorbell).
     offs: Vec<usize>,
     last: Vec<Option<usize>>,
-    incoming: Vec<Incoming>,
     /// Results for [`Transport::execute`] (which converts them).
     results: Completions,
 }
@@ -79,17 +77,20 @@ impl<N: Nic> std::fmt::Debug for VqpTransport<N> {
     }
 }
 
-/// The SGE of a whole MR (its length in `length`, saturated).
-fn sge_of<N: Nic>(mr: &OwnedMr<N>) -> Sge {
-    Sge {
-        addr: mr.addr(),
-        length: u32::try_from(mr.len()).unwrap_or(u32::MAX),
-        lkey: mr.lkey(),
-    }
+/// The SGE of a whole region (its length in `length`, saturated).
+fn sge_of<N: Nic>(mr: &MemoryRegion<N>) -> Result<Sge, TransportError> {
+    let len = u32::try_from(mr.len()).unwrap_or(u32::MAX);
+    mr.sge(0, len).map_err(setup("scratch memory"))
 }
 
-fn setup(what: &'static str) -> impl Fn(String) -> TransportError {
-    move |e| TransportError::Setup { what, reason: e }
+fn setup<E>(what: &'static str) -> impl Fn(E) -> TransportError
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    move |e| TransportError::Setup {
+        what,
+        source: Cause::new(e),
+    }
 }
 
 impl<N: Nic> VqpTransport<N> {
@@ -99,23 +100,20 @@ impl<N: Nic> VqpTransport<N> {
     ///
     /// # Errors
     /// [`TransportError::Setup`] when a memory node is unknown to the meta
-    /// server or a resource cannot be allocated.
+    /// server or a resource cannot be allocated (the SDK's error is its
+    /// source); [`TransportError::BadResponse`] for a list out of id order.
     pub fn connect(node: &Node<N>, infos: &[NodeInfo]) -> Result<Self, TransportError> {
-        let engine = node.engine();
         let mut remotes = Vec::with_capacity(infos.len());
         for (i, info) in infos.iter().enumerate() {
             if usize::from(info.id) != i {
-                return Err(TransportError::Setup {
-                    what: "memory node list",
-                    reason: format!("entry {i} describes node {}", info.id),
+                return Err(TransportError::BadResponse {
+                    reason: "memory node list out of id order",
                 });
             }
-            let vqp = engine
-                .create_vqp()
-                .map_err(|e| setup("create a VQP")(e.to_string()))?;
+            let vqp = node.vqp().map_err(setup("create a VQP"))?;
             vqp.connect(info.gid)
-                .map_err(|e| setup("connect to a memory node")(e.to_string()))?;
-            vqp.add_grant(
+                .map_err(setup("connect to a memory node"))?;
+            vqp.raw().add_grant(
                 info.gid,
                 info.rkey,
                 RemoteGrant {
@@ -127,22 +125,20 @@ impl<N: Nic> VqpTransport<N> {
             );
             remotes.push(Remote { info: *info, vqp });
         }
-        let scratch = engine
-            .alloc_mr(SCRATCH, Access::LOCAL_WRITE)
-            .map_err(|e| setup("scratch memory")(e.to_string()))?;
+        let scratch = node
+            .alloc(SCRATCH, Access::LOCAL_WRITE)
+            .map_err(setup("scratch memory"))?;
         Ok(VqpTransport {
-            scratch_sge: sge_of(&scratch),
+            scratch_sge: sge_of(&scratch)?,
             node: node.clone(),
             wrs: (0..infos.len()).map(|_| Vec::new()).collect(),
             offs: Vec::new(),
             last: vec![None; infos.len()],
             remotes,
             scratch,
-            rpc: None,
             next_req: 1,
             batch: 0,
             wcs: vec![Wc::default(); 16],
-            incoming: Vec::new(),
             results: Completions::new(),
         })
     }
@@ -152,24 +148,10 @@ impl<N: Nic> VqpTransport<N> {
         &self.node
     }
 
-    /// Whether the allocation RPC endpoint (the transport's only QP of its
-    /// own) has been created yet.
-    pub fn has_rpc_endpoint(&self) -> bool {
-        self.rpc.is_some()
-    }
-
-    /// The allocation RPC endpoint, created on first use.
-    fn rpc(&mut self) -> Result<&mut UdEndpoint<N>, TransportError> {
-        if self.rpc.is_none() {
-            let engine = self.node.engine();
-            let ep = UdEndpoint::new(engine.nic(), engine.pd(), super::proto::RPC_QKEY, 8, 8)
-                .map_err(|e| setup("allocation RPC endpoint")(e.to_string()))?;
-            self.rpc = Some(ep);
-        }
-        self.rpc.as_mut().ok_or(TransportError::Setup {
-            what: "allocation RPC endpoint",
-            reason: "not created".into(),
-        })
+    /// Whether the transport has made its messaging endpoint (the only QP
+    /// it may create itself, at the first block allocation).
+    pub fn has_msg_endpoint(&self) -> bool {
+        self.remotes.iter().any(|r| r.vqp.has_endpoint())
     }
 
     fn grow_scratch(&mut self, need: usize) -> Result<(), TransportError> {
@@ -179,10 +161,9 @@ impl<N: Nic> VqpTransport<N> {
         let len = need.next_power_of_two();
         self.scratch = self
             .node
-            .engine()
-            .alloc_mr(len, Access::LOCAL_WRITE)
-            .map_err(|e| setup("scratch memory")(e.to_string()))?;
-        self.scratch_sge = sge_of(&self.scratch);
+            .alloc(len, Access::LOCAL_WRITE)
+            .map_err(setup("scratch memory"))?;
+        self.scratch_sge = sge_of(&self.scratch)?;
         Ok(())
     }
 }
@@ -211,12 +192,11 @@ impl<N: Nic> VqpTransport<N> {
         }
         self.grow_scratch(need.max(8))?;
         if batch.len() >= 1 << 24 {
-            return Err(TransportError::Refused {
-                node: 0,
-                reason: "batch too large".into(),
+            return Err(TransportError::BadResponse {
+                reason: "batch of 2^24 operations or more",
             });
         }
-        self.batch += 1;
+        self.batch = (self.batch + 1) & BATCH_MASK;
         for w in &mut self.wrs {
             w.clear();
         }
@@ -242,9 +222,9 @@ impl<N: Nic> VqpTransport<N> {
         // scratch buffer (`grow_scratch`): each SGE below is in range.
         let scratch = self.scratch_sge;
         if need > scratch.length as usize {
-            return Err(setup("scratch SGE")(
-                "batch larger than the scratch buffer".into(),
-            ));
+            return Err(TransportError::BadResponse {
+                reason: "batch larger than the scratch buffer",
+            });
         }
         let local = |off: usize, len: u32| {
             SgList::one(Sge {
@@ -277,7 +257,7 @@ impl<N: Nic> VqpTransport<N> {
                         None => {
                             self.scratch
                                 .write(off, bytes)
-                                .map_err(|e| setup("scratch copy")(e.to_string()))?;
+                                .map_err(setup("scratch copy"))?;
                             Payload::Local(local(off, bytes.len() as u32))
                         }
                     };
@@ -309,17 +289,17 @@ impl<N: Nic> VqpTransport<N> {
         for (n, (wrs, remote)) in self.wrs.iter_mut().zip(&self.remotes).enumerate() {
             if let Some(w) = wrs.last_mut() {
                 w.flags = SendFlags::SIGNALED;
-                let posted = match remote.vqp.post_send(wrs) {
+                let posted = match remote.vqp.post(wrs) {
                     // An error completion (a node that was down, a revoked
                     // registration) cleared the VQP's target: connect again
                     // (a DCCache miss, one meta READ) and retry once, so one
                     // failed batch does not leave the transport unusable.
-                    Err(VqpError::NotConnected { .. }) => {
+                    Err(krcore::Error::Vqp(VqpError::NotConnected { .. })) => {
                         remote
                             .vqp
                             .connect(remote.info.gid)
                             .map_err(|_| TransportError::NodeDown { node: n as u8 })?;
-                        remote.vqp.post_send(wrs)
+                        remote.vqp.post(wrs)
                     }
                     other => other,
                 };
@@ -371,9 +351,9 @@ impl<N: Nic> VqpTransport<N> {
                     }
                 }
                 if !done && start.get_or_insert_with(Instant::now).elapsed() > BATCH_TIMEOUT {
-                    return Err(TransportError::Refused {
+                    return Err(TransportError::Timeout {
                         node: n as u8,
-                        reason: format!("no completion within {BATCH_TIMEOUT:?}"),
+                        after: BATCH_TIMEOUT,
                     });
                 }
             }
@@ -388,7 +368,7 @@ impl<N: Nic> VqpTransport<N> {
         if need > 0 {
             self.scratch
                 .read(0, landing)
-                .map_err(|e| setup("scratch read")(e.to_string()))?;
+                .map_err(setup("scratch read"))?;
         }
         let bad = || TransportError::BadResponse {
             reason: "result outside the landing area",
@@ -409,16 +389,10 @@ impl<N: Nic> VqpTransport<N> {
     }
 }
 
-fn vqp_error(node: u8, e: VqpError) -> TransportError {
-    match e {
-        VqpError::Rejected(r) => TransportError::Refused {
-            node,
-            reason: r.to_string(),
-        },
-        other => TransportError::Refused {
-            node,
-            reason: other.to_string(),
-        },
+fn vqp_error(node: u8, e: krcore::Error) -> TransportError {
+    TransportError::Refused {
+        node,
+        source: Cause::new(e),
     }
 }
 
@@ -427,9 +401,9 @@ fn status_error(node: u8, ptr: RemotePtr, len: u64, status: WcStatus) -> Transpo
         WcStatus::RetryExcErr => TransportError::NodeDown { node },
         WcStatus::RemAccessErr => TransportError::OutOfBounds { ptr, len },
         WcStatus::RemInvReqErr => TransportError::Misaligned { ptr },
-        other => TransportError::Refused {
+        other => TransportError::Failed {
             node,
-            reason: format!("completion status {other:?}"),
+            status: other,
         },
     }
 }
@@ -465,48 +439,44 @@ impl<N: Nic> Transport for VqpTransport<N> {
             .remotes
             .get(usize::from(node))
             .ok_or(TransportError::NoSuchNode { node })?;
-        let dest = UdTarget {
-            gid: r.info.gid,
-            qpn: r.info.rpc_qpn,
-            qkey: r.info.rpc_qkey,
-        };
         let req_id = self.next_req;
         self.next_req += 1;
         let req = AllocRequest { req_id, size }.encode();
-        for _ in 0..ALLOC_ATTEMPTS {
-            let sent = self
-                .rpc()?
-                .send_bytes(dest, &req)
-                .map_err(|e| setup("send an allocation request")(e.to_string()))?;
-            let start = Instant::now();
-            while sent && start.elapsed() < ALLOC_TIMEOUT {
-                self.incoming.clear();
-                let mut incoming = std::mem::take(&mut self.incoming);
-                let polled = self.rpc()?.poll_recv(&mut incoming);
-                self.incoming = incoming;
-                polled.map_err(|e| setup("receive an allocation reply")(e.to_string()))?;
-                for m in &self.incoming {
-                    let p = m.payload();
-                    if p.len() < ALLOC_REPLY_LEN {
-                        continue;
-                    }
-                    let Ok(reply) = AllocReply::decode(p) else {
-                        continue;
-                    };
-                    if reply.req_id != req_id {
-                        continue;
-                    }
-                    return match reply.offset {
-                        Some(off) => {
-                            RemotePtr::new(node, off).map_err(|_| TransportError::BadResponse {
-                                reason: "allocated offset out of range",
-                            })
-                        }
-                        None => Err(TransportError::OutOfMemory { node, size }),
-                    };
-                }
+        let port = r.info.alloc_port;
+        let lost = |e: krcore::Error| match e {
+            // The node is gone (its messages fail on the wire, or it does not
+            // answer within the messaging timeout).
+            krcore::Error::Msg(
+                krcore::MsgError::Lost { .. } | krcore::MsgError::Timeout { .. },
+            ) => TransportError::NodeDown { node },
+            other => TransportError::Refused {
+                node,
+                source: Cause::new(other),
+            },
+        };
+        r.vqp.push(port, &req).map_err(lost)?;
+        let deadline = Instant::now() + ALLOC_TIMEOUT;
+        while Instant::now() < deadline {
+            let Some(m) = r.vqp.try_pop_reply().map_err(lost)? else {
                 std::thread::yield_now();
+                continue;
+            };
+            let p = m.to_vec();
+            if p.len() < ALLOC_REPLY_LEN {
+                continue;
             }
+            let Ok(reply) = AllocReply::decode(&p) else {
+                continue;
+            };
+            if reply.req_id != req_id {
+                continue; // the late answer to an abandoned request
+            }
+            return match reply.offset {
+                Some(off) => RemotePtr::new(node, off).map_err(|_| TransportError::BadResponse {
+                    reason: "allocated offset out of range",
+                }),
+                None => Err(TransportError::OutOfMemory { node, size }),
+            };
         }
         Err(TransportError::NodeDown { node })
     }
