@@ -47,9 +47,18 @@ pub enum NicError {
         found: u32,
         expected: u32,
     },
-    /// A fabric specification string could not be parsed.
-    #[error("bad fabric spec {0:?}: expected sim:mem, sim:NAME or sim:/path")]
-    BadFabricSpec(String),
+    /// A fabric specification string could not be parsed, or names no sim
+    /// fabric where one is needed.
+    #[error(transparent)]
+    BadFabricSpec(#[from] crate::spec::SpecError),
+    /// The fabric names a provider this build was compiled without.
+    #[error("{spec}: this build has no {provider} provider; rebuild with `--features {provider}`")]
+    NoProvider {
+        /// The fabric string.
+        spec: String,
+        /// The missing provider (the cargo feature of the same name).
+        provider: &'static str,
+    },
     /// The node was closed, or its fabric slot was reclaimed.
     #[error("node is closed")]
     NodeClosed,

@@ -20,6 +20,13 @@
 //!   `libclang-dev`): real RDMA through rdma-sys, on ConnectX (with DC through
 //!   a small mlx5dv binding) or Soft-RoCE (RC/UD only; `caps().dc` is false).
 //!
+//! ## Choosing a provider at run time
+//! [`FabricSpec`] parses the one `--fabric` string every binary takes
+//! (`sim:mem`, `sim:NAME`, `sim:/abs/path`, `verbs:DEVICE`, with options
+//! such as `,dc=off` or `,port=1,gid=3`); [`FabricSpec::open`] returns an
+//! [`AnyNic`], an enum over this build's providers that implements [`Nic`]
+//! by static dispatch.
+//!
 //! ## Wrappers
 //! - [`fault::FaultNic`]: wraps any provider and injects, from a seed, the
 //!   faults hardware produces (delayed/reordered completions within RDMA's
@@ -31,19 +38,23 @@
 #![deny(unsafe_code)]
 #![warn(missing_debug_implementations)]
 
+pub mod any;
 pub mod conformance;
 pub mod counters;
 pub mod error;
 pub mod fault;
 pub mod provider;
 pub mod sim;
+pub mod spec;
 pub mod types;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 
+pub use any::{AnyCq, AnyMr, AnyNic, AnyPd, AnyQp, AnySrq, Opened};
 pub use counters::Counters;
 pub use error::{NicError, PostError, PostErrorKind, Result};
 pub use provider::{
     bring_up, CompletionQueue, MemoryRegion, Nic, QpInit, QueuePair, SharedReceiveQueue,
 };
+pub use spec::{FabricSpec, SimLocation, SimSpec, SpecError, VerbsSpec};
 pub use types::*;

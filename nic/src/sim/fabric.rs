@@ -164,26 +164,22 @@ impl SimFabric {
     }
 
     /// Opens a fabric from a spec: `sim:mem`, `sim:NAME` (a directory
-    /// `/dev/shm/NAME`, created if missing) or `sim:/abs/path`.
+    /// `/dev/shm/NAME`, created if missing) or `sim:/abs/path`, parsed by
+    /// [`crate::FabricSpec`]. Device options (`dc=`, `latency=`) are
+    /// accepted and concern nodes, not the fabric: see
+    /// [`crate::SimSpec::open_node`].
     ///
     /// # Errors
-    /// `BadFabricSpec` for other strings, and the errors of [`Self::open_dir`].
+    /// `BadFabricSpec` for a string [`crate::FabricSpec`] refuses or a
+    /// `verbs:` spec, and the errors of [`Self::open_dir`].
     pub fn from_spec(spec: &str) -> Result<SimFabric> {
-        let rest = spec
-            .strip_prefix("sim:")
-            .ok_or_else(|| NicError::BadFabricSpec(spec.to_string()))?;
-        if rest == "mem" {
-            return Ok(SimFabric::in_memory());
-        }
-        if rest.is_empty() || rest.contains('\0') {
-            return Err(NicError::BadFabricSpec(spec.to_string()));
-        }
-        if rest.starts_with('/') {
-            SimFabric::open_dir(rest, true)
-        } else if rest.contains('/') {
-            Err(NicError::BadFabricSpec(spec.to_string()))
-        } else {
-            SimFabric::open_dir(Path::new("/dev/shm").join(rest), true)
+        match crate::spec::FabricSpec::parse(spec)? {
+            crate::spec::FabricSpec::Sim(s) => s.open_fabric(),
+            crate::spec::FabricSpec::Verbs(_) => {
+                Err(NicError::BadFabricSpec(crate::spec::SpecError::NotSim {
+                    spec: spec.into(),
+                }))
+            }
         }
     }
 

@@ -235,12 +235,20 @@ impl SimNic {
     }
 
     /// Opens a node on the fabric a spec names (`sim:mem`, `sim:NAME`,
-    /// `sim:/path`) with the default configuration.
+    /// `sim:/path`) with the configuration of its options (`dc=`,
+    /// `latency=`; see [`crate::SimSpec::config`]).
     ///
     /// # Errors
     /// The errors of [`SimFabric::from_spec`] and [`SimNic::open`].
     pub fn from_spec(spec: &str) -> Result<SimNic> {
-        SimNic::open(&SimFabric::from_spec(spec)?, SimConfig::default())
+        match crate::spec::FabricSpec::parse(spec)? {
+            crate::spec::FabricSpec::Sim(s) => s.open_node(&s.open_fabric()?),
+            crate::spec::FabricSpec::Verbs(_) => {
+                Err(NicError::BadFabricSpec(crate::spec::SpecError::NotSim {
+                    spec: spec.into(),
+                }))
+            }
+        }
     }
 
     /// Makes this node unreachable at once, as if its machine died: remote

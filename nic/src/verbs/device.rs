@@ -30,11 +30,13 @@ use super::error::VerbsError;
 use super::ffi::{self, sys};
 use super::qp::SendShared;
 use super::recv::RecvTable;
+use super::select;
 use crate::counters::Counters;
 use crate::types::{DeviceCaps, Gid, MAX_INLINE, MAX_SGE};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::ffi::CStr;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
 
@@ -61,6 +63,8 @@ pub(crate) type CqFlags = Mutex<HashMap<usize, Arc<AtomicBool>>>;
 pub(crate) struct DeviceInner {
     ctx: *mut sys::ibv_context,
     pub name: String,
+    /// The port every object uses (1-based): QP INIT, address vectors.
+    pub port: u8,
     pub gid_index: u8,
     pub gid: Gid,
     pub caps: DeviceCaps,
@@ -127,8 +131,10 @@ impl DeviceInner {
         self.next_id.fetch_add(1, Relaxed)
     }
 
-    /// Opens `name` (port 1) with the RoCE/IB GID at `gid_index`.
-    pub(crate) fn open(name: &str, gid_index: u8) -> Result<DeviceInner, VerbsError> {
+    /// Opens `opts.device` on the chosen port with the chosen GID index
+    /// (see [`super::select`] for the defaults).
+    pub(crate) fn open(opts: &super::VerbsOptions) -> Result<DeviceInner, VerbsError> {
+        let name = opts.device.as_str();
         let mut n: i32 = 0;
         // SAFETY: `n` is a valid out-pointer; the list is freed below on
         // every path.
@@ -178,8 +184,12 @@ impl DeviceInner {
             return Err(VerbsError::from_os("ibv_open_device", ffi::errno()));
         }
         let ctx = Ctx(ctx);
-        let (attr, port) = ctx.query()?;
-        let gid = ctx.gid(gid_index, port.gid_tbl_len)?;
+        let attr = ctx.query_device()?;
+        let (port_num, port) = ctx.choose_port(name, opts.port, attr.phys_port_cnt)?;
+        let (gid_index, gid) = match opts.gid_index {
+            Some(i) => (i, ctx.gid(port_num, i, port.gid_tbl_len)?),
+            None => ctx.default_gid(name, port_num, &port)?,
+        };
         let dc = if mlx5 { super::dc::probe(ctx.0) } else { None };
         let phys = physical_memory();
         let caps = DeviceCaps {
@@ -198,6 +208,7 @@ impl DeviceInner {
         Ok(DeviceInner {
             ctx: ctx.take(),
             name: name.to_string(),
+            port: port_num,
             gid_index,
             gid,
             caps,
@@ -214,6 +225,9 @@ impl DeviceInner {
         })
     }
 }
+
+/// Where sysfs lists RDMA devices (GID types are read from it).
+const SYSFS_IB: &str = "/sys/class/infiniband";
 
 /// `ibv_get_device_list` result, freed on drop.
 struct DeviceList(*mut *mut sys::ibv_device);
@@ -236,7 +250,7 @@ impl Ctx {
         p
     }
 
-    fn query(&self) -> Result<(sys::ibv_device_attr, sys::ibv_port_attr), VerbsError> {
+    fn query_device(&self) -> Result<sys::ibv_device_attr, VerbsError> {
         let mut attr = std::mem::MaybeUninit::<sys::ibv_device_attr>::zeroed();
         // SAFETY: valid context and out-pointer to a zeroed attribute struct.
         let rc = unsafe { sys::ibv_query_device(self.0, attr.as_mut_ptr()) };
@@ -245,19 +259,112 @@ impl Ctx {
         }
         // SAFETY: `ibv_query_device` succeeded and filled the struct (it is
         // plain old data, valid even where the device left bytes zeroed).
-        let attr = unsafe { attr.assume_init() };
+        Ok(unsafe { attr.assume_init() })
+    }
+
+    fn query_port(&self, port_num: u8) -> Result<sys::ibv_port_attr, VerbsError> {
         let mut port = std::mem::MaybeUninit::<sys::ibv_port_attr>::zeroed();
-        // SAFETY: valid context, port number and out-pointer.
-        let rc = unsafe { sys::___ibv_query_port(self.0, ffi::PORT, port.as_mut_ptr()) };
+        // SAFETY: valid context and out-pointer; libibverbs checks the port
+        // number (EINVAL past the last port).
+        let rc = unsafe { sys::___ibv_query_port(self.0, port_num, port.as_mut_ptr()) };
         if rc != 0 {
             return Err(VerbsError::from_os("ibv_query_port", ffi::rc_error(rc)));
         }
         // SAFETY: filled by a successful query; plain old data.
-        let port = unsafe { port.assume_init() };
-        if port.state != sys::ibv_port_state::IBV_PORT_ACTIVE {
-            return Err(VerbsError::PortDown { state: port.state });
+        Ok(unsafe { port.assume_init() })
+    }
+
+    /// The port to use (`requested`, or the first ACTIVE one) and its
+    /// attributes.
+    fn choose_port(
+        &self,
+        device: &str,
+        requested: Option<u8>,
+        count: u8,
+    ) -> Result<(u8, sys::ibv_port_attr), VerbsError> {
+        let mut attrs = Vec::with_capacity(count as usize);
+        for p in 1..=count {
+            attrs.push((p, self.query_port(p)?));
         }
-        Ok((attr, port))
+        let states: Vec<(u8, u32)> = attrs.iter().map(|(p, a)| (*p, a.state)).collect();
+        match select::choose_port(requested, &states) {
+            select::PortChoice::Port(p) => {
+                let attr = attrs
+                    .into_iter()
+                    .find(|(n, _)| *n == p)
+                    .map(|(_, a)| a)
+                    .ok_or(VerbsError::NoSuchPort {
+                        device: device.into(),
+                        port: p,
+                        count,
+                    })?;
+                Ok((p, attr))
+            }
+            select::PortChoice::NoSuchPort => Err(VerbsError::NoSuchPort {
+                device: device.into(),
+                port: requested.unwrap_or(0),
+                count,
+            }),
+            select::PortChoice::Down(state) => Err(VerbsError::PortDown {
+                device: device.into(),
+                port: requested.unwrap_or(0),
+                state,
+                state_name: select::port_state_name(state),
+            }),
+            select::PortChoice::NoneActive => Err(VerbsError::NoActivePort {
+                device: device.into(),
+                ports: states
+                    .iter()
+                    .map(|(p, s)| format!("{p}: {}", select::port_state_name(*s)))
+                    .collect(),
+            }),
+        }
+    }
+
+    /// The default GID of `port_num` (see [`select::choose_gid`]).
+    fn default_gid(
+        &self,
+        device: &str,
+        port_num: u8,
+        port: &sys::ibv_port_attr,
+    ) -> Result<(u8, Gid), VerbsError> {
+        let len = port.gid_tbl_len.clamp(0, 256) as u16;
+        let ib = port.link_layer != select::LINK_LAYER_ETHERNET;
+        let mut entries = Vec::new();
+        for i in 0..len {
+            let index = i as u8;
+            let Some(gid) = self.raw_gid(port_num, index) else {
+                continue;
+            };
+            if gid == Gid([0; 16]) {
+                continue;
+            }
+            let kind = if ib {
+                select::GidType::IbOrRoceV1
+            } else {
+                select::read_gid_type(Path::new(SYSFS_IB), device, port_num, index)
+            };
+            let e = select::GidEntry { index, gid, kind };
+            if let Some(chosen) = select::choose_gid(std::slice::from_ref(&e), port.link_layer) {
+                return Ok((chosen, gid));
+            }
+            entries.push(e);
+        }
+        Err(VerbsError::NoUsableGid {
+            device: device.into(),
+            port: port_num,
+            found: entries.iter().map(ToString::to_string).collect(),
+        })
+    }
+
+    /// GID `index` of `port_num`, `None` when the query fails.
+    fn raw_gid(&self, port_num: u8, index: u8) -> Option<Gid> {
+        let mut g = sys::ibv_gid { raw: [0; 16] };
+        // SAFETY: valid context and out-pointer to a 16-byte union; the
+        // port exists (queried before) and libibverbs checks the index.
+        let rc = unsafe { sys::ibv_query_gid(self.0, port_num, i32::from(index), &mut g) };
+        // SAFETY: every bit pattern of the union is a valid `[u8; 16]`.
+        (rc == 0).then_some(Gid(unsafe { g.raw }))
     }
 
     /// Makes the context's async event fd non-blocking, so that reading
@@ -278,7 +385,7 @@ impl Ctx {
         Ok(())
     }
 
-    fn gid(&self, index: u8, table_len: i32) -> Result<Gid, VerbsError> {
+    fn gid(&self, port_num: u8, index: u8, table_len: i32) -> Result<Gid, VerbsError> {
         let bad = |reason: &'static str| VerbsError::BadGidIndex {
             index,
             table_len: table_len.max(0) as u32,
@@ -287,18 +394,13 @@ impl Ctx {
         if i32::from(index) >= table_len {
             return Err(bad("past the end of the port's GID table"));
         }
-        let mut g = sys::ibv_gid { raw: [0; 16] };
-        // SAFETY: valid context, port and out-pointer to a 16-byte union.
-        let rc = unsafe { sys::ibv_query_gid(self.0, ffi::PORT, i32::from(index), &mut g) };
-        if rc != 0 {
-            return Err(bad("ibv_query_gid failed"));
+        match self.raw_gid(port_num, index) {
+            None => Err(bad("ibv_query_gid failed")),
+            Some(g) if g == Gid([0; 16]) => {
+                Err(bad("the entry is empty (no address on the netdev?)"))
+            }
+            Some(g) => Ok(g),
         }
-        // SAFETY: every bit pattern of the union is a valid `[u8; 16]`.
-        let raw = unsafe { g.raw };
-        if raw == [0; 16] {
-            return Err(bad("the entry is empty (no address on the netdev?)"));
-        }
-        Ok(Gid(raw))
     }
 }
 

@@ -25,11 +25,53 @@ pub enum VerbsError {
         /// The devices that exist.
         found: Vec<String>,
     },
-    /// The port is not ACTIVE (no link, or the netdev is down).
-    #[error("port 1 is not active (ibv_port_state {state})")]
+    /// The port asked for is not ACTIVE (no link, or the netdev is down).
+    #[error(
+        "{device} port {port} is not active (state {state_name}, ibv_port_state {state}); \
+         bring the link up or pick another port (`ibv_devinfo` lists them)"
+    )]
     PortDown {
+        /// The device.
+        device: String,
+        /// The port asked for (1-based).
+        port: u8,
         /// `enum ibv_port_state`.
         state: u32,
+        /// Its name (`DOWN`, `INIT`, ...).
+        state_name: &'static str,
+    },
+    /// No port was asked for and none is ACTIVE.
+    #[error("{device} has no active port ({}); bring a link up (`ibv_devinfo` shows the states)", ports.join(", "))]
+    NoActivePort {
+        /// The device.
+        device: String,
+        /// Each port as `N: STATE`.
+        ports: Vec<String>,
+    },
+    /// The port asked for does not exist.
+    #[error("{device} has no port {port} (it has ports 1 to {count})")]
+    NoSuchPort {
+        /// The device.
+        device: String,
+        /// The port asked for.
+        port: u8,
+        /// How many ports the device has.
+        count: u8,
+    },
+    /// No GID index was asked for and none fits the default rule (a RoCE v2
+    /// IPv4-mapped entry on Ethernet, index 0 on InfiniBand).
+    #[error(
+        "{device} port {port} has no usable GID (wanted a RoCE v2 IPv4-mapped entry on \
+         Ethernet, index 0 on InfiniBand); found: [{}]; give an address to the netdev or \
+         pick an index (gid=N)", found.join("; ")
+    )]
+    NoUsableGid {
+        /// The device.
+        device: String,
+        /// The port.
+        port: u8,
+        /// Every non-empty entry as `INDEX: TYPE GID`.
+        found: Vec<String>,
     },
     /// The GID index does not name a usable GID.
     #[error("GID index {index} is unusable ({reason}); the port has {table_len} entries (see `ibv_devinfo -v` or `show_gids`)")]

@@ -9,11 +9,6 @@ use crate::types::{Access, Gid, QpState, WcOpcode, WcStatus};
 pub(crate) use rdma_sys as sys;
 use std::io;
 
-/// The port every object of a [`super::VerbsNic`] uses. Multi-port devices
-/// are opened once per port in a later version; every NIC we target (rxe,
-/// single-port ConnectX functions) has port 1.
-pub(crate) const PORT: u8 = 1;
-
 /// Initial packet sequence number of every connected QP (both directions).
 /// Any value works as long as both sides agree; a constant keeps the RC
 /// handshake down to (GID, QPN).
@@ -128,8 +123,8 @@ pub(crate) fn to_ibv_gid(g: Gid) -> sys::ibv_gid {
     sys::ibv_gid { raw: g.0 }
 }
 
-/// A RoCE address vector to `gid` from our port and GID index.
-pub(crate) fn ah_attr(gid: Gid, sgid_index: u8) -> sys::ibv_ah_attr {
+/// A RoCE address vector to `gid` from our `port` and GID index.
+pub(crate) fn ah_attr(gid: Gid, port: u8, sgid_index: u8) -> sys::ibv_ah_attr {
     sys::ibv_ah_attr {
         grh: sys::ibv_global_route {
             dgid: to_ibv_gid(gid),
@@ -143,7 +138,7 @@ pub(crate) fn ah_attr(gid: Gid, sgid_index: u8) -> sys::ibv_ah_attr {
         src_path_bits: 0,
         static_rate: 0,
         is_global: 1,
-        port_num: PORT,
+        port_num: port,
     }
 }
 

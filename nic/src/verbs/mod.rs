@@ -1,13 +1,17 @@
 //! `verbs`: real RDMA through libibverbs (`rdma-sys`), feature `verbs`.
 //!
-//! [`VerbsNic::open`] opens one device by name (port 1, a chosen GID index)
-//! and implements [`Nic`] with the same semantics as the `sim`, checked by the
+//! [`VerbsNic::open_with`] opens one device by name on one port with one GID
+//! index, each chosen by default when not given (the first ACTIVE port; the
+//! first RoCE v2 IPv4-mapped GID on Ethernet, index 0 on InfiniBand), and
+//! [`VerbsNic`] implements [`Nic`] with the same semantics as the `sim`, checked by the
 //! same suite ([`crate::conformance`]) on Soft-RoCE (`rxe0`):
 //!
 //! ```no_run
 //! # use krcore_nic::verbs::VerbsNic;
 //! # use krcore_nic::{Nic, Access};
-//! let nic = VerbsNic::open("rxe0", 1)?;
+//! # use krcore_nic::verbs::VerbsOptions;
+//! let nic = VerbsNic::open_with(&VerbsOptions::new("rxe0"))?;
+//! println!("rxe0 port {} GID index {}", nic.port(), nic.gid_index());
 //! let pd = nic.alloc_pd()?;
 //! let mr = nic.alloc_mr(&pd, 4096, Access::ALL)?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
@@ -92,6 +96,7 @@ mod qp;
 mod qptable;
 mod recv;
 mod ring;
+mod select;
 mod srq;
 mod wr;
 
@@ -109,7 +114,30 @@ use device::DeviceInner;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Weak};
 
-/// An opened verbs device (port 1): the verbs provider's device context.
+/// How to open a device: [`VerbsNic::open_with`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct VerbsOptions {
+    /// The device, as `ibv_devices` lists it (`rxe0`, `mlx5_0`).
+    pub device: String,
+    /// The port (1-based); `None`: the first ACTIVE port.
+    pub port: Option<u8>,
+    /// The GID index of every address vector; `None`: the first RoCE v2
+    /// IPv4-mapped GID of the port (Ethernet), index 0 (InfiniBand).
+    pub gid_index: Option<u8>,
+}
+
+impl VerbsOptions {
+    /// `device` with the default port and GID index.
+    pub fn new(device: &str) -> VerbsOptions {
+        VerbsOptions {
+            device: device.to_string(),
+            port: None,
+            gid_index: None,
+        }
+    }
+}
+
+/// An opened verbs device (one port): the verbs provider's device context.
 /// Cheap to clone; the context is closed when the last clone and the last
 /// object made from it are dropped.
 ///
@@ -124,6 +152,7 @@ impl std::fmt::Debug for VerbsNic {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("VerbsNic")
             .field("device", &self.inner.name)
+            .field("port", &self.inner.port)
             .field("gid_index", &self.inner.gid_index)
             .field("gid", &self.inner.gid)
             .field("dc", &self.inner.caps.dc)
@@ -133,23 +162,49 @@ impl std::fmt::Debug for VerbsNic {
 
 impl VerbsNic {
     /// Opens device `name` (as `ibv_devices` lists it, e.g. `rxe0`,
-    /// `mlx5_0`), port 1, using the GID at `gid_index` for every address
-    /// vector (on RoCE pick the RoCEv2 entry: `show_gids`, or
-    /// `SOFTROCE_GID_INDEX` in the Soft-RoCE guest).
+    /// `mlx5_0`) on its first ACTIVE port, using the GID at `gid_index`
+    /// for every address vector (on RoCE pick the RoCEv2 entry:
+    /// `show_gids`, or `SOFTROCE_GID_INDEX` in the Soft-RoCE guest).
+    /// The same as [`VerbsNic::open_with`] with `port: None`.
+    ///
+    /// # Errors
+    /// The errors of [`VerbsNic::open_with`].
+    pub fn open(name: &str, gid_index: u8) -> std::result::Result<VerbsNic, VerbsError> {
+        VerbsNic::open_with(&VerbsOptions {
+            device: name.to_string(),
+            port: None,
+            gid_index: Some(gid_index),
+        })
+    }
+
+    /// Opens `opts.device` on `opts.port` (default: the first ACTIVE
+    /// port) with the GID at `opts.gid_index` (default: the port's first
+    /// RoCE v2 entry with an IPv4-mapped address, as read from
+    /// `/sys/class/infiniband/DEV/ports/P/gid_attrs/types/I`, or index 0
+    /// on an InfiniBand port). Every object of this context uses that
+    /// port and GID index ([`VerbsNic::port`], [`VerbsNic::gid_index`]).
     ///
     /// # Errors
     /// [`VerbsError::NoDevice`], [`VerbsError::UnknownDevice`] (listing the
-    /// devices found), [`VerbsError::PortDown`], [`VerbsError::BadGidIndex`],
+    /// devices found), [`VerbsError::NoSuchPort`], [`VerbsError::PortDown`]
+    /// (an explicit port that is not ACTIVE), [`VerbsError::NoActivePort`],
+    /// [`VerbsError::BadGidIndex`] (an explicit index),
+    /// [`VerbsError::NoUsableGid`] (no default GID, listing the entries),
     /// or [`VerbsError::Os`] when a verbs call fails.
-    pub fn open(name: &str, gid_index: u8) -> std::result::Result<VerbsNic, VerbsError> {
+    pub fn open_with(opts: &VerbsOptions) -> std::result::Result<VerbsNic, VerbsError> {
         Ok(VerbsNic {
-            inner: Arc::new(DeviceInner::open(name, gid_index)?),
+            inner: Arc::new(DeviceInner::open(opts)?),
         })
     }
 
     /// The device name.
     pub fn name(&self) -> &str {
         &self.inner.name
+    }
+
+    /// The port this context uses (1-based).
+    pub fn port(&self) -> u8 {
+        self.inner.port
     }
 
     /// The GID index this context uses.

@@ -54,7 +54,7 @@ impl Drop for Ah {
 
 impl Ah {
     pub(crate) fn create(pd: &Arc<PdInner>, gid: Gid) -> Option<Ah> {
-        let mut attr = ffi::ah_attr(gid, pd.dev.gid_index);
+        let mut attr = ffi::ah_attr(gid, pd.dev.port, pd.dev.gid_index);
         // SAFETY: valid PD and a fully initialised attribute struct.
         let ah = unsafe { sys::ibv_create_ah(pd.pd, &mut attr) };
         (!ah.is_null()).then(|| Ah {
@@ -345,7 +345,7 @@ impl VerbsQp {
                     return invalid(QpState::Init);
                 }
                 a.pkey_index = 0;
-                a.port_num = ffi::PORT;
+                a.port_num = dev.port;
                 mask |= m::IBV_QP_PKEY_INDEX.0 | m::IBV_QP_PORT.0;
                 match qt {
                     QpType::Ud => {
@@ -370,7 +370,7 @@ impl VerbsQp {
                         a.rq_psn = ffi::PSN;
                         a.max_dest_rd_atomic = dev.rd_atomic;
                         a.min_rnr_timer = ffi::MIN_RNR_TIMER;
-                        a.ah_attr = ffi::ah_attr(p.gid, dev.gid_index);
+                        a.ah_attr = ffi::ah_attr(p.gid, dev.port, dev.gid_index);
                         mask |= m::IBV_QP_AV.0
                             | m::IBV_QP_PATH_MTU.0
                             | m::IBV_QP_DEST_QPN.0
@@ -394,7 +394,7 @@ impl VerbsQp {
                         // target comes per WR (DCI), the initiator per packet
                         // (DCT).
                         a.path_mtu = dev.active_mtu;
-                        a.ah_attr = ffi::ah_attr(Gid::default(), dev.gid_index);
+                        a.ah_attr = ffi::ah_attr(Gid::default(), dev.port, dev.gid_index);
                         mask |= m::IBV_QP_AV.0 | m::IBV_QP_PATH_MTU.0;
                         if qt == QpType::Dct {
                             a.min_rnr_timer = ffi::MIN_RNR_TIMER;
