@@ -2,9 +2,11 @@
 //! server, talking to one, or finding one.
 
 use crate::engine::TableError;
+use crate::stores::StoreError;
 use crate::table::GeometryError;
-use crate::wire::{BootstrapError, WireError};
+use crate::wire::{BootstrapError, ErrorCode, WireError};
 use krcore_nic::{NicError, PostError, WcStatus};
+use std::time::Duration;
 
 /// Why a meta table host or bootstrap call failed.
 ///
@@ -76,6 +78,60 @@ pub enum MetaError {
         /// The reply's type.
         got: crate::wire::MessageType,
     },
+    /// A TCP connection to the meta server could not be made.
+    #[error("cannot connect to the meta server at {addr}: {source}")]
+    Connect {
+        /// The address tried (the last one, if it resolved to several).
+        addr: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A TCP exchange with the meta server did not finish in time.
+    #[error("{op} at {addr}: no answer within {timeout:?}")]
+    Timeout {
+        /// What the client was doing.
+        op: &'static str,
+        /// The server's address.
+        addr: String,
+        /// The deadline it had.
+        timeout: Duration,
+    },
+    /// The server speaks another version of the wire format (for example a
+    /// v2 server, which answers every connection with its bootstrap).
+    #[error("the meta server speaks wire version {theirs}, this build {ours}")]
+    WireVersion {
+        /// [`crate::wire::WIRE_VERSION`].
+        ours: u8,
+        /// The version of the server's reply.
+        theirs: u8,
+    },
+    /// A reply's bytes are not a valid message.
+    #[error("{op}: bad reply: {source}")]
+    ReplyBytes {
+        /// The request.
+        op: &'static str,
+        /// Why the bytes do not parse.
+        #[source]
+        source: WireError,
+    },
+    /// The server refused the request.
+    #[error("{op}: refused by the meta server with {code:?}")]
+    Refused {
+        /// The request.
+        op: &'static str,
+        /// The server's code.
+        code: ErrorCode,
+    },
+    /// The store has no live member.
+    #[error("no store {store:?} on the meta server")]
+    NoSuchStore {
+        /// The store's name.
+        store: String,
+    },
+    /// A store argument is invalid (checked before anything is sent).
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
     /// An OS call (TCP bootstrap, thread) failed.
     #[error("{op}: {source}")]
     Io {

@@ -23,6 +23,8 @@
 //!   lookup: READ bucket_of(gid) via DCI <-------  table MR behind the DCT (no CPU)
 //!   table::find_in_bucket(bytes, gid) -> entry | None | Torn (retry) | Corrupt
 //!   bootstrap: sim fabric name "krcore-meta", or TCP -> BootstrapRepr
+//!   Engine::store_join/leave --- message --->  META_PORT: StoreRegistry
+//!   fetch_store_tcp(addr, "s") --- TCP ----->  StoreList -> StoreMembers
 //! ```
 //!
 //! ## The server
@@ -44,6 +46,9 @@
 //! - [`table`]: geometry and hashing, the reader's [`table::find_in_bucket`],
 //!   [`table::TableMemory`] and the seqlock write [`table::SeqlockWrite`].
 //! - [`engine`]: [`engine::MetaTable`], register/renew/deregister/sweep.
+//! - [`stores`]: [`stores::StoreRegistry`], the membership of named stores
+//!   (join/leave/list/sweep), kept beside the table; clients list a store
+//!   over TCP ([`bootstrap::fetch_store_tcp`]).
 //! - [`wire`]: two-sided messages ([`wire::Packet`], [`wire::Repr`]).
 //! - [`MetaTable::handle`](engine::MetaTable::handle): bytes in, reply out.
 //! - [`host`]: [`host::MetaServer`] (table + DCT, local registrations) and
@@ -105,6 +110,7 @@ pub mod host;
 mod le;
 pub mod mr_table;
 mod server;
+pub mod stores;
 pub mod table;
 pub mod ud;
 pub mod wire;
@@ -140,6 +146,9 @@ pub enum Error {
     /// A bootstrap reply's table description.
     #[error(transparent)]
     Bootstrap(#[from] wire::BootstrapError),
+    /// A store membership operation.
+    #[error(transparent)]
+    Store(#[from] stores::StoreError),
     /// The host layer (server, RPC client, bootstrap).
     #[error(transparent)]
     Host(#[from] error::MetaError),

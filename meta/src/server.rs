@@ -1,10 +1,69 @@
-//! The server's request handling as a pure function of (table, request bytes,
-//! `now_ms`): the host receives a message, calls [`MetaTable::handle`], and
+//! The server's request handling as a pure function of (table, store
+//! registry, request bytes, sender, `now_ms`): the host receives a message,
+//! calls [`MetaTable::handle`] (or [`MetaTable::handle_with_stores`]), and
 //! sends back the reply it returns. No I/O, no clock.
 
 use crate::engine::{Lease, MetaTable, TableError};
+use crate::stores::{StoreError, StoreRegistry};
 use crate::table::TableMemory;
 use crate::wire::{BootstrapRepr, ErrorCode, Message, Packet, Repr, WireError, MAGIC};
+use krcore_nic::Gid;
+
+impl From<&StoreError> for ErrorCode {
+    fn from(e: &StoreError) -> ErrorCode {
+        match e {
+            StoreError::BadStoreName { .. } => ErrorCode::BadStoreName,
+            StoreError::RecordTooLong { .. } => ErrorCode::RecordTooLong,
+            StoreError::InvalidLease => ErrorCode::InvalidLease,
+            StoreError::MemberExists { .. } => ErrorCode::MemberExists,
+            StoreError::NoSuchStore { .. } => ErrorCode::NoSuchStore,
+            StoreError::NoSuchMember { .. } => ErrorCode::NoSuchMember,
+            StoreError::NotHolder { .. } => ErrorCode::NotHolder,
+            StoreError::StoreFull { .. } => ErrorCode::StoreFull,
+            StoreError::EpochExhausted => ErrorCode::EpochExhausted,
+        }
+    }
+}
+
+impl StoreRegistry {
+    /// Applies a store request sent by `sender` at server time `now_ms`,
+    /// returning the reply's body, or `None` when `message` is not a store
+    /// request.
+    ///
+    /// - StoreJoin: joins (or renews) with `sender` as the member's GID:
+    ///   `Ok(lease)` or `Err(code)` mapped from [`StoreError`].
+    /// - StoreLeave: `Ok` with epoch 1 and the removed member's expiry, or
+    ///   `Err(code)`.
+    /// - StoreList: `StoreMembers` or `Err(NoSuchStore)`.
+    pub fn handle(&mut self, message: &Message, sender: Gid, now_ms: u64) -> Option<Message> {
+        let result = match message {
+            Message::StoreJoin(j) => self
+                .join_name(j.store, j.id, sender, &j.record, j.lease_ms, now_ms)
+                .map(Message::Ok),
+            Message::StoreLeave { store, id } => self.leave_name(*store, *id, sender).map(|m| {
+                Message::Ok(Lease {
+                    epoch: 1,
+                    lease_expiry_ms: m.lease_expiry_ms,
+                })
+            }),
+            Message::StoreList { store } => {
+                self.list_name(store, now_ms).map(Message::StoreMembers)
+            }
+            _ => return None,
+        };
+        Some(result.unwrap_or_else(|e| Message::Err(ErrorCode::from(&e))))
+    }
+}
+
+/// The error code of a request that does not parse.
+pub(crate) fn parse_error_code(e: &WireError) -> ErrorCode {
+    match e {
+        WireError::UnsupportedVersion(_) => ErrorCode::UnsupportedVersion,
+        WireError::BadStoreName(_) => ErrorCode::BadStoreName,
+        WireError::RecordTooLong(_) => ErrorCode::RecordTooLong,
+        _ => ErrorCode::Malformed,
+    }
+}
 
 impl From<&TableError> for ErrorCode {
     fn from(e: &TableError) -> ErrorCode {
@@ -32,8 +91,37 @@ impl<M: TableMemory> MetaTable<M> {
     ///   (Deregister: the removed registration's epoch and expiry) or
     ///   `Err(code)` mapped from [`TableError`].
     /// - BootstrapRequest answers `Bootstrap(bootstrap)`.
+    /// - Store requests get `Err(UnexpectedMessage)`: this table keeps no
+    ///   stores (see [`MetaTable::handle_with_stores`]).
     pub fn handle(
         &mut self,
+        request: &[u8],
+        now_ms: u64,
+        bootstrap: &BootstrapRepr,
+    ) -> Option<Repr> {
+        self.handle_request(None, request, now_ms, bootstrap)
+    }
+
+    /// As [`MetaTable::handle`], for a server that also keeps `stores`:
+    /// StoreJoin and StoreLeave sent by `sender` (the GID messaging
+    /// received the request from, never a field of the request) apply to
+    /// `stores` (see [`StoreRegistry::handle`]). A StoreList gets
+    /// `Err(UnexpectedMessage)`: lists travel over TCP, whose replies are
+    /// not bounded by [`crate::wire::MAX_MESSAGE_LEN`].
+    pub fn handle_with_stores(
+        &mut self,
+        stores: &mut StoreRegistry,
+        sender: Gid,
+        request: &[u8],
+        now_ms: u64,
+        bootstrap: &BootstrapRepr,
+    ) -> Option<Repr> {
+        self.handle_request(Some((stores, sender)), request, now_ms, bootstrap)
+    }
+
+    fn handle_request(
+        &mut self,
+        stores: Option<(&mut StoreRegistry, Gid)>,
         request: &[u8],
         now_ms: u64,
         bootstrap: &BootstrapRepr,
@@ -53,10 +141,7 @@ impl<M: TableMemory> MetaTable<M> {
         };
         let req = match Repr::parse(&header) {
             Ok(r) => r,
-            Err(WireError::UnsupportedVersion(_)) => {
-                return reply(request_id, Message::Err(ErrorCode::UnsupportedVersion))
-            }
-            Err(_) => return reply(request_id, Message::Err(ErrorCode::Malformed)),
+            Err(e) => return reply(request_id, Message::Err(parse_error_code(&e))),
         };
         let result: Result<Message, TableError> = match req.message {
             Message::Register(r) => self
@@ -70,9 +155,17 @@ impl<M: TableMemory> MetaTable<M> {
                 })
             }),
             Message::BootstrapRequest => Ok(Message::Bootstrap(*bootstrap)),
-            Message::Ok(_) | Message::Err(_) | Message::Bootstrap(_) => {
-                Ok(Message::Err(ErrorCode::UnexpectedMessage))
-            }
+            Message::StoreJoin(_) | Message::StoreLeave { .. } => match stores {
+                Some((stores, sender)) => Ok(stores
+                    .handle(&req.message, sender, now_ms)
+                    .unwrap_or(Message::Err(ErrorCode::Internal))),
+                None => Ok(Message::Err(ErrorCode::UnexpectedMessage)),
+            },
+            Message::StoreList { .. }
+            | Message::Ok(_)
+            | Message::Err(_)
+            | Message::Bootstrap(_)
+            | Message::StoreMembers(_) => Ok(Message::Err(ErrorCode::UnexpectedMessage)),
         };
         let message = result.unwrap_or_else(|e| Message::Err(ErrorCode::from(&e)));
         reply(request_id, message)

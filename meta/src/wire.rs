@@ -1,9 +1,17 @@
 //! Two-sided messages between clients and the meta server: registration,
-//! renewal, deregistration, bootstrap, and their replies.
+//! renewal, deregistration, bootstrap, store membership, and their replies.
 //!
-//! Every message is a 16-byte header and a fixed-size payload, little-endian.
-//! A receive buffer may be longer than the message (bytes past
-//! `HEADER_LEN + payload_len` are ignored).
+//! Every message is a 16-byte header and a payload, little-endian. Every
+//! payload has a fixed size for its type except `StoreMembers`'s (8 bytes
+//! and 96 per member). A receive buffer may be longer than the message
+//! (bytes past `HEADER_LEN + payload_len` are ignored).
+//!
+//! # Sizes and transports
+//! Every request, and every reply but `StoreMembers`, fits in
+//! [`MAX_MESSAGE_LEN`] bytes: size receive buffers of the messaging and UD
+//! transports by it. `StoreMembers` (up to [`MAX_STORE_MEMBERS_LEN`] bytes)
+//! travels only over TCP ([`crate::bootstrap::fetch_store_tcp`]), whose
+//! reader takes the length from the header.
 //!
 //! ```text
 //! header   0..4  magic u32 = MAGIC ("KRMT")   4 version u8 = WIRE_VERSION
@@ -24,11 +32,31 @@
 //!                          40..56 server gid  56..60 server dct_num u32
 //!                          60..64 rpc qpn u32 (!= 0)  64..72 server dc_key u64
 //!                          72..76 rpc qkey u32  76..80 reserved (0)
+//!
+//! store name (32 B): 1..=32 bytes of [A-Za-z0-9._-], then NUL bytes
+//! record (64 B): record_len (<= 64) bytes, then zero bytes
+//!
+//! StoreJoin (5, 112 B)     0..32 store name  32..34 id u16  34..36 record_len u16
+//!                          36..40 reserved (0)  40..48 lease_ms u64  48..112 record
+//! StoreLeave (6, 40 B)     0..32 store name  32..34 id u16  34..40 reserved (0)
+//! StoreList (7, 32 B)      0..32 store name
+//! StoreMembers (0x84, 8 + 96 * count B)
+//!                          0..2 count u16 (<= 255)  2..4 entry_len u16 (= 96)
+//!                          4..8 reserved (0), then count entries of 96 B:
+//!   entry                  0..2 id u16  2..4 record_len u16  4..8 reserved (0)
+//!                          8..24 gid  24..32 lease_expiry_ms u64  32..96 record
 //! ```
+//!
+//! A StoreJoin answers `Ok(lease)` (the membership's epoch and expiry),
+//! a StoreLeave `Ok` with the removed member's expiry (epoch 1), a StoreList
+//! `StoreMembers` (ids ascending) or `Err(NoSuchStore)`.
 //!
 //! Version history: 1 had a 72-byte Bootstrap without the RPC address
 //! (bytes 60..64 reserved); 2 adds the server's UD QPN and qkey, where
-//! clients send Register/Renew/Deregister/BootstrapRequest.
+//! clients send Register/Renew/Deregister/BootstrapRequest; 3 adds store
+//! membership (StoreJoin, StoreLeave, StoreList, StoreMembers and their
+//! error codes), and over TCP a request precedes the reply (a v2 server
+//! answered every connection with its Bootstrap).
 //!
 //! Parsing checks, in order: the buffer holds a header, the magic, the
 //! version, the type, the payload length for that type, the buffer holds the
@@ -38,6 +66,7 @@
 use crate::engine::Lease;
 use crate::entry::ENTRY_LEN;
 use crate::le::{get_gid, get_u16, get_u32, get_u64, put};
+use crate::stores::{StoreMember, StoreName, MAX_MEMBERS, RECORD_MAX, STORE_NAME_MAX};
 use crate::table::{Geometry, GeometryError};
 use crate::LAYOUT_VERSION;
 use krcore_nic::{DcTarget, Gid, RemoteAddr, UdTarget};
@@ -45,17 +74,31 @@ use krcore_nic::{DcTarget, Gid, RemoteAddr, UdTarget};
 /// First four bytes of every message: ASCII "KRMT" read as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"KRMT");
 /// Version of this message format.
-pub const WIRE_VERSION: u8 = 2;
+pub const WIRE_VERSION: u8 = 3;
 /// Bytes of the header.
 pub const HEADER_LEN: usize = 16;
-/// Bytes of the longest message (a bootstrap reply): size receive buffers by it.
-pub const MAX_MESSAGE_LEN: usize = HEADER_LEN + BOOTSTRAP_LEN;
+/// Bytes of the longest message but `StoreMembers` (a StoreJoin): every
+/// request and every reply sent over messaging or UD fits; size receive
+/// buffers by it.
+pub const MAX_MESSAGE_LEN: usize = HEADER_LEN + STORE_JOIN_LEN;
+/// Bytes of the longest `StoreMembers` reply ([`MAX_MEMBERS`] members),
+/// which travels only over TCP.
+pub const MAX_STORE_MEMBERS_LEN: usize =
+    HEADER_LEN + STORE_MEMBERS_HEAD_LEN + STORE_ENTRY_LEN * MAX_MEMBERS;
+/// Bytes of one member entry of a `StoreMembers` reply.
+pub const STORE_ENTRY_LEN: usize = 96;
 
 const REGISTER_LEN: usize = 40;
 const GID_ONLY_LEN: usize = 16;
 const OK_LEN: usize = 16;
 const ERR_LEN: usize = 8;
 const BOOTSTRAP_LEN: usize = 80;
+const STORE_JOIN_LEN: usize = 112;
+const STORE_LEAVE_LEN: usize = 40;
+const STORE_LIST_LEN: usize = STORE_NAME_MAX;
+const STORE_MEMBERS_HEAD_LEN: usize = 8;
+/// Entries a StoreMembers payload can hold at all (its u16 length).
+const MEMBERS_EMIT_MAX: usize = (u16::MAX as usize - STORE_MEMBERS_HEAD_LEN) / STORE_ENTRY_LEN;
 
 /// Named byte ranges of the header.
 pub mod field {
@@ -107,6 +150,13 @@ pub enum WireError {
     /// A reserved field is not zero.
     #[error("{0:?}: reserved bytes are not zero")]
     ReservedNotZero(MessageType),
+    /// A store name field is not 1..=32 bytes of `[A-Za-z0-9._-]` followed
+    /// by NUL bytes.
+    #[error("{0:?}: bad store name")]
+    BadStoreName(MessageType),
+    /// A record length is over 64 bytes.
+    #[error("{0:?}: record longer than 64 bytes")]
+    RecordTooLong(MessageType),
     /// A field value breaks a rule of its message.
     #[error("malformed {msg_type:?}: {what}")]
     Malformed {
@@ -137,12 +187,20 @@ pub enum MessageType {
     Deregister = 3,
     /// Client -> server: where is the table?
     BootstrapRequest = 4,
+    /// Member -> server: join a store (or renew a membership).
+    StoreJoin = 5,
+    /// Member -> server: leave a store.
+    StoreLeave = 6,
+    /// Client -> server (TCP only): the members of a store?
+    StoreList = 7,
     /// Server -> client: success, with the lease.
     Ok = 0x81,
     /// Server -> client: failure, with a code.
     Err = 0x82,
     /// Server -> client: the table's location and shape.
     Bootstrap = 0x83,
+    /// Server -> client (TCP only): a store's live members.
+    StoreMembers = 0x84,
 }
 
 impl MessageType {
@@ -153,22 +211,31 @@ impl MessageType {
             2 => MessageType::Renew,
             3 => MessageType::Deregister,
             4 => MessageType::BootstrapRequest,
+            5 => MessageType::StoreJoin,
+            6 => MessageType::StoreLeave,
+            7 => MessageType::StoreList,
             0x81 => MessageType::Ok,
             0x82 => MessageType::Err,
             0x83 => MessageType::Bootstrap,
+            0x84 => MessageType::StoreMembers,
             _ => return None,
         })
     }
 
-    /// The payload length of this type.
+    /// The payload length of this type (for `StoreMembers`, whose length
+    /// depends on its count, that of an empty list).
     pub fn payload_len(self) -> usize {
         match self {
             MessageType::Register => REGISTER_LEN,
             MessageType::Renew | MessageType::Deregister => GID_ONLY_LEN,
             MessageType::BootstrapRequest => 0,
+            MessageType::StoreJoin => STORE_JOIN_LEN,
+            MessageType::StoreLeave => STORE_LEAVE_LEN,
+            MessageType::StoreList => STORE_LIST_LEN,
             MessageType::Ok => OK_LEN,
             MessageType::Err => ERR_LEN,
             MessageType::Bootstrap => BOOTSTRAP_LEN,
+            MessageType::StoreMembers => STORE_MEMBERS_HEAD_LEN,
         }
     }
 
@@ -198,6 +265,20 @@ pub enum ErrorCode {
     InvalidLease,
     /// The server ran out of epochs.
     EpochExhausted,
+    /// The store member id is held, live, by another GID.
+    MemberExists,
+    /// The store has no live member.
+    NoSuchStore,
+    /// The store name is not 1..=32 bytes of `[A-Za-z0-9._-]`.
+    BadStoreName,
+    /// The store has 255 members, or the server its maximum of stores.
+    StoreFull,
+    /// A member record is longer than 64 bytes.
+    RecordTooLong,
+    /// The store has no member with this id.
+    NoSuchMember,
+    /// The member is held by another GID than the sender.
+    NotHolder,
     /// Any other server-side failure.
     Internal,
     /// A code this build does not know (a newer server); never 0.
@@ -216,6 +297,13 @@ impl ErrorCode {
             ErrorCode::LeaseExpired => 18,
             ErrorCode::InvalidLease => 19,
             ErrorCode::EpochExhausted => 20,
+            ErrorCode::MemberExists => 32,
+            ErrorCode::NoSuchStore => 33,
+            ErrorCode::BadStoreName => 34,
+            ErrorCode::StoreFull => 35,
+            ErrorCode::RecordTooLong => 36,
+            ErrorCode::NoSuchMember => 37,
+            ErrorCode::NotHolder => 38,
             ErrorCode::Internal => 255,
             ErrorCode::Unknown(c) => c,
         }
@@ -233,6 +321,13 @@ impl ErrorCode {
             18 => ErrorCode::LeaseExpired,
             19 => ErrorCode::InvalidLease,
             20 => ErrorCode::EpochExhausted,
+            32 => ErrorCode::MemberExists,
+            33 => ErrorCode::NoSuchStore,
+            34 => ErrorCode::BadStoreName,
+            35 => ErrorCode::StoreFull,
+            36 => ErrorCode::RecordTooLong,
+            37 => ErrorCode::NoSuchMember,
+            38 => ErrorCode::NotHolder,
             255 => ErrorCode::Internal,
             c => ErrorCode::Unknown(c),
         })
@@ -452,8 +547,22 @@ impl BootstrapRepr {
     }
 }
 
+/// The body of a StoreJoin request. The member's GID is not in it: the
+/// server takes the sender's.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct StoreJoinRepr {
+    /// The store.
+    pub store: StoreName,
+    /// The member id.
+    pub id: u16,
+    /// The member's opaque record (at most [`RECORD_MAX`] bytes to parse).
+    pub record: Vec<u8>,
+    /// Lease length asked for (ms, > 0 to be accepted by the server).
+    pub lease_ms: u64,
+}
+
 /// A parsed message body.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Message {
     /// Register (or re-register) a node.
     Register(RegisterRepr),
@@ -469,6 +578,20 @@ pub enum Message {
     },
     /// Ask for the table's location.
     BootstrapRequest,
+    /// Join a store, or renew a membership.
+    StoreJoin(StoreJoinRepr),
+    /// Leave a store.
+    StoreLeave {
+        /// The store.
+        store: StoreName,
+        /// The member id.
+        id: u16,
+    },
+    /// Ask for a store's live members (TCP only).
+    StoreList {
+        /// The store.
+        store: StoreName,
+    },
     /// Success: the registration's epoch and lease expiry (for Deregister, those
     /// of the removed registration).
     Ok(Lease),
@@ -476,6 +599,8 @@ pub enum Message {
     Err(ErrorCode),
     /// The table's location and shape.
     Bootstrap(BootstrapRepr),
+    /// A store's live members (TCP only; at most [`MAX_MEMBERS`] to parse).
+    StoreMembers(Vec<StoreMember>),
 }
 
 impl Message {
@@ -486,15 +611,29 @@ impl Message {
             Message::Renew { .. } => MessageType::Renew,
             Message::Deregister { .. } => MessageType::Deregister,
             Message::BootstrapRequest => MessageType::BootstrapRequest,
+            Message::StoreJoin(_) => MessageType::StoreJoin,
+            Message::StoreLeave { .. } => MessageType::StoreLeave,
+            Message::StoreList { .. } => MessageType::StoreList,
             Message::Ok(_) => MessageType::Ok,
             Message::Err(_) => MessageType::Err,
             Message::Bootstrap(_) => MessageType::Bootstrap,
+            Message::StoreMembers(_) => MessageType::StoreMembers,
+        }
+    }
+
+    /// Bytes of the payload as emitted.
+    pub fn payload_len(&self) -> usize {
+        match self {
+            Message::StoreMembers(ms) => {
+                STORE_MEMBERS_HEAD_LEN + STORE_ENTRY_LEN * ms.len().min(MEMBERS_EMIT_MAX)
+            }
+            m => m.msg_type().payload_len(),
         }
     }
 }
 
 /// A parsed message: its request id and body.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Repr {
     /// Chosen by the client, echoed by the server's reply.
     pub request_id: u64,
@@ -504,6 +643,73 @@ pub struct Repr {
 
 fn zero(b: &[u8]) -> bool {
     b.iter().all(|&x| x == 0)
+}
+
+/// A 32-byte NUL-padded store name field.
+fn get_name(b: &[u8], t: MessageType) -> Result<StoreName, WireError> {
+    let n = b.iter().position(|&x| x == 0).unwrap_or(b.len());
+    if !zero(&b[n..]) {
+        return Err(WireError::BadStoreName(t));
+    }
+    StoreName::from_bytes(&b[..n]).map_err(|_| WireError::BadStoreName(t))
+}
+
+/// A record of `len` bytes in a 64-byte zero-padded field.
+fn get_record(b: &[u8], len: u16, t: MessageType) -> Result<Vec<u8>, WireError> {
+    let len = len as usize;
+    if len > RECORD_MAX {
+        return Err(WireError::RecordTooLong(t));
+    }
+    if !zero(&b[len..]) {
+        return Err(WireError::ReservedNotZero(t));
+    }
+    Ok(b[..len].to_vec())
+}
+
+/// Writes a record field: its length (saturated; over 64 parse rejects) and
+/// its first 64 bytes.
+fn put_record(len_field: &mut [u8], field: &mut [u8], record: &[u8]) {
+    let len = u16::try_from(record.len()).unwrap_or(u16::MAX);
+    len_field.copy_from_slice(&len.to_le_bytes());
+    let n = record.len().min(RECORD_MAX);
+    field[..n].copy_from_slice(&record[..n]);
+}
+
+fn parse_members(p: &[u8]) -> Result<Vec<StoreMember>, WireError> {
+    let t = MessageType::StoreMembers;
+    let malformed = |what| WireError::Malformed { msg_type: t, what };
+    let count = get_u16(p, 0..2) as usize;
+    if !zero(&p[4..8]) {
+        return Err(WireError::ReservedNotZero(t));
+    }
+    if get_u16(p, 2..4) as usize != STORE_ENTRY_LEN {
+        return Err(malformed("entry length is not 96"));
+    }
+    if count > MAX_MEMBERS {
+        return Err(malformed("more than 255 members"));
+    }
+    let expected = STORE_MEMBERS_HEAD_LEN + STORE_ENTRY_LEN * count;
+    if p.len() != expected {
+        return Err(WireError::PayloadLength {
+            msg_type: t,
+            expected,
+            got: p.len(),
+        });
+    }
+    p[STORE_MEMBERS_HEAD_LEN..]
+        .chunks_exact(STORE_ENTRY_LEN)
+        .map(|e| {
+            if !zero(&e[4..8]) {
+                return Err(WireError::ReservedNotZero(t));
+            }
+            Ok(StoreMember {
+                id: get_u16(e, 0..2),
+                gid: get_gid(e, 8..24),
+                lease_expiry_ms: get_u64(e, 24..32),
+                record: get_record(&e[32..96], get_u16(e, 2..4), t)?,
+            })
+        })
+        .collect()
 }
 
 impl Repr {
@@ -521,7 +727,10 @@ impl Repr {
         }
         let t = MessageType::from_u8(packet.msg_type())
             .ok_or(WireError::UnknownType(packet.msg_type()))?;
-        if packet.payload_len() != t.payload_len() {
+        let variable = t == MessageType::StoreMembers;
+        if (variable && packet.payload_len() < t.payload_len())
+            || (!variable && packet.payload_len() != t.payload_len())
+        {
             return Err(WireError::PayloadLength {
                 msg_type: t,
                 expected: t.payload_len(),
@@ -552,6 +761,30 @@ impl Repr {
                 gid: get_gid(p, 0..16),
             },
             MessageType::BootstrapRequest => Message::BootstrapRequest,
+            MessageType::StoreJoin => {
+                if !zero(&p[36..40]) {
+                    return Err(WireError::ReservedNotZero(t));
+                }
+                Message::StoreJoin(StoreJoinRepr {
+                    store: get_name(&p[0..32], t)?,
+                    id: get_u16(p, 32..34),
+                    lease_ms: get_u64(p, 40..48),
+                    record: get_record(&p[48..112], get_u16(p, 34..36), t)?,
+                })
+            }
+            MessageType::StoreLeave => {
+                if !zero(&p[34..40]) {
+                    return Err(WireError::ReservedNotZero(t));
+                }
+                Message::StoreLeave {
+                    store: get_name(&p[0..32], t)?,
+                    id: get_u16(p, 32..34),
+                }
+            }
+            MessageType::StoreList => Message::StoreList {
+                store: get_name(&p[0..32], t)?,
+            },
+            MessageType::StoreMembers => Message::StoreMembers(parse_members(p)?),
             MessageType::Ok => {
                 if !zero(&p[4..8]) {
                     return Err(WireError::ReservedNotZero(t));
@@ -617,14 +850,17 @@ impl Repr {
 
     /// Bytes of the emitted message.
     pub fn buffer_len(&self) -> usize {
-        HEADER_LEN + self.message.msg_type().payload_len()
+        HEADER_LEN + self.message.payload_len()
     }
 
     /// Writes the message at the start of `buf`, returning its length. Bytes of
     /// `buf` past the message are untouched.
     ///
     /// Emitting a value that breaks a parse rule (an `Ok` with epoch 0, an
-    /// `ErrorCode::Unknown(0)`, a `Bootstrap` with RPC QPN 0) produces bytes that [`Repr::parse`] rejects.
+    /// `ErrorCode::Unknown(0)`, a `Bootstrap` with RPC QPN 0, a record over
+    /// 64 bytes, a `StoreMembers` of more than 255 members) produces bytes
+    /// that [`Repr::parse`] rejects (of a `StoreMembers` too long for its
+    /// u16 length, only the first entries are written, under the true count).
     ///
     /// # Errors
     /// [`WireError::BufferTooSmall`].
@@ -637,17 +873,14 @@ impl Repr {
             });
         }
         let t = self.message.msg_type();
+        let payload_len = self.message.payload_len();
         let (h, rest) = buf.split_at_mut(HEADER_LEN);
         put(h, field::MAGIC, &MAGIC.to_le_bytes());
         h[field::VERSION] = WIRE_VERSION;
         h[field::TYPE] = t as u8;
-        put(
-            h,
-            field::PAYLOAD_LEN,
-            &(t.payload_len() as u16).to_le_bytes(),
-        );
+        put(h, field::PAYLOAD_LEN, &(payload_len as u16).to_le_bytes());
         put(h, field::REQUEST_ID, &self.request_id.to_le_bytes());
-        let p = &mut rest[..t.payload_len()];
+        let p = &mut rest[..payload_len];
         p.fill(0);
         match &self.message {
             Message::Register(r) => {
@@ -661,6 +894,31 @@ impl Repr {
                 put(p, 0..16, gid.as_bytes());
             }
             Message::BootstrapRequest => {}
+            Message::StoreJoin(j) => {
+                put(p, 0..32, j.store.padded());
+                put(p, 32..34, &j.id.to_le_bytes());
+                put(p, 40..48, &j.lease_ms.to_le_bytes());
+                let (len_field, record) = p.split_at_mut(36);
+                put_record(&mut len_field[34..36], &mut record[12..76], &j.record);
+            }
+            Message::StoreLeave { store, id } => {
+                put(p, 0..32, store.padded());
+                put(p, 32..34, &id.to_le_bytes());
+            }
+            Message::StoreList { store } => put(p, 0..32, store.padded()),
+            Message::StoreMembers(ms) => {
+                let count = u16::try_from(ms.len()).unwrap_or(u16::MAX);
+                put(p, 0..2, &count.to_le_bytes());
+                put(p, 2..4, &(STORE_ENTRY_LEN as u16).to_le_bytes());
+                let entries = p[STORE_MEMBERS_HEAD_LEN..].chunks_exact_mut(STORE_ENTRY_LEN);
+                for (e, m) in entries.zip(ms) {
+                    put(e, 0..2, &m.id.to_le_bytes());
+                    put(e, 8..24, m.gid.as_bytes());
+                    put(e, 24..32, &m.lease_expiry_ms.to_le_bytes());
+                    let (head, record) = e.split_at_mut(32);
+                    put_record(&mut head[2..4], record, &m.record);
+                }
+            }
             Message::Ok(l) => {
                 put(p, 0..4, &l.epoch.to_le_bytes());
                 put(p, 8..16, &l.lease_expiry_ms.to_le_bytes());

@@ -82,7 +82,10 @@ use std::time::{Duration, Instant};
 
 use krcore_meta::engine::{Lease, MetaTable};
 use krcore_meta::mr_table::MrTable;
-use krcore_meta::wire::{BootstrapRepr, ErrorCode, Message as MetaMessage, RegisterRepr, Repr};
+use krcore_meta::stores::{StoreName, StoreRegistry};
+use krcore_meta::wire::{
+    BootstrapRepr, ErrorCode, Message as MetaMessage, MessageType, RegisterRepr, Repr,
+};
 use krcore_meta::MetaConfig;
 use krcore_nic::{Access, DcTarget, Gid, MemoryRegion, Nic, UdTarget};
 use parking_lot::{Mutex, MutexGuard};
@@ -127,6 +130,12 @@ pub struct MetaHostStats {
     pub sweeps: u64,
     /// Registrations removed by sweeps.
     pub swept: u64,
+    /// Store joins accepted (renewals included).
+    pub store_joins: u64,
+    /// Store leaves accepted.
+    pub store_leaves: u64,
+    /// Store members removed by sweeps (their lease ran out).
+    pub store_swept: u64,
 }
 
 /// The meta table hosted by a DC engine, served over messaging (see the
@@ -135,6 +144,7 @@ pub struct MsgMetaHost<N: Nic> {
     engine: Engine<N>,
     port: Port<N>,
     table: Mutex<MetaTable<MrTable<N::Mr>>>,
+    stores: Mutex<StoreRegistry>,
     _mr: OwnedMr<N>,
     bootstrap: BootstrapRepr,
     started: Instant,
@@ -215,6 +225,7 @@ impl<N: Nic> MsgMetaHost<N> {
             engine: engine.clone(),
             port,
             table: Mutex::new(table),
+            stores: Mutex::new(StoreRegistry::default()),
             _mr: mr,
             bootstrap,
             started: Instant::now(),
@@ -249,6 +260,14 @@ impl<N: Nic> MsgMetaHost<N> {
         self.table.lock()
     }
 
+    /// The membership of named stores, kept beside the table (joined and
+    /// left by messages on [`META_PORT`], listed over TCP: see
+    /// [`MsgMetaHost::serve_tcp`]). Hold the guard briefly: serving takes
+    /// it.
+    pub fn stores(&self) -> MutexGuard<'_, StoreRegistry> {
+        self.stores.lock()
+    }
+
     /// Statistics.
     pub fn stats(&self) -> MetaHostStats {
         *self.stats.lock()
@@ -269,8 +288,12 @@ impl<N: Nic> MsgMetaHost<N> {
     }
 
     /// One non-blocking step at `now_ms`: answers every request queued on
-    /// the port, then sweeps expired leases when due. Returns the messages
-    /// handled.
+    /// the port, then sweeps expired leases (table entries and store
+    /// members) when due. Returns the messages handled.
+    ///
+    /// StoreJoin and StoreLeave apply to [`MsgMetaHost::stores`] with the
+    /// GID messaging received them from (`msg.from.gid`) as the member's:
+    /// a node can join or remove only memberships of its own GID.
     ///
     /// # Errors
     /// Provider failures of the receive path (bad input is counted, never
@@ -289,7 +312,13 @@ impl<N: Nic> MsgMetaHost<N> {
             };
             handled += 1;
             let bytes = msg.to_vec();
-            let reply = self.table.lock().handle(&bytes, now_ms, &self.bootstrap);
+            let reply = self.table.lock().handle_with_stores(
+                &mut self.stores.lock(),
+                msg.from.gid,
+                &bytes,
+                now_ms,
+                &self.bootstrap,
+            );
             let Some(reply) = reply else {
                 self.stats.lock().dropped += 1;
                 continue;
@@ -297,6 +326,13 @@ impl<N: Nic> MsgMetaHost<N> {
             {
                 let mut s = self.stats.lock();
                 s.requests += 1;
+                if let MetaMessage::Ok(_) = reply.message {
+                    match bytes.get(5).copied().and_then(MessageType::from_u8) {
+                        Some(MessageType::StoreJoin) => s.store_joins += 1,
+                        Some(MessageType::StoreLeave) => s.store_leaves += 1,
+                        _ => {}
+                    }
+                }
                 if let MetaMessage::Err(
                     ErrorCode::Malformed
                     | ErrorCode::UnsupportedVersion
@@ -317,9 +353,11 @@ impl<N: Nic> MsgMetaHost<N> {
         }
         if now_ms >= self.next_sweep_ms.load(Ordering::Relaxed) {
             let gone = self.table.lock().sweep(now_ms);
+            let members_gone = self.stores.lock().sweep(now_ms);
             let mut s = self.stats.lock();
             s.sweeps += 1;
             s.swept += gone.len() as u64;
+            s.store_swept += members_gone.len() as u64;
             self.next_sweep_ms.store(
                 now_ms.saturating_add(self.sweep_every_ms),
                 Ordering::Relaxed,
@@ -422,7 +460,8 @@ impl<N: Nic> Engine<N> {
         self.meta_call(*gid, MetaMessage::Deregister { gid: *gid })
     }
 
-    fn meta_call(&self, gid: Gid, message: MetaMessage) -> Result<Lease, EngineError> {
+    /// One request to the meta server's [`META_PORT`] (errors name `gid`).
+    pub(super) fn meta_call(&self, gid: Gid, message: MetaMessage) -> Result<Lease, EngineError> {
         let eng = &self.inner;
         let location = eng
             .meta
@@ -611,29 +650,71 @@ impl<N: Nic> Engine<N> {
         for t in targets {
             leases.push(self.meta_register(*t, lid, lease_ms)?);
         }
+        let kept = targets
+            .iter()
+            .map(|&target| Kept::Dc { target, lid })
+            .collect();
+        self.keep(kept, leases, lease_ms)
+    }
+
+    /// Keeps `kept`, registered once already (`first`), alive from a
+    /// renewal thread every third of `lease_ms` (see
+    /// [`Engine::meta_keep_registered`]).
+    pub(super) fn keep(
+        &self,
+        kept: Vec<Kept>,
+        first: Vec<Lease>,
+        lease_ms: u64,
+    ) -> Result<MetaLease<N>, EngineError>
+    where
+        N: 'static,
+    {
         let shared = Arc::new(KeepShared {
             stop: Mutex::new(false),
             wake: parking_lot::Condvar::new(),
             stats: Mutex::new(MetaLeaseStats {
-                registrations: targets.len() as u64,
+                registrations: kept.len() as u64,
                 ..MetaLeaseStats::default()
             }),
         });
         let period = Duration::from_millis((lease_ms / 3).max(1));
-        let (engine, state, targets_owned) = (self.clone(), shared.clone(), targets.to_vec());
+        let epochs: Vec<u32> = first.iter().map(|l| l.epoch).collect();
+        let (engine, state, kept_owned) = (self.clone(), shared.clone(), kept.clone());
         let handle = std::thread::Builder::new()
             .name("krcore-meta-lease".into())
-            .spawn(move || keep_alive(&engine, &state, &targets_owned, lid, lease_ms, period))
+            .spawn(move || keep_alive(&engine, &state, &kept_owned, epochs, lease_ms, period))
             .map_err(|e| EngineError::Config(format!("spawn the lease renewal thread: {e}")))?;
         Ok(MetaLease {
             engine: self.clone(),
-            targets: targets.to_vec(),
-            first: leases,
+            kept,
+            first,
             period,
             shared,
             handle: Some(handle),
         })
     }
+}
+
+/// One registration a [`MetaLease`] keeps alive.
+#[derive(Debug, Clone)]
+pub(super) enum Kept {
+    /// A DC target in the meta table: renewed, registered again if swept.
+    Dc {
+        /// The target.
+        target: DcTarget,
+        /// Its LID.
+        lid: u16,
+    },
+    /// A store membership: joined again (a join by the holder is the
+    /// renewal; one after a sweep is a fresh membership).
+    Store {
+        /// The store.
+        store: StoreName,
+        /// The member id.
+        id: u16,
+        /// The member's record.
+        record: Vec<u8>,
+    },
 }
 
 /// What a [`MetaLease`]'s thread did (totals).
@@ -645,7 +726,8 @@ pub struct MetaLeaseStats {
     /// Renewals the host accepted.
     pub renewals: u64,
     /// Renewals refused `NotRegistered` / `LeaseExpired`, after which the
-    /// target was registered again.
+    /// target was registered again (for a store membership: a re-join that
+    /// got a new epoch, the host having swept the member).
     pub lapsed: u64,
     /// Renewals or re-registrations that failed (timeout, refusal): tried
     /// again at the next period.
@@ -659,10 +741,12 @@ struct KeepShared {
 }
 
 /// Registrations kept alive by a renewal thread (see
-/// [`Engine::meta_keep_registered`]). Dropping it stops the renewals.
+/// [`Engine::meta_keep_registered`] for DC targets,
+/// [`Engine::store_keep_joined`] for a store membership). Dropping it stops
+/// the renewals.
 pub struct MetaLease<N: Nic> {
     engine: Engine<N>,
-    targets: Vec<DcTarget>,
+    kept: Vec<Kept>,
     first: Vec<Lease>,
     period: Duration,
     shared: Arc<KeepShared>,
@@ -672,7 +756,7 @@ pub struct MetaLease<N: Nic> {
 impl<N: Nic> std::fmt::Debug for MetaLease<N> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MetaLease")
-            .field("targets", &self.targets)
+            .field("kept", &self.kept)
             .field("period", &self.period)
             .field("stats", &self.stats())
             .finish()
@@ -680,7 +764,8 @@ impl<N: Nic> std::fmt::Debug for MetaLease<N> {
 }
 
 impl<N: Nic> MetaLease<N> {
-    /// The leases of the first registrations, in `targets` order.
+    /// The leases of the first registrations (or the join), in `targets`
+    /// order.
     pub fn first_leases(&self) -> &[Lease] {
         &self.first
     }
@@ -703,22 +788,36 @@ impl<N: Nic> MetaLease<N> {
         }
     }
 
-    /// Stops the renewals and removes every target's registration.
+    /// Stops the renewals and removes every target's registration (a
+    /// store membership: leaves the store).
     ///
     /// # Errors
-    /// The first error of [`Engine::meta_deregister`] (the other targets
-    /// are still tried).
+    /// The first error of [`Engine::meta_deregister`] or
+    /// [`Engine::store_leave`] (the other registrations are still tried).
     pub fn deregister(mut self) -> Result<(), EngineError> {
         self.stop();
         let mut first = Ok(());
-        for t in &self.targets {
-            if let Err(e) = self.engine.meta_deregister(&t.gid) {
+        for k in &self.kept {
+            let r = match k {
+                Kept::Dc { target, .. } => self.engine.meta_deregister(&target.gid),
+                Kept::Store { store, id, .. } => self.engine.store_leave_name(*store, *id),
+            };
+            if let Err(e) = r {
                 if first.is_ok() {
                     first = Err(e);
                 }
             }
         }
         first
+    }
+
+    /// [`MetaLease::deregister`], named for a store membership: stops the
+    /// renewals and leaves the store.
+    ///
+    /// # Errors
+    /// As [`MetaLease::deregister`].
+    pub fn leave(self) -> Result<(), EngineError> {
+        self.deregister()
     }
 }
 
@@ -732,8 +831,8 @@ impl<N: Nic> Drop for MetaLease<N> {
 fn keep_alive<N: Nic>(
     engine: &Engine<N>,
     shared: &KeepShared,
-    targets: &[DcTarget],
-    lid: u16,
+    kept: &[Kept],
+    mut epochs: Vec<u32>,
     lease_ms: u64,
     period: Duration,
 ) {
@@ -747,14 +846,19 @@ fn keep_alive<N: Nic>(
                 return;
             }
         }
-        for t in targets {
-            let r = match engine.meta_renew(&t.gid) {
-                Ok(_) => Ok(true),
-                Err(EngineError::MetaRefused {
-                    code: ErrorCode::NotRegistered | ErrorCode::LeaseExpired,
-                    ..
-                }) => engine.meta_register(*t, lid, lease_ms).map(|_| false),
-                Err(e) => Err(e),
+        for (k, epoch) in kept.iter().zip(epochs.iter_mut()) {
+            let r = match k {
+                Kept::Dc { target, lid } => match engine.meta_renew(&target.gid) {
+                    Ok(_) => Ok(true),
+                    Err(EngineError::MetaRefused {
+                        code: ErrorCode::NotRegistered | ErrorCode::LeaseExpired,
+                        ..
+                    }) => engine.meta_register(*target, *lid, lease_ms).map(|_| false),
+                    Err(e) => Err(e),
+                },
+                Kept::Store { store, id, record } => engine
+                    .store_join_name(*store, *id, record, lease_ms)
+                    .map(|l| std::mem::replace(epoch, l.epoch) == l.epoch),
             };
             let mut s = shared.stats.lock();
             match r {

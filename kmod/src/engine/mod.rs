@@ -125,6 +125,7 @@ mod physqp;
 mod rc;
 mod rc_meta;
 mod responder;
+pub mod store_msg;
 mod upgrade;
 mod vqp;
 

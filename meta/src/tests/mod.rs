@@ -4,6 +4,7 @@ mod engine;
 mod entry;
 mod mr_table;
 mod server;
+mod stores;
 mod table;
 mod torn;
 mod wire;

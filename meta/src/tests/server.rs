@@ -13,7 +13,7 @@ fn target(n: u64) -> DcTarget {
     }
 }
 
-fn setup() -> (MetaTable, BootstrapRepr) {
+pub(super) fn setup() -> (MetaTable, BootstrapRepr) {
     let g = Geometry::new(4, 1).unwrap();
     let b = BootstrapRepr::new(
         g,
@@ -41,7 +41,7 @@ fn call(t: &mut MetaTable, b: &BootstrapRepr, id: u64, m: Message, now: u64) -> 
     let reply = t.handle(&req, now, b).expect("a reply");
     assert_eq!(reply.request_id, id);
     // The reply survives the wire.
-    assert_eq!(Repr::parse_bytes(&reply.to_bytes()), Ok(reply));
+    assert_eq!(Repr::parse_bytes(&reply.to_bytes()), Ok(reply.clone()));
     reply.message
 }
 
