@@ -21,7 +21,6 @@
 use criterion::{Criterion, Throughput};
 use dashmap::DashMap;
 use krcore::Node;
-use krcore_nic::sim::SimNic;
 use race_store::clock::{Clock, SystemClock};
 use race_store::memory::TableConfig;
 use race_store::rdma::{MemoryNodeHandle, MemoryNodeServer, NodeInfo, VqpTransport};
@@ -41,7 +40,7 @@ struct Cluster {
     clock: Arc<dyn Clock>,
 }
 
-type RaceClient = Client<VqpTransport<SimNic>>;
+type RaceClient = Client<VqpTransport<krcore_nic::AnyNic>>;
 
 impl Cluster {
     fn start() -> Cluster {

@@ -27,7 +27,8 @@ use crate::driver::{Backend, BackendError, Found, KvClient};
 use krcore::Node;
 use krcore_kmod::{EngineConfig, MetaLocation};
 use krcore_meta::bootstrap;
-use krcore_nic::sim::{LatencyModel, SimConfig, SimFabric, SimNic};
+use krcore_nic::sim::{LatencyModel, SimConfig, SimFabric};
+use krcore_nic::AnyNic;
 use race_store::clock::{Clock, SystemClock};
 use race_store::memory::TableConfig;
 use race_store::rdma::{
@@ -398,7 +399,7 @@ impl Remote {
         &self,
         sim: &SimConfig,
         config: ClientConfig,
-    ) -> Result<Client<VqpTransport<SimNic>>, ClusterError> {
+    ) -> Result<Client<VqpTransport<AnyNic>>, ClusterError> {
         let node = self.compute_node(sim)?;
         let t = VqpTransport::connect(&node, &self.infos)
             .map_err(|e| setup("connect to the memory nodes")(e.to_string()))?;

@@ -23,7 +23,7 @@
 //! `RACE_MP_OPS` scales the operations per process (default 600).
 
 use krcore::{MetaLocation, Node};
-use krcore_nic::sim::{SimFabric, SimNic};
+use krcore_nic::sim::SimFabric;
 use race_store::clock::{Clock, WallClock};
 use race_store::layout::dir_header::DirHeader;
 use race_store::layout::slot::RemotePtr;
@@ -101,7 +101,7 @@ fn cluster(fabric_dir: &Path) -> Cluster {
 
 /// A client on its own compute node of `fabric`, found through the
 /// published records only (as a separate process does it).
-fn client_on(fabric: &SimFabric) -> Client<VqpTransport<SimNic>> {
+fn client_on(fabric: &SimFabric) -> Client<VqpTransport<krcore_nic::AnyNic>> {
     let clock: Arc<dyn Clock> = Arc::new(WallClock);
     Client::open(reopen_transport(fabric), clock, ClientConfig::default()).unwrap()
 }
@@ -404,7 +404,7 @@ fn child_inserter() {
 }
 
 /// A transport on a new compute node of `fabric`.
-fn reopen_transport(fabric: &SimFabric) -> VqpTransport<SimNic> {
+fn reopen_transport(fabric: &SimFabric) -> VqpTransport<krcore_nic::AnyNic> {
     let b = krcore_meta::bootstrap::lookup_on_sim(fabric, META_NAME).unwrap();
     let node = Node::builder()
         .sim_fabric(fabric)

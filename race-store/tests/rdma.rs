@@ -45,7 +45,7 @@ fn cluster(memory_nodes: u8, bytes: u64) -> Cluster {
     }
 }
 
-fn client(c: &Cluster, clock: Arc<dyn Clock>) -> Client<VqpTransport<krcore_nic::sim::SimNic>> {
+fn client(c: &Cluster, clock: Arc<dyn Clock>) -> Client<VqpTransport<krcore_nic::AnyNic>> {
     let node = Node::builder().join(&c.meta).build().unwrap();
     let t = VqpTransport::connect(&node, &c.infos).unwrap();
     Client::open(t, clock, ClientConfig::default()).unwrap()

@@ -69,7 +69,7 @@ pub enum Error {
 /// A refused [`crate::MemoryRegion::deregister`]: the region comes back.
 #[derive(Debug, thiserror::Error)]
 #[error("deregistration refused: {reason}")]
-pub struct DeregisterError<N: krcore_nic::Nic = krcore_nic::sim::SimNic> {
+pub struct DeregisterError<N: krcore_nic::Nic = krcore_nic::AnyNic> {
     /// The region, still registered.
     pub region: crate::MemoryRegion<N>,
     /// Why.

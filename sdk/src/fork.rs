@@ -3,7 +3,8 @@
 use std::time::{Duration, Instant};
 
 use krcore_kmod::{EngineMode, ForkKit};
-use krcore_nic::sim::{fork_process, ForkedChild, SimNic};
+use krcore_nic::sim::{fork_process, ForkedChild};
+use krcore_nic::{AnyNic, Nic};
 
 use crate::error::{Error, Result};
 use crate::node::Node;
@@ -43,12 +44,12 @@ const WORKER_DCIS: usize = 1;
 ///   parent keeps the worker's DCI until [`Worker::wait`] (or drop, which
 ///   kills the worker) and then destroys it.
 #[derive(Debug)]
-pub struct Worker {
+pub struct Worker<N: Nic = AnyNic> {
     child: Option<ForkedChild>,
-    _kit: ForkKit<SimNic>,
+    _kit: ForkKit<N>,
 }
 
-impl Worker {
+impl<N: Nic> Worker<N> {
     /// The worker's process id.
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map_or(0, ForkedChild::pid)
@@ -87,7 +88,7 @@ impl Worker {
     }
 }
 
-impl Node<SimNic> {
+impl<N: Nic> Node<N> {
     /// Forks a worker process that runs `work` on this node, inherited and
     /// ready to post (see [`Worker`] for the rules). Returns in the parent.
     ///
@@ -115,7 +116,7 @@ impl Node<SimNic> {
     /// worker could not share it), on a node whose fabric is unknown, in RC
     /// fallback mode, or in a worker; [`Error::Engine`] when the worker's
     /// DCI cannot be made; [`Error::Nic`] when `fork` fails.
-    pub fn fork(&self, work: impl FnOnce(&Node<SimNic>) -> i32) -> Result<Worker> {
+    pub fn fork(&self, work: impl FnOnce(&Node<N>) -> i32) -> Result<Worker<N>> {
         let Some(fabric) = self.fabric() else {
             return Err(Error::Unsupported(
                 "fork needs the node's fabric (build the node with a fabric spec)",

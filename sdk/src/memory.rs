@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use krcore_kmod::{LeaseId, OwnedMr, RemoteGrant};
-use krcore_nic::sim::SimNic;
+use krcore_nic::AnyNic;
 use krcore_nic::{Access, Gid, MemoryRegion as _, Nic, RemoteAddr, Sge};
 use serde::{Deserialize, Serialize};
 
@@ -27,7 +27,7 @@ pub(crate) fn check(offset: u64, len: u64, region_len: u64, which: &'static str)
 ///
 /// The bytes may be written by the NIC or by peers at any time, so they are
 /// only reachable through copying accessors.
-pub struct MemoryRegion<N: Nic = SimNic> {
+pub struct MemoryRegion<N: Nic = AnyNic> {
     pub(crate) mr: OwnedMr<N>,
     pub(crate) gid: Gid,
 }

@@ -12,7 +12,7 @@ use krcore_meta::table::Geometry;
 use krcore_meta::wire::BootstrapRepr;
 use krcore_meta::MetaConfig;
 use krcore_nic::sim::{SimConfig, SimFabric, SimNic};
-use krcore_nic::{Access, DcTarget, Gid, Nic};
+use krcore_nic::{Access, AnyNic, DcTarget, FabricSpec, Gid, Nic};
 
 use crate::error::{Error, Result};
 use crate::memory::MemoryRegion;
@@ -78,8 +78,10 @@ struct NodeInner<N: Nic> {
 }
 
 /// One node: a NIC port, its KRCore engine, and (on `sim`) its fabric.
-/// Cheap to clone; `Send + Sync`.
-pub struct Node<N: Nic = SimNic> {
+/// Cheap to clone; `Send + Sync`. [`Node::builder`] opens it on the
+/// provider a fabric string names ([`AnyNic`]: `sim:...` or `verbs:DEV`);
+/// [`Node::with_nic`] takes any provider's NIC.
+pub struct Node<N: Nic = AnyNic> {
     inner: Arc<NodeInner<N>>,
 }
 
@@ -100,19 +102,21 @@ impl<N: Nic> std::fmt::Debug for Node<N> {
     }
 }
 
-impl Node<SimNic> {
-    /// A builder for a node on the `sim` provider.
+impl Node<AnyNic> {
+    /// A builder for a node on the provider its fabric string names
+    /// (default `sim:mem`).
     pub fn builder() -> NodeBuilder {
         NodeBuilder::default()
-    }
-
-    /// The sim fabric the node is on (to open more nodes on it).
-    pub fn fabric(&self) -> Option<&SimFabric> {
-        self.inner.fabric.as_ref()
     }
 }
 
 impl<N: Nic> Node<N> {
+    /// The sim fabric the node is on (to open more nodes on it); `None`
+    /// for other providers and for nodes made from an open NIC.
+    pub fn fabric(&self) -> Option<&SimFabric> {
+        self.inner.fabric.as_ref()
+    }
+
     /// A node over any provider's NIC, with an engine configured by `cfg`.
     ///
     /// On a device without DC the engine runs in RC fallback mode; the SDK
@@ -269,19 +273,27 @@ enum Place {
     #[default]
     Default,
     Spec(String),
+    Parsed(FabricSpec),
     Fabric(SimFabric),
-    Nic(SimNic),
-    Join(Node<SimNic>),
+    Nic(AnyNic),
+    Join(Node),
 }
 
-/// Builds a [`Node`] on the `sim` provider (the default provider).
+/// Builds a [`Node`] on the provider its fabric names (default `sim:mem`).
 ///
-/// - Where: [`NodeBuilder::fabric`] (a spec: `sim:mem`, the default,
-///   `sim:NAME`, `sim:/path`), [`NodeBuilder::sim_fabric`] (an open fabric),
-///   [`NodeBuilder::nic`] (an open node), or [`NodeBuilder::join`] (the
-///   fabric and meta table of another node of this process).
-/// - Meta server: [`NodeBuilder::meta`] (a location), [`NodeBuilder::host_meta`]
-///   (host the table on this node), or inherited by `join`.
+/// - Where: [`NodeBuilder::fabric`] (a fabric string, see
+///   [`krcore_nic::FabricSpec`]: `sim:mem`, the default, `sim:NAME`,
+///   `sim:/path`, `verbs:DEVICE[,port=N][,gid=N]`; sim options `dc=off`,
+///   `latency=cx4`), [`NodeBuilder::fabric_spec`] (a parsed one),
+///   [`NodeBuilder::sim_fabric`] (an open sim fabric),
+///   [`NodeBuilder::nic`] (an open NIC), or [`NodeBuilder::join`] (the
+///   fabric and meta table of another node of this process). `verbs:`
+///   needs the SDK's `verbs` feature (without it: a typed "no verbs
+///   provider" error).
+/// - Meta server: [`NodeBuilder::meta`] (a location),
+///   [`NodeBuilder::meta_addr`] (the meta server's TCP address: the
+///   deployed path), [`NodeBuilder::host_meta`] (host the table on this
+///   node), or inherited by `join`.
 /// - Registration: [`NodeBuilder::register`] (default: on for `join`, off
 ///   for `meta`), [`NodeBuilder::lease`].
 /// - Device: [`NodeBuilder::sim_config`] (for example `dc: false`, a device
@@ -294,6 +306,7 @@ pub struct NodeBuilder {
     place: Place,
     config: EngineConfig,
     meta: Option<MetaLocation>,
+    meta_addr: Option<String>,
     host_meta: Option<MetaConfig>,
     register: Option<bool>,
     lease: Duration,
@@ -307,6 +320,7 @@ impl Default for NodeBuilder {
             place: Place::default(),
             config: EngineConfig::default(),
             meta: None,
+            meta_addr: None,
             host_meta: None,
             register: None,
             lease: DEFAULT_LEASE,
@@ -317,9 +331,16 @@ impl Default for NodeBuilder {
 }
 
 impl NodeBuilder {
-    /// Opens the node on the fabric `spec` names.
+    /// Opens the node on the fabric `spec` names (parsed at
+    /// [`NodeBuilder::build`]: a bad string is a typed error there).
     pub fn fabric(mut self, spec: &str) -> NodeBuilder {
         self.place = Place::Spec(spec.to_string());
+        self
+    }
+
+    /// Opens the node on a parsed fabric spec.
+    pub fn fabric_spec(mut self, spec: FabricSpec) -> NodeBuilder {
+        self.place = Place::Parsed(spec);
         self
     }
 
@@ -329,16 +350,16 @@ impl NodeBuilder {
         self
     }
 
-    /// Uses an open sim node.
-    pub fn nic(mut self, nic: SimNic) -> NodeBuilder {
-        self.place = Place::Nic(nic);
+    /// Uses an open NIC (a `SimNic`, a `VerbsNic`, or an [`AnyNic`]).
+    pub fn nic(mut self, nic: impl Into<AnyNic>) -> NodeBuilder {
+        self.place = Place::Nic(nic.into());
         self
     }
 
     /// Opens the node on `other`'s fabric, reading the meta table `other`
     /// hosts or reads, and registering in it (unless
     /// [`NodeBuilder::register`] says not to).
-    pub fn join(mut self, other: &Node<SimNic>) -> NodeBuilder {
+    pub fn join(mut self, other: &Node) -> NodeBuilder {
         self.place = Place::Join(other.clone());
         self
     }
@@ -347,6 +368,15 @@ impl NodeBuilder {
     /// with [`NodeBuilder::register`]).
     pub fn meta(mut self, location: MetaLocation) -> NodeBuilder {
         self.meta = Some(location);
+        self
+    }
+
+    /// Reads the meta table of the meta server whose TCP bootstrap listens
+    /// at `addr` (`HOST:PORT`, e.g. `meta-host:7471`): [`NodeBuilder::build`]
+    /// fetches the bootstrap (bounded by the engine's `meta_timeout`). The
+    /// node registers only with [`NodeBuilder::register`].
+    pub fn meta_addr(mut self, addr: impl Into<String>) -> NodeBuilder {
+        self.meta_addr = Some(addr.into());
         self
     }
 
@@ -402,7 +432,8 @@ impl NodeBuilder {
         self
     }
 
-    /// The sim device to open (ignored for [`NodeBuilder::nic`]). Default
+    /// The sim device to open (ignored for [`NodeBuilder::nic`] and verbs).
+    /// Default: the fabric string's options (`dc`, `latency`) or
     /// [`SimConfig::default`] (with DC), or with [`NodeBuilder::join`] the
     /// joined node's (a cluster is all-DC or all-RC-fallback).
     pub fn sim_config(mut self, sim: SimConfig) -> NodeBuilder {
@@ -421,15 +452,19 @@ impl NodeBuilder {
     /// [`NodeBuilder::register`]).
     ///
     /// # Errors
-    /// [`Error::Nic`] (bad spec, fabric full), [`Error::Engine`] (the
-    /// registration over messaging: `MetaUnavailable` when the meta server
-    /// does not answer, `MetaRefused`), [`Error::Builder`] for
-    /// contradictory settings, [`Error::Register`].
-    pub fn build(self) -> Result<Node<SimNic>> {
+    /// [`Error::Nic`] (bad fabric string, no such device, fabric full, no
+    /// verbs provider in this build), [`Error::Meta`] (the TCP bootstrap of
+    /// [`NodeBuilder::meta_addr`]: unreachable, another wire version),
+    /// [`Error::Engine`] (the registration over messaging:
+    /// `MetaUnavailable` when the meta server does not answer,
+    /// `MetaRefused`), [`Error::Builder`] for contradictory settings,
+    /// [`Error::Register`].
+    pub fn build(self) -> Result<Node> {
         let NodeBuilder {
             place,
             mut config,
-            meta,
+            mut meta,
+            meta_addr,
             host_meta,
             register,
             lease,
@@ -442,18 +477,39 @@ impl NodeBuilder {
         config.msg.progress_thread = true;
         let mut joined_meta_host = None;
         let joined = matches!(place, Place::Join(_));
+        if let Some(addr) = &meta_addr {
+            if meta.is_some() {
+                return Err(Error::Builder("meta and meta_addr exclude each other"));
+            }
+            let b = krcore_meta::bootstrap::fetch_bootstrap_tcp(addr.as_str(), config.meta_timeout)?;
+            meta = Some(MetaLocation::from_bootstrap(&b)?);
+        }
         let dev = |sim: Option<SimConfig>| sim.unwrap_or_default();
-        let (nic, fabric) = match place {
+        let open_spec = |spec: FabricSpec, sim: Option<SimConfig>| -> Result<(AnyNic, Option<SimFabric>)> {
+            match (spec.as_sim(), sim) {
+                // An explicit sim device replaces the string's options.
+                (Some(s), Some(cfg)) => {
+                    let f = s.open_fabric()?;
+                    Ok((SimNic::open(&f, cfg)?.into(), Some(f)))
+                }
+                _ => {
+                    let o = spec.open()?;
+                    Ok((o.nic, o.fabric))
+                }
+            }
+        };
+        let (nic, fabric): (AnyNic, Option<SimFabric>) = match place {
             Place::Default => {
                 let f = SimFabric::in_memory();
-                (SimNic::open(&f, dev(sim))?, Some(f))
+                (SimNic::open(&f, dev(sim))?.into(), Some(f))
             }
-            Place::Spec(spec) => {
-                let f = SimFabric::from_spec(&spec)?;
-                (SimNic::open(&f, dev(sim))?, Some(f))
+            Place::Spec(spec) => open_spec(spec.parse::<FabricSpec>().map_err(krcore_nic::NicError::from)?, sim)?,
+            Place::Parsed(spec) => open_spec(spec, sim)?,
+            Place::Fabric(f) => (SimNic::open(&f, dev(sim))?.into(), Some(f)),
+            Place::Nic(nic) => {
+                let fabric = nic.as_sim().map(krcore_nic::sim::SimNic::fabric);
+                (nic, fabric)
             }
-            Place::Fabric(f) => (SimNic::open(&f, dev(sim))?, Some(f)),
-            Place::Nic(nic) => (nic, None),
             Place::Join(other) => {
                 let f = other
                     .fabric()
@@ -463,8 +519,12 @@ impl NodeBuilder {
                     config.meta = other.meta_location();
                 }
                 joined_meta_host = other.inner.meta_host.clone();
-                let sim = sim.unwrap_or_else(|| other.inner.engine.nic().config().clone());
-                (SimNic::open(&f, sim)?, Some(f))
+                let sim = match (sim, other.inner.engine.nic().as_sim()) {
+                    (Some(s), _) => s,
+                    (None, Some(n)) => n.config().clone(),
+                    (None, None) => SimConfig::default(),
+                };
+                (SimNic::open(&f, sim)?.into(), Some(f))
             }
         };
         if let Some(m) = meta {

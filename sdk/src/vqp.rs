@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use krcore_nic::sim::SimNic;
+use krcore_nic::AnyNic;
 use krcore_nic::{Access, Gid, Nic, SendWr, Wc, WcStatus};
 use parking_lot::Mutex;
 
@@ -99,7 +99,7 @@ struct Inner<N: Nic> {
 }
 
 /// A virtual QP (see the crate docs). Cheap to clone; `Send + Sync`.
-pub struct Vqp<N: Nic = SimNic> {
+pub struct Vqp<N: Nic = AnyNic> {
     inner: Arc<Inner<N>>,
 }
 
@@ -617,7 +617,7 @@ fn scratch_offset(slot: u64) -> usize {
 ///
 /// Dropping an unfinished request is fine: its completion is discarded
 /// when it arrives.
-pub struct Request<N: Nic = SimNic> {
+pub struct Request<N: Nic = AnyNic> {
     vqp: Vqp<N>,
     wr_id: u64,
     done: Option<(Wc, Option<u64>)>,

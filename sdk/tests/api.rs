@@ -134,7 +134,7 @@ fn a_failed_request_is_a_typed_error() {
     let token = region.token();
     let vqp = client.connect(server.gid()).unwrap();
     let buf = client.alloc(64, Access::LOCAL_WRITE).unwrap();
-    server.engine().nic().kill();
+    server.engine().nic().as_sim().expect("a sim node").kill();
     match vqp.read(&buf, 0, &token, 0, 8).unwrap().wait() {
         Err(Error::Failed { status, .. }) => assert_eq!(status, WcStatus::RetryExcErr),
         other => panic!("expected a failed request, got {other:?}"),

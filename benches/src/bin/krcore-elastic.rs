@@ -150,7 +150,7 @@ fn key(k: u64) -> String {
 
 /// The RACE transport of either mode.
 enum AnyTransport {
-    Vqp(VqpTransport<SimNic>),
+    Vqp(VqpTransport<krcore_nic::AnyNic>),
     Rc(RcTransport),
 }
 

@@ -5,7 +5,8 @@
 
 use super::{Backend, BackendError, Found, KvClient};
 use krcore::Node;
-use krcore_nic::sim::{LatencyModel, SimConfig, SimNic};
+use krcore_nic::sim::{LatencyModel, SimConfig};
+use krcore_nic::AnyNic;
 use race_store::clock::{Clock, SystemClock};
 use race_store::memory::TableConfig;
 use race_store::rdma::{MemoryNodeHandle, MemoryNodeServer, NodeInfo, VqpTransport};
@@ -73,7 +74,7 @@ impl RaceBackend {
 }
 
 struct RaceClient {
-    client: Client<VqpTransport<SimNic>>,
+    client: Client<VqpTransport<AnyNic>>,
 }
 
 fn store(e: Error) -> BackendError {

@@ -20,6 +20,7 @@
 use crate::baseline::{decode, encode, RcEndpoint};
 use krcore::Node;
 use krcore_nic::sim::SimNic;
+use krcore_nic::AnyNic;
 use krcore_nic::{
     bring_up, Access, CompletionQueue, Destination, InlineData, MemoryRegion, Nic, Payload, QpCaps,
     QpInit, QpType, QueuePair, SendFlags, SendWr, SgList, Wc, WcStatus, WrOp, MAX_INLINE,
@@ -44,9 +45,9 @@ pub struct RcAcceptor {
 
 fn accept_one(
     node: &Node,
-    cq: &<SimNic as Nic>::Cq,
+    cq: &<AnyNic as Nic>::Cq,
     mut sock: TcpStream,
-) -> std::io::Result<<SimNic as Nic>::Qp> {
+) -> std::io::Result<<AnyNic as Nic>::Qp> {
     let io = |e: krcore_nic::NicError| std::io::Error::other(e.to_string());
     sock.set_nonblocking(false)?;
     sock.set_nodelay(true)?;

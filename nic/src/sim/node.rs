@@ -234,6 +234,13 @@ impl SimNic {
         })
     }
 
+    /// The fabric this node is on.
+    pub fn fabric(&self) -> SimFabric {
+        SimFabric {
+            inner: self.inner.fabric.clone(),
+        }
+    }
+
     /// Opens a node on the fabric a spec names (`sim:mem`, `sim:NAME`,
     /// `sim:/path`) with the configuration of its options (`dc=`,
     /// `latency=`; see [`crate::SimSpec::config`]).
