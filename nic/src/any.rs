@@ -537,9 +537,11 @@ impl FabricSpec {
     pub fn open_on(&self, fabric: &SimFabric) -> Result<AnyNic> {
         match self {
             FabricSpec::Sim(s) => s.open_node(fabric).map(AnyNic::Sim),
-            FabricSpec::Verbs(_) => Err(NicError::BadFabricSpec(crate::spec::SpecError::NotSim {
-                spec: self.to_string(),
-            })),
+            FabricSpec::Verbs(_) => Err(NicError::BadFabricSpec(Box::new(
+                crate::spec::SpecError::NotSim {
+                    spec: self.to_string(),
+                },
+            ))),
         }
     }
 }
@@ -626,8 +628,8 @@ mod tests {
             .unwrap_err();
         assert!(
             matches!(
-                e,
-                NicError::BadFabricSpec(crate::spec::SpecError::NotSim { .. })
+                &e,
+                NicError::BadFabricSpec(b) if matches!(**b, crate::spec::SpecError::NotSim { .. })
             ),
             "{e:?}"
         );

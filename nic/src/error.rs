@@ -50,7 +50,7 @@ pub enum NicError {
     /// A fabric specification string could not be parsed, or names no sim
     /// fabric where one is needed.
     #[error(transparent)]
-    BadFabricSpec(#[from] crate::spec::SpecError),
+    BadFabricSpec(Box<crate::spec::SpecError>),
     /// The fabric names a provider this build was compiled without.
     #[error("{spec}: this build has no {provider} provider; rebuild with `--features {provider}`")]
     NoProvider {
@@ -97,4 +97,10 @@ pub enum PostErrorKind {
     /// wrong destination kind.
     #[error("malformed work request: {0}")]
     Malformed(&'static str),
+}
+
+impl From<crate::spec::SpecError> for NicError {
+    fn from(e: crate::spec::SpecError) -> NicError {
+        NicError::BadFabricSpec(Box::new(e))
+    }
 }

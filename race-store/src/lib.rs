@@ -159,6 +159,7 @@
 
 pub mod client;
 pub mod clock;
+pub mod deploy;
 pub mod error;
 pub mod hash;
 pub mod layout;

@@ -170,7 +170,7 @@ pub use vqp::{Completion, Request, Vqp, REQUEST_WR_ID_BIT};
 
 pub use krcore_kmod::{
     EngineConfig, EngineError, EngineMode, EngineStats, HandshakeFailure, LeaseError, LeaseId,
-    MetaFailure, MetaLocation, Reason, Rejection, RemoteGrant, VqpError, VqpTransport,
+    MetaFailure, MetaLease, MetaLocation, Reason, Rejection, RemoteGrant, VqpError, VqpTransport,
 };
 pub use krcore_meta::table::Geometry;
 pub use krcore_nic::{

@@ -41,6 +41,20 @@ impl<N: Nic> MetaHost<N> {
         self.host.bootstrap()
     }
 
+    /// Serves the bootstrap and the stores' membership over TCP on `addr`
+    /// (`HOST:PORT`; port 0 picks one): what [`NodeBuilder::meta_addr`]
+    /// and `race_store::deploy` read. Stops (and joins its thread) when
+    /// dropped. Unauthenticated: bind it where only the cluster reaches.
+    ///
+    /// # Errors
+    /// [`Error::Meta`] when the address cannot be bound.
+    pub fn serve_tcp(
+        &self,
+        addr: impl std::net::ToSocketAddrs,
+    ) -> Result<krcore_meta::bootstrap::TcpBootstrap> {
+        Ok(self.host.serve_tcp(addr)?)
+    }
+
     /// Publishes the bootstrap under `name` on `fabric` (clients of other
     /// processes find the server there, see `krcore_meta::bootstrap`).
     ///
@@ -71,7 +85,7 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
 struct NodeInner<N: Nic> {
     /// Dropped first: stops the renewals before the engine goes.
-    lease: Option<MetaLease<N>>,
+    lease: parking_lot::Mutex<Option<MetaLease<N>>>,
     engine: Engine<N>,
     fabric: Option<SimFabric>,
     meta_host: Option<Arc<MetaHost<N>>>,
@@ -133,7 +147,7 @@ impl<N: Nic> Node<N> {
         cfg.msg.progress_thread = true;
         Ok(Node {
             inner: Arc::new(NodeInner {
-                lease: None,
+                lease: parking_lot::Mutex::new(None),
                 engine: Engine::start(nic, cfg)?,
                 fabric: None,
                 meta_host: None,
@@ -218,7 +232,23 @@ impl<N: Nic> Node<N> {
     /// (`None` when the node did not register that way: see
     /// [`NodeBuilder::register`]).
     pub fn lease_stats(&self) -> Option<MetaLeaseStats> {
-        self.inner.lease.as_ref().map(MetaLease::stats)
+        self.inner.lease.lock().as_ref().map(MetaLease::stats)
+    }
+
+    /// Removes this node's registration from the meta server at once (and
+    /// stops its renewals), as a node that leaves cleanly does: peers that
+    /// look it up from now on get `UnknownNode`. A node that did not
+    /// register over messaging (see [`NodeBuilder::register`]) has nothing
+    /// to remove.
+    ///
+    /// # Errors
+    /// [`Error::Engine`]: the deregistration's failure (the meta server
+    /// unreachable: the entry then runs out with its lease).
+    pub fn deregister(&self) -> Result<()> {
+        match self.inner.lease.lock().take() {
+            Some(l) => Ok(l.deregister()?),
+            None => Ok(()),
+        }
     }
 
     /// The meta entries this node registers: its address and, in DC mode
@@ -481,29 +511,35 @@ impl NodeBuilder {
             if meta.is_some() {
                 return Err(Error::Builder("meta and meta_addr exclude each other"));
             }
-            let b = krcore_meta::bootstrap::fetch_bootstrap_tcp(addr.as_str(), config.meta_timeout)?;
+            let b =
+                krcore_meta::bootstrap::fetch_bootstrap_tcp(addr.as_str(), config.meta_timeout)?;
             meta = Some(MetaLocation::from_bootstrap(&b)?);
         }
         let dev = |sim: Option<SimConfig>| sim.unwrap_or_default();
-        let open_spec = |spec: FabricSpec, sim: Option<SimConfig>| -> Result<(AnyNic, Option<SimFabric>)> {
-            match (spec.as_sim(), sim) {
-                // An explicit sim device replaces the string's options.
-                (Some(s), Some(cfg)) => {
-                    let f = s.open_fabric()?;
-                    Ok((SimNic::open(&f, cfg)?.into(), Some(f)))
+        let open_spec =
+            |spec: FabricSpec, sim: Option<SimConfig>| -> Result<(AnyNic, Option<SimFabric>)> {
+                match (spec.as_sim(), sim) {
+                    // An explicit sim device replaces the string's options.
+                    (Some(s), Some(cfg)) => {
+                        let f = s.open_fabric()?;
+                        Ok((SimNic::open(&f, cfg)?.into(), Some(f)))
+                    }
+                    _ => {
+                        let o = spec.open()?;
+                        Ok((o.nic, o.fabric))
+                    }
                 }
-                _ => {
-                    let o = spec.open()?;
-                    Ok((o.nic, o.fabric))
-                }
-            }
-        };
+            };
         let (nic, fabric): (AnyNic, Option<SimFabric>) = match place {
             Place::Default => {
                 let f = SimFabric::in_memory();
                 (SimNic::open(&f, dev(sim))?.into(), Some(f))
             }
-            Place::Spec(spec) => open_spec(spec.parse::<FabricSpec>().map_err(krcore_nic::NicError::from)?, sim)?,
+            Place::Spec(spec) => open_spec(
+                spec.parse::<FabricSpec>()
+                    .map_err(krcore_nic::NicError::from)?,
+                sim,
+            )?,
             Place::Parsed(spec) => open_spec(spec, sim)?,
             Place::Fabric(f) => (SimNic::open(&f, dev(sim))?.into(), Some(f)),
             Place::Nic(nic) => {
@@ -550,9 +586,9 @@ impl NodeBuilder {
             }
             None => joined_meta_host,
         };
-        let mut node = Node {
+        let node = Node {
             inner: Arc::new(NodeInner {
-                lease: None,
+                lease: parking_lot::Mutex::new(None),
                 engine,
                 fabric,
                 meta_host,
@@ -566,10 +602,7 @@ impl NodeBuilder {
         } else if register.unwrap_or(joined) {
             let entries = node.entries()?;
             let kept = node.inner.engine.meta_keep_registered(&entries, 0, lease)?;
-            match Arc::get_mut(&mut node.inner) {
-                Some(inner) => inner.lease = Some(kept),
-                None => return Err(Error::Builder("the node was shared while built")),
-            }
+            *node.inner.lease.lock() = Some(kept);
         }
         Ok(node)
     }

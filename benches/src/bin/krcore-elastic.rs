@@ -10,7 +10,13 @@
 //!                [--latency-model cx4|none] [--no-model-sleep]
 //!                [--pool-size 1] [--upgrade-after 100000|off]
 //!                [--json PATH] [--png PATH]
+//! krcore-elastic --fabric F --meta HOST:PORT --store NAME [--joiners 4]
+//!                [--records 10000] [--gets 1000]
 //! ```
+//!
+//! The second form joins a deployed store (memory nodes run by
+//! `race-memnode`, found through the meta server at `--meta`): see
+//! `krcore_benches::elastic::deployed`. Its figures are measured only.
 
 use clap::{Parser, ValueEnum};
 use krcore::Node;
@@ -91,9 +97,27 @@ struct Args {
     /// Throughput plot (PNG).
     #[arg(long)]
     png: Option<PathBuf>,
+    /// A deployed store's meta server (HOST:PORT; with --store).
+    #[arg(long)]
+    meta: Option<String>,
+    /// Join the deployed store of this name (needs --fabric).
+    #[arg(long)]
+    store: Option<String>,
+    /// This client's fabric (deployed store): sim:NAME or verbs:DEVICE.
+    #[arg(long)]
+    fabric: Option<String>,
+    /// Joining processes (deployed store).
+    #[arg(long, default_value_t = 4)]
+    joiners: usize,
+    /// Gets each joining process issues after its first (deployed store).
+    #[arg(long, default_value_t = 1000)]
+    gets: u64,
     /// Internal: run as a compute process.
     #[arg(long, hide = true)]
     child_spec: Option<String>,
+    /// Internal: run as a joining process of a deployed store.
+    #[arg(long, hide = true)]
+    joiner_spec: Option<String>,
 }
 
 /// `--upgrade-after`: a WR count, or off.
@@ -149,6 +173,7 @@ fn key(k: u64) -> String {
 }
 
 /// The RACE transport of either mode.
+#[allow(clippy::large_enum_variant)] // one per process, never moved on a hot path
 enum AnyTransport {
     Vqp(VqpTransport<krcore_nic::AnyNic>),
     Rc(RcTransport),
@@ -574,6 +599,23 @@ fn print_mode(r: &ModeRun, model: &str) {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    krcore_cli::init_tracing("krcore-elastic");
+    if let Some(spec) = &args.joiner_spec {
+        use krcore_benches::elastic::deployed;
+        let r = serde_json::from_str::<deployed::JoinerSpec>(spec)
+            .map_err(|e| e.to_string())
+            .and_then(|s| deployed::joiner_main(&s).map_err(|e| krcore_cli::error_chain(&e)));
+        return match r {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("krcore-elastic joining process: error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if args.store.is_some() || args.meta.is_some() {
+        return run_deployed(&args);
+    }
     if let Some(spec) = &args.child_spec {
         let r = serde_json::from_str::<ChildSpec>(spec)
             .map_err(|e| e.to_string())
@@ -725,4 +767,42 @@ fn main() -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+/// `--store`: the elastic experiment against a deployed store.
+fn run_deployed(args: &Args) -> ExitCode {
+    use krcore_benches::elastic::deployed;
+    const P: &str = "krcore-elastic";
+    let (Some(store), Some(fabric)) = (args.store.clone(), args.fabric.clone()) else {
+        return krcore_cli::usage(P, "a deployed store needs --store NAME and --fabric F");
+    };
+    if let Err(code) = krcore_cli::parse_fabric(P, &fabric) {
+        return code;
+    }
+    if args.joiners == 0 {
+        return krcore_cli::usage(P, "--joiners must be at least 1");
+    }
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => return krcore_cli::fail(P, &e),
+    };
+    let base = deployed::JoinerSpec {
+        fabric,
+        meta: args
+            .meta
+            .clone()
+            .unwrap_or_else(|| krcore_cli::DEFAULT_META_ADDR.to_string()),
+        store,
+        records: args.records,
+        gets: args.gets,
+        index: 0,
+        spawn_us: 0,
+    };
+    match deployed::run(&exe, &base, args.joiners) {
+        Ok(reports) => {
+            deployed::print(&reports);
+            ExitCode::SUCCESS
+        }
+        Err(e) => krcore_cli::fail(P, &e),
+    }
 }

@@ -17,17 +17,31 @@
 //! N client processes (this binary re-executed) on a shared `/dev/shm`
 //! fabric (a fresh one, removed at exit, unless `--fabric` names one); their
 //! histograms are merged into one report.
+//!
+//! A deployed store (`--store NAME`, with `--meta HOST:PORT` and a
+//! `--fabric` for this client's device: `sim:NAME` or `verbs:DEV`): the
+//! driver hosts nothing; it finds the memory nodes through the meta server
+//! (`race_store::deploy::Store`) and runs `--phase load|run|both` (YCSB's
+//! `-load` / `-t`) in this process or in `--processes N` children.
+//! `--verify` logs the run phase's writes and then checks every key and the
+//! table (`krcore_benches::driver::verify`); `--fail-fast` ends a phase at
+//! its first failed operation. SIGINT/SIGTERM stop the phase cleanly (the
+//! report covers what ran; exit code 1).
 
 use clap::{Parser, ValueEnum};
 use krcore_benches::cluster::{fresh_fabric_dir, ClusterHost, ClusterOptions, FabricSpec};
 use krcore_benches::driver::mp::{self, ChildSpec, Phase};
+use krcore_benches::driver::verify::verify;
 use krcore_benches::driver::{
     self, Backend, MapBackend, PhaseResult, RaceBackend, RedisBackend, RunOptions,
 };
+use krcore_benches::driver::{DeployedTarget, StoreBackend};
 use krcore_benches::ycsb::{KeySpace, Workload};
 use krcore_nic::sim::{LatencyModel, SimConfig, SimFabric};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -84,9 +98,61 @@ struct Args {
     /// /dev/shm directory, removed at exit.
     #[arg(long)]
     fabric: Option<String>,
+    /// The meta server of a deployed store (HOST:PORT) [default:
+    /// 127.0.0.1:7471 with --store].
+    #[arg(long)]
+    meta: Option<String>,
+    /// Run against the deployed store of this name (needs --fabric).
+    #[arg(long)]
+    store: Option<String>,
+    /// Phases to run against a deployed store.
+    #[arg(long, value_enum, default_value_t = PhaseArg::Both)]
+    phase: PhaseArg,
+    /// Log the run phase's writes and check every key and the table after
+    /// it (deployed store).
+    #[arg(long)]
+    verify: bool,
+    /// End a phase at its first failed operation.
+    #[arg(long)]
+    fail_fast: bool,
+    /// How long to wait for the deployed store's memory nodes, in seconds.
+    #[arg(long, default_value_t = 10)]
+    wait_s: u64,
     /// Internal: run as a client process (JSON spec from the driver).
     #[arg(long, hide = true)]
     child_spec: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum PhaseArg {
+    /// The load phase only (YCSB's -load).
+    Load,
+    /// The run phase only (YCSB's -t).
+    Run,
+    /// Load, then run.
+    Both,
+}
+
+impl PhaseArg {
+    fn phases(self) -> &'static [Phase] {
+        match self {
+            PhaseArg::Load => &[Phase::Load],
+            PhaseArg::Run => &[Phase::Run],
+            PhaseArg::Both => &[Phase::Load, Phase::Run],
+        }
+    }
+}
+
+/// YCSB's own spellings, turned into this driver's flags.
+fn ycsb_spellings(args: impl Iterator<Item = String>) -> Vec<String> {
+    args.map(|a| match a.as_str() {
+        "-load" => "--phase=load".to_string(),
+        "-t" => "--phase=run".to_string(),
+        "-threads" => "--threads".to_string(),
+        "-s" => "--status".to_string(),
+        _ => a,
+    })
+    .collect()
 }
 
 fn load_workload(spec: &str) -> Result<Workload, String> {
@@ -98,7 +164,8 @@ fn load_workload(spec: &str) -> Result<Workload, String> {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let args = Args::parse_from(ycsb_spellings(std::env::args()));
+    krcore_cli::init_tracing("krcore-ycsb");
     if let Some(spec) = &args.child_spec {
         let r = serde_json::from_str::<ChildSpec>(spec)
             .map_err(|e| e.to_string())
@@ -135,6 +202,9 @@ fn main() -> ExitCode {
     if model.is_some() && !matches!(args.db, Db::Race) {
         eprintln!("krcore-ycsb: --latency-model applies to --db race only");
         return ExitCode::from(2);
+    }
+    if args.store.is_some() || args.meta.is_some() {
+        return run_deployed(&args, workload, records, operations);
     }
     let fabric = match args.fabric.as_deref().map(FabricSpec::parse).transpose() {
         Ok(f) => f,
@@ -183,7 +253,7 @@ fn main() -> ExitCode {
         threads: args.threads.max(1),
         seed: args.seed,
         progress: true,
-        gate: None,
+        ..RunOptions::default()
     };
     let keys = KeySpace::new(&workload);
     println!(
@@ -317,6 +387,10 @@ fn run_multi(
     let label = model.map(|m| format!("modeled ({})", m.name));
     let base = ChildSpec {
         fabric: path.clone(),
+        deployed: None,
+        writer: 0,
+        log_writes: false,
+        fail_fast: false,
         memory_nodes: opts.memory_nodes,
         phase: Phase::Load,
         workload: workload.clone(),
@@ -354,5 +428,175 @@ fn run_multi(
     match (load, run) {
         (Some(load), Some(run)) => finish(args, "race", workload, processes * threads, &load, &run),
         _ => ExitCode::FAILURE,
+    }
+}
+
+/// A deployed store (`--store`): this process hosts nothing.
+fn run_deployed(args: &Args, workload: Workload, records: u64, operations: u64) -> ExitCode {
+    const P: &str = "krcore-ycsb";
+    let Some(store) = args.store.clone() else {
+        return krcore_cli::usage(
+            P,
+            "--meta needs --store NAME (the deployed store to run against)",
+        );
+    };
+    let Some(fabric) = args.fabric.clone() else {
+        return krcore_cli::usage(
+            P,
+            "a deployed store needs --fabric for this client's device (sim:NAME or verbs:DEVICE)",
+        );
+    };
+    if let Err(code) = krcore_cli::parse_fabric(P, &fabric) {
+        return code;
+    }
+    if !matches!(args.db, Db::Race) {
+        return krcore_cli::usage(P, "--store runs the race backend only");
+    }
+    let target = DeployedTarget {
+        fabric,
+        meta: args
+            .meta
+            .clone()
+            .unwrap_or_else(|| krcore_cli::DEFAULT_META_ADDR.to_string()),
+        store,
+    };
+    let stop: Arc<AtomicBool> = match krcore_cli::Shutdown::install() {
+        Ok(s) => s.flag(),
+        Err(e) => return krcore_cli::fail(P, &e),
+    };
+    let wait = Duration::from_secs(args.wait_s);
+    let processes = args.processes.max(1);
+    let threads = args.threads.max(1);
+    // In this process: the backend (its compute node) is made once.
+    let local = if processes == 1 {
+        match StoreBackend::connect(&target, wait) {
+            Ok(b) => Some(b),
+            Err(e) => return krcore_cli::fail(P, &e),
+        }
+    } else {
+        None
+    };
+    println!(
+        "# krcore-ycsb: db=race store={} meta={} fabric={} workload={} records={} operations={} processes={} threads/process={}",
+        target.store, target.meta, target.fabric, args.workload, records, operations, processes, threads
+    );
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => return krcore_cli::fail(P, &e),
+    };
+    let mut failed = 0;
+    let mut writes = Vec::new();
+    let mut label = None;
+    for &phase in args.phase.phases() {
+        let log = args.verify && phase == Phase::Run;
+        let r = match &local {
+            Some(backend) => {
+                label = backend_label(backend);
+                let opts = RunOptions {
+                    threads,
+                    seed: args.seed,
+                    progress: true,
+                    log_writes: log,
+                    stop: Some(stop.clone()),
+                    fail_fast: args.fail_fast,
+                    ..RunOptions::default()
+                };
+                let keys = KeySpace::new(&workload);
+                match phase {
+                    Phase::Load => driver::run_load(backend, &workload, &keys, &opts),
+                    Phase::Run => driver::run_phase(backend, &workload, &keys, &opts),
+                }
+                .map_err(|e| e.to_string())
+            }
+            None => {
+                let base = ChildSpec {
+                    fabric: PathBuf::new(),
+                    deployed: Some(target.clone()),
+                    writer: 0,
+                    log_writes: log,
+                    fail_fast: args.fail_fast,
+                    memory_nodes: 0,
+                    phase,
+                    workload: workload.clone(),
+                    threads,
+                    seed: args.seed,
+                    latency: "none".into(),
+                };
+                let specs = mp::child_specs(&base, processes, records, operations);
+                mp::run_children(&exe, &specs, label.clone(), Duration::from_secs(3600))
+                    .map_err(|e| e.to_string())
+            }
+        };
+        let r = match r {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("{P}: error: {phase:?} phase: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let name = if phase == Phase::Load { "load" } else { "run" };
+        println!("# {name} phase\n{}", r.report.to_text());
+        if r.errors > 0 {
+            eprintln!(
+                "{P}: error: {name} phase: {} operations failed, first error: {}",
+                r.errors,
+                r.first_error.as_deref().unwrap_or("?")
+            );
+            failed += r.errors;
+        }
+        writes.extend(r.writes);
+        if stop.load(Ordering::Relaxed) {
+            eprintln!("{P}: stopped before the end of the {name} phase");
+            return ExitCode::FAILURE;
+        }
+    }
+    if args.verify && failed == 0 {
+        return match local {
+            Some(b) => verify_with(&b, &workload, records, &writes),
+            None => match StoreBackend::connect(&target, wait) {
+                Ok(b) => verify_with(&b, &workload, records, &writes),
+                Err(e) => krcore_cli::fail(P, &e),
+            },
+        };
+    }
+    if failed > 0 {
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
+
+fn backend_label(b: &StoreBackend) -> Option<String> {
+    use krcore_benches::driver::Backend;
+    b.label()
+}
+
+/// The verification pass (see `krcore_benches::driver::verify`).
+fn verify_with(
+    backend: &StoreBackend,
+    workload: &Workload,
+    records: u64,
+    writes: &[krcore_benches::driver::verify::WriteRecord],
+) -> ExitCode {
+    const P: &str = "krcore-ycsb";
+    let mut client = match backend.store().client() {
+        Ok(c) => c,
+        Err(e) => return krcore_cli::fail(P, &e),
+    };
+    match verify(&mut client, workload, 0..records, writes) {
+        Ok(report) => {
+            println!("# verification\n{}", report.summary());
+            if report.is_clean() {
+                ExitCode::SUCCESS
+            } else {
+                for e in &report.examples {
+                    eprintln!("{P}: error: verification: {e}");
+                }
+                for p in report.table_problems.iter().take(5) {
+                    eprintln!("{P}: error: table check: {p}");
+                }
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => krcore_cli::fail(P, &e),
     }
 }

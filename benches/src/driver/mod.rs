@@ -6,12 +6,15 @@
 //! client between threads, so backends need no locking of their own beyond
 //! what their store needs.
 
+mod deployed;
 mod map;
 pub mod mp;
 mod race;
 mod redis;
 mod run;
+pub mod verify;
 
+pub use deployed::{DeployedTarget, StoreBackend};
 pub use map::MapBackend;
 pub use race::RaceBackend;
 pub use redis::{RedisBackend, RedisError};

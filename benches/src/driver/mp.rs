@@ -39,8 +39,23 @@ pub enum Phase {
 /// What one client process does.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ChildSpec {
-    /// The fabric directory.
+    /// The fabric directory (a cluster the driver hosts; unused with
+    /// `deployed`).
     pub fabric: PathBuf,
+    /// A deployed store to run against instead (found through its meta
+    /// server).
+    #[serde(default)]
+    pub deployed: Option<super::DeployedTarget>,
+    /// The id of this child's first writer thread (see
+    /// [`RunOptions::writer`]).
+    #[serde(default)]
+    pub writer: u64,
+    /// Whether the run phase logs its writes for the verification pass.
+    #[serde(default)]
+    pub log_writes: bool,
+    /// Whether the child ends its phase at its first failed operation.
+    #[serde(default)]
+    pub fail_fast: bool,
     /// Memory nodes published on it.
     pub memory_nodes: u8,
     /// The phase.
@@ -70,6 +85,9 @@ pub struct ChildResult {
     pub errors: u64,
     /// Its first error.
     pub first_error: Option<String>,
+    /// Its logged writes.
+    #[serde(default)]
+    pub writes: Vec<super::verify::WriteRecord>,
 }
 
 /// Why a multi-process phase failed.
@@ -116,6 +134,7 @@ pub fn child_specs(
     for (i, n) in shares(records, processes).into_iter().enumerate() {
         let mut s = base.clone();
         s.seed = base.seed.wrapping_add(1000 * i as u64);
+        s.writer = base.writer + (i * base.threads.max(1)) as u64;
         match base.phase {
             Phase::Load => {
                 s.workload.insert_start = start;
@@ -160,6 +179,7 @@ pub fn run_children(
     let mut all = Measurements::new();
     let (mut start, mut end) = (u64::MAX, 0);
     let (mut operations, mut errors, mut first_error) = (0, 0, None);
+    let mut writes = Vec::new();
     for k in &mut kids {
         let line = k.expect("RESULT", timeout)?;
         let pid = k.pid();
@@ -177,6 +197,7 @@ pub fn run_children(
         operations += r.operations;
         errors += r.errors;
         first_error = first_error.or(r.first_error);
+        writes.extend(r.writes);
         k.finish(Duration::from_secs(30));
     }
     let runtime = Duration::from_micros(end.saturating_sub(start));
@@ -191,6 +212,7 @@ pub fn run_children(
         operations,
         errors,
         first_error,
+        writes,
     })
 }
 
@@ -199,18 +221,31 @@ pub fn run_children(
 /// # Errors
 /// A message for the operator (the driver sees the child exit).
 pub fn child_main(spec: &ChildSpec) -> Result<(), String> {
-    let model = LatencyModel::from_name(&spec.latency)?;
-    let sim = SimConfig {
-        latency: model,
-        ..SimConfig::default()
+    let backend: Box<dyn super::Backend> = match &spec.deployed {
+        Some(target) => Box::new(
+            super::StoreBackend::connect(target, Duration::from_secs(10))
+                .map_err(|e| crate::cluster::error_chain(&e))?,
+        ),
+        None => {
+            let model = LatencyModel::from_name(&spec.latency)?;
+            let sim = SimConfig {
+                latency: model,
+                ..SimConfig::default()
+            };
+            let remote =
+                Remote::discover(&spec.fabric, spec.memory_nodes).map_err(|e| e.to_string())?;
+            Box::new(SharedRaceBackend::new(remote, sim, ClientConfig::default()))
+        }
     };
-    let remote = Remote::discover(&spec.fabric, spec.memory_nodes).map_err(|e| e.to_string())?;
-    let backend = SharedRaceBackend::new(remote, sim, ClientConfig::default());
     let started = Arc::new(Mutex::new(0u64));
     let flag = started.clone();
     let opts = RunOptions {
         threads: spec.threads.max(1),
         seed: spec.seed,
+        writer: spec.writer,
+        log_writes: spec.log_writes,
+        stop: Some(Arc::new(std::sync::atomic::AtomicBool::new(false))),
+        fail_fast: spec.fail_fast,
         progress: false,
         gate: Some(Gate(Arc::new(move || {
             say("READY");
@@ -221,8 +256,8 @@ pub fn child_main(spec: &ChildSpec) -> Result<(), String> {
     };
     let keys = KeySpace::new(&spec.workload);
     let r = match spec.phase {
-        Phase::Load => run_load(&backend, &spec.workload, &keys, &opts),
-        Phase::Run => run_phase(&backend, &spec.workload, &keys, &opts),
+        Phase::Load => run_load(backend.as_ref(), &spec.workload, &keys, &opts),
+        Phase::Run => run_phase(backend.as_ref(), &spec.workload, &keys, &opts),
     }
     .map_err(|e| e.to_string())?;
     let start_us = *started.lock();
@@ -233,6 +268,7 @@ pub fn child_main(spec: &ChildSpec) -> Result<(), String> {
         operations: r.operations,
         errors: r.errors,
         first_error: r.first_error,
+        writes: r.writes,
     };
     let json = serde_json::to_string(&result).map_err(|e| e.to_string())?;
     say(&format!("RESULT {json}"));
@@ -259,6 +295,10 @@ mod tests {
         assert_eq!(shares(7, 0), vec![7]);
         let base = ChildSpec {
             fabric: "/x".into(),
+            deployed: None,
+            writer: 0,
+            log_writes: false,
+            fail_fast: false,
             memory_nodes: 2,
             phase: Phase::Load,
             workload: sized(Workload::preset('a').unwrap(), 10, 100),

@@ -1,6 +1,7 @@
 //! The load and run phases: client threads, each with its own client,
 //! generator, RNG and measurements, merged at the end.
 
+use super::verify::{version_tag, WriteRecord};
 use super::{Backend, BackendError, Found, KvClient};
 use crate::ycsb::{
     KeySpace, Measurements, Operation, OperationGenerator, Report, Status, Workload, YcsbError,
@@ -24,6 +25,36 @@ pub struct RunOptions {
     /// Called once every client thread has its client, just before the
     /// phase's clock starts: a multi-process driver's barrier.
     pub gate: Option<Gate>,
+    /// The id of thread 0 among every writer of the run (thread `i` is
+    /// `writer + i`): it tags the values written, so that every write of
+    /// the run writes different bytes.
+    pub writer: u64,
+    /// Whether the run phase logs its writes ([`PhaseResult::writes`], for
+    /// [`super::verify`]).
+    pub log_writes: bool,
+    /// Checked before every operation: once set (a signal, or the first
+    /// error with `fail_fast`), every thread stops; the phase reports what
+    /// was done.
+    pub stop: Option<Arc<AtomicBool>>,
+    /// Sets `stop` at the first failed operation (a dead memory node ends
+    /// the run at once instead of failing every later operation).
+    pub fail_fast: bool,
+}
+
+impl RunOptions {
+    fn stopped(&self) -> bool {
+        self.stop
+            .as_ref()
+            .is_some_and(|s| s.load(Ordering::Relaxed))
+    }
+
+    fn note(&self, status: Status) {
+        if self.fail_fast && status == Status::Error {
+            if let Some(s) = &self.stop {
+                s.store(true, Ordering::Relaxed);
+            }
+        }
+    }
 }
 
 /// A barrier hook for [`RunOptions::gate`]; an `Err` aborts the phase with
@@ -53,6 +84,10 @@ impl Default for RunOptions {
             seed: 0x5eed,
             progress: true,
             gate: None,
+            writer: 0,
+            log_writes: false,
+            stop: None,
+            fail_fast: false,
         }
     }
 }
@@ -72,6 +107,8 @@ pub struct PhaseResult {
     pub errors: u64,
     /// The first error a client thread saw, for the operator.
     pub first_error: Option<String>,
+    /// The run phase's writes, when [`RunOptions::log_writes`] asked.
+    pub writes: Vec<WriteRecord>,
 }
 
 /// Why a phase could not run.
@@ -104,7 +141,7 @@ pub fn sized(mut workload: Workload, records: u64, operations: u64) -> Workload 
 
 /// Fills `buf` with `len` bytes derived from `(keynum, version)`: cheap,
 /// deterministic, and different for every write of a key.
-fn fill_value(buf: &mut Vec<u8>, len: usize, keynum: u64, version: u64) {
+pub(crate) fn fill_value(buf: &mut Vec<u8>, len: usize, keynum: u64, version: u64) {
     buf.clear();
     let mut x = keynum.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ version;
     while buf.len() < len {
@@ -188,15 +225,17 @@ fn take_first_error() -> Option<String> {
 
 fn finish_phase(
     backend: &dyn Backend,
-    per_thread: Vec<(Measurements, Option<String>)>,
+    per_thread: Vec<ThreadResult>,
     runtime: Duration,
     operations: u64,
 ) -> Result<PhaseResult, PhaseError> {
     let mut all = Measurements::new();
     let mut first_error = None;
-    for (m, e) in per_thread {
+    let mut writes = Vec::new();
+    for (m, e, w) in per_thread {
         all.merge(&m)?;
         first_error = first_error.or(e);
+        writes.extend(w);
     }
     let errors = all
         .iter()
@@ -214,8 +253,12 @@ fn finish_phase(
         operations,
         errors,
         first_error,
+        writes,
     })
 }
+
+/// What one client thread hands back.
+type ThreadResult = (Measurements, Option<String>, Vec<WriteRecord>);
 
 /// The load phase: threads take the workload's record keys until none are
 /// left and insert each with a fresh value.
@@ -235,42 +278,46 @@ pub fn run_load(
     opts.pass_gate()?;
     let progress = Progress::start(opts.progress, workload.record_count, "load");
     let start = Instant::now();
-    let results: Vec<Result<(Measurements, Option<String>), PhaseError>> =
-        std::thread::scope(|s| {
-            let hs: Vec<_> = clients
-                .into_iter()
-                .enumerate()
-                .map(|(t, mut client)| {
-                    let done = progress.done.clone();
-                    s.spawn(move || {
-                        let mut m = Measurements::new();
-                        let mut value = Vec::new();
-                        let value_len = workload.value_size() as usize;
-                        let mut n = 0u64;
-                        while let Some(k) = keys.next_load_key() {
-                            let key = workload.key_name(k);
-                            fill_value(&mut value, value_len, k, 0);
-                            let t0 = Instant::now();
-                            let r = client.insert(key.as_bytes(), &value).map(|_| Found::Yes);
-                            m.record(Operation::Insert, status_of(r), t0.elapsed());
-                            n += 1;
-                            if n % 1024 == 0 {
-                                done.fetch_add(1024, Ordering::Relaxed);
-                            }
+    let results: Vec<Result<ThreadResult, PhaseError>> = std::thread::scope(|s| {
+        let hs: Vec<_> = clients
+            .into_iter()
+            .enumerate()
+            .map(|(t, mut client)| {
+                let done = progress.done.clone();
+                s.spawn(move || {
+                    let mut m = Measurements::new();
+                    let mut value = Vec::new();
+                    let value_len = workload.value_size() as usize;
+                    let mut n = 0u64;
+                    while let Some(k) = keys.next_load_key() {
+                        if opts.stopped() {
+                            break;
                         }
-                        (t, m, take_first_error())
-                    })
+                        let key = workload.key_name(k);
+                        fill_value(&mut value, value_len, k, 0);
+                        let t0 = Instant::now();
+                        let r =
+                            status_of(client.insert(key.as_bytes(), &value).map(|_| Found::Yes));
+                        m.record(Operation::Insert, r, t0.elapsed());
+                        opts.note(r);
+                        n += 1;
+                        if n % 1024 == 0 {
+                            done.fetch_add(1024, Ordering::Relaxed);
+                        }
+                    }
+                    (t, m, take_first_error())
                 })
-                .collect();
-            hs.into_iter()
-                .enumerate()
-                .map(|(i, h)| {
-                    h.join()
-                        .map(|(_, m, e)| (m, e))
-                        .map_err(|_| PhaseError::Panicked(i))
-                })
-                .collect()
-        });
+            })
+            .collect();
+        hs.into_iter()
+            .enumerate()
+            .map(|(i, h)| {
+                h.join()
+                    .map(|(_, m, e)| (m, e, Vec::new()))
+                    .map_err(|_| PhaseError::Panicked(i))
+            })
+            .collect()
+    });
     let runtime = start.elapsed();
     progress.finish();
     let per_thread = results.into_iter().collect::<Result<Vec<_>, _>>()?;
@@ -301,80 +348,99 @@ pub fn run_phase(
     opts.pass_gate()?;
     let progress = Progress::start(opts.progress, total, "run");
     let start = Instant::now();
-    let results: Vec<Result<(Measurements, Option<String>), PhaseError>> =
-        std::thread::scope(|s| {
-            let hs: Vec<_> = clients
-                .into_iter()
-                .zip(gens)
-                .enumerate()
-                .map(|(t, (mut client, mut gen))| {
-                    let done = progress.done.clone();
-                    let share =
-                        total / threads as u64 + u64::from((t as u64) < total % threads as u64);
-                    let seed = opts.seed.wrapping_add(t as u64);
-                    s.spawn(move || {
-                        let mut rng = SmallRng::seed_from_u64(seed);
-                        let mut m = Measurements::new();
-                        let (mut value, mut out) = (Vec::new(), Vec::new());
-                        let value_len = workload.value_size() as usize;
-                        for i in 0..share {
-                            let req = gen.next_request(&mut rng, keys);
-                            let key = workload.key_name(req.keynum);
-                            let t0 = Instant::now();
-                            match req.op {
-                                Operation::Read => {
-                                    let r = client.read(key.as_bytes(), &mut out);
-                                    m.record(Operation::Read, status_of(r), t0.elapsed());
-                                }
-                                Operation::Update => {
-                                    fill_value(&mut value, value_len, req.keynum, i + 1);
-                                    let r = client.update(key.as_bytes(), &value);
-                                    m.record(Operation::Update, status_of(r), t0.elapsed());
-                                }
-                                Operation::Insert => {
-                                    fill_value(&mut value, value_len, req.keynum, 0);
-                                    let r =
-                                        client.insert(key.as_bytes(), &value).map(|_| Found::Yes);
-                                    m.record(Operation::Insert, status_of(r), t0.elapsed());
-                                    // Acknowledged whether or not it succeeded,
-                                    // as YCSB does in a `finally`.
-                                    keys.acknowledge_insert(req.keynum);
-                                }
-                                Operation::ReadModifyWrite => {
-                                    // YCSB measures the read, the write, and the whole.
-                                    let r = client.read(key.as_bytes(), &mut out);
-                                    let rs = status_of(r);
-                                    m.record(Operation::Read, rs, t0.elapsed());
-                                    let t1 = Instant::now();
-                                    fill_value(&mut value, value_len, req.keynum, i + 1);
-                                    let w = client.update(key.as_bytes(), &value);
-                                    let ws = status_of(w);
-                                    m.record(Operation::Update, ws, t1.elapsed());
-                                    let whole = if rs.is_ok() && ws.is_ok() {
-                                        Status::Ok
-                                    } else {
-                                        Status::Error
-                                    };
-                                    m.record(Operation::ReadModifyWrite, whole, t0.elapsed());
-                                }
-                                Operation::Scan => {
-                                    // Refused by ensure_no_scan above; counted if reached.
-                                    m.record(Operation::Scan, Status::Error, t0.elapsed());
-                                }
+    let results: Vec<Result<ThreadResult, PhaseError>> = std::thread::scope(|s| {
+        let hs: Vec<_> = clients
+            .into_iter()
+            .zip(gens)
+            .enumerate()
+            .map(|(t, (mut client, mut gen))| {
+                let done = progress.done.clone();
+                let share = total / threads as u64 + u64::from((t as u64) < total % threads as u64);
+                let seed = opts.seed.wrapping_add(t as u64);
+                let writer = opts.writer + t as u64;
+                let log = opts.log_writes;
+                s.spawn(move || {
+                    let mut rng = SmallRng::seed_from_u64(seed);
+                    let mut m = Measurements::new();
+                    let mut writes = Vec::new();
+                    let mut logged = |keynum: u64, version: u64, t0: Instant, r: &Status| {
+                        if log {
+                            writes.push(WriteRecord::new(keynum, version, t0, *r));
+                        }
+                    };
+                    let (mut value, mut out) = (Vec::new(), Vec::new());
+                    let value_len = workload.value_size() as usize;
+                    for i in 0..share {
+                        if opts.stopped() {
+                            break;
+                        }
+                        let req = gen.next_request(&mut rng, keys);
+                        let key = workload.key_name(req.keynum);
+                        let t0 = Instant::now();
+                        match req.op {
+                            Operation::Read => {
+                                let r = status_of(client.read(key.as_bytes(), &mut out));
+                                m.record(Operation::Read, r, t0.elapsed());
+                                opts.note(r);
                             }
-                            if i % 1024 == 1023 {
-                                done.fetch_add(1024, Ordering::Relaxed);
+                            Operation::Update => {
+                                let version = version_tag(writer, i);
+                                fill_value(&mut value, value_len, req.keynum, version);
+                                let r = status_of(client.update(key.as_bytes(), &value));
+                                m.record(Operation::Update, r, t0.elapsed());
+                                opts.note(r);
+                                logged(req.keynum, version, t0, &r);
+                            }
+                            Operation::Insert => {
+                                fill_value(&mut value, value_len, req.keynum, 0);
+                                let r = status_of(
+                                    client.insert(key.as_bytes(), &value).map(|_| Found::Yes),
+                                );
+                                m.record(Operation::Insert, r, t0.elapsed());
+                                opts.note(r);
+                                logged(req.keynum, 0, t0, &r);
+                                // Acknowledged whether or not it succeeded,
+                                // as YCSB does in a `finally`.
+                                keys.acknowledge_insert(req.keynum);
+                            }
+                            Operation::ReadModifyWrite => {
+                                // YCSB measures the read, the write, and the whole.
+                                let r = client.read(key.as_bytes(), &mut out);
+                                let rs = status_of(r);
+                                m.record(Operation::Read, rs, t0.elapsed());
+                                let t1 = Instant::now();
+                                let version = version_tag(writer, i);
+                                fill_value(&mut value, value_len, req.keynum, version);
+                                let w = client.update(key.as_bytes(), &value);
+                                let ws = status_of(w);
+                                m.record(Operation::Update, ws, t1.elapsed());
+                                logged(req.keynum, version, t1, &ws);
+                                let whole = if rs.is_ok() && ws.is_ok() {
+                                    Status::Ok
+                                } else {
+                                    Status::Error
+                                };
+                                m.record(Operation::ReadModifyWrite, whole, t0.elapsed());
+                                opts.note(whole);
+                            }
+                            Operation::Scan => {
+                                // Refused by ensure_no_scan above; counted if reached.
+                                m.record(Operation::Scan, Status::Error, t0.elapsed());
                             }
                         }
-                        (m, take_first_error())
-                    })
+                        if i % 1024 == 1023 {
+                            done.fetch_add(1024, Ordering::Relaxed);
+                        }
+                    }
+                    (m, take_first_error(), writes)
                 })
-                .collect();
-            hs.into_iter()
-                .enumerate()
-                .map(|(i, h)| h.join().map_err(|_| PhaseError::Panicked(i)))
-                .collect()
-        });
+            })
+            .collect();
+        hs.into_iter()
+            .enumerate()
+            .map(|(i, h)| h.join().map_err(|_| PhaseError::Panicked(i)))
+            .collect()
+    });
     let runtime = start.elapsed();
     progress.finish();
     let per_thread = results.into_iter().collect::<Result<Vec<_>, _>>()?;

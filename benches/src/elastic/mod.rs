@@ -54,6 +54,7 @@
 //! each process's own get rate just before and just after
 //! ([`rate_around`]).
 
+pub mod deployed;
 pub mod plot;
 pub mod rc;
 

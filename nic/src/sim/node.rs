@@ -250,11 +250,9 @@ impl SimNic {
     pub fn from_spec(spec: &str) -> Result<SimNic> {
         match crate::spec::FabricSpec::parse(spec)? {
             crate::spec::FabricSpec::Sim(s) => s.open_node(&s.open_fabric()?),
-            crate::spec::FabricSpec::Verbs(_) => {
-                Err(NicError::BadFabricSpec(crate::spec::SpecError::NotSim {
-                    spec: spec.into(),
-                }))
-            }
+            crate::spec::FabricSpec::Verbs(_) => Err(NicError::BadFabricSpec(Box::new(
+                crate::spec::SpecError::NotSim { spec: spec.into() },
+            ))),
         }
     }
 

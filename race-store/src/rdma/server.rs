@@ -24,6 +24,9 @@ use std::time::Duration;
 /// [`MemoryNodeServer::spawn`]).
 pub const MIN_IDLE: Duration = Duration::from_micros(20);
 
+/// Most messages one [`MemoryNodeServer::poll_once`] takes.
+const POLL_BUDGET: usize = 64;
+
 /// The published name of memory node `id` on a sim fabric.
 pub fn node_name(id: u8) -> String {
     format!("race-node-{id}")
@@ -179,11 +182,18 @@ impl<N: Nic> MemoryNodeServer<N> {
     /// Failures of the node's receive path.
     pub fn poll_once(&mut self) -> Result<usize, Error> {
         let mut n = 0;
-        while let Some(m) = self
-            .port
-            .try_pop()
-            .map_err(setup("receive allocation requests"))?
-        {
+        let mut first_err = None;
+        // Bounded: a message whose delivery keeps failing (a dead sender's
+        // descriptor) must not keep this call from the others.
+        for _ in 0..POLL_BUDGET {
+            let m = match self.port.try_pop() {
+                Ok(Some(m)) => m,
+                Ok(None) => break,
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                    continue;
+                }
+            };
             let Ok(req) = AllocRequest::decode(&m.to_vec()) else {
                 continue; // garbage is dropped
             };
@@ -193,11 +203,16 @@ impl<N: Nic> MemoryNodeServer<N> {
                 offset,
             }
             .encode();
+            // A reply that cannot be sent fails only that client's call
+            // (it asks again).
             let _ = self.port.reply(&m, &reply);
             n += 1;
         }
         self.served += n as u64;
-        Ok(n)
+        match (n, first_err) {
+            (0, Some(e)) => Err(setup("receive allocation requests")(e)),
+            _ => Ok(n),
+        }
     }
 
     /// Serves on a thread of its own until the handle is dropped (or

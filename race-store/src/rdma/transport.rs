@@ -10,12 +10,14 @@
 //! flushed shared queue.
 //!
 //! Block allocation is a two-sided message to the memory node's allocation
-//! port ([`ALLOC_PORT`], see [`super::MemoryNodeServer`]), pushed on the
-//! node's VQP and answered to it (the SDK's messaging: credits, no silent
-//! drop). The messaging endpoint is made on the first
-//! [`Transport::alloc_block`]: a client that only reads (a joining compute
-//! node's first get) never creates a QP at all, so connecting stays a
-//! metadata lookup.
+//! port (`ALLOC_PORT`, see [`super::MemoryNodeServer`]) from a messaging
+//! endpoint of the transport's own (the SDK's messaging: credits, no
+//! silent drop), made on the first [`Transport::alloc_block`]: a client
+//! that only reads (a joining compute node's first get) never creates a
+//! QP at all, so connecting stays a metadata lookup. Each allocation closes
+//! its channel when answered, so a memory node's port slots go back to it
+//! and any number of clients allocate over time (a client that dies in
+//! the middle of an allocation leaves its slot granted).
 //!
 //! Local memory: one registered scratch buffer, cut per batch into a slice
 //! per op (READ destinations, WRITE sources unless inline, 8-byte atomic
@@ -24,6 +26,7 @@
 use super::proto::{AllocReply, AllocRequest, NodeInfo, ALLOC_REPLY_LEN};
 use crate::layout::slot::RemotePtr;
 use crate::remote::{Cause, Completions, OpResult, RemoteOp, Transport, TransportError};
+use krcore::msg::Endpoint;
 use krcore::{Access, MemoryRegion, Node, RemoteGrant, Vqp, VqpError};
 use krcore_nic::{
     Destination, InlineData, Nic, Payload, RemoteAddr, SendFlags, SendWr, SgList, Sge, Wc,
@@ -35,8 +38,10 @@ use std::time::{Duration, Instant};
 const SCRATCH: usize = 1 << 20;
 /// How long one batch may take before the transport gives up.
 const BATCH_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a block allocation waits for the memory node's answer.
-const ALLOC_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a block allocation waits for the memory node's answer, and how
+/// often it asks.
+const ALLOC_TIMEOUT: Duration = Duration::from_secs(2);
+const ALLOC_ATTEMPTS: u32 = 3;
 /// Bits of a wr_id that tag the batch (`batch << 24 | index`): the batch
 /// counter wraps below the SDK's reserved request bit.
 const BATCH_MASK: u64 = (1 << 39) - 1;
@@ -54,6 +59,8 @@ pub struct VqpTransport<N: Nic> {
     /// `scratch`'s address, lkey and length, read once (a batch checks its
     /// whole layout against the length, then builds its SGEs directly).
     scratch_sge: Sge,
+    /// The allocation endpoint, made at the first allocation.
+    alloc_ep: Option<Endpoint<N>>,
     next_req: u64,
     /// Tags the wr_ids of a batch (`batch << 24 | index`), so completions of
     /// an abandoned batch are recognized and dropped.
@@ -136,6 +143,7 @@ impl<N: Nic> VqpTransport<N> {
             last: vec![None; infos.len()],
             remotes,
             scratch,
+            alloc_ep: None,
             next_req: 1,
             batch: 0,
             wcs: vec![Wc::default(); 16],
@@ -151,7 +159,7 @@ impl<N: Nic> VqpTransport<N> {
     /// Whether the transport has made its messaging endpoint (the only QP
     /// it may create itself, at the first block allocation).
     pub fn has_msg_endpoint(&self) -> bool {
-        self.remotes.iter().any(|r| r.vqp.has_endpoint())
+        self.alloc_ep.is_some()
     }
 
     fn grow_scratch(&mut self, need: usize) -> Result<(), TransportError> {
@@ -439,25 +447,62 @@ impl<N: Nic> Transport for VqpTransport<N> {
             .remotes
             .get(usize::from(node))
             .ok_or(TransportError::NoSuchNode { node })?;
+        let (gid, port) = (r.info.gid, r.info.alloc_port);
         let req_id = self.next_req;
         self.next_req += 1;
         let req = AllocRequest { req_id, size }.encode();
-        let port = r.info.alloc_port;
-        let lost = |e: krcore::Error| match e {
-            // The node is gone (its messages fail on the wire, or it does not
-            // answer within the messaging timeout).
-            krcore::Error::Msg(
-                krcore::MsgError::Lost { .. } | krcore::MsgError::Timeout { .. },
-            ) => TransportError::NodeDown { node },
+        let lost = |e: krcore::MsgError| match e {
+            // The node is gone: its messages fail on the wire.
+            krcore::MsgError::Lost { .. } => TransportError::NodeDown { node },
             other => TransportError::Refused {
                 node,
                 source: Cause::new(other),
             },
         };
-        r.vqp.push(port, &req).map_err(lost)?;
+        if self.alloc_ep.is_none() {
+            self.alloc_ep = Some(self.node.endpoint().map_err(|e| TransportError::Refused {
+                node,
+                source: Cause::new(e),
+            })?);
+        }
+        let Some(ep) = self.alloc_ep.as_ref() else {
+            return Err(TransportError::BadResponse {
+                reason: "no allocation endpoint",
+            });
+        };
+        let r = alloc_exchange(ep, gid, port, node, req_id, size, &req, lost);
+        // Done: the memory node's port gets the channel's slot back.
+        let _ = ep.close_channel(gid, port);
+        r
+    }
+
+    fn nodes(&self) -> u8 {
+        self.remotes.len() as u8
+    }
+}
+
+/// One allocation request and its answer (see [`Transport::alloc_block`]).
+#[allow(clippy::too_many_arguments)]
+fn alloc_exchange<N: Nic>(
+    ep: &Endpoint<N>,
+    gid: krcore_nic::Gid,
+    port: u16,
+    node: u8,
+    req_id: u64,
+    size: u64,
+    req: &[u8],
+    lost: impl Fn(krcore::MsgError) -> TransportError,
+) -> Result<RemotePtr, TransportError> {
+    // Messaging delivers a pushed request once or reports it lost; an
+    // answer that does not come in time (a memory node stalled, or its
+    // reply lost) is asked again with the same request id: a block
+    // handed out twice is leaked, never shared (the client takes the
+    // first answer to its id and skips the others).
+    for _ in 0..ALLOC_ATTEMPTS {
+        ep.push(gid, port, req).map_err(&lost)?;
         let deadline = Instant::now() + ALLOC_TIMEOUT;
         while Instant::now() < deadline {
-            let Some(m) = r.vqp.try_pop_reply().map_err(lost)? else {
+            let Some(m) = ep.try_pop_reply().map_err(&lost)? else {
                 std::thread::yield_now();
                 continue;
             };
@@ -478,10 +523,9 @@ impl<N: Nic> Transport for VqpTransport<N> {
                 None => Err(TransportError::OutOfMemory { node, size }),
             };
         }
-        Err(TransportError::NodeDown { node })
     }
-
-    fn nodes(&self) -> u8 {
-        self.remotes.len() as u8
-    }
+    Err(TransportError::Timeout {
+        node,
+        after: ALLOC_TIMEOUT * ALLOC_ATTEMPTS,
+    })
 }

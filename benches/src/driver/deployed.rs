@@ -1,0 +1,78 @@
+//! The RACE store deployed on its own: a client of memory nodes found
+//! through the meta server (`race_store::deploy::Store`), for
+//! `krcore-ycsb --meta ADDR --store NAME`.
+
+use super::{Backend, BackendError, KvClient};
+use crate::cluster::RaceKv;
+use krcore_nic::FabricSpec;
+use race_store::deploy::{DeployError, Store, StoreOptions};
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// Where a deployed store is: what a client process needs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeployedTarget {
+    /// The fabric string of this client's device.
+    pub fabric: String,
+    /// The meta server's TCP address.
+    pub meta: String,
+    /// The store's name.
+    pub store: String,
+}
+
+/// A deployed store as a YCSB backend: the clients of every thread post
+/// from one compute node of this process.
+#[derive(Debug)]
+pub struct StoreBackend {
+    store: Store,
+    label: Option<String>,
+}
+
+impl StoreBackend {
+    /// Opens a compute node on `target.fabric` and finds the store's memory
+    /// nodes (waiting at most `wait` for all of them).
+    ///
+    /// # Errors
+    /// [`DeployError`].
+    pub fn connect(target: &DeployedTarget, wait: Duration) -> Result<StoreBackend, DeployError> {
+        let store = Store::connect(
+            &target.fabric,
+            &target.meta,
+            &target.store,
+            StoreOptions {
+                wait,
+                ..StoreOptions::default()
+            },
+        )?;
+        let label = target
+            .fabric
+            .parse::<FabricSpec>()
+            .ok()
+            .and_then(|s| s.as_sim().and_then(|s| s.latency()))
+            .map(|m| format!("modeled ({})", m.name));
+        Ok(StoreBackend { store, label })
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+}
+
+impl Backend for StoreBackend {
+    fn name(&self) -> &'static str {
+        "race"
+    }
+
+    fn client(&self) -> Result<Box<dyn KvClient>, BackendError> {
+        let client = self.store.client().map_err(|e| BackendError::Setup {
+            backend: "race",
+            message: crate::cluster::error_chain(&e),
+        })?;
+        Ok(Box::new(RaceKv { client }))
+    }
+
+    fn label(&self) -> Option<String> {
+        self.label.clone()
+    }
+}

@@ -1,0 +1,226 @@
+//! The elastic experiment against a deployed store (`krcore-elastic --meta
+//! ADDR --store NAME --fabric F`): compute processes join a store that
+//! `race-memnode` processes serve, found through the meta server alone.
+//!
+//! The driver loads `records` keys (skipped with `records = 0`, for a store
+//! loaded already), then spawns `joiners` compute processes one after the
+//! other. Each one opens a node on the fabric, finds the store
+//! (`race_store::deploy::Store::connect`: the meta bootstrap and the
+//! membership over TCP, one VQP per memory node by a metadata lookup),
+//! issues its first get (the join ends there), then gets random loaded keys
+//! for `gets` operations and reports. Every figure is measured, none is
+//! modeled: on a real device (or the emulated guest) the join's time is the
+//! device's own.
+
+use crate::proc::{epoch_us, say, ChildProc, ProcError};
+use race_store::deploy::{DeployError, Store, StoreOptions};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// What a joining process does.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JoinerSpec {
+    /// This client's fabric string.
+    pub fabric: String,
+    /// The meta server's TCP address.
+    pub meta: String,
+    /// The store.
+    pub store: String,
+    /// Keys loaded (gets pick among them).
+    pub records: u64,
+    /// Gets after the first.
+    pub gets: u64,
+    /// Join order.
+    pub index: usize,
+    /// When the driver spawned it (us since the Unix epoch).
+    pub spawn_us: u64,
+}
+
+/// What a joining process reports.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JoinerReport {
+    /// Join order.
+    pub index: usize,
+    /// Spawn to `main` (process start), us.
+    pub start_us: u64,
+    /// Spawn to the store found and a client open, us.
+    pub connected_us: u64,
+    /// Spawn to the first get's answer, us.
+    pub first_get_us: u64,
+    /// Gets per second after the first.
+    pub gets_per_sec: f64,
+    /// QPs the process's node created.
+    pub qps_created: u64,
+}
+
+/// The key of record `k` (the same names as the embedded experiment).
+pub fn key(k: u64) -> String {
+    format!("elastic{k:012}")
+}
+
+/// Why the deployed experiment failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ElasticError {
+    /// The store.
+    #[error(transparent)]
+    Deploy(#[from] DeployError),
+    /// A table operation.
+    #[error("{what}")]
+    Store {
+        /// What was done.
+        what: &'static str,
+        /// What failed.
+        #[source]
+        source: race_store::Error,
+    },
+    /// A joining process.
+    #[error(transparent)]
+    Proc(#[from] ProcError),
+    /// A joining process sent something unreadable.
+    #[error("joining process {index}: bad report: {reason}")]
+    BadReport {
+        /// Join order.
+        index: usize,
+        /// What was wrong.
+        reason: String,
+    },
+}
+
+/// Driver side: loads the store, runs `joiners` joining processes of `exe`
+/// (each re-executed with `--joiner-spec JSON`), one after the other.
+///
+/// # Errors
+/// [`ElasticError`].
+pub fn run(
+    exe: &std::path::Path,
+    base: &JoinerSpec,
+    joiners: usize,
+) -> Result<Vec<JoinerReport>, ElasticError> {
+    if base.records > 0 {
+        let store = Store::connect(
+            &base.fabric,
+            &base.meta,
+            &base.store,
+            StoreOptions::default(),
+        )?;
+        let mut c = store.client().map_err(|source| ElasticError::Store {
+            what: "open the loading client",
+            source,
+        })?;
+        for k in 0..base.records {
+            c.put(key(k).as_bytes(), &k.to_le_bytes())
+                .map_err(|source| ElasticError::Store {
+                    what: "load the store",
+                    source,
+                })?;
+        }
+    }
+    let mut out = Vec::with_capacity(joiners);
+    for index in 0..joiners {
+        let spec = JoinerSpec {
+            index,
+            spawn_us: epoch_us(),
+            ..base.clone()
+        };
+        let json = serde_json::to_string(&spec).map_err(|e| ElasticError::BadReport {
+            index,
+            reason: e.to_string(),
+        })?;
+        let mut cmd = Command::new(exe);
+        cmd.arg("--joiner-spec").arg(json);
+        let mut child = ChildProc::spawn(cmd)?;
+        let line = child.expect("JOINED", Duration::from_secs(120))?;
+        let r: JoinerReport = serde_json::from_str(&line).map_err(|e| ElasticError::BadReport {
+            index,
+            reason: e.to_string(),
+        })?;
+        child.finish(Duration::from_secs(30));
+        out.push(r);
+    }
+    Ok(out)
+}
+
+/// Joining process: joins, reads, prints `JOINED {json}`.
+///
+/// # Errors
+/// A message for the operator (the driver sees the process exit).
+pub fn joiner_main(spec: &JoinerSpec) -> Result<(), ElasticError> {
+    let since = |t: u64| t.saturating_sub(spec.spawn_us);
+    let start_us = since(epoch_us());
+    let store = Store::connect(
+        &spec.fabric,
+        &spec.meta,
+        &spec.store,
+        StoreOptions::default(),
+    )?;
+    let before = store.node().counters();
+    let mut c = store.client().map_err(|source| ElasticError::Store {
+        what: "open a client",
+        source,
+    })?;
+    let connected_us = since(epoch_us());
+    let records = spec.records.max(1);
+    let mut rng = SmallRng::seed_from_u64(spec.index as u64 + 1);
+    let get = |c: &mut race_store::Client<_>, k: u64| {
+        c.get(key(k).as_bytes())
+            .map_err(|source| ElasticError::Store {
+                what: "get a key",
+                source,
+            })
+    };
+    get(&mut c, rng.gen_range(0..records))?;
+    let first_get_us = since(epoch_us());
+    let t0 = Instant::now();
+    for _ in 0..spec.gets {
+        get(&mut c, rng.gen_range(0..records))?;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let report = JoinerReport {
+        index: spec.index,
+        start_us,
+        connected_us,
+        first_get_us,
+        gets_per_sec: if secs > 0.0 {
+            spec.gets as f64 / secs
+        } else {
+            0.0
+        },
+        qps_created: (store.node().counters() - before).qps_created,
+    };
+    let json = serde_json::to_string(&report).map_err(|e| ElasticError::BadReport {
+        index: spec.index,
+        reason: e.to_string(),
+    })?;
+    say(&format!("JOINED {json}"));
+    Ok(())
+}
+
+/// The reports as a table, with the median join.
+pub fn print(reports: &[JoinerReport]) {
+    println!("# krcore-elastic (deployed store; measured, not modeled)");
+    println!("joiner  start_ms  connected_ms  first_get_ms  gets/s  qps_created");
+    for r in reports {
+        println!(
+            "{:>6}  {:>8.2}  {:>12.2}  {:>12.2}  {:>6.0}  {:>11}",
+            r.index,
+            r.start_us as f64 / 1e3,
+            r.connected_us as f64 / 1e3,
+            r.first_get_us as f64 / 1e3,
+            r.gets_per_sec,
+            r.qps_created
+        );
+    }
+    let mut joins: Vec<u64> = reports.iter().map(|r| r.first_get_us).collect();
+    joins.sort_unstable();
+    if let Some(m) = joins.get(joins.len() / 2) {
+        println!(
+            "median join (spawn to first get): {:.2} ms over {} joiners",
+            *m as f64 / 1e3,
+            joins.len()
+        );
+    }
+}

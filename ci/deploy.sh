@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# ci/deploy.sh FABRIC BIN_DIR -- the whole stack as separate processes.
+#
+# Starts krcore-meta, two race-memnode processes (store "ci") and then, for
+# YCSB workloads A, B, C, D and F, krcore-ycsb with 2 client processes
+# (load + run of $DEPLOY_RECORDS records, then the verification pass: every
+# key holds a value a last write may have left, the table check is clean).
+# Then it SIGKILLs memory node 0 under a running client and checks that the
+# client fails with a typed error and a non-zero exit within 10 s. Then it
+# starts a second store and runs krcore-elastic with 4 joining processes
+# against it. With DEPLOY_LAT=1 it also measures YCSB-C get latency (1
+# thread) beside perftest's ib_read_lat -s 64 (needs a verbs fabric).
+#
+# FABRIC: sim:NAME (on the host) or verbs:rxe0 (inside the Soft-RoCE guest:
+# RC fallback mode). BIN_DIR holds krcore-meta, race-memnode, krcore-ycsb,
+# krcore-elastic. Exits non-zero naming the first step that failed.
+#
+# Environment: DEPLOY_RECORDS (20000), DEPLOY_OPS (10000), DEPLOY_PORT
+# (7471), DEPLOY_MB (256), DEPLOY_LAT (0).
+set -u
+fabric=$1
+bin=$2
+records=${DEPLOY_RECORDS:-20000}
+ops=${DEPLOY_OPS:-10000}
+port=${DEPLOY_PORT:-7471}
+mb=${DEPLOY_MB:-256}
+meta=127.0.0.1:$port
+work=$(mktemp -d)
+pids=()
+
+say() { printf '[deploy] %s\n' "$*" >&2; }
+die() { say "FAILED: $*"; exit 1; }
+cleanup() {
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
+  rm -rf "$work"
+  case $fabric in sim:/*) ;; sim:*) n=${fabric#sim:}; rm -rf "/dev/shm/${n%%,*}" ;; esac
+}
+trap cleanup EXIT
+
+# start NAME ARGS...: runs a server in the background, waits (60 s) for
+# its ready file, and prints its pid in $started.
+start() {
+  local name=$1; shift
+  "$@" --ready-file "$work/$name.ready" >"$work/$name.out" 2>"$work/$name.err" &
+  started=$!
+  pids+=("$started")
+  for _ in $(seq 600); do
+    [ -s "$work/$name.ready" ] && { say "$(cat "$work/$name.ready")"; return 0; }
+    kill -0 "$started" 2>/dev/null || { cat "$work/$name.err" >&2; die "$name exited before it was ready"; }
+    sleep 0.1
+  done
+  die "$name not ready within 60 s"
+}
+
+ycsb() { "$bin/krcore-ycsb" --fabric "$fabric" --meta "$meta" "$@"; }
+
+start meta "$bin/krcore-meta" --fabric "$fabric" --listen "$meta"
+start mem0 "$bin/race-memnode" --fabric "$fabric" --meta "$meta" --store ci --id 0 --nodes 2 --mb "$mb"
+mem0=$started
+start mem1 "$bin/race-memnode" --fabric "$fabric" --meta "$meta" --store ci --id 1 --nodes 2 --mb "$mb"
+
+for w in a b c d f; do
+  say "workload $w: $records records, $ops operations, 2 client processes, verified"
+  ycsb --store ci --workload "$w" --records "$records" --operations "$ops" \
+    --processes 2 --verify >"$work/ycsb-$w.out" 2>"$work/ycsb-$w.err" ||
+    { cat "$work/ycsb-$w.out" "$work/ycsb-$w.err" >&2; die "workload $w"; }
+  grep -E '^\[(OVERALL|READ|UPDATE|INSERT|READ-MODIFY-WRITE)\], (RunTime|Throughput|Operations|50th|99th)|^\[VERIFY\]|^# ' \
+    "$work/ycsb-$w.out"
+  grep -q '^\[VERIFY\], Wrong, 0$' "$work/ycsb-$w.out" || die "workload $w: verification"
+done
+
+if [ "${DEPLOY_LAT:-0}" = 1 ]; then
+  say "latency: YCSB-C get (1 thread) beside ib_read_lat -s 64"
+  ycsb --store ci --workload c --records "$records" --operations 20000 --phase run \
+    >"$work/lat.out" 2>&1 || { cat "$work/lat.out" >&2; die "latency run"; }
+  get_p50=$(sed -n 's/^\[READ\], 50thPercentileLatency(us), //p' "$work/lat.out")
+  perf=$(../shared/softroce/softroce-pair ib_read_lat -s 64 -n 2000 2>&1) || say "ib_read_lat failed"
+  # perftest's columns: #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%
+  read_p50=$(printf '%s\n' "$perf" | awk '$1 == 64 && NF >= 6 {print $5}' | tail -n1)
+  echo "latency: ycsb-c get p50 ${get_p50:-?} us; ib_read_lat 64 B t_typical ${read_p50:-?} us"
+  if [ -n "$get_p50" ] && [ -n "$read_p50" ]; then
+    awk -v g="$get_p50" -v r="$read_p50" 'BEGIN { printf "latency: get p50 / (2 x ib_read_lat p50) = %.3f (measured in the emulated guest: a ratio, not a speed)\n", g / (2 * r) }'
+  fi
+fi
+
+say "kill test: SIGKILL memory node 0 under a running client"
+ycsb --store ci --workload c --records "$records" --operations 1000000000 --phase run \
+  --fail-fast >"$work/kill.out" 2>"$work/kill.err" &
+client=$!
+sleep 3
+kill -0 "$client" 2>/dev/null || { cat "$work/kill.err" >&2; die "the client ended before the kill"; }
+kill -KILL "$mem0"
+wait "$mem0" 2>/dev/null
+t0=$SECONDS
+rc=
+for _ in $(seq 100); do
+  if ! kill -0 "$client" 2>/dev/null; then wait "$client"; rc=$?; break; fi
+  sleep 0.1
+done
+if [ -z "$rc" ]; then
+  kill -KILL "$client"; die "the client did not exit within 10 s of the kill"
+fi
+say "client exited with $rc after $((SECONDS - t0)) s: $(grep -m1 error "$work/kill.err")"
+[ "$rc" != 0 ] || die "the client exited 0 after its memory node died"
+grep -q "memory node 0 is down\|transport error" "$work/kill.err" || die "no typed error from the client"
+
+say "elastic: a second store, 4 joining processes"
+start mem2 "$bin/race-memnode" --fabric "$fabric" --meta "$meta" --store el --id 0 --nodes 2 --mb "$mb"
+start mem3 "$bin/race-memnode" --fabric "$fabric" --meta "$meta" --store el --id 1 --nodes 2 --mb "$mb"
+"$bin/krcore-elastic" --fabric "$fabric" --meta "$meta" --store el --joiners 4 \
+  >"$work/elastic.out" 2>"$work/elastic.err" ||
+  { cat "$work/elastic.out" "$work/elastic.err" >&2; die "krcore-elastic"; }
+cat "$work/elastic.out"
+say "all steps passed"

@@ -1,0 +1,162 @@
+//! `race-memnode`: one memory node of a deployed RACE store.
+//!
+//! ```text
+//! race-memnode --fabric F --meta HOST:PORT --store NAME --id I --nodes N --mb M
+//!              [--lease-ms MS] [--wait-s S] [--config FILE] [--ready-file PATH]
+//! ```
+//!
+//! Opens a node on `--fabric`, registered with the meta server at `--meta`
+//! (so compute nodes reach it by a metadata lookup), registers an `M` MiB
+//! region for remote READ, WRITE and atomics, and joins store `NAME` as
+//! memory node `I` of `N`. Node 0 formats the table first; nodes `1..N`
+//! wait (at most `--wait-s`, default 30) for node 0 to have joined. The
+//! node's CPU then only answers block allocations (two-sided messages);
+//! every key-value operation is one-sided.
+//!
+//! Prints `ready: ...` (and writes it to `--ready-file`) once it has joined;
+//! on SIGINT/SIGTERM it leaves the store, deregisters and exits 0. Exit
+//! codes: 2 for a bad command line or config file; 1 when it cannot serve
+//! (no such device, the meta server unreachable, the id taken, node 0
+//! missing, ...), with the cause on one line.
+#![forbid(unsafe_code)]
+
+use clap::Parser;
+use krcore::Node;
+use krcore_cli::{announce_ready, fail, init_tracing, load_toml, parse_fabric, usage, Shutdown};
+use race_store::deploy::{MemoryNodeOptions, DEFAULT_MEMBER_LEASE};
+use race_store::rdma::MemoryNodeServer;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+const PROGRAM: &str = "race-memnode";
+
+/// One memory node of a RACE store (one-sided hash table on disaggregated
+/// memory).
+#[derive(Parser, Debug)]
+#[command(name = "race-memnode", version)]
+struct Args {
+    /// Fabric: sim:NAME, sim:/path, or verbs:DEVICE[,port=N][,gid=N].
+    #[arg(long)]
+    fabric: Option<String>,
+    /// The meta server's TCP address [default: 127.0.0.1:7471].
+    #[arg(long)]
+    meta: Option<String>,
+    /// The store's name (1..=32 of [A-Za-z0-9._-]).
+    #[arg(long)]
+    store: Option<String>,
+    /// This memory node's id (0 formats the table).
+    #[arg(long)]
+    id: Option<u8>,
+    /// Memory nodes in the store.
+    #[arg(long)]
+    nodes: Option<u8>,
+    /// MiB of this node's region [default: 1024].
+    #[arg(long)]
+    mb: Option<u64>,
+    /// Membership lease in ms (renewed every third) [default: 10000].
+    #[arg(long)]
+    lease_ms: Option<u64>,
+    /// Seconds nodes 1..N wait for node 0 [default: 30].
+    #[arg(long)]
+    wait_s: Option<u64>,
+    /// TOML file with any of the settings above (flags override it).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Also write the readiness line to this file.
+    #[arg(long)]
+    ready_file: Option<PathBuf>,
+}
+
+/// The settings a `--config` file may hold.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct FileConfig {
+    fabric: Option<String>,
+    meta: Option<String>,
+    store: Option<String>,
+    id: Option<u8>,
+    nodes: Option<u8>,
+    mb: Option<u64>,
+    lease_ms: Option<u64>,
+    wait_s: Option<u64>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    init_tracing(PROGRAM);
+    let file: FileConfig = match load_toml(args.config.as_deref()) {
+        Ok(f) => f,
+        Err(e) => return usage(PROGRAM, e),
+    };
+    let (Some(fabric), Some(store), Some(id), Some(nodes)) = (
+        args.fabric.or(file.fabric),
+        args.store.or(file.store),
+        args.id.or(file.id),
+        args.nodes.or(file.nodes),
+    ) else {
+        return usage(
+            PROGRAM,
+            "--fabric, --store, --id and --nodes are required (see --help)",
+        );
+    };
+    if nodes == 0 || id >= nodes {
+        return usage(PROGRAM, format!("--id {id} must be below --nodes {nodes}"));
+    }
+    let spec = match parse_fabric(PROGRAM, &fabric) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let meta = args
+        .meta
+        .or(file.meta)
+        .unwrap_or_else(|| krcore_cli::DEFAULT_META_ADDR.to_string());
+    let mb = args.mb.or(file.mb).unwrap_or(1024);
+    let Some(bytes) = mb.checked_mul(1 << 20).filter(|&b| b > 0) else {
+        return usage(PROGRAM, format!("--mb {mb}: out of range"));
+    };
+    let mut opts = MemoryNodeOptions::new(&store, id, nodes, bytes, &meta);
+    opts.lease = args
+        .lease_ms
+        .or(file.lease_ms)
+        .map_or(DEFAULT_MEMBER_LEASE, Duration::from_millis);
+    if let Some(s) = args.wait_s.or(file.wait_s) {
+        opts.wait = Duration::from_secs(s);
+    }
+    let shutdown = match Shutdown::install() {
+        Ok(s) => s,
+        Err(e) => return fail(PROGRAM, &e),
+    };
+    let node = match Node::builder()
+        .fabric_spec(spec.clone())
+        .meta_addr(meta.as_str())
+        .register(true)
+        .build()
+    {
+        Ok(n) => n,
+        Err(e) => return fail(PROGRAM, &e),
+    };
+    let served = match MemoryNodeServer::deploy(&node, &opts) {
+        Ok(s) => s,
+        Err(e) => return fail(PROGRAM, &e),
+    };
+    tracing::info!(store = %store, id, nodes, gid = %node.gid(), bytes, "memory node joined");
+    let line = format!(
+        "race-memnode store {store} id {id} of {nodes} fabric {spec} mode {:?} gid {} region {} MiB",
+        node.mode(),
+        node.gid(),
+        mb
+    );
+    if let Err(e) = announce_ready(&line, args.ready_file.as_deref()) {
+        return fail(PROGRAM, &e);
+    }
+    shutdown.wait_until(Duration::from_millis(50), || false);
+    tracing::info!("signal received: leaving the store");
+    match served.shutdown() {
+        Ok(()) => {
+            eprintln!("{PROGRAM}: left store {store} (id {id})");
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(PROGRAM, &e),
+    }
+}

@@ -1,0 +1,255 @@
+//! # krcore-cli: what every program of a KRCore-rs deployment shares
+//!
+//! The programs (`krcore-meta`, `race-memnode` here; `krcore-ycsb` and
+//! `krcore-elastic` in `krcore-benches`) behave alike:
+//!
+//! - `--help`; `--fabric F` (one parser: [`krcore_nic::FabricSpec`]),
+//!   `--meta HOST:PORT` (the meta server's TCP address), `--config FILE`
+//!   (TOML; flags override the file: [`load_toml`]);
+//! - a readiness line on stdout, `ready: ...`, and the same line written to
+//!   `--ready-file PATH` (atomically: a reader never sees half of it):
+//!   [`announce_ready`];
+//! - clean exit on SIGINT and SIGTERM ([`Shutdown`]);
+//! - one-line errors with their cause chain ([`error_chain`]) and exit code
+//!   1 ([`fail`]); usage errors exit 2 (clap's own, and [`usage`]);
+//! - logs through `tracing` on stderr, filtered by `RUST_LOG` (default
+//!   `info` for the program, `warn` for the libraries): [`init_tracing`].
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The meta server's TCP address unless `--meta` / `--listen` say otherwise.
+pub const DEFAULT_META_ADDR: &str = race_store::deploy::DEFAULT_META_ADDR;
+
+/// Why a configuration file could not be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("--config {path}: cannot read it")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for this program.
+    #[error("--config {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message (line, column, the key).
+        message: String,
+    },
+}
+
+/// Reads a TOML configuration (`T::default()` without a file). Unknown keys
+/// are errors when `T` denies them (`#[serde(deny_unknown_fields)]`).
+///
+/// # Errors
+/// [`ConfigError`].
+pub fn load_toml<T>(path: Option<&Path>) -> Result<T, ConfigError>
+where
+    T: serde::de::DeserializeOwned + Default,
+{
+    let Some(path) = path else {
+        return Ok(T::default());
+    };
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        path: path.to_path_buf(),
+        message: e.message().to_string() + &line_of(&text, e.span()),
+    })
+}
+
+fn line_of(text: &str, span: Option<std::ops::Range<usize>>) -> String {
+    match span {
+        Some(r) => {
+            let line = text[..r.start.min(text.len())].matches('\n').count() + 1;
+            format!(" (line {line})")
+        }
+        None => String::new(),
+    }
+}
+
+/// Installs the `tracing` subscriber: stderr, `RUST_LOG` (default: `info`
+/// for `program`'s own crate and the KRCore crates' control-path events at
+/// `warn`).
+pub fn init_tracing(program: &str) {
+    let default = format!("warn,{}=info", program.replace('-', "_"));
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(true)
+        .try_init();
+}
+
+/// An error and its sources on one line: `a: b: c`.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        // Errors that are `transparent` print their source themselves.
+        if !out.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}
+
+/// Prints `program: error: <chain>` on stderr and returns exit code 1.
+pub fn fail(program: &str, e: &(dyn std::error::Error + 'static)) -> ExitCode {
+    eprintln!("{program}: error: {}", error_chain(e));
+    ExitCode::from(1)
+}
+
+/// Prints `program: <message>` on stderr and returns exit code 2 (a usage
+/// error).
+pub fn usage(program: &str, message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("{program}: {message}");
+    ExitCode::from(2)
+}
+
+/// Prints `ready: <line>` on stdout (flushed) and, with a path, writes the
+/// same line to it atomically (a temporary file renamed into place).
+///
+/// # Errors
+/// The file's I/O error.
+pub fn announce_ready(line: &str, ready_file: Option<&Path>) -> std::io::Result<()> {
+    let text = format!("ready: {line}\n");
+    {
+        let mut out = std::io::stdout().lock();
+        out.write_all(text.as_bytes())?;
+        out.flush()?;
+    }
+    if let Some(path) = ready_file {
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".tmp");
+        let tmp = PathBuf::from(tmp);
+        std::fs::write(&tmp, &text)?;
+        std::fs::rename(&tmp, path)?;
+    }
+    Ok(())
+}
+
+/// SIGINT and SIGTERM, turned into a flag the program polls.
+#[derive(Debug, Clone)]
+pub struct Shutdown {
+    flag: Arc<AtomicBool>,
+}
+
+impl Shutdown {
+    /// Registers the handlers (a second signal while shutting down ends the
+    /// process at once, as an impatient operator expects).
+    ///
+    /// # Errors
+    /// When a handler cannot be installed.
+    pub fn install() -> std::io::Result<Shutdown> {
+        let flag = Arc::new(AtomicBool::new(false));
+        for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+            // Second signal: exit with 128 + sig.
+            signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, flag.clone())?;
+            signal_hook::flag::register(sig, flag.clone())?;
+        }
+        Ok(Shutdown { flag })
+    }
+
+    /// The flag the handlers set (for loops that poll it themselves).
+    pub fn flag(&self) -> Arc<AtomicBool> {
+        self.flag.clone()
+    }
+
+    /// Whether a signal asked the program to stop.
+    pub fn requested(&self) -> bool {
+        self.flag.load(Ordering::Relaxed)
+    }
+
+    /// Blocks until a signal asks the program to stop (checked every
+    /// `tick`), or `done` returns true; returns whether it was a signal.
+    pub fn wait_until(&self, tick: Duration, mut done: impl FnMut() -> bool) -> bool {
+        loop {
+            if self.requested() {
+                return true;
+            }
+            if done() {
+                return false;
+            }
+            std::thread::sleep(tick);
+        }
+    }
+}
+
+/// Parses `--fabric` (exit code 2 on a bad string, through [`usage`]).
+///
+/// # Errors
+/// The exit code to return.
+pub fn parse_fabric(program: &str, s: &str) -> Result<krcore_nic::FabricSpec, ExitCode> {
+    s.parse::<krcore_nic::FabricSpec>()
+        .map_err(|e| usage(program, format!("--fabric: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Default, PartialEq, serde::Deserialize)]
+    #[serde(default, deny_unknown_fields)]
+    struct Conf {
+        store: Option<String>,
+        id: Option<u8>,
+    }
+
+    #[test]
+    fn toml_files_load_or_fail_with_the_key_and_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        std::fs::write(&p, "store = \"s\"\nid = 3\n").unwrap();
+        let c: Conf = load_toml(Some(&p)).unwrap();
+        assert_eq!(
+            c,
+            Conf {
+                store: Some("s".into()),
+                id: Some(3)
+            }
+        );
+        assert_eq!(load_toml::<Conf>(None).unwrap(), Conf::default());
+        std::fs::write(&p, "store = \"s\"\nsotre = 1\n").unwrap();
+        let e = load_toml::<Conf>(Some(&p)).unwrap_err().to_string();
+        assert!(e.contains("sotre") && e.contains("line 2"), "{e}");
+        let e = load_toml::<Conf>(Some(&dir.path().join("missing.toml"))).unwrap_err();
+        assert!(matches!(e, ConfigError::Read { .. }), "{e}");
+    }
+
+    #[test]
+    fn error_chains_print_every_cause_once() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("outer")]
+        struct Outer(#[source] std::io::Error);
+        let e = Outer(std::io::Error::other("inner"));
+        assert_eq!(error_chain(&e), "outer: inner");
+    }
+
+    #[test]
+    fn the_ready_file_holds_the_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("ready");
+        announce_ready("x 1", Some(&p)).unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "ready: x 1\n");
+    }
+}

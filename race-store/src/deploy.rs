@@ -1,0 +1,533 @@
+//! A deployed store: memory nodes and clients that find each other through
+//! the meta server alone (its TCP address), on any provider.
+//!
+//! ```text
+//! race-memnode (node i)                    meta server (krcore-meta)
+//!   Node: --fabric F --meta ADDR  --register-->  DC entries (READ by peers)
+//!   MemoryNodeServer (region, ALLOC_PORT)
+//!   store_keep_joined(store, i, NodeInfo) ----->  store "S": i -> NodeInfo
+//!
+//! client process                          (TCP ADDR: bootstrap, StoreList)
+//!   Store::connect(F, ADDR, "S") ---- StoreList ---->  members 0..n
+//!   store.client() -> Client: one VQP per memory node (a meta lookup each)
+//! ```
+//!
+//! - Serving side: [`MemoryNodeServer::deploy`] (see [`DeployedMemoryNode`]):
+//!   node 0 formats the table and then joins the store; nodes `1..n` wait
+//!   (bounded) until node 0 is a member, check that it formatted a store of
+//!   the same size, and join. Membership is leased and renewed by a thread
+//!   of the node; [`DeployedMemoryNode::shutdown`] leaves the store and
+//!   removes the node's meta entry; a node that dies is swept when its lease
+//!   runs out.
+//! - Client side: [`Store::connect`] (a compute node of its own) or
+//!   [`Store::open`] (on a node you built), then [`Store::client`] per
+//!   thread.
+//!
+//! # Clocks
+//!
+//! Clients of every process compare leases and deadlines written in remote
+//! memory (the resize lock, the reclamation grace): a deployed store's
+//! clients use [`crate::clock::WallClock`], microseconds since 2024 from the
+//! system clock. Across machines their clocks must agree (NTP) to well
+//! within [`crate::ClientConfig`]'s `max_op_ticks` (100 ms by default) and
+//! `grace_ticks` (300 ms); the defaults suit NTP-synchronised hosts (skew of
+//! a few ms). With a larger skew raise `grace_ticks` and `lease_ticks` by it.
+//!
+//! # Invariants
+//! - A member record is a [`NodeInfo`] (checked view; untrusted bytes): a
+//!   record that does not parse, names another id, or a node count that
+//!   differs from node 0's, is a typed error, never a guess.
+//! - A client connects only to a complete store: members `0..n` all live,
+//!   where `n` is node 0's node count.
+
+use crate::clock::{Clock, WallClock};
+use crate::memory::TableConfig;
+use crate::rdma::{MemoryNodeHandle, MemoryNodeServer, NodeInfo, VqpTransport};
+use crate::remote::TransportError;
+use crate::{Client, ClientConfig};
+use krcore::{EngineError, MetaLease, Node};
+use krcore_meta::bootstrap::fetch_store_tcp;
+use krcore_meta::wire::ErrorCode;
+use krcore_meta::MetaError;
+use krcore_nic::{AnyNic, Gid};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The TCP address a meta server listens on unless told otherwise.
+pub const DEFAULT_META_ADDR: &str = "127.0.0.1:7471";
+
+/// How long a membership lasts unless renewed (renewed every third).
+pub const DEFAULT_MEMBER_LEASE: Duration = Duration::from_secs(10);
+
+/// Why a deployed store could not be served or reached.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeployError {
+    /// The meta server's TCP service (unreachable, timed out, another wire
+    /// version, a refusal).
+    #[error("meta server {addr}")]
+    Meta {
+        /// The address asked.
+        addr: String,
+        /// What failed.
+        #[source]
+        source: Box<MetaError>,
+    },
+    /// Nobody registered the store (or all its members' leases ran out).
+    #[error("no store named {store:?} is registered with the meta server at {addr}")]
+    NoSuchStore {
+        /// The store.
+        store: String,
+        /// The meta server.
+        addr: String,
+    },
+    /// Some memory nodes of the store are not registered.
+    #[error(
+        "store {store:?} is incomplete: memory nodes {missing:?} of {nodes} are not registered"
+    )]
+    Incomplete {
+        /// The store.
+        store: String,
+        /// Its number of memory nodes (node 0's record).
+        nodes: u8,
+        /// The ids missing.
+        missing: Vec<u8>,
+    },
+    /// Node 0 never joined: the table was never formatted.
+    #[error(
+        "store {store:?}: memory node 0 did not register within {waited:?} (it formats the table: \
+         start it first)"
+    )]
+    NodeZeroMissing {
+        /// The store.
+        store: String,
+        /// How long this node waited.
+        waited: Duration,
+    },
+    /// Another live node holds this id in the store.
+    #[error("store {store:?}: memory node id {id} is taken by node {holder}")]
+    DuplicateId {
+        /// The store.
+        store: String,
+        /// The id.
+        id: u8,
+        /// The GID holding it.
+        holder: Gid,
+    },
+    /// This node and node 0 disagree on the number of memory nodes.
+    #[error(
+        "store {store:?}: node 0 formatted a store of {theirs} memory nodes, this one has {ours}"
+    )]
+    NodeCount {
+        /// The store.
+        store: String,
+        /// This node's count.
+        ours: u8,
+        /// Node 0's.
+        theirs: u8,
+    },
+    /// A member's record is not a valid memory node record.
+    #[error("store {store:?}: member {id} has a malformed record")]
+    BadRecord {
+        /// The store.
+        store: String,
+        /// The member id.
+        id: u16,
+        /// Why.
+        #[source]
+        source: TransportError,
+    },
+    /// The SDK (opening the node, registering).
+    #[error(transparent)]
+    Sdk(Box<krcore::Error>),
+    /// The engine (joining the store).
+    #[error("joining store {store:?}")]
+    Join {
+        /// The store.
+        store: String,
+        /// What failed.
+        #[source]
+        source: Box<EngineError>,
+    },
+    /// The store (formatting, opening a client).
+    #[error(transparent)]
+    Store(#[from] crate::Error),
+}
+
+impl From<krcore::Error> for DeployError {
+    fn from(e: krcore::Error) -> DeployError {
+        DeployError::Sdk(Box::new(e))
+    }
+}
+
+/// What one memory node of a deployed store serves.
+#[derive(Debug, Clone)]
+pub struct MemoryNodeOptions {
+    /// The store's name (1..=32 bytes of `[A-Za-z0-9._-]`).
+    pub store: String,
+    /// This node's id (`0..nodes`).
+    pub id: u8,
+    /// The store's number of memory nodes.
+    pub nodes: u8,
+    /// Bytes of this node's region.
+    pub bytes: u64,
+    /// The table node 0 formats (ignored by the others).
+    pub table: TableConfig,
+    /// The meta server's TCP address (to wait for node 0).
+    pub meta_addr: String,
+    /// The membership lease (renewed every third of it).
+    pub lease: Duration,
+    /// How long nodes `1..n` wait for node 0.
+    pub wait: Duration,
+    /// Longest sleep of the allocation server between empty polls.
+    pub idle: Duration,
+}
+
+impl MemoryNodeOptions {
+    /// Options with the defaults: [`DEFAULT_MEMBER_LEASE`], 30 s of waiting
+    /// for node 0, 1 ms idle sleep.
+    pub fn new(store: &str, id: u8, nodes: u8, bytes: u64, meta_addr: &str) -> MemoryNodeOptions {
+        MemoryNodeOptions {
+            store: store.to_string(),
+            id,
+            nodes,
+            bytes,
+            table: TableConfig::default(),
+            meta_addr: meta_addr.to_string(),
+            lease: DEFAULT_MEMBER_LEASE,
+            wait: Duration::from_secs(30),
+            idle: Duration::from_millis(1),
+        }
+    }
+}
+
+/// A memory node serving a deployed store (see the module docs). Dropping
+/// it stops serving and renewing: the membership then runs out by itself;
+/// [`DeployedMemoryNode::shutdown`] leaves at once.
+#[derive(Debug)]
+pub struct DeployedMemoryNode {
+    info: NodeInfo,
+    store: String,
+    /// Dropped first: stops the renewals.
+    lease: Option<MetaLease<AnyNic>>,
+    serving: Option<MemoryNodeHandle>,
+    node: Node,
+}
+
+/// How often a waiting node asks whether node 0 has joined.
+const POLL: Duration = Duration::from_millis(50);
+/// One TCP request's bound.
+const TCP_TIMEOUT: Duration = Duration::from_secs(2);
+
+fn meta_err(addr: &str) -> impl Fn(MetaError) -> DeployError + '_ {
+    move |source| DeployError::Meta {
+        addr: addr.to_string(),
+        source: Box::new(source),
+    }
+}
+
+/// The live members of `store`, parsed (`Ok(None)`: no such store).
+fn members(addr: &str, store: &str) -> Result<Option<Vec<NodeInfo>>, DeployError> {
+    let list = match fetch_store_tcp(addr, store, TCP_TIMEOUT) {
+        Ok(l) => l,
+        Err(MetaError::NoSuchStore { .. }) => return Ok(None),
+        Err(e) => return Err(meta_err(addr)(e)),
+    };
+    let mut out = Vec::with_capacity(list.len());
+    for m in list {
+        let bad = |source| DeployError::BadRecord {
+            store: store.to_string(),
+            id: m.id,
+            source,
+        };
+        let info = NodeInfo::decode(&m.record).map_err(bad)?;
+        if u16::from(info.id) != m.id || info.gid != m.gid {
+            return Err(bad(TransportError::BadResponse {
+                reason: "the record names another id or node than its member",
+            }));
+        }
+        out.push(info);
+    }
+    Ok(Some(out))
+}
+
+impl MemoryNodeServer<AnyNic> {
+    /// Serves memory node `opts.id` of the store `opts.store` on `node`
+    /// (built with the meta server and registered: peers connect to it by
+    /// a meta lookup). Node 0 formats the table and joins; the others wait
+    /// for node 0 (at most `opts.wait`) and join.
+    ///
+    /// # Errors
+    /// [`DeployError::NodeZeroMissing`], [`DeployError::NodeCount`],
+    /// [`DeployError::DuplicateId`], [`DeployError::Meta`] (the meta server
+    /// unreachable), [`DeployError::Store`] (a bad table or region), and
+    /// [`DeployError::Join`].
+    pub fn deploy(
+        node: &Node,
+        opts: &MemoryNodeOptions,
+    ) -> Result<DeployedMemoryNode, DeployError> {
+        let store = opts.store.as_str();
+        if opts.id > 0 {
+            let start = Instant::now();
+            loop {
+                if let Some(list) = members(&opts.meta_addr, store)? {
+                    if let Some(zero) = list.iter().find(|i| i.id == 0) {
+                        if zero.nodes != opts.nodes {
+                            return Err(DeployError::NodeCount {
+                                store: store.to_string(),
+                                ours: opts.nodes,
+                                theirs: zero.nodes,
+                            });
+                        }
+                        break;
+                    }
+                }
+                if start.elapsed() >= opts.wait {
+                    return Err(DeployError::NodeZeroMissing {
+                        store: store.to_string(),
+                        waited: start.elapsed(),
+                    });
+                }
+                std::thread::sleep(POLL);
+            }
+        }
+        let server = MemoryNodeServer::start(node, opts.id, opts.bytes, &opts.table, opts.nodes)?;
+        let info = server.info();
+        let lease = node
+            .engine()
+            .store_keep_joined(store, u16::from(opts.id), &info.encode(), opts.lease)
+            .map_err(|source| match source {
+                EngineError::MetaRefused {
+                    code: ErrorCode::MemberExists,
+                    ..
+                } => {
+                    let holder = members(&opts.meta_addr, store)
+                        .ok()
+                        .flatten()
+                        .and_then(|l| l.into_iter().find(|i| i.id == opts.id))
+                        .map_or(Gid([0; 16]), |i| i.gid);
+                    DeployError::DuplicateId {
+                        store: store.to_string(),
+                        id: opts.id,
+                        holder,
+                    }
+                }
+                source => DeployError::Join {
+                    store: store.to_string(),
+                    source: Box::new(source),
+                },
+            })?;
+        Ok(DeployedMemoryNode {
+            info,
+            store: store.to_string(),
+            lease: Some(lease),
+            serving: Some(server.spawn(opts.idle)),
+            node: node.clone(),
+        })
+    }
+}
+
+impl DeployedMemoryNode {
+    /// The node's record (what clients read from the membership).
+    pub fn info(&self) -> NodeInfo {
+        self.info
+    }
+
+    /// The store's name.
+    pub fn store(&self) -> &str {
+        &self.store
+    }
+
+    /// The node it serves on.
+    pub fn node(&self) -> &Node {
+        &self.node
+    }
+
+    /// Leaves the store and removes the node's meta entry, then stops
+    /// serving. Clients that still hold the node's address get typed errors
+    /// (the node is gone).
+    ///
+    /// # Errors
+    /// The first failure of the leave or the deregistration (the rest is
+    /// still done).
+    pub fn shutdown(mut self) -> Result<(), DeployError> {
+        let store = self.store.clone();
+        let left = match self.lease.take() {
+            Some(l) => l.leave().map_err(|source| DeployError::Join {
+                store,
+                source: Box::new(source),
+            }),
+            None => Ok(()),
+        };
+        let deregistered = self.node.deregister().map_err(DeployError::from);
+        if let Some(s) = self.serving.take() {
+            s.stop();
+        }
+        left.and(deregistered)
+    }
+}
+
+/// What a client process needs of a deployed store.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// How long [`Store::connect`] waits for the store to be complete (all
+    /// its memory nodes registered).
+    pub wait: Duration,
+    /// The clients' configuration.
+    pub client: ClientConfig,
+}
+
+impl Default for StoreOptions {
+    fn default() -> StoreOptions {
+        StoreOptions {
+            wait: Duration::from_secs(5),
+            client: ClientConfig::default(),
+        }
+    }
+}
+
+/// The client side of a deployed store: its memory nodes, found through the
+/// meta server, and the node the clients post from. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Store {
+    name: String,
+    node: Node,
+    infos: Vec<NodeInfo>,
+    clock: Arc<WallClock>,
+    config: ClientConfig,
+}
+
+impl Store {
+    /// Opens a compute node on `fabric` (a fabric string: `sim:NAME`,
+    /// `verbs:DEV`, ...) that reads the meta table of the meta server at
+    /// `meta_addr`, and finds the memory nodes of `store`.
+    ///
+    /// # Errors
+    /// As [`Store::open`], and [`DeployError::Sdk`] when the node cannot be
+    /// opened (a bad fabric string, no such device, the meta server
+    /// unreachable).
+    pub fn connect(
+        fabric: &str,
+        meta_addr: &str,
+        store: &str,
+        opts: StoreOptions,
+    ) -> Result<Store, DeployError> {
+        let node = Node::builder()
+            .fabric(fabric)
+            .meta_addr(meta_addr)
+            .build()?;
+        Store::open(&node, meta_addr, store, opts)
+    }
+
+    /// Finds the memory nodes of `store` for clients on `node` (which reads
+    /// the same meta server's table), waiting up to `opts.wait` for the
+    /// store to be complete.
+    ///
+    /// # Errors
+    /// [`DeployError::NoSuchStore`], [`DeployError::Incomplete`],
+    /// [`DeployError::BadRecord`], [`DeployError::Meta`].
+    pub fn open(
+        node: &Node,
+        meta_addr: &str,
+        store: &str,
+        opts: StoreOptions,
+    ) -> Result<Store, DeployError> {
+        let start = Instant::now();
+        loop {
+            let err = match members(meta_addr, store)? {
+                None => DeployError::NoSuchStore {
+                    store: store.to_string(),
+                    addr: meta_addr.to_string(),
+                },
+                Some(list) => match complete(store, list) {
+                    Ok(infos) => {
+                        return Ok(Store {
+                            name: store.to_string(),
+                            node: node.clone(),
+                            infos,
+                            clock: Arc::new(WallClock),
+                            config: opts.client,
+                        })
+                    }
+                    Err(e) => e,
+                },
+            };
+            if start.elapsed() >= opts.wait {
+                return Err(err);
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// The store's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The memory nodes, in id order.
+    pub fn infos(&self) -> &[NodeInfo] {
+        &self.infos
+    }
+
+    /// The node the clients post from.
+    pub fn node(&self) -> &Node {
+        &self.node
+    }
+
+    /// The clients' clock.
+    pub fn clock(&self) -> Arc<dyn Clock> {
+        self.clock.clone()
+    }
+
+    /// A client (one per thread) on the store's node: one VQP per memory
+    /// node (a meta lookup each, no QP created).
+    ///
+    /// # Errors
+    /// Transport setup and table errors ([`crate::Error`]).
+    pub fn client(&self) -> Result<Client<VqpTransport<AnyNic>>, crate::Error> {
+        self.client_on(&self.node)
+    }
+
+    /// A client on another node (a compute node per thread, for instance).
+    ///
+    /// # Errors
+    /// As [`Store::client`].
+    pub fn client_on(&self, node: &Node) -> Result<Client<VqpTransport<AnyNic>>, crate::Error> {
+        let t = VqpTransport::connect(node, &self.infos)?;
+        Client::open(t, self.clock(), self.config)
+    }
+}
+
+/// `list` as the complete node list `0..n` (`n` from node 0's record).
+fn complete(store: &str, list: Vec<NodeInfo>) -> Result<Vec<NodeInfo>, DeployError> {
+    let Some(nodes) = list.iter().find(|i| i.id == 0).map(|i| i.nodes) else {
+        return Err(DeployError::Incomplete {
+            store: store.to_string(),
+            nodes: 0,
+            missing: vec![0],
+        });
+    };
+    let mut infos = Vec::with_capacity(usize::from(nodes));
+    let mut missing = Vec::new();
+    for id in 0..nodes {
+        match list.iter().find(|i| i.id == id) {
+            Some(i) if i.nodes == nodes => infos.push(*i),
+            Some(i) => {
+                return Err(DeployError::NodeCount {
+                    store: store.to_string(),
+                    ours: i.nodes,
+                    theirs: nodes,
+                })
+            }
+            None => missing.push(id),
+        }
+    }
+    if !missing.is_empty() {
+        return Err(DeployError::Incomplete {
+            store: store.to_string(),
+            nodes,
+            missing,
+        });
+    }
+    Ok(infos)
+}
