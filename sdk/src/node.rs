@@ -131,14 +131,16 @@ impl<N: Nic> Node<N> {
     pub fn with_nic(nic: N, mut cfg: EngineConfig) -> Result<Node<N>> {
         cfg.handshake_thread = true;
         cfg.msg.progress_thread = true;
-        Ok(Node {
+        let node = Node {
             inner: Arc::new(NodeInner {
                 lease: None,
                 engine: Engine::start(nic, cfg)?,
                 fabric: None,
                 meta_host: None,
             }),
-        })
+        };
+        tracing::info!(gid = %node.gid(), provider = std::any::type_name::<N>(), mode = ?node.mode(), "node built");
+        Ok(node)
     }
 
     /// This node's GID.
@@ -571,6 +573,14 @@ impl NodeBuilder {
                 None => return Err(Error::Builder("the node was shared while built")),
             }
         }
+        tracing::info!(
+            gid = %node.gid(),
+            provider = node.inner.engine.nic().provider(),
+            mode = ?node.mode(),
+            hosts_meta = hosts,
+            registered = hosts || node.inner.lease.is_some(),
+            "node built"
+        );
         Ok(node)
     }
 }

@@ -399,8 +399,10 @@ mod tests {
 
     #[test]
     fn durations_not_whole_in_their_unit_do_not_serialize() {
-        let mut c = EngineConfig::default();
-        c.meta_timeout = Duration::from_micros(1500);
+        let c = EngineConfig {
+            meta_timeout: Duration::from_micros(1500),
+            ..EngineConfig::default()
+        };
         let err = toml::to_string(&c).expect_err("1.5 ms in ms").to_string();
         assert!(err.contains("milliseconds"), "{err}");
     }

@@ -319,6 +319,7 @@ impl<N: Nic> Passives<N> {
                 match self.create_passive(peer) {
                     Ok(qp) => {
                         let qpn = qp.qpn();
+                        tracing::debug!(peer_gid = %peer.gid, peer_qpn = peer.qpn, qpn, "passive RC QP created");
                         self.map.insert(
                             key,
                             Passive {
@@ -657,7 +658,10 @@ impl<N: Nic> Core<N> {
         if let Some(hook) = self.meta.get() {
             let now = hook.started.elapsed().as_millis() as u64;
             if now >= hook.next_sweep_ms.load(Ordering::Relaxed) {
-                hook.table.lock().sweep(now);
+                let gone = hook.table.lock().sweep(now);
+                for gid in gone {
+                    tracing::info!(gid = %gid, now_ms = now, "meta registration swept: its lease ran out");
+                }
                 hook.next_sweep_ms
                     .store(now.saturating_add(hook.sweep_every_ms), Ordering::Relaxed);
             }
