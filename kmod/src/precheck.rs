@@ -216,7 +216,11 @@ impl RemoteGrants for NoGrants {
 }
 
 /// Limits of the physical QP, shared by every VQP posting on it.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+///
+/// (De)serializable, as the `[policy]` table of an engine's configuration
+/// file: any subset of fields, unknown keys refused.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Policy {
     /// Most WRs allowed after the newest signaled one (clamped to
     /// `depth - 1`).

@@ -51,9 +51,18 @@ pub const BLOCK_ALIGN: u64 = 64;
 pub const RESERVED_PREFIX: u64 = 4096;
 
 /// The shape of a new table.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+///
+/// (De)serializable for configuration files: any subset of fields (the
+/// rest keep their defaults), unknown keys refused. The geometry is written
+/// as its bucket-group count under `geometry_groups`; a count out of
+/// `1..=SubtableGeometry::MAX_GROUPS` is a deserialize error. Depths are
+/// not checked on reading: the table's format checks them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct TableConfig {
-    /// Geometry of every subtable.
+    /// Geometry of every subtable. In a file: `geometry_groups`, the
+    /// number of bucket groups ([`SubtableGeometry::new`]).
+    #[serde(rename = "geometry_groups")]
     pub geometry: SubtableGeometry,
     /// Global depth of the initial directory (`2^depth` initial subtables).
     pub initial_global_depth: u8,
@@ -746,5 +755,66 @@ mod tests {
         assert_eq!(cluster.len(), 2);
         assert!(!cluster.is_empty());
         assert_eq!(cluster.stats().len(), 2);
+    }
+}
+
+/// [`TableConfig`] as a configuration file's type.
+#[cfg(test)]
+mod table_config_tests {
+    use super::{SubtableGeometry, TableConfig};
+
+    #[test]
+    fn default_round_trips_through_toml() {
+        let text = toml::to_string_pretty(&TableConfig::default()).expect("serializes");
+        println!("{text}");
+        assert!(text.contains("geometry_groups = 4096"), "{text}");
+        let back: TableConfig = toml::from_str(&text).expect("its own output parses");
+        assert_eq!(back, TableConfig::default());
+        assert_eq!(
+            toml::from_str::<TableConfig>("").ok(),
+            Some(TableConfig::default())
+        );
+    }
+
+    #[test]
+    fn partial_file_overrides_only_what_it_names() {
+        let c: TableConfig = toml::from_str("geometry_groups = 2\n").expect("parses");
+        let want = TableConfig {
+            geometry: SubtableGeometry::new(2).expect("in range"),
+            ..TableConfig::default()
+        };
+        assert_eq!(c, want);
+        let c: TableConfig = toml::from_str("max_global_depth = 9\n").expect("parses");
+        assert_eq!(c.max_global_depth, 9);
+        assert_eq!(c.geometry, SubtableGeometry::DEFAULT);
+    }
+
+    #[test]
+    fn unknown_key_is_an_error_naming_it() {
+        for (text, key) in [
+            ("geometry = 2\n", "geometry"),
+            ("max_depth = 3\n", "max_depth"),
+        ] {
+            let err = toml::from_str::<TableConfig>(text)
+                .expect_err(text)
+                .to_string();
+            assert!(err.contains(&format!("unknown field `{key}`")), "{err}");
+        }
+    }
+
+    #[test]
+    fn invalid_geometry_is_a_deserialize_error() {
+        let max = SubtableGeometry::MAX_GROUPS;
+        for groups in [0, max + 1] {
+            let text = format!("geometry_groups = {groups}\n");
+            let err = toml::from_str::<TableConfig>(&text)
+                .expect_err(&text)
+                .to_string();
+            assert!(err.contains("out of range"), "{err}");
+        }
+        let err = toml::from_str::<TableConfig>("geometry_groups = -1\n")
+            .expect_err("negative")
+            .to_string();
+        assert!(err.contains("geometry_groups"), "{err}");
     }
 }

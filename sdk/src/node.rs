@@ -145,14 +145,16 @@ impl<N: Nic> Node<N> {
     pub fn with_nic(nic: N, mut cfg: EngineConfig) -> Result<Node<N>> {
         cfg.handshake_thread = true;
         cfg.msg.progress_thread = true;
-        Ok(Node {
+        let node = Node {
             inner: Arc::new(NodeInner {
                 lease: parking_lot::Mutex::new(None),
                 engine: Engine::start(nic, cfg)?,
                 fabric: None,
                 meta_host: None,
             }),
-        })
+        };
+        tracing::info!(gid = %node.gid(), provider = std::any::type_name::<N>(), mode = ?node.mode(), "node built");
+        Ok(node)
     }
 
     /// This node's GID.
@@ -604,6 +606,14 @@ impl NodeBuilder {
             let kept = node.inner.engine.meta_keep_registered(&entries, 0, lease)?;
             *node.inner.lease.lock() = Some(kept);
         }
+        tracing::info!(
+            gid = %node.gid(),
+            provider = node.inner.engine.nic().provider(),
+            mode = ?node.mode(),
+            hosts_meta = hosts,
+            registered = hosts || node.inner.lease.is_some(),
+            "node built"
+        );
         Ok(node)
     }
 }

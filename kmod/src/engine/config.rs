@@ -1,6 +1,23 @@
 //! [`EngineConfig`]: how an engine is set up.
+//!
+//! # As a file
+//!
+//! [`EngineConfig`] and every type nested in it ([`Policy`],
+//! [`HandshakeConfig`], [`MsgConfig`]) are serde types, so that a binary
+//! can read them from a configuration file (TOML: `[policy]`,
+//! `[handshake]` and `[msg]` tables). Every field may be left out (it keeps
+//! its default), and a key that names no field is an error that names it.
+//! A duration is an integer with its unit in the key: `meta_timeout_ms =
+//! 500`, `meta_backoff_us = 1` (see [`units`]). [`EngineConfig::meta`] is
+//! runtime state handed over by the builder: never read from, nor written
+//! to, a file. `upgrade_after` is written only when set (TOML has no null).
+//!
+//! The file gives values, not a valid configuration: the checks run when
+//! the engine starts (`EngineError::Config`).
 
 use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
 
 use super::error::EngineError;
 use super::meta::MetaLocation;
@@ -16,7 +33,10 @@ pub const DCIS_PER_CPU: usize = 8;
 pub const DEFAULT_DC_KEY: u64 = 0x6b72_636f_7265_6463; // "krcoredc"
 
 /// How an engine is set up. Start from [`EngineConfig::default`].
-#[derive(Debug, Clone)]
+///
+/// (De)serializable: see the [module docs](self) for the file's shape.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct EngineConfig {
     /// Most DC initiators in the pool (DC mode). Default: [`DCIS_PER_CPU`]
@@ -42,18 +62,27 @@ pub struct EngineConfig {
     /// DCCache capacity in targets. Default 4096.
     pub cache_capacity: usize,
     /// The meta server's table; `None`: connects can only hit the cache.
+    /// Runtime state (the builder's), not a file setting: skipped by serde.
+    #[serde(skip)]
     pub meta: Option<MetaLocation>,
     /// READs after the first when the bucket is torn. Default 16.
     pub meta_retries: u32,
     /// First pause between torn READs (doubles up to 1 ms). Default 1 us.
+    /// In a file: `meta_backoff_us`.
+    #[serde(rename = "meta_backoff_us", with = "units::us")]
     pub meta_backoff: Duration,
-    /// Longest wait for a meta READ's completion. Default 1 s.
+    /// Longest wait for a meta READ's completion. Default 1 s. In a file:
+    /// `meta_timeout_ms`.
+    #[serde(rename = "meta_timeout_ms", with = "units::ms")]
     pub meta_timeout: Duration,
-    /// Longest a post polls for send-queue credits. Default 1 s.
+    /// Longest a post polls for send-queue credits. Default 1 s. In a
+    /// file: `reclaim_timeout_ms`.
+    #[serde(rename = "reclaim_timeout_ms", with = "units::ms")]
     pub reclaim_timeout: Duration,
     /// Depth of the DCT's SRQ and receive CQ (DC mode). Default 256.
     pub recv_depth: u32,
-    /// The DCT's `dc_key` (DC mode). Default [`DEFAULT_DC_KEY`].
+    /// The DCT's `dc_key` (DC mode). Default [`DEFAULT_DC_KEY`]. A TOML
+    /// integer is signed: a file holds keys up to `i64::MAX`.
     pub dc_key: u64,
     /// RC fallback mode: most RC pairs (one per target) at any time; past
     /// it the least recently used idle pair is evicted. Default 256.
@@ -86,7 +115,9 @@ pub struct EngineConfig {
     /// Needs `upgrade_endpoint` on this node too (the pairs are made
     /// through it); without it every attempt fails, counted in
     /// `EngineStats::rc_upgrade_failures`. Ignored in RC fallback mode.
-    /// Default `None` (off: a VQP stays on its DCI unless hinted).
+    /// Default `None` (off: a VQP stays on its DCI unless hinted; in a
+    /// file, the key left out).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub upgrade_after: Option<u64>,
     /// DC mode: the DC -> RC upgrade. Its handshakes travel as messages
     /// (no UD QP, see [`super::hs_msg`]): a node that serves upgrades
@@ -106,6 +137,73 @@ pub struct EngineConfig {
     /// forks children before it registers. Default false: a node that only
     /// issues one-sided operations never creates them.
     pub eager_start: bool,
+}
+
+/// serde helpers writing a [`Duration`] as an integer number of one unit
+/// (the unit is in the field's name in the file: `#[serde(rename =
+/// "timeout_ms", with = "units::ms")]`).
+///
+/// Deserializing takes any `u64`. Serializing a duration that is not a
+/// whole number of the unit (or whose count exceeds `u64`) is an error
+/// rather than a silent rounding: what is written reads back the same.
+pub(crate) mod units {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    fn count<S: Serializer>(d: &Duration, nanos_per: u128, unit: &str) -> Result<u64, S::Error> {
+        let nanos = d.as_nanos();
+        if nanos % nanos_per != 0 {
+            return Err(serde::ser::Error::custom(format_args!(
+                "duration {d:?} is not a whole number of {unit}"
+            )));
+        }
+        u64::try_from(nanos / nanos_per).map_err(|_| {
+            serde::ser::Error::custom(format_args!("duration {d:?} overflows u64 {unit}"))
+        })
+    }
+
+    /// A [`Duration`] as integer milliseconds.
+    pub(crate) mod ms {
+        use super::*;
+
+        /// Writes `d` in milliseconds.
+        ///
+        /// # Errors
+        /// If `d` is not a whole number of milliseconds.
+        pub(crate) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+            count::<S>(d, 1_000_000, "milliseconds")?.serialize(s)
+        }
+
+        /// Reads milliseconds.
+        ///
+        /// # Errors
+        /// If the value is not a `u64`.
+        pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+            u64::deserialize(d).map(Duration::from_millis)
+        }
+    }
+
+    /// A [`Duration`] as integer microseconds.
+    pub(crate) mod us {
+        use super::*;
+
+        /// Writes `d` in microseconds.
+        ///
+        /// # Errors
+        /// If `d` is not a whole number of microseconds.
+        pub(crate) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+            count::<S>(d, 1_000, "microseconds")?.serialize(s)
+        }
+
+        /// Reads microseconds.
+        ///
+        /// # Errors
+        /// If the value is not a `u64`.
+        pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+            u64::deserialize(d).map(Duration::from_micros)
+        }
+    }
 }
 
 impl Default for EngineConfig {
@@ -219,5 +317,100 @@ impl EngineConfig {
             return bad("upgrade_after must be at least 1 (None turns it off)".into());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn to_toml(c: &EngineConfig) -> String {
+        toml::to_string_pretty(c).expect("a default config serializes")
+    }
+
+    #[test]
+    fn default_round_trips_through_toml() {
+        let def = EngineConfig::default();
+        let text = to_toml(&def);
+        let back: EngineConfig = toml::from_str(&text).expect("its own output parses");
+        assert_eq!(to_toml(&back), text);
+        assert_eq!(back.meta_backoff, def.meta_backoff);
+        assert_eq!(back.handshake.idle_sleep, def.handshake.idle_sleep);
+        assert_eq!(back.msg.timeout, def.msg.timeout);
+        assert_eq!(back.policy, def.policy);
+        assert!(back.validate().is_ok());
+        // The units are in the keys; runtime state and unset options are not.
+        for key in [
+            "meta_backoff_us = 1",
+            "meta_timeout_ms = 1000",
+            "[handshake]",
+        ] {
+            assert!(text.contains(key), "{key} missing from:\n{text}");
+        }
+        assert!(!text.contains("meta ="), "{text}");
+        assert!(!text.contains("upgrade_after"), "{text}");
+    }
+
+    #[test]
+    fn empty_file_is_the_default() {
+        let c: EngineConfig = toml::from_str("").expect("empty parses");
+        assert_eq!(to_toml(&c), to_toml(&EngineConfig::default()));
+    }
+
+    #[test]
+    fn partial_file_overrides_only_what_it_names() {
+        let text = "pool_size = 3\nmeta_timeout_ms = 500\nupgrade_after = 64\n\
+                    [policy]\nmax_unsignaled = 8\n\
+                    [handshake]\nidle_sleep_us = 7\n\
+                    [msg]\nwindow = 2\ncontrol_idle_ms = 250\n";
+        let c: EngineConfig = toml::from_str(text).expect("partial parses");
+        let mut want = EngineConfig::default()
+            .with_pool_size(3)
+            .with_upgrade_after(Some(64));
+        want.meta_timeout = Duration::from_millis(500);
+        want.policy.max_unsignaled = 8;
+        want.handshake.idle_sleep = Duration::from_micros(7);
+        want.msg.window = 2;
+        want.msg.control_idle = Duration::from_millis(250);
+        assert_eq!(to_toml(&c), to_toml(&want));
+        // Untouched fields of a touched table keep their defaults.
+        assert_eq!(c.policy.max_sge, Policy::default().max_sge);
+        assert_eq!(c.handshake.timeout, HandshakeConfig::default().timeout);
+        assert!(c.meta.is_none());
+    }
+
+    #[test]
+    fn unknown_key_is_an_error_naming_it() {
+        for (text, key) in [
+            ("pool_sise = 3\n", "pool_sise"),
+            // The field's own name is not the file's: the unit is required.
+            ("meta_timeout = 500\n", "meta_timeout"),
+            ("[msg]\nwindwo = 2\n", "windwo"),
+            ("[handshake]\ntimeout = 20\n", "timeout"),
+            ("[policy]\nmax_unsignalled = 2\n", "max_unsignalled"),
+            ("meta = 1\n", "meta"),
+        ] {
+            let err = toml::from_str::<EngineConfig>(text)
+                .expect_err(text)
+                .to_string();
+            assert!(err.contains(&format!("unknown field `{key}`")), "{err}");
+        }
+    }
+
+    #[test]
+    fn durations_not_whole_in_their_unit_do_not_serialize() {
+        let c = EngineConfig {
+            meta_timeout: Duration::from_micros(1500),
+            ..EngineConfig::default()
+        };
+        let err = toml::to_string(&c).expect_err("1.5 ms in ms").to_string();
+        assert!(err.contains("milliseconds"), "{err}");
+    }
+
+    /// Prints the default file (`cargo test -p krcore-kmod --lib
+    /// print_default_toml -- --nocapture`).
+    #[test]
+    fn print_default_toml() {
+        println!("{}", to_toml(&EngineConfig::default()));
     }
 }

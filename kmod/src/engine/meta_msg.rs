@@ -354,6 +354,12 @@ impl<N: Nic> MsgMetaHost<N> {
         if now_ms >= self.next_sweep_ms.load(Ordering::Relaxed) {
             let gone = self.table.lock().sweep(now_ms);
             let members_gone = self.stores.lock().sweep(now_ms);
+            for gid in &gone {
+                tracing::info!(gid = %gid, now_ms, "meta registration swept: its lease ran out");
+            }
+            for (store, id, gid) in &members_gone {
+                tracing::info!(store = %store, id, gid = %gid, now_ms, "store member swept: its lease ran out");
+            }
             let mut s = self.stats.lock();
             s.sweeps += 1;
             s.swept += gone.len() as u64;
@@ -648,7 +654,9 @@ impl<N: Nic> Engine<N> {
         }
         let mut leases = Vec::with_capacity(targets.len());
         for t in targets {
-            leases.push(self.meta_register(*t, lid, lease_ms)?);
+            let lease = self.meta_register(*t, lid, lease_ms)?;
+            tracing::info!(gid = %t.gid, dct = t.dct_num, epoch = lease.epoch, lease_ms, "registered in the meta table (kept alive)");
+            leases.push(lease);
         }
         let kept = targets
             .iter()
@@ -715,6 +723,15 @@ pub(super) enum Kept {
         /// The member's record.
         record: Vec<u8>,
     },
+}
+
+impl std::fmt::Display for Kept {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Kept::Dc { target, .. } => write!(f, "registration of {}", target.gid),
+            Kept::Store { store, id, .. } => write!(f, "membership {id} of store {store}"),
+        }
+    }
 }
 
 /// What a [`MetaLease`]'s thread did (totals).
@@ -836,6 +853,8 @@ fn keep_alive<N: Nic>(
     lease_ms: u64,
     period: Duration,
 ) {
+    // Consecutive failures of each kept registration (for the events).
+    let mut streaks = vec![0u64; kept.len()];
     loop {
         {
             let mut stop = shared.stop.lock();
@@ -846,7 +865,7 @@ fn keep_alive<N: Nic>(
                 return;
             }
         }
-        for (k, epoch) in kept.iter().zip(epochs.iter_mut()) {
+        for ((k, epoch), streak) in kept.iter().zip(epochs.iter_mut()).zip(streaks.iter_mut()) {
             let r = match k {
                 Kept::Dc { target, lid } => match engine.meta_renew(&target.gid) {
                     Ok(_) => Ok(true),
@@ -859,6 +878,25 @@ fn keep_alive<N: Nic>(
                 Kept::Store { store, id, record } => engine
                     .store_join_name(*store, *id, record, lease_ms)
                     .map(|l| std::mem::replace(epoch, l.epoch) == l.epoch),
+            };
+            match &r {
+                Ok(false) => {
+                    tracing::warn!(registration = %k, failures = *streak, "meta lease lapsed (swept by the host): registered again");
+                }
+                Ok(true) if *streak > 0 => {
+                    tracing::info!(registration = %k, failures = *streak, "meta lease renewals work again");
+                }
+                Ok(true) => {}
+                // The first failure of a streak, then every power of two.
+                Err(e) if streak.saturating_add(1).is_power_of_two() => {
+                    tracing::warn!(registration = %k, failures = *streak + 1, reason = %e, "meta lease renewal failed");
+                }
+                Err(_) => {}
+            }
+            *streak = if r.is_ok() {
+                0
+            } else {
+                streak.saturating_add(1)
             };
             let mut s = shared.stats.lock();
             match r {

@@ -1076,6 +1076,7 @@ fn start_receiver<N: Nic>(
     // Peers' one-sided operations reach this node's MRs through the DCT;
     // each MR's own access flags still decide what is allowed.
     bring_up(&dct, Access::ALL, None).map_err(EngineError::nic("bring up the DCT"))?;
+    tracing::debug!(qpn = dct.qpn(), gid = %nic.gid(), "DCT created");
     Ok(Receiver { cq, srq, dct })
 }
 

@@ -146,7 +146,15 @@ impl MrRegistry {
     /// returns how many are still parked.
     pub(crate) fn sweep(&self, now: Instant) -> usize {
         let mut p = self.parked.lock();
+        let before = p.len();
         p.retain(|m| m.until > now);
+        if p.len() < before {
+            tracing::info!(
+                deregistered = before - p.len(),
+                still_parked = p.len(),
+                "parked MRs deregistered: their leases expired"
+            );
+        }
         p.len()
     }
 
@@ -263,7 +271,12 @@ impl<N: Nic> Drop for OwnedInner<N> {
             m.remove(&lkey);
         });
         // Deferred deregistration: peers keep their leases.
-        if let Some((_, until)) = self.leases.lock().live_until(Instant::now()) {
+        if let Some((live, until)) = self.leases.lock().live_until(Instant::now()) {
+            tracing::info!(
+                lkey,
+                live_leases = live,
+                "MR dropped while leased: stays registered until its leases expire"
+            );
             r.parked.lock().push(Parked {
                 until,
                 _mr: Box::new(mr),
@@ -355,6 +368,7 @@ impl<N: Nic> OwnedMr<N> {
         match l.list.iter_mut().find(|x| x.id == id) {
             Some(x) if !x.revoked && x.expires_at > now => {
                 x.revoked = true;
+                tracing::info!(lease = id.0, "MR lease revoked");
                 true
             }
             _ => false,
@@ -371,6 +385,9 @@ impl<N: Nic> OwnedMr<N> {
                 n += 1;
             }
             x.revoked = true;
+        }
+        if n > 0 {
+            tracing::info!(revoked = n, "MR leases revoked");
         }
         n
     }

@@ -164,7 +164,12 @@ use crate::msg::{
 };
 
 /// How messaging is set up (part of [`super::EngineConfig`]).
-#[derive(Debug, Clone)]
+///
+/// (De)serializable, as the `[msg]` table of an [`super::EngineConfig`]
+/// file: any subset of fields, unknown keys refused, durations as
+/// `control_idle_ms`, `timeout_ms` and `idle_sleep_us`.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct MsgConfig {
     /// Largest body sent inline through the SRQ; longer ones travel as a
@@ -190,12 +195,16 @@ pub struct MsgConfig {
     /// How long a channel to one of the engine's reserved ports must have
     /// been idle before the port may reclaim it for another sender, when
     /// its slots are all granted (a sender that crashed, or whose Close
-    /// was lost, holds a slot until then). Default 1 s.
+    /// was lost, holds a slot until then). Default 1 s. In a file:
+    /// `control_idle_ms`.
+    #[serde(rename = "control_idle_ms", with = "super::config::units::ms")]
     pub control_idle: Duration,
     /// Receive slots kept for control messages. Default 32.
     pub ctl_slots: u32,
     /// Longest a blocking call waits (push for a credit or the Open's
-    /// answer, pop, reply, a descriptor READ). Default 5 s.
+    /// answer, pop, reply, a descriptor READ). Default 5 s. In a file:
+    /// `timeout_ms`.
+    #[serde(rename = "timeout_ms", with = "super::config::units::ms")]
     pub timeout: Duration,
     /// Drain the receive CQ from a thread of the engine's (named
     /// `krcore-msg`, started by the first bind/endpoint, joined when the
@@ -206,6 +215,8 @@ pub struct MsgConfig {
     /// turns it on.
     pub progress_thread: bool,
     /// Sleep of the progress thread after an idle spell. Default 50 us.
+    /// In a file: `idle_sleep_us`.
+    #[serde(rename = "idle_sleep_us", with = "super::config::units::us")]
     pub idle_sleep: Duration,
 }
 

@@ -419,6 +419,7 @@ impl<N: Nic> PhysQp<N> {
     pub(crate) fn dci(eng: &EngineInner<N>, index: usize) -> Result<PhysQp<N>, EngineError> {
         let (qp, cq) = create_qp(eng, QpType::Dci, ("create a DCI's CQ", "create a DCI"))?;
         bring_up(&qp, Access::NONE, None).map_err(EngineError::nic("bring up a DCI"))?;
+        tracing::debug!(index, qpn = qp.qpn(), "DCI created");
         Ok(PhysQp::new(eng, index, qp, cq, Link::Dci, 0))
     }
 

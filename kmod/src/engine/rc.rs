@@ -356,6 +356,7 @@ pub(crate) fn acquire_with<N: Nic>(
     let nonce = match pair_up(eng, &qp, hs_target) {
         Ok(n) => n,
         Err(e) => {
+            tracing::warn!(target_gid = %gid, qpn = qp.qpn(), reason = %e, "RC pair handshake failed");
             pool.stats.lock().failed += 1;
             // `qp` and `cq` are dropped here: destroyed, nothing leaks.
             return Err(e);
@@ -373,6 +374,7 @@ pub(crate) fn acquire_with<N: Nic>(
         pool.retire(&old);
     }
     pool.stats.lock().created += 1;
+    tracing::debug!(target_gid = %gid, qpn = pair.qpn(), index, "RC pair created");
     Ok(pair)
 }
 
@@ -422,6 +424,7 @@ fn make_room<N: Nic>(eng: &EngineInner<N>, pool: &RcPool<N>) -> Result<(), Engin
             pool.map.lock().remove(gid);
             pool.retire(p);
             pool.stats.lock().evicted += 1;
+            tracing::info!(target_gid = %gid, qpn = p.qpn(), cap, "RC pair evicted (least recently used)");
             if let (Some(hs), Some(l)) = (eng.handshake(), p.rc_link()) {
                 hs.close(p.qpn(), l.handshake, nonce);
             } else if let (Some(hs), Some(l)) = (eng.hs_msg(), p.rc_link()) {

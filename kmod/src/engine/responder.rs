@@ -38,7 +38,12 @@ use crate::handshake::{HandshakeMessage, HandshakeRepr, RejectCode};
 pub const DEFAULT_HANDSHAKE_QKEY: u32 = u32::from_le_bytes(*b"KRHS");
 
 /// How a handshake endpoint is set up and how handshakes wait.
-#[derive(Debug, Clone)]
+///
+/// (De)serializable, as the `[handshake]` table of an
+/// [`super::EngineConfig`] file: any subset of fields, unknown keys
+/// refused, durations as `timeout_ms` and `idle_sleep_us`.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct HandshakeConfig {
     /// qkey of the UD QP. Registered in the meta entry's `dc_key` field in
@@ -53,7 +58,8 @@ pub struct HandshakeConfig {
     /// ([`HandshakeConfig::attempt_timeout`]): a peer whose serving thread
     /// a loaded host does not run for tens of milliseconds still answers
     /// in time, while a dead one fails after a bounded, typed wait.
-    /// Default 20 ms.
+    /// Default 20 ms. In a file: `timeout_ms`.
+    #[serde(rename = "timeout_ms", with = "super::config::units::ms")]
     pub timeout: Duration,
     /// Requests re-sent after a timeout. Default 4 (5 attempts: 20 + 40 +
     /// 80 + 160 + 320 ms, at most 620 ms in all with the default timeout;
@@ -73,6 +79,8 @@ pub struct HandshakeConfig {
     /// `rnr_retry` of both ends at RTS. Default 3.
     pub rnr_retry: u8,
     /// Sleep of the progress thread after an idle spell. Default 100 us.
+    /// In a file: `idle_sleep_us`.
+    #[serde(rename = "idle_sleep_us", with = "super::config::units::us")]
     pub idle_sleep: Duration,
 }
 
@@ -311,6 +319,7 @@ impl<N: Nic> Passives<N> {
                 match self.create_passive(peer) {
                     Ok(qp) => {
                         let qpn = qp.qpn();
+                        tracing::debug!(peer_gid = %peer.gid, peer_qpn = peer.qpn, qpn, "passive RC QP created");
                         self.map.insert(
                             key,
                             Passive {
@@ -649,7 +658,10 @@ impl<N: Nic> Core<N> {
         if let Some(hook) = self.meta.get() {
             let now = hook.started.elapsed().as_millis() as u64;
             if now >= hook.next_sweep_ms.load(Ordering::Relaxed) {
-                hook.table.lock().sweep(now);
+                let gone = hook.table.lock().sweep(now);
+                for gid in gone {
+                    tracing::info!(gid = %gid, now_ms = now, "meta registration swept: its lease ran out");
+                }
                 hook.next_sweep_ms
                     .store(now.saturating_add(hook.sweep_every_ms), Ordering::Relaxed);
             }

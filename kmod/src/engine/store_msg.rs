@@ -106,7 +106,9 @@ impl<N: Nic> Engine<N> {
         lease_ms: u64,
     ) -> Result<Lease, EngineError> {
         let name = StoreName::new(store).map_err(|e| refused(self.gid(), &e))?;
-        self.store_join_name(name, id, record, lease_ms)
+        let lease = self.store_join_name(name, id, record, lease_ms)?;
+        tracing::info!(store, id, gid = %self.gid(), epoch = lease.epoch, lease_ms, "joined store");
+        Ok(lease)
     }
 
     pub(super) fn store_join_name(
@@ -150,7 +152,9 @@ impl<N: Nic> Engine<N> {
     }
 
     pub(super) fn store_leave_name(&self, store: StoreName, id: u16) -> Result<Lease, EngineError> {
-        self.meta_call(self.gid(), MetaMessage::StoreLeave { store, id })
+        let lease = self.meta_call(self.gid(), MetaMessage::StoreLeave { store, id })?;
+        tracing::info!(store = %store, id, gid = %self.gid(), "left store");
+        Ok(lease)
     }
 
     /// Joins `store` as member `id` (as [`Engine::store_join`], for
@@ -187,6 +191,7 @@ impl<N: Nic> Engine<N> {
         }
         let name = StoreName::new(store).map_err(|e| refused(self.gid(), &e))?;
         let first = self.store_join_name(name, id, record, lease_ms)?;
+        tracing::info!(store, id, gid = %self.gid(), epoch = first.epoch, lease_ms, "joined store (kept alive)");
         self.keep(
             vec![Kept::Store {
                 store: name,

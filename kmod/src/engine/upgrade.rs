@@ -257,7 +257,13 @@ fn run_builder<N: Nic>(shared: &BuilderShared, eng: &Weak<EngineInner<N>>) {
             }
         };
         let Some(e) = eng.upgrade() else { return };
-        let ok = pair_for(&e, &job.gid).is_ok();
+        let ok = match pair_for(&e, &job.gid) {
+            Ok(_) => true,
+            Err(err) => {
+                tracing::warn!(target_gid = %job.gid, reason = %err, "DC -> RC upgrade: building the pair failed");
+                false
+            }
+        };
         if ok {
             if let Some(pool) = e.rc_pool() {
                 pool.reserve(job.gid, &job);
@@ -394,6 +400,7 @@ impl<N: Nic> Vqp<N> {
             Ok(p) => p,
             Err(e) => {
                 self.engine.upgrade_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(vqp = %self.id, target_gid = %t.target.gid, reason = %e, "DC -> RC upgrade failed, VQP stays on DC");
                 return Err(e);
             }
         };
@@ -414,6 +421,13 @@ impl<N: Nic> Vqp<N> {
         match b.dci.detach_drained(self.id) {
             Some(Ok(st)) => {
                 pair.attach(self.id, st);
+                tracing::info!(
+                    vqp = %self.id,
+                    target_gid = pair.rc_link().map(|l| tracing::field::display(l.gid)),
+                    qpn = pair.qpn(),
+                    dci_qpn = b.dci.qpn(),
+                    "VQP upgraded DC -> RC"
+                );
                 slot.rc = slot.pending.take();
                 b.on_rc.store(true, Ordering::Release);
                 // Posts go down the slow path, to the pair (see `next_at`).
@@ -438,6 +452,13 @@ impl<N: Nic> Vqp<N> {
         b.dci.attach(self.id, st);
         b.on_rc.store(false, Ordering::Release);
         self.engine.downgrades.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(
+            vqp = %self.id,
+            target_gid = pair.rc_link().map(|l| tracing::field::display(l.gid)),
+            qpn = pair.qpn(),
+            reason = "pair closed (evicted or lost)",
+            "VQP moved back RC -> DC"
+        );
         let next = self
             .engine
             .cfg
@@ -454,6 +475,7 @@ impl<N: Nic> Vqp<N> {
             count.saturating_add(t.saturating_mul(1 << fails.min(10)))
         });
         b.next_at.store(next, Ordering::Relaxed);
+        tracing::info!(vqp = %self.id, failures = fails, retry_at_wrs = next, "DC -> RC upgrade failed, VQP stays on DC and backs off");
     }
 
     /// Tries to upgrade (under the binding lock): takes the pair if it
@@ -599,6 +621,13 @@ impl<N: Nic> Vqp<N> {
                     slot.rc = None;
                     b.on_rc.store(false, Ordering::Release);
                     self.engine.downgrades.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(
+                        vqp = %id,
+                        target_gid = old.map(tracing::field::display),
+                        qpn = pair.qpn(),
+                        reason = "connect to another target",
+                        "VQP moved back RC -> DC"
+                    );
                 }
                 Some(Err(outstanding)) => {
                     return Err(EngineError::VqpBusy {

@@ -53,7 +53,14 @@ use engine::{CachedBlock, DirCache, OpCtx, ViewState};
 use write::{Decision, InsertMode};
 
 /// Tunables of a client; every duration is in [`Clock`] ticks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+///
+/// (De)serializable for configuration files, the keys being the field
+/// names (the unit, ticks or bytes, is in each): any subset of fields (the
+/// rest keep their defaults), unknown keys refused. Values are checked when
+/// a client is made, not on reading. A TOML integer is signed: a file holds
+/// values up to `i64::MAX`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ClientConfig {
     /// Lease of the resize lock: a client that holds it longer without
     /// renewing may be overtaken by another one.
@@ -460,4 +467,43 @@ fn check_kv(key: &[u8], value: &[u8]) -> Result<(), Error> {
     kv::block_len(key.len(), value.len())
         .map(|_| ())
         .map_err(Error::from_kv)
+}
+
+/// [`ClientConfig`] as a configuration file's type.
+#[cfg(test)]
+mod config_tests {
+    use super::ClientConfig;
+
+    #[test]
+    fn default_round_trips_through_toml() {
+        let text = toml::to_string_pretty(&ClientConfig::default()).expect("serializes");
+        println!("{text}");
+        let back: ClientConfig = toml::from_str(&text).expect("its own output parses");
+        assert_eq!(back, ClientConfig::default());
+        assert_eq!(
+            toml::from_str::<ClientConfig>("").ok(),
+            Some(ClientConfig::default())
+        );
+    }
+
+    #[test]
+    fn partial_file_overrides_only_what_it_names() {
+        let c: ClientConfig =
+            toml::from_str("grace_ticks = 500000\nmax_attempts = 7\n").expect("parses");
+        let want = ClientConfig {
+            grace_ticks: 500_000,
+            max_attempts: 7,
+            ..ClientConfig::default()
+        };
+        assert_eq!(c, want);
+        assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn unknown_key_is_an_error_naming_it() {
+        let err = toml::from_str::<ClientConfig>("lease_tick = 5\n")
+            .expect_err("misspelt")
+            .to_string();
+        assert!(err.contains("unknown field `lease_tick`"), "{err}");
+    }
 }

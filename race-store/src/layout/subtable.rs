@@ -194,9 +194,30 @@ impl SplitPlan {
 ///
 /// Invariant: `1 <= groups <= MAX_GROUPS`, so every offset fits in `u64` and
 /// in the 40-bit offset field, and `2 * groups` main buckets fit in `u32`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+///
+/// (De)serialized as its group count (a `u32`) through
+/// [`SubtableGeometry::new`]: a count out of range is a deserialize error,
+/// never a geometry that breaks the invariant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "u32", into = "u32")]
 pub struct SubtableGeometry {
     groups: u32,
+}
+
+impl TryFrom<u32> for SubtableGeometry {
+    type Error = LayoutError;
+
+    /// As [`SubtableGeometry::new`].
+    fn try_from(groups: u32) -> Result<Self> {
+        Self::new(groups)
+    }
+}
+
+impl From<SubtableGeometry> for u32 {
+    /// Its group count.
+    fn from(geometry: SubtableGeometry) -> u32 {
+        geometry.groups
+    }
 }
 
 impl SubtableGeometry {

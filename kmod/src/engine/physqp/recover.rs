@@ -28,6 +28,14 @@ impl<N: Nic> PhysQp<N> {
                 .map_err(VqpError::nic("reset a shared QP"))?;
         }
         let guilty = st.guilty.take();
+        let target = self.rc_link().map(|l| l.gid);
+        tracing::warn!(
+            qpn = self.qpn,
+            index = self.index,
+            target_gid = target.map(tracing::field::display),
+            guilty_vqp = guilty.map(tracing::field::display),
+            "shared QP found in ERR, recovering"
+        );
         let PhysState {
             credits,
             copies,
@@ -87,10 +95,17 @@ impl<N: Nic> PhysQp<N> {
                     st.nonce = nonce;
                     true
                 }
-                Err(_) => {
+                Err(e) => {
                     // The target did not answer (or the QP could not be
                     // brought up): close the pair. Its VQPs re-bind on their
                     // next post, and fail, typed, while the target is gone.
+                    tracing::warn!(
+                        qpn = self.qpn,
+                        target_gid = %l.gid,
+                        reason = %e,
+                        flushed = again.len(),
+                        "RC pair lost: re-handshake after an error failed, pair closed"
+                    );
                     st.qp = None;
                     st.stats.lost += 1;
                     false
@@ -102,7 +117,15 @@ impl<N: Nic> PhysQp<N> {
             return Ok(());
         }
         st.stats.recoveries += 1;
+        let before = st.stats.reposted;
         self.repost(eng, st, &again);
+        tracing::info!(
+            qpn = self.qpn,
+            target_gid = target.map(tracing::field::display),
+            reposted = st.stats.reposted - before,
+            refused = again.len() as u64 - (st.stats.reposted - before),
+            "shared QP recovered"
+        );
         Ok(())
     }
 
