@@ -611,7 +611,7 @@ impl NodeBuilder {
             provider = node.inner.engine.nic().provider(),
             mode = ?node.mode(),
             hosts_meta = hosts,
-            registered = hosts || node.inner.lease.is_some(),
+            registered = hosts || node.inner.lease.lock().is_some(),
             "node built"
         );
         Ok(node)

@@ -122,6 +122,7 @@ fn spawn_server(fabric_dir: &std::path::Path, name: &str) -> (ServerProcess, Vec
             .arg("--fabric")
             .arg(format!("sim:{}", fabric_dir.display()))
             .args(["--name", name, "--buckets", "64", "--lease-sweep-ms", "10"])
+            .args(["--listen", "127.0.0.1:0"])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -142,7 +143,7 @@ fn spawn_server(fabric_dir: &std::path::Path, name: &str) -> (ServerProcess, Vec
     loop {
         let left = WAIT.saturating_sub(start.elapsed());
         match rx.recv_timeout(left) {
-            Ok(line) if line == "ready" => return (child, lines),
+            Ok(line) if line.starts_with("ready: krcore-meta") => return (child, lines),
             Ok(line) => lines.push(line),
             Err(e) => panic!("krcore-meta never said ready ({e}); it said {lines:?}"),
         }
@@ -243,12 +244,7 @@ fn binary_server_in_another_process() {
 
 #[test]
 fn binary_rejects_a_bad_fabric_with_exit_code_2() {
-    for spec in [
-        "nonsense",
-        "sim:mem",
-        "sim:relative/path",
-        "sim:/no/such/dir/x",
-    ] {
+    for spec in ["nonsense", "sim:mem", "sim:relative/path", "verbs:", "sim:x,dc=maybe"] {
         let out = Command::new(env!("CARGO_BIN_EXE_krcore-meta"))
             .args(["--fabric", spec])
             .output()
@@ -272,4 +268,12 @@ fn binary_rejects_a_bad_fabric_with_exit_code_2() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "zero buckets");
+    // A fabric that cannot be opened is a runtime failure: 1, one line.
+    let out = Command::new(env!("CARGO_BIN_EXE_krcore-meta"))
+        .args(["--fabric", "sim:/no/such/dir/x", "--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
 }
