@@ -244,7 +244,13 @@ fn binary_server_in_another_process() {
 
 #[test]
 fn binary_rejects_a_bad_fabric_with_exit_code_2() {
-    for spec in ["nonsense", "sim:mem", "sim:relative/path", "verbs:", "sim:x,dc=maybe"] {
+    for spec in [
+        "nonsense",
+        "sim:mem",
+        "sim:relative/path",
+        "verbs:",
+        "sim:x,dc=maybe",
+    ] {
         let out = Command::new(env!("CARGO_BIN_EXE_krcore-meta"))
             .args(["--fabric", spec])
             .output()

@@ -169,6 +169,80 @@ pub fn verify<T: Transport>(
 mod tests {
     use super::*;
 
+    use race_store::clock::SystemClock;
+    use race_store::memory::{ClusterConfig, LocalCluster};
+    use race_store::ClientConfig;
+    use std::sync::Arc;
+
+    fn rec(keynum: u64, version: u64, start_us: u64, end_us: u64, status: Status) -> WriteRecord {
+        WriteRecord {
+            keynum,
+            version,
+            start_us,
+            end_us,
+            status,
+        }
+    }
+
+    #[test]
+    fn the_check_accepts_what_may_be_last_and_catches_lost_or_stale_writes() {
+        let cluster = LocalCluster::new(ClusterConfig {
+            nodes: 1,
+            node_bytes: 8 << 20,
+            ..ClusterConfig::default()
+        })
+        .unwrap();
+        let mut c = Client::open(
+            cluster.transport(),
+            Arc::new(SystemClock::new()),
+            ClientConfig::default(),
+        )
+        .unwrap();
+        let w = Workload::preset('a').unwrap();
+        let len = w.value_size() as usize;
+        let mut v = Vec::new();
+        let put = |c: &mut Client<_>, k: u64, ver: u64, v: &mut Vec<u8>| {
+            fill_value(v, len, k, ver);
+            c.put(w.key_name(k).as_bytes(), v).unwrap();
+        };
+        for k in 0..4 {
+            put(&mut c, k, 0, &mut v);
+        }
+        // Key 1: two overlapping writes, the store kept the first: fine.
+        put(&mut c, 1, 11, &mut v);
+        // Key 2: a write that ended before another began, but the store
+        // holds the earlier one: a lost write.
+        put(&mut c, 2, 21, &mut v);
+        // Key 3: written, but the store still has the loaded value.
+        let log = [
+            rec(1, 11, 100, 200, Status::Ok),
+            rec(1, 12, 150, 250, Status::Ok),
+            rec(2, 21, 100, 200, Status::Ok),
+            rec(2, 22, 300, 400, Status::Ok),
+            rec(3, 31, 100, 200, Status::Ok),
+        ];
+        let r = verify(&mut c, &w, 0..4, &log).unwrap();
+        assert_eq!((r.keys, r.wrong), (4, 2), "{r:?}");
+        assert!(
+            r.examples.iter().any(|e| e.contains(&w.key_name(2))),
+            "{r:?}"
+        );
+        assert!(
+            r.examples.iter().any(|e| e.contains(&w.key_name(3))),
+            "{r:?}"
+        );
+        // A failed write may have applied: accepted.
+        let log = [rec(3, 31, 100, 200, Status::Error)];
+        let r = verify(&mut c, &w, 0..4, &log).unwrap();
+        // Keys 1 and 2 now hold values no logged write wrote.
+        assert_eq!(r.wrong, 2, "{r:?}");
+        assert!(
+            !r.examples.iter().any(|e| e.contains(&w.key_name(3))),
+            "{r:?}"
+        );
+        assert!(!r.is_clean());
+    }
+
     #[test]
     fn versions_are_unique_and_never_zero() {
         assert_ne!(version_tag(0, 0), 0);

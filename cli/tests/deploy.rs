@@ -1,0 +1,266 @@
+//! The deployment programs as separate processes on a sim directory
+//! fabric: a store served by `race-memnode` processes and found from the
+//! meta server's TCP address alone, clean shutdown on SIGTERM, and every
+//! bad input a typed one-line error with a non-zero exit in bounded time.
+
+use race_store::deploy::{DeployError, Store, StoreOptions};
+use std::io::{BufRead, Read, Write};
+use std::net::TcpListener;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const MEMNODE: &str = env!("CARGO_BIN_EXE_race-memnode");
+const META: &str = env!("CARGO_BIN_EXE_krcore-meta");
+/// Every process of these tests ends (or is killed) within this bound.
+const BOUND: Duration = Duration::from_secs(60);
+
+/// A child killed (and reaped) when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Proc {
+    /// Sends SIGTERM and waits (bounded) for the exit code.
+    fn terminate(mut self) -> Option<i32> {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(s)) = self.0.try_wait() {
+                return s.code();
+            }
+            assert!(start.elapsed() < BOUND, "no exit after SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn fabric_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("krcore-deploy-test-")
+        .tempdir_in("/dev/shm")
+        .unwrap()
+}
+
+/// Starts a server and waits (bounded) for its `ready:` line; returns it.
+fn start(bin: &str, args: &[&str]) -> (Proc, String) {
+    let mut child = Proc(
+        Command::new(bin)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let stdout = child.0.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let start = Instant::now();
+    loop {
+        match rx.recv_timeout(BOUND.saturating_sub(start.elapsed())) {
+            Ok(l) if l.starts_with("ready: ") => return (child, l),
+            Ok(_) => {}
+            Err(_) => {
+                let mut err = String::new();
+                if let Some(mut e) = child.0.stderr.take() {
+                    let _ = e.read_to_string(&mut err);
+                }
+                panic!("{bin} {args:?} never became ready: {err}");
+            }
+        }
+    }
+}
+
+/// A meta server on `fabric`; its TCP address.
+fn meta(fabric: &str) -> (Proc, String) {
+    let (p, line) = start(META, &["--fabric", fabric, "--listen", "127.0.0.1:0"]);
+    let addr = line
+        .split_whitespace()
+        .skip_while(|w| *w != "listen")
+        .nth(1)
+        .unwrap()
+        .to_string();
+    (p, addr)
+}
+
+fn memnode(fabric: &str, meta: &str, store: &str, id: u8, extra: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = [
+        "--fabric", fabric, "--meta", meta, "--store", store, "--nodes", "2", "--mb", "16",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    v.extend(["--id".to_string(), id.to_string()]);
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+/// Runs a command that must fail: bounded, exit code 1, one line on stderr
+/// containing `needle`.
+fn fails_with(bin: &str, args: &[String], needle: &str) {
+    let mut child = Command::new(bin)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > BOUND {
+            let _ = child.kill();
+            panic!("{bin} {args:?} did not exit within {BOUND:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    let out = Output {
+        status,
+        stdout: vec![],
+        stderr: err.clone().into_bytes(),
+    };
+    assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+    let errors: Vec<&str> = err.lines().filter(|l| l.contains("error")).collect();
+    assert_eq!(errors.len(), 1, "one error line: {err}");
+    assert!(errors[0].contains(needle), "{needle:?} not in: {err}");
+}
+
+#[test]
+fn a_deployed_store_is_found_from_the_meta_address_alone() {
+    let dir = fabric_dir();
+    let fabric = format!("sim:{}", dir.path().join("f").display());
+    let (meta_p, addr) = meta(&fabric);
+    let (n0, _) = start(MEMNODE, &as_refs(&memnode(&fabric, &addr, "s", 0, &[])));
+    let (n1, _) = start(MEMNODE, &as_refs(&memnode(&fabric, &addr, "s", 1, &[])));
+    // This process knows only the fabric string and the TCP address.
+    let store = Store::connect(&fabric, &addr, "s", StoreOptions::default()).unwrap();
+    assert_eq!(store.infos().len(), 2);
+    let mut c = store.client().unwrap();
+    for i in 0..500u32 {
+        c.put(format!("k{i}").as_bytes(), &i.to_le_bytes()).unwrap();
+    }
+    let mut other = store.client().unwrap();
+    for i in 0..500u32 {
+        assert_eq!(
+            other.get(format!("k{i}").as_bytes()).unwrap().as_deref(),
+            Some(&i.to_le_bytes()[..])
+        );
+    }
+    assert!(other.check_table().unwrap().problems.is_empty());
+    // SIGTERM: each memory node leaves the store and exits 0.
+    assert_eq!(n1.terminate(), Some(0));
+    assert_eq!(n0.terminate(), Some(0));
+    let gone = Store::connect(
+        &fabric,
+        &addr,
+        "s",
+        StoreOptions {
+            wait: Duration::ZERO,
+            ..StoreOptions::default()
+        },
+    );
+    assert!(
+        matches!(gone, Err(DeployError::NoSuchStore { .. })),
+        "{gone:?}"
+    );
+    assert_eq!(meta_p.terminate(), Some(0));
+}
+
+fn as_refs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+#[test]
+fn bad_inputs_are_typed_one_line_errors_in_bounded_time() {
+    let dir = fabric_dir();
+    let fabric = format!("sim:{}", dir.path().join("f").display());
+    let (_meta, addr) = meta(&fabric);
+
+    // A wrong device name (without the verbs feature: no verbs provider;
+    // with it: no such device, listing those there are).
+    fails_with(
+        MEMNODE,
+        &memnode("verbs:nosuch0", &addr, "s", 0, &[]),
+        "verbs",
+    );
+    // An unreachable meta server.
+    fails_with(
+        MEMNODE,
+        &memnode(&fabric, "127.0.0.1:1", "s", 0, &[]),
+        "cannot connect to the meta server at 127.0.0.1:1",
+    );
+    // A meta server of another wire version (a v2 server answers every
+    // connection with its bootstrap at once).
+    let old = TcpListener::bind("127.0.0.1:0").unwrap();
+    let old_addr = old.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for s in old.incoming().take(4) {
+            let Ok(mut s) = s else { continue };
+            let mut v2 = b"KRMT".to_vec();
+            v2.extend_from_slice(&[2, 0x83, 80, 0]);
+            v2.extend_from_slice(&[0; 8 + 80]);
+            let _ = s.write_all(&v2);
+        }
+    });
+    fails_with(
+        MEMNODE,
+        &memnode(&fabric, &old_addr, "s", 0, &[]),
+        "wire version",
+    );
+    // A memory node whose node 0 never formatted the table.
+    fails_with(
+        MEMNODE,
+        &memnode(&fabric, &addr, "lonely", 1, &["--wait-s", "1"]),
+        "memory node 0 did not register",
+    );
+    // Two memory nodes with the same id.
+    let (_n0, _) = start(MEMNODE, &as_refs(&memnode(&fabric, &addr, "dup", 0, &[])));
+    fails_with(
+        MEMNODE,
+        &memnode(&fabric, &addr, "dup", 0, &[]),
+        "memory node id 0 is taken",
+    );
+    // A store name nobody registered.
+    let r = Store::connect(
+        &fabric,
+        &addr,
+        "nobody",
+        StoreOptions {
+            wait: Duration::from_millis(200),
+            ..StoreOptions::default()
+        },
+    );
+    assert!(
+        matches!(r, Err(DeployError::NoSuchStore { ref store, .. }) if store == "nobody"),
+        "{r:?}"
+    );
+    // A store name that is not one.
+    fails_with(
+        MEMNODE,
+        &memnode(&fabric, &addr, "bad name!", 0, &[]),
+        "store",
+    );
+}
