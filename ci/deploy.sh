@@ -75,7 +75,7 @@ if [ "${DEPLOY_LAT:-0}" = 1 ]; then
   ycsb --store ci --workload c --records "$records" --operations 20000 --phase run \
     >"$work/lat.out" 2>&1 || { cat "$work/lat.out" >&2; die "latency run"; }
   get_p50=$(sed -n 's/^\[READ\], 50thPercentileLatency(us), //p' "$work/lat.out")
-  perf=$(../shared/softroce/softroce-pair ib_read_lat -s 64 -n 2000 2>&1) || say "ib_read_lat failed"
+  perf=$("${SOFTROCE_DIR:-../shared/softroce}/softroce-pair" ib_read_lat -s 64 -n 2000 2>&1) || say "ib_read_lat failed"
   # perftest's columns: #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%
   read_p50=$(printf '%s\n' "$perf" | awk '$1 == 64 && NF >= 6 {print $5}' | tail -n1)
   echo "latency: ycsb-c get p50 ${get_p50:-?} us; ib_read_lat 64 B t_typical ${read_p50:-?} us"

@@ -7,7 +7,10 @@
 # `krcore_lat` (release). Runs the device-free unit tests of the provider on
 # the host, then everything else inside ONE Soft-RoCE guest
 # (../shared/softroce/softroce-run, rxe0): each test binary's #[ignore]d
-# device tests, then krcore_lat (64 B READ / 8 B CAS latency through the
+# device tests, then the deployment as separate processes (ci/deploy.sh:
+# krcore-meta, two race-memnode, krcore-ycsb A/B/C/D/F verified, a killed
+# memory node, krcore-elastic; and YCSB-C get latency beside ib_read_lat),
+# then krcore_lat (64 B READ / 8 B CAS latency through the
 # provider and the SDK's VQP side by side with perftest, and the connect
 # cost). The latency figures are printed, never judged (the guest is
 # emulated); krcore_lat fails only if an operation fails. Called from the
@@ -16,7 +19,8 @@
 #
 # Environment:
 #   SOFTROCE_DIR       where softroce-run lives (default ../shared/softroce)
-#   VERBS_TIMEOUT      seconds for the guest run (default 1500)
+#   VERBS_TIMEOUT      seconds for the guest run (default 2400)
+#   VERBS_DEPLOY       0 skips the deployment step (default 1)
 #   VERBS_LAT          0 skips the latency tool (default 1)
 #   VERBS_LAT_ARGS     arguments of krcore_lat (default: --rounds 12 --iters 1500
 #                      --pairs 3 --proc --proc-sdk --calibrate: twelve rounds in
@@ -39,7 +43,8 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 SOFTROCE_DIR=${SOFTROCE_DIR:-../shared/softroce}
-VERBS_TIMEOUT=${VERBS_TIMEOUT:-1500}
+VERBS_TIMEOUT=${VERBS_TIMEOUT:-2400}
+VERBS_DEPLOY=${VERBS_DEPLOY:-1}
 VERBS_LAT=${VERBS_LAT:-1}
 VERBS_LAT_ARGS=${VERBS_LAT_ARGS:---rounds 12 --iters 1500 --pairs 3 --proc --proc-sdk --calibrate}
 
@@ -111,6 +116,21 @@ if [ "$VERBS_LAT" != 0 ]; then
   [ -n "$lat" ] && [ -x "$lat" ] || { say "krcore_lat was not built"; exit 1; }
 fi
 
+deploy_bin=
+if [ "$VERBS_DEPLOY" != 0 ]; then
+  say "building the deployment programs (release, verbs)"
+  cargo build --release -p krcore-cli -p krcore-benches \
+    --features krcore-cli/verbs,krcore-benches/verbs --bins --message-format=json >"$json"
+  meta_bin=$(grep '"reason":"compiler-artifact"' "$json" |
+    grep -o '"executable":"[^"]*/krcore-meta"' |
+    sed 's/^"executable":"//; s/"$//' | tail -n1)
+  [ -n "$meta_bin" ] && [ -x "$meta_bin" ] || { say "krcore-meta was not built"; exit 1; }
+  deploy_bin=$(dirname "$meta_bin")
+  for b in race-memnode krcore-ycsb krcore-elastic; do
+    [ -x "$deploy_bin/$b" ] || { say "$b was not built"; exit 1; }
+  done
+fi
+
 # --- device-free unit tests of the provider (receive tags, errors) on the host
 say "host unit tests of the verbs module"
 cargo test -p krcore-nic --features verbs --lib -- verbs::
@@ -131,6 +151,9 @@ lat=$1; shift
 for bin in "$@"; do
   step "$(basename "$bin")" "$bin" --ignored --test-threads=1
 done
+if [ -n "$DEPLOY_BIN" ]; then
+  step deploy env DEPLOY_LAT=1 DEPLOY_MB=128 ci/deploy.sh "verbs:$SOFTROCE_DEV" "$DEPLOY_BIN"
+fi
 if [ -n "$lat" ]; then
   step krcore_lat "$lat" $VERBS_LAT_ARGS
 fi
@@ -139,7 +162,7 @@ echo "[guest] all steps passed"
 '
 say "running ${#bins[@]} test binaries${lat:+ and krcore_lat} in one Soft-RoCE guest"
 set +e
-VERBS_LAT_ARGS="$VERBS_LAT_ARGS" "$SOFTROCE_DIR/softroce-run" -t "$VERBS_TIMEOUT" -- \
+DEPLOY_BIN="$deploy_bin" SOFTROCE_DIR="$SOFTROCE_DIR" VERBS_LAT_ARGS="$VERBS_LAT_ARGS" "$SOFTROCE_DIR/softroce-run" -t "$VERBS_TIMEOUT" -- \
   bash -c "$inner" verbs-guest "$lat" "${bins[@]}"
 rc=$?
 set -e
