@@ -154,7 +154,18 @@ fn a_deployed_store_is_found_from_the_meta_address_alone() {
     let fabric = format!("sim:{}", dir.path().join("f").display());
     let (meta_p, addr) = meta(&fabric);
     let (n0, _) = start(MEMNODE, &as_refs(&memnode(&fabric, &addr, "s", 0, &[])));
-    let (n1, _) = start(MEMNODE, &as_refs(&memnode(&fabric, &addr, "s", 1, &[])));
+    // Node 1 takes its settings from a file (flags give the rest).
+    let conf = dir.path().join("n1.toml");
+    std::fs::write(
+        &conf,
+        "store = \"s\"\nid = 1\nnodes = 2\nmb = 16\n[engine]\npool_size = 2\nmeta_timeout_ms = 2000\n",
+    )
+    .unwrap();
+    let conf = conf.display().to_string();
+    let (n1, _) = start(
+        MEMNODE,
+        &["--fabric", &fabric, "--meta", &addr, "--config", &conf],
+    );
     // This process knows only the fabric string and the TCP address.
     let store = Store::connect(&fabric, &addr, "s", StoreOptions::default()).unwrap();
     assert_eq!(store.infos().len(), 2);
@@ -257,6 +268,16 @@ fn bad_inputs_are_typed_one_line_errors_in_bounded_time() {
         matches!(r, Err(DeployError::NoSuchStore { ref store, .. }) if store == "nobody"),
         "{r:?}"
     );
+    // A config file with a misspelt key: a usage error naming it.
+    let conf = dir.path().join("bad.toml");
+    std::fs::write(&conf, "[engine]\npool_sise = 2\n").unwrap();
+    let out = Command::new(MEMNODE)
+        .args(["--config", &conf.display().to_string()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("pool_sise"), "{err}");
     // A store name that is not one.
     fails_with(
         MEMNODE,

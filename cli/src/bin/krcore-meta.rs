@@ -76,6 +76,8 @@ struct FileConfig {
     slots_per_bucket: Option<u32>,
     lease_sweep_ms: Option<u64>,
     name: Option<String>,
+    /// The engine's settings (`[engine]`: see `krcore::EngineConfig`).
+    engine: krcore::EngineConfig,
 }
 
 fn main() -> ExitCode {
@@ -126,6 +128,7 @@ fn main() -> ExitCode {
     };
     let node = match Node::builder()
         .fabric_spec(spec.clone())
+        .config(file.engine)
         .host_meta_with(cfg)
         .build()
     {
@@ -177,7 +180,23 @@ fn main() -> ExitCode {
     if let Err(e) = announce_ready(&line, args.ready_file.as_deref()) {
         return fail(PROGRAM, &e);
     }
-    shutdown.wait_until(Duration::from_millis(50), || false);
+    // On a sim directory fabric, the server also reclaims the slots and
+    // files of nodes whose process died (a sim fabric has no kernel to do
+    // it), every second.
+    let fabric = node.fabric().filter(|f| f.dir().is_some()).cloned();
+    let mut ticks = 0u32;
+    shutdown.wait_until(Duration::from_millis(50), || {
+        ticks = ticks.wrapping_add(1);
+        if ticks % 20 == 0 {
+            if let Some(f) = &fabric {
+                let n = f.reap_dead();
+                if n > 0 {
+                    tracing::info!(nodes = n, "reclaimed the slots of dead sim nodes");
+                }
+            }
+        }
+        false
+    });
     tracing::info!("signal received: stopping");
     let stats = server.host().stats();
     drop(tcp);

@@ -80,6 +80,11 @@ struct FileConfig {
     mb: Option<u64>,
     lease_ms: Option<u64>,
     wait_s: Option<u64>,
+    /// The engine's settings (`[engine]`: see `krcore::EngineConfig`).
+    engine: krcore::EngineConfig,
+    /// The table node 0 formats (`[table]`: see
+    /// `race_store::memory::TableConfig`).
+    table: race_store::memory::TableConfig,
 }
 
 fn main() -> ExitCode {
@@ -116,6 +121,7 @@ fn main() -> ExitCode {
         return usage(PROGRAM, format!("--mb {mb}: out of range"));
     };
     let mut opts = MemoryNodeOptions::new(&store, id, nodes, bytes, &meta);
+    opts.table = file.table;
     opts.lease = args
         .lease_ms
         .or(file.lease_ms)
@@ -129,6 +135,7 @@ fn main() -> ExitCode {
     };
     let node = match Node::builder()
         .fabric_spec(spec.clone())
+        .config(file.engine)
         .meta_addr(meta.as_str())
         .register(true)
         .build()
