@@ -16,7 +16,16 @@
 # krcore-elastic. Exits non-zero naming the first step that failed.
 #
 # Environment: DEPLOY_RECORDS (20000), DEPLOY_OPS (10000), DEPLOY_PORT
-# (7471), DEPLOY_MB (256), DEPLOY_LAT (0).
+# (7471), DEPLOY_MB (256), DEPLOY_LAT (0), DEPLOY_LAT_OPS (20000),
+# DEPLOY_GIDS (0).
+#
+# A node is a GID (KRCore's meta table maps a GID to its address, and RC
+# pairs are per GID), so processes sharing one verbs device need a GID
+# each: with DEPLOY_GIDS=1 (inside the Soft-RoCE guest started with
+# `--netdev dummy`, whose rxe0 sits on dummy0) the script adds one IPv4
+# address per process role to the device's netdev and gives each process
+# the RoCE v2 GID of its own address (`verbs:rxe0,gid=N`), as separate
+# hosts would have.
 set -u
 fabric=$1
 bin=$2
@@ -53,17 +62,47 @@ start() {
   die "$name not ready within 60 s"
 }
 
-ycsb() { "$bin/krcore-ycsb" --fabric "$fabric" --meta "$meta" "$@"; }
+# fab ROLE: the fabric string of the process playing ROLE (1..).
+fab() { printf '%s' "$fabric"; }
+if [ "${DEPLOY_GIDS:-0}" = 1 ]; then
+  dev=${fabric#verbs:}; dev=${dev%%,*}
+  ndev=$(cat "/sys/class/infiniband/$dev/ports/1/gid_attrs/ndevs/${SOFTROCE_GID_INDEX:-1}")
+  base=${SOFTROCE_IP%.*}
+  for r in $(seq 1 12); do ip -4 addr add "$base.$((100 + r))/32" dev "$ndev" || die "ip addr add"; done
+  sleep 2
+  # gid_of IP: the index of IP's RoCE v2 GID on $dev.
+  gid_of() {
+    local want i g
+    want=$(printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' ${1//./ })
+    for i in $(seq 0 63); do
+      g=$(cat "/sys/class/infiniband/$dev/ports/1/gids/$i" 2>/dev/null) || continue
+      [ "$g" = "$want" ] || continue
+      [ "$(cat "/sys/class/infiniband/$dev/ports/1/gid_attrs/types/$i" 2>/dev/null)" = "RoCE v2" ] &&
+        { echo "$i"; return 0; }
+    done
+    return 1
+  }
+  declare -A gidx
+  for r in $(seq 1 12); do
+    gidx[$r]=$(gid_of "$base.$((100 + r))") || die "no RoCE v2 GID for $base.$((100 + r))"
+  done
+  say "one GID per process role on $dev: ${gidx[*]}"
+  fab() { printf '%s,gid=%s' "$fabric" "${gidx[$1]}"; }
+fi
 
-start meta "$bin/krcore-meta" --fabric "$fabric" --listen "$meta"
-start mem0 "$bin/race-memnode" --fabric "$fabric" --meta "$meta" --store ci --id 0 --nodes 2 --mb "$mb"
+# Roles: 1 meta, 2-3 store ci, 4-5 store el, 6 the ycsb driver and the
+# latency and kill clients, 7-8 ycsb's client processes, 9 elastic.
+ycsb() { "$bin/krcore-ycsb" --fabric "$(fab 6)" --meta "$meta" "$@"; }
+
+start meta "$bin/krcore-meta" --fabric "$(fab 1)" --listen "$meta"
+start mem0 "$bin/race-memnode" --fabric "$(fab 2)" --meta "$meta" --store ci --id 0 --nodes 2 --mb "$mb"
 mem0=$started
-start mem1 "$bin/race-memnode" --fabric "$fabric" --meta "$meta" --store ci --id 1 --nodes 2 --mb "$mb"
+start mem1 "$bin/race-memnode" --fabric "$(fab 3)" --meta "$meta" --store ci --id 1 --nodes 2 --mb "$mb"
 
 for w in a b c d f; do
   say "workload $w: $records records, $ops operations, 2 client processes, verified"
   ycsb --store ci --workload "$w" --records "$records" --operations "$ops" \
-    --processes 2 --verify >"$work/ycsb-$w.out" 2>"$work/ycsb-$w.err" ||
+    --processes 2 --child-fabric "$(fab 7)" --child-fabric "$(fab 8)" --verify >"$work/ycsb-$w.out" 2>"$work/ycsb-$w.err" ||
     { cat "$work/ycsb-$w.out" "$work/ycsb-$w.err" >&2; die "workload $w"; }
   grep -E '^\[(OVERALL|READ|UPDATE|INSERT|READ-MODIFY-WRITE)\], (RunTime|Throughput|Operations|50th|99th)|^\[VERIFY\]|^# ' \
     "$work/ycsb-$w.out"
@@ -72,7 +111,7 @@ done
 
 if [ "${DEPLOY_LAT:-0}" = 1 ]; then
   say "latency: YCSB-C get (1 thread) beside ib_read_lat -s 64"
-  ycsb --store ci --workload c --records "$records" --operations 20000 --phase run \
+  ycsb --store ci --workload c --records "$records" --operations "${DEPLOY_LAT_OPS:-20000}" --phase run \
     >"$work/lat.out" 2>&1 || { cat "$work/lat.out" >&2; die "latency run"; }
   get_p50=$(sed -n 's/^\[READ\], 50thPercentileLatency(us), //p' "$work/lat.out")
   perf=$("${SOFTROCE_DIR:-../shared/softroce}/softroce-pair" ib_read_lat -s 64 -n 2000 2>&1) || say "ib_read_lat failed"
@@ -106,9 +145,9 @@ say "client exited with $rc after $((SECONDS - t0)) s: $(grep -m1 error "$work/k
 grep -q "memory node 0 is down\|transport error" "$work/kill.err" || die "no typed error from the client"
 
 say "elastic: a second store, 4 joining processes"
-start mem2 "$bin/race-memnode" --fabric "$fabric" --meta "$meta" --store el --id 0 --nodes 2 --mb "$mb"
-start mem3 "$bin/race-memnode" --fabric "$fabric" --meta "$meta" --store el --id 1 --nodes 2 --mb "$mb"
-"$bin/krcore-elastic" --fabric "$fabric" --meta "$meta" --store el --joiners 4 \
+start mem2 "$bin/race-memnode" --fabric "$(fab 4)" --meta "$meta" --store el --id 0 --nodes 2 --mb "$mb"
+start mem3 "$bin/race-memnode" --fabric "$(fab 5)" --meta "$meta" --store el --id 1 --nodes 2 --mb "$mb"
+"$bin/krcore-elastic" --fabric "$(fab 9)" --meta "$meta" --store el --joiners 4 \
   >"$work/elastic.out" 2>"$work/elastic.err" ||
   { cat "$work/elastic.out" "$work/elastic.err" >&2; die "krcore-elastic"; }
 cat "$work/elastic.out"

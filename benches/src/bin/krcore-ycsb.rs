@@ -115,6 +115,12 @@ struct Args {
     /// End a phase at its first failed operation.
     #[arg(long)]
     fail_fast: bool,
+    /// A deployed store with --processes: the fabric of client process i
+    /// is the i-th of these (repeatable; cycled), instead of --fabric. On
+    /// one verbs device, give each process its own GID
+    /// (`verbs:rxe0,gid=N`): a node is a GID.
+    #[arg(long)]
+    child_fabric: Vec<String>,
     /// How long to wait for the deployed store's memory nodes, in seconds.
     #[arg(long, default_value_t = 10)]
     wait_s: u64,
@@ -446,8 +452,10 @@ fn run_deployed(args: &Args, workload: Workload, records: u64, operations: u64) 
             "a deployed store needs --fabric for this client's device (sim:NAME or verbs:DEVICE)",
         );
     };
-    if let Err(code) = krcore_cli::parse_fabric(P, &fabric) {
-        return code;
+    for f in std::iter::once(&fabric).chain(&args.child_fabric) {
+        if let Err(code) = krcore_cli::parse_fabric(P, f) {
+            return code;
+        }
     }
     if !matches!(args.db, Db::Race) {
         return krcore_cli::usage(P, "--store runs the race backend only");
@@ -522,7 +530,14 @@ fn run_deployed(args: &Args, workload: Workload, records: u64, operations: u64) 
                     seed: args.seed,
                     latency: "none".into(),
                 };
-                let specs = mp::child_specs(&base, processes, records, operations);
+                let mut specs = mp::child_specs(&base, processes, records, operations);
+                if !args.child_fabric.is_empty() {
+                    for (i, s) in specs.iter_mut().enumerate() {
+                        if let Some(d) = &mut s.deployed {
+                            d.fabric = args.child_fabric[i % args.child_fabric.len()].clone();
+                        }
+                    }
+                }
                 mp::run_children(&exe, &specs, label.clone(), Duration::from_secs(3600))
                     .map_err(|e| e.to_string())
             }
