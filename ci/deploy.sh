@@ -17,7 +17,8 @@
 #
 # Environment: DEPLOY_RECORDS (20000), DEPLOY_OPS (10000), DEPLOY_PORT
 # (7471), DEPLOY_MB (256), DEPLOY_LAT (0), DEPLOY_LAT_OPS (20000),
-# DEPLOY_GIDS (0).
+# DEPLOY_GIDS (0), DEPLOY_WORKLOADS ("a b c d f"), DEPLOY_KILL_BOUND (10:
+# seconds the client may take to fail after its memory node died).
 #
 # A node is a GID (KRCore's meta table maps a GID to its address, and RC
 # pairs are per GID), so processes sharing one verbs device need a GID
@@ -99,7 +100,7 @@ start mem0 "$bin/race-memnode" --fabric "$(fab 2)" --meta "$meta" --store ci --i
 mem0=$started
 start mem1 "$bin/race-memnode" --fabric "$(fab 3)" --meta "$meta" --store ci --id 1 --nodes 2 --mb "$mb"
 
-for w in a b c d f; do
+for w in ${DEPLOY_WORKLOADS:-a b c d f}; do
   say "workload $w: $records records, $ops operations, 2 client processes, verified"
   ycsb --store ci --workload "$w" --records "$records" --operations "$ops" \
     --processes 2 --child-fabric "$(fab 7)" --child-fabric "$(fab 8)" --verify >"$work/ycsb-$w.out" 2>"$work/ycsb-$w.err" ||
@@ -116,9 +117,11 @@ if [ "${DEPLOY_LAT:-0}" = 1 ]; then
   get_p50=$(sed -n 's/^\[READ\], 50thPercentileLatency(us), //p' "$work/lat.out")
   perf=$("${SOFTROCE_DIR:-../shared/softroce}/softroce-pair" ib_read_lat -s 64 -n 2000 2>&1) || say "ib_read_lat failed"
   # perftest's columns: #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%
-  read_p50=$(printf '%s\n' "$perf" | awk '$1 == 64 && NF >= 6 {print $5}' | tail -n1)
-  echo "latency: ycsb-c get p50 ${get_p50:-?} us; ib_read_lat 64 B t_typical ${read_p50:-?} us"
-  if [ -n "$get_p50" ] && [ -n "$read_p50" ]; then
+  line=$(printf '%s\n' "$perf" | awk '$1 == 64 && NF >= 6' | tail -n1)
+  read_p50=$(printf '%s\n' "$line" | awk '{print $5}')
+  echo "latency: ycsb-c get p50 ${get_p50:-?} us; ib_read_lat 64 B: ${line:-no result line}"
+  if [ -n "$get_p50" ] && printf '%s' "$read_p50" | grep -Eq '^[0-9]+([.][0-9]+)?$' &&
+    awk -v r="$read_p50" 'BEGIN { exit !(r > 0) }'; then
     awk -v g="$get_p50" -v r="$read_p50" 'BEGIN { printf "latency: get p50 / (2 x ib_read_lat p50) = %.3f (measured in the emulated guest: a ratio, not a speed)\n", g / (2 * r) }'
   fi
 fi
@@ -133,12 +136,13 @@ kill -KILL "$mem0"
 wait "$mem0" 2>/dev/null
 t0=$SECONDS
 rc=
-for _ in $(seq 100); do
+bound=${DEPLOY_KILL_BOUND:-10}
+for _ in $(seq $((bound * 10))); do
   if ! kill -0 "$client" 2>/dev/null; then wait "$client"; rc=$?; break; fi
   sleep 0.1
 done
 if [ -z "$rc" ]; then
-  kill -KILL "$client"; die "the client did not exit within 10 s of the kill"
+  kill -KILL "$client"; die "the client did not exit within $bound s of the kill"
 fi
 say "client exited with $rc after $((SECONDS - t0)) s: $(grep -m1 error "$work/kill.err")"
 [ "$rc" != 0 ] || die "the client exited 0 after its memory node died"
@@ -148,6 +152,7 @@ say "elastic: a second store, 4 joining processes"
 start mem2 "$bin/race-memnode" --fabric "$(fab 4)" --meta "$meta" --store el --id 0 --nodes 2 --mb "$mb"
 start mem3 "$bin/race-memnode" --fabric "$(fab 5)" --meta "$meta" --store el --id 1 --nodes 2 --mb "$mb"
 "$bin/krcore-elastic" --fabric "$(fab 9)" --meta "$meta" --store el --joiners 4 \
+  --records "$((records < 10000 ? records : 10000))" --gets 500 \
   >"$work/elastic.out" 2>"$work/elastic.err" ||
   { cat "$work/elastic.out" "$work/elastic.err" >&2; die "krcore-elastic"; }
 cat "$work/elastic.out"

@@ -931,7 +931,8 @@ impl<N: Nic> MsgNode<N> {
             } => {
                 bump(&self.counters.control);
                 learn_sender(eng, m.src, dct_num, dc_key);
-                let reserved = p >= super::hs_msg::FIRST_RESERVED_PORT;
+                let reserved = p >= super::hs_msg::FIRST_RESERVED_PORT
+                    || port.as_ref().is_some_and(|q| q.reclaims);
                 let mut reclaimed = Vec::new();
                 let carried = carries.map(|c| (c, body));
                 let only = carries.is_some_and(|c| c.only);

@@ -44,6 +44,9 @@ pub(crate) struct PortState<N: Nic> {
 
 pub(crate) struct PortShared<N: Nic> {
     pub(crate) port: u16,
+    /// Whether a full port takes back idle channels (`msg.control_idle`),
+    /// as the engine's reserved ports do ([`Engine::bind_reclaiming`]).
+    pub(crate) reclaims: bool,
     pub(crate) state: Mutex<PortState<N>>,
 }
 
@@ -246,12 +249,33 @@ impl<N: Nic> Engine<N> {
         if port >= super::hs_msg::FIRST_RESERVED_PORT {
             return Err(MsgError::ReservedPort { port });
         }
-        self.bind_reserved(port)
+        self.bind_with(port, false)
+    }
+
+    /// [`Engine::bind`] for a service that any number of short-lived
+    /// clients call over time (a memory node's allocator): when all of the
+    /// port's `msg.port_slots` are granted, an Open takes back the slot of
+    /// a channel idle for `msg.control_idle`, as the engine's reserved
+    /// ports do, so clients that died or left without closing their
+    /// channel do not keep the port full. A reclaimed sender is told, and
+    /// its next push opens the channel again.
+    ///
+    /// # Errors
+    /// As [`Engine::bind`].
+    pub fn bind_reclaiming(&self, port: u16) -> Result<Port<N>, MsgError> {
+        if port >= super::hs_msg::FIRST_RESERVED_PORT {
+            return Err(MsgError::ReservedPort { port });
+        }
+        self.bind_with(port, true)
     }
 
     /// [`Engine::bind`] without the reserved-port check (the engine's own
     /// services).
     pub(crate) fn bind_reserved(&self, port: u16) -> Result<Port<N>, MsgError> {
+        self.bind_with(port, true)
+    }
+
+    fn bind_with(&self, port: u16, reclaims: bool) -> Result<Port<N>, MsgError> {
         let node = MsgNode::get(&self.inner)?;
         let slots = node.cfg.port_slots;
         if node.ports.read().contains_key(&port) {
@@ -261,6 +285,7 @@ impl<N: Nic> Engine<N> {
         let ring = node.staging_ring(&self.inner)?;
         let shared = Arc::new(PortShared {
             port,
+            reclaims,
             state: Mutex::new(PortState {
                 ring: VecDeque::new(),
                 channels: HashMap::new(),

@@ -121,8 +121,11 @@ impl<N: Nic> MemoryNodeServer<N> {
         if id == 0 {
             mem.format(table, nodes)?;
         }
+        // Clients come and go (and die): a full port takes back the slots
+        // of idle channels.
         let port = node
-            .bind(ALLOC_PORT)
+            .engine()
+            .bind_reclaiming(ALLOC_PORT)
             .map_err(setup("bind the allocation port"))?;
         let info = NodeInfo {
             id,
