@@ -362,6 +362,48 @@ fn replies_go_back_to_the_sending_endpoint() {
     assert!(b.try_pop_reply().unwrap().is_none());
 }
 
+/// A request/response client with one request out wants a window of one
+/// credit: the port returns it as it pops the request, so the channel is
+/// idle once the answer is in and its Close gives the slots back; with the
+/// default window the credit waits for a batch and the channel stays.
+#[test]
+fn an_endpoint_of_window_one_closes_after_each_answer() {
+    let c = Cluster::new();
+    let rx = node(&c, |_| {});
+    let tx = node(&c, |_| {});
+    let port = rx.bind(PORT).unwrap();
+    for bad in [0, 9] {
+        assert!(
+            matches!(tx.endpoint_with_window(bad), Err(MsgError::Config(_))),
+            "window {bad}"
+        );
+    }
+    let exchange = |ep: &krcore_kmod::Endpoint<SimNic>| {
+        ep.push(rx.gid(), PORT, b"request").unwrap();
+        let m = port.pop().unwrap();
+        port.reply(&m, b"answer").unwrap();
+        assert_eq!(ep.pop_reply().unwrap().to_vec(), b"answer");
+    };
+    let one = tx.endpoint_with_window(1).unwrap();
+    for _ in 0..3 {
+        exchange(&one);
+        assert!(one.close_channel(rx.gid(), PORT).unwrap());
+        // The Close is handled when the port's node next drains its CQ.
+        let t0 = std::time::Instant::now();
+        let mut u = rx.msg_port_usage(PORT).unwrap();
+        while u.channels != 0 && t0.elapsed() < WAIT {
+            let _ = rx.msg_progress();
+            std::thread::yield_now();
+            u = rx.msg_port_usage(PORT).unwrap();
+        }
+        assert_eq!((u.channels, u.ungranted), (0, 64), "{u:?}");
+    }
+    let wide = tx.endpoint().unwrap();
+    exchange(&wide);
+    assert!(!wide.close_channel(rx.gid(), PORT).unwrap(), "credit owed");
+    assert_eq!(rx.msg_port_usage(PORT).unwrap().channels, 1);
+}
+
 /// push_region: the receiver READs the caller's own MR (no staging copy);
 /// the region is released once pulled.
 #[test]

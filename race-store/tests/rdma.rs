@@ -145,7 +145,7 @@ fn get_is_two_doorbells_and_connect_creates_no_qp() {
     // registered, so its DCT exists): still no QP.
     assert!(cl.transport().has_msg_endpoint());
     assert_eq!(d.qps_created, 0, "the allocation rides on messaging: {d:?}");
-    assert_eq!(d.sends, 2, "request and reply: {d:?}");
+    assert_eq!(d.sends, 3, "request, reply and the channel's Close: {d:?}");
     let before = node.counters();
     assert_eq!(cl.get(b"key").unwrap().as_deref(), Some(&b"value"[..]));
     let d = node.counters() - before;
@@ -187,4 +187,47 @@ fn batches_larger_than_a_vqp_run_as_several_doorbells() {
     for (i, r) in got.iter().enumerate() {
         assert_eq!(r.read_bytes(), Some(&writes[i][..]));
     }
+}
+
+#[test]
+fn clients_that_leave_do_not_fill_the_allocation_port() {
+    use race_store::remote::Transport;
+    // More short-lived clients than the allocation port has slots (64),
+    // each allocating one block and dropped with its node: each closes
+    // its channel when answered.
+    let c = cluster(1, 64 << 20);
+    for i in 0..80 {
+        let node = Node::builder().join(&c.meta).build().unwrap();
+        let mut t = VqpTransport::connect(&node, &c.infos).unwrap();
+        t.alloc_block(0, 4096)
+            .unwrap_or_else(|e| panic!("client {i}: {e}"));
+    }
+    // Senders that fill the port and leave without a Close (processes
+    // that died, or endpoints of a full window whose credits are still
+    // owed to them): a client's allocation waits until the full port
+    // reclaims an idle one (`msg.control_idle`, 1 s) and succeeds.
+    let (gid, port) = (c.infos[0].gid, c.infos[0].alloc_port);
+    let hogs: Vec<_> = (0..8)
+        .map(|_| {
+            let node = Node::builder().join(&c.meta).build().unwrap();
+            let ep = node.endpoint().unwrap();
+            ep.push(gid, port, b"not an allocation request").unwrap();
+            (node, ep)
+        })
+        .collect();
+    let node = Node::builder().join(&c.meta).build().unwrap();
+    let ep = node.endpoint().unwrap();
+    assert!(
+        matches!(
+            ep.push(gid, port, b"x"),
+            Err(krcore::MsgError::Refused {
+                code: krcore::msg::RefuseCode::Busy,
+                ..
+            })
+        ),
+        "the port is full"
+    );
+    let mut t = VqpTransport::connect(&node, &c.infos).unwrap();
+    t.alloc_block(0, 4096).unwrap();
+    drop(hogs);
 }

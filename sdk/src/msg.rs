@@ -74,4 +74,15 @@ impl<N: Nic> Node<N> {
     pub fn endpoint(&self) -> Result<Endpoint<N>> {
         Ok(self.engine().endpoint()?)
     }
+
+    /// An endpoint whose channels ask for `window` credits (1..=
+    /// `msg.window`): a request/response client with one request out at a
+    /// time wants 1, so its channel can be closed as soon as the answer is
+    /// in, and a port admits `msg.port_slots` such clients at once.
+    ///
+    /// # Errors
+    /// [`crate::Error::Msg`] (`Config` for a window out of range).
+    pub fn endpoint_with_window(&self, window: u32) -> Result<Endpoint<N>> {
+        Ok(self.engine().endpoint_with_window(window)?)
+    }
 }

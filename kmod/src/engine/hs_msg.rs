@@ -63,8 +63,8 @@
 //! not be sent, or a retried Request's credit was still out) holds one
 //! slot only until another initiator needs it: a reserved port whose
 //! slots are all granted reclaims, at an Open, the channel idle longest if
-//! idle for `msg.control_idle` (nothing of it in the ring, no credit owed
-//! to it), and tells its sender with a Refuse `Reclaimed`
+//! idle for `msg.control_idle` (nothing of it in the ring; credits still
+//! owed to it are dropped), and tells its sender with a Refuse `Reclaimed`
 //! ([`MsgStats::reclaimed`](super::MsgStats::reclaimed)). That sender
 //! forgets the channel and reopens at its next push. A Request that was in
 //! flight when its channel was reclaimed is not delivered: counted

@@ -54,10 +54,14 @@ impl<N: Nic> PortShared<N> {
     /// Admits `from`'s channel (the answer to its Open). With `reclaim`
     /// (the engine's reserved ports: `msg.control_idle`), a port whose
     /// slots are all granted first takes back the window of the channel
-    /// idle longest, if idle that long (no message of it in the ring, no
-    /// credit owed to it, nothing received or popped since): the senders
-    /// whose channels were reclaimed are pushed to `reclaimed` (they are
-    /// told with a Refuse `Reclaimed`).
+    /// idle longest, if idle that long (no message of it in the ring,
+    /// nothing received or popped since): the senders whose channels were
+    /// reclaimed are pushed to `reclaimed` (they are told with a Refuse
+    /// `Reclaimed`). Credits the port still owes such a channel are
+    /// dropped with it: its sender forgets the channel (and the credits
+    /// it had out) when told, and a sender that left without a Close (a
+    /// process that exited after fewer pops than a credit batch) is owed
+    /// credits forever, which must not pin its slots.
     ///
     /// A message the Open `carried` is delivered (seq 0, one credit of the
     /// new window) only when this Open created the channel: a repeated
@@ -84,11 +88,7 @@ impl<N: Nic> PortShared<N> {
             let victim = st
                 .channels
                 .iter()
-                .filter(|(s, c)| {
-                    c.returns.pending() == 0
-                        && c.last.elapsed() >= idle
-                        && !st.ring.iter().any(|m| m.from == **s)
-                })
+                .filter(|(s, c)| c.last.elapsed() >= idle && !st.ring.iter().any(|m| m.from == **s))
                 .min_by_key(|(_, c)| c.last)
                 .map(|(s, _)| *s);
             if let Some(v) = victim.and_then(|v| st.channels.remove(&v).map(|c| (v, c))) {
@@ -326,17 +326,39 @@ impl<N: Nic> Engine<N> {
     /// As [`Engine::bind`] ([`MsgError::Unsupported`], engine errors).
     pub fn endpoint(&self) -> Result<Endpoint<N>, MsgError> {
         let window = MsgNode::get(&self.inner)?.cfg.window;
-        self.endpoint_with_window(window)
+        self.endpoint_windowed(window)
     }
 
     /// An endpoint of the engine's own control exchanges (handshake, meta
     /// registration): its channels ask for `msg.control_window` credits.
     pub(crate) fn control_endpoint(&self) -> Result<Endpoint<N>, MsgError> {
         let window = MsgNode::get(&self.inner)?.cfg.control_window;
-        self.endpoint_with_window(window)
+        self.endpoint_windowed(window)
     }
 
-    fn endpoint_with_window(&self, window: u32) -> Result<Endpoint<N>, MsgError> {
+    /// An endpoint whose channels ask for `window` credits (at most
+    /// `msg.window`) instead of `msg.window`. A request/response client
+    /// with one request out at a time wants `1`: the port returns each
+    /// credit as it pops the request (credits go back in batches of half
+    /// a window), so the channel is idle, and
+    /// [`Endpoint::close_channel`] frees its slot, once the answer is in;
+    /// and a port of `msg.port_slots` slots admits that many such clients
+    /// at once.
+    ///
+    /// # Errors
+    /// [`MsgError::Config`] for a window of 0 or above `msg.window`; as
+    /// [`Engine::endpoint`].
+    pub fn endpoint_with_window(&self, window: u32) -> Result<Endpoint<N>, MsgError> {
+        let max = MsgNode::get(&self.inner)?.cfg.window;
+        if window == 0 || window > max {
+            return Err(MsgError::Config(format!(
+                "an endpoint's window must be 1..={max} (msg.window), not {window}"
+            )));
+        }
+        self.endpoint_windowed(window)
+    }
+
+    fn endpoint_windowed(&self, window: u32) -> Result<Endpoint<N>, MsgError> {
         let node = MsgNode::get(&self.inner)?;
         let vqp = self.create_vqp()?;
         let id = vqp.id().get();

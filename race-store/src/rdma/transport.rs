@@ -14,10 +14,14 @@
 //! endpoint of the transport's own (the SDK's messaging: credits, no
 //! silent drop), made on the first [`Transport::alloc_block`]: a client
 //! that only reads (a joining compute node's first get) never creates a
-//! QP at all, so connecting stays a metadata lookup. Each allocation closes
-//! its channel when answered, so a memory node's port slots go back to it
-//! and any number of clients allocate over time (a client that dies in
-//! the middle of an allocation leaves its slot granted).
+//! QP at all, so connecting stays a metadata lookup. The endpoint's
+//! channels have a window of one credit (one request out at a time), which
+//! the port returns as it pops the request, so each allocation closes its
+//! channel when answered: a memory node's port slots go back to it, and
+//! any number of clients allocate over time. A client that dies before its
+//! Close leaves its slot granted until the port, full, reclaims it (idle
+//! for the memory node's `msg.control_idle`); an allocation that finds the
+//! port full asks again for [`ALLOC_BUSY_WAIT`] before it fails.
 //!
 //! Local memory: one registered scratch buffer, cut per batch into a slice
 //! per op (READ destinations, WRITE sources unless inline, 8-byte atomic
@@ -42,6 +46,13 @@ const BATCH_TIMEOUT: Duration = Duration::from_secs(10);
 /// often it asks.
 const ALLOC_TIMEOUT: Duration = Duration::from_secs(2);
 const ALLOC_ATTEMPTS: u32 = 3;
+/// How long an answered allocation waits for its credit to close its
+/// channel.
+const CLOSE_WAIT: Duration = Duration::from_millis(20);
+/// How long an allocation asks again while the memory node's port is full
+/// (`Busy`): longer than the default `msg.control_idle` (1 s) after which
+/// a full port reclaims the slot of a client that left without a Close.
+pub const ALLOC_BUSY_WAIT: Duration = Duration::from_secs(3);
 /// Bits of a wr_id that tag the batch (`batch << 24 | index`): the batch
 /// counter wraps below the SDK's reserved request bit.
 const BATCH_MASK: u64 = (1 << 39) - 1;
@@ -460,10 +471,15 @@ impl<N: Nic> Transport for VqpTransport<N> {
             },
         };
         if self.alloc_ep.is_none() {
-            self.alloc_ep = Some(self.node.endpoint().map_err(|e| TransportError::Refused {
-                node,
-                source: Cause::new(e),
-            })?);
+            self.alloc_ep =
+                Some(
+                    self.node
+                        .endpoint_with_window(1)
+                        .map_err(|e| TransportError::Refused {
+                            node,
+                            source: Cause::new(e),
+                        })?,
+                );
         }
         let Some(ep) = self.alloc_ep.as_ref() else {
             return Err(TransportError::BadResponse {
@@ -471,8 +487,17 @@ impl<N: Nic> Transport for VqpTransport<N> {
             });
         };
         let r = alloc_exchange(ep, gid, port, node, req_id, size, &req, lost);
-        // Done: the memory node's port gets the channel's slot back.
-        let _ = ep.close_channel(gid, port);
+        // Done: the memory node's port gets the channel's slot back. The
+        // request's credit was sent back before the answer (same path, in
+        // order), so the channel is idle now; a late one is waited for a
+        // little, then the slot is left to the port's reclaim.
+        let until = Instant::now() + CLOSE_WAIT;
+        while let Ok(false) = ep.close_channel(gid, port) {
+            if ep.credits(gid, port).is_none() || Instant::now() >= until {
+                break;
+            }
+            std::thread::yield_now();
+        }
         r
     }
 
@@ -499,7 +524,7 @@ fn alloc_exchange<N: Nic>(
     // handed out twice is leaked, never shared (the client takes the
     // first answer to its id and skips the others).
     for _ in 0..ALLOC_ATTEMPTS {
-        ep.push(gid, port, req).map_err(&lost)?;
+        push_when_admitted(ep, gid, port, req).map_err(&lost)?;
         let deadline = Instant::now() + ALLOC_TIMEOUT;
         while Instant::now() < deadline {
             let Some(m) = ep.try_pop_reply().map_err(&lost)? else {
@@ -528,4 +553,30 @@ fn alloc_exchange<N: Nic>(
         node,
         after: ALLOC_TIMEOUT * ALLOC_ATTEMPTS,
     })
+}
+
+/// Pushes `req`, asking again (pauses of 1 ms doubling to 100 ms) while the
+/// port refuses it `Busy`, for at most [`ALLOC_BUSY_WAIT`]: a full port
+/// reclaims the slot of a client that left without closing once it has
+/// been idle for `msg.control_idle`.
+fn push_when_admitted<N: Nic>(
+    ep: &Endpoint<N>,
+    gid: krcore_nic::Gid,
+    port: u16,
+    req: &[u8],
+) -> Result<(), krcore::MsgError> {
+    let deadline = Instant::now() + ALLOC_BUSY_WAIT;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        match ep.push(gid, port, req) {
+            Err(krcore::MsgError::Refused {
+                code: krcore::msg::RefuseCode::Busy | krcore::msg::RefuseCode::Reclaimed,
+                ..
+            }) if Instant::now() + pause < deadline => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(100));
+            }
+            r => return r,
+        }
+    }
 }
