@@ -595,3 +595,78 @@ fn registration_travels_as_messages_over_the_rc_pair() {
     assert_eq!(host_engine.resolve(&mem.gid()).unwrap().target, t);
     kept.deregister().unwrap();
 }
+
+/// A peer that restarts on its GID (a new process at the same address:
+/// new QPs, a new handshake endpoint) makes this node's pair to it stale:
+/// what is sent over it goes to a QP that no longer exists, dropped until
+/// the retries run out. The peer's first handshake (from its new endpoint)
+/// tells: the node closes the stale pair and drops the cached address, and
+/// its VQP's next post runs over a new pair. A handshake from the endpoint
+/// the pair was made with closes nothing.
+#[test]
+fn a_peer_that_restarted_on_its_gid_gets_its_stale_pair_closed() {
+    use krcore_kmod::handshake::{HandshakeMessage, HandshakeRepr};
+    use krcore_nic::{Nic, UdTarget};
+    let f = Fabric::new();
+    let a = f.memory_node(64);
+    let b = f.memory_node(64);
+    b.mr.write(0, b"peer b!!").unwrap();
+    let buf = a.engine.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
+    // A's pair to B, made with B's handshake endpoint.
+    let v = a.engine.create_vqp().unwrap();
+    v.connect(b.engine.gid()).unwrap();
+    assert_eq!(&read8(&v, &buf, &b, 0), b"peer b!!");
+    // B connects to A (its own endpoint): A's pair to B stays.
+    let vb = b.engine.create_vqp().unwrap();
+    vb.connect(a.engine.gid()).unwrap();
+    let bbuf = b.engine.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
+    read8(&vb, &bbuf, &a, 0);
+    a.engine.progress().unwrap();
+    let s = a.engine.stats().rc;
+    assert_eq!((s.pairs, s.created, s.restarted), (1, 1, 0), "{s:?}");
+    // "B restarted": a Request naming B's GID from another UD endpoint.
+    let other = f.nic();
+    let pd = other.alloc_pd().unwrap();
+    // (Its second UD QP: a NIC gives a new process's QPs other numbers
+    // than the old one's, and a fresh sim node would start where B did.)
+    let _first = krcore_meta::ud::UdEndpoint::new(&other, &pd, 0x1234, 4, 4).unwrap();
+    let mut ud = krcore_meta::ud::UdEndpoint::new(&other, &pd, 0x1234, 4, 4).unwrap();
+    let t = a.engine.local_target().unwrap();
+    let request = HandshakeRepr {
+        nonce: 77,
+        message: HandshakeMessage::Request {
+            gid: b.engine.gid(),
+            qpn: 0x4242,
+            reply_qkey: 0x1234,
+        },
+    }
+    .emit();
+    let to = UdTarget {
+        gid: t.gid,
+        qpn: t.dct_num,
+        qkey: u32::try_from(t.dc_key).unwrap(),
+    };
+    assert!(ud.send_bytes(to, &request).unwrap());
+    let t0 = Instant::now();
+    while a.engine.stats().rc.restarted == 0 && t0.elapsed() < Duration::from_secs(10) {
+        a.engine.progress().unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let s = a.engine.stats().rc;
+    assert_eq!(
+        (s.pairs, s.restarted),
+        (0, 1),
+        "the stale pair is closed: {s:?}"
+    );
+    // The VQP's next post: a new pair (B's real endpoint, read again from
+    // the meta table: the cached address was dropped).
+    let misses = a.engine.stats().connect_misses;
+    assert_eq!(&read8(&v, &buf, &b, 0), b"peer b!!");
+    let st = a.engine.stats();
+    assert_eq!((st.rc.pairs, st.rc.created), (1, 2), "{:?}", st.rc);
+    assert_eq!(
+        st.connect_misses,
+        misses + 1,
+        "the address was looked up again"
+    );
+}

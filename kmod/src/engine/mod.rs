@@ -428,6 +428,28 @@ impl<N: Nic> EngineInner<N> {
         Ok(&ep.hs)
     }
 
+    /// RC fallback mode: acts on the handshake endpoints peers' Requests
+    /// came from since the last look (one load when none did): a peer
+    /// that restarted on its GID (another endpoint than the one this node
+    /// paired with) gets its stale pair closed and its cached address
+    /// dropped, so that nothing more is sent where RDMA drops it. Called
+    /// by messaging's progress before it handles what arrived (a
+    /// restarted peer's Request is noted before its answer, so before any
+    /// message it sends over the new pair) and by [`Engine::progress`].
+    pub(crate) fn forget_restarted_peers(&self) {
+        let (Some(hs), Transport::Rc(f)) = (self.handshake(), &self.transport) else {
+            return;
+        };
+        for peer in hs.take_peer_endpoints() {
+            f.pool.forget_restarted(self, peer);
+            if let Some(hit) = self.cache.lookup(&peer.gid).hit() {
+                if hit.target.dct_num != peer.qpn {
+                    self.cache.invalidate(&peer.gid);
+                }
+            }
+        }
+    }
+
     /// The RC pairs (RC fallback mode).
     /// DC mode: the upgraded VQPs' pairs, if the upgrade is configured.
     pub(crate) fn rc_pool(&self) -> Option<&RcPool<N>> {
@@ -741,7 +763,11 @@ impl<N: Nic> Engine<N> {
             return hs.progress();
         }
         match self.inner.handshake() {
-            Some(hs) => hs.progress(),
+            Some(hs) => {
+                let n = hs.progress();
+                self.inner.forget_restarted_peers();
+                n
+            }
             None => Ok(0),
         }
     }

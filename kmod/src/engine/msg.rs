@@ -799,6 +799,7 @@ impl<N: Nic> MsgNode<N> {
             return Ok(0);
         };
         let rx = &mut *receiving;
+        eng.forget_restarted_peers();
         if !rx.deferred.is_empty() {
             for slot in std::mem::take(&mut rx.deferred) {
                 self.repost(rx, slot);

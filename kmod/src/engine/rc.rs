@@ -82,6 +82,10 @@ pub struct RcStats {
     /// DC mode upgrade: background builds that failed (no handshake entry,
     /// refused, timed out, pairs busy).
     pub build_failures: u64,
+    /// Pairs closed because their target restarted on its GID (a
+    /// handshake came from another endpoint of that GID than the pair's;
+    /// see `RcPool::forget_restarted`).
+    pub restarted: u64,
     /// The pairs' queue statistics, summed (closed pairs included).
     pub qp: DciStats,
 }
@@ -206,6 +210,44 @@ impl<N: Nic> RcPool<N> {
             closed += 1;
         }
         closed
+    }
+
+    /// A Request came from `peer`'s handshake endpoint (RC fallback mode):
+    /// if this node's pair to `peer.gid` was made with another endpoint of
+    /// that GID, the peer restarted there (a new process on the same GID)
+    /// and the pair leads to a QP that no longer exists, where RDMA drops
+    /// what is sent, silently, until the retries run out. Closes that pair
+    /// now if it has no WR in flight (one with WRs in flight stays: they
+    /// fail, `RETRY_EXC_ERR`, and the pair is closed then); its VQPs get a
+    /// new pair, with the new endpoint, at their next post. Returns
+    /// whether a pair was closed. The endpoint is told apart by its UD QPN
+    /// only: a restarted peer whose new endpoint got the old one's QPN
+    /// (NICs allocate QPNs cyclically, so it is rare) is found as before,
+    /// by the pair's first failed WR.
+    pub(crate) fn forget_restarted(&self, eng: &EngineInner<N>, peer: UdTarget) -> bool {
+        let Some(p) = self.get(&peer.gid) else {
+            return false;
+        };
+        if p.rc_link().is_none_or(|l| l.handshake.qpn == peer.qpn) {
+            return false;
+        }
+        let Ok(Some(_nonce)) = p.close_if_idle(eng) else {
+            return false;
+        };
+        {
+            let mut map = self.map.lock();
+            if map.get(&peer.gid).is_some_and(|q| Arc::ptr_eq(q, &p)) {
+                map.remove(&peer.gid);
+            }
+        }
+        self.retire(&p);
+        self.stats.lock().restarted += 1;
+        tracing::info!(
+            peer = %peer.gid,
+            endpoint = peer.qpn,
+            "a peer restarted on its GID: its stale RC pair is closed"
+        );
+        true
     }
 
     fn retire(&self, p: &PhysQp<N>) {

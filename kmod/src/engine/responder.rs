@@ -4,7 +4,7 @@
 //! are in [`crate::handshake`]; what is kept and who drives it is on
 //! [`HandshakeResponder`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -402,7 +402,19 @@ struct Core<N: Nic> {
     next_nonce: AtomicU64,
     stats: Mutex<HandshakeStats>,
     meta: OnceLock<MetaHook<N>>,
+    /// Peers' handshake endpoints as their Requests name them (GID, the
+    /// UD QPN they send from, their reply qkey), for the engine to compare
+    /// with what it paired with ([`HandshakeResponder::take_peer_endpoints`]):
+    /// at most [`PEER_NOTICES`], newest kept.
+    peers: Mutex<VecDeque<UdTarget>>,
+    /// Whether `peers` holds anything (one load for the engine's check).
+    peers_pending: AtomicBool,
 }
+
+/// Most peer endpoints kept for the engine between two looks (hints: an
+/// older one dropped only delays the detection of that peer's restart to
+/// its pair's first error).
+const PEER_NOTICES: usize = 256;
 
 /// One end of the RC handshake (see [`crate::handshake`] for the protocol):
 /// a UD endpoint that answers peers' handshakes and makes this node's own.
@@ -533,8 +545,25 @@ impl<N: Nic> HandshakeResponder<N> {
                 next_nonce: AtomicU64::new(seed.max(1)),
                 stats: Mutex::new(HandshakeStats::default()),
                 meta: OnceLock::new(),
+                peers: Mutex::new(VecDeque::new()),
+                peers_pending: AtomicBool::new(false),
             }),
         })
+    }
+
+    /// The handshake endpoints that peers' Requests came from since the
+    /// last call (see `Core::peers`), oldest first; empty at the cost of
+    /// one load when there are none. A peer whose endpoint differs from
+    /// the one this node paired with restarted on its GID: the engine's
+    /// pair to it (and its cached address) is stale
+    /// (`super::rc::RcPool::forget_restarted`).
+    pub(crate) fn take_peer_endpoints(&self) -> Vec<UdTarget> {
+        if !self.core.peers_pending.load(Ordering::Acquire) {
+            return Vec::new();
+        }
+        let mut q = self.core.peers.lock();
+        self.core.peers_pending.store(false, Ordering::Release);
+        q.drain(..).collect()
     }
 
     /// Where peers send handshakes: this port's GID, the UD QPN, the qkey.
@@ -690,6 +719,9 @@ impl<N: Nic> Core<N> {
                         qpn: d.src_qp,
                         qkey: reply_qkey,
                     };
+                    // Noted before the answer: whatever the peer sends over
+                    // the new pair comes after it.
+                    self.note_peer(reply_to);
                     self.serve(ep, r.nonce, RcPeer { gid, qpn }, reply_to)
                 }
                 HandshakeMessage::Close { gid, qpn } => {
@@ -713,6 +745,18 @@ impl<N: Nic> Core<N> {
         }
         self.stats.lock().dropped += 1;
         Ok(())
+    }
+
+    fn note_peer(&self, peer: UdTarget) {
+        let mut q = self.peers.lock();
+        if q.back() == Some(&peer) {
+            return; // a retried Request
+        }
+        if q.len() == PEER_NOTICES {
+            q.pop_front();
+        }
+        q.push_back(peer);
+        self.peers_pending.store(true, Ordering::Release);
     }
 
     /// Answers a Request from `peer` (see the module docs for the rules).

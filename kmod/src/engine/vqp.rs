@@ -500,14 +500,20 @@ impl<N: Nic> Vqp<N> {
             return Ok(());
         }
         let vqp = self.id;
-        let Some(t) = stale.with_vqp(vqp, |st| st.target).flatten() else {
+        let Some(old) = stale.with_vqp(vqp, |st| st.target).flatten() else {
             return Err(VqpError::NotConnected { vqp });
         };
+        // The target's address as the node knows it now: the DCCache (a
+        // hit, usually), or the meta table when the entry was dropped (the
+        // peer restarted on its GID, see `RcPool::forget_restarted`). If
+        // the table cannot be read, the old address is tried.
+        let t = super::resolve(&self.engine, &old.target.gid).unwrap_or(old);
         let pair = super::rc::acquire(&self.engine, t).map_err(|e| VqpError::Rebind {
             vqp,
             source: Box::new(e),
         })?;
-        let st = self.take_state(&slot);
+        let mut st = self.take_state(&slot);
+        st.target = Some(t);
         pair.attach(vqp, st);
         *slot = Some(pair);
         Ok(())
