@@ -9,7 +9,8 @@
 # client fails with a typed error and a non-zero exit within 10 s. Then it
 # starts a second store and runs krcore-elastic with 4 joining processes
 # against it. With DEPLOY_LAT=1 it also measures YCSB-C get latency (1
-# thread) beside perftest's ib_read_lat -s 64 (needs a verbs fabric).
+# thread) beside perftest's ib_read_lat -s 64, DEPLOY_LAT_ROUNDS rounds in
+# turn (needs a verbs fabric).
 #
 # FABRIC: sim:NAME (on the host) or verbs:rxe0 (inside the Soft-RoCE guest:
 # RC fallback mode). BIN_DIR holds krcore-meta, race-memnode, krcore-ycsb,
@@ -17,6 +18,7 @@
 #
 # Environment: DEPLOY_RECORDS (20000), DEPLOY_OPS (10000), DEPLOY_PORT
 # (7471), DEPLOY_MB (256), DEPLOY_LAT (0), DEPLOY_LAT_OPS (20000),
+# DEPLOY_LAT_ROUNDS (3),
 # DEPLOY_GIDS (0), DEPLOY_WORKLOADS ("a b c d f"), DEPLOY_KILL_BOUND (10:
 # seconds the client may take to fail after its memory node died).
 #
@@ -111,18 +113,37 @@ for w in ${DEPLOY_WORKLOADS:-a b c d f}; do
 done
 
 if [ "${DEPLOY_LAT:-0}" = 1 ]; then
-  say "latency: YCSB-C get (1 thread) beside ib_read_lat -s 64"
-  ycsb --store ci --workload c --records "$records" --operations "${DEPLOY_LAT_OPS:-20000}" --phase run \
-    >"$work/lat.out" 2>&1 || { cat "$work/lat.out" >&2; die "latency run"; }
-  get_p50=$(sed -n 's/^\[READ\], 50thPercentileLatency(us), //p' "$work/lat.out")
-  perf=$("${SOFTROCE_DIR:-../shared/softroce}/softroce-pair" ib_read_lat -s 64 -n 2000 2>&1) || say "ib_read_lat failed"
-  # perftest's columns: #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%
-  line=$(printf '%s\n' "$perf" | awk '$1 == 64 && NF >= 6' | tail -n1)
-  read_p50=$(printf '%s\n' "$line" | awk '{print $5}')
-  echo "latency: ycsb-c get p50 ${get_p50:-?} us; ib_read_lat 64 B: ${line:-no result line}"
-  if [ -n "$get_p50" ] && printf '%s' "$read_p50" | grep -Eq '^[0-9]+([.][0-9]+)?$' &&
-    awk -v r="$read_p50" 'BEGIN { exit !(r > 0) }'; then
-    awk -v g="$get_p50" -v r="$read_p50" 'BEGIN { printf "latency: get p50 / (2 x ib_read_lat p50) = %.3f (measured in the emulated guest: a ratio, not a speed)\n", g / (2 * r) }'
+  # Rounds in turn (the emulated guest drifts: side by side, not one long
+  # run each). perftest runs with -C (cycles; its microseconds come out as
+  # inf in a guest whose cpufreq it cannot read) and cycles divide by
+  # /proc/cpuinfo's "cpu MHz", as perftest itself does.
+  rounds=${DEPLOY_LAT_ROUNDS:-3}
+  mhz=$(awk -F: '/^cpu MHz/ { print $2 + 0; exit }' /proc/cpuinfo)
+  say "latency: YCSB-C get (1 thread) beside ib_read_lat -s 64 -C, $rounds rounds in turn (cpu MHz ${mhz:-?})"
+  ratios=()
+  for r in $(seq "$rounds"); do
+    ycsb --store ci --workload c --records "$records" --operations "${DEPLOY_LAT_OPS:-20000}" --phase run \
+      >"$work/lat.out" 2>&1 || { cat "$work/lat.out" >&2; die "latency run"; }
+    get_p50=$(sed -n 's/^\[READ\], 50thPercentileLatency(us), //p' "$work/lat.out")
+    perf=$("${SOFTROCE_DIR:-../shared/softroce}/softroce-pair" ib_read_lat -s 64 -n 2000 -C 2>&1) || say "ib_read_lat failed"
+    # perftest's columns: #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%
+    line=$(printf '%s\n' "$perf" | awk '$1 == 64 && NF >= 6' | tail -n1)
+    cyc=$(printf '%s\n' "$line" | awk '{print $5}')
+    read_p50=
+    if printf '%s' "$cyc" | grep -Eq '^[0-9]+([.][0-9]+)?$' && [ -n "$mhz" ]; then
+      read_p50=$(awk -v c="$cyc" -v m="$mhz" 'BEGIN { if (m > 0 && c > 0) printf "%.2f", c / m }')
+    fi
+    echo "latency round $r: ycsb-c get p50 ${get_p50:-?} us; ib_read_lat 64 B p50 ${read_p50:-?} us (${cyc:-no result} cycles)"
+    if [ -n "$get_p50" ] && [ -n "$read_p50" ]; then
+      ratios+=("$(awk -v g="$get_p50" -v r="$read_p50" 'BEGIN { printf "%.3f", g / (2 * r) }')")
+    fi
+  done
+  if [ ${#ratios[@]} -gt 0 ]; then
+    sorted=$(printf '%s\n' "${ratios[@]}" | sort -n)
+    med=$(printf '%s\n' "$sorted" | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
+    echo "latency: get p50 / (2 x ib_read_lat p50): median $med over ${#ratios[@]} rounds (min $(printf '%s\n' "$sorted" | head -n1), max $(printf '%s\n' "$sorted" | tail -n1)); measured in the emulated guest: a ratio, not a speed"
+  else
+    echo "latency: no ratio (perftest gave no usable result line)"
   fi
 fi
 

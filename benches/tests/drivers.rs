@@ -73,6 +73,33 @@ fn ycsb_refuses_fabrics_it_cannot_run() {
     assert!(err.contains("bad fabric"), "{err}");
 }
 
+/// The deployed-store clients' `--config` files: a misspelt key is a usage
+/// error (exit 2) naming it, on one line, before anything connects.
+#[test]
+fn deployed_clients_refuse_a_bad_config_file() {
+    let dir = std::env::temp_dir().join(format!("krcore-drivers-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("client.toml");
+    std::fs::write(&file, "[engine]\npool_size = 2\n[client]\nretrys = 3\n").unwrap();
+    let file = file.to_str().unwrap();
+    let common = ["--store", "s", "--fabric", "sim:krcore-no-such-fabric", "--config", file];
+    for bin in [
+        env!("CARGO_BIN_EXE_krcore-ycsb"),
+        env!("CARGO_BIN_EXE_krcore-elastic"),
+    ] {
+        let out = Command::new(bin)
+            .args(common)
+            .args(["--meta", "127.0.0.1:9"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bin}: {err}");
+        assert!(err.contains("retrys"), "{bin}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{bin}: {err}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn elastic_joins_in_both_modes_and_writes_json_and_png() {
     let bin = env!("CARGO_BIN_EXE_krcore-elastic");

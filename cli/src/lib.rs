@@ -50,6 +50,18 @@ pub enum ConfigError {
     },
 }
 
+/// What a client program's `--config` file holds (krcore-ycsb,
+/// krcore-elastic): `[engine]` (`krcore::EngineConfig`) and `[client]`
+/// (`race_store::ClientConfig`); unknown keys are refused.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClientFile {
+    /// The compute node's engine.
+    pub engine: krcore::EngineConfig,
+    /// The store clients' settings.
+    pub client: race_store::ClientConfig,
+}
+
 /// Reads a TOML configuration (`T::default()` without a file). Unknown keys
 /// are errors when `T` denies them (`#[serde(deny_unknown_fields)]`).
 ///

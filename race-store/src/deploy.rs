@@ -375,6 +375,9 @@ pub struct StoreOptions {
     pub wait: Duration,
     /// The clients' configuration.
     pub client: ClientConfig,
+    /// The engine of the compute node [`Store::connect`] opens (its meta
+    /// location is the meta server's; [`Store::open`] uses the node given).
+    pub engine: krcore::EngineConfig,
 }
 
 impl Default for StoreOptions {
@@ -382,6 +385,7 @@ impl Default for StoreOptions {
         StoreOptions {
             wait: Duration::from_secs(5),
             client: ClientConfig::default(),
+            engine: krcore::EngineConfig::default(),
         }
     }
 }
@@ -414,6 +418,7 @@ impl Store {
     ) -> Result<Store, DeployError> {
         let node = Node::builder()
             .fabric(fabric)
+            .config(opts.engine.clone())
             .meta_addr(meta_addr)
             .build()?;
         Store::open(&node, meta_addr, store, opts)

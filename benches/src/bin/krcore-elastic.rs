@@ -112,6 +112,11 @@ struct Args {
     /// Gets each joining process issues after its first (deployed store).
     #[arg(long, default_value_t = 1000)]
     gets: u64,
+    /// A deployed store: a TOML file with `[engine]` (the compute nodes'
+    /// `EngineConfig`) and `[client]` (race-store's `ClientConfig`), for
+    /// the driver's loading client and every joining process.
+    #[arg(long)]
+    config: Option<PathBuf>,
     /// Internal: run as a compute process.
     #[arg(long, hide = true)]
     child_spec: Option<String>,
@@ -786,6 +791,14 @@ fn run_deployed(args: &Args) -> ExitCode {
         Ok(e) => e,
         Err(e) => return krcore_cli::fail(P, &e),
     };
+    let file: krcore_cli::ClientFile = match krcore_cli::load_toml(args.config.as_deref()) {
+        Ok(f) => f,
+        Err(e) => return krcore_cli::usage(P, e),
+    };
+    let stop = match krcore_cli::Shutdown::install() {
+        Ok(s) => s.flag(),
+        Err(e) => return krcore_cli::fail(P, &e),
+    };
     let base = deployed::JoinerSpec {
         fabric,
         meta: args
@@ -797,12 +810,21 @@ fn run_deployed(args: &Args) -> ExitCode {
         gets: args.gets,
         index: 0,
         spawn_us: 0,
+        engine: file.engine,
+        client: file.client,
     };
-    match deployed::run(&exe, &base, args.joiners) {
+    match deployed::run(&exe, &base, args.joiners, &stop) {
         Ok(reports) => {
             deployed::print(&reports);
             ExitCode::SUCCESS
         }
-        Err(e) => krcore_cli::fail(P, &e),
+        Err(e) => {
+            if let deployed::ElasticError::Stopped { reports, .. } = &e {
+                if !reports.is_empty() {
+                    deployed::print(reports);
+                }
+            }
+            krcore_cli::fail(P, &e)
+        }
     }
 }

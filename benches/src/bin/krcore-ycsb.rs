@@ -124,6 +124,11 @@ struct Args {
     /// How long to wait for the deployed store's memory nodes, in seconds.
     #[arg(long, default_value_t = 10)]
     wait_s: u64,
+    /// A deployed store: a TOML file with `[engine]` (the compute node's
+    /// `EngineConfig`) and `[client]` (race-store's `ClientConfig`); the
+    /// client processes of --processes get the same settings.
+    #[arg(long)]
+    config: Option<std::path::PathBuf>,
     /// Internal: run as a client process (JSON spec from the driver).
     #[arg(long, hide = true)]
     child_spec: Option<String>,
@@ -460,6 +465,10 @@ fn run_deployed(args: &Args, workload: Workload, records: u64, operations: u64) 
     if !matches!(args.db, Db::Race) {
         return krcore_cli::usage(P, "--store runs the race backend only");
     }
+    let file: krcore_cli::ClientFile = match krcore_cli::load_toml(args.config.as_deref()) {
+        Ok(f) => f,
+        Err(e) => return krcore_cli::usage(P, e),
+    };
     let target = DeployedTarget {
         fabric,
         meta: args
@@ -467,6 +476,8 @@ fn run_deployed(args: &Args, workload: Workload, records: u64, operations: u64) 
             .clone()
             .unwrap_or_else(|| krcore_cli::DEFAULT_META_ADDR.to_string()),
         store,
+        engine: file.engine,
+        client: file.client,
     };
     let stop: Arc<AtomicBool> = match krcore_cli::Shutdown::install() {
         Ok(s) => s.flag(),

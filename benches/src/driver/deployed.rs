@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 /// Where a deployed store is: what a client process needs.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DeployedTarget {
     /// The fabric string of this client's device.
     pub fabric: String,
@@ -18,6 +18,12 @@ pub struct DeployedTarget {
     pub meta: String,
     /// The store's name.
     pub store: String,
+    /// The compute node's engine (a `--config` file's `[engine]`).
+    #[serde(default)]
+    pub engine: krcore::EngineConfig,
+    /// The clients' settings (a `--config` file's `[client]`).
+    #[serde(default)]
+    pub client: race_store::ClientConfig,
 }
 
 /// A deployed store as a YCSB backend: the clients of every thread post
@@ -41,7 +47,8 @@ impl StoreBackend {
             &target.store,
             StoreOptions {
                 wait,
-                ..StoreOptions::default()
+                client: target.client.clone(),
+                engine: target.engine.clone(),
             },
         )?;
         let label = target

@@ -18,6 +18,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// What a joining process does.
@@ -37,6 +38,22 @@ pub struct JoinerSpec {
     pub index: usize,
     /// When the driver spawned it (us since the Unix epoch).
     pub spawn_us: u64,
+    /// The compute node's engine (a `--config` file's `[engine]`).
+    #[serde(default)]
+    pub engine: krcore::EngineConfig,
+    /// The clients' settings (a `--config` file's `[client]`).
+    #[serde(default)]
+    pub client: race_store::ClientConfig,
+}
+
+impl JoinerSpec {
+    fn options(&self) -> StoreOptions {
+        StoreOptions {
+            client: self.client.clone(),
+            engine: self.engine.clone(),
+            ..StoreOptions::default()
+        }
+    }
 }
 
 /// What a joining process reports.
@@ -80,6 +97,17 @@ pub enum ElasticError {
     /// A joining process.
     #[error(transparent)]
     Proc(#[from] ProcError),
+    /// SIGINT or SIGTERM: the run stopped (a joining process running
+    /// then was killed); the reports of the joiners before it are kept.
+    #[error("stopped by a signal after {done} of {joiners} joining processes")]
+    Stopped {
+        /// Joining processes that reported.
+        done: usize,
+        /// Joining processes asked for.
+        joiners: usize,
+        /// Their reports.
+        reports: Vec<JoinerReport>,
+    },
     /// A joining process sent something unreadable.
     #[error("joining process {index}: bad report: {reason}")]
     BadReport {
@@ -99,19 +127,23 @@ pub fn run(
     exe: &std::path::Path,
     base: &JoinerSpec,
     joiners: usize,
+    stop: &AtomicBool,
 ) -> Result<Vec<JoinerReport>, ElasticError> {
+    let stopped = |reports: Vec<JoinerReport>| ElasticError::Stopped {
+        done: reports.len(),
+        joiners,
+        reports,
+    };
     if base.records > 0 {
-        let store = Store::connect(
-            &base.fabric,
-            &base.meta,
-            &base.store,
-            StoreOptions::default(),
-        )?;
+        let store = Store::connect(&base.fabric, &base.meta, &base.store, base.options())?;
         let mut c = store.client().map_err(|source| ElasticError::Store {
             what: "open the loading client",
             source,
         })?;
         for k in 0..base.records {
+            if k % 256 == 0 && stop.load(Ordering::Relaxed) {
+                return Err(stopped(Vec::new()));
+            }
             c.put(key(k).as_bytes(), &k.to_le_bytes())
                 .map_err(|source| ElasticError::Store {
                     what: "load the store",
@@ -121,6 +153,9 @@ pub fn run(
     }
     let mut out = Vec::with_capacity(joiners);
     for index in 0..joiners {
+        if stop.load(Ordering::Relaxed) {
+            return Err(stopped(out));
+        }
         let spec = JoinerSpec {
             index,
             spawn_us: epoch_us(),
@@ -133,7 +168,19 @@ pub fn run(
         let mut cmd = Command::new(exe);
         cmd.arg("--joiner-spec").arg(json);
         let mut child = ChildProc::spawn(cmd)?;
-        let line = child.expect("JOINED", Duration::from_secs(120))?;
+        // Waited for in steps of 100 ms, so that a signal ends the wait
+        // (the child is killed when dropped).
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let line = loop {
+            match child.expect("JOINED", Duration::from_millis(100)) {
+                Err(ProcError::Timeout { .. }) if Instant::now() < deadline => {
+                    if stop.load(Ordering::Relaxed) {
+                        return Err(stopped(out));
+                    }
+                }
+                r => break r?,
+            }
+        };
         let r: JoinerReport = serde_json::from_str(&line).map_err(|e| ElasticError::BadReport {
             index,
             reason: e.to_string(),
@@ -151,12 +198,7 @@ pub fn run(
 pub fn joiner_main(spec: &JoinerSpec) -> Result<(), ElasticError> {
     let since = |t: u64| t.saturating_sub(spec.spawn_us);
     let start_us = since(epoch_us());
-    let store = Store::connect(
-        &spec.fabric,
-        &spec.meta,
-        &spec.store,
-        StoreOptions::default(),
-    )?;
+    let store = Store::connect(&spec.fabric, &spec.meta, &spec.store, spec.options())?;
     let before = store.node().counters();
     let mut c = store.client().map_err(|source| ElasticError::Store {
         what: "open a client",
