@@ -18,7 +18,8 @@
 #
 # Environment: DEPLOY_RECORDS (20000), DEPLOY_OPS (10000), DEPLOY_PORT
 # (7471), DEPLOY_MB (256), DEPLOY_LAT (0), DEPLOY_LAT_OPS (20000),
-# DEPLOY_LAT_ROUNDS (3),
+# DEPLOY_LAT_ROUNDS (3), DEPLOY_CONFIG (a --config file for every program:
+# [engine] for all, [table] for the memory nodes, [client] for the clients),
 # DEPLOY_GIDS (0), DEPLOY_WORKLOADS ("a b c d f"), DEPLOY_KILL_BOUND (10:
 # seconds the client may take to fail after its memory node died).
 #
@@ -95,12 +96,14 @@ fi
 
 # Roles: 1 meta, 2-3 store ci, 4-5 store el, 6 the ycsb driver and the
 # latency and kill clients, 7-8 ycsb's client processes, 9 elastic.
-ycsb() { "$bin/krcore-ycsb" --fabric "$(fab 6)" --meta "$meta" "$@"; }
+cfg=()
+[ -n "${DEPLOY_CONFIG:-}" ] && cfg=(--config "$DEPLOY_CONFIG")
+ycsb() { "$bin/krcore-ycsb" --fabric "$(fab 6)" --meta "$meta" "${cfg[@]}" "$@"; }
 
-start meta "$bin/krcore-meta" --fabric "$(fab 1)" --listen "$meta"
-start mem0 "$bin/race-memnode" --fabric "$(fab 2)" --meta "$meta" --store ci --id 0 --nodes 2 --mb "$mb"
+start meta "$bin/krcore-meta" --fabric "$(fab 1)" --listen "$meta" "${cfg[@]}"
+start mem0 "$bin/race-memnode" --fabric "$(fab 2)" --meta "$meta" --store ci --id 0 --nodes 2 --mb "$mb" "${cfg[@]}"
 mem0=$started
-start mem1 "$bin/race-memnode" --fabric "$(fab 3)" --meta "$meta" --store ci --id 1 --nodes 2 --mb "$mb"
+start mem1 "$bin/race-memnode" --fabric "$(fab 3)" --meta "$meta" --store ci --id 1 --nodes 2 --mb "$mb" "${cfg[@]}"
 
 for w in ${DEPLOY_WORKLOADS:-a b c d f}; do
   say "workload $w: $records records, $ops operations, 2 client processes, verified"
@@ -170,9 +173,9 @@ say "client exited with $rc after $((SECONDS - t0)) s: $(grep -m1 error "$work/k
 grep -q "memory node 0 is down\|transport error" "$work/kill.err" || die "no typed error from the client"
 
 say "elastic: a second store, 4 joining processes"
-start mem2 "$bin/race-memnode" --fabric "$(fab 4)" --meta "$meta" --store el --id 0 --nodes 2 --mb "$mb"
-start mem3 "$bin/race-memnode" --fabric "$(fab 5)" --meta "$meta" --store el --id 1 --nodes 2 --mb "$mb"
-"$bin/krcore-elastic" --fabric "$(fab 9)" --meta "$meta" --store el --joiners 4 \
+start mem2 "$bin/race-memnode" --fabric "$(fab 4)" --meta "$meta" --store el --id 0 --nodes 2 --mb "$mb" "${cfg[@]}"
+start mem3 "$bin/race-memnode" --fabric "$(fab 5)" --meta "$meta" --store el --id 1 --nodes 2 --mb "$mb" "${cfg[@]}"
+"$bin/krcore-elastic" --fabric "$(fab 9)" --meta "$meta" --store el --joiners 4 "${cfg[@]}" \
   --records "$((records < 10000 ? records : 10000))" --gets 500 \
   >"$work/elastic.out" 2>"$work/elastic.err" ||
   { cat "$work/elastic.out" "$work/elastic.err" >&2; die "krcore-elastic"; }

@@ -1,16 +1,36 @@
 #!/usr/bin/env bash
-# Extra CI suites, run by .ci/run after the README's test command.
+# Extra CI suites, run by .ci/run after the README's test command: the
+# checks of what the code promises (formatting, clippy with warnings as
+# errors, docs), the loom models, the deployment as separate processes on
+# a sim fabric, a 30 s soak with client kills, a fuzz smoke, and the verbs
+# provider on Soft-RoCE. Prints each step's duration; stops at the first
+# failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-echo "== loom models (ci/loom.sh)"
-ci/loom.sh
+durations=()
+step() {
+    local name=$1 t0=$SECONDS
+    shift
+    echo "== $name"
+    "$@"
+    durations+=("$(printf '%-44s %5d s' "$name" $((SECONDS - t0)))")
+    echo "== $name: ok ($((SECONDS - t0)) s)"
+}
+trap 'printf "== step durations\n"; printf "%s\n" "${durations[@]}"' EXIT
 
-echo "== the deployment as separate processes on a sim fabric (ci/deploy.sh)"
-cargo build -p krcore-cli -p krcore-benches --bins
-DEPLOY_PORT=7491 ci/deploy.sh "sim:krcore-ci-deploy-$$" "${CARGO_TARGET_DIR:-target}/debug"
-
+step "formatting (cargo fmt --check)" cargo fmt --all -- --check
+step "clippy, warnings as errors" cargo clippy --workspace --all-targets -- -D warnings
+step "docs, warnings as errors" env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps -q
+step "loom models (ci/loom.sh)" ci/loom.sh
+deploy_sim() {
+    cargo build -p krcore-cli -p krcore-benches --bins
+    DEPLOY_PORT=7491 ci/deploy.sh "sim:krcore-ci-deploy-$$" "${CARGO_TARGET_DIR:-target}/debug"
+}
+step "the deployment as separate processes on sim (ci/deploy.sh)" deploy_sim
+step "soak: 30 s of client kills (krcore-soak)" \
+    cargo test -p krcore-benches --test drivers -- --ignored short_soak_loses_nothing
+step "fuzz smoke: every target 20 s (ci/fuzz.sh)" env FUZZ_SECONDS="${FUZZ_SECONDS:-20}" ci/fuzz.sh
 if [ -x ci/verbs.sh ]; then
-    echo "== verbs provider on Soft-RoCE (ci/verbs.sh)"
-    ci/verbs.sh
+    step "verbs provider on Soft-RoCE (ci/verbs.sh)" ci/verbs.sh
 fi

@@ -1,6 +1,6 @@
 //! The driver binaries end to end: client processes on a /dev/shm fabric
 //! (krcore-ycsb --processes 2), joins in both modes (krcore-elastic), and
-//! a short soak (ignored by default: 20 s of kills).
+//! a short soak (ignored by default: 30 s of kills; CI runs it).
 
 use std::process::Command;
 
@@ -82,7 +82,14 @@ fn deployed_clients_refuse_a_bad_config_file() {
     let file = dir.join("client.toml");
     std::fs::write(&file, "[engine]\npool_size = 2\n[client]\nretrys = 3\n").unwrap();
     let file = file.to_str().unwrap();
-    let common = ["--store", "s", "--fabric", "sim:krcore-no-such-fabric", "--config", file];
+    let common = [
+        "--store",
+        "s",
+        "--fabric",
+        "sim:krcore-no-such-fabric",
+        "--config",
+        file,
+    ];
     for bin in [
         env!("CARGO_BIN_EXE_krcore-ycsb"),
         env!("CARGO_BIN_EXE_krcore-elastic"),
@@ -156,7 +163,7 @@ fn elastic_joins_in_both_modes_and_writes_json_and_png() {
 }
 
 #[test]
-#[ignore = "runs 20 s of client kills; `cargo test -p krcore-benches --test drivers -- --ignored`"]
+#[ignore = "runs 30 s of client kills; `cargo test -p krcore-benches --test drivers -- --ignored`"]
 fn short_soak_loses_nothing() {
     let bin = env!("CARGO_BIN_EXE_krcore-soak");
     let dir = tempfile::tempdir().unwrap();
@@ -165,7 +172,7 @@ fn short_soak_loses_nothing() {
         bin,
         &[
             "--duration",
-            "20s",
+            "30s",
             "--kill-every",
             "2s",
             "--records",
@@ -178,7 +185,7 @@ fn short_soak_loses_nothing() {
     );
     assert!(ok, "{err}\n{out}");
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
-    assert!(v["kills"].as_u64().unwrap() >= 5, "{v}");
+    assert!(v["kills"].as_u64().unwrap() >= 8, "{v}");
     assert_eq!(v["verification"]["lost"], 0);
     assert_eq!(v["verification"]["wrong"], 0);
     assert!(v["writes_acked"].as_u64().unwrap() > 0);

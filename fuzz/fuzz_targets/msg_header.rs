@@ -23,7 +23,16 @@ fn check(data: &[u8]) {
         return;
     };
     let mut image = repr.emit().to_vec();
-    if let MsgKind::Data { .. } = repr.kind {
+    // The body travels after the header: a Data message's, and the
+    // message an Open carries.
+    if matches!(
+        repr.kind,
+        MsgKind::Data { .. }
+            | MsgKind::Open {
+                carries: Some(_),
+                ..
+            }
+    ) {
         image.extend_from_slice(p.body());
     }
     assert_eq!(MsgRepr::parse_bytes(&image), Ok(repr));

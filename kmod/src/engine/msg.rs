@@ -214,8 +214,9 @@ pub struct MsgConfig {
     /// Default false (the engine starts no thread unless asked); the SDK
     /// turns it on.
     pub progress_thread: bool,
-    /// Sleep of the progress thread after an idle spell. Default 50 us.
-    /// In a file: `idle_sleep_us`.
+    /// First sleep of the progress thread after an idle spell, doubled
+    /// per idle poll up to 2 ms (or this, if larger): see
+    /// `engine::idle`. Default 50 us. In a file: `idle_sleep_us`.
     #[serde(rename = "idle_sleep_us", with = "super::config::units::us")]
     pub idle_sleep: Duration,
 }

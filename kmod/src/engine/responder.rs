@@ -78,8 +78,9 @@ pub struct HandshakeConfig {
     pub retry_cnt: u8,
     /// `rnr_retry` of both ends at RTS. Default 3.
     pub rnr_retry: u8,
-    /// Sleep of the progress thread after an idle spell. Default 100 us.
-    /// In a file: `idle_sleep_us`.
+    /// First sleep of the progress thread after an idle spell, doubled
+    /// per idle poll up to 2 ms (or this, if larger): see
+    /// `engine::idle`. Default 100 us. In a file: `idle_sleep_us`.
     #[serde(rename = "idle_sleep_us", with = "super::config::units::us")]
     pub idle_sleep: Duration,
 }
