@@ -82,6 +82,15 @@ fi
 
 [ -x "$SOFTROCE_DIR/softroce-run" ] || { say "no $SOFTROCE_DIR/softroce-run"; exit 1; }
 
+# --- the promises with feature `verbs` (ci/extra.sh checks the default
+# build): clippy with warnings as errors, docs with warnings as errors
+feat=krcore-nic/verbs,krcore-kmod/verbs,krcore/verbs,race-store/verbs,krcore-cli/verbs,krcore-benches/verbs
+say "clippy and docs with feature verbs"
+cargo clippy -p krcore-nic -p krcore-kmod -p krcore -p race-store -p krcore-cli -p krcore-benches \
+  --features "$feat" --all-targets -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc -p krcore-nic -p krcore-kmod -p krcore -p race-store \
+  --features krcore-nic/verbs,krcore-kmod/verbs,krcore/verbs,race-store/verbs --no-deps -q
+
 # --- build on the host: every tests/verbs_*.rs of the three crates (only
 # those targets: the default suite has built the rest without the feature)
 say "building the verbs tests of krcore-nic, krcore-kmod and race-store"

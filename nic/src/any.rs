@@ -1,7 +1,7 @@
 //! `AnyNic`: a provider chosen at run time, from one fabric string.
 //!
 //! [`AnyNic`] is an enum over the providers of this build ([`SimNic`], and
-//! [`VerbsNic`] with feature `verbs`) that implements [`Nic`] by static
+//! `VerbsNic` with feature `verbs`) that implements [`Nic`] by static
 //! dispatch: every call is one `match` on the variant, inlined, with no
 //! allocation and no trait object. Its handles ([`AnyPd`], [`AnyMr`],
 //! [`AnyCq`], [`AnySrq`], [`AnyQp`]) are enums over the inner handles in the
@@ -496,12 +496,12 @@ impl FabricSpec {
     /// Opens the NIC this spec names: for `sim:`, the fabric (see
     /// [`SimSpec::open_fabric`]) and a node on it with the spec's `dc` and
     /// `latency`; for `verbs:`, the device through
-    /// [`crate::verbs::VerbsNic::open_with`] with the spec's port and GID
+    /// `verbs::VerbsNic::open_with` with the spec's port and GID
     /// index.
     ///
     /// # Errors
     /// The sim fabric and node errors; for verbs, the device's
-    /// [`crate::verbs::VerbsError`] as the source of [`NicError::Os`]; in
+    /// `verbs::VerbsError` as the source of [`NicError::Os`]; in
     /// a build without feature `verbs`, [`NicError::NoProvider`] for a
     /// `verbs:` spec.
     pub fn open(&self) -> Result<Opened> {

@@ -132,7 +132,7 @@ pub struct SimSpec {
 }
 
 /// A `verbs:` spec: the device name and the port and GID index to use
-/// (`None`: chosen at open, see [`crate::verbs`]).
+/// (`None`: chosen at open, see the `verbs` module, feature `verbs`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct VerbsSpec {
     device: String,

@@ -47,7 +47,7 @@ impl StoreBackend {
             &target.store,
             StoreOptions {
                 wait,
-                client: target.client.clone(),
+                client: target.client,
                 engine: target.engine.clone(),
             },
         )?;

@@ -49,7 +49,7 @@ pub struct JoinerSpec {
 impl JoinerSpec {
     fn options(&self) -> StoreOptions {
         StoreOptions {
-            client: self.client.clone(),
+            client: self.client,
             engine: self.engine.clone(),
             ..StoreOptions::default()
         }

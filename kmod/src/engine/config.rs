@@ -34,7 +34,9 @@ pub const DEFAULT_DC_KEY: u64 = 0x6b72_636f_7265_6463; // "krcoredc"
 
 /// How an engine is set up. Start from [`EngineConfig::default`].
 ///
-/// (De)serializable: see the [module docs](self) for the file's shape.
+/// (De)serializable, as a TOML table with `[policy]`, `[handshake]` and
+/// `[msg]` sub-tables: every field optional, unknown keys refused, a
+/// duration an integer with its unit in the key (`meta_timeout_ms`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]

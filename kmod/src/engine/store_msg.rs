@@ -5,7 +5,7 @@
 //! A memory node joins a named store with [`Engine::store_join`] (or keeps
 //! a membership alive with [`Engine::store_keep_joined`]): a StoreJoin
 //! message to the meta server's [`META_PORT`](super::META_PORT), like any
-//! registration. The [`MsgMetaHost`] applies it to its [`StoreRegistry`] with the GID that
+//! registration. The [`MsgMetaHost`] applies it to its `krcore_meta::stores::StoreRegistry` with the GID that
 //! messaging received the message from as the member's GID, so a node can
 //! join, renew and leave only memberships of its own GID. A client lists
 //! the store over TCP ([`krcore_meta::bootstrap::fetch_store_tcp`]) from
