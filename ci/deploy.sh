@@ -168,7 +168,7 @@ done
 if [ -z "$rc" ]; then
   kill -KILL "$client"; die "the client did not exit within $bound s of the kill"
 fi
-say "client exited with $rc after $((SECONDS - t0)) s: $(grep -m1 error "$work/kill.err")"
+say "client exited with $rc after $((SECONDS - t0)) s: $(grep -m1 "krcore-ycsb: error" "$work/kill.err" || grep -m1 error "$work/kill.err")"
 [ "$rc" != 0 ] || die "the client exited 0 after its memory node died"
 grep -q "memory node 0 is down\|transport error" "$work/kill.err" || die "no typed error from the client"
 
