@@ -1175,17 +1175,38 @@ fn reserved_bound(p: u16, bound: bool) -> bool {
 /// replaces one; it is dropped like any entry when a send to it fails.
 /// Trust: as the rest of a cluster's control plane, the header's source
 /// is believed (DC carries no verified source).
+///
+/// A cached entry naming another DCT is stale: a node has one DCT for its
+/// life, so its GID now belongs to a new process (a restarted client, a
+/// process at an address an earlier one used), and answers sent to the old
+/// DCT would be lost until they failed. The entry is replaced by the
+/// learned one (epoch 0: a meta entry, the new process's registration,
+/// replaces it in turn).
 fn learn_sender<N: Nic>(eng: &EngineInner<N>, gid: Gid, dct_num: u32, dc_key: u64) {
-    if dct_num != 0 && eng.cache.get(&gid).is_none() {
-        let _ = eng.cache.insert(
-            krcore_nic::DcTarget {
-                gid,
-                dct_num,
-                dc_key,
-            },
-            0,
-        );
+    if dct_num == 0 {
+        return;
     }
+    match eng.cache.get(&gid) {
+        Some(known) if known.target.dct_num == dct_num => return,
+        Some(known) => {
+            eng.cache.invalidate(&gid);
+            tracing::info!(
+                peer = %gid,
+                old_dct = known.target.dct_num,
+                new_dct = dct_num,
+                "a peer restarted on its GID: its cached DCT is replaced"
+            );
+        }
+        None => {}
+    }
+    let _ = eng.cache.insert(
+        krcore_nic::DcTarget {
+            gid,
+            dct_num,
+            dc_key,
+        },
+        0,
+    );
 }
 
 // Mode check used by the SDK's docs: messaging runs in DC mode only.
@@ -1255,6 +1276,29 @@ mod tests {
         };
         let (rx, tx) = (node(), node());
         (meta, rx, tx)
+    }
+    /// An Open naming another DCT for a GID the node has cached (the GID's
+    /// process restarted) replaces the stale entry; the same DCT changes
+    /// nothing.
+    #[test]
+    fn an_open_from_a_new_dct_of_a_known_gid_replaces_the_cached_entry() {
+        let (_meta, rx, tx) = pair(|_| {});
+        let known = rx.inner.cache.get(&tx.gid());
+        let known = known.map_or_else(
+            || crate::engine::resolve(&rx.inner, &tx.gid()).expect("tx is registered"),
+            |k| k,
+        );
+        super::learn_sender(
+            &rx.inner,
+            tx.gid(),
+            known.target.dct_num,
+            known.target.dc_key,
+        );
+        assert_eq!(rx.inner.cache.get(&tx.gid()), Some(known), "unchanged");
+        let new_dct = known.target.dct_num ^ 0x55;
+        super::learn_sender(&rx.inner, tx.gid(), new_dct, 7);
+        let now = rx.inner.cache.get(&tx.gid()).expect("cached");
+        assert_eq!((now.target.dct_num, now.target.dc_key), (new_dct, 7));
     }
 
     /// Runs `f` while another thread drains `rx`'s receive CQ.
