@@ -442,12 +442,22 @@ impl<N: Nic> EngineInner<N> {
         };
         for peer in hs.take_peer_endpoints() {
             f.pool.forget_restarted(self, peer);
-            if let Some(hit) = self.cache.lookup(&peer.gid).hit() {
-                if hit.target.dct_num != peer.qpn {
-                    self.cache.invalidate(&peer.gid);
-                }
-            }
+            self.forget_other_address(&peer.gid, peer.qpn);
         }
+    }
+
+    /// A peer at `gid` showed its endpoint `num` (DC mode: its DCT number;
+    /// RC fallback: its handshake UD QPN): a cached address of that GID
+    /// naming another endpoint is stale (a node keeps its endpoint for
+    /// its life, so the GID's process restarted) and is dropped. Returns
+    /// the stale endpoint's number, if one was dropped.
+    pub(crate) fn forget_other_address(&self, gid: &Gid, num: u32) -> Option<u32> {
+        let stale = self.cache.get(gid)?.target.dct_num;
+        if stale == num {
+            return None;
+        }
+        self.cache.invalidate(gid);
+        Some(stale)
     }
 
     /// The RC pairs (RC fallback mode).

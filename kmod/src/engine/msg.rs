@@ -1186,18 +1186,15 @@ fn learn_sender<N: Nic>(eng: &EngineInner<N>, gid: Gid, dct_num: u32, dc_key: u6
     if dct_num == 0 {
         return;
     }
-    match eng.cache.get(&gid) {
-        Some(known) if known.target.dct_num == dct_num => return,
-        Some(known) => {
-            eng.cache.invalidate(&gid);
-            tracing::info!(
-                peer = %gid,
-                old_dct = known.target.dct_num,
-                new_dct = dct_num,
-                "a peer restarted on its GID: its cached DCT is replaced"
-            );
-        }
-        None => {}
+    if let Some(old_dct) = eng.forget_other_address(&gid, dct_num) {
+        tracing::info!(
+            peer = %gid,
+            old_dct,
+            new_dct = dct_num,
+            "a peer restarted on its GID: its cached DCT is replaced"
+        );
+    } else if eng.cache.get(&gid).is_some() {
+        return;
     }
     let _ = eng.cache.insert(
         krcore_nic::DcTarget {
