@@ -282,6 +282,26 @@ impl Nic for AnyNic {
         }
     }
 
+    fn register_sub_mr(
+        &self,
+        parent: &AnyMr,
+        offset: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<AnyMr> {
+        match (self, parent) {
+            (AnyNic::Sim(n), AnyMr::Sim(p)) => {
+                n.register_sub_mr(p, offset, len, access).map(AnyMr::Sim)
+            }
+            #[cfg(feature = "verbs")]
+            (AnyNic::Verbs(n), AnyMr::Verbs(p)) => {
+                n.register_sub_mr(p, offset, len, access).map(AnyMr::Verbs)
+            }
+            #[cfg(feature = "verbs")]
+            _ => Err(mismatch("the MR", parent.provider(), self.provider())),
+        }
+    }
+
     #[inline]
     fn create_cq(&self, depth: u32) -> Result<AnyCq> {
         each_wrap!(self, n => n.create_cq(depth), AnyCq)

@@ -923,6 +923,144 @@ pub fn cq_overflow<N: Nic + Clone>(a: &N, b: &N) {
     );
 }
 
+/// One one-sided `op` from a fresh RC pair of `sa` and `sb` (a fresh pair,
+/// since a failed WR moves the QP to ERR); the completion's status.
+fn one_sided<N: Nic + Clone>(sa: &Side<N>, sb: &Side<N>, op: WrOp, len: u32) -> WcStatus {
+    let (qa, _qb) = rc_pair(sa, sb, QpCaps::default());
+    let mut wr = SendWr::read(1, sa.mr.sge(0, len).expect("sge"), RemoteAddr::default());
+    wr.op = op;
+    qa.post_send(&[wr]).expect("post");
+    poll_one(&sa.cq).status
+}
+
+/// Sub-regions ([`Nic::register_sub_mr`]): a key of their own limited to
+/// their range and access at the NIC, over the parent's bytes; the key
+/// fails with `REM_ACCESS_ERR` once the sub-region is dropped, while the
+/// parent's keeps working; bad arguments are typed errors.
+pub fn sub_regions<N: Nic + Clone>(a: &N, b: &N) {
+    let (sa, sb) = (Side::new(a, 4096), Side::new(b, 4096));
+    let rw = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
+    let sub = b
+        .register_sub_mr(&sb.mr, 1024, 256, rw)
+        .expect("register a sub-region");
+    assert_eq!(
+        sub.addr(),
+        sb.mr.addr() + 1024,
+        "a sub-region starts at its offset"
+    );
+    assert_eq!(sub.len(), 256);
+    assert_ne!(
+        sub.rkey(),
+        sb.mr.rkey(),
+        "a sub-region has a key of its own"
+    );
+    // Its bytes are the parent's, both ways.
+    sb.mr.write(1024, b"parent's bytes!!").unwrap();
+    let mut got = [0u8; 16];
+    sub.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"parent's bytes!!");
+    let read = |remote: RemoteAddr| WrOp::Read { remote };
+    assert_eq!(
+        one_sided(&sa, &sb, read(sub.remote(0)), 16),
+        WcStatus::Success
+    );
+    sa.mr.read(0, &mut got).unwrap();
+    assert_eq!(
+        &got, b"parent's bytes!!",
+        "a READ through the sub-region's key"
+    );
+    sa.mr.write(0, b"written through!").unwrap();
+    let write = WrOp::Write {
+        remote: sub.remote(240),
+    };
+    assert_eq!(one_sided(&sa, &sb, write, 16), WcStatus::Success);
+    sb.mr.read(1024 + 240, &mut got).unwrap();
+    assert_eq!(
+        &got, b"written through!",
+        "a WRITE lands in the parent's bytes"
+    );
+    // Its range and access, enforced by the NIC.
+    let past_end = RemoteAddr {
+        addr: sub.addr() + 250,
+        rkey: sub.rkey(),
+    };
+    assert_eq!(
+        one_sided(&sa, &sb, read(past_end), 16),
+        WcStatus::RemAccessErr,
+        "the key covers only the sub-region's range"
+    );
+    let before = RemoteAddr {
+        addr: sb.mr.addr(),
+        rkey: sub.rkey(),
+    };
+    assert_eq!(
+        one_sided(&sa, &sb, read(before), 16),
+        WcStatus::RemAccessErr,
+        "the parent's other bytes are not the sub-region's"
+    );
+    let cas = WrOp::CompareSwap {
+        remote: sub.remote(8),
+        compare: 0,
+        swap: 1,
+    };
+    assert_eq!(
+        one_sided(&sa, &sb, cas, 8),
+        WcStatus::RemAccessErr,
+        "no atomic access through a sub-region registered without it"
+    );
+    let ro = b
+        .register_sub_mr(&sb.mr, 0, 64, Access::REMOTE_READ)
+        .expect("a read-only sub-region");
+    let write_ro = WrOp::Write {
+        remote: ro.remote(0),
+    };
+    assert_eq!(one_sided(&sa, &sb, write_ro, 8), WcStatus::RemAccessErr);
+    // Dropped: its key stops working, the parent's does not.
+    let old = sub.remote(0);
+    drop(sub);
+    assert_eq!(
+        one_sided(&sa, &sb, read(old), 16),
+        WcStatus::RemAccessErr,
+        "a dropped sub-region's key fails at the NIC"
+    );
+    assert_eq!(
+        one_sided(&sa, &sb, read(sb.mr.remote(1024)), 16),
+        WcStatus::Success,
+        "the parent's key still works"
+    );
+    // Bad arguments.
+    let bad = [
+        (
+            4000,
+            200,
+            Access::REMOTE_READ,
+            "a range past the parent's end",
+        ),
+        (0, 0, Access::REMOTE_READ, "a zero length"),
+        (
+            0,
+            64,
+            Access::REMOTE_WRITE,
+            "remote write without LOCAL_WRITE",
+        ),
+    ];
+    for (off, len, access, what) in bad {
+        match b.register_sub_mr(&sb.mr, off, len, access) {
+            Err(NicError::InvalidArgument(_)) => {}
+            Err(e) => panic!("{what}: {e}"),
+            Ok(_) => panic!("{what}: accepted"),
+        }
+    }
+    let read_only = b
+        .alloc_mr(&sb.pd, 4096, Access::LOCAL_WRITE | Access::REMOTE_READ)
+        .expect("alloc_mr");
+    match b.register_sub_mr(&read_only, 0, 64, rw) {
+        Err(NicError::InvalidArgument(_)) => {}
+        Err(e) => panic!("an access beyond the parent's: {e}"),
+        Ok(_) => panic!("an access beyond the parent's: accepted"),
+    }
+}
+
 /// Runs every check. DC checks are skipped (with a note on stderr) on devices
 /// without DC.
 pub fn run_all<N: Nic + Clone>(a: &N, b: &N) {
@@ -937,6 +1075,7 @@ pub fn run_all<N: Nic + Clone>(a: &N, b: &N) {
     state_machine(a, b);
     doorbell_batching(a, b);
     cq_overflow(a, b);
+    sub_regions(a, b);
     if a.caps().dc && b.caps().dc {
         dc_ops(a, b);
     } else {

@@ -71,6 +71,32 @@ pub trait Nic: Send + Sync + Sized + 'static {
         access: Access,
     ) -> Result<Self::Mr>;
 
+    /// Registers `offset..offset+len` of `parent` once more, as a region of
+    /// its own: new keys over the same bytes, with `access` (a subset of
+    /// the parent's). Remote access through the new rkey is limited to
+    /// that range at the NIC, and ends when the last handle of the new
+    /// region drops: after that a peer that posts the key gets
+    /// `REM_ACCESS_ERR`, and once the drop returns no access through the
+    /// key moves data any more. The sub-region keeps its parent
+    /// registered while it lives. This is what an MR lease is made of (a
+    /// key per lease that revocation invalidates): a memory window would
+    /// bind faster on hardware, but a type 2 window answers only through
+    /// the QP it was bound on (no DC target, no second peer) and a type 1
+    /// window needs a send queue to bind it.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a range outside `parent`, a zero length, an
+    /// access the parent does not allow, or a remote write or atomic
+    /// access without `LOCAL_WRITE` (verbs' own rule); `Exhausted` when the
+    /// MR table is full; the registration's errors (pinning) on verbs.
+    fn register_sub_mr(
+        &self,
+        parent: &Self::Mr,
+        offset: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<Self::Mr>;
+
     /// Creates a completion queue of `depth` entries.
     fn create_cq(&self, depth: u32) -> Result<Self::Cq>;
 
@@ -215,6 +241,36 @@ pub fn validate_send_wr(
                 return Err("an atomic needs exactly one 8-byte SGE");
             }
         }
+    }
+    Ok(())
+}
+
+/// The arguments of [`Nic::register_sub_mr`], checked the same way by every
+/// provider.
+pub(crate) fn check_sub_mr<M: MemoryRegion>(
+    parent: &M,
+    offset: usize,
+    len: usize,
+    access: Access,
+) -> Result<()> {
+    if len == 0 {
+        return Err(crate::NicError::InvalidArgument(
+            "zero-length sub-region".into(),
+        ));
+    }
+    check_range(parent.len(), offset, len)?;
+    if !parent.access().contains(access) {
+        return Err(crate::NicError::InvalidArgument(format!(
+            "sub-region access {access:?} beyond its parent's {:?}",
+            parent.access()
+        )));
+    }
+    if (access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC))
+        && !access.contains(Access::LOCAL_WRITE)
+    {
+        return Err(crate::NicError::InvalidArgument(
+            "remote write or atomic access needs LOCAL_WRITE".into(),
+        ));
     }
     Ok(())
 }

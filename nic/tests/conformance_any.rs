@@ -56,6 +56,7 @@ conformance!(
     state_machine,
     doorbell_batching,
     cq_overflow,
+    sub_regions,
 );
 
 #[test]

@@ -4,6 +4,7 @@
 use krcore_nic::conformance::{poll_one, rc_pair, Side};
 use krcore_nic::sim::{LatencyModel, SimConfig, SimFabric, SimNic};
 use krcore_nic::*;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 fn pair_with(cfg: SimConfig) -> (SimNic, SimNic) {
@@ -415,4 +416,87 @@ fn concurrent_object_creation_never_shares_a_table_slot() {
     qpns.dedup();
     assert_eq!(keys.len(), 200, "MR table slots are unique");
     assert_eq!(qpns.len(), 200, "QP table slots are unique");
+}
+
+/// A sub-region's deregistration waits for the WRs moving data through its
+/// key: once the drop returns, no READ through the key returns bytes
+/// written after it (the owner poisons the range right after the drop), and
+/// no WRITE through it lands. Reader and writer loop on their own threads.
+#[test]
+fn a_dropped_sub_region_moves_no_data_after_the_drop() {
+    let (a, b) = pair();
+    let sb = Side::new(&b, 4096);
+    let rw = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
+    const POISON: u8 = 0xEE;
+    for round in 0..100u64 {
+        sb.mr.write(0, &[0u8; 4096]).unwrap();
+        let sub = b.register_sub_mr(&sb.mr, 512, 1024, rw).unwrap();
+        let (rkey, addr) = (sub.rkey(), sub.addr());
+        let go = Arc::new(std::sync::Barrier::new(3));
+        let done = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+        let spawn = |write: bool| {
+            let (a, b, go, done) = (a.clone(), b.clone(), go.clone(), done.clone());
+            let (sb_mr, sb_pd) = (sb.mr.clone(), sb.pd.clone());
+            std::thread::spawn(move || {
+                let sa = Side::new(&a, 8192);
+                let sbb = Side {
+                    nic: b.clone(),
+                    pd: sb_pd,
+                    cq: b.create_cq(64).unwrap(),
+                    mr: sb_mr,
+                };
+                let (qa, _qb) = rc_pair(&sa, &sbb, QpCaps::default());
+                sa.mr.write(0, &[0x11u8; 1024]).unwrap();
+                go.wait();
+                let mut ok = 0u64;
+                loop {
+                    // The whole range each time: the widest window between
+                    // the key's check and the last byte moved.
+                    let remote = RemoteAddr { addr, rkey };
+                    let wr = if write {
+                        SendWr::write(ok, sa.mr.sge(0, 1024).unwrap(), remote)
+                    } else {
+                        SendWr::read(ok, sa.mr.sge(4096, 1024).unwrap(), remote)
+                    };
+                    qa.post_send(&[wr]).unwrap();
+                    let wc = poll_one(&sa.cq);
+                    if wc.status != WcStatus::Success {
+                        assert_eq!(wc.status, WcStatus::RemAccessErr, "{wc:?}");
+                        return ok;
+                    }
+                    if !write {
+                        let mut got = [0u8; 1024];
+                        sa.mr.read(4096, &mut got).unwrap();
+                        assert!(
+                            !got.contains(&POISON),
+                            "round {round}: a READ returned bytes written after the drop"
+                        );
+                    }
+                    ok += 1;
+                    done[usize::from(write)].store(ok, Ordering::Relaxed);
+                }
+            })
+        };
+        let (reader, writer) = (spawn(false), spawn(true));
+        go.wait();
+        // Both loops running (a few operations each) when the drop comes.
+        let t0 = std::time::Instant::now();
+        while done
+            .iter()
+            .any(|d| d.load(Ordering::Relaxed) < 3 + round % 7)
+            && t0.elapsed() < std::time::Duration::from_secs(10)
+        {
+            std::thread::yield_now();
+        }
+        drop(sub);
+        sb.mr.write(512, &[POISON; 1024]).unwrap();
+        let reads = reader.join().unwrap();
+        let writes = writer.join().unwrap();
+        let mut after = [0u8; 1024];
+        sb.mr.read(512, &mut after).unwrap();
+        assert!(
+            after.iter().all(|&x| x == POISON),
+            "round {round}: a WRITE landed after the drop ({reads} reads, {writes} writes)"
+        );
+    }
 }

@@ -40,6 +40,7 @@ conformance!(
     send_credits,
     state_machine,
     doorbell_batching,
+    sub_regions,
 );
 
 /// The suite's `error_completions`, with rxe's one quirk: its user-space

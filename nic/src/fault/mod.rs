@@ -304,6 +304,16 @@ impl<N: Nic> Nic for FaultNic<N> {
         self.inner.alloc_mr(pd, len, access)
     }
 
+    fn register_sub_mr(
+        &self,
+        parent: &Self::Mr,
+        offset: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<Self::Mr> {
+        self.inner.register_sub_mr(parent, offset, len, access)
+    }
+
     #[allow(unsafe_code)] // forwards the same contract to the inner provider
     unsafe fn register_mr(
         &self,

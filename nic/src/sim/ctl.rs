@@ -5,6 +5,7 @@
 //! ```text
 //! 0        header: magic, version, slot, generation
 //! MR_OFF   MAX_MR  entries x 64 B : state(gen<<1|valid) base len access<<32|pd
+//!                                   seg_off flags in_flight
 //! QP_OFF   MAX_QP  entries x 128 B: see QpEntry
 //! CQ_OFF   MAX_CQ  entries x 16 B : state(gen<<1|valid) capacity
 //! SRQ_OFF  MAX_SRQ entries x 16 B : state(gen<<1|valid) capacity<<32|max_sge
@@ -18,7 +19,7 @@
 use super::shm::Segment;
 use crate::types::{Access, Gid, QpState, QpType};
 use std::sync::atomic::AtomicU64;
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
 
 pub const MAX_MR: u32 = 4096;
 pub const MAX_QP: u32 = 4096;
@@ -62,7 +63,16 @@ pub struct MrInfo {
     pub len: u64,
     pub access: Access,
     pub pd: u32,
+    /// Where `base` lies in the MR's segment (non-zero for a sub-region,
+    /// whose segment is its parent's).
+    pub seg_off: u64,
+    /// Deregistration waits for the accesses in flight (see
+    /// [`mr_in_flight`]): a sub-region, the remote key of a lease.
+    pub strict: bool,
 }
+
+/// Flags word of an MR entry: [`MrInfo::strict`].
+const MR_STRICT: u64 = 1;
 
 /// MR key = index << 8 | low 8 bits of the generation (mlx5 style): a stale
 /// key fails until the slot has been reused 256 times, as on hardware.
@@ -85,19 +95,43 @@ pub fn mr_gen(seg: &Segment, idx: u32) -> (u32, bool) {
     ((s >> 1) as u32, s & 1 == 1)
 }
 
-/// Publishes MR slot `idx` with generation `gen`.
-pub fn mr_publish(seg: &Segment, idx: u32, gen: u32, base: u64, len: u64, access: Access, pd: u32) {
-    mr_word(seg, idx, 1).store(base, Relaxed);
-    mr_word(seg, idx, 2).store(len, Relaxed);
-    mr_word(seg, idx, 3).store(((access.0 as u64) << 32) | pd as u64, Relaxed);
+/// Publishes MR slot `idx` with generation `gen` (`info.gen` is ignored).
+pub fn mr_publish(seg: &Segment, idx: u32, gen: u32, info: &MrInfo) {
+    mr_word(seg, idx, 1).store(info.base, Relaxed);
+    mr_word(seg, idx, 2).store(info.len, Relaxed);
+    mr_word(seg, idx, 3).store(((info.access.0 as u64) << 32) | info.pd as u64, Relaxed);
+    mr_word(seg, idx, 4).store(info.seg_off, Relaxed);
+    mr_word(seg, idx, 5).store(if info.strict { MR_STRICT } else { 0 }, Relaxed);
+    mr_word(seg, idx, 6).store(0, Relaxed);
     mr_word(seg, idx, 0).store(((gen as u64) << 1) | 1, Release);
 }
 
-/// Invalidates MR slot `idx` (keeps its generation).
+/// Invalidates MR slot `idx` (keeps its generation). `SeqCst`: for a
+/// strict MR, ordered before the wait for [`mr_in_flight`] to drain.
 pub fn mr_invalidate(seg: &Segment, idx: u32) {
     let w = mr_word(seg, idx, 0);
     let s = w.load(Acquire);
-    w.store(s & !1, Release);
+    w.store(s & !1, SeqCst);
+}
+
+/// The count of WRs executing against strict MR slot `idx`: an executor
+/// adds one (`SeqCst`) *before* it validates the slot's state word and
+/// takes it off after its data moved; deregistration invalidates the
+/// state word (`SeqCst`) and then waits for the count to reach zero. So
+/// once a strict MR's deregistration returns, no access through its key
+/// is moving data, and none will (the store/load pairs are `SeqCst`: an
+/// executor either is counted before the invalidation or sees it).
+pub fn mr_in_flight(seg: &Segment, idx: u32) -> &AtomicU64 {
+    mr_word(seg, idx, 6)
+}
+
+/// Whether the state word of `key`'s slot, read after the executor
+/// counted itself in flight, still equals `state` (`SeqCst`, the other
+/// half of [`mr_in_flight`]'s protocol).
+#[inline]
+pub fn mr_still(seg: &Segment, key: u32, state: u64) -> bool {
+    let (idx, _) = split_key(key);
+    idx < MAX_MR && mr_word(seg, idx, 0).load(SeqCst) == state
 }
 
 /// The raw state word of the MR slot a key names (a cache of an entry stays
@@ -124,6 +158,8 @@ pub fn mr_lookup_state(seg: &Segment, key: u32) -> Option<(MrInfo, u64)> {
     let base = mr_word(seg, idx, 1).load(Relaxed);
     let len = mr_word(seg, idx, 2).load(Relaxed);
     let ap = mr_word(seg, idx, 3).load(Relaxed);
+    let seg_off = mr_word(seg, idx, 4).load(Relaxed);
+    let flags = mr_word(seg, idx, 5).load(Relaxed);
     std::sync::atomic::fence(Acquire);
     if mr_word(seg, idx, 0).load(Relaxed) != s0 {
         return None;
@@ -134,6 +170,8 @@ pub fn mr_lookup_state(seg: &Segment, key: u32) -> Option<(MrInfo, u64)> {
         len,
         access: Access((ap >> 32) as u32),
         pd: ap as u32,
+        seg_off,
+        strict: flags & MR_STRICT != 0,
     };
     Some((info, s0))
 }

@@ -83,6 +83,9 @@ struct CachedMr {
     state: u64,
     info: ctl::MrInfo,
     seg: Arc<Segment>,
+    /// The node's control block, for a strict MR only (see
+    /// [`Exec::uncount`]).
+    strict_ctl: Option<Arc<Segment>>,
 }
 
 const SEG_CACHE: usize = 8;
@@ -100,6 +103,9 @@ pub(crate) struct TargetCache {
     mr_next: usize,
     /// MR cache entries used by the WR being executed (never evicted by it).
     pinned: u16,
+    /// Of those, the strict ones this WR counted itself in flight on
+    /// (`ctl::mr_in_flight`), to take off when it is done.
+    counted: u16,
     segs: [Option<(u128, Arc<Segment>)>; SEG_CACHE],
     seg_next: usize,
 }
@@ -348,7 +354,17 @@ impl Exec<'_> {
                 .position(|e| matches!(e, Some(m) if m.node == nk && m.key == key)),
         };
         if let Some(i) = found {
-            let state = t.mrs[i].as_ref().map(|m| m.state);
+            let (state, strict) = match &t.mrs[i] {
+                Some(m) => (Some(m.state), m.info.strict),
+                None => (None, false),
+            };
+            if strict {
+                if let Some(i) = self.mr_strict(i, key) {
+                    return Some(i);
+                }
+                // Not that registration any more: look the key up again.
+                return self.mr_miss(slot, gen, ctl_seg, key);
+            }
             if ctl::mr_state_for_key(ctl_seg, key) == state {
                 t.pinned |= 1 << i;
                 return Some(i as u8);
@@ -356,6 +372,53 @@ impl Exec<'_> {
             t.mrs[i] = None;
         }
         self.mr_miss(slot, gen, ctl_seg, key)
+    }
+
+    /// [`Exec::mr`] for the strict MR cached at `i` (a lease's
+    /// sub-region): counts this WR in flight on it, then checks that it is
+    /// still the registration cached (`ctl::mr_in_flight`'s protocol),
+    /// else takes the count off and drops the entry.
+    #[cold]
+    #[inline(never)]
+    fn mr_strict(&mut self, i: usize, key: u32) -> Option<u8> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let t = &mut self.st.target;
+        let m = t.mrs[i].as_ref()?;
+        let ctl_seg = m.strict_ctl.as_ref()?;
+        let (idx, _) = ctl::split_key(key);
+        if t.counted & (1 << i) == 0 {
+            ctl::mr_in_flight(ctl_seg, idx).fetch_add(1, SeqCst);
+            t.counted |= 1 << i;
+        }
+        if ctl::mr_still(ctl_seg, key, m.state) {
+            t.pinned |= 1 << i;
+            return Some(i as u8);
+        }
+        ctl::mr_in_flight(ctl_seg, idx).fetch_sub(1, SeqCst);
+        t.counted &= !(1 << i);
+        t.mrs[i] = None;
+        None
+    }
+
+    /// Takes this WR's in-flight counts off the strict MRs it used (their
+    /// entries were pinned, so are still cached).
+    #[cold]
+    #[inline(never)]
+    fn uncount(&mut self) {
+        let t = &mut self.st.target;
+        for i in 0..MR_CACHE {
+            if t.counted & (1 << i) == 0 {
+                continue;
+            }
+            if let Some(m) = &t.mrs[i] {
+                if let Some(ctl_seg) = &m.strict_ctl {
+                    let (idx, _) = ctl::split_key(m.key);
+                    ctl::mr_in_flight(ctl_seg, idx)
+                        .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                }
+            }
+        }
+        t.counted = 0;
     }
 
     /// [`Exec::mr`] when the key is not cached (or its MR changed): resolves
@@ -368,6 +431,18 @@ impl Exec<'_> {
         let home = mr_home(nk, key);
         let (info, state) = ctl::mr_lookup_state(ctl_seg, key)?;
         let (idx, _) = ctl::split_key(key);
+        // A strict MR's entry holds its node's control block, to take this
+        // WR's in-flight count off it when done (`Exec::uncount`).
+        let strict_ctl = if info.strict {
+            Some(
+                self.qp
+                    .node
+                    .fabric
+                    .open_segment(&FabricInner::seg_name(slot, gen, "ctl"))?,
+            )
+        } else {
+            None
+        };
         let name = FabricInner::seg_name(slot, gen, &format!("mr{idx}g{}", info.gen));
         let seg = self.qp.node.fabric.open_segment(&name)?;
         let t = &mut self.st.target;
@@ -387,7 +462,11 @@ impl Exec<'_> {
             state,
             info,
             seg,
+            strict_ctl,
         });
+        if info.strict {
+            return self.mr_strict(i, key);
+        }
         t.pinned |= 1 << i;
         Some(i as u8)
     }
@@ -401,6 +480,8 @@ impl Exec<'_> {
                 len: 0,
                 access: Access::NONE,
                 pd: u32::MAX,
+                seg_off: 0,
+                strict: false,
             },
         }
     }
@@ -425,7 +506,7 @@ impl Exec<'_> {
         }
         Ok(Piece {
             mr: i,
-            off: (s.addr - info.base) as usize,
+            off: (s.addr - info.base + info.seg_off) as usize,
             len: s.length as usize,
         })
     }
@@ -480,7 +561,7 @@ impl Exec<'_> {
         }
         Ok(Piece {
             mr: i,
-            off: (remote.addr - info.base) as usize,
+            off: (remote.addr - info.base + info.seg_off) as usize,
             len,
         })
     }
@@ -582,7 +663,7 @@ impl Exec<'_> {
         }
         let off = remote.addr - m.info.base;
         if off.saturating_add(len as u64) <= m.info.len {
-            m.seg.prefetch(off as usize, len);
+            m.seg.prefetch((off + m.info.seg_off) as usize, len);
         }
     }
 
@@ -594,6 +675,9 @@ impl Exec<'_> {
             Err(status) => done(status),
         };
         self.st.target.pinned = 0;
+        if self.st.target.counted != 0 {
+            self.uncount();
+        }
         out
     }
 
@@ -879,7 +963,7 @@ impl Exec<'_> {
             }
             rdst.push(Piece {
                 mr: i,
-                off: (s.addr - info.base) as usize,
+                off: (s.addr - info.base + info.seg_off) as usize,
                 len: s.length as usize,
             });
         }

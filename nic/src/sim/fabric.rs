@@ -529,6 +529,27 @@ impl FabricInner {
         }
     }
 
+    /// Makes `seg`, the segment `existing`, known under `name` too (a
+    /// sub-region's: other processes of a directory fabric open the same
+    /// file, a hard link).
+    pub(crate) fn link_segment(
+        &self,
+        existing: &str,
+        name: &str,
+        seg: &Arc<Segment>,
+    ) -> Result<()> {
+        if let Kind::Dir(p) = &self.kind {
+            let to = p.join(name);
+            let _ = std::fs::remove_file(&to);
+            std::fs::hard_link(p.join(existing), &to).map_err(|source| NicError::Os {
+                op: "link a sub-region's segment",
+                source,
+            })?;
+        }
+        self.segs.write().insert(name.to_string(), seg.clone());
+        Ok(())
+    }
+
     /// Removes the segment `name` from the fabric. Mappings that exist stay
     /// valid; new opens fail.
     pub(crate) fn remove_segment(&self, name: &str) {

@@ -322,6 +322,16 @@ impl Nic for SimNic {
         })
     }
 
+    fn register_sub_mr(
+        &self,
+        parent: &SimMr,
+        offset: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<SimMr> {
+        self.sub_mr(parent, offset, len, access)
+    }
+
     #[allow(unsafe_code)]
     unsafe fn register_mr(
         &self,
@@ -471,6 +481,25 @@ impl SimNic {
         make: impl FnOnce(&str) -> Result<Arc<Segment>>,
     ) -> Result<SimMr> {
         let n = &self.inner;
+        let (slot, name) = self.mr_slot()?;
+        let seg = make(&name)?;
+        let info = ctl::MrInfo {
+            gen: slot.gen,
+            base: seg.addr(),
+            len: len as u64,
+            access,
+            pd: pd.id,
+            seg_off: 0,
+            strict: false,
+        };
+        let mr = self.publish_mr(slot, name, seg, info, None);
+        n.charge(|m| m.mr_reg_ns);
+        Ok(mr)
+    }
+
+    /// Reserves an MR slot and names its segment.
+    fn mr_slot(&self) -> Result<(Reservation<'_>, String)> {
+        let n = &self.inner;
         let ctl = n.ctl.clone();
         let slot = n.alloc_index(
             ctl::MAX_MR,
@@ -481,24 +510,69 @@ impl SimNic {
             },
             "memory region keys",
         )?;
+        let name = n.seg_name(format_args!("mr{}g{}", slot.idx, slot.gen));
+        Ok((slot, name))
+    }
+
+    /// Publishes the MR `info` in the reserved `slot`, over `seg` (named
+    /// `name` on the fabric), and makes its handle.
+    fn publish_mr(
+        &self,
+        slot: Reservation<'_>,
+        name: String,
+        seg: Arc<Segment>,
+        info: ctl::MrInfo,
+        parent: Option<SimMr>,
+    ) -> SimMr {
+        let n = &self.inner;
         let (idx, gen) = (slot.idx, slot.gen);
-        let name = n.seg_name(format_args!("mr{idx}g{gen}"));
-        let seg = make(&name)?;
-        ctl::mr_publish(&n.ctl, idx, gen, seg.addr(), len as u64, access, pd.id);
+        ctl::mr_publish(&n.ctl, idx, gen, &info);
         drop(slot);
         n.counters.mrs_registered.fetch_add(1, Relaxed);
-        n.charge(|m| m.mr_reg_ns);
         let key = ctl::mr_key(idx, gen);
-        Ok(SimMr {
+        SimMr {
             inner: Arc::new(MrInner {
                 node: n.clone(),
                 idx,
                 seg,
+                pd: info.pd,
+                off: info.seg_off as usize,
+                len: info.len as usize,
                 name,
                 key,
-                access,
+                access: info.access,
+                strict: info.strict,
+                _parent: parent,
             }),
-        })
+        }
+    }
+
+    /// [`Nic::register_sub_mr`]: a strict registration of its own over the
+    /// parent's segment (on a directory fabric, a hard link of the
+    /// parent's file under the new region's name, so other processes map
+    /// the same pages).
+    fn sub_mr(&self, parent: &SimMr, offset: usize, len: usize, access: Access) -> Result<SimMr> {
+        let p = &parent.inner;
+        if !Arc::ptr_eq(&p.node, &self.inner) {
+            return Err(NicError::InvalidArgument(
+                "memory region of another device".into(),
+            ));
+        }
+        crate::provider::check_sub_mr(parent, offset, len, access)?;
+        let (slot, name) = self.mr_slot()?;
+        self.inner.fabric.link_segment(&p.name, &name, &p.seg)?;
+        let info = ctl::MrInfo {
+            gen: slot.gen,
+            base: parent.addr() + offset as u64,
+            len: len as u64,
+            access,
+            pd: p.pd,
+            seg_off: (p.off + offset) as u64,
+            strict: true,
+        };
+        let mr = self.publish_mr(slot, name, p.seg.clone(), info, Some(parent.clone()));
+        self.inner.charge(|m| m.mr_reg_ns);
+        Ok(mr)
     }
 }
 
@@ -506,14 +580,43 @@ pub(crate) struct MrInner {
     node: Arc<NodeInner>,
     idx: u32,
     seg: Arc<Segment>,
+    /// The protection domain's id.
+    pd: u32,
+    /// Where the region starts in `seg` (non-zero for a sub-region).
+    off: usize,
+    len: usize,
     name: String,
     key: u32,
     access: Access,
+    /// Deregistration waits for the WRs moving data through the key (a
+    /// sub-region: see `ctl::mr_in_flight`).
+    strict: bool,
+    /// A sub-region's parent, kept registered while the sub-region lives
+    /// (as the verbs provider keeps its memory).
+    _parent: Option<SimMr>,
 }
+
+/// How long deregistering a strict MR waits for the WRs in flight on it
+/// (a sender that died mid-WR never takes its count off).
+const STRICT_DRAIN: std::time::Duration = std::time::Duration::from_millis(200);
 
 impl Drop for MrInner {
     fn drop(&mut self) {
         ctl::mr_invalidate(&self.node.ctl, self.idx);
+        if self.strict {
+            // No access through the key moves data once this returns
+            // (`ctl::mr_in_flight`): wait for those already counted.
+            let count = ctl::mr_in_flight(&self.node.ctl, self.idx);
+            let start = std::time::Instant::now();
+            while count.load(std::sync::atomic::Ordering::SeqCst) != 0 {
+                if start.elapsed() > STRICT_DRAIN {
+                    // A sender that died mid-WR: the key is invalid
+                    // already, its count will never drop.
+                    break;
+                }
+                std::thread::yield_now();
+            }
+        }
         self.node.fabric.remove_segment(&self.name);
     }
 }
@@ -538,10 +641,10 @@ impl std::fmt::Debug for SimMr {
 
 impl MemoryRegion for SimMr {
     fn addr(&self) -> u64 {
-        self.inner.seg.addr()
+        self.inner.seg.addr() + self.inner.off as u64
     }
     fn len(&self) -> usize {
-        self.inner.seg.len()
+        self.inner.len
     }
     fn lkey(&self) -> u32 {
         self.inner.key
@@ -553,19 +656,26 @@ impl MemoryRegion for SimMr {
         self.inner.access
     }
     fn read(&self, offset: usize, buf: &mut [u8]) -> Result<()> {
-        self.inner.seg.copy_out(offset, buf)
+        check_range(self.len(), offset, buf.len())?;
+        self.inner.seg.copy_out(self.inner.off + offset, buf)
     }
     fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
-        self.inner.seg.copy_in(offset, data)
+        check_range(self.len(), offset, data.len())?;
+        self.inner.seg.copy_in(self.inner.off + offset, data)
     }
     fn load_u64(&self, offset: usize) -> Result<u64> {
-        Ok(self.inner.seg.u64_at(offset)?.load(Acquire))
+        check_range(self.len(), offset, 8)?;
+        Ok(self
+            .inner
+            .seg
+            .u64_at(self.inner.off + offset)?
+            .load(Acquire))
     }
     fn store_u64(&self, offset: usize, value: u64) -> Result<()> {
         check_range(self.len(), offset, 8)?;
         self.inner
             .seg
-            .u64_at(offset)?
+            .u64_at(self.inner.off + offset)?
             .store(value, std::sync::atomic::Ordering::Release);
         Ok(())
     }

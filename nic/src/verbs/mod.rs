@@ -288,6 +288,18 @@ impl Nic for VerbsNic {
         unsafe { VerbsMr::register(pd, ptr, len, access, None) }
     }
 
+    fn register_sub_mr(
+        &self,
+        parent: &VerbsMr,
+        offset: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<VerbsMr> {
+        parent.check_device(&self.inner)?;
+        crate::provider::check_sub_mr(parent, offset, len, access)?;
+        parent.register_sub(offset, len, access)
+    }
+
     fn create_cq(&self, depth: u32) -> Result<VerbsCq> {
         VerbsCq::create(&self.inner, depth)
     }

@@ -96,6 +96,9 @@ pub(crate) struct MrInner {
     access: Access,
     /// Dropped after `mr` is deregistered (declared after it).
     _buf: Option<PageBuf>,
+    /// A sub-region's parent (which owns or holds the memory), released
+    /// after this registration.
+    _parent: Option<Arc<MrInner>>,
     _pd: Arc<PdInner>,
 }
 
@@ -198,6 +201,22 @@ impl VerbsMr {
         access: Access,
         buf: Option<PageBuf>,
     ) -> Result<VerbsMr> {
+        // SAFETY: this function's contract, forwarded.
+        unsafe { Self::register_in(pd, ptr, len, access, buf, None) }
+    }
+
+    /// [`VerbsMr::register`], holding `parent` (a sub-region's).
+    ///
+    /// # Safety
+    /// As [`VerbsMr::register`].
+    unsafe fn register_in(
+        pd: &VerbsPd,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+        buf: Option<PageBuf>,
+        parent: Option<Arc<MrInner>>,
+    ) -> Result<VerbsMr> {
         // SAFETY: `pd` is live; the memory range is valid per this
         // function's contract; the access flags are plain bits.
         let mr = unsafe {
@@ -227,9 +246,45 @@ impl VerbsMr {
                 rkey,
                 access,
                 _buf: buf,
+                _parent: parent,
                 _pd: pd.inner.clone(),
             }),
         })
+    }
+
+    /// [`crate::Nic::register_sub_mr`] (arguments checked): `ibv_reg_mr`
+    /// over `offset..offset+len` of this region, in its PD, holding this
+    /// region (and so its memory) until the sub-region is deregistered.
+    pub(crate) fn register_sub(
+        &self,
+        offset: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<VerbsMr> {
+        let pd = VerbsPd {
+            inner: self.inner._pd.clone(),
+        };
+        // SAFETY: `offset..offset+len` lies inside this live region
+        // (checked by the caller); the sub-region holds this region, whose
+        // memory stays mapped until after both are deregistered.
+        unsafe {
+            Self::register_in(
+                &pd,
+                self.inner.addr.add(offset),
+                len,
+                access,
+                None,
+                Some(self.inner.clone()),
+            )
+        }
+    }
+
+    /// Whether this region belongs to the device `dev`.
+    pub(crate) fn check_device(&self, dev: &Arc<DeviceInner>) -> Result<()> {
+        VerbsPd {
+            inner: self.inner._pd.clone(),
+        }
+        .check_device(dev)
     }
 
     /// A pointer to the 8-byte aligned word at `offset`.
