@@ -57,6 +57,8 @@ fn upgradable(location: MetaLocation) -> EngineConfig {
         .with_pool_size(2)
         .with_upgrade_endpoint(true)
         .with_handshake_thread(true)
+        // (Raw rkeys posted by hand: the grant rule's opt-out.)
+        .with_ungranted(krcore_kmod::Ungranted::Allow)
 }
 
 fn setup_with(latency: Option<LatencyModel>, upgrade_after: Option<u64>) -> Setup {
@@ -311,6 +313,7 @@ fn carriers(rounds: usize) {
             .with_meta(rc_location)
             .with_handshake_thread(true)
             .with_rc_cap(1)
+            .with_ungranted(krcore_kmod::Ungranted::Allow)
     };
     let rc_targets: Vec<_> = (0..2)
         .map(|_| {

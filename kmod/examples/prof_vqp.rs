@@ -300,6 +300,9 @@ fn main() {
             .with_pool_size(1)
             .with_upgrade_endpoint(rc && !raw)
             .with_handshake_thread(rc && !raw)
+            // Without `grant`/`lease` the VQP posts the rkey by hand: the
+            // grant rule's opt-out (one compare on the fast path).
+            .with_ungranted(krcore_kmod::Ungranted::Allow)
     };
     let server = Engine::start(node(), cfg()).unwrap();
     meta.table_mut()
@@ -391,6 +394,7 @@ fn fallback(n: u64, (batch, op): (usize, Op), poll: usize) {
         EngineConfig::default()
             .with_meta(loc)
             .with_handshake_thread(true)
+            .with_ungranted(krcore_kmod::Ungranted::Allow)
     };
     let server = Engine::start(node(), cfg()).unwrap();
     meta.table()

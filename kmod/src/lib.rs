@@ -61,7 +61,8 @@
 //! use krcore_kmod::{Engine, EngineConfig, MetaLocation};
 //! use krcore_meta::{MetaConfig, MetaServer};
 //! use krcore_nic::sim::{SimConfig, SimFabric, SimNic};
-//! use krcore_nic::{Access, MemoryRegion, Nic, SendWr, Wc};
+//! use krcore_nic::{Access, MemoryRegion, Nic, RemoteAddr, SendWr, Wc};
+//! use std::time::{Duration, Instant};
 //!
 //! let fabric = SimFabric::in_memory();
 //! let node = || SimNic::open(&fabric, SimConfig::default()).unwrap();
@@ -81,8 +82,16 @@
 //! let d = client.nic().counters() - before;
 //! assert_eq!((d.reads, d.qps_created), (1, 0));
 //!
+//! // The server leases 8 bytes: a key of their own, enforced by the NIC
+//! // until revoked or expired. The client's VQP must know the grant: its
+//! // pre-check refuses a key no grant covers (`Reason::NotGranted`).
+//! let lease = remote
+//!     .lease(0, 8, Access::REMOTE_ATOMIC, Instant::now() + Duration::from_secs(60))
+//!     .unwrap();
+//! vqp.add_grant(server.gid(), lease.rkey, lease.grant);
+//! let at = RemoteAddr { addr: lease.grant.addr, rkey: lease.rkey };
 //! let local = client.alloc_mr(64, Access::LOCAL_WRITE)?;
-//! vqp.post_send(&mut [SendWr::cas(9, local.sge(0, 8).unwrap(), remote.remote(0), 0, 1)])
+//! vqp.post_send(&mut [SendWr::cas(9, local.sge(0, 8).unwrap(), at, 0, 1)])
 //!     .unwrap();
 //! let mut wc = [Wc::default()];
 //! while vqp.poll(&mut wc).unwrap() == 0 {}
@@ -158,8 +167,8 @@
 //! use std::collections::HashMap;
 //! use std::time::Instant;
 //! use krcore_kmod::{
-//!     DcCache, LocalMr, NoGrants, PhysWrId, Policy, Posted, Precheck, SendQueueCredits, Slot,
-//!     Transport, VqpId,
+//!     DcCache, LocalMr, PhysWrId, Policy, Posted, Precheck, RemoteGrant, SendQueueCredits, Slot,
+//!     Transport, Ungranted, VqpId,
 //! };
 //! use krcore_nic::{Access, DcTarget, Destination, Gid, RemoteAddr, SendWr, Sge, WcStatus};
 //!
@@ -177,13 +186,17 @@
 //! let mut users = vec![Slot::default(); 128];
 //! let mrs = HashMap::from([(0x10, LocalMr { addr: 0x1000, len: 4096, access: Access::LOCAL_WRITE })]);
 //! let local = Sge { addr: 0x1000, length: 64, lkey: 0x10 };
+//! // The grant the target handed out for rkey 3 (a region token).
+//! let grant = RemoteGrant { addr: 0x9000, len: 4096, access: Access::REMOTE_READ, expires_at: None };
+//! let grants = HashMap::from([((target.gid, 3), grant)]);
 //! let user = [SendWr::read(7, local, RemoteAddr { addr: 0x9000, rkey: 3 })
 //!     .to(Destination::Dc(hit.target))];
 //! let check = Precheck {
 //!     transport: Transport::Dc,
 //!     peer: None,
 //!     local_mrs: &mrs,
-//!     grants: &NoGrants,
+//!     grants: &grants,
+//!     ungranted: Ungranted::Refuse,
 //!     now: Instant::now(),
 //!     queue: sq.view(),
 //!     policy: Policy::default(),
@@ -236,17 +249,17 @@ pub mod wrid;
 pub use engine::{
     DciStats, Endpoint, Engine, EngineConfig, EngineError, EngineMode, EngineStats, ForkKit,
     HandshakeConfig, HandshakeFailure, HandshakeResponder, HandshakeStats, LeaseError, LeaseId,
-    Message, MetaFailure, MetaHostStats, MetaHostThread, MetaLease, MetaLeaseStats, MetaLocation,
-    MetaStats, MsgConfig, MsgError, MsgMetaHost, MsgStats, OwnedMr, Port, ProgressThread, QpStats,
-    RcMetaHost, RcStats, Sender, Vqp, VqpError, VqpTransport, DCIS_PER_CPU, DEFAULT_DC_KEY,
-    DEFAULT_HANDSHAKE_QKEY, META_PORT,
+    LeaseStats, Leased, Message, MetaFailure, MetaHostStats, MetaHostThread, MetaLease,
+    MetaLeaseStats, MetaLocation, MetaStats, MsgConfig, MsgError, MsgMetaHost, MsgStats, OwnedMr,
+    Port, ProgressThread, QpStats, RcMetaHost, RcStats, Sender, Vqp, VqpError, VqpTransport,
+    DCIS_PER_CPU, DEFAULT_DC_KEY, DEFAULT_HANDSHAKE_QKEY, LEASE_REAPER, META_PORT,
 };
 
 pub use credits::{CreditError, Posted, PostedWr, QueueView, SendQueueCredits};
 pub use dccache::{CachedTarget, DcCache, Insert, Lookup, MetaEpoch};
 pub use precheck::{
     LocalMr, LocalMrTable, NoGrants, OpKind, Plan, Policy, Precheck, Reason, Rejection,
-    RemoteGrant, RemoteGrants, Transport,
+    RemoteGrant, RemoteGrants, Transport, Ungranted,
 };
 pub use wrid::{PhysWrId, Slot, VqpId, WrIdError};
 

@@ -191,8 +191,23 @@ pub struct RemoteGrant {
     pub expires_at: Option<Instant>,
 }
 
-/// Grants known to this process, by (target GID, rkey). Unknown grants are
-/// not checked (the NIC will); known ones are.
+/// What the pre-check does with a one-sided WR whose (target, rkey) has
+/// no grant the VQP knows.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Ungranted {
+    /// Refused ([`Reason::NotGranted`]): a VQP reaches only memory it was
+    /// granted (a region token, a lease, a grant added by hand).
+    #[default]
+    Refuse,
+    /// Left to the NIC (which refuses a bad rkey with `REM_ACCESS_ERR`,
+    /// moving the shared QP to ERR and into recovery): the opt-out for
+    /// raw verbs users who pass rkeys by hand.
+    Allow,
+}
+
+/// Grants known to this process, by (target GID, rkey). Whether an unknown
+/// one is refused is [`Precheck::ungranted`]'s; known ones are checked.
 pub trait RemoteGrants {
     /// The grant of `rkey` at `target`, if known.
     fn lookup(&self, target: &Gid, rkey: u32) -> Option<RemoteGrant>;
@@ -378,6 +393,14 @@ pub enum Reason {
         /// The opcode.
         op: OpKind,
     },
+    /// No grant the VQP knows covers the remote key (see [`Ungranted`]).
+    #[error("no grant known for rkey {rkey:#x} (remote {addr:#x}): pass a region token, or opt out of the check")]
+    NotGranted {
+        /// The rkey.
+        rkey: u32,
+        /// The remote address.
+        addr: u64,
+    },
     /// The remote range lies outside the known grant.
     #[error("remote {addr:#x}+{len} lies outside the grant {grant_addr:#x}+{grant_len}")]
     RemoteOutOfGrant {
@@ -430,6 +453,9 @@ pub struct Precheck<'a, M: ?Sized, G: ?Sized> {
     pub local_mrs: &'a M,
     /// Known remote grants ([`NoGrants`] when none).
     pub grants: &'a G,
+    /// What to do with a one-sided WR under no known grant (also a WR to
+    /// [`Destination::Connected`] with no `peer`).
+    pub ungranted: Ungranted,
     /// The current time, for grant expiry.
     pub now: Instant,
     /// The physical queue ([`crate::SendQueueCredits::view`]).
@@ -481,7 +507,8 @@ impl<M: LocalMrTable + ?Sized, G: RemoteGrants + ?Sized> Precheck<'_, M, G> {
     /// remote address ([`common_shape`]), inside an owned MR (which allows
     /// local writes for a READ or an atomic),
     /// to the destination of the transport, with either no grant known for
-    /// its (target, rkey) or a known grant it satisfies
+    /// its (target, rkey) while [`Precheck::ungranted`] allows that, or
+    /// a known grant it satisfies
     /// ([`Self::grant_allows`], the very check [`Self::check_remote`]
     /// runs, so the grant is looked up once). `false` for anything else,
     /// which [`Self::check_wr`] then checks in full (so the verdict and the
@@ -503,11 +530,12 @@ impl<M: LocalMrTable + ?Sized, G: RemoteGrants + ?Sized> Precheck<'_, M, G> {
         if !local_ok(sge, &mr, op) {
             return false;
         }
+        let allow = self.ungranted == Ungranted::Allow;
         let Some(t) = target else {
-            return true;
+            return allow;
         };
         match self.grants.lookup(&t, remote.rkey) {
-            None => true,
+            None => allow,
             Some(grant) => self
                 .grant_allows(&grant, remote, op, u64::from(sge.length))
                 .is_ok(),
@@ -634,7 +662,13 @@ impl<M: LocalMrTable + ?Sized, G: RemoteGrants + ?Sized> Precheck<'_, M, G> {
             Destination::Ud(_) => None,
         };
         let Some(grant) = target.and_then(|t| self.grants.lookup(&t, remote.rkey)) else {
-            return Ok(());
+            return match self.ungranted {
+                Ungranted::Allow => Ok(()),
+                Ungranted::Refuse => Err(Reason::NotGranted {
+                    rkey: remote.rkey,
+                    addr: remote.addr,
+                }),
+            };
         };
         let len = if wr.op.is_atomic() {
             8

@@ -16,10 +16,12 @@ use krcore_nic::{Access, DcTarget, MemoryRegion, Nic, SendWr, WcStatus};
 
 /// A client engine with every lazy resource configured: the upgrade's
 /// handshake endpoint, the meta client, a 1-DCI pool.
+/// (The tests post rkeys by hand: their VQPs opt out of the grant rule.)
 fn lazy_config() -> EngineConfig {
     EngineConfig::default()
         .with_pool_size(1)
         .with_upgrade_endpoint(true)
+        .with_ungranted(krcore_kmod::Ungranted::Allow)
 }
 
 #[test]
@@ -147,7 +149,11 @@ fn an_upgrade_initiator_creates_its_receiver_at_its_first_upgrade() {
 fn memory_with_remote_access_makes_the_node_reachable() {
     let c = Cluster::new();
     let nic = c.nic();
-    let e = Engine::start(nic.clone(), EngineConfig::default()).unwrap();
+    let e = Engine::start(
+        nic.clone(),
+        EngineConfig::default().with_ungranted(krcore_kmod::Ungranted::Allow),
+    )
+    .unwrap();
     let (mr, d) = counted(&nic, || e.alloc_mr(64, Access::REMOTE_READ).unwrap());
     assert_eq!(d.qps_created, 1, "the DCT peers reach it through: {d:?}");
     assert_eq!(e.stats().dcts_created, 1);

@@ -33,7 +33,13 @@ fn a_device_without_dc_runs_in_rc_fallback_and_says_so() {
     let f = Fabric::new();
     let nic = f.nic();
     let (e, d) = counted(&nic, || {
-        Engine::start(nic.clone(), EngineConfig::default().with_meta(f.location)).unwrap()
+        Engine::start(
+            nic.clone(),
+            EngineConfig::default()
+                .with_meta(f.location)
+                .with_ungranted(krcore_kmod::Ungranted::Allow),
+        )
+        .unwrap()
     });
     assert_eq!(e.mode(), EngineMode::RcFallback);
     let s = e.stats();
@@ -553,7 +559,8 @@ fn registration_travels_as_messages_over_the_rc_pair() {
         Engine::start(
             f.nic(),
             cfg.with_handshake_thread(true)
-                .with_meta(host.location().unwrap()),
+                .with_meta(host.location().unwrap())
+                .with_ungranted(krcore_kmod::Ungranted::Allow),
         )
         .unwrap()
     };

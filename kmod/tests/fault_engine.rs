@@ -371,7 +371,10 @@ fn script(client: Engine<Fnic>, mem: &MemNode, seed: u64) -> (u64, u64, FaultSta
 }
 
 fn engine_cfg() -> EngineConfig {
-    let mut cfg = EngineConfig::default().with_pool_size(1);
+    // (Raw rkeys: the grant rule's opt-out.)
+    let mut cfg = EngineConfig::default()
+        .with_pool_size(1)
+        .with_ungranted(krcore_kmod::Ungranted::Allow);
     cfg.prestart = 1;
     cfg.handshake_thread = true;
     cfg

@@ -76,9 +76,11 @@ fn connect_read_cas_through_the_engine_in_rc_fallback() {
     )
     .expect("meta host");
     let _meta_thread = meta.spawn_progress().unwrap();
+    // (Raw rkeys: the grant rule's opt-out; the NIC judges them.)
     let mut cfg = EngineConfig::default()
         .with_meta(meta.location().unwrap())
-        .with_handshake_thread(true);
+        .with_handshake_thread(true)
+        .with_ungranted(krcore_kmod::Ungranted::Allow);
     cfg.handshake = handshake();
 
     let server = Engine::start(open(), cfg.clone()).expect("server engine");
@@ -173,9 +175,11 @@ fn a_remote_error_is_recovered_by_a_re_handshake() {
     )
     .expect("meta host");
     let _meta_thread = meta.spawn_progress().unwrap();
+    // (Raw rkeys: the grant rule's opt-out; the NIC judges them.)
     let mut cfg = EngineConfig::default()
         .with_meta(meta.location().unwrap())
-        .with_handshake_thread(true);
+        .with_handshake_thread(true)
+        .with_ungranted(krcore_kmod::Ungranted::Allow);
     cfg.handshake = handshake();
     let server = Engine::start(open(), cfg.clone()).unwrap();
     let region = server.alloc_mr(4096, Access::ALL).unwrap();

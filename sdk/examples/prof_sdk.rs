@@ -52,6 +52,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let vqp = client.connect(server.gid())?;
     let buf = client.alloc(64, Access::LOCAL_WRITE)?;
     if mode == "verbs" {
+        // WRs posted at the verbs level reach the token's range once its
+        // grant is known (the request API makes it known by itself).
+        vqp.grant(&token)?;
         verbs_loop(&vqp, buf.sge(0, 64)?, token.at(0), n);
     } else {
         request_loop(&vqp, &buf, &token, n);

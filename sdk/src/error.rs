@@ -16,9 +16,23 @@ pub enum Error {
     /// The embedded meta server could not start.
     #[error(transparent)]
     Meta(#[from] krcore_meta::MetaError),
-    /// Posting or polling on a VQP (pre-check rejections included).
+    /// Posting or polling on a VQP (pre-check rejections included, but
+    /// [`Error::NotGranted`]).
     #[error(transparent)]
-    Vqp(#[from] VqpError),
+    Vqp(VqpError),
+    /// The pre-check refused a one-sided WR to a remote key no grant the
+    /// VQP knows covers (`krcore_kmod::Reason::NotGranted`): reach remote
+    /// memory through its region token, or opt the VQP out
+    /// ([`crate::Vqp::set_ungranted`]) to pass rkeys by hand.
+    #[error("work request {index}: no grant known for rkey {rkey:#x} (remote {addr:#x}): use the region's token, or opt out with Vqp::set_ungranted")]
+    NotGranted {
+        /// Index of the WR in its batch.
+        index: usize,
+        /// The remote key.
+        rkey: u32,
+        /// The remote address.
+        addr: u64,
+    },
     /// A request reached the NIC and completed with an error status.
     #[error("request {wr_id:#x} completed with {status:?}")]
     Failed {
@@ -64,6 +78,18 @@ pub enum Error {
         #[source]
         source: krcore_meta::engine::TableError,
     },
+}
+
+impl From<VqpError> for Error {
+    fn from(e: VqpError) -> Error {
+        match e {
+            VqpError::Rejected(krcore_kmod::Rejection {
+                index,
+                reason: krcore_kmod::Reason::NotGranted { rkey, addr },
+            }) => Error::NotGranted { index, rkey, addr },
+            e => Error::Vqp(e),
+        }
+    }
 }
 
 /// A refused [`crate::MemoryRegion::deregister`]: the region comes back.

@@ -104,14 +104,27 @@
 //!
 //! # MR leases
 //!
-//! [`MemoryRegion::lease`] hands out a [`RemoteRegion`] with an expiry:
-//! a peer's pre-check refuses it once expired (it never reaches the NIC);
-//! [`MemoryRegion::deregister`] refuses while leases are live unless
-//! [`MemoryRegion::revoke_leases`] ended them, after which peers get
-//! `REM_ACCESS_ERR` ([`Error::Failed`]); dropping a leased region defers
-//! its deregistration until its leases expire. ([`MemoryRegion::token`]
-//! hands out an unleased token: no expiry, no protection from a drop.)
+//! [`MemoryRegion::lease`] hands out a [`RemoteRegion`] with a remote key
+//! of the lease's own and an expiry. The NIC enforces the lease: its key
+//! covers only the leased range and access, and stops working when the
+//! lease ends, by [`MemoryRegion::revoke`] (dead when the call returns) or
+//! by expiry (the owner's engine deregisters the key itself, within a
+//! wake-up of the expiry, with no message; see
+//! [`krcore_kmod::Engine::lease_stats`]): a peer that posts it afterwards
+//! gets `REM_ACCESS_ERR` ([`Error::Failed`]) whatever its software does.
+//! A peer's pre-check also refuses an expired token before the NIC.
+//! [`MemoryRegion::deregister`] refuses while leases are live; dropping a
+//! leased region keeps it registered until its leases end.
+//! ([`MemoryRegion::token`] hands out an unleased token under the region's
+//! own key: no expiry, no revocation short of deregistering the region.)
 //!
+//! A VQP reaches only remote memory it knows a grant for: the request API
+//! makes a token's grant known, [`Vqp::grant`] does so for WRs posted with
+//! [`Vqp::post`], and a key no known grant covers is refused before the NIC
+//! ([`Error::NotGranted`]). Raw verbs users who pass rkeys by hand opt out
+//! per VQP ([`Vqp::set_ungranted`]) or per node (`ungranted = "allow"` in
+//! the engine's configuration).
+
 //! # What a node creates, and when
 //!
 //! Building a node that is not registered anywhere (a compute node given a
@@ -170,7 +183,8 @@ pub use vqp::{Completion, Request, Vqp, REQUEST_WR_ID_BIT};
 
 pub use krcore_kmod::{
     EngineConfig, EngineError, EngineMode, EngineStats, HandshakeFailure, LeaseError, LeaseId,
-    MetaFailure, MetaLease, MetaLocation, Reason, Rejection, RemoteGrant, VqpError, VqpTransport,
+    MetaFailure, MetaLease, MetaLocation, Reason, Rejection, RemoteGrant, Ungranted, VqpError,
+    VqpTransport,
 };
 pub use krcore_meta::table::Geometry;
 pub use krcore_nic::{

@@ -107,9 +107,14 @@ impl<N: Nic> MemoryRegion<N> {
     }
 
     /// A lease: a token granting peers `access` to `offset..offset+len`
-    /// for `ttl` (see the crate docs' "MR leases"). The token carries its
-    /// expiry (wall clock, so that it travels between processes); a peer's
-    /// pre-check refuses it once expired.
+    /// for `ttl` (see the crate docs' "MR leases"). The token carries a
+    /// remote key of the lease's own, which the NIC limits to that range
+    /// and access and refuses (`REM_ACCESS_ERR`) once the lease is revoked
+    /// or expired, whatever the peer's software does: the engine
+    /// deregisters it at expiry by itself, with no message. The token also
+    /// carries its expiry (wall clock, so that it travels between
+    /// processes): a peer's pre-check refuses it once expired, before the
+    /// NIC.
     ///
     /// ```
     /// use std::time::Duration;
@@ -123,14 +128,15 @@ impl<N: Nic> MemoryRegion<N> {
     ///     Err(refused) => refused.region, // a live lease
     ///     Ok(()) => unreachable!(),
     /// };
-    /// assert_eq!(region.revoke_leases(), 1);
-    /// region.deregister().map_err(|e| e.reason)?; // peers now get REM_ACCESS_ERR
+    /// assert_eq!(region.revoke_leases(), 1); // the token's key is dead now
+    /// region.deregister().map_err(|e| e.reason)?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     ///
     /// # Errors
     /// [`Error::OutOfRange`]; [`Error::Lease`] when the region was
-    /// registered without `access`.
+    /// registered without `access` (or without `LOCAL_WRITE`, for remote
+    /// writes and atomics) or the NIC refused the lease's key.
     pub fn lease(
         &self,
         offset: u64,
@@ -154,28 +160,30 @@ impl<N: Nic> MemoryRegion<N> {
         ttl: Duration,
     ) -> Result<(LeaseId, RemoteRegion)> {
         check(offset, len, self.len() as u64, "local")?;
-        let (id, grant) = self.mr.lease(offset, len, access, Instant::now() + ttl)?;
+        let leased = self.mr.lease(offset, len, access, Instant::now() + ttl)?;
         let expires =
             unix_ms_now().saturating_add(ttl.as_millis().min(u128::from(u64::MAX - 1)) as u64);
         Ok((
-            id,
+            leased.id,
             RemoteRegion {
                 gid: self.gid,
-                addr: grant.addr,
+                addr: leased.grant.addr,
                 len,
-                rkey: self.mr.rkey(),
+                rkey: leased.rkey,
                 access,
                 expires_unix_ms: expires.min(NEVER - 1),
             },
         ))
     }
 
-    /// Revokes one lease; returns whether it was live.
+    /// Revokes one lease; returns whether it was live. Its key is dead at
+    /// the NIC when this returns.
     pub fn revoke(&self, id: LeaseId) -> bool {
         self.mr.revoke(id)
     }
 
     /// Revokes every lease of the region; returns how many were live.
+    /// Their keys are dead at the NIC when this returns.
     pub fn revoke_leases(&self) -> usize {
         self.mr.revoke_all()
     }
@@ -203,9 +211,11 @@ impl<N: Nic> MemoryRegion<N> {
     }
 
     /// A token granting peers `access` to `offset..offset+len` of this
-    /// region (the region's own access flags still apply at the NIC). No
-    /// lease: it never expires, and does not keep the region registered
-    /// (see [`MemoryRegion::lease`]).
+    /// region, under the region's own key: the NIC enforces only the
+    /// region's bounds and access flags, and the key works until the
+    /// region is deregistered. No lease: it never expires and cannot be
+    /// revoked, and does not keep the region registered (see
+    /// [`MemoryRegion::lease`] for access that ends).
     ///
     /// # Errors
     /// [`Error::OutOfRange`] when the range is outside the region.

@@ -238,13 +238,37 @@ impl<N: Nic> Vqp<N> {
         &self.inner.vqp
     }
 
+    /// Makes `token`'s grant known to this VQP (connecting to its node
+    /// first if needed), so that WRs posted with [`Vqp::post`] may reach
+    /// its range: the pre-check refuses a remote key no known grant covers
+    /// ([`Error::NotGranted`]). The request API ([`Vqp::read`] and the
+    /// others) does this by itself.
+    ///
+    /// # Errors
+    /// As [`Vqp::connect`].
+    pub fn grant(&self, token: &RemoteRegion) -> Result<()> {
+        self.prepare(token)
+    }
+
+    /// What the pre-check does with WRs to a remote key this VQP knows no
+    /// grant for: refused with [`Error::NotGranted`]
+    /// ([`krcore_kmod::Ungranted::Refuse`], the default), or left to the
+    /// NIC ([`krcore_kmod::Ungranted::Allow`]): the opt-out for raw verbs
+    /// users who pass rkeys by hand (a bad key then fails at the NIC with
+    /// `REM_ACCESS_ERR`, and costs the shared QP a recovery).
+    pub fn set_ungranted(&self, rule: krcore_kmod::Ungranted) {
+        self.inner.vqp.set_ungranted(rule);
+    }
+
     /// Posts `wrs` as one doorbell (see [`krcore_kmod::Vqp::post_send`]):
     /// the VQP names its target in each WR; on return the WRs hold the
     /// caller's wr_ids again.
     ///
     /// # Errors
-    /// [`Error::ReservedWrId`]; [`Error::Vqp`] with the pre-check's typed
-    /// rejection (nothing was posted) or another post failure.
+    /// [`Error::ReservedWrId`]; [`Error::NotGranted`] for a remote key no
+    /// grant this VQP knows covers ([`Vqp::grant`]); [`Error::Vqp`] with
+    /// the pre-check's other typed rejections (nothing was posted) or
+    /// another post failure.
     #[inline(always)]
     pub fn post(&self, wrs: &mut [SendWr]) -> Result<()> {
         if let Some(wr) = wrs.iter().find(|w| w.wr_id & REQUEST_WR_ID_BIT != 0) {

@@ -247,6 +247,7 @@ fn stashed_user_completions_keep_their_order() {
     let region = server.alloc(4096, Access::ALL).unwrap();
     let token = region.token();
     let vqp = client.connect(server.gid()).unwrap();
+    vqp.grant(&token).unwrap();
     let buf = client.alloc(64, Access::LOCAL_WRITE).unwrap();
     let post = |ids: std::ops::Range<u64>| {
         for id in ids {
@@ -313,4 +314,67 @@ fn atomics_on_one_vqp_from_two_threads_keep_their_own_old_values() {
     }
     assert_eq!(region.load_u64(0).unwrap(), OPS);
     assert_eq!(region.load_u64(64).unwrap(), OPS);
+}
+
+/// A raw post to a key the VQP knows no grant for is refused before the
+/// NIC (`Error::NotGranted`), until the VQP is granted the token or opts
+/// out; a lease's key dies at the NIC when the lease is revoked, even for
+/// a VQP that opted out of the pre-check's grant rule.
+#[test]
+fn raw_posts_need_a_grant_and_a_revoked_lease_key_fails_at_the_nic() {
+    use krcore::{Error, Ungranted, WcStatus};
+    let (server, client) = pair();
+    let region = server.alloc(4096, Access::ALL).unwrap();
+    region.store_u64(8, 5).unwrap();
+    let token = region.token();
+    let vqp = client.connect(server.gid()).unwrap();
+    let buf = client.alloc(64, Access::LOCAL_WRITE).unwrap();
+    let read = |at| [SendWr::read(1, buf.sge(0, 8).unwrap(), at)];
+    match vqp.post(&mut read(token.at(8))) {
+        Err(Error::NotGranted {
+            index: 0,
+            rkey,
+            addr,
+        }) => {
+            assert_eq!((rkey, addr), (token.rkey, token.addr + 8))
+        }
+        other => panic!("{other:?}"),
+    }
+    let poll_one = || {
+        let mut wc = [krcore::Wc::default()];
+        let t0 = std::time::Instant::now();
+        while vqp.poll(&mut wc).unwrap() == 0 {
+            assert!(t0.elapsed() < std::time::Duration::from_secs(10));
+        }
+        wc[0]
+    };
+    vqp.grant(&token).unwrap();
+    vqp.post(&mut read(token.at(8))).unwrap();
+    assert_eq!(poll_one().status, WcStatus::Success);
+    assert_eq!(buf.load_u64(0).unwrap(), 5);
+    // A lease, posted by a VQP that opted out: the NIC alone judges it.
+    let (id, lease) = region
+        .lease_with_id(
+            8,
+            8,
+            Access::REMOTE_READ,
+            std::time::Duration::from_secs(60),
+        )
+        .unwrap();
+    assert_ne!(lease.rkey, token.rkey);
+    let raw = client.connect(server.gid()).unwrap();
+    raw.set_ungranted(Ungranted::Allow);
+    let poll_raw = || {
+        let mut wc = [krcore::Wc::default()];
+        let t0 = std::time::Instant::now();
+        while raw.poll(&mut wc).unwrap() == 0 {
+            assert!(t0.elapsed() < std::time::Duration::from_secs(10));
+        }
+        wc[0]
+    };
+    raw.post(&mut read(lease.at(0))).unwrap();
+    assert_eq!(poll_raw().status, WcStatus::Success);
+    assert!(region.revoke(id));
+    raw.post(&mut read(lease.at(0))).unwrap();
+    assert_eq!(poll_raw().status, WcStatus::RemAccessErr);
 }

@@ -23,7 +23,7 @@ use super::error::EngineError;
 use super::meta::MetaLocation;
 use super::msg::MsgConfig;
 use super::responder::HandshakeConfig;
-use crate::precheck::Policy;
+use crate::precheck::{Policy, Ungranted};
 
 /// DC initiators per CPU in KRCore's pool (the paper's Figure 14(a): more
 /// than 2 per CPU removes contention; 8 is its default).
@@ -61,6 +61,12 @@ pub struct EngineConfig {
     /// (c) always run: they keep the shared queue's account exact. Turn it
     /// off only to show what it protects against. Default true.
     pub precheck: bool,
+    /// What the pre-check does with a one-sided WR to a (target, rkey) its
+    /// VQP knows no grant for: `refuse` (the default: a VQP reaches only
+    /// memory it was granted, [`crate::Reason::NotGranted`]) or `allow`
+    /// (left to the NIC, for raw verbs users who pass rkeys by hand). The
+    /// default of every new VQP; [`super::Vqp::set_ungranted`] changes one.
+    pub ungranted: Ungranted,
     /// DCCache capacity in targets. Default 4096.
     pub cache_capacity: usize,
     /// The meta server's table; `None`: connects can only hit the cache.
@@ -218,6 +224,7 @@ impl Default for EngineConfig {
             vqp_depth: 128,
             policy: Policy::default(),
             precheck: true,
+            ungranted: Ungranted::Refuse,
             cache_capacity: 4096,
             meta: None,
             meta_retries: 16,
@@ -286,6 +293,13 @@ impl EngineConfig {
     /// (`true`) or on first need (`false`, the default).
     pub fn with_eager_start(mut self, on: bool) -> EngineConfig {
         self.eager_start = on;
+        self
+    }
+
+    /// With `rule` for one-sided WRs under no known grant (see
+    /// [`EngineConfig::ungranted`]).
+    pub fn with_ungranted(mut self, rule: Ungranted) -> EngineConfig {
+        self.ungranted = rule;
         self
     }
 

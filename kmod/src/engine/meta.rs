@@ -55,6 +55,12 @@ use super::responder::HandshakeResponder;
 use super::vqp::VqpState;
 use super::EngineInner;
 use crate::dccache::CachedTarget;
+use crate::precheck::Ungranted;
+
+/// The meta VQP's rule for keys it knows no grant for: its READs are the
+/// engine's own, of the meta table its configuration names (its rkey
+/// comes from there, not from a peer's token).
+const META_UNGRANTED: Ungranted = Ungranted::Allow;
 use crate::wrid::VqpId;
 
 /// Where the meta server's table is: what a client needs to READ it.
@@ -316,7 +322,7 @@ impl<N: Nic> MetaState<N> {
             .with_vqp(META_VQP, |v| v.target = Some(target))
             .is_none()
         {
-            let mut v = VqpState::new(eng.cfg.vqp_depth);
+            let mut v = VqpState::new(eng.cfg.vqp_depth, META_UNGRANTED);
             v.target = Some(target);
             dci.attach(META_VQP, v);
         }
@@ -386,8 +392,8 @@ fn start_pool<N: Nic>(eng: &EngineInner<N>, len: usize) -> Result<MetaLink<N>, E
         .nic
         .alloc_mr(&eng.pd, len, Access::LOCAL_WRITE)
         .map_err(EngineError::nic("allocate the meta READ buffer"))?;
-    let buf = OwnedMr::new(mr, &eng.mrs);
-    dci.attach(META_VQP, VqpState::new(eng.cfg.vqp_depth));
+    let buf = OwnedMr::new(mr, &eng.nic, &eng.mrs);
+    dci.attach(META_VQP, VqpState::new(eng.cfg.vqp_depth, META_UNGRANTED));
     Ok(MetaLink::Pool { dci, buf })
 }
 

@@ -142,7 +142,7 @@ pub use meta::{MetaLocation, MetaStats};
 pub use meta_msg::{
     MetaHostStats, MetaHostThread, MetaLease, MetaLeaseStats, MsgMetaHost, META_PORT,
 };
-pub use mrs::{LeaseError, LeaseId, OwnedMr};
+pub use mrs::{LeaseError, LeaseId, LeaseStats, Leased, OwnedMr, LEASE_REAPER};
 pub use msg::{Message, MsgConfig, MsgError, MsgStats, Sender};
 pub use msg_endpoint::Endpoint;
 pub use msg_port::{Port, PortUsage};
@@ -971,7 +971,7 @@ impl<N: Nic> Engine<N> {
             .nic
             .alloc_mr(&self.inner.pd, len, access)
             .map_err(EngineError::nic("allocate an MR"))?;
-        Ok(OwnedMr::new(mr, &self.inner.mrs))
+        Ok(OwnedMr::new(mr, &self.inner.nic, &self.inner.mrs))
     }
 
     /// Makes an MR the caller registered (with [`Nic::register_mr`] or
@@ -981,7 +981,7 @@ impl<N: Nic> Engine<N> {
     /// DCT: peers reach the MR once the node is reachable
     /// ([`Engine::local_target`], which a node calls to register).
     pub fn register_mr(&self, mr: N::Mr) -> OwnedMr<N> {
-        OwnedMr::new(mr, &self.inner.mrs)
+        OwnedMr::new(mr, &self.inner.nic, &self.inner.mrs)
     }
 
     /// Resolves `gid` through the DCCache, or the meta server on a miss

@@ -14,31 +14,42 @@
 //! # Leases
 //!
 //! An MR handed to peers is leased ([`OwnedMr::lease`]): each lease is a
-//! range, an access and an expiry, and becomes the [`RemoteGrant`] the
-//! peer's pre-check enforces. While a lease is live (not expired, not
-//! revoked) the MR stays registered:
+//! range, an access and an expiry with a remote key of its own, a
+//! sub-region of the MR registered for the lease alone
+//! ([`krcore_nic::Nic::register_sub_mr`]), limited by the NIC to the
+//! lease's range and access. The lease becomes the [`RemoteGrant`] the
+//! peer's pre-check enforces, but the NIC enforces it whatever the peer's
+//! software does:
 //!
-//! - [`OwnedMr::deregister`] refuses with [`LeaseError::Live`];
-//! - dropping the last handle *defers* deregistration: the MR leaves the
-//!   pre-check's table at once (no local post can use it) but stays
-//!   registered for peers until its last lease expires (the engine sweeps
-//!   such parked MRs on every registration and in `Engine::sweep_leases`).
+//! - [`OwnedMr::revoke`] (and [`OwnedMr::revoke_all`]) deregisters the
+//!   lease's key before it returns: a peer that posts it afterwards gets
+//!   `REM_ACCESS_ERR` from the NIC, and no access through it moves data
+//!   after the call returned;
+//! - expiry needs no message: the engine's lease reaper (a thread started
+//!   with the first lease, [`LEASE_REAPER`]) sleeps until the earliest
+//!   expiry and deregisters the expired keys then, so a key stops working
+//!   at most the reaper's wake-up plus one deregistration after its
+//!   expiry ([`LeaseStats::expiry_lag_max`] says how late it was);
+//!   [`super::Engine::sweep_leases`] does the same at once.
 //!
-//! [`OwnedMr::revoke_all`] ends the leases early; a deregistration then
-//! invalidates the rkey at the NIC, and a peer that still uses it gets
-//! `REM_ACCESS_ERR` (a typed error at its caller); with the pre-check on,
-//! a peer whose lease expired never reaches the NIC at all
-//! ([`crate::Reason::GrantExpired`]).
+//! While a lease is live (not expired, not revoked) the MR stays
+//! registered: [`OwnedMr::deregister`] refuses with [`LeaseError::Live`];
+//! dropping the last handle takes the MR out of the pre-check's table at
+//! once (no local post can use it) while the leases' keys hold it
+//! registered for peers until the last of them ends.
+//!
+//! The MR's own rkey ([`OwnedMr::token`]-style use by the SDK, a grant
+//! without lease) is not a lease: it works until the MR is deregistered.
 
 use super::idhash::IdMap;
 use std::any::Any;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use krcore_nic::{Access, MemoryRegion, Nic};
-use parking_lot::Mutex;
+use krcore_nic::{Access, MemoryRegion, Nic, NicError};
+use parking_lot::{Condvar, Mutex};
 
 use crate::precheck::{LocalMr, LocalMrTable, RemoteGrant};
 
@@ -91,11 +102,168 @@ impl PostWords {
     }
 }
 
-/// An MR whose handles are gone but whose leases are not: registered
-/// until `until`.
-struct Parked {
-    until: Instant,
-    _mr: Box<dyn Any + Send + Sync>,
+/// The name of the engine's lease reaper thread (see the module docs).
+pub const LEASE_REAPER: &str = "krcore-leases";
+
+/// One live lease: its key's sub-region, deregistered when dropped.
+struct BookEntry {
+    id: LeaseId,
+    expires_at: Instant,
+    _key: Box<dyn Any + Send + Sync>,
+}
+
+#[derive(Default)]
+struct BookState {
+    entries: Vec<BookEntry>,
+    /// The engine is gone: the reaper ends.
+    closed: bool,
+    /// The reaper thread was started.
+    reaper: bool,
+    stats: LeaseStats,
+}
+
+/// The engine's live leases, by expiry, and the reaper that ends them.
+#[derive(Default)]
+struct LeaseBook {
+    state: Mutex<BookState>,
+    /// Wakes the reaper: a new lease, or the engine closing.
+    wake: Condvar,
+}
+
+/// What the engine's leases did ([`super::Engine::lease_stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LeaseStats {
+    /// Leases live now (their keys registered).
+    pub live: usize,
+    /// Leases granted.
+    pub granted: u64,
+    /// Leases ended by revocation.
+    pub revoked: u64,
+    /// Leases ended by expiry (by the reaper or a sweep).
+    pub expired: u64,
+    /// The latest an expired lease's key was deregistered after its
+    /// expiry (the time from the expiry to the deregistration's return).
+    pub expiry_lag_max: Duration,
+    /// The sum of those lags, over `expired` leases.
+    pub expiry_lag_total: Duration,
+}
+
+impl LeaseBook {
+    /// Takes out the entries expired at `now`.
+    fn take_expired(st: &mut BookState, now: Instant) -> Vec<BookEntry> {
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < st.entries.len() {
+            if st.entries[i].expires_at <= now {
+                out.push(st.entries.swap_remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        out
+    }
+
+    /// Deregisters `expired` (outside the lock) and counts the lags.
+    fn end_expired(&self, expired: Vec<BookEntry>) {
+        if expired.is_empty() {
+            return;
+        }
+        let ends: Vec<Instant> = expired.iter().map(|e| e.expires_at).collect();
+        let n = expired.len();
+        drop(expired);
+        let done = Instant::now();
+        let mut st = self.state.lock();
+        for t in ends {
+            let lag = done.saturating_duration_since(t);
+            st.stats.expired += 1;
+            st.stats.expiry_lag_total += lag;
+            st.stats.expiry_lag_max = st.stats.expiry_lag_max.max(lag);
+        }
+        st.stats.live = st.entries.len();
+        drop(st);
+        tracing::debug!(expired = n, "lease keys deregistered at expiry");
+    }
+
+    /// Ends the leases expired at `now`; returns how many stay live.
+    fn sweep(&self, now: Instant) -> usize {
+        let expired = Self::take_expired(&mut self.state.lock(), now);
+        self.end_expired(expired);
+        self.state.lock().entries.len()
+    }
+
+    /// The reaper: until the engine closes, sleeps to the earliest expiry
+    /// and ends what expired.
+    fn reap(self: Arc<Self>) {
+        let mut st = self.state.lock();
+        loop {
+            if st.closed {
+                return;
+            }
+            let expired = Self::take_expired(&mut st, Instant::now());
+            if !expired.is_empty() {
+                drop(st);
+                self.end_expired(expired);
+                st = self.state.lock();
+                continue;
+            }
+            match st.entries.iter().map(|e| e.expires_at).min() {
+                Some(t) => {
+                    self.wake.wait_until(&mut st, t);
+                }
+                None => self.wake.wait(&mut st),
+            }
+        }
+    }
+
+    /// Books a lease's key; starts the reaper with the first.
+    fn insert(self: &Arc<Self>, entry: BookEntry) {
+        let mut st = self.state.lock();
+        st.entries.push(entry);
+        st.stats.granted += 1;
+        st.stats.live = st.entries.len();
+        if !st.reaper {
+            st.reaper = true;
+            let book = self.clone();
+            let spawned = std::thread::Builder::new()
+                .name(LEASE_REAPER.into())
+                .spawn(move || book.reap());
+            if let Err(e) = spawned {
+                // Sweeps (every registration, `Engine::sweep_leases`) still
+                // end expired leases; only their promptness is lost.
+                st.reaper = false;
+                tracing::warn!(error = %e, "no lease reaper thread: expired leases end at the next sweep");
+            }
+        }
+        drop(st);
+        self.wake.notify_one();
+    }
+
+    /// Takes the lease `id` out (revoked); `None` when it is not live.
+    fn remove(&self, ids: &[LeaseId]) -> Vec<BookEntry> {
+        let mut st = self.state.lock();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < st.entries.len() {
+            if ids.contains(&st.entries[i].id) {
+                out.push(st.entries.swap_remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        st.stats.revoked += out.len() as u64;
+        st.stats.live = st.entries.len();
+        out
+    }
+
+    fn close(&self) {
+        let entries = {
+            let mut st = self.state.lock();
+            st.closed = true;
+            std::mem::take(&mut st.entries)
+        };
+        self.wake.notify_all();
+        drop(entries);
+    }
 }
 
 pub(crate) struct MrRegistry {
@@ -103,14 +271,22 @@ pub(crate) struct MrRegistry {
     /// Holds the generation (`PostWords::mr_generation`), beside the
     /// other words every post reads.
     words: Arc<PostWords>,
-    parked: Mutex<Vec<Parked>>,
+    leases: Arc<LeaseBook>,
+    next_lease: AtomicU64,
+}
+
+impl Drop for MrRegistry {
+    fn drop(&mut self) {
+        // The engine is gone: its leases end (their keys deregistered).
+        self.leases.close();
+    }
 }
 
 impl std::fmt::Debug for MrRegistry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MrRegistry")
             .field("generation", &self.generation())
-            .field("parked", &self.parked.lock().len())
+            .field("live_leases", &self.leases.state.lock().entries.len())
             .finish()
     }
 }
@@ -121,7 +297,8 @@ impl MrRegistry {
         MrRegistry {
             map: Mutex::default(),
             words,
-            parked: Mutex::default(),
+            leases: Arc::default(),
+            next_lease: AtomicU64::new(0),
         }
     }
 
@@ -142,20 +319,14 @@ impl MrRegistry {
         self.words.mr_generation.fetch_add(1, Ordering::Release);
     }
 
-    /// Deregisters the parked MRs whose leases have all expired by `now`;
-    /// returns how many are still parked.
+    /// Ends the leases expired by `now`; returns how many stay live.
     pub(crate) fn sweep(&self, now: Instant) -> usize {
-        let mut p = self.parked.lock();
-        let before = p.len();
-        p.retain(|m| m.until > now);
-        if p.len() < before {
-            tracing::info!(
-                deregistered = before - p.len(),
-                still_parked = p.len(),
-                "parked MRs deregistered: their leases expired"
-            );
-        }
-        p.len()
+        self.leases.sweep(now)
+    }
+
+    /// The leases' counters.
+    pub(crate) fn lease_stats(&self) -> LeaseStats {
+        self.leases.state.lock().stats
     }
 
     fn insert<M: MemoryRegion>(&self, mr: &M) {
@@ -186,16 +357,16 @@ pub struct OwnedMr<N: Nic> {
 }
 
 struct OwnedInner<N: Nic> {
-    /// `None` once deregistered (explicitly) or parked (dropped with live
-    /// leases).
+    /// `None` once deregistered (explicitly).
     mr: Option<N::Mr>,
+    /// The engine's device, which registers the leases' keys.
+    nic: Arc<N>,
     registry: Weak<MrRegistry>,
     leases: Mutex<Leases>,
 }
 
 #[derive(Default)]
 struct Leases {
-    next: u64,
     list: Vec<Lease>,
 }
 
@@ -224,8 +395,21 @@ impl Leases {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LeaseId(pub u64);
 
+/// A lease granted ([`OwnedMr::lease`]): its id, its key, and the grant
+/// to hand out with them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Leased {
+    /// For [`OwnedMr::revoke`].
+    pub id: LeaseId,
+    /// The lease's own remote key (void once the lease ends).
+    pub rkey: u32,
+    /// The range, access and expiry the holder's pre-check enforces (the
+    /// NIC enforces range, access and the end).
+    pub grant: RemoteGrant,
+}
+
 /// Why a lease or a deregistration was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LeaseError {
     /// Leases are live: revoke them first, or let them expire.
@@ -256,6 +440,12 @@ pub enum LeaseError {
     /// The MR does not allow what the lease would grant.
     #[error("the MR was registered without {0:?}")]
     AccessMissing(Access),
+    /// The lease's key could not be registered.
+    #[error("registering the lease's key")]
+    Register(#[source] NicError),
+    /// The engine that registered the MR is gone.
+    #[error("the MR's engine is closed")]
+    EngineClosed,
 }
 
 impl<N: Nic> Drop for OwnedInner<N> {
@@ -270,27 +460,25 @@ impl<N: Nic> Drop for OwnedInner<N> {
         r.update(|m| {
             m.remove(&lkey);
         });
-        // Deferred deregistration: peers keep their leases.
-        if let Some((live, until)) = self.leases.lock().live_until(Instant::now()) {
+        // The live leases' keys hold the MR registered for peers until
+        // they end (their sub-regions hold it).
+        if let Some((live, _)) = self.leases.lock().live_until(Instant::now()) {
             tracing::info!(
                 lkey,
                 live_leases = live,
-                "MR dropped while leased: stays registered until its leases expire"
+                "MR dropped while leased: stays registered until its leases end"
             );
-            r.parked.lock().push(Parked {
-                until,
-                _mr: Box::new(mr),
-            });
         }
     }
 }
 
 impl<N: Nic> OwnedMr<N> {
-    pub(crate) fn new(mr: N::Mr, registry: &Arc<MrRegistry>) -> OwnedMr<N> {
+    pub(crate) fn new(mr: N::Mr, nic: &Arc<N>, registry: &Arc<MrRegistry>) -> OwnedMr<N> {
         registry.insert(&mr);
         OwnedMr {
             inner: Arc::new(OwnedInner {
                 mr: Some(mr),
+                nic: nic.clone(),
                 registry: Arc::downgrade(registry),
                 leases: Mutex::new(Leases::default()),
             }),
@@ -306,22 +494,27 @@ impl<N: Nic> OwnedMr<N> {
     }
 
     /// Leases `offset..offset+len` to peers with `access` until
-    /// `expires_at`: the grant to hand out (the SDK's region token carries
-    /// it). The MR stays registered while the lease is live.
+    /// `expires_at`: a remote key of the lease's own (a sub-region of the
+    /// MR), valid at the NIC for that range and access only, until the
+    /// lease is revoked or expires (see the module docs). The MR stays
+    /// registered while the lease is live.
     ///
     /// # Errors
-    /// [`LeaseError::OutOfRange`], [`LeaseError::AccessMissing`] (the MR's
-    /// own flags must include `access`).
+    /// [`LeaseError::OutOfRange`] (also for an empty range),
+    /// [`LeaseError::AccessMissing`] (the MR's own flags must include
+    /// `access`, and `LOCAL_WRITE` for a remote write or atomic, as
+    /// verbs demands), [`LeaseError::Register`] when the NIC refuses the
+    /// key (its table full), [`LeaseError::EngineClosed`].
     pub fn lease(
         &self,
         offset: u64,
         len: u64,
         access: Access,
         expires_at: Instant,
-    ) -> Result<(LeaseId, RemoteGrant), LeaseError> {
+    ) -> Result<Leased, LeaseError> {
         let mr = self.mr();
         let mr_len = mr.len() as u64;
-        if offset.checked_add(len).is_none_or(|end| end > mr_len) {
+        if len == 0 || offset.checked_add(len).is_none_or(|end| end > mr_len) {
             return Err(LeaseError::OutOfRange {
                 offset,
                 len,
@@ -331,24 +524,55 @@ impl<N: Nic> OwnedMr<N> {
         if !mr.access().contains(access) {
             return Err(LeaseError::AccessMissing(access));
         }
-        let mut l = self.inner.leases.lock();
-        l.next += 1;
-        let id = LeaseId(l.next);
-        l.list.retain(|x| !x.revoked);
-        l.list.push(Lease {
+        let writes =
+            access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC);
+        let key_access = if writes {
+            if !mr.access().contains(Access::LOCAL_WRITE) {
+                return Err(LeaseError::AccessMissing(Access::LOCAL_WRITE));
+            }
+            access | Access::LOCAL_WRITE
+        } else {
+            access
+        };
+        let registry = self
+            .inner
+            .registry
+            .upgrade()
+            .ok_or(LeaseError::EngineClosed)?;
+        // (The range fits the MR, so in usize.)
+        let key = self
+            .inner
+            .nic
+            .register_sub_mr(mr, offset as usize, len as usize, key_access)
+            .map_err(LeaseError::Register)?;
+        let (rkey, addr) = (key.rkey(), key.addr());
+        let id = LeaseId(registry.next_lease.fetch_add(1, Ordering::Relaxed) + 1);
+        {
+            let mut l = self.inner.leases.lock();
+            let now = Instant::now();
+            l.list.retain(|x| !x.revoked && x.expires_at > now);
+            l.list.push(Lease {
+                id,
+                expires_at,
+                revoked: false,
+            });
+        }
+        registry.leases.insert(BookEntry {
             id,
             expires_at,
-            revoked: false,
+            _key: Box::new(key),
         });
-        Ok((
+        tracing::debug!(lease = id.0, rkey, len, "MR leased");
+        Ok(Leased {
             id,
-            RemoteGrant {
-                addr: mr.addr() + offset,
+            rkey,
+            grant: RemoteGrant {
+                addr,
                 len,
                 access,
                 expires_at: Some(expires_at),
             },
-        ))
+        })
     }
 
     /// Leases live at `now` (not expired, not revoked).
@@ -360,36 +584,58 @@ impl<N: Nic> OwnedMr<N> {
             .map_or(0, |(n, _)| n)
     }
 
-    /// Revokes one lease; returns whether it was live. The rkey stays
-    /// valid at the NIC until the MR is deregistered.
+    /// Revokes one lease; returns whether it was live. Its key is
+    /// deregistered before this returns: a peer that posts it afterwards
+    /// gets `REM_ACCESS_ERR` from the NIC, and no access through it moves
+    /// data any more.
     pub fn revoke(&self, id: LeaseId) -> bool {
         let now = Instant::now();
-        let mut l = self.inner.leases.lock();
-        match l.list.iter_mut().find(|x| x.id == id) {
-            Some(x) if !x.revoked && x.expires_at > now => {
-                x.revoked = true;
-                tracing::info!(lease = id.0, "MR lease revoked");
-                true
+        let live = {
+            let mut l = self.inner.leases.lock();
+            match l.list.iter_mut().find(|x| x.id == id) {
+                Some(x) if !x.revoked && x.expires_at > now => {
+                    x.revoked = true;
+                    true
+                }
+                _ => false,
             }
-            _ => false,
+        };
+        if live {
+            self.end_keys(&[id]);
+            tracing::info!(lease = id.0, "MR lease revoked");
         }
+        live
     }
 
-    /// Revokes every lease; returns how many were live.
+    /// Revokes every lease; returns how many were live. Their keys are
+    /// deregistered before this returns (as [`OwnedMr::revoke`]).
     pub fn revoke_all(&self) -> usize {
         let now = Instant::now();
-        let mut l = self.inner.leases.lock();
-        let mut n = 0;
-        for x in &mut l.list {
-            if !x.revoked && x.expires_at > now {
-                n += 1;
+        let ids: Vec<LeaseId> = {
+            let mut l = self.inner.leases.lock();
+            let mut ids = Vec::new();
+            for x in &mut l.list {
+                if !x.revoked && x.expires_at > now {
+                    ids.push(x.id);
+                }
+                x.revoked = true;
             }
-            x.revoked = true;
+            ids
+        };
+        self.end_keys(&ids);
+        if !ids.is_empty() {
+            tracing::info!(revoked = ids.len(), "MR leases revoked");
         }
-        if n > 0 {
-            tracing::info!(revoked = n, "MR leases revoked");
+        ids.len()
+    }
+
+    /// Deregisters the keys of the leases `ids` (those still booked).
+    fn end_keys(&self, ids: &[LeaseId]) {
+        if let Some(r) = self.inner.registry.upgrade() {
+            // Dropped here, outside the book's lock: each drop returns once
+            // the NIC refuses the key.
+            drop(r.leases.remove(ids));
         }
-        n
     }
 
     /// Deregisters the MR now: its rkey stops working at the NIC (peers
@@ -408,7 +654,11 @@ impl<N: Nic> OwnedMr<N> {
         if handles > 0 {
             return Err((self, LeaseError::Shared { handles }));
         }
-        // The last handle, and no live lease: dropping deregisters at once.
+        // The last handle, and no live lease: dropping deregisters at once
+        // (once the expired leases' keys, which hold the MR, are gone).
+        if let Some(r) = self.inner.registry.upgrade() {
+            r.sweep(now.max(Instant::now()));
+        }
         drop(self);
         Ok(())
     }
@@ -441,10 +691,15 @@ impl<N: Nic> std::fmt::Debug for OwnedMr<N> {
 }
 
 impl<N: Nic> super::Engine<N> {
-    /// Deregisters the MRs whose handles were dropped while leased, once
-    /// their leases expired (also done on every registration). Returns how
-    /// many stay registered for live leases.
+    /// Ends the leases that expired (deregisters their keys) now, without
+    /// waiting for the lease reaper; returns how many leases stay live.
     pub fn sweep_leases(&self) -> usize {
         self.inner.mrs.sweep(Instant::now())
+    }
+
+    /// The counters of the engine's leases: live, granted, revoked,
+    /// expired, and how late expired keys were deregistered.
+    pub fn lease_stats(&self) -> LeaseStats {
+        self.inner.mrs.lease_stats()
     }
 }

@@ -689,7 +689,7 @@ impl<N: Nic> MsgNode<N> {
             .nic
             .alloc_mr(&eng.pd, slot_len * depth as usize, Access::LOCAL_WRITE)
             .map_err(MsgError::nic("allocate the receive buffers"))?;
-        let bufs = OwnedMr::new(mr, &eng.mrs);
+        let bufs = OwnedMr::new(mr, &eng.nic, &eng.mrs);
         for i in 0..depth {
             let sge = MemoryRegion::sge(&*bufs, i as usize * slot_len, slot_len as u32)
                 .map_err(MsgError::nic("a receive buffer"))?;
@@ -741,7 +741,7 @@ impl<N: Nic> MsgNode<N> {
             .nic
             .alloc_mr(&eng.pd, slots * self.slot_len, Access::LOCAL_WRITE)
             .map_err(MsgError::nic("allocate a send staging ring"))?;
-        Ok(OwnedMr::new(mr, &eng.mrs))
+        Ok(OwnedMr::new(mr, &eng.nic, &eng.mrs))
     }
 
     /// The offset of the next staging slot (every post of the VQP counts).

@@ -275,13 +275,24 @@ impl<N: Nic> Engine<N> {
         self.bind_with(port, true)
     }
 
+    /// A VQP for messaging's own one-sided traffic (a pulled region's
+    /// READs, credit returns): the keys it posts are those its peer's
+    /// messaging put in the message, for buffers that messaging exposes,
+    /// not grants a user handed out, so it leaves them to the NIC
+    /// ([`Ungranted::Allow`]); every other part of the pre-check applies.
+    fn messaging_vqp(&self) -> Result<super::Vqp<N>, MsgError> {
+        let vqp = self.create_vqp()?;
+        vqp.set_ungranted(crate::precheck::Ungranted::Allow);
+        Ok(vqp)
+    }
+
     fn bind_with(&self, port: u16, reclaims: bool) -> Result<Port<N>, MsgError> {
         let node = MsgNode::get(&self.inner)?;
         let slots = node.cfg.port_slots;
         if node.ports.read().contains_key(&port) {
             return Err(MsgError::PortInUse { port });
         }
-        let vqp = self.create_vqp()?;
+        let vqp = self.messaging_vqp()?;
         let ring = node.staging_ring(&self.inner)?;
         let shared = Arc::new(PortShared {
             port,
@@ -360,7 +371,7 @@ impl<N: Nic> Engine<N> {
 
     fn endpoint_windowed(&self, window: u32) -> Result<Endpoint<N>, MsgError> {
         let node = MsgNode::get(&self.inner)?;
-        let vqp = self.create_vqp()?;
+        let vqp = self.messaging_vqp()?;
         let id = vqp.id().get();
         let shared = Arc::new(EndpointShared {
             state: Mutex::new(EpState {

@@ -106,7 +106,7 @@ pub(crate) fn take_buffer<N: Nic>(
         .nic
         .alloc_mr(&eng.pd, size, access)
         .map_err(MsgError::nic("allocate a message buffer"))?;
-    Ok(OwnedMr::new(mr, &eng.mrs))
+    Ok(OwnedMr::new(mr, &eng.nic, &eng.mrs))
 }
 
 /// Points `vqp` at `to` (a DCCache hit after the first time). RC

@@ -448,7 +448,7 @@ impl<N: Nic> Vqp<N> {
         };
         let st = pair
             .detach(self.id)
-            .unwrap_or_else(|| VqpState::new(self.engine.cfg.vqp_depth));
+            .unwrap_or_else(|| VqpState::new(self.engine.cfg.vqp_depth, self.engine.cfg.ungranted));
         b.dci.attach(self.id, st);
         b.on_rc.store(false, Ordering::Release);
         self.engine.downgrades.fetch_add(1, Ordering::Relaxed);
@@ -637,7 +637,10 @@ impl<N: Nic> Vqp<N> {
                 }
                 None => {
                     // Every move keeps the state somewhere: fresh is safe.
-                    b.dci.attach(id, VqpState::new(self.engine.cfg.vqp_depth));
+                    b.dci.attach(
+                        id,
+                        VqpState::new(self.engine.cfg.vqp_depth, self.engine.cfg.ungranted),
+                    );
                     slot.rc = None;
                     b.on_rc.store(false, Ordering::Release);
                 }

@@ -43,7 +43,7 @@ use super::physqp::{PhysQp, PostFail};
 use super::upgrade::DcBinding;
 use super::EngineInner;
 use crate::dccache::CachedTarget;
-use crate::precheck::RemoteGrant;
+use crate::precheck::{RemoteGrant, Ungranted};
 use crate::wrid::VqpId;
 
 /// Everything a VQP owns, held by its physical QP (see the module docs).
@@ -68,10 +68,13 @@ pub(crate) struct VqpState {
     /// How many of `grants` carry an expiry: the pre-check reads the
     /// clock only while there is one (leases are opt-in).
     pub(crate) expiring: u32,
+    /// What the pre-check does under no known grant
+    /// ([`Vqp::set_ungranted`]).
+    pub(crate) ungranted: Ungranted,
 }
 
 impl VqpState {
-    pub(crate) fn new(depth: u32) -> VqpState {
+    pub(crate) fn new(depth: u32, ungranted: Ungranted) -> VqpState {
         VqpState {
             outstanding: 0,
             capacity: depth,
@@ -80,6 +83,7 @@ impl VqpState {
             grants: IdMap::default(),
             last_grant: Cell::new(None),
             expiring: 0,
+            ungranted,
         }
     }
 
@@ -363,7 +367,10 @@ impl<N: Nic> Vqp<N> {
 
     /// A VQP bound to `dci` for life (DC mode), its state handed to it.
     pub(crate) fn on_dci(engine: Arc<EngineInner<N>>, id: VqpId, dci: Arc<PhysQp<N>>) -> Vqp<N> {
-        dci.attach(id, VqpState::new(engine.cfg.vqp_depth));
+        dci.attach(
+            id,
+            VqpState::new(engine.cfg.vqp_depth, engine.cfg.ungranted),
+        );
         let threshold = engine.cfg.upgrade_after;
         Vqp {
             engine,
@@ -376,7 +383,7 @@ impl<N: Nic> Vqp<N> {
 
     /// An unbound VQP (RC fallback mode), its state parked.
     pub(crate) fn unbound(engine: Arc<EngineInner<N>>, id: VqpId) -> Vqp<N> {
-        let st = VqpState::new(engine.cfg.vqp_depth);
+        let st = VqpState::new(engine.cfg.vqp_depth, engine.cfg.ungranted);
         Vqp {
             engine,
             binding: Binding::Rc(Mutex::new(None)),
@@ -411,7 +418,7 @@ impl<N: Nic> Vqp<N> {
         };
         // Every move keeps the state somewhere; a fresh one is the safe
         // answer should that ever fail (nothing is in flight to lose).
-        st.unwrap_or_else(|| VqpState::new(self.engine.cfg.vqp_depth))
+        st.unwrap_or_else(|| VqpState::new(self.engine.cfg.vqp_depth, self.engine.cfg.ungranted))
     }
 
     /// Index of the physical QP this VQP posts on: in DC mode the DCI's
@@ -538,6 +545,15 @@ impl<N: Nic> Vqp<N> {
             st.expiring += u32::from(grant.expires_at.is_some());
         });
         self.grants_epoch.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// What the pre-check does with this VQP's one-sided WRs to a
+    /// (target, rkey) it knows no grant for: [`Ungranted::Refuse`] (the
+    /// engine's default, [`super::EngineConfig::ungranted`]) or
+    /// [`Ungranted::Allow`], the opt-out for raw verbs users who pass
+    /// rkeys by hand (the NIC then judges them).
+    pub fn set_ungranted(&self, rule: Ungranted) {
+        self.with_state(|st| st.ungranted = rule);
     }
 
     /// Forgets a grant; returns it if it was known.
@@ -772,7 +788,7 @@ mod tests {
             x ^= x << 5;
             let n = 1 + (x % max);
             if x & 0x100 == 0 {
-                t.insert(id(n), VqpState::new(step));
+                t.insert(id(n), VqpState::new(step, Ungranted::Refuse));
                 r.insert(n, step);
             } else {
                 assert_eq!(
@@ -817,6 +833,17 @@ mod tests {
         (meta, server, client)
     }
 
+    /// A grant over the whole of `mr`, every remote access, no expiry.
+    fn whole(mr: &super::super::OwnedMr<krcore_nic::sim::SimNic>) -> RemoteGrant {
+        use krcore_nic::{Access, MemoryRegion};
+        RemoteGrant {
+            addr: mr.addr(),
+            len: mr.len() as u64,
+            access: Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC,
+            expires_at: None,
+        }
+    }
+
     /// Two VQPs on one DCI: B's unsignaled WR is posted before A's
     /// signaled one, so A's completion retires B's WR too. A's poll must
     /// route it (B's count drops, A gets its completion), not apply it as
@@ -832,6 +859,9 @@ mod tests {
         let (a, b) = (client.create_vqp().unwrap(), client.create_vqp().unwrap());
         a.connect(server.gid()).unwrap();
         b.connect(server.gid()).unwrap();
+        for v in [&a, &b] {
+            v.add_grant(server.gid(), remote.rkey(), whole(&remote));
+        }
         assert_eq!(a.dci_qpn(), b.dci_qpn(), "one shared DCI");
         let read = |id, off| SendWr::read(id, local.sge(off, 64).unwrap(), remote.remote(off));
         for round in 0..3u64 {
@@ -882,6 +912,7 @@ mod tests {
         let local = client.alloc_mr(4096, Access::ALL).unwrap();
         let v = client.create_vqp().unwrap();
         v.connect(server.gid()).unwrap();
+        v.add_grant(server.gid(), remote.rkey(), whole(&remote));
         let read = |id: u64| {
             let off = (id as usize % 32) * 64;
             SendWr::read(id, local.sge(off, 64).unwrap(), remote.remote(off))
@@ -937,7 +968,7 @@ mod tests {
     fn index_finds_each_state_at_its_position() {
         let mut t = VqpTable::default();
         for n in [1, 9, 17, 25, 65, 129, 2] {
-            t.insert(id(n), VqpState::new(n));
+            t.insert(id(n), VqpState::new(n, Ungranted::Refuse));
         }
         for n in [1, 9, 17, 25, 65, 129, 2] {
             let i = t.index(id(n)).unwrap();
@@ -945,7 +976,7 @@ mod tests {
         }
         assert_eq!(t.index(id(3)), None);
         // Replacing keeps one entry.
-        t.insert(id(9), VqpState::new(90));
+        t.insert(id(9), VqpState::new(90, Ungranted::Refuse));
         assert_eq!(t.len(), 7);
         assert_eq!(t.get(id(9)).unwrap().capacity, 90);
     }

@@ -101,6 +101,8 @@ impl Fixture {
             peer: Some(peer()),
             local_mrs: &self.mrs,
             grants: &self.grants,
+            // The rule for unknown keys has tests of its own below.
+            ungranted: Ungranted::Allow,
             now: self.now,
             queue: q(64, 64, 0),
             policy: Policy::default(),
@@ -118,6 +120,7 @@ impl Fixture {
             peer: ctx.peer,
             local_mrs: ctx.local_mrs,
             grants: &NoGrants,
+            ungranted: ctx.ungranted,
             now: ctx.now,
             queue: ctx.queue,
             policy: ctx.policy,
@@ -828,6 +831,9 @@ fn the_common_path_agrees_with_the_full_check() {
         if next() % 4 == 0 {
             ctx.policy.max_sge = 0;
         }
+        if next() % 2 == 0 {
+            ctx.ungranted = Ungranted::Refuse;
+        }
         let quick = ctx.check_batch(&[wr], true);
         let full = ctx.check_batch(&[wr], false);
         assert_eq!(quick, full, "{wr:?} on {transport:?}");
@@ -1134,4 +1140,56 @@ fn mr_windows_hold_the_last_two_mrs() {
         assert!(!one.holds(&s), "{s:?}");
     }
     assert!(one.holds(&inside(1)));
+}
+
+/// Under [`Ungranted::Refuse`] a one-sided WR must fall under a grant the
+/// VQP knows: an unknown rkey is refused with its key and address, on both
+/// transports, the common path and the full check alike; two-sided WRs
+/// need no grant; [`Ungranted::Allow`] leaves the key to the NIC. An RC
+/// check that knows no peer cannot look a grant up: refused too.
+#[test]
+fn an_unknown_rkey_is_refused_unless_the_vqp_opts_out() {
+    let f = Fixture::new();
+    let local = sge(RW, 0x1000, 8);
+    for (transport, dest) in [
+        (Transport::Rc, Destination::Connected),
+        (Transport::Dc, dc()),
+    ] {
+        let refuse = Precheck {
+            ungranted: Ungranted::Refuse,
+            ..f.ctx(transport)
+        };
+        let unknown = remote(RKEY_UNKNOWN, 16);
+        for wr in [
+            SendWr::read(1, local, unknown).to(dest),
+            SendWr::write(1, local, unknown).to(dest),
+            SendWr::cas(1, local, unknown, 0, 1).to(dest),
+            SendWr::faa(1, local, unknown, 1).to(dest),
+        ] {
+            let want = Reason::NotGranted {
+                rkey: RKEY_UNKNOWN,
+                addr: unknown.addr,
+            };
+            assert_eq!(refuse.check(&[wr]).unwrap_err().reason, want, "{wr:?}");
+            assert_eq!(refuse.check_batch(&[wr], false).unwrap_err().reason, want);
+            assert!(f.ctx(transport).check(&[wr]).is_ok(), "allowed: {wr:?}");
+        }
+        // A known grant passes; a SEND needs none.
+        let known = SendWr::read(2, local, remote(RKEY_ALL, 16)).to(dest);
+        let send = SendWr::send(3, sge(RO, 0x4000, 16), None).to(dest);
+        assert!(refuse.check(&[known, send]).is_ok());
+        // The refusal names the first WR without a grant.
+        let batch = [known, SendWr::read(4, local, unknown).to(dest)];
+        assert_eq!(refuse.check(&batch).unwrap_err().index, 1);
+    }
+    let no_peer = Precheck {
+        ungranted: Ungranted::Refuse,
+        peer: None,
+        ..f.ctx(Transport::Rc)
+    };
+    let wr = SendWr::read(1, local, remote(RKEY_ALL, 0)).to(Destination::Connected);
+    assert!(matches!(
+        no_peer.check(&[wr]).unwrap_err().reason,
+        Reason::NotGranted { .. }
+    ));
 }

@@ -57,7 +57,9 @@ impl Fabric {
     }
 
     /// An engine on a new node configured by `cfg`, reading the meta table.
-    pub fn engine(&self, cfg: EngineConfig) -> Engine<SimNic> {
+    /// Its VQPs opt out of the grant rule, as `Cluster::engine`'s.
+    pub fn engine(&self, mut cfg: EngineConfig) -> Engine<SimNic> {
+        cfg.ungranted = krcore_kmod::Ungranted::Allow;
         Engine::start(self.nic(), cfg.with_meta(self.location)).unwrap()
     }
 

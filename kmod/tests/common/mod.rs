@@ -8,7 +8,7 @@ pub mod fallback;
 
 use std::time::{Duration, Instant};
 
-use krcore_kmod::{Engine, EngineConfig, MetaLocation, OwnedMr, RemoteGrant, Vqp};
+use krcore_kmod::{Engine, EngineConfig, MetaLocation, OwnedMr, RemoteGrant, Ungranted, Vqp};
 use krcore_meta::engine::{Lease, TableError};
 use krcore_meta::entry::EntryRepr;
 use krcore_meta::table::Geometry;
@@ -104,8 +104,18 @@ impl Cluster {
         SimNic::open(&self.fabric, SimConfig::default()).expect("open a node")
     }
 
-    /// An engine on a new node, pointed at the meta table.
-    pub fn engine(&self, cfg: EngineConfig) -> Engine<SimNic> {
+    /// An engine on a new node, pointed at the meta table. Its VQPs opt out
+    /// of the grant rule ([`Ungranted::Allow`]): these tests post rkeys by
+    /// hand, as raw verbs users do. `engine_lease.rs` tests the rule, on
+    /// engines from [`Cluster::engine_granted`].
+    pub fn engine(&self, mut cfg: EngineConfig) -> Engine<SimNic> {
+        cfg.ungranted = Ungranted::Allow;
+        self.engine_granted(cfg)
+    }
+
+    /// An engine on a new node, pointed at the meta table, with `cfg` as
+    /// given (the grant rule its default: refuse).
+    pub fn engine_granted(&self, cfg: EngineConfig) -> Engine<SimNic> {
         Engine::start(self.nic(), cfg.with_meta(self.location)).expect("engine")
     }
 

@@ -19,7 +19,7 @@ use super::{
 use crate::credits::{CreditError, SendQueueCredits};
 use crate::precheck::{
     fast_wr_ok, FastGrants, LocalMr, LocalMrTable, MrWindow, MrWindows, NoGrants, Plan, Precheck,
-    RemoteGrant, RemoteGrants, Transport,
+    RemoteGrant, RemoteGrants, Transport, Ungranted,
 };
 use crate::wrid::{PhysWrId, VqpId};
 
@@ -135,7 +135,11 @@ impl<N: Nic> PhysQp<N> {
         };
         // (`fast` says the policy takes SGEs: `common_shape`'s own check.)
         if v.grants.is_empty() {
-            // No grant known: nothing to look up.
+            // No grant known: nothing to look up, and nothing to post
+            // unless the VQP opted out of the grant rule.
+            if v.ungranted == Ungranted::Refuse {
+                general!();
+            }
             for wr in wrs.iter_mut() {
                 if !fast_wr_ok(wr, window, &FastGrants::None) {
                     general!();
@@ -149,6 +153,9 @@ impl<N: Nic> PhysQp<N> {
                 general!()
             };
             if *gid != target.gid {
+                general!();
+            }
+            if grant.is_none() && v.ungranted == Ungranted::Refuse {
                 general!();
             }
             let Some(memo) = FastGrants::memo(*rkey, grant.as_ref(), Instant::now) else {
@@ -290,6 +297,7 @@ impl<N: Nic> PhysQp<N> {
                 peer,
                 local_mrs: &AnyMr,
                 grants: &NoGrants,
+                ungranted: Ungranted::Allow,
                 now: *epoch,
                 queue,
                 policy: eng.policy,
@@ -307,6 +315,7 @@ impl<N: Nic> PhysQp<N> {
                     peer,
                     local_mrs: &mrs,
                     grants: &NoGrants,
+                    ungranted: v.ungranted,
                     now: *epoch,
                     queue,
                     policy: eng.policy,
@@ -327,6 +336,7 @@ impl<N: Nic> PhysQp<N> {
                         grants: &v.grants,
                         last: &v.last_grant,
                     },
+                    ungranted: v.ungranted,
                     now,
                     queue,
                     policy: eng.policy,
