@@ -4,12 +4,14 @@
 # Builds on the host (feature `verbs`): the `verbs_*` test binaries of
 # krcore-nic (the conformance suite), krcore-kmod (the engine in RC fallback
 # mode) and race-store (a RACE smoke test), plus the latency tool
-# `krcore_lat` (release). Runs the device-free unit tests of the provider on
+# `krcore_lat` and the lease cost tool `lease_cost` (release). Runs the
+# device-free unit tests of the provider on
 # the host, then everything else inside ONE Soft-RoCE guest
 # (../shared/softroce/softroce-run, rxe0): each test binary's #[ignore]d
 # device tests, then krcore_lat (64 B READ / 8 B CAS latency through the
 # provider and the SDK's VQP side by side with perftest, and the connect
-# cost). The latency figures are printed, never judged (the guest is
+# cost), then lease_cost (a NIC-enforced lease's key: register, revoke,
+# expiry lag, checked at the NIC). The latency figures are printed, never judged (the guest is
 # emulated); krcore_lat fails only if an operation fails. Then, in a
 # second guest (rxe0 on dummy0, one GID per process), the deployment as
 # separate processes (ci/deploy.sh: krcore-meta, two race-memnode,
@@ -127,6 +129,16 @@ if [ "$VERBS_LAT" != 0 ]; then
   [ -n "$lat" ] && [ -x "$lat" ] || { say "krcore_lat was not built"; exit 1; }
 fi
 
+# lease_cost: what a NIC-enforced lease costs on rxe (its key's
+# registration, revocation, expiry lag), with a check at the NIC.
+say "building lease_cost (release)"
+cargo build --release -p krcore-kmod --features verbs --example lease_cost \
+  --message-format=json >"$json"
+lease=$(grep '"reason":"compiler-artifact"' "$json" |
+  grep -o '"executable":"[^"]*/lease_cost"' |
+  sed 's/^"executable":"//; s/"$//' | tail -n1)
+[ -n "$lease" ] && [ -x "$lease" ] || { say "lease_cost was not built"; exit 1; }
+
 deploy_bin=
 if [ "$VERBS_DEPLOY" != 0 ]; then
   say "building the deployment programs (release, verbs)"
@@ -158,20 +170,21 @@ step() {
     rc=$?; echo "[guest] === $name: FAILED (exit $rc, $((SECONDS - t0)) s)"; failed="$failed $name"; fi
 }
 export KRCORE_TEST_DEVICE="$SOFTROCE_DEV" KRCORE_TEST_GID_INDEX="$SOFTROCE_GID_INDEX"
-lat=$1; shift
+lat=$1; lease=$2; shift 2
 for bin in "$@"; do
   step "$(basename "$bin")" "$bin" --ignored --test-threads=1
 done
+step lease_cost "$lease" "verbs:$SOFTROCE_DEV,gid=$SOFTROCE_GID_INDEX" 2000 3
 if [ -n "$lat" ]; then
   step krcore_lat "$lat" $VERBS_LAT_ARGS
 fi
 if [ -n "$failed" ]; then echo "[guest] failed:$failed"; exit 1; fi
 echo "[guest] all steps passed"
 '
-say "running ${#bins[@]} test binaries${lat:+ and krcore_lat} in one Soft-RoCE guest"
+say "running ${#bins[@]} test binaries, lease_cost${lat:+ and krcore_lat} in one Soft-RoCE guest"
 set +e
 VERBS_LAT_ARGS="$VERBS_LAT_ARGS" "$SOFTROCE_DIR/softroce-run" -t "$VERBS_TIMEOUT" -- \
-  bash -c "$inner" verbs-guest "$lat" "${bins[@]}"
+  bash -c "$inner" verbs-guest "$lat" "$lease" "${bins[@]}"
 rc=$?
 set -e
 # --- the deployment as separate processes, in a guest of its own whose

@@ -375,14 +375,15 @@ mod tests {
 
     #[test]
     fn partial_file_overrides_only_what_it_names() {
-        let text = "pool_size = 3\nmeta_timeout_ms = 500\nupgrade_after = 64\n\
+        let text = "pool_size = 3\nmeta_timeout_ms = 500\nupgrade_after = 64\nungranted = \"allow\"\n\
                     [policy]\nmax_unsignaled = 8\n\
                     [handshake]\nidle_sleep_us = 7\n\
                     [msg]\nwindow = 2\ncontrol_idle_ms = 250\n";
         let c: EngineConfig = toml::from_str(text).expect("partial parses");
         let mut want = EngineConfig::default()
             .with_pool_size(3)
-            .with_upgrade_after(Some(64));
+            .with_upgrade_after(Some(64))
+            .with_ungranted(Ungranted::Allow);
         want.meta_timeout = Duration::from_millis(500);
         want.policy.max_unsignaled = 8;
         want.handshake.idle_sleep = Duration::from_micros(7);
