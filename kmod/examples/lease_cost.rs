@@ -158,7 +158,9 @@ fn round(
     let after = engine.lease_stats();
     let expired = peer_read(peer, owner, at(&expiring[n as usize - 1]));
     if expired != WcStatus::RemAccessErr {
-        return Err(format!("the NIC answered {expired:?} after a lease expired"));
+        return Err(format!(
+            "the NIC answered {expired:?} after a lease expired"
+        ));
     }
     let lags = after.expired - before.expired;
     let lag_total = after.expiry_lag_total - before.expiry_lag_total;
@@ -180,11 +182,15 @@ fn run() -> Result<(), String> {
         return Ok(());
     }
     let leases: usize = match args.next() {
-        Some(a) => a.parse().map_err(|_| format!("LEASES: not a number: {a}"))?,
+        Some(a) => a
+            .parse()
+            .map_err(|_| format!("LEASES: not a number: {a}"))?,
         None => 2000,
     };
     let rounds: usize = match args.next() {
-        Some(a) => a.parse().map_err(|_| format!("ROUNDS: not a number: {a}"))?,
+        Some(a) => a
+            .parse()
+            .map_err(|_| format!("ROUNDS: not a number: {a}"))?,
         None => 3,
     };
     if leases == 0 || rounds == 0 {
@@ -221,11 +227,16 @@ fn run() -> Result<(), String> {
             v.iter().copied().fold(f64::INFINITY, f64::min),
             v.iter().copied().fold(0.0, f64::max),
         );
-        println!("{name}: {:.2} {unit} (median of {rounds}; {lo:.2}-{hi:.2})", pct(&mut v, 0.5));
+        println!(
+            "{name}: {:.2} {unit} (median of {rounds}; {lo:.2}-{hi:.2})",
+            pct(&mut v, 0.5)
+        );
     };
     summary("lease (register its key) p50", "us", |x| x.lease_p50);
     summary("lease throughput", "leases/s", |x| x.per_sec);
-    summary("revoke (key dead at the NIC on return) p50", "us", |x| x.revoke_p50);
+    summary("revoke (key dead at the NIC on return) p50", "us", |x| {
+        x.revoke_p50
+    });
     summary("revoke p99", "us", |x| x.revoke_p99);
     summary("expiry lag mean", "us", |x| x.lag_mean);
     let s = engine.lease_stats();
@@ -234,6 +245,8 @@ fn run() -> Result<(), String> {
         us(s.expiry_lag_max),
         s.expired
     );
-    println!("NIC check: lease key READ ok while live, REM_ACCESS_ERR after revoke and after expiry");
+    println!(
+        "NIC check: lease key READ ok while live, REM_ACCESS_ERR after revoke and after expiry"
+    );
     Ok(())
 }

@@ -377,4 +377,21 @@ fn raw_posts_need_a_grant_and_a_revoked_lease_key_fails_at_the_nic() {
     assert!(region.revoke(id));
     raw.post(&mut read(lease.at(0))).unwrap();
     assert_eq!(poll_raw().status, WcStatus::RemAccessErr);
+    // Through the request API (which makes the token's grant known): a
+    // live lease reads, a revoked one fails at the NIC, typed.
+    let (id, lease) = region
+        .lease_with_id(
+            8,
+            8,
+            Access::REMOTE_READ,
+            std::time::Duration::from_secs(60),
+        )
+        .unwrap();
+    vqp.read(&buf, 0, &lease, 0, 8).unwrap().wait().unwrap();
+    assert_eq!(buf.load_u64(0).unwrap(), 5);
+    assert!(region.revoke(id));
+    match vqp.read(&buf, 0, &lease, 0, 8).unwrap().wait() {
+        Err(Error::Failed { status, .. }) => assert_eq!(status, WcStatus::RemAccessErr),
+        other => panic!("{other:?}"),
+    }
 }

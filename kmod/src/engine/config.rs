@@ -375,7 +375,8 @@ mod tests {
 
     #[test]
     fn partial_file_overrides_only_what_it_names() {
-        let text = "pool_size = 3\nmeta_timeout_ms = 500\nupgrade_after = 64\nungranted = \"allow\"\n\
+        let text =
+            "pool_size = 3\nmeta_timeout_ms = 500\nupgrade_after = 64\nungranted = \"allow\"\n\
                     [policy]\nmax_unsignaled = 8\n\
                     [handshake]\nidle_sleep_us = 7\n\
                     [msg]\nwindow = 2\ncontrol_idle_ms = 250\n";

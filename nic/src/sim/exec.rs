@@ -83,9 +83,9 @@ struct CachedMr {
     state: u64,
     info: ctl::MrInfo,
     seg: Arc<Segment>,
-    /// The node's control block, for a strict MR only (see
-    /// [`Exec::uncount`]).
-    strict_ctl: Option<Arc<Segment>>,
+    /// A strict MR's node control block and state word (see
+    /// [`Exec::mr_strict`], [`Exec::uncount`]); `state` is then `u64::MAX`.
+    strict: Option<(Arc<Segment>, u64)>,
 }
 
 const SEG_CACHE: usize = 8;
@@ -354,20 +354,19 @@ impl Exec<'_> {
                 .position(|e| matches!(e, Some(m) if m.node == nk && m.key == key)),
         };
         if let Some(i) = found {
-            let (state, strict) = match &t.mrs[i] {
-                Some(m) => (Some(m.state), m.info.strict),
-                None => (None, false),
-            };
-            if strict {
+            // (A strict entry's `state` never matches: it takes the
+            // counted path below.)
+            let state = t.mrs[i].as_ref().map(|m| m.state);
+            if ctl::mr_state_for_key(ctl_seg, key) == state {
+                t.pinned |= 1 << i;
+                return Some(i as u8);
+            }
+            if t.mrs[i].as_ref().is_some_and(|m| m.strict.is_some()) {
                 if let Some(i) = self.mr_strict(i, key) {
                     return Some(i);
                 }
                 // Not that registration any more: look the key up again.
                 return self.mr_miss(slot, gen, ctl_seg, key);
-            }
-            if ctl::mr_state_for_key(ctl_seg, key) == state {
-                t.pinned |= 1 << i;
-                return Some(i as u8);
             }
             t.mrs[i] = None;
         }
@@ -384,13 +383,13 @@ impl Exec<'_> {
         use std::sync::atomic::Ordering::SeqCst;
         let t = &mut self.st.target;
         let m = t.mrs[i].as_ref()?;
-        let ctl_seg = m.strict_ctl.as_ref()?;
+        let (ctl_seg, state) = m.strict.as_ref()?;
         let (idx, _) = ctl::split_key(key);
         if t.counted & (1 << i) == 0 {
             ctl::mr_in_flight(ctl_seg, idx).fetch_add(1, SeqCst);
             t.counted |= 1 << i;
         }
-        if ctl::mr_still(ctl_seg, key, m.state) {
+        if ctl::mr_still(ctl_seg, key, *state) {
             t.pinned |= 1 << i;
             return Some(i as u8);
         }
@@ -411,7 +410,7 @@ impl Exec<'_> {
                 continue;
             }
             if let Some(m) = &t.mrs[i] {
-                if let Some(ctl_seg) = &m.strict_ctl {
+                if let Some((ctl_seg, _)) = &m.strict {
                     let (idx, _) = ctl::split_key(m.key);
                     ctl::mr_in_flight(ctl_seg, idx)
                         .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
@@ -433,13 +432,13 @@ impl Exec<'_> {
         let (idx, _) = ctl::split_key(key);
         // A strict MR's entry holds its node's control block, to take this
         // WR's in-flight count off it when done (`Exec::uncount`).
-        let strict_ctl = if info.strict {
-            Some(
-                self.qp
-                    .node
-                    .fabric
-                    .open_segment(&FabricInner::seg_name(slot, gen, "ctl"))?,
-            )
+        let strict = if info.strict {
+            let ctl = self
+                .qp
+                .node
+                .fabric
+                .open_segment(&FabricInner::seg_name(slot, gen, "ctl"))?;
+            Some((ctl, state))
         } else {
             None
         };
@@ -459,10 +458,13 @@ impl Exec<'_> {
         t.mrs[i] = Some(CachedMr {
             node: nk,
             key,
-            state,
+            // A strict entry's state word is in `strict`: this never
+            // matches one ((gen << 1 | 1) < u64::MAX), so the hit path
+            // sends it to `mr_strict`.
+            state: if info.strict { u64::MAX } else { state },
             info,
             seg,
-            strict_ctl,
+            strict,
         });
         if info.strict {
             return self.mr_strict(i, key);
@@ -471,18 +473,22 @@ impl Exec<'_> {
         Some(i as u8)
     }
 
-    fn mr_info(&self, i: u8) -> ctl::MrInfo {
+    /// The cached MR at `i` (one that fails every check if the entry is
+    /// empty), by reference: no copy per SGE.
+    #[inline(always)]
+    fn mr_info(&self, i: u8) -> &ctl::MrInfo {
+        const NO_MR: ctl::MrInfo = ctl::MrInfo {
+            gen: 0,
+            base: 0,
+            len: 0,
+            access: Access::NONE,
+            pd: u32::MAX,
+            seg_off: 0,
+            strict: false,
+        };
         match &self.st.target.mrs[i as usize] {
-            Some(m) => m.info,
-            None => ctl::MrInfo {
-                gen: 0,
-                base: 0,
-                len: 0,
-                access: Access::NONE,
-                pd: u32::MAX,
-                seg_off: 0,
-                strict: false,
-            },
+            Some(m) => &m.info,
+            None => &NO_MR,
         }
     }
 
