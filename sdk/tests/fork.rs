@@ -20,6 +20,7 @@ const ALLOC_NOT_REFUSED: i32 = 13;
 const MISS_NOT_REFUSED: i32 = 14;
 const MSG_NOT_REFUSED: i32 = 15;
 const META_READ_IN_CHILD: i32 = 16;
+const LEASE_NOT_REFUSED: i32 = 17;
 
 #[test]
 fn a_forked_worker_reads_its_parents_memory_on_inherited_state() {
@@ -82,6 +83,13 @@ fn a_forked_worker_reads_its_parents_memory_on_inherited_state() {
             }
             if node.engine().stats().meta != meta {
                 return META_READ_IN_CHILD;
+            }
+            // A lease's key would be a new MR: refused.
+            if !matches!(
+                buf.lease(0, 8, Access::REMOTE_READ, Duration::from_secs(1)),
+                Err(Error::Lease(krcore::LeaseError::Forked))
+            ) {
+                return LEASE_NOT_REFUSED;
             }
             OK
         })

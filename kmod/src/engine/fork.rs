@@ -28,7 +28,9 @@
 //!   (the RC pairs in the inherited pool are the parent's QPs, guarded by
 //!   the parent's locks: a child VQP's hint is refused with
 //!   [`EngineError::Unsupported`] and the VQP stays on its DCI; a child
-//!   starts no background build).
+//!   starts no background build), MR leases (a lease's key is a new MR:
+//!   `LeaseError::Forked`; the child's copies of the parent's leases are
+//!   the parent's, which it neither revokes nor sweeps).
 //! - **Lazy resources** (see [`super::Engine::start`]): what the parent had
 //!   not created before the fork is refused in the child, typed
 //!   ([`EngineError::Unsupported`]; a child creates no NIC object): the
@@ -147,6 +149,7 @@ impl<N: Nic> ForkKit<N> {
             .map(|i| self.dcis[i % self.dcis.len()].clone())
             .collect();
         inner.forked.store(true, Ordering::Relaxed);
+        inner.mrs.mark_forked();
         drop(pool);
         Ok(self.engine.clone())
     }

@@ -273,6 +273,10 @@ pub(crate) struct MrRegistry {
     words: Arc<PostWords>,
     leases: Arc<LeaseBook>,
     next_lease: AtomicU64,
+    /// A forked child's copy (`ForkKit::adopt`): no lease is made or
+    /// ended here (a lease's key is a new MR, and the keys are the
+    /// parent's objects).
+    forked: std::sync::atomic::AtomicBool,
 }
 
 impl Drop for MrRegistry {
@@ -299,6 +303,7 @@ impl MrRegistry {
             words,
             leases: Arc::default(),
             next_lease: AtomicU64::new(0),
+            forked: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -319,9 +324,22 @@ impl MrRegistry {
         self.words.mr_generation.fetch_add(1, Ordering::Release);
     }
 
-    /// Ends the leases expired by `now`; returns how many stay live.
+    /// Ends the leases expired by `now`; returns how many stay live. A
+    /// forked child ends none (its copies of the keys are the parent's).
     pub(crate) fn sweep(&self, now: Instant) -> usize {
+        if self.is_forked() {
+            return self.leases.state.lock().entries.len();
+        }
         self.leases.sweep(now)
+    }
+
+    /// Marks this registry a forked child's (see `forked`).
+    pub(crate) fn mark_forked(&self) {
+        self.forked.store(true, Ordering::Relaxed);
+    }
+
+    fn is_forked(&self) -> bool {
+        self.forked.load(Ordering::Relaxed)
     }
 
     /// The leases' counters.
@@ -446,6 +464,10 @@ pub enum LeaseError {
     /// The engine that registered the MR is gone.
     #[error("the MR's engine is closed")]
     EngineClosed,
+    /// Leases are the parent's business in a forked child (a lease's key
+    /// is a new MR, which a child does not create).
+    #[error("leasing in a forked child")]
+    Forked,
 }
 
 impl<N: Nic> Drop for OwnedInner<N> {
@@ -500,6 +522,7 @@ impl<N: Nic> OwnedMr<N> {
     /// registered while the lease is live.
     ///
     /// # Errors
+    /// [`LeaseError::Forked`] in a forked child,
     /// [`LeaseError::OutOfRange`] (also for an empty range),
     /// [`LeaseError::AccessMissing`] (the MR's own flags must include
     /// `access`, and `LOCAL_WRITE` for a remote write or atomic, as
@@ -512,6 +535,9 @@ impl<N: Nic> OwnedMr<N> {
         access: Access,
         expires_at: Instant,
     ) -> Result<Leased, LeaseError> {
+        if self.in_child() {
+            return Err(LeaseError::Forked);
+        }
         let mr = self.mr();
         let mr_len = mr.len() as u64;
         if len == 0 || offset.checked_add(len).is_none_or(|end| end > mr_len) {
@@ -587,8 +613,12 @@ impl<N: Nic> OwnedMr<N> {
     /// Revokes one lease; returns whether it was live. Its key is
     /// deregistered before this returns: a peer that posts it afterwards
     /// gets `REM_ACCESS_ERR` from the NIC, and no access through it moves
-    /// data any more.
+    /// data any more. In a forked child nothing is revoked (`false`): the
+    /// leases are the parent's.
     pub fn revoke(&self, id: LeaseId) -> bool {
+        if self.in_child() {
+            return false;
+        }
         let now = Instant::now();
         let live = {
             let mut l = self.inner.leases.lock();
@@ -610,6 +640,9 @@ impl<N: Nic> OwnedMr<N> {
     /// Revokes every lease; returns how many were live. Their keys are
     /// deregistered before this returns (as [`OwnedMr::revoke`]).
     pub fn revoke_all(&self) -> usize {
+        if self.in_child() {
+            return 0;
+        }
         let now = Instant::now();
         let ids: Vec<LeaseId> = {
             let mut l = self.inner.leases.lock();
@@ -627,6 +660,14 @@ impl<N: Nic> OwnedMr<N> {
             tracing::info!(revoked = ids.len(), "MR leases revoked");
         }
         ids.len()
+    }
+
+    /// In a forked child: the leases are the parent's (revoking one there
+    /// would destroy the parent's key, making one would make an MR), so
+    /// the child neither makes nor ends any.
+    fn in_child(&self) -> bool {
+        let child = self.inner.registry.upgrade().is_some_and(|r| r.is_forked());
+        child
     }
 
     /// Deregisters the keys of the leases `ids` (those still booked).
