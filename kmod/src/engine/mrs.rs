@@ -666,8 +666,7 @@ impl<N: Nic> OwnedMr<N> {
     /// would destroy the parent's key, making one would make an MR), so
     /// the child neither makes nor ends any.
     fn in_child(&self) -> bool {
-        let child = self.inner.registry.upgrade().is_some_and(|r| r.is_forked());
-        child
+        self.inner.registry.upgrade().is_some_and(|r| r.is_forked())
     }
 
     /// Deregisters the keys of the leases `ids` (those still booked).
