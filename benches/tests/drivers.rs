@@ -73,6 +73,101 @@ fn ycsb_refuses_fabrics_it_cannot_run() {
     assert!(err.contains("bad fabric"), "{err}");
 }
 
+/// YCSB's conventions: `-P` the shipped core workload files (later files
+/// and `-p` overriding), `-threads`, `-target`, `-s` status lines in
+/// YCSB's format; bad properties are one-line usage errors (exit 2);
+/// workload E is refused with its reason.
+#[test]
+fn ycsb_takes_property_files_overrides_and_ycsbs_flags() {
+    let bin = env!("CARGO_BIN_EXE_krcore-ycsb");
+    let file = |w: &str| format!("{}/../workloads/{w}", env!("CARGO_MANIFEST_DIR"));
+    let (c, a) = (file("workloadc"), file("workloada"));
+    // A then C: C's mix wins (read only); -p sets the sizes.
+    let (ok, out, err) = run(
+        bin,
+        &[
+            "-P",
+            &a,
+            "-P",
+            &c,
+            "-p",
+            "recordcount=300",
+            "-p",
+            "operationcount=600",
+            "-p",
+            "status.interval=0.2",
+            "-threads",
+            "2",
+            "-target",
+            "100000",
+            "-s",
+            "--node-mb",
+            "32",
+        ],
+    );
+    assert!(
+        ok,
+        "{err}
+{out}"
+    );
+    assert_eq!(field(&out, "READ", "Operations"), Some(600.0), "{out}");
+    assert_eq!(
+        field(&out, "UPDATE", "Operations"),
+        None,
+        "C reads only: {out}"
+    );
+    assert!(out.contains("threads=2"), "{out}");
+    // The final status line of the run phase: YCSB's format.
+    let last = err
+        .lines()
+        .rfind(|l| l.contains(" sec: ") && l.contains(" operations; "))
+        .unwrap_or_else(|| panic!("no status line: {err}"));
+    assert!(last.contains(" sec: 600 operations; "), "{last}");
+    assert!(last.contains(" current ops/sec"), "{last}");
+    // Without -P, the preset's properties take -p overrides too.
+    let (ok, out, err) = run(
+        bin,
+        &[
+            "--workload",
+            "b",
+            "-p",
+            "recordcount=100",
+            "-p",
+            "operationcount=200",
+            "-p",
+            "threadcount=3",
+            "--node-mb",
+            "32",
+        ],
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("threads=3"), "{out}");
+    let ops: f64 = ["READ", "UPDATE"]
+        .iter()
+        .filter_map(|s| field(&out, s, "Operations"))
+        .sum();
+    assert_eq!(ops, 200.0, "{out}");
+    // Usage errors: one line, exit 2.
+    for (args, says) in [
+        (
+            vec!["-P", c.as_str(), "-p", "recordcount=lots"],
+            "recordcount",
+        ),
+        (vec!["-P", c.as_str(), "-p", "nonsense"], "nonsense"),
+        (vec!["-P", "/no/such/workload"], "/no/such/workload"),
+        (vec!["-P", c.as_str(), "-target", "-5"], "target"),
+        (vec!["-P", c.as_str(), "-p", "threadcount=0"], "threads"),
+    ] {
+        let out = Command::new(bin).args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    let (ok, _, err) = run(bin, &["-P", &file("workloade")]);
+    assert!(!ok);
+    assert!(err.contains("scan"), "E is refused with its reason: {err}");
+}
+
 /// The deployed-store clients' `--config` files: a misspelt key is a usage
 /// error (exit 2) naming it, on one line, before anything connects.
 #[test]

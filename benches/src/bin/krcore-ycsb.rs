@@ -2,7 +2,8 @@
 //! generators and YCSB-format output.
 //!
 //! ```text
-//! krcore-ycsb [--workload a|b|c|d|f|PATH] [--records N] [--operations N]
+//! krcore-ycsb [-P FILE]... [-p KEY=VALUE]... [-threads N] [-target OPS] [-s]
+//!             [--workload a|b|c|d|f|PATH] [--records N] [--operations N]
 //!             [--threads N] [--db race|dashmap|redis] [--memory-nodes N]
 //!             [--latency-model none|cx4] [--json PATH] [--seed N]
 //!             [--processes N] [--fabric sim:mem|sim:NAME|sim:/path|verbs:DEV]
@@ -36,7 +37,7 @@ use krcore_benches::driver::{
     self, Backend, MapBackend, PhaseResult, RaceBackend, RedisBackend, RunOptions,
 };
 use krcore_benches::driver::{DeployedTarget, StoreBackend};
-use krcore_benches::ycsb::{KeySpace, Workload};
+use krcore_benches::ycsb::{KeySpace, Properties, Workload};
 use krcore_nic::sim::{LatencyModel, SimConfig, SimFabric};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -58,18 +59,39 @@ enum Db {
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Args {
-    /// Core workload a, b, c, d, e or f, or a YCSB property file.
+    /// Core workload a, b, c, d, e or f, or a YCSB property file (ignored
+    /// when -P files are given).
     #[arg(long, default_value = "a")]
     workload: String,
+    /// A YCSB property file, e.g. `workloads/workloada` (repeatable: later
+    /// files override earlier ones), as YCSB's `-P`.
+    #[arg(short = 'P', long = "property-file", value_name = "FILE")]
+    property_files: Vec<PathBuf>,
+    /// A property `key=value`, overriding the files (repeatable), as
+    /// YCSB's `-p`: recordcount, operationcount, threadcount, target,
+    /// status.interval and the core workload's properties.
+    #[arg(short = 'p', long = "prop", value_name = "KEY=VALUE")]
+    props: Vec<String>,
+    /// Operations per second to aim at (the whole run, every thread and
+    /// process; YCSB's `-target`; property `target`) [default: no limit].
+    #[arg(long, allow_negative_numbers = true)]
+    target: Option<f64>,
+    /// Print a status line every `status.interval` seconds (default 10)
+    /// on stderr, YCSB's `-s`.
+    #[arg(long)]
+    status: bool,
+    /// Seconds between status lines (property `status.interval`).
+    #[arg(long, hide = true, default_value_t = 10.0)]
+    status_interval: f64,
     /// Records loaded (overrides the workload's recordcount).
     #[arg(long)]
     records: Option<u64>,
     /// Run-phase operations (overrides the workload's operationcount).
     #[arg(long)]
     operations: Option<u64>,
-    /// Client threads.
-    #[arg(long, default_value_t = 1)]
-    threads: usize,
+    /// Client threads (YCSB's `-threads`; property `threadcount`) [default: 1].
+    #[arg(long)]
+    threads: Option<usize>,
     /// Backend.
     #[arg(long, value_enum, default_value_t = Db::Race)]
     db: Db,
@@ -160,18 +182,104 @@ fn ycsb_spellings(args: impl Iterator<Item = String>) -> Vec<String> {
         "-load" => "--phase=load".to_string(),
         "-t" => "--phase=run".to_string(),
         "-threads" => "--threads".to_string(),
+        "-target" => "--target".to_string(),
         "-s" => "--status".to_string(),
         _ => a,
     })
     .collect()
 }
 
-fn load_workload(spec: &str) -> Result<Workload, String> {
-    let mut chars = spec.chars();
-    match (chars.next(), chars.next()) {
-        (Some(c), None) => Workload::preset(c).map_err(|e| e.to_string()),
-        _ => Workload::from_file(spec).map_err(|e| e.to_string()),
+impl Args {
+    /// Client threads per process: `--threads`, else property
+    /// `threadcount` (folded in by [`resolve`]), else 1.
+    fn threads(&self) -> usize {
+        self.threads.unwrap_or(1)
     }
+
+    /// What the report's header names as the workload: the -P files, or
+    /// `--workload`.
+    fn workload_name(&self) -> String {
+        if self.property_files.is_empty() {
+            return self.workload.clone();
+        }
+        let files: Vec<String> = self
+            .property_files
+            .iter()
+            .map(|f| f.display().to_string())
+            .collect();
+        files.join("+")
+    }
+
+    /// The status interval, when `--status` asked for lines.
+    fn status_every(&self) -> Option<Duration> {
+        self.status
+            .then(|| Duration::from_secs_f64(self.status_interval))
+    }
+}
+
+/// The workload's properties: the -P files in order (or, without any,
+/// `--workload`'s preset or file), then the -p overrides.
+fn properties(args: &Args) -> Result<Properties, String> {
+    let mut props = if args.property_files.is_empty() {
+        let spec = &args.workload;
+        let mut chars = spec.chars();
+        match (chars.next(), chars.next()) {
+            (Some(c), None) => Workload::preset_properties(c).map_err(|e| e.to_string())?,
+            _ => Properties::from_file(spec).map_err(|e| e.to_string())?,
+        }
+    } else {
+        let mut p = Properties::new();
+        for f in &args.property_files {
+            p.extend(&Properties::from_file(f).map_err(|e| e.to_string())?);
+        }
+        p
+    };
+    for a in &args.props {
+        props
+            .set_assignment(a)
+            .map_err(|e| format!("-p {a}: {e}"))?;
+    }
+    Ok(props)
+}
+
+/// A property as a number, checked.
+fn number<T: std::str::FromStr>(p: &Properties, key: &str) -> Result<Option<T>, String> {
+    p.get(key)
+        .map(|v| {
+            v.trim()
+                .parse()
+                .map_err(|_| format!("property {key}={v}: not a valid number"))
+        })
+        .transpose()
+}
+
+/// The workload, with the driver settings the properties carry folded
+/// into `args` (flags win): threadcount, target, status.interval.
+fn resolve(args: &mut Args) -> Result<Workload, String> {
+    let props = properties(args)?;
+    if args.threads.is_none() {
+        args.threads = number(&props, "threadcount")?;
+    }
+    if args.threads == Some(0) {
+        return Err("threads (threadcount) must be at least 1".into());
+    }
+    if args.target.is_none() {
+        args.target = number(&props, "target")?;
+    }
+    if let Some(t) = args.target {
+        if !(t.is_finite() && t > 0.0) {
+            return Err(format!(
+                "target {t}: must be a positive number of operations per second"
+            ));
+        }
+    }
+    if let Some(s) = number::<f64>(&props, "status.interval")? {
+        args.status_interval = s;
+    }
+    if !(args.status_interval.is_finite() && args.status_interval > 0.0) {
+        return Err("status.interval must be a positive number of seconds".into());
+    }
+    Workload::from_properties(&props).map_err(|e| e.to_string())
 }
 
 fn main() -> ExitCode {
@@ -189,7 +297,8 @@ fn main() -> ExitCode {
             }
         };
     }
-    let mut workload = match load_workload(&args.workload) {
+    let mut args = args;
+    let mut workload = match resolve(&mut args) {
         Ok(w) => w,
         Err(e) => {
             eprintln!("krcore-ycsb: {e}");
@@ -261,16 +370,18 @@ fn main() -> ExitCode {
         },
     };
     let opts = RunOptions {
-        threads: args.threads.max(1),
+        threads: args.threads().max(1),
         seed: args.seed,
         progress: true,
+        target: args.target,
+        status: args.status_every(),
         ..RunOptions::default()
     };
     let keys = KeySpace::new(&workload);
     println!(
         "# krcore-ycsb: db={} workload={} records={} operations={} threads={}",
         backend.name(),
-        args.workload,
+        args.workload_name(),
         records,
         operations,
         opts.threads
@@ -385,10 +496,10 @@ fn run_multi(
         }
     };
     let processes = args.processes.max(1);
-    let threads = args.threads.max(1);
+    let threads = args.threads().max(1);
     println!(
         "# krcore-ycsb: db=race workload={} records={} operations={} processes={} threads/process={} fabric=sim:{}",
-        args.workload,
+        args.workload_name(),
         records,
         operations,
         processes,
@@ -402,6 +513,7 @@ fn run_multi(
         writer: 0,
         log_writes: false,
         fail_fast: false,
+        target: args.target,
         memory_nodes: opts.memory_nodes,
         phase: Phase::Load,
         workload: workload.clone(),
@@ -485,7 +597,7 @@ fn run_deployed(args: &Args, workload: Workload, records: u64, operations: u64) 
     };
     let wait = Duration::from_secs(args.wait_s);
     let processes = args.processes.max(1);
-    let threads = args.threads.max(1);
+    let threads = args.threads().max(1);
     // In this process: the backend (its compute node) is made once.
     let local = if processes == 1 {
         match StoreBackend::connect(&target, wait) {
@@ -497,7 +609,7 @@ fn run_deployed(args: &Args, workload: Workload, records: u64, operations: u64) 
     };
     println!(
         "# krcore-ycsb: db=race store={} meta={} fabric={} workload={} records={} operations={} processes={} threads/process={}",
-        target.store, target.meta, target.fabric, args.workload, records, operations, processes, threads
+        target.store, target.meta, target.fabric, args.workload_name(), records, operations, processes, threads
     );
     let exe = match std::env::current_exe() {
         Ok(e) => e,
@@ -518,6 +630,8 @@ fn run_deployed(args: &Args, workload: Workload, records: u64, operations: u64) 
                     log_writes: log,
                     stop: Some(stop.clone()),
                     fail_fast: args.fail_fast,
+                    target: args.target,
+                    status: args.status_every(),
                     ..RunOptions::default()
                 };
                 let keys = KeySpace::new(&workload);
@@ -534,6 +648,7 @@ fn run_deployed(args: &Args, workload: Workload, records: u64, operations: u64) 
                     writer: 0,
                     log_writes: log,
                     fail_fast: args.fail_fast,
+                    target: args.target,
                     memory_nodes: 0,
                     phase,
                     workload: workload.clone(),

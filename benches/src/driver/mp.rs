@@ -56,6 +56,9 @@ pub struct ChildSpec {
     /// Whether the child ends its phase at its first failed operation.
     #[serde(default)]
     pub fail_fast: bool,
+    /// This child's share of YCSB's `-target` (operations per second).
+    #[serde(default)]
+    pub target: Option<f64>,
     /// Memory nodes published on it.
     pub memory_nodes: u8,
     /// The phase.
@@ -135,6 +138,7 @@ pub fn child_specs(
         let mut s = base.clone();
         s.seed = base.seed.wrapping_add(1000 * i as u64);
         s.writer = base.writer + (i * base.threads.max(1)) as u64;
+        s.target = base.target.map(|t| t / processes.max(1) as f64);
         match base.phase {
             Phase::Load => {
                 s.workload.insert_start = start;
@@ -246,6 +250,8 @@ pub fn child_main(spec: &ChildSpec) -> Result<(), String> {
         log_writes: spec.log_writes,
         stop: Some(Arc::new(std::sync::atomic::AtomicBool::new(false))),
         fail_fast: spec.fail_fast,
+        target: spec.target,
+        status: None,
         progress: false,
         gate: Some(Gate(Arc::new(move || {
             say("READY");
@@ -299,6 +305,7 @@ mod tests {
             writer: 0,
             log_writes: false,
             fail_fast: false,
+            target: Some(90.0),
             memory_nodes: 2,
             phase: Phase::Load,
             workload: sized(Workload::preset('a').unwrap(), 10, 100),
@@ -322,5 +329,7 @@ mod tests {
         assert_eq!(ops, vec![34, 33, 33]);
         assert!(run.iter().all(|s| s.workload.load_range() == (0..10)));
         assert_ne!(run[0].seed, run[1].seed);
+        // -target is the whole run's: each child gets its share.
+        assert!(run.iter().all(|s| s.target == Some(30.0)));
     }
 }

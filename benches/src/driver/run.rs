@@ -39,6 +39,14 @@ pub struct RunOptions {
     /// Sets `stop` at the first failed operation (a dead memory node ends
     /// the run at once instead of failing every later operation).
     pub fail_fast: bool,
+    /// YCSB's `-target`: operations per second of the whole phase (of
+    /// this process), each thread paced at its share; `None`: as fast as
+    /// the backend goes.
+    pub target: Option<f64>,
+    /// YCSB's `-s`: a status line on stderr at this interval (YCSB's
+    /// format: time, seconds, operations, current ops/s, estimated
+    /// completion), and one at the end.
+    pub status: Option<Duration>,
 }
 
 impl RunOptions {
@@ -88,8 +96,101 @@ impl Default for RunOptions {
             log_writes: false,
             stop: None,
             fail_fast: false,
+            target: None,
+            status: None,
         }
     }
+}
+
+/// Paces one thread at `rate` operations per second (YCSB's `-target`):
+/// operation `n` starts no earlier than `n / rate` after the phase began.
+#[derive(Clone, Copy, Debug)]
+struct Pacer {
+    start: Instant,
+    per_op: Option<f64>,
+}
+
+impl Pacer {
+    fn new(opts: &RunOptions, start: Instant) -> Pacer {
+        let threads = opts.threads.max(1) as f64;
+        Pacer {
+            start,
+            per_op: opts
+                .target
+                .filter(|t| *t > 0.0 && t.is_finite())
+                .map(|t| threads / t),
+        }
+    }
+
+    /// Waits until operation `n` is due.
+    fn wait(&self, n: u64) {
+        let Some(per_op) = self.per_op else {
+            return;
+        };
+        let due = self.start + Duration::from_secs_f64(n as f64 * per_op);
+        loop {
+            let now = Instant::now();
+            if now >= due {
+                return;
+            }
+            let left = due - now;
+            if left > Duration::from_micros(200) {
+                std::thread::sleep(left - Duration::from_micros(100));
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+}
+
+/// Operations a thread does between two updates of the shared counter
+/// (progress bar, status lines).
+const COUNT_EVERY: u64 = 64;
+
+/// `t` as YCSB's status lines print it: `YYYY-MM-DD HH:MM:SS:mmm` (UTC).
+pub fn ycsb_timestamp(t: std::time::SystemTime) -> String {
+    let d = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO);
+    let secs = d.as_secs();
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}:{:03}",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60,
+        d.subsec_millis()
+    )
+}
+
+/// One status line (YCSB's `-s` format, without the per-operation
+/// brackets): `done` operations of `total` after `elapsed`, `current`
+/// ops/s over the last interval.
+pub fn status_line(elapsed: Duration, done: u64, total: u64, current: f64) -> String {
+    let secs = elapsed.as_secs();
+    let rate = done as f64 / elapsed.as_secs_f64().max(1e-9);
+    let eta = if done >= total || rate <= 0.0 {
+        String::new()
+    } else {
+        format!(
+            "; est completion in {} seconds",
+            ((total - done) as f64 / rate).ceil() as u64
+        )
+    };
+    format!(
+        "{} {secs} sec: {done} operations; {current:.1} current ops/sec{eta}",
+        ycsb_timestamp(std::time::SystemTime::now())
+    )
 }
 
 /// The outcome of one phase.
@@ -160,9 +261,20 @@ struct Progress {
 }
 
 impl Progress {
-    fn start(enabled: bool, total: u64, label: &'static str) -> Progress {
+    fn start(opts: &RunOptions, total: u64, label: &'static str) -> Progress {
+        let enabled = opts.progress;
         let done = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
+        if let Some(every) = opts.status {
+            // Status lines instead of the bar (both write stderr).
+            let (d, s) = (done.clone(), stop.clone());
+            let ticker = std::thread::spawn(move || status_ticker(&d, &s, total, every));
+            return Progress {
+                done,
+                stop,
+                ticker: Some(ticker),
+            };
+        }
         let ticker = (enabled && std::io::stderr().is_terminal() && total >= 100_000).then(|| {
             let (done, stop) = (done.clone(), stop.clone());
             std::thread::spawn(move || {
@@ -195,6 +307,28 @@ impl Progress {
         if let Some(t) = self.ticker.take() {
             let _ = t.join();
         }
+    }
+}
+
+/// Prints a status line every `every` until `stop`, and one at the end.
+fn status_ticker(done: &AtomicU64, stop: &AtomicBool, total: u64, every: Duration) {
+    let start = Instant::now();
+    let (mut last_n, mut last_t) = (0u64, start);
+    let mut next = start + every;
+    loop {
+        let finished = stop.load(Ordering::Relaxed);
+        let now = Instant::now();
+        if finished || now >= next {
+            let n = done.load(Ordering::Relaxed);
+            let current = (n - last_n.min(n)) as f64 / (now - last_t).as_secs_f64().max(1e-9);
+            eprintln!("{}", status_line(now - start, n, total, current));
+            (last_n, last_t) = (n, now);
+            next += every;
+        }
+        if finished {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20).min(next.saturating_duration_since(now)));
     }
 }
 
@@ -276,7 +410,7 @@ pub fn run_load(
         .map(|_| backend.client())
         .collect::<Result<_, _>>()?;
     opts.pass_gate()?;
-    let progress = Progress::start(opts.progress, workload.record_count, "load");
+    let progress = Progress::start(opts, workload.record_count, "load");
     let start = Instant::now();
     let results: Vec<Result<ThreadResult, PhaseError>> = std::thread::scope(|s| {
         let hs: Vec<_> = clients
@@ -289,10 +423,12 @@ pub fn run_load(
                     let mut value = Vec::new();
                     let value_len = workload.value_size() as usize;
                     let mut n = 0u64;
+                    let pacer = Pacer::new(opts, start);
                     while let Some(k) = keys.next_load_key() {
                         if opts.stopped() {
                             break;
                         }
+                        pacer.wait(n);
                         let key = workload.key_name(k);
                         fill_value(&mut value, value_len, k, 0);
                         let t0 = Instant::now();
@@ -301,10 +437,11 @@ pub fn run_load(
                         m.record(Operation::Insert, r, t0.elapsed());
                         opts.note(r);
                         n += 1;
-                        if n % 1024 == 0 {
-                            done.fetch_add(1024, Ordering::Relaxed);
+                        if n % COUNT_EVERY == 0 {
+                            done.fetch_add(COUNT_EVERY, Ordering::Relaxed);
                         }
                     }
+                    done.fetch_add(n % COUNT_EVERY, Ordering::Relaxed);
                     (t, m, take_first_error())
                 })
             })
@@ -346,7 +483,7 @@ pub fn run_phase(
         .collect::<Result<_, _>>()?;
     let total = workload.operation_count;
     opts.pass_gate()?;
-    let progress = Progress::start(opts.progress, total, "run");
+    let progress = Progress::start(opts, total, "run");
     let start = Instant::now();
     let results: Vec<Result<ThreadResult, PhaseError>> = std::thread::scope(|s| {
         let hs: Vec<_> = clients
@@ -370,10 +507,13 @@ pub fn run_phase(
                     };
                     let (mut value, mut out) = (Vec::new(), Vec::new());
                     let value_len = workload.value_size() as usize;
+                    let pacer = Pacer::new(opts, start);
+                    let mut n = 0u64;
                     for i in 0..share {
                         if opts.stopped() {
                             break;
                         }
+                        pacer.wait(i);
                         let req = gen.next_request(&mut rng, keys);
                         let key = workload.key_name(req.keynum);
                         let t0 = Instant::now();
@@ -428,10 +568,12 @@ pub fn run_phase(
                                 m.record(Operation::Scan, Status::Error, t0.elapsed());
                             }
                         }
-                        if i % 1024 == 1023 {
-                            done.fetch_add(1024, Ordering::Relaxed);
+                        n += 1;
+                        if n % COUNT_EVERY == 0 {
+                            done.fetch_add(COUNT_EVERY, Ordering::Relaxed);
                         }
                     }
+                    done.fetch_add(n % COUNT_EVERY, Ordering::Relaxed);
                     (m, take_first_error(), writes)
                 })
             })
@@ -451,6 +593,49 @@ pub fn run_phase(
 mod tests {
     use super::*;
     use crate::driver::MapBackend;
+
+    #[test]
+    fn status_lines_use_ycsbs_time_format() {
+        let at = |secs: u64, ms: u64| {
+            ycsb_timestamp(std::time::UNIX_EPOCH + Duration::from_millis(secs * 1000 + ms))
+        };
+        assert_eq!(at(0, 0), "1970-01-01 00:00:00:000");
+        // A leap day, and the last millisecond of a year.
+        assert_eq!(at(951_782_400 + 3_723, 45), "2000-02-29 01:02:03:045");
+        assert_eq!(at(1_798_761_599, 999), "2026-12-31 23:59:59:999");
+        let line = status_line(Duration::from_secs(10), 1000, 4000, 123.45);
+        let (stamp, rest) = line.split_at(23);
+        assert_eq!(stamp.len(), 23, "{line}");
+        assert_eq!(
+            rest,
+            " 10 sec: 1000 operations; 123.5 current ops/sec; est completion in 30 seconds"
+        );
+        let done = status_line(Duration::from_secs(40), 4000, 4000, 100.0);
+        assert!(
+            done.ends_with(" 40 sec: 4000 operations; 100.0 current ops/sec"),
+            "{done}"
+        );
+    }
+
+    #[test]
+    fn the_pacer_spaces_each_threads_operations_by_its_share_of_the_target() {
+        let start = Instant::now();
+        let opts = RunOptions {
+            threads: 4,
+            target: Some(1000.0),
+            ..RunOptions::default()
+        };
+        // 4 threads at 1000 ops/s: each thread one op per 4 ms.
+        let p = Pacer::new(&opts, start);
+        assert_eq!(p.per_op, Some(0.004));
+        for bad in [None, Some(0.0), Some(-1.0), Some(f64::INFINITY)] {
+            let o = RunOptions {
+                target: bad,
+                ..RunOptions::default()
+            };
+            assert_eq!(Pacer::new(&o, start).per_op, None, "{bad:?}: unpaced");
+        }
+    }
 
     #[test]
     fn map_backend_runs_every_workload_but_e() {

@@ -153,6 +153,15 @@ impl Workload {
     /// # Errors
     /// [`YcsbError::UnknownPreset`] for any other letter.
     pub fn preset(letter: char) -> Result<Self> {
+        Self::from_properties(&Self::preset_properties(letter)?)
+    }
+
+    /// The properties of YCSB's core workload `letter` (the files under
+    /// `workloads/`), to override before building it.
+    ///
+    /// # Errors
+    /// [`YcsbError::UnknownPreset`] for a letter other than a-f.
+    pub fn preset_properties(letter: char) -> Result<Properties> {
         let mix = match letter.to_ascii_lowercase() {
             'a' => {
                 "readproportion=0.5\nupdateproportion=0.5\nscanproportion=0\ninsertproportion=0\n\
@@ -184,7 +193,7 @@ impl Workload {
             "recordcount=1000\noperationcount=1000\nworkload=site.ycsb.workloads.CoreWorkload\n\
              readallfields=true\n{mix}\n"
         );
-        Self::parse(&text)
+        Properties::parse(&text)
     }
 
     /// Parses the text of a YCSB property file.
