@@ -157,6 +157,10 @@ fn ycsb_takes_property_files_overrides_and_ycsbs_flags() {
         (vec!["-P", "/no/such/workload"], "/no/such/workload"),
         (vec!["-P", c.as_str(), "-target", "-5"], "target"),
         (vec!["-P", c.as_str(), "-p", "threadcount=0"], "threads"),
+        (
+            vec!["-P", c.as_str(), "-s", "--processes", "2"],
+            "unsupported",
+        ),
     ] {
         let out = Command::new(bin).args(&args).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);

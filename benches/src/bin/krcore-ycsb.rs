@@ -305,6 +305,12 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if args.status && args.processes > 1 {
+        eprintln!(
+            "krcore-ycsb: unsupported: -s (status lines) with --processes > 1 (each client process runs its own share; use one process with -threads)"
+        );
+        return ExitCode::from(2);
+    }
     if let Err(e) = workload.ensure_no_scan() {
         eprintln!("krcore-ycsb: {e}");
         return ExitCode::from(2);
