@@ -482,6 +482,10 @@ impl<T: race_store::remote::Transport + Send> KvClient for RaceKv<T> {
             Err(e) => Err(store(&e)),
         }
     }
+
+    fn retries(&self) -> Option<u64> {
+        Some(self.client.stats().retries)
+    }
 }
 
 impl Backend for SharedRaceBackend {

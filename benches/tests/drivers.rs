@@ -142,6 +142,9 @@ fn ycsb_takes_property_files_overrides_and_ycsbs_flags() {
     );
     assert!(ok, "{err}");
     assert!(out.contains("threads=3"), "{out}");
+    // The store's restarted attempts per write type (race counts them).
+    let retries = field(&out, "UPDATE", "Retries");
+    assert!(retries.is_some(), "a Retries line for UPDATE: {out}");
     let ops: f64 = ["READ", "UPDATE"]
         .iter()
         .filter_map(|s| field(&out, s, "Operations"))

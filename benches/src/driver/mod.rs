@@ -56,6 +56,12 @@ pub trait KvClient: Send {
     fn insert(&mut self, key: &[u8], value: &[u8]) -> Result<(), BackendError>;
     /// Replaces the value of an existing `key`; `Found::No` when absent.
     fn update(&mut self, key: &[u8], value: &[u8]) -> Result<Found, BackendError>;
+    /// Attempts the store restarted so far (failed CAS, stale cache, ...),
+    /// cumulative; `None` for a backend that does not count them. The
+    /// driver reports the difference across each write as `Retries`.
+    fn retries(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// A store the driver can run against.

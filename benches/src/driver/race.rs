@@ -115,6 +115,10 @@ impl KvClient for RaceClient {
             Err(e) => Err(store(e)),
         }
     }
+
+    fn retries(&self) -> Option<u64> {
+        Some(self.client.stats().retries)
+    }
 }
 
 impl Backend for RaceBackend {

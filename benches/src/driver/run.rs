@@ -332,6 +332,15 @@ fn status_ticker(done: &AtomicU64, stop: &AtomicBool, total: u64, every: Duratio
     }
 }
 
+/// Adds the store's restarted attempts across one write (`before` and
+/// `after` its call) to `op`'s `Retries`, when the backend counts them.
+#[inline]
+fn count_retries(m: &mut Measurements, op: Operation, before: Option<u64>, after: Option<u64>) {
+    if let (Some(b), Some(a)) = (before, after) {
+        m.add_retries(op, a.saturating_sub(b));
+    }
+}
+
 thread_local! {
     static FIRST_ERROR: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
 }
@@ -432,9 +441,11 @@ pub fn run_load(
                         let key = workload.key_name(k);
                         fill_value(&mut value, value_len, k, 0);
                         let t0 = Instant::now();
+                        let before = client.retries();
                         let r =
                             status_of(client.insert(key.as_bytes(), &value).map(|_| Found::Yes));
                         m.record(Operation::Insert, r, t0.elapsed());
+                        count_retries(&mut m, Operation::Insert, before, client.retries());
                         opts.note(r);
                         n += 1;
                         if n % COUNT_EVERY == 0 {
@@ -526,17 +537,21 @@ pub fn run_phase(
                             Operation::Update => {
                                 let version = version_tag(writer, i);
                                 fill_value(&mut value, value_len, req.keynum, version);
+                                let before = client.retries();
                                 let r = status_of(client.update(key.as_bytes(), &value));
                                 m.record(Operation::Update, r, t0.elapsed());
+                                count_retries(&mut m, Operation::Update, before, client.retries());
                                 opts.note(r);
                                 logged(req.keynum, version, t0, &r);
                             }
                             Operation::Insert => {
                                 fill_value(&mut value, value_len, req.keynum, 0);
+                                let before = client.retries();
                                 let r = status_of(
                                     client.insert(key.as_bytes(), &value).map(|_| Found::Yes),
                                 );
                                 m.record(Operation::Insert, r, t0.elapsed());
+                                count_retries(&mut m, Operation::Insert, before, client.retries());
                                 opts.note(r);
                                 logged(req.keynum, 0, t0, &r);
                                 // Acknowledged whether or not it succeeded,
@@ -551,9 +566,11 @@ pub fn run_phase(
                                 let t1 = Instant::now();
                                 let version = version_tag(writer, i);
                                 fill_value(&mut value, value_len, req.keynum, version);
+                                let before = client.retries();
                                 let w = client.update(key.as_bytes(), &value);
                                 let ws = status_of(w);
                                 m.record(Operation::Update, ws, t1.elapsed());
+                                count_retries(&mut m, Operation::Update, before, client.retries());
                                 logged(req.keynum, version, t1, &ws);
                                 let whole = if rs.is_ok() && ws.is_ok() {
                                     Status::Ok

@@ -63,6 +63,9 @@ impl Status {
 pub struct Metric {
     histogram: Histogram<u64>,
     returns: [u64; 3],
+    /// Attempts the store restarted (failed CAS, ...) for this metric's
+    /// operations; `None` when the backend does not count them.
+    retries: Option<u64>,
 }
 
 impl Metric {
@@ -71,6 +74,7 @@ impl Metric {
             // 3 significant digits is within hdrhistogram's 0..=5: cannot fail.
             histogram: Histogram::new(3).expect("sigfig 3 is a valid histogram precision"),
             returns: [0; 3],
+            retries: None,
         }
     }
 
@@ -94,6 +98,12 @@ impl Metric {
     /// How many calls returned `status`.
     pub fn count(&self, status: Status) -> u64 {
         self.returns[status.index()]
+    }
+
+    /// Attempts restarted by the store for these operations (`None`: the
+    /// backend does not count them).
+    pub fn retries(&self) -> Option<u64> {
+        self.retries
     }
 
     /// Whether any return status was counted.
@@ -143,6 +153,13 @@ impl Measurements {
         self.metric_mut(metric).record_micros(micros);
     }
 
+    /// Adds `n` restarted attempts (failed CASes, ...) to `op`'s metric:
+    /// the report's `[UPDATE], Retries` line.
+    pub fn add_retries(&mut self, op: Operation, n: u64) {
+        let m = self.metric_mut(op.metric_name());
+        m.retries = Some(m.retries.unwrap_or(0) + n);
+    }
+
     /// Counts one return status under `metric` (YCSB's `reportStatus`).
     pub fn report_status(&mut self, metric: &str, status: Status) {
         self.metric_mut(metric).returns[status.index()] += 1;
@@ -177,6 +194,9 @@ impl Measurements {
             for (mine, their) in ours.returns.iter_mut().zip(theirs.returns) {
                 *mine += their;
             }
+            if let Some(r) = theirs.retries {
+                ours.retries = Some(ours.retries.unwrap_or(0) + r);
+            }
         }
         Ok(())
     }
@@ -209,6 +229,9 @@ pub struct MetricWire {
     /// its count. Re-recording them rebuilds the same buckets, so quantiles,
     /// min and max are those of the original histogram.
     pub buckets: Vec<(u64, u64)>,
+    /// Restarted attempts, when the backend counts them.
+    #[serde(default)]
+    pub retries: Option<u64>,
 }
 
 /// [`Measurements`] as plain data, to send from a client process to the
@@ -229,6 +252,7 @@ impl Measurements {
                 .map(|(name, m)| MetricWire {
                     name: name.clone(),
                     returns: m.returns,
+                    retries: m.retries,
                     buckets: m
                         .histogram
                         .iter_recorded()
@@ -250,6 +274,7 @@ impl Measurements {
         for w in &wire.metrics {
             let m = out.metric_mut(&w.name);
             m.returns = w.returns;
+            m.retries = w.retries;
             let mut prev = None;
             for &(value, count) in &w.buckets {
                 if prev.is_some_and(|p| value <= p) {
@@ -328,6 +353,8 @@ mod tests {
             Status::NotFound,
             Duration::from_micros(3),
         );
+        m.add_retries(Operation::Update, 3);
+        m.add_retries(Operation::Update, 4);
         let json = serde_json::to_string(&m.to_wire()).unwrap();
         let back = Measurements::from_wire(&serde_json::from_str(&json).unwrap()).unwrap();
         let names: Vec<_> = back.iter().map(|(n, _)| n.to_string()).collect();
@@ -347,12 +374,37 @@ mod tests {
             for s in Status::ALL {
                 assert_eq!(a.count(s), b.count(s));
             }
+            assert_eq!(a.retries(), b.retries(), "{name}");
         }
+        assert_eq!(back.get("UPDATE").unwrap().retries(), Some(7));
+        assert_eq!(
+            back.get("READ").unwrap().retries(),
+            None,
+            "not counted: absent"
+        );
+        // Merged: summed where counted.
+        let mut twice = back.clone();
+        twice.merge(&back).unwrap();
+        assert_eq!(twice.get("UPDATE").unwrap().retries(), Some(14));
+        // Older wire data without the field reads as not counted.
+        let old: MeasurementsWire = serde_json::from_str(
+            r#"{"metrics":[{"name":"READ","returns":[1,0,0],"buckets":[[5,1]]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            Measurements::from_wire(&old)
+                .unwrap()
+                .get("READ")
+                .unwrap()
+                .retries(),
+            None
+        );
         let bad = MeasurementsWire {
             metrics: vec![MetricWire {
                 name: "READ".into(),
                 returns: [0; 3],
                 buckets: vec![(40, 1), (12, 1)],
+                retries: None,
             }],
         };
         assert!(matches!(

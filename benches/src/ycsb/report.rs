@@ -75,6 +75,10 @@ pub struct MetricReport {
     /// `Return=<STATUS>` counts. Empty when the metric counts no statuses
     /// (`-FAILED` metrics); otherwise `OK` always, others when nonzero.
     pub returns: Vec<ReturnCount>,
+    /// `Retries`: attempts the store restarted (failed CAS, ...) for these
+    /// operations; absent when the backend does not count them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retries: Option<u64>,
 }
 
 /// One percentile of a latency histogram.
@@ -217,6 +221,7 @@ impl MetricReport {
                 })
                 .collect(),
             returns,
+            retries: metric.retries(),
         }
     }
 }
@@ -250,6 +255,9 @@ impl fmt::Display for Report {
             }
             for r in &m.returns {
                 writeln!(f, "{g}, Return={}, {}", r.status.name(), r.count)?;
+            }
+            if let Some(n) = m.retries {
+                writeln!(f, "{g}, Retries, {n}")?;
             }
         }
         Ok(())
