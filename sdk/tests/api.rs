@@ -316,6 +316,19 @@ fn atomics_on_one_vqp_from_two_threads_keep_their_own_old_values() {
     assert_eq!(region.load_u64(64).unwrap(), OPS);
 }
 
+/// The next completion of `vqp`'s verbs-level posts (bounded wait).
+fn first_completion(vqp: &krcore::Vqp) -> krcore::Wc {
+    let mut wc = [krcore::Wc::default()];
+    let t0 = std::time::Instant::now();
+    while vqp.poll(&mut wc).unwrap() == 0 {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(10),
+            "no completion"
+        );
+    }
+    wc[0]
+}
+
 /// A raw post to a key the VQP knows no grant for is refused before the
 /// NIC (`Error::NotGranted`), until the VQP is granted the token or opts
 /// out; a lease's key dies at the NIC when the lease is revoked, even for
@@ -340,17 +353,9 @@ fn raw_posts_need_a_grant_and_a_revoked_lease_key_fails_at_the_nic() {
         }
         other => panic!("{other:?}"),
     }
-    let poll_one = || {
-        let mut wc = [krcore::Wc::default()];
-        let t0 = std::time::Instant::now();
-        while vqp.poll(&mut wc).unwrap() == 0 {
-            assert!(t0.elapsed() < std::time::Duration::from_secs(10));
-        }
-        wc[0]
-    };
     vqp.grant(&token).unwrap();
     vqp.post(&mut read(token.at(8))).unwrap();
-    assert_eq!(poll_one().status, WcStatus::Success);
+    assert_eq!(first_completion(&vqp).status, WcStatus::Success);
     assert_eq!(buf.load_u64(0).unwrap(), 5);
     // A lease, posted by a VQP that opted out: the NIC alone judges it.
     let (id, lease) = region
@@ -364,19 +369,11 @@ fn raw_posts_need_a_grant_and_a_revoked_lease_key_fails_at_the_nic() {
     assert_ne!(lease.rkey, token.rkey);
     let raw = client.connect(server.gid()).unwrap();
     raw.set_ungranted(Ungranted::Allow);
-    let poll_raw = || {
-        let mut wc = [krcore::Wc::default()];
-        let t0 = std::time::Instant::now();
-        while raw.poll(&mut wc).unwrap() == 0 {
-            assert!(t0.elapsed() < std::time::Duration::from_secs(10));
-        }
-        wc[0]
-    };
     raw.post(&mut read(lease.at(0))).unwrap();
-    assert_eq!(poll_raw().status, WcStatus::Success);
+    assert_eq!(first_completion(&raw).status, WcStatus::Success);
     assert!(region.revoke(id));
     raw.post(&mut read(lease.at(0))).unwrap();
-    assert_eq!(poll_raw().status, WcStatus::RemAccessErr);
+    assert_eq!(first_completion(&raw).status, WcStatus::RemAccessErr);
     // Through the request API (which makes the token's grant known): a
     // live lease reads, a revoked one fails at the NIC, typed.
     let (id, lease) = region

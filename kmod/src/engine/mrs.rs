@@ -238,7 +238,8 @@ impl LeaseBook {
         self.wake.notify_one();
     }
 
-    /// Takes the lease `id` out (revoked); `None` when it is not live.
+    /// Takes the booked leases among `ids` out (revoked); those not booked
+    /// (ended already) are skipped.
     fn remove(&self, ids: &[LeaseId]) -> Vec<BookEntry> {
         let mut st = self.state.lock();
         let mut out = Vec::new();
