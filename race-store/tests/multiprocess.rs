@@ -7,7 +7,8 @@
 //! doublings happen while the processes load it.
 //!
 //! * `processes_model_check_with_splits`: random get / insert / put / update
-//!   / delete / rmw from several processes. Each process checks its own key
+//!   / delete / rmw, and batches of them (`Client::batch`), from several
+//!   processes. Each process checks its own key
 //!   range exactly against a `HashMap` and reports it in a file; shared keys
 //!   get values `p<proc>:<seq>` that must be linearizable-plausible (a
 //!   process never reads back an older own write, nor an older write of
@@ -24,6 +25,7 @@
 
 use krcore::{MetaLocation, Node};
 use krcore_nic::sim::SimFabric;
+use race_store::client::Op;
 use race_store::clock::{Clock, WallClock};
 use race_store::layout::dir_header::DirHeader;
 use race_store::layout::slot::RemotePtr;
@@ -152,6 +154,54 @@ fn parse_shared(v: &[u8]) -> (u64, u64) {
     (p.parse().unwrap(), q.parse().unwrap())
 }
 
+/// A batch of 2 to 8 operations on own keys (`Client::batch`, repeated
+/// keys included), each reply checked against the reference in submission
+/// order.
+fn batch_on_own_keys(
+    c: &mut Client<VqpTransport<krcore_nic::AnyNic>>,
+    reference: &mut HashMap<Vec<u8>, Vec<u8>>,
+    me: u64,
+    i: u64,
+    rng: &mut Rng,
+) {
+    let n = 2 + rng.next() % 7;
+    let items: Vec<(u64, Vec<u8>, Vec<u8>)> = (0..n)
+        .map(|j| {
+            let y = rng.next();
+            let key = format!("p{me}-k{}", (y >> 8) % 150).into_bytes();
+            (y % 5, key, format!("b{i}-{j}").into_bytes())
+        })
+        .collect();
+    let ops: Vec<Op<'_>> = items
+        .iter()
+        .map(|(kind, k, v)| match kind {
+            0 => Op::Get(k),
+            1 => Op::Insert(k, v),
+            2 => Op::Put(k, v),
+            3 => Op::Update(k, v),
+            _ => Op::Delete(k),
+        })
+        .collect();
+    for (op, reply) in ops.iter().zip(c.batch(&ops)) {
+        let key = op.key().to_vec();
+        let present = reference.contains_key(&key);
+        let want = match *op {
+            Op::Get(_) => Ok(reference.get(&key).cloned()),
+            Op::Insert(..) if present => Err(Error::KeyExists),
+            Op::Update(..) | Op::Delete(_) if !present => Err(Error::NotFound),
+            Op::Insert(_, v) | Op::Put(_, v) | Op::Update(_, v) => {
+                reference.insert(key, v.to_vec());
+                Ok(None)
+            }
+            Op::Delete(_) => {
+                reference.remove(&key);
+                Ok(None)
+            }
+        };
+        assert_eq!(reply, want, "batch {i}: {op:?}");
+    }
+}
+
 /// Child role "model": see the module docs.
 fn child_model() {
     let fabric = SimFabric::open_dir(env("MP_FABRIC"), false).unwrap();
@@ -172,8 +222,9 @@ fn child_model() {
                 // Own key range: exact reference.
                 let key = format!("p{me}-k{}", (x >> 8) % 150).into_bytes();
                 let val = format!("v{i}-{}", "x".repeat(((x >> 20) % 80) as usize)).into_bytes();
-                match (x >> 4) % 6 {
+                match (x >> 4) % 7 {
                     0 => assert_eq!(c.get(&key).unwrap(), reference.get(&key).cloned()),
+                    6 => batch_on_own_keys(&mut c, &mut reference, me, i, &mut rng),
                     1 => match c.insert(&key, &val) {
                         Ok(()) => assert!(reference.insert(key, val).is_none()),
                         Err(Error::KeyExists) => assert!(reference.contains_key(&key)),

@@ -46,7 +46,7 @@ pub(crate) fn take_faa(res: &mut [OpResult], i: usize) -> Result<u64, Error> {
 }
 
 /// A placeholder op for batches built in place (always overwritten).
-const NO_OP: RemoteOp<'static> = RemoteOp::Faa {
+pub(super) const NO_OP: RemoteOp<'static> = RemoteOp::Faa {
     ptr: DIR_PTR,
     add: 0,
 };
@@ -291,7 +291,7 @@ fn fp_mask(words: &[u64; COMBINED_WORDS], fp: u8) -> u32 {
 }
 
 /// Filler of unused [`SlotRefs`] room.
-const NO_SLOT: SlotRef = SlotRef {
+pub(super) const NO_SLOT: SlotRef = SlotRef {
     addr: DIR_PTR,
     word: Slot::EMPTY,
 };
@@ -312,7 +312,7 @@ impl BucketsView {
 
     /// Appends the READs of both combined buckets (one if they coincide) to
     /// `ops`, from index `at`; returns the new length.
-    fn put_read_ops(
+    pub(super) fn put_read_ops(
         ops: &mut [RemoteOp<'_>],
         at: usize,
         sub: RemotePtr,
@@ -347,7 +347,7 @@ impl BucketsView {
         Self::from_reads(self.sub, self.geometry, self.locs, get(at), get(second))
     }
 
-    fn from_reads(
+    pub(super) fn from_reads(
         sub: RemotePtr,
         geometry: SubtableGeometry,
         locs: [BucketLoc; 2],

@@ -29,6 +29,7 @@
 //! ```
 
 mod alloc;
+mod batch;
 mod engine;
 pub mod protocol;
 mod split;
@@ -38,6 +39,7 @@ mod write;
 use std::sync::Arc;
 
 pub use alloc::{KvMemoryStats, CLASS_UNITS, MAX_REFILL};
+pub use batch::{Op, Reply};
 pub use verify::TableCheck;
 
 use crate::clock::Clock;

@@ -1,0 +1,593 @@
+//! Batched operations: one client keeps a whole batch of operations in
+//! flight, and each round of their protocol goes out as one doorbell for
+//! all of them (one per memory node, as [`Transport::execute`] posts it).
+//!
+//! A batch of gets costs 2 round trips however many keys it holds (on
+//! hits: the combined buckets of every key, then every matching KV block);
+//! a batch of updates or deletes 3 (buckets, blocks, then the new blocks'
+//! WRITEs with their CASes). That is the single operations' protocol
+//! ([`super::protocol`]) with the rounds of several keys sharing doorbells:
+//!
+//! * Each operation is linearizable on its own: it reads, checks and CASes
+//!   exactly as the single operation does, with the same deadline (one
+//!   attempt's `max_op_ticks`, checked after the block READs and before
+//!   the CASes).
+//! * Operations on the same key take effect in submission order: the batch
+//!   runs in *waves*, a key appearing at most once per wave, and a wave
+//!   starts after the previous one has finished (operations on different
+//!   keys have no order, as for concurrent clients).
+//! * An operation whose fast attempt cannot finish (a stale directory
+//!   cache, a subtable being split, a torn block, a lost CAS, an expired
+//!   attempt, a new block not on its slot's node) is finished by the single
+//!   operation at the end of its wave, before the next wave: counted as a
+//!   retry in [`super::ClientStats::retries`].
+//! * Inserts, and puts of absent keys, run as single operations at the end
+//!   of their wave (the insert's de-duplication re-reads are per key).
+//!
+//! Failures are per operation, as the single operation reports them. A
+//! doorbell that fails fails every operation in it: before any CAS was
+//! posted with [`Error::Transport`], in the CAS round with
+//! [`Error::OutcomeUnknown`] (that write may have applied).
+
+use crate::error::{Error, LayoutError};
+use crate::hash::KeyHash;
+use crate::layout::kv;
+use crate::layout::slot::{RemotePtr, Slot};
+use crate::remote::{Completions, RemoteOp, Transport};
+
+use super::engine::{BucketsView, InlineList, SlotRef, SlotRefs, ViewState, NO_OP};
+use super::{check_key, check_kv, Client};
+
+/// One operation of a batch ([`Client::batch`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op<'a> {
+    /// [`Client::get`] this key.
+    Get(&'a [u8]),
+    /// [`Client::insert`] (key, value).
+    Insert(&'a [u8], &'a [u8]),
+    /// [`Client::put`] (key, value).
+    Put(&'a [u8], &'a [u8]),
+    /// [`Client::update`] (key, value).
+    Update(&'a [u8], &'a [u8]),
+    /// [`Client::delete`] this key.
+    Delete(&'a [u8]),
+}
+
+impl<'a> Op<'a> {
+    /// The key.
+    pub fn key(&self) -> &'a [u8] {
+        match *self {
+            Op::Get(k) | Op::Delete(k) => k,
+            Op::Insert(k, _) | Op::Put(k, _) | Op::Update(k, _) => k,
+        }
+    }
+
+    /// The operation's name, as [`Error::OutcomeUnknown`] gives it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Get(_) => "get",
+            Op::Insert(..) => "insert",
+            Op::Put(..) => "put",
+            Op::Update(..) => "update",
+            Op::Delete(_) => "delete",
+        }
+    }
+
+    fn check(&self) -> Result<(), Error> {
+        match *self {
+            Op::Get(k) | Op::Delete(k) => check_key(k),
+            Op::Insert(k, v) | Op::Put(k, v) | Op::Update(k, v) => check_kv(k, v),
+        }
+    }
+}
+
+/// The outcome of one operation of a batch: a get's value (`None` if the
+/// key is absent); `Ok(None)` for every write that succeeded. The errors
+/// are the single operation's ([`Error::KeyExists`], [`Error::NotFound`],
+/// ...).
+pub type Reply = Result<Option<Vec<u8>>, Error>;
+
+/// Where an operation of the current wave stands.
+#[derive(Debug)]
+enum Fate {
+    /// Still on the batched path.
+    Flying,
+    /// Answered.
+    Done,
+    /// To finish with the single operation; `retry`: its fast attempt was
+    /// spent (counted in the stats).
+    Single { retry: bool },
+}
+
+/// One operation of a wave on the batched path.
+#[derive(Debug)]
+struct Flight<'a> {
+    /// Its index in the batch.
+    i: usize,
+    op: Op<'a>,
+    hash: KeyHash,
+    fate: Fate,
+    /// Round 1: where its bucket READs start in the doorbell.
+    buckets_at: usize,
+    sub: RemotePtr,
+    locs: [crate::layout::bucket::BucketLoc; 2],
+    /// The fingerprint matches (round 1), then the copies of the key
+    /// (round 2), lowest address first.
+    slots: SlotRefs,
+    /// Round 2: where its block READs start, and the words they read.
+    blocks_at: usize,
+    words: InlineList<Slot, 4>,
+    /// Round 3: the new KV block (update, put) and the slot word naming it.
+    block: Option<(RemotePtr, Vec<u8>, Slot)>,
+    /// Round 3: where its WRITE and CASes start.
+    cas_at: usize,
+}
+
+impl<T: Transport> Client<T> {
+    /// Runs `ops` with their round trips shared (see the module docs):
+    /// one reply per operation, in order.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use race_store::client::{Client, ClientConfig, Op};
+    /// use race_store::clock::SystemClock;
+    /// use race_store::memory::{ClusterConfig, LocalCluster};
+    ///
+    /// # fn main() -> Result<(), race_store::Error> {
+    /// let cluster = LocalCluster::new(ClusterConfig::default())?;
+    /// let mut c = Client::open(cluster.transport(), Arc::new(SystemClock::new()), ClientConfig::default())?;
+    /// c.put(b"a", b"1")?;
+    /// c.put(b"b", b"2")?;
+    /// let before = c.stats().transport.round_trips;
+    /// let r = c.batch(&[Op::Get(b"a"), Op::Get(b"b"), Op::Get(b"zz")]);
+    /// assert_eq!(c.stats().transport.round_trips - before, 2);
+    /// assert_eq!(r[0].as_ref().ok(), Some(&Some(b"1".to_vec())));
+    /// assert_eq!(r[2].as_ref().ok(), Some(&None));
+    /// // Same key: in submission order.
+    /// let r = c.batch(&[Op::Update(b"a", b"3"), Op::Get(b"a"), Op::Delete(b"b"), Op::Get(b"b")]);
+    /// assert_eq!(r[1].as_ref().ok(), Some(&Some(b"3".to_vec())));
+    /// assert_eq!(r[3].as_ref().ok(), Some(&None));
+    /// # Ok(()) }
+    /// ```
+    pub fn batch(&mut self, ops: &[Op<'_>]) -> Vec<Reply> {
+        let mut out = Vec::with_capacity(ops.len());
+        self.batch_into(ops, &mut out);
+        out
+    }
+
+    /// [`Client::batch`] into `out` (cleared first), reusing its storage.
+    pub fn batch_into(&mut self, ops: &[Op<'_>], out: &mut Vec<Reply>) {
+        out.clear();
+        out.resize_with(ops.len(), || Ok(None));
+        let hashes: Vec<KeyHash> = ops.iter().map(|op| KeyHash::of(op.key())).collect();
+        let waves = waves(&hashes);
+        let last = waves.iter().copied().max().unwrap_or(0);
+        for wave in 0..=last {
+            let mut flights = Vec::new();
+            for (i, op) in ops.iter().enumerate() {
+                if waves.get(i) != Some(&wave) {
+                    continue;
+                }
+                let (Some(slot), Some(&hash)) = (out.get_mut(i), hashes.get(i)) else {
+                    continue;
+                };
+                if let Err(e) = op.check() {
+                    *slot = Err(e);
+                    continue;
+                }
+                let fate = match op {
+                    Op::Insert(..) => Fate::Single { retry: false },
+                    _ => Fate::Flying,
+                };
+                flights.push(Flight {
+                    i,
+                    op: *op,
+                    hash,
+                    fate,
+                    buckets_at: 0,
+                    sub: crate::layout::table::DIR_PTR,
+                    locs: hash.bucket_locs(self.table.geometry),
+                    slots: SlotRefs::new(super::engine::NO_SLOT),
+                    blocks_at: 0,
+                    words: InlineList::new(Slot::EMPTY),
+                    block: None,
+                    cas_at: 0,
+                });
+            }
+            self.run_wave(&mut flights, out);
+        }
+    }
+
+    /// One wave: the batched rounds, then the single operations.
+    fn run_wave(&mut self, flights: &mut [Flight<'_>], out: &mut [Reply]) {
+        let mut res = std::mem::take(&mut self.results);
+        let start = self.now();
+        self.round_buckets(flights, out, &mut res);
+        self.round_blocks(flights, out, &mut res, start);
+        self.round_cas(flights, out, &mut res, start);
+        self.results = res;
+        for f in flights.iter_mut() {
+            let Fate::Single { retry } = f.fate else {
+                continue;
+            };
+            if retry {
+                self.stats.retries += 1;
+            }
+            let reply = match f.op {
+                Op::Get(k) => self.get(k),
+                Op::Insert(k, v) => self.insert(k, v).map(|()| None),
+                Op::Put(k, v) => self.put(k, v).map(|()| None),
+                Op::Update(k, v) => self.update(k, v).map(|()| None),
+                Op::Delete(k) => self.delete(k).map(|()| None),
+            };
+            if let Some(slot) = out.get_mut(f.i) {
+                *slot = reply;
+            }
+            f.fate = Fate::Done;
+        }
+    }
+
+    /// Round 1: the combined buckets of every key in one doorbell; keeps
+    /// the fingerprint matches of the operations whose view allows them to
+    /// go on.
+    fn round_buckets(
+        &mut self,
+        flights: &mut [Flight<'_>],
+        out: &mut [Reply],
+        res: &mut Completions,
+    ) {
+        let geometry = self.table.geometry;
+        let mut ops = Vec::with_capacity(flights.len() * 2);
+        for f in flights
+            .iter_mut()
+            .filter(|f| matches!(f.fate, Fate::Flying))
+        {
+            let placed = self.locate(&f.hash).and_then(|(sub, locs)| {
+                let at = ops.len();
+                ops.resize(at + 2, NO_OP);
+                let end = BucketsView::put_read_ops(&mut ops, at, sub, geometry, locs)?;
+                ops.truncate(end);
+                Ok((at, sub, locs))
+            });
+            match placed {
+                Ok((at, sub, locs)) => (f.buckets_at, f.sub, f.locs) = (at, sub, locs),
+                Err(e) => answer(f, out, Err(e)),
+            }
+        }
+        if ops.is_empty() {
+            return;
+        }
+        if let Err(e) = self.exec_into(&ops, res) {
+            fail_flying(flights, out, &e);
+            return;
+        }
+        let mut stale = false;
+        for f in flights
+            .iter_mut()
+            .filter(|f| matches!(f.fate, Fate::Flying))
+        {
+            let second = if f.locs[0] == f.locs[1] { 0 } else { 1 };
+            let view = BucketsView::from_reads(
+                f.sub,
+                geometry,
+                f.locs,
+                res.read(f.buckets_at),
+                res.read(f.buckets_at + second),
+            );
+            let view = match view {
+                Ok(v) => v,
+                Err(e) => {
+                    answer(f, out, Err(e));
+                    continue;
+                }
+            };
+            let (state, slots) = view.search(&f.hash);
+            let go_on = match state {
+                ViewState::Ok => true,
+                // Readable while splitting; writers wait for the split.
+                ViewState::Frozen => matches!(f.op, Op::Get(_)),
+                ViewState::Stale => {
+                    stale = true;
+                    false
+                }
+                ViewState::Retired => false,
+            };
+            if go_on {
+                f.slots = slots;
+            } else {
+                f.fate = Fate::Single { retry: true };
+            }
+        }
+        if stale {
+            // Once for the wave; the single operations then find their
+            // subtables. A failure there is theirs to report.
+            let _ = self.refresh_directory();
+        }
+    }
+
+    /// Round 2: every KV block with a matching fingerprint in one doorbell;
+    /// answers the gets, and the writes with no copy to act on.
+    fn round_blocks(
+        &mut self,
+        flights: &mut [Flight<'_>],
+        out: &mut [Reply],
+        res: &mut Completions,
+        start: u64,
+    ) {
+        let mut ops = Vec::new();
+        for f in flights
+            .iter_mut()
+            .filter(|f| matches!(f.fate, Fate::Flying))
+        {
+            f.blocks_at = ops.len();
+            for s in f.slots.iter() {
+                let w = s.word.thawed();
+                if !f.words.contains(&w) {
+                    f.words.push(w);
+                    ops.push(RemoteOp::Read {
+                        ptr: w.ptr(),
+                        len: w.block_len() as u32,
+                    });
+                }
+            }
+        }
+        if !ops.is_empty() {
+            if let Err(e) = self.exec_into(&ops, res) {
+                fail_flying(flights, out, &e);
+                return;
+            }
+        }
+        let fresh = self.now().saturating_sub(start) <= self.config.max_op_ticks;
+        for f in flights
+            .iter_mut()
+            .filter(|f| matches!(f.fate, Fate::Flying))
+        {
+            if !fresh {
+                f.fate = Fate::Single { retry: true };
+                continue;
+            }
+            let mut copies = SlotRefs::new(super::engine::NO_SLOT);
+            let mut value = None;
+            let mut torn = false;
+            for s in f.slots.iter() {
+                let w = s.word.thawed();
+                let Some(k) = f.words.iter().position(|x| *x == w) else {
+                    continue;
+                };
+                let Some(buf) = res.read(f.blocks_at + k) else {
+                    torn = true;
+                    break;
+                };
+                match kv::decode_for_key(buf, f.op.key()) {
+                    Ok(kv) if kv.block_len() == w.block_len() => {
+                        if copies.is_empty() && matches!(f.op, Op::Get(_)) {
+                            value = Some(kv.value().to_vec());
+                        }
+                        copies.push(*s);
+                    }
+                    Err(LayoutError::KeyMismatch) => {}
+                    _ => {
+                        torn = true;
+                        break;
+                    }
+                }
+            }
+            if torn {
+                self.stats.bad_blocks += 1;
+                f.fate = Fate::Single { retry: true };
+                continue;
+            }
+            match f.op {
+                Op::Get(_) => answer(f, out, Ok(value)),
+                Op::Update(..) | Op::Delete(_) if copies.is_empty() => {
+                    answer(f, out, Err(Error::NotFound));
+                }
+                // An upsert of an absent key is an insert.
+                Op::Put(..) if copies.is_empty() => f.fate = Fate::Single { retry: false },
+                _ => f.slots = copies,
+            }
+        }
+    }
+
+    /// Round 3: the new blocks' WRITEs and the CASes of every write in one
+    /// doorbell (a block on its slot's node, so ordered before its CAS).
+    fn round_cas(
+        &mut self,
+        flights: &mut [Flight<'_>],
+        out: &mut [Reply],
+        res: &mut Completions,
+        start: u64,
+    ) {
+        for f in flights
+            .iter_mut()
+            .filter(|f| matches!(f.fate, Fate::Flying))
+        {
+            let (Op::Update(key, value) | Op::Put(key, value)) = f.op else {
+                continue;
+            };
+            let Some(lowest) = f.slots.first().copied() else {
+                f.fate = Fate::Single { retry: true };
+                continue;
+            };
+            let made = kv::encode(key, value)
+                .map_err(Error::from_kv)
+                .and_then(|block| {
+                    let ptr = self.alloc_block(lowest.addr.node(), block.len())?;
+                    let slot = Slot::for_block(f.hash.fingerprint(), block.len(), ptr)?;
+                    Ok((ptr, block, slot))
+                });
+            match made {
+                Ok((ptr, block, _)) if ptr.node() != lowest.addr.node() => {
+                    // The slot's node had no room: the single update
+                    // writes the block in a doorbell of its own.
+                    self.alloc.release(ptr, block.len());
+                    f.fate = Fate::Single { retry: true };
+                }
+                Ok(b) => f.block = Some(b),
+                Err(e) => answer(f, out, Err(e)),
+            }
+        }
+        let fresh = self.now().saturating_sub(start) <= self.config.max_op_ticks;
+        let mut n = 0;
+        for f in flights
+            .iter_mut()
+            .filter(|f| matches!(f.fate, Fate::Flying))
+        {
+            if !fresh {
+                if let Some((ptr, block, _)) = f.block.take() {
+                    self.alloc.release(ptr, block.len());
+                }
+                f.fate = Fate::Single { retry: true };
+                continue;
+            }
+            f.cas_at = n;
+            n += cas_op_count(f);
+        }
+        if n == 0 {
+            return;
+        }
+        let mut ops = Vec::with_capacity(n);
+        for f in flights.iter().filter(|f| matches!(f.fate, Fate::Flying)) {
+            push_cas_ops(f, &mut ops);
+        }
+        if let Err(e) = self.exec_into(&ops, res) {
+            drop(ops);
+            for f in flights
+                .iter_mut()
+                .filter(|f| matches!(f.fate, Fate::Flying))
+            {
+                let e = match &e {
+                    Error::Transport(source) => Error::OutcomeUnknown {
+                        op: f.op.name(),
+                        source: source.clone(),
+                    },
+                    other => other.clone(),
+                };
+                // The block may be published: never recycled.
+                f.block = None;
+                answer(f, out, Err(e));
+            }
+            return;
+        }
+        drop(ops);
+        for f in flights
+            .iter_mut()
+            .filter(|f| matches!(f.fate, Fate::Flying))
+        {
+            let Some((lowest, others)) = f.slots.split_first() else {
+                continue;
+            };
+            let mut at = f.cas_at + usize::from(f.block.is_some());
+            if f.block.is_none() {
+                // A delete: the other copies first, highest address first.
+                for c in others.iter().rev() {
+                    if res.cas_old(at) == Some(c.word.raw()) {
+                        self.retire(c.word);
+                        self.stats.dups_removed += 1;
+                    }
+                    at += 1;
+                }
+            }
+            if res.cas_old(at) == Some(lowest.word.raw()) {
+                self.retire(lowest.word);
+                f.block = None;
+                answer(f, out, Ok(None));
+            } else {
+                // Lost the CAS: not published.
+                if let Some((ptr, block, _)) = f.block.take() {
+                    self.alloc.release(ptr, block.len());
+                }
+                f.fate = Fate::Single { retry: true };
+            }
+        }
+    }
+}
+
+/// How many ops [`push_cas_ops`] posts for `f`.
+fn cas_op_count(f: &Flight<'_>) -> usize {
+    match f.block {
+        Some(_) => 2,
+        None => f.slots.len(),
+    }
+}
+
+/// The WRITE (update, put) and the CASes of one write of round 3.
+fn push_cas_ops<'b>(f: &'b Flight<'_>, ops: &mut Vec<RemoteOp<'b>>) {
+    let Some((lowest, others)) = f.slots.split_first() else {
+        return;
+    };
+    match &f.block {
+        Some((ptr, bytes, slot)) => {
+            ops.push(RemoteOp::Write { ptr: *ptr, bytes });
+            ops.push(RemoteOp::Cas {
+                ptr: lowest.addr,
+                expect: lowest.word.raw(),
+                new: slot.raw(),
+            });
+        }
+        None => {
+            ops.extend(others.iter().rev().map(|c: &SlotRef| RemoteOp::Cas {
+                ptr: c.addr,
+                expect: c.word.raw(),
+                new: Slot::EMPTY.raw(),
+            }));
+            ops.push(RemoteOp::Cas {
+                ptr: lowest.addr,
+                expect: lowest.word.raw(),
+                new: Slot::EMPTY.raw(),
+            });
+        }
+    }
+}
+
+fn answer(f: &mut Flight<'_>, out: &mut [Reply], reply: Reply) {
+    if let Some(slot) = out.get_mut(f.i) {
+        *slot = reply;
+    }
+    f.fate = Fate::Done;
+}
+
+/// A doorbell before any CAS failed: every operation in it fails with the
+/// error (nothing it posted can have applied).
+fn fail_flying(flights: &mut [Flight<'_>], out: &mut [Reply], e: &Error) {
+    for f in flights
+        .iter_mut()
+        .filter(|f| matches!(f.fate, Fate::Flying))
+    {
+        answer(f, out, Err(e.clone()));
+    }
+}
+
+/// The wave of each operation: its position among the earlier operations
+/// on the same key (0 for a key's first), so that a key appears at most
+/// once per wave and a key's operations run in submission order.
+fn waves(hashes: &[KeyHash]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..hashes.len()).collect();
+    let h = |i: usize| hashes.get(i).map(|h| (h.h1(), h.h2()));
+    order.sort_unstable_by_key(|&i| (h(i), i));
+    let mut wave = vec![0; hashes.len()];
+    let mut run = 0;
+    for k in 1..order.len() {
+        let (Some(&prev), Some(&cur)) = (order.get(k - 1), order.get(k)) else {
+            continue;
+        };
+        run = if h(prev) == h(cur) { run + 1 } else { 0 };
+        if let Some(w) = wave.get_mut(cur) {
+            *w = run;
+        }
+    }
+    wave
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waves_put_each_key_once_per_wave_in_submission_order() {
+        let (a, b, c) = (KeyHash::of(b"a"), KeyHash::of(b"b"), KeyHash::of(b"c"));
+        assert_eq!(waves(&[]), Vec::<usize>::new());
+        assert_eq!(waves(&[a, b, c]), vec![0, 0, 0]);
+        assert_eq!(waves(&[a, b, a, a, c, b]), vec![0, 0, 1, 2, 0, 1]);
+    }
+}

@@ -1,0 +1,328 @@
+//! Batched operations (`Client::batch`): the round trips they share, their
+//! replies against a `HashMap` reference while splits run (every operation
+//! kind, repeated keys in one batch), and a client that dies at every
+//! doorbell of a batch.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Barrier};
+use std::thread;
+
+use common::*;
+use race_store::client::Op;
+use race_store::memory::{ClusterConfig, LocalCluster};
+use race_store::remote::{CrashPlan, FaultInjector, TransportError};
+use race_store::{Client, Error};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+#[test]
+fn a_batch_shares_its_round_trips() {
+    let cluster = LocalCluster::new(ClusterConfig {
+        nodes: 2,
+        ..ClusterConfig::default()
+    })
+    .unwrap();
+    let mut c = open(&cluster, system_clock(), system_config());
+    let keys: Vec<Vec<u8>> = (0..16).map(key).collect();
+    for (i, k) in keys.iter().enumerate() {
+        c.insert(k, &value(i as u64, 0, 40)).unwrap();
+    }
+    let rts = |c: &Client<_>| c.stats().transport.round_trips;
+
+    let before = rts(&c);
+    let gets: Vec<Op<'_>> = keys.iter().map(|k| Op::Get(k)).collect();
+    let r = c.batch(&gets);
+    assert_eq!(rts(&c) - before, 2, "16 hits: buckets, then blocks");
+    for (i, reply) in r.iter().enumerate() {
+        assert_eq!(reply, &Ok(Some(value(i as u64, 0, 40))), "key {i}");
+    }
+
+    let new: Vec<Vec<u8>> = (0..16).map(|i| value(i, 1, 40)).collect();
+    let before = rts(&c);
+    let updates: Vec<Op<'_>> = keys
+        .iter()
+        .zip(&new)
+        .map(|(k, v)| Op::Update(k, v))
+        .collect();
+    let r = c.batch(&updates);
+    assert_eq!(rts(&c) - before, 3, "buckets, blocks, WRITE + CAS");
+    assert!(r.iter().all(|r| r == &Ok(None)), "{r:?}");
+    assert_eq!(c.stats().retries, 0);
+    for (k, v) in keys.iter().zip(&new) {
+        assert_eq!(c.get(k).unwrap().as_ref(), Some(v));
+    }
+
+    // Misses cost one round trip; bad input is refused alone.
+    let absent = key(1000);
+    let before = rts(&c);
+    let r = c.batch(&[
+        Op::Get(&absent),
+        Op::Update(&absent, b"x"),
+        Op::Delete(&absent),
+        Op::Get(b""),
+        Op::Get(&keys[3]),
+    ]);
+    assert_eq!(r[0], Ok(None));
+    assert_eq!(r[1], Err(Error::NotFound));
+    // Same key: the delete is a second wave.
+    assert_eq!(r[2], Err(Error::NotFound));
+    assert_eq!(r[3], Err(Error::EmptyKey));
+    assert_eq!(r[4], Ok(Some(new[3].clone())));
+    // Wave 1: buckets, blocks; wave 2: buckets (and blocks if the absent
+    // key's fingerprint matches another key's slot).
+    let n = rts(&c) - before;
+    assert!((3..=4).contains(&n), "{n} round trips");
+
+    let before = rts(&c);
+    let deletes: Vec<Op<'_>> = keys.iter().map(|k| Op::Delete(k)).collect();
+    let r = c.batch(&deletes);
+    assert_eq!(rts(&c) - before, 3);
+    assert!(r.iter().all(|r| r == &Ok(None)), "{r:?}");
+    let r = c.batch(&gets);
+    assert!(r.iter().all(|r| r == &Ok(None)), "{r:?}");
+    let check = c.check_table().unwrap();
+    assert!(
+        check.problems.is_empty() && check.pairs.is_empty(),
+        "{check:?}"
+    );
+}
+
+#[test]
+fn operations_on_one_key_take_effect_in_submission_order() {
+    let cluster = LocalCluster::new(ClusterConfig::default()).unwrap();
+    let mut c = open(&cluster, system_clock(), system_config());
+    let k = key(7);
+    let r = c.batch(&[
+        Op::Get(&k),
+        Op::Insert(&k, b"one"),
+        Op::Insert(&k, b"two"),
+        Op::Get(&k),
+        Op::Update(&k, b"three"),
+        Op::Put(&k, b"four"),
+        Op::Get(&k),
+        Op::Delete(&k),
+        Op::Get(&k),
+        Op::Put(&k, b"five"),
+    ]);
+    let want: Vec<Result<Option<Vec<u8>>, Error>> = vec![
+        Ok(None),
+        Ok(None),
+        Err(Error::KeyExists),
+        Ok(Some(b"one".to_vec())),
+        Ok(None),
+        Ok(None),
+        Ok(Some(b"four".to_vec())),
+        Ok(None),
+        Ok(None),
+        Ok(None),
+    ];
+    assert_eq!(r, want);
+    assert_eq!(c.get(&k).unwrap(), Some(b"five".to_vec()));
+}
+
+/// Random batches (1 to 24 operations of every kind, keys drawn from a
+/// small range so that batches repeat keys) from several threads with
+/// disjoint keys, on a table that starts as one tiny subtable: every reply
+/// exactly as the reference says, applied in submission order; at the end
+/// the table holds exactly the union of the references.
+#[test]
+fn batches_exact_against_reference_with_splits() {
+    let cluster = tiny_cluster(2, 2, 64 << 20, 14);
+    let threads = 4u64;
+    let batches = std::env::var("RACE_MODEL_OPS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(300, |n| n / 10);
+    let barrier = Arc::new(Barrier::new(threads as usize));
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let cluster = cluster.clone();
+            let barrier = Arc::clone(&barrier);
+            thread::spawn(move || {
+                let mut transport = cluster.transport();
+                transport.set_interleave(t % 2 == 0);
+                let mut c = Client::open(transport, system_clock(), system_config()).unwrap();
+                let mut rng = SmallRng::seed_from_u64(0xBA7C_0000 + t);
+                let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+                barrier.wait();
+                for b in 0..batches {
+                    let n = rng.gen_range(1..=24);
+                    let items: Vec<(u32, Vec<u8>, Vec<u8>)> = (0..n)
+                        .map(|j| {
+                            let k = key(t * 1_000_000 + rng.gen_range(0..200));
+                            let v = value(t, b * 100 + j, rng.gen_range(1..200));
+                            (rng.gen_range(0..100), k, v)
+                        })
+                        .collect();
+                    let ops: Vec<Op<'_>> = items
+                        .iter()
+                        .map(|(p, k, v)| match p {
+                            0..=34 => Op::Get(k),
+                            35..=49 => Op::Insert(k, v),
+                            50..=64 => Op::Put(k, v),
+                            65..=84 => Op::Update(k, v),
+                            _ => Op::Delete(k),
+                        })
+                        .collect();
+                    let replies = c.batch(&ops);
+                    assert_eq!(replies.len(), ops.len());
+                    for (op, reply) in ops.iter().zip(replies) {
+                        let k = op.key().to_vec();
+                        let cur = model.get(&k).cloned();
+                        let want = match *op {
+                            Op::Get(_) => Ok(cur),
+                            Op::Insert(_, v) => match cur {
+                                Some(_) => Err(Error::KeyExists),
+                                None => {
+                                    model.insert(k, v.to_vec());
+                                    Ok(None)
+                                }
+                            },
+                            Op::Put(_, v) => {
+                                model.insert(k, v.to_vec());
+                                Ok(None)
+                            }
+                            Op::Update(_, v) => match cur {
+                                Some(_) => {
+                                    model.insert(k, v.to_vec());
+                                    Ok(None)
+                                }
+                                None => Err(Error::NotFound),
+                            },
+                            Op::Delete(_) => match model.remove(&k) {
+                                Some(_) => Ok(None),
+                                None => Err(Error::NotFound),
+                            },
+                        };
+                        assert_eq!(reply, want, "thread {t} batch {b}: {op:?}");
+                    }
+                }
+                (model, c.stats())
+            })
+        })
+        .collect();
+    let mut all = HashMap::new();
+    let (mut splits, mut retries) = (0, 0);
+    for h in handles {
+        let (model, stats) = h.join().unwrap();
+        splits += stats.splits;
+        retries += stats.retries;
+        all.extend(model);
+    }
+    let mut checker = open(&cluster, system_clock(), system_config());
+    let check = checker.check_table().unwrap();
+    assert!(check.problems.is_empty(), "{:#?}", check.problems);
+    assert_eq!((check.duplicates, check.frozen_slots), (0, 0));
+    let mut expect: Vec<_> = all.into_iter().collect();
+    expect.sort();
+    assert_eq!(check.pairs, expect);
+    eprintln!(
+        "batches: {} keys, {splits} splits, {retries} retries",
+        expect.len()
+    );
+    assert!(splits >= 10, "splits ran during the batches: {splits}");
+}
+
+/// A batch of gets, updates, deletes, a put and an insert whose client dies
+/// at every doorbell (with none, one or all of that doorbell's ops
+/// executed): each operation is answered as done or failed with a
+/// transport error (`OutcomeUnknown` once its CAS may have run), and a
+/// survivor finds every key old or new, and a sound table.
+#[test]
+fn a_client_dying_at_every_doorbell_of_a_batch() {
+    let clock = manual_clock();
+    let fill = |c: &mut Client<_>| {
+        for i in 0..20 {
+            c.insert(&key(i), &value(i, 0, 24)).unwrap();
+        }
+    };
+    let batch_values: Vec<Vec<u8>> = (0..20).map(|i| value(i, 9, 24)).collect();
+    let keys: Vec<Vec<u8>> = (0..30).map(key).collect();
+    fn ops<'a>(keys: &'a [Vec<u8>], vals: &'a [Vec<u8>]) -> Vec<Op<'a>> {
+        let mut ops = Vec::new();
+        for i in 0..6 {
+            ops.push(Op::Update(&keys[i], &vals[i]));
+        }
+        ops.extend(keys[6..10].iter().map(|k| Op::Delete(k)));
+        ops.extend(keys[10..14].iter().map(|k| Op::Get(k)));
+        ops.push(Op::Put(&keys[14], &vals[14]));
+        ops.push(Op::Insert(&keys[25], &vals[15]));
+        // A second wave.
+        ops.push(Op::Update(&keys[0], &vals[16]));
+        ops
+    }
+    let cluster = tiny_cluster(2, 4, 4 << 20, 6);
+    let mut probe = Client::open(
+        FaultInjector::new(cluster.transport(), None),
+        clock.clone(),
+        manual_config(),
+    )
+    .unwrap();
+    fill(&mut probe);
+    let before = probe.transport().doorbells();
+    let r = probe.batch(&ops(&keys, &batch_values));
+    assert!(r.iter().all(Result::is_ok), "{r:?}");
+    let total = probe.transport().doorbells() - before;
+    assert!(total >= 4, "{total} doorbells");
+    for k in 1..=total {
+        for prefix in [0, 1, usize::MAX] {
+            let label = format!("die at doorbell {k}/{total}, prefix {prefix}");
+            let cluster = tiny_cluster(2, 4, 4 << 20, 6);
+            let mut c = Client::open(
+                FaultInjector::new(cluster.transport(), None),
+                clock.clone(),
+                manual_config(),
+            )
+            .unwrap();
+            fill(&mut c);
+            c.transport_mut().set_plan(Some(CrashPlan {
+                at_doorbell: k,
+                executed_prefix: prefix,
+            }));
+            let batch = ops(&keys, &batch_values);
+            let replies = c.batch(&batch);
+            for (op, r) in batch.iter().zip(&replies) {
+                let ok = match r {
+                    Ok(_) => true,
+                    Err(Error::Transport(TransportError::Disconnected)) => true,
+                    Err(Error::OutcomeUnknown {
+                        op: name,
+                        source: TransportError::Disconnected,
+                    }) => *name == op.name() && !matches!(op, Op::Get(_)),
+                    Err(_) => false,
+                };
+                assert!(ok, "{label}: {op:?} -> {r:?}");
+            }
+            drop(c);
+            clock.advance(2 * manual_config().lease_ticks);
+            let mut s = open(&cluster, clock.clone(), manual_config());
+            for i in 0..20u64 {
+                let got = s.get(&key(i)).unwrap();
+                let old = Some(value(i, 0, 24));
+                let ok = match i {
+                    0 => {
+                        got == old || got == Some(value(0, 9, 24)) || got == Some(value(16, 9, 24))
+                    }
+                    1..=5 | 14 => got == old || got == Some(value(i, 9, 24)),
+                    6..=9 => got.is_none() || got == old,
+                    _ => got == old,
+                };
+                assert!(ok, "{label}: key {i} = {got:?}");
+            }
+            let k25 = s.get(&key(25)).unwrap();
+            assert!(
+                k25.is_none() || k25 == Some(value(15, 9, 24)),
+                "{label}: {k25:?}"
+            );
+            s.put(&key(0), b"after").unwrap();
+            s.put(&key(25), b"after").unwrap();
+            let check = s.check_table().unwrap();
+            assert!(
+                check.problems.is_empty() && check.duplicates == 0,
+                "{label}: {check:?}"
+            );
+        }
+    }
+}
