@@ -29,6 +29,33 @@ pub trait Clock: Send + Sync {
         let _ = attempt;
         core::hint::spin_loop();
     }
+
+    /// Waits about `ticks` (a writer backing off after a lost CAS,
+    /// [`crate::ConflictPolicy::Backoff`]). The default spins on
+    /// [`Clock::now`].
+    fn pause(&self, ticks: u64) {
+        let until = self.now().saturating_add(ticks);
+        while self.now() < until {
+            core::hint::spin_loop();
+        }
+    }
+}
+
+/// Waits `us` microseconds: a sleep for long waits (its wake-up latency,
+/// some 50 us, is small against them), a spin on `Instant` for short ones.
+fn pause_micros(us: u64) {
+    if us == 0 {
+        return;
+    }
+    let d = Duration::from_micros(us);
+    if us >= 200 {
+        std::thread::sleep(d);
+        return;
+    }
+    let start = Instant::now();
+    while start.elapsed() < d {
+        core::hint::spin_loop();
+    }
 }
 
 /// Monotonic microseconds since creation (`Instant`-based).
@@ -70,6 +97,10 @@ impl Clock for SystemClock {
             std::thread::sleep(Duration::from_micros(us));
         }
     }
+
+    fn pause(&self, ticks: u64) {
+        pause_micros(ticks);
+    }
 }
 
 /// Microseconds since [`WALL_EPOCH_UNIX_SECS`] (2024-01-01T00:00:00Z): the
@@ -103,6 +134,10 @@ impl Clock for WallClock {
 
     fn backoff(&self, attempt: u32) {
         SystemClock::new().backoff(attempt);
+    }
+
+    fn pause(&self, ticks: u64) {
+        pause_micros(ticks);
     }
 }
 
@@ -142,6 +177,11 @@ impl Clock for ManualClock {
 
     fn backoff(&self, _attempt: u32) {
         self.advance(self.backoff_ticks);
+        std::thread::yield_now();
+    }
+
+    fn pause(&self, ticks: u64) {
+        self.advance(ticks);
         std::thread::yield_now();
     }
 }

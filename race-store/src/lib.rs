@@ -171,5 +171,5 @@ mod sync;
 #[cfg(test)]
 mod prop_tests;
 
-pub use client::{Client, ClientConfig};
+pub use client::{Client, ClientConfig, ConflictPolicy};
 pub use error::{Error, LayoutError, Result};

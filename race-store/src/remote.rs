@@ -672,6 +672,62 @@ impl<T: Transport> Transport for FaultInjector<T> {
     }
 }
 
+/// A transport wrapper that makes every doorbell take at least `rtt`: half
+/// of it before the batch executes (the request on the wire), half after
+/// (the response). A stand-in for a network's round trip on a transport
+/// that has none ([`crate::memory::LocalTransport`]): clients in threads
+/// then overlap as they do across machines, so contention tests and the
+/// `contention` example see writers race on a hot key.
+#[derive(Debug)]
+pub struct Delayed<T> {
+    inner: T,
+    half: std::time::Duration,
+}
+
+impl<T: Transport> Delayed<T> {
+    /// Wraps `inner` with a round trip of `rtt`.
+    pub fn new(inner: T, rtt: std::time::Duration) -> Self {
+        Self {
+            inner,
+            half: rtt / 2,
+        }
+    }
+
+    fn wait(&self) {
+        if !self.half.is_zero() {
+            std::thread::sleep(self.half);
+        }
+    }
+}
+
+impl<T: Transport> Transport for Delayed<T> {
+    fn execute(&mut self, batch: &[RemoteOp<'_>]) -> Result<Vec<OpResult>, TransportError> {
+        self.wait();
+        let r = self.inner.execute(batch);
+        self.wait();
+        r
+    }
+
+    fn execute_into(
+        &mut self,
+        batch: &[RemoteOp<'_>],
+        out: &mut Completions,
+    ) -> Result<(), TransportError> {
+        self.wait();
+        let r = self.inner.execute_into(batch, out);
+        self.wait();
+        r
+    }
+
+    fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {
+        self.inner.alloc_block(node, size)
+    }
+
+    fn nodes(&self) -> u8 {
+        self.inner.nodes()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -38,6 +38,7 @@ fn sim_config() -> ClientConfig {
         grace_ticks: 500_000,
         max_attempts: 100_000,
         coarse_block_bytes: 2048,
+        ..ClientConfig::default()
     }
 }
 

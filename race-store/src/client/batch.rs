@@ -23,6 +23,10 @@
 //!   retry in [`super::ClientStats::retries`].
 //! * Inserts, and puts of absent keys, run as single operations at the end
 //!   of their wave (the insert's de-duplication re-reads are per key).
+//! * Same-key writes are combined ([`combine`]): a put or update that the
+//!   next operation on its key overwrites sends nothing and answers as that
+//!   one (an update that then runs as a put reports a lost outcome as
+//!   `put`).
 //!
 //! Failures are per operation, as the single operation reports them. A
 //! doorbell that fails fails every operation in it: before any CAS was
@@ -160,14 +164,29 @@ impl<T: Transport> Client<T> {
         out.clear();
         out.resize_with(ops.len(), || Ok(None));
         let hashes: Vec<KeyHash> = ops.iter().map(|op| KeyHash::of(op.key())).collect();
-        let waves = waves(&hashes);
-        let last = waves.iter().copied().max().unwrap_or(0);
+        let combined = combine(ops, &hashes);
+        // Combined writes take no wave of their own.
+        let waves = waves_of(&hashes, &combined);
+        let last = waves
+            .iter()
+            .copied()
+            .filter(|&w| w != usize::MAX)
+            .max()
+            .unwrap_or(0);
         for wave in 0..=last {
             let mut flights = Vec::new();
             for (i, op) in ops.iter().enumerate() {
                 if waves.get(i) != Some(&wave) {
                     continue;
                 }
+                let op = match combined.get(i) {
+                    Some(Combined::Into(_)) => continue,
+                    Some(Combined::AsPut) => match *op {
+                        Op::Update(k, v) => &Op::Put(k, v),
+                        _ => op,
+                    },
+                    _ => op,
+                };
                 let (Some(slot), Some(&hash)) = (out.get_mut(i), hashes.get(i)) else {
                     continue;
                 };
@@ -195,6 +214,15 @@ impl<T: Transport> Client<T> {
                 });
             }
             self.run_wave(&mut flights, out);
+        }
+        // A combined write answers as the write that carried its key on.
+        for i in (0..ops.len()).rev() {
+            if let Some(&Combined::Into(j)) = combined.get(i) {
+                let reply = out.get(j).cloned().unwrap_or(Ok(None));
+                if let Some(slot) = out.get_mut(i) {
+                    *slot = reply;
+                }
+            }
         }
     }
 
@@ -497,6 +525,7 @@ impl<T: Transport> Client<T> {
                 if let Some((ptr, block, _)) = f.block.take() {
                     self.alloc.release(ptr, block.len());
                 }
+                self.lost_cas(1, start);
                 f.fate = Fate::Single { retry: true };
             }
         }
@@ -558,10 +587,100 @@ fn fail_flying(flights: &mut [Flight<'_>], out: &mut [Reply], e: &Error) {
     }
 }
 
+/// How [`combine`] treats one operation of a batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Combined {
+    /// Runs as given.
+    Alone,
+    /// Overwritten by operation `j`, the next on its key, before anyone
+    /// can read it: not sent; it answers as `j` does.
+    Into(usize),
+    /// An update that follows combined puts of its key: the key exists
+    /// once they apply, so it runs as a put.
+    AsPut,
+}
+
+/// Local combining of same-key writes inside a batch (write-conflict
+/// avoidance: a hot key written twice in a batch costs one CAS). A put or
+/// an update directly followed, among the batch's operations on its key,
+/// by a put or an update is linearized just before that one, its value
+/// overwritten at once: it sends nothing and answers as that one does
+/// (two updates: both find the key or neither; an update after puts: the
+/// key exists, so it runs as a put and succeeds). An update followed by a
+/// put is not combined (its answer depends on whether the key existed);
+/// gets, inserts and deletes are never combined.
+fn combine(ops: &[Op<'_>], hashes: &[KeyHash]) -> Vec<Combined> {
+    let mut out = vec![Combined::Alone; ops.len()];
+    // Whether operation i is a put, or an update that runs as one.
+    let mut put_like: Vec<bool> = ops.iter().map(|op| matches!(op, Op::Put(..))).collect();
+    for (i, op) in ops.iter().enumerate() {
+        if !matches!(op, Op::Put(..) | Op::Update(..)) || op.check().is_err() {
+            continue;
+        }
+        let Some(h) = hashes.get(i) else { continue };
+        let next = (i + 1..ops.len())
+            .find(|&j| hashes.get(j) == Some(h) && ops.get(j).map(Op::key) == Some(op.key()));
+        let Some(j) = next.filter(|&j| ops.get(j).is_some_and(|o| o.check().is_ok())) else {
+            continue;
+        };
+        let me_put = put_like.get(i).copied().unwrap_or(false);
+        match ops.get(j) {
+            Some(Op::Put(..)) if me_put => {}
+            Some(Op::Update(..)) => {
+                if me_put {
+                    if let Some(p) = put_like.get_mut(j) {
+                        *p = true;
+                    }
+                    if let Some(c) = out.get_mut(j) {
+                        *c = Combined::AsPut;
+                    }
+                }
+            }
+            _ => continue,
+        }
+        if let Some(c) = out.get_mut(i) {
+            *c = Combined::Into(j);
+        }
+    }
+    out
+}
+
 /// The wave of each operation: its position among the earlier operations
 /// on the same key (0 for a key's first), so that a key appears at most
 /// once per wave and a key's operations run in submission order.
+fn waves_of(hashes: &[KeyHash], combined: &[Combined]) -> Vec<usize> {
+    if !combined.iter().any(|c| matches!(c, Combined::Into(_))) {
+        return waves(hashes);
+    }
+    let kept: Vec<usize> = (0..hashes.len())
+        .filter(|&i| !matches!(combined.get(i), Some(Combined::Into(_))))
+        .collect();
+    let kept_hashes: Vec<KeyHash> = kept
+        .iter()
+        .filter_map(|&i| hashes.get(i).copied())
+        .collect();
+    // Combined operations get a wave no kept operation has (never run).
+    let mut out = vec![usize::MAX; hashes.len()];
+    for (&i, w) in kept.iter().zip(waves(&kept_hashes)) {
+        if let Some(o) = out.get_mut(i) {
+            *o = w;
+        }
+    }
+    out
+}
+
 fn waves(hashes: &[KeyHash]) -> Vec<usize> {
+    if hashes.len() <= 32 {
+        // Few operations: comparing pairs costs less than sorting.
+        return hashes
+            .iter()
+            .enumerate()
+            .map(|(i, h)| {
+                let earlier = hashes.get(..i).unwrap_or_default();
+                earlier.iter().filter(|e| *e == h).count()
+            })
+            .collect();
+    }
     let mut order: Vec<usize> = (0..hashes.len()).collect();
     let h = |i: usize| hashes.get(i).map(|h| (h.h1(), h.h2()));
     order.sort_unstable_by_key(|&i| (h(i), i));
@@ -589,5 +708,54 @@ mod tests {
         assert_eq!(waves(&[]), Vec::<usize>::new());
         assert_eq!(waves(&[a, b, c]), vec![0, 0, 0]);
         assert_eq!(waves(&[a, b, a, a, c, b]), vec![0, 0, 1, 2, 0, 1]);
+        // The sorting path (past 32 operations) agrees.
+        let many: Vec<KeyHash> = (0..40u32)
+            .map(|i| KeyHash::of(&(i % 7).to_le_bytes()))
+            .collect();
+        let want: Vec<usize> = (0..40).map(|i| i / 7).collect();
+        assert_eq!(waves(&many), want);
+    }
+
+    #[test]
+    fn same_key_writes_combine_into_the_next_write_of_their_key() {
+        use Combined::*;
+        let ops = [
+            Op::Put(b"a", b"1"),
+            Op::Put(b"a", b"2"),
+            Op::Update(b"a", b"3"),
+            Op::Update(b"b", b"1"),
+            Op::Get(b"b"),
+            Op::Update(b"b", b"2"),
+            Op::Update(b"b", b"3"),
+            Op::Put(b"b", b"4"),
+            Op::Delete(b"a"),
+            Op::Put(b"c", b"1"),
+            Op::Put(b"c", b""),
+            Op::Update(b"", b"1"),
+            Op::Update(b"", b"2"),
+        ];
+        let hashes: Vec<KeyHash> = ops.iter().map(|o| KeyHash::of(o.key())).collect();
+        assert_eq!(
+            combine(&ops, &hashes),
+            vec![
+                Into(1),
+                Into(2),
+                // After puts: a put; the delete ends the chain.
+                AsPut,
+                // A get in between.
+                Alone,
+                Alone,
+                Into(6),
+                // An update before a put: its answer depends on the key.
+                Alone,
+                Alone,
+                Alone,
+                Into(10),
+                Alone,
+                // Bad input is never combined.
+                Alone,
+                Alone,
+            ]
+        );
     }
 }

@@ -593,6 +593,32 @@ impl<T: Transport> Client<T> {
         self.clock.backoff(ctx.attempts);
     }
 
+    /// A CAS on a slot of this operation found another writer's word:
+    /// counted, and under [`super::ConflictPolicy::Backoff`] waited out
+    /// before the retry: a random pause below the lost attempt's own
+    /// duration (its window, from `since`: the time another writer needs
+    /// to finish the same steps) doubled per loss of the operation
+    /// (`losses`, from 1) up to 16 windows, and at most a quarter of
+    /// `max_op_ticks`.
+    pub(crate) fn lost_cas(&mut self, losses: u32, since: u64) {
+        self.stats.cas_failures += 1;
+        if self.config.conflict != super::ConflictPolicy::Backoff {
+            return;
+        }
+        let window = self.now().saturating_sub(since).max(1);
+        let span = window
+            .saturating_mul(1 << losses.clamp(1, 5).saturating_sub(1))
+            .min(self.config.max_op_ticks / 4)
+            .max(1);
+        // xorshift64: a few instructions, per client, seeded at open.
+        let mut x = self.jitter;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.jitter = x;
+        self.clock.pause(x % (span + 1));
+    }
+
     /// Allocates a KV block, preferably on `node`.
     pub(crate) fn alloc_block(&mut self, node: u8, len: usize) -> Result<RemotePtr, Error> {
         let now = self.now();

@@ -82,6 +82,29 @@ pub struct ClientConfig {
     /// Smallest coarse block asked from a memory node for KV blocks (later
     /// refills grow with the footprint, see [`MAX_REFILL`]).
     pub coarse_block_bytes: u64,
+    /// What a writer does after it lost a CAS to another writer (write
+    /// conflict avoidance under skew; `conflict = "retry"` in a file).
+    pub conflict: ConflictPolicy,
+}
+
+/// What a writer does after it lost a CAS on a slot to another writer,
+/// before it searches again ([`ClientConfig::conflict`]). Either way the
+/// loss is counted ([`ClientStats::cas_failures`]) and the attempt
+/// restarts ([`ClientStats::retries`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ConflictPolicy {
+    /// Search again at once (RACE's behaviour): under skew the loser meets
+    /// the next writer of the hot key mid-update, and loses again.
+    Retry,
+    /// Back off first: a random pause ([`Clock::pause`]) below the lost
+    /// attempt's own duration (the time the winner needs for the same
+    /// round trips), doubled per loss of the same operation up to 16 of
+    /// them and at most `max_op_ticks / 4`: randomized exponential
+    /// backoff in units of the conflict window, so that the hot key's
+    /// writers spread out in time instead of meeting again.
+    #[default]
+    Backoff,
 }
 
 impl Default for ClientConfig {
@@ -95,6 +118,7 @@ impl Default for ClientConfig {
             grace_ticks: 300_000,
             max_attempts: 100_000,
             coarse_block_bytes: 4 << 10,
+            conflict: ConflictPolicy::Backoff,
         }
     }
 }
@@ -122,6 +146,8 @@ pub struct ClientStats {
     pub transport: TransportStats,
     /// Attempts restarted (failed CAS, stale cache, expired attempt, ...).
     pub retries: u64,
+    /// CASes on a slot lost to another writer (each restarts an attempt).
+    pub cas_failures: u64,
     /// Directory re-reads.
     pub dir_refreshes: u64,
     /// Waits for a split in progress (frozen or retired subtable).
@@ -165,6 +191,8 @@ pub struct Client<T: Transport> {
     /// that makes a write visible): a transport failure after it leaves
     /// the outcome unknown ([`Error::OutcomeUnknown`]).
     pub(crate) atomic_sent: bool,
+    /// State of the backoff's random pauses (never 0).
+    jitter: u64,
 }
 
 impl<T: Transport> core::fmt::Debug for Client<T> {
@@ -211,6 +239,7 @@ impl<T: Transport> Client<T> {
             results: Completions::new(),
             blocks: Vec::new(),
             atomic_sent: false,
+            jitter: 1,
         };
         let sb_ptr = RemotePtr::new(0, 0)?;
         let mut res = client.exec(&[
@@ -238,6 +267,10 @@ impl<T: Transport> Client<T> {
             });
         }
         client.id = id as u16;
+        // Distinct per client (id) and per run (the clock).
+        client.jitter = (id.wrapping_add(1).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            ^ client.now().rotate_left(32))
+        .max(1);
         client.refresh_directory()?;
         Ok(client)
     }
@@ -268,6 +301,12 @@ impl<T: Transport> Client<T> {
             kv_memory: self.alloc.stats(),
             ..self.stats
         }
+    }
+
+    /// Attempts restarted so far ([`ClientStats::retries`], without the
+    /// cost of gathering the other statistics).
+    pub fn retries(&self) -> u64 {
+        self.stats.retries
     }
 
     /// The transport.

@@ -154,6 +154,7 @@ impl<T: Transport> Client<T> {
             if cas_old(&res, 0)? != Slot::EMPTY.raw() {
                 p.maybe_published = false;
                 *pending = Some(p);
+                self.lost_cas(ctx.attempts, ctx.start);
                 continue;
             }
             // Published: from now on whoever unlinks it retires it.
@@ -376,6 +377,8 @@ impl<T: Transport> Client<T> {
         let replaced = cas_old(&res, ops.len() - 1)? == lowest.word.raw();
         if replaced {
             self.retire(lowest.word);
+        } else {
+            self.lost_cas(ctx.attempts, ctx.start);
         }
         Ok(replaced)
     }

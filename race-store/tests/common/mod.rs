@@ -33,6 +33,7 @@ pub fn manual_config() -> ClientConfig {
         grace_ticks: 1 << 32,
         max_attempts: 1_000_000,
         coarse_block_bytes: 4096,
+        ..ClientConfig::default()
     }
 }
 
@@ -45,6 +46,7 @@ pub fn system_config() -> ClientConfig {
         grace_ticks: 1_500_000,
         max_attempts: 1_000_000,
         coarse_block_bytes: 4096,
+        ..ClientConfig::default()
     }
 }
 
