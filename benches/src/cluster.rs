@@ -23,7 +23,7 @@
 //! dropped; a directory fabric it created ([`ClusterHost::fabric_dir`]) is
 //! removed with it when it owns the temporary directory.
 
-use crate::driver::{Backend, BackendError, Found, KvClient};
+use crate::driver::{Backend, BackendError, BatchOp, Found, KvClient};
 use krcore::Node;
 use krcore_kmod::{EngineConfig, MetaLocation};
 use krcore_meta::bootstrap;
@@ -450,6 +450,18 @@ impl SharedRaceBackend {
 pub struct RaceKv<T: race_store::remote::Transport> {
     /// The client.
     pub client: Client<T>,
+    /// Reused storage of [`KvClient::batch`].
+    replies: Vec<race_store::client::Reply>,
+}
+
+impl<T: race_store::remote::Transport> RaceKv<T> {
+    /// A YCSB client over `client`.
+    pub fn new(client: Client<T>) -> Self {
+        RaceKv {
+            client,
+            replies: Vec::new(),
+        }
+    }
 }
 
 fn store(e: &Error) -> BackendError {
@@ -484,7 +496,36 @@ impl<T: race_store::remote::Transport + Send> KvClient for RaceKv<T> {
     }
 
     fn retries(&self) -> Option<u64> {
-        Some(self.client.stats().retries)
+        Some(self.client.retries())
+    }
+
+    fn batch(&mut self, ops: &[BatchOp<'_>], out: &mut Vec<Result<Found, BackendError>>) {
+        use race_store::client::Op;
+        let race: Vec<Op<'_>> = ops
+            .iter()
+            .map(|op| match *op {
+                BatchOp::Read(k) => Op::Get(k),
+                // YCSB's inserts are upserts.
+                BatchOp::Insert(k, v) => Op::Put(k, v),
+                BatchOp::Update(k, v) => Op::Update(k, v),
+            })
+            .collect();
+        self.client.batch_into(&race, &mut self.replies);
+        out.clear();
+        out.extend(
+            self.replies
+                .drain(..)
+                .zip(ops)
+                .map(|(r, op)| match (r, op) {
+                    (Ok(Some(_)), _) | (Ok(None), BatchOp::Insert(..) | BatchOp::Update(..)) => {
+                        Ok(Found::Yes)
+                    }
+                    (Ok(None), BatchOp::Read(_)) | (Err(Error::NotFound), BatchOp::Update(..)) => {
+                        Ok(Found::No)
+                    }
+                    (Err(e), _) => Err(store(&e)),
+                }),
+        );
     }
 }
 
@@ -501,7 +542,7 @@ impl Backend for SharedRaceBackend {
                 backend: "race",
                 message: e.to_string(),
             })?;
-        Ok(Box::new(RaceKv { client }))
+        Ok(Box::new(RaceKv::new(client)))
     }
 
     fn label(&self) -> Option<String> {

@@ -39,6 +39,7 @@ use krcore_benches::driver::{
 use krcore_benches::driver::{DeployedTarget, StoreBackend};
 use krcore_benches::ycsb::{KeySpace, Properties, Workload};
 use krcore_nic::sim::{LatencyModel, SimConfig, SimFabric};
+use race_store::{ClientConfig, ConflictPolicy};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -92,9 +93,21 @@ struct Args {
     /// Client threads (YCSB's `-threads`; property `threadcount`) [default: 1].
     #[arg(long)]
     threads: Option<usize>,
+    /// Operations each client thread keeps in flight (property `batch`):
+    /// the thread draws B requests and runs them as one batch (race:
+    /// `Client::batch`, their round trips shared; other backends one by
+    /// one); each operation's latency is its batch's [default: 1].
+    #[arg(long, value_name = "B")]
+    batch: Option<usize>,
     /// Backend.
     #[arg(long, value_enum, default_value_t = Db::Race)]
     db: Db,
+    /// What a race writer does after losing a CAS to another writer:
+    /// `backoff` (the default: a random pause in units of the lost
+    /// attempt's duration) or `retry` (search again at once, RACE's
+    /// behaviour); overrides a --config file's `[client] conflict`.
+    #[arg(long, value_enum)]
+    conflict: Option<ConflictArg>,
     /// Memory nodes of the race cluster.
     #[arg(long, default_value_t = 2)]
     memory_nodes: u8,
@@ -157,6 +170,26 @@ struct Args {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum ConflictArg {
+    /// Back off after a lost CAS.
+    Backoff,
+    /// Search again at once.
+    Retry,
+}
+
+impl Args {
+    /// The race clients' settings: `base` with --conflict applied.
+    fn client_config(&self, base: ClientConfig) -> ClientConfig {
+        let conflict = match self.conflict {
+            Some(ConflictArg::Backoff) => ConflictPolicy::Backoff,
+            Some(ConflictArg::Retry) => ConflictPolicy::Retry,
+            None => base.conflict,
+        };
+        ClientConfig { conflict, ..base }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum PhaseArg {
     /// The load phase only (YCSB's -load).
     Load,
@@ -182,6 +215,7 @@ fn ycsb_spellings(args: impl Iterator<Item = String>) -> Vec<String> {
         "-load" => "--phase=load".to_string(),
         "-t" => "--phase=run".to_string(),
         "-threads" => "--threads".to_string(),
+        "-batch" => "--batch".to_string(),
         "-target" => "--target".to_string(),
         "-s" => "--status".to_string(),
         _ => a,
@@ -194,6 +228,12 @@ impl Args {
     /// `threadcount` (folded in by [`resolve`]), else 1.
     fn threads(&self) -> usize {
         self.threads.unwrap_or(1)
+    }
+
+    /// Operations in flight per thread: `--batch`, else property `batch`,
+    /// else 1.
+    fn batch(&self) -> usize {
+        self.batch.unwrap_or(1)
     }
 
     /// What the report's header names as the workload: the -P files, or
@@ -262,6 +302,12 @@ fn resolve(args: &mut Args) -> Result<Workload, String> {
     }
     if args.threads == Some(0) {
         return Err("threads (threadcount) must be at least 1".into());
+    }
+    if args.batch.is_none() {
+        args.batch = number(&props, "batch")?;
+    }
+    if args.batch == Some(0) {
+        return Err("batch must be at least 1".into());
     }
     if args.target.is_none() {
         args.target = number(&props, "target")?;
@@ -359,7 +405,9 @@ fn main() -> ExitCode {
         return run_multi(&args, &workload, records, operations, model, fabric);
     }
     let backend: Box<dyn Backend> = match args.db {
-        Db::Race => match RaceBackend::start(args.memory_nodes, args.node_mb << 20, model) {
+        Db::Race => match RaceBackend::start(args.memory_nodes, args.node_mb << 20, model)
+            .map(|b| b.with_client_config(args.client_config(ClientConfig::default())))
+        {
             Ok(r) => Box::new(r),
             Err(e) => {
                 eprintln!("krcore-ycsb: {e}");
@@ -381,6 +429,7 @@ fn main() -> ExitCode {
         progress: true,
         target: args.target,
         status: args.status_every(),
+        batch: args.batch(),
         ..RunOptions::default()
     };
     let keys = KeySpace::new(&workload);
@@ -520,12 +569,14 @@ fn run_multi(
         log_writes: false,
         fail_fast: false,
         target: args.target,
+        batch: args.batch(),
         memory_nodes: opts.memory_nodes,
         phase: Phase::Load,
         workload: workload.clone(),
         threads,
         seed: args.seed,
         latency: args.latency_model.clone(),
+        client: args.client_config(ClientConfig::default()),
     };
     // Generous: a child reports when its share is done.
     let timeout = Duration::from_secs(3600);
@@ -595,7 +646,7 @@ fn run_deployed(args: &Args, workload: Workload, records: u64, operations: u64) 
             .unwrap_or_else(|| krcore_cli::DEFAULT_META_ADDR.to_string()),
         store,
         engine: file.engine,
-        client: file.client,
+        client: args.client_config(file.client),
     };
     let stop: Arc<AtomicBool> = match krcore_cli::Shutdown::install() {
         Ok(s) => s.flag(),
@@ -638,6 +689,7 @@ fn run_deployed(args: &Args, workload: Workload, records: u64, operations: u64) 
                     fail_fast: args.fail_fast,
                     target: args.target,
                     status: args.status_every(),
+                    batch: args.batch(),
                     ..RunOptions::default()
                 };
                 let keys = KeySpace::new(&workload);
@@ -655,12 +707,14 @@ fn run_deployed(args: &Args, workload: Workload, records: u64, operations: u64) 
                     log_writes: log,
                     fail_fast: args.fail_fast,
                     target: args.target,
+                    batch: args.batch(),
                     memory_nodes: 0,
                     phase,
                     workload: workload.clone(),
                     threads,
                     seed: args.seed,
                     latency: "none".into(),
+                    client: target.client,
                 };
                 let mut specs = mp::child_specs(&base, processes, records, operations);
                 if !args.child_fabric.is_empty() {

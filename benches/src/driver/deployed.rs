@@ -76,7 +76,7 @@ impl Backend for StoreBackend {
             backend: "race",
             message: crate::cluster::error_chain(&e),
         })?;
-        Ok(Box::new(RaceKv { client }))
+        Ok(Box::new(RaceKv::new(client)))
     }
 
     fn label(&self) -> Option<String> {

@@ -6,6 +6,7 @@
 //! client between threads, so backends need no locking of their own beyond
 //! what their store needs.
 
+mod batched;
 mod deployed;
 mod map;
 pub mod mp;
@@ -48,6 +49,17 @@ pub enum Found {
     No,
 }
 
+/// One operation of a batch ([`KvClient::batch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchOp<'a> {
+    /// [`KvClient::read`] this key.
+    Read(&'a [u8]),
+    /// [`KvClient::insert`] (key, value).
+    Insert(&'a [u8], &'a [u8]),
+    /// [`KvClient::update`] (key, value).
+    Update(&'a [u8], &'a [u8]),
+}
+
 /// One client thread's connection to a store.
 pub trait KvClient: Send {
     /// Reads `key` into `out` (cleared first).
@@ -61,6 +73,13 @@ pub trait KvClient: Send {
     /// driver reports the difference across each write as `Retries`.
     fn retries(&self) -> Option<u64> {
         None
+    }
+    /// Runs `ops` with all of them in flight where the store can (the
+    /// driver's `--batch`), one result per operation into `out` (cleared
+    /// first), as the single calls return them; operations on one key take
+    /// effect in submission order. The default runs them one by one.
+    fn batch(&mut self, ops: &[BatchOp<'_>], out: &mut Vec<Result<Found, BackendError>>) {
+        batched::one_by_one(self, ops, out);
     }
 }
 

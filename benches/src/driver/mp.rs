@@ -59,6 +59,9 @@ pub struct ChildSpec {
     /// This child's share of YCSB's `-target` (operations per second).
     #[serde(default)]
     pub target: Option<f64>,
+    /// Operations each thread keeps in flight (`--batch`).
+    #[serde(default = "one")]
+    pub batch: usize,
     /// Memory nodes published on it.
     pub memory_nodes: u8,
     /// The phase.
@@ -71,6 +74,13 @@ pub struct ChildSpec {
     pub seed: u64,
     /// Latency model name (`none` or `cx4`).
     pub latency: String,
+    /// The race clients' settings (a cluster the driver hosts).
+    #[serde(default)]
+    pub client: ClientConfig,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// What a child sends back.
@@ -238,7 +248,7 @@ pub fn child_main(spec: &ChildSpec) -> Result<(), String> {
             };
             let remote =
                 Remote::discover(&spec.fabric, spec.memory_nodes).map_err(|e| e.to_string())?;
-            Box::new(SharedRaceBackend::new(remote, sim, ClientConfig::default()))
+            Box::new(SharedRaceBackend::new(remote, sim, spec.client))
         }
     };
     let started = Arc::new(Mutex::new(0u64));
@@ -251,6 +261,7 @@ pub fn child_main(spec: &ChildSpec) -> Result<(), String> {
         stop: Some(Arc::new(std::sync::atomic::AtomicBool::new(false))),
         fail_fast: spec.fail_fast,
         target: spec.target,
+        batch: spec.batch.max(1),
         status: None,
         progress: false,
         gate: Some(Gate(Arc::new(move || {

@@ -3,14 +3,14 @@
 //! thread, each reaching every memory node through VQPs connected by a
 //! metadata lookup.
 
-use super::{Backend, BackendError, Found, KvClient};
+use super::{Backend, BackendError, KvClient};
+use crate::cluster::RaceKv;
 use krcore::Node;
 use krcore_nic::sim::{LatencyModel, SimConfig};
-use krcore_nic::AnyNic;
 use race_store::clock::{Clock, SystemClock};
 use race_store::memory::TableConfig;
 use race_store::rdma::{MemoryNodeHandle, MemoryNodeServer, NodeInfo, VqpTransport};
-use race_store::{Client, ClientConfig, Error};
+use race_store::{Client, ClientConfig};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +22,7 @@ pub struct RaceBackend {
     clock: Arc<dyn Clock>,
     sim: SimConfig,
     label: Option<String>,
+    config: ClientConfig,
 }
 
 fn setup(e: impl std::fmt::Display) -> BackendError {
@@ -69,55 +70,13 @@ impl RaceBackend {
             clock: Arc::new(SystemClock::new()),
             label: latency.map(|m| format!("modeled ({})", m.name)),
             sim,
-        })
-    }
-}
-
-struct RaceClient {
-    client: Client<VqpTransport<AnyNic>>,
-}
-
-fn store(e: Error) -> BackendError {
-    // The whole chain: "transport error: memory node 1: out of memory ...".
-    let mut message = e.to_string();
-    let mut source = std::error::Error::source(&e);
-    while let Some(s) = source {
-        message.push_str(": ");
-        message.push_str(&s.to_string());
-        source = s.source();
-    }
-    BackendError::Store {
-        backend: "race",
-        message,
-    }
-}
-
-impl KvClient for RaceClient {
-    fn read(&mut self, key: &[u8], out: &mut Vec<u8>) -> Result<Found, BackendError> {
-        out.clear();
-        Ok(match self.client.get(key).map_err(store)? {
-            Some(v) => {
-                out.extend_from_slice(&v);
-                Found::Yes
-            }
-            None => Found::No,
+            config: ClientConfig::default(),
         })
     }
 
-    fn insert(&mut self, key: &[u8], value: &[u8]) -> Result<(), BackendError> {
-        self.client.put(key, value).map_err(store)
-    }
-
-    fn update(&mut self, key: &[u8], value: &[u8]) -> Result<Found, BackendError> {
-        match self.client.update(key, value) {
-            Ok(()) => Ok(Found::Yes),
-            Err(Error::NotFound) => Ok(Found::No),
-            Err(e) => Err(store(e)),
-        }
-    }
-
-    fn retries(&self) -> Option<u64> {
-        Some(self.client.stats().retries)
+    /// The same backend whose clients use `config`.
+    pub fn with_client_config(self, config: ClientConfig) -> RaceBackend {
+        RaceBackend { config, ..self }
     }
 }
 
@@ -134,8 +93,8 @@ impl Backend for RaceBackend {
             .build()
             .map_err(setup)?;
         let t = VqpTransport::connect(&node, &self.infos).map_err(setup)?;
-        let client = Client::open(t, self.clock.clone(), ClientConfig::default()).map_err(setup)?;
-        Ok(Box::new(RaceClient { client }))
+        let client = Client::open(t, self.clock.clone(), self.config).map_err(setup)?;
+        Ok(Box::new(RaceKv::new(client)))
     }
 
     fn label(&self) -> Option<String> {

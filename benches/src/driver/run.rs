@@ -1,6 +1,7 @@
 //! The load and run phases: client threads, each with its own client,
 //! generator, RNG and measurements, merged at the end.
 
+use super::batched::BatchedThread;
 use super::verify::{version_tag, WriteRecord};
 use super::{Backend, BackendError, Found, KvClient};
 use crate::ycsb::{
@@ -47,16 +48,19 @@ pub struct RunOptions {
     /// format: time, seconds, operations, current ops/s, estimated
     /// completion), and one at the end.
     pub status: Option<Duration>,
+    /// Operations each thread keeps in flight ([`super::KvClient::batch`]);
+    /// 1: one at a time.
+    pub batch: usize,
 }
 
 impl RunOptions {
-    fn stopped(&self) -> bool {
+    pub(crate) fn stopped(&self) -> bool {
         self.stop
             .as_ref()
             .is_some_and(|s| s.load(Ordering::Relaxed))
     }
 
-    fn note(&self, status: Status) {
+    pub(crate) fn note(&self, status: Status) {
         if self.fail_fast && status == Status::Error {
             if let Some(s) = &self.stop {
                 s.store(true, Ordering::Relaxed);
@@ -98,6 +102,7 @@ impl Default for RunOptions {
             fail_fast: false,
             target: None,
             status: None,
+            batch: 1,
         }
     }
 }
@@ -105,13 +110,13 @@ impl Default for RunOptions {
 /// Paces one thread at `rate` operations per second (YCSB's `-target`):
 /// operation `n` starts no earlier than `n / rate` after the phase began.
 #[derive(Clone, Copy, Debug)]
-struct Pacer {
+pub(crate) struct Pacer {
     start: Instant,
     per_op: Option<f64>,
 }
 
 impl Pacer {
-    fn new(opts: &RunOptions, start: Instant) -> Pacer {
+    pub(crate) fn new(opts: &RunOptions, start: Instant) -> Pacer {
         let threads = opts.threads.max(1) as f64;
         Pacer {
             start,
@@ -123,7 +128,7 @@ impl Pacer {
     }
 
     /// Waits until operation `n` is due.
-    fn wait(&self, n: u64) {
+    pub(crate) fn wait(&self, n: u64) {
         let Some(per_op) = self.per_op else {
             return;
         };
@@ -145,7 +150,7 @@ impl Pacer {
 
 /// Operations a thread does between two updates of the shared counter
 /// (progress bar, status lines).
-const COUNT_EVERY: u64 = 64;
+pub(crate) const COUNT_EVERY: u64 = 64;
 
 /// `t` as YCSB's status lines print it: `YYYY-MM-DD HH:MM:SS:mmm` (UTC).
 pub fn ycsb_timestamp(t: std::time::SystemTime) -> String {
@@ -335,7 +340,12 @@ fn status_ticker(done: &AtomicU64, stop: &AtomicBool, total: u64, every: Duratio
 /// Adds the store's restarted attempts across one write (`before` and
 /// `after` its call) to `op`'s `Retries`, when the backend counts them.
 #[inline]
-fn count_retries(m: &mut Measurements, op: Operation, before: Option<u64>, after: Option<u64>) {
+pub(crate) fn count_retries(
+    m: &mut Measurements,
+    op: Operation,
+    before: Option<u64>,
+    after: Option<u64>,
+) {
     if let (Some(b), Some(a)) = (before, after) {
         m.add_retries(op, a.saturating_sub(b));
     }
@@ -345,7 +355,7 @@ thread_local! {
     static FIRST_ERROR: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
 }
 
-fn status_of(r: Result<Found, BackendError>) -> Status {
+pub(crate) fn status_of(r: Result<Found, BackendError>) -> Status {
     match r {
         Ok(Found::Yes) => Status::Ok,
         Ok(Found::No) => Status::NotFound,
@@ -428,6 +438,18 @@ pub fn run_load(
             .map(|(t, mut client)| {
                 let done = progress.done.clone();
                 s.spawn(move || {
+                    if opts.batch > 1 {
+                        let thread = BatchedThread {
+                            workload,
+                            keys,
+                            opts,
+                            pacer: Pacer::new(opts, start),
+                            done: &done,
+                            batch: opts.batch,
+                        };
+                        let (m, _) = thread.load(&mut *client);
+                        return (t, m, take_first_error());
+                    }
                     let mut m = Measurements::new();
                     let mut value = Vec::new();
                     let value_len = workload.value_size() as usize;
@@ -509,6 +531,19 @@ pub fn run_phase(
                 let log = opts.log_writes;
                 s.spawn(move || {
                     let mut rng = SmallRng::seed_from_u64(seed);
+                    if opts.batch > 1 {
+                        let thread = BatchedThread {
+                            workload,
+                            keys,
+                            opts,
+                            pacer: Pacer::new(opts, start),
+                            done: &done,
+                            batch: opts.batch,
+                        };
+                        let (m, writes) =
+                            thread.run(&mut *client, &mut gen, &mut rng, share, writer, log);
+                        return (m, take_first_error(), writes);
+                    }
                     let mut m = Measurements::new();
                     let mut writes = Vec::new();
                     let mut logged = |keynum: u64, version: u64, t0: Instant, r: &Status| {
