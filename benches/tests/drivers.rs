@@ -60,6 +60,53 @@ fn ycsb_with_two_client_processes_runs_every_workload_but_e() {
 }
 
 #[test]
+fn ycsb_batches_every_workload_but_e_in_one_and_two_processes() {
+    let bin = env!("CARGO_BIN_EXE_krcore-ycsb");
+    for (w, extra) in [
+        ("a", &["--processes", "2", "--conflict", "retry"][..]),
+        ("a", &["-batch", "5"][..]),
+        ("b", &[][..]),
+        ("c", &[][..]),
+        ("d", &[][..]),
+        ("f", &["--processes", "2"][..]),
+    ] {
+        let mut args = vec![
+            "--workload",
+            w,
+            "--records",
+            "300",
+            "--operations",
+            "600",
+            "--node-mb",
+            "32",
+        ];
+        if !extra.contains(&"-batch") {
+            args.extend_from_slice(&["--batch", "16"]);
+        }
+        args.extend_from_slice(extra);
+        let (ok, out, err) = run(bin, &args);
+        assert!(ok, "workload {w} {extra:?}: {err}\n{out}");
+        let ops: f64 = ["READ", "UPDATE", "INSERT"]
+            .iter()
+            .filter_map(|s| field(&out, s, "Operations"))
+            .sum();
+        let rmw = field(&out, "READ-MODIFY-WRITE", "Operations").unwrap_or(0.0);
+        assert_eq!(
+            ops - rmw,
+            600.0,
+            "workload {w} {extra:?}: every operation\n{out}"
+        );
+        assert!(!out.contains("Return=ERROR"), "{out}");
+        // Reads of loaded keys all find them.
+        if let Some(reads) = field(&out, "READ", "Operations") {
+            assert_eq!(field(&out, "READ", "Return=OK"), Some(reads), "{out}");
+        }
+    }
+    let (ok, _, err) = run(bin, &["-p", "batch=0", "--records", "10"]);
+    assert!(!ok && err.contains("batch must be at least 1"), "{err}");
+}
+
+#[test]
 fn ycsb_refuses_fabrics_it_cannot_run() {
     let bin = env!("CARGO_BIN_EXE_krcore-ycsb");
     let (ok, _, err) = run(bin, &["--fabric", "verbs:mlx5_0", "--records", "10"]);

@@ -317,12 +317,14 @@ mod tests {
             log_writes: false,
             fail_fast: false,
             target: Some(90.0),
+            batch: 4,
             memory_nodes: 2,
             phase: Phase::Load,
             workload: sized(Workload::preset('a').unwrap(), 10, 100),
             threads: 1,
             seed: 1,
             latency: "none".into(),
+            client: ClientConfig::default(),
         };
         let load = child_specs(&base, 3, 10, 100);
         let ranges: Vec<_> = load.iter().map(|s| s.workload.load_range()).collect();

@@ -730,6 +730,37 @@ mod tests {
     }
 
     #[test]
+    fn batched_threads_measure_every_operation_and_load_every_record() {
+        for w in ['a', 'd', 'f'] {
+            let workload = sized(Workload::preset(w).unwrap(), 300, 1000);
+            let backend = MapBackend::new();
+            let keys = KeySpace::new(&workload);
+            let opts = RunOptions {
+                threads: 2,
+                progress: false,
+                batch: 7,
+                ..RunOptions::default()
+            };
+            let load = run_load(&backend, &workload, &keys, &opts).unwrap();
+            assert_eq!(load.errors, 0);
+            assert_eq!(backend.len(), 300, "workload {w}: every record loaded");
+            assert_eq!(load.measurements.get("INSERT").unwrap().operations(), 300);
+            let run = run_phase(&backend, &workload, &keys, &opts).unwrap();
+            assert_eq!(run.errors, 0, "workload {w}");
+            let ops: u64 = ["READ", "UPDATE", "INSERT"]
+                .iter()
+                .filter_map(|n| run.measurements.get(n))
+                .map(|m| m.operations())
+                .sum();
+            let rmw = run
+                .measurements
+                .get("READ-MODIFY-WRITE")
+                .map_or(0, |m| m.operations());
+            assert_eq!(ops - 2 * rmw, 1000 - rmw, "workload {w}");
+        }
+    }
+
+    #[test]
     fn values_differ_per_version() {
         let (mut a, mut b) = (Vec::new(), Vec::new());
         fill_value(&mut a, 100, 7, 1);
