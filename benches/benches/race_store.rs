@@ -3,12 +3,16 @@
 //! alone) and through KRCore VQPs on `sim:mem` (the full stack); and the
 //! YCSB key generators the drivers draw from.
 //!
+//! Batches of 1, 4, 16 and 64 gets and updates (`Client::batch`) report
+//! throughput per operation beside the single calls.
+//!
 //! Run: `cargo bench -p krcore-benches --bench race_store`
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use krcore_benches::cluster::{ClusterHost, ClusterOptions};
 use krcore_benches::ycsb::{ScrambledZipfianGenerator, SkewedLatestGenerator};
 use krcore_nic::sim::{SimConfig, SimFabric};
+use race_store::client::Op;
 use race_store::clock::SystemClock;
 use race_store::memory::{ClusterConfig, LocalCluster};
 use race_store::remote::Transport;
@@ -43,6 +47,39 @@ fn ops<T: Transport>(c: &mut Criterion, label: &str, client: &mut Client<T>) {
             client.update(key(i).as_bytes(), &value).unwrap()
         })
     });
+    g.finish();
+    // Batches of B operations (`Client::batch`): throughput per operation,
+    // so the curve over B reads directly against the single calls above.
+    let keys: Vec<String> = (0..KEYS).map(key).collect();
+    let mut g = c.benchmark_group(format!("race/{label}/batch"));
+    for b in [1usize, 4, 16, 64] {
+        g.throughput(Throughput::Elements(b as u64));
+        g.bench_function(format!("get/{b}"), |bench| {
+            bench.iter(|| {
+                let batch: Vec<Op<'_>> = (0..b)
+                    .map(|_| {
+                        i = (i + 7919) % KEYS;
+                        Op::Get(keys[i as usize].as_bytes())
+                    })
+                    .collect();
+                client.batch(&batch)
+            })
+        });
+        g.bench_function(format!("update/{b}"), |bench| {
+            bench.iter(|| {
+                let batch: Vec<Op<'_>> = (0..b)
+                    .map(|_| {
+                        i = (i + 7919) % KEYS;
+                        Op::Update(keys[i as usize].as_bytes(), &value)
+                    })
+                    .collect();
+                client.batch(&batch)
+            })
+        });
+    }
+    g.finish();
+    let mut g = c.benchmark_group(format!("race/{label}"));
+    g.throughput(Throughput::Elements(1));
     let mut n = KEYS;
     g.bench_function("insert", |b| {
         b.iter(|| {
