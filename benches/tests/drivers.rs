@@ -22,6 +22,16 @@ fn field(report: &str, section: &str, name: &str) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// The run phase's operations as the workload counts them (a
+/// read-modify-write is also one READ and one UPDATE).
+fn operations(report: &str) -> f64 {
+    let ops: f64 = ["READ", "UPDATE", "INSERT"]
+        .iter()
+        .filter_map(|s| field(report, s, "Operations"))
+        .sum();
+    ops - field(report, "READ-MODIFY-WRITE", "Operations").unwrap_or(0.0)
+}
+
 #[test]
 fn ycsb_with_two_client_processes_runs_every_workload_but_e() {
     let bin = env!("CARGO_BIN_EXE_krcore-ycsb");
@@ -43,14 +53,8 @@ fn ycsb_with_two_client_processes_runs_every_workload_but_e() {
         );
         assert!(ok, "workload {w}: {err}\n{out}");
         assert!(out.contains("processes=2"), "{out}");
-        let ops: f64 = ["READ", "UPDATE", "INSERT"]
-            .iter()
-            .filter_map(|s| field(&out, s, "Operations"))
-            .sum();
-        let rmw = field(&out, "READ-MODIFY-WRITE", "Operations").unwrap_or(0.0);
-        // A read-modify-write is also one READ and one UPDATE.
         assert_eq!(
-            ops - rmw,
+            operations(&out),
             600.0,
             "workload {w}: both shares measured\n{out}"
         );
@@ -86,13 +90,8 @@ fn ycsb_batches_every_workload_but_e_in_one_and_two_processes() {
         args.extend_from_slice(extra);
         let (ok, out, err) = run(bin, &args);
         assert!(ok, "workload {w} {extra:?}: {err}\n{out}");
-        let ops: f64 = ["READ", "UPDATE", "INSERT"]
-            .iter()
-            .filter_map(|s| field(&out, s, "Operations"))
-            .sum();
-        let rmw = field(&out, "READ-MODIFY-WRITE", "Operations").unwrap_or(0.0);
         assert_eq!(
-            ops - rmw,
+            operations(&out),
             600.0,
             "workload {w} {extra:?}: every operation\n{out}"
         );
