@@ -36,6 +36,18 @@ struct Drawn {
     value: Vec<u8>,
 }
 
+impl Default for Drawn {
+    fn default() -> Drawn {
+        Drawn {
+            op: Operation::Read,
+            keynum: 0,
+            key: String::new(),
+            version: 0,
+            value: Vec::new(),
+        }
+    }
+}
+
 impl BatchedThread<'_> {
     /// The run phase's `share` operations; returns the measurements and the
     /// logged writes (when `log`).
@@ -58,24 +70,22 @@ impl BatchedThread<'_> {
         while i < share && !self.opts.stopped() {
             self.pacer.wait(i);
             let n = (share - i).min(self.batch as u64);
-            drawn.clear();
-            for j in 0..n {
+            // The entries (and their value buffers) are reused batch to batch.
+            drawn.resize_with(n as usize, Drawn::default);
+            for (j, d) in drawn.iter_mut().enumerate() {
                 let req = gen.next_request(rng, self.keys);
-                let version = match req.op {
-                    Operation::Update | Operation::ReadModifyWrite => version_tag(writer, i + j),
+                d.version = match req.op {
+                    Operation::Update | Operation::ReadModifyWrite => {
+                        version_tag(writer, i + j as u64)
+                    }
                     _ => 0,
                 };
-                let mut value = Vec::new();
+                d.value.clear();
                 if req.op != Operation::Read {
-                    fill_value(&mut value, value_len, req.keynum, version);
+                    fill_value(&mut d.value, value_len, req.keynum, d.version);
                 }
-                drawn.push(Drawn {
-                    op: req.op,
-                    keynum: req.keynum,
-                    key: self.workload.key_name(req.keynum),
-                    version,
-                    value,
-                });
+                (d.op, d.keynum) = (req.op, req.keynum);
+                d.key = self.workload.key_name(req.keynum);
             }
             let ops = batch_ops(&drawn);
             let t0 = Instant::now();
@@ -151,21 +161,19 @@ impl BatchedThread<'_> {
         let (mut n, mut counted) = (0u64, 0u64);
         while !self.opts.stopped() {
             self.pacer.wait(n);
-            drawn.clear();
-            while drawn.len() < self.batch {
+            // The entries (and their value buffers) are reused batch to batch.
+            drawn.resize_with(self.batch, Drawn::default);
+            let mut got = 0;
+            for d in drawn.iter_mut() {
                 let Some(k) = self.keys.next_load_key() else {
                     break;
                 };
-                let mut value = Vec::new();
-                fill_value(&mut value, value_len, k, 0);
-                drawn.push(Drawn {
-                    op: Operation::Insert,
-                    keynum: k,
-                    key: self.workload.key_name(k),
-                    version: 0,
-                    value,
-                });
+                fill_value(&mut d.value, value_len, k, 0);
+                (d.op, d.keynum, d.version) = (Operation::Insert, k, 0);
+                d.key = self.workload.key_name(k);
+                got += 1;
             }
+            drawn.truncate(got);
             if drawn.is_empty() {
                 break;
             }

@@ -162,6 +162,12 @@ impl<T: Transport> Client<T> {
     /// [`Client::batch`] into `out` (cleared first), reusing its storage.
     pub fn batch_into(&mut self, ops: &[Op<'_>], out: &mut Vec<Reply>) {
         out.clear();
+        if let [op] = ops {
+            // Nothing to share: the single operation, without the batch's
+            // bookkeeping.
+            out.push(self.single(*op));
+            return;
+        }
         out.resize_with(ops.len(), || Ok(None));
         let hashes: Vec<KeyHash> = ops.iter().map(|op| KeyHash::of(op.key())).collect();
         let combined = combine(ops, &hashes);
@@ -226,6 +232,17 @@ impl<T: Transport> Client<T> {
         }
     }
 
+    /// `op` as the single operation.
+    fn single(&mut self, op: Op<'_>) -> Reply {
+        match op {
+            Op::Get(k) => self.get(k),
+            Op::Insert(k, v) => self.insert(k, v).map(|()| None),
+            Op::Put(k, v) => self.put(k, v).map(|()| None),
+            Op::Update(k, v) => self.update(k, v).map(|()| None),
+            Op::Delete(k) => self.delete(k).map(|()| None),
+        }
+    }
+
     /// One wave: the batched rounds, then the single operations.
     fn run_wave(&mut self, flights: &mut [Flight<'_>], out: &mut [Reply]) {
         let mut res = std::mem::take(&mut self.results);
@@ -241,13 +258,7 @@ impl<T: Transport> Client<T> {
             if retry {
                 self.stats.retries += 1;
             }
-            let reply = match f.op {
-                Op::Get(k) => self.get(k),
-                Op::Insert(k, v) => self.insert(k, v).map(|()| None),
-                Op::Put(k, v) => self.put(k, v).map(|()| None),
-                Op::Update(k, v) => self.update(k, v).map(|()| None),
-                Op::Delete(k) => self.delete(k).map(|()| None),
-            };
+            let reply = self.single(f.op);
             if let Some(slot) = out.get_mut(f.i) {
                 *slot = reply;
             }
