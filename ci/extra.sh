@@ -30,6 +30,13 @@ deploy_sim() {
 step "the deployment as separate processes on sim (ci/deploy.sh)" deploy_sim
 step "soak: 30 s of client kills (krcore-soak)" \
     cargo test -p krcore-benches --test drivers -- --ignored short_soak_loses_nothing
+redis_backend() {
+    if ! command -v redis-server >/dev/null; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+    fi
+    KRCORE_NEED_REDIS=1 cargo test -p krcore-benches --lib driver::redis
+}
+step "the redis backend against redis-server" redis_backend
 step "fuzz smoke: every target 20 s (ci/fuzz.sh)" env FUZZ_SECONDS="${FUZZ_SECONDS:-20}" ci/fuzz.sh
 if [ -x ci/verbs.sh ]; then
     step "verbs provider on Soft-RoCE (ci/verbs.sh)" ci/verbs.sh
