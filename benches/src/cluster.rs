@@ -512,20 +512,17 @@ impl<T: race_store::remote::Transport + Send> KvClient for RaceKv<T> {
             .collect();
         self.client.batch_into(&race, &mut self.replies);
         out.clear();
-        out.extend(
-            self.replies
-                .drain(..)
-                .zip(ops)
-                .map(|(r, op)| match (r, op) {
-                    (Ok(Some(_)), _) | (Ok(None), BatchOp::Insert(..) | BatchOp::Update(..)) => {
-                        Ok(Found::Yes)
-                    }
-                    (Ok(None), BatchOp::Read(_)) | (Err(Error::NotFound), BatchOp::Update(..)) => {
-                        Ok(Found::No)
-                    }
-                    (Err(e), _) => Err(store(&e)),
-                }),
-        );
+        // The replies stay for the next batch, which refills their value
+        // buffers.
+        out.extend(self.replies.iter().zip(ops).map(|(r, op)| match (r, op) {
+            (Ok(Some(_)), _) | (Ok(None), BatchOp::Insert(..) | BatchOp::Update(..)) => {
+                Ok(Found::Yes)
+            }
+            (Ok(None), BatchOp::Read(_)) | (Err(Error::NotFound), BatchOp::Update(..)) => {
+                Ok(Found::No)
+            }
+            (Err(e), _) => Err(store(e)),
+        }));
     }
 }
 

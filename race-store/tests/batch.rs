@@ -18,6 +18,43 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 #[test]
+fn batch_into_refills_the_value_buffers_it_is_handed_back() {
+    let cluster = LocalCluster::new(ClusterConfig::default()).unwrap();
+    let mut c = open(&cluster, system_clock(), system_config());
+    let keys: Vec<Vec<u8>> = (0..8).map(key).collect();
+    for (i, k) in keys.iter().enumerate() {
+        c.insert(k, &value(i as u64, 0, 300)).unwrap();
+    }
+    let gets: Vec<Op<'_>> = keys.iter().map(|k| Op::Get(k)).collect();
+    let mut out = Vec::new();
+    c.batch_into(&gets, &mut out);
+    let buffers: Vec<*const u8> = out
+        .iter()
+        .filter_map(|r| r.as_ref().ok()?.as_ref().map(|v| v.as_ptr()))
+        .collect();
+    assert_eq!(buffers.len(), 8);
+    // Shorter values now, and a miss: the old, longer contents never show.
+    for (i, k) in keys.iter().enumerate().skip(1) {
+        c.update(k, &value(i as u64, 1, 20)).unwrap();
+    }
+    c.delete(&keys[0]).unwrap();
+    c.batch_into(&gets, &mut out);
+    assert_eq!(out[0], Ok(None));
+    for (i, reply) in out.iter().enumerate().skip(1) {
+        assert_eq!(reply, &Ok(Some(value(i as u64, 1, 20))), "key {i}");
+        let at = reply
+            .as_ref()
+            .ok()
+            .and_then(|v| v.as_ref())
+            .map(|v| v.as_ptr());
+        assert!(
+            at.is_some_and(|p| buffers.contains(&p)),
+            "reply {i} in a buffer of the previous batch"
+        );
+    }
+}
+
+#[test]
 fn a_batch_shares_its_round_trips() {
     let cluster = LocalCluster::new(ClusterConfig {
         nodes: 2,

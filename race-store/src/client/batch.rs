@@ -127,6 +127,36 @@ struct Flight<'a> {
     cas_at: usize,
 }
 
+/// Storage a client reuses from batch to batch, so that a warm batch
+/// allocates nothing but its new KV blocks: the per-operation tables, the
+/// flights and doorbells (kept empty between uses, their lifetimes
+/// renewed by [`recycle`]), and the value buffers of earlier replies.
+#[derive(Debug, Default)]
+pub(super) struct Scratch {
+    hashes: Vec<KeyHash>,
+    combined: Vec<Combined>,
+    waves: Vec<usize>,
+    kept: Vec<usize>,
+    flights: Vec<Flight<'static>>,
+    ops: Vec<RemoteOp<'static>>,
+    /// Value buffers of the replies a caller handed back to
+    /// [`Client::batch_into`], for the next gets to fill.
+    values: Vec<Vec<u8>>,
+}
+
+/// Spare value buffers kept at most (the rest are freed).
+const MAX_SPARE_VALUES: usize = 256;
+
+/// `v` emptied, as a vector of another element type with its storage
+/// (the standard library collects a vector's `into_iter` in place when
+/// the element layouts match, as they do for one type under two
+/// lifetimes; otherwise this allocates nothing either, the result being
+/// empty).
+fn recycle<T, U>(mut v: Vec<T>) -> Vec<U> {
+    v.clear();
+    v.into_iter().filter_map(|_| None).collect()
+}
+
 impl<T: Transport> Client<T> {
     /// Runs `ops` with their round trips shared (see the module docs):
     /// one reply per operation, in order.
@@ -159,28 +189,48 @@ impl<T: Transport> Client<T> {
         out
     }
 
-    /// [`Client::batch`] into `out` (cleared first), reusing its storage.
+    /// [`Client::batch`] into `out` (cleared first), reusing its storage:
+    /// the value buffers of the replies already in `out` are filled again
+    /// by this batch's gets (hand the same vector back to batch without
+    /// allocating per get).
     pub fn batch_into(&mut self, ops: &[Op<'_>], out: &mut Vec<Reply>) {
-        out.clear();
+        let mut scratch = std::mem::take(&mut self.batch);
+        for r in out.drain(..) {
+            if let Ok(Some(v)) = r {
+                if scratch.values.len() < MAX_SPARE_VALUES {
+                    scratch.values.push(v);
+                }
+            }
+        }
         if let [op] = ops {
             // Nothing to share: the single operation, without the batch's
             // bookkeeping.
             out.push(self.single(*op));
-            return;
+        } else {
+            self.batch_scratch(ops, out, &mut scratch);
         }
+        self.batch = scratch;
+    }
+
+    fn batch_scratch(&mut self, ops: &[Op<'_>], out: &mut Vec<Reply>, scratch: &mut Scratch) {
         out.resize_with(ops.len(), || Ok(None));
-        let hashes: Vec<KeyHash> = ops.iter().map(|op| KeyHash::of(op.key())).collect();
-        let combined = combine(ops, &hashes);
+        let hashes = &mut scratch.hashes;
+        hashes.clear();
+        hashes.extend(ops.iter().map(|op| KeyHash::of(op.key())));
+        combine(ops, hashes, &mut scratch.combined);
+        let combined = &scratch.combined;
         // Combined writes take no wave of their own.
-        let waves = waves_of(&hashes, &combined);
+        waves_of(hashes, combined, &mut scratch.kept, &mut scratch.waves);
+        let waves = &scratch.waves;
         let last = waves
             .iter()
             .copied()
             .filter(|&w| w != usize::MAX)
             .max()
             .unwrap_or(0);
+        let mut flights: Vec<Flight<'_>> = recycle(std::mem::take(&mut scratch.flights));
         for wave in 0..=last {
-            let mut flights = Vec::new();
+            flights.clear();
             for (i, op) in ops.iter().enumerate() {
                 if waves.get(i) != Some(&wave) {
                     continue;
@@ -219,8 +269,9 @@ impl<T: Transport> Client<T> {
                     cas_at: 0,
                 });
             }
-            self.run_wave(&mut flights, out);
+            self.run_wave(&mut flights, out, &mut scratch.ops, &mut scratch.values);
         }
+        scratch.flights = recycle(flights);
         // A combined write answers as the write that carried its key on.
         for i in (0..ops.len()).rev() {
             if let Some(&Combined::Into(j)) = combined.get(i) {
@@ -244,12 +295,25 @@ impl<T: Transport> Client<T> {
     }
 
     /// One wave: the batched rounds, then the single operations.
-    fn run_wave(&mut self, flights: &mut [Flight<'_>], out: &mut [Reply]) {
+    fn run_wave(
+        &mut self,
+        flights: &mut [Flight<'_>],
+        out: &mut [Reply],
+        ops: &mut Vec<RemoteOp<'static>>,
+        values: &mut Vec<Vec<u8>>,
+    ) {
         let mut res = std::mem::take(&mut self.results);
         let start = self.now();
-        self.round_buckets(flights, out, &mut res);
-        self.round_blocks(flights, out, &mut res, start);
-        self.round_cas(flights, out, &mut res, start);
+        *ops = self.round_buckets(flights, out, &mut res, recycle(std::mem::take(ops)));
+        *ops = self.round_blocks(
+            flights,
+            out,
+            &mut res,
+            start,
+            recycle(std::mem::take(ops)),
+            values,
+        );
+        *ops = self.round_cas(flights, out, &mut res, start, recycle(std::mem::take(ops)));
         self.results = res;
         for f in flights.iter_mut() {
             let Fate::Single { retry } = f.fate else {
@@ -269,14 +333,16 @@ impl<T: Transport> Client<T> {
     /// Round 1: the combined buckets of every key in one doorbell; keeps
     /// the fingerprint matches of the operations whose view allows them to
     /// go on.
+    /// `ops`: empty storage for the doorbell, handed back emptied.
     fn round_buckets(
         &mut self,
         flights: &mut [Flight<'_>],
         out: &mut [Reply],
         res: &mut Completions,
-    ) {
+        mut ops: Vec<RemoteOp<'static>>,
+    ) -> Vec<RemoteOp<'static>> {
         let geometry = self.table.geometry;
-        let mut ops = Vec::with_capacity(flights.len() * 2);
+        ops.reserve(flights.len() * 2);
         for f in flights
             .iter_mut()
             .filter(|f| matches!(f.fate, Fate::Flying))
@@ -294,11 +360,11 @@ impl<T: Transport> Client<T> {
             }
         }
         if ops.is_empty() {
-            return;
+            return ops;
         }
         if let Err(e) = self.exec_into(&ops, res) {
             fail_flying(flights, out, &e);
-            return;
+            return ops;
         }
         let mut stale = false;
         for f in flights
@@ -342,18 +408,22 @@ impl<T: Transport> Client<T> {
             // subtables. A failure there is theirs to report.
             let _ = self.refresh_directory();
         }
+        ops
     }
 
     /// Round 2: every KV block with a matching fingerprint in one doorbell;
     /// answers the gets, and the writes with no copy to act on.
+    /// `ops` as for [`Client::round_buckets`]; `values`: spare buffers
+    /// for the gets' values.
     fn round_blocks(
         &mut self,
         flights: &mut [Flight<'_>],
         out: &mut [Reply],
         res: &mut Completions,
         start: u64,
-    ) {
-        let mut ops = Vec::new();
+        mut ops: Vec<RemoteOp<'static>>,
+        values: &mut Vec<Vec<u8>>,
+    ) -> Vec<RemoteOp<'static>> {
         for f in flights
             .iter_mut()
             .filter(|f| matches!(f.fate, Fate::Flying))
@@ -373,7 +443,7 @@ impl<T: Transport> Client<T> {
         if !ops.is_empty() {
             if let Err(e) = self.exec_into(&ops, res) {
                 fail_flying(flights, out, &e);
-                return;
+                return ops;
             }
         }
         let fresh = self.now().saturating_sub(start) <= self.config.max_op_ticks;
@@ -400,7 +470,10 @@ impl<T: Transport> Client<T> {
                 match kv::decode_for_key(buf, f.op.key()) {
                     Ok(kv) if kv.block_len() == w.block_len() => {
                         if copies.is_empty() && matches!(f.op, Op::Get(_)) {
-                            value = Some(kv.value().to_vec());
+                            let mut buf = values.pop().unwrap_or_default();
+                            buf.clear();
+                            buf.extend_from_slice(kv.value());
+                            value = Some(buf);
                         }
                         copies.push(*s);
                     }
@@ -426,17 +499,20 @@ impl<T: Transport> Client<T> {
                 _ => f.slots = copies,
             }
         }
+        ops
     }
 
     /// Round 3: the new blocks' WRITEs and the CASes of every write in one
     /// doorbell (a block on its slot's node, so ordered before its CAS).
+    /// `spare` as `ops` for [`Client::round_buckets`].
     fn round_cas(
         &mut self,
         flights: &mut [Flight<'_>],
         out: &mut [Reply],
         res: &mut Completions,
         start: u64,
-    ) {
+        spare: Vec<RemoteOp<'static>>,
+    ) -> Vec<RemoteOp<'static>> {
         for f in flights
             .iter_mut()
             .filter(|f| matches!(f.fate, Fate::Flying))
@@ -483,14 +559,16 @@ impl<T: Transport> Client<T> {
             n += cas_op_count(f);
         }
         if n == 0 {
-            return;
+            return spare;
         }
-        let mut ops = Vec::with_capacity(n);
+        let mut ops: Vec<RemoteOp<'_>> = recycle(spare);
+        ops.reserve(n);
         for f in flights.iter().filter(|f| matches!(f.fate, Fate::Flying)) {
             push_cas_ops(f, &mut ops);
         }
-        if let Err(e) = self.exec_into(&ops, res) {
-            drop(ops);
+        let done = self.exec_into(&ops, res);
+        let spare = recycle(ops);
+        if let Err(e) = done {
             for f in flights
                 .iter_mut()
                 .filter(|f| matches!(f.fate, Fate::Flying))
@@ -506,9 +584,8 @@ impl<T: Transport> Client<T> {
                 f.block = None;
                 answer(f, out, Err(e));
             }
-            return;
+            return spare;
         }
-        drop(ops);
         for f in flights
             .iter_mut()
             .filter(|f| matches!(f.fate, Fate::Flying))
@@ -540,6 +617,7 @@ impl<T: Transport> Client<T> {
                 f.fate = Fate::Single { retry: true };
             }
         }
+        spare
     }
 }
 
@@ -620,8 +698,17 @@ enum Combined {
 /// key exists, so it runs as a put and succeeds). An update followed by a
 /// put is not combined (its answer depends on whether the key existed);
 /// gets, inserts and deletes are never combined.
-fn combine(ops: &[Op<'_>], hashes: &[KeyHash]) -> Vec<Combined> {
-    let mut out = vec![Combined::Alone; ops.len()];
+///
+/// Writes one entry per operation into `out` (cleared first).
+fn combine(ops: &[Op<'_>], hashes: &[KeyHash], out: &mut Vec<Combined>) {
+    out.clear();
+    out.resize(ops.len(), Combined::Alone);
+    if !ops
+        .iter()
+        .any(|op| matches!(op, Op::Put(..) | Op::Update(..)))
+    {
+        return;
+    }
     // Whether operation i is a put, or an update that runs as one.
     let mut put_like: Vec<bool> = ops.iter().map(|op| matches!(op, Op::Put(..))).collect();
     for (i, op) in ops.iter().enumerate() {
@@ -653,60 +740,69 @@ fn combine(ops: &[Op<'_>], hashes: &[KeyHash]) -> Vec<Combined> {
             *c = Combined::Into(j);
         }
     }
-    out
 }
 
 /// The wave of each operation: its position among the earlier operations
 /// on the same key (0 for a key's first), so that a key appears at most
 /// once per wave and a key's operations run in submission order.
-fn waves_of(hashes: &[KeyHash], combined: &[Combined]) -> Vec<usize> {
+/// Into `out` (cleared first); `kept` is storage.
+fn waves_of(
+    hashes: &[KeyHash],
+    combined: &[Combined],
+    kept: &mut Vec<usize>,
+    out: &mut Vec<usize>,
+) {
     if !combined.iter().any(|c| matches!(c, Combined::Into(_))) {
-        return waves(hashes);
+        waves_into(hashes, out);
+        return;
     }
-    let kept: Vec<usize> = (0..hashes.len())
-        .filter(|&i| !matches!(combined.get(i), Some(Combined::Into(_))))
-        .collect();
+    kept.clear();
+    kept.extend((0..hashes.len()).filter(|&i| !matches!(combined.get(i), Some(Combined::Into(_)))));
     let kept_hashes: Vec<KeyHash> = kept
         .iter()
         .filter_map(|&i| hashes.get(i).copied())
         .collect();
     // Combined operations get a wave no kept operation has (never run).
-    let mut out = vec![usize::MAX; hashes.len()];
+    out.clear();
+    out.resize(hashes.len(), usize::MAX);
     for (&i, w) in kept.iter().zip(waves(&kept_hashes)) {
         if let Some(o) = out.get_mut(i) {
             *o = w;
         }
     }
-    out
 }
 
 fn waves(hashes: &[KeyHash]) -> Vec<usize> {
+    let mut out = Vec::with_capacity(hashes.len());
+    waves_into(hashes, &mut out);
+    out
+}
+
+/// [`waves`] into `out` (cleared first).
+fn waves_into(hashes: &[KeyHash], out: &mut Vec<usize>) {
+    out.clear();
     if hashes.len() <= 32 {
         // Few operations: comparing pairs costs less than sorting.
-        return hashes
-            .iter()
-            .enumerate()
-            .map(|(i, h)| {
-                let earlier = hashes.get(..i).unwrap_or_default();
-                earlier.iter().filter(|e| *e == h).count()
-            })
-            .collect();
+        out.extend(hashes.iter().enumerate().map(|(i, h)| {
+            let earlier = hashes.get(..i).unwrap_or_default();
+            earlier.iter().filter(|e| *e == h).count()
+        }));
+        return;
     }
     let mut order: Vec<usize> = (0..hashes.len()).collect();
     let h = |i: usize| hashes.get(i).map(|h| (h.h1(), h.h2()));
     order.sort_unstable_by_key(|&i| (h(i), i));
-    let mut wave = vec![0; hashes.len()];
+    out.resize(hashes.len(), 0);
     let mut run = 0;
     for k in 1..order.len() {
         let (Some(&prev), Some(&cur)) = (order.get(k - 1), order.get(k)) else {
             continue;
         };
         run = if h(prev) == h(cur) { run + 1 } else { 0 };
-        if let Some(w) = wave.get_mut(cur) {
+        if let Some(w) = out.get_mut(cur) {
             *w = run;
         }
     }
-    wave
 }
 
 #[cfg(test)]
@@ -746,8 +842,10 @@ mod tests {
             Op::Update(b"", b"2"),
         ];
         let hashes: Vec<KeyHash> = ops.iter().map(|o| KeyHash::of(o.key())).collect();
+        let mut combined = vec![Alone; 3];
+        combine(&ops, &hashes, &mut combined);
         assert_eq!(
-            combine(&ops, &hashes),
+            combined,
             vec![
                 Into(1),
                 Into(2),

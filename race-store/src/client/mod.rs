@@ -193,6 +193,8 @@ pub struct Client<T: Transport> {
     pub(crate) atomic_sent: bool,
     /// State of the backoff's random pauses (never 0).
     jitter: u64,
+    /// Reused storage of [`Client::batch_into`].
+    batch: batch::Scratch,
 }
 
 impl<T: Transport> core::fmt::Debug for Client<T> {
@@ -240,6 +242,7 @@ impl<T: Transport> Client<T> {
             blocks: Vec::new(),
             atomic_sent: false,
             jitter: 1,
+            batch: batch::Scratch::default(),
         };
         let sb_ptr = RemotePtr::new(0, 0)?;
         let mut res = client.exec(&[
