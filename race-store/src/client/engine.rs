@@ -51,7 +51,7 @@ pub(super) const NO_OP: RemoteOp<'static> = RemoteOp::Faa {
     add: 0,
 };
 
-fn bad_response(reason: &'static str) -> Error {
+pub(super) fn bad_response(reason: &'static str) -> Error {
     Error::Transport(TransportError::BadResponse { reason })
 }
 

@@ -202,7 +202,7 @@ impl<T: Transport> Client<T> {
     /// meanwhile, the slot is looked for at the same position in the new
     /// subtable (a split copies slots in place).
     #[allow(clippy::too_many_arguments)]
-    fn dedup(
+    pub(super) fn dedup(
         &mut self,
         key: &[u8],
         hash: &KeyHash,

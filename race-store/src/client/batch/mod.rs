@@ -5,7 +5,10 @@
 //! A batch of gets costs 2 round trips however many keys it holds (on
 //! hits: the combined buckets of every key, then every matching KV block);
 //! a batch of updates or deletes 3 (buckets, blocks, then the new blocks'
-//! WRITEs with their CASes). That is the single operations' protocol
+//! WRITEs with their CASes); a batch of inserts 2 when no other key's
+//! fingerprint matches (the new blocks' WRITEs with the buckets, then the
+//! CASes on empty slots with the buckets' re-reads), puts of absent keys
+//! 2 or 3 likewise (their blocks written with the CASes). That is the single operations' protocol
 //! ([`super::protocol`]) with the rounds of several keys sharing doorbells:
 //!
 //! * Each operation is linearizable on its own: it reads, checks and CASes
@@ -21,8 +24,10 @@
 //!   attempt, a new block not on its slot's node) is finished by the single
 //!   operation at the end of its wave, before the next wave: counted as a
 //!   retry in [`super::ClientStats::retries`].
-//! * Inserts, and puts of absent keys, run as single operations at the end
-//!   of their wave (the insert's de-duplication re-reads are per key).
+//! * An insert, or a put of an absent key, that won its empty slot settles
+//!   concurrent inserts of its key from the re-read buckets as the single
+//!   insert does (further re-reads, if any, are its own); one that meets
+//!   full buckets is finished by the single operation (which splits).
 //! * Same-key writes are combined ([`combine`]): a put or update that the
 //!   next operation on its key overwrites sends nothing and answers as that
 //!   one (an update that then runs as a put reports a lost outcome as
@@ -37,10 +42,17 @@ use crate::error::{Error, LayoutError};
 use crate::hash::KeyHash;
 use crate::layout::kv;
 use crate::layout::slot::{RemotePtr, Slot};
+use crate::layout::subtable::SubtableGeometry;
 use crate::remote::{Completions, RemoteOp, Transport};
 
-use super::engine::{BucketsView, InlineList, SlotRef, SlotRefs, ViewState, NO_OP};
+use super::engine::{
+    bad_response, BucketsView, InlineList, OpCtx, SlotPos, SlotRef, SlotRefs, ViewState, NO_OP,
+};
 use super::{check_key, check_kv, Client};
+
+mod plan;
+
+use plan::{combine, waves_of, Combined};
 
 /// One operation of a batch ([`Client::batch`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,8 +133,18 @@ struct Flight<'a> {
     /// Round 2: where its block READs start, and the words they read.
     blocks_at: usize,
     words: InlineList<Slot, 4>,
-    /// Round 3: the new KV block (update, put) and the slot word naming it.
+    /// The new KV block and the slot word naming it: an insert's (written
+    /// in round 1, with its bucket READs, as the single insert does), an
+    /// update's or a put's (round 3). Released unless a CAS that may have
+    /// installed it was posted.
     block: Option<(RemotePtr, Vec<u8>, Slot)>,
+    /// Whether `block` was written (round 1).
+    written: bool,
+    /// An insert's, or a put's of an absent key: the buckets of round 1
+    /// (for the empty slot and the re-read of round 3).
+    view: Option<BucketsView>,
+    /// Round 3, inserting: the empty slot taken and its address.
+    empty: Option<(SlotPos, RemotePtr)>,
     /// Round 3: where its WRITE and CASes start.
     cas_at: usize,
 }
@@ -250,15 +272,11 @@ impl<T: Transport> Client<T> {
                     *slot = Err(e);
                     continue;
                 }
-                let fate = match op {
-                    Op::Insert(..) => Fate::Single { retry: false },
-                    _ => Fate::Flying,
-                };
                 flights.push(Flight {
                     i,
                     op: *op,
                     hash,
-                    fate,
+                    fate: Fate::Flying,
                     buckets_at: 0,
                     sub: crate::layout::table::DIR_PTR,
                     locs: hash.bucket_locs(self.table.geometry),
@@ -266,6 +284,9 @@ impl<T: Transport> Client<T> {
                     blocks_at: 0,
                     words: InlineList::new(Slot::EMPTY),
                     block: None,
+                    written: false,
+                    view: None,
+                    empty: None,
                     cas_at: 0,
                 });
             }
@@ -333,38 +354,75 @@ impl<T: Transport> Client<T> {
     /// Round 1: the combined buckets of every key in one doorbell; keeps
     /// the fingerprint matches of the operations whose view allows them to
     /// go on.
-    /// `ops`: empty storage for the doorbell, handed back emptied.
+    /// An insert's new block is written in the same doorbell, before its
+    /// buckets (as the single insert does).
+    /// `spare`: empty storage for the doorbell, handed back emptied.
     fn round_buckets(
         &mut self,
         flights: &mut [Flight<'_>],
         out: &mut [Reply],
         res: &mut Completions,
-        mut ops: Vec<RemoteOp<'static>>,
+        spare: Vec<RemoteOp<'static>>,
     ) -> Vec<RemoteOp<'static>> {
         let geometry = self.table.geometry;
-        ops.reserve(flights.len() * 2);
+        let mut n = 0;
         for f in flights
             .iter_mut()
             .filter(|f| matches!(f.fate, Fate::Flying))
         {
             let placed = self.locate(&f.hash).and_then(|(sub, locs)| {
-                let at = ops.len();
-                ops.resize(at + 2, NO_OP);
-                let end = BucketsView::put_read_ops(&mut ops, at, sub, geometry, locs)?;
-                ops.truncate(end);
-                Ok((at, sub, locs))
+                if let Op::Insert(key, value) = f.op {
+                    let block = kv::encode(key, value).map_err(Error::from_kv)?;
+                    let ptr = self.alloc_block(sub.node(), block.len())?;
+                    let slot = Slot::for_block(f.hash.fingerprint(), block.len(), ptr);
+                    if slot.is_err() {
+                        self.alloc.release(ptr, block.len());
+                    }
+                    f.block = Some((ptr, block, slot?));
+                }
+                Ok((sub, locs))
             });
             match placed {
-                Ok((at, sub, locs)) => (f.buckets_at, f.sub, f.locs) = (at, sub, locs),
+                Ok((sub, locs)) => {
+                    n += usize::from(f.block.is_some());
+                    (f.buckets_at, f.sub, f.locs) = (n, sub, locs);
+                    n += if locs[0] == locs[1] { 1 } else { 2 };
+                }
                 Err(e) => answer(f, out, Err(e)),
             }
         }
-        if ops.is_empty() {
-            return ops;
+        if n == 0 {
+            return spare;
         }
-        if let Err(e) = self.exec_into(&ops, res) {
-            fail_flying(flights, out, &e);
-            return ops;
+        let mut ops: Vec<RemoteOp<'_>> = recycle(spare);
+        ops.reserve(n);
+        let mut bad = None;
+        for f in flights.iter().filter(|f| matches!(f.fate, Fate::Flying)) {
+            if let Some((ptr, bytes, _)) = &f.block {
+                ops.push(RemoteOp::Write { ptr: *ptr, bytes });
+            }
+            let at = ops.len();
+            ops.resize(at + 2, NO_OP);
+            match BucketsView::put_read_ops(&mut ops, at, f.sub, geometry, f.locs) {
+                Ok(end) => ops.truncate(end),
+                Err(e) => bad = bad.or(Some(e)),
+            }
+        }
+        let done = match bad {
+            Some(e) => Err(e),
+            None if ops.len() != n => Err(bad_response("batch round 1 miscounted")),
+            None => self.exec_into(&ops, res),
+        };
+        let spare = recycle(ops);
+        if let Err(e) = done {
+            self.fail_unpublished(flights, out, &e);
+            return spare;
+        }
+        for f in flights
+            .iter_mut()
+            .filter(|f| matches!(f.fate, Fate::Flying) && f.block.is_some())
+        {
+            f.written = true;
         }
         let mut stale = false;
         for f in flights
@@ -382,6 +440,7 @@ impl<T: Transport> Client<T> {
             let view = match view {
                 Ok(v) => v,
                 Err(e) => {
+                    self.drop_block(f);
                     answer(f, out, Err(e));
                     continue;
                 }
@@ -399,7 +458,11 @@ impl<T: Transport> Client<T> {
             };
             if go_on {
                 f.slots = slots;
+                if matches!(f.op, Op::Insert(..) | Op::Put(..)) {
+                    f.view = Some(view);
+                }
             } else {
+                self.drop_block(f);
                 f.fate = Fate::Single { retry: true };
             }
         }
@@ -408,7 +471,7 @@ impl<T: Transport> Client<T> {
             // subtables. A failure there is theirs to report.
             let _ = self.refresh_directory();
         }
-        ops
+        spare
     }
 
     /// Round 2: every KV block with a matching fingerprint in one doorbell;
@@ -442,7 +505,7 @@ impl<T: Transport> Client<T> {
         }
         if !ops.is_empty() {
             if let Err(e) = self.exec_into(&ops, res) {
-                fail_flying(flights, out, &e);
+                self.fail_unpublished(flights, out, &e);
                 return ops;
             }
         }
@@ -452,6 +515,7 @@ impl<T: Transport> Client<T> {
             .filter(|f| matches!(f.fate, Fate::Flying))
         {
             if !fresh {
+                self.drop_block(f);
                 f.fate = Fate::Single { retry: true };
                 continue;
             }
@@ -486,6 +550,7 @@ impl<T: Transport> Client<T> {
             }
             if torn {
                 self.stats.bad_blocks += 1;
+                self.drop_block(f);
                 f.fate = Fate::Single { retry: true };
                 continue;
             }
@@ -494,8 +559,12 @@ impl<T: Transport> Client<T> {
                 Op::Update(..) | Op::Delete(_) if copies.is_empty() => {
                     answer(f, out, Err(Error::NotFound));
                 }
-                // An upsert of an absent key is an insert.
-                Op::Put(..) if copies.is_empty() => f.fate = Fate::Single { retry: false },
+                Op::Insert(..) if !copies.is_empty() => {
+                    self.drop_block(f);
+                    answer(f, out, Err(Error::KeyExists));
+                }
+                // Absent: an insert takes an empty slot in round 3, and so
+                // does a put (an upsert of an absent key is an insert).
                 _ => f.slots = copies,
             }
         }
@@ -517,23 +586,52 @@ impl<T: Transport> Client<T> {
             .iter_mut()
             .filter(|f| matches!(f.fate, Fate::Flying))
         {
-            let (Op::Update(key, value) | Op::Put(key, value)) = f.op else {
+            let (Op::Update(key, value) | Op::Put(key, value) | Op::Insert(key, value)) = f.op
+            else {
                 continue;
             };
-            let Some(lowest) = f.slots.first().copied() else {
-                f.fate = Fate::Single { retry: true };
-                continue;
+            // The slot to CAS: the key's lowest copy, or (an insert, a put
+            // of an absent key) an empty slot of the buckets read.
+            let target = match (f.slots.first(), &f.view) {
+                (Some(lowest), _) => lowest.addr,
+                (None, Some(view)) if !matches!(f.op, Op::Update(..)) => {
+                    let Some(pos) = view.choose_insert() else {
+                        // All four buckets full: the single operation
+                        // splits the subtable.
+                        self.drop_block(f);
+                        f.fate = Fate::Single { retry: true };
+                        continue;
+                    };
+                    match view.addr_of(pos) {
+                        Ok(addr) => {
+                            f.empty = Some((pos, addr));
+                            addr
+                        }
+                        Err(e) => {
+                            self.drop_block(f);
+                            answer(f, out, Err(e));
+                            continue;
+                        }
+                    }
+                }
+                _ => {
+                    f.fate = Fate::Single { retry: true };
+                    continue;
+                }
             };
+            if f.block.is_some() {
+                continue; // an insert's, written in round 1
+            }
             let made = kv::encode(key, value)
                 .map_err(Error::from_kv)
                 .and_then(|block| {
-                    let ptr = self.alloc_block(lowest.addr.node(), block.len())?;
+                    let ptr = self.alloc_block(target.node(), block.len())?;
                     let slot = Slot::for_block(f.hash.fingerprint(), block.len(), ptr)?;
                     Ok((ptr, block, slot))
                 });
             match made {
-                Ok((ptr, block, _)) if ptr.node() != lowest.addr.node() => {
-                    // The slot's node had no room: the single update
+                Ok((ptr, block, _)) if ptr.node() != target.node() => {
+                    // The slot's node had no room: the single operation
                     // writes the block in a doorbell of its own.
                     self.alloc.release(ptr, block.len());
                     f.fate = Fate::Single { retry: true };
@@ -549,9 +647,7 @@ impl<T: Transport> Client<T> {
             .filter(|f| matches!(f.fate, Fate::Flying))
         {
             if !fresh {
-                if let Some((ptr, block, _)) = f.block.take() {
-                    self.alloc.release(ptr, block.len());
-                }
+                self.drop_block(f);
                 f.fate = Fate::Single { retry: true };
                 continue;
             }
@@ -561,12 +657,21 @@ impl<T: Transport> Client<T> {
         if n == 0 {
             return spare;
         }
+        let geometry = self.table.geometry;
         let mut ops: Vec<RemoteOp<'_>> = recycle(spare);
         ops.reserve(n);
+        let mut bad = None;
         for f in flights.iter().filter(|f| matches!(f.fate, Fate::Flying)) {
-            push_cas_ops(f, &mut ops);
+            if let Err(e) = push_cas_ops(f, geometry, &mut ops) {
+                bad = bad.or(Some(e));
+            }
         }
-        let done = self.exec_into(&ops, res);
+        let cas_start = self.now();
+        let done = match bad {
+            Some(e) => Err(e),
+            None if ops.len() != n => Err(bad_response("batch round 3 miscounted")),
+            None => self.exec_into(&ops, res),
+        };
         let spare = recycle(ops);
         if let Err(e) = done {
             for f in flights
@@ -590,6 +695,10 @@ impl<T: Transport> Client<T> {
             .iter_mut()
             .filter(|f| matches!(f.fate, Fate::Flying))
         {
+            if f.empty.is_some() {
+                self.inserted(f, out, res, start, cas_start);
+                continue;
+            }
             let Some((lowest, others)) = f.slots.split_first() else {
                 continue;
             };
@@ -619,20 +728,124 @@ impl<T: Transport> Client<T> {
         }
         spare
     }
+
+    /// Round 3 of an insert (or a put of an absent key) after its CAS on
+    /// an empty slot: lost, it is retried as the single operation; won,
+    /// the block is published and the re-read buckets settle concurrent
+    /// inserts of the key as the single insert does.
+    fn inserted(
+        &mut self,
+        f: &mut Flight<'_>,
+        out: &mut [Reply],
+        res: &Completions,
+        start: u64,
+        cas_start: u64,
+    ) {
+        let (Some((pos, _)), Some(view)) = (f.empty, f.view.as_ref()) else {
+            return;
+        };
+        let at = f.cas_at + usize::from(!f.written);
+        if res.cas_old(at) != Some(Slot::EMPTY.raw()) {
+            // Lost the slot to another writer: not published.
+            self.drop_block(f);
+            self.lost_cas(1, start);
+            f.fate = Fate::Single { retry: true };
+            return;
+        }
+        // Published: from now on whoever unlinks it retires it.
+        let Some((_, _, slot)) = f.block.take() else {
+            return;
+        };
+        let second = if f.locs[0] == f.locs[1] { 1 } else { 2 };
+        let reread = BucketsView::from_reads(
+            view.sub(),
+            self.table.geometry,
+            f.locs,
+            res.read(at + 1),
+            res.read(at + second),
+        );
+        let value = match f.op {
+            Op::Insert(_, v) | Op::Put(_, v) | Op::Update(_, v) => v,
+            Op::Get(_) | Op::Delete(_) => &[],
+        };
+        let mut ctx = OpCtx::default();
+        (ctx.attempts, ctx.start) = (1, cas_start);
+        ctx.remember(slot, value, cas_start);
+        let settled = reread.and_then(|reread| {
+            self.dedup(f.op.key(), &f.hash, pos, slot, reread, cas_start, &mut ctx)
+        });
+        match settled {
+            Ok(true) => answer(f, out, Ok(None)),
+            // Another copy holds the key (this one withdrew): the single
+            // operation finds it (an insert: `KeyExists`; a put replaces
+            // it).
+            Ok(false) => f.fate = Fate::Single { retry: true },
+            Err(Error::Transport(source)) => {
+                let op = f.op.name();
+                answer(f, out, Err(Error::OutcomeUnknown { op, source }));
+            }
+            Err(e) => answer(f, out, Err(e)),
+        }
+    }
+
+    /// Releases `f`'s new block: no CAS that may install it was posted.
+    fn drop_block(&mut self, f: &mut Flight<'_>) {
+        if let Some((ptr, block, _)) = f.block.take() {
+            self.alloc.release(ptr, block.len());
+        }
+    }
+
+    /// A doorbell before any CAS failed: every operation in it fails with
+    /// the error (nothing it posted can have applied), its new block
+    /// released.
+    fn fail_unpublished(&mut self, flights: &mut [Flight<'_>], out: &mut [Reply], e: &Error) {
+        for f in flights
+            .iter_mut()
+            .filter(|f| matches!(f.fate, Fate::Flying))
+        {
+            self.drop_block(f);
+            answer(f, out, Err(e.clone()));
+        }
+    }
 }
 
 /// How many ops [`push_cas_ops`] posts for `f`.
 fn cas_op_count(f: &Flight<'_>) -> usize {
-    match f.block {
-        Some(_) => 2,
-        None => f.slots.len(),
+    match (&f.empty, &f.view, &f.block) {
+        (Some(_), Some(_), _) => {
+            let reads = if f.locs[0] == f.locs[1] { 1 } else { 2 };
+            usize::from(!f.written) + 1 + reads
+        }
+        (_, _, Some(_)) => 2,
+        _ => f.slots.len(),
     }
 }
 
-/// The WRITE (update, put) and the CASes of one write of round 3.
-fn push_cas_ops<'b>(f: &'b Flight<'_>, ops: &mut Vec<RemoteOp<'b>>) {
+/// The WRITE (update, put, unless written in round 1) and the CASes of
+/// one write of round 3; an insert's CAS on its empty slot is followed by
+/// the re-read of its buckets (same node: the READs see the CAS).
+fn push_cas_ops<'b>(
+    f: &'b Flight<'_>,
+    geometry: SubtableGeometry,
+    ops: &mut Vec<RemoteOp<'b>>,
+) -> Result<(), Error> {
+    if let (Some((_, addr)), Some(view), Some((ptr, bytes, slot))) = (&f.empty, &f.view, &f.block) {
+        if !f.written {
+            ops.push(RemoteOp::Write { ptr: *ptr, bytes });
+        }
+        ops.push(RemoteOp::Cas {
+            ptr: *addr,
+            expect: Slot::EMPTY.raw(),
+            new: slot.raw(),
+        });
+        let at = ops.len();
+        ops.resize(at + 2, NO_OP);
+        let end = BucketsView::put_read_ops(ops, at, view.sub(), geometry, f.locs)?;
+        ops.truncate(end);
+        return Ok(());
+    }
     let Some((lowest, others)) = f.slots.split_first() else {
-        return;
+        return Ok(());
     };
     match &f.block {
         Some((ptr, bytes, slot)) => {
@@ -656,6 +869,7 @@ fn push_cas_ops<'b>(f: &'b Flight<'_>, ops: &mut Vec<RemoteOp<'b>>) {
             });
         }
     }
+    Ok(())
 }
 
 fn answer(f: &mut Flight<'_>, out: &mut [Reply], reply: Reply) {
@@ -663,208 +877,4 @@ fn answer(f: &mut Flight<'_>, out: &mut [Reply], reply: Reply) {
         *slot = reply;
     }
     f.fate = Fate::Done;
-}
-
-/// A doorbell before any CAS failed: every operation in it fails with the
-/// error (nothing it posted can have applied).
-fn fail_flying(flights: &mut [Flight<'_>], out: &mut [Reply], e: &Error) {
-    for f in flights
-        .iter_mut()
-        .filter(|f| matches!(f.fate, Fate::Flying))
-    {
-        answer(f, out, Err(e.clone()));
-    }
-}
-
-/// How [`combine`] treats one operation of a batch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Combined {
-    /// Runs as given.
-    Alone,
-    /// Overwritten by operation `j`, the next on its key, before anyone
-    /// can read it: not sent; it answers as `j` does.
-    Into(usize),
-    /// An update that follows combined puts of its key: the key exists
-    /// once they apply, so it runs as a put.
-    AsPut,
-}
-
-/// Local combining of same-key writes inside a batch (write-conflict
-/// avoidance: a hot key written twice in a batch costs one CAS). A put or
-/// an update directly followed, among the batch's operations on its key,
-/// by a put or an update is linearized just before that one, its value
-/// overwritten at once: it sends nothing and answers as that one does
-/// (two updates: both find the key or neither; an update after puts: the
-/// key exists, so it runs as a put and succeeds). An update followed by a
-/// put is not combined (its answer depends on whether the key existed);
-/// gets, inserts and deletes are never combined.
-///
-/// Writes one entry per operation into `out` (cleared first).
-fn combine(ops: &[Op<'_>], hashes: &[KeyHash], out: &mut Vec<Combined>) {
-    out.clear();
-    out.resize(ops.len(), Combined::Alone);
-    if !ops
-        .iter()
-        .any(|op| matches!(op, Op::Put(..) | Op::Update(..)))
-    {
-        return;
-    }
-    // Whether operation i is a put, or an update that runs as one.
-    let mut put_like: Vec<bool> = ops.iter().map(|op| matches!(op, Op::Put(..))).collect();
-    for (i, op) in ops.iter().enumerate() {
-        if !matches!(op, Op::Put(..) | Op::Update(..)) || op.check().is_err() {
-            continue;
-        }
-        let Some(h) = hashes.get(i) else { continue };
-        let next = (i + 1..ops.len())
-            .find(|&j| hashes.get(j) == Some(h) && ops.get(j).map(Op::key) == Some(op.key()));
-        let Some(j) = next.filter(|&j| ops.get(j).is_some_and(|o| o.check().is_ok())) else {
-            continue;
-        };
-        let me_put = put_like.get(i).copied().unwrap_or(false);
-        match ops.get(j) {
-            Some(Op::Put(..)) if me_put => {}
-            Some(Op::Update(..)) => {
-                if me_put {
-                    if let Some(p) = put_like.get_mut(j) {
-                        *p = true;
-                    }
-                    if let Some(c) = out.get_mut(j) {
-                        *c = Combined::AsPut;
-                    }
-                }
-            }
-            _ => continue,
-        }
-        if let Some(c) = out.get_mut(i) {
-            *c = Combined::Into(j);
-        }
-    }
-}
-
-/// The wave of each operation: its position among the earlier operations
-/// on the same key (0 for a key's first), so that a key appears at most
-/// once per wave and a key's operations run in submission order.
-/// Into `out` (cleared first); `kept` is storage.
-fn waves_of(
-    hashes: &[KeyHash],
-    combined: &[Combined],
-    kept: &mut Vec<usize>,
-    out: &mut Vec<usize>,
-) {
-    if !combined.iter().any(|c| matches!(c, Combined::Into(_))) {
-        waves_into(hashes, out);
-        return;
-    }
-    kept.clear();
-    kept.extend((0..hashes.len()).filter(|&i| !matches!(combined.get(i), Some(Combined::Into(_)))));
-    let kept_hashes: Vec<KeyHash> = kept
-        .iter()
-        .filter_map(|&i| hashes.get(i).copied())
-        .collect();
-    // Combined operations get a wave no kept operation has (never run).
-    out.clear();
-    out.resize(hashes.len(), usize::MAX);
-    for (&i, w) in kept.iter().zip(waves(&kept_hashes)) {
-        if let Some(o) = out.get_mut(i) {
-            *o = w;
-        }
-    }
-}
-
-fn waves(hashes: &[KeyHash]) -> Vec<usize> {
-    let mut out = Vec::with_capacity(hashes.len());
-    waves_into(hashes, &mut out);
-    out
-}
-
-/// [`waves`] into `out` (cleared first).
-fn waves_into(hashes: &[KeyHash], out: &mut Vec<usize>) {
-    out.clear();
-    if hashes.len() <= 32 {
-        // Few operations: comparing pairs costs less than sorting.
-        out.extend(hashes.iter().enumerate().map(|(i, h)| {
-            let earlier = hashes.get(..i).unwrap_or_default();
-            earlier.iter().filter(|e| *e == h).count()
-        }));
-        return;
-    }
-    let mut order: Vec<usize> = (0..hashes.len()).collect();
-    let h = |i: usize| hashes.get(i).map(|h| (h.h1(), h.h2()));
-    order.sort_unstable_by_key(|&i| (h(i), i));
-    out.resize(hashes.len(), 0);
-    let mut run = 0;
-    for k in 1..order.len() {
-        let (Some(&prev), Some(&cur)) = (order.get(k - 1), order.get(k)) else {
-            continue;
-        };
-        run = if h(prev) == h(cur) { run + 1 } else { 0 };
-        if let Some(w) = out.get_mut(cur) {
-            *w = run;
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn waves_put_each_key_once_per_wave_in_submission_order() {
-        let (a, b, c) = (KeyHash::of(b"a"), KeyHash::of(b"b"), KeyHash::of(b"c"));
-        assert_eq!(waves(&[]), Vec::<usize>::new());
-        assert_eq!(waves(&[a, b, c]), vec![0, 0, 0]);
-        assert_eq!(waves(&[a, b, a, a, c, b]), vec![0, 0, 1, 2, 0, 1]);
-        // The sorting path (past 32 operations) agrees.
-        let many: Vec<KeyHash> = (0..40u32)
-            .map(|i| KeyHash::of(&(i % 7).to_le_bytes()))
-            .collect();
-        let want: Vec<usize> = (0..40).map(|i| i / 7).collect();
-        assert_eq!(waves(&many), want);
-    }
-
-    #[test]
-    fn same_key_writes_combine_into_the_next_write_of_their_key() {
-        use Combined::*;
-        let ops = [
-            Op::Put(b"a", b"1"),
-            Op::Put(b"a", b"2"),
-            Op::Update(b"a", b"3"),
-            Op::Update(b"b", b"1"),
-            Op::Get(b"b"),
-            Op::Update(b"b", b"2"),
-            Op::Update(b"b", b"3"),
-            Op::Put(b"b", b"4"),
-            Op::Delete(b"a"),
-            Op::Put(b"c", b"1"),
-            Op::Put(b"c", b""),
-            Op::Update(b"", b"1"),
-            Op::Update(b"", b"2"),
-        ];
-        let hashes: Vec<KeyHash> = ops.iter().map(|o| KeyHash::of(o.key())).collect();
-        let mut combined = vec![Alone; 3];
-        combine(&ops, &hashes, &mut combined);
-        assert_eq!(
-            combined,
-            vec![
-                Into(1),
-                Into(2),
-                // After puts: a put; the delete ends the chain.
-                AsPut,
-                // A get in between.
-                Alone,
-                Alone,
-                Into(6),
-                // An update before a put: its answer depends on the key.
-                Alone,
-                Alone,
-                Alone,
-                Into(10),
-                Alone,
-                // Bad input is never combined.
-                Alone,
-                Alone,
-            ]
-        );
-    }
 }

@@ -1,0 +1,200 @@
+//! The plan of a batch, before any round trip: which writes combine
+//! ([`combine`]) and the wave of each operation ([`waves_of`]). Pure
+//! functions of the operations and their key hashes.
+
+use crate::hash::KeyHash;
+
+use super::Op;
+
+/// How [`combine`] treats one operation of a batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Combined {
+    /// Runs as given.
+    Alone,
+    /// Overwritten by operation `j`, the next on its key, before anyone
+    /// can read it: not sent; it answers as `j` does.
+    Into(usize),
+    /// An update that follows combined puts of its key: the key exists
+    /// once they apply, so it runs as a put.
+    AsPut,
+}
+
+/// Local combining of same-key writes inside a batch (write-conflict
+/// avoidance: a hot key written twice in a batch costs one CAS). A put or
+/// an update directly followed, among the batch's operations on its key,
+/// by a put or an update is linearized just before that one, its value
+/// overwritten at once: it sends nothing and answers as that one does
+/// (two updates: both find the key or neither; an update after puts: the
+/// key exists, so it runs as a put and succeeds). An update followed by a
+/// put is not combined (its answer depends on whether the key existed);
+/// gets, inserts and deletes are never combined.
+///
+/// Writes one entry per operation into `out` (cleared first).
+pub(super) fn combine(ops: &[Op<'_>], hashes: &[KeyHash], out: &mut Vec<Combined>) {
+    out.clear();
+    out.resize(ops.len(), Combined::Alone);
+    if !ops
+        .iter()
+        .any(|op| matches!(op, Op::Put(..) | Op::Update(..)))
+    {
+        return;
+    }
+    // Whether operation i is a put, or an update that runs as one.
+    let mut put_like: Vec<bool> = ops.iter().map(|op| matches!(op, Op::Put(..))).collect();
+    for (i, op) in ops.iter().enumerate() {
+        if !matches!(op, Op::Put(..) | Op::Update(..)) || op.check().is_err() {
+            continue;
+        }
+        let Some(h) = hashes.get(i) else { continue };
+        let next = (i + 1..ops.len())
+            .find(|&j| hashes.get(j) == Some(h) && ops.get(j).map(Op::key) == Some(op.key()));
+        let Some(j) = next.filter(|&j| ops.get(j).is_some_and(|o| o.check().is_ok())) else {
+            continue;
+        };
+        let me_put = put_like.get(i).copied().unwrap_or(false);
+        match ops.get(j) {
+            Some(Op::Put(..)) if me_put => {}
+            Some(Op::Update(..)) => {
+                if me_put {
+                    if let Some(p) = put_like.get_mut(j) {
+                        *p = true;
+                    }
+                    if let Some(c) = out.get_mut(j) {
+                        *c = Combined::AsPut;
+                    }
+                }
+            }
+            _ => continue,
+        }
+        if let Some(c) = out.get_mut(i) {
+            *c = Combined::Into(j);
+        }
+    }
+}
+
+/// The wave of each operation: its position among the earlier operations
+/// on the same key (0 for a key's first), so that a key appears at most
+/// once per wave and a key's operations run in submission order.
+/// Into `out` (cleared first); `kept` is storage.
+pub(super) fn waves_of(
+    hashes: &[KeyHash],
+    combined: &[Combined],
+    kept: &mut Vec<usize>,
+    out: &mut Vec<usize>,
+) {
+    if !combined.iter().any(|c| matches!(c, Combined::Into(_))) {
+        waves_into(hashes, out);
+        return;
+    }
+    kept.clear();
+    kept.extend((0..hashes.len()).filter(|&i| !matches!(combined.get(i), Some(Combined::Into(_)))));
+    let kept_hashes: Vec<KeyHash> = kept
+        .iter()
+        .filter_map(|&i| hashes.get(i).copied())
+        .collect();
+    // Combined operations get a wave no kept operation has (never run).
+    out.clear();
+    out.resize(hashes.len(), usize::MAX);
+    for (&i, w) in kept.iter().zip(waves(&kept_hashes)) {
+        if let Some(o) = out.get_mut(i) {
+            *o = w;
+        }
+    }
+}
+
+fn waves(hashes: &[KeyHash]) -> Vec<usize> {
+    let mut out = Vec::with_capacity(hashes.len());
+    waves_into(hashes, &mut out);
+    out
+}
+
+/// [`waves`] into `out` (cleared first).
+fn waves_into(hashes: &[KeyHash], out: &mut Vec<usize>) {
+    out.clear();
+    if hashes.len() <= 32 {
+        // Few operations: comparing pairs costs less than sorting.
+        out.extend(hashes.iter().enumerate().map(|(i, h)| {
+            let earlier = hashes.get(..i).unwrap_or_default();
+            earlier.iter().filter(|e| *e == h).count()
+        }));
+        return;
+    }
+    let mut order: Vec<usize> = (0..hashes.len()).collect();
+    let h = |i: usize| hashes.get(i).map(|h| (h.h1(), h.h2()));
+    order.sort_unstable_by_key(|&i| (h(i), i));
+    out.resize(hashes.len(), 0);
+    let mut run = 0;
+    for k in 1..order.len() {
+        let (Some(&prev), Some(&cur)) = (order.get(k - 1), order.get(k)) else {
+            continue;
+        };
+        run = if h(prev) == h(cur) { run + 1 } else { 0 };
+        if let Some(w) = out.get_mut(cur) {
+            *w = run;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waves_put_each_key_once_per_wave_in_submission_order() {
+        let (a, b, c) = (KeyHash::of(b"a"), KeyHash::of(b"b"), KeyHash::of(b"c"));
+        assert_eq!(waves(&[]), Vec::<usize>::new());
+        assert_eq!(waves(&[a, b, c]), vec![0, 0, 0]);
+        assert_eq!(waves(&[a, b, a, a, c, b]), vec![0, 0, 1, 2, 0, 1]);
+        // The sorting path (past 32 operations) agrees.
+        let many: Vec<KeyHash> = (0..40u32)
+            .map(|i| KeyHash::of(&(i % 7).to_le_bytes()))
+            .collect();
+        let want: Vec<usize> = (0..40).map(|i| i / 7).collect();
+        assert_eq!(waves(&many), want);
+    }
+
+    #[test]
+    fn same_key_writes_combine_into_the_next_write_of_their_key() {
+        use Combined::*;
+        let ops = [
+            Op::Put(b"a", b"1"),
+            Op::Put(b"a", b"2"),
+            Op::Update(b"a", b"3"),
+            Op::Update(b"b", b"1"),
+            Op::Get(b"b"),
+            Op::Update(b"b", b"2"),
+            Op::Update(b"b", b"3"),
+            Op::Put(b"b", b"4"),
+            Op::Delete(b"a"),
+            Op::Put(b"c", b"1"),
+            Op::Put(b"c", b""),
+            Op::Update(b"", b"1"),
+            Op::Update(b"", b"2"),
+        ];
+        let hashes: Vec<KeyHash> = ops.iter().map(|o| KeyHash::of(o.key())).collect();
+        let mut combined = vec![Alone; 3];
+        combine(&ops, &hashes, &mut combined);
+        assert_eq!(
+            combined,
+            vec![
+                Into(1),
+                Into(2),
+                // After puts: a put; the delete ends the chain.
+                AsPut,
+                // A get in between.
+                Alone,
+                Alone,
+                Into(6),
+                // An update before a put: its answer depends on the key.
+                Alone,
+                Alone,
+                Alone,
+                Into(10),
+                Alone,
+                // Bad input is never combined.
+                Alone,
+                Alone,
+            ]
+        );
+    }
+}
