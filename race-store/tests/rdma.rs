@@ -189,6 +189,35 @@ fn batches_larger_than_a_vqp_run_as_several_doorbells() {
     }
 }
 
+/// A batch over two nodes, cut into doorbells per node: every READ sees
+/// the WRITE just before it on its node, across the cuts.
+#[test]
+fn batches_cut_per_node_keep_each_nodes_order() {
+    use race_store::layout::slot::RemotePtr;
+    use race_store::remote::{RemoteOp, Transport};
+    let c = cluster(2, 16 << 20);
+    let node = Node::builder().join(&c.meta).build().unwrap();
+    let mut t = VqpTransport::connect(&node, &c.infos).unwrap();
+    let base = 8 << 20;
+    let values: Vec<[u8; 8]> = (0..300u64).map(|k| (k + 1).to_le_bytes()).collect();
+    // Node 0 gets two ops per step, node 1 one per three steps: the cuts
+    // fall at different places for the two nodes.
+    let mut ops = Vec::new();
+    let mut expect = Vec::new();
+    for (k, v) in values.iter().enumerate() {
+        let n = u8::from(k % 3 == 2);
+        let ptr = RemotePtr::new(n, base + 8 * (k as u64 % 5)).unwrap();
+        ops.push(RemoteOp::Write { ptr, bytes: v });
+        ops.push(RemoteOp::Read { ptr, len: 8 });
+        expect.push((ops.len() - 1, v));
+    }
+    let got = t.execute(&ops).unwrap();
+    assert_eq!(got.len(), ops.len());
+    for (i, v) in expect {
+        assert_eq!(got[i].read_bytes(), Some(&v[..]), "op {i}");
+    }
+}
+
 #[test]
 fn clients_that_leave_do_not_fill_the_allocation_port() {
     use race_store::remote::Transport;

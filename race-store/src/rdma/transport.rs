@@ -81,6 +81,8 @@ pub struct VqpTransport<N: Nic> {
     /// Per batch: each op's offset in scratch, and each node's last op
     /// (kept across batches to avoid allocating per doorbell).
     offs: Vec<usize>,
+    /// Ops per node of the doorbell being cut (`execute_into`).
+    per_node: Vec<usize>,
     last: Vec<Option<usize>>,
     /// Results for [`Transport::execute`] (which converts them).
     results: Completions,
@@ -151,6 +153,7 @@ impl<N: Nic> VqpTransport<N> {
             node: node.clone(),
             wrs: (0..infos.len()).map(|_| Vec::new()).collect(),
             offs: Vec::new(),
+            per_node: Vec::new(),
             last: vec![None; infos.len()],
             remotes,
             scratch,
@@ -427,9 +430,11 @@ fn status_error(node: u8, ptr: RemotePtr, len: u64, status: WcStatus) -> Transpo
     }
 }
 
-/// Most ops in one doorbell per memory node. Larger batches (a split reads
-/// every KV block of a subtable) run as consecutive doorbells: per-node
-/// order is kept, and the scratch buffer is reused.
+/// Most ops in one doorbell per memory node (well inside a VQP's batch cap
+/// with the default depth, 128 - 16 WRs). Larger batches (a split reads
+/// every KV block of a subtable; a client batch of 64 keys) run as
+/// consecutive doorbells: per-node order is kept, and the scratch buffer is
+/// reused.
 const CHUNK: usize = 32;
 
 impl<N: Nic> Transport for VqpTransport<N> {
@@ -447,10 +452,36 @@ impl<N: Nic> Transport for VqpTransport<N> {
         out: &mut Completions,
     ) -> Result<(), TransportError> {
         out.clear();
-        for chunk in batch.chunks(CHUNK) {
-            self.execute_chunk(chunk, out)?;
+        // Cut the batch where a node would get more than CHUNK ops: each
+        // doorbell is a contiguous run, so per-node order is kept.
+        let mut per_node = std::mem::take(&mut self.per_node);
+        per_node.clear();
+        per_node.resize(self.remotes.len(), 0);
+        let mut start = 0;
+        let mut result = Ok(());
+        for (i, op) in batch.iter().enumerate() {
+            let Some(count) = per_node.get_mut(usize::from(op.node())) else {
+                continue; // execute_chunk reports the node
+            };
+            if *count == CHUNK {
+                result = self.execute_chunk(batch.get(start..i).unwrap_or_default(), out);
+                if result.is_err() {
+                    break;
+                }
+                start = i;
+                per_node.iter_mut().for_each(|c| *c = 0);
+                if let Some(c) = per_node.get_mut(usize::from(op.node())) {
+                    *c = 1;
+                }
+            } else {
+                *count += 1;
+            }
         }
-        Ok(())
+        if result.is_ok() && start < batch.len() {
+            result = self.execute_chunk(batch.get(start..).unwrap_or_default(), out);
+        }
+        self.per_node = per_node;
+        result
     }
 
     fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {
