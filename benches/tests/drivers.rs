@@ -282,6 +282,9 @@ fn elastic_joins_in_both_modes_and_writes_json_and_png() {
     );
     assert!(ok, "{err}\n{out}");
     assert!(out.contains("krcore vs verbs"), "{out}");
+    // The slowest join beside the median, in each mode, with its stage.
+    assert_eq!(out.matches("slowest: join ").count(), 2, "{out}");
+    assert!(out.contains("its longest stage "), "{out}");
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let runs = v["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 2);

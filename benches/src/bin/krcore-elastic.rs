@@ -515,6 +515,9 @@ fn secs_since(start_us: u64, t_us: u64) -> f64 {
     t_us.saturating_sub(start_us) as f64 / 1e6
 }
 
+/// A join slower than this many medians is printed as an outlier.
+const OUTLIER_FACTOR: f64 = 10.0;
+
 fn print_mode(r: &ModeRun, model: &str) {
     println!(
         "# mode={} memory_nodes={} compute_nodes={} (modeled = measured + {model} control-path time)",
@@ -556,6 +559,26 @@ fn print_mode(r: &ModeRun, model: &str) {
             f(r, JoinRecord::modeled_us),
             f(r, JoinRecord::app_measured_us),
             f(r, JoinRecord::app_modeled_us),
+        );
+    }
+    if let Some(slow) = r.joins.iter().max_by_key(|j| j.measured_us()) {
+        let (stage, us) = slow.slowest_stage();
+        println!(
+            "slowest: join {} {:.2} ms measured, {:.2} ms modeled; its longest stage {stage} {:.2} ms",
+            slow.index + 1,
+            slow.measured_us() as f64 / 1000.0,
+            slow.modeled_us() as f64 / 1000.0,
+            us as f64 / 1000.0
+        );
+    }
+    // The tail the median hides, named with where it went.
+    for j in krcore_benches::elastic::outliers(&r.joins, OUTLIER_FACTOR) {
+        let (stage, us) = j.slowest_stage();
+        println!(
+            "# OUTLIER: join {} took {:.2} ms measured, over {OUTLIER_FACTOR}x the median; {:.2} ms of it in {stage}",
+            j.index + 1,
+            j.measured_us() as f64 / 1000.0,
+            us as f64 / 1000.0
         );
     }
     let total: u64 = r.loads.iter().map(|l| l.ops).sum();

@@ -219,6 +219,49 @@ impl JoinRecord {
     pub fn app_modeled_us(&self) -> u64 {
         self.app_measured_us() + (self.modeled.total_ns() - self.modeled.context_ns) / 1000
     }
+
+    /// The measured stage of the join that took longest, and its
+    /// microseconds (the first get without the modeled sleep).
+    pub fn slowest_stage(&self) -> (&'static str, u64) {
+        let s = self.stamps;
+        [
+            ("exec (spawn -> main)", s.main.saturating_sub(s.spawn)),
+            ("device", s.device.saturating_sub(s.main)),
+            ("context", s.context.saturating_sub(s.device)),
+            ("connect", s.connect.saturating_sub(s.context)),
+            (
+                "first get",
+                s.first_get
+                    .saturating_sub(s.connect)
+                    .saturating_sub(self.slept_us),
+            ),
+        ]
+        .into_iter()
+        .fold(("exec (spawn -> main)", 0), |best, st| {
+            if st.1 > best.1 {
+                st
+            } else {
+                best
+            }
+        })
+    }
+}
+
+/// The joins whose measured time exceeds `factor` times the median of
+/// `joins` (the tail a median hides), slowest first.
+pub fn outliers(joins: &[JoinRecord], factor: f64) -> Vec<&JoinRecord> {
+    let mut times: Vec<u64> = joins.iter().map(JoinRecord::measured_us).collect();
+    times.sort_unstable();
+    let Some(&median) = times.get(times.len() / 2) else {
+        return Vec::new();
+    };
+    let bound = median as f64 * factor;
+    let mut out: Vec<&JoinRecord> = joins
+        .iter()
+        .filter(|j| j.measured_us() as f64 > bound)
+        .collect();
+    out.sort_by_key(|j| std::cmp::Reverse(j.measured_us()));
+    out
 }
 
 /// What a compute process reports at the end.
@@ -334,6 +377,37 @@ mod tests {
         assert_eq!(j.context_us(), 2_000);
         assert_eq!(j.app_measured_us(), 3_500);
         assert_eq!(j.app_modeled_us(), 3_500 + 1_500);
+    }
+
+    #[test]
+    fn the_tail_is_named_with_its_slowest_stage() {
+        let join = |index: usize, exec: u64, get: u64| JoinRecord {
+            index,
+            stamps: Stamps {
+                spawn: 0,
+                main: exec,
+                device: exec + 100,
+                context: exec + 200,
+                connect: exec + 300,
+                first_get: exec + 300 + get,
+            },
+            modeled: Modeled::default(),
+            slept_us: 0,
+            engine: None,
+        };
+        let joins = [
+            join(0, 1_000, 500),
+            join(1, 1_200, 400),
+            join(2, 566_000, 300),
+            join(3, 900, 60_000),
+            join(4, 1_100, 450),
+        ];
+        assert_eq!(joins[2].slowest_stage(), ("exec (spawn -> main)", 566_000));
+        assert_eq!(joins[3].slowest_stage(), ("first get", 60_000));
+        let slow: Vec<usize> = outliers(&joins, 10.0).iter().map(|j| j.index).collect();
+        assert_eq!(slow, [2, 3]);
+        assert!(outliers(&joins[..2], 10.0).is_empty());
+        assert!(outliers(&[], 10.0).is_empty());
     }
 
     #[test]
