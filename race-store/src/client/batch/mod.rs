@@ -372,13 +372,7 @@ impl<T: Transport> Client<T> {
         {
             let placed = self.locate(&f.hash).and_then(|(sub, locs)| {
                 if let Op::Insert(key, value) = f.op {
-                    let block = kv::encode(key, value).map_err(Error::from_kv)?;
-                    let ptr = self.alloc_block(sub.node(), block.len())?;
-                    let slot = Slot::for_block(f.hash.fingerprint(), block.len(), ptr);
-                    if slot.is_err() {
-                        self.alloc.release(ptr, block.len());
-                    }
-                    f.block = Some((ptr, block, slot?));
+                    f.block = Some(self.new_block(&f.hash, key, value, sub.node())?);
                 }
                 Ok((sub, locs))
             });
@@ -386,7 +380,7 @@ impl<T: Transport> Client<T> {
                 Ok((sub, locs)) => {
                     n += usize::from(f.block.is_some());
                     (f.buckets_at, f.sub, f.locs) = (n, sub, locs);
-                    n += if locs[0] == locs[1] { 1 } else { 2 };
+                    n += bucket_reads(locs);
                 }
                 Err(e) => answer(f, out, Err(e)),
             }
@@ -429,7 +423,7 @@ impl<T: Transport> Client<T> {
             .iter_mut()
             .filter(|f| matches!(f.fate, Fate::Flying))
         {
-            let second = if f.locs[0] == f.locs[1] { 0 } else { 1 };
+            let second = bucket_reads(f.locs) - 1;
             let view = BucketsView::from_reads(
                 f.sub,
                 geometry,
@@ -622,14 +616,7 @@ impl<T: Transport> Client<T> {
             if f.block.is_some() {
                 continue; // an insert's, written in round 1
             }
-            let made = kv::encode(key, value)
-                .map_err(Error::from_kv)
-                .and_then(|block| {
-                    let ptr = self.alloc_block(target.node(), block.len())?;
-                    let slot = Slot::for_block(f.hash.fingerprint(), block.len(), ptr)?;
-                    Ok((ptr, block, slot))
-                });
-            match made {
+            match self.new_block(&f.hash, key, value, target.node()) {
                 Ok((ptr, block, _)) if ptr.node() != target.node() => {
                     // The slot's node had no room: the single operation
                     // writes the block in a doorbell of its own.
@@ -756,7 +743,7 @@ impl<T: Transport> Client<T> {
         let Some((_, _, slot)) = f.block.take() else {
             return;
         };
-        let second = if f.locs[0] == f.locs[1] { 1 } else { 2 };
+        let second = bucket_reads(f.locs);
         let reread = BucketsView::from_reads(
             view.sub(),
             self.table.geometry,
@@ -788,6 +775,26 @@ impl<T: Transport> Client<T> {
         }
     }
 
+    /// A new KV block for (key, value), allocated on `node` if it has room
+    /// (the caller checks), with the slot word naming it.
+    fn new_block(
+        &mut self,
+        hash: &KeyHash,
+        key: &[u8],
+        value: &[u8],
+        node: u8,
+    ) -> Result<(RemotePtr, Vec<u8>, Slot), Error> {
+        let block = kv::encode(key, value).map_err(Error::from_kv)?;
+        let ptr = self.alloc_block(node, block.len())?;
+        match Slot::for_block(hash.fingerprint(), block.len(), ptr) {
+            Ok(slot) => Ok((ptr, block, slot)),
+            Err(e) => {
+                self.alloc.release(ptr, block.len());
+                Err(e.into())
+            }
+        }
+    }
+
     /// Releases `f`'s new block: no CAS that may install it was posted.
     fn drop_block(&mut self, f: &mut Flight<'_>) {
         if let Some((ptr, block, _)) = f.block.take() {
@@ -809,13 +816,19 @@ impl<T: Transport> Client<T> {
     }
 }
 
+/// The bucket READs of a key: 1 if its two combined buckets coincide.
+fn bucket_reads(locs: [crate::layout::bucket::BucketLoc; 2]) -> usize {
+    if locs[0] == locs[1] {
+        1
+    } else {
+        2
+    }
+}
+
 /// How many ops [`push_cas_ops`] posts for `f`.
 fn cas_op_count(f: &Flight<'_>) -> usize {
     match (&f.empty, &f.view, &f.block) {
-        (Some(_), Some(_), _) => {
-            let reads = if f.locs[0] == f.locs[1] { 1 } else { 2 };
-            usize::from(!f.written) + 1 + reads
-        }
+        (Some(_), Some(_), _) => usize::from(!f.written) + 1 + bucket_reads(f.locs),
         (_, _, Some(_)) => 2,
         _ => f.slots.len(),
     }
