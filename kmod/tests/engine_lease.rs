@@ -448,7 +448,8 @@ fn a_vqp_without_grants_reaches_no_remote_memory_unless_it_opts_out() {
 /// pre-check, every post begun after it is refused, never the other way
 /// round (a post straddling the end may go either way). A post that passed
 /// may still meet the key deregistered by the owner's reaper at the end:
-/// then the NIC refuses it, after the end. Any cheaper clock for that check
+/// then the NIC refuses it, after the end, and the VQP is disconnected
+/// (a post then gets `NotConnected` until it connects again). Any cheaper clock for that check
 /// must keep this: `CLOCK_MONOTONIC_COARSE` plus its resolution did not
 /// (a tickless CPU's coarse clock lags by more than one tick).
 #[test]
@@ -473,7 +474,11 @@ fn a_lease_running_out_under_posts_passes_before_its_end_and_never_after() {
                 match status {
                     WcStatus::Success => passed += 1,
                     WcStatus::RemAccessErr => {
-                        assert!(done >= end, "post {id}: the key died before the end")
+                        assert!(done >= end, "post {id}: the key died before the end");
+                        // A REM_ACCESS_ERR disconnects the VQP (its target's
+                        // metadata may be stale): it connects again, keeping
+                        // its grants, so its later posts meet the pre-check.
+                        v.connect(f.owner.gid()).unwrap();
                     }
                     other => panic!("post {id}: {other:?}"),
                 }
