@@ -237,6 +237,7 @@
 #![warn(missing_docs, missing_debug_implementations)]
 
 pub mod credits;
+pub mod daemon;
 pub mod dccache;
 pub mod engine;
 pub mod handshake;

@@ -255,6 +255,26 @@ impl Nic for AnyNic {
         }
     }
 
+    #[inline]
+    fn alloc_shared_mr(
+        &self,
+        pd: &AnyPd,
+        len: usize,
+        access: Access,
+    ) -> Result<(AnyMr, std::fs::File)> {
+        match (self, pd) {
+            (AnyNic::Sim(n), AnyPd::Sim(pd)) => n
+                .alloc_shared_mr(pd, len, access)
+                .map(|(m, f)| (AnyMr::Sim(m), f)),
+            #[cfg(feature = "verbs")]
+            (AnyNic::Verbs(n), AnyPd::Verbs(pd)) => n
+                .alloc_shared_mr(pd, len, access)
+                .map(|(m, f)| (AnyMr::Verbs(m), f)),
+            #[cfg(feature = "verbs")]
+            _ => Err(mismatch("the PD", pd.provider(), self.provider())),
+        }
+    }
+
     // `unsafe fn` of the trait: this forwards the caller's contract to the
     // inner provider and does nothing unsafe of its own.
     #[allow(unsafe_code)]

@@ -44,6 +44,7 @@ pub mod counters;
 pub mod error;
 pub mod fault;
 pub mod provider;
+pub mod shared;
 pub mod sim;
 pub mod spec;
 pub mod types;

@@ -71,6 +71,30 @@ pub trait Nic: Send + Sync + Sized + 'static {
         access: Access,
     ) -> Result<Self::Mr>;
 
+    /// Allocates `len` zeroed bytes that another process can map as well,
+    /// and registers them: the region owns the memory, and the returned
+    /// file maps the same bytes ([`crate::shared::SharedMap::map`]), so
+    /// data the NIC moves lands in the other process's mapping with no
+    /// copy. What a node daemon hands its attached processes as their
+    /// buffers. The file stays valid after the region is deregistered (the
+    /// bytes are then no longer reachable by the NIC).
+    ///
+    /// # Errors
+    /// `Unsupported` where the provider cannot share its memory (the
+    /// default); the errors of [`Nic::alloc_mr`]; `Os` when the shared file
+    /// cannot be made or opened.
+    fn alloc_shared_mr(
+        &self,
+        pd: &Self::Pd,
+        len: usize,
+        access: Access,
+    ) -> Result<(Self::Mr, std::fs::File)> {
+        let _ = (pd, len, access);
+        Err(crate::error::NicError::Unsupported(
+            "memory shared with another process on this provider",
+        ))
+    }
+
     /// Registers `offset..offset+len` of `parent` once more, as a region of
     /// its own: new keys over the same bytes, with `access` (a subset of
     /// the parent's). Remote access through the new rkey is limited to

@@ -304,6 +304,15 @@ impl<N: Nic> Nic for FaultNic<N> {
         self.inner.alloc_mr(pd, len, access)
     }
 
+    fn alloc_shared_mr(
+        &self,
+        pd: &Self::Pd,
+        len: usize,
+        access: Access,
+    ) -> Result<(Self::Mr, std::fs::File)> {
+        self.inner.alloc_shared_mr(pd, len, access)
+    }
+
     fn register_sub_mr(
         &self,
         parent: &Self::Mr,

@@ -418,6 +418,15 @@ impl FabricInner {
     }
 
     /// Registers an existing segment (caller memory on `sim:mem`) under `name`.
+    /// The file of the segment `name` on a directory fabric; `None` on
+    /// sim:mem (whose segments are anonymous).
+    pub(crate) fn segment_path(&self, name: &str) -> Option<std::path::PathBuf> {
+        match &self.kind {
+            Kind::Dir(p) => Some(p.join(name)),
+            Kind::Mem => None,
+        }
+    }
+
     pub(crate) fn insert_segment(&self, name: &str, seg: Arc<Segment>) {
         self.segs.write().insert(name.to_string(), seg);
     }

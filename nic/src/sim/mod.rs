@@ -27,7 +27,7 @@ mod latency;
 mod node;
 mod qp;
 mod ring;
-mod shm;
+pub(crate) mod shm;
 
 pub use fabric::{SimFabric, FABRIC_VERSION, MAX_NAME_VALUE, MAX_NODES};
 pub use latency::LatencyModel;

@@ -322,6 +322,46 @@ impl Nic for SimNic {
         })
     }
 
+    fn alloc_shared_mr(
+        &self,
+        pd: &SimPd,
+        len: usize,
+        access: Access,
+    ) -> Result<(SimMr, std::fs::File)> {
+        self.check_mr(pd, len)?;
+        let fabric = &self.inner.fabric;
+        match fabric.segment_path("") {
+            // A directory fabric: the segment is a file already; the other
+            // process opens the same file.
+            Some(_) => {
+                let mr = self
+                    .register_segment(pd, len, access, |name| fabric.create_segment(name, len))?;
+                let path = fabric
+                    .segment_path(&mr.inner.name)
+                    .expect("a directory fabric's segment has a path");
+                let file = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&path)
+                    .map_err(|source| NicError::Os {
+                        op: "open a memory region's segment file",
+                        source,
+                    })?;
+                Ok((mr, file))
+            }
+            // sim:mem: a memfd mapped here, owned by the region's segment.
+            None => {
+                let file = crate::shared::memfd("krcore-mr", len)?;
+                let seg = Arc::new(super::shm::Segment::map_file(&file, len)?);
+                let mr = self.register_segment(pd, len, access, |name| {
+                    fabric.insert_segment(name, seg.clone());
+                    Ok(seg.clone())
+                })?;
+                Ok((mr, file))
+            }
+        }
+    }
+
     fn register_sub_mr(
         &self,
         parent: &SimMr,

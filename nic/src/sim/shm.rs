@@ -103,7 +103,8 @@ impl Segment {
         Self::map_file(&file, len)
     }
 
-    fn map_file(file: &File, len: usize) -> Result<Segment> {
+    /// Maps `len` bytes of `file` shared (the file is at least that long).
+    pub(crate) fn map_file(file: &File, len: usize) -> Result<Segment> {
         let map = memmap2::MmapOptions::new()
             .len(len.max(1))
             .map_raw(file)

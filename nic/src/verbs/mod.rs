@@ -271,6 +271,16 @@ impl Nic for VerbsNic {
         VerbsMr::alloc(pd, len, access)
     }
 
+    fn alloc_shared_mr(
+        &self,
+        pd: &VerbsPd,
+        len: usize,
+        access: Access,
+    ) -> Result<(VerbsMr, std::fs::File)> {
+        pd.check_device(&self.inner)?;
+        VerbsMr::alloc_shared(pd, len, access)
+    }
+
     unsafe fn register_mr(
         &self,
         pd: &VerbsPd,

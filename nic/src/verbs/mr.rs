@@ -188,6 +188,46 @@ impl VerbsMr {
         unsafe { Self::register(pd, buf.ptr, len, access, Some(buf)) }
     }
 
+    /// [`crate::Nic::alloc_shared_mr`]: a memfd of `len` bytes (rounded up
+    /// to pages) mapped shared here and registered; the region owns the
+    /// mapping, the returned file maps the same pages elsewhere.
+    pub(crate) fn alloc_shared(
+        pd: &VerbsPd,
+        len: usize,
+        access: Access,
+    ) -> Result<(VerbsMr, std::fs::File)> {
+        use std::os::fd::AsRawFd;
+        check_len(&pd.inner.dev, len)?;
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+        let map_len = len.div_ceil(page) * page;
+        let file = crate::shared::memfd("krcore-mr", map_len)?;
+        // SAFETY: a shared mapping of a file we hold (sealed against
+        // shrinking, so every page stays backed), no address hint; checked
+        // below and owned by `PageBuf`.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(VerbsError::from_os("mmap a shared memory region", ffi::errno()).into());
+        }
+        let buf = PageBuf {
+            ptr: p.cast(),
+            len: map_len,
+        };
+        // SAFETY: `buf` owns `ptr..ptr+map_len` (>= len) and moves into the
+        // region, so the mapping lives exactly as long as the registration.
+        let mr = unsafe { Self::register(pd, buf.ptr, len, access, Some(buf)) }?;
+        Ok((mr, file))
+    }
+
     /// Registers `ptr..ptr+len`.
     ///
     /// # Safety

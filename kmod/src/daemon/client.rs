@@ -1,0 +1,600 @@
+//! The attached process's side: a connection to the daemon, regions
+//! mapped from the daemon's shared files, VQPs whose doorbells are ring
+//! writes (no system call while the daemon is busy).
+
+use super::error::DaemonError;
+use super::host::wake;
+use super::ring::{
+    decode_cqe, encode_sqe, read_verdict, word, CQ_CAP, CQ_HEAD, CQ_TAIL, PAGE_BYTES,
+    PAGE_SLEEPING, RING_BYTES, SQ_CAP, SQ_HEAD, SQ_TAIL,
+};
+use super::sock::{self, RecvError};
+use super::wire::{RefuseCode, Reply, Request};
+use super::{PostCode, PROTOCOL_VERSION};
+use crate::precheck::RemoteGrant;
+use krcore_nic::shared::SharedMap;
+use krcore_nic::{Access, Gid, RemoteAddr, SendWr, Sge, Wc};
+use parking_lot::Mutex;
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a doorbell waits for the daemon to take it.
+pub const DOORBELL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often a waiting doorbell looks whether the daemon is still there.
+const LIVENESS_EVERY: Duration = Duration::from_millis(1);
+
+struct Conn {
+    sock: Mutex<UnixStream>,
+    /// A second handle on the socket for liveness polls (no lock).
+    probe: UnixStream,
+    wake: OwnedFd,
+    page: SharedMap,
+    gid: Gid,
+    rc_fallback: bool,
+    path: PathBuf,
+    gone: AtomicBool,
+}
+
+impl Conn {
+    fn call(&self, req: &Request) -> Result<(Reply, Vec<OwnedFd>), DaemonError> {
+        if self.gone.load(Ordering::Relaxed) {
+            return Err(DaemonError::Gone {
+                what: "an earlier call",
+            });
+        }
+        let sock = self.sock.lock();
+        let sent = sock::send(&sock, &req.encode(), &[]);
+        let got = sent
+            .map_err(|_| RecvError::Closed)
+            .and_then(|()| sock::recv(&sock));
+        match got {
+            Ok((body, fds)) => match Reply::decode(&body)? {
+                Reply::Refused { code, message } => Err(DaemonError::Refused { code, message }),
+                r => Ok((r, fds)),
+            },
+            Err(RecvError::Wire(e)) => Err(e.into()),
+            Err(_) => {
+                self.gone.store(true, Ordering::Relaxed);
+                Err(DaemonError::Gone {
+                    what: "the control socket closed",
+                })
+            }
+        }
+    }
+
+    /// Whether the daemon closed the socket (checked without blocking).
+    fn closed(&self) -> bool {
+        use rustix::event::{poll, PollFd, PollFlags, Timespec};
+        if self.gone.load(Ordering::Relaxed) {
+            return true;
+        }
+        let mut fds = [PollFd::new(&self.probe, PollFlags::RDHUP)];
+        let zero = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        let hup = poll(&mut fds, Some(&zero)).is_ok()
+            && fds[0]
+                .revents()
+                .intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR);
+        if hup {
+            self.gone.store(true, Ordering::Relaxed);
+        }
+        hup
+    }
+}
+
+fn one_file(fds: Vec<OwnedFd>, what: &'static str) -> Result<File, DaemonError> {
+    fds.into_iter()
+        .next()
+        .map(File::from)
+        .ok_or(DaemonError::MissingFd { what })
+}
+
+/// A process's attachment to its node's daemon (see the module docs of
+/// [`super`]). Cheap to clone; `Send + Sync`.
+#[derive(Clone)]
+pub struct Attached {
+    conn: Arc<Conn>,
+}
+
+impl std::fmt::Debug for Attached {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Attached")
+            .field("socket", &self.conn.path)
+            .field("gid", &self.conn.gid)
+            .finish()
+    }
+}
+
+impl Attached {
+    /// Attaches to the daemon listening at `path`.
+    ///
+    /// # Errors
+    /// [`DaemonError::NoDaemon`] when nothing listens there;
+    /// [`DaemonError::Version`] for a daemon of another protocol;
+    /// [`DaemonError::Refused`] (quota) when it serves too many processes.
+    pub fn attach(path: impl AsRef<Path>) -> Result<Attached, DaemonError> {
+        let path = path.as_ref();
+        let sock = UnixStream::connect(path).map_err(|source| DaemonError::NoDaemon {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let gone = |_| DaemonError::Gone {
+            what: "the socket failed during attach",
+        };
+        let probe = sock.try_clone().map_err(gone)?;
+        let hello = Request::Hello {
+            version: PROTOCOL_VERSION,
+            pid: std::process::id(),
+        };
+        sock::send(&sock, &hello.encode(), &[]).map_err(gone)?;
+        let (body, fds) = match sock::recv(&sock) {
+            Ok(x) => x,
+            Err(RecvError::Wire(e)) => return Err(e.into()),
+            Err(_) => {
+                return Err(DaemonError::Gone {
+                    what: "the daemon closed the socket during attach",
+                })
+            }
+        };
+        let (gid, mode) = match Reply::decode(&body)? {
+            Reply::Welcome { gid, mode, .. } => (gid, mode),
+            Reply::Refused {
+                code: RefuseCode::Version,
+                message,
+            } => return Err(DaemonError::Version { message }),
+            Reply::Refused { code, message } => return Err(DaemonError::Refused { code, message }),
+            _ => {
+                return Err(DaemonError::Refused {
+                    code: RefuseCode::BadRequest,
+                    message: "the daemon answered Hello with something else".into(),
+                })
+            }
+        };
+        let mut fds = fds.into_iter();
+        let wake = fds.next().ok_or(DaemonError::MissingFd {
+            what: "the wake-up eventfd",
+        })?;
+        let page_file = fds.next().map(File::from).ok_or(DaemonError::MissingFd {
+            what: "the client page",
+        })?;
+        let page = SharedMap::map(&page_file, PAGE_BYTES).map_err(DaemonError::Map)?;
+        Ok(Attached {
+            conn: Arc::new(Conn {
+                sock: Mutex::new(sock),
+                probe,
+                wake,
+                page,
+                gid,
+                rc_fallback: mode != 0,
+                path: path.to_path_buf(),
+                gone: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// The node's GID (the daemon's NIC port).
+    pub fn gid(&self) -> Gid {
+        self.conn.gid
+    }
+
+    /// Whether the daemon's engine runs in RC fallback mode (no DC).
+    pub fn rc_fallback(&self) -> bool {
+        self.conn.rc_fallback
+    }
+
+    /// `len` zeroed bytes registered by the daemon and mapped here: what
+    /// the NIC moves lands in this process's mapping, no copy.
+    ///
+    /// # Errors
+    /// [`DaemonError::Refused`]: quota, or the NIC's refusal.
+    pub fn alloc(&self, len: usize, access: Access) -> Result<AttachedMr, DaemonError> {
+        let (reply, fds) = self.conn.call(&Request::AllocMr {
+            len: len as u64,
+            access: access.0,
+        })?;
+        let Reply::Mr {
+            mr,
+            addr,
+            len: got,
+            lkey,
+            rkey,
+        } = reply
+        else {
+            return Err(unexpected("AllocMr"));
+        };
+        let file = one_file(fds, "the region's file")?;
+        let map = SharedMap::map(&file, got as usize).map_err(DaemonError::Map)?;
+        Ok(AttachedMr {
+            handle: mr,
+            addr,
+            lkey,
+            rkey,
+            access,
+            map,
+            conn: self.conn.clone(),
+        })
+    }
+
+    /// A VQP of the daemon's engine, with its ring mapped here.
+    ///
+    /// # Errors
+    /// [`DaemonError::Refused`]: quota, or the engine's refusal.
+    pub fn create_vqp(&self) -> Result<AttachedVqp, DaemonError> {
+        let (reply, fds) = self.conn.call(&Request::CreateVqp)?;
+        let Reply::Vqp { vqp, id } = reply else {
+            return Err(unexpected("CreateVqp"));
+        };
+        let file = one_file(fds, "the VQP's ring")?;
+        let ring = SharedMap::map(&file, RING_BYTES).map_err(DaemonError::Map)?;
+        Ok(AttachedVqp {
+            handle: vqp,
+            id,
+            ring,
+            conn: self.conn.clone(),
+            tail: Mutex::new(0),
+            head: Mutex::new(0),
+        })
+    }
+}
+
+fn unexpected(what: &str) -> DaemonError {
+    DaemonError::Refused {
+        code: RefuseCode::BadRequest,
+        message: format!("the daemon answered {what} with another reply"),
+    }
+}
+
+/// Memory the daemon registered for this process (see [`Attached::alloc`]).
+/// Released when dropped.
+pub struct AttachedMr {
+    handle: u32,
+    addr: u64,
+    lkey: u32,
+    rkey: u32,
+    access: Access,
+    map: SharedMap,
+    conn: Arc<Conn>,
+}
+
+impl std::fmt::Debug for AttachedMr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AttachedMr")
+            .field("addr", &format_args!("{:#x}", self.addr))
+            .field("len", &self.len())
+            .field("lkey", &format_args!("{:#x}", self.lkey))
+            .finish()
+    }
+}
+
+impl AttachedMr {
+    /// Bytes.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Never true.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// The local key SGEs carry.
+    pub fn lkey(&self) -> u32 {
+        self.lkey
+    }
+
+    /// The remote key peers use.
+    pub fn rkey(&self) -> u32 {
+        self.rkey
+    }
+
+    /// The region's first byte as the NIC knows it.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    fn check(&self, offset: usize, len: usize) -> Result<(), DaemonError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len() => Ok(()),
+            _ => Err(DaemonError::OutOfRange {
+                offset,
+                len,
+                size: self.len(),
+            }),
+        }
+    }
+
+    /// An SGE over `offset..offset+len`.
+    ///
+    /// # Errors
+    /// [`DaemonError::OutOfRange`].
+    pub fn sge(&self, offset: usize, len: u32) -> Result<Sge, DaemonError> {
+        self.check(offset, len as usize)?;
+        Ok(Sge {
+            addr: self.addr + offset as u64,
+            length: len,
+            lkey: self.lkey,
+        })
+    }
+
+    /// The remote address of `offset` (for a peer).
+    pub fn remote(&self, offset: usize) -> RemoteAddr {
+        RemoteAddr {
+            addr: self.addr + offset as u64,
+            rkey: self.rkey,
+        }
+    }
+
+    /// A grant over the whole region with its remote access.
+    pub fn grant(&self) -> RemoteGrant {
+        RemoteGrant {
+            addr: self.addr,
+            len: self.len() as u64,
+            access: Access(self.access.0 & !Access::LOCAL_WRITE.0),
+            expires_at: None,
+        }
+    }
+
+    /// Copies bytes out.
+    ///
+    /// # Errors
+    /// [`DaemonError::OutOfRange`].
+    pub fn read(&self, offset: usize, buf: &mut [u8]) -> Result<(), DaemonError> {
+        self.check(offset, buf.len())?;
+        self.map.read(offset, buf).map_err(DaemonError::Map)
+    }
+
+    /// Copies bytes in.
+    ///
+    /// # Errors
+    /// [`DaemonError::OutOfRange`].
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), DaemonError> {
+        self.check(offset, data.len())?;
+        self.map.write(offset, data).map_err(DaemonError::Map)
+    }
+
+    /// The 8 bytes at `offset` (8-aligned), atomically.
+    ///
+    /// # Errors
+    /// [`DaemonError::OutOfRange`] or a misaligned offset ([`DaemonError::Map`]).
+    pub fn load_u64(&self, offset: usize) -> Result<u64, DaemonError> {
+        self.check(offset, 8)?;
+        Ok(self
+            .map
+            .word(offset)
+            .map_err(DaemonError::Map)?
+            .load(Ordering::Acquire))
+    }
+
+    /// Stores 8 bytes at `offset` (8-aligned), atomically.
+    ///
+    /// # Errors
+    /// As [`AttachedMr::load_u64`].
+    pub fn store_u64(&self, offset: usize, v: u64) -> Result<(), DaemonError> {
+        self.check(offset, 8)?;
+        self.map
+            .word(offset)
+            .map_err(DaemonError::Map)?
+            .store(v, Ordering::Release);
+        Ok(())
+    }
+}
+
+impl Drop for AttachedMr {
+    fn drop(&mut self) {
+        let _ = self.conn.call(&Request::FreeMr { mr: self.handle });
+    }
+}
+
+/// A VQP of the daemon's engine (see [`Attached::create_vqp`]): `post` is
+/// one doorbell through the ring, `poll` reads the completion ring.
+/// Released when dropped (WRs in flight are discarded, as in-process).
+pub struct AttachedVqp {
+    handle: u32,
+    id: u32,
+    ring: SharedMap,
+    conn: Arc<Conn>,
+    /// Submission tail (entries published).
+    tail: Mutex<u64>,
+    /// Completion head (entries taken).
+    head: Mutex<u64>,
+}
+
+impl std::fmt::Debug for AttachedVqp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AttachedVqp").field("id", &self.id).finish()
+    }
+}
+
+impl AttachedVqp {
+    /// The VQP's id in the daemon's engine (its completions' `qp_num`).
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// Connects to `gid` (a metadata lookup in the daemon, usually a hit
+    /// in its node-wide DCCache).
+    ///
+    /// # Errors
+    /// [`DaemonError::Refused`] with the engine's reason.
+    pub fn connect(&self, gid: Gid) -> Result<(), DaemonError> {
+        self.conn
+            .call(&Request::Connect {
+                vqp: self.handle,
+                gid,
+            })
+            .map(drop)
+    }
+
+    /// Makes a grant over `rkey` on `gid` known to the VQP's pre-check.
+    ///
+    /// # Errors
+    /// [`DaemonError::Refused`]: the key is another attached process's.
+    pub fn add_grant(&self, gid: Gid, rkey: u32, grant: RemoteGrant) -> Result<(), DaemonError> {
+        let ttl_ms = grant.expires_at.map_or(u64::MAX, |t| {
+            t.saturating_duration_since(Instant::now()).as_millis() as u64
+        });
+        self.conn
+            .call(&Request::Grant {
+                vqp: self.handle,
+                gid,
+                rkey,
+                addr: grant.addr,
+                len: grant.len,
+                access: grant.access.0,
+                ttl_ms,
+            })
+            .map(drop)
+    }
+
+    /// Posts `wrs` as one doorbell: returns when the daemon has posted
+    /// them (or refused them all, typed), as an in-process post does.
+    ///
+    /// # Errors
+    /// [`DaemonError::BatchSize`], [`DaemonError::Encode`] (nothing
+    /// published); [`DaemonError::Post`] (the daemon's refusal: foreign
+    /// memory, the pre-check, not connected); [`DaemonError::Gone`],
+    /// [`DaemonError::Timeout`].
+    pub fn post(&self, wrs: &[SendWr]) -> Result<(), DaemonError> {
+        if wrs.is_empty() || wrs.len() > SQ_CAP {
+            return Err(DaemonError::BatchSize {
+                len: wrs.len(),
+                max: SQ_CAP,
+            });
+        }
+        let mut tail = self.tail.lock();
+        for (i, wr) in wrs.iter().enumerate() {
+            encode_sqe(&self.ring, tail.wrapping_add(i as u64), i, wr)?;
+        }
+        let seq = tail.wrapping_add(wrs.len() as u64);
+        word(&self.ring, SQ_TAIL).store(seq, Ordering::SeqCst);
+        if word(&self.conn.page, PAGE_SLEEPING).load(Ordering::SeqCst) != 0 {
+            wake(&self.conn.wake);
+        }
+        let res = self.wait_taken(seq);
+        // Whatever happened, these entries are spent: the next doorbell
+        // starts past them.
+        *tail = seq;
+        res?;
+        let v = read_verdict(&self.ring);
+        match PostCode::from_u64(v.code) {
+            PostCode::Posted => Ok(()),
+            code => Err(DaemonError::Post {
+                code,
+                index: v.index as usize,
+                message: v.message,
+            }),
+        }
+    }
+
+    fn wait_taken(&self, seq: u64) -> Result<(), DaemonError> {
+        let head = word(&self.ring, SQ_HEAD);
+        let mut spins = 0u32;
+        let start = Instant::now();
+        let mut probed = start;
+        while head.load(Ordering::Acquire) != seq {
+            spins += 1;
+            if spins < 256 {
+                std::hint::spin_loop();
+                continue;
+            }
+            std::thread::yield_now();
+            let now = Instant::now();
+            if now.duration_since(probed) >= LIVENESS_EVERY {
+                probed = now;
+                if self.conn.closed() {
+                    return Err(DaemonError::Gone {
+                        what: "the control socket closed while a doorbell waited",
+                    });
+                }
+                if now.duration_since(start) >= DOORBELL_TIMEOUT {
+                    return Err(DaemonError::Timeout(DOORBELL_TIMEOUT));
+                }
+                // The daemon may have gone to sleep before it saw us.
+                wake(&self.conn.wake);
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes up to `out.len()` completions, oldest first.
+    ///
+    /// # Errors
+    /// [`DaemonError::RingCorrupt`]; [`DaemonError::Gone`] when nothing is
+    /// there and the daemon has gone.
+    pub fn poll(&self, out: &mut [Wc]) -> Result<usize, DaemonError> {
+        let mut head = self.head.lock();
+        let tail = word(&self.ring, CQ_TAIL).load(Ordering::Acquire);
+        let avail = tail.wrapping_sub(*head);
+        if avail > CQ_CAP as u64 {
+            return Err(DaemonError::RingCorrupt { tail, head: *head });
+        }
+        let k = (avail as usize).min(out.len());
+        for (i, wc) in out[..k].iter_mut().enumerate() {
+            *wc = decode_cqe(&self.ring, head.wrapping_add(i as u64), self.id);
+        }
+        *head = head.wrapping_add(k as u64);
+        word(&self.ring, CQ_HEAD).store(*head, Ordering::Release);
+        if k == 0 && self.conn.gone.load(Ordering::Relaxed) {
+            return Err(DaemonError::Gone {
+                what: "the daemon went with WRs in flight",
+            });
+        }
+        Ok(k)
+    }
+
+    /// Polls until `n` completions came or `timeout` passed (checking the
+    /// daemon is alive meanwhile).
+    ///
+    /// # Errors
+    /// As [`AttachedVqp::poll`]; [`DaemonError::Timeout`].
+    pub fn wait(&self, n: usize, timeout: Duration) -> Result<Vec<Wc>, DaemonError> {
+        let mut got = Vec::with_capacity(n);
+        let mut buf = [Wc::default(); 16];
+        let start = Instant::now();
+        while got.len() < n {
+            let k = self.poll(&mut buf[..(n - got.len()).min(16)])?;
+            got.extend_from_slice(&buf[..k]);
+            if k == 0 {
+                if start.elapsed() >= timeout {
+                    return Err(DaemonError::Timeout(timeout));
+                }
+                if self.conn.closed() {
+                    return Err(DaemonError::Gone {
+                        what: "the daemon went with WRs in flight",
+                    });
+                }
+                std::thread::yield_now();
+            }
+        }
+        Ok(got)
+    }
+
+    /// The ring's file-backed mapping, for tests that play a misbehaving
+    /// process (writing garbage into its own ring).
+    #[doc(hidden)]
+    pub fn ring_for_tests(&self) -> &SharedMap {
+        &self.ring
+    }
+}
+
+impl Drop for AttachedVqp {
+    fn drop(&mut self) {
+        let _ = self.conn.call(&Request::DestroyVqp { vqp: self.handle });
+    }
+}
+
+// The probe handle and the wake fd are only read through shared
+// references; the socket handle is behind its mutex.
+const _: fn() = || {
+    fn is_send_sync<T: Send + Sync>() {}
+    is_send_sync::<Attached>();
+    is_send_sync::<AttachedMr>();
+    is_send_sync::<AttachedVqp>();
+};

@@ -1,0 +1,869 @@
+//! The daemon's side: one engine, a unix socket for control, a data thread
+//! that drains every attached process's VQP rings.
+//!
+//! Threads: one accepts connections; one per attached process answers its
+//! control requests (blocking on its socket: a slow or silent process
+//! holds only its own thread); one data thread serves every ring in turn,
+//! busy while any ring has work or WRs in flight, then, after
+//! [`DaemonConfig::idle_spin`] without work, raises the idle flag in every
+//! client page, looks once more, and sleeps on the eventfd (a process
+//! that publishes entries while the flag is up writes it).
+//!
+//! Trust boundary: a process names local memory by the lkey and address
+//! the daemon gave it; the data thread checks every SGE against that
+//! process's own regions before the engine sees it (another process's
+//! lkey, or a range past the region, fails the doorbell, typed). Remote
+//! keys pass the engine's pre-check with the VQP's grants; a grant that
+//! names a region of another process on this node is refused, and the
+//! pre-check cannot be switched off through the daemon. A ring's words
+//! are the process's to break: indices that run past the ring, entries
+//! that do not decode, a completion queue never drained, fail or stall
+//! that VQP only.
+
+use super::ring::{
+    self, decode_sqe, encode_cqe, word, write_verdict, Verdict, CQ_CAP, CQ_HEAD, CQ_TAIL,
+    PAGE_BYTES, PAGE_SLEEPING, RING_BYTES, SQ_CAP, SQ_HEAD, SQ_TAIL,
+};
+use super::sock::{self, RecvError};
+use super::wire::{RefuseCode, Reply, Request};
+use super::{PostCode, PROTOCOL_VERSION};
+use crate::engine::{Engine, EngineMode, OwnedMr, Vqp, VqpError};
+use crate::precheck::{RemoteGrant, Ungranted};
+use krcore_nic::shared::SharedMap;
+use krcore_nic::{Access, MemoryRegion, Nic, Payload, SendWr, Wc};
+use parking_lot::{Mutex, RwLock};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Per-process quotas and the data thread's idle policy.
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    /// VQPs one process may hold.
+    pub max_vqps: u32,
+    /// Bytes of registered memory one process may hold.
+    pub max_mr_bytes: u64,
+    /// Regions one process may hold.
+    pub max_mrs: u32,
+    /// Processes attached at once.
+    pub max_clients: usize,
+    /// How long the data thread spins without work before it sleeps.
+    pub idle_spin: Duration,
+}
+
+impl Default for DaemonConfig {
+    fn default() -> DaemonConfig {
+        DaemonConfig {
+            max_vqps: 1024,
+            max_mr_bytes: 4 << 30,
+            max_mrs: 4096,
+            max_clients: 1024,
+            idle_spin: Duration::from_micros(200),
+        }
+    }
+}
+
+/// What the daemon has done, for its logs and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DaemonStats {
+    /// Processes attached now.
+    pub clients: usize,
+    /// VQPs held by attached processes now.
+    pub vqps: usize,
+    /// Bytes of memory registered for attached processes now.
+    pub mr_bytes: u64,
+    /// Processes that attached, ever.
+    pub attached: u64,
+    /// Processes that went (detached, died, or were refused after Hello).
+    pub detached: u64,
+    /// Doorbells rung for processes.
+    pub doorbells: u64,
+    /// WRs posted for processes.
+    pub wrs: u64,
+    /// Doorbells refused (bad ring, bad entry, foreign memory, pre-check).
+    pub refused_doorbells: u64,
+    /// Completions handed to processes.
+    pub completions: u64,
+    /// Times the data thread went to sleep.
+    pub sleeps: u64,
+    /// Control requests refused.
+    pub refused_requests: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    attached: AtomicU64,
+    detached: AtomicU64,
+    doorbells: AtomicU64,
+    wrs: AtomicU64,
+    refused_doorbells: AtomicU64,
+    completions: AtomicU64,
+    sleeps: AtomicU64,
+    refused_requests: AtomicU64,
+}
+
+/// One region of a process, as the data thread checks SGEs against it.
+#[derive(Clone, Copy)]
+struct Span {
+    lkey: u32,
+    rkey: u32,
+    addr: u64,
+    len: u64,
+}
+
+/// What the data thread needs of a process.
+struct ClientCore {
+    page: SharedMap,
+    spans: RwLock<Vec<Span>>,
+}
+
+impl ClientCore {
+    /// Whether `sge`-shaped local memory is this process's.
+    fn owns(&self, addr: u64, len: u32, lkey: u32) -> bool {
+        self.spans.read().iter().any(|s| {
+            s.lkey == lkey
+                && addr >= s.addr
+                && addr
+                    .checked_add(u64::from(len))
+                    .is_some_and(|end| end <= s.addr + s.len)
+        })
+    }
+}
+
+struct Serve {
+    head: u64,
+    cq_tail: u64,
+    broken: bool,
+    wrs: Vec<SendWr>,
+    wcs: Vec<Wc>,
+}
+
+struct VqpSlot<N: Nic> {
+    handle: u32,
+    vqp: Vqp<N>,
+    ring: SharedMap,
+    core: Arc<ClientCore>,
+    serve: Mutex<Serve>,
+}
+
+struct MrEntry<N: Nic> {
+    // Dropped with the entry: deregisters the region.
+    _mr: OwnedMr<N>,
+    len: u64,
+}
+
+struct Client<N: Nic> {
+    core: Arc<ClientCore>,
+    pid: u32,
+    stream: UnixStream,
+    vqps: RwLock<Vec<Arc<VqpSlot<N>>>>,
+    mrs: Mutex<Vec<(u32, MrEntry<N>)>>,
+    mr_bytes: AtomicU64,
+    next_handle: AtomicU32,
+}
+
+struct Shared<N: Nic> {
+    engine: Engine<N>,
+    cfg: DaemonConfig,
+    wake: OwnedFd,
+    stop: AtomicBool,
+    clients: RwLock<Vec<Arc<Client<N>>>>,
+    /// Bumped at every change of the clients or their VQPs (the data
+    /// thread's snapshot is rebuilt when it moves).
+    version: AtomicU64,
+    n: Counters,
+}
+
+/// The node daemon: an engine serving attached processes (see the module
+/// docs). Dropping it stops it ([`Daemon::shutdown`]).
+pub struct Daemon<N: Nic> {
+    shared: Arc<Shared<N>>,
+    /// The listening socket (shut down to stop the accept thread).
+    listener: UnixListener,
+    path: PathBuf,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl<N: Nic> std::fmt::Debug for Daemon<N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Daemon")
+            .field("socket", &self.path)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+/// Why the daemon could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The socket path is taken by a live daemon.
+    #[error("{path}: a daemon already listens there")]
+    InUse {
+        /// The socket.
+        path: PathBuf,
+    },
+    /// The socket or the eventfd could not be made.
+    #[error("{op} {path}")]
+    Io {
+        /// What failed.
+        op: &'static str,
+        /// The socket.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl<N: Nic> Daemon<N> {
+    /// Serves `engine` on a unix socket at `path` (a stale socket file of a
+    /// dead daemon is replaced; a live one is refused).
+    ///
+    /// # Errors
+    /// [`StartError`].
+    pub fn start(
+        engine: Engine<N>,
+        path: &Path,
+        cfg: DaemonConfig,
+    ) -> Result<Daemon<N>, StartError> {
+        let io = |op| {
+            move |source| StartError::Io {
+                op,
+                path: path.to_path_buf(),
+                source,
+            }
+        };
+        if path.exists() {
+            if UnixStream::connect(path).is_ok() {
+                return Err(StartError::InUse {
+                    path: path.to_path_buf(),
+                });
+            }
+            std::fs::remove_file(path).map_err(io("remove the stale socket"))?;
+        }
+        let listener = UnixListener::bind(path).map_err(io("bind the socket"))?;
+        let wake = rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        )
+        .map_err(|e| io("make the wake-up eventfd for")(e.into()))?;
+        let shared = Arc::new(Shared {
+            engine,
+            cfg,
+            wake,
+            stop: AtomicBool::new(false),
+            clients: RwLock::new(Vec::new()),
+            version: AtomicU64::new(0),
+            n: Counters::default(),
+        });
+        let mut threads = Vec::new();
+        let s = shared.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name("krcored-data".into())
+                .spawn(move || data_loop(&s))
+                .map_err(io("spawn the data thread for"))?,
+        );
+        let accept = listener.try_clone().map_err(io("clone the socket"))?;
+        let s = shared.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name("krcored-accept".into())
+                .spawn(move || accept_loop(&s, accept))
+                .map_err(io("spawn the accept thread for"))?,
+        );
+        tracing::info!(socket = %path.display(), gid = %shared.engine.gid(), "node daemon serving");
+        Ok(Daemon {
+            shared,
+            listener,
+            path: path.to_path_buf(),
+            threads,
+        })
+    }
+
+    /// The engine the daemon hosts.
+    pub fn engine(&self) -> &Engine<N> {
+        &self.shared.engine
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// What the daemon has done so far.
+    pub fn stats(&self) -> DaemonStats {
+        let s = &self.shared;
+        let clients = s.clients.read();
+        let n = &s.n;
+        DaemonStats {
+            clients: clients.len(),
+            vqps: clients.iter().map(|c| c.vqps.read().len()).sum(),
+            mr_bytes: clients
+                .iter()
+                .map(|c| c.mr_bytes.load(Ordering::Relaxed))
+                .sum(),
+            attached: n.attached.load(Ordering::Relaxed),
+            detached: n.detached.load(Ordering::Relaxed),
+            doorbells: n.doorbells.load(Ordering::Relaxed),
+            wrs: n.wrs.load(Ordering::Relaxed),
+            refused_doorbells: n.refused_doorbells.load(Ordering::Relaxed),
+            completions: n.completions.load(Ordering::Relaxed),
+            sleeps: n.sleeps.load(Ordering::Relaxed),
+            refused_requests: n.refused_requests.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Stops serving: attached processes see their socket close (their
+    /// next operation fails, typed), their resources are released, the
+    /// socket file is removed.
+    pub fn shutdown(mut self) {
+        self.stop_now();
+    }
+
+    fn stop_now(&mut self) {
+        if self.shared.stop.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        // Unblock the accept thread (shutting a listening socket down
+        // makes a blocked accept fail) and the data thread.
+        let _ = rustix::net::shutdown(&self.listener, rustix::net::Shutdown::Both);
+        wake(&self.shared.wake);
+        for c in self.shared.clients.read().iter() {
+            let _ = c.stream.shutdown(std::net::Shutdown::Both);
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl<N: Nic> Drop for Daemon<N> {
+    fn drop(&mut self) {
+        self.stop_now();
+    }
+}
+
+pub(crate) fn wake(fd: &OwnedFd) {
+    let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+}
+
+fn accept_loop<N: Nic>(s: &Arc<Shared<N>>, listener: UnixListener) {
+    for stream in listener.incoming() {
+        if s.stop.load(Ordering::SeqCst) {
+            break;
+        }
+        let stream = match stream {
+            Ok(st) => st,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        let s2 = s.clone();
+        let spawned = std::thread::Builder::new()
+            .name("krcored-client".into())
+            .spawn(move || serve_client(&s2, stream));
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot serve an attaching process: no thread");
+        }
+    }
+}
+
+fn refuse(code: RefuseCode, message: impl Into<String>) -> Reply {
+    Reply::Refused {
+        code,
+        message: message.into(),
+    }
+}
+
+fn send_reply(stream: &UnixStream, reply: &Reply, fds: &[std::os::fd::BorrowedFd<'_>]) -> bool {
+    sock::send(stream, &reply.encode(), fds).is_ok()
+}
+
+/// One attached process: Hello, then requests until its socket closes;
+/// then everything it held is released.
+fn serve_client<N: Nic>(s: &Arc<Shared<N>>, stream: UnixStream) {
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    let pid = match sock::recv(&stream).map(|(b, _)| Request::decode(&b)) {
+        Ok(Ok(Request::Hello { version, pid })) if version == PROTOCOL_VERSION => pid,
+        Ok(Ok(Request::Hello { version, .. })) => {
+            send_reply(
+                &stream,
+                &refuse(
+                    RefuseCode::Version,
+                    format!("daemon speaks protocol {PROTOCOL_VERSION}, the process {version}"),
+                ),
+                &[],
+            );
+            return;
+        }
+        _ => {
+            send_reply(
+                &stream,
+                &refuse(RefuseCode::BadRequest, "the first message must be Hello"),
+                &[],
+            );
+            return;
+        }
+    };
+    let _ = stream.set_read_timeout(None);
+    if s.clients.read().len() >= s.cfg.max_clients {
+        s.n.refused_requests.fetch_add(1, Ordering::Relaxed);
+        send_reply(
+            &stream,
+            &refuse(
+                RefuseCode::Quota,
+                format!("{} processes attached already", s.cfg.max_clients),
+            ),
+            &[],
+        );
+        return;
+    }
+    let (page, page_file) = match SharedMap::create("krcored-page", PAGE_BYTES) {
+        Ok(p) => p,
+        Err(e) => {
+            send_reply(
+                &stream,
+                &refuse(RefuseCode::Engine, format!("client page: {e}")),
+                &[],
+            );
+            return;
+        }
+    };
+    let Ok(sock2) = stream.try_clone() else {
+        return;
+    };
+    let client = Arc::new(Client {
+        core: Arc::new(ClientCore {
+            page,
+            spans: RwLock::new(Vec::new()),
+        }),
+        pid,
+        stream: sock2,
+        vqps: RwLock::new(Vec::new()),
+        mrs: Mutex::new(Vec::new()),
+        mr_bytes: AtomicU64::new(0),
+        next_handle: AtomicU32::new(1),
+    });
+    let welcome = Reply::Welcome {
+        version: PROTOCOL_VERSION,
+        gid: s.engine.gid(),
+        mode: u8::from(s.engine.mode() != EngineMode::Dc),
+        max_vqps: s.cfg.max_vqps,
+        max_mr_bytes: s.cfg.max_mr_bytes,
+    };
+    if !send_reply(&stream, &welcome, &[s.wake.as_fd(), page_file.as_fd()]) {
+        return;
+    }
+    s.clients.write().push(client.clone());
+    s.version.fetch_add(1, Ordering::Release);
+    s.n.attached.fetch_add(1, Ordering::Relaxed);
+    tracing::info!(pid, "process attached");
+    loop {
+        let req = match sock::recv(&stream) {
+            Ok((body, _)) => Request::decode(&body),
+            Err(RecvError::Wire(e)) => Err(e),
+            Err(_) => break,
+        };
+        let (reply, file) = match req {
+            Ok(r) => handle(s, &client, r),
+            Err(e) => (refuse(RefuseCode::BadRequest, e.to_string()), None),
+        };
+        if matches!(reply, Reply::Refused { .. }) {
+            s.n.refused_requests.fetch_add(1, Ordering::Relaxed);
+        }
+        let fds: Vec<_> = file.iter().map(|f| f.as_fd()).collect();
+        if !send_reply(&stream, &reply, &fds) {
+            break;
+        }
+    }
+    // Gone: its VQPs first (in-flight WRs discarded), then its memory.
+    s.clients.write().retain(|c| !Arc::ptr_eq(c, &client));
+    s.version.fetch_add(1, Ordering::Release);
+    client.vqps.write().clear();
+    client.core.spans.write().clear();
+    client.mrs.lock().clear();
+    s.n.detached.fetch_add(1, Ordering::Relaxed);
+    tracing::info!(
+        pid = client.pid,
+        "process detached, its VQPs and memory released"
+    );
+}
+
+fn handle<N: Nic>(
+    s: &Arc<Shared<N>>,
+    c: &Arc<Client<N>>,
+    req: Request,
+) -> (Reply, Option<std::fs::File>) {
+    let vqp_of = |h: u32| c.vqps.read().iter().find(|v| v.handle == h).cloned();
+    let unknown = |what: &str, h: u32| {
+        refuse(
+            RefuseCode::UnknownHandle,
+            format!("no {what} {h} of this process"),
+        )
+    };
+    match req {
+        Request::Hello { .. } => (refuse(RefuseCode::BadRequest, "Hello twice"), None),
+        Request::AllocMr { len, access } => {
+            let used = c.mr_bytes.load(Ordering::Relaxed);
+            if c.mrs.lock().len() >= s.cfg.max_mrs as usize
+                || used.saturating_add(len) > s.cfg.max_mr_bytes
+            {
+                return (
+                    refuse(
+                        RefuseCode::Quota,
+                        format!(
+                            "{len} more bytes: the process holds {used} of {} bytes in at most {} regions",
+                            s.cfg.max_mr_bytes, s.cfg.max_mrs
+                        ),
+                    ),
+                    None,
+                );
+            }
+            let Ok(ulen) = usize::try_from(len) else {
+                return (refuse(RefuseCode::BadRequest, "length"), None);
+            };
+            let e = &s.engine;
+            match e.nic().alloc_shared_mr(e.pd(), ulen, Access(access & Access::ALL.0)) {
+                Ok((mr, file)) => {
+                    let handle = c.next_handle.fetch_add(1, Ordering::Relaxed);
+                    let span = Span {
+                        lkey: mr.lkey(),
+                        rkey: mr.rkey(),
+                        addr: mr.addr(),
+                        len,
+                    };
+                    let owned = e.register_mr(mr);
+                    c.mrs.lock().push((handle, MrEntry { _mr: owned, len }));
+                    c.core.spans.write().push(span);
+                    c.mr_bytes.fetch_add(len, Ordering::Relaxed);
+                    (
+                        Reply::Mr {
+                            mr: handle,
+                            addr: span.addr,
+                            len,
+                            lkey: span.lkey,
+                            rkey: span.rkey,
+                        },
+                        Some(file),
+                    )
+                }
+                Err(e) => (refuse(RefuseCode::Engine, format!("register {len} bytes: {e}")), None),
+            }
+        }
+        Request::FreeMr { mr } => {
+            let mut mrs = c.mrs.lock();
+            let Some(at) = mrs.iter().position(|(h, _)| *h == mr) else {
+                return (unknown("region", mr), None);
+            };
+            let (_, entry) = mrs.remove(at);
+            c.mr_bytes.fetch_sub(entry.len, Ordering::Relaxed);
+            // Its span first: no doorbell names the keys once they die.
+            rebuild_spans(c, &mrs);
+            drop(entry);
+            (Reply::Done, None)
+        }
+        Request::CreateVqp => {
+            if c.vqps.read().len() >= s.cfg.max_vqps as usize {
+                return (
+                    refuse(RefuseCode::Quota, format!("the process holds {} VQPs already", s.cfg.max_vqps)),
+                    None,
+                );
+            }
+            let vqp = match s.engine.create_vqp() {
+                Ok(v) => v,
+                Err(e) => return (refuse(RefuseCode::Engine, format!("create a VQP: {e}")), None),
+            };
+            let (map, file) = match SharedMap::create("krcored-vqp", RING_BYTES) {
+                Ok(m) => m,
+                Err(e) => return (refuse(RefuseCode::Engine, format!("VQP ring: {e}")), None),
+            };
+            let handle = c.next_handle.fetch_add(1, Ordering::Relaxed);
+            let id = vqp.id().get();
+            c.vqps.write().push(Arc::new(VqpSlot {
+                handle,
+                vqp,
+                ring: map,
+                core: c.core.clone(),
+                serve: Mutex::new(Serve {
+                    head: 0,
+                    cq_tail: 0,
+                    broken: false,
+                    wrs: Vec::with_capacity(SQ_CAP),
+                    wcs: vec![Wc::default(); 32],
+                }),
+            }));
+            s.version.fetch_add(1, Ordering::Release);
+            (Reply::Vqp { vqp: handle, id }, Some(file))
+        }
+        Request::DestroyVqp { vqp } => {
+            let mut v = c.vqps.write();
+            let before = v.len();
+            v.retain(|x| x.handle != vqp);
+            if v.len() == before {
+                return (unknown("VQP", vqp), None);
+            }
+            drop(v);
+            s.version.fetch_add(1, Ordering::Release);
+            (Reply::Done, None)
+        }
+        Request::Connect { vqp, gid } => match vqp_of(vqp) {
+            None => (unknown("VQP", vqp), None),
+            Some(v) => match v.vqp.connect(gid) {
+                Ok(()) => (Reply::Done, None),
+                Err(e) => (refuse(RefuseCode::Engine, error_line(&e)), None),
+            },
+        },
+        Request::Grant {
+            vqp,
+            gid,
+            rkey,
+            addr,
+            len,
+            access,
+            ttl_ms,
+        } => {
+            let Some(v) = vqp_of(vqp) else {
+                return (unknown("VQP", vqp), None);
+            };
+            if gid == s.engine.gid() && foreign_rkey(s, c, rkey) {
+                return (
+                    refuse(
+                        RefuseCode::BadRequest,
+                        format!("rkey {rkey:#x} is another attached process's memory"),
+                    ),
+                    None,
+                );
+            }
+            let expires_at = (ttl_ms != u64::MAX)
+                .then(|| Instant::now().checked_add(Duration::from_millis(ttl_ms)))
+                .flatten();
+            v.vqp.add_grant(
+                gid,
+                rkey,
+                RemoteGrant {
+                    addr,
+                    len,
+                    access: Access(access & Access::ALL.0),
+                    expires_at,
+                },
+            );
+            (Reply::Done, None)
+        }
+        Request::SetUngranted { vqp, allow } => match vqp_of(vqp) {
+            None => (unknown("VQP", vqp), None),
+            Some(_) if allow != 0 => (
+                refuse(
+                    RefuseCode::Unsupported,
+                    "through the node daemon every remote key needs a grant (the pre-check guards the other processes' memory)",
+                ),
+                None,
+            ),
+            Some(v) => {
+                v.vqp.set_ungranted(Ungranted::Refuse);
+                (Reply::Done, None)
+            }
+        },
+    }
+}
+
+/// An error and its causes on one line.
+fn error_line(e: &dyn std::error::Error) -> String {
+    let mut line = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        line.push_str(": ");
+        line.push_str(&c.to_string());
+        cur = c.source();
+    }
+    line
+}
+
+/// The spans of the regions `mrs` still holds (after a region went).
+fn rebuild_spans<N: Nic>(c: &Client<N>, mrs: &[(u32, MrEntry<N>)]) {
+    let spans: Vec<Span> = mrs
+        .iter()
+        .map(|(_, e)| {
+            let m = e._mr.mr();
+            Span {
+                lkey: m.lkey(),
+                rkey: m.rkey(),
+                addr: m.addr(),
+                len: e.len,
+            }
+        })
+        .collect();
+    *c.core.spans.write() = spans;
+}
+
+/// Whether `rkey` is a key of a region another attached process holds.
+fn foreign_rkey<N: Nic>(s: &Shared<N>, me: &Arc<Client<N>>, rkey: u32) -> bool {
+    s.clients
+        .read()
+        .iter()
+        .filter(|c| !Arc::ptr_eq(c, me))
+        .any(|c| c.core.spans.read().iter().any(|sp| sp.rkey == rkey))
+}
+
+/// The data thread (see the module docs).
+fn data_loop<N: Nic>(s: &Arc<Shared<N>>) {
+    let mut seen = u64::MAX;
+    let mut slots: Vec<Arc<VqpSlot<N>>> = Vec::new();
+    let mut pages: Vec<Arc<ClientCore>> = Vec::new();
+    let mut idle_since = Instant::now();
+    while !s.stop.load(Ordering::Relaxed) {
+        let v = s.version.load(Ordering::Acquire);
+        if v != seen {
+            seen = v;
+            let clients = s.clients.read();
+            slots = clients.iter().flat_map(|c| c.vqps.read().clone()).collect();
+            pages = clients.iter().map(|c| c.core.clone()).collect();
+        }
+        let mut busy = false;
+        for slot in &slots {
+            busy |= serve(s, slot);
+        }
+        if busy {
+            idle_since = Instant::now();
+            continue;
+        }
+        if idle_since.elapsed() < s.cfg.idle_spin {
+            std::hint::spin_loop();
+            continue;
+        }
+        // Idle: raise the flag, look once more, sleep on the eventfd.
+        for p in &pages {
+            word(&p.page, PAGE_SLEEPING).store(1, Ordering::SeqCst);
+        }
+        let pending = slots
+            .iter()
+            .any(|slot| word(&slot.ring, SQ_TAIL).load(Ordering::SeqCst) != slot.serve.lock().head);
+        if !pending && s.version.load(Ordering::Acquire) == seen {
+            s.n.sleeps.fetch_add(1, Ordering::Relaxed);
+            let mut fds = [rustix::event::PollFd::new(
+                &s.wake,
+                rustix::event::PollFlags::IN,
+            )];
+            let timeout = rustix::event::Timespec {
+                tv_sec: 0,
+                tv_nsec: 100_000_000,
+            };
+            let _ = rustix::event::poll(&mut fds, Some(&timeout));
+            let mut buf = [0u8; 8];
+            let _ = rustix::io::read(&s.wake, &mut buf);
+        }
+        for p in &pages {
+            word(&p.page, PAGE_SLEEPING).store(0, Ordering::SeqCst);
+        }
+        idle_since = Instant::now();
+    }
+}
+
+/// Serves one ring: its new doorbell, then its completions. Whether the
+/// VQP had work or still has WRs in flight.
+fn serve<N: Nic>(s: &Shared<N>, slot: &VqpSlot<N>) -> bool {
+    let mut st = slot.serve.lock();
+    let st = &mut *st;
+    let ring = &slot.ring;
+    let tail = word(ring, SQ_TAIL).load(Ordering::Acquire);
+    let mut busy = false;
+    if tail != st.head {
+        busy = true;
+        let verdict = doorbell(s, slot, st, tail);
+        if verdict.code != PostCode::Posted as u64 {
+            s.n.refused_doorbells.fetch_add(1, Ordering::Relaxed);
+        }
+        write_verdict(ring, &verdict);
+        st.head = tail;
+        word(ring, SQ_HEAD).store(tail, Ordering::Release);
+    }
+    let used = st
+        .cq_tail
+        .wrapping_sub(word(ring, CQ_HEAD).load(Ordering::Acquire));
+    if let Some(room) = (CQ_CAP as u64).checked_sub(used).filter(|r| *r > 0) {
+        let want = (room as usize).min(st.wcs.len());
+        let k = slot.vqp.poll(&mut st.wcs[..want]).unwrap_or(0);
+        for (i, wc) in st.wcs[..k].iter().enumerate() {
+            encode_cqe(ring, st.cq_tail.wrapping_add(i as u64), wc);
+        }
+        if k > 0 {
+            st.cq_tail = st.cq_tail.wrapping_add(k as u64);
+            word(ring, CQ_TAIL).store(st.cq_tail, Ordering::Release);
+            s.n.completions.fetch_add(k as u64, Ordering::Relaxed);
+            busy = true;
+        }
+    }
+    busy || slot.vqp.outstanding() > 0
+}
+
+fn verdict(code: PostCode, index: usize, message: String) -> Verdict {
+    Verdict {
+        code: code as u64,
+        index: index as u64,
+        a: 0,
+        b: 0,
+        message,
+    }
+}
+
+/// The entries `st.head..tail` as one doorbell, checked.
+fn doorbell<N: Nic>(s: &Shared<N>, slot: &VqpSlot<N>, st: &mut Serve, tail: u64) -> Verdict {
+    let n = tail.wrapping_sub(st.head);
+    if st.broken {
+        return verdict(
+            PostCode::Broken,
+            0,
+            "the VQP's ring was broken earlier".into(),
+        );
+    }
+    if n > SQ_CAP as u64 {
+        st.broken = true;
+        return verdict(
+            PostCode::BadRing,
+            0,
+            format!("submission tail {tail} runs {n} entries past the head (at most {SQ_CAP})"),
+        );
+    }
+    st.wrs.clear();
+    for i in 0..n {
+        let wr = match decode_sqe(&slot.ring, st.head.wrapping_add(i)) {
+            Ok(wr) => wr,
+            Err(ring::DecodeError::Opcode(op)) => {
+                return verdict(PostCode::BadEntry, i as usize, format!("opcode {op}"))
+            }
+        };
+        if let Payload::Local(list) = &wr.payload {
+            for sge in list.as_slice() {
+                if !slot.core.owns(sge.addr, sge.length, sge.lkey) {
+                    return verdict(
+                        PostCode::ForeignMemory,
+                        i as usize,
+                        format!(
+                            "local {} bytes at {:#x} under lkey {:#x} are not this process's memory",
+                            sge.length, sge.addr, sge.lkey
+                        ),
+                    );
+                }
+            }
+        }
+        st.wrs.push(wr);
+    }
+    s.n.doorbells.fetch_add(1, Ordering::Relaxed);
+    match slot.vqp.post_send(&mut st.wrs) {
+        Ok(()) => {
+            s.n.wrs.fetch_add(n, Ordering::Relaxed);
+            verdict(PostCode::Posted, 0, String::new())
+        }
+        Err(VqpError::Rejected(r)) => verdict(PostCode::Rejected, r.index, r.reason.to_string()),
+        Err(e @ VqpError::NotConnected { .. }) => verdict(PostCode::NotConnected, 0, e.to_string()),
+        Err(e) => verdict(PostCode::Failed, 0, error_line(&e)),
+    }
+}

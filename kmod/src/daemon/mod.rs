@@ -1,0 +1,104 @@
+//! # The node daemon: one engine per node for every process
+//!
+//! KRCore's connect is a lookup because its kernel module built the DC
+//! pool when the machine booted, and every process on the machine uses
+//! that one pool, one DCCache and one registration with the meta server.
+//! This module hosts the engine that way in user space: [`Daemon`] serves
+//! one [`crate::Engine`] on a unix socket (the `krcored` binary runs it),
+//! and processes [`Attached::attach`] to it. An attached process creates
+//! no QP: its VQPs are the daemon's, its connects hit the node-wide
+//! DCCache, its memory is registered once by the daemon.
+//!
+//! ```text
+//!  process                          krcored
+//!  Attached ── unix socket ──────── control thread (per process)
+//!    AttachedMr  ◄─ memfd/segment ─  alloc_shared_mr + register
+//!    AttachedVqp ◄─ ring memfd ────  data thread: SQ -> post_send,
+//!      post: SQEs, tail, wait head     poll -> CQ, for every ring
+//!      poll: CQEs                    Engine (DCI pool, DCCache, meta)
+//! ```
+//!
+//! - **Control**: framed messages ([`wire`]); shared memory is handed over
+//!   as descriptors on the replies.
+//! - **Data path**: one ring file per VQP (layout in `ring`): the
+//!   process writes submission entries and publishes its tail; the
+//!   daemon's data thread posts them as one doorbell, writes the verdict
+//!   and advances the head (a post is synchronous, so it fails as an
+//!   in-process post does, typed); completions come back in the same
+//!   file. No system call per operation while the data thread is busy;
+//!   after `DaemonConfig::idle_spin` without work it raises the idle flag
+//!   in each process's page and sleeps on an eventfd, which a process
+//!   that posts then writes (one system call, only then).
+//! - **Memory**: regions are allocated by the daemon's NIC as shareable
+//!   files (`krcore_nic::Nic::alloc_shared_mr`: the segment file on a sim
+//!   directory fabric, a memfd on verbs) and mapped by the process, so
+//!   one-sided data lands in the process's memory with no copy.
+//! - **Trust**: every SGE is checked against the posting process's own
+//!   regions; remote keys need grants (the pre-check cannot be switched
+//!   off), and a grant over another attached process's region is refused.
+//!   A process that dies has its VQPs and memory released when its socket
+//!   closes; a daemon that dies makes its processes' calls fail with
+//!   [`DaemonError::Gone`] within milliseconds (no hang).
+//!
+//! Through the daemon a WR has one SGE and no inline data; two-sided
+//! messaging, leases and the DC -> RC upgrade API are not carried yet
+//! (refused, typed, or absent from the API).
+
+mod client;
+mod error;
+mod host;
+mod ring;
+mod sock;
+pub mod wire;
+
+pub use client::{Attached, AttachedMr, AttachedVqp, DOORBELL_TIMEOUT};
+pub use error::DaemonError;
+pub use host::{Daemon, DaemonConfig, DaemonStats, StartError};
+pub use ring::{EncodeError, CQ_CAP, RING_BYTES, SQ_CAP};
+
+/// The control protocol's version: a process and a daemon of different
+/// versions refuse each other at `Hello`.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// What the daemon said to a doorbell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PostCode {
+    /// Posted.
+    Posted = 0,
+    /// The ring's indices were impossible: the VQP is broken for good.
+    BadRing = 1,
+    /// An entry did not decode.
+    BadEntry = 2,
+    /// An SGE names memory that is not this process's.
+    ForeignMemory = 3,
+    /// The engine's pre-check refused a WR.
+    Rejected = 4,
+    /// The VQP has no target.
+    NotConnected = 5,
+    /// The post failed otherwise.
+    Failed = 6,
+    /// The VQP's ring broke earlier.
+    Broken = 7,
+}
+
+impl PostCode {
+    fn from_u64(v: u64) -> PostCode {
+        match v {
+            0 => PostCode::Posted,
+            1 => PostCode::BadRing,
+            2 => PostCode::BadEntry,
+            3 => PostCode::ForeignMemory,
+            4 => PostCode::Rejected,
+            5 => PostCode::NotConnected,
+            7 => PostCode::Broken,
+            _ => PostCode::Failed,
+        }
+    }
+}
+
+impl std::fmt::Display for PostCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self, f)
+    }
+}

@@ -1,0 +1,354 @@
+//! The data path between an attached process and the daemon: one shared
+//! file per VQP holding its submission queue (the process writes, the
+//! daemon drains), its completion queue (the daemon fills, the process
+//! drains) and the verdict of the last doorbell; one page per attached
+//! process holding the daemon's idle flag.
+//!
+//! Layout of a VQP's ring file (little-endian words, each index on a
+//! cache line of its own):
+//!
+//! ```text
+//!   0  sq_tail      entries the process has published (it writes)
+//!  64  sq_head      entries the daemon has taken (it writes, after the verdict)
+//!  80  verdict      code (0: posted), WR index, two detail words,
+//! 112               message length, then 256 bytes of message at 128
+//! 384  cq_tail      completions the daemon has written
+//! 448  cq_head      completions the process has taken
+//! 512  SQ           SQ_CAP entries of 64 bytes
+//!      CQ           CQ_CAP entries of 32 bytes
+//! ```
+//!
+//! A submission entry (SQE), 8 words: `wr_id`; `op | flags << 8`; local
+//! address; `length | lkey << 32`; remote address; `rkey`; compare or
+//! add; swap. A completion entry (CQE), 4 words: `wr_id`;
+//! `status | opcode << 8 | byte_len << 32`; two reserved.
+//!
+//! Invariants: indices only grow (wrapping u64); `sq_tail - sq_head` is at
+//! most `SQ_CAP` and `cq_tail - cq_head` at most `CQ_CAP` when both sides
+//! behave. The daemon never trusts the process's words: a tail that runs
+//! more than `SQ_CAP` ahead, a head that runs past the tail, an entry that
+//! does not decode, are that VQP's error alone (see `super::host`). A
+//! doorbell is synchronous: the process publishes its entries, then waits
+//! for `sq_head` to reach them and reads the verdict, so a post fails or
+//! succeeds as in-process, typed.
+
+use krcore_nic::shared::SharedMap;
+use krcore_nic::{
+    Payload, RemoteAddr, SendFlags, SendWr, SgList, Sge, Wc, WcOpcode, WcStatus, WrOp,
+};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Submission entries per VQP: the most WRs one doorbell carries.
+pub const SQ_CAP: usize = 64;
+/// Completion entries per VQP.
+pub const CQ_CAP: usize = 256;
+
+pub(crate) const SQ_TAIL: usize = 0;
+pub(crate) const SQ_HEAD: usize = 64;
+pub(crate) const V_CODE: usize = 80;
+pub(crate) const V_INDEX: usize = 88;
+pub(crate) const V_A: usize = 96;
+pub(crate) const V_B: usize = 104;
+pub(crate) const V_MSG_LEN: usize = 112;
+pub(crate) const V_MSG: usize = 128;
+pub(crate) const V_MSG_MAX: usize = 256;
+pub(crate) const CQ_TAIL: usize = 384;
+pub(crate) const CQ_HEAD: usize = 448;
+const SQ_AT: usize = 512;
+const SQE: usize = 64;
+const CQ_AT: usize = SQ_AT + SQ_CAP * SQE;
+const CQE: usize = 32;
+/// Bytes of a VQP's ring file.
+pub const RING_BYTES: usize = (CQ_AT + CQ_CAP * CQE).next_multiple_of(4096);
+
+/// The client page: the daemon's idle flag (1 while its data thread
+/// sleeps: a process that publishes entries then writes the eventfd).
+pub(crate) const PAGE_SLEEPING: usize = 0;
+/// Bytes of a client page.
+pub const PAGE_BYTES: usize = 4096;
+
+const OP_READ: u64 = 1;
+const OP_WRITE: u64 = 2;
+const OP_CAS: u64 = 3;
+const OP_FAA: u64 = 4;
+
+/// Why a WR cannot travel through the ring (the process's side refuses
+/// it before publishing anything).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum EncodeError {
+    /// Through the daemon a WR has exactly one SGE.
+    #[error("WR {index}: {count} SGEs; through the node daemon a WR has exactly one")]
+    Sges {
+        /// Index in the batch.
+        index: usize,
+        /// SGEs given.
+        count: usize,
+    },
+    /// Inline data is not carried by the ring.
+    #[error("WR {index}: inline data is not supported through the node daemon (use an SGE)")]
+    Inline {
+        /// Index in the batch.
+        index: usize,
+    },
+    /// Only one-sided READ, WRITE, CAS and FAA to the VQP's target.
+    #[error(
+        "WR {index}: only READ, WRITE, CAS and FAA to the VQP's target go through the node daemon"
+    )]
+    Op {
+        /// Index in the batch.
+        index: usize,
+    },
+}
+
+/// Why the daemon refused a submission entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DecodeError {
+    Opcode(u64),
+}
+
+/// The word at `off` of a ring (the offsets are this module's constants,
+/// inside `RING_BYTES` and aligned: the mapping was checked to be that
+/// long when it was made, so this cannot fail; a zero word stands in
+/// should it ever).
+pub(crate) fn word(map: &SharedMap, off: usize) -> &AtomicU64 {
+    static ZERO: AtomicU64 = AtomicU64::new(0);
+    map.word(off).unwrap_or(&ZERO)
+}
+
+fn put(map: &SharedMap, off: usize, v: u64) {
+    word(map, off).store(v, Ordering::Relaxed);
+}
+
+fn get(map: &SharedMap, off: usize) -> u64 {
+    word(map, off).load(Ordering::Relaxed)
+}
+
+fn sqe_at(seq: u64) -> usize {
+    SQ_AT + (seq as usize % SQ_CAP) * SQE
+}
+
+fn cqe_at(seq: u64) -> usize {
+    CQ_AT + (seq as usize % CQ_CAP) * CQE
+}
+
+/// Writes `wr` as the SQE of sequence `seq` (the process's side).
+pub(crate) fn encode_sqe(
+    map: &SharedMap,
+    seq: u64,
+    index: usize,
+    wr: &SendWr,
+) -> Result<(), EncodeError> {
+    let sge = match &wr.payload {
+        Payload::Local(list) => match list.as_slice() {
+            [one] => *one,
+            other => {
+                return Err(EncodeError::Sges {
+                    index,
+                    count: other.len(),
+                })
+            }
+        },
+        _ => return Err(EncodeError::Inline { index }),
+    };
+    if !matches!(wr.dest, krcore_nic::Destination::Connected) {
+        return Err(EncodeError::Op { index });
+    }
+    let (op, remote, a, b) = match wr.op {
+        WrOp::Read { remote } => (OP_READ, remote, 0, 0),
+        WrOp::Write { remote } => (OP_WRITE, remote, 0, 0),
+        WrOp::CompareSwap {
+            remote,
+            compare,
+            swap,
+        } => (OP_CAS, remote, compare, swap),
+        WrOp::FetchAdd { remote, add } => (OP_FAA, remote, add, 0),
+        _ => return Err(EncodeError::Op { index }),
+    };
+    let at = sqe_at(seq);
+    put(map, at, wr.wr_id);
+    put(map, at + 8, op | u64::from(wr.flags.0) << 8);
+    put(map, at + 16, sge.addr);
+    put(
+        map,
+        at + 24,
+        u64::from(sge.length) | u64::from(sge.lkey) << 32,
+    );
+    put(map, at + 32, remote.addr);
+    put(map, at + 40, u64::from(remote.rkey));
+    put(map, at + 48, a);
+    put(map, at + 56, b);
+    Ok(())
+}
+
+/// Reads the SQE of sequence `seq` (the daemon's side): the WR as the
+/// process wrote it; its local key and range are for the caller to check.
+pub(crate) fn decode_sqe(map: &SharedMap, seq: u64) -> Result<SendWr, DecodeError> {
+    let at = sqe_at(seq);
+    let wr_id = get(map, at);
+    let opf = get(map, at + 8);
+    let len_key = get(map, at + 24);
+    let local = Sge {
+        addr: get(map, at + 16),
+        length: len_key as u32,
+        lkey: (len_key >> 32) as u32,
+    };
+    let remote = RemoteAddr {
+        addr: get(map, at + 32),
+        rkey: get(map, at + 40) as u32,
+    };
+    let (a, b) = (get(map, at + 48), get(map, at + 56));
+    let op = match opf & 0xff {
+        OP_READ => WrOp::Read { remote },
+        OP_WRITE => WrOp::Write { remote },
+        OP_CAS => WrOp::CompareSwap {
+            remote,
+            compare: a,
+            swap: b,
+        },
+        OP_FAA => WrOp::FetchAdd { remote, add: a },
+        other => return Err(DecodeError::Opcode(other)),
+    };
+    // Only the flags the SDK defines (signaled, fence) pass.
+    let flags = SendFlags(((opf >> 8) as u8) & (SendFlags::SIGNALED.0 | SendFlags::FENCE.0));
+    Ok(SendWr {
+        wr_id,
+        op,
+        payload: Payload::Local(SgList::one(local)),
+        flags,
+        dest: krcore_nic::Destination::Connected,
+    })
+}
+
+/// Writes `wc` as the CQE of sequence `seq` (the daemon's side).
+pub(crate) fn encode_cqe(map: &SharedMap, seq: u64, wc: &Wc) {
+    let at = cqe_at(seq);
+    put(map, at, wc.wr_id);
+    put(
+        map,
+        at + 8,
+        wc.status as u64 | (wc.opcode as u64) << 8 | u64::from(wc.byte_len) << 32,
+    );
+}
+
+/// Reads the CQE of sequence `seq` (the process's side), for the VQP `qp_num`.
+pub(crate) fn decode_cqe(map: &SharedMap, seq: u64, qp_num: u32) -> Wc {
+    let at = cqe_at(seq);
+    let w = get(map, at + 8);
+    Wc {
+        wr_id: get(map, at),
+        status: WcStatus::from_u8(w as u8),
+        opcode: WcOpcode::from_u8((w >> 8) as u8),
+        byte_len: (w >> 32) as u32,
+        imm: None,
+        qp_num,
+        src_qp: 0,
+    }
+}
+
+/// A doorbell's verdict as the daemon wrote it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Verdict {
+    pub code: u64,
+    pub index: u64,
+    pub a: u64,
+    pub b: u64,
+    pub message: String,
+}
+
+/// Writes the verdict of the doorbell being answered (before `sq_head`).
+pub(crate) fn write_verdict(map: &SharedMap, v: &Verdict) {
+    put(map, V_CODE, v.code);
+    put(map, V_INDEX, v.index);
+    put(map, V_A, v.a);
+    put(map, V_B, v.b);
+    let msg = v.message.as_bytes();
+    let n = msg.len().min(V_MSG_MAX);
+    let _ = map.write(V_MSG, &msg[..n]);
+    put(map, V_MSG_LEN, n as u64);
+}
+
+/// Reads the verdict (after `sq_head` reached the doorbell).
+pub(crate) fn read_verdict(map: &SharedMap) -> Verdict {
+    let n = (get(map, V_MSG_LEN) as usize).min(V_MSG_MAX);
+    let mut msg = vec![0u8; n];
+    let _ = map.read(V_MSG, &mut msg);
+    Verdict {
+        code: get(map, V_CODE),
+        index: get(map, V_INDEX),
+        a: get(map, V_A),
+        b: get(map, V_B),
+        message: String::from_utf8_lossy(&msg).into_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_round_trip_through_the_ring() {
+        let (map, _file) = SharedMap::create("ring-test", RING_BYTES).unwrap();
+        let local = Sge {
+            addr: 0x1000,
+            length: 8,
+            lkey: 7,
+        };
+        let remote = RemoteAddr {
+            addr: 0xdead_0000,
+            rkey: 9,
+        };
+        let wrs = [
+            SendWr::read(1, local, remote),
+            SendWr::write(2, local, remote).signaled(false),
+            SendWr::cas(3, local, remote, 5, 6),
+            SendWr::faa(4, local, remote, 11),
+        ];
+        for (i, wr) in wrs.iter().enumerate() {
+            // Past the end of the SQ: the ring wraps.
+            let seq = (SQ_CAP as u64 - 2) + i as u64;
+            encode_sqe(&map, seq, i, wr).unwrap();
+            assert_eq!(&decode_sqe(&map, seq).unwrap(), wr);
+        }
+        let wc = Wc {
+            wr_id: 77,
+            status: WcStatus::RemAccessErr,
+            opcode: WcOpcode::RdmaRead,
+            byte_len: 8,
+            imm: None,
+            qp_num: 3,
+            src_qp: 0,
+        };
+        encode_cqe(&map, CQ_CAP as u64 + 1, &wc);
+        assert_eq!(decode_cqe(&map, CQ_CAP as u64 + 1, 3), wc);
+        let v = Verdict {
+            code: 4,
+            index: 2,
+            a: 1,
+            b: 2,
+            message: "x".repeat(300),
+        };
+        write_verdict(&map, &v);
+        let got = read_verdict(&map);
+        assert_eq!((got.code, got.index, got.message.len()), (4, 2, V_MSG_MAX));
+    }
+
+    #[test]
+    fn garbage_entries_decode_to_errors_or_plain_wrs() {
+        let (map, _file) = SharedMap::create("ring-test", RING_BYTES).unwrap();
+        put(&map, sqe_at(0) + 8, 0xff);
+        assert_eq!(decode_sqe(&map, 0), Err(DecodeError::Opcode(0xff)));
+        // Unknown flag bits are dropped.
+        put(&map, sqe_at(1) + 8, OP_READ | 0xfc << 8);
+        assert_eq!(decode_sqe(&map, 1).unwrap().flags, SendFlags::NONE);
+        let wr = SendWr::read(1, Sge::default(), RemoteAddr::default());
+        let inline = SendWr {
+            payload: Payload::Inline(krcore_nic::InlineData::new(&[1, 2]).unwrap()),
+            ..wr
+        };
+        assert_eq!(
+            encode_sqe(&map, 2, 5, &inline),
+            Err(EncodeError::Inline { index: 5 })
+        );
+    }
+}

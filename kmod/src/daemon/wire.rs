@@ -1,0 +1,548 @@
+//! The control messages between an attached process and the daemon, over
+//! the daemon's unix stream socket: each is a frame (`u32` little-endian
+//! body length, then the body: a tag byte and the message's fields,
+//! little-endian). The process sends [`Request`]s and reads one [`Reply`]
+//! each; replies that hand over shared memory carry its descriptors as
+//! `SCM_RIGHTS` on the frame's first byte. Decoding is checked: a short,
+//! long or unknown frame is a [`WireError`], never a panic.
+
+use krcore_nic::Gid;
+
+/// Largest frame body either side sends or accepts.
+pub const MAX_FRAME: usize = 1024;
+
+/// Why a frame did not decode.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum WireError {
+    /// The body ended inside a field.
+    #[error("control message truncated: {len} bytes")]
+    Truncated {
+        /// Bytes of the body.
+        len: usize,
+    },
+    /// Bytes left after the message's last field.
+    #[error("control message of tag {tag} has {extra} bytes past its end")]
+    Trailing {
+        /// The tag.
+        tag: u8,
+        /// Extra bytes.
+        extra: usize,
+    },
+    /// No such message.
+    #[error("unknown control message tag {tag}")]
+    UnknownTag {
+        /// The tag.
+        tag: u8,
+    },
+    /// A frame longer than [`MAX_FRAME`].
+    #[error("control frame of {len} bytes (at most {MAX_FRAME})")]
+    TooLong {
+        /// Its announced length.
+        len: usize,
+    },
+}
+
+/// A process's control request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// First message: the process's protocol version and pid.
+    Hello {
+        /// [`super::PROTOCOL_VERSION`] of the process's library.
+        version: u32,
+        /// The process's pid (for the daemon's logs and stats).
+        pid: u32,
+    },
+    /// Registered memory shared with the process.
+    AllocMr {
+        /// Bytes.
+        len: u64,
+        /// Access flags (`krcore_nic::Access` bits).
+        access: u32,
+    },
+    /// Releases a region.
+    FreeMr {
+        /// Its handle.
+        mr: u32,
+    },
+    /// A VQP and its ring.
+    CreateVqp,
+    /// Releases a VQP (in-flight WRs are discarded, as in-process).
+    DestroyVqp {
+        /// Its handle.
+        vqp: u32,
+    },
+    /// Connects a VQP to a node (a metadata lookup in the daemon).
+    Connect {
+        /// The VQP.
+        vqp: u32,
+        /// The target node.
+        gid: Gid,
+    },
+    /// Makes a remote grant known to a VQP's pre-check.
+    Grant {
+        /// The VQP.
+        vqp: u32,
+        /// The node the grant is on.
+        gid: Gid,
+        /// Its remote key.
+        rkey: u32,
+        /// First byte.
+        addr: u64,
+        /// Bytes.
+        len: u64,
+        /// Access bits.
+        access: u32,
+        /// Milliseconds left until it expires, `u64::MAX` for never.
+        ttl_ms: u64,
+    },
+    /// The pre-check's rule for keys no grant covers: allow (1) or refuse (0).
+    SetUngranted {
+        /// The VQP.
+        vqp: u32,
+        /// 1: allow.
+        allow: u8,
+    },
+}
+
+/// The daemon's reply to one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// To `Hello`: the daemon's version, node and quotas; carries the
+    /// daemon's wake-up eventfd and the process's client page.
+    Welcome {
+        /// The daemon's protocol version.
+        version: u32,
+        /// The node's GID.
+        gid: Gid,
+        /// The engine's mode (0: DC, 1: RC fallback).
+        mode: u8,
+        /// The process's quota of VQPs.
+        max_vqps: u32,
+        /// Its quota of registered bytes.
+        max_mr_bytes: u64,
+    },
+    /// To `AllocMr`; carries the region's file.
+    Mr {
+        /// Handle.
+        mr: u32,
+        /// The region's address as the NIC knows it (SGEs name it).
+        addr: u64,
+        /// Bytes.
+        len: u64,
+        /// Local key.
+        lkey: u32,
+        /// Remote key.
+        rkey: u32,
+    },
+    /// To `CreateVqp`; carries the ring's file.
+    Vqp {
+        /// Handle.
+        vqp: u32,
+        /// The VQP's id in the engine (its completions' `qp_num`).
+        id: u32,
+    },
+    /// Done.
+    Done,
+    /// Refused; nothing changed.
+    Refused {
+        /// Why, in a word ([`RefuseCode`]).
+        code: RefuseCode,
+        /// The daemon's one-line reason.
+        message: String,
+    },
+}
+
+/// Why the daemon refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RefuseCode {
+    /// Another protocol version.
+    Version,
+    /// A per-process quota is reached.
+    Quota,
+    /// No such handle of this process.
+    UnknownHandle,
+    /// The request does not make sense (first message not `Hello`, ...).
+    BadRequest,
+    /// The engine or the NIC refused (the message says why).
+    Engine,
+    /// Not supported by this daemon or its provider.
+    Unsupported,
+}
+
+impl RefuseCode {
+    fn to_u8(self) -> u8 {
+        match self {
+            RefuseCode::Version => 1,
+            RefuseCode::Quota => 2,
+            RefuseCode::UnknownHandle => 3,
+            RefuseCode::BadRequest => 4,
+            RefuseCode::Engine => 5,
+            RefuseCode::Unsupported => 6,
+        }
+    }
+
+    fn from_u8(v: u8) -> RefuseCode {
+        match v {
+            1 => RefuseCode::Version,
+            2 => RefuseCode::Quota,
+            3 => RefuseCode::UnknownHandle,
+            4 => RefuseCode::BadRequest,
+            6 => RefuseCode::Unsupported,
+            _ => RefuseCode::Engine,
+        }
+    }
+}
+
+impl std::fmt::Display for RefuseCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RefuseCode::Version => "version",
+            RefuseCode::Quota => "quota",
+            RefuseCode::UnknownHandle => "unknown handle",
+            RefuseCode::BadRequest => "bad request",
+            RefuseCode::Engine => "engine",
+            RefuseCode::Unsupported => "unsupported",
+        })
+    }
+}
+
+struct Out(Vec<u8>);
+
+impl Out {
+    fn new(tag: u8) -> Out {
+        let mut v = Vec::with_capacity(64);
+        v.extend_from_slice(&[0; 4]);
+        v.push(tag);
+        Out(v)
+    }
+    fn u8(mut self, x: u8) -> Out {
+        self.0.push(x);
+        self
+    }
+    fn u32(mut self, x: u32) -> Out {
+        self.0.extend_from_slice(&x.to_le_bytes());
+        self
+    }
+    fn u64(mut self, x: u64) -> Out {
+        self.0.extend_from_slice(&x.to_le_bytes());
+        self
+    }
+    fn gid(mut self, g: &Gid) -> Out {
+        self.0.extend_from_slice(g.as_bytes());
+        self
+    }
+    fn bytes(mut self, b: &[u8]) -> Out {
+        let b = &b[..b.len().min(MAX_FRAME - 16)];
+        self = self.u32(b.len() as u32);
+        self.0.extend_from_slice(b);
+        self
+    }
+    /// The frame: its length prefix filled in.
+    fn done(mut self) -> Vec<u8> {
+        let len = (self.0.len() - 4) as u32;
+        self.0[..4].copy_from_slice(&len.to_le_bytes());
+        self.0
+    }
+}
+
+struct In<'a> {
+    buf: &'a [u8],
+    at: usize,
+}
+
+impl<'a> In<'a> {
+    fn take<const K: usize>(&mut self) -> Result<[u8; K], WireError> {
+        let end = self.at + K;
+        let src = self.buf.get(self.at..end).ok_or(WireError::Truncated {
+            len: self.buf.len(),
+        })?;
+        let mut out = [0u8; K];
+        out.copy_from_slice(src);
+        self.at = end;
+        Ok(out)
+    }
+    fn u8(&mut self) -> Result<u8, WireError> {
+        Ok(self.take::<1>()?[0])
+    }
+    fn u32(&mut self) -> Result<u32, WireError> {
+        Ok(u32::from_le_bytes(self.take()?))
+    }
+    fn u64(&mut self) -> Result<u64, WireError> {
+        Ok(u64::from_le_bytes(self.take()?))
+    }
+    fn gid(&mut self) -> Result<Gid, WireError> {
+        Ok(Gid(self.take()?))
+    }
+    fn bytes(&mut self) -> Result<&'a [u8], WireError> {
+        let n = self.u32()? as usize;
+        let end = self.at.checked_add(n).ok_or(WireError::Truncated {
+            len: self.buf.len(),
+        })?;
+        let s = self.buf.get(self.at..end).ok_or(WireError::Truncated {
+            len: self.buf.len(),
+        })?;
+        self.at = end;
+        Ok(s)
+    }
+    fn end<T>(self, tag: u8, v: T) -> Result<T, WireError> {
+        match self.buf.len() - self.at {
+            0 => Ok(v),
+            extra => Err(WireError::Trailing { tag, extra }),
+        }
+    }
+}
+
+/// The body length a frame's 4-byte prefix announces, checked.
+///
+/// # Errors
+/// [`WireError::TooLong`].
+pub fn frame_len(prefix: [u8; 4]) -> Result<usize, WireError> {
+    match u32::from_le_bytes(prefix) as usize {
+        len if len > MAX_FRAME => Err(WireError::TooLong { len }),
+        len => Ok(len),
+    }
+}
+
+impl Request {
+    /// The request as one frame.
+    pub fn encode(&self) -> Vec<u8> {
+        match self {
+            Request::Hello { version, pid } => Out::new(1).u32(*version).u32(*pid),
+            Request::AllocMr { len, access } => Out::new(2).u64(*len).u32(*access),
+            Request::FreeMr { mr } => Out::new(3).u32(*mr),
+            Request::CreateVqp => Out::new(4),
+            Request::DestroyVqp { vqp } => Out::new(5).u32(*vqp),
+            Request::Connect { vqp, gid } => Out::new(6).u32(*vqp).gid(gid),
+            Request::Grant {
+                vqp,
+                gid,
+                rkey,
+                addr,
+                len,
+                access,
+                ttl_ms,
+            } => Out::new(7)
+                .u32(*vqp)
+                .gid(gid)
+                .u32(*rkey)
+                .u64(*addr)
+                .u64(*len)
+                .u32(*access)
+                .u64(*ttl_ms),
+            Request::SetUngranted { vqp, allow } => Out::new(8).u32(*vqp).u8(*allow),
+        }
+        .done()
+    }
+
+    /// Decodes a frame body.
+    ///
+    /// # Errors
+    /// [`WireError`] for anything but exactly one request.
+    pub fn decode(body: &[u8]) -> Result<Request, WireError> {
+        let mut r = In { buf: body, at: 0 };
+        let tag = r.u8()?;
+        let req = match tag {
+            1 => Request::Hello {
+                version: r.u32()?,
+                pid: r.u32()?,
+            },
+            2 => Request::AllocMr {
+                len: r.u64()?,
+                access: r.u32()?,
+            },
+            3 => Request::FreeMr { mr: r.u32()? },
+            4 => Request::CreateVqp,
+            5 => Request::DestroyVqp { vqp: r.u32()? },
+            6 => Request::Connect {
+                vqp: r.u32()?,
+                gid: r.gid()?,
+            },
+            7 => Request::Grant {
+                vqp: r.u32()?,
+                gid: r.gid()?,
+                rkey: r.u32()?,
+                addr: r.u64()?,
+                len: r.u64()?,
+                access: r.u32()?,
+                ttl_ms: r.u64()?,
+            },
+            8 => Request::SetUngranted {
+                vqp: r.u32()?,
+                allow: r.u8()?,
+            },
+            tag => return Err(WireError::UnknownTag { tag }),
+        };
+        r.end(tag, req)
+    }
+}
+
+impl Reply {
+    /// The reply as one frame.
+    pub fn encode(&self) -> Vec<u8> {
+        match self {
+            Reply::Welcome {
+                version,
+                gid,
+                mode,
+                max_vqps,
+                max_mr_bytes,
+            } => Out::new(101)
+                .u32(*version)
+                .gid(gid)
+                .u8(*mode)
+                .u32(*max_vqps)
+                .u64(*max_mr_bytes),
+            Reply::Mr {
+                mr,
+                addr,
+                len,
+                lkey,
+                rkey,
+            } => Out::new(102)
+                .u32(*mr)
+                .u64(*addr)
+                .u64(*len)
+                .u32(*lkey)
+                .u32(*rkey),
+            Reply::Vqp { vqp, id } => Out::new(103).u32(*vqp).u32(*id),
+            Reply::Done => Out::new(104),
+            Reply::Refused { code, message } => {
+                Out::new(105).u8(code.to_u8()).bytes(message.as_bytes())
+            }
+        }
+        .done()
+    }
+
+    /// Decodes a frame body.
+    ///
+    /// # Errors
+    /// [`WireError`] for anything but exactly one reply.
+    pub fn decode(body: &[u8]) -> Result<Reply, WireError> {
+        let mut r = In { buf: body, at: 0 };
+        let tag = r.u8()?;
+        let rep = match tag {
+            101 => Reply::Welcome {
+                version: r.u32()?,
+                gid: r.gid()?,
+                mode: r.u8()?,
+                max_vqps: r.u32()?,
+                max_mr_bytes: r.u64()?,
+            },
+            102 => Reply::Mr {
+                mr: r.u32()?,
+                addr: r.u64()?,
+                len: r.u64()?,
+                lkey: r.u32()?,
+                rkey: r.u32()?,
+            },
+            103 => Reply::Vqp {
+                vqp: r.u32()?,
+                id: r.u32()?,
+            },
+            104 => Reply::Done,
+            105 => Reply::Refused {
+                code: RefuseCode::from_u8(r.u8()?),
+                message: String::from_utf8_lossy(r.bytes()?).into_owned(),
+            },
+            tag => return Err(WireError::UnknownTag { tag }),
+        };
+        r.end(tag, rep)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(frame: &[u8]) -> &[u8] {
+        assert_eq!(
+            frame_len(frame[..4].try_into().unwrap()).unwrap(),
+            frame.len() - 4
+        );
+        &frame[4..]
+    }
+
+    #[test]
+    fn every_message_round_trips_and_every_cut_is_an_error() {
+        let gid = Gid([7; 16]);
+        let reqs = [
+            Request::Hello {
+                version: 1,
+                pid: 42,
+            },
+            Request::AllocMr {
+                len: 4096,
+                access: 15,
+            },
+            Request::FreeMr { mr: 3 },
+            Request::CreateVqp,
+            Request::DestroyVqp { vqp: 9 },
+            Request::Connect { vqp: 1, gid },
+            Request::Grant {
+                vqp: 1,
+                gid,
+                rkey: 5,
+                addr: 6,
+                len: 7,
+                access: 4,
+                ttl_ms: u64::MAX,
+            },
+            Request::SetUngranted { vqp: 2, allow: 1 },
+        ];
+        for r in &reqs {
+            let f = r.encode();
+            assert_eq!(&Request::decode(body(&f)).unwrap(), r);
+            for cut in 0..f.len() - 4 {
+                assert!(
+                    Request::decode(&f[4..4 + cut]).is_err(),
+                    "{r:?} cut at {cut}"
+                );
+            }
+            let mut long = f[4..].to_vec();
+            long.push(0);
+            assert!(matches!(
+                Request::decode(&long),
+                Err(WireError::Trailing { .. })
+            ));
+        }
+        let reps = [
+            Reply::Welcome {
+                version: 1,
+                gid,
+                mode: 1,
+                max_vqps: 8,
+                max_mr_bytes: 1 << 30,
+            },
+            Reply::Mr {
+                mr: 1,
+                addr: 2,
+                len: 3,
+                lkey: 4,
+                rkey: 5,
+            },
+            Reply::Vqp { vqp: 1, id: 2 },
+            Reply::Done,
+            Reply::Refused {
+                code: RefuseCode::Quota,
+                message: "full".into(),
+            },
+        ];
+        for r in &reps {
+            let f = r.encode();
+            assert_eq!(&Reply::decode(body(&f)).unwrap(), r);
+            for cut in 0..f.len() - 4 {
+                assert!(Reply::decode(&f[4..4 + cut]).is_err(), "{r:?} cut at {cut}");
+            }
+        }
+        assert_eq!(
+            Request::decode(&[200]),
+            Err(WireError::UnknownTag { tag: 200 })
+        );
+        assert!(matches!(
+            frame_len((MAX_FRAME as u32 + 1).to_le_bytes()),
+            Err(WireError::TooLong { .. })
+        ));
+    }
+}
