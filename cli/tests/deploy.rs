@@ -285,3 +285,60 @@ fn bad_inputs_are_typed_one_line_errors_in_bounded_time() {
         "store",
     );
 }
+
+const KRCORED: &str = env!("CARGO_BIN_EXE_krcored");
+
+/// `krcored` as a process of its own: a process attaches over its socket,
+/// registers memory through it and moves data through its engine (a
+/// loopback WRITE then READ on the node); a second daemon on the same
+/// socket is refused; SIGTERM exits 0 and the attached process's next
+/// call fails, typed, at once.
+#[test]
+fn krcored_serves_attached_processes_and_stops_cleanly() {
+    use krcore_kmod::daemon::{Attached, DaemonError};
+    use krcore_nic::{Access, SendWr, WcStatus};
+    let dir = fabric_dir();
+    let fabric = format!("sim:{}", dir.path().join("f").display());
+    let (meta_p, addr) = meta(&fabric);
+    let sock = dir.path().join("krcored.sock");
+    let sock_s = sock.display().to_string();
+    let (d, line) = start(
+        KRCORED,
+        &["--fabric", &fabric, "--meta", &addr, "--socket", &sock_s, "--pool", "4"],
+    );
+    assert!(line.contains("dcis 4 qps "), "{line}");
+    let a = Attached::attach(&sock).unwrap();
+    let region = a.alloc(4096, Access::ALL).unwrap();
+    let buf = a.alloc(4096, Access::LOCAL_WRITE).unwrap();
+    let v = a.create_vqp().unwrap();
+    v.connect(a.gid()).unwrap();
+    v.add_grant(a.gid(), region.rkey(), region.grant()).unwrap();
+    buf.write(0, b"through krcored").unwrap();
+    v.post(&[SendWr::write(1, buf.sge(0, 15).unwrap(), region.remote(512))])
+        .unwrap();
+    assert_eq!(v.wait(1, BOUND).unwrap()[0].status, WcStatus::Success);
+    let mut got = [0u8; 15];
+    region.read(512, &mut got).unwrap();
+    assert_eq!(&got, b"through krcored");
+    v.post(&[SendWr::read(2, buf.sge(64, 15).unwrap(), region.remote(512))])
+        .unwrap();
+    v.wait(1, BOUND).unwrap();
+    buf.read(64, &mut got).unwrap();
+    assert_eq!(&got, b"through krcored");
+    // The socket is taken by a live daemon.
+    fails_with(
+        KRCORED,
+        &["--fabric", &fabric, "--meta", &addr, "--socket", &sock_s].map(String::from),
+        "already listens",
+    );
+    assert_eq!(d.terminate(), Some(0));
+    match v.post(&[SendWr::read(3, buf.sge(0, 8).unwrap(), region.remote(0))]) {
+        Err(DaemonError::Gone { .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        Attached::attach(&sock),
+        Err(DaemonError::NoDaemon { .. })
+    ));
+    assert_eq!(meta_p.terminate(), Some(0));
+}

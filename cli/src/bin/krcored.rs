@@ -1,0 +1,177 @@
+//! `krcored`: the node daemon, one KRCore engine for every process of a
+//! node (what KRCore's kernel module is, as a user-space service).
+//!
+//! ```text
+//! krcored --fabric F [--meta HOST:PORT] [--socket PATH] [--pool N]
+//!         [--max-vqps N] [--max-mb M] [--idle-us U] [--config FILE] [--ready-file PATH]
+//! ```
+//!
+//! Opens the NIC port `--fabric`, creates the whole DCI pool (`--pool`,
+//! default 8 per core, KRCore's sizing), the DCT and its SRQ at start,
+//! registers the node with the meta server at `--meta` once, and serves
+//! processes that attach over the unix socket `--socket` (default
+//! `/tmp/krcored.sock`): their VQPs are the daemon's, their connects hit
+//! its node-wide DCCache, their memory is registered by it and shared with
+//! them (see `krcore_kmod::daemon`). `--max-vqps` and `--max-mb` bound what
+//! one process may hold; `--idle-us` is how long the data thread spins
+//! without work before it sleeps (a post then costs one eventfd write).
+//!
+//! Prints `ready: ...` (and writes it to `--ready-file`) once serving; on
+//! SIGINT/SIGTERM it closes every attached process's connection (their
+//! next call fails, typed), deregisters and exits 0. Exit codes: 2 for a
+//! bad command line or config file; 1 when it cannot serve (no such
+//! device, the meta server unreachable, the socket held by a live daemon),
+//! with the cause on one line.
+#![forbid(unsafe_code)]
+
+use clap::Parser;
+use krcore::Node;
+use krcore_cli::{announce_ready, fail, init_tracing, load_toml, parse_fabric, usage, Shutdown};
+use krcore_kmod::daemon::{Daemon, DaemonConfig};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+const PROGRAM: &str = "krcored";
+
+/// The node daemon: one KRCore engine shared by every process of the node.
+#[derive(Parser, Debug)]
+#[command(name = "krcored", version)]
+struct Args {
+    /// Fabric: sim:NAME or sim:/path (directory fabrics), or verbs:DEVICE[,port=N][,gid=N].
+    #[arg(long)]
+    fabric: Option<String>,
+    /// The meta server's TCP address [default: 127.0.0.1:7471].
+    #[arg(long)]
+    meta: Option<String>,
+    /// The unix socket processes attach to [default: /tmp/krcored.sock].
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// DCIs in the pool, all created at start [default: 8 per core].
+    #[arg(long)]
+    pool: Option<usize>,
+    /// VQPs one process may hold [default: 1024].
+    #[arg(long)]
+    max_vqps: Option<u32>,
+    /// MiB of registered memory one process may hold [default: 4096].
+    #[arg(long)]
+    max_mb: Option<u64>,
+    /// Microseconds the data thread spins without work before it sleeps
+    /// [default: 200].
+    #[arg(long)]
+    idle_us: Option<u64>,
+    /// TOML file with any of the settings above (flags override it).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Also write the readiness line to this file.
+    #[arg(long)]
+    ready_file: Option<PathBuf>,
+}
+
+/// The settings a `--config` file may hold.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct FileConfig {
+    fabric: Option<String>,
+    meta: Option<String>,
+    socket: Option<PathBuf>,
+    pool: Option<usize>,
+    max_vqps: Option<u32>,
+    max_mb: Option<u64>,
+    idle_us: Option<u64>,
+    /// The engine's settings (`[engine]`: see `krcore::EngineConfig`).
+    engine: krcore::EngineConfig,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    init_tracing(PROGRAM);
+    let file: FileConfig = match load_toml(args.config.as_deref()) {
+        Ok(f) => f,
+        Err(e) => return usage(PROGRAM, e),
+    };
+    let Some(fabric) = args.fabric.or(file.fabric) else {
+        return usage(PROGRAM, "--fabric is required (see --help)");
+    };
+    let spec = match parse_fabric(PROGRAM, &fabric) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let private = matches!(&spec, krcore_nic::FabricSpec::Sim(s) if matches!(s.location(), krcore_nic::SimLocation::Mem));
+    if private {
+        return usage(
+            PROGRAM,
+            "--fabric sim:mem is private to one process: a node daemon needs sim:/path or verbs:DEV",
+        );
+    }
+    let meta = args
+        .meta
+        .or(file.meta)
+        .unwrap_or_else(|| krcore_cli::DEFAULT_META_ADDR.to_string());
+    let socket = args
+        .socket
+        .or(file.socket)
+        .unwrap_or_else(|| PathBuf::from("/tmp/krcored.sock"));
+    let mut engine = file.engine;
+    if let Some(p) = args.pool.or(file.pool) {
+        if p == 0 {
+            return usage(PROGRAM, "--pool must be at least 1");
+        }
+        engine.pool_size = p;
+    }
+    // The whole pool, the DCT and the handshake endpoint at start: an
+    // attaching process's first connect creates nothing.
+    engine.prestart = engine.pool_size;
+    engine.eager_start = true;
+    let mut cfg = DaemonConfig::default();
+    if let Some(v) = args.max_vqps.or(file.max_vqps) {
+        cfg.max_vqps = v;
+    }
+    if let Some(mb) = args.max_mb.or(file.max_mb) {
+        let Some(b) = mb.checked_mul(1 << 20) else {
+            return usage(PROGRAM, format!("--max-mb {mb}: out of range"));
+        };
+        cfg.max_mr_bytes = b;
+    }
+    if let Some(us) = args.idle_us.or(file.idle_us) {
+        cfg.idle_spin = Duration::from_micros(us);
+    }
+    let shutdown = match Shutdown::install() {
+        Ok(s) => s,
+        Err(e) => return fail(PROGRAM, &e),
+    };
+    let pool = engine.pool_size;
+    let node = match Node::builder()
+        .fabric_spec(spec.clone())
+        .config(engine)
+        .meta_addr(meta.as_str())
+        .register(true)
+        .build()
+    {
+        Ok(n) => n,
+        Err(e) => return fail(PROGRAM, &e),
+    };
+    let daemon = match Daemon::start(node.engine().clone(), &socket, cfg) {
+        Ok(d) => d,
+        Err(e) => return fail(PROGRAM, &e),
+    };
+    let line = format!(
+        "krcored socket {} fabric {spec} mode {:?} gid {} dcis {pool} qps {}",
+        socket.display(),
+        node.mode(),
+        node.gid(),
+        node.counters().qps_created,
+    );
+    if let Err(e) = announce_ready(&line, args.ready_file.as_deref()) {
+        return fail(PROGRAM, &e);
+    }
+    shutdown.wait_until(Duration::from_millis(50), || false);
+    let st = daemon.stats();
+    tracing::info!(?st, "signal received: closing attached processes");
+    daemon.shutdown();
+    eprintln!(
+        "{PROGRAM}: stopped; {} processes attached in all, {} doorbells, {} WRs",
+        st.attached, st.doorbells, st.wrs
+    );
+    ExitCode::SUCCESS
+}
