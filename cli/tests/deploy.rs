@@ -304,7 +304,9 @@ fn krcored_serves_attached_processes_and_stops_cleanly() {
     let sock_s = sock.display().to_string();
     let (d, line) = start(
         KRCORED,
-        &["--fabric", &fabric, "--meta", &addr, "--socket", &sock_s, "--pool", "4"],
+        &[
+            "--fabric", &fabric, "--meta", &addr, "--socket", &sock_s, "--pool", "4",
+        ],
     );
     assert!(line.contains("dcis 4 qps "), "{line}");
     let a = Attached::attach(&sock).unwrap();
@@ -314,14 +316,22 @@ fn krcored_serves_attached_processes_and_stops_cleanly() {
     v.connect(a.gid()).unwrap();
     v.add_grant(a.gid(), region.rkey(), region.grant()).unwrap();
     buf.write(0, b"through krcored").unwrap();
-    v.post(&[SendWr::write(1, buf.sge(0, 15).unwrap(), region.remote(512))])
-        .unwrap();
+    v.post(&[SendWr::write(
+        1,
+        buf.sge(0, 15).unwrap(),
+        region.remote(512),
+    )])
+    .unwrap();
     assert_eq!(v.wait(1, BOUND).unwrap()[0].status, WcStatus::Success);
     let mut got = [0u8; 15];
     region.read(512, &mut got).unwrap();
     assert_eq!(&got, b"through krcored");
-    v.post(&[SendWr::read(2, buf.sge(64, 15).unwrap(), region.remote(512))])
-        .unwrap();
+    v.post(&[SendWr::read(
+        2,
+        buf.sge(64, 15).unwrap(),
+        region.remote(512),
+    )])
+    .unwrap();
     v.wait(1, BOUND).unwrap();
     buf.read(64, &mut got).unwrap();
     assert_eq!(&got, b"through krcored");
