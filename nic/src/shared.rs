@@ -5,7 +5,7 @@
 //! file another process sent over a unix socket). As with a memory region,
 //! the other side (the daemon, the NIC, a peer) may write the bytes at any
 //! time, so they are never exposed as `&[u8]`: every access is a checked,
-//! copying or atomic accessor (the sim's [`Segment`] underneath, with its
+//! copying or atomic accessor (the sim's `Segment` underneath, with its
 //! invariants: the mapping lives as long as the value, and is never
 //! truncated by this crate).
 //!
@@ -142,7 +142,7 @@ impl SharedMap {
     /// Copies `buf.len()` bytes at `offset` out.
     ///
     /// # Errors
-    /// [`NicError::OutOfBounds`]-style range errors.
+    /// A range error for bytes outside the mapping.
     pub fn read(&self, offset: usize, buf: &mut [u8]) -> Result<()> {
         self.seg.copy_out(offset, buf)
     }
