@@ -121,17 +121,15 @@ struct ClientCore {
     spans: RwLock<Vec<Span>>,
 }
 
-impl ClientCore {
-    /// Whether `sge`-shaped local memory is this process's.
-    fn owns(&self, addr: u64, len: u32, lkey: u32) -> bool {
-        self.spans.read().iter().any(|s| {
-            s.lkey == lkey
-                && addr >= s.addr
-                && addr
-                    .checked_add(u64::from(len))
-                    .is_some_and(|end| end <= s.addr + s.len)
-        })
-    }
+/// Whether `len` bytes at `addr` under `lkey` are in one of `spans`.
+fn owns(spans: &[Span], addr: u64, len: u32, lkey: u32) -> bool {
+    spans.iter().any(|s| {
+        s.lkey == lkey
+            && addr >= s.addr
+            && addr
+                .checked_add(u64::from(len))
+                .is_some_and(|end| end <= s.addr + s.len)
+    })
 }
 
 struct Serve {
@@ -153,6 +151,7 @@ struct VqpSlot<N: Nic> {
 struct MrEntry<N: Nic> {
     // Dropped with the entry: deregisters the region.
     _mr: OwnedMr<N>,
+    lkey: u32,
     len: u64,
 }
 
@@ -542,7 +541,11 @@ fn handle<N: Nic>(
                         len,
                     };
                     let owned = e.register_mr(mr);
-                    c.mrs.lock().push((handle, MrEntry { _mr: owned, len }));
+                    c.mrs.lock().push((handle, MrEntry {
+                            _mr: owned,
+                            lkey: span.lkey,
+                            len,
+                        }));
                     c.core.spans.write().push(span);
                     c.mr_bytes.fetch_add(len, Ordering::Relaxed);
                     (
@@ -567,7 +570,7 @@ fn handle<N: Nic>(
             let (_, entry) = mrs.remove(at);
             c.mr_bytes.fetch_sub(entry.len, Ordering::Relaxed);
             // Its span first: no doorbell names the keys once they die.
-            rebuild_spans(c, &mrs);
+            c.core.spans.write().retain(|sp| sp.lkey != entry.lkey);
             drop(entry);
             (Reply::Done, None)
         }
@@ -685,23 +688,6 @@ fn error_line(e: &dyn std::error::Error) -> String {
         cur = c.source();
     }
     line
-}
-
-/// The spans of the regions `mrs` still holds (after a region went).
-fn rebuild_spans<N: Nic>(c: &Client<N>, mrs: &[(u32, MrEntry<N>)]) {
-    let spans: Vec<Span> = mrs
-        .iter()
-        .map(|(_, e)| {
-            let m = e._mr.mr();
-            Span {
-                lkey: m.lkey(),
-                rkey: m.rkey(),
-                addr: m.addr(),
-                len: e.len,
-            }
-        })
-        .collect();
-    *c.core.spans.write() = spans;
 }
 
 /// Whether `rkey` is a key of a region another attached process holds.
@@ -833,6 +819,7 @@ fn doorbell<N: Nic>(s: &Shared<N>, slot: &VqpSlot<N>, st: &mut Serve, tail: u64)
         );
     }
     st.wrs.clear();
+    let spans = slot.core.spans.read();
     for i in 0..n {
         let wr = match decode_sqe(&slot.ring, st.head.wrapping_add(i)) {
             Ok(wr) => wr,
@@ -842,7 +829,7 @@ fn doorbell<N: Nic>(s: &Shared<N>, slot: &VqpSlot<N>, st: &mut Serve, tail: u64)
         };
         if let Payload::Local(list) = &wr.payload {
             for sge in list.as_slice() {
-                if !slot.core.owns(sge.addr, sge.length, sge.lkey) {
+                if !owns(&spans, sge.addr, sge.length, sge.lkey) {
                     return verdict(
                         PostCode::ForeignMemory,
                         i as usize,
@@ -856,6 +843,7 @@ fn doorbell<N: Nic>(s: &Shared<N>, slot: &VqpSlot<N>, st: &mut Serve, tail: u64)
         }
         st.wrs.push(wr);
     }
+    drop(spans);
     s.n.doorbells.fetch_add(1, Ordering::Relaxed);
     match slot.vqp.post_send(&mut st.wrs) {
         Ok(()) => {
