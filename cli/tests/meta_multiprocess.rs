@@ -83,8 +83,8 @@ fn directory_fabric_in_one_process() {
     let _vqp = client.connect(mem.gid()).unwrap();
     let d = client.counters() - before;
     assert_eq!(d.reads, 1, "{d:?}");
-    assert_eq!(client.engine().stats().meta.reads, 1);
-    let entry = client.engine().resolve(&mem.gid()).unwrap();
+    assert_eq!(client.engine().unwrap().stats().meta.reads, 1);
+    let entry = client.engine().unwrap().resolve(&mem.gid()).unwrap();
     assert_eq!(entry.target, mem.local_target().unwrap());
     assert_eq!(server.host().stats().requests, 1);
     // No UD QP on the host: the meta host made only its engine's DCT and
@@ -98,7 +98,7 @@ fn directory_fabric_in_one_process() {
     );
     assert!(host.counters().qps_created >= host_qps);
     // Deregister by message: the entry is gone for a fresh reader.
-    mem.engine().meta_deregister(&mem.gid()).unwrap();
+    mem.engine().unwrap().meta_deregister(&mem.gid()).unwrap();
     let fresh = reader(&client_fabric, "meta-dir", Duration::from_secs(2));
     assert!(matches!(
         fresh.connect(mem.gid()),
@@ -176,7 +176,7 @@ fn binary_server_in_another_process() {
     // several lease lengths: the entry never lapses.
     let lease = Duration::from_millis(150);
     let mem = member(&fabric, "meta-mp", lease);
-    let first = mem.engine().stats();
+    let first = mem.engine().unwrap().stats();
     assert_eq!(first.handshake_endpoints_created, 0, "no UD QP");
     wait_until("six renewals", || mem.lease_stats().unwrap().renewals >= 6);
     let ls = mem.lease_stats().unwrap();
@@ -185,7 +185,7 @@ fn binary_server_in_another_process() {
     assert_eq!(ls.registrations, 1 + ls.lapsed, "{ls:?}");
     let client = reader(&fabric, "meta-mp", Duration::from_millis(200));
     let before = client.counters();
-    let entry = client.engine().resolve(&mem.gid()).unwrap();
+    let entry = client.engine().unwrap().resolve(&mem.gid()).unwrap();
     let d = client.counters() - before;
     assert_eq!((d.reads, d.network_ops()), (1, 1), "{d:?}");
     assert_eq!(entry.target, mem.local_target().unwrap());
@@ -193,17 +193,17 @@ fn binary_server_in_another_process() {
     // A node whose lease is not renewed is swept by the server.
     let gone = reader(&fabric, "meta-mp", Duration::from_secs(2));
     let t = gone.local_target().unwrap();
-    gone.engine().meta_register(t, 0, 30).unwrap();
+    gone.engine().unwrap().meta_register(t, 0, 30).unwrap();
     let probe = reader(&fabric, "meta-mp", Duration::from_secs(2));
     wait_until("the sweep", || {
-        probe.engine().invalidate(&gone.gid());
+        probe.engine().unwrap().invalidate(&gone.gid());
         matches!(
-            probe.engine().resolve(&gone.gid()),
+            probe.engine().unwrap().resolve(&gone.gid()),
             Err(EngineError::UnknownNode { .. })
         )
     });
     // Renewing a swept lease is refused, typed.
-    let r = gone.engine().meta_renew(&gone.gid());
+    let r = gone.engine().unwrap().meta_renew(&gone.gid());
     assert!(
         matches!(
             r,
@@ -221,7 +221,7 @@ fn binary_server_in_another_process() {
     child.0.kill().unwrap();
     child.0.wait().unwrap();
     let start = Instant::now();
-    let r = client.engine().meta_renew(&mem.gid());
+    let r = client.engine().unwrap().meta_renew(&mem.gid());
     assert!(
         matches!(
             r,
@@ -233,8 +233,8 @@ fn binary_server_in_another_process() {
         "{r:?}"
     );
     assert!(start.elapsed() < WAIT);
-    client.engine().invalidate(&mem.gid());
-    assert!(client.engine().resolve(&mem.gid()).is_err());
+    client.engine().unwrap().invalidate(&mem.gid());
+    assert!(client.engine().unwrap().resolve(&mem.gid()).is_err());
     wait_until("a failed renewal", || {
         mem.lease_stats().unwrap().failures >= 1
     });

@@ -1273,8 +1273,10 @@ mod lat {
                 .map_err(|e| format!("connect: {e}"))?;
             // Both post the region's rkey by hand, as perftest does: the
             // grant rule's opt-out (the measured path is the same).
-            vqp.set_ungranted(krcore::Ungranted::Allow);
-            rvqp.set_ungranted(krcore::Ungranted::Allow);
+            vqp.set_ungranted(krcore::Ungranted::Allow)
+                .map_err(|e| format!("set_ungranted: {e}"))?;
+            rvqp.set_ungranted(krcore::Ungranted::Allow)
+                .map_err(|e| format!("set_ungranted: {e}"))?;
             let alloc = |n| {
                 client
                     .alloc(n, Access::LOCAL_WRITE)

@@ -294,7 +294,7 @@ impl MemoryNodeServer<AnyNic> {
         let server = MemoryNodeServer::start(node, opts.id, opts.bytes, &opts.table, opts.nodes)?;
         let info = server.info();
         let lease = node
-            .engine()
+            .engine()?
             .store_keep_joined(store, u16::from(opts.id), &info.encode(), opts.lease)
             .map_err(|source| match source {
                 EngineError::MetaRefused {

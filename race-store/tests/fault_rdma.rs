@@ -252,10 +252,10 @@ fn run_seed(seed: u64) -> Outcome {
         if let Some((from, to)) = drop_window {
             for n in &nodes {
                 if i == from {
-                    n.engine().nic().drop_node(c.infos[1].gid);
+                    n.engine().unwrap().nic().drop_node(c.infos[1].gid);
                 }
                 if i == to {
-                    n.engine().nic().restore_node(c.infos[1].gid);
+                    n.engine().unwrap().nic().restore_node(c.infos[1].gid);
                 }
             }
         }
@@ -270,7 +270,7 @@ fn run_seed(seed: u64) -> Outcome {
         }
     }
     for n in &nodes {
-        n.engine().nic().restore_node(c.infos[1].gid);
+        n.engine().unwrap().nic().restore_node(c.infos[1].gid);
     }
     // A client without faults reads back the whole table.
     let plain = Node::builder().join(&c.meta).build().unwrap();
@@ -301,7 +301,7 @@ fn run_seed(seed: u64) -> Outcome {
     let injected = nodes
         .iter()
         .map(|n| {
-            let s = n.engine().nic().stats();
+            let s = n.engine().unwrap().nic().stats();
             s.failed_wrs + s.forced_errs + s.dropped_wrs
         })
         .sum();

@@ -165,7 +165,7 @@ fn insert_get_update_delete_with_a_split_over_rc_fallback() {
     assert_eq!(report.duplicates, 0);
     let found: BTreeMap<Vec<u8>, Vec<u8>> = report.pairs.into_iter().collect();
     assert_eq!(found, reference, "the table holds exactly the reference");
-    let s = client_node.engine().stats();
+    let s = client_node.engine().unwrap().stats();
     assert_eq!(s.mode, EngineMode::RcFallback);
     assert_eq!(s.rc.pairs, 1, "one RC pair to the memory node: {:?}", s.rc);
     eprintln!(

@@ -66,6 +66,11 @@ pub enum Error {
     /// A lease could not be taken (range, access).
     #[error("lease: {0}")]
     Lease(#[from] LeaseError),
+    /// A call through the node daemon failed ([`crate::Node::attach`]):
+    /// no daemon, another version, a quota, a refused doorbell, the
+    /// daemon gone (attach again).
+    #[error(transparent)]
+    Daemon(#[from] krcore_kmod::daemon::DaemonError),
     /// The operation is not available here.
     #[error("unsupported: {0}")]
     Unsupported(&'static str),

@@ -133,10 +133,10 @@ impl<N: Nic> Node<N> {
                 "fork needs DC mode (RC pairs are bound to the parent's QPs)",
             ));
         }
-        if self.engine().is_forked_child() {
+        if self.engine()?.is_forked_child() {
             return Err(Error::Unsupported("a worker cannot fork again"));
         }
-        let kit = self.engine().prepare_fork(WORKER_DCIS)?;
+        let kit = self.engine()?.prepare_fork(WORKER_DCIS)?;
         let child = fork_process(|| match kit.adopt() {
             Ok(_) => work(self),
             Err(_) => 120,

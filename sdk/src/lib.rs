@@ -172,10 +172,12 @@ mod fork;
 mod memory;
 pub mod msg;
 mod node;
+mod raw;
 mod vqp;
 
 pub use error::{DeregisterError, Error, Result};
 pub use fork::Worker;
+pub use krcore_kmod::daemon::{DaemonError, NodeStats};
 pub use memory::{MemoryRegion, RemoteRegion};
 pub use msg::{Message, MsgError, Port, Sender};
 pub use node::{MetaHost, Node, NodeBuilder, DEFAULT_LEASE};

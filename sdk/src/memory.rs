@@ -2,7 +2,10 @@
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use krcore_kmod::{LeaseId, OwnedMr, RemoteGrant};
+use std::sync::Arc;
+
+use krcore_kmod::daemon::AttachedMr;
+use krcore_kmod::{LeaseError, LeaseId, OwnedMr, RemoteGrant};
 use krcore_nic::AnyNic;
 use krcore_nic::{Access, Gid, MemoryRegion as _, Nic, RemoteAddr, Sge};
 use serde::{Deserialize, Serialize};
@@ -28,9 +31,38 @@ pub(crate) fn check(offset: u64, len: u64, region_len: u64, which: &'static str)
 /// The bytes may be written by the NIC or by peers at any time, so they are
 /// only reachable through copying accessors.
 pub struct MemoryRegion<N: Nic = AnyNic> {
-    pub(crate) mr: OwnedMr<N>,
+    pub(crate) mr: Mr<N>,
     pub(crate) gid: Gid,
 }
+
+/// Where a region's registration lives.
+pub(crate) enum Mr<N: Nic> {
+    /// Registered by this process's engine.
+    Local(OwnedMr<N>),
+    /// Registered by the node daemon, mapped here (an attached node).
+    Attached(Arc<AttachedMr>),
+}
+
+impl<N: Nic> Clone for Mr<N> {
+    fn clone(&self) -> Self {
+        match self {
+            Mr::Local(m) => Mr::Local(m.clone()),
+            Mr::Attached(m) => Mr::Attached(m.clone()),
+        }
+    }
+}
+
+impl<N: Nic> std::fmt::Debug for Mr<N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Mr::Local(m) => m.fmt(f),
+            Mr::Attached(m) => m.fmt(f),
+        }
+    }
+}
+
+/// What an attached node's regions refuse.
+const NO_LEASES: &str = "MR leases through the node daemon";
 
 impl<N: Nic> Clone for MemoryRegion<N> {
     fn clone(&self) -> Self {
@@ -53,12 +85,31 @@ impl<N: Nic> std::fmt::Debug for MemoryRegion<N> {
 impl<N: Nic> MemoryRegion<N> {
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        self.mr.len()
+        match &self.mr {
+            Mr::Local(m) => m.len(),
+            Mr::Attached(m) => m.len(),
+        }
     }
 
     /// Always false: a registered region is never empty.
     pub fn is_empty(&self) -> bool {
-        self.mr.is_empty()
+        self.len() == 0
+    }
+
+    /// The region's first byte as the NIC knows it.
+    fn addr(&self) -> u64 {
+        match &self.mr {
+            Mr::Local(m) => m.addr(),
+            Mr::Attached(m) => m.addr(),
+        }
+    }
+
+    /// The region's remote key.
+    fn rkey(&self) -> u32 {
+        match &self.mr {
+            Mr::Local(m) => m.rkey(),
+            Mr::Attached(m) => m.rkey(),
+        }
     }
 
     /// Copies `buf.len()` bytes at `offset` out of the region.
@@ -66,7 +117,10 @@ impl<N: Nic> MemoryRegion<N> {
     /// # Errors
     /// [`Error::Nic`] when the range is outside the region.
     pub fn read(&self, offset: usize, buf: &mut [u8]) -> Result<()> {
-        Ok(self.mr.read(offset, buf)?)
+        match &self.mr {
+            Mr::Local(m) => Ok(m.read(offset, buf)?),
+            Mr::Attached(m) => Ok(m.read(offset, buf)?),
+        }
     }
 
     /// Copies `data` into the region at `offset`.
@@ -74,7 +128,10 @@ impl<N: Nic> MemoryRegion<N> {
     /// # Errors
     /// [`Error::Nic`] when the range is outside the region.
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
-        Ok(self.mr.write(offset, data)?)
+        match &self.mr {
+            Mr::Local(m) => Ok(m.write(offset, data)?),
+            Mr::Attached(m) => Ok(m.write(offset, data)?),
+        }
     }
 
     /// Atomically loads the aligned 8-byte word at `offset`.
@@ -82,7 +139,10 @@ impl<N: Nic> MemoryRegion<N> {
     /// # Errors
     /// [`Error::Nic`] when misaligned or out of range.
     pub fn load_u64(&self, offset: usize) -> Result<u64> {
-        Ok(self.mr.load_u64(offset)?)
+        match &self.mr {
+            Mr::Local(m) => Ok(m.load_u64(offset)?),
+            Mr::Attached(m) => Ok(m.load_u64(offset)?),
+        }
     }
 
     /// Atomically stores the aligned 8-byte word at `offset`.
@@ -90,7 +150,10 @@ impl<N: Nic> MemoryRegion<N> {
     /// # Errors
     /// [`Error::Nic`] when misaligned or out of range.
     pub fn store_u64(&self, offset: usize, value: u64) -> Result<()> {
-        Ok(self.mr.store_u64(offset, value)?)
+        match &self.mr {
+            Mr::Local(m) => Ok(m.store_u64(offset, value)?),
+            Mr::Attached(m) => Ok(m.store_u64(offset, value)?),
+        }
     }
 
     /// An SGE over `offset..offset+len`, for hand-built work requests.
@@ -98,12 +161,18 @@ impl<N: Nic> MemoryRegion<N> {
     /// # Errors
     /// [`Error::Nic`] when the range is outside the region.
     pub fn sge(&self, offset: usize, len: u32) -> Result<Sge> {
-        Ok(self.mr.sge(offset, len)?)
+        match &self.mr {
+            Mr::Local(m) => Ok(m.sge(offset, len)?),
+            Mr::Attached(m) => Ok(m.sge(offset, len)?),
+        }
     }
 
     /// The remote address of `offset`, for hand-built work requests.
     pub fn remote_addr(&self, offset: usize) -> RemoteAddr {
-        self.mr.remote(offset)
+        match &self.mr {
+            Mr::Local(m) => m.remote(offset),
+            Mr::Attached(m) => m.remote(offset),
+        }
     }
 
     /// A lease: a token granting peers `access` to `offset..offset+len`
@@ -136,7 +205,8 @@ impl<N: Nic> MemoryRegion<N> {
     /// # Errors
     /// [`Error::OutOfRange`]; [`Error::Lease`] when the region was
     /// registered without `access` (or without `LOCAL_WRITE`, for remote
-    /// writes and atomics) or the NIC refused the lease's key.
+    /// writes and atomics) or the NIC refused the lease's key;
+    /// [`Error::Unsupported`] on an attached node.
     pub fn lease(
         &self,
         offset: u64,
@@ -160,7 +230,10 @@ impl<N: Nic> MemoryRegion<N> {
         ttl: Duration,
     ) -> Result<(LeaseId, RemoteRegion)> {
         check(offset, len, self.len() as u64, "local")?;
-        let leased = self.mr.lease(offset, len, access, Instant::now() + ttl)?;
+        let Mr::Local(mr) = &self.mr else {
+            return Err(Error::Unsupported(NO_LEASES));
+        };
+        let leased = mr.lease(offset, len, access, Instant::now() + ttl)?;
         let expires =
             unix_ms_now().saturating_add(ttl.as_millis().min(u128::from(u64::MAX - 1)) as u64);
         Ok((
@@ -179,18 +252,27 @@ impl<N: Nic> MemoryRegion<N> {
     /// Revokes one lease; returns whether it was live. Its key is dead at
     /// the NIC when this returns.
     pub fn revoke(&self, id: LeaseId) -> bool {
-        self.mr.revoke(id)
+        match &self.mr {
+            Mr::Local(m) => m.revoke(id),
+            Mr::Attached(_) => false,
+        }
     }
 
     /// Revokes every lease of the region; returns how many were live.
     /// Their keys are dead at the NIC when this returns.
     pub fn revoke_leases(&self) -> usize {
-        self.mr.revoke_all()
+        match &self.mr {
+            Mr::Local(m) => m.revoke_all(),
+            Mr::Attached(_) => 0,
+        }
     }
 
     /// Leases live now.
     pub fn live_leases(&self) -> usize {
-        self.mr.live_leases(Instant::now())
+        match &self.mr {
+            Mr::Local(m) => m.live_leases(Instant::now()),
+            Mr::Attached(_) => 0,
+        }
     }
 
     /// Deregisters the region now: peers holding its tokens get
@@ -202,12 +284,33 @@ impl<N: Nic> MemoryRegion<N> {
     /// clones of this handle exist ([`krcore_kmod::LeaseError::Shared`]).
     pub fn deregister(self) -> std::result::Result<(), DeregisterError<N>> {
         let gid = self.gid;
-        self.mr
-            .deregister(Instant::now())
-            .map_err(|(mr, reason)| DeregisterError {
-                region: MemoryRegion { mr, gid },
-                reason,
-            })
+        match self.mr {
+            Mr::Local(m) => m
+                .deregister(Instant::now())
+                .map_err(|(mr, reason)| DeregisterError {
+                    region: MemoryRegion {
+                        mr: Mr::Local(mr),
+                        gid,
+                    },
+                    reason,
+                }),
+            // The daemon deregisters it when the last handle goes.
+            Mr::Attached(m) => match Arc::try_unwrap(m) {
+                Ok(m) => {
+                    drop(m);
+                    Ok(())
+                }
+                Err(m) => Err(DeregisterError {
+                    reason: LeaseError::Shared {
+                        handles: Arc::strong_count(&m) - 1,
+                    },
+                    region: MemoryRegion {
+                        mr: Mr::Attached(m),
+                        gid,
+                    },
+                }),
+            },
+        }
     }
 
     /// A token granting peers `access` to `offset..offset+len` of this
@@ -223,9 +326,9 @@ impl<N: Nic> MemoryRegion<N> {
         check(offset, len, self.len() as u64, "local")?;
         Ok(RemoteRegion {
             gid: self.gid,
-            addr: self.mr.addr() + offset,
+            addr: self.addr() + offset,
             len,
-            rkey: self.mr.rkey(),
+            rkey: self.rkey(),
             access,
             expires_unix_ms: NEVER,
         })
@@ -236,17 +339,24 @@ impl<N: Nic> MemoryRegion<N> {
     pub fn token(&self) -> RemoteRegion {
         RemoteRegion {
             gid: self.gid,
-            addr: self.mr.addr(),
+            addr: self.addr(),
             len: self.len() as u64,
-            rkey: self.mr.rkey(),
-            access: self.mr.access(),
+            rkey: self.rkey(),
+            access: match &self.mr {
+                Mr::Local(m) => m.access(),
+                Mr::Attached(m) => m.access(),
+            },
             expires_unix_ms: NEVER,
         }
     }
 
-    /// The provider's MR handle.
-    pub fn raw(&self) -> &N::Mr {
-        self.mr.mr()
+    /// The provider's MR handle (`None` on an attached node: the daemon
+    /// holds the registration).
+    pub fn raw(&self) -> Option<&N::Mr> {
+        match &self.mr {
+            Mr::Local(m) => Some(m.mr()),
+            Mr::Attached(_) => None,
+        }
     }
 }
 

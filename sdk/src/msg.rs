@@ -64,7 +64,7 @@ impl<N: Nic> Node<N> {
     /// # Errors
     /// [`crate::Error::Msg`]: `PortInUse`, `NoBuffers`, `Unsupported`.
     pub fn bind(&self, port: u16) -> Result<Port<N>> {
-        Ok(self.engine().bind(port)?)
+        Ok(self.engine()?.bind(port)?)
     }
 
     /// A messaging endpoint of its own (pushes to any node's ports).
@@ -72,7 +72,7 @@ impl<N: Nic> Node<N> {
     /// # Errors
     /// [`crate::Error::Msg`].
     pub fn endpoint(&self) -> Result<Endpoint<N>> {
-        Ok(self.engine().endpoint()?)
+        Ok(self.engine()?.endpoint()?)
     }
 
     /// An endpoint whose channels ask for `window` credits (1..=
@@ -83,6 +83,6 @@ impl<N: Nic> Node<N> {
     /// # Errors
     /// [`crate::Error::Msg`] (`Config` for a window out of range).
     pub fn endpoint_with_window(&self, window: u32) -> Result<Endpoint<N>> {
-        Ok(self.engine().endpoint_with_window(window)?)
+        Ok(self.engine()?.endpoint_with_window(window)?)
     }
 }

@@ -14,8 +14,11 @@ use krcore_meta::MetaConfig;
 use krcore_nic::sim::{SimConfig, SimFabric, SimNic};
 use krcore_nic::{Access, AnyNic, DcTarget, FabricSpec, Gid, Nic};
 
+use krcore_kmod::daemon::{Attached, NodeStats};
+
 use crate::error::{Error, Result};
-use crate::memory::MemoryRegion;
+use crate::memory::{MemoryRegion, Mr};
+use crate::raw::RawVqp;
 use crate::vqp::Vqp;
 
 /// The meta server a node of this process hosts: the node's own engine
@@ -83,13 +86,26 @@ const EMBEDDED_BUCKETS: u32 = 1024;
 /// [`NodeBuilder::lease`] says otherwise (renewed every third of it).
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
+/// Where a node's engine runs.
+pub(crate) enum Backend<N: Nic> {
+    /// In this process, over a NIC it opened.
+    Engine(Engine<N>),
+    /// In the node daemon (`krcored`), shared by every attached process.
+    Daemon(Attached),
+}
+
 struct NodeInner<N: Nic> {
     /// Dropped first: stops the renewals before the engine goes.
     lease: parking_lot::Mutex<Option<MetaLease<N>>>,
-    engine: Engine<N>,
+    backend: Backend<N>,
     fabric: Option<SimFabric>,
     meta_host: Option<Arc<MetaHost<N>>>,
 }
+
+/// What an attached node refuses: the calls that need an engine of the
+/// process's own.
+const ATTACHED: &str =
+    "an attached node's engine is the node daemon's (krcored): not available through it";
 
 /// One node: a NIC port, its KRCore engine, and (on `sim`) its fabric.
 /// Cheap to clone; `Send + Sync`. [`Node::builder`] opens it on the
@@ -122,6 +138,33 @@ impl Node<AnyNic> {
     pub fn builder() -> NodeBuilder {
         NodeBuilder::default()
     }
+
+    /// A node whose engine is the node daemon's (`krcored`) listening at
+    /// `path`: the process opens no NIC and creates no QP; its VQPs are
+    /// the daemon's (their connects hit the node-wide DCCache), its
+    /// regions are shared memory the daemon registered (one-sided data
+    /// lands in them with no copy). [`Vqp`] (verbs and requests) and
+    /// [`MemoryRegion`] work as in-process; two-sided messaging, leases,
+    /// the DC -> RC upgrade hint, [`Node::fork`] and [`Node::engine`]
+    /// are refused with [`Error::Unsupported`] (see
+    /// `krcore_kmod::daemon` for what the daemon carries).
+    ///
+    /// # Errors
+    /// [`Error::Daemon`]: no daemon at `path`, another protocol version,
+    /// the daemon's quota of processes.
+    pub fn attach(path: impl AsRef<std::path::Path>) -> Result<Node> {
+        let attached = Attached::attach(path)?;
+        let node = Node {
+            inner: Arc::new(NodeInner {
+                lease: parking_lot::Mutex::new(None),
+                backend: Backend::Daemon(attached),
+                fabric: None,
+                meta_host: None,
+            }),
+        };
+        tracing::info!(gid = %node.gid(), mode = ?node.mode(), "node attached to its daemon");
+        Ok(node)
+    }
 }
 
 impl<N: Nic> Node<N> {
@@ -148,7 +191,7 @@ impl<N: Nic> Node<N> {
         let node = Node {
             inner: Arc::new(NodeInner {
                 lease: parking_lot::Mutex::new(None),
-                engine: Engine::start(nic, cfg)?,
+                backend: Backend::Engine(Engine::start(nic, cfg)?),
                 fabric: None,
                 meta_host: None,
             }),
@@ -157,9 +200,43 @@ impl<N: Nic> Node<N> {
         Ok(node)
     }
 
+    pub(crate) fn backend(&self) -> &Backend<N> {
+        &self.inner.backend
+    }
+
+    /// This process's engine: refused on an attached node.
+    fn local(&self) -> Result<&Engine<N>> {
+        match &self.inner.backend {
+            Backend::Engine(e) => Ok(e),
+            Backend::Daemon(_) => Err(Error::Unsupported(ATTACHED)),
+        }
+    }
+
+    /// Whether the node's engine is the node daemon's ([`Node::attach`]).
+    pub fn is_attached(&self) -> bool {
+        matches!(self.inner.backend, Backend::Daemon(_))
+    }
+
+    /// The node daemon's counters, node-wide (every attached process
+    /// together: QPs its NIC created, modeled control time, DCCache hits
+    /// and misses); `None` for a node with an engine of its own (see
+    /// [`Node::counters`] and [`Node::engine`]).
+    ///
+    /// # Errors
+    /// [`Error::Daemon`] when the daemon does not answer.
+    pub fn daemon_stats(&self) -> Result<Option<NodeStats>> {
+        match &self.inner.backend {
+            Backend::Engine(_) => Ok(None),
+            Backend::Daemon(a) => Ok(Some(a.node_stats()?)),
+        }
+    }
+
     /// This node's GID.
     pub fn gid(&self) -> Gid {
-        self.inner.engine.gid()
+        match &self.inner.backend {
+            Backend::Engine(e) => e.gid(),
+            Backend::Daemon(a) => a.gid(),
+        }
     }
 
     /// This node's address (what the meta server publishes for it): its
@@ -169,25 +246,40 @@ impl<N: Nic> Node<N> {
     /// one-sided operations, never creates one).
     ///
     /// # Errors
-    /// [`Error::Engine`] when the DCT cannot be created.
+    /// [`Error::Engine`] when the DCT cannot be created;
+    /// [`Error::Unsupported`] on an attached node (its daemon's engine is
+    /// the node's address).
     pub fn local_target(&self) -> Result<DcTarget> {
-        Ok(self.inner.engine.local_target()?)
+        Ok(self.local()?.local_target()?)
     }
 
-    /// The NIC's counters ("connect created 0 QPs").
+    /// The counters of this process's NIC ("connect created 0 QPs"). An
+    /// attached node opened no NIC: all zero (the node's are
+    /// [`Node::daemon_stats`]).
     pub fn counters(&self) -> krcore_nic::Counters {
-        self.inner.engine.nic().counters()
+        match &self.inner.backend {
+            Backend::Engine(e) => e.nic().counters(),
+            Backend::Daemon(_) => krcore_nic::Counters::default(),
+        }
     }
 
     /// The engine (statistics, DCCache, configuration).
-    pub fn engine(&self) -> &Engine<N> {
-        &self.inner.engine
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] on an attached node ([`Node::attach`]): its
+    /// engine runs in the node daemon (see [`Node::daemon_stats`]).
+    pub fn engine(&self) -> Result<&Engine<N>> {
+        self.local()
     }
 
     /// How the node's engine reaches other nodes: DC, or the RC fallback
     /// on a device without DC.
     pub fn mode(&self) -> EngineMode {
-        self.inner.engine.mode()
+        match &self.inner.backend {
+            Backend::Engine(e) => e.mode(),
+            Backend::Daemon(a) if a.rc_fallback() => EngineMode::RcFallback,
+            Backend::Daemon(_) => EngineMode::Dc,
+        }
     }
 
     /// The meta server this node hosts, if it was built with
@@ -197,17 +289,26 @@ impl<N: Nic> Node<N> {
     }
 
     /// Where the meta table this node reads is.
+    /// (`None` on an attached node: its daemon reads it.)
     pub fn meta_location(&self) -> Option<MetaLocation> {
-        self.inner.engine.meta_location()
+        match &self.inner.backend {
+            Backend::Engine(e) => e.meta_location(),
+            Backend::Daemon(_) => None,
+        }
     }
 
     /// Allocates registered memory owned by this process.
     ///
     /// # Errors
-    /// [`Error::Engine`] with the provider's refusal.
+    /// [`Error::Engine`] with the provider's refusal; on an attached
+    /// node [`Error::Daemon`] (its quota of registered bytes).
     pub fn alloc(&self, len: usize, access: Access) -> Result<MemoryRegion<N>> {
+        let mr = match &self.inner.backend {
+            Backend::Engine(e) => Mr::Local(e.alloc_mr(len, access)?),
+            Backend::Daemon(a) => Mr::Attached(Arc::new(a.alloc(len, access)?)),
+        };
         Ok(MemoryRegion {
-            mr: self.inner.engine.alloc_mr(len, access)?,
+            mr,
             gid: self.gid(),
         })
     }
@@ -215,9 +316,14 @@ impl<N: Nic> Node<N> {
     /// A new VQP, not connected yet.
     ///
     /// # Errors
-    /// [`Error::Engine`].
+    /// [`Error::Engine`]; on an attached node [`Error::Daemon`] (its
+    /// quota of VQPs).
     pub fn vqp(&self) -> Result<Vqp<N>> {
-        Ok(Vqp::new(self.inner.engine.create_vqp()?, self.clone()))
+        let raw = match &self.inner.backend {
+            Backend::Engine(e) => RawVqp::Local(e.create_vqp()?),
+            Backend::Daemon(a) => RawVqp::attached(a.create_vqp()?),
+        };
+        Ok(Vqp::new(raw, self.clone()))
     }
 
     /// A new VQP connected to `gid`.
@@ -258,7 +364,7 @@ impl<N: Nic> Node<N> {
     /// (a registered node answers upgrades). Made on first need: the DCT.
     fn entries(&self) -> Result<Vec<DcTarget>> {
         let mut v = vec![self.local_target()?];
-        v.extend(self.inner.engine.handshake_entry()?);
+        v.extend(self.local()?.handshake_entry()?);
         Ok(v)
     }
 
@@ -277,15 +383,29 @@ impl<N: Nic> Node<N> {
 
     /// The engine's DC -> RC upgrade counters (DC mode; see
     /// [`krcore_kmod::EngineConfig::upgrade_after`]): `(upgrades,
-    /// downgrades, failed attempts, RC pairs open now)`.
+    /// downgrades, failed attempts, RC pairs open now)`. On an attached
+    /// node the daemon's, node-wide (the RC pairs serve every process);
+    /// all zero when the daemon does not answer.
     pub fn upgrade_counters(&self) -> (u64, u64, u64, usize) {
-        let s = self.inner.engine.stats();
-        (
-            s.rc_upgrades,
-            s.rc_downgrades,
-            s.rc_upgrade_failures,
-            s.rc.pairs,
-        )
+        match &self.inner.backend {
+            Backend::Engine(e) => {
+                let s = e.stats();
+                (
+                    s.rc_upgrades,
+                    s.rc_downgrades,
+                    s.rc_upgrade_failures,
+                    s.rc.pairs,
+                )
+            }
+            Backend::Daemon(a) => a.node_stats().map_or((0, 0, 0, 0), |n| {
+                (
+                    n.rc_upgrades,
+                    n.rc_downgrades,
+                    n.rc_upgrade_failures,
+                    n.rc_pairs as usize,
+                )
+            }),
+        }
     }
 
     fn registered<T>(
@@ -344,6 +464,7 @@ pub struct NodeBuilder {
     lease: Duration,
     sim: Option<SimConfig>,
     handshake_thread: bool,
+    daemon: Option<std::path::PathBuf>,
 }
 
 impl Default for NodeBuilder {
@@ -358,6 +479,7 @@ impl Default for NodeBuilder {
             lease: DEFAULT_LEASE,
             sim: None,
             handshake_thread: true,
+            daemon: None,
         }
     }
 }
@@ -385,6 +507,15 @@ impl NodeBuilder {
     /// Uses an open NIC (a `SimNic`, a `VerbsNic`, or an [`AnyNic`]).
     pub fn nic(mut self, nic: impl Into<AnyNic>) -> NodeBuilder {
         self.place = Place::Nic(nic.into());
+        self
+    }
+
+    /// Attaches to the node daemon (`krcored`) listening at `path` instead
+    /// of opening a NIC: see [`Node::attach`]. The daemon's engine has its
+    /// own fabric, meta server and configuration, so this excludes every
+    /// other setting but [`NodeBuilder::register`]`(false)`.
+    pub fn daemon(mut self, path: impl Into<std::path::PathBuf>) -> NodeBuilder {
+        self.daemon = Some(path.into());
         self
     }
 
@@ -502,11 +633,35 @@ impl NodeBuilder {
             lease,
             sim,
             handshake_thread,
+            daemon,
         } = self;
         config.handshake_thread = handshake_thread;
         // Ports answer Opens and return credits while their users do not
         // call in (see krcore::msg).
         config.msg.progress_thread = true;
+        if let Some(path) = daemon {
+            if !matches!(place, Place::Default) {
+                return Err(Error::Builder(
+                    "an attached node opens no fabric or NIC: daemon excludes fabric, nic and join",
+                ));
+            }
+            if meta.is_some() || meta_addr.is_some() || host_meta.is_some() {
+                return Err(Error::Builder(
+                    "an attached node reads its daemon's meta server: no meta, meta_addr or host_meta",
+                ));
+            }
+            if register == Some(true) {
+                return Err(Error::Builder(
+                    "an attached node is registered by its daemon: no register(true)",
+                ));
+            }
+            if sim.is_some() {
+                return Err(Error::Builder(
+                    "an attached node opens no device: no sim_config",
+                ));
+            }
+            return Node::attach(path);
+        }
         let mut joined_meta_host = None;
         let joined = matches!(place, Place::Join(_));
         if let Some(addr) = &meta_addr {
@@ -557,7 +712,8 @@ impl NodeBuilder {
                     config.meta = other.meta_location();
                 }
                 joined_meta_host = other.inner.meta_host.clone();
-                let sim = match (sim, other.inner.engine.nic().as_sim()) {
+                let joined_nic = other.engine().ok().and_then(|e| e.nic().as_sim());
+                let sim = match (sim, joined_nic) {
                     (Some(s), _) => s,
                     (None, Some(n)) => n.config().clone(),
                     (None, None) => SimConfig::default(),
@@ -591,7 +747,7 @@ impl NodeBuilder {
         let node = Node {
             inner: Arc::new(NodeInner {
                 lease: parking_lot::Mutex::new(None),
-                engine,
+                backend: Backend::Engine(engine),
                 fabric,
                 meta_host,
             }),
@@ -603,12 +759,12 @@ impl NodeBuilder {
             }
         } else if register.unwrap_or(joined) {
             let entries = node.entries()?;
-            let kept = node.inner.engine.meta_keep_registered(&entries, 0, lease)?;
+            let kept = node.local()?.meta_keep_registered(&entries, 0, lease)?;
             *node.inner.lease.lock() = Some(kept);
         }
         tracing::info!(
             gid = %node.gid(),
-            provider = node.inner.engine.nic().provider(),
+            provider = node.local()?.nic().provider(),
             mode = ?node.mode(),
             hosts_meta = hosts,
             registered = hosts || node.inner.lease.lock().is_some(),

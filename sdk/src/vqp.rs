@@ -19,7 +19,8 @@ use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
 use crate::memory::{check, MemoryRegion, RemoteRegion};
-use crate::node::Node;
+use crate::node::{Backend, Node};
+use crate::raw::{is_full, RawVqp};
 
 /// The wr_id bit the SDK reserves for its [`Request`]s.
 pub const REQUEST_WR_ID_BIT: u64 = 1 << 63;
@@ -80,7 +81,7 @@ struct Inner<N: Nic> {
     /// (program order), so its completions stay in order; between threads
     /// polling one VQP at once there is no order to keep.
     stashed_user: AtomicUsize,
-    vqp: krcore_kmod::Vqp<N>,
+    vqp: RawVqp<N>,
     node: Node<N>,
     stash: Mutex<Stash>,
     /// `stash.requests.len()`, written under the stash lock: a waiter that
@@ -118,7 +119,7 @@ impl<N: Nic> std::fmt::Debug for Vqp<N> {
 }
 
 impl<N: Nic> Vqp<N> {
-    pub(crate) fn new(vqp: krcore_kmod::Vqp<N>, node: Node<N>) -> Vqp<N> {
+    pub(crate) fn new(vqp: RawVqp<N>, node: Node<N>) -> Vqp<N> {
         Vqp {
             inner: Arc::new(Inner {
                 vqp,
@@ -136,7 +137,7 @@ impl<N: Nic> Vqp<N> {
 
     /// The VQP's id (the `qp_num` of its completions).
     pub fn id(&self) -> u32 {
-        self.inner.vqp.id().get()
+        self.inner.vqp.id()
     }
 
     /// Points the VQP at node `gid`: a cache hit costs nothing, a miss one
@@ -145,19 +146,20 @@ impl<N: Nic> Vqp<N> {
     /// # Errors
     /// [`Error::Engine`] with `UnknownNode`, `MetaUnavailable`, ...
     pub fn connect(&self, gid: Gid) -> Result<()> {
-        Ok(self.inner.vqp.connect(gid)?)
+        self.inner.vqp.connect(gid)
     }
 
     /// The node the VQP posts to.
     pub fn target(&self) -> Option<Gid> {
-        self.inner.vqp.target().map(|t| t.target.gid)
+        self.inner.vqp.target()
     }
 
     /// How the VQP reaches its target now: DC, or an RC pair after the
     /// engine upgraded it (see [`krcore_kmod::Vqp::transport`]). Drivers
     /// show upgrade events by watching it change.
     pub fn transport(&self) -> krcore_kmod::VqpTransport {
-        self.inner.vqp.transport()
+        let rc = self.inner.node.mode() == krcore_kmod::EngineMode::RcFallback;
+        self.inner.vqp.transport(rc)
     }
 
     /// Hint: moves the VQP to an RC pair with its target now (DC mode, the
@@ -167,9 +169,10 @@ impl<N: Nic> Vqp<N> {
     /// # Errors
     /// [`Error::Engine`]: `Unsupported`, `NotConnected`, `UnknownNode` (the
     /// target runs no endpoint), `Handshake`, `RcPairsBusy`. The VQP then
-    /// stays on DC, working.
+    /// stays on DC, working. [`Error::Unsupported`] on an attached node
+    /// (the daemon's engine upgrades by itself).
     pub fn upgrade(&self) -> Result<krcore_kmod::VqpTransport> {
-        Ok(self.inner.vqp.upgrade()?)
+        self.inner.vqp.upgrade()
     }
 
     /// Whether the VQP has made its messaging endpoint yet (at its first
@@ -183,14 +186,14 @@ impl<N: Nic> Vqp<N> {
         if let Some(e) = self.inner.endpoint.get() {
             return Ok(e);
         }
-        let e = self.inner.node.engine().endpoint()?;
+        let e = self.inner.node.engine()?.endpoint()?;
         Ok(self.inner.endpoint.get_or_init(|| e))
     }
 
     fn msg_target(&self) -> Result<Gid> {
         self.target()
             .ok_or(Error::Vqp(krcore_kmod::VqpError::NotConnected {
-                vqp: self.inner.vqp.id(),
+                vqp: krcore_kmod::VqpId::new(self.id()).unwrap_or(krcore_kmod::VqpId::MAX),
             }))
     }
 
@@ -233,9 +236,21 @@ impl<N: Nic> Vqp<N> {
         Ok(self.endpoint()?.try_pop_reply()?)
     }
 
-    /// The engine-level VQP (grants, statistics).
-    pub fn raw(&self) -> &krcore_kmod::Vqp<N> {
-        &self.inner.vqp
+    /// The engine-level VQP (grants, statistics); `None` on an attached
+    /// node (the VQP is the daemon's).
+    pub fn raw(&self) -> Option<&krcore_kmod::Vqp<N>> {
+        self.inner.vqp.local()
+    }
+
+    /// Makes a grant over `rkey` on node `gid` known to this VQP's
+    /// pre-check (what [`Vqp::grant`] does for a token): for WRs posted
+    /// with [`Vqp::post`] that name remote keys by hand.
+    ///
+    /// # Errors
+    /// On an attached node, [`Error::Daemon`]: the daemon refuses a key of
+    /// another process attached to it, or went.
+    pub fn add_grant(&self, gid: Gid, rkey: u32, grant: krcore_kmod::RemoteGrant) -> Result<()> {
+        self.inner.vqp.add_grant(gid, rkey, grant)
     }
 
     /// Makes `token`'s grant known to this VQP (connecting to its node
@@ -256,8 +271,12 @@ impl<N: Nic> Vqp<N> {
     /// NIC ([`krcore_kmod::Ungranted::Allow`]): the opt-out for raw verbs
     /// users who pass rkeys by hand (a bad key then fails at the NIC with
     /// `REM_ACCESS_ERR`, and costs the shared QP a recovery).
-    pub fn set_ungranted(&self, rule: krcore_kmod::Ungranted) {
-        self.inner.vqp.set_ungranted(rule);
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`]: `Allow` on an attached node (the daemon's
+    /// pre-check guards the other attached processes' memory).
+    pub fn set_ungranted(&self, rule: krcore_kmod::Ungranted) -> Result<()> {
+        self.inner.vqp.set_ungranted(rule)
     }
 
     /// Posts `wrs` as one doorbell (see [`krcore_kmod::Vqp::post_send`]):
@@ -274,7 +293,7 @@ impl<N: Nic> Vqp<N> {
         if let Some(wr) = wrs.iter().find(|w| w.wr_id & REQUEST_WR_ID_BIT != 0) {
             return Err(Error::ReservedWrId(wr.wr_id));
         }
-        Ok(self.inner.vqp.post_send(wrs)?)
+        self.inner.vqp.post_send(wrs)
     }
 
     /// Polls up to `out.len()` completions of WRs posted with [`Vqp::post`].
@@ -452,7 +471,7 @@ impl<N: Nic> Vqp<N> {
         if *granted == Some((*remote, before)) {
             return Ok(());
         }
-        v.add_grant(remote.gid, remote.rkey, remote.grant());
+        v.add_grant(remote.gid, remote.rkey, remote.grant())?;
         let after = v.grants_epoch();
         // Remembered only when the one change was this one.
         *granted = (after == before + 1).then_some((*remote, after));
@@ -468,14 +487,14 @@ impl<N: Nic> Vqp<N> {
         loop {
             let e = match self.inner.vqp.post_send(std::slice::from_mut(&mut wr)) {
                 Ok(()) => break,
-                Err(krcore_kmod::VqpError::VqpFull { .. }) => match self.pump(None) {
+                Err(e) if is_full(&e) => match self.pump(None) {
                     Ok(_) => {
                         std::hint::spin_loop();
                         continue;
                     }
                     Err(e) => e,
                 },
-                Err(e) => e.into(),
+                Err(e) => e,
             };
             self.release_unposted(wr_id);
             return Err(e);
@@ -561,7 +580,11 @@ impl<N: Nic> Vqp<N> {
             {
                 let mut scratch = self.inner.scratch.lock();
                 if scratch.is_none() {
-                    let depth = self.inner.node.engine().config().vqp_depth as u64;
+                    let depth = match self.inner.node.backend() {
+                        Backend::Engine(e) => e.config().vqp_depth as u64,
+                        // The completion ring bounds what can be in flight.
+                        Backend::Daemon(_) => krcore_kmod::daemon::CQ_CAP as u64,
+                    };
                     let slots = (2 * depth).min(SLOT_MASK) as u32;
                     *scratch = Some(Scratch {
                         mr: self
@@ -756,7 +779,7 @@ mod tests {
         let other = region.remote_region(0, 4096, Access::ALL).unwrap();
         let vqp = client.connect(server.gid()).unwrap();
         let buf = client.alloc(64, Access::LOCAL_WRITE).unwrap();
-        let epoch = || vqp.raw().grants_epoch();
+        let epoch = || vqp.raw().unwrap().grants_epoch();
         assert_eq!(epoch(), 0);
         vqp.read(&buf, 0, &token, 0, 64).unwrap().wait().unwrap();
         assert_eq!(epoch(), 1, "the first request makes the grant known");
@@ -773,7 +796,11 @@ mod tests {
         // refuses a WRITE through the read-only token (were it skipped,
         // the grant would be unknown and the WRITE left to the NIC, which
         // allows it: the region is registered with every access).
-        assert!(vqp.raw().remove_grant(&token.gid, token.rkey).is_some());
+        assert!(vqp
+            .raw()
+            .unwrap()
+            .remove_grant(&token.gid, token.rkey)
+            .is_some());
         match vqp.write(&buf, 0, &token, 0, 8) {
             Err(Error::Vqp(VqpError::Rejected(r))) => {
                 assert!(

@@ -134,7 +134,13 @@ fn a_failed_request_is_a_typed_error() {
     let token = region.token();
     let vqp = client.connect(server.gid()).unwrap();
     let buf = client.alloc(64, Access::LOCAL_WRITE).unwrap();
-    server.engine().nic().as_sim().expect("a sim node").kill();
+    server
+        .engine()
+        .unwrap()
+        .nic()
+        .as_sim()
+        .expect("a sim node")
+        .kill();
     match vqp.read(&buf, 0, &token, 0, 8).unwrap().wait() {
         Err(Error::Failed { status, .. }) => assert_eq!(status, WcStatus::RetryExcErr),
         other => panic!("expected a failed request, got {other:?}"),
@@ -215,7 +221,7 @@ fn joined_nodes_register_by_messages_to_the_embedded_host() {
     // Both reach the member by one READ of the table, and the host by its.
     compute.connect(member.gid()).unwrap();
     compute.connect(server.gid()).unwrap();
-    assert_eq!(compute.engine().stats().meta.reads, 2);
+    assert_eq!(compute.engine().unwrap().stats().meta.reads, 2);
     // The host's own engine resolves nodes through its table too.
     server.connect(member.gid()).unwrap();
     assert!(matches!(
@@ -230,7 +236,7 @@ fn joined_nodes_register_by_messages_to_the_embedded_host() {
     );
     assert_eq!(host.stats().requests, 1);
     // No UD QP on the host: its engine's DCT and DCIs only.
-    let s = server.engine().stats();
+    let s = server.engine().unwrap().stats();
     assert_eq!(s.handshake_endpoints_created, 0);
     assert_eq!(
         server.counters().qps_created,
@@ -368,7 +374,7 @@ fn raw_posts_need_a_grant_and_a_revoked_lease_key_fails_at_the_nic() {
         .unwrap();
     assert_ne!(lease.rkey, token.rkey);
     let raw = client.connect(server.gid()).unwrap();
-    raw.set_ungranted(Ungranted::Allow);
+    raw.set_ungranted(Ungranted::Allow).unwrap();
     raw.post(&mut read(lease.at(0))).unwrap();
     assert_eq!(first_completion(&raw).status, WcStatus::Success);
     assert!(region.revoke(id));

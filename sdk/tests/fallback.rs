@@ -26,7 +26,10 @@ fn the_user_api_is_unchanged_in_rc_fallback_mode() {
     // A joining node takes the joined node's device: all RC fallback.
     let client = Node::builder().join(&server).build().unwrap();
     assert_eq!(client.mode(), EngineMode::RcFallback);
-    assert_eq!(client.engine().stats().mode, EngineMode::RcFallback);
+    assert_eq!(
+        client.engine().unwrap().stats().mode,
+        EngineMode::RcFallback
+    );
     // It registered by a message over its RC pair with the meta node.
     assert_eq!(host.stats().requests, 1);
     assert_eq!(client.lease_stats().unwrap().registrations, 1);
@@ -63,7 +66,7 @@ fn the_user_api_is_unchanged_in_rc_fallback_mode() {
             .old_value,
         Some(42)
     );
-    assert_eq!(client.engine().stats().rc.pairs, 1);
+    assert_eq!(client.engine().unwrap().stats().rc.pairs, 1);
 }
 
 #[test]
@@ -78,10 +81,11 @@ fn with_nic_runs_the_handshake_thread() {
     let cfg = EngineConfig::default().with_meta(server.meta_location().unwrap());
     assert!(!cfg.handshake_thread);
     let other = Node::with_nic(SimNic::open(&fabric, no_dc()).unwrap(), cfg).unwrap();
-    assert!(other.engine().config().handshake_thread);
+    assert!(other.engine().unwrap().config().handshake_thread);
     // Registered by a message to the meta node (over an RC pair).
     other
         .engine()
+        .unwrap()
         .meta_register(other.local_target().unwrap(), 0, 60_000)
         .unwrap();
     let region = other.alloc(64, Access::ALL).unwrap();

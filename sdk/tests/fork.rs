@@ -46,7 +46,7 @@ fn a_forked_worker_reads_its_parents_memory_on_inherited_state() {
     let worker = client
         .fork(|node| {
             let entered = Instant::now();
-            let meta = node.engine().stats().meta;
+            let meta = node.engine().unwrap().stats().meta;
             let Ok(vqp) = node.connect(token.gid) else {
                 return CONNECT;
             };
@@ -81,7 +81,7 @@ fn a_forked_worker_reads_its_parents_memory_on_inherited_state() {
             ) {
                 return MSG_NOT_REFUSED;
             }
-            if node.engine().stats().meta != meta {
+            if node.engine().unwrap().stats().meta != meta {
                 return META_READ_IN_CHILD;
             }
             // A lease's key would be a new MR: refused.

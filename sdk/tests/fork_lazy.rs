@@ -41,7 +41,7 @@ fn a_child_is_refused_the_lazy_resources_its_parent_had_not_created() {
     let token = region.token();
     client.connect(server.gid()).unwrap(); // warms the DCCache
     let buf = client.alloc(64, Access::LOCAL_WRITE).unwrap();
-    let s = client.engine().stats();
+    let s = client.engine().unwrap().stats();
     assert_eq!((s.dcts_created, s.handshake_endpoints_created), (0, 0));
     let worker = client
         .fork(|node| {
@@ -56,12 +56,12 @@ fn a_child_is_refused_the_lazy_resources_its_parent_had_not_created() {
                 return DCT_NOT_REFUSED;
             }
             if !matches!(
-                node.engine().handshake_entry(),
+                node.engine().unwrap().handshake_entry(),
                 Err(EngineError::Unsupported { .. })
             ) {
                 return ENDPOINT_NOT_REFUSED;
             }
-            let s = node.engine().stats();
+            let s = node.engine().unwrap().stats();
             if (s.dcts_created, s.handshake_endpoints_created) != (0, 0) {
                 return CREATED_IN_CHILD;
             }
@@ -72,7 +72,7 @@ fn a_child_is_refused_the_lazy_resources_its_parent_had_not_created() {
     // The parent creates them as usual afterwards.
     let before = client.counters();
     client.local_target().unwrap();
-    client.engine().handshake_entry().unwrap().unwrap();
+    client.engine().unwrap().handshake_entry().unwrap().unwrap();
     assert_eq!((client.counters() - before).qps_created, 2);
 }
 

@@ -43,6 +43,15 @@ use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 use std::time::Duration;
 
+/// Where a krcore-mode joining process's engine runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum HostArg {
+    /// An engine of its own, started by the process (lazily).
+    Process,
+    /// The node daemon's (krcored), started before the first join.
+    Daemon,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum ModeArg {
     Krcore,
@@ -57,6 +66,11 @@ struct Args {
     /// krcore (VQPs), verbs (RC per memory node), or both, one after the other.
     #[arg(long, value_enum, default_value_t = ModeArg::Both)]
     mode: ModeArg,
+    /// krcore mode: the joining process's engine is its own (process) or
+    /// the node daemon's (daemon: one engine per node, started before the
+    /// first join, as KRCore's kernel module at boot).
+    #[arg(long, value_enum, default_value_t = HostArg::Process)]
+    host: HostArg,
     /// Memory nodes.
     #[arg(long, default_value_t = 4)]
     memory_nodes: u8,
@@ -171,6 +185,8 @@ struct ChildSpec {
     model_sleep: bool,
     pool_size: usize,
     upgrade_after: Option<u64>,
+    /// The node daemon's socket ([`Mode::Daemon`]).
+    socket: Option<PathBuf>,
 }
 
 fn key(k: u64) -> String {
@@ -205,9 +221,9 @@ impl Transport for AnyTransport {
     }
 }
 
-fn engine_summary(node: &Node) -> EngineSummary {
-    let s = node.engine().stats();
-    EngineSummary {
+fn engine_summary(node: &Node) -> Option<EngineSummary> {
+    let s = node.engine().ok()?.stats();
+    Some(EngineSummary {
         dcis: s.dcis as u64,
         vqps_created: s.vqps_created,
         connect_hits: s.connect_hits,
@@ -218,7 +234,7 @@ fn engine_summary(node: &Node) -> EngineSummary {
         rc_upgrade_failures: s.rc_upgrade_failures,
         dcts_created: u64::from(s.dcts_created),
         handshake_endpoints_created: u64::from(s.handshake_endpoints_created),
-    }
+    })
 }
 
 fn child_main(spec: &ChildSpec) -> Result<(), String> {
@@ -229,6 +245,9 @@ fn child_main(spec: &ChildSpec) -> Result<(), String> {
         ..SimConfig::default()
     };
     let remote = Remote::discover(&spec.fabric, spec.memory_nodes).map_err(|x| e(&x))?;
+    if spec.mode == Mode::Daemon {
+        return daemon_child(spec, main, &remote);
+    }
     let nic = SimNic::open(&remote.fabric, sim).map_err(|x| e(&x))?;
     let device = epoch_us();
     let c0 = nic.counters();
@@ -266,6 +285,7 @@ fn child_main(spec: &ChildSpec) -> Result<(), String> {
             modeled.server_qps = spec.acceptors.len() as u64;
             (AnyTransport::Rc(t), context, c1)
         }
+        Mode::Daemon => return Err("a daemon join runs in daemon_child".into()),
     };
     let connect = epoch_us();
     let c2 = nic.counters();
@@ -293,19 +313,101 @@ fn child_main(spec: &ChildSpec) -> Result<(), String> {
     let c3 = nic.counters();
     modeled.first_get_ns = c3.modeled_control_ns - c2.modeled_control_ns;
     modeled.qps_created = c3.qps_created - c0.qps_created;
+    let stamps = Stamps {
+        spawn: spec.spawn_us,
+        main,
+        device,
+        context,
+        connect,
+        first_get,
+    };
+    run_load(spec, client, rng, node.as_ref(), stamps, modeled, slept_us)
+}
+
+/// A join through the node daemon: attach (no NIC, no engine of the
+/// process's own), connect through the daemon's VQPs, first get. The
+/// modeled control time and the QPs created are the daemon's NIC's,
+/// node-wide, over the join (the other joined processes only issue gets,
+/// which charge no control time).
+fn daemon_child(spec: &ChildSpec, main: u64, remote: &Remote) -> Result<(), String> {
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    let socket = spec
+        .socket
+        .as_ref()
+        .ok_or("a daemon join needs the daemon's socket")?;
+    let device = epoch_us();
+    let n = Node::attach(socket).map_err(|x| e(&x))?;
+    let context = epoch_us();
+    let stats = |n: &Node| -> Result<krcore::NodeStats, String> {
+        n.daemon_stats()
+            .map_err(|x| e(&x))?
+            .ok_or_else(|| "an attached node has daemon stats".to_string())
+    };
+    let s1 = stats(&n)?;
+    let t = VqpTransport::connect(&n, &remote.infos).map_err(|x| e(&x))?;
+    let connect = epoch_us();
+    let s2 = stats(&n)?;
+    let mut modeled = Modeled {
+        connect_ns: s2.modeled_control_ns - s1.modeled_control_ns,
+        ..Modeled::default()
+    };
+    let mut slept_us = 0;
+    if spec.model_sleep {
+        let t0 = epoch_us();
+        std::thread::sleep(Duration::from_nanos(modeled.connect_ns));
+        slept_us = epoch_us() - t0;
+    }
+    let mut client = Client::open(
+        AnyTransport::Vqp(t),
+        remote.clock.clone(),
+        ClientConfig::default(),
+    )
+    .map_err(|x| e(&x))?;
+    let mut rng = SmallRng::seed_from_u64(spec.index as u64 + 1);
+    let first = rng.gen_range(0..spec.records.max(1));
+    match client.get(key(first).as_bytes()).map_err(|x| e(&x))? {
+        Some(_) => {}
+        None => return Err(format!("first get: {} is absent", key(first))),
+    }
+    let first_get = epoch_us();
+    let s3 = stats(&n)?;
+    modeled.first_get_ns = s3.modeled_control_ns - s2.modeled_control_ns;
+    // Node-wide: the daemon's NIC, over this process's whole join.
+    modeled.qps_created = s3.qps_created - s1.qps_created;
+    // What the process itself opened: nothing.
+    if n.counters().qps_created != 0 {
+        return Err("an attached process created a QP of its own".into());
+    }
+    let stamps = Stamps {
+        spawn: spec.spawn_us,
+        main,
+        device,
+        context,
+        connect,
+        first_get,
+    };
+    run_load(spec, client, rng, Some(&n), stamps, modeled, slept_us)
+}
+
+/// After the first get: announces the join, then gets until the run's
+/// end and reports the load.
+fn run_load(
+    spec: &ChildSpec,
+    mut client: Client<AnyTransport>,
+    mut rng: SmallRng,
+    node: Option<&Node>,
+    stamps: Stamps,
+    modeled: Modeled,
+    slept_us: u64,
+) -> Result<(), String> {
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    let first_get = stamps.first_get;
     let join = JoinRecord {
         index: spec.index,
-        stamps: Stamps {
-            spawn: spec.spawn_us,
-            main,
-            device,
-            context,
-            connect,
-            first_get,
-        },
+        stamps,
         modeled,
         slept_us,
-        engine: node.as_ref().map(engine_summary),
+        engine: node.and_then(engine_summary),
     };
     say(&format!(
         "JOINED {}",
@@ -321,7 +423,7 @@ fn child_main(spec: &ChildSpec) -> Result<(), String> {
         if now >= spec.stop_us {
             break;
         }
-        if let Some(n) = node.as_ref().filter(|_| ops % 64 == 0) {
+        if let Some(n) = node.filter(|_| ops % 64 == 0) {
             let (u, d, f, _) = n.upgrade_counters();
             if (u, d, f) != seen {
                 seen = (u, d, f);
@@ -347,7 +449,7 @@ fn child_main(spec: &ChildSpec) -> Result<(), String> {
         buckets: buckets.pairs(),
         ops,
         errors,
-        engine: node.as_ref().map(engine_summary),
+        engine: node.and_then(engine_summary),
         upgrades,
     };
     say(&format!(
@@ -372,6 +474,8 @@ struct ModeRun {
     /// Per process, at its first upgrade: `(node, seconds since start, its
     /// own ops/s over the 500 ms before, over the 500 ms after)`.
     upgrade_rates: Vec<(usize, f64, f64, f64)>,
+    /// Daemon mode: the node daemon's start and counters.
+    daemon: Option<DaemonReport>,
 }
 
 impl ModeRun {
@@ -417,7 +521,7 @@ fn run_mode(args: &Args, mode: Mode) -> Result<ModeRun, String> {
     // competing with the joining processes for the CPU).
     let mut memory_engine = EngineConfig::default()
         .with_eager_start(true)
-        .with_upgrade_endpoint(mode == Mode::Krcore && args.upgrade_after.0.is_some());
+        .with_upgrade_endpoint(mode != Mode::Verbs && args.upgrade_after.0.is_some());
     memory_engine.handshake.idle_sleep = Duration::from_millis(1);
     let host = ClusterHost::start_with(fabric, &opts, Some(dir), memory_engine)
         .map_err(|e| e.to_string())?;
@@ -442,6 +546,13 @@ fn run_mode(args: &Args, mode: Mode) -> Result<ModeRun, String> {
         Vec::new()
     };
     let addrs: Vec<SocketAddr> = acceptors.iter().map(RcAcceptor::addr).collect();
+    // Daemon mode: the node's one engine, started before the first join
+    // (KRCore's module loads at boot), serves every joining process.
+    let daemon = match mode {
+        Mode::Daemon => Some(start_daemon(args, &host, model)?),
+        _ => None,
+    };
+    let socket = daemon.as_ref().map(|d| d.daemon.path().to_path_buf());
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let start_us = epoch_us();
     let stop_us = start_us + u64::try_from(args.duration.as_micros()).unwrap_or(u64::MAX);
@@ -467,6 +578,7 @@ fn run_mode(args: &Args, mode: Mode) -> Result<ModeRun, String> {
             model_sleep: !args.no_model_sleep && model.is_some(),
             pool_size: args.pool_size,
             upgrade_after: args.upgrade_after.0,
+            socket: socket.clone(),
         };
         let mut cmd = Command::new(&exe);
         cmd.arg("--child-spec")
@@ -487,6 +599,7 @@ fn run_mode(args: &Args, mode: Mode) -> Result<ModeRun, String> {
         k.finish(Duration::from_secs(10));
     }
     drop(acceptors);
+    let daemon_report = daemon.map(BootDaemon::finish);
     let timeline = timeline(&loads, start_us);
     let mut upgrades: Vec<UpgradeEvent> = loads.iter().flat_map(|l| l.upgrades.clone()).collect();
     upgrades.sort_by_key(|u| u.t_us);
@@ -508,6 +621,116 @@ fn run_mode(args: &Args, mode: Mode) -> Result<ModeRun, String> {
         timeline,
         upgrades,
         upgrade_rates,
+        daemon: daemon_report,
+    })
+}
+
+/// The node daemon of a daemon-mode run, and what its start cost.
+struct BootDaemon {
+    // Dropped first: stops serving before its node goes.
+    daemon: krcore_kmod::daemon::Daemon<krcore_nic::AnyNic>,
+    node: Node,
+    report: DaemonReport,
+    _dir: tempfile::TempDir,
+}
+
+/// What the node daemon did over a run (its engine and NIC, node-wide).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+struct DaemonReport {
+    /// Its start, once per node ("at boot"): measured, and modeled
+    /// control-path time, and the QPs it created.
+    start_measured_us: u64,
+    start_modeled_ns: u64,
+    start_qps: u64,
+    /// QPs its NIC created after its start (every join and load).
+    qps_after_start: u64,
+    dcis: u64,
+    vqps_created: u64,
+    connect_hits: u64,
+    connect_misses: u64,
+    meta_reads: u64,
+    rc_upgrades: u64,
+    processes_attached: u64,
+}
+
+impl BootDaemon {
+    fn finish(self) -> DaemonReport {
+        let BootDaemon {
+            daemon,
+            node,
+            mut report,
+            _dir,
+        } = self;
+        let stats = daemon.stats();
+        daemon.shutdown();
+        let c = node.counters();
+        if let Ok(e) = node.engine() {
+            let s = e.stats();
+            report.dcis = s.dcis as u64;
+            report.vqps_created = s.vqps_created;
+            report.connect_hits = s.connect_hits;
+            report.connect_misses = s.connect_misses;
+            report.meta_reads = s.meta.reads;
+            report.rc_upgrades = s.rc_upgrades;
+        }
+        report.qps_after_start = c.qps_created - report.start_qps;
+        report.processes_attached = stats.attached;
+        report
+    }
+}
+
+/// Starts the node daemon on the run's fabric, as `krcored` does: the
+/// whole DCI pool, DCT and handshake endpoint at start, registered with
+/// the meta server.
+fn start_daemon(
+    args: &Args,
+    host: &ClusterHost,
+    model: Option<LatencyModel>,
+) -> Result<BootDaemon, String> {
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    let t0 = epoch_us();
+    let nic = SimNic::open(
+        host.fabric(),
+        SimConfig {
+            latency: model,
+            ..SimConfig::default()
+        },
+    )
+    .map_err(|x| e(&x))?;
+    let c0 = nic.counters();
+    let mut cfg = EngineConfig::default()
+        .with_pool_size(args.pool_size.max(1))
+        .with_upgrade_after(args.upgrade_after.0)
+        .with_upgrade_endpoint(args.upgrade_after.0.is_some())
+        .with_eager_start(true);
+    cfg.prestart = cfg.pool_size;
+    let remote = host.remote().map_err(|x| e(&x))?;
+    let node = Node::builder()
+        .nic(nic.clone())
+        .config(cfg)
+        .meta(remote.meta)
+        .register(true)
+        .build()
+        .map_err(|x| e(&x))?;
+    let dir = tempfile::tempdir().map_err(|x| e(&x))?;
+    let engine = node.engine().map_err(|x| e(&x))?.clone();
+    let daemon = krcore_kmod::daemon::Daemon::start(
+        engine,
+        &dir.path().join("krcored.sock"),
+        krcore_kmod::daemon::DaemonConfig::default(),
+    )
+    .map_err(|x| e(&x))?;
+    let c1 = nic.counters();
+    Ok(BootDaemon {
+        daemon,
+        node,
+        report: DaemonReport {
+            start_measured_us: epoch_us() - t0,
+            start_modeled_ns: c1.modeled_control_ns - c0.modeled_control_ns,
+            start_qps: c1.qps_created - c0.qps_created,
+            ..DaemonReport::default()
+        },
+        _dir: dir,
     })
 }
 
@@ -599,7 +822,23 @@ fn print_mode(r: &ModeRun, model: &str) {
             e.dcis, e.dcts_created, e.handshake_endpoints_created
         );
     }
-    if r.mode == Mode::Krcore {
+    if let Some(d) = &r.daemon {
+        println!(
+            "node daemon: started once before the first join (at boot): {:.2} ms measured, {:.2} ms modeled control path, {} QPs; after its start its NIC created {} QPs for {} attached processes; its engine at the end: dcis {} vqps {} connect hits {} misses {} meta reads {} rc upgrades {}",
+            d.start_measured_us as f64 / 1000.0,
+            d.start_modeled_ns as f64 / 1e6,
+            d.start_qps,
+            d.qps_after_start,
+            d.processes_attached,
+            d.dcis,
+            d.vqps_created,
+            d.connect_hits,
+            d.connect_misses,
+            d.meta_reads,
+            d.rc_upgrades
+        );
+    }
+    if r.mode != Mode::Verbs {
         println!("upgrade events (DC->RC; time since first spawn, node, cumulative upgrades/downgrades/failed):");
         for u in &r.upgrades {
             println!(
@@ -664,10 +903,14 @@ fn main() -> ExitCode {
         eprintln!("krcore-elastic: --compute-nodes must be at least 1");
         return ExitCode::from(2);
     }
+    let krcore = match args.host {
+        HostArg::Process => Mode::Krcore,
+        HostArg::Daemon => Mode::Daemon,
+    };
     let modes = match args.mode {
-        ModeArg::Krcore => vec![Mode::Krcore],
+        ModeArg::Krcore => vec![krcore],
         ModeArg::Verbs => vec![Mode::Verbs],
-        ModeArg::Both => vec![Mode::Krcore, Mode::Verbs],
+        ModeArg::Both => vec![krcore, Mode::Verbs],
     };
     let mut runs = Vec::new();
     for m in modes {

@@ -70,14 +70,19 @@ pub enum Mode {
     Krcore,
     /// One RC connection per memory node, made at join.
     Verbs,
+    /// VQPs of the node daemon (`krcored`): the joining process attaches
+    /// to the node's one engine, started before the first join (at boot),
+    /// and creates no engine, NIC or QP of its own.
+    Daemon,
 }
 
 impl Mode {
-    /// `krcore` or `verbs`.
+    /// `krcore`, `verbs` or `krcore-daemon`.
     pub fn name(self) -> &'static str {
         match self {
             Mode::Krcore => "krcore",
             Mode::Verbs => "verbs",
+            Mode::Daemon => "krcore-daemon",
         }
     }
 }

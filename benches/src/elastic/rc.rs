@@ -52,7 +52,9 @@ fn accept_one(
     sock.set_nonblocking(false)?;
     sock.set_nodelay(true)?;
     sock.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let engine = node.engine();
+    let engine = node
+        .engine()
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
     let nic = engine.nic();
     let before = nic.counters().modeled_control_ns;
     let mut theirs = [0u8; 20];
@@ -91,6 +93,7 @@ impl RcAcceptor {
         let addr = listener.local_addr()?;
         let cq = node
             .engine()
+            .map_err(|e| std::io::Error::other(e.to_string()))?
             .nic()
             .create_cq(4096)
             .map_err(|e| std::io::Error::other(e.to_string()))?;

@@ -151,7 +151,11 @@ fn main() -> ExitCode {
         Ok(n) => n,
         Err(e) => return fail(PROGRAM, &e),
     };
-    let daemon = match Daemon::start(node.engine().clone(), &socket, cfg) {
+    let engine = match node.engine() {
+        Ok(e) => e.clone(),
+        Err(e) => return fail(PROGRAM, &e),
+    };
+    let daemon = match Daemon::start(engine, &socket, cfg) {
         Ok(d) => d,
         Err(e) => return fail(PROGRAM, &e),
     };

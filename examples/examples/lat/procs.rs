@@ -643,7 +643,8 @@ pub(super) fn sdk_child(a: &Args, op: &str) -> Result<(), String> {
         .map_err(|e| format!("connect: {e}"))?;
     // The region's rkey posted by hand, as the parent's contender does: the
     // grant rule's opt-out (the measured path is the same).
-    vqp.set_ungranted(krcore::Ungranted::Allow);
+    vqp.set_ungranted(krcore::Ungranted::Allow)
+        .map_err(|e| format!("set_ungranted: {e}"))?;
     let buf = client
         .alloc(64, Access::LOCAL_WRITE)
         .map_err(|e| e.to_string())?;

@@ -9,7 +9,7 @@ use super::ring::{
     PAGE_SLEEPING, RING_BYTES, SQ_CAP, SQ_HEAD, SQ_TAIL,
 };
 use super::sock::{self, RecvError};
-use super::wire::{RefuseCode, Reply, Request};
+use super::wire::{NodeStats, RefuseCode, Reply, Request};
 use super::{PostCode, PROTOCOL_VERSION};
 use crate::precheck::RemoteGrant;
 use krcore_nic::shared::SharedMap;
@@ -189,6 +189,19 @@ impl Attached {
         self.conn.rc_fallback
     }
 
+    /// The node's counters, node-wide (every attached process together):
+    /// QPs its NIC created, the modeled control time, the engine's
+    /// DCCache hits and misses.
+    ///
+    /// # Errors
+    /// [`DaemonError::Gone`] and the other control-call failures.
+    pub fn node_stats(&self) -> Result<NodeStats, DaemonError> {
+        match self.conn.call(&Request::Stats)?.0 {
+            Reply::Stats(n) => Ok(n),
+            _ => Err(unexpected("Stats")),
+        }
+    }
+
     /// `len` zeroed bytes registered by the daemon and mapped here: what
     /// the NIC moves lands in this process's mapping, no copy.
     ///
@@ -297,6 +310,11 @@ impl AttachedMr {
     /// The region's first byte as the NIC knows it.
     pub fn addr(&self) -> u64 {
         self.addr
+    }
+
+    /// The access the region was registered with.
+    pub fn access(&self) -> Access {
+        self.access
     }
 
     fn check(&self, offset: usize, len: usize) -> Result<(), DaemonError> {

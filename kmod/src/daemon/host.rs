@@ -25,7 +25,7 @@ use super::ring::{
     PAGE_BYTES, PAGE_SLEEPING, RING_BYTES, SQ_CAP, SQ_HEAD, SQ_TAIL,
 };
 use super::sock::{self, RecvError};
-use super::wire::{RefuseCode, Reply, Request};
+use super::wire::{NodeStats, RefuseCode, Reply, Request};
 use super::{PostCode, PROTOCOL_VERSION};
 use crate::engine::{Engine, EngineMode, OwnedMr, Vqp, VqpError};
 use crate::precheck::{RemoteGrant, Ungranted};
@@ -661,6 +661,7 @@ fn handle<N: Nic>(
             );
             (Reply::Done, None)
         }
+        Request::Stats => (Reply::Stats(node_stats(s)), None),
         Request::SetUngranted { vqp, allow } => match vqp_of(vqp) {
             None => (unknown("VQP", vqp), None),
             Some(_) if allow != 0 => (
@@ -675,6 +676,27 @@ fn handle<N: Nic>(
                 (Reply::Done, None)
             }
         },
+    }
+}
+
+/// The node's counters, for [`Request::Stats`].
+fn node_stats<N: Nic>(s: &Shared<N>) -> NodeStats {
+    let c = s.engine.nic().counters();
+    let e = s.engine.stats();
+    NodeStats {
+        qps_created: c.qps_created,
+        modeled_control_ns: c.modeled_control_ns,
+        network_ops: c.network_ops(),
+        dcis: e.dcis as u64,
+        vqps_created: e.vqps_created,
+        connect_hits: e.connect_hits,
+        connect_misses: e.connect_misses,
+        meta_reads: e.meta.reads,
+        rc_upgrades: e.rc_upgrades,
+        rc_downgrades: e.rc_downgrades,
+        rc_upgrade_failures: e.rc_upgrade_failures,
+        rc_pairs: e.rc.pairs as u32,
+        clients: s.clients.read().len() as u32,
     }
 }
 
@@ -852,6 +874,7 @@ fn doorbell<N: Nic>(s: &Shared<N>, slot: &VqpSlot<N>, st: &mut Serve, tail: u64)
         }
         Err(VqpError::Rejected(r)) => verdict(PostCode::Rejected, r.index, r.reason.to_string()),
         Err(e @ VqpError::NotConnected { .. }) => verdict(PostCode::NotConnected, 0, e.to_string()),
+        Err(e @ VqpError::VqpFull { .. }) => verdict(PostCode::Full, 0, e.to_string()),
         Err(e) => verdict(PostCode::Failed, 0, error_line(&e)),
     }
 }

@@ -55,6 +55,7 @@ pub use client::{Attached, AttachedMr, AttachedVqp, DOORBELL_TIMEOUT};
 pub use error::DaemonError;
 pub use host::{Daemon, DaemonConfig, DaemonStats, StartError};
 pub use ring::{EncodeError, CQ_CAP, RING_BYTES, SQ_CAP};
+pub use wire::NodeStats;
 
 /// The control protocol's version: a process and a daemon of different
 /// versions refuse each other at `Hello`.
@@ -80,6 +81,9 @@ pub enum PostCode {
     Failed = 6,
     /// The VQP's ring broke earlier.
     Broken = 7,
+    /// The VQP has as many WRs outstanding as it holds: poll, then post
+    /// again (nothing was posted).
+    Full = 8,
 }
 
 impl PostCode {
@@ -92,6 +96,7 @@ impl PostCode {
             4 => PostCode::Rejected,
             5 => PostCode::NotConnected,
             7 => PostCode::Broken,
+            8 => PostCode::Full,
             _ => PostCode::Failed,
         }
     }

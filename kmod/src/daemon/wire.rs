@@ -103,6 +103,42 @@ pub enum Request {
         /// 1: allow.
         allow: u8,
     },
+    /// The node's counters ([`NodeStats`]).
+    Stats,
+}
+
+/// What the node daemon's engine and NIC have done, node-wide (every
+/// attached process together): what a process reads to see that its
+/// connects created no QP.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NodeStats {
+    /// QPs the node's NIC created, ever.
+    pub qps_created: u64,
+    /// Modeled control-path time the NIC charged, ever (ns; 0 without a
+    /// latency model).
+    pub modeled_control_ns: u64,
+    /// One-sided and two-sided operations the NIC carried.
+    pub network_ops: u64,
+    /// DCIs (or RC pairs' QPs in RC fallback mode) of the engine's pool.
+    pub dcis: u64,
+    /// VQPs the engine created, ever.
+    pub vqps_created: u64,
+    /// Connects answered from the DCCache.
+    pub connect_hits: u64,
+    /// Connects that read the meta table.
+    pub connect_misses: u64,
+    /// READs of the meta table.
+    pub meta_reads: u64,
+    /// DC -> RC upgrades, downgrades and failed upgrades, ever.
+    pub rc_upgrades: u64,
+    /// See `rc_upgrades`.
+    pub rc_downgrades: u64,
+    /// See `rc_upgrades`.
+    pub rc_upgrade_failures: u64,
+    /// RC pairs open now.
+    pub rc_pairs: u32,
+    /// Processes attached now.
+    pub clients: u32,
 }
 
 /// The daemon's reply to one request.
@@ -144,6 +180,8 @@ pub enum Reply {
     },
     /// Done.
     Done,
+    /// To `Stats`.
+    Stats(NodeStats),
     /// Refused; nothing changed.
     Refused {
         /// Why, in a word ([`RefuseCode`]).
@@ -332,6 +370,7 @@ impl Request {
                 .u32(*access)
                 .u64(*ttl_ms),
             Request::SetUngranted { vqp, allow } => Out::new(8).u32(*vqp).u8(*allow),
+            Request::Stats => Out::new(9),
         }
         .done()
     }
@@ -372,6 +411,7 @@ impl Request {
                 vqp: r.u32()?,
                 allow: r.u8()?,
             },
+            9 => Request::Stats,
             tag => return Err(WireError::UnknownTag { tag }),
         };
         r.end(tag, req)
@@ -408,6 +448,20 @@ impl Reply {
                 .u32(*rkey),
             Reply::Vqp { vqp, id } => Out::new(103).u32(*vqp).u32(*id),
             Reply::Done => Out::new(104),
+            Reply::Stats(n) => Out::new(106)
+                .u64(n.qps_created)
+                .u64(n.modeled_control_ns)
+                .u64(n.network_ops)
+                .u64(n.dcis)
+                .u64(n.vqps_created)
+                .u64(n.connect_hits)
+                .u64(n.connect_misses)
+                .u64(n.meta_reads)
+                .u64(n.rc_upgrades)
+                .u64(n.rc_downgrades)
+                .u64(n.rc_upgrade_failures)
+                .u32(n.rc_pairs)
+                .u32(n.clients),
             Reply::Refused { code, message } => {
                 Out::new(105).u8(code.to_u8()).bytes(message.as_bytes())
             }
@@ -442,6 +496,21 @@ impl Reply {
                 id: r.u32()?,
             },
             104 => Reply::Done,
+            106 => Reply::Stats(NodeStats {
+                qps_created: r.u64()?,
+                modeled_control_ns: r.u64()?,
+                network_ops: r.u64()?,
+                dcis: r.u64()?,
+                vqps_created: r.u64()?,
+                connect_hits: r.u64()?,
+                connect_misses: r.u64()?,
+                meta_reads: r.u64()?,
+                rc_upgrades: r.u64()?,
+                rc_downgrades: r.u64()?,
+                rc_upgrade_failures: r.u64()?,
+                rc_pairs: r.u32()?,
+                clients: r.u32()?,
+            }),
             105 => Reply::Refused {
                 code: RefuseCode::from_u8(r.u8()?),
                 message: String::from_utf8_lossy(r.bytes()?).into_owned(),
@@ -490,6 +559,7 @@ mod tests {
                 ttl_ms: u64::MAX,
             },
             Request::SetUngranted { vqp: 2, allow: 1 },
+            Request::Stats,
         ];
         for r in &reqs {
             let f = r.encode();
@@ -524,6 +594,21 @@ mod tests {
             },
             Reply::Vqp { vqp: 1, id: 2 },
             Reply::Done,
+            Reply::Stats(NodeStats {
+                qps_created: 1,
+                modeled_control_ns: 2,
+                network_ops: 3,
+                dcis: 4,
+                vqps_created: 5,
+                connect_hits: 6,
+                connect_misses: 7,
+                meta_reads: 8,
+                rc_upgrades: 9,
+                rc_downgrades: 10,
+                rc_upgrade_failures: 11,
+                rc_pairs: 12,
+                clients: 13,
+            }),
             Reply::Refused {
                 code: RefuseCode::Quota,
                 message: "full".into(),

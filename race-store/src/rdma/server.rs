@@ -125,6 +125,7 @@ impl<N: Nic> MemoryNodeServer<N> {
         // of idle channels.
         let port = node
             .engine()
+            .map_err(setup("a memory node needs an engine of its own"))?
             .bind_reclaiming(ALLOC_PORT)
             .map_err(setup("bind the allocation port"))?;
         let info = NodeInfo {

@@ -133,7 +133,7 @@ impl<N: Nic> VqpTransport<N> {
             let vqp = node.vqp().map_err(setup("create a VQP"))?;
             vqp.connect(info.gid)
                 .map_err(setup("connect to a memory node"))?;
-            vqp.raw().add_grant(
+            vqp.add_grant(
                 info.gid,
                 info.rkey,
                 RemoteGrant {
@@ -142,7 +142,8 @@ impl<N: Nic> VqpTransport<N> {
                     access: Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC,
                     expires_at: None,
                 },
-            );
+            )
+            .map_err(setup("make the memory node's region known"))?;
             remotes.push(Remote { info: *info, vqp });
         }
         let scratch = node

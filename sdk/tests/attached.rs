@@ -1,0 +1,217 @@
+//! A node attached to the node daemon (`Node::attach`): the same `Vqp`
+//! and `MemoryRegion` API as an in-process node, with no NIC and no QP
+//! of the process's own; what the daemon does not carry is refused,
+//! typed.
+
+#[allow(dead_code)] // the fork helpers belong to the fork tests
+mod common;
+
+use common::Dir;
+use krcore::{
+    Access, DaemonError, EngineConfig, EngineMode, Error, Node, SendWr, Ungranted, Wc, WcStatus,
+};
+use krcore_kmod::daemon::{Daemon, DaemonConfig, PostCode};
+use krcore_nic::AnyNic;
+use std::time::Duration;
+
+struct Setup {
+    // Dropped in this order: the daemon, the nodes, the fabric.
+    daemon: Daemon<AnyNic>,
+    server: Node,
+    _daemon_node: Node,
+    socket: std::path::PathBuf,
+    _sock_dir: tempfile::TempDir,
+    _dir: Dir,
+}
+
+/// A memory node hosting the meta table on a directory fabric, and a
+/// daemon node on it (registered, its pool made at start, as `krcored`).
+fn setup(tag: &str) -> Setup {
+    let dir = Dir::new("attached", tag);
+    let server = Node::builder()
+        .fabric(&dir.spec())
+        .host_meta()
+        .build()
+        .unwrap();
+    let mut cfg = EngineConfig::default();
+    cfg.prestart = cfg.pool_size;
+    cfg.eager_start = true;
+    let daemon_node = Node::builder().join(&server).config(cfg).build().unwrap();
+    let sock_dir = tempfile::tempdir().unwrap();
+    let socket = sock_dir.path().join("krcored.sock");
+    let daemon = Daemon::start(
+        daemon_node.engine().unwrap().clone(),
+        &socket,
+        DaemonConfig::default(),
+    )
+    .unwrap();
+    Setup {
+        daemon,
+        server,
+        _daemon_node: daemon_node,
+        socket,
+        _sock_dir: sock_dir,
+        _dir: dir,
+    }
+}
+
+#[test]
+fn an_attached_node_moves_data_with_the_sdk_api_and_creates_no_qp() {
+    let s = setup("api");
+    let region = s.server.alloc(4096, Access::ALL).unwrap();
+    region.write(0, b"hello, daemon").unwrap();
+    let token = region.token();
+
+    let client = Node::attach(&s.socket).unwrap();
+    assert!(client.is_attached());
+    assert_eq!(client.gid(), s.daemon.engine().gid());
+    assert_eq!(client.mode(), EngineMode::Dc);
+    let before = client.daemon_stats().unwrap().unwrap();
+
+    // Requests: READ, WRITE, CAS, FAA.
+    let vqp = client.connect(token.gid).unwrap();
+    let buf = client.alloc(64, Access::LOCAL_WRITE).unwrap();
+    vqp.read(&buf, 0, &token, 0, 13).unwrap().wait().unwrap();
+    let mut got = [0u8; 13];
+    buf.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"hello, daemon");
+    buf.write(16, b"back").unwrap();
+    vqp.write(&buf, 16, &token, 100, 4).unwrap().wait().unwrap();
+    let mut back = [0u8; 4];
+    region.read(100, &mut back).unwrap();
+    assert_eq!(&back, b"back");
+    let old = vqp.compare_and_swap(&token, 64, 0, 42).unwrap().wait();
+    assert_eq!(old.unwrap().old_value, Some(0));
+    assert_eq!(region.load_u64(64).unwrap(), 42);
+    let old = vqp.fetch_add(&token, 64, 1).unwrap().wait().unwrap();
+    assert_eq!(
+        (old.old_value, region.load_u64(64).unwrap()),
+        (Some(42), 43)
+    );
+
+    // Verbs level: one doorbell, the caller's wr_ids, one signaled.
+    vqp.grant(&token).unwrap();
+    let mut wrs = [
+        SendWr::write(1, buf.sge(0, 5).unwrap(), token.at(200)).signaled(false),
+        SendWr::read(2, buf.sge(32, 5).unwrap(), token.at(200)),
+    ];
+    vqp.post(&mut wrs).unwrap();
+    let mut wc = [Wc::default(); 4];
+    let mut n = 0;
+    for _ in 0..10_000_000 {
+        n = vqp.poll(&mut wc).unwrap();
+        if n > 0 {
+            break;
+        }
+        std::hint::spin_loop();
+    }
+    assert_eq!((n, wc[0].wr_id, wc[0].status), (1, 2, WcStatus::Success));
+    let mut echo = [0u8; 5];
+    buf.read(32, &mut echo).unwrap();
+    assert_eq!(&echo, b"hello");
+
+    // Range checks are local and typed.
+    assert!(matches!(
+        vqp.read(&buf, 0, &token, 4090, 8),
+        Err(Error::OutOfRange { .. })
+    ));
+
+    // No NIC here, and the daemon's NIC made no QP for this process: its
+    // pool was made at start, the connect was a lookup.
+    assert_eq!(client.counters().qps_created, 0);
+    let after = client.daemon_stats().unwrap().unwrap();
+    assert_eq!(
+        after.qps_created, before.qps_created,
+        "{before:?} {after:?}"
+    );
+    assert_eq!(after.clients, 1);
+    assert!(after.network_ops > before.network_ops);
+
+    // A second VQP to the same node: a hit in the node-wide DCCache.
+    let again = client.connect(token.gid).unwrap();
+    let hits = client.daemon_stats().unwrap().unwrap();
+    assert_eq!(hits.meta_reads, after.meta_reads);
+    assert_eq!(hits.connect_hits, after.connect_hits + 1);
+    again.read(&buf, 0, &token, 0, 5).unwrap().wait().unwrap();
+}
+
+#[test]
+fn what_the_daemon_does_not_carry_is_refused_typed() {
+    let s = setup("refused");
+    let region = s.server.alloc(4096, Access::ALL).unwrap();
+    let client = Node::builder().daemon(&s.socket).build().unwrap();
+    let unsupported = |r: Result<(), Error>| matches!(r, Err(Error::Unsupported(_)));
+    assert!(unsupported(client.engine().map(drop)));
+    assert!(unsupported(client.bind(77).map(drop)));
+    assert!(unsupported(client.endpoint().map(drop)));
+    assert!(unsupported(client.local_target().map(drop)));
+    assert!(unsupported(client.fork(|_| 0).map(drop)));
+    let buf = client.alloc(4096, Access::ALL).unwrap();
+    assert!(buf.raw().is_none());
+    assert!(unsupported(
+        buf.lease(0, 64, Access::REMOTE_READ, Duration::from_secs(5))
+            .map(drop)
+    ));
+    let vqp = client.connect(region.token().gid).unwrap();
+    assert!(vqp.raw().is_none());
+    assert!(unsupported(vqp.set_ungranted(Ungranted::Allow)));
+    vqp.set_ungranted(Ungranted::Refuse).unwrap();
+    assert!(unsupported(vqp.upgrade().map(drop)));
+    assert!(unsupported(vqp.push(5, b"x")));
+
+    // A remote key no grant covers: the daemon's pre-check refuses it,
+    // nothing reaches the NIC.
+    let mut wrs = [SendWr::read(
+        1,
+        buf.sge(0, 8).unwrap(),
+        region.remote_addr(0),
+    )];
+    match vqp.post(&mut wrs) {
+        Err(Error::Daemon(DaemonError::Post {
+            code: PostCode::Rejected,
+            ..
+        })) => {}
+        other => panic!("expected the pre-check's refusal, got {other:?}"),
+    }
+    // A region of this process is deregistered when its last handle
+    // goes; a clone keeps it.
+    let keep = buf.clone();
+    let buf = match buf.deregister() {
+        Err(e) => e.region,
+        Ok(()) => panic!("a clone is alive"),
+    };
+    drop(keep);
+    buf.deregister().unwrap();
+}
+
+#[test]
+fn builder_and_attach_errors_are_typed() {
+    let s = setup("errors");
+    let missing = s.socket.with_file_name("nobody.sock");
+    assert!(matches!(
+        Node::attach(&missing),
+        Err(Error::Daemon(DaemonError::NoDaemon { .. }))
+    ));
+    for b in [
+        Node::builder().daemon(&s.socket).fabric("sim:mem"),
+        Node::builder().daemon(&s.socket).host_meta(),
+        Node::builder().daemon(&s.socket).register(true),
+    ] {
+        assert!(matches!(b.build(), Err(Error::Builder(_))));
+    }
+    // The daemon stops: the attached node's calls fail typed, no hang,
+    // and it can attach again to a new daemon.
+    let client = Node::attach(&s.socket).unwrap();
+    let region = s.server.alloc(64, Access::ALL).unwrap();
+    let vqp = client.connect(region.token().gid).unwrap();
+    let buf = client.alloc(64, Access::LOCAL_WRITE).unwrap();
+    vqp.read(&buf, 0, &region.token(), 0, 8)
+        .unwrap()
+        .wait()
+        .unwrap();
+    s.daemon.shutdown();
+    let r = vqp
+        .read(&buf, 0, &region.token(), 0, 8)
+        .and_then(|r| r.wait());
+    assert!(matches!(r, Err(Error::Daemon(_))), "{r:?}");
+}
