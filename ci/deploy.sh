@@ -14,14 +14,16 @@
 #
 # FABRIC: sim:NAME (on the host) or verbs:rxe0 (inside the Soft-RoCE guest:
 # RC fallback mode). BIN_DIR holds krcore-meta, race-memnode, krcore-ycsb,
-# krcore-elastic. Exits non-zero naming the first step that failed.
+# krcore-elastic, krcored (for DEPLOY_DAEMON). Exits non-zero naming the first step that failed.
 #
 # Environment: DEPLOY_RECORDS (20000), DEPLOY_OPS (10000), DEPLOY_PORT
 # (7471), DEPLOY_MB (256), DEPLOY_LAT (0), DEPLOY_LAT_OPS (20000),
 # DEPLOY_LAT_ROUNDS (3), DEPLOY_CONFIG (a --config file for every program:
 # [engine] for all, [table] for the memory nodes, [client] for the clients),
 # DEPLOY_GIDS (0), DEPLOY_WORKLOADS ("a b c d f"), DEPLOY_KILL_BOUND (10:
-# seconds the client may take to fail after its memory node died).
+# seconds the client may take to fail after its memory node died),
+# DEPLOY_DAEMON (auto: 1 on sim, 0 on verbs; 1 runs krcored and attaches
+# the elastic joiners to it).
 #
 # A node is a GID (KRCore's meta table maps a GID to its address, and RC
 # pairs are per GID), so processes sharing one verbs device need a GID
@@ -95,7 +97,7 @@ if [ "${DEPLOY_GIDS:-0}" = 1 ]; then
 fi
 
 # Roles: 1 meta, 2-3 store ci, 4-5 store el, 6 the ycsb driver and the
-# latency and kill clients, 7-8 ycsb's client processes, 9 elastic.
+# latency and kill clients, 7-8 ycsb's client processes, 9 elastic, 10 krcored.
 cfg=()
 [ -n "${DEPLOY_CONFIG:-}" ] && cfg=(--config "$DEPLOY_CONFIG")
 ycsb() { "$bin/krcore-ycsb" --fabric "$(fab 6)" --meta "$meta" "${cfg[@]}" "$@"; }
@@ -180,4 +182,23 @@ start mem3 "$bin/race-memnode" --fabric "$(fab 5)" --meta "$meta" --store el --i
   >"$work/elastic.out" 2>"$work/elastic.err" ||
   { cat "$work/elastic.out" "$work/elastic.err" >&2; die "krcore-elastic"; }
 cat "$work/elastic.out"
+
+# The node daemon: one engine for the node, joining processes attached to
+# it (no NIC, no engine, no QP of their own). On sim fabrics by default
+# (DEPLOY_DAEMON=auto); on verbs with DEPLOY_DAEMON=1.
+daemon=${DEPLOY_DAEMON:-auto}
+if [ "$daemon" = auto ]; then case $fabric in sim:*) daemon=1 ;; *) daemon=0 ;; esac; fi
+if [ "$daemon" = 1 ]; then
+  say "krcored: one engine for the node, 4 joining processes attached to it"
+  start krcored "$bin/krcored" --fabric "$(fab 10)" --meta "$meta" --socket "$work/krcored.sock" "${cfg[@]}"
+  "$bin/krcore-elastic" --fabric "$(fab 9)" --meta "$meta" --store el --joiners 4 "${cfg[@]}" \
+    --host daemon --socket "$work/krcored.sock" \
+    --records "$((records < 10000 ? records : 10000))" --gets 500 \
+    >"$work/elastic-daemon.out" 2>"$work/elastic-daemon.err" ||
+    { cat "$work/elastic-daemon.out" "$work/elastic-daemon.err" >&2; die "krcore-elastic --host daemon"; }
+  cat "$work/elastic-daemon.out"
+  # Every joiner: no QP of its own, and none made for it by the daemon.
+  awk '$1 ~ /^[0-9]+$/ { n++; if ($6 != 0 || $7 != 0) bad++ } END { exit !(n == 4 && bad == 0) }' \
+    "$work/elastic-daemon.out" || die "an attached joiner created QPs (qps_created, daemon_qps_created)"
+fi
 say "all steps passed"

@@ -138,6 +138,18 @@
 //! [`krcore_kmod::Engine::start`]; [`EngineConfig::eager_start`] makes both
 //! at start).
 //!
+//! # One engine per node (the node daemon)
+//!
+//! [`Node::attach`] (or [`NodeBuilder::daemon`]) attaches to the node
+//! daemon, `krcored` (see `krcore_kmod::daemon`), instead of starting an
+//! engine: the process opens no NIC and creates no QP; its VQPs are the
+//! daemon's, their connects hit the node-wide DCCache, its regions are
+//! shared memory the daemon registered. [`Vqp`] (verbs and requests) and
+//! [`MemoryRegion`] work as in-process; what the daemon does not carry
+//! (two-sided messaging, leases, the upgrade hint, fork, the engine
+//! itself) is [`Error::Unsupported`], and failures through the daemon are
+//! [`Error::Daemon`]. [`Node::daemon_stats`] reads the node's counters.
+//!
 //! # Worker processes (fork)
 //!
 //! On a directory fabric ([`krcore_nic::sim::SimFabric::open_dir`],

@@ -11,8 +11,14 @@
 //!                [--pool-size 1] [--upgrade-after 100000|off]
 //!                [--json PATH] [--png PATH]
 //! krcore-elastic --fabric F --meta HOST:PORT --store NAME [--joiners 4]
-//!                [--records 10000] [--gets 1000]
+//!                [--records 10000] [--gets 1000] [--host daemon --socket PATH]
 //! ```
+//!
+//! `--host daemon`: the joining processes attach to the node daemon
+//! (`krcored`) instead of starting an engine each: in the first form the
+//! driver starts the node's one engine before the first join (as KRCore's
+//! module at boot); in the second they attach to the `krcored` at
+//! `--socket`.
 //!
 //! The second form joins a deployed store (memory nodes run by
 //! `race-memnode`, found through the meta server at `--meta`): see
@@ -131,6 +137,10 @@ struct Args {
     /// the driver's loading client and every joining process.
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Deployed store with --host daemon: the node daemon's socket (the
+    /// joining processes attach to it; the loading client opens --fabric).
+    #[arg(long, default_value = "/tmp/krcored.sock")]
+    socket: PathBuf,
     /// Internal: run as a compute process.
     #[arg(long, hide = true)]
     child_spec: Option<String>,
@@ -1078,6 +1088,7 @@ fn run_deployed(args: &Args) -> ExitCode {
         spawn_us: 0,
         engine: file.engine,
         client: file.client,
+        daemon: (args.host == HostArg::Daemon).then(|| args.socket.clone()),
     };
     match deployed::run(&exe, &base, args.joiners, &stop) {
         Ok(reports) => {

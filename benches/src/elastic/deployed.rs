@@ -44,6 +44,10 @@ pub struct JoinerSpec {
     /// The clients' settings (a `--config` file's `[client]`).
     #[serde(default)]
     pub client: race_store::ClientConfig,
+    /// Attach to the node daemon (`krcored`) at this socket instead of
+    /// opening `fabric` with an engine of the process's own.
+    #[serde(default)]
+    pub daemon: Option<std::path::PathBuf>,
 }
 
 impl JoinerSpec {
@@ -69,8 +73,13 @@ pub struct JoinerReport {
     pub first_get_us: u64,
     /// Gets per second after the first.
     pub gets_per_sec: f64,
-    /// QPs the process's node created.
+    /// QPs the process's node created (its own NIC's; an attached
+    /// process opens none).
     pub qps_created: u64,
+    /// Attached: QPs the node daemon's NIC created over the join
+    /// (node-wide).
+    #[serde(default)]
+    pub daemon_qps_created: Option<u64>,
 }
 
 /// The key of record `k` (the same names as the embedded experiment).
@@ -198,7 +207,18 @@ pub fn run(
 pub fn joiner_main(spec: &JoinerSpec) -> Result<(), ElasticError> {
     let since = |t: u64| t.saturating_sub(spec.spawn_us);
     let start_us = since(epoch_us());
-    let store = Store::connect(&spec.fabric, &spec.meta, &spec.store, spec.options())?;
+    let store = match &spec.daemon {
+        None => Store::connect(&spec.fabric, &spec.meta, &spec.store, spec.options())?,
+        Some(path) => {
+            let node = krcore::Node::attach(path).map_err(DeployError::from)?;
+            Store::open(&node, &spec.meta, &spec.store, spec.options())?
+        }
+    };
+    let daemon_qps = || -> Result<Option<u64>, ElasticError> {
+        let s = store.node().daemon_stats().map_err(DeployError::from)?;
+        Ok(s.map(|s| s.qps_created))
+    };
+    let daemon_before = daemon_qps()?;
     let before = store.node().counters();
     let mut c = store.client().map_err(|source| ElasticError::Store {
         what: "open a client",
@@ -232,6 +252,10 @@ pub fn joiner_main(spec: &JoinerSpec) -> Result<(), ElasticError> {
             0.0
         },
         qps_created: (store.node().counters() - before).qps_created,
+        daemon_qps_created: match (daemon_before, daemon_qps()?) {
+            (Some(a), Some(b)) => Some(b - a),
+            _ => None,
+        },
     };
     let json = serde_json::to_string(&report).map_err(|e| ElasticError::BadReport {
         index: spec.index,
@@ -244,16 +268,20 @@ pub fn joiner_main(spec: &JoinerSpec) -> Result<(), ElasticError> {
 /// The reports as a table, with the median join.
 pub fn print(reports: &[JoinerReport]) {
     println!("# krcore-elastic (deployed store; measured, not modeled)");
-    println!("joiner  start_ms  connected_ms  first_get_ms  gets/s  qps_created");
+    println!(
+        "joiner  start_ms  connected_ms  first_get_ms  gets/s  qps_created  daemon_qps_created"
+    );
     for r in reports {
         println!(
-            "{:>6}  {:>8.2}  {:>12.2}  {:>12.2}  {:>6.0}  {:>11}",
+            "{:>6}  {:>8.2}  {:>12.2}  {:>12.2}  {:>6.0}  {:>11}  {:>18}",
             r.index,
             r.start_us as f64 / 1e3,
             r.connected_us as f64 / 1e3,
             r.first_get_us as f64 / 1e3,
             r.gets_per_sec,
-            r.qps_created
+            r.qps_created,
+            r.daemon_qps_created
+                .map_or_else(|| "-".to_string(), |q| q.to_string())
         );
     }
     let mut joins: Vec<u64> = reports.iter().map(|r| r.first_get_us).collect();
