@@ -352,3 +352,71 @@ fn krcored_serves_attached_processes_and_stops_cleanly() {
     ));
     assert_eq!(meta_p.terminate(), Some(0));
 }
+
+/// The resident memory of process `pid` (bytes), from /proc.
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap();
+    kb * 1024
+}
+
+#[test]
+fn krcored_serves_64_attachments_with_the_qps_of_one_engine() {
+    use krcore_kmod::daemon::Attached;
+    use krcore_nic::{Access, SendWr, WcStatus};
+    const N: usize = 64;
+    let dir = fabric_dir();
+    let fabric = format!("sim:{}", dir.path().join("f").display());
+    let (meta_p, addr) = meta(&fabric);
+    let sock = dir.path().join("krcored.sock");
+    let sock_s = sock.display().to_string();
+    let (d, _) = start(
+        KRCORED,
+        &[
+            "--fabric", &fabric, "--meta", &addr, "--socket", &sock_s, "--pool", "4",
+        ],
+    );
+    let pid = d.0.id();
+    let first = Attached::attach(&sock).unwrap();
+    let rss0 = rss_bytes(pid);
+    let before = first.node_stats().unwrap();
+    // Each attachment (a socket of its own: a process to the daemon) with
+    // a region, a VQP connected to the node and one READ through it.
+    let mut held = Vec::new();
+    for i in 0..N {
+        let a = Attached::attach(&sock).unwrap();
+        let buf = a.alloc(4096, Access::ALL).unwrap();
+        let v = a.create_vqp().unwrap();
+        v.connect(a.gid()).unwrap();
+        // Its own memory: another attachment's is out of reach.
+        v.add_grant(a.gid(), buf.rkey(), buf.grant()).unwrap();
+        v.post(&[SendWr::read(
+            i as u64,
+            buf.sge(0, 64).unwrap(),
+            buf.remote(2048),
+        )])
+        .unwrap();
+        assert_eq!(v.wait(1, BOUND).unwrap()[0].status, WcStatus::Success);
+        held.push((a, buf, v));
+    }
+    let after = first.node_stats().unwrap();
+    assert_eq!(after.clients as usize, N + 1);
+    // One engine's QPs, however many processes: no QP per attachment.
+    assert_eq!(
+        after.qps_created, before.qps_created,
+        "{before:?} {after:?}"
+    );
+    assert_eq!(after.dcis, before.dcis);
+    let per = rss_bytes(pid).saturating_sub(rss0) / N as u64;
+    eprintln!(
+        "krcored: {N} attachments (a 4 KiB region, a VQP and its ring each): {} QPs before and after, {per} bytes of daemon RSS per attachment",
+        after.qps_created
+    );
+    drop(held);
+    assert_eq!(d.terminate(), Some(0));
+    assert_eq!(meta_p.terminate(), Some(0));
+}
