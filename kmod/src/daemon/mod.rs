@@ -54,7 +54,10 @@ pub mod wire;
 pub use client::{Attached, AttachedMr, AttachedVqp, DOORBELL_TIMEOUT};
 pub use error::DaemonError;
 pub use host::{Daemon, DaemonConfig, DaemonStats, StartError};
-pub use ring::{EncodeError, CQ_CAP, RING_BYTES, SQ_CAP};
+pub use ring::{
+    decode_cqe_bytes, decode_sqe_bytes, encode_cqe_bytes, encode_sqe_bytes, DecodeError,
+    EncodeError, CQE_BYTES, CQ_CAP, RING_BYTES, SQE_BYTES, SQ_CAP,
+};
 pub use wire::NodeStats;
 
 /// The control protocol's version: a process and a daemon of different

@@ -21,7 +21,12 @@
 //! A submission entry (SQE), 8 words: `wr_id`; `op | flags << 8`; local
 //! address; `length | lkey << 32`; remote address; `rkey`; compare or
 //! add; swap. A completion entry (CQE), 4 words: `wr_id`;
-//! `status | opcode << 8 | byte_len << 32`; two reserved.
+//! `status | opcode << 8 | byte_len << 32`; two reserved (zero).
+//!
+//! An entry's bytes are coded by [`encode_sqe_bytes`]/[`decode_sqe_bytes`]
+//! and [`encode_cqe_bytes`]/[`decode_cqe_bytes`], which touch no map (the
+//! fuzz target `kmod_daemon` runs them on arbitrary bytes); the ring
+//! functions copy one entry between the map and those, a word at a time.
 //!
 //! Invariants: indices only grow (wrapping u64); `sq_tail - sq_head` is at
 //! most `SQ_CAP` and `cq_tail - cq_head` at most `CQ_CAP` when both sides
@@ -55,11 +60,13 @@ pub(crate) const V_MSG_MAX: usize = 256;
 pub(crate) const CQ_TAIL: usize = 384;
 pub(crate) const CQ_HEAD: usize = 448;
 const SQ_AT: usize = 512;
-const SQE: usize = 64;
-const CQ_AT: usize = SQ_AT + SQ_CAP * SQE;
-const CQE: usize = 32;
+/// Bytes of a submission entry (SQE).
+pub const SQE_BYTES: usize = 64;
+const CQ_AT: usize = SQ_AT + SQ_CAP * SQE_BYTES;
+/// Bytes of a completion entry (CQE).
+pub const CQE_BYTES: usize = 32;
 /// Bytes of a VQP's ring file.
-pub const RING_BYTES: usize = (CQ_AT + CQ_CAP * CQE).next_multiple_of(4096);
+pub const RING_BYTES: usize = (CQ_AT + CQ_CAP * CQE_BYTES).next_multiple_of(4096);
 
 /// The client page: the daemon's idle flag (1 while its data thread
 /// sleeps: a process that publishes entries then writes the eventfd).
@@ -102,8 +109,12 @@ pub enum EncodeError {
 }
 
 /// Why the daemon refused a submission entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum DecodeError {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// The entry's opcode byte (the low byte of its second word) is none
+    /// of READ (1), WRITE (2), CAS (3), FAA (4).
+    #[error("submission entry with unknown opcode {0}")]
     Opcode(u64),
 }
 
@@ -125,11 +136,41 @@ fn get(map: &SharedMap, off: usize) -> u64 {
 }
 
 fn sqe_at(seq: u64) -> usize {
-    SQ_AT + (seq as usize % SQ_CAP) * SQE
+    SQ_AT + (seq as usize % SQ_CAP) * SQE_BYTES
 }
 
 fn cqe_at(seq: u64) -> usize {
-    CQ_AT + (seq as usize % CQ_CAP) * CQE
+    CQ_AT + (seq as usize % CQ_CAP) * CQE_BYTES
+}
+
+/// The little-endian words of an entry (`W` words of `bytes`; an entry
+/// constant sizes both, so the zip never runs short).
+fn le_words<const W: usize>(bytes: &[u8]) -> [u64; W] {
+    let mut words = [0u64; W];
+    for (w, c) in words.iter_mut().zip(bytes.chunks_exact(8)) {
+        *w = u64::from_le_bytes(c.try_into().unwrap_or_default());
+    }
+    words
+}
+
+/// Copies an entry's bytes into the map at `at`, a word at a time, in order.
+fn put_entry(map: &SharedMap, at: usize, entry: &[u8]) {
+    for (i, c) in entry.chunks_exact(8).enumerate() {
+        put(
+            map,
+            at + 8 * i,
+            u64::from_le_bytes(c.try_into().unwrap_or_default()),
+        );
+    }
+}
+
+/// Copies the entry at `at` out of the map, a word at a time, in order.
+fn get_entry<const B: usize>(map: &SharedMap, at: usize) -> [u8; B] {
+    let mut entry = [0u8; B];
+    for (i, c) in entry.chunks_exact_mut(8).enumerate() {
+        c.copy_from_slice(&get(map, at + 8 * i).to_le_bytes());
+    }
+    entry
 }
 
 /// Writes `wr` as the SQE of sequence `seq` (the process's side).
@@ -139,6 +180,19 @@ pub(crate) fn encode_sqe(
     index: usize,
     wr: &SendWr,
 ) -> Result<(), EncodeError> {
+    let entry = encode_sqe_bytes(index, wr)?;
+    put_entry(map, sqe_at(seq), &entry);
+    Ok(())
+}
+
+/// `wr` as the bytes of one SQE; `index` (its place in the batch) is only
+/// for the error.
+///
+/// # Errors
+/// [`EncodeError`]: a WR that does not have exactly one SGE, carries
+/// inline data, is not a READ, WRITE, CAS or FAA, or is not to the
+/// connected target.
+pub fn encode_sqe_bytes(index: usize, wr: &SendWr) -> Result<[u8; SQE_BYTES], EncodeError> {
     let sge = match &wr.payload {
         Payload::Local(list) => match list.as_slice() {
             [one] => *one,
@@ -165,39 +219,50 @@ pub(crate) fn encode_sqe(
         WrOp::FetchAdd { remote, add } => (OP_FAA, remote, add, 0),
         _ => return Err(EncodeError::Op { index }),
     };
-    let at = sqe_at(seq);
-    put(map, at, wr.wr_id);
-    put(map, at + 8, op | u64::from(wr.flags.0) << 8);
-    put(map, at + 16, sge.addr);
-    put(
-        map,
-        at + 24,
+    let words = [
+        wr.wr_id,
+        op | u64::from(wr.flags.0) << 8,
+        sge.addr,
         u64::from(sge.length) | u64::from(sge.lkey) << 32,
-    );
-    put(map, at + 32, remote.addr);
-    put(map, at + 40, u64::from(remote.rkey));
-    put(map, at + 48, a);
-    put(map, at + 56, b);
-    Ok(())
+        remote.addr,
+        u64::from(remote.rkey),
+        a,
+        b,
+    ];
+    let mut entry = [0u8; SQE_BYTES];
+    for (c, w) in entry.chunks_exact_mut(8).zip(words) {
+        c.copy_from_slice(&w.to_le_bytes());
+    }
+    Ok(entry)
 }
 
 /// Reads the SQE of sequence `seq` (the daemon's side): the WR as the
 /// process wrote it; its local key and range are for the caller to check.
 pub(crate) fn decode_sqe(map: &SharedMap, seq: u64) -> Result<SendWr, DecodeError> {
-    let at = sqe_at(seq);
-    let wr_id = get(map, at);
-    let opf = get(map, at + 8);
-    let len_key = get(map, at + 24);
+    decode_sqe_bytes(&get_entry(map, sqe_at(seq)))
+}
+
+/// The WR one SQE's bytes describe. Total on any bytes (the process
+/// wrote them: untrusted). What it returns is always a WR with exactly
+/// one local SGE, no inline data, the connected destination, flags among
+/// `SIGNALED` and `FENCE` (other bits are dropped), and a READ, WRITE,
+/// CAS or FAA; the upper 32 bits of the `rkey` word are ignored. The SGE
+/// is as written: whether it names the process's memory is the caller's
+/// check.
+///
+/// # Errors
+/// [`DecodeError::Opcode`]: the opcode byte is none of the four.
+pub fn decode_sqe_bytes(entry: &[u8; SQE_BYTES]) -> Result<SendWr, DecodeError> {
+    let [wr_id, opf, addr, len_key, raddr, rkey, a, b] = le_words(entry);
     let local = Sge {
-        addr: get(map, at + 16),
+        addr,
         length: len_key as u32,
         lkey: (len_key >> 32) as u32,
     };
     let remote = RemoteAddr {
-        addr: get(map, at + 32),
-        rkey: get(map, at + 40) as u32,
+        addr: raddr,
+        rkey: rkey as u32,
     };
-    let (a, b) = (get(map, at + 48), get(map, at + 56));
     let op = match opf & 0xff {
         OP_READ => WrOp::Read { remote },
         OP_WRITE => WrOp::Write { remote },
@@ -222,21 +287,37 @@ pub(crate) fn decode_sqe(map: &SharedMap, seq: u64) -> Result<SendWr, DecodeErro
 
 /// Writes `wc` as the CQE of sequence `seq` (the daemon's side).
 pub(crate) fn encode_cqe(map: &SharedMap, seq: u64, wc: &Wc) {
-    let at = cqe_at(seq);
-    put(map, at, wc.wr_id);
-    put(
-        map,
-        at + 8,
+    put_entry(map, cqe_at(seq), &encode_cqe_bytes(wc));
+}
+
+/// `wc` as the bytes of one CQE: its `wr_id`, status, opcode and length
+/// (the ring carries no immediate data, QP number or source QP).
+pub fn encode_cqe_bytes(wc: &Wc) -> [u8; CQE_BYTES] {
+    let words = [
+        wc.wr_id,
         wc.status as u64 | (wc.opcode as u64) << 8 | u64::from(wc.byte_len) << 32,
-    );
+    ];
+    let mut entry = [0u8; CQE_BYTES];
+    for (c, w) in entry.chunks_exact_mut(8).zip(words) {
+        c.copy_from_slice(&w.to_le_bytes());
+    }
+    entry
 }
 
 /// Reads the CQE of sequence `seq` (the process's side), for the VQP `qp_num`.
 pub(crate) fn decode_cqe(map: &SharedMap, seq: u64, qp_num: u32) -> Wc {
-    let at = cqe_at(seq);
-    let w = get(map, at + 8);
+    decode_cqe_bytes(&get_entry(map, cqe_at(seq)), qp_num)
+}
+
+/// The completion one CQE's bytes describe, for the VQP `qp_num`. Total
+/// on any bytes: an unknown status reads as `GeneralErr`, an unknown
+/// opcode as `Send` (as `WcStatus::from_u8` and `WcOpcode::from_u8`);
+/// the bits between the opcode and the length, and the reserved words,
+/// are ignored.
+pub fn decode_cqe_bytes(entry: &[u8; CQE_BYTES], qp_num: u32) -> Wc {
+    let [wr_id, w, _, _] = le_words(entry);
     Wc {
-        wr_id: get(map, at),
+        wr_id,
         status: WcStatus::from_u8(w as u8),
         opcode: WcOpcode::from_u8((w >> 8) as u8),
         byte_len: (w >> 32) as u32,
@@ -350,5 +431,69 @@ mod tests {
             encode_sqe(&map, 2, 5, &inline),
             Err(EncodeError::Inline { index: 5 })
         );
+    }
+
+    /// xorshift64: deterministic bytes, no dependency.
+    fn next(x: &mut u64) -> u64 {
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        *x
+    }
+
+    #[test]
+    fn random_entries_decode_to_wrs_the_ring_carries_or_to_opcode_errors() {
+        let (map, _file) = SharedMap::create("ring-test", RING_BYTES).unwrap();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let (mut ok, mut refused) = (0, 0);
+        for i in 0..4096u64 {
+            let mut entry = [0u8; SQE_BYTES];
+            for c in entry.chunks_exact_mut(8) {
+                c.copy_from_slice(&next(&mut x).to_le_bytes());
+            }
+            // Half the entries get a valid opcode byte, or almost none would.
+            if i % 2 == 0 {
+                entry[8] = (next(&mut x) % 4 + 1) as u8;
+            }
+            let wr = match decode_sqe_bytes(&entry) {
+                Ok(wr) => wr,
+                Err(DecodeError::Opcode(op)) => {
+                    assert!(!(1..=4).contains(&op) && op <= 0xff, "opcode {op}");
+                    assert_eq!(op, u64::from(entry[8]));
+                    refused += 1;
+                    continue;
+                }
+            };
+            ok += 1;
+            assert!(matches!(&wr.payload, Payload::Local(l) if l.as_slice().len() == 1));
+            assert!(matches!(wr.dest, krcore_nic::Destination::Connected));
+            assert_eq!(
+                wr.flags.0 & !(SendFlags::SIGNALED.0 | SendFlags::FENCE.0),
+                0
+            );
+            // What decodes, the process's side encodes (through the ring,
+            // at a wrapping sequence) to an entry that decodes the same.
+            encode_sqe(&map, i, 0, &wr).unwrap();
+            assert_eq!(decode_sqe(&map, i), Ok(wr));
+            let again = encode_sqe_bytes(0, &wr).unwrap();
+            assert_eq!(decode_sqe_bytes(&again), Ok(wr));
+            assert_eq!(get_entry::<SQE_BYTES>(&map, sqe_at(i)), again);
+        }
+        assert!(
+            ok > 1000 && refused > 1000,
+            "{ok} decoded, {refused} refused"
+        );
+
+        // CQEs: any bytes decode; what decodes re-encodes to the same.
+        for i in 0..1024u64 {
+            let mut entry = [0u8; CQE_BYTES];
+            for c in entry.chunks_exact_mut(8) {
+                c.copy_from_slice(&next(&mut x).to_le_bytes());
+            }
+            let wc = decode_cqe_bytes(&entry, 3);
+            encode_cqe(&map, i, &wc);
+            assert_eq!(decode_cqe(&map, i, 3), wc);
+            assert_eq!(decode_cqe_bytes(&encode_cqe_bytes(&wc), 3), wc);
+        }
     }
 }
