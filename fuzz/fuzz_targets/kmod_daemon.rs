@@ -8,8 +8,8 @@
 #![no_main]
 use krcore_kmod::daemon::wire::{frame_len, Reply, Request, MAX_FRAME};
 use krcore_kmod::daemon::{
-    decode_cqe_bytes, decode_sqe_bytes, encode_cqe_bytes, encode_sqe_bytes, DecodeError,
-    CQE_BYTES, SQE_BYTES,
+    decode_cqe_bytes, decode_sqe_bytes, encode_cqe_bytes, encode_sqe_bytes, DecodeError, CQE_BYTES,
+    SQE_BYTES,
 };
 use krcore_nic::{Destination, Payload, SendFlags};
 use libfuzzer_sys::fuzz_target;
@@ -40,7 +40,9 @@ fn padded<const N: usize>(data: &[u8]) -> [u8; N] {
 
 /// The body of an encoded frame, after checking its prefix.
 fn body_of(frame: &[u8]) -> &[u8] {
-    let (prefix, body) = frame.split_first_chunk::<4>().expect("a frame has a prefix");
+    let (prefix, body) = frame
+        .split_first_chunk::<4>()
+        .expect("a frame has a prefix");
     assert_eq!(frame_len(*prefix), Ok(body.len()), "encoded frame's prefix");
     body
 }
@@ -116,7 +118,10 @@ fn sqe(entry: &[u8; SQE_BYTES]) {
         Payload::Inline(_) => panic!("an SQE decoded to inline data"),
     }
     assert!(matches!(wr.dest, Destination::Connected));
-    assert_eq!(wr.flags.0 & !(SendFlags::SIGNALED.0 | SendFlags::FENCE.0), 0);
+    assert_eq!(
+        wr.flags.0 & !(SendFlags::SIGNALED.0 | SendFlags::FENCE.0),
+        0
+    );
     let again = encode_sqe_bytes(0, &wr).expect("a decoded WR encodes");
     assert_eq!(decode_sqe_bytes(&again), Ok(wr));
 }
