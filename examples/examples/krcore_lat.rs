@@ -1653,10 +1653,11 @@ mod lat {
                 .map_err(|e| format!("second connect: {e}"))?;
             second.push(us(t0));
             second_d = Some(c.counters() - before);
-            if v1.raw().physical_qpn() != v2.raw().physical_qpn() {
+            let qpn = |v: &krcore::Vqp<_>| v.raw().and_then(|r| r.physical_qpn());
+            if qpn(&v1) != qpn(&v2) {
                 return Err("the second connect did not share the first's RC pair".into());
             }
-            let st = c.engine().stats();
+            let st = c.engine().map_err(|e| format!("engine: {e}"))?.stats();
             if (st.rc.created, st.rc.reused) != (1, 1) {
                 return Err(format!("unexpected RC pair statistics {:?}", st.rc));
             }
