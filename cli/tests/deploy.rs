@@ -288,6 +288,42 @@ fn bad_inputs_are_typed_one_line_errors_in_bounded_time() {
 
 const KRCORED: &str = env!("CARGO_BIN_EXE_krcored");
 
+/// A node as the tests run it: a meta server and `krcored --pool 4` on a
+/// fresh directory fabric.
+struct KrcoredNode {
+    // Dropped last: the fabric's directory.
+    daemon: Proc,
+    meta: Proc,
+    fabric: String,
+    addr: String,
+    sock: std::path::PathBuf,
+    line: String,
+    dir: tempfile::TempDir,
+}
+
+fn krcored_node() -> KrcoredNode {
+    let dir = fabric_dir();
+    let fabric = format!("sim:{}", dir.path().join("f").display());
+    let (meta, addr) = meta(&fabric);
+    let sock = dir.path().join("krcored.sock");
+    let sock_s = sock.display().to_string();
+    let (daemon, line) = start(
+        KRCORED,
+        &[
+            "--fabric", &fabric, "--meta", &addr, "--socket", &sock_s, "--pool", "4",
+        ],
+    );
+    KrcoredNode {
+        daemon,
+        meta,
+        fabric,
+        addr,
+        sock,
+        line,
+        dir,
+    }
+}
+
 /// `krcored` as a process of its own: a process attaches over its socket,
 /// registers memory through it and moves data through its engine (a
 /// loopback WRITE then READ on the node); a second daemon on the same
@@ -297,17 +333,16 @@ const KRCORED: &str = env!("CARGO_BIN_EXE_krcored");
 fn krcored_serves_attached_processes_and_stops_cleanly() {
     use krcore_kmod::daemon::{Attached, DaemonError};
     use krcore_nic::{Access, SendWr, WcStatus};
-    let dir = fabric_dir();
-    let fabric = format!("sim:{}", dir.path().join("f").display());
-    let (meta_p, addr) = meta(&fabric);
-    let sock = dir.path().join("krcored.sock");
+    let KrcoredNode {
+        daemon: d,
+        meta: meta_p,
+        fabric,
+        addr,
+        sock,
+        line,
+        dir: _dir,
+    } = krcored_node();
     let sock_s = sock.display().to_string();
-    let (d, line) = start(
-        KRCORED,
-        &[
-            "--fabric", &fabric, "--meta", &addr, "--socket", &sock_s, "--pool", "4",
-        ],
-    );
     assert!(line.contains("dcis 4 qps "), "{line}");
     let a = Attached::attach(&sock).unwrap();
     let region = a.alloc(4096, Access::ALL).unwrap();
@@ -369,17 +404,13 @@ fn krcored_serves_64_attachments_with_the_qps_of_one_engine() {
     use krcore_kmod::daemon::Attached;
     use krcore_nic::{Access, SendWr, WcStatus};
     const N: usize = 64;
-    let dir = fabric_dir();
-    let fabric = format!("sim:{}", dir.path().join("f").display());
-    let (meta_p, addr) = meta(&fabric);
-    let sock = dir.path().join("krcored.sock");
-    let sock_s = sock.display().to_string();
-    let (d, _) = start(
-        KRCORED,
-        &[
-            "--fabric", &fabric, "--meta", &addr, "--socket", &sock_s, "--pool", "4",
-        ],
-    );
+    let KrcoredNode {
+        daemon: d,
+        meta: meta_p,
+        sock,
+        dir: _dir,
+        ..
+    } = krcored_node();
     let pid = d.0.id();
     let first = Attached::attach(&sock).unwrap();
     let rss0 = rss_bytes(pid);

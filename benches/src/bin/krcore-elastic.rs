@@ -303,22 +303,13 @@ fn child_main(spec: &ChildSpec) -> Result<(), String> {
     modeled.connect_ns = c2.modeled_control_ns - c1.modeled_control_ns;
     // Opening the NIC itself charges nothing the counters see before c0.
     modeled.device_ns = 0;
-    let mut slept_us = 0;
-    if spec.model_sleep {
-        // The application's part: KRCore's engine start happens at boot.
-        let ns = modeled.connect_ns + modeled.server_ns;
-        let t = epoch_us();
-        std::thread::sleep(Duration::from_nanos(ns));
-        slept_us = epoch_us() - t;
-    }
-    let mut client = Client::open(transport, remote.clock.clone(), ClientConfig::default())
-        .map_err(|x| e(&x))?;
-    let mut rng = SmallRng::seed_from_u64(spec.index as u64 + 1);
-    let first = rng.gen_range(0..spec.records.max(1));
-    match client.get(key(first).as_bytes()).map_err(|x| e(&x))? {
-        Some(_) => {}
-        None => return Err(format!("first get: {} is absent", key(first))),
-    }
+    // The application's part: KRCore's engine start happens at boot.
+    let (client, rng, slept_us) = open_and_get(
+        spec,
+        transport,
+        &remote,
+        modeled.connect_ns + modeled.server_ns,
+    )?;
     let first_get = epoch_us();
     let c3 = nic.counters();
     modeled.first_get_ns = c3.modeled_control_ns - c2.modeled_control_ns;
@@ -361,33 +352,13 @@ fn daemon_child(spec: &ChildSpec, main: u64, remote: &Remote) -> Result<(), Stri
         connect_ns: s2.modeled_control_ns - s1.modeled_control_ns,
         ..Modeled::default()
     };
-    let mut slept_us = 0;
-    if spec.model_sleep {
-        let t0 = epoch_us();
-        std::thread::sleep(Duration::from_nanos(modeled.connect_ns));
-        slept_us = epoch_us() - t0;
-    }
-    let mut client = Client::open(
-        AnyTransport::Vqp(t),
-        remote.clock.clone(),
-        ClientConfig::default(),
-    )
-    .map_err(|x| e(&x))?;
-    let mut rng = SmallRng::seed_from_u64(spec.index as u64 + 1);
-    let first = rng.gen_range(0..spec.records.max(1));
-    match client.get(key(first).as_bytes()).map_err(|x| e(&x))? {
-        Some(_) => {}
-        None => return Err(format!("first get: {} is absent", key(first))),
-    }
+    let (client, rng, slept_us) =
+        open_and_get(spec, AnyTransport::Vqp(t), remote, modeled.connect_ns)?;
     let first_get = epoch_us();
     let s3 = stats(&n)?;
     modeled.first_get_ns = s3.modeled_control_ns - s2.modeled_control_ns;
     // Node-wide: the daemon's NIC, over this process's whole join.
     modeled.qps_created = s3.qps_created - s1.qps_created;
-    // What the process itself opened: nothing.
-    if n.counters().qps_created != 0 {
-        return Err("an attached process created a QP of its own".into());
-    }
     let stamps = Stamps {
         spawn: spec.spawn_us,
         main,
@@ -397,6 +368,33 @@ fn daemon_child(spec: &ChildSpec, main: u64, remote: &Remote) -> Result<(), Stri
         first_get,
     };
     run_load(spec, client, rng, Some(&n), stamps, modeled, slept_us)
+}
+
+/// Sleeps `sleep_ns` of modeled time (when the spec says so), opens the
+/// RACE client and issues the first get; returns the client, the
+/// process's key generator and the microseconds slept.
+fn open_and_get(
+    spec: &ChildSpec,
+    transport: AnyTransport,
+    remote: &Remote,
+    sleep_ns: u64,
+) -> Result<(Client<AnyTransport>, SmallRng, u64), String> {
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    let mut slept_us = 0;
+    if spec.model_sleep {
+        let t = epoch_us();
+        std::thread::sleep(Duration::from_nanos(sleep_ns));
+        slept_us = epoch_us() - t;
+    }
+    let mut client = Client::open(transport, remote.clock.clone(), ClientConfig::default())
+        .map_err(|x| e(&x))?;
+    let mut rng = SmallRng::seed_from_u64(spec.index as u64 + 1);
+    let first = rng.gen_range(0..spec.records.max(1));
+    match client.get(key(first).as_bytes()).map_err(|x| e(&x))? {
+        Some(_) => {}
+        None => return Err(format!("first get: {} is absent", key(first))),
+    }
+    Ok((client, rng, slept_us))
 }
 
 /// After the first get: announces the join, then gets until the run's
