@@ -285,3 +285,35 @@ fn a_ports_failed_reply_is_reported_by_its_next_replies() {
         assert_eq!((r.seq, r.to_vec()), (seq as u64, body(i, 40)));
     }
 }
+
+/// The port's answer to an Open is lost (the port's NIC fails every WR to
+/// the sender for a moment, `drop_node`): the endpoint sends its Open again
+/// while the push waits, the port answers the repeat with the same grant,
+/// and the message the Open carried is delivered once.
+#[test]
+fn a_lost_answer_to_an_open_is_answered_again() {
+    let c = Cluster::new();
+    let (rx, faults) = fault_node(&c, 7);
+    let tx = node(&c, |_| {});
+    let port = rx.bind(PORT).expect("bind");
+    let ep = tx.endpoint().expect("endpoint");
+    faults.drop_node(tx.gid());
+    let restore = {
+        let faults = faults.clone();
+        let gid = tx.gid();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            faults.restore_node(gid);
+        })
+    };
+    ep.push(rx.gid(), PORT, b"once")
+        .expect("push after a lost Grant");
+    restore.join().unwrap();
+    assert!(faults.stats().dropped_wrs >= 1, "a Grant was lost");
+    assert!(tx.msg_stats().open_resent >= 1, "{:?}", tx.msg_stats());
+    assert_eq!(port.pop().expect("pop").to_vec(), b"once");
+    ep.push(rx.gid(), PORT, b"next").expect("push");
+    assert_eq!(port.pop().expect("pop").to_vec(), b"next");
+    assert!(port.try_pop().expect("try_pop").is_none(), "delivered once");
+    assert_eq!(rx.msg_stats().out_of_order, 0);
+}

@@ -264,3 +264,50 @@ fn a_wrapped_copied_batch_is_reposted_intact() {
         "{s:?}"
     );
 }
+
+/// A VQP dropped right after its post (fire and forget: messaging answers
+/// an Open so) polls no more. When its WR fails, the shared DCI is in ERR
+/// with nobody to see it; the next post of another VQP, dropped as well,
+/// must not be flushed with it: the post finds the orphan's failure first,
+/// recovers the QP, then rings its doorbell, so its WRITE lands.
+#[test]
+fn a_post_behind_a_dropped_vqps_failure_is_not_flushed() {
+    let c = Cluster::new();
+    let mem = c.memory_node(4096);
+    let e = client(&c);
+    let local = e.alloc_mr(4096, Access::ALL).unwrap();
+    for round in 0..3u64 {
+        let bad = e.create_vqp().unwrap();
+        bad.connect(mem.gid()).unwrap();
+        let mut remote = mem.mr.remote(0);
+        remote.rkey ^= 0x5a5a;
+        let wr = SendWr::read(1, local.sge(3000, 8).unwrap(), remote).signaled(false);
+        bad.post_send(&mut [wr]).unwrap();
+        drop(bad);
+
+        let ctl = e.create_vqp().unwrap();
+        ctl.connect(mem.gid()).unwrap();
+        local.store_u64(0, 500 + round).unwrap();
+        let wr = SendWr::write(2, local.sge(0, 8).unwrap(), mem.mr.remote(64)).signaled(false);
+        ctl.post_send(&mut [wr]).unwrap();
+        drop(ctl);
+
+        // Any later VQP's synchronous READ: by then the WRITE ran.
+        let probe = e.create_vqp().unwrap();
+        probe.connect(mem.gid()).unwrap();
+        let wr = SendWr::read(3, local.sge(8, 8).unwrap(), mem.mr.remote(64));
+        probe.post_send(&mut [wr]).unwrap();
+        let wcs = wait_wcs(&probe, 1);
+        assert_eq!(
+            wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+            [(3, WcStatus::Success)],
+            "round {round}"
+        );
+        assert_eq!(
+            mem.mr.load_u64(64).unwrap(),
+            500 + round,
+            "round {round}: the dropped VQP's WRITE was flushed"
+        );
+    }
+    assert_eq!(e.stats().dci.recoveries, 3);
+}

@@ -439,6 +439,9 @@ pub struct MsgStats {
     /// Idle channels of the engine's reserved ports reclaimed for another
     /// sender (`msg.control_idle`; the reclaimed sender is told).
     pub reclaimed: u64,
+    /// Opens sent again because their answer did not come (a lost answer,
+    /// or a slow port).
+    pub open_resent: u64,
 }
 
 #[derive(Default)]
@@ -461,6 +464,7 @@ pub(crate) struct Counters {
     pub(crate) releases_deferred: AtomicU64,
     pub(crate) closed: AtomicU64,
     pub(crate) reclaimed: AtomicU64,
+    pub(crate) open_resent: AtomicU64,
     /// Error completions of tagged data messages, by sending VQP: (tag,
     /// status), taken by their endpoint (which reports them lost).
     pub(crate) failed: Mutex<HashMap<u32, Vec<(u64, WcStatus)>>>,
@@ -790,6 +794,7 @@ impl<N: Nic> MsgNode<N> {
             releases_deferred: l(&c.releases_deferred),
             closed: l(&c.closed),
             reclaimed: l(&c.reclaimed),
+            open_resent: l(&c.open_resent),
         }
     }
 
@@ -1152,6 +1157,10 @@ impl<N: Nic> MsgNode<N> {
     /// once per channel). The VQP is dropped after the post: the inline
     /// send needs no buffer, and its completion is not needed. (The node
     /// keeps no VQP of its own: a VQP holds the engine, which holds this.)
+    /// Should the send fail (a dead sender), the DCI's next post finds the
+    /// failure and recovers the QP first (`PhysState::orphans_until`); an
+    /// answer lost anyway (flushed behind such a failure before it was
+    /// seen) is asked for again: an endpoint repeats an unanswered Open.
     pub(crate) fn send_ctl(
         &self,
         eng: &Arc<EngineInner<N>>,
@@ -1338,8 +1347,11 @@ mod tests {
         assert_eq!(got, vec![(0, b"a".to_vec()), (1, b"b".to_vec())]);
         assert!(port.try_pop().expect("pop").is_none(), "'a' delivered once");
         let st = rx.msg_stats();
-        assert_eq!(st.received, 3, "two Opens carrying 'a', then 'b': {st:?}");
-        assert_eq!(st.granted, 2, "the repeated Open gets the same grant");
+        // Two pushes' Opens carrying 'a' (and the repeats of an unanswered
+        // Open while a push waits), then 'b'.
+        let opens = 2 + tx.msg_stats().open_resent;
+        assert_eq!(st.received, opens + 1, "{st:?}");
+        assert_eq!(st.granted, opens, "each repeated Open gets the same grant");
         assert_eq!(
             (st.out_of_order, st.orphaned, st.malformed),
             (0, 0, 0),

@@ -12,6 +12,12 @@ use super::msg::*;
 use super::msg_send::*;
 use super::vqp::Vqp;
 use super::EngineInner;
+
+/// An Open unanswered this long is sent again (then after twice as long,
+/// up to [`OPEN_RESEND_MAX`]), within the push's wait.
+const OPEN_RESEND_FIRST: Duration = Duration::from_millis(20);
+/// The longest pause between two sends of one Open.
+const OPEN_RESEND_MAX: Duration = Duration::from_millis(500);
 use crate::msg::{
     Carried, Descriptor, MsgDst, MsgKind, MsgRepr, RefuseCode, ReturnBatch, SendWindow, SeqCheck,
 };
@@ -396,20 +402,33 @@ impl<N: Nic> Endpoint<N> {
                 }),
             },
         };
-        let slot = self.node.ring_slot(&mut tx.posts);
-        if let Err(e) = send_with_body(
-            &self.eng,
-            &tx.vqp,
-            (&tx.ring, slot),
-            key.0,
-            self.id,
-            (&open.emit(), carried.as_deref().unwrap_or(&[])),
-            &self.node,
-            0,
-        ) {
+        let header = open.emit();
+        let send_open = |tx: &mut EpTx<N>| {
+            let slot = self.node.ring_slot(&mut tx.posts);
+            send_with_body(
+                &self.eng,
+                &tx.vqp,
+                (&tx.ring, slot),
+                key.0,
+                self.id,
+                (&header, carried.as_deref().unwrap_or(&[])),
+                &self.node,
+                0,
+            )
+        };
+        if let Err(e) = send_open(tx) {
             self.forget(key);
             return Err(e);
         }
+        // An answer can be lost on its way (it goes out on whichever DCI of
+        // the port's node comes next, and a DCI that an earlier send left
+        // in ERR flushes it): the Open is sent again, each time after
+        // twice as long, while the push may wait. A port answers a
+        // repeated Open with the same grant and delivers a carried message
+        // once; all of them, and the channel's later messages and Close,
+        // leave on this endpoint's one VQP, so they arrive in order.
+        let mut resend_after = OPEN_RESEND_FIRST;
+        let mut last_sent = Instant::now();
         loop {
             self.node.progress(&self.eng)?;
             let status = self
@@ -438,6 +457,14 @@ impl<N: Nic> Endpoint<N> {
                 return Err(MsgError::Timeout(start.elapsed()));
             }
             reap(&tx.vqp, &self.node.counters)?;
+            if last_sent.elapsed() >= resend_after {
+                // A failed repeat is not the end: the first may be answered.
+                if send_open(tx).is_ok() {
+                    bump(&self.node.counters.open_resent);
+                }
+                last_sent = Instant::now();
+                resend_after = (resend_after * 2).min(OPEN_RESEND_MAX);
+            }
             std::thread::yield_now();
         }
     }

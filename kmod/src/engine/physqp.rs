@@ -331,6 +331,15 @@ pub(crate) struct PhysState<N: Nic> {
     /// The CQ poll buffer (kept, so that a poll initializes nothing).
     buf: Vec<Wc>,
     needs_recovery: bool,
+    /// Sequences below it may be WRs of VQPs detached with WRs in flight
+    /// (a VQP dropped right after a post: the messaging's answers to an
+    /// Open). Such a VQP polls no more, so an error of its WR (a dead
+    /// target) would leave the QP in ERR unseen, and every WR posted
+    /// behind it would be flushed. Until all of them retired
+    /// (`credits.head() >= orphans_until`) posts take the general path,
+    /// which drains the CQ first (recovering the QP if one failed), and
+    /// the fast path's gate `window` stays `None`.
+    orphans_until: u64,
     /// The VQP whose WR failed first and put the QP in ERR (recovery
     /// reports its flushed WRs to it and re-posts everybody else's).
     guilty: Option<VqpId>,
@@ -474,6 +483,7 @@ impl<N: Nic> PhysQp<N> {
                 window: None,
                 buf: vec![Wc::default(); POLL_BATCH],
                 needs_recovery: false,
+                orphans_until: 0,
                 guilty: None,
                 nonce,
                 stats: DciStats::default(),
@@ -506,7 +516,15 @@ impl<N: Nic> PhysQp<N> {
     /// Takes the VQP `id`'s state back (completions of its WRs still in
     /// flight are then discarded).
     pub(crate) fn detach(&self, id: VqpId) -> Option<VqpState> {
-        self.state.lock().vqps.remove(id)
+        let mut st = self.state.lock();
+        let v = st.vqps.remove(id)?;
+        if v.outstanding > 0 {
+            // Its WRs complete as orphans: the next post looks for them
+            // first (see `PhysState::orphans_until`).
+            st.orphans_until = st.credits.next_seq();
+            st.window = None;
+        }
+        Some(v)
     }
 
     /// Takes the VQP `id`'s state back only if none of its WRs is in

@@ -207,6 +207,11 @@ impl<N: Nic> PhysQp<N> {
         wrs: &mut [SendWr],
     ) -> Result<(), PostFail> {
         let n = wrs.len();
+        // WRs of dropped VQPs in flight: one of them may have failed, with
+        // nobody polling for it (see `PhysState::orphans_until`).
+        if st.orphans_until > st.credits.head() {
+            self.drain(eng, st)?;
+        }
         if st.needs_recovery {
             self.recover(eng, st)?;
         }
@@ -242,6 +247,10 @@ impl<N: Nic> PhysQp<N> {
                 }
             }
         };
+        if st.orphans_until > st.credits.head() {
+            // Some still in flight: the fast path stays off.
+            st.window = None;
+        }
         if let Link::Rc(l) = &self.link {
             l.touch(&self.words.rc_tick);
         }
