@@ -388,6 +388,42 @@ fn krcored_serves_attached_processes_and_stops_cleanly() {
     assert_eq!(meta_p.terminate(), Some(0));
 }
 
+/// A daemon that is alive but does not answer (stopped with SIGSTOP): a
+/// control call fails, typed, once the attachment's bound has passed (no
+/// hang), the attachment is given up (the next call fails `Gone` at once),
+/// and once the daemon runs again a process attaches anew.
+#[test]
+fn a_stopped_krcored_fails_control_calls_within_the_bound() {
+    use krcore_kmod::daemon::{Attached, DaemonError};
+    let node = krcored_node();
+    let pid = node.daemon.0.id().to_string();
+    let bound = Duration::from_millis(300);
+    let a = Attached::attach_timeout(&node.sock, bound).unwrap();
+    let signal = |sig: &str| {
+        let ok = Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig}");
+    };
+    signal("-STOP");
+    let start = Instant::now();
+    let r = a.create_vqp();
+    let waited = start.elapsed();
+    signal("-CONT");
+    match r {
+        Err(DaemonError::Unanswered { what, after }) => {
+            assert_eq!((what, after), ("create a VQP", bound));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(waited >= bound, "{waited:?}");
+    assert!(matches!(a.create_vqp(), Err(DaemonError::Gone { .. })));
+    let b = Attached::attach(&node.sock).unwrap();
+    b.create_vqp().unwrap();
+    assert_eq!(node.daemon.terminate(), Some(0));
+}
+
 /// The resident memory of process `pid` (bytes), from /proc.
 fn rss_bytes(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();

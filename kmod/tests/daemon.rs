@@ -408,6 +408,16 @@ fn attach_errors_are_typed() {
         Err(DaemonError::NoDaemon { .. }) => {}
         other => panic!("{other:?}"),
     }
+    // Something listens there and never answers: typed, in bounded time.
+    let silent = dir.path().join("silent.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&silent).unwrap();
+    let bound = Duration::from_millis(100);
+    match Attached::attach_timeout(&silent, bound) {
+        Err(DaemonError::Unanswered { what, after }) => {
+            assert_eq!((what, after), ("attach", bound));
+        }
+        other => panic!("{other:?}"),
+    }
     let n = Node::new(DaemonConfig {
         max_vqps: 2,
         max_mr_bytes: 8192,

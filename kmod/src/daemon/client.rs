@@ -27,6 +27,11 @@ use std::time::{Duration, Instant};
 pub const DOORBELL_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often a waiting doorbell looks whether the daemon is still there.
 const LIVENESS_EVERY: Duration = Duration::from_millis(1);
+/// How long a control call (attach, allocate, create a VQP, connect, ...)
+/// waits for the daemon's answer. A connect may read the meta server
+/// (bounded by the daemon's own meta timeout, 1 s by default, with
+/// retries), so this is generous.
+pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(15);
 
 struct Conn {
     sock: Mutex<UnixStream>,
@@ -38,6 +43,8 @@ struct Conn {
     rc_fallback: bool,
     path: PathBuf,
     gone: AtomicBool,
+    /// How long a control call waits for its answer.
+    timeout: Duration,
 }
 
 impl Conn {
@@ -58,11 +65,13 @@ impl Conn {
                 r => Ok((r, fds)),
             },
             Err(RecvError::Wire(e)) => Err(e.into()),
-            Err(_) => {
+            Err(e) => {
                 self.gone.store(true, Ordering::Relaxed);
-                Err(DaemonError::Gone {
-                    what: "the control socket closed",
-                })
+                Err(
+                    unanswered(&e, req.name(), self.timeout).unwrap_or(DaemonError::Gone {
+                        what: "the control socket closed",
+                    }),
+                )
             }
         }
     }
@@ -86,6 +95,22 @@ impl Conn {
             self.gone.store(true, Ordering::Relaxed);
         }
         hup
+    }
+}
+
+/// A read that ran into the socket's timeout (`after`) as
+/// [`DaemonError::Unanswered`]; `None` for any other failure.
+fn unanswered(e: &RecvError, what: &'static str, after: Duration) -> Option<DaemonError> {
+    match e {
+        RecvError::Io(io)
+            if matches!(
+                io.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
+            Some(DaemonError::Unanswered { what, after })
+        }
+        _ => None,
     }
 }
 
@@ -118,8 +143,24 @@ impl Attached {
     /// # Errors
     /// [`DaemonError::NoDaemon`] when nothing listens there;
     /// [`DaemonError::Version`] for a daemon of another protocol;
-    /// [`DaemonError::Refused`] (quota) when it serves too many processes.
+    /// [`DaemonError::Refused`] (quota) when it serves too many processes;
+    /// [`DaemonError::Unanswered`] when it does not answer within
+    /// [`CONTROL_TIMEOUT`].
     pub fn attach(path: impl AsRef<Path>) -> Result<Attached, DaemonError> {
+        Attached::attach_timeout(path, CONTROL_TIMEOUT)
+    }
+
+    /// [`Attached::attach`] whose control calls (this one and every later
+    /// one) wait at most `timeout` for the daemon's answer; past it the
+    /// call fails with [`DaemonError::Unanswered`] and the attachment is
+    /// given up (every later call fails [`DaemonError::Gone`]).
+    ///
+    /// # Errors
+    /// As [`Attached::attach`].
+    pub fn attach_timeout(
+        path: impl AsRef<Path>,
+        timeout: Duration,
+    ) -> Result<Attached, DaemonError> {
         let path = path.as_ref();
         let sock = UnixStream::connect(path).map_err(|source| DaemonError::NoDaemon {
             path: path.to_path_buf(),
@@ -128,6 +169,9 @@ impl Attached {
         let gone = |_| DaemonError::Gone {
             what: "the socket failed during attach",
         };
+        // Every answer is waited for a bounded time: a stuck daemon is a
+        // typed error, not a hang.
+        sock.set_read_timeout(Some(timeout)).map_err(gone)?;
         let probe = sock.try_clone().map_err(gone)?;
         let hello = Request::Hello {
             version: PROTOCOL_VERSION,
@@ -137,10 +181,12 @@ impl Attached {
         let (body, fds) = match sock::recv(&sock) {
             Ok(x) => x,
             Err(RecvError::Wire(e)) => return Err(e.into()),
-            Err(_) => {
-                return Err(DaemonError::Gone {
-                    what: "the daemon closed the socket during attach",
-                })
+            Err(e) => {
+                return Err(
+                    unanswered(&e, "attach", timeout).unwrap_or(DaemonError::Gone {
+                        what: "the daemon closed the socket during attach",
+                    }),
+                )
             }
         };
         let (gid, mode) = match Reply::decode(&body)? {
@@ -175,6 +221,7 @@ impl Attached {
                 rc_fallback: mode != 0,
                 path: path.to_path_buf(),
                 gone: AtomicBool::new(false),
+                timeout,
             }),
         })
     }

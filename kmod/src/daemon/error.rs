@@ -43,6 +43,16 @@ pub enum DaemonError {
     /// The daemon did not take a doorbell in time (alive but stuck).
     #[error("the node daemon did not take a doorbell within {0:?}")]
     Timeout(Duration),
+    /// The daemon did not answer a control call in time (alive but
+    /// stuck, or stopped): the connection is given up (a late answer would
+    /// be taken for the next call's), so attach again.
+    #[error("the node daemon did not answer {what} within {after:?}")]
+    Unanswered {
+        /// The call.
+        what: &'static str,
+        /// The bound waited.
+        after: Duration,
+    },
     /// A reply did not decode.
     #[error("malformed reply from the node daemon")]
     Wire(#[from] WireError),

@@ -38,7 +38,11 @@
 //!   off), and a grant over another attached process's region is refused.
 //!   A process that dies has its VQPs and memory released when its socket
 //!   closes; a daemon that dies makes its processes' calls fail with
-//!   [`DaemonError::Gone`] within milliseconds (no hang).
+//!   [`DaemonError::Gone`] within milliseconds (no hang), and one that is
+//!   alive but does not answer (stuck, stopped) fails a control call with
+//!   [`DaemonError::Unanswered`] after [`CONTROL_TIMEOUT`]
+//!   ([`Attached::attach_timeout`] sets another bound) and a doorbell with
+//!   [`DaemonError::Timeout`] after [`DOORBELL_TIMEOUT`].
 //!
 //! Through the daemon a WR has one SGE and no inline data; two-sided
 //! messaging, leases and the DC -> RC upgrade API are not carried yet
@@ -51,7 +55,7 @@ mod ring;
 mod sock;
 pub mod wire;
 
-pub use client::{Attached, AttachedMr, AttachedVqp, DOORBELL_TIMEOUT};
+pub use client::{Attached, AttachedMr, AttachedVqp, CONTROL_TIMEOUT, DOORBELL_TIMEOUT};
 pub use error::DaemonError;
 pub use host::{Daemon, DaemonConfig, DaemonStats, StartError};
 pub use ring::{

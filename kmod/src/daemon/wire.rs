@@ -344,6 +344,21 @@ pub fn frame_len(prefix: [u8; 4]) -> Result<usize, WireError> {
 }
 
 impl Request {
+    /// The request in a word (for errors).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Request::Hello { .. } => "attach",
+            Request::AllocMr { .. } => "allocate memory",
+            Request::FreeMr { .. } => "free memory",
+            Request::CreateVqp => "create a VQP",
+            Request::DestroyVqp { .. } => "destroy a VQP",
+            Request::Connect { .. } => "connect",
+            Request::Grant { .. } => "grant",
+            Request::SetUngranted { .. } => "set the ungranted rule",
+            Request::Stats => "stats",
+        }
+    }
+
     /// The request as one frame.
     pub fn encode(&self) -> Vec<u8> {
         match self {
