@@ -6,7 +6,7 @@
 //! the ring can carry or to an opcode error, and a CQE (32 bytes) always
 //! decodes; what decodes re-encodes to an entry that decodes the same.
 #![no_main]
-use krcore_kmod::daemon::wire::{frame_len, Reply, Request, MAX_FRAME};
+use krcore_kmod::daemon::wire::{frame_len, MsgFailure, Reply, Request, MAX_FRAME};
 use krcore_kmod::daemon::{
     decode_cqe_bytes, decode_sqe_bytes, encode_cqe_bytes, encode_sqe_bytes, DecodeError, CQE_BYTES,
     SQE_BYTES,
@@ -58,8 +58,8 @@ fn control(body: &[u8]) {
         let frame = rep.encode();
         let again = Reply::decode(body_of(&frame)).expect("an encoded reply decodes");
         match (&rep, &again) {
-            // The encoder caps a refusal's message (at a byte, not a char,
-            // boundary): a longer one comes back cut, the same up to there.
+            // The encoder caps a reason text at a character boundary: a
+            // longer one comes back cut, the same up to there.
             (
                 Reply::Refused { code, message },
                 Reply::Refused {
@@ -68,20 +68,25 @@ fn control(body: &[u8]) {
                 },
             ) if message.len() > message_cap() => {
                 assert_eq!(code, code2);
-                let mut keep = message_cap();
-                while !message.is_char_boundary(keep) {
-                    keep -= 1;
-                }
-                // The cut char's leftover bytes read as one U+FFFD.
-                let mut cut = message[..keep].to_owned();
-                if keep < message_cap() {
-                    cut.push(char::REPLACEMENT_CHARACTER);
-                }
-                assert_eq!(message2, &cut, "{rep:?}");
+                assert_eq!(message2, cut(message), "{rep:?}");
             }
+            (
+                Reply::MsgFailed(MsgFailure::Other(text)),
+                Reply::MsgFailed(MsgFailure::Other(text2)),
+            ) if text.len() > message_cap() => assert_eq!(text2, cut(text), "{rep:?}"),
             _ => assert_eq!(again, rep),
         }
     }
+}
+
+/// `text` cut as the encoder cuts it (at most [`message_cap`] bytes, at a
+/// character boundary).
+fn cut(text: &str) -> &str {
+    let mut keep = message_cap();
+    while !text.is_char_boundary(keep) {
+        keep -= 1;
+    }
+    &text[..keep]
 }
 
 /// The longest refusal message that survives encoding whole (the wire

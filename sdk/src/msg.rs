@@ -47,13 +47,179 @@
 //! `krcore_kmod::engine::hs_msg::FIRST_RESERVED_PORT` on are the engine's
 //! ([`MsgError::ReservedPort`]).
 
-use krcore_nic::Nic;
+use std::time::Duration;
+
+use krcore_kmod::daemon::AttachedEndpoint;
+use krcore_nic::{Gid, Nic};
 
 use crate::error::Result;
-use crate::node::Node;
+use crate::node::{Backend, Node};
 
 pub use krcore_kmod::msg::RefuseCode;
-pub use krcore_kmod::{Endpoint, Message, MsgConfig, MsgError, MsgStats, Port, Sender};
+pub use krcore_kmod::{Message, MsgConfig, MsgError, MsgStats, Port, Sender};
+
+/// A messaging endpoint (pushes to any node's ports, pops their replies):
+/// the engine's own in this process, or, on a node attached to `krcored`
+/// ([`Node::attach`]), one living in the daemon's engine, reached through
+/// the control socket (one call per push or pop; messages of at most
+/// `krcore_kmod::daemon::wire::MAX_MSG_BYTES`). The same calls and errors
+/// either way.
+pub struct Endpoint<N: Nic> {
+    inner: EndpointImpl<N>,
+}
+
+// Unboxed: an endpoint is made once and used for many pushes, so its size
+// matters less than an indirection per call.
+#[allow(clippy::large_enum_variant)]
+enum EndpointImpl<N: Nic> {
+    Local(krcore_kmod::Endpoint<N>),
+    Attached(AttachedEndpoint),
+}
+
+impl<N: Nic> std::fmt::Debug for Endpoint<N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("id", &self.id())
+            .field("attached", &matches!(self.inner, EndpointImpl::Attached(_)))
+            .finish()
+    }
+}
+
+/// How long an attached endpoint's push waits for a credit, and a pop for
+/// a reply, when the call names no bound: the engine's default
+/// `msg.timeout`.
+const ATTACHED_WAIT: Duration = Duration::from_secs(5);
+
+impl<N: Nic> Endpoint<N> {
+    pub(crate) fn local(e: krcore_kmod::Endpoint<N>) -> Endpoint<N> {
+        Endpoint {
+            inner: EndpointImpl::Local(e),
+        }
+    }
+
+    /// The endpoint's id (its messages' sender id, [`Sender::vqp`]).
+    pub fn id(&self) -> u32 {
+        match &self.inner {
+            EndpointImpl::Local(e) => e.id(),
+            EndpointImpl::Attached(e) => e.id(),
+        }
+    }
+
+    /// Pushes `data` to `port` at node `gid`, waiting up to `msg.timeout`
+    /// for a credit (see the [module docs](crate::msg)).
+    ///
+    /// # Errors
+    /// [`MsgError`]: `Refused`, `TooLarge`, `Timeout`, `Lost`, ...; on an
+    /// attached node also `Daemon`.
+    pub fn push(&self, gid: Gid, port: u16, data: &[u8]) -> std::result::Result<(), MsgError> {
+        match &self.inner {
+            EndpointImpl::Local(e) => e.push(gid, port, data),
+            EndpointImpl::Attached(e) => e.push(gid, port, data, Some(ATTACHED_WAIT)),
+        }
+    }
+
+    /// [`Endpoint::push`] waiting at most `timeout`.
+    ///
+    /// # Errors
+    /// As [`Endpoint::push`].
+    pub fn push_timeout(
+        &self,
+        gid: Gid,
+        port: u16,
+        data: &[u8],
+        timeout: Duration,
+    ) -> std::result::Result<(), MsgError> {
+        match &self.inner {
+            EndpointImpl::Local(e) => e.push_timeout(gid, port, data, timeout),
+            EndpointImpl::Attached(e) => e.push(gid, port, data, Some(timeout)),
+        }
+    }
+
+    /// Pushes without waiting for a credit ([`MsgError::WouldBlock`]).
+    ///
+    /// # Errors
+    /// As [`Endpoint::push`].
+    pub fn try_push(&self, gid: Gid, port: u16, data: &[u8]) -> std::result::Result<(), MsgError> {
+        match &self.inner {
+            EndpointImpl::Local(e) => e.try_push(gid, port, data),
+            EndpointImpl::Attached(e) => e.push(gid, port, data, None),
+        }
+    }
+
+    /// Pops the oldest reply, if one is there.
+    ///
+    /// # Errors
+    /// [`MsgError`] of the receive path; on an attached node also `Daemon`.
+    pub fn try_pop_reply(&self) -> std::result::Result<Option<Message<N>>, MsgError> {
+        match &self.inner {
+            EndpointImpl::Local(e) => e.try_pop_reply(),
+            EndpointImpl::Attached(e) => Ok(e.pop_reply(None)?.map(received)),
+        }
+    }
+
+    /// Pops the oldest reply, waiting up to `timeout`.
+    ///
+    /// # Errors
+    /// [`MsgError::Timeout`]; as [`Endpoint::try_pop_reply`].
+    pub fn pop_reply_timeout(
+        &self,
+        timeout: Duration,
+    ) -> std::result::Result<Message<N>, MsgError> {
+        match &self.inner {
+            EndpointImpl::Local(e) => e.pop_reply_timeout(timeout),
+            EndpointImpl::Attached(e) => e
+                .pop_reply(Some(timeout))?
+                .map(received)
+                .ok_or(MsgError::Timeout(timeout)),
+        }
+    }
+
+    /// Pops the oldest reply, waiting up to `msg.timeout`.
+    ///
+    /// # Errors
+    /// As [`Endpoint::pop_reply_timeout`].
+    pub fn pop_reply(&self) -> std::result::Result<Message<N>, MsgError> {
+        match &self.inner {
+            EndpointImpl::Local(e) => e.pop_reply(),
+            EndpointImpl::Attached(_) => self.pop_reply_timeout(ATTACHED_WAIT),
+        }
+    }
+
+    /// Closes the channel to (`gid`, `port`) if it is idle (every credit
+    /// back, no reply waiting); returns whether it did.
+    ///
+    /// # Errors
+    /// [`MsgError::Refused`] for a channel the port refused with messages
+    /// lost; send errors of the Close.
+    pub fn close_channel(&self, gid: Gid, port: u16) -> std::result::Result<bool, MsgError> {
+        match &self.inner {
+            EndpointImpl::Local(e) => e.close_channel(gid, port),
+            EndpointImpl::Attached(e) => e.close_channel(gid, port),
+        }
+    }
+
+    /// Credits available now on the channel to (`gid`, `port`) (`None`
+    /// before it is open).
+    pub fn credits(&self, gid: Gid, port: u16) -> Option<u32> {
+        match &self.inner {
+            EndpointImpl::Local(e) => e.credits(gid, port),
+            EndpointImpl::Attached(e) => e.credits(gid, port),
+        }
+    }
+
+    /// The engine's endpoint, when it lives in this process (zero-copy
+    /// pushes of a region, `push_region`, are there).
+    pub fn local_endpoint(&self) -> Option<&krcore_kmod::Endpoint<N>> {
+        match &self.inner {
+            EndpointImpl::Local(e) => Some(e),
+            EndpointImpl::Attached(_) => None,
+        }
+    }
+}
+
+fn received<N: Nic>(r: krcore_kmod::daemon::Received) -> Message<N> {
+    Message::from_bytes(Sender { gid: r.gid, vqp: 0 }, r.port, r.seq, r.data)
+}
 
 #[cfg(doc)]
 use crate::vqp::Vqp;
@@ -72,7 +238,10 @@ impl<N: Nic> Node<N> {
     /// # Errors
     /// [`crate::Error::Msg`].
     pub fn endpoint(&self) -> Result<Endpoint<N>> {
-        Ok(self.engine()?.endpoint()?)
+        match self.backend() {
+            Backend::Engine(e) => Ok(Endpoint::local(e.endpoint()?)),
+            Backend::Daemon(_) => self.endpoint_with_window(MsgConfig::default().window),
+        }
     }
 
     /// An endpoint whose channels ask for `window` credits (1..=
@@ -83,6 +252,11 @@ impl<N: Nic> Node<N> {
     /// # Errors
     /// [`crate::Error::Msg`] (`Config` for a window out of range).
     pub fn endpoint_with_window(&self, window: u32) -> Result<Endpoint<N>> {
-        Ok(self.engine()?.endpoint_with_window(window)?)
+        Ok(match self.backend() {
+            Backend::Engine(e) => Endpoint::local(e.endpoint_with_window(window)?),
+            Backend::Daemon(a) => Endpoint {
+                inner: EndpointImpl::Attached(a.endpoint(window)?),
+            },
+        })
     }
 }

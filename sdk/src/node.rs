@@ -143,11 +143,13 @@ impl Node<AnyNic> {
     /// `path`: the process opens no NIC and creates no QP; its VQPs are
     /// the daemon's (their connects hit the node-wide DCCache), its
     /// regions are shared memory the daemon registered (one-sided data
-    /// lands in them with no copy). [`Vqp`] (verbs and requests) and
-    /// [`MemoryRegion`] work as in-process; two-sided messaging, leases,
-    /// the DC -> RC upgrade hint, [`Node::fork`] and [`Node::engine`]
-    /// are refused with [`Error::Unsupported`] (see
-    /// `krcore_kmod::daemon` for what the daemon carries).
+    /// lands in them with no copy). [`Vqp`] (verbs, requests, pushes and
+    /// replies), [`MemoryRegion`] and [`Node::endpoint`] work as
+    /// in-process (an endpoint lives in the daemon's engine: one control
+    /// call per push or pop); binding a port, leases, the DC -> RC upgrade
+    /// hint, [`Node::fork`] and [`Node::engine`] are refused with
+    /// [`Error::Unsupported`] (see `krcore_kmod::daemon` for what the
+    /// daemon carries).
     ///
     /// # Errors
     /// [`Error::Daemon`]: no daemon at `path`, another protocol version,

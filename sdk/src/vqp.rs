@@ -92,7 +92,7 @@ struct Inner<N: Nic> {
     /// poller's hands never holds up a post), allocated on first use.
     scratch: Mutex<Option<Scratch<N>>>,
     /// The messaging endpoint, made by the first push.
-    endpoint: std::sync::OnceLock<krcore_kmod::Endpoint<N>>,
+    endpoint: std::sync::OnceLock<crate::msg::Endpoint<N>>,
     /// The token whose grant `prepare` made known last, and the VQP's
     /// grants epoch right after (its own change): while the epoch stays
     /// there, the grant is known unchanged and requests skip `add_grant`.
@@ -182,11 +182,11 @@ impl<N: Nic> Vqp<N> {
     }
 
     /// The VQP's messaging endpoint (made at the first call).
-    fn endpoint(&self) -> Result<&krcore_kmod::Endpoint<N>> {
+    fn endpoint(&self) -> Result<&crate::msg::Endpoint<N>> {
         if let Some(e) = self.inner.endpoint.get() {
             return Ok(e);
         }
-        let e = self.inner.node.engine()?.endpoint()?;
+        let e = self.inner.node.endpoint()?;
         Ok(self.inner.endpoint.get_or_init(|| e))
     }
 

@@ -1,7 +1,7 @@
-//! A node attached to the node daemon (`Node::attach`): the same `Vqp`
-//! and `MemoryRegion` API as an in-process node, with no NIC and no QP
-//! of the process's own; what the daemon does not carry is refused,
-//! typed.
+//! A node attached to the node daemon (`Node::attach`): the same `Vqp`,
+//! `MemoryRegion` and messaging API as an in-process node, with no NIC
+//! and no QP of the process's own; what the daemon does not carry is
+//! refused, typed.
 
 #[allow(dead_code)] // the fork helpers belong to the fork tests
 mod common;
@@ -143,7 +143,6 @@ fn what_the_daemon_does_not_carry_is_refused_typed() {
     let unsupported = |r: Result<(), Error>| matches!(r, Err(Error::Unsupported(_)));
     assert!(unsupported(client.engine().map(drop)));
     assert!(unsupported(client.bind(77).map(drop)));
-    assert!(unsupported(client.endpoint().map(drop)));
     assert!(unsupported(client.local_target().map(drop)));
     assert!(unsupported(client.fork(|_| 0).map(drop)));
     let buf = client.alloc(4096, Access::ALL).unwrap();
@@ -157,7 +156,6 @@ fn what_the_daemon_does_not_carry_is_refused_typed() {
     assert!(unsupported(vqp.set_ungranted(Ungranted::Allow)));
     vqp.set_ungranted(Ungranted::Refuse).unwrap();
     assert!(unsupported(vqp.upgrade().map(drop)));
-    assert!(unsupported(vqp.push(5, b"x")));
 
     // A remote key no grant covers: the daemon's pre-check refuses it,
     // nothing reaches the NIC.
@@ -214,4 +212,58 @@ fn builder_and_attach_errors_are_typed() {
         .read(&buf, 0, &region.token(), 0, 8)
         .and_then(|r| r.wait());
     assert!(matches!(r, Err(Error::Daemon(_))), "{r:?}");
+}
+
+/// Messaging from an attached node: a VQP's pushes and replies, and an
+/// endpoint's (request/response with window 1, the channel closed after),
+/// go through the daemon's engine to a port of an in-process node; the
+/// port's refusals and the size limit come back as the same typed errors.
+#[test]
+fn an_attached_node_pushes_and_gets_replies_through_the_daemon() {
+    use krcore::msg::RefuseCode;
+    use krcore::MsgError;
+    let s = setup("msg");
+    let port = s.server.bind(9).unwrap();
+    let client = Node::builder().daemon(&s.socket).build().unwrap();
+    let gid = s.server.gid();
+    let serve = |n: usize| {
+        for _ in 0..n {
+            let m = port.pop().unwrap();
+            let mut answer = b"re:".to_vec();
+            answer.extend(m.to_vec());
+            port.reply(&m, &answer).unwrap();
+        }
+    };
+    let vqp = client.connect(gid).unwrap();
+    std::thread::scope(|sc| {
+        sc.spawn(|| serve(2));
+        vqp.push(9, b"ping").unwrap();
+        assert_eq!(vqp.pop_reply().unwrap().to_vec(), b"re:ping");
+        let ep = client.endpoint_with_window(1).unwrap();
+        ep.push(gid, 9, b"req").unwrap();
+        let m = ep.pop_reply_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!((m.to_vec(), m.port), (b"re:req".to_vec(), 9));
+        assert_eq!(m.from.gid, gid);
+        let start = std::time::Instant::now();
+        while !ep.close_channel(gid, 9).unwrap() {
+            assert!(start.elapsed() < Duration::from_secs(10), "never idle");
+            std::thread::yield_now();
+        }
+        assert_eq!(ep.credits(gid, 9), None, "closed");
+        assert!(ep.try_pop_reply().unwrap().is_none());
+        match ep.push(gid, 10, b"nobody") {
+            Err(MsgError::Refused {
+                code: RefuseCode::Unbound,
+                port: 10,
+                ..
+            }) => {}
+            other => panic!("{other:?}"),
+        }
+        let big = vec![0u8; krcore_kmod::daemon::wire::MAX_MSG_BYTES + 1];
+        assert!(matches!(
+            ep.push(gid, 9, &big),
+            Err(MsgError::TooLarge { .. })
+        ));
+    });
+    assert_eq!(s.daemon.stats().clients, 1);
 }

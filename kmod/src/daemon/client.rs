@@ -9,9 +9,11 @@ use super::ring::{
     PAGE_SLEEPING, RING_BYTES, SQ_CAP, SQ_HEAD, SQ_TAIL,
 };
 use super::sock::{self, RecvError};
-use super::wire::{NodeStats, RefuseCode, Reply, Request};
+use super::wire::{MsgFailure, NodeStats, RefuseCode, Reply, Request, MAX_MSG_BYTES};
 use super::{PostCode, PROTOCOL_VERSION};
+use crate::msg::RefuseCode as MsgRefuseCode;
 use crate::precheck::RemoteGrant;
+use crate::MsgError;
 use krcore_nic::shared::SharedMap;
 use krcore_nic::{Access, Gid, RemoteAddr, SendWr, Sge, Wc};
 use parking_lot::Mutex;
@@ -673,3 +675,221 @@ const _: fn() = || {
     is_send_sync::<AttachedMr>();
     is_send_sync::<AttachedVqp>();
 };
+
+/// A messaging endpoint of an attached process, living in the daemon's
+/// engine (see [`Attached::endpoint`]): pushes go out and replies come
+/// back through the control socket, one call each (messaging on this path
+/// is for requests such as a store's block allocation, not for bulk data:
+/// at most [`MAX_MSG_BYTES`] per message). A call that waits (a push for
+/// a credit, a pop for a reply) holds the process's control connection
+/// meanwhile, and waits at most half the attachment's control bound.
+/// Released (in the daemon) when dropped.
+pub struct AttachedEndpoint {
+    conn: Arc<Conn>,
+    ep: u32,
+    id: u32,
+}
+
+impl std::fmt::Debug for AttachedEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AttachedEndpoint")
+            .field("id", &self.id)
+            .finish()
+    }
+}
+
+impl Drop for AttachedEndpoint {
+    fn drop(&mut self) {
+        let _ = self.conn.call(&Request::DestroyEndpoint { ep: self.ep });
+    }
+}
+
+/// A control call's failure in messaging's terms.
+fn msg_err(e: DaemonError) -> MsgError {
+    MsgError::Daemon(Box::new(e))
+}
+
+impl From<MsgFailure> for MsgError {
+    fn from(f: MsgFailure) -> MsgError {
+        match f {
+            MsgFailure::Refused { gid, port, code } => match MsgRefuseCode::from_u8(code) {
+                Some(code) => MsgError::Refused { gid, port, code },
+                None => msg_err(DaemonError::Refused {
+                    code: RefuseCode::Engine,
+                    message: format!("{gid} port {port}: refusal code {code}"),
+                }),
+            },
+            MsgFailure::TooLarge { len, max } => MsgError::TooLarge {
+                len: usize::try_from(len).unwrap_or(usize::MAX),
+                max: usize::try_from(max).unwrap_or(usize::MAX),
+            },
+            MsgFailure::WouldBlock => MsgError::WouldBlock,
+            MsgFailure::Timeout(ns) => MsgError::Timeout(Duration::from_nanos(ns)),
+            MsgFailure::Lost {
+                gid,
+                port,
+                seq,
+                status,
+            } => MsgError::Lost {
+                gid,
+                port,
+                seq,
+                status: krcore_nic::WcStatus::from_u8(status),
+            },
+            MsgFailure::Other(message) => msg_err(DaemonError::Refused {
+                code: RefuseCode::Engine,
+                message,
+            }),
+        }
+    }
+}
+
+impl Attached {
+    /// A messaging endpoint whose channels ask for `window` credits (see
+    /// `Engine::endpoint_with_window`), in the daemon's engine.
+    ///
+    /// # Errors
+    /// [`MsgError::Daemon`]: a quota ([`DaemonConfig::max_endpoints`](super::DaemonConfig)),
+    /// the engine's refusal, the daemon gone.
+    pub fn endpoint(&self, window: u32) -> Result<AttachedEndpoint, MsgError> {
+        match self.conn.call(&Request::CreateEndpoint { window }) {
+            Ok((Reply::Endpoint { ep, id }, _)) => Ok(AttachedEndpoint {
+                conn: self.conn.clone(),
+                ep,
+                id,
+            }),
+            Ok(_) => Err(unexpected_msg("a CreateEndpoint")),
+            Err(e) => Err(msg_err(e)),
+        }
+    }
+}
+
+/// An answer of the wrong kind to a messaging request.
+fn unexpected_msg(what: &str) -> MsgError {
+    msg_err(unexpected(what))
+}
+
+impl AttachedEndpoint {
+    /// The endpoint's id in the daemon's engine (its messages' sender id).
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// The longest a call waits in the daemon: half the control bound.
+    fn cap(&self, wait: Duration) -> u64 {
+        let ms = wait.min(self.conn.timeout / 2).as_millis();
+        u64::try_from(ms).unwrap_or(u64::MAX).max(1)
+    }
+
+    /// Pushes `data` to `port` at `gid`, waiting up to `wait` for a credit
+    /// (`None`: not at all, [`MsgError::WouldBlock`]).
+    ///
+    /// # Errors
+    /// As the in-process endpoint's push ([`MsgError::Refused`],
+    /// [`MsgError::TooLarge`] past [`MAX_MSG_BYTES`], [`MsgError::Timeout`],
+    /// [`MsgError::Lost`], ...); [`MsgError::Daemon`].
+    pub fn push(
+        &self,
+        gid: Gid,
+        port: u16,
+        data: &[u8],
+        wait: Option<Duration>,
+    ) -> Result<(), MsgError> {
+        if data.len() > MAX_MSG_BYTES {
+            return Err(MsgError::TooLarge {
+                len: data.len(),
+                max: MAX_MSG_BYTES,
+            });
+        }
+        let req = Request::Push {
+            ep: self.ep,
+            gid,
+            port,
+            wait_ms: wait.map_or(0, |w| self.cap(w)),
+            data: data.to_vec(),
+        };
+        match self.conn.call(&req) {
+            Ok((Reply::Done, _)) => Ok(()),
+            Ok((Reply::MsgFailed(f), _)) => Err(f.into()),
+            Ok(_) => Err(unexpected_msg("a Push")),
+            Err(e) => Err(msg_err(e)),
+        }
+    }
+
+    /// Pops a reply, waiting up to `wait` (`None`: not at all): `Ok(None)`
+    /// when none came.
+    ///
+    /// # Errors
+    /// As the in-process endpoint's; [`MsgError::Daemon`].
+    pub fn pop_reply(&self, wait: Option<Duration>) -> Result<Option<Received>, MsgError> {
+        let req = Request::PopReply {
+            ep: self.ep,
+            wait_ms: wait.map_or(0, |w| self.cap(w)),
+        };
+        match self.conn.call(&req) {
+            Ok((
+                Reply::Message {
+                    gid,
+                    port,
+                    seq,
+                    data,
+                },
+                _,
+            )) => Ok(Some(Received {
+                gid,
+                port,
+                seq,
+                data,
+            })),
+            Ok((Reply::NoMessage, _)) => Ok(None),
+            Ok((Reply::MsgFailed(f), _)) => Err(f.into()),
+            Ok(_) => Err(unexpected_msg("a PopReply")),
+            Err(e) => Err(msg_err(e)),
+        }
+    }
+
+    /// Closes the channel to (`gid`, `port`) if it is idle; whether it was.
+    ///
+    /// # Errors
+    /// As the in-process endpoint's; [`MsgError::Daemon`].
+    pub fn close_channel(&self, gid: Gid, port: u16) -> Result<bool, MsgError> {
+        let req = Request::CloseChannel {
+            ep: self.ep,
+            gid,
+            port,
+        };
+        match self.conn.call(&req) {
+            Ok((Reply::Flag(b), _)) => Ok(b),
+            Ok((Reply::MsgFailed(f), _)) => Err(f.into()),
+            Ok(_) => Err(unexpected_msg("a CloseChannel")),
+            Err(e) => Err(msg_err(e)),
+        }
+    }
+
+    /// Credits of the channel to (`gid`, `port`) (`None` before it is
+    /// open, or when the daemon cannot be asked).
+    pub fn credits(&self, gid: Gid, port: u16) -> Option<u32> {
+        let req = Request::Credits {
+            ep: self.ep,
+            gid,
+            port,
+        };
+        match self.conn.call(&req) {
+            Ok((Reply::Credits(c), _)) => c,
+            _ => None,
+        }
+    }
+}
+
+/// A reply popped through the daemon, by value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Received {
+    /// The node that replied.
+    pub gid: Gid,
+    /// Its port.
+    pub port: u16,
+    /// The reply's sequence number in the channel.
+    pub seq: u64,
+    /// The body.
+    pub data: Vec<u8>,
+}

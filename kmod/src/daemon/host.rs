@@ -20,6 +20,7 @@
 //! that do not decode, a completion queue never drained, fail or stall
 //! that VQP only.
 
+use super::host_msg::EpSlot;
 use super::ring::{
     self, decode_sqe, encode_cqe, word, write_verdict, Verdict, CQ_CAP, CQ_HEAD, CQ_TAIL,
     PAGE_BYTES, PAGE_SLEEPING, RING_BYTES, SQ_CAP, SQ_HEAD, SQ_TAIL,
@@ -51,6 +52,8 @@ pub struct DaemonConfig {
     pub max_mrs: u32,
     /// Processes attached at once.
     pub max_clients: usize,
+    /// Messaging endpoints one process may hold.
+    pub max_endpoints: u32,
     /// How long the data thread spins without work before it sleeps.
     pub idle_spin: Duration,
 }
@@ -62,6 +65,7 @@ impl Default for DaemonConfig {
             max_mr_bytes: 4 << 30,
             max_mrs: 4096,
             max_clients: 1024,
+            max_endpoints: 64,
             idle_spin: Duration::from_micros(200),
         }
     }
@@ -155,19 +159,21 @@ struct MrEntry<N: Nic> {
     len: u64,
 }
 
-struct Client<N: Nic> {
+pub(super) struct Client<N: Nic> {
     core: Arc<ClientCore>,
     pid: u32,
     stream: UnixStream,
     vqps: RwLock<Vec<Arc<VqpSlot<N>>>>,
     mrs: Mutex<Vec<(u32, MrEntry<N>)>>,
     mr_bytes: AtomicU64,
-    next_handle: AtomicU32,
+    pub(super) next_handle: AtomicU32,
+    /// Its messaging endpoints (see `host_msg`).
+    pub(super) endpoints: Mutex<Vec<EpSlot<N>>>,
 }
 
-struct Shared<N: Nic> {
-    engine: Engine<N>,
-    cfg: DaemonConfig,
+pub(super) struct Shared<N: Nic> {
+    pub(super) engine: Engine<N>,
+    pub(super) cfg: DaemonConfig,
     wake: OwnedFd,
     stop: AtomicBool,
     clients: RwLock<Vec<Arc<Client<N>>>>,
@@ -376,7 +382,7 @@ fn accept_loop<N: Nic>(s: &Arc<Shared<N>>, listener: UnixListener) {
     }
 }
 
-fn refuse(code: RefuseCode, message: impl Into<String>) -> Reply {
+pub(super) fn refuse(code: RefuseCode, message: impl Into<String>) -> Reply {
     Reply::Refused {
         code,
         message: message.into(),
@@ -451,6 +457,7 @@ fn serve_client<N: Nic>(s: &Arc<Shared<N>>, stream: UnixStream) {
         mrs: Mutex::new(Vec::new()),
         mr_bytes: AtomicU64::new(0),
         next_handle: AtomicU32::new(1),
+        endpoints: Mutex::new(Vec::new()),
     });
     let welcome = Reply::Welcome {
         version: PROTOCOL_VERSION,
@@ -484,9 +491,11 @@ fn serve_client<N: Nic>(s: &Arc<Shared<N>>, stream: UnixStream) {
             break;
         }
     }
-    // Gone: its VQPs first (in-flight WRs discarded), then its memory.
+    // Gone: its endpoints and VQPs first (in-flight WRs discarded), then
+    // its memory.
     s.clients.write().retain(|c| !Arc::ptr_eq(c, &client));
     s.version.fetch_add(1, Ordering::Release);
+    client.endpoints.lock().clear();
     client.vqps.write().clear();
     client.core.spans.write().clear();
     client.mrs.lock().clear();
@@ -510,6 +519,12 @@ fn handle<N: Nic>(
         )
     };
     match req {
+        msg @ (Request::CreateEndpoint { .. }
+        | Request::DestroyEndpoint { .. }
+        | Request::Push { .. }
+        | Request::PopReply { .. }
+        | Request::CloseChannel { .. }
+        | Request::Credits { .. }) => (super::host_msg::handle(s, c, &msg), None),
         Request::Hello { .. } => (refuse(RefuseCode::BadRequest, "Hello twice"), None),
         Request::AllocMr { len, access } => {
             let used = c.mr_bytes.load(Ordering::Relaxed);

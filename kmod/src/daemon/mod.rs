@@ -44,18 +44,31 @@
 //!   ([`Attached::attach_timeout`] sets another bound) and a doorbell with
 //!   [`DaemonError::Timeout`] after [`DOORBELL_TIMEOUT`].
 //!
-//! Through the daemon a WR has one SGE and no inline data; two-sided
-//! messaging, leases and the DC -> RC upgrade API are not carried yet
+//! - **Messaging**: a process's endpoints ([`Attached::endpoint`]) live in
+//!   the daemon's engine; each push and each pop of a reply is one control
+//!   call, served on the process's own control thread (a push waiting for
+//!   a credit stalls no other process), messages of at most
+//!   [`wire::MAX_MSG_BYTES`]. Failures come back as the in-process
+//!   endpoint's [`crate::MsgError`]s (`Refused`, `TooLarge`, `Timeout`,
+//!   `Lost`, ...); the daemon's own as [`crate::MsgError::Daemon`].
+//!   Meant for requests (a store's block allocation), not bulk data.
+//!
+//! Through the daemon a WR has one SGE and no inline data; binding ports
+//! (receiving), leases and the DC -> RC upgrade API are not carried yet
 //! (refused, typed, or absent from the API).
 
 mod client;
 mod error;
 mod host;
+mod host_msg;
 mod ring;
 mod sock;
 pub mod wire;
 
-pub use client::{Attached, AttachedMr, AttachedVqp, CONTROL_TIMEOUT, DOORBELL_TIMEOUT};
+pub use client::{
+    Attached, AttachedEndpoint, AttachedMr, AttachedVqp, Received, CONTROL_TIMEOUT,
+    DOORBELL_TIMEOUT,
+};
 pub use error::DaemonError;
 pub use host::{Daemon, DaemonConfig, DaemonStats, StartError};
 pub use ring::{
@@ -66,7 +79,7 @@ pub use wire::NodeStats;
 
 /// The control protocol's version: a process and a daemon of different
 /// versions refuse each other at `Hello`.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// What the daemon said to a doorbell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

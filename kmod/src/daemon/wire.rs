@@ -9,7 +9,12 @@
 use krcore_nic::Gid;
 
 /// Largest frame body either side sends or accepts.
-pub const MAX_FRAME: usize = 1024;
+pub const MAX_FRAME: usize = MAX_MSG_BYTES + 128;
+/// Largest message an attached process pushes, or receives as a reply,
+/// through the daemon (a longer one is [`crate::MsgError::TooLarge`]).
+pub const MAX_MSG_BYTES: usize = 64 * 1024;
+/// Longest reason text a refusal carries (cut at a character boundary).
+const MAX_TEXT: usize = 512;
 
 /// Why a frame did not decode.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -105,6 +110,96 @@ pub enum Request {
     },
     /// The node's counters ([`NodeStats`]).
     Stats,
+    /// A messaging endpoint of the process, in the daemon's engine.
+    CreateEndpoint {
+        /// Credits its channels ask for (1..=`msg.window`).
+        window: u32,
+    },
+    /// Releases an endpoint.
+    DestroyEndpoint {
+        /// Its handle.
+        ep: u32,
+    },
+    /// Pushes a message from an endpoint to a port.
+    Push {
+        /// The endpoint.
+        ep: u32,
+        /// The node.
+        gid: Gid,
+        /// The port.
+        port: u16,
+        /// Milliseconds to wait for a credit: 0 fails at once
+        /// (`WouldBlock`).
+        wait_ms: u64,
+        /// The message (at most [`MAX_MSG_BYTES`]).
+        data: Vec<u8>,
+    },
+    /// Pops a reply of an endpoint, waiting up to `wait_ms` (0: not at all).
+    PopReply {
+        /// The endpoint.
+        ep: u32,
+        /// Milliseconds to wait.
+        wait_ms: u64,
+    },
+    /// Closes an endpoint's channel to a port if it is idle.
+    CloseChannel {
+        /// The endpoint.
+        ep: u32,
+        /// The node.
+        gid: Gid,
+        /// The port.
+        port: u16,
+    },
+    /// The credits of an endpoint's channel to a port.
+    Credits {
+        /// The endpoint.
+        ep: u32,
+        /// The node.
+        gid: Gid,
+        /// The port.
+        port: u16,
+    },
+}
+
+/// A messaging failure carried back to the attached process: the variants
+/// of [`crate::MsgError`] a caller acts on keep their fields; any other is
+/// [`MsgFailure::Other`] with its words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MsgFailure {
+    /// `MsgError::Refused`.
+    Refused {
+        /// The node.
+        gid: Gid,
+        /// The port.
+        port: u16,
+        /// `crate::msg::RefuseCode` on the wire.
+        code: u8,
+    },
+    /// `MsgError::TooLarge`.
+    TooLarge {
+        /// Bytes given.
+        len: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// `MsgError::WouldBlock`.
+    WouldBlock,
+    /// `MsgError::Timeout`, after this many nanoseconds.
+    Timeout(u64),
+    /// `MsgError::Lost`.
+    Lost {
+        /// The node.
+        gid: Gid,
+        /// The port.
+        port: u16,
+        /// The message's sequence number.
+        seq: u64,
+        /// Its completion status (`WcStatus as u8`).
+        status: u8,
+    },
+    /// Anything else, in words.
+    Other(String),
 }
 
 /// What the node daemon's engine and NIC have done, node-wide (every
@@ -182,6 +277,32 @@ pub enum Reply {
     Done,
     /// To `Stats`.
     Stats(NodeStats),
+    /// To `CreateEndpoint`.
+    Endpoint {
+        /// Handle.
+        ep: u32,
+        /// The endpoint's id in the engine (its messages' sender id).
+        id: u32,
+    },
+    /// To `PopReply`: a reply.
+    Message {
+        /// Its sender.
+        gid: Gid,
+        /// The port that replied.
+        port: u16,
+        /// Its sequence number in the channel.
+        seq: u64,
+        /// The body.
+        data: Vec<u8>,
+    },
+    /// To `PopReply`: none came in time.
+    NoMessage,
+    /// To `CloseChannel`: whether it was closed.
+    Flag(bool),
+    /// To `Credits`: `None` before the channel is open.
+    Credits(Option<u32>),
+    /// A messaging request failed (nothing was sent).
+    MsgFailed(MsgFailure),
     /// Refused; nothing changed.
     Refused {
         /// Why, in a word ([`RefuseCode`]).
@@ -271,8 +392,22 @@ impl Out {
         self.0.extend_from_slice(g.as_bytes());
         self
     }
+    /// A reason text, cut to [`MAX_TEXT`] bytes at a character boundary.
+    fn text(self, t: &str) -> Out {
+        let mut end = t.len().min(MAX_TEXT);
+        while !t.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.bytes(&t.as_bytes()[..end])
+    }
+    fn u16(mut self, x: u16) -> Out {
+        self.0.extend_from_slice(&x.to_le_bytes());
+        self
+    }
+    /// Bytes with their length, whole: callers keep data within
+    /// [`MAX_MSG_BYTES`] (checked before encoding; a longer frame would be
+    /// refused by the other side's [`frame_len`], never cut).
     fn bytes(mut self, b: &[u8]) -> Out {
-        let b = &b[..b.len().min(MAX_FRAME - 16)];
         self = self.u32(b.len() as u32);
         self.0.extend_from_slice(b);
         self
@@ -303,6 +438,9 @@ impl<'a> In<'a> {
     }
     fn u8(&mut self) -> Result<u8, WireError> {
         Ok(self.take::<1>()?[0])
+    }
+    fn u16(&mut self) -> Result<u16, WireError> {
+        Ok(u16::from_le_bytes(self.take()?))
     }
     fn u32(&mut self) -> Result<u32, WireError> {
         Ok(u32::from_le_bytes(self.take()?))
@@ -356,6 +494,12 @@ impl Request {
             Request::Grant { .. } => "grant",
             Request::SetUngranted { .. } => "set the ungranted rule",
             Request::Stats => "stats",
+            Request::CreateEndpoint { .. } => "create an endpoint",
+            Request::DestroyEndpoint { .. } => "destroy an endpoint",
+            Request::Push { .. } => "push",
+            Request::PopReply { .. } => "pop a reply",
+            Request::CloseChannel { .. } => "close a channel",
+            Request::Credits { .. } => "credits",
         }
     }
 
@@ -386,6 +530,23 @@ impl Request {
                 .u64(*ttl_ms),
             Request::SetUngranted { vqp, allow } => Out::new(8).u32(*vqp).u8(*allow),
             Request::Stats => Out::new(9),
+            Request::CreateEndpoint { window } => Out::new(10).u32(*window),
+            Request::DestroyEndpoint { ep } => Out::new(11).u32(*ep),
+            Request::Push {
+                ep,
+                gid,
+                port,
+                wait_ms,
+                data,
+            } => Out::new(12)
+                .u32(*ep)
+                .gid(gid)
+                .u16(*port)
+                .u64(*wait_ms)
+                .bytes(data),
+            Request::PopReply { ep, wait_ms } => Out::new(13).u32(*ep).u64(*wait_ms),
+            Request::CloseChannel { ep, gid, port } => Out::new(14).u32(*ep).gid(gid).u16(*port),
+            Request::Credits { ep, gid, port } => Out::new(15).u32(*ep).gid(gid).u16(*port),
         }
         .done()
     }
@@ -427,6 +588,29 @@ impl Request {
                 allow: r.u8()?,
             },
             9 => Request::Stats,
+            10 => Request::CreateEndpoint { window: r.u32()? },
+            11 => Request::DestroyEndpoint { ep: r.u32()? },
+            12 => Request::Push {
+                ep: r.u32()?,
+                gid: r.gid()?,
+                port: r.u16()?,
+                wait_ms: r.u64()?,
+                data: r.bytes()?.to_vec(),
+            },
+            13 => Request::PopReply {
+                ep: r.u32()?,
+                wait_ms: r.u64()?,
+            },
+            14 => Request::CloseChannel {
+                ep: r.u32()?,
+                gid: r.gid()?,
+                port: r.u16()?,
+            },
+            15 => Request::Credits {
+                ep: r.u32()?,
+                gid: r.gid()?,
+                port: r.u16()?,
+            },
             tag => return Err(WireError::UnknownTag { tag }),
         };
         r.end(tag, req)
@@ -477,8 +661,34 @@ impl Reply {
                 .u64(n.rc_upgrade_failures)
                 .u32(n.rc_pairs)
                 .u32(n.clients),
-            Reply::Refused { code, message } => {
-                Out::new(105).u8(code.to_u8()).bytes(message.as_bytes())
+            Reply::Refused { code, message } => Out::new(105).u8(code.to_u8()).text(message),
+            Reply::Endpoint { ep, id } => Out::new(107).u32(*ep).u32(*id),
+            Reply::Message {
+                gid,
+                port,
+                seq,
+                data,
+            } => Out::new(108).gid(gid).u16(*port).u64(*seq).bytes(data),
+            Reply::NoMessage => Out::new(109),
+            Reply::Flag(b) => Out::new(110).u8(u8::from(*b)),
+            Reply::Credits(c) => Out::new(111).u8(u8::from(c.is_some())).u32(c.unwrap_or(0)),
+            Reply::MsgFailed(f) => {
+                let o = Out::new(112);
+                match f {
+                    MsgFailure::Refused { gid, port, code } => {
+                        o.u8(1).gid(gid).u16(*port).u8(*code)
+                    }
+                    MsgFailure::TooLarge { len, max } => o.u8(2).u64(*len).u64(*max),
+                    MsgFailure::WouldBlock => o.u8(3),
+                    MsgFailure::Timeout(ns) => o.u8(4).u64(*ns),
+                    MsgFailure::Lost {
+                        gid,
+                        port,
+                        seq,
+                        status,
+                    } => o.u8(5).gid(gid).u16(*port).u64(*seq).u8(*status),
+                    MsgFailure::Other(t) => o.u8(6).text(t),
+                }
             }
         }
         .done()
@@ -530,6 +740,44 @@ impl Reply {
                 code: RefuseCode::from_u8(r.u8()?),
                 message: String::from_utf8_lossy(r.bytes()?).into_owned(),
             },
+            107 => Reply::Endpoint {
+                ep: r.u32()?,
+                id: r.u32()?,
+            },
+            108 => Reply::Message {
+                gid: r.gid()?,
+                port: r.u16()?,
+                seq: r.u64()?,
+                data: r.bytes()?.to_vec(),
+            },
+            109 => Reply::NoMessage,
+            110 => Reply::Flag(r.u8()? != 0),
+            111 => {
+                let some = r.u8()? != 0;
+                let c = r.u32()?;
+                Reply::Credits(some.then_some(c))
+            }
+            112 => Reply::MsgFailed(match r.u8()? {
+                1 => MsgFailure::Refused {
+                    gid: r.gid()?,
+                    port: r.u16()?,
+                    code: r.u8()?,
+                },
+                2 => MsgFailure::TooLarge {
+                    len: r.u64()?,
+                    max: r.u64()?,
+                },
+                3 => MsgFailure::WouldBlock,
+                4 => MsgFailure::Timeout(r.u64()?),
+                5 => MsgFailure::Lost {
+                    gid: r.gid()?,
+                    port: r.u16()?,
+                    seq: r.u64()?,
+                    status: r.u8()?,
+                },
+                6 => MsgFailure::Other(String::from_utf8_lossy(r.bytes()?).into_owned()),
+                kind => return Err(WireError::UnknownTag { tag: kind }),
+            }),
             tag => return Err(WireError::UnknownTag { tag }),
         };
         r.end(tag, rep)
@@ -575,6 +823,26 @@ mod tests {
             },
             Request::SetUngranted { vqp: 2, allow: 1 },
             Request::Stats,
+            Request::CreateEndpoint { window: 1 },
+            Request::DestroyEndpoint { ep: 2 },
+            Request::Push {
+                ep: 1,
+                gid,
+                port: 7,
+                wait_ms: 5000,
+                data: b"req".to_vec(),
+            },
+            Request::PopReply { ep: 1, wait_ms: 0 },
+            Request::CloseChannel {
+                ep: 1,
+                gid,
+                port: 7,
+            },
+            Request::Credits {
+                ep: 1,
+                gid,
+                port: 7,
+            },
         ];
         for r in &reqs {
             let f = r.encode();
@@ -628,6 +896,32 @@ mod tests {
                 code: RefuseCode::Quota,
                 message: "full".into(),
             },
+            Reply::Endpoint { ep: 1, id: 3 },
+            Reply::Message {
+                gid,
+                port: 7,
+                seq: 9,
+                data: b"ans".to_vec(),
+            },
+            Reply::NoMessage,
+            Reply::Flag(true),
+            Reply::Credits(Some(4)),
+            Reply::Credits(None),
+            Reply::MsgFailed(MsgFailure::Refused {
+                gid,
+                port: 7,
+                code: 2,
+            }),
+            Reply::MsgFailed(MsgFailure::TooLarge { len: 9, max: 8 }),
+            Reply::MsgFailed(MsgFailure::WouldBlock),
+            Reply::MsgFailed(MsgFailure::Timeout(5)),
+            Reply::MsgFailed(MsgFailure::Lost {
+                gid,
+                port: 7,
+                seq: 1,
+                status: 12,
+            }),
+            Reply::MsgFailed(MsgFailure::Other("why".into())),
         ];
         for r in &reps {
             let f = r.encode();

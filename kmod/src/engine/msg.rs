@@ -344,6 +344,11 @@ pub enum MsgError {
     /// Posting or polling failure.
     #[error(transparent)]
     Vqp(#[from] VqpError),
+    /// An attached process's messaging through the node daemon failed
+    /// for a reason of the daemon's (it went, did not answer, refused,
+    /// or failed in a way that has no variant here: its words).
+    #[error("through the node daemon: {0}")]
+    Daemon(#[source] Box<crate::daemon::DaemonError>),
 }
 
 impl MsgError {
@@ -514,6 +519,17 @@ impl<N: Nic> std::fmt::Debug for Message<N> {
 }
 
 impl<N: Nic> Message<N> {
+    /// A message received elsewhere and carried here by value (an attached
+    /// process's reply, popped by the node daemon's endpoint).
+    pub fn from_bytes(from: Sender, port: u16, seq: u64, body: Vec<u8>) -> Message<N> {
+        Message {
+            from,
+            port,
+            seq,
+            body: Body::Inline(body),
+        }
+    }
+
     /// Body length.
     pub fn len(&self) -> usize {
         match &self.body {

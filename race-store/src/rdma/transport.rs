@@ -72,6 +72,9 @@ pub struct VqpTransport<N: Nic> {
     scratch_sge: Sge,
     /// The allocation endpoint, made at the first allocation.
     alloc_ep: Option<Endpoint<N>>,
+    /// WRITEs of at most this many bytes go inline: `MAX_INLINE`, or 0 on
+    /// a node attached to the node daemon (its ring carries SGEs only).
+    max_inline: usize,
     next_req: u64,
     /// Tags the wr_ids of a batch (`batch << 24 | index`), so completions of
     /// an abandoned batch are recognized and dropped.
@@ -159,6 +162,7 @@ impl<N: Nic> VqpTransport<N> {
             remotes,
             scratch,
             alloc_ep: None,
+            max_inline: if node.is_attached() { 0 } else { MAX_INLINE },
             next_req: 1,
             batch: 0,
             wcs: vec![Wc::default(); 16],
@@ -207,7 +211,7 @@ impl<N: Nic> VqpTransport<N> {
             offs.push(need);
             need += match op {
                 RemoteOp::Read { len, .. } => *len as usize,
-                RemoteOp::Write { bytes, .. } if bytes.len() > MAX_INLINE => bytes.len(),
+                RemoteOp::Write { bytes, .. } if bytes.len() > self.max_inline => bytes.len(),
                 RemoteOp::Write { .. } => 0,
                 RemoteOp::Cas { .. } | RemoteOp::Faa { .. } => 8,
             }
@@ -249,6 +253,7 @@ impl<N: Nic> VqpTransport<N> {
                 reason: "batch larger than the scratch buffer",
             });
         }
+        let max_inline = self.max_inline;
         let local = |off: usize, len: u32| {
             SgList::one(Sge {
                 addr: scratch.addr + off as u64,
@@ -275,7 +280,10 @@ impl<N: Nic> VqpTransport<N> {
                     (WrOp::Read { remote }, Payload::Local(local(off, len)))
                 }
                 RemoteOp::Write { bytes, .. } => {
-                    let payload = match InlineData::new(bytes) {
+                    let inline = (bytes.len() <= max_inline)
+                        .then(|| InlineData::new(bytes))
+                        .flatten();
+                    let payload = match inline {
                         Some(d) => Payload::Inline(d),
                         None => {
                             self.scratch
