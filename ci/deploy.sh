@@ -200,5 +200,14 @@ if [ "$daemon" = 1 ]; then
   # Every joiner: no QP of its own, and none made for it by the daemon.
   awk '$1 ~ /^[0-9]+$/ { n++; if ($6 != 0 || $7 != 0) bad++ } END { exit !(n == 4 && bad == 0) }' \
     "$work/elastic-daemon.out" || die "an attached joiner created QPs (qps_created, daemon_qps_created)"
+  # The store's clients attached as well: writes allocate through the
+  # daemon's messaging; every acknowledged write verified.
+  say "krcore-ycsb --host daemon: workload a, 2 attached client processes, verified"
+  "$bin/krcore-ycsb" --fabric "$(fab 10)" --meta "$meta" "${cfg[@]}" --store el --host "daemon:$work/krcored.sock" \
+    --workload a --records "$records" --operations "$ops" --processes 2 --verify \
+    >"$work/ycsb-daemon.out" 2>"$work/ycsb-daemon.err" ||
+    { cat "$work/ycsb-daemon.out" "$work/ycsb-daemon.err" >&2; die "krcore-ycsb --host daemon"; }
+  grep -E '^\[(OVERALL|READ|UPDATE)\], (RunTime|Throughput|Operations|50th|99th)|^\[VERIFY\]|^# ' "$work/ycsb-daemon.out"
+  grep -q '^\[VERIFY\], Wrong, 0$' "$work/ycsb-daemon.out" || die "krcore-ycsb --host daemon: verification"
 fi
 say "all steps passed"

@@ -137,9 +137,15 @@ struct Args {
     /// 127.0.0.1:7471 with --store].
     #[arg(long)]
     meta: Option<String>,
-    /// Run against the deployed store of this name (needs --fabric).
+    /// Run against the deployed store of this name (needs --fabric, or
+    /// --host daemon:PATH).
     #[arg(long)]
     store: Option<String>,
+    /// Where a deployed store's clients post from: `process` (an engine of
+    /// this process on --fabric) or `daemon:PATH` (the node daemon,
+    /// `krcored`, listening at PATH: no NIC and no QP of this process).
+    #[arg(long, default_value = "process", value_parser = parse_host)]
+    host: HostArg,
     /// Phases to run against a deployed store.
     #[arg(long, value_enum, default_value_t = PhaseArg::Both)]
     phase: PhaseArg,
@@ -167,6 +173,25 @@ struct Args {
     /// Internal: run as a client process (JSON spec from the driver).
     #[arg(long, hide = true)]
     child_spec: Option<String>,
+}
+
+/// `--host`: an engine of this process, or the node daemon's socket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum HostArg {
+    Process,
+    Daemon(PathBuf),
+}
+
+fn parse_host(s: &str) -> Result<HostArg, String> {
+    match s {
+        "process" => Ok(HostArg::Process),
+        _ => match s.strip_prefix("daemon:") {
+            Some(path) if !path.is_empty() => Ok(HostArg::Daemon(PathBuf::from(path))),
+            _ => Err(format!(
+                "`{s}`: expected `process` or `daemon:PATH` (the krcored socket)"
+            )),
+        },
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -377,6 +402,13 @@ fn main() -> ExitCode {
     }
     if args.store.is_some() || args.meta.is_some() {
         return run_deployed(&args, workload, records, operations);
+    }
+    if args.host != HostArg::Process {
+        eprintln!(
+            "krcore-ycsb: --host daemon:PATH runs against a deployed store (--store NAME); \
+             the embedded cluster's clients have an engine each"
+        );
+        return ExitCode::from(2);
     }
     let fabric = match args.fabric.as_deref().map(FabricSpec::parse).transpose() {
         Ok(f) => f,
@@ -620,13 +652,29 @@ fn run_deployed(args: &Args, workload: Workload, records: u64, operations: u64) 
             "--meta needs --store NAME (the deployed store to run against)",
         );
     };
-    let Some(fabric) = args.fabric.clone() else {
+    let daemon = match &args.host {
+        HostArg::Process => None,
+        HostArg::Daemon(p) => Some(p.clone()),
+    };
+    let fabric = match (args.fabric.clone(), &daemon) {
+        (Some(f), _) => f,
+        // The daemon's NIC is the node's: named for the report only.
+        (None, Some(p)) => format!("krcored:{}", p.display()),
+        (None, None) => {
+            return krcore_cli::usage(
+                P,
+                "a deployed store needs --fabric for this client's device (sim:NAME or verbs:DEVICE), or --host daemon:PATH",
+            )
+        }
+    };
+    if daemon.is_some() && !args.child_fabric.is_empty() {
         return krcore_cli::usage(
             P,
-            "a deployed store needs --fabric for this client's device (sim:NAME or verbs:DEVICE)",
+            "--child-fabric and --host daemon:PATH: attached processes use the daemon's NIC",
         );
-    };
-    for f in std::iter::once(&fabric).chain(&args.child_fabric) {
+    }
+    let fabrics = args.fabric.iter().filter(|_| daemon.is_none());
+    for f in fabrics.chain(&args.child_fabric) {
         if let Err(code) = krcore_cli::parse_fabric(P, f) {
             return code;
         }
@@ -647,6 +695,7 @@ fn run_deployed(args: &Args, workload: Workload, records: u64, operations: u64) 
         store,
         engine: file.engine,
         client: args.client_config(file.client),
+        daemon,
     };
     let stop: Arc<AtomicBool> = match krcore_cli::Shutdown::install() {
         Ok(s) => s.flag(),

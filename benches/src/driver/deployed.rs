@@ -24,6 +24,11 @@ pub struct DeployedTarget {
     /// The clients' settings (a `--config` file's `[client]`).
     #[serde(default)]
     pub client: race_store::ClientConfig,
+    /// Post through the node daemon (`krcored`) listening at this socket
+    /// instead of an engine of this process (`--host daemon:PATH`); the
+    /// fabric is then the daemon's, and `engine` is not used.
+    #[serde(default)]
+    pub daemon: Option<std::path::PathBuf>,
 }
 
 /// A deployed store as a YCSB backend: the clients of every thread post
@@ -41,16 +46,18 @@ impl StoreBackend {
     /// # Errors
     /// [`DeployError`].
     pub fn connect(target: &DeployedTarget, wait: Duration) -> Result<StoreBackend, DeployError> {
-        let store = Store::connect(
-            &target.fabric,
-            &target.meta,
-            &target.store,
-            StoreOptions {
-                wait,
-                client: target.client,
-                engine: target.engine.clone(),
-            },
-        )?;
+        let opts = StoreOptions {
+            wait,
+            client: target.client,
+            engine: target.engine.clone(),
+        };
+        let store = match &target.daemon {
+            Some(socket) => {
+                let node = krcore::Node::attach(socket)?;
+                Store::open(&node, &target.meta, &target.store, opts)?
+            }
+            None => Store::connect(&target.fabric, &target.meta, &target.store, opts)?,
+        };
         let label = target
             .fabric
             .parse::<FabricSpec>()
