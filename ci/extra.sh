@@ -28,8 +28,8 @@ deploy_sim() {
     DEPLOY_PORT=7491 ci/deploy.sh "sim:krcore-ci-deploy-$$" "${CARGO_TARGET_DIR:-target}/debug"
 }
 step "the deployment as separate processes on sim (ci/deploy.sh)" deploy_sim
-step "soak: 30 s of client kills (krcore-soak)" \
-    cargo test -p krcore-benches --test drivers -- --ignored short_soak_loses_nothing
+step "soak: 30 s of client kills, own engines then attached to a daemon (krcore-soak)" \
+    cargo test -p krcore-benches --test drivers -- --ignored short_soak
 redis_backend() {
     if ! command -v redis-server >/dev/null; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null

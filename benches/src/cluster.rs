@@ -401,7 +401,20 @@ impl Remote {
         config: ClientConfig,
     ) -> Result<Client<VqpTransport<AnyNic>>, ClusterError> {
         let node = self.compute_node(sim)?;
-        let t = VqpTransport::connect(&node, &self.infos)
+        self.race_client_on(&node, config)
+    }
+
+    /// A RACE client posting from `node` (a node attached to the node
+    /// daemon, for instance): one VQP per memory node.
+    ///
+    /// # Errors
+    /// [`ClusterError::Setup`].
+    pub fn race_client_on(
+        &self,
+        node: &Node,
+        config: ClientConfig,
+    ) -> Result<Client<VqpTransport<AnyNic>>, ClusterError> {
+        let t = VqpTransport::connect(node, &self.infos)
             .map_err(|e| setup("connect to the memory nodes")(e.to_string()))?;
         let clock: Arc<dyn Clock> = self.clock.clone();
         Client::open(t, clock, config).map_err(|e| setup("open the RACE client")(error_chain(&e)))

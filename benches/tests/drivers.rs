@@ -342,3 +342,43 @@ fn short_soak_loses_nothing() {
     assert!(v["writes_acked"].as_u64().unwrap() > 0);
     assert!(v["global_depth"].as_u64().unwrap() > 0, "the table resized");
 }
+
+#[test]
+#[ignore = "runs 30 s of client kills; `cargo test -p krcore-benches --test drivers -- --ignored`"]
+fn short_soak_through_the_daemon_loses_nothing() {
+    let bin = env!("CARGO_BIN_EXE_krcore-soak");
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("soak.json");
+    // Attached clients, one killed every second: the run itself fails
+    // unless the daemon released every killed process and no surviving
+    // client's write failed.
+    let (ok, out, err) = run(
+        bin,
+        &[
+            "--host",
+            "daemon",
+            "--duration",
+            "30s",
+            "--kill-every",
+            "1s",
+            "--records",
+            "2000",
+            "--node-mb",
+            "256",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{err}\n{out}");
+    assert!(
+        out.contains("daemon              one for the whole run"),
+        "{out}"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(v["host"], "Daemon");
+    assert!(v["kills"].as_u64().unwrap() >= 15, "{v}");
+    assert_eq!(v["verification"]["lost"], 0);
+    assert_eq!(v["verification"]["wrong"], 0);
+    assert_eq!(v["writes_failed"], 0);
+    assert!(v["writes_acked"].as_u64().unwrap() > 0);
+}

@@ -19,6 +19,13 @@
 //! a new one. At the end it kills the rest, finishes any split a dead client
 //! left, checks the table's invariants, and checks every key ever written
 //! against the logs. Exit status 0 only if nothing was lost or wrong.
+//!
+//! `--host daemon`: the driver also runs the node daemon (`krcored`'s
+//! engine, in its own process) and every client thread attaches to it
+//! instead of opening an engine: the kills are then of attached processes,
+//! which the daemon must release without any effect on the others (the run
+//! also fails if a surviving client's write fails, or if the daemon did
+//! not release every killed process).
 
 use clap::Parser;
 use krcore_benches::cluster::{fresh_fabric_dir, ClusterHost, ClusterOptions, Remote};
@@ -80,6 +87,10 @@ struct Args {
     /// RNG seed.
     #[arg(long, default_value_t = 0x50a4)]
     seed: u64,
+    /// Where the clients' engine is: one per client thread (`process`), or
+    /// the node daemon's, every client attached to it (`daemon`).
+    #[arg(long, value_enum, default_value_t = SoakHost::Process)]
+    host: SoakHost,
     /// Write the summary as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -118,8 +129,19 @@ fn client_config() -> ClientConfig {
     }
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+enum SoakHost {
+    /// An engine per client thread.
+    Process,
+    /// The node daemon's engine, clients attached.
+    Daemon,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct ChildSpec {
+    /// The daemon's socket (`--host daemon`).
+    #[serde(default)]
+    daemon: Option<PathBuf>,
     fabric: PathBuf,
     memory_nodes: u8,
     log_dir: PathBuf,
@@ -144,9 +166,14 @@ fn insert_keynum(wid: u64, n: u64) -> u64 {
 fn child_thread(spec: &ChildSpec, remote: &Remote, thread: usize) -> Result<(), String> {
     let wid = spec.incarnation * WIDS + thread as u64;
     let mut log = WriterLog::open(&spec.log_dir, wid).map_err(|e| e.to_string())?;
-    let mut client = remote
-        .race_client(&SimConfig::default(), client_config())
-        .map_err(|e| e.to_string())?;
+    let mut client = match &spec.daemon {
+        Some(socket) => {
+            let node = krcore::Node::attach(socket).map_err(|e| e.to_string())?;
+            remote.race_client_on(&node, client_config())
+        }
+        None => remote.race_client(&SimConfig::default(), client_config()),
+    }
+    .map_err(|e| e.to_string())?;
     let mut rng = SmallRng::seed_from_u64(spec.seed ^ wid.wrapping_mul(0x9e37_79b9));
     let mut zipf =
         ScrambledZipfianGenerator::new(0, spec.records.max(1) - 1).map_err(|e| e.to_string())?;
@@ -235,6 +262,7 @@ fn spawn(exe: &Path, spec: &ChildSpec) -> Result<ChildProc, String> {
 
 #[derive(Debug, Serialize)]
 struct Summary {
+    host: SoakHost,
     duration_s: f64,
     processes: usize,
     threads: usize,
@@ -336,7 +364,12 @@ fn run(args: &Args) -> Result<bool, String> {
         })
         .collect();
 
+    let daemon = match args.host {
+        SoakHost::Process => None,
+        SoakHost::Daemon => Some(start_daemon(&fabric, &remote, tmp.path())?),
+    };
     let spec_of = |incarnation: u64| ChildSpec {
+        daemon: daemon.as_ref().map(|d| d.socket.clone()),
         fabric: fabric_dir.clone(),
         memory_nodes: opts.memory_nodes,
         log_dir: log_dir.clone(),
@@ -464,6 +497,7 @@ fn run(args: &Args) -> Result<bool, String> {
         Ok(got)
     });
     let summary = Summary {
+        host: args.host,
         duration_s: elapsed.as_secs_f64(),
         processes: args.processes,
         threads: args.threads,
@@ -499,6 +533,28 @@ fn run(args: &Args) -> Result<bool, String> {
         check.global_depth, check.subtables, table.len(), check.duplicates, phantom, check.problems.len());
     println!("verification        {} keys, {} writes ({} acked, {} unacked), final value unacked on {} keys",
         v.keys, v.writes, v.acked, v.unacked, v.final_unacked);
+    let mut daemon_ok = true;
+    if let Some(d) = &daemon {
+        // The last processes' sockets close as they die: their release
+        // follows within moments.
+        let until = Instant::now() + Duration::from_secs(10);
+        while d.daemon.stats().clients > 0 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let st = d.daemon.stats();
+        // Every incarnation attached once per thread; each killed one (and
+        // the ones stopped at the end) was released.
+        let attached_want = (next_inc - 1) * args.threads as u64;
+        daemon_ok = st.clients == 0 && st.detached == st.attached && summary.writes_failed == 0;
+        println!(
+            "daemon              one for the whole run: {} attachments ({} expected at most), {} released, {} attached now, {} VQPs and {} bytes held now",
+            st.attached, attached_want, st.detached, st.clients, st.vqps, st.mr_bytes
+        );
+        println!(
+            "                    {} doorbells, {} WRs, {} refused doorbells, {} refused requests",
+            st.doorbells, st.wrs, st.refused_doorbells, st.refused_requests
+        );
+    }
     println!("lost acked writes   {}", v.lost);
     println!("wrong values        {}", v.wrong);
     println!("get vs table scan   {get_mismatch} mismatches");
@@ -514,6 +570,47 @@ fn run(args: &Args) -> Result<bool, String> {
         let json = serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?;
         std::fs::write(p, json).map_err(|e| format!("{}: {e}", p.display()))?;
     }
+    drop(daemon);
     drop(host);
-    Ok(v.ok() && reads_bad == 0 && phantom == 0 && get_mismatch == 0 && check.problems.is_empty())
+    Ok(v.ok()
+        && reads_bad == 0
+        && phantom == 0
+        && get_mismatch == 0
+        && check.problems.is_empty()
+        && daemon_ok)
+}
+
+/// The node daemon of `--host daemon`: a node of its own on the fabric
+/// (registered, its pool made at start, as `krcored`) serving a socket in
+/// `dir`.
+struct SoakDaemon {
+    daemon: krcore_kmod::daemon::Daemon<krcore_nic::AnyNic>,
+    _node: krcore::Node,
+    socket: PathBuf,
+}
+
+fn start_daemon(fabric: &SimFabric, remote: &Remote, dir: &Path) -> Result<SoakDaemon, String> {
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    let mut cfg = krcore::EngineConfig::default().with_eager_start(true);
+    cfg.prestart = cfg.pool_size;
+    let node = krcore::Node::builder()
+        .sim_fabric(fabric)
+        .config(cfg)
+        .meta(remote.meta)
+        .register(true)
+        .build()
+        .map_err(|x| e(&x))?;
+    let socket = dir.join("krcored.sock");
+    let engine = node.engine().map_err(|x| e(&x))?.clone();
+    let daemon = krcore_kmod::daemon::Daemon::start(
+        engine,
+        &socket,
+        krcore_kmod::daemon::DaemonConfig::default(),
+    )
+    .map_err(|x| e(&x))?;
+    Ok(SoakDaemon {
+        daemon,
+        _node: node,
+        socket,
+    })
 }
