@@ -407,6 +407,24 @@ fn a_stopped_krcored_fails_control_calls_within_the_bound() {
         assert!(ok, "kill {sig}");
     };
     signal("-STOP");
+    // A stop is delivered asynchronously: wait until every thread of the
+    // daemon is stopped (state T), or a call could still be answered.
+    let stopped = || {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .flatten()
+            .all(|t| {
+                std::fs::read_to_string(t.path().join("stat"))
+                    .ok()
+                    .and_then(|st| st.rsplit_once(") ").map(|(_, rest)| rest.starts_with('T')))
+                    .unwrap_or(false)
+            })
+    };
+    let since = Instant::now();
+    while !stopped() {
+        assert!(since.elapsed() < BOUND, "the daemon never stopped");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let start = Instant::now();
     let r = a.create_vqp();
     let waited = start.elapsed();

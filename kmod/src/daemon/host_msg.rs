@@ -15,6 +15,11 @@ use super::wire::{MsgFailure, RefuseCode, Reply, Request, MAX_MSG_BYTES};
 use crate::engine::Endpoint;
 use crate::MsgError;
 
+/// The longest a push or a pop waits in the daemon, whatever the process
+/// asks (its own control thread waits; this bounds how long a stopped
+/// daemon takes to notice the process is gone).
+const MAX_WAIT: Duration = Duration::from_secs(60);
+
 /// One endpoint of an attached process.
 pub(super) struct EpSlot<N: Nic> {
     pub(super) handle: u32,
@@ -111,7 +116,7 @@ pub(super) fn handle<N: Nic>(s: &Arc<Shared<N>>, c: &Arc<Client<N>>, req: &Reque
             Some(e) => {
                 let r = match wait_ms {
                     0 => e.try_push(*gid, *port, data),
-                    ms => e.push_timeout(*gid, *port, data, Duration::from_millis(*ms)),
+                    ms => e.push_timeout(*gid, *port, data, wait(*ms)),
                 };
                 match r {
                     Ok(()) => Reply::Done,
@@ -124,7 +129,7 @@ pub(super) fn handle<N: Nic>(s: &Arc<Shared<N>>, c: &Arc<Client<N>>, req: &Reque
             Some(e) => {
                 let r = match wait_ms {
                     0 => e.try_pop_reply(),
-                    ms => match e.pop_reply_timeout(Duration::from_millis(*ms)) {
+                    ms => match e.pop_reply_timeout(wait(*ms)) {
                         Ok(m) => Ok(Some(m)),
                         Err(MsgError::Timeout(_)) => Ok(None),
                         Err(err) => Err(err),
@@ -159,4 +164,9 @@ pub(super) fn handle<N: Nic>(s: &Arc<Shared<N>>, c: &Arc<Client<N>>, req: &Reque
         },
         _ => refuse(RefuseCode::BadRequest, "not a messaging request"),
     }
+}
+
+/// A process's wait, bounded by [`MAX_WAIT`].
+fn wait(ms: u64) -> Duration {
+    Duration::from_millis(ms).min(MAX_WAIT)
 }
