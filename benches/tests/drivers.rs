@@ -313,29 +313,26 @@ fn elastic_joins_in_both_modes_and_writes_json_and_png() {
     assert_eq!(&std::fs::read(&png).unwrap()[1..4], b"PNG");
 }
 
-#[test]
-#[ignore = "runs 30 s of client kills; `cargo test -p krcore-benches --test drivers -- --ignored`"]
-fn short_soak_loses_nothing() {
+/// Runs `krcore-soak` for 30 s with `args` (2,000 records, 256 MiB nodes)
+/// and returns its JSON summary and its output; the run must succeed.
+fn short_soak(args: &[&str]) -> (serde_json::Value, String) {
     let bin = env!("CARGO_BIN_EXE_krcore-soak");
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("soak.json");
-    let (ok, out, err) = run(
-        bin,
-        &[
-            "--duration",
-            "30s",
-            "--kill-every",
-            "2s",
-            "--records",
-            "2000",
-            "--node-mb",
-            "256",
-            "--json",
-            json.to_str().unwrap(),
-        ],
-    );
+    let json_arg = json.to_str().unwrap();
+    let mut all = vec!["--duration", "30s", "--records", "2000", "--node-mb", "256"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--json", json_arg]);
+    let (ok, out, err) = run(bin, &all);
     assert!(ok, "{err}\n{out}");
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let v = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    (v, out)
+}
+
+#[test]
+#[ignore = "runs 30 s of client kills; `cargo test -p krcore-benches --test drivers -- --ignored`"]
+fn short_soak_loses_nothing() {
+    let (v, _) = short_soak(&["--kill-every", "2s"]);
     assert!(v["kills"].as_u64().unwrap() >= 8, "{v}");
     assert_eq!(v["verification"]["lost"], 0);
     assert_eq!(v["verification"]["wrong"], 0);
@@ -346,35 +343,14 @@ fn short_soak_loses_nothing() {
 #[test]
 #[ignore = "runs 30 s of client kills; `cargo test -p krcore-benches --test drivers -- --ignored`"]
 fn short_soak_through_the_daemon_loses_nothing() {
-    let bin = env!("CARGO_BIN_EXE_krcore-soak");
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("soak.json");
     // Attached clients, one killed every second: the run itself fails
     // unless the daemon released every killed process and no surviving
     // client's write failed.
-    let (ok, out, err) = run(
-        bin,
-        &[
-            "--host",
-            "daemon",
-            "--duration",
-            "30s",
-            "--kill-every",
-            "1s",
-            "--records",
-            "2000",
-            "--node-mb",
-            "256",
-            "--json",
-            json.to_str().unwrap(),
-        ],
-    );
-    assert!(ok, "{err}\n{out}");
+    let (v, out) = short_soak(&["--host", "daemon", "--kill-every", "1s"]);
     assert!(
         out.contains("daemon              one for the whole run"),
         "{out}"
     );
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert_eq!(v["host"], "Daemon");
     assert!(v["kills"].as_u64().unwrap() >= 15, "{v}");
     assert_eq!(v["verification"]["lost"], 0);

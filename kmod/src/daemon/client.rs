@@ -775,6 +775,16 @@ impl AttachedEndpoint {
         self.id
     }
 
+    /// One messaging call: the daemon's answer, its `MsgFailed` as the
+    /// in-process endpoint's error, a failed call as [`MsgError::Daemon`].
+    fn msg_call(&self, req: &Request) -> Result<Reply, MsgError> {
+        match self.conn.call(req) {
+            Ok((Reply::MsgFailed(f), _)) => Err(f.into()),
+            Ok((reply, _)) => Ok(reply),
+            Err(e) => Err(msg_err(e)),
+        }
+    }
+
     /// The longest a call waits in the daemon: half the control bound.
     fn cap(&self, wait: Duration) -> u64 {
         let ms = wait.min(self.conn.timeout / 2).as_millis();
@@ -808,11 +818,9 @@ impl AttachedEndpoint {
             wait_ms: wait.map_or(0, |w| self.cap(w)),
             data: data.to_vec(),
         };
-        match self.conn.call(&req) {
-            Ok((Reply::Done, _)) => Ok(()),
-            Ok((Reply::MsgFailed(f), _)) => Err(f.into()),
-            Ok(_) => Err(unexpected_msg("a Push")),
-            Err(e) => Err(msg_err(e)),
+        match self.msg_call(&req)? {
+            Reply::Done => Ok(()),
+            _ => Err(unexpected_msg("a Push")),
         }
     }
 
@@ -826,25 +834,20 @@ impl AttachedEndpoint {
             ep: self.ep,
             wait_ms: wait.map_or(0, |w| self.cap(w)),
         };
-        match self.conn.call(&req) {
-            Ok((
-                Reply::Message {
-                    gid,
-                    port,
-                    seq,
-                    data,
-                },
-                _,
-            )) => Ok(Some(Received {
+        match self.msg_call(&req)? {
+            Reply::Message {
+                gid,
+                port,
+                seq,
+                data,
+            } => Ok(Some(Received {
                 gid,
                 port,
                 seq,
                 data,
             })),
-            Ok((Reply::NoMessage, _)) => Ok(None),
-            Ok((Reply::MsgFailed(f), _)) => Err(f.into()),
-            Ok(_) => Err(unexpected_msg("a PopReply")),
-            Err(e) => Err(msg_err(e)),
+            Reply::NoMessage => Ok(None),
+            _ => Err(unexpected_msg("a PopReply")),
         }
     }
 
@@ -858,11 +861,9 @@ impl AttachedEndpoint {
             gid,
             port,
         };
-        match self.conn.call(&req) {
-            Ok((Reply::Flag(b), _)) => Ok(b),
-            Ok((Reply::MsgFailed(f), _)) => Err(f.into()),
-            Ok(_) => Err(unexpected_msg("a CloseChannel")),
-            Err(e) => Err(msg_err(e)),
+        match self.msg_call(&req)? {
+            Reply::Flag(b) => Ok(b),
+            _ => Err(unexpected_msg("a CloseChannel")),
         }
     }
 
@@ -874,8 +875,8 @@ impl AttachedEndpoint {
             gid,
             port,
         };
-        match self.conn.call(&req) {
-            Ok((Reply::Credits(c), _)) => c,
+        match self.msg_call(&req) {
+            Ok(Reply::Credits(c)) => c,
             _ => None,
         }
     }
