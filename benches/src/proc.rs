@@ -201,6 +201,57 @@ pub fn epoch_us() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
+/// What the scheduler says about the calling thread so far (Linux
+/// `/proc/thread-self/schedstat`): time it ran and time it waited on a
+/// run queue, runnable but not running. A stage that took long with most
+/// of it waiting was starved of CPU (the machine oversubscribed), not slow
+/// in its own code.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SchedSample {
+    /// Microseconds on a CPU.
+    pub cpu_us: u64,
+    /// Microseconds runnable, waiting for a CPU.
+    pub wait_us: u64,
+}
+
+impl SchedSample {
+    /// The calling thread's figures; `None` where the kernel does not
+    /// report them (no schedstat, another OS).
+    pub fn now() -> Option<SchedSample> {
+        let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+        SchedSample::parse(&text)
+    }
+
+    /// Parses a schedstat line: `cpu_ns wait_ns timeslices`.
+    pub fn parse(text: &str) -> Option<SchedSample> {
+        let mut f = text.split_ascii_whitespace().map(str::parse::<u64>);
+        let cpu = f.next()?.ok()?;
+        let wait = f.next()?.ok()?;
+        Some(SchedSample {
+            cpu_us: cpu / 1000,
+            wait_us: wait / 1000,
+        })
+    }
+}
+
+/// How long ago the calling process was created (fork or clone), from
+/// `/proc/self/stat` and `/proc/uptime` (10 ms resolution); `None` where
+/// the kernel does not say. Beside a stamp taken by the parent just before
+/// it spawned the process, it tells a slow spawn (the parent, before the
+/// process existed) from a slow start (the process, after).
+pub fn process_age_us() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let uptime = std::fs::read_to_string("/proc/uptime").ok()?;
+    // The command name (field 2) may hold spaces: fields resume after the
+    // last ')'; starttime is field 22, in clock ticks since boot.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let start_ticks: u64 = rest.split_ascii_whitespace().nth(19)?.parse().ok()?;
+    let up_s: f64 = uptime.split_ascii_whitespace().next()?.parse().ok()?;
+    // USER_HZ is 100 on every Linux ABI Rust targets.
+    let up_us = (up_s * 1e6) as u64;
+    Some(up_us.saturating_sub(start_ticks * 10_000))
+}
+
 /// Child side: prints one protocol line and flushes.
 pub fn say(line: &str) {
     let mut out = std::io::stdout().lock();
@@ -220,5 +271,35 @@ pub fn wait_for(tag: &str) -> Result<(), String> {
         Ok(_) if line.trim_end() == tag => Ok(()),
         Ok(_) => Err(format!("expected {tag}, got {:?}", line.trim_end())),
         Err(e) => Err(format!("reading {tag}: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedstat_lines_parse_and_bad_ones_do_not() {
+        assert_eq!(
+            SchedSample::parse("2150000 7260000 12\n"),
+            Some(SchedSample {
+                cpu_us: 2150,
+                wait_us: 7260
+            })
+        );
+        assert_eq!(SchedSample::parse(""), None);
+        assert_eq!(SchedSample::parse("12 x 3"), None);
+    }
+
+    #[test]
+    fn this_process_is_younger_than_the_machine() {
+        // Linux reports both; the test process started within the last
+        // hour of a run (10 ms resolution).
+        if std::path::Path::new("/proc/self/stat").exists() {
+            let age = process_age_us().expect("Linux reports the process start");
+            assert!(age < 3_600_000_000, "{age}");
+            let s = SchedSample::now().expect("Linux reports schedstat");
+            assert!(s.cpu_us > 0, "{s:?}");
+        }
     }
 }

@@ -30,10 +30,10 @@ use krcore_benches::baseline::RcEndpoint;
 use krcore_benches::cluster::{fresh_fabric_dir, ClusterHost, ClusterOptions, Remote};
 use krcore_benches::elastic::rc::{RcAcceptor, RcTransport};
 use krcore_benches::elastic::{
-    plot, rate_around, timeline, Buckets, EngineSummary, JoinRecord, LoadRecord, Mode, Modeled,
-    Stamps, UpgradeEvent,
+    plot, rate_around, timeline, Buckets, EngineSummary, JoinRecord, JoinSched, LoadRecord, Mode,
+    Modeled, Stamps, UpgradeEvent,
 };
-use krcore_benches::proc::{epoch_us, say, ChildProc};
+use krcore_benches::proc::{epoch_us, process_age_us, say, ChildProc, SchedSample};
 use krcore_kmod::EngineConfig;
 use krcore_nic::sim::{LatencyModel, SimConfig, SimFabric, SimNic};
 use krcore_nic::Nic;
@@ -101,6 +101,13 @@ struct Args {
     /// Do not sleep the modeled control-path time before the first get.
     #[arg(long)]
     no_model_sleep: bool,
+    /// Fail (exit 1) when a join's time from `main` to its first get is
+    /// over this many times the median of those (and over the median +
+    /// 50 ms): a tail in the join's own code. 0 turns the check off. A slow
+    /// process start (the kernel's exec, before `main`) is reported, not
+    /// failed.
+    #[arg(long, default_value_t = 10.0)]
+    tail_factor: f64,
     /// krcore mode: DCIs in each compute node's pool. None is created at
     /// engine start; each is created on demand by the first VQP bound to
     /// it (DCI 0 also carries the meta lookups).
@@ -247,8 +254,14 @@ fn engine_summary(node: &Node) -> Option<EngineSummary> {
     })
 }
 
+/// The main thread's scheduler figures when `main` began (a join process
+/// takes them once, first thing).
+static SCHED_AT_MAIN: std::sync::OnceLock<(Option<SchedSample>, Option<u64>)> =
+    std::sync::OnceLock::new();
+
 fn child_main(spec: &ChildSpec) -> Result<(), String> {
     let main = epoch_us();
+    SCHED_AT_MAIN.get_or_init(|| (SchedSample::now(), process_age_us()));
     let e = |e: &dyn std::fmt::Display| e.to_string();
     let sim = SimConfig {
         latency: LatencyModel::from_name(&spec.latency)?,
@@ -416,6 +429,13 @@ fn run_load(
         modeled,
         slept_us,
         engine: node.and_then(engine_summary),
+        sched: SCHED_AT_MAIN.get().and_then(|&(at_main, age)| {
+            Some(JoinSched {
+                at_main: at_main?,
+                at_join: SchedSample::now()?,
+                age_at_main_us: age,
+            })
+        }),
     };
     say(&format!(
         "JOINED {}",
@@ -748,8 +768,13 @@ fn secs_since(start_us: u64, t_us: u64) -> f64 {
 
 /// A join slower than this many medians is printed as an outlier.
 const OUTLIER_FACTOR: f64 = 10.0;
+/// The least a join's time after `main` must exceed the median by to fail
+/// `--tail-factor` (10x a 1 ms median is scheduling noise on 2 cores).
+const TAIL_FLOOR_US: u64 = 50_000;
 
-fn print_mode(r: &ModeRun, model: &str) {
+/// Prints one mode's joins and returns the tails of the join's own code
+/// (`--tail-factor`; none when it is 0), one line each.
+fn print_mode(r: &ModeRun, model: &str, tail_factor: f64) -> Vec<String> {
     println!(
         "# mode={} memory_nodes={} compute_nodes={} (modeled = measured + {model} control-path time)",
         r.mode.name(),
@@ -805,13 +830,50 @@ fn print_mode(r: &ModeRun, model: &str) {
     // The tail the median hides, named with where it went.
     for j in krcore_benches::elastic::outliers(&r.joins, OUTLIER_FACTOR) {
         let (stage, us) = j.slowest_stage();
+        let sched = j.sched.map_or(String::new(), |s| {
+            format!(
+                "; the process existed {} of it; its main thread waited {:.2} ms for a CPU and ran {:.2} ms before main, {:.2} ms and {:.2} ms over the join",
+                s.age_at_main_us.map_or("?".to_string(), |a| format!("{:.0} ms", a as f64 / 1000.0)),
+                s.at_main.wait_us as f64 / 1000.0,
+                s.at_main.cpu_us as f64 / 1000.0,
+                s.at_join.wait_us as f64 / 1000.0,
+                s.at_join.cpu_us as f64 / 1000.0,
+            )
+        });
+        let note = if stage.starts_with("exec") {
+            " (before main: the kernel's process start, not KRCore's join)"
+        } else {
+            ""
+        };
         println!(
-            "# OUTLIER: join {} took {:.2} ms measured, over {OUTLIER_FACTOR}x the median; {:.2} ms of it in {stage}",
+            "# OUTLIER: join {} took {:.2} ms measured, over {OUTLIER_FACTOR}x the median; {:.2} ms of it in {stage}{note}{sched}",
             j.index + 1,
             j.measured_us() as f64 / 1000.0,
             us as f64 / 1000.0
         );
     }
+    let mut after: Vec<u64> = r.joins.iter().map(JoinRecord::after_main_us).collect();
+    after.sort_unstable();
+    let median_after = after.get(after.len() / 2).copied().unwrap_or(0);
+    let tails = if tail_factor > 0.0 {
+        krcore_benches::elastic::tails_after_main(&r.joins, tail_factor, TAIL_FLOOR_US)
+    } else {
+        Vec::new()
+    };
+    let tail_lines: Vec<String> = tails
+        .iter()
+        .map(|j| {
+            let (stage, us) = j.slowest_stage();
+            format!(
+                "mode {}: join {} took {:.2} ms from main to its first get, over {tail_factor}x the median of {:.2} ms (and 50 ms more); {:.2} ms of it in {stage}",
+                r.mode.name(),
+                j.index + 1,
+                j.after_main_us() as f64 / 1000.0,
+                median_after as f64 / 1000.0,
+                us as f64 / 1000.0
+            )
+        })
+        .collect();
     let total: u64 = r.loads.iter().map(|l| l.ops).sum();
     let errors: u64 = r.loads.iter().map(|l| l.errors).sum();
     let peak = r.timeline.iter().map(|p| p.1).fold(0.0, f64::max);
@@ -870,6 +932,7 @@ fn print_mode(r: &ModeRun, model: &str) {
         }
     }
     println!();
+    tail_lines
 }
 
 fn main() -> ExitCode {
@@ -921,10 +984,11 @@ fn main() -> ExitCode {
         ModeArg::Both => vec![krcore, Mode::Verbs],
     };
     let mut runs = Vec::new();
+    let mut tails = Vec::new();
     for m in modes {
         match run_mode(&args, m) {
             Ok(r) => {
-                print_mode(&r, &args.latency_model);
+                tails.extend(print_mode(&r, &args.latency_model, args.tail_factor));
                 runs.push(r);
             }
             Err(e) => {
@@ -964,6 +1028,15 @@ fn main() -> ExitCode {
             v.median(|j| j.modeled.context_ns / 1000),
             k.median(JoinRecord::context_us),
             v.median(JoinRecord::context_us),
+        );
+        println!(
+            "  from main (without the process start, the same exec in both modes): modeled ({}) krcore {:.2} ms, verbs {:.2} ms: {:.1}% shorter; measured krcore {:.2} ms, verbs {:.2} ms",
+            args.latency_model,
+            k.median(JoinRecord::after_main_modeled_us),
+            v.median(JoinRecord::after_main_modeled_us),
+            red(JoinRecord::after_main_modeled_us),
+            k.median(JoinRecord::after_main_us),
+            v.median(JoinRecord::after_main_us),
         );
         println!(
             "  split: without the per-process engine start (KRCore's DC pool exists at boot):"
@@ -1044,6 +1117,17 @@ fn main() -> ExitCode {
             eprintln!("krcore-elastic: {e}");
             return ExitCode::FAILURE;
         }
+    }
+    if let Some(first) = tails.first() {
+        // One line for the error; every tail was printed above as an
+        // OUTLIER with its stage.
+        let more = if tails.len() > 1 {
+            format!(" (and {} more)", tails.len() - 1)
+        } else {
+            String::new()
+        };
+        eprintln!("krcore-elastic: error: a join tail in the join's own code: {first}{more}");
+        return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
 }

@@ -192,6 +192,26 @@ pub struct JoinRecord {
     pub slept_us: u64,
     /// Engine statistics after the first get (krcore mode).
     pub engine: Option<EngineSummary>,
+    /// The process's main thread as the scheduler saw it from its start
+    /// to `main` and to its first get (where the kernel reports it): a
+    /// slow stage spent waiting for a CPU was starved, not slow.
+    #[serde(default)]
+    pub sched: Option<JoinSched>,
+}
+
+/// [`JoinRecord::sched`]: the main thread's scheduler figures at `main`
+/// and at the first get.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JoinSched {
+    /// At `main` (the `exec` stage: process start until `main`).
+    pub at_main: crate::proc::SchedSample,
+    /// At the first get (the whole join).
+    pub at_join: crate::proc::SchedSample,
+    /// The process's age at `main` ([`crate::proc::process_age_us`], 10 ms
+    /// resolution): an `exec` stage much longer than it was spent in the
+    /// driver's spawn, before the process existed.
+    #[serde(default)]
+    pub age_at_main_us: Option<u64>,
 }
 
 impl JoinRecord {
@@ -202,6 +222,21 @@ impl JoinRecord {
             .first_get
             .saturating_sub(self.stamps.spawn)
             .saturating_sub(self.slept_us)
+    }
+
+    /// Measured software time from `main` to the first get, without the
+    /// modeled sleep: the join without the process start (the operating
+    /// system's exec, the same in every mode), the part this code runs.
+    pub fn after_main_us(&self) -> u64 {
+        self.stamps
+            .first_get
+            .saturating_sub(self.stamps.main)
+            .saturating_sub(self.slept_us)
+    }
+
+    /// [`JoinRecord::after_main_us`] + the modeled control-path time.
+    pub fn after_main_modeled_us(&self) -> u64 {
+        self.after_main_us() + self.modeled.total_ns() / 1000
     }
 
     /// Measured + modeled control-path time: the join on modeled hardware.
@@ -266,6 +301,27 @@ pub fn outliers(joins: &[JoinRecord], factor: f64) -> Vec<&JoinRecord> {
         .filter(|j| j.measured_us() as f64 > bound)
         .collect();
     out.sort_by_key(|j| std::cmp::Reverse(j.measured_us()));
+    out
+}
+
+/// The joins whose time from `main` to the first get
+/// ([`JoinRecord::after_main_us`]) exceeds both `factor` times the median
+/// of those and the median plus `floor_us`, slowest first: a tail in the
+/// join's own code (the driver fails on one). A slow process start (the
+/// kernel's exec, before `main`) is [`outliers`]' business and is reported,
+/// not failed: no code of this repository runs there.
+pub fn tails_after_main(joins: &[JoinRecord], factor: f64, floor_us: u64) -> Vec<&JoinRecord> {
+    let mut times: Vec<u64> = joins.iter().map(JoinRecord::after_main_us).collect();
+    times.sort_unstable();
+    let Some(&median) = times.get(times.len() / 2) else {
+        return Vec::new();
+    };
+    let bound = (median as f64 * factor).max((median + floor_us) as f64);
+    let mut out: Vec<&JoinRecord> = joins
+        .iter()
+        .filter(|j| j.after_main_us() as f64 > bound)
+        .collect();
+    out.sort_by_key(|j| std::cmp::Reverse(j.after_main_us()));
     out
 }
 
@@ -376,6 +432,7 @@ mod tests {
             },
             slept_us: 3_500,
             engine: None,
+            sched: None,
         };
         assert_eq!(j.measured_us(), 5_500);
         assert_eq!(j.modeled_us(), 5_500 + 3_500);
@@ -399,6 +456,7 @@ mod tests {
             modeled: Modeled::default(),
             slept_us: 0,
             engine: None,
+            sched: None,
         };
         let joins = [
             join(0, 1_000, 500),
@@ -413,6 +471,16 @@ mod tests {
         assert_eq!(slow, [2, 3]);
         assert!(outliers(&joins[..2], 10.0).is_empty());
         assert!(outliers(&[], 10.0).is_empty());
+        // Join 2's tail is its exec (before main): not a tail of the join's
+        // code; join 3's first get is.
+        let tails: Vec<usize> = tails_after_main(&joins, 10.0, 1_000)
+            .iter()
+            .map(|j| j.index)
+            .collect();
+        assert_eq!(tails, vec![3]);
+        // The floor: 10x a tiny median is not a tail.
+        assert!(tails_after_main(&joins, 10.0, 100_000).is_empty());
+        assert!(tails_after_main(&[], 10.0, 0).is_empty());
     }
 
     #[test]
