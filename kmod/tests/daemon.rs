@@ -31,15 +31,38 @@ struct Node {
 
 impl Node {
     fn new(cfg: DaemonConfig) -> Node {
+        Node::with(cfg, None)
+    }
+
+    /// A node whose memory node answers DC -> RC upgrades and whose
+    /// daemon's engine upgrades a VQP after `upgrade_after` WRs to one
+    /// target (`None`: a plain DC memory node, no upgrades).
+    fn with(cfg: DaemonConfig, upgrade_after: Option<u64>) -> Node {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("krcored.sock");
         let c = Cluster::new();
-        let mem = c.memory_node(1 << 16);
+        let mem = match upgrade_after {
+            None => c.memory_node(1 << 16),
+            Some(_) => c.upgradable_node(
+                krcore_kmod::EngineConfig::default()
+                    .with_pool_size(1)
+                    .with_upgrade_endpoint(true)
+                    .with_handshake_thread(true),
+                1 << 16,
+            ),
+        };
         // As krcored starts it: the whole DCI pool made at start, the
         // node registered (reachable by its own processes too).
         let engine = c.engine_granted(config(|cfg| {
             cfg.prestart = cfg.pool_size;
             cfg.eager_start = true;
+            if upgrade_after.is_some() {
+                cfg.upgrade_after = upgrade_after;
+                cfg.upgrade_endpoint = true;
+                // A loaded machine can delay the target's handshake
+                // thread past the default 20 ms times 5.
+                cfg.handshake.timeout = Duration::from_millis(500);
+            }
         }));
         c.register(engine.local_target().unwrap(), 1 << 40, 0)
             .unwrap();
@@ -174,6 +197,69 @@ fn an_attached_process_reads_writes_and_swaps_remote_memory_with_no_qp_of_its_ow
     assert_eq!(d.qps_created, 0, "{d:?}");
     let st = n.daemon().stats();
     assert_eq!((st.clients, st.vqps, st.attached), (2, 2, 2));
+}
+
+/// Process `id` WRITEs its mark at its own offset and READs it back, one
+/// synchronous WR at a time, `rounds` times; every READ must see the mark.
+fn write_read_rounds(n: &Node, v: &AttachedVqp, buf: &AttachedMr, id: u8, rounds: usize) {
+    let off = 256 * u64::from(id);
+    for i in 0..rounds {
+        let mark = [id, (i % 251) as u8, 0x5a, id];
+        buf.write(0, &mark).unwrap();
+        v.post(&[SendWr::write(1, buf.sge(0, 4).unwrap(), n.remote(off))])
+            .unwrap();
+        assert_eq!(v.wait(1, WAIT).unwrap()[0].status, WcStatus::Success);
+        v.post(&[SendWr::read(2, buf.sge(64, 4).unwrap(), n.remote(off))])
+            .unwrap();
+        assert_eq!(v.wait(1, WAIT).unwrap()[0].status, WcStatus::Success);
+        let mut got = [0u8; 4];
+        buf.read(64, &mut got).unwrap();
+        assert_eq!(got, mark, "process {id}, round {i}");
+    }
+}
+
+#[test]
+fn an_rc_pair_upgraded_for_one_process_serves_the_next() {
+    // The DC -> RC upgrade is node-wide: the daemon's engine builds one
+    // pair with the memory node, for the first process's hot VQP, and the
+    // next process's VQP to that node moves onto the same pair.
+    let n = Node::with(DaemonConfig::default(), Some(20));
+    let rc = |n: &Node| {
+        let s = n.engine().stats();
+        (s.rc.created, s.rc_upgrades)
+    };
+    let a = n.attach();
+    let (abuf, av) = (local(&a), n.vqp(&a));
+    let mut rounds = 0;
+    while rc(&n).1 < 1 {
+        write_read_rounds(&n, &av, &abuf, 1, 10);
+        rounds += 10;
+        assert!(
+            rounds < 20_000,
+            "process 1's VQP never upgraded: {:?}",
+            rc(&n)
+        );
+    }
+    assert_eq!(rc(&n), (1, 1), "one pair, built for process 1");
+    let b = n.attach();
+    let (bbuf, bv) = (local(&b), n.vqp(&b));
+    let mut rounds = 0;
+    while rc(&n).1 < 2 {
+        write_read_rounds(&n, &bv, &bbuf, 2, 10);
+        rounds += 10;
+        assert!(
+            rounds < 20_000,
+            "process 2's VQP never upgraded: {:?}",
+            rc(&n)
+        );
+    }
+    assert_eq!(rc(&n), (1, 2), "process 2's VQP on process 1's pair");
+    assert_eq!(n.mem.engine.stats().handshake.passive_qps, 1);
+    // Both keep working on the pair, side by side.
+    write_read_rounds(&n, &av, &abuf, 1, 50);
+    write_read_rounds(&n, &bv, &bbuf, 2, 50);
+    assert_eq!(rc(&n), (1, 2));
+    assert_eq!(n.engine().stats().rc_upgrade_failures, 0);
 }
 
 #[test]

@@ -53,9 +53,14 @@
 //!   `Lost`, ...); the daemon's own as [`crate::MsgError::Daemon`].
 //!   Meant for requests (a store's block allocation), not bulk data.
 //!
+//! - **Upgrades**: the daemon's engine upgrades by threshold
+//!   (`EngineConfig::upgrade_after`), node-wide: the RC pair built for one
+//!   process's hot VQP serves every process's VQP to that target (one
+//!   pair, no second handshake).
+//!
 //! Through the daemon a WR has one SGE and no inline data; binding ports
-//! (receiving), leases and the DC -> RC upgrade API are not carried yet
-//! (refused, typed, or absent from the API).
+//! (receiving), leases and the DC -> RC upgrade API (the hint) are not
+//! carried yet (refused, typed, or absent from the API).
 
 mod client;
 mod error;
