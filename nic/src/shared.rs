@@ -159,8 +159,19 @@ impl SharedMap {
     ///
     /// # Errors
     /// Range or alignment errors.
+    #[inline]
     pub fn word(&self, offset: usize) -> Result<&AtomicU64> {
         self.seg.u64_at(offset)
+    }
+
+    /// The `n` 8-byte words from `offset` (8-byte aligned, in range),
+    /// checked once.
+    ///
+    /// # Errors
+    /// Range or alignment errors.
+    #[inline]
+    pub fn words(&self, offset: usize, n: usize) -> Result<&[AtomicU64]> {
+        self.seg.u64s_at(offset, n)
     }
 }
 
@@ -186,6 +197,15 @@ mod tests {
         // The file is as long as the region; asking for more is refused.
         assert!(SharedMap::map(&file, 8192).is_err());
         assert!(map.read(4090, &mut got).is_err());
+        // A run of words is checked once, whole: the last 8 words are
+        // there, 9 from the same place are not, nor a misaligned start.
+        let words = map.words(4096 - 64, 8).unwrap();
+        words[7].store(9, std::sync::atomic::Ordering::Release);
+        assert_eq!(mr.load_u64(4088).unwrap(), 9);
+        assert!(map.words(4096 - 64, 9).is_err());
+        assert!(map.words(4, 1).is_err());
+        assert!(map.words(0, usize::MAX).is_err());
+        assert!(map.words(4096, 0).unwrap().is_empty());
     }
 
     #[test]

@@ -122,6 +122,7 @@ pub enum DecodeError {
 /// inside `RING_BYTES` and aligned: the mapping was checked to be that
 /// long when it was made, so this cannot fail; a zero word stands in
 /// should it ever).
+#[inline]
 pub(crate) fn word(map: &SharedMap, off: usize) -> &AtomicU64 {
     static ZERO: AtomicU64 = AtomicU64::new(0);
     map.word(off).unwrap_or(&ZERO)
@@ -155,11 +156,15 @@ fn le_words<const W: usize>(bytes: &[u8]) -> [u64; W] {
 
 /// Copies an entry's bytes into the map at `at`, a word at a time, in order.
 fn put_entry(map: &SharedMap, at: usize, entry: &[u8]) {
-    for (i, c) in entry.chunks_exact(8).enumerate() {
-        put(
-            map,
-            at + 8 * i,
+    // The entry offsets are this module's layout, inside RING_BYTES and
+    // aligned (see `word`): the words are always there.
+    let Ok(words) = map.words(at, entry.len() / 8) else {
+        return;
+    };
+    for (w, c) in words.iter().zip(entry.chunks_exact(8)) {
+        w.store(
             u64::from_le_bytes(c.try_into().unwrap_or_default()),
+            Ordering::Relaxed,
         );
     }
 }
@@ -167,8 +172,11 @@ fn put_entry(map: &SharedMap, at: usize, entry: &[u8]) {
 /// Copies the entry at `at` out of the map, a word at a time, in order.
 fn get_entry<const B: usize>(map: &SharedMap, at: usize) -> [u8; B] {
     let mut entry = [0u8; B];
-    for (i, c) in entry.chunks_exact_mut(8).enumerate() {
-        c.copy_from_slice(&get(map, at + 8 * i).to_le_bytes());
+    // As in `put_entry`; zeros (an entry that does not decode) otherwise.
+    if let Ok(words) = map.words(at, B / 8) {
+        for (c, w) in entry.chunks_exact_mut(8).zip(words) {
+            c.copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+        }
     }
     entry
 }

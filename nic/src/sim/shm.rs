@@ -164,6 +164,30 @@ impl Segment {
         Ok(unsafe { &*(self.base.add(off) as *const AtomicU64) })
     }
 
+    /// The `n` 8-byte words from `off` as atomics, checked once.
+    ///
+    /// # Errors
+    /// `InvalidArgument` when `off` is misaligned or the words run out of
+    /// bounds.
+    #[inline]
+    pub fn u64s_at(&self, off: usize, n: usize) -> Result<&[AtomicU64]> {
+        let bytes = n
+            .checked_mul(8)
+            .ok_or_else(|| NicError::InvalidArgument(format!("{n} words overflow")))?;
+        self.check(off, bytes)?;
+        if (self.base as usize + off) % 8 != 0 {
+            return Err(NicError::InvalidArgument(format!(
+                "offset {off} is not 8-byte aligned"
+            )));
+        }
+        // SAFETY: `off..off + 8n` is in bounds (checked above) of memory
+        // valid for the lifetime of `self` (module invariant), the start is
+        // 8-byte aligned (checked), so every element is; AtomicU64 has the
+        // size and alignment of u64, and all accesses to this memory are
+        // atomic (module invariant).
+        Ok(unsafe { std::slice::from_raw_parts(self.base.add(off) as *const AtomicU64, n) })
+    }
+
     /// The 8-byte word at `off`, for offsets the caller computed from a fixed
     /// layout. Panics on a misaligned or out-of-bounds offset, which would be a
     /// bug in the sim's own table layout, never a consequence of user input.
