@@ -317,3 +317,49 @@ fn a_lost_answer_to_an_open_is_answered_again() {
     assert!(port.try_pop().expect("try_pop").is_none(), "delivered once");
     assert_eq!(rx.msg_stats().out_of_order, 0);
 }
+
+/// A Credit the NIC fails after it was posted (the sender unreachable for a
+/// moment) is made up by the next one, which carries the cumulative total:
+/// the sender's window comes back whole, not one batch short for good.
+#[test]
+fn a_credit_lost_after_its_post_is_made_up_by_the_next() {
+    let c = Cluster::new();
+    let (rx, faults) = fault_node(&c, 11);
+    let tx = node(&c, |_| {});
+    let port = rx.bind(PORT).expect("bind");
+    // Window 2: every pop sends a Credit back (half the window).
+    let ep = tx.endpoint_with_window(2).expect("endpoint");
+    ep.push(rx.gid(), PORT, b"a").expect("push a");
+    ep.push(rx.gid(), PORT, b"b").expect("push b");
+    assert_eq!(ep.credits(rx.gid(), PORT), Some(0));
+    faults.drop_node(tx.gid());
+    assert_eq!(port.pop().expect("pop a").to_vec(), b"a");
+    let start = Instant::now();
+    while faults.stats().dropped_wrs == 0 {
+        assert!(
+            start.elapsed() < WAIT,
+            "the Credit was never dropped: {:?} {:?}",
+            faults.stats(),
+            rx.msg_stats()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    faults.restore_node(tx.gid());
+    assert_eq!(ep.credits(rx.gid(), PORT), Some(0), "that Credit was lost");
+    assert_eq!(port.pop().expect("pop b").to_vec(), b"b");
+    let start = Instant::now();
+    while ep.credits(rx.gid(), PORT) != Some(2) {
+        assert!(
+            start.elapsed() < WAIT,
+            "the window stayed short: {:?} credits",
+            ep.credits(rx.gid(), PORT)
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // The whole window is usable again.
+    ep.push(rx.gid(), PORT, b"c").expect("push c");
+    ep.push(rx.gid(), PORT, b"d").expect("push d");
+    assert_eq!(port.pop().expect("pop c").to_vec(), b"c");
+    assert_eq!(port.pop().expect("pop d").to_vec(), b"d");
+    assert_eq!(rx.msg_stats().out_of_order, 0);
+}

@@ -59,7 +59,10 @@
 //! carry a tag in their wr_id; the error completions are filed per VQP by
 //! whoever polls). A popped message whose credit return or Release cannot
 //! be sent is delivered anyway; those are owed and sent again by the next
-//! pop ([`MsgStats::credits_deferred`], [`MsgStats::releases_deferred`]),
+//! pop ([`MsgStats::credits_deferred`], [`MsgStats::releases_deferred`]);
+//! a Credit the NIC fails after its post is made up by the next one, which
+//! carries the channel's cumulative total (and a control send first polls
+//! its VQP, so that it is not flushed behind that failure),
 //! and a descriptor whose sender cannot be reached stays queued (a typed
 //! error; the next pop pulls it). A port's replies are tagged the same way:
 //! its next replies return [`MsgError::ReplyLost`] for each lost one.
@@ -1025,14 +1028,14 @@ impl<N: Nic> MsgNode<N> {
                 }
                 Ok(())
             }
-            MsgKind::Credit { count } => {
+            MsgKind::Credit { total } => {
                 bump(&self.counters.control);
                 if let Some(port) = port {
                     let mut st = port.state.lock();
                     let ok = st
                         .channels
                         .get_mut(&from)
-                        .is_some_and(|c| c.reply.credit(count).is_ok());
+                        .is_some_and(|c| c.reply.credit_total(total).is_ok());
                     if !ok {
                         bump(&self.counters.malformed);
                     }
@@ -1126,12 +1129,12 @@ impl<N: Nic> MsgNode<N> {
                     c.answered(Err(code));
                 }
             }
-            MsgKind::Credit { count } => {
+            MsgKind::Credit { total } => {
                 bump(&self.counters.control);
                 let ok = st
                     .channels
                     .get_mut(&key)
-                    .is_some_and(|c| c.fwd.credit(count).is_ok());
+                    .is_some_and(|c| c.fwd.credit_total(total).is_ok());
                 if !ok {
                     bump(&self.counters.malformed);
                 }

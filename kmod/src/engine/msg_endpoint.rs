@@ -19,7 +19,8 @@ const OPEN_RESEND_FIRST: Duration = Duration::from_millis(20);
 /// The longest pause between two sends of one Open.
 const OPEN_RESEND_MAX: Duration = Duration::from_millis(500);
 use crate::msg::{
-    Carried, Descriptor, MsgDst, MsgKind, MsgRepr, RefuseCode, ReturnBatch, SendWindow, SeqCheck,
+    Carried, CreditReturn, Descriptor, MsgDst, MsgKind, MsgRepr, RefuseCode, ReturnBatch,
+    SendWindow, SeqCheck,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -592,8 +593,8 @@ impl<N: Nic> Endpoint<N> {
                 bump(&self.node.counters.releases_deferred);
             }
         });
-        if let Some(n) = credit {
-            let kind = MsgKind::Credit { count: n };
+        if let Some(cr) = credit {
+            let kind = MsgKind::Credit { total: cr.total };
             if self
                 .send_ctl(&tx.vqp, msg.from.gid, msg.port, kind)
                 .is_err()
@@ -601,7 +602,7 @@ impl<N: Nic> Endpoint<N> {
                 // Delivered regardless: the credits stay owed.
                 let mut st = self.shared.state.lock();
                 if let Some(c) = st.channels.get_mut(&(msg.from.gid, msg.port)) {
-                    c.reply_returns.unflush(n);
+                    c.reply_returns.unflush(cr.count);
                 }
                 st.credits_owed = true;
                 bump(&self.node.counters.credits_deferred);
@@ -618,6 +619,12 @@ impl<N: Nic> Endpoint<N> {
             dst: MsgDst::Port(port),
             kind,
         };
+        // Take the VQP's completions first: an earlier control send that
+        // failed (its peer unreachable) left the QP in error until its
+        // failure is polled, and this one would be flushed behind it.
+        // What it did is counted there; a lost Credit is made up by this
+        // one's total.
+        let _ = reap(vqp, &self.node.counters);
         send_inline(
             vqp,
             gid,
@@ -641,21 +648,21 @@ impl<N: Nic> Endpoint<N> {
         if !std::mem::take(&mut self.shared.state.lock().credits_owed) {
             return;
         }
-        let due: Vec<((Gid, u16), u32)> = {
+        let due: Vec<((Gid, u16), CreditReturn)> = {
             let mut st = self.shared.state.lock();
             st.channels
                 .iter_mut()
-                .filter_map(|(k, c)| c.reply_returns.flush().map(|n| (*k, n)))
+                .filter_map(|(k, c)| c.reply_returns.flush().map(|cr| (*k, cr)))
                 .collect()
         };
-        for ((gid, port), n) in due {
+        for ((gid, port), cr) in due {
             if self
-                .send_ctl(&tx.vqp, gid, port, MsgKind::Credit { count: n })
+                .send_ctl(&tx.vqp, gid, port, MsgKind::Credit { total: cr.total })
                 .is_err()
             {
                 let mut st = self.shared.state.lock();
                 if let Some(c) = st.channels.get_mut(&(gid, port)) {
-                    c.reply_returns.unflush(n);
+                    c.reply_returns.unflush(cr.count);
                 }
                 st.credits_owed = true;
             }

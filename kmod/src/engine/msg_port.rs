@@ -13,7 +13,9 @@ use super::msg_endpoint::*;
 use super::msg_send::*;
 use super::vqp::Vqp;
 use super::{Engine, EngineInner};
-use crate::msg::{MsgDst, MsgKind, MsgRepr, RefuseCode, ReturnBatch, SendWindow, SeqCheck};
+use crate::msg::{
+    CreditReturn, MsgDst, MsgKind, MsgRepr, RefuseCode, ReturnBatch, SendWindow, SeqCheck,
+};
 
 /// The receive side of one channel at the port.
 pub(crate) struct ChannelRx {
@@ -150,7 +152,7 @@ impl<N: Nic> PortShared<N> {
     /// A message of `from`'s channel was popped: the credits to send back
     /// now, if any. A channel opened with its only message ends with it
     /// (no credit goes back, its window returns to the port's slots).
-    pub(crate) fn popped(&self, from: Sender, counters: &Counters) -> Option<u32> {
+    pub(crate) fn popped(&self, from: Sender, counters: &Counters) -> Option<CreditReturn> {
         let mut st = self.state.lock();
         let c = st.channels.get_mut(&from)?;
         if !c.only {
@@ -471,15 +473,15 @@ impl<N: Nic> Port<N> {
         };
         let credit = self.shared.popped(msg.from, &self.node.counters);
         let pulled = self.pull(&mut tx, &mut msg);
-        if let Some(n) = credit {
+        if let Some(cr) = credit {
             if self
-                .send_ctl(&tx.vqp, msg.from, MsgKind::Credit { count: n })
+                .send_ctl(&tx.vqp, msg.from, MsgKind::Credit { total: cr.total })
                 .is_err()
             {
                 // Delivered regardless: the credits stay owed.
                 let mut st = self.shared.state.lock();
                 if let Some(c) = st.channels.get_mut(&msg.from) {
-                    c.returns.unflush(n);
+                    c.returns.unflush(cr.count);
                 }
                 st.credits_owed = true;
                 bump(&self.node.counters.credits_deferred);
@@ -500,6 +502,12 @@ impl<N: Nic> Port<N> {
             kind,
         };
         let imm = vqp.id().get();
+        // Take the VQP's completions first: an earlier control send that
+        // failed (its peer unreachable) left the QP in error until its
+        // failure is polled, and this one would be flushed behind it.
+        // What it did is counted there; a lost Credit is made up by this
+        // one's total.
+        let _ = reap(vqp, &self.node.counters);
         send_inline(
             vqp,
             to.gid,
@@ -560,20 +568,20 @@ impl<N: Nic> Port<N> {
     }
 
     fn return_credits_with(&self, tx: &PortTx<N>) -> Result<u32, MsgError> {
-        let due: Vec<(Sender, u32)> = {
+        let due: Vec<(Sender, CreditReturn)> = {
             let mut st = self.shared.state.lock();
             st.channels
                 .iter_mut()
-                .filter_map(|(s, c)| c.returns.flush().map(|n| (*s, n)))
+                .filter_map(|(s, c)| c.returns.flush().map(|cr| (*s, cr)))
                 .collect()
         };
         let mut sent = 0;
         let mut result = Ok(());
-        for (sender, n) in due {
+        for (sender, cr) in due {
             if result.is_ok() {
-                match self.send_ctl(&tx.vqp, sender, MsgKind::Credit { count: n }) {
+                match self.send_ctl(&tx.vqp, sender, MsgKind::Credit { total: cr.total }) {
                     Ok(()) => {
-                        sent += n;
+                        sent += cr.count;
                         continue;
                     }
                     Err(e) => result = Err(e),
@@ -581,7 +589,7 @@ impl<N: Nic> Port<N> {
             }
             // Not sent: the credits stay pending.
             if let Some(c) = self.shared.state.lock().channels.get_mut(&sender) {
-                c.returns.unflush(n);
+                c.returns.unflush(cr.count);
             }
         }
         result.map(|()| sent)
