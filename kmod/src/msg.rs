@@ -764,6 +764,12 @@ impl ReturnBatch {
         self.pending
     }
 
+    /// Every credit returned so far (wrapping): what a Credit sent again
+    /// carries.
+    pub fn total(&self) -> u64 {
+        self.returned
+    }
+
     /// One message was popped: `Some` when credits should be sent back
     /// now (the pending count restarts from 0).
     pub fn popped(&mut self) -> Option<CreditReturn> {

@@ -363,3 +363,42 @@ fn a_credit_lost_after_its_post_is_made_up_by_the_next() {
     assert_eq!(port.pop().expect("pop d").to_vec(), b"d");
     assert_eq!(rx.msg_stats().out_of_order, 0);
 }
+
+/// The last Credit of a burst is lost (nothing comes after it to make it
+/// up): a push that waits for a credit asks the port again (a repeated
+/// Open), and the port answers with the credits returned so far.
+#[test]
+fn a_push_left_waiting_by_a_lost_credit_asks_for_it() {
+    let c = Cluster::new();
+    let (rx, faults) = fault_node(&c, 13);
+    let tx = node(&c, |_| {});
+    let port = rx.bind(PORT).expect("bind");
+    let ep = tx.endpoint_with_window(2).expect("endpoint");
+    ep.push(rx.gid(), PORT, b"a").expect("push a");
+    ep.push(rx.gid(), PORT, b"b").expect("push b");
+    assert_eq!(port.pop().expect("pop a").to_vec(), b"a");
+    let start = Instant::now();
+    while ep.credits(rx.gid(), PORT) != Some(1) {
+        assert!(start.elapsed() < WAIT, "a's credit never came");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // b's Credit is the last one, and it is lost.
+    faults.drop_node(tx.gid());
+    assert_eq!(port.pop().expect("pop b").to_vec(), b"b");
+    let start = Instant::now();
+    while faults.stats().dropped_wrs == 0 {
+        assert!(start.elapsed() < WAIT, "b's Credit was never dropped");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    faults.restore_node(tx.gid());
+    assert_eq!(ep.credits(rx.gid(), PORT), Some(1), "b's Credit was lost");
+    // c takes the one credit left; d waits for the lost one and asks.
+    ep.push(rx.gid(), PORT, b"c").expect("push c");
+    ep.push(rx.gid(), PORT, b"d")
+        .expect("push d after a lost Credit");
+    assert!(tx.msg_stats().credits_asked >= 1, "{:?}", tx.msg_stats());
+    assert_eq!(port.pop().expect("pop c").to_vec(), b"c");
+    assert_eq!(port.pop().expect("pop d").to_vec(), b"d");
+    assert!(port.try_pop().expect("try_pop").is_none(), "delivered once");
+    assert_eq!(rx.msg_stats().out_of_order, 0);
+}

@@ -62,7 +62,10 @@
 //! pop ([`MsgStats::credits_deferred`], [`MsgStats::releases_deferred`]);
 //! a Credit the NIC fails after its post is made up by the next one, which
 //! carries the channel's cumulative total (and a control send first polls
-//! its VQP, so that it is not flushed behind that failure),
+//! its VQP, so that it is not flushed behind that failure), and a push
+//! that waits for a credit sends its channel's Open again after 50 ms
+//! (doubling to 500 ms): the port answers a repeated Open with the same
+//! grant and the total again ([`MsgStats::credits_asked`]),
 //! and a descriptor whose sender cannot be reached stays queued (a typed
 //! error; the next pop pulls it). A port's replies are tagged the same way:
 //! its next replies return [`MsgError::ReplyLost`] for each lost one.
@@ -450,6 +453,10 @@ pub struct MsgStats {
     /// Opens sent again because their answer did not come (a lost answer,
     /// or a slow port).
     pub open_resent: u64,
+    /// Opens of open channels sent because a push waited for a credit
+    /// (the port answers with the credits returned so far, making up a
+    /// Credit lost on its way).
+    pub credits_asked: u64,
 }
 
 #[derive(Default)]
@@ -473,6 +480,7 @@ pub(crate) struct Counters {
     pub(crate) closed: AtomicU64,
     pub(crate) reclaimed: AtomicU64,
     pub(crate) open_resent: AtomicU64,
+    pub(crate) credits_asked: AtomicU64,
     /// Error completions of tagged data messages, by sending VQP: (tag,
     /// status), taken by their endpoint (which reports them lost).
     pub(crate) failed: Mutex<HashMap<u32, Vec<(u64, WcStatus)>>>,
@@ -814,6 +822,7 @@ impl<N: Nic> MsgNode<N> {
             closed: l(&c.closed),
             reclaimed: l(&c.reclaimed),
             open_resent: l(&c.open_resent),
+            credits_asked: l(&c.credits_asked),
         }
     }
 
@@ -962,8 +971,8 @@ impl<N: Nic> MsgNode<N> {
                 let mut reclaimed = Vec::new();
                 let carried = carries.map(|c| (c, body));
                 let only = carries.is_some_and(|c| c.only);
-                let (answer, delivered) = match &port {
-                    None => (MsgKind::Refuse(RefuseCode::Unbound), false),
+                let (answer, delivered, total) = match &port {
+                    None => (MsgKind::Refuse(RefuseCode::Unbound), false, None),
                     Some(port) => port.admit(
                         from,
                         (window, reply_window),
@@ -1010,7 +1019,15 @@ impl<N: Nic> MsgNode<N> {
                     },
                     kind: answer,
                 };
-                self.send_ctl(eng, from.gid, &reply)
+                self.send_ctl(eng, from.gid, &reply)?;
+                if let Some(total) = total {
+                    let credit = MsgRepr {
+                        kind: MsgKind::Credit { total },
+                        ..reply
+                    };
+                    self.send_ctl(eng, from.gid, &credit)?;
+                }
+                Ok(())
             }
             MsgKind::Release { token } => {
                 bump(&self.counters.control);

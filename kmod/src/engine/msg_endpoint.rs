@@ -18,6 +18,9 @@ use super::EngineInner;
 const OPEN_RESEND_FIRST: Duration = Duration::from_millis(20);
 /// The longest pause between two sends of one Open.
 const OPEN_RESEND_MAX: Duration = Duration::from_millis(500);
+/// How long a push waits for a credit before it asks the port again (see
+/// `Endpoint::ask_credits`), doubling up to [`OPEN_RESEND_MAX`].
+const CREDIT_ASK_FIRST: Duration = Duration::from_millis(50);
 use crate::msg::{
     Carried, CreditReturn, Descriptor, MsgDst, MsgKind, MsgRepr, RefuseCode, ReturnBatch,
     SendWindow, SeqCheck,
@@ -280,6 +283,11 @@ impl<N: Nic> Endpoint<N> {
         if self.open(&mut tx, key, start, limit, first)? {
             return Ok(());
         }
+        // A push that waits for a credit asks the port again after a while
+        // (then after twice as long, up to `OPEN_RESEND_MAX`): the Credit
+        // that would free it may have been lost on its way.
+        let mut ask_after = CREDIT_ASK_FIRST;
+        let mut last_ask = Instant::now();
         loop {
             self.node.progress(&self.eng)?;
             let seq = {
@@ -312,10 +320,36 @@ impl<N: Nic> Endpoint<N> {
                 }
                 Wait::For(_) => {
                     reap(&tx.vqp, &self.node.counters)?;
+                    if last_ask.elapsed() >= ask_after {
+                        if self.ask_credits(&tx, key).is_ok() {
+                            bump(&self.node.counters.credits_asked);
+                        }
+                        last_ask = Instant::now();
+                        ask_after = (ask_after * 2).min(OPEN_RESEND_MAX);
+                    }
                     std::thread::yield_now();
                 }
             }
         }
+    }
+
+    /// Sends the open channel `key`'s Open again (with nothing carried):
+    /// the port answers a repeated Open with the same grant and the
+    /// cumulative credits it returned, so a push left waiting by a lost
+    /// Credit gets its credits (a repeated total changes nothing).
+    fn ask_credits(&self, tx: &EpTx<N>, key: (Gid, u16)) -> Result<(), MsgError> {
+        let (dct_num, dc_key) = match self.eng.msg_rx() {
+            Ok((_, _, n, k)) => (n, k),
+            Err(_) => (0, 0),
+        };
+        let kind = MsgKind::Open {
+            window: self.window,
+            reply_window: self.node.cfg.reply_window,
+            dct_num,
+            dc_key,
+            carries: None,
+        };
+        self.send_ctl(&tx.vqp, key.0, key.1, kind)
     }
 
     /// Opens the channel `key` if needed: Open, then wait for its answer.

@@ -76,14 +76,18 @@ impl<N: Nic> PortShared<N> {
         reclaim: Option<Duration>,
         reclaimed: &mut Vec<Sender>,
         carried: Option<(crate::msg::Carried, Vec<u8>)>,
-    ) -> (MsgKind, bool) {
+    ) -> (MsgKind, bool, Option<u64>) {
         let mut st = self.state.lock();
         if !st.bound {
-            return (MsgKind::Refuse(RefuseCode::Unbound), false);
+            return (MsgKind::Refuse(RefuseCode::Unbound), false, None);
         }
         if let Some(c) = st.channels.get(&from) {
-            // A repeated Open (the answer was slow): the same grant.
-            return (MsgKind::Grant { window: c.window }, false);
+            // A repeated Open (the answer was slow, or the sender waits for
+            // credits and asks again): the same grant, and the credits
+            // returned so far again (their total: one lost on its way is
+            // made up, one that came changes nothing).
+            let total = Some(c.returns.total()).filter(|t| *t > 0);
+            return (MsgKind::Grant { window: c.window }, false, total);
         }
         if let (0, Some(idle)) = (st.ungranted, reclaim) {
             let st = &mut *st;
@@ -100,7 +104,7 @@ impl<N: Nic> PortShared<N> {
         }
         let granted = window.min(st.ungranted);
         if granted == 0 {
-            return (MsgKind::Refuse(RefuseCode::Busy), false);
+            return (MsgKind::Refuse(RefuseCode::Busy), false, None);
         }
         st.ungranted -= granted;
         let mut c = ChannelRx {
@@ -123,7 +127,11 @@ impl<N: Nic> PortShared<N> {
             });
         });
         st.channels.insert(from, c);
-        (MsgKind::Grant { window: granted }, delivered.is_some())
+        (
+            MsgKind::Grant { window: granted },
+            delivered.is_some(),
+            None,
+        )
     }
 
     /// The sender `from` closed its channel: the port forgets it and its
