@@ -30,6 +30,15 @@ fn node(c: &Cluster, f: impl FnOnce(&mut EngineConfig)) -> Engine<SimNic> {
 /// A messaging node (as [`node`]) whose NIC is wrapped in a [`FaultNic`]
 /// seeded with `seed`, and the handle that injects its faults.
 fn fault_node(c: &Cluster, seed: u64) -> (Engine<FaultNic<SimNic>>, FaultNic<SimNic>) {
+    fault_node_with(c, seed, |_| {})
+}
+
+/// [`fault_node`] with more configuration.
+fn fault_node_with(
+    c: &Cluster,
+    seed: u64,
+    f: impl FnOnce(&mut EngineConfig),
+) -> (Engine<FaultNic<SimNic>>, FaultNic<SimNic>) {
     let nic = FaultNic::new(c.nic(), FaultConfig::none(seed));
     let faults = nic.clone();
     let e = Engine::start(
@@ -37,6 +46,7 @@ fn fault_node(c: &Cluster, seed: u64) -> (Engine<FaultNic<SimNic>>, FaultNic<Sim
         config(|cfg| {
             cfg.msg.timeout = WAIT;
             cfg.msg.progress_thread = true;
+            f(cfg)
         })
         .with_meta(c.location),
     )
@@ -401,4 +411,44 @@ fn a_push_left_waiting_by_a_lost_credit_asks_for_it() {
     assert_eq!(port.pop().expect("pop d").to_vec(), b"d");
     assert!(port.try_pop().expect("try_pop").is_none(), "delivered once");
     assert_eq!(rx.msg_stats().out_of_order, 0);
+}
+
+/// Both reply Credits of an endpoint are lost (two pops, two drops): the
+/// port has no reply credit and the endpoint has nothing left to pop, so
+/// no later Credit would make them up. The port's waiting reply asks the
+/// endpoint again (the channel's Grant repeated); the endpoint, waiting
+/// for that reply, sends its total again.
+#[test]
+fn a_reply_left_waiting_by_lost_credits_asks_for_them() {
+    let c = Cluster::new();
+    let (tx, faults) = fault_node_with(&c, 17, |cfg| cfg.msg.reply_window = 2);
+    let rx = node(&c, |_| {});
+    let port = rx.bind(PORT).expect("bind");
+    let ep = tx.endpoint().expect("endpoint");
+    ep.push(rx.gid(), PORT, b"q").expect("push");
+    let q = port.pop().expect("pop q");
+    port.reply(&q, b"r1").expect("reply r1");
+    port.reply(&q, b"r2").expect("reply r2");
+    // Both of the endpoint's Credits (one per pop: half of 2) are lost.
+    faults.drop_node(rx.gid());
+    for (i, r) in [&b"r1"[..], b"r2"].into_iter().enumerate() {
+        assert_eq!(ep.pop_reply().expect("pop reply").to_vec(), r);
+        let start = Instant::now();
+        while faults.stats().dropped_wrs <= i as u64 {
+            assert!(start.elapsed() < WAIT, "Credit {} was never dropped", i + 1);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    faults.restore_node(rx.gid());
+    let replier = std::thread::spawn(move || {
+        let r = port.reply(&q, b"r3");
+        (r, port)
+    });
+    assert_eq!(
+        ep.pop_reply().expect("r3 after lost Credits").to_vec(),
+        b"r3"
+    );
+    let (r, _port) = replier.join().unwrap();
+    r.expect("reply r3");
+    assert!(rx.msg_stats().credits_asked >= 1, "{:?}", rx.msg_stats());
 }

@@ -65,7 +65,9 @@
 //! its VQP, so that it is not flushed behind that failure), and a push
 //! that waits for a credit sends its channel's Open again after 50 ms
 //! (doubling to 500 ms): the port answers a repeated Open with the same
-//! grant and the total again ([`MsgStats::credits_asked`]),
+//! grant and the total again ([`MsgStats::credits_asked`]; a port's reply
+//! that waits for a reply credit repeats the channel's Grant, and the
+//! endpoint sends its reply credits' total again at its next pop),
 //! and a descriptor whose sender cannot be reached stays queued (a typed
 //! error; the next pop pulls it). A port's replies are tagged the same way:
 //! its next replies return [`MsgError::ReplyLost`] for each lost one.
@@ -453,9 +455,11 @@ pub struct MsgStats {
     /// Opens sent again because their answer did not come (a lost answer,
     /// or a slow port).
     pub open_resent: u64,
-    /// Opens of open channels sent because a push waited for a credit
-    /// (the port answers with the credits returned so far, making up a
-    /// Credit lost on its way).
+    /// Credits asked for again: Opens of open channels sent because a
+    /// push waited for a credit (the port answers with the credits
+    /// returned so far, making up a Credit lost on its way), and Grants
+    /// of open channels sent because a port's reply waited for a reply
+    /// credit (the endpoint sends its total again at its next pop).
     pub credits_asked: u64,
 }
 
@@ -1137,7 +1141,13 @@ impl<N: Nic> MsgNode<N> {
             MsgKind::Grant { window } => {
                 bump(&self.counters.control);
                 if let Some(c) = st.channels.get_mut(&key) {
-                    c.answered(Ok(window));
+                    if c.status == super::msg_endpoint::Status::Open {
+                        // The port asks for the reply credits again.
+                        c.resend_total = true;
+                        st.credits_owed = true;
+                    } else {
+                        c.answered(Ok(window));
+                    }
                 }
             }
             MsgKind::Refuse(code) => {

@@ -17,10 +17,10 @@ use super::EngineInner;
 /// up to [`OPEN_RESEND_MAX`]), within the push's wait.
 const OPEN_RESEND_FIRST: Duration = Duration::from_millis(20);
 /// The longest pause between two sends of one Open.
-const OPEN_RESEND_MAX: Duration = Duration::from_millis(500);
+pub(crate) const OPEN_RESEND_MAX: Duration = Duration::from_millis(500);
 /// How long a push waits for a credit before it asks the port again (see
 /// `Endpoint::ask_credits`), doubling up to [`OPEN_RESEND_MAX`].
-const CREDIT_ASK_FIRST: Duration = Duration::from_millis(50);
+pub(crate) const CREDIT_ASK_FIRST: Duration = Duration::from_millis(50);
 use crate::msg::{
     Carried, CreditReturn, Descriptor, MsgDst, MsgKind, MsgRepr, RefuseCode, ReturnBatch,
     SendWindow, SeqCheck,
@@ -49,11 +49,16 @@ pub(crate) struct ChannelTx {
     /// While opening: the first message, carried by the Open (see
     /// [`crate::msg::Carried`]); a repeated Open carries it again.
     pub(crate) carried: Option<Vec<u8>>,
+    /// The port asked for the reply credits again (a repeated Grant of the
+    /// open channel: its `reply` waits for a credit): the next settle sends
+    /// the total again.
+    pub(crate) resend_total: bool,
 }
 
 impl ChannelTx {
     /// Applies the port's answer to the channel's Open (a duplicate Grant,
-    /// answering a repeated Open, changes nothing). A Refuse of an open
+    /// answering a repeated Open, changes nothing but asks for the reply
+    /// credits' total again: see `resend_total`). A Refuse of an open
     /// channel is a loss: see [`Status::Lost`].
     pub(crate) fn answered(&mut self, answer: Result<u32, RefuseCode>) {
         match (self.status, answer) {
@@ -407,6 +412,7 @@ impl<N: Nic> Endpoint<N> {
                     reply_seq: SeqCheck::default(),
                     reply_window: cfg.reply_window,
                     carried: first.filter(|_| carries).map(<[u8]>::to_vec),
+                    resend_total: false,
                 },
             );
         }
@@ -686,7 +692,16 @@ impl<N: Nic> Endpoint<N> {
             let mut st = self.shared.state.lock();
             st.channels
                 .iter_mut()
-                .filter_map(|(k, c)| c.reply_returns.flush().map(|cr| (*k, cr)))
+                .filter_map(|(k, c)| {
+                    let again = std::mem::take(&mut c.resend_total);
+                    let total = c.reply_returns.total();
+                    c.reply_returns
+                        .flush()
+                        .or_else(|| {
+                            (again && total > 0).then_some(CreditReturn { count: 0, total })
+                        })
+                        .map(|cr| (*k, cr))
+                })
                 .collect()
         };
         for ((gid, port), cr) in due {
@@ -697,6 +712,7 @@ impl<N: Nic> Endpoint<N> {
                 let mut st = self.shared.state.lock();
                 if let Some(c) = st.channels.get_mut(&(gid, port)) {
                     c.reply_returns.unflush(cr.count);
+                    c.resend_total |= cr.count == 0;
                 }
                 st.credits_owed = true;
             }

@@ -675,6 +675,11 @@ impl<N: Nic> Port<N> {
                 return Err(lost);
             }
         }
+        // A reply that waits for a credit asks the endpoint again (the
+        // channel's Grant repeated), as a push asks a port: the Credit that
+        // would free it may have been lost on its way.
+        let mut ask_after = super::msg_endpoint::CREDIT_ASK_FIRST;
+        let mut last_ask = Instant::now();
         loop {
             self.node.progress(&self.eng)?;
             let taken = {
@@ -724,6 +729,26 @@ impl<N: Nic> Port<N> {
             }
             if start.elapsed() >= timeout {
                 return Err(MsgError::Timeout(start.elapsed()));
+            }
+            if last_ask.elapsed() >= ask_after {
+                let window = self
+                    .shared
+                    .state
+                    .lock()
+                    .channels
+                    .get(&sender)
+                    .map(|c| c.window);
+                if let Some(window) = window {
+                    let tx = self.tx.lock();
+                    if self
+                        .send_ctl(&tx.vqp, sender, MsgKind::Grant { window })
+                        .is_ok()
+                    {
+                        bump(&self.node.counters.credits_asked);
+                    }
+                }
+                last_ask = Instant::now();
+                ask_after = (ask_after * 2).min(super::msg_endpoint::OPEN_RESEND_MAX);
             }
             std::thread::yield_now();
         }
