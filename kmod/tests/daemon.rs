@@ -228,31 +228,26 @@ fn an_rc_pair_upgraded_for_one_process_serves_the_next() {
         let s = n.engine().stats();
         (s.rc.created, s.rc_upgrades)
     };
+    // Process `id` runs rounds until the daemon has upgraded `want` VQPs.
+    let hot_until = |v: &AttachedVqp, buf: &AttachedMr, id: u8, want: u64| {
+        let mut rounds = 0;
+        while rc(&n).1 < want {
+            write_read_rounds(&n, v, buf, id, 10);
+            rounds += 10;
+            assert!(
+                rounds < 20_000,
+                "process {id}'s VQP never upgraded: {:?}",
+                rc(&n)
+            );
+        }
+    };
     let a = n.attach();
     let (abuf, av) = (local(&a), n.vqp(&a));
-    let mut rounds = 0;
-    while rc(&n).1 < 1 {
-        write_read_rounds(&n, &av, &abuf, 1, 10);
-        rounds += 10;
-        assert!(
-            rounds < 20_000,
-            "process 1's VQP never upgraded: {:?}",
-            rc(&n)
-        );
-    }
+    hot_until(&av, &abuf, 1, 1);
     assert_eq!(rc(&n), (1, 1), "one pair, built for process 1");
     let b = n.attach();
     let (bbuf, bv) = (local(&b), n.vqp(&b));
-    let mut rounds = 0;
-    while rc(&n).1 < 2 {
-        write_read_rounds(&n, &bv, &bbuf, 2, 10);
-        rounds += 10;
-        assert!(
-            rounds < 20_000,
-            "process 2's VQP never upgraded: {:?}",
-            rc(&n)
-        );
-    }
+    hot_until(&bv, &bbuf, 2, 2);
     assert_eq!(rc(&n), (1, 2), "process 2's VQP on process 1's pair");
     assert_eq!(n.mem.engine.stats().handshake.passive_qps, 1);
     // Both keep working on the pair, side by side.

@@ -56,6 +56,15 @@ fn fault_node_with(
     (e, faults)
 }
 
+/// Waits (bounded by `WAIT`) until `done`; fails naming `what`.
+fn wait_until(what: impl Fn() -> String, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < WAIT, "{}", what());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 fn body(i: u64, len: usize) -> Vec<u8> {
     let mut v = i.to_le_bytes().repeat(len.div_ceil(8));
     v.truncate(len);
@@ -344,28 +353,28 @@ fn a_credit_lost_after_its_post_is_made_up_by_the_next() {
     assert_eq!(ep.credits(rx.gid(), PORT), Some(0));
     faults.drop_node(tx.gid());
     assert_eq!(port.pop().expect("pop a").to_vec(), b"a");
-    let start = Instant::now();
-    while faults.stats().dropped_wrs == 0 {
-        assert!(
-            start.elapsed() < WAIT,
-            "the Credit was never dropped: {:?} {:?}",
-            faults.stats(),
-            rx.msg_stats()
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_until(
+        || {
+            format!(
+                "the Credit was never dropped: {:?} {:?}",
+                faults.stats(),
+                rx.msg_stats()
+            )
+        },
+        || faults.stats().dropped_wrs > 0,
+    );
     faults.restore_node(tx.gid());
     assert_eq!(ep.credits(rx.gid(), PORT), Some(0), "that Credit was lost");
     assert_eq!(port.pop().expect("pop b").to_vec(), b"b");
-    let start = Instant::now();
-    while ep.credits(rx.gid(), PORT) != Some(2) {
-        assert!(
-            start.elapsed() < WAIT,
-            "the window stayed short: {:?} credits",
-            ep.credits(rx.gid(), PORT)
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_until(
+        || {
+            format!(
+                "the window stayed short: {:?} credits",
+                ep.credits(rx.gid(), PORT)
+            )
+        },
+        || ep.credits(rx.gid(), PORT) == Some(2),
+    );
     // The whole window is usable again.
     ep.push(rx.gid(), PORT, b"c").expect("push c");
     ep.push(rx.gid(), PORT, b"d").expect("push d");
@@ -387,19 +396,17 @@ fn a_push_left_waiting_by_a_lost_credit_asks_for_it() {
     ep.push(rx.gid(), PORT, b"a").expect("push a");
     ep.push(rx.gid(), PORT, b"b").expect("push b");
     assert_eq!(port.pop().expect("pop a").to_vec(), b"a");
-    let start = Instant::now();
-    while ep.credits(rx.gid(), PORT) != Some(1) {
-        assert!(start.elapsed() < WAIT, "a's credit never came");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_until(
+        || "a's credit never came".into(),
+        || ep.credits(rx.gid(), PORT) == Some(1),
+    );
     // b's Credit is the last one, and it is lost.
     faults.drop_node(tx.gid());
     assert_eq!(port.pop().expect("pop b").to_vec(), b"b");
-    let start = Instant::now();
-    while faults.stats().dropped_wrs == 0 {
-        assert!(start.elapsed() < WAIT, "b's Credit was never dropped");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_until(
+        || "b's Credit was never dropped".into(),
+        || faults.stats().dropped_wrs > 0,
+    );
     faults.restore_node(tx.gid());
     assert_eq!(ep.credits(rx.gid(), PORT), Some(1), "b's Credit was lost");
     // c takes the one credit left; d waits for the lost one and asks.
@@ -433,11 +440,10 @@ fn a_reply_left_waiting_by_lost_credits_asks_for_them() {
     faults.drop_node(rx.gid());
     for (i, r) in [&b"r1"[..], b"r2"].into_iter().enumerate() {
         assert_eq!(ep.pop_reply().expect("pop reply").to_vec(), r);
-        let start = Instant::now();
-        while faults.stats().dropped_wrs <= i as u64 {
-            assert!(start.elapsed() < WAIT, "Credit {} was never dropped", i + 1);
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_until(
+            || format!("Credit {} was never dropped", i + 1),
+            || faults.stats().dropped_wrs > i as u64,
+        );
     }
     faults.restore_node(rx.gid());
     let replier = std::thread::spawn(move || {

@@ -852,9 +852,8 @@ fn print_mode(r: &ModeRun, model: &str, tail_factor: f64) -> Vec<String> {
             us as f64 / 1000.0
         );
     }
-    let mut after: Vec<u64> = r.joins.iter().map(JoinRecord::after_main_us).collect();
-    after.sort_unstable();
-    let median_after = after.get(after.len() / 2).copied().unwrap_or(0);
+    let median_after =
+        krcore_benches::elastic::median_of(&r.joins, JoinRecord::after_main_us).unwrap_or(0);
     let tails = if tail_factor > 0.0 {
         krcore_benches::elastic::tails_after_main(&r.joins, tail_factor, TAIL_FLOOR_US)
     } else {

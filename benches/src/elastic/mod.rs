@@ -290,17 +290,31 @@ impl JoinRecord {
 /// The joins whose measured time exceeds `factor` times the median of
 /// `joins` (the tail a median hides), slowest first.
 pub fn outliers(joins: &[JoinRecord], factor: f64) -> Vec<&JoinRecord> {
-    let mut times: Vec<u64> = joins.iter().map(JoinRecord::measured_us).collect();
+    slower_than(joins, JoinRecord::measured_us, |median| {
+        median as f64 * factor
+    })
+}
+
+/// The median of `time` over `joins` (the upper one of an even count);
+/// `None` for no joins.
+pub fn median_of(joins: &[JoinRecord], time: fn(&JoinRecord) -> u64) -> Option<u64> {
+    let mut times: Vec<u64> = joins.iter().map(time).collect();
     times.sort_unstable();
-    let Some(&median) = times.get(times.len() / 2) else {
+    times.get(times.len() / 2).copied()
+}
+
+/// The joins whose `time` exceeds `bound(median)`, slowest first.
+fn slower_than(
+    joins: &[JoinRecord],
+    time: fn(&JoinRecord) -> u64,
+    bound: impl Fn(u64) -> f64,
+) -> Vec<&JoinRecord> {
+    let Some(median) = median_of(joins, time) else {
         return Vec::new();
     };
-    let bound = median as f64 * factor;
-    let mut out: Vec<&JoinRecord> = joins
-        .iter()
-        .filter(|j| j.measured_us() as f64 > bound)
-        .collect();
-    out.sort_by_key(|j| std::cmp::Reverse(j.measured_us()));
+    let bound = bound(median);
+    let mut out: Vec<&JoinRecord> = joins.iter().filter(|j| time(j) as f64 > bound).collect();
+    out.sort_by_key(|j| std::cmp::Reverse(time(j)));
     out
 }
 
@@ -311,18 +325,9 @@ pub fn outliers(joins: &[JoinRecord], factor: f64) -> Vec<&JoinRecord> {
 /// kernel's exec, before `main`) is [`outliers`]' business and is reported,
 /// not failed: no code of this repository runs there.
 pub fn tails_after_main(joins: &[JoinRecord], factor: f64, floor_us: u64) -> Vec<&JoinRecord> {
-    let mut times: Vec<u64> = joins.iter().map(JoinRecord::after_main_us).collect();
-    times.sort_unstable();
-    let Some(&median) = times.get(times.len() / 2) else {
-        return Vec::new();
-    };
-    let bound = (median as f64 * factor).max((median + floor_us) as f64);
-    let mut out: Vec<&JoinRecord> = joins
-        .iter()
-        .filter(|j| j.after_main_us() as f64 > bound)
-        .collect();
-    out.sort_by_key(|j| std::cmp::Reverse(j.after_main_us()));
-    out
+    slower_than(joins, JoinRecord::after_main_us, |median| {
+        (median as f64 * factor).max((median + floor_us) as f64)
+    })
 }
 
 /// What a compute process reports at the end.

@@ -1141,13 +1141,10 @@ impl<N: Nic> MsgNode<N> {
             MsgKind::Grant { window } => {
                 bump(&self.counters.control);
                 if let Some(c) = st.channels.get_mut(&key) {
-                    if c.status == super::msg_endpoint::Status::Open {
-                        // The port asks for the reply credits again.
-                        c.resend_total = true;
-                        st.credits_owed = true;
-                    } else {
-                        c.answered(Ok(window));
-                    }
+                    c.answered(Ok(window));
+                    // A Grant of an open channel asks for the reply
+                    // credits again: the next settle sends them.
+                    st.credits_owed |= c.resend_total;
                 }
             }
             MsgKind::Refuse(code) => {

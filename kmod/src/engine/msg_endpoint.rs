@@ -71,6 +71,7 @@ impl ChannelTx {
                 }
             }
             (Status::Opening, Err(code)) => self.status = Status::Refused(code),
+            (Status::Open, Ok(_)) => self.resend_total = true,
             // Credits out: a message of the channel never reached the port
             // (its credit never comes back). None out: the port reclaimed
             // an idle channel, nothing was lost (the next push reopens).
@@ -291,8 +292,8 @@ impl<N: Nic> Endpoint<N> {
         // A push that waits for a credit asks the port again after a while
         // (then after twice as long, up to `OPEN_RESEND_MAX`): the Credit
         // that would free it may have been lost on its way.
-        let mut ask_after = CREDIT_ASK_FIRST;
-        let mut last_ask = Instant::now();
+        // (Started at the first wait: a push with a credit reads no clock.)
+        let mut ask: Option<Resend> = None;
         loop {
             self.node.progress(&self.eng)?;
             let seq = {
@@ -325,12 +326,10 @@ impl<N: Nic> Endpoint<N> {
                 }
                 Wait::For(_) => {
                     reap(&tx.vqp, &self.node.counters)?;
-                    if last_ask.elapsed() >= ask_after {
-                        if self.ask_credits(&tx, key).is_ok() {
-                            bump(&self.node.counters.credits_asked);
-                        }
-                        last_ask = Instant::now();
-                        ask_after = (ask_after * 2).min(OPEN_RESEND_MAX);
+                    let ask =
+                        ask.get_or_insert_with(|| Resend::new(CREDIT_ASK_FIRST, OPEN_RESEND_MAX));
+                    if ask.due() && self.ask_credits(&tx, key).is_ok() {
+                        bump(&self.node.counters.credits_asked);
                     }
                     std::thread::yield_now();
                 }
@@ -343,18 +342,29 @@ impl<N: Nic> Endpoint<N> {
     /// cumulative credits it returned, so a push left waiting by a lost
     /// Credit gets its credits (a repeated total changes nothing).
     fn ask_credits(&self, tx: &EpTx<N>, key: (Gid, u16)) -> Result<(), MsgError> {
-        let (dct_num, dc_key) = match self.eng.msg_rx() {
+        self.send_ctl(&tx.vqp, key.0, key.1, self.open_kind(None))
+    }
+
+    /// Where answers to an Open come back: this node's DCT (the Open says
+    /// where, so that a node registered nowhere gets them too); zeros when
+    /// it has none.
+    fn answer_dct(&self) -> (u32, u64) {
+        match self.eng.msg_rx() {
             Ok((_, _, n, k)) => (n, k),
             Err(_) => (0, 0),
-        };
-        let kind = MsgKind::Open {
+        }
+    }
+
+    /// This endpoint's Open, carrying `carries` when given.
+    fn open_kind(&self, carries: Option<Carried>) -> MsgKind {
+        let (dct_num, dc_key) = self.answer_dct();
+        MsgKind::Open {
             window: self.window,
             reply_window: self.node.cfg.reply_window,
             dct_num,
             dc_key,
-            carries: None,
-        };
-        self.send_ctl(&tx.vqp, key.0, key.1, kind)
+            carries,
+        }
     }
 
     /// Opens the channel `key` if needed: Open, then wait for its answer.
@@ -423,25 +433,13 @@ impl<N: Nic> Endpoint<N> {
             .channels
             .get(&key)
             .and_then(|c| c.carried.clone());
-        // Answers come back to this node's DCT: the Open says where, so
-        // that a node registered nowhere gets them too.
-        let (dct_num, dc_key) = match self.eng.msg_rx() {
-            Ok((_, _, n, k)) => (n, k),
-            Err(_) => (0, 0),
-        };
         let open = MsgRepr {
             src: self.eng.nic.gid(),
             dst: MsgDst::Port(key.1),
-            kind: MsgKind::Open {
-                window: self.window,
-                reply_window: cfg.reply_window,
-                dct_num,
-                dc_key,
-                carries: carried.as_ref().map(|b| Carried {
-                    len: b.len() as u32,
-                    only: false,
-                }),
-            },
+            kind: self.open_kind(carried.as_ref().map(|b| Carried {
+                len: b.len() as u32,
+                only: false,
+            })),
         };
         let header = open.emit();
         let send_open = |tx: &mut EpTx<N>| {
@@ -468,8 +466,7 @@ impl<N: Nic> Endpoint<N> {
         // repeated Open with the same grant and delivers a carried message
         // once; all of them, and the channel's later messages and Close,
         // leave on this endpoint's one VQP, so they arrive in order.
-        let mut resend_after = OPEN_RESEND_FIRST;
-        let mut last_sent = Instant::now();
+        let mut resend = Resend::new(OPEN_RESEND_FIRST, OPEN_RESEND_MAX);
         loop {
             self.node.progress(&self.eng)?;
             let status = self
@@ -498,13 +495,9 @@ impl<N: Nic> Endpoint<N> {
                 return Err(MsgError::Timeout(start.elapsed()));
             }
             reap(&tx.vqp, &self.node.counters)?;
-            if last_sent.elapsed() >= resend_after {
-                // A failed repeat is not the end: the first may be answered.
-                if send_open(tx).is_ok() {
-                    bump(&self.node.counters.open_resent);
-                }
-                last_sent = Instant::now();
-                resend_after = (resend_after * 2).min(OPEN_RESEND_MAX);
+            // A failed repeat is not the end: the first may be answered.
+            if resend.due() && send_open(tx).is_ok() {
+                bump(&self.node.counters.open_resent);
             }
             std::thread::yield_now();
         }
@@ -821,10 +814,7 @@ impl<N: Nic> Endpoint<N> {
             .next_only
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             .max(1 << crate::wrid::VQP_ID_BITS);
-        let (dct_num, dc_key) = match self.eng.msg_rx() {
-            Ok((_, _, n, k)) => (n, k),
-            Err(_) => (0, 0),
-        };
+        let (dct_num, dc_key) = self.answer_dct();
         let open = MsgRepr {
             src: self.eng.nic.gid(),
             dst: MsgDst::Port(port),

@@ -678,8 +678,8 @@ impl<N: Nic> Port<N> {
         // A reply that waits for a credit asks the endpoint again (the
         // channel's Grant repeated), as a push asks a port: the Credit that
         // would free it may have been lost on its way.
-        let mut ask_after = super::msg_endpoint::CREDIT_ASK_FIRST;
-        let mut last_ask = Instant::now();
+        // (Started at the first wait: a reply with a credit reads no clock.)
+        let mut ask: Option<Resend> = None;
         loop {
             self.node.progress(&self.eng)?;
             let taken = {
@@ -730,7 +730,13 @@ impl<N: Nic> Port<N> {
             if start.elapsed() >= timeout {
                 return Err(MsgError::Timeout(start.elapsed()));
             }
-            if last_ask.elapsed() >= ask_after {
+            let ask = ask.get_or_insert_with(|| {
+                Resend::new(
+                    super::msg_endpoint::CREDIT_ASK_FIRST,
+                    super::msg_endpoint::OPEN_RESEND_MAX,
+                )
+            });
+            if ask.due() {
                 let window = self
                     .shared
                     .state
@@ -747,8 +753,6 @@ impl<N: Nic> Port<N> {
                         bump(&self.node.counters.credits_asked);
                     }
                 }
-                last_ask = Instant::now();
-                ask_after = (ask_after * 2).min(super::msg_endpoint::OPEN_RESEND_MAX);
             }
             std::thread::yield_now();
         }

@@ -181,6 +181,37 @@ pub(crate) fn reap<N: Nic>(vqp: &Vqp<N>, counters: &Counters) -> Result<(), MsgE
     }
 }
 
+/// The pause schedule of a control message sent again while a call waits
+/// (a repeated Open, a credit asked again): due after `first`, then after
+/// twice as long each time, up to `max`.
+pub(crate) struct Resend {
+    after: Duration,
+    max: Duration,
+    last: Instant,
+}
+
+impl Resend {
+    /// A schedule starting now.
+    pub(crate) fn new(first: Duration, max: Duration) -> Resend {
+        Resend {
+            after: first,
+            max,
+            last: Instant::now(),
+        }
+    }
+
+    /// Whether the next send is due; if so, the schedule moves on (the
+    /// send counts as made, whether it went out or not).
+    pub(crate) fn due(&mut self) -> bool {
+        if self.last.elapsed() < self.after {
+            return false;
+        }
+        self.last = Instant::now();
+        self.after = (self.after * 2).min(self.max);
+        true
+    }
+}
+
 /// Posts one unsignaled WR on `vqp`, reaping completions while the VQP is
 /// full (bounded by `timeout`).
 pub(crate) fn post_one<N: Nic>(
