@@ -97,3 +97,82 @@ fn an_attached_client_inserts_updates_and_deletes_with_splits() {
     drop(daemon);
     drop(servers);
 }
+
+/// A daemon serving `node`'s engine as `krcored` does (pool made at start)
+/// on a socket in `dir`.
+fn daemon_on(meta: &Node, dir: &std::path::Path, name: &str) -> (Daemon<krcore_nic::AnyNic>, Node) {
+    let mut cfg = EngineConfig::default();
+    cfg.prestart = cfg.pool_size;
+    cfg.eager_start = true;
+    let node = Node::builder().join(meta).config(cfg).build().unwrap();
+    let socket = dir.join(name);
+    let daemon = Daemon::start(
+        node.engine().unwrap().clone(),
+        &socket,
+        DaemonConfig::default(),
+    )
+    .unwrap();
+    (daemon, node)
+}
+
+/// The whole store on attached processes: a memory node whose region is
+/// the daemon's shared memory and whose allocation port is bound through
+/// the daemon, and a client attached to another node's daemon; the
+/// client's allocations (splits) are answered by the attached memory node.
+#[test]
+fn a_memory_node_serves_from_an_attached_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = format!("sim:{}", dir.path().join("fabric").display());
+    let meta = Node::builder().fabric(&spec).host_meta().build().unwrap();
+    let table = TableConfig {
+        geometry: SubtableGeometry::new(1).unwrap(),
+        initial_global_depth: 0,
+        max_global_depth: 12,
+    };
+    let (mem_daemon, _mem_engine) = daemon_on(&meta, dir.path(), "mem.sock");
+    let (cl_daemon, _cl_engine) = daemon_on(&meta, dir.path(), "client.sock");
+    let mem_node = Node::attach(mem_daemon.path()).unwrap();
+    let mut server = MemoryNodeServer::start(&mem_node, 0, 32 << 20, &table, 1).unwrap();
+    let infos = [server.info()];
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        let serving = sc.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if server.poll_once().unwrap() == 0 {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            }
+        });
+        run_client(&cl_daemon, &infos);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        serving.join().unwrap();
+    });
+    assert!(
+        server.served() > 0,
+        "the attached memory node answered the client's allocations"
+    );
+    drop(server);
+    drop(mem_node);
+    drop(cl_daemon);
+    drop(mem_daemon);
+}
+
+fn run_client(cl_daemon: &Daemon<krcore_nic::AnyNic>, infos: &[race_store::rdma::NodeInfo]) {
+    let node = Node::attach(cl_daemon.path()).unwrap();
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
+    let t = VqpTransport::connect(&node, infos).unwrap();
+    let mut cl = Client::open(t, clock, ClientConfig::default()).unwrap();
+    let mut reference: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+    for i in 0..600u64 {
+        let key = format!("key-{}", i * 7 % 300).into_bytes();
+        let val = format!("value-{i}").into_bytes();
+        cl.put(&key, &val).unwrap();
+        reference.insert(key, val);
+    }
+    for (k, v) in &reference {
+        assert_eq!(cl.get(k).unwrap().as_ref(), Some(v));
+    }
+    let check = cl.check_table().unwrap();
+    assert!(check.problems.is_empty(), "{:?}", check.problems);
+    assert_eq!(check.pairs.len(), reference.len());
+}

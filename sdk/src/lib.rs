@@ -145,10 +145,11 @@
 //! engine: the process opens no NIC and creates no QP; its VQPs are the
 //! daemon's, their connects hit the node-wide DCCache, its regions are
 //! shared memory the daemon registered. [`Vqp`] (verbs and requests) and
-//! [`MemoryRegion`] work as in-process; what the daemon does not carry
-//! (two-sided messaging, leases, the upgrade hint, fork, the engine
-//! itself) is [`Error::Unsupported`], and failures through the daemon are
-//! [`Error::Daemon`]. [`Node::daemon_stats`] reads the node's counters.
+//! [`MemoryRegion`] work as in-process, and so does messaging (pushes,
+//! replies, [`Node::bind`]: the port is bound in the daemon's engine, a
+//! port of the node); what the daemon does not carry (leases, the upgrade
+//! hint, fork, the engine itself) is [`Error::Unsupported`], and failures
+//! through the daemon are [`Error::Daemon`]. [`Node::daemon_stats`] reads the node's counters.
 //!
 //! # Worker processes (fork)
 //!

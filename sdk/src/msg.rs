@@ -49,14 +49,14 @@
 
 use std::time::Duration;
 
-use krcore_kmod::daemon::AttachedEndpoint;
+use krcore_kmod::daemon::{AttachedEndpoint, AttachedPort};
 use krcore_nic::{Gid, Nic};
 
 use crate::error::Result;
 use crate::node::{Backend, Node};
 
 pub use krcore_kmod::msg::RefuseCode;
-pub use krcore_kmod::{Message, MsgConfig, MsgError, MsgStats, Port, Sender};
+pub use krcore_kmod::{Message, MsgConfig, MsgError, MsgStats, Sender};
 
 /// A messaging endpoint (pushes to any node's ports, pops their replies):
 /// the engine's own in this process, or, on a node attached to `krcored`
@@ -218,19 +218,180 @@ impl<N: Nic> Endpoint<N> {
 }
 
 fn received<N: Nic>(r: krcore_kmod::daemon::Received) -> Message<N> {
-    Message::from_bytes(Sender { gid: r.gid, vqp: 0 }, r.port, r.seq, r.data)
+    Message::from_bytes(
+        Sender {
+            gid: r.gid,
+            vqp: r.vqp,
+        },
+        r.port,
+        r.seq,
+        r.data,
+    )
+}
+
+/// A bound port (see [`Node::bind`]): receives the messages pushed to it,
+/// in per-sender order, and replies to their senders. The engine's own in
+/// this process, or on a node attached to `krcored` one bound in the
+/// daemon's engine and reached through the control socket (one call per
+/// pop or reply; a reply of at most
+/// `krcore_kmod::daemon::wire::MAX_MSG_BYTES`; ports are the node's, so a
+/// port another process on the node holds is `PortInUse`). The same calls
+/// and errors either way. Dropping it unbinds the port.
+pub struct Port<N: Nic> {
+    inner: PortImpl<N>,
+}
+
+// Unboxed, as `EndpointImpl`: bound once, popped from many times.
+#[allow(clippy::large_enum_variant)]
+enum PortImpl<N: Nic> {
+    Local(krcore_kmod::Port<N>),
+    Attached(AttachedPort),
+}
+
+impl<N: Nic> std::fmt::Debug for Port<N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.inner {
+            PortImpl::Local(p) => p.fmt(f),
+            PortImpl::Attached(p) => p.fmt(f),
+        }
+    }
+}
+
+impl<N: Nic> Port<N> {
+    /// The port number.
+    pub fn port(&self) -> u16 {
+        match &self.inner {
+            PortImpl::Local(p) => p.port(),
+            PortImpl::Attached(p) => p.port(),
+        }
+    }
+
+    /// Messages received and not popped yet (0 when the daemon of an
+    /// attached node cannot be asked).
+    pub fn queued(&self) -> usize {
+        match &self.inner {
+            PortImpl::Local(p) => p.queued(),
+            PortImpl::Attached(p) => p.queued().unwrap_or(0),
+        }
+    }
+
+    /// The oldest message, if any (non-blocking).
+    ///
+    /// # Errors
+    /// [`MsgError`] of the receive path (see `krcore_kmod::Port::try_pop`);
+    /// on an attached node also `Daemon`.
+    pub fn try_pop(&self) -> std::result::Result<Option<Message<N>>, MsgError> {
+        match &self.inner {
+            PortImpl::Local(p) => p.try_pop(),
+            PortImpl::Attached(p) => Ok(p.pop(None)?.map(received)),
+        }
+    }
+
+    /// Pops the oldest message, waiting up to `timeout`.
+    ///
+    /// # Errors
+    /// [`MsgError::Timeout`]; as [`Port::try_pop`].
+    pub fn pop_timeout(&self, timeout: Duration) -> std::result::Result<Message<N>, MsgError> {
+        match &self.inner {
+            PortImpl::Local(p) => p.pop_timeout(timeout),
+            PortImpl::Attached(p) => p
+                .pop(Some(timeout))?
+                .map(received)
+                .ok_or(MsgError::Timeout(timeout)),
+        }
+    }
+
+    /// Pops the oldest message, waiting up to `msg.timeout` (5 s on an
+    /// attached node).
+    ///
+    /// # Errors
+    /// As [`Port::pop_timeout`].
+    pub fn pop(&self) -> std::result::Result<Message<N>, MsgError> {
+        match &self.inner {
+            PortImpl::Local(p) => p.pop(),
+            PortImpl::Attached(_) => self.pop_timeout(ATTACHED_WAIT),
+        }
+    }
+
+    /// Replies to `to`'s sender, waiting up to `msg.timeout` for a reply
+    /// credit.
+    ///
+    /// # Errors
+    /// [`MsgError::TooLarge`], [`MsgError::Timeout`],
+    /// [`MsgError::ReplyLost`], [`MsgError::Refused`]; engine and post
+    /// errors; on an attached node also `Daemon`.
+    pub fn reply(&self, to: &Message<N>, data: &[u8]) -> std::result::Result<(), MsgError> {
+        self.reply_to(to.from, data)
+    }
+
+    /// Replies to `sender` (see [`Port::reply`]).
+    ///
+    /// # Errors
+    /// As [`Port::reply`].
+    pub fn reply_to(&self, sender: Sender, data: &[u8]) -> std::result::Result<(), MsgError> {
+        match &self.inner {
+            PortImpl::Local(p) => p.reply_to(sender, data),
+            PortImpl::Attached(p) => p.reply(sender.gid, sender.vqp, data, ATTACHED_WAIT),
+        }
+    }
+
+    /// Returns now the credits of every message popped so far (they go
+    /// back in batches of half a channel's window otherwise); the credits
+    /// sent back.
+    ///
+    /// # Errors
+    /// Engine and post errors (the credits stay pending); on an attached
+    /// node also `Daemon`.
+    pub fn return_credits(&self) -> std::result::Result<u32, MsgError> {
+        match &self.inner {
+            PortImpl::Local(p) => p.return_credits(),
+            PortImpl::Attached(p) => p.return_credits(),
+        }
+    }
+
+    /// The engine's port, when it lives in this process.
+    pub fn local_port(&self) -> Option<&krcore_kmod::Port<N>> {
+        match &self.inner {
+            PortImpl::Local(p) => Some(p),
+            PortImpl::Attached(_) => None,
+        }
+    }
 }
 
 #[cfg(doc)]
 use crate::vqp::Vqp;
 
 impl<N: Nic> Node<N> {
-    /// Binds `port` on this node (see the [module docs](crate::msg)).
+    /// Binds `port` on this node (see the [module docs](crate::msg)). On
+    /// an attached node the port is bound in the daemon's engine: ports
+    /// are the node's, shared by every process attached to it.
     ///
     /// # Errors
-    /// [`crate::Error::Msg`]: `PortInUse`, `NoBuffers`, `Unsupported`.
+    /// [`crate::Error::Msg`]: `PortInUse`, `ReservedPort`, `NoBuffers`,
+    /// `Unsupported` (RC fallback mode, a forked worker); on an attached
+    /// node also `Daemon` (a quota, the daemon gone).
     pub fn bind(&self, port: u16) -> Result<Port<N>> {
-        Ok(self.engine()?.bind(port)?)
+        self.bind_with(port, false)
+    }
+
+    /// [`Node::bind`] for a service that any number of short-lived clients
+    /// call over time (a memory node's allocator): when all of the port's
+    /// slots are granted, an Open takes back the slot of a channel idle
+    /// for `msg.control_idle` (see `krcore_kmod::Engine::bind_reclaiming`).
+    ///
+    /// # Errors
+    /// As [`Node::bind`].
+    pub fn bind_reclaiming(&self, port: u16) -> Result<Port<N>> {
+        self.bind_with(port, true)
+    }
+
+    fn bind_with(&self, port: u16, reclaiming: bool) -> Result<Port<N>> {
+        let inner = match self.backend() {
+            Backend::Engine(e) if reclaiming => PortImpl::Local(e.bind_reclaiming(port)?),
+            Backend::Engine(e) => PortImpl::Local(e.bind(port)?),
+            Backend::Daemon(a) => PortImpl::Attached(a.bind(port, reclaiming)?),
+        };
+        Ok(Port { inner })
     }
 
     /// A messaging endpoint of its own (pushes to any node's ports).

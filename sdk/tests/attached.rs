@@ -142,7 +142,6 @@ fn what_the_daemon_does_not_carry_is_refused_typed() {
     let client = Node::builder().daemon(&s.socket).build().unwrap();
     let unsupported = |r: Result<(), Error>| matches!(r, Err(Error::Unsupported(_)));
     assert!(unsupported(client.engine().map(drop)));
-    assert!(unsupported(client.bind(77).map(drop)));
     assert!(unsupported(client.local_target().map(drop)));
     assert!(unsupported(client.fork(|_| 0).map(drop)));
     let buf = client.alloc(4096, Access::ALL).unwrap();
@@ -266,4 +265,133 @@ fn an_attached_node_pushes_and_gets_replies_through_the_daemon() {
         ));
     });
     assert_eq!(s.daemon.stats().clients, 1);
+}
+
+/// Receiving on an attached node: a port bound through the daemon gets an
+/// in-process node's pushes (in order, up to the engine's 16 MiB limit,
+/// past the 64 KiB a request may carry) and its replies reach the sender;
+/// the port is the node's: another attached process's bind of it is
+/// `PortInUse` until the holder unbinds it or goes.
+#[test]
+fn an_attached_node_binds_a_port_and_replies_through_the_daemon() {
+    use krcore::MsgError;
+    let s = setup("port");
+    let server = Node::builder().daemon(&s.socket).build().unwrap();
+    let other = Node::builder().daemon(&s.socket).build().unwrap();
+    let port = server.bind(21).unwrap();
+    assert_eq!(port.port(), 21);
+    assert!(matches!(
+        other.bind(21),
+        Err(Error::Msg(MsgError::PortInUse { port: 21 }))
+    ));
+    assert!(matches!(
+        other.bind(u16::MAX),
+        Err(Error::Msg(MsgError::ReservedPort { .. }))
+    ));
+
+    // An in-process sender (the meta node) pushes three messages, one of
+    // them larger than a request frame may be.
+    let ep = s.server.endpoint().unwrap();
+    let to = server.gid();
+    let big: Vec<u8> = (0..200_000u32).map(|i| i as u8).collect();
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            ep.push(to, 21, b"one").unwrap();
+            ep.push(to, 21, b"two").unwrap();
+            ep.push(to, 21, &big).unwrap();
+            for want in [&b"re:one"[..], b"re:two", b"re:big"] {
+                let r = ep.pop_reply_timeout(Duration::from_secs(10)).unwrap();
+                assert_eq!(r.to_vec(), want);
+                assert_eq!(r.port, 21);
+            }
+        });
+        for (want, answer) in [
+            (&b"one"[..], &b"re:one"[..]),
+            (b"two", b"re:two"),
+            (&big[..], b"re:big"),
+        ] {
+            let m = port.pop_timeout(Duration::from_secs(10)).unwrap();
+            assert_eq!(m.to_vec(), want);
+            assert_eq!(m.from.gid, s.server.gid());
+            port.reply(&m, answer).unwrap();
+        }
+    });
+    assert!(port.try_pop().unwrap().is_none());
+    assert_eq!(port.queued(), 0);
+    assert!(matches!(
+        port.pop_timeout(Duration::from_millis(50)),
+        Err(MsgError::Timeout(_))
+    ));
+    let too_big = vec![0u8; krcore_kmod::daemon::wire::MAX_MSG_BYTES + 1];
+    ep.push(to, 21, b"x").unwrap();
+    let m = port.pop_timeout(Duration::from_secs(10)).unwrap();
+    assert!(matches!(
+        port.reply(&m, &too_big),
+        Err(MsgError::TooLarge { .. })
+    ));
+
+    // Unbound by its drop: the other process takes it; and a process that
+    // goes releases its ports.
+    drop(port);
+    let taken = other.bind(21).unwrap();
+    drop(other);
+    drop(taken);
+    let start = std::time::Instant::now();
+    let again = loop {
+        match server.bind(21) {
+            Ok(p) => break p,
+            Err(Error::Msg(MsgError::PortInUse { .. })) => {
+                assert!(start.elapsed() < Duration::from_secs(10), "never released");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(again.port(), 21);
+}
+
+/// A process that binds a port and goes without unbinding it (its socket
+/// closes, as a killed process's does): the daemon unbinds it.
+#[test]
+fn a_port_of_a_process_that_went_is_released() {
+    use krcore::MsgError;
+    use krcore_kmod::daemon::wire::{frame_len_within, Reply, Request, MAX_REPLY_FRAME};
+    use std::io::{Read, Write};
+    let s = setup("port-gone");
+    let mut raw = std::os::unix::net::UnixStream::connect(&s.socket).unwrap();
+    let mut call = |req: Request| {
+        raw.write_all(&req.encode()).unwrap();
+        let mut prefix = [0u8; 4];
+        raw.read_exact(&mut prefix).unwrap();
+        let mut body = vec![0u8; frame_len_within(prefix, MAX_REPLY_FRAME).unwrap()];
+        raw.read_exact(&mut body).unwrap();
+        Reply::decode(&body).unwrap()
+    };
+    let hello = Request::Hello {
+        version: krcore_kmod::daemon::PROTOCOL_VERSION,
+        pid: 1,
+    };
+    assert!(matches!(call(hello), Reply::Welcome { .. }));
+    let bound = call(Request::BindPort {
+        port: 22,
+        reclaiming: 0,
+    });
+    assert!(matches!(bound, Reply::Port { .. }), "{bound:?}");
+    let next = Node::builder().daemon(&s.socket).build().unwrap();
+    assert!(matches!(
+        next.bind(22),
+        Err(Error::Msg(MsgError::PortInUse { port: 22 }))
+    ));
+    drop(raw);
+    let start = std::time::Instant::now();
+    loop {
+        match next.bind(22) {
+            Ok(_) => break,
+            Err(Error::Msg(MsgError::PortInUse { .. })) => {
+                assert!(start.elapsed() < Duration::from_secs(10), "never released");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
 }

@@ -9,7 +9,9 @@ use super::ring::{
     PAGE_SLEEPING, RING_BYTES, SQ_CAP, SQ_HEAD, SQ_TAIL,
 };
 use super::sock::{self, RecvError};
-use super::wire::{MsgFailure, NodeStats, RefuseCode, Reply, Request, MAX_MSG_BYTES};
+use super::wire::{
+    MsgFailure, NodeStats, RefuseCode, Reply, Request, MAX_MSG_BYTES, MAX_REPLY_FRAME,
+};
 use super::{PostCode, PROTOCOL_VERSION};
 use crate::msg::RefuseCode as MsgRefuseCode;
 use crate::precheck::RemoteGrant;
@@ -60,7 +62,7 @@ impl Conn {
         let sent = sock::send(&sock, &req.encode(), &[]);
         let got = sent
             .map_err(|_| RecvError::Closed)
-            .and_then(|()| sock::recv(&sock));
+            .and_then(|()| sock::recv(&sock, MAX_REPLY_FRAME));
         match got {
             Ok((body, fds)) => match Reply::decode(&body)? {
                 Reply::Refused { code, message } => Err(DaemonError::Refused { code, message }),
@@ -180,7 +182,7 @@ impl Attached {
             pid: std::process::id(),
         };
         sock::send(&sock, &hello.encode(), &[]).map_err(gone)?;
-        let (body, fds) = match sock::recv(&sock) {
+        let (body, fds) = match sock::recv(&sock, MAX_REPLY_FRAME) {
             Ok(x) => x,
             Err(RecvError::Wire(e)) => return Err(e.into()),
             Err(e) => {
@@ -736,6 +738,23 @@ impl From<MsgFailure> for MsgError {
                 seq,
                 status: krcore_nic::WcStatus::from_u8(status),
             },
+            MsgFailure::ReplyLost {
+                gid,
+                vqp,
+                seq,
+                status,
+            } => MsgError::ReplyLost {
+                to: crate::Sender { gid, vqp },
+                seq,
+                status: krcore_nic::WcStatus::from_u8(status),
+            },
+            MsgFailure::PortInUse { port } => MsgError::PortInUse { port },
+            MsgFailure::ReservedPort { port } => MsgError::ReservedPort { port },
+            MsgFailure::NoBuffers { wanted, free } => MsgError::NoBuffers { wanted, free },
+            MsgFailure::Unsupported(message) => msg_err(DaemonError::Refused {
+                code: RefuseCode::Unsupported,
+                message,
+            }),
             MsgFailure::Other(message) => msg_err(DaemonError::Refused {
                 code: RefuseCode::Engine,
                 message,
@@ -830,25 +849,10 @@ impl AttachedEndpoint {
     /// # Errors
     /// As the in-process endpoint's; [`MsgError::Daemon`].
     pub fn pop_reply(&self, wait: Option<Duration>) -> Result<Option<Received>, MsgError> {
-        let req = Request::PopReply {
+        sliced_pop(&self.conn, wait, |wait_ms| Request::PopReply {
             ep: self.ep,
-            wait_ms: wait.map_or(0, |w| self.cap(w)),
-        };
-        match self.msg_call(&req)? {
-            Reply::Message {
-                gid,
-                port,
-                seq,
-                data,
-            } => Ok(Some(Received {
-                gid,
-                port,
-                seq,
-                data,
-            })),
-            Reply::NoMessage => Ok(None),
-            _ => Err(unexpected_msg("a PopReply")),
-        }
+            wait_ms,
+        })
     }
 
     /// Closes the channel to (`gid`, `port`) if it is idle; whether it was.
@@ -882,11 +886,203 @@ impl AttachedEndpoint {
     }
 }
 
-/// A reply popped through the daemon, by value.
+/// The longest one pop call waits in the daemon: a longer wait is made of
+/// such calls, so the process's other threads get the control connection
+/// between them.
+const POP_SLICE: Duration = Duration::from_millis(20);
+
+/// A pop waiting up to `wait` (`None`: not at all), in calls of at most
+/// [`POP_SLICE`]: `Ok(None)` when nothing came.
+fn sliced_pop(
+    conn: &Conn,
+    wait: Option<Duration>,
+    req: impl Fn(u64) -> Request,
+) -> Result<Option<Received>, MsgError> {
+    let deadline = wait.map(|w| Instant::now() + w);
+    loop {
+        let left = deadline.map_or(Duration::ZERO, |d| {
+            d.saturating_duration_since(Instant::now())
+        });
+        let slice = left.min(POP_SLICE);
+        let wait_ms = match slice.as_millis() {
+            0 if left.is_zero() => 0,
+            ms => u64::try_from(ms).unwrap_or(u64::MAX).max(1),
+        };
+        let r = match conn.call(&req(wait_ms)) {
+            Ok((Reply::MsgFailed(f), _)) => return Err(f.into()),
+            Ok((r, _)) => r,
+            Err(e) => return Err(msg_err(e)),
+        };
+        match r {
+            Reply::Message {
+                gid,
+                vqp,
+                port,
+                seq,
+                data,
+            } => {
+                return Ok(Some(Received {
+                    gid,
+                    vqp,
+                    port,
+                    seq,
+                    data,
+                }))
+            }
+            Reply::NoMessage if left <= slice => return Ok(None),
+            Reply::NoMessage => {}
+            _ => return Err(unexpected_msg("a pop")),
+        }
+    }
+}
+
+/// A port of the node bound by this process (see [`Attached::bind`]):
+/// messages pushed to it are popped through the control socket, one call
+/// each (a waiting pop in calls of at most 20 ms, so other threads of the
+/// process are not held off the connection). Ports are the node's: while
+/// this process holds one, another's bind of it is `PortInUse`. Unbound
+/// (in the daemon) when dropped or when the process goes.
+pub struct AttachedPort {
+    conn: Arc<Conn>,
+    handle: u32,
+    port: u16,
+}
+
+impl std::fmt::Debug for AttachedPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AttachedPort")
+            .field("port", &self.port)
+            .finish()
+    }
+}
+
+impl Drop for AttachedPort {
+    fn drop(&mut self) {
+        let _ = self.conn.call(&Request::UnbindPort {
+            handle: self.handle,
+        });
+    }
+}
+
+impl Attached {
+    /// Binds `port` of the node in the daemon's engine for this process
+    /// (`reclaiming`: as `Engine::bind_reclaiming`, a full port takes back
+    /// the slots of idle channels).
+    ///
+    /// # Errors
+    /// As the engine's bind ([`MsgError::PortInUse`], also when another
+    /// process holds it; [`MsgError::ReservedPort`];
+    /// [`MsgError::NoBuffers`]; [`MsgError::Unsupported`] in RC fallback
+    /// mode); [`MsgError::Daemon`] for a quota
+    /// ([`DaemonConfig::max_ports`](super::DaemonConfig)) or the daemon gone.
+    pub fn bind(&self, port: u16, reclaiming: bool) -> Result<AttachedPort, MsgError> {
+        let req = Request::BindPort {
+            port,
+            reclaiming: u8::from(reclaiming),
+        };
+        match self.conn.call(&req) {
+            Ok((Reply::Port { handle }, _)) => Ok(AttachedPort {
+                conn: self.conn.clone(),
+                handle,
+                port,
+            }),
+            Ok((Reply::MsgFailed(f), _)) => Err(f.into()),
+            Ok(_) => Err(unexpected_msg("a BindPort")),
+            Err(e) => Err(msg_err(e)),
+        }
+    }
+}
+
+impl AttachedPort {
+    /// The port number.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    fn call(&self, req: &Request) -> Result<Reply, MsgError> {
+        match self.conn.call(req) {
+            Ok((Reply::MsgFailed(f), _)) => Err(f.into()),
+            Ok((reply, _)) => Ok(reply),
+            Err(e) => Err(msg_err(e)),
+        }
+    }
+
+    /// Pops the oldest message, waiting up to `wait` (`None`: not at all):
+    /// `Ok(None)` when none came.
+    ///
+    /// # Errors
+    /// As the in-process port's pop; [`MsgError::Daemon`].
+    pub fn pop(&self, wait: Option<Duration>) -> Result<Option<Received>, MsgError> {
+        sliced_pop(&self.conn, wait, |wait_ms| Request::PopPort {
+            handle: self.handle,
+            wait_ms,
+        })
+    }
+
+    /// Replies to the endpoint `vqp` of node `gid` (a popped message's
+    /// sender), waiting up to `wait` for a reply credit.
+    ///
+    /// # Errors
+    /// As the in-process port's reply ([`MsgError::TooLarge`] past
+    /// [`MAX_MSG_BYTES`], [`MsgError::Timeout`], [`MsgError::ReplyLost`],
+    /// [`MsgError::Refused`]); [`MsgError::Daemon`].
+    pub fn reply(&self, gid: Gid, vqp: u32, data: &[u8], wait: Duration) -> Result<(), MsgError> {
+        if data.len() > MAX_MSG_BYTES {
+            return Err(MsgError::TooLarge {
+                len: data.len(),
+                max: MAX_MSG_BYTES,
+            });
+        }
+        let ms = wait.min(self.conn.timeout / 2).as_millis();
+        let req = Request::ReplyPort {
+            handle: self.handle,
+            gid,
+            vqp,
+            wait_ms: u64::try_from(ms).unwrap_or(u64::MAX).max(1),
+            data: data.to_vec(),
+        };
+        match self.call(&req)? {
+            Reply::Done => Ok(()),
+            _ => Err(unexpected_msg("a ReplyPort")),
+        }
+    }
+
+    /// Returns now the credits of every message popped so far; the number
+    /// sent back.
+    ///
+    /// # Errors
+    /// As the in-process port's; [`MsgError::Daemon`].
+    pub fn return_credits(&self) -> Result<u32, MsgError> {
+        match self.call(&Request::ReturnCredits {
+            handle: self.handle,
+        })? {
+            Reply::Count(n) => Ok(u32::try_from(n).unwrap_or(u32::MAX)),
+            _ => Err(unexpected_msg("a ReturnCredits")),
+        }
+    }
+
+    /// Messages received and not popped yet.
+    ///
+    /// # Errors
+    /// [`MsgError::Daemon`].
+    pub fn queued(&self) -> Result<usize, MsgError> {
+        match self.call(&Request::Queued {
+            handle: self.handle,
+        })? {
+            Reply::Count(n) => Ok(usize::try_from(n).unwrap_or(usize::MAX)),
+            _ => Err(unexpected_msg("a Queued")),
+        }
+    }
+}
+
+/// A message (or a reply) popped through the daemon, by value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Received {
-    /// The node that replied.
+    /// The node that sent it.
     pub gid: Gid,
+    /// The sender's id: a message's endpoint (reply to it), a reply's
+    /// port VQP.
+    pub vqp: u32,
     /// Its port.
     pub port: u16,
     /// The reply's sequence number in the channel.

@@ -20,13 +20,13 @@
 //! that do not decode, a completion queue never drained, fail or stall
 //! that VQP only.
 
-use super::host_msg::EpSlot;
+use super::host_msg::{EpSlot, PortSlot};
 use super::ring::{
     self, decode_sqe, encode_cqe, word, write_verdict, Verdict, CQ_CAP, CQ_HEAD, CQ_TAIL,
     PAGE_BYTES, PAGE_SLEEPING, RING_BYTES, SQ_CAP, SQ_HEAD, SQ_TAIL,
 };
 use super::sock::{self, RecvError};
-use super::wire::{NodeStats, RefuseCode, Reply, Request};
+use super::wire::{NodeStats, RefuseCode, Reply, Request, MAX_FRAME};
 use super::{PostCode, PROTOCOL_VERSION};
 use crate::engine::{Engine, EngineMode, OwnedMr, Vqp, VqpError};
 use crate::precheck::{RemoteGrant, Ungranted};
@@ -54,6 +54,8 @@ pub struct DaemonConfig {
     pub max_clients: usize,
     /// Messaging endpoints one process may hold.
     pub max_endpoints: u32,
+    /// Ports one process may hold bound.
+    pub max_ports: u32,
     /// How long the data thread spins without work before it sleeps.
     pub idle_spin: Duration,
 }
@@ -66,6 +68,7 @@ impl Default for DaemonConfig {
             max_mrs: 4096,
             max_clients: 1024,
             max_endpoints: 64,
+            max_ports: 16,
             idle_spin: Duration::from_micros(200),
         }
     }
@@ -169,6 +172,8 @@ pub(super) struct Client<N: Nic> {
     pub(super) next_handle: AtomicU32,
     /// Its messaging endpoints (see `host_msg`).
     pub(super) endpoints: Mutex<Vec<EpSlot<N>>>,
+    /// Its bound ports (see `host_msg`).
+    pub(super) ports: Mutex<Vec<PortSlot<N>>>,
 }
 
 pub(super) struct Shared<N: Nic> {
@@ -397,7 +402,7 @@ fn send_reply(stream: &UnixStream, reply: &Reply, fds: &[std::os::fd::BorrowedFd
 /// then everything it held is released.
 fn serve_client<N: Nic>(s: &Arc<Shared<N>>, stream: UnixStream) {
     let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-    let pid = match sock::recv(&stream).map(|(b, _)| Request::decode(&b)) {
+    let pid = match sock::recv(&stream, MAX_FRAME).map(|(b, _)| Request::decode(&b)) {
         Ok(Ok(Request::Hello { version, pid })) if version == PROTOCOL_VERSION => pid,
         Ok(Ok(Request::Hello { version, .. })) => {
             send_reply(
@@ -458,6 +463,7 @@ fn serve_client<N: Nic>(s: &Arc<Shared<N>>, stream: UnixStream) {
         mr_bytes: AtomicU64::new(0),
         next_handle: AtomicU32::new(1),
         endpoints: Mutex::new(Vec::new()),
+        ports: Mutex::new(Vec::new()),
     });
     let welcome = Reply::Welcome {
         version: PROTOCOL_VERSION,
@@ -474,7 +480,7 @@ fn serve_client<N: Nic>(s: &Arc<Shared<N>>, stream: UnixStream) {
     s.n.attached.fetch_add(1, Ordering::Relaxed);
     tracing::info!(pid, "process attached");
     loop {
-        let req = match sock::recv(&stream) {
+        let req = match sock::recv(&stream, MAX_FRAME) {
             Ok((body, _)) => Request::decode(&body),
             Err(RecvError::Wire(e)) => Err(e),
             Err(_) => break,
@@ -491,10 +497,11 @@ fn serve_client<N: Nic>(s: &Arc<Shared<N>>, stream: UnixStream) {
             break;
         }
     }
-    // Gone: its endpoints and VQPs first (in-flight WRs discarded), then
-    // its memory.
+    // Gone: its ports (unbound: the next process may bind them), its
+    // endpoints and VQPs (in-flight WRs discarded), then its memory.
     s.clients.write().retain(|c| !Arc::ptr_eq(c, &client));
     s.version.fetch_add(1, Ordering::Release);
+    client.ports.lock().clear();
     client.endpoints.lock().clear();
     client.vqps.write().clear();
     client.core.spans.write().clear();
@@ -524,7 +531,13 @@ fn handle<N: Nic>(
         | Request::Push { .. }
         | Request::PopReply { .. }
         | Request::CloseChannel { .. }
-        | Request::Credits { .. }) => (super::host_msg::handle(s, c, &msg), None),
+        | Request::Credits { .. }
+        | Request::BindPort { .. }
+        | Request::UnbindPort { .. }
+        | Request::PopPort { .. }
+        | Request::ReplyPort { .. }
+        | Request::ReturnCredits { .. }
+        | Request::Queued { .. }) => (super::host_msg::handle(s, c, &msg), None),
         Request::Hello { .. } => (refuse(RefuseCode::BadRequest, "Hello twice"), None),
         Request::AllocMr { len, access } => {
             let used = c.mr_bytes.load(Ordering::Relaxed);

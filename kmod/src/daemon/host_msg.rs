@@ -1,8 +1,10 @@
-//! Messaging for attached processes: each process's endpoints live in the
-//! daemon's engine (its DCT receives their replies) and are driven by the
-//! process's control thread, one request at a time: a push waits for a
-//! credit on that thread only, so one process's slow receiver stalls no
-//! other process. Released with the process.
+//! Messaging for attached processes: each process's endpoints and ports
+//! live in the daemon's engine (its DCT receives their messages and
+//! replies) and are driven by the process's control thread, one request
+//! at a time: a push waits for a credit (a pop for a message) on that
+//! thread only, so one process's slow peer stalls no other process.
+//! Ports are the node's: a port one process holds is `PortInUse` for the
+//! others until it unbinds or goes. Released with the process.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -11,9 +13,9 @@ use std::time::Duration;
 use krcore_nic::Nic;
 
 use super::host::{refuse, Client, Shared};
-use super::wire::{MsgFailure, RefuseCode, Reply, Request, MAX_MSG_BYTES};
-use crate::engine::Endpoint;
-use crate::MsgError;
+use super::wire::{MsgFailure, RefuseCode, Reply, Request, MAX_RECV_BYTES};
+use crate::engine::{Endpoint, Port};
+use crate::{Message, MsgError, Sender};
 
 /// The longest a push or a pop waits in the daemon, whatever the process
 /// asks (its own control thread waits; this bounds how long a stopped
@@ -24,6 +26,12 @@ const MAX_WAIT: Duration = Duration::from_secs(60);
 pub(super) struct EpSlot<N: Nic> {
     pub(super) handle: u32,
     pub(super) ep: Arc<Endpoint<N>>,
+}
+
+/// One bound port of an attached process.
+pub(super) struct PortSlot<N: Nic> {
+    pub(super) handle: u32,
+    pub(super) port: Arc<Port<N>>,
 }
 
 /// A messaging failure as the process's library rebuilds it.
@@ -53,8 +61,57 @@ pub(crate) fn failure(e: &MsgError) -> MsgFailure {
             seq: *seq,
             status: *status as u8,
         },
+        MsgError::ReplyLost { to, seq, status } => MsgFailure::ReplyLost {
+            gid: to.gid,
+            vqp: to.vqp,
+            seq: *seq,
+            status: *status as u8,
+        },
+        MsgError::PortInUse { port } => MsgFailure::PortInUse { port: *port },
+        MsgError::ReservedPort { port } => MsgFailure::ReservedPort { port: *port },
+        MsgError::NoBuffers { wanted, free } => MsgFailure::NoBuffers {
+            wanted: *wanted,
+            free: *free,
+        },
+        MsgError::Unsupported { reason } => MsgFailure::Unsupported((*reason).to_string()),
         other => MsgFailure::Other(other.to_string()),
     }
+}
+
+/// A popped message or reply as the process gets it (one longer than
+/// [`MAX_RECV_BYTES`] cannot be carried: `TooLarge`, counted as consumed).
+fn delivered<N: Nic>(m: Result<Option<Message<N>>, MsgError>) -> Reply {
+    match m {
+        Ok(None) => Reply::NoMessage,
+        Ok(Some(m)) if m.len() > MAX_RECV_BYTES => Reply::MsgFailed(failure(&MsgError::TooLarge {
+            len: m.len(),
+            max: MAX_RECV_BYTES,
+        })),
+        Ok(Some(m)) => Reply::Message {
+            gid: m.from.gid,
+            vqp: m.from.vqp,
+            port: m.port,
+            seq: m.seq,
+            data: m.to_vec(),
+        },
+        Err(err) => Reply::MsgFailed(failure(&err)),
+    }
+}
+
+/// A pop that waits `wait_ms` (0: not at all); a timeout is no message.
+fn pop_within<N: Nic>(
+    wait_ms: u64,
+    try_pop: impl FnOnce() -> Result<Option<Message<N>>, MsgError>,
+    pop_timeout: impl FnOnce(Duration) -> Result<Message<N>, MsgError>,
+) -> Reply {
+    delivered(match wait_ms {
+        0 => try_pop(),
+        ms => match pop_timeout(wait(ms)) {
+            Ok(m) => Ok(Some(m)),
+            Err(MsgError::Timeout(_)) => Ok(None),
+            Err(err) => Err(err),
+        },
+    })
 }
 
 /// The process's messaging requests (see [`Request::CreateEndpoint`] and
@@ -126,30 +183,7 @@ pub(super) fn handle<N: Nic>(s: &Arc<Shared<N>>, c: &Arc<Client<N>>, req: &Reque
         },
         Request::PopReply { ep, wait_ms } => match ep_of(*ep) {
             None => unknown(*ep),
-            Some(e) => {
-                let r = match wait_ms {
-                    0 => e.try_pop_reply(),
-                    ms => match e.pop_reply_timeout(wait(*ms)) {
-                        Ok(m) => Ok(Some(m)),
-                        Err(MsgError::Timeout(_)) => Ok(None),
-                        Err(err) => Err(err),
-                    },
-                };
-                match r {
-                    Ok(None) => Reply::NoMessage,
-                    Ok(Some(m)) if m.len() > MAX_MSG_BYTES => failed(MsgError::TooLarge {
-                        len: m.len(),
-                        max: MAX_MSG_BYTES,
-                    }),
-                    Ok(Some(m)) => Reply::Message {
-                        gid: m.from.gid,
-                        port: m.port,
-                        seq: m.seq,
-                        data: m.to_vec(),
-                    },
-                    Err(err) => failed(err),
-                }
-            }
+            Some(e) => pop_within(*wait_ms, || e.try_pop_reply(), |d| e.pop_reply_timeout(d)),
         },
         Request::CloseChannel { ep, gid, port } => match ep_of(*ep) {
             None => unknown(*ep),
@@ -161,6 +195,97 @@ pub(super) fn handle<N: Nic>(s: &Arc<Shared<N>>, c: &Arc<Client<N>>, req: &Reque
         Request::Credits { ep, gid, port } => match ep_of(*ep) {
             None => unknown(*ep),
             Some(e) => Reply::Credits(e.credits(*gid, *port)),
+        },
+        _ => handle_port(s, c, req),
+    }
+}
+
+/// The process's port requests ([`Request::BindPort`] and after).
+fn handle_port<N: Nic>(s: &Arc<Shared<N>>, c: &Arc<Client<N>>, req: &Request) -> Reply {
+    let port_of = |h: u32| {
+        c.ports
+            .lock()
+            .iter()
+            .find(|p| p.handle == h)
+            .map(|p| p.port.clone())
+    };
+    let unknown = |h: u32| {
+        refuse(
+            RefuseCode::UnknownHandle,
+            format!("no port {h} of this process"),
+        )
+    };
+    let failed = |e: MsgError| Reply::MsgFailed(failure(&e));
+    match req {
+        Request::BindPort { port, reclaiming } => {
+            if c.ports.lock().len() >= s.cfg.max_ports as usize {
+                return refuse(
+                    RefuseCode::Quota,
+                    format!("{} ports per process", s.cfg.max_ports),
+                );
+            }
+            let bound = match reclaiming {
+                0 => s.engine.bind(*port),
+                _ => s.engine.bind_reclaiming(*port),
+            };
+            match bound {
+                Ok(p) => {
+                    let handle = c.next_handle.fetch_add(1, Ordering::Relaxed);
+                    c.ports.lock().push(PortSlot {
+                        handle,
+                        port: Arc::new(p),
+                    });
+                    Reply::Port { handle }
+                }
+                Err(e) => failed(e),
+            }
+        }
+        Request::UnbindPort { handle } => {
+            // Dropped outside the list's lock: unbinding takes the
+            // engine's port table.
+            let gone = {
+                let mut ports = c.ports.lock();
+                let at = ports.iter().position(|p| p.handle == *handle);
+                at.map(|i| ports.swap_remove(i))
+            };
+            match gone {
+                Some(_) => Reply::Done,
+                None => unknown(*handle),
+            }
+        }
+        Request::PopPort { handle, wait_ms } => match port_of(*handle) {
+            None => unknown(*handle),
+            Some(p) => pop_within(*wait_ms, || p.try_pop(), |d| p.pop_timeout(d)),
+        },
+        Request::ReplyPort {
+            handle,
+            gid,
+            vqp,
+            wait_ms,
+            data,
+        } => match port_of(*handle) {
+            None => unknown(*handle),
+            Some(p) => {
+                let to = Sender {
+                    gid: *gid,
+                    vqp: *vqp,
+                };
+                match p.reply_within(to, data, wait(*wait_ms)) {
+                    Ok(()) => Reply::Done,
+                    Err(e) => failed(e),
+                }
+            }
+        },
+        Request::ReturnCredits { handle } => match port_of(*handle) {
+            None => unknown(*handle),
+            Some(p) => match p.return_credits() {
+                Ok(n) => Reply::Count(u64::from(n)),
+                Err(e) => failed(e),
+            },
+        },
+        Request::Queued { handle } => match port_of(*handle) {
+            None => unknown(*handle),
+            Some(p) => Reply::Count(p.queued() as u64),
         },
         _ => refuse(RefuseCode::BadRequest, "not a messaging request"),
     }

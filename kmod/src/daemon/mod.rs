@@ -44,23 +44,29 @@
 //!   ([`Attached::attach_timeout`] sets another bound) and a doorbell with
 //!   [`DaemonError::Timeout`] after [`DOORBELL_TIMEOUT`].
 //!
-//! - **Messaging**: a process's endpoints ([`Attached::endpoint`]) live in
-//!   the daemon's engine; each push and each pop of a reply is one control
-//!   call, served on the process's own control thread (a push waiting for
-//!   a credit stalls no other process), messages of at most
-//!   [`wire::MAX_MSG_BYTES`]. Failures come back as the in-process
-//!   endpoint's [`crate::MsgError`]s (`Refused`, `TooLarge`, `Timeout`,
-//!   `Lost`, ...); the daemon's own as [`crate::MsgError::Daemon`].
-//!   Meant for requests (a store's block allocation), not bulk data.
+//! - **Messaging**: a process's endpoints ([`Attached::endpoint`]) and
+//!   ports ([`Attached::bind`]) live in the daemon's engine; each push,
+//!   pop and reply is one control call, served on the process's own
+//!   control thread (a push waiting for a credit stalls no other process;
+//!   a waiting pop is made of calls of at most 20 ms, so the process's
+//!   other threads get the connection between them). A process sends
+//!   messages of at most [`wire::MAX_MSG_BYTES`] and receives up to
+//!   [`wire::MAX_RECV_BYTES`] (what a peer's engine sends by default).
+//!   Ports are the node's: one process holds a port at a time, and it is
+//!   unbound when the process goes. Failures come back as the in-process
+//!   endpoint's and port's [`crate::MsgError`]s (`Refused`, `TooLarge`,
+//!   `Timeout`, `Lost`, `ReplyLost`, `PortInUse`, ...); the daemon's own as
+//!   [`crate::MsgError::Daemon`]. Meant for requests (a store's block
+//!   allocation, a memory node's allocator), not bulk data.
 //!
 //! - **Upgrades**: the daemon's engine upgrades by threshold
 //!   (`EngineConfig::upgrade_after`), node-wide: the RC pair built for one
 //!   process's hot VQP serves every process's VQP to that target (one
 //!   pair, no second handshake).
 //!
-//! Through the daemon a WR has one SGE and no inline data; binding ports
-//! (receiving), leases and the DC -> RC upgrade API (the hint) are not
-//! carried yet (refused, typed, or absent from the API).
+//! Through the daemon a WR has one SGE and no inline data; leases and the
+//! DC -> RC upgrade API (the hint) are not carried yet (refused, typed, or
+//! absent from the API).
 
 mod client;
 mod error;
@@ -71,7 +77,7 @@ mod sock;
 pub mod wire;
 
 pub use client::{
-    Attached, AttachedEndpoint, AttachedMr, AttachedVqp, Received, CONTROL_TIMEOUT,
+    Attached, AttachedEndpoint, AttachedMr, AttachedPort, AttachedVqp, Received, CONTROL_TIMEOUT,
     DOORBELL_TIMEOUT,
 };
 pub use error::DaemonError;
@@ -84,7 +90,7 @@ pub use wire::NodeStats;
 
 /// The control protocol's version: a process and a daemon of different
 /// versions refuse each other at `Hello`.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// What the daemon said to a doorbell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

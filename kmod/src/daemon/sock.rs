@@ -1,7 +1,7 @@
 //! Frames over the daemon's unix stream socket, with descriptors passed as
 //! `SCM_RIGHTS` on a reply's first byte (see [`super::wire`]).
 
-use super::wire::{frame_len, WireError};
+use super::wire::{frame_len_within, WireError};
 use rustix::net::{
     recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
     SendAncillaryMessage, SendFlags,
@@ -44,8 +44,9 @@ pub(crate) fn send(sock: &UnixStream, frame: &[u8], fds: &[BorrowedFd<'_>]) -> s
     s.write_all(&frame[n..])
 }
 
-/// Reads one frame: its body and the descriptors that came with it.
-pub(crate) fn recv(sock: &UnixStream) -> Result<(Vec<u8>, Vec<OwnedFd>), RecvError> {
+/// Reads one frame of at most `max` body bytes: its body and the
+/// descriptors that came with it.
+pub(crate) fn recv(sock: &UnixStream, max: usize) -> Result<(Vec<u8>, Vec<OwnedFd>), RecvError> {
     let mut prefix = [0u8; 4];
     let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut cmsg = RecvAncillaryBuffer::new(&mut space);
@@ -72,7 +73,7 @@ pub(crate) fn recv(sock: &UnixStream) -> Result<(Vec<u8>, Vec<OwnedFd>), RecvErr
     }
     let mut s = sock;
     s.read_exact(&mut prefix[got..]).map_err(RecvError::Io)?;
-    let len = frame_len(prefix)?;
+    let len = frame_len_within(prefix, max)?;
     let mut body = vec![0u8; len];
     s.read_exact(&mut body).map_err(RecvError::Io)?;
     Ok((body, fds))

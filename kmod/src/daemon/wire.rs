@@ -8,11 +8,22 @@
 
 use krcore_nic::Gid;
 
-/// Largest frame body either side sends or accepts.
+/// Largest request frame body the daemon accepts from a process.
 pub const MAX_FRAME: usize = MAX_MSG_BYTES + 128;
-/// Largest message an attached process pushes, or receives as a reply,
-/// through the daemon (a longer one is [`crate::MsgError::TooLarge`]).
+/// Largest reply frame body a process accepts from its daemon (a message
+/// popped for it is as long as a peer's engine sends: up to
+/// [`MAX_RECV_BYTES`]).
+pub const MAX_REPLY_FRAME: usize = MAX_RECV_BYTES + 128;
+/// Largest message an attached process pushes, or sends as a port's
+/// reply, through the daemon (a longer one is
+/// [`crate::MsgError::TooLarge`]): the daemon reads each process's
+/// requests whole, so they are kept small.
 pub const MAX_MSG_BYTES: usize = 64 * 1024;
+/// Largest message the daemon hands to a process (popped from its port or
+/// its endpoint's replies): the engine's default `msg.max_message`, so
+/// whatever a peer with default settings sends arrives. A longer one is
+/// [`crate::MsgError::TooLarge`] at the pop.
+pub const MAX_RECV_BYTES: usize = 16 << 20;
 /// Longest reason text a refusal carries (cut at a character boundary).
 const MAX_TEXT: usize = 512;
 
@@ -40,11 +51,14 @@ pub enum WireError {
         /// The tag.
         tag: u8,
     },
-    /// A frame longer than [`MAX_FRAME`].
-    #[error("control frame of {len} bytes (at most {MAX_FRAME})")]
+    /// A frame longer than its direction allows ([`MAX_FRAME`],
+    /// [`MAX_REPLY_FRAME`]).
+    #[error("control frame of {len} bytes (at most {max})")]
     TooLong {
         /// Its announced length.
         len: usize,
+        /// The limit.
+        max: usize,
     },
 }
 
@@ -159,6 +173,51 @@ pub enum Request {
         /// The port.
         port: u16,
     },
+    /// Binds a port of the node for the process (ports are node-wide: one
+    /// process holds a port at a time).
+    BindPort {
+        /// The port.
+        port: u16,
+        /// 1: take back the slots of idle channels when the port is full
+        /// (`Engine::bind_reclaiming`).
+        reclaiming: u8,
+    },
+    /// Unbinds a port of the process.
+    UnbindPort {
+        /// Its handle.
+        handle: u32,
+    },
+    /// Pops the oldest message pushed to a port, waiting up to `wait_ms`
+    /// (0: not at all).
+    PopPort {
+        /// The port's handle.
+        handle: u32,
+        /// Milliseconds to wait.
+        wait_ms: u64,
+    },
+    /// Replies from a port to a sender.
+    ReplyPort {
+        /// The port's handle.
+        handle: u32,
+        /// The sender's node.
+        gid: Gid,
+        /// The sender's endpoint id.
+        vqp: u32,
+        /// Milliseconds to wait for a reply credit.
+        wait_ms: u64,
+        /// The reply (at most [`MAX_MSG_BYTES`]).
+        data: Vec<u8>,
+    },
+    /// Returns now the credits of every message a port popped.
+    ReturnCredits {
+        /// The port's handle.
+        handle: u32,
+    },
+    /// Messages a port received and did not pop yet.
+    Queued {
+        /// The port's handle.
+        handle: u32,
+    },
 }
 
 /// A messaging failure carried back to the attached process: the variants
@@ -198,6 +257,36 @@ pub enum MsgFailure {
         /// Its completion status (`WcStatus as u8`).
         status: u8,
     },
+    /// `MsgError::ReplyLost`.
+    ReplyLost {
+        /// The endpoint's node.
+        gid: Gid,
+        /// The endpoint's id.
+        vqp: u32,
+        /// The reply's sequence number.
+        seq: u64,
+        /// Its completion status (`WcStatus as u8`).
+        status: u8,
+    },
+    /// `MsgError::PortInUse`.
+    PortInUse {
+        /// The port.
+        port: u16,
+    },
+    /// `MsgError::ReservedPort`.
+    ReservedPort {
+        /// The port.
+        port: u16,
+    },
+    /// `MsgError::NoBuffers`.
+    NoBuffers {
+        /// Slots asked for.
+        wanted: u32,
+        /// Slots left.
+        free: u32,
+    },
+    /// `MsgError::Unsupported`, its reason in words.
+    Unsupported(String),
     /// Anything else, in words.
     Other(String),
 }
@@ -284,10 +373,13 @@ pub enum Reply {
         /// The endpoint's id in the engine (its messages' sender id).
         id: u32,
     },
-    /// To `PopReply`: a reply.
+    /// To `PopReply` (a reply) and `PopPort` (a message).
     Message {
         /// Its sender.
         gid: Gid,
+        /// The sender's id: its endpoint's for a message popped from a
+        /// port, the replying port's VQP for a reply.
+        vqp: u32,
         /// The port that replied.
         port: u16,
         /// Its sequence number in the channel.
@@ -303,6 +395,13 @@ pub enum Reply {
     Credits(Option<u32>),
     /// A messaging request failed (nothing was sent).
     MsgFailed(MsgFailure),
+    /// To `BindPort`.
+    Port {
+        /// Handle.
+        handle: u32,
+    },
+    /// To `ReturnCredits` and `Queued`.
+    Count(u64),
     /// Refused; nothing changed.
     Refused {
         /// Why, in a word ([`RefuseCode`]).
@@ -470,13 +569,23 @@ impl<'a> In<'a> {
     }
 }
 
-/// The body length a frame's 4-byte prefix announces, checked.
+/// The body length a request frame's 4-byte prefix announces, checked
+/// against [`MAX_FRAME`].
 ///
 /// # Errors
 /// [`WireError::TooLong`].
 pub fn frame_len(prefix: [u8; 4]) -> Result<usize, WireError> {
+    frame_len_within(prefix, MAX_FRAME)
+}
+
+/// The body length a frame's prefix announces, checked against `max`
+/// ([`MAX_FRAME`] for requests, [`MAX_REPLY_FRAME`] for replies).
+///
+/// # Errors
+/// [`WireError::TooLong`].
+pub fn frame_len_within(prefix: [u8; 4], max: usize) -> Result<usize, WireError> {
     match u32::from_le_bytes(prefix) as usize {
-        len if len > MAX_FRAME => Err(WireError::TooLong { len }),
+        len if len > max => Err(WireError::TooLong { len, max }),
         len => Ok(len),
     }
 }
@@ -500,6 +609,12 @@ impl Request {
             Request::PopReply { .. } => "pop a reply",
             Request::CloseChannel { .. } => "close a channel",
             Request::Credits { .. } => "credits",
+            Request::BindPort { .. } => "bind a port",
+            Request::UnbindPort { .. } => "unbind a port",
+            Request::PopPort { .. } => "pop a port",
+            Request::ReplyPort { .. } => "reply",
+            Request::ReturnCredits { .. } => "return credits",
+            Request::Queued { .. } => "count queued messages",
         }
     }
 
@@ -547,6 +662,23 @@ impl Request {
             Request::PopReply { ep, wait_ms } => Out::new(13).u32(*ep).u64(*wait_ms),
             Request::CloseChannel { ep, gid, port } => Out::new(14).u32(*ep).gid(gid).u16(*port),
             Request::Credits { ep, gid, port } => Out::new(15).u32(*ep).gid(gid).u16(*port),
+            Request::BindPort { port, reclaiming } => Out::new(16).u16(*port).u8(*reclaiming),
+            Request::UnbindPort { handle } => Out::new(17).u32(*handle),
+            Request::PopPort { handle, wait_ms } => Out::new(18).u32(*handle).u64(*wait_ms),
+            Request::ReplyPort {
+                handle,
+                gid,
+                vqp,
+                wait_ms,
+                data,
+            } => Out::new(19)
+                .u32(*handle)
+                .gid(gid)
+                .u32(*vqp)
+                .u64(*wait_ms)
+                .bytes(data),
+            Request::ReturnCredits { handle } => Out::new(20).u32(*handle),
+            Request::Queued { handle } => Out::new(21).u32(*handle),
         }
         .done()
     }
@@ -611,6 +743,24 @@ impl Request {
                 gid: r.gid()?,
                 port: r.u16()?,
             },
+            16 => Request::BindPort {
+                port: r.u16()?,
+                reclaiming: r.u8()?,
+            },
+            17 => Request::UnbindPort { handle: r.u32()? },
+            18 => Request::PopPort {
+                handle: r.u32()?,
+                wait_ms: r.u64()?,
+            },
+            19 => Request::ReplyPort {
+                handle: r.u32()?,
+                gid: r.gid()?,
+                vqp: r.u32()?,
+                wait_ms: r.u64()?,
+                data: r.bytes()?.to_vec(),
+            },
+            20 => Request::ReturnCredits { handle: r.u32()? },
+            21 => Request::Queued { handle: r.u32()? },
             tag => return Err(WireError::UnknownTag { tag }),
         };
         r.end(tag, req)
@@ -665,10 +815,16 @@ impl Reply {
             Reply::Endpoint { ep, id } => Out::new(107).u32(*ep).u32(*id),
             Reply::Message {
                 gid,
+                vqp,
                 port,
                 seq,
                 data,
-            } => Out::new(108).gid(gid).u16(*port).u64(*seq).bytes(data),
+            } => Out::new(108)
+                .gid(gid)
+                .u32(*vqp)
+                .u16(*port)
+                .u64(*seq)
+                .bytes(data),
             Reply::NoMessage => Out::new(109),
             Reply::Flag(b) => Out::new(110).u8(u8::from(*b)),
             Reply::Credits(c) => Out::new(111).u8(u8::from(c.is_some())).u32(c.unwrap_or(0)),
@@ -688,8 +844,20 @@ impl Reply {
                         status,
                     } => o.u8(5).gid(gid).u16(*port).u64(*seq).u8(*status),
                     MsgFailure::Other(t) => o.u8(6).text(t),
+                    MsgFailure::ReplyLost {
+                        gid,
+                        vqp,
+                        seq,
+                        status,
+                    } => o.u8(7).gid(gid).u32(*vqp).u64(*seq).u8(*status),
+                    MsgFailure::PortInUse { port } => o.u8(8).u16(*port),
+                    MsgFailure::ReservedPort { port } => o.u8(9).u16(*port),
+                    MsgFailure::NoBuffers { wanted, free } => o.u8(10).u32(*wanted).u32(*free),
+                    MsgFailure::Unsupported(t) => o.u8(11).text(t),
                 }
             }
+            Reply::Port { handle } => Out::new(113).u32(*handle),
+            Reply::Count(n) => Out::new(114).u64(*n),
         }
         .done()
     }
@@ -746,6 +914,7 @@ impl Reply {
             },
             108 => Reply::Message {
                 gid: r.gid()?,
+                vqp: r.u32()?,
                 port: r.u16()?,
                 seq: r.u64()?,
                 data: r.bytes()?.to_vec(),
@@ -776,8 +945,23 @@ impl Reply {
                     status: r.u8()?,
                 },
                 6 => MsgFailure::Other(String::from_utf8_lossy(r.bytes()?).into_owned()),
+                7 => MsgFailure::ReplyLost {
+                    gid: r.gid()?,
+                    vqp: r.u32()?,
+                    seq: r.u64()?,
+                    status: r.u8()?,
+                },
+                8 => MsgFailure::PortInUse { port: r.u16()? },
+                9 => MsgFailure::ReservedPort { port: r.u16()? },
+                10 => MsgFailure::NoBuffers {
+                    wanted: r.u32()?,
+                    free: r.u32()?,
+                },
+                11 => MsgFailure::Unsupported(String::from_utf8_lossy(r.bytes()?).into_owned()),
                 kind => return Err(WireError::UnknownTag { tag: kind }),
             }),
+            113 => Reply::Port { handle: r.u32()? },
+            114 => Reply::Count(r.u64()?),
             tag => return Err(WireError::UnknownTag { tag }),
         };
         r.end(tag, rep)
@@ -785,158 +969,5 @@ impl Reply {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn body(frame: &[u8]) -> &[u8] {
-        assert_eq!(
-            frame_len(frame[..4].try_into().unwrap()).unwrap(),
-            frame.len() - 4
-        );
-        &frame[4..]
-    }
-
-    #[test]
-    fn every_message_round_trips_and_every_cut_is_an_error() {
-        let gid = Gid([7; 16]);
-        let reqs = [
-            Request::Hello {
-                version: 1,
-                pid: 42,
-            },
-            Request::AllocMr {
-                len: 4096,
-                access: 15,
-            },
-            Request::FreeMr { mr: 3 },
-            Request::CreateVqp,
-            Request::DestroyVqp { vqp: 9 },
-            Request::Connect { vqp: 1, gid },
-            Request::Grant {
-                vqp: 1,
-                gid,
-                rkey: 5,
-                addr: 6,
-                len: 7,
-                access: 4,
-                ttl_ms: u64::MAX,
-            },
-            Request::SetUngranted { vqp: 2, allow: 1 },
-            Request::Stats,
-            Request::CreateEndpoint { window: 1 },
-            Request::DestroyEndpoint { ep: 2 },
-            Request::Push {
-                ep: 1,
-                gid,
-                port: 7,
-                wait_ms: 5000,
-                data: b"req".to_vec(),
-            },
-            Request::PopReply { ep: 1, wait_ms: 0 },
-            Request::CloseChannel {
-                ep: 1,
-                gid,
-                port: 7,
-            },
-            Request::Credits {
-                ep: 1,
-                gid,
-                port: 7,
-            },
-        ];
-        for r in &reqs {
-            let f = r.encode();
-            assert_eq!(&Request::decode(body(&f)).unwrap(), r);
-            for cut in 0..f.len() - 4 {
-                assert!(
-                    Request::decode(&f[4..4 + cut]).is_err(),
-                    "{r:?} cut at {cut}"
-                );
-            }
-            let mut long = f[4..].to_vec();
-            long.push(0);
-            assert!(matches!(
-                Request::decode(&long),
-                Err(WireError::Trailing { .. })
-            ));
-        }
-        let reps = [
-            Reply::Welcome {
-                version: 1,
-                gid,
-                mode: 1,
-                max_vqps: 8,
-                max_mr_bytes: 1 << 30,
-            },
-            Reply::Mr {
-                mr: 1,
-                addr: 2,
-                len: 3,
-                lkey: 4,
-                rkey: 5,
-            },
-            Reply::Vqp { vqp: 1, id: 2 },
-            Reply::Done,
-            Reply::Stats(NodeStats {
-                qps_created: 1,
-                modeled_control_ns: 2,
-                network_ops: 3,
-                dcis: 4,
-                vqps_created: 5,
-                connect_hits: 6,
-                connect_misses: 7,
-                meta_reads: 8,
-                rc_upgrades: 9,
-                rc_downgrades: 10,
-                rc_upgrade_failures: 11,
-                rc_pairs: 12,
-                clients: 13,
-            }),
-            Reply::Refused {
-                code: RefuseCode::Quota,
-                message: "full".into(),
-            },
-            Reply::Endpoint { ep: 1, id: 3 },
-            Reply::Message {
-                gid,
-                port: 7,
-                seq: 9,
-                data: b"ans".to_vec(),
-            },
-            Reply::NoMessage,
-            Reply::Flag(true),
-            Reply::Credits(Some(4)),
-            Reply::Credits(None),
-            Reply::MsgFailed(MsgFailure::Refused {
-                gid,
-                port: 7,
-                code: 2,
-            }),
-            Reply::MsgFailed(MsgFailure::TooLarge { len: 9, max: 8 }),
-            Reply::MsgFailed(MsgFailure::WouldBlock),
-            Reply::MsgFailed(MsgFailure::Timeout(5)),
-            Reply::MsgFailed(MsgFailure::Lost {
-                gid,
-                port: 7,
-                seq: 1,
-                status: 12,
-            }),
-            Reply::MsgFailed(MsgFailure::Other("why".into())),
-        ];
-        for r in &reps {
-            let f = r.encode();
-            assert_eq!(&Reply::decode(body(&f)).unwrap(), r);
-            for cut in 0..f.len() - 4 {
-                assert!(Reply::decode(&f[4..4 + cut]).is_err(), "{r:?} cut at {cut}");
-            }
-        }
-        assert_eq!(
-            Request::decode(&[200]),
-            Err(WireError::UnknownTag { tag: 200 })
-        );
-        assert!(matches!(
-            frame_len((MAX_FRAME as u32 + 1).to_le_bytes()),
-            Err(WireError::TooLong { .. })
-        ));
-    }
-}
+#[path = "wire_tests.rs"]
+mod tests;

@@ -124,8 +124,6 @@ impl<N: Nic> MemoryNodeServer<N> {
         // Clients come and go (and die): a full port takes back the slots
         // of idle channels.
         let port = node
-            .engine()
-            .map_err(setup("a memory node needs an engine of its own"))?
             .bind_reclaiming(ALLOC_PORT)
             .map_err(setup("bind the allocation port"))?;
         let info = NodeInfo {
