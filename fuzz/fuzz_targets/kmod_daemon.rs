@@ -2,18 +2,19 @@
 //! which an attached process and the daemon read from each other (untrusted):
 //! the frame prefix and both decoders never panic; a request that decodes
 //! re-encodes to the very bytes it came from, a reply to bytes that decode to
-//! the same reply; an SQE (the input zero-padded to 64 bytes) decodes to a WR
-//! the ring can carry or to an opcode error, and a CQE (32 bytes) always
-//! decodes; what decodes re-encodes to an entry that decodes the same.
+//! the same reply; an SQE (the input zero-padded to two 64-byte slots: the
+//! entry and its continuation) decodes to a WR the ring can carry or to an
+//! opcode or payload error, and a CQE (16 bytes) always decodes; what
+//! decodes re-encodes to entries that decode the same.
 #![no_main]
 use krcore_kmod::daemon::wire::{
     frame_len, frame_len_within, MsgFailure, Reply, Request, MAX_FRAME, MAX_REPLY_FRAME,
 };
 use krcore_kmod::daemon::{
-    decode_cqe_bytes, decode_sqe_bytes, encode_cqe_bytes, encode_sqe_bytes, DecodeError, CQE_BYTES,
-    SQE_BYTES,
+    decode_cqe_bytes, decode_sqe_bytes, encode_cqe_bytes, encode_sqe_bytes, sqe_continues,
+    DecodeError, CQE_BYTES, SQE_BYTES,
 };
-use krcore_nic::{Destination, Payload, SendFlags};
+use krcore_nic::{Destination, Payload, SendFlags, WrOp, MAX_INLINE, MAX_SGE};
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
 
@@ -29,7 +30,7 @@ fuzz_target!(|data: &[u8]| {
     }
     // As a body, whatever its length.
     control(data);
-    sqe(&padded::<SQE_BYTES>(data));
+    sqe(&padded::<{ 2 * SQE_BYTES }>(data));
     cqe(&padded::<CQE_BYTES>(data));
 });
 
@@ -115,30 +116,48 @@ fn message_cap() -> usize {
     })
 }
 
-fn sqe(entry: &[u8; SQE_BYTES]) {
-    let opcode = entry[8];
-    let wr = match decode_sqe_bytes(entry) {
+fn sqe(slots: &[u8; 2 * SQE_BYTES]) {
+    let (head, cont) = slots.split_at(SQE_BYTES);
+    let head: &[u8; SQE_BYTES] = head.try_into().expect("one slot");
+    let cont: &[u8; SQE_BYTES] = cont.try_into().expect("one slot");
+    let opcode = head[8];
+    // Without its continuation, an entry that needs one is Truncated.
+    if sqe_continues(head) {
+        assert!(matches!(
+            decode_sqe_bytes(head, None),
+            Err(DecodeError::Truncated | DecodeError::Opcode(_) | DecodeError::Payload { .. })
+        ));
+    }
+    let wr = match decode_sqe_bytes(head, Some(cont)) {
         Ok(wr) => wr,
         Err(DecodeError::Opcode(op)) => {
             assert_eq!(op, u64::from(opcode));
             assert!(!(1..=4).contains(&op));
             return;
         }
-        Err(e) => panic!("an SQE fails only on its opcode: {e:?}"),
+        Err(DecodeError::Payload { kind, count, .. }) => {
+            assert_eq!((kind, count), (head[10], head[11]));
+            return;
+        }
+        Err(e) => panic!("the continuation was given: {e:?}"),
     };
     assert!((1..=4).contains(&opcode));
     // What the decoder promises the daemon's post path.
     match &wr.payload {
-        Payload::Local(list) => assert_eq!(list.as_slice().len(), 1, "one SGE"),
-        Payload::Inline(_) => panic!("an SQE decoded to inline data"),
+        Payload::Local(list) => assert!(list.as_slice().len() <= MAX_SGE, "at most 4 SGEs"),
+        Payload::Inline(d) => {
+            assert!(matches!(wr.op, WrOp::Write { .. }), "inline only on WRITE");
+            assert!(d.as_slice().len() <= MAX_INLINE);
+        }
     }
     assert!(matches!(wr.dest, Destination::Connected));
     assert_eq!(
         wr.flags.0 & !(SendFlags::SIGNALED.0 | SendFlags::FENCE.0),
         0
     );
-    let again = encode_sqe_bytes(0, &wr).expect("a decoded WR encodes");
-    assert_eq!(decode_sqe_bytes(&again), Ok(wr));
+    let (again, again_cont) = encode_sqe_bytes(0, &wr).expect("a decoded WR encodes");
+    assert_eq!(sqe_continues(&again), again_cont.is_some());
+    assert_eq!(decode_sqe_bytes(&again, again_cont.as_ref()), Ok(wr));
 }
 
 fn cqe(entry: &[u8; CQE_BYTES]) {

@@ -110,6 +110,75 @@ fn an_attached_node_moves_data_with_the_sdk_api_and_creates_no_qp() {
     buf.read(32, &mut echo).unwrap();
     assert_eq!(&echo, b"hello");
 
+    // Several SGEs (a gathered WRITE, a scattered READ) and inline data
+    // travel in a continuation slot; a doorbell of such WRs takes two
+    // slots each.
+    buf.write(40, b"gath").unwrap();
+    buf.write(48, b"ered").unwrap();
+    let gather =
+        krcore::SgList::from_slice(&[buf.sge(40, 4).unwrap(), buf.sge(48, 4).unwrap()]).unwrap();
+    let scatter = krcore::SgList::from_slice(&[
+        buf.sge(56, 2).unwrap(),
+        buf.sge(60, 3).unwrap(),
+        buf.sge(8, 3).unwrap(),
+    ])
+    .unwrap();
+    let mut wrs = [
+        SendWr {
+            payload: krcore::Payload::Local(gather),
+            ..SendWr::write(3, buf.sge(40, 4).unwrap(), token.at(300)).signaled(false)
+        },
+        SendWr {
+            payload: krcore::Payload::Inline(krcore::InlineData::new(b"inline!").unwrap()),
+            ..SendWr::write(4, buf.sge(0, 1).unwrap(), token.at(308)).signaled(false)
+        },
+        SendWr {
+            payload: krcore::Payload::Local(scatter),
+            ..SendWr::read(5, buf.sge(56, 2).unwrap(), token.at(300))
+        },
+    ];
+    vqp.post(&mut wrs).unwrap();
+    let mut n = 0;
+    for _ in 0..10_000_000 {
+        n = vqp.poll(&mut wc).unwrap();
+        if n > 0 {
+            break;
+        }
+        std::hint::spin_loop();
+    }
+    assert_eq!((n, wc[0].wr_id, wc[0].status), (1, 5, WcStatus::Success));
+    let mut remote = [0u8; 15];
+    region.read(300, &mut remote).unwrap();
+    assert_eq!(&remote, b"gatheredinline!");
+    let mut got = [0u8; 8];
+    buf.read(56, &mut got[..2]).unwrap();
+    buf.read(60, &mut got[2..5]).unwrap();
+    buf.read(8, &mut got[5..]).unwrap();
+    assert_eq!(&got, b"gathered");
+    // A second SGE naming memory that is not this process's is refused by
+    // the daemon like a first one.
+    let foreign = krcore::SgList::from_slice(&[
+        buf.sge(0, 4).unwrap(),
+        krcore::Sge {
+            addr: 0x10,
+            length: 4,
+            lkey: buf.sge(0, 4).unwrap().lkey ^ 1,
+        },
+    ])
+    .unwrap();
+    let mut wrs = [SendWr {
+        payload: krcore::Payload::Local(foreign),
+        ..SendWr::read(6, buf.sge(0, 4).unwrap(), token.at(300))
+    }];
+    match vqp.post(&mut wrs) {
+        Err(Error::Daemon(DaemonError::Post {
+            code: PostCode::ForeignMemory,
+            index: 0,
+            ..
+        })) => {}
+        other => panic!("expected the daemon's refusal, got {other:?}"),
+    }
+
     // Range checks are local and typed.
     assert!(matches!(
         vqp.read(&buf, 0, &token, 4090, 8),

@@ -5,7 +5,7 @@
 use super::error::DaemonError;
 use super::host::wake;
 use super::ring::{
-    decode_cqe, encode_sqe, read_verdict, word, CQ_CAP, CQ_HEAD, CQ_TAIL, PAGE_BYTES,
+    decode_cqe, encode_sqe, read_verdict, sqe_slots, word, CQ_CAP, CQ_HEAD, CQ_TAIL, PAGE_BYTES,
     PAGE_SLEEPING, RING_BYTES, SQ_CAP, SQ_HEAD, SQ_TAIL,
 };
 use super::sock::{self, RecvError};
@@ -537,11 +537,24 @@ impl AttachedVqp {
                 max: SQ_CAP,
             });
         }
-        let mut tail = self.tail.lock();
+        // Entries with a continuation take two slots: count them before
+        // anything is written (nothing is published unless all fit).
+        let mut slots = 0usize;
         for (i, wr) in wrs.iter().enumerate() {
-            encode_sqe(&self.ring, tail.wrapping_add(i as u64), i, wr)?;
+            slots += sqe_slots(i, wr)?;
         }
-        let seq = tail.wrapping_add(wrs.len() as u64);
+        if slots > SQ_CAP {
+            return Err(DaemonError::BatchSize {
+                len: wrs.len(),
+                max: SQ_CAP,
+            });
+        }
+        let mut tail = self.tail.lock();
+        let mut at = *tail;
+        for (i, wr) in wrs.iter().enumerate() {
+            at = at.wrapping_add(encode_sqe(&self.ring, at, i, wr)?);
+        }
+        let seq = at;
         word(&self.ring, SQ_TAIL).store(seq, Ordering::SeqCst);
         if word(&self.conn.page, PAGE_SLEEPING).load(Ordering::SeqCst) != 0 {
             wake(&self.conn.wake);

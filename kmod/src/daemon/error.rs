@@ -78,8 +78,11 @@ pub enum DaemonError {
         /// The daemon's words.
         message: String,
     },
-    /// More WRs than a doorbell carries.
-    #[error("batch of {len} WRs: the node daemon takes 1..={max} per doorbell")]
+    /// More WRs than a doorbell carries (or none).
+    #[error(
+        "batch of {len} WRs: the node daemon takes 1..={max} ring slots per doorbell \
+         (one per WR, two for a WR with several SGEs or inline data)"
+    )]
     BatchSize {
         /// WRs given.
         len: usize,

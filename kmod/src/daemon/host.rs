@@ -22,8 +22,8 @@
 
 use super::host_msg::{EpSlot, PortSlot};
 use super::ring::{
-    self, decode_sqe, encode_cqe, word, write_verdict, Verdict, CQ_CAP, CQ_HEAD, CQ_TAIL,
-    PAGE_BYTES, PAGE_SLEEPING, RING_BYTES, SQ_CAP, SQ_HEAD, SQ_TAIL,
+    decode_sqe, encode_cqe, word, write_verdict, Verdict, CQ_CAP, CQ_HEAD, CQ_TAIL, PAGE_BYTES,
+    PAGE_SLEEPING, RING_BYTES, SQ_CAP, SQ_HEAD, SQ_TAIL,
 };
 use super::sock::{self, RecvError};
 use super::wire::{NodeStats, RefuseCode, Reply, Request, MAX_FRAME};
@@ -879,19 +879,22 @@ fn doorbell<N: Nic>(s: &Shared<N>, slot: &VqpSlot<N>, st: &mut Serve, tail: u64)
     }
     st.wrs.clear();
     let spans = slot.core.spans.read();
-    for i in 0..n {
-        let wr = match decode_sqe(&slot.ring, st.head.wrapping_add(i)) {
-            Ok(wr) => wr,
-            Err(ring::DecodeError::Opcode(op)) => {
-                return verdict(PostCode::BadEntry, i as usize, format!("opcode {op}"))
+    let mut at = st.head;
+    while at != tail {
+        let i = st.wrs.len();
+        let wr = match decode_sqe(&slot.ring, at, tail) {
+            Ok((wr, slots)) => {
+                at = at.wrapping_add(slots);
+                wr
             }
+            Err(e) => return verdict(PostCode::BadEntry, i, e.to_string()),
         };
         if let Payload::Local(list) = &wr.payload {
             for sge in list.as_slice() {
                 if !owns(&spans, sge.addr, sge.length, sge.lkey) {
                     return verdict(
                         PostCode::ForeignMemory,
-                        i as usize,
+                        i,
                         format!(
                             "local {} bytes at {:#x} under lkey {:#x} are not this process's memory",
                             sge.length, sge.addr, sge.lkey
@@ -906,7 +909,7 @@ fn doorbell<N: Nic>(s: &Shared<N>, slot: &VqpSlot<N>, st: &mut Serve, tail: u64)
     s.n.doorbells.fetch_add(1, Ordering::Relaxed);
     match slot.vqp.post_send(&mut st.wrs) {
         Ok(()) => {
-            s.n.wrs.fetch_add(n, Ordering::Relaxed);
+            s.n.wrs.fetch_add(st.wrs.len() as u64, Ordering::Relaxed);
             verdict(PostCode::Posted, 0, String::new())
         }
         Err(VqpError::Rejected(r)) => verdict(PostCode::Rejected, r.index, r.reason.to_string()),

@@ -64,9 +64,10 @@
 //!   process's hot VQP serves every process's VQP to that target (one
 //!   pair, no second handshake).
 //!
-//! Through the daemon a WR has one SGE and no inline data; leases and the
-//! DC -> RC upgrade API (the hint) are not carried yet (refused, typed, or
-//! absent from the API).
+//! Through the daemon a WR is a READ, WRITE, CAS or FAA to the VQP's
+//! target with up to four SGEs or (a WRITE) up to 64 bytes of inline data,
+//! as in-process; leases and the DC -> RC upgrade API (the hint) are not
+//! carried yet (refused, typed, or absent from the API).
 
 mod client;
 mod error;
@@ -83,8 +84,8 @@ pub use client::{
 pub use error::DaemonError;
 pub use host::{Daemon, DaemonConfig, DaemonStats, StartError};
 pub use ring::{
-    decode_cqe_bytes, decode_sqe_bytes, encode_cqe_bytes, encode_sqe_bytes, DecodeError,
-    EncodeError, CQE_BYTES, CQ_CAP, RING_BYTES, SQE_BYTES, SQ_CAP,
+    decode_cqe_bytes, decode_sqe_bytes, encode_cqe_bytes, encode_sqe_bytes, sqe_continues,
+    sqe_slots, DecodeError, EncodeError, CQE_BYTES, CQ_CAP, RING_BYTES, SQE_BYTES, SQ_CAP,
 };
 pub use wire::NodeStats;
 

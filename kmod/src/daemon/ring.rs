@@ -14,14 +14,20 @@
 //! 112               message length, then 256 bytes of message at 128
 //! 384  cq_tail      completions the daemon has written
 //! 448  cq_head      completions the process has taken
-//! 512  SQ           SQ_CAP entries of 64 bytes
-//!      CQ           CQ_CAP entries of 32 bytes
+//! 512  SQ           SQ_CAP slots of 64 bytes
+//!      CQ           CQ_CAP entries of 16 bytes
 //! ```
 //!
-//! A submission entry (SQE), 8 words: `wr_id`; `op | flags << 8`; local
-//! address; `length | lkey << 32`; remote address; `rkey`; compare or
-//! add; swap. A completion entry (CQE), 4 words: `wr_id`;
-//! `status | opcode << 8 | byte_len << 32`; two reserved (zero).
+//! A submission entry (SQE) is one slot, 8 words: `wr_id`;
+//! `op | flags << 8 | kind << 16 | count << 24`; local address;
+//! `length | lkey << 32`; remote address; `rkey`; compare or add; swap.
+//! `kind` says where the payload is: 0, the one SGE in the entry; 1,
+//! `count` SGEs (0..=4), the first in the entry and the others in the
+//! next slot (a continuation: `addr`, `length | lkey << 32` per SGE); 2,
+//! inline data (a WRITE's), `length` bytes (at most 64) in the next slot.
+//! A WR with a continuation takes two slots; the tail and head count
+//! slots. A completion entry (CQE), 2 words: `wr_id`;
+//! `status | opcode << 8 | byte_len << 32`.
 //!
 //! An entry's bytes are coded by [`encode_sqe_bytes`]/[`decode_sqe_bytes`]
 //! and [`encode_cqe_bytes`]/[`decode_cqe_bytes`], which touch no map (the
@@ -43,7 +49,8 @@ use krcore_nic::{
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Submission entries per VQP: the most WRs one doorbell carries.
+/// Submission slots per VQP: the most WRs one doorbell carries (half as
+/// many with continuations: several SGEs, inline data).
 pub const SQ_CAP: usize = 64;
 /// Completion entries per VQP.
 pub const CQ_CAP: usize = 256;
@@ -64,7 +71,7 @@ const SQ_AT: usize = 512;
 pub const SQE_BYTES: usize = 64;
 const CQ_AT: usize = SQ_AT + SQ_CAP * SQE_BYTES;
 /// Bytes of a completion entry (CQE).
-pub const CQE_BYTES: usize = 32;
+pub const CQE_BYTES: usize = 16;
 /// Bytes of a VQP's ring file.
 pub const RING_BYTES: usize = (CQ_AT + CQ_CAP * CQE_BYTES).next_multiple_of(4096);
 
@@ -79,21 +86,18 @@ const OP_WRITE: u64 = 2;
 const OP_CAS: u64 = 3;
 const OP_FAA: u64 = 4;
 
+/// Payload kinds (bits 16..24 of an SQE's second word).
+const KIND_ONE: u64 = 0;
+const KIND_SGES: u64 = 1;
+const KIND_INLINE: u64 = 2;
+
 /// Why a WR cannot travel through the ring (the process's side refuses
 /// it before publishing anything).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum EncodeError {
-    /// Through the daemon a WR has exactly one SGE.
-    #[error("WR {index}: {count} SGEs; through the node daemon a WR has exactly one")]
-    Sges {
-        /// Index in the batch.
-        index: usize,
-        /// SGEs given.
-        count: usize,
-    },
-    /// Inline data is not carried by the ring.
-    #[error("WR {index}: inline data is not supported through the node daemon (use an SGE)")]
+    /// Inline data other than a WRITE's.
+    #[error("WR {index}: only a WRITE carries inline data")]
     Inline {
         /// Index in the batch.
         index: usize,
@@ -116,6 +120,20 @@ pub enum DecodeError {
     /// of READ (1), WRITE (2), CAS (3), FAA (4).
     #[error("submission entry with unknown opcode {0}")]
     Opcode(u64),
+    /// The entry's payload is impossible: an unknown kind, more than four
+    /// SGEs, inline data longer than 64 bytes or on another op than WRITE.
+    #[error("submission entry with payload kind {kind}, count {count}, length {len}")]
+    Payload {
+        /// The kind byte.
+        kind: u8,
+        /// The count byte.
+        count: u8,
+        /// The length field.
+        len: u32,
+    },
+    /// The entry needs a continuation slot the doorbell does not have.
+    #[error("submission entry's continuation is past the doorbell's last slot")]
+    Truncated,
 }
 
 /// The word at `off` of a ring (the offsets are this module's constants,
@@ -181,38 +199,58 @@ fn get_entry<const B: usize>(map: &SharedMap, at: usize) -> [u8; B] {
     entry
 }
 
-/// Writes `wr` as the SQE of sequence `seq` (the process's side).
+/// Writes `wr` as the SQE at slot `seq` (the process's side); returns the
+/// slots it took (1, or 2 with a continuation).
 pub(crate) fn encode_sqe(
     map: &SharedMap,
     seq: u64,
     index: usize,
     wr: &SendWr,
-) -> Result<(), EncodeError> {
-    let entry = encode_sqe_bytes(index, wr)?;
-    put_entry(map, sqe_at(seq), &entry);
-    Ok(())
+) -> Result<u64, EncodeError> {
+    let (head, cont) = encode_sqe_bytes(index, wr)?;
+    put_entry(map, sqe_at(seq), &head);
+    match cont {
+        Some(c) => {
+            put_entry(map, sqe_at(seq.wrapping_add(1)), &c);
+            Ok(2)
+        }
+        None => Ok(1),
+    }
 }
 
-/// `wr` as the bytes of one SQE; `index` (its place in the batch) is only
-/// for the error.
+/// The slots `wr` takes in the ring (1, or 2 with a continuation), or
+/// why it cannot travel (as [`encode_sqe_bytes`]).
 ///
 /// # Errors
-/// [`EncodeError`]: a WR that does not have exactly one SGE, carries
-/// inline data, is not a READ, WRITE, CAS or FAA, or is not to the
-/// connected target.
-pub fn encode_sqe_bytes(index: usize, wr: &SendWr) -> Result<[u8; SQE_BYTES], EncodeError> {
-    let sge = match &wr.payload {
-        Payload::Local(list) => match list.as_slice() {
-            [one] => *one,
-            other => {
-                return Err(EncodeError::Sges {
-                    index,
-                    count: other.len(),
-                })
-            }
-        },
-        _ => return Err(EncodeError::Inline { index }),
-    };
+/// As [`encode_sqe_bytes`].
+pub fn sqe_slots(index: usize, wr: &SendWr) -> Result<usize, EncodeError> {
+    Ok(1 + usize::from(encode_sqe_bytes(index, wr)?.1.is_some()))
+}
+
+fn words_to_bytes<const B: usize>(words: &[u64]) -> [u8; B] {
+    let mut entry = [0u8; B];
+    for (c, w) in entry.chunks_exact_mut(8).zip(words) {
+        c.copy_from_slice(&w.to_le_bytes());
+    }
+    entry
+}
+
+fn sge_words(sge: &Sge) -> [u64; 2] {
+    [sge.addr, u64::from(sge.length) | u64::from(sge.lkey) << 32]
+}
+
+/// `wr` as the bytes of its SQE and, for several SGEs or inline data, of
+/// its continuation slot; `index` (its place in the batch) is only for
+/// the error.
+///
+/// # Errors
+/// [`EncodeError`]: a WR that is not a READ, WRITE, CAS or FAA to the
+/// connected target, or inline data on another op than WRITE.
+#[allow(clippy::type_complexity)]
+pub fn encode_sqe_bytes(
+    index: usize,
+    wr: &SendWr,
+) -> Result<([u8; SQE_BYTES], Option<[u8; SQE_BYTES]>), EncodeError> {
     if !matches!(wr.dest, krcore_nic::Destination::Connected) {
         return Err(EncodeError::Op { index });
     }
@@ -227,42 +265,91 @@ pub fn encode_sqe_bytes(index: usize, wr: &SendWr) -> Result<[u8; SQE_BYTES], En
         WrOp::FetchAdd { remote, add } => (OP_FAA, remote, add, 0),
         _ => return Err(EncodeError::Op { index }),
     };
-    let words = [
+    let (kind, count, first, cont) = match &wr.payload {
+        Payload::Local(list) => match list.as_slice() {
+            [one] => (KIND_ONE, 1, sge_words(one), None),
+            sges => {
+                let first = sges.first().map_or([0, 0], sge_words);
+                let rest: Vec<u64> = sges.iter().skip(1).flat_map(sge_words).collect();
+                let cont = (sges.len() > 1).then(|| words_to_bytes::<SQE_BYTES>(&rest));
+                (KIND_SGES, sges.len() as u64, first, cont)
+            }
+        },
+        Payload::Inline(data) => {
+            if op != OP_WRITE {
+                return Err(EncodeError::Inline { index });
+            }
+            let bytes = data.as_slice();
+            let mut cont = [0u8; SQE_BYTES];
+            cont[..bytes.len()].copy_from_slice(bytes);
+            (KIND_INLINE, 0, [0, bytes.len() as u64], Some(cont))
+        }
+    };
+    let head = words_to_bytes::<SQE_BYTES>(&[
         wr.wr_id,
-        op | u64::from(wr.flags.0) << 8,
-        sge.addr,
-        u64::from(sge.length) | u64::from(sge.lkey) << 32,
+        op | u64::from(wr.flags.0) << 8 | kind << 16 | count << 24,
+        first[0],
+        first[1],
         remote.addr,
         u64::from(remote.rkey),
         a,
         b,
-    ];
-    let mut entry = [0u8; SQE_BYTES];
-    for (c, w) in entry.chunks_exact_mut(8).zip(words) {
-        c.copy_from_slice(&w.to_le_bytes());
+    ]);
+    Ok((head, cont))
+}
+
+/// Whether the SQE `head` takes a continuation slot (by its kind and
+/// count alone; total on any bytes).
+pub fn sqe_continues(head: &[u8; SQE_BYTES]) -> bool {
+    let opf = u64::from_le_bytes(head[8..16].try_into().unwrap_or_default());
+    match (opf >> 16) & 0xff {
+        KIND_SGES => (opf >> 24) & 0xff >= 2,
+        KIND_INLINE => true,
+        _ => false,
     }
-    Ok(entry)
 }
 
-/// Reads the SQE of sequence `seq` (the daemon's side): the WR as the
-/// process wrote it; its local key and range are for the caller to check.
-pub(crate) fn decode_sqe(map: &SharedMap, seq: u64) -> Result<SendWr, DecodeError> {
-    decode_sqe_bytes(&get_entry(map, sqe_at(seq)))
-}
-
-/// The WR one SQE's bytes describe. Total on any bytes (the process
-/// wrote them: untrusted). What it returns is always a WR with exactly
-/// one local SGE, no inline data, the connected destination, flags among
-/// `SIGNALED` and `FENCE` (other bits are dropped), and a READ, WRITE,
-/// CAS or FAA; the upper 32 bits of the `rkey` word are ignored. The SGE
-/// is as written: whether it names the process's memory is the caller's
+/// Reads the SQE at slot `seq` (the daemon's side), and its continuation
+/// when it has one and it is before `end`: the WR as the process wrote it
+/// and the slots it took; its local keys and ranges are for the caller to
 /// check.
+pub(crate) fn decode_sqe(
+    map: &SharedMap,
+    seq: u64,
+    end: u64,
+) -> Result<(SendWr, u64), DecodeError> {
+    let head = get_entry::<SQE_BYTES>(map, sqe_at(seq));
+    if !sqe_continues(&head) {
+        return Ok((decode_sqe_bytes(&head, None)?, 1));
+    }
+    let next = seq.wrapping_add(1);
+    if next == end {
+        return Err(DecodeError::Truncated);
+    }
+    let cont = get_entry::<SQE_BYTES>(map, sqe_at(next));
+    Ok((decode_sqe_bytes(&head, Some(&cont))?, 2))
+}
+
+/// The WR one SQE's bytes (and its continuation's, when
+/// [`sqe_continues`]) describe. Total on any bytes (the process wrote
+/// them: untrusted). What it returns is always a WR with at most four
+/// local SGEs or (a WRITE's) at most 64 bytes of inline data, the
+/// connected destination, flags among `SIGNALED` and `FENCE` (other bits
+/// are dropped), and a READ, WRITE, CAS or FAA; the upper 32 bits of the
+/// `rkey` word, and the continuation's words past its SGEs, are ignored.
+/// The SGEs are as written: whether they name the process's memory is the
+/// caller's check.
 ///
 /// # Errors
-/// [`DecodeError::Opcode`]: the opcode byte is none of the four.
-pub fn decode_sqe_bytes(entry: &[u8; SQE_BYTES]) -> Result<SendWr, DecodeError> {
-    let [wr_id, opf, addr, len_key, raddr, rkey, a, b] = le_words(entry);
-    let local = Sge {
+/// [`DecodeError::Opcode`]: the opcode byte is none of the four;
+/// [`DecodeError::Payload`]: an impossible payload;
+/// [`DecodeError::Truncated`]: a continuation needed and not given.
+pub fn decode_sqe_bytes(
+    head: &[u8; SQE_BYTES],
+    cont: Option<&[u8; SQE_BYTES]>,
+) -> Result<SendWr, DecodeError> {
+    let [wr_id, opf, addr, len_key, raddr, rkey, a, b] = le_words(head);
+    let first = Sge {
         addr,
         length: len_key as u32,
         lkey: (len_key >> 32) as u32,
@@ -282,12 +369,46 @@ pub fn decode_sqe_bytes(entry: &[u8; SQE_BYTES]) -> Result<SendWr, DecodeError> 
         OP_FAA => WrOp::FetchAdd { remote, add: a },
         other => return Err(DecodeError::Opcode(other)),
     };
+    let kind = (opf >> 16) & 0xff;
+    let count = (opf >> 24) & 0xff;
+    let bad = || DecodeError::Payload {
+        kind: kind as u8,
+        count: count as u8,
+        len: first.length,
+    };
+    let payload = match kind {
+        KIND_ONE => Payload::Local(SgList::one(first)),
+        KIND_SGES if count == 0 => Payload::Local(SgList::empty()),
+        KIND_SGES if count == 1 => Payload::Local(SgList::one(first)),
+        KIND_SGES if count as usize <= krcore_nic::MAX_SGE => {
+            let rest = le_words::<8>(cont.ok_or(DecodeError::Truncated)?);
+            let mut sges = [first; krcore_nic::MAX_SGE];
+            for (i, pair) in rest.chunks_exact(2).take(count as usize - 1).enumerate() {
+                sges[i + 1] = Sge {
+                    addr: pair[0],
+                    length: pair[1] as u32,
+                    lkey: (pair[1] >> 32) as u32,
+                };
+            }
+            Payload::Local(SgList::from_slice(&sges[..count as usize]).ok_or_else(bad)?)
+        }
+        KIND_INLINE if matches!(op, WrOp::Write { .. }) => {
+            let bytes = cont.ok_or(DecodeError::Truncated)?;
+            let len = first.length as usize;
+            let data = bytes
+                .get(..len)
+                .and_then(krcore_nic::InlineData::new)
+                .ok_or_else(bad)?;
+            Payload::Inline(data)
+        }
+        _ => return Err(bad()),
+    };
     // Only the flags the SDK defines (signaled, fence) pass.
     let flags = SendFlags(((opf >> 8) as u8) & (SendFlags::SIGNALED.0 | SendFlags::FENCE.0));
     Ok(SendWr {
         wr_id,
         op,
-        payload: Payload::Local(SgList::one(local)),
+        payload,
         flags,
         dest: krcore_nic::Destination::Connected,
     })
@@ -301,15 +422,10 @@ pub(crate) fn encode_cqe(map: &SharedMap, seq: u64, wc: &Wc) {
 /// `wc` as the bytes of one CQE: its `wr_id`, status, opcode and length
 /// (the ring carries no immediate data, QP number or source QP).
 pub fn encode_cqe_bytes(wc: &Wc) -> [u8; CQE_BYTES] {
-    let words = [
+    words_to_bytes::<CQE_BYTES>(&[
         wc.wr_id,
         wc.status as u64 | (wc.opcode as u64) << 8 | u64::from(wc.byte_len) << 32,
-    ];
-    let mut entry = [0u8; CQE_BYTES];
-    for (c, w) in entry.chunks_exact_mut(8).zip(words) {
-        c.copy_from_slice(&w.to_le_bytes());
-    }
-    entry
+    ])
 }
 
 /// Reads the CQE of sequence `seq` (the process's side), for the VQP `qp_num`.
@@ -320,10 +436,9 @@ pub(crate) fn decode_cqe(map: &SharedMap, seq: u64, qp_num: u32) -> Wc {
 /// The completion one CQE's bytes describe, for the VQP `qp_num`. Total
 /// on any bytes: an unknown status reads as `GeneralErr`, an unknown
 /// opcode as `Send` (as `WcStatus::from_u8` and `WcOpcode::from_u8`);
-/// the bits between the opcode and the length, and the reserved words,
-/// are ignored.
+/// the bits between the opcode and the length are ignored.
 pub fn decode_cqe_bytes(entry: &[u8; CQE_BYTES], qp_num: u32) -> Wc {
-    let [wr_id, w, _, _] = le_words(entry);
+    let [wr_id, w] = le_words(entry);
     Wc {
         wr_id,
         status: WcStatus::from_u8(w as u8),
@@ -393,12 +508,55 @@ mod tests {
             SendWr::cas(3, local, remote, 5, 6),
             SendWr::faa(4, local, remote, 11),
         ];
-        for (i, wr) in wrs.iter().enumerate() {
-            // Past the end of the SQ: the ring wraps.
-            let seq = (SQ_CAP as u64 - 2) + i as u64;
-            encode_sqe(&map, seq, i, wr).unwrap();
-            assert_eq!(&decode_sqe(&map, seq).unwrap(), wr);
+        let more = SgList::from_slice(&[local, local, local, local]).unwrap();
+        let two = SgList::from_slice(&[
+            local,
+            Sge {
+                addr: 0x2000,
+                ..local
+            },
+        ])
+        .unwrap();
+        let inline = krcore_nic::InlineData::new(b"sixty-four bytes at most").unwrap();
+        let extended = [
+            SendWr {
+                payload: Payload::Local(more),
+                ..SendWr::read(5, local, remote)
+            },
+            SendWr {
+                payload: Payload::Local(two),
+                ..SendWr::write(6, local, remote)
+            },
+            SendWr {
+                payload: Payload::Inline(inline),
+                ..SendWr::write(7, local, remote)
+            },
+            SendWr {
+                payload: Payload::Local(SgList::empty()),
+                ..SendWr::write(8, local, remote)
+            },
+        ];
+        // Past the end of the SQ: the ring wraps, continuations too.
+        let mut seq = SQ_CAP as u64 - 2;
+        for (i, wr) in wrs.iter().chain(&extended).enumerate() {
+            let slots = encode_sqe(&map, seq, i, wr).unwrap();
+            assert_eq!(slots as usize, sqe_slots(i, wr).unwrap());
+            let (got, took) = decode_sqe(&map, seq, seq + slots).unwrap();
+            assert_eq!((&got, took), (wr, slots));
+            if slots == 2 {
+                // Its continuation cut off by the doorbell's end.
+                assert_eq!(decode_sqe(&map, seq, seq + 1), Err(DecodeError::Truncated));
+            }
+            seq += slots;
         }
+        let cas_inline = SendWr {
+            payload: Payload::Inline(inline),
+            ..SendWr::cas(9, local, remote, 1, 2)
+        };
+        assert_eq!(
+            encode_sqe_bytes(3, &cas_inline),
+            Err(EncodeError::Inline { index: 3 })
+        );
         let wc = Wc {
             wr_id: 77,
             status: WcStatus::RemAccessErr,
@@ -426,19 +584,25 @@ mod tests {
     fn garbage_entries_decode_to_errors_or_plain_wrs() {
         let (map, _file) = SharedMap::create("ring-test", RING_BYTES).unwrap();
         put(&map, sqe_at(0) + 8, 0xff);
-        assert_eq!(decode_sqe(&map, 0), Err(DecodeError::Opcode(0xff)));
+        assert_eq!(decode_sqe(&map, 0, 1), Err(DecodeError::Opcode(0xff)));
         // Unknown flag bits are dropped.
         put(&map, sqe_at(1) + 8, OP_READ | 0xfc << 8);
-        assert_eq!(decode_sqe(&map, 1).unwrap().flags, SendFlags::NONE);
-        let wr = SendWr::read(1, Sge::default(), RemoteAddr::default());
-        let inline = SendWr {
-            payload: Payload::Inline(krcore_nic::InlineData::new(&[1, 2]).unwrap()),
-            ..wr
-        };
-        assert_eq!(
-            encode_sqe(&map, 2, 5, &inline),
-            Err(EncodeError::Inline { index: 5 })
-        );
+        assert_eq!(decode_sqe(&map, 1, 2).unwrap().0.flags, SendFlags::NONE);
+        // Impossible payloads: an unknown kind, five SGEs, inline data on a
+        // READ, longer than 64 bytes.
+        for (opf, len) in [
+            (OP_READ | 3 << 16, 0),
+            (OP_READ | KIND_SGES << 16 | 5 << 24, 0),
+            (OP_READ | KIND_INLINE << 16, 4),
+            (OP_WRITE | KIND_INLINE << 16, 65),
+        ] {
+            put(&map, sqe_at(2) + 8, opf);
+            put(&map, sqe_at(2) + 24, len);
+            assert!(
+                matches!(decode_sqe(&map, 2, 4), Err(DecodeError::Payload { .. })),
+                "{opf:#x}"
+            );
+        }
     }
 
     /// xorshift64: deterministic bytes, no dependency.
@@ -459,11 +623,22 @@ mod tests {
             for c in entry.chunks_exact_mut(8) {
                 c.copy_from_slice(&next(&mut x).to_le_bytes());
             }
-            // Half the entries get a valid opcode byte, or almost none would.
+            let mut cont = [0u8; SQE_BYTES];
+            for c in cont.chunks_exact_mut(8) {
+                c.copy_from_slice(&next(&mut x).to_le_bytes());
+            }
+            // Half the entries get a valid opcode byte and payload kind, or
+            // almost none would; some of those a small inline length.
             if i % 2 == 0 {
                 entry[8] = (next(&mut x) % 4 + 1) as u8;
+                entry[10] = (next(&mut x) % 3) as u8;
+                entry[11] = (next(&mut x) % 5) as u8;
+                if i % 4 == 0 {
+                    entry[8] = OP_WRITE as u8;
+                    entry[24] %= 65;
+                }
             }
-            let wr = match decode_sqe_bytes(&entry) {
+            let wr = match decode_sqe_bytes(&entry, Some(&cont)) {
                 Ok(wr) => wr,
                 Err(DecodeError::Opcode(op)) => {
                     assert!(!(1..=4).contains(&op) && op <= 0xff, "opcode {op}");
@@ -471,21 +646,34 @@ mod tests {
                     refused += 1;
                     continue;
                 }
+                Err(DecodeError::Payload { kind, count, .. }) => {
+                    assert_eq!((kind, count), (entry[10], entry[11]));
+                    refused += 1;
+                    continue;
+                }
+                Err(DecodeError::Truncated) => panic!("the continuation was given"),
             };
             ok += 1;
-            assert!(matches!(&wr.payload, Payload::Local(l) if l.as_slice().len() == 1));
+            match &wr.payload {
+                Payload::Local(l) => assert!(l.as_slice().len() <= krcore_nic::MAX_SGE),
+                Payload::Inline(d) => {
+                    assert!(matches!(wr.op, WrOp::Write { .. }));
+                    assert!(d.as_slice().len() <= 64);
+                }
+            }
             assert!(matches!(wr.dest, krcore_nic::Destination::Connected));
             assert_eq!(
                 wr.flags.0 & !(SendFlags::SIGNALED.0 | SendFlags::FENCE.0),
                 0
             );
             // What decodes, the process's side encodes (through the ring,
-            // at a wrapping sequence) to an entry that decodes the same.
-            encode_sqe(&map, i, 0, &wr).unwrap();
-            assert_eq!(decode_sqe(&map, i), Ok(wr));
-            let again = encode_sqe_bytes(0, &wr).unwrap();
-            assert_eq!(decode_sqe_bytes(&again), Ok(wr));
-            assert_eq!(get_entry::<SQE_BYTES>(&map, sqe_at(i)), again);
+            // at a wrapping sequence) to entries that decode the same.
+            let slots = encode_sqe(&map, i, 0, &wr).unwrap();
+            assert_eq!(decode_sqe(&map, i, i + slots), Ok((wr, slots)));
+            let (head, cont) = encode_sqe_bytes(0, &wr).unwrap();
+            assert_eq!(sqe_continues(&head), cont.is_some());
+            assert_eq!(decode_sqe_bytes(&head, cont.as_ref()), Ok(wr));
+            assert_eq!(get_entry::<SQE_BYTES>(&map, sqe_at(i)), head);
         }
         assert!(
             ok > 1000 && refused > 1000,

@@ -72,8 +72,9 @@ pub struct VqpTransport<N: Nic> {
     scratch_sge: Sge,
     /// The allocation endpoint, made at the first allocation.
     alloc_ep: Option<Endpoint<N>>,
-    /// WRITEs of at most this many bytes go inline: `MAX_INLINE`, or 0 on
-    /// a node attached to the node daemon (its ring carries SGEs only).
+    /// WRITEs of at most this many bytes go inline: `MAX_INLINE` (on a
+    /// node attached to the node daemon too: its ring carries them in a
+    /// continuation slot).
     max_inline: usize,
     next_req: u64,
     /// Tags the wr_ids of a batch (`batch << 24 | index`), so completions of
@@ -162,7 +163,7 @@ impl<N: Nic> VqpTransport<N> {
             remotes,
             scratch,
             alloc_ep: None,
-            max_inline: if node.is_attached() { 0 } else { MAX_INLINE },
+            max_inline: MAX_INLINE,
             next_req: 1,
             batch: 0,
             wcs: vec![Wc::default(); 16],
