@@ -147,9 +147,10 @@
 //! shared memory the daemon registered. [`Vqp`] (verbs and requests) and
 //! [`MemoryRegion`] work as in-process, and so does messaging (pushes,
 //! replies, [`Node::bind`]: the port is bound in the daemon's engine, a
-//! port of the node); what the daemon does not carry (leases, the upgrade
-//! hint, fork, the engine itself) is [`Error::Unsupported`], and failures
-//! through the daemon are [`Error::Daemon`]. [`Node::daemon_stats`] reads the node's counters.
+//! port of the node) and leases ([`MemoryRegion::lease`]: made and
+//! enforced by the daemon's NIC); what the daemon does not carry (the
+//! upgrade hint, fork, the engine itself) is [`Error::Unsupported`], and
+//! failures through the daemon are [`Error::Daemon`]. [`Node::daemon_stats`] reads the node's counters.
 //!
 //! # Worker processes (fork)
 //!

@@ -61,9 +61,6 @@ impl<N: Nic> std::fmt::Debug for Mr<N> {
     }
 }
 
-/// What an attached node's regions refuse.
-const NO_LEASES: &str = "MR leases through the node daemon";
-
 impl<N: Nic> Clone for MemoryRegion<N> {
     fn clone(&self) -> Self {
         MemoryRegion {
@@ -205,8 +202,10 @@ impl<N: Nic> MemoryRegion<N> {
     /// # Errors
     /// [`Error::OutOfRange`]; [`Error::Lease`] when the region was
     /// registered without `access` (or without `LOCAL_WRITE`, for remote
-    /// writes and atomics) or the NIC refused the lease's key;
-    /// [`Error::Unsupported`] on an attached node.
+    /// writes and atomics) or the NIC refused the lease's key; on an
+    /// attached node (the lease made by the daemon's engine, enforced by
+    /// its NIC alike) [`Error::Daemon`] for the daemon's quota of live
+    /// leases or its NIC's refusal.
     pub fn lease(
         &self,
         offset: u64,
@@ -230,19 +229,43 @@ impl<N: Nic> MemoryRegion<N> {
         ttl: Duration,
     ) -> Result<(LeaseId, RemoteRegion)> {
         check(offset, len, self.len() as u64, "local")?;
-        let Mr::Local(mr) = &self.mr else {
-            return Err(Error::Unsupported(NO_LEASES));
-        };
-        let leased = mr.lease(offset, len, access, Instant::now() + ttl)?;
         let expires =
             unix_ms_now().saturating_add(ttl.as_millis().min(u128::from(u64::MAX - 1)) as u64);
+        let (id, rkey, addr) = match &self.mr {
+            Mr::Local(mr) => {
+                let l = mr.lease(offset, len, access, Instant::now() + ttl)?;
+                (l.id, l.rkey, l.grant.addr)
+            }
+            Mr::Attached(mr) => {
+                // The checks an in-process lease makes first, typed alike.
+                let has = mr.access();
+                let writes =
+                    access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC);
+                if len == 0 {
+                    return Err(LeaseError::OutOfRange {
+                        offset,
+                        len,
+                        mr_len: self.len() as u64,
+                    }
+                    .into());
+                }
+                if !has.contains(access) {
+                    return Err(LeaseError::AccessMissing(access).into());
+                }
+                if writes && !has.contains(Access::LOCAL_WRITE) {
+                    return Err(LeaseError::AccessMissing(Access::LOCAL_WRITE).into());
+                }
+                let l = mr.lease(offset, len, access, ttl)?;
+                (LeaseId(l.id), l.rkey, l.addr)
+            }
+        };
         Ok((
-            leased.id,
+            id,
             RemoteRegion {
                 gid: self.gid,
-                addr: leased.grant.addr,
+                addr,
                 len,
-                rkey: leased.rkey,
+                rkey,
                 access,
                 expires_unix_ms: expires.min(NEVER - 1),
             },
@@ -254,7 +277,8 @@ impl<N: Nic> MemoryRegion<N> {
     pub fn revoke(&self, id: LeaseId) -> bool {
         match &self.mr {
             Mr::Local(m) => m.revoke(id),
-            Mr::Attached(_) => false,
+            // A daemon that cannot be asked is gone, and its keys with it.
+            Mr::Attached(m) => m.revoke(id.0).unwrap_or(false),
         }
     }
 
@@ -263,15 +287,16 @@ impl<N: Nic> MemoryRegion<N> {
     pub fn revoke_leases(&self) -> usize {
         match &self.mr {
             Mr::Local(m) => m.revoke_all(),
-            Mr::Attached(_) => 0,
+            Mr::Attached(m) => m.revoke_all().unwrap_or(0),
         }
     }
 
-    /// Leases live now.
+    /// Leases live now (0 on an attached node whose daemon cannot be
+    /// asked: its keys went with it).
     pub fn live_leases(&self) -> usize {
         match &self.mr {
             Mr::Local(m) => m.live_leases(Instant::now()),
-            Mr::Attached(_) => 0,
+            Mr::Attached(m) => m.live_leases().unwrap_or(0),
         }
     }
 
@@ -294,21 +319,31 @@ impl<N: Nic> MemoryRegion<N> {
                     },
                     reason,
                 }),
-            // The daemon deregisters it when the last handle goes.
-            Mr::Attached(m) => match Arc::try_unwrap(m) {
-                Ok(m) => {
-                    drop(m);
-                    Ok(())
-                }
-                Err(m) => Err(DeregisterError {
-                    reason: LeaseError::Shared {
-                        handles: Arc::strong_count(&m) - 1,
-                    },
+            // Refused while leases are live, as in-process; the daemon
+            // deregisters it when the last handle goes.
+            Mr::Attached(m) => match m.live_until() {
+                Ok(Some((live, until))) => Err(DeregisterError {
+                    reason: LeaseError::Live { live, until },
                     region: MemoryRegion {
                         mr: Mr::Attached(m),
                         gid,
                     },
                 }),
+                _ => match Arc::try_unwrap(m) {
+                    Ok(m) => {
+                        drop(m);
+                        Ok(())
+                    }
+                    Err(m) => Err(DeregisterError {
+                        reason: LeaseError::Shared {
+                            handles: Arc::strong_count(&m) - 1,
+                        },
+                        region: MemoryRegion {
+                            mr: Mr::Attached(m),
+                            gid,
+                        },
+                    }),
+                },
             },
         }
     }

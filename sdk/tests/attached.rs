@@ -27,6 +27,16 @@ struct Setup {
 /// A memory node hosting the meta table on a directory fabric, and a
 /// daemon node on it (registered, its pool made at start, as `krcored`).
 fn setup(tag: &str) -> Setup {
+    Setup::with(tag, DaemonConfig::default())
+}
+
+impl Setup {
+    fn with(tag: &str, daemon_cfg: DaemonConfig) -> Setup {
+        setup_with(tag, daemon_cfg)
+    }
+}
+
+fn setup_with(tag: &str, daemon_cfg: DaemonConfig) -> Setup {
     let dir = Dir::new("attached", tag);
     let server = Node::builder()
         .fabric(&dir.spec())
@@ -39,12 +49,7 @@ fn setup(tag: &str) -> Setup {
     let daemon_node = Node::builder().join(&server).config(cfg).build().unwrap();
     let sock_dir = tempfile::tempdir().unwrap();
     let socket = sock_dir.path().join("krcored.sock");
-    let daemon = Daemon::start(
-        daemon_node.engine().unwrap().clone(),
-        &socket,
-        DaemonConfig::default(),
-    )
-    .unwrap();
+    let daemon = Daemon::start(daemon_node.engine().unwrap().clone(), &socket, daemon_cfg).unwrap();
     Setup {
         daemon,
         server,
@@ -215,10 +220,6 @@ fn what_the_daemon_does_not_carry_is_refused_typed() {
     assert!(unsupported(client.fork(|_| 0).map(drop)));
     let buf = client.alloc(4096, Access::ALL).unwrap();
     assert!(buf.raw().is_none());
-    assert!(unsupported(
-        buf.lease(0, 64, Access::REMOTE_READ, Duration::from_secs(5))
-            .map(drop)
-    ));
     let vqp = client.connect(region.token().gid).unwrap();
     assert!(vqp.raw().is_none());
     assert!(unsupported(vqp.set_ungranted(Ungranted::Allow)));
@@ -459,6 +460,112 @@ fn a_port_of_a_process_that_went_is_released() {
             Err(Error::Msg(MsgError::PortInUse { .. })) => {
                 assert!(start.elapsed() < Duration::from_secs(10), "never released");
                 std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+/// Leases on an attached node's memory: made by the daemon's engine (a key
+/// of its NIC's own over the range), honoured by the NIC for a peer until
+/// revoked (then `REM_ACCESS_ERR`), refused typed as in-process (access,
+/// range), keeping the region from `deregister` while live, limited per
+/// process, and revoked when the process goes.
+#[test]
+fn an_attached_region_is_leased_and_revoked_at_the_nic() {
+    use krcore::LeaseError;
+    let s = Setup::with(
+        "lease",
+        DaemonConfig {
+            max_leases: 3,
+            ..Default::default()
+        },
+    );
+    let owner = Node::attach(&s.socket).unwrap();
+    let region = owner.alloc(4096, Access::ALL).unwrap();
+    region.store_u64(64, 77).unwrap();
+    let peer = &s.server;
+    let vqp = peer.connect(owner.gid()).unwrap();
+    let buf = peer.alloc(64, Access::LOCAL_WRITE).unwrap();
+
+    let (id, lease) = region
+        .lease_with_id(64, 8, Access::REMOTE_READ, Duration::from_secs(60))
+        .unwrap();
+    assert_eq!((lease.gid, lease.len), (owner.gid(), 8));
+    assert_ne!(lease.rkey, region.token().rkey);
+    assert_eq!(region.live_leases(), 1);
+    vqp.read(&buf, 0, &lease, 0, 8).unwrap().wait().unwrap();
+    assert_eq!(buf.load_u64(0).unwrap(), 77);
+    // Outside its access: the holder's own pre-check refuses a WRITE.
+    assert!(vqp.write(&buf, 0, &lease, 0, 8).is_err());
+
+    // Typed refusals before the daemon, as in-process.
+    let ro = owner.alloc(64, Access::REMOTE_READ).unwrap();
+    assert!(matches!(
+        ro.lease(0, 8, Access::REMOTE_WRITE, Duration::from_secs(1)),
+        Err(Error::Lease(LeaseError::AccessMissing(_)))
+    ));
+    assert!(matches!(
+        region.lease(4090, 8, Access::REMOTE_READ, Duration::from_secs(1)),
+        Err(Error::OutOfRange { .. })
+    ));
+
+    // Live leases keep the region registered.
+    let region = match region.deregister() {
+        Err(e) => {
+            assert!(
+                matches!(e.reason, LeaseError::Live { live: 1, .. }),
+                "{:?}",
+                e.reason
+            );
+            e.region
+        }
+        Ok(()) => panic!("deregistered with a live lease"),
+    };
+    // Revoked: the key is dead at the NIC when revoke returns.
+    assert!(region.revoke(id));
+    assert!(!region.revoke(id));
+    assert_eq!(region.live_leases(), 0);
+    match vqp.read(&buf, 0, &lease, 0, 8).unwrap().wait() {
+        Err(Error::Failed { status, .. }) => assert_eq!(status, WcStatus::RemAccessErr),
+        other => panic!("{other:?}"),
+    }
+
+    // The quota: 3 live leases per process.
+    let leases: Vec<_> = (0..3)
+        .map(|i| {
+            region
+                .lease(i * 8, 8, Access::REMOTE_READ, Duration::from_secs(60))
+                .unwrap()
+        })
+        .collect();
+    match region.lease(0, 8, Access::REMOTE_READ, Duration::from_secs(60)) {
+        Err(Error::Daemon(DaemonError::Refused { code, .. })) => {
+            assert_eq!(code, krcore_kmod::daemon::wire::RefuseCode::Quota)
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(region.revoke_leases(), 3);
+
+    // A process that goes has its leases revoked.
+    let live = region
+        .lease(64, 8, Access::REMOTE_READ, Duration::from_secs(60))
+        .unwrap();
+    vqp.read(&buf, 0, &live, 0, 8).unwrap().wait().unwrap();
+    drop(leases);
+    drop(ro);
+    drop(region);
+    drop(owner);
+    let start = std::time::Instant::now();
+    loop {
+        match vqp.read(&buf, 0, &live, 0, 8).unwrap().wait() {
+            Ok(_) => {
+                assert!(start.elapsed() < Duration::from_secs(10), "never revoked");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(Error::Failed { status, .. }) => {
+                assert_eq!(status, WcStatus::RemAccessErr);
+                break;
             }
             Err(e) => panic!("{e}"),
         }

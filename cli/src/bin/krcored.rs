@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! krcored --fabric F [--meta HOST:PORT] [--socket PATH] [--pool N]
-//!         [--max-vqps N] [--max-mb M] [--idle-us U] [--config FILE] [--ready-file PATH]
+//!         [--max-vqps N] [--max-mb M] [--max-ports N] [--max-leases N] [--idle-us U]
+//!         [--config FILE] [--ready-file PATH]
 //! ```
 //!
 //! Opens the NIC port `--fabric`, creates the whole DCI pool (`--pool`,
@@ -12,8 +13,8 @@
 //! processes that attach over the unix socket `--socket` (default
 //! `/tmp/krcored.sock`): their VQPs are the daemon's, their connects hit
 //! its node-wide DCCache, their memory is registered by it and shared with
-//! them (see `krcore_kmod::daemon`). `--max-vqps` and `--max-mb` bound what
-//! one process may hold; `--idle-us` is how long the data thread spins
+//! them (see `krcore_kmod::daemon`). `--max-vqps`, `--max-mb`,
+//! `--max-ports` and `--max-leases` bound what one process may hold; `--idle-us` is how long the data thread spins
 //! without work before it sleeps (a post then costs one eventfd write).
 //!
 //! Prints `ready: ...` (and writes it to `--ready-file`) once serving; on
@@ -56,6 +57,12 @@ struct Args {
     /// MiB of registered memory one process may hold [default: 4096].
     #[arg(long)]
     max_mb: Option<u64>,
+    /// Ports one process may hold bound [default: 16].
+    #[arg(long)]
+    max_ports: Option<u32>,
+    /// Live leases one process may hold (each a key of the NIC) [default: 1024].
+    #[arg(long)]
+    max_leases: Option<u32>,
     /// Microseconds the data thread spins without work before it sleeps
     /// [default: 200].
     #[arg(long)]
@@ -78,6 +85,8 @@ struct FileConfig {
     pool: Option<usize>,
     max_vqps: Option<u32>,
     max_mb: Option<u64>,
+    max_ports: Option<u32>,
+    max_leases: Option<u32>,
     idle_us: Option<u64>,
     /// The engine's settings (`[engine]`: see `krcore::EngineConfig`).
     engine: krcore::EngineConfig,
@@ -132,6 +141,12 @@ fn main() -> ExitCode {
             return usage(PROGRAM, format!("--max-mb {mb}: out of range"));
         };
         cfg.max_mr_bytes = b;
+    }
+    if let Some(v) = args.max_ports.or(file.max_ports) {
+        cfg.max_ports = v;
+    }
+    if let Some(v) = args.max_leases.or(file.max_leases) {
+        cfg.max_leases = v;
     }
     if let Some(us) = args.idle_us.or(file.idle_us) {
         cfg.idle_spin = Duration::from_micros(us);

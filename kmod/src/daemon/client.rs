@@ -283,6 +283,7 @@ impl Attached {
             access,
             map,
             conn: self.conn.clone(),
+            expiries: Mutex::new(Vec::new()),
         })
     }
 
@@ -325,6 +326,9 @@ pub struct AttachedMr {
     access: Access,
     map: SharedMap,
     conn: Arc<Conn>,
+    /// The expiries of the leases this handle made and did not revoke
+    /// (pruned as they pass): what `live_until` reports.
+    expiries: Mutex<Vec<(u64, Instant)>>,
 }
 
 impl std::fmt::Debug for AttachedMr {
@@ -452,6 +456,114 @@ impl AttachedMr {
             .map_err(DaemonError::Map)?
             .store(v, Ordering::Release);
         Ok(())
+    }
+}
+
+/// A lease the daemon made on an attached region ([`AttachedMr::lease`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttachedLease {
+    /// For [`AttachedMr::revoke`].
+    pub id: u64,
+    /// The lease's own remote key.
+    pub rkey: u32,
+    /// The leased range's first byte as the NIC knows it.
+    pub addr: u64,
+}
+
+impl AttachedMr {
+    /// A lease on `len` bytes at `offset` with `access`, for `ttl`: a
+    /// remote key of its own that the daemon's NIC honours for that range
+    /// and access until it is revoked or expires (its engine deregisters
+    /// the key then). The range and access are the caller's to check
+    /// first (the SDK does).
+    ///
+    /// # Errors
+    /// [`DaemonError::Refused`]: a quota
+    /// ([`DaemonConfig::max_leases`](super::DaemonConfig)), the engine's or
+    /// the NIC's refusal; the daemon gone.
+    pub fn lease(
+        &self,
+        offset: u64,
+        len: u64,
+        access: Access,
+        ttl: Duration,
+    ) -> Result<AttachedLease, DaemonError> {
+        let req = Request::Lease {
+            mr: self.handle,
+            offset,
+            len,
+            access: access.0,
+            ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+        };
+        match self.conn.call(&req)? {
+            (Reply::Leased { id, rkey, addr }, _) => {
+                let now = Instant::now();
+                let mut ex = self.expiries.lock();
+                ex.retain(|&(_, at)| at > now);
+                ex.push((id, now.checked_add(ttl).unwrap_or(now)));
+                Ok(AttachedLease { id, rkey, addr })
+            }
+            _ => Err(unexpected("a Lease")),
+        }
+    }
+
+    /// Leases live now (as the daemon counts them) and, when any, the
+    /// latest expiry among those this process made and did not revoke.
+    ///
+    /// # Errors
+    /// The daemon gone or refusing.
+    pub fn live_until(&self) -> Result<Option<(usize, Instant)>, DaemonError> {
+        let live = self.live_leases()?;
+        let now = Instant::now();
+        let last = self
+            .expiries
+            .lock()
+            .iter()
+            .map(|&(_, at)| at)
+            .filter(|&at| at > now)
+            .max()
+            .unwrap_or(now);
+        Ok((live > 0).then_some((live, last)))
+    }
+
+    /// Revokes one lease; whether it was live. Its key is dead at the NIC
+    /// when this returns.
+    ///
+    /// # Errors
+    /// The daemon gone or refusing.
+    pub fn revoke(&self, id: u64) -> Result<bool, DaemonError> {
+        match self.conn.call(&Request::Revoke {
+            mr: self.handle,
+            id,
+        })? {
+            (Reply::Flag(b), _) => Ok(b),
+            _ => Err(unexpected("a Revoke")),
+        }
+    }
+
+    /// Revokes every lease of the region; how many were live.
+    ///
+    /// # Errors
+    /// The daemon gone or refusing.
+    pub fn revoke_all(&self) -> Result<usize, DaemonError> {
+        match self.conn.call(&Request::RevokeLeases { mr: self.handle })? {
+            (Reply::Count(n), _) => {
+                self.expiries.lock().clear();
+                Ok(usize::try_from(n).unwrap_or(usize::MAX))
+            }
+            _ => Err(unexpected("a RevokeLeases")),
+        }
+    }
+
+    /// Leases of the region live now.
+    ///
+    /// # Errors
+    /// The daemon gone or refusing.
+    pub fn live_leases(&self) -> Result<usize, DaemonError> {
+        match self.conn.call(&Request::LiveLeases { mr: self.handle })? {
+            (Reply::Count(n), _) => Ok(usize::try_from(n).unwrap_or(usize::MAX)),
+            _ => Err(unexpected("a LiveLeases")),
+        }
     }
 }
 

@@ -56,6 +56,8 @@ pub struct DaemonConfig {
     pub max_endpoints: u32,
     /// Ports one process may hold bound.
     pub max_ports: u32,
+    /// Live leases one process may hold (each is a key of the device).
+    pub max_leases: u32,
     /// How long the data thread spins without work before it sleeps.
     pub idle_spin: Duration,
 }
@@ -69,6 +71,7 @@ impl Default for DaemonConfig {
             max_clients: 1024,
             max_endpoints: 64,
             max_ports: 16,
+            max_leases: 1024,
             idle_spin: Duration::from_micros(200),
         }
     }
@@ -155,9 +158,10 @@ struct VqpSlot<N: Nic> {
     serve: Mutex<Serve>,
 }
 
-struct MrEntry<N: Nic> {
-    // Dropped with the entry: deregisters the region.
-    _mr: OwnedMr<N>,
+pub(super) struct MrEntry<N: Nic> {
+    /// Dropped with the entry: deregisters the region (once its leases
+    /// ended).
+    pub(super) mr: OwnedMr<N>,
     lkey: u32,
     len: u64,
 }
@@ -167,7 +171,10 @@ pub(super) struct Client<N: Nic> {
     pid: u32,
     stream: UnixStream,
     vqps: RwLock<Vec<Arc<VqpSlot<N>>>>,
-    mrs: Mutex<Vec<(u32, MrEntry<N>)>>,
+    pub(super) mrs: Mutex<Vec<(u32, MrEntry<N>)>>,
+    /// Regions the process freed while they were leased: registered until
+    /// their leases end (see `prune_retired`).
+    pub(super) retired: Mutex<Vec<MrEntry<N>>>,
     mr_bytes: AtomicU64,
     pub(super) next_handle: AtomicU32,
     /// Its messaging endpoints (see `host_msg`).
@@ -460,6 +467,7 @@ fn serve_client<N: Nic>(s: &Arc<Shared<N>>, stream: UnixStream) {
         stream: sock2,
         vqps: RwLock::new(Vec::new()),
         mrs: Mutex::new(Vec::new()),
+        retired: Mutex::new(Vec::new()),
         mr_bytes: AtomicU64::new(0),
         next_handle: AtomicU32::new(1),
         endpoints: Mutex::new(Vec::new()),
@@ -503,6 +511,13 @@ fn serve_client<N: Nic>(s: &Arc<Shared<N>>, stream: UnixStream) {
     s.version.fetch_add(1, Ordering::Release);
     client.ports.lock().clear();
     client.endpoints.lock().clear();
+    // Its leases end with it: nobody is left to revoke them.
+    for (_, m) in client.mrs.lock().iter() {
+        m.mr.revoke_all();
+    }
+    for m in client.retired.lock().drain(..) {
+        m.mr.revoke_all();
+    }
     client.vqps.write().clear();
     client.core.spans.write().clear();
     client.mrs.lock().clear();
@@ -538,8 +553,13 @@ fn handle<N: Nic>(
         | Request::ReplyPort { .. }
         | Request::ReturnCredits { .. }
         | Request::Queued { .. }) => (super::host_msg::handle(s, c, &msg), None),
+        lease @ (Request::Lease { .. }
+        | Request::Revoke { .. }
+        | Request::RevokeLeases { .. }
+        | Request::LiveLeases { .. }) => (super::host_lease::handle(s, c, &lease), None),
         Request::Hello { .. } => (refuse(RefuseCode::BadRequest, "Hello twice"), None),
         Request::AllocMr { len, access } => {
+            prune_retired(c);
             let used = c.mr_bytes.load(Ordering::Relaxed);
             if c.mrs.lock().len() >= s.cfg.max_mrs as usize
                 || used.saturating_add(len) > s.cfg.max_mr_bytes
@@ -570,7 +590,7 @@ fn handle<N: Nic>(
                     };
                     let owned = e.register_mr(mr);
                     c.mrs.lock().push((handle, MrEntry {
-                            _mr: owned,
+                            mr: owned,
                             lkey: span.lkey,
                             len,
                         }));
@@ -596,10 +616,18 @@ fn handle<N: Nic>(
                 return (unknown("region", mr), None);
             };
             let (_, entry) = mrs.remove(at);
-            c.mr_bytes.fetch_sub(entry.len, Ordering::Relaxed);
+            drop(mrs);
             // Its span first: no doorbell names the keys once they die.
             c.core.spans.write().retain(|sp| sp.lkey != entry.lkey);
-            drop(entry);
+            if entry.mr.live_leases(Instant::now()) > 0 {
+                // Leased: it stays registered for the leases' holders
+                // until they end (as an in-process MR dropped while
+                // leased), counted in the process's quotas meanwhile.
+                c.retired.lock().push(entry);
+            } else {
+                c.mr_bytes.fetch_sub(entry.len, Ordering::Relaxed);
+            }
+            prune_retired(c);
             (Reply::Done, None)
         }
         Request::CreateVqp => {
@@ -705,6 +733,19 @@ fn handle<N: Nic>(
             }
         },
     }
+}
+
+/// Drops the process's retired regions whose leases all ended (their
+/// bytes go back to its quota).
+pub(super) fn prune_retired<N: Nic>(c: &Client<N>) {
+    let now = Instant::now();
+    c.retired.lock().retain(|m| {
+        let live = m.mr.live_leases(now) > 0;
+        if !live {
+            c.mr_bytes.fetch_sub(m.len, Ordering::Relaxed);
+        }
+        live
+    });
 }
 
 /// The node's counters, for [`Request::Stats`].

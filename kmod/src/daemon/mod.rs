@@ -64,22 +64,30 @@
 //!   process's hot VQP serves every process's VQP to that target (one
 //!   pair, no second handshake).
 //!
+//! - **Leases**: [`AttachedMr::lease`] has the daemon's engine lease a
+//!   range of the process's region (a key of the NIC's own, dead at the
+//!   NIC once revoked or expired), at most
+//!   [`DaemonConfig::max_leases`] live per process; a region freed while
+//!   leased stays registered until its leases end, and a process that
+//!   goes has all its leases revoked.
+//!
 //! Through the daemon a WR is a READ, WRITE, CAS or FAA to the VQP's
 //! target with up to four SGEs or (a WRITE) up to 64 bytes of inline data,
-//! as in-process; leases and the DC -> RC upgrade API (the hint) are not
-//! carried yet (refused, typed, or absent from the API).
+//! as in-process; the DC -> RC upgrade API (the hint) and fork are not
+//! carried (refused, typed, or absent from the API).
 
 mod client;
 mod error;
 mod host;
+mod host_lease;
 mod host_msg;
 mod ring;
 mod sock;
 pub mod wire;
 
 pub use client::{
-    Attached, AttachedEndpoint, AttachedMr, AttachedPort, AttachedVqp, Received, CONTROL_TIMEOUT,
-    DOORBELL_TIMEOUT,
+    Attached, AttachedEndpoint, AttachedLease, AttachedMr, AttachedPort, AttachedVqp, Received,
+    CONTROL_TIMEOUT, DOORBELL_TIMEOUT,
 };
 pub use error::DaemonError;
 pub use host::{Daemon, DaemonConfig, DaemonStats, StartError};

@@ -218,6 +218,38 @@ pub enum Request {
         /// The port's handle.
         handle: u32,
     },
+    /// A lease on a range of one of the process's regions: a remote key of
+    /// its own, valid at the NIC for that range and access until it is
+    /// revoked or expires (`OwnedMr::lease` in the daemon's engine).
+    Lease {
+        /// The region.
+        mr: u32,
+        /// First byte, from the region's start.
+        offset: u64,
+        /// Bytes.
+        len: u64,
+        /// Access bits.
+        access: u32,
+        /// Milliseconds until it expires.
+        ttl_ms: u64,
+    },
+    /// Revokes one lease of a region.
+    Revoke {
+        /// The region.
+        mr: u32,
+        /// The lease's id.
+        id: u64,
+    },
+    /// Revokes every lease of a region.
+    RevokeLeases {
+        /// The region.
+        mr: u32,
+    },
+    /// Leases of a region live now.
+    LiveLeases {
+        /// The region.
+        mr: u32,
+    },
 }
 
 /// A messaging failure carried back to the attached process: the variants
@@ -400,8 +432,17 @@ pub enum Reply {
         /// Handle.
         handle: u32,
     },
-    /// To `ReturnCredits` and `Queued`.
+    /// To `ReturnCredits`, `Queued`, `RevokeLeases` and `LiveLeases`.
     Count(u64),
+    /// To `Lease`.
+    Leased {
+        /// The lease's id (for `Revoke`).
+        id: u64,
+        /// Its remote key.
+        rkey: u32,
+        /// The leased range's first byte as the NIC knows it.
+        addr: u64,
+    },
     /// Refused; nothing changed.
     Refused {
         /// Why, in a word ([`RefuseCode`]).
@@ -615,6 +656,10 @@ impl Request {
             Request::ReplyPort { .. } => "reply",
             Request::ReturnCredits { .. } => "return credits",
             Request::Queued { .. } => "count queued messages",
+            Request::Lease { .. } => "lease",
+            Request::Revoke { .. } => "revoke a lease",
+            Request::RevokeLeases { .. } => "revoke leases",
+            Request::LiveLeases { .. } => "count live leases",
         }
     }
 
@@ -679,6 +724,21 @@ impl Request {
                 .bytes(data),
             Request::ReturnCredits { handle } => Out::new(20).u32(*handle),
             Request::Queued { handle } => Out::new(21).u32(*handle),
+            Request::Lease {
+                mr,
+                offset,
+                len,
+                access,
+                ttl_ms,
+            } => Out::new(22)
+                .u32(*mr)
+                .u64(*offset)
+                .u64(*len)
+                .u32(*access)
+                .u64(*ttl_ms),
+            Request::Revoke { mr, id } => Out::new(23).u32(*mr).u64(*id),
+            Request::RevokeLeases { mr } => Out::new(24).u32(*mr),
+            Request::LiveLeases { mr } => Out::new(25).u32(*mr),
         }
         .done()
     }
@@ -761,6 +821,19 @@ impl Request {
             },
             20 => Request::ReturnCredits { handle: r.u32()? },
             21 => Request::Queued { handle: r.u32()? },
+            22 => Request::Lease {
+                mr: r.u32()?,
+                offset: r.u64()?,
+                len: r.u64()?,
+                access: r.u32()?,
+                ttl_ms: r.u64()?,
+            },
+            23 => Request::Revoke {
+                mr: r.u32()?,
+                id: r.u64()?,
+            },
+            24 => Request::RevokeLeases { mr: r.u32()? },
+            25 => Request::LiveLeases { mr: r.u32()? },
             tag => return Err(WireError::UnknownTag { tag }),
         };
         r.end(tag, req)
@@ -858,6 +931,7 @@ impl Reply {
             }
             Reply::Port { handle } => Out::new(113).u32(*handle),
             Reply::Count(n) => Out::new(114).u64(*n),
+            Reply::Leased { id, rkey, addr } => Out::new(115).u64(*id).u32(*rkey).u64(*addr),
         }
         .done()
     }
@@ -962,6 +1036,11 @@ impl Reply {
             }),
             113 => Reply::Port { handle: r.u32()? },
             114 => Reply::Count(r.u64()?),
+            115 => Reply::Leased {
+                id: r.u64()?,
+                rkey: r.u32()?,
+                addr: r.u64()?,
+            },
             tag => return Err(WireError::UnknownTag { tag }),
         };
         r.end(tag, rep)
