@@ -258,6 +258,31 @@ fn an_rc_pair_upgraded_for_one_process_serves_the_next() {
 }
 
 #[test]
+fn the_upgrade_hint_moves_an_attached_vqp_to_the_node_wide_pair() {
+    use krcore_kmod::VqpTransport;
+    // No threshold (never by itself): only the hint upgrades.
+    let n = Node::with(DaemonConfig::default(), Some(u64::MAX));
+    let a = n.attach();
+    let (abuf, av) = (local(&a), n.vqp(&a));
+    write_read_rounds(&n, &av, &abuf, 1, 5);
+    assert_eq!(av.transport().unwrap(), VqpTransport::Dc);
+    assert_eq!(av.upgrade().unwrap(), VqpTransport::Rc);
+    assert_eq!(av.transport().unwrap(), VqpTransport::Rc);
+    write_read_rounds(&n, &av, &abuf, 1, 20);
+    // Another process's hint finds the pair: no second handshake.
+    let b = n.attach();
+    let (bbuf, bv) = (local(&b), n.vqp(&b));
+    assert_eq!(bv.upgrade().unwrap(), VqpTransport::Rc);
+    write_read_rounds(&n, &bv, &bbuf, 2, 20);
+    let s = n.engine().stats();
+    assert_eq!((s.rc.created, s.rc_upgrades), (1, 2));
+    assert_eq!(n.mem.engine.stats().handshake.passive_qps, 1);
+    // A VQP with no target: the engine's refusal, typed.
+    let idle = a.create_vqp().unwrap();
+    assert!(matches!(idle.upgrade(), Err(DaemonError::Refused { .. })));
+}
+
+#[test]
 fn a_doorbell_of_sixteen_wrs_is_one_post_with_one_completion() {
     let n = Node::new(DaemonConfig::default());
     let a = n.attach();

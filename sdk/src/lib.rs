@@ -148,9 +148,10 @@
 //! [`MemoryRegion`] work as in-process, and so does messaging (pushes,
 //! replies, [`Node::bind`]: the port is bound in the daemon's engine, a
 //! port of the node) and leases ([`MemoryRegion::lease`]: made and
-//! enforced by the daemon's NIC); what the daemon does not carry (the
-//! upgrade hint, fork, the engine itself) is [`Error::Unsupported`], and
-//! failures through the daemon are [`Error::Daemon`]. [`Node::daemon_stats`] reads the node's counters.
+//! enforced by the daemon's NIC) and the upgrade hint ([`Vqp::upgrade`]:
+//! the pair is node-wide); what the daemon does not carry (fork, the
+//! engine itself) is [`Error::Unsupported`], and failures through the
+//! daemon are [`Error::Daemon`]. [`Node::daemon_stats`] reads the node's counters.
 //!
 //! # Worker processes (fork)
 //!

@@ -12,7 +12,6 @@ use krcore_nic::{Gid, Nic, SendWr, Wc};
 use crate::error::{Error, Result};
 
 /// What an attached VQP refuses.
-const NO_UPGRADE: &str = "the DC -> RC upgrade hint through the node daemon";
 const NO_UNGRANTED: &str =
     "Ungranted::Allow through the node daemon (every remote key needs a grant: the pre-check guards the other processes' memory)";
 
@@ -90,20 +89,23 @@ impl<N: Nic> RawVqp<N> {
         }
     }
 
-    /// How the VQP reaches its target: an attached VQP reports the
-    /// daemon's mode (DC, or RC in RC fallback mode).
+    /// How the VQP reaches its target: an attached VQP asks the daemon
+    /// (one control call), and reports the daemon's mode when it cannot.
     pub(crate) fn transport(&self, rc_fallback: bool) -> VqpTransport {
         match self {
             RawVqp::Local(v) => v.transport(),
-            RawVqp::Attached(_) if rc_fallback => VqpTransport::Rc,
-            RawVqp::Attached(_) => VqpTransport::Dc,
+            RawVqp::Attached(a) => a.vqp.transport().unwrap_or(if rc_fallback {
+                VqpTransport::Rc
+            } else {
+                VqpTransport::Dc
+            }),
         }
     }
 
     pub(crate) fn upgrade(&self) -> Result<VqpTransport> {
         match self {
             RawVqp::Local(v) => Ok(v.upgrade()?),
-            RawVqp::Attached(_) => Err(Error::Unsupported(NO_UPGRADE)),
+            RawVqp::Attached(a) => Ok(a.vqp.upgrade()?),
         }
     }
 

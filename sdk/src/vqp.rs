@@ -169,8 +169,9 @@ impl<N: Nic> Vqp<N> {
     /// # Errors
     /// [`Error::Engine`]: `Unsupported`, `NotConnected`, `UnknownNode` (the
     /// target runs no endpoint), `Handshake`, `RcPairsBusy`. The VQP then
-    /// stays on DC, working. [`Error::Unsupported`] on an attached node
-    /// (the daemon's engine upgrades by itself).
+    /// stays on DC, working. On an attached node the daemon's engine
+    /// upgrades (the pair serves every process of the node), and its
+    /// refusal is [`Error::Daemon`].
     pub fn upgrade(&self) -> Result<krcore_kmod::VqpTransport> {
         self.inner.vqp.upgrade()
     }

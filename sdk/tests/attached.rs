@@ -224,7 +224,11 @@ fn what_the_daemon_does_not_carry_is_refused_typed() {
     assert!(vqp.raw().is_none());
     assert!(unsupported(vqp.set_ungranted(Ungranted::Allow)));
     vqp.set_ungranted(Ungranted::Refuse).unwrap();
-    assert!(unsupported(vqp.upgrade().map(drop)));
+    // The upgrade hint reaches the daemon's engine: this target has no
+    // upgrade endpoint, so the engine refuses, typed, and the VQP stays on
+    // DC, working.
+    assert!(matches!(vqp.upgrade(), Err(Error::Daemon(_))));
+    assert_eq!(vqp.transport(), krcore::VqpTransport::Dc);
 
     // A remote key no grant covers: the daemon's pre-check refuses it,
     // nothing reaches the NIC.

@@ -309,6 +309,13 @@ impl Attached {
     }
 }
 
+fn transport_of(t: u8) -> crate::VqpTransport {
+    match t {
+        0 => crate::VqpTransport::Dc,
+        _ => crate::VqpTransport::Rc,
+    }
+}
+
 fn unexpected(what: &str) -> DaemonError {
     DaemonError::Refused {
         code: RefuseCode::BadRequest,
@@ -632,6 +639,34 @@ impl AttachedVqp {
                 ttl_ms,
             })
             .map(drop)
+    }
+
+    /// The upgrade hint: the daemon's engine moves this VQP to an RC pair
+    /// with its target now (one handshake at most, on this process's
+    /// control thread in the daemon; the pair is node-wide, so it serves
+    /// every process's VQPs to that target). The transport after the call.
+    ///
+    /// # Errors
+    /// [`DaemonError::Refused`]: `Unsupported` (RC fallback mode), the
+    /// engine's failure (not connected, the target refused); the daemon
+    /// gone.
+    pub fn upgrade(&self) -> Result<crate::VqpTransport, DaemonError> {
+        match self.conn.call(&Request::Upgrade { vqp: self.handle })? {
+            (Reply::Transport(t), _) => Ok(transport_of(t)),
+            _ => Err(unexpected("an Upgrade")),
+        }
+    }
+
+    /// How the VQP reaches its target now (DC, or an RC pair the daemon's
+    /// engine upgraded it to, or RC fallback mode).
+    ///
+    /// # Errors
+    /// The daemon gone or refusing.
+    pub fn transport(&self) -> Result<crate::VqpTransport, DaemonError> {
+        match self.conn.call(&Request::Transport { vqp: self.handle })? {
+            (Reply::Transport(t), _) => Ok(transport_of(t)),
+            _ => Err(unexpected("a Transport")),
+        }
     }
 
     /// Posts `wrs` as one doorbell: returns when the daemon has posted

@@ -60,9 +60,10 @@
 //!   allocation, a memory node's allocator), not bulk data.
 //!
 //! - **Upgrades**: the daemon's engine upgrades by threshold
-//!   (`EngineConfig::upgrade_after`), node-wide: the RC pair built for one
-//!   process's hot VQP serves every process's VQP to that target (one
-//!   pair, no second handshake).
+//!   (`EngineConfig::upgrade_after`), and on a process's hint
+//!   ([`AttachedVqp::upgrade`]), node-wide: the RC pair built for one
+//!   process's VQP serves every process's VQP to that target (one pair,
+//!   no second handshake).
 //!
 //! - **Leases**: [`AttachedMr::lease`] has the daemon's engine lease a
 //!   range of the process's region (a key of the NIC's own, dead at the
@@ -73,8 +74,8 @@
 //!
 //! Through the daemon a WR is a READ, WRITE, CAS or FAA to the VQP's
 //! target with up to four SGEs or (a WRITE) up to 64 bytes of inline data,
-//! as in-process; the DC -> RC upgrade API (the hint) and fork are not
-//! carried (refused, typed, or absent from the API).
+//! as in-process. Fork is not carried (a worker of an attached process
+//! would share its control connection): the SDK refuses it, typed.
 
 mod client;
 mod error;

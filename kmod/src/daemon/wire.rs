@@ -250,6 +250,17 @@ pub enum Request {
         /// The region.
         mr: u32,
     },
+    /// The upgrade hint: moves a VQP to an RC pair with its target now
+    /// (`Vqp::upgrade` in the daemon's engine; the pair is node-wide).
+    Upgrade {
+        /// The VQP.
+        vqp: u32,
+    },
+    /// How a VQP reaches its target now.
+    Transport {
+        /// The VQP.
+        vqp: u32,
+    },
 }
 
 /// A messaging failure carried back to the attached process: the variants
@@ -434,6 +445,8 @@ pub enum Reply {
     },
     /// To `ReturnCredits`, `Queued`, `RevokeLeases` and `LiveLeases`.
     Count(u64),
+    /// To `Upgrade` and `Transport`: 0 DC, 1 RC.
+    Transport(u8),
     /// To `Lease`.
     Leased {
         /// The lease's id (for `Revoke`).
@@ -660,6 +673,8 @@ impl Request {
             Request::Revoke { .. } => "revoke a lease",
             Request::RevokeLeases { .. } => "revoke leases",
             Request::LiveLeases { .. } => "count live leases",
+            Request::Upgrade { .. } => "upgrade a VQP",
+            Request::Transport { .. } => "a VQP's transport",
         }
     }
 
@@ -739,6 +754,8 @@ impl Request {
             Request::Revoke { mr, id } => Out::new(23).u32(*mr).u64(*id),
             Request::RevokeLeases { mr } => Out::new(24).u32(*mr),
             Request::LiveLeases { mr } => Out::new(25).u32(*mr),
+            Request::Upgrade { vqp } => Out::new(26).u32(*vqp),
+            Request::Transport { vqp } => Out::new(27).u32(*vqp),
         }
         .done()
     }
@@ -834,6 +851,8 @@ impl Request {
             },
             24 => Request::RevokeLeases { mr: r.u32()? },
             25 => Request::LiveLeases { mr: r.u32()? },
+            26 => Request::Upgrade { vqp: r.u32()? },
+            27 => Request::Transport { vqp: r.u32()? },
             tag => return Err(WireError::UnknownTag { tag }),
         };
         r.end(tag, req)
@@ -932,6 +951,7 @@ impl Reply {
             Reply::Port { handle } => Out::new(113).u32(*handle),
             Reply::Count(n) => Out::new(114).u64(*n),
             Reply::Leased { id, rkey, addr } => Out::new(115).u64(*id).u32(*rkey).u64(*addr),
+            Reply::Transport(t) => Out::new(116).u8(*t),
         }
         .done()
     }
@@ -1036,6 +1056,7 @@ impl Reply {
             }),
             113 => Reply::Port { handle: r.u32()? },
             114 => Reply::Count(r.u64()?),
+            116 => Reply::Transport(r.u8()?),
             115 => Reply::Leased {
                 id: r.u64()?,
                 rkey: r.u32()?,
