@@ -22,7 +22,7 @@
 
 use super::host_msg::{EpSlot, PortSlot};
 use super::ring::{
-    decode_sqe, encode_cqe, word, write_verdict, Verdict, CQ_CAP, CQ_HEAD, CQ_TAIL, PAGE_BYTES,
+    self, decode_sqe, encode_cqe, word, write_verdict, Verdict, CQ_CAP, CQ_HEAD, CQ_TAIL, PAGE_BYTES,
     PAGE_SLEEPING, RING_BYTES, SQ_CAP, SQ_HEAD, SQ_TAIL,
 };
 use super::sock::{self, RecvError};
@@ -937,6 +937,10 @@ fn doorbell<N: Nic>(s: &Shared<N>, slot: &VqpSlot<N>, st: &mut Serve, tail: u64)
         );
     }
     st.wrs.clear();
+    // One load from each slot's line first: their misses (the process
+    // wrote them on another core) overlap instead of coming one by one
+    // as the decode loop reaches them.
+    ring::touch_sq(&slot.ring, st.head, n);
     let spans = slot.core.spans.read();
     let mut at = st.head;
     while at != tail {

@@ -298,6 +298,16 @@ pub fn encode_sqe_bytes(
     Ok((head, cont))
 }
 
+/// Loads one word of each of the `n` slots from `seq` on, so that their
+/// cache lines come over together (the daemon's side, before decoding).
+pub(crate) fn touch_sq(map: &SharedMap, seq: u64, n: u64) {
+    let mut acc = 0u64;
+    for i in 0..n.min(SQ_CAP as u64) {
+        acc ^= get(map, sqe_at(seq.wrapping_add(i)));
+    }
+    std::hint::black_box(acc);
+}
+
 /// Whether the SQE `head` takes a continuation slot (by its kind and
 /// count alone; total on any bytes).
 pub fn sqe_continues(head: &[u8; SQE_BYTES]) -> bool {
