@@ -685,11 +685,9 @@ impl AttachedVqp {
             });
         }
         // Entries with a continuation take two slots: count them before
-        // anything is written (nothing is published unless all fit).
-        let mut slots = 0usize;
-        for (i, wr) in wrs.iter().enumerate() {
-            slots += sqe_slots(i, wr)?;
-        }
+        // anything is written. Nothing is published before the tail moves,
+        // so an entry that fails to encode leaves the ring as it was.
+        let slots: usize = wrs.iter().map(sqe_slots).sum();
         if slots > SQ_CAP {
             return Err(DaemonError::BatchSize {
                 len: wrs.len(),

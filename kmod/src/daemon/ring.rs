@@ -218,13 +218,14 @@ pub(crate) fn encode_sqe(
     }
 }
 
-/// The slots `wr` takes in the ring (1, or 2 with a continuation), or
-/// why it cannot travel (as [`encode_sqe_bytes`]).
-///
-/// # Errors
-/// As [`encode_sqe_bytes`].
-pub fn sqe_slots(index: usize, wr: &SendWr) -> Result<usize, EncodeError> {
-    Ok(1 + usize::from(encode_sqe_bytes(index, wr)?.1.is_some()))
+/// The slots `wr` takes in the ring: 2 for several SGEs or inline
+/// data (a continuation), 1 otherwise. Whether it can travel at all is
+/// [`encode_sqe_bytes`]'s to say.
+pub fn sqe_slots(wr: &SendWr) -> usize {
+    match &wr.payload {
+        Payload::Local(list) if list.as_slice().len() < 2 => 1,
+        _ => 2,
+    }
 }
 
 fn words_to_bytes<const B: usize>(words: &[u64]) -> [u8; B] {
@@ -550,7 +551,7 @@ mod tests {
         let mut seq = SQ_CAP as u64 - 2;
         for (i, wr) in wrs.iter().chain(&extended).enumerate() {
             let slots = encode_sqe(&map, seq, i, wr).unwrap();
-            assert_eq!(slots as usize, sqe_slots(i, wr).unwrap());
+            assert_eq!(slots as usize, sqe_slots(wr));
             let (got, took) = decode_sqe(&map, seq, seq + slots).unwrap();
             assert_eq!((&got, took), (wr, slots));
             if slots == 2 {
