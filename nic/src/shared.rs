@@ -16,7 +16,7 @@
 use crate::error::{NicError, Result};
 use crate::sim::shm::Segment;
 use std::fs::File;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU32, AtomicU64};
 
 /// Bytes shared with another process through a file mapping.
 pub struct SharedMap {
@@ -162,6 +162,16 @@ impl SharedMap {
     #[inline]
     pub fn word(&self, offset: usize) -> Result<&AtomicU64> {
         self.seg.u64_at(offset)
+    }
+
+    /// The 4-byte word at `offset` (4-byte aligned, in range), for a futex:
+    /// bytes the users of the map access only through this view.
+    ///
+    /// # Errors
+    /// Range or alignment errors.
+    #[inline]
+    pub fn word32(&self, offset: usize) -> Result<&AtomicU32> {
+        self.seg.u32_at(offset)
     }
 
     /// The `n` 8-byte words from `offset` (8-byte aligned, in range),

@@ -5,8 +5,8 @@
 use super::error::DaemonError;
 use super::host::wake;
 use super::ring::{
-    decode_cqe, encode_sqe, read_verdict, sqe_slots, word, CQ_CAP, CQ_HEAD, CQ_TAIL, PAGE_BYTES,
-    PAGE_SLEEPING, RING_BYTES, SQ_CAP, SQ_HEAD, SQ_TAIL,
+    decode_cqe, encode_sqe, read_verdict, sleep_unless, sqe_slots, word, CQ_CAP, CQ_HEAD, CQ_TAIL,
+    PAGE_BYTES, PAGE_SLEEPING, RING_BYTES, SQ_CAP, SQ_HEAD, SQ_TAIL,
 };
 use super::sock::{self, RecvError};
 use super::wire::{
@@ -31,6 +31,66 @@ use std::time::{Duration, Instant};
 pub const DOORBELL_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often a waiting doorbell looks whether the daemon is still there.
 const LIVENESS_EVERY: Duration = Duration::from_millis(1);
+/// How long a wait for the daemon spins (yielding) before its thread
+/// sleeps on the ring's futex: a doorbell or a completion is usually a
+/// few microseconds away, but on a node with more waiting threads than
+/// cores, spinning takes the CPU the daemon's data thread needs.
+const SPIN_BEFORE_SLEEP: Duration = Duration::from_micros(50);
+
+/// The pacing of one wait for the daemon: spin (the clock read only every
+/// 256 spins), then yield, then sleep on the ring's futex in slices of
+/// [`LIVENESS_EVERY`], probing whether the daemon is alive between them.
+struct Waiter {
+    spins: u32,
+    start: Option<Instant>,
+    probed: Option<Instant>,
+}
+
+impl Waiter {
+    fn new() -> Waiter {
+        Waiter {
+            spins: 0,
+            start: None,
+            probed: None,
+        }
+    }
+
+    /// One empty look: `false` while the caller should just look again.
+    fn spin(&mut self) -> bool {
+        self.spins = self.spins.wrapping_add(1);
+        if self.spins % 256 != 0 {
+            std::hint::spin_loop();
+            return false;
+        }
+        true
+    }
+
+    fn elapsed(&mut self) -> Duration {
+        self.start.get_or_insert_with(Instant::now).elapsed()
+    }
+
+    /// Whether a liveness probe is due (one per [`LIVENESS_EVERY`]).
+    fn probe_due(&mut self) -> bool {
+        let now = Instant::now();
+        let start = *self.start.get_or_insert(now);
+        let last = *self.probed.get_or_insert(start);
+        if now.duration_since(last) >= LIVENESS_EVERY {
+            self.probed = Some(now);
+            return true;
+        }
+        false
+    }
+
+    /// Between looks: yield while the wait is young, then sleep until the
+    /// daemon notifies the ring (or a slice passes) unless `done()`.
+    fn rest(&mut self, ring: &SharedMap, done: impl Fn() -> bool) {
+        if self.elapsed() < SPIN_BEFORE_SLEEP {
+            std::thread::yield_now();
+        } else {
+            sleep_unless(ring, done, LIVENESS_EVERY);
+        }
+    }
+}
 /// How long a control call (attach, allocate, create a VQP, connect, ...)
 /// waits for the daemon's answer. A connect may read the meta server
 /// (bounded by the daemon's own meta timeout, 1 s by default, with
@@ -722,30 +782,24 @@ impl AttachedVqp {
 
     fn wait_taken(&self, seq: u64) -> Result<(), DaemonError> {
         let head = word(&self.ring, SQ_HEAD);
-        let mut spins = 0u32;
-        let start = Instant::now();
-        let mut probed = start;
+        let mut w = Waiter::new();
         while head.load(Ordering::Acquire) != seq {
-            spins += 1;
-            if spins < 256 {
-                std::hint::spin_loop();
+            if !w.spin() {
                 continue;
             }
-            std::thread::yield_now();
-            let now = Instant::now();
-            if now.duration_since(probed) >= LIVENESS_EVERY {
-                probed = now;
+            if w.probe_due() {
                 if self.conn.closed() {
                     return Err(DaemonError::Gone {
                         what: "the control socket closed while a doorbell waited",
                     });
                 }
-                if now.duration_since(start) >= DOORBELL_TIMEOUT {
+                if w.elapsed() >= DOORBELL_TIMEOUT {
                     return Err(DaemonError::Timeout(DOORBELL_TIMEOUT));
                 }
                 // The daemon may have gone to sleep before it saw us.
                 wake(&self.conn.wake);
             }
+            w.rest(&self.ring, || head.load(Ordering::Acquire) == seq);
         }
         Ok(())
     }
@@ -784,31 +838,24 @@ impl AttachedVqp {
     pub fn wait(&self, n: usize, timeout: Duration) -> Result<Vec<Wc>, DaemonError> {
         let mut got = Vec::with_capacity(n);
         let mut buf = [Wc::default(); 16];
-        let mut spins = 0u32;
-        let mut start: Option<Instant> = None;
+        let mut w = Waiter::new();
+        let tail = word(&self.ring, CQ_TAIL);
         while got.len() < n {
             let k = self.poll(&mut buf[..(n - got.len()).min(16)])?;
             got.extend_from_slice(&buf[..k]);
-            if k > 0 {
+            if k > 0 || !w.spin() {
                 continue;
             }
-            // Spin first (a completion is usually a few hundred ns away);
-            // the clock and the liveness probe only every 256 empty polls.
-            spins += 1;
-            if spins % 256 != 0 {
-                std::hint::spin_loop();
-                continue;
-            }
-            let t0 = *start.get_or_insert_with(Instant::now);
-            if t0.elapsed() >= timeout {
+            if w.elapsed() >= timeout {
                 return Err(DaemonError::Timeout(timeout));
             }
-            if self.conn.closed() {
+            if w.probe_due() && self.conn.closed() {
                 return Err(DaemonError::Gone {
                     what: "the daemon went with WRs in flight",
                 });
             }
-            std::thread::yield_now();
+            let taken = *self.head.lock();
+            w.rest(&self.ring, || tail.load(Ordering::Acquire) != taken);
         }
         Ok(got)
     }

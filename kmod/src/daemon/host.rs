@@ -22,8 +22,8 @@
 
 use super::host_msg::{EpSlot, PortSlot};
 use super::ring::{
-    self, decode_sqe, encode_cqe, word, write_verdict, Verdict, CQ_CAP, CQ_HEAD, CQ_TAIL, PAGE_BYTES,
-    PAGE_SLEEPING, RING_BYTES, SQ_CAP, SQ_HEAD, SQ_TAIL,
+    self, decode_sqe, encode_cqe, word, write_verdict, Verdict, CQ_CAP, CQ_HEAD, CQ_TAIL,
+    PAGE_BYTES, PAGE_SLEEPING, RING_BYTES, SQ_CAP, SQ_HEAD, SQ_TAIL,
 };
 use super::sock::{self, RecvError};
 use super::wire::{NodeStats, RefuseCode, Reply, Request, MAX_FRAME};
@@ -146,6 +146,9 @@ struct Serve {
     head: u64,
     cq_tail: u64,
     broken: bool,
+    /// WRs of this VQP may be in flight: its completions are polled (an
+    /// idle VQP costs the data thread two loads a round, no engine call).
+    active: bool,
     wrs: Vec<SendWr>,
     wcs: Vec<Wc>,
 }
@@ -656,6 +659,7 @@ fn handle<N: Nic>(
                     head: 0,
                     cq_tail: 0,
                     broken: false,
+                    active: false,
                     wrs: Vec::with_capacity(SQ_CAP),
                     wcs: vec![Wc::default(); 32],
                 }),
@@ -882,30 +886,43 @@ fn serve<N: Nic>(s: &Shared<N>, slot: &VqpSlot<N>) -> bool {
     if tail != st.head {
         busy = true;
         let verdict = doorbell(s, slot, st, tail);
+        // Whatever the verdict, look at the VQP's completions again.
+        st.active = true;
         if verdict.code != PostCode::Posted as u64 {
             s.n.refused_doorbells.fetch_add(1, Ordering::Relaxed);
         }
         write_verdict(ring, &verdict);
         st.head = tail;
         word(ring, SQ_HEAD).store(tail, Ordering::Release);
+        ring::notify(ring);
+    }
+    if !st.active {
+        return busy;
     }
     let used = st
         .cq_tail
         .wrapping_sub(word(ring, CQ_HEAD).load(Ordering::Acquire));
+    // Completions may wait in the VQP while the ring is full, or past
+    // what one poll takes: it stays active until a poll finds none and
+    // nothing is in flight.
+    let mut more = true;
     if let Some(room) = (CQ_CAP as u64).checked_sub(used).filter(|r| *r > 0) {
         let want = (room as usize).min(st.wcs.len());
         let k = slot.vqp.poll(&mut st.wcs[..want]).unwrap_or(0);
+        more = k > 0;
         for (i, wc) in st.wcs[..k].iter().enumerate() {
             encode_cqe(ring, st.cq_tail.wrapping_add(i as u64), wc);
         }
         if k > 0 {
             st.cq_tail = st.cq_tail.wrapping_add(k as u64);
             word(ring, CQ_TAIL).store(st.cq_tail, Ordering::Release);
+            ring::notify(ring);
             s.n.completions.fetch_add(k as u64, Ordering::Relaxed);
             busy = true;
         }
     }
-    busy || slot.vqp.outstanding() > 0
+    st.active = more || slot.vqp.outstanding() > 0;
+    busy || st.active
 }
 
 fn verdict(code: PostCode, index: usize, message: String) -> Verdict {

@@ -13,7 +13,10 @@
 //!  80  verdict      code (0: posted), WR index, two detail words,
 //! 112               message length, then 256 bytes of message at 128
 //! 384  cq_tail      completions the daemon has written
+//! 392  wake_seq     (4 bytes, a futex) bumped by the daemon when it moves
+//!                   sq_head or cq_tail while a process thread sleeps
 //! 448  cq_head      completions the process has taken
+//! 456  sleepers     process threads asleep on wake_seq (they count it)
 //! 512  SQ           SQ_CAP slots of 64 bytes
 //!      CQ           CQ_CAP entries of 16 bytes
 //! ```
@@ -66,6 +69,10 @@ pub(crate) const V_MSG: usize = 128;
 pub(crate) const V_MSG_MAX: usize = 256;
 pub(crate) const CQ_TAIL: usize = 384;
 pub(crate) const CQ_HEAD: usize = 448;
+/// The futex word (only ever accessed as a 4-byte atomic).
+const WAKE_SEQ: usize = 392;
+/// Process threads asleep (or about to sleep) on [`WAKE_SEQ`].
+const SLEEPERS: usize = 456;
 const SQ_AT: usize = 512;
 /// Bytes of a submission entry (SQE).
 pub const SQE_BYTES: usize = 64;
@@ -144,6 +151,49 @@ pub enum DecodeError {
 pub(crate) fn word(map: &SharedMap, off: usize) -> &AtomicU64 {
     static ZERO: AtomicU64 = AtomicU64::new(0);
     map.word(off).unwrap_or(&ZERO)
+}
+
+/// The ring's futex word (see [`word`] for why this cannot fail).
+fn wake_seq(map: &SharedMap) -> &std::sync::atomic::AtomicU32 {
+    static ZERO: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    map.word32(WAKE_SEQ).unwrap_or(&ZERO)
+}
+
+/// The daemon's side, after it moved `sq_head` or `cq_tail`: wakes the
+/// process's threads asleep on the ring, if any (a fence and one load
+/// when none sleeps).
+pub(crate) fn notify(map: &SharedMap) {
+    std::sync::atomic::fence(Ordering::SeqCst);
+    if word(map, SLEEPERS).load(Ordering::SeqCst) != 0 {
+        let seq = wake_seq(map);
+        seq.fetch_add(1, Ordering::SeqCst);
+        let _ = rustix::thread::futex::wake(seq, rustix::thread::futex::Flags::empty(), u32::MAX);
+    }
+}
+
+/// The process's side: sleeps until the daemon notifies the ring or
+/// `timeout` passes, unless `done()` holds once this thread is counted as
+/// a sleeper (so a notify after that check cannot be missed).
+pub(crate) fn sleep_unless(map: &SharedMap, done: impl Fn() -> bool, timeout: std::time::Duration) {
+    let sleepers = word(map, SLEEPERS);
+    let seq = wake_seq(map);
+    sleepers.fetch_add(1, Ordering::SeqCst);
+    let before = seq.load(Ordering::SeqCst);
+    if !done() {
+        let ts = rustix::thread::futex::Timespec {
+            tv_sec: timeout.as_secs() as i64,
+            tv_nsec: i64::from(timeout.subsec_nanos()),
+        };
+        // A wake-up, a timeout, a changed word, a signal: all mean "look
+        // again" to the caller.
+        let _ = rustix::thread::futex::wait(
+            seq,
+            rustix::thread::futex::Flags::empty(),
+            before,
+            Some(&ts),
+        );
+    }
+    sleepers.fetch_sub(1, Ordering::SeqCst);
 }
 
 fn put(map: &SharedMap, off: usize, v: u64) {

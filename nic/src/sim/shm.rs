@@ -19,7 +19,7 @@
 use crate::error::{NicError, Result};
 use std::fs::{File, OpenOptions};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 enum Backing {
     Map(#[allow(dead_code)] memmap2::MmapRaw),
@@ -162,6 +162,28 @@ impl Segment {
         // 8-byte aligned (checked), and AtomicU64 has the size and alignment
         // of u64. All accesses to this memory are atomic (module invariant).
         Ok(unsafe { &*(self.base.add(off) as *const AtomicU64) })
+    }
+
+    /// The 4-byte word at `off` as an atomic (a futex word: memory that is
+    /// only ever accessed as this one 4-byte atomic, never as part of an
+    /// 8-byte word).
+    ///
+    /// # Errors
+    /// `InvalidArgument` when `off` is misaligned or out of bounds.
+    #[inline]
+    pub fn u32_at(&self, off: usize) -> Result<&AtomicU32> {
+        self.check(off, 4)?;
+        if (self.base as usize + off) % 4 != 0 {
+            return Err(NicError::InvalidArgument(format!(
+                "offset {off} is not 4-byte aligned"
+            )));
+        }
+        // SAFETY: `off..off+4` is in bounds (checked above) of memory that is
+        // valid for the lifetime of `self` (module invariant), the address is
+        // 4-byte aligned (checked), and AtomicU32 has the size and alignment
+        // of u32. All accesses to this memory are atomic (module invariant);
+        // the caller accesses these bytes only through this 4-byte view.
+        Ok(unsafe { &*(self.base.add(off) as *const AtomicU32) })
     }
 
     /// The `n` 8-byte words from `off` as atomics, checked once.
