@@ -666,6 +666,44 @@ mod tests {
         }
     }
 
+    /// A thread asleep on the ring (a long timeout) is woken by the
+    /// daemon's notify once it counts as a sleeper; a notify with no
+    /// sleeper leaves the futex word alone.
+    #[test]
+    fn a_notify_wakes_a_sleeper_and_costs_nothing_without_one() {
+        let (map, _file) = SharedMap::create("ring-test", RING_BYTES).unwrap();
+        notify(&map);
+        assert_eq!(wake_seq(&map).load(Ordering::SeqCst), 0, "no sleeper, no bump");
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let woke = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                sleep_unless(
+                    &map,
+                    || done.load(Ordering::SeqCst),
+                    std::time::Duration::from_secs(60),
+                );
+                woke.store(true, Ordering::SeqCst);
+            });
+            while word(&map, SLEEPERS).load(Ordering::SeqCst) == 0 {
+                std::thread::yield_now();
+            }
+            done.store(true, Ordering::SeqCst);
+            // The sleeper may not be in the kernel yet: notify until it is
+            // out (a lost wake-up would keep it asleep for a minute).
+            for _ in 0..5_000 {
+                notify(&map);
+                if woke.load(Ordering::SeqCst) {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            assert!(woke.load(Ordering::SeqCst), "the sleeper was not woken");
+        });
+        assert!(wake_seq(&map).load(Ordering::SeqCst) >= 1);
+        assert_eq!(word(&map, SLEEPERS).load(Ordering::SeqCst), 0);
+    }
+
     /// xorshift64: deterministic bytes, no dependency.
     fn next(x: &mut u64) -> u64 {
         *x ^= *x << 13;
