@@ -15,17 +15,23 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-#[test]
-fn an_attached_client_inserts_updates_and_deletes_with_splits() {
+/// A directory fabric with a meta node, and a tiny table: splits and
+/// directory doublings, hence allocations.
+fn fabric_and_table() -> (tempfile::TempDir, Node, TableConfig) {
     let dir = tempfile::tempdir().unwrap();
     let spec = format!("sim:{}", dir.path().join("fabric").display());
     let meta = Node::builder().fabric(&spec).host_meta().build().unwrap();
-    // A tiny table: splits and directory doublings, hence allocations.
     let table = TableConfig {
         geometry: SubtableGeometry::new(1).unwrap(),
         initial_global_depth: 0,
         max_global_depth: 12,
     };
+    (dir, meta, table)
+}
+
+#[test]
+fn an_attached_client_inserts_updates_and_deletes_with_splits() {
+    let (dir, meta, table) = fabric_and_table();
     let mut servers = Vec::new();
     let mut infos = Vec::new();
     for id in 0..2 {
@@ -121,14 +127,7 @@ fn daemon_on(meta: &Node, dir: &std::path::Path, name: &str) -> (Daemon<krcore_n
 /// client's allocations (splits) are answered by the attached memory node.
 #[test]
 fn a_memory_node_serves_from_an_attached_process() {
-    let dir = tempfile::tempdir().unwrap();
-    let spec = format!("sim:{}", dir.path().join("fabric").display());
-    let meta = Node::builder().fabric(&spec).host_meta().build().unwrap();
-    let table = TableConfig {
-        geometry: SubtableGeometry::new(1).unwrap(),
-        initial_global_depth: 0,
-        max_global_depth: 12,
-    };
+    let (dir, meta, table) = fabric_and_table();
     let (mem_daemon, _mem_engine) = daemon_on(&meta, dir.path(), "mem.sock");
     let (cl_daemon, _cl_engine) = daemon_on(&meta, dir.path(), "client.sock");
     let mem_node = Node::attach(mem_daemon.path()).unwrap();

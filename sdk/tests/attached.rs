@@ -60,6 +60,19 @@ fn setup_with(tag: &str, daemon_cfg: DaemonConfig) -> Setup {
     }
 }
 
+/// Polls `vqp` until completions come (a bounded number of polls): how
+/// many.
+fn first_completions(vqp: &krcore::Vqp, wc: &mut [Wc]) -> usize {
+    for _ in 0..10_000_000 {
+        let n = vqp.poll(wc).unwrap();
+        if n > 0 {
+            return n;
+        }
+        std::hint::spin_loop();
+    }
+    panic!("no completion")
+}
+
 #[test]
 fn an_attached_node_moves_data_with_the_sdk_api_and_creates_no_qp() {
     let s = setup("api");
@@ -102,14 +115,7 @@ fn an_attached_node_moves_data_with_the_sdk_api_and_creates_no_qp() {
     ];
     vqp.post(&mut wrs).unwrap();
     let mut wc = [Wc::default(); 4];
-    let mut n = 0;
-    for _ in 0..10_000_000 {
-        n = vqp.poll(&mut wc).unwrap();
-        if n > 0 {
-            break;
-        }
-        std::hint::spin_loop();
-    }
+    let n = first_completions(&vqp, &mut wc);
     assert_eq!((n, wc[0].wr_id, wc[0].status), (1, 2, WcStatus::Success));
     let mut echo = [0u8; 5];
     buf.read(32, &mut echo).unwrap();
@@ -143,14 +149,7 @@ fn an_attached_node_moves_data_with_the_sdk_api_and_creates_no_qp() {
         },
     ];
     vqp.post(&mut wrs).unwrap();
-    let mut n = 0;
-    for _ in 0..10_000_000 {
-        n = vqp.poll(&mut wc).unwrap();
-        if n > 0 {
-            break;
-        }
-        std::hint::spin_loop();
-    }
+    let n = first_completions(&vqp, &mut wc);
     assert_eq!((n, wc[0].wr_id, wc[0].status), (1, 5, WcStatus::Success));
     let mut remote = [0u8; 15];
     region.read(300, &mut remote).unwrap();

@@ -673,7 +673,11 @@ mod tests {
     fn a_notify_wakes_a_sleeper_and_costs_nothing_without_one() {
         let (map, _file) = SharedMap::create("ring-test", RING_BYTES).unwrap();
         notify(&map);
-        assert_eq!(wake_seq(&map).load(Ordering::SeqCst), 0, "no sleeper, no bump");
+        assert_eq!(
+            wake_seq(&map).load(Ordering::SeqCst),
+            0,
+            "no sleeper, no bump"
+        );
         let done = std::sync::atomic::AtomicBool::new(false);
         let woke = std::sync::atomic::AtomicBool::new(false);
         std::thread::scope(|sc| {
