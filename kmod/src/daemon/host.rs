@@ -812,6 +812,10 @@ fn foreign_rkey<N: Nic>(s: &Shared<N>, me: &Arc<Client<N>>, rkey: u32) -> bool {
         .any(|c| c.core.spans.read().iter().any(|sp| sp.rkey == rkey))
 }
 
+/// How long the data thread spins idle before it starts yielding its CPU
+/// (see `data_loop`).
+const YIELD_AFTER: Duration = Duration::from_micros(20);
+
 /// The data thread (see the module docs).
 fn data_loop<N: Nic>(s: &Arc<Shared<N>>) {
     let mut seen = u64::MAX;
@@ -843,8 +847,23 @@ fn data_loop<N: Nic>(s: &Arc<Shared<N>>) {
             idle_since = Instant::now();
         }
         empty += 1;
-        if empty % 64 != 0 || idle_since.elapsed() < s.cfg.idle_spin {
+        if empty % 64 != 0 {
             std::hint::spin_loop();
+            continue;
+        }
+        let idle = idle_since.elapsed();
+        if idle < s.cfg.idle_spin {
+            // Idle a while, not yet asleep: give the CPU to a thread that
+            // waits for it. A process this thread woke (eventfd, futex)
+            // is often placed on this CPU, and a spin that never yields
+            // keeps it off until the spin ends (a whole `idle_spin` per
+            // request was measured so). Not in the first microseconds:
+            // back-to-back doorbells keep the spin plain.
+            if idle >= YIELD_AFTER {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
             continue;
         }
         // Idle: raise the flag, look once more, sleep on the eventfd.
