@@ -1,7 +1,8 @@
 //! What the crate's checked views over remote bytes share
 //! ([`crate::handshake::HandshakePacket`], [`crate::msg::MsgPacket`]; the
 //! smoltcp `wire` pattern): one check of the length and the magic when the
-//! view is made, then accessors that cannot panic.
+//! view is made, then accessors that cannot panic (the workspace's one
+//! little-endian helper, `krcore_nic::le`, underneath).
 
 use std::ops::Range;
 
@@ -20,20 +21,17 @@ pub(crate) fn check<E>(
     if buf.len() < min_len {
         return Err(truncated(buf.len()));
     }
-    match u32::from_le_bytes(array(buf, magic_at)) {
+    match krcore_nic::le::read_u32(buf, magic_at.start) {
         m if m == magic => Ok(()),
         m => Err(bad_magic(m)),
     }
 }
 
-/// The `K` bytes of `buf` at `r`; zeros when `r` is not `K` bytes of
-/// `buf` (a view checked its length once: its accessors never panic).
+/// The `K` bytes of `buf` at the field `r` (`K` bytes long); zeros when
+/// they are not inside `buf` (a view checked its length once: its
+/// accessors never panic).
+#[inline]
 pub(crate) fn array<const K: usize>(buf: &[u8], r: Range<usize>) -> [u8; K] {
-    let mut out = [0u8; K];
-    if let Some(src) = buf.get(r) {
-        if src.len() == K {
-            out.copy_from_slice(src);
-        }
-    }
-    out
+    debug_assert_eq!(r.len(), K, "a field of {K} bytes");
+    krcore_nic::le::read_array(buf, r.start)
 }

@@ -43,6 +43,7 @@ pub mod conformance;
 pub mod counters;
 pub mod error;
 pub mod fault;
+pub mod le;
 pub mod provider;
 pub mod shared;
 pub mod sim;

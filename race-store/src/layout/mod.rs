@@ -47,60 +47,16 @@ pub(crate) const fn low_mask(depth: u8) -> u64 {
     }
 }
 
-/// Reads `N` bytes at `at`, or zeros if the range is outside `buf`.
-///
-/// Checked views validate their length once; this fallback only matters for a
-/// buffer whose `AsRef` lies about its length between calls, and keeps even
-/// that case from panicking.
-#[inline]
-pub(crate) fn read_array<const N: usize>(buf: &[u8], at: usize) -> [u8; N] {
-    at.checked_add(N)
-        .and_then(|end| buf.get(at..end))
-        .and_then(|s| <[u8; N]>::try_from(s).ok())
-        .unwrap_or([0; N])
-}
-
-/// Writes `bytes` at `at`; returns false (writing nothing) if out of range.
-#[inline]
-pub(crate) fn write_array<const N: usize>(buf: &mut [u8], at: usize, bytes: [u8; N]) -> bool {
-    match at.checked_add(N).and_then(|end| buf.get_mut(at..end)) {
-        Some(dst) => {
-            dst.copy_from_slice(&bytes);
-            true
-        }
-        None => false,
-    }
-}
-
-#[inline]
-pub(crate) fn read_u16(buf: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes(read_array(buf, at))
-}
-
-#[inline]
-pub(crate) fn read_u32(buf: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(read_array(buf, at))
-}
-
-#[inline]
-pub(crate) fn read_u64(buf: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(read_array(buf, at))
-}
+// The workspace's one little-endian helper (no panic: zeros out of range,
+// `false` for a write that does not fit).
+pub(crate) use krcore_nic::le::{read_array, read_u16, read_u32, read_u64, write_array};
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn helpers_never_panic_out_of_range() {
-        let buf = [1u8, 2, 3];
-        assert_eq!(read_u16(&buf, 1), 0x0302);
-        assert_eq!(read_u16(&buf, 2), 0);
-        assert_eq!(read_u64(&buf, usize::MAX), 0);
-        let mut out = [0u8; 4];
-        assert!(write_array(&mut out, 0, [9u8; 4]));
-        assert!(!write_array(&mut out, 1, [9u8; 4]));
-        assert!(!write_array(&mut out, usize::MAX - 1, [9u8; 4]));
+    fn low_mask_covers_every_depth() {
         assert_eq!(low_mask(0), 0);
         assert_eq!(low_mask(3), 7);
         assert_eq!(low_mask(64), u64::MAX);
