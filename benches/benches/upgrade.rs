@@ -29,7 +29,7 @@
 
 use std::time::{Duration, Instant};
 
-use krcore_kmod::{Engine, EngineConfig, MetaLocation, OwnedMr, RcMetaHost, Vqp, VqpTransport};
+use krcore_kmod::{Engine, EngineConfig, MetaLocation, OwnedMr, RcMetaHost, Vqp, VqpPath};
 use krcore_meta::{MetaConfig, MetaServer};
 use krcore_nic::sim::{LatencyModel, SimConfig, SimFabric, SimNic};
 use krcore_nic::{Access, MemoryRegion, SendWr, Wc, WcStatus};
@@ -161,7 +161,7 @@ fn measure(label: &str, latency: Option<LatencyModel>) {
         r.window(&s);
     }
     let (dc, _) = r.run(&s, PHASE);
-    assert_eq!(r.v.upgrade().unwrap(), VqpTransport::Rc);
+    assert_eq!(r.v.upgrade().unwrap(), VqpPath::Rc);
     for _ in 0..100 {
         r.window(&s);
     }
@@ -176,10 +176,7 @@ fn measure(label: &str, latency: Option<LatencyModel>) {
     let mut d = Reader::new(&s);
     let mut u = Reader::new(&s);
     u.v.upgrade().unwrap();
-    assert_eq!(
-        (d.v.transport(), u.v.transport()),
-        (VqpTransport::Dc, VqpTransport::Rc)
-    );
+    assert_eq!((d.v.path(), u.v.path()), (VqpPath::Dc, VqpPath::Rc));
     let (mut dc_w, mut rc_w) = (0u64, 0u64);
     let (mut dc_t, mut rc_t) = (Duration::ZERO, Duration::ZERO);
     let nic = s.client.nic().clone();
@@ -254,7 +251,7 @@ fn threshold(label: &str) {
     let crossed = Instant::now();
     let (mut windows, mut longest) = (0u64, Duration::ZERO);
     let mut built = None;
-    while r.v.transport() == VqpTransport::Dc {
+    while r.v.path() == VqpPath::Dc {
         longest = longest.max(r.window(&s));
         windows += 1;
         if built.is_none() && s.client.stats().rc.builds_done > 0 {
@@ -371,7 +368,7 @@ fn main() {
         let s = setup(None);
         let mut r = Reader::new(&s);
         r.window(&s);
-        assert_eq!(r.v.upgrade().unwrap(), VqpTransport::Rc);
+        assert_eq!(r.v.upgrade().unwrap(), VqpPath::Rc);
         r.window(&s);
         println!("upgrade bench: smoke run ok (use cargo bench to measure)");
         return;

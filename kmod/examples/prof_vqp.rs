@@ -37,8 +37,7 @@
 //! `'*raw_loop*'`) counts its instructions only; divide by `ops * batch`
 //! for instructions per WR.
 use krcore_kmod::{
-    Engine, EngineConfig, EngineMode, MetaLocation, OwnedMr, RcMetaHost, RemoteGrant, Vqp,
-    VqpTransport,
+    Engine, EngineConfig, EngineMode, MetaLocation, OwnedMr, RcMetaHost, RemoteGrant, Vqp, VqpPath,
 };
 use krcore_meta::{MetaConfig, MetaServer};
 use krcore_nic::conformance::{rc_pair, Side};
@@ -356,7 +355,7 @@ fn main() {
         let vqp = client.create_vqp().unwrap();
         vqp.connect(server.gid()).unwrap();
         if rc {
-            assert_eq!(vqp.upgrade().unwrap(), VqpTransport::Rc);
+            assert_eq!(vqp.upgrade().unwrap(), VqpPath::Rc);
         }
         run_vqp(&client, &vqp, (&local, &remote), n, (batch, op), poll);
     }

@@ -168,7 +168,7 @@
 //! use std::time::Instant;
 //! use krcore_kmod::{
 //!     DcCache, LocalMr, PhysWrId, Policy, Posted, Precheck, RemoteGrant, SendQueueCredits, Slot,
-//!     Transport, Ungranted, VqpId,
+//!     QpKind, Ungranted, VqpId,
 //! };
 //! use krcore_nic::{Access, DcTarget, Destination, Gid, RemoteAddr, SendWr, Sge, WcStatus};
 //!
@@ -192,7 +192,7 @@
 //! let user = [SendWr::read(7, local, RemoteAddr { addr: 0x9000, rkey: 3 })
 //!     .to(Destination::Dc(hit.target))];
 //! let check = Precheck {
-//!     transport: Transport::Dc,
+//!     transport: QpKind::Dc,
 //!     peer: None,
 //!     local_mrs: &mrs,
 //!     grants: &grants,
@@ -252,15 +252,15 @@ pub use engine::{
     HandshakeConfig, HandshakeFailure, HandshakeResponder, HandshakeStats, LeaseError, LeaseId,
     LeaseStats, Leased, Message, MetaFailure, MetaHostStats, MetaHostThread, MetaLease,
     MetaLeaseStats, MetaLocation, MetaStats, MsgConfig, MsgError, MsgMetaHost, MsgStats, OwnedMr,
-    Port, ProgressThread, QpStats, RcMetaHost, RcStats, Sender, Vqp, VqpError, VqpTransport,
+    Port, ProgressThread, QpStats, RcMetaHost, RcStats, Sender, Vqp, VqpError, VqpPath,
     DCIS_PER_CPU, DEFAULT_DC_KEY, DEFAULT_HANDSHAKE_QKEY, LEASE_REAPER, META_PORT,
 };
 
 pub use credits::{CreditError, Posted, PostedWr, QueueView, SendQueueCredits};
 pub use dccache::{CachedTarget, DcCache, Insert, Lookup, MetaEpoch};
 pub use precheck::{
-    LocalMr, LocalMrTable, NoGrants, OpKind, Plan, Policy, Precheck, Reason, Rejection,
-    RemoteGrant, RemoteGrants, Transport, Ungranted,
+    LocalMr, LocalMrTable, NoGrants, OpKind, Plan, Policy, Precheck, QpKind, Reason, Rejection,
+    RemoteGrant, RemoteGrants, Ungranted,
 };
 pub use wrid::{PhysWrId, Slot, VqpId, WrIdError};
 

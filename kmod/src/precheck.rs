@@ -47,7 +47,7 @@ use crate::credits::QueueView;
 /// The transport of the physical QP a VQP posts on.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 #[non_exhaustive]
-pub enum Transport {
+pub enum QpKind {
     /// Reliable connected: every opcode, to the connected peer.
     Rc,
     /// DC initiator: every opcode, to the DC target named in each WR.
@@ -56,13 +56,13 @@ pub enum Transport {
     Ud,
 }
 
-impl Transport {
+impl QpKind {
     /// Whether the transport carries `op`.
     #[inline]
     pub fn allows(self, op: OpKind) -> bool {
         match self {
-            Transport::Rc | Transport::Dc => true,
-            Transport::Ud => matches!(op, OpKind::Send | OpKind::SendImm),
+            QpKind::Rc | QpKind::Dc => true,
+            QpKind::Ud => matches!(op, OpKind::Send | OpKind::SendImm),
         }
     }
 
@@ -70,9 +70,9 @@ impl Transport {
     fn destination_ok(self, dest: &Destination) -> bool {
         matches!(
             (self, dest),
-            (Transport::Rc, Destination::Connected)
-                | (Transport::Dc, Destination::Dc(_))
-                | (Transport::Ud, Destination::Ud(_))
+            (QpKind::Rc, Destination::Connected)
+                | (QpKind::Dc, Destination::Dc(_))
+                | (QpKind::Ud, Destination::Ud(_))
         )
     }
 }
@@ -303,13 +303,13 @@ pub enum Reason {
         /// The opcode.
         op: OpKind,
         /// The transport.
-        transport: Transport,
+        transport: QpKind,
     },
     /// The destination kind does not match the transport.
     #[error("destination does not match transport {transport:?}")]
     WrongDestination {
         /// The transport.
-        transport: Transport,
+        transport: QpKind,
     },
     /// More SGEs than the QP takes.
     #[error("{count} SGEs, the QP takes at most {max}")]
@@ -444,8 +444,8 @@ impl Plan {
 /// Everything the pre-check looks at besides the batch.
 #[derive(Debug)]
 pub struct Precheck<'a, M: ?Sized, G: ?Sized> {
-    /// Transport of the physical QP.
-    pub transport: Transport,
+    /// QpKind of the physical QP.
+    pub transport: QpKind,
     /// The connected peer of an RC QP (to find grants for WRs to
     /// [`Destination::Connected`]); `None` skips grant checks for them.
     pub peer: Option<Gid>,
@@ -520,8 +520,8 @@ impl<M: LocalMrTable + ?Sized, G: RemoteGrants + ?Sized> Precheck<'_, M, G> {
             return false;
         };
         let target = match (self.transport, &wr.dest) {
-            (Transport::Dc, Destination::Dc(t)) => Some(t.gid),
-            (Transport::Rc, Destination::Connected) => self.peer,
+            (QpKind::Dc, Destination::Dc(t)) => Some(t.gid),
+            (QpKind::Rc, Destination::Connected) => self.peer,
             _ => return false,
         };
         let Some(mr) = self.local_mrs.lookup(sge.lkey) else {

@@ -259,20 +259,20 @@ fn an_rc_pair_upgraded_for_one_process_serves_the_next() {
 
 #[test]
 fn the_upgrade_hint_moves_an_attached_vqp_to_the_node_wide_pair() {
-    use krcore_kmod::VqpTransport;
+    use krcore_kmod::VqpPath;
     // No threshold (never by itself): only the hint upgrades.
     let n = Node::with(DaemonConfig::default(), Some(u64::MAX));
     let a = n.attach();
     let (abuf, av) = (local(&a), n.vqp(&a));
     write_read_rounds(&n, &av, &abuf, 1, 5);
-    assert_eq!(av.transport().unwrap(), VqpTransport::Dc);
-    assert_eq!(av.upgrade().unwrap(), VqpTransport::Rc);
-    assert_eq!(av.transport().unwrap(), VqpTransport::Rc);
+    assert_eq!(av.path().unwrap(), VqpPath::Dc);
+    assert_eq!(av.upgrade().unwrap(), VqpPath::Rc);
+    assert_eq!(av.path().unwrap(), VqpPath::Rc);
     write_read_rounds(&n, &av, &abuf, 1, 20);
     // Another process's hint finds the pair: no second handshake.
     let b = n.attach();
     let (bbuf, bv) = (local(&b), n.vqp(&b));
-    assert_eq!(bv.upgrade().unwrap(), VqpTransport::Rc);
+    assert_eq!(bv.upgrade().unwrap(), VqpPath::Rc);
     write_read_rounds(&n, &bv, &bbuf, 2, 20);
     let s = n.engine().stats();
     assert_eq!((s.rc.created, s.rc_upgrades), (1, 2));

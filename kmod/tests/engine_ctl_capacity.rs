@@ -16,7 +16,7 @@ use krcore_kmod::engine::hs_msg::HANDSHAKE_PORT;
 use krcore_kmod::engine::PortUsage;
 use krcore_kmod::msg::RefuseCode;
 use krcore_kmod::{
-    Engine, EngineConfig, EngineError, HandshakeFailure, MsgMetaHost, VqpTransport, META_PORT,
+    Engine, EngineConfig, EngineError, HandshakeFailure, MsgMetaHost, VqpPath, META_PORT,
 };
 use krcore_meta::table::Geometry;
 use krcore_meta::MetaConfig;
@@ -54,7 +54,7 @@ fn upgrade_and_read(e: &Engine<SimNic>, mem: &MemNode) -> Result<[u8; 8], Engine
     let v = e.create_vqp().unwrap();
     v.connect(mem.gid())?;
     e.resolve(&krcore_kmod::engine::handshake_gid(&mem.gid()))?;
-    assert_eq!(v.upgrade()?, VqpTransport::Rc);
+    assert_eq!(v.upgrade()?, VqpPath::Rc);
     let buf = e.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
     v.post_send(&mut [SendWr::read(1, buf.sge(0, 8).unwrap(), mem.mr.remote(0))])
         .unwrap();

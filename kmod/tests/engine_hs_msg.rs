@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::{counted, wait_wcs, Cluster, MemNode};
 use krcore_kmod::engine::hs_msg::{FIRST_RESERVED_PORT, HANDSHAKE_PORT};
 use krcore_kmod::handshake::{HandshakeMessage, HandshakeRepr};
-use krcore_kmod::{Engine, EngineConfig, EngineError, HandshakeFailure, MsgError, VqpTransport};
+use krcore_kmod::{Engine, EngineConfig, EngineError, HandshakeFailure, MsgError, VqpPath};
 use krcore_nic::sim::SimNic;
 use krcore_nic::{Access, MemoryRegion, Nic, SendWr, WcStatus};
 
@@ -78,7 +78,7 @@ fn an_upgrade_in_dc_mode_creates_no_ud_qp_on_either_engine() {
     let (tnic, cnic) = (mem.engine.nic().clone(), e.nic().clone());
     let target_before = tnic.counters();
     let (r, d) = counted(&cnic, || v.upgrade());
-    assert_eq!(r.unwrap(), VqpTransport::Rc);
+    assert_eq!(r.unwrap(), VqpPath::Rc);
     let t = tnic.counters() - target_before;
     // Initiator: its DCT (the answers arrive there) and the RC QP. Target:
     // the passive end only. Nothing else: no UD QP anywhere.
@@ -105,7 +105,7 @@ fn an_upgrade_in_dc_mode_creates_no_ud_qp_on_either_engine() {
     );
     assert_eq!(cm.inline_delivered, 1, "the Accept, a reply: {cm:?}");
     assert_eq!(&read_first(&e, &v, &mem), b"over rc!");
-    assert_eq!(v.transport(), VqpTransport::Rc);
+    assert_eq!(v.path(), VqpPath::Rc);
 }
 
 /// Waits (bounded) until `e`'s handshake port holds no channel and no
@@ -180,7 +180,7 @@ fn dropping_an_engine_closes_its_idle_pairs() {
     // VQP moves back to its DCI at its next post.
     let v = e.create_vqp().unwrap();
     v.connect(a.gid()).unwrap();
-    assert_eq!(v.upgrade().unwrap(), VqpTransport::Rc);
+    assert_eq!(v.upgrade().unwrap(), VqpPath::Rc);
     for t in [&a, &b] {
         passives(&t.engine, 1);
     }
@@ -198,7 +198,7 @@ fn dropping_an_engine_closes_its_idle_pairs() {
     let mut got = [0u8; 8];
     buf.read(0, &mut got).unwrap();
     assert_eq!(&got, b"after!!!");
-    assert_eq!(v.transport(), VqpTransport::Dc);
+    assert_eq!(v.path(), VqpPath::Dc);
 }
 
 #[test]
@@ -296,7 +296,7 @@ fn bad_messages_on_the_handshake_port_are_dropped_and_counted() {
         },
         || v.upgrade(),
     );
-    assert_eq!(r.unwrap(), VqpTransport::Rc);
+    assert_eq!(r.unwrap(), VqpPath::Rc);
     assert_eq!(mem.engine.stats().handshake.accepted, 1);
 }
 
@@ -320,7 +320,7 @@ fn nobody_serving_is_a_bounded_typed_timeout() {
         ),
         "{r:?}"
     );
-    assert_eq!(v.transport(), VqpTransport::Dc);
+    assert_eq!(v.path(), VqpPath::Dc);
     let s = e.stats();
     assert_eq!(
         (s.rc_upgrade_failures, s.rc.pairs, s.handshake.timeouts),
@@ -356,10 +356,10 @@ fn a_node_that_stopped_serving_refuses_typed() {
         ),
         "{r:?}"
     );
-    assert_eq!(v.transport(), VqpTransport::Dc);
+    assert_eq!(v.path(), VqpPath::Dc);
     // Serving again: the upgrade goes through.
     mem.engine.handshake_entry().unwrap();
-    assert_eq!(v.upgrade().unwrap(), VqpTransport::Rc);
+    assert_eq!(v.upgrade().unwrap(), VqpPath::Rc);
 }
 
 /// Two engines without threads upgrade to each other at the same time:
@@ -380,8 +380,8 @@ fn two_unthreaded_engines_upgrade_to_each_other_at_once() {
         let hb = s.spawn(|| vb.upgrade());
         (ha.join().unwrap(), hb.join().unwrap())
     });
-    assert_eq!(ra.unwrap(), VqpTransport::Rc);
-    assert_eq!(rb.unwrap(), VqpTransport::Rc);
+    assert_eq!(ra.unwrap(), VqpPath::Rc);
+    assert_eq!(rb.unwrap(), VqpPath::Rc);
     b.mr.write(0, b"b's mem!").unwrap();
     a.mr.write(0, b"a's mem!").unwrap();
     assert_eq!(&read_first(&a.engine, &va, &b), b"b's mem!");

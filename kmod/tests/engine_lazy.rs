@@ -134,7 +134,7 @@ fn an_upgrade_initiator_creates_its_receiver_at_its_first_upgrade() {
     e.resolve(&handshake_gid(&target.gid())).unwrap();
     assert_eq!(e.stats().dcts_created, 0);
     let (r, d) = counted(&nic, || v.upgrade());
-    assert_eq!(r.unwrap(), krcore_kmod::VqpTransport::Rc);
+    assert_eq!(r.unwrap(), krcore_kmod::VqpPath::Rc);
     assert_eq!(d.qps_created, 2, "its DCT and the RC QP: {d:?}");
     let s = e.stats();
     assert_eq!((s.handshake_endpoints_created, s.rc_upgrades), (0, 1));

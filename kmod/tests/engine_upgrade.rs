@@ -7,7 +7,7 @@
 mod common;
 
 use common::{Cluster, MemNode};
-use krcore_kmod::{Engine, EngineConfig, EngineError, EngineStats, OwnedMr, Vqp, VqpTransport};
+use krcore_kmod::{Engine, EngineConfig, EngineError, EngineStats, OwnedMr, Vqp, VqpPath};
 use krcore_nic::sim::SimNic;
 use krcore_nic::{Access, DcTarget, MemoryRegion, SendWr, Wc, WcStatus};
 
@@ -66,7 +66,7 @@ struct Workload<'a> {
     next: usize,
     next_wc: u64,
     /// Transports seen at each post, in order.
-    seen: Vec<VqpTransport>,
+    seen: Vec<VqpPath>,
 }
 
 impl<'a> Workload<'a> {
@@ -114,7 +114,7 @@ impl<'a> Workload<'a> {
             ),
         ];
         self.v.post_send(&mut wrs).unwrap();
-        self.seen.push(self.v.transport());
+        self.seen.push(self.v.path());
     }
 
     /// Polls until every posted WR completed, checking order and status.
@@ -162,7 +162,7 @@ impl<'a> Workload<'a> {
 
     /// Index of the first round posted on RC.
     fn switched_at(&self) -> Option<usize> {
-        self.seen.iter().position(|t| *t == VqpTransport::Rc)
+        self.seen.iter().position(|t| *t == VqpPath::Rc)
     }
 }
 
@@ -172,7 +172,7 @@ fn a_threshold_upgrades_mid_stream_and_keeps_the_sequential_log() {
     let mem = upgradable_node(&c, 4096);
     let e = client(&c, |cfg| cfg.with_upgrade_after(Some(100)));
     let mut w = Workload::new(&e, &mem, 0);
-    assert_eq!(w.v.transport(), VqpTransport::Dc);
+    assert_eq!(w.v.path(), VqpPath::Dc);
     // Windows of 4 rounds (12 WRs): the threshold is crossed with WRs in
     // flight, so the switch waits for them to drain.
     for _ in 0..60 {
@@ -180,14 +180,14 @@ fn a_threshold_upgrades_mid_stream_and_keeps_the_sequential_log() {
         wait_builds(&e);
     }
     w.check();
-    assert_eq!(w.v.transport(), VqpTransport::Rc);
+    assert_eq!(w.v.path(), VqpPath::Rc);
     let at = w.switched_at().expect("switched");
     // Round 33's post reaches 102 WRs: it asks for the pair and the VQP
     // keeps posting on DC. The next look, at 118 WRs (round 39, the pair
     // built by then), finds it with rounds 36..39 in flight; the first post
     // after they drained (round 40) switches.
     assert_eq!(at, 40, "switched at round {at}");
-    assert!(w.seen[at..].iter().all(|t| *t == VqpTransport::Rc));
+    assert!(w.seen[at..].iter().all(|t| *t == VqpPath::Rc));
     let s = e.stats();
     assert_eq!(
         (s.rc_upgrades, s.rc_downgrades, s.rc_upgrade_failures),
@@ -218,10 +218,10 @@ fn a_hint_with_wrs_in_flight_switches_once_they_drained() {
         w.post_round();
     }
     assert!(w.v.outstanding() > 0);
-    assert_eq!(w.v.upgrade().unwrap(), VqpTransport::Dc);
+    assert_eq!(w.v.upgrade().unwrap(), VqpPath::Dc);
     assert_eq!(e.stats().rc.created, 1);
     w.post_round(); // still in flight: on DC
-    assert_eq!(w.v.transport(), VqpTransport::Dc);
+    assert_eq!(w.v.path(), VqpPath::Dc);
     w.drain();
     for _ in 0..10 {
         w.window(3);
@@ -231,7 +231,7 @@ fn a_hint_with_wrs_in_flight_switches_once_they_drained() {
     let s = e.stats();
     assert_eq!((s.rc_upgrades, s.rc_upgrade_failures), (1, 0));
     // A hint on an upgraded VQP is a no-op.
-    assert_eq!(w.v.upgrade().unwrap(), VqpTransport::Rc);
+    assert_eq!(w.v.upgrade().unwrap(), VqpPath::Rc);
     assert_eq!(e.stats().rc.created, 1);
 }
 
@@ -245,8 +245,8 @@ fn a_prebuilt_pair_is_shared_and_a_drained_hint_switches_at_once() {
     let mut b = Workload::new(&e, &mem, 1024);
     a.window(2);
     b.window(2);
-    assert_eq!(a.v.upgrade().unwrap(), VqpTransport::Rc);
-    assert_eq!(b.v.upgrade().unwrap(), VqpTransport::Rc);
+    assert_eq!(a.v.upgrade().unwrap(), VqpPath::Rc);
+    assert_eq!(b.v.upgrade().unwrap(), VqpPath::Rc);
     for _ in 0..20 {
         a.window(2);
         b.window(3);
@@ -259,7 +259,7 @@ fn a_prebuilt_pair_is_shared_and_a_drained_hint_switches_at_once() {
     // Connecting to another target moves an upgraded VQP back to its DCI.
     let other = upgradable_node(&c, 64);
     a.v.connect(other.gid()).unwrap();
-    assert_eq!(a.v.transport(), VqpTransport::Dc);
+    assert_eq!(a.v.path(), VqpPath::Dc);
     assert_eq!(e.stats().rc_downgrades, 1);
 }
 
@@ -275,7 +275,7 @@ fn a_target_without_an_endpoint_leaves_the_vqp_on_dc_with_backoff() {
         wait_builds(&e);
     }
     w.check();
-    assert!(w.seen.iter().all(|t| *t == VqpTransport::Dc));
+    assert!(w.seen.iter().all(|t| *t == VqpPath::Dc));
     let s = e.stats();
     assert_eq!(s.rc_upgrades, 0);
     // Builds asked at the posts reaching 12, 51, 111, 210, 390 WRs, each
@@ -316,7 +316,7 @@ fn an_endpoint_that_is_gone_times_out_and_the_vqp_keeps_working() {
     w.window(3);
     let r = w.v.upgrade();
     assert!(matches!(r, Err(EngineError::Handshake { .. })), "{r:?}");
-    assert_eq!(w.v.transport(), VqpTransport::Dc);
+    assert_eq!(w.v.path(), VqpPath::Dc);
     for _ in 0..10 {
         w.window(3);
     }
@@ -360,7 +360,7 @@ fn rc_cap_one_with_two_hot_targets_evicts_back_to_dc() {
     assert_eq!(s.rc.build_failures, s.rc.busy, "{s:?}");
     assert!(s.rc_upgrades - s.rc_downgrades <= 1);
     for w in [&a, &b] {
-        assert!(w.seen.contains(&VqpTransport::Rc) && w.seen.contains(&VqpTransport::Dc));
+        assert!(w.seen.contains(&VqpPath::Rc) && w.seen.contains(&VqpPath::Dc));
     }
 }
 
@@ -408,7 +408,7 @@ fn concurrent_upgrades_and_evictions_keep_every_log_sequential() {
 /// windows keep the sequential log, and the engine counts exactly one
 /// failure, no upgrade and no pair. Returns the stats for further checks.
 fn stayed_on_dc_after_one_failure(e: &Engine<SimNic>, w: &mut Workload<'_>) -> EngineStats {
-    assert_eq!(w.v.transport(), VqpTransport::Dc);
+    assert_eq!(w.v.path(), VqpPath::Dc);
     for _ in 0..10 {
         w.window(3);
     }
@@ -473,7 +473,7 @@ fn a_target_that_refuses_leaves_the_vqp_on_dc_working() {
         wait_builds(&e2);
     }
     w2.check();
-    assert!(w2.seen.iter().all(|t| *t == VqpTransport::Dc));
+    assert!(w2.seen.iter().all(|t| *t == VqpPath::Dc));
     let s2 = e2.stats();
     assert_eq!((s2.rc_upgrades, s2.rc.pairs), (0, 0));
     assert_eq!(s2.rc_upgrade_failures, 5, "as without an endpoint: {s2:?}");
@@ -484,7 +484,7 @@ fn a_target_that_refuses_leaves_the_vqp_on_dc_working() {
     assert_eq!(ms.rejected, 1 + s2.rc_upgrade_failures);
     // The first node's pair still works.
     let mut w3 = Workload::new(&first, &mem, 2048);
-    assert_eq!(w3.v.upgrade().unwrap(), VqpTransport::Rc);
+    assert_eq!(w3.v.upgrade().unwrap(), VqpPath::Rc);
     w3.window(3);
     w3.check();
 }
@@ -595,7 +595,7 @@ fn a_threshold_upgrade_builds_in_the_background_while_posts_stay_on_dc() {
     // unanswered; every post returned, on DC.
     let s = e.stats();
     assert_eq!((s.rc.builds, s.rc.builds_done), (1, 0), "{s:?}");
-    assert!(w.seen.iter().all(|t| *t == VqpTransport::Dc));
+    assert!(w.seen.iter().all(|t| *t == VqpPath::Dc));
     assert_eq!(s.rc_upgrade_failures, 0);
     // The target answers: the build ends, the VQP takes the pair at a
     // later post, once its DC WRs drained.
@@ -611,7 +611,7 @@ fn a_threshold_upgrade_builds_in_the_background_while_posts_stay_on_dc() {
     w.check();
     let at = w.switched_at().expect("switched");
     assert!(at >= 40, "after the 20 windows on DC: {at}");
-    assert!(w.seen[at..].iter().all(|t| *t == VqpTransport::Rc));
+    assert!(w.seen[at..].iter().all(|t| *t == VqpPath::Rc));
     let s = e.stats();
     assert_eq!(
         (
@@ -690,7 +690,7 @@ fn a_target_that_dies_mid_background_build_leaves_the_vqp_on_dc_working() {
     w.window(2);
     w.window(2);
     w.check();
-    assert!(w.seen.iter().all(|t| *t == VqpTransport::Dc));
+    assert!(w.seen.iter().all(|t| *t == VqpPath::Dc));
     let s = e.stats();
     assert_eq!(
         (s.rc_upgrades, s.rc.pairs, s.rc.builds, s.rc.build_failures),

@@ -201,7 +201,7 @@ pub use vqp::{Completion, Request, Vqp, REQUEST_WR_ID_BIT};
 pub use krcore_kmod::{
     EngineConfig, EngineError, EngineMode, EngineStats, HandshakeFailure, LeaseError, LeaseId,
     MetaFailure, MetaLease, MetaLocation, Reason, Rejection, RemoteGrant, Ungranted, VqpError,
-    VqpTransport,
+    VqpPath,
 };
 pub use krcore_meta::table::Geometry;
 pub use krcore_nic::{

@@ -6,7 +6,7 @@ use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use krcore_kmod::daemon::{AttachedVqp, DaemonError, PostCode};
-use krcore_kmod::{RemoteGrant, Ungranted, VqpError, VqpId, VqpTransport};
+use krcore_kmod::{RemoteGrant, Ungranted, VqpError, VqpId, VqpPath};
 use krcore_nic::{Gid, Nic, SendWr, Wc};
 
 use crate::error::{Error, Result};
@@ -91,18 +91,18 @@ impl<N: Nic> RawVqp<N> {
 
     /// How the VQP reaches its target: an attached VQP asks the daemon
     /// (one control call), and reports the daemon's mode when it cannot.
-    pub(crate) fn transport(&self, rc_fallback: bool) -> VqpTransport {
+    pub(crate) fn path(&self, rc_fallback: bool) -> VqpPath {
         match self {
-            RawVqp::Local(v) => v.transport(),
-            RawVqp::Attached(a) => a.vqp.transport().unwrap_or(if rc_fallback {
-                VqpTransport::Rc
+            RawVqp::Local(v) => v.path(),
+            RawVqp::Attached(a) => a.vqp.path().unwrap_or(if rc_fallback {
+                VqpPath::Rc
             } else {
-                VqpTransport::Dc
+                VqpPath::Dc
             }),
         }
     }
 
-    pub(crate) fn upgrade(&self) -> Result<VqpTransport> {
+    pub(crate) fn upgrade(&self) -> Result<VqpPath> {
         match self {
             RawVqp::Local(v) => Ok(v.upgrade()?),
             RawVqp::Attached(a) => Ok(a.vqp.upgrade()?),

@@ -155,16 +155,16 @@ impl<N: Nic> Vqp<N> {
     }
 
     /// How the VQP reaches its target now: DC, or an RC pair after the
-    /// engine upgraded it (see [`krcore_kmod::Vqp::transport`]). Drivers
+    /// engine upgraded it (see [`krcore_kmod::Vqp::path`]). Drivers
     /// show upgrade events by watching it change.
-    pub fn transport(&self) -> krcore_kmod::VqpTransport {
+    pub fn path(&self) -> krcore_kmod::VqpPath {
         let rc = self.inner.node.mode() == krcore_kmod::EngineMode::RcFallback;
-        self.inner.vqp.transport(rc)
+        self.inner.vqp.path(rc)
     }
 
     /// Hint: moves the VQP to an RC pair with its target now (DC mode, the
     /// engine built with `upgrade_endpoint`; see
-    /// [`krcore_kmod::Vqp::upgrade`]). Returns the transport after the call.
+    /// [`krcore_kmod::Vqp::upgrade`]). Returns the path after the call.
     ///
     /// # Errors
     /// [`Error::Engine`]: `Unsupported`, `NotConnected`, `UnknownNode` (the
@@ -172,7 +172,7 @@ impl<N: Nic> Vqp<N> {
     /// stays on DC, working. On an attached node the daemon's engine
     /// upgrades (the pair serves every process of the node), and its
     /// refusal is [`Error::Daemon`].
-    pub fn upgrade(&self) -> Result<krcore_kmod::VqpTransport> {
+    pub fn upgrade(&self) -> Result<krcore_kmod::VqpPath> {
         self.inner.vqp.upgrade()
     }
 

@@ -227,7 +227,7 @@ fn what_the_daemon_does_not_carry_is_refused_typed() {
     // upgrade endpoint, so the engine refuses, typed, and the VQP stays on
     // DC, working.
     assert!(matches!(vqp.upgrade(), Err(Error::Daemon(_))));
-    assert_eq!(vqp.transport(), krcore::VqpTransport::Dc);
+    assert_eq!(vqp.path(), krcore::VqpPath::Dc);
 
     // A remote key no grant covers: the daemon's pre-check refuses it,
     // nothing reaches the NIC.

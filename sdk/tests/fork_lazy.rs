@@ -107,7 +107,7 @@ fn a_child_never_upgrades_onto_its_parents_rc_pair() {
     // The parent upgrades first: its pool now holds an RC pair to the server.
     let vqp = client.connect(server.gid()).unwrap();
     vqp.read(&buf, 0, &token, 0, 8).unwrap().wait().unwrap();
-    assert_eq!(vqp.upgrade().unwrap(), krcore::VqpTransport::Rc);
+    assert_eq!(vqp.upgrade().unwrap(), krcore::VqpPath::Rc);
     let server_gid = server.gid();
     let worker = client
         .fork(|node| {
@@ -127,7 +127,7 @@ fn a_child_never_upgrades_onto_its_parents_rc_pair() {
             if !unsupported(v.upgrade()) {
                 return UPGRADE_NOT_REFUSED;
             }
-            if v.transport() != krcore::VqpTransport::Dc {
+            if v.path() != krcore::VqpPath::Dc {
                 return NOT_ON_DC;
             }
             if !matches!(read(&v), Ok(true)) {
@@ -143,5 +143,5 @@ fn a_child_never_upgrades_onto_its_parents_rc_pair() {
     let mut got = [0u8; 8];
     buf.read(0, &mut got).unwrap();
     assert_eq!(&got, b"parent!!");
-    assert_eq!(vqp.transport(), krcore::VqpTransport::Rc);
+    assert_eq!(vqp.path(), krcore::VqpPath::Rc);
 }

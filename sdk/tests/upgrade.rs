@@ -2,7 +2,7 @@
 //! upgrade endpoint register its name beside their DCT, a VQP's hint moves
 //! it to an RC pair, and the node's counters show it.
 
-use krcore::{Access, EngineConfig, EngineError, Error, Node, VqpTransport};
+use krcore::{Access, EngineConfig, EngineError, Error, Node, VqpPath};
 
 fn cfg() -> EngineConfig {
     EngineConfig::default().with_upgrade_endpoint(true)
@@ -23,9 +23,9 @@ fn a_hint_upgrades_a_vqp_and_the_counters_show_it() {
     let vqp = client.connect(server.gid()).unwrap();
     let buf = client.alloc(64, Access::LOCAL_WRITE).unwrap();
     vqp.read(&buf, 0, &token, 0, 8).unwrap().wait().unwrap();
-    assert_eq!(vqp.transport(), VqpTransport::Dc);
-    assert_eq!(vqp.upgrade().unwrap(), VqpTransport::Rc);
-    assert_eq!(vqp.transport(), VqpTransport::Rc);
+    assert_eq!(vqp.path(), VqpPath::Dc);
+    assert_eq!(vqp.upgrade().unwrap(), VqpPath::Rc);
+    assert_eq!(vqp.path(), VqpPath::Rc);
     buf.write(0, &[0; 8]).unwrap();
     vqp.read(&buf, 0, &token, 0, 8).unwrap().wait().unwrap();
     let mut got = [0u8; 8];
@@ -51,6 +51,6 @@ fn without_the_endpoint_the_hint_is_a_typed_error_and_the_vqp_works() {
     ));
     let buf = client.alloc(64, Access::LOCAL_WRITE).unwrap();
     vqp.read(&buf, 0, &token, 0, 8).unwrap().wait().unwrap();
-    assert_eq!(vqp.transport(), VqpTransport::Dc);
+    assert_eq!(vqp.path(), VqpPath::Dc);
     assert_eq!(client.upgrade_counters(), (0, 0, 1, 0));
 }

@@ -369,10 +369,10 @@ impl Attached {
     }
 }
 
-fn transport_of(t: u8) -> crate::VqpTransport {
+fn path_of(t: u8) -> crate::VqpPath {
     match t {
-        0 => crate::VqpTransport::Dc,
-        _ => crate::VqpTransport::Rc,
+        0 => crate::VqpPath::Dc,
+        _ => crate::VqpPath::Rc,
     }
 }
 
@@ -710,9 +710,9 @@ impl AttachedVqp {
     /// [`DaemonError::Refused`]: `Unsupported` (RC fallback mode), the
     /// engine's failure (not connected, the target refused); the daemon
     /// gone.
-    pub fn upgrade(&self) -> Result<crate::VqpTransport, DaemonError> {
+    pub fn upgrade(&self) -> Result<crate::VqpPath, DaemonError> {
         match self.conn.call(&Request::Upgrade { vqp: self.handle })? {
-            (Reply::Transport(t), _) => Ok(transport_of(t)),
+            (Reply::Path(t), _) => Ok(path_of(t)),
             _ => Err(unexpected("an Upgrade")),
         }
     }
@@ -722,10 +722,10 @@ impl AttachedVqp {
     ///
     /// # Errors
     /// The daemon gone or refusing.
-    pub fn transport(&self) -> Result<crate::VqpTransport, DaemonError> {
-        match self.conn.call(&Request::Transport { vqp: self.handle })? {
-            (Reply::Transport(t), _) => Ok(transport_of(t)),
-            _ => Err(unexpected("a Transport")),
+    pub fn path(&self) -> Result<crate::VqpPath, DaemonError> {
+        match self.conn.call(&Request::Path { vqp: self.handle })? {
+            (Reply::Path(t), _) => Ok(path_of(t)),
+            _ => Err(unexpected("a Path")),
         }
     }
 

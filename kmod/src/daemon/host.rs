@@ -739,22 +739,22 @@ fn handle<N: Nic>(
         Request::Upgrade { vqp } => match vqp_of(vqp) {
             None => (unknown("VQP", vqp), None),
             Some(v) => match v.vqp.upgrade() {
-                Ok(t) => (Reply::Transport(transport_code(t)), None),
+                Ok(t) => (Reply::Path(path_code(t)), None),
                 Err(e @ crate::EngineError::Unsupported { .. }) => {
                     (refuse(RefuseCode::Unsupported, e.to_string()), None)
                 }
                 Err(e) => (refuse(RefuseCode::Engine, error_line(&e)), None),
             },
         },
-        Request::Transport { vqp } => match vqp_of(vqp) {
+        Request::Path { vqp } => match vqp_of(vqp) {
             None => (unknown("VQP", vqp), None),
-            Some(v) => (Reply::Transport(transport_code(v.vqp.transport())), None),
+            Some(v) => (Reply::Path(path_code(v.vqp.path())), None),
         },
     }
 }
 
-fn transport_code(t: crate::VqpTransport) -> u8 {
-    u8::from(t != crate::VqpTransport::Dc)
+fn path_code(t: crate::VqpPath) -> u8 {
+    u8::from(t != crate::VqpPath::Dc)
 }
 
 /// Drops the process's retired regions whose leases all ended (their

@@ -257,7 +257,7 @@ pub enum Request {
         vqp: u32,
     },
     /// How a VQP reaches its target now.
-    Transport {
+    Path {
         /// The VQP.
         vqp: u32,
     },
@@ -445,8 +445,8 @@ pub enum Reply {
     },
     /// To `ReturnCredits`, `Queued`, `RevokeLeases` and `LiveLeases`.
     Count(u64),
-    /// To `Upgrade` and `Transport`: 0 DC, 1 RC.
-    Transport(u8),
+    /// To `Upgrade` and `Path`: 0 DC, 1 RC.
+    Path(u8),
     /// To `Lease`.
     Leased {
         /// The lease's id (for `Revoke`).
@@ -674,7 +674,7 @@ impl Request {
             Request::RevokeLeases { .. } => "revoke leases",
             Request::LiveLeases { .. } => "count live leases",
             Request::Upgrade { .. } => "upgrade a VQP",
-            Request::Transport { .. } => "a VQP's transport",
+            Request::Path { .. } => "a VQP's transport",
         }
     }
 
@@ -755,7 +755,7 @@ impl Request {
             Request::RevokeLeases { mr } => Out::new(24).u32(*mr),
             Request::LiveLeases { mr } => Out::new(25).u32(*mr),
             Request::Upgrade { vqp } => Out::new(26).u32(*vqp),
-            Request::Transport { vqp } => Out::new(27).u32(*vqp),
+            Request::Path { vqp } => Out::new(27).u32(*vqp),
         }
         .done()
     }
@@ -852,7 +852,7 @@ impl Request {
             24 => Request::RevokeLeases { mr: r.u32()? },
             25 => Request::LiveLeases { mr: r.u32()? },
             26 => Request::Upgrade { vqp: r.u32()? },
-            27 => Request::Transport { vqp: r.u32()? },
+            27 => Request::Path { vqp: r.u32()? },
             tag => return Err(WireError::UnknownTag { tag }),
         };
         r.end(tag, req)
@@ -951,7 +951,7 @@ impl Reply {
             Reply::Port { handle } => Out::new(113).u32(*handle),
             Reply::Count(n) => Out::new(114).u64(*n),
             Reply::Leased { id, rkey, addr } => Out::new(115).u64(*id).u32(*rkey).u64(*addr),
-            Reply::Transport(t) => Out::new(116).u8(*t),
+            Reply::Path(t) => Out::new(116).u8(*t),
         }
         .done()
     }
@@ -1056,7 +1056,7 @@ impl Reply {
             }),
             113 => Reply::Port { handle: r.u32()? },
             114 => Reply::Count(r.u64()?),
-            116 => Reply::Transport(r.u8()?),
+            116 => Reply::Path(r.u8()?),
             115 => Reply::Leased {
                 id: r.u64()?,
                 rkey: r.u32()?,

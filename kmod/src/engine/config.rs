@@ -117,7 +117,7 @@ pub struct EngineConfig {
     pub msg: MsgConfig,
     /// DC mode, hybrid DC -> RC upgrade: a VQP that posted this many WRs to
     /// its current target moves to an RC pair with that target (see
-    /// [`super::Vqp::transport`]). `None`: only on an explicit hint
+    /// [`super::Vqp::path`]). `None`: only on an explicit hint
     /// ([`super::Vqp::upgrade`]). After a failed upgrade the next attempt
     /// waits for `threshold << failures` more WRs (at most 2^10 times).
     /// Needs `upgrade_endpoint` on this node too (the pairs are made

@@ -152,7 +152,7 @@ pub use rc_meta::RcMetaHost;
 pub use responder::{
     HandshakeConfig, HandshakeResponder, HandshakeStats, ProgressThread, DEFAULT_HANDSHAKE_QKEY,
 };
-pub use upgrade::{handshake_gid, VqpTransport};
+pub use upgrade::{handshake_gid, VqpPath};
 pub use vqp::Vqp;
 
 use crate::dccache::{CachedTarget, DcCache, Insert};
@@ -310,7 +310,7 @@ struct Upgrade<N: Nic> {
 
 /// What the engine runs on: a DCT in DC mode, a handshake endpoint and RC
 /// pairs in RC fallback mode.
-enum Transport<N: Nic> {
+enum ModeState<N: Nic> {
     Dc(Lazy<Receiver<N>>),
     Rc(Box<Fallback<N>>),
 }
@@ -327,7 +327,7 @@ pub(crate) struct EngineInner<N: Nic> {
     /// The words every post reads (the registry's generation, the RC
     /// pairs' LRU clock), shared with the registry and each shared QP.
     pub(crate) words: Arc<PostWords>,
-    transport: Transport<N>,
+    mode_state: ModeState<N>,
     /// DC mode with `upgrade_endpoint`: the handshake over messaging and
     /// the RC pairs of upgraded VQPs.
     upgrade: Option<Box<Upgrade<N>>>,
@@ -366,9 +366,9 @@ impl<N: Nic> EngineInner<N> {
     /// The UD handshake endpoint (RC fallback mode; `None` in DC mode);
     /// never creates it.
     pub(crate) fn handshake(&self) -> Option<&HandshakeResponder<N>> {
-        match &self.transport {
-            Transport::Rc(f) => f.ep.get().map(|e| &e.hs),
-            Transport::Dc(_) => None,
+        match &self.mode_state {
+            ModeState::Rc(f) => f.ep.get().map(|e| &e.hs),
+            ModeState::Dc(_) => None,
         }
     }
 
@@ -396,9 +396,9 @@ impl<N: Nic> EngineInner<N> {
     /// [`EngineInner::handshake_endpoint`] with its thread's slot.
     fn hs_endpoint(&self) -> Result<&HsEndpoint<N>, EngineError> {
         let f =
-            match &self.transport {
-                Transport::Rc(f) => f,
-                Transport::Dc(_) => return Err(EngineError::Unsupported {
+            match &self.mode_state {
+                ModeState::Rc(f) => f,
+                ModeState::Dc(_) => return Err(EngineError::Unsupported {
                     reason:
                         "DC mode has no handshake endpoint (the upgrade's handshake is messaging)",
                 }),
@@ -437,7 +437,7 @@ impl<N: Nic> EngineInner<N> {
     /// restarted peer's Request is noted before its answer, so before any
     /// message it sends over the new pair) and by [`Engine::progress`].
     pub(crate) fn forget_restarted_peers(&self) {
-        let (Some(hs), Transport::Rc(f)) = (self.handshake(), &self.transport) else {
+        let (Some(hs), ModeState::Rc(f)) = (self.handshake(), &self.mode_state) else {
             return;
         };
         for peer in hs.take_peer_endpoints() {
@@ -463,9 +463,9 @@ impl<N: Nic> EngineInner<N> {
     /// The RC pairs (RC fallback mode).
     /// DC mode: the upgraded VQPs' pairs, if the upgrade is configured.
     pub(crate) fn rc_pool(&self) -> Option<&RcPool<N>> {
-        match &self.transport {
-            Transport::Rc(f) => Some(&f.pool),
-            Transport::Dc(_) => self.upgrade.as_ref().map(|u| &u.pool),
+        match &self.mode_state {
+            ModeState::Rc(f) => Some(&f.pool),
+            ModeState::Dc(_) => self.upgrade.as_ref().map(|u| &u.pool),
         }
     }
 
@@ -477,12 +477,12 @@ impl<N: Nic> EngineInner<N> {
     /// # Errors
     /// As [`EngineInner::receiver`] in DC mode.
     pub(crate) fn msg_rx(&self) -> Result<(N::Srq, N::Cq, u32, u64), EngineError> {
-        match &self.transport {
-            Transport::Dc(_) => {
+        match &self.mode_state {
+            ModeState::Dc(_) => {
                 let r = self.receiver()?;
                 Ok((r.srq.clone(), r.cq.clone(), r.dct.qpn(), self.cfg.dc_key))
             }
-            Transport::Rc(f) => {
+            ModeState::Rc(f) => {
                 let t = self.served_endpoint()?.target();
                 Ok((f.rx.srq.clone(), f.rx.cq.clone(), t.qpn, u64::from(t.qkey)))
             }
@@ -501,7 +501,7 @@ impl<N: Nic> EngineInner<N> {
     /// device refuses a resource (nothing is kept; the next call tries
     /// again).
     fn receiver(&self) -> Result<&Receiver<N>, EngineError> {
-        let Transport::Dc(r) = &self.transport else {
+        let ModeState::Dc(r) = &self.mode_state else {
             return Err(EngineError::Unsupported {
                 reason: "RC fallback mode has no DCT (its handshake endpoint is its address)",
             });
@@ -539,9 +539,9 @@ impl<N: Nic> EngineInner<N> {
     }
 
     fn mode(&self) -> EngineMode {
-        match self.transport {
-            Transport::Dc(_) => EngineMode::Dc,
-            Transport::Rc(_) => EngineMode::RcFallback,
+        match self.mode_state {
+            ModeState::Dc(_) => EngineMode::Dc,
+            ModeState::Rc(_) => EngineMode::RcFallback,
         }
     }
 }
@@ -551,7 +551,7 @@ impl<N: Nic> Drop for EngineInner<N> {
     /// node's ends of their pairs are gone, so that they free theirs (best
     /// effort: a lost Close leaves an end until its responder needs room).
     fn drop(&mut self) {
-        if let Transport::Rc(f) = &self.transport {
+        if let ModeState::Rc(f) = &self.mode_state {
             if let Some(e) = f.ep.get() {
                 f.pool.close_all(&e.hs);
             }
@@ -656,7 +656,7 @@ impl<N: Nic> Engine<N> {
         let pd = nic
             .alloc_pd()
             .map_err(EngineError::nic("allocate the PD"))?;
-        let (transport, upgrade) = if caps.dc {
+        let (mode_state, upgrade) = if caps.dc {
             let receiver = if cfg.eager_start {
                 Lazy::ready(start_receiver(&*nic, &pd, &cfg)?)
             } else {
@@ -668,7 +668,7 @@ impl<N: Nic> Engine<N> {
                     pool: RcPool::default(),
                 })
             });
-            (Transport::Dc(receiver), up)
+            (ModeState::Dc(receiver), up)
         } else {
             let rx = RcRx {
                 cq: nic
@@ -683,7 +683,7 @@ impl<N: Nic> Engine<N> {
                 pool: RcPool::default(),
                 rx,
             };
-            (Transport::Rc(Box::new(f)), None)
+            (ModeState::Rc(Box::new(f)), None)
         };
         let meta = match cfg.meta {
             Some(loc) => Some(MetaClient::start(
@@ -695,9 +695,9 @@ impl<N: Nic> Engine<N> {
                     backoff: cfg.meta_backoff,
                     timeout: cfg.meta_timeout,
                 },
-                match &transport {
-                    Transport::Rc(f) => f.ep.get().map(|e| e.hs.clone()),
-                    Transport::Dc(_) => None,
+                match &mode_state {
+                    ModeState::Rc(f) => f.ep.get().map(|e| e.hs.clone()),
+                    ModeState::Dc(_) => None,
                 },
             )?),
             None => None,
@@ -720,7 +720,7 @@ impl<N: Nic> Engine<N> {
             policy,
             mrs: Arc::new(MrRegistry::new(words.clone())),
             words,
-            transport,
+            mode_state,
             upgrade,
             upgrades: AtomicU64::new(0),
             downgrades: AtomicU64::new(0),
@@ -831,13 +831,13 @@ impl<N: Nic> Engine<N> {
     /// (the next call tries again).
     pub fn local_target(&self) -> Result<DcTarget, EngineError> {
         let gid = self.inner.nic.gid();
-        match &self.inner.transport {
-            Transport::Dc(_) => Ok(DcTarget {
+        match &self.inner.mode_state {
+            ModeState::Dc(_) => Ok(DcTarget {
                 gid,
                 dct_num: self.inner.receiver()?.dct.qpn(),
                 dc_key: self.inner.cfg.dc_key,
             }),
-            Transport::Rc(_) => {
+            ModeState::Rc(_) => {
                 let t = self.inner.served_endpoint()?.target();
                 Ok(DcTarget {
                     gid,
@@ -1012,17 +1012,17 @@ impl<N: Nic> Engine<N> {
             m.exclude_from(&mut dci);
         }
         EngineStats {
-            dcts_created: match &self.inner.transport {
-                Transport::Dc(r) => r.creations(),
-                Transport::Rc(_) => 0,
+            dcts_created: match &self.inner.mode_state {
+                ModeState::Dc(r) => r.creations(),
+                ModeState::Rc(_) => 0,
             },
-            handshake_endpoints_created: match &self.inner.transport {
-                Transport::Rc(f) => f.ep.creations(),
-                Transport::Dc(_) => 0,
+            handshake_endpoints_created: match &self.inner.mode_state {
+                ModeState::Rc(f) => f.ep.creations(),
+                ModeState::Dc(_) => 0,
             },
-            handshake_thread_running: match &self.inner.transport {
-                Transport::Rc(f) => f.ep.get().is_some_and(|e| e.thread.get().is_some()),
-                Transport::Dc(_) => false,
+            handshake_thread_running: match &self.inner.mode_state {
+                ModeState::Rc(f) => f.ep.get().is_some_and(|e| e.thread.get().is_some()),
+                ModeState::Dc(_) => false,
             },
             mode: self.inner.mode(),
             rc: self.inner.rc_pool().map(RcPool::stats).unwrap_or_default(),

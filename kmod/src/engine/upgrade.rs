@@ -80,10 +80,10 @@ use super::physqp::{PhysQp, PostFail};
 use super::vqp::{Binding, Vqp, VqpState};
 use super::{EngineInner, EngineMode};
 
-/// How a VQP reaches its target right now ([`Vqp::transport`]).
+/// How a VQP reaches its target right now ([`Vqp::path`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum VqpTransport {
+pub enum VqpPath {
     /// Through a DC initiator of the pool.
     Dc,
     /// Through the RC pair with its target (upgraded, or RC fallback mode).
@@ -296,7 +296,7 @@ pub(crate) struct DcBinding<N: Nic> {
     pub(crate) dci: Arc<PhysQp<N>>,
     slot: Mutex<Slot<N>>,
     /// The state is on `slot.rc` (read without the lock by polls and
-    /// [`Vqp::transport`]).
+    /// [`Vqp::path`]).
     on_rc: AtomicBool,
     /// WRs posted since the connect (counted with `upgrade_after` only:
     /// always 0 without it).
@@ -357,12 +357,12 @@ impl<N: Nic> Vqp<N> {
         }
     }
 
-    /// How the VQP reaches its target now: [`VqpTransport::Dc`] on its DCI,
-    /// [`VqpTransport::Rc`] once upgraded (and always in RC fallback mode).
-    pub fn transport(&self) -> VqpTransport {
+    /// How the VQP reaches its target now: [`VqpPath::Dc`] on its DCI,
+    /// [`VqpPath::Rc`] once upgraded (and always in RC fallback mode).
+    pub fn path(&self) -> VqpPath {
         match self.dc_binding() {
-            Some(b) if !b.on_rc.load(Ordering::Acquire) => VqpTransport::Dc,
-            _ => VqpTransport::Rc,
+            Some(b) if !b.on_rc.load(Ordering::Acquire) => VqpPath::Dc,
+            _ => VqpPath::Rc,
         }
     }
 
@@ -382,7 +382,7 @@ impl<N: Nic> Vqp<N> {
     /// ([`EngineError::UnknownNode`] when the target registered no handshake
     /// endpoint, [`EngineError::Handshake`], [`EngineError::RcPairsBusy`],
     /// ...). On error the VQP stays on its DCI, working.
-    pub fn upgrade(&self) -> Result<VqpTransport, EngineError> {
+    pub fn upgrade(&self) -> Result<VqpPath, EngineError> {
         let Some(b) = self.dc_binding() else {
             return Err(EngineError::Unsupported {
                 reason: "RC fallback VQPs are on RC pairs already",
@@ -390,7 +390,7 @@ impl<N: Nic> Vqp<N> {
         };
         let mut slot = b.slot.lock();
         if slot.rc.is_some() {
-            return Ok(VqpTransport::Rc);
+            return Ok(VqpPath::Rc);
         }
         let Some(t) = b.dci.with_vqp(self.id, |st| st.target).flatten() else {
             return Err(EngineError::NotConnected { vqp: self.id });
@@ -406,10 +406,10 @@ impl<N: Nic> Vqp<N> {
         };
         slot.pending = Some(pair);
         if self.switch(b, &mut slot) {
-            Ok(VqpTransport::Rc)
+            Ok(VqpPath::Rc)
         } else {
             b.next_at.store(0, Ordering::Relaxed);
-            Ok(VqpTransport::Dc)
+            Ok(VqpPath::Dc)
         }
     }
 

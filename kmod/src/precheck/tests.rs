@@ -94,7 +94,7 @@ impl Fixture {
 
     fn ctx(
         &self,
-        transport: Transport,
+        transport: QpKind,
     ) -> Precheck<'_, HashMap<u32, LocalMr>, HashMap<(Gid, u32), RemoteGrant>> {
         Precheck {
             transport,
@@ -112,7 +112,7 @@ impl Fixture {
     /// [`Fixture::ctx`] with no grant table at all.
     fn ctx_without_grants(
         &self,
-        transport: Transport,
+        transport: QpKind,
     ) -> Precheck<'_, HashMap<u32, LocalMr>, NoGrants> {
         let ctx = self.ctx(transport);
         Precheck {
@@ -155,13 +155,13 @@ fn unsignaled(n: usize) -> Vec<SendWr> {
     vec![read().signaled(false); n]
 }
 
-fn rejected(f: &Fixture, transport: Transport, batch: &[SendWr]) -> Rejection {
+fn rejected(f: &Fixture, transport: QpKind, batch: &[SendWr]) -> Rejection {
     f.ctx(transport)
         .check(batch)
         .expect_err("should be rejected")
 }
 
-fn reason(f: &Fixture, transport: Transport, wr: SendWr) -> Reason {
+fn reason(f: &Fixture, transport: QpKind, wr: SendWr) -> Reason {
     let r = rejected(f, transport, &[wr]);
     assert_eq!(r.index, 0);
     r.reason
@@ -171,10 +171,7 @@ fn reason(f: &Fixture, transport: Transport, wr: SendWr) -> Reason {
 fn valid_batches_pass_on_every_transport() {
     let f = Fixture::new();
     let local = sge(RW, 0x1000, 8);
-    for (transport, dest) in [
-        (Transport::Rc, Destination::Connected),
-        (Transport::Dc, dc()),
-    ] {
+    for (transport, dest) in [(QpKind::Rc, Destination::Connected), (QpKind::Dc, dc())] {
         let batch = [
             SendWr::read(1, sge(RW, 0x1000, 0x1000), remote(RKEY_ALL, 0)).to(dest),
             SendWr::write(2, sge(RO, 0x4000, 0x100), remote(RKEY_ALL, 0xf00)).to(dest),
@@ -194,14 +191,14 @@ fn valid_batches_pass_on_every_transport() {
         );
     }
     let send = SendWr::send(1, sge(RO, 0x4000, 16), None).to(ud());
-    assert!(f.ctx(Transport::Ud).check(&[send]).is_ok());
+    assert!(f.ctx(QpKind::Ud).check(&[send]).is_ok());
 }
 
 #[test]
 fn rejects_an_empty_batch() {
     let f = Fixture::new();
     assert_eq!(
-        rejected(&f, Transport::Dc, &[]),
+        rejected(&f, QpKind::Dc, &[]),
         Rejection {
             index: 0,
             reason: Reason::EmptyBatch
@@ -212,7 +209,7 @@ fn rejects_an_empty_batch() {
 #[test]
 fn rejects_a_batch_the_queue_can_never_take() {
     let f = Fixture::new();
-    let mut ctx = f.ctx(Transport::Dc);
+    let mut ctx = f.ctx(QpKind::Dc);
     // depth 64, max_unsignaled 16: at most 48 WRs per batch.
     assert_eq!(ctx.policy.max_batch(64), 48);
     assert!(ctx.check(&unsignaled(48)).is_ok());
@@ -247,10 +244,10 @@ fn rejects_opcodes_the_transport_does_not_carry() {
         ),
     ] {
         assert_eq!(
-            reason(&f, Transport::Ud, wr.to(ud())),
+            reason(&f, QpKind::Ud, wr.to(ud())),
             Reason::OpNotAllowed {
                 op,
-                transport: Transport::Ud
+                transport: QpKind::Ud
             }
         );
     }
@@ -261,10 +258,10 @@ fn rejects_a_destination_of_the_wrong_kind() {
     let f = Fixture::new();
     let send = SendWr::send(1, sge(RW, 0x1000, 8), None);
     for (transport, dest) in [
-        (Transport::Dc, Destination::Connected),
-        (Transport::Rc, dc()),
-        (Transport::Ud, Destination::Connected),
-        (Transport::Dc, ud()),
+        (QpKind::Dc, Destination::Connected),
+        (QpKind::Rc, dc()),
+        (QpKind::Ud, Destination::Connected),
+        (QpKind::Dc, ud()),
     ] {
         assert_eq!(
             reason(&f, transport, send.to(dest)),
@@ -276,7 +273,7 @@ fn rejects_a_destination_of_the_wrong_kind() {
 #[test]
 fn rejects_too_many_sges() {
     let f = Fixture::new();
-    let mut ctx = f.ctx(Transport::Dc);
+    let mut ctx = f.ctx(QpKind::Dc);
     ctx.policy.max_sge = 1;
     let mut wr = read();
     wr.payload =
@@ -290,7 +287,7 @@ fn rejects_too_many_sges() {
 #[test]
 fn rejects_oversized_inline_data() {
     let f = Fixture::new();
-    let mut ctx = f.ctx(Transport::Dc);
+    let mut ctx = f.ctx(QpKind::Dc);
     ctx.policy.max_inline = 16;
     let mut wr = SendWr::write(1, Sge::default(), remote(RKEY_ALL, 0)).to(dc());
     wr.payload = Payload::Inline(InlineData::new(&[7; 16]).unwrap());
@@ -308,7 +305,7 @@ fn rejects_inline_data_where_the_nic_writes_locally() {
     let mut wr = read();
     wr.payload = Payload::Inline(InlineData::new(&[0; 8]).unwrap());
     assert_eq!(
-        reason(&f, Transport::Dc, wr),
+        reason(&f, QpKind::Dc, wr),
         Reason::InlineNotAllowed { op: OpKind::Read }
     );
 }
@@ -318,19 +315,19 @@ fn rejects_atomics_without_one_8_byte_sge() {
     let f = Fixture::new();
     let cas = SendWr::cas(1, sge(RW, 0x1000, 4), remote(RKEY_ALL, 0), 0, 1).to(dc());
     assert_eq!(
-        reason(&f, Transport::Dc, cas),
+        reason(&f, QpKind::Dc, cas),
         Reason::AtomicSgeLength { sges: 1, len: 4 }
     );
     let mut faa = SendWr::faa(1, sge(RW, 0x1000, 8), remote(RKEY_ALL, 0), 1).to(dc());
     faa.payload =
         Payload::Local(SgList::from_slice(&[sge(RW, 0x1000, 4), sge(RW, 0x1004, 4)]).unwrap());
     assert_eq!(
-        reason(&f, Transport::Dc, faa),
+        reason(&f, QpKind::Dc, faa),
         Reason::AtomicSgeLength { sges: 2, len: 8 }
     );
     faa.payload = Payload::Local(SgList::empty());
     assert_eq!(
-        reason(&f, Transport::Dc, faa),
+        reason(&f, QpKind::Dc, faa),
         Reason::AtomicSgeLength { sges: 0, len: 0 }
     );
 }
@@ -340,7 +337,7 @@ fn rejects_misaligned_atomics() {
     let f = Fixture::new();
     let cas = SendWr::cas(1, sge(RW, 0x1000, 8), remote(RKEY_UNKNOWN, 4), 0, 1).to(dc());
     assert_eq!(
-        reason(&f, Transport::Dc, cas),
+        reason(&f, QpKind::Dc, cas),
         Reason::AtomicMisaligned {
             addr: GRANT_ADDR + 4
         }
@@ -352,13 +349,13 @@ fn rejects_lkeys_the_process_does_not_own() {
     let f = Fixture::new();
     let mut wr = SendWr::send(1, sge(0x99, 0x1000, 8), None).to(dc());
     assert_eq!(
-        reason(&f, Transport::Dc, wr),
+        reason(&f, QpKind::Dc, wr),
         Reason::LkeyNotOwned { sge: 0, lkey: 0x99 }
     );
     wr.payload =
         Payload::Local(SgList::from_slice(&[sge(RW, 0x1000, 8), sge(0x98, 0, 8)]).unwrap());
     assert_eq!(
-        reason(&f, Transport::Dc, wr),
+        reason(&f, QpKind::Dc, wr),
         Reason::LkeyNotOwned { sge: 1, lkey: 0x98 }
     );
 }
@@ -369,7 +366,7 @@ fn rejects_sges_outside_their_mr() {
     for (addr, length) in [(0xfff, 8), (0x1ff9, 8), (0x1000, 0x1001), (u64::MAX - 2, 8)] {
         let wr = SendWr::send(1, sge(RW, addr, length), None).to(dc());
         assert_eq!(
-            reason(&f, Transport::Dc, wr),
+            reason(&f, QpKind::Dc, wr),
             Reason::SgeOutOfBounds {
                 sge: 0,
                 addr,
@@ -381,7 +378,7 @@ fn rejects_sges_outside_their_mr() {
     }
     // The last byte of the MR is inside.
     let wr = SendWr::send(1, sge(RW, 0x1ff8, 8), None).to(dc());
-    assert!(f.ctx(Transport::Dc).check(&[wr]).is_ok());
+    assert!(f.ctx(QpKind::Dc).check(&[wr]).is_ok());
 }
 
 #[test]
@@ -400,7 +397,7 @@ fn rejects_local_writes_into_mrs_without_local_write() {
         ),
     ] {
         assert_eq!(
-            reason(&f, Transport::Dc, wr.to(dc())),
+            reason(&f, QpKind::Dc, wr.to(dc())),
             Reason::LocalWriteMissing {
                 sge: 0,
                 lkey: RO,
@@ -415,11 +412,11 @@ fn rejects_expired_grants() {
     let f = Fixture::new();
     let wr = SendWr::read(1, sge(RW, 0x1000, 8), remote(RKEY_OLD, 0)).to(dc());
     assert_eq!(
-        reason(&f, Transport::Dc, wr),
+        reason(&f, QpKind::Dc, wr),
         Reason::GrantExpired { rkey: RKEY_OLD }
     );
     // Expiry is inclusive: at `expires_at` the grant is void.
-    let mut ctx = f.ctx(Transport::Dc);
+    let mut ctx = f.ctx(QpKind::Dc);
     ctx.now = f.grants[&(Gid([3; 16]), RKEY_ALL)].expires_at.unwrap();
     let wr = SendWr::read(1, sge(RW, 0x1000, 8), remote(RKEY_ALL, 0)).to(dc());
     assert_eq!(
@@ -433,7 +430,7 @@ fn a_grant_without_expiry_never_expires() {
     let mut f = Fixture::new();
     let g = f.grants.get_mut(&(Gid([3; 16]), RKEY_OLD)).unwrap();
     g.expires_at = None;
-    let mut ctx = f.ctx(Transport::Dc);
+    let mut ctx = f.ctx(QpKind::Dc);
     // Any instant: long after every other grant ended.
     ctx.now += Duration::from_secs(1 << 30);
     let ok = SendWr::read(1, sge(RW, 0x1000, 8), remote(RKEY_OLD, 0)).to(dc());
@@ -450,7 +447,7 @@ fn rejects_operations_the_grant_does_not_allow() {
     let f = Fixture::new();
     let local = sge(RW, 0x1000, 8);
     let ok = SendWr::read(1, local, remote(RKEY_READ, 0)).to(dc());
-    assert!(f.ctx(Transport::Dc).check(&[ok]).is_ok());
+    assert!(f.ctx(QpKind::Dc).check(&[ok]).is_ok());
     for (wr, op) in [
         (SendWr::write(1, local, remote(RKEY_READ, 0)), OpKind::Write),
         (
@@ -459,7 +456,7 @@ fn rejects_operations_the_grant_does_not_allow() {
         ),
     ] {
         assert_eq!(
-            reason(&f, Transport::Dc, wr.to(dc())),
+            reason(&f, QpKind::Dc, wr.to(dc())),
             Reason::RemoteAccessMissing {
                 rkey: RKEY_READ,
                 op
@@ -498,7 +495,7 @@ fn rejects_remote_ranges_outside_the_grant() {
     for (wr, offset, len) in cases {
         let addr = GRANT_ADDR.wrapping_add(offset);
         assert_eq!(
-            reason(&f, Transport::Dc, wr.to(dc())),
+            reason(&f, QpKind::Dc, wr.to(dc())),
             Reason::RemoteOutOfGrant {
                 addr,
                 len,
@@ -515,11 +512,11 @@ fn grants_are_looked_up_per_target() {
     let wr = SendWr::read(1, sge(RW, 0x1000, 8), remote(RKEY_OLD, 0));
     // RC: the grant of the connected peer applies...
     assert_eq!(
-        reason(&f, Transport::Rc, wr),
+        reason(&f, QpKind::Rc, wr),
         Reason::GrantExpired { rkey: RKEY_OLD }
     );
     // ...and without a known peer nothing is checked.
-    let mut ctx = f.ctx(Transport::Rc);
+    let mut ctx = f.ctx(QpKind::Rc);
     ctx.peer = None;
     assert!(ctx.check(&[wr]).is_ok());
     // DC: another target's grants do not apply.
@@ -528,9 +525,9 @@ fn grants_are_looked_up_per_target() {
         dct_num: 1,
         dc_key: 1,
     });
-    assert!(f.ctx(Transport::Dc).check(&[wr.to(other)]).is_ok());
+    assert!(f.ctx(QpKind::Dc).check(&[wr.to(other)]).is_ok());
     // No grant table at all.
-    let no = f.ctx_without_grants(Transport::Dc);
+    let no = f.ctx_without_grants(QpKind::Dc);
     assert!(no.check(&[wr.to(dc())]).is_ok());
 }
 
@@ -539,7 +536,7 @@ fn the_rejection_names_the_first_bad_wr() {
     let f = Fixture::new();
     let bad_lkey = SendWr::send(1, sge(0x99, 0, 8), None).to(dc());
     let misaligned = SendWr::faa(1, sge(RW, 0x1000, 8), remote(RKEY_ALL, 3), 1).to(dc());
-    let r = rejected(&f, Transport::Dc, &[read(), read(), misaligned, bad_lkey]);
+    let r = rejected(&f, QpKind::Dc, &[read(), read(), misaligned, bad_lkey]);
     assert_eq!(r.index, 2);
     assert_eq!(
         r.reason,
@@ -556,7 +553,7 @@ fn the_rejection_names_the_first_bad_wr() {
 #[test]
 fn plan_posts_now_when_the_batch_fits() {
     let f = Fixture::new();
-    let mut ctx = f.ctx(Transport::Dc);
+    let mut ctx = f.ctx(QpKind::Dc);
     ctx.queue = q(64, 3, 2);
     let plan = ctx.check(&unsignaled(3)).unwrap();
     assert!(!plan.must_reclaim());
@@ -573,7 +570,7 @@ fn plan_posts_now_when_the_batch_fits() {
 #[test]
 fn plan_reclaims_when_the_batch_would_overrun() {
     let f = Fixture::new();
-    let mut ctx = f.ctx(Transport::Dc);
+    let mut ctx = f.ctx(QpKind::Dc);
     ctx.queue = q(64, 2, 0);
     let plan = ctx.check(&unsignaled(5)).unwrap();
     assert!(plan.must_reclaim());
@@ -584,7 +581,7 @@ fn plan_reclaims_when_the_batch_would_overrun() {
 #[test]
 fn plan_forces_the_last_wr_when_the_tail_would_exceed_the_policy() {
     let f = Fixture::new();
-    let mut ctx = f.ctx(Transport::Dc);
+    let mut ctx = f.ctx(QpKind::Dc);
     ctx.policy.max_unsignaled = 8;
     ctx.queue = q(64, 64, 5);
     // 5 + 3 = 8: at the limit, no forcing.
@@ -610,7 +607,7 @@ fn plan_forces_the_last_wr_when_the_tail_would_exceed_the_policy() {
 #[test]
 fn plan_does_not_force_a_batch_that_ends_signaled() {
     let f = Fixture::new();
-    let mut ctx = f.ctx(Transport::Dc);
+    let mut ctx = f.ctx(QpKind::Dc);
     ctx.policy.max_unsignaled = 8;
     ctx.queue = q(64, 64, 8);
     let mut batch = unsignaled(4);
@@ -622,7 +619,7 @@ fn plan_does_not_force_a_batch_that_ends_signaled() {
 #[test]
 fn plan_counts_only_the_run_after_the_batch_s_last_signaled_wr() {
     let f = Fixture::new();
-    let mut ctx = f.ctx(Transport::Dc);
+    let mut ctx = f.ctx(QpKind::Dc);
     ctx.policy.max_unsignaled = 8;
     ctx.queue = q(64, 64, 8);
     // [u, S, u, u]: the queue's tail and the first WR are covered by S.
@@ -640,7 +637,7 @@ fn plan_counts_only_the_run_after_the_batch_s_last_signaled_wr() {
 #[test]
 fn plan_clamps_the_policy_below_the_queue_depth() {
     let f = Fixture::new();
-    let mut ctx = f.ctx(Transport::Dc);
+    let mut ctx = f.ctx(QpKind::Dc);
     ctx.policy.max_unsignaled = 100;
     assert_eq!(ctx.policy.effective_max_unsignaled(4), 3);
     ctx.queue = q(4, 1, 2);
@@ -690,7 +687,7 @@ fn precheck_keeps_the_credit_engine_live() {
     let mut sq = SendQueueCredits::new(depth);
     let mut seq = 0u64;
     for _ in 0..20_000 {
-        let mut ctx = f.ctx(Transport::Dc);
+        let mut ctx = f.ctx(QpKind::Dc);
         ctx.policy.max_unsignaled = max;
         ctx.queue = sq.view();
         let n = 1 + next(u64::from(ctx.policy.max_batch(depth))) as usize;
@@ -733,7 +730,7 @@ fn precheck_keeps_the_credit_engine_live() {
 #[test]
 fn plan_unvalidated_skips_validity_but_not_capacity_or_signaling() {
     let f = Fixture::new();
-    let mut ctx = f.ctx(Transport::Dc);
+    let mut ctx = f.ctx(QpKind::Dc);
     let foreign = SendWr::read(1, sge(0xdead, 0x1000, 64), remote(RKEY_ALL, 0)).to(dc());
     assert!(ctx.check(&[foreign]).is_err());
     assert!(ctx.plan_unvalidated(&[foreign]).is_ok());
@@ -818,12 +815,12 @@ fn the_common_path_agrees_with_the_full_check() {
             wr.payload = Payload::Inline(InlineData::new(&[1, 2, 3]).unwrap());
         }
         wr.dest = [dc(), Destination::Connected, ud()][pick(next(), 3)];
-        let transport = [Transport::Dc, Transport::Rc, Transport::Ud][pick(next(), 3)];
+        let transport = [QpKind::Dc, QpKind::Rc, QpKind::Ud][pick(next(), 3)];
         if next() % 2 == 0 {
             // Mostly the destination the transport takes.
             wr.dest = match transport {
-                Transport::Dc => dc(),
-                Transport::Rc => Destination::Connected,
+                QpKind::Dc => dc(),
+                QpKind::Rc => Destination::Connected,
                 _ => ud(),
             };
         }
@@ -952,9 +949,9 @@ fn fast_gate_agrees(f: &Fixture, window: &MrWindows, held: &[u32]) {
     let mut accepted = HashMap::<OpKind, usize>::new();
     let mut atomic_reasons = std::collections::HashSet::new();
     let mut checked = 0;
-    for transport in [Transport::Dc, Transport::Rc] {
+    for transport in [QpKind::Dc, QpKind::Rc] {
         let (dest, target) = match transport {
-            Transport::Dc => (dc(), Gid([3; 16])),
+            QpKind::Dc => (dc(), Gid([3; 16])),
             _ => (Destination::Connected, peer()),
         };
         for op in 0..5 {
@@ -1048,7 +1045,7 @@ fn fast_gate_agrees(f: &Fixture, window: &MrWindows, held: &[u32]) {
     // Every way an atomic can be wrong was among the cases.
     let sample = |lkey, addr, len, off, rkey| {
         let wr = SendWr::cas(1, sge(lkey, addr, len), remote(rkey, off), 0, 1).to(dc());
-        f.ctx(Transport::Dc).check_wr(&wr).unwrap_err()
+        f.ctx(QpKind::Dc).check_wr(&wr).unwrap_err()
     };
     for reason in [
         sample(RW, 0x1000, 4, 0, RKEY_ALL),
@@ -1082,7 +1079,7 @@ fn the_fast_gate_takes_a_grant_only_before_it_expires() {
     assert!(FastGrants::memo(RKEY_ALL, Some(&grant), || expires).is_none());
     let late = Precheck {
         now: expires,
-        ..f.ctx(Transport::Dc)
+        ..f.ctx(QpKind::Dc)
     };
     assert_eq!(
         late.check_wr(&wr),
@@ -1151,10 +1148,7 @@ fn mr_windows_hold_the_last_two_mrs() {
 fn an_unknown_rkey_is_refused_unless_the_vqp_opts_out() {
     let f = Fixture::new();
     let local = sge(RW, 0x1000, 8);
-    for (transport, dest) in [
-        (Transport::Rc, Destination::Connected),
-        (Transport::Dc, dc()),
-    ] {
+    for (transport, dest) in [(QpKind::Rc, Destination::Connected), (QpKind::Dc, dc())] {
         let refuse = Precheck {
             ungranted: Ungranted::Refuse,
             ..f.ctx(transport)
@@ -1185,7 +1179,7 @@ fn an_unknown_rkey_is_refused_unless_the_vqp_opts_out() {
     let no_peer = Precheck {
         ungranted: Ungranted::Refuse,
         peer: None,
-        ..f.ctx(Transport::Rc)
+        ..f.ctx(QpKind::Rc)
     };
     let wr = SendWr::read(1, local, remote(RKEY_ALL, 0)).to(Destination::Connected);
     assert!(matches!(

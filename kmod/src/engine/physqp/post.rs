@@ -19,7 +19,7 @@ use super::{
 use crate::credits::{CreditError, SendQueueCredits};
 use crate::precheck::{
     fast_wr_ok, FastGrants, LocalMr, LocalMrTable, MrWindow, MrWindows, NoGrants, Plan, Precheck,
-    RemoteGrant, RemoteGrants, Transport, Ungranted,
+    QpKind, RemoteGrant, RemoteGrants, Ungranted,
 };
 use crate::wrid::{PhysWrId, VqpId};
 
@@ -291,10 +291,10 @@ impl<N: Nic> PhysQp<N> {
             return Err(VqpError::NotConnected { vqp: id }.into());
         };
         let (dest, transport, peer) = match &self.link {
-            Link::Dci => (Destination::Dc(target), Transport::Dc, None),
+            Link::Dci => (Destination::Dc(target), QpKind::Dc, None),
             // The VQP moved to another target meanwhile.
             Link::Rc(l) if l.gid != target.gid => return Err(PostFail::Stale),
-            Link::Rc(l) => (Destination::Connected, Transport::Rc, Some(l.gid)),
+            Link::Rc(l) => (Destination::Connected, QpKind::Rc, Some(l.gid)),
         };
         for wr in wrs.iter_mut() {
             wr.dest = dest;
