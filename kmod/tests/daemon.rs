@@ -371,6 +371,40 @@ fn another_processes_memory_is_out_of_reach() {
         }) => {}
         other => panic!("{other:?}"),
     }
+    // Nor B's lease, nor the daemon engine's own remote-accessible memory
+    // (its messaging buffers are such): on its own node a process may
+    // grant only its own regions; its own region is granted.
+    let shared = b.alloc(4096, Access::ALL).unwrap();
+    let lease = shared
+        .lease(0, 8, Access::REMOTE_READ, Duration::from_secs(60))
+        .unwrap();
+    let internal = n
+        .daemon()
+        .engine()
+        .alloc_mr(4096, Access::LOCAL_WRITE | Access::REMOTE_READ)
+        .unwrap();
+    let grant = |rkey| {
+        av.add_grant(
+            bv_target,
+            rkey,
+            krcore_kmod::RemoteGrant {
+                addr: 0,
+                len: u64::MAX,
+                access: Access::REMOTE_READ,
+                expires_at: None,
+            },
+        )
+    };
+    for rkey in [lease.rkey, internal.rkey()] {
+        match grant(rkey) {
+            Err(DaemonError::Refused {
+                code: RefuseCode::BadRequest,
+                ..
+            }) => {}
+            other => panic!("rkey {rkey:#x}: {other:?}"),
+        }
+    }
+    grant(abuf.rkey()).unwrap();
     let mut got = [0u8; 6];
     abuf.read(0, &mut got).unwrap();
     assert_ne!(&got, b"secret");

@@ -697,11 +697,18 @@ fn handle<N: Nic>(
             let Some(v) = vqp_of(vqp) else {
                 return (unknown("VQP", vqp), None);
             };
-            if gid == s.engine.gid() && foreign_rkey(s, c, rkey) {
+            // On this node only the process's own regions: not another
+            // attached process's memory (regions or leases), nor the
+            // daemon engine's own buffers (messaging staging, the meta
+            // table), whose keys a process could learn or guess.
+            if gid == s.engine.gid() && !own_rkey(c, rkey) {
                 return (
                     refuse(
                         RefuseCode::BadRequest,
-                        format!("rkey {rkey:#x} is another attached process's memory"),
+                        format!(
+                            "rkey {rkey:#x} on this node is not this process's memory \
+                             (only its own regions can be granted here)"
+                        ),
                     ),
                     None,
                 );
@@ -803,13 +810,9 @@ fn error_line(e: &dyn std::error::Error) -> String {
     line
 }
 
-/// Whether `rkey` is a key of a region another attached process holds.
-fn foreign_rkey<N: Nic>(s: &Shared<N>, me: &Arc<Client<N>>, rkey: u32) -> bool {
-    s.clients
-        .read()
-        .iter()
-        .filter(|c| !Arc::ptr_eq(c, me))
-        .any(|c| c.core.spans.read().iter().any(|sp| sp.rkey == rkey))
+/// Whether `rkey` is the key of one of the process's own regions.
+fn own_rkey<N: Nic>(me: &Client<N>, rkey: u32) -> bool {
+    me.core.spans.read().iter().any(|sp| sp.rkey == rkey)
 }
 
 /// How long the data thread spins idle before it starts yielding its CPU

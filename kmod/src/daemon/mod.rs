@@ -35,7 +35,9 @@
 //!   one-sided data lands in the process's memory with no copy.
 //! - **Trust**: every SGE is checked against the posting process's own
 //!   regions; remote keys need grants (the pre-check cannot be switched
-//!   off), and a grant over another attached process's region is refused.
+//!   off), and a grant naming this node is refused unless the key is one
+//!   of the process's own regions (not another attached process's regions
+//!   or leases, nor the daemon engine's own buffers).
 //!   A process that dies has its VQPs and memory released when its socket
 //!   closes; a daemon that dies makes its processes' calls fail with
 //!   [`DaemonError::Gone`] within milliseconds (no hang), and one that is
