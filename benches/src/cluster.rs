@@ -15,9 +15,7 @@
 //! the cluster's epoch (the host's start, published on the fabric under
 //! [`CLOCK_NAME`]), read from the system clock every process of the machine
 //! shares, so the leases and deadlines written in remote memory compare
-//! across processes. (Not `race_store::clock::WallClock`: microseconds
-//! since 1970 are about 2^40.7 ms, past the directory header's 39-bit lease
-//! field in milliseconds, and the first split fails on a "corrupt" header.)
+//! across processes.
 //!
 //! Invariants: a [`ClusterHost`] keeps its memory nodes serving until it is
 //! dropped; a directory fabric it created ([`ClusterHost::fabric_dir`]) is

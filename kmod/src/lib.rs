@@ -103,7 +103,8 @@
 //!
 //! - [`dccache`]: [`DcCache`], the bounded cache from a target's GID to its
 //!   `dct_num`/`dc_key` and meta epoch; `connect` is a lookup here, a miss
-//!   costs one meta-server READ. 34 bytes per target, fixed at construction.
+//!   costs one meta-server READ. 34 bytes per slot (about 54 per target at
+//!   capacity, with the table's headroom), fixed at construction.
 //! - [`precheck`]: [`Precheck::check`] turns a VQP's batch into a typed
 //!   [`Rejection`] (the batch never reaches the NIC) or a [`Plan`]: poll first
 //!   to reclaim credits, and which WR to force signaled.
@@ -130,8 +131,9 @@
 //!
 //! - [`engine`]: [`Engine`] and [`Vqp`], the host: which lock guards what,
 //!   how completions are routed, what is cached, and how a DCI in ERR is
-//!   recovered are in its module docs. The meta server itself is
-//!   `krcore_meta::MetaServer`; the engine only reads its table.
+//!   recovered are in its module docs. The meta server is a table hosted
+//!   by an engine (`MsgMetaHost`: lookups are one-sided READs of it,
+//!   registrations are messages to its reserved port).
 //!
 //! Each module documents its invariants; each is tested against a reference
 //! model or, for the host, by scripted scenarios on the `sim` provider

@@ -17,9 +17,9 @@
 //! +----------------+--------------------------------------+
 //! ```
 //!
-//! - 24 bits of VQP id: 16,777,215 VQPs per node. Id 0 is reserved
-//!   ([`VqpId::ENGINE`]) for WRs the engine posts on its own behalf (meta
-//!   READs, a signaled filler WR); user VQPs get ids from 1.
+//! - 24 bits of VQP id. Id 0 ([`VqpId::ENGINE`]) and the largest id
+//!   ([`VqpId::MAX`], the engine's meta READs) are not given to user VQPs,
+//!   which get ids from 1: at most 2^24 - 2 per node.
 //! - 40 bits of sequence: the low bits of the QP's 64-bit count of posted
 //!   WRs. Never more than a `u32` count of sequences is outstanding, far
 //!   below 2^40, so the full sequence is recovered from the 40 bits without

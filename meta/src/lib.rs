@@ -37,7 +37,7 @@
 //! `meta_deregister`; in RC fallback mode the same over RC pairs. It lives
 //! in `krcore-kmod` because messaging does (this crate does not depend on
 //! the engine; the engine depends on it for the layout), and so does the
-//! `krcore-meta` binary (in the SDK crate, `krcore`). Requests are handled
+//! `krcore-meta` binary (in `krcore-cli`). Requests are handled
 //! by [`MetaTable::handle`](engine::MetaTable::handle) here, in the format
 //! of [`wire`].
 //!

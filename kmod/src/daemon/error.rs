@@ -40,7 +40,11 @@ pub enum DaemonError {
         /// What noticed.
         what: &'static str,
     },
-    /// The daemon did not take a doorbell in time (alive but stuck).
+    /// The daemon did not take a doorbell (or, from `AttachedVqp::wait`,
+    /// deliver the completions waited for) in time: alive but stuck. For a
+    /// doorbell the outcome is unknown: its entries stay published and the
+    /// daemon may still post them when it resumes (their completions then
+    /// come as usual); the process's next doorbell starts past them.
     #[error("the node daemon did not take a doorbell within {0:?}")]
     Timeout(Duration),
     /// The daemon did not answer a control call in time (alive but

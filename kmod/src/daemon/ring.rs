@@ -4,8 +4,9 @@
 //! drains) and the verdict of the last doorbell; one page per attached
 //! process holding the daemon's idle flag.
 //!
-//! Layout of a VQP's ring file (little-endian words, each index on a
-//! cache line of its own):
+//! Layout of a VQP's ring file (little-endian words; each side's indices
+//! on lines of their own, the other words beside them on the lines of the
+//! side that writes them):
 //!
 //! ```text
 //!   0  sq_tail      entries the process has published (it writes)

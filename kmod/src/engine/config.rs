@@ -92,8 +92,9 @@ pub struct EngineConfig {
     /// The DCT's `dc_key` (DC mode). Default [`DEFAULT_DC_KEY`]. A TOML
     /// integer is signed: a file holds keys up to `i64::MAX`.
     pub dc_key: u64,
-    /// RC fallback mode: most RC pairs (one per target) at any time; past
-    /// it the least recently used idle pair is evicted. Default 256.
+    /// Most RC pairs (one per target) at any time, in RC fallback mode and
+    /// for the DC -> RC upgrade; past it the least recently used idle pair
+    /// is evicted. Default 256.
     pub rc_cap: usize,
     /// The handshake (timeouts, retries, passive QP cap, `retry_cnt` and
     /// `rnr_retry` of the pairs): RC fallback mode's UD endpoint (also its

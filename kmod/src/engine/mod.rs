@@ -95,7 +95,7 @@
 //! # What is cached
 //!
 //! - Per node (the [`DcCache`]): GID -> (`dct_num`, `dc_key`, meta epoch),
-//!   34 B per target. Filled on a miss by one READ of the meta table;
+//!   34 B per slot (about 54 B per target at capacity). Filled on a miss by one READ of the meta table;
 //!   replaced when a lookup returns a newer epoch; invalidated when a WR to
 //!   the target completes with `REM_ACCESS_ERR` or `RETRY_EXC_ERR`, or by
 //!   [`Engine::invalidate`]. In RC fallback mode the same fields name the

@@ -143,7 +143,8 @@
 //! An Open names its sender's DCT (`dct_num`, `dc_key` in the header): the
 //! receiver answers there even when the sender has no meta entry (a compute
 //! node), by caching it with the lowest epoch (`learn_sender`): any meta
-//! entry for that GID replaces it, it never replaces one.
+//! entry for that GID replaces it; it replaces a cached entry only when
+//! that one names another DCT for the GID (the sender restarted).
 //!
 //! # Not supported (typed errors)
 //!

@@ -8,8 +8,9 @@
 //! NodeInfo (48 B):  magic "RSN2" u32 | id u8 | nodes u8 | alloc_port u16 |
 //!                   gid 16 | base u64 | len u64 | rkey u32 | reserved u32 (0)
 //! AllocRequest (24 B): magic "RSAQ" u32 | pad u32 | req_id u64 | size u64
-//! AllocReply (28 B):   magic "RSAP" u32 | status u32 | req_id u64 | offset u64
-//!                      (status 0: ok, 1: out of memory, 2: bad request)
+//! AllocReply (28 B):   magic "RSAP" u32 | status u32 | req_id u64 | offset u64 |
+//!                      reserved u32 (0) (status 0: ok, 1: out of memory,
+//!                      2: bad request)
 //! ```
 
 use crate::remote::TransportError;
@@ -29,21 +30,9 @@ pub const ALLOC_REQUEST_LEN: usize = 24;
 /// Bytes of an encoded [`AllocReply`].
 pub const ALLOC_REPLY_LEN: usize = 28;
 
-/// The little-endian word at `at` (0 when out of range: callers check the
-/// length first).
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    b.get(at..at + 4)
-        .and_then(|s| s.try_into().ok())
-        .map_or(0, u32::from_le_bytes)
-}
-
-/// The little-endian word at `at` (0 when out of range: callers check the
-/// length first).
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    b.get(at..at + 8)
-        .and_then(|s| s.try_into().ok())
-        .map_or(0, u64::from_le_bytes)
-}
+// Callers check the length first; out of range reads 0 (the workspace's
+// one little-endian helper).
+use krcore_nic::le::{read_u32 as u32_at, read_u64 as u64_at};
 
 fn bad(reason: &'static str) -> TransportError {
     TransportError::BadResponse { reason }
