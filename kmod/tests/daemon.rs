@@ -257,6 +257,38 @@ fn an_rc_pair_upgraded_for_one_process_serves_the_next() {
     assert_eq!(n.engine().stats().rc_upgrade_failures, 0);
 }
 
+/// `open_vqp`: create, connect and grant in one control call; a refused
+/// part leaves nothing behind (the grant of another process's key).
+#[test]
+fn a_vqp_opens_connected_and_granted_in_one_call() {
+    let n = Node::new(DaemonConfig::default());
+    let a = n.attach();
+    let buf = local(&a);
+    let grant = krcore_kmod::RemoteGrant {
+        addr: 0,
+        len: u64::MAX,
+        access: Access::ALL,
+        expires_at: None,
+    };
+    let before = n.daemon().stats().vqps;
+    let v = a.open_vqp(n.mem.gid(), n.remote(0).rkey, grant).unwrap();
+    assert_eq!(n.daemon().stats().vqps, before + 1);
+    v.post(&[SendWr::read(1, buf.sge(0, 8).unwrap(), n.remote(0))])
+        .unwrap();
+    assert_eq!(v.wait(1, WAIT).unwrap()[0].status, WcStatus::Success);
+    // Refused whole: another process's key on the daemon's node.
+    let b = n.attach();
+    let theirs = local(&b);
+    match a.open_vqp(a.gid(), theirs.rkey(), grant) {
+        Err(DaemonError::Refused {
+            code: RefuseCode::BadRequest,
+            ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(n.daemon().stats().vqps, before + 1, "nothing left behind");
+}
+
 #[test]
 fn the_upgrade_hint_moves_an_attached_vqp_to_the_node_wide_pair() {
     use krcore_kmod::VqpPath;

@@ -57,6 +57,22 @@ impl<N: Nic> RawVqp<N> {
         })
     }
 
+    /// An attached VQP the daemon opened connected to `gid` with the grant
+    /// over `rkey` known (`Attached::open_vqp`).
+    pub(crate) fn attached_open(
+        vqp: AttachedVqp,
+        gid: Gid,
+        rkey: u32,
+        grant: RemoteGrant,
+    ) -> RawVqp<N> {
+        RawVqp::Attached(AttachedRaw {
+            vqp,
+            target: Mutex::new(Some(gid)),
+            grants: Mutex::new(vec![(gid, rkey, grant)]),
+            epoch: AtomicU64::new(1),
+        })
+    }
+
     /// The VQP's id (its completions' `qp_num`).
     pub(crate) fn id(&self) -> u32 {
         match self {

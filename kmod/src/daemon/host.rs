@@ -633,39 +633,45 @@ fn handle<N: Nic>(
             prune_retired(c);
             (Reply::Done, None)
         }
-        Request::CreateVqp => {
-            if c.vqps.read().len() >= s.cfg.max_vqps as usize {
-                return (
-                    refuse(RefuseCode::Quota, format!("the process holds {} VQPs already", s.cfg.max_vqps)),
-                    None,
-                );
+        Request::CreateVqp => match create_vqp(s, c) {
+            Ok((slot, file)) => (
+                Reply::Vqp {
+                    vqp: slot.handle,
+                    id: slot.vqp.id().get(),
+                },
+                Some(file),
+            ),
+            Err(refused) => (refused, None),
+        },
+        Request::OpenVqp {
+            gid,
+            rkey,
+            addr,
+            len,
+            access,
+            ttl_ms,
+        } => {
+            let (slot, file) = match create_vqp(s, c) {
+                Ok(x) => x,
+                Err(refused) => return (refused, None),
+            };
+            let opened = match slot.vqp.connect(gid) {
+                Ok(()) => grant(s, c, &slot, gid, rkey, addr, len, access, ttl_ms),
+                Err(e) => refuse(RefuseCode::Engine, error_line(&e)),
+            };
+            if matches!(opened, Reply::Refused { .. }) {
+                // Nothing is left behind: the VQP goes with the refusal.
+                c.vqps.write().retain(|x| !Arc::ptr_eq(x, &slot));
+                s.version.fetch_add(1, Ordering::Release);
+                return (opened, None);
             }
-            let vqp = match s.engine.create_vqp() {
-                Ok(v) => v,
-                Err(e) => return (refuse(RefuseCode::Engine, format!("create a VQP: {e}")), None),
-            };
-            let (map, file) = match SharedMap::create("krcored-vqp", RING_BYTES) {
-                Ok(m) => m,
-                Err(e) => return (refuse(RefuseCode::Engine, format!("VQP ring: {e}")), None),
-            };
-            let handle = c.next_handle.fetch_add(1, Ordering::Relaxed);
-            let id = vqp.id().get();
-            c.vqps.write().push(Arc::new(VqpSlot {
-                handle,
-                vqp,
-                ring: map,
-                core: c.core.clone(),
-                serve: Mutex::new(Serve {
-                    head: 0,
-                    cq_tail: 0,
-                    broken: false,
-                    active: false,
-                    wrs: Vec::with_capacity(SQ_CAP),
-                    wcs: vec![Wc::default(); 32],
-                }),
-            }));
-            s.version.fetch_add(1, Ordering::Release);
-            (Reply::Vqp { vqp: handle, id }, Some(file))
+            (
+                Reply::Vqp {
+                    vqp: slot.handle,
+                    id: slot.vqp.id().get(),
+                },
+                Some(file),
+            )
         }
         Request::DestroyVqp { vqp } => {
             let mut v = c.vqps.write();
@@ -693,41 +699,10 @@ fn handle<N: Nic>(
             len,
             access,
             ttl_ms,
-        } => {
-            let Some(v) = vqp_of(vqp) else {
-                return (unknown("VQP", vqp), None);
-            };
-            // On this node only the process's own regions: not another
-            // attached process's memory (regions or leases), nor the
-            // daemon engine's own buffers (messaging staging, the meta
-            // table), whose keys a process could learn or guess.
-            if gid == s.engine.gid() && !own_rkey(c, rkey) {
-                return (
-                    refuse(
-                        RefuseCode::BadRequest,
-                        format!(
-                            "rkey {rkey:#x} on this node is not this process's memory \
-                             (only its own regions can be granted here)"
-                        ),
-                    ),
-                    None,
-                );
-            }
-            let expires_at = (ttl_ms != u64::MAX)
-                .then(|| Instant::now().checked_add(Duration::from_millis(ttl_ms)))
-                .flatten();
-            v.vqp.add_grant(
-                gid,
-                rkey,
-                RemoteGrant {
-                    addr,
-                    len,
-                    access: Access(access & Access::ALL.0),
-                    expires_at,
-                },
-            );
-            (Reply::Done, None)
-        }
+        } => match vqp_of(vqp) {
+            None => (unknown("VQP", vqp), None),
+            Some(v) => (grant(s, c, &v, gid, rkey, addr, len, access, ttl_ms), None),
+        },
         Request::Stats => (Reply::Stats(node_stats(s)), None),
         Request::SetUngranted { vqp, allow } => match vqp_of(vqp) {
             None => (unknown("VQP", vqp), None),
@@ -775,6 +750,84 @@ pub(super) fn prune_retired<N: Nic>(c: &Client<N>) {
         }
         live
     });
+}
+
+/// A VQP of the engine and its ring for process `c` (refused past its
+/// quota).
+fn create_vqp<N: Nic>(
+    s: &Shared<N>,
+    c: &Arc<Client<N>>,
+) -> Result<(Arc<VqpSlot<N>>, std::fs::File), Reply> {
+    if c.vqps.read().len() >= s.cfg.max_vqps as usize {
+        return Err(refuse(
+            RefuseCode::Quota,
+            format!("the process holds {} VQPs already", s.cfg.max_vqps),
+        ));
+    }
+    let vqp = s
+        .engine
+        .create_vqp()
+        .map_err(|e| refuse(RefuseCode::Engine, format!("create a VQP: {e}")))?;
+    let (map, file) = SharedMap::create("krcored-vqp", RING_BYTES)
+        .map_err(|e| refuse(RefuseCode::Engine, format!("VQP ring: {e}")))?;
+    let slot = Arc::new(VqpSlot {
+        handle: c.next_handle.fetch_add(1, Ordering::Relaxed),
+        vqp,
+        ring: map,
+        core: c.core.clone(),
+        serve: Mutex::new(Serve {
+            head: 0,
+            cq_tail: 0,
+            broken: false,
+            active: false,
+            wrs: Vec::with_capacity(SQ_CAP),
+            wcs: vec![Wc::default(); 32],
+        }),
+    });
+    c.vqps.write().push(slot.clone());
+    s.version.fetch_add(1, Ordering::Release);
+    Ok((slot, file))
+}
+
+/// Makes a grant known to a VQP of process `c`. On this node only the
+/// process's own regions: not another attached process's memory (regions
+/// or leases), nor the daemon engine's own buffers (messaging staging,
+/// the meta table), whose keys a process could learn or guess.
+#[allow(clippy::too_many_arguments)]
+fn grant<N: Nic>(
+    s: &Shared<N>,
+    c: &Client<N>,
+    v: &VqpSlot<N>,
+    gid: krcore_nic::Gid,
+    rkey: u32,
+    addr: u64,
+    len: u64,
+    access: u32,
+    ttl_ms: u64,
+) -> Reply {
+    if gid == s.engine.gid() && !own_rkey(c, rkey) {
+        return refuse(
+            RefuseCode::BadRequest,
+            format!(
+                "rkey {rkey:#x} on this node is not this process's memory \
+                 (only its own regions can be granted here)"
+            ),
+        );
+    }
+    let expires_at = (ttl_ms != u64::MAX)
+        .then(|| Instant::now().checked_add(Duration::from_millis(ttl_ms)))
+        .flatten();
+    v.vqp.add_grant(
+        gid,
+        rkey,
+        RemoteGrant {
+            addr,
+            len,
+            access: Access(access & Access::ALL.0),
+            expires_at,
+        },
+    );
+    Reply::Done
 }
 
 /// The node's counters, for [`Request::Stats`].

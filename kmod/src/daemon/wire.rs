@@ -261,6 +261,23 @@ pub enum Request {
         /// The VQP.
         vqp: u32,
     },
+    /// A VQP connected to `gid` with one grant known (`CreateVqp`,
+    /// `Connect` and `Grant` in one call; refused whole, with nothing
+    /// created, when any part fails).
+    OpenVqp {
+        /// The target node.
+        gid: Gid,
+        /// The grant's remote key.
+        rkey: u32,
+        /// Its first byte.
+        addr: u64,
+        /// Its bytes.
+        len: u64,
+        /// Its access bits.
+        access: u32,
+        /// Milliseconds until it expires, `u64::MAX` for never.
+        ttl_ms: u64,
+    },
 }
 
 /// A messaging failure carried back to the attached process: the variants
@@ -398,7 +415,7 @@ pub enum Reply {
         /// Remote key.
         rkey: u32,
     },
-    /// To `CreateVqp`; carries the ring's file.
+    /// To `CreateVqp` and `OpenVqp`; carries the ring's file.
     Vqp {
         /// Handle.
         vqp: u32,
@@ -674,7 +691,8 @@ impl Request {
             Request::RevokeLeases { .. } => "revoke leases",
             Request::LiveLeases { .. } => "count live leases",
             Request::Upgrade { .. } => "upgrade a VQP",
-            Request::Path { .. } => "a VQP's transport",
+            Request::Path { .. } => "a VQP's path",
+            Request::OpenVqp { .. } => "open a VQP",
         }
     }
 
@@ -756,6 +774,20 @@ impl Request {
             Request::LiveLeases { mr } => Out::new(25).u32(*mr),
             Request::Upgrade { vqp } => Out::new(26).u32(*vqp),
             Request::Path { vqp } => Out::new(27).u32(*vqp),
+            Request::OpenVqp {
+                gid,
+                rkey,
+                addr,
+                len,
+                access,
+                ttl_ms,
+            } => Out::new(28)
+                .gid(gid)
+                .u32(*rkey)
+                .u64(*addr)
+                .u64(*len)
+                .u32(*access)
+                .u64(*ttl_ms),
         }
         .done()
     }
@@ -853,6 +885,14 @@ impl Request {
             25 => Request::LiveLeases { mr: r.u32()? },
             26 => Request::Upgrade { vqp: r.u32()? },
             27 => Request::Path { vqp: r.u32()? },
+            28 => Request::OpenVqp {
+                gid: r.gid()?,
+                rkey: r.u32()?,
+                addr: r.u64()?,
+                len: r.u64()?,
+                access: r.u32()?,
+                ttl_ms: r.u64()?,
+            },
             tag => return Err(WireError::UnknownTag { tag }),
         };
         r.end(tag, req)

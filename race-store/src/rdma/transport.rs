@@ -134,20 +134,20 @@ impl<N: Nic> VqpTransport<N> {
                     reason: "memory node list out of id order",
                 });
             }
-            let vqp = node.vqp().map_err(setup("create a VQP"))?;
-            vqp.connect(info.gid)
-                .map_err(setup("connect to a memory node"))?;
-            vqp.add_grant(
-                info.gid,
-                info.rkey,
-                RemoteGrant {
-                    addr: info.base,
-                    len: info.len,
-                    access: Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC,
-                    expires_at: None,
-                },
-            )
-            .map_err(setup("make the memory node's region known"))?;
+            // One call: on an attached node, one round trip to the daemon
+            // per memory node.
+            let vqp = node
+                .connect_granted(
+                    info.gid,
+                    info.rkey,
+                    RemoteGrant {
+                        addr: info.base,
+                        len: info.len,
+                        access: Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC,
+                        expires_at: None,
+                    },
+                )
+                .map_err(setup("connect to a memory node, its region known"))?;
             remotes.push(Remote { info: *info, vqp });
         }
         let scratch = node
