@@ -12,12 +12,13 @@
 //!   0  sq_tail      entries the process has published (it writes)
 //!  64  sq_head      entries the daemon has taken (it writes, after the verdict)
 //!  80  verdict      code (0: posted), WR index, two detail words,
-//! 112               message length, then 256 bytes of message at 128
+//! 112               message length, then 192 bytes of message at 128
+//! 320  sleepers     process threads asleep on wake_seq (they count it;
+//!                   a line the process writes only to sleep)
 //! 384  cq_tail      completions the daemon has written
 //! 392  wake_seq     (4 bytes, a futex) bumped by the daemon when it moves
 //!                   sq_head or cq_tail while a process thread sleeps
 //! 448  cq_head      completions the process has taken
-//! 456  sleepers     process threads asleep on wake_seq (they count it)
 //! 512  SQ           SQ_CAP slots of 64 bytes
 //!      CQ           CQ_CAP entries of 16 bytes
 //! ```
@@ -67,13 +68,16 @@ pub(crate) const V_A: usize = 96;
 pub(crate) const V_B: usize = 104;
 pub(crate) const V_MSG_LEN: usize = 112;
 pub(crate) const V_MSG: usize = 128;
-pub(crate) const V_MSG_MAX: usize = 256;
+pub(crate) const V_MSG_MAX: usize = 192;
 pub(crate) const CQ_TAIL: usize = 384;
 pub(crate) const CQ_HEAD: usize = 448;
 /// The futex word (only ever accessed as a 4-byte atomic).
 const WAKE_SEQ: usize = 392;
-/// Process threads asleep (or about to sleep) on [`WAKE_SEQ`].
-const SLEEPERS: usize = 456;
+/// Process threads asleep (or about to sleep) on [`WAKE_SEQ`]: on a line
+/// of its own, which the process writes only when a thread goes to sleep,
+/// so the daemon's look at it after every head or tail it moves is a hit
+/// in its own cache (beside `cq_head`, it cost a line transfer each).
+const SLEEPERS: usize = 320;
 const SQ_AT: usize = 512;
 /// Bytes of a submission entry (SQE).
 pub const SQE_BYTES: usize = 64;
