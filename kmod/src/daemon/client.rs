@@ -10,7 +10,7 @@ use super::ring::{
 };
 use super::sock::{self, RecvError};
 use super::wire::{
-    MsgFailure, NodeStats, RefuseCode, Reply, Request, MAX_MSG_BYTES, MAX_REPLY_FRAME,
+    MsgFailure, NodeStats, RefuseCode, Reply, Request, WireGrant, MAX_MSG_BYTES, MAX_REPLY_FRAME,
 };
 use super::{PostCode, PROTOCOL_VERSION};
 use crate::msg::RefuseCode as MsgRefuseCode;
@@ -370,14 +370,7 @@ impl Attached {
         rkey: u32,
         grant: RemoteGrant,
     ) -> Result<AttachedVqp, DaemonError> {
-        let req = Request::OpenVqp {
-            gid,
-            rkey,
-            addr: grant.addr,
-            len: grant.len,
-            access: grant.access.0,
-            ttl_ms: ttl_ms(&grant),
-        };
+        let req = Request::OpenVqp(wire_grant(gid, rkey, &grant));
         self.vqp_of(self.conn.call(&req)?, "OpenVqp")
     }
 
@@ -402,12 +395,19 @@ impl Attached {
     }
 }
 
-/// A grant's expiry as the wire carries it: milliseconds left, `u64::MAX`
-/// for never.
-fn ttl_ms(grant: &RemoteGrant) -> u64 {
-    grant.expires_at.map_or(u64::MAX, |t| {
-        t.saturating_duration_since(Instant::now()).as_millis() as u64
-    })
+/// A grant as the wire carries it (its expiry as milliseconds left,
+/// `u64::MAX` for never).
+fn wire_grant(gid: Gid, rkey: u32, grant: &RemoteGrant) -> WireGrant {
+    WireGrant {
+        gid,
+        rkey,
+        addr: grant.addr,
+        len: grant.len,
+        access: grant.access.0,
+        ttl_ms: grant.expires_at.map_or(u64::MAX, |t| {
+            t.saturating_duration_since(Instant::now()).as_millis() as u64
+        }),
+    }
 }
 
 fn path_of(t: u8) -> crate::VqpPath {
@@ -726,16 +726,10 @@ impl AttachedVqp {
     /// # Errors
     /// [`DaemonError::Refused`]: the key is another attached process's.
     pub fn add_grant(&self, gid: Gid, rkey: u32, grant: RemoteGrant) -> Result<(), DaemonError> {
-        let ttl_ms = ttl_ms(&grant);
         self.conn
             .call(&Request::Grant {
                 vqp: self.handle,
-                gid,
-                rkey,
-                addr: grant.addr,
-                len: grant.len,
-                access: grant.access.0,
-                ttl_ms,
+                grant: wire_grant(gid, rkey, &grant),
             })
             .map(drop)
     }

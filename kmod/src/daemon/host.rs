@@ -26,7 +26,7 @@ use super::ring::{
     PAGE_BYTES, PAGE_SLEEPING, RING_BYTES, SQ_CAP, SQ_HEAD, SQ_TAIL,
 };
 use super::sock::{self, RecvError};
-use super::wire::{NodeStats, RefuseCode, Reply, Request, MAX_FRAME};
+use super::wire::{NodeStats, RefuseCode, Reply, Request, WireGrant, MAX_FRAME};
 use super::{PostCode, PROTOCOL_VERSION};
 use crate::engine::{Engine, EngineMode, OwnedMr, Vqp, VqpError};
 use crate::precheck::{RemoteGrant, Ungranted};
@@ -643,20 +643,13 @@ fn handle<N: Nic>(
             ),
             Err(refused) => (refused, None),
         },
-        Request::OpenVqp {
-            gid,
-            rkey,
-            addr,
-            len,
-            access,
-            ttl_ms,
-        } => {
+        Request::OpenVqp(g) => {
             let (slot, file) = match create_vqp(s, c) {
                 Ok(x) => x,
                 Err(refused) => return (refused, None),
             };
-            let opened = match slot.vqp.connect(gid) {
-                Ok(()) => grant(s, c, &slot, gid, rkey, addr, len, access, ttl_ms),
+            let opened = match slot.vqp.connect(g.gid) {
+                Ok(()) => grant(s, c, &slot, &g),
                 Err(e) => refuse(RefuseCode::Engine, error_line(&e)),
             };
             if matches!(opened, Reply::Refused { .. }) {
@@ -691,17 +684,9 @@ fn handle<N: Nic>(
                 Err(e) => (refuse(RefuseCode::Engine, error_line(&e)), None),
             },
         },
-        Request::Grant {
-            vqp,
-            gid,
-            rkey,
-            addr,
-            len,
-            access,
-            ttl_ms,
-        } => match vqp_of(vqp) {
+        Request::Grant { vqp, grant: g } => match vqp_of(vqp) {
             None => (unknown("VQP", vqp), None),
-            Some(v) => (grant(s, c, &v, gid, rkey, addr, len, access, ttl_ms), None),
+            Some(v) => (grant(s, c, &v, &g), None),
         },
         Request::Stats => (Reply::Stats(node_stats(s)), None),
         Request::SetUngranted { vqp, allow } => match vqp_of(vqp) {
@@ -793,18 +778,15 @@ fn create_vqp<N: Nic>(
 /// process's own regions: not another attached process's memory (regions
 /// or leases), nor the daemon engine's own buffers (messaging staging,
 /// the meta table), whose keys a process could learn or guess.
-#[allow(clippy::too_many_arguments)]
-fn grant<N: Nic>(
-    s: &Shared<N>,
-    c: &Client<N>,
-    v: &VqpSlot<N>,
-    gid: krcore_nic::Gid,
-    rkey: u32,
-    addr: u64,
-    len: u64,
-    access: u32,
-    ttl_ms: u64,
-) -> Reply {
+fn grant<N: Nic>(s: &Shared<N>, c: &Client<N>, v: &VqpSlot<N>, g: &WireGrant) -> Reply {
+    let WireGrant {
+        gid,
+        rkey,
+        addr,
+        len,
+        access,
+        ttl_ms,
+    } = *g;
     if gid == s.engine.gid() && !own_rkey(c, rkey) {
         return refuse(
             RefuseCode::BadRequest,

@@ -102,18 +102,8 @@ pub enum Request {
     Grant {
         /// The VQP.
         vqp: u32,
-        /// The node the grant is on.
-        gid: Gid,
-        /// Its remote key.
-        rkey: u32,
-        /// First byte.
-        addr: u64,
-        /// Bytes.
-        len: u64,
-        /// Access bits.
-        access: u32,
-        /// Milliseconds left until it expires, `u64::MAX` for never.
-        ttl_ms: u64,
+        /// The grant.
+        grant: WireGrant,
     },
     /// The pre-check's rule for keys no grant covers: allow (1) or refuse (0).
     SetUngranted {
@@ -261,23 +251,27 @@ pub enum Request {
         /// The VQP.
         vqp: u32,
     },
-    /// A VQP connected to `gid` with one grant known (`CreateVqp`,
-    /// `Connect` and `Grant` in one call; refused whole, with nothing
-    /// created, when any part fails).
-    OpenVqp {
-        /// The target node.
-        gid: Gid,
-        /// The grant's remote key.
-        rkey: u32,
-        /// Its first byte.
-        addr: u64,
-        /// Its bytes.
-        len: u64,
-        /// Its access bits.
-        access: u32,
-        /// Milliseconds until it expires, `u64::MAX` for never.
-        ttl_ms: u64,
-    },
+    /// A VQP connected to the grant's node with the grant known
+    /// (`CreateVqp`, `Connect` and `Grant` in one call; refused whole, with
+    /// nothing created, when any part fails).
+    OpenVqp(WireGrant),
+}
+
+/// A remote grant as a control message carries it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WireGrant {
+    /// The node the grant is on.
+    pub gid: Gid,
+    /// Its remote key.
+    pub rkey: u32,
+    /// First byte.
+    pub addr: u64,
+    /// Bytes.
+    pub len: u64,
+    /// Access bits.
+    pub access: u32,
+    /// Milliseconds left until it expires, `u64::MAX` for never.
+    pub ttl_ms: u64,
 }
 
 /// A messaging failure carried back to the attached process: the variants
@@ -570,6 +564,14 @@ impl Out {
         }
         self.bytes(&t.as_bytes()[..end])
     }
+    fn grant(self, g: &WireGrant) -> Out {
+        self.gid(&g.gid)
+            .u32(g.rkey)
+            .u64(g.addr)
+            .u64(g.len)
+            .u32(g.access)
+            .u64(g.ttl_ms)
+    }
     fn u16(mut self, x: u16) -> Out {
         self.0.extend_from_slice(&x.to_le_bytes());
         self
@@ -620,6 +622,16 @@ impl<'a> In<'a> {
     }
     fn gid(&mut self) -> Result<Gid, WireError> {
         Ok(Gid(self.take()?))
+    }
+    fn grant(&mut self) -> Result<WireGrant, WireError> {
+        Ok(WireGrant {
+            gid: self.gid()?,
+            rkey: self.u32()?,
+            addr: self.u64()?,
+            len: self.u64()?,
+            access: self.u32()?,
+            ttl_ms: self.u64()?,
+        })
     }
     fn bytes(&mut self) -> Result<&'a [u8], WireError> {
         let n = self.u32()? as usize;
@@ -692,7 +704,7 @@ impl Request {
             Request::LiveLeases { .. } => "count live leases",
             Request::Upgrade { .. } => "upgrade a VQP",
             Request::Path { .. } => "a VQP's path",
-            Request::OpenVqp { .. } => "open a VQP",
+            Request::OpenVqp(_) => "open a VQP",
         }
     }
 
@@ -705,22 +717,7 @@ impl Request {
             Request::CreateVqp => Out::new(4),
             Request::DestroyVqp { vqp } => Out::new(5).u32(*vqp),
             Request::Connect { vqp, gid } => Out::new(6).u32(*vqp).gid(gid),
-            Request::Grant {
-                vqp,
-                gid,
-                rkey,
-                addr,
-                len,
-                access,
-                ttl_ms,
-            } => Out::new(7)
-                .u32(*vqp)
-                .gid(gid)
-                .u32(*rkey)
-                .u64(*addr)
-                .u64(*len)
-                .u32(*access)
-                .u64(*ttl_ms),
+            Request::Grant { vqp, grant } => Out::new(7).u32(*vqp).grant(grant),
             Request::SetUngranted { vqp, allow } => Out::new(8).u32(*vqp).u8(*allow),
             Request::Stats => Out::new(9),
             Request::CreateEndpoint { window } => Out::new(10).u32(*window),
@@ -774,20 +771,7 @@ impl Request {
             Request::LiveLeases { mr } => Out::new(25).u32(*mr),
             Request::Upgrade { vqp } => Out::new(26).u32(*vqp),
             Request::Path { vqp } => Out::new(27).u32(*vqp),
-            Request::OpenVqp {
-                gid,
-                rkey,
-                addr,
-                len,
-                access,
-                ttl_ms,
-            } => Out::new(28)
-                .gid(gid)
-                .u32(*rkey)
-                .u64(*addr)
-                .u64(*len)
-                .u32(*access)
-                .u64(*ttl_ms),
+            Request::OpenVqp(grant) => Out::new(28).grant(grant),
         }
         .done()
     }
@@ -817,12 +801,7 @@ impl Request {
             },
             7 => Request::Grant {
                 vqp: r.u32()?,
-                gid: r.gid()?,
-                rkey: r.u32()?,
-                addr: r.u64()?,
-                len: r.u64()?,
-                access: r.u32()?,
-                ttl_ms: r.u64()?,
+                grant: r.grant()?,
             },
             8 => Request::SetUngranted {
                 vqp: r.u32()?,
@@ -885,14 +864,7 @@ impl Request {
             25 => Request::LiveLeases { mr: r.u32()? },
             26 => Request::Upgrade { vqp: r.u32()? },
             27 => Request::Path { vqp: r.u32()? },
-            28 => Request::OpenVqp {
-                gid: r.gid()?,
-                rkey: r.u32()?,
-                addr: r.u64()?,
-                len: r.u64()?,
-                access: r.u32()?,
-                ttl_ms: r.u64()?,
-            },
+            28 => Request::OpenVqp(r.grant()?),
             tag => return Err(WireError::UnknownTag { tag }),
         };
         r.end(tag, req)
