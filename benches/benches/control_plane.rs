@@ -10,7 +10,7 @@
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use krcore_benches::baseline::{rc_connect_over_tcp, RcEndpoint};
 use krcore_kmod::{DcCache, Engine, EngineConfig, MetaLocation, Vqp};
-use krcore_meta::{MetaConfig, MetaServer};
+use krcore_meta::{LocalMetaHost, MetaConfig};
 use krcore_nic::conformance::Side;
 use krcore_nic::sim::{LatencyModel, SimConfig, SimFabric, SimNic};
 use krcore_nic::*;
@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 struct Cluster {
     fabric: SimFabric,
     cfg: SimConfig,
-    _meta: MetaServer<SimNic>,
+    _meta: LocalMetaHost<SimNic>,
     location: MetaLocation,
     server: Engine<SimNic>,
     client: Engine<SimNic>,
@@ -30,7 +30,7 @@ impl Cluster {
     fn new(cfg: SimConfig) -> Cluster {
         let fabric = SimFabric::in_memory();
         let node = || SimNic::open(&fabric, cfg.clone()).unwrap();
-        let mut meta = MetaServer::start(node(), MetaConfig::default()).unwrap();
+        let mut meta = LocalMetaHost::start(node(), MetaConfig::default()).unwrap();
         let location = MetaLocation::from_bootstrap(&meta.bootstrap()).unwrap();
         let ecfg = || {
             EngineConfig::default()

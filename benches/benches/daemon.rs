@@ -13,7 +13,7 @@
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use krcore_kmod::daemon::{Attached, AttachedMr, AttachedVqp, Daemon, DaemonConfig};
 use krcore_kmod::{Engine, EngineConfig, MetaLocation, OwnedMr, RemoteGrant, Vqp};
-use krcore_meta::{MetaConfig, MetaServer};
+use krcore_meta::{LocalMetaHost, MetaConfig};
 use krcore_nic::sim::{LatencyModel, SimConfig, SimFabric, SimNic};
 use krcore_nic::*;
 use std::time::Duration;
@@ -24,7 +24,7 @@ const WAIT: Duration = Duration::from_secs(10);
 /// memory node to READ from.
 struct Setup {
     // Kept alive: the memory node, the meta server, the daemon.
-    _meta: MetaServer<SimNic>,
+    _meta: LocalMetaHost<SimNic>,
     _server: Engine<SimNic>,
     region: OwnedMr<SimNic>,
     daemon: Daemon<SimNic>,
@@ -51,7 +51,7 @@ impl Setup {
             )
             .unwrap()
         };
-        let mut meta = MetaServer::start(node(), MetaConfig::default()).unwrap();
+        let mut meta = LocalMetaHost::start(node(), MetaConfig::default()).unwrap();
         let location = MetaLocation::from_bootstrap(&meta.bootstrap()).unwrap();
         let cfg = || {
             EngineConfig::default()

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use krcore_kmod::{Endpoint, Engine, EngineConfig, MetaLocation, Port};
-use krcore_meta::{MetaConfig, MetaServer};
+use krcore_meta::{LocalMetaHost, MetaConfig};
 use krcore_nic::sim::{SimConfig, SimFabric, SimNic};
 use krcore_nic::Gid;
 
@@ -27,7 +27,7 @@ const WINDOW: u32 = 8;
 /// A meta server, a receiving engine with a bound port, and a sending
 /// engine's endpoint, with messages up to `inline_max` copied inline.
 struct Pair {
-    _meta: MetaServer<SimNic>,
+    _meta: LocalMetaHost<SimNic>,
     _rx: Engine<SimNic>,
     _tx: Engine<SimNic>,
     port: Port<SimNic>,
@@ -39,7 +39,7 @@ impl Pair {
     fn new(inline_max: usize) -> Pair {
         let fabric = SimFabric::in_memory();
         let node = || SimNic::open(&fabric, SimConfig::default()).unwrap();
-        let mut meta = MetaServer::start(node(), MetaConfig::default()).unwrap();
+        let mut meta = LocalMetaHost::start(node(), MetaConfig::default()).unwrap();
         let location = MetaLocation::from_bootstrap(&meta.bootstrap()).unwrap();
         let cfg = || {
             let mut c = EngineConfig::default()

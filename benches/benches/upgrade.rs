@@ -30,7 +30,7 @@
 use std::time::{Duration, Instant};
 
 use krcore_kmod::{Engine, EngineConfig, MetaLocation, OwnedMr, RcMetaHost, Vqp, VqpPath};
-use krcore_meta::{MetaConfig, MetaServer};
+use krcore_meta::{LocalMetaHost, MetaConfig};
 use krcore_nic::sim::{LatencyModel, SimConfig, SimFabric, SimNic};
 use krcore_nic::{Access, MemoryRegion, SendWr, Wc, WcStatus};
 
@@ -39,7 +39,7 @@ const PHASE: Duration = Duration::from_millis(600);
 const BLOCK: Duration = Duration::from_millis(100);
 
 struct Setup {
-    _meta: MetaServer<SimNic>,
+    _meta: LocalMetaHost<SimNic>,
     _server: Engine<SimNic>,
     client: Engine<SimNic>,
     mr: OwnedMr<SimNic>,
@@ -68,7 +68,7 @@ fn setup_with(latency: Option<LatencyModel>, upgrade_after: Option<u64>) -> Setu
         ..SimConfig::default()
     };
     let node = || SimNic::open(&fabric, sim.clone()).unwrap();
-    let mut meta = MetaServer::start(node(), MetaConfig::default()).unwrap();
+    let mut meta = LocalMetaHost::start(node(), MetaConfig::default()).unwrap();
     let location = MetaLocation::from_bootstrap(&meta.bootstrap()).unwrap();
     let cfg = || upgradable(location);
     let server = Engine::start(node(), cfg()).unwrap();
@@ -280,7 +280,7 @@ fn carriers(rounds: usize) {
     // DC: two targets serving upgrades, a client with room for one pair.
     let fabric = SimFabric::in_memory();
     let node = || SimNic::open(&fabric, SimConfig::default()).unwrap();
-    let mut meta = MetaServer::start(node(), MetaConfig::default()).unwrap();
+    let mut meta = LocalMetaHost::start(node(), MetaConfig::default()).unwrap();
     let location = MetaLocation::from_bootstrap(&meta.bootstrap()).unwrap();
     let cfg = || upgradable(location).with_rc_cap(1);
     let dc_targets: Vec<_> = (0..2)

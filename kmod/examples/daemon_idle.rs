@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use krcore_kmod::daemon::{Attached, Daemon, DaemonConfig};
 use krcore_kmod::{Engine, EngineConfig, MetaLocation, OwnedMr, RemoteGrant};
-use krcore_meta::{MetaConfig, MetaServer};
+use krcore_meta::{LocalMetaHost, MetaConfig};
 use krcore_nic::sim::{SimConfig, SimFabric, SimNic};
 use krcore_nic::{Access, MemoryRegion, RemoteAddr, SendWr};
 
@@ -66,7 +66,7 @@ fn own_cpu_ns() -> u64 {
 }
 
 struct Cluster {
-    _meta: MetaServer<SimNic>,
+    _meta: LocalMetaHost<SimNic>,
     server: Engine<SimNic>,
     region: OwnedMr<SimNic>,
     fabric: SimFabric,
@@ -76,7 +76,7 @@ struct Cluster {
 fn cluster() -> Result<Cluster, String> {
     let fabric = SimFabric::in_memory();
     let node = SimNic::open(&fabric, SimConfig::default()).map_err(|e| e.to_string())?;
-    let mut meta = MetaServer::start(node, MetaConfig::default()).map_err(|e| e.to_string())?;
+    let mut meta = LocalMetaHost::start(node, MetaConfig::default()).map_err(|e| e.to_string())?;
     let location = MetaLocation::from_bootstrap(&meta.bootstrap()).map_err(|e| e.to_string())?;
     let nic = SimNic::open(&fabric, SimConfig::default()).map_err(|e| e.to_string())?;
     let server = Engine::start(nic, EngineConfig::default().with_meta(location))

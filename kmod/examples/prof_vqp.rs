@@ -39,7 +39,7 @@
 use krcore_kmod::{
     Engine, EngineConfig, EngineMode, MetaLocation, OwnedMr, RcMetaHost, RemoteGrant, Vqp, VqpPath,
 };
-use krcore_meta::{MetaConfig, MetaServer};
+use krcore_meta::{LocalMetaHost, MetaConfig};
 use krcore_nic::conformance::{rc_pair, Side};
 use krcore_nic::sim::{SimConfig, SimFabric, SimNic};
 use krcore_nic::*;
@@ -289,7 +289,7 @@ fn main() {
     }
     let f = SimFabric::in_memory();
     let node = || SimNic::open(&f, SimConfig::default()).unwrap();
-    let mut meta = MetaServer::start(node(), MetaConfig::default()).unwrap();
+    let mut meta = LocalMetaHost::start(node(), MetaConfig::default()).unwrap();
     let loc = MetaLocation::from_bootstrap(&meta.bootstrap()).unwrap();
     // The upgrade needs its endpoint on both ends (and the target's upgrade
     // entry registered).

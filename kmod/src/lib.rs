@@ -59,7 +59,7 @@
 //!
 //! ```
 //! use krcore_kmod::{Engine, EngineConfig, MetaLocation};
-//! use krcore_meta::{MetaConfig, MetaServer};
+//! use krcore_meta::{MetaConfig, LocalMetaHost};
 //! use krcore_nic::sim::{SimConfig, SimFabric, SimNic};
 //! use krcore_nic::{Access, MemoryRegion, Nic, RemoteAddr, SendWr, Wc};
 //! use std::time::{Duration, Instant};
@@ -68,7 +68,7 @@
 //! let node = || SimNic::open(&fabric, SimConfig::default()).unwrap();
 //! // The meta server (hosted in this process), a memory node registered in
 //! // its table by a local call (remote nodes register over two-sided RPC).
-//! let mut meta = MetaServer::start(node(), MetaConfig::default()).unwrap();
+//! let mut meta = LocalMetaHost::start(node(), MetaConfig::default()).unwrap();
 //! let location = MetaLocation::from_bootstrap(&meta.bootstrap())?;
 //! let cfg = || EngineConfig::default().with_meta(location);
 //! let server = Engine::start(node(), cfg())?;

@@ -38,7 +38,7 @@
 //! connect) apart as [`MetaError::WireVersion`].
 
 use crate::error::{Ctx, MetaError, MetaResult};
-use crate::server::parse_error_code;
+use crate::requests::parse_error_code;
 use crate::stores::{StoreMember, StoreName};
 use crate::wire::{
     BootstrapRepr, ErrorCode, Message, Packet, Repr, WireError, HEADER_LEN, MAGIC, MAX_MESSAGE_LEN,

@@ -1,7 +1,7 @@
 //! The host layer's error: what can go wrong starting or running a meta
 //! server, talking to one, or finding one.
 
-use crate::engine::TableError;
+use crate::registry::TableError;
 use crate::stores::StoreError;
 use crate::table::GeometryError;
 use crate::wire::{BootstrapError, ErrorCode, WireError};
@@ -15,11 +15,11 @@ use std::time::Duration;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum MetaError {
-    /// The device has no DC transport, and a [`crate::MetaServer`] serves
+    /// The device has no DC transport, and a [`crate::LocalMetaHost`] serves
     /// its table through a DCT. On such devices host the table in an engine
     /// (`krcore_kmod::MsgMetaHost`, which runs in RC fallback mode).
     #[error(
-        "the device has no DC support: MetaServer serves its table through a DCT \
+        "the device has no DC support: LocalMetaHost serves its table through a DCT \
          (host the table in an engine instead: MsgMetaHost runs in RC fallback mode)"
     )]
     DcUnsupported,

@@ -1,6 +1,6 @@
-//! A meta table hosted without an engine: [`MetaServer`], the table MR
+//! A meta table hosted without an engine: [`LocalMetaHost`], the table MR
 //! behind a DCT of its own, for processes that register nodes by local
-//! calls ([`MetaServer::table_mut`]): test fixtures and benches.
+//! calls ([`LocalMetaHost::table_mut`]): test fixtures and benches.
 //!
 //! ```text
 //!             clients (any node)
@@ -22,12 +22,12 @@
 //! - Every table change is one seqlock write of aligned atomic stores in the
 //!   registered table memory (see [`MrTable`]).
 //! - Lease times are the caller's (`now_ms` of each call); nothing sweeps
-//!   unless [`MetaServer::sweep`] is called.
+//!   unless [`LocalMetaHost::sweep`] is called.
 
 use crate::bootstrap;
-use crate::engine::MetaTable;
 use crate::error::{Ctx, MetaError, MetaResult};
 use crate::mr_table::MrTable;
+use crate::registry::MetaTable;
 use crate::table::Geometry;
 use crate::wire::BootstrapRepr;
 use krcore_nic::sim::SimFabric;
@@ -39,14 +39,14 @@ use std::time::Duration;
 /// Default DC key of the server's DCT (ASCII "krmeta").
 pub const DEFAULT_DC_KEY: u64 = 0x6174_656d_726b;
 
-/// How to start a meta table host: a [`MetaServer`], or an engine's
+/// How to start a meta table host: a [`LocalMetaHost`], or an engine's
 /// (`krcore_kmod::MsgMetaHost`, which takes `geometry`, `lease_sweep_ms`,
 /// `first_epoch` and `incarnation`).
 #[derive(Debug, Clone)]
 pub struct MetaConfig {
     /// Table shape. Default: 1024 buckets of 8 entries (512 KiB).
     pub geometry: Geometry,
-    /// DC key of the DCT clients READ the table through ([`MetaServer`]
+    /// DC key of the DCT clients READ the table through ([`LocalMetaHost`]
     /// only: an engine uses its own).
     pub dc_key: u64,
     /// Least time between two lease sweeps, in ms (0: every step) of a host
@@ -80,7 +80,7 @@ impl Default for MetaConfig {
 ///
 /// Owns the table MR (`REMOTE_READ | LOCAL_WRITE`) and a DCT with its SRQ
 /// (clients READ the table through it; the SRQ gets no receives).
-pub struct MetaServer<N: Nic> {
+pub struct LocalMetaHost<N: Nic> {
     nic: N,
     table: MetaTable<MrTable<N::Mr>>,
     bootstrap: BootstrapRepr,
@@ -93,9 +93,9 @@ pub struct MetaServer<N: Nic> {
     _pd: N::Pd,
 }
 
-impl<N: Nic> std::fmt::Debug for MetaServer<N> {
+impl<N: Nic> std::fmt::Debug for LocalMetaHost<N> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MetaServer")
+        f.debug_struct("LocalMetaHost")
             .field("gid", &self.nic.gid())
             .field("bootstrap", &self.bootstrap)
             .field("table", &self.table)
@@ -109,7 +109,7 @@ fn wall_clock() -> Duration {
         .unwrap_or_default()
 }
 
-impl<N: Nic> MetaServer<N> {
+impl<N: Nic> LocalMetaHost<N> {
     /// Starts a table host on `nic`: allocates the table MR and the DCT +
     /// SRQ, and zeroes the table.
     ///
@@ -117,7 +117,7 @@ impl<N: Nic> MetaServer<N> {
     /// [`MetaError::DcUnsupported`] on a device without DC (nothing is
     /// allocated); [`MetaError::Config`] for a table larger than memory;
     /// [`MetaError::Nic`] when the provider refuses an object.
-    pub fn start(nic: N, cfg: MetaConfig) -> MetaResult<MetaServer<N>> {
+    pub fn start(nic: N, cfg: MetaConfig) -> MetaResult<LocalMetaHost<N>> {
         if !nic.caps().dc {
             return Err(MetaError::DcUnsupported);
         }
@@ -179,7 +179,7 @@ impl<N: Nic> MetaServer<N> {
                 qkey: 0,
             },
         );
-        Ok(MetaServer {
+        Ok(LocalMetaHost {
             nic,
             table,
             bootstrap,
@@ -274,7 +274,7 @@ impl<N: Nic> MetaServer<N> {
     }
 }
 
-impl<N: Nic> Drop for MetaServer<N> {
+impl<N: Nic> Drop for LocalMetaHost<N> {
     fn drop(&mut self) {
         for (fabric, name, bytes) in self.published.drain(..) {
             // Leave a successor's publication alone.

@@ -7,11 +7,11 @@
 //! messages (the only work of the server's CPU).
 //!
 //! This crate holds what every host and client of the table shares:
-//! - the pure layer (byte layouts, message formats, the table engine), which
+//! - the pure layer (byte layouts, message formats, the table registry), which
 //!   does no I/O and reads no clock;
 //! - around it, generic over the NIC provider: [`client::lookup_once`] (one
 //!   READ of a bucket), [`bootstrap`] (how clients find a server: a sim
-//!   fabric name or TCP), [`host::MetaServer`] (the table MR behind a DCT of
+//!   fabric name or TCP), [`host::LocalMetaHost`] (the table MR behind a DCT of
 //!   its own, registrations by local calls: test fixtures and benches), and
 //!   [`ud`] (a UD endpoint: the RC fallback's first handshake uses it).
 //!
@@ -38,20 +38,20 @@
 //! in `krcore-kmod` because messaging does (this crate does not depend on
 //! the engine; the engine depends on it for the layout), and so does the
 //! `krcore-meta` binary (in `krcore-cli`). Requests are handled
-//! by [`MetaTable::handle`](engine::MetaTable::handle) here, in the format
+//! by [`MetaTable::handle`](registry::MetaTable::handle) here, in the format
 //! of [`wire`].
 //!
 //! ## Modules
 //! - [`entry`]: the 64-byte entry ([`entry::EntryView`], [`entry::EntryRepr`]).
 //! - [`table`]: geometry and hashing, the reader's [`table::find_in_bucket`],
 //!   [`table::TableMemory`] and the seqlock write [`table::SeqlockWrite`].
-//! - [`engine`]: [`engine::MetaTable`], register/renew/deregister/sweep.
+//! - [`registry`]: [`registry::MetaTable`], register/renew/deregister/sweep.
 //! - [`stores`]: [`stores::StoreRegistry`], the membership of named stores
 //!   (join/leave/list/sweep), kept beside the table; clients list a store
 //!   over TCP ([`bootstrap::fetch_store_tcp`]).
 //! - [`wire`]: two-sided messages ([`wire::Packet`], [`wire::Repr`]).
-//! - [`MetaTable::handle`](engine::MetaTable::handle): bytes in, reply out.
-//! - [`host`]: [`host::MetaServer`] (table + DCT, local registrations) and
+//! - [`MetaTable::handle`](registry::MetaTable::handle): bytes in, reply out.
+//! - [`host`]: [`host::LocalMetaHost`] (table + DCT, local registrations) and
 //!   [`host::MetaConfig`].
 //! - [`mr_table`]: [`mr_table::MrTable`], the table memory in a registered MR.
 //! - [`client`]: [`client::MetaClient`], [`client::lookup_once`].
@@ -72,10 +72,10 @@
 //!   [`wire::WIRE_VERSION`].
 //!
 //! ## Thread safety
-//! [`engine::MetaTable`] is a single-writer state machine (`&mut self`); the
+//! [`registry::MetaTable`] is a single-writer state machine (`&mut self`); the
 //! host serialises requests and sweeps. Readers never touch it: they READ the
 //! table memory, which the host's [`table::TableMemory`] writes with atomic
-//! stores. [`host::MetaServer`] is `Send`; its table changes take `&mut`.
+//! stores. [`host::LocalMetaHost`] is `Send`; its table changes take `&mut`.
 //!
 //! ## Cleanup
 //! Dropping a server releases its NIC objects (clients' READs then fail with
@@ -84,7 +84,7 @@
 //!
 //! ## Quick start
 //! ```
-//! use krcore_meta::engine::MetaTable;
+//! use krcore_meta::registry::MetaTable;
 //! use krcore_meta::table::{find_in_bucket, Geometry};
 //! use krcore_nic::{DcTarget, Gid};
 //!
@@ -103,13 +103,13 @@
 
 pub mod bootstrap;
 pub mod client;
-pub mod engine;
 pub mod entry;
 pub mod error;
 pub mod host;
 mod le;
 pub mod mr_table;
-mod server;
+pub mod registry;
+mod requests;
 pub mod stores;
 pub mod table;
 pub mod ud;
@@ -117,7 +117,7 @@ pub mod wire;
 
 pub use client::{lookup_once, MetaClient};
 pub use error::{MetaError, MetaResult};
-pub use host::{MetaConfig, MetaServer};
+pub use host::{LocalMetaHost, MetaConfig};
 
 /// Version of the table layout (entry format, bucket hash and its seed,
 /// checksum function, bucket placement). A client refuses a table whose
@@ -139,7 +139,7 @@ pub enum Error {
     Lookup(#[from] table::LookupError),
     /// A table operation.
     #[error(transparent)]
-    Table(#[from] engine::TableError),
+    Table(#[from] registry::TableError),
     /// A message's bytes.
     #[error(transparent)]
     Wire(#[from] wire::WireError),

@@ -25,7 +25,7 @@
 //! - Epochs (in the [`Lease`] a join returns) come from one registry-wide
 //!   counter: a fresh member gets a new one, a renewal keeps its own.
 
-use crate::engine::Lease;
+use crate::registry::Lease;
 use krcore_nic::Gid;
 use std::collections::BTreeMap;
 

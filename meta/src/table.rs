@@ -15,7 +15,7 @@
 //! overflow to other buckets), so a client finds an entry with ONE READ of
 //! `bucket_len()` bytes at `bucket_offset(bucket_of(gid))` followed by
 //! [`find_in_bucket`]. A registration into a full bucket is refused by the
-//! server ([`crate::engine::TableError::BucketFull`]).
+//! server ([`crate::registry::TableError::BucketFull`]).
 
 use crate::entry::{empty_image, EntryError, EntryRepr, EntryView, ENTRY_LEN};
 use core::ops::Range;

@@ -63,9 +63,9 @@
 //! payload, reserved bytes are zero, and per-type value rules. It never
 //! panics, whatever the bytes.
 
-use crate::engine::Lease;
 use crate::entry::ENTRY_LEN;
 use crate::le::{get_gid, get_u16, get_u32, get_u64, put};
+use crate::registry::Lease;
 use crate::stores::{StoreMember, StoreName, MAX_MEMBERS, RECORD_MAX, STORE_NAME_MAX};
 use crate::table::{Geometry, GeometryError};
 use crate::LAYOUT_VERSION;

@@ -10,15 +10,15 @@ use krcore_meta::bootstrap::{
 };
 use krcore_meta::stores::{StoreError, StoreMember};
 use krcore_meta::wire::{ErrorCode, Message, Repr, WireError};
-use krcore_meta::{MetaClient, MetaError, MetaServer};
+use krcore_meta::{LocalMetaHost, MetaClient, MetaError};
 use krcore_nic::sim::{SimConfig, SimFabric, SimNic};
 use krcore_nic::Nic;
 use std::io::{Read, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-fn server(fabric: &SimFabric) -> MetaServer<SimNic> {
-    MetaServer::start(
+fn server(fabric: &SimFabric) -> LocalMetaHost<SimNic> {
+    LocalMetaHost::start(
         SimNic::open(fabric, SimConfig::default()).unwrap(),
         config(),
     )

@@ -1,4 +1,4 @@
-//! The table host without an engine ([`MetaServer`]) on `sim:mem`:
+//! The table host without an engine ([`LocalMetaHost`]) on `sim:mem`:
 //! registrations by local calls, lookups by one READ through its DCT,
 //! leases and sweeps on the caller's clock, failures as typed errors.
 //! (Registration as messages is the engine-hosted server's: see
@@ -8,8 +8,8 @@ mod common;
 
 use common::*;
 use krcore_meta::client::LookupError;
-use krcore_meta::engine::{Lease, TableError};
-use krcore_meta::{MetaConfig, MetaError, MetaServer};
+use krcore_meta::registry::{Lease, TableError};
+use krcore_meta::{LocalMetaHost, MetaConfig, MetaError};
 use krcore_nic::sim::{SimConfig, SimFabric, SimNic};
 use krcore_nic::{Nic, WcStatus};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 struct Setup {
     _fabric: SimFabric,
-    server: MetaServer<SimNic>,
+    server: LocalMetaHost<SimNic>,
     client: SimNic,
     reader: Reader,
 }
@@ -25,7 +25,7 @@ struct Setup {
 fn setup_with(cfg: MetaConfig) -> Setup {
     let fabric = SimFabric::in_memory();
     let server =
-        MetaServer::start(SimNic::open(&fabric, SimConfig::default()).unwrap(), cfg).unwrap();
+        LocalMetaHost::start(SimNic::open(&fabric, SimConfig::default()).unwrap(), cfg).unwrap();
     let client = SimNic::open(&fabric, SimConfig::default()).unwrap();
     let reader = Reader::new(&client);
     Setup {
@@ -106,7 +106,7 @@ fn device_without_dc_is_a_typed_error() {
         },
     )
     .unwrap();
-    let e = MetaServer::start(nic.clone(), config()).unwrap_err();
+    let e = LocalMetaHost::start(nic.clone(), config()).unwrap_err();
     assert!(matches!(e, MetaError::DcUnsupported), "{e:?}");
     assert!(e.to_string().contains("MsgMetaHost"), "{e}");
     let c = nic.counters();
@@ -123,7 +123,7 @@ fn concurrent_writer_never_yields_a_mixed_entry() {
     let b = s.server.bootstrap();
     let gid = s.client.gid();
     // Every field of registration n is derived from n (epoch = 1 + n).
-    let reg = |server: &mut MetaServer<SimNic>, n: u32| {
+    let reg = |server: &mut LocalMetaHost<SimNic>, n: u32| {
         let lease = server
             .table_mut()
             .register(

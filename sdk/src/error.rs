@@ -81,7 +81,7 @@ pub enum Error {
         gid: Gid,
         /// Why.
         #[source]
-        source: krcore_meta::engine::TableError,
+        source: krcore_meta::registry::TableError,
     },
 }
 

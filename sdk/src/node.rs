@@ -439,7 +439,7 @@ impl<N: Nic> Node<N> {
 
     fn registered<T>(
         &self,
-        r: std::result::Result<T, krcore_meta::engine::TableError>,
+        r: std::result::Result<T, krcore_meta::registry::TableError>,
     ) -> Result<()> {
         r.map(|_| ()).map_err(|source| Error::Register {
             gid: self.gid(),

@@ -11,7 +11,7 @@
 //! Each round runs `--ops` Register calls, `--ops` Renew calls and one
 //! join. Prints p50/p90 per call (a registration channel is opened and
 //! closed by every call: see `krcore_kmod::meta_msg`). (The UD RPC path
-//! this replaced, `MetaRpc` to a UD `MetaServer`, is gone; its figures,
+//! this replaced, `MetaRpc` to a UD `LocalMetaHost`, is gone; its figures,
 //! measured side by side with this one before its removal, are in the
 //! commit history.)
 #![forbid(unsafe_code)]

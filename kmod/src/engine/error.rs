@@ -65,7 +65,7 @@ pub enum MetaFailure {
     Handshake(HandshakeFailure),
     /// Registration over messaging: the meta node's messaging refused the
     /// request channel (`Unbound`: it serves no meta table on its reserved
-    /// port, e.g. a `krcore_meta::MetaServer`, which answers no request).
+    /// port, e.g. a `krcore_meta::LocalMetaHost`, which answers no request).
     Refused(crate::msg::RefuseCode),
 }
 

@@ -54,7 +54,7 @@
 //! and malformed-input counting, instead of a second implementation of the
 //! protocol in the meta crate; the meta crate keeps the pure parts both
 //! sides share (table layout, [`MetaTable`], the request wire format
-//! [`krcore_meta::wire`]). The older hosts, `krcore_meta::MetaServer` (DC,
+//! [`krcore_meta::wire`]). The older hosts, `krcore_meta::LocalMetaHost` (DC,
 //! requests over UD) and [`super::RcMetaHost`] (RC fallback, requests over
 //! its UD handshake endpoint), serve no deployment any more: see their
 //! docs.
@@ -80,8 +80,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use krcore_meta::engine::{Lease, MetaTable};
 use krcore_meta::mr_table::MrTable;
+use krcore_meta::registry::{Lease, MetaTable};
 use krcore_meta::stores::{StoreName, StoreRegistry};
 use krcore_meta::wire::{
     BootstrapRepr, ErrorCode, Message as MetaMessage, MessageType, RegisterRepr, Repr,

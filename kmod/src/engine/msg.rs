@@ -1291,7 +1291,7 @@ mod tests {
     use std::time::Duration;
 
     use krcore_meta::table::Geometry;
-    use krcore_meta::{MetaConfig, MetaServer};
+    use krcore_meta::{LocalMetaHost, MetaConfig};
     use krcore_nic::sim::{SimConfig, SimFabric, SimNic};
 
     use super::super::{Engine, EngineConfig, MetaLocation};
@@ -1301,11 +1301,11 @@ mod tests {
     /// Two registered DC engines on one fabric (no messaging threads).
     fn pair(
         tune: impl Fn(&mut EngineConfig),
-    ) -> (MetaServer<SimNic>, Engine<SimNic>, Engine<SimNic>) {
+    ) -> (LocalMetaHost<SimNic>, Engine<SimNic>, Engine<SimNic>) {
         let fabric = SimFabric::in_memory();
         let nic = || SimNic::open(&fabric, SimConfig::default()).expect("sim node");
         let geometry = Geometry::with_buckets(64).expect("geometry");
-        let mut meta = MetaServer::start(
+        let mut meta = LocalMetaHost::start(
             nic(),
             MetaConfig {
                 geometry,

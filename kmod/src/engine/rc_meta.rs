@@ -8,16 +8,16 @@
 //! local calls, [`RcMetaHost::table`]) until those move. Its responder
 //! still answers meta requests in the [`krcore_meta::wire`] format that
 //! arrive on its UD endpoint (through
-//! [`MetaTable::handle`](krcore_meta::engine::MetaTable::handle)); the UD
+//! [`MetaTable::handle`](krcore_meta::registry::MetaTable::handle)); the UD
 //! RPC client is gone: no code of this workspace sends them any more.
 //!
-//! A `krcore_meta::MetaServer` serves its table through a DCT and refuses a
+//! A `krcore_meta::LocalMetaHost` serves its table through a DCT and refuses a
 //! device without DC. Its table MR lives in a PD of its own, which it does
 //! not share, and a one-sided READ must arrive on a QP of the MR's PD (the
 //! NIC checks it, and so does `sim`): a handshake responder run *beside* a
-//! `MetaServer` could pair RC QPs with clients, but their READs of the table
+//! `LocalMetaHost` could pair RC QPs with clients, but their READs of the table
 //! would fail with `REM_ACCESS_ERR`. So this host puts the same table engine
-//! ([`krcore_meta::engine::MetaTable`] over an [`MrTable`], the same entry
+//! ([`krcore_meta::registry::MetaTable`] over an [`MrTable`], the same entry
 //! layout, the same seqlock writes) in an MR of the PD of a
 //! [`HandshakeResponder`], which pairs an RC QP with every engine that looks
 //! the table up.
@@ -31,7 +31,7 @@
 //!
 //! # What the bootstrap says
 //!
-//! [`RcMetaHost::bootstrap`] is a [`BootstrapRepr`] like a `MetaServer`'s,
+//! [`RcMetaHost::bootstrap`] is a [`BootstrapRepr`] like a `LocalMetaHost`'s,
 //! with one reinterpretation: `server.dct_num` is the responder's UD QPN and
 //! `server.dc_key` its qkey (the RC fallback meaning of an entry, see
 //! [`super::Engine::local_target`]); `rpc_qpn`/`rpc_qkey` name the same UD
@@ -48,8 +48,8 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Instant;
 
-use krcore_meta::engine::MetaTable;
 use krcore_meta::mr_table::MrTable;
+use krcore_meta::registry::MetaTable;
 use krcore_meta::wire::BootstrapRepr;
 use krcore_meta::MetaConfig;
 use krcore_nic::{Access, DcTarget, MemoryRegion, Nic};

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use krcore_meta::engine::MetaTable;
 use krcore_meta::mr_table::MrTable;
+use krcore_meta::registry::MetaTable;
 use krcore_meta::wire::{BootstrapRepr, Repr as MetaRepr, MAGIC as META_MAGIC};
 use krcore_nic::{
     Access, CompletionQueue, Gid, Nic, QpCaps, QpInit, QpType, QueuePair, RcPeer, Transition,

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use krcore_meta::bootstrap::{serve_tcp, TcpBootstrap};
-use krcore_meta::engine::Lease;
+use krcore_meta::registry::Lease;
 use krcore_meta::stores::{StoreError, StoreName, RECORD_MAX};
 use krcore_meta::wire::{ErrorCode, Message as MetaMessage, Repr, StoreJoinRepr};
 use krcore_meta::MetaResult;

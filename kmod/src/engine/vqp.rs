@@ -813,16 +813,16 @@ mod tests {
     /// A meta table (returned: keep it), a server engine registered in it
     /// and a client engine, on one in-memory fabric, one DCI each.
     fn server_and_client() -> (
-        krcore_meta::MetaServer<krcore_nic::sim::SimNic>,
+        krcore_meta::LocalMetaHost<krcore_nic::sim::SimNic>,
         crate::Engine<krcore_nic::sim::SimNic>,
         crate::Engine<krcore_nic::sim::SimNic>,
     ) {
         use crate::{Engine, EngineConfig, MetaLocation};
-        use krcore_meta::{MetaConfig, MetaServer};
+        use krcore_meta::{LocalMetaHost, MetaConfig};
         use krcore_nic::sim::{SimConfig, SimFabric, SimNic};
         let f = SimFabric::in_memory();
         let node = || SimNic::open(&f, SimConfig::default()).unwrap();
-        let mut meta = MetaServer::start(node(), MetaConfig::default()).unwrap();
+        let mut meta = LocalMetaHost::start(node(), MetaConfig::default()).unwrap();
         let loc = MetaLocation::from_bootstrap(&meta.bootstrap()).unwrap();
         let cfg = || EngineConfig::default().with_meta(loc).with_pool_size(1);
         let server = Engine::start(node(), cfg()).unwrap();

@@ -9,10 +9,10 @@ pub mod fallback;
 use std::time::{Duration, Instant};
 
 use krcore_kmod::{Engine, EngineConfig, MetaLocation, OwnedMr, RemoteGrant, Ungranted, Vqp};
-use krcore_meta::engine::{Lease, TableError};
 use krcore_meta::entry::EntryRepr;
+use krcore_meta::registry::{Lease, TableError};
 use krcore_meta::table::Geometry;
-use krcore_meta::{MetaConfig, MetaServer};
+use krcore_meta::{LocalMetaHost, MetaConfig};
 use krcore_nic::sim::{SimConfig, SimFabric, SimNic};
 use krcore_nic::{Access, MemoryRegion, Nic, Wc};
 use krcore_nic::{DcTarget, Gid};
@@ -23,7 +23,7 @@ pub const WAIT: Duration = Duration::from_secs(10);
 
 pub struct Cluster {
     pub fabric: SimFabric,
-    pub meta: Mutex<MetaServer<SimNic>>,
+    pub meta: Mutex<LocalMetaHost<SimNic>>,
     pub location: MetaLocation,
 }
 
@@ -57,7 +57,7 @@ impl Cluster {
             geometry: Geometry::with_buckets(64).unwrap(),
             ..MetaConfig::default()
         };
-        let meta = MetaServer::start(nic, cfg).expect("meta");
+        let meta = LocalMetaHost::start(nic, cfg).expect("meta");
         let location = MetaLocation::from_bootstrap(&meta.bootstrap()).expect("location");
         Cluster {
             fabric,

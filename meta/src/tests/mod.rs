@@ -1,9 +1,9 @@
 //! Unit tests of the meta layer (kept out of the modules to keep files small).
 
-mod engine;
 mod entry;
 mod mr_table;
-mod server;
+mod registry;
+mod requests;
 mod stores;
 mod table;
 mod torn;

@@ -3,8 +3,8 @@
 //! panicking.
 
 use super::gid;
-use crate::engine::MetaTable;
 use crate::mr_table::MrTable;
+use crate::registry::MetaTable;
 use crate::table::{Geometry, TableMemory};
 use krcore_nic::sim::{SimConfig, SimFabric, SimNic};
 use krcore_nic::{Access, DcTarget, MemoryRegion, Nic};

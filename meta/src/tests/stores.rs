@@ -1,5 +1,5 @@
 use super::gid;
-use crate::engine::Lease;
+use crate::registry::Lease;
 use crate::stores::*;
 use crate::wire::{ErrorCode, Message, Repr, StoreJoinRepr};
 
@@ -251,7 +251,7 @@ fn handle_applies_store_requests_with_the_sender_gid() {
 
 #[test]
 fn meta_table_handles_store_requests_only_with_stores() {
-    let (mut t, b) = super::server::setup();
+    let (mut t, b) = super::requests::setup();
     let mut r = StoreRegistry::default();
     let req = |m| {
         Repr {

@@ -1,5 +1,5 @@
 use super::gid;
-use crate::engine::Lease;
+use crate::registry::Lease;
 use crate::stores::{StoreMember, StoreName, MAX_MEMBERS};
 use crate::table::{Geometry, GeometryError};
 use crate::wire::*;

@@ -1,6 +1,6 @@
 use super::gid;
-use crate::engine::*;
 use crate::entry::{EntryRepr, EntryView, ENTRY_LEN};
+use crate::registry::*;
 use crate::table::{find_in_bucket, Geometry, LookupError, TableMemory};
 use krcore_nic::{DcTarget, Gid};
 use rand::{Rng, SeedableRng};

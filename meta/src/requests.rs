@@ -3,7 +3,7 @@
 //! calls [`MetaTable::handle`] (or [`MetaTable::handle_with_stores`]), and
 //! sends back the reply it returns. No I/O, no clock.
 
-use crate::engine::{Lease, MetaTable, TableError};
+use crate::registry::{Lease, MetaTable, TableError};
 use crate::stores::{StoreError, StoreRegistry};
 use crate::table::TableMemory;
 use crate::wire::{BootstrapRepr, ErrorCode, Message, Packet, Repr, WireError, MAGIC};

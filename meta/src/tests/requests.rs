@@ -1,5 +1,5 @@
 use super::gid;
-use crate::engine::{Lease, MetaTable};
+use crate::registry::{Lease, MetaTable};
 use crate::table::{find_in_bucket, Geometry};
 use crate::wire::*;
 use krcore_nic::{DcTarget, RemoteAddr, UdTarget};
