@@ -140,6 +140,24 @@ impl Conn {
         }
     }
 
+    /// One messaging call: the daemon's answer, its `MsgFailed` as the
+    /// in-process endpoint's or port's error, a failed call as
+    /// [`MsgError::Daemon`].
+    fn msg_call(&self, req: &Request) -> Result<Reply, MsgError> {
+        match self.call(req) {
+            Ok((Reply::MsgFailed(f), _)) => Err(f.into()),
+            Ok((reply, _)) => Ok(reply),
+            Err(e) => Err(msg_err(e)),
+        }
+    }
+
+    /// The longest a messaging call waits in the daemon (ms, at least 1):
+    /// `wait`, at most half the control bound.
+    fn cap(&self, wait: Duration) -> u64 {
+        let ms = wait.min(self.timeout / 2).as_millis();
+        u64::try_from(ms).unwrap_or(u64::MAX).max(1)
+    }
+
     /// Whether the daemon closed the socket (checked without blocking).
     fn closed(&self) -> bool {
         use rustix::event::{poll, PollFd, PollFlags, Timespec};
@@ -1032,22 +1050,6 @@ impl AttachedEndpoint {
         self.id
     }
 
-    /// One messaging call: the daemon's answer, its `MsgFailed` as the
-    /// in-process endpoint's error, a failed call as [`MsgError::Daemon`].
-    fn msg_call(&self, req: &Request) -> Result<Reply, MsgError> {
-        match self.conn.call(req) {
-            Ok((Reply::MsgFailed(f), _)) => Err(f.into()),
-            Ok((reply, _)) => Ok(reply),
-            Err(e) => Err(msg_err(e)),
-        }
-    }
-
-    /// The longest a call waits in the daemon: half the control bound.
-    fn cap(&self, wait: Duration) -> u64 {
-        let ms = wait.min(self.conn.timeout / 2).as_millis();
-        u64::try_from(ms).unwrap_or(u64::MAX).max(1)
-    }
-
     /// Pushes `data` to `port` at `gid`, waiting up to `wait` for a credit
     /// (`None`: not at all, [`MsgError::WouldBlock`]).
     ///
@@ -1072,10 +1074,10 @@ impl AttachedEndpoint {
             ep: self.ep,
             gid,
             port,
-            wait_ms: wait.map_or(0, |w| self.cap(w)),
+            wait_ms: wait.map_or(0, |w| self.conn.cap(w)),
             data: data.to_vec(),
         };
-        match self.msg_call(&req)? {
+        match self.conn.msg_call(&req)? {
             Reply::Done => Ok(()),
             _ => Err(unexpected_msg("a Push")),
         }
@@ -1103,7 +1105,7 @@ impl AttachedEndpoint {
             gid,
             port,
         };
-        match self.msg_call(&req)? {
+        match self.conn.msg_call(&req)? {
             Reply::Flag(b) => Ok(b),
             _ => Err(unexpected_msg("a CloseChannel")),
         }
@@ -1117,7 +1119,7 @@ impl AttachedEndpoint {
             gid,
             port,
         };
-        match self.msg_call(&req) {
+        match self.conn.msg_call(&req) {
             Ok(Reply::Credits(c)) => c,
             _ => None,
         }
@@ -1146,12 +1148,7 @@ fn sliced_pop(
             0 if left.is_zero() => 0,
             ms => u64::try_from(ms).unwrap_or(u64::MAX).max(1),
         };
-        let r = match conn.call(&req(wait_ms)) {
-            Ok((Reply::MsgFailed(f), _)) => return Err(f.into()),
-            Ok((r, _)) => r,
-            Err(e) => return Err(msg_err(e)),
-        };
-        match r {
+        match conn.msg_call(&req(wait_ms))? {
             Reply::Message {
                 gid,
                 vqp,
@@ -1218,15 +1215,13 @@ impl Attached {
             port,
             reclaiming: u8::from(reclaiming),
         };
-        match self.conn.call(&req) {
-            Ok((Reply::Port { handle }, _)) => Ok(AttachedPort {
+        match self.conn.msg_call(&req)? {
+            Reply::Port { handle } => Ok(AttachedPort {
                 conn: self.conn.clone(),
                 handle,
                 port,
             }),
-            Ok((Reply::MsgFailed(f), _)) => Err(f.into()),
-            Ok(_) => Err(unexpected_msg("a BindPort")),
-            Err(e) => Err(msg_err(e)),
+            _ => Err(unexpected_msg("a BindPort")),
         }
     }
 }
@@ -1235,14 +1230,6 @@ impl AttachedPort {
     /// The port number.
     pub fn port(&self) -> u16 {
         self.port
-    }
-
-    fn call(&self, req: &Request) -> Result<Reply, MsgError> {
-        match self.conn.call(req) {
-            Ok((Reply::MsgFailed(f), _)) => Err(f.into()),
-            Ok((reply, _)) => Ok(reply),
-            Err(e) => Err(msg_err(e)),
-        }
     }
 
     /// Pops the oldest message, waiting up to `wait` (`None`: not at all):
@@ -1271,15 +1258,14 @@ impl AttachedPort {
                 max: MAX_MSG_BYTES,
             });
         }
-        let ms = wait.min(self.conn.timeout / 2).as_millis();
         let req = Request::ReplyPort {
             handle: self.handle,
             gid,
             vqp,
-            wait_ms: u64::try_from(ms).unwrap_or(u64::MAX).max(1),
+            wait_ms: self.conn.cap(wait),
             data: data.to_vec(),
         };
-        match self.call(&req)? {
+        match self.conn.msg_call(&req)? {
             Reply::Done => Ok(()),
             _ => Err(unexpected_msg("a ReplyPort")),
         }
@@ -1291,7 +1277,7 @@ impl AttachedPort {
     /// # Errors
     /// As the in-process port's; [`MsgError::Daemon`].
     pub fn return_credits(&self) -> Result<u32, MsgError> {
-        match self.call(&Request::ReturnCredits {
+        match self.conn.msg_call(&Request::ReturnCredits {
             handle: self.handle,
         })? {
             Reply::Count(n) => Ok(u32::try_from(n).unwrap_or(u32::MAX)),
@@ -1304,7 +1290,7 @@ impl AttachedPort {
     /// # Errors
     /// [`MsgError::Daemon`].
     pub fn queued(&self) -> Result<usize, MsgError> {
-        match self.call(&Request::Queued {
+        match self.conn.msg_call(&Request::Queued {
             handle: self.handle,
         })? {
             Reply::Count(n) => Ok(usize::try_from(n).unwrap_or(usize::MAX)),

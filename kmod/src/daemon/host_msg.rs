@@ -78,15 +78,20 @@ pub(crate) fn failure(e: &MsgError) -> MsgFailure {
     }
 }
 
+/// A messaging failure as the reply that carries it.
+fn failed(e: MsgError) -> Reply {
+    Reply::MsgFailed(failure(&e))
+}
+
 /// A popped message or reply as the process gets it (one longer than
 /// [`MAX_RECV_BYTES`] cannot be carried: `TooLarge`, counted as consumed).
 fn delivered<N: Nic>(m: Result<Option<Message<N>>, MsgError>) -> Reply {
     match m {
         Ok(None) => Reply::NoMessage,
-        Ok(Some(m)) if m.len() > MAX_RECV_BYTES => Reply::MsgFailed(failure(&MsgError::TooLarge {
+        Ok(Some(m)) if m.len() > MAX_RECV_BYTES => failed(MsgError::TooLarge {
             len: m.len(),
             max: MAX_RECV_BYTES,
-        })),
+        }),
         Ok(Some(m)) => Reply::Message {
             gid: m.from.gid,
             vqp: m.from.vqp,
@@ -94,7 +99,7 @@ fn delivered<N: Nic>(m: Result<Option<Message<N>>, MsgError>) -> Reply {
             seq: m.seq,
             data: m.to_vec(),
         },
-        Err(err) => Reply::MsgFailed(failure(&err)),
+        Err(err) => failed(err),
     }
 }
 
@@ -130,7 +135,6 @@ pub(super) fn handle<N: Nic>(s: &Arc<Shared<N>>, c: &Arc<Client<N>>, req: &Reque
             format!("no endpoint {h} of this process"),
         )
     };
-    let failed = |e: MsgError| Reply::MsgFailed(failure(&e));
     match req {
         Request::CreateEndpoint { window } => {
             if c.endpoints.lock().len() >= s.cfg.max_endpoints as usize {
@@ -215,7 +219,6 @@ fn handle_port<N: Nic>(s: &Arc<Shared<N>>, c: &Arc<Client<N>>, req: &Request) ->
             format!("no port {h} of this process"),
         )
     };
-    let failed = |e: MsgError| Reply::MsgFailed(failure(&e));
     match req {
         Request::BindPort { port, reclaiming } => {
             if c.ports.lock().len() >= s.cfg.max_ports as usize {
