@@ -23,6 +23,10 @@
 //!   |  dccache   Gid -> DC target metadata, node-wide, lock-free reads
 //!   |  precheck  Algorithm 2: validity, capacity, signaling of a VQP's batch
 //!   |  wrid      physical wr_id = (VQP id, sequence); user slots
+//!   |  sharedqp  the protocol of one shared physical QP: its credits, its
+//!   |            VQPs' states, the fast and general post, completion
+//!   |            routing, the plan of a recovery (the engine rings, polls,
+//!   |            resets; loom and scenario tests drive this same core)
 //!   |  credits   send-queue credits of one shared physical QP, a record per WR
 //!   |  handshake the RC handshake's messages (RC fallback: over UD; DC
 //!   |            upgrade: carried by messaging, engine::hs_msg)
@@ -243,8 +247,10 @@ pub mod daemon;
 pub mod dccache;
 pub mod engine;
 pub mod handshake;
+mod idhash;
 pub mod msg;
 pub mod precheck;
+pub mod sharedqp;
 mod sync;
 mod wire;
 pub mod wrid;

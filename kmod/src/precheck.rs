@@ -795,7 +795,7 @@ impl<'a> FastGrants<'a> {
     }
 }
 
-/// The engine's fast path's verdict on one WR (`PhysQp::post_fast`):
+/// The engine's fast path's verdict on one WR (`SharedQp::post_fast`, `crate::sharedqp`):
 /// the common shape ([`common_shape_of`]: a READ or WRITE of one SGE, a
 /// CAS or FAA of one 8-byte SGE at an aligned remote address), its SGE
 /// inside one of the `window`s (MRs the pre-check last looked up, which

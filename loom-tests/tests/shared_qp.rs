@@ -1,36 +1,35 @@
 //! loom model of completion routing and send-queue credit accounting on a
-//! shared physical QP, with kmod's pure pieces as the engine uses them: the
-//! QP's [`SendQueueCredits`] keeping ONE record per WR (the WR as posted,
-//! physical wr_id `(VQP, QP sequence)`), staged, rung and committed
-//! ([`SendQueueCredits::stage`], [`SendQueueCredits::commit`]), the user's
-//! wr_id and signal flag beside it ([`Slot`], same index), and a count of
-//! outstanding WRs per VQP; completions are resolved by their sequence bits
-//! ([`SendQueueCredits::resolve`]) and credit every record up to theirs
-//! ([`SendQueueCredits::complete_range`]), driven the way the engine host
-//! (`kmod/src/engine/physqp.rs`: `post`, `ring_doorbell`, `route`,
-//! `deliver`) drives them.
+//! shared physical QP, driving kmod's real shared-QP core
+//! ([`krcore_kmod::sharedqp::SharedQp`]) the way its host
+//! (`kmod/src/engine/physqp/`: `post`, `drain`) drives it: the core under
+//! the QP's one lock; a post plans and rings in one call, the doorbell
+//! being the model NIC's; a poll drains the CQ and routes every
+//! completion through the core, then pops the VQP's ring.
 //!
-//! The modeled host: a QP lock guards the account, the user slots, the
-//! counts and the doorbell; the NIC executes a WR when its doorbell rings
-//! and pushes the completion of a signaled WR into the CQ (its own lock,
-//! like a CQ ring). A poll drains the CQ and routes every completion to its
-//! VQP.
+//! The model NIC executes a WR when its doorbell rings and pushes the
+//! completion of a signaled WR into the CQ (its own lock, like a CQ
+//! ring).
 //!
 //! Invariants: every WR a user signaled is delivered to its own VQP exactly
-//! once (no lost, no duplicate, no misrouted completion); the account never
-//! refuses a completion (no credit counted twice or for an unposted WR); no
-//! VQP's count of outstanding WRs goes negative; and when everything has
-//! completed every credit is free again and every count is 0.
+//! once (no lost, no duplicate, no misrouted completion); the core never
+//! counts a completion stale or orphaned (no credit counted twice or for an
+//! unposted WR); when everything has completed every credit is free again
+//! and no VQP has a WR in flight.
 //!
-//! The two steps the protocol needs are switchable, and the `mutation_*`
-//! models remove one each and must fail (`should_panic`): that is the proof
-//! that the invariants are checked, not hoped.
+//! The core stages, rings and commits a batch in one `&mut` call, so the
+//! host cannot ring a doorbell whose records are not yet committed (the
+//! first mutation of the hand-made mirror this model replaced cannot be
+//! written any more). The host's remaining protocol step is switchable, and
+//! the `mutation_*` model removes it and must fail (`should_panic`): that is
+//! the proof that the invariants are checked, not hoped.
 #![cfg(krcore_loom)]
 
 use std::collections::VecDeque;
+use std::time::Instant;
 
-use krcore_kmod::{PhysWrId, Posted, SendQueueCredits, Slot, VqpId};
-use krcore_nic::{RemoteAddr, SendWr, Sge, Wc, WcStatus};
+use krcore_kmod::sharedqp::{QpShape, SharedQp, VqpState};
+use krcore_kmod::{CachedTarget, DcCache, Policy, Ungranted, VqpId};
+use krcore_nic::{DcTarget, Gid, PostError, RemoteAddr, SendWr, Sge, Wc, WcStatus};
 use loom::sync::{Arc, Mutex};
 use loom::thread;
 
@@ -40,26 +39,18 @@ const VQPS: usize = 2;
 /// Which protected steps the host performs.
 #[derive(Clone, Copy)]
 struct Steps {
-    /// The records are committed to the account in the same critical
-    /// section as the doorbell (else: doorbell first, commit afterwards).
-    record_with_doorbell: bool,
     /// Completions are taken from the CQ and routed under the QP lock (else:
     /// taken under the CQ lock only, routed afterwards).
     drain_under_qp_lock: bool,
 }
 
 const CORRECT: Steps = Steps {
-    record_with_doorbell: true,
     drain_under_qp_lock: true,
 };
 
+/// What the QP lock guards: the core, and what each VQP has polled.
 struct Phys {
-    credits: SendQueueCredits<SendWr>,
-    /// The user's wr_id and flag of each record, at sequence mod its length.
-    users: Vec<Slot>,
-    /// WRs outstanding per VQP.
-    outstanding: Vec<u32>,
-    /// User wr_ids delivered to each VQP.
+    core: SharedQp,
     delivered: Vec<Vec<u64>>,
 }
 
@@ -67,26 +58,59 @@ struct Qp {
     steps: Steps,
     phys: Mutex<Phys>,
     cq: Mutex<VecDeque<Wc>>,
+    cache: DcCache,
+}
+
+fn vqp(v: usize) -> VqpId {
+    VqpId::new(v as u32 + 1).unwrap()
+}
+
+/// One queue of depth 4 taking batches of up to 3 (one unsignaled WR at
+/// most after a signaled one).
+fn policy() -> Policy {
+    Policy {
+        max_unsignaled: 1,
+        ..Policy::default()
+    }
 }
 
 impl Qp {
     fn new(steps: Steps) -> Qp {
-        let len = DEPTH.next_power_of_two();
-        let empty = SendWr::read(0, Sge::default(), RemoteAddr::default());
+        let mut core = SharedQp::new(
+            QpShape {
+                depth: DEPTH,
+                precheck: false,
+                policy: policy(),
+                peer: None,
+            },
+            Instant::now(),
+        );
+        let target = CachedTarget {
+            target: DcTarget {
+                gid: Gid([1; 16]),
+                dct_num: 1,
+                dc_key: 1,
+            },
+            epoch: 1,
+        };
+        for v in 0..VQPS {
+            let mut st = VqpState::new(DEPTH, Ungranted::Allow);
+            st.set_target(Some(target));
+            core.attach(vqp(v), st);
+        }
         Qp {
             steps,
             phys: Mutex::new(Phys {
-                credits: SendQueueCredits::with_records(DEPTH, len - 1, empty),
-                users: vec![Slot::default(); len as usize],
-                outstanding: vec![0; VQPS],
+                core,
                 delivered: vec![Vec::new(); VQPS],
             }),
             cq: Mutex::new(VecDeque::new()),
+            cache: DcCache::new(8),
         }
     }
 
     /// The NIC: executes the doorbell's WRs; signaled ones complete.
-    fn ring(&self, wrs: &[SendWr]) {
+    fn ring(&self, wrs: &mut [SendWr]) -> Result<(), PostError> {
         let mut cq = self.cq.lock().unwrap();
         for w in wrs.iter().filter(|w| w.is_signaled()) {
             cq.push_back(Wc {
@@ -95,69 +119,48 @@ impl Qp {
                 ..Wc::default()
             });
         }
+        Ok(())
     }
 
-    /// VQP `v` posts user WRs `(user_wr_id, signaled)` as one doorbell:
-    /// staged into the records, rung, committed.
+    /// VQP `v` posts user WRs `(user_wr_id, signaled)` as one doorbell,
+    /// through the core's general path (plan, then ring).
     fn post(&self, v: usize, user: &[(u64, bool)]) {
-        let vqp = VqpId::new(v as u32 + 1).unwrap();
-        let mut guard = self.phys.lock().unwrap();
-        let p = &mut *guard;
-        let first = p.credits.next_seq();
-        let mask = p.users.len() - 1;
-        let staged = p.credits.stage(user.len()).expect("credits");
-        for (i, (rec, &(id, signaled))) in staged.iter_mut().zip(user).enumerate() {
-            let seq = first + i as u64;
-            let wr_id = PhysWrId::new(vqp, seq).raw();
-            *rec = SendWr::read(wr_id, Sge::default(), RemoteAddr::default()).signaled(signaled);
-            p.users[(seq as usize) & mask] = Slot {
-                user_wr_id: id,
-                user_signaled: signaled,
-            };
-        }
-        if self.steps.record_with_doorbell {
-            self.ring(staged);
-            p.credits.commit(user.len());
-            p.outstanding[v] += user.len() as u32;
-        } else {
-            let rung: Vec<SendWr> = staged.to_vec();
-            drop(guard);
-            self.ring(&rung);
-            let mut p = self.phys.lock().unwrap();
-            p.credits.commit(user.len());
-            p.outstanding[v] += user.len() as u32;
-        }
+        let mut wrs: Vec<SendWr> = user
+            .iter()
+            .map(|&(id, s)| SendWr::read(id, Sge::default(), RemoteAddr::default()).signaled(s))
+            .collect();
+        let mut p = self.phys.lock().unwrap();
+        let plan = p
+            .core
+            .plan(vqp(v), &mut wrs, &policy(), || unreachable!("no grant"))
+            .expect("the pre-check takes the batch")
+            .expect("the VQP has room");
+        assert!(!plan.must_reclaim(), "the model's queue always has room");
+        p.core
+            .ring(vqp(v), &mut wrs, plan.force_signal.is_some(), |w| {
+                self.ring(w)
+            })
+            .expect("the doorbell");
     }
 
-    /// Routes one completion: credits the account through its record, and
-    /// retires every record up to it from its VQP's count; the completed
-    /// one is delivered when its user signaled it.
-    fn route(p: &mut Phys, wc: &Wc) {
-        let wr_id = PhysWrId::from_raw(wc.wr_id);
-        let retired = p
-            .credits
-            .resolve(wr_id)
-            .ok_or_else(|| format!("no outstanding WR has {wr_id:?}"))
-            .and_then(|seq| {
-                p.credits
-                    .complete_range(seq, wc.status)
-                    .map_err(|e| e.to_string())
-            })
-            .unwrap_or_else(|e| panic!("account refused a completion: {e}"));
-        let mask = p.users.len() - 1;
-        let last = retired.end - 1;
-        for seq in retired {
-            let v = p.credits.record(seq).wr_id().vqp().get() as usize - 1;
-            p.outstanding[v] = p.outstanding[v]
-                .checked_sub(1)
-                .expect("a VQP's outstanding count went negative");
-            let slot = p.users[(seq as usize) & mask];
-            if seq == last {
-                if slot.user_signaled {
-                    p.delivered[v].push(slot.user_wr_id);
-                }
-            } else {
-                assert!(!slot.user_signaled, "a signaled WR retired silently");
+    /// Routes `wcs` through the core and moves what each VQP was
+    /// delivered into its list.
+    fn route(&self, p: &mut Phys, wcs: &[Wc]) {
+        for wc in wcs {
+            p.core.route(&self.cache, wc, None);
+        }
+        let s = p.core.stats();
+        assert_eq!(
+            (s.stale_completions, s.orphaned),
+            (0, 0),
+            "account refused a completion"
+        );
+        for v in 0..VQPS {
+            let mut out = [Wc::default(); 4];
+            let n = p.core.pop(vqp(v), &mut out);
+            for wc in &out[..n] {
+                assert_eq!(wc.qp_num, vqp(v).get(), "misrouted");
+                p.delivered[v].push(wc.wr_id);
             }
         }
     }
@@ -167,15 +170,11 @@ impl Qp {
         if self.steps.drain_under_qp_lock {
             let mut p = self.phys.lock().unwrap();
             let wcs: Vec<Wc> = self.cq.lock().unwrap().drain(..).collect();
-            for wc in &wcs {
-                Qp::route(&mut p, wc);
-            }
+            self.route(&mut p, &wcs);
         } else {
             let wcs: Vec<Wc> = self.cq.lock().unwrap().drain(..).collect();
             let mut p = self.phys.lock().unwrap();
-            for wc in &wcs {
-                Qp::route(&mut p, wc);
-            }
+            self.route(&mut p, &wcs);
         }
     }
 
@@ -209,7 +208,7 @@ fn model(steps: Steps) {
         user(&qp, 0);
         other.join().unwrap();
         qp.poll();
-        let p = qp.phys.lock().unwrap();
+        let mut p = qp.phys.lock().unwrap();
         for v in 0..VQPS {
             let want = vec![100 * (v as u64 + 1) + 1];
             assert_eq!(
@@ -217,17 +216,12 @@ fn model(steps: Steps) {
                 "VQP {v}: lost, duplicate or misrouted"
             );
         }
-        assert_eq!(
-            p.credits.free(),
-            DEPTH,
-            "a credit leaked or was counted twice"
-        );
-        assert_eq!(p.credits.outstanding(), 0);
-        assert_eq!(
-            p.outstanding,
-            vec![0; VQPS],
-            "a WR never left its VQP's count"
-        );
+        assert_eq!(p.core.free(), DEPTH, "a credit leaked or was counted twice");
+        assert_eq!(p.core.outstanding(), 0);
+        for v in 0..VQPS {
+            let st = p.core.vqp_mut(vqp(v)).expect("still attached");
+            assert_eq!(st.in_flight(), 0, "a WR never left its VQP's count");
+        }
     });
 }
 
@@ -236,28 +230,14 @@ fn shared_qp_routes_every_completion_once_and_credits_exactly() {
     model(CORRECT);
 }
 
-/// Mutation: the records are committed after the doorbell, outside its
-/// critical section. A poller can then see a completion the account does
-/// not know yet (and another poster can stage over the uncommitted
-/// records): the completion is refused (lost).
-#[test]
-#[should_panic(expected = "account refused a completion")]
-fn mutation_recording_after_the_doorbell_loses_completions() {
-    model(Steps {
-        record_with_doorbell: false,
-        ..CORRECT
-    });
-}
-
 /// Mutation: completions are taken from the CQ without the QP lock and
 /// routed later. Two pollers can route them out of send-queue order: the
 /// later one credits the earlier signaled WR too, and the earlier one's
-/// completion is then refused (lost).
+/// completion then matches nothing (counted stale: lost).
 #[test]
 #[should_panic(expected = "account refused a completion")]
 fn mutation_draining_outside_the_qp_lock_routes_out_of_order() {
     model(Steps {
         drain_under_qp_lock: false,
-        ..CORRECT
     });
 }

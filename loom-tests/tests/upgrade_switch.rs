@@ -1,25 +1,20 @@
 //! loom model of the VQP switch from DC to RC with in-flight work (kmod's
-//! `engine::upgrade`), and of the way back when the pair is evicted, with
-//! kmod's pure pieces as the engine uses them: per physical QP, a
-//! [`SendQueueCredits`] account keeping ONE record per WR (the WR as
-//! posted, physical wr_id `(VQP, QP sequence)`, staged, rung and
-//! committed) with the user's wr_id and signal flag beside it ([`Slot`],
-//! same index), completions resolved by their sequence bits and crediting
-//! every record up to theirs; the VQP's state (`VqpState`: its COUNT of
-//! WRs in flight and its ring of unpolled completions) moves between the
-//! QPs, the records stay with the QP that posted them.
+//! `engine::upgrade`), and of the way back when the pair is evicted,
+//! driving kmod's real shared-QP core ([`SharedQp`]) on both physical QPs:
+//! each one's account keeps ONE record per WR, completions are routed by
+//! the core, and the VQP's state (the real [`VqpState`]: its COUNT of WRs
+//! in flight and its ring of unpolled completions) moves between the two
+//! cores ([`SharedQp::detach_drained`], [`SharedQp::attach`]); the records
+//! stay with the QP that posted them.
 //!
-//! The modeled host mirrors `engine/upgrade.rs` and `engine/physqp.rs`:
-//! - a physical QP (the DCI, the RC pair) has one lock guarding its account,
-//!   its user slots, the VQP states it holds, its send queue, its CQ and
-//!   its doorbell; a
-//!   doorbelled WR stays in flight (in the send queue) until the next poll
-//!   of that QP, when the NIC has executed it into the CQ; a poll then
-//!   routes the whole CQ into the VQP's ring of unpolled completions (as
-//!   `PhysQp::drain` does in batches: each retired record leaves the VQP's
-//!   count, the completed one is delivered when its user signaled it, as
-//!   `route`/`deliver` do) and pops one, so a switch or an eviction can
-//!   find WRs in flight and completions not yet polled;
+//! The modeled host mirrors `engine/upgrade.rs` and `engine/physqp/`:
+//! - a physical QP (the DCI, the RC pair) has one lock guarding its core,
+//!   its send queue, its CQ and its doorbell; a doorbelled WR stays in
+//!   flight (in the send queue) until the next poll of that QP, when the
+//!   NIC has executed it into the CQ; a poll then routes the whole CQ
+//!   through the core (as `PhysQp::drain` does) and pops one completion,
+//!   so a switch or an eviction can find WRs in flight and completions not
+//!   yet polled;
 //! - the VQP's binding: a lock over `{rc, pending}`, an `on_rc` flag read
 //!   without it by the fast paths, and `due` (`next_at == 0`: the next post
 //!   tries to switch);
@@ -40,17 +35,20 @@
 //! lock, as its user wr_id: the post order. Invariants: the VQP is
 //! delivered exactly the tickets `0..n` in that order (no lost, no
 //! duplicate completion; per-VQP order kept across the switch), nothing is
-//! posted on one QP while the VQP has WRs in flight on the other, and at the
-//! end both accounts are empty and the state is in exactly one place.
+//! posted on one QP while the VQP has WRs in flight on the other, no
+//! completion is refused by a core, and at the end both accounts are empty
+//! and the state is in exactly one place.
 //!
 //! The protected steps are switchable; each `mutation_*` model removes one
 //! and must fail (`should_panic`).
 #![cfg(krcore_loom)]
 
 use std::collections::VecDeque;
+use std::time::Instant;
 
-use krcore_kmod::{PhysWrId, Posted, SendQueueCredits, Slot, VqpId};
-use krcore_nic::{RemoteAddr, SendWr, Sge, Wc, WcStatus};
+use krcore_kmod::sharedqp::{QpShape, SharedQp, VqpState};
+use krcore_kmod::{CachedTarget, DcCache, Policy, Ungranted, VqpId};
+use krcore_nic::{DcTarget, Gid, PostError, RemoteAddr, SendWr, Sge, Wc, WcStatus};
 use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::SeqCst};
 use loom::sync::{Arc, Mutex};
 use loom::thread;
@@ -59,6 +57,26 @@ const DEPTH: u32 = 4;
 
 fn vqp_id() -> VqpId {
     VqpId::new(1).unwrap()
+}
+
+/// One signaled WR per post; the queue takes batches of up to 3.
+fn policy() -> Policy {
+    Policy {
+        max_unsignaled: 1,
+        ..Policy::default()
+    }
+}
+
+/// The VQP's target: the pair's peer (an RC post names no other).
+fn target() -> CachedTarget {
+    CachedTarget {
+        target: DcTarget {
+            gid: Gid([1; 16]),
+            dct_num: 1,
+            dc_key: 1,
+        },
+        epoch: 1,
+    }
 }
 
 /// Which protected steps the host performs.
@@ -84,23 +102,10 @@ const CORRECT: Steps = Steps {
     evict_only_idle: true,
 };
 
-/// The VQP's state (`VqpState`): it lives on exactly one physical QP.
-struct VqpState {
-    /// Its WRs posted and not yet completed (recorded in the QP's records).
-    outstanding: u32,
-    /// Completions routed, not yet polled (user wr_ids).
-    ring: VecDeque<u64>,
-    /// What the user has polled, in order.
-    delivered: Vec<u64>,
-}
-
 struct QpState {
     open: bool,
-    /// One record per WR: the WR as posted.
-    credits: SendQueueCredits<SendWr>,
-    /// The user's wr_id and flag of each record, at sequence mod its length.
-    users: Vec<Slot>,
-    vqp: Option<VqpState>,
+    /// The real core (account, VQP table, routing).
+    core: SharedQp,
     /// Doorbelled WRs the NIC has not executed yet.
     sq: VecDeque<Wc>,
     cq: VecDeque<Wc>,
@@ -112,6 +117,9 @@ struct Qp {
     state: Mutex<QpState>,
     /// Oracle: the VQP's WRs posted here and not yet routed.
     inflight: AtomicU32,
+    /// The DCCache the core invalidates a failed target in (none fails
+    /// here).
+    cache: DcCache,
 }
 
 enum PostFail {
@@ -120,29 +128,43 @@ enum PostFail {
 }
 
 impl Qp {
-    fn new(name: &'static str, vqp: Option<VqpState>) -> Qp {
-        let len = DEPTH.next_power_of_two();
-        let empty = SendWr::read(0, Sge::default(), RemoteAddr::default());
+    fn new(name: &'static str, vqp: bool, peer: Option<Gid>) -> Qp {
+        let mut core = SharedQp::new(
+            QpShape {
+                depth: DEPTH,
+                precheck: false,
+                policy: policy(),
+                peer,
+            },
+            Instant::now(),
+        );
+        if vqp {
+            let mut v = VqpState::new(DEPTH, Ungranted::Allow);
+            v.set_target(Some(target()));
+            core.attach(vqp_id(), v);
+        }
         Qp {
             name,
             state: Mutex::new(QpState {
                 open: true,
-                credits: SendQueueCredits::with_records(DEPTH, len - 1, empty),
-                users: vec![Slot::default(); len as usize],
-                vqp,
+                core,
                 sq: VecDeque::new(),
                 cq: VecDeque::new(),
             }),
             inflight: AtomicU32::new(0),
+            cache: DcCache::new(8),
         }
     }
 
-    /// Posts one signaled WR for the VQP (`PhysQp::post`); `other` is the
-    /// VQP's other QP, checked by the oracle.
+    /// Posts one signaled WR for the VQP (`PhysQp::post`, the core's plan
+    /// and doorbell); `other` is the VQP's other QP, checked by the oracle.
     fn post(&self, other: &Qp, ticket: &AtomicU64) -> Result<(), PostFail> {
         let mut guard = self.state.lock().unwrap();
-        let st = &mut *guard;
-        let (true, Some(v)) = (st.open, st.vqp.as_mut()) else {
+        let QpState { open, core, sq, .. } = &mut *guard;
+        if !*open {
+            return Err(PostFail::Stale);
+        }
+        let Some(v) = core.vqp_mut(vqp_id()) else {
             return Err(PostFail::Stale);
         };
         assert_eq!(
@@ -152,118 +174,104 @@ impl Qp {
             self.name,
             other.name
         );
-        assert!(
-            v.outstanding + (v.ring.len() as u32) < DEPTH,
-            "VQP has room"
-        );
+        assert!(v.occupied() < DEPTH, "VQP has room");
         let id = ticket.fetch_add(1, SeqCst);
-        // `ring_doorbell`: the record staged, the user's slot beside it,
-        // the doorbell rung on the record, the record committed, the WR
-        // counted for its VQP, all in this critical section.
-        let seq = st.credits.next_seq();
-        let mask = st.users.len() - 1;
-        let wr_id = PhysWrId::new(vqp_id(), seq).raw();
-        let staged = st.credits.stage(1).expect("credits");
-        staged[0] = SendWr::read(wr_id, Sge::default(), RemoteAddr::default()).signaled(true);
-        st.users[(seq as usize) & mask] = Slot {
-            user_wr_id: id,
-            user_signaled: true,
-        };
+        let mut wrs = [SendWr::read(id, Sge::default(), RemoteAddr::default()).signaled(true)];
+        let plan = core
+            .plan(vqp_id(), &mut wrs, &policy(), || unreachable!("no grant"))
+            .expect("the pre-check takes it")
+            .expect("room");
         // The doorbell: the WR is the NIC's now; it completes later.
-        st.sq.push_back(Wc {
-            wr_id: staged[0].wr_id,
-            status: WcStatus::Success,
-            ..Wc::default()
-        });
-        st.credits.commit(1);
-        v.outstanding += 1;
+        core.ring(
+            vqp_id(),
+            &mut wrs,
+            plan.force_signal.is_some(),
+            |w: &mut [SendWr]| -> Result<(), PostError> {
+                sq.extend(w.iter().map(|w| Wc {
+                    wr_id: w.wr_id,
+                    status: WcStatus::Success,
+                    ..Wc::default()
+                }));
+                Ok(())
+            },
+        )
+        .expect("the doorbell");
         self.inflight.fetch_add(1, SeqCst);
         Ok(())
     }
 
-    /// Routes the CQ's oldest completion into the VQP's ring (`route`).
+    /// Routes the CQ's oldest completion through the core (`route`).
     fn route_one(&self, st: &mut QpState) -> bool {
         let Some(wc) = st.cq.pop_front() else {
             return false;
         };
-        let wr_id = PhysWrId::from_raw(wc.wr_id);
-        let retired = st
-            .credits
-            .resolve(wr_id)
-            .ok_or_else(|| format!("no outstanding WR has {wr_id:?}"))
-            .and_then(|seq| {
-                st.credits
-                    .complete_range(seq, wc.status)
-                    .map_err(|e| e.to_string())
-            })
-            .unwrap_or_else(|e| panic!("{}: account refused a completion: {e}", self.name));
-        let mask = st.users.len() - 1;
-        let last = retired.end - 1;
-        for seq in retired {
-            assert_eq!(st.credits.record(seq).wr_id().vqp(), vqp_id());
-            self.inflight.fetch_sub(1, SeqCst);
-            // No state here: the completion has nobody to go to (lost).
-            let Some(v) = st.vqp.as_mut() else { continue };
-            // `deliver`: a record of an earlier attachment (nothing
-            // counted) delivers nothing.
-            let Some(left) = v.outstanding.checked_sub(1) else {
-                continue;
-            };
-            v.outstanding = left;
-            let slot = st.users[(seq as usize) & mask];
-            if seq == last && slot.user_signaled {
-                v.ring.push_back(slot.user_wr_id);
-            }
-        }
+        let before = st.core.outstanding();
+        let stale = st.core.stats().stale_completions;
+        st.core.route(&self.cache, &wc, None);
+        assert_eq!(
+            st.core.stats().stale_completions,
+            stale,
+            "{}: account refused a completion",
+            self.name
+        );
+        let retired = before - st.core.outstanding();
+        self.inflight.fetch_sub(retired, SeqCst);
         true
     }
 
-    /// Polls one completion for the VQP (`PhysQp::poll`): `None` when this
-    /// QP does not hold its state.
-    fn poll(&self) -> Option<usize> {
+    /// Polls one completion for the VQP (`PhysQp::poll`) into `delivered`:
+    /// `None` when this QP does not hold its state.
+    fn poll(&self, delivered: &std::sync::Mutex<Vec<u64>>) -> Option<usize> {
         let mut guard = self.state.lock().unwrap();
         let st = &mut *guard;
-        st.vqp.as_ref()?;
+        st.core.vqp_mut(vqp_id())?;
         // The NIC has executed what was posted before this poll.
         let done: Vec<Wc> = st.sq.drain(..).collect();
         st.cq.extend(done);
         while self.route_one(st) {}
-        let v = st.vqp.as_mut().unwrap();
-        Some(v.ring.pop_front().map_or(0, |id| {
-            v.delivered.push(id);
-            1
-        }))
+        let mut out = [Wc::default(); 1];
+        let n = st.core.pop(vqp_id(), &mut out);
+        if n == 1 {
+            delivered.lock().unwrap().push(out[0].wr_id);
+        }
+        Some(n)
     }
 
     /// `PhysQp::detach_drained`: the state, if none of its WRs is in flight.
     fn detach_drained(&self, steps: Steps) -> Option<VqpState> {
-        let drained = |st: &QpState| {
-            !steps.wait_for_drain || st.vqp.as_ref().is_some_and(|v| v.outstanding == 0)
-        };
         let mut st = self.state.lock().unwrap();
-        if !drained(&st) {
-            return None;
-        }
-        if !steps.check_and_move_under_one_lock {
+        let mut v = if !steps.wait_for_drain {
+            st.core.detach(vqp_id())?
+        } else if steps.check_and_move_under_one_lock {
+            st.core.detach_drained(vqp_id())?.ok()?
+        } else {
+            if st.core.vqp_mut(vqp_id())?.in_flight() > 0 {
+                return None;
+            }
             drop(st);
             st = self.state.lock().unwrap();
-        }
-        let mut v = st.vqp.take()?;
+            st.core.detach(vqp_id())?
+        };
         if !steps.move_unpolled {
-            v.ring.clear();
+            let mut out = [Wc::default(); DEPTH as usize];
+            while v.pop(&mut out) > 0 {}
         }
         Some(v)
     }
 
     /// `PhysQp::detach` (a closed pair: nothing of the VQP in flight).
     fn detach(&self) -> Option<VqpState> {
-        self.state.lock().unwrap().vqp.take()
+        self.state.lock().unwrap().core.detach(vqp_id())
     }
 
     fn attach(&self, v: VqpState) {
         let mut st = self.state.lock().unwrap();
-        assert!(st.vqp.is_none(), "{} already holds the VQP", self.name);
-        st.vqp = Some(v);
+        assert!(
+            st.core.vqp_mut(vqp_id()).is_none(),
+            "{} already holds the VQP",
+            self.name
+        );
+        st.core.attach(vqp_id(), v);
     }
 
     /// `PhysQp::close_if_idle` (eviction): drains the CQ, closes if idle.
@@ -271,7 +279,7 @@ impl Qp {
         let mut guard = self.state.lock().unwrap();
         let st = &mut *guard;
         while self.route_one(st) {}
-        if steps.evict_only_idle && st.credits.outstanding() > 0 {
+        if steps.evict_only_idle && st.core.outstanding() > 0 {
             return false;
         }
         st.open = false;
@@ -300,19 +308,18 @@ struct Vqp {
     /// The builder thread made the pair (it is in the pair cache).
     built: AtomicBool,
     ticket: AtomicU64,
+    /// What the user has polled, in order (moves with the state: appended
+    /// under the lock of the QP that holds it; not a loom lock, so that it
+    /// adds no interleaving of its own).
+    delivered: std::sync::Mutex<Vec<u64>>,
 }
 
 impl Vqp {
     fn new(steps: Steps, on_rc: bool) -> Vqp {
-        let state = || VqpState {
-            outstanding: 0,
-            ring: VecDeque::new(),
-            delivered: Vec::new(),
-        };
         Vqp {
             steps,
-            dci: Qp::new("the DCI", (!on_rc).then(state)),
-            rc: Qp::new("the RC pair", on_rc.then(state)),
+            dci: Qp::new("the DCI", !on_rc, None),
+            rc: Qp::new("the RC pair", on_rc, Some(target().target.gid)),
             slot: Mutex::new(Bound {
                 rc: on_rc,
                 pending: false,
@@ -321,6 +328,7 @@ impl Vqp {
             due: AtomicBool::new(false),
             built: AtomicBool::new(false),
             ticket: AtomicU64::new(0),
+            delivered: std::sync::Mutex::new(Vec::new()),
         }
     }
 
@@ -405,14 +413,15 @@ impl Vqp {
     /// `Vqp::poll` in DC mode (then `poll_dc_rest`): one completion at most.
     fn poll(&self) -> usize {
         if !self.on_rc.load(SeqCst) {
-            if let Some(n) = self.dci.poll() {
+            if let Some(n) = self.dci.poll(&self.delivered) {
                 return n;
             }
         }
         // Under the binding lock: no move in between.
         let slot = self.slot.lock().unwrap();
         let q = if slot.rc { &self.rc } else { &self.dci };
-        q.poll().expect("the current QP holds the state")
+        q.poll(&self.delivered)
+            .expect("the current QP holds the state")
     }
 
     /// After every thread joined: polls everything, checks the invariants.
@@ -427,18 +436,21 @@ impl Vqp {
         } else {
             (&self.dci, &self.rc)
         };
-        let o = other.state.lock().unwrap();
-        assert!(o.vqp.is_none(), "the state is in two places");
-        assert_eq!(o.credits.outstanding(), 0, "a WR never completed");
-        let c = cur.state.lock().unwrap();
-        let v = c.vqp.as_ref().expect("the state is lost");
+        let mut o = other.state.lock().unwrap();
+        assert!(
+            o.core.vqp_mut(vqp_id()).is_none(),
+            "the state is in two places"
+        );
+        assert_eq!(o.core.outstanding(), 0, "a WR never completed");
+        let mut c = cur.state.lock().unwrap();
         assert_eq!(
-            v.delivered,
+            *self.delivered.lock().unwrap(),
             (0..n).collect::<Vec<_>>(),
             "lost, duplicate or reordered completion"
         );
-        assert_eq!(c.credits.outstanding(), 0, "a WR never completed");
-        assert_eq!(v.outstanding, 0, "a WR stayed counted in flight");
+        assert_eq!(c.core.outstanding(), 0, "a WR never completed");
+        let v = c.core.vqp_mut(vqp_id()).expect("the state is lost");
+        assert_eq!(v.in_flight(), 0, "a WR stayed counted in flight");
     }
 }
 

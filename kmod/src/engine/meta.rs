@@ -50,12 +50,13 @@ use parking_lot::Mutex;
 
 use super::error::{EngineError, MetaFailure, VqpError};
 use super::mrs::OwnedMr;
-use super::physqp::{DciStats, PhysQp, PostFail};
+use super::physqp::{PhysQp, PostFail};
 use super::responder::HandshakeResponder;
-use super::vqp::VqpState;
 use super::EngineInner;
 use crate::dccache::CachedTarget;
 use crate::precheck::Ungranted;
+use crate::sharedqp::DciStats;
+use crate::sharedqp::VqpState;
 
 /// The meta VQP's rule for keys it knows no grant for: its READs are the
 /// engine's own, of the meta table its configuration names (its rkey

@@ -111,7 +111,6 @@ mod config;
 mod error;
 mod fork;
 pub mod hs_msg;
-mod idhash;
 mod idle;
 mod lazy;
 mod meta;
@@ -135,6 +134,7 @@ use std::sync::{Arc, OnceLock};
 use krcore_nic::{bring_up, Access, DcTarget, Gid, Nic, QpCaps, QpInit, QpType, QueuePair};
 use parking_lot::Mutex;
 
+pub use crate::sharedqp::{DciStats, QpStats};
 pub use config::{EngineConfig, DCIS_PER_CPU, DEFAULT_DC_KEY};
 pub use error::{EngineError, HandshakeFailure, MetaFailure, VqpError};
 pub use fork::ForkKit;
@@ -146,7 +146,6 @@ pub use mrs::{LeaseError, LeaseId, LeaseStats, Leased, OwnedMr, LEASE_REAPER};
 pub use msg::{Message, MsgConfig, MsgError, MsgStats, Sender};
 pub use msg_endpoint::Endpoint;
 pub use msg_port::{Port, PortUsage};
-pub use physqp::{DciStats, QpStats};
 pub use rc::RcStats;
 pub use rc_meta::RcMetaHost;
 pub use responder::{

@@ -41,7 +41,8 @@
 //! The MR's own rkey ([`OwnedMr::token`]-style use by the SDK, a grant
 //! without lease) is not a lease: it works until the MR is deregistered.
 
-use super::idhash::IdMap;
+use crate::idhash::IdMap;
+use crate::sharedqp::MrSnapshot;
 use std::any::Any;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -51,32 +52,7 @@ use std::time::{Duration, Instant};
 use krcore_nic::{Access, MemoryRegion, Nic, NicError};
 use parking_lot::{Condvar, Mutex};
 
-use crate::precheck::{LocalMr, LocalMrTable, RemoteGrant};
-
-/// An immutable snapshot of the owned MRs, by lkey.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct MrSnapshot(Arc<IdMap<u32, LocalMr>>);
-
-impl LocalMrTable for MrSnapshot {
-    fn lookup(&self, lkey: u32) -> Option<LocalMr> {
-        self.0.get(&lkey).copied()
-    }
-}
-
-/// Lets every lkey through, covering all memory with every access: the
-/// table used when the pre-check is disabled.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct AnyMr;
-
-impl LocalMrTable for AnyMr {
-    fn lookup(&self, _lkey: u32) -> Option<LocalMr> {
-        Some(LocalMr {
-            addr: 0,
-            len: u64::MAX,
-            access: krcore_nic::Access::ALL,
-        })
-    }
-}
+use crate::precheck::{LocalMr, RemoteGrant};
 
 /// The engine-wide words a post on a shared QP reads, alone in one small
 /// allocation shared by the engine, its MR registry and every shared QP:

@@ -1202,7 +1202,7 @@ impl<N: Nic> MsgNode<N> {
     /// send needs no buffer, and its completion is not needed. (The node
     /// keeps no VQP of its own: a VQP holds the engine, which holds this.)
     /// Should the send fail (a dead sender), the DCI's next post finds the
-    /// failure and recovers the QP first (`PhysState::orphans_until`); an
+    /// failure and recovers the QP first (`SharedQp::orphans_until`); an
     /// answer lost anyway (flushed behind such a failure before it was
     /// seen) is asked for again: an endpoint repeats an unanswered Open.
     pub(crate) fn send_ctl(

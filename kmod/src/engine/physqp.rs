@@ -24,77 +24,25 @@
 //!
 //! A post of READs/WRITEs of one SGE (or CASes/FAAs of one 8-byte SGE at
 //! an aligned remote address) in one of the two MRs the pre-check last
-//! looked up, on a DCI or an RC pair with room, is checked inline (`PhysQp::post_fast`: the
-//! pre-check's own verdict, computed without its general setup) and goes
-//! straight to the doorbell; anything else (and anything it would reject)
-//! takes the general path. A poll that reads this VQP's own success
-//! retiring only this VQP's WRs (the oldest WR on the QP, or any while
-//! `PhysState::sole` says every outstanding WR is this VQP's) applies it
-//! inline without routing; anything else is routed in full.
+//! looked up, on a DCI or an RC pair with room, is checked inline
+//! ([`SharedQp::post_fast`]) and goes straight to the doorbell; anything
+//! else takes the general path. A poll that reads this VQP's own success
+//! retiring only this VQP's WRs is applied inline without routing
+//! ([`crate::sharedqp::Poller::own`]); anything else is routed in full.
 //!
-//! # One record per WR
+//! # The protocol and its invariants
 //!
-//! Each WR on the QP has ONE record ([`Rec`]: its physical wr_id, whether
-//! it was posted signaled, the user's wr_id and signal flag), at its
-//! physical sequence (the QP's own count of posted WRs) in the account
-//! `credits`. Two ways to post:
+//! The account of the send queue (one record per WR), the VQPs' states,
+//! the routing of completions and the plan of a recovery are the pure
+//! core [`SharedQp`] (`crate::sharedqp`, with the invariants): this host
+//! holds it under the QP's lock, rings its doorbells on the NIC, polls
+//! the CQ into it, and performs a recovery's NIC steps (reset, bring up,
+//! for an RC pair the re-handshake with its target: the responder resets
+//! and re-arms its end, see [`crate::handshake`]). If an RC target does
+//! not answer, the pair is closed and every outstanding WR is reported
+//! `WR_FLUSH_ERR` to its owner: its QP is destroyed and every later post
+//! re-acquires a pair (and fails, typed, while the target is gone).
 //!
-//! - A VQP alone on the QP (every outstanding WR its own,
-//!   `PhysState::sole`, or none outstanding) posts in place
-//!   (`PhysQp::ring_in_place`): each WR gets its record only, the
-//!   caller's WRs carry the physical wr_ids `(vqp, sequence)` (and the
-//!   forced signal) to the NIC and get their own back right after the
-//!   doorbell. No copy of the WR is kept: no recovery can re-post it (see
-//!   `Rec::kept`).
-//! - Otherwise the batch is copied into `PhysState::copies` (at the same
-//!   indices as the records, contiguous even where the ring wraps), the
-//!   doorbell rings on the copies themselves, and recovery may re-post
-//!   them.
-//!
-//! Either way the post commits what the NIC took: no per-VQP table, and
-//! the caller's WRs are left as they were (but `dest`). A completion finds its
-//! record by the sequence bits of its wr_id ([`SendQueueCredits::resolve`],
-//! O(1)), which also detects a completion of an old incarnation (its
-//! sequence is below every outstanding one).
-//!
-//! # Invariants
-//!
-//! - Every WR on the QP was recorded in `credits` (in posting order, its
-//!   record holding its user's wr_id and flag) and counted in its VQP's
-//!   `outstanding` before the lock was released.
-//! - A polled completion retires, in order, every physical WR up to its own
-//!   ([`SendQueueCredits::complete_range`]); each leaves its VQP's count
-//!   once, and the completed one is delivered to its VQP's ring (or the
-//!   poller's buffer) when the user signaled it or it failed. The earlier
-//!   ones were unsignaled (or their completion would have come first), so
-//!   their users did not ask for a completion either: the engine only adds
-//!   signals.
-//! - After an error completion the QP is in ERR. The failing WR's
-//!   completion goes to its owner (the "guilty" VQP) when routed; the flush
-//!   completions of the later WRs are not routed. Recovery resets the QP
-//!   (discarding the flushes still to come), reports the guilty VQP's later
-//!   WRs as `WR_FLUSH_ERR` (as its own QP would), brings the QP back to RTS
-//!   and re-posts every other VQP's outstanding WRs in their original order
-//!   (they never executed: the NIC flushes, it does not execute, what
-//!   follows a failed WR), from their records, under NEW physical
-//!   sequences (same user wr_ids), the last one forced signaled.
-//!   Completions of the old incarnation that a CQ still returns after the
-//!   reset (a delayed CQE) thus match no outstanding WR: they are counted
-//!   stale and never start another recovery.
-//!   Innocent VQPs thus see only their own results, each exactly once, in
-//!   order. A dead target (`RETRY_EXC_ERR`) is the failing WR's typed
-//!   status for its VQP, whose target is cleared and whose DCCache entry is
-//!   invalidated; other VQPs' WRs to it fail the same way on their turn.
-//!   A DCI needs no peer to come back; an RC QP's peer entered ERR too (on
-//!   a remote error the responder's end fails as well), so the RC QP is
-//!   re-handshaken: the responder resets and re-arms its end (see
-//!   [`crate::handshake`]). If the target does not answer, the pair is
-//!   closed and every outstanding WR is reported `WR_FLUSH_ERR` to its
-//!   owner: its QP is destroyed and every later post re-acquires a pair
-//!   (and fails, typed, while the target is gone).
-//! - A VQP's state leaves a QP only with none of its WRs in flight there
-//!   (`detach_drained`; a dropped VQP's WRs complete as orphans), so a
-//!   record always belongs to the VQP's current attachment.
 //! - A closed RC pair (`qp` is `None`: evicted, or lost) accepts no post:
 //!   posts see [`PostFail::Stale`] and re-bind their VQP. An RC pair only
 //!   carries WRs of VQPs attached to it and connected to its target.
@@ -103,18 +51,16 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Instant;
 
-use krcore_nic::{
-    bring_up, Access, Gid, Nic, QpCaps, QpInit, QpType, QueuePair, SendWr, UdTarget, Wc,
-};
+use krcore_nic::{bring_up, Access, Gid, Nic, QpCaps, QpInit, QpType, QueuePair, UdTarget, Wc};
 use parking_lot::Mutex;
 
 use super::error::{EngineError, VqpError};
-use super::mrs::{MrSnapshot, PostWords};
-use super::vqp::{VqpState, VqpTable};
+use super::mrs::PostWords;
 use super::EngineInner;
-use crate::credits::{Posted, SendQueueCredits};
-use crate::precheck::{LocalMr, MrWindows};
-use crate::wrid::{PhysWrId, Slot, VqpId};
+use crate::sharedqp::{QpShape, Refusal, SharedQp, VqpState};
+use crate::wrid::VqpId;
+
+use crate::sharedqp::DciStats;
 
 mod poll;
 mod post;
@@ -126,68 +72,6 @@ const PHYS_QP_ALIGN: usize = 1024;
 
 /// Completions polled per CQ poll call.
 const POLL_BATCH: usize = 32;
-
-/// [`PhysState::sole`] when no VQP is known to own every outstanding WR:
-/// no VQP id is this wide ([`crate::wrid::VQP_ID_BITS`] < 32).
-const NO_SOLE: u32 = u32::MAX;
-const _: () = assert!(VqpId::MAX.get() < NO_SOLE);
-
-/// Statistics of one shared physical QP (monotonic): a DCI, or in RC
-/// fallback mode an RC pair.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct DciStats {
-    /// Doorbells rung (accepted `post_send` calls).
-    pub doorbells: u64,
-    /// WRs posted.
-    pub wrs: u64,
-    /// WRs the engine forced signaled (pre-check (c)).
-    pub forced_signals: u64,
-    /// Batches rejected by the pre-check.
-    pub rejected: u64,
-    /// Completions polled from the CQ.
-    pub completions: u64,
-    /// Error completions polled (flushes included).
-    pub error_completions: u64,
-    /// Completions matching no outstanding WR (stale after a reset).
-    pub stale_completions: u64,
-    /// Completions for VQPs that no longer exist.
-    pub orphaned: u64,
-    /// Times the QP was reset and brought up again after ERR (for an RC
-    /// pair: re-handshaken with its target).
-    pub recoveries: u64,
-    /// WRs still outstanding at a reset that the engine reported flushed
-    /// to their owner: the failing VQP's later WRs (and every WR when the
-    /// QP could not be brought back).
-    pub flushed_by_reset: u64,
-    /// WRs of innocent VQPs the NIC flushed and the engine posted again
-    /// after the reset (never executed, so the retry is safe).
-    pub reposted: u64,
-    /// RC pairs closed because their target did not answer the
-    /// re-handshake after an error.
-    pub lost: u64,
-}
-
-impl DciStats {
-    /// Adds `o` into `self`.
-    pub(crate) fn add(&mut self, o: &DciStats) {
-        self.doorbells += o.doorbells;
-        self.wrs += o.wrs;
-        self.forced_signals += o.forced_signals;
-        self.rejected += o.rejected;
-        self.completions += o.completions;
-        self.error_completions += o.error_completions;
-        self.stale_completions += o.stale_completions;
-        self.orphaned += o.orphaned;
-        self.recoveries += o.recoveries;
-        self.flushed_by_reset += o.flushed_by_reset;
-        self.reposted += o.reposted;
-        self.lost += o.lost;
-    }
-}
-
-/// The statistics of any shared physical QP (the historical name is
-/// [`DciStats`]).
-pub type QpStats = DciStats;
 
 /// What the QP is shared for.
 pub(crate) enum Link {
@@ -222,138 +106,45 @@ impl From<VqpError> for PostFail {
     }
 }
 
-/// The record of one WR on the QP, at its physical sequence in the
-/// account (see the module docs): what the account, the routing and
-/// recovery read of it, in one place.
-#[derive(Clone, Copy, Default, Debug)]
-struct Rec {
-    /// The physical wr_id it was posted with.
-    wr_id: u64,
-    /// The user's wr_id.
-    user_wr_id: u64,
-    /// The user signaled it (asked for its completion).
-    user_signaled: bool,
-    /// [`Rec::SIGNALED`] and [`Rec::KEPT`] (one byte: a WR posted in place,
-    /// as the user signaled it, has the flags `user_signaled as u8`).
-    flags: u8,
-}
-
-impl Rec {
-    /// Posted signaled (a forced signal included): what the account reads.
-    const SIGNALED: u8 = 1;
-    /// `PhysState::copies` holds the whole WR as posted, at the record's
-    /// index (recovery may re-post it). Not for a WR posted while every
-    /// outstanding WR on the QP was its VQP's ([`PhysQp::ring_in_place`]):
-    /// nothing else of it is kept. Recovery never re-posts such a WR: it
-    /// re-posts only WRs after the failing one, and of another VQP than
-    /// the failing one's; but the failing WR, posted before it, was still
-    /// outstanding when it was posted (its completion starts recovery
-    /// under the same lock), hence of the same VQP.
-    const KEPT: u8 = 4;
-
-    /// The record of a WR posted signaled or not (`signaled`), with the
-    /// user's wr_id and signal flag, kept or not.
-    #[inline(always)]
-    fn new(wr_id: u64, user_wr_id: u64, signaled: bool, user_signaled: bool, kept: bool) -> Rec {
-        Rec {
-            wr_id,
-            user_wr_id,
-            user_signaled,
-            flags: (u8::from(signaled) * Rec::SIGNALED) | (u8::from(kept) * Rec::KEPT),
-        }
-    }
-
-    /// The whole WR is kept (see [`Rec::KEPT`]).
-    #[inline]
-    fn kept(&self) -> bool {
-        self.flags & Rec::KEPT != 0
-    }
-
-    /// The user's wr_id and signal flag.
-    #[inline]
-    fn slot(&self) -> Slot {
-        Slot {
-            user_wr_id: self.user_wr_id,
-            user_signaled: self.user_signaled,
-        }
+impl From<Refusal> for PostFail {
+    #[cold]
+    fn from(r: Refusal) -> PostFail {
+        PostFail::Vqp(match r {
+            Refusal::Stale => return PostFail::Stale,
+            Refusal::NotConnected { vqp } => VqpError::NotConnected { vqp },
+            Refusal::Rejected(e) => VqpError::Rejected(e),
+            Refusal::VqpFull {
+                vqp,
+                outstanding,
+                requested,
+                capacity,
+            } => VqpError::VqpFull {
+                vqp,
+                outstanding,
+                requested,
+                capacity,
+            },
+            Refusal::Credit(e) => VqpError::Credit(e),
+            Refusal::Post(e) => VqpError::Post(e),
+        })
     }
 }
 
-impl Posted for Rec {
-    #[inline]
-    fn wr_id(&self) -> PhysWrId {
-        PhysWrId::from_raw(self.wr_id)
-    }
-    #[inline]
-    fn signaled(&self) -> bool {
-        self.flags & Rec::SIGNALED != 0
-    }
-}
-
+/// What the QP's lock guards: the NIC's QP and the core's state.
 pub(crate) struct PhysState<N: Nic> {
     /// `None`: an RC pair that was closed (evicted, or lost).
     qp: Option<N::Qp>,
-    /// The account of the send queue, keeping ONE record per WR ([`Rec`]),
-    /// `L` of them (a power of two, no spare records): sequence `s` at
-    /// `s & (L - 1)`.
-    credits: SendQueueCredits<Rec>,
-    /// The WRs posted by copy ([`PhysQp::ring_copied`], and re-posts) as
-    /// they went to the NIC (physical wr_id, forced signal), at their
-    /// records' indices: the doorbell rings on them, and recovery re-posts
-    /// from them (the records say which are kept, [`Rec::kept`]). `2L - 1`
-    /// of them: a batch (at most the depth, `<= L`) is staged
-    /// contiguously from its first index, past `L` where the ring wraps,
-    /// and that part is moved to the front once posted
-    /// ([`settle_copies`]).
-    copies: Box<[SendWr]>,
-    /// The state of every VQP bound to this QP.
-    vqps: VqpTable,
-    /// `v.get()`: every outstanding WR is the VQP `v`'s (kept by every
-    /// post; a re-post after recovery clears it to [`NO_SOLE`]). Lets a
-    /// poll by `v` apply a completion that retires several WRs without
-    /// routing each. (A raw id, compared in one instruction.)
-    sole: u32,
-    mr_generation: u64,
-    mrs: MrSnapshot,
-    /// The last MR the pre-check looked up in `mrs` (posts mostly reuse
-    /// one MR): spares the hash lookup. Cleared with the snapshot.
-    last_mr: Option<(u32, LocalMr)>,
-    /// The windows (`MrWindow::of`) of the last two distinct MRs
-    /// of `mrs` the pre-check left in `last_mr` ([`MrWindows`]: a VQP's
-    /// READ buffer and the SDK's scratch MR for its atomics), kept (set by
-    /// the pre-check that sets `last_mr`) so that the fast path does not
-    /// rebuild them per post; also the fast path's gate. Invariants: only
-    /// MRs of the current snapshot `mrs` (cleared with it); `Some` only
-    /// while `fast` is set and `needs_recovery` is not (the completion
-    /// that sets `needs_recovery` clears it; the next general post's
-    /// pre-check sets it again), so that the fast path checks neither.
-    window: Option<MrWindows>,
+    /// The protocol's state (see [`crate::sharedqp`]).
+    core: SharedQp,
     /// The CQ poll buffer (kept, so that a poll initializes nothing).
     buf: Vec<Wc>,
-    needs_recovery: bool,
-    /// Sequences below it may be WRs of VQPs detached with WRs in flight
-    /// (a VQP dropped right after a post: the messaging's answers to an
-    /// Open). Such a VQP polls no more, so an error of its WR (a dead
-    /// target) would leave the QP in ERR unseen, and every WR posted
-    /// behind it would be flushed. Until all of them retired
-    /// (`credits.head() >= orphans_until`) posts take the general path,
-    /// which drains the CQ first (recovering the QP if one failed), and
-    /// the fast path's gate `window` stays `None`.
-    orphans_until: u64,
-    /// The VQP whose WR failed first and put the QP in ERR (recovery
-    /// reports its flushed WRs to it and re-posts everybody else's).
-    guilty: Option<VqpId>,
     /// RC: the nonce of the current pairing (for Close).
     nonce: u64,
-    stats: DciStats,
-    /// Any instant: the `now` handed to the pre-check when the VQP knows no
-    /// grants (nothing can expire then).
-    epoch: Instant,
 }
 
 /// Aligned to 1,024 bytes and no larger (`tests::a_shared_qp_lies_in_one_page`): the
 /// whole QP, its state and the inline state of a sole VQP (see
-/// [`VqpTable`]) lie in ONE page, so that a post or poll touches one page
+/// [`crate::sharedqp::VqpTable`]) lie in ONE page, so that a post or poll touches one page
 /// of the engine's own for them (pages touched per operation are dear in
 /// an emulated guest, see `krcore_lat`'s docs).
 #[repr(align(1024))]
@@ -361,14 +152,6 @@ pub(crate) struct PhysQp<N: Nic> {
     /// DC: index in the pool; RC: serial number of the pair.
     pub(crate) index: usize,
     qpn: u32,
-    /// The pre-check is on (and the policy takes SGEs): posts may take
-    /// the fast path ([`PhysQp::post_fast`]), on a DCI or an RC pair
-    /// alike.
-    fast: bool,
-    /// [`crate::precheck::Policy::max_batch`] of the queue.
-    max_batch: u32,
-    /// [`crate::precheck::Policy::effective_max_unsignaled`] of the queue.
-    max_unsignaled: u32,
     cq: N::Cq,
     pub(crate) link: Link,
     /// The engine's [`PostWords`] (read by every post: the MR
@@ -452,41 +235,26 @@ impl<N: Nic> PhysQp<N> {
         link: Link,
         nonce: u64,
     ) -> PhysQp<N> {
-        let ring_len = eng.cfg.dci_depth.next_power_of_two();
-        let depth = eng.cfg.dci_depth;
+        let shape = QpShape {
+            depth: eng.cfg.dci_depth,
+            precheck: eng.cfg.precheck,
+            policy: eng.policy,
+            peer: match &link {
+                Link::Dci => None,
+                Link::Rc(l) => Some(l.gid),
+            },
+        };
         PhysQp {
             index,
             qpn: qp.qpn(),
-            fast: eng.cfg.precheck && eng.policy.max_sge > 0,
-            max_batch: eng.policy.max_batch(depth),
-            max_unsignaled: eng.policy.effective_max_unsignaled(depth),
             cq,
             link,
             words: eng.words.clone(),
             state: Mutex::new(PhysState {
                 qp: Some(qp),
-                // No spare records: `ring_len` of them.
-                credits: SendQueueCredits::with_records(eng.cfg.dci_depth, 0, Rec::default()),
-                // Spare copies: any batch up to the depth is staged
-                // contiguously where the ring wraps.
-                copies: vec![
-                    SendWr::read(0, Default::default(), Default::default());
-                    2 * ring_len as usize - 1
-                ]
-                .into_boxed_slice(),
-                vqps: VqpTable::default(),
-                sole: NO_SOLE,
-                epoch: Instant::now(),
-                mr_generation: u64::MAX,
-                mrs: MrSnapshot::default(),
-                last_mr: None,
-                window: None,
+                core: SharedQp::new(shape, Instant::now()),
                 buf: vec![Wc::default(); POLL_BATCH],
-                needs_recovery: false,
-                orphans_until: 0,
-                guilty: None,
                 nonce,
-                stats: DciStats::default(),
             }),
         }
     }
@@ -510,21 +278,13 @@ impl<N: Nic> PhysQp<N> {
 
     /// Hands the VQP `id`'s state to this QP.
     pub(crate) fn attach(&self, id: VqpId, vqp: VqpState) {
-        self.state.lock().vqps.insert(id, vqp);
+        self.state.lock().core.attach(id, vqp);
     }
 
     /// Takes the VQP `id`'s state back (completions of its WRs still in
     /// flight are then discarded).
     pub(crate) fn detach(&self, id: VqpId) -> Option<VqpState> {
-        let mut st = self.state.lock();
-        let v = st.vqps.remove(id)?;
-        if v.outstanding > 0 {
-            // Its WRs complete as orphans: the next post looks for them
-            // first (see `PhysState::orphans_until`).
-            st.orphans_until = st.credits.next_seq();
-            st.window = None;
-        }
-        Some(v)
+        self.state.lock().core.detach(id)
     }
 
     /// Takes the VQP `id`'s state back only if none of its WRs is in
@@ -532,21 +292,16 @@ impl<N: Nic> PhysQp<N> {
     /// switch): `Some(Err(outstanding))` otherwise, `None` when this QP
     /// does not hold it.
     pub(crate) fn detach_drained(&self, id: VqpId) -> Option<Result<VqpState, u32>> {
-        let mut st = self.state.lock();
-        let n = st.vqps.get(id)?.outstanding;
-        if n > 0 {
-            return Some(Err(n));
-        }
-        st.vqps.remove(id).map(Ok)
+        self.state.lock().core.detach_drained(id)
     }
 
     /// Runs `f` on the state of the VQP `id`, if this QP holds it.
     pub(crate) fn with_vqp<R>(&self, id: VqpId, f: impl FnOnce(&mut VqpState) -> R) -> Option<R> {
-        self.state.lock().vqps.get_mut(id).map(f)
+        self.state.lock().core.vqp_mut(id).map(f)
     }
 
     pub(crate) fn stats(&self) -> DciStats {
-        self.state.lock().stats
+        self.state.lock().core.stats()
     }
 
     /// Closes the pair whatever is in flight (the engine is going away):
@@ -564,34 +319,13 @@ impl<N: Nic> PhysQp<N> {
         if st.qp.is_some() {
             self.drain(eng, &mut st)?;
         }
-        if st.qp.is_some() && st.credits.outstanding() > 0 {
+        if st.qp.is_some() && st.core.outstanding() > 0 {
             return Ok(None);
         }
         // Dropping the QP (its last handle) destroys it and discards
         // nothing: no WR is in flight.
         st.qp = None;
         Ok(Some(st.nonce))
-    }
-}
-
-/// Where the copies of `n` WRs from sequence `first` on are staged
-/// (contiguous; see [`PhysState::copies`]): their range in `copies`, for a
-/// ring of `len` records.
-#[inline]
-fn copies_range(first: u64, n: usize, len: usize) -> std::ops::Range<usize> {
-    let at = (first as usize) & (len - 1);
-    at..at + n
-}
-
-/// After the doorbell: the copies of the `posted` WRs staged from sequence
-/// `first` on ([`copies_range`]) that went past the ring's `len` records
-/// move to the front, where their records' indices are (those copies
-/// belong to no outstanding WR: the batch had the credits).
-#[inline]
-fn settle_copies(copies: &mut [SendWr], first: u64, posted: usize, len: usize) {
-    let end = copies_range(first, posted, len).end;
-    if end > len {
-        copies.copy_within(len..end, 0);
     }
 }
 

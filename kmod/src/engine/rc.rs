@@ -11,10 +11,11 @@ use krcore_nic::{Access, DcTarget, Gid, Nic, QpType, QueuePair, Transition, UdTa
 use parking_lot::Mutex;
 
 use super::error::{EngineError, VqpError};
-use super::physqp::{create_qp, DciStats, PhysQp, RcLink};
+use super::physqp::{create_qp, PhysQp, RcLink};
 use super::responder::HandshakeResponder;
 use super::EngineInner;
 use crate::dccache::CachedTarget;
+use crate::sharedqp::DciStats;
 
 /// Statistics of the RC pairs (RC fallback mode): the node's RC pairs,
 /// one per target, in a bounded LRU cache, each made by a handshake with

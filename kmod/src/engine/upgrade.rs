@@ -77,8 +77,9 @@ use parking_lot::{Condvar, Mutex};
 
 use super::error::{EngineError, VqpError};
 use super::physqp::{PhysQp, PostFail};
-use super::vqp::{Binding, Vqp, VqpState};
+use super::vqp::{Binding, Vqp};
 use super::{EngineInner, EngineMode};
+use crate::sharedqp::VqpState;
 
 /// How a VQP reaches its target right now ([`Vqp::path`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -1,0 +1,517 @@
+//! The protocol of one shared physical QP, pure: the send queue's account
+//! with ONE record per WR, the VQPs bound to the QP, the pre-check's
+//! per-QP memos, the routing of completions to VQPs and the plan of a
+//! recovery after an error. [`SharedQp`] is the state; its methods take
+//! inputs (a batch, a completion, the MR generation, a clock) and say or
+//! do what follows from them. It makes no NIC call and reads no clock:
+//! the host (`crate::engine`'s `PhysQp`, one per DCI or RC pair) holds
+//! it under the QP's one lock, polls the CQ and feeds each completion in,
+//! and hands a post its doorbell (`ring`: the function that gives the
+//! staged WRs to the NIC, called at most once, while the records are
+//! staged and before they are committed, so that no completion can come
+//! back for an unrecorded WR) and its clock (`now`, called only when a
+//! grant with an expiry must be checked). The same core runs under loom
+//! (`loom-tests/tests/shared_qp.rs`, `upgrade_switch.rs`) and in the
+//! deterministic scenario tests below (`tests`), with a model NIC.
+//!
+//! # One record per WR
+//!
+//! Each WR on the QP has ONE record (`Rec`: its physical wr_id, whether
+//! it was posted signaled, the user's wr_id and signal flag), at its
+//! physical sequence (the QP's own count of posted WRs) in the account
+//! `credits`. Two ways to post:
+//!
+//! - A VQP alone on the QP (every outstanding WR its own,
+//!   `SharedQp::sole`, or none outstanding) posts in place: each WR gets
+//!   its record only, the caller's WRs carry the physical wr_ids
+//!   `(vqp, sequence)` (and the forced signal) to the NIC and get their
+//!   own back right after the doorbell. No copy of the WR is kept: no
+//!   recovery can re-post it (see `Rec::KEPT`).
+//! - Otherwise the batch is copied into `SharedQp::copies` (at the same
+//!   indices as the records, contiguous even where the ring wraps), the
+//!   doorbell rings on the copies themselves, and recovery may re-post
+//!   them.
+//!
+//! Either way the post commits what the NIC took: no per-VQP table, and
+//! the caller's WRs are left as they were (but `dest`). A completion finds
+//! its record by the sequence bits of its wr_id
+//! ([`SendQueueCredits::resolve`], O(1)), which also detects a completion
+//! of an old incarnation (its sequence is below every outstanding one).
+//!
+//! # Invariants
+//!
+//! - Every WR on the QP was recorded in `credits` (in posting order, its
+//!   record holding its user's wr_id and flag) and counted in its VQP's
+//!   `outstanding` in the same `&mut` call that rang its doorbell.
+//! - A completion retires, in order, every physical WR up to its own
+//!   ([`SendQueueCredits::complete_range`]); each leaves its VQP's count
+//!   once, and the completed one is delivered to its VQP's ring (or the
+//!   poller's buffer, [`Sink`]) when the user signaled it or it failed.
+//!   The earlier ones were unsignaled (or their completion would have come
+//!   first), so their users did not ask for a completion either: the core
+//!   only adds signals.
+//! - After an error completion the QP is in ERR (`needs_recovery`). The
+//!   failing WR's completion goes to its owner (the "guilty" VQP); the
+//!   flush completions of the later WRs are not routed. The host resets
+//!   the QP; [`SharedQp::reset`] then reports the guilty VQP's later WRs
+//!   as `WR_FLUSH_ERR` (as its own QP would) and hands back every other
+//!   VQP's outstanding WRs in their original order (they never executed:
+//!   the NIC flushes, it does not execute, what follows a failed WR);
+//!   once the host has brought the QP back, [`SharedQp::repost`] posts
+//!   them again under NEW physical sequences (same user wr_ids), the last
+//!   one forced signaled, or [`SharedQp::flush_all`] reports them flushed
+//!   when the QP could not come back. Completions of the old incarnation
+//!   that a CQ still returns after the reset (a delayed CQE) thus match no
+//!   outstanding WR: they are counted stale and never start another
+//!   recovery. Innocent VQPs see only their own results, each exactly
+//!   once, in order. A dead target (`RETRY_EXC_ERR`) is the failing WR's
+//!   typed status for its VQP, whose target is cleared and whose DCCache
+//!   entry is invalidated.
+//! - A VQP's state leaves the QP only with none of its WRs in flight there
+//!   ([`SharedQp::detach_drained`]; a dropped VQP's WRs complete as
+//!   orphans, [`SharedQp::detach`]), so a record always belongs to the
+//!   VQP's current attachment.
+
+use std::time::Instant;
+
+use krcore_nic::{Gid, PostError, SendWr};
+
+use crate::credits::{CreditError, Posted, SendQueueCredits};
+use crate::idhash::IdMap;
+use crate::precheck::{LocalMr, LocalMrTable, MrWindows, Policy, Rejection};
+use crate::wrid::{PhysWrId, Slot, VqpId};
+
+mod recover;
+mod route;
+mod stage;
+#[cfg(test)]
+mod tests;
+mod vqps;
+
+pub use recover::Reposts;
+pub(crate) use route::deliver;
+pub use route::Sink;
+pub use vqps::VqpState;
+pub(crate) use vqps::VqpTable;
+
+/// `SharedQp::sole` when no VQP is known to own every outstanding WR: no
+/// VQP id is this wide ([`crate::wrid::VQP_ID_BITS`] < 32).
+pub(crate) const NO_SOLE: u32 = u32::MAX;
+const _: () = assert!(VqpId::MAX.get() < NO_SOLE);
+
+/// Statistics of one shared physical QP (monotonic): a DCI, or in RC
+/// fallback mode an RC pair.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DciStats {
+    /// Doorbells rung (accepted `post_send` calls).
+    pub doorbells: u64,
+    /// WRs posted.
+    pub wrs: u64,
+    /// WRs the engine forced signaled (pre-check (c)).
+    pub forced_signals: u64,
+    /// Batches rejected by the pre-check.
+    pub rejected: u64,
+    /// Completions polled from the CQ.
+    pub completions: u64,
+    /// Error completions polled (flushes included).
+    pub error_completions: u64,
+    /// Completions matching no outstanding WR (stale after a reset).
+    pub stale_completions: u64,
+    /// Completions for VQPs that no longer exist.
+    pub orphaned: u64,
+    /// Times the QP was reset and brought up again after ERR (for an RC
+    /// pair: re-handshaken with its target).
+    pub recoveries: u64,
+    /// WRs still outstanding at a reset that the engine reported flushed
+    /// to their owner: the failing VQP's later WRs (and every WR when the
+    /// QP could not be brought back).
+    pub flushed_by_reset: u64,
+    /// WRs of innocent VQPs the NIC flushed and the engine posted again
+    /// after the reset (never executed, so the retry is safe).
+    pub reposted: u64,
+    /// RC pairs closed because their target did not answer the
+    /// re-handshake after an error.
+    pub lost: u64,
+}
+
+impl DciStats {
+    /// Adds `o` into `self`.
+    pub(crate) fn add(&mut self, o: &DciStats) {
+        self.doorbells += o.doorbells;
+        self.wrs += o.wrs;
+        self.forced_signals += o.forced_signals;
+        self.rejected += o.rejected;
+        self.completions += o.completions;
+        self.error_completions += o.error_completions;
+        self.stale_completions += o.stale_completions;
+        self.orphaned += o.orphaned;
+        self.recoveries += o.recoveries;
+        self.flushed_by_reset += o.flushed_by_reset;
+        self.reposted += o.reposted;
+        self.lost += o.lost;
+    }
+}
+
+/// The statistics of any shared physical QP (the historical name is
+/// [`DciStats`]).
+pub type QpStats = DciStats;
+
+/// Why the core refused a post (the host turns each into its typed error).
+#[derive(Debug)]
+pub enum Refusal {
+    /// The QP does not hold the VQP's state (it moved), or an RC pair's
+    /// target is no longer the VQP's: re-read the binding. Nothing posted.
+    Stale,
+    /// The VQP has no target.
+    NotConnected {
+        /// The VQP.
+        vqp: VqpId,
+    },
+    /// The pre-check refused the batch.
+    Rejected(Rejection),
+    /// The VQP has no room for the batch.
+    VqpFull {
+        /// The VQP.
+        vqp: VqpId,
+        /// Its WRs in flight plus its completions not yet polled.
+        outstanding: u32,
+        /// WRs in the batch.
+        requested: usize,
+        /// Its capacity.
+        capacity: u32,
+    },
+    /// The send queue has no room for the batch.
+    Credit(CreditError),
+    /// The NIC refused the doorbell from `index` on; the WRs before it
+    /// were taken and are committed.
+    Post(PostError),
+}
+
+/// The fixed shape of a shared QP: its queue and what its pre-check does.
+#[derive(Clone, Copy, Debug)]
+pub struct QpShape {
+    /// The send queue's depth.
+    pub depth: u32,
+    /// The pre-check is on (else every batch is planned unvalidated).
+    pub precheck: bool,
+    /// The pre-check's policy (the same one is handed to each
+    /// [`SharedQp::plan`]).
+    pub policy: Policy,
+    /// `None`: a DC initiator (any target, named per WR); `Some(gid)`: the
+    /// RC QP of the pair with `gid`.
+    pub peer: Option<Gid>,
+}
+
+/// An immutable snapshot of the owned MRs, by lkey: the pre-check's local
+/// table (the host refreshes it when the MR generation moves).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct MrSnapshot(pub(crate) std::sync::Arc<IdMap<u32, LocalMr>>);
+
+impl LocalMrTable for MrSnapshot {
+    fn lookup(&self, lkey: u32) -> Option<LocalMr> {
+        self.0.get(&lkey).copied()
+    }
+}
+
+/// Lets every lkey through, covering all memory with every access: the
+/// table used when the pre-check is disabled.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AnyMr;
+
+impl LocalMrTable for AnyMr {
+    fn lookup(&self, _lkey: u32) -> Option<LocalMr> {
+        Some(LocalMr {
+            addr: 0,
+            len: u64::MAX,
+            access: krcore_nic::Access::ALL,
+        })
+    }
+}
+
+/// The record of one WR on the QP, at its physical sequence in the
+/// account (see the module docs): what the account, the routing and
+/// recovery read of it, in one place.
+#[derive(Clone, Copy, Default, Debug)]
+pub(crate) struct Rec {
+    /// The physical wr_id it was posted with.
+    wr_id: u64,
+    /// The user's wr_id.
+    user_wr_id: u64,
+    /// The user signaled it (asked for its completion).
+    user_signaled: bool,
+    /// [`Rec::SIGNALED`] and [`Rec::KEPT`] (one byte: a WR posted in place,
+    /// as the user signaled it, has the flags `user_signaled as u8`).
+    flags: u8,
+}
+
+impl Rec {
+    /// Posted signaled (a forced signal included): what the account reads.
+    const SIGNALED: u8 = 1;
+    /// `SharedQp::copies` holds the whole WR as posted, at the record's
+    /// index (recovery may re-post it). Not for a WR posted in place while
+    /// every outstanding WR on the QP was its VQP's: nothing else of it is
+    /// kept. Recovery never re-posts such a WR: it re-posts only WRs after
+    /// the failing one, and of another VQP than the failing one's; but the
+    /// failing WR, posted before it, was still outstanding when it was
+    /// posted (its completion starts recovery under the same lock), hence
+    /// of the same VQP.
+    const KEPT: u8 = 4;
+
+    /// The record of a WR posted signaled or not (`signaled`), with the
+    /// user's wr_id and signal flag, kept or not.
+    #[inline(always)]
+    fn new(wr_id: u64, user_wr_id: u64, signaled: bool, user_signaled: bool, kept: bool) -> Rec {
+        Rec {
+            wr_id,
+            user_wr_id,
+            user_signaled,
+            flags: (u8::from(signaled) * Rec::SIGNALED) | (u8::from(kept) * Rec::KEPT),
+        }
+    }
+
+    /// The whole WR is kept (see [`Rec::KEPT`]).
+    #[inline]
+    fn kept(&self) -> bool {
+        self.flags & Rec::KEPT != 0
+    }
+
+    /// The user's wr_id and signal flag.
+    #[inline]
+    fn slot(&self) -> Slot {
+        Slot {
+            user_wr_id: self.user_wr_id,
+            user_signaled: self.user_signaled,
+        }
+    }
+}
+
+impl Posted for Rec {
+    #[inline]
+    fn wr_id(&self) -> PhysWrId {
+        PhysWrId::from_raw(self.wr_id)
+    }
+    #[inline]
+    fn signaled(&self) -> bool {
+        self.flags & Rec::SIGNALED != 0
+    }
+}
+
+/// The state of one shared physical QP (see the module docs): held by its
+/// host under the QP's one lock.
+pub struct SharedQp {
+    /// The account of the send queue, keeping ONE record per WR ([`Rec`]),
+    /// `L` of them (a power of two, no spare records): sequence `s` at
+    /// `s & (L - 1)`.
+    credits: SendQueueCredits<Rec>,
+    /// The WRs posted by copy (and re-posts) as they went to the NIC
+    /// (physical wr_id, forced signal), at their records' indices: the
+    /// doorbell rings on them, and recovery re-posts from them (the
+    /// records say which are kept, [`Rec::kept`]). `2L - 1` of them: a
+    /// batch (at most the depth, `<= L`) is staged contiguously from its
+    /// first index, past `L` where the ring wraps, and that part is moved
+    /// to the front once posted ([`settle_copies`]).
+    copies: Box<[SendWr]>,
+    /// The state of every VQP bound to this QP.
+    vqps: VqpTable,
+    /// `v.get()`: every outstanding WR is the VQP `v`'s (kept by every
+    /// post; a re-post after recovery clears it to [`NO_SOLE`]). Lets a
+    /// poll by `v` apply a completion that retires several WRs without
+    /// routing each. (A raw id, compared in one instruction.)
+    sole: u32,
+    /// The MR generation `mrs` was taken at.
+    mr_generation: u64,
+    mrs: MrSnapshot,
+    /// The last MR the pre-check looked up in `mrs` (posts mostly reuse
+    /// one MR): spares the hash lookup. Cleared with the snapshot.
+    last_mr: Option<(u32, LocalMr)>,
+    /// The windows (`MrWindow::of`) of the last two distinct MRs of `mrs`
+    /// the pre-check left in `last_mr` ([`MrWindows`]: a VQP's READ buffer
+    /// and the SDK's scratch MR for its atomics), kept (set by the
+    /// pre-check that sets `last_mr`) so that the fast path does not
+    /// rebuild them per post; also the fast path's gate. Invariants: only
+    /// MRs of the current snapshot `mrs` (cleared with it); `Some` only
+    /// while `fast` is set and `needs_recovery` is not (the completion that
+    /// sets `needs_recovery` clears it; the next general post's pre-check
+    /// sets it again), so that the fast path checks neither.
+    window: Option<MrWindows>,
+    needs_recovery: bool,
+    /// Sequences below it may be WRs of VQPs detached with WRs in flight
+    /// (a VQP dropped right after a post: the messaging's answers to an
+    /// Open). Such a VQP polls no more, so an error of its WR (a dead
+    /// target) would leave the QP in ERR unseen, and every WR posted behind
+    /// it would be flushed. Until all of them retired (`credits.head() >=
+    /// orphans_until`) posts take the general path, which drains the CQ
+    /// first (recovering the QP if one failed), and the fast path's gate
+    /// `window` stays `None`.
+    orphans_until: u64,
+    /// The VQP whose WR failed first and put the QP in ERR (recovery
+    /// reports its flushed WRs to it and re-posts everybody else's).
+    guilty: Option<VqpId>,
+    stats: DciStats,
+    /// Any instant: the `now` handed to the pre-check when the VQP knows no
+    /// grants (nothing can expire then).
+    epoch: Instant,
+    /// The pre-check is on and the policy takes SGEs: posts may take the
+    /// fast path ([`SharedQp::post_fast`]).
+    fast: bool,
+    /// [`Policy::max_batch`] of the queue.
+    max_batch: u32,
+    /// [`Policy::effective_max_unsignaled`] of the queue.
+    max_unsignaled: u32,
+    /// [`QpShape::precheck`].
+    precheck: bool,
+    /// [`QpShape::peer`].
+    peer: Option<Gid>,
+}
+
+impl std::fmt::Debug for SharedQp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedQp")
+            .field("next_seq", &self.credits.next_seq())
+            .field("outstanding", &self.credits.outstanding())
+            .field("sole", &self.sole)
+            .field("needs_recovery", &self.needs_recovery)
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SharedQp {
+    /// The state of a new shared QP of `shape`, nothing posted. `epoch`:
+    /// any instant (see `SharedQp::epoch`).
+    pub fn new(shape: QpShape, epoch: Instant) -> SharedQp {
+        let depth = shape.depth;
+        let ring_len = depth.next_power_of_two();
+        SharedQp {
+            // No spare records: `ring_len` of them.
+            credits: SendQueueCredits::with_records(depth, 0, Rec::default()),
+            // Spare copies: any batch up to the depth is staged
+            // contiguously where the ring wraps.
+            copies: vec![
+                SendWr::read(0, Default::default(), Default::default());
+                2 * ring_len as usize - 1
+            ]
+            .into_boxed_slice(),
+            vqps: VqpTable::default(),
+            sole: NO_SOLE,
+            mr_generation: u64::MAX,
+            mrs: MrSnapshot::default(),
+            last_mr: None,
+            window: None,
+            needs_recovery: false,
+            orphans_until: 0,
+            guilty: None,
+            stats: DciStats::default(),
+            epoch,
+            fast: shape.precheck && shape.policy.max_sge > 0,
+            max_batch: shape.policy.max_batch(depth),
+            max_unsignaled: shape.policy.effective_max_unsignaled(depth),
+            precheck: shape.precheck,
+            peer: shape.peer,
+        }
+    }
+
+    /// Hands the VQP `id`'s state to this QP.
+    pub fn attach(&mut self, id: VqpId, vqp: VqpState) {
+        self.vqps.insert(id, vqp);
+    }
+
+    /// Takes the VQP `id`'s state back (completions of its WRs still in
+    /// flight are then discarded: they complete as orphans).
+    pub fn detach(&mut self, id: VqpId) -> Option<VqpState> {
+        let v = self.vqps.remove(id)?;
+        if v.outstanding > 0 {
+            // The next post looks for them first (see
+            // `SharedQp::orphans_until`).
+            self.orphans_until = self.credits.next_seq();
+            self.window = None;
+        }
+        Some(v)
+    }
+
+    /// Takes the VQP `id`'s state back only if none of its WRs is in
+    /// flight (the DC -> RC upgrade's switch): `Some(Err(outstanding))`
+    /// otherwise, `None` when this QP does not hold it.
+    pub fn detach_drained(&mut self, id: VqpId) -> Option<Result<VqpState, u32>> {
+        let n = self.vqps.get(id)?.outstanding;
+        if n > 0 {
+            return Some(Err(n));
+        }
+        self.vqps.remove(id).map(Ok)
+    }
+
+    /// The state of the VQP `id`, if this QP holds it.
+    pub fn vqp_mut(&mut self, id: VqpId) -> Option<&mut VqpState> {
+        self.vqps.get_mut(id)
+    }
+
+    /// The QP's statistics.
+    pub fn stats(&self) -> DciStats {
+        self.stats
+    }
+
+    /// Counts a pair closed because its target did not answer.
+    pub fn note_lost(&mut self) {
+        self.stats.lost += 1;
+    }
+
+    /// WRs posted and not yet retired.
+    pub fn outstanding(&self) -> u32 {
+        self.credits.outstanding()
+    }
+
+    /// Credits free in the send queue.
+    pub fn free(&self) -> u32 {
+        self.credits.free()
+    }
+
+    /// An error completion was routed: the QP is in ERR and must be
+    /// recovered ([`SharedQp::reset`]) before anything else is posted.
+    #[inline]
+    pub fn needs_recovery(&self) -> bool {
+        self.needs_recovery
+    }
+
+    /// WRs of detached VQPs may still be in flight (see
+    /// `SharedQp::orphans_until`).
+    #[inline]
+    pub(crate) fn orphans_in_flight(&self) -> bool {
+        self.orphans_until > self.credits.head()
+    }
+
+    /// The MR generation the snapshot is of.
+    #[inline]
+    pub(crate) fn mr_generation(&self) -> u64 {
+        self.mr_generation
+    }
+
+    /// A new snapshot of the owned MRs, of `generation`: the pre-check's
+    /// memos of the old one go.
+    pub(crate) fn set_mrs(&mut self, generation: u64, mrs: MrSnapshot) {
+        self.mr_generation = generation;
+        self.mrs = mrs;
+        self.last_mr = None;
+        self.window = None;
+    }
+}
+
+/// Where the copies of `n` WRs from sequence `first` on are staged
+/// (contiguous; see `SharedQp::copies`): their range in `copies`, for a
+/// ring of `len` records.
+#[inline]
+fn copies_range(first: u64, n: usize, len: usize) -> std::ops::Range<usize> {
+    let at = (first as usize) & (len - 1);
+    at..at + n
+}
+
+/// After the doorbell: the copies of the `posted` WRs staged from sequence
+/// `first` on ([`copies_range`]) that went past the ring's `len` records
+/// move to the front, where their records' indices are (those copies
+/// belong to no outstanding WR: the batch had the credits).
+#[inline]
+fn settle_copies(copies: &mut [SendWr], first: u64, posted: usize, len: usize) {
+    let end = copies_range(first, posted, len).end;
+    if end > len {
+        copies.copy_within(len..end, 0);
+    }
+}
