@@ -137,9 +137,12 @@ impl Qp {
             .expect("the VQP has room");
         assert!(!plan.must_reclaim(), "the model's queue always has room");
         p.core
-            .ring(vqp(v), &mut wrs, plan.force_signal.is_some(), |w| {
-                self.ring(w)
-            })
+            .ring(
+                vqp(v),
+                &mut wrs,
+                plan.force_signal.is_some(),
+                |w: &mut [SendWr]| self.ring(w),
+            )
             .expect("the doorbell");
     }
 

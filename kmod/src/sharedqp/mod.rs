@@ -156,6 +156,23 @@ impl DciStats {
 /// [`DciStats`]).
 pub type QpStats = DciStats;
 
+/// The host's doorbell: hands the WRs the core staged to the NIC
+/// (`post_send` on the QP), once per post. Any
+/// `FnMut(&mut [SendWr]) -> Result<(), PostError>` is one; the engine's is
+/// a small struct whose method is inlined into the post.
+pub trait Doorbell {
+    /// Gives `wrs` to the NIC: `Err` with the index of the first WR it did
+    /// not take.
+    fn ring(&mut self, wrs: &mut [SendWr]) -> Result<(), PostError>;
+}
+
+impl<F: FnMut(&mut [SendWr]) -> Result<(), PostError>> Doorbell for F {
+    #[inline(always)]
+    fn ring(&mut self, wrs: &mut [SendWr]) -> Result<(), PostError> {
+        self(wrs)
+    }
+}
+
 /// Why the core refused a post (the host turns each into its typed error).
 #[derive(Debug)]
 pub enum Refusal {

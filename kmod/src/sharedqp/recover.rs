@@ -4,9 +4,9 @@
 //! back, [`SharedQp::repost`] posts them again (or [`SharedQp::flush_all`]
 //! reports them flushed). See the parent module's docs.
 
-use krcore_nic::{PostError, SendFlags, SendWr, WcStatus};
+use krcore_nic::{SendFlags, SendWr, WcStatus};
 
-use super::{copies_range, deliver, settle_copies, Rec, SharedQp, NO_SOLE};
+use super::{copies_range, deliver, settle_copies, Doorbell, Rec, SharedQp, NO_SOLE};
 use crate::dccache::DcCache;
 use crate::wrid::{PhysWrId, Slot, VqpId};
 
@@ -75,12 +75,7 @@ impl SharedQp {
     /// tail stays bounded. They stay outstanding for their VQPs. WRs the
     /// NIC refuses are reported flushed to their owners. Counts the
     /// recovery.
-    pub fn repost(
-        &mut self,
-        cache: &DcCache,
-        again: &[(SendWr, Slot)],
-        ring: impl FnOnce(&mut [SendWr]) -> Result<(), PostError>,
-    ) {
+    pub fn repost(&mut self, cache: &DcCache, again: &[(SendWr, Slot)], mut ring: impl Doorbell) {
         self.stats.recoveries += 1;
         if again.is_empty() {
             return;
@@ -122,7 +117,7 @@ impl SharedQp {
             last.flags = last.flags | SendFlags::SIGNALED;
             recs[((first + n as u64 - 1) as usize) & mask].flags |= Rec::SIGNALED;
         }
-        let posted = match ring(staged) {
+        let posted = match ring.ring(staged) {
             Ok(()) => n,
             Err(e) => e.index.min(n),
         };

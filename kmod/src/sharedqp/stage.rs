@@ -10,8 +10,8 @@ use std::time::Instant;
 use krcore_nic::{Destination, Gid, PostError, SendFlags, SendWr};
 
 use super::{
-    copies_range, settle_copies, AnyMr, DciStats, MrSnapshot, Rec, Refusal, SharedQp, VqpState,
-    NO_SOLE,
+    copies_range, settle_copies, AnyMr, DciStats, Doorbell, MrSnapshot, Rec, Refusal, SharedQp,
+    VqpState, NO_SOLE,
 };
 use crate::credits::{CreditError, SendQueueCredits};
 use crate::idhash::IdMap;
@@ -49,7 +49,7 @@ impl SharedQp {
         wrs: &mut [SendWr],
         mr_generation: u64,
         now: impl FnOnce() -> Instant,
-        ring: impl FnOnce(&mut [SendWr]) -> Result<(), PostError>,
+        ring: impl Doorbell,
     ) -> Option<Result<(), Refusal>> {
         let SharedQp {
             credits,
@@ -288,7 +288,7 @@ impl SharedQp {
         id: VqpId,
         wrs: &mut [SendWr],
         force_last: bool,
-        ring: impl FnOnce(&mut [SendWr]) -> Result<(), PostError>,
+        ring: impl Doorbell,
     ) -> Result<(), Refusal> {
         let i = self.vqps.index(id).ok_or(Refusal::Stale)?;
         if self.credits.outstanding() == 0 || self.sole == id.get() {
@@ -307,7 +307,7 @@ impl SharedQp {
         id: VqpId,
         wrs: &mut [SendWr],
         force_last: bool,
-        ring: impl FnOnce(&mut [SendWr]) -> Result<(), PostError>,
+        ring: impl Doorbell,
     ) -> Result<(), Refusal> {
         let n = wrs.len();
         let SharedQp {
@@ -347,7 +347,7 @@ impl SharedQp {
         id: VqpId,
         wrs: &[SendWr],
         force_last: bool,
-        ring: impl FnOnce(&mut [SendWr]) -> Result<(), PostError>,
+        mut ring: impl Doorbell,
     ) -> Result<(), Refusal> {
         let n = wrs.len();
         let SharedQp {
@@ -404,7 +404,7 @@ impl SharedQp {
                 newest = Some(n - 1);
             }
         }
-        let result = ring(staged);
+        let result = ring.ring(staged);
         let posted = match &result {
             Ok(()) => n,
             Err(e) => e.index.min(n),
@@ -444,7 +444,7 @@ fn place<const WRAP: bool>(
     id: VqpId,
     wrs: &mut [SendWr],
     force_last: bool,
-    ring: impl FnOnce(&mut [SendWr]) -> Result<(), PostError>,
+    mut ring: impl Doorbell,
 ) -> Result<(), Refusal> {
     let n = wrs.len();
     let first = credits.next_seq();
@@ -482,7 +482,7 @@ fn place<const WRAP: bool>(
         last.flags = last.flags | SendFlags::SIGNALED;
         recs[(at + n - 1) & mask].flags |= Rec::SIGNALED;
     }
-    let result = ring(wrs);
+    let result = ring.ring(wrs);
     // The caller's WRs as they were (but `dest`); the signaled ones
     // counted on the way (for the commit).
     let (mut signaled, mut newest) = (0u32, None);
@@ -528,7 +528,7 @@ fn place_wrapping(
     id: VqpId,
     wrs: &mut [SendWr],
     force_last: bool,
-    ring: impl FnOnce(&mut [SendWr]) -> Result<(), PostError>,
+    ring: impl Doorbell,
 ) -> Result<(), Refusal> {
     place::<true>(credits, v, stats, sole, id, wrs, force_last, ring)
 }

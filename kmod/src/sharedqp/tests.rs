@@ -126,7 +126,12 @@ fn post(qp: &mut SharedQp, nic: &mut ModelNic, id: u32, wrs: &mut [SendWr]) -> R
             unreachable!("no grant expires")
         })?
         .expect("room");
-    qp.ring(vqp(id), wrs, plan.force_signal.is_some(), |w| nic.ring(w))
+    qp.ring(
+        vqp(id),
+        wrs,
+        plan.force_signal.is_some(),
+        |w: &mut [SendWr]| nic.ring(w),
+    )
 }
 
 /// Routes every completion in the CQ.
@@ -255,7 +260,7 @@ fn an_error_flushes_the_failing_vqps_later_wrs_and_reposts_the_others() {
     let stale = nic.cq.len();
     drain(&mut qp, &cache, &mut nic);
     assert_eq!(qp.stats().stale_completions, stale as u64);
-    qp.repost(&cache, &again, |w| nic.ring(w));
+    qp.repost(&cache, &again, |w: &mut [SendWr]| nic.ring(w));
     assert_eq!(qp.outstanding(), 2);
     nic.exec_all();
     drain(&mut qp, &cache, &mut nic);

@@ -8,11 +8,12 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use krcore_nic::{Nic, QueuePair, SendWr};
+use krcore_nic::{Nic, PostError, QueuePair, SendWr};
 
 use super::super::error::VqpError;
 use super::super::EngineInner;
 use super::{Link, PhysQp, PhysState, PostFail, RcLink};
+use crate::sharedqp::Doorbell;
 use crate::wrid::VqpId;
 
 /// The error of a post on a closed RC pair (a reclaim that ran into an
@@ -47,15 +48,13 @@ impl<N: Nic> PhysQp<N> {
             qp: Some(qp), core, ..
         } = st
         {
-            let (link, words) = (&self.link, &*self.words);
-            let fast = core.post_fast(id, wrs, words.mr_generation(), Instant::now, |wrs| {
-                // An RC pair is marked used (by the general path too).
-                if let Link::Rc(l) = link {
-                    l.touch(&words.rc_tick);
-                }
-                qp.post_send(wrs)
-            });
-            if let Some(posted) = fast {
+            let bell = Bell::<N> {
+                qp,
+                link: &self.link,
+                tick: &self.words.rc_tick,
+            };
+            let generation = self.words.mr_generation();
+            if let Some(posted) = core.post_fast(id, wrs, generation, Instant::now, bell) {
                 return posted.map_err(PostFail::from);
             }
         }
@@ -118,9 +117,12 @@ impl<N: Nic> PhysQp<N> {
             return Err(closed());
         };
         // The plan forces only ever the batch's last WR.
-        core.ring(id, wrs, plan.force_signal.is_some(), |wrs| {
-            qp.post_send(wrs)
-        })
+        core.ring(
+            id,
+            wrs,
+            plan.force_signal.is_some(),
+            |wrs: &mut [SendWr]| qp.post_send(wrs),
+        )
         .map_err(PostFail::from)
     }
 
@@ -147,6 +149,24 @@ impl<N: Nic> PhysQp<N> {
             }
             std::thread::yield_now();
         }
+    }
+}
+
+/// A shared QP's doorbell on the fast path: `post_send`, and for an RC
+/// pair its LRU mark (the general path marks it itself).
+struct Bell<'a, N: Nic> {
+    qp: &'a N::Qp,
+    link: &'a Link,
+    tick: &'a AtomicU64,
+}
+
+impl<N: Nic> Doorbell for Bell<'_, N> {
+    #[inline(always)]
+    fn ring(&mut self, wrs: &mut [SendWr]) -> Result<(), PostError> {
+        if let Link::Rc(l) = self.link {
+            l.touch(self.tick);
+        }
+        self.qp.post_send(wrs)
     }
 }
 

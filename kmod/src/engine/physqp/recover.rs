@@ -4,7 +4,7 @@
 //! (`SharedQp::reset`, `repost`, `flush_all` of [`crate::sharedqp`]).
 //! See the parent module's docs.
 
-use krcore_nic::{bring_up, Access, CompletionQueue, Nic, QueuePair, Transition, Wc};
+use krcore_nic::{bring_up, Access, CompletionQueue, Nic, QueuePair, SendWr, Transition, Wc};
 
 use super::super::error::VqpError;
 use super::super::EngineInner;
@@ -79,7 +79,7 @@ impl<N: Nic> PhysQp<N> {
             return Ok(());
         };
         let before = core.stats().reposted;
-        core.repost(&eng.cache, &again, |wrs| qp.post_send(wrs));
+        core.repost(&eng.cache, &again, |wrs: &mut [SendWr]| qp.post_send(wrs));
         let reposted = core.stats().reposted - before;
         tracing::info!(
             qpn = self.qpn,
