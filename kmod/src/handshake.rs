@@ -5,9 +5,9 @@
 //! RC fallback mode: a VQP's physical QP is an RC QP shared by every VQP of
 //! the node that talks to the same target, made by a two-sided handshake
 //! between the two nodes' control planes over UD (the engine's host drives
-//! it; see `engine::responder`). In DC mode the same messages make the RC
+//! it; see `engine::handshake_ud`). In DC mode the same messages make the RC
 //! pairs of the DC -> RC upgrade, carried by two-sided messaging instead of
-//! UD (`engine::hs_msg`: a reserved port; replies over messaging's reply
+//! UD (`engine::handshake_msg`: a reserved port; replies over messaging's reply
 //! path; `reply_qkey` is then 0 and unused). This module is the pure part:
 //! no I/O.
 //!

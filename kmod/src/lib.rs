@@ -11,7 +11,7 @@
 //! engine (host) ---------------------------- threads, clocks, the provider
 //!   |  Engine<N>  PD, DCI pool (per-QP lock), meta client (READs via DCI 0);
 //!   |             DCT+SRQ, messaging (ports, endpoints), the upgrade's
-//!   |             handshake port (hs_msg: no UD QP): created on first need
+//!   |             handshake port (handshake_msg: no UD QP): created on first need
 //!   |             RC fallback (no DC): handshake endpoint, RC pairs (LRU)
 //!   |  Vqp<N>     connect = DCCache lookup | one meta READ; post; poll
 //!   |             RC fallback: + the target's RC pair (hit | handshake)
@@ -29,7 +29,7 @@
 //!   |            resets; loom and scenario tests drive this same core)
 //!   |  credits   send-queue credits of one shared physical QP, a record per WR
 //!   |  handshake the RC handshake's messages (RC fallback: over UD; DC
-//!   |            upgrade: carried by messaging, engine::hs_msg)
+//!   |            upgrade: carried by messaging, engine::handshake_msg)
 //!   |  msg       two-sided messages: header layout, credit accounts
 //!   |
 //! krcore_nic::Nic (sim, verbs)
@@ -123,7 +123,7 @@
 //! - [`handshake`]: the RC handshake's messages
 //!   ([`handshake::HandshakeRepr`]) and the protocol's rules: over UD in
 //!   RC fallback mode, as messages to a reserved port in DC mode (the
-//!   upgrade, [`engine::hs_msg`]).
+//!   upgrade, [`engine::handshake_msg`]).
 //! - [`msg`]: two-sided messaging's header ([`msg::MsgRepr`]), channel
 //!   protocol and credit accounts ([`msg::SendWindow`],
 //!   [`msg::ReturnBatch`]); hosted by [`Engine::bind`] ([`Port`]) and

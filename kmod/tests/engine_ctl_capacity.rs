@@ -12,7 +12,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Cluster, MemNode, WAIT};
-use krcore_kmod::engine::hs_msg::HANDSHAKE_PORT;
+use krcore_kmod::engine::handshake_msg::HANDSHAKE_PORT;
 use krcore_kmod::engine::PortUsage;
 use krcore_kmod::msg::RefuseCode;
 use krcore_kmod::{

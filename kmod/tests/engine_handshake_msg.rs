@@ -9,7 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::{counted, wait_wcs, Cluster, MemNode};
-use krcore_kmod::engine::hs_msg::{FIRST_RESERVED_PORT, HANDSHAKE_PORT};
+use krcore_kmod::engine::handshake_msg::{FIRST_RESERVED_PORT, HANDSHAKE_PORT};
 use krcore_kmod::handshake::{HandshakeMessage, HandshakeRepr};
 use krcore_kmod::{Engine, EngineConfig, EngineError, HandshakeFailure, MsgError, VqpPath};
 use krcore_nic::sim::SimNic;

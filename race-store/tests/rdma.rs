@@ -250,7 +250,7 @@ fn clients_that_leave_do_not_fill_the_allocation_port() {
         matches!(
             ep.push(gid, port, b"x"),
             Err(krcore::MsgError::Refused {
-                code: krcore::msg::RefuseCode::Busy,
+                code: krcore::messaging::RefuseCode::Busy,
                 ..
             })
         ),

@@ -100,7 +100,7 @@
 //!
 //! [`Node::bind`] a port, [`Vqp::push`] to it, [`Port::pop`] and
 //! [`Port::reply`]; credit-based flow control, zero-copy for large
-//! messages (see [`msg`]).
+//! messages (see [`messaging`]).
 //!
 //! # MR leases
 //!
@@ -185,7 +185,7 @@
 mod error;
 mod fork;
 mod memory;
-pub mod msg;
+pub mod messaging;
 mod node;
 mod raw;
 mod vqp;
@@ -194,7 +194,7 @@ pub use error::{DeregisterError, Error, Result};
 pub use fork::Worker;
 pub use krcore_kmod::daemon::{DaemonError, NodeStats};
 pub use memory::{MemoryRegion, RemoteRegion};
-pub use msg::{Message, MsgError, Port, Sender};
+pub use messaging::{Message, MsgError, Port, Sender};
 pub use node::{MetaHost, Node, NodeBuilder, DEFAULT_LEASE};
 pub use vqp::{Completion, Request, Vqp, REQUEST_WR_ID_BIT};
 

@@ -44,7 +44,7 @@
 //! ```
 //!
 //! Not available in a forked worker ([`MsgError::Unsupported`]). Ports from
-//! `krcore_kmod::engine::hs_msg::FIRST_RESERVED_PORT` on are the engine's
+//! `krcore_kmod::engine::handshake_msg::FIRST_RESERVED_PORT` on are the engine's
 //! ([`MsgError::ReservedPort`]).
 
 use std::time::Duration;
@@ -106,7 +106,7 @@ impl<N: Nic> Endpoint<N> {
     }
 
     /// Pushes `data` to `port` at node `gid`, waiting up to `msg.timeout`
-    /// for a credit (see the [module docs](crate::msg)).
+    /// for a credit (see the [module docs](crate::messaging)).
     ///
     /// # Errors
     /// [`MsgError`]: `Refused`, `TooLarge`, `Timeout`, `Lost`, ...; on an
@@ -362,7 +362,7 @@ impl<N: Nic> Port<N> {
 use crate::vqp::Vqp;
 
 impl<N: Nic> Node<N> {
-    /// Binds `port` on this node (see the [module docs](crate::msg)). On
+    /// Binds `port` on this node (see the [module docs](crate::messaging)). On
     /// an attached node the port is bound in the daemon's engine: ports
     /// are the node's, shared by every process attached to it.
     ///

@@ -666,7 +666,7 @@ impl NodeBuilder {
         } = self;
         config.handshake_thread = handshake_thread;
         // Ports answer Opens and return credits while their users do not
-        // call in (see krcore::msg).
+        // call in (see krcore::messaging).
         config.msg.progress_thread = true;
         if let Some(path) = daemon {
             if !matches!(place, Place::Default) {

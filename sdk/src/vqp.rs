@@ -92,7 +92,7 @@ struct Inner<N: Nic> {
     /// poller's hands never holds up a post), allocated on first use.
     scratch: Mutex<Option<Scratch<N>>>,
     /// The messaging endpoint, made by the first push.
-    endpoint: std::sync::OnceLock<crate::msg::Endpoint<N>>,
+    endpoint: std::sync::OnceLock<crate::messaging::Endpoint<N>>,
     /// The token whose grant `prepare` made known last, and the VQP's
     /// grants epoch right after (its own change): while the epoch stays
     /// there, the grant is known unchanged and requests skip `add_grant`.
@@ -183,7 +183,7 @@ impl<N: Nic> Vqp<N> {
     }
 
     /// The VQP's messaging endpoint (made at the first call).
-    fn endpoint(&self) -> Result<&crate::msg::Endpoint<N>> {
+    fn endpoint(&self) -> Result<&crate::messaging::Endpoint<N>> {
         if let Some(e) = self.inner.endpoint.get() {
             return Ok(e);
         }
@@ -199,7 +199,7 @@ impl<N: Nic> Vqp<N> {
     }
 
     /// Pushes `data` to `port` of the VQP's target node, blocking (up to
-    /// `msg.timeout`) while the channel has no credit; see [`crate::msg`].
+    /// `msg.timeout`) while the channel has no credit; see [`crate::messaging`].
     ///
     /// # Errors
     /// [`Error::Msg`]: `Refused` (no such port, port busy), `TooLarge`,

@@ -292,7 +292,7 @@ fn builder_and_attach_errors_are_typed() {
 /// port's refusals and the size limit come back as the same typed errors.
 #[test]
 fn an_attached_node_pushes_and_gets_replies_through_the_daemon() {
-    use krcore::msg::RefuseCode;
+    use krcore::messaging::RefuseCode;
     use krcore::MsgError;
     let s = setup("msg");
     let port = s.server.bind(9).unwrap();

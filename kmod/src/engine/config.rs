@@ -20,9 +20,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::error::EngineError;
+use super::handshake_ud::HandshakeConfig;
 use super::meta::MetaLocation;
-use super::msg::MsgConfig;
-use super::responder::HandshakeConfig;
+use super::msg_node::MsgConfig;
 use crate::precheck::{Policy, Ungranted};
 
 /// DC initiators per CPU in KRCore's pool (the paper's Figure 14(a): more
@@ -129,9 +129,9 @@ pub struct EngineConfig {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upgrade_after: Option<u64>,
     /// DC mode: the DC -> RC upgrade. Its handshakes travel as messages
-    /// (no UD QP, see [`super::hs_msg`]): a node that serves upgrades
+    /// (no UD QP, see [`super::handshake_msg`]): a node that serves upgrades
     /// answers them on its DCT's reserved port
-    /// [`super::hs_msg::HANDSHAKE_PORT`], and says so in the meta table
+    /// [`super::handshake_msg::HANDSHAKE_PORT`], and says so in the meta table
     /// under [`super::handshake_gid`] of its GID: the host registers
     /// [`super::Engine::handshake_entry`] beside
     /// [`super::Engine::local_target`]. Answered from the thread of

@@ -126,10 +126,10 @@ use krcore_nic::{Gid, Nic, RcPeer};
 use parking_lot::Mutex;
 
 use super::error::{EngineError, HandshakeFailure};
-use super::msg::{MsgError, Service, Worker};
+use super::handshake_ud::{HandshakeStats, Paired, Passives};
 use super::msg_endpoint::Endpoint;
+use super::msg_node::{MsgError, Service, Worker};
 use super::msg_port::Port;
-use super::responder::{HandshakeStats, Paired, Passives};
 use super::{Engine, EngineInner};
 use crate::handshake::{HandshakeMessage, HandshakeRepr};
 use crate::msg::RefuseCode;
@@ -567,12 +567,12 @@ fn run<N: Nic>(eng: &Weak<EngineInner<N>>, stop: &AtomicBool, idle_sleep: Durati
     let mut wait = super::idle::IdleWait::new(idle_sleep);
     while !stop.load(Ordering::Acquire) {
         let Some(e) = eng.upgrade() else { return };
-        let n = match e.hs_msg() {
+        let n = match e.handshake_msg() {
             Some(hs) => hs.progress(),
             None => Ok(0),
         };
         if n.is_err() {
-            if let Some(hs) = e.hs_msg() {
+            if let Some(hs) = e.handshake_msg() {
                 hs.stats.lock().thread_errors += 1;
             }
         }

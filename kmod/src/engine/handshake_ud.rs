@@ -189,7 +189,7 @@ struct EndpointState<N: Nic> {
 /// pairs and the rules that answer a Request or a Close (see
 /// [`HandshakeResponder`] for the invariants). Shared by the two carriers
 /// of the handshake: the UD endpoint (RC fallback mode) and the reserved
-/// messaging port (DC mode, `super::hs_msg`).
+/// messaging port (DC mode, `super::handshake_msg`).
 pub(crate) struct Passives<N: Nic> {
     nic: Arc<N>,
     pd: N::Pd,

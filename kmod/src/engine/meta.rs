@@ -49,9 +49,9 @@ use krcore_nic::{
 use parking_lot::Mutex;
 
 use super::error::{EngineError, MetaFailure, VqpError};
+use super::handshake_ud::HandshakeResponder;
 use super::mrs::OwnedMr;
 use super::physqp::{PhysQp, PostFail};
-use super::responder::HandshakeResponder;
 use super::EngineInner;
 use crate::dccache::CachedTarget;
 use crate::precheck::Ungranted;

@@ -34,7 +34,7 @@
 //! # Capacity: any number of nodes over time
 //!
 //! A node's registration endpoint is a control endpoint (as the upgrade
-//! handshake's, see [`super::hs_msg`]): its channel to [`META_PORT`] asks
+//! handshake's, see [`super::handshake_msg`]): its channel to [`META_PORT`] asks
 //! for `msg.control_window` credits (default 1), and is closed (a Close
 //! message, once the request's credit is back) when the call is over, so
 //! the host's slots return to it: at most `msg.port_slots / control_window`
@@ -44,7 +44,7 @@
 //! [`MetaFailure::Refused`]. A reply sent after the Close (to a retried
 //! request already answered) is counted `orphaned` at the node. A channel
 //! never closed (a crashed node) is reclaimed when its slot is needed and
-//! it has been idle for `msg.control_idle` (see [`super::hs_msg`]).
+//! it has been idle for `msg.control_idle` (see [`super::handshake_msg`]).
 //!
 //! # Why here (kmod), not in the meta crate
 //!
@@ -91,10 +91,10 @@ use krcore_nic::{Access, DcTarget, Gid, MemoryRegion, Nic, UdTarget};
 use parking_lot::{Mutex, MutexGuard};
 
 use super::error::{EngineError, MetaFailure};
-use super::hs_msg::{busy_pause, ControlPush};
+use super::handshake_msg::{busy_pause, ControlPush};
 use super::meta::{MetaClient, MetaLocation, MetaPolicy};
 use super::mrs::OwnedMr;
-use super::msg::{MsgError, Worker};
+use super::msg_node::{MsgError, Worker};
 use super::msg_port::Port;
 use super::{Engine, EngineInner};
 
@@ -579,7 +579,7 @@ pub(crate) fn table_len(geometry: &krcore_meta::table::Geometry) -> Result<usize
 }
 
 fn msg_error(gid: Gid, e: MsgError) -> EngineError {
-    e.into_engine(gid, super::msg::Service::MetaRegistration)
+    e.into_engine(gid, super::msg_node::Service::MetaRegistration)
 }
 
 impl<N: Nic> EngineInner<N> {

@@ -24,7 +24,7 @@
 //!   |   |                     (slots, rings, targets, grants), MR snapshot
 //!   |   `- with upgrade_endpoint: RC pairs (as in the RC fallback) for
 //!   |         upgraded VQPs (`upgrade`: DC -> RC), made by handshakes
-//!   |         carried by messaging (`hs_msg`: the reserved port
+//!   |         carried by messaging (`handshake_msg`: the reserved port
 //!   |         HANDSHAKE_PORT on the DCT, served by progress() / the
 //!   |         handshake thread; no UD QP)
 //!   |- RC fallback mode:
@@ -110,20 +110,20 @@
 mod config;
 mod error;
 mod fork;
-pub mod hs_msg;
+pub mod handshake_msg;
+mod handshake_ud;
 mod idle;
 mod lazy;
 mod meta;
 pub mod meta_msg;
 mod mrs;
-mod msg;
 mod msg_endpoint;
+mod msg_node;
 mod msg_port;
 mod msg_send;
 mod physqp;
 mod rc;
 mod rc_meta;
-mod responder;
 pub mod store_msg;
 mod upgrade;
 mod vqp;
@@ -138,19 +138,19 @@ pub use crate::sharedqp::{DciStats, QpStats};
 pub use config::{EngineConfig, DCIS_PER_CPU, DEFAULT_DC_KEY};
 pub use error::{EngineError, HandshakeFailure, MetaFailure, VqpError};
 pub use fork::ForkKit;
+pub use handshake_ud::{
+    HandshakeConfig, HandshakeResponder, HandshakeStats, ProgressThread, DEFAULT_HANDSHAKE_QKEY,
+};
 pub use meta::{MetaLocation, MetaStats};
 pub use meta_msg::{
     MetaHostStats, MetaHostThread, MetaLease, MetaLeaseStats, MsgMetaHost, META_PORT,
 };
 pub use mrs::{LeaseError, LeaseId, LeaseStats, Leased, OwnedMr, LEASE_REAPER};
-pub use msg::{Message, MsgConfig, MsgError, MsgStats, Sender};
 pub use msg_endpoint::Endpoint;
+pub use msg_node::{Message, MsgConfig, MsgError, MsgStats, Sender};
 pub use msg_port::{Port, PortUsage};
 pub use rc::RcStats;
 pub use rc_meta::RcMetaHost;
-pub use responder::{
-    HandshakeConfig, HandshakeResponder, HandshakeStats, ProgressThread, DEFAULT_HANDSHAKE_QKEY,
-};
 pub use upgrade::{handshake_gid, VqpPath};
 pub use vqp::Vqp;
 
@@ -215,7 +215,7 @@ pub struct EngineStats {
     pub dcts_created: u32,
     /// UD handshake endpoints created: 1 in RC fallback mode (at start); 0
     /// in DC mode (the upgrade's handshake travels as messages, see
-    /// [`hs_msg`]).
+    /// [`handshake_msg`]).
     pub handshake_endpoints_created: u32,
     /// RC fallback mode with `handshake_thread`: whether the thread that
     /// answers peers' handshakes runs. It starts when the node's address
@@ -301,9 +301,9 @@ struct RcRx<N: Nic> {
 }
 
 /// DC mode with `upgrade_endpoint`: the RC pairs of upgraded VQPs, made by
-/// handshakes carried by messaging (`hs_msg`: no UD endpoint).
+/// handshakes carried by messaging (`handshake_msg`: no UD endpoint).
 struct Upgrade<N: Nic> {
-    hs: hs_msg::HsMsg<N>,
+    hs: handshake_msg::HsMsg<N>,
     pool: RcPool<N>,
 }
 
@@ -334,7 +334,7 @@ pub(crate) struct EngineInner<N: Nic> {
     /// handshake's messaging objects).
     me: std::sync::Weak<EngineInner<N>>,
     /// Live [`Engine`] handles; the last one's drop releases the services
-    /// that hold the engine (`hs_msg`, `meta_msg`'s endpoint) and sets
+    /// that hold the engine (`handshake_msg`, `meta_msg`'s endpoint) and sets
     /// `released`.
     handles: AtomicUsize,
     released: AtomicBool,
@@ -354,7 +354,7 @@ pub(crate) struct EngineInner<N: Nic> {
     hits: AtomicU64,
     misses: AtomicU64,
     /// Two-sided messaging, made by the first bind or endpoint.
-    msg: OnceLock<Arc<msg::MsgNode<N>>>,
+    msg: OnceLock<Arc<msg_node::MsgNode<N>>>,
     msg_init: Mutex<()>,
     /// Set in a forked child ([`ForkKit::adopt`]): no meta lookups, no new
     /// NIC objects, no messaging.
@@ -372,7 +372,7 @@ impl<N: Nic> EngineInner<N> {
     }
 
     /// DC mode with `upgrade_endpoint`: the handshake over messaging.
-    pub(crate) fn hs_msg(&self) -> Option<&hs_msg::HsMsg<N>> {
+    pub(crate) fn handshake_msg(&self) -> Option<&handshake_msg::HsMsg<N>> {
         self.upgrade.as_ref().map(|u| &u.hs)
     }
 
@@ -386,7 +386,7 @@ impl<N: Nic> EngineInner<N> {
     ///
     /// # Errors
     /// [`EngineError::Unsupported`] in DC mode (the upgrade's handshake
-    /// travels as messages, `hs_msg`), or when it must be created in a
+    /// travels as messages, `handshake_msg`), or when it must be created in a
     /// forked child; [`EngineError::Nic`] when the device refuses the UD QP.
     pub(crate) fn handshake_endpoint(&self) -> Result<&HandshakeResponder<N>, EngineError> {
         self.hs_endpoint().map(|e| &e.hs)
@@ -579,7 +579,7 @@ impl<N: Nic> Clone for Engine<N> {
 
 impl<N: Nic> Drop for Engine<N> {
     /// The last handle releases the services that hold the engine (the
-    /// upgrade's handshake over messaging, see `hs_msg`), so that the
+    /// upgrade's handshake over messaging, see `handshake_msg`), so that the
     /// engine is freed once its VQPs, ports and endpoints are gone too.
     ///
     /// DC mode: the upgrade's idle RC pairs are closed first and their
@@ -590,10 +590,10 @@ impl<N: Nic> Drop for Engine<N> {
         if self.inner.handles.fetch_sub(1, Ordering::AcqRel) == 1
             && !self.inner.released.swap(true, Ordering::AcqRel)
         {
-            if let (Some(pool), Some(_)) = (self.inner.rc_pool(), self.inner.hs_msg()) {
+            if let (Some(pool), Some(_)) = (self.inner.rc_pool(), self.inner.handshake_msg()) {
                 pool.close_idle(&self.inner);
             }
-            if let Some(hs) = self.inner.hs_msg() {
+            if let Some(hs) = self.inner.handshake_msg() {
                 hs.release();
             }
             self.inner.release_meta_client();
@@ -663,7 +663,7 @@ impl<N: Nic> Engine<N> {
             };
             let up = cfg.upgrade_endpoint.then(|| {
                 Box::new(Upgrade {
-                    hs: hs_msg::HsMsg::default(),
+                    hs: handshake_msg::HsMsg::default(),
                     pool: RcPool::default(),
                 })
             });
@@ -743,7 +743,7 @@ impl<N: Nic> Engine<N> {
         }
         let engine = Engine::handle(inner);
         if engine.inner.cfg.eager_start {
-            if let Some(hs) = engine.inner.hs_msg() {
+            if let Some(hs) = engine.inner.handshake_msg() {
                 hs.serve(&engine.inner)?;
             }
         }
@@ -759,7 +759,7 @@ impl<N: Nic> Engine<N> {
     /// peers' handshakes. RC fallback mode: the UD handshake endpoint (see
     /// [`HandshakeResponder::progress`]). DC mode with `upgrade_endpoint`,
     /// once the node serves upgrades ([`Engine::handshake_entry`]): the
-    /// reserved messaging port [`hs_msg::HANDSHAKE_PORT`] (see [`hs_msg`]).
+    /// reserved messaging port [`handshake_msg::HANDSHAKE_PORT`] (see [`handshake_msg`]).
     /// Needed for this node to accept connections (upgrades) unless the
     /// engine runs its handshake thread. A no-op returning 0 when there is
     /// nothing to serve (DC mode: before the node serves upgrades; nobody
@@ -768,7 +768,7 @@ impl<N: Nic> Engine<N> {
     /// # Errors
     /// Provider failures of the endpoint (CQ overflow, a refused post).
     pub fn progress(&self) -> Result<usize, EngineError> {
-        if let Some(hs) = self.inner.hs_msg() {
+        if let Some(hs) = self.inner.handshake_msg() {
             return hs.progress();
         }
         match self.inner.handshake() {
@@ -782,7 +782,7 @@ impl<N: Nic> Engine<N> {
     }
 
     /// RC fallback mode: the handshake endpoint (DC mode has none: the
-    /// upgrade's handshake travels as messages, see [`hs_msg`]). Looking
+    /// upgrade's handshake travels as messages, see [`handshake_msg`]). Looking
     /// at it starts no thread: publish the node's address with
     /// [`Engine::local_target`].
     pub fn handshake_responder(&self) -> Option<&HandshakeResponder<N>> {
@@ -851,8 +851,8 @@ impl<N: Nic> Engine<N> {
     /// handshakes, and returns the meta entry that says so, for the host
     /// to register beside [`Engine::local_target`]: GID [`handshake_gid`]
     /// of this node's, naming its DCT (`dct_num`, `dc_key`), whose reserved
-    /// messaging port [`hs_msg::HANDSHAKE_PORT`] answers the handshakes
-    /// (no UD QP: see [`hs_msg`]). An initiator looks this entry up before
+    /// messaging port [`handshake_msg::HANDSHAKE_PORT`] answers the handshakes
+    /// (no UD QP: see [`handshake_msg`]). An initiator looks this entry up before
     /// it asks for a pair: a node without it is not asked. `Ok(None)` in RC
     /// fallback mode (the node's own entry names its handshake endpoint)
     /// and without `upgrade_endpoint`.
@@ -867,7 +867,7 @@ impl<N: Nic> Engine<N> {
     /// buffers (the next call tries again); [`EngineError::Unsupported`]
     /// in a forked child, or after the engine's last handle was dropped.
     pub fn handshake_entry(&self) -> Result<Option<DcTarget>, EngineError> {
-        let Some(hs) = self.inner.hs_msg() else {
+        let Some(hs) = self.inner.handshake_msg() else {
             return Ok(None);
         };
         hs.serve(&self.inner)?;
@@ -883,7 +883,7 @@ impl<N: Nic> Engine<N> {
     /// their initiators time out; later ones are refused, typed). Pairs
     /// made before keep working. [`Engine::handshake_entry`] serves again.
     pub fn stop_serving_upgrades(&self) {
-        if let Some(hs) = self.inner.hs_msg() {
+        if let Some(hs) = self.inner.handshake_msg() {
             hs.stop_serving();
         }
     }
@@ -1025,7 +1025,7 @@ impl<N: Nic> Engine<N> {
             },
             mode: self.inner.mode(),
             rc: self.inner.rc_pool().map(RcPool::stats).unwrap_or_default(),
-            handshake: match self.inner.hs_msg() {
+            handshake: match self.inner.handshake_msg() {
                 Some(hs) => hs.stats(),
                 None => self
                     .inner

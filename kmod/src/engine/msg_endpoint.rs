@@ -1,4 +1,4 @@
-//! Endpoints: the send side of messaging (see [`super::msg`]).
+//! Endpoints: the send side of messaging (see [`super::msg_node`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -8,7 +8,7 @@ use krcore_nic::{Gid, MemoryRegion, Nic};
 use parking_lot::Mutex;
 
 use super::mrs::OwnedMr;
-use super::msg::*;
+use super::msg_node::*;
 use super::msg_send::*;
 use super::vqp::Vqp;
 use super::EngineInner;
@@ -717,7 +717,7 @@ impl<N: Nic> Endpoint<N> {
     /// # Errors
     /// [`MsgError::Timeout`]; as [`Endpoint::try_pop_reply`].
     pub fn pop_reply_timeout(&self, timeout: Duration) -> Result<Message<N>, MsgError> {
-        super::msg::wait_for(timeout, || self.try_pop_reply())
+        super::msg_node::wait_for(timeout, || self.try_pop_reply())
     }
 
     /// Pops the oldest reply, waiting up to `msg.timeout`.

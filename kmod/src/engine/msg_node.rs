@@ -82,7 +82,7 @@
 //! reclaim, when full, a channel idle for `control_idle`
 //! ([`MsgStats::reclaimed`]; its sender is told with a Refuse
 //! `Reclaimed`), so the number of initiators over time is unbounded (see
-//! [`super::hs_msg`]). [`Engine::msg_port_usage`] shows a port's grants.
+//! [`super::handshake_msg`]). [`Engine::msg_port_usage`] shows a port's grants.
 //!
 //! Control messages are bounded per channel (one Open, then at most one
 //! Credit per half window and one Release per descriptor); `ctl_slots` is
@@ -132,10 +132,10 @@
 //!
 //! # The engine's own services
 //!
-//! Ports from [`super::hs_msg::FIRST_RESERVED_PORT`] on are the engine's
+//! Ports from [`super::handshake_msg::FIRST_RESERVED_PORT`] on are the engine's
 //! ([`Engine::bind`] refuses them: [`MsgError::ReservedPort`]). The DC ->
-//! RC upgrade's handshake is carried on [`super::hs_msg::HANDSHAKE_PORT`]
-//! (see [`super::hs_msg`]). They take inline messages only: a descriptor
+//! RC upgrade's handshake is carried on [`super::handshake_msg::HANDSHAKE_PORT`]
+//! (see [`super::handshake_msg`]). They take inline messages only: a descriptor
 //! sent there is dropped and counted ([`MsgStats::malformed`]).
 //!
 //! # Reaching a sender registered nowhere
@@ -253,7 +253,7 @@ impl Default for MsgConfig {
 #[non_exhaustive]
 pub enum MsgError {
     /// The port is reserved for the engine's own services (from
-    /// [`super::hs_msg::FIRST_RESERVED_PORT`] on: the upgrade handshake).
+    /// [`super::handshake_msg::FIRST_RESERVED_PORT`] on: the upgrade handshake).
     #[error("port {port} is reserved for the engine")]
     ReservedPort {
         /// The port.
@@ -397,7 +397,7 @@ impl MsgError {
 /// [`MsgError::into_engine`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Service {
-    /// The DC -> RC upgrade's handshake (`super::hs_msg`).
+    /// The DC -> RC upgrade's handshake (`super::handshake_msg`).
     Handshake,
     /// Registration with the meta host (`super::meta_msg`).
     MetaRegistration,
@@ -971,7 +971,7 @@ impl<N: Nic> MsgNode<N> {
             } => {
                 bump(&self.counters.control);
                 learn_sender(eng, m.src, dct_num, dc_key);
-                let reserved = p >= super::hs_msg::FIRST_RESERVED_PORT
+                let reserved = p >= super::handshake_msg::FIRST_RESERVED_PORT
                     || port.as_ref().is_some_and(|q| q.reclaims);
                 let mut reclaimed = Vec::new();
                 let carried = carries.map(|c| (c, body));
@@ -1067,7 +1067,7 @@ impl<N: Nic> MsgNode<N> {
             // The engine's reserved ports take inline messages only (their
             // payloads are small; a descriptor would make the serving
             // step READ from a peer): a descriptor there is dropped.
-            MsgKind::Desc { .. } if p >= super::hs_msg::FIRST_RESERVED_PORT => {
+            MsgKind::Desc { .. } if p >= super::handshake_msg::FIRST_RESERVED_PORT => {
                 bump(&self.counters.malformed);
                 Ok(())
             }
@@ -1219,7 +1219,7 @@ impl<N: Nic> MsgNode<N> {
 
 /// Whether port `p` is one of the engine's reserved ports and bound.
 fn reserved_bound(p: u16, bound: bool) -> bool {
-    bound && p >= super::hs_msg::FIRST_RESERVED_PORT
+    bound && p >= super::handshake_msg::FIRST_RESERVED_PORT
 }
 
 /// An Open names its sender's DCT: answers go there. A sender this node

@@ -1,4 +1,4 @@
-//! Bound ports: the receive side of messaging (see [`super::msg`]).
+//! Bound ports: the receive side of messaging (see [`super::msg_node`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -8,8 +8,8 @@ use krcore_nic::Nic;
 use parking_lot::Mutex;
 
 use super::mrs::OwnedMr;
-use super::msg::*;
 use super::msg_endpoint::*;
+use super::msg_node::*;
 use super::msg_send::*;
 use super::vqp::Vqp;
 use super::{Engine, EngineInner};
@@ -256,7 +256,7 @@ impl<N: Nic> Engine<N> {
     /// fallback mode or a forked child; engine errors of the first use
     /// (receive buffers, the port's VQP).
     pub fn bind(&self, port: u16) -> Result<Port<N>, MsgError> {
-        if port >= super::hs_msg::FIRST_RESERVED_PORT {
+        if port >= super::handshake_msg::FIRST_RESERVED_PORT {
             return Err(MsgError::ReservedPort { port });
         }
         self.bind_with(port, false)
@@ -273,7 +273,7 @@ impl<N: Nic> Engine<N> {
     /// # Errors
     /// As [`Engine::bind`].
     pub fn bind_reclaiming(&self, port: u16) -> Result<Port<N>, MsgError> {
-        if port >= super::hs_msg::FIRST_RESERVED_PORT {
+        if port >= super::handshake_msg::FIRST_RESERVED_PORT {
             return Err(MsgError::ReservedPort { port });
         }
         self.bind_with(port, true)
@@ -431,7 +431,7 @@ impl<N: Nic> Engine<N> {
     }
 
     /// What the port `port` bound on this node (a user's, or a reserved
-    /// one of the engine's: [`super::hs_msg::HANDSHAKE_PORT`], [`super::META_PORT`])
+    /// one of the engine's: [`super::handshake_msg::HANDSHAKE_PORT`], [`super::META_PORT`])
     /// has granted now; `None` when it is not bound.
     pub fn msg_port_usage(&self, port: u16) -> Option<PortUsage> {
         let node = self.inner.msg.get()?;
@@ -608,7 +608,7 @@ impl<N: Nic> Port<N> {
     /// # Errors
     /// [`MsgError::Timeout`]; as [`Port::try_pop`].
     pub fn pop_timeout(&self, timeout: Duration) -> Result<Message<N>, MsgError> {
-        super::msg::wait_for(timeout, || self.try_pop())
+        super::msg_node::wait_for(timeout, || self.try_pop())
     }
 
     /// Pops the oldest message, waiting up to `msg.timeout`.

@@ -1,5 +1,5 @@
 //! Messaging I/O helpers: posting message sends on a VQP, descriptor
-//! READs, staging and landing buffers (see [`super::msg`]).
+//! READs, staging and landing buffers (see [`super::msg_node`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 
 use super::error::VqpError;
 use super::mrs::OwnedMr;
-use super::msg::*;
+use super::msg_node::*;
 use super::vqp::Vqp;
 use super::EngineInner;
 use crate::msg::{Descriptor, MsgDst, MsgKind, MsgRepr};

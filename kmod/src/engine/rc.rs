@@ -11,8 +11,8 @@ use krcore_nic::{Access, DcTarget, Gid, Nic, QpType, QueuePair, Transition, UdTa
 use parking_lot::Mutex;
 
 use super::error::{EngineError, VqpError};
+use super::handshake_ud::HandshakeResponder;
 use super::physqp::{create_qp, PhysQp, RcLink};
-use super::responder::HandshakeResponder;
 use super::EngineInner;
 use crate::dccache::CachedTarget;
 use crate::sharedqp::DciStats;
@@ -53,7 +53,7 @@ use crate::sharedqp::DciStats;
 /// some, the connect is refused with [`EngineError::RcPairsBusy`] (the
 /// caller polls and retries). An evicted pair's QP is destroyed at once and
 /// its target is told (best effort: a Close datagram over UD; in DC mode an
-/// only message to its handshake port, see `super::hs_msg`); VQPs still bound to
+/// only message to its handshake port, see `super::handshake_msg`); VQPs still bound to
 /// it get a new pair on their next post.
 ///
 /// Lock order: `create`, then the map; a pair's own lock is never taken
@@ -185,12 +185,14 @@ impl<N: Nic> RcPool<N> {
 
     /// DC mode, the engine's last handle went: closes every open pair with
     /// no WR in flight and tells its target (one only message each, no
-    /// wait: see `super::hs_msg::HsMsg::close`), so that targets free
+    /// wait: see `super::handshake_msg::HsMsg::close`), so that targets free
     /// their passive ends now rather than at their `passive_cap`. A pair
     /// with WRs in flight stays (its VQPs still post on it; a VQP finding
     /// its pair closed moves back to its DCI). Returns the pairs closed.
     pub(crate) fn close_idle(&self, eng: &EngineInner<N>) -> usize {
-        let Some(hs) = eng.hs_msg() else { return 0 };
+        let Some(hs) = eng.handshake_msg() else {
+            return 0;
+        };
         let pairs: Vec<(Gid, Arc<PhysQp<N>>)> = self
             .map
             .lock()
@@ -279,7 +281,7 @@ pub(crate) fn handshake_target(t: &DcTarget) -> Result<UdTarget, EngineError> {
 /// Pairs `qp` (an RC QP of this engine, in RESET) with the node at
 /// `target`: RC fallback mode through the engine's UD handshake endpoint
 /// (see [`pair_with`]); DC mode (the upgrade) by a handshake carried by
-/// messaging to the node `target.gid` (`super::hs_msg`; the UD fields are
+/// messaging to the node `target.gid` (`super::handshake_msg`; the UD fields are
 /// unused).
 ///
 /// # Errors
@@ -290,7 +292,7 @@ pub(crate) fn pair_up<N: Nic>(
     qp: &N::Qp,
     target: UdTarget,
 ) -> Result<u64, EngineError> {
-    if let Some(hs) = eng.hs_msg() {
+    if let Some(hs) = eng.handshake_msg() {
         let me = eng.arc().ok_or(EngineError::Unsupported {
             reason: "the engine is being dropped",
         })?;
@@ -321,7 +323,7 @@ pub(crate) fn pair_with<N: Nic>(
 fn pair_via<Q: QueuePair>(
     qp: &Q,
     cfg: &super::HandshakeConfig,
-    exchange: impl FnOnce(u32) -> Result<super::responder::Paired, EngineError>,
+    exchange: impl FnOnce(u32) -> Result<super::handshake_ud::Paired, EngineError>,
 ) -> Result<u64, EngineError> {
     let r = (|| {
         qp.modify(Transition::Init {
@@ -470,7 +472,7 @@ fn make_room<N: Nic>(eng: &EngineInner<N>, pool: &RcPool<N>) -> Result<(), Engin
             tracing::info!(target_gid = %gid, qpn = p.qpn(), cap, "RC pair evicted (least recently used)");
             if let (Some(hs), Some(l)) = (eng.handshake(), p.rc_link()) {
                 hs.close(p.qpn(), l.handshake, nonce);
-            } else if let (Some(hs), Some(l)) = (eng.hs_msg(), p.rc_link()) {
+            } else if let (Some(hs), Some(l)) = (eng.handshake_msg(), p.rc_link()) {
                 hs.close(eng.nic.gid(), p.qpn(), l.gid, nonce);
             }
             evicted = true;

@@ -56,8 +56,8 @@ use krcore_nic::{Access, DcTarget, MemoryRegion, Nic};
 use parking_lot::{Mutex, MutexGuard};
 
 use super::error::EngineError;
+use super::handshake_ud::{HandshakeConfig, HandshakeResponder, MetaHook, ProgressThread};
 use super::meta::MetaLocation;
-use super::responder::{HandshakeConfig, HandshakeResponder, MetaHook, ProgressThread};
 
 /// The meta table served over RC fallback (see the module docs).
 pub struct RcMetaHost<N: Nic> {

@@ -7,7 +7,7 @@
 //! mode ([`super::rc`]: one per target GID, at most `rc_cap`, least
 //! recently used idle pair evicted), in the same PD, each made by one
 //! handshake carried by two-sided messaging to the target's reserved port
-//! ([`super::hs_msg`]; the RC fallback's payloads, no UD QP).
+//! ([`super::handshake_msg`]; the RC fallback's payloads, no UD QP).
 //!
 //! # Which targets serve upgrades
 //!

@@ -30,7 +30,7 @@
 use super::proto::{AllocReply, AllocRequest, NodeInfo, ALLOC_REPLY_LEN};
 use crate::layout::slot::RemotePtr;
 use crate::remote::{Cause, Completions, OpResult, RemoteOp, Transport, TransportError};
-use krcore::msg::Endpoint;
+use krcore::messaging::Endpoint;
 use krcore::{Access, MemoryRegion, Node, RemoteGrant, Vqp, VqpError};
 use krcore_nic::{
     Destination, InlineData, Nic, Payload, RemoteAddr, SendFlags, SendWr, SgList, Sge, Wc,
@@ -611,7 +611,7 @@ fn push_when_admitted<N: Nic>(
     loop {
         match ep.push(gid, port, req) {
             Err(krcore::MsgError::Refused {
-                code: krcore::msg::RefuseCode::Busy | krcore::msg::RefuseCode::Reclaimed,
+                code: krcore::messaging::RefuseCode::Busy | krcore::messaging::RefuseCode::Reclaimed,
                 ..
             }) if Instant::now() + pause < deadline => {
                 std::thread::sleep(pause);
