@@ -20,10 +20,10 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::error::EngineError;
-use super::handshake_ud::HandshakeConfig;
-use super::meta::MetaLocation;
-use super::msg_node::MsgConfig;
 use crate::precheck::{Policy, Ungranted};
+use krcore_meta::table::Geometry;
+use krcore_meta::wire::BootstrapRepr;
+use krcore_nic::{DcTarget, RemoteAddr};
 
 /// DC initiators per CPU in KRCore's pool (the paper's Figure 14(a): more
 /// than 2 per CPU removes contention; 8 is its default).
@@ -431,5 +431,199 @@ mod tests {
     #[test]
     fn print_default_toml() {
         println!("{}", to_toml(&EngineConfig::default()));
+    }
+}
+
+/// The default qkey of a handshake endpoint (ASCII "KRHS").
+pub const DEFAULT_HANDSHAKE_QKEY: u32 = u32::from_le_bytes(*b"KRHS");
+
+/// How a handshake endpoint is set up and how handshakes wait.
+///
+/// (De)serializable, as the `[handshake]` table of an
+/// [`super::EngineConfig`] file: any subset of fields, unknown keys
+/// refused, durations as `timeout_ms` and `idle_sleep_us`.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct HandshakeConfig {
+    /// qkey of the UD QP. Registered in the meta entry's `dc_key` field in
+    /// RC fallback mode. Default [`DEFAULT_HANDSHAKE_QKEY`].
+    pub qkey: u32,
+    /// UD receive buffers kept posted. Default 64.
+    pub recv_slots: u32,
+    /// UD send slots. Default 32.
+    pub send_slots: u32,
+    /// Wait for an answer after the first Request; each retry waits twice
+    /// as long as the attempt before, up to 16 times this
+    /// ([`HandshakeConfig::attempt_timeout`]): a peer whose serving thread
+    /// a loaded host does not run for tens of milliseconds still answers
+    /// in time, while a dead one fails after a bounded, typed wait.
+    /// Default 20 ms. In a file: `timeout_ms`.
+    #[serde(rename = "timeout_ms", with = "units::ms")]
+    pub timeout: Duration,
+    /// Requests re-sent after a timeout. Default 4 (5 attempts: 20 + 40 +
+    /// 80 + 160 + 320 ms, at most 620 ms in all with the default timeout;
+    /// see [`HandshakeConfig::total_wait`]).
+    pub retries: u32,
+    /// Most passive RC QPs (this node's ends of peers' pairs). Default 1024.
+    pub passive_cap: usize,
+    /// At `passive_cap`, a Request for a new pair is refused (Reject with
+    /// [`RejectCode::Full`](crate::handshake::RejectCode::Full); the initiator gets a typed
+    /// [`HandshakeFailure::Rejected`](super::HandshakeFailure::Rejected)) instead of evicting the least
+    /// recently handshaken passive QP. Retries and re-handshakes of pairs
+    /// this responder already holds are still answered. Default false.
+    pub refuse_when_full: bool,
+    /// `retry_cnt` of both ends at RTS: transport retries before
+    /// `RETRY_EXC_ERR`. Default 3.
+    pub retry_cnt: u8,
+    /// `rnr_retry` of both ends at RTS. Default 3.
+    pub rnr_retry: u8,
+    /// First sleep of the progress thread after an idle spell, doubled
+    /// per idle poll up to 2 ms (or this, if larger): see
+    /// `engine::idle`. Default 100 us. In a file: `idle_sleep_us`.
+    #[serde(rename = "idle_sleep_us", with = "units::us")]
+    pub idle_sleep: Duration,
+}
+
+/// Most doublings of the handshake's per-attempt wait (16 times
+/// `timeout`).
+const MAX_DOUBLINGS: u32 = 4;
+
+impl HandshakeConfig {
+    /// How long attempt `attempt` (0: the first Request) waits for its
+    /// answer: `timeout` doubled per attempt before it, at most
+    /// `16 * timeout`.
+    pub fn attempt_timeout(&self, attempt: u32) -> Duration {
+        self.timeout.saturating_mul(1 << attempt.min(MAX_DOUBLINGS))
+    }
+
+    /// The longest a handshake waits for answers in all (every attempt
+    /// timing out): the bound of a dead target's typed
+    /// [`HandshakeFailure::Timeout`](super::HandshakeFailure::Timeout).
+    pub fn total_wait(&self) -> Duration {
+        (0..self.retries.saturating_add(1))
+            .map(|a| self.attempt_timeout(a))
+            .fold(Duration::ZERO, Duration::saturating_add)
+    }
+}
+
+impl Default for HandshakeConfig {
+    fn default() -> HandshakeConfig {
+        HandshakeConfig {
+            qkey: DEFAULT_HANDSHAKE_QKEY,
+            recv_slots: 64,
+            send_slots: 32,
+            timeout: Duration::from_millis(20),
+            retries: 4,
+            passive_cap: 1024,
+            refuse_when_full: false,
+            retry_cnt: 3,
+            rnr_retry: 3,
+            idle_sleep: Duration::from_micros(100),
+        }
+    }
+}
+
+/// How messaging is set up (part of [`super::EngineConfig`]).
+///
+/// (De)serializable, as the `[msg]` table of an [`super::EngineConfig`]
+/// file: any subset of fields, unknown keys refused, durations as
+/// `control_idle_ms`, `timeout_ms` and `idle_sleep_us`.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct MsgConfig {
+    /// Largest body sent inline through the SRQ; longer ones travel as a
+    /// descriptor and are pulled with one READ. Each receive buffer is
+    /// `HEADER_LEN + inline_max` bytes. Default 8192.
+    pub inline_max: usize,
+    /// Largest message. Default 16 MiB.
+    pub max_message: usize,
+    /// Credits a channel asks for (data messages in flight or unpopped).
+    /// Default 8.
+    pub window: u32,
+    /// Replies a channel can hold at the sender (reserved from the
+    /// sender's receive budget at Open). Default 4.
+    pub reply_window: u32,
+    /// Receive slots a bind reserves for its port (shared by its senders'
+    /// windows). Default 64.
+    pub port_slots: u32,
+    /// Credits the engine's own control endpoints (the upgrade handshake,
+    /// meta registration) ask for: they are request/response with one
+    /// request outstanding, so one credit suffices, and a reserved port's
+    /// `port_slots` admit that many initiators at once. Default 1.
+    pub control_window: u32,
+    /// How long a channel to one of the engine's reserved ports must have
+    /// been idle before the port may reclaim it for another sender, when
+    /// its slots are all granted (a sender that crashed, or whose Close
+    /// was lost, holds a slot until then). Default 1 s. In a file:
+    /// `control_idle_ms`.
+    #[serde(rename = "control_idle_ms", with = "units::ms")]
+    pub control_idle: Duration,
+    /// Receive slots kept for control messages. Default 32.
+    pub ctl_slots: u32,
+    /// Longest a blocking call waits (push for a credit or the Open's
+    /// answer, pop, reply, a descriptor READ). Default 5 s. In a file:
+    /// `timeout_ms`.
+    #[serde(rename = "timeout_ms", with = "units::ms")]
+    pub timeout: Duration,
+    /// Drain the receive CQ from a thread of the engine's (named
+    /// `krcore-msg`, started by the first bind/endpoint, joined when the
+    /// engine is dropped), so that Opens are answered and credits flow
+    /// while this node's users do not call in. Off, the host calls
+    /// [`Engine::msg_progress`](super::Engine::msg_progress) (every messaging call drains it too).
+    /// Default false (the engine starts no thread unless asked); the SDK
+    /// turns it on.
+    pub progress_thread: bool,
+    /// First sleep of the progress thread after an idle spell, doubled
+    /// per idle poll up to 2 ms (or this, if larger): see
+    /// `engine::idle`. Default 50 us. In a file: `idle_sleep_us`.
+    #[serde(rename = "idle_sleep_us", with = "units::us")]
+    pub idle_sleep: Duration,
+}
+
+impl Default for MsgConfig {
+    fn default() -> MsgConfig {
+        MsgConfig {
+            inline_max: 8192,
+            max_message: 16 << 20,
+            window: 8,
+            reply_window: 4,
+            port_slots: 64,
+            control_window: 1,
+            control_idle: Duration::from_secs(1),
+            ctl_slots: 32,
+            timeout: Duration::from_secs(5),
+            progress_thread: false,
+            idle_sleep: Duration::from_micros(50),
+        }
+    }
+}
+
+/// Where the meta server's table is: what a client needs to READ it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetaLocation {
+    /// The server's DC target (the table is READ through it). In RC
+    /// fallback mode: the meta node's handshake endpoint (`dct_num` = its
+    /// UD QPN, `dc_key` = its qkey), see the module docs.
+    pub server: DcTarget,
+    /// Remote address and rkey of the table's first byte.
+    pub table: RemoteAddr,
+    /// The table's shape.
+    pub geometry: Geometry,
+}
+
+impl MetaLocation {
+    /// The location a bootstrap reply describes.
+    ///
+    /// # Errors
+    /// [`EngineError::Bootstrap`] when the table's layout is not one this
+    /// build reads.
+    pub fn from_bootstrap(b: &BootstrapRepr) -> Result<MetaLocation, EngineError> {
+        Ok(MetaLocation {
+            server: b.server,
+            table: b.table,
+            geometry: b.geometry()?,
+        })
     }
 }

@@ -4,6 +4,7 @@
 //! are in [`crate::handshake`]; what is kept and who drives it is on
 //! [`HandshakeResponder`].
 
+use super::config::HandshakeConfig;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -33,96 +34,6 @@ fn ud_err(e: krcore_meta::MetaError) -> EngineError {
     }
 }
 use crate::handshake::{HandshakeMessage, HandshakeRepr, RejectCode};
-
-/// The default qkey of a handshake endpoint (ASCII "KRHS").
-pub const DEFAULT_HANDSHAKE_QKEY: u32 = u32::from_le_bytes(*b"KRHS");
-
-/// How a handshake endpoint is set up and how handshakes wait.
-///
-/// (De)serializable, as the `[handshake]` table of an
-/// [`super::EngineConfig`] file: any subset of fields, unknown keys
-/// refused, durations as `timeout_ms` and `idle_sleep_us`.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-#[serde(default, deny_unknown_fields)]
-#[non_exhaustive]
-pub struct HandshakeConfig {
-    /// qkey of the UD QP. Registered in the meta entry's `dc_key` field in
-    /// RC fallback mode. Default [`DEFAULT_HANDSHAKE_QKEY`].
-    pub qkey: u32,
-    /// UD receive buffers kept posted. Default 64.
-    pub recv_slots: u32,
-    /// UD send slots. Default 32.
-    pub send_slots: u32,
-    /// Wait for an answer after the first Request; each retry waits twice
-    /// as long as the attempt before, up to 16 times this
-    /// ([`HandshakeConfig::attempt_timeout`]): a peer whose serving thread
-    /// a loaded host does not run for tens of milliseconds still answers
-    /// in time, while a dead one fails after a bounded, typed wait.
-    /// Default 20 ms. In a file: `timeout_ms`.
-    #[serde(rename = "timeout_ms", with = "super::config::units::ms")]
-    pub timeout: Duration,
-    /// Requests re-sent after a timeout. Default 4 (5 attempts: 20 + 40 +
-    /// 80 + 160 + 320 ms, at most 620 ms in all with the default timeout;
-    /// see [`HandshakeConfig::total_wait`]).
-    pub retries: u32,
-    /// Most passive RC QPs (this node's ends of peers' pairs). Default 1024.
-    pub passive_cap: usize,
-    /// At `passive_cap`, a Request for a new pair is refused (Reject with
-    /// [`RejectCode::Full`]; the initiator gets a typed
-    /// [`HandshakeFailure::Rejected`]) instead of evicting the least
-    /// recently handshaken passive QP. Retries and re-handshakes of pairs
-    /// this responder already holds are still answered. Default false.
-    pub refuse_when_full: bool,
-    /// `retry_cnt` of both ends at RTS: transport retries before
-    /// `RETRY_EXC_ERR`. Default 3.
-    pub retry_cnt: u8,
-    /// `rnr_retry` of both ends at RTS. Default 3.
-    pub rnr_retry: u8,
-    /// First sleep of the progress thread after an idle spell, doubled
-    /// per idle poll up to 2 ms (or this, if larger): see
-    /// `engine::idle`. Default 100 us. In a file: `idle_sleep_us`.
-    #[serde(rename = "idle_sleep_us", with = "super::config::units::us")]
-    pub idle_sleep: Duration,
-}
-
-/// Most doublings of the handshake's per-attempt wait (16 times
-/// `timeout`).
-const MAX_DOUBLINGS: u32 = 4;
-
-impl HandshakeConfig {
-    /// How long attempt `attempt` (0: the first Request) waits for its
-    /// answer: `timeout` doubled per attempt before it, at most
-    /// `16 * timeout`.
-    pub fn attempt_timeout(&self, attempt: u32) -> Duration {
-        self.timeout.saturating_mul(1 << attempt.min(MAX_DOUBLINGS))
-    }
-
-    /// The longest a handshake waits for answers in all (every attempt
-    /// timing out): the bound of a dead target's typed
-    /// [`HandshakeFailure::Timeout`].
-    pub fn total_wait(&self) -> Duration {
-        (0..self.retries.saturating_add(1))
-            .map(|a| self.attempt_timeout(a))
-            .fold(Duration::ZERO, Duration::saturating_add)
-    }
-}
-
-impl Default for HandshakeConfig {
-    fn default() -> HandshakeConfig {
-        HandshakeConfig {
-            qkey: DEFAULT_HANDSHAKE_QKEY,
-            recv_slots: 64,
-            send_slots: 32,
-            timeout: Duration::from_millis(20),
-            retries: 4,
-            passive_cap: 1024,
-            refuse_when_full: false,
-            retry_cnt: 3,
-            rnr_retry: 3,
-            idle_sleep: Duration::from_micros(100),
-        }
-    }
-}
 
 /// What a handshake endpoint did (totals since start, `passive_qps` aside).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -38,8 +38,7 @@
 use std::time::{Duration, Instant};
 
 use krcore_meta::entry::EntryRepr;
-use krcore_meta::table::{find_in_bucket, Geometry};
-use krcore_meta::wire::BootstrapRepr;
+use krcore_meta::table::find_in_bucket;
 use std::sync::Arc;
 
 use krcore_nic::{
@@ -48,6 +47,7 @@ use krcore_nic::{
 };
 use parking_lot::Mutex;
 
+use super::config::MetaLocation;
 use super::error::{EngineError, MetaFailure, VqpError};
 use super::handshake_ud::HandshakeResponder;
 use super::mrs::OwnedMr;
@@ -63,34 +63,6 @@ use crate::sharedqp::VqpState;
 /// comes from there, not from a peer's token).
 const META_UNGRANTED: Ungranted = Ungranted::Allow;
 use crate::wrid::VqpId;
-
-/// Where the meta server's table is: what a client needs to READ it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MetaLocation {
-    /// The server's DC target (the table is READ through it). In RC
-    /// fallback mode: the meta node's handshake endpoint (`dct_num` = its
-    /// UD QPN, `dc_key` = its qkey), see the module docs.
-    pub server: DcTarget,
-    /// Remote address and rkey of the table's first byte.
-    pub table: RemoteAddr,
-    /// The table's shape.
-    pub geometry: Geometry,
-}
-
-impl MetaLocation {
-    /// The location a bootstrap reply describes.
-    ///
-    /// # Errors
-    /// [`EngineError::Bootstrap`] when the table's layout is not one this
-    /// build reads.
-    pub fn from_bootstrap(b: &BootstrapRepr) -> Result<MetaLocation, EngineError> {
-        Ok(MetaLocation {
-            server: b.server,
-            table: b.table,
-            geometry: b.geometry()?,
-        })
-    }
-}
 
 /// How lookups retry and wait.
 #[derive(Debug, Clone, Copy)]
@@ -227,7 +199,7 @@ impl<N: Nic> MetaClient<N> {
             let qpn = l.qp.qpn();
             if let (Some(nonce), Ok(target)) = (
                 l.paired.take(),
-                super::rc::handshake_target(&self.location.server),
+                super::pairing::handshake_target(&self.location.server),
             ) {
                 l.hs.close(qpn, target, nonce);
             }
@@ -408,7 +380,7 @@ impl<N: Nic> RcLink<N> {
         hs: HandshakeResponder<N>,
     ) -> Result<RcLink<N>, EngineError> {
         // Check the location names a handshake endpoint before use.
-        super::rc::handshake_target(&location.server)?;
+        super::pairing::handshake_target(&location.server)?;
         let cq = nic
             .create_cq(8)
             .map_err(EngineError::nic("create the meta CQ"))?;
@@ -448,8 +420,8 @@ impl<N: Nic> RcLink<N> {
             return Ok(());
         }
         stats.handshakes += 1;
-        let target = super::rc::handshake_target(&server).map_err(ReadError::Nic)?;
-        match super::rc::pair_with(&self.hs, &self.qp, target) {
+        let target = super::pairing::handshake_target(&server).map_err(ReadError::Nic)?;
+        match super::pairing::pair_with(&self.hs, &self.qp, target) {
             Ok(nonce) => {
                 self.paired = Some(nonce);
                 Ok(())

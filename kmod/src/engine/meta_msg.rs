@@ -90,9 +90,10 @@ use krcore_meta::MetaConfig;
 use krcore_nic::{Access, DcTarget, Gid, MemoryRegion, Nic, UdTarget};
 use parking_lot::{Mutex, MutexGuard};
 
+use super::config::MetaLocation;
 use super::error::{EngineError, MetaFailure};
 use super::handshake_msg::{busy_pause, ControlPush};
-use super::meta::{MetaClient, MetaLocation, MetaPolicy};
+use super::meta::{MetaClient, MetaPolicy};
 use super::mrs::OwnedMr;
 use super::msg_node::{MsgError, Worker};
 use super::msg_port::Port;

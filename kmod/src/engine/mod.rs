@@ -121,6 +121,7 @@ mod msg_endpoint;
 mod msg_node;
 mod msg_port;
 mod msg_send;
+mod pairing;
 mod physqp;
 mod rc;
 mod rc_meta;
@@ -135,24 +136,25 @@ use krcore_nic::{bring_up, Access, DcTarget, Gid, Nic, QpCaps, QpInit, QpType, Q
 use parking_lot::Mutex;
 
 pub use crate::sharedqp::{DciStats, QpStats};
-pub use config::{EngineConfig, DCIS_PER_CPU, DEFAULT_DC_KEY};
+pub use config::{
+    EngineConfig, HandshakeConfig, MetaLocation, MsgConfig, DCIS_PER_CPU, DEFAULT_DC_KEY,
+    DEFAULT_HANDSHAKE_QKEY,
+};
 pub use error::{EngineError, HandshakeFailure, MetaFailure, VqpError};
 pub use fork::ForkKit;
-pub use handshake_ud::{
-    HandshakeConfig, HandshakeResponder, HandshakeStats, ProgressThread, DEFAULT_HANDSHAKE_QKEY,
-};
-pub use meta::{MetaLocation, MetaStats};
+pub use handshake_ud::{HandshakeResponder, HandshakeStats, ProgressThread};
+pub use meta::MetaStats;
 pub use meta_msg::{
     MetaHostStats, MetaHostThread, MetaLease, MetaLeaseStats, MsgMetaHost, META_PORT,
 };
 pub use mrs::{LeaseError, LeaseId, LeaseStats, Leased, OwnedMr, LEASE_REAPER};
 pub use msg_endpoint::Endpoint;
-pub use msg_node::{Message, MsgConfig, MsgError, MsgStats, Sender};
+pub use msg_node::{Message, MsgError, MsgStats, Sender};
 pub use msg_port::{Port, PortUsage};
+pub use rc::handshake_gid;
 pub use rc::RcStats;
 pub use rc_meta::RcMetaHost;
-pub use upgrade::{handshake_gid, VqpPath};
-pub use vqp::Vqp;
+pub use vqp::{Vqp, VqpPath};
 
 use crate::dccache::{CachedTarget, DcCache, Insert};
 use crate::precheck::Policy;
@@ -897,7 +899,7 @@ impl<N: Nic> Engine<N> {
     /// [`EngineError::Unsupported`] in RC fallback mode or without
     /// `upgrade_endpoint`; as [`Vqp::upgrade`].
     pub fn upgrade(&self, gid: &Gid) -> Result<(), EngineError> {
-        upgrade::pair_for(&self.inner, gid).map(|_| ())
+        rc::pair_for(&self.inner, gid).map(|_| ())
     }
 
     /// The configuration (with the policy as given, before clamping).

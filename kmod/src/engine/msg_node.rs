@@ -162,6 +162,7 @@ use krcore_nic::CompletionQueue;
 use krcore_nic::{Access, Gid, MemoryRegion, Nic, RecvWr, SharedReceiveQueue, Wc, WcStatus};
 use parking_lot::{Mutex, RwLock};
 
+use super::config::MsgConfig;
 use super::error::{EngineError, VqpError};
 use super::mrs::OwnedMr;
 use super::msg_endpoint::EndpointShared;
@@ -171,82 +172,6 @@ use super::{Engine, EngineInner};
 use crate::msg::{
     Descriptor, MsgDst, MsgKind, MsgPacket, MsgRepr, RefuseCode, WindowError, HEADER_LEN,
 };
-
-/// How messaging is set up (part of [`super::EngineConfig`]).
-///
-/// (De)serializable, as the `[msg]` table of an [`super::EngineConfig`]
-/// file: any subset of fields, unknown keys refused, durations as
-/// `control_idle_ms`, `timeout_ms` and `idle_sleep_us`.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-#[serde(default, deny_unknown_fields)]
-#[non_exhaustive]
-pub struct MsgConfig {
-    /// Largest body sent inline through the SRQ; longer ones travel as a
-    /// descriptor and are pulled with one READ. Each receive buffer is
-    /// `HEADER_LEN + inline_max` bytes. Default 8192.
-    pub inline_max: usize,
-    /// Largest message. Default 16 MiB.
-    pub max_message: usize,
-    /// Credits a channel asks for (data messages in flight or unpopped).
-    /// Default 8.
-    pub window: u32,
-    /// Replies a channel can hold at the sender (reserved from the
-    /// sender's receive budget at Open). Default 4.
-    pub reply_window: u32,
-    /// Receive slots a bind reserves for its port (shared by its senders'
-    /// windows). Default 64.
-    pub port_slots: u32,
-    /// Credits the engine's own control endpoints (the upgrade handshake,
-    /// meta registration) ask for: they are request/response with one
-    /// request outstanding, so one credit suffices, and a reserved port's
-    /// `port_slots` admit that many initiators at once. Default 1.
-    pub control_window: u32,
-    /// How long a channel to one of the engine's reserved ports must have
-    /// been idle before the port may reclaim it for another sender, when
-    /// its slots are all granted (a sender that crashed, or whose Close
-    /// was lost, holds a slot until then). Default 1 s. In a file:
-    /// `control_idle_ms`.
-    #[serde(rename = "control_idle_ms", with = "super::config::units::ms")]
-    pub control_idle: Duration,
-    /// Receive slots kept for control messages. Default 32.
-    pub ctl_slots: u32,
-    /// Longest a blocking call waits (push for a credit or the Open's
-    /// answer, pop, reply, a descriptor READ). Default 5 s. In a file:
-    /// `timeout_ms`.
-    #[serde(rename = "timeout_ms", with = "super::config::units::ms")]
-    pub timeout: Duration,
-    /// Drain the receive CQ from a thread of the engine's (named
-    /// `krcore-msg`, started by the first bind/endpoint, joined when the
-    /// engine is dropped), so that Opens are answered and credits flow
-    /// while this node's users do not call in. Off, the host calls
-    /// [`Engine::msg_progress`] (every messaging call drains it too).
-    /// Default false (the engine starts no thread unless asked); the SDK
-    /// turns it on.
-    pub progress_thread: bool,
-    /// First sleep of the progress thread after an idle spell, doubled
-    /// per idle poll up to 2 ms (or this, if larger): see
-    /// `engine::idle`. Default 50 us. In a file: `idle_sleep_us`.
-    #[serde(rename = "idle_sleep_us", with = "super::config::units::us")]
-    pub idle_sleep: Duration,
-}
-
-impl Default for MsgConfig {
-    fn default() -> MsgConfig {
-        MsgConfig {
-            inline_max: 8192,
-            max_message: 16 << 20,
-            window: 8,
-            reply_window: 4,
-            port_slots: 64,
-            control_window: 1,
-            control_idle: Duration::from_secs(1),
-            ctl_slots: 32,
-            timeout: Duration::from_secs(5),
-            progress_thread: false,
-            idle_sleep: Duration::from_micros(50),
-        }
-    }
-}
 
 /// Errors of messaging.
 #[derive(Debug, thiserror::Error)]

@@ -2,18 +2,19 @@
 //! cache, each made by a handshake with the target's responder. What is
 //! cached and how pairs are evicted is documented on [`RcStats`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-use krcore_nic::{Access, DcTarget, Gid, Nic, QpType, QueuePair, Transition, UdTarget};
-use parking_lot::Mutex;
+use krcore_nic::{Gid, Nic, QpType, QueuePair, UdTarget};
+use parking_lot::{Condvar, Mutex};
 
 use super::error::{EngineError, VqpError};
 use super::handshake_ud::HandshakeResponder;
+use super::pairing::{handshake_target, pair_up};
 use super::physqp::{create_qp, PhysQp, RcLink};
-use super::EngineInner;
+use super::{EngineInner, EngineMode};
 use crate::dccache::CachedTarget;
 use crate::sharedqp::DciStats;
 
@@ -99,11 +100,11 @@ pub(crate) struct RcPool<N: Nic> {
     pub(crate) stats: Mutex<RcStats>,
     /// DC mode upgrade: the background builder, started by the first
     /// request (see `super::upgrade`); stopped and joined with the pool.
-    pub(crate) builder: Mutex<Option<super::upgrade::Builder>>,
+    pub(crate) builder: Mutex<Option<Builder>>,
     /// DC mode upgrade: pairs built in the background and not yet taken by
     /// the VQPs waiting for them (their ticket, and when the reservation
     /// lapses): not evicted meanwhile (see `make_room`).
-    reserved: Mutex<HashMap<Gid, (Weak<super::upgrade::Build>, Instant)>>,
+    reserved: Mutex<HashMap<Gid, (Weak<Build>, Instant)>>,
 }
 
 /// Longest a pair built in the background stays reserved for the VQPs that
@@ -143,7 +144,7 @@ impl<N: Nic> RcPool<N> {
 
     /// Reserves the pair to `gid` for the holders of `build` (see
     /// `reserved`).
-    pub(crate) fn reserve(&self, gid: Gid, build: &Arc<super::upgrade::Build>) {
+    pub(crate) fn reserve(&self, gid: Gid, build: &Arc<Build>) {
         self.reserved
             .lock()
             .insert(gid, (Arc::downgrade(build), Instant::now() + RESERVE_FOR));
@@ -258,95 +259,6 @@ impl<N: Nic> RcPool<N> {
         let st = p.stats();
         s.qp.add(&st);
     }
-}
-
-/// The handshake endpoint a meta entry (or a meta location) names in RC
-/// fallback mode: `dct_num` is the UD QPN, `dc_key` the qkey.
-///
-/// # Errors
-/// [`EngineError::NotAFallbackNode`] when `dc_key` does not fit a qkey (the
-/// entry is a DC node's).
-pub(crate) fn handshake_target(t: &DcTarget) -> Result<UdTarget, EngineError> {
-    let qkey = u32::try_from(t.dc_key).map_err(|_| EngineError::NotAFallbackNode {
-        gid: t.gid,
-        dc_key: t.dc_key,
-    })?;
-    Ok(UdTarget {
-        gid: t.gid,
-        qpn: t.dct_num,
-        qkey,
-    })
-}
-
-/// Pairs `qp` (an RC QP of this engine, in RESET) with the node at
-/// `target`: RC fallback mode through the engine's UD handshake endpoint
-/// (see [`pair_with`]); DC mode (the upgrade) by a handshake carried by
-/// messaging to the node `target.gid` (`super::handshake_msg`; the UD fields are
-/// unused).
-///
-/// # Errors
-/// As [`pair_with`]; DC mode: [`EngineError::Unsupported`] without
-/// `upgrade_endpoint` or once the engine's last handle was dropped.
-pub(crate) fn pair_up<N: Nic>(
-    eng: &EngineInner<N>,
-    qp: &N::Qp,
-    target: UdTarget,
-) -> Result<u64, EngineError> {
-    if let Some(hs) = eng.handshake_msg() {
-        let me = eng.arc().ok_or(EngineError::Unsupported {
-            reason: "the engine is being dropped",
-        })?;
-        return pair_via(qp, &eng.cfg.handshake, |qpn| {
-            hs.handshake(&me, qpn, target.gid)
-        });
-    }
-    pair_with(eng.handshake_endpoint()?, qp, target)
-}
-
-/// Pairs `qp` (an RC QP in RESET, in `hs`'s PD's device) with the responder
-/// at `target`: INIT, handshake, RTR, RTS. Returns the pairing's nonce. On
-/// any failure the QP is left in RESET.
-///
-/// # Errors
-/// [`EngineError::Handshake`] when the target does not answer or refuses;
-/// [`EngineError::Nic`] when the QP cannot be brought up.
-pub(crate) fn pair_with<N: Nic>(
-    hs: &HandshakeResponder<N>,
-    qp: &N::Qp,
-    target: UdTarget,
-) -> Result<u64, EngineError> {
-    pair_via(qp, hs.config(), |qpn| hs.handshake(qpn, target))
-}
-
-/// INIT, `exchange` (the handshake, whatever carries it), RTR, RTS; the QP
-/// back in RESET on any failure. Returns the pairing's nonce.
-fn pair_via<Q: QueuePair>(
-    qp: &Q,
-    cfg: &super::HandshakeConfig,
-    exchange: impl FnOnce(u32) -> Result<super::handshake_ud::Paired, EngineError>,
-) -> Result<u64, EngineError> {
-    let r = (|| {
-        qp.modify(Transition::Init {
-            access: Access::NONE,
-            qkey: 0,
-        })
-        .map_err(EngineError::nic("bring an RC QP to INIT"))?;
-        let paired = exchange(qp.qpn())?;
-        qp.modify(Transition::Rtr {
-            peer: Some(paired.peer),
-        })
-        .map_err(EngineError::nic("bring an RC QP to RTR"))?;
-        qp.modify(Transition::Rts {
-            rnr_retry: cfg.rnr_retry,
-            retry_cnt: cfg.retry_cnt,
-        })
-        .map_err(EngineError::nic("bring an RC QP to RTS"))?;
-        Ok(paired.nonce)
-    })();
-    if r.is_err() {
-        let _ = qp.modify(Transition::Reset);
-    }
-    r
 }
 
 /// The open pair to `t`'s node, created (one RC QP, one handshake) when
@@ -482,5 +394,195 @@ fn make_room<N: Nic>(eng: &EngineInner<N>, pool: &RcPool<N>) -> Result<(), Engin
             pool.stats.lock().busy += 1;
             return Err(EngineError::RcPairsBusy { cap });
         }
+    }
+}
+
+/// The name of `gid`'s upgrade entry in the meta table (DC mode): the
+/// GID with bit 0 of its first byte flipped. Port GIDs never collide with
+/// it: link-local `fe80::` becomes multicast `ff80::`, IPv4-mapped `::ffff:`
+/// becomes the discard prefix `0100::`, and on `sim` the first byte is the
+/// fabric's id, the same for every node of a fabric.
+pub fn handshake_gid(gid: &Gid) -> Gid {
+    let mut g = gid.0;
+    g[0] ^= 0x01;
+    Gid(g)
+}
+
+/// The RC pair to the node `gid` for the upgrade: existing, or made by a
+/// handshake (over messaging) with a node that registered [`handshake_gid`]
+/// of its GID.
+pub(crate) fn pair_for<N: Nic>(
+    eng: &EngineInner<N>,
+    gid: &Gid,
+) -> Result<Arc<PhysQp<N>>, EngineError> {
+    if eng.mode() != EngineMode::Dc || eng.rc_pool().is_none() {
+        return Err(EngineError::Unsupported {
+            reason: "the DC -> RC upgrade needs DC mode and EngineConfig::upgrade_endpoint",
+        });
+    }
+    // The pool's pairs are the parent's QPs (shared mappings, guarded by
+    // the parent's locks, not the child's copies): a child never posts on
+    // them, nor makes its own.
+    super::fork::refuse_in_child(eng, "the DC -> RC upgrade in a forked child")?;
+    // The entry says the node serves upgrades (on its DCT's reserved
+    // messaging port); the handshake goes to the node's GID.
+    let t = super::resolve(eng, &handshake_gid(gid))?;
+    let hs = krcore_nic::UdTarget {
+        gid: *gid,
+        qpn: t.target.dct_num,
+        qkey: 0,
+    };
+    super::rc::acquire_with(eng, *gid, hs)
+}
+
+/// One background build of the pair to one node: the ticket the VQPs
+/// waiting for it hold.
+#[derive(Debug)]
+pub(crate) struct Build {
+    pub(crate) gid: Gid,
+    /// Set once by the builder when the build ended: whether it succeeded
+    /// (the pair is then in the pair cache, unless evicted since).
+    pub(crate) done: OnceLock<bool>,
+}
+
+#[derive(Default)]
+struct Jobs {
+    queue: VecDeque<Arc<Build>>,
+    /// The build in flight per target (queued or running).
+    inflight: HashMap<Gid, Arc<Build>>,
+    stop: bool,
+}
+
+#[derive(Default)]
+struct BuilderShared {
+    jobs: Mutex<Jobs>,
+    wake: Condvar,
+}
+
+/// The engine's background builder of upgrade pairs (see the module
+/// docs): its queue and its thread, stopped and joined when dropped (with
+/// the pair cache, so with the engine).
+pub(crate) struct Builder {
+    shared: Arc<BuilderShared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Builder {
+    fn drop(&mut self) {
+        self.shared.jobs.lock().stop = true;
+        self.shared.wake.notify_all();
+        if let Some(t) = self.thread.take() {
+            // The engine's last handle may be the builder's own (the user
+            // dropped the engine during a build): it exits by itself then.
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+/// Starts the engine's builder if it is not running yet (idle on its
+/// queue until a request): done at the connect of a counted VQP, so that
+/// the first build does not wait for a new thread's first run (a thread
+/// that a loaded host schedules milliseconds later).
+///
+/// # Errors
+/// As [`request_build`].
+pub(crate) fn start_builder<N: Nic>(eng: &Arc<EngineInner<N>>) -> Result<(), EngineError> {
+    let pool = eng.rc_pool().ok_or(EngineError::Unsupported {
+        reason: "the DC -> RC upgrade needs DC mode and EngineConfig::upgrade_endpoint",
+    })?;
+    started(eng, &mut pool.builder.lock()).map(|_| ())
+}
+
+/// The builder's queue, its thread started if needed.
+fn started<'a, N: Nic>(
+    eng: &Arc<EngineInner<N>>,
+    builder: &'a mut Option<Builder>,
+) -> Result<&'a Arc<BuilderShared>, EngineError> {
+    super::fork::refuse_in_child(eng, "a background RC build in a forked child")?;
+    if builder.is_none() {
+        let shared = Arc::new(BuilderShared::default());
+        let (s, weak) = (shared.clone(), Arc::downgrade(eng));
+        let thread = std::thread::Builder::new()
+            .name("krcore-upgrade".into())
+            .spawn(move || run_builder(&s, &weak))
+            .map_err(|e| EngineError::Config(format!("spawn the upgrade builder: {e}")))?;
+        *builder = Some(Builder {
+            shared,
+            thread: Some(thread),
+        });
+    }
+    Ok(&builder.as_ref().expect("started above").shared)
+}
+
+/// Asks the builder for the pair to `gid` (starting the builder if
+/// needed): the build in flight for `gid`, or a new one.
+///
+/// # Errors
+/// [`EngineError::Unsupported`] without the upgrade or in a forked child;
+/// [`EngineError::Config`] when the thread cannot be started.
+pub(crate) fn request_build<N: Nic>(
+    eng: &Arc<EngineInner<N>>,
+    gid: Gid,
+) -> Result<Arc<Build>, EngineError> {
+    let pool = eng.rc_pool().ok_or(EngineError::Unsupported {
+        reason: "the DC -> RC upgrade needs DC mode and EngineConfig::upgrade_endpoint",
+    })?;
+    let mut builder = pool.builder.lock();
+    let shared = started(eng, &mut builder)?;
+    let mut jobs = shared.jobs.lock();
+    if let Some(b) = jobs.inflight.get(&gid) {
+        return Ok(b.clone());
+    }
+    let b = Arc::new(Build {
+        gid,
+        done: OnceLock::new(),
+    });
+    jobs.inflight.insert(gid, b.clone());
+    jobs.queue.push_back(b.clone());
+    pool.stats.lock().builds += 1;
+    shared.wake.notify_one();
+    Ok(b)
+}
+
+/// The builder's loop: one build at a time, until stopped or the engine
+/// is gone.
+fn run_builder<N: Nic>(shared: &BuilderShared, eng: &Weak<EngineInner<N>>) {
+    loop {
+        let job = {
+            let mut jobs = shared.jobs.lock();
+            loop {
+                if jobs.stop {
+                    return;
+                }
+                if let Some(j) = jobs.queue.pop_front() {
+                    break j;
+                }
+                shared.wake.wait(&mut jobs);
+            }
+        };
+        let Some(e) = eng.upgrade() else { return };
+        let ok = match pair_for(&e, &job.gid) {
+            Ok(_) => true,
+            Err(err) => {
+                tracing::warn!(target_gid = %job.gid, reason = %err, "DC -> RC upgrade: building the pair failed");
+                false
+            }
+        };
+        if ok {
+            if let Some(pool) = e.rc_pool() {
+                pool.reserve(job.gid, &job);
+            }
+        }
+        shared.jobs.lock().inflight.remove(&job.gid);
+        let _ = job.done.set(ok);
+        if let Some(pool) = e.rc_pool() {
+            let mut s = pool.stats.lock();
+            s.builds_done += 1;
+            s.build_failures += u64::from(!ok);
+        }
+        // Possibly the engine's last handle: dropping it stops this loop.
+        drop(e);
     }
 }

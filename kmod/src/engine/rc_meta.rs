@@ -55,9 +55,9 @@ use krcore_meta::MetaConfig;
 use krcore_nic::{Access, DcTarget, MemoryRegion, Nic};
 use parking_lot::{Mutex, MutexGuard};
 
+use super::config::{HandshakeConfig, MetaLocation};
 use super::error::EngineError;
-use super::handshake_ud::{HandshakeConfig, HandshakeResponder, MetaHook, ProgressThread};
-use super::meta::MetaLocation;
+use super::handshake_ud::{HandshakeResponder, MetaHook, ProgressThread};
 
 /// The meta table served over RC fallback (see the module docs).
 pub struct RcMetaHost<N: Nic> {

@@ -29,7 +29,7 @@
 //! post that would exceed it is refused with [`VqpError::VqpFull`] until the
 //! user polls. Neither posting nor polling allocates.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use krcore_nic::{Gid, Nic, SendWr, Wc};
@@ -37,7 +37,7 @@ use parking_lot::Mutex;
 
 use super::error::{EngineError, VqpError};
 use super::physqp::{PhysQp, PostFail};
-use super::upgrade::DcBinding;
+use super::rc::Build;
 use super::EngineInner;
 use crate::dccache::CachedTarget;
 use crate::precheck::{RemoteGrant, Ungranted};
@@ -656,5 +656,83 @@ mod tests {
             (420, 0, 0),
             "{s:?}"
         );
+    }
+}
+
+/// How a VQP reaches its target right now ([`Vqp::path`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum VqpPath {
+    /// Through a DC initiator of the pool.
+    Dc,
+    /// Through the RC pair with its target (upgraded, or RC fallback mode).
+    Rc,
+}
+
+pub(crate) struct Slot<N: Nic> {
+    /// The pair holding the VQP's state, once upgraded.
+    pub(crate) rc: Option<Arc<PhysQp<N>>>,
+    /// A pair made for the VQP, waiting for its DC WRs to drain.
+    pub(crate) pending: Option<Arc<PhysQp<N>>>,
+    /// The background build the VQP waits for.
+    pub(crate) build: Option<Arc<Build>>,
+}
+
+/// A DC mode VQP's binding: its DCI for life, and while upgraded its RC
+/// pair (see the module docs).
+pub(crate) struct DcBinding<N: Nic> {
+    pub(crate) dci: Arc<PhysQp<N>>,
+    pub(crate) slot: Mutex<Slot<N>>,
+    /// The state is on `slot.rc` (read without the lock by polls and
+    /// [`Vqp::path`]).
+    pub(crate) on_rc: AtomicBool,
+    /// WRs posted since the connect (counted with `upgrade_after` only:
+    /// always 0 without it).
+    pub(crate) wrs: AtomicU64,
+    /// Count at which the next post tries to upgrade (0: hinted). Also 0
+    /// while the state is on `slot.rc` (set by the switch, under the lock,
+    /// rewritten by every move back to the DCI): the only gate of a post's
+    /// DCI path, one load ([`Vqp::dc_direct`]); a post that read it before
+    /// the switch finds the state gone from the DCI (`PostFail::Stale`)
+    /// and takes the slow path.
+    pub(crate) next_at: AtomicU64,
+    pub(crate) fails: AtomicU32,
+}
+
+impl<N: Nic> DcBinding<N> {
+    /// The state is on the RC pair (`on_rc`, read without the lock).
+    #[inline(always)]
+    pub(crate) fn on_rc(&self) -> bool {
+        self.on_rc.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn new(dci: Arc<PhysQp<N>>, threshold: Option<u64>) -> DcBinding<N> {
+        DcBinding {
+            dci,
+            slot: Mutex::new(Slot {
+                rc: None,
+                pending: None,
+                build: None,
+            }),
+            on_rc: AtomicBool::new(false),
+            wrs: AtomicU64::new(0),
+            next_at: AtomicU64::new(threshold.unwrap_or(u64::MAX)),
+            fails: AtomicU32::new(0),
+        }
+    }
+
+    /// The QP holding the state now.
+    pub(crate) fn current(&self) -> Arc<PhysQp<N>> {
+        self.slot
+            .lock()
+            .rc
+            .clone()
+            .unwrap_or_else(|| self.dci.clone())
+    }
+
+    /// Runs `f` on the QP holding the state, with no move in between.
+    pub(crate) fn with_current<R>(&self, f: impl FnOnce(&Arc<PhysQp<N>>) -> R) -> R {
+        let slot = self.slot.lock();
+        f(slot.rc.as_ref().unwrap_or(&self.dci))
     }
 }

@@ -53,7 +53,7 @@ impl<N: Nic> PhysQp<N> {
                     return Err(VqpError::nic("bring up a DCI")(e));
                 }
             }
-            (Some(qp), Link::Rc(l)) => match super::super::rc::pair_up(eng, qp, l.handshake) {
+            (Some(qp), Link::Rc(l)) => match super::super::pairing::pair_up(eng, qp, l.handshake) {
                 Ok(nonce) => st.nonce = nonce,
                 Err(e) => {
                     // The target did not answer (or the QP could not be
