@@ -128,20 +128,12 @@ use parking_lot::Mutex;
 use super::error::{EngineError, HandshakeFailure};
 use super::handshake_ud::{HandshakeStats, Paired, Passives};
 use super::msg_endpoint::Endpoint;
-use super::msg_node::{MsgError, Service, Worker};
 use super::msg_port::Port;
+use super::msg_types::{MsgError, Service, Worker};
+pub use super::msg_types::{FIRST_RESERVED_PORT, HANDSHAKE_PORT};
 use super::{Engine, EngineInner};
 use crate::handshake::{HandshakeMessage, HandshakeRepr};
 use crate::msg::RefuseCode;
-
-/// The reserved messaging port a DC engine serves the upgrade handshake on.
-/// [`super::Engine::bind`] refuses it (and every port from
-/// [`FIRST_RESERVED_PORT`] on) to users.
-pub const HANDSHAKE_PORT: u16 = 0xffff;
-
-/// The first port reserved for the engine's own services
-/// ([`HANDSHAKE_PORT`]; the rest for later services).
-pub const FIRST_RESERVED_PORT: u16 = 0xfff0;
 
 /// Longest the serving step waits for a reply credit: an initiator that
 /// gave up leaves its replies unpopped, and the server must not stall on

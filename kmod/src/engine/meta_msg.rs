@@ -95,8 +95,8 @@ use super::error::{EngineError, MetaFailure};
 use super::handshake_msg::{busy_pause, ControlPush};
 use super::meta::{MetaClient, MetaPolicy};
 use super::mrs::OwnedMr;
-use super::msg_node::{MsgError, Worker};
 use super::msg_port::Port;
+use super::msg_types::{MsgError, Worker};
 use super::{Engine, EngineInner};
 
 /// The reserved messaging port a [`MsgMetaHost`] serves requests on.
@@ -580,7 +580,7 @@ pub(crate) fn table_len(geometry: &krcore_meta::table::Geometry) -> Result<usize
 }
 
 fn msg_error(gid: Gid, e: MsgError) -> EngineError {
-    e.into_engine(gid, super::msg_node::Service::MetaRegistration)
+    e.into_engine(gid, super::msg_types::Service::MetaRegistration)
 }
 
 impl<N: Nic> EngineInner<N> {

@@ -121,6 +121,8 @@ mod msg_endpoint;
 mod msg_node;
 mod msg_port;
 mod msg_send;
+mod msg_state;
+mod msg_types;
 mod pairing;
 mod physqp;
 mod rc;
@@ -149,8 +151,8 @@ pub use meta_msg::{
 };
 pub use mrs::{LeaseError, LeaseId, LeaseStats, Leased, OwnedMr, LEASE_REAPER};
 pub use msg_endpoint::Endpoint;
-pub use msg_node::{Message, MsgError, MsgStats, Sender};
 pub use msg_port::{Port, PortUsage};
+pub use msg_types::{Message, MsgError, MsgStats, Sender};
 pub use rc::handshake_gid;
 pub use rc::RcStats;
 pub use rc_meta::RcMetaHost;

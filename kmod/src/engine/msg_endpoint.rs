@@ -1,6 +1,5 @@
 //! Endpoints: the send side of messaging (see [`super::msg_node`]).
 
-use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -10,92 +9,14 @@ use parking_lot::Mutex;
 use super::mrs::OwnedMr;
 use super::msg_node::*;
 use super::msg_send::*;
+use super::msg_state::*;
+use super::msg_types::*;
 use super::vqp::Vqp;
 use super::EngineInner;
 
-/// An Open unanswered this long is sent again (then after twice as long,
-/// up to [`OPEN_RESEND_MAX`]), within the push's wait.
-const OPEN_RESEND_FIRST: Duration = Duration::from_millis(20);
-/// The longest pause between two sends of one Open.
-pub(crate) const OPEN_RESEND_MAX: Duration = Duration::from_millis(500);
-/// How long a push waits for a credit before it asks the port again (see
-/// `Endpoint::ask_credits`), doubling up to [`OPEN_RESEND_MAX`].
-pub(crate) const CREDIT_ASK_FIRST: Duration = Duration::from_millis(50);
 use crate::msg::{
-    Carried, CreditReturn, Descriptor, MsgDst, MsgKind, MsgRepr, RefuseCode, ReturnBatch,
-    SendWindow, SeqCheck,
+    Carried, CreditReturn, Descriptor, MsgDst, MsgKind, MsgRepr, ReturnBatch, SendWindow, SeqCheck,
 };
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Status {
-    Opening,
-    Open,
-    /// The Open was refused.
-    Refused(RefuseCode),
-    /// The port refused the channel after it was open, with messages of
-    /// it unaccounted for (credits out): they were not delivered (the port
-    /// was unbound, or had reclaimed the channel). The next push reports
-    /// it, then the channel is forgotten.
-    Lost(RefuseCode),
-}
-
-/// The send side of one channel at the endpoint.
-pub(crate) struct ChannelTx {
-    pub(crate) status: Status,
-    pub(crate) fwd: SendWindow,
-    pub(crate) reply_returns: ReturnBatch,
-    pub(crate) reply_seq: SeqCheck,
-    pub(crate) reply_window: u32,
-    /// While opening: the first message, carried by the Open (see
-    /// [`crate::msg::Carried`]); a repeated Open carries it again.
-    pub(crate) carried: Option<Vec<u8>>,
-    /// The port asked for the reply credits again (a repeated Grant of the
-    /// open channel: its `reply` waits for a credit): the next settle sends
-    /// the total again.
-    pub(crate) resend_total: bool,
-}
-
-impl ChannelTx {
-    /// Applies the port's answer to the channel's Open (a duplicate Grant,
-    /// answering a repeated Open, changes nothing but asks for the reply
-    /// credits' total again: see `resend_total`). A Refuse of an open
-    /// channel is a loss: see [`Status::Lost`].
-    pub(crate) fn answered(&mut self, answer: Result<u32, RefuseCode>) {
-        match (self.status, answer) {
-            (Status::Opening, Ok(window)) => {
-                self.status = Status::Open;
-                self.fwd = SendWindow::new(window);
-                // The carried message went with the grant: seq 0.
-                if self.carried.take().is_some() {
-                    let _ = self.fwd.take();
-                }
-            }
-            (Status::Opening, Err(code)) => self.status = Status::Refused(code),
-            (Status::Open, Ok(_)) => self.resend_total = true,
-            // Credits out: a message of the channel never reached the port
-            // (its credit never comes back). None out: the port reclaimed
-            // an idle channel, nothing was lost (the next push reopens).
-            (Status::Open, Err(code)) if self.fwd.in_use() > 0 => {
-                self.status = Status::Lost(code);
-            }
-            (Status::Open, Err(code)) => self.status = Status::Refused(code),
-            _ => {}
-        }
-    }
-}
-
-pub(crate) struct EpState<N: Nic> {
-    pub(crate) channels: HashMap<(Gid, u16), ChannelTx>,
-    pub(crate) replies: VecDeque<Message<N>>,
-    pub(crate) released: Vec<u64>,
-    /// A reply credit return failed: credits are owed (sent again by the
-    /// next pop).
-    pub(crate) credits_owed: bool,
-}
-
-pub(crate) struct EndpointShared<N: Nic> {
-    pub(crate) state: Mutex<EpState<N>>,
-}
 
 pub(crate) struct EpTx<N: Nic> {
     pub(crate) vqp: Vqp<N>,
@@ -717,7 +638,7 @@ impl<N: Nic> Endpoint<N> {
     /// # Errors
     /// [`MsgError::Timeout`]; as [`Endpoint::try_pop_reply`].
     pub fn pop_reply_timeout(&self, timeout: Duration) -> Result<Message<N>, MsgError> {
-        super::msg_node::wait_for(timeout, || self.try_pop_reply())
+        super::msg_types::wait_for(timeout, || self.try_pop_reply())
     }
 
     /// Pops the oldest reply, waiting up to `msg.timeout`.

@@ -11,46 +11,13 @@ use super::mrs::OwnedMr;
 use super::msg_endpoint::*;
 use super::msg_node::*;
 use super::msg_send::*;
+use super::msg_state::*;
+use super::msg_types::*;
 use super::vqp::Vqp;
 use super::{Engine, EngineInner};
 use crate::msg::{
     CreditReturn, MsgDst, MsgKind, MsgRepr, RefuseCode, ReturnBatch, SendWindow, SeqCheck,
 };
-
-/// The receive side of one channel at the port.
-pub(crate) struct ChannelRx {
-    pub(crate) window: u32,
-    pub(crate) returns: ReturnBatch,
-    pub(crate) seq: SeqCheck,
-    pub(crate) reply: SendWindow,
-    /// Last data message received or popped (idle reclaim, reserved
-    /// ports only).
-    pub(crate) last: Instant,
-    /// Opened with its only message ([`crate::msg::Carried::only`]): the
-    /// channel ends when that message is popped.
-    pub(crate) only: bool,
-}
-
-pub(crate) struct PortState<N: Nic> {
-    pub(crate) ring: VecDeque<Message<N>>,
-    pub(crate) channels: HashMap<Sender, ChannelRx>,
-    /// Slots not granted to any channel.
-    pub(crate) ungranted: u32,
-    pub(crate) bound: bool,
-    /// Tokens of reply descriptors the endpoints released.
-    pub(crate) released: Vec<u64>,
-    /// A credit return failed: some channel's credits are owed (sent again
-    /// by the next pop).
-    pub(crate) credits_owed: bool,
-}
-
-pub(crate) struct PortShared<N: Nic> {
-    pub(crate) port: u16,
-    /// Whether a full port takes back idle channels (`msg.control_idle`),
-    /// as the engine's reserved ports do ([`Engine::bind_reclaiming`]).
-    pub(crate) reclaims: bool,
-    pub(crate) state: Mutex<PortState<N>>,
-}
 
 impl<N: Nic> PortShared<N> {
     /// Admits `from`'s channel (the answer to its Open). With `reclaim`
@@ -256,7 +223,7 @@ impl<N: Nic> Engine<N> {
     /// fallback mode or a forked child; engine errors of the first use
     /// (receive buffers, the port's VQP).
     pub fn bind(&self, port: u16) -> Result<Port<N>, MsgError> {
-        if port >= super::handshake_msg::FIRST_RESERVED_PORT {
+        if port >= FIRST_RESERVED_PORT {
             return Err(MsgError::ReservedPort { port });
         }
         self.bind_with(port, false)
@@ -273,7 +240,7 @@ impl<N: Nic> Engine<N> {
     /// # Errors
     /// As [`Engine::bind`].
     pub fn bind_reclaiming(&self, port: u16) -> Result<Port<N>, MsgError> {
-        if port >= super::handshake_msg::FIRST_RESERVED_PORT {
+        if port >= FIRST_RESERVED_PORT {
             return Err(MsgError::ReservedPort { port });
         }
         self.bind_with(port, true)
@@ -608,7 +575,7 @@ impl<N: Nic> Port<N> {
     /// # Errors
     /// [`MsgError::Timeout`]; as [`Port::try_pop`].
     pub fn pop_timeout(&self, timeout: Duration) -> Result<Message<N>, MsgError> {
-        super::msg_node::wait_for(timeout, || self.try_pop())
+        super::msg_types::wait_for(timeout, || self.try_pop())
     }
 
     /// Pops the oldest message, waiting up to `msg.timeout`.
@@ -730,12 +697,7 @@ impl<N: Nic> Port<N> {
             if start.elapsed() >= timeout {
                 return Err(MsgError::Timeout(start.elapsed()));
             }
-            let ask = ask.get_or_insert_with(|| {
-                Resend::new(
-                    super::msg_endpoint::CREDIT_ASK_FIRST,
-                    super::msg_endpoint::OPEN_RESEND_MAX,
-                )
-            });
+            let ask = ask.get_or_insert_with(|| Resend::new(CREDIT_ASK_FIRST, OPEN_RESEND_MAX));
             if ask.due() {
                 let window = self
                     .shared

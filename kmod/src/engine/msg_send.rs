@@ -14,6 +14,7 @@ use parking_lot::Mutex;
 use super::error::VqpError;
 use super::mrs::OwnedMr;
 use super::msg_node::*;
+use super::msg_types::*;
 use super::vqp::Vqp;
 use super::EngineInner;
 use crate::msg::{Descriptor, MsgDst, MsgKind, MsgRepr};
@@ -83,11 +84,6 @@ impl SentTags {
         }
     }
 }
-
-/// Free buffers kept per pool.
-pub(crate) const POOL_KEEP: usize = 8;
-/// Smallest staging or landing buffer.
-pub(crate) const MIN_BUFFER: usize = 64 << 10;
 
 /// A buffer of at least `len` bytes from `pool`, or a new one.
 pub(crate) fn take_buffer<N: Nic>(
@@ -565,5 +561,26 @@ pub(crate) fn send_wr(sge: Sge, imm: u32) -> SendWr {
         payload: Payload::Local(SgList::one(sge)),
         flags: SendFlags::NONE,
         dest: krcore_nic::Destination::Connected,
+    }
+}
+
+impl<N: Nic> MsgNode<N> {
+    /// Sends an answer to an Open from a VQP made for it (Opens are rare:
+    /// once per channel). The VQP is dropped after the post: the inline
+    /// send needs no buffer, and its completion is not needed. (The node
+    /// keeps no VQP of its own: a VQP holds the engine, which holds this.)
+    /// Should the send fail (a dead sender), the DCI's next post finds the
+    /// failure and recovers the QP first (`SharedQp::orphans_until`); an
+    /// answer lost anyway (flushed behind such a failure before it was
+    /// seen) is asked for again: an endpoint repeats an unanswered Open.
+    pub(crate) fn send_ctl(
+        &self,
+        eng: &Arc<EngineInner<N>>,
+        to: Gid,
+        m: &MsgRepr,
+    ) -> Result<(), MsgError> {
+        let vqp = super::Engine::handle(eng.clone()).create_vqp()?;
+        let imm = vqp.id().get();
+        send_inline(&vqp, to, imm, &m.emit(), self.cfg.timeout, &self.counters)
     }
 }
