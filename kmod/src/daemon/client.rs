@@ -4,18 +4,19 @@
 
 use super::error::DaemonError;
 use super::host::wake;
+use super::ring::PostCode;
 use super::ring::{
     decode_cqe, encode_sqe, read_verdict, sleep_unless, sqe_slots, word, CQ_CAP, CQ_HEAD, CQ_TAIL,
     PAGE_BYTES, PAGE_SLEEPING, RING_BYTES, SQ_CAP, SQ_HEAD, SQ_TAIL,
 };
 use super::sock::{self, RecvError};
+use super::wire::PROTOCOL_VERSION;
 use super::wire::{
     MsgFailure, NodeStats, RefuseCode, Reply, Request, WireGrant, MAX_MSG_BYTES, MAX_REPLY_FRAME,
 };
-use super::{PostCode, PROTOCOL_VERSION};
+use crate::engine::MsgError;
 use crate::msg::RefuseCode as MsgRefuseCode;
 use crate::precheck::RemoteGrant;
-use crate::MsgError;
 use krcore_nic::shared::SharedMap;
 use krcore_nic::{Access, Gid, RemoteAddr, SendWr, Sge, Wc};
 use parking_lot::Mutex;
@@ -428,10 +429,10 @@ fn wire_grant(gid: Gid, rkey: u32, grant: &RemoteGrant) -> WireGrant {
     }
 }
 
-fn path_of(t: u8) -> crate::VqpPath {
+fn path_of(t: u8) -> crate::engine::VqpPath {
     match t {
-        0 => crate::VqpPath::Dc,
-        _ => crate::VqpPath::Rc,
+        0 => crate::engine::VqpPath::Dc,
+        _ => crate::engine::VqpPath::Rc,
     }
 }
 
@@ -761,7 +762,7 @@ impl AttachedVqp {
     /// [`DaemonError::Refused`]: `Unsupported` (RC fallback mode), the
     /// engine's failure (not connected, the target refused); the daemon
     /// gone.
-    pub fn upgrade(&self) -> Result<crate::VqpPath, DaemonError> {
+    pub fn upgrade(&self) -> Result<crate::engine::VqpPath, DaemonError> {
         match self.conn.call(&Request::Upgrade { vqp: self.handle })? {
             (Reply::Path(t), _) => Ok(path_of(t)),
             _ => Err(unexpected("an Upgrade")),
@@ -773,7 +774,7 @@ impl AttachedVqp {
     ///
     /// # Errors
     /// The daemon gone or refusing.
-    pub fn path(&self) -> Result<crate::VqpPath, DaemonError> {
+    pub fn path(&self) -> Result<crate::engine::VqpPath, DaemonError> {
         match self.conn.call(&Request::Path { vqp: self.handle })? {
             (Reply::Path(t), _) => Ok(path_of(t)),
             _ => Err(unexpected("a Path")),
@@ -1000,7 +1001,7 @@ impl From<MsgFailure> for MsgError {
                 seq,
                 status,
             } => MsgError::ReplyLost {
-                to: crate::Sender { gid, vqp },
+                to: crate::engine::Sender { gid, vqp },
                 seq,
                 status: krcore_nic::WcStatus::from_u8(status),
             },

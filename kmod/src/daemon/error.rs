@@ -1,8 +1,8 @@
 //! What an attached process's calls into the daemon fail with.
 
 use super::ring::EncodeError;
+use super::ring::PostCode;
 use super::wire::{RefuseCode, WireError};
-use super::PostCode;
 use std::path::PathBuf;
 use std::time::Duration;
 

@@ -20,18 +20,19 @@
 //! that do not decode, a completion queue never drained, fail or stall
 //! that VQP only.
 
-use super::host_msg::{EpSlot, PortSlot};
+use super::host_state::*;
+use super::ring::PostCode;
 use super::ring::{
     self, decode_sqe, encode_cqe, word, write_verdict, Verdict, CQ_CAP, CQ_HEAD, CQ_TAIL,
     PAGE_BYTES, PAGE_SLEEPING, RING_BYTES, SQ_CAP, SQ_HEAD, SQ_TAIL,
 };
 use super::sock::{self, RecvError};
+use super::wire::PROTOCOL_VERSION;
 use super::wire::{NodeStats, RefuseCode, Reply, Request, WireGrant, MAX_FRAME};
-use super::{PostCode, PROTOCOL_VERSION};
-use crate::engine::{Engine, EngineMode, OwnedMr, Vqp, VqpError};
+use crate::engine::{Engine, EngineMode, VqpError};
 use crate::precheck::{RemoteGrant, Ungranted};
 use krcore_nic::shared::SharedMap;
-use krcore_nic::{Access, MemoryRegion, Nic, Payload, SendWr, Wc};
+use krcore_nic::{Access, MemoryRegion, Nic, Payload, Wc};
 use parking_lot::{Mutex, RwLock};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -40,163 +41,6 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-/// Per-process quotas and the data thread's idle policy.
-#[derive(Debug, Clone)]
-pub struct DaemonConfig {
-    /// VQPs one process may hold.
-    pub max_vqps: u32,
-    /// Bytes of registered memory one process may hold.
-    pub max_mr_bytes: u64,
-    /// Regions one process may hold.
-    pub max_mrs: u32,
-    /// Processes attached at once.
-    pub max_clients: usize,
-    /// Messaging endpoints one process may hold.
-    pub max_endpoints: u32,
-    /// Ports one process may hold bound.
-    pub max_ports: u32,
-    /// Live leases one process may hold (each is a key of the device).
-    pub max_leases: u32,
-    /// How long the data thread spins without work before it sleeps.
-    pub idle_spin: Duration,
-}
-
-impl Default for DaemonConfig {
-    fn default() -> DaemonConfig {
-        DaemonConfig {
-            max_vqps: 1024,
-            max_mr_bytes: 4 << 30,
-            max_mrs: 4096,
-            max_clients: 1024,
-            max_endpoints: 64,
-            max_ports: 16,
-            max_leases: 1024,
-            idle_spin: Duration::from_micros(200),
-        }
-    }
-}
-
-/// What the daemon has done, for its logs and tests.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct DaemonStats {
-    /// Processes attached now.
-    pub clients: usize,
-    /// VQPs held by attached processes now.
-    pub vqps: usize,
-    /// Bytes of memory registered for attached processes now.
-    pub mr_bytes: u64,
-    /// Processes that attached, ever.
-    pub attached: u64,
-    /// Processes that went (detached, died, or were refused after Hello).
-    pub detached: u64,
-    /// Doorbells rung for processes.
-    pub doorbells: u64,
-    /// WRs posted for processes.
-    pub wrs: u64,
-    /// Doorbells refused (bad ring, bad entry, foreign memory, pre-check).
-    pub refused_doorbells: u64,
-    /// Completions handed to processes.
-    pub completions: u64,
-    /// Times the data thread went to sleep.
-    pub sleeps: u64,
-    /// Control requests refused.
-    pub refused_requests: u64,
-}
-
-#[derive(Default)]
-struct Counters {
-    attached: AtomicU64,
-    detached: AtomicU64,
-    doorbells: AtomicU64,
-    wrs: AtomicU64,
-    refused_doorbells: AtomicU64,
-    completions: AtomicU64,
-    sleeps: AtomicU64,
-    refused_requests: AtomicU64,
-}
-
-/// One region of a process, as the data thread checks SGEs against it.
-#[derive(Clone, Copy)]
-struct Span {
-    lkey: u32,
-    rkey: u32,
-    addr: u64,
-    len: u64,
-}
-
-/// What the data thread needs of a process.
-struct ClientCore {
-    page: SharedMap,
-    spans: RwLock<Vec<Span>>,
-}
-
-/// Whether `len` bytes at `addr` under `lkey` are in one of `spans`.
-fn owns(spans: &[Span], addr: u64, len: u32, lkey: u32) -> bool {
-    spans.iter().any(|s| {
-        s.lkey == lkey
-            && addr >= s.addr
-            && addr
-                .checked_add(u64::from(len))
-                .is_some_and(|end| end <= s.addr + s.len)
-    })
-}
-
-struct Serve {
-    head: u64,
-    cq_tail: u64,
-    broken: bool,
-    /// WRs of this VQP may be in flight: its completions are polled (an
-    /// idle VQP costs the data thread two loads a round, no engine call).
-    active: bool,
-    wrs: Vec<SendWr>,
-    wcs: Vec<Wc>,
-}
-
-struct VqpSlot<N: Nic> {
-    handle: u32,
-    vqp: Vqp<N>,
-    ring: SharedMap,
-    core: Arc<ClientCore>,
-    serve: Mutex<Serve>,
-}
-
-pub(super) struct MrEntry<N: Nic> {
-    /// Dropped with the entry: deregisters the region (once its leases
-    /// ended).
-    pub(super) mr: OwnedMr<N>,
-    lkey: u32,
-    len: u64,
-}
-
-pub(super) struct Client<N: Nic> {
-    core: Arc<ClientCore>,
-    pid: u32,
-    stream: UnixStream,
-    vqps: RwLock<Vec<Arc<VqpSlot<N>>>>,
-    pub(super) mrs: Mutex<Vec<(u32, MrEntry<N>)>>,
-    /// Regions the process freed while they were leased: registered until
-    /// their leases end (see `prune_retired`).
-    pub(super) retired: Mutex<Vec<MrEntry<N>>>,
-    mr_bytes: AtomicU64,
-    pub(super) next_handle: AtomicU32,
-    /// Its messaging endpoints (see `host_msg`).
-    pub(super) endpoints: Mutex<Vec<EpSlot<N>>>,
-    /// Its bound ports (see `host_msg`).
-    pub(super) ports: Mutex<Vec<PortSlot<N>>>,
-}
-
-pub(super) struct Shared<N: Nic> {
-    pub(super) engine: Engine<N>,
-    pub(super) cfg: DaemonConfig,
-    wake: OwnedFd,
-    stop: AtomicBool,
-    clients: RwLock<Vec<Arc<Client<N>>>>,
-    /// Bumped at every change of the clients or their VQPs (the data
-    /// thread's snapshot is rebuilt when it moves).
-    version: AtomicU64,
-    n: Counters,
-}
 
 /// The node daemon: an engine serving attached processes (see the module
 /// docs). Dropping it stops it ([`Daemon::shutdown`]).
@@ -394,13 +238,6 @@ fn accept_loop<N: Nic>(s: &Arc<Shared<N>>, listener: UnixListener) {
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "cannot serve an attaching process: no thread");
         }
-    }
-}
-
-pub(super) fn refuse(code: RefuseCode, message: impl Into<String>) -> Reply {
-    Reply::Refused {
-        code,
-        message: message.into(),
     }
 }
 
@@ -707,7 +544,7 @@ fn handle<N: Nic>(
             None => (unknown("VQP", vqp), None),
             Some(v) => match v.vqp.upgrade() {
                 Ok(t) => (Reply::Path(path_code(t)), None),
-                Err(e @ crate::EngineError::Unsupported { .. }) => {
+                Err(e @ crate::engine::EngineError::Unsupported { .. }) => {
                     (refuse(RefuseCode::Unsupported, e.to_string()), None)
                 }
                 Err(e) => (refuse(RefuseCode::Engine, error_line(&e)), None),
@@ -720,21 +557,8 @@ fn handle<N: Nic>(
     }
 }
 
-fn path_code(t: crate::VqpPath) -> u8 {
-    u8::from(t != crate::VqpPath::Dc)
-}
-
-/// Drops the process's retired regions whose leases all ended (their
-/// bytes go back to its quota).
-pub(super) fn prune_retired<N: Nic>(c: &Client<N>) {
-    let now = Instant::now();
-    c.retired.lock().retain(|m| {
-        let live = m.mr.live_leases(now) > 0;
-        if !live {
-            c.mr_bytes.fetch_sub(m.len, Ordering::Relaxed);
-        }
-        live
-    });
+fn path_code(t: crate::engine::VqpPath) -> u8 {
+    u8::from(t != crate::engine::VqpPath::Dc)
 }
 
 /// A VQP of the engine and its ring for process `c` (refused past its

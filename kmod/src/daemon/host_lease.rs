@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 
 use krcore_nic::{Access, Nic};
 
-use super::host::{prune_retired, refuse, Client, Shared};
+use super::host_state::{prune_retired, refuse, Client, Shared};
 use super::wire::{RefuseCode, Reply, Request};
+use crate::engine::LeaseId;
 use crate::engine::OwnedMr;
-use crate::LeaseId;
 
 /// The process's lease requests ([`Request::Lease`] and after).
 pub(super) fn handle<N: Nic>(s: &Arc<Shared<N>>, c: &Arc<Client<N>>, req: &Request) -> Reply {

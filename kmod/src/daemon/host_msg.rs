@@ -12,27 +12,14 @@ use std::time::Duration;
 
 use krcore_nic::Nic;
 
-use super::host::{refuse, Client, Shared};
+use super::host_state::{refuse, Client, EpSlot, PortSlot, Shared};
 use super::wire::{MsgFailure, RefuseCode, Reply, Request, MAX_RECV_BYTES};
-use crate::engine::{Endpoint, Port};
-use crate::{Message, MsgError, Sender};
+use crate::engine::{Message, MsgError, Sender};
 
 /// The longest a push or a pop waits in the daemon, whatever the process
 /// asks (its own control thread waits; this bounds how long a stopped
 /// daemon takes to notice the process is gone).
 const MAX_WAIT: Duration = Duration::from_secs(60);
-
-/// One endpoint of an attached process.
-pub(super) struct EpSlot<N: Nic> {
-    pub(super) handle: u32,
-    pub(super) ep: Arc<Endpoint<N>>,
-}
-
-/// One bound port of an attached process.
-pub(super) struct PortSlot<N: Nic> {
-    pub(super) handle: u32,
-    pub(super) port: Arc<Port<N>>,
-}
 
 /// A messaging failure as the process's library rebuilds it.
 pub(crate) fn failure(e: &MsgError) -> MsgFailure {

@@ -84,6 +84,7 @@ mod error;
 mod host;
 mod host_lease;
 mod host_msg;
+mod host_state;
 mod ring;
 mod sock;
 pub mod wire;
@@ -93,60 +94,11 @@ pub use client::{
     CONTROL_TIMEOUT, DOORBELL_TIMEOUT,
 };
 pub use error::DaemonError;
-pub use host::{Daemon, DaemonConfig, DaemonStats, StartError};
+pub use host::{Daemon, StartError};
+pub use host_state::{DaemonConfig, DaemonStats};
+pub use ring::PostCode;
 pub use ring::{
     decode_cqe_bytes, decode_sqe_bytes, encode_cqe_bytes, encode_sqe_bytes, sqe_continues,
     sqe_slots, DecodeError, EncodeError, CQE_BYTES, CQ_CAP, RING_BYTES, SQE_BYTES, SQ_CAP,
 };
-pub use wire::NodeStats;
-
-/// The control protocol's version: a process and a daemon of different
-/// versions refuse each other at `Hello`.
-pub const PROTOCOL_VERSION: u32 = 3;
-
-/// What the daemon said to a doorbell.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum PostCode {
-    /// Posted.
-    Posted = 0,
-    /// The ring's indices were impossible: the VQP is broken for good.
-    BadRing = 1,
-    /// An entry did not decode.
-    BadEntry = 2,
-    /// An SGE names memory that is not this process's.
-    ForeignMemory = 3,
-    /// The engine's pre-check refused a WR.
-    Rejected = 4,
-    /// The VQP has no target.
-    NotConnected = 5,
-    /// The post failed otherwise.
-    Failed = 6,
-    /// The VQP's ring broke earlier.
-    Broken = 7,
-    /// The VQP has as many WRs outstanding as it holds: poll, then post
-    /// again (nothing was posted).
-    Full = 8,
-}
-
-impl PostCode {
-    fn from_u64(v: u64) -> PostCode {
-        match v {
-            0 => PostCode::Posted,
-            1 => PostCode::BadRing,
-            2 => PostCode::BadEntry,
-            3 => PostCode::ForeignMemory,
-            4 => PostCode::Rejected,
-            5 => PostCode::NotConnected,
-            7 => PostCode::Broken,
-            8 => PostCode::Full,
-            _ => PostCode::Failed,
-        }
-    }
-}
-
-impl std::fmt::Display for PostCode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Debug::fmt(self, f)
-    }
-}
+pub use wire::{NodeStats, PROTOCOL_VERSION};

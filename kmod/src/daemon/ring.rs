@@ -801,3 +801,50 @@ mod tests {
         }
     }
 }
+
+/// What the daemon said to a doorbell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PostCode {
+    /// Posted.
+    Posted = 0,
+    /// The ring's indices were impossible: the VQP is broken for good.
+    BadRing = 1,
+    /// An entry did not decode.
+    BadEntry = 2,
+    /// An SGE names memory that is not this process's.
+    ForeignMemory = 3,
+    /// The engine's pre-check refused a WR.
+    Rejected = 4,
+    /// The VQP has no target.
+    NotConnected = 5,
+    /// The post failed otherwise.
+    Failed = 6,
+    /// The VQP's ring broke earlier.
+    Broken = 7,
+    /// The VQP has as many WRs outstanding as it holds: poll, then post
+    /// again (nothing was posted).
+    Full = 8,
+}
+
+impl PostCode {
+    pub(crate) fn from_u64(v: u64) -> PostCode {
+        match v {
+            0 => PostCode::Posted,
+            1 => PostCode::BadRing,
+            2 => PostCode::BadEntry,
+            3 => PostCode::ForeignMemory,
+            4 => PostCode::Rejected,
+            5 => PostCode::NotConnected,
+            7 => PostCode::Broken,
+            8 => PostCode::Full,
+            _ => PostCode::Failed,
+        }
+    }
+}
+
+impl std::fmt::Display for PostCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self, f)
+    }
+}

@@ -1083,3 +1083,7 @@ impl Reply {
 #[cfg(test)]
 #[path = "wire_tests.rs"]
 mod tests;
+
+/// The control protocol's version: a process and a daemon of different
+/// versions refuse each other at `Hello`.
+pub const PROTOCOL_VERSION: u32 = 3;
