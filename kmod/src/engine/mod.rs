@@ -108,6 +108,7 @@
 //!   registration); in RC fallback mode, its pair.
 
 mod config;
+mod device;
 mod error;
 mod fork;
 pub mod handshake_msg;
@@ -159,8 +160,8 @@ pub use rc_meta::RcMetaHost;
 pub use vqp::{Vqp, VqpPath};
 
 use crate::dccache::{CachedTarget, DcCache, Insert};
-use crate::precheck::Policy;
 use crate::wrid::VqpId;
+use device::{Device, QpHost};
 use lazy::Lazy;
 use meta::{MetaClient, MetaPolicy};
 use mrs::{MrRegistry, PostWords};
@@ -319,17 +320,9 @@ enum ModeState<N: Nic> {
 }
 
 pub(crate) struct EngineInner<N: Nic> {
-    /// Shared with the handshake endpoint (RC fallback mode).
-    pub(crate) nic: Arc<N>,
-    pub(crate) pd: N::Pd,
-    pub(crate) cfg: EngineConfig,
-    /// `cfg.policy` clamped to the device.
-    pub(crate) policy: Policy,
-    pub(crate) cache: DcCache,
-    pub(crate) mrs: Arc<MrRegistry>,
-    /// The words every post reads (the registry's generation, the RC
-    /// pairs' LRU clock), shared with the registry and each shared QP.
-    pub(crate) words: Arc<PostWords>,
+    /// The NIC, PD, configuration, DCCache and MR registry (the engine
+    /// derefs to it: `eng.cfg`).
+    dev: Device<N>,
     mode_state: ModeState<N>,
     /// DC mode with `upgrade_endpoint`: the handshake over messaging and
     /// the RC pairs of upgraded VQPs.
@@ -363,6 +356,26 @@ pub(crate) struct EngineInner<N: Nic> {
     /// Set in a forked child ([`ForkKit::adopt`]): no meta lookups, no new
     /// NIC objects, no messaging.
     forked: AtomicBool,
+}
+
+impl<N: Nic> std::ops::Deref for EngineInner<N> {
+    type Target = Device<N>;
+
+    #[inline(always)]
+    fn deref(&self) -> &Device<N> {
+        &self.dev
+    }
+}
+
+impl<N: Nic> QpHost<N> for EngineInner<N> {
+    #[inline(always)]
+    fn dev(&self) -> &Device<N> {
+        &self.dev
+    }
+
+    fn pair_up(&self, qp: &N::Qp, target: krcore_nic::UdTarget) -> Result<u64, EngineError> {
+        pairing::pair_up(self, qp, target)
+    }
 }
 
 impl<N: Nic> EngineInner<N> {
@@ -717,12 +730,15 @@ impl<N: Nic> Engine<N> {
                     .unwrap_or_default()
                     .as_nanos() as u64,
             ),
-            cache: DcCache::new(cfg.cache_capacity),
-            nic,
-            pd,
-            policy,
-            mrs: Arc::new(MrRegistry::new(words.clone())),
-            words,
+            dev: Device {
+                cache: DcCache::new(cfg.cache_capacity),
+                nic,
+                pd,
+                policy,
+                mrs: Arc::new(MrRegistry::new(words.clone())),
+                words,
+                cfg,
+            },
             mode_state,
             upgrade,
             upgrades: AtomicU64::new(0),
@@ -737,7 +753,6 @@ impl<N: Nic> Engine<N> {
             msg: OnceLock::new(),
             msg_init: Mutex::new(()),
             forked: AtomicBool::new(false),
-            cfg,
         });
         if inner.mode() == EngineMode::Dc {
             let mut pool = inner.pool.lock();

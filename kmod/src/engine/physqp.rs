@@ -54,9 +54,9 @@ use std::time::Instant;
 use krcore_nic::{bring_up, Access, Gid, Nic, QpCaps, QpInit, QpType, QueuePair, UdTarget, Wc};
 use parking_lot::Mutex;
 
+use super::device::{Device, QpHost};
 use super::error::{EngineError, VqpError};
 use super::mrs::PostWords;
-use super::EngineInner;
 use crate::sharedqp::{QpShape, Refusal, SharedQp, VqpState};
 use crate::wrid::VqpId;
 
@@ -176,7 +176,7 @@ impl<N: Nic> std::fmt::Debug for PhysQp<N> {
 
 /// The CQ and QP of a new shared QP (its CQ as deep as its send queue).
 pub(crate) fn create_qp<N: Nic>(
-    eng: &EngineInner<N>,
+    eng: &Device<N>,
     qp_type: QpType,
     what: (&'static str, &'static str),
 ) -> Result<(N::Qp, N::Cq), EngineError> {
@@ -208,7 +208,7 @@ pub(crate) fn create_qp<N: Nic>(
 
 impl<N: Nic> PhysQp<N> {
     /// Creates a DCI with a CQ of its own, brought up to RTS.
-    pub(crate) fn dci(eng: &EngineInner<N>, index: usize) -> Result<PhysQp<N>, EngineError> {
+    pub(crate) fn dci(eng: &Device<N>, index: usize) -> Result<PhysQp<N>, EngineError> {
         let (qp, cq) = create_qp(eng, QpType::Dci, ("create a DCI's CQ", "create a DCI"))?;
         bring_up(&qp, Access::NONE, None).map_err(EngineError::nic("bring up a DCI"))?;
         tracing::debug!(index, qpn = qp.qpn(), "DCI created");
@@ -217,7 +217,7 @@ impl<N: Nic> PhysQp<N> {
 
     /// Wraps an RC QP already paired (RTS) with `link`'s target.
     pub(crate) fn rc(
-        eng: &EngineInner<N>,
+        eng: &Device<N>,
         index: usize,
         qp: N::Qp,
         cq: N::Cq,
@@ -228,7 +228,7 @@ impl<N: Nic> PhysQp<N> {
     }
 
     fn new(
-        eng: &EngineInner<N>,
+        eng: &Device<N>,
         index: usize,
         qp: N::Qp,
         cq: N::Cq,
@@ -314,7 +314,7 @@ impl<N: Nic> PhysQp<N> {
     /// Closes an idle RC pair (eviction): drains its CQ, and if no WR is
     /// left in flight destroys the QP and returns the pairing's nonce (for
     /// the Close message). `Ok(None)`: WRs are in flight, the pair stays.
-    pub(crate) fn close_if_idle(&self, eng: &EngineInner<N>) -> Result<Option<u64>, VqpError> {
+    pub(crate) fn close_if_idle(&self, eng: &impl QpHost<N>) -> Result<Option<u64>, VqpError> {
         let mut st = self.state.lock();
         if st.qp.is_some() {
             self.drain(eng, &mut st)?;

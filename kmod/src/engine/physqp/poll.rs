@@ -6,8 +6,8 @@ use std::ops::Range;
 
 use krcore_nic::{CompletionQueue, Nic, Wc};
 
+use super::super::device::QpHost;
 use super::super::error::VqpError;
-use super::super::EngineInner;
 use super::{PhysQp, PhysState, POLL_BATCH};
 use crate::sharedqp::Sink;
 use crate::wrid::VqpId;
@@ -31,7 +31,7 @@ impl<N: Nic> PhysQp<N> {
     #[inline(always)]
     pub(crate) fn poll(
         &self,
-        eng: &EngineInner<N>,
+        eng: &impl QpHost<N>,
         id: VqpId,
         out: &mut [Wc],
     ) -> Result<Option<usize>, VqpError> {
@@ -125,7 +125,7 @@ impl<N: Nic> PhysQp<N> {
     #[inline(never)]
     fn poll_rest(
         &self,
-        eng: &EngineInner<N>,
+        eng: &impl QpHost<N>,
         st: &mut PhysState<N>,
         id: VqpId,
         out: &mut [Wc],
@@ -140,7 +140,7 @@ impl<N: Nic> PhysQp<N> {
             // passes the next CQE to read.
             for r in polled {
                 let wc = sink.entry(r);
-                st.core.route(&eng.cache, &wc, Some(&mut sink));
+                st.core.route(&eng.dev().cache, &wc, Some(&mut sink));
             }
             if sink.room() == 0 && !st.core.needs_recovery() {
                 return Ok(Some(sink.filled()));
@@ -164,7 +164,7 @@ impl<N: Nic> PhysQp<N> {
     /// QP if one of them was an error.
     pub(super) fn drain(
         &self,
-        eng: &EngineInner<N>,
+        eng: &impl QpHost<N>,
         st: &mut PhysState<N>,
     ) -> Result<usize, VqpError> {
         self.drain_for(eng, st, None)
@@ -178,7 +178,7 @@ impl<N: Nic> PhysQp<N> {
     /// CQE read, like a raw one.
     fn drain_for(
         &self,
-        eng: &EngineInner<N>,
+        eng: &impl QpHost<N>,
         st: &mut PhysState<N>,
         mut sink: Option<&mut Sink<'_>>,
     ) -> Result<usize, VqpError> {
@@ -192,7 +192,7 @@ impl<N: Nic> PhysQp<N> {
                 Err(e) => break Err(e),
             };
             for wc in &buf[..k] {
-                st.core.route(&eng.cache, wc, sink.as_deref_mut());
+                st.core.route(&eng.dev().cache, wc, sink.as_deref_mut());
             }
             let enough = sink.as_ref().is_some_and(|s| s.room() == 0);
             total += k;

@@ -10,8 +10,8 @@ use std::time::Instant;
 
 use krcore_nic::{Nic, PostError, QueuePair, SendWr};
 
+use super::super::device::QpHost;
 use super::super::error::VqpError;
-use super::super::EngineInner;
 use super::{Link, PhysQp, PhysState, PostFail, RcLink};
 use crate::sharedqp::Doorbell;
 use crate::wrid::VqpId;
@@ -38,7 +38,7 @@ impl<N: Nic> PhysQp<N> {
     #[inline(always)]
     pub(crate) fn post(
         &self,
-        eng: &EngineInner<N>,
+        eng: &impl QpHost<N>,
         id: VqpId,
         wrs: &mut [SendWr],
     ) -> Result<(), PostFail> {
@@ -68,7 +68,7 @@ impl<N: Nic> PhysQp<N> {
     #[inline(never)]
     fn post_general(
         &self,
-        eng: &EngineInner<N>,
+        eng: &impl QpHost<N>,
         st: &mut PhysState<N>,
         id: VqpId,
         wrs: &mut [SendWr],
@@ -85,20 +85,20 @@ impl<N: Nic> PhysQp<N> {
         if st.qp.is_none() {
             return Err(PostFail::Stale);
         }
-        if eng.cfg.precheck {
-            let generation = eng.mrs.generation();
+        if eng.dev().cfg.precheck {
+            let generation = eng.dev().mrs.generation();
             if generation != st.core.mr_generation() {
-                let (generation, mrs) = eng.mrs.snapshot();
+                let (generation, mrs) = eng.dev().mrs.snapshot();
                 st.core.set_mrs(generation, mrs);
             }
         }
-        let plan = match st.core.plan(id, wrs, &eng.policy, Instant::now)? {
+        let plan = match st.core.plan(id, wrs, &eng.dev().policy, Instant::now)? {
             Some(plan) => plan,
             None => {
                 // The VQP is full: completions already in the CQ may free
                 // its slots.
                 self.drain(eng, st)?;
-                match st.core.plan(id, wrs, &eng.policy, Instant::now)? {
+                match st.core.plan(id, wrs, &eng.dev().policy, Instant::now)? {
                     Some(plan) => plan,
                     None => return Err(st.core.full(id, n).into()),
                 }
@@ -129,7 +129,7 @@ impl<N: Nic> PhysQp<N> {
     /// Polls until `n` credits are free, bounded by the reclaim timeout.
     fn reclaim(
         &self,
-        eng: &EngineInner<N>,
+        eng: &impl QpHost<N>,
         st: &mut PhysState<N>,
         n: usize,
     ) -> Result<(), VqpError> {
@@ -140,7 +140,7 @@ impl<N: Nic> PhysQp<N> {
                 return Ok(());
             }
             let waited = start.elapsed();
-            if waited > eng.cfg.reclaim_timeout {
+            if waited > eng.dev().cfg.reclaim_timeout {
                 return Err(VqpError::QueueBusy {
                     free: st.core.free(),
                     requested: n,

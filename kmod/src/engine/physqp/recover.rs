@@ -6,15 +6,15 @@
 
 use krcore_nic::{bring_up, Access, CompletionQueue, Nic, QueuePair, SendWr, Transition, Wc};
 
+use super::super::device::QpHost;
 use super::super::error::VqpError;
-use super::super::EngineInner;
 use super::{Link, PhysQp, PhysState, POLL_BATCH};
 
 impl<N: Nic> PhysQp<N> {
     /// Brings a QP that reported an error back to RTS (see the module docs).
     pub(super) fn recover(
         &self,
-        eng: &EngineInner<N>,
+        eng: &impl QpHost<N>,
         st: &mut PhysState<N>,
     ) -> Result<(), VqpError> {
         let mut buf = [Wc::default(); POLL_BATCH];
@@ -25,7 +25,7 @@ impl<N: Nic> PhysQp<N> {
             qp.modify(Transition::Reset)
                 .map_err(VqpError::nic("reset a shared QP"))?;
         }
-        let (guilty, again) = st.core.reset(&eng.cache);
+        let (guilty, again) = st.core.reset(&eng.dev().cache);
         let target = self.rc_link().map(|l| l.gid);
         tracing::warn!(
             qpn = self.qpn,
@@ -49,11 +49,11 @@ impl<N: Nic> PhysQp<N> {
             (None, _) => {}
             (Some(qp), Link::Dci) => {
                 if let Err(e) = bring_up(qp, Access::NONE, None) {
-                    st.core.flush_all(&eng.cache, &again);
+                    st.core.flush_all(&eng.dev().cache, &again);
                     return Err(VqpError::nic("bring up a DCI")(e));
                 }
             }
-            (Some(qp), Link::Rc(l)) => match super::super::pairing::pair_up(eng, qp, l.handshake) {
+            (Some(qp), Link::Rc(l)) => match eng.pair_up(qp, l.handshake) {
                 Ok(nonce) => st.nonce = nonce,
                 Err(e) => {
                     // The target did not answer (or the QP could not be
@@ -75,11 +75,13 @@ impl<N: Nic> PhysQp<N> {
             qp: Some(qp), core, ..
         } = st
         else {
-            st.core.flush_all(&eng.cache, &again);
+            st.core.flush_all(&eng.dev().cache, &again);
             return Ok(());
         };
         let before = core.stats().reposted;
-        core.repost(&eng.cache, &again, |wrs: &mut [SendWr]| qp.post_send(wrs));
+        core.repost(&eng.dev().cache, &again, |wrs: &mut [SendWr]| {
+            qp.post_send(wrs)
+        });
         let reposted = core.stats().reposted - before;
         tracing::info!(
             qpn = self.qpn,

@@ -1,0 +1,59 @@
+//! The node's device as the engine's data path sees it: the NIC, its
+//! protection domain, the configuration and the pre-check's policy, the
+//! node-wide DCCache, the owned-MR registry and the words every post reads.
+//! Made once at the engine's start and never changed; the engine object
+//! (`super::EngineInner`) holds it and derefs to it.
+//!
+//! A shared QP's host (`super::physqp`) takes a [`QpHost`]: the device,
+//! and the one service it calls back (pairing an RC QP with its target
+//! again after an error), so that it does not name the engine object.
+
+use std::sync::Arc;
+
+use krcore_nic::{Nic, UdTarget};
+
+use super::config::EngineConfig;
+use super::error::EngineError;
+use super::mrs::{MrRegistry, PostWords};
+use crate::dccache::DcCache;
+use crate::precheck::Policy;
+
+/// See the module docs.
+pub(crate) struct Device<N: Nic> {
+    /// Shared with the handshake endpoint (RC fallback mode).
+    pub(crate) nic: Arc<N>,
+    pub(crate) pd: N::Pd,
+    pub(crate) cfg: EngineConfig,
+    /// `cfg.policy` clamped to the device.
+    pub(crate) policy: Policy,
+    pub(crate) cache: DcCache,
+    pub(crate) mrs: Arc<MrRegistry>,
+    /// The words every post reads (the registry's generation, the RC
+    /// pairs' LRU clock), shared with the registry and each shared QP.
+    pub(crate) words: Arc<PostWords>,
+}
+
+/// What a shared QP's host needs of the engine (see the module docs).
+pub(crate) trait QpHost<N: Nic> {
+    /// The device.
+    fn dev(&self) -> &Device<N>;
+
+    /// Pairs `qp` (an RC QP of this engine, in RESET) with the node at
+    /// `target` again: the recovery of an RC pair after an error. Returns
+    /// the pairing's nonce.
+    ///
+    /// # Errors
+    /// The pairing's (`super::pairing::pair_up`).
+    fn pair_up(&self, qp: &N::Qp, target: UdTarget) -> Result<u64, EngineError>;
+}
+
+impl<N: Nic, H: QpHost<N>> QpHost<N> for Arc<H> {
+    #[inline(always)]
+    fn dev(&self) -> &Device<N> {
+        (**self).dev()
+    }
+
+    fn pair_up(&self, qp: &N::Qp, target: UdTarget) -> Result<u64, EngineError> {
+        (**self).pair_up(qp, target)
+    }
+}
