@@ -66,6 +66,16 @@ struct Stats {
     stale: AtomicU64,
 }
 
+/// Counts a reader out of the readers still running when it ends, however
+/// it ends.
+struct LeftOnDrop(Arc<AtomicU32>);
+
+impl Drop for LeftOnDrop {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Release);
+    }
+}
+
 fn iters() -> u64 {
     std::env::var("KRCORE_STRESS_ITERS")
         .ok()
@@ -87,13 +97,23 @@ fn run(cache: DcCache, pool: u64) {
     let start = Arc::new(Barrier::new(writers + readers + 1));
     let mut handles = Vec::new();
 
+    // Readers still running: the writers go on until none is (so that a
+    // reader a loaded machine schedules late still races with inserts).
+    let readers_left = Arc::new(AtomicU32::new(readers as u32));
     for w in 0..writers {
-        let (cache, clock, stats, start) =
-            (cache.clone(), clock.clone(), stats.clone(), start.clone());
+        let (cache, clock, stats, start, readers_left) = (
+            cache.clone(),
+            clock.clone(),
+            stats.clone(),
+            start.clone(),
+            readers_left.clone(),
+        );
         handles.push(thread::spawn(move || {
             let mut rng = Rng(0x1234_5678 + w as u64);
             start.wait();
-            for _ in 0..iters {
+            let mut n = 0;
+            while n < iters || readers_left.load(Ordering::Acquire) > 0 {
+                n += 1;
                 let i = rng.below(pool);
                 let epoch = clock.load(Ordering::Relaxed) - rng.below(2) as u32;
                 match cache.insert(make(i, epoch), epoch) {
@@ -114,12 +134,24 @@ fn run(cache: DcCache, pool: u64) {
         }));
     }
     for r in 0..readers {
-        let (cache, swept, stats, start) =
-            (cache.clone(), swept.clone(), stats.clone(), start.clone());
+        let (cache, swept, stats, start, readers_left) = (
+            cache.clone(),
+            swept.clone(),
+            stats.clone(),
+            start.clone(),
+            readers_left.clone(),
+        );
         handles.push(thread::spawn(move || {
+            // Counted out even when the reader panics (the writers wait
+            // for it).
+            let _left = LeftOnDrop(readers_left);
             let mut rng = Rng(0x8765_4321 + r as u64);
             start.wait();
-            for _ in 0..iters {
+            // `iters` lookups, and on until one hit (bounded: a reader that
+            // never hits fails the run below).
+            let (mut n, mut hit) = (0, false);
+            while n < iters || (!hit && n < 200 * iters) {
+                n += 1;
                 let i = rng.below(pool);
                 let floor = swept.load(Ordering::Acquire);
                 match cache.lookup(&gid(i)) {
@@ -131,6 +163,7 @@ fn run(cache: DcCache, pool: u64) {
                             got.epoch
                         );
                         stats.hits.fetch_add(1, Ordering::Relaxed);
+                        hit = true;
                     }
                     Lookup::Miss => {
                         stats.misses.fetch_add(1, Ordering::Relaxed);
