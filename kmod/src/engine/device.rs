@@ -43,7 +43,7 @@ pub(crate) trait QpHost<N: Nic> {
     /// the pairing's nonce.
     ///
     /// # Errors
-    /// The pairing's (`super::pairing::pair_up`).
+    /// The pairing's (`super::pairing::pair_with`).
     fn pair_up(&self, qp: &N::Qp, target: UdTarget) -> Result<u64, EngineError>;
 }
 

@@ -373,8 +373,25 @@ impl<N: Nic> QpHost<N> for EngineInner<N> {
         &self.dev
     }
 
+    /// RC fallback mode through the engine's UD handshake endpoint
+    /// ([`pairing::pair_with`]); DC mode (the upgrade) by a handshake
+    /// carried by messaging to the node `target.gid` (`handshake_msg`; the
+    /// UD fields are unused).
+    ///
+    /// # Errors
+    /// As [`pairing::pair_with`]; DC mode: [`EngineError::Unsupported`]
+    /// without `upgrade_endpoint` or once the engine's last handle was
+    /// dropped.
     fn pair_up(&self, qp: &N::Qp, target: krcore_nic::UdTarget) -> Result<u64, EngineError> {
-        pairing::pair_up(self, qp, target)
+        if let Some(hs) = self.handshake_msg() {
+            let me = self.arc().ok_or(EngineError::Unsupported {
+                reason: "the engine is being dropped",
+            })?;
+            return pairing::pair_via(qp, &self.cfg.handshake, |qpn| {
+                hs.handshake(&me, qpn, target.gid)
+            });
+        }
+        pairing::pair_with(self.handshake_endpoint()?, qp, target)
     }
 }
 

@@ -1,5 +1,6 @@
 //! Pairing an RC QP with its peer: INIT, a handshake (over UD in RC
-//! fallback mode, over messaging for the DC -> RC upgrade), RTR, RTS. Used
+//! fallback mode, over messaging for the DC -> RC upgrade), RTR, RTS. The
+//! engine chooses the handshake (`QpHost::pair_up` of the engine object). Used
 //! to make a pair (`super::rc`), to re-pair one after an error
 //! (`super::physqp`'s recovery) and to reach the meta node in RC fallback
 //! mode (`super::meta`).
@@ -9,7 +10,6 @@ use krcore_nic::{Access, DcTarget, Nic, QueuePair, Transition, UdTarget};
 use super::config::HandshakeConfig;
 use super::error::EngineError;
 use super::handshake_ud::{HandshakeResponder, Paired};
-use super::EngineInner;
 
 /// The handshake endpoint a meta entry (or a meta location) names in RC
 /// fallback mode: `dct_num` is the UD QPN, `dc_key` the qkey.
@@ -29,31 +29,6 @@ pub(crate) fn handshake_target(t: &DcTarget) -> Result<UdTarget, EngineError> {
     })
 }
 
-/// Pairs `qp` (an RC QP of this engine, in RESET) with the node at
-/// `target`: RC fallback mode through the engine's UD handshake endpoint
-/// (see [`pair_with`]); DC mode (the upgrade) by a handshake carried by
-/// messaging to the node `target.gid` (`super::handshake_msg`; the UD fields are
-/// unused).
-///
-/// # Errors
-/// As [`pair_with`]; DC mode: [`EngineError::Unsupported`] without
-/// `upgrade_endpoint` or once the engine's last handle was dropped.
-pub(crate) fn pair_up<N: Nic>(
-    eng: &EngineInner<N>,
-    qp: &N::Qp,
-    target: UdTarget,
-) -> Result<u64, EngineError> {
-    if let Some(hs) = eng.handshake_msg() {
-        let me = eng.arc().ok_or(EngineError::Unsupported {
-            reason: "the engine is being dropped",
-        })?;
-        return pair_via(qp, &eng.cfg.handshake, |qpn| {
-            hs.handshake(&me, qpn, target.gid)
-        });
-    }
-    pair_with(eng.handshake_endpoint()?, qp, target)
-}
-
 /// Pairs `qp` (an RC QP in RESET, in `hs`'s PD's device) with the responder
 /// at `target`: INIT, handshake, RTR, RTS. Returns the pairing's nonce. On
 /// any failure the QP is left in RESET.
@@ -71,7 +46,7 @@ pub(crate) fn pair_with<N: Nic>(
 
 /// INIT, `exchange` (the handshake, whatever carries it), RTR, RTS; the QP
 /// back in RESET on any failure. Returns the pairing's nonce.
-fn pair_via<Q: QueuePair>(
+pub(crate) fn pair_via<Q: QueuePair>(
     qp: &Q,
     cfg: &HandshakeConfig,
     exchange: impl FnOnce(u32) -> Result<Paired, EngineError>,

@@ -10,9 +10,10 @@ use std::time::{Duration, Instant};
 use krcore_nic::{Gid, Nic, QpType, QueuePair, UdTarget};
 use parking_lot::{Condvar, Mutex};
 
+use super::device::QpHost;
 use super::error::{EngineError, VqpError};
 use super::handshake_ud::HandshakeResponder;
-use super::pairing::{handshake_target, pair_up};
+use super::pairing::handshake_target;
 use super::physqp::{create_qp, PhysQp, RcLink};
 use super::{EngineInner, EngineMode};
 use crate::dccache::CachedTarget;
@@ -310,7 +311,7 @@ pub(crate) fn acquire_with<N: Nic>(
         QpType::Rc,
         ("create an RC pair's CQ", "create an RC QP"),
     )?;
-    let nonce = match pair_up(eng, &qp, hs_target) {
+    let nonce = match eng.pair_up(&qp, hs_target) {
         Ok(n) => n,
         Err(e) => {
             tracing::warn!(target_gid = %gid, qpn = qp.qpn(), reason = %e, "RC pair handshake failed");
