@@ -6,7 +6,8 @@
 Nodes are the crate's files, a file's submodules folded into it (so
 `engine/physqp/post.rs` counts as `engine/physqp`). An edge is every
 `crate::` or `super::` path outside comments and `#[cfg(test)] mod tests`
-(a `use` or a path inline) that names another node. The check fails (exit
+(a `use`, each path of a `use` group, or a path inline) that names another
+node. The check fails (exit
 1) when the edges form a circle, naming its files; it reports the imports
 that run from a file up to a module that contains it (its parent's
 `mod.rs`, or the crate root), and fails when there are more than
@@ -41,7 +42,28 @@ def source(path):
     cut = text.find("#[cfg(test)]\nmod tests")
     if cut >= 0:
         text = text[:cut]
-    return re.sub(r"//.*", "", text)
+    return expand_groups(re.sub(r"//.*", "", text))
+
+
+def expand_groups(text):
+    """`use a::{b, c::d};` -> `use a::b; use a::c::d;` (nested groups too),
+    so that every path of a group is seen whole."""
+    group = re.compile(r"((?:crate|super|self)(?:::[A-Za-z_][A-Za-z0-9_]*)*)::\{([^{}]*)\}")
+    while True:
+        m = group.search(text)
+        if not m:
+            return text
+        prefix, items = m.group(1), m.group(2)
+        paths = []
+        for item in items.split(","):
+            item = item.strip()
+            if not item:
+                continue
+            if item == "self":
+                paths.append(prefix)
+            else:
+                paths.append(prefix + "::" + item.split(" as ")[0].strip())
+        text = text[: m.start()] + "; ".join(paths) + text[m.end() :]
 
 
 def resolve(files, module, segments):

@@ -6,7 +6,8 @@
 
 use krcore_nic::{SendFlags, SendWr, WcStatus};
 
-use super::{copies_range, deliver, settle_copies, Doorbell, Rec, SharedQp, NO_SOLE};
+use super::route::deliver;
+use super::state::{copies_range, settle_copies, Doorbell, Rec, SharedQp, NO_SOLE};
 use crate::dccache::DcCache;
 use crate::wrid::{PhysWrId, Slot, VqpId};
 

@@ -5,7 +5,8 @@
 
 use krcore_nic::{Wc, WcStatus};
 
-use super::{DciStats, Rec, SharedQp, VqpState};
+use super::state::{DciStats, Rec, SharedQp};
+use super::vqps::VqpState;
 use crate::credits::{CreditError, Posted, SendQueueCredits};
 use crate::dccache::DcCache;
 use crate::wrid::{PhysWrId, Slot, VqpId};

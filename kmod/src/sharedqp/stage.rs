@@ -9,10 +9,11 @@ use std::time::Instant;
 
 use krcore_nic::{Destination, Gid, PostError, SendFlags, SendWr};
 
-use super::{
+use super::state::{
     copies_range, settle_copies, AnyMr, DciStats, Doorbell, MrSnapshot, Rec, Refusal, SharedQp,
-    VqpState, NO_SOLE,
+    NO_SOLE,
 };
+use super::vqps::VqpState;
 use crate::credits::{CreditError, SendQueueCredits};
 use crate::idhash::IdMap;
 use crate::precheck::{

@@ -6,9 +6,9 @@ use std::ops::Range;
 
 use krcore_nic::{CompletionQueue, Nic, Wc};
 
-use super::super::device::QpHost;
-use super::super::error::VqpError;
-use super::{PhysQp, PhysState, POLL_BATCH};
+use super::qp::{PhysQp, PhysState, POLL_BATCH};
+use crate::engine::device::QpHost;
+use crate::engine::error::VqpError;
 use crate::sharedqp::Sink;
 use crate::wrid::VqpId;
 

@@ -10,9 +10,9 @@ use std::time::Instant;
 
 use krcore_nic::{Nic, PostError, QueuePair, SendWr};
 
-use super::super::device::QpHost;
-use super::super::error::VqpError;
-use super::{Link, PhysQp, PhysState, PostFail, RcLink};
+use super::qp::{Link, PhysQp, PhysState, PostFail, RcLink};
+use crate::engine::device::QpHost;
+use crate::engine::error::VqpError;
 use crate::sharedqp::Doorbell;
 use crate::wrid::VqpId;
 

@@ -6,9 +6,9 @@
 
 use krcore_nic::{bring_up, Access, CompletionQueue, Nic, QueuePair, SendWr, Transition, Wc};
 
-use super::super::device::QpHost;
-use super::super::error::VqpError;
-use super::{Link, PhysQp, PhysState, POLL_BATCH};
+use super::qp::{Link, PhysQp, PhysState, POLL_BATCH};
+use crate::engine::device::QpHost;
+use crate::engine::error::VqpError;
 
 impl<N: Nic> PhysQp<N> {
     /// Brings a QP that reported an error back to RTS (see the module docs).
