@@ -630,16 +630,7 @@ impl<N: Nic> MsgNode<N> {
                 let Some(port) = port else {
                     return orphan(self, RefuseCode::Unbound);
                 };
-                let body = match m.kind {
-                    MsgKind::Desc { len, desc, .. } => {
-                        bump(&self.counters.descriptors_delivered);
-                        Body::Pending { len, desc }
-                    }
-                    _ => {
-                        bump(&self.counters.inline_delivered);
-                        Body::Inline(body)
-                    }
-                };
+                let body = self.delivered_body(&m.kind, body);
                 let mut st = port.state.lock();
                 let Some(c) = st.channels.get_mut(&from) else {
                     let code = if reserved_bound(p, st.bound) {
@@ -714,16 +705,7 @@ impl<N: Nic> MsgNode<N> {
                 if c.reply_seq.accept(seq).is_err() {
                     bump(&self.counters.out_of_order);
                 }
-                let body = match m.kind {
-                    MsgKind::Desc { len, desc, .. } => {
-                        bump(&self.counters.descriptors_delivered);
-                        Body::Pending { len, desc }
-                    }
-                    _ => {
-                        bump(&self.counters.inline_delivered);
-                        Body::Inline(body)
-                    }
-                };
+                let body = self.delivered_body(&m.kind, body);
                 st.replies.push_back(Message {
                     from: Sender { gid: m.src, vqp: 0 },
                     port: from,
@@ -732,6 +714,22 @@ impl<N: Nic> MsgNode<N> {
                 });
             }
             MsgKind::Open { .. } | MsgKind::Close => bump(&self.counters.malformed),
+        }
+    }
+
+    /// The body of a data message or reply delivered with `kind`: its
+    /// bytes when they came inline, its descriptor (pulled by the pop)
+    /// otherwise; counted either way.
+    fn delivered_body(&self, kind: &MsgKind, body: Vec<u8>) -> Body<N> {
+        match *kind {
+            MsgKind::Desc { len, desc, .. } => {
+                bump(&self.counters.descriptors_delivered);
+                Body::Pending { len, desc }
+            }
+            _ => {
+                bump(&self.counters.inline_delivered);
+                Body::Inline(body)
+            }
         }
     }
 }
