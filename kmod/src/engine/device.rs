@@ -46,14 +46,3 @@ pub(crate) trait QpHost<N: Nic> {
     /// The pairing's (`super::pairing::pair_with`).
     fn pair_up(&self, qp: &N::Qp, target: UdTarget) -> Result<u64, EngineError>;
 }
-
-impl<N: Nic, H: QpHost<N>> QpHost<N> for Arc<H> {
-    #[inline(always)]
-    fn dev(&self) -> &Device<N> {
-        (**self).dev()
-    }
-
-    fn pair_up(&self, qp: &N::Qp, target: UdTarget) -> Result<u64, EngineError> {
-        (**self).pair_up(qp, target)
-    }
-}

@@ -380,8 +380,8 @@ impl<N: Nic> Vqp<N> {
         // One WR (the usual post, every atomic of the SDK): its own copy,
         // the batch's length known, its loops gone.
         let posted = match wrs {
-            [wr] => q.post(&self.engine, self.id, std::slice::from_mut(wr)),
-            _ => q.post(&self.engine, self.id, wrs),
+            [wr] => q.post(&*self.engine, self.id, std::slice::from_mut(wr)),
+            _ => q.post(&*self.engine, self.id, wrs),
         };
         match posted {
             Ok(()) => Ok(()),
@@ -426,7 +426,7 @@ impl<N: Nic> Vqp<N> {
         let Some(q) = slot.as_ref() else {
             return Err(VqpError::NotConnected { vqp: self.id });
         };
-        match q.post(&self.engine, self.id, wrs) {
+        match q.post(&*self.engine, self.id, wrs) {
             Ok(()) => Ok(None),
             Err(PostFail::Vqp(e)) => Err(e),
             Err(PostFail::Stale) => Ok(Some(q.clone())),
@@ -485,8 +485,8 @@ impl<N: Nic> Vqp<N> {
         // One entry (a synchronous wait's poll): its own copy, the
         // array's length known.
         let polled = match out {
-            [wc] => q.poll(&self.engine, self.id, std::slice::from_mut(wc)),
-            _ => q.poll(&self.engine, self.id, out),
+            [wc] => q.poll(&*self.engine, self.id, std::slice::from_mut(wc)),
+            _ => q.poll(&*self.engine, self.id, out),
         };
         match (polled?, &self.binding) {
             (Some(n), _) => Ok(n),
