@@ -627,3 +627,25 @@ impl MetaLocation {
         })
     }
 }
+
+/// How the engine reaches other nodes, decided at start from the device's
+/// capabilities ([`krcore_nic::DeviceCaps::dc`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum EngineMode {
+    /// KRCore proper: a pool of shared DC initiators; connect is a lookup.
+    Dc,
+    /// The device has no DC (Soft-RoCE, non-ConnectX NICs): each target is
+    /// reached through one RC QP shared by the node's VQPs, made by a
+    /// handshake over UD and cached (LRU, `EngineConfig::rc_cap`).
+    RcFallback,
+}
+
+impl std::fmt::Display for EngineMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            EngineMode::Dc => "DC",
+            EngineMode::RcFallback => "RC fallback",
+        })
+    }
+}

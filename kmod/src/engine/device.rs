@@ -1,13 +1,15 @@
 //! The node's device as the engine's data path sees it: the NIC, its
 //! protection domain, the configuration and the pre-check's policy, the
 //! node-wide DCCache, the owned-MR registry and the words every post reads.
-//! Made once at the engine's start and never changed; the engine object
-//! (`super::EngineInner`) holds it and derefs to it.
+//! Made once at the engine's start (its counters and the fork flag are
+//! the only words that change); the engine object (`super::EngineInner`)
+//! holds it and derefs to it.
 //!
 //! A shared QP's host (`super::physqp`) takes a [`QpHost`]: the device,
 //! and the one service it calls back (pairing an RC QP with its target
 //! again after an error), so that it does not name the engine object.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use krcore_nic::{Nic, UdTarget};
@@ -31,6 +33,26 @@ pub(crate) struct Device<N: Nic> {
     /// The words every post reads (the registry's generation, the RC
     /// pairs' LRU clock), shared with the registry and each shared QP.
     pub(crate) words: Arc<PostWords>,
+    /// Set in a forked child (`super::ForkKit::adopt`): no meta lookups,
+    /// no new NIC objects, no messaging.
+    pub(crate) forked: AtomicBool,
+    /// Connects answered by the DCCache, and by a meta READ.
+    pub(crate) hits: AtomicU64,
+    pub(crate) misses: AtomicU64,
+    /// VQPs moved DC -> RC, back, and failed builds (`super::upgrade`).
+    pub(crate) upgrades: AtomicU64,
+    pub(crate) downgrades: AtomicU64,
+    pub(crate) upgrade_failures: AtomicU64,
+}
+
+impl<N: Nic> Device<N> {
+    /// `Err(Unsupported)` naming `what` in a forked child.
+    pub(crate) fn refuse_in_child(&self, what: &'static str) -> Result<(), EngineError> {
+        if self.forked.load(Ordering::Relaxed) {
+            return Err(EngineError::Unsupported { reason: what });
+        }
+        Ok(())
+    }
 }
 
 /// What a shared QP's host needs of the engine (see the module docs).

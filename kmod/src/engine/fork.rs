@@ -61,9 +61,10 @@ use std::time::Duration;
 
 use krcore_nic::Nic;
 
+use super::config::EngineMode;
 use super::error::EngineError;
 use super::physqp::PhysQp;
-use super::{Engine, EngineInner, EngineMode};
+use super::Engine;
 
 /// DCIs a parent made for a child (see the module docs).
 pub struct ForkKit<N: Nic> {
@@ -79,17 +80,6 @@ impl<N: Nic> std::fmt::Debug for ForkKit<N> {
     }
 }
 
-/// `Err(Unsupported)` in a forked child.
-pub(crate) fn refuse_in_child<N: Nic>(
-    eng: &EngineInner<N>,
-    what: &'static str,
-) -> Result<(), EngineError> {
-    if eng.forked.load(Ordering::Relaxed) {
-        return Err(EngineError::Unsupported { reason: what });
-    }
-    Ok(())
-}
-
 impl<N: Nic> Engine<N> {
     /// Prepares `dcis` DCIs for one forked child (call before `fork`).
     ///
@@ -97,7 +87,7 @@ impl<N: Nic> Engine<N> {
     /// [`EngineError::Unsupported`] in RC fallback mode or in a forked
     /// child; [`EngineError::Config`] for 0 DCIs; [`EngineError::Nic`].
     pub fn prepare_fork(&self, dcis: usize) -> Result<ForkKit<N>, EngineError> {
-        refuse_in_child(&self.inner, "preparing a fork")?;
+        self.inner.refuse_in_child("preparing a fork")?;
         if self.mode() != EngineMode::Dc {
             return Err(EngineError::Unsupported {
                 reason: "fork kits need DC mode (RC pairs are bound to the parent's QPs)",

@@ -260,7 +260,7 @@ impl<N: Nic> HsMsg<N> {
         if self.closed.load(Ordering::Acquire) {
             return Err(closed_error());
         }
-        super::fork::refuse_in_child(eng, "serving upgrades in a forked child")?;
+        eng.refuse_in_child("serving upgrades in a forked child")?;
         let gid = eng.nic.gid();
         let port = Engine::handle(eng.clone())
             .bind_reserved(HANDSHAKE_PORT)

@@ -48,11 +48,11 @@ use krcore_nic::{
 use parking_lot::Mutex;
 
 use super::config::MetaLocation;
+use super::device::{Device, QpHost};
 use super::error::{EngineError, MetaFailure, VqpError};
 use super::handshake_ud::HandshakeResponder;
 use super::mrs::OwnedMr;
 use super::physqp::{PhysQp, PostFail};
-use super::EngineInner;
 use crate::dccache::CachedTarget;
 use crate::precheck::Ungranted;
 use crate::sharedqp::DciStats;
@@ -214,7 +214,8 @@ impl<N: Nic> MetaClient<N> {
     /// READ could not be posted on DCI 0 (its send queue stayed full).
     pub(crate) fn lookup(
         &self,
-        eng: &EngineInner<N>,
+        eng: &(impl QpHost<N> + ?Sized),
+        first_dci: impl Fn() -> Result<Arc<PhysQp<N>>, EngineError>,
         gid: &Gid,
     ) -> Result<Option<EntryRepr>, EngineError> {
         let loc = &self.location;
@@ -227,14 +228,19 @@ impl<N: Nic> MetaClient<N> {
         let mut attempts = 0;
         loop {
             attempts += 1;
-            st.read_bucket(eng, remote, &mut bytes, loc.server, self.policy.timeout)
-                .map_err(|e| match e {
-                    ReadError::Failed(failure) => {
-                        EngineError::MetaUnavailable { gid: *gid, failure }
-                    }
-                    ReadError::Post(source) => EngineError::MetaPost { gid: *gid, source },
-                    ReadError::Nic(e) => e,
-                })?;
+            st.read_bucket(
+                eng,
+                &first_dci,
+                remote,
+                &mut bytes,
+                loc.server,
+                self.policy.timeout,
+            )
+            .map_err(|e| match e {
+                ReadError::Failed(failure) => EngineError::MetaUnavailable { gid: *gid, failure },
+                ReadError::Post(source) => EngineError::MetaPost { gid: *gid, source },
+                ReadError::Nic(e) => e,
+            })?;
             match find_in_bucket(&bytes, gid) {
                 Ok(found) => return Ok(found),
                 Err(last) if !last.is_retryable() || attempts > self.policy.retries => {
@@ -265,7 +271,8 @@ impl<N: Nic> MetaState<N> {
     /// One READ of `out.len()` bytes at `remote`, waited for.
     fn read_bucket(
         &mut self,
-        eng: &EngineInner<N>,
+        eng: &(impl QpHost<N> + ?Sized),
+        first_dci: &impl Fn() -> Result<Arc<PhysQp<N>>, EngineError>,
         remote: RemoteAddr,
         out: &mut [u8],
         server: DcTarget,
@@ -277,7 +284,8 @@ impl<N: Nic> MetaState<N> {
             return l.read_bucket(&mut self.stats, wr_id, remote, out, server, timeout);
         }
         if let MetaLink::Idle = self.link {
-            self.link = start_pool(eng, out.len()).map_err(ReadError::Nic)?;
+            let dci = first_dci().map_err(ReadError::Nic)?;
+            self.link = start_pool(eng.dev(), dci, out.len()).map_err(ReadError::Nic)?;
         }
         let MetaLink::Pool { dci, buf } = &self.link else {
             // Idle was replaced above and Rc returned: not reached.
@@ -295,7 +303,7 @@ impl<N: Nic> MetaState<N> {
             .with_vqp(META_VQP, |v| v.target = Some(target))
             .is_none()
         {
-            let mut v = VqpState::new(eng.cfg.vqp_depth, META_UNGRANTED);
+            let mut v = VqpState::new(eng.dev().cfg.vqp_depth, META_UNGRANTED);
             v.target = Some(target);
             dci.attach(META_VQP, v);
         }
@@ -359,8 +367,11 @@ impl<N: Nic> MetaState<N> {
 /// DC mode, the first lookup: DCI 0 (created if the pool is empty), the
 /// meta VQP on it and its READ buffer (an owned MR: the pre-check knows its
 /// lkey).
-fn start_pool<N: Nic>(eng: &EngineInner<N>, len: usize) -> Result<MetaLink<N>, EngineError> {
-    let dci = eng.first_dci()?;
+fn start_pool<N: Nic>(
+    eng: &Device<N>,
+    dci: Arc<PhysQp<N>>,
+    len: usize,
+) -> Result<MetaLink<N>, EngineError> {
     let mr = eng
         .nic
         .alloc_mr(&eng.pd, len, Access::LOCAL_WRITE)

@@ -140,8 +140,8 @@ use parking_lot::Mutex;
 
 pub use crate::sharedqp::{DciStats, QpStats};
 pub use config::{
-    EngineConfig, HandshakeConfig, MetaLocation, MsgConfig, DCIS_PER_CPU, DEFAULT_DC_KEY,
-    DEFAULT_HANDSHAKE_QKEY,
+    EngineConfig, EngineMode, HandshakeConfig, MetaLocation, MsgConfig, DCIS_PER_CPU,
+    DEFAULT_DC_KEY, DEFAULT_HANDSHAKE_QKEY,
 };
 pub use error::{EngineError, HandshakeFailure, MetaFailure, VqpError};
 pub use fork::ForkKit;
@@ -166,32 +166,10 @@ use lazy::Lazy;
 use meta::{MetaClient, MetaPolicy};
 use mrs::{MrRegistry, PostWords};
 use physqp::PhysQp;
-use rc::RcPool;
+use rc::{RcHost, RcPool};
 
 /// The access flags that make an MR something peers use.
 const REMOTE_ACCESS: Access = Access(Access::ALL.0 & !Access::LOCAL_WRITE.0);
-
-/// How the engine reaches other nodes, decided at start from the device's
-/// capabilities ([`krcore_nic::DeviceCaps::dc`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum EngineMode {
-    /// KRCore proper: a pool of shared DC initiators; connect is a lookup.
-    Dc,
-    /// The device has no DC (Soft-RoCE, non-ConnectX NICs): each target is
-    /// reached through one RC QP shared by the node's VQPs, made by a
-    /// handshake over UD and cached (LRU, `EngineConfig::rc_cap`).
-    RcFallback,
-}
-
-impl std::fmt::Display for EngineMode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            EngineMode::Dc => "DC",
-            EngineMode::RcFallback => "RC fallback",
-        })
-    }
-}
 
 /// Engine-wide statistics, summed over the DCIs (or the RC pairs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -339,23 +317,15 @@ pub(crate) struct EngineInner<N: Nic> {
     /// (`meta_msg`); its lock serializes the calls.
     meta_ep: Mutex<Option<Endpoint<N>>>,
     meta_next_id: AtomicU64,
-    pub(crate) upgrades: AtomicU64,
-    pub(crate) downgrades: AtomicU64,
-    pub(crate) upgrade_failures: AtomicU64,
     /// Set at start from `cfg.meta`, or once later by a [`MsgMetaHost`]
     /// the engine hosts (it reads its own table).
     meta: OnceLock<MetaClient<N>>,
     pool: Mutex<Vec<Arc<PhysQp<N>>>>,
     next_dci: AtomicUsize,
     next_vqp: AtomicU32,
-    hits: AtomicU64,
-    misses: AtomicU64,
     /// Two-sided messaging, made by the first bind or endpoint.
     msg: OnceLock<Arc<msg_node::MsgNode<N>>>,
     msg_init: Mutex<()>,
-    /// Set in a forked child ([`ForkKit::adopt`]): no meta lookups, no new
-    /// NIC objects, no messaging.
-    forked: AtomicBool,
 }
 
 impl<N: Nic> std::ops::Deref for EngineInner<N> {
@@ -392,6 +362,63 @@ impl<N: Nic> QpHost<N> for EngineInner<N> {
             });
         }
         pairing::pair_with(self.handshake_endpoint()?, qp, target)
+    }
+}
+
+impl<N: Nic> RcHost<N> for EngineInner<N> {
+    fn mode(&self) -> EngineMode {
+        match self.mode_state {
+            ModeState::Dc(_) => EngineMode::Dc,
+            ModeState::Rc(_) => EngineMode::RcFallback,
+        }
+    }
+
+    fn rc_pool(&self) -> Option<&RcPool<N>> {
+        match &self.mode_state {
+            ModeState::Rc(f) => Some(&f.pool),
+            ModeState::Dc(_) => self.upgrade.as_ref().map(|u| &u.pool),
+        }
+    }
+
+    fn handshake_ud(&self) -> Option<&HandshakeResponder<N>> {
+        self.handshake()
+    }
+
+    fn tell_closed_msg(&self, qpn: u32, gid: Gid, nonce: u64) -> bool {
+        match self.handshake_msg() {
+            Some(hs) => {
+                hs.close(self.nic.gid(), qpn, gid, nonce);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn resolve(&self, gid: &Gid) -> Result<CachedTarget, EngineError> {
+        if let Some(hit) = self.cache.lookup(gid).hit() {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(hit);
+        }
+        self.misses.fetch_add(1, Ordering::Relaxed);
+        self.refuse_in_child("a meta lookup (DCCache miss) in a forked child")?;
+        let meta = self
+            .meta
+            .get()
+            .ok_or(EngineError::NoMetaServer { gid: *gid })?;
+        let Some(entry) = meta.lookup(self, || self.first_dci(), gid)? else {
+            self.cache.invalidate(gid);
+            return Err(EngineError::UnknownNode { gid: *gid });
+        };
+        let found = CachedTarget {
+            target: entry.dc_target(),
+            epoch: entry.epoch,
+        };
+        Ok(match self.cache.insert(found.target, found.epoch) {
+            // The cache already holds a newer registration (a concurrent
+            // connect read the table after us): use that one.
+            Insert::Stale { .. } => self.cache.get(gid).unwrap_or(found),
+            _ => found,
+        })
     }
 }
 
@@ -493,15 +520,6 @@ impl<N: Nic> EngineInner<N> {
         Some(stale)
     }
 
-    /// The RC pairs (RC fallback mode).
-    /// DC mode: the upgraded VQPs' pairs, if the upgrade is configured.
-    pub(crate) fn rc_pool(&self) -> Option<&RcPool<N>> {
-        match &self.mode_state {
-            ModeState::Rc(f) => Some(&f.pool),
-            ModeState::Dc(_) => self.upgrade.as_ref().map(|u| &u.pool),
-        }
-    }
-
     /// Messaging's receive side: the SRQ and receive CQ (DC mode: the DCT's,
     /// created on first need; RC fallback mode: those the passive ends of
     /// peers' pairs share, made at start), and this node's address for
@@ -555,7 +573,7 @@ impl<N: Nic> EngineInner<N> {
         if let Some(v) = lazy.get() {
             return Ok(v);
         }
-        fork::refuse_in_child(self, in_child)?;
+        self.refuse_in_child(in_child)?;
         lazy.get_or_try_init(create)
     }
 
@@ -569,13 +587,6 @@ impl<N: Nic> EngineInner<N> {
         let d = Arc::new(PhysQp::dci(self, 0)?);
         pool.push(d.clone());
         Ok(d)
-    }
-
-    fn mode(&self) -> EngineMode {
-        match self.mode_state {
-            ModeState::Dc(_) => EngineMode::Dc,
-            ModeState::Rc(_) => EngineMode::RcFallback,
-        }
     }
 }
 
@@ -625,7 +636,7 @@ impl<N: Nic> Drop for Engine<N> {
             && !self.inner.released.swap(true, Ordering::AcqRel)
         {
             if let (Some(pool), Some(_)) = (self.inner.rc_pool(), self.inner.handshake_msg()) {
-                pool.close_idle(&self.inner);
+                pool.close_idle(&*self.inner);
             }
             if let Some(hs) = self.inner.handshake_msg() {
                 hs.release();
@@ -755,21 +766,21 @@ impl<N: Nic> Engine<N> {
                 mrs: Arc::new(MrRegistry::new(words.clone())),
                 words,
                 cfg,
+                forked: AtomicBool::new(false),
+                hits: AtomicU64::new(0),
+                misses: AtomicU64::new(0),
+                upgrades: AtomicU64::new(0),
+                downgrades: AtomicU64::new(0),
+                upgrade_failures: AtomicU64::new(0),
             },
             mode_state,
             upgrade,
-            upgrades: AtomicU64::new(0),
-            downgrades: AtomicU64::new(0),
-            upgrade_failures: AtomicU64::new(0),
             meta: meta.map_or_else(OnceLock::new, OnceLock::from),
             pool: Mutex::new(Vec::new()),
             next_dci: AtomicUsize::new(0),
             next_vqp: AtomicU32::new(1),
-            hits: AtomicU64::new(0),
-            misses: AtomicU64::new(0),
             msg: OnceLock::new(),
             msg_init: Mutex::new(()),
-            forked: AtomicBool::new(false),
         });
         if inner.mode() == EngineMode::Dc {
             let mut pool = inner.pool.lock();
@@ -933,7 +944,7 @@ impl<N: Nic> Engine<N> {
     /// [`EngineError::Unsupported`] in RC fallback mode or without
     /// `upgrade_endpoint`; as [`Vqp::upgrade`].
     pub fn upgrade(&self, gid: &Gid) -> Result<(), EngineError> {
-        rc::pair_for(&self.inner, gid).map(|_| ())
+        rc::pair_for(&*self.inner, gid).map(|_| ())
     }
 
     /// The configuration (with the policy as given, before clamping).
@@ -997,7 +1008,8 @@ impl<N: Nic> Engine<N> {
     /// [`EngineError::Nic`] with the provider's refusal (of the MR, or of
     /// the DCT).
     pub fn alloc_mr(&self, len: usize, access: Access) -> Result<OwnedMr<N>, EngineError> {
-        fork::refuse_in_child(&self.inner, "allocating an MR in a forked child")?;
+        self.inner
+            .refuse_in_child("allocating an MR in a forked child")?;
         if self.mode() == EngineMode::Dc && access.0 & REMOTE_ACCESS.0 != 0 {
             self.inner.receiver()?;
         }
@@ -1025,7 +1037,7 @@ impl<N: Nic> Engine<N> {
     /// # Errors
     /// As [`Vqp::connect`].
     pub fn resolve(&self, gid: &Gid) -> Result<CachedTarget, EngineError> {
-        resolve(&self.inner, gid)
+        RcHost::resolve(&*self.inner, gid)
     }
 
     /// Drops the cached metadata of `gid` (the next connect READs the meta
@@ -1081,37 +1093,6 @@ impl<N: Nic> Engine<N> {
             rc_upgrade_failures: self.inner.upgrade_failures.load(Ordering::Relaxed),
         }
     }
-}
-
-/// DCCache first; on a miss one meta READ, whose entry is cached.
-pub(crate) fn resolve<N: Nic>(
-    eng: &EngineInner<N>,
-    gid: &Gid,
-) -> Result<CachedTarget, EngineError> {
-    if let Some(hit) = eng.cache.lookup(gid).hit() {
-        eng.hits.fetch_add(1, Ordering::Relaxed);
-        return Ok(hit);
-    }
-    eng.misses.fetch_add(1, Ordering::Relaxed);
-    fork::refuse_in_child(eng, "a meta lookup (DCCache miss) in a forked child")?;
-    let meta = eng
-        .meta
-        .get()
-        .ok_or(EngineError::NoMetaServer { gid: *gid })?;
-    let Some(entry) = meta.lookup(eng, gid)? else {
-        eng.cache.invalidate(gid);
-        return Err(EngineError::UnknownNode { gid: *gid });
-    };
-    let found = CachedTarget {
-        target: entry.dc_target(),
-        epoch: entry.epoch,
-    };
-    Ok(match eng.cache.insert(found.target, found.epoch) {
-        // The cache already holds a newer registration (a concurrent
-        // connect read the table after us): use that one.
-        Insert::Stale { .. } => eng.cache.get(gid).unwrap_or(found),
-        _ => found,
-    })
 }
 
 /// DC mode: the DCT with its SRQ and receive CQ, brought up.

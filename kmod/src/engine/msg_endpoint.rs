@@ -484,7 +484,7 @@ impl<N: Nic> Endpoint<N> {
                 wr_id,
             ),
             Outgoing::Region(mr, offset, len) => {
-                aim(vqp, gid)?;
+                aim(vqp, gid, self.node.cfg.timeout, &self.node.counters)?;
                 let desc = Descriptor {
                     addr: mr.addr() + offset as u64,
                     rkey: mr.rkey(),
@@ -521,7 +521,8 @@ impl<N: Nic> Endpoint<N> {
         self.node.progress(&self.eng)?;
         let mut tx = self.tx.lock();
         self.settle_owed(&mut tx);
-        let Some(mut msg) = take_next(&tx.vqp, &self.shared.state, |s| &mut s.replies)? else {
+        let Some(mut msg) = take_next(&tx.vqp, &self.node, &self.shared.state, |s| &mut s.replies)?
+        else {
             return Ok(None);
         };
         let credit = self

@@ -833,7 +833,8 @@ mod tests {
     fn an_open_from_a_new_dct_of_a_known_gid_replaces_the_cached_entry() {
         let (_meta, rx, tx) = pair(|_| {});
         // (A DCCache miss reads the meta table and caches tx's entry.)
-        let known = crate::engine::resolve(&rx.inner, &tx.gid()).expect("tx is registered");
+        let known =
+            crate::engine::rc::RcHost::resolve(&*rx.inner, &tx.gid()).expect("tx is registered");
         super::learn_sender(
             &rx.inner,
             tx.gid(),

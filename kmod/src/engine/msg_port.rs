@@ -443,7 +443,8 @@ impl<N: Nic> Port<N> {
         self.node.progress(&self.eng)?;
         let mut tx = self.tx.lock();
         self.settle_owed(&mut tx);
-        let Some(mut msg) = take_next(&tx.vqp, &self.shared.state, |s| &mut s.ring)? else {
+        let Some(mut msg) = take_next(&tx.vqp, &self.node, &self.shared.state, |s| &mut s.ring)?
+        else {
             return Ok(None);
         };
         let credit = self.shared.popped(msg.from, &self.node.counters);

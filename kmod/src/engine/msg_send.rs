@@ -109,7 +109,12 @@ pub(crate) fn take_buffer<N: Nic>(
 /// fallback mode: a VQP moves to another target's pair only with no WR in
 /// flight; its message sends are signaled there, so reaping them (bounded
 /// by the messaging timeout) lets it move.
-pub(crate) fn aim<N: Nic>(vqp: &Vqp<N>, to: Gid) -> Result<(), MsgError> {
+pub(crate) fn aim<N: Nic>(
+    vqp: &Vqp<N>,
+    to: Gid,
+    timeout: Duration,
+    counters: &Counters,
+) -> Result<(), MsgError> {
     if vqp.target().map(|t| t.target.gid) == Some(to) {
         return Ok(());
     }
@@ -118,16 +123,10 @@ pub(crate) fn aim<N: Nic>(vqp: &Vqp<N>, to: Gid) -> Result<(), MsgError> {
         match vqp.connect(to) {
             Ok(()) => return Ok(()),
             Err(e @ super::error::EngineError::VqpBusy { .. }) => {
-                let node = vqp.engine.msg.get().cloned();
-                let timeout = node
-                    .as_ref()
-                    .map_or(Duration::from_secs(5), |n| n.cfg.timeout);
                 if start.elapsed() >= timeout {
                     return Err(e.into());
                 }
-                if let Some(n) = &node {
-                    reap(vqp, &n.counters)?;
-                }
+                reap(vqp, counters)?;
                 std::thread::yield_now();
             }
             Err(e) => return Err(e.into()),
@@ -141,7 +140,7 @@ pub(crate) fn aim<N: Nic>(vqp: &Vqp<N>, to: Gid) -> Result<(), MsgError> {
 /// (see [`aim`]).
 fn send_flags<N: Nic>(vqp: &Vqp<N>) -> SendFlags {
     match vqp.engine.mode() {
-        super::EngineMode::Dc => SendFlags::NONE,
+        super::config::EngineMode::Dc => SendFlags::NONE,
         _ => SendFlags::SIGNALED,
     }
 }
@@ -264,7 +263,7 @@ pub(crate) fn send_inline_wr<N: Nic>(
     counters: &Counters,
     wr_id: u64,
 ) -> Result<(), MsgError> {
-    aim(vqp, to)?;
+    aim(vqp, to, timeout, counters)?;
     let data = InlineData::new(bytes).ok_or(MsgError::Unsupported {
         reason: "control message longer than the inline limit",
     })?;
@@ -327,7 +326,7 @@ pub(crate) fn read_into<N: Nic>(
     counters: &Counters,
 ) -> Result<(), MsgError> {
     const PULL: u64 = 0x5055_4c4c; // "PULL"
-    aim(vqp, from)?;
+    aim(vqp, from, timeout, counters)?;
     let sge = landing
         .sge(0, len)
         .map_err(MsgError::nic("a landing buffer"))?;
@@ -388,7 +387,7 @@ pub(crate) fn send_with_body<N: Nic>(
         let n = with_body(&mut b, header, body);
         return send_inline_wr(vqp, to, imm, &b[..n], cfg.timeout, &node.counters, wr_id);
     }
-    aim(vqp, to)?;
+    aim(vqp, to, cfg.timeout, &node.counters)?;
     ring.write(off, header)
         .and_then(|()| ring.write(off + header.len(), body))
         .map_err(MsgError::nic("write a staging buffer"))?;
@@ -413,13 +412,17 @@ pub(crate) fn send_with_body<N: Nic>(
 /// Engine errors of reaching a descriptor's sender.
 pub(crate) fn take_next<N: Nic, S>(
     vqp: &Vqp<N>,
+    node: &MsgNode<N>,
     state: &Mutex<S>,
     queue: impl Fn(&mut S) -> &mut std::collections::VecDeque<Message<N>>,
 ) -> Result<Option<Message<N>>, MsgError> {
     let Some(msg) = queue(&mut state.lock()).pop_front() else {
         return Ok(None);
     };
-    if let (Body::Pending { .. }, Err(e)) = (&msg.body, aim(vqp, msg.from.gid)) {
+    if let (Body::Pending { .. }, Err(e)) = (
+        &msg.body,
+        aim(vqp, msg.from.gid, node.cfg.timeout, &node.counters),
+    ) {
         queue(&mut state.lock()).push_front(msg);
         return Err(e);
     }
@@ -487,7 +490,7 @@ pub(crate) fn send_data<N: Nic>(
     wr_id: u64,
 ) -> Result<(), MsgError> {
     let cfg = &node.cfg;
-    aim(vqp, to)?;
+    aim(vqp, to, cfg.timeout, &node.counters)?;
     let src = eng.nic.gid();
     if data.len() <= cfg.inline_max {
         let header = MsgRepr {

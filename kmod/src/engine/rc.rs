@@ -10,14 +10,53 @@ use std::time::{Duration, Instant};
 use krcore_nic::{Gid, Nic, QpType, QueuePair, UdTarget};
 use parking_lot::{Condvar, Mutex};
 
-use super::device::QpHost;
+use super::config::EngineMode;
+use super::device::{Device, QpHost};
 use super::error::{EngineError, VqpError};
 use super::handshake_ud::HandshakeResponder;
 use super::pairing::handshake_target;
 use super::physqp::{create_qp, PhysQp, RcLink};
-use super::{EngineInner, EngineMode};
 use crate::dccache::CachedTarget;
 use crate::sharedqp::DciStats;
+
+/// What the RC pairs, and the VQPs posting on them or on DCIs, need of
+/// their engine: the shared QP's host ([`QpHost`]), the pairs, how a GID
+/// resolves, and how a closed pair's target is told. The engine object
+/// implements it; a VQP holds its engine as `Arc<dyn RcHost<N>>`, so that
+/// neither names the engine object (the services above it, messaging and
+/// the upgrade's handshake, are reached only through these calls).
+pub(crate) trait RcHost<N: Nic>: QpHost<N> + Send + Sync {
+    /// How the engine reaches other nodes.
+    fn mode(&self) -> EngineMode;
+
+    /// The RC pairs: RC fallback mode; DC mode with `upgrade_endpoint`
+    /// (the upgraded VQPs' pairs).
+    fn rc_pool(&self) -> Option<&RcPool<N>>;
+
+    /// The UD handshake endpoint (RC fallback mode), if created.
+    fn handshake_ud(&self) -> Option<&HandshakeResponder<N>>;
+
+    /// DC mode with `upgrade_endpoint`: tells the node `gid` that this
+    /// node closed its end `qpn` of their pair (one message, no wait).
+    /// Returns whether the upgrade's handshake is there to tell it.
+    fn tell_closed_msg(&self, qpn: u32, gid: Gid, nonce: u64) -> bool;
+
+    /// DCCache first; on a miss one meta READ, whose entry is cached.
+    ///
+    /// # Errors
+    /// As [`super::Engine::resolve`].
+    fn resolve(&self, gid: &Gid) -> Result<CachedTarget, EngineError>;
+}
+
+/// Field access through the engine as a VQP holds it (`eng.cfg`).
+impl<N: Nic> std::ops::Deref for dyn RcHost<N> + '_ {
+    type Target = Device<N>;
+
+    #[inline(always)]
+    fn deref(&self) -> &Device<N> {
+        self.dev()
+    }
+}
 
 /// Statistics of the RC pairs (RC fallback mode): the node's RC pairs,
 /// one per target, in a bounded LRU cache, each made by a handshake with
@@ -162,7 +201,7 @@ impl<N: Nic> RcPool<N> {
 
     /// The open pair to `gid`, if any, counted as a reuse and stamped as
     /// used (as a hit of [`acquire_with`]).
-    pub(crate) fn existing(&self, eng: &EngineInner<N>, gid: &Gid) -> Option<Arc<PhysQp<N>>> {
+    pub(crate) fn existing(&self, eng: &dyn RcHost<N>, gid: &Gid) -> Option<Arc<PhysQp<N>>> {
         let p = self.get(gid)?;
         self.stats.lock().reused += 1;
         if let Some(l) = p.rc_link() {
@@ -191,10 +230,10 @@ impl<N: Nic> RcPool<N> {
     /// their passive ends now rather than at their `passive_cap`. A pair
     /// with WRs in flight stays (its VQPs still post on it; a VQP finding
     /// its pair closed moves back to its DCI). Returns the pairs closed.
-    pub(crate) fn close_idle(&self, eng: &EngineInner<N>) -> usize {
-        let Some(hs) = eng.handshake_msg() else {
+    pub(crate) fn close_idle(&self, eng: &dyn RcHost<N>) -> usize {
+        if eng.mode() != EngineMode::Dc {
             return 0;
-        };
+        }
         let pairs: Vec<(Gid, Arc<PhysQp<N>>)> = self
             .map
             .lock()
@@ -211,7 +250,7 @@ impl<N: Nic> RcPool<N> {
             };
             self.map.lock().remove(&gid);
             self.retire(&p);
-            hs.close(eng.nic.gid(), p.qpn(), gid, nonce);
+            eng.tell_closed_msg(p.qpn(), gid, nonce);
             closed += 1;
         }
         closed
@@ -229,7 +268,7 @@ impl<N: Nic> RcPool<N> {
     /// only: a restarted peer whose new endpoint got the old one's QPN
     /// (NICs allocate QPNs cyclically, so it is rare) is found as before,
     /// by the pair's first failed WR.
-    pub(crate) fn forget_restarted(&self, eng: &EngineInner<N>, peer: UdTarget) -> bool {
+    pub(crate) fn forget_restarted(&self, eng: &dyn RcHost<N>, peer: UdTarget) -> bool {
         let Some(p) = self.get(&peer.gid) else {
             return false;
         };
@@ -269,7 +308,7 @@ impl<N: Nic> RcPool<N> {
 /// [`EngineError::Handshake`], [`EngineError::RcPairsBusy`],
 /// [`EngineError::NotAFallbackNode`], [`EngineError::Nic`].
 pub(crate) fn acquire<N: Nic>(
-    eng: &EngineInner<N>,
+    eng: &dyn RcHost<N>,
     t: CachedTarget,
 ) -> Result<Arc<PhysQp<N>>, EngineError> {
     let hs_target = handshake_target(&t.target)?;
@@ -280,7 +319,7 @@ pub(crate) fn acquire<N: Nic>(
 /// `hs_target` (the DC mode upgrade finds it under another name: see
 /// `super::upgrade`). As [`acquire`].
 pub(crate) fn acquire_with<N: Nic>(
-    eng: &EngineInner<N>,
+    eng: &dyn RcHost<N>,
     gid: Gid,
     hs_target: UdTarget,
 ) -> Result<Arc<PhysQp<N>>, EngineError> {
@@ -337,7 +376,7 @@ pub(crate) fn acquire_with<N: Nic>(
 }
 
 /// Evicts until a new pair fits under the cap (see the module docs).
-fn make_room<N: Nic>(eng: &EngineInner<N>, pool: &RcPool<N>) -> Result<(), EngineError> {
+fn make_room<N: Nic>(eng: &dyn RcHost<N>, pool: &RcPool<N>) -> Result<(), EngineError> {
     let cap = eng.cfg.rc_cap;
     loop {
         let snapshot: Vec<(Gid, Arc<PhysQp<N>>)> = pool
@@ -383,10 +422,10 @@ fn make_room<N: Nic>(eng: &EngineInner<N>, pool: &RcPool<N>) -> Result<(), Engin
             pool.retire(p);
             pool.stats.lock().evicted += 1;
             tracing::info!(target_gid = %gid, qpn = p.qpn(), cap, "RC pair evicted (least recently used)");
-            if let (Some(hs), Some(l)) = (eng.handshake(), p.rc_link()) {
+            if let (Some(hs), Some(l)) = (eng.handshake_ud(), p.rc_link()) {
                 hs.close(p.qpn(), l.handshake, nonce);
-            } else if let (Some(hs), Some(l)) = (eng.handshake_msg(), p.rc_link()) {
-                hs.close(eng.nic.gid(), p.qpn(), l.gid, nonce);
+            } else if let Some(l) = p.rc_link() {
+                eng.tell_closed_msg(p.qpn(), l.gid, nonce);
             }
             evicted = true;
             break;
@@ -413,7 +452,7 @@ pub fn handshake_gid(gid: &Gid) -> Gid {
 /// handshake (over messaging) with a node that registered [`handshake_gid`]
 /// of its GID.
 pub(crate) fn pair_for<N: Nic>(
-    eng: &EngineInner<N>,
+    eng: &dyn RcHost<N>,
     gid: &Gid,
 ) -> Result<Arc<PhysQp<N>>, EngineError> {
     if eng.mode() != EngineMode::Dc || eng.rc_pool().is_none() {
@@ -424,16 +463,16 @@ pub(crate) fn pair_for<N: Nic>(
     // The pool's pairs are the parent's QPs (shared mappings, guarded by
     // the parent's locks, not the child's copies): a child never posts on
     // them, nor makes its own.
-    super::fork::refuse_in_child(eng, "the DC -> RC upgrade in a forked child")?;
+    eng.refuse_in_child("the DC -> RC upgrade in a forked child")?;
     // The entry says the node serves upgrades (on its DCT's reserved
     // messaging port); the handshake goes to the node's GID.
-    let t = super::resolve(eng, &handshake_gid(gid))?;
+    let t = eng.resolve(&handshake_gid(gid))?;
     let hs = krcore_nic::UdTarget {
         gid: *gid,
         qpn: t.target.dct_num,
         qkey: 0,
     };
-    super::rc::acquire_with(eng, *gid, hs)
+    acquire_with(eng, *gid, hs)
 }
 
 /// One background build of the pair to one node: the ticket the VQPs
@@ -489,7 +528,7 @@ impl Drop for Builder {
 ///
 /// # Errors
 /// As [`request_build`].
-pub(crate) fn start_builder<N: Nic>(eng: &Arc<EngineInner<N>>) -> Result<(), EngineError> {
+pub(crate) fn start_builder<N: Nic>(eng: &Arc<dyn RcHost<N>>) -> Result<(), EngineError> {
     let pool = eng.rc_pool().ok_or(EngineError::Unsupported {
         reason: "the DC -> RC upgrade needs DC mode and EngineConfig::upgrade_endpoint",
     })?;
@@ -498,10 +537,10 @@ pub(crate) fn start_builder<N: Nic>(eng: &Arc<EngineInner<N>>) -> Result<(), Eng
 
 /// The builder's queue, its thread started if needed.
 fn started<'a, N: Nic>(
-    eng: &Arc<EngineInner<N>>,
+    eng: &Arc<dyn RcHost<N>>,
     builder: &'a mut Option<Builder>,
 ) -> Result<&'a Arc<BuilderShared>, EngineError> {
-    super::fork::refuse_in_child(eng, "a background RC build in a forked child")?;
+    eng.refuse_in_child("a background RC build in a forked child")?;
     if builder.is_none() {
         let shared = Arc::new(BuilderShared::default());
         let (s, weak) = (shared.clone(), Arc::downgrade(eng));
@@ -524,7 +563,7 @@ fn started<'a, N: Nic>(
 /// [`EngineError::Unsupported`] without the upgrade or in a forked child;
 /// [`EngineError::Config`] when the thread cannot be started.
 pub(crate) fn request_build<N: Nic>(
-    eng: &Arc<EngineInner<N>>,
+    eng: &Arc<dyn RcHost<N>>,
     gid: Gid,
 ) -> Result<Arc<Build>, EngineError> {
     let pool = eng.rc_pool().ok_or(EngineError::Unsupported {
@@ -549,7 +588,7 @@ pub(crate) fn request_build<N: Nic>(
 
 /// The builder's loop: one build at a time, until stopped or the engine
 /// is gone.
-fn run_builder<N: Nic>(shared: &BuilderShared, eng: &Weak<EngineInner<N>>) {
+fn run_builder<N: Nic>(shared: &BuilderShared, eng: &Weak<dyn RcHost<N>>) {
     loop {
         let job = {
             let mut jobs = shared.jobs.lock();
@@ -564,7 +603,7 @@ fn run_builder<N: Nic>(shared: &BuilderShared, eng: &Weak<EngineInner<N>>) {
             }
         };
         let Some(e) = eng.upgrade() else { return };
-        let ok = match pair_for(&e, &job.gid) {
+        let ok = match pair_for(&*e, &job.gid) {
             Ok(_) => true,
             Err(err) => {
                 tracing::warn!(target_gid = %job.gid, reason = %err, "DC -> RC upgrade: building the pair failed");

@@ -129,7 +129,7 @@ impl<N: Nic> Vqp<N> {
             return Err(EngineError::NotConnected { vqp: self.id });
         };
         slot.build = None;
-        let pair = match pair_for(&self.engine, &t.target.gid) {
+        let pair = match pair_for(&*self.engine, &t.target.gid) {
             Ok(p) => p,
             Err(e) => {
                 self.engine.upgrade_failures.fetch_add(1, Ordering::Relaxed);
@@ -230,7 +230,7 @@ impl<N: Nic> Vqp<N> {
             let existing = self
                 .engine
                 .rc_pool()
-                .and_then(|pool| pool.existing(&self.engine, &gid));
+                .and_then(|pool| pool.existing(&*self.engine, &gid));
             if let Some(p) = existing {
                 slot.pending = Some(p);
                 slot.build = None;

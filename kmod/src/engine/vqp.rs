@@ -37,8 +37,7 @@ use parking_lot::Mutex;
 
 use super::error::{EngineError, VqpError};
 use super::physqp::{PhysQp, PostFail};
-use super::rc::Build;
-use super::EngineInner;
+use super::rc::{Build, RcHost};
 use crate::dccache::CachedTarget;
 use crate::precheck::{RemoteGrant, Ungranted};
 use crate::sharedqp::VqpState;
@@ -72,7 +71,7 @@ impl<N: Nic> Binding<N> {
 // id) leads, the parked state (RC fallback mode, unbound only) trails.
 #[repr(C)]
 pub struct Vqp<N: Nic> {
-    pub(crate) engine: Arc<EngineInner<N>>,
+    pub(crate) engine: Arc<dyn RcHost<N>>,
     pub(crate) binding: Binding<N>,
     pub(crate) id: VqpId,
     /// Bumped by every [`Vqp::add_grant`] and [`Vqp::remove_grant`] (after
@@ -113,7 +112,7 @@ impl<N: Nic> Vqp<N> {
     }
 
     /// A VQP bound to `dci` for life (DC mode), its state handed to it.
-    pub(crate) fn on_dci(engine: Arc<EngineInner<N>>, id: VqpId, dci: Arc<PhysQp<N>>) -> Vqp<N> {
+    pub(crate) fn on_dci(engine: Arc<dyn RcHost<N>>, id: VqpId, dci: Arc<PhysQp<N>>) -> Vqp<N> {
         dci.attach(
             id,
             VqpState::new(engine.cfg.vqp_depth, engine.cfg.ungranted),
@@ -129,7 +128,7 @@ impl<N: Nic> Vqp<N> {
     }
 
     /// An unbound VQP (RC fallback mode), its state parked.
-    pub(crate) fn unbound(engine: Arc<EngineInner<N>>, id: VqpId) -> Vqp<N> {
+    pub(crate) fn unbound(engine: Arc<dyn RcHost<N>>, id: VqpId) -> Vqp<N> {
         let st = VqpState::new(engine.cfg.vqp_depth, engine.cfg.ungranted);
         Vqp {
             engine,
@@ -209,7 +208,7 @@ impl<N: Nic> Vqp<N> {
     /// (WRs in flight to another target), [`EngineError::NotAFallbackNode`].
     /// The VQP keeps its previous target on error.
     pub fn connect(&self, gid: Gid) -> Result<(), EngineError> {
-        let t = super::resolve(&self.engine, &gid)?;
+        let t = self.engine.resolve(&gid)?;
         let slot = match &self.binding {
             Binding::Dc(b) => return self.connect_dc(b, t),
             Binding::Rc(slot) => slot,
@@ -234,7 +233,7 @@ impl<N: Nic> Vqp<N> {
                 outstanding,
             });
         }
-        let pair = super::rc::acquire(&self.engine, t)?;
+        let pair = super::rc::acquire(&*self.engine, t)?;
         let mut st = self.take_state(&slot);
         st.target = Some(t);
         pair.attach(self.id, st);
@@ -261,8 +260,8 @@ impl<N: Nic> Vqp<N> {
         // hit, usually), or the meta table when the entry was dropped (the
         // peer restarted on its GID, see `RcPool::forget_restarted`). If
         // the table cannot be read, the old address is tried.
-        let t = super::resolve(&self.engine, &old.target.gid).unwrap_or(old);
-        let pair = super::rc::acquire(&self.engine, t).map_err(|e| VqpError::Rebind {
+        let t = self.engine.resolve(&old.target.gid).unwrap_or(old);
+        let pair = super::rc::acquire(&*self.engine, t).map_err(|e| VqpError::Rebind {
             vqp,
             source: Box::new(e),
         })?;

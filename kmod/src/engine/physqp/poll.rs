@@ -31,7 +31,7 @@ impl<N: Nic> PhysQp<N> {
     #[inline(always)]
     pub(crate) fn poll(
         &self,
-        eng: &impl QpHost<N>,
+        eng: &(impl QpHost<N> + ?Sized),
         id: VqpId,
         out: &mut [Wc],
     ) -> Result<Option<usize>, VqpError> {
@@ -125,7 +125,7 @@ impl<N: Nic> PhysQp<N> {
     #[inline(never)]
     fn poll_rest(
         &self,
-        eng: &impl QpHost<N>,
+        eng: &(impl QpHost<N> + ?Sized),
         st: &mut PhysState<N>,
         id: VqpId,
         out: &mut [Wc],
@@ -164,7 +164,7 @@ impl<N: Nic> PhysQp<N> {
     /// QP if one of them was an error.
     pub(super) fn drain(
         &self,
-        eng: &impl QpHost<N>,
+        eng: &(impl QpHost<N> + ?Sized),
         st: &mut PhysState<N>,
     ) -> Result<usize, VqpError> {
         self.drain_for(eng, st, None)
@@ -178,7 +178,7 @@ impl<N: Nic> PhysQp<N> {
     /// CQE read, like a raw one.
     fn drain_for(
         &self,
-        eng: &impl QpHost<N>,
+        eng: &(impl QpHost<N> + ?Sized),
         st: &mut PhysState<N>,
         mut sink: Option<&mut Sink<'_>>,
     ) -> Result<usize, VqpError> {

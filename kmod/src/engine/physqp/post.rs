@@ -38,7 +38,7 @@ impl<N: Nic> PhysQp<N> {
     #[inline(always)]
     pub(crate) fn post(
         &self,
-        eng: &impl QpHost<N>,
+        eng: &(impl QpHost<N> + ?Sized),
         id: VqpId,
         wrs: &mut [SendWr],
     ) -> Result<(), PostFail> {
@@ -68,7 +68,7 @@ impl<N: Nic> PhysQp<N> {
     #[inline(never)]
     fn post_general(
         &self,
-        eng: &impl QpHost<N>,
+        eng: &(impl QpHost<N> + ?Sized),
         st: &mut PhysState<N>,
         id: VqpId,
         wrs: &mut [SendWr],
@@ -129,7 +129,7 @@ impl<N: Nic> PhysQp<N> {
     /// Polls until `n` credits are free, bounded by the reclaim timeout.
     fn reclaim(
         &self,
-        eng: &impl QpHost<N>,
+        eng: &(impl QpHost<N> + ?Sized),
         st: &mut PhysState<N>,
         n: usize,
     ) -> Result<(), VqpError> {

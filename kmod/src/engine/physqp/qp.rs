@@ -265,7 +265,10 @@ impl<N: Nic> PhysQp<N> {
     /// Closes an idle RC pair (eviction): drains its CQ, and if no WR is
     /// left in flight destroys the QP and returns the pairing's nonce (for
     /// the Close message). `Ok(None)`: WRs are in flight, the pair stays.
-    pub(crate) fn close_if_idle(&self, eng: &impl QpHost<N>) -> Result<Option<u64>, VqpError> {
+    pub(crate) fn close_if_idle(
+        &self,
+        eng: &(impl QpHost<N> + ?Sized),
+    ) -> Result<Option<u64>, VqpError> {
         let mut st = self.state.lock();
         if st.qp.is_some() {
             self.drain(eng, &mut st)?;

@@ -14,7 +14,7 @@ impl<N: Nic> PhysQp<N> {
     /// Brings a QP that reported an error back to RTS (see the module docs).
     pub(super) fn recover(
         &self,
-        eng: &impl QpHost<N>,
+        eng: &(impl QpHost<N> + ?Sized),
         st: &mut PhysState<N>,
     ) -> Result<(), VqpError> {
         let mut buf = [Wc::default(); POLL_BATCH];
