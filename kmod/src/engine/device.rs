@@ -12,7 +12,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use krcore_nic::{Nic, UdTarget};
+use krcore_nic::{Gid, Nic, UdTarget};
 
 use super::config::EngineConfig;
 use super::error::EngineError;
@@ -46,6 +46,20 @@ pub(crate) struct Device<N: Nic> {
 }
 
 impl<N: Nic> Device<N> {
+    /// A peer at `gid` showed its endpoint `num` (DC mode: its DCT number;
+    /// RC fallback: its handshake UD QPN): a cached address of that GID
+    /// naming another endpoint is stale (a node keeps its endpoint for
+    /// its life, so the GID's process restarted) and is dropped. Returns
+    /// the stale endpoint's number, if one was dropped.
+    pub(crate) fn forget_other_address(&self, gid: &Gid, num: u32) -> Option<u32> {
+        let stale = self.cache.get(gid)?.target.dct_num;
+        if stale == num {
+            return None;
+        }
+        self.cache.invalidate(gid);
+        Some(stale)
+    }
+
     /// `Err(Unsupported)` naming `what` in a forked child.
     pub(crate) fn refuse_in_child(&self, what: &'static str) -> Result<(), EngineError> {
         if self.forked.load(Ordering::Relaxed) {

@@ -118,6 +118,7 @@ mod lazy;
 mod meta;
 pub mod meta_msg;
 mod mrs;
+mod msg_api;
 mod msg_endpoint;
 mod msg_node;
 mod msg_port;
@@ -165,6 +166,7 @@ use device::{Device, QpHost};
 use lazy::Lazy;
 use meta::{MetaClient, MetaPolicy};
 use mrs::{MrRegistry, PostWords};
+use msg_node::{MsgHost, MsgNode};
 use physqp::PhysQp;
 use rc::{RcHost, RcPool};
 
@@ -324,7 +326,7 @@ pub(crate) struct EngineInner<N: Nic> {
     next_dci: AtomicUsize,
     next_vqp: AtomicU32,
     /// Two-sided messaging, made by the first bind or endpoint.
-    msg: OnceLock<Arc<msg_node::MsgNode<N>>>,
+    msg: OnceLock<Arc<MsgNode<N>>>,
     msg_init: Mutex<()>,
 }
 
@@ -422,6 +424,55 @@ impl<N: Nic> RcHost<N> for EngineInner<N> {
     }
 }
 
+impl<N: Nic> MsgHost<N> for EngineInner<N> {
+    fn msg_rx(&self) -> Result<(N::Srq, N::Cq, u32, u64), EngineError> {
+        match &self.mode_state {
+            ModeState::Dc(_) => {
+                let r = self.receiver()?;
+                Ok((r.srq.clone(), r.cq.clone(), r.dct.qpn(), self.cfg.dc_key))
+            }
+            ModeState::Rc(f) => {
+                let t = self.served_endpoint()?.target();
+                Ok((f.rx.srq.clone(), f.rx.cq.clone(), t.qpn, u64::from(t.qkey)))
+            }
+        }
+    }
+
+    fn msg_slot(&self) -> (&OnceLock<Arc<MsgNode<N>>>, &Mutex<()>) {
+        (&self.msg, &self.msg_init)
+    }
+
+    fn forget_restarted_peers(&self) {
+        let (Some(hs), ModeState::Rc(f)) = (self.handshake(), &self.mode_state) else {
+            return;
+        };
+        for peer in hs.take_peer_endpoints() {
+            f.pool.forget_restarted(self, peer);
+            self.forget_other_address(&peer.gid, peer.qpn);
+        }
+    }
+
+    fn create_vqp(&self) -> Result<Vqp<N>, EngineError> {
+        let me = self.me.upgrade().ok_or(EngineError::Unsupported {
+            reason: "the engine is being dropped",
+        })?;
+        let n = self.next_vqp.fetch_add(1, Ordering::Relaxed);
+        if n >= meta::META_VQP.get() {
+            // The last id is the meta client's (see `meta`).
+            return Err(EngineError::VqpIdsExhausted);
+        }
+        let id = VqpId::new(n).map_err(|_| EngineError::VqpIdsExhausted)?;
+        Ok(match self.mode() {
+            EngineMode::Dc => Vqp::on_dci(me, id, self.pick_dci()?),
+            EngineMode::RcFallback => Vqp::unbound(me, id),
+        })
+    }
+
+    fn msg_host(&self) -> Option<Arc<dyn MsgHost<N>>> {
+        self.me.upgrade().map(|e| e as Arc<dyn MsgHost<N>>)
+    }
+}
+
 impl<N: Nic> EngineInner<N> {
     /// The UD handshake endpoint (RC fallback mode; `None` in DC mode);
     /// never creates it.
@@ -488,58 +539,6 @@ impl<N: Nic> EngineInner<N> {
         Ok(&ep.hs)
     }
 
-    /// RC fallback mode: acts on the handshake endpoints peers' Requests
-    /// came from since the last look (one load when none did): a peer
-    /// that restarted on its GID (another endpoint than the one this node
-    /// paired with) gets its stale pair closed and its cached address
-    /// dropped, so that nothing more is sent where RDMA drops it. Called
-    /// by messaging's progress before it handles what arrived (a
-    /// restarted peer's Request is noted before its answer, so before any
-    /// message it sends over the new pair) and by [`Engine::progress`].
-    pub(crate) fn forget_restarted_peers(&self) {
-        let (Some(hs), ModeState::Rc(f)) = (self.handshake(), &self.mode_state) else {
-            return;
-        };
-        for peer in hs.take_peer_endpoints() {
-            f.pool.forget_restarted(self, peer);
-            self.forget_other_address(&peer.gid, peer.qpn);
-        }
-    }
-
-    /// A peer at `gid` showed its endpoint `num` (DC mode: its DCT number;
-    /// RC fallback: its handshake UD QPN): a cached address of that GID
-    /// naming another endpoint is stale (a node keeps its endpoint for
-    /// its life, so the GID's process restarted) and is dropped. Returns
-    /// the stale endpoint's number, if one was dropped.
-    pub(crate) fn forget_other_address(&self, gid: &Gid, num: u32) -> Option<u32> {
-        let stale = self.cache.get(gid)?.target.dct_num;
-        if stale == num {
-            return None;
-        }
-        self.cache.invalidate(gid);
-        Some(stale)
-    }
-
-    /// Messaging's receive side: the SRQ and receive CQ (DC mode: the DCT's,
-    /// created on first need; RC fallback mode: those the passive ends of
-    /// peers' pairs share, made at start), and this node's address for
-    /// answers (`dct_num`, `dc_key` of [`Engine::local_target`]).
-    ///
-    /// # Errors
-    /// As [`EngineInner::receiver`] in DC mode.
-    pub(crate) fn msg_rx(&self) -> Result<(N::Srq, N::Cq, u32, u64), EngineError> {
-        match &self.mode_state {
-            ModeState::Dc(_) => {
-                let r = self.receiver()?;
-                Ok((r.srq.clone(), r.cq.clone(), r.dct.qpn(), self.cfg.dc_key))
-            }
-            ModeState::Rc(f) => {
-                let t = self.served_endpoint()?.target();
-                Ok((f.rx.srq.clone(), f.rx.cq.clone(), t.qpn, u64::from(t.qkey)))
-            }
-        }
-    }
-
     /// DC mode: the DCT with its SRQ and receive CQ, created on first need
     /// (exactly once, see [`lazy`]): when the node must be reachable, i.e.
     /// by [`Engine::local_target`] (what a node registers with the meta
@@ -575,6 +574,20 @@ impl<N: Nic> EngineInner<N> {
         }
         self.refuse_in_child(in_child)?;
         lazy.get_or_try_init(create)
+    }
+
+    /// A DCI of the pool, round-robin (created when the pool is below its
+    /// cap: the pool grows in order).
+    fn pick_dci(&self) -> Result<Arc<PhysQp<N>>, EngineError> {
+        let k = self.next_dci.fetch_add(1, Ordering::Relaxed) % self.cfg.pool_size;
+        let mut pool = self.pool.lock();
+        if let Some(d) = pool.get(k) {
+            return Ok(d.clone());
+        }
+        let index = pool.len();
+        let d = Arc::new(PhysQp::dci(self, index)?);
+        pool.push(d.clone());
+        Ok(d)
     }
 
     /// DCI 0 of the pool, created if the pool is empty (the meta client's
@@ -970,29 +983,7 @@ impl<N: Nic> Engine<N> {
     /// [`EngineError::VqpIdsExhausted`]; [`EngineError::Nic`] when a DCI
     /// cannot be created.
     pub fn create_vqp(&self) -> Result<Vqp<N>, EngineError> {
-        let n = self.inner.next_vqp.fetch_add(1, Ordering::Relaxed);
-        if n >= meta::META_VQP.get() {
-            // The last id is the meta client's (see `meta`).
-            return Err(EngineError::VqpIdsExhausted);
-        }
-        let id = VqpId::new(n).map_err(|_| EngineError::VqpIdsExhausted)?;
-        Ok(match self.inner.mode() {
-            EngineMode::Dc => Vqp::on_dci(self.inner.clone(), id, self.pick_dci()?),
-            EngineMode::RcFallback => Vqp::unbound(self.inner.clone(), id),
-        })
-    }
-
-    fn pick_dci(&self) -> Result<Arc<PhysQp<N>>, EngineError> {
-        let k = self.inner.next_dci.fetch_add(1, Ordering::Relaxed) % self.inner.cfg.pool_size;
-        let mut pool = self.inner.pool.lock();
-        if let Some(d) = pool.get(k) {
-            return Ok(d.clone());
-        }
-        // Below the cap: create the next DCI (the pool grows in order).
-        let index = pool.len();
-        let d = Arc::new(PhysQp::dci(&self.inner, index)?);
-        pool.push(d.clone());
-        Ok(d)
+        MsgHost::create_vqp(&*self.inner)
     }
 
     /// Allocates `len` bytes of zeroed memory registered in the engine's PD

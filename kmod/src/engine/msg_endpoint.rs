@@ -1,5 +1,6 @@
 //! Endpoints: the send side of messaging (see [`super::msg_node`]).
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,7 +13,6 @@ use super::msg_send::*;
 use super::msg_state::*;
 use super::msg_types::*;
 use super::vqp::Vqp;
-use super::EngineInner;
 
 use crate::msg::{
     Carried, CreditReturn, Descriptor, MsgDst, MsgKind, MsgRepr, ReturnBatch, SendWindow, SeqCheck,
@@ -37,7 +37,7 @@ pub(crate) struct EpTx<N: Nic> {
 /// the immediate of every message) and receives their replies. `Send +
 /// Sync`; pushes are serialized per endpoint.
 pub struct Endpoint<N: Nic> {
-    pub(crate) eng: Arc<EngineInner<N>>,
+    pub(crate) eng: Arc<dyn MsgHost<N>>,
     pub(crate) node: Arc<MsgNode<N>>,
     pub(crate) shared: Arc<EndpointShared<N>>,
     pub(crate) tx: Mutex<EpTx<N>>,
@@ -51,6 +51,43 @@ pub struct Endpoint<N: Nic> {
     /// times out leaves its message in doubt (delivered at most once,
     /// perhaps later), which its idempotent Requests tolerate.
     pub(crate) carry_first: bool,
+}
+
+impl<N: Nic> Endpoint<N> {
+    /// A new endpoint of the node of `eng` (a VQP of its own) whose
+    /// channels ask for `window` credits (checked by the caller).
+    pub(crate) fn create(eng: &Arc<dyn MsgHost<N>>, window: u32) -> Result<Endpoint<N>, MsgError> {
+        let node = MsgNode::get(&**eng)?;
+        let vqp = messaging_vqp(&**eng)?;
+        let id = vqp.id().get();
+        let shared = Arc::new(EndpointShared {
+            state: Mutex::new(EpState {
+                channels: HashMap::new(),
+                replies: VecDeque::new(),
+                released: Vec::new(),
+                credits_owed: false,
+            }),
+        });
+        let ring = node.staging_ring(&**eng)?;
+        node.endpoints.write().insert(id, shared.clone());
+        Ok(Endpoint {
+            eng: eng.clone(),
+            node,
+            shared,
+            tx: Mutex::new(EpTx {
+                vqp,
+                ring,
+                posts: 0,
+                staging: Staging::default(),
+                landing: Arc::new(Mutex::new(Vec::new())),
+                owed_releases: Vec::new(),
+                sent: SentTags::new(eng.cfg.vqp_depth),
+            }),
+            id,
+            window,
+            carry_first: false,
+        })
+    }
 }
 
 impl<N: Nic> std::fmt::Debug for Endpoint<N> {
@@ -160,7 +197,7 @@ impl<N: Nic> Endpoint<N> {
 
     /// Descriptor buffers not yet released by their receivers.
     pub fn in_flight_regions(&self) -> usize {
-        let _ = self.node.progress(&self.eng);
+        let _ = self.node.progress(&*self.eng);
         let mut tx = self.tx.lock();
         self.collect_released(&mut tx);
         tx.staging.lent.len()
@@ -216,7 +253,7 @@ impl<N: Nic> Endpoint<N> {
         // (Started at the first wait: a push with a credit reads no clock.)
         let mut ask: Option<Resend> = None;
         loop {
-            self.node.progress(&self.eng)?;
+            self.node.progress(&*self.eng)?;
             let seq = {
                 let mut st = self.shared.state.lock();
                 let c = st.channels.get_mut(&key);
@@ -366,7 +403,7 @@ impl<N: Nic> Endpoint<N> {
         let send_open = |tx: &mut EpTx<N>| {
             let slot = self.node.ring_slot(&mut tx.posts);
             send_with_body(
-                &self.eng,
+                &*self.eng,
                 &tx.vqp,
                 (&tx.ring, slot),
                 key.0,
@@ -389,7 +426,7 @@ impl<N: Nic> Endpoint<N> {
         // leave on this endpoint's one VQP, so they arrive in order.
         let mut resend = Resend::new(OPEN_RESEND_FIRST, OPEN_RESEND_MAX);
         loop {
-            self.node.progress(&self.eng)?;
+            self.node.progress(&*self.eng)?;
             let status = self
                 .shared
                 .state
@@ -471,7 +508,7 @@ impl<N: Nic> Endpoint<N> {
         let slot = self.node.ring_slot(posts);
         match payload {
             Outgoing::Bytes(data) => send_data(
-                &self.eng,
+                &*self.eng,
                 vqp,
                 staging,
                 (ring, slot),
@@ -518,7 +555,7 @@ impl<N: Nic> Endpoint<N> {
     /// # Errors
     /// As [`Port::try_pop`](super::Port::try_pop).
     pub fn try_pop_reply(&self) -> Result<Option<Message<N>>, MsgError> {
-        self.node.progress(&self.eng)?;
+        self.node.progress(&*self.eng)?;
         let mut tx = self.tx.lock();
         self.settle_owed(&mut tx);
         let Some(mut msg) = take_next(&tx.vqp, &self.node, &self.shared.state, |s| &mut s.replies)?
@@ -539,7 +576,7 @@ impl<N: Nic> Endpoint<N> {
             owed_releases,
             ..
         } = &mut *tx;
-        let pulled = pull_body(&self.eng, &self.node, vqp, landing, &mut msg, |token| {
+        let pulled = pull_body(&*self.eng, &self.node, vqp, landing, &mut msg, |token| {
             if self
                 .send_ctl(vqp, gid, port, MsgKind::Release { token })
                 .is_err()
@@ -669,7 +706,7 @@ impl<N: Nic> Endpoint<N> {
     /// # Errors
     /// Engine and post errors of sending the Close.
     pub fn close_channel(&self, gid: Gid, port: u16) -> Result<bool, MsgError> {
-        let _ = self.node.progress(&self.eng);
+        let _ = self.node.progress(&*self.eng);
         let key = (gid, port);
         let tx = self.tx.lock();
         {
@@ -755,7 +792,7 @@ impl<N: Nic> Endpoint<N> {
         let tx = &mut *tx;
         let slot = self.node.ring_slot(&mut tx.posts);
         send_with_body(
-            &self.eng,
+            &*self.eng,
             &tx.vqp,
             (&tx.ring, slot),
             gid,
@@ -769,7 +806,7 @@ impl<N: Nic> Endpoint<N> {
     /// Credits available now on the channel to (`gid`, `port`) (`None`
     /// before it is open).
     pub fn credits(&self, gid: Gid, port: u16) -> Option<u32> {
-        let _ = self.node.progress(&self.eng);
+        let _ = self.node.progress(&*self.eng);
         let st = self.shared.state.lock();
         st.channels
             .get(&(gid, port))

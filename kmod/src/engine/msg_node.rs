@@ -155,7 +155,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use krcore_nic::CompletionQueue;
@@ -163,12 +163,55 @@ use krcore_nic::{Access, Gid, MemoryRegion, Nic, RecvWr, SharedReceiveQueue, Wc}
 use parking_lot::{Mutex, RwLock};
 
 use super::config::MsgConfig;
-use super::error::VqpError;
+use super::device::Device;
+use super::error::{EngineError, VqpError};
 use super::mrs::OwnedMr;
 use super::msg_state::{EndpointShared, PortShared};
 use super::msg_types::*;
-use super::{Engine, EngineInner};
+use super::rc::RcHost;
+use super::vqp::Vqp;
 use crate::msg::{MsgDst, MsgKind, MsgPacket, MsgRepr, RefuseCode, HEADER_LEN};
+
+/// What messaging needs of its engine: the data path ([`RcHost`]: the
+/// device, a VQP's path), the receive side, the slot of the node's
+/// messaging host and new VQPs. The engine object implements it; ports,
+/// endpoints and the host hold their engine as `Arc<dyn MsgHost<N>>`, so
+/// that messaging does not name the engine object.
+pub(crate) trait MsgHost<N: Nic>: RcHost<N> {
+    /// The SRQ and receive CQ messages arrive at, and this node's address
+    /// for answers (`dct_num`, `dc_key` of `Engine::local_target`).
+    ///
+    /// # Errors
+    /// DC mode: the DCT's creation (made on first need); in a forked child
+    /// that would have to make it, [`EngineError::Unsupported`].
+    fn msg_rx(&self) -> Result<(N::Srq, N::Cq, u32, u64), EngineError>;
+
+    /// The node's messaging host once made, and the lock its making holds.
+    fn msg_slot(&self) -> (&OnceLock<Arc<MsgNode<N>>>, &Mutex<()>);
+
+    /// RC fallback mode: closes the pairs to peers that restarted on their
+    /// GID since the last look (one load when none did).
+    fn forget_restarted_peers(&self);
+
+    /// A new VQP of this engine.
+    ///
+    /// # Errors
+    /// As `Engine::create_vqp`.
+    fn create_vqp(&self) -> Result<Vqp<N>, EngineError>;
+
+    /// An owning handle (`None` while the engine is being dropped).
+    fn msg_host(&self) -> Option<Arc<dyn MsgHost<N>>>;
+}
+
+/// Field access through the engine as messaging holds it (`eng.cfg`).
+impl<N: Nic> std::ops::Deref for dyn MsgHost<N> + '_ {
+    type Target = Device<N>;
+
+    #[inline(always)]
+    fn deref(&self) -> &Device<N> {
+        self.dev()
+    }
+}
 
 /// The node's messaging host (see the module docs).
 pub(crate) struct MsgNode<N: Nic> {
@@ -207,7 +250,7 @@ pub(crate) struct Receiving {
 }
 
 pub(crate) fn run_progress<N: Nic>(
-    eng: std::sync::Weak<EngineInner<N>>,
+    eng: std::sync::Weak<dyn MsgHost<N>>,
     stop: &std::sync::atomic::AtomicBool,
     idle_sleep: Duration,
 ) {
@@ -216,8 +259,8 @@ pub(crate) fn run_progress<N: Nic>(
         let Some(e) = eng.upgrade() else {
             return;
         };
-        let n = match e.msg.get() {
-            Some(m) => m.progress(&e).unwrap_or(0),
+        let n = match e.msg_slot().0.get() {
+            Some(m) => m.progress(&*e).unwrap_or(0),
             None => 0,
         };
         drop(e);
@@ -227,18 +270,19 @@ pub(crate) fn run_progress<N: Nic>(
 
 impl<N: Nic> MsgNode<N> {
     /// The node's messaging host, made on first use.
-    pub(crate) fn get(eng: &Arc<EngineInner<N>>) -> Result<Arc<MsgNode<N>>, MsgError> {
+    pub(crate) fn get(eng: &dyn MsgHost<N>) -> Result<Arc<MsgNode<N>>, MsgError> {
         if eng.forked.load(Ordering::Relaxed) {
             return Err(MsgError::Unsupported {
                 reason: "a forked child does not receive (the parent owns the SRQ)",
             });
         }
-        if let Some(m) = eng.msg.get() {
+        let (slot, init) = eng.msg_slot();
+        if let Some(m) = slot.get() {
             return Ok(m.clone());
         }
         let (srq, cq, _, _) = eng.msg_rx()?;
-        let _guard = eng.msg_init.lock();
-        if let Some(m) = eng.msg.get() {
+        let _guard = init.lock();
+        if let Some(m) = slot.get() {
             return Ok(m.clone());
         }
         let cfg = eng.cfg.msg.clone();
@@ -285,10 +329,13 @@ impl<N: Nic> MsgNode<N> {
             thread: Mutex::new(None),
             next_only: AtomicU32::new(1 << crate::wrid::VQP_ID_BITS),
         });
-        let _ = eng.msg.set(node.clone());
+        let _ = slot.set(node.clone());
         if node.cfg.progress_thread {
+            let me = eng.msg_host().ok_or(MsgError::Unsupported {
+                reason: "the engine is being dropped",
+            })?;
             let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-            let (flag, weak, sleep) = (stop.clone(), Arc::downgrade(eng), node.cfg.idle_sleep);
+            let (flag, weak, sleep) = (stop.clone(), Arc::downgrade(&me), node.cfg.idle_sleep);
             let handle = std::thread::Builder::new()
                 .name("krcore-msg".into())
                 .spawn(move || run_progress(weak, &flag, sleep))
@@ -309,7 +356,7 @@ impl<N: Nic> MsgNode<N> {
     /// in order) the WR that used the slot was retired. With only
     /// `vqp_depth` slots it could still be outstanding: a NIC reading it
     /// late, or a recovery re-posting it, would send the newer message.
-    pub(crate) fn staging_ring(&self, eng: &EngineInner<N>) -> Result<OwnedMr<N>, MsgError> {
+    pub(crate) fn staging_ring(&self, eng: &dyn MsgHost<N>) -> Result<OwnedMr<N>, MsgError> {
         let slots = eng.cfg.vqp_depth as usize + 1;
         let mr = eng
             .nic
@@ -371,7 +418,7 @@ impl<N: Nic> MsgNode<N> {
 
     /// Drains the receive CQ (one thread at a time; others return 0 at
     /// once) and demultiplexes what arrived.
-    pub(crate) fn progress(&self, eng: &Arc<EngineInner<N>>) -> Result<usize, MsgError> {
+    pub(crate) fn progress(&self, eng: &dyn MsgHost<N>) -> Result<usize, MsgError> {
         let Some(mut receiving) = self.recv.try_lock() else {
             return Ok(0);
         };
@@ -435,7 +482,7 @@ impl<N: Nic> MsgNode<N> {
     /// channel's next message would otherwise overtake it).
     pub(crate) fn handle(
         &self,
-        eng: &Arc<EngineInner<N>>,
+        eng: &dyn MsgHost<N>,
         rx: &mut Receiving,
         wc: &Wc,
     ) -> Result<(), MsgError> {
@@ -492,7 +539,7 @@ impl<N: Nic> MsgNode<N> {
 
     pub(crate) fn to_port(
         &self,
-        eng: &Arc<EngineInner<N>>,
+        eng: &dyn MsgHost<N>,
         m: MsgRepr,
         p: u16,
         from: Sender,
@@ -508,7 +555,7 @@ impl<N: Nic> MsgNode<N> {
                 carries,
             } => {
                 bump(&self.counters.control);
-                learn_sender(eng, m.src, dct_num, dc_key);
+                learn_sender(eng.dev(), m.src, dct_num, dc_key);
                 let reserved =
                     p >= FIRST_RESERVED_PORT || port.as_ref().is_some_and(|q| q.reclaims);
                 let mut reclaimed = Vec::new();
@@ -752,7 +799,7 @@ fn reserved_bound(p: u16, bound: bool) -> bool {
 /// DCT would be lost until they failed. The entry is replaced by the
 /// learned one (epoch 0: a meta entry, the new process's registration,
 /// replaces it in turn).
-fn learn_sender<N: Nic>(eng: &EngineInner<N>, gid: Gid, dct_num: u32, dc_key: u64) {
+fn learn_sender<N: Nic>(eng: &Device<N>, gid: Gid, dct_num: u32, dc_key: u64) {
     if dct_num == 0 {
         return;
     }
@@ -774,15 +821,6 @@ fn learn_sender<N: Nic>(eng: &EngineInner<N>, gid: Gid, dct_num: u32, dc_key: u6
         },
         0,
     );
-}
-
-// Mode check used by the SDK's docs: messaging runs in DC mode only.
-impl<N: Nic> Engine<N> {
-    /// Whether this engine can bind ports and push messages (not in a
-    /// forked child; both modes).
-    pub fn msg_supported(&self) -> bool {
-        !self.inner.forked.load(Ordering::Relaxed)
-    }
 }
 
 #[cfg(test)]

@@ -8,13 +8,11 @@ use krcore_nic::Nic;
 use parking_lot::Mutex;
 
 use super::mrs::OwnedMr;
-use super::msg_endpoint::*;
 use super::msg_node::*;
 use super::msg_send::*;
 use super::msg_state::*;
 use super::msg_types::*;
 use super::vqp::Vqp;
-use super::{Engine, EngineInner};
 use crate::msg::{
     CreditReturn, MsgDst, MsgKind, MsgRepr, RefuseCode, ReturnBatch, SendWindow, SeqCheck,
 };
@@ -170,7 +168,7 @@ pub struct PortUsage {
 /// still in its ring are discarded; later ones are counted as
 /// [`MsgStats::orphaned`]).
 pub struct Port<N: Nic> {
-    pub(crate) eng: Arc<EngineInner<N>>,
+    pub(crate) eng: Arc<dyn MsgHost<N>>,
     pub(crate) node: Arc<MsgNode<N>>,
     pub(crate) shared: Arc<PortShared<N>>,
     pub(crate) tx: Mutex<PortTx<N>>,
@@ -213,64 +211,21 @@ impl<N: Nic> Drop for Port<N> {
     }
 }
 
-impl<N: Nic> Engine<N> {
-    /// Binds `port` on this node: messages pushed to it are received by
-    /// the returned [`Port`]. Reserves `msg.port_slots` receive slots.
-    ///
-    /// # Errors
-    /// [`MsgError::PortInUse`]; [`MsgError::NoBuffers`] when the node's
-    /// receive slots are all reserved; [`MsgError::Unsupported`] in RC
-    /// fallback mode or a forked child; engine errors of the first use
-    /// (receive buffers, the port's VQP).
-    pub fn bind(&self, port: u16) -> Result<Port<N>, MsgError> {
-        if port >= FIRST_RESERVED_PORT {
-            return Err(MsgError::ReservedPort { port });
-        }
-        self.bind_with(port, false)
-    }
-
-    /// [`Engine::bind`] for a service that any number of short-lived
-    /// clients call over time (a memory node's allocator): when all of the
-    /// port's `msg.port_slots` are granted, an Open takes back the slot of
-    /// a channel idle for `msg.control_idle`, as the engine's reserved
-    /// ports do, so clients that died or left without closing their
-    /// channel do not keep the port full. A reclaimed sender is told, and
-    /// its next push opens the channel again.
-    ///
-    /// # Errors
-    /// As [`Engine::bind`].
-    pub fn bind_reclaiming(&self, port: u16) -> Result<Port<N>, MsgError> {
-        if port >= FIRST_RESERVED_PORT {
-            return Err(MsgError::ReservedPort { port });
-        }
-        self.bind_with(port, true)
-    }
-
-    /// [`Engine::bind`] without the reserved-port check (the engine's own
-    /// services).
-    pub(crate) fn bind_reserved(&self, port: u16) -> Result<Port<N>, MsgError> {
-        self.bind_with(port, true)
-    }
-
-    /// A VQP for messaging's own one-sided traffic (a pulled region's
-    /// READs, credit returns): the keys it posts are those its peer's
-    /// messaging put in the message, for buffers that messaging exposes,
-    /// not grants a user handed out, so it leaves them to the NIC
-    /// ([`Ungranted::Allow`]); every other part of the pre-check applies.
-    fn messaging_vqp(&self) -> Result<super::Vqp<N>, MsgError> {
-        let vqp = self.create_vqp()?;
-        vqp.set_ungranted(crate::precheck::Ungranted::Allow);
-        Ok(vqp)
-    }
-
-    fn bind_with(&self, port: u16, reclaims: bool) -> Result<Port<N>, MsgError> {
-        let node = MsgNode::get(&self.inner)?;
+impl<N: Nic> Port<N> {
+    /// Binds `port` on the node of `eng` (see `Engine::bind`; no
+    /// reserved-port check here). `reclaims`: see `Engine::bind_reclaiming`.
+    pub(crate) fn bind(
+        eng: &Arc<dyn MsgHost<N>>,
+        port: u16,
+        reclaims: bool,
+    ) -> Result<Port<N>, MsgError> {
+        let node = MsgNode::get(&**eng)?;
         let slots = node.cfg.port_slots;
         if node.ports.read().contains_key(&port) {
             return Err(MsgError::PortInUse { port });
         }
-        let vqp = self.messaging_vqp()?;
-        let ring = node.staging_ring(&self.inner)?;
+        let vqp = messaging_vqp(&**eng)?;
+        let ring = node.staging_ring(&**eng)?;
         let shared = Arc::new(PortShared {
             port,
             reclaims,
@@ -292,7 +247,7 @@ impl<N: Nic> Engine<N> {
             ports.insert(port, shared.clone());
         }
         Ok(Port {
-            eng: self.inner.clone(),
+            eng: eng.clone(),
             node,
             shared,
             tx: Mutex::new(PortTx {
@@ -302,114 +257,9 @@ impl<N: Nic> Engine<N> {
                 ring,
                 posts: 0,
                 owed_releases: Vec::new(),
-                sent: SentTags::new(self.inner.cfg.vqp_depth),
+                sent: SentTags::new(eng.cfg.vqp_depth),
             }),
         })
-    }
-
-    /// A new messaging endpoint (a VQP of its own): pushes messages to
-    /// ports and receives their replies.
-    ///
-    /// # Errors
-    /// As [`Engine::bind`] ([`MsgError::Unsupported`], engine errors).
-    pub fn endpoint(&self) -> Result<Endpoint<N>, MsgError> {
-        let window = MsgNode::get(&self.inner)?.cfg.window;
-        self.endpoint_windowed(window)
-    }
-
-    /// An endpoint of the engine's own control exchanges (handshake, meta
-    /// registration): its channels ask for `msg.control_window` credits.
-    pub(crate) fn control_endpoint(&self) -> Result<Endpoint<N>, MsgError> {
-        let window = MsgNode::get(&self.inner)?.cfg.control_window;
-        self.endpoint_windowed(window)
-    }
-
-    /// An endpoint whose channels ask for `window` credits (at most
-    /// `msg.window`) instead of `msg.window`. A request/response client
-    /// with one request out at a time wants `1`: the port returns each
-    /// credit as it pops the request (credits go back in batches of half
-    /// a window), so the channel is idle, and
-    /// [`Endpoint::close_channel`] frees its slot, once the answer is in;
-    /// and a port of `msg.port_slots` slots admits that many such clients
-    /// at once.
-    ///
-    /// # Errors
-    /// [`MsgError::Config`] for a window of 0 or above `msg.window`; as
-    /// [`Engine::endpoint`].
-    pub fn endpoint_with_window(&self, window: u32) -> Result<Endpoint<N>, MsgError> {
-        let max = MsgNode::get(&self.inner)?.cfg.window;
-        if window == 0 || window > max {
-            return Err(MsgError::Config(format!(
-                "an endpoint's window must be 1..={max} (msg.window), not {window}"
-            )));
-        }
-        self.endpoint_windowed(window)
-    }
-
-    fn endpoint_windowed(&self, window: u32) -> Result<Endpoint<N>, MsgError> {
-        let node = MsgNode::get(&self.inner)?;
-        let vqp = self.messaging_vqp()?;
-        let id = vqp.id().get();
-        let shared = Arc::new(EndpointShared {
-            state: Mutex::new(EpState {
-                channels: HashMap::new(),
-                replies: VecDeque::new(),
-                released: Vec::new(),
-                credits_owed: false,
-            }),
-        });
-        let ring = node.staging_ring(&self.inner)?;
-        node.endpoints.write().insert(id, shared.clone());
-        Ok(Endpoint {
-            eng: self.inner.clone(),
-            node,
-            shared,
-            tx: Mutex::new(EpTx {
-                vqp,
-                ring,
-                posts: 0,
-                staging: Staging::default(),
-                landing: Arc::new(Mutex::new(Vec::new())),
-                owed_releases: Vec::new(),
-                sent: SentTags::new(self.inner.cfg.vqp_depth),
-            }),
-            id,
-            window,
-            carry_first: false,
-        })
-    }
-
-    /// Handles what arrived for this node's ports and endpoints (they do it
-    /// themselves on every call; this is for a host with no other reason to
-    /// call in). Returns the receives handled; 0 before messaging is used.
-    ///
-    /// # Errors
-    /// Provider failures of the receive path.
-    pub fn msg_progress(&self) -> Result<usize, MsgError> {
-        match self.inner.msg.get() {
-            Some(m) => m.clone().progress(&self.inner),
-            None => Ok(0),
-        }
-    }
-
-    /// Messaging statistics (zeros before messaging is used).
-    pub fn msg_stats(&self) -> MsgStats {
-        self.inner.msg.get().map(|m| m.stats()).unwrap_or_default()
-    }
-
-    /// What the port `port` bound on this node (a user's, or a reserved
-    /// one of the engine's: [`super::handshake_msg::HANDSHAKE_PORT`], [`super::META_PORT`])
-    /// has granted now; `None` when it is not bound.
-    pub fn msg_port_usage(&self, port: u16) -> Option<PortUsage> {
-        let node = self.inner.msg.get()?;
-        let shared = node.ports.read().get(&port).cloned()?;
-        Some(shared.usage())
-    }
-
-    /// Receive slots not reserved by ports or reply windows (`None` before
-    /// messaging is used).
-    pub fn msg_unreserved(&self) -> Option<u32> {
-        self.inner.msg.get().map(|m| *m.budget.lock())
     }
 }
 
@@ -440,7 +290,7 @@ impl<N: Nic> Port<N> {
     /// sender of a descriptor cannot be reached (the message stays queued,
     /// pulled by a later pop).
     pub fn try_pop(&self) -> Result<Option<Message<N>>, MsgError> {
-        self.node.progress(&self.eng)?;
+        self.node.progress(&*self.eng)?;
         let mut tx = self.tx.lock();
         self.settle_owed(&mut tx);
         let Some(mut msg) = take_next(&tx.vqp, &self.node, &self.shared.state, |s| &mut s.ring)?
@@ -520,7 +370,7 @@ impl<N: Nic> Port<N> {
             owed_releases,
             ..
         } = tx;
-        pull_body(&self.eng, &self.node, vqp, landing, msg, |token| {
+        pull_body(&*self.eng, &self.node, vqp, landing, msg, |token| {
             if self
                 .send_ctl(vqp, from, MsgKind::Release { token })
                 .is_err()
@@ -649,7 +499,7 @@ impl<N: Nic> Port<N> {
         // (Started at the first wait: a reply with a credit reads no clock.)
         let mut ask: Option<Resend> = None;
         loop {
-            self.node.progress(&self.eng)?;
+            self.node.progress(&*self.eng)?;
             let taken = {
                 let mut st = self.shared.state.lock();
                 let Some(c) = st.channels.get_mut(&sender) else {
@@ -676,7 +526,7 @@ impl<N: Nic> Port<N> {
                 let slot = self.node.ring_slot(&mut tx.posts);
                 let wr_id = tx.sent.tag(sender.gid, sender.vqp, seq);
                 let r = send_data(
-                    &self.eng,
+                    &*self.eng,
                     &tx.vqp,
                     &mut tx.staging,
                     (&tx.ring, slot),

@@ -16,7 +16,6 @@ use super::mrs::OwnedMr;
 use super::msg_node::*;
 use super::msg_types::*;
 use super::vqp::Vqp;
-use super::EngineInner;
 use crate::msg::{Descriptor, MsgDst, MsgKind, MsgRepr};
 
 /// The wr_id bit of an endpoint's data message SEND: the rest of the
@@ -87,7 +86,7 @@ impl SentTags {
 
 /// A buffer of at least `len` bytes from `pool`, or a new one.
 pub(crate) fn take_buffer<N: Nic>(
-    eng: &EngineInner<N>,
+    eng: &dyn MsgHost<N>,
     pool: &Mutex<Vec<OwnedMr<N>>>,
     len: usize,
     access: Access,
@@ -372,7 +371,7 @@ pub(crate) fn read_into<N: Nic>(
 /// of the sending VQP's ring (see `MsgNode::staging_ring`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn send_with_body<N: Nic>(
-    eng: &EngineInner<N>,
+    eng: &dyn MsgHost<N>,
     vqp: &Vqp<N>,
     (ring, off): (&OwnedMr<N>, usize),
     to: Gid,
@@ -439,7 +438,7 @@ pub(crate) fn take_next<N: Nic, S>(
 /// [`MsgError::Failed`] for a failed READ (the message is consumed and
 /// reported); buffer and post errors.
 pub(crate) fn pull_body<N: Nic>(
-    eng: &EngineInner<N>,
+    eng: &dyn MsgHost<N>,
     node: &MsgNode<N>,
     vqp: &Vqp<N>,
     pool: &Arc<Mutex<Vec<OwnedMr<N>>>>,
@@ -477,7 +476,7 @@ pub(crate) fn pull_body<N: Nic>(
 /// of `region`) from `vqp`, unsignaled.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn send_data<N: Nic>(
-    eng: &EngineInner<N>,
+    eng: &dyn MsgHost<N>,
     vqp: &Vqp<N>,
     staging: &mut Staging<N>,
     (ring, off): (&OwnedMr<N>, usize),
@@ -578,12 +577,25 @@ impl<N: Nic> MsgNode<N> {
     /// seen) is asked for again: an endpoint repeats an unanswered Open.
     pub(crate) fn send_ctl(
         &self,
-        eng: &Arc<EngineInner<N>>,
+        eng: &dyn MsgHost<N>,
         to: Gid,
         m: &MsgRepr,
     ) -> Result<(), MsgError> {
-        let vqp = super::Engine::handle(eng.clone()).create_vqp()?;
+        let vqp = eng.create_vqp()?;
         let imm = vqp.id().get();
         send_inline(&vqp, to, imm, &m.emit(), self.cfg.timeout, &self.counters)
     }
+}
+
+/// A VQP for messaging's own one-sided traffic (a pulled region's READs,
+/// credit returns): the keys it posts are those its peer's messaging put
+/// in the message, for buffers that messaging exposes, not grants a user
+/// handed out, so it leaves them to the NIC ([`Ungranted::Allow`]); every
+/// other part of the pre-check applies.
+///
+/// [`Ungranted::Allow`]: crate::precheck::Ungranted::Allow
+pub(crate) fn messaging_vqp<N: Nic>(eng: &dyn MsgHost<N>) -> Result<Vqp<N>, MsgError> {
+    let vqp = eng.create_vqp()?;
+    vqp.set_ungranted(crate::precheck::Ungranted::Allow);
+    Ok(vqp)
 }
