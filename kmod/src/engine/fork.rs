@@ -63,8 +63,8 @@ use krcore_nic::Nic;
 
 use super::config::EngineMode;
 use super::error::EngineError;
+use super::object::Engine;
 use super::physqp::PhysQp;
-use super::Engine;
 
 /// DCIs a parent made for a child (see the module docs).
 pub struct ForkKit<N: Nic> {

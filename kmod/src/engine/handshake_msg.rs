@@ -128,10 +128,10 @@ use parking_lot::Mutex;
 use super::error::{EngineError, HandshakeFailure};
 use super::handshake_ud::{HandshakeStats, Paired, Passives};
 use super::msg_endpoint::Endpoint;
+use super::msg_node::MsgHost;
 use super::msg_port::Port;
 use super::msg_types::{MsgError, Service, Worker};
 pub use super::msg_types::{FIRST_RESERVED_PORT, HANDSHAKE_PORT};
-use super::{Engine, EngineInner};
 use crate::handshake::{HandshakeMessage, HandshakeRepr};
 use crate::msg::RefuseCode;
 
@@ -225,6 +225,14 @@ impl<N: Nic> Default for HsMsg<N> {
     }
 }
 
+/// What the upgrade's handshake needs of its engine: messaging
+/// ([`MsgHost`]) and, for its thread, the way back to this service. The
+/// engine object implements it.
+pub(crate) trait UpgradeHost<N: Nic>: MsgHost<N> {
+    /// DC mode with `upgrade_endpoint`: the handshake over messaging.
+    fn handshake_msg(&self) -> Option<&HsMsg<N>>;
+}
+
 fn closed_error() -> EngineError {
     EngineError::Unsupported {
         reason: "the engine's last handle was dropped: upgrades are no longer served or started",
@@ -252,7 +260,7 @@ impl<N: Nic> HsMsg<N> {
     /// [`EngineError::Unsupported`] after [`HsMsg::release`] or in a forked
     /// child; messaging's errors of the first use (DCT, receive buffers,
     /// the port's VQP), as engine errors.
-    pub(crate) fn serve(&self, eng: &Arc<EngineInner<N>>) -> Result<(), EngineError> {
+    pub(crate) fn serve(&self, eng: &Arc<dyn UpgradeHost<N>>) -> Result<(), EngineError> {
         let mut server = self.server.lock();
         if server.is_some() {
             return Ok(());
@@ -260,15 +268,15 @@ impl<N: Nic> HsMsg<N> {
         if self.closed.load(Ordering::Acquire) {
             return Err(closed_error());
         }
-        eng.refuse_in_child("serving upgrades in a forked child")?;
-        let gid = eng.nic.gid();
-        let port = Engine::handle(eng.clone())
-            .bind_reserved(HANDSHAKE_PORT)
-            .map_err(|e| msg_error(gid, e))?;
+        let dev = eng.dev();
+        dev.refuse_in_child("serving upgrades in a forked child")?;
+        let gid = dev.nic.gid();
+        let msg: Arc<dyn MsgHost<N>> = eng.clone();
+        let port = Port::bind(&msg, HANDSHAKE_PORT, true).map_err(|e| msg_error(gid, e))?;
         let passives = Passives::new(
-            eng.nic.clone(),
-            eng.pd.clone(),
-            eng.cfg.handshake.clone(),
+            dev.nic.clone(),
+            dev.pd.clone(),
+            dev.cfg.handshake.clone(),
             None,
         )?;
         *server = Some(Arc::new(Server {
@@ -276,12 +284,12 @@ impl<N: Nic> HsMsg<N> {
             passives: Mutex::new(passives),
         }));
         drop(server);
-        if eng.cfg.handshake_thread {
+        if dev.cfg.handshake_thread {
             let stop = Arc::new(AtomicBool::new(false));
             let (flag, weak, sleep) = (
                 stop.clone(),
                 Arc::downgrade(eng),
-                eng.cfg.handshake.idle_sleep,
+                dev.cfg.handshake.idle_sleep,
             );
             let handle = std::thread::Builder::new()
                 .name("krcore-handshake".into())
@@ -384,7 +392,7 @@ impl<N: Nic> HsMsg<N> {
     /// handle went; engine errors of messaging.
     pub(crate) fn handshake(
         &self,
-        eng: &Arc<EngineInner<N>>,
+        eng: &Arc<dyn MsgHost<N>>,
         local_qpn: u32,
         gid: Gid,
     ) -> Result<Paired, EngineError> {
@@ -394,9 +402,7 @@ impl<N: Nic> HsMsg<N> {
             return Err(closed_error());
         }
         if client.is_none() {
-            let mut ep = Engine::handle(eng.clone())
-                .control_endpoint()
-                .map_err(|e| msg_error(gid, e))?;
+            let mut ep = Endpoint::control(eng).map_err(|e| msg_error(gid, e))?;
             // The Request rides in the channel's Open: one round trip
             // (Requests are idempotent, see `Endpoint::carry_first`).
             ep.carry_first = true;
@@ -422,7 +428,7 @@ impl<N: Nic> HsMsg<N> {
         local: Gid,
         local_qpn: u32,
         gid: Gid,
-        cfg: &super::HandshakeConfig,
+        cfg: &super::config::HandshakeConfig,
     ) -> Result<Paired, EngineError> {
         // Late answers to earlier handshakes.
         while let Ok(Some(_)) = ep.try_pop_reply() {
@@ -555,7 +561,7 @@ fn close_message(local: Gid, local_qpn: u32, nonce: u64) -> [u8; crate::handshak
 
 /// The handshake thread: serves the reserved port until stopped or the
 /// engine is gone.
-fn run<N: Nic>(eng: &Weak<EngineInner<N>>, stop: &AtomicBool, idle_sleep: Duration) {
+fn run<N: Nic>(eng: &Weak<dyn UpgradeHost<N>>, stop: &AtomicBool, idle_sleep: Duration) {
     let mut wait = super::idle::IdleWait::new(idle_sleep);
     while !stop.load(Ordering::Acquire) {
         let Some(e) = eng.upgrade() else { return };

@@ -97,7 +97,7 @@ use super::meta::{MetaClient, MetaPolicy};
 use super::mrs::OwnedMr;
 use super::msg_port::Port;
 use super::msg_types::{MsgError, Worker};
-use super::{Engine, EngineInner};
+use super::object::{Engine, EngineInner};
 
 /// The reserved messaging port a [`MsgMetaHost`] serves requests on.
 pub const META_PORT: u16 = 0xfffe;
@@ -509,7 +509,7 @@ impl<N: Nic> Engine<N> {
 /// [`Engine::meta_register`]).
 fn meta_exchange<N: Nic>(
     eng: &EngineInner<N>,
-    ep: &super::Endpoint<N>,
+    ep: &super::msg_endpoint::Endpoint<N>,
     server: Gid,
     gid: Gid,
     message: MetaMessage,
@@ -581,16 +581,6 @@ pub(crate) fn table_len(geometry: &krcore_meta::table::Geometry) -> Result<usize
 
 fn msg_error(gid: Gid, e: MsgError) -> EngineError {
     e.into_engine(gid, super::msg_types::Service::MetaRegistration)
-}
-
-impl<N: Nic> EngineInner<N> {
-    /// The engine's last handle went: drop the registration endpoint (it
-    /// holds the engine), unless a call holds it (that call drops it).
-    pub(crate) fn release_meta_client(&self) {
-        if let Some(mut c) = self.meta_ep.try_lock() {
-            c.take();
-        }
-    }
 }
 
 impl<N: Nic> Engine<N> {

@@ -706,17 +706,3 @@ impl<N: Nic> std::fmt::Debug for OwnedMr<N> {
             .finish()
     }
 }
-
-impl<N: Nic> super::Engine<N> {
-    /// Ends the leases that expired (deregisters their keys) now, without
-    /// waiting for the lease reaper; returns how many leases stay live.
-    pub fn sweep_leases(&self) -> usize {
-        self.inner.mrs.sweep(Instant::now())
-    }
-
-    /// The counters of the engine's leases: live, granted, revoked,
-    /// expired, and how late expired keys were deregistered.
-    pub fn lease_stats(&self) -> LeaseStats {
-        self.inner.mrs.lease_stats()
-    }
-}

@@ -13,7 +13,7 @@ use super::msg_endpoint::Endpoint;
 use super::msg_node::{MsgHost, MsgNode};
 use super::msg_port::{Port, PortUsage};
 use super::msg_types::{MsgError, MsgStats, FIRST_RESERVED_PORT};
-use super::Engine;
+use super::object::Engine;
 
 impl<N: Nic> Engine<N> {
     /// Binds `port` on this node: messages pushed to it are received by
@@ -71,8 +71,7 @@ impl<N: Nic> Engine<N> {
     /// An endpoint of the engine's own control exchanges (handshake, meta
     /// registration): its channels ask for `msg.control_window` credits.
     pub(crate) fn control_endpoint(&self) -> Result<Endpoint<N>, MsgError> {
-        let window = MsgNode::get(&*self.inner)?.cfg.control_window;
-        self.endpoint_windowed(window)
+        Endpoint::control(&self.msg_host())
     }
 
     /// An endpoint whose channels ask for `window` credits (at most

@@ -54,6 +54,13 @@ pub struct Endpoint<N: Nic> {
 }
 
 impl<N: Nic> Endpoint<N> {
+    /// An endpoint of the engine's own control exchanges (handshake, meta
+    /// registration): its channels ask for `msg.control_window` credits.
+    pub(crate) fn control(eng: &Arc<dyn MsgHost<N>>) -> Result<Endpoint<N>, MsgError> {
+        let window = MsgNode::get(&**eng)?.cfg.control_window;
+        Endpoint::create(eng, window)
+    }
+
     /// A new endpoint of the node of `eng` (a VQP of its own) whose
     /// channels ask for `window` credits (checked by the caller).
     pub(crate) fn create(eng: &Arc<dyn MsgHost<N>>, window: u32) -> Result<Endpoint<N>, MsgError> {

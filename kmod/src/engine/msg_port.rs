@@ -150,7 +150,7 @@ impl<N: Nic> PortShared<N> {
     }
 }
 
-/// What a bound port has granted ([`Engine::msg_port_usage`]).
+/// What a bound port has granted ([`super::Engine::msg_port_usage`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PortUsage {

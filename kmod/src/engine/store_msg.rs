@@ -37,7 +37,7 @@ use krcore_nic::Nic;
 
 use super::error::EngineError;
 use super::meta_msg::{Kept, MetaLease, MsgMetaHost};
-use super::Engine;
+use super::object::Engine;
 
 impl<N: Nic + 'static> MsgMetaHost<N> {
     /// Serves this host over TCP on `addr` (for example `127.0.0.1:0`; see
