@@ -48,6 +48,21 @@ pub(crate) trait RcHost<N: Nic>: QpHost<N> + Send + Sync {
     fn resolve(&self, gid: &Gid) -> Result<CachedTarget, EngineError>;
 }
 
+/// A VQP's posts and polls pass the handle itself: the inline fast paths
+/// never look at their host, so the handle is dereferenced (an `Arc` of a
+/// trait object: its data offset is read from the vtable) only on the
+/// general paths that do.
+impl<N: Nic> QpHost<N> for Arc<dyn RcHost<N>> {
+    #[inline(always)]
+    fn dev(&self) -> &Device<N> {
+        (**self).dev()
+    }
+
+    fn pair_up(&self, qp: &N::Qp, target: UdTarget) -> Result<u64, EngineError> {
+        (**self).pair_up(qp, target)
+    }
+}
+
 /// Field access through the engine as a VQP holds it (`eng.cfg`).
 impl<N: Nic> std::ops::Deref for dyn RcHost<N> + '_ {
     type Target = Device<N>;

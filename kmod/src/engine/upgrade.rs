@@ -278,7 +278,7 @@ impl<N: Nic> Vqp<N> {
         // Without `upgrade_after` nothing counts: the count stays 0 (no
         // load), and only a hint (`next_at` 0) or the upgrade sends a post
         // down the slow path.
-        let count = if self.engine.cfg.upgrade_after.is_some() {
+        let count = if b.counts {
             b.wrs.fetch_add(n, Ordering::Relaxed).saturating_add(n)
         } else {
             0
@@ -302,7 +302,7 @@ impl<N: Nic> Vqp<N> {
         for _ in 0..4 {
             let mut slot = b.slot.lock();
             if let Some(pair) = slot.rc.as_ref() {
-                match pair.post(&*self.engine, self.id, wrs) {
+                match pair.post(&self.engine, self.id, wrs) {
                     Ok(()) => return Ok(()),
                     Err(PostFail::Vqp(e)) => return Err(e),
                     Err(PostFail::Stale) => {
@@ -317,7 +317,7 @@ impl<N: Nic> Vqp<N> {
                     continue;
                 }
             }
-            match b.dci.post(&*self.engine, self.id, wrs) {
+            match b.dci.post(&self.engine, self.id, wrs) {
                 Ok(()) => return Ok(()),
                 Err(PostFail::Vqp(e)) => return Err(e),
                 Err(PostFail::Stale) => continue,
@@ -330,7 +330,7 @@ impl<N: Nic> Vqp<N> {
     /// QP holding the state, under the binding lock (no move in between).
     #[inline(never)]
     pub(crate) fn poll_dc_rest(&self, b: &DcBinding<N>, out: &mut [Wc]) -> Result<usize, VqpError> {
-        b.with_current(|q| Ok(q.poll(&*self.engine, self.id, out)?.unwrap_or(0)))
+        b.with_current(|q| Ok(q.poll(&self.engine, self.id, out)?.unwrap_or(0)))
     }
 
     /// DC mode connect: sets the target; an upgraded VQP connecting to

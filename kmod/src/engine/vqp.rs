@@ -379,8 +379,8 @@ impl<N: Nic> Vqp<N> {
         // One WR (the usual post, every atomic of the SDK): its own copy,
         // the batch's length known, its loops gone.
         let posted = match wrs {
-            [wr] => q.post(&*self.engine, self.id, std::slice::from_mut(wr)),
-            _ => q.post(&*self.engine, self.id, wrs),
+            [wr] => q.post(&self.engine, self.id, std::slice::from_mut(wr)),
+            _ => q.post(&self.engine, self.id, wrs),
         };
         match posted {
             Ok(()) => Ok(()),
@@ -425,7 +425,7 @@ impl<N: Nic> Vqp<N> {
         let Some(q) = slot.as_ref() else {
             return Err(VqpError::NotConnected { vqp: self.id });
         };
-        match q.post(&*self.engine, self.id, wrs) {
+        match q.post(&self.engine, self.id, wrs) {
             Ok(()) => Ok(None),
             Err(PostFail::Vqp(e)) => Err(e),
             Err(PostFail::Stale) => Ok(Some(q.clone())),
@@ -484,8 +484,8 @@ impl<N: Nic> Vqp<N> {
         // One entry (a synchronous wait's poll): its own copy, the
         // array's length known.
         let polled = match out {
-            [wc] => q.poll(&*self.engine, self.id, std::slice::from_mut(wc)),
-            _ => q.poll(&*self.engine, self.id, out),
+            [wc] => q.poll(&self.engine, self.id, std::slice::from_mut(wc)),
+            _ => q.poll(&self.engine, self.id, out),
         };
         match (polled?, &self.binding) {
             (Some(n), _) => Ok(n),
@@ -696,6 +696,9 @@ pub(crate) struct DcBinding<N: Nic> {
     /// and takes the slow path.
     pub(crate) next_at: AtomicU64,
     pub(crate) fails: AtomicU32,
+    /// `upgrade_after` is set: posts count their WRs (read by every post,
+    /// so kept here rather than read from the engine's configuration).
+    pub(crate) counts: bool,
 }
 
 impl<N: Nic> DcBinding<N> {
@@ -717,6 +720,7 @@ impl<N: Nic> DcBinding<N> {
             wrs: AtomicU64::new(0),
             next_at: AtomicU64::new(threshold.unwrap_or(u64::MAX)),
             fails: AtomicU32::new(0),
+            counts: threshold.is_some(),
         }
     }
 
