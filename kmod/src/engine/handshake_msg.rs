@@ -127,11 +127,8 @@ use parking_lot::Mutex;
 
 use super::error::{EngineError, HandshakeFailure};
 use super::handshake_ud::{HandshakeStats, Paired, Passives};
-use super::msg_endpoint::Endpoint;
-use super::msg_node::MsgHost;
-use super::msg_port::Port;
-use super::msg_types::{MsgError, Service, Worker};
-pub use super::msg_types::{FIRST_RESERVED_PORT, HANDSHAKE_PORT};
+use super::messaging::{Endpoint, MsgError, MsgHost, Port, Service, Worker};
+pub use super::messaging::{FIRST_RESERVED_PORT, HANDSHAKE_PORT};
 use crate::handshake::{HandshakeMessage, HandshakeRepr};
 use crate::msg::RefuseCode;
 

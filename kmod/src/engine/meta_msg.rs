@@ -93,10 +93,9 @@ use parking_lot::{Mutex, MutexGuard};
 use super::config::MetaLocation;
 use super::error::{EngineError, MetaFailure};
 use super::handshake_msg::{busy_pause, ControlPush};
+use super::messaging::{MsgError, Port, Worker};
 use super::meta::{MetaClient, MetaPolicy};
 use super::mrs::OwnedMr;
-use super::msg_port::Port;
-use super::msg_types::{MsgError, Worker};
 use super::object::{Engine, EngineInner};
 
 /// The reserved messaging port a [`MsgMetaHost`] serves requests on.
@@ -509,7 +508,7 @@ impl<N: Nic> Engine<N> {
 /// [`Engine::meta_register`]).
 fn meta_exchange<N: Nic>(
     eng: &EngineInner<N>,
-    ep: &super::msg_endpoint::Endpoint<N>,
+    ep: &super::messaging::Endpoint<N>,
     server: Gid,
     gid: Gid,
     message: MetaMessage,
@@ -580,7 +579,7 @@ pub(crate) fn table_len(geometry: &krcore_meta::table::Geometry) -> Result<usize
 }
 
 fn msg_error(gid: Gid, e: MsgError) -> EngineError {
-    e.into_engine(gid, super::msg_types::Service::MetaRegistration)
+    e.into_engine(gid, super::messaging::Service::MetaRegistration)
 }
 
 impl<N: Nic> Engine<N> {

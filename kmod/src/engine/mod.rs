@@ -115,16 +115,11 @@ pub mod handshake_msg;
 mod handshake_ud;
 mod idle;
 mod lazy;
+mod messaging;
+mod messaging_api;
 mod meta;
 pub mod meta_msg;
 mod mrs;
-mod msg_api;
-mod msg_endpoint;
-mod msg_node;
-mod msg_port;
-mod msg_send;
-mod msg_state;
-mod msg_types;
 mod object;
 mod pairing;
 mod physqp;
@@ -143,14 +138,12 @@ pub use config::{
 pub use error::{EngineError, HandshakeFailure, MetaFailure, VqpError};
 pub use fork::ForkKit;
 pub use handshake_ud::{HandshakeResponder, HandshakeStats, ProgressThread};
+pub use messaging::{Endpoint, Message, MsgError, MsgStats, Port, PortUsage, Sender};
 pub use meta::MetaStats;
 pub use meta_msg::{
     MetaHostStats, MetaHostThread, MetaLease, MetaLeaseStats, MsgMetaHost, META_PORT,
 };
 pub use mrs::{LeaseError, LeaseId, LeaseStats, Leased, OwnedMr, LEASE_REAPER};
-pub use msg_endpoint::Endpoint;
-pub use msg_port::{Port, PortUsage};
-pub use msg_types::{Message, MsgError, MsgStats, Sender};
 pub use object::Engine;
 pub use rc::handshake_gid;
 pub use rc::RcStats;

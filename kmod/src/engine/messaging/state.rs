@@ -1,7 +1,7 @@
 //! The state messaging keeps per bound port and per endpoint, held by the
-//! node ([`super::msg_node::MsgNode`]'s maps) and by the handles
+//! node ([`super::node::MsgNode`]'s maps) and by the handles
 //! ([`super::Port`], [`super::Endpoint`]): their data here, their
-//! behaviour in `msg_port.rs` and `msg_endpoint.rs`.
+//! behaviour in `port.rs` and `endpoint.rs`.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use krcore_nic::{Gid, Nic};
 use parking_lot::Mutex;
 
-use super::msg_types::{Message, Sender};
+use super::types::{Message, Sender};
 use crate::msg::{RefuseCode, ReturnBatch, SendWindow, SeqCheck};
 
 /// The receive side of one channel at the port.

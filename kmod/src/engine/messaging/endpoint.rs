@@ -1,4 +1,4 @@
-//! Endpoints: the send side of messaging (see [`super::msg_node`]).
+//! Endpoints: the send side of messaging (see [`super::node`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -7,12 +7,12 @@ use std::time::{Duration, Instant};
 use krcore_nic::{Gid, MemoryRegion, Nic};
 use parking_lot::Mutex;
 
-use super::mrs::OwnedMr;
-use super::msg_node::*;
-use super::msg_send::*;
-use super::msg_state::*;
-use super::msg_types::*;
-use super::vqp::Vqp;
+use super::node::*;
+use super::send::*;
+use super::state::*;
+use super::types::*;
+use crate::engine::mrs::OwnedMr;
+use crate::engine::vqp::Vqp;
 
 use crate::msg::{
     Carried, CreditReturn, Descriptor, MsgDst, MsgKind, MsgRepr, ReturnBatch, SendWindow, SeqCheck,
@@ -683,7 +683,7 @@ impl<N: Nic> Endpoint<N> {
     /// # Errors
     /// [`MsgError::Timeout`]; as [`Endpoint::try_pop_reply`].
     pub fn pop_reply_timeout(&self, timeout: Duration) -> Result<Message<N>, MsgError> {
-        super::msg_types::wait_for(timeout, || self.try_pop_reply())
+        super::types::wait_for(timeout, || self.try_pop_reply())
     }
 
     /// Pops the oldest reply, waiting up to `msg.timeout`.

@@ -1,6 +1,6 @@
 //! The engine's messaging calls: binding ports, opening endpoints, and
-//! messaging's progress and statistics. Messaging itself (`msg_node`,
-//! `msg_port`, `msg_endpoint`, `msg_send`) holds the engine as a
+//! messaging's progress and statistics. Messaging itself (the room
+//! `messaging/`) holds the engine as a
 //! [`MsgHost`] and does not name the engine object; these calls are the
 //! object's, on top.
 
@@ -9,10 +9,9 @@ use std::sync::Arc;
 
 use krcore_nic::Nic;
 
-use super::msg_endpoint::Endpoint;
-use super::msg_node::{MsgHost, MsgNode};
-use super::msg_port::{Port, PortUsage};
-use super::msg_types::{MsgError, MsgStats, FIRST_RESERVED_PORT};
+use super::messaging::{
+    Endpoint, MsgError, MsgHost, MsgNode, MsgStats, Port, PortUsage, FIRST_RESERVED_PORT,
+};
 use super::object::Engine;
 
 impl<N: Nic> Engine<N> {

@@ -1,4 +1,4 @@
-//! Bound ports: the receive side of messaging (see [`super::msg_node`]).
+//! Bound ports: the receive side of messaging (see [`super::node`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -7,12 +7,12 @@ use std::time::{Duration, Instant};
 use krcore_nic::Nic;
 use parking_lot::Mutex;
 
-use super::mrs::OwnedMr;
-use super::msg_node::*;
-use super::msg_send::*;
-use super::msg_state::*;
-use super::msg_types::*;
-use super::vqp::Vqp;
+use super::node::*;
+use super::send::*;
+use super::state::*;
+use super::types::*;
+use crate::engine::mrs::OwnedMr;
+use crate::engine::vqp::Vqp;
 use crate::msg::{
     CreditReturn, MsgDst, MsgKind, MsgRepr, RefuseCode, ReturnBatch, SendWindow, SeqCheck,
 };
@@ -150,7 +150,7 @@ impl<N: Nic> PortShared<N> {
     }
 }
 
-/// What a bound port has granted ([`super::Engine::msg_port_usage`]).
+/// What a bound port has granted ([`crate::engine::Engine::msg_port_usage`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PortUsage {
@@ -426,7 +426,7 @@ impl<N: Nic> Port<N> {
     /// # Errors
     /// [`MsgError::Timeout`]; as [`Port::try_pop`].
     pub fn pop_timeout(&self, timeout: Duration) -> Result<Message<N>, MsgError> {
-        super::msg_types::wait_for(timeout, || self.try_pop())
+        super::types::wait_for(timeout, || self.try_pop())
     }
 
     /// Pops the oldest message, waiting up to `msg.timeout`.

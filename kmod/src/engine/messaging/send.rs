@@ -1,5 +1,5 @@
 //! Messaging I/O helpers: posting message sends on a VQP, descriptor
-//! READs, staging and landing buffers (see [`super::msg_node`]).
+//! READs, staging and landing buffers (see [`super::node`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -11,11 +11,11 @@ use krcore_nic::{
 };
 use parking_lot::Mutex;
 
-use super::error::VqpError;
-use super::mrs::OwnedMr;
-use super::msg_node::*;
-use super::msg_types::*;
-use super::vqp::Vqp;
+use super::node::*;
+use super::types::*;
+use crate::engine::error::VqpError;
+use crate::engine::mrs::OwnedMr;
+use crate::engine::vqp::Vqp;
 use crate::msg::{Descriptor, MsgDst, MsgKind, MsgRepr};
 
 /// The wr_id bit of an endpoint's data message SEND: the rest of the
@@ -121,7 +121,7 @@ pub(crate) fn aim<N: Nic>(
     loop {
         match vqp.connect(to) {
             Ok(()) => return Ok(()),
-            Err(e @ super::error::EngineError::VqpBusy { .. }) => {
+            Err(e @ crate::engine::error::EngineError::VqpBusy { .. }) => {
                 if start.elapsed() >= timeout {
                     return Err(e.into());
                 }
@@ -139,7 +139,7 @@ pub(crate) fn aim<N: Nic>(
 /// (see [`aim`]).
 fn send_flags<N: Nic>(vqp: &Vqp<N>) -> SendFlags {
     match vqp.engine.mode() {
-        super::config::EngineMode::Dc => SendFlags::NONE,
+        crate::engine::config::EngineMode::Dc => SendFlags::NONE,
         _ => SendFlags::SIGNALED,
     }
 }

@@ -1,5 +1,5 @@
 //! The messaging host's vocabulary, shared by its files (see
-//! [`super::msg_node`]): errors and statistics, the sender of a message,
+//! [`super::node`]): errors and statistics, the sender of a message,
 //! a popped message and the landing buffer its body may sit in, the
 //! progress thread's handle, the bounded wait of blocking calls, and the
 //! port numbers the engine reserves.
@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use krcore_nic::{Gid, MemoryRegion, Nic, WcStatus};
 use parking_lot::Mutex;
 
-use super::error::{EngineError, VqpError};
-use super::mrs::OwnedMr;
+use crate::engine::error::{EngineError, VqpError};
+use crate::engine::mrs::OwnedMr;
 use crate::msg::{Descriptor, RefuseCode, WindowError};
 
 /// Errors of messaging.
@@ -21,7 +21,7 @@ use crate::msg::{Descriptor, RefuseCode, WindowError};
 #[non_exhaustive]
 pub enum MsgError {
     /// The port is reserved for the engine's own services (from
-    /// [`super::handshake_msg::FIRST_RESERVED_PORT`] on: the upgrade handshake).
+    /// [`crate::engine::handshake_msg::FIRST_RESERVED_PORT`] on: the upgrade handshake).
     #[error("port {port} is reserved for the engine")]
     ReservedPort {
         /// The port.
@@ -143,12 +143,12 @@ impl MsgError {
             (MsgError::Engine(e), _) => e,
             (MsgError::Refused { code, .. }, Service::Handshake) => EngineError::Handshake {
                 gid,
-                failure: super::error::HandshakeFailure::Refused(code),
+                failure: crate::engine::error::HandshakeFailure::Refused(code),
             },
             (MsgError::Refused { code, .. }, Service::MetaRegistration) => {
                 EngineError::MetaUnavailable {
                     gid,
-                    failure: super::error::MetaFailure::Refused(code),
+                    failure: crate::engine::error::MetaFailure::Refused(code),
                 }
             }
             (other, Service::Handshake) => {
@@ -165,9 +165,9 @@ impl MsgError {
 /// [`MsgError::into_engine`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Service {
-    /// The DC -> RC upgrade's handshake (`super::handshake_msg`).
+    /// The DC -> RC upgrade's handshake (`crate::engine::handshake_msg`).
     Handshake,
-    /// Registration with the meta host (`super::meta_msg`).
+    /// Registration with the meta host (`crate::engine::meta_msg`).
     MetaRegistration,
 }
 
@@ -425,9 +425,9 @@ pub(crate) const POOL_KEEP: usize = 8;
 pub(crate) const MIN_BUFFER: usize = 64 << 10;
 
 /// The reserved messaging port a DC engine serves the upgrade handshake on.
-/// [`super::Engine::bind`] refuses it (and every port from
+/// [`crate::engine::Engine::bind`] refuses it (and every port from
 /// [`FIRST_RESERVED_PORT`] on) to users (the upgrade handshake,
-/// `super::handshake_msg`).
+/// `crate::engine::handshake_msg`).
 pub const HANDSHAKE_PORT: u16 = 0xffff;
 
 /// The first port reserved for the engine's own services
