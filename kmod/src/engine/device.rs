@@ -17,7 +17,7 @@ use krcore_nic::{Gid, Nic, UdTarget};
 use super::config::EngineConfig;
 use super::error::EngineError;
 use super::mrs::{MrRegistry, PostWords};
-use crate::dccache::DcCache;
+use crate::dccache::{CachedTarget, DcCache};
 use crate::precheck::Policy;
 
 /// See the module docs.
@@ -58,6 +58,17 @@ impl<N: Nic> Device<N> {
         }
         self.cache.invalidate(gid);
         Some(stale)
+    }
+
+    /// The DCCache's entry of `gid`, counted as a connect hit; `None` on a
+    /// miss (counted by the meta lookup that follows: the engine's
+    /// `RcHost::resolve`). The static first half of a connect, which a VQP
+    /// takes without calling its engine.
+    #[inline]
+    pub(crate) fn cached(&self, gid: &Gid) -> Option<CachedTarget> {
+        let hit = self.cache.lookup(gid).hit()?;
+        self.hits.fetch_add(1, Ordering::Relaxed);
+        Some(hit)
     }
 
     /// `Err(Unsupported)` naming `what` in a forked child.

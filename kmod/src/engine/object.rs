@@ -89,7 +89,7 @@ enum ModeState<N: Nic> {
 pub(crate) struct EngineInner<N: Nic> {
     /// The NIC, PD, configuration, DCCache and MR registry (the engine
     /// derefs to it: `eng.cfg`).
-    pub(super) dev: Device<N>,
+    pub(super) dev: Arc<Device<N>>,
     mode_state: ModeState<N>,
     /// DC mode with `upgrade_endpoint`: the handshake over messaging and
     /// the RC pairs of upgraded VQPs.
@@ -183,11 +183,7 @@ impl<N: Nic> RcHost<N> for EngineInner<N> {
         }
     }
 
-    fn resolve(&self, gid: &Gid) -> Result<CachedTarget, EngineError> {
-        if let Some(hit) = self.cache.lookup(gid).hit() {
-            self.hits.fetch_add(1, Ordering::Relaxed);
-            return Ok(hit);
-        }
+    fn resolve_miss(&self, gid: &Gid) -> Result<CachedTarget, EngineError> {
         self.misses.fetch_add(1, Ordering::Relaxed);
         self.refuse_in_child("a meta lookup (DCCache miss) in a forked child")?;
         let meta = self
@@ -250,8 +246,8 @@ impl<N: Nic> MsgHost<N> for EngineInner<N> {
         }
         let id = VqpId::new(n).map_err(|_| EngineError::VqpIdsExhausted)?;
         Ok(match self.mode() {
-            EngineMode::Dc => Vqp::on_dci(me, id, self.pick_dci()?),
-            EngineMode::RcFallback => Vqp::unbound(me, id),
+            EngineMode::Dc => Vqp::on_dci(me, self.dev.clone(), id, self.pick_dci()?),
+            EngineMode::RcFallback => Vqp::unbound(me, self.dev.clone(), id),
         })
     }
 
@@ -559,7 +555,7 @@ impl<N: Nic> Engine<N> {
                     .unwrap_or_default()
                     .as_nanos() as u64,
             ),
-            dev: Device {
+            dev: Arc::new(Device {
                 cache: DcCache::new(cfg.cache_capacity),
                 nic,
                 pd,
@@ -573,7 +569,7 @@ impl<N: Nic> Engine<N> {
                 upgrades: AtomicU64::new(0),
                 downgrades: AtomicU64::new(0),
                 upgrade_failures: AtomicU64::new(0),
-            },
+            }),
             mode_state,
             upgrade,
             meta: meta.map_or_else(OnceLock::new, OnceLock::from),

@@ -22,8 +22,9 @@ use crate::sharedqp::DciStats;
 /// What the RC pairs, and the VQPs posting on them or on DCIs, need of
 /// their engine: the shared QP's host ([`QpHost`]), the pairs, how a GID
 /// resolves, and how a closed pair's target is told. The engine object
-/// implements it; a VQP holds its engine as `Arc<dyn RcHost<N>>`, so that
-/// neither names the engine object (the services above it, messaging and
+/// implements it; a VQP holds its engine as `Arc<dyn RcHost<N>>` (and the
+/// device beside it, for what its hot paths read), so that neither names
+/// the engine object (the services above it, messaging and
 /// the upgrade's handshake, are reached only through these calls).
 pub(crate) trait RcHost<N: Nic>: QpHost<N> + Send + Sync {
     /// How the engine reaches other nodes.
@@ -41,11 +42,24 @@ pub(crate) trait RcHost<N: Nic>: QpHost<N> + Send + Sync {
     /// Returns whether the upgrade's handshake is there to tell it.
     fn tell_closed_msg(&self, qpn: u32, gid: Gid, nonce: u64) -> bool;
 
-    /// DCCache first; on a miss one meta READ, whose entry is cached.
+    /// A DCCache miss of `gid`: one meta READ, whose entry is cached
+    /// (counted as a connect miss).
     ///
     /// # Errors
     /// As [`super::Engine::resolve`].
-    fn resolve(&self, gid: &Gid) -> Result<CachedTarget, EngineError>;
+    fn resolve_miss(&self, gid: &Gid) -> Result<CachedTarget, EngineError>;
+
+    /// DCCache first ([`Device::cached`]); on a miss one meta READ
+    /// ([`RcHost::resolve_miss`]).
+    ///
+    /// # Errors
+    /// As [`super::Engine::resolve`].
+    fn resolve(&self, gid: &Gid) -> Result<CachedTarget, EngineError> {
+        match self.dev().cached(gid) {
+            Some(hit) => Ok(hit),
+            None => self.resolve_miss(gid),
+        }
+    }
 }
 
 /// A VQP's posts and polls pass the handle itself: the inline fast paths

@@ -132,7 +132,7 @@ impl<N: Nic> Vqp<N> {
         let pair = match pair_for(&*self.engine, &t.target.gid) {
             Ok(p) => p,
             Err(e) => {
-                self.engine.upgrade_failures.fetch_add(1, Ordering::Relaxed);
+                self.dev.upgrade_failures.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(vqp = %self.id, target_gid = %t.target.gid, reason = %e, "DC -> RC upgrade failed, VQP stays on DC");
                 return Err(e);
             }
@@ -166,7 +166,7 @@ impl<N: Nic> Vqp<N> {
                 // Posts go down the slow path, to the pair (see `next_at`).
                 b.next_at.store(0, Ordering::Relaxed);
                 b.fails.store(0, Ordering::Relaxed);
-                self.engine.upgrades.fetch_add(1, Ordering::Relaxed);
+                self.dev.upgrades.fetch_add(1, Ordering::Relaxed);
                 true
             }
             _ => false,
@@ -181,10 +181,10 @@ impl<N: Nic> Vqp<N> {
         };
         let st = pair
             .detach(self.id)
-            .unwrap_or_else(|| VqpState::new(self.engine.cfg.vqp_depth, self.engine.cfg.ungranted));
+            .unwrap_or_else(|| VqpState::new(self.dev.cfg.vqp_depth, self.dev.cfg.ungranted));
         b.dci.attach(self.id, st);
         b.on_rc.store(false, Ordering::Release);
-        self.engine.downgrades.fetch_add(1, Ordering::Relaxed);
+        self.dev.downgrades.fetch_add(1, Ordering::Relaxed);
         tracing::info!(
             vqp = %self.id,
             target_gid = pair.rc_link().map(|l| tracing::field::display(l.gid)),
@@ -193,7 +193,7 @@ impl<N: Nic> Vqp<N> {
             "VQP moved back RC -> DC"
         );
         let next = self
-            .engine
+            .dev
             .cfg
             .upgrade_after
             .map_or(u64::MAX, |t| count.saturating_add(t));
@@ -202,9 +202,9 @@ impl<N: Nic> Vqp<N> {
 
     /// A failed build: stay on DC, back off.
     fn failed(&self, b: &DcBinding<N>, count: u64) {
-        self.engine.upgrade_failures.fetch_add(1, Ordering::Relaxed);
+        self.dev.upgrade_failures.fetch_add(1, Ordering::Relaxed);
         let fails = b.fails.fetch_add(1, Ordering::Relaxed) + 1;
-        let next = self.engine.cfg.upgrade_after.map_or(u64::MAX, |t| {
+        let next = self.dev.cfg.upgrade_after.map_or(u64::MAX, |t| {
             count.saturating_add(t.saturating_mul(1 << fails.min(10)))
         });
         b.next_at.store(next, Ordering::Relaxed);
@@ -237,7 +237,7 @@ impl<N: Nic> Vqp<N> {
             } else {
                 // Look again after a few more WRs (a hinted-only VQP, not
                 // counted, at its next post).
-                let again = if self.engine.cfg.upgrade_after.is_some() {
+                let again = if self.dev.cfg.upgrade_after.is_some() {
                     count.saturating_add(BUILD_CHECK_WRS)
                 } else {
                     0
@@ -353,7 +353,7 @@ impl<N: Nic> Vqp<N> {
                     b.dci.attach(id, st);
                     slot.rc = None;
                     b.on_rc.store(false, Ordering::Release);
-                    self.engine.downgrades.fetch_add(1, Ordering::Relaxed);
+                    self.dev.downgrades.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(
                         vqp = %id,
                         target_gid = old.map(tracing::field::display),
@@ -372,7 +372,7 @@ impl<N: Nic> Vqp<N> {
                     // Every move keeps the state somewhere: fresh is safe.
                     b.dci.attach(
                         id,
-                        VqpState::new(self.engine.cfg.vqp_depth, self.engine.cfg.ungranted),
+                        VqpState::new(self.dev.cfg.vqp_depth, self.dev.cfg.ungranted),
                     );
                     slot.rc = None;
                     b.on_rc.store(false, Ordering::Release);
@@ -381,7 +381,7 @@ impl<N: Nic> Vqp<N> {
         }
         let q = slot.rc.clone().unwrap_or_else(|| b.dci.clone());
         q.with_vqp(id, |st| st.target = Some(t));
-        if !same && self.engine.cfg.upgrade_after.is_some() {
+        if !same && self.dev.cfg.upgrade_after.is_some() {
             // A counted VQP may ask for a build later: have the builder
             // ready (best effort: a failure shows at the request).
             let _ = start_builder(&self.engine);
@@ -392,7 +392,7 @@ impl<N: Nic> Vqp<N> {
             b.wrs.store(0, Ordering::Relaxed);
             b.fails.store(0, Ordering::Relaxed);
             b.next_at.store(
-                self.engine.cfg.upgrade_after.unwrap_or(u64::MAX),
+                self.dev.cfg.upgrade_after.unwrap_or(u64::MAX),
                 Ordering::Relaxed,
             );
         }

@@ -35,6 +35,7 @@ use std::sync::Arc;
 use krcore_nic::{Gid, Nic, SendWr, Wc};
 use parking_lot::Mutex;
 
+use super::device::Device;
 use super::error::{EngineError, VqpError};
 use super::physqp::{PhysQp, PostFail};
 use super::rc::{Build, RcHost};
@@ -67,11 +68,15 @@ impl<N: Nic> Binding<N> {
 /// `Send + Sync`; several threads may use one VQP (their posts are
 /// serialized by the shared QP's lock). Dropping the VQP detaches it from
 /// its QP: completions of WRs still in flight are then discarded.
-// In declaration order: what every post and poll reads (engine, binding,
-// id) leads, the parked state (RC fallback mode, unbound only) trails.
+// In declaration order: what every post and poll reads (engine, device,
+// binding, id) leads, the parked state (RC fallback mode, unbound only) trails.
 #[repr(C)]
 pub struct Vqp<N: Nic> {
     pub(crate) engine: Arc<dyn RcHost<N>>,
+    /// The engine's device (what the data path reads: configuration,
+    /// DCCache, counters), held beside the engine so that reading it is
+    /// not a call through the engine's trait object.
+    pub(crate) dev: Arc<Device<N>>,
     pub(crate) binding: Binding<N>,
     pub(crate) id: VqpId,
     /// Bumped by every [`Vqp::add_grant`] and [`Vqp::remove_grant`] (after
@@ -112,14 +117,17 @@ impl<N: Nic> Vqp<N> {
     }
 
     /// A VQP bound to `dci` for life (DC mode), its state handed to it.
-    pub(crate) fn on_dci(engine: Arc<dyn RcHost<N>>, id: VqpId, dci: Arc<PhysQp<N>>) -> Vqp<N> {
-        dci.attach(
-            id,
-            VqpState::new(engine.cfg.vqp_depth, engine.cfg.ungranted),
-        );
-        let threshold = engine.cfg.upgrade_after;
+    pub(crate) fn on_dci(
+        engine: Arc<dyn RcHost<N>>,
+        dev: Arc<Device<N>>,
+        id: VqpId,
+        dci: Arc<PhysQp<N>>,
+    ) -> Vqp<N> {
+        dci.attach(id, VqpState::new(dev.cfg.vqp_depth, dev.cfg.ungranted));
+        let threshold = dev.cfg.upgrade_after;
         Vqp {
             engine,
+            dev,
             binding: Binding::Dc(DcBinding::new(dci, threshold)),
             id,
             parked: Mutex::new(None),
@@ -128,10 +136,11 @@ impl<N: Nic> Vqp<N> {
     }
 
     /// An unbound VQP (RC fallback mode), its state parked.
-    pub(crate) fn unbound(engine: Arc<dyn RcHost<N>>, id: VqpId) -> Vqp<N> {
-        let st = VqpState::new(engine.cfg.vqp_depth, engine.cfg.ungranted);
+    pub(crate) fn unbound(engine: Arc<dyn RcHost<N>>, dev: Arc<Device<N>>, id: VqpId) -> Vqp<N> {
+        let st = VqpState::new(dev.cfg.vqp_depth, dev.cfg.ungranted);
         Vqp {
             engine,
+            dev,
             binding: Binding::Rc(Mutex::new(None)),
             id,
             parked: Mutex::new(Some(st)),
@@ -164,7 +173,7 @@ impl<N: Nic> Vqp<N> {
         };
         // Every move keeps the state somewhere; a fresh one is the safe
         // answer should that ever fail (nothing is in flight to lose).
-        st.unwrap_or_else(|| VqpState::new(self.engine.cfg.vqp_depth, self.engine.cfg.ungranted))
+        st.unwrap_or_else(|| VqpState::new(self.dev.cfg.vqp_depth, self.dev.cfg.ungranted))
     }
 
     /// Index of the physical QP this VQP posts on: in DC mode the DCI's
@@ -208,7 +217,10 @@ impl<N: Nic> Vqp<N> {
     /// (WRs in flight to another target), [`EngineError::NotAFallbackNode`].
     /// The VQP keeps its previous target on error.
     pub fn connect(&self, gid: Gid) -> Result<(), EngineError> {
-        let t = self.engine.resolve(&gid)?;
+        let t = match self.dev.cached(&gid) {
+            Some(t) => t,
+            None => self.engine.resolve_miss(&gid)?,
+        };
         let slot = match &self.binding {
             Binding::Dc(b) => return self.connect_dc(b, t),
             Binding::Rc(slot) => slot,
