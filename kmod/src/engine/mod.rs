@@ -2,6 +2,17 @@
 //! [`crate::wrid`], [`crate::credits`], [`crate::handshake`]) driving a
 //! [`Nic`](krcore_nic::Nic) in-process.
 //!
+//! # Layers
+//!
+//! The engine object (`object.rs`: [`Engine`] and what it shares) composes
+//! the rooms of this module and implements the traits through which they
+//! reach it: the shared QP's host through `QpHost` (the device, pairing),
+//! the RC pairs, the meta client and the VQP through `RcHost`, messaging
+//! through `MsgHost`, the upgrade's handshake through `UpgradeHost`.
+//! Nothing below the object names it; its calls by concern (messaging,
+//! meta registration, store membership, fork kits) sit on top of it.
+//! `docs/design.md` (section 1.4) lists the layers.
+//!
 //! # Modes
 //!
 //! [`Engine::start`] picks the mode from the device ([`EngineMode`]):
@@ -17,8 +28,8 @@
 //!   |- DC mode:
 //!   |   |- DCT + SRQ + receive CQ   (lazy: first need) incoming traffic:
 //!   |   |                           peers' one-sided ops, messaging
-//!   |   |                           (msg*.rs: ports, endpoints; made at the
-//!   |   |                           first bind/endpoint, own locks)
+//!   |   |                           (`messaging`: ports, endpoints; made at
+//!   |   |                           the first bind/endpoint, own locks)
 //!   |   |- DCI pool [0..pool_size)  created lazily, each with its own send CQ
 //!   |   |     `- per-QP lock: credits, the state of the VQPs bound to it
 //!   |   |                     (slots, rings, targets, grants), MR snapshot
