@@ -98,7 +98,7 @@ impl Waiter {
 /// retries), so this is generous.
 pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(15);
 
-struct Conn {
+pub(super) struct Conn {
     sock: Mutex<UnixStream>,
     /// A second handle on the socket for liveness polls (no lock).
     probe: UnixStream,
@@ -113,7 +113,7 @@ struct Conn {
 }
 
 impl Conn {
-    fn call(&self, req: &Request) -> Result<(Reply, Vec<OwnedFd>), DaemonError> {
+    pub(super) fn call(&self, req: &Request) -> Result<(Reply, Vec<OwnedFd>), DaemonError> {
         if self.gone.load(Ordering::Relaxed) {
             return Err(DaemonError::Gone {
                 what: "an earlier call",
@@ -208,7 +208,7 @@ fn one_file(fds: Vec<OwnedFd>, what: &'static str) -> Result<File, DaemonError> 
 /// [`super`]). Cheap to clone; `Send + Sync`.
 #[derive(Clone)]
 pub struct Attached {
-    conn: Arc<Conn>,
+    pub(super) conn: Arc<Conn>,
 }
 
 impl std::fmt::Debug for Attached {
@@ -436,7 +436,7 @@ fn path_of(t: u8) -> crate::engine::VqpPath {
     }
 }
 
-fn unexpected(what: &str) -> DaemonError {
+pub(super) fn unexpected(what: &str) -> DaemonError {
     DaemonError::Refused {
         code: RefuseCode::BadRequest,
         message: format!("the daemon answered {what} with another reply"),

@@ -33,6 +33,13 @@ pub enum DaemonError {
         /// Its one-line reason.
         message: String,
     },
+    /// The meta server refused a store call the daemon made for the
+    /// process ([`super::Attached::store_join`]): its code.
+    #[error("the meta server refused the store call: {code:?}")]
+    MetaRefused {
+        /// The meta server's code (`MemberExists`, `BadStoreName`, ...).
+        code: krcore_meta::wire::ErrorCode,
+    },
     /// The daemon closed the connection (it stopped, restarted or died):
     /// attach again.
     #[error("the node daemon went away ({what})")]

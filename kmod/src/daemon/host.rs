@@ -124,6 +124,7 @@ impl<N: Nic> Daemon<N> {
             clients: RwLock::new(Vec::new()),
             version: AtomicU64::new(0),
             n: Counters::default(),
+            store_calls: Mutex::new(()),
         });
         let mut threads = Vec::new();
         let s = shared.clone();
@@ -312,6 +313,7 @@ fn serve_client<N: Nic>(s: &Arc<Shared<N>>, stream: UnixStream) {
         next_handle: AtomicU32::new(1),
         endpoints: Mutex::new(Vec::new()),
         ports: Mutex::new(Vec::new()),
+        stores: Mutex::new(Vec::new()),
     });
     let welcome = Reply::Welcome {
         version: PROTOCOL_VERSION,
@@ -345,8 +347,11 @@ fn serve_client<N: Nic>(s: &Arc<Shared<N>>, stream: UnixStream) {
             break;
         }
     }
-    // Gone: its ports (unbound: the next process may bind them), its
-    // endpoints and VQPs (in-flight WRs discarded), then its memory.
+    // Gone: the stores it joined (left at once: a dead memory node's
+    // membership does not wait for its lease), its ports (unbound: the
+    // next process may bind them), its endpoints and VQPs (in-flight WRs
+    // discarded), then its memory.
+    super::host_store::leave_all(s, &client);
     s.clients.write().retain(|c| !Arc::ptr_eq(c, &client));
     s.version.fetch_add(1, Ordering::Release);
     client.ports.lock().clear();
@@ -397,6 +402,9 @@ fn handle<N: Nic>(
         | Request::Revoke { .. }
         | Request::RevokeLeases { .. }
         | Request::LiveLeases { .. }) => (super::host_lease::handle(s, c, &lease), None),
+        st @ (Request::StoreJoin { .. } | Request::StoreLeave { .. }) => {
+            (super::host_store::handle(s, c, &st), None)
+        }
         Request::Hello { .. } => (refuse(RefuseCode::BadRequest, "Hello twice"), None),
         Request::AllocMr { len, access } => {
             prune_retired(c);

@@ -159,6 +159,8 @@ pub(super) struct Client<N: Nic> {
     pub(super) endpoints: Mutex<Vec<EpSlot<N>>>,
     /// Its bound ports (see `host_msg`).
     pub(super) ports: Mutex<Vec<PortSlot<N>>>,
+    /// The stores it joined: (name, member id) (see `host_store`).
+    pub(super) stores: Mutex<Vec<(String, u16)>>,
 }
 
 pub(super) struct Shared<N: Nic> {
@@ -171,6 +173,8 @@ pub(super) struct Shared<N: Nic> {
     /// thread's snapshot is rebuilt when it moves).
     pub(super) version: AtomicU64,
     pub(super) n: Counters,
+    /// Serializes the processes' store calls (see `host_store`).
+    pub(super) store_calls: Mutex<()>,
 }
 
 /// One endpoint of an attached process.

@@ -74,17 +74,25 @@
 //!   leased stays registered until its leases end, and a process that
 //!   goes has all its leases revoked.
 //!
+//! - **Store membership**: [`Attached::store_join`] joins a named store
+//!   through the daemon's engine (a memory node attached to the daemon;
+//!   the member's GID is the node's). The daemon refuses a member id
+//!   another of its processes holds, lets a process leave only what it
+//!   joined, and leaves what a process joined when the process goes.
+//!
 //! Through the daemon a WR is a READ, WRITE, CAS or FAA to the VQP's
 //! target with up to four SGEs or (a WRITE) up to 64 bytes of inline data,
 //! as in-process. Fork is not carried (a worker of an attached process
 //! would share its control connection): the SDK refuses it, typed.
 
 mod client;
+mod client_store;
 mod error;
 mod host;
 mod host_lease;
 mod host_msg;
 mod host_state;
+mod host_store;
 mod ring;
 mod sock;
 pub mod wire;

@@ -51,6 +51,12 @@ pub enum WireError {
         /// The tag.
         tag: u8,
     },
+    /// A text field (a store's name) that is not UTF-8.
+    #[error("control message of tag {tag} has a text field that is not UTF-8")]
+    NotUtf8 {
+        /// The tag.
+        tag: u8,
+    },
     /// A frame longer than its direction allows ([`MAX_FRAME`],
     /// [`MAX_REPLY_FRAME`]).
     #[error("control frame of {len} bytes (at most {max})")]
@@ -255,6 +261,27 @@ pub enum Request {
     /// (`CreateVqp`, `Connect` and `Grant` in one call; refused whole, with
     /// nothing created, when any part fails).
     OpenVqp(WireGrant),
+    /// Joins the store `store` as member `id` with `record` for
+    /// `lease_ms`, or renews the membership (`Engine::store_join` in the
+    /// daemon's engine: the member's GID is the node's). The daemon leaves
+    /// the stores a process joined when the process goes.
+    StoreJoin {
+        /// The store's name.
+        store: String,
+        /// The member id.
+        id: u16,
+        /// The member's record (at most 64 bytes: the meta server checks).
+        record: Vec<u8>,
+        /// Milliseconds of the membership's lease.
+        lease_ms: u64,
+    },
+    /// Leaves the store `store` (member `id`, joined by this process).
+    StoreLeave {
+        /// The store's name.
+        store: String,
+        /// The member id.
+        id: u16,
+    },
 }
 
 /// A remote grant as a control message carries it.
@@ -467,6 +494,12 @@ pub enum Reply {
         /// The leased range's first byte as the NIC knows it.
         addr: u64,
     },
+    /// To `StoreJoin` and `StoreLeave`: the meta server refused, with its
+    /// code (`krcore_meta::wire::ErrorCode::to_u16`).
+    MetaRefused {
+        /// The meta server's error code.
+        code: u16,
+    },
     /// Refused; nothing changed.
     Refused {
         /// Why, in a word ([`RefuseCode`]).
@@ -644,6 +677,11 @@ impl<'a> In<'a> {
         self.at = end;
         Ok(s)
     }
+    /// A text field of a request (a store's name), whole and UTF-8.
+    fn string(&mut self, tag: u8) -> Result<String, WireError> {
+        let b = self.bytes()?;
+        String::from_utf8(b.to_vec()).map_err(|_| WireError::NotUtf8 { tag })
+    }
     fn end<T>(self, tag: u8, v: T) -> Result<T, WireError> {
         match self.buf.len() - self.at {
             0 => Ok(v),
@@ -705,6 +743,8 @@ impl Request {
             Request::Upgrade { .. } => "upgrade a VQP",
             Request::Path { .. } => "a VQP's path",
             Request::OpenVqp(_) => "open a VQP",
+            Request::StoreJoin { .. } => "join a store",
+            Request::StoreLeave { .. } => "leave a store",
         }
     }
 
@@ -772,6 +812,17 @@ impl Request {
             Request::Upgrade { vqp } => Out::new(26).u32(*vqp),
             Request::Path { vqp } => Out::new(27).u32(*vqp),
             Request::OpenVqp(grant) => Out::new(28).grant(grant),
+            Request::StoreJoin {
+                store,
+                id,
+                record,
+                lease_ms,
+            } => Out::new(29)
+                .bytes(store.as_bytes())
+                .u16(*id)
+                .bytes(record)
+                .u64(*lease_ms),
+            Request::StoreLeave { store, id } => Out::new(30).bytes(store.as_bytes()).u16(*id),
         }
         .done()
     }
@@ -865,6 +916,16 @@ impl Request {
             26 => Request::Upgrade { vqp: r.u32()? },
             27 => Request::Path { vqp: r.u32()? },
             28 => Request::OpenVqp(r.grant()?),
+            29 => Request::StoreJoin {
+                store: r.string(tag)?,
+                id: r.u16()?,
+                record: r.bytes()?.to_vec(),
+                lease_ms: r.u64()?,
+            },
+            30 => Request::StoreLeave {
+                store: r.string(tag)?,
+                id: r.u16()?,
+            },
             tag => return Err(WireError::UnknownTag { tag }),
         };
         r.end(tag, req)
@@ -964,6 +1025,7 @@ impl Reply {
             Reply::Count(n) => Out::new(114).u64(*n),
             Reply::Leased { id, rkey, addr } => Out::new(115).u64(*id).u32(*rkey).u64(*addr),
             Reply::Path(t) => Out::new(116).u8(*t),
+            Reply::MetaRefused { code } => Out::new(117).u16(*code),
         }
         .done()
     }
@@ -1069,6 +1131,7 @@ impl Reply {
             113 => Reply::Port { handle: r.u32()? },
             114 => Reply::Count(r.u64()?),
             116 => Reply::Path(r.u8()?),
+            117 => Reply::MetaRefused { code: r.u16()? },
             115 => Reply::Leased {
                 id: r.u64()?,
                 rkey: r.u32()?,
@@ -1086,4 +1149,4 @@ mod tests;
 
 /// The control protocol's version: a process and a daemon of different
 /// versions refuse each other at `Hello`.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;

@@ -59,6 +59,16 @@ fn every_message_round_trips_and_every_cut_is_an_error() {
             gid,
             port: 7,
         },
+        Request::StoreJoin {
+            store: "kv".into(),
+            id: 3,
+            record: b"rec".to_vec(),
+            lease_ms: 10_000,
+        },
+        Request::StoreLeave {
+            store: "kv".into(),
+            id: 3,
+        },
     ];
     for r in &reqs {
         let f = r.encode();
@@ -139,6 +149,7 @@ fn every_message_round_trips_and_every_cut_is_an_error() {
             status: 12,
         }),
         Reply::MsgFailed(MsgFailure::Other("why".into())),
+        Reply::MetaRefused { code: 32 },
     ];
     for r in &reps {
         let f = r.encode();
@@ -150,6 +161,17 @@ fn every_message_round_trips_and_every_cut_is_an_error() {
     assert_eq!(
         Request::decode(&[200]),
         Err(WireError::UnknownTag { tag: 200 })
+    );
+    // A store's name that is not UTF-8 is refused, typed.
+    let mut bad = Request::StoreLeave {
+        store: "ab".into(),
+        id: 1,
+    }
+    .encode();
+    bad[4 + 1 + 4] = 0xff;
+    assert_eq!(
+        Request::decode(&bad[4..]),
+        Err(WireError::NotUtf8 { tag: 30 })
     );
     assert!(matches!(
         frame_len((MAX_FRAME as u32 + 1).to_le_bytes()),
