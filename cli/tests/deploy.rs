@@ -505,3 +505,79 @@ fn krcored_serves_64_attachments_with_the_qps_of_one_engine() {
     assert_eq!(d.terminate(), Some(0));
     assert_eq!(meta_p.terminate(), Some(0));
 }
+
+/// `race-memnode --daemon`: a memory node attached to `krcored` (its
+/// region the daemon's shared memory, its store joined through the
+/// daemon's engine) serves a store that a process of its own finds from the
+/// meta address; SIGKILLed, its membership is left by the daemon at once
+/// (the lease is far longer than the test); a missing daemon is a typed
+/// one-line error.
+#[test]
+fn race_memnode_runs_attached_to_krcored() {
+    let KrcoredNode {
+        daemon: d,
+        meta: meta_p,
+        fabric,
+        addr,
+        sock,
+        line: _,
+        dir,
+    } = krcored_node();
+    let sock_s = sock.display().to_string();
+    let args = [
+        "--daemon",
+        &sock_s,
+        "--meta",
+        &addr,
+        "--store",
+        "att",
+        "--id",
+        "0",
+        "--nodes",
+        "1",
+        "--mb",
+        "16",
+        "--lease-ms",
+        "600000",
+    ];
+    let (n0, line) = start(MEMNODE, &args);
+    assert!(line.contains(&format!("daemon {sock_s}")), "{line}");
+    let store = Store::connect(&fabric, &addr, "att", StoreOptions::default()).unwrap();
+    let mut c = store.client().unwrap();
+    for i in 0..200u32 {
+        c.put(format!("k{i}").as_bytes(), &i.to_le_bytes()).unwrap();
+    }
+    assert_eq!(
+        c.get(b"k7").unwrap().as_deref(),
+        Some(&7u32.to_le_bytes()[..])
+    );
+    drop(c);
+    drop(n0); // SIGKILL, reaped
+    let start = Instant::now();
+    loop {
+        let gone = Store::connect(
+            &fabric,
+            &addr,
+            "att",
+            StoreOptions {
+                wait: Duration::ZERO,
+                ..StoreOptions::default()
+            },
+        );
+        match gone {
+            Err(DeployError::NoSuchStore { .. }) => break,
+            Ok(_) => assert!(
+                start.elapsed() < BOUND,
+                "the daemon did not leave the store of a killed memory node"
+            ),
+            Err(e) => panic!("{e}"),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let missing = dir.path().join("nobody.sock").display().to_string();
+    let mut bad: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    bad[1] = missing;
+    fails_with(MEMNODE, &bad, "cannot reach the node daemon");
+    assert_eq!(d.terminate(), Some(0));
+    assert_eq!(meta_p.terminate(), Some(0));
+}

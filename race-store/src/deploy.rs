@@ -45,7 +45,7 @@ use crate::memory::TableConfig;
 use crate::rdma::{MemoryNodeHandle, MemoryNodeServer, NodeInfo, VqpTransport};
 use crate::remote::TransportError;
 use crate::{Client, ClientConfig};
-use krcore::{EngineError, MetaLease, Node};
+use krcore::{EngineError, Node, StoreMembership};
 use krcore_meta::bootstrap::fetch_store_tcp;
 use krcore_meta::wire::ErrorCode;
 use krcore_meta::MetaError;
@@ -140,14 +140,15 @@ pub enum DeployError {
     /// The SDK (opening the node, registering).
     #[error(transparent)]
     Sdk(Box<krcore::Error>),
-    /// The engine (joining the store).
+    /// Joining or leaving the store (through the node's engine, or the
+    /// node daemon's).
     #[error("joining store {store:?}")]
     Join {
         /// The store.
         store: String,
         /// What failed.
         #[source]
-        source: Box<EngineError>,
+        source: Box<krcore::Error>,
     },
     /// The store (formatting, opening a client).
     #[error(transparent)]
@@ -209,7 +210,7 @@ pub struct DeployedMemoryNode {
     info: NodeInfo,
     store: String,
     /// Dropped first: stops the renewals.
-    lease: Option<MetaLease<AnyNic>>,
+    lease: Option<StoreMembership<AnyNic>>,
     serving: Option<MemoryNodeHandle>,
     node: Node,
 }
@@ -294,13 +295,12 @@ impl MemoryNodeServer<AnyNic> {
         let server = MemoryNodeServer::start(node, opts.id, opts.bytes, &opts.table, opts.nodes)?;
         let info = server.info();
         let lease = node
-            .engine()?
             .store_keep_joined(store, u16::from(opts.id), &info.encode(), opts.lease)
             .map_err(|source| match source {
-                EngineError::MetaRefused {
+                krcore::Error::Engine(EngineError::MetaRefused {
                     code: ErrorCode::MemberExists,
                     ..
-                } => {
+                }) => {
                     let holder = members(&opts.meta_addr, store)
                         .ok()
                         .flatten()

@@ -175,3 +175,82 @@ fn run_client(cl_daemon: &Daemon<krcore_nic::AnyNic>, infos: &[race_store::rdma:
     assert!(check.problems.is_empty(), "{:?}", check.problems);
     assert_eq!(check.pairs.len(), reference.len());
 }
+
+/// A memory node deployed by name on an attached process
+/// (`MemoryNodeServer::deploy`, as `race-memnode --daemon` runs it): it
+/// joins its store through the daemon's engine; another process of the
+/// node cannot take its member id; a client opens the store by name and
+/// writes; and when the memory node's process goes without leaving, the
+/// daemon leaves the store for it at once (not at the lease's expiry).
+#[test]
+fn a_memory_node_deployed_on_an_attached_process_joins_through_the_daemon() {
+    use krcore::DaemonError;
+    use race_store::deploy::{MemoryNodeOptions, Store, StoreOptions};
+    let (dir, meta, table) = fabric_and_table();
+    let tcp = meta
+        .meta_server()
+        .unwrap()
+        .serve_tcp("127.0.0.1:0")
+        .unwrap();
+    let addr = tcp.local_addr().to_string();
+    let (mem_daemon, _mem_engine) = daemon_on(&meta, dir.path(), "mem.sock");
+    let mem_node = Node::attach(mem_daemon.path()).unwrap();
+    let mut opts = MemoryNodeOptions::new("att", 0, 1, 32 << 20, &addr);
+    opts.table = table;
+    // A lease far longer than the test: only the daemon's leave ends it.
+    opts.lease = Duration::from_secs(600);
+    let deployed = MemoryNodeServer::deploy(&mem_node, &opts).unwrap();
+
+    let other = Node::attach(mem_daemon.path()).unwrap();
+    match other.store_keep_joined("att", 0, b"thief", Duration::from_secs(10)) {
+        Err(krcore::Error::Daemon(DaemonError::Refused { message, .. })) => {
+            assert!(message.contains("held by process"), "{message}")
+        }
+        r => panic!("another process took the member: {r:?}"),
+    }
+    match other.store_keep_joined("no such/name", 1, b"", Duration::from_secs(10)) {
+        Err(krcore::Error::Engine(krcore::EngineError::MetaRefused { code, .. })) => {
+            assert_eq!(code, krcore_meta::wire::ErrorCode::BadStoreName)
+        }
+        r => panic!("a bad store name was not refused with the meta server's code: {r:?}"),
+    }
+
+    let (cl_daemon, _cl_engine) = daemon_on(&meta, dir.path(), "client.sock");
+    let cl_node = Node::attach(cl_daemon.path()).unwrap();
+    let store = Store::open(&cl_node, &addr, "att", StoreOptions::default()).unwrap();
+    assert_eq!(store.infos(), &[deployed.info()]);
+    let mut cl = store.client().unwrap();
+    for i in 0..200u32 {
+        cl.put(format!("k{i}").as_bytes(), format!("v{i}").as_bytes())
+            .unwrap();
+    }
+    assert_eq!(cl.get(b"k7").unwrap(), Some(b"v7".to_vec()));
+    drop(cl);
+
+    let listed =
+        |_: ()| krcore_meta::bootstrap::fetch_store_tcp(&addr, "att", Duration::from_secs(5));
+    let ids: Vec<u16> = listed(()).unwrap().iter().map(|m| m.id).collect();
+    assert_eq!(ids, [0], "member 0 is listed while its process lives");
+
+    // The process goes (its node and the deployment dropped, no leave):
+    // the daemon leaves the store for it.
+    drop(deployed);
+    drop(mem_node);
+    let start = std::time::Instant::now();
+    loop {
+        match listed(()) {
+            Err(krcore_meta::MetaError::NoSuchStore { .. }) => break,
+            Ok(m) if m.is_empty() => break,
+            Ok(m) => assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "the daemon did not leave the store of a process that went: {m:?}"
+            ),
+            Err(e) => panic!("listing the store: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop(other);
+    drop(cl_node);
+    drop(cl_daemon);
+    drop(mem_daemon);
+}

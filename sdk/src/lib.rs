@@ -188,6 +188,7 @@ mod memory;
 pub mod messaging;
 mod node;
 mod raw;
+mod store;
 mod vqp;
 
 pub use error::{DeregisterError, Error, Result};
@@ -196,6 +197,7 @@ pub use krcore_kmod::daemon::{DaemonError, NodeStats};
 pub use memory::{MemoryRegion, RemoteRegion};
 pub use messaging::{Message, MsgError, Port, Sender};
 pub use node::{MetaHost, Node, NodeBuilder, DEFAULT_LEASE};
+pub use store::StoreMembership;
 pub use vqp::{Completion, Request, Vqp, REQUEST_WR_ID_BIT};
 
 pub use krcore_kmod::{

@@ -146,10 +146,11 @@ impl Node<AnyNic> {
     /// lands in them with no copy). [`Vqp`] (verbs, requests, pushes and
     /// replies), [`MemoryRegion`] and [`Node::endpoint`] work as
     /// in-process (an endpoint lives in the daemon's engine: one control
-    /// call per push or pop); binding a port, leases, the DC -> RC upgrade
-    /// hint, [`Node::fork`] and [`Node::engine`] are refused with
-    /// [`Error::Unsupported`] (see `krcore_kmod::daemon` for what the
-    /// daemon carries).
+    /// call per push or pop), and so do ports ([`Node::bind`]), leases,
+    /// the DC -> RC upgrade hint and store membership
+    /// ([`Node::store_keep_joined`]); [`Node::fork`] and [`Node::engine`]
+    /// are refused with [`Error::Unsupported`] (see `krcore_kmod::daemon`
+    /// for what the daemon carries).
     ///
     /// # Errors
     /// [`Error::Daemon`]: no daemon at `path`, another protocol version,

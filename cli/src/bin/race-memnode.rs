@@ -3,10 +3,16 @@
 //! ```text
 //! race-memnode --fabric F --meta HOST:PORT --store NAME --id I --nodes N --mb M
 //!              [--lease-ms MS] [--wait-s S] [--config FILE] [--ready-file PATH]
+//! race-memnode --daemon SOCKET --meta HOST:PORT --store NAME --id I --nodes N --mb M ...
 //! ```
 //!
 //! Opens a node on `--fabric`, registered with the meta server at `--meta`
-//! (so compute nodes reach it by a metadata lookup), registers an `M` MiB
+//! (so compute nodes reach it by a metadata lookup), or with `--daemon`
+//! attaches to the node daemon `krcored` at `SOCKET` (its node, already
+//! registered: the region is the daemon's shared memory, the store joined
+//! through the daemon's engine, which leaves it if this process dies;
+//! `--fabric` and the `[engine]` settings are then the daemon's). It
+//! registers an `M` MiB
 //! region for remote READ, WRITE and atomics, and joins store `NAME` as
 //! memory node `I` of `N`. Node 0 formats the table first; nodes `1..N`
 //! wait (at most `--wait-s`, default 30) for node 0 to have joined. The
@@ -37,8 +43,12 @@ const PROGRAM: &str = "race-memnode";
 #[command(name = "race-memnode", version)]
 struct Args {
     /// Fabric: sim:NAME, sim:/path, or verbs:DEVICE[,port=N][,gid=N].
-    #[arg(long)]
+    #[arg(long, conflicts_with = "daemon")]
     fabric: Option<String>,
+    /// Attach to the node daemon (krcored) listening at this socket
+    /// instead of opening a fabric.
+    #[arg(long)]
+    daemon: Option<PathBuf>,
     /// The meta server's TCP address [default: 127.0.0.1:7471].
     #[arg(long)]
     meta: Option<String>,
@@ -68,6 +78,14 @@ struct Args {
     ready_file: Option<PathBuf>,
 }
 
+/// Where the memory node's engine runs.
+enum Host {
+    /// An engine of its own on this fabric.
+    Fabric(krcore_nic::FabricSpec),
+    /// The node daemon at this socket.
+    Daemon(PathBuf),
+}
+
 /// The settings a `--config` file may hold.
 #[derive(Debug, Default, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -94,24 +112,28 @@ fn main() -> ExitCode {
         Ok(f) => f,
         Err(e) => return usage(PROGRAM, e),
     };
-    let (Some(fabric), Some(store), Some(id), Some(nodes)) = (
-        args.fabric.or(file.fabric),
+    let (Some(store), Some(id), Some(nodes)) = (
         args.store.or(file.store),
         args.id.or(file.id),
         args.nodes.or(file.nodes),
     ) else {
         return usage(
             PROGRAM,
-            "--fabric, --store, --id and --nodes are required (see --help)",
+            "--store, --id and --nodes are required (see --help)",
         );
+    };
+    // Where the node runs: a fabric of its own, or the node daemon.
+    let host = match (args.daemon, args.fabric.or(file.fabric)) {
+        (Some(path), _) => Host::Daemon(path),
+        (None, Some(fabric)) => match parse_fabric(PROGRAM, &fabric) {
+            Ok(s) => Host::Fabric(s),
+            Err(code) => return code,
+        },
+        (None, None) => return usage(PROGRAM, "--fabric or --daemon is required (see --help)"),
     };
     if nodes == 0 || id >= nodes {
         return usage(PROGRAM, format!("--id {id} must be below --nodes {nodes}"));
     }
-    let spec = match parse_fabric(PROGRAM, &fabric) {
-        Ok(s) => s,
-        Err(code) => return code,
-    };
     let meta = args
         .meta
         .or(file.meta)
@@ -133,13 +155,16 @@ fn main() -> ExitCode {
         Ok(s) => s,
         Err(e) => return fail(PROGRAM, &e),
     };
-    let node = match Node::builder()
-        .fabric_spec(spec.clone())
-        .config(file.engine)
-        .meta_addr(meta.as_str())
-        .register(true)
-        .build()
-    {
+    let opened = match &host {
+        Host::Fabric(spec) => Node::builder()
+            .fabric_spec(spec.clone())
+            .config(file.engine)
+            .meta_addr(meta.as_str())
+            .register(true)
+            .build(),
+        Host::Daemon(path) => Node::attach(path),
+    };
+    let node = match opened {
         Ok(n) => n,
         Err(e) => return fail(PROGRAM, &e),
     };
@@ -148,8 +173,12 @@ fn main() -> ExitCode {
         Err(e) => return fail(PROGRAM, &e),
     };
     tracing::info!(store = %store, id, nodes, gid = %node.gid(), bytes, "memory node joined");
+    let on = match &host {
+        Host::Fabric(spec) => format!("fabric {spec}"),
+        Host::Daemon(path) => format!("daemon {}", path.display()),
+    };
     let line = format!(
-        "race-memnode store {store} id {id} of {nodes} fabric {spec} mode {:?} gid {} region {} MiB",
+        "race-memnode store {store} id {id} of {nodes} {on} mode {:?} gid {} region {} MiB",
         node.mode(),
         node.gid(),
         mb
