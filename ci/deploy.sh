@@ -8,7 +8,9 @@
 # Then it SIGKILLs memory node 0 under a running client and checks that the
 # client fails with a typed error and a non-zero exit within 10 s. Then it
 # starts a second store and runs krcore-elastic with 4 joining processes
-# against it. With DEPLOY_LAT=1 it also measures YCSB-C get latency (1
+# against it; with DEPLOY_DAEMON (default on) again attached to krcored,
+# then YCSB-A through krcored, and a third store whose memory node runs
+# attached to krcored (race-memnode --daemon). With DEPLOY_LAT=1 it also measures YCSB-C get latency (1
 # thread) beside perftest's ib_read_lat -s 64, DEPLOY_LAT_ROUNDS rounds in
 # turn (needs a verbs fabric).
 #
@@ -215,5 +217,14 @@ if [ "$daemon" = 1 ]; then
     { cat "$work/ycsb-daemon.out" "$work/ycsb-daemon.err" >&2; die "krcore-ycsb --host daemon"; }
   grep -E '^\[(OVERALL|READ|UPDATE)\], (RunTime|Throughput|Operations|50th|99th)|^\[VERIFY\]|^# ' "$work/ycsb-daemon.out"
   grep -q '^\[VERIFY\], Wrong, 0$' "$work/ycsb-daemon.out" || die "krcore-ycsb --host daemon: verification"
+  # A memory node attached to the daemon: its region the daemon's shared
+  # memory, its store joined through the daemon's engine; a client with an
+  # engine of its own writes and verifies against it.
+  say "race-memnode --daemon: a memory node attached to krcored, YCSB-A verified against it"
+  start mem4 "$bin/race-memnode" --daemon "$work/krcored.sock" --meta "$meta" --store att --id 0 --nodes 1 --mb "$mb" "${cfg[@]}"
+  ycsb --store att --workload a --records "$((records < 5000 ? records : 5000))" --operations "$((ops < 5000 ? ops : 5000))" --verify \
+    >"$work/ycsb-att.out" 2>"$work/ycsb-att.err" ||
+    { cat "$work/ycsb-att.out" "$work/ycsb-att.err" >&2; die "krcore-ycsb against the attached memory node"; }
+  grep -q '^\[VERIFY\], Wrong, 0$' "$work/ycsb-att.out" || die "krcore-ycsb against the attached memory node: verification"
 fi
 say "all steps passed"
