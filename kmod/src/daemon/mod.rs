@@ -86,6 +86,7 @@
 //! would share its control connection): the SDK refuses it, typed.
 
 mod client;
+mod client_msg;
 mod client_store;
 mod error;
 mod host;
@@ -98,9 +99,9 @@ mod sock;
 pub mod wire;
 
 pub use client::{
-    Attached, AttachedEndpoint, AttachedLease, AttachedMr, AttachedPort, AttachedVqp, Received,
-    CONTROL_TIMEOUT, DOORBELL_TIMEOUT,
+    Attached, AttachedLease, AttachedMr, AttachedVqp, CONTROL_TIMEOUT, DOORBELL_TIMEOUT,
 };
+pub use client_msg::{AttachedEndpoint, AttachedPort, Received};
 pub use error::DaemonError;
 pub use host::{Daemon, StartError};
 pub use host_state::{DaemonConfig, DaemonStats};
