@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use krcore_kmod::daemon::{Attached, DaemonError};
+use krcore_kmod::daemon::DaemonError;
 use krcore_kmod::{EngineError, MetaLease};
 use krcore_nic::{Gid, Nic};
 use parking_lot::{Condvar, Mutex};
@@ -170,21 +170,11 @@ fn renew<N: Nic>(
             }
         }
         if let Backend::Daemon(a) = node.backend() {
-            if let Err(e) = renew_once(a, store, id, record, lease_ms) {
+            if let Err(e) = a.store_join(store, id, record, lease_ms) {
                 tracing::warn!(store, id, reason = %e, "renewing a store membership through the node daemon failed");
             }
         }
     }
-}
-
-fn renew_once(
-    a: &Attached,
-    store: &str,
-    id: u16,
-    record: &[u8],
-    lease_ms: u64,
-) -> std::result::Result<(), DaemonError> {
-    a.store_join(store, id, record, lease_ms)
 }
 
 /// The meta server's refusal is the engine's typed error on either host.

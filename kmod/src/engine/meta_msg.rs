@@ -97,6 +97,7 @@ use super::messaging::{MsgError, Port, Worker};
 use super::meta::{MetaClient, MetaPolicy};
 use super::mrs::OwnedMr;
 use super::object::{Engine, EngineInner};
+use super::rc::RcHost;
 
 /// The reserved messaging port a [`MsgMetaHost`] serves requests on.
 pub const META_PORT: u16 = 0xfffe;
@@ -600,7 +601,7 @@ impl<N: Nic> Engine<N> {
                 backoff: eng.cfg.meta_backoff,
                 timeout: eng.cfg.meta_timeout,
             },
-            eng.handshake().cloned(),
+            eng.handshake_ud().cloned(),
         )?;
         // A concurrent adopter may have won: either location is this host's.
         let _ = eng.meta.set(client);

@@ -169,17 +169,17 @@ impl<N: Nic> RcHost<N> for EngineInner<N> {
         }
     }
 
+    /// Never creates it.
     fn handshake_ud(&self) -> Option<&HandshakeResponder<N>> {
-        self.handshake()
+        match &self.mode_state {
+            ModeState::Rc(f) => f.ep.get().map(|e| &e.hs),
+            ModeState::Dc(_) => None,
+        }
     }
 
-    fn tell_closed_msg(&self, qpn: u32, gid: Gid, nonce: u64) -> bool {
-        match self.handshake_msg() {
-            Some(hs) => {
-                hs.close(self.nic.gid(), qpn, gid, nonce);
-                true
-            }
-            None => false,
+    fn tell_closed_msg(&self, qpn: u32, gid: Gid, nonce: u64) {
+        if let Some(hs) = self.handshake_msg() {
+            hs.close(self.nic.gid(), qpn, gid, nonce);
         }
     }
 
@@ -226,7 +226,7 @@ impl<N: Nic> MsgHost<N> for EngineInner<N> {
     }
 
     fn forget_restarted_peers(&self) {
-        let (Some(hs), ModeState::Rc(f)) = (self.handshake(), &self.mode_state) else {
+        let (Some(hs), ModeState::Rc(f)) = (self.handshake_ud(), &self.mode_state) else {
             return;
         };
         for peer in hs.take_peer_endpoints() {
@@ -263,15 +263,6 @@ impl<N: Nic> UpgradeHost<N> for EngineInner<N> {
 }
 
 impl<N: Nic> EngineInner<N> {
-    /// The UD handshake endpoint (RC fallback mode; `None` in DC mode);
-    /// never creates it.
-    pub(crate) fn handshake(&self) -> Option<&HandshakeResponder<N>> {
-        match &self.mode_state {
-            ModeState::Rc(f) => f.ep.get().map(|e| &e.hs),
-            ModeState::Dc(_) => None,
-        }
-    }
-
     /// An owning handle of this engine (`None` while it is being dropped).
     pub(crate) fn arc(&self) -> Option<Arc<EngineInner<N>>> {
         self.me.upgrade()
@@ -615,7 +606,7 @@ impl<N: Nic> Engine<N> {
         if let Some(hs) = self.inner.handshake_msg() {
             return hs.progress();
         }
-        match self.inner.handshake() {
+        match self.inner.handshake_ud() {
             Some(hs) => {
                 let n = hs.progress();
                 self.inner.forget_restarted_peers();
@@ -630,7 +621,7 @@ impl<N: Nic> Engine<N> {
     /// at it starts no thread: publish the node's address with
     /// [`Engine::local_target`].
     pub fn handshake_responder(&self) -> Option<&HandshakeResponder<N>> {
-        self.inner.handshake()
+        self.inner.handshake_ud()
     }
 
     /// The NIC the engine runs on.
@@ -852,7 +843,7 @@ impl<N: Nic> Engine<N> {
                 Some(hs) => hs.stats(),
                 None => self
                     .inner
-                    .handshake()
+                    .handshake_ud()
                     .map(HandshakeResponder::stats)
                     .unwrap_or_default(),
             },

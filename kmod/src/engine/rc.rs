@@ -38,9 +38,9 @@ pub(crate) trait RcHost<N: Nic>: QpHost<N> + Send + Sync {
     fn handshake_ud(&self) -> Option<&HandshakeResponder<N>>;
 
     /// DC mode with `upgrade_endpoint`: tells the node `gid` that this
-    /// node closed its end `qpn` of their pair (one message, no wait).
-    /// Returns whether the upgrade's handshake is there to tell it.
-    fn tell_closed_msg(&self, qpn: u32, gid: Gid, nonce: u64) -> bool;
+    /// node closed its end `qpn` of their pair (one message, no wait; no
+    /// message without the upgrade's handshake).
+    fn tell_closed_msg(&self, qpn: u32, gid: Gid, nonce: u64);
 
     /// A DCCache miss of `gid`: one meta READ, whose entry is cached
     /// (counted as a connect miss).

@@ -217,6 +217,8 @@ impl<N: Nic> Vqp<N> {
     /// (WRs in flight to another target), [`EngineError::NotAFallbackNode`].
     /// The VQP keeps its previous target on error.
     pub fn connect(&self, gid: Gid) -> Result<(), EngineError> {
+        // `RcHost::resolve` with its hit taken through the VQP's own
+        // device: a warm connect makes no call through the trait object.
         let t = match self.dev.cached(&gid) {
             Some(t) => t,
             None => self.engine.resolve_miss(&gid)?,
