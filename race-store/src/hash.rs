@@ -30,8 +30,8 @@ use core::num::NonZeroU8;
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-use crate::error::{LayoutError, Result};
 use crate::layout::bucket::{BucketLoc, MainSide};
+use crate::layout::error::{LayoutError, Result};
 use crate::layout::subtable::SubtableGeometry;
 use crate::layout::{low_mask, MAX_GLOBAL_DEPTH};
 
@@ -136,6 +136,15 @@ pub const fn bucket_loc(hash: u64, geometry: SubtableGeometry) -> BucketLoc {
         } else {
             MainSide::Right
         },
+    }
+}
+
+impl SubtableGeometry {
+    /// The two candidate main buckets of a key (see [`KeyHash::bucket_locs`]).
+    /// Here, beside the hashing, so that the subtable's layout does not
+    /// import it.
+    pub fn locate(self, hash: &KeyHash) -> [BucketLoc; 2] {
+        hash.bucket_locs(self)
     }
 }
 

@@ -31,9 +31,9 @@
 
 use core::num::NonZeroU8;
 
-use crate::error::{LayoutError, Result};
+use crate::layout::error::{LayoutError, Result};
 use crate::layout::slot::{Slot, SLOT_SIZE};
-use crate::layout::subtable::Suffix;
+use crate::layout::suffix::Suffix;
 use crate::layout::{read_u32, read_u64, write_array};
 
 /// Size of a bucket in bytes.

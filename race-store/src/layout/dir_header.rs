@@ -24,7 +24,7 @@
 //! several clients racing to break it, one wins; and a crashed holder that
 //! comes back cannot unlock or renew a lock it lost (its expected word is gone).
 
-use crate::error::{LayoutError, Result};
+use crate::layout::error::{LayoutError, Result};
 use crate::layout::MAX_GLOBAL_DEPTH;
 
 /// The lock bit.

@@ -32,11 +32,10 @@
 
 use std::collections::HashMap;
 
-use crate::error::{LayoutError, Result};
 use crate::layout::dir_header::DirHeader;
-use crate::layout::extendible::{doubled_upper_half, split_rewrites};
+use crate::layout::error::{LayoutError, Result};
 use crate::layout::slot::{RemotePtr, PTR_MASK};
-use crate::layout::subtable::{SplitPlan, Suffix};
+use crate::layout::subtable::Suffix;
 use crate::layout::{low_mask, read_u64, write_array, MAX_GLOBAL_DEPTH};
 
 /// Offset of entry 0 from the directory base (the header has a cache line).
@@ -362,36 +361,6 @@ impl DirectoryRepr {
         self.entries.get(index).copied()
     }
 
-    /// Doubles the directory in place (upper half copied, depth + 1).
-    ///
-    /// # Errors
-    /// As [`crate::layout::extendible::doubled_upper_half`].
-    pub fn double(&mut self) -> Result<()> {
-        let g = self.global_depth();
-        let upper = doubled_upper_half(g, &self.entries)?;
-        self.entries.extend(upper);
-        let h = self.header;
-        self.header = if h.is_locked() {
-            DirHeader::locked(g + 1, h.owner(), h.lease_expiry())?
-        } else {
-            DirHeader::unlocked(g + 1)?
-        };
-        Ok(())
-    }
-
-    /// Applies `plan` (see [`crate::layout::extendible::split_rewrites`]).
-    ///
-    /// # Errors
-    /// As [`crate::layout::extendible::split_rewrites`].
-    pub fn apply_split(&mut self, plan: &SplitPlan, old: RemotePtr, new: RemotePtr) -> Result<()> {
-        for (i, e) in split_rewrites(plan, self.global_depth(), old, new)? {
-            if let Some(slot) = self.entries.get_mut(i) {
-                *slot = e;
-            }
-        }
-        Ok(())
-    }
-
     /// Checks the extendible-hashing invariants (module docs).
     ///
     /// # Errors
@@ -432,6 +401,7 @@ impl DirectoryRepr {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layout::subtable::SplitPlan;
 
     fn ptr(n: u64) -> RemotePtr {
         RemotePtr::new((n % 3) as u8, n * 4096).unwrap()

@@ -13,8 +13,9 @@
 //! reader with a stale directory cache that lands in the old subtable sees a
 //! header that no longer covers its key and refreshes its cache.
 
-use crate::error::{LayoutError, Result};
-use crate::layout::directory::DirEntry;
+use crate::layout::dir_header::DirHeader;
+use crate::layout::directory::{DirEntry, DirectoryRepr};
+use crate::layout::error::{LayoutError, Result};
 use crate::layout::slot::RemotePtr;
 use crate::layout::subtable::{SplitPlan, Suffix};
 use crate::layout::MAX_GLOBAL_DEPTH;
@@ -127,6 +128,41 @@ pub fn doubled_upper_half(global_depth: u8, entries: &[DirEntry]) -> Result<Vec<
         });
     }
     Ok(entries.iter().map(|e| e.with_lock(false)).collect())
+}
+
+/// The directory's changes that follow a split or a doubling (here, beside
+/// their index arithmetic, so that the directory's layout does not import
+/// it).
+impl DirectoryRepr {
+    /// Doubles the directory in place (upper half copied, depth + 1).
+    ///
+    /// # Errors
+    /// As [`doubled_upper_half`].
+    pub fn double(&mut self) -> Result<()> {
+        let g = self.global_depth();
+        let upper = doubled_upper_half(g, &self.entries)?;
+        self.entries.extend(upper);
+        let h = self.header;
+        self.header = if h.is_locked() {
+            DirHeader::locked(g + 1, h.owner(), h.lease_expiry())?
+        } else {
+            DirHeader::unlocked(g + 1)?
+        };
+        Ok(())
+    }
+
+    /// Applies `plan` (see [`split_rewrites`]).
+    ///
+    /// # Errors
+    /// As [`split_rewrites`].
+    pub fn apply_split(&mut self, plan: &SplitPlan, old: RemotePtr, new: RemotePtr) -> Result<()> {
+        for (i, e) in split_rewrites(plan, self.global_depth(), old, new)? {
+            if let Some(slot) = self.entries.get_mut(i) {
+                *slot = e;
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

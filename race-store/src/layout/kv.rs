@@ -22,7 +22,7 @@
 //! * The block length is `round_up(12 + klen + vlen, 64)`; that is what the
 //!   slot's `len` field records and what a reader READs.
 
-use crate::error::{LayoutError, Result};
+use crate::layout::error::{LayoutError, Result};
 use crate::layout::slot::{LEN_UNIT, MAX_LEN_UNITS};
 use crate::layout::{read_u16, read_u32, write_array};
 

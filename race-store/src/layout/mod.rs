@@ -24,10 +24,12 @@
 pub mod bucket;
 pub mod dir_header;
 pub mod directory;
+pub mod error;
 pub mod extendible;
 pub mod kv;
 pub mod slot;
 pub mod subtable;
+pub mod suffix;
 pub mod table;
 
 /// Largest global depth of a directory, and so the largest local depth.

@@ -30,7 +30,7 @@
 
 use core::num::NonZeroU8;
 
-use crate::error::{LayoutError, Result};
+use crate::layout::error::{LayoutError, Result};
 
 /// Size of a slot in bytes.
 pub const SLOT_SIZE: usize = 8;

@@ -35,8 +35,8 @@
 //!   its CRC makes a log torn by a crash mid-WRITE read as idle (correctly:
 //!   nothing was changed before the log WRITE completed).
 
-use crate::error::{LayoutError, Result};
 use crate::layout::directory::directory_len;
+use crate::layout::error::{LayoutError, Result};
 use crate::layout::slot::RemotePtr;
 use crate::layout::subtable::{SubtableGeometry, Suffix};
 use crate::layout::{read_array, read_u32, read_u64, write_array, MAX_GLOBAL_DEPTH};
