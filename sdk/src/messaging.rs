@@ -5,8 +5,8 @@
 //!
 //! - [`Node::bind`] returns a [`Port`]: `pop` the messages pushed to it
 //!   (per-sender order), `reply` to their senders.
-//! - [`Vqp::push`] sends to a port of the VQP's target node; replies come
-//!   back to that VQP ([`Vqp::pop_reply`]). (The VQP pushes through its
+//! - [`Vqp::push`](crate::Vqp::push) sends to a port of the VQP's target node; replies come
+//!   back to that VQP ([`Vqp::pop_reply`](crate::Vqp::pop_reply)). (The VQP pushes through its
 //!   messaging [`Endpoint`], a VQP of the engine made at the first push:
 //!   its id is the immediate data of the messages, [`Sender::vqp`].)
 //! - Messages longer than `EngineConfig::msg.inline_max` (8 KiB by
@@ -17,8 +17,8 @@
 //!
 //! Each (VQP, port) channel has `msg.window` credits. A push takes one; the
 //! receiver returns them as its user pops. With no credit:
-//! [`Vqp::push`] blocks (driving the engine) up to `msg.timeout` (5 s by
-//! default) and then fails with [`MsgError::Timeout`]; [`Vqp::try_push`]
+//! [`Vqp::push`](crate::Vqp::push) blocks (driving the engine) up to `msg.timeout` (5 s by
+//! default) and then fails with [`MsgError::Timeout`]; [`Vqp::try_push`](crate::Vqp::try_push)
 //! fails at once with [`MsgError::WouldBlock`]. Nothing is ever dropped
 //! silently: a message is either accepted (and will be delivered once) or
 //! refused with a typed error (`Refused { code: Unbound | Busy }`,
@@ -357,9 +357,6 @@ impl<N: Nic> Port<N> {
         }
     }
 }
-
-#[cfg(doc)]
-use crate::vqp::Vqp;
 
 impl<N: Nic> Node<N> {
     /// Binds `port` on this node (see the [module docs](crate::messaging)). On

@@ -18,8 +18,6 @@ use krcore_kmod::daemon::{Attached, NodeStats};
 
 use crate::error::{Error, Result};
 use crate::memory::{MemoryRegion, Mr};
-use crate::raw::RawVqp;
-use crate::vqp::Vqp;
 
 /// The meta server a node of this process hosts: the node's own engine
 /// hosts the table ([`MsgMetaHost`]: lookups are one-sided READs, through
@@ -143,7 +141,7 @@ impl Node<AnyNic> {
     /// `path`: the process opens no NIC and creates no QP; its VQPs are
     /// the daemon's (their connects hit the node-wide DCCache), its
     /// regions are shared memory the daemon registered (one-sided data
-    /// lands in them with no copy). [`Vqp`] (verbs, requests, pushes and
+    /// lands in them with no copy). [`Vqp`](crate::Vqp) (verbs, requests, pushes and
     /// replies), [`MemoryRegion`] and [`Node::endpoint`] work as
     /// in-process (an endpoint lives in the daemon's engine: one control
     /// call per push or pop), and so do ports ([`Node::bind`]), leases,
@@ -314,56 +312,6 @@ impl<N: Nic> Node<N> {
             mr,
             gid: self.gid(),
         })
-    }
-
-    /// A new VQP, not connected yet.
-    ///
-    /// # Errors
-    /// [`Error::Engine`]; on an attached node [`Error::Daemon`] (its
-    /// quota of VQPs).
-    pub fn vqp(&self) -> Result<Vqp<N>> {
-        let raw = match &self.inner.backend {
-            Backend::Engine(e) => RawVqp::Local(e.create_vqp()?),
-            Backend::Daemon(a) => RawVqp::attached(a.create_vqp()?),
-        };
-        Ok(Vqp::new(raw, self.clone()))
-    }
-
-    /// A new VQP connected to `gid`.
-    ///
-    /// # Errors
-    /// [`Error::Engine`] (`UnknownNode`, `MetaUnavailable`, ...).
-    pub fn connect(&self, gid: Gid) -> Result<Vqp<N>> {
-        let v = self.vqp()?;
-        v.connect(gid)?;
-        Ok(v)
-    }
-
-    /// A new VQP connected to `gid` with the grant over `rkey` known to its
-    /// pre-check: [`Node::connect`] and [`Vqp::add_grant`] together. On an
-    /// attached node that is one control call to the daemon instead of
-    /// three (create, connect, grant): what a joining client that reaches
-    /// each of its memory nodes once wants.
-    ///
-    /// # Errors
-    /// As [`Node::connect`] and [`Vqp::add_grant`].
-    pub fn connect_granted(
-        &self,
-        gid: Gid,
-        rkey: u32,
-        grant: krcore_kmod::RemoteGrant,
-    ) -> Result<Vqp<N>> {
-        match &self.inner.backend {
-            Backend::Engine(_) => {
-                let v = self.connect(gid)?;
-                v.add_grant(gid, rkey, grant)?;
-                Ok(v)
-            }
-            Backend::Daemon(a) => {
-                let raw = RawVqp::attached_open(a.open_vqp(gid, rkey, grant)?, gid, rkey, grant);
-                Ok(Vqp::new(raw, self.clone()))
-            }
-        }
     }
 
     /// The renewal counters of this node's registration over messaging

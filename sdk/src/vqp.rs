@@ -763,6 +763,60 @@ impl<N: Nic> Request<N> {
     }
 }
 
+/// The VQPs a node makes (here, above the node, so that the node does not
+/// import its VQPs).
+impl<N: Nic> Node<N> {
+    /// A new VQP, not connected yet.
+    ///
+    /// # Errors
+    /// [`Error::Engine`]; on an attached node [`Error::Daemon`] (its
+    /// quota of VQPs).
+    pub fn vqp(&self) -> Result<Vqp<N>> {
+        let raw = match &self.backend() {
+            Backend::Engine(e) => RawVqp::Local(e.create_vqp()?),
+            Backend::Daemon(a) => RawVqp::attached(a.create_vqp()?),
+        };
+        Ok(Vqp::new(raw, self.clone()))
+    }
+
+    /// A new VQP connected to `gid`.
+    ///
+    /// # Errors
+    /// [`Error::Engine`] (`UnknownNode`, `MetaUnavailable`, ...).
+    pub fn connect(&self, gid: Gid) -> Result<Vqp<N>> {
+        let v = self.vqp()?;
+        v.connect(gid)?;
+        Ok(v)
+    }
+
+    /// A new VQP connected to `gid` with the grant over `rkey` known to its
+    /// pre-check: [`Node::connect`] and [`Vqp::add_grant`] together. On an
+    /// attached node that is one control call to the daemon instead of
+    /// three (create, connect, grant): what a joining client that reaches
+    /// each of its memory nodes once wants.
+    ///
+    /// # Errors
+    /// As [`Node::connect`] and [`Vqp::add_grant`].
+    pub fn connect_granted(
+        &self,
+        gid: Gid,
+        rkey: u32,
+        grant: krcore_kmod::RemoteGrant,
+    ) -> Result<Vqp<N>> {
+        match &self.backend() {
+            Backend::Engine(_) => {
+                let v = self.connect(gid)?;
+                v.add_grant(gid, rkey, grant)?;
+                Ok(v)
+            }
+            Backend::Daemon(a) => {
+                let raw = RawVqp::attached_open(a.open_vqp(gid, rkey, grant)?, gid, rkey, grant);
+                Ok(Vqp::new(raw, self.clone()))
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::{Access, Error, Node, Reason, VqpError};
