@@ -9,8 +9,8 @@
 //! restarted attempts of a batch go to `[UPDATE], Retries` when the batch
 //! has an update, else to `[INSERT], Retries` when it has an insert.
 
-use super::run::{count_retries, fill_value, status_of, Pacer, RunOptions, COUNT_EVERY};
-use super::verify::{version_tag, WriteRecord};
+use super::phase::{count_retries, status_of, Pacer, RunOptions, COUNT_EVERY};
+use super::verify::{fill_value, version_tag, WriteRecord};
 use super::{BackendError, BatchOp, Found, KvClient};
 use crate::ycsb::{KeySpace, Measurements, Operation, OperationGenerator, Status, Workload};
 use rand::rngs::SmallRng;

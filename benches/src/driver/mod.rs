@@ -10,6 +10,7 @@ mod batched;
 mod deployed;
 mod map;
 pub mod mp;
+mod phase;
 mod race;
 mod redis;
 mod run;

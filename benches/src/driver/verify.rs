@@ -16,7 +16,6 @@
 //! interleaving: a correct store never fails it; a lost, stale or torn
 //! write does.
 
-use super::run::fill_value;
 use crate::ycsb::{Status, Workload};
 use race_store::remote::Transport;
 use race_store::Client;
@@ -163,6 +162,20 @@ pub fn verify<T: Transport>(
     report.duplicates = check.duplicates as u64;
     report.locked = check.locked || check.split_logged;
     Ok(report)
+}
+
+/// Fills `buf` with `len` bytes derived from `(keynum, version)`: cheap,
+/// deterministic, and different for every write of a key.
+pub(crate) fn fill_value(buf: &mut Vec<u8>, len: usize, keynum: u64, version: u64) {
+    buf.clear();
+    let mut x = keynum.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ version;
+    while buf.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        buf.extend_from_slice(&x.to_le_bytes());
+    }
+    buf.truncate(len);
 }
 
 #[cfg(test)]
