@@ -316,16 +316,6 @@ impl VerbsSpec {
     pub fn gid_index(&self) -> Option<u8> {
         self.gid_index
     }
-
-    /// The options for [`crate::verbs::VerbsNic::open_with`].
-    #[cfg(feature = "verbs")]
-    pub fn options(&self) -> crate::verbs::VerbsOptions {
-        crate::verbs::VerbsOptions {
-            device: self.device.clone(),
-            port: self.port,
-            gid_index: self.gid_index,
-        }
-    }
 }
 
 impl FabricSpec {

@@ -19,12 +19,15 @@
 //!    large enough (else `LOC_LEN_ERR` at the receiver, `REM_INV_REQ_ERR` at
 //!    the sender); an RC receiver that fails enters ERR.
 
+use super::cq::{push_cqe, Cqe};
 use super::ctl::{self, QpEntry};
+use super::device::NodeInner;
 use super::fabric::FabricInner;
-use super::node::{decode_recv, push_cqe, Cqe, NodeInner, RWQE_WORDS};
-use super::qp::{flush_recv_ring, QpInner, SendState};
+use super::qp_state::{QpInner, SendState};
+use super::recv::{decode_recv, flush_recv_ring, RWQE_WORDS};
 use super::ring::Ring;
 use super::shm::{now_ns, Segment};
+use super::target::*;
 use crate::types::*;
 use std::sync::atomic::Ordering::{AcqRel, Acquire};
 use std::sync::Arc;
@@ -43,89 +46,6 @@ fn done(status: WcStatus) -> Outcome {
         status,
         byte_len: 0,
     }
-}
-
-/// The last target node a QP reached, so that the common case (the same
-/// target again) costs no map lookup.
-pub(crate) struct CachedNode {
-    gid: Gid,
-    slot: u32,
-    gen: u32,
-    /// The node's control block; `None` only while a WR borrows it (moved
-    /// out and back: no reference-count traffic per WR).
-    ctl: Option<Arc<Segment>>,
-    checked_ns: u64,
-    /// Our pid when the node was found to live in this process (0: it does
-    /// not). Compared with the current pid, so a forked child re-checks.
-    local_pid: u32,
-}
-
-/// A destination QP validated for this initiator, kept while its state word
-/// (generation, type, state) is unchanged: its PD, access flags, peer, keys
-/// change only together with a transition.
-#[derive(Clone, Copy)]
-struct CachedDst {
-    node: u64,
-    qpn: u32,
-    state: u64,
-    pd: u32,
-    access: Access,
-    /// The destination's key (a DCT's `dc_key`, a UD QP's qkey; 0 for RC),
-    /// fixed for the state word's generation; checked against every WR.
-    key: u64,
-}
-
-/// A resolved MR, kept while the MR's state word is unchanged (its fields
-/// change only while it is invalid; re-registration bumps the generation).
-struct CachedMr {
-    node: u64,
-    key: u32,
-    state: u64,
-    info: ctl::MrInfo,
-    seg: Arc<Segment>,
-    /// A strict MR's node control block and state word (see
-    /// [`Exec::mr_strict`], [`Exec::uncount`]); `state` is then `u64::MAX`.
-    strict: Option<(Arc<Segment>, u64)>,
-}
-
-const SEG_CACHE: usize = 8;
-/// A power of two (the home entry is a mask of the key's hash), at most 16
-/// (`TargetCache::pinned` has a bit per entry).
-const MR_CACHE: usize = 16;
-const _: () = assert!(MR_CACHE.is_power_of_two() && MR_CACHE <= 16);
-
-/// Per-QP caches of resolved nodes, destination QPs, MRs and segments.
-#[derive(Default)]
-pub(crate) struct TargetCache {
-    node: Option<CachedNode>,
-    dst: Option<CachedDst>,
-    mrs: [Option<CachedMr>; MR_CACHE],
-    mr_next: usize,
-    /// MR cache entries used by the WR being executed (never evicted by it).
-    pinned: u16,
-    /// Of those, the strict ones this WR counted itself in flight on
-    /// (`ctl::mr_in_flight`), to take off when it is done.
-    counted: u16,
-    segs: [Option<(u128, Arc<Segment>)>; SEG_CACHE],
-    seg_next: usize,
-}
-
-fn seg_key(slot: u32, gen: u32, kind: u8, idx: u32, objgen: u32) -> u128 {
-    (slot as u128) << 96
-        | (gen as u128) << 64
-        | (kind as u128) << 56
-        | (idx as u128) << 32
-        | objgen as u128
-}
-
-/// The preferred MR cache entry of `(node, key)`.
-#[inline(always)]
-fn mr_home(node: u64, key: u32) -> usize {
-    ((key >> 8) ^ key ^ (node >> 32) as u32) as usize & (MR_CACHE - 1)
-}
-
-fn node_key(slot: u32, gen: u32) -> u64 {
-    (slot as u64) << 32 | gen as u64
 }
 
 const K_CQ: u8 = 2;

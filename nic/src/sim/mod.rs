@@ -19,18 +19,37 @@
 //! leaves a dead node, which peers see as `RETRY_EXC_ERR` within
 //! [`SimConfig::liveness_interval`], and whose slot and files a later joiner or
 //! [`SimFabric::reap_dead`] reclaims.
+//!
+//! Files, bottom to top (none imports one above it; `ci/imports.py` checks
+//! that there is no circle): `shm` (mapped segments), `ring`, `ctl` (the
+//! control block), `fabric`, `latency`; `device` (a node's state); `cq`,
+//! `recv` (receive rings, SRQs); `target` (a QP's caches of what it
+//! reaches); `qp_state` (what a QP holds); `exec` (one WR, with every
+//! check); `qp` (the verbs of a QP: posting, credits, RNR retries); `node`
+//! (`SimNic`, the provider's device, which makes all of them). The CQ's
+//! list of QPs with waiting work and the node's list of QPs (for their
+//! counters) point back up through two small traits (`cq::Drive`,
+//! `device::QpCounters`).
 
+mod cq;
 mod ctl;
+mod device;
 mod exec;
 mod fabric;
 mod latency;
 mod node;
 mod qp;
+mod qp_state;
+mod recv;
 mod ring;
 pub(crate) mod shm;
+mod target;
 
+pub use cq::SimCq;
+pub use device::SimConfig;
 pub use fabric::{SimFabric, FABRIC_VERSION, MAX_NAME_VALUE, MAX_NODES};
 pub use latency::LatencyModel;
-pub use node::{SimConfig, SimCq, SimMr, SimNic, SimPd, SimSrq};
+pub use node::{SimMr, SimNic, SimPd};
 pub use qp::SimQp;
+pub use recv::SimSrq;
 pub use shm::{fork_process, ForkedChild};

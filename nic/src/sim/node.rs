@@ -1,173 +1,26 @@
-//! A sim node (`SimNic`) and its protection domains, memory regions,
-//! completion queues and shared receive queues.
+//! A sim node (`SimNic`), the provider's device: it makes the node's
+//! protection domains, memory regions (here), completion queues (`cq`),
+//! shared receive queues (`recv`) and QPs (`qp`) on its state (`device`).
 
+use super::cq::{CqInner, SimCq, CQE_WORDS};
 use super::ctl::{self, QpEntry};
+use super::device::*;
 use super::fabric::{FabricInner, SimFabric};
-use super::latency::LatencyModel;
-use super::qp::{QpInner, SimQp};
+use super::qp::SimQp;
+use super::qp_state::{QpInner, SendState};
+use super::recv::{SimSrq, SrqInner, RWQE_WORDS};
 use super::ring::{ring_bytes, Ring};
-use super::shm::{now_ns, Segment};
+use super::shm::Segment;
+use super::target::TargetCache;
 use crate::counters::Counters;
-use crate::error::{NicError, PostError, PostErrorKind, Result};
-use crate::provider::{
-    check_range, CompletionQueue, MemoryRegion, Nic, QpInit, SharedReceiveQueue,
-};
+use crate::error::{NicError, Result};
+use crate::provider::{check_range, MemoryRegion, Nic, QpInit};
 use crate::types::*;
 use parking_lot::Mutex;
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
-
-/// Configuration of a sim node.
-#[derive(Clone, Debug)]
-pub struct SimConfig {
-    /// Latency model (`None`: completions are visible at once, no modeled cost).
-    pub latency: Option<LatencyModel>,
-    /// Whether the device offers DC (set `false` to act like Soft-RoCE or a
-    /// non-ConnectX NIC, so that users exercise their RC fallback).
-    pub dc: bool,
-    /// Largest memory region.
-    pub max_mr_size: u64,
-    /// How long a remote process's liveness check stays trusted by a QP.
-    pub liveness_interval: Duration,
-    /// Interval between receiver-not-ready retries.
-    pub rnr_interval: Duration,
-}
-
-impl Default for SimConfig {
-    fn default() -> Self {
-        SimConfig {
-            latency: None,
-            dc: true,
-            max_mr_size: 16 << 30,
-            liveness_interval: Duration::from_millis(1),
-            rnr_interval: Duration::from_micros(50),
-        }
-    }
-}
-
-/// Control-path counters kept at node level (the data-path ones live per QP).
-#[derive(Default)]
-pub(crate) struct NodeCounters {
-    pub qps_created: AtomicU64,
-    pub qps_destroyed: AtomicU64,
-    pub state_changes: AtomicU64,
-    pub recv_wrs: AtomicU64,
-    pub error_completions: AtomicU64,
-    pub mrs_registered: AtomicU64,
-    pub modeled_control_ns: AtomicU64,
-}
-
-pub(crate) struct NodeInner {
-    pub fabric: Arc<FabricInner>,
-    pub slot: u32,
-    pub gen: u32,
-    pub gid: Gid,
-    pub ctl: Arc<Segment>,
-    pub config: SimConfig,
-    pub caps: DeviceCaps,
-    alloc: Mutex<Cursors>,
-    next_pd: AtomicU32,
-    pub counters: NodeCounters,
-    pub qps: Mutex<Vec<Weak<QpInner>>>,
-    pub retired: Mutex<Counters>,
-    pub killed: AtomicBool,
-}
-
-#[derive(Default)]
-struct Cursors {
-    mr: u32,
-    qp: u32,
-    cq: u32,
-    srq: u32,
-    /// Indexes handed out but not yet published in the control block.
-    reserved: Vec<(&'static str, u32)>,
-}
-
-/// A table index handed out by the allocator: other allocations skip it until
-/// this guard drops, which the caller does after publishing the entry.
-pub(crate) struct Reservation<'a> {
-    node: &'a NodeInner,
-    what: &'static str,
-    pub idx: u32,
-    pub gen: u32,
-}
-
-impl Drop for Reservation<'_> {
-    fn drop(&mut self) {
-        let mut c = self.node.alloc.lock();
-        c.reserved.retain(|r| *r != (self.what, self.idx));
-    }
-}
-
-impl Drop for NodeInner {
-    fn drop(&mut self) {
-        self.fabric.close_slot(self.slot, self.gen);
-    }
-}
-
-impl NodeInner {
-    pub(crate) fn seg_name(&self, what: std::fmt::Arguments<'_>) -> String {
-        FabricInner::seg_name(self.slot, self.gen, &what.to_string())
-    }
-
-    pub(crate) fn charge(&self, ns: impl Fn(&LatencyModel) -> u64) {
-        if let Some(m) = &self.config.latency {
-            self.counters.modeled_control_ns.fetch_add(ns(m), Relaxed);
-        }
-    }
-
-    /// Reserves a QP table index (see [`NodeInner::alloc_index`]).
-    pub(crate) fn alloc_qp_index(
-        &self,
-        free: impl Fn(u32) -> Option<u32>,
-    ) -> Result<Reservation<'_>> {
-        self.alloc_index(ctl::MAX_QP, |c| &mut c.qp, free, "queue pairs")
-    }
-
-    /// Reserves a free index of a table, scanning round-robin from the
-    /// table's cursor; `free(idx)` returns the generation the new entry will
-    /// have when `idx` is free in the control block. The index stays
-    /// reserved until the returned guard drops (after the caller published
-    /// it), so concurrent allocations never get the same index.
-    fn alloc_index(
-        &self,
-        max: u32,
-        cursor: impl Fn(&mut Cursors) -> &mut u32,
-        free: impl Fn(u32) -> Option<u32>,
-        what: &'static str,
-    ) -> Result<Reservation<'_>> {
-        let mut c = self.alloc.lock();
-        let start = *cursor(&mut c);
-        for k in 0..max {
-            let idx = (start + k) % max;
-            if c.reserved.contains(&(what, idx)) {
-                continue;
-            }
-            if let Some(gen) = free(idx) {
-                *cursor(&mut c) = (idx + 1) % max;
-                c.reserved.push((what, idx));
-                return Ok(Reservation {
-                    node: self,
-                    what,
-                    idx,
-                    gen,
-                });
-            }
-        }
-        Err(NicError::Exhausted(what))
-    }
-}
-
-/// Next generation after `g` whose low `bits` bits are not all zero.
-fn next_gen(g: u32, bits: u32) -> u32 {
-    let mut n = g.wrapping_add(1);
-    if n & ((1 << bits) - 1) == 0 {
-        n = n.wrapping_add(1);
-    }
-    n
-}
 
 /// A node on a sim fabric: the sim's device context. Cheap to clone; the node
 /// leaves the fabric when the last clone and the last object made from it are
@@ -721,281 +574,116 @@ impl MemoryRegion for SimMr {
     }
 }
 
-// ---------------------------------------------------------------------------
-// Completion queue entries
-
-/// Words of a CQ ring cell: sequence + 6 payload words (wr_id, sq_seq,
-/// visible_at, byte_len | imm << 32, qpn | src_qp << 32, flags).
-pub(crate) const CQE_WORDS: usize = 7;
-
-/// A completion as stored in a CQ ring.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct Cqe {
-    pub wr_id: u64,
-    /// For send completions: the send-queue sequence it completes.
-    pub sq_seq: Option<u64>,
-    pub visible_at: u64,
-    pub byte_len: u32,
-    pub imm: Option<u32>,
-    pub qpn: u32,
-    pub src_qp: u32,
-    pub status: WcStatus,
-    pub opcode: WcOpcode,
-}
-
-impl Cqe {
-    pub(crate) fn encode(&self) -> [u64; CQE_WORDS - 1] {
-        let flags = self.status as u64
-            | (self.opcode as u64) << 8
-            | (self.imm.is_some() as u64) << 16
-            | (self.sq_seq.is_some() as u64) << 17;
-        [
-            self.wr_id,
-            self.sq_seq.unwrap_or(0),
-            self.visible_at,
-            self.byte_len as u64 | (self.imm.unwrap_or(0) as u64) << 32,
-            self.qpn as u64 | (self.src_qp as u64) << 32,
-            flags,
-        ]
-    }
-
-    pub(crate) fn decode(p: &[u64]) -> Cqe {
-        let flags = p[5];
-        Cqe {
-            wr_id: p[0],
-            sq_seq: (flags >> 17 & 1 == 1).then_some(p[1]),
-            visible_at: p[2],
-            byte_len: p[3] as u32,
-            imm: (flags >> 16 & 1 == 1).then_some((p[3] >> 32) as u32),
-            qpn: p[4] as u32,
-            src_qp: (p[4] >> 32) as u32,
-            status: WcStatus::from_u8(flags as u8),
-            opcode: WcOpcode::from_u8((flags >> 8) as u8),
+/// A new QP of a node (here, beside the node that makes it, so that the
+/// QP does not name the node's provider type).
+impl SimQp {
+    pub(crate) fn create(
+        node: &Arc<NodeInner>,
+        pd: u32,
+        init: &QpInit<'_, SimNic>,
+    ) -> Result<SimQp> {
+        let t = init.qp_type;
+        if matches!(t, QpType::Dci | QpType::Dct) && !node.caps.dc {
+            return Err(NicError::Unsupported(
+                "DC transport (this device has no DC support)",
+            ));
         }
-    }
-}
-
-/// Pushes a completion into a CQ ring; on overflow marks the CQ in error (the
-/// completion is lost, and `poll` reports it).
-#[inline]
-pub(crate) fn push_cqe(seg: &Segment, cqe: &Cqe) {
-    let ring = Ring::attach(seg, 0, CQE_WORDS);
-    if !ring.push(&cqe.encode()) {
-        ring.set_overflowed();
-    }
-}
-
-pub(crate) struct CqInner {
-    pub node: Arc<NodeInner>,
-    pub idx: u32,
-    pub gen: u32,
-    pub seg: Arc<Segment>,
-    name: String,
-    cap: u32,
-    /// QPs with send work waiting (RNR) that polling must drive forward.
-    pub pending: Mutex<Vec<Weak<QpInner>>>,
-    pub pending_count: AtomicUsize,
-}
-
-impl Drop for CqInner {
-    fn drop(&mut self) {
-        ctl::cq_invalidate(&self.node.ctl, self.idx);
-        self.node.fabric.remove_segment(&self.name);
-    }
-}
-
-/// A completion queue of a sim node, in shared memory (remote senders push
-/// receive completions into it).
-#[derive(Clone)]
-pub struct SimCq {
-    pub(crate) inner: Arc<CqInner>,
-}
-
-impl std::fmt::Debug for SimCq {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SimCq")
-            .field("idx", &self.inner.idx)
-            .field("depth", &self.inner.cap)
-            .finish()
-    }
-}
-
-impl CompletionQueue for SimCq {
-    fn depth(&self) -> u32 {
-        self.inner.cap
-    }
-
-    fn poll(&self, out: &mut [Wc]) -> Result<usize> {
-        let cq = &self.inner;
-        if cq.pending_count.load(Acquire) > 0 {
-            self.drive_pending();
+        for cq in [init.send_cq, init.recv_cq] {
+            if !Arc::ptr_eq(&cq.inner.node, node) {
+                return Err(NicError::InvalidArgument("CQ of another device".into()));
+            }
         }
-        let ring = Ring::attach(&cq.seg, 0, CQE_WORDS);
-        let now = if cq.node.config.latency.is_some() {
-            now_ns()
-        } else {
-            u64::MAX
-        };
-        let mut n = 0;
-        let mut buf = [0u64; CQE_WORDS - 1];
-        while n < out.len() && ring.pop_if(&mut buf, |p| p[2] <= now) {
-            let c = Cqe::decode(&buf);
-            if let Some(seq) = c.sq_seq {
-                if let Some((e, _)) = QpEntry::by_qpn(&cq.node.ctl, c.qpn) {
-                    e.sq_done()
-                        .fetch_max(seq + 1, std::sync::atomic::Ordering::AcqRel);
+        if let Some(srq) = init.srq {
+            if !Arc::ptr_eq(&srq.inner.node, node) {
+                return Err(NicError::InvalidArgument("SRQ of another device".into()));
+            }
+        }
+        let caps = init.caps;
+        let max_wr = node.caps.max_qp_wr;
+        if t == QpType::Dct && init.srq.is_none() {
+            return Err(NicError::InvalidArgument("a DCT needs an SRQ".into()));
+        }
+        if t != QpType::Dct && (caps.max_send_wr == 0 || caps.max_send_wr > max_wr) {
+            return Err(NicError::InvalidArgument(format!(
+                "max_send_wr {} outside 1..={max_wr}",
+                caps.max_send_wr
+            )));
+        }
+        if caps.max_recv_wr > max_wr
+            || caps.max_send_sge as usize > MAX_SGE
+            || caps.max_recv_sge as usize > MAX_SGE
+        {
+            return Err(NicError::InvalidArgument(format!(
+                "QP caps out of range (max {max_wr} WRs, {MAX_SGE} SGEs)"
+            )));
+        }
+        let ctl_seg = node.ctl.clone();
+        // A free entry, generation bumped (never 0 in the low 12 bits, so a
+        // QPN is never 0), claimed under the node's allocation lock.
+        let slot = node.alloc_qp_index(|i| {
+            let sw = QpEntry::new(&ctl_seg, i).state_word();
+            sw.qp_type.is_none().then(|| {
+                let mut g = sw.gen.wrapping_add(1);
+                if g & 0xfff == 0 {
+                    g = g.wrapping_add(1);
                 }
-            }
-            if c.status != WcStatus::Success {
-                cq.node.counters.error_completions.fetch_add(1, Relaxed);
-            }
-            out[n] = Wc {
-                wr_id: c.wr_id,
-                status: c.status,
-                opcode: c.opcode,
-                byte_len: c.byte_len,
-                imm: c.imm,
-                qp_num: c.qpn,
-                src_qp: c.src_qp,
-            };
-            n += 1;
-        }
-        if n == 0 && ring.overflowed() {
-            return Err(NicError::CqOverflow { depth: cq.cap });
-        }
-        Ok(n)
-    }
-}
-
-impl SimCq {
-    fn drive_pending(&self) {
-        let mut list = self.inner.pending.lock();
-        list.retain(|w| match w.upgrade() {
-            Some(qp) => qp.drive(),
-            None => false,
-        });
-        self.inner.pending_count.store(list.len(), Relaxed);
-    }
-
-    /// Registers a QP whose send work waits on a receiver (RNR), so polling
-    /// this CQ keeps retrying it.
-    pub(crate) fn add_pending(&self, qp: Weak<QpInner>) {
-        let mut list = self.inner.pending.lock();
-        if !list.iter().any(|w| w.ptr_eq(&qp)) {
-            list.push(qp);
-        }
-        self.inner.pending_count.store(list.len(), Relaxed);
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Receive queue entries
-
-/// Words of a receive ring cell: sequence, wr_id, SGE count, 4 x (addr,
-/// len | lkey << 32).
-pub(crate) const RWQE_WORDS: usize = 3 + 2 * MAX_SGE;
-
-pub(crate) fn encode_recv(wr: &RecvWr) -> [u64; RWQE_WORDS - 1] {
-    let mut p = [0u64; RWQE_WORDS - 1];
-    p[0] = wr.wr_id;
-    let sges = wr.sg.as_slice();
-    p[1] = sges.len() as u64;
-    for (i, s) in sges.iter().enumerate() {
-        p[2 + 2 * i] = s.addr;
-        p[3 + 2 * i] = s.length as u64 | (s.lkey as u64) << 32;
-    }
-    p
-}
-
-pub(crate) fn decode_recv(p: &[u64]) -> RecvWr {
-    let n = (p[1] as usize).min(MAX_SGE);
-    let mut sges = [Sge::default(); MAX_SGE];
-    for (i, s) in sges.iter_mut().enumerate().take(n) {
-        *s = Sge {
-            addr: p[2 + 2 * i],
-            length: p[3 + 2 * i] as u32,
-            lkey: (p[3 + 2 * i] >> 32) as u32,
+                g
+            })
+        })?;
+        let (idx, gen) = (slot.idx, slot.gen);
+        let qpn = ctl::qpn(idx, gen);
+        let use_rq = init.srq.is_none() && t != QpType::Dci && caps.max_recv_wr > 0;
+        let rq = if use_rq {
+            let cap = caps.max_recv_wr.next_power_of_two();
+            let name = node.seg_name(format_args!("rq{idx}g{gen}"));
+            let seg = node
+                .fabric
+                .create_segment(&name, ring_bytes(cap, RWQE_WORDS))?;
+            Ring::init(&seg, 0, cap, RWQE_WORDS);
+            Some((seg, name))
+        } else {
+            None
         };
-    }
-    RecvWr {
-        wr_id: p[0],
-        sg: SgList::from_slice(&sges[..n]).unwrap_or_default(),
-    }
-}
-
-/// Pushes receive WRs into a ring, refusing malformed ones and stopping when
-/// the ring is full.
-pub(crate) fn post_recv_ring(
-    seg: &Segment,
-    wrs: &[RecvWr],
-    max_sge: u32,
-) -> std::result::Result<(), PostError> {
-    let ring = Ring::attach(seg, 0, RWQE_WORDS);
-    for (index, wr) in wrs.iter().enumerate() {
-        if wr.sg.as_slice().len() > max_sge as usize {
-            return Err(PostError {
-                index,
-                kind: PostErrorKind::Malformed("more SGEs than max_recv_sge"),
-            });
-        }
-        if !ring.push(&encode_recv(wr)) {
-            return Err(PostError {
-                index,
-                kind: PostErrorKind::QueueFull {
-                    depth: ring.capacity() as u32,
-                },
-            });
-        }
-    }
-    Ok(())
-}
-
-pub(crate) struct SrqInner {
-    pub node: Arc<NodeInner>,
-    pub idx: u32,
-    pub gen: u32,
-    pub seg: Arc<Segment>,
-    name: String,
-    max_sge: u32,
-    #[allow(dead_code)]
-    pd: u32,
-}
-
-impl Drop for SrqInner {
-    fn drop(&mut self) {
-        ctl::srq_invalidate(&self.node.ctl, self.idx);
-        self.node.fabric.remove_segment(&self.name);
-    }
-}
-
-/// A shared receive queue of a sim node.
-#[derive(Clone)]
-pub struct SimSrq {
-    pub(crate) inner: Arc<SrqInner>,
-}
-
-impl std::fmt::Debug for SimSrq {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SimSrq")
-            .field("idx", &self.inner.idx)
-            .finish()
-    }
-}
-
-impl SharedReceiveQueue for SimSrq {
-    fn post_recv(&self, wrs: &[RecvWr]) -> std::result::Result<(), PostError> {
-        let r = post_recv_ring(&self.inner.seg, wrs, self.inner.max_sge);
-        let posted = r.as_ref().map(|_| wrs.len()).unwrap_or_else(|e| e.index);
-        self.inner
-            .node
-            .counters
-            .recv_wrs
-            .fetch_add(posted as u64, Relaxed);
-        r
-    }
-
-    fn free_slots(&self) -> u32 {
-        let ring = Ring::attach(&self.inner.seg, 0, RWQE_WORDS);
-        (ring.capacity() - ring.len().min(ring.capacity())) as u32
+        let e = QpEntry::new(&ctl_seg, idx);
+        e.publish(
+            gen,
+            t,
+            pd,
+            (init.recv_cq.inner.idx, init.recv_cq.inner.gen),
+            init.srq.map(|s| (s.inner.idx, s.inner.gen)),
+            if use_rq { caps.max_recv_wr } else { 0 },
+            if t == QpType::Dct { init.dc_key } else { 0 },
+        );
+        drop(slot);
+        node.counters.qps_created.fetch_add(1, Relaxed);
+        node.charge(|m| m.qp_create_ns);
+        let inner = Arc::new(QpInner {
+            node: node.clone(),
+            idx,
+            qpn,
+            qp_type: t,
+            pd,
+            caps,
+            send_cq: init.send_cq.clone(),
+            recv_cq: init.recv_cq.clone(),
+            srq: init.srq.cloned(),
+            rq,
+            send: Mutex::new(SendState {
+                posted: 0,
+                pending: VecDeque::new(),
+                rnr_retry: 7,
+                peer: None,
+                last_dc: None,
+                last_visible: 0,
+                on_cq_pending_list: false,
+                target: TargetCache::default(),
+                c: Counters::default(),
+            }),
+        });
+        let mut qps = node.qps.lock();
+        qps.retain(|w| w.strong_count() > 0);
+        let counted: Arc<dyn QpCounters> = inner.clone();
+        qps.push(Arc::downgrade(&counted));
+        Ok(SimQp { inner })
     }
 }

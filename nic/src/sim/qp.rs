@@ -19,84 +19,32 @@
 //! forever), then fails with `RNR_RETRY_EXC_ERR`. Later WRs wait behind it,
 //! as on a real send queue.
 
-use super::ctl::{self, QpEntry};
-use super::exec::{Exec, Outcome, TargetCache};
-use super::node::{post_recv_ring, push_cqe, Cqe, NodeInner, SimCq, SimSrq, RWQE_WORDS};
-use super::ring::{ring_bytes, Ring};
-use super::shm::{now_ns, Segment};
-use crate::counters::Counters;
+use super::cq::{push_cqe, Cqe, Drive};
+use super::exec::{Exec, Outcome};
+use super::qp_state::{Pending, QpInner, SendState};
+use super::recv::{flush_recv_ring, post_recv_ring, RWQE_WORDS};
+use super::ring::Ring;
+use super::shm::now_ns;
+use super::target::TargetCache;
 use crate::error::{NicError, PostError, PostErrorKind, Result};
-use crate::provider::{QpInit, QueuePair};
+use crate::provider::QueuePair;
 use crate::types::*;
-use parking_lot::Mutex;
-use std::collections::VecDeque;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
 use std::sync::Arc;
 
-pub(crate) struct Pending {
-    pub wr: SendWr,
-    pub seq: u64,
-    /// RNR retries spent.
-    pub rnr_tries: u32,
-    /// When the next RNR retry may happen (0: not blocked yet).
-    pub next_try_ns: u64,
+/// `qp` as the CQ's list of QPs with waiting work holds it.
+fn pending_of(qp: &Arc<QpInner>) -> std::sync::Weak<dyn Drive> {
+    let qp: Arc<dyn Drive> = qp.clone();
+    Arc::downgrade(&qp)
 }
 
-/// Mutable send-side state, guarded by the QP's send lock.
-pub(crate) struct SendState {
-    pub posted: u64,
-    pub pending: VecDeque<Pending>,
-    pub rnr_retry: u8,
-    pub peer: Option<RcPeer>,
-    pub last_dc: Option<(Gid, u32)>,
-    pub last_visible: u64,
-    pub on_cq_pending_list: bool,
-    pub target: TargetCache,
-    pub c: Counters,
-}
-
-pub(crate) struct QpInner {
-    pub node: Arc<NodeInner>,
-    pub idx: u32,
-    pub qpn: u32,
-    pub qp_type: QpType,
-    pub pd: u32,
-    pub caps: QpCaps,
-    pub send_cq: SimCq,
-    pub recv_cq: SimCq,
-    #[allow(dead_code)]
-    pub srq: Option<SimSrq>,
-    pub rq: Option<(Arc<Segment>, String)>,
-    pub send: Mutex<SendState>,
-}
-
-impl Drop for QpInner {
-    fn drop(&mut self) {
-        let e = self.entry();
-        e.free();
-        if let Some((_, name)) = &self.rq {
-            self.node.fabric.remove_segment(name);
-        }
-        let st = self.send.get_mut();
-        let mut r = self.node.retired.lock();
-        r.add_data_path(&st.c);
-        self.node.counters.qps_destroyed.fetch_add(1, Relaxed);
+impl Drive for QpInner {
+    fn drive(self: Arc<Self>) -> bool {
+        QpInner::drive(&self)
     }
 }
 
 impl QpInner {
-    pub(crate) fn entry(&self) -> QpEntry<'_> {
-        QpEntry::new(&self.node.ctl, self.idx)
-    }
-
-    pub(crate) fn add_counters(&self, into: &mut Counters) {
-        into.add_data_path(&self.send.lock().c);
-    }
-
-    fn state(&self) -> QpState {
-        self.entry().state_word().state
-    }
-
     /// Retries waiting work; returns whether work is still waiting. Called by
     /// polling the send CQ (never blocks on the send lock).
     pub(crate) fn drive(self: &Arc<Self>) -> bool {
@@ -207,7 +155,7 @@ impl QpInner {
                     }
                     if !st.on_cq_pending_list {
                         st.on_cq_pending_list = true;
-                        self.send_cq.add_pending(Arc::downgrade(self));
+                        self.send_cq.add_pending(pending_of(self));
                     }
                     break;
                 }
@@ -241,7 +189,7 @@ impl QpInner {
         });
         if !st.on_cq_pending_list {
             st.on_cq_pending_list = true;
-            self.send_cq.add_pending(Arc::downgrade(self));
+            self.send_cq.add_pending(pending_of(self));
         }
     }
 
@@ -251,25 +199,6 @@ impl QpInner {
         if let Some((seg, _)) = &self.rq {
             flush_recv_ring(seg, &self.recv_cq.inner.seg, self.qpn);
         }
-    }
-}
-
-/// Flushes a receive ring into a CQ (used by the owner and by a remote sender
-/// that moved the owner's QP to ERR).
-pub(crate) fn flush_recv_ring(rq: &Segment, cq: &Segment, qpn: u32) {
-    let ring = Ring::attach(rq, 0, RWQE_WORDS);
-    let mut buf = [0u64; RWQE_WORDS - 1];
-    while ring.pop(&mut buf) {
-        push_cqe(
-            cq,
-            &Cqe {
-                wr_id: buf[0],
-                qpn,
-                status: WcStatus::WrFlushErr,
-                opcode: WcOpcode::Recv,
-                ..Cqe::default()
-            },
-        );
     }
 }
 
@@ -290,115 +219,6 @@ impl std::fmt::Debug for SimQp {
 }
 
 impl SimQp {
-    pub(crate) fn create(
-        node: &Arc<NodeInner>,
-        pd: u32,
-        init: &QpInit<'_, super::SimNic>,
-    ) -> Result<SimQp> {
-        let t = init.qp_type;
-        if matches!(t, QpType::Dci | QpType::Dct) && !node.caps.dc {
-            return Err(NicError::Unsupported(
-                "DC transport (this device has no DC support)",
-            ));
-        }
-        for cq in [init.send_cq, init.recv_cq] {
-            if !Arc::ptr_eq(&cq.inner.node, node) {
-                return Err(NicError::InvalidArgument("CQ of another device".into()));
-            }
-        }
-        if let Some(srq) = init.srq {
-            if !Arc::ptr_eq(&srq.inner.node, node) {
-                return Err(NicError::InvalidArgument("SRQ of another device".into()));
-            }
-        }
-        let caps = init.caps;
-        let max_wr = node.caps.max_qp_wr;
-        if t == QpType::Dct && init.srq.is_none() {
-            return Err(NicError::InvalidArgument("a DCT needs an SRQ".into()));
-        }
-        if t != QpType::Dct && (caps.max_send_wr == 0 || caps.max_send_wr > max_wr) {
-            return Err(NicError::InvalidArgument(format!(
-                "max_send_wr {} outside 1..={max_wr}",
-                caps.max_send_wr
-            )));
-        }
-        if caps.max_recv_wr > max_wr
-            || caps.max_send_sge as usize > MAX_SGE
-            || caps.max_recv_sge as usize > MAX_SGE
-        {
-            return Err(NicError::InvalidArgument(format!(
-                "QP caps out of range (max {max_wr} WRs, {MAX_SGE} SGEs)"
-            )));
-        }
-        let ctl_seg = node.ctl.clone();
-        // A free entry, generation bumped (never 0 in the low 12 bits, so a
-        // QPN is never 0), claimed under the node's allocation lock.
-        let slot = node.alloc_qp_index(|i| {
-            let sw = QpEntry::new(&ctl_seg, i).state_word();
-            sw.qp_type.is_none().then(|| {
-                let mut g = sw.gen.wrapping_add(1);
-                if g & 0xfff == 0 {
-                    g = g.wrapping_add(1);
-                }
-                g
-            })
-        })?;
-        let (idx, gen) = (slot.idx, slot.gen);
-        let qpn = ctl::qpn(idx, gen);
-        let use_rq = init.srq.is_none() && t != QpType::Dci && caps.max_recv_wr > 0;
-        let rq = if use_rq {
-            let cap = caps.max_recv_wr.next_power_of_two();
-            let name = node.seg_name(format_args!("rq{idx}g{gen}"));
-            let seg = node
-                .fabric
-                .create_segment(&name, ring_bytes(cap, RWQE_WORDS))?;
-            Ring::init(&seg, 0, cap, RWQE_WORDS);
-            Some((seg, name))
-        } else {
-            None
-        };
-        let e = QpEntry::new(&ctl_seg, idx);
-        e.publish(
-            gen,
-            t,
-            pd,
-            (init.recv_cq.inner.idx, init.recv_cq.inner.gen),
-            init.srq.map(|s| (s.inner.idx, s.inner.gen)),
-            if use_rq { caps.max_recv_wr } else { 0 },
-            if t == QpType::Dct { init.dc_key } else { 0 },
-        );
-        drop(slot);
-        node.counters.qps_created.fetch_add(1, Relaxed);
-        node.charge(|m| m.qp_create_ns);
-        let inner = Arc::new(QpInner {
-            node: node.clone(),
-            idx,
-            qpn,
-            qp_type: t,
-            pd,
-            caps,
-            send_cq: init.send_cq.clone(),
-            recv_cq: init.recv_cq.clone(),
-            srq: init.srq.cloned(),
-            rq,
-            send: Mutex::new(SendState {
-                posted: 0,
-                pending: VecDeque::new(),
-                rnr_retry: 7,
-                peer: None,
-                last_dc: None,
-                last_visible: 0,
-                on_cq_pending_list: false,
-                target: TargetCache::default(),
-                c: Counters::default(),
-            }),
-        });
-        let mut qps = node.qps.lock();
-        qps.retain(|w| w.strong_count() > 0);
-        qps.push(Arc::downgrade(&inner));
-        Ok(SimQp { inner })
-    }
-
     fn bad(index: usize, kind: PostErrorKind) -> PostError {
         PostError { index, kind }
     }

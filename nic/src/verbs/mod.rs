@@ -137,6 +137,18 @@ impl VerbsOptions {
     }
 }
 
+impl crate::spec::VerbsSpec {
+    /// The options for [`VerbsNic::open_with`] (here, in the provider, so
+    /// that the fabric strings do not import it).
+    pub fn options(&self) -> VerbsOptions {
+        VerbsOptions {
+            device: self.device().to_string(),
+            port: self.port(),
+            gid_index: self.gid_index(),
+        }
+    }
+}
+
 /// An opened verbs device (one port): the verbs provider's device context.
 /// Cheap to clone; the context is closed when the last clone and the last
 /// object made from it are dropped.
