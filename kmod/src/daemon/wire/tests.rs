@@ -1,6 +1,7 @@
 //! Round trips and cuts of every control message.
 
 use super::*;
+use krcore_nic::Gid;
 
 fn body(frame: &[u8]) -> &[u8] {
     assert_eq!(
