@@ -12,7 +12,10 @@
 //! (`SeqCst`), a multi-word READ or WRITE is not atomic as a whole, CAS and
 //! FAA are real atomic operations. [`LocalTransport::set_interleave`] yields
 //! the thread between ops, which makes multi-word reads and writes of
-//! concurrent clients interleave far more often (a stress knob).
+//! concurrent clients interleave far more often (a stress knob);
+//! [`LocalTransport::set_in_flight`] lets doorbells be posted ahead of their
+//! completion ([`Transport::post_into`]), a posted batch executing only when
+//! it is completed.
 //!
 //! Fault injection: [`LocalCluster::set_node_down`] makes every op to a node
 //! (and every allocation on it) fail with [`TransportError::NodeDown`] until
@@ -43,7 +46,7 @@ use crate::layout::table::{
     SUPERBLOCK_OFFSET, SUPERBLOCK_SIZE,
 };
 use crate::layout::MAX_GLOBAL_DEPTH;
-use crate::remote::{OpResult, RemoteOp, Transport, TransportError};
+use crate::remote::{Completions, OpResult, RemoteOp, Ticket, Transport, TransportError};
 
 /// Alignment of every block the node allocator hands out.
 pub const BLOCK_ALIGN: u64 = 64;
@@ -485,6 +488,8 @@ impl LocalCluster {
         LocalTransport {
             nodes: Arc::clone(&self.nodes),
             interleave: false,
+            in_flight: 1,
+            posted: 0,
         }
     }
 
@@ -519,6 +524,11 @@ impl LocalCluster {
 pub struct LocalTransport {
     nodes: Arc<[MemoryNode]>,
     interleave: bool,
+    /// [`Transport::max_in_flight`]: 1 (the default) executes a posted
+    /// batch at once.
+    in_flight: usize,
+    /// Tickets handed out.
+    posted: u64,
 }
 
 impl LocalTransport {
@@ -526,6 +536,14 @@ impl LocalTransport {
     /// concurrent clients interleave inside multi-op doorbells).
     pub fn set_interleave(&mut self, on: bool) {
         self.interleave = on;
+    }
+
+    /// Lets `n` posted doorbells be in flight (at least 1): a batch given
+    /// to [`Transport::post_into`] then executes only when it is completed
+    /// (later doorbells may execute before it, as a network may deliver
+    /// them), the harshest order a caller that overlaps doorbells may see.
+    pub fn set_in_flight(&mut self, n: usize) {
+        self.in_flight = n.max(1);
     }
 
     fn node(&self, id: u8) -> Result<&MemoryNode, TransportError> {
@@ -563,6 +581,35 @@ impl Transport for LocalTransport {
             out.push(self.execute_one(op)?);
         }
         Ok(out)
+    }
+
+    fn post_into(
+        &mut self,
+        batch: &[RemoteOp<'_>],
+        out: &mut Completions,
+    ) -> Result<Ticket, TransportError> {
+        if self.in_flight == 1 {
+            return self.execute_into(batch, out).map(|()| Ticket::DONE);
+        }
+        out.clear();
+        self.posted += 1;
+        Ok(Ticket(self.posted))
+    }
+
+    fn complete_into(
+        &mut self,
+        ticket: Ticket,
+        batch: &[RemoteOp<'_>],
+        out: &mut Completions,
+    ) -> Result<(), TransportError> {
+        if ticket == Ticket::DONE {
+            return Ok(());
+        }
+        self.execute_into(batch, out)
+    }
+
+    fn max_in_flight(&self) -> usize {
+        self.in_flight
     }
 
     fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {

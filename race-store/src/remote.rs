@@ -27,6 +27,20 @@
 //! node) may have executed: the caller must treat the state of every op of
 //! the batch as unknown (for a CAS: maybe done).
 //!
+//! ## Doorbells in flight
+//! [`Transport::post_into`] posts a batch as `execute_into` does and may
+//! return before it completes, with a [`Ticket`] that
+//! [`Transport::complete_into`] (given the same batch and result buffer)
+//! waits for. Up to [`Transport::max_in_flight`] posted doorbells may be
+//! outstanding; meanwhile the caller may execute others. A doorbell in
+//! flight is concurrent with every later one, to any node: the caller only
+//! overlaps operations on different keys (their order does not matter, as
+//! between two clients). The default completes at once (`max_in_flight`
+//! 1); [`crate::rdma::VqpTransport`] keeps two in flight, and
+//! [`crate::memory::LocalTransport`] executes a posted batch when it is
+//! completed (the harshest order a caller may see). A failed `complete_into`
+//! is as a failed `execute`.
+//!
 //! ## Memory-node allocation
 //! [`Transport::alloc_block`] is the memory node's coarse allocator, reached
 //! over a two-sided message (the node's CPU serves it). Clients carve their
@@ -432,6 +446,18 @@ pub enum TransportError {
     },
 }
 
+/// A doorbell posted by [`Transport::post_into`], to give back to
+/// [`Transport::complete_into`] (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "a posted doorbell must be completed"]
+pub struct Ticket(pub u64);
+
+impl Ticket {
+    /// A doorbell that completed before `post_into` returned (its results
+    /// are already in the buffer).
+    pub const DONE: Ticket = Ticket(0);
+}
+
 /// A one-sided transport to a set of memory nodes (see the module docs for
 /// the round-trip, ordering and failure contract).
 pub trait Transport {
@@ -461,6 +487,43 @@ pub trait Transport {
         Ok(())
     }
 
+    /// Posts `batch` as [`Transport::execute_into`] does, and may return
+    /// before it has completed: `complete_into` with the ticket, the same
+    /// batch and the same `out` then waits for it and fills `out`. The
+    /// default executes it at once and returns [`Ticket::DONE`].
+    ///
+    /// # Errors
+    /// As `execute_into` (then no ticket is outstanding).
+    fn post_into(
+        &mut self,
+        batch: &[RemoteOp<'_>],
+        out: &mut Completions,
+    ) -> Result<Ticket, TransportError> {
+        self.execute_into(batch, out).map(|()| Ticket::DONE)
+    }
+
+    /// Waits for a doorbell of [`Transport::post_into`] (`batch` and `out`
+    /// as given to it); [`Ticket::DONE`] returns at once.
+    ///
+    /// # Errors
+    /// As `execute_into`; `out` is then unspecified.
+    fn complete_into(
+        &mut self,
+        ticket: Ticket,
+        batch: &[RemoteOp<'_>],
+        out: &mut Completions,
+    ) -> Result<(), TransportError> {
+        let _ = (ticket, batch, out);
+        Ok(())
+    }
+
+    /// How many posted doorbells can be in flight at once (1: `post_into`
+    /// completes before it returns). A caller that overlaps doorbells
+    /// checks this first.
+    fn max_in_flight(&self) -> usize {
+        1
+    }
+
     /// Asks memory node `node` for a block of `size` bytes (64-byte aligned),
     /// over a two-sided message.
     ///
@@ -483,6 +546,24 @@ impl<T: Transport + ?Sized> Transport for &mut T {
     ) -> Result<(), TransportError> {
         (**self).execute_into(batch, out)
     }
+    fn post_into(
+        &mut self,
+        batch: &[RemoteOp<'_>],
+        out: &mut Completions,
+    ) -> Result<Ticket, TransportError> {
+        (**self).post_into(batch, out)
+    }
+    fn complete_into(
+        &mut self,
+        ticket: Ticket,
+        batch: &[RemoteOp<'_>],
+        out: &mut Completions,
+    ) -> Result<(), TransportError> {
+        (**self).complete_into(ticket, batch, out)
+    }
+    fn max_in_flight(&self) -> usize {
+        (**self).max_in_flight()
+    }
     fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {
         (**self).alloc_block(node, size)
     }
@@ -501,6 +582,24 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
         out: &mut Completions,
     ) -> Result<(), TransportError> {
         (**self).execute_into(batch, out)
+    }
+    fn post_into(
+        &mut self,
+        batch: &[RemoteOp<'_>],
+        out: &mut Completions,
+    ) -> Result<Ticket, TransportError> {
+        (**self).post_into(batch, out)
+    }
+    fn complete_into(
+        &mut self,
+        ticket: Ticket,
+        batch: &[RemoteOp<'_>],
+        out: &mut Completions,
+    ) -> Result<(), TransportError> {
+        (**self).complete_into(ticket, batch, out)
+    }
+    fn max_in_flight(&self) -> usize {
+        (**self).max_in_flight()
     }
     fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {
         (**self).alloc_block(node, size)
@@ -658,6 +757,34 @@ impl<T: Transport> Transport for FaultInjector<T> {
     ) -> Result<(), TransportError> {
         self.doorbell(batch)?;
         self.inner.execute_into(batch, out)
+    }
+
+    fn post_into(
+        &mut self,
+        batch: &[RemoteOp<'_>],
+        out: &mut Completions,
+    ) -> Result<Ticket, TransportError> {
+        self.doorbell(batch)?;
+        self.inner.post_into(batch, out)
+    }
+
+    /// A client that died after posting never learns its doorbells'
+    /// outcome: [`TransportError::Disconnected`].
+    fn complete_into(
+        &mut self,
+        ticket: Ticket,
+        batch: &[RemoteOp<'_>],
+        out: &mut Completions,
+    ) -> Result<(), TransportError> {
+        let r = self.inner.complete_into(ticket, batch, out);
+        if self.dead {
+            return Err(TransportError::Disconnected);
+        }
+        r
+    }
+
+    fn max_in_flight(&self) -> usize {
+        self.inner.max_in_flight()
     }
 
     fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {

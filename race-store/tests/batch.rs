@@ -291,6 +291,9 @@ fn batches_exact_against_reference_with_splits() {
             thread::spawn(move || {
                 let mut transport = cluster.transport();
                 transport.set_interleave(t % 2 == 0);
+                // Two doorbells in flight, each executed only when
+                // completed: large waves run as two overlapping groups.
+                transport.set_in_flight(1 + (t as usize % 2));
                 let mut c = Client::open(transport, system_clock(), system_config()).unwrap();
                 let mut rng = SmallRng::seed_from_u64(0xBA7C_0000 + t);
                 let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
@@ -352,11 +355,12 @@ fn batches_exact_against_reference_with_splits() {
         })
         .collect();
     let mut all = HashMap::new();
-    let (mut splits, mut retries) = (0, 0);
+    let (mut splits, mut retries, mut overlapped) = (0, 0, 0);
     for h in handles {
         let (model, stats) = h.join().unwrap();
         splits += stats.splits;
         retries += stats.retries;
+        overlapped += stats.overlapped_waves;
         all.extend(model);
     }
     let mut checker = open(&cluster, system_clock(), system_config());
@@ -367,10 +371,11 @@ fn batches_exact_against_reference_with_splits() {
     expect.sort();
     assert_eq!(check.pairs, expect);
     eprintln!(
-        "batches: {} keys, {splits} splits, {retries} retries",
+        "batches: {} keys, {splits} splits, {retries} retries, {overlapped} overlapped waves",
         expect.len()
     );
     assert!(splits >= 10, "splits ran during the batches: {splits}");
+    assert!(overlapped > 0, "no wave ran as two overlapping groups");
 }
 
 /// A batch of gets, updates, deletes, a put and an insert whose client dies
@@ -401,78 +406,91 @@ fn a_client_dying_at_every_doorbell_of_a_batch() {
         ops.push(Op::Update(&keys[0], &vals[16]));
         ops
     }
-    let cluster = tiny_cluster(2, 4, 4 << 20, 6);
-    let mut probe = Client::open(
-        FaultInjector::new(cluster.transport(), None),
-        clock.clone(),
-        manual_config(),
-    )
-    .unwrap();
-    fill(&mut probe);
-    let before = probe.transport().doorbells();
-    let r = probe.batch(&ops(&keys, &batch_values));
-    assert!(r.iter().all(Result::is_ok), "{r:?}");
-    let total = probe.transport().doorbells() - before;
-    // Buckets (with the insert's block), blocks, CASes (with the insert's
-    // re-read): the second update of key 0 combines into the first.
-    assert!(total >= 3, "{total} doorbells");
-    for k in 1..=total {
-        for prefix in [0, 1, usize::MAX] {
-            let label = format!("die at doorbell {k}/{total}, prefix {prefix}");
-            let cluster = tiny_cluster(2, 4, 4 << 20, 6);
-            let mut c = Client::open(
-                FaultInjector::new(cluster.transport(), None),
-                clock.clone(),
-                manual_config(),
-            )
-            .unwrap();
-            fill(&mut c);
-            c.transport_mut().set_plan(Some(CrashPlan {
-                at_doorbell: k,
-                executed_prefix: prefix,
-            }));
-            let batch = ops(&keys, &batch_values);
-            let replies = c.batch(&batch);
-            for (op, r) in batch.iter().zip(&replies) {
-                let ok = match r {
-                    Ok(_) => true,
-                    Err(Error::Transport(TransportError::Disconnected)) => true,
-                    Err(Error::OutcomeUnknown {
-                        op: name,
-                        source: TransportError::Disconnected,
-                    }) => *name == op.name() && !matches!(op, Op::Get(_)),
-                    Err(_) => false,
-                };
-                assert!(ok, "{label}: {op:?} -> {r:?}");
+    // One doorbell in flight, then two: the first wave (16 operations)
+    // runs as two overlapping groups, and the client dies at every
+    // doorbell of either.
+    let in_flight = |cluster: &LocalCluster, n: usize| {
+        let mut t = cluster.transport();
+        t.set_in_flight(n);
+        t
+    };
+    for n in [1, 2] {
+        let cluster = tiny_cluster(2, 4, 4 << 20, 6);
+        let mut probe = Client::open(
+            FaultInjector::new(in_flight(&cluster, n), None),
+            clock.clone(),
+            manual_config(),
+        )
+        .unwrap();
+        fill(&mut probe);
+        let before = probe.transport().doorbells();
+        let r = probe.batch(&ops(&keys, &batch_values));
+        assert!(r.iter().all(Result::is_ok), "{r:?}");
+        let total = probe.transport().doorbells() - before;
+        assert_eq!(probe.stats().overlapped_waves, u64::from(n == 2));
+        // Buckets (with the insert's block), blocks, CASes (with the insert's
+        // re-read): the second update of key 0 combines into the first.
+        assert!(total >= 3, "{total} doorbells");
+        for k in 1..=total {
+            for prefix in [0, 1, usize::MAX] {
+                let label = format!("die at doorbell {k}/{total}, prefix {prefix}");
+                let cluster = tiny_cluster(2, 4, 4 << 20, 6);
+                let mut c = Client::open(
+                    FaultInjector::new(in_flight(&cluster, n), None),
+                    clock.clone(),
+                    manual_config(),
+                )
+                .unwrap();
+                fill(&mut c);
+                c.transport_mut().set_plan(Some(CrashPlan {
+                    at_doorbell: k,
+                    executed_prefix: prefix,
+                }));
+                let batch = ops(&keys, &batch_values);
+                let replies = c.batch(&batch);
+                for (op, r) in batch.iter().zip(&replies) {
+                    let ok = match r {
+                        Ok(_) => true,
+                        Err(Error::Transport(TransportError::Disconnected)) => true,
+                        Err(Error::OutcomeUnknown {
+                            op: name,
+                            source: TransportError::Disconnected,
+                        }) => *name == op.name() && !matches!(op, Op::Get(_)),
+                        Err(_) => false,
+                    };
+                    assert!(ok, "{label}: {op:?} -> {r:?}");
+                }
+                drop(c);
+                clock.advance(2 * manual_config().lease_ticks);
+                let mut s = open(&cluster, clock.clone(), manual_config());
+                for i in 0..20u64 {
+                    let got = s.get(&key(i)).unwrap();
+                    let old = Some(value(i, 0, 24));
+                    let ok = match i {
+                        0 => {
+                            got == old
+                                || got == Some(value(0, 9, 24))
+                                || got == Some(value(16, 9, 24))
+                        }
+                        1..=5 | 14 => got == old || got == Some(value(i, 9, 24)),
+                        6..=9 => got.is_none() || got == old,
+                        _ => got == old,
+                    };
+                    assert!(ok, "{label}: key {i} = {got:?}");
+                }
+                let k25 = s.get(&key(25)).unwrap();
+                assert!(
+                    k25.is_none() || k25 == Some(value(15, 9, 24)),
+                    "{label}: {k25:?}"
+                );
+                s.put(&key(0), b"after").unwrap();
+                s.put(&key(25), b"after").unwrap();
+                let check = s.check_table().unwrap();
+                assert!(
+                    check.problems.is_empty() && check.duplicates == 0,
+                    "{label}: {check:?}"
+                );
             }
-            drop(c);
-            clock.advance(2 * manual_config().lease_ticks);
-            let mut s = open(&cluster, clock.clone(), manual_config());
-            for i in 0..20u64 {
-                let got = s.get(&key(i)).unwrap();
-                let old = Some(value(i, 0, 24));
-                let ok = match i {
-                    0 => {
-                        got == old || got == Some(value(0, 9, 24)) || got == Some(value(16, 9, 24))
-                    }
-                    1..=5 | 14 => got == old || got == Some(value(i, 9, 24)),
-                    6..=9 => got.is_none() || got == old,
-                    _ => got == old,
-                };
-                assert!(ok, "{label}: key {i} = {got:?}");
-            }
-            let k25 = s.get(&key(25)).unwrap();
-            assert!(
-                k25.is_none() || k25 == Some(value(15, 9, 24)),
-                "{label}: {k25:?}"
-            );
-            s.put(&key(0), b"after").unwrap();
-            s.put(&key(25), b"after").unwrap();
-            let check = s.check_table().unwrap();
-            assert!(
-                check.problems.is_empty() && check.duplicates == 0,
-                "{label}: {check:?}"
-            );
         }
     }
 }

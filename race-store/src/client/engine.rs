@@ -16,7 +16,7 @@ use crate::layout::slot::{RemotePtr, Slot, FP_SHIFT, SLOT_FROZEN};
 use crate::layout::subtable::{SubtableGeometry, Suffix};
 use crate::layout::table::DIR_PTR;
 use crate::layout::{low_mask, read_u64};
-use crate::remote::{Completions, OpResult, RemoteOp, Transport, TransportError};
+use crate::remote::{Completions, OpResult, RemoteOp, Ticket, Transport, TransportError};
 
 use super::Client;
 
@@ -537,6 +537,32 @@ impl<T: Transport> Client<T> {
         self.stats.transport.record(batch);
         self.note_atomics(batch);
         self.transport.execute_into(batch, out)?;
+        if out.len() != batch.len() {
+            return Err(bad_response("result count differs from the batch"));
+        }
+        Ok(())
+    }
+
+    /// Posts one doorbell that may stay in flight
+    /// ([`Transport::post_into`]); [`Client::complete_into`] waits for it.
+    pub(crate) fn post_into(
+        &mut self,
+        batch: &[RemoteOp<'_>],
+        out: &mut Completions,
+    ) -> Result<Ticket, Error> {
+        self.stats.transport.record(batch);
+        self.note_atomics(batch);
+        Ok(self.transport.post_into(batch, out)?)
+    }
+
+    /// Waits for a doorbell of [`Client::post_into`].
+    pub(crate) fn complete_into(
+        &mut self,
+        ticket: Ticket,
+        batch: &[RemoteOp<'_>],
+        out: &mut Completions,
+    ) -> Result<(), Error> {
+        self.transport.complete_into(ticket, batch, out)?;
         if out.len() != batch.len() {
             return Err(bad_response("result count differs from the batch"));
         }

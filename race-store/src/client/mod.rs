@@ -162,6 +162,9 @@ pub struct ClientStats {
     pub bad_blocks: u64,
     /// Duplicate copies of a key this client removed.
     pub dups_removed: u64,
+    /// Waves of batched operations that ran as two groups with their
+    /// doorbells overlapped (see [`Client::batch`]).
+    pub overlapped_waves: u64,
     /// KV block memory.
     pub kv_memory: KvMemoryStats,
 }

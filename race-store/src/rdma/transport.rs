@@ -29,7 +29,7 @@
 
 use super::proto::{AllocReply, AllocRequest, NodeInfo, ALLOC_REPLY_LEN};
 use crate::layout::slot::RemotePtr;
-use crate::remote::{Cause, Completions, OpResult, RemoteOp, Transport, TransportError};
+use crate::remote::{Cause, Completions, OpResult, RemoteOp, Ticket, Transport, TransportError};
 use krcore::messaging::Endpoint;
 use krcore::{Access, MemoryRegion, Node, RemoteGrant, Vqp, VqpError};
 use krcore_nic::{
@@ -56,6 +56,29 @@ pub const ALLOC_BUSY_WAIT: Duration = Duration::from_secs(3);
 /// Bits of a wr_id that tag the batch (`batch << 24 | index`): the batch
 /// counter wraps below the SDK's reserved request bit.
 const BATCH_MASK: u64 = (1 << 39) - 1;
+/// Doorbells [`Transport::post_into`] keeps in flight.
+const IN_FLIGHT: usize = 2;
+/// A slot's scratch buffer at first (it grows, while free, for a larger
+/// batch).
+const SLOT_SCRATCH: usize = 64 << 10;
+
+/// A doorbell of [`Transport::post_into`] in flight, with a scratch buffer
+/// of its own (its READs land there while other doorbells run).
+struct Slot<N: Nic> {
+    mr: MemoryRegion<N>,
+    sge: Sge,
+    /// The doorbell's batch tag; 0: the slot is free.
+    tag: u64,
+    /// Each op's offset in `mr`, and the bytes they take.
+    offs: Vec<usize>,
+    need: usize,
+    /// Per node, the index of its last (signaled) WR, until it completes.
+    last: Vec<Option<usize>>,
+    /// Nodes whose last WR has not completed.
+    waiting: usize,
+    /// The first error completion: node, op index, status.
+    failure: Option<(u8, usize, WcStatus)>,
+}
 
 struct Remote<N: Nic> {
     info: NodeInfo,
@@ -90,6 +113,8 @@ pub struct VqpTransport<N: Nic> {
     last: Vec<Option<usize>>,
     /// Results for [`Transport::execute`] (which converts them).
     results: Completions,
+    /// Doorbells posted by `post_into` (made on first use).
+    slots: Vec<Slot<N>>,
 }
 
 impl<N: Nic> std::fmt::Debug for VqpTransport<N> {
@@ -168,6 +193,7 @@ impl<N: Nic> VqpTransport<N> {
             batch: 0,
             wcs: vec![Wc::default(); 16],
             results: Completions::new(),
+            slots: Vec::new(),
         })
     }
 
@@ -224,10 +250,7 @@ impl<N: Nic> VqpTransport<N> {
                 reason: "batch of 2^24 operations or more",
             });
         }
-        self.batch = (self.batch + 1) & BATCH_MASK;
-        for w in &mut self.wrs {
-            w.clear();
-        }
+        self.next_tag();
         let mut last = std::mem::take(&mut self.last);
         last.clear();
         last.resize(self.remotes.len(), None);
@@ -235,6 +258,115 @@ impl<N: Nic> VqpTransport<N> {
         self.offs = offs;
         self.last = last;
         res
+    }
+
+    /// A new batch tag in `self.batch` (never 0: a free slot's tag).
+    fn next_tag(&mut self) {
+        self.batch = (self.batch + 1) & BATCH_MASK;
+        if self.batch == 0 {
+            self.batch = 1;
+        }
+    }
+
+    /// `batch` laid out in a slot's scratch: each op's offset, and the
+    /// bytes they take.
+    fn layout(&self, batch: &[RemoteOp<'_>], offs: &mut Vec<usize>) -> usize {
+        offs.clear();
+        let mut need = 0usize;
+        for op in batch {
+            offs.push(need);
+            need += match op {
+                RemoteOp::Read { len, .. } => *len as usize,
+                RemoteOp::Write { bytes, .. } if bytes.len() > self.max_inline => bytes.len(),
+                RemoteOp::Write { .. } => 0,
+                RemoteOp::Cas { .. } | RemoteOp::Faa { .. } => 8,
+            }
+            .next_multiple_of(8);
+        }
+        need
+    }
+
+    /// A free slot whose scratch holds `need` bytes (made or grown here:
+    /// a free slot has nothing in flight), or `None` when every slot is in
+    /// flight.
+    fn free_slot(&mut self, need: usize) -> Result<Option<usize>, TransportError> {
+        let k = match self.slots.iter().position(|s| s.tag == 0) {
+            Some(k) => k,
+            None if self.slots.len() < IN_FLIGHT => {
+                let mr = self
+                    .node
+                    .alloc(
+                        SLOT_SCRATCH.max(need).next_power_of_two(),
+                        Access::LOCAL_WRITE,
+                    )
+                    .map_err(setup("scratch memory"))?;
+                self.slots.push(Slot {
+                    sge: sge_of(&mr)?,
+                    mr,
+                    tag: 0,
+                    offs: Vec::new(),
+                    need: 0,
+                    last: Vec::new(),
+                    waiting: 0,
+                    failure: None,
+                });
+                self.slots.len() - 1
+            }
+            None => return Ok(None),
+        };
+        if let Some(s) = self.slots.get_mut(k) {
+            if need > s.mr.len() {
+                s.mr = self
+                    .node
+                    .alloc(need.next_power_of_two(), Access::LOCAL_WRITE)
+                    .map_err(setup("scratch memory"))?;
+                s.sge = sge_of(&s.mr)?;
+            }
+        }
+        Ok(Some(k))
+    }
+
+    /// Polls the nodes slot `k` waits on until its last WRs have completed
+    /// (completions of the other slot are recorded in it), or the batch
+    /// timeout.
+    fn wait_slot(&mut self, k: usize, wcs: &mut [Wc]) -> Result<(), TransportError> {
+        let mut start: Option<Instant> = None;
+        loop {
+            let Some(s) = self.slots.get(k) else {
+                return Ok(());
+            };
+            if s.waiting == 0 {
+                return Ok(());
+            }
+            let pending = |slots: &[Slot<N>], n: usize| {
+                slots
+                    .get(k)
+                    .and_then(|s| s.last.get(n).copied().flatten())
+                    .is_some()
+            };
+            for n in 0..self.remotes.len() {
+                if !pending(&self.slots, n) {
+                    continue;
+                }
+                let Some(r) = self.remotes.get(n) else {
+                    continue;
+                };
+                let got = r.vqp.poll(wcs).map_err(|e| vqp_error(n as u8, e))?;
+                for wc in wcs.iter().take(got) {
+                    absorb(&mut self.slots, n, wc);
+                }
+            }
+            let still = self.slots.get(k).map_or(0, |s| s.waiting);
+            if still > 0 && start.get_or_insert_with(Instant::now).elapsed() > BATCH_TIMEOUT {
+                let node = (0..self.remotes.len())
+                    .find(|&n| pending(&self.slots, n))
+                    .unwrap_or(0);
+                return Err(TransportError::Timeout {
+                    node: node as u8,
+                    after: BATCH_TIMEOUT,
+                });
+            }
+        }
     }
 
     fn post_and_wait(
@@ -245,15 +377,90 @@ impl<N: Nic> VqpTransport<N> {
         need: usize,
         out: &mut Completions,
     ) -> Result<(), TransportError> {
-        let tag = self.batch << 24;
         // Every op's local bytes lie in `0..need`, and `need` fits the
         // scratch buffer (`grow_scratch`): each SGE below is in range.
-        let scratch = self.scratch_sge;
-        if need > scratch.length as usize {
+        if need > self.scratch_sge.length as usize {
             return Err(TransportError::BadResponse {
                 reason: "batch larger than the scratch buffer",
             });
         }
+        self.post_wrs(batch, offs, last, self.batch, None)?;
+        // Wait for every node's last WR; an error completion fails the batch.
+        // The clock is read only once a poll came back short (on the sim a
+        // doorbell has usually completed by the time post_send returns).
+        let mut start: Option<Instant> = None;
+        let mut failure = None;
+        let wcs = &mut self.wcs;
+        for (n, (l, remote)) in last.iter().zip(&self.remotes).enumerate() {
+            let Some(last_i) = *l else { continue };
+            let mut done = false;
+            // Only a node's last WR is signaled: without errors its one
+            // completion is all there is, and a poll asking for one entry
+            // returns once it has it (the VQP skips draining the rest of
+            // the shared CQ, left for the next poll). Later polls (errors
+            // complete every WR; stale completions of an abandoned batch)
+            // take as many as fit.
+            let mut want = 1;
+            while !done {
+                let all = wcs.len();
+                let got = wcs.get_mut(..want.min(all)).unwrap_or_default();
+                want = all;
+                let k = remote.vqp.poll(got).map_err(|e| vqp_error(n as u8, e))?;
+                for wc in wcs.iter().take(k) {
+                    if wc.wr_id >> 24 != self.batch {
+                        // A doorbell of `post_into` in flight (or a
+                        // completion of an abandoned batch, dropped).
+                        absorb(&mut self.slots, n, wc);
+                        continue;
+                    }
+                    let i = (wc.wr_id & ((1 << 24) - 1)) as usize;
+                    if wc.status != WcStatus::Success && failure.is_none() {
+                        failure = failure_of(batch, n as u8, i, wc.status);
+                    }
+                    // Every WR completes (success, error or flush), the
+                    // last one last: wait for it even after an error so no
+                    // completion of this batch is left for the next.
+                    if i == last_i {
+                        done = true;
+                    }
+                }
+                if !done && start.get_or_insert_with(Instant::now).elapsed() > BATCH_TIMEOUT {
+                    return Err(TransportError::Timeout {
+                        node: n as u8,
+                        after: BATCH_TIMEOUT,
+                    });
+                }
+            }
+        }
+        if let Some(f) = failure {
+            return Err(f);
+        }
+        land(&self.scratch, batch, offs, need, out)
+    }
+
+    /// Builds `batch`'s WRs (tagged `tag`; local bytes in the sync scratch
+    /// buffer, or in slot `slot`'s) and posts them, one doorbell per memory
+    /// node with its last WR signaled; `last` gets each node's last op.
+    fn post_wrs(
+        &mut self,
+        batch: &[RemoteOp<'_>],
+        offs: &[usize],
+        last: &mut [Option<usize>],
+        tag: u64,
+        slot: Option<usize>,
+    ) -> Result<(), TransportError> {
+        let tag = tag << 24;
+        let (scratch, mr) = match slot {
+            None => (self.scratch_sge, &self.scratch),
+            Some(k) => match self.slots.get(k) {
+                Some(s) => (s.sge, &s.mr),
+                None => {
+                    return Err(TransportError::BadResponse {
+                        reason: "no such doorbell slot",
+                    })
+                }
+            },
+        };
         let max_inline = self.max_inline;
         let local = |off: usize, len: u32| {
             SgList::one(Sge {
@@ -262,6 +469,9 @@ impl<N: Nic> VqpTransport<N> {
                 lkey: scratch.lkey,
             })
         };
+        for w in &mut self.wrs {
+            w.clear();
+        }
         for (i, (op, &off)) in batch.iter().zip(offs).enumerate() {
             let ptr = op.ptr();
             let n = usize::from(ptr.node());
@@ -287,9 +497,7 @@ impl<N: Nic> VqpTransport<N> {
                     let payload = match inline {
                         Some(d) => Payload::Inline(d),
                         None => {
-                            self.scratch
-                                .write(off, bytes)
-                                .map_err(setup("scratch copy"))?;
+                            mr.write(off, bytes).map_err(setup("scratch copy"))?;
                             Payload::Local(local(off, bytes.len() as u32))
                         }
                     };
@@ -338,87 +546,82 @@ impl<N: Nic> VqpTransport<N> {
                 posted.map_err(|e| vqp_error(n as u8, e))?;
             }
         }
-        // Wait for every node's last WR; an error completion fails the batch.
-        // The clock is read only once a poll came back short (on the sim a
-        // doorbell has usually completed by the time post_send returns).
-        let mut start: Option<Instant> = None;
-        let mut failure = None;
-        let wcs = &mut self.wcs;
-        for (n, (l, remote)) in last.iter().zip(&self.remotes).enumerate() {
-            let Some(last_i) = *l else { continue };
-            let mut done = false;
-            // Only a node's last WR is signaled: without errors its one
-            // completion is all there is, and a poll asking for one entry
-            // returns once it has it (the VQP skips draining the rest of
-            // the shared CQ, left for the next poll). Later polls (errors
-            // complete every WR; stale completions of an abandoned batch)
-            // take as many as fit.
-            let mut want = 1;
-            while !done {
-                let all = wcs.len();
-                let got = wcs.get_mut(..want.min(all)).unwrap_or_default();
-                want = all;
-                let k = remote.vqp.poll(got).map_err(|e| vqp_error(n as u8, e))?;
-                for wc in wcs.iter().take(k) {
-                    if wc.wr_id >> 24 != self.batch {
-                        continue; // a completion of an abandoned batch
-                    }
-                    let i = (wc.wr_id & ((1 << 24) - 1)) as usize;
-                    if wc.status != WcStatus::Success && failure.is_none() {
-                        let Some(op) = batch.get(i).or(batch.last()) else {
-                            continue;
-                        };
-                        let len = match op {
-                            RemoteOp::Read { len, .. } => u64::from(*len),
-                            RemoteOp::Write { bytes, .. } => bytes.len() as u64,
-                            _ => 8,
-                        };
-                        failure = Some(status_error(n as u8, op.ptr(), len, wc.status));
-                    }
-                    // Every WR completes (success, error or flush), the
-                    // last one last: wait for it even after an error so no
-                    // completion of this batch is left for the next.
-                    if i == last_i {
-                        done = true;
-                    }
-                }
-                if !done && start.get_or_insert_with(Instant::now).elapsed() > BATCH_TIMEOUT {
-                    return Err(TransportError::Timeout {
-                        node: n as u8,
-                        after: BATCH_TIMEOUT,
-                    });
-                }
-            }
-        }
-        if let Some(f) = failure {
-            return Err(f);
-        }
-        // The landing area in one copy (READ bytes and atomic results; the
-        // few bytes of non-inline WRITE sources ride along), then each
-        // result names its part of it.
-        let (base, landing) = out.reserve(need);
-        if need > 0 {
-            self.scratch
-                .read(0, landing)
-                .map_err(setup("scratch read"))?;
-        }
-        let bad = || TransportError::BadResponse {
-            reason: "result outside the landing area",
-        };
-        for (op, &off) in batch.iter().zip(offs) {
-            match op {
-                RemoteOp::Read { len, .. } => {
-                    if !out.push_read_at(base + off, *len as usize) {
-                        return Err(bad());
-                    }
-                }
-                RemoteOp::Write { .. } => out.push_written(),
-                RemoteOp::Cas { .. } => out.push_cas(out.word_at(base + off).ok_or_else(bad)?),
-                RemoteOp::Faa { .. } => out.push_faa(out.word_at(base + off).ok_or_else(bad)?),
-            }
-        }
         Ok(())
     }
+}
+
+fn slot_mut<N: Nic>(slots: &mut [Slot<N>], k: usize) -> Result<&mut Slot<N>, TransportError> {
+    slots.get_mut(k).ok_or(TransportError::BadResponse {
+        reason: "no such doorbell slot",
+    })
+}
+
+/// Records a completion of a doorbell in flight in its slot (one of an
+/// abandoned batch is dropped).
+fn absorb<N: Nic>(slots: &mut [Slot<N>], node: usize, wc: &Wc) {
+    let tag = wc.wr_id >> 24;
+    let Some(s) = slots.iter_mut().find(|s| s.tag != 0 && s.tag == tag) else {
+        return;
+    };
+    let i = (wc.wr_id & ((1 << 24) - 1)) as usize;
+    if wc.status != WcStatus::Success && s.failure.is_none() {
+        s.failure = Some((node as u8, i, wc.status));
+    }
+    if let Some(l) = s.last.get_mut(node) {
+        if *l == Some(i) {
+            *l = None;
+            s.waiting = s.waiting.saturating_sub(1);
+        }
+    }
+}
+
+/// The error of op `i` of `batch` that completed with `status` on `node`.
+fn failure_of(
+    batch: &[RemoteOp<'_>],
+    node: u8,
+    i: usize,
+    status: WcStatus,
+) -> Option<TransportError> {
+    let op = batch.get(i).or(batch.last())?;
+    let len = match op {
+        RemoteOp::Read { len, .. } => u64::from(*len),
+        RemoteOp::Write { bytes, .. } => bytes.len() as u64,
+        _ => 8,
+    };
+    Some(status_error(node, op.ptr(), len, status))
+}
+
+/// The results of a completed doorbell into `out`: the landing area in one
+/// copy out of `mr` (READ bytes and atomic results; the few bytes of
+/// non-inline WRITE sources ride along), then each result names its part
+/// of it.
+fn land<N: Nic>(
+    mr: &MemoryRegion<N>,
+    batch: &[RemoteOp<'_>],
+    offs: &[usize],
+    need: usize,
+    out: &mut Completions,
+) -> Result<(), TransportError> {
+    let (base, landing) = out.reserve(need);
+    if need > 0 {
+        mr.read(0, landing).map_err(setup("scratch read"))?;
+    }
+    let bad = || TransportError::BadResponse {
+        reason: "result outside the landing area",
+    };
+    for (op, &off) in batch.iter().zip(offs) {
+        match op {
+            RemoteOp::Read { len, .. } => {
+                if !out.push_read_at(base + off, *len as usize) {
+                    return Err(bad());
+                }
+            }
+            RemoteOp::Write { .. } => out.push_written(),
+            RemoteOp::Cas { .. } => out.push_cas(out.word_at(base + off).ok_or_else(bad)?),
+            RemoteOp::Faa { .. } => out.push_faa(out.word_at(base + off).ok_or_else(bad)?),
+        }
+    }
+    Ok(())
 }
 
 fn vqp_error(node: u8, e: krcore::Error) -> TransportError {
@@ -492,6 +695,95 @@ impl<N: Nic> Transport for VqpTransport<N> {
         }
         self.per_node = per_node;
         result
+    }
+
+    /// Up to two doorbells in flight, each with its own scratch buffer. A
+    /// batch that needs more than one doorbell per node (32 ops),
+    /// or finds both slots in flight, executes at once (`Ticket::DONE`).
+    fn post_into(
+        &mut self,
+        batch: &[RemoteOp<'_>],
+        out: &mut Completions,
+    ) -> Result<Ticket, TransportError> {
+        out.clear();
+        let mut per_node = std::mem::take(&mut self.per_node);
+        per_node.clear();
+        per_node.resize(self.remotes.len(), 0);
+        for op in batch {
+            if let Some(c) = per_node.get_mut(usize::from(op.node())) {
+                *c += 1;
+            }
+        }
+        let one_doorbell = per_node.iter().all(|&c| c <= CHUNK);
+        self.per_node = per_node;
+        if batch.is_empty() || !one_doorbell {
+            return self.execute_into(batch, out).map(|()| Ticket::DONE);
+        }
+        let mut offs = std::mem::take(&mut self.offs);
+        let need = self.layout(batch, &mut offs);
+        let k = match self.free_slot(need.max(8)) {
+            Ok(Some(k)) => k,
+            other => {
+                self.offs = offs;
+                other?;
+                return self.execute_into(batch, out).map(|()| Ticket::DONE);
+            }
+        };
+        self.next_tag();
+        let tag = self.batch;
+        let mut last = std::mem::take(&mut slot_mut(&mut self.slots, k)?.last);
+        last.clear();
+        last.resize(self.remotes.len(), None);
+        let posted = self.post_wrs(batch, &offs, &mut last, tag, Some(k));
+        let s = slot_mut(&mut self.slots, k)?;
+        // The slot keeps this layout; its previous one is the spare.
+        std::mem::swap(&mut s.offs, &mut offs);
+        s.waiting = last.iter().filter(|l| l.is_some()).count();
+        s.last = last;
+        s.need = need;
+        s.failure = None;
+        self.offs = offs;
+        // A failed post leaves the slot free: completions of what it did
+        // post are dropped as an abandoned batch's.
+        posted?;
+        slot_mut(&mut self.slots, k)?.tag = tag;
+        Ok(Ticket(tag))
+    }
+
+    fn complete_into(
+        &mut self,
+        ticket: Ticket,
+        batch: &[RemoteOp<'_>],
+        out: &mut Completions,
+    ) -> Result<(), TransportError> {
+        if ticket == Ticket::DONE {
+            return Ok(());
+        }
+        let Some(k) = self.slots.iter().position(|s| s.tag == ticket.0) else {
+            return Err(TransportError::BadResponse {
+                reason: "no doorbell in flight with this ticket",
+            });
+        };
+        let mut wcs = std::mem::take(&mut self.wcs);
+        let waited = self.wait_slot(k, &mut wcs);
+        self.wcs = wcs;
+        let s = slot_mut(&mut self.slots, k)?;
+        s.tag = 0;
+        waited?;
+        if let Some((node, i, status)) = s.failure.take() {
+            return Err(failure_of(batch, node, i, status)
+                .unwrap_or(TransportError::Failed { node, status }));
+        }
+        if s.offs.len() != batch.len() {
+            return Err(TransportError::BadResponse {
+                reason: "completed with another batch than posted",
+            });
+        }
+        land(&s.mr, batch, &s.offs, s.need, out)
+    }
+
+    fn max_in_flight(&self) -> usize {
+        IN_FLIGHT
     }
 
     fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {

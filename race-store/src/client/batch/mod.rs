@@ -8,8 +8,13 @@
 //! WRITEs with their CASes); a batch of inserts 2 when no other key's
 //! fingerprint matches (the new blocks' WRITEs with the buckets, then the
 //! CASes on empty slots with the buckets' re-reads), puts of absent keys
-//! 2 or 3 likewise (their blocks written with the CASes). That is the single operations' protocol
-//! ([`super::protocol`]) with the rounds of several keys sharing doorbells:
+//! 2 or 3 likewise (their blocks written with the CASes). That is the
+//! single operations' protocol ([`super::protocol`]) with the rounds of
+//! several keys sharing doorbells. On a transport that keeps two doorbells
+//! in flight ([`Transport::max_in_flight`]), a wave of [`PIPELINE_MIN`] or
+//! more operations runs as two groups whose round trips overlap (see
+//! [`Client::run_wave`]): twice the doorbells, each round trip hidden
+//! behind the other group's work.
 //!
 //! * Each operation is linearizable on its own: it reads, checks and CASes
 //!   exactly as the single operation does, with the same deadline (one
@@ -43,7 +48,7 @@ use crate::hash::KeyHash;
 use crate::layout::kv;
 use crate::layout::slot::{RemotePtr, Slot};
 use crate::layout::subtable::SubtableGeometry;
-use crate::remote::{Completions, RemoteOp, Transport};
+use crate::remote::{Completions, RemoteOp, Ticket, Transport};
 
 use super::engine::{
     bad_response, BucketsView, InlineList, OpCtx, SlotPos, SlotRef, SlotRefs, ViewState, NO_OP,
@@ -103,6 +108,30 @@ impl<'a> Op<'a> {
 /// ...).
 pub type Reply = Result<Option<Vec<u8>>, Error>;
 
+/// Operations a wave needs before it runs as two overlapping groups (see
+/// [`Client::run_wave`]): each group's doorbell then still carries 4 keys
+/// or more.
+pub const PIPELINE_MIN: usize = 8;
+
+/// The rounds of a wave.
+#[derive(Clone, Copy, Debug)]
+enum Round {
+    /// The combined buckets of every key (and an insert's block WRITE).
+    Buckets,
+    /// The KV blocks whose fingerprint matches.
+    Blocks,
+    /// The new blocks' WRITEs and the CASes.
+    Cas,
+}
+
+/// A round's doorbell, posted: its ops (borrowing the group's flights),
+/// its ticket or why it was not posted, and when its CASes were sent.
+struct Posted<'b> {
+    ops: Vec<RemoteOp<'b>>,
+    sent: Result<Ticket, Error>,
+    at: u64,
+}
+
 /// Where an operation of the current wave stands.
 #[derive(Debug)]
 enum Fate {
@@ -161,6 +190,9 @@ pub(super) struct Scratch {
     kept: Vec<usize>,
     flights: Vec<Flight<'static>>,
     ops: Vec<RemoteOp<'static>>,
+    /// The second group's doorbell and results (see [`Client::run_wave`]).
+    ops_b: Vec<RemoteOp<'static>>,
+    res_b: Completions,
     /// Value buffers of the replies a caller handed back to
     /// [`Client::batch_into`], for the next gets to fill.
     values: Vec<Vec<u8>>,
@@ -290,7 +322,14 @@ impl<T: Transport> Client<T> {
                     cas_at: 0,
                 });
             }
-            self.run_wave(&mut flights, out, &mut scratch.ops, &mut scratch.values);
+            self.run_wave(
+                &mut flights,
+                out,
+                &mut scratch.ops,
+                &mut scratch.ops_b,
+                &mut scratch.res_b,
+                &mut scratch.values,
+            );
         }
         scratch.flights = recycle(flights);
         // A combined write answers as the write that carried its key on.
@@ -315,27 +354,82 @@ impl<T: Transport> Client<T> {
         }
     }
 
-    /// One wave: the batched rounds, then the single operations.
+    /// One wave: the batched rounds, then the single operations. When the
+    /// transport keeps two doorbells in flight and the wave has at least
+    /// [`PIPELINE_MIN`] operations, they run as two groups whose rounds
+    /// overlap, staggered: both groups post their first round; then each
+    /// in turn waits for its doorbell, acts on it and posts its next round
+    /// before the other group is waited for, so one group's doorbell is
+    /// always in flight while the other's results are worked on (the keys
+    /// of a wave are distinct: the groups' operations have no order between
+    /// them, as between two clients).
     fn run_wave(
         &mut self,
         flights: &mut [Flight<'_>],
         out: &mut [Reply],
-        ops: &mut Vec<RemoteOp<'static>>,
+        scratch_ops: &mut Vec<RemoteOp<'static>>,
+        spare_b: &mut Vec<RemoteOp<'static>>,
+        res_b: &mut Completions,
         values: &mut Vec<Vec<u8>>,
     ) {
-        let mut res = std::mem::take(&mut self.results);
+        let mut res_a = std::mem::take(&mut self.results);
         let start = self.now();
-        *ops = self.round_buckets(flights, out, &mut res, recycle(std::mem::take(ops)));
-        *ops = self.round_blocks(
-            flights,
-            out,
-            &mut res,
-            start,
-            recycle(std::mem::take(ops)),
-            values,
-        );
-        *ops = self.round_cas(flights, out, &mut res, start, recycle(std::mem::take(ops)));
-        self.results = res;
+        let mid = if flights.len() >= PIPELINE_MIN && self.transport.max_in_flight() >= 2 {
+            flights.len() / 2
+        } else {
+            flights.len()
+        };
+        let (fa, fb) = flights.split_at_mut(mid);
+        if !fb.is_empty() {
+            self.stats.overlapped_waves += 1;
+        }
+        let spare_a = recycle(std::mem::take(scratch_ops));
+        let spare_bb = recycle(std::mem::take(spare_b));
+        // Staggered: a group posts its next round as soon as it finished
+        // one, before waiting for the other group's doorbell. (Unrolled:
+        // each posted doorbell borrows its group's flights until it is
+        // completed.)
+        let pa = self.round_post(Round::Buckets, fa, out, &mut res_a, spare_a, start);
+        let pb = if fb.is_empty() {
+            None
+        } else {
+            Some(self.round_post(Round::Buckets, fb, out, res_b, spare_bb, start))
+        };
+        let (sa, done) = self.round_complete(pa, &mut res_a);
+        self.round_finish(Round::Buckets, fa, out, &mut res_a, done, start, values);
+        let pa = self.round_post(Round::Blocks, fa, out, &mut res_a, recycle(sa), start);
+        let pb = match pb {
+            Some(pb) => {
+                let (sb, done) = self.round_complete(pb, res_b);
+                self.round_finish(Round::Buckets, fb, out, res_b, done, start, values);
+                Some(self.round_post(Round::Blocks, fb, out, res_b, recycle(sb), start))
+            }
+            None => None,
+        };
+        let (sa, done) = self.round_complete(pa, &mut res_a);
+        self.round_finish(Round::Blocks, fa, out, &mut res_a, done, start, values);
+        let pa = self.round_post(Round::Cas, fa, out, &mut res_a, recycle(sa), start);
+        let pb = match pb {
+            Some(pb) => {
+                let (sb, done) = self.round_complete(pb, res_b);
+                self.round_finish(Round::Blocks, fb, out, res_b, done, start, values);
+                Some(self.round_post(Round::Cas, fb, out, res_b, recycle(sb), start))
+            }
+            None => None,
+        };
+        let (spare_a, done) = self.round_complete(pa, &mut res_a);
+        self.round_finish(Round::Cas, fa, out, &mut res_a, done, start, values);
+        let spare_bb = match pb {
+            Some(pb) => {
+                let (sb, done) = self.round_complete(pb, res_b);
+                self.round_finish(Round::Cas, fb, out, res_b, done, start, values);
+                sb
+            }
+            None => Vec::new(),
+        };
+        *scratch_ops = spare_a;
+        *spare_b = spare_bb;
+        self.results = res_a;
         for f in flights.iter_mut() {
             let Fate::Single { retry } = f.fate else {
                 continue;
@@ -351,19 +445,88 @@ impl<T: Transport> Client<T> {
         }
     }
 
-    /// Round 1: the combined buckets of every key in one doorbell; keeps
-    /// the fingerprint matches of the operations whose view allows them to
-    /// go on.
-    /// An insert's new block is written in the same doorbell, before its
-    /// buckets (as the single insert does).
-    /// `spare`: empty storage for the doorbell, handed back emptied.
-    fn round_buckets(
+    /// Builds `round`'s doorbell for the flying operations of `flights` and
+    /// posts it (nothing when none has an op in it).
+    fn round_post<'b>(
         &mut self,
+        round: Round,
+        flights: &'b mut [Flight<'_>],
+        out: &mut [Reply],
+        res: &mut Completions,
+        spare: Vec<RemoteOp<'b>>,
+        start: u64,
+    ) -> Posted<'b> {
+        let built = match round {
+            Round::Buckets => self.buckets_ops(flights, out, spare),
+            Round::Blocks => Ok(blocks_ops(flights, spare)),
+            Round::Cas => self.cas_ops(flights, out, spare, start),
+        };
+        let (ops, at) = match built {
+            Ok(b) => b,
+            Err((ops, e)) => {
+                return Posted {
+                    ops,
+                    sent: Err(e),
+                    at: 0,
+                }
+            }
+        };
+        let sent = if ops.is_empty() {
+            res.clear();
+            Ok(Ticket::DONE)
+        } else {
+            self.post_into(&ops, res)
+        };
+        Posted { ops, sent, at }
+    }
+
+    /// Waits for a posted round's doorbell: its storage back (emptied), and
+    /// whether it completed (with when its CASes were sent).
+    fn round_complete(
+        &mut self,
+        p: Posted<'_>,
+        res: &mut Completions,
+    ) -> (Vec<RemoteOp<'static>>, Result<u64, Error>) {
+        let done = match p.sent {
+            Ok(t) if p.ops.is_empty() => {
+                let _ = t;
+                Ok(p.at)
+            }
+            Ok(t) => self.complete_into(t, &p.ops, res).map(|()| p.at),
+            Err(e) => Err(e),
+        };
+        (recycle(p.ops), done)
+    }
+
+    /// Acts on a round's results for `flights`.
+    #[allow(clippy::too_many_arguments)]
+    fn round_finish(
+        &mut self,
+        round: Round,
         flights: &mut [Flight<'_>],
         out: &mut [Reply],
         res: &mut Completions,
-        spare: Vec<RemoteOp<'static>>,
-    ) -> Vec<RemoteOp<'static>> {
+        done: Result<u64, Error>,
+        start: u64,
+        values: &mut Vec<Vec<u8>>,
+    ) {
+        match round {
+            Round::Buckets => self.buckets_done(flights, out, res, done),
+            Round::Blocks => self.blocks_done(flights, out, res, done, start, values),
+            Round::Cas => self.cas_done(flights, out, res, done, start),
+        }
+    }
+
+    /// Round 1's doorbell: the combined buckets of every key; an insert's
+    /// new block is written in the same doorbell, before its buckets (as
+    /// the single insert does).
+    #[allow(clippy::type_complexity)]
+    fn buckets_ops<'b>(
+        &mut self,
+        flights: &'b mut [Flight<'_>],
+        out: &mut [Reply],
+        spare: Vec<RemoteOp<'b>>,
+    ) -> Result<(Vec<RemoteOp<'b>>, u64), (Vec<RemoteOp<'b>>, Error)> {
         let geometry = self.table.geometry;
         let mut n = 0;
         for f in flights
@@ -385,10 +548,11 @@ impl<T: Transport> Client<T> {
                 Err(e) => answer(f, out, Err(e)),
             }
         }
+        let mut ops = spare;
+        ops.clear();
         if n == 0 {
-            return spare;
+            return Ok((ops, 0));
         }
-        let mut ops: Vec<RemoteOp<'_>> = recycle(spare);
         ops.reserve(n);
         let mut bad = None;
         for f in flights.iter().filter(|f| matches!(f.fate, Fate::Flying)) {
@@ -402,16 +566,27 @@ impl<T: Transport> Client<T> {
                 Err(e) => bad = bad.or(Some(e)),
             }
         }
-        let done = match bad {
-            Some(e) => Err(e),
-            None if ops.len() != n => Err(bad_response("batch round 1 miscounted")),
-            None => self.exec_into(&ops, res),
-        };
-        let spare = recycle(ops);
+        match bad {
+            Some(e) => Err((ops, e)),
+            None if ops.len() != n => Err((ops, bad_response("batch round 1 miscounted"))),
+            None => Ok((ops, 0)),
+        }
+    }
+
+    /// Round 1's results: keeps the fingerprint matches of the operations
+    /// whose view allows them to go on.
+    fn buckets_done(
+        &mut self,
+        flights: &mut [Flight<'_>],
+        out: &mut [Reply],
+        res: &mut Completions,
+        done: Result<u64, Error>,
+    ) {
         if let Err(e) = done {
             self.fail_unpublished(flights, out, &e);
-            return spare;
+            return;
         }
+        let geometry = self.table.geometry;
         for f in flights
             .iter_mut()
             .filter(|f| matches!(f.fate, Fate::Flying) && f.block.is_some())
@@ -465,43 +640,22 @@ impl<T: Transport> Client<T> {
             // subtables. A failure there is theirs to report.
             let _ = self.refresh_directory();
         }
-        spare
     }
 
-    /// Round 2: every KV block with a matching fingerprint in one doorbell;
-    /// answers the gets, and the writes with no copy to act on.
-    /// `ops` as for [`Client::round_buckets`]; `values`: spare buffers
-    /// for the gets' values.
-    fn round_blocks(
+    /// Round 2's results: answers the gets, and the writes with no copy to
+    /// act on. `values`: spare buffers for the gets' values.
+    fn blocks_done(
         &mut self,
         flights: &mut [Flight<'_>],
         out: &mut [Reply],
         res: &mut Completions,
+        done: Result<u64, Error>,
         start: u64,
-        mut ops: Vec<RemoteOp<'static>>,
         values: &mut Vec<Vec<u8>>,
-    ) -> Vec<RemoteOp<'static>> {
-        for f in flights
-            .iter_mut()
-            .filter(|f| matches!(f.fate, Fate::Flying))
-        {
-            f.blocks_at = ops.len();
-            for s in f.slots.iter() {
-                let w = s.word.thawed();
-                if !f.words.contains(&w) {
-                    f.words.push(w);
-                    ops.push(RemoteOp::Read {
-                        ptr: w.ptr(),
-                        len: w.block_len() as u32,
-                    });
-                }
-            }
-        }
-        if !ops.is_empty() {
-            if let Err(e) = self.exec_into(&ops, res) {
-                self.fail_unpublished(flights, out, &e);
-                return ops;
-            }
+    ) {
+        if let Err(e) = done {
+            self.fail_unpublished(flights, out, &e);
+            return;
         }
         let fresh = self.now().saturating_sub(start) <= self.config.max_op_ticks;
         for f in flights
@@ -562,20 +716,19 @@ impl<T: Transport> Client<T> {
                 _ => f.slots = copies,
             }
         }
-        ops
     }
 
-    /// Round 3: the new blocks' WRITEs and the CASes of every write in one
-    /// doorbell (a block on its slot's node, so ordered before its CAS).
-    /// `spare` as `ops` for [`Client::round_buckets`].
-    fn round_cas(
+    /// Round 3's doorbell: the new blocks' WRITEs and the CASes of every
+    /// write (a block on its slot's node, so ordered before its CAS); with
+    /// when the CASes were sent.
+    #[allow(clippy::type_complexity)]
+    fn cas_ops<'b>(
         &mut self,
-        flights: &mut [Flight<'_>],
+        flights: &'b mut [Flight<'_>],
         out: &mut [Reply],
-        res: &mut Completions,
+        spare: Vec<RemoteOp<'b>>,
         start: u64,
-        spare: Vec<RemoteOp<'static>>,
-    ) -> Vec<RemoteOp<'static>> {
+    ) -> Result<(Vec<RemoteOp<'b>>, u64), (Vec<RemoteOp<'b>>, Error)> {
         for f in flights
             .iter_mut()
             .filter(|f| matches!(f.fate, Fate::Flying))
@@ -641,11 +794,12 @@ impl<T: Transport> Client<T> {
             f.cas_at = n;
             n += cas_op_count(f);
         }
+        let mut ops = spare;
+        ops.clear();
         if n == 0 {
-            return spare;
+            return Ok((ops, 0));
         }
         let geometry = self.table.geometry;
-        let mut ops: Vec<RemoteOp<'_>> = recycle(spare);
         ops.reserve(n);
         let mut bad = None;
         for f in flights.iter().filter(|f| matches!(f.fate, Fate::Flying)) {
@@ -654,30 +808,45 @@ impl<T: Transport> Client<T> {
             }
         }
         let cas_start = self.now();
-        let done = match bad {
-            Some(e) => Err(e),
-            None if ops.len() != n => Err(bad_response("batch round 3 miscounted")),
-            None => self.exec_into(&ops, res),
-        };
-        let spare = recycle(ops);
-        if let Err(e) = done {
-            for f in flights
-                .iter_mut()
-                .filter(|f| matches!(f.fate, Fate::Flying))
-            {
-                let e = match &e {
-                    Error::Transport(source) => Error::OutcomeUnknown {
-                        op: f.op.name(),
-                        source: source.clone(),
-                    },
-                    other => other.clone(),
-                };
-                // The block may be published: never recycled.
-                f.block = None;
-                answer(f, out, Err(e));
-            }
-            return spare;
+        match bad {
+            Some(e) => Err((ops, e)),
+            None if ops.len() != n => Err((ops, bad_response("batch round 3 miscounted"))),
+            None => Ok((ops, cas_start)),
         }
+    }
+
+    /// Round 3's results: the CASes won publish, the lost ones go to the
+    /// single operation; a failed doorbell leaves its writes' outcome
+    /// unknown.
+    fn cas_done(
+        &mut self,
+        flights: &mut [Flight<'_>],
+        out: &mut [Reply],
+        res: &mut Completions,
+        done: Result<u64, Error>,
+        start: u64,
+    ) {
+        let cas_start = match done {
+            Ok(at) => at,
+            Err(e) => {
+                for f in flights
+                    .iter_mut()
+                    .filter(|f| matches!(f.fate, Fate::Flying))
+                {
+                    let e = match &e {
+                        Error::Transport(source) => Error::OutcomeUnknown {
+                            op: f.op.name(),
+                            source: source.clone(),
+                        },
+                        other => other.clone(),
+                    };
+                    // The block may be published: never recycled.
+                    f.block = None;
+                    answer(f, out, Err(e));
+                }
+                return;
+            }
+        };
         for f in flights
             .iter_mut()
             .filter(|f| matches!(f.fate, Fate::Flying))
@@ -713,7 +882,6 @@ impl<T: Transport> Client<T> {
                 f.fate = Fate::Single { retry: true };
             }
         }
-        spare
     }
 
     /// Round 3 of an insert (or a put of an absent key) after its CAS on
@@ -814,6 +982,33 @@ impl<T: Transport> Client<T> {
             answer(f, out, Err(e.clone()));
         }
     }
+}
+
+/// Round 2's doorbell: every KV block with a matching fingerprint (each
+/// block once per operation).
+fn blocks_ops<'b>(
+    flights: &mut [Flight<'_>],
+    spare: Vec<RemoteOp<'b>>,
+) -> (Vec<RemoteOp<'b>>, u64) {
+    let mut ops = spare;
+    ops.clear();
+    for f in flights
+        .iter_mut()
+        .filter(|f| matches!(f.fate, Fate::Flying))
+    {
+        f.blocks_at = ops.len();
+        for s in f.slots.iter() {
+            let w = s.word.thawed();
+            if !f.words.contains(&w) {
+                f.words.push(w);
+                ops.push(RemoteOp::Read {
+                    ptr: w.ptr(),
+                    len: w.block_len() as u32,
+                });
+            }
+        }
+    }
+    (ops, 0)
 }
 
 /// The bucket READs of a key: 1 if its two combined buckets coincide.
