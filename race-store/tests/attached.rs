@@ -1,11 +1,13 @@
 //! The race-store client on a node attached to the node daemon
 //! (`krcore::Node::attach`): its READs, WRITEs and CASes go through the
 //! daemon's VQPs, its block allocations through the daemon's messaging,
-//! with no change to the client; a model check against a `HashMap` with
+//! with no change to the client; a model check against a `HashMap` (single
+//! operations, then batches with two doorbells in flight) with
 //! splits under load, and no QP created for the attached client.
 
 use krcore::{EngineConfig, Node};
 use krcore_kmod::daemon::{Daemon, DaemonConfig};
+use race_store::client::Op;
 use race_store::clock::{Clock, SystemClock};
 use race_store::layout::subtable::SubtableGeometry;
 use race_store::memory::TableConfig;
@@ -82,6 +84,41 @@ fn an_attached_client_inserts_updates_and_deletes_with_splits() {
             ),
         }
     }
+    // Batches of 16 through the daemon: two doorbells in flight on its
+    // rings, every reply as the reference's.
+    for b in 0..60u64 {
+        let items: Vec<(u64, Vec<u8>, Vec<u8>)> = (0..16)
+            .map(|j| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let key = format!("k{}", x % 400).into_bytes();
+                (x % 3, key, format!("b{b}-{j}").into_bytes())
+            })
+            .collect();
+        let ops: Vec<Op<'_>> = items
+            .iter()
+            .map(|(p, k, v)| match p {
+                0 => Op::Get(k),
+                1 => Op::Put(k, v),
+                _ => Op::Delete(k),
+            })
+            .collect();
+        for (op, reply) in ops.iter().zip(cl.batch(&ops)) {
+            let k = op.key().to_vec();
+            let want = match *op {
+                Op::Get(_) => Ok(reference.get(&k).cloned()),
+                Op::Put(_, v) => {
+                    reference.insert(k, v.to_vec());
+                    Ok(None)
+                }
+                _ if reference.remove(&k).is_some() => Ok(None),
+                _ => Err(Error::NotFound),
+            };
+            assert_eq!(reply, want, "batch {b}: {op:?}");
+        }
+    }
+    assert!(cl.stats().overlapped_waves > 0, "{:?}", cl.stats());
     for (k, v) in &reference {
         assert_eq!(cl.get(k).unwrap().as_ref(), Some(v));
     }
