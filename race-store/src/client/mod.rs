@@ -34,6 +34,7 @@ mod engine;
 pub mod protocol;
 mod split;
 mod verify;
+mod view;
 mod write;
 
 use std::sync::Arc;
