@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The import structure of a crate's source tree: fails on an import circle.
 
-    ci/imports.py kmod/src [--max-upward N] [--exempt DIR]
+    ci/imports.py kmod/src [--max-upward N]
 
 Nodes are the crate's files, a file's submodules folded into it (so
 `engine/physqp/post.rs` counts as `engine/physqp`). An edge is every
@@ -12,9 +12,7 @@ node. The check fails (exit
 that run from a file up to a module that contains it (its parent's
 `mod.rs`, or the crate root), and fails when there are more than
 `--max-upward` of them (default: no limit). A circle's edges are listed,
-each with the first path that makes it. `--exempt DIR` (repeatable): a
-circle whose files all lie under DIR (relative to the root) is listed
-but does not fail (a known circle, named where the check is run). Relative paths to a file's own
+each with the first path that makes it. Relative paths to a file's own
 children (`use child::Item` in a `mod.rs`) are the module tree itself, not
 imports, and are not counted.
 """
@@ -90,7 +88,6 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("root")
     ap.add_argument("--max-upward", type=int, default=None)
-    ap.add_argument("--exempt", action="append", default=[])
     args = ap.parse_args()
     files = modules(args.root)
     path_re = re.compile(
@@ -149,16 +146,14 @@ def main():
         print(f"  {a} -> {b}: {n}")
     ok = True
     for c in circles:
-        exempt = any(all(m == e or m.startswith(e + "/") for m in c) for e in args.exempt)
-        print(("exempt import circle: " if exempt else "import circle: ") + " -> ".join(c))
+        print("import circle: " + " -> ".join(c))
         members = {tuple(m.split("/")) for m in c}
         for a in sorted(members):
             for b in sorted(edges.get(a, ())):
                 if b in members:
                     path, text = why[(a, b)]
                     print(f"  {'/'.join(a)} -> {'/'.join(b)} (e.g. {path}: {text})")
-        if not exempt:
-            ok = False
+        ok = False
     if args.max_upward is not None and n_up > args.max_upward:
         print(f"more than {args.max_upward} upward imports")
         ok = False

@@ -61,9 +61,9 @@
 use super::device::DeviceInner;
 use super::error::VerbsError;
 use super::ffi::{self, sys};
-use super::qp::SendShared;
 use super::qptable::QpTable;
 use super::recv::{RecvTable, RECV_TAG};
+use super::send::{SendShared, SendState};
 use crate::error::{NicError, Result};
 use crate::provider::CompletionQueue;
 use crate::types::{Wc, WcOpcode, WcStatus};
@@ -294,6 +294,21 @@ fn translate_recv(t: &Translate<'_>, w: &sys::ibv_wc, wc: &mut Wc) -> bool {
         src_qp: w.src_qp,
     };
     true
+}
+
+/// RESET of a QP on this CQ (here, where the poll lock is, so that the
+/// send side does not name the CQ).
+impl SendShared {
+    /// RESET: every outstanding WR is discarded without a completion. Frees
+    /// every slot and drops the ring, so that completions of the discarded
+    /// work still in the CQ are dropped. Called with the send lock held
+    /// (`st`) and `poll`, the send CQ's poll lock, held.
+    pub(crate) fn discard(&self, st: &SendState, _poll: &mut CqPoll) {
+        if st.posted > self.sq_done.load(Ordering::Relaxed) {
+            self.sq_done.store(st.posted, Ordering::Release);
+        }
+        self.ring.clear();
+    }
 }
 
 /// Owner of an `ibv_cq`.

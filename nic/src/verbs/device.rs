@@ -28,7 +28,6 @@
 
 use super::error::VerbsError;
 use super::ffi::{self, sys};
-use super::qp::SendShared;
 use super::recv::RecvTable;
 use super::select;
 use crate::counters::Counters;
@@ -74,11 +73,11 @@ pub(crate) struct DeviceInner {
     pub rd_atomic: u8,
     pub counters: DeviceCounters,
     /// Live QPs' data-path counters, and those of destroyed QPs.
-    pub qps: Mutex<Vec<Weak<SendShared>>>,
+    pub qps: Mutex<Vec<Weak<dyn QpCounters>>>,
     pub retired: Mutex<Counters>,
     pub recv: RecvTable,
     pub cq_flags: CqFlags,
-    pub dc: Option<super::dc::DcSupport>,
+    pub dc: Option<super::mlx5::DcSupport>,
     next_id: AtomicU64,
     /// Held by the one thread draining the async events; a second drainer
     /// skips (`try_lock`). Lock order: a CQ's poll lock is never held
@@ -176,7 +175,7 @@ impl DeviceInner {
                 }
             });
         };
-        let mlx5 = super::dc::is_mlx5(dev);
+        let mlx5 = super::mlx5::is_mlx5(dev);
         // SAFETY: `dev` is an entry of the live list.
         let ctx = unsafe { sys::ibv_open_device(dev) };
         drop(list);
@@ -190,7 +189,11 @@ impl DeviceInner {
             Some(i) => (i, ctx.gid(port_num, i, port.gid_tbl_len)?),
             None => ctx.default_gid(name, port_num, &port)?,
         };
-        let dc = if mlx5 { super::dc::probe(ctx.0) } else { None };
+        let dc = if mlx5 {
+            super::mlx5::probe(ctx.0)
+        } else {
+            None
+        };
         let phys = physical_memory();
         let caps = DeviceCaps {
             dc: dc.is_some(),
@@ -458,4 +461,11 @@ fn drain_async_events(ctx: *mut sys::ibv_context, flags: &CqFlags) -> usize {
         // SAFETY: acknowledging the event we just got, once.
         unsafe { sys::ibv_ack_async_event(ev.as_mut_ptr().cast()) };
     }
+}
+
+/// A QP as its device sees it when it sums its counters. (A trait, so
+/// that the device does not name the QPs that hold it.)
+pub(crate) trait QpCounters: Send + Sync {
+    /// Adds the QP's data-path counters to `into`.
+    fn add_counters(&self, into: &mut Counters);
 }

@@ -77,6 +77,17 @@
 //! - Everything else the conformance suite checks holds unchanged,
 //!   including CQ overflow (rxe raises `IBV_EVENT_CQ_ERR`).
 //!
+//! ## Files
+//! Bottom to top (none imports one above it; `ci/imports.py` checks that
+//! there is no circle): `ffi`, `error`, `ring`, `recv` (the device's
+//! receive table), `select`, `mlx5` (the mlx5dv binding and the DC probe);
+//! `device` (a context and port); `mr` (PDs, MRs); `post_recv`; `send` (a
+//! QP's send side, shared with its CQ); `qptable`; `cq`; `srq`; `qp_state`
+//! (what a QP holds); `wr`, `dc` (building and posting WRs); `qp` (the
+//! QP's verbs); this file (`VerbsNic`, which makes them). The device's list
+//! of QPs (for their counters) points back up through a small trait
+//! (`device::QpCounters`).
+//!
 //! ## Thread safety
 //! Every handle is `Send + Sync`; posting to one QP is serialized by its send
 //! lock; polling one CQ is serialized by its poll lock, held across
@@ -91,12 +102,16 @@ mod dc;
 mod device;
 mod error;
 mod ffi;
+mod mlx5;
 mod mr;
+mod post_recv;
 mod qp;
+mod qp_state;
 mod qptable;
 mod recv;
 mod ring;
 mod select;
+mod send;
 mod srq;
 mod wr;
 
@@ -263,7 +278,7 @@ impl Nic for VerbsNic {
         let d = &self.inner;
         let mut c = *d.retired.lock();
         for q in d.qps.lock().iter().filter_map(Weak::upgrade) {
-            c.add_data_path(&q.st.lock().c);
+            q.add_counters(&mut c);
         }
         c.qps_created = d.counters.qps_created.load(Relaxed);
         c.qps_destroyed = d.counters.qps_destroyed.load(Relaxed);

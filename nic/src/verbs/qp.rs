@@ -18,182 +18,19 @@
 //! dropped and frees nothing, as the contract's "discarded without
 //! completions" says.
 
-use super::cq::{CqPoll, VerbsCq};
 use super::device::DeviceInner;
+use super::device::QpCounters;
 use super::error::VerbsError;
 use super::ffi::{self, sys};
-use super::mr::{PdInner, VerbsPd};
-use super::ring::SendRing;
-use super::srq::VerbsSrq;
+use super::mr::VerbsPd;
+use super::post_recv::{self, RecvTarget};
+use super::qp_state::QpInner;
 use super::VerbsNic;
-use crate::counters::Counters;
 use crate::error::{NicError, PostError, PostErrorKind, Result};
 use crate::provider::{QpInit, QueuePair};
 use crate::types::*;
-use parking_lot::Mutex;
-use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-
-/// An address handle (UD destinations and DC targets), destroyed on drop.
-pub(crate) struct Ah {
-    pub ah: *mut sys::ibv_ah,
-    _pd: Arc<PdInner>,
-}
-
-impl Drop for Ah {
-    fn drop(&mut self) {
-        // SAFETY: `ah` came from `ibv_create_ah` and is destroyed once; the
-        // QPs that used it have posted their WRs (AHs may be destroyed while
-        // WRs naming them are outstanding only on some providers, so the
-        // cache lives as long as its QP).
-        unsafe { sys::ibv_destroy_ah(self.ah) };
-    }
-}
-
-impl Ah {
-    pub(crate) fn create(pd: &Arc<PdInner>, gid: Gid) -> Option<Ah> {
-        let mut attr = ffi::ah_attr(gid, pd.dev.port, pd.dev.gid_index);
-        // SAFETY: valid PD and a fully initialised attribute struct.
-        let ah = unsafe { sys::ibv_create_ah(pd.pd, &mut attr) };
-        (!ah.is_null()).then(|| Ah {
-            ah,
-            _pd: pd.clone(),
-        })
-    }
-}
-
-/// Send-side state, under the QP's send lock.
-pub(crate) struct SendState {
-    /// WRs posted since creation.
-    pub posted: u64,
-    /// Data-path counters of this QP.
-    pub c: Counters,
-    /// The state this provider last moved the QP to (the device may have
-    /// moved it to ERR since; `state()` asks the device).
-    pub state: QpState,
-    /// Address handles by destination GID (UD, DCI).
-    pub ahs: HashMap<Gid, Ah>,
-    /// Reusable chain buffers (no allocation per post once warm).
-    pub wrs: Vec<sys::ibv_send_wr>,
-    pub sges: Vec<sys::ibv_sge>,
-    /// Last DC target (for `dc_target_switches`).
-    pub last_dc: Option<(Gid, u32)>,
-}
-
-/// What a CQ needs of a QP: the ring and the credit counter.
-pub(crate) struct SendShared {
-    pub max_send_wr: u32,
-    /// One past the last completed (or discarded) sequence. Written only
-    /// under the poll lock of the QP's send CQ (`cq`), read anywhere.
-    pub sq_done: AtomicU64,
-    /// Written only under `st` (one writer), read by pollers lock-free.
-    pub ring: SendRing,
-    pub st: Mutex<SendState>,
-}
-
-// SAFETY: the raw pointers inside (`ibv_send_wr` chain buffers, AHs) are only
-// used under the `st` lock by the thread posting, and AHs are thread-safe
-// handles.
-unsafe impl Send for SendShared {}
-// SAFETY: as above; all interior mutability is behind `st` or atomics.
-unsafe impl Sync for SendShared {}
-
-impl SendShared {
-    /// A send queue of `max_send_wr` (>= 1) WRs whose first sequence is
-    /// `start` (its send CQ's floor, see `CqPoll::register`).
-    pub(crate) fn new(max_send_wr: u32, start: u64) -> SendShared {
-        SendShared {
-            max_send_wr,
-            sq_done: AtomicU64::new(start),
-            ring: SendRing::new(max_send_wr),
-            st: Mutex::new(SendState {
-                posted: start,
-                c: Counters::default(),
-                state: QpState::Reset,
-                ahs: HashMap::new(),
-                wrs: Vec::new(),
-                sges: Vec::new(),
-                last_dc: None,
-            }),
-        }
-    }
-
-    /// Resolves a polled send completion: the caller's `wr_id` and the WR's
-    /// opcode, freeing every slot up to it. `None` for a stale completion.
-    /// Called only under the poll lock of this QP's send CQ, the only
-    /// place `sq_done` is written, so a load and a store suffice (and it
-    /// never moves back).
-    #[inline(always)]
-    pub(crate) fn complete(&self, seq: u64) -> Option<(u64, WcOpcode)> {
-        let r = self.ring.lookup(seq)?;
-        if seq >= self.sq_done.load(Relaxed) {
-            self.sq_done.store(seq + 1, Release);
-        }
-        Some(r)
-    }
-
-    /// RESET: every outstanding WR is discarded without a completion. Frees
-    /// every slot and drops the ring, so that completions of the discarded
-    /// work still in the CQ are dropped. Called with the send lock held
-    /// (`st`) and `poll`, the send CQ's poll lock, held.
-    pub(crate) fn discard(&self, st: &SendState, _poll: &mut CqPoll) {
-        if st.posted > self.sq_done.load(Relaxed) {
-            self.sq_done.store(st.posted, Release);
-        }
-        self.ring.clear();
-    }
-
-    #[inline]
-    pub(crate) fn credits(&self, st: &SendState) -> u32 {
-        let used = st.posted.saturating_sub(self.sq_done.load(Acquire));
-        (self.max_send_wr as u64).saturating_sub(used) as u32
-    }
-}
-
-/// Owner of an `ibv_qp`.
-pub(crate) struct QpInner {
-    pub qp: *mut sys::ibv_qp,
-    pub qpn: u32,
-    pub qp_type: QpType,
-    pub caps: QpCaps,
-    /// Owner id of its receives in the device's receive table.
-    pub owner: u64,
-    pub has_rq: bool,
-    pub shared: Arc<SendShared>,
-    /// Extended QP handles of a DCI (`None` for other types).
-    pub dc: Option<super::dc::DciHandles>,
-    pub send_cq: VerbsCq,
-    pub _recv_cq: VerbsCq,
-    pub _srq: Option<VerbsSrq>,
-    pub pd: Arc<PdInner>,
-}
-
-// SAFETY: the QP handle is only passed to thread-safe libibverbs calls;
-// posting is serialized by `shared.st`.
-unsafe impl Send for QpInner {}
-// SAFETY: as above.
-unsafe impl Sync for QpInner {}
-
-impl Drop for QpInner {
-    fn drop(&mut self) {
-        // Before the QP number can be reused (the device frees it in
-        // `ibv_destroy_qp`): out of the send CQ's table, its sequences
-        // below the CQ's floor.
-        let posted = self.shared.st.lock().posted;
-        self.send_cq.inner.poll.lock().unregister(self.qpn, posted);
-        // SAFETY: `qp` came from `ibv_create_qp`/`mlx5dv_create_qp` and is
-        // destroyed once; its CQs, SRQ and PD outlive it (fields).
-        unsafe { sys::ibv_destroy_qp(self.qp) };
-        let dev = &self.pd.dev;
-        dev.recv.release_owner(self.owner);
-        let mut st = self.shared.st.lock();
-        dev.retired.lock().add_data_path(&st.c);
-        st.c = Counters::default();
-        dev.counters.qps_destroyed.fetch_add(1, Relaxed);
-    }
-}
 
 /// A queue pair of a verbs device.
 #[derive(Clone)]
@@ -260,7 +97,8 @@ impl VerbsQp {
         {
             let mut qps = dev.qps.lock();
             qps.retain(|w| w.strong_count() > 0);
-            qps.push(Arc::downgrade(&shared));
+            let counted: Arc<dyn QpCounters> = shared.clone();
+            qps.push(Arc::downgrade(&counted));
         }
         dev.counters.qps_created.fetch_add(1, Relaxed);
         Ok(VerbsQp {
@@ -446,147 +284,6 @@ impl VerbsQp {
         };
         (rc == 0).then(|| ffi::qp_state(a.qp_state))
     }
-
-    /// Posts receives to an RQ (`srq == None`) or an SRQ.
-    pub(crate) fn post_recv_chain(
-        dev: &DeviceInner,
-        owner: u64,
-        target: RecvTarget,
-        max_sge: u32,
-        wrs: &[RecvWr],
-    ) -> std::result::Result<(), PostError> {
-        const CHUNK: usize = 16;
-        for (c, chunk) in wrs.chunks(CHUNK).enumerate() {
-            let base = c * CHUNK;
-            if let Some(i) = chunk
-                .iter()
-                .position(|w| w.sg.as_slice().len() > max_sge as usize)
-            {
-                post_chunk(dev, owner, &target, &chunk[..i]).map_err(|mut e| {
-                    e.index += base;
-                    e
-                })?;
-                return Err(PostError {
-                    index: base + i,
-                    kind: PostErrorKind::Malformed("more SGEs than max_recv_sge"),
-                });
-            }
-            post_chunk(dev, owner, &target, chunk).map_err(|mut e| {
-                e.index += base;
-                e
-            })?;
-        }
-        Ok(())
-    }
-}
-
-/// Where receives go.
-pub(crate) enum RecvTarget<'a> {
-    Qp(*mut sys::ibv_qp, u32),
-    Srq(&'a VerbsSrq),
-}
-
-fn post_chunk(
-    dev: &DeviceInner,
-    owner: u64,
-    target: &RecvTarget<'_>,
-    wrs: &[RecvWr],
-) -> std::result::Result<(), PostError> {
-    if wrs.is_empty() {
-        return Ok(());
-    }
-    let n = wrs.len();
-    let mut tags = [0u64; 16];
-    let srq_count = match target {
-        RecvTarget::Srq(s) => Some(&s.inner.outstanding),
-        RecvTarget::Qp(..) => None,
-    };
-    dev.recv.insert(
-        owner,
-        wrs.iter().map(|w| w.wr_id),
-        srq_count,
-        &mut tags[..n],
-    );
-    let mut sges = [sys::ibv_sge {
-        addr: 0,
-        length: 0,
-        lkey: 0,
-    }; 16 * MAX_SGE];
-    // SAFETY: `ibv_recv_wr` is plain old data (integers and raw pointers);
-    // all-zero is valid.
-    let mut rws: [sys::ibv_recv_wr; 16] = unsafe { std::mem::zeroed() };
-    let mut k = 0;
-    for w in wrs {
-        for s in w.sg.as_slice() {
-            sges[k] = sys::ibv_sge {
-                addr: s.addr,
-                length: s.length,
-                lkey: s.lkey,
-            };
-            k += 1;
-        }
-    }
-    // Link only through raw pointers from here on, so that no later access
-    // through the arrays invalidates them.
-    let base = rws.as_mut_ptr();
-    let sbase = sges.as_mut_ptr();
-    let mut k = 0;
-    for (i, w) in wrs.iter().enumerate() {
-        let ns = w.sg.as_slice().len();
-        // SAFETY: `i < n <= 16` and `k + ns <= 16 * MAX_SGE`: in bounds of
-        // `rws` and `sges`.
-        unsafe {
-            let r = &mut *base.add(i);
-            r.wr_id = tags[i];
-            r.num_sge = ns as i32;
-            r.sg_list = if ns > 0 {
-                sbase.add(k)
-            } else {
-                std::ptr::null_mut()
-            };
-            r.next = if i + 1 < n {
-                base.add(i + 1)
-            } else {
-                std::ptr::null_mut()
-            };
-        }
-        k += ns;
-    }
-    let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
-    // SAFETY: the chain lives on this stack frame during the call; every
-    // pointer in it is into `rws`/`sges`; the QP/SRQ is live (borrowed).
-    let rc = unsafe {
-        match target {
-            RecvTarget::Qp(qp, _) => sys::ibv_post_recv(*qp, base, &mut bad),
-            RecvTarget::Srq(s) => sys::ibv_post_srq_recv(s.inner.srq, base, &mut bad),
-        }
-    };
-    if rc == 0 {
-        dev.counters.recv_wrs.fetch_add(n as u64, Relaxed);
-        return Ok(());
-    }
-    let index = if bad.is_null() {
-        0
-    } else {
-        (bad as usize - base as usize) / std::mem::size_of::<sys::ibv_recv_wr>()
-    };
-    dev.recv.cancel(&tags[index..n]);
-    dev.counters.recv_wrs.fetch_add(index as u64, Relaxed);
-    let depth = match target {
-        RecvTarget::Qp(_, d) => *d,
-        RecvTarget::Srq(s) => s.inner.max_wr,
-    };
-    Err(PostError {
-        index,
-        kind: recv_error_kind(rc, depth),
-    })
-}
-
-fn recv_error_kind(rc: i32, depth: u32) -> PostErrorKind {
-    match rc.abs() {
-        libc::ENOMEM => PostErrorKind::QueueFull { depth },
-        _ => PostErrorKind::Malformed("the device refused the receive request"),
-    }
 }
 
 impl QueuePair for VerbsQp {
@@ -683,7 +380,7 @@ impl QueuePair for VerbsQp {
                 kind: PostErrorKind::BadState(state),
             });
         }
-        Self::post_recv_chain(
+        post_recv::post_chain(
             &q.pd.dev,
             q.owner,
             RecvTarget::Qp(q.qp, q.caps.max_recv_wr),

@@ -13,7 +13,7 @@
 //! every entry lies between its home slot and the first empty slot after
 //! it (removal shifts later entries back to keep this).
 
-use super::qp::SendShared;
+use super::send::SendShared;
 use std::sync::Arc;
 
 /// Smallest capacity.

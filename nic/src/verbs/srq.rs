@@ -4,7 +4,7 @@ use super::device::DeviceInner;
 use super::error::VerbsError;
 use super::ffi::{self, sys};
 use super::mr::{PdInner, VerbsPd};
-use super::qp::{RecvTarget, VerbsQp};
+use super::post_recv::{self, RecvTarget};
 use crate::error::{NicError, PostError, Result};
 use crate::provider::SharedReceiveQueue;
 use crate::types::RecvWr;
@@ -96,10 +96,10 @@ impl VerbsSrq {
 
 impl SharedReceiveQueue for VerbsSrq {
     fn post_recv(&self, wrs: &[RecvWr]) -> std::result::Result<(), PostError> {
-        VerbsQp::post_recv_chain(
+        post_recv::post_chain(
             &self.inner.pd.dev,
             self.inner.owner,
-            RecvTarget::Srq(self),
+            RecvTarget::Srq(self.inner.srq, &self.inner.outstanding, self.inner.max_wr),
             self.inner.max_sge,
             wrs,
         )

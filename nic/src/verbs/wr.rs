@@ -3,7 +3,8 @@
 //! of several in the QP's reusable buffers.
 
 use super::ffi::sys;
-use super::qp::{Ah, QpInner, SendState};
+use super::qp_state::QpInner;
+use super::send::{Ah, SendState};
 use crate::error::{PostError, PostErrorKind};
 use crate::types::*;
 
