@@ -25,7 +25,7 @@ pub struct RunOptions {
     /// `writer + i`): it tags the values written, so that every write of
     /// the run writes different bytes.
     pub writer: u64,
-    /// Whether the run phase logs its writes ([`PhaseResult::writes`], for
+    /// Whether the run phase logs its writes ([`PhaseResult::writes`](super::PhaseResult::writes), for
     /// [`super::verify`]).
     pub log_writes: bool,
     /// Checked before every operation: once set (a signal, or the first
@@ -65,7 +65,7 @@ impl RunOptions {
 }
 
 /// A barrier hook for [`RunOptions::gate`]; an `Err` aborts the phase with
-/// [`PhaseError::Gate`].
+/// [`PhaseError::Gate`](super::PhaseError::Gate).
 #[derive(Clone)]
 pub struct Gate(pub Arc<dyn Fn() -> Result<(), String> + Send + Sync>);
 

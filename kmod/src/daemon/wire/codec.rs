@@ -144,7 +144,7 @@ pub fn frame_len(prefix: [u8; 4]) -> Result<usize, WireError> {
 }
 
 /// The body length a frame's prefix announces, checked against `max`
-/// ([`MAX_FRAME`] for requests, [`MAX_REPLY_FRAME`] for replies).
+/// ([`MAX_FRAME`] for requests, [`MAX_REPLY_FRAME`](super::MAX_REPLY_FRAME) for replies).
 ///
 /// # Errors
 /// [`WireError::TooLong`].
