@@ -232,19 +232,11 @@ impl<N: Nic> VqpTransport<N> {
     ) -> Result<(), TransportError> {
         // Lay the batch out in scratch.
         let mut offs = std::mem::take(&mut self.offs);
-        offs.clear();
-        let mut need = 0usize;
-        for op in batch {
-            offs.push(need);
-            need += match op {
-                RemoteOp::Read { len, .. } => *len as usize,
-                RemoteOp::Write { bytes, .. } if bytes.len() > self.max_inline => bytes.len(),
-                RemoteOp::Write { .. } => 0,
-                RemoteOp::Cas { .. } | RemoteOp::Faa { .. } => 8,
-            }
-            .next_multiple_of(8);
+        let need = self.layout(batch, &mut offs);
+        if let Err(e) = self.grow_scratch(need.max(8)) {
+            self.offs = offs;
+            return Err(e);
         }
-        self.grow_scratch(need.max(8))?;
         if batch.len() >= 1 << 24 {
             return Err(TransportError::BadResponse {
                 reason: "batch of 2^24 operations or more",
@@ -268,8 +260,8 @@ impl<N: Nic> VqpTransport<N> {
         }
     }
 
-    /// `batch` laid out in a slot's scratch: each op's offset, and the
-    /// bytes they take.
+    /// `batch` laid out in a scratch buffer: each op's offset (8-byte
+    /// aligned), and the bytes they take (inline WRITEs none).
     fn layout(&self, batch: &[RemoteOp<'_>], offs: &mut Vec<usize>) -> usize {
         offs.clear();
         let mut need = 0usize;
