@@ -218,6 +218,65 @@ fn write_read_rounds(n: &Node, v: &AttachedVqp, buf: &AttachedMr, id: u8, rounds
     }
 }
 
+/// Two data threads: processes are placed on the one with the fewest at
+/// attach, and processes on both threads post, complete and sleep-wake
+/// concurrently, each seeing only its own data; a thread that lost its
+/// processes takes the next one.
+#[test]
+fn two_data_threads_serve_the_processes_placed_on_them() {
+    let n = Node::new(DaemonConfig {
+        data_threads: 2,
+        // Short: the threads also sleep and are woken between rounds.
+        idle_spin: Duration::from_micros(50),
+        ..DaemonConfig::default()
+    });
+    let procs: Vec<(Attached, AttachedVqp, AttachedMr)> = (0..3)
+        .map(|_| {
+            let a = n.attach();
+            let v = n.vqp(&a);
+            let buf = local(&a);
+            (a, v, buf)
+        })
+        .collect();
+    let mut placed = n.daemon().clients_per_thread();
+    placed.sort_unstable();
+    assert_eq!(placed, [1, 2], "three processes on two threads");
+    std::thread::scope(|s| {
+        for (id, (_, v, buf)) in procs.iter().enumerate() {
+            let n = &n;
+            s.spawn(move || {
+                for round in 0..4 {
+                    write_read_rounds(n, v, buf, id as u8, 50);
+                    // Idle long enough for the thread to fall asleep.
+                    if round % 2 == 0 {
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                }
+            });
+        }
+    });
+    let st = n.daemon().stats();
+    assert!(st.doorbells >= 3 * 400, "{st:?}");
+    assert_eq!(st.refused_doorbells, 0, "{st:?}");
+    // Two processes go; the next process goes to the thread left with
+    // none (if both were one thread's) or to either (one each).
+    let mut procs = procs;
+    procs.truncate(1);
+    wait_until("the processes detached", || {
+        n.daemon().clients_per_thread().iter().sum::<usize>() == 1
+    });
+    let left = n.daemon().clients_per_thread();
+    let a = n.attach();
+    let after = n.daemon().clients_per_thread();
+    let empty = left.iter().position(|&c| c == 0).unwrap();
+    assert_eq!(after[empty], 1, "placed on the empty thread: {left:?} -> {after:?}");
+    let v = n.vqp(&a);
+    let buf = local(&a);
+    write_read_rounds(&n, &v, &buf, 7, 20);
+    assert_eq!(n.daemon().clients_per_thread(), [1, 1]);
+    drop(procs);
+}
+
 #[test]
 fn an_rc_pair_upgraded_for_one_process_serves_the_next() {
     // The DC -> RC upgrade is node-wide: the daemon's engine builds one

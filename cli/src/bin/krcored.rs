@@ -4,6 +4,7 @@
 //! ```text
 //! krcored --fabric F [--meta HOST:PORT] [--socket PATH] [--pool N]
 //!         [--max-vqps N] [--max-mb M] [--max-ports N] [--max-leases N] [--idle-us U]
+//!         [--data-threads N]
 //!         [--config FILE] [--ready-file PATH]
 //! ```
 //!
@@ -14,8 +15,12 @@
 //! `/tmp/krcored.sock`): their VQPs are the daemon's, their connects hit
 //! its node-wide DCCache, their memory is registered by it and shared with
 //! them (see `krcore_kmod::daemon`). `--max-vqps`, `--max-mb`,
-//! `--max-ports` and `--max-leases` bound what one process may hold; `--idle-us` is how long the data thread spins
-//! without work before it sleeps (a post then costs one eventfd write).
+//! `--max-ports` and `--max-leases` bound what one process may hold;
+//! `--data-threads` is how many threads drain the processes' rings (each
+//! process is served by the one with the fewest when it attaches: one core
+//! per thread while they have work); `--idle-us` is how long a data thread
+//! spins without work before it sleeps (a post then costs one eventfd
+//! write).
 //!
 //! Prints `ready: ...` (and writes it to `--ready-file`) once serving; on
 //! SIGINT/SIGTERM it closes every attached process's connection (their
@@ -63,10 +68,14 @@ struct Args {
     /// Live leases one process may hold (each a key of the NIC) [default: 1024].
     #[arg(long)]
     max_leases: Option<u32>,
-    /// Microseconds the data thread spins without work before it sleeps
+    /// Microseconds a data thread spins without work before it sleeps
     /// [default: 200].
     #[arg(long)]
     idle_us: Option<u64>,
+    /// Data threads draining the processes' rings, each serving the
+    /// processes placed on it (1..=64) [default: 1].
+    #[arg(long)]
+    data_threads: Option<usize>,
     /// TOML file with any of the settings above (flags override it).
     #[arg(long)]
     config: Option<PathBuf>,
@@ -88,6 +97,7 @@ struct FileConfig {
     max_ports: Option<u32>,
     max_leases: Option<u32>,
     idle_us: Option<u64>,
+    data_threads: Option<usize>,
     /// The engine's settings (`[engine]`: see `krcore::EngineConfig`).
     engine: krcore::EngineConfig,
 }
@@ -151,6 +161,18 @@ fn main() -> ExitCode {
     if let Some(us) = args.idle_us.or(file.idle_us) {
         cfg.idle_spin = Duration::from_micros(us);
     }
+    if let Some(n) = args.data_threads.or(file.data_threads) {
+        if !(1..=krcore_kmod::daemon::MAX_DATA_THREADS).contains(&n) {
+            return usage(
+                PROGRAM,
+                format!(
+                    "--data-threads {n}: expected 1..={}",
+                    krcore_kmod::daemon::MAX_DATA_THREADS
+                ),
+            );
+        }
+        cfg.data_threads = n;
+    }
     let shutdown = match Shutdown::install() {
         Ok(s) => s,
         Err(e) => return fail(PROGRAM, &e),
@@ -175,11 +197,12 @@ fn main() -> ExitCode {
         Err(e) => return fail(PROGRAM, &e),
     };
     let line = format!(
-        "krcored socket {} fabric {spec} mode {:?} gid {} dcis {pool} qps {}",
+        "krcored socket {} fabric {spec} mode {:?} gid {} dcis {pool} qps {} data threads {}",
         socket.display(),
         node.mode(),
         node.gid(),
         node.counters().qps_created,
+        daemon.clients_per_thread().len(),
     );
     if let Err(e) = announce_ready(&line, args.ready_file.as_deref()) {
         return fail(PROGRAM, &e);

@@ -3,11 +3,13 @@
 //!
 //! Threads: one accepts connections; one per attached process answers its
 //! control requests (blocking on its socket: a slow or silent process
-//! holds only its own thread); one data thread serves every ring in turn,
-//! busy while any ring has work or WRs in flight, then, after
-//! [`DaemonConfig::idle_spin`] without work, raises the idle flag in every
-//! client page, looks once more, and sleeps on the eventfd (a process
-//! that publishes entries while the flag is up writes it).
+//! holds only its own thread); [`DaemonConfig::data_threads`] data threads
+//! (one by default), each serving the rings of the processes placed on it
+//! (at attach, on the thread with the fewest) in turn, busy while any of
+//! them has work or WRs in flight, then, after
+//! [`DaemonConfig::idle_spin`] without work, raising the idle flag in its
+//! processes' pages, looking once more, and sleeping on its eventfd (a
+//! process that publishes entries while the flag is up writes it).
 //!
 //! Trust boundary: a process names local memory by the lkey and address
 //! the daemon gave it; the data thread checks every SGE against that
@@ -41,6 +43,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// Most data threads a daemon runs ([`DaemonConfig::data_threads`] is
+/// clamped to it).
+pub const MAX_DATA_THREADS: usize = 64;
 
 /// The node daemon: an engine serving attached processes (see the module
 /// docs). Dropping it stops it ([`Daemon::shutdown`]).
@@ -111,15 +117,20 @@ impl<N: Nic> Daemon<N> {
             std::fs::remove_file(path).map_err(io("remove the stale socket"))?;
         }
         let listener = UnixListener::bind(path).map_err(io("bind the socket"))?;
-        let wake = rustix::event::eventfd(
-            0,
-            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
-        )
-        .map_err(|e| io("make the wake-up eventfd for")(e.into()))?;
+        let threads_n = cfg.data_threads.clamp(1, MAX_DATA_THREADS);
+        let mut wakes = Vec::with_capacity(threads_n);
+        for _ in 0..threads_n {
+            let wake = rustix::event::eventfd(
+                0,
+                rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+            )
+            .map_err(|e| io("make the wake-up eventfd for")(e.into()))?;
+            wakes.push(wake);
+        }
         let shared = Arc::new(Shared {
             engine,
             cfg,
-            wake,
+            wakes,
             stop: AtomicBool::new(false),
             clients: RwLock::new(Vec::new()),
             version: AtomicU64::new(0),
@@ -127,13 +138,15 @@ impl<N: Nic> Daemon<N> {
             store_calls: Mutex::new(()),
         });
         let mut threads = Vec::new();
-        let s = shared.clone();
-        threads.push(
-            std::thread::Builder::new()
-                .name("krcored-data".into())
-                .spawn(move || data_loop(&s))
-                .map_err(io("spawn the data thread for"))?,
-        );
+        for t in 0..threads_n {
+            let s = shared.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("krcored-data-{t}"))
+                    .spawn(move || data_loop(&s, t))
+                    .map_err(io("spawn a data thread for"))?,
+            );
+        }
         let accept = listener.try_clone().map_err(io("clone the socket"))?;
         let s = shared.clone();
         threads.push(
@@ -159,6 +172,14 @@ impl<N: Nic> Daemon<N> {
     /// The socket's path.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// How many attached processes each data thread serves, by thread.
+    pub fn clients_per_thread(&self) -> Vec<usize> {
+        let clients = self.shared.clients.read();
+        (0..self.shared.wakes.len())
+            .map(|t| clients.iter().filter(|c| c.thread == t).count())
+            .collect()
     }
 
     /// What the daemon has done so far.
@@ -198,7 +219,9 @@ impl<N: Nic> Daemon<N> {
         // Unblock the accept thread (shutting a listening socket down
         // makes a blocked accept fail) and the data thread.
         let _ = rustix::net::shutdown(&self.listener, rustix::net::Shutdown::Both);
-        wake(&self.shared.wake);
+        for w in &self.shared.wakes {
+            wake(w);
+        }
         for c in self.shared.clients.read().iter() {
             let _ = c.stream.shutdown(std::net::Shutdown::Both);
         }
@@ -299,12 +322,23 @@ fn serve_client<N: Nic>(s: &Arc<Shared<N>>, stream: UnixStream) {
     let Ok(sock2) = stream.try_clone() else {
         return;
     };
+    // The data thread with the fewest processes.
+    let thread = {
+        let clients = s.clients.read();
+        (0..s.wakes.len())
+            .min_by_key(|&t| clients.iter().filter(|c| c.thread == t).count())
+            .unwrap_or(0)
+    };
+    let Some(wake_fd) = s.wakes.get(thread) else {
+        return;
+    };
     let client = Arc::new(Client {
         core: Arc::new(ClientCore {
             page,
             spans: RwLock::new(Vec::new()),
         }),
         pid,
+        thread,
         stream: sock2,
         vqps: RwLock::new(Vec::new()),
         mrs: Mutex::new(Vec::new()),
@@ -322,7 +356,7 @@ fn serve_client<N: Nic>(s: &Arc<Shared<N>>, stream: UnixStream) {
         max_vqps: s.cfg.max_vqps,
         max_mr_bytes: s.cfg.max_mr_bytes,
     };
-    if !send_reply(&stream, &welcome, &[s.wake.as_fd(), page_file.as_fd()]) {
+    if !send_reply(&stream, &welcome, &[wake_fd.as_fd(), page_file.as_fd()]) {
         return;
     }
     s.clients.write().push(client.clone());
@@ -687,7 +721,11 @@ fn own_rkey<N: Nic>(me: &Client<N>, rkey: u32) -> bool {
 const YIELD_AFTER: Duration = Duration::from_micros(20);
 
 /// The data thread (see the module docs).
-fn data_loop<N: Nic>(s: &Arc<Shared<N>>) {
+/// Data thread `t`: serves the rings of the processes placed on it.
+fn data_loop<N: Nic>(s: &Arc<Shared<N>>, t: usize) {
+    let Some(wake_fd) = s.wakes.get(t) else {
+        return;
+    };
     let mut seen = u64::MAX;
     let mut slots: Vec<Arc<VqpSlot<N>>> = Vec::new();
     let mut pages: Vec<Arc<ClientCore>> = Vec::new();
@@ -701,8 +739,9 @@ fn data_loop<N: Nic>(s: &Arc<Shared<N>>) {
         if v != seen {
             seen = v;
             let clients = s.clients.read();
-            slots = clients.iter().flat_map(|c| c.vqps.read().clone()).collect();
-            pages = clients.iter().map(|c| c.core.clone()).collect();
+            let mine = || clients.iter().filter(|c| c.thread == t);
+            slots = mine().flat_map(|c| c.vqps.read().clone()).collect();
+            pages = mine().map(|c| c.core.clone()).collect();
         }
         let mut busy = false;
         for slot in &slots {
@@ -746,7 +785,7 @@ fn data_loop<N: Nic>(s: &Arc<Shared<N>>) {
         if !pending && s.version.load(Ordering::Acquire) == seen {
             s.n.sleeps.fetch_add(1, Ordering::Relaxed);
             let mut fds = [rustix::event::PollFd::new(
-                &s.wake,
+                wake_fd,
                 rustix::event::PollFlags::IN,
             )];
             let timeout = rustix::event::Timespec {
@@ -755,7 +794,7 @@ fn data_loop<N: Nic>(s: &Arc<Shared<N>>) {
             };
             let _ = rustix::event::poll(&mut fds, Some(&timeout));
             let mut buf = [0u8; 8];
-            let _ = rustix::io::read(&s.wake, &mut buf);
+            let _ = rustix::io::read(wake_fd, &mut buf);
         }
         for p in &pages {
             word(&p.page, PAGE_SLEEPING).store(0, Ordering::SeqCst);

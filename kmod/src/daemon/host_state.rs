@@ -33,8 +33,13 @@ pub struct DaemonConfig {
     pub max_ports: u32,
     /// Live leases one process may hold (each is a key of the device).
     pub max_leases: u32,
-    /// How long the data thread spins without work before it sleeps.
+    /// How long a data thread spins without work before it sleeps.
     pub idle_spin: Duration,
+    /// Data threads (at least 1): each serves the rings of the processes
+    /// placed on it (a process goes to the thread with the fewest at
+    /// attach), so the node's doorbells are not all drained by one core.
+    /// Each spins while its processes have work, then sleeps.
+    pub data_threads: usize,
 }
 
 impl Default for DaemonConfig {
@@ -48,6 +53,7 @@ impl Default for DaemonConfig {
             max_ports: 16,
             max_leases: 1024,
             idle_spin: Duration::from_micros(200),
+            data_threads: 1,
         }
     }
 }
@@ -73,7 +79,7 @@ pub struct DaemonStats {
     pub refused_doorbells: u64,
     /// Completions handed to processes.
     pub completions: u64,
-    /// Times the data thread went to sleep.
+    /// Times a data thread went to sleep.
     pub sleeps: u64,
     /// Control requests refused.
     pub refused_requests: u64,
@@ -147,6 +153,8 @@ pub(super) struct MrEntry<N: Nic> {
 pub(super) struct Client<N: Nic> {
     pub(super) core: Arc<ClientCore>,
     pub(super) pid: u32,
+    /// The data thread that serves its rings.
+    pub(super) thread: usize,
     pub(super) stream: UnixStream,
     pub(super) vqps: RwLock<Vec<Arc<VqpSlot<N>>>>,
     pub(super) mrs: Mutex<Vec<(u32, MrEntry<N>)>>,
@@ -166,7 +174,8 @@ pub(super) struct Client<N: Nic> {
 pub(super) struct Shared<N: Nic> {
     pub(super) engine: Engine<N>,
     pub(super) cfg: DaemonConfig,
-    pub(super) wake: OwnedFd,
+    /// One wake-up eventfd per data thread (a process gets its thread's).
+    pub(super) wakes: Vec<OwnedFd>,
     pub(super) stop: AtomicBool,
     pub(super) clients: RwLock<Vec<Arc<Client<N>>>>,
     /// Bumped at every change of the clients or their VQPs (the data

@@ -103,7 +103,7 @@ pub use client::{
 };
 pub use client_msg::{AttachedEndpoint, AttachedPort, Received};
 pub use error::DaemonError;
-pub use host::{Daemon, StartError};
+pub use host::{Daemon, StartError, MAX_DATA_THREADS};
 pub use host_state::{DaemonConfig, DaemonStats};
 pub use ring::PostCode;
 pub use ring::{
