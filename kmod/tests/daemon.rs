@@ -269,7 +269,10 @@ fn two_data_threads_serve_the_processes_placed_on_them() {
     let a = n.attach();
     let after = n.daemon().clients_per_thread();
     let empty = left.iter().position(|&c| c == 0).unwrap();
-    assert_eq!(after[empty], 1, "placed on the empty thread: {left:?} -> {after:?}");
+    assert_eq!(
+        after[empty], 1,
+        "placed on the empty thread: {left:?} -> {after:?}"
+    );
     let v = n.vqp(&a);
     let buf = local(&a);
     write_read_rounds(&n, &v, &buf, 7, 20);

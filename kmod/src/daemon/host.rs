@@ -322,13 +322,12 @@ fn serve_client<N: Nic>(s: &Arc<Shared<N>>, stream: UnixStream) {
     let Ok(sock2) = stream.try_clone() else {
         return;
     };
-    // The data thread with the fewest processes.
-    let thread = {
-        let clients = s.clients.read();
-        (0..s.wakes.len())
-            .min_by_key(|&t| clients.iter().filter(|c| c.thread == t).count())
-            .unwrap_or(0)
-    };
+    // Placed on the data thread with the fewest processes, and listed
+    // under the same lock (concurrent attaches spread evenly).
+    let mut clients = s.clients.write();
+    let thread = (0..s.wakes.len())
+        .min_by_key(|&t| clients.iter().filter(|c| c.thread == t).count())
+        .unwrap_or(0);
     let Some(wake_fd) = s.wakes.get(thread) else {
         return;
     };
@@ -356,11 +355,14 @@ fn serve_client<N: Nic>(s: &Arc<Shared<N>>, stream: UnixStream) {
         max_vqps: s.cfg.max_vqps,
         max_mr_bytes: s.cfg.max_mr_bytes,
     };
+    clients.push(client.clone());
+    drop(clients);
+    s.version.fetch_add(1, Ordering::Release);
     if !send_reply(&stream, &welcome, &[wake_fd.as_fd(), page_file.as_fd()]) {
+        s.clients.write().retain(|c| !Arc::ptr_eq(c, &client));
+        s.version.fetch_add(1, Ordering::Release);
         return;
     }
-    s.clients.write().push(client.clone());
-    s.version.fetch_add(1, Ordering::Release);
     s.n.attached.fetch_add(1, Ordering::Relaxed);
     tracing::info!(pid, "process attached");
     loop {
