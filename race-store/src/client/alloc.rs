@@ -17,6 +17,12 @@
 //!   and only then a new coarse block (preferred node first). Otherwise a
 //!   split that moves keys to another node would strand their old blocks in
 //!   the free list of the first.
+//! * **Unreachable nodes.** A node whose coarse block request failed on the
+//!   transport (down, no answer in time) is not asked again for a while
+//!   ([`KvAllocator::with_backoff`]; the client uses its `lease_ticks`):
+//!   refills go to the other nodes, and when none is left the allocation
+//!   fails at once with the error the node gave, instead of every
+//!   allocation waiting out the node's timeout anew.
 //! * **Reclamation.** A block that was never published (its slot CAS failed)
 //!   goes straight back to its free list ([`KvAllocator::release`]). A block
 //!   that was published and then unlinked by a successful CAS (update,
@@ -101,6 +107,10 @@ pub struct KvAllocator {
     coarse_bytes: u64,
     grace_ticks: u64,
     coarse_block_bytes: u64,
+    /// Per node: until when it is not asked for coarse blocks, and the
+    /// error its last request failed with.
+    unreachable: Vec<Option<(u64, Error)>>,
+    backoff_ticks: u64,
 }
 
 impl KvAllocator {
@@ -118,7 +128,16 @@ impl KvAllocator {
             coarse_bytes: 0,
             grace_ticks,
             coarse_block_bytes: coarse_block_bytes.max(LEN_UNIT as u64),
+            unreachable: vec![None; usize::from(nodes)],
+            backoff_ticks: 0,
         }
+    }
+
+    /// Skips a node for `ticks` after its coarse block request failed on
+    /// the transport (0, the default: asks it every time).
+    pub fn with_backoff(mut self, ticks: u64) -> Self {
+        self.backoff_ticks = ticks;
+        self
     }
 
     /// A block for `block_len` bytes (a multiple of 64), preferably on node
@@ -152,14 +171,29 @@ impl KvAllocator {
         }
         let mut first_err = None;
         for &node in &order {
+            let slot = self.unreachable.get_mut(usize::from(node));
+            if let Some(Some((until, e))) = slot.as_deref() {
+                if now < *until {
+                    first_err.get_or_insert(e.clone());
+                    continue;
+                }
+            }
             match self.refill(transport, stats, node, class) {
                 Ok(()) => {
+                    if let Some(u) = self.unreachable.get_mut(usize::from(node)) {
+                        *u = None;
+                    }
                     if let Some(ptr) = self.carve(node, class)? {
                         return Ok(ptr);
                     }
                 }
                 Err(Error::OutOfMemory { .. }) => {}
                 Err(e) => {
+                    if self.backoff_ticks > 0 && matches!(e, Error::Transport(_)) {
+                        if let Some(u) = self.unreachable.get_mut(usize::from(node)) {
+                            *u = Some((now.saturating_add(self.backoff_ticks), e.clone()));
+                        }
+                    }
                     first_err.get_or_insert(e);
                 }
             }
@@ -298,6 +332,62 @@ mod tests {
         }
         assert_eq!(class_of(1), 0);
         assert_eq!(class_of(255), CLASS_UNITS.len() - 1);
+    }
+
+    /// A node whose block request failed is skipped for the back-off, then
+    /// asked again; with every node skipped an allocation fails at once
+    /// with the node's error (counted: `block_rpcs`, one per request).
+    #[test]
+    fn an_unreachable_node_is_skipped_for_its_back_off() {
+        let cluster = LocalCluster::new(ClusterConfig {
+            nodes: 2,
+            node_bytes: 1 << 20,
+            table: TableConfig {
+                geometry: crate::layout::subtable::SubtableGeometry::new(1).unwrap(),
+                initial_global_depth: 0,
+                max_global_depth: 4,
+            },
+        })
+        .unwrap();
+        let mut t = cluster.transport();
+        let mut st = TransportStats::default();
+        let mut a = KvAllocator::new(2, 10, 1024).with_backoff(100);
+        cluster.set_node_down(1, true);
+        // Each allocation below is of a new class: it needs a refill.
+        let len = |units: usize| units * LEN_UNIT;
+        let p = a.alloc(&mut t, &mut st, 1, len(1), 0).unwrap();
+        assert_eq!(
+            (p.node(), st.block_rpcs),
+            (0, 2),
+            "node 1 asked, then node 0"
+        );
+        let p = a.alloc(&mut t, &mut st, 1, len(2), 50).unwrap();
+        assert_eq!((p.node(), st.block_rpcs), (0, 3), "node 1 skipped");
+        let p = a.alloc(&mut t, &mut st, 1, len(3), 100).unwrap();
+        assert_eq!(
+            (p.node(), st.block_rpcs),
+            (0, 5),
+            "back-off over: asked again"
+        );
+        cluster.set_node_down(0, true);
+        let e = a.alloc(&mut t, &mut st, 1, len(4), 120).unwrap_err();
+        assert_eq!(st.block_rpcs, 6, "node 1 skipped, node 0 asked: {e:?}");
+        let e = a.alloc(&mut t, &mut st, 0, len(5), 130).unwrap_err();
+        assert_eq!(st.block_rpcs, 6, "both skipped: no request");
+        assert!(
+            matches!(e, Error::Transport(TransportError::NodeDown { .. })),
+            "{e:?}"
+        );
+        cluster.set_node_down(0, false);
+        cluster.set_node_down(1, false);
+        let p = a.alloc(&mut t, &mut st, 1, len(6), 300).unwrap();
+        assert_eq!((p.node(), st.block_rpcs), (1, 7), "both back");
+        // Without a back-off every allocation asks the node again.
+        let mut b = KvAllocator::new(2, 10, 1024);
+        cluster.set_node_down(1, true);
+        b.alloc(&mut t, &mut st, 1, len(1), 0).unwrap();
+        b.alloc(&mut t, &mut st, 1, len(2), 0).unwrap();
+        assert_eq!(st.block_rpcs, 11);
     }
 
     #[test]

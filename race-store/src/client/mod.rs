@@ -227,7 +227,8 @@ impl<T: Transport> Client<T> {
                 transport.nodes(),
                 config.grace_ticks,
                 config.coarse_block_bytes,
-            ),
+            )
+            .with_backoff(config.lease_ticks),
             transport,
             clock,
             config,
