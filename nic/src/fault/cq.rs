@@ -162,6 +162,9 @@ impl<N: Nic> CompletionQueue for FaultCq<N> {
     }
 
     fn poll(&self, out: &mut [Wc]) -> Result<usize> {
+        // A resumed node's held WRs execute first (before the CQ's lock:
+        // the inner provider may complete them into this CQ).
+        self.s.ctl.release_held();
         let mut st = self.s.st.lock();
         st.polls += 1;
         self.pull(&mut st)?;

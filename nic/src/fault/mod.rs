@@ -32,6 +32,14 @@
 //! - **Dropped nodes** ([`FaultNic::drop_node`]): every later WR to that
 //!   GID (the DC target's, or an RC QP's connected peer's) fails the same
 //!   way with `RETRY_EXC_ERR`, until [`FaultNic::restore_node`].
+//! - **Stalled nodes** ([`FaultNic::stall_node`]): WRs to that GID are
+//!   held by the wrapper, neither executed nor completed, as while a link
+//!   is down and the NIC retransmits; a QP executes in order, so every
+//!   later WR of a QP holding one is held behind it. After
+//!   [`FaultNic::resume_node`] the held WRs are handed to the inner
+//!   provider, in order, at the next post on their QP or the next poll of
+//!   any CQ of the NIC: a READ then lands in its local buffer *late*, long
+//!   after the poster may have given up on it, as on hardware.
 //! - **QPs forced to ERR** ([`FaultConfig::force_err_ppm`],
 //!   [`FaultQp::force_err`]): before a doorbell the wrapper may move the QP
 //!   to ERR, as a link or remote failure does; the inner provider flushes
@@ -147,6 +155,9 @@ pub struct FaultStats {
     pub dropped_wrs: u64,
     /// QPs forced to ERR.
     pub forced_errs: u64,
+    /// WRs held because their node (or an earlier WR of their QP) was
+    /// stalled.
+    pub stalled_wrs: u64,
     /// Completions held back at least one poll.
     pub delayed: u64,
     /// Completions returned ahead of an earlier-arrived one of another queue.
@@ -160,6 +171,7 @@ struct AtomicStats {
     failed_wrs: AtomicU64,
     dropped_wrs: AtomicU64,
     forced_errs: AtomicU64,
+    stalled_wrs: AtomicU64,
     delayed: AtomicU64,
     reordered: AtomicU64,
     stale: AtomicU64,
@@ -169,6 +181,10 @@ struct AtomicStats {
 struct Ctl<N: Nic> {
     cfg: FaultConfig,
     dropped: Mutex<HashSet<Gid>>,
+    stalled: Mutex<HashSet<Gid>>,
+    /// WRs held by the QPs right now (polls release them only when some
+    /// are).
+    held: AtomicU64,
     /// Objects created so far (each one's stream is seeded from its index).
     created: AtomicU64,
     /// Injected failures and forced ERRs, against `cfg.max_faults`.
@@ -197,8 +213,24 @@ impl<N: Nic> Ctl<N> {
         self.dropped.lock().contains(gid)
     }
 
+    fn is_stalled(&self, gid: &Gid) -> bool {
+        self.stalled.lock().contains(gid)
+    }
+
     fn qp(&self, qpn: u32) -> Option<Arc<qp::QpShared<N>>> {
         self.qps.lock().get(&qpn).and_then(Weak::upgrade)
+    }
+
+    /// Hands every QP's held WRs that may go now to the inner provider
+    /// (see [`FaultNic::resume_node`]).
+    fn release_held(&self) {
+        if self.held.load(Relaxed) == 0 {
+            return;
+        }
+        let qps: Vec<_> = self.qps.lock().values().filter_map(Weak::upgrade).collect();
+        for q in qps {
+            q.release(false);
+        }
     }
 }
 
@@ -235,6 +267,8 @@ impl<N: Nic> FaultNic<N> {
             ctl: Arc::new(Ctl {
                 cfg,
                 dropped: Mutex::new(HashSet::new()),
+                stalled: Mutex::new(HashSet::new()),
+                held: AtomicU64::new(0),
                 created: AtomicU64::new(0),
                 faults: AtomicU64::new(0),
                 stats: AtomicStats::default(),
@@ -263,6 +297,25 @@ impl<N: Nic> FaultNic<N> {
         self.ctl.dropped.lock().remove(&gid);
     }
 
+    /// From now on, WRs to `gid` are held (see the module docs): they
+    /// neither execute nor complete until [`FaultNic::resume_node`].
+    pub fn stall_node(&self, gid: Gid) {
+        self.ctl.stalled.lock().insert(gid);
+    }
+
+    /// Undoes [`FaultNic::stall_node`]: the held WRs go to the inner
+    /// provider at the next post on their QP or poll of a CQ (call
+    /// [`FaultNic::release_held`] to hand them over at once).
+    pub fn resume_node(&self, gid: Gid) {
+        self.ctl.stalled.lock().remove(&gid);
+    }
+
+    /// Hands the held WRs that may go (none of whose node is stalled, nor
+    /// an earlier WR's of their QP) to the inner provider now.
+    pub fn release_held(&self) {
+        self.ctl.release_held();
+    }
+
     /// What was injected so far.
     pub fn stats(&self) -> FaultStats {
         let s = &self.ctl.stats;
@@ -270,6 +323,7 @@ impl<N: Nic> FaultNic<N> {
             failed_wrs: s.failed_wrs.load(Relaxed),
             dropped_wrs: s.dropped_wrs.load(Relaxed),
             forced_errs: s.forced_errs.load(Relaxed),
+            stalled_wrs: s.stalled_wrs.load(Relaxed),
             delayed: s.delayed.load(Relaxed),
             reordered: s.reordered.load(Relaxed),
             stale: s.stale.load(Relaxed),

@@ -30,6 +30,18 @@ struct QpState_ {
     peer: Option<Gid>,
     /// Posted WRs whose slot the user has not had credited yet, in order.
     outstanding: VecDeque<Outstanding>,
+    /// Posted WRs not yet handed to the inner QP (a stalled node's, and
+    /// every later one), in order, as the inner QP is to get them.
+    held: VecDeque<SendWr>,
+}
+
+/// The node `wr` goes to on a QP of type `qp_type` connected to `peer`.
+fn destination(wr: &SendWr, qp_type: QpType, peer: Option<Gid>) -> Option<Gid> {
+    match (&wr.dest, qp_type) {
+        (Destination::Dc(t), _) => Some(t.gid),
+        (Destination::Connected, QpType::Rc) => peer,
+        _ => None,
+    }
 }
 
 pub(super) struct QpShared<N: Nic> {
@@ -41,6 +53,45 @@ pub(super) struct QpShared<N: Nic> {
 }
 
 impl<N: Nic> QpShared<N> {
+    /// Hands the held WRs to the inner QP, in order, up to the first one
+    /// whose node is still stalled (all of them with `force`: the inner QP
+    /// is in ERR and flushes them). A WR the inner QP refuses is dropped
+    /// from the wrapper's account as well (no completion will come).
+    pub(super) fn release(&self, force: bool) {
+        let mut st = self.st.lock();
+        self.release_locked(&mut st, force);
+    }
+
+    fn release_locked(&self, st: &mut QpState_, force: bool) {
+        if st.held.is_empty() {
+            return;
+        }
+        let (qp_type, peer) = (self.inner.qp_type(), st.peer);
+        let n = if force || self.inner.state() == QpState::Err {
+            st.held.len()
+        } else {
+            st.held
+                .iter()
+                .position(|w| {
+                    destination(w, qp_type, peer).is_some_and(|g| self.ctl.is_stalled(&g))
+                })
+                .unwrap_or(st.held.len())
+        };
+        if n == 0 {
+            return;
+        }
+        let run: Vec<SendWr> = st.held.drain(..n).collect();
+        self.ctl.held.fetch_sub(n as u64, Relaxed);
+        if let Err(e) = self.inner.post_send(&run) {
+            // Refused from `e.index` on: those never complete.
+            for wr in run.get(e.index..).unwrap_or_default() {
+                if let Some(at) = st.outstanding.iter().position(|o| o.wr_id == wr.wr_id) {
+                    st.outstanding.remove(at);
+                }
+            }
+        }
+    }
+
     /// Credits the slots up to the WR `wc` completes and rewrites its status
     /// if this wrapper made it fail.
     pub(super) fn on_send_completion(&self, wc: &mut Wc) {
@@ -141,6 +192,7 @@ impl<N: Nic> FaultQp<N> {
                 rng,
                 peer: None,
                 outstanding: VecDeque::new(),
+                held: VecDeque::new(),
             }),
         });
         ctl.qps.lock().insert(qpn, Arc::downgrade(&s));
@@ -159,6 +211,7 @@ impl<N: Nic> FaultQp<N> {
     /// The inner provider's `modify` errors.
     pub fn force_err(&self) -> Result<()> {
         self.s.inner.modify(Transition::Err)?;
+        self.s.release(true);
         self.s.ctl.stats.forced_errs.fetch_add(1, Relaxed);
         Ok(())
     }
@@ -170,11 +223,7 @@ impl<N: Nic> FaultQp<N> {
         if qp_type == QpType::Ud {
             return None;
         }
-        let dest = match (&wr.dest, qp_type) {
-            (Destination::Dc(t), _) => Some(t.gid),
-            (Destination::Connected, QpType::Rc) => st.peer,
-            _ => None,
-        };
+        let dest = destination(wr, qp_type, st.peer);
         if dest.is_some_and(|g| ctl.is_dropped(&g)) {
             ctl.stats.dropped_wrs.fetch_add(1, Relaxed);
             return Some(WcStatus::RetryExcErr);
@@ -208,12 +257,19 @@ impl<N: Nic> QueuePair for FaultQp<N> {
             Transition::Rtr { peer } => self.s.st.lock().peer = peer.map(|p| p.gid),
             Transition::Reset => {
                 // The inner QP discarded its outstanding work: what the CQs
-                // hold of it now is the old incarnation's.
+                // hold of it now is the old incarnation's (and the held
+                // WRs go with it).
                 for cq in &self.s.cqs {
                     cq.mark_stale(self.s.inner.qpn())?;
                 }
-                self.s.st.lock().outstanding.clear();
+                let mut st = self.s.st.lock();
+                st.outstanding.clear();
+                let dropped = st.held.len() as u64;
+                st.held.clear();
+                self.s.ctl.held.fetch_sub(dropped, Relaxed);
             }
+            // In ERR the inner QP flushes what it gets.
+            Transition::Err => self.s.release(true),
             _ => {}
         }
         Ok(())
@@ -247,10 +303,31 @@ impl<N: Nic> QueuePair for FaultQp<N> {
                 }
             }
         }
-        let r = self.s.inner.post_send(&out);
+        // A resumed node's held WRs go first; behind a WR still held, or
+        // from the first WR to a stalled node on, the doorbell is held.
+        self.s.release_locked(&mut st, false);
+        let qp_type = self.s.inner.qp_type();
+        let direct = if st.held.is_empty() {
+            out.iter()
+                .position(|w| destination(w, qp_type, st.peer).is_some_and(|g| ctl.is_stalled(&g)))
+                .unwrap_or(out.len())
+        } else {
+            0
+        };
+        let r = self
+            .s
+            .inner
+            .post_send(out.get(..direct).unwrap_or_default());
         let posted = match &r {
-            Ok(()) => take,
-            Err(e) => e.index.min(take),
+            Ok(()) => {
+                let later = out.get(direct..).unwrap_or_default();
+                st.held.extend(later.iter().copied());
+                let n = later.len() as u64;
+                ctl.held.fetch_add(n, Relaxed);
+                ctl.stats.stalled_wrs.fetch_add(n, Relaxed);
+                take
+            }
+            Err(e) => e.index.min(direct),
         };
         for (wr, rewrite) in wrs[..posted].iter().zip(&rewrites) {
             st.outstanding.push_back(Outstanding {

@@ -214,3 +214,50 @@ fn a_forced_err_flushes_and_counts() {
     assert_eq!((wc.wr_id, wc.status), (9, WcStatus::WrFlushErr));
     assert_eq!(a.stats().forced_errs, 1);
 }
+
+#[test]
+fn a_stalled_node_holds_wrs_in_order_and_they_land_late() {
+    let (a, b) = pair(&FaultConfig::none(7));
+    let (sa, sb) = (Side::new(&a, 4096), Side::new(&b, 4096));
+    let (qa, _qb) = rc_pair(&sa, &sb, QpCaps::default());
+    sb.mr.store_u64(0, 0x1111).unwrap();
+    a.stall_node(b.gid());
+    // A READ of b's word into a's buffer, then a WRITE of a's word 8 to
+    // b's word 8: neither executes nor completes while b is stalled.
+    qa.post_send(&[SendWr::read(1, sa.mr.sge(0, 8).unwrap(), sb.mr.remote(0))])
+        .unwrap();
+    sa.mr.store_u64(8, 0x2222).unwrap();
+    qa.post_send(&[SendWr::write(2, sa.mr.sge(8, 8).unwrap(), sb.mr.remote(8))])
+        .unwrap();
+    crate::conformance::expect_quiet(&sa.cq, std::time::Duration::from_millis(20));
+    assert_eq!(sa.mr.load_u64(0).unwrap(), 0);
+    assert_eq!(sb.mr.load_u64(8).unwrap(), 0);
+    assert_eq!(a.stats().stalled_wrs, 2);
+    // Meanwhile b's word changes and a reuses its buffer: the READ, run
+    // late, overwrites what a put there since.
+    sb.mr.store_u64(0, 0x3333).unwrap();
+    sa.mr.store_u64(0, 0x4444).unwrap();
+    a.resume_node(b.gid());
+    let got = crate::conformance::poll_n(&sa.cq, 2);
+    assert_eq!(
+        got.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+    assert_eq!(sa.mr.load_u64(0).unwrap(), 0x3333);
+    assert_eq!(sb.mr.load_u64(8).unwrap(), 0x2222);
+}
+
+#[test]
+fn held_wrs_of_a_qp_moved_to_err_flush() {
+    let (a, b) = pair(&FaultConfig::none(8));
+    let (sa, sb) = (Side::new(&a, 4096), Side::new(&b, 4096));
+    let (qa, _qb) = rc_pair(&sa, &sb, QpCaps::default());
+    a.stall_node(b.gid());
+    qa.post_send(&[SendWr::read(3, sa.mr.sge(0, 8).unwrap(), sb.mr.remote(0))])
+        .unwrap();
+    crate::conformance::expect_quiet(&sa.cq, std::time::Duration::from_millis(10));
+    qa.force_err().unwrap();
+    let wc = poll_one(&sa.cq);
+    assert_eq!((wc.wr_id, wc.status), (3, WcStatus::WrFlushErr));
+    assert_eq!(qa.send_credits(), qa.max_send_wr());
+}
