@@ -9,6 +9,7 @@
 //! a deployed store finds them through the meta server (see
 //! `race_store::deploy`).
 
+mod alloc_msg;
 mod proto;
 mod server;
 mod transport;
@@ -17,4 +18,4 @@ pub use proto::{AllocReply, AllocRequest, NodeInfo, ALLOC_PORT, NODE_INFO_LEN};
 pub use server::{
     lookup_nodes_on_sim, node_name, MemoryNodeHandle, MemoryNodeServer, MrMemory, MIN_IDLE,
 };
-pub use transport::VqpTransport;
+pub use transport::{VqpTransport, BATCH_TIMEOUT, MAX_QUARANTINE};

@@ -26,8 +26,20 @@
 //! Local memory: one registered scratch buffer, cut per batch into a slice
 //! per op (READ destinations, WRITE sources unless inline, 8-byte atomic
 //! results).
+//!
+//! A batch given up on (no completion within the batch timeout, or a
+//! doorbell refused after another node's was posted) may still have READs
+//! in flight: a NIC executes them whenever its link lets it, and they land
+//! in the buffer they name. That buffer is therefore never used again
+//! while they may: it is *quarantined* (kept registered, out of use) and a
+//! fresh one takes its place, so late bytes can never be read as a later
+//! batch's results. A quarantined buffer is freed once the completions of
+//! its WRs have come; at most [`MAX_QUARANTINE`] are kept, the oldest
+//! deregistered beyond that (a WR still naming it then fails at the NIC's
+//! local key check instead of writing anything).
 
-use super::proto::{AllocReply, AllocRequest, NodeInfo, ALLOC_REPLY_LEN};
+use super::alloc_msg::{alloc_exchange, CLOSE_WAIT};
+use super::proto::{AllocRequest, NodeInfo};
 use crate::layout::slot::RemotePtr;
 use crate::remote::{Cause, Completions, OpResult, RemoteOp, Ticket, Transport, TransportError};
 use krcore::messaging::Endpoint;
@@ -40,19 +52,12 @@ use std::time::{Duration, Instant};
 
 /// Scratch buffer size (grows when a batch needs more).
 const SCRATCH: usize = 1 << 20;
-/// How long one batch may take before the transport gives up.
-const BATCH_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a block allocation waits for the memory node's answer, and how
-/// often it asks.
-const ALLOC_TIMEOUT: Duration = Duration::from_secs(2);
-const ALLOC_ATTEMPTS: u32 = 3;
-/// How long an answered allocation waits for its credit to close its
-/// channel.
-const CLOSE_WAIT: Duration = Duration::from_millis(20);
-/// How long an allocation asks again while the memory node's port is full
-/// (`Busy`): longer than the default `msg.control_idle` (1 s) after which
-/// a full port reclaims the slot of a client that left without a Close.
-pub const ALLOC_BUSY_WAIT: Duration = Duration::from_secs(3);
+/// How long one batch may take before the transport gives up, by default
+/// ([`VqpTransport::set_batch_timeout`]).
+pub const BATCH_TIMEOUT: Duration = Duration::from_secs(10);
+/// Scratch buffers of abandoned batches kept out of use at most (see the
+/// module docs).
+pub const MAX_QUARANTINE: usize = 8;
 /// Bits of a wr_id that tag the batch (`batch << 24 | index`): the batch
 /// counter wraps below the SDK's reserved request bit.
 const BATCH_MASK: u64 = (1 << 39) - 1;
@@ -78,6 +83,16 @@ struct Slot<N: Nic> {
     waiting: usize,
     /// The first error completion: node, op index, status.
     failure: Option<(u8, usize, WcStatus)>,
+}
+
+/// A scratch buffer that an abandoned batch's WRs may still land in.
+struct Quarantined<N: Nic> {
+    /// Held only to keep it registered and out of use.
+    _mr: MemoryRegion<N>,
+    /// The batch's tag.
+    tag: u64,
+    /// Per node, its last (signaled) WR whose completion has not come.
+    last: Vec<Option<usize>>,
 }
 
 struct Remote<N: Nic> {
@@ -115,6 +130,12 @@ pub struct VqpTransport<N: Nic> {
     results: Completions,
     /// Doorbells posted by `post_into` (made on first use).
     slots: Vec<Slot<N>>,
+    /// Scratch buffers of abandoned batches, oldest first.
+    quarantine: Vec<Quarantined<N>>,
+    /// The sync scratch buffer was abandoned but no fresh one could be
+    /// made: the next batch makes one first.
+    scratch_tainted: bool,
+    batch_timeout: Duration,
 }
 
 impl<N: Nic> std::fmt::Debug for VqpTransport<N> {
@@ -194,7 +215,73 @@ impl<N: Nic> VqpTransport<N> {
             wcs: vec![Wc::default(); 16],
             results: Completions::new(),
             slots: Vec::new(),
+            quarantine: Vec::new(),
+            scratch_tainted: false,
+            batch_timeout: BATCH_TIMEOUT,
         })
+    }
+
+    /// How long a batch may wait for its completions before it fails with
+    /// [`TransportError::Timeout`] (default [`BATCH_TIMEOUT`]). Its buffer
+    /// is then quarantined (see the module docs).
+    pub fn set_batch_timeout(&mut self, timeout: Duration) {
+        self.batch_timeout = timeout;
+    }
+
+    /// Scratch buffers of abandoned batches held out of use now (their
+    /// WRs may still land in them).
+    pub fn quarantined(&self) -> usize {
+        self.quarantine.len()
+    }
+
+    /// Keeps `mr`, which the WRs of batch `tag` still outstanding (`last`)
+    /// may land in, out of use (nothing when none is outstanding).
+    fn quarantine(&mut self, mr: MemoryRegion<N>, tag: u64, last: Vec<Option<usize>>) {
+        if last.iter().all(Option::is_none) {
+            return;
+        }
+        if self.quarantine.len() >= MAX_QUARANTINE {
+            // Deregistered: a late WR naming it fails at the NIC.
+            self.quarantine.remove(0);
+        }
+        self.quarantine.push(Quarantined { _mr: mr, tag, last });
+    }
+
+    /// The sync batch `tag` was abandoned with `last` outstanding: its
+    /// scratch buffer is quarantined and a fresh one takes its place (or,
+    /// if none can be made now, the next batch makes it first).
+    fn abandon_scratch(&mut self, tag: u64, last: &[Option<usize>]) {
+        if last.iter().all(Option::is_none) {
+            return;
+        }
+        let fresh = self
+            .node
+            .alloc(self.scratch.len(), Access::LOCAL_WRITE)
+            .ok()
+            .and_then(|mr| sge_of(&mr).ok().map(|sge| (mr, sge)));
+        match fresh {
+            Some((mr, sge)) => {
+                let old = std::mem::replace(&mut self.scratch, mr);
+                self.scratch_sge = sge;
+                self.quarantine(old, tag, last.to_vec());
+            }
+            None => self.scratch_tainted = true,
+        }
+    }
+
+    /// Slot `k`'s batch `tag` was abandoned: with WRs outstanding, the
+    /// slot goes, its buffer quarantined (a new slot is made when needed);
+    /// otherwise it is freed.
+    fn abandon_slot(&mut self, k: usize, tag: u64) {
+        let Some(s) = self.slots.get_mut(k) else {
+            return;
+        };
+        s.tag = 0;
+        if s.last.iter().all(Option::is_none) {
+            return;
+        }
+        let s = self.slots.remove(k);
+        self.quarantine(s.mr, tag, s.last);
     }
 
     /// The client node.
@@ -209,15 +296,16 @@ impl<N: Nic> VqpTransport<N> {
     }
 
     fn grow_scratch(&mut self, need: usize) -> Result<(), TransportError> {
-        if need <= self.scratch.len() {
+        if need <= self.scratch.len() && !self.scratch_tainted {
             return Ok(());
         }
-        let len = need.next_power_of_two();
+        let len = need.max(self.scratch.len()).next_power_of_two();
         self.scratch = self
             .node
             .alloc(len, Access::LOCAL_WRITE)
             .map_err(setup("scratch memory"))?;
         self.scratch_sge = sge_of(&self.scratch)?;
+        self.scratch_tainted = false;
         Ok(())
     }
 }
@@ -247,6 +335,11 @@ impl<N: Nic> VqpTransport<N> {
         last.clear();
         last.resize(self.remotes.len(), None);
         let res = self.post_and_wait(batch, &offs, &mut last, need, out);
+        if res.is_err() {
+            // What is still outstanding may land late: not in a buffer
+            // the next batch reads.
+            self.abandon_scratch(self.batch, &last);
+        }
         self.offs = offs;
         self.last = last;
         res
@@ -345,17 +438,17 @@ impl<N: Nic> VqpTransport<N> {
                 };
                 let got = r.vqp.poll(wcs).map_err(|e| vqp_error(n as u8, e))?;
                 for wc in wcs.iter().take(got) {
-                    absorb(&mut self.slots, n, wc);
+                    absorb(&mut self.slots, &mut self.quarantine, n, wc);
                 }
             }
             let still = self.slots.get(k).map_or(0, |s| s.waiting);
-            if still > 0 && start.get_or_insert_with(Instant::now).elapsed() > BATCH_TIMEOUT {
+            if still > 0 && start.get_or_insert_with(Instant::now).elapsed() > self.batch_timeout {
                 let node = (0..self.remotes.len())
                     .find(|&n| pending(&self.slots, n))
                     .unwrap_or(0);
                 return Err(TransportError::Timeout {
                     node: node as u8,
-                    after: BATCH_TIMEOUT,
+                    after: self.batch_timeout,
                 });
             }
         }
@@ -383,9 +476,11 @@ impl<N: Nic> VqpTransport<N> {
         let mut start: Option<Instant> = None;
         let mut failure = None;
         let wcs = &mut self.wcs;
-        for (n, (l, remote)) in last.iter().zip(&self.remotes).enumerate() {
-            let Some(last_i) = *l else { continue };
-            let mut done = false;
+        for n in 0..last.len() {
+            let (Some(Some(last_i)), Some(remote)) = (last.get(n).copied(), self.remotes.get(n))
+            else {
+                continue;
+            };
             // Only a node's last WR is signaled: without errors its one
             // completion is all there is, and a poll asking for one entry
             // returns once it has it (the VQP skips draining the rest of
@@ -393,7 +488,7 @@ impl<N: Nic> VqpTransport<N> {
             // complete every WR; stale completions of an abandoned batch)
             // take as many as fit.
             let mut want = 1;
-            while !done {
+            while last.get(n).is_some_and(Option::is_some) {
                 let all = wcs.len();
                 let got = wcs.get_mut(..want.min(all)).unwrap_or_default();
                 want = all;
@@ -401,8 +496,8 @@ impl<N: Nic> VqpTransport<N> {
                 for wc in wcs.iter().take(k) {
                     if wc.wr_id >> 24 != self.batch {
                         // A doorbell of `post_into` in flight (or a
-                        // completion of an abandoned batch, dropped).
-                        absorb(&mut self.slots, n, wc);
+                        // completion of an abandoned batch).
+                        absorb(&mut self.slots, &mut self.quarantine, n, wc);
                         continue;
                     }
                     let i = (wc.wr_id & ((1 << 24) - 1)) as usize;
@@ -413,13 +508,17 @@ impl<N: Nic> VqpTransport<N> {
                     // last one last: wait for it even after an error so no
                     // completion of this batch is left for the next.
                     if i == last_i {
-                        done = true;
+                        if let Some(l) = last.get_mut(n) {
+                            *l = None;
+                        }
                     }
                 }
-                if !done && start.get_or_insert_with(Instant::now).elapsed() > BATCH_TIMEOUT {
+                if last.get(n).is_some_and(Option::is_some)
+                    && start.get_or_insert_with(Instant::now).elapsed() > self.batch_timeout
+                {
                     return Err(TransportError::Timeout {
                         node: n as u8,
-                        after: BATCH_TIMEOUT,
+                        after: self.batch_timeout,
                     });
                 }
             }
@@ -432,7 +531,9 @@ impl<N: Nic> VqpTransport<N> {
 
     /// Builds `batch`'s WRs (tagged `tag`; local bytes in the sync scratch
     /// buffer, or in slot `slot`'s) and posts them, one doorbell per memory
-    /// node with its last WR signaled; `last` gets each node's last op.
+    /// node with its last WR signaled; `last` gets each node's last op
+    /// (after a failed post: of the nodes whose WRs, all or some, were
+    /// posted).
     fn post_wrs(
         &mut self,
         batch: &[RemoteOp<'_>],
@@ -535,7 +636,17 @@ impl<N: Nic> VqpTransport<N> {
                     }
                     other => other,
                 };
-                posted.map_err(|e| vqp_error(n as u8, e))?;
+                if let Err(e) = posted {
+                    // Nothing was posted but for a refusal by the NIC (its
+                    // first WRs were), and nothing of the later nodes.
+                    let partial = matches!(e, krcore::Error::Vqp(VqpError::Post(_)));
+                    for (m, l) in last.iter_mut().enumerate().skip(n) {
+                        if m > n || !partial {
+                            *l = None;
+                        }
+                    }
+                    return Err(vqp_error(n as u8, e));
+                }
             }
         }
         Ok(())
@@ -548,11 +659,32 @@ fn slot_mut<N: Nic>(slots: &mut [Slot<N>], k: usize) -> Result<&mut Slot<N>, Tra
     })
 }
 
-/// Records a completion of a doorbell in flight in its slot (one of an
-/// abandoned batch is dropped).
-fn absorb<N: Nic>(slots: &mut [Slot<N>], node: usize, wc: &Wc) {
+/// Records a completion of a doorbell in flight in its slot; one of an
+/// abandoned batch frees its quarantined buffer once the batch has no WR
+/// outstanding.
+fn absorb<N: Nic>(
+    slots: &mut [Slot<N>],
+    quarantine: &mut Vec<Quarantined<N>>,
+    node: usize,
+    wc: &Wc,
+) {
     let tag = wc.wr_id >> 24;
     let Some(s) = slots.iter_mut().find(|s| s.tag != 0 && s.tag == tag) else {
+        let i = (wc.wr_id & ((1 << 24) - 1)) as usize;
+        if let Some(at) = quarantine.iter().position(|q| q.tag == tag) {
+            let q = quarantine.get_mut(at);
+            if let Some(l) = q.and_then(|q| q.last.get_mut(node)) {
+                if *l == Some(i) {
+                    *l = None;
+                }
+            }
+            if quarantine
+                .get(at)
+                .is_some_and(|q| q.last.iter().all(Option::is_none))
+            {
+                quarantine.remove(at);
+            }
+        }
         return;
     };
     let i = (wc.wr_id & ((1 << 24) - 1)) as usize;
@@ -735,9 +867,12 @@ impl<N: Nic> Transport for VqpTransport<N> {
         s.need = need;
         s.failure = None;
         self.offs = offs;
-        // A failed post leaves the slot free: completions of what it did
-        // post are dropped as an abandoned batch's.
-        posted?;
+        // A failed post leaves the slot free, or, if some of it was
+        // posted, quarantines its buffer (what was posted may land).
+        if let Err(e) = posted {
+            self.abandon_slot(k, tag);
+            return Err(e);
+        }
         slot_mut(&mut self.slots, k)?.tag = tag;
         Ok(Ticket(tag))
     }
@@ -759,9 +894,13 @@ impl<N: Nic> Transport for VqpTransport<N> {
         let mut wcs = std::mem::take(&mut self.wcs);
         let waited = self.wait_slot(k, &mut wcs);
         self.wcs = wcs;
+        if let Err(e) = waited {
+            // Given up on: what has not completed may land late.
+            self.abandon_slot(k, ticket.0);
+            return Err(e);
+        }
         let s = slot_mut(&mut self.slots, k)?;
         s.tag = 0;
-        waited?;
         if let Some((node, i, status)) = s.failure.take() {
             return Err(failure_of(batch, node, i, status)
                 .unwrap_or(TransportError::Failed { node, status }));
@@ -828,80 +967,5 @@ impl<N: Nic> Transport for VqpTransport<N> {
 
     fn nodes(&self) -> u8 {
         self.remotes.len() as u8
-    }
-}
-
-/// One allocation request and its answer (see [`Transport::alloc_block`]).
-#[allow(clippy::too_many_arguments)]
-fn alloc_exchange<N: Nic>(
-    ep: &Endpoint<N>,
-    gid: krcore_nic::Gid,
-    port: u16,
-    node: u8,
-    req_id: u64,
-    size: u64,
-    req: &[u8],
-    lost: impl Fn(krcore::MsgError) -> TransportError,
-) -> Result<RemotePtr, TransportError> {
-    // Messaging delivers a pushed request once or reports it lost; an
-    // answer that does not come in time (a memory node stalled, or its
-    // reply lost) is asked again with the same request id: a block
-    // handed out twice is leaked, never shared (the client takes the
-    // first answer to its id and skips the others).
-    for _ in 0..ALLOC_ATTEMPTS {
-        push_when_admitted(ep, gid, port, req).map_err(&lost)?;
-        let deadline = Instant::now() + ALLOC_TIMEOUT;
-        while Instant::now() < deadline {
-            let Some(m) = ep.try_pop_reply().map_err(&lost)? else {
-                std::thread::yield_now();
-                continue;
-            };
-            let p = m.to_vec();
-            if p.len() < ALLOC_REPLY_LEN {
-                continue;
-            }
-            let Ok(reply) = AllocReply::decode(&p) else {
-                continue;
-            };
-            if reply.req_id != req_id {
-                continue; // the late answer to an abandoned request
-            }
-            return match reply.offset {
-                Some(off) => RemotePtr::new(node, off).map_err(|_| TransportError::BadResponse {
-                    reason: "allocated offset out of range",
-                }),
-                None => Err(TransportError::OutOfMemory { node, size }),
-            };
-        }
-    }
-    Err(TransportError::Timeout {
-        node,
-        after: ALLOC_TIMEOUT * ALLOC_ATTEMPTS,
-    })
-}
-
-/// Pushes `req`, asking again (pauses of 1 ms doubling to 100 ms) while the
-/// port refuses it `Busy`, for at most [`ALLOC_BUSY_WAIT`]: a full port
-/// reclaims the slot of a client that left without closing once it has
-/// been idle for `msg.control_idle`.
-fn push_when_admitted<N: Nic>(
-    ep: &Endpoint<N>,
-    gid: krcore_nic::Gid,
-    port: u16,
-    req: &[u8],
-) -> Result<(), krcore::MsgError> {
-    let deadline = Instant::now() + ALLOC_BUSY_WAIT;
-    let mut pause = Duration::from_millis(1);
-    loop {
-        match ep.push(gid, port, req) {
-            Err(krcore::MsgError::Refused {
-                code: krcore::messaging::RefuseCode::Busy | krcore::messaging::RefuseCode::Reclaimed,
-                ..
-            }) if Instant::now() + pause < deadline => {
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_millis(100));
-            }
-            r => return r,
-        }
     }
 }
