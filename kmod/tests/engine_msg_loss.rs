@@ -13,6 +13,7 @@ use common::{config, Cluster, WAIT};
 use krcore_kmod::{Engine, EngineConfig, EngineError, MsgError};
 use krcore_nic::fault::{FaultConfig, FaultNic};
 use krcore_nic::sim::SimNic;
+use krcore_nic::WcStatus;
 
 const PORT: u16 = 9;
 
@@ -457,4 +458,67 @@ fn a_reply_left_waiting_by_lost_credits_asks_for_them() {
     let (r, _port) = replier.join().unwrap();
     r.expect("reply r3");
     assert!(rx.msg_stats().credits_asked >= 1, "{:?}", rx.msg_stats());
+}
+
+/// A descriptor READ given up on (its sender stalled past the messaging
+/// timeout) completes later: that late completion must not be taken for
+/// a later READ's, which would deliver a body that has not landed, or
+/// fail a pop whose own READ succeeds.
+#[test]
+fn a_late_pull_completion_does_not_complete_the_next_pull() {
+    let c = Cluster::new();
+    let tx = node(&c, |cfg| cfg.msg.inline_max = 256);
+    let (rx, faults) = fault_node_with(&c, 11, |cfg| {
+        cfg.msg.inline_max = 256;
+        cfg.msg.timeout = Duration::from_millis(100);
+    });
+    let port = rx.bind(PORT).expect("bind");
+    let ep = tx.endpoint().expect("endpoint");
+    let queued = |n: usize| {
+        wait_until(
+            || format!("{n} message(s) never arrived"),
+            || port.queued() >= n,
+        );
+    };
+    // A descriptor whose body is READ from the sender at pop time, while
+    // the receiver's NIC cannot reach the sender: the pop gives up.
+    ep.push(rx.gid(), PORT, &body(1, 1000)).expect("push");
+    queued(1);
+    faults.stall_node(tx.gid());
+    let first = port.try_pop();
+    assert!(first.is_err(), "{first:?}");
+    // The stall ends: the held READ runs and completes now.
+    faults.resume_node(tx.gid());
+    faults.release_held();
+    // The next descriptor's READ is held again: its pop must not return
+    // on the first READ's completion.
+    ep.push(rx.gid(), PORT, &body(2, 1000)).expect("push");
+    wait_until(
+        || "the second message never arrived".into(),
+        || port.queued() >= 1,
+    );
+    faults.stall_node(tx.gid());
+    match port.try_pop() {
+        Ok(Some(m)) => assert_eq!(m.to_vec(), body(2, 1000), "a body that never landed"),
+        Ok(None) => panic!("the second message vanished"),
+        // Given up on, or flushed (the late first READ found its landing
+        // buffer deregistered and failed the queue): typed either way, and
+        // the second READ's own fate, never the first's `LOC_PROT_ERR`.
+        Err(e) => assert!(
+            matches!(e, MsgError::Timeout(_))
+                || matches!(e, MsgError::Failed { status, .. } if status != WcStatus::LocProtErr),
+            "{e:?}"
+        ),
+    }
+    // Reachable again: the next message is delivered whole, whatever
+    // completions of the READs given up on are still to come.
+    faults.resume_node(tx.gid());
+    faults.release_held();
+    ep.push(rx.gid(), PORT, &body(3, 1000)).expect("push");
+    wait_until(
+        || "the third message never arrived".into(),
+        || port.queued() >= 1,
+    );
+    let m = port.try_pop().expect("delivered").expect("a message");
+    assert_eq!(m.to_vec(), body(3, 1000));
 }

@@ -2,6 +2,7 @@
 //! READs, staging and landing buffers (see [`super::node`]).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -313,8 +314,15 @@ impl<N: Nic> Staging<N> {
     }
 }
 
+/// The wr_ids of descriptor READs: `PULL_TAG | seq` (below [`MSG_TAG`]).
+const PULL_TAG: u64 = 0x5055_4c4c << 32; // "PULL"
+const PULL_SEQ: u64 = (1 << 32) - 1;
+/// Descriptor READs posted by this process (their wr_ids' sequence).
+static PULLS: AtomicU64 = AtomicU64::new(0);
+
 /// READs `len` bytes at `desc` from `from` into `landing`, waiting for the
-/// completion (bounded).
+/// completion (bounded). A READ given up on may still complete later: its
+/// completion is told apart by its wr_id and dropped.
 pub(crate) fn read_into<N: Nic>(
     vqp: &Vqp<N>,
     from: Gid,
@@ -324,13 +332,16 @@ pub(crate) fn read_into<N: Nic>(
     timeout: Duration,
     counters: &Counters,
 ) -> Result<(), MsgError> {
-    const PULL: u64 = 0x5055_4c4c; // "PULL"
     aim(vqp, from, timeout, counters)?;
+    // Each READ has a wr_id of its own: the late completion of one given
+    // up on (its landing buffer was dropped, deregistered) must not be
+    // taken for a later one's, whose bytes may not have landed yet.
+    let pull = PULL_TAG | (PULLS.fetch_add(1, Ordering::Relaxed) & PULL_SEQ);
     let sge = landing
         .sge(0, len)
         .map_err(MsgError::nic("a landing buffer"))?;
     let wr = SendWr::read(
-        PULL,
+        pull,
         sge,
         krcore_nic::RemoteAddr {
             addr: desc.addr,
@@ -343,7 +354,7 @@ pub(crate) fn read_into<N: Nic>(
     loop {
         let k = vqp.poll(&mut wcs)?;
         for wc in &wcs[..k] {
-            if wc.wr_id == PULL {
+            if wc.wr_id == pull {
                 return if wc.status.is_ok() {
                     Ok(())
                 } else {
