@@ -160,11 +160,39 @@ enum Completion {
 /// a warm `Completions` costs no allocation per operation (unlike a
 /// `Vec<OpResult>`, one vector per READ). Filled by
 /// [`Transport::execute_into`].
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+///
+/// Invariant: every READ entry names a range inside `bytes[..filled]`.
+/// The byte buffer is never shrunk: `clear` only resets `filled`, so a
+/// landing area reserved again is not zeroed again (what lies past
+/// `filled` is no result's).
+#[derive(Clone, Debug, Default)]
 pub struct Completions {
     entries: Vec<Completion>,
     bytes: Vec<u8>,
+    /// The bytes in use (READ results and reserved landing areas).
+    filled: usize,
 }
+
+/// Equal when they hold the same results (the same bytes for each READ),
+/// whatever their storage holds besides.
+impl PartialEq for Completions {
+    fn eq(&self, other: &Self) -> bool {
+        self.len() == other.len()
+            && self
+                .entries
+                .iter()
+                .zip(&other.entries)
+                .enumerate()
+                .all(|(i, (a, b))| match (a, b) {
+                    (Completion::Read { .. }, Completion::Read { .. }) => {
+                        self.read(i) == other.read(i)
+                    }
+                    _ => a == b,
+                })
+    }
+}
+
+impl Eq for Completions {}
 
 impl Completions {
     /// An empty result set.
@@ -175,7 +203,19 @@ impl Completions {
     /// Forgets every result (keeps the storage).
     pub fn clear(&mut self) {
         self.entries.clear();
-        self.bytes.clear();
+        self.filled = 0;
+    }
+
+    /// `len` more bytes of the buffer, from `filled` on: their start and
+    /// the bytes (whatever they held; zeroed only where the buffer grew).
+    fn take(&mut self, len: usize) -> (usize, &mut [u8]) {
+        let at = self.filled;
+        let end = at.saturating_add(len);
+        if self.bytes.len() < end {
+            self.bytes.resize(end, 0);
+        }
+        self.filled = end;
+        (at, self.bytes.get_mut(at..end).unwrap_or_default())
     }
 
     /// Number of results.
@@ -191,27 +231,30 @@ impl Completions {
     /// Appends a READ result of `len` bytes (zeroed) and returns them, for
     /// the transport to fill.
     pub fn push_read(&mut self, len: usize) -> &mut [u8] {
-        let at = self.bytes.len();
-        self.bytes.resize(at + len, 0);
-        self.entries.push(Completion::Read { at, len });
-        self.bytes.get_mut(at..).unwrap_or_default()
+        self.entries.push(Completion::Read {
+            at: self.filled,
+            len,
+        });
+        let (_, b) = self.take(len);
+        b.fill(0);
+        b
     }
 
-    /// Appends `len` zeroed bytes that no result names yet and returns their
-    /// start and the bytes: a transport can copy a whole landing area at
-    /// once, then declare the READ results in it with
+    /// Appends `len` bytes that no result names yet and returns their
+    /// start and the bytes, for the caller to overwrite whole (their
+    /// content is unspecified: storage reused from earlier results is not
+    /// zeroed again): a transport can copy a whole landing area at once,
+    /// then declare the READ results in it with
     /// [`Completions::push_read_at`].
     pub fn reserve(&mut self, len: usize) -> (usize, &mut [u8]) {
-        let at = self.bytes.len();
-        self.bytes.resize(at + len, 0);
-        (at, self.bytes.get_mut(at..).unwrap_or_default())
+        self.take(len)
     }
 
     /// Appends a READ result naming bytes `at..at + len` of the buffer (from
     /// [`Completions::reserve`]); `false`, appending nothing, if the range
     /// is not in the buffer.
     pub fn push_read_at(&mut self, at: usize, len: usize) -> bool {
-        if at.checked_add(len).is_none_or(|end| end > self.bytes.len()) {
+        if at.checked_add(len).is_none_or(|end| end > self.filled) {
             return false;
         }
         self.entries.push(Completion::Read { at, len });
@@ -221,14 +264,15 @@ impl Completions {
     /// The 8 bytes at `at` of the buffer as a native-endian word (what an
     /// RDMA atomic leaves in local memory), if in range.
     pub fn word_at(&self, at: usize) -> Option<u64> {
-        let b = self.bytes.get(at..at.checked_add(8)?)?;
+        let end = at.checked_add(8).filter(|&e| e <= self.filled)?;
+        let b = self.bytes.get(at..end)?;
         Some(u64::from_ne_bytes(b.try_into().ok()?))
     }
 
     /// Appends a READ result with these bytes.
     pub fn push_read_bytes(&mut self, bytes: &[u8]) {
-        let at = self.bytes.len();
-        self.bytes.extend_from_slice(bytes);
+        let (at, b) = self.take(bytes.len());
+        b.copy_from_slice(bytes);
         self.entries.push(Completion::Read {
             at,
             len: bytes.len(),
@@ -952,5 +996,42 @@ mod tests {
         assert_eq!(OpResult::Cas { old: 3 }.cas_old(), Some(3));
         assert_eq!(OpResult::Written.read_bytes(), None);
         assert_eq!(OpResult::Faa { old: 5 }.faa_old(), Some(5));
+    }
+
+    #[test]
+    fn reused_completions_name_only_their_own_bytes() {
+        let mut c = Completions::new();
+        let (at, area) = c.reserve(24);
+        area.copy_from_slice(&[7u8; 24]);
+        assert!(c.push_read_at(at, 16));
+        c.push_cas(9);
+        assert_eq!(c.read(0), Some(&[7u8; 16][..]));
+        // Cleared: the storage stays, the results go; a smaller landing
+        // area is handed out again without being zeroed, and results past
+        // it are refused.
+        c.clear();
+        assert!(c.is_empty());
+        let (at, area) = c.reserve(8);
+        assert_eq!(at, 0);
+        area.copy_from_slice(&[1u8; 8]);
+        assert!(!c.push_read_at(0, 16), "past the reserved bytes");
+        assert_eq!(c.word_at(8), None, "past the reserved bytes");
+        assert!(c.push_read_at(0, 8));
+        c.push_read_bytes(b"abc");
+        assert_eq!(c.read(0), Some(&[1u8; 8][..]));
+        assert_eq!(c.read(1), Some(&b"abc"[..]));
+        // Equal to a fresh set with the same results, whatever lies past.
+        let mut fresh = Completions::new();
+        fresh.push_read_bytes(&[1u8; 8]);
+        fresh.push_read_bytes(b"abc");
+        assert_eq!(c, fresh);
+        assert_eq!(c.to_results(), fresh.to_results());
+        fresh.push_written();
+        assert_ne!(c, fresh);
+        // push_read still zeroes what it hands out.
+        c.clear();
+        c.reserve(8).1.copy_from_slice(&[5u8; 8]);
+        c.clear();
+        assert_eq!(c.push_read(8), &mut [0u8; 8][..]);
     }
 }
