@@ -85,7 +85,7 @@ impl BatchedThread<'_> {
                     fill_value(&mut d.value, value_len, req.keynum, d.version);
                 }
                 (d.op, d.keynum) = (req.op, req.keynum);
-                d.key = self.workload.key_name(req.keynum);
+                self.workload.write_key_name(req.keynum, &mut d.key);
             }
             let ops = batch_ops(&drawn);
             let t0 = Instant::now();
@@ -170,7 +170,7 @@ impl BatchedThread<'_> {
                 };
                 fill_value(&mut d.value, value_len, k, 0);
                 (d.op, d.keynum, d.version) = (Operation::Insert, k, 0);
-                d.key = self.workload.key_name(k);
+                self.workload.write_key_name(k, &mut d.key);
                 got += 1;
             }
             drawn.truncate(got);

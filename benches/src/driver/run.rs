@@ -274,13 +274,14 @@ pub fn run_load(
                     let mut value = Vec::new();
                     let value_len = workload.value_size() as usize;
                     let mut n = 0u64;
+                    let mut key = String::new();
                     let pacer = Pacer::new(opts, start);
                     while let Some(k) = keys.next_load_key() {
                         if opts.stopped() {
                             break;
                         }
                         pacer.wait(n);
-                        let key = workload.key_name(k);
+                        workload.write_key_name(k, &mut key);
                         fill_value(&mut value, value_len, k, 0);
                         let t0 = Instant::now();
                         let before = client.retries();
@@ -375,13 +376,14 @@ pub fn run_phase(
                     let value_len = workload.value_size() as usize;
                     let pacer = Pacer::new(opts, start);
                     let mut n = 0u64;
+                    let mut key = String::new();
                     for i in 0..share {
                         if opts.stopped() {
                             break;
                         }
                         pacer.wait(i);
                         let req = gen.next_request(&mut rng, keys);
-                        let key = workload.key_name(req.keynum);
+                        workload.write_key_name(req.keynum, &mut key);
                         let t0 = Instant::now();
                         match req.op {
                             Operation::Read => {

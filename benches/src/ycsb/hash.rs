@@ -57,18 +57,48 @@ pub enum InsertOrder {
 /// `zero_padding` digits, then the decimal key number (hashed first when
 /// `order` is [`InsertOrder::Hashed`]).
 pub fn build_key_name(keynum: u64, order: InsertOrder, zero_padding: usize) -> String {
-    let digits = match order {
-        // Java passes the key number as a `long`; key numbers stay far below
-        // 2^63, and the cast keeps the same 8 bytes in any case.
-        InsertOrder::Hashed => fnv_hash64(keynum as i64).to_string(),
-        InsertOrder::Ordered => keynum.to_string(),
-    };
-    let fill = zero_padding.saturating_sub(digits.len());
-    let mut key = String::with_capacity(4 + fill + digits.len());
-    key.push_str("user");
-    key.extend(std::iter::repeat_n('0', fill));
-    key.push_str(&digits);
+    let mut key = String::new();
+    write_key_name(&mut key, keynum, order, zero_padding);
     key
+}
+
+/// [`build_key_name`] into `key` (cleared first), reusing its storage: the
+/// drivers name a key per operation without allocating.
+pub fn write_key_name(key: &mut String, keynum: u64, order: InsertOrder, zero_padding: usize) {
+    let (negative, n) = match order {
+        // Java passes the key number as a `long`; key numbers stay far below
+        // 2^63, and the cast keeps the same 8 bytes in any case. The hash is
+        // negative only as `Math.abs(Long.MIN_VALUE)`, printed with its sign.
+        InsertOrder::Hashed => {
+            let h = fnv_hash64(keynum as i64);
+            (h < 0, h.unsigned_abs())
+        }
+        InsertOrder::Ordered => (false, keynum),
+    };
+    // The decimal digits, last first (a u64 has at most 20).
+    let mut buf = [0u8; 20];
+    let mut at = buf.len();
+    let mut v = n;
+    loop {
+        at -= 1;
+        if let Some(d) = buf.get_mut(at) {
+            *d = b'0' + (v % 10) as u8;
+        }
+        v /= 10;
+        if v == 0 || at == 0 {
+            break;
+        }
+    }
+    let digits = buf.get(at..).unwrap_or_default();
+    key.clear();
+    key.push_str("user");
+    // Java pads the string of the number, sign included.
+    let len = digits.len() + usize::from(negative);
+    key.extend(std::iter::repeat_n('0', zero_padding.saturating_sub(len)));
+    if negative {
+        key.push('-');
+    }
+    key.extend(digits.iter().map(|&d| char::from(d)));
 }
 
 #[cfg(test)]
@@ -152,5 +182,29 @@ mod tests {
             build_key_name(42, InsertOrder::Hashed, 20),
             "user00055488592825689361"
         );
+        assert_eq!(build_key_name(0, InsertOrder::Ordered, 1), "user0");
+        assert_eq!(
+            build_key_name(u64::MAX, InsertOrder::Ordered, 1),
+            format!("user{}", u64::MAX)
+        );
+    }
+
+    #[test]
+    fn a_reused_key_buffer_holds_only_the_new_name() {
+        let mut key = String::from("a much longer leftover than any key name");
+        for (k, order, pad) in [
+            (7, InsertOrder::Hashed, 1),
+            (5, InsertOrder::Ordered, 8),
+            (123_456, InsertOrder::Ordered, 2),
+            (0, InsertOrder::Ordered, 0),
+        ] {
+            write_key_name(&mut key, k, order, pad);
+            let want = match order {
+                InsertOrder::Hashed => fnv_hash64(k as i64).to_string(),
+                InsertOrder::Ordered => k.to_string(),
+            };
+            let fill = pad.saturating_sub(want.len());
+            assert_eq!(key, format!("user{}{want}", "0".repeat(fill)));
+        }
     }
 }

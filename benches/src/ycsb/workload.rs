@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::{Result, YcsbError};
 use super::generator::DiscreteGenerator;
-use super::hash::{build_key_name, InsertOrder};
+use super::hash::{build_key_name, write_key_name, InsertOrder};
 use super::properties::Properties;
 
 /// One kind of YCSB transaction.
@@ -414,6 +414,11 @@ impl Workload {
     /// The key name of key number `keynum` (YCSB's `buildKeyName`).
     pub fn key_name(&self, keynum: u64) -> String {
         build_key_name(keynum, self.insert_order, self.zero_padding)
+    }
+
+    /// [`Workload::key_name`] into `key`, reusing its storage.
+    pub fn write_key_name(&self, keynum: u64, key: &mut String) {
+        write_key_name(key, keynum, self.insert_order, self.zero_padding)
     }
 
     /// The key numbers this client loads: `insertstart..insertstart + insertcount`.
