@@ -270,6 +270,51 @@ fn operations_on_one_key_take_effect_in_submission_order() {
     assert_eq!(c.get(&k).unwrap(), Some(b"five".to_vec()));
 }
 
+#[test]
+fn gets_of_one_key_in_a_row_share_one_read() {
+    let cluster = LocalCluster::new(ClusterConfig::default()).unwrap();
+    let mut c = open(&cluster, system_clock(), system_config());
+    let (k, other) = (key(7), key(8));
+    c.put(&other, b"o").unwrap();
+    let before = c.stats().transport.round_trips;
+    let r = c.batch(&[Op::Get(&k), Op::Get(&other), Op::Get(&k), Op::Get(&k)]);
+    assert_eq!(
+        r,
+        vec![Ok(None), Ok(Some(b"o".to_vec())), Ok(None), Ok(None)]
+    );
+    // One wave: the bucket READs, then the KV block READs.
+    assert_eq!(c.stats().transport.round_trips - before, 2);
+    let r = c.batch(&[
+        Op::Put(&k, b"x"),
+        Op::Get(&k),
+        Op::Get(&k),
+        Op::Get(&other),
+        Op::Get(&k),
+        Op::Update(&k, b"y"),
+        Op::Get(&k),
+        Op::Get(&k),
+        Op::Delete(&other),
+        Op::Get(&other),
+    ]);
+    let x = Ok(Some(b"x".to_vec()));
+    let y = Ok(Some(b"y".to_vec()));
+    assert_eq!(
+        r,
+        vec![
+            Ok(None),
+            x.clone(),
+            x.clone(),
+            Ok(Some(b"o".to_vec())),
+            x,
+            Ok(None),
+            y.clone(),
+            y,
+            Ok(None),
+            Ok(None),
+        ]
+    );
+}
+
 /// Random batches (1 to 24 operations of every kind, keys drawn from a
 /// small range so that batches repeat keys) from several threads with
 /// disjoint keys, on a table that starts as one tiny subtable: every reply

@@ -36,7 +36,10 @@
 //! * Same-key writes are combined ([`combine`]): a put or update that the
 //!   next operation on its key overwrites sends nothing and answers as that
 //!   one (an update that then runs as a put reports a lost outcome as
-//!   `put`).
+//!   `put`). Same-key gets in a row are combined too: they answer as the
+//!   first of the run (read once, in one wave, linearized together).
+//! * A wave of more than [`MAX_WAVE_PART`] operations runs as consecutive
+//!   parts, so that each group's doorbell keeps to one per memory node.
 //!
 //! Failures are per operation, as the single operation reports them. A
 //! doorbell that fails fails every operation in it: before any CAS was
@@ -109,6 +112,12 @@ pub type Reply = Result<Option<Vec<u8>>, Error>;
 /// [`Client::run_wave`]): each group's doorbell then still carries 4 keys
 /// or more.
 pub const PIPELINE_MIN: usize = 8;
+
+/// Operations of a wave run together at most (as two groups of 16): the
+/// rest of the wave runs after them, so that each group's doorbell keeps
+/// to one per memory node (32 ops each, see the VQP transport) for gets
+/// and updates.
+pub const MAX_WAVE_PART: usize = 32;
 
 /// The rounds of a wave.
 #[derive(Clone, Copy, Debug)]
@@ -319,14 +328,20 @@ impl<T: Transport> Client<T> {
                     cas_at: 0,
                 });
             }
-            self.run_wave(
-                &mut flights,
-                out,
-                &mut scratch.ops,
-                &mut scratch.ops_b,
-                &mut scratch.res_b,
-                &mut scratch.values,
-            );
+            // A large wave runs as consecutive parts whose groups'
+            // doorbells still fit one per node (the transport executes a
+            // larger one at once, without overlap). Its keys are distinct:
+            // the parts have no order between them.
+            for part in flights.chunks_mut(MAX_WAVE_PART) {
+                self.run_wave(
+                    part,
+                    out,
+                    &mut scratch.ops,
+                    &mut scratch.ops_b,
+                    &mut scratch.res_b,
+                    &mut scratch.values,
+                );
+            }
         }
         scratch.flights = recycle(flights);
         // A combined write answers as the write that carried its key on.

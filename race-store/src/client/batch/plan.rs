@@ -11,8 +11,9 @@ use super::Op;
 pub(super) enum Combined {
     /// Runs as given.
     Alone,
-    /// Overwritten by operation `j`, the next on its key, before anyone
-    /// can read it: not sent; it answers as `j` does.
+    /// Not sent; it answers as operation `j` does: a write overwritten by
+    /// `j`, the next operation on its key, before anyone can read it; or a
+    /// get that `j`, the first get of a run of gets on its key, reads for.
     Into(usize),
     /// An update that follows combined puts of its key: the key exists
     /// once they apply, so it runs as a put.
@@ -27,12 +28,18 @@ pub(super) enum Combined {
 /// (two updates: both find the key or neither; an update after puts: the
 /// key exists, so it runs as a put and succeeds). An update followed by a
 /// put is not combined (its answer depends on whether the key existed);
-/// gets, inserts and deletes are never combined.
+/// inserts and deletes are never combined.
+///
+/// Same-key gets are combined too (a hot key read twice in a batch costs
+/// one read, and no second wave): a get directly preceded, among the
+/// batch's operations on its key, by a get answers as the first get of
+/// that run, linearized just after it with nothing between them.
 ///
 /// Writes one entry per operation into `out` (cleared first).
 pub(super) fn combine(ops: &[Op<'_>], hashes: &[KeyHash], out: &mut Vec<Combined>) {
     out.clear();
     out.resize(ops.len(), Combined::Alone);
+    combine_gets(ops, hashes, out);
     if !ops
         .iter()
         .any(|op| matches!(op, Op::Put(..) | Op::Update(..)))
@@ -68,6 +75,54 @@ pub(super) fn combine(ops: &[Op<'_>], hashes: &[KeyHash], out: &mut Vec<Combined
         }
         if let Some(c) = out.get_mut(i) {
             *c = Combined::Into(j);
+        }
+    }
+}
+
+/// The get-combining part of [`combine`]: each valid get whose previous
+/// operation on its key is a valid get becomes `Into` the first get of
+/// that run.
+fn combine_gets(ops: &[Op<'_>], hashes: &[KeyHash], out: &mut [Combined]) {
+    let is_get = |i: usize| matches!(ops.get(i), Some(Op::Get(_)));
+    if ops.len() < 2 || (0..ops.len()).filter(|&i| is_get(i)).count() < 2 {
+        return;
+    }
+    let same_key = |i: usize, j: usize| {
+        hashes.get(i) == hashes.get(j) && ops.get(i).map(Op::key) == ops.get(j).map(Op::key)
+    };
+    let valid = |i: usize| ops.get(i).is_some_and(|o| o.check().is_ok());
+    // The previous operation on each operation's key: pairwise for a
+    // small batch, through a map for a large one.
+    let mut prev: Vec<Option<usize>> = vec![None; ops.len()];
+    if ops.len() <= 64 {
+        for (i, p) in prev.iter_mut().enumerate() {
+            *p = (0..i).rev().find(|&j| same_key(i, j));
+        }
+    } else {
+        let mut last: std::collections::HashMap<&[u8], usize> = std::collections::HashMap::new();
+        for (i, op) in ops.iter().enumerate() {
+            if let Some(p) = prev.get_mut(i) {
+                *p = last.insert(op.key(), i);
+            }
+        }
+    }
+    for i in 0..ops.len() {
+        if !is_get(i) || !valid(i) {
+            continue;
+        }
+        let Some(j) = prev.get(i).copied().flatten() else {
+            continue;
+        };
+        if !is_get(j) || !valid(j) {
+            continue;
+        }
+        // The run's first get (j is one, or answers as one).
+        let head = match out.get(j) {
+            Some(Combined::Into(h)) => *h,
+            _ => j,
+        };
+        if let Some(c) = out.get_mut(i) {
+            *c = Combined::Into(head);
         }
     }
 }
@@ -196,5 +251,59 @@ mod tests {
                 Alone,
             ]
         );
+    }
+
+    #[test]
+    fn same_key_gets_combine_into_the_first_of_their_run() {
+        use Combined::*;
+        let ops = [
+            Op::Get(b"a"),
+            Op::Get(b"b"),
+            Op::Get(b"a"),
+            Op::Get(b"a"),
+            Op::Put(b"a", b"1"),
+            Op::Get(b"a"),
+            Op::Get(b"a"),
+            Op::Delete(b"b"),
+            Op::Get(b"b"),
+            Op::Get(b""),
+            Op::Get(b""),
+        ];
+        let hashes: Vec<KeyHash> = ops.iter().map(|o| KeyHash::of(o.key())).collect();
+        let mut combined = Vec::new();
+        combine(&ops, &hashes, &mut combined);
+        assert_eq!(
+            combined,
+            vec![
+                Alone,
+                Alone,
+                Into(0),
+                Into(0),
+                // A write ends the run; the gets after it make a new one.
+                Alone,
+                Alone,
+                Into(5),
+                Alone,
+                Alone,
+                // Bad input is never combined.
+                Alone,
+                Alone,
+            ]
+        );
+        let mut waves = Vec::new();
+        waves_of(&hashes, &combined, &mut Vec::new(), &mut waves);
+        assert_eq!(
+            waves,
+            vec![0, 0, usize::MAX, usize::MAX, 1, 2, usize::MAX, 1, 2, 0, 1]
+        );
+        // The map path of a large batch agrees.
+        let keys: Vec<Vec<u8>> = (0..100u8).map(|i| vec![b'k', i % 3]).collect();
+        let many: Vec<Op<'_>> = keys.iter().map(|k| Op::Get(k)).collect();
+        let hashes: Vec<KeyHash> = many.iter().map(|o| KeyHash::of(o.key())).collect();
+        combine(&many, &hashes, &mut combined);
+        for (i, c) in combined.iter().enumerate() {
+            let want = if i < 3 { Alone } else { Into(i % 3) };
+            assert_eq!(*c, want, "op {i}");
+        }
     }
 }
