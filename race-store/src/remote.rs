@@ -48,6 +48,9 @@
 
 use crate::layout::slot::RemotePtr;
 
+mod wrappers;
+pub use wrappers::{CrashPlan, Delayed, FaultInjector};
+
 /// One one-sided operation on a memory node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RemoteOp<'a> {
@@ -502,6 +505,12 @@ impl Ticket {
     pub const DONE: Ticket = Ticket(0);
 }
 
+/// A block request sent ahead by [`Transport::alloc_block_ask`], whose
+/// answer [`Transport::alloc_block_answer`] collects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "an asked block is collected with alloc_block_answer"]
+pub struct AllocAsk(pub u64);
+
 /// A one-sided transport to a set of memory nodes (see the module docs for
 /// the round-trip, ordering and failure contract).
 pub trait Transport {
@@ -575,6 +584,39 @@ pub trait Transport {
     /// [`TransportError::OutOfMemory`], [`TransportError::NodeDown`], ...
     fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError>;
 
+    /// Sends [`Transport::alloc_block`]'s request without waiting for the
+    /// answer, which [`Transport::alloc_block_answer`] collects: a client
+    /// asks for its next coarse block while it still carves the current
+    /// one, so that no write waits for a memory node's answer. `None` (the
+    /// default): the transport cannot; the client then asks with
+    /// `alloc_block` when it runs out.
+    ///
+    /// # Errors
+    /// Sending the request, as `alloc_block` (inside `Some`).
+    fn alloc_block_ask(&mut self, node: u8, size: u64) -> Option<Result<AllocAsk, TransportError>> {
+        let _ = (node, size);
+        None
+    }
+
+    /// The answer to `ask` ([`Transport::alloc_block_ask`]): the block, or
+    /// `Ok(None)` while it has not come; with `wait`, waits for it (bounded
+    /// as `alloc_block`). An ask is answered once: after `Ok(Some)` or an
+    /// error it is forgotten (a block answered after the wait gave up is
+    /// leaked, never handed out twice).
+    ///
+    /// # Errors
+    /// As `alloc_block`; [`TransportError::BadResponse`] for an unknown ask.
+    fn alloc_block_answer(
+        &mut self,
+        ask: AllocAsk,
+        wait: bool,
+    ) -> Result<Option<RemotePtr>, TransportError> {
+        let _ = (ask, wait);
+        Err(TransportError::BadResponse {
+            reason: "no block was asked ahead on this transport",
+        })
+    }
+
     /// Number of memory nodes (ids `0..nodes()`).
     fn nodes(&self) -> u8;
 }
@@ -610,6 +652,16 @@ impl<T: Transport + ?Sized> Transport for &mut T {
     }
     fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {
         (**self).alloc_block(node, size)
+    }
+    fn alloc_block_ask(&mut self, node: u8, size: u64) -> Option<Result<AllocAsk, TransportError>> {
+        (**self).alloc_block_ask(node, size)
+    }
+    fn alloc_block_answer(
+        &mut self,
+        ask: AllocAsk,
+        wait: bool,
+    ) -> Result<Option<RemotePtr>, TransportError> {
+        (**self).alloc_block_answer(ask, wait)
     }
     fn nodes(&self) -> u8 {
         (**self).nodes()
@@ -647,6 +699,16 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
     }
     fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {
         (**self).alloc_block(node, size)
+    }
+    fn alloc_block_ask(&mut self, node: u8, size: u64) -> Option<Result<AllocAsk, TransportError>> {
+        (**self).alloc_block_ask(node, size)
+    }
+    fn alloc_block_answer(
+        &mut self,
+        ask: AllocAsk,
+        wait: bool,
+    ) -> Result<Option<RemotePtr>, TransportError> {
+        (**self).alloc_block_answer(ask, wait)
     }
     fn nodes(&self) -> u8 {
         (**self).nodes()
@@ -706,196 +768,6 @@ impl TransportStats {
             bytes_written: self.bytes_written.saturating_sub(earlier.bytes_written),
             block_rpcs: self.block_rpcs.saturating_sub(earlier.block_rpcs),
         }
-    }
-}
-
-/// When a [`FaultInjector`] kills its client.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CrashPlan {
-    /// The doorbell (1-based, counting `execute` calls) that fails.
-    pub at_doorbell: u64,
-    /// How many ops of that batch still execute before the failure (a client
-    /// that dies after posting part of a batch).
-    pub executed_prefix: usize,
-}
-
-/// A transport wrapper that makes its client "die": from a chosen doorbell
-/// on, every call fails with [`TransportError::Disconnected`], after letting
-/// a prefix of that doorbell's batch execute. Like redb's countdown backend,
-/// for crash tests: run an operation once to count its doorbells, then replay
-/// it crashing at each one.
-#[derive(Debug)]
-pub struct FaultInjector<T> {
-    inner: T,
-    plan: Option<CrashPlan>,
-    doorbells: u64,
-    dead: bool,
-}
-
-impl<T: Transport> FaultInjector<T> {
-    /// Wraps `inner`; with `plan: None` it never fails.
-    pub fn new(inner: T, plan: Option<CrashPlan>) -> Self {
-        Self {
-            inner,
-            plan,
-            doorbells: 0,
-            dead: false,
-        }
-    }
-
-    /// Doorbells seen so far (including the failing one).
-    pub fn doorbells(&self) -> u64 {
-        self.doorbells
-    }
-
-    /// Whether the crash has happened.
-    pub fn is_dead(&self) -> bool {
-        self.dead
-    }
-
-    /// Sets (or clears) the crash plan; doorbells are counted from now on.
-    pub fn set_plan(&mut self, plan: Option<CrashPlan>) {
-        self.plan = plan;
-        self.doorbells = 0;
-    }
-
-    /// The wrapped transport.
-    pub fn into_inner(self) -> T {
-        self.inner
-    }
-}
-
-impl<T: Transport> FaultInjector<T> {
-    /// Counts a doorbell; `Err` if the client is (now) dead, after letting
-    /// the planned prefix of `batch` execute.
-    fn doorbell(&mut self, batch: &[RemoteOp<'_>]) -> Result<(), TransportError> {
-        if self.dead {
-            return Err(TransportError::Disconnected);
-        }
-        self.doorbells += 1;
-        match self.plan {
-            Some(plan) if plan.at_doorbell == self.doorbells => {
-                self.dead = true;
-                let prefix = batch.get(..plan.executed_prefix).unwrap_or(batch);
-                if !prefix.is_empty() {
-                    // The posted part reaches memory; its results are lost.
-                    let _ = self.inner.execute(prefix);
-                }
-                Err(TransportError::Disconnected)
-            }
-            _ => Ok(()),
-        }
-    }
-}
-
-impl<T: Transport> Transport for FaultInjector<T> {
-    fn execute(&mut self, batch: &[RemoteOp<'_>]) -> Result<Vec<OpResult>, TransportError> {
-        self.doorbell(batch)?;
-        self.inner.execute(batch)
-    }
-
-    fn execute_into(
-        &mut self,
-        batch: &[RemoteOp<'_>],
-        out: &mut Completions,
-    ) -> Result<(), TransportError> {
-        self.doorbell(batch)?;
-        self.inner.execute_into(batch, out)
-    }
-
-    fn post_into(
-        &mut self,
-        batch: &[RemoteOp<'_>],
-        out: &mut Completions,
-    ) -> Result<Ticket, TransportError> {
-        self.doorbell(batch)?;
-        self.inner.post_into(batch, out)
-    }
-
-    /// A client that died after posting never learns its doorbells'
-    /// outcome: [`TransportError::Disconnected`].
-    fn complete_into(
-        &mut self,
-        ticket: Ticket,
-        batch: &[RemoteOp<'_>],
-        out: &mut Completions,
-    ) -> Result<(), TransportError> {
-        let r = self.inner.complete_into(ticket, batch, out);
-        if self.dead {
-            return Err(TransportError::Disconnected);
-        }
-        r
-    }
-
-    fn max_in_flight(&self) -> usize {
-        self.inner.max_in_flight()
-    }
-
-    fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {
-        if self.dead {
-            return Err(TransportError::Disconnected);
-        }
-        self.inner.alloc_block(node, size)
-    }
-
-    fn nodes(&self) -> u8 {
-        self.inner.nodes()
-    }
-}
-
-/// A transport wrapper that makes every doorbell take at least `rtt`: half
-/// of it before the batch executes (the request on the wire), half after
-/// (the response). A stand-in for a network's round trip on a transport
-/// that has none ([`crate::memory::LocalTransport`]): clients in threads
-/// then overlap as they do across machines, so contention tests and the
-/// `contention` example see writers race on a hot key.
-#[derive(Debug)]
-pub struct Delayed<T> {
-    inner: T,
-    half: std::time::Duration,
-}
-
-impl<T: Transport> Delayed<T> {
-    /// Wraps `inner` with a round trip of `rtt`.
-    pub fn new(inner: T, rtt: std::time::Duration) -> Self {
-        Self {
-            inner,
-            half: rtt / 2,
-        }
-    }
-
-    fn wait(&self) {
-        if !self.half.is_zero() {
-            std::thread::sleep(self.half);
-        }
-    }
-}
-
-impl<T: Transport> Transport for Delayed<T> {
-    fn execute(&mut self, batch: &[RemoteOp<'_>]) -> Result<Vec<OpResult>, TransportError> {
-        self.wait();
-        let r = self.inner.execute(batch);
-        self.wait();
-        r
-    }
-
-    fn execute_into(
-        &mut self,
-        batch: &[RemoteOp<'_>],
-        out: &mut Completions,
-    ) -> Result<(), TransportError> {
-        self.wait();
-        let r = self.inner.execute_into(batch, out);
-        self.wait();
-        r
-    }
-
-    fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {
-        self.inner.alloc_block(node, size)
-    }
-
-    fn nodes(&self) -> u8 {
-        self.inner.nodes()
     }
 }
 

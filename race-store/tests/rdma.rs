@@ -346,3 +346,45 @@ fn clients_that_leave_do_not_fill_the_allocation_port() {
     t.alloc_block(0, 4096).unwrap();
     drop(hogs);
 }
+
+#[test]
+fn blocks_asked_ahead_are_answered_around_other_allocations() {
+    use race_store::remote::Transport;
+    let c = cluster(2, 64 << 20);
+    let node = Node::builder().join(&c.meta).build().unwrap();
+    let mut t = VqpTransport::connect(&node, &c.infos).unwrap();
+    // Two requests sent ahead, then allocations waited for on both nodes
+    // (whose waits see the early answers go by and must keep them).
+    let a0 = t.alloc_block_ask(0, 4096).unwrap().unwrap();
+    let a1 = t.alloc_block_ask(1, 8192).unwrap().unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let s1 = t.alloc_block(1, 4096).unwrap();
+    let s0 = t.alloc_block(0, 4096).unwrap();
+    let b1 = t.alloc_block_answer(a1, true).unwrap().unwrap();
+    let b0 = t.alloc_block_answer(a0, false).unwrap().unwrap();
+    assert_eq!((b0.node(), b1.node(), s0.node(), s1.node()), (0, 1, 0, 1));
+    // Distinct blocks on each node.
+    let apart =
+        |x: race_store::layout::slot::RemotePtr, y: race_store::layout::slot::RemotePtr, len| {
+            x.offset() + len <= y.offset() || y.offset() + 4096 <= x.offset()
+        };
+    assert!(apart(b0, s0, 4096));
+    assert!(apart(b1, s1, 8192));
+    // An ask is answered once.
+    assert!(t.alloc_block_answer(a0, false).is_err());
+    // The client's writes allocate through asks: a YCSB-like load of
+    // puts needs many blocks and keeps every value.
+    let mut client =
+        Client::open(t, Arc::new(SystemClock::new()), ClientConfig::default()).unwrap();
+    for i in 0..3000u32 {
+        client
+            .put(&i.to_le_bytes(), &[i as u8; 200])
+            .unwrap_or_else(|e| panic!("put {i}: {e}"));
+    }
+    for i in (0..3000u32).step_by(7) {
+        assert_eq!(
+            client.get(&i.to_le_bytes()).unwrap(),
+            Some(vec![i as u8; 200])
+        );
+    }
+}

@@ -7,6 +7,13 @@
 //!   at most [`MAX_REFILL`] (rounded to whole blocks): small tables waste
 //!   little, large ones need few messages, and the uncarved remainder stays
 //!   under a quarter of the class's footprint.
+//! * **Asked ahead.** Once a (node, class)'s current coarse block is half
+//!   carved, its next one is asked for without waiting
+//!   ([`Transport::alloc_block_ask`], on a transport that can): by the time
+//!   the block runs out the answer is usually there, so no write waits for
+//!   a memory node's allocation port (whose serving thread may be asleep
+//!   after an idle spell). A client that goes with a block asked and not
+//!   collected leaks it.
 //! * **Size classes** ([`CLASS_UNITS`], in 64 B units, at most 25% internal
 //!   waste) are carved from the current coarse block of the class, per node.
 //!   A block's class is a function of its length, so a block freed by any
@@ -48,7 +55,7 @@ use std::collections::VecDeque;
 
 use crate::error::Error;
 use crate::layout::slot::{RemotePtr, Slot, LEN_UNIT};
-use crate::remote::{Transport, TransportError, TransportStats};
+use crate::remote::{AllocAsk, Transport, TransportError, TransportStats};
 
 /// Block sizes of the size classes, in 64 B units.
 pub const CLASS_UNITS: [u8; 28] = [
@@ -88,6 +95,10 @@ pub struct KvMemoryStats {
 struct ClassArena {
     free: VecDeque<RemotePtr>,
     chunk: Option<(RemotePtr, u64)>,
+    /// The current chunk's length when it came.
+    chunk_len: u64,
+    /// The next coarse block, asked for ahead, and its length.
+    ahead: Option<(AllocAsk, u64)>,
     /// Coarse bytes obtained for this (node, class).
     coarse: u64,
 }
@@ -111,6 +122,9 @@ pub struct KvAllocator {
     /// error its last request failed with.
     unreachable: Vec<Option<(u64, Error)>>,
     backoff_ticks: u64,
+    /// Whether to ask for coarse blocks ahead (cleared once the transport
+    /// says it cannot).
+    ask_ahead: bool,
 }
 
 impl KvAllocator {
@@ -130,6 +144,7 @@ impl KvAllocator {
             coarse_block_bytes: coarse_block_bytes.max(LEN_UNIT as u64),
             unreachable: vec![None; usize::from(nodes)],
             backoff_ticks: 0,
+            ask_ahead: true,
         }
     }
 
@@ -166,7 +181,14 @@ impl KvAllocator {
                 return Ok(ptr);
             }
             if let Some(ptr) = self.carve(node, class)? {
+                self.ask_next(transport, stats, node, class, now);
                 return Ok(ptr);
+            }
+            // The block asked ahead, if its answer is already there.
+            if self.collect_ahead(transport, node, class)? {
+                if let Some(ptr) = self.carve(node, class)? {
+                    return Ok(ptr);
+                }
             }
         }
         let mut first_err = None;
@@ -221,6 +243,60 @@ impl KvAllocator {
         }
     }
 
+    /// The length of the next coarse block of (node, class): a quarter of
+    /// what it holds, within bounds, in whole blocks.
+    fn refill_len(&self, node: u8, class: usize) -> Option<u64> {
+        let size = class_bytes(class);
+        let min = self.coarse_block_bytes;
+        let arena = self.arenas.get(usize::from(node))?.get(class)?;
+        let want = (arena.coarse / 4).clamp(min, MAX_REFILL.max(min)).max(size);
+        Some(want / size * size)
+    }
+
+    /// Asks for (node, class)'s next coarse block if its current one is
+    /// half carved and none is asked yet (see the module docs). A failure
+    /// here is left to the refill, which asks again when it must.
+    fn ask_next<T: Transport>(
+        &mut self,
+        transport: &mut T,
+        stats: &mut TransportStats,
+        node: u8,
+        class: usize,
+        now: u64,
+    ) {
+        if !self.ask_ahead {
+            return;
+        }
+        if let Some(Some((until, _))) = self.unreachable.get(usize::from(node)) {
+            if now < *until {
+                return;
+            }
+        }
+        let due = match self
+            .arenas
+            .get(usize::from(node))
+            .and_then(|a| a.get(class))
+        {
+            Some(a) => {
+                a.ahead.is_none() && a.chunk.is_some_and(|(_, left)| left * 2 <= a.chunk_len)
+            }
+            None => false,
+        };
+        let Some(coarse) = self.refill_len(node, class).filter(|_| due) else {
+            return;
+        };
+        match transport.alloc_block_ask(node, coarse) {
+            None => self.ask_ahead = false,
+            Some(Ok(ask)) => {
+                stats.block_rpcs += 1;
+                if let Some(a) = self.arena(node, class) {
+                    a.ahead = Some((ask, coarse));
+                }
+            }
+            Some(Err(_)) => {}
+        }
+    }
+
     fn refill<T: Transport>(
         &mut self,
         transport: &mut T,
@@ -228,32 +304,83 @@ impl KvAllocator {
         node: u8,
         class: usize,
     ) -> Result<(), Error> {
-        let size = class_bytes(class);
-        let min = self.coarse_block_bytes;
-        let arena = self.arena(node, class).ok_or(Error::BadTable {
+        let coarse = self.refill_len(node, class).ok_or(Error::BadTable {
             reason: "allocation on an unknown node",
         })?;
-        let want = (arena.coarse / 4).clamp(min, MAX_REFILL.max(min)).max(size);
-        let coarse = want / size * size;
-        stats.block_rpcs += 1;
-        let base = match transport.alloc_block(node, coarse) {
-            Ok(base) => base,
-            Err(TransportError::OutOfMemory { .. }) => {
-                return Err(Error::OutOfMemory {
-                    what: "KV block: memory node full",
-                })
+        let ahead = self
+            .arena(node, class)
+            .ok_or(Error::BadTable {
+                reason: "allocation on an unknown node",
+            })?
+            .ahead
+            .take();
+        let got = match ahead {
+            // Asked ahead: its answer, waited for if it has not come.
+            Some((ask, len)) => match transport.alloc_block_answer(ask, true) {
+                Ok(Some(base)) => Ok((base, len)),
+                Ok(None) => Err(TransportError::BadResponse {
+                    reason: "a block asked ahead was not answered",
+                }),
+                Err(e) => Err(e),
+            },
+            None => {
+                stats.block_rpcs += 1;
+                transport.alloc_block(node, coarse).map(|b| (b, coarse))
             }
-            Err(e) => return Err(e.into()),
         };
+        match got {
+            Ok((base, len)) => self.install(node, class, base, len),
+            Err(TransportError::OutOfMemory { .. }) => Err(Error::OutOfMemory {
+                what: "KV block: memory node full",
+            }),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Takes (node, class)'s block asked ahead as its chunk if the answer
+    /// has come (`true`). A failed ask is dropped: the refill asks again
+    /// when it must.
+    fn collect_ahead<T: Transport>(
+        &mut self,
+        transport: &mut T,
+        node: u8,
+        class: usize,
+    ) -> Result<bool, Error> {
+        let Some(a) = self.arena(node, class) else {
+            return Ok(false);
+        };
+        let Some((ask, len)) = a.ahead else {
+            return Ok(false);
+        };
+        match transport.alloc_block_answer(ask, false) {
+            Ok(None) => Ok(false),
+            Ok(Some(base)) => {
+                a.ahead = None;
+                self.install(node, class, base, len)?;
+                Ok(true)
+            }
+            Err(_) => {
+                a.ahead = None;
+                Ok(false)
+            }
+        }
+    }
+
+    /// A new coarse block `base..base + len` becomes (node, class)'s chunk.
+    fn install(&mut self, node: u8, class: usize, base: RemotePtr, len: u64) -> Result<(), Error> {
         if base.offset() % LEN_UNIT as u64 != 0 {
             return Err(Error::BadTable {
                 reason: "memory node returned a block that is not 64-byte aligned",
             });
         }
-        arena.coarse += coarse;
+        let arena = self.arena(node, class).ok_or(Error::BadTable {
+            reason: "allocation on an unknown node",
+        })?;
+        arena.coarse += len;
         // The rest of the previous chunk (smaller than a block) is dropped.
-        arena.chunk = Some((base, coarse));
-        self.coarse_bytes += coarse;
+        arena.chunk = Some((base, len));
+        arena.chunk_len = len;
+        self.coarse_bytes += len;
         Ok(())
     }
 
@@ -436,5 +563,117 @@ mod tests {
             b.alloc(&mut t, &mut st, 1, 64, 0),
             Ok(p) if p.node() == 0
         ));
+    }
+
+    /// A transport that answers blocks asked ahead only when told to (or
+    /// when waited for), counting its requests.
+    struct Asking {
+        inner: crate::memory::LocalTransport,
+        asked: Vec<(u64, u8, u64)>,
+        ready: bool,
+        sync_calls: u64,
+        answers_waited: u64,
+    }
+
+    impl Transport for Asking {
+        fn execute(
+            &mut self,
+            batch: &[crate::remote::RemoteOp<'_>],
+        ) -> Result<Vec<crate::remote::OpResult>, TransportError> {
+            self.inner.execute(batch)
+        }
+        fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {
+            self.sync_calls += 1;
+            self.inner.alloc_block(node, size)
+        }
+        fn alloc_block_ask(
+            &mut self,
+            node: u8,
+            size: u64,
+        ) -> Option<Result<AllocAsk, TransportError>> {
+            let id = self.asked.len() as u64 + 100;
+            self.asked.push((id, node, size));
+            Some(Ok(AllocAsk(id)))
+        }
+        fn alloc_block_answer(
+            &mut self,
+            ask: AllocAsk,
+            wait: bool,
+        ) -> Result<Option<RemotePtr>, TransportError> {
+            if !wait && !self.ready {
+                return Ok(None);
+            }
+            self.answers_waited += u64::from(wait);
+            let &(_, node, size) = self
+                .asked
+                .iter()
+                .find(|a| a.0 == ask.0)
+                .ok_or(TransportError::BadResponse { reason: "unknown" })?;
+            self.inner.alloc_block(node, size).map(Some)
+        }
+        fn nodes(&self) -> u8 {
+            self.inner.nodes()
+        }
+    }
+
+    #[test]
+    fn the_next_coarse_block_is_asked_for_once_the_current_is_half_carved() {
+        let cluster = LocalCluster::new(ClusterConfig {
+            nodes: 1,
+            node_bytes: 1 << 20,
+            table: TableConfig {
+                geometry: crate::layout::subtable::SubtableGeometry::new(1).unwrap(),
+                initial_global_depth: 0,
+                max_global_depth: 4,
+            },
+        })
+        .unwrap();
+        let mut t = Asking {
+            inner: cluster.transport(),
+            asked: Vec::new(),
+            ready: false,
+            sync_calls: 0,
+            answers_waited: 0,
+        };
+        let mut st = TransportStats::default();
+        // Coarse blocks of 1 KiB: 16 blocks of 64 B each.
+        let mut a = KvAllocator::new(1, 10, 1024);
+        let mut got = Vec::new();
+        for i in 0..8 {
+            got.push(a.alloc(&mut t, &mut st, 0, LEN_UNIT, 0).unwrap());
+            // The first refill is waited for; the next is asked once half
+            // of the block is carved (after the 8th).
+            let want = if i < 7 { 0 } else { 1 };
+            assert_eq!(t.asked.len(), want, "after {} blocks", i + 1);
+        }
+        assert_eq!(t.sync_calls, 1);
+        for _ in 8..16 {
+            got.push(a.alloc(&mut t, &mut st, 0, LEN_UNIT, 0).unwrap());
+        }
+        assert_eq!(t.asked.len(), 1, "one ask at a time");
+        // The 17th block comes out of the block asked ahead (its answer
+        // waited for: it had not come), with no request of its own.
+        got.push(a.alloc(&mut t, &mut st, 0, LEN_UNIT, 0).unwrap());
+        assert_eq!((t.sync_calls, t.answers_waited), (1, 1));
+        assert_eq!(st.block_rpcs, 2);
+        // An answer already there is taken without waiting.
+        t.ready = true;
+        for _ in 17..40 {
+            got.push(a.alloc(&mut t, &mut st, 0, LEN_UNIT, 0).unwrap());
+        }
+        assert_eq!((t.sync_calls, t.answers_waited), (1, 1));
+        assert!(t.asked.len() >= 2);
+        // Every block distinct and whole.
+        let mut offs: Vec<u64> = got.iter().map(|p| p.offset()).collect();
+        offs.sort_unstable();
+        assert!(offs.windows(2).all(|w| w[1] - w[0] >= LEN_UNIT as u64));
+        // Every request's block in use, but the one asked and not yet
+        // collected.
+        let coarse = a.stats().coarse_bytes;
+        assert!(
+            coarse == st.block_rpcs * 1024 || coarse == (st.block_rpcs - 1) * 1024,
+            "{coarse} bytes for {} requests",
+            st.block_rpcs
+        );
     }
 }

@@ -1,13 +1,22 @@
-//! The block allocation exchange of [`super::VqpTransport`]: one request
-//! to a memory node's allocation port and its answer, asked again when the
+//! The block allocation exchange of [`super::VqpTransport`]: requests to a
+//! memory node's allocation port and their answers, asked again when an
 //! answer does not come in time or the port is full (see the transport's
-//! module docs).
+//! module docs), either waited for at once ([`Allocations::exchange`]) or
+//! sent ahead and collected later ([`Allocations::ask`],
+//! [`Allocations::answer`]).
+//!
+//! All answers come back to one endpoint, in any order: each is matched to
+//! its request by id. An answer to a request sent ahead that arrives while
+//! another exchange waits is kept for it; any other stray answer (to a
+//! request given up on) is dropped, its block leaked, never handed out
+//! twice.
 
-use super::proto::{AllocReply, ALLOC_REPLY_LEN};
+use super::proto::{AllocReply, AllocRequest, ALLOC_REPLY_LEN};
 use crate::layout::slot::RemotePtr;
-use crate::remote::TransportError;
+use crate::remote::{AllocAsk, Cause, TransportError};
 use krcore::messaging::Endpoint;
-use krcore_nic::Nic;
+use krcore::Node;
+use krcore_nic::{Gid, Nic};
 use std::time::{Duration, Instant};
 
 /// How long a block allocation waits for the memory node's answer, and how
@@ -21,54 +30,265 @@ pub(super) const CLOSE_WAIT: Duration = Duration::from_millis(20);
 /// (`Busy`): longer than the default `msg.control_idle` (1 s) after which
 /// a full port reclaims the slot of a client that left without a Close.
 pub const ALLOC_BUSY_WAIT: Duration = Duration::from_secs(3);
+/// Requests sent ahead and not collected, at most (more are refused: the
+/// caller then allocates when it needs to).
+const MAX_ASKED: usize = 64;
 
-/// One allocation request and its answer (see [`crate::remote::Transport::alloc_block`]).
-#[allow(clippy::too_many_arguments)]
-pub(super) fn alloc_exchange<N: Nic>(
-    ep: &Endpoint<N>,
-    gid: krcore_nic::Gid,
-    port: u16,
-    node: u8,
+/// A request sent ahead ([`Allocations::ask`]).
+#[derive(Debug)]
+struct Asked {
     req_id: u64,
+    node: u8,
+    gid: Gid,
+    port: u16,
     size: u64,
-    req: &[u8],
-    lost: impl Fn(krcore::MsgError) -> TransportError,
-) -> Result<RemotePtr, TransportError> {
-    // Messaging delivers a pushed request once or reports it lost; an
-    // answer that does not come in time (a memory node stalled, or its
-    // reply lost) is asked again with the same request id: a block
-    // handed out twice is leaked, never shared (the client takes the
-    // first answer to its id and skips the others).
-    for _ in 0..ALLOC_ATTEMPTS {
-        push_when_admitted(ep, gid, port, req).map_err(&lost)?;
-        let deadline = Instant::now() + ALLOC_TIMEOUT;
-        while Instant::now() < deadline {
-            let Some(m) = ep.try_pop_reply().map_err(&lost)? else {
-                std::thread::yield_now();
-                continue;
-            };
-            let p = m.to_vec();
-            if p.len() < ALLOC_REPLY_LEN {
-                continue;
-            }
-            let Ok(reply) = AllocReply::decode(&p) else {
-                continue;
-            };
-            if reply.req_id != req_id {
-                continue; // the late answer to an abandoned request
-            }
-            return match reply.offset {
-                Some(off) => RemotePtr::new(node, off).map_err(|_| TransportError::BadResponse {
-                    reason: "allocated offset out of range",
-                }),
-                None => Err(TransportError::OutOfMemory { node, size }),
-            };
+    at: Instant,
+}
+
+/// The allocation side of one transport: its messaging endpoint (made on
+/// first use: a client that only reads creates no QP) and its requests.
+pub(super) struct Allocations<N: Nic> {
+    ep: Option<Endpoint<N>>,
+    next_req: u64,
+    asked: Vec<Asked>,
+    /// Answers that came for requests in `asked`: (request id, offset or
+    /// `None` for "full").
+    answers: Vec<(u64, Option<u64>)>,
+}
+
+impl<N: Nic> Allocations<N> {
+    pub(super) fn new() -> Self {
+        Allocations {
+            ep: None,
+            next_req: 1,
+            asked: Vec::new(),
+            answers: Vec::new(),
         }
     }
-    Err(TransportError::Timeout {
-        node,
-        after: ALLOC_TIMEOUT * ALLOC_ATTEMPTS,
-    })
+
+    /// Whether the endpoint was made.
+    pub(super) fn has_endpoint(&self) -> bool {
+        self.ep.is_some()
+    }
+
+    fn endpoint(&mut self, node: &Node<N>, to: u8) -> Result<&Endpoint<N>, TransportError> {
+        if self.ep.is_none() {
+            self.ep = Some(
+                node.endpoint_with_window(1)
+                    .map_err(|e| TransportError::Refused {
+                        node: to,
+                        source: Cause::new(e),
+                    })?,
+            );
+        }
+        self.ep.as_ref().ok_or(TransportError::BadResponse {
+            reason: "no allocation endpoint",
+        })
+    }
+
+    fn next_request(&mut self, size: u64) -> (u64, Vec<u8>) {
+        let req_id = self.next_req;
+        self.next_req += 1;
+        (req_id, AllocRequest { req_id, size }.encode().to_vec())
+    }
+
+    /// One request to node `to` (its port `port` at `gid`) and its answer.
+    pub(super) fn exchange(
+        &mut self,
+        node: &Node<N>,
+        to: u8,
+        (gid, port): (Gid, u16),
+        size: u64,
+    ) -> Result<RemotePtr, TransportError> {
+        let (req_id, req) = self.next_request(size);
+        self.endpoint(node, to)?;
+        let r = self.exchange_inner(to, gid, port, req_id, size, &req);
+        self.close_unless_asked(gid, port);
+        r
+    }
+
+    fn exchange_inner(
+        &mut self,
+        node: u8,
+        gid: Gid,
+        port: u16,
+        req_id: u64,
+        size: u64,
+        req: &[u8],
+    ) -> Result<RemotePtr, TransportError> {
+        // Messaging delivers a pushed request once or reports it lost; an
+        // answer that does not come in time (a memory node stalled, or its
+        // reply lost) is asked again with the same request id: a block
+        // handed out twice is leaked, never shared (the client takes the
+        // first answer to its id and skips the others).
+        for _ in 0..ALLOC_ATTEMPTS {
+            let ep = self.ep.as_ref().ok_or(TransportError::BadResponse {
+                reason: "no allocation endpoint",
+            })?;
+            push_when_admitted(ep, gid, port, req).map_err(|e| lost(node, e))?;
+            let deadline = Instant::now() + ALLOC_TIMEOUT;
+            while Instant::now() < deadline {
+                match self.next_answer(node)? {
+                    Some((id, offset)) if id == req_id => return block(node, size, offset),
+                    Some(_) => continue,
+                    None => std::thread::yield_now(),
+                }
+            }
+        }
+        Err(TransportError::Timeout {
+            node,
+            after: ALLOC_TIMEOUT * ALLOC_ATTEMPTS,
+        })
+    }
+
+    /// The next answer on the endpoint, if one came: an answer to a
+    /// request sent ahead is kept for it (and `Some` returned so that the
+    /// caller looks again); a stray one is dropped likewise.
+    fn next_answer(&mut self, node: u8) -> Result<Option<(u64, Option<u64>)>, TransportError> {
+        let Some(ep) = self.ep.as_ref() else {
+            return Ok(None);
+        };
+        let Some(m) = ep.try_pop_reply().map_err(|e| lost(node, e))? else {
+            return Ok(None);
+        };
+        let p = m.to_vec();
+        let reply = match p.get(..ALLOC_REPLY_LEN).map(AllocReply::decode) {
+            Some(Ok(r)) => r,
+            // Malformed: nobody's answer.
+            _ => return Ok(Some((0, None))),
+        };
+        if self.asked.iter().any(|a| a.req_id == reply.req_id)
+            && !self.answers.iter().any(|(id, _)| *id == reply.req_id)
+        {
+            self.answers.push((reply.req_id, reply.offset));
+        }
+        Ok(Some((reply.req_id, reply.offset)))
+    }
+
+    /// Sends a request to node `to` without waiting for its answer.
+    pub(super) fn ask(
+        &mut self,
+        node: &Node<N>,
+        to: u8,
+        (gid, port): (Gid, u16),
+        size: u64,
+    ) -> Result<AllocAsk, TransportError> {
+        if self.asked.len() >= MAX_ASKED {
+            return Err(TransportError::BadResponse {
+                reason: "too many blocks asked ahead and not collected",
+            });
+        }
+        let (req_id, req) = self.next_request(size);
+        let ep = self.endpoint(node, to)?;
+        push_when_admitted(ep, gid, port, &req).map_err(|e| lost(to, e))?;
+        self.asked.push(Asked {
+            req_id,
+            node: to,
+            gid,
+            port,
+            size,
+            at: Instant::now(),
+        });
+        Ok(AllocAsk(req_id))
+    }
+
+    /// The answer to `ask`, if it came (`wait`: waiting for it until
+    /// `ALLOC_TIMEOUT` after it was sent).
+    pub(super) fn answer(
+        &mut self,
+        ask: AllocAsk,
+        wait: bool,
+    ) -> Result<Option<RemotePtr>, TransportError> {
+        let Some(i) = self.asked.iter().position(|a| a.req_id == ask.0) else {
+            return Err(TransportError::BadResponse {
+                reason: "no block asked ahead with this id",
+            });
+        };
+        let (node, gid, port, size, at) = match self.asked.get(i) {
+            Some(a) => (a.node, a.gid, a.port, a.size, a.at),
+            None => return Ok(None),
+        };
+        loop {
+            if let Some(k) = self.answers.iter().position(|(id, _)| *id == ask.0) {
+                let (_, offset) = self.answers.swap_remove(k);
+                self.forget(ask.0);
+                self.close_unless_asked(gid, port);
+                return block(node, size, offset).map(Some);
+            }
+            match self.next_answer(node) {
+                Ok(Some(_)) => continue,
+                Ok(None) => {}
+                Err(e) => {
+                    self.forget(ask.0);
+                    return Err(e);
+                }
+            }
+            if !wait {
+                return Ok(None);
+            }
+            if at.elapsed() >= ALLOC_TIMEOUT {
+                // Given up on: a late answer is dropped (its block leaked).
+                self.forget(ask.0);
+                return Err(TransportError::Timeout {
+                    node,
+                    after: ALLOC_TIMEOUT,
+                });
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Closes the channel to `(gid, port)` unless a request sent ahead
+    /// there is still out (its answer closes it).
+    fn close_unless_asked(&self, gid: Gid, port: u16) {
+        if self.asked.iter().any(|a| a.gid == gid && a.port == port) {
+            return;
+        }
+        if let Some(ep) = &self.ep {
+            close(ep, gid, port);
+        }
+    }
+
+    fn forget(&mut self, req_id: u64) {
+        self.asked.retain(|a| a.req_id != req_id);
+        self.answers.retain(|(id, _)| *id != req_id);
+    }
+}
+
+/// The block an answer names.
+fn block(node: u8, size: u64, offset: Option<u64>) -> Result<RemotePtr, TransportError> {
+    match offset {
+        Some(off) => RemotePtr::new(node, off).map_err(|_| TransportError::BadResponse {
+            reason: "allocated offset out of range",
+        }),
+        None => Err(TransportError::OutOfMemory { node, size }),
+    }
+}
+
+fn lost(node: u8, e: krcore::MsgError) -> TransportError {
+    match e {
+        // The node is gone: its messages fail on the wire.
+        krcore::MsgError::Lost { .. } => TransportError::NodeDown { node },
+        other => TransportError::Refused {
+            node,
+            source: Cause::new(other),
+        },
+    }
+}
+
+/// Done with a request: the memory node's port gets the channel's slot
+/// back. The request's credit was sent back before the answer (same path,
+/// in order), so the channel is idle now unless another request to the
+/// node is out; a late credit is waited for a little, then the slot is
+/// left to the port's reclaim.
+fn close<N: Nic>(ep: &Endpoint<N>, gid: Gid, port: u16) {
+    let until = Instant::now() + CLOSE_WAIT;
+    while let Ok(false) = ep.close_channel(gid, port) {
+        if ep.credits(gid, port).is_none() || Instant::now() >= until {
+            break;
+        }
+        std::thread::yield_now();
+    }
 }
 
 /// Pushes `req`, asking again (pauses of 1 ms doubling to 100 ms) while the
@@ -77,7 +297,7 @@ pub(super) fn alloc_exchange<N: Nic>(
 /// been idle for `msg.control_idle`.
 fn push_when_admitted<N: Nic>(
     ep: &Endpoint<N>,
-    gid: krcore_nic::Gid,
+    gid: Gid,
     port: u16,
     req: &[u8],
 ) -> Result<(), krcore::MsgError> {

@@ -38,11 +38,12 @@
 //! deregistered beyond that (a WR still naming it then fails at the NIC's
 //! local key check instead of writing anything).
 
-use super::alloc_msg::{alloc_exchange, CLOSE_WAIT};
-use super::proto::{AllocRequest, NodeInfo};
+use super::alloc_msg::Allocations;
+use super::proto::NodeInfo;
 use crate::layout::slot::RemotePtr;
-use crate::remote::{Cause, Completions, OpResult, RemoteOp, Ticket, Transport, TransportError};
-use krcore::messaging::Endpoint;
+use crate::remote::{
+    AllocAsk, Cause, Completions, OpResult, RemoteOp, Ticket, Transport, TransportError,
+};
 use krcore::{Access, MemoryRegion, Node, RemoteGrant, Vqp, VqpError};
 use krcore_nic::{
     Destination, InlineData, Nic, Payload, RemoteAddr, SendFlags, SendWr, SgList, Sge, Wc,
@@ -108,13 +109,13 @@ pub struct VqpTransport<N: Nic> {
     /// `scratch`'s address, lkey and length, read once (a batch checks its
     /// whole layout against the length, then builds its SGEs directly).
     scratch_sge: Sge,
-    /// The allocation endpoint, made at the first allocation.
-    alloc_ep: Option<Endpoint<N>>,
+    /// Block allocation: the messaging endpoint (made at the first
+    /// allocation) and the requests sent ahead.
+    alloc: Allocations<N>,
     /// WRITEs of at most this many bytes go inline: `MAX_INLINE` (on a
     /// node attached to the node daemon too: its ring carries them in a
     /// continuation slot).
     max_inline: usize,
-    next_req: u64,
     /// Tags the wr_ids of a batch (`batch << 24 | index`), so completions of
     /// an abandoned batch are recognized and dropped.
     batch: u64,
@@ -208,9 +209,8 @@ impl<N: Nic> VqpTransport<N> {
             last: vec![None; infos.len()],
             remotes,
             scratch,
-            alloc_ep: None,
+            alloc: Allocations::new(),
             max_inline: MAX_INLINE,
-            next_req: 1,
             batch: 0,
             wcs: vec![Wc::default(); 16],
             results: Completions::new(),
@@ -284,6 +284,15 @@ impl<N: Nic> VqpTransport<N> {
         self.quarantine(s.mr, tag, s.last);
     }
 
+    /// Node `node`'s allocation port: its GID and port number.
+    fn alloc_port(&self, node: u8) -> Result<(krcore_nic::Gid, u16), TransportError> {
+        let r = self
+            .remotes
+            .get(usize::from(node))
+            .ok_or(TransportError::NoSuchNode { node })?;
+        Ok((r.info.gid, r.info.alloc_port))
+    }
+
     /// The client node.
     pub fn node(&self) -> &Node<N> {
         &self.node
@@ -292,7 +301,7 @@ impl<N: Nic> VqpTransport<N> {
     /// Whether the transport has made its messaging endpoint (the only QP
     /// it may create itself, at the first block allocation).
     pub fn has_msg_endpoint(&self) -> bool {
-        self.alloc_ep.is_some()
+        self.alloc.has_endpoint()
     }
 
     fn grow_scratch(&mut self, need: usize) -> Result<(), TransportError> {
@@ -918,51 +927,27 @@ impl<N: Nic> Transport for VqpTransport<N> {
     }
 
     fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {
-        let r = self
-            .remotes
-            .get(usize::from(node))
-            .ok_or(TransportError::NoSuchNode { node })?;
-        let (gid, port) = (r.info.gid, r.info.alloc_port);
-        let req_id = self.next_req;
-        self.next_req += 1;
-        let req = AllocRequest { req_id, size }.encode();
-        let lost = |e: krcore::MsgError| match e {
-            // The node is gone: its messages fail on the wire.
-            krcore::MsgError::Lost { .. } => TransportError::NodeDown { node },
-            other => TransportError::Refused {
-                node,
-                source: Cause::new(other),
-            },
+        let to = self.alloc_port(node)?;
+        self.alloc.exchange(&self.node, node, to, size)
+    }
+
+    /// The request goes out now; its answer is collected by
+    /// `alloc_block_answer` (answers to other requests that arrive
+    /// meanwhile are kept for them).
+    fn alloc_block_ask(&mut self, node: u8, size: u64) -> Option<Result<AllocAsk, TransportError>> {
+        let to = match self.alloc_port(node) {
+            Ok(to) => to,
+            Err(e) => return Some(Err(e)),
         };
-        if self.alloc_ep.is_none() {
-            self.alloc_ep =
-                Some(
-                    self.node
-                        .endpoint_with_window(1)
-                        .map_err(|e| TransportError::Refused {
-                            node,
-                            source: Cause::new(e),
-                        })?,
-                );
-        }
-        let Some(ep) = self.alloc_ep.as_ref() else {
-            return Err(TransportError::BadResponse {
-                reason: "no allocation endpoint",
-            });
-        };
-        let r = alloc_exchange(ep, gid, port, node, req_id, size, &req, lost);
-        // Done: the memory node's port gets the channel's slot back. The
-        // request's credit was sent back before the answer (same path, in
-        // order), so the channel is idle now; a late one is waited for a
-        // little, then the slot is left to the port's reclaim.
-        let until = Instant::now() + CLOSE_WAIT;
-        while let Ok(false) = ep.close_channel(gid, port) {
-            if ep.credits(gid, port).is_none() || Instant::now() >= until {
-                break;
-            }
-            std::thread::yield_now();
-        }
-        r
+        Some(self.alloc.ask(&self.node, node, to, size))
+    }
+
+    fn alloc_block_answer(
+        &mut self,
+        ask: AllocAsk,
+        wait: bool,
+    ) -> Result<Option<RemotePtr>, TransportError> {
+        self.alloc.answer(ask, wait)
     }
 
     fn nodes(&self) -> u8 {
