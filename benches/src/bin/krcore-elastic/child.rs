@@ -46,6 +46,26 @@ impl Transport for AnyTransport {
             AnyTransport::Rc(t) => t.alloc_block(node, size),
         }
     }
+    fn alloc_block_ask(
+        &mut self,
+        node: u8,
+        size: u64,
+    ) -> Option<Result<race_store::remote::AllocAsk, TransportError>> {
+        match self {
+            AnyTransport::Vqp(t) => t.alloc_block_ask(node, size),
+            AnyTransport::Rc(t) => t.alloc_block_ask(node, size),
+        }
+    }
+    fn alloc_block_answer(
+        &mut self,
+        ask: race_store::remote::AllocAsk,
+        wait: bool,
+    ) -> Result<Option<RemotePtr>, TransportError> {
+        match self {
+            AnyTransport::Vqp(t) => t.alloc_block_answer(ask, wait),
+            AnyTransport::Rc(t) => t.alloc_block_answer(ask, wait),
+        }
+    }
     fn nodes(&self) -> u8 {
         match self {
             AnyTransport::Vqp(t) => t.nodes(),
