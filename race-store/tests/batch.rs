@@ -315,6 +315,43 @@ fn gets_of_one_key_in_a_row_share_one_read() {
     );
 }
 
+#[test]
+fn a_get_after_a_write_of_its_key_reads_what_the_write_did() {
+    let cluster = LocalCluster::new(ClusterConfig::default()).unwrap();
+    let mut c = open(&cluster, system_clock(), system_config());
+    let (k, old, absent) = (key(1), key(2), key(3));
+    c.put(&old, b"before").unwrap();
+    let before = c.stats().transport.round_trips;
+    let r = c.batch(&[Op::Put(&k, b"x"), Op::Get(&k)]);
+    assert_eq!(r, vec![Ok(None), Ok(Some(b"x".to_vec()))]);
+    // The put's rounds only: no wave for the get.
+    assert!(c.stats().transport.round_trips - before <= 3);
+    let r = c.batch(&[
+        Op::Update(&absent, b"y"),
+        Op::Get(&absent),
+        // The insert fails (the key is there): the get reads it.
+        Op::Insert(&old, b"new"),
+        Op::Get(&old),
+        Op::Get(&old),
+        Op::Delete(&k),
+        Op::Get(&k),
+    ]);
+    assert_eq!(
+        r,
+        vec![
+            Err(Error::NotFound),
+            Ok(None),
+            Err(Error::KeyExists),
+            Ok(Some(b"before".to_vec())),
+            Ok(Some(b"before".to_vec())),
+            Ok(None),
+            Ok(None),
+        ]
+    );
+    assert_eq!(c.get(&k).unwrap(), None);
+    assert_eq!(c.get(&old).unwrap(), Some(b"before".to_vec()));
+}
+
 /// Random batches (1 to 24 operations of every kind, keys drawn from a
 /// small range so that batches repeat keys) from several threads with
 /// disjoint keys, on a table that starts as one tiny subtable: every reply

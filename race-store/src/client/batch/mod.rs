@@ -37,7 +37,10 @@
 //!   next operation on its key overwrites sends nothing and answers as that
 //!   one (an update that then runs as a put reports a lost outcome as
 //!   `put`). Same-key gets in a row are combined too: they answer as the
-//!   first of the run (read once, in one wave, linearized together).
+//!   first of the run (read once, in one wave, linearized together); and a
+//!   get right after a write of its key, with only gets after it on that
+//!   key, answers from the write's outcome (the value written, or none
+//!   after a delete), read only when that outcome does not tell.
 //! * A wave of more than [`MAX_WAVE_PART`] operations runs as consecutive
 //!   parts, so that each group's doorbell keeps to one per memory node.
 //!
@@ -296,7 +299,7 @@ impl<T: Transport> Client<T> {
                     continue;
                 }
                 let op = match combined.get(i) {
-                    Some(Combined::Into(_)) => continue,
+                    Some(Combined::Into(_) | Combined::Reads(_)) => continue,
                     Some(Combined::AsPut) => match *op {
                         Op::Update(k, v) => &Op::Put(k, v),
                         _ => op,
@@ -344,6 +347,30 @@ impl<T: Transport> Client<T> {
             }
         }
         scratch.flights = recycle(flights);
+        // A get that reads a write of the batch answers from its outcome.
+        for i in 0..ops.len() {
+            let Some(&Combined::Reads(j)) = combined.get(i) else {
+                continue;
+            };
+            let (Some(&op), Some(&write), Some(outcome)) = (ops.get(i), ops.get(j), out.get(j))
+            else {
+                continue;
+            };
+            let reply = match (write, outcome) {
+                (Op::Put(_, v) | Op::Update(_, v) | Op::Insert(_, v), Ok(_)) => {
+                    Ok(Some(v.to_vec()))
+                }
+                (Op::Delete(_), Ok(_)) => Ok(None),
+                (Op::Update(..) | Op::Delete(_), Err(Error::NotFound)) => Ok(None),
+                // The outcome does not tell (an insert of a key that was
+                // there, a failure): the get itself, after every other
+                // operation on its key.
+                _ => self.single(op),
+            };
+            if let Some(slot) = out.get_mut(i) {
+                *slot = reply;
+            }
+        }
         // A combined write answers as the write that carried its key on.
         for i in (0..ops.len()).rev() {
             if let Some(&Combined::Into(j)) = combined.get(i) {
