@@ -388,3 +388,37 @@ fn blocks_asked_ahead_are_answered_around_other_allocations() {
         );
     }
 }
+
+#[test]
+fn clients_that_leave_with_a_block_asked_ahead_do_not_fill_the_port() {
+    use race_store::remote::Transport;
+    // A memory node whose port never reclaims an idle channel: a client
+    // that left one open would hold its slot for good.
+    let meta = Node::builder()
+        .fabric("sim:mem")
+        .host_meta()
+        .build()
+        .unwrap();
+    let table = TableConfig {
+        geometry: SubtableGeometry::new(1).unwrap(),
+        initial_global_depth: 0,
+        max_global_depth: 4,
+    };
+    let mut cfg = krcore_kmod::EngineConfig::default();
+    cfg.msg.control_idle = Duration::from_secs(3600);
+    let mem = Node::builder().join(&meta).config(cfg).build().unwrap();
+    let s = MemoryNodeServer::start(&mem, 0, 64 << 20, &table, 1).unwrap();
+    let infos = vec![s.info()];
+    let _server = s.spawn(Duration::from_micros(50));
+    // More clients than the port has slots (64), each leaving with a
+    // block asked ahead and not collected.
+    for i in 0..80 {
+        let node = Node::builder().join(&meta).build().unwrap();
+        let mut t = VqpTransport::connect(&node, &infos).unwrap();
+        let ask = t.alloc_block_ask(0, 4096).unwrap();
+        ask.unwrap_or_else(|e| panic!("client {i}: {e}"));
+    }
+    let node = Node::builder().join(&meta).build().unwrap();
+    let mut t = VqpTransport::connect(&node, &infos).unwrap();
+    t.alloc_block(0, 4096).unwrap();
+}

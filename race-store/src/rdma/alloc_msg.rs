@@ -255,6 +255,39 @@ impl<N: Nic> Allocations<N> {
     }
 }
 
+impl<N: Nic> Drop for Allocations<N> {
+    /// Requests sent ahead and not collected: their answers are waited
+    /// for a little (the blocks are leaked) so that their channels can be
+    /// closed and the memory nodes' ports get their slots back at once,
+    /// not after an idle reclaim; a channel still busy then is left to it.
+    fn drop(&mut self) {
+        if self.asked.is_empty() {
+            return;
+        }
+        let until = Instant::now() + CLOSE_WAIT;
+        while !self.asked.is_empty() && Instant::now() < until {
+            match self.next_answer(0) {
+                Ok(Some(_)) => {
+                    let answered: Vec<u64> = self.answers.iter().map(|(id, _)| *id).collect();
+                    for id in answered {
+                        let to = self
+                            .asked
+                            .iter()
+                            .find(|a| a.req_id == id)
+                            .map(|a| (a.gid, a.port));
+                        self.forget(id);
+                        if let Some((gid, port)) = to {
+                            self.close_unless_asked(gid, port);
+                        }
+                    }
+                }
+                Ok(None) => std::thread::yield_now(),
+                Err(_) => break,
+            }
+        }
+    }
+}
+
 /// The block an answer names.
 fn block(node: u8, size: u64, offset: Option<u64>) -> Result<RemotePtr, TransportError> {
     match offset {
