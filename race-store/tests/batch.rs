@@ -382,9 +382,12 @@ fn batches_exact_against_reference_with_splits() {
                 barrier.wait();
                 for b in 0..batches {
                     let n = rng.gen_range(1..=24);
+                    // One batch in four on 6 keys: runs of the same key
+                    // (combined gets and writes, gets reading a write).
+                    let span = if b % 4 == 3 { 6 } else { 200 };
                     let items: Vec<(u32, Vec<u8>, Vec<u8>)> = (0..n)
                         .map(|j| {
-                            let k = key(t * 1_000_000 + rng.gen_range(0..200));
+                            let k = key(t * 1_000_000 + rng.gen_range(0..span));
                             let v = value(t, b * 100 + j, rng.gen_range(1..200));
                             (rng.gen_range(0..100), k, v)
                         })
