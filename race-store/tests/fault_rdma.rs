@@ -29,6 +29,8 @@
 //! is 300 ms: a block allocation on the dropped memory node fails after
 //! that, not after the default 5 s.
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,10 +41,10 @@ use krcore_nic::fault::{FaultConfig, FaultNic};
 use krcore_nic::sim::{SimConfig, SimNic};
 use race_store::client::{Op, Reply};
 use race_store::clock::{Clock, ManualClock};
-use race_store::layout::subtable::SubtableGeometry;
-use race_store::memory::TableConfig;
-use race_store::rdma::{MemoryNodeHandle, MemoryNodeServer, NodeInfo, VqpTransport};
+use race_store::rdma::{NodeInfo, VqpTransport};
 use race_store::{Client, ClientConfig, Error};
+
+use common::rdma::{cluster, Cluster};
 
 type Fnic = FaultNic<SimNic>;
 type FClient = Client<VqpTransport<Fnic>>;
@@ -54,38 +56,6 @@ fn env(name: &str, default: u64) -> u64 {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-struct Cluster {
-    meta: Node,
-    _servers: Vec<MemoryNodeHandle>,
-    infos: Vec<NodeInfo>,
-}
-
-fn cluster() -> Cluster {
-    let meta = Node::builder()
-        .fabric("sim:mem")
-        .host_meta()
-        .build()
-        .unwrap();
-    let table = TableConfig {
-        geometry: SubtableGeometry::new(1).unwrap(),
-        initial_global_depth: 0,
-        max_global_depth: 12,
-    };
-    let mut servers = Vec::new();
-    let mut infos = Vec::new();
-    for id in 0..2u8 {
-        let node = Node::builder().join(&meta).build().unwrap();
-        let s = MemoryNodeServer::start(&node, id, 16 << 20, &table, 2).unwrap();
-        infos.push(s.info());
-        servers.push(s.spawn(Duration::from_micros(50)));
-    }
-    Cluster {
-        meta,
-        _servers: servers,
-        infos,
-    }
 }
 
 /// A compute node on a faulty NIC.
@@ -277,7 +247,7 @@ struct Outcome {
 
 fn run_seed(seed: u64) -> Outcome {
     let ops = env("KRCORE_FAULT_OPS", 120);
-    let c = cluster();
+    let c = cluster(2, 16 << 20, 12);
     let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(1, 1_000));
     let cfg = |i: u64| FaultConfig {
         fail_ppm: 15_000,

@@ -7,51 +7,21 @@
 //! transport docs), on the synchronous path and on the doorbells kept in
 //! flight, and that the quarantine stays bounded.
 
+mod common;
+
 use std::time::Duration;
+
+use common::rdma::{cluster, Cluster};
 
 use krcore::Node;
 use krcore_kmod::EngineConfig;
 use krcore_nic::fault::{FaultConfig, FaultNic};
 use krcore_nic::sim::{SimConfig, SimNic};
 use race_store::layout::slot::RemotePtr;
-use race_store::layout::subtable::SubtableGeometry;
-use race_store::memory::TableConfig;
-use race_store::rdma::{MemoryNodeHandle, MemoryNodeServer, NodeInfo, VqpTransport};
+use race_store::rdma::VqpTransport;
 use race_store::remote::{Completions, RemoteOp, Transport, TransportError};
 
 type Fnic = FaultNic<SimNic>;
-
-struct Cluster {
-    meta: Node,
-    _servers: Vec<MemoryNodeHandle>,
-    infos: Vec<NodeInfo>,
-}
-
-fn cluster() -> Cluster {
-    let meta = Node::builder()
-        .fabric("sim:mem")
-        .host_meta()
-        .build()
-        .unwrap();
-    let table = TableConfig {
-        geometry: SubtableGeometry::new(1).unwrap(),
-        initial_global_depth: 0,
-        max_global_depth: 4,
-    };
-    let mut servers = Vec::new();
-    let mut infos = Vec::new();
-    for id in 0..2u8 {
-        let node = Node::builder().join(&meta).build().unwrap();
-        let s = MemoryNodeServer::start(&node, id, 4 << 20, &table, 2).unwrap();
-        infos.push(s.info());
-        servers.push(s.spawn(Duration::from_micros(50)));
-    }
-    Cluster {
-        meta,
-        _servers: servers,
-        infos,
-    }
-}
 
 /// A compute node on a fault-injecting NIC (no random faults: only the
 /// stalls the tests make), with its transport to the two memory nodes.
@@ -73,7 +43,7 @@ const A: [u8; 64] = [0xaa; 64];
 const B: [u8; 64] = [0xbb; 64];
 
 fn setup() -> (Cluster, Node<Fnic>, VqpTransport<Fnic>) {
-    let c = cluster();
+    let c = cluster(2, 4 << 20, 4);
     let (node, mut t) = client(&c);
     let (p0, p1) = (spot(&c, 0), spot(&c, 1));
     t.execute(&[

@@ -3,48 +3,19 @@
 //! doublings happen under load), and client threads on their own compute
 //! nodes, each connected to every memory node by a metadata lookup.
 
+mod common;
+
+use common::rdma::{cluster, Cluster};
 use krcore::Node;
 use race_store::client::Op;
 use race_store::clock::{Clock, SystemClock};
 use race_store::layout::subtable::SubtableGeometry;
 use race_store::memory::TableConfig;
-use race_store::rdma::{MemoryNodeHandle, MemoryNodeServer, NodeInfo, VqpTransport};
+use race_store::rdma::{MemoryNodeServer, VqpTransport};
 use race_store::{Client, ClientConfig, Error};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
-
-struct Cluster {
-    meta: Node,
-    _servers: Vec<MemoryNodeHandle>,
-    infos: Vec<NodeInfo>,
-}
-
-fn cluster(memory_nodes: u8, bytes: u64) -> Cluster {
-    let meta = Node::builder()
-        .fabric("sim:mem")
-        .host_meta()
-        .build()
-        .unwrap();
-    let table = TableConfig {
-        geometry: SubtableGeometry::new(1).unwrap(),
-        initial_global_depth: 0,
-        max_global_depth: 12,
-    };
-    let mut servers = Vec::new();
-    let mut infos = Vec::new();
-    for id in 0..memory_nodes {
-        let node = Node::builder().join(&meta).build().unwrap();
-        let s = MemoryNodeServer::start(&node, id, bytes, &table, memory_nodes).unwrap();
-        infos.push(s.info());
-        servers.push(s.spawn(Duration::from_micros(50)));
-    }
-    Cluster {
-        meta,
-        _servers: servers,
-        infos,
-    }
-}
 
 fn client(c: &Cluster, clock: Arc<dyn Clock>) -> Client<VqpTransport<krcore_nic::AnyNic>> {
     let node = Node::builder().join(&c.meta).build().unwrap();
@@ -54,7 +25,7 @@ fn client(c: &Cluster, clock: Arc<dyn Clock>) -> Client<VqpTransport<krcore_nic:
 
 #[test]
 fn model_check_with_splits_over_vqps() {
-    let c = cluster(2, 32 << 20);
+    let c = cluster(2, 32 << 20, 12);
     let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
     let threads = 3u64;
     std::thread::scope(|s| {
@@ -127,7 +98,7 @@ fn model_check_with_splits_over_vqps() {
 /// splits.
 #[test]
 fn overlapped_batches_over_vqps_against_a_reference() {
-    let c = cluster(2, 32 << 20);
+    let c = cluster(2, 32 << 20, 12);
     let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
     let overlapped: u64 = std::thread::scope(|s| {
         let handles: Vec<_> = (0..2u64)
@@ -207,7 +178,7 @@ fn overlapped_batches_over_vqps_against_a_reference() {
 
 #[test]
 fn get_is_two_doorbells_and_connect_creates_no_qp() {
-    let c = cluster(1, 16 << 20);
+    let c = cluster(1, 16 << 20, 12);
     let node = Node::builder()
         .join(&c.meta)
         .config(krcore::EngineConfig::default().with_pool_size(1))
@@ -245,7 +216,7 @@ fn get_is_two_doorbells_and_connect_creates_no_qp() {
 fn batches_larger_than_a_vqp_run_as_several_doorbells() {
     use race_store::layout::slot::RemotePtr;
     use race_store::remote::{OpResult, RemoteOp, Transport};
-    let c = cluster(1, 16 << 20);
+    let c = cluster(1, 16 << 20, 12);
     let node = Node::builder().join(&c.meta).build().unwrap();
     let mut t = VqpTransport::connect(&node, &c.infos).unwrap();
     let base = 8 << 20;
@@ -281,7 +252,7 @@ fn batches_larger_than_a_vqp_run_as_several_doorbells() {
 fn batches_cut_per_node_keep_each_nodes_order() {
     use race_store::layout::slot::RemotePtr;
     use race_store::remote::{RemoteOp, Transport};
-    let c = cluster(2, 16 << 20);
+    let c = cluster(2, 16 << 20, 12);
     let node = Node::builder().join(&c.meta).build().unwrap();
     let mut t = VqpTransport::connect(&node, &c.infos).unwrap();
     let base = 8 << 20;
@@ -310,7 +281,7 @@ fn clients_that_leave_do_not_fill_the_allocation_port() {
     // More short-lived clients than the allocation port has slots (64),
     // each allocating one block and dropped with its node: each closes
     // its channel when answered.
-    let c = cluster(1, 64 << 20);
+    let c = cluster(1, 64 << 20, 12);
     for i in 0..80 {
         let node = Node::builder().join(&c.meta).build().unwrap();
         let mut t = VqpTransport::connect(&node, &c.infos).unwrap();
@@ -350,7 +321,7 @@ fn clients_that_leave_do_not_fill_the_allocation_port() {
 #[test]
 fn blocks_asked_ahead_are_answered_around_other_allocations() {
     use race_store::remote::Transport;
-    let c = cluster(2, 64 << 20);
+    let c = cluster(2, 64 << 20, 12);
     let node = Node::builder().join(&c.meta).build().unwrap();
     let mut t = VqpTransport::connect(&node, &c.infos).unwrap();
     // Two requests sent ahead, then allocations waited for on both nodes

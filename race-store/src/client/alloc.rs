@@ -449,6 +449,20 @@ mod tests {
     use super::*;
     use crate::memory::{ClusterConfig, LocalCluster, TableConfig};
 
+    /// `nodes` memory nodes of `node_bytes`, a table of one small subtable.
+    fn small_cluster(nodes: u8, node_bytes: u64) -> LocalCluster {
+        LocalCluster::new(ClusterConfig {
+            nodes,
+            node_bytes,
+            table: TableConfig {
+                geometry: crate::layout::subtable::SubtableGeometry::new(1).unwrap(),
+                initial_global_depth: 0,
+                max_global_depth: 4,
+            },
+        })
+        .unwrap()
+    }
+
     #[test]
     fn classes_cover_every_length_with_bounded_waste() {
         for units in 1..=255u8 {
@@ -466,16 +480,7 @@ mod tests {
     /// with the node's error (counted: `block_rpcs`, one per request).
     #[test]
     fn an_unreachable_node_is_skipped_for_its_back_off() {
-        let cluster = LocalCluster::new(ClusterConfig {
-            nodes: 2,
-            node_bytes: 1 << 20,
-            table: TableConfig {
-                geometry: crate::layout::subtable::SubtableGeometry::new(1).unwrap(),
-                initial_global_depth: 0,
-                max_global_depth: 4,
-            },
-        })
-        .unwrap();
+        let cluster = small_cluster(2, 1 << 20);
         let mut t = cluster.transport();
         let mut st = TransportStats::default();
         let mut a = KvAllocator::new(2, 10, 1024).with_backoff(100);
@@ -519,16 +524,7 @@ mod tests {
 
     #[test]
     fn carve_release_retire_reclaim() {
-        let cluster = LocalCluster::new(ClusterConfig {
-            nodes: 2,
-            node_bytes: 1 << 16,
-            table: TableConfig {
-                geometry: crate::layout::subtable::SubtableGeometry::new(1).unwrap(),
-                initial_global_depth: 0,
-                max_global_depth: 4,
-            },
-        })
-        .unwrap();
+        let cluster = small_cluster(2, 1 << 16);
         let mut t = cluster.transport();
         let mut st = TransportStats::default();
         let mut a = KvAllocator::new(2, 10, 1024);
@@ -618,16 +614,7 @@ mod tests {
 
     #[test]
     fn the_next_coarse_block_is_asked_for_once_the_current_is_half_carved() {
-        let cluster = LocalCluster::new(ClusterConfig {
-            nodes: 1,
-            node_bytes: 1 << 20,
-            table: TableConfig {
-                geometry: crate::layout::subtable::SubtableGeometry::new(1).unwrap(),
-                initial_global_depth: 0,
-                max_global_depth: 4,
-            },
-        })
-        .unwrap();
+        let cluster = small_cluster(1, 1 << 20);
         let mut t = Asking {
             inner: cluster.transport(),
             asked: Vec::new(),

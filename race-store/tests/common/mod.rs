@@ -80,4 +80,5 @@ pub fn value(key: u64, version: u64, len: usize) -> Vec<u8> {
     v
 }
 
+pub mod rdma;
 pub mod sched;

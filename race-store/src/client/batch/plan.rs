@@ -97,7 +97,9 @@ pub(super) fn combine(ops: &[Op<'_>], hashes: &[KeyHash], out: &mut Vec<Combined
 fn reads_of_writes(ops: &[Op<'_>], hashes: &[KeyHash], out: &mut [Combined]) {
     let n = ops.len();
     // Pairwise: past a few hundred operations, not worth its cost.
-    if !(2..=256).contains(&n) || !ops.iter().any(|o| matches!(o, Op::Get(_))) {
+    let gets = ops.iter().filter(|o| matches!(o, Op::Get(_))).count();
+    // Nothing to do without a get, or without a write (a batch of gets).
+    if !(2..=256).contains(&n) || gets == 0 || gets == n {
         return;
     }
     let same_key = |i: usize, j: usize| {

@@ -1,0 +1,43 @@
+//! A race-store cluster over KRCore on `sim:mem`: a meta server and RDMA
+//! memory nodes, node 0 holding a table of one small subtable.
+
+use std::time::Duration;
+
+use krcore::Node;
+use race_store::layout::subtable::SubtableGeometry;
+use race_store::memory::TableConfig;
+use race_store::rdma::{MemoryNodeHandle, MemoryNodeServer, NodeInfo};
+
+pub struct Cluster {
+    pub meta: Node,
+    pub _servers: Vec<MemoryNodeHandle>,
+    pub infos: Vec<NodeInfo>,
+}
+
+/// `memory_nodes` memory nodes of `bytes` each, serving (idle sleep 50
+/// us); the table may grow to `max_global_depth`.
+pub fn cluster(memory_nodes: u8, bytes: u64, max_global_depth: u8) -> Cluster {
+    let meta = Node::builder()
+        .fabric("sim:mem")
+        .host_meta()
+        .build()
+        .unwrap();
+    let table = TableConfig {
+        geometry: SubtableGeometry::new(1).unwrap(),
+        initial_global_depth: 0,
+        max_global_depth,
+    };
+    let mut servers = Vec::new();
+    let mut infos = Vec::new();
+    for id in 0..memory_nodes {
+        let node = Node::builder().join(&meta).build().unwrap();
+        let s = MemoryNodeServer::start(&node, id, bytes, &table, memory_nodes).unwrap();
+        infos.push(s.info());
+        servers.push(s.spawn(Duration::from_micros(50)));
+    }
+    Cluster {
+        meta,
+        _servers: servers,
+        infos,
+    }
+}
