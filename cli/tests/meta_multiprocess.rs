@@ -226,7 +226,7 @@ fn binary_server_in_another_process() {
         matches!(
             r,
             Err(EngineError::MetaUnavailable {
-                failure: MetaFailure::Timeout(_) | MetaFailure::Completion(_),
+                failure: MetaFailure::NoAnswer { .. } | MetaFailure::Completion(_),
                 ..
             })
         ),

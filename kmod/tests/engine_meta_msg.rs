@@ -221,16 +221,23 @@ fn nobody_serving_is_a_bounded_typed_error() {
     let mem = node(&f, &host, Duration::from_millis(20));
     let t = mem.local_target().unwrap();
     let r = mem.meta_register(t, 0, 60_000);
+    // Nobody grants the request channel: no try could even send.
     assert!(
         matches!(
             r,
             Err(EngineError::MetaUnavailable {
-                failure: MetaFailure::Timeout(_),
+                failure: MetaFailure::NoAnswer {
+                    attempts: 3,
+                    unsent: 3,
+                    ..
+                },
                 ..
             })
         ),
         "{r:?}"
     );
+    let shown = r.unwrap_err().to_string();
+    assert!(shown.contains("3 tries") && shown.contains("3 of them not sent"), "{shown}");
 }
 
 #[test]
@@ -352,7 +359,7 @@ fn a_kept_registration_refuses_bad_input_and_a_dead_host() {
         matches!(
             r,
             Err(EngineError::MetaUnavailable {
-                failure: MetaFailure::Timeout(_),
+                failure: MetaFailure::NoAnswer { .. },
                 ..
             })
         ),

@@ -94,12 +94,22 @@ pub fn write_key_name(key: &mut String, keynum: u64, order: InsertOrder, zero_pa
     key.push_str("user");
     // Java pads the string of the number, sign included.
     let len = digits.len() + usize::from(negative);
-    key.extend(std::iter::repeat_n('0', zero_padding.saturating_sub(len)));
+    let mut pad = zero_padding.saturating_sub(len);
+    while pad > 0 {
+        let n = pad.min(ZEROS.len());
+        key.push_str(ZEROS.get(..n).unwrap_or_default());
+        pad -= n;
+    }
     if negative {
         key.push('-');
     }
-    key.extend(digits.iter().map(|&d| char::from(d)));
+    // Decimal digits are ASCII: the conversion always succeeds and copies
+    // them in one go (pushing them as chars encoded each one).
+    key.push_str(std::str::from_utf8(digits).unwrap_or_default());
 }
+
+/// Padding zeros, copied a slice at a time.
+const ZEROS: &str = "00000000000000000000000000000000";
 
 #[cfg(test)]
 mod tests {
@@ -183,6 +193,11 @@ mod tests {
             "user00055488592825689361"
         );
         assert_eq!(build_key_name(0, InsertOrder::Ordered, 1), "user0");
+        // Padding longer than one slice of zeros.
+        assert_eq!(
+            build_key_name(7, InsertOrder::Ordered, 70),
+            format!("user{}7", "0".repeat(69))
+        );
         assert_eq!(
             build_key_name(u64::MAX, InsertOrder::Ordered, 1),
             format!("user{}", u64::MAX)

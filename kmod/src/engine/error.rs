@@ -61,6 +61,20 @@ pub enum MetaFailure {
     Completion(WcStatus),
     /// No completion for the READ within the configured timeout.
     Timeout(Duration),
+    /// A request over messaging (Register, Renew, Deregister, a store's
+    /// Join or Leave) went unanswered: `attempts` tries, each waiting
+    /// `meta_timeout` for a Grant, a credit or the answer, `waited` in all.
+    NoAnswer {
+        /// Tries made (the first and its retries).
+        attempts: u32,
+        /// Of those, tries whose request could not even be sent: no Grant
+        /// or credit came from the meta node in time, an earlier message
+        /// was lost, or the node reclaimed the channel. The others were
+        /// sent and got no answer.
+        unsent: u32,
+        /// Time spent in all.
+        waited: Duration,
+    },
     /// RC fallback mode: the RC pair to the meta node could not be made.
     Handshake(HandshakeFailure),
     /// Registration over messaging: the meta node's messaging refused the
@@ -74,6 +88,15 @@ impl std::fmt::Display for MetaFailure {
         match self {
             MetaFailure::Completion(s) => write!(f, "table READ completed with {s:?}"),
             MetaFailure::Timeout(d) => write!(f, "no completion for the table READ within {d:?}"),
+            MetaFailure::NoAnswer {
+                attempts,
+                unsent,
+                waited,
+            } => write!(
+                f,
+                "no answer from the meta node's request port to {attempts} tries within \
+                 {waited:?} ({unsent} of them not sent: no Grant or credit in time)"
+            ),
             MetaFailure::Handshake(h) => write!(f, "RC handshake with the meta node: {h}"),
             MetaFailure::Refused(code) => write!(f, "the meta node's request port: {code}"),
         }

@@ -432,7 +432,7 @@ impl<N: Nic> Engine<N> {
     /// # Errors
     /// [`EngineError::NoMetaServer`]; [`EngineError::MetaRefused`] with
     /// the server's code; [`EngineError::MetaUnavailable`] with
-    /// [`MetaFailure::Timeout`] when no answer came; engine errors of
+    /// [`MetaFailure::NoAnswer`] when no answer came; engine errors of
     /// messaging (in RC fallback mode also those of the handshake that
     /// builds the pair to the meta node).
     pub fn meta_register(
@@ -526,10 +526,14 @@ fn meta_exchange<N: Nic>(
         while let Ok(Some(_)) = ep.try_pop_reply() {}
         let timeout = eng.cfg.meta_timeout;
         let start = Instant::now();
+        let mut unsent = 0;
         for attempt in 0..=META_RPC_RETRIES {
             match ControlPush::of(ep.push_timeout(server, META_PORT, &buf[..len], timeout)) {
                 ControlPush::Sent => {}
-                ControlPush::Retry => continue,
+                ControlPush::Retry => {
+                    unsent += 1;
+                    continue;
+                }
                 ControlPush::Busy(_) if attempt < META_RPC_RETRIES => {
                     std::thread::sleep(busy_pause(attempt, timeout));
                     continue;
@@ -561,7 +565,11 @@ fn meta_exchange<N: Nic>(
         }
         Err(EngineError::MetaUnavailable {
             gid,
-            failure: MetaFailure::Timeout(start.elapsed()),
+            failure: MetaFailure::NoAnswer {
+                attempts: META_RPC_RETRIES + 1,
+                unsent,
+                waited: start.elapsed(),
+            },
         })
     }
 }
