@@ -5,6 +5,9 @@
 # YCSB workloads A, B, C, D and F, krcore-ycsb with 2 client processes
 # (load + run of $DEPLOY_RECORDS records, then the verification pass: every
 # key holds a value a last write may have left, the table check is clean).
+# Then it restarts krcore-meta (DEPLOY_META_RESTART, default 1) and checks
+# that the memory nodes follow it: a new client reads every key within
+# DEPLOY_META_RESTART_BOUND (30) s.
 # Then it SIGKILLs memory node 0 under a running client and checks that the
 # client fails with a typed error and a non-zero exit within 10 s. Then it
 # starts a second store and runs krcore-elastic with 4 joining processes
@@ -105,6 +108,7 @@ cfg=()
 ycsb() { "$bin/krcore-ycsb" --fabric "$(fab 6)" --meta "$meta" "${cfg[@]}" "$@"; }
 
 start meta "$bin/krcore-meta" --fabric "$(fab 1)" --listen "$meta" "${cfg[@]}"
+metapid=$started
 start mem0 "$bin/race-memnode" --fabric "$(fab 2)" --meta "$meta" --store ci --id 0 --nodes 2 --mb "$mb" "${cfg[@]}"
 mem0=$started
 start mem1 "$bin/race-memnode" --fabric "$(fab 3)" --meta "$meta" --store ci --id 1 --nodes 2 --mb "$mb" "${cfg[@]}"
@@ -152,6 +156,30 @@ if [ "${DEPLOY_LAT:-0}" = 1 ]; then
   else
     echo "latency: no ratio (perftest gave no usable result line)"
   fi
+fi
+
+# The meta server restarts (new table, DCT, endpoint, incarnation) at the
+# same address: the memory nodes follow it (their lease threads fetch the
+# bootstrap again and register and join the store in the new table), and
+# a new client reads the data loaded before. A client started before they
+# are back finds no members: tried again each second.
+if [ "${DEPLOY_META_RESTART:-1}" = 1 ]; then
+  say "meta restart: krcore-meta restarted; the memory nodes follow it; a new client reads the data"
+  kill -TERM "$metapid"
+  wait "$metapid" 2>/dev/null
+  t0=$SECONDS
+  start meta2 "$bin/krcore-meta" --fabric "$(fab 1)" --listen "$meta" "${cfg[@]}"
+  back=
+  for _ in $(seq "${DEPLOY_META_RESTART_BOUND:-30}"); do
+    if ycsb --store ci --workload c --records "$records" --operations 2000 --phase run --fail-fast \
+      >"$work/restart.out" 2>"$work/restart.err"; then
+      back=1
+      break
+    fi
+    sleep 1
+  done
+  [ -n "$back" ] || { cat "$work/restart.err" >&2; die "no client worked within ${DEPLOY_META_RESTART_BOUND:-30} s of the meta server's restart"; }
+  say "a client read every key $((SECONDS - t0)) s after the restart: $(grep -m1 'Throughput' "$work/restart.out")"
 fi
 
 say "kill test: SIGKILL memory node 0 under a running client"

@@ -259,9 +259,10 @@ pub use engine::{
     DciStats, Endpoint, Engine, EngineConfig, EngineError, EngineMode, EngineStats, ForkKit,
     HandshakeConfig, HandshakeFailure, HandshakeResponder, HandshakeStats, LeaseError, LeaseId,
     LeaseStats, Leased, Message, MetaFailure, MetaHostStats, MetaHostThread, MetaLease,
-    MetaLeaseStats, MetaLocation, MetaStats, MsgConfig, MsgError, MsgMetaHost, MsgStats, OwnedMr,
-    Port, ProgressThread, QpStats, RcMetaHost, RcStats, Sender, Vqp, VqpError, VqpPath,
-    DCIS_PER_CPU, DEFAULT_DC_KEY, DEFAULT_HANDSHAKE_QKEY, LEASE_REAPER, META_PORT,
+    MetaLeaseStats, MetaLocation, MetaRefresh, MetaSource, MetaStats, MsgConfig, MsgError,
+    MsgMetaHost, MsgStats, OwnedMr, Port, ProgressThread, QpStats, RcMetaHost, RcStats, Sender,
+    Vqp, VqpError, VqpPath, DCIS_PER_CPU, DEFAULT_DC_KEY, DEFAULT_HANDSHAKE_QKEY, LEASE_REAPER,
+    META_PORT, REFRESH_EVERY,
 };
 
 pub use credits::{CreditError, Posted, PostedWr, QueueView, SendQueueCredits};

@@ -237,7 +237,10 @@ fn nobody_serving_is_a_bounded_typed_error() {
         "{r:?}"
     );
     let shown = r.unwrap_err().to_string();
-    assert!(shown.contains("3 tries") && shown.contains("3 of them not sent"), "{shown}");
+    assert!(
+        shown.contains("3 tries") && shown.contains("3 of them not sent"),
+        "{shown}"
+    );
 }
 
 #[test]

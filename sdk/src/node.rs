@@ -515,7 +515,11 @@ impl NodeBuilder {
     /// Reads the meta table of the meta server whose TCP bootstrap listens
     /// at `addr` (`HOST:PORT`, e.g. `meta-host:7471`): [`NodeBuilder::build`]
     /// fetches the bootstrap (bounded by the engine's `meta_timeout`). The
-    /// node registers only with [`NodeBuilder::register`].
+    /// node registers only with [`NodeBuilder::register`]. The node follows
+    /// the server through restarts: when it stops answering, the bootstrap
+    /// is fetched again from `addr` and a restarted server's new table is
+    /// read, and registered in, from then on (see
+    /// [`Engine::refresh_meta`]).
     pub fn meta_addr(mut self, addr: impl Into<String>) -> NodeBuilder {
         self.meta_addr = Some(addr.into());
         self
@@ -708,7 +712,15 @@ impl NodeBuilder {
             ));
         }
         let idle_sleep = config.msg.idle_sleep;
+        let fetch_timeout = config.meta_timeout;
         let engine = Engine::start(nic, config)?;
+        if let Some(addr) = meta_addr {
+            // A restarted server is found again at the same address (see
+            // `Engine::refresh_meta`).
+            engine.set_meta_source(Arc::new(move || {
+                krcore_meta::bootstrap::fetch_bootstrap_tcp(addr.as_str(), fetch_timeout)
+            }));
+        }
         let hosts = host_meta.is_some();
         let meta_host = match host_meta {
             Some(meta_cfg) => {

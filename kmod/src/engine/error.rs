@@ -151,13 +151,32 @@ pub enum EngineError {
         /// The server's code.
         code: krcore_meta::wire::ErrorCode,
     },
-    /// The meta server did not answer.
-    #[error("meta server unavailable while looking up {gid}: {failure}")]
+    /// The meta server did not answer (a lookup's READ, or a request over
+    /// messaging about `gid`).
+    #[error("meta server unavailable for {gid}: {failure}")]
     MetaUnavailable {
-        /// The GID looked up.
+        /// The GID looked up, or the one the request was about.
         gid: Gid,
-        /// What happened to the READ.
+        /// What happened to the READ or the request.
         failure: MetaFailure,
+    },
+    /// The [`MetaSource`](super::MetaSource) could not fetch the meta
+    /// server's bootstrap (see [`Engine::refresh_meta`](super::Engine::refresh_meta)).
+    #[error("fetch the meta server's bootstrap again: {0}")]
+    MetaSource(#[source] krcore_meta::MetaError),
+    /// The meta server restarted with a table of another shape than the
+    /// one this engine reads (see [`Engine::refresh_meta`](super::Engine::refresh_meta)):
+    /// the engine keeps its old location; restart the process (or the
+    /// server with its former geometry).
+    #[error(
+        "the meta server restarted with a table of another shape ({new:?}, was {old:?}): \
+         restart this process to read it"
+    )]
+    MetaReshaped {
+        /// The shape this engine reads.
+        old: krcore_meta::table::Geometry,
+        /// The restarted server's.
+        new: krcore_meta::table::Geometry,
     },
     /// DC mode: the meta client's READ could not be posted on DCI 0 of the
     /// pool (its shared send queue stayed full for `reclaim_timeout`, or

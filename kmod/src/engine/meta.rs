@@ -45,7 +45,7 @@ use krcore_nic::{
     Access, CompletionQueue, DcTarget, Destination, Gid, MemoryRegion, Nic, QpCaps, QpInit, QpType,
     QueuePair, RemoteAddr, SendWr, Transition, Wc, WcStatus,
 };
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
 use super::config::MetaLocation;
 use super::device::{Device, QpHost};
@@ -141,7 +141,10 @@ struct MetaState<N: Nic> {
 }
 
 pub(crate) struct MetaClient<N: Nic> {
-    pub(crate) location: MetaLocation,
+    /// Where the table is: set at start, moved by [`MetaClient::relocate`]
+    /// (a restarted server). Written under the state lock, so a lookup
+    /// reads one location for all its READs.
+    location: RwLock<MetaLocation>,
     policy: MetaPolicy,
     state: Mutex<MetaState<N>>,
 }
@@ -167,7 +170,7 @@ impl<N: Nic> MetaClient<N> {
             Some(hs) => MetaLink::Rc(RcLink::start(nic, pd, &location, hs)?),
         };
         Ok(MetaClient {
-            location,
+            location: RwLock::new(location),
             policy,
             state: Mutex::new(MetaState {
                 next_wr_id: 1,
@@ -180,6 +183,51 @@ impl<N: Nic> MetaClient<N> {
 
     pub(crate) fn stats(&self) -> MetaStats {
         self.state.lock().stats
+    }
+
+    /// Where the client reads the table.
+    pub(crate) fn location(&self) -> MetaLocation {
+        *self.location.read()
+    }
+
+    /// Reads the table at `to` from now on (the server restarted: another
+    /// DCT, table rkey or endpoint). Waits for a lookup in progress. RC
+    /// fallback mode: the pair with the old node is closed (best effort)
+    /// and the QP reset, so the next lookup pairs with the new one. Returns
+    /// whether the location changed.
+    ///
+    /// # Errors
+    /// [`EngineError::MetaReshaped`] when `to`'s table has another shape
+    /// (the READ buffers are sized for this one); [`EngineError::Nic`] when
+    /// the RC QP cannot be reset; [`EngineError::NotAFallbackNode`] when an
+    /// RC fallback client is moved to a DC server.
+    pub(crate) fn relocate(&self, to: MetaLocation) -> Result<bool, EngineError> {
+        let mut st = self.state.lock();
+        let from = self.location();
+        if from == to {
+            return Ok(false);
+        }
+        if from.geometry != to.geometry {
+            return Err(EngineError::MetaReshaped {
+                old: from.geometry,
+                new: to.geometry,
+            });
+        }
+        let MetaState { stats, link, .. } = &mut *st;
+        if let MetaLink::Rc(l) = link {
+            // The new server must name a handshake endpoint too.
+            super::pairing::handshake_target(&to.server)?;
+            if let (Some(nonce), Ok(old)) = (
+                l.paired.take(),
+                super::pairing::handshake_target(&from.server),
+            ) {
+                l.hs.close(l.qp.qpn(), old, nonce);
+            }
+            l.rearm(stats)
+                .map_err(EngineError::nic("reset the meta QP for the moved server"))?;
+        }
+        *self.location.write() = to;
+        Ok(true)
     }
 
     /// Takes the meta VQP's READs out of `dci` (the pool's summed
@@ -199,7 +247,7 @@ impl<N: Nic> MetaClient<N> {
             let qpn = l.qp.qpn();
             if let (Some(nonce), Ok(target)) = (
                 l.paired.take(),
-                super::pairing::handshake_target(&self.location.server),
+                super::pairing::handshake_target(&self.location().server),
             ) {
                 l.hs.close(qpn, target, nonce);
             }
@@ -218,12 +266,13 @@ impl<N: Nic> MetaClient<N> {
         first_dci: impl Fn() -> Result<Arc<PhysQp<N>>, EngineError>,
         gid: &Gid,
     ) -> Result<Option<EntryRepr>, EngineError> {
-        let loc = &self.location;
+        let mut st = self.state.lock();
+        // Read under the state lock: a relocation waits for this lookup.
+        let loc = self.location();
         let g = loc.geometry;
         let remote = loc.table.offset(g.bucket_offset(g.bucket_of(gid)));
         let len = g.bucket_len();
         let mut bytes = vec![0u8; len];
-        let mut st = self.state.lock();
         let mut backoff = self.policy.backoff;
         let mut attempts = 0;
         loop {

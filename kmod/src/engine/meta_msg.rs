@@ -95,6 +95,7 @@ use super::error::{EngineError, MetaFailure};
 use super::handshake_msg::{busy_pause, ControlPush};
 use super::messaging::{MsgError, Port, Worker};
 use super::meta::{MetaClient, MetaPolicy};
+use super::meta_follow::MetaRefresh;
 use super::mrs::OwnedMr;
 use super::object::{Engine, EngineInner};
 use super::rc::RcHost;
@@ -473,7 +474,7 @@ impl<N: Nic> Engine<N> {
         let location = eng
             .meta
             .get()
-            .map(|m| m.location)
+            .map(|m| m.location())
             .ok_or(EngineError::NoMetaServer { gid })?;
         let server = location.server.gid;
         // The location names the server's DCT: its requests go there (the
@@ -483,6 +484,10 @@ impl<N: Nic> Engine<N> {
             let _ = eng.cache.insert(location.server, 0);
         }
         let mut client = eng.meta_ep.lock();
+        if eng.follow.lock().take_stale_endpoint() {
+            // The server moved: the endpoint's channels were the old one's.
+            client.take();
+        }
         if eng.released.load(Ordering::Acquire) {
             client.take();
             return Err(EngineError::Unsupported {
@@ -865,19 +870,14 @@ fn keep_alive<N: Nic>(
             }
         }
         for ((k, epoch), streak) in kept.iter().zip(epochs.iter_mut()).zip(streaks.iter_mut()) {
-            let r = match k {
-                Kept::Dc { target, lid } => match engine.meta_renew(&target.gid) {
-                    Ok(_) => Ok(true),
-                    Err(EngineError::MetaRefused {
-                        code: ErrorCode::NotRegistered | ErrorCode::LeaseExpired,
-                        ..
-                    }) => engine.meta_register(*target, *lid, lease_ms).map(|_| false),
-                    Err(e) => Err(e),
-                },
-                Kept::Store { store, id, record } => engine
-                    .store_join_name(*store, *id, record, lease_ms)
-                    .map(|l| std::mem::replace(epoch, l.epoch) == l.epoch),
-            };
+            let mut r = renew(engine, k, epoch, lease_ms);
+            if matches!(&r, Err(e) if !matches!(e, EngineError::MetaRefused { .. })) {
+                // The server may have restarted elsewhere: follow it and
+                // renew there at once (see `meta_follow`).
+                if let Ok(MetaRefresh::Moved { .. }) = engine.refresh_meta() {
+                    r = renew(engine, k, epoch, lease_ms);
+                }
+            }
             match &r {
                 Ok(false) => {
                     tracing::warn!(registration = %k, failures = *streak, "meta lease lapsed (swept by the host): registered again");
@@ -907,5 +907,29 @@ fn keep_alive<N: Nic>(
                 Err(_) => s.failures += 1,
             }
         }
+    }
+}
+
+/// One renewal of `k`: `Ok(true)` renewed, `Ok(false)` registered (or
+/// joined) again after the host swept it (or a restarted host never knew
+/// it).
+fn renew<N: Nic>(
+    engine: &Engine<N>,
+    k: &Kept,
+    epoch: &mut u32,
+    lease_ms: u64,
+) -> Result<bool, EngineError> {
+    match k {
+        Kept::Dc { target, lid } => match engine.meta_renew(&target.gid) {
+            Ok(_) => Ok(true),
+            Err(EngineError::MetaRefused {
+                code: ErrorCode::NotRegistered | ErrorCode::LeaseExpired,
+                ..
+            }) => engine.meta_register(*target, *lid, lease_ms).map(|_| false),
+            Err(e) => Err(e),
+        },
+        Kept::Store { store, id, record } => engine
+            .store_join_name(*store, *id, record, lease_ms)
+            .map(|l| std::mem::replace(epoch, l.epoch) == l.epoch),
     }
 }

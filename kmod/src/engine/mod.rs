@@ -129,6 +129,7 @@ mod lazy;
 mod messaging;
 mod messaging_api;
 mod meta;
+mod meta_follow;
 pub mod meta_msg;
 mod mrs;
 mod object;
@@ -151,6 +152,7 @@ pub use fork::ForkKit;
 pub use handshake_ud::{HandshakeResponder, HandshakeStats, ProgressThread};
 pub use messaging::{Endpoint, Message, MsgError, MsgStats, Port, PortUsage, Sender};
 pub use meta::MetaStats;
+pub use meta_follow::{MetaRefresh, MetaSource, REFRESH_EVERY};
 pub use meta_msg::{
     MetaHostStats, MetaHostThread, MetaLease, MetaLeaseStats, MsgMetaHost, META_PORT,
 };
