@@ -164,7 +164,16 @@ fi
 # a new client reads the data loaded before. A client started before they
 # are back finds no members: tried again each second.
 if [ "${DEPLOY_META_RESTART:-1}" = 1 ]; then
-  say "meta restart: krcore-meta restarted; the memory nodes follow it; a new client reads the data"
+  say "meta restart: krcore-meta restarted under a running client; the memory nodes follow it; a new client reads the data"
+  # A client running across the restart: its connections are made, so it
+  # must not notice (--fail-fast: it would end at its first failed get).
+  # (The binary itself in the background, not the ycsb function: $! must
+  # be the process that SIGTERM stops.)
+  "$bin/krcore-ycsb" --fabric "$(fab 6)" --meta "$meta" "${cfg[@]}" --store ci --workload c --records "$records" --operations 1000000000 --phase run --fail-fast \
+    >"$work/across.out" 2>"$work/across.err" &
+  across=$!
+  sleep 2
+  kill -0 "$across" 2>/dev/null || { cat "$work/across.err" >&2; die "the client ended before the restart"; }
   kill -TERM "$metapid"
   wait "$metapid" 2>/dev/null
   t0=$SECONDS
@@ -180,6 +189,10 @@ if [ "${DEPLOY_META_RESTART:-1}" = 1 ]; then
   done
   [ -n "$back" ] || { cat "$work/restart.err" >&2; die "no client worked within ${DEPLOY_META_RESTART_BOUND:-30} s of the meta server's restart"; }
   say "a client read every key $((SECONDS - t0)) s after the restart: $(grep -m1 'Throughput' "$work/restart.out")"
+  kill -0 "$across" 2>/dev/null || { cat "$work/across.err" >&2; die "the client running across the restart failed"; }
+  kill -TERM "$across"
+  wait "$across" 2>/dev/null
+  say "the client running across the restart: no failed operation ($(grep -m1 '^\[READ\], Operations' "$work/across.out"))"
 fi
 
 say "kill test: SIGKILL memory node 0 under a running client"

@@ -105,6 +105,106 @@ fn ycsb_batches_every_workload_but_e_in_one_and_two_processes() {
     assert!(!ok && err.contains("batch must be at least 1"), "{err}");
 }
 
+/// Runs `bin args`, sends SIGTERM once the load phase has reported (and
+/// the run phase had a moment), and returns the exit code, stdout and
+/// stderr (bounded: 60 s in all).
+fn terminated_in_the_run_phase(bin: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    use std::io::{BufRead, Read};
+    use std::time::{Duration, Instant};
+    let mut child = Command::new(bin)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let bound = Duration::from_secs(60);
+    let start = Instant::now();
+    let mut out = String::new();
+    loop {
+        let line = rx
+            .recv_timeout(bound.saturating_sub(start.elapsed()))
+            .unwrap_or_else(|_| {
+                let _ = child.kill();
+                panic!("no load phase report: {out}")
+            });
+        out.push_str(&line);
+        out.push('\n');
+        if line == "# load phase" {
+            break;
+        }
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let code = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s.code();
+        }
+        if start.elapsed() > bound {
+            let _ = child.kill();
+            panic!("no exit within {bound:?} of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    while let Ok(line) = rx.recv_timeout(Duration::from_secs(5)) {
+        out.push_str(&line);
+        out.push('\n');
+    }
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    (code, out, err)
+}
+
+#[test]
+fn ycsb_stops_its_phase_on_sigterm_in_one_and_two_processes() {
+    let bin = env!("CARGO_BIN_EXE_krcore-ycsb");
+    for procs in ["1", "2"] {
+        let (code, out, err) = terminated_in_the_run_phase(
+            bin,
+            &[
+                "--workload",
+                "c",
+                "--records",
+                "500",
+                "--operations",
+                "1000000000",
+                "--processes",
+                procs,
+            ],
+        );
+        // The run phase stopped (not killed): it reports what ran and the
+        // program says so, with exit code 1.
+        assert_eq!(code, Some(1), "{procs} process(es): {err}");
+        assert!(
+            field(&out, "READ", "Operations").is_some_and(|n| n > 0.0),
+            "{procs} process(es): {out}"
+        );
+        assert!(
+            err.contains("stopped before the end of the run phase"),
+            "{procs} process(es): {err}"
+        );
+    }
+}
+
 #[test]
 fn ycsb_refuses_fabrics_it_cannot_run() {
     let bin = env!("CARGO_BIN_EXE_krcore-ycsb");

@@ -26,8 +26,12 @@
 //! `-load` / `-t`) in this process or in `--processes N` children.
 //! `--verify` logs the run phase's writes and then checks every key and the
 //! table (`krcore_benches::driver::verify`); `--fail-fast` ends a phase at
-//! its first failed operation. SIGINT/SIGTERM stop the phase cleanly (the
-//! report covers what ran; exit code 1).
+//! its first failed operation.
+//!
+//! In every mode SIGINT/SIGTERM stop the phase that runs cleanly: its
+//! report covers what ran, no later phase starts, the exit code is 1 (the
+//! client processes are told to stop and report too); a second signal
+//! ends the program at once.
 
 use clap::{Parser, ValueEnum};
 use krcore_benches::cluster::{fresh_fabric_dir, ClusterHost, ClusterOptions, FabricSpec};
@@ -400,8 +404,14 @@ fn main() -> ExitCode {
         eprintln!("krcore-ycsb: --latency-model applies to --db race only");
         return ExitCode::from(2);
     }
+    // SIGINT/SIGTERM end the phase that runs: it reports what ran, and the
+    // program exits 1 (a second signal ends it at once).
+    let stop: Arc<AtomicBool> = match krcore_cli::Shutdown::install() {
+        Ok(s) => s.flag(),
+        Err(e) => return krcore_cli::fail("krcore-ycsb", &e),
+    };
     if args.store.is_some() || args.meta.is_some() {
-        return run_deployed(&args, workload, records, operations);
+        return run_deployed(&args, workload, records, operations, &stop);
     }
     if args.host != HostArg::Process {
         eprintln!(
@@ -434,7 +444,7 @@ fn main() -> ExitCode {
             );
             return ExitCode::from(2);
         }
-        return run_multi(&args, &workload, records, operations, model, fabric);
+        return run_multi(&args, &workload, records, operations, model, fabric, &stop);
     }
     let backend: Box<dyn Backend> = match args.db {
         Db::Race => match RaceBackend::start(args.memory_nodes, args.node_mb << 20, model)
@@ -458,6 +468,7 @@ fn main() -> ExitCode {
     let opts = RunOptions {
         threads: args.threads().max(1),
         seed: args.seed,
+        stop: Some(stop.clone()),
         progress: true,
         target: args.target,
         status: args.status_every(),
@@ -481,6 +492,9 @@ fn main() -> ExitCode {
         }
     };
     println!("# load phase\n{}", load.report.to_text());
+    if stopped(&stop, "load") {
+        return ExitCode::FAILURE;
+    }
     let run = match driver::run_phase(backend.as_ref(), &workload, &keys, &opts) {
         Ok(r) => r,
         Err(e) => {
@@ -489,7 +503,20 @@ fn main() -> ExitCode {
         }
     };
     println!("# run phase\n{}", run.report.to_text());
+    if stopped(&stop, "run") {
+        return ExitCode::FAILURE;
+    }
     finish(&args, backend.name(), &workload, opts.threads, &load, &run)
+}
+
+/// Whether SIGINT/SIGTERM stopped the `phase` just reported (said on
+/// stderr).
+fn stopped(stop: &AtomicBool, phase: &str) -> bool {
+    let s = stop.load(Ordering::Relaxed);
+    if s {
+        eprintln!("krcore-ycsb: stopped before the end of the {phase} phase");
+    }
+    s
 }
 
 /// Writes the JSON file and reports failed operations.
@@ -541,6 +568,7 @@ fn run_multi(
     operations: u64,
     model: Option<LatencyModel>,
     fabric: Option<FabricSpec>,
+    stop: &AtomicBool,
 ) -> ExitCode {
     let (path, tmp) = match fabric {
         Some(FabricSpec::SimDir(p)) => (p, None),
@@ -623,10 +651,13 @@ fn run_multi(
             records,
             operations,
         );
-        match mp::run_children(&exe, &specs, label.clone(), timeout) {
+        match mp::run_children(&exe, &specs, label.clone(), timeout, Some(stop)) {
             Ok(r) => {
                 let name = if phase == Phase::Load { "load" } else { "run" };
                 println!("# {name} phase\n{}", r.report.to_text());
+                if stopped(stop, name) {
+                    return ExitCode::FAILURE;
+                }
                 phases.push(r);
             }
             Err(e) => {
@@ -644,7 +675,13 @@ fn run_multi(
 }
 
 /// A deployed store (`--store`): this process hosts nothing.
-fn run_deployed(args: &Args, workload: Workload, records: u64, operations: u64) -> ExitCode {
+fn run_deployed(
+    args: &Args,
+    workload: Workload,
+    records: u64,
+    operations: u64,
+    stop: &Arc<AtomicBool>,
+) -> ExitCode {
     const P: &str = "krcore-ycsb";
     let Some(store) = args.store.clone() else {
         return krcore_cli::usage(
@@ -697,10 +734,7 @@ fn run_deployed(args: &Args, workload: Workload, records: u64, operations: u64) 
         client: args.client_config(file.client),
         daemon,
     };
-    let stop: Arc<AtomicBool> = match krcore_cli::Shutdown::install() {
-        Ok(s) => s.flag(),
-        Err(e) => return krcore_cli::fail(P, &e),
-    };
+    let stop = stop.clone();
     let wait = Duration::from_secs(args.wait_s);
     let processes = args.processes.max(1);
     let threads = args.threads().max(1);
@@ -773,8 +807,14 @@ fn run_deployed(args: &Args, workload: Workload, records: u64, operations: u64) 
                         }
                     }
                 }
-                mp::run_children(&exe, &specs, label.clone(), Duration::from_secs(3600))
-                    .map_err(|e| e.to_string())
+                mp::run_children(
+                    &exe,
+                    &specs,
+                    label.clone(),
+                    Duration::from_secs(3600),
+                    Some(&stop),
+                )
+                .map_err(|e| e.to_string())
             }
         };
         let r = match r {
@@ -795,8 +835,7 @@ fn run_deployed(args: &Args, workload: Workload, records: u64, operations: u64) 
             failed += r.errors;
         }
         writes.extend(r.writes);
-        if stop.load(Ordering::Relaxed) {
-            eprintln!("{P}: stopped before the end of the {name} phase");
+        if stopped(&stop, name) {
             return ExitCode::FAILURE;
         }
     }

@@ -6,7 +6,10 @@
 //! builds its clients, says `READY`, waits for `GO` (so every process starts
 //! its clock together), runs its share, and sends `RESULT {json}` with its
 //! measurements. The driver merges the histograms; a phase's runtime is
-//! from the earliest child start to the latest child end.
+//! from the earliest child start to the latest child end. A driver whose
+//! stop flag is set (SIGINT/SIGTERM) sends `STOP` to the children still
+//! running; a child ends its phase on `STOP`, on its stdin closing (the
+//! driver is gone) or on a signal of its own, and reports what it ran.
 //!
 //! Shares: the load phase splits the records into contiguous ranges
 //! (YCSB's `insertstart`/`insertcount` per client); the run phase splits the
@@ -24,8 +27,9 @@ use race_store::ClientConfig;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Which phase a child runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -123,6 +127,9 @@ pub enum MpError {
     Phase(#[from] PhaseError),
 }
 
+/// How often the driver looks at its stop flag while children run.
+const STOP_POLL: Duration = Duration::from_millis(100);
+
 /// How long a child may take to join and build its clients.
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -173,6 +180,7 @@ pub fn run_children(
     specs: &[ChildSpec],
     label: Option<String>,
     timeout: Duration,
+    stop: Option<&AtomicBool>,
 ) -> Result<PhaseResult, MpError> {
     let mut kids = Vec::new();
     for s in specs {
@@ -194,8 +202,29 @@ pub fn run_children(
     let (mut start, mut end) = (u64::MAX, 0);
     let (mut operations, mut errors, mut first_error) = (0, 0, None);
     let mut writes = Vec::new();
-    for k in &mut kids {
-        let line = k.expect("RESULT", timeout)?;
+    let deadline = Instant::now() + timeout;
+    let mut told = false;
+    for i in 0..kids.len() {
+        let line = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match kids[i].expect("RESULT", left.min(STOP_POLL)) {
+                Ok(line) => break line,
+                Err(ProcError::Timeout { pid, tag, .. }) if left.is_zero() => {
+                    return Err(ProcError::Timeout { pid, tag, timeout }.into());
+                }
+                Err(ProcError::Timeout { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+            if !told && stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
+                // Stopped (SIGINT/SIGTERM): every child still running ends
+                // its phase and reports what it ran.
+                told = true;
+                for k in &mut kids[i..] {
+                    let _ = k.send("STOP");
+                }
+            }
+        };
+        let k = &mut kids[i];
         let pid = k.pid();
         let r: ChildResult = serde_json::from_str(&line).map_err(|e| MpError::BadResult {
             pid,
@@ -253,12 +282,19 @@ pub fn child_main(spec: &ChildSpec) -> Result<(), String> {
     };
     let started = Arc::new(Mutex::new(0u64));
     let flag = started.clone();
+    // SIGINT/SIGTERM, a STOP line from the driver, or the driver gone
+    // (stdin closed) end the phase: the child reports what it ran.
+    let stop = match krcore_cli::Shutdown::install() {
+        Ok(s) => s.flag(),
+        Err(e) => return Err(format!("install the signal handlers: {e}")),
+    };
+    let watch = stop.clone();
     let opts = RunOptions {
         threads: spec.threads.max(1),
         seed: spec.seed,
         writer: spec.writer,
         log_writes: spec.log_writes,
-        stop: Some(Arc::new(std::sync::atomic::AtomicBool::new(false))),
+        stop: Some(stop),
         fail_fast: spec.fail_fast,
         target: spec.target,
         batch: spec.batch.max(1),
@@ -268,6 +304,14 @@ pub fn child_main(spec: &ChildSpec) -> Result<(), String> {
             say("READY");
             wait_for("GO")?;
             *flag.lock() = epoch_us();
+            let watch = watch.clone();
+            std::thread::Builder::new()
+                .name("stop-watch".into())
+                .spawn(move || {
+                    let _ = wait_for("STOP");
+                    watch.store(true, Ordering::Relaxed);
+                })
+                .map_err(|e| format!("spawn the stop watcher: {e}"))?;
             Ok(())
         }))),
     };
