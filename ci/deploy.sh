@@ -172,8 +172,16 @@ if [ "${DEPLOY_META_RESTART:-1}" = 1 ]; then
   "$bin/krcore-ycsb" --fabric "$(fab 6)" --meta "$meta" "${cfg[@]}" --store ci --workload c --records "$records" --operations 1000000000 --phase run --fail-fast \
     >"$work/across.out" 2>"$work/across.err" &
   across=$!
-  sleep 2
+  # Its header line comes once it has found the store (its connections
+  # made); then a second of gets.
+  for _ in $(seq 600); do
+    grep -q '^# krcore-ycsb:' "$work/across.out" 2>/dev/null && break
+    kill -0 "$across" 2>/dev/null || break
+    sleep 0.1
+  done
+  sleep 1
   kill -0 "$across" 2>/dev/null || { cat "$work/across.err" >&2; die "the client ended before the restart"; }
+  grep -q '^# krcore-ycsb:' "$work/across.out" || die "the client found no store within 60 s"
   kill -TERM "$metapid"
   wait "$metapid" 2>/dev/null
   t0=$SECONDS
