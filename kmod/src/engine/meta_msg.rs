@@ -624,7 +624,8 @@ impl<N: Nic> Engine<N> {
     /// Registers `targets` with the meta server over messaging (as
     /// [`Engine::meta_register`], each for `lease`), and keeps them
     /// registered: a thread renews them every third of the lease (at least
-    /// 1 ms apart), so a renewal can fail twice before the lease runs out.
+    /// 1 ms apart), so a renewal can fail twice before the lease runs out;
+    /// after a failure, every ninth of the lease until renewals work again.
     /// A renewal refused `NotRegistered` or `LeaseExpired` (the host swept
     /// the entry: it was down, restarted, or this process stalled past the
     /// lease) registers that target again (a new epoch). A renewal that
@@ -861,9 +862,17 @@ fn keep_alive<N: Nic>(
     let mut streaks = vec![0u64; kept.len()];
     loop {
         {
+            // After a failed renewal the next comes three times sooner: a
+            // lease survives more lost renewals, and a node is back in a
+            // restarted server's table sooner (see `meta_follow`).
+            let wait = if streaks.iter().any(|s| *s > 0) {
+                period / 3
+            } else {
+                period
+            };
             let mut stop = shared.stop.lock();
             if !*stop {
-                let _ = shared.wake.wait_for(&mut stop, period);
+                let _ = shared.wake.wait_for(&mut stop, wait);
             }
             if *stop {
                 return;
