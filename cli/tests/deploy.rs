@@ -200,6 +200,68 @@ fn a_deployed_store_is_found_from_the_meta_address_alone() {
     assert_eq!(meta_p.terminate(), Some(0));
 }
 
+#[test]
+fn memory_nodes_and_clients_follow_a_restarted_meta_server() {
+    let dir = fabric_dir();
+    let fabric = format!("sim:{}", dir.path().join("f").display());
+    let (meta_p, addr) = meta(&fabric);
+    // Short leases: renewals every 300 ms (every 100 ms after a failure).
+    let lease = ["--lease-ms", "900"];
+    let (n0, _) = start(MEMNODE, &as_refs(&memnode(&fabric, &addr, "s", 0, &lease)));
+    let (n1, _) = start(MEMNODE, &as_refs(&memnode(&fabric, &addr, "s", 1, &lease)));
+    let store = Store::connect(&fabric, &addr, "s", StoreOptions::default()).unwrap();
+    let mut before = store.client().unwrap();
+    for i in 0..200u32 {
+        before
+            .put(format!("k{i}").as_bytes(), &i.to_le_bytes())
+            .unwrap();
+    }
+    // The meta server restarts at the same address: a new table, DCT and
+    // incarnation.
+    assert_eq!(meta_p.terminate(), Some(0));
+    let (meta_p, again) = start(META, &["--fabric", &fabric, "--listen", &addr]);
+    assert!(again.contains(&addr), "{again}");
+    // A client connected before keeps working (its connections are made).
+    for i in 0..200u32 {
+        assert_eq!(
+            before.get(format!("k{i}").as_bytes()).unwrap().as_deref(),
+            Some(&i.to_le_bytes()[..])
+        );
+    }
+    // The memory nodes follow the server: registered and joined in its new
+    // table, so a new client finds the store (within the bound) and reads
+    // what was written before the restart.
+    let start_wait = Instant::now();
+    let after = loop {
+        let opts = StoreOptions {
+            wait: Duration::from_secs(1),
+            ..StoreOptions::default()
+        };
+        match Store::connect(&fabric, &addr, "s", opts) {
+            Ok(s) => break s,
+            Err(e) => assert!(
+                start_wait.elapsed() < BOUND,
+                "no store {BOUND:?} after the restart: {e}"
+            ),
+        }
+    };
+    let mut c = after.client().unwrap();
+    for i in 0..200u32 {
+        assert_eq!(
+            c.get(format!("k{i}").as_bytes()).unwrap().as_deref(),
+            Some(&i.to_le_bytes()[..])
+        );
+    }
+    c.put(b"after", b"restart").unwrap();
+    assert_eq!(
+        before.get(b"after").unwrap().as_deref(),
+        Some(&b"restart"[..])
+    );
+    assert_eq!(n1.terminate(), Some(0));
+    assert_eq!(n0.terminate(), Some(0));
+    assert_eq!(meta_p.terminate(), Some(0));
+}
+
 fn as_refs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }

@@ -64,7 +64,8 @@ struct Args {
     /// MiB of this node's region [default: 1024].
     #[arg(long)]
     mb: Option<u64>,
-    /// Membership lease in ms (renewed every third) [default: 10000].
+    /// Lease in ms of the store membership and of the node's meta entry
+    /// (renewed every third) [default: 10000].
     #[arg(long)]
     lease_ms: Option<u64>,
     /// Seconds nodes 1..N wait for node 0 [default: 30].
@@ -161,6 +162,10 @@ fn main() -> ExitCode {
             .config(file.engine)
             .meta_addr(meta.as_str())
             .register(true)
+            // The node's meta entry is kept as its membership is: a dead
+            // node leaves the table and the store together, and a restarted
+            // meta server has both back within the same period.
+            .lease(opts.lease)
             .build(),
         Host::Daemon(path) => Node::attach(path),
     };
