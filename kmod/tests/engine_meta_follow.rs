@@ -16,8 +16,25 @@ use krcore_meta::{MetaConfig, MetaError};
 use krcore_nic::sim::{SimConfig, SimFabric, SimNic};
 use parking_lot::Mutex;
 
-fn engine(f: &SimFabric, cfg: EngineConfig) -> Engine<SimNic> {
-    let nic = SimNic::open(f, SimConfig::default()).unwrap();
+/// DC mode, or RC fallback mode (a sim device without DC).
+#[derive(Clone, Copy, Debug)]
+enum Mode {
+    Dc,
+    Rc,
+}
+
+fn engine(f: &SimFabric, mode: Mode, cfg: EngineConfig) -> Engine<SimNic> {
+    let (sim, cfg) = match mode {
+        Mode::Dc => (SimConfig::default(), cfg),
+        Mode::Rc => (
+            SimConfig {
+                dc: false,
+                ..SimConfig::default()
+            },
+            cfg.with_handshake_thread(true),
+        ),
+    };
+    let nic = SimNic::open(f, sim).unwrap();
     Engine::start(nic, cfg).unwrap()
 }
 
@@ -28,8 +45,8 @@ struct Server {
     _thread: krcore_kmod::MetaHostThread,
 }
 
-fn server(f: &SimFabric, buckets: u32) -> Server {
-    let e = engine(f, EngineConfig::default().with_pool_size(1));
+fn server(f: &SimFabric, mode: Mode, buckets: u32) -> Server {
+    let e = engine(f, mode, EngineConfig::default().with_pool_size(1));
     let cfg = MetaConfig {
         geometry: Geometry::with_buckets(buckets).unwrap(),
         lease_sweep_ms: 0,
@@ -43,12 +60,12 @@ fn server(f: &SimFabric, buckets: u32) -> Server {
     }
 }
 
-fn node(f: &SimFabric, s: &Server) -> Engine<SimNic> {
+fn node(f: &SimFabric, mode: Mode, s: &Server) -> Engine<SimNic> {
     let mut cfg = EngineConfig::default()
         .with_pool_size(1)
         .with_meta(s.host.location().unwrap());
     cfg.meta_timeout = Duration::from_millis(200);
-    engine(f, cfg)
+    engine(f, mode, cfg)
 }
 
 /// A source that returns whatever bootstrap `current` holds (what a TCP
@@ -77,10 +94,20 @@ fn eventually_resolves(client: &Engine<SimNic>, gid: &krcore_nic::Gid) {
 
 #[test]
 fn a_node_follows_a_restarted_meta_server() {
+    for mode in [Mode::Dc, Mode::Rc] {
+        follows_a_restarted_meta_server(mode);
+    }
+}
+
+fn follows_a_restarted_meta_server(mode: Mode) {
     let f = SimFabric::in_memory();
-    let a = server(&f, 64);
+    let a = server(&f, mode, 64);
     let current = Arc::new(Mutex::new(Ok(a.host.bootstrap())));
-    let mem = node(&f, &a);
+    let mem = node(&f, mode, &a);
+    assert_eq!(
+        mem.mode() == krcore_kmod::EngineMode::RcFallback,
+        matches!(mode, Mode::Rc)
+    );
     mem.set_meta_source(source(&current));
     let lease = mem
         .meta_keep_registered(
@@ -94,7 +121,7 @@ fn a_node_follows_a_restarted_meta_server() {
     // The server restarts: another engine, table and DCT; its bootstrap
     // is what the source finds from now on.
     drop(a);
-    let b = server(&f, 64);
+    let b = server(&f, mode, 64);
     *current.lock() = Ok(b.host.bootstrap());
     let new = b.host.location().unwrap();
     assert_ne!(old, new);
@@ -102,14 +129,14 @@ fn a_node_follows_a_restarted_meta_server() {
     // The node's lease thread finds its renewal unanswered, follows the
     // server and registers in the new table: a client of the new server
     // reaches it.
-    let client = node(&f, &b);
+    let client = node(&f, mode, &b);
     eventually_resolves(&client, &mem.gid());
     assert_eq!(mem.meta_location(), Some(new));
-    assert!(lease.stats().lapsed >= 1, "{:?}", lease.stats());
+    assert!(lease.stats().lapsed >= 1, "{mode:?}: {:?}", lease.stats());
 
     // And the node reads the new table: a node registered only there is
     // found by a lookup.
-    let other = node(&f, &b);
+    let other = node(&f, mode, &b);
     other
         .meta_register(other.local_target().unwrap(), 0, 60_000)
         .unwrap();
@@ -118,15 +145,21 @@ fn a_node_follows_a_restarted_meta_server() {
 
 #[test]
 fn a_lookup_follows_a_restarted_server_without_a_lease_thread() {
+    for mode in [Mode::Dc, Mode::Rc] {
+        lookup_follows(mode);
+    }
+}
+
+fn lookup_follows(mode: Mode) {
     let f = SimFabric::in_memory();
-    let a = server(&f, 64);
+    let a = server(&f, mode, 64);
     let current = Arc::new(Mutex::new(Ok(a.host.bootstrap())));
-    let reader = node(&f, &a);
+    let reader = node(&f, mode, &a);
     reader.set_meta_source(source(&current));
     drop(a);
-    let b = server(&f, 64);
+    let b = server(&f, mode, 64);
     *current.lock() = Ok(b.host.bootstrap());
-    let mem = node(&f, &b);
+    let mem = node(&f, mode, &b);
     mem.meta_register(mem.local_target().unwrap(), 0, 60_000)
         .unwrap();
     // The first lookup's READ fails at the dead server, the refresh moves
@@ -138,8 +171,8 @@ fn a_lookup_follows_a_restarted_server_without_a_lease_thread() {
 #[test]
 fn refreshes_say_what_they_found_and_keep_the_location_on_failure() {
     let f = SimFabric::in_memory();
-    let a = server(&f, 64);
-    let mem = node(&f, &a);
+    let a = server(&f, Mode::Dc, 64);
+    let mem = node(&f, Mode::Dc, &a);
     let here = mem.meta_location().unwrap();
     // No source: nothing to follow.
     assert_eq!(mem.refresh_meta().unwrap(), MetaRefresh::NoSource);
@@ -161,7 +194,7 @@ fn refreshes_say_what_they_found_and_keep_the_location_on_failure() {
     assert_eq!(mem.meta_location(), Some(here));
 
     // A restarted server with a table of another shape: refused, typed.
-    let other = server(&f, 128);
+    let other = server(&f, Mode::Dc, 128);
     *current.lock() = Ok(other.host.bootstrap());
     std::thread::sleep(REFRESH_EVERY);
     let r = mem.refresh_meta();
@@ -170,7 +203,7 @@ fn refreshes_say_what_they_found_and_keep_the_location_on_failure() {
     assert_eq!(mem.meta_location(), Some(here));
 
     // One of the same shape: moved.
-    let b = server(&f, 64);
+    let b = server(&f, Mode::Dc, 64);
     *current.lock() = Ok(b.host.bootstrap());
     std::thread::sleep(REFRESH_EVERY);
     let to = b.host.location().unwrap();

@@ -217,12 +217,7 @@ impl<N: Nic> MetaClient<N> {
         if let MetaLink::Rc(l) = link {
             // The new server must name a handshake endpoint too.
             super::pairing::handshake_target(&to.server)?;
-            if let (Some(nonce), Ok(old)) = (
-                l.paired.take(),
-                super::pairing::handshake_target(&from.server),
-            ) {
-                l.hs.close(l.qp.qpn(), old, nonce);
-            }
+            l.unpair(&from.server);
             l.rearm(stats)
                 .map_err(EngineError::nic("reset the meta QP for the moved server"))?;
         }
@@ -244,13 +239,7 @@ impl<N: Nic> MetaClient<N> {
     pub(crate) fn close(&self) {
         let mut st = self.state.lock();
         if let MetaLink::Rc(l) = &mut st.link {
-            let qpn = l.qp.qpn();
-            if let (Some(nonce), Ok(target)) = (
-                l.paired.take(),
-                super::pairing::handshake_target(&self.location().server),
-            ) {
-                l.hs.close(qpn, target, nonce);
-            }
+            l.unpair(&self.location().server);
         }
     }
 
@@ -472,6 +461,16 @@ impl<N: Nic> RcLink<N> {
             hs,
             paired: None,
         })
+    }
+
+    /// Tells the meta node at `server` that the pair is going away (best
+    /// effort: it frees its end), if the QP is paired.
+    fn unpair(&mut self, server: &DcTarget) {
+        if let (Some(nonce), Ok(target)) =
+            (self.paired.take(), super::pairing::handshake_target(server))
+        {
+            self.hs.close(self.qp.qpn(), target, nonce);
+        }
     }
 
     /// Pairs the QP with the meta node if it is not.
