@@ -39,6 +39,7 @@ use std::time::{Duration, Instant};
 
 use krcore_meta::entry::EntryRepr;
 use krcore_meta::table::find_in_bucket;
+use krcore_meta::wire::BootstrapRepr;
 use std::sync::Arc;
 
 use krcore_nic::{
@@ -140,6 +141,48 @@ struct MetaState<N: Nic> {
     link: MetaLink<N>,
 }
 
+/// How an engine fetches its meta server's bootstrap again (see
+/// `meta_follow`). Called from the lease thread or a lookup, at most once
+/// per [`REFRESH_EVERY`]; it should be bounded (the SDK's waits at most the
+/// engine's `meta_timeout`).
+pub type MetaSource = Arc<dyn Fn() -> Result<BootstrapRepr, krcore_meta::MetaError> + Send + Sync>;
+
+/// Least time between two bootstrap fetches of
+/// [`Engine::refresh_meta`](super::Engine::refresh_meta).
+pub const REFRESH_EVERY: Duration = Duration::from_millis(500);
+
+/// What [`Engine::refresh_meta`](super::Engine::refresh_meta) found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MetaRefresh {
+    /// The engine has no [`MetaSource`], or reads no meta server.
+    NoSource,
+    /// The last fetch was less than [`REFRESH_EVERY`] ago: not fetched.
+    Recent,
+    /// The bootstrap names the server the engine reads.
+    Same,
+    /// The server moved (restarted): the engine reads `to` from now on.
+    Moved {
+        /// The location read until now.
+        from: MetaLocation,
+        /// The location read from now on.
+        to: MetaLocation,
+    },
+}
+
+/// How the client follows a restarted server: its source, when it was
+/// last fetched, and whether the registration endpoint is the old
+/// server's.
+#[derive(Default)]
+struct Follow {
+    source: Option<MetaSource>,
+    last: Option<Instant>,
+    /// Set by a move; the next registration call drops its endpoint (it
+    /// holds the endpoint's lock, which a refresh must not wait for: a
+    /// lookup inside that call may refresh).
+    stale_endpoint: bool,
+}
+
 pub(crate) struct MetaClient<N: Nic> {
     /// Where the table is: set at start, moved by [`MetaClient::relocate`]
     /// (a restarted server). Written under the state lock, so a lookup
@@ -147,6 +190,7 @@ pub(crate) struct MetaClient<N: Nic> {
     location: RwLock<MetaLocation>,
     policy: MetaPolicy,
     state: Mutex<MetaState<N>>,
+    follow: Mutex<Follow>,
 }
 
 impl<N: Nic> MetaClient<N> {
@@ -171,6 +215,7 @@ impl<N: Nic> MetaClient<N> {
         };
         Ok(MetaClient {
             location: RwLock::new(location),
+            follow: Mutex::default(),
             policy,
             state: Mutex::new(MetaState {
                 next_wr_id: 1,
@@ -188,6 +233,35 @@ impl<N: Nic> MetaClient<N> {
     /// Where the client reads the table.
     pub(crate) fn location(&self) -> MetaLocation {
         *self.location.read()
+    }
+
+    /// Sets how to fetch the bootstrap again (replacing an earlier source).
+    pub(crate) fn set_source(&self, source: MetaSource) {
+        self.follow.lock().source = Some(source);
+    }
+
+    /// The source for a fetch now (and the fetch's time noted), or why
+    /// none is due: no source, or one fetched within [`REFRESH_EVERY`].
+    pub(crate) fn source_for_refresh(&self) -> Result<MetaSource, MetaRefresh> {
+        let mut f = self.follow.lock();
+        let Some(source) = f.source.clone() else {
+            return Err(MetaRefresh::NoSource);
+        };
+        if f.last.is_some_and(|t| t.elapsed() < REFRESH_EVERY) {
+            return Err(MetaRefresh::Recent);
+        }
+        f.last = Some(Instant::now());
+        Ok(source)
+    }
+
+    /// Notes that the registration endpoint talks to a server that moved.
+    pub(crate) fn mark_endpoint_stale(&self) {
+        self.follow.lock().stale_endpoint = true;
+    }
+
+    /// Whether the registration endpoint must be replaced (once per move).
+    pub(crate) fn take_stale_endpoint(&self) -> bool {
+        std::mem::take(&mut self.follow.lock().stale_endpoint)
     }
 
     /// Reads the table at `to` from now on (the server restarted: another

@@ -25,7 +25,7 @@
 //!   the client, the lookup READs the new table once more (the entry may
 //!   not be there yet: its node re-registers within its own period).
 //!
-//! Fetches are at most one per [`REFRESH_EVERY`] (calls in between return
+//! Fetches are at most one per [`REFRESH_EVERY`](super::REFRESH_EVERY) (calls in between return
 //! [`MetaRefresh::Recent`]), so a dead server costs one bootstrap fetch
 //! per interval, not one per failed lookup.
 //!
@@ -42,75 +42,28 @@
 //! The new table must have the old one's shape ([`EngineError::MetaReshaped`]
 //! otherwise: the lookup buffers are sized for it).
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-use krcore_meta::wire::BootstrapRepr;
 use krcore_nic::Nic;
 
 use super::config::{EngineMode, MetaLocation};
 use super::error::EngineError;
+use super::meta::{MetaRefresh, MetaSource};
 use super::object::{Engine, EngineInner};
 use super::rc::RcHost;
-
-/// How an engine fetches its meta server's bootstrap again (see the
-/// module docs). Called from the lease thread or a lookup, at most once
-/// per [`REFRESH_EVERY`]; it should be bounded (the SDK's waits at most the
-/// engine's `meta_timeout`).
-pub type MetaSource = Arc<dyn Fn() -> Result<BootstrapRepr, krcore_meta::MetaError> + Send + Sync>;
-
-/// Least time between two bootstrap fetches of [`Engine::refresh_meta`].
-pub const REFRESH_EVERY: Duration = Duration::from_millis(500);
-
-/// What [`Engine::refresh_meta`] found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum MetaRefresh {
-    /// The engine has no [`MetaSource`], or reads no meta server.
-    NoSource,
-    /// The last fetch was less than [`REFRESH_EVERY`] ago: not fetched.
-    Recent,
-    /// The bootstrap names the server the engine reads.
-    Same,
-    /// The server moved (restarted): the engine reads `to` from now on.
-    Moved {
-        /// The location read until now.
-        from: MetaLocation,
-        /// The location read from now on.
-        to: MetaLocation,
-    },
-}
-
-/// The engine's source, when it was last fetched, and whether the
-/// registration endpoint is the old server's.
-#[derive(Default)]
-pub(super) struct Follow {
-    source: Option<MetaSource>,
-    last: Option<Instant>,
-    /// Set by a move; the next registration call drops its endpoint (it
-    /// holds the endpoint's lock, which a refresh must not wait for: a
-    /// lookup inside that call may refresh).
-    stale_endpoint: bool,
-}
-
-impl Follow {
-    /// Whether the registration endpoint must be replaced (once per move).
-    pub(super) fn take_stale_endpoint(&mut self) -> bool {
-        std::mem::take(&mut self.stale_endpoint)
-    }
-}
 
 impl<N: Nic> Engine<N> {
     /// Makes the engine follow its meta server through restarts, fetching
     /// the bootstrap with `source` when the server stops answering (see
-    /// the module docs). Replaces an earlier source.
+    /// the module docs). Replaces an earlier source; no effect on an
+    /// engine that reads no meta server.
     pub fn set_meta_source(&self, source: MetaSource) {
-        self.inner.follow.lock().source = Some(source);
+        if let Some(client) = self.inner.meta.get() {
+            client.set_source(source);
+        }
     }
 
     /// Fetches the bootstrap from the [`MetaSource`] and, when it names
     /// another server than the one the engine reads, moves there (see the
-    /// module docs). At most one fetch per [`REFRESH_EVERY`].
+    /// module docs). At most one fetch per [`REFRESH_EVERY`](super::REFRESH_EVERY).
     ///
     /// # Errors
     /// [`EngineError::MetaSource`] when the fetch fails (the server is
@@ -131,16 +84,9 @@ impl<N: Nic> EngineInner<N> {
         let Some(client) = eng.meta.get() else {
             return Ok(MetaRefresh::NoSource);
         };
-        let source = {
-            let mut f = eng.follow.lock();
-            let Some(source) = f.source.clone() else {
-                return Ok(MetaRefresh::NoSource);
-            };
-            if f.last.is_some_and(|t| t.elapsed() < REFRESH_EVERY) {
-                return Ok(MetaRefresh::Recent);
-            }
-            f.last = Some(Instant::now());
-            source
+        let source = match client.source_for_refresh() {
+            Ok(source) => source,
+            Err(why) => return Ok(why),
         };
         let bootstrap = source().map_err(EngineError::MetaSource)?;
         let to = MetaLocation::from_bootstrap(&bootstrap)?;
@@ -151,7 +97,7 @@ impl<N: Nic> EngineInner<N> {
         // The registration endpoint's channels and the cached target were
         // the old server's: the next request opens a channel to the new
         // one (and, on its GID, caches the new target).
-        eng.follow.lock().stale_endpoint = true;
+        client.mark_endpoint_stale();
         if to.server.gid == from.server.gid {
             eng.cache.invalidate(&from.server.gid);
         }

@@ -94,8 +94,7 @@ use super::config::MetaLocation;
 use super::error::{EngineError, MetaFailure};
 use super::handshake_msg::{busy_pause, ControlPush};
 use super::messaging::{MsgError, Port, Worker};
-use super::meta::{MetaClient, MetaPolicy};
-use super::meta_follow::MetaRefresh;
+use super::meta::{MetaClient, MetaPolicy, MetaRefresh};
 use super::mrs::OwnedMr;
 use super::object::{Engine, EngineInner};
 use super::rc::RcHost;
@@ -471,11 +470,8 @@ impl<N: Nic> Engine<N> {
     /// One request to the meta server's [`META_PORT`] (errors name `gid`).
     pub(super) fn meta_call(&self, gid: Gid, message: MetaMessage) -> Result<Lease, EngineError> {
         let eng = &self.inner;
-        let location = eng
-            .meta
-            .get()
-            .map(|m| m.location())
-            .ok_or(EngineError::NoMetaServer { gid })?;
+        let meta = eng.meta.get().ok_or(EngineError::NoMetaServer { gid })?;
+        let location = meta.location();
         let server = location.server.gid;
         // The location names the server's DCT: its requests go there (the
         // server need not be in its own table). Cached with the lowest
@@ -484,7 +480,7 @@ impl<N: Nic> Engine<N> {
             let _ = eng.cache.insert(location.server, 0);
         }
         let mut client = eng.meta_ep.lock();
-        if eng.follow.lock().take_stale_endpoint() {
+        if meta.take_stale_endpoint() {
             // The server moved: the endpoint's channels were the old one's.
             client.take();
         }

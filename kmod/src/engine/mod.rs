@@ -151,8 +151,7 @@ pub use error::{EngineError, HandshakeFailure, MetaFailure, VqpError};
 pub use fork::ForkKit;
 pub use handshake_ud::{HandshakeResponder, HandshakeStats, ProgressThread};
 pub use messaging::{Endpoint, Message, MsgError, MsgStats, Port, PortUsage, Sender};
-pub use meta::MetaStats;
-pub use meta_follow::{MetaRefresh, MetaSource, REFRESH_EVERY};
+pub use meta::{MetaRefresh, MetaSource, MetaStats, REFRESH_EVERY};
 pub use meta_msg::{
     MetaHostStats, MetaHostThread, MetaLease, MetaLeaseStats, MsgMetaHost, META_PORT,
 };

@@ -109,9 +109,6 @@ pub(crate) struct EngineInner<N: Nic> {
     /// Set at start from `cfg.meta`, or once later by a [`MsgMetaHost`]
     /// the engine hosts (it reads its own table).
     pub(super) meta: OnceLock<MetaClient<N>>,
-    /// How to find the meta server again after a restart (see
-    /// `meta_follow`).
-    pub(super) follow: Mutex<super::meta_follow::Follow>,
     pub(super) pool: Mutex<Vec<Arc<PhysQp<N>>>>,
     pub(super) next_dci: AtomicUsize,
     pub(super) next_vqp: AtomicU32,
@@ -197,7 +194,7 @@ impl<N: Nic> RcHost<N> for EngineInner<N> {
             // The server may have restarted elsewhere: follow it and READ
             // its table once more (see `meta_follow`).
             Err(e @ EngineError::MetaUnavailable { .. }) => match self.refresh_meta() {
-                Ok(super::MetaRefresh::Moved { .. }) => meta.lookup(self, || self.first_dci(), gid),
+                Ok(meta::MetaRefresh::Moved { .. }) => meta.lookup(self, || self.first_dci(), gid),
                 _ => Err(e),
             },
             r => r,
@@ -576,7 +573,6 @@ impl<N: Nic> Engine<N> {
             mode_state,
             upgrade,
             meta: meta.map_or_else(OnceLock::new, OnceLock::from),
-            follow: Mutex::default(),
             pool: Mutex::new(Vec::new()),
             next_dci: AtomicUsize::new(0),
             next_vqp: AtomicU32::new(1),
