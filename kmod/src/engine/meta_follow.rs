@@ -25,9 +25,9 @@
 //!   the client, the lookup READs the new table once more (the entry may
 //!   not be there yet: its node re-registers within its own period).
 //!
-//! Fetches are at most one per [`REFRESH_EVERY`](super::REFRESH_EVERY) (calls in between return
-//! [`MetaRefresh::Recent`]), so a dead server costs one bootstrap fetch
-//! per interval, not one per failed lookup.
+//! Fetches are at most one per [`REFRESH_EVERY`](super::REFRESH_EVERY)
+//! (calls in between return [`MetaRefresh::Recent`]), so a dead server
+//! costs one bootstrap fetch per interval, not one per failed lookup.
 //!
 //! # What stays
 //!
