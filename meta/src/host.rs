@@ -55,8 +55,10 @@ pub struct MetaConfig {
     /// Epoch of the first registration. `None`: the wall-clock second at
     /// start, so a restarted server's epochs exceed its predecessor's as
     /// long as it handed out fewer epochs than it ran seconds (and restarts
-    /// are a second apart); clients must in any case drop their cache when
-    /// the bootstrap's incarnation changes.
+    /// are a second apart). Engines that follow a restarted server keep
+    /// their DCCache: an entry of the old server that the new one's (older
+    /// numbered) entry cannot replace is still used, and dropped by its
+    /// first error completion if its node moved too.
     pub first_epoch: Option<u32>,
     /// Incarnation reported in the bootstrap. `None`: derived from the
     /// wall clock and the process id.
