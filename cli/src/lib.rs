@@ -207,6 +207,55 @@ impl Shutdown {
     }
 }
 
+/// Whether `e` says the meta server could not be reached over TCP (nobody
+/// listens at its address yet, or it does not answer): what
+/// [`build_waiting_for_meta`] waits out.
+pub fn meta_unreachable(e: &krcore::Error) -> bool {
+    matches!(
+        e,
+        krcore::Error::Meta(
+            krcore_meta::MetaError::Connect { .. } | krcore_meta::MetaError::Timeout { .. }
+        )
+    )
+}
+
+/// Runs `build` (a node's start, which fetches the meta server's
+/// bootstrap) and, while it fails because the meta server is unreachable
+/// ([`meta_unreachable`]), runs it again every 200 ms for up to `wait`:
+/// a node started before its meta server waits for it (`--meta-wait-s`).
+/// Says once on stderr that it waits. A signal ends the wait (the last
+/// error is returned).
+///
+/// # Errors
+/// `build`'s last error: at once for any other error, after `wait` for an
+/// unreachable meta server.
+pub fn build_waiting_for_meta<T>(
+    program: &str,
+    wait: Duration,
+    shutdown: &Shutdown,
+    mut build: impl FnMut() -> krcore::Result<T>,
+) -> krcore::Result<T> {
+    let start = std::time::Instant::now();
+    let mut said = false;
+    loop {
+        match build() {
+            Err(e) if meta_unreachable(&e) && start.elapsed() < wait && !shutdown.requested() => {
+                if !said {
+                    // Not an error line (yet): the last error is reported
+                    // if the wait runs out.
+                    eprintln!(
+                        "{program}: the meta server does not answer yet; waiting at most {} s for it",
+                        wait.as_secs()
+                    );
+                    said = true;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            r => return r,
+        }
+    }
+}
+
 /// Parses `--fabric` (exit code 2 on a bad string, through [`usage`]).
 ///
 /// # Errors

@@ -262,6 +262,39 @@ fn memory_nodes_and_clients_follow_a_restarted_meta_server() {
     assert_eq!(meta_p.terminate(), Some(0));
 }
 
+#[test]
+fn a_memory_node_started_before_its_meta_server_waits_for_it() {
+    let dir = fabric_dir();
+    let fabric = format!("sim:{}", dir.path().join("f").display());
+    let addr = {
+        let free = TcpListener::bind("127.0.0.1:0").unwrap();
+        free.local_addr().unwrap().to_string()
+    };
+    // Nobody answers within the wait: the usual one-line error, after it.
+    let t = Instant::now();
+    fails_with(
+        MEMNODE,
+        &memnode(&fabric, &addr, "w", 0, &["--meta-wait-s", "1"]),
+        "cannot connect to the meta server",
+    );
+    assert!(t.elapsed() >= Duration::from_secs(1));
+    // The meta server comes a second after the memory node: it is waited
+    // for, and the node joins.
+    let (f2, a2) = (fabric.clone(), addr.clone());
+    let late = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(1));
+        start(META, &["--fabric", &f2, "--listen", &a2])
+    });
+    let (n0, ready) = start(
+        MEMNODE,
+        &as_refs(&memnode(&fabric, &addr, "w", 0, &["--meta-wait-s", "30"])),
+    );
+    assert!(ready.contains("store w id 0"), "{ready}");
+    let (meta_p, _) = late.join().unwrap();
+    assert_eq!(n0.terminate(), Some(0));
+    assert_eq!(meta_p.terminate(), Some(0));
+}
+
 fn as_refs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }

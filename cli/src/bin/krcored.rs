@@ -4,7 +4,7 @@
 //! ```text
 //! krcored --fabric F [--meta HOST:PORT] [--socket PATH] [--pool N]
 //!         [--max-vqps N] [--max-mb M] [--max-ports N] [--max-leases N] [--idle-us U]
-//!         [--data-threads N]
+//!         [--data-threads N] [--meta-wait-s S]
 //!         [--config FILE] [--ready-file PATH]
 //! ```
 //!
@@ -16,7 +16,8 @@
 //! its node-wide DCCache, their memory is registered by it and shared with
 //! them (see `krcore_kmod::daemon`). `--max-vqps`, `--max-mb`,
 //! `--max-ports` and `--max-leases` bound what one process may hold;
-//! `--data-threads` is how many threads drain the processes' rings (each
+//! `--meta-wait-s S` makes a daemon whose meta server does not answer yet
+//! wait for it (at most S seconds). `--data-threads` is how many threads drain the processes' rings (each
 //! process is served by the one with the fewest when it attaches: one core
 //! per thread while they have work); `--idle-us` is how long a data thread
 //! spins without work before it sleeps (a post then costs one eventfd
@@ -32,7 +33,10 @@
 
 use clap::Parser;
 use krcore::Node;
-use krcore_cli::{announce_ready, fail, init_tracing, load_toml, parse_fabric, usage, Shutdown};
+use krcore_cli::{
+    announce_ready, build_waiting_for_meta, fail, init_tracing, load_toml, parse_fabric, usage,
+    Shutdown,
+};
 use krcore_kmod::daemon::{Daemon, DaemonConfig};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -76,6 +80,11 @@ struct Args {
     /// processes placed on it (1..=64) [default: 1].
     #[arg(long)]
     data_threads: Option<usize>,
+    /// Seconds to wait for the meta server when nobody answers at `--meta`
+    /// yet (a daemon started before its meta server) [default: 0: fail at
+    /// once].
+    #[arg(long)]
+    meta_wait_s: Option<u64>,
     /// TOML file with any of the settings above (flags override it).
     #[arg(long)]
     config: Option<PathBuf>,
@@ -98,6 +107,7 @@ struct FileConfig {
     max_leases: Option<u32>,
     idle_us: Option<u64>,
     data_threads: Option<usize>,
+    meta_wait_s: Option<u64>,
     /// The engine's settings (`[engine]`: see `krcore::EngineConfig`).
     engine: krcore::EngineConfig,
 }
@@ -178,13 +188,16 @@ fn main() -> ExitCode {
         Err(e) => return fail(PROGRAM, &e),
     };
     let pool = engine.pool_size;
-    let node = match Node::builder()
-        .fabric_spec(spec.clone())
-        .config(engine)
-        .meta_addr(meta.as_str())
-        .register(true)
-        .build()
-    {
+    let meta_wait = Duration::from_secs(args.meta_wait_s.or(file.meta_wait_s).unwrap_or(0));
+    let built = build_waiting_for_meta(PROGRAM, meta_wait, &shutdown, || {
+        Node::builder()
+            .fabric_spec(spec.clone())
+            .config(engine.clone())
+            .meta_addr(meta.as_str())
+            .register(true)
+            .build()
+    });
+    let node = match built {
         Ok(n) => n,
         Err(e) => return fail(PROGRAM, &e),
     };

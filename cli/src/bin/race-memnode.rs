@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! race-memnode --fabric F --meta HOST:PORT --store NAME --id I --nodes N --mb M
-//!              [--lease-ms MS] [--wait-s S] [--config FILE] [--ready-file PATH]
+//!              [--lease-ms MS] [--wait-s S] [--meta-wait-s S] [--config FILE]
+//!              [--ready-file PATH]
 //! race-memnode --daemon SOCKET --meta HOST:PORT --store NAME --id I --nodes N --mb M ...
 //! ```
 //!
@@ -15,7 +16,9 @@
 //! registers an `M` MiB
 //! region for remote READ, WRITE and atomics, and joins store `NAME` as
 //! memory node `I` of `N`. Node 0 formats the table first; nodes `1..N`
-//! wait (at most `--wait-s`, default 30) for node 0 to have joined. The
+//! wait (at most `--wait-s`, default 30) for node 0 to have joined. With
+//! `--meta-wait-s S` a node whose meta server does not answer yet waits
+//! for it (at most S seconds, saying so once on stderr). The
 //! node's CPU then only answers block allocations (two-sided messages);
 //! every key-value operation is one-sided.
 //!
@@ -28,7 +31,10 @@
 
 use clap::Parser;
 use krcore::Node;
-use krcore_cli::{announce_ready, fail, init_tracing, load_toml, parse_fabric, usage, Shutdown};
+use krcore_cli::{
+    announce_ready, build_waiting_for_meta, fail, init_tracing, load_toml, parse_fabric, usage,
+    Shutdown,
+};
 use race_store::deploy::{MemoryNodeOptions, DEFAULT_MEMBER_LEASE};
 use race_store::rdma::MemoryNodeServer;
 use std::path::PathBuf;
@@ -71,6 +77,11 @@ struct Args {
     /// Seconds nodes 1..N wait for node 0 [default: 30].
     #[arg(long)]
     wait_s: Option<u64>,
+    /// Seconds to wait for the meta server when nobody answers at `--meta`
+    /// yet (a node started before its meta server) [default: 0: fail at
+    /// once].
+    #[arg(long)]
+    meta_wait_s: Option<u64>,
     /// TOML file with any of the settings above (flags override it).
     #[arg(long)]
     config: Option<PathBuf>,
@@ -99,6 +110,7 @@ struct FileConfig {
     mb: Option<u64>,
     lease_ms: Option<u64>,
     wait_s: Option<u64>,
+    meta_wait_s: Option<u64>,
     /// The engine's settings (`[engine]`: see `krcore::EngineConfig`).
     engine: krcore::EngineConfig,
     /// The table node 0 formats (`[table]`: see
@@ -156,17 +168,20 @@ fn main() -> ExitCode {
         Ok(s) => s,
         Err(e) => return fail(PROGRAM, &e),
     };
+    let meta_wait = Duration::from_secs(args.meta_wait_s.or(file.meta_wait_s).unwrap_or(0));
     let opened = match &host {
-        Host::Fabric(spec) => Node::builder()
-            .fabric_spec(spec.clone())
-            .config(file.engine)
-            .meta_addr(meta.as_str())
-            .register(true)
-            // The node's meta entry is kept as its membership is: a dead
-            // node leaves the table and the store together, and a restarted
-            // meta server has both back within the same period.
-            .lease(opts.lease)
-            .build(),
+        Host::Fabric(spec) => build_waiting_for_meta(PROGRAM, meta_wait, &shutdown, || {
+            Node::builder()
+                .fabric_spec(spec.clone())
+                .config(file.engine.clone())
+                .meta_addr(meta.as_str())
+                .register(true)
+                // The node's meta entry is kept as its membership is: a
+                // dead node leaves the table and the store together, and a
+                // restarted meta server has both back within one period.
+                .lease(opts.lease)
+                .build()
+        }),
         Host::Daemon(path) => Node::attach(path),
     };
     let node = match opened {
