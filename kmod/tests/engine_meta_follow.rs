@@ -169,6 +169,27 @@ fn lookup_follows(mode: Mode) {
 }
 
 #[test]
+fn a_request_follows_a_restarted_server() {
+    for mode in [Mode::Dc, Mode::Rc] {
+        let f = SimFabric::in_memory();
+        let a = server(&f, mode, 64);
+        let current = Arc::new(Mutex::new(Ok(a.host.bootstrap())));
+        let mem = node(&f, mode, &a);
+        mem.set_meta_source(source(&current));
+        let t = mem.local_target().unwrap();
+        mem.meta_register(t, 0, 60_000).unwrap();
+        drop(a);
+        let b = server(&f, mode, 64);
+        *current.lock() = Ok(b.host.bootstrap());
+        // The first call after the restart reaches the new server (what a
+        // node daemon's renewals for its processes rely on).
+        mem.meta_register(t, 0, 60_000).unwrap();
+        let client = node(&f, mode, &b);
+        assert_eq!(client.resolve(&mem.gid()).unwrap().target, t, "{mode:?}");
+    }
+}
+
+#[test]
 fn refreshes_say_what_they_found_and_keep_the_location_on_failure() {
     let f = SimFabric::in_memory();
     let a = server(&f, Mode::Dc, 64);

@@ -14,13 +14,16 @@
 //!
 //! # Who refreshes
 //!
-//! - The lease thread ([`Engine::meta_keep_registered`],
-//!   [`Engine::store_keep_joined`]), after a renewal that fails other than
-//!   by a refusal. When the server moved, it renews again at once: the new
+//! - A request over messaging (Register, Renew, Deregister, a store's Join
+//!   or Leave) that fails other than by the server's refusal: when the
+//!   server moved, the request is sent again, to the new one. So the lease
+//!   threads ([`Engine::meta_keep_registered`],
+//!   [`Engine::store_keep_joined`]) follow at their next renewal: the new
 //!   table does not know the entry (`NotRegistered`), so the target is
-//!   registered again, and a store membership joins again. A node is back
-//!   in the new table within a renewal period plus the failed renewal's
-//!   timeout.
+//!   registered again, and a store membership joins again; and so do the
+//!   renewals a node daemon makes for its attached processes. A node is
+//!   back in the new table within a renewal period plus the failed
+//!   request's timeout.
 //! - A lookup (DCCache miss) whose READ fails: after a refresh that moved
 //!   the client, the lookup READs the new table once more (the entry may
 //!   not be there yet: its node re-registers within its own period).

@@ -94,7 +94,7 @@ use super::config::MetaLocation;
 use super::error::{EngineError, MetaFailure};
 use super::handshake_msg::{busy_pause, ControlPush};
 use super::messaging::{MsgError, Port, Worker};
-use super::meta::{MetaClient, MetaPolicy, MetaRefresh};
+use super::meta::{MetaClient, MetaPolicy};
 use super::mrs::OwnedMr;
 use super::object::{Engine, EngineInner};
 use super::rc::RcHost;
@@ -468,7 +468,28 @@ impl<N: Nic> Engine<N> {
     }
 
     /// One request to the meta server's [`META_PORT`] (errors name `gid`).
+    /// A request that fails other than by the server's refusal may have
+    /// gone to a server that restarted elsewhere: the engine follows it
+    /// (see `meta_follow`) and, when it moved, sends the request once more,
+    /// to the new server.
     pub(super) fn meta_call(&self, gid: Gid, message: MetaMessage) -> Result<Lease, EngineError> {
+        let before = self.meta_location();
+        match self.meta_call_once(gid, message.clone()) {
+            Err(e) if may_have_moved(&e) => {
+                // Moved by this refresh, or by one made meanwhile (a lookup
+                // inside the call, another thread's call).
+                let _ = self.refresh_meta();
+                if self.meta_location() == before {
+                    return Err(e);
+                }
+                self.meta_call_once(gid, message)
+            }
+            r => r,
+        }
+    }
+
+    /// [`Engine::meta_call`] to the server the engine reads now.
+    fn meta_call_once(&self, gid: Gid, message: MetaMessage) -> Result<Lease, EngineError> {
         let eng = &self.inner;
         let meta = eng.meta.get().ok_or(EngineError::NoMetaServer { gid })?;
         let location = meta.location();
@@ -875,14 +896,10 @@ fn keep_alive<N: Nic>(
             }
         }
         for ((k, epoch), streak) in kept.iter().zip(epochs.iter_mut()).zip(streaks.iter_mut()) {
-            let mut r = renew(engine, k, epoch, lease_ms);
-            if matches!(&r, Err(e) if !matches!(e, EngineError::MetaRefused { .. })) {
-                // The server may have restarted elsewhere: follow it and
-                // renew there at once (see `meta_follow`).
-                if let Ok(MetaRefresh::Moved { .. }) = engine.refresh_meta() {
-                    r = renew(engine, k, epoch, lease_ms);
-                }
-            }
+            // (A renewal sent to a server that restarted elsewhere follows
+            // it inside `meta_call`; the new table then answers
+            // NotRegistered and the target is registered again.)
+            let r = renew(engine, k, epoch, lease_ms);
             match &r {
                 Ok(false) => {
                     tracing::warn!(registration = %k, failures = *streak, "meta lease lapsed (swept by the host): registered again");
@@ -913,6 +930,17 @@ fn keep_alive<N: Nic>(
             }
         }
     }
+}
+
+/// Whether a failed request may have gone to a meta server that moved:
+/// anything but the server's own answer, or the engine's state.
+fn may_have_moved(e: &EngineError) -> bool {
+    !matches!(
+        e,
+        EngineError::MetaRefused { .. }
+            | EngineError::NoMetaServer { .. }
+            | EngineError::Unsupported { .. }
+    )
 }
 
 /// One renewal of `k`: `Ok(true)` renewed, `Ok(false)` registered (or

@@ -190,13 +190,19 @@ impl<N: Nic> RcHost<N> for EngineInner<N> {
             .meta
             .get()
             .ok_or(EngineError::NoMetaServer { gid: *gid })?;
+        let before = meta.location();
         let found = match meta.lookup(self, || self.first_dci(), gid) {
             // The server may have restarted elsewhere: follow it and READ
-            // its table once more (see `meta_follow`).
-            Err(e @ EngineError::MetaUnavailable { .. }) => match self.refresh_meta() {
-                Ok(meta::MetaRefresh::Moved { .. }) => meta.lookup(self, || self.first_dci(), gid),
-                _ => Err(e),
-            },
+            // its table once more (see `meta_follow`), if it moved (by
+            // this refresh, or by one made meanwhile).
+            Err(e @ EngineError::MetaUnavailable { .. }) => {
+                let _ = self.refresh_meta();
+                if meta.location() == before {
+                    Err(e)
+                } else {
+                    meta.lookup(self, || self.first_dci(), gid)
+                }
+            }
             r => r,
         };
         let Some(entry) = found? else {
