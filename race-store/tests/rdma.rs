@@ -5,13 +5,11 @@
 
 mod common;
 
-use common::rdma::{cluster, Cluster};
+use common::rdma::{cluster, cluster_with, Cluster};
 use krcore::Node;
 use race_store::client::Op;
 use race_store::clock::{Clock, SystemClock};
-use race_store::layout::subtable::SubtableGeometry;
-use race_store::memory::TableConfig;
-use race_store::rdma::{MemoryNodeServer, VqpTransport};
+use race_store::rdma::VqpTransport;
 use race_store::{Client, ClientConfig, Error};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -365,32 +363,20 @@ fn clients_that_leave_with_a_block_asked_ahead_do_not_fill_the_port() {
     use race_store::remote::Transport;
     // A memory node whose port never reclaims an idle channel: a client
     // that left one open would hold its slot for good.
-    let meta = Node::builder()
-        .fabric("sim:mem")
-        .host_meta()
-        .build()
-        .unwrap();
-    let table = TableConfig {
-        geometry: SubtableGeometry::new(1).unwrap(),
-        initial_global_depth: 0,
-        max_global_depth: 4,
-    };
     let mut cfg = krcore_kmod::EngineConfig::default();
     cfg.msg.control_idle = Duration::from_secs(3600);
-    let mem = Node::builder().join(&meta).config(cfg).build().unwrap();
-    let s = MemoryNodeServer::start(&mem, 0, 64 << 20, &table, 1).unwrap();
-    let infos = vec![s.info()];
-    let _server = s.spawn(Duration::from_micros(50));
+    let c = cluster_with(1, 64 << 20, 4, cfg);
+    let (meta, infos) = (&c.meta, &c.infos);
     // More clients than the port has slots (64), each leaving with a
     // block asked ahead and not collected.
     for i in 0..80 {
-        let node = Node::builder().join(&meta).build().unwrap();
-        let mut t = VqpTransport::connect(&node, &infos).unwrap();
+        let node = Node::builder().join(meta).build().unwrap();
+        let mut t = VqpTransport::connect(&node, infos).unwrap();
         let ask = t.alloc_block_ask(0, 4096).unwrap();
         // Not collected: the client leaves with it.
         let _asked = ask.unwrap_or_else(|e| panic!("client {i}: {e}"));
     }
-    let node = Node::builder().join(&meta).build().unwrap();
-    let mut t = VqpTransport::connect(&node, &infos).unwrap();
+    let node = Node::builder().join(meta).build().unwrap();
+    let mut t = VqpTransport::connect(&node, infos).unwrap();
     t.alloc_block(0, 4096).unwrap();
 }

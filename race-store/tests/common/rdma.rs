@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use krcore::Node;
+use krcore_kmod::EngineConfig;
 use race_store::layout::subtable::SubtableGeometry;
 use race_store::memory::TableConfig;
 use race_store::rdma::{MemoryNodeHandle, MemoryNodeServer, NodeInfo};
@@ -17,6 +18,21 @@ pub struct Cluster {
 /// `memory_nodes` memory nodes of `bytes` each, serving (idle sleep 50
 /// us); the table may grow to `max_global_depth`.
 pub fn cluster(memory_nodes: u8, bytes: u64, max_global_depth: u8) -> Cluster {
+    cluster_with(
+        memory_nodes,
+        bytes,
+        max_global_depth,
+        EngineConfig::default(),
+    )
+}
+
+/// [`cluster`] with `engine` as the memory nodes' engine settings.
+pub fn cluster_with(
+    memory_nodes: u8,
+    bytes: u64,
+    max_global_depth: u8,
+    engine: EngineConfig,
+) -> Cluster {
     let meta = Node::builder()
         .fabric("sim:mem")
         .host_meta()
@@ -30,7 +46,11 @@ pub fn cluster(memory_nodes: u8, bytes: u64, max_global_depth: u8) -> Cluster {
     let mut servers = Vec::new();
     let mut infos = Vec::new();
     for id in 0..memory_nodes {
-        let node = Node::builder().join(&meta).build().unwrap();
+        let node = Node::builder()
+            .join(&meta)
+            .config(engine.clone())
+            .build()
+            .unwrap();
         let s = MemoryNodeServer::start(&node, id, bytes, &table, memory_nodes).unwrap();
         infos.push(s.info());
         servers.push(s.spawn(Duration::from_micros(50)));
