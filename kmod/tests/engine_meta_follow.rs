@@ -70,9 +70,31 @@ fn node(f: &SimFabric, mode: Mode, s: &Server) -> Engine<SimNic> {
 
 /// A source that returns whatever bootstrap `current` holds (what a TCP
 /// bootstrap at a fixed address does across a restart).
-fn source(current: &Arc<Mutex<Result<BootstrapRepr, String>>>) -> MetaSource {
+fn source(current: &Current) -> MetaSource {
     let c = current.clone();
     Arc::new(move || c.lock().clone().map_err(MetaError::Config))
+}
+
+/// What a source returns: the current server's bootstrap, or an error.
+type Current = Arc<Mutex<Result<BootstrapRepr, String>>>;
+
+/// A meta server, a node of it that follows it (its source returns what
+/// the `Current` holds), and that `Current`.
+fn followed(f: &SimFabric, mode: Mode) -> (Server, Engine<SimNic>, Current) {
+    let a = server(f, mode, 64);
+    let current = Arc::new(Mutex::new(Ok(a.host.bootstrap())));
+    let mem = node(f, mode, &a);
+    mem.set_meta_source(source(&current));
+    (a, mem, current)
+}
+
+/// Restarts `old`: another server (engine, table, DCT), whose bootstrap
+/// the source finds from now on.
+fn restart(f: &SimFabric, mode: Mode, old: Server, current: &Current) -> Server {
+    drop(old);
+    let new = server(f, mode, 64);
+    *current.lock() = Ok(new.host.bootstrap());
+    new
 }
 
 /// Waits (10 s at most) until `client`, its cache entry dropped, resolves
@@ -101,14 +123,11 @@ fn a_node_follows_a_restarted_meta_server() {
 
 fn follows_a_restarted_meta_server(mode: Mode) {
     let f = SimFabric::in_memory();
-    let a = server(&f, mode, 64);
-    let current = Arc::new(Mutex::new(Ok(a.host.bootstrap())));
-    let mem = node(&f, mode, &a);
+    let (a, mem, current) = followed(&f, mode);
     assert_eq!(
         mem.mode() == krcore_kmod::EngineMode::RcFallback,
         matches!(mode, Mode::Rc)
     );
-    mem.set_meta_source(source(&current));
     let lease = mem
         .meta_keep_registered(
             &[mem.local_target().unwrap()],
@@ -118,11 +137,7 @@ fn follows_a_restarted_meta_server(mode: Mode) {
         .unwrap();
     let old = mem.meta_location().unwrap();
 
-    // The server restarts: another engine, table and DCT; its bootstrap
-    // is what the source finds from now on.
-    drop(a);
-    let b = server(&f, mode, 64);
-    *current.lock() = Ok(b.host.bootstrap());
+    let b = restart(&f, mode, a, &current);
     let new = b.host.location().unwrap();
     assert_ne!(old, new);
 
@@ -152,13 +167,8 @@ fn a_lookup_follows_a_restarted_server_without_a_lease_thread() {
 
 fn lookup_follows(mode: Mode) {
     let f = SimFabric::in_memory();
-    let a = server(&f, mode, 64);
-    let current = Arc::new(Mutex::new(Ok(a.host.bootstrap())));
-    let reader = node(&f, mode, &a);
-    reader.set_meta_source(source(&current));
-    drop(a);
-    let b = server(&f, mode, 64);
-    *current.lock() = Ok(b.host.bootstrap());
+    let (a, reader, current) = followed(&f, mode);
+    let b = restart(&f, mode, a, &current);
     let mem = node(&f, mode, &b);
     mem.meta_register(mem.local_target().unwrap(), 0, 60_000)
         .unwrap();
@@ -172,15 +182,10 @@ fn lookup_follows(mode: Mode) {
 fn a_request_follows_a_restarted_server() {
     for mode in [Mode::Dc, Mode::Rc] {
         let f = SimFabric::in_memory();
-        let a = server(&f, mode, 64);
-        let current = Arc::new(Mutex::new(Ok(a.host.bootstrap())));
-        let mem = node(&f, mode, &a);
-        mem.set_meta_source(source(&current));
+        let (a, mem, current) = followed(&f, mode);
         let t = mem.local_target().unwrap();
         mem.meta_register(t, 0, 60_000).unwrap();
-        drop(a);
-        let b = server(&f, mode, 64);
-        *current.lock() = Ok(b.host.bootstrap());
+        let b = restart(&f, mode, a, &current);
         // The first call after the restart reaches the new server (what a
         // node daemon's renewals for its processes rely on).
         mem.meta_register(t, 0, 60_000).unwrap();
