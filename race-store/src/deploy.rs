@@ -343,6 +343,12 @@ impl DeployedMemoryNode {
         &self.node
     }
 
+    /// Usage figures: heap handed out, and the blocks clients gave back
+    /// ([`crate::pool`]). `None` once it stopped serving.
+    pub fn stats(&self) -> Option<crate::memory::NodeStats> {
+        self.serving.as_ref().map(MemoryNodeHandle::stats)
+    }
+
     /// Leaves the store and removes the node's meta entry, then stops
     /// serving. Clients that still hold the node's address get typed errors
     /// (the node is gone).

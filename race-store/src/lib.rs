@@ -127,9 +127,11 @@
 //! from any number of threads.
 //!
 //! ## Cleanup
-//! Dropping a client releases nothing remotely: memory it took from the
-//! nodes stays allocated (its free blocks are leaked), and a resize lock it
-//! held is broken by another client when the lease expires.
+//! [`Client::close`] gives the memory a client took from the nodes back to
+//! them ([`pool`]), after the grace period of its last retired blocks;
+//! dropping a client gives back only what is free at once. A client that
+//! crashed leaks what it held, and a resize lock it held is broken by
+//! another client when the lease expires.
 //!
 //! ## Tests
 //! `tests/` holds model-based tests (threads against `HashMap` references),
@@ -164,6 +166,7 @@ pub mod error;
 pub mod hash;
 pub mod layout;
 pub mod memory;
+pub mod pool;
 pub mod rdma;
 pub mod remote;
 mod sync;

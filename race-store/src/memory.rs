@@ -46,7 +46,10 @@ use crate::layout::table::{
     SUPERBLOCK_OFFSET, SUPERBLOCK_SIZE,
 };
 use crate::layout::MAX_GLOBAL_DEPTH;
-use crate::remote::{Completions, OpResult, RemoteOp, Ticket, Transport, TransportError};
+use crate::pool::{PoolStats, Refusal, ReturnPool, MAX_GRANT_RUNS};
+use crate::remote::{
+    BlockRun, Cause, Completions, OpResult, RemoteOp, Ticket, Transport, TransportError,
+};
 
 /// Alignment of every block the node allocator hands out.
 pub const BLOCK_ALIGN: u64 = 64;
@@ -114,12 +117,17 @@ pub struct NodeStats {
     pub heap_used: u64,
     /// Blocks handed out.
     pub blocks: u64,
+    /// Blocks clients gave back ([`crate::pool`]).
+    pub pool: PoolStats,
 }
 
 #[derive(Debug)]
 struct Heap {
+    /// Where memory that clients may give back starts.
+    floor: u64,
     next: u64,
     blocks: u64,
+    pool: ReturnPool,
 }
 
 /// The bytes behind a memory node: plain atomic words in this process
@@ -239,8 +247,10 @@ impl<M: NodeMemory> MemoryNode<M> {
             id,
             mem,
             heap: Mutex::new(Heap {
+                floor: RESERVED_PREFIX,
                 next: RESERVED_PREFIX,
                 blocks: 0,
+                pool: ReturnPool::new(),
             }),
             down: AtomicBool::new(false),
         }
@@ -278,6 +288,7 @@ impl<M: NodeMemory> MemoryNode<M> {
             capacity: self.capacity(),
             heap_used: heap.next,
             blocks: heap.blocks,
+            pool: heap.pool.stats(),
         }
     }
 
@@ -308,6 +319,7 @@ impl<M: NodeMemory> MemoryNode<M> {
                 });
             }
             heap.next = node0_heap_start(table.max_global_depth)?;
+            heap.floor = heap.next;
             if heap.next > self.capacity() {
                 return Err(Error::OutOfMemory {
                     what: "directory area on node 0",
@@ -414,6 +426,51 @@ impl<M: NodeMemory> MemoryNode<M> {
             }
             _ => Err(oom),
         }
+    }
+
+    /// Memory for blocks of `block_bytes`: blocks clients gave back, up to
+    /// `size` bytes in at most [`MAX_GRANT_RUNS`] runs, or else a new
+    /// coarse block of `size` bytes (one run). Runs are `(offset, len)`.
+    ///
+    /// # Errors
+    /// As [`MemoryNode::alloc`].
+    pub fn alloc_blocks(
+        &self,
+        size: u64,
+        block_bytes: u64,
+    ) -> Result<Vec<(u64, u64)>, TransportError> {
+        if self.is_down() {
+            return Err(TransportError::NodeDown { node: self.id });
+        }
+        let reused = {
+            let mut heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());
+            heap.pool.take(block_bytes, size, MAX_GRANT_RUNS)
+        };
+        if !reused.is_empty() {
+            return Ok(reused);
+        }
+        self.alloc(size).map(|offset| vec![(offset, size)])
+    }
+
+    /// Takes back `runs` (`(offset, len)`) of blocks of `block_bytes` that a
+    /// client no longer needs (see [`crate::pool`]); returns the bytes
+    /// taken. All or nothing.
+    ///
+    /// # Errors
+    /// [`TransportError::NodeDown`]; [`TransportError::Refused`] with the
+    /// pool's [`Refusal`] as its source.
+    pub fn give_back(&self, block_bytes: u64, runs: &[(u64, u64)]) -> Result<u64, TransportError> {
+        if self.is_down() {
+            return Err(TransportError::NodeDown { node: self.id });
+        }
+        let mut heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());
+        let (floor, top) = (heap.floor, heap.next);
+        heap.pool
+            .give(block_bytes, runs, floor, top)
+            .map_err(|r: Refusal| TransportError::Refused {
+                node: self.id,
+                source: Cause::new(r),
+            })
     }
 }
 
@@ -615,6 +672,33 @@ impl Transport for LocalTransport {
     fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {
         let offset = self.node(node)?.alloc(size)?;
         RemotePtr::new(node, offset).map_err(|_| TransportError::OutOfMemory { node, size })
+    }
+
+    fn alloc_blocks(
+        &mut self,
+        node: u8,
+        size: u64,
+        block_bytes: u64,
+    ) -> Result<Vec<BlockRun>, TransportError> {
+        let runs = self.node(node)?.alloc_blocks(size, block_bytes)?;
+        runs.into_iter()
+            .map(|(offset, len)| {
+                RemotePtr::new(node, offset)
+                    .map(|start| BlockRun { start, len })
+                    .map_err(|_| TransportError::OutOfMemory { node, size })
+            })
+            .collect()
+    }
+
+    fn return_blocks(
+        &mut self,
+        node: u8,
+        block_bytes: u64,
+        runs: &[BlockRun],
+        _wait: bool,
+    ) -> Result<(), TransportError> {
+        let runs: Vec<(u64, u64)> = runs.iter().map(|r| (r.start.offset(), r.len)).collect();
+        self.node(node)?.give_back(block_bytes, &runs).map(|_| ())
     }
 
     fn nodes(&self) -> u8 {

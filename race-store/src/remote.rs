@@ -491,6 +491,12 @@ pub enum TransportError {
         /// What was wrong.
         reason: &'static str,
     },
+    /// The transport (or the memory node behind it) cannot do this.
+    #[error("unsupported: {what}")]
+    Unsupported {
+        /// What it cannot do.
+        what: &'static str,
+    },
 }
 
 /// A doorbell posted by [`Transport::post_into`], to give back to
@@ -510,6 +516,17 @@ impl Ticket {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[must_use = "an asked block is collected with alloc_block_answer"]
 pub struct AllocAsk(pub u64);
+
+/// Consecutive blocks of one size on one memory node: `len` bytes from
+/// `start`, a whole number of blocks. A new coarse block is one run; blocks
+/// another client gave back ([`Transport::return_blocks`]) come as several.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockRun {
+    /// The first block.
+    pub start: RemotePtr,
+    /// Bytes of the run.
+    pub len: u64,
+}
 
 /// A one-sided transport to a set of memory nodes (see the module docs for
 /// the round-trip, ordering and failure contract).
@@ -584,36 +601,90 @@ pub trait Transport {
     /// [`TransportError::OutOfMemory`], [`TransportError::NodeDown`], ...
     fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError>;
 
-    /// Sends [`Transport::alloc_block`]'s request without waiting for the
-    /// answer, which [`Transport::alloc_block_answer`] collects: a client
-    /// asks for its next coarse block while it still carves the current
-    /// one, so that no write waits for a memory node's answer. `None` (the
-    /// default): the transport cannot; the client then asks with
-    /// `alloc_block` when it runs out.
+    /// Memory for blocks of `block_bytes` (a multiple of 64): about `size`
+    /// bytes (a multiple of `block_bytes`) from memory node `node`, as
+    /// runs of whole blocks. A node that holds blocks given back by other
+    /// clients ([`Transport::return_blocks`]) hands those out first (then
+    /// the runs may add up to less than `size`); otherwise a new coarse
+    /// block, one run. The default asks [`Transport::alloc_block`] for one
+    /// coarse block.
     ///
     /// # Errors
-    /// Sending the request, as `alloc_block` (inside `Some`).
-    fn alloc_block_ask(&mut self, node: u8, size: u64) -> Option<Result<AllocAsk, TransportError>> {
-        let _ = (node, size);
+    /// As [`Transport::alloc_block`].
+    fn alloc_blocks(
+        &mut self,
+        node: u8,
+        size: u64,
+        block_bytes: u64,
+    ) -> Result<Vec<BlockRun>, TransportError> {
+        let _ = block_bytes;
+        self.alloc_block(node, size)
+            .map(|start| vec![BlockRun { start, len: size }])
+    }
+
+    /// Sends [`Transport::alloc_blocks`]'s request without waiting for the
+    /// answer, which [`Transport::alloc_block_answer`] collects: a client
+    /// asks for its next blocks while it still carves the current ones,
+    /// so that no write waits for a memory node's answer. `None` (the
+    /// default): the transport cannot; the client then asks with
+    /// `alloc_blocks` when it runs out.
+    ///
+    /// # Errors
+    /// Sending the request, as `alloc_blocks` (inside `Some`).
+    fn alloc_block_ask(
+        &mut self,
+        node: u8,
+        size: u64,
+        block_bytes: u64,
+    ) -> Option<Result<AllocAsk, TransportError>> {
+        let _ = (node, size, block_bytes);
         None
     }
 
-    /// The answer to `ask` ([`Transport::alloc_block_ask`]): the block, or
+    /// The answer to `ask` ([`Transport::alloc_block_ask`]): the runs, or
     /// `Ok(None)` while it has not come; with `wait`, waits for it (bounded
-    /// as `alloc_block`). An ask is answered once: after `Ok(Some)` or an
-    /// error it is forgotten (a block answered after the wait gave up is
+    /// as `alloc_blocks`). An ask is answered once: after `Ok(Some)` or an
+    /// error it is forgotten (memory answered after the wait gave up is
     /// leaked, never handed out twice).
     ///
     /// # Errors
-    /// As `alloc_block`; [`TransportError::BadResponse`] for an unknown ask.
+    /// As `alloc_blocks`; [`TransportError::BadResponse`] for an unknown
+    /// ask.
     fn alloc_block_answer(
         &mut self,
         ask: AllocAsk,
         wait: bool,
-    ) -> Result<Option<RemotePtr>, TransportError> {
+    ) -> Result<Option<Vec<BlockRun>>, TransportError> {
         let _ = (ask, wait);
         Err(TransportError::BadResponse {
             reason: "no block was asked ahead on this transport",
+        })
+    }
+
+    /// Gives blocks of `block_bytes` on memory node `node` back to it, for
+    /// any client's later [`Transport::alloc_blocks`]: blocks this client
+    /// took and no longer needs, free now (no reader of a table may still
+    /// reach them: see the grace period in [`crate::client`]). Every run
+    /// lies on `node`. With `wait` the call waits for the node's answer
+    /// (bounded as `alloc_blocks`); without, it sends what it can at once
+    /// and does not wait (a client dropped without closing).
+    ///
+    /// # Errors
+    /// [`TransportError::Unsupported`] (the default) when the transport or
+    /// the node cannot take blocks back: they stay leaked, as before this
+    /// call existed. [`TransportError::BadResponse`] when the node refused
+    /// the runs (out of its heap, overlapping blocks it holds). Otherwise
+    /// as `alloc_blocks`.
+    fn return_blocks(
+        &mut self,
+        node: u8,
+        block_bytes: u64,
+        runs: &[BlockRun],
+        wait: bool,
+    ) -> Result<(), TransportError> {
+        let _ = (node, block_bytes, runs, wait);
+        Err(TransportError::Unsupported {
+            what: "giving blocks back to a memory node",
         })
     }
 
@@ -653,15 +724,37 @@ impl<T: Transport + ?Sized> Transport for &mut T {
     fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {
         (**self).alloc_block(node, size)
     }
-    fn alloc_block_ask(&mut self, node: u8, size: u64) -> Option<Result<AllocAsk, TransportError>> {
-        (**self).alloc_block_ask(node, size)
+    fn alloc_blocks(
+        &mut self,
+        node: u8,
+        size: u64,
+        block_bytes: u64,
+    ) -> Result<Vec<BlockRun>, TransportError> {
+        (**self).alloc_blocks(node, size, block_bytes)
+    }
+    fn alloc_block_ask(
+        &mut self,
+        node: u8,
+        size: u64,
+        block_bytes: u64,
+    ) -> Option<Result<AllocAsk, TransportError>> {
+        (**self).alloc_block_ask(node, size, block_bytes)
     }
     fn alloc_block_answer(
         &mut self,
         ask: AllocAsk,
         wait: bool,
-    ) -> Result<Option<RemotePtr>, TransportError> {
+    ) -> Result<Option<Vec<BlockRun>>, TransportError> {
         (**self).alloc_block_answer(ask, wait)
+    }
+    fn return_blocks(
+        &mut self,
+        node: u8,
+        block_bytes: u64,
+        runs: &[BlockRun],
+        wait: bool,
+    ) -> Result<(), TransportError> {
+        (**self).return_blocks(node, block_bytes, runs, wait)
     }
     fn nodes(&self) -> u8 {
         (**self).nodes()
@@ -700,15 +793,37 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
     fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {
         (**self).alloc_block(node, size)
     }
-    fn alloc_block_ask(&mut self, node: u8, size: u64) -> Option<Result<AllocAsk, TransportError>> {
-        (**self).alloc_block_ask(node, size)
+    fn alloc_blocks(
+        &mut self,
+        node: u8,
+        size: u64,
+        block_bytes: u64,
+    ) -> Result<Vec<BlockRun>, TransportError> {
+        (**self).alloc_blocks(node, size, block_bytes)
+    }
+    fn alloc_block_ask(
+        &mut self,
+        node: u8,
+        size: u64,
+        block_bytes: u64,
+    ) -> Option<Result<AllocAsk, TransportError>> {
+        (**self).alloc_block_ask(node, size, block_bytes)
     }
     fn alloc_block_answer(
         &mut self,
         ask: AllocAsk,
         wait: bool,
-    ) -> Result<Option<RemotePtr>, TransportError> {
+    ) -> Result<Option<Vec<BlockRun>>, TransportError> {
         (**self).alloc_block_answer(ask, wait)
+    }
+    fn return_blocks(
+        &mut self,
+        node: u8,
+        block_bytes: u64,
+        runs: &[BlockRun],
+        wait: bool,
+    ) -> Result<(), TransportError> {
+        (**self).return_blocks(node, block_bytes, runs, wait)
     }
     fn nodes(&self) -> u8 {
         (**self).nodes()

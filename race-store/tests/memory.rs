@@ -128,3 +128,200 @@ fn memory_bound_full_size() {
     let f = update_heavy(10_000, 1_000_000, 4);
     assert!(f.allocated_kv <= 2 * f.live_kv);
 }
+
+/// The logical-clock configuration of these tests.
+fn tick_config() -> ClientConfig {
+    ClientConfig {
+        lease_ticks: 1 << 30,
+        lease_unit_ticks: 1,
+        max_op_ticks: 64,
+        grace_ticks: 256,
+        ..ClientConfig::default()
+    }
+}
+
+fn heap(cluster: &race_store::memory::LocalCluster) -> u64 {
+    cluster.stats().iter().map(|s| s.heap_used).sum()
+}
+
+fn pool(cluster: &race_store::memory::LocalCluster) -> race_store::pool::PoolStats {
+    cluster
+        .stats()
+        .iter()
+        .fold(Default::default(), |a: race_store::pool::PoolStats, s| {
+            race_store::pool::PoolStats {
+                pooled: a.pooled + s.pool.pooled,
+                returned: a.returned + s.pool.returned,
+                reused: a.reused + s.pool.reused,
+            }
+        })
+}
+
+#[test]
+fn clients_that_come_and_go_reuse_what_the_last_ones_gave_back() {
+    let cluster = tiny_cluster(2, 64, 256 << 20, 16);
+    let clock = Arc::new(ManualClock::new(0, 1));
+    let config = tick_config();
+    let (keys, updates, rounds) = (500u64, 3_000u64, 8u64);
+    let mut reference = vec![0u64; keys as usize];
+    let mut c = open(&cluster, clock.clone(), config);
+    for k in 0..keys {
+        c.insert(&key(k), &value(k, 0, 100)).unwrap();
+        clock.advance(1);
+    }
+    let r = c.close();
+    assert!(r.error.is_none(), "{:?}", r.error);
+    let (mut heaps, mut obtained) = (Vec::new(), Vec::new());
+    let mut rng = SmallRng::seed_from_u64(7);
+    for round in 1..=rounds {
+        let mut c = open(&cluster, clock.clone(), config);
+        for _ in 0..updates {
+            let k = rng.gen_range(0..keys);
+            reference[k as usize] += 1;
+            c.update(&key(k), &value(k, reference[k as usize], 100))
+                .unwrap();
+            clock.advance(1);
+        }
+        let before = c.stats().kv_memory;
+        obtained.push(before.coarse_bytes);
+        let r = c.close();
+        assert!(r.error.is_none(), "round {round}: {:?}", r.error);
+        assert_eq!(r.kept_bytes, 0, "round {round}: everything goes back");
+        assert_eq!(
+            r.returned_bytes,
+            before.free_bytes + before.quarantined_bytes + before.uncarved_bytes,
+            "round {round}"
+        );
+        heaps.push(heap(&cluster));
+    }
+    // Each round's client takes memory from the nodes (a grace period of
+    // updates and its carving slack: `obtained`); with nothing given back
+    // the heap would grow by that much every round. Given back, the next
+    // clients take it again and the heap stays.
+    let growth = heaps[heaps.len() - 1] - heaps[1];
+    let least = obtained.iter().copied().min().unwrap();
+    eprintln!(
+        "heaps after each round: {:?} KiB; taken from the nodes per round: {:?} KiB; pool {:?}",
+        heaps.iter().map(|h| h >> 10).collect::<Vec<_>>(),
+        obtained.iter().map(|h| h >> 10).collect::<Vec<_>>(),
+        pool(&cluster)
+    );
+    assert!(least > 0);
+    assert!(
+        growth < least,
+        "heap grew {growth} B over {} rounds that took at least {least} B each",
+        rounds - 2
+    );
+    assert!(pool(&cluster).reused >= (rounds - 2) * least);
+    // Reused memory holds every value as last written.
+    let mut c = open(&cluster, clock.clone(), config);
+    for k in 0..keys {
+        assert_eq!(
+            c.get(&key(k)).unwrap(),
+            Some(value(k, reference[k as usize], 100)),
+            "key {k}"
+        );
+    }
+    let check = c.check_table().unwrap();
+    assert!(check.problems.is_empty(), "{:#?}", check.problems);
+}
+
+#[test]
+fn close_waits_out_the_grace_period_and_a_drop_keeps_what_is_in_it() {
+    let cluster = tiny_cluster(1, 64, 64 << 20, 16);
+    let clock = Arc::new(ManualClock::new(0, 1));
+    let config = tick_config();
+    let mut c = open(&cluster, clock.clone(), config);
+    c.insert(b"k", b"v0").unwrap();
+    clock.advance(1);
+    c.update(b"k", b"v1").unwrap();
+    let retired_at = clock.now();
+    clock.advance(1);
+    let held = c.stats().kv_memory;
+    assert!(held.quarantined_bytes > 0);
+    let r = c.close();
+    assert!(
+        clock.now() > retired_at + config.grace_ticks,
+        "close returned at {} for a block retired at {retired_at}",
+        clock.now()
+    );
+    assert_eq!(
+        r.returned_bytes,
+        held.free_bytes + held.quarantined_bytes + held.uncarved_bytes
+    );
+    assert_eq!(pool(&cluster).returned, r.returned_bytes);
+
+    // Dropped without closing: what is free goes back at once, the block
+    // in its grace period stays.
+    let cluster = tiny_cluster(1, 64, 64 << 20, 16);
+    let mut c = open(&cluster, clock.clone(), config);
+    c.insert(b"k", b"v0").unwrap();
+    clock.advance(1);
+    c.update(b"k", b"v1").unwrap();
+    clock.advance(1);
+    let held = c.stats().kv_memory;
+    drop(c);
+    assert_eq!(
+        pool(&cluster).returned,
+        held.free_bytes + held.uncarved_bytes
+    );
+    assert!(held.quarantined_bytes > 0);
+}
+
+#[test]
+fn clients_reopening_in_threads_keep_every_value() {
+    let cluster = tiny_cluster(2, 16, 256 << 20, 16);
+    let clock = Arc::new(ManualClock::new(0, 1));
+    let config = tick_config();
+    let threads = 4u64;
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let (cluster, clock) = (cluster.clone(), Arc::clone(&clock));
+            thread::spawn(move || {
+                let mut reference: std::collections::HashMap<u64, Vec<u8>> = Default::default();
+                let mut rng = SmallRng::seed_from_u64(t + 100);
+                for round in 0..6u64 {
+                    let mut c = open(&cluster, clock.clone() as Arc<dyn Clock>, config);
+                    for i in 0..600u64 {
+                        let k = rng.gen_range(0..200) * threads + t;
+                        let v = value(k, round * 1000 + i, rng.gen_range(8..300));
+                        match rng.gen_range(0..4) {
+                            0 | 1 => {
+                                c.put(&key(k), &v).unwrap();
+                                reference.insert(k, v);
+                            }
+                            2 => match c.delete(&key(k)) {
+                                Ok(()) => assert!(reference.remove(&k).is_some()),
+                                Err(race_store::Error::NotFound) => {
+                                    assert!(!reference.contains_key(&k))
+                                }
+                                Err(e) => panic!("delete: {e}"),
+                            },
+                            _ => assert_eq!(
+                                c.get(&key(k)).unwrap().as_ref(),
+                                reference.get(&k),
+                                "thread {t} round {round} key {k}"
+                            ),
+                        }
+                        clock.advance(1);
+                    }
+                    let r = c.close();
+                    assert!(r.error.is_none(), "{:?}", r.error);
+                }
+                reference
+            })
+        })
+        .collect();
+    let mut all = std::collections::HashMap::new();
+    for h in handles {
+        all.extend(h.join().unwrap());
+    }
+    let mut c = open(&cluster, clock.clone(), config);
+    for (k, v) in &all {
+        assert_eq!(c.get(&key(*k)).unwrap().as_ref(), Some(v), "key {k}");
+    }
+    let check = c.check_table().unwrap();
+    assert!(check.problems.is_empty(), "{:#?}", check.problems);
+    assert_eq!(check.pairs.len(), all.len());
+    assert!(pool(&cluster).reused > 0, "{:?}", pool(&cluster));
+}

@@ -324,13 +324,18 @@ fn blocks_asked_ahead_are_answered_around_other_allocations() {
     let mut t = VqpTransport::connect(&node, &c.infos).unwrap();
     // Two requests sent ahead, then allocations waited for on both nodes
     // (whose waits see the early answers go by and must keep them).
-    let a0 = t.alloc_block_ask(0, 4096).unwrap().unwrap();
-    let a1 = t.alloc_block_ask(1, 8192).unwrap().unwrap();
+    let a0 = t.alloc_block_ask(0, 4096, 64).unwrap().unwrap();
+    let a1 = t.alloc_block_ask(1, 8192, 64).unwrap().unwrap();
     std::thread::sleep(Duration::from_millis(20));
     let s1 = t.alloc_block(1, 4096).unwrap();
     let s0 = t.alloc_block(0, 4096).unwrap();
-    let b1 = t.alloc_block_answer(a1, true).unwrap().unwrap();
-    let b0 = t.alloc_block_answer(a0, false).unwrap().unwrap();
+    let one = |runs: Vec<race_store::remote::BlockRun>, len| {
+        assert_eq!(runs.len(), 1, "a new coarse block is one run");
+        assert_eq!(runs[0].len, len);
+        runs[0].start
+    };
+    let b1 = one(t.alloc_block_answer(a1, true).unwrap().unwrap(), 8192);
+    let b0 = one(t.alloc_block_answer(a0, false).unwrap().unwrap(), 4096);
     assert_eq!((b0.node(), b1.node(), s0.node(), s1.node()), (0, 1, 0, 1));
     // Distinct blocks on each node.
     let apart =
@@ -372,11 +377,93 @@ fn clients_that_leave_with_a_block_asked_ahead_do_not_fill_the_port() {
     for i in 0..80 {
         let node = Node::builder().join(meta).build().unwrap();
         let mut t = VqpTransport::connect(&node, infos).unwrap();
-        let ask = t.alloc_block_ask(0, 4096).unwrap();
+        let ask = t.alloc_block_ask(0, 4096, 64).unwrap();
         // Not collected: the client leaves with it.
         let _asked = ask.unwrap_or_else(|e| panic!("client {i}: {e}"));
     }
     let node = Node::builder().join(meta).build().unwrap();
     let mut t = VqpTransport::connect(&node, infos).unwrap();
     t.alloc_block(0, 4096).unwrap();
+}
+
+#[test]
+fn a_closed_clients_memory_goes_back_to_the_memory_nodes_over_messaging() {
+    use race_store::remote::{BlockRun, Transport, TransportError};
+    let c = cluster(2, 64 << 20, 12);
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
+    let pooled = |c: &Cluster| -> (u64, u64) {
+        c._servers.iter().fold((0, 0), |(r, u), s| {
+            let p = s.stats().pool;
+            (r + p.returned, u + p.reused)
+        })
+    };
+    let heap = |c: &Cluster| -> u64 { c._servers.iter().map(|s| s.stats().heap_used).sum() };
+    let mut cl = client(&c, clock.clone());
+    for i in 0..2000u32 {
+        cl.put(&i.to_le_bytes(), &[1; 150]).unwrap();
+    }
+    for i in 0..2000u32 {
+        cl.update(&i.to_le_bytes(), &[2; 150]).unwrap();
+    }
+    let held = cl.stats().kv_memory;
+    let r = cl.close();
+    assert!(r.error.is_none(), "{:?}", r.error);
+    assert_eq!(r.kept_bytes, 0);
+    assert_eq!(
+        r.returned_bytes,
+        held.free_bytes + held.quarantined_bytes + held.uncarved_bytes
+    );
+    assert_eq!(pooled(&c).0, r.returned_bytes);
+    // The next client's updates take that memory, not new heap.
+    let before = heap(&c);
+    let mut cl = client(&c, clock.clone());
+    for i in 0..2000u32 {
+        cl.update(&i.to_le_bytes(), &[3; 150]).unwrap();
+    }
+    assert!(pooled(&c).1 > 0, "nothing reused");
+    assert_eq!(heap(&c), before, "new heap taken while blocks were pooled");
+    for i in (0..2000u32).step_by(13) {
+        assert_eq!(cl.get(&i.to_le_bytes()).unwrap(), Some(vec![3; 150]));
+    }
+    drop(cl);
+
+    // A run given back twice is refused the second time (the node holds
+    // it), and so is one outside the heap handed out.
+    let node = Node::builder().join(&c.meta).build().unwrap();
+    let mut t = VqpTransport::connect(&node, &c.infos).unwrap();
+    let runs = t.alloc_blocks(1, 4096, 128).unwrap();
+    t.return_blocks(1, 128, &runs, true).unwrap();
+    assert!(matches!(
+        t.return_blocks(1, 128, &runs, true),
+        Err(TransportError::Refused { node: 1, .. })
+    ));
+    let far = BlockRun {
+        start: race_store::layout::slot::RemotePtr::new(1, 60 << 20).unwrap(),
+        len: 128,
+    };
+    assert!(matches!(
+        t.return_blocks(1, 128, &[far], true),
+        Err(TransportError::Refused { node: 1, .. })
+    ));
+
+    // A node of an older version (no FEATURE_RUNS): allocation still works
+    // with coarse blocks, and closing says it could give nothing back.
+    let mut old = c.infos.clone();
+    for i in &mut old {
+        i.features = 0;
+    }
+    let node = Node::builder().join(&c.meta).build().unwrap();
+    let t = VqpTransport::connect(&node, &old).unwrap();
+    let mut cl = Client::open(t, clock, ClientConfig::default()).unwrap();
+    cl.update(&7u32.to_le_bytes(), &[4; 150]).unwrap();
+    let r = cl.close();
+    assert!(
+        matches!(
+            r.error,
+            Some(Error::Transport(TransportError::Unsupported { .. }))
+        ),
+        "{:?}",
+        r.error
+    );
+    assert!(r.kept_bytes > 0 && r.returned_bytes == 0);
 }

@@ -1,19 +1,23 @@
 //! KV block memory: size classes carved from coarse blocks, and safe reuse of
 //! unlinked blocks after a grace period.
 //!
-//! * **Coarse blocks** come from a memory node ([`Transport::alloc_block`], a
-//!   two-sided message) and are never returned. A refill is a quarter of
-//!   what the (node, class) already holds, at least `coarse_block_bytes` and
-//!   at most [`MAX_REFILL`] (rounded to whole blocks): small tables waste
-//!   little, large ones need few messages, and the uncarved remainder stays
-//!   under a quarter of the class's footprint.
-//! * **Asked ahead.** Once a (node, class)'s current coarse block is half
+//! * **Grants** come from a memory node ([`Transport::alloc_blocks`], a
+//!   two-sided message) for one (node, class): runs of blocks other
+//!   clients gave back, else a new coarse block. A refill is a quarter of
+//!   what the (node, class) already holds, at least `coarse_block_bytes`
+//!   and at most [`MAX_REFILL`] (rounded to whole blocks): small tables
+//!   waste little, large ones need few messages, and the uncarved
+//!   remainder stays under a quarter of the class's footprint.
+//! * **Asked ahead.** Once a (node, class)'s current grant is half
 //!   carved, its next one is asked for without waiting
 //!   ([`Transport::alloc_block_ask`], on a transport that can): by the time
-//!   the block runs out the answer is usually there, so no write waits for
-//!   a memory node's allocation port (whose serving thread may be asleep
-//!   after an idle spell). A client that goes with a block asked and not
-//!   collected leaks it.
+//!   it runs out the answer is usually there, so no write waits for a
+//!   memory node's allocation port (whose serving thread may be asleep
+//!   after an idle spell).
+//! * **Given back** ([`KvAllocator::give_back`], at the client's close):
+//!   free blocks, uncarved runs, grants asked ahead and retired blocks past
+//!   their grace period go back to their nodes, which hand them out again
+//!   ([`crate::pool`]).
 //! * **Size classes** ([`CLASS_UNITS`], in 64 B units, at most 25% internal
 //!   waste) are carved from the current coarse block of the class, per node.
 //!   A block's class is a function of its length, so a block freed by any
@@ -42,20 +46,20 @@
 //! assumptions"): every client bounds each attempt of an operation to
 //! `max_op_ticks`, and `grace_ticks > max_op_ticks` plus margin.
 //!
-//! Memory bound: per client, at most one partly carved coarse block per
-//! (node, class) in use, plus the blocks retired during the last grace
-//! period. Under an update-heavy load a client frees as many blocks as it
+//! Memory bound: per client, at most one partly carved grant per (node,
+//! class) in use, plus the blocks retired during the last grace period.
+//! Under an update-heavy load a client frees as many blocks as it
 //! allocates, so its footprint stays at live data + one grace period of
-//! updates + the carving slack. (Free lists are per client: a pattern where
+//! updates + the carving slack, and a closed client's footprint goes back
+//! to the nodes. (Free lists are per client while it runs: a pattern where
 //! one client only deletes and another only inserts moves memory from one
-//! to the other's free list; a shared free-block exchange through the memory
-//! node is future work.)
+//! to the other's free list until the first closes.)
 
 use std::collections::VecDeque;
 
 use crate::error::Error;
 use crate::layout::slot::{RemotePtr, Slot, LEN_UNIT};
-use crate::remote::{AllocAsk, Transport, TransportError, TransportStats};
+use crate::remote::{AllocAsk, BlockRun, Transport, TransportError, TransportStats};
 
 /// Block sizes of the size classes, in 64 B units.
 pub const CLASS_UNITS: [u8; 28] = [
@@ -94,13 +98,51 @@ pub struct KvMemoryStats {
 #[derive(Debug, Default)]
 struct ClassArena {
     free: VecDeque<RemotePtr>,
-    chunk: Option<(RemotePtr, u64)>,
-    /// The current chunk's length when it came.
-    chunk_len: u64,
-    /// The next coarse block, asked for ahead, and its length.
-    ahead: Option<(AllocAsk, u64)>,
-    /// Coarse bytes obtained for this (node, class).
+    /// Runs not carved yet (whole blocks of the class), carved from the
+    /// front: a coarse block is one run, blocks given back by other
+    /// clients come as several.
+    chunks: VecDeque<(RemotePtr, u64)>,
+    /// Bytes of the last grant when it came.
+    granted: u64,
+    /// The next grant, asked for ahead.
+    ahead: Option<AllocAsk>,
+    /// Bytes obtained for this (node, class).
     coarse: u64,
+}
+
+impl ClassArena {
+    fn uncarved(&self) -> u64 {
+        self.chunks.iter().map(|(_, left)| left).sum()
+    }
+
+    /// Free blocks and uncarved runs of blocks of `size`, in address order,
+    /// adjacent ones merged.
+    fn runs(&self, size: u64) -> Vec<BlockRun> {
+        let mut all: Vec<(RemotePtr, u64)> = self.free.iter().map(|&p| (p, size)).collect();
+        all.extend(self.chunks.iter().copied().filter(|&(_, len)| len > 0));
+        all.sort_unstable_by_key(|(p, _)| p.offset());
+        let mut out: Vec<BlockRun> = Vec::with_capacity(all.len());
+        for (start, len) in all {
+            match out.last_mut() {
+                Some(last) if last.start.offset() + last.len == start.offset() => last.len += len,
+                _ => out.push(BlockRun { start, len }),
+            }
+        }
+        out
+    }
+}
+
+/// What [`KvAllocator::give_back`] did (and [`crate::Client::close`]).
+#[derive(Debug, Default)]
+pub struct ReturnReport {
+    /// Bytes the memory nodes took back.
+    pub returned_bytes: u64,
+    /// Bytes still held: retired blocks in their grace period, and blocks
+    /// a node did not take (leaked once the client is gone).
+    pub kept_bytes: u64,
+    /// The first failure (a node that does not take blocks back says
+    /// [`TransportError::Unsupported`]).
+    pub error: Option<Error>,
 }
 
 #[derive(Debug)]
@@ -234,13 +276,20 @@ impl KvAllocator {
         let Some(arena) = self.arena(node, class) else {
             return Ok(None);
         };
-        match arena.chunk {
-            Some((ptr, left)) if left >= size => {
-                arena.chunk = Some((ptr.add(size)?, left - size));
-                Ok(Some(ptr))
+        while let Some(&(ptr, left)) = arena.chunks.front() {
+            if left < size {
+                // Not a whole block (runs are whole blocks of the class).
+                arena.chunks.pop_front();
+                continue;
             }
-            _ => Ok(None),
+            if left == size {
+                arena.chunks.pop_front();
+            } else if let Some(front) = arena.chunks.front_mut() {
+                *front = (ptr.add(size)?, left - size);
+            }
+            return Ok(Some(ptr));
         }
+        Ok(None)
     }
 
     /// The length of the next coarse block of (node, class): a quarter of
@@ -253,9 +302,9 @@ impl KvAllocator {
         Some(want / size * size)
     }
 
-    /// Asks for (node, class)'s next coarse block if its current one is
-    /// half carved and none is asked yet (see the module docs). A failure
-    /// here is left to the refill, which asks again when it must.
+    /// Asks for (node, class)'s next grant if the current one is half
+    /// carved and none is asked yet (see the module docs). A failure here
+    /// is left to the refill, which asks again when it must.
     fn ask_next<T: Transport>(
         &mut self,
         transport: &mut T,
@@ -277,20 +326,18 @@ impl KvAllocator {
             .get(usize::from(node))
             .and_then(|a| a.get(class))
         {
-            Some(a) => {
-                a.ahead.is_none() && a.chunk.is_some_and(|(_, left)| left * 2 <= a.chunk_len)
-            }
+            Some(a) => a.ahead.is_none() && !a.chunks.is_empty() && a.uncarved() * 2 <= a.granted,
             None => false,
         };
         let Some(coarse) = self.refill_len(node, class).filter(|_| due) else {
             return;
         };
-        match transport.alloc_block_ask(node, coarse) {
+        match transport.alloc_block_ask(node, coarse, class_bytes(class)) {
             None => self.ask_ahead = false,
             Some(Ok(ask)) => {
                 stats.block_rpcs += 1;
                 if let Some(a) = self.arena(node, class) {
-                    a.ahead = Some((ask, coarse));
+                    a.ahead = Some(ask);
                 }
             }
             Some(Err(_)) => {}
@@ -316,8 +363,8 @@ impl KvAllocator {
             .take();
         let got = match ahead {
             // Asked ahead: its answer, waited for if it has not come.
-            Some((ask, len)) => match transport.alloc_block_answer(ask, true) {
-                Ok(Some(base)) => Ok((base, len)),
+            Some(ask) => match transport.alloc_block_answer(ask, true) {
+                Ok(Some(runs)) => Ok(runs),
                 Ok(None) => Err(TransportError::BadResponse {
                     reason: "a block asked ahead was not answered",
                 }),
@@ -325,11 +372,11 @@ impl KvAllocator {
             },
             None => {
                 stats.block_rpcs += 1;
-                transport.alloc_block(node, coarse).map(|b| (b, coarse))
+                transport.alloc_blocks(node, coarse, class_bytes(class))
             }
         };
         match got {
-            Ok((base, len)) => self.install(node, class, base, len),
+            Ok(runs) => self.install(node, class, &runs),
             Err(TransportError::OutOfMemory { .. }) => Err(Error::OutOfMemory {
                 what: "KV block: memory node full",
             }),
@@ -349,14 +396,14 @@ impl KvAllocator {
         let Some(a) = self.arena(node, class) else {
             return Ok(false);
         };
-        let Some((ask, len)) = a.ahead else {
+        let Some(ask) = a.ahead else {
             return Ok(false);
         };
         match transport.alloc_block_answer(ask, false) {
             Ok(None) => Ok(false),
-            Ok(Some(base)) => {
+            Ok(Some(runs)) => {
                 a.ahead = None;
-                self.install(node, class, base, len)?;
+                self.install(node, class, &runs)?;
                 Ok(true)
             }
             Err(_) => {
@@ -366,20 +413,23 @@ impl KvAllocator {
         }
     }
 
-    /// A new coarse block `base..base + len` becomes (node, class)'s chunk.
-    fn install(&mut self, node: u8, class: usize, base: RemotePtr, len: u64) -> Result<(), Error> {
-        if base.offset() % LEN_UNIT as u64 != 0 {
+    /// A grant's runs join (node, class)'s chunks.
+    fn install(&mut self, node: u8, class: usize, runs: &[BlockRun]) -> Result<(), Error> {
+        let size = class_bytes(class);
+        if runs.iter().any(|r| {
+            r.start.node() != node || r.start.offset() % LEN_UNIT as u64 != 0 || r.len % size != 0
+        }) {
             return Err(Error::BadTable {
-                reason: "memory node returned a block that is not 64-byte aligned",
+                reason: "memory node granted blocks of another node, size or alignment",
             });
         }
         let arena = self.arena(node, class).ok_or(Error::BadTable {
             reason: "allocation on an unknown node",
         })?;
+        let len: u64 = runs.iter().map(|r| r.len).sum();
         arena.coarse += len;
-        // The rest of the previous chunk (smaller than a block) is dropped.
-        arena.chunk = Some((base, len));
-        arena.chunk_len = len;
+        arena.chunks.extend(runs.iter().map(|r| (r.start, r.len)));
+        arena.granted = len;
         self.coarse_bytes += len;
         Ok(())
     }
@@ -421,6 +471,81 @@ impl KvAllocator {
         }
     }
 
+    /// The tick after which every retired block's grace period has passed
+    /// (`None`: none is retired).
+    pub fn quarantine_ends(&self) -> Option<u64> {
+        self.quarantine
+            .back()
+            .map(|r| r.tick.saturating_add(self.grace_ticks).saturating_add(1))
+    }
+
+    /// Gives back to the memory nodes what this allocator holds and no
+    /// reader can reach: free blocks, uncarved runs, retired blocks past
+    /// their grace period at `now`, and (with `wait`) grants asked ahead,
+    /// collected first. Everything given back leaves the allocator; the
+    /// rest stays (see [`ReturnReport`]). Without `wait` (a client dropped
+    /// without closing) nothing is waited for: a grant asked ahead is
+    /// left to the transport, and messages go once.
+    pub fn give_back<T: Transport>(
+        &mut self,
+        transport: &mut T,
+        now: u64,
+        wait: bool,
+    ) -> ReturnReport {
+        let mut report = ReturnReport::default();
+        for node in 0..self.arenas.len() {
+            for class in 0..CLASS_UNITS.len() {
+                let ask = self
+                    .arenas
+                    .get_mut(node)
+                    .and_then(|a| a.get_mut(class))
+                    .and_then(|a| a.ahead.take());
+                let Some(ask) = ask else { continue };
+                if !wait {
+                    continue;
+                }
+                match transport.alloc_block_answer(ask, true) {
+                    Ok(Some(runs)) => {
+                        if let Err(e) = self.install(node as u8, class, &runs) {
+                            report.error.get_or_insert(e);
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        report.error.get_or_insert(e.into());
+                    }
+                }
+            }
+        }
+        self.reclaim(now);
+        for node in 0..self.arenas.len() {
+            for class in 0..CLASS_UNITS.len() {
+                let size = class_bytes(class);
+                let Some(arena) = self.arenas.get_mut(node).and_then(|a| a.get_mut(class)) else {
+                    continue;
+                };
+                let runs = arena.runs(size);
+                if runs.is_empty() {
+                    continue;
+                }
+                let bytes: u64 = runs.iter().map(|r| r.len).sum();
+                match transport.return_blocks(node as u8, size, &runs, wait) {
+                    Ok(()) => {
+                        arena.free.clear();
+                        arena.chunks.clear();
+                        report.returned_bytes += bytes;
+                    }
+                    Err(e) => {
+                        report.kept_bytes += bytes;
+                        report.error.get_or_insert(e.into());
+                    }
+                }
+            }
+        }
+        report.kept_bytes += self.stats().quarantined_bytes;
+        report
+    }
+
     fn arena(&mut self, node: u8, class: usize) -> Option<&mut ClassArena> {
         self.arenas
             .get_mut(usize::from(node))
@@ -436,7 +561,7 @@ impl KvAllocator {
         for node in &self.arenas {
             for (class, a) in node.iter().enumerate() {
                 s.free_bytes += a.free.len() as u64 * class_bytes(class);
-                s.uncarved_bytes += a.chunk.map_or(0, |(_, left)| left);
+                s.uncarved_bytes += a.uncarved();
             }
         }
         s.quarantined_bytes = self.quarantine.iter().map(|r| class_bytes(r.class)).sum();
@@ -586,6 +711,7 @@ mod tests {
             &mut self,
             node: u8,
             size: u64,
+            _block_bytes: u64,
         ) -> Option<Result<AllocAsk, TransportError>> {
             let id = self.asked.len() as u64 + 100;
             self.asked.push((id, node, size));
@@ -595,7 +721,7 @@ mod tests {
             &mut self,
             ask: AllocAsk,
             wait: bool,
-        ) -> Result<Option<RemotePtr>, TransportError> {
+        ) -> Result<Option<Vec<BlockRun>>, TransportError> {
             if !wait && !self.ready {
                 return Ok(None);
             }
@@ -605,7 +731,9 @@ mod tests {
                 .iter()
                 .find(|a| a.0 == ask.0)
                 .ok_or(TransportError::BadResponse { reason: "unknown" })?;
-            self.inner.alloc_block(node, size).map(Some)
+            self.inner
+                .alloc_block(node, size)
+                .map(|start| Some(vec![BlockRun { start, len: size }]))
         }
         fn nodes(&self) -> u8 {
             self.inner.nodes()

@@ -25,8 +25,21 @@
 //! })?;
 //! client.delete(b"user:42")?;
 //! assert_eq!(client.get(b"user:42")?, None);
+//! let report = client.close(); // its memory goes back to the nodes
+//! assert!(report.error.is_none());
 //! # Ok(()) }
 //! ```
+//!
+//! # Closing
+//! A client takes memory from the memory nodes in coarse blocks and keeps
+//! the blocks it frees for itself ([`crate::client::protocol`],
+//! "Reclamation"). [`Client::close`] gives all of it back to the nodes,
+//! which hand it to the next clients before new memory
+//! ([`crate::pool`]): it waits out the grace period of the blocks it
+//! retired last (at most `grace_ticks`), then sends its free blocks and
+//! uncarved runs. Dropping a client without closing gives back what is
+//! free at once and does not wait: blocks still in their grace period,
+//! and everything of a client that crashed, stay allocated for good.
 
 mod alloc;
 mod batch;
@@ -39,7 +52,7 @@ mod write;
 
 use std::sync::Arc;
 
-pub use alloc::{KvMemoryStats, CLASS_UNITS, MAX_REFILL};
+pub use alloc::{KvMemoryStats, ReturnReport, CLASS_UNITS, MAX_REFILL};
 pub use batch::{Op, Reply};
 pub use verify::TableCheck;
 
@@ -199,6 +212,19 @@ pub struct Client<T: Transport> {
     jitter: u64,
     /// Reused storage of [`Client::batch_into`].
     batch: batch::Scratch,
+    /// [`Client::close`] ran: the drop gives nothing back.
+    closed: bool,
+}
+
+impl<T: Transport> Drop for Client<T> {
+    /// Gives back what is free now, without waiting (see "Closing" in the
+    /// module docs); [`Client::close`] gives back everything.
+    fn drop(&mut self) {
+        if !self.closed {
+            let now = self.now();
+            let _ = self.alloc.give_back(&mut self.transport, now, false);
+        }
+    }
 }
 
 impl<T: Transport> core::fmt::Debug for Client<T> {
@@ -248,6 +274,7 @@ impl<T: Transport> Client<T> {
             atomic_sent: false,
             jitter: 1,
             batch: batch::Scratch::default(),
+            closed: false,
         };
         let sb_ptr = RemotePtr::new(0, 0)?;
         let mut res = client.exec(&[
@@ -325,6 +352,26 @@ impl<T: Transport> Client<T> {
     /// The transport, mutably (e.g. to change a fault plan).
     pub fn transport_mut(&mut self) -> &mut T {
         &mut self.transport
+    }
+
+    /// Closes the client and gives its memory back to the memory nodes
+    /// (see "Closing" in the module docs): waits until the blocks it
+    /// retired last are past their grace period (at most `grace_ticks`, on
+    /// its clock), then gives back its free blocks, its uncarved runs and
+    /// the blocks it asked for ahead. The report says how much went back,
+    /// how much stayed (a node that failed, or one of an older version
+    /// that takes nothing back: [`crate::remote::TransportError::Unsupported`]),
+    /// and the first failure.
+    pub fn close(mut self) -> ReturnReport {
+        if let Some(end) = self.alloc.quarantine_ends() {
+            let now = self.now();
+            if end > now {
+                self.clock.pause(end - now);
+            }
+        }
+        let now = self.now();
+        self.closed = true;
+        self.alloc.give_back(&mut self.transport, now, true)
     }
 
     /// The value of `key`: 2 round trips on a hit (both combined buckets in

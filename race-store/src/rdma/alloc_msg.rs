@@ -5,15 +5,21 @@
 //! sent ahead and collected later ([`Allocations::ask`],
 //! [`Allocations::answer`]).
 //!
+//! A request is a coarse block (nodes without [`super::proto::FEATURE_RUNS`]),
+//! a grant of blocks of one size (blocks given back first), or blocks given
+//! back ([`Want`]).
+//!
 //! All answers come back to one endpoint, in any order: each is matched to
 //! its request by id. An answer to a request sent ahead that arrives while
 //! another exchange waits is kept for it; any other stray answer (to a
 //! request given up on) is dropped, its block leaked, never handed out
 //! twice.
 
-use super::proto::{AllocReply, AllocRequest, ALLOC_REPLY_LEN};
+use super::proto::{
+    AllocReply, AllocRequest, RunsKind, RunsReply, RunsRequest, ALLOC_REPLY_LEN, RUNS_OUT_OF_MEMORY,
+};
 use crate::layout::slot::RemotePtr;
-use crate::remote::{AllocAsk, Cause, TransportError};
+use crate::remote::{AllocAsk, BlockRun, Cause, TransportError};
 use krcore::messaging::Endpoint;
 use krcore::Node;
 use krcore_nic::{Gid, Nic};
@@ -34,6 +40,121 @@ pub const ALLOC_BUSY_WAIT: Duration = Duration::from_secs(3);
 /// caller then allocates when it needs to).
 const MAX_ASKED: usize = 64;
 
+/// What a request asks of a memory node's allocator.
+#[derive(Clone, Debug)]
+pub(super) enum Want {
+    /// A coarse block of `size` bytes (the exchange every node knows).
+    Coarse {
+        /// Bytes.
+        size: u64,
+    },
+    /// About `size` bytes of blocks of `block_bytes`.
+    Grant {
+        /// Bytes.
+        size: u64,
+        /// Bytes of one block.
+        block_bytes: u64,
+    },
+    /// Blocks given back.
+    GiveBack {
+        /// Bytes of one block.
+        block_bytes: u64,
+        /// Runs `(offset, len)`.
+        runs: Vec<(u64, u64)>,
+    },
+}
+
+impl Want {
+    fn encode(&self, req_id: u64) -> Vec<u8> {
+        match self {
+            Want::Coarse { size } => AllocRequest {
+                req_id,
+                size: *size,
+            }
+            .encode()
+            .to_vec(),
+            Want::Grant { size, block_bytes } => RunsRequest {
+                req_id,
+                block_bytes: *block_bytes,
+                kind: RunsKind::Grant { size: *size },
+            }
+            .encode(),
+            Want::GiveBack { block_bytes, runs } => RunsRequest {
+                req_id,
+                block_bytes: *block_bytes,
+                kind: RunsKind::GiveBack { runs: runs.clone() },
+            }
+            .encode(),
+        }
+    }
+
+    fn size(&self) -> u64 {
+        match self {
+            Want::Coarse { size } | Want::Grant { size, .. } => *size,
+            Want::GiveBack { runs, .. } => runs.iter().map(|r| r.1).sum(),
+        }
+    }
+
+    /// The runs an answer names, checked against the request.
+    fn settle(&self, node: u8, answer: Answer) -> Result<Vec<BlockRun>, TransportError> {
+        let size = self.size();
+        let runs = match (self, answer) {
+            (Want::Coarse { .. }, Answer::Coarse(Some(offset))) => vec![(offset, size)],
+            (Want::Coarse { .. }, Answer::Coarse(None)) => {
+                return Err(TransportError::OutOfMemory { node, size })
+            }
+            (Want::Grant { .. } | Want::GiveBack { .. }, Answer::Runs(r)) if r.status == 0 => {
+                r.runs
+            }
+            (Want::Grant { .. }, Answer::Runs(r)) if r.status == RUNS_OUT_OF_MEMORY => {
+                return Err(TransportError::OutOfMemory { node, size })
+            }
+            (Want::GiveBack { .. }, Answer::Runs(_)) => {
+                return Err(TransportError::Refused {
+                    node,
+                    source: Cause::msg("the memory node refused the blocks given back"),
+                })
+            }
+            _ => {
+                return Err(TransportError::BadResponse {
+                    reason: "allocation answer of another kind than its request",
+                })
+            }
+        };
+        let granted: u64 = runs.iter().map(|r| r.1).sum();
+        let fits = match self {
+            Want::Grant { block_bytes, .. } => {
+                !runs.is_empty()
+                    && granted <= size
+                    && runs.iter().all(|r| r.1 > 0 && r.1 % block_bytes == 0)
+            }
+            Want::GiveBack { .. } => runs.is_empty(),
+            Want::Coarse { .. } => true,
+        };
+        if !fits {
+            return Err(TransportError::BadResponse {
+                reason: "granted runs do not fit the request",
+            });
+        }
+        runs.into_iter()
+            .map(|(offset, len)| {
+                RemotePtr::new(node, offset)
+                    .map(|start| BlockRun { start, len })
+                    .map_err(|_| TransportError::BadResponse {
+                        reason: "allocated offset out of range",
+                    })
+            })
+            .collect()
+    }
+}
+
+/// An answer, decoded.
+#[derive(Clone, Debug)]
+enum Answer {
+    Coarse(Option<u64>),
+    Runs(RunsReply),
+}
+
 /// A request sent ahead ([`Allocations::ask`]).
 #[derive(Debug)]
 struct Asked {
@@ -41,7 +162,7 @@ struct Asked {
     node: u8,
     gid: Gid,
     port: u16,
-    size: u64,
+    want: Want,
     at: Instant,
 }
 
@@ -51,9 +172,8 @@ pub(super) struct Allocations<N: Nic> {
     ep: Option<Endpoint<N>>,
     next_req: u64,
     asked: Vec<Asked>,
-    /// Answers that came for requests in `asked`: (request id, offset or
-    /// `None` for "full").
-    answers: Vec<(u64, Option<u64>)>,
+    /// Answers that came for requests in `asked`.
+    answers: Vec<(u64, Answer)>,
 }
 
 impl<N: Nic> Allocations<N> {
@@ -86,10 +206,10 @@ impl<N: Nic> Allocations<N> {
         })
     }
 
-    fn next_request(&mut self, size: u64) -> (u64, Vec<u8>) {
+    fn next_request(&mut self, want: &Want) -> (u64, Vec<u8>) {
         let req_id = self.next_req;
         self.next_req += 1;
-        (req_id, AllocRequest { req_id, size }.encode().to_vec())
+        (req_id, want.encode(req_id))
     }
 
     /// One request to node `to` (its port `port` at `gid`) and its answer.
@@ -98,13 +218,28 @@ impl<N: Nic> Allocations<N> {
         node: &Node<N>,
         to: u8,
         (gid, port): (Gid, u16),
-        size: u64,
-    ) -> Result<RemotePtr, TransportError> {
-        let (req_id, req) = self.next_request(size);
+        want: &Want,
+    ) -> Result<Vec<BlockRun>, TransportError> {
+        let (req_id, req) = self.next_request(want);
         self.endpoint(node, to)?;
-        let r = self.exchange_inner(to, gid, port, req_id, size, &req);
+        let r = self.exchange_inner(to, gid, port, req_id, want, &req);
         self.close_unless_asked(gid, port);
         r
+    }
+
+    /// Sends `want` to node `to` once, without waiting for admission or
+    /// for the answer (a client dropped without closing gives its blocks
+    /// back so; a message that cannot go at once is not sent).
+    pub(super) fn send_only(
+        &mut self,
+        node: &Node<N>,
+        to: u8,
+        (gid, port): (Gid, u16),
+        want: &Want,
+    ) -> Result<(), TransportError> {
+        let (_, req) = self.next_request(want);
+        let ep = self.endpoint(node, to)?;
+        ep.try_push(gid, port, &req).map_err(|e| lost(to, e))
     }
 
     fn exchange_inner(
@@ -113,9 +248,9 @@ impl<N: Nic> Allocations<N> {
         gid: Gid,
         port: u16,
         req_id: u64,
-        size: u64,
+        want: &Want,
         req: &[u8],
-    ) -> Result<RemotePtr, TransportError> {
+    ) -> Result<Vec<BlockRun>, TransportError> {
         // Messaging delivers a pushed request once or reports it lost; an
         // answer that does not come in time (a memory node stalled, or its
         // reply lost) is asked again with the same request id: a block
@@ -129,7 +264,7 @@ impl<N: Nic> Allocations<N> {
             let deadline = Instant::now() + ALLOC_TIMEOUT;
             while Instant::now() < deadline {
                 match self.next_answer(node)? {
-                    Some((id, offset)) if id == req_id => return block(node, size, offset),
+                    Some((id, answer)) if id == req_id => return want.settle(node, answer),
                     Some(_) => continue,
                     None => std::thread::yield_now(),
                 }
@@ -144,7 +279,7 @@ impl<N: Nic> Allocations<N> {
     /// The next answer on the endpoint, if one came: an answer to a
     /// request sent ahead is kept for it (and `Some` returned so that the
     /// caller looks again); a stray one is dropped likewise.
-    fn next_answer(&mut self, node: u8) -> Result<Option<(u64, Option<u64>)>, TransportError> {
+    fn next_answer(&mut self, node: u8) -> Result<Option<(u64, Answer)>, TransportError> {
         let Some(ep) = self.ep.as_ref() else {
             return Ok(None);
         };
@@ -152,17 +287,28 @@ impl<N: Nic> Allocations<N> {
             return Ok(None);
         };
         let p = m.to_vec();
-        let reply = match p.get(..ALLOC_REPLY_LEN).map(AllocReply::decode) {
-            Some(Ok(r)) => r,
-            // Malformed: nobody's answer.
-            _ => return Ok(Some((0, None))),
+        let decoded = if RunsReply::is_one(&p) {
+            RunsReply::decode(&p).map(|r| (r.req_id, Answer::Runs(r)))
+        } else {
+            p.get(..ALLOC_REPLY_LEN)
+                .map_or(
+                    Err(TransportError::BadResponse {
+                        reason: "allocation reply: wrong length",
+                    }),
+                    AllocReply::decode,
+                )
+                .map(|r| (r.req_id, Answer::Coarse(r.offset)))
         };
-        if self.asked.iter().any(|a| a.req_id == reply.req_id)
-            && !self.answers.iter().any(|(id, _)| *id == reply.req_id)
+        // Malformed: nobody's answer.
+        let Ok((req_id, answer)) = decoded else {
+            return Ok(Some((0, Answer::Coarse(None))));
+        };
+        if self.asked.iter().any(|a| a.req_id == req_id)
+            && !self.answers.iter().any(|(id, _)| *id == req_id)
         {
-            self.answers.push((reply.req_id, reply.offset));
+            self.answers.push((req_id, answer.clone()));
         }
-        Ok(Some((reply.req_id, reply.offset)))
+        Ok(Some((req_id, answer)))
     }
 
     /// Sends a request to node `to` without waiting for its answer.
@@ -171,14 +317,14 @@ impl<N: Nic> Allocations<N> {
         node: &Node<N>,
         to: u8,
         (gid, port): (Gid, u16),
-        size: u64,
+        want: Want,
     ) -> Result<AllocAsk, TransportError> {
         if self.asked.len() >= MAX_ASKED {
             return Err(TransportError::BadResponse {
                 reason: "too many blocks asked ahead and not collected",
             });
         }
-        let (req_id, req) = self.next_request(size);
+        let (req_id, req) = self.next_request(&want);
         let ep = self.endpoint(node, to)?;
         push_when_admitted(ep, gid, port, &req).map_err(|e| lost(to, e))?;
         self.asked.push(Asked {
@@ -186,7 +332,7 @@ impl<N: Nic> Allocations<N> {
             node: to,
             gid,
             port,
-            size,
+            want,
             at: Instant::now(),
         });
         Ok(AllocAsk(req_id))
@@ -198,22 +344,22 @@ impl<N: Nic> Allocations<N> {
         &mut self,
         ask: AllocAsk,
         wait: bool,
-    ) -> Result<Option<RemotePtr>, TransportError> {
+    ) -> Result<Option<Vec<BlockRun>>, TransportError> {
         let Some(i) = self.asked.iter().position(|a| a.req_id == ask.0) else {
             return Err(TransportError::BadResponse {
                 reason: "no block asked ahead with this id",
             });
         };
-        let (node, gid, port, size, at) = match self.asked.get(i) {
-            Some(a) => (a.node, a.gid, a.port, a.size, a.at),
+        let (node, gid, port, want, at) = match self.asked.get(i) {
+            Some(a) => (a.node, a.gid, a.port, a.want.clone(), a.at),
             None => return Ok(None),
         };
         loop {
             if let Some(k) = self.answers.iter().position(|(id, _)| *id == ask.0) {
-                let (_, offset) = self.answers.swap_remove(k);
+                let (_, answer) = self.answers.swap_remove(k);
                 self.forget(ask.0);
                 self.close_unless_asked(gid, port);
-                return block(node, size, offset).map(Some);
+                return want.settle(node, answer).map(Some);
             }
             match self.next_answer(node) {
                 Ok(Some(_)) => continue,
@@ -285,16 +431,6 @@ impl<N: Nic> Drop for Allocations<N> {
                 Err(_) => break,
             }
         }
-    }
-}
-
-/// The block an answer names.
-fn block(node: u8, size: u64, offset: Option<u64>) -> Result<RemotePtr, TransportError> {
-    match offset {
-        Some(off) => RemotePtr::new(node, off).map_err(|_| TransportError::BadResponse {
-            reason: "allocated offset out of range",
-        }),
-        None => Err(TransportError::OutOfMemory { node, size }),
     }
 }
 

@@ -14,7 +14,10 @@ mod proto;
 mod server;
 mod transport;
 
-pub use proto::{AllocReply, AllocRequest, NodeInfo, ALLOC_PORT, NODE_INFO_LEN};
+pub use proto::{
+    AllocReply, AllocRequest, NodeInfo, RunsKind, RunsReply, RunsRequest, ALLOC_PORT, FEATURE_RUNS,
+    NODE_INFO_LEN,
+};
 pub use server::{
     lookup_nodes_on_sim, node_name, MemoryNodeHandle, MemoryNodeServer, MrMemory, MIN_IDLE,
 };

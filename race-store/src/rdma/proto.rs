@@ -6,12 +6,30 @@
 //!
 //! ```text
 //! NodeInfo (48 B):  magic "RSN2" u32 | id u8 | nodes u8 | alloc_port u16 |
-//!                   gid 16 | base u64 | len u64 | rkey u32 | reserved u32 (0)
+//!                   gid 16 | base u64 | len u64 | rkey u32 | features u32
 //! AllocRequest (24 B): magic "RSAQ" u32 | pad u32 | req_id u64 | size u64
 //! AllocReply (28 B):   magic "RSAP" u32 | status u32 | req_id u64 | offset u64 |
 //!                      reserved u32 (0) (status 0: ok, 1: out of memory,
 //!                      2: bad request)
 //! ```
+//!
+//! Nodes with [`FEATURE_RUNS`] in their record's features also take
+//! [`RunsRequest`]s and answer them with a [`RunsReply`]:
+//!
+//! ```text
+//! RunsRequest (40 B + 16 B per run): magic "RSRQ" u32 | kind u32
+//!               (1: grant, 2: give back) | req_id u64 | block_bytes u64 |
+//!               size u64 (grant: bytes wanted; give back: 0) | count u32 |
+//!               reserved u32 (0) | count x (offset u64 | len u64)
+//!               (grant: count 0)
+//! RunsReply (24 B + 16 B per run): magic "RSRP" u32 | status u32 (0: ok,
+//!               1: out of memory, 2: refused) | req_id u64 | count u32 |
+//!               reserved u32 (0) | count x (offset u64 | len u64) (the
+//!               runs granted)
+//! ```
+//!
+//! Older nodes (features 0) know only the coarse exchange; a client then
+//! allocates with it and gives nothing back.
 
 use crate::remote::TransportError;
 use krcore_nic::Gid;
@@ -22,6 +40,8 @@ pub const ALLOC_PORT: u16 = 0x5ace;
 const NODE_MAGIC: u32 = u32::from_le_bytes(*b"RSN2");
 const REQ_MAGIC: u32 = u32::from_le_bytes(*b"RSAQ");
 const REPLY_MAGIC: u32 = u32::from_le_bytes(*b"RSAP");
+const RUNS_REQ_MAGIC: u32 = u32::from_le_bytes(*b"RSRQ");
+const RUNS_REPLY_MAGIC: u32 = u32::from_le_bytes(*b"RSRP");
 
 /// Bytes of an encoded [`NodeInfo`].
 pub const NODE_INFO_LEN: usize = 48;
@@ -29,6 +49,15 @@ pub const NODE_INFO_LEN: usize = 48;
 pub const ALLOC_REQUEST_LEN: usize = 24;
 /// Bytes of an encoded [`AllocReply`].
 pub const ALLOC_REPLY_LEN: usize = 28;
+/// Bytes of a [`RunsRequest`] before its runs.
+pub const RUNS_REQUEST_HEADER: usize = 40;
+/// Bytes of a [`RunsReply`] before its runs.
+pub const RUNS_REPLY_HEADER: usize = 24;
+/// Most runs one [`RunsRequest`] or [`RunsReply`] carries (1 MiB of runs).
+pub const MAX_RUNS: usize = 1 << 16;
+/// [`NodeInfo::features`]: the node takes [`RunsRequest`]s (grants of
+/// blocks given back, and giving blocks back).
+pub const FEATURE_RUNS: u32 = 1;
 
 // Callers check the length first; out of range reads 0 (the workspace's
 // one little-endian helper).
@@ -56,6 +85,9 @@ pub struct NodeInfo {
     /// The messaging port of its block allocator ([`ALLOC_PORT`] for nodes
     /// built by this crate).
     pub alloc_port: u16,
+    /// What the allocator takes besides the coarse exchange
+    /// ([`FEATURE_RUNS`]); unknown bits are kept and ignored.
+    pub features: u32,
 }
 
 impl NodeInfo {
@@ -70,6 +102,7 @@ impl NodeInfo {
         b[24..32].copy_from_slice(&self.base.to_le_bytes());
         b[32..40].copy_from_slice(&self.len.to_le_bytes());
         b[40..44].copy_from_slice(&self.rkey.to_le_bytes());
+        b[44..48].copy_from_slice(&self.features.to_le_bytes());
         b
     }
 
@@ -77,8 +110,7 @@ impl NodeInfo {
     ///
     /// # Errors
     /// [`TransportError::BadResponse`] for a wrong length or magic, an
-    /// empty or wrapping region, a node id not below the node count, or
-    /// reserved bytes that are not zero.
+    /// empty or wrapping region, or a node id not below the node count.
     pub fn decode(b: &[u8]) -> Result<NodeInfo, TransportError> {
         if b.len() != NODE_INFO_LEN || u32_at(b, 0) != NODE_MAGIC {
             return Err(bad("memory node record: wrong length or magic"));
@@ -98,15 +130,13 @@ impl NodeInfo {
             base: u64_at(b, 24),
             len: u64_at(b, 32),
             rkey: u32_at(b, 40),
+            features: u32_at(b, 44),
         };
         if info.len == 0 || info.base.checked_add(info.len).is_none() {
             return Err(bad("memory node record: empty or wrapping region"));
         }
         if info.id >= info.nodes {
             return Err(bad("memory node record: id not below the node count"));
-        }
-        if u32_at(b, 44) != 0 {
-            return Err(bad("memory node record: reserved bytes are not zero"));
         }
         Ok(info)
     }
@@ -186,6 +216,165 @@ impl AllocReply {
     }
 }
 
+/// What a [`RunsRequest`] asks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RunsKind {
+    /// Memory for blocks: blocks given back first, else a coarse block of
+    /// `size` bytes.
+    Grant {
+        /// Bytes wanted (a multiple of the block size).
+        size: u64,
+    },
+    /// Blocks the client gives back, as runs `(offset, len)`.
+    GiveBack {
+        /// The runs.
+        runs: Vec<(u64, u64)>,
+    },
+}
+
+/// A request about blocks of one size (see the module docs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunsRequest {
+    /// Echoed in the reply.
+    pub req_id: u64,
+    /// Bytes of one block (a multiple of 64).
+    pub block_bytes: u64,
+    /// What is asked.
+    pub kind: RunsKind,
+}
+
+/// The answer to a [`RunsRequest`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunsReply {
+    /// The request's id.
+    pub req_id: u64,
+    /// 0: ok, [`RUNS_OUT_OF_MEMORY`] or [`RUNS_REFUSED`].
+    pub status: u32,
+    /// The runs granted `(offset, len)` (empty for a give back).
+    pub runs: Vec<(u64, u64)>,
+}
+
+/// [`RunsReply::status`]: no memory for the grant.
+pub const RUNS_OUT_OF_MEMORY: u32 = 1;
+/// [`RunsReply::status`]: the request was malformed, or the blocks given
+/// back were refused (outside the heap, overlapping blocks held).
+pub const RUNS_REFUSED: u32 = 2;
+
+fn put_runs(b: &mut Vec<u8>, runs: &[(u64, u64)]) {
+    for &(offset, len) in runs {
+        b.extend_from_slice(&offset.to_le_bytes());
+        b.extend_from_slice(&len.to_le_bytes());
+    }
+}
+
+/// The runs of a message whose header of `header` bytes ends with
+/// `count u32 | reserved u32`, checked against the message length.
+fn get_runs(
+    b: &[u8],
+    header: usize,
+    what: &'static str,
+) -> Result<Vec<(u64, u64)>, TransportError> {
+    let count = u32_at(b, header - 8) as usize;
+    if count > MAX_RUNS || b.len() != header + 16 * count || u32_at(b, header - 4) != 0 {
+        return Err(bad(what));
+    }
+    Ok((0..count)
+        .map(|i| {
+            let at = header + 16 * i;
+            (u64_at(b, at), u64_at(b, at + 8))
+        })
+        .collect())
+}
+
+impl RunsRequest {
+    /// The message ([`RUNS_REQUEST_HEADER`] + 16 bytes per run; a caller
+    /// keeps to [`MAX_RUNS`] runs).
+    pub fn encode(&self) -> Vec<u8> {
+        let (kind, size, runs): (u32, u64, &[(u64, u64)]) = match &self.kind {
+            RunsKind::Grant { size } => (1, *size, &[]),
+            RunsKind::GiveBack { runs } => (2, 0, runs),
+        };
+        let mut b = Vec::with_capacity(RUNS_REQUEST_HEADER + 16 * runs.len());
+        b.extend_from_slice(&RUNS_REQ_MAGIC.to_le_bytes());
+        b.extend_from_slice(&kind.to_le_bytes());
+        b.extend_from_slice(&self.req_id.to_le_bytes());
+        b.extend_from_slice(&self.block_bytes.to_le_bytes());
+        b.extend_from_slice(&size.to_le_bytes());
+        b.extend_from_slice(&(runs.len() as u32).to_le_bytes());
+        b.extend_from_slice(&0u32.to_le_bytes());
+        put_runs(&mut b, runs);
+        b
+    }
+
+    /// Whether `b` is a runs request (by its magic).
+    pub fn is_one(b: &[u8]) -> bool {
+        b.len() >= 4 && u32_at(b, 0) == RUNS_REQ_MAGIC
+    }
+
+    /// Parses a message.
+    ///
+    /// # Errors
+    /// [`TransportError::BadResponse`] for a wrong length, magic or kind, a
+    /// grant with runs or a give back with a size.
+    pub fn decode(b: &[u8]) -> Result<RunsRequest, TransportError> {
+        const WHAT: &str = "runs request: wrong length, magic or kind";
+        if b.len() < RUNS_REQUEST_HEADER || u32_at(b, 0) != RUNS_REQ_MAGIC {
+            return Err(bad(WHAT));
+        }
+        let runs = get_runs(b, RUNS_REQUEST_HEADER, WHAT)?;
+        let size = u64_at(b, 24);
+        let kind = match u32_at(b, 4) {
+            1 if runs.is_empty() => RunsKind::Grant { size },
+            2 if size == 0 => RunsKind::GiveBack { runs },
+            _ => return Err(bad(WHAT)),
+        };
+        Ok(RunsRequest {
+            req_id: u64_at(b, 8),
+            block_bytes: u64_at(b, 16),
+            kind,
+        })
+    }
+}
+
+impl RunsReply {
+    /// The message ([`RUNS_REPLY_HEADER`] + 16 bytes per run).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(RUNS_REPLY_HEADER + 16 * self.runs.len());
+        b.extend_from_slice(&RUNS_REPLY_MAGIC.to_le_bytes());
+        b.extend_from_slice(&self.status.to_le_bytes());
+        b.extend_from_slice(&self.req_id.to_le_bytes());
+        b.extend_from_slice(&(self.runs.len() as u32).to_le_bytes());
+        b.extend_from_slice(&0u32.to_le_bytes());
+        put_runs(&mut b, &self.runs);
+        b
+    }
+
+    /// Whether `b` is a runs reply (by its magic).
+    pub fn is_one(b: &[u8]) -> bool {
+        b.len() >= 4 && u32_at(b, 0) == RUNS_REPLY_MAGIC
+    }
+
+    /// Parses a message.
+    ///
+    /// # Errors
+    /// [`TransportError::BadResponse`] for a wrong length, magic or status.
+    pub fn decode(b: &[u8]) -> Result<RunsReply, TransportError> {
+        const WHAT: &str = "runs reply: wrong length, magic or status";
+        if b.len() < RUNS_REPLY_HEADER || u32_at(b, 0) != RUNS_REPLY_MAGIC {
+            return Err(bad(WHAT));
+        }
+        let status = u32_at(b, 4);
+        if status > RUNS_REFUSED {
+            return Err(bad(WHAT));
+        }
+        Ok(RunsReply {
+            req_id: u64_at(b, 8),
+            status,
+            runs: get_runs(b, RUNS_REPLY_HEADER, WHAT)?,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,8 +389,42 @@ mod tests {
             len: 1 << 30,
             rkey: 0x1234,
             alloc_port: ALLOC_PORT,
+            features: FEATURE_RUNS,
         };
         assert_eq!(NodeInfo::decode(&info.encode()).unwrap(), info);
+        let grant = RunsRequest {
+            req_id: 5,
+            block_bytes: 128,
+            kind: RunsKind::Grant { size: 4096 },
+        };
+        assert_eq!(RunsRequest::decode(&grant.encode()).unwrap(), grant);
+        let give = RunsRequest {
+            req_id: 6,
+            block_bytes: 192,
+            kind: RunsKind::GiveBack {
+                runs: vec![(4096, 192), (8192, 1920)],
+            },
+        };
+        assert_eq!(RunsRequest::decode(&give.encode()).unwrap(), give);
+        let reply = RunsReply {
+            req_id: 6,
+            status: 0,
+            runs: vec![(4096, 128)],
+        };
+        assert_eq!(RunsReply::decode(&reply.encode()).unwrap(), reply);
+        // A give back with a size, a grant with runs, a count past the
+        // bytes, a bad status: refused.
+        let mut e = give.encode();
+        e[24] = 1;
+        assert!(RunsRequest::decode(&e).is_err());
+        let mut e = grant.encode();
+        e[32] = 1;
+        assert!(RunsRequest::decode(&e).is_err());
+        let e = give.encode();
+        assert!(RunsRequest::decode(&e[..e.len() - 1]).is_err());
+        let mut e = reply.encode();
+        e[4] = 3;
+        assert!(RunsReply::decode(&e).is_err());
         let req = AllocRequest {
             req_id: 9,
             size: 1 << 20,
@@ -224,6 +447,8 @@ mod tests {
             let _ = NodeInfo::decode(&bytes);
             let _ = AllocRequest::decode(&bytes);
             let _ = AllocReply::decode(&bytes);
+            let _ = RunsRequest::decode(&bytes);
+            let _ = RunsReply::decode(&bytes);
         }
         assert!(NodeInfo::decode(&[0u8; NODE_INFO_LEN]).is_err());
         let mut past = info;

@@ -5,12 +5,16 @@
 //! fallback mode); node 0 also lays out the table (superblock, directory,
 //! initial subtables) with the very code the in-process nodes use
 //! ([`MemoryNode::format`] over [`MrMemory`]). After that its CPU does one
-//! thing: answer coarse block allocation requests, two-sided messages to
-//! its [`ALLOC_PORT`] (the SDK's messaging). Every key-value operation is
-//! one-sided.
+//! thing: answer block allocation requests, two-sided messages to its
+//! [`ALLOC_PORT`] (the SDK's messaging): coarse blocks, and blocks that
+//! closing clients gave back ([`crate::pool`]), which it takes back over
+//! the same port. Every key-value operation is one-sided.
 
-use super::proto::{AllocReply, AllocRequest, NodeInfo, ALLOC_PORT};
-use crate::memory::{MemoryNode, NodeMemory, TableConfig};
+use super::proto::{
+    AllocReply, AllocRequest, NodeInfo, RunsKind, RunsReply, RunsRequest, ALLOC_PORT, FEATURE_RUNS,
+    RUNS_OUT_OF_MEMORY, RUNS_REFUSED,
+};
+use crate::memory::{MemoryNode, NodeMemory, NodeStats, TableConfig, BLOCK_ALIGN};
 use crate::remote::{Cause, TransportError};
 use crate::Error;
 use krcore::{Access, MemoryRegion, Node, Port};
@@ -74,7 +78,7 @@ where
 /// A memory node hosted on a [`Node`].
 pub struct MemoryNodeServer<N: Nic> {
     node: Node<N>,
-    mem: MemoryNode<MrMemory<N>>,
+    mem: Arc<MemoryNode<MrMemory<N>>>,
     port: Port<N>,
     info: NodeInfo,
     served: u64,
@@ -117,7 +121,7 @@ impl<N: Nic> MemoryNodeServer<N> {
             .alloc(len, Access::ALL)
             .map_err(setup("register the region"))?;
         let remote = region.remote_addr(0);
-        let mem = MemoryNode::with_memory(id, MrMemory(region));
+        let mem = Arc::new(MemoryNode::with_memory(id, MrMemory(region)));
         if id == 0 {
             mem.format(table, nodes)?;
         }
@@ -134,6 +138,7 @@ impl<N: Nic> MemoryNodeServer<N> {
             len: bytes,
             rkey: remote.rkey,
             alloc_port: ALLOC_PORT,
+            features: FEATURE_RUNS,
         };
         Ok(MemoryNodeServer {
             node: node.clone(),
@@ -158,6 +163,11 @@ impl<N: Nic> MemoryNodeServer<N> {
     /// 0, the table metadata).
     pub fn used_bytes(&self) -> u64 {
         self.mem.stats().heap_used
+    }
+
+    /// Usage figures, with the blocks clients gave back.
+    pub fn stats(&self) -> NodeStats {
+        self.mem.stats()
     }
 
     /// Allocation requests served.
@@ -196,15 +206,24 @@ impl<N: Nic> MemoryNodeServer<N> {
                     continue;
                 }
             };
-            let Ok(req) = AllocRequest::decode(&m.to_vec()) else {
-                continue; // garbage is dropped
+            let bytes = m.to_vec();
+            let reply = if RunsRequest::is_one(&bytes) {
+                let Ok(req) = RunsRequest::decode(&bytes) else {
+                    continue; // garbage is dropped
+                };
+                self.answer_runs(req).encode()
+            } else {
+                let Ok(req) = AllocRequest::decode(&bytes) else {
+                    continue; // garbage is dropped
+                };
+                let offset = self.mem.alloc(req.size).ok();
+                AllocReply {
+                    req_id: req.req_id,
+                    offset,
+                }
+                .encode()
+                .to_vec()
             };
-            let offset = self.mem.alloc(req.size).ok();
-            let reply = AllocReply {
-                req_id: req.req_id,
-                offset,
-            }
-            .encode();
             // A reply that cannot be sent fails only that client's call
             // (it asks again).
             let _ = self.port.reply(&m, &reply);
@@ -214,6 +233,30 @@ impl<N: Nic> MemoryNodeServer<N> {
         match (n, first_err) {
             (0, Some(e)) => Err(setup("receive allocation requests")(e)),
             _ => Ok(n),
+        }
+    }
+
+    /// A grant (blocks given back first, else a coarse block) or blocks
+    /// given back.
+    fn answer_runs(&self, req: RunsRequest) -> RunsReply {
+        let answer = |status, runs| RunsReply {
+            req_id: req.req_id,
+            status,
+            runs,
+        };
+        let size_ok = req.block_bytes > 0 && req.block_bytes % BLOCK_ALIGN == 0;
+        match req.kind {
+            RunsKind::Grant { size } if size_ok && size > 0 => {
+                match self.mem.alloc_blocks(size, req.block_bytes) {
+                    Ok(runs) => answer(0, runs),
+                    Err(_) => answer(RUNS_OUT_OF_MEMORY, Vec::new()),
+                }
+            }
+            RunsKind::GiveBack { runs } => match self.mem.give_back(req.block_bytes, &runs) {
+                Ok(_) => answer(0, Vec::new()),
+                Err(_) => answer(RUNS_REFUSED, Vec::new()),
+            },
+            RunsKind::Grant { .. } => answer(RUNS_REFUSED, Vec::new()),
         }
     }
 
@@ -227,6 +270,8 @@ impl<N: Nic> MemoryNodeServer<N> {
         let stop = Arc::new(AtomicBool::new(false));
         let info = self.info;
         let flag = stop.clone();
+        let mem = self.mem.clone();
+        let stats: StatsFn = Arc::new(move || mem.stats());
         let thread = std::thread::Builder::new()
             .name(format!("race-node-{}", info.id))
             .spawn(move || {
@@ -243,22 +288,43 @@ impl<N: Nic> MemoryNodeServer<N> {
                 }
             })
             .ok();
-        MemoryNodeHandle { info, stop, thread }
+        MemoryNodeHandle {
+            info,
+            stop,
+            thread,
+            stats,
+        }
     }
 }
 
+type StatsFn = Arc<dyn Fn() -> NodeStats + Send + Sync>;
+
 /// A running [`MemoryNodeServer`]; stops (and joins) on drop.
-#[derive(Debug)]
 pub struct MemoryNodeHandle {
     info: NodeInfo,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
+    stats: StatsFn,
+}
+
+impl std::fmt::Debug for MemoryNodeHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryNodeHandle")
+            .field("info", &self.info)
+            .field("running", &self.thread.is_some())
+            .finish()
+    }
 }
 
 impl MemoryNodeHandle {
     /// The node's record.
     pub fn info(&self) -> NodeInfo {
         self.info
+    }
+
+    /// Usage figures, with the blocks clients gave back.
+    pub fn stats(&self) -> NodeStats {
+        (self.stats)()
     }
 
     /// Stops serving and joins the thread.

@@ -38,11 +38,11 @@
 //! deregistered beyond that (a WR still naming it then fails at the NIC's
 //! local key check instead of writing anything).
 
-use super::alloc_msg::Allocations;
-use super::proto::NodeInfo;
+use super::alloc_msg::{Allocations, Want};
+use super::proto::{NodeInfo, FEATURE_RUNS, MAX_RUNS};
 use crate::layout::slot::RemotePtr;
 use crate::remote::{
-    AllocAsk, Cause, Completions, OpResult, RemoteOp, Ticket, Transport, TransportError,
+    AllocAsk, BlockRun, Cause, Completions, OpResult, RemoteOp, Ticket, Transport, TransportError,
 };
 use krcore::{Access, MemoryRegion, Node, RemoteGrant, Vqp, VqpError};
 use krcore_nic::{
@@ -282,6 +282,23 @@ impl<N: Nic> VqpTransport<N> {
         }
         let s = self.slots.remove(k);
         self.quarantine(s.mr, tag, s.last);
+    }
+
+    /// Whether node `node` takes runs requests ([`FEATURE_RUNS`]).
+    fn takes_runs(&self, node: u8) -> bool {
+        self.remotes
+            .get(usize::from(node))
+            .is_some_and(|r| r.info.features & FEATURE_RUNS != 0)
+    }
+
+    /// A request for about `size` bytes of blocks of `block_bytes`: a grant
+    /// where the node takes one, else a coarse block.
+    fn grant(&self, node: u8, size: u64, block_bytes: u64) -> Want {
+        if self.takes_runs(node) {
+            Want::Grant { size, block_bytes }
+        } else {
+            Want::Coarse { size }
+        }
     }
 
     /// Node `node`'s allocation port: its GID and port number.
@@ -928,26 +945,80 @@ impl<N: Nic> Transport for VqpTransport<N> {
 
     fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {
         let to = self.alloc_port(node)?;
-        self.alloc.exchange(&self.node, node, to, size)
+        let runs = self
+            .alloc
+            .exchange(&self.node, node, to, &Want::Coarse { size })?;
+        runs.first()
+            .map(|r| r.start)
+            .ok_or(TransportError::BadResponse {
+                reason: "no block in the answer",
+            })
+    }
+
+    fn alloc_blocks(
+        &mut self,
+        node: u8,
+        size: u64,
+        block_bytes: u64,
+    ) -> Result<Vec<BlockRun>, TransportError> {
+        let to = self.alloc_port(node)?;
+        let want = self.grant(node, size, block_bytes);
+        self.alloc.exchange(&self.node, node, to, &want)
     }
 
     /// The request goes out now; its answer is collected by
     /// `alloc_block_answer` (answers to other requests that arrive
     /// meanwhile are kept for them).
-    fn alloc_block_ask(&mut self, node: u8, size: u64) -> Option<Result<AllocAsk, TransportError>> {
+    fn alloc_block_ask(
+        &mut self,
+        node: u8,
+        size: u64,
+        block_bytes: u64,
+    ) -> Option<Result<AllocAsk, TransportError>> {
         let to = match self.alloc_port(node) {
             Ok(to) => to,
             Err(e) => return Some(Err(e)),
         };
-        Some(self.alloc.ask(&self.node, node, to, size))
+        let want = self.grant(node, size, block_bytes);
+        Some(self.alloc.ask(&self.node, node, to, want))
     }
 
     fn alloc_block_answer(
         &mut self,
         ask: AllocAsk,
         wait: bool,
-    ) -> Result<Option<RemotePtr>, TransportError> {
+    ) -> Result<Option<Vec<BlockRun>>, TransportError> {
         self.alloc.answer(ask, wait)
+    }
+
+    /// In messages of at most [`MAX_RUNS`] runs; without `wait`, each is
+    /// pushed once and not waited for (a message that cannot go at once is
+    /// not sent: its blocks stay leaked).
+    fn return_blocks(
+        &mut self,
+        node: u8,
+        block_bytes: u64,
+        runs: &[BlockRun],
+        wait: bool,
+    ) -> Result<(), TransportError> {
+        if !self.takes_runs(node) {
+            return Err(TransportError::Unsupported {
+                what: "giving blocks back to a memory node of an older version",
+            });
+        }
+        let to = self.alloc_port(node)?;
+        for part in runs.chunks(MAX_RUNS) {
+            let want = Want::GiveBack {
+                block_bytes,
+                runs: part.iter().map(|r| (r.start.offset(), r.len)).collect(),
+            };
+            if wait {
+                self.alloc.exchange(&self.node, node, to, &want)?;
+            } else {
+                self.alloc.send_only(&self.node, node, to, &want)?;
+            }
+        }
+        Ok(())
     }
 
     fn nodes(&self) -> u8 {

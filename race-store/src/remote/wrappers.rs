@@ -2,7 +2,9 @@
 //! that dies at a chosen doorbell) and [`Delayed`] (a round trip for a
 //! transport that has none).
 
-use super::{AllocAsk, Completions, OpResult, RemoteOp, Ticket, Transport, TransportError};
+use super::{
+    AllocAsk, BlockRun, Completions, OpResult, RemoteOp, Ticket, Transport, TransportError,
+};
 use crate::layout::slot::RemotePtr;
 
 /// When a [`FaultInjector`] kills its client.
@@ -134,22 +136,52 @@ impl<T: Transport> Transport for FaultInjector<T> {
         self.inner.alloc_block(node, size)
     }
 
-    fn alloc_block_ask(&mut self, node: u8, size: u64) -> Option<Result<AllocAsk, TransportError>> {
+    fn alloc_blocks(
+        &mut self,
+        node: u8,
+        size: u64,
+        block_bytes: u64,
+    ) -> Result<Vec<BlockRun>, TransportError> {
+        if self.dead {
+            return Err(TransportError::Disconnected);
+        }
+        self.inner.alloc_blocks(node, size, block_bytes)
+    }
+
+    fn alloc_block_ask(
+        &mut self,
+        node: u8,
+        size: u64,
+        block_bytes: u64,
+    ) -> Option<Result<AllocAsk, TransportError>> {
         if self.dead {
             return Some(Err(TransportError::Disconnected));
         }
-        self.inner.alloc_block_ask(node, size)
+        self.inner.alloc_block_ask(node, size, block_bytes)
     }
 
     fn alloc_block_answer(
         &mut self,
         ask: AllocAsk,
         wait: bool,
-    ) -> Result<Option<RemotePtr>, TransportError> {
+    ) -> Result<Option<Vec<BlockRun>>, TransportError> {
         if self.dead {
             return Err(TransportError::Disconnected);
         }
         self.inner.alloc_block_answer(ask, wait)
+    }
+
+    fn return_blocks(
+        &mut self,
+        node: u8,
+        block_bytes: u64,
+        runs: &[BlockRun],
+        wait: bool,
+    ) -> Result<(), TransportError> {
+        if self.dead {
+            return Err(TransportError::Disconnected);
+        }
+        self.inner.return_blocks(node, block_bytes, runs, wait)
     }
 
     fn nodes(&self) -> u8 {
@@ -208,16 +240,40 @@ impl<T: Transport> Transport for Delayed<T> {
         self.inner.alloc_block(node, size)
     }
 
-    fn alloc_block_ask(&mut self, node: u8, size: u64) -> Option<Result<AllocAsk, TransportError>> {
-        self.inner.alloc_block_ask(node, size)
+    fn alloc_blocks(
+        &mut self,
+        node: u8,
+        size: u64,
+        block_bytes: u64,
+    ) -> Result<Vec<BlockRun>, TransportError> {
+        self.inner.alloc_blocks(node, size, block_bytes)
+    }
+
+    fn alloc_block_ask(
+        &mut self,
+        node: u8,
+        size: u64,
+        block_bytes: u64,
+    ) -> Option<Result<AllocAsk, TransportError>> {
+        self.inner.alloc_block_ask(node, size, block_bytes)
     }
 
     fn alloc_block_answer(
         &mut self,
         ask: AllocAsk,
         wait: bool,
-    ) -> Result<Option<RemotePtr>, TransportError> {
+    ) -> Result<Option<Vec<BlockRun>>, TransportError> {
         self.inner.alloc_block_answer(ask, wait)
+    }
+
+    fn return_blocks(
+        &mut self,
+        node: u8,
+        block_bytes: u64,
+        runs: &[BlockRun],
+        wait: bool,
+    ) -> Result<(), TransportError> {
+        self.inner.return_blocks(node, block_bytes, runs, wait)
     }
 
     fn nodes(&self) -> u8 {

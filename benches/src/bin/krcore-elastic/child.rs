@@ -46,24 +46,48 @@ impl Transport for AnyTransport {
             AnyTransport::Rc(t) => t.alloc_block(node, size),
         }
     }
+    fn alloc_blocks(
+        &mut self,
+        node: u8,
+        size: u64,
+        block_bytes: u64,
+    ) -> Result<Vec<race_store::remote::BlockRun>, TransportError> {
+        match self {
+            AnyTransport::Vqp(t) => t.alloc_blocks(node, size, block_bytes),
+            AnyTransport::Rc(t) => t.alloc_blocks(node, size, block_bytes),
+        }
+    }
     fn alloc_block_ask(
         &mut self,
         node: u8,
         size: u64,
+        block_bytes: u64,
     ) -> Option<Result<race_store::remote::AllocAsk, TransportError>> {
         match self {
-            AnyTransport::Vqp(t) => t.alloc_block_ask(node, size),
-            AnyTransport::Rc(t) => t.alloc_block_ask(node, size),
+            AnyTransport::Vqp(t) => t.alloc_block_ask(node, size, block_bytes),
+            AnyTransport::Rc(t) => t.alloc_block_ask(node, size, block_bytes),
         }
     }
     fn alloc_block_answer(
         &mut self,
         ask: race_store::remote::AllocAsk,
         wait: bool,
-    ) -> Result<Option<RemotePtr>, TransportError> {
+    ) -> Result<Option<Vec<race_store::remote::BlockRun>>, TransportError> {
         match self {
             AnyTransport::Vqp(t) => t.alloc_block_answer(ask, wait),
             AnyTransport::Rc(t) => t.alloc_block_answer(ask, wait),
+        }
+    }
+    fn return_blocks(
+        &mut self,
+        node: u8,
+        block_bytes: u64,
+        runs: &[race_store::remote::BlockRun],
+        wait: bool,
+    ) -> Result<(), TransportError> {
+        match self {
+            AnyTransport::Vqp(t) => t.return_blocks(node, block_bytes, runs, wait),
+            AnyTransport::Rc(t) => t.return_blocks(node, block_bytes, runs, wait),
         }
     }
     fn nodes(&self) -> u8 {
