@@ -498,6 +498,15 @@ impl<T: race_store::remote::Transport + Send> KvClient for RaceKv<T> {
         self.client.put(key, value).map_err(|e| store(&e))
     }
 
+    fn close(self: Box<Self>) -> crate::driver::Closed {
+        let r = self.client.close();
+        crate::driver::Closed {
+            returned_bytes: r.returned_bytes,
+            kept_bytes: r.kept_bytes,
+            error: r.error.map(|e| error_chain(&e)),
+        }
+    }
+
     fn update(&mut self, key: &[u8], value: &[u8]) -> Result<Found, BackendError> {
         match self.client.update(key, value) {
             Ok(()) => Ok(Found::Yes),

@@ -492,6 +492,9 @@ fn main() -> ExitCode {
         }
     };
     println!("# load phase\n{}", load.report.to_text());
+    if let Some(l) = load.closed.line() {
+        println!("{l}");
+    }
     if stopped(&stop, "load") {
         return ExitCode::FAILURE;
     }
@@ -503,6 +506,9 @@ fn main() -> ExitCode {
         }
     };
     println!("# run phase\n{}", run.report.to_text());
+    if let Some(l) = run.closed.line() {
+        println!("{l}");
+    }
     if stopped(&stop, "run") {
         return ExitCode::FAILURE;
     }
@@ -655,6 +661,9 @@ fn run_multi(
             Ok(r) => {
                 let name = if phase == Phase::Load { "load" } else { "run" };
                 println!("# {name} phase\n{}", r.report.to_text());
+                if let Some(l) = r.closed.line() {
+                    println!("{l}");
+                }
                 if stopped(stop, name) {
                     return ExitCode::FAILURE;
                 }
@@ -826,6 +835,9 @@ fn run_deployed(
         };
         let name = if phase == Phase::Load { "load" } else { "run" };
         println!("# {name} phase\n{}", r.report.to_text());
+        if let Some(l) = r.closed.line() {
+            println!("{l}");
+        }
         if r.errors > 0 {
             eprintln!(
                 "{P}: error: {name} phase: {} operations failed, first error: {}",

@@ -82,6 +82,50 @@ pub trait KvClient: Send {
     fn batch(&mut self, ops: &[BatchOp<'_>], out: &mut Vec<Result<Found, BackendError>>) {
         batched::one_by_one(self, ops, out);
     }
+    /// Ends the client (after the phase's time is taken): a store that
+    /// lends memory to its clients gets it back. The default does nothing.
+    fn close(self: Box<Self>) -> Closed {
+        Closed::default()
+    }
+}
+
+/// What closing clients gave back to the store ([`KvClient::close`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Closed {
+    /// Bytes the store took back.
+    pub returned_bytes: u64,
+    /// Bytes the clients still held (leaked once they are gone).
+    pub kept_bytes: u64,
+    /// The first failure.
+    pub error: Option<String>,
+}
+
+impl Closed {
+    /// Adds another client's.
+    pub fn add(&mut self, other: Closed) {
+        self.returned_bytes += other.returned_bytes;
+        self.kept_bytes += other.kept_bytes;
+        if self.error.is_none() {
+            self.error = other.error;
+        }
+    }
+
+    /// A comment line for the report (`None` when nothing was lent).
+    pub fn line(&self) -> Option<String> {
+        if self.returned_bytes + self.kept_bytes == 0 && self.error.is_none() {
+            return None;
+        }
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        let mut l = format!(
+            "# clients closed: gave back {:.1} MiB to the memory nodes, kept {:.1} MiB",
+            mib(self.returned_bytes),
+            mib(self.kept_bytes)
+        );
+        if let Some(e) = &self.error {
+            l.push_str(&format!(" (first failure: {e})"));
+        }
+        Some(l)
+    }
 }
 
 /// A store the driver can run against.

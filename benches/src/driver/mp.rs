@@ -105,6 +105,10 @@ pub struct ChildResult {
     /// Its logged writes.
     #[serde(default)]
     pub writes: Vec<super::verify::WriteRecord>,
+    /// What its clients gave back when they closed: bytes returned, bytes
+    /// kept, first failure.
+    #[serde(default)]
+    pub closed: (u64, u64, Option<String>),
 }
 
 /// Why a multi-process phase failed.
@@ -202,6 +206,7 @@ pub fn run_children(
     let (mut start, mut end) = (u64::MAX, 0);
     let (mut operations, mut errors, mut first_error) = (0, 0, None);
     let mut writes = Vec::new();
+    let mut closed = super::Closed::default();
     let deadline = Instant::now() + timeout;
     let mut told = false;
     for i in 0..kids.len() {
@@ -241,6 +246,11 @@ pub fn run_children(
         errors += r.errors;
         first_error = first_error.or(r.first_error);
         writes.extend(r.writes);
+        closed.add(super::Closed {
+            returned_bytes: r.closed.0,
+            kept_bytes: r.closed.1,
+            error: r.closed.2,
+        });
         k.finish(Duration::from_secs(30));
     }
     let runtime = Duration::from_micros(end.saturating_sub(start));
@@ -256,6 +266,7 @@ pub fn run_children(
         errors,
         first_error,
         writes,
+        closed,
     })
 }
 
@@ -330,6 +341,7 @@ pub fn child_main(spec: &ChildSpec) -> Result<(), String> {
         errors: r.errors,
         first_error: r.first_error,
         writes: r.writes,
+        closed: (r.closed.returned_bytes, r.closed.kept_bytes, r.closed.error),
     };
     let json = serde_json::to_string(&result).map_err(|e| e.to_string())?;
     say(&format!("RESULT {json}"));

@@ -5,7 +5,7 @@ use super::batched::BatchedThread;
 use super::phase::{count_retries, status_of, take_first_error, Pacer, COUNT_EVERY};
 pub use super::phase::{Gate, RunOptions};
 use super::verify::{fill_value, version_tag, WriteRecord};
-use super::{Backend, BackendError, Found, KvClient};
+use super::{Backend, BackendError, Closed, Found, KvClient};
 use crate::ycsb::{
     KeySpace, Measurements, Operation, OperationGenerator, Report, Status, Workload, YcsbError,
 };
@@ -88,6 +88,8 @@ pub struct PhaseResult {
     pub first_error: Option<String>,
     /// The run phase's writes, when [`RunOptions::log_writes`] asked.
     pub writes: Vec<WriteRecord>,
+    /// What the clients gave back when they closed.
+    pub closed: Closed,
 }
 
 /// Why a phase could not run.
@@ -196,11 +198,22 @@ fn status_ticker(done: &AtomicU64, stop: &AtomicBool, total: u64, every: Duratio
     }
 }
 
+/// Closes the phase's clients (after its time is taken: a client that
+/// gives memory back waits out its grace period first).
+fn close_all(clients: Vec<Box<dyn KvClient>>) -> Closed {
+    let mut all = Closed::default();
+    for c in clients {
+        all.add(c.close());
+    }
+    all
+}
+
 fn finish_phase(
     backend: &dyn Backend,
     per_thread: Vec<ThreadResult>,
     runtime: Duration,
     operations: u64,
+    closed: Closed,
 ) -> Result<PhaseResult, PhaseError> {
     let mut all = Measurements::new();
     let mut first_error = None;
@@ -227,6 +240,7 @@ fn finish_phase(
         errors,
         first_error,
         writes,
+        closed,
     })
 }
 
@@ -245,7 +259,7 @@ pub fn run_load(
     opts: &RunOptions,
 ) -> Result<PhaseResult, PhaseError> {
     let threads = opts.threads.max(1);
-    let clients: Vec<Box<dyn KvClient>> = (0..threads)
+    let mut clients: Vec<Box<dyn KvClient>> = (0..threads)
         .map(|_| backend.client())
         .collect::<Result<_, _>>()?;
     opts.pass_gate()?;
@@ -253,9 +267,9 @@ pub fn run_load(
     let start = Instant::now();
     let results: Vec<Result<ThreadResult, PhaseError>> = std::thread::scope(|s| {
         let hs: Vec<_> = clients
-            .into_iter()
+            .iter_mut()
             .enumerate()
-            .map(|(t, mut client)| {
+            .map(|(t, client)| {
                 let done = progress.done.clone();
                 s.spawn(move || {
                     if opts.batch > 1 {
@@ -267,7 +281,7 @@ pub fn run_load(
                             done: &done,
                             batch: opts.batch,
                         };
-                        let (m, _) = thread.load(&mut *client);
+                        let (m, _) = thread.load(&mut **client);
                         return (t, m, take_first_error());
                     }
                     let mut m = Measurements::new();
@@ -311,8 +325,9 @@ pub fn run_load(
     });
     let runtime = start.elapsed();
     progress.finish();
+    let closed = close_all(clients);
     let per_thread = results.into_iter().collect::<Result<Vec<_>, _>>()?;
-    finish_phase(backend, per_thread, runtime, workload.record_count)
+    finish_phase(backend, per_thread, runtime, workload.record_count, closed)
 }
 
 /// The run phase: `workload.operation_count` operations split over the
@@ -329,7 +344,7 @@ pub fn run_phase(
 ) -> Result<PhaseResult, PhaseError> {
     workload.ensure_no_scan()?;
     let threads = opts.threads.max(1);
-    let clients: Vec<Box<dyn KvClient>> = (0..threads)
+    let mut clients: Vec<Box<dyn KvClient>> = (0..threads)
         .map(|_| backend.client())
         .collect::<Result<_, _>>()?;
     let gens: Vec<OperationGenerator> = (0..threads)
@@ -341,10 +356,10 @@ pub fn run_phase(
     let start = Instant::now();
     let results: Vec<Result<ThreadResult, PhaseError>> = std::thread::scope(|s| {
         let hs: Vec<_> = clients
-            .into_iter()
+            .iter_mut()
             .zip(gens)
             .enumerate()
-            .map(|(t, (mut client, mut gen))| {
+            .map(|(t, (client, mut gen))| {
                 let done = progress.done.clone();
                 let share = total / threads as u64 + u64::from((t as u64) < total % threads as u64);
                 let seed = opts.seed.wrapping_add(t as u64);
@@ -362,7 +377,7 @@ pub fn run_phase(
                             batch: opts.batch,
                         };
                         let (m, writes) =
-                            thread.run(&mut *client, &mut gen, &mut rng, share, writer, log);
+                            thread.run(&mut **client, &mut gen, &mut rng, share, writer, log);
                         return (m, take_first_error(), writes);
                     }
                     let mut m = Measurements::new();
@@ -459,8 +474,9 @@ pub fn run_phase(
     });
     let runtime = start.elapsed();
     progress.finish();
+    let closed = close_all(clients);
     let per_thread = results.into_iter().collect::<Result<Vec<_>, _>>()?;
-    finish_phase(backend, per_thread, runtime, total)
+    finish_phase(backend, per_thread, runtime, total, closed)
 }
 
 #[cfg(test)]

@@ -208,9 +208,22 @@ fn main() -> ExitCode {
     }
     shutdown.wait_until(Duration::from_millis(50), || false);
     tracing::info!("signal received: leaving the store");
+    let usage = served.stats().map(|s| {
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        format!(
+            "; heap {:.1} MiB handed out, clients gave back {:.1} MiB, {:.1} MiB of it reused, {:.1} MiB pooled",
+            mib(s.heap_used),
+            mib(s.pool.returned),
+            mib(s.pool.reused),
+            mib(s.pool.pooled)
+        )
+    });
     match served.shutdown() {
         Ok(()) => {
-            eprintln!("{PROGRAM}: left store {store} (id {id})");
+            eprintln!(
+                "{PROGRAM}: left store {store} (id {id}){}",
+                usage.unwrap_or_default()
+            );
             ExitCode::SUCCESS
         }
         Err(e) => fail(PROGRAM, &e),
