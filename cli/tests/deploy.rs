@@ -25,6 +25,15 @@ impl Drop for Proc {
 }
 
 impl Proc {
+    /// [`Proc::terminate`], and what the process wrote on stderr.
+    fn terminate_with_stderr(mut self) -> (Option<i32>, String) {
+        let mut stderr = self.0.stderr.take().unwrap();
+        let code = self.terminate();
+        let mut err = String::new();
+        stderr.read_to_string(&mut err).unwrap();
+        (code, err)
+    }
+
     /// Sends SIGTERM and waits (bounded) for the exit code.
     fn terminate(mut self) -> Option<i32> {
         let _ = Command::new("kill")
@@ -181,9 +190,30 @@ fn a_deployed_store_is_found_from_the_meta_address_alone() {
         );
     }
     assert!(other.check_table().unwrap().problems.is_empty());
-    // SIGTERM: each memory node leaves the store and exits 0.
-    assert_eq!(n1.terminate(), Some(0));
-    assert_eq!(n0.terminate(), Some(0));
+    // A closing client gives its memory back to the memory nodes.
+    let closed = c.close();
+    assert!(closed.error.is_none(), "{:?}", closed.error);
+    assert!(closed.returned_bytes > 0 && closed.kept_bytes == 0);
+    // SIGTERM: each memory node leaves the store and exits 0, saying how
+    // much the clients gave back.
+    let mut given_kib = 0;
+    for n in [n1, n0] {
+        let (code, err) = n.terminate_with_stderr();
+        assert_eq!(code, Some(0), "{err}");
+        let kib = err
+            .split("clients gave back ")
+            .nth(1)
+            .and_then(|r| r.split(' ').next())
+            .and_then(|k| k.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no figure on the exit line: {err}"));
+        given_kib += kib;
+    }
+    // Each node's figure is rounded down to a KiB.
+    let total = closed.returned_bytes >> 10;
+    assert!(
+        given_kib + 1 >= total && given_kib <= total,
+        "nodes say {given_kib} KiB, the client gave back {total} KiB"
+    );
     let gone = Store::connect(
         &fabric,
         &addr,

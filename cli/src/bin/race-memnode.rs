@@ -209,13 +209,12 @@ fn main() -> ExitCode {
     shutdown.wait_until(Duration::from_millis(50), || false);
     tracing::info!("signal received: leaving the store");
     let usage = served.stats().map(|s| {
-        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
         format!(
-            "; heap {:.1} MiB handed out, clients gave back {:.1} MiB, {:.1} MiB of it reused, {:.1} MiB pooled",
-            mib(s.heap_used),
-            mib(s.pool.returned),
-            mib(s.pool.reused),
-            mib(s.pool.pooled)
+            "; heap {} KiB handed out, clients gave back {} KiB ({} KiB of it reused, {} KiB pooled)",
+            s.heap_used >> 10,
+            s.pool.returned >> 10,
+            s.pool.reused >> 10,
+            s.pool.pooled >> 10
         )
     });
     match served.shutdown() {
