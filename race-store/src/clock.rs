@@ -30,6 +30,15 @@ pub trait Clock: Send + Sync {
         core::hint::spin_loop();
     }
 
+    /// The real time one tick stands for, if the clock follows real time
+    /// (`None`, the default: a clock of its own, as in tests). A closing
+    /// client with a real-time clock tells the memory nodes how long to
+    /// hold the blocks it retired last; without, it waits their grace
+    /// period out itself (see [`crate::Client::close`]).
+    fn tick(&self) -> Option<Duration> {
+        None
+    }
+
     /// Waits about `ticks` (a writer backing off after a lost CAS,
     /// [`crate::ConflictPolicy::Backoff`]). The default spins on
     /// [`Clock::now`].
@@ -101,6 +110,10 @@ impl Clock for SystemClock {
     fn pause(&self, ticks: u64) {
         pause_micros(ticks);
     }
+
+    fn tick(&self) -> Option<Duration> {
+        Some(Duration::from_micros(1))
+    }
 }
 
 /// Microseconds since [`WALL_EPOCH_UNIX_SECS`] (2024-01-01T00:00:00Z): the
@@ -138,6 +151,10 @@ impl Clock for WallClock {
 
     fn pause(&self, ticks: u64) {
         pause_micros(ticks);
+    }
+
+    fn tick(&self) -> Option<Duration> {
+        Some(Duration::from_micros(1))
     }
 }
 

@@ -35,6 +35,7 @@
 use crate::sync::AtomicU64;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::error::Error;
 use crate::layout::dir_header::DirHeader;
@@ -228,6 +229,8 @@ impl NodeMemory for WordMemory {
 pub struct MemoryNode<M: NodeMemory = WordMemory> {
     id: u8,
     mem: M,
+    /// The pool's time base.
+    born: Instant,
     heap: Mutex<Heap>,
     down: AtomicBool,
 }
@@ -246,6 +249,7 @@ impl<M: NodeMemory> MemoryNode<M> {
         MemoryNode {
             id,
             mem,
+            born: Instant::now(),
             heap: Mutex::new(Heap {
                 floor: RESERVED_PREFIX,
                 next: RESERVED_PREFIX,
@@ -254,6 +258,11 @@ impl<M: NodeMemory> MemoryNode<M> {
             }),
             down: AtomicBool::new(false),
         }
+    }
+
+    /// Microseconds since the node was made (the pool's time).
+    fn micros(&self) -> u64 {
+        u64::try_from(self.born.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
 
     /// The memory behind the node.
@@ -444,7 +453,8 @@ impl<M: NodeMemory> MemoryNode<M> {
         }
         let reused = {
             let mut heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());
-            heap.pool.take(block_bytes, size, MAX_GRANT_RUNS)
+            heap.pool
+                .take(block_bytes, size, MAX_GRANT_RUNS, self.micros())
         };
         if !reused.is_empty() {
             return Ok(reused);
@@ -453,20 +463,28 @@ impl<M: NodeMemory> MemoryNode<M> {
     }
 
     /// Takes back `runs` (`(offset, len)`) of blocks of `block_bytes` that a
-    /// client no longer needs (see [`crate::pool`]); returns the bytes
+    /// client no longer needs, to hand out again after `delay` (what is left
+    /// of their grace period; see [`crate::pool`]); returns the bytes
     /// taken. All or nothing.
     ///
     /// # Errors
     /// [`TransportError::NodeDown`]; [`TransportError::Refused`] with the
     /// pool's [`Refusal`] as its source.
-    pub fn give_back(&self, block_bytes: u64, runs: &[(u64, u64)]) -> Result<u64, TransportError> {
+    pub fn give_back(
+        &self,
+        block_bytes: u64,
+        runs: &[(u64, u64)],
+        delay: Duration,
+    ) -> Result<u64, TransportError> {
         if self.is_down() {
             return Err(TransportError::NodeDown { node: self.id });
         }
+        let now = self.micros();
+        let usable_from = now.saturating_add(u64::try_from(delay.as_micros()).unwrap_or(u64::MAX));
         let mut heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());
-        let (floor, top) = (heap.floor, heap.next);
+        let bounds = (heap.floor, heap.next);
         heap.pool
-            .give(block_bytes, runs, floor, top)
+            .give(block_bytes, runs, bounds, usable_from, now)
             .map_err(|r: Refusal| TransportError::Refused {
                 node: self.id,
                 source: Cause::new(r),
@@ -695,10 +713,13 @@ impl Transport for LocalTransport {
         node: u8,
         block_bytes: u64,
         runs: &[BlockRun],
+        delay: Duration,
         _wait: bool,
     ) -> Result<(), TransportError> {
         let runs: Vec<(u64, u64)> = runs.iter().map(|r| (r.start.offset(), r.len)).collect();
-        self.node(node)?.give_back(block_bytes, &runs).map(|_| ())
+        self.node(node)?
+            .give_back(block_bytes, &runs, delay)
+            .map(|_| ())
     }
 
     fn nodes(&self) -> u8 {

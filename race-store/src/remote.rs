@@ -663,11 +663,12 @@ pub trait Transport {
 
     /// Gives blocks of `block_bytes` on memory node `node` back to it, for
     /// any client's later [`Transport::alloc_blocks`]: blocks this client
-    /// took and no longer needs, free now (no reader of a table may still
-    /// reach them: see the grace period in [`crate::client`]). Every run
-    /// lies on `node`. With `wait` the call waits for the node's answer
-    /// (bounded as `alloc_blocks`); without, it sends what it can at once
-    /// and does not wait (a client dropped without closing).
+    /// took and no longer needs, which the node hands out no sooner than
+    /// `delay` from now (what is left of their grace period: a reader of
+    /// the table may still reach them until then; see [`crate::client`]).
+    /// Every run lies on `node`. With `wait` the call waits for the node's
+    /// answer (bounded as `alloc_blocks`); without, it sends what it can at
+    /// once and does not wait (a client dropped without closing).
     ///
     /// # Errors
     /// [`TransportError::Unsupported`] (the default) when the transport or
@@ -680,9 +681,10 @@ pub trait Transport {
         node: u8,
         block_bytes: u64,
         runs: &[BlockRun],
+        delay: std::time::Duration,
         wait: bool,
     ) -> Result<(), TransportError> {
-        let _ = (node, block_bytes, runs, wait);
+        let _ = (node, block_bytes, runs, delay, wait);
         Err(TransportError::Unsupported {
             what: "giving blocks back to a memory node",
         })
@@ -752,9 +754,10 @@ impl<T: Transport + ?Sized> Transport for &mut T {
         node: u8,
         block_bytes: u64,
         runs: &[BlockRun],
+        delay: std::time::Duration,
         wait: bool,
     ) -> Result<(), TransportError> {
-        (**self).return_blocks(node, block_bytes, runs, wait)
+        (**self).return_blocks(node, block_bytes, runs, delay, wait)
     }
     fn nodes(&self) -> u8 {
         (**self).nodes()
@@ -821,9 +824,10 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
         node: u8,
         block_bytes: u64,
         runs: &[BlockRun],
+        delay: std::time::Duration,
         wait: bool,
     ) -> Result<(), TransportError> {
-        (**self).return_blocks(node, block_bytes, runs, wait)
+        (**self).return_blocks(node, block_bytes, runs, delay, wait)
     }
     fn nodes(&self) -> u8 {
         (**self).nodes()

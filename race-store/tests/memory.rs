@@ -151,6 +151,7 @@ fn pool(cluster: &race_store::memory::LocalCluster) -> race_store::pool::PoolSta
         .fold(Default::default(), |a: race_store::pool::PoolStats, s| {
             race_store::pool::PoolStats {
                 pooled: a.pooled + s.pool.pooled,
+                cooling: a.cooling + s.pool.cooling,
                 returned: a.returned + s.pool.returned,
                 reused: a.reused + s.pool.reused,
             }
@@ -324,4 +325,67 @@ fn clients_reopening_in_threads_keep_every_value() {
     assert!(check.problems.is_empty(), "{:#?}", check.problems);
     assert_eq!(check.pairs.len(), all.len());
     assert!(pool(&cluster).reused > 0, "{:?}", pool(&cluster));
+}
+
+/// A manual clock whose ticks stand for seconds of real time: a memory node
+/// holds what such a client retired for hundreds of seconds, longer than
+/// any test runs.
+struct SecondsClock(ManualClock);
+
+impl Clock for SecondsClock {
+    fn now(&self) -> u64 {
+        self.0.now()
+    }
+    fn backoff(&self, attempt: u32) {
+        self.0.backoff(attempt)
+    }
+    fn pause(&self, ticks: u64) {
+        self.0.pause(ticks)
+    }
+    fn tick(&self) -> Option<std::time::Duration> {
+        Some(std::time::Duration::from_secs(1))
+    }
+}
+
+#[test]
+fn with_a_real_time_clock_the_nodes_hold_retired_blocks_for_the_rest_of_their_grace() {
+    let cluster = tiny_cluster(1, 64, 64 << 20, 16);
+    let clock = Arc::new(SecondsClock(ManualClock::new(0, 1)));
+    let config = tick_config();
+    let mut c = open(&cluster, clock.clone(), config);
+    for k in 0..50 {
+        c.insert(&key(k), &value(k, 0, 100)).unwrap();
+        clock.0.advance(1);
+    }
+    for k in 0..50 {
+        c.update(&key(k), &value(k, 1, 100)).unwrap();
+    }
+    let held = c.stats().kv_memory;
+    assert!(held.quarantined_bytes > 0);
+    let before = clock.now();
+    let r = c.close();
+    assert_eq!(clock.now(), before, "close did not wait");
+    assert!(r.error.is_none(), "{:?}", r.error);
+    assert_eq!(r.kept_bytes, 0);
+    assert_eq!(
+        r.returned_bytes,
+        held.free_bytes + held.quarantined_bytes + held.uncarved_bytes
+    );
+    let p = pool(&cluster);
+    assert_eq!(p.cooling, held.quarantined_bytes, "{p:?}");
+    // The next client's updates get none of the cooling blocks.
+    let mut c = open(&cluster, clock.clone(), config);
+    for k in 0..50 {
+        c.update(&key(k), &value(k, 2, 100)).unwrap();
+        assert_eq!(c.get(&key(k)).unwrap(), Some(value(k, 2, 100)));
+    }
+    assert_eq!(pool(&cluster).cooling, held.quarantined_bytes);
+    // Dropped, not closed: everything goes back just the same.
+    let held = c.stats().kv_memory;
+    let returned = pool(&cluster).returned;
+    drop(c);
+    assert_eq!(
+        pool(&cluster).returned - returned,
+        held.free_bytes + held.quarantined_bytes + held.uncarved_bytes
+    );
 }

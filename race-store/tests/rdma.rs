@@ -389,7 +389,10 @@ fn clients_that_leave_with_a_block_asked_ahead_do_not_fill_the_port() {
 #[test]
 fn a_closed_clients_memory_goes_back_to_the_memory_nodes_over_messaging() {
     use race_store::remote::{BlockRun, Transport, TransportError};
-    let c = cluster(2, 64 << 20, 12);
+    // One memory node: every block given back is on the node the next
+    // client refills from (with several, a refill takes new heap on the
+    // key's node while another node may still hold given-back blocks).
+    let c = cluster(1, 64 << 20, 12);
     let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
     let pooled = |c: &Cluster| -> (u64, u64) {
         c._servers.iter().fold((0, 0), |(r, u), s| {
@@ -409,11 +412,17 @@ fn a_closed_clients_memory_goes_back_to_the_memory_nodes_over_messaging() {
     let r = cl.close();
     assert!(r.error.is_none(), "{:?}", r.error);
     assert_eq!(r.kept_bytes, 0);
-    assert_eq!(
-        r.returned_bytes,
-        held.free_bytes + held.quarantined_bytes + held.uncarved_bytes
+    // All it held, and a grant asked ahead if one was still out.
+    assert!(
+        r.returned_bytes >= held.free_bytes + held.quarantined_bytes + held.uncarved_bytes,
+        "{r:?} {held:?}"
     );
     assert_eq!(pooled(&c).0, r.returned_bytes);
+    // The blocks it retired last are held for the rest of their grace
+    // period (the client's clock follows real time: close did not wait).
+    let cooling: u64 = c._servers.iter().map(|s| s.stats().pool.cooling).sum();
+    assert!(cooling > 0 && cooling <= held.quarantined_bytes);
+    std::thread::sleep(Duration::from_micros(ClientConfig::default().grace_ticks) * 2);
     // The next client's updates take that memory, not new heap.
     let before = heap(&c);
     let mut cl = client(&c, clock.clone());
@@ -431,19 +440,20 @@ fn a_closed_clients_memory_goes_back_to_the_memory_nodes_over_messaging() {
     // it), and so is one outside the heap handed out.
     let node = Node::builder().join(&c.meta).build().unwrap();
     let mut t = VqpTransport::connect(&node, &c.infos).unwrap();
-    let runs = t.alloc_blocks(1, 4096, 128).unwrap();
-    t.return_blocks(1, 128, &runs, true).unwrap();
+    let runs = t.alloc_blocks(0, 4096, 128).unwrap();
+    t.return_blocks(0, 128, &runs, Duration::ZERO, true)
+        .unwrap();
     assert!(matches!(
-        t.return_blocks(1, 128, &runs, true),
-        Err(TransportError::Refused { node: 1, .. })
+        t.return_blocks(0, 128, &runs, Duration::ZERO, true),
+        Err(TransportError::Refused { node: 0, .. })
     ));
     let far = BlockRun {
-        start: race_store::layout::slot::RemotePtr::new(1, 60 << 20).unwrap(),
+        start: race_store::layout::slot::RemotePtr::new(0, 60 << 20).unwrap(),
         len: 128,
     };
     assert!(matches!(
-        t.return_blocks(1, 128, &[far], true),
-        Err(TransportError::Refused { node: 1, .. })
+        t.return_blocks(0, 128, &[far], Duration::ZERO, true),
+        Err(TransportError::Refused { node: 0, .. })
     ));
 
     // A node of an older version (no FEATURE_RUNS): allocation still works

@@ -55,7 +55,8 @@
 //! one client only deletes and another only inserts moves memory from one
 //! to the other's free list until the first closes.)
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
 
 use crate::error::Error;
 use crate::layout::slot::{RemotePtr, Slot, LEN_UNIT};
@@ -120,16 +121,22 @@ impl ClassArena {
     fn runs(&self, size: u64) -> Vec<BlockRun> {
         let mut all: Vec<(RemotePtr, u64)> = self.free.iter().map(|&p| (p, size)).collect();
         all.extend(self.chunks.iter().copied().filter(|&(_, len)| len > 0));
-        all.sort_unstable_by_key(|(p, _)| p.offset());
-        let mut out: Vec<BlockRun> = Vec::with_capacity(all.len());
-        for (start, len) in all {
-            match out.last_mut() {
-                Some(last) if last.start.offset() + last.len == start.offset() => last.len += len,
-                _ => out.push(BlockRun { start, len }),
-            }
-        }
-        out
+        coalesce(all)
     }
+}
+
+/// `(start, len)` ranges of one node as runs in address order, adjacent
+/// ones merged.
+fn coalesce(mut all: Vec<(RemotePtr, u64)>) -> Vec<BlockRun> {
+    all.sort_unstable_by_key(|(p, _)| p.offset());
+    let mut out: Vec<BlockRun> = Vec::with_capacity(all.len());
+    for (start, len) in all {
+        match out.last_mut() {
+            Some(last) if last.start.offset() + last.len == start.offset() => last.len += len,
+            _ => out.push(BlockRun { start, len }),
+        }
+    }
+    out
 }
 
 /// What [`KvAllocator::give_back`] did (and [`crate::Client::close`]).
@@ -137,8 +144,9 @@ impl ClassArena {
 pub struct ReturnReport {
     /// Bytes the memory nodes took back.
     pub returned_bytes: u64,
-    /// Bytes still held: retired blocks in their grace period, and blocks
-    /// a node did not take (leaked once the client is gone).
+    /// Bytes still held: blocks a node did not take, and retired blocks in
+    /// their grace period when the clock's tick length is unknown (leaked
+    /// once the client is gone).
     pub kept_bytes: u64,
     /// The first failure (a node that does not take blocks back says
     /// [`TransportError::Unsupported`]).
@@ -479,20 +487,85 @@ impl KvAllocator {
             .map(|r| r.tick.saturating_add(self.grace_ticks).saturating_add(1))
     }
 
-    /// Gives back to the memory nodes what this allocator holds and no
-    /// reader can reach: free blocks, uncarved runs, retired blocks past
-    /// their grace period at `now`, and (with `wait`) grants asked ahead,
-    /// collected first. Everything given back leaves the allocator; the
-    /// rest stays (see [`ReturnReport`]). Without `wait` (a client dropped
-    /// without closing) nothing is waited for: a grant asked ahead is
-    /// left to the transport, and messages go once.
+    /// Gives back to the memory nodes everything this allocator holds (it
+    /// is done with it): free blocks and uncarved runs, usable at once;
+    /// grants asked ahead (with `wait`: collected first); and retired
+    /// blocks, which the nodes hold for what is left of their grace period
+    /// at `now` when `tick` (the real time of a tick) is known, and which
+    /// stay here otherwise. Everything given back leaves the allocator (see
+    /// [`ReturnReport`]). Without `wait` (a client dropped without closing)
+    /// nothing is waited for: a grant asked ahead is left to the transport,
+    /// and messages go once.
     pub fn give_back<T: Transport>(
         &mut self,
         transport: &mut T,
         now: u64,
+        tick: Option<Duration>,
         wait: bool,
     ) -> ReturnReport {
         let mut report = ReturnReport::default();
+        self.collect_every_ask(transport, wait, &mut report);
+        self.reclaim(now);
+        for node in 0..self.arenas.len() {
+            for class in 0..CLASS_UNITS.len() {
+                let size = class_bytes(class);
+                let Some(arena) = self.arenas.get_mut(node).and_then(|a| a.get_mut(class)) else {
+                    continue;
+                };
+                let runs = arena.runs(size);
+                if runs.is_empty() {
+                    continue;
+                }
+                if give(
+                    transport,
+                    node as u8,
+                    size,
+                    &runs,
+                    Duration::ZERO,
+                    wait,
+                    &mut report,
+                ) {
+                    arena.free.clear();
+                    arena.chunks.clear();
+                }
+            }
+        }
+        let (Some(tick), Some(end)) = (tick, self.quarantine_ends()) else {
+            report.kept_bytes += self.stats().quarantined_bytes;
+            return report;
+        };
+        let left = u32::try_from(end.saturating_sub(now)).unwrap_or(u32::MAX);
+        let delay = tick.saturating_mul(left);
+        let mut groups: BTreeMap<(u8, usize), Vec<(RemotePtr, u64)>> = BTreeMap::new();
+        for r in self.quarantine.drain(..) {
+            groups
+                .entry((r.ptr.node(), r.class))
+                .or_default()
+                .push((r.ptr, class_bytes(r.class)));
+        }
+        for ((node, class), blocks) in groups {
+            let runs = coalesce(blocks);
+            give(
+                transport,
+                node,
+                class_bytes(class),
+                &runs,
+                delay,
+                wait,
+                &mut report,
+            );
+        }
+        report
+    }
+
+    /// Takes every grant asked ahead off the arenas: collected into them
+    /// with `wait`, else left to the transport.
+    fn collect_every_ask<T: Transport>(
+        &mut self,
+        transport: &mut T,
+        wait: bool,
+        report: &mut ReturnReport,
+    ) {
         for node in 0..self.arenas.len() {
             for class in 0..CLASS_UNITS.len() {
                 let ask = self
@@ -500,10 +573,9 @@ impl KvAllocator {
                     .get_mut(node)
                     .and_then(|a| a.get_mut(class))
                     .and_then(|a| a.ahead.take());
-                let Some(ask) = ask else { continue };
-                if !wait {
+                let Some(ask) = ask.filter(|_| wait) else {
                     continue;
-                }
+                };
                 match transport.alloc_block_answer(ask, true) {
                     Ok(Some(runs)) => {
                         if let Err(e) = self.install(node as u8, class, &runs) {
@@ -517,33 +589,6 @@ impl KvAllocator {
                 }
             }
         }
-        self.reclaim(now);
-        for node in 0..self.arenas.len() {
-            for class in 0..CLASS_UNITS.len() {
-                let size = class_bytes(class);
-                let Some(arena) = self.arenas.get_mut(node).and_then(|a| a.get_mut(class)) else {
-                    continue;
-                };
-                let runs = arena.runs(size);
-                if runs.is_empty() {
-                    continue;
-                }
-                let bytes: u64 = runs.iter().map(|r| r.len).sum();
-                match transport.return_blocks(node as u8, size, &runs, wait) {
-                    Ok(()) => {
-                        arena.free.clear();
-                        arena.chunks.clear();
-                        report.returned_bytes += bytes;
-                    }
-                    Err(e) => {
-                        report.kept_bytes += bytes;
-                        report.error.get_or_insert(e.into());
-                    }
-                }
-            }
-        }
-        report.kept_bytes += self.stats().quarantined_bytes;
-        report
     }
 
     fn arena(&mut self, node: u8, class: usize) -> Option<&mut ClassArena> {
@@ -566,6 +611,31 @@ impl KvAllocator {
         }
         s.quarantined_bytes = self.quarantine.iter().map(|r| class_bytes(r.class)).sum();
         s
+    }
+}
+
+/// Gives `runs` of blocks of `size` back to `node`, counted in `report`;
+/// whether the node took them.
+fn give<T: Transport>(
+    transport: &mut T,
+    node: u8,
+    size: u64,
+    runs: &[BlockRun],
+    delay: Duration,
+    wait: bool,
+    report: &mut ReturnReport,
+) -> bool {
+    let bytes: u64 = runs.iter().map(|r| r.len).sum();
+    match transport.return_blocks(node, size, runs, delay, wait) {
+        Ok(()) => {
+            report.returned_bytes += bytes;
+            true
+        }
+        Err(e) => {
+            report.kept_bytes += bytes;
+            report.error.get_or_insert(e.into());
+            false
+        }
     }
 }
 

@@ -35,11 +35,15 @@
 //! the blocks it frees for itself ([`crate::client::protocol`],
 //! "Reclamation"). [`Client::close`] gives all of it back to the nodes,
 //! which hand it to the next clients before new memory
-//! ([`crate::pool`]): it waits out the grace period of the blocks it
-//! retired last (at most `grace_ticks`), then sends its free blocks and
-//! uncarved runs. Dropping a client without closing gives back what is
-//! free at once and does not wait: blocks still in their grace period,
-//! and everything of a client that crashed, stay allocated for good.
+//! ([`crate::pool`]): its free blocks and uncarved runs, usable at once,
+//! and the blocks it retired, which the nodes hold for what is left of
+//! their grace period. That needs a clock that follows real time
+//! ([`Clock::tick`]: [`crate::clock::SystemClock`],
+//! [`crate::clock::WallClock`]); with a clock of its own, `close` waits
+//! the grace period out first (at most `grace_ticks`). Dropping a client
+//! gives back the same without waiting for the nodes' answers (and, with
+//! a clock of its own, keeps its retired blocks). Everything of a client
+//! that crashed stays allocated for good.
 
 mod alloc;
 mod batch;
@@ -217,12 +221,14 @@ pub struct Client<T: Transport> {
 }
 
 impl<T: Transport> Drop for Client<T> {
-    /// Gives back what is free now, without waiting (see "Closing" in the
-    /// module docs); [`Client::close`] gives back everything.
+    /// Gives the client's memory back without waiting for answers (see
+    /// "Closing" in the module docs); [`Client::close`] waits for them and
+    /// reports.
     fn drop(&mut self) {
         if !self.closed {
             let now = self.now();
-            let _ = self.alloc.give_back(&mut self.transport, now, false);
+            let tick = self.clock.tick();
+            let _ = self.alloc.give_back(&mut self.transport, now, tick, false);
         }
     }
 }
@@ -355,15 +361,18 @@ impl<T: Transport> Client<T> {
     }
 
     /// Closes the client and gives its memory back to the memory nodes
-    /// (see "Closing" in the module docs): waits until the blocks it
-    /// retired last are past their grace period (at most `grace_ticks`, on
-    /// its clock), then gives back its free blocks, its uncarved runs and
-    /// the blocks it asked for ahead. The report says how much went back,
-    /// how much stayed (a node that failed, or one of an older version
-    /// that takes nothing back: [`crate::remote::TransportError::Unsupported`]),
-    /// and the first failure.
+    /// (see "Closing" in the module docs): its free blocks, its uncarved
+    /// runs, the blocks it asked for ahead, and the blocks it retired (held
+    /// by the nodes for the rest of their grace period; with a clock that
+    /// does not follow real time, `close` first waits until they are past
+    /// it, at most `grace_ticks` on its clock). The report says how much
+    /// went back, how much stayed (a node that failed, or one of an older
+    /// version that takes nothing back:
+    /// [`crate::remote::TransportError::Unsupported`]), and the first
+    /// failure.
     pub fn close(mut self) -> ReturnReport {
-        if let Some(end) = self.alloc.quarantine_ends() {
+        let tick = self.clock.tick();
+        if let (None, Some(end)) = (tick, self.alloc.quarantine_ends()) {
             let now = self.now();
             if end > now {
                 self.clock.pause(end - now);
@@ -371,7 +380,7 @@ impl<T: Transport> Client<T> {
         }
         let now = self.now();
         self.closed = true;
-        self.alloc.give_back(&mut self.transport, now, true)
+        self.alloc.give_back(&mut self.transport, now, tick, true)
     }
 
     /// The value of `key`: 2 round trips on a hit (both combined buckets in

@@ -61,6 +61,8 @@ pub(super) enum Want {
         block_bytes: u64,
         /// Runs `(offset, len)`.
         runs: Vec<(u64, u64)>,
+        /// Microseconds before the node may hand them out.
+        delay_us: u64,
     },
 }
 
@@ -79,10 +81,17 @@ impl Want {
                 kind: RunsKind::Grant { size: *size },
             }
             .encode(),
-            Want::GiveBack { block_bytes, runs } => RunsRequest {
+            Want::GiveBack {
+                block_bytes,
+                runs,
+                delay_us,
+            } => RunsRequest {
                 req_id,
                 block_bytes: *block_bytes,
-                kind: RunsKind::GiveBack { runs: runs.clone() },
+                kind: RunsKind::GiveBack {
+                    runs: runs.clone(),
+                    delay_us: *delay_us,
+                },
             }
             .encode(),
         }

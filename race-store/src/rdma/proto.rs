@@ -19,7 +19,8 @@
 //! ```text
 //! RunsRequest (40 B + 16 B per run): magic "RSRQ" u32 | kind u32
 //!               (1: grant, 2: give back) | req_id u64 | block_bytes u64 |
-//!               size u64 (grant: bytes wanted; give back: 0) | count u32 |
+//!               size u64 (grant: bytes wanted; give back: microseconds
+//!               before the blocks may be handed out) | count u32 |
 //!               reserved u32 (0) | count x (offset u64 | len u64)
 //!               (grant: count 0)
 //! RunsReply (24 B + 16 B per run): magic "RSRP" u32 | status u32 (0: ok,
@@ -229,6 +230,9 @@ pub enum RunsKind {
     GiveBack {
         /// The runs.
         runs: Vec<(u64, u64)>,
+        /// Microseconds before they may be handed out (what is left of
+        /// their grace period).
+        delay_us: u64,
     },
 }
 
@@ -292,7 +296,7 @@ impl RunsRequest {
     pub fn encode(&self) -> Vec<u8> {
         let (kind, size, runs): (u32, u64, &[(u64, u64)]) = match &self.kind {
             RunsKind::Grant { size } => (1, *size, &[]),
-            RunsKind::GiveBack { runs } => (2, 0, runs),
+            RunsKind::GiveBack { runs, delay_us } => (2, *delay_us, runs),
         };
         let mut b = Vec::with_capacity(RUNS_REQUEST_HEADER + 16 * runs.len());
         b.extend_from_slice(&RUNS_REQ_MAGIC.to_le_bytes());
@@ -314,8 +318,8 @@ impl RunsRequest {
     /// Parses a message.
     ///
     /// # Errors
-    /// [`TransportError::BadResponse`] for a wrong length, magic or kind, a
-    /// grant with runs or a give back with a size.
+    /// [`TransportError::BadResponse`] for a wrong length, magic or kind, or
+    /// a grant with runs.
     pub fn decode(b: &[u8]) -> Result<RunsRequest, TransportError> {
         const WHAT: &str = "runs request: wrong length, magic or kind";
         if b.len() < RUNS_REQUEST_HEADER || u32_at(b, 0) != RUNS_REQ_MAGIC {
@@ -325,7 +329,10 @@ impl RunsRequest {
         let size = u64_at(b, 24);
         let kind = match u32_at(b, 4) {
             1 if runs.is_empty() => RunsKind::Grant { size },
-            2 if size == 0 => RunsKind::GiveBack { runs },
+            2 => RunsKind::GiveBack {
+                runs,
+                delay_us: size,
+            },
             _ => return Err(bad(WHAT)),
         };
         Ok(RunsRequest {
@@ -403,6 +410,7 @@ mod tests {
             block_bytes: 192,
             kind: RunsKind::GiveBack {
                 runs: vec![(4096, 192), (8192, 1920)],
+                delay_us: 250_000,
             },
         };
         assert_eq!(RunsRequest::decode(&give.encode()).unwrap(), give);
@@ -412,11 +420,7 @@ mod tests {
             runs: vec![(4096, 128)],
         };
         assert_eq!(RunsReply::decode(&reply.encode()).unwrap(), reply);
-        // A give back with a size, a grant with runs, a count past the
-        // bytes, a bad status: refused.
-        let mut e = give.encode();
-        e[24] = 1;
-        assert!(RunsRequest::decode(&e).is_err());
+        // A grant with runs, a count past the bytes, a bad status: refused.
         let mut e = grant.encode();
         e[32] = 1;
         assert!(RunsRequest::decode(&e).is_err());

@@ -252,10 +252,13 @@ impl<N: Nic> MemoryNodeServer<N> {
                     Err(_) => answer(RUNS_OUT_OF_MEMORY, Vec::new()),
                 }
             }
-            RunsKind::GiveBack { runs } => match self.mem.give_back(req.block_bytes, &runs) {
-                Ok(_) => answer(0, Vec::new()),
-                Err(_) => answer(RUNS_REFUSED, Vec::new()),
-            },
+            RunsKind::GiveBack { runs, delay_us } => {
+                let delay = Duration::from_micros(delay_us);
+                match self.mem.give_back(req.block_bytes, &runs, delay) {
+                    Ok(_) => answer(0, Vec::new()),
+                    Err(_) => answer(RUNS_REFUSED, Vec::new()),
+                }
+            }
             RunsKind::Grant { .. } => answer(RUNS_REFUSED, Vec::new()),
         }
     }

@@ -999,6 +999,7 @@ impl<N: Nic> Transport for VqpTransport<N> {
         node: u8,
         block_bytes: u64,
         runs: &[BlockRun],
+        delay: Duration,
         wait: bool,
     ) -> Result<(), TransportError> {
         if !self.takes_runs(node) {
@@ -1011,6 +1012,7 @@ impl<N: Nic> Transport for VqpTransport<N> {
             let want = Want::GiveBack {
                 block_bytes,
                 runs: part.iter().map(|r| (r.start.offset(), r.len)).collect(),
+                delay_us: u64::try_from(delay.as_micros()).unwrap_or(u64::MAX),
             };
             if wait {
                 self.alloc.exchange(&self.node, node, to, &want)?;

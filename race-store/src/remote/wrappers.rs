@@ -176,12 +176,14 @@ impl<T: Transport> Transport for FaultInjector<T> {
         node: u8,
         block_bytes: u64,
         runs: &[BlockRun],
+        delay: std::time::Duration,
         wait: bool,
     ) -> Result<(), TransportError> {
         if self.dead {
             return Err(TransportError::Disconnected);
         }
-        self.inner.return_blocks(node, block_bytes, runs, wait)
+        self.inner
+            .return_blocks(node, block_bytes, runs, delay, wait)
     }
 
     fn nodes(&self) -> u8 {
@@ -271,9 +273,11 @@ impl<T: Transport> Transport for Delayed<T> {
         node: u8,
         block_bytes: u64,
         runs: &[BlockRun],
+        delay: std::time::Duration,
         wait: bool,
     ) -> Result<(), TransportError> {
-        self.inner.return_blocks(node, block_bytes, runs, wait)
+        self.inner
+            .return_blocks(node, block_bytes, runs, delay, wait)
     }
 
     fn nodes(&self) -> u8 {

@@ -83,11 +83,12 @@ impl Transport for AnyTransport {
         node: u8,
         block_bytes: u64,
         runs: &[race_store::remote::BlockRun],
+        delay: std::time::Duration,
         wait: bool,
     ) -> Result<(), TransportError> {
         match self {
-            AnyTransport::Vqp(t) => t.return_blocks(node, block_bytes, runs, wait),
-            AnyTransport::Rc(t) => t.return_blocks(node, block_bytes, runs, wait),
+            AnyTransport::Vqp(t) => t.return_blocks(node, block_bytes, runs, delay, wait),
+            AnyTransport::Rc(t) => t.return_blocks(node, block_bytes, runs, delay, wait),
         }
     }
     fn nodes(&self) -> u8 {
