@@ -4,7 +4,8 @@
 # Starts krcore-meta, two race-memnode processes (store "ci") and then, for
 # YCSB workloads A, B, C, D and F, krcore-ycsb with 2 client processes
 # (load + run of $DEPLOY_RECORDS records, then the verification pass: every
-# key holds a value a last write may have left, the table check is clean).
+# key holds a value a last write may have left, the table check is clean,
+# and the clients gave their memory back when they closed).
 # Then it restarts krcore-meta (DEPLOY_META_RESTART, default 1) and checks
 # that the memory nodes follow it: a new client reads every key within
 # DEPLOY_META_RESTART_BOUND (30) s.
@@ -121,6 +122,9 @@ for w in ${DEPLOY_WORKLOADS:-a b c d f}; do
   grep -E '^\[(OVERALL|READ|UPDATE|INSERT|READ-MODIFY-WRITE)\], (RunTime|Throughput|Operations|50th|99th)|^\[VERIFY\]|^# ' \
     "$work/ycsb-$w.out"
   grep -q '^\[VERIFY\], Wrong, 0$' "$work/ycsb-$w.out" || die "workload $w: verification"
+  # Every phase's clients gave their memory back to the memory nodes.
+  grep -q '^# clients closed: gave back .*, kept 0.0 MiB$' "$work/ycsb-$w.out" ||
+    die "workload $w: the clients did not give their memory back"
 done
 
 if [ "${DEPLOY_LAT:-0}" = 1 ]; then
