@@ -389,3 +389,38 @@ fn with_a_real_time_clock_the_nodes_hold_retired_blocks_for_the_rest_of_their_gr
         held.free_bytes + held.quarantined_bytes + held.uncarved_bytes
     );
 }
+
+#[test]
+fn a_node_that_is_down_keeps_its_share_and_the_others_take_theirs() {
+    // Small subtables: splits spread the keys (and their blocks) over
+    // both nodes.
+    let cluster = tiny_cluster(2, 1, 64 << 20, 16);
+    let clock = Arc::new(ManualClock::new(0, 1));
+    let config = tick_config();
+    let mut c = open(&cluster, clock.clone(), config);
+    for k in 0..1000 {
+        c.put(&key(k), &value(k, 0, 100)).unwrap();
+        clock.advance(1);
+    }
+    for k in 0..1000 {
+        c.put(&key(k), &value(k, 1, 300)).unwrap();
+        clock.advance(1);
+    }
+    clock.advance(config.grace_ticks + 1);
+    cluster.set_node_down(1, true);
+    let r = c.close();
+    assert!(
+        matches!(
+            r.error,
+            Some(race_store::Error::Transport(
+                race_store::remote::TransportError::NodeDown { node: 1 }
+            ))
+        ),
+        "{:?}",
+        r.error
+    );
+    assert!(r.kept_bytes > 0 && r.returned_bytes > 0, "{r:?}");
+    let stats = cluster.stats();
+    assert_eq!(stats[0].pool.returned, r.returned_bytes);
+    assert_eq!(stats[1].pool.returned, 0);
+}

@@ -506,6 +506,12 @@ impl KvAllocator {
         let mut report = ReturnReport::default();
         self.collect_every_ask(transport, wait, &mut report);
         self.reclaim(now);
+        let mut to = Giving {
+            transport,
+            wait,
+            report,
+            failed: vec![false; self.arenas.len()],
+        };
         for node in 0..self.arenas.len() {
             for class in 0..CLASS_UNITS.len() {
                 let size = class_bytes(class);
@@ -513,26 +519,15 @@ impl KvAllocator {
                     continue;
                 };
                 let runs = arena.runs(size);
-                if runs.is_empty() {
-                    continue;
-                }
-                if give(
-                    transport,
-                    node as u8,
-                    size,
-                    &runs,
-                    Duration::ZERO,
-                    wait,
-                    &mut report,
-                ) {
+                if !runs.is_empty() && to.give(node as u8, size, &runs, Duration::ZERO) {
                     arena.free.clear();
                     arena.chunks.clear();
                 }
             }
         }
         let (Some(tick), Some(end)) = (tick, self.quarantine_ends()) else {
-            report.kept_bytes += self.stats().quarantined_bytes;
-            return report;
+            to.report.kept_bytes += self.stats().quarantined_bytes;
+            return to.report;
         };
         let left = u32::try_from(end.saturating_sub(now)).unwrap_or(u32::MAX);
         let delay = tick.saturating_mul(left);
@@ -544,18 +539,9 @@ impl KvAllocator {
                 .push((r.ptr, class_bytes(r.class)));
         }
         for ((node, class), blocks) in groups {
-            let runs = coalesce(blocks);
-            give(
-                transport,
-                node,
-                class_bytes(class),
-                &runs,
-                delay,
-                wait,
-                &mut report,
-            );
+            to.give(node, class_bytes(class), &coalesce(blocks), delay);
         }
-        report
+        to.report
     }
 
     /// Takes every grant asked ahead off the arenas: collected into them
@@ -614,27 +600,42 @@ impl KvAllocator {
     }
 }
 
-/// Gives `runs` of blocks of `size` back to `node`, counted in `report`;
-/// whether the node took them.
-fn give<T: Transport>(
-    transport: &mut T,
-    node: u8,
-    size: u64,
-    runs: &[BlockRun],
-    delay: Duration,
+/// Where [`KvAllocator::give_back`]'s runs go, and what came of them.
+struct Giving<'a, T> {
+    transport: &'a mut T,
     wait: bool,
-    report: &mut ReturnReport,
-) -> bool {
-    let bytes: u64 = runs.iter().map(|r| r.len).sum();
-    match transport.return_blocks(node, size, runs, delay, wait) {
-        Ok(()) => {
-            report.returned_bytes += bytes;
-            true
+    report: ReturnReport,
+    /// Nodes that failed a give back: not asked again (a node that does
+    /// not answer would make every (node, class) wait its timeout).
+    failed: Vec<bool>,
+}
+
+impl<T: Transport> Giving<'_, T> {
+    /// Gives `runs` of blocks of `size` back to `node`, usable after
+    /// `delay`; whether the node took them.
+    fn give(&mut self, node: u8, size: u64, runs: &[BlockRun], delay: Duration) -> bool {
+        let bytes: u64 = runs.iter().map(|r| r.len).sum();
+        let failed = self.failed.get_mut(usize::from(node));
+        if failed.as_deref() == Some(&true) {
+            self.report.kept_bytes += bytes;
+            return false;
         }
-        Err(e) => {
-            report.kept_bytes += bytes;
-            report.error.get_or_insert(e.into());
-            false
+        match self
+            .transport
+            .return_blocks(node, size, runs, delay, self.wait)
+        {
+            Ok(()) => {
+                self.report.returned_bytes += bytes;
+                true
+            }
+            Err(e) => {
+                self.report.kept_bytes += bytes;
+                self.report.error.get_or_insert(e.into());
+                if let Some(f) = failed {
+                    *f = true;
+                }
+                false
+            }
         }
     }
 }
