@@ -28,7 +28,10 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use crate::memory::BLOCK_ALIGN;
+use crate::layout::slot::LEN_UNIT;
+
+/// Runs start and end on KV block units.
+const BLOCK_ALIGN: u64 = LEN_UNIT as u64;
 
 /// Most runs one grant of pooled blocks carries (it then fits one message
 /// of a few KiB).

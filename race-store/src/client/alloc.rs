@@ -139,7 +139,7 @@ fn coalesce(mut all: Vec<(RemotePtr, u64)>) -> Vec<BlockRun> {
     out
 }
 
-/// What [`KvAllocator::give_back`] did (and [`crate::Client::close`]).
+/// What a client gave back to the memory nodes ([`crate::Client::close`]).
 #[derive(Debug, Default)]
 pub struct ReturnReport {
     /// Bytes the memory nodes took back.

@@ -16,7 +16,8 @@ mod transport;
 
 pub use proto::{
     AllocReply, AllocRequest, NodeInfo, RunsKind, RunsReply, RunsRequest, ALLOC_PORT, FEATURE_RUNS,
-    NODE_INFO_LEN,
+    MAX_RUNS, NODE_INFO_LEN, RUNS_OUT_OF_MEMORY, RUNS_REFUSED, RUNS_REPLY_HEADER,
+    RUNS_REQUEST_HEADER,
 };
 pub use server::{
     lookup_nodes_on_sim, node_name, MemoryNodeHandle, MemoryNodeServer, MrMemory, MIN_IDLE,
