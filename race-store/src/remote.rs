@@ -694,145 +694,84 @@ pub trait Transport {
     fn nodes(&self) -> u8;
 }
 
-impl<T: Transport + ?Sized> Transport for &mut T {
-    fn execute(&mut self, batch: &[RemoteOp<'_>]) -> Result<Vec<OpResult>, TransportError> {
-        (**self).execute(batch)
-    }
-    fn execute_into(
-        &mut self,
-        batch: &[RemoteOp<'_>],
-        out: &mut Completions,
-    ) -> Result<(), TransportError> {
-        (**self).execute_into(batch, out)
-    }
-    fn post_into(
-        &mut self,
-        batch: &[RemoteOp<'_>],
-        out: &mut Completions,
-    ) -> Result<Ticket, TransportError> {
-        (**self).post_into(batch, out)
-    }
-    fn complete_into(
-        &mut self,
-        ticket: Ticket,
-        batch: &[RemoteOp<'_>],
-        out: &mut Completions,
-    ) -> Result<(), TransportError> {
-        (**self).complete_into(ticket, batch, out)
-    }
-    fn max_in_flight(&self) -> usize {
-        (**self).max_in_flight()
-    }
-    fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {
-        (**self).alloc_block(node, size)
-    }
-    fn alloc_blocks(
-        &mut self,
-        node: u8,
-        size: u64,
-        block_bytes: u64,
-    ) -> Result<Vec<BlockRun>, TransportError> {
-        (**self).alloc_blocks(node, size, block_bytes)
-    }
-    fn alloc_block_ask(
-        &mut self,
-        node: u8,
-        size: u64,
-        block_bytes: u64,
-    ) -> Option<Result<AllocAsk, TransportError>> {
-        (**self).alloc_block_ask(node, size, block_bytes)
-    }
-    fn alloc_block_answer(
-        &mut self,
-        ask: AllocAsk,
-        wait: bool,
-    ) -> Result<Option<Vec<BlockRun>>, TransportError> {
-        (**self).alloc_block_answer(ask, wait)
-    }
-    fn return_blocks(
-        &mut self,
-        node: u8,
-        block_bytes: u64,
-        runs: &[BlockRun],
-        delay: std::time::Duration,
-        wait: bool,
-    ) -> Result<(), TransportError> {
-        (**self).return_blocks(node, block_bytes, runs, delay, wait)
-    }
-    fn nodes(&self) -> u8 {
-        (**self).nodes()
-    }
+/// Implements [`Transport`] for a pointer type by forwarding every call to
+/// the transport it points to (`&mut T`, `Box<T>`).
+macro_rules! forward_transport {
+    ($ptr:ty) => {
+        impl<T: Transport + ?Sized> Transport for $ptr {
+            fn execute(&mut self, batch: &[RemoteOp<'_>]) -> Result<Vec<OpResult>, TransportError> {
+                (**self).execute(batch)
+            }
+            fn execute_into(
+                &mut self,
+                batch: &[RemoteOp<'_>],
+                out: &mut Completions,
+            ) -> Result<(), TransportError> {
+                (**self).execute_into(batch, out)
+            }
+            fn post_into(
+                &mut self,
+                batch: &[RemoteOp<'_>],
+                out: &mut Completions,
+            ) -> Result<Ticket, TransportError> {
+                (**self).post_into(batch, out)
+            }
+            fn complete_into(
+                &mut self,
+                ticket: Ticket,
+                batch: &[RemoteOp<'_>],
+                out: &mut Completions,
+            ) -> Result<(), TransportError> {
+                (**self).complete_into(ticket, batch, out)
+            }
+            fn max_in_flight(&self) -> usize {
+                (**self).max_in_flight()
+            }
+            fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {
+                (**self).alloc_block(node, size)
+            }
+            fn alloc_blocks(
+                &mut self,
+                node: u8,
+                size: u64,
+                block_bytes: u64,
+            ) -> Result<Vec<BlockRun>, TransportError> {
+                (**self).alloc_blocks(node, size, block_bytes)
+            }
+            fn alloc_block_ask(
+                &mut self,
+                node: u8,
+                size: u64,
+                block_bytes: u64,
+            ) -> Option<Result<AllocAsk, TransportError>> {
+                (**self).alloc_block_ask(node, size, block_bytes)
+            }
+            fn alloc_block_answer(
+                &mut self,
+                ask: AllocAsk,
+                wait: bool,
+            ) -> Result<Option<Vec<BlockRun>>, TransportError> {
+                (**self).alloc_block_answer(ask, wait)
+            }
+            fn return_blocks(
+                &mut self,
+                node: u8,
+                block_bytes: u64,
+                runs: &[BlockRun],
+                delay: std::time::Duration,
+                wait: bool,
+            ) -> Result<(), TransportError> {
+                (**self).return_blocks(node, block_bytes, runs, delay, wait)
+            }
+            fn nodes(&self) -> u8 {
+                (**self).nodes()
+            }
+        }
+    };
 }
 
-impl<T: Transport + ?Sized> Transport for Box<T> {
-    fn execute(&mut self, batch: &[RemoteOp<'_>]) -> Result<Vec<OpResult>, TransportError> {
-        (**self).execute(batch)
-    }
-    fn execute_into(
-        &mut self,
-        batch: &[RemoteOp<'_>],
-        out: &mut Completions,
-    ) -> Result<(), TransportError> {
-        (**self).execute_into(batch, out)
-    }
-    fn post_into(
-        &mut self,
-        batch: &[RemoteOp<'_>],
-        out: &mut Completions,
-    ) -> Result<Ticket, TransportError> {
-        (**self).post_into(batch, out)
-    }
-    fn complete_into(
-        &mut self,
-        ticket: Ticket,
-        batch: &[RemoteOp<'_>],
-        out: &mut Completions,
-    ) -> Result<(), TransportError> {
-        (**self).complete_into(ticket, batch, out)
-    }
-    fn max_in_flight(&self) -> usize {
-        (**self).max_in_flight()
-    }
-    fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {
-        (**self).alloc_block(node, size)
-    }
-    fn alloc_blocks(
-        &mut self,
-        node: u8,
-        size: u64,
-        block_bytes: u64,
-    ) -> Result<Vec<BlockRun>, TransportError> {
-        (**self).alloc_blocks(node, size, block_bytes)
-    }
-    fn alloc_block_ask(
-        &mut self,
-        node: u8,
-        size: u64,
-        block_bytes: u64,
-    ) -> Option<Result<AllocAsk, TransportError>> {
-        (**self).alloc_block_ask(node, size, block_bytes)
-    }
-    fn alloc_block_answer(
-        &mut self,
-        ask: AllocAsk,
-        wait: bool,
-    ) -> Result<Option<Vec<BlockRun>>, TransportError> {
-        (**self).alloc_block_answer(ask, wait)
-    }
-    fn return_blocks(
-        &mut self,
-        node: u8,
-        block_bytes: u64,
-        runs: &[BlockRun],
-        delay: std::time::Duration,
-        wait: bool,
-    ) -> Result<(), TransportError> {
-        (**self).return_blocks(node, block_bytes, runs, delay, wait)
-    }
-    fn nodes(&self) -> u8 {
-        (**self).nodes()
-    }
-}
+forward_transport!(&mut T);
+forward_transport!(Box<T>);
 
 /// Counters of transport use: round trips (doorbells), operations, bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

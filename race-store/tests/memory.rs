@@ -188,11 +188,7 @@ fn clients_that_come_and_go_reuse_what_the_last_ones_gave_back() {
         let r = c.close();
         assert!(r.error.is_none(), "round {round}: {:?}", r.error);
         assert_eq!(r.kept_bytes, 0, "round {round}: everything goes back");
-        assert_eq!(
-            r.returned_bytes,
-            before.free_bytes + before.quarantined_bytes + before.uncarved_bytes,
-            "round {round}"
-        );
+        assert_eq!(r.returned_bytes, before.held_bytes(), "round {round}");
         heaps.push(heap(&cluster));
     }
     // Each round's client takes memory from the nodes (a grace period of
@@ -246,10 +242,7 @@ fn close_waits_out_the_grace_period_and_a_drop_keeps_what_is_in_it() {
         "close returned at {} for a block retired at {retired_at}",
         clock.now()
     );
-    assert_eq!(
-        r.returned_bytes,
-        held.free_bytes + held.quarantined_bytes + held.uncarved_bytes
-    );
+    assert_eq!(r.returned_bytes, held.held_bytes());
     assert_eq!(pool(&cluster).returned, r.returned_bytes);
 
     // Dropped without closing: what is free goes back at once, the block
@@ -367,10 +360,7 @@ fn with_a_real_time_clock_the_nodes_hold_retired_blocks_for_the_rest_of_their_gr
     assert_eq!(clock.now(), before, "close did not wait");
     assert!(r.error.is_none(), "{:?}", r.error);
     assert_eq!(r.kept_bytes, 0);
-    assert_eq!(
-        r.returned_bytes,
-        held.free_bytes + held.quarantined_bytes + held.uncarved_bytes
-    );
+    assert_eq!(r.returned_bytes, held.held_bytes());
     let p = pool(&cluster);
     assert_eq!(p.cooling, held.quarantined_bytes, "{p:?}");
     // The next client's updates get none of the cooling blocks.
@@ -384,10 +374,7 @@ fn with_a_real_time_clock_the_nodes_hold_retired_blocks_for_the_rest_of_their_gr
     let held = c.stats().kv_memory;
     let returned = pool(&cluster).returned;
     drop(c);
-    assert_eq!(
-        pool(&cluster).returned - returned,
-        held.free_bytes + held.quarantined_bytes + held.uncarved_bytes
-    );
+    assert_eq!(pool(&cluster).returned - returned, held.held_bytes());
 }
 
 #[test]

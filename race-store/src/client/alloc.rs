@@ -96,6 +96,14 @@ pub struct KvMemoryStats {
     pub uncarved_bytes: u64,
 }
 
+impl KvMemoryStats {
+    /// Bytes the client holds and would give back when it closes: free,
+    /// retired and uncarved.
+    pub fn held_bytes(&self) -> u64 {
+        self.free_bytes + self.quarantined_bytes + self.uncarved_bytes
+    }
+}
+
 #[derive(Debug, Default)]
 struct ClassArena {
     free: VecDeque<RemotePtr>,
@@ -103,6 +111,9 @@ struct ClassArena {
     /// front: a coarse block is one run, blocks given back by other
     /// clients come as several.
     chunks: VecDeque<(RemotePtr, u64)>,
+    /// Bytes in `chunks` (kept, not summed: the ask-ahead check reads it
+    /// after every allocation).
+    uncarved: u64,
     /// Bytes of the last grant when it came.
     granted: u64,
     /// The next grant, asked for ahead.
@@ -112,10 +123,6 @@ struct ClassArena {
 }
 
 impl ClassArena {
-    fn uncarved(&self) -> u64 {
-        self.chunks.iter().map(|(_, left)| left).sum()
-    }
-
     /// Free blocks and uncarved runs of blocks of `size`, in address order,
     /// adjacent ones merged.
     fn runs(&self, size: u64) -> Vec<BlockRun> {
@@ -288,6 +295,7 @@ impl KvAllocator {
             if left < size {
                 // Not a whole block (runs are whole blocks of the class).
                 arena.chunks.pop_front();
+                arena.uncarved -= left;
                 continue;
             }
             if left == size {
@@ -295,6 +303,7 @@ impl KvAllocator {
             } else if let Some(front) = arena.chunks.front_mut() {
                 *front = (ptr.add(size)?, left - size);
             }
+            arena.uncarved -= size;
             return Ok(Some(ptr));
         }
         Ok(None)
@@ -334,7 +343,7 @@ impl KvAllocator {
             .get(usize::from(node))
             .and_then(|a| a.get(class))
         {
-            Some(a) => a.ahead.is_none() && !a.chunks.is_empty() && a.uncarved() * 2 <= a.granted,
+            Some(a) => a.ahead.is_none() && !a.chunks.is_empty() && a.uncarved * 2 <= a.granted,
             None => false,
         };
         let Some(coarse) = self.refill_len(node, class).filter(|_| due) else {
@@ -437,6 +446,7 @@ impl KvAllocator {
         let len: u64 = runs.iter().map(|r| r.len).sum();
         arena.coarse += len;
         arena.chunks.extend(runs.iter().map(|r| (r.start, r.len)));
+        arena.uncarved += len;
         arena.granted = len;
         self.coarse_bytes += len;
         Ok(())
@@ -522,6 +532,7 @@ impl KvAllocator {
                 if !runs.is_empty() && to.give(node as u8, size, &runs, Duration::ZERO) {
                     arena.free.clear();
                     arena.chunks.clear();
+                    arena.uncarved = 0;
                 }
             }
         }
@@ -592,7 +603,7 @@ impl KvAllocator {
         for node in &self.arenas {
             for (class, a) in node.iter().enumerate() {
                 s.free_bytes += a.free.len() as u64 * class_bytes(class);
-                s.uncarved_bytes += a.uncarved();
+                s.uncarved_bytes += a.uncarved;
             }
         }
         s.quarantined_bytes = self.quarantine.iter().map(|r| class_bytes(r.class)).sum();
