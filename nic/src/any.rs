@@ -425,6 +425,10 @@ impl MemoryRegion for AnyMr {
         each!(self, m => m.store_u64(offset, value))
     }
     #[inline]
+    fn prefault(&self, offset: usize, len: usize) -> Result<()> {
+        each!(self, m => m.prefault(offset, len))
+    }
+    #[inline]
     fn sge(&self, offset: usize, len: u32) -> Result<Sge> {
         each!(self, m => m.sge(offset, len))
     }

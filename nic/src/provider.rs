@@ -198,6 +198,18 @@ pub trait MemoryRegion: Clone + Send + Sync + 'static {
     /// Atomically stores the 8-byte word at `offset` (8-byte aligned).
     fn store_u64(&self, offset: usize, value: u64) -> Result<()>;
 
+    /// Faults `offset..offset+len` in ahead of use, without changing its
+    /// bytes. A NIC pins registered memory when it is registered, so for
+    /// hardware providers this does nothing but check the range; the sim
+    /// backs memory lazily, and there the first access to a page would
+    /// otherwise pay the kernel's zeroing inside a data-path operation.
+    ///
+    /// # Errors
+    /// `InvalidArgument` when the range is outside the region.
+    fn prefault(&self, offset: usize, len: usize) -> Result<()> {
+        check_range(self.len(), offset, len)
+    }
+
     /// An SGE over `offset..offset+len` of this region.
     ///
     /// # Errors

@@ -155,6 +155,16 @@ impl SharedMap {
         self.seg.copy_in(offset, data)
     }
 
+    /// Faults `offset..offset + len` in without changing it
+    /// ([`Segment::prefault`]): the pages are the file's, so the other
+    /// side's mapping finds them allocated and zeroed too.
+    ///
+    /// # Errors
+    /// A range error for bytes outside the mapping.
+    pub fn prefault(&self, offset: usize, len: usize) -> Result<()> {
+        self.seg.prefault(offset, len)
+    }
+
     /// The 8-byte word at `offset` (8-byte aligned, in range).
     ///
     /// # Errors

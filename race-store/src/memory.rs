@@ -120,7 +120,18 @@ pub struct NodeStats {
     pub blocks: u64,
     /// Blocks clients gave back ([`crate::pool`]).
     pub pool: PoolStats,
+    /// Bytes from the region's start that were faulted in ahead of use
+    /// ([`MemoryNode::prefault_ahead`]).
+    pub prefaulted: u64,
 }
+
+/// Bytes of the region a memory node keeps faulted in beyond what it
+/// handed out ([`MemoryNode::prefault_ahead`]).
+pub const PREFAULT_AHEAD: u64 = 16 << 20;
+
+/// Most bytes one [`MemoryNode::prefault_ahead`] faults in, so that a
+/// serving node answers between steps.
+pub const PREFAULT_STEP: u64 = 2 << 20;
 
 #[derive(Debug)]
 struct Heap {
@@ -141,6 +152,14 @@ pub trait NodeMemory: Send + Sync + std::fmt::Debug {
     fn read_into(&self, offset: u64, buf: &mut [u8]);
     /// Copies `bytes` in at `offset` (in range).
     fn write_from(&self, offset: u64, bytes: &[u8]);
+    /// Faults `offset..offset + len` (in range) in without changing it,
+    /// where the memory is backed lazily (see
+    /// [`MemoryNode::prefault_ahead`]). The default does nothing: memory
+    /// that is already in (this process's words, or a NIC's pinned
+    /// registration).
+    fn prefault(&self, offset: u64, len: u64) {
+        let _ = (offset, len);
+    }
 }
 
 /// A region of atomic words in this process (no `unsafe`): byte reads and
@@ -233,6 +252,9 @@ pub struct MemoryNode<M: NodeMemory = WordMemory> {
     born: Instant,
     heap: Mutex<Heap>,
     down: AtomicBool,
+    /// The region's first bytes up to here were faulted in (a plain `std`
+    /// atomic even under loom: no protocol reads it).
+    prefaulted: std::sync::atomic::AtomicU64,
 }
 
 impl MemoryNode {
@@ -257,6 +279,7 @@ impl<M: NodeMemory> MemoryNode<M> {
                 pool: ReturnPool::new(),
             }),
             down: AtomicBool::new(false),
+            prefaulted: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -298,7 +321,37 @@ impl<M: NodeMemory> MemoryNode<M> {
             heap_used: heap.next,
             blocks: heap.blocks,
             pool: heap.pool.stats(),
+            prefaulted: self.prefaulted.load(Ordering::Relaxed),
         }
+    }
+
+    /// Faults in the next part of the region beyond what the node handed
+    /// out, so that at least [`PREFAULT_AHEAD`] bytes past its heap's end
+    /// (or the region's end) are in; at most [`PREFAULT_STEP`] bytes per
+    /// call. Returns the bytes this call faulted in: 0 once caught up.
+    ///
+    /// Why: on a NIC, registered memory is pinned, so no remote WRITE ever
+    /// waits for a page. Memory backed lazily (the sim's, a daemon's shared
+    /// memory) gets its pages at first touch, and the sim's NIC touches
+    /// them in the thread of the client whose WRITE lands there: the
+    /// kernel's zeroing (here 1.4 ms per 2 MiB in 4 KiB pages, 2.5 ms for
+    /// one 2 MiB huge page) became a stall of that client's operation,
+    /// and of every operation batched with it. A serving node calls this
+    /// between requests ([`crate::rdma::MemoryNodeServer::poll_once`]), so
+    /// its own thread pays instead. It never changes a byte.
+    pub fn prefault_ahead(&self) -> u64 {
+        let handed_out = self.heap.lock().unwrap_or_else(|e| e.into_inner()).next;
+        let target = handed_out
+            .saturating_add(PREFAULT_AHEAD)
+            .min(self.capacity());
+        let from = self.prefaulted.load(Ordering::Relaxed);
+        if from >= target {
+            return 0;
+        }
+        let len = (target - from).min(PREFAULT_STEP);
+        self.mem.prefault(from, len);
+        self.prefaulted.fetch_max(from + len, Ordering::Relaxed);
+        len
     }
 
     /// Lays out a new table on this node, which must be node 0 (see the module
@@ -770,6 +823,74 @@ mod tests {
         n.set_down(true);
         assert_eq!(n.cas(8, 0, 1), Err(TransportError::NodeDown { node: 2 }));
         assert_eq!(n.alloc(64), Err(TransportError::NodeDown { node: 2 }));
+    }
+
+    /// Memory that records what it was asked to fault in.
+    #[derive(Debug)]
+    struct Faults {
+        words: WordMemory,
+        asked: std::sync::Mutex<Vec<(u64, u64)>>,
+    }
+
+    impl NodeMemory for Faults {
+        fn len_bytes(&self) -> u64 {
+            self.words.len_bytes()
+        }
+        fn read_into(&self, offset: u64, buf: &mut [u8]) {
+            self.words.read_into(offset, buf);
+        }
+        fn write_from(&self, offset: u64, bytes: &[u8]) {
+            self.words.write_from(offset, bytes);
+        }
+        fn prefault(&self, offset: u64, len: u64) {
+            self.asked.lock().unwrap().push((offset, len));
+        }
+    }
+
+    #[test]
+    fn prefault_keeps_ahead_of_the_heap_in_bounded_steps() {
+        let cap = 3 * PREFAULT_AHEAD;
+        let n = MemoryNode::with_memory(
+            0,
+            Faults {
+                words: WordMemory::new(cap),
+                asked: Default::default(),
+            },
+        );
+        let catch_up = |n: &MemoryNode<Faults>| {
+            let mut total = 0;
+            loop {
+                match n.prefault_ahead() {
+                    0 => return total,
+                    step => {
+                        assert!(step <= PREFAULT_STEP);
+                        total += step;
+                    }
+                }
+            }
+        };
+        // From the region's start to PREFAULT_AHEAD past the heap's end.
+        let first = catch_up(&n);
+        assert_eq!(first, RESERVED_PREFIX + PREFAULT_AHEAD);
+        assert_eq!(n.stats().prefaulted, first);
+        // Handing out memory moves the target by as much, no more.
+        n.alloc(5 << 20).unwrap();
+        let heap = n.stats().heap_used;
+        assert_eq!(catch_up(&n), heap - RESERVED_PREFIX);
+        assert_eq!(n.stats().prefaulted, heap + PREFAULT_AHEAD);
+        // Never past the region's end.
+        while n.alloc(1 << 20).is_ok() {}
+        catch_up(&n);
+        assert_eq!(n.stats().prefaulted, cap);
+        // The steps tile the region exactly once, in order.
+        let asked = n.memory().asked.lock().unwrap().clone();
+        let mut at = 0;
+        for (off, len) in asked {
+            assert_eq!(off, at);
+            assert!(len > 0 && len <= PREFAULT_STEP);
+            at += len;
+        }
+        assert_eq!(at, cap);
     }
 
     #[test]

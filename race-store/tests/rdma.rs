@@ -474,3 +474,43 @@ fn a_closed_clients_memory_goes_back_to_the_memory_nodes_over_messaging() {
     );
     assert!(r.kept_bytes > 0 && r.returned_bytes == 0);
 }
+
+/// A served memory node faults its heap in ahead of what it hands out, on
+/// its own thread (sim memory is backed lazily: otherwise the first WRITE
+/// to each page pays the kernel's zeroing inside a client's operation).
+#[test]
+fn served_memory_nodes_fault_their_heap_in_ahead_of_the_clients() {
+    use race_store::memory::PREFAULT_AHEAD;
+    let c = cluster(2, 64 << 20, 12);
+    let ahead = |c: &Cluster| -> bool {
+        c._servers.iter().all(|s| {
+            let st = s.stats();
+            st.prefaulted >= (st.heap_used + PREFAULT_AHEAD).min(st.capacity)
+        })
+    };
+    let settle = |c: &Cluster| {
+        let until = std::time::Instant::now() + Duration::from_secs(30);
+        while !ahead(c) {
+            assert!(std::time::Instant::now() < until, "never caught up");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    settle(&c);
+    let heap = |c: &Cluster| -> u64 { c._servers.iter().map(|s| s.stats().heap_used).sum() };
+    let before = heap(&c);
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
+    let mut cl = client(&c, clock);
+    for i in 0..3000u32 {
+        cl.put(&i.to_le_bytes(), &[3; 1000]).unwrap();
+    }
+    let after = heap(&c);
+    assert!(after > before + (2 << 20), "new heap: {before} -> {after}");
+    settle(&c);
+    for i in 0..3000u32 {
+        assert_eq!(
+            cl.get(&i.to_le_bytes()).unwrap().as_deref(),
+            Some(&[3; 1000][..])
+        );
+    }
+}
+

@@ -153,6 +153,24 @@ impl<N: Nic> MemoryRegion<N> {
         }
     }
 
+    /// Faults `offset..offset+len` in ahead of use, without changing its
+    /// bytes. Registered memory on a NIC is pinned, so there this only
+    /// checks the range; sim memory (and a daemon's shared memory) is
+    /// backed lazily, and the first access to each page would otherwise
+    /// pay the kernel's zeroing of it inside whatever operation touched
+    /// it, remote WRITEs included. A memory node calls it ahead of the
+    /// memory it hands out.
+    ///
+    /// # Errors
+    /// [`Error::Nic`] (or the daemon's range error) when the range is
+    /// outside the region.
+    pub fn prefault(&self, offset: usize, len: usize) -> Result<()> {
+        match &self.mr {
+            Mr::Local(m) => Ok(m.prefault(offset, len)?),
+            Mr::Attached(m) => Ok(m.prefault(offset, len)?),
+        }
+    }
+
     /// An SGE over `offset..offset+len`, for hand-built work requests.
     ///
     /// # Errors

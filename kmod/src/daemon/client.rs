@@ -562,6 +562,16 @@ impl AttachedMr {
             .store(v, Ordering::Release);
         Ok(())
     }
+
+    /// Faults `offset..offset + len` in ahead of use, without changing it
+    /// (the shared file's pages: the daemon's mapping finds them in too).
+    ///
+    /// # Errors
+    /// [`DaemonError::OutOfRange`].
+    pub fn prefault(&self, offset: usize, len: usize) -> Result<(), DaemonError> {
+        self.check(offset, len)?;
+        self.map.prefault(offset, len).map_err(DaemonError::Map)
+    }
 }
 
 /// A lease the daemon made on an attached region ([`AttachedMr::lease`]).

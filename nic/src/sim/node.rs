@@ -572,6 +572,10 @@ impl MemoryRegion for SimMr {
             .store(value, std::sync::atomic::Ordering::Release);
         Ok(())
     }
+    fn prefault(&self, offset: usize, len: usize) -> Result<()> {
+        check_range(self.len(), offset, len)?;
+        self.inner.seg.prefault(self.inner.off + offset, len)
+    }
 }
 
 /// A new QP of a node (here, beside the node that makes it, so that the

@@ -22,8 +22,8 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 enum Backing {
-    Map(#[allow(dead_code)] memmap2::MmapRaw),
-    Anon(#[allow(dead_code)] memmap2::MmapMut),
+    Map(memmap2::MmapRaw),
+    Anon(memmap2::MmapMut),
     Borrowed,
 }
 
@@ -300,6 +300,52 @@ impl Segment {
             }
             line += 64;
         }
+    }
+
+    /// Faults the pages of `off..off + len` in, writable, without changing a
+    /// byte of them: what registering memory with a NIC does to it at once
+    /// (pinning), done here on demand because sim memory is backed lazily.
+    /// The first WRITE to a page that is not in costs the writer the
+    /// kernel's zeroing of it (2 MiB at once for a transparent huge page),
+    /// inside whatever operation touched it.
+    ///
+    /// Uses `MADV_POPULATE_WRITE` on mappings the segment owns, and where
+    /// the kernel refuses it (before Linux 5.14) or the memory is borrowed,
+    /// an atomic `fetch_or(0)` on one word of each page: a write that
+    /// leaves the word as any concurrent writer left it.
+    ///
+    /// # Errors
+    /// `InvalidArgument` when the range is outside the segment.
+    pub fn prefault(&self, off: usize, len: usize) -> Result<()> {
+        self.check(off, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let advised = match &self._backing {
+            Backing::Anon(m) => m
+                .advise_range(memmap2::Advice::PopulateWrite, off, len)
+                .is_ok(),
+            Backing::Map(m) => m
+                .advise_range(memmap2::Advice::PopulateWrite, off, len)
+                .is_ok(),
+            Backing::Borrowed => false,
+        };
+        if advised {
+            return Ok(());
+        }
+        const PAGE: usize = 4096;
+        let end = off + len;
+        let base = self.base as usize;
+        // The first aligned word of each page that the range touches.
+        let mut page = (base + off) & !(PAGE - 1);
+        while page < base + end {
+            let word = page.max(base + off).next_multiple_of(8);
+            if word + 8 <= base + end {
+                self.word(word - base).fetch_or(0, Ordering::Relaxed);
+            }
+            page += PAGE;
+        }
+        Ok(())
     }
 
     /// Copies `buf.len()` bytes at `off` out of the segment.

@@ -28,6 +28,12 @@ use std::time::Duration;
 /// [`MemoryNodeServer::spawn`]).
 pub const MIN_IDLE: Duration = Duration::from_micros(20);
 
+/// The fault-ahead thread's sleep once caught up, doubling up to
+/// [`MAX_FAULT_SLEEP`]: the heap moves by at most a grant (1 MiB) per
+/// request, far less than [`crate::memory::PREFAULT_AHEAD`] in that time.
+const MIN_FAULT_SLEEP: Duration = Duration::from_millis(1);
+const MAX_FAULT_SLEEP: Duration = Duration::from_millis(20);
+
 /// Most messages one [`MemoryNodeServer::poll_once`] takes.
 const POLL_BUDGET: usize = 64;
 
@@ -60,6 +66,14 @@ impl<N: Nic> NodeMemory for MrMemory<N> {
 
     fn write_from(&self, offset: u64, bytes: &[u8]) {
         let _ = self.0.write(offset as usize, bytes);
+    }
+
+    fn prefault(&self, offset: u64, len: u64) {
+        // In range (checked by MemoryNode); a hint: a page it misses is
+        // faulted in by its first use, as before.
+        if let (Ok(offset), Ok(len)) = (usize::try_from(offset), usize::try_from(len)) {
+            let _ = self.0.prefault(offset, len);
+        }
     }
 }
 
@@ -236,6 +250,18 @@ impl<N: Nic> MemoryNodeServer<N> {
         }
     }
 
+    /// Faults in the next part of the heap beyond what was handed out
+    /// ([`MemoryNode::prefault_ahead`]: at most 2 MiB per call); returns
+    /// the bytes, 0 once caught up. [`MemoryNodeServer::spawn`] calls it
+    /// on a thread of its own; a host that calls
+    /// [`MemoryNodeServer::poll_once`] itself should call it too (between
+    /// polls, or on another thread), or the first remote WRITE to each
+    /// page of lazily backed memory (the sim's) pays the kernel's zeroing
+    /// of it.
+    pub fn prefault_ahead(&self) -> u64 {
+        self.mem.prefault_ahead()
+    }
+
     /// A grant (blocks given back first, else a coarse block) or blocks
     /// given back.
     fn answer_runs(&self, req: RunsRequest) -> RunsReply {
@@ -264,7 +290,10 @@ impl<N: Nic> MemoryNodeServer<N> {
     }
 
     /// Serves on a thread of its own until the handle is dropped (or
-    /// [`MemoryNodeHandle::stop`]). Between empty polls it sleeps, from
+    /// [`MemoryNodeHandle::stop`]), and keeps the heap faulted in ahead of
+    /// what it hands out on a second one
+    /// ([`MemoryNodeServer::prefault_ahead`]: a step takes milliseconds on
+    /// lazily backed memory, which the serving thread must not spend). Between empty polls it sleeps, from
     /// [`MIN_IDLE`] doubling up to `idle` (allocation is rare: clients
     /// carve coarse blocks; a thread waking every few microseconds would
     /// take CPU from the clients), and polls again right after serving a
@@ -275,6 +304,7 @@ impl<N: Nic> MemoryNodeServer<N> {
         let flag = stop.clone();
         let mem = self.mem.clone();
         let stats: StatsFn = Arc::new(move || mem.stats());
+        let mem_fault = self.mem.clone();
         let thread = std::thread::Builder::new()
             .name(format!("race-node-{}", info.id))
             .spawn(move || {
@@ -291,10 +321,26 @@ impl<N: Nic> MemoryNodeServer<N> {
                 }
             })
             .ok();
+        let flag = stop.clone();
+        let fault = std::thread::Builder::new()
+            .name(format!("race-fault-{}", info.id))
+            .spawn(move || {
+                let mut sleep = MIN_FAULT_SLEEP;
+                while !flag.load(Ordering::Relaxed) {
+                    if mem_fault.prefault_ahead() > 0 {
+                        sleep = MIN_FAULT_SLEEP;
+                    } else {
+                        std::thread::sleep(sleep);
+                        sleep = (sleep * 2).min(MAX_FAULT_SLEEP);
+                    }
+                }
+            })
+            .ok();
         MemoryNodeHandle {
             info,
             stop,
             thread,
+            fault,
             stats,
         }
     }
@@ -307,6 +353,7 @@ pub struct MemoryNodeHandle {
     info: NodeInfo,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
+    fault: Option<std::thread::JoinHandle<()>>,
     stats: StatsFn,
 }
 
@@ -337,7 +384,10 @@ impl MemoryNodeHandle {
 
     fn halt(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
+        for t in [self.thread.take(), self.fault.take()]
+            .into_iter()
+            .flatten()
+        {
             let _ = t.join();
         }
     }
