@@ -625,9 +625,11 @@ pub trait Transport {
     /// Sends [`Transport::alloc_blocks`]'s request without waiting for the
     /// answer, which [`Transport::alloc_block_answer`] collects: a client
     /// asks for its next blocks while it still carves the current ones,
-    /// so that no write waits for a memory node's answer. `None` (the
-    /// default): the transport cannot; the client then asks with
-    /// `alloc_blocks` when it runs out.
+    /// so that no write waits for a memory node's answer (a transport may
+    /// keep the request until it can go without waiting, and send it from
+    /// a later `alloc_block_answer`, which the client calls every few
+    /// blocks it carves). `None` (the default): the transport cannot; the
+    /// client then asks with `alloc_blocks` when it runs out.
     ///
     /// # Errors
     /// Sending the request, as `alloc_blocks` (inside `Some`).

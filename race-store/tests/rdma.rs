@@ -514,3 +514,68 @@ fn served_memory_nodes_fault_their_heap_in_ahead_of_the_clients() {
     }
 }
 
+/// A grant asked ahead waits for nobody: not for the memory node's answer,
+/// and not for the Open of the allocation channel either (the node's
+/// threads may be asleep after an idle spell). The request goes out once
+/// the node answered the Open, and its answer is collected later; one
+/// needed before its Open was answered is sent as a plain exchange.
+#[test]
+fn an_ask_ahead_returns_before_the_memory_node_answers_anything() {
+    use race_store::memory::TableConfig;
+    use race_store::rdma::MemoryNodeServer;
+    use race_store::remote::Transport;
+    let meta = Node::builder().fabric("sim:mem").host_meta().build().unwrap();
+    // The memory node's messaging thread sleeps 1 s once idle, and its
+    // serving thread is this test: nobody answers an Open unless the test
+    // polls.
+    let mut cfg = krcore_kmod::EngineConfig::default();
+    cfg.msg.idle_sleep = Duration::from_secs(1);
+    let mnode = Node::builder().join(&meta).config(cfg).build().unwrap();
+    let table = TableConfig {
+        geometry: race_store::layout::subtable::SubtableGeometry::new(1).unwrap(),
+        initial_global_depth: 0,
+        max_global_depth: 4,
+    };
+    let mut server = MemoryNodeServer::start(&mnode, 0, 16 << 20, &table, 1).unwrap();
+    let granted = || mnode.engine().unwrap().msg_stats().granted;
+    let node = Node::builder().join(&meta).build().unwrap();
+    let mut t = VqpTransport::connect(&node, &[server.info()]).unwrap();
+    let served = |server: &mut MemoryNodeServer<_>, t: &mut VqpTransport<_>, ask| {
+        let until = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            server.poll_once().unwrap();
+            if let Some(runs) = t.alloc_block_answer(ask, false).unwrap() {
+                return runs;
+            }
+            assert!(std::time::Instant::now() < until, "never answered");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    // Let the node's messaging thread fall asleep.
+    std::thread::sleep(Duration::from_millis(300));
+    let before = granted();
+    let ask = t.alloc_block_ask(0, 8192, 64).unwrap().unwrap();
+    assert_eq!(granted(), before, "the ask did not wait for the Open");
+    let runs = served(&mut server, &mut t, ask);
+    assert_eq!(runs.iter().map(|r| r.len).sum::<u64>(), 8192);
+    assert_eq!(server.served(), 1);
+    // Collected: its channel was closed. Needed at once: the answer waits
+    // (the test's thread serves the node meanwhile).
+    std::thread::sleep(Duration::from_millis(300));
+    let ask = t.alloc_block_ask(0, 4096, 64).unwrap().unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let runs = std::thread::scope(|s| {
+        let serving = s.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                server.poll_once().unwrap();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+        let runs = t.alloc_block_answer(ask, true);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        serving.join().unwrap();
+        runs
+    });
+    let runs = runs.unwrap().expect("answered");
+    assert_eq!(runs.iter().map(|r| r.len).sum::<u64>(), 4096);
+}

@@ -198,6 +198,24 @@ impl<N: Nic> Endpoint<N> {
         }
     }
 
+    /// Starts opening the channel to (`gid`, `port`) without waiting for
+    /// the port's node to answer: `Ok(true)` once it is open (a push then
+    /// waits for no Open round trip), `Ok(false)` while the Open is out.
+    /// For requests sent ahead of need (a memory node's allocation port):
+    /// push once this says open. On an attached node the daemon opens
+    /// channels inside its push, so this says `Ok(true)` at once and the
+    /// push waits as before.
+    ///
+    /// # Errors
+    /// [`MsgError::Refused`] for a refused Open (asked again by the next
+    /// call), [`MsgError::NoBuffers`], engine and post errors.
+    pub fn open_ahead(&self, gid: Gid, port: u16) -> std::result::Result<bool, MsgError> {
+        match &self.inner {
+            EndpointImpl::Local(e) => e.open_ahead(gid, port),
+            EndpointImpl::Attached(_) => Ok(true),
+        }
+    }
+
     /// Credits available now on the channel to (`gid`, `port`) (`None`
     /// before it is open).
     pub fn credits(&self, gid: Gid, port: u16) -> Option<u32> {

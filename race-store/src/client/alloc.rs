@@ -13,7 +13,10 @@
 //!   ([`Transport::alloc_block_ask`], on a transport that can): by the time
 //!   it runs out the answer is usually there, so no write waits for a
 //!   memory node's allocation port (whose serving thread may be asleep
-//!   after an idle spell).
+//!   after an idle spell). Every 8 blocks carved meanwhile the ask is
+//!   looked at ([`Transport::alloc_block_answer`] without waiting): the
+//!   transport sends a request whose channel was still opening, and an
+//!   answer that came is installed.
 //! * **Given back** ([`KvAllocator::give_back`], at the client's close):
 //!   free blocks, uncarved runs, grants asked ahead and retired blocks past
 //!   their grace period go back to their nodes, which hand them out again
@@ -71,6 +74,10 @@ pub const CLASS_UNITS: [u8; 28] = [
 /// Largest coarse block a refill asks for.
 pub const MAX_REFILL: u64 = 1 << 20;
 
+/// Blocks carved between two looks at a grant asked ahead (see
+/// `ask_next`): a look is a messaging poll, too dear for every block.
+const LOOK_EVERY: u32 = 8;
+
 /// The size class of a block of `units` 64 B units (`1..=255`).
 pub fn class_of(units: u8) -> usize {
     CLASS_UNITS
@@ -118,6 +125,8 @@ struct ClassArena {
     granted: u64,
     /// The next grant, asked for ahead.
     ahead: Option<AllocAsk>,
+    /// Blocks carved since the ask ahead was last looked at.
+    carves_since_look: u32,
     /// Bytes obtained for this (node, class).
     coarse: u64,
 }
@@ -338,14 +347,21 @@ impl KvAllocator {
                 return;
             }
         }
-        let due = match self
-            .arenas
-            .get(usize::from(node))
-            .and_then(|a| a.get(class))
-        {
-            Some(a) => a.ahead.is_none() && !a.chunks.is_empty() && a.uncarved * 2 <= a.granted,
-            None => false,
+        let Some(a) = self.arena(node, class) else {
+            return;
         };
+        if a.ahead.is_some() {
+            // Asked already: every few carves, a look at it (a request
+            // whose channel was still opening goes out; an answer that came
+            // is installed).
+            a.carves_since_look += 1;
+            if a.carves_since_look >= LOOK_EVERY {
+                a.carves_since_look = 0;
+                let _ = self.collect_ahead(transport, node, class);
+            }
+            return;
+        }
+        let due = !a.chunks.is_empty() && a.uncarved * 2 <= a.granted;
         let Some(coarse) = self.refill_len(node, class).filter(|_| due) else {
             return;
         };

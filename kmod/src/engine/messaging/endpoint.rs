@@ -302,6 +302,80 @@ impl<N: Nic> Endpoint<N> {
         }
     }
 
+    /// Starts opening the channel to (`gid`, `port`) without waiting for
+    /// the port's answer: `Ok(true)` once it is open (a push then waits
+    /// for no Open round trip, only for a credit if none is back yet),
+    /// `Ok(false)` while its Open is out (sent by this call if none was).
+    /// For a request sent ahead of need: its sender pushes once this says
+    /// open, instead of waiting for the port's node to answer the Open
+    /// (its serving threads may be asleep after an idle spell). A push
+    /// before that waits for the Open as always, and sends it again if it
+    /// was lost.
+    ///
+    /// # Errors
+    /// [`MsgError::Refused`] for a refused Open (`Busy`, `Unbound`, ...:
+    /// the channel is forgotten, the next call opens again) and for a
+    /// channel the port refused after it was open; [`MsgError::NoBuffers`]
+    /// (no room here for the channel's replies); engine and post errors.
+    pub fn open_ahead(&self, gid: Gid, port: u16) -> Result<bool, MsgError> {
+        self.node.progress(&*self.eng)?;
+        let key = (gid, port);
+        let mut tx = self.tx.lock();
+        let status = self
+            .shared
+            .state
+            .lock()
+            .channels
+            .get(&key)
+            .map(|c| c.status);
+        match status {
+            Some(Status::Open) => return Ok(true),
+            Some(Status::Opening) => return Ok(false),
+            Some(Status::Refused(code) | Status::Lost(code)) => {
+                self.forget(key);
+                return Err(MsgError::Refused { gid, port, code });
+            }
+            None => {}
+        }
+        let cfg = &self.node.cfg;
+        self.node.reserve(cfg.reply_window)?;
+        self.shared.state.lock().channels.insert(
+            key,
+            ChannelTx {
+                status: Status::Opening,
+                fwd: SendWindow::new(0),
+                reply_returns: ReturnBatch::new(cfg.reply_window),
+                reply_seq: SeqCheck::default(),
+                reply_window: cfg.reply_window,
+                carried: None,
+                resend_total: false,
+            },
+        );
+        let header = MsgRepr {
+            src: self.eng.nic.gid(),
+            dst: MsgDst::Port(port),
+            kind: self.open_kind(None),
+        }
+        .emit();
+        let tx = &mut *tx;
+        let slot = self.node.ring_slot(&mut tx.posts);
+        let sent = send_with_body(
+            &*self.eng,
+            &tx.vqp,
+            (&tx.ring, slot),
+            gid,
+            self.id,
+            (&header, &[]),
+            &self.node,
+            0,
+        );
+        if let Err(e) = sent {
+            self.forget(key);
+            return Err(e);
+        }
+        Ok(false)
+    }
+
     /// Sends the open channel `key`'s Open again (with nothing carried):
     /// the port answers a repeated Open with the same grant and the
     /// cumulative credits it returned, so a push left waiting by a lost

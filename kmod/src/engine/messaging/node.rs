@@ -805,6 +805,53 @@ mod tests {
         assert_eq!(rx.msg_stats().received - before, 2);
     }
 
+    /// `open_ahead` sends the Open and returns at once; once the port's
+    /// node answered it says open, and a push then goes out without
+    /// waiting for anybody. A refused one is reported once, then opened
+    /// again.
+    #[test]
+    fn open_ahead_waits_for_nobody() {
+        let (_meta, rx, tx) = pair(|cfg| cfg.msg.window = 1);
+        let port = rx.bind(PORT).expect("bind");
+        let ep = tx.endpoint().expect("endpoint");
+        // Nobody drains rx: the Open stays unanswered, and is sent once.
+        assert!(!ep.open_ahead(rx.gid(), PORT).expect("open ahead"));
+        assert!(!ep.open_ahead(rx.gid(), PORT).expect("open ahead"));
+        assert_eq!(ep.credits(rx.gid(), PORT), None);
+        rx.msg_progress().expect("rx progress");
+        assert_eq!(rx.msg_stats().granted, 1);
+        let start = std::time::Instant::now();
+        while !ep.open_ahead(rx.gid(), PORT).expect("open ahead") {
+            assert!(start.elapsed() < Duration::from_secs(10), "no grant");
+        }
+        // Open with its credit: no Open round trip, nobody serving rx.
+        ep.try_push(rx.gid(), PORT, b"ahead").expect("push");
+        let m = port.pop().expect("pop");
+        assert_eq!((m.seq, m.to_vec()), (0, b"ahead".to_vec()));
+        assert_eq!(rx.msg_stats().granted, 1, "no second Open");
+        // An unbound port refuses the Open: said once, then a new Open.
+        assert!(!ep.open_ahead(rx.gid(), PORT + 1).expect("open ahead"));
+        rx.msg_progress().expect("rx progress");
+        let start = std::time::Instant::now();
+        let refused = loop {
+            match ep.open_ahead(rx.gid(), PORT + 1) {
+                Ok(false) => assert!(start.elapsed() < Duration::from_secs(10), "no answer"),
+                other => break other,
+            }
+        };
+        assert!(
+            matches!(
+                refused,
+                Err(crate::engine::MsgError::Refused {
+                    code: crate::msg::RefuseCode::Unbound,
+                    ..
+                })
+            ),
+            "{refused:?}"
+        );
+        assert!(!ep.open_ahead(rx.gid(), PORT + 1).expect("opens again"));
+    }
+
     /// An only message: no answer awaited, delivered to the port, whose
     /// channel ends when it is popped (no slot held); one a full port
     /// cannot take is counted, not delivered.
