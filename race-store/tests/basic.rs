@@ -123,6 +123,35 @@ fn grows_from_one_tiny_subtable() {
     }
 }
 
+/// Splits place each slot by its key, which they READ without the value
+/// (the first 128 bytes of the block): keys longer than that take a
+/// second READ, and keys of every length keep their values.
+#[test]
+fn splits_place_keys_of_every_length() {
+    let cluster = tiny_cluster(2, 2, 32 << 20, 12);
+    let mut c = open(&cluster, manual_clock(), manual_config());
+    let long_key = |i: u64| -> Vec<u8> {
+        let mut k = key(i);
+        // 0..400 bytes of padding: keys on both sides of 120 bytes.
+        k.resize(k.len() + (i as usize * 37) % 400, b'.');
+        k
+    };
+    let n: u64 = 2_000;
+    for i in 0..n {
+        c.insert(&long_key(i), &value(i, 0, 300)).unwrap();
+    }
+    let stats = c.stats();
+    assert!(stats.splits > 10, "{stats:?}");
+    assert_eq!(stats.bad_blocks, 0, "{stats:?}");
+    for i in 0..n {
+        assert_eq!(c.get(&long_key(i)).unwrap(), Some(value(i, 0, 300)), "{i}");
+    }
+    let check = c.check_table().unwrap();
+    assert!(check.problems.is_empty(), "{:?}", check.problems);
+    assert_eq!(check.pairs.len(), n as usize);
+    assert_eq!(check.duplicates, 0);
+}
+
 #[test]
 fn garbage_in_remote_memory_is_an_error_not_a_panic() {
     use rand::rngs::SmallRng;

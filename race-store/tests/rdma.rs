@@ -524,7 +524,11 @@ fn an_ask_ahead_returns_before_the_memory_node_answers_anything() {
     use race_store::memory::TableConfig;
     use race_store::rdma::MemoryNodeServer;
     use race_store::remote::Transport;
-    let meta = Node::builder().fabric("sim:mem").host_meta().build().unwrap();
+    let meta = Node::builder()
+        .fabric("sim:mem")
+        .host_meta()
+        .build()
+        .unwrap();
     // The memory node's messaging thread sleeps 1 s once idle, and its
     // serving thread is this test: nobody answers an Open unless the test
     // polls.

@@ -133,7 +133,9 @@
 //! 5. **Log** `{X, Y0, Y1}` in the split log (one WRITE, CRC-sealed).
 //! 6. **Freeze** `X`: CAS every slot to its frozen form, re-READ, repeat
 //!    until all are frozen. From now on no writer's CAS on `X` succeeds.
-//! 7. READ every block of `X`, hash the keys, and build both halves: each
+//! 7. READ the key of every block of `X` (header and key, not the value:
+//!    the block cannot change while its frozen slot points to it), hash
+//!    the keys, and build both halves: each
 //!    key at the **same slot position** in the half its hash bit `d`
 //!    selects; of several copies of a key, keep the lowest addressed one.
 //!    WRITE both halves in full.

@@ -48,6 +48,15 @@ pub enum LayoutError {
         /// The rejected length in bytes.
         bytes: usize,
     },
+    /// A KV block's header implies another length than the slot pointing
+    /// to it records.
+    #[error("KV block header implies {header} B, its slot says {slot} B")]
+    BlockLenMismatch {
+        /// The length the header implies.
+        header: usize,
+        /// The slot's length.
+        slot: usize,
+    },
     /// A slot word read from remote memory is neither empty nor well formed.
     #[error("malformed slot {raw:#018x}: {reason}")]
     MalformedSlot {

@@ -161,6 +161,61 @@ impl<'a> KvRef<'a> {
     }
 }
 
+/// Bytes of a block that a reader of its key alone READs first: the header
+/// and a key of up to 120 bytes ([`peek_key`]).
+pub const KEY_PEEK: usize = 2 * KV_ALIGN;
+
+/// What the first bytes of a block say of its key ([`peek_key`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyPeek<'a> {
+    /// The key.
+    Key(&'a [u8]),
+    /// The key ends past the bytes given: READ this many from the start.
+    Need(usize),
+}
+
+/// The key of a block from its first bytes (at least the header), for a
+/// reader that needs the key and not the value: a split placing a frozen
+/// slot, whose block nobody may change while the slot points to it. The
+/// header is checked (magic, lengths possible, and the length they imply
+/// equal to `block_len`, the slot's); the CRC, which covers the value, is
+/// not.
+///
+/// # Errors
+/// As [`decode_checked`], but never [`LayoutError::ChecksumMismatch`];
+/// [`LayoutError::BlockLenMismatch`] when the header implies another
+/// length than `block_len`. Never panics, whatever the bytes.
+pub fn peek_key(prefix: &[u8], block_len: usize) -> Result<KeyPeek<'_>> {
+    if prefix.len() < KV_HEADER_SIZE {
+        return Err(LayoutError::Truncated {
+            what: "KV block header",
+            need: KV_HEADER_SIZE,
+            got: prefix.len(),
+        });
+    }
+    let magic = read_u16(prefix, field::MAGIC.start);
+    if magic != KV_MAGIC {
+        return Err(LayoutError::BadMagic {
+            found: magic,
+            expected: KV_MAGIC,
+        });
+    }
+    let klen = usize::from(read_u16(prefix, field::KLEN.start));
+    let vlen = usize::try_from(read_u32(prefix, field::VLEN.start)).unwrap_or(usize::MAX);
+    let implied = self::block_len(klen, vlen)?;
+    if implied != block_len {
+        return Err(LayoutError::BlockLenMismatch {
+            header: implied,
+            slot: block_len,
+        });
+    }
+    let key_end = field::KEY + klen;
+    Ok(match prefix.get(field::KEY..key_end) {
+        Some(key) => KeyPeek::Key(key),
+        None => KeyPeek::Need(key_end),
+    })
+}
+
 /// Decodes and verifies a KV block read from remote memory. `buf` may be
 /// longer than the block (trailing bytes are ignored).
 ///
@@ -227,6 +282,51 @@ pub fn decode_for_key<'a>(buf: &'a [u8], key: &[u8]) -> Result<KvRef<'a>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn peek_key_reads_the_key_from_the_first_bytes() {
+        let block = encode(b"user1234", &[7; 1000]).unwrap();
+        let len = block.len();
+        assert_eq!(
+            peek_key(&block[..KEY_PEEK], len),
+            Ok(KeyPeek::Key(&b"user1234"[..]))
+        );
+        // The value is not looked at: a torn value goes unnoticed here
+        // (the block is immutable while a frozen slot points to it).
+        let mut torn = block.clone();
+        torn[500] ^= 1;
+        assert_eq!(
+            peek_key(&torn[..KEY_PEEK], len),
+            Ok(KeyPeek::Key(&b"user1234"[..]))
+        );
+        // A key past the first bytes: how many to READ.
+        let long = vec![b'k'; 300];
+        let block = encode(&long, b"v").unwrap();
+        assert_eq!(
+            peek_key(&block[..KEY_PEEK], block.len()),
+            Ok(KeyPeek::Need(308))
+        );
+        assert_eq!(
+            peek_key(&block[..308], block.len()),
+            Ok(KeyPeek::Key(&long[..]))
+        );
+        // The header is checked: magic, possible lengths, the slot's length.
+        assert!(matches!(
+            peek_key(&block[..KEY_PEEK], block.len() - 64),
+            Err(LayoutError::BlockLenMismatch { .. })
+        ));
+        assert!(matches!(
+            peek_key(&[0; 64], 64),
+            Err(LayoutError::BadMagic { .. })
+        ));
+        let mut empty = encode(b"k", b"").unwrap();
+        empty[0] = 0;
+        assert!(matches!(peek_key(&empty, 64), Err(LayoutError::EmptyKey)));
+        assert!(matches!(
+            peek_key(&block[..4], 64),
+            Err(LayoutError::Truncated { .. })
+        ));
+    }
 
     #[test]
     fn round_trip_and_layout() {
