@@ -155,9 +155,10 @@ impl SharedMap {
         self.seg.copy_in(offset, data)
     }
 
-    /// Faults `offset..offset + len` in without changing it
-    /// ([`Segment::prefault`]): the pages are the file's, so the other
-    /// side's mapping finds them allocated and zeroed too.
+    /// Faults `offset..offset + len` in without changing it (as
+    /// [`crate::MemoryRegion::prefault`] does for sim memory): the pages
+    /// are the file's, so the other side's mapping finds them allocated
+    /// and zeroed too.
     ///
     /// # Errors
     /// A range error for bytes outside the mapping.
