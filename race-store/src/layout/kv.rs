@@ -161,6 +161,28 @@ impl<'a> KvRef<'a> {
     }
 }
 
+/// The key and value lengths a block's header declares, and the block
+/// length they imply; checks the magic and that the lengths are possible.
+fn header(buf: &[u8]) -> Result<(usize, usize, usize)> {
+    if buf.len() < KV_HEADER_SIZE {
+        return Err(LayoutError::Truncated {
+            what: "KV block header",
+            need: KV_HEADER_SIZE,
+            got: buf.len(),
+        });
+    }
+    let magic = read_u16(buf, field::MAGIC.start);
+    if magic != KV_MAGIC {
+        return Err(LayoutError::BadMagic {
+            found: magic,
+            expected: KV_MAGIC,
+        });
+    }
+    let klen = usize::from(read_u16(buf, field::KLEN.start));
+    let vlen = usize::try_from(read_u32(buf, field::VLEN.start)).unwrap_or(usize::MAX);
+    Ok((klen, vlen, block_len(klen, vlen)?))
+}
+
 /// Bytes of a block that a reader of its key alone READs first: the header
 /// and a key of up to 120 bytes ([`peek_key`]).
 pub const KEY_PEEK: usize = 2 * KV_ALIGN;
@@ -186,23 +208,7 @@ pub enum KeyPeek<'a> {
 /// [`LayoutError::BlockLenMismatch`] when the header implies another
 /// length than `block_len`. Never panics, whatever the bytes.
 pub fn peek_key(prefix: &[u8], block_len: usize) -> Result<KeyPeek<'_>> {
-    if prefix.len() < KV_HEADER_SIZE {
-        return Err(LayoutError::Truncated {
-            what: "KV block header",
-            need: KV_HEADER_SIZE,
-            got: prefix.len(),
-        });
-    }
-    let magic = read_u16(prefix, field::MAGIC.start);
-    if magic != KV_MAGIC {
-        return Err(LayoutError::BadMagic {
-            found: magic,
-            expected: KV_MAGIC,
-        });
-    }
-    let klen = usize::from(read_u16(prefix, field::KLEN.start));
-    let vlen = usize::try_from(read_u32(prefix, field::VLEN.start)).unwrap_or(usize::MAX);
-    let implied = self::block_len(klen, vlen)?;
+    let (klen, _, implied) = header(prefix)?;
     if implied != block_len {
         return Err(LayoutError::BlockLenMismatch {
             header: implied,
@@ -226,23 +232,7 @@ pub fn peek_key(prefix: &[u8], block_len: usize) -> Result<KeyPeek<'_>> {
 /// impossible lengths, [`LayoutError::ChecksumMismatch`] for a torn or
 /// corrupted block. Never panics, whatever the bytes.
 pub fn decode_checked(buf: &[u8]) -> Result<KvRef<'_>> {
-    if buf.len() < KV_HEADER_SIZE {
-        return Err(LayoutError::Truncated {
-            what: "KV block header",
-            need: KV_HEADER_SIZE,
-            got: buf.len(),
-        });
-    }
-    let magic = read_u16(buf, field::MAGIC.start);
-    if magic != KV_MAGIC {
-        return Err(LayoutError::BadMagic {
-            found: magic,
-            expected: KV_MAGIC,
-        });
-    }
-    let klen = usize::from(read_u16(buf, field::KLEN.start));
-    let vlen = usize::try_from(read_u32(buf, field::VLEN.start)).unwrap_or(usize::MAX);
-    let block_len = block_len(klen, vlen)?;
+    let (klen, vlen, block_len) = header(buf)?;
     // Bounded by MAX_KV_BLOCK after `block_len`, so no overflow.
     let key_end = field::KEY + klen;
     let end = key_end + vlen;

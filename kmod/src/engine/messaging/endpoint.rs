@@ -321,13 +321,7 @@ impl<N: Nic> Endpoint<N> {
         self.node.progress(&*self.eng)?;
         let key = (gid, port);
         let mut tx = self.tx.lock();
-        let status = self
-            .shared
-            .state
-            .lock()
-            .channels
-            .get(&key)
-            .map(|c| c.status);
+        let status = self.status(key);
         match status {
             Some(Status::Open) => return Ok(true),
             Some(Status::Opening) => return Ok(false),
@@ -337,6 +331,27 @@ impl<N: Nic> Endpoint<N> {
             }
             None => {}
         }
+        self.insert_opening(key, None)?;
+        if let Err(e) = self.send_open(&mut tx, key, None) {
+            self.forget(key);
+            return Err(e);
+        }
+        Ok(false)
+    }
+
+    /// The state of the channel `key`, if there is one.
+    fn status(&self, key: (Gid, u16)) -> Option<Status> {
+        self.shared
+            .state
+            .lock()
+            .channels
+            .get(&key)
+            .map(|c| c.status)
+    }
+
+    /// Records a new channel `key` as opening, its reply window reserved,
+    /// its Open carrying `carried`.
+    fn insert_opening(&self, key: (Gid, u16), carried: Option<Vec<u8>>) -> Result<(), MsgError> {
         let cfg = &self.node.cfg;
         self.node.reserve(cfg.reply_window)?;
         self.shared.state.lock().channels.insert(
@@ -347,33 +362,40 @@ impl<N: Nic> Endpoint<N> {
                 reply_returns: ReturnBatch::new(cfg.reply_window),
                 reply_seq: SeqCheck::default(),
                 reply_window: cfg.reply_window,
-                carried: None,
+                carried,
                 resend_total: false,
             },
         );
+        Ok(())
+    }
+
+    /// Sends channel `key`'s Open (again), carrying `carried`.
+    fn send_open(
+        &self,
+        tx: &mut EpTx<N>,
+        key: (Gid, u16),
+        carried: Option<&[u8]>,
+    ) -> Result<(), MsgError> {
         let header = MsgRepr {
             src: self.eng.nic.gid(),
-            dst: MsgDst::Port(port),
-            kind: self.open_kind(None),
+            dst: MsgDst::Port(key.1),
+            kind: self.open_kind(carried.map(|b| Carried {
+                len: b.len() as u32,
+                only: false,
+            })),
         }
         .emit();
-        let tx = &mut *tx;
         let slot = self.node.ring_slot(&mut tx.posts);
-        let sent = send_with_body(
+        send_with_body(
             &*self.eng,
             &tx.vqp,
             (&tx.ring, slot),
-            gid,
+            key.0,
             self.id,
-            (&header, &[]),
+            (&header, carried.unwrap_or(&[])),
             &self.node,
             0,
-        );
-        if let Err(e) = sent {
-            self.forget(key);
-            return Err(e);
-        }
-        Ok(false)
+        )
     }
 
     /// Sends the open channel `key`'s Open again (with nothing carried):
@@ -422,14 +444,7 @@ impl<N: Nic> Endpoint<N> {
         limit: Duration,
         first: Option<&[u8]>,
     ) -> Result<bool, MsgError> {
-        let cfg = &self.node.cfg;
-        let status = self
-            .shared
-            .state
-            .lock()
-            .channels
-            .get(&key)
-            .map(|c| c.status);
+        let status = self.status(key);
         match status {
             Some(Status::Open) => return Ok(false),
             // Pushes since the port refused the open channel were lost:
@@ -451,19 +466,7 @@ impl<N: Nic> Endpoint<N> {
         // Open with the same grant (and delivers a carried message once).
         let carries = status != Some(Status::Opening) && first.is_some();
         if status != Some(Status::Opening) {
-            self.node.reserve(cfg.reply_window)?;
-            self.shared.state.lock().channels.insert(
-                key,
-                ChannelTx {
-                    status: Status::Opening,
-                    fwd: SendWindow::new(0),
-                    reply_returns: ReturnBatch::new(cfg.reply_window),
-                    reply_seq: SeqCheck::default(),
-                    reply_window: cfg.reply_window,
-                    carried: first.filter(|_| carries).map(<[u8]>::to_vec),
-                    resend_total: false,
-                },
-            );
+            self.insert_opening(key, first.filter(|_| carries).map(<[u8]>::to_vec))?;
         }
         let carried = self
             .shared
@@ -472,29 +475,7 @@ impl<N: Nic> Endpoint<N> {
             .channels
             .get(&key)
             .and_then(|c| c.carried.clone());
-        let open = MsgRepr {
-            src: self.eng.nic.gid(),
-            dst: MsgDst::Port(key.1),
-            kind: self.open_kind(carried.as_ref().map(|b| Carried {
-                len: b.len() as u32,
-                only: false,
-            })),
-        };
-        let header = open.emit();
-        let send_open = |tx: &mut EpTx<N>| {
-            let slot = self.node.ring_slot(&mut tx.posts);
-            send_with_body(
-                &*self.eng,
-                &tx.vqp,
-                (&tx.ring, slot),
-                key.0,
-                self.id,
-                (&header, carried.as_deref().unwrap_or(&[])),
-                &self.node,
-                0,
-            )
-        };
-        if let Err(e) = send_open(tx) {
+        if let Err(e) = self.send_open(tx, key, carried.as_deref()) {
             self.forget(key);
             return Err(e);
         }
@@ -508,14 +489,7 @@ impl<N: Nic> Endpoint<N> {
         let mut resend = Resend::new(OPEN_RESEND_FIRST, OPEN_RESEND_MAX);
         loop {
             self.node.progress(&*self.eng)?;
-            let status = self
-                .shared
-                .state
-                .lock()
-                .channels
-                .get(&key)
-                .map(|c| c.status);
-            match status {
+            match self.status(key) {
                 Some(Status::Open) => {
                     return Ok(carries);
                 }
@@ -535,7 +509,7 @@ impl<N: Nic> Endpoint<N> {
             }
             reap(&tx.vqp, &self.node.counters)?;
             // A failed repeat is not the end: the first may be answered.
-            if resend.due() && send_open(tx).is_ok() {
+            if resend.due() && self.send_open(tx, key, carried.as_deref()).is_ok() {
                 bump(&self.node.counters.open_resent);
             }
             std::thread::yield_now();
