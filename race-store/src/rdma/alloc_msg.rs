@@ -237,6 +237,9 @@ impl<N: Nic> Allocations<N> {
     ) -> Result<Vec<BlockRun>, TransportError> {
         let (req_id, req) = self.next_request(want);
         self.endpoint(node, to)?;
+        // Requests asked ahead whose channels opened go first: their
+        // answers then come while this one is waited for.
+        self.send_opened();
         let r = self.exchange_inner(to, gid, port, req_id, want, &req);
         self.close_unless_asked(gid, port);
         r
