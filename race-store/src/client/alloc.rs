@@ -7,7 +7,9 @@
 //!   what the (node, class) already holds, at least `coarse_block_bytes`
 //!   and at most [`MAX_REFILL`] (rounded to whole blocks): small tables
 //!   waste little, large ones need few messages, and the uncarved
-//!   remainder stays under a quarter of the class's footprint.
+//!   remainder stays under a quarter of the class's footprint. A grant
+//!   asked ahead that was needed before its answer came doubles the next
+//!   ones, up to 4 MiB: a fast writer outruns 1 MiB grants.
 //! * **Asked ahead.** Once a (node, class)'s current grant is half
 //!   carved, its next one is asked for without waiting
 //!   ([`Transport::alloc_block_ask`], on a transport that can): by the time
@@ -71,8 +73,15 @@ pub const CLASS_UNITS: [u8; 28] = [
     192, 224, 255,
 ];
 
-/// Largest coarse block a refill asks for.
+/// Largest coarse block a refill asks for, unless the client's grants
+/// ran out before their successors came (then up to 4 MiB).
 pub const MAX_REFILL: u64 = 1 << 20;
+
+/// Largest grant of a (node, class) whose grants ran out before the next
+/// one came (see `ClassArena::floor`): at half of it, the ask ahead leaves
+/// a writer of 300 MB/s about 6 ms for the memory node's answer, which
+/// takes up to its idle sleep twice (the channel's Open, then the request).
+const MAX_FAST_REFILL: u64 = 4 << 20;
 
 /// Blocks carved between two looks at a grant asked ahead (see
 /// `ask_next`): a look is a messaging poll, too dear for every block.
@@ -129,6 +138,12 @@ struct ClassArena {
     carves_since_look: u32,
     /// Bytes obtained for this (node, class).
     coarse: u64,
+    /// The least the next grant asks for: twice the last grant after a
+    /// refill that found the grant asked ahead not answered yet (the
+    /// client carved faster than the memory node answered), so that a fast
+    /// writer's grants double instead of growing by a quarter of its
+    /// holdings.
+    floor: u64,
 }
 
 impl ClassArena {
@@ -324,7 +339,10 @@ impl KvAllocator {
         let size = class_bytes(class);
         let min = self.coarse_block_bytes;
         let arena = self.arenas.get(usize::from(node))?.get(class)?;
-        let want = (arena.coarse / 4).clamp(min, MAX_REFILL.max(min)).max(size);
+        let want = (arena.coarse / 4)
+            .clamp(min, MAX_REFILL.max(min))
+            .max(arena.floor)
+            .max(size);
         Some(want / size * size)
     }
 
@@ -394,6 +412,9 @@ impl KvAllocator {
             })?
             .ahead
             .take();
+        // Asked ahead and not answered yet: this grant is needed before it
+        // came (the client carves faster than the node answers).
+        let starved = ahead.is_some();
         let got = match ahead {
             // Asked ahead: its answer, waited for if it has not come.
             Some(ask) => match transport.alloc_block_answer(ask, true) {
@@ -409,7 +430,15 @@ impl KvAllocator {
             }
         };
         match got {
-            Ok(runs) => self.install(node, class, &runs),
+            Ok(runs) => {
+                self.install(node, class, &runs)?;
+                if starved {
+                    if let Some(a) = self.arena(node, class) {
+                        a.floor = a.granted.saturating_mul(2).min(MAX_FAST_REFILL);
+                    }
+                }
+                Ok(())
+            }
             Err(TransportError::OutOfMemory { .. }) => Err(Error::OutOfMemory {
                 what: "KV block: memory node full",
             }),
@@ -838,6 +867,37 @@ mod tests {
         }
     }
 
+    /// A client whose every grant asked ahead is needed before its answer
+    /// came doubles its grants, up to MAX_FAST_REFILL; one whose answers
+    /// come in time grows by the quarter rule only.
+    #[test]
+    fn grants_that_come_too_late_double_the_next_ones() {
+        let cluster = small_cluster(1, 64 << 20);
+        let sizes = |ready: bool| -> Vec<u64> {
+            let mut t = Asking {
+                inner: cluster.transport(),
+                asked: Vec::new(),
+                ready,
+                sync_calls: 0,
+                answers_waited: 0,
+            };
+            let mut st = TransportStats::default();
+            let mut a = KvAllocator::new(1, 10, 4096);
+            for _ in 0..200_000 {
+                a.alloc(&mut t, &mut st, 0, LEN_UNIT, 0).unwrap();
+            }
+            t.asked.iter().map(|x| x.2).collect()
+        };
+        let late = sizes(false);
+        let want: Vec<u64> = (0..11)
+            .map(|i| (4096u64 << i).min(MAX_FAST_REFILL))
+            .collect();
+        assert_eq!(late.get(..11), Some(&want[..]), "{late:?}");
+        assert!(late.iter().all(|&s| s <= MAX_FAST_REFILL));
+        let in_time = sizes(true);
+        assert!(in_time.iter().all(|&s| s <= MAX_REFILL), "{in_time:?}");
+    }
+
     #[test]
     fn the_next_coarse_block_is_asked_for_once_the_current_is_half_carved() {
         let cluster = small_cluster(1, 1 << 20);
@@ -880,13 +940,21 @@ mod tests {
         let mut offs: Vec<u64> = got.iter().map(|p| p.offset()).collect();
         offs.sort_unstable();
         assert!(offs.windows(2).all(|w| w[1] - w[0] >= LEN_UNIT as u64));
+        // The refill that waited for the block asked ahead (the 17th)
+        // doubled the grants after it: the first ask was 1 KiB, the next
+        // ones at least 2 KiB. Answers that were there double nothing.
+        let sizes: Vec<u64> = t.asked.iter().map(|a| a.2).collect();
+        assert_eq!(sizes.first(), Some(&1024), "{sizes:?}");
+        assert!(sizes.iter().skip(1).all(|&s| s >= 2048), "{sizes:?}");
+        assert!(sizes.iter().all(|&s| s <= MAX_FAST_REFILL), "{sizes:?}");
         // Every request's block in use, but the one asked and not yet
         // collected.
         let coarse = a.stats().coarse_bytes;
+        let asked: u64 = sizes.iter().sum();
+        let last = sizes.last().copied().unwrap_or(0);
         assert!(
-            coarse == st.block_rpcs * 1024 || coarse == (st.block_rpcs - 1) * 1024,
-            "{coarse} bytes for {} requests",
-            st.block_rpcs
+            coarse == 1024 + asked || coarse == 1024 + asked - last,
+            "{coarse} bytes for a first grant of 1024 then {sizes:?}"
         );
     }
 }
