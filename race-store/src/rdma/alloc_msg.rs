@@ -430,15 +430,14 @@ impl<N: Nic> Allocations<N> {
                 return Err(lost(to, e));
             }
         }
-        let (node, gid, port, want, at) = match self.asked.get(i) {
-            Some(a) => (a.node, a.gid, a.port, a.want.clone(), a.at),
+        let (node, want, at) = match self.asked.get(i) {
+            Some(a) => (a.node, a.want.clone(), a.at),
             None => return Ok(None),
         };
         loop {
             if let Some(k) = self.answers.iter().position(|(id, _)| *id == ask.0) {
                 let (_, answer) = self.answers.swap_remove(k);
-                self.forget(ask.0);
-                self.close_unless_asked(gid, port);
+                self.done_with(ask.0);
                 return want.settle(node, answer).map(Some);
             }
             match self.next_answer(node) {
@@ -475,6 +474,20 @@ impl<N: Nic> Allocations<N> {
         }
     }
 
+    /// Forgets request `req_id` and closes its channel unless another
+    /// request there is still out.
+    fn done_with(&mut self, req_id: u64) {
+        let to = self
+            .asked
+            .iter()
+            .find(|a| a.req_id == req_id)
+            .map(|a| (a.gid, a.port));
+        self.forget(req_id);
+        if let Some((gid, port)) = to {
+            self.close_unless_asked(gid, port);
+        }
+    }
+
     fn forget(&mut self, req_id: u64) {
         self.asked.retain(|a| a.req_id != req_id);
         self.answers.retain(|(id, _)| *id != req_id);
@@ -494,22 +507,21 @@ impl<N: Nic> Drop for Allocations<N> {
         while !self.asked.is_empty() && Instant::now() < until {
             // Requests never sent are dropped; their channels are closed
             // once their Opens are answered.
-            let unsent: Vec<(u64, Gid, u16)> = self
+            let still_opening = |a: &Asked| {
+                a.unsent.is_some()
+                    && self
+                        .ep
+                        .as_ref()
+                        .is_some_and(|ep| matches!(ep.open_ahead(a.gid, a.port), Ok(false)))
+            };
+            let unsent: Vec<u64> = self
                 .asked
                 .iter()
-                .filter(|a| a.unsent.is_some() || a.failed.is_some())
-                .filter(|a| {
-                    a.failed.is_some()
-                        || self
-                            .ep
-                            .as_ref()
-                            .is_none_or(|ep| !matches!(ep.open_ahead(a.gid, a.port), Ok(false)))
-                })
-                .map(|a| (a.req_id, a.gid, a.port))
+                .filter(|a| (a.unsent.is_some() || a.failed.is_some()) && !still_opening(a))
+                .map(|a| a.req_id)
                 .collect();
-            for (id, gid, port) in unsent {
-                self.forget(id);
-                self.close_unless_asked(gid, port);
+            for id in unsent {
+                self.done_with(id);
             }
             if self.asked.is_empty() {
                 break;
@@ -518,15 +530,7 @@ impl<N: Nic> Drop for Allocations<N> {
                 Ok(Some(_)) => {
                     let answered: Vec<u64> = self.answers.iter().map(|(id, _)| *id).collect();
                     for id in answered {
-                        let to = self
-                            .asked
-                            .iter()
-                            .find(|a| a.req_id == id)
-                            .map(|a| (a.gid, a.port));
-                        self.forget(id);
-                        if let Some((gid, port)) = to {
-                            self.close_unless_asked(gid, port);
-                        }
+                        self.done_with(id);
                     }
                 }
                 Ok(None) => std::thread::yield_now(),
