@@ -182,11 +182,16 @@ pub struct MemoryNodeOptions {
     pub wait: Duration,
     /// Longest sleep of the allocation server between empty polls.
     pub idle: Duration,
+    /// How long a client's lease on the node's grants lasts without a
+    /// request: a client not heard from for that long is dead, and what it
+    /// never wrote of its grants is taken back ([`crate::holders`]).
+    pub grant_lease: Duration,
 }
 
 impl MemoryNodeOptions {
     /// Options with the defaults: [`DEFAULT_MEMBER_LEASE`], 30 s of waiting
-    /// for node 0, 1 ms idle sleep.
+    /// for node 0, 1 ms idle sleep, grant leases of
+    /// [`crate::holders::DEFAULT_GRANT_LEASE`].
     pub fn new(store: &str, id: u8, nodes: u8, bytes: u64, meta_addr: &str) -> MemoryNodeOptions {
         MemoryNodeOptions {
             store: store.to_string(),
@@ -198,6 +203,7 @@ impl MemoryNodeOptions {
             lease: DEFAULT_MEMBER_LEASE,
             wait: Duration::from_secs(30),
             idle: Duration::from_millis(1),
+            grant_lease: crate::holders::DEFAULT_GRANT_LEASE,
         }
     }
 }
@@ -293,6 +299,7 @@ impl MemoryNodeServer<AnyNic> {
             }
         }
         let server = MemoryNodeServer::start(node, opts.id, opts.bytes, &opts.table, opts.nodes)?;
+        server.set_grant_lease(opts.grant_lease);
         let info = server.info();
         let lease = node
             .store_keep_joined(store, u16::from(opts.id), &info.encode(), opts.lease)

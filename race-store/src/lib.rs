@@ -164,6 +164,7 @@ pub mod clock;
 pub mod deploy;
 pub mod error;
 pub mod hash;
+pub mod holders;
 pub mod layout;
 pub mod memory;
 pub mod pool;

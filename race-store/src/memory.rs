@@ -38,6 +38,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
+use crate::holders::{HolderStats, Holders, DEFAULT_GRANT_LEASE};
 use crate::layout::dir_header::DirHeader;
 use crate::layout::directory::{DirEntry, DirectoryRepr};
 use crate::layout::slot::{RemotePtr, MAX_OFFSET};
@@ -49,8 +50,10 @@ use crate::layout::table::{
 use crate::layout::MAX_GLOBAL_DEPTH;
 use crate::pool::{PoolStats, Refusal, ReturnPool, MAX_GRANT_RUNS};
 use crate::remote::{
-    BlockRun, Cause, Completions, OpResult, RemoteOp, Ticket, Transport, TransportError,
+    BlockRun, Cause, Completions, LeaseBook, OpResult, RemoteOp, Ticket, Transport, TransportError,
 };
+
+mod grants;
 
 /// Alignment of every block the node allocator hands out.
 pub const BLOCK_ALIGN: u64 = 64;
@@ -123,6 +126,9 @@ pub struct NodeStats {
     /// Bytes from the region's start that were faulted in ahead of use
     /// ([`MemoryNode::prefault_ahead`]).
     pub prefaulted: u64,
+    /// Clients holding grants, and what was taken back from dead ones
+    /// ([`crate::holders`]).
+    pub holders: HolderStats,
 }
 
 /// Bytes of the region a memory node keeps faulted in beyond what it
@@ -140,6 +146,10 @@ struct Heap {
     next: u64,
     blocks: u64,
     pool: ReturnPool,
+    /// Who holds which grants ([`crate::holders`]).
+    holders: Holders,
+    /// The node's microseconds at which ended leases are next looked for.
+    expiry_check_at: u64,
 }
 
 /// The bytes behind a memory node: plain atomic words in this process
@@ -277,6 +287,8 @@ impl<M: NodeMemory> MemoryNode<M> {
                 next: RESERVED_PREFIX,
                 blocks: 0,
                 pool: ReturnPool::new(),
+                holders: Holders::new(DEFAULT_GRANT_LEASE),
+                expiry_check_at: 0,
             }),
             down: AtomicBool::new(false),
             prefaulted: std::sync::atomic::AtomicU64::new(0),
@@ -322,6 +334,7 @@ impl<M: NodeMemory> MemoryNode<M> {
             blocks: heap.blocks,
             pool: heap.pool.stats(),
             prefaulted: self.prefaulted.load(Ordering::Relaxed),
+            holders: heap.holders.stats(),
         }
     }
 
@@ -510,6 +523,9 @@ impl<M: NodeMemory> MemoryNode<M> {
                 .take(block_bytes, size, MAX_GRANT_RUNS, self.micros())
         };
         if !reused.is_empty() {
+            // Nobody holds them now: a zero first word says "not written
+            // since granted" to the taking back of a dead holder's blocks.
+            self.zero_first_words(&reused, block_bytes);
             return Ok(reused);
         }
         self.alloc(size).map(|offset| vec![(offset, size)])
@@ -536,12 +552,15 @@ impl<M: NodeMemory> MemoryNode<M> {
         let usable_from = now.saturating_add(u64::try_from(delay.as_micros()).unwrap_or(u64::MAX));
         let mut heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());
         let bounds = (heap.floor, heap.next);
-        heap.pool
+        let taken = heap
+            .pool
             .give(block_bytes, runs, bounds, usable_from, now)
             .map_err(|r: Refusal| TransportError::Refused {
                 node: self.id,
                 source: Cause::new(r),
-            })
+            })?;
+        heap.holders.returned(runs);
+        Ok(taken)
     }
 }
 
@@ -618,6 +637,15 @@ impl LocalCluster {
             interleave: false,
             in_flight: 1,
             posted: 0,
+            leases: LeaseBook::new(),
+        }
+    }
+
+    /// Sets how long a client's lease on each node's grants lasts
+    /// ([`MemoryNode::set_grant_lease`]).
+    pub fn set_grant_lease(&self, lease: Duration) {
+        for n in self.nodes.iter() {
+            n.set_grant_lease(lease);
         }
     }
 
@@ -648,7 +676,9 @@ impl LocalCluster {
 }
 
 /// One client's transport to a [`LocalCluster`] (cheap to create; `Send`).
-#[derive(Clone, Debug)]
+/// It names the client to the nodes as a holder of their grants
+/// ([`crate::holders`]); a clone is another holder, with leases of its own.
+#[derive(Debug)]
 pub struct LocalTransport {
     nodes: Arc<[MemoryNode]>,
     interleave: bool,
@@ -657,6 +687,19 @@ pub struct LocalTransport {
     in_flight: usize,
     /// Tickets handed out.
     posted: u64,
+    leases: LeaseBook,
+}
+
+impl Clone for LocalTransport {
+    fn clone(&self) -> Self {
+        LocalTransport {
+            nodes: Arc::clone(&self.nodes),
+            interleave: self.interleave,
+            in_flight: self.in_flight,
+            posted: 0,
+            leases: LeaseBook::new(),
+        }
+    }
 }
 
 impl LocalTransport {
@@ -751,7 +794,11 @@ impl Transport for LocalTransport {
         size: u64,
         block_bytes: u64,
     ) -> Result<Vec<BlockRun>, TransportError> {
-        let runs = self.node(node)?.alloc_blocks(size, block_bytes)?;
+        let sent = Instant::now();
+        let (runs, lease) = self
+            .node(node)?
+            .grant(self.leases.holder(), size, block_bytes)?;
+        self.leases.learn(node, sent, lease)?;
         runs.into_iter()
             .map(|(offset, len)| {
                 RemotePtr::new(node, offset)
@@ -770,9 +817,22 @@ impl Transport for LocalTransport {
         _wait: bool,
     ) -> Result<(), TransportError> {
         let runs: Vec<(u64, u64)> = runs.iter().map(|r| (r.start.offset(), r.len)).collect();
-        self.node(node)?
-            .give_back(block_bytes, &runs, delay)
-            .map(|_| ())
+        let sent = Instant::now();
+        let (_, lease) =
+            self.node(node)?
+                .give_back_as(self.leases.holder(), block_bytes, &runs, delay)?;
+        // Only a grant's generation matters (see LeaseBook::learn).
+        let _ = self.leases.learn(node, sent, lease);
+        Ok(())
+    }
+
+    fn grant_lease(&mut self, node: u8) -> Result<Option<u32>, TransportError> {
+        let sent = Instant::now();
+        if self.leases.due(node, sent) {
+            let lease = self.node(node)?.renew(self.leases.holder())?;
+            self.leases.learn(node, sent, lease)?;
+        }
+        Ok(self.leases.generation(node))
     }
 
     fn nodes(&self) -> u8 {

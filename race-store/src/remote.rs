@@ -48,7 +48,9 @@
 
 use crate::layout::slot::RemotePtr;
 
+mod leases;
 mod wrappers;
+pub use leases::LeaseBook;
 pub use wrappers::{CrashPlan, Delayed, FaultInjector};
 
 /// One one-sided operation on a memory node.
@@ -485,6 +487,14 @@ pub enum TransportError {
         /// How long the transport waited.
         after: std::time::Duration,
     },
+    /// An answer came under a lease the memory node had already ended and
+    /// replaced ([`crate::holders`]): what it granted may have been taken
+    /// back, so it is not used.
+    #[error("memory node {node}: this client's lease on its grants ended (they may have been taken back)")]
+    LeaseEnded {
+        /// Memory node id.
+        node: u8,
+    },
     /// The transport returned results that do not match the batch.
     #[error("malformed transport response: {reason}")]
     BadResponse {
@@ -692,6 +702,21 @@ pub trait Transport {
         })
     }
 
+    /// The client's lease on memory node `node`'s grants (see
+    /// [`crate::holders`]), renewed first when less than half of it is
+    /// left: its generation. The client carves from a node's grants and
+    /// free blocks only after this said `Ok`, and drops them all when the
+    /// generation changed (the node may have taken them back). `Ok(None)`
+    /// (the default): the transport or the node keeps no leases.
+    ///
+    /// # Errors
+    /// The renewal's failure: the client then leaves the node's grants
+    /// alone.
+    fn grant_lease(&mut self, node: u8) -> Result<Option<u32>, TransportError> {
+        let _ = node;
+        Ok(None)
+    }
+
     /// Number of memory nodes (ids `0..nodes()`).
     fn nodes(&self) -> u8;
 }
@@ -764,6 +789,9 @@ macro_rules! forward_transport {
                 wait: bool,
             ) -> Result<(), TransportError> {
                 (**self).return_blocks(node, block_bytes, runs, delay, wait)
+            }
+            fn grant_lease(&mut self, node: u8) -> Result<Option<u32>, TransportError> {
+                (**self).grant_lease(node)
             }
             fn nodes(&self) -> u8 {
                 (**self).nodes()

@@ -110,6 +110,10 @@ pub struct KvMemoryStats {
     pub quarantined_bytes: u64,
     /// Bytes not yet carved out of the current coarse blocks.
     pub uncarved_bytes: u64,
+    /// Bytes of free blocks and uncarved runs dropped because a memory
+    /// node ended this client's lease on its grants (the node took back
+    /// what was never written: [`crate::holders`]).
+    pub dropped_bytes: u64,
 }
 
 impl KvMemoryStats {
@@ -206,6 +210,13 @@ pub struct KvAllocator {
     /// Whether to ask for coarse blocks ahead (cleared once the transport
     /// says it cannot).
     ask_ahead: bool,
+    /// Per node: the generation of the lease under which its free blocks
+    /// and uncarved runs were obtained ([`Transport::grant_lease`]).
+    held_under: Vec<Option<u32>>,
+    dropped_bytes: u64,
+    /// The tick of the allocation or give-back being served (the back-off
+    /// of a node whose lease renewal failed counts from it).
+    now: u64,
 }
 
 impl KvAllocator {
@@ -226,6 +237,9 @@ impl KvAllocator {
             unreachable: vec![None; usize::from(nodes)],
             backoff_ticks: 0,
             ask_ahead: true,
+            held_under: vec![None; usize::from(nodes)],
+            dropped_bytes: 0,
+            now: 0,
         }
     }
 
@@ -251,6 +265,7 @@ impl KvAllocator {
         now: u64,
     ) -> Result<RemotePtr, Error> {
         self.reclaim(now);
+        self.now = now;
         let units = u8::try_from(block_len / LEN_UNIT).unwrap_or(u8::MAX);
         let class = class_of(units);
         let nodes = self.arenas.len().max(1) as u16;
@@ -258,6 +273,11 @@ impl KvAllocator {
             .map(|i| ((u16::from(prefer) + i) % nodes) as u8)
             .collect();
         for &node in &order {
+            // Nothing of a node is used without a live lease on its grants
+            // (see crate::holders: the fence).
+            if self.holds(node, class) && !self.lease_ok(transport, node) {
+                continue;
+            }
             if let Some(ptr) = self.take_free(node, class) {
                 return Ok(ptr);
             }
@@ -304,6 +324,67 @@ impl KvAllocator {
         Err(first_err.unwrap_or(Error::OutOfMemory {
             what: "KV block: no memory node has room",
         }))
+    }
+
+    /// Whether (node, class) has a free block or uncarved bytes.
+    fn holds(&self, node: u8, class: usize) -> bool {
+        self.arenas
+            .get(usize::from(node))
+            .and_then(|a| a.get(class))
+            .is_some_and(|a| !a.free.is_empty() || a.uncarved > 0)
+    }
+
+    /// Whether this client's lease on node `node`'s grants is live
+    /// (renewed if due). When the node started a new one, everything held
+    /// under the old one is dropped first: the node may have taken it back.
+    /// A node whose renewal failed is skipped for the back-off, as one
+    /// whose grant failed (each renewal may wait out its timeout).
+    fn lease_ok<T: Transport>(&mut self, transport: &mut T, node: u8) -> bool {
+        let now = self.now;
+        if let Some(Some((until, _))) = self.unreachable.get(usize::from(node)) {
+            if now < *until {
+                return false;
+            }
+        }
+        let generation = match transport.grant_lease(node) {
+            Ok(None) => return true,
+            Ok(Some(g)) => g,
+            Err(e) => {
+                if self.backoff_ticks > 0 {
+                    if let Some(u) = self.unreachable.get_mut(usize::from(node)) {
+                        *u = Some((now.saturating_add(self.backoff_ticks), e.into()));
+                    }
+                }
+                return false;
+            }
+        };
+        let Some(held) = self.held_under.get_mut(usize::from(node)) else {
+            return false;
+        };
+        if *held != Some(generation) {
+            let stale = held.is_some();
+            *held = Some(generation);
+            if stale {
+                self.drop_node(node);
+            }
+        }
+        true
+    }
+
+    /// Drops node `node`'s free blocks and uncarved runs (kept: retired
+    /// blocks, which were written, so never taken back; and grants asked
+    /// ahead, whose answers say their own lease).
+    fn drop_node(&mut self, node: u8) {
+        let Some(arenas) = self.arenas.get_mut(usize::from(node)) else {
+            return;
+        };
+        for (class, a) in arenas.iter_mut().enumerate() {
+            let bytes = a.free.len() as u64 * class_bytes(class) + a.uncarved;
+            self.dropped_bytes += bytes;
+            a.free.clear();
+            a.chunks.clear();
+            a.uncarved = 0;
+        }
     }
 
     fn take_free(&mut self, node: u8, class: usize) -> Option<RemotePtr> {
@@ -431,7 +512,7 @@ impl KvAllocator {
         };
         match got {
             Ok(runs) => {
-                self.install(node, class, &runs)?;
+                self.install(transport, node, class, &runs)?;
                 if starved {
                     if let Some(a) = self.arena(node, class) {
                         a.floor = a.granted.saturating_mul(2).min(MAX_FAST_REFILL);
@@ -465,7 +546,7 @@ impl KvAllocator {
             Ok(None) => Ok(false),
             Ok(Some(runs)) => {
                 a.ahead = None;
-                self.install(node, class, &runs)?;
+                self.install(transport, node, class, &runs)?;
                 Ok(true)
             }
             Err(_) => {
@@ -475,8 +556,16 @@ impl KvAllocator {
         }
     }
 
-    /// A grant's runs join (node, class)'s chunks.
-    fn install(&mut self, node: u8, class: usize, runs: &[BlockRun]) -> Result<(), Error> {
+    /// A grant's runs join (node, class)'s chunks (after what was held
+    /// under an ended lease is dropped: the grant came under the current
+    /// one).
+    fn install<T: Transport>(
+        &mut self,
+        transport: &mut T,
+        node: u8,
+        class: usize,
+        runs: &[BlockRun],
+    ) -> Result<(), Error> {
         let size = class_bytes(class);
         if runs.iter().any(|r| {
             r.start.node() != node || r.start.offset() % LEN_UNIT as u64 != 0 || r.len % size != 0
@@ -485,6 +574,7 @@ impl KvAllocator {
                 reason: "memory node granted blocks of another node, size or alignment",
             });
         }
+        self.lease_ok(transport, node);
         let arena = self.arena(node, class).ok_or(Error::BadTable {
             reason: "allocation on an unknown node",
         })?;
@@ -559,6 +649,7 @@ impl KvAllocator {
         wait: bool,
     ) -> ReturnReport {
         let mut report = ReturnReport::default();
+        self.now = now;
         self.collect_every_ask(transport, wait, &mut report);
         self.reclaim(now);
         let mut to = Giving {
@@ -568,6 +659,23 @@ impl KvAllocator {
             failed: vec![false; self.arenas.len()],
         };
         for node in 0..self.arenas.len() {
+            // Free blocks and uncarved runs go back only under a live
+            // lease: after it ended, the node may have handed them out
+            // again (they are dropped, not given back twice).
+            let held: u64 = self.arenas.get(node).map_or(0, |classes| {
+                classes
+                    .iter()
+                    .enumerate()
+                    .map(|(c, a)| a.free.len() as u64 * class_bytes(c) + a.uncarved)
+                    .sum()
+            });
+            if held == 0 {
+                continue;
+            }
+            if !self.lease_ok(to.transport, node as u8) {
+                to.report.kept_bytes += held;
+                continue;
+            }
             for class in 0..CLASS_UNITS.len() {
                 let size = class_bytes(class);
                 let Some(arena) = self.arenas.get_mut(node).and_then(|a| a.get_mut(class)) else {
@@ -620,7 +728,7 @@ impl KvAllocator {
                 };
                 match transport.alloc_block_answer(ask, true) {
                     Ok(Some(runs)) => {
-                        if let Err(e) = self.install(node as u8, class, &runs) {
+                        if let Err(e) = self.install(transport, node as u8, class, &runs) {
                             report.error.get_or_insert(e);
                         }
                     }
@@ -643,6 +751,7 @@ impl KvAllocator {
     pub fn stats(&self) -> KvMemoryStats {
         let mut s = KvMemoryStats {
             coarse_bytes: self.coarse_bytes,
+            dropped_bytes: self.dropped_bytes,
             ..KvMemoryStats::default()
         };
         for node in &self.arenas {

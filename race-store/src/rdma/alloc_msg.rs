@@ -18,8 +18,9 @@
 use super::proto::{
     AllocReply, AllocRequest, RunsKind, RunsReply, RunsRequest, ALLOC_REPLY_LEN, RUNS_OUT_OF_MEMORY,
 };
+use crate::holders::GrantLease;
 use crate::layout::slot::RemotePtr;
-use crate::remote::{AllocAsk, BlockRun, Cause, TransportError};
+use crate::remote::{AllocAsk, BlockRun, Cause, LeaseBook, TransportError};
 use krcore::messaging::Endpoint;
 use krcore::Node;
 use krcore_nic::{Gid, Nic};
@@ -54,6 +55,8 @@ pub(super) enum Want {
         size: u64,
         /// Bytes of one block.
         block_bytes: u64,
+        /// The client's holder id, for a node that keeps leases.
+        holder: Option<u64>,
     },
     /// Blocks given back.
     GiveBack {
@@ -63,6 +66,13 @@ pub(super) enum Want {
         runs: Vec<(u64, u64)>,
         /// Microseconds before the node may hand them out.
         delay_us: u64,
+        /// As for a grant.
+        holder: Option<u64>,
+    },
+    /// The client's lease renewed.
+    Renew {
+        /// The client's holder id.
+        holder: u64,
     },
 }
 
@@ -75,16 +85,22 @@ impl Want {
             }
             .encode()
             .to_vec(),
-            Want::Grant { size, block_bytes } => RunsRequest {
+            Want::Grant {
+                size,
+                block_bytes,
+                holder,
+            } => RunsRequest {
                 req_id,
                 block_bytes: *block_bytes,
                 kind: RunsKind::Grant { size: *size },
+                holder: *holder,
             }
             .encode(),
             Want::GiveBack {
                 block_bytes,
                 runs,
                 delay_us,
+                holder,
             } => RunsRequest {
                 req_id,
                 block_bytes: *block_bytes,
@@ -92,6 +108,14 @@ impl Want {
                     runs: runs.clone(),
                     delay_us: *delay_us,
                 },
+                holder: *holder,
+            }
+            .encode(),
+            Want::Renew { holder } => RunsRequest {
+                req_id,
+                block_bytes: 0,
+                kind: RunsKind::Renew,
+                holder: Some(*holder),
             }
             .encode(),
         }
@@ -101,18 +125,31 @@ impl Want {
         match self {
             Want::Coarse { size } | Want::Grant { size, .. } => *size,
             Want::GiveBack { runs, .. } => runs.iter().map(|r| r.1).sum(),
+            Want::Renew { .. } => 0,
         }
     }
 
-    /// The runs an answer names, checked against the request.
-    fn settle(&self, node: u8, answer: Answer) -> Result<Vec<BlockRun>, TransportError> {
+    /// The runs an answer names, checked against the request, and the
+    /// lease it carried.
+    #[allow(clippy::type_complexity)]
+    fn settle(
+        &self,
+        node: u8,
+        answer: Answer,
+    ) -> Result<(Vec<BlockRun>, Option<GrantLease>), TransportError> {
         let size = self.size();
+        let lease = match &answer {
+            Answer::Runs(r) => r.lease,
+            Answer::Coarse(_) => None,
+        };
         let runs = match (self, answer) {
             (Want::Coarse { .. }, Answer::Coarse(Some(offset))) => vec![(offset, size)],
             (Want::Coarse { .. }, Answer::Coarse(None)) => {
                 return Err(TransportError::OutOfMemory { node, size })
             }
-            (Want::Grant { .. } | Want::GiveBack { .. }, Answer::Runs(r)) if r.status == 0 => {
+            (Want::Grant { .. } | Want::GiveBack { .. } | Want::Renew { .. }, Answer::Runs(r))
+                if r.status == 0 =>
+            {
                 r.runs
             }
             (Want::Grant { .. }, Answer::Runs(r)) if r.status == RUNS_OUT_OF_MEMORY => {
@@ -137,7 +174,7 @@ impl Want {
                     && granted <= size
                     && runs.iter().all(|r| r.1 > 0 && r.1 % block_bytes == 0)
             }
-            Want::GiveBack { .. } => runs.is_empty(),
+            Want::GiveBack { .. } | Want::Renew { .. } => runs.is_empty(),
             Want::Coarse { .. } => true,
         };
         if !fits {
@@ -145,7 +182,8 @@ impl Want {
                 reason: "granted runs do not fit the request",
             });
         }
-        runs.into_iter()
+        let runs = runs
+            .into_iter()
             .map(|(offset, len)| {
                 RemotePtr::new(node, offset)
                     .map(|start| BlockRun { start, len })
@@ -153,7 +191,8 @@ impl Want {
                         reason: "allocated offset out of range",
                     })
             })
-            .collect()
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((runs, lease))
     }
 }
 
@@ -185,6 +224,8 @@ struct Asked {
 /// first use: a client that only reads creates no QP) and its requests.
 pub(super) struct Allocations<N: Nic> {
     ep: Option<Endpoint<N>>,
+    /// The client's leases on the nodes' grants, learned from answers.
+    pub(super) leases: LeaseBook,
     next_req: u64,
     asked: Vec<Asked>,
     /// Answers that came for requests in `asked`.
@@ -195,6 +236,7 @@ impl<N: Nic> Allocations<N> {
     pub(super) fn new() -> Self {
         Allocations {
             ep: None,
+            leases: LeaseBook::new(),
             next_req: 1,
             asked: Vec::new(),
             answers: Vec::new(),
@@ -274,6 +316,7 @@ impl<N: Nic> Allocations<N> {
         // reply lost) is asked again with the same request id: a block
         // handed out twice is leaked, never shared (the client takes the
         // first answer to its id and skips the others).
+        let sent = Instant::now();
         for _ in 0..ALLOC_ATTEMPTS {
             let ep = self.ep.as_ref().ok_or(TransportError::BadResponse {
                 reason: "no allocation endpoint",
@@ -282,7 +325,9 @@ impl<N: Nic> Allocations<N> {
             let deadline = Instant::now() + ALLOC_TIMEOUT;
             while Instant::now() < deadline {
                 match self.next_answer(node)? {
-                    Some((id, answer)) if id == req_id => return want.settle(node, answer),
+                    Some((id, answer)) if id == req_id => {
+                        return self.accept(node, want, sent, answer)
+                    }
                     Some(_) => continue,
                     None => std::thread::yield_now(),
                 }
@@ -438,7 +483,7 @@ impl<N: Nic> Allocations<N> {
             if let Some(k) = self.answers.iter().position(|(id, _)| *id == ask.0) {
                 let (_, answer) = self.answers.swap_remove(k);
                 self.done_with(ask.0);
-                return want.settle(node, answer).map(Some);
+                return self.accept(node, &want, at, answer).map(Some);
             }
             match self.next_answer(node) {
                 Ok(Some(_)) => continue,
@@ -461,6 +506,27 @@ impl<N: Nic> Allocations<N> {
             }
             std::thread::yield_now();
         }
+    }
+
+    /// The runs of `answer` to `want`, sent at `sent`, whose lease is
+    /// learned: a grant under a lease the node has since ended is refused
+    /// ([`TransportError::LeaseEnded`]; its memory may have been taken
+    /// back), other answers only update the lease.
+    fn accept(
+        &mut self,
+        node: u8,
+        want: &Want,
+        sent: Instant,
+        answer: Answer,
+    ) -> Result<Vec<BlockRun>, TransportError> {
+        let (runs, lease) = want.settle(node, answer)?;
+        if let Some(lease) = lease {
+            let learned = self.leases.learn(node, sent, lease);
+            if matches!(want, Want::Grant { .. }) {
+                learned?;
+            }
+        }
+        Ok(runs)
     }
 
     /// Closes the channel to `(gid, port)` unless a request sent ahead

@@ -15,9 +15,9 @@ mod server;
 mod transport;
 
 pub use proto::{
-    AllocReply, AllocRequest, NodeInfo, RunsKind, RunsReply, RunsRequest, ALLOC_PORT, FEATURE_RUNS,
-    MAX_RUNS, NODE_INFO_LEN, RUNS_OUT_OF_MEMORY, RUNS_REFUSED, RUNS_REPLY_HEADER,
-    RUNS_REQUEST_HEADER,
+    AllocReply, AllocRequest, NodeInfo, RunsKind, RunsReply, RunsRequest, ALLOC_PORT,
+    FEATURE_LEASES, FEATURE_RUNS, MAX_RUNS, NODE_INFO_LEN, RUNS_OUT_OF_MEMORY, RUNS_REFUSED,
+    RUNS_REPLY_HEADER, RUNS_REQUEST_HEADER,
 };
 pub use server::{
     lookup_nodes_on_sim, node_name, MemoryNodeHandle, MemoryNodeServer, MrMemory, MIN_IDLE,

@@ -18,20 +18,29 @@
 //!
 //! ```text
 //! RunsRequest (40 B + 16 B per run): magic "RSRQ" u32 | kind u32
-//!               (1: grant, 2: give back) | req_id u64 | block_bytes u64 |
-//!               size u64 (grant: bytes wanted; give back: microseconds
-//!               before the blocks may be handed out) | count u32 |
-//!               reserved u32 (0) | count x (offset u64 | len u64)
-//!               (grant: count 0)
+//!               (1: grant, 2: give back, 3: renew) | req_id u64 |
+//!               block_bytes u64 | size u64 (grant: bytes wanted; give
+//!               back: microseconds before the blocks may be handed out;
+//!               renew: 0) | count u32 | flags u32 | [holder u64 if flags
+//!               bit 0] | count x (offset u64 | len u64) (grant and renew:
+//!               count 0)
 //! RunsReply (24 B + 16 B per run): magic "RSRP" u32 | status u32 (0: ok,
 //!               1: out of memory, 2: refused) | req_id u64 | count u32 |
-//!               reserved u32 (0) | count x (offset u64 | len u64) (the
-//!               runs granted)
+//!               flags u32 | [lease_ms u32 | generation u32 if flags bit 0]
+//!               | count x (offset u64 | len u64) (the runs granted)
 //! ```
+//!
+//! Nodes with [`FEATURE_LEASES`] also take a *holder* id (flags bit 0) in
+//! runs requests, renew that holder's lease on its grants, and answer with
+//! the lease's terms ([`GrantLease`], flags bit 0 of the reply); renew
+//! (kind 3) needs a holder. See [`crate::holders`]. Older nodes refuse
+//! flags they do not know, so a client sends a holder only to nodes that
+//! announce the feature.
 //!
 //! Older nodes (features 0) know only the coarse exchange; a client then
 //! allocates with it and gives nothing back.
 
+use crate::holders::GrantLease;
 use crate::remote::TransportError;
 use krcore_nic::Gid;
 
@@ -59,6 +68,12 @@ pub const MAX_RUNS: usize = 1 << 16;
 /// [`NodeInfo::features`]: the node takes [`RunsRequest`]s (grants of
 /// blocks given back, and giving blocks back).
 pub const FEATURE_RUNS: u32 = 1;
+/// [`NodeInfo::features`]: the node keeps leases on its grants for holders
+/// named in runs requests and takes back what dead holders never wrote
+/// ([`crate::holders`]).
+pub const FEATURE_LEASES: u32 = 2;
+/// Runs request and reply flags: the optional 8-byte field is present.
+const FLAG_EXTRA: u32 = 1;
 
 // Callers check the length first; out of range reads 0 (the workspace's
 // one little-endian helper).
@@ -234,6 +249,8 @@ pub enum RunsKind {
         /// their grace period).
         delay_us: u64,
     },
+    /// Renews the holder's lease (the request names a holder).
+    Renew,
 }
 
 /// A request about blocks of one size (see the module docs).
@@ -245,6 +262,9 @@ pub struct RunsRequest {
     pub block_bytes: u64,
     /// What is asked.
     pub kind: RunsKind,
+    /// The client's holder id ([`FEATURE_LEASES`]; never 0), whose lease
+    /// the request renews.
+    pub holder: Option<u64>,
 }
 
 /// The answer to a [`RunsRequest`].
@@ -256,6 +276,8 @@ pub struct RunsReply {
     pub status: u32,
     /// The runs granted `(offset, len)` (empty for a give back).
     pub runs: Vec<(u64, u64)>,
+    /// The holder's lease, in answers to requests that named one.
+    pub lease: Option<GrantLease>,
 }
 
 /// [`RunsReply::status`]: no memory for the grant.
@@ -271,23 +293,44 @@ fn put_runs(b: &mut Vec<u8>, runs: &[(u64, u64)]) {
     }
 }
 
-/// The runs of a message whose header of `header` bytes ends with
-/// `count u32 | reserved u32`, checked against the message length.
+/// The optional 8-byte field and the runs of a message whose header of
+/// `header` bytes ends with `count u32 | flags u32`, checked against the
+/// message length (unknown flags refused).
+#[allow(clippy::type_complexity)]
 fn get_runs(
     b: &[u8],
     header: usize,
     what: &'static str,
-) -> Result<Vec<(u64, u64)>, TransportError> {
+) -> Result<(Option<u64>, Vec<(u64, u64)>), TransportError> {
     let count = u32_at(b, header - 8) as usize;
-    if count > MAX_RUNS || b.len() != header + 16 * count || u32_at(b, header - 4) != 0 {
+    let flags = u32_at(b, header - 4);
+    let extra = if flags == FLAG_EXTRA {
+        8
+    } else if flags == 0 {
+        0
+    } else {
+        return Err(bad(what));
+    };
+    if count > MAX_RUNS || b.len() != header + extra + 16 * count {
         return Err(bad(what));
     }
-    Ok((0..count)
+    let field = (extra > 0).then(|| u64_at(b, header));
+    let runs = (0..count)
         .map(|i| {
-            let at = header + 16 * i;
+            let at = header + extra + 16 * i;
             (u64_at(b, at), u64_at(b, at + 8))
         })
-        .collect())
+        .collect();
+    Ok((field, runs))
+}
+
+/// Writes `count u32 | flags u32 | [field u64]`.
+fn put_count_and_field(b: &mut Vec<u8>, count: usize, field: Option<u64>) {
+    b.extend_from_slice(&(count as u32).to_le_bytes());
+    b.extend_from_slice(&u32::from(field.is_some()).to_le_bytes());
+    if let Some(f) = field {
+        b.extend_from_slice(&f.to_le_bytes());
+    }
 }
 
 impl RunsRequest {
@@ -297,15 +340,15 @@ impl RunsRequest {
         let (kind, size, runs): (u32, u64, &[(u64, u64)]) = match &self.kind {
             RunsKind::Grant { size } => (1, *size, &[]),
             RunsKind::GiveBack { runs, delay_us } => (2, *delay_us, runs),
+            RunsKind::Renew => (3, 0, &[]),
         };
-        let mut b = Vec::with_capacity(RUNS_REQUEST_HEADER + 16 * runs.len());
+        let mut b = Vec::with_capacity(RUNS_REQUEST_HEADER + 8 + 16 * runs.len());
         b.extend_from_slice(&RUNS_REQ_MAGIC.to_le_bytes());
         b.extend_from_slice(&kind.to_le_bytes());
         b.extend_from_slice(&self.req_id.to_le_bytes());
         b.extend_from_slice(&self.block_bytes.to_le_bytes());
         b.extend_from_slice(&size.to_le_bytes());
-        b.extend_from_slice(&(runs.len() as u32).to_le_bytes());
-        b.extend_from_slice(&0u32.to_le_bytes());
+        put_count_and_field(&mut b, runs.len(), self.holder);
         put_runs(&mut b, runs);
         b
     }
@@ -325,7 +368,10 @@ impl RunsRequest {
         if b.len() < RUNS_REQUEST_HEADER || u32_at(b, 0) != RUNS_REQ_MAGIC {
             return Err(bad(WHAT));
         }
-        let runs = get_runs(b, RUNS_REQUEST_HEADER, WHAT)?;
+        let (holder, runs) = get_runs(b, RUNS_REQUEST_HEADER, WHAT)?;
+        if holder == Some(0) {
+            return Err(bad(WHAT));
+        }
         let size = u64_at(b, 24);
         let kind = match u32_at(b, 4) {
             1 if runs.is_empty() => RunsKind::Grant { size },
@@ -333,12 +379,14 @@ impl RunsRequest {
                 runs,
                 delay_us: size,
             },
+            3 if runs.is_empty() && size == 0 && holder.is_some() => RunsKind::Renew,
             _ => return Err(bad(WHAT)),
         };
         Ok(RunsRequest {
             req_id: u64_at(b, 8),
             block_bytes: u64_at(b, 16),
             kind,
+            holder,
         })
     }
 }
@@ -346,12 +394,14 @@ impl RunsRequest {
 impl RunsReply {
     /// The message ([`RUNS_REPLY_HEADER`] + 16 bytes per run).
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(RUNS_REPLY_HEADER + 16 * self.runs.len());
+        let mut b = Vec::with_capacity(RUNS_REPLY_HEADER + 8 + 16 * self.runs.len());
         b.extend_from_slice(&RUNS_REPLY_MAGIC.to_le_bytes());
         b.extend_from_slice(&self.status.to_le_bytes());
         b.extend_from_slice(&self.req_id.to_le_bytes());
-        b.extend_from_slice(&(self.runs.len() as u32).to_le_bytes());
-        b.extend_from_slice(&0u32.to_le_bytes());
+        let lease = self
+            .lease
+            .map(|l| u64::from(l.lease_ms) | u64::from(l.generation) << 32);
+        put_count_and_field(&mut b, self.runs.len(), lease);
         put_runs(&mut b, &self.runs);
         b
     }
@@ -374,10 +424,25 @@ impl RunsReply {
         if status > RUNS_REFUSED {
             return Err(bad(WHAT));
         }
+        let (lease, runs) = get_runs(b, RUNS_REPLY_HEADER, WHAT)?;
+        let lease = match lease {
+            None => None,
+            Some(f) => {
+                let (lease_ms, generation) = (f as u32, (f >> 32) as u32);
+                if lease_ms == 0 || generation == 0 {
+                    return Err(bad(WHAT));
+                }
+                Some(GrantLease {
+                    lease_ms,
+                    generation,
+                })
+            }
+        };
         Ok(RunsReply {
             req_id: u64_at(b, 8),
             status,
-            runs: get_runs(b, RUNS_REPLY_HEADER, WHAT)?,
+            runs,
+            lease,
         })
     }
 }
@@ -403,8 +468,38 @@ mod tests {
             req_id: 5,
             block_bytes: 128,
             kind: RunsKind::Grant { size: 4096 },
+            holder: None,
         };
         assert_eq!(RunsRequest::decode(&grant.encode()).unwrap(), grant);
+        let owned = RunsRequest {
+            holder: Some(0xfeed),
+            ..grant.clone()
+        };
+        assert_eq!(owned.encode().len(), RUNS_REQUEST_HEADER + 8);
+        assert_eq!(RunsRequest::decode(&owned.encode()).unwrap(), owned);
+        let renew = RunsRequest {
+            req_id: 8,
+            block_bytes: 0,
+            kind: RunsKind::Renew,
+            holder: Some(3),
+        };
+        assert_eq!(RunsRequest::decode(&renew.encode()).unwrap(), renew);
+        // A renew without a holder, a holder 0, an unknown flag: refused.
+        let mut e = RunsRequest {
+            holder: None,
+            ..renew.clone()
+        }
+        .encode();
+        assert!(RunsRequest::decode(&e).is_err());
+        e = RunsRequest {
+            holder: Some(0),
+            ..renew.clone()
+        }
+        .encode();
+        assert!(RunsRequest::decode(&e).is_err());
+        e = owned.encode();
+        e[36] = 3;
+        assert!(RunsRequest::decode(&e).is_err());
         let give = RunsRequest {
             req_id: 6,
             block_bytes: 192,
@@ -412,14 +507,27 @@ mod tests {
                 runs: vec![(4096, 192), (8192, 1920)],
                 delay_us: 250_000,
             },
+            holder: Some(u64::MAX),
         };
         assert_eq!(RunsRequest::decode(&give.encode()).unwrap(), give);
         let reply = RunsReply {
             req_id: 6,
             status: 0,
             runs: vec![(4096, 128)],
+            lease: None,
         };
         assert_eq!(RunsReply::decode(&reply.encode()).unwrap(), reply);
+        let leased = RunsReply {
+            lease: Some(GrantLease {
+                lease_ms: 10_000,
+                generation: u32::MAX,
+            }),
+            ..reply.clone()
+        };
+        assert_eq!(RunsReply::decode(&leased.encode()).unwrap(), leased);
+        let mut e = leased.encode();
+        e[24..28].copy_from_slice(&0u32.to_le_bytes());
+        assert!(RunsReply::decode(&e).is_err(), "a lease of 0 ms");
         // A grant with runs, a count past the bytes, a bad status: refused.
         let mut e = grant.encode();
         e[32] = 1;

@@ -11,8 +11,8 @@
 //! the same port. Every key-value operation is one-sided.
 
 use super::proto::{
-    AllocReply, AllocRequest, NodeInfo, RunsKind, RunsReply, RunsRequest, ALLOC_PORT, FEATURE_RUNS,
-    RUNS_OUT_OF_MEMORY, RUNS_REFUSED,
+    AllocReply, AllocRequest, NodeInfo, RunsKind, RunsReply, RunsRequest, ALLOC_PORT,
+    FEATURE_LEASES, FEATURE_RUNS, RUNS_OUT_OF_MEMORY, RUNS_REFUSED,
 };
 use crate::memory::{MemoryNode, NodeMemory, NodeStats, TableConfig, BLOCK_ALIGN};
 use crate::remote::{Cause, TransportError};
@@ -152,7 +152,7 @@ impl<N: Nic> MemoryNodeServer<N> {
             len: bytes,
             rkey: remote.rkey,
             alloc_port: ALLOC_PORT,
-            features: FEATURE_RUNS,
+            features: FEATURE_RUNS | FEATURE_LEASES,
         };
         Ok(MemoryNodeServer {
             node: node.clone(),
@@ -262,31 +262,63 @@ impl<N: Nic> MemoryNodeServer<N> {
         self.mem.prefault_ahead()
     }
 
-    /// A grant (blocks given back first, else a coarse block) or blocks
-    /// given back.
+    /// A grant (blocks given back first, else a coarse block), blocks
+    /// given back, or a lease renewed; for a request that names a holder,
+    /// on its behalf ([`crate::holders`]), with its lease in the answer.
     fn answer_runs(&self, req: RunsRequest) -> RunsReply {
-        let answer = |status, runs| RunsReply {
+        let answer = |status, runs, lease| RunsReply {
             req_id: req.req_id,
             status,
             runs,
+            lease,
         };
         let size_ok = req.block_bytes > 0 && req.block_bytes % BLOCK_ALIGN == 0;
+        let Some(holder) = req.holder else {
+            return match req.kind {
+                RunsKind::Grant { size } if size_ok && size > 0 => {
+                    match self.mem.alloc_blocks(size, req.block_bytes) {
+                        Ok(runs) => answer(0, runs, None),
+                        Err(_) => answer(RUNS_OUT_OF_MEMORY, Vec::new(), None),
+                    }
+                }
+                RunsKind::GiveBack { runs, delay_us } => {
+                    let delay = Duration::from_micros(delay_us);
+                    match self.mem.give_back(req.block_bytes, &runs, delay) {
+                        Ok(_) => answer(0, Vec::new(), None),
+                        Err(_) => answer(RUNS_REFUSED, Vec::new(), None),
+                    }
+                }
+                RunsKind::Grant { .. } | RunsKind::Renew => answer(RUNS_REFUSED, Vec::new(), None),
+            };
+        };
+        // A failure after the renewal still carries the lease: the node
+        // heard from the holder.
+        let Ok(lease) = self.mem.renew(holder) else {
+            return answer(RUNS_OUT_OF_MEMORY, Vec::new(), None);
+        };
         match req.kind {
             RunsKind::Grant { size } if size_ok && size > 0 => {
-                match self.mem.alloc_blocks(size, req.block_bytes) {
-                    Ok(runs) => answer(0, runs),
-                    Err(_) => answer(RUNS_OUT_OF_MEMORY, Vec::new()),
+                match self.mem.grant(holder, size, req.block_bytes) {
+                    Ok((runs, lease)) => answer(0, runs, Some(lease)),
+                    Err(_) => answer(RUNS_OUT_OF_MEMORY, Vec::new(), Some(lease)),
                 }
             }
             RunsKind::GiveBack { runs, delay_us } => {
                 let delay = Duration::from_micros(delay_us);
-                match self.mem.give_back(req.block_bytes, &runs, delay) {
-                    Ok(_) => answer(0, Vec::new()),
-                    Err(_) => answer(RUNS_REFUSED, Vec::new()),
+                match self.mem.give_back_as(holder, req.block_bytes, &runs, delay) {
+                    Ok((_, lease)) => answer(0, Vec::new(), Some(lease)),
+                    Err(_) => answer(RUNS_REFUSED, Vec::new(), Some(lease)),
                 }
             }
-            RunsKind::Grant { .. } => answer(RUNS_REFUSED, Vec::new()),
+            RunsKind::Renew => answer(0, Vec::new(), Some(lease)),
+            RunsKind::Grant { .. } => answer(RUNS_REFUSED, Vec::new(), Some(lease)),
         }
+    }
+
+    /// Sets how long a client's lease on this node's grants lasts without
+    /// a request ([`crate::holders::DEFAULT_GRANT_LEASE`] unless set).
+    pub fn set_grant_lease(&self, lease: Duration) {
+        self.mem.set_grant_lease(lease);
     }
 
     /// Serves on a thread of its own until the handle is dropped (or
@@ -304,6 +336,8 @@ impl<N: Nic> MemoryNodeServer<N> {
         let flag = stop.clone();
         let mem = self.mem.clone();
         let stats: StatsFn = Arc::new(move || mem.stats());
+        let mem_lease = self.mem.clone();
+        let set_lease: LeaseFn = Arc::new(move |d| mem_lease.set_grant_lease(d));
         let mem_fault = self.mem.clone();
         let thread = std::thread::Builder::new()
             .name(format!("race-node-{}", info.id))
@@ -327,6 +361,10 @@ impl<N: Nic> MemoryNodeServer<N> {
             .spawn(move || {
                 let mut sleep = MIN_FAULT_SLEEP;
                 while !flag.load(Ordering::Relaxed) {
+                    // Also takes back what dead clients never wrote (a
+                    // scan of their grants' blocks: off the serving
+                    // thread too).
+                    mem_fault.reclaim_if_due();
                     if mem_fault.prefault_ahead() > 0 {
                         sleep = MIN_FAULT_SLEEP;
                     } else {
@@ -342,11 +380,13 @@ impl<N: Nic> MemoryNodeServer<N> {
             thread,
             fault,
             stats,
+            set_lease,
         }
     }
 }
 
 type StatsFn = Arc<dyn Fn() -> NodeStats + Send + Sync>;
+type LeaseFn = Arc<dyn Fn(Duration) + Send + Sync>;
 
 /// A running [`MemoryNodeServer`]; stops (and joins) on drop.
 pub struct MemoryNodeHandle {
@@ -355,6 +395,7 @@ pub struct MemoryNodeHandle {
     thread: Option<std::thread::JoinHandle<()>>,
     fault: Option<std::thread::JoinHandle<()>>,
     stats: StatsFn,
+    set_lease: LeaseFn,
 }
 
 impl std::fmt::Debug for MemoryNodeHandle {
@@ -375,6 +416,12 @@ impl MemoryNodeHandle {
     /// Usage figures, with the blocks clients gave back.
     pub fn stats(&self) -> NodeStats {
         (self.stats)()
+    }
+
+    /// Sets how long a client's lease on the node's grants lasts
+    /// ([`MemoryNodeServer::set_grant_lease`]).
+    pub fn set_grant_lease(&self, lease: Duration) {
+        (self.set_lease)(lease);
     }
 
     /// Stops serving and joins the thread.

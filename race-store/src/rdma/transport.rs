@@ -39,7 +39,7 @@
 //! local key check instead of writing anything).
 
 use super::alloc_msg::{Allocations, Want};
-use super::proto::{NodeInfo, FEATURE_RUNS, MAX_RUNS};
+use super::proto::{NodeInfo, FEATURE_LEASES, FEATURE_RUNS, MAX_RUNS};
 use crate::layout::slot::RemotePtr;
 use crate::remote::{
     AllocAsk, BlockRun, Cause, Completions, OpResult, RemoteOp, Ticket, Transport, TransportError,
@@ -291,11 +291,27 @@ impl<N: Nic> VqpTransport<N> {
             .is_some_and(|r| r.info.features & FEATURE_RUNS != 0)
     }
 
+    /// Whether node `node` keeps leases on its grants ([`FEATURE_LEASES`]).
+    fn takes_leases(&self, node: u8) -> bool {
+        self.remotes
+            .get(usize::from(node))
+            .is_some_and(|r| r.info.features & FEATURE_LEASES != 0)
+    }
+
+    /// The holder id to name to node `node`: none if it keeps no leases.
+    fn holder_for(&self, node: u8) -> Option<u64> {
+        self.takes_leases(node).then(|| self.alloc.leases.holder())
+    }
+
     /// A request for about `size` bytes of blocks of `block_bytes`: a grant
     /// where the node takes one, else a coarse block.
     fn grant(&self, node: u8, size: u64, block_bytes: u64) -> Want {
         if self.takes_runs(node) {
-            Want::Grant { size, block_bytes }
+            Want::Grant {
+                size,
+                block_bytes,
+                holder: self.holder_for(node),
+            }
         } else {
             Want::Coarse { size }
         }
@@ -1013,6 +1029,7 @@ impl<N: Nic> Transport for VqpTransport<N> {
                 block_bytes,
                 runs: part.iter().map(|r| (r.start.offset(), r.len)).collect(),
                 delay_us: u64::try_from(delay.as_micros()).unwrap_or(u64::MAX),
+                holder: self.holder_for(node),
             };
             if wait {
                 self.alloc.exchange(&self.node, node, to, &want)?;
@@ -1021,6 +1038,20 @@ impl<N: Nic> Transport for VqpTransport<N> {
             }
         }
         Ok(())
+    }
+
+    /// Renewed by a request of its own when due (at most every half
+    /// lease: grants and give-backs renew it too).
+    fn grant_lease(&mut self, node: u8) -> Result<Option<u32>, TransportError> {
+        let Some(holder) = self.holder_for(node) else {
+            return Ok(None);
+        };
+        if self.alloc.leases.due(node, Instant::now()) {
+            let to = self.alloc_port(node)?;
+            self.alloc
+                .exchange(&self.node, node, to, &Want::Renew { holder })?;
+        }
+        Ok(self.alloc.leases.generation(node))
     }
 
     fn nodes(&self) -> u8 {

@@ -186,6 +186,13 @@ impl<T: Transport> Transport for FaultInjector<T> {
             .return_blocks(node, block_bytes, runs, delay, wait)
     }
 
+    fn grant_lease(&mut self, node: u8) -> Result<Option<u32>, TransportError> {
+        if self.dead {
+            return Err(TransportError::Disconnected);
+        }
+        self.inner.grant_lease(node)
+    }
+
     fn nodes(&self) -> u8 {
         self.inner.nodes()
     }
@@ -278,6 +285,10 @@ impl<T: Transport> Transport for Delayed<T> {
     ) -> Result<(), TransportError> {
         self.inner
             .return_blocks(node, block_bytes, runs, delay, wait)
+    }
+
+    fn grant_lease(&mut self, node: u8) -> Result<Option<u32>, TransportError> {
+        self.inner.grant_lease(node)
     }
 
     fn nodes(&self) -> u8 {

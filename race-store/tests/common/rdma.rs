@@ -33,6 +33,18 @@ pub fn cluster_with(
     max_global_depth: u8,
     engine: EngineConfig,
 ) -> Cluster {
+    cluster_leased(memory_nodes, bytes, max_global_depth, engine, None)
+}
+
+/// [`cluster_with`] whose memory nodes lease their grants for `lease`
+/// (their default if `None`).
+pub fn cluster_leased(
+    memory_nodes: u8,
+    bytes: u64,
+    max_global_depth: u8,
+    engine: EngineConfig,
+    lease: Option<Duration>,
+) -> Cluster {
     let meta = Node::builder()
         .fabric("sim:mem")
         .host_meta()
@@ -52,6 +64,9 @@ pub fn cluster_with(
             .build()
             .unwrap();
         let s = MemoryNodeServer::start(&node, id, bytes, &table, memory_nodes).unwrap();
+        if let Some(lease) = lease {
+            s.set_grant_lease(lease);
+        }
         infos.push(s.info());
         servers.push(s.spawn(Duration::from_micros(50)));
     }

@@ -1,0 +1,402 @@
+//! A memory node's book of the clients that hold its grants, so that the
+//! memory a client took and never wrote comes back when the client dies.
+//!
+//! A client carves KV blocks out of the grants a memory node gives it
+//! ([`crate::remote::Transport::alloc_blocks`]): up to 4 MiB per size class
+//! at a time, asked for ahead. A client that closes gives back what it did
+//! not use ([`crate::pool`]); one that crashes (SIGKILL, a lost machine)
+//! used to leave all of it allocated for good. With this book the node
+//! takes back, once a dead client's lease has ended, every block of its
+//! grants that was never written.
+//!
+//! # How it works
+//! * A client names itself with a random 64-bit *holder id* in its grant
+//!   and give-back requests. Each request renews the holder's lease on
+//!   the node; [`GrantLease`] tells the client the lease's length and its
+//!   *generation*, which is new each time the node starts a record for the
+//!   holder (the first request, or the first after the record ended).
+//! * The node records every grant as *pieces*: `(start, end, block size,
+//!   holder)`, which never overlap. A run given back (by any client: a
+//!   block another client unlinked and gave back lies in its carver's
+//!   piece) is cut out of the pieces it falls in. A piece whose last block
+//!   was written is forgotten ([`Holders::prune`]): clients carve a grant
+//!   from its start, so it is carved out.
+//! * A holder not heard from for a whole lease is dead: its record ends and
+//!   its pieces are handed to the node ([`Holders::expire`]), which takes
+//!   back every block of them whose first 8 bytes are still zero. The node
+//!   zeroes the first word of every block it hands out from its pool, and
+//!   new heap is zero, so a zero first word means nobody wrote the block
+//!   since it was granted: it was never linked into the table (a slot is
+//!   installed only after its block's WRITE completed), and no other
+//!   client holds it (another client can only hold a block it unlinked).
+//!   Blocks that were written stay allocated, linked or not: telling a
+//!   dead client's retired and free blocks from linked ones needs a scan of
+//!   the table, which this does not do.
+//!
+//! # Why a resumed client cannot write memory taken back (the fence)
+//! The client counts its lease from when it *sent* a request that was
+//! answered, on its own monotonic clock; the node counts from when it
+//! *received* the last one. The client carves from a node's grants only
+//! while at least half of its lease is left, renewing first when less is
+//! ([`crate::remote::Transport::grant_lease`]), and drops every grant and
+//! free block of the node when the generation changed. So a client the
+//! node declared dead stopped carving from the old grants half a lease
+//! before, by its own clock; a block carved before that is written by its
+//! operation within `max_op_ticks` (100 ms by default). This is the same
+//! kind of timing assumption as the grace period's: it holds unless a
+//! client stalls for half a lease (5 s by default) between carving a block
+//! and the doorbell that writes it.
+//!
+//! Plain data, no I/O and no clock: the node calls it under its heap lock
+//! with its own microseconds and reads the blocks itself.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+/// The default length of a client's lease on a memory node's grants.
+pub const DEFAULT_GRANT_LEASE: Duration = Duration::from_secs(10);
+
+/// What a memory node tells a client about its lease with each answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GrantLease {
+    /// The lease's length in milliseconds (at least 1).
+    pub lease_ms: u32,
+    /// The node's record of this holder: new (higher) each time the node
+    /// starts one. Grants of an older generation may have been taken back.
+    pub generation: u32,
+}
+
+/// A recorded grant, or what is left of one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Piece {
+    /// First byte.
+    pub start: u64,
+    /// One past the last byte.
+    pub end: u64,
+    /// Bytes of one block (the grant's size class).
+    pub block_bytes: u64,
+    /// The holder it was granted to.
+    pub holder: u64,
+}
+
+impl Piece {
+    /// Offsets of its whole blocks, from `start`.
+    pub fn blocks(&self) -> impl Iterator<Item = u64> + '_ {
+        let b = self.block_bytes.max(1);
+        let whole = (self.end.saturating_sub(self.start)) / b;
+        (0..whole).map(move |i| self.start + i * b)
+    }
+
+    /// The offset of its last whole block, if it has one.
+    fn last_block(&self) -> Option<u64> {
+        self.blocks().last()
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Record {
+    generation: u32,
+    /// The node's microseconds when its last request came.
+    last_seen: u64,
+}
+
+/// Figures of a node's [`Holders`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HolderStats {
+    /// Holders with a live lease.
+    pub holders: u64,
+    /// Pieces recorded (grants not known to be carved out).
+    pub pieces: u64,
+    /// Holders whose lease ended without a word from them, so far.
+    pub ended: u64,
+    /// Bytes taken back from ended holders, so far.
+    pub reclaimed: u64,
+}
+
+/// A lease's microseconds: whole milliseconds, 1 ms to `u32::MAX` ms.
+fn lease_us(lease: Duration) -> u64 {
+    let ms = u64::try_from(lease.as_millis())
+        .unwrap_or(u64::MAX)
+        .clamp(1, u64::from(u32::MAX));
+    ms * 1000
+}
+
+/// The book (see the module docs).
+#[derive(Debug)]
+pub struct Holders {
+    lease_us: u64,
+    next_generation: u32,
+    records: HashMap<u64, Record>,
+    /// Start -> piece; pieces never overlap.
+    pieces: BTreeMap<u64, Piece>,
+    ended: u64,
+    reclaimed: u64,
+}
+
+impl Holders {
+    /// An empty book whose leases last `lease` (at least 1 ms).
+    pub fn new(lease: Duration) -> Self {
+        Holders {
+            lease_us: lease_us(lease),
+            next_generation: 1,
+            records: HashMap::new(),
+            pieces: BTreeMap::new(),
+            ended: 0,
+            reclaimed: 0,
+        }
+    }
+
+    /// The lease's length.
+    pub fn lease(&self) -> Duration {
+        Duration::from_micros(self.lease_us)
+    }
+
+    /// Changes the lease's length (at least 1 ms) for every holder.
+    pub fn set_lease(&mut self, lease: Duration) {
+        self.lease_us = lease_us(lease);
+    }
+
+    /// Renews `holder`'s lease at `now`, starting a record (a new
+    /// generation) if it has none; the terms to tell it.
+    pub fn touch(&mut self, holder: u64, now: u64) -> GrantLease {
+        let next = &mut self.next_generation;
+        let r = self.records.entry(holder).or_insert_with(|| {
+            let generation = *next;
+            *next = next.wrapping_add(1).max(1);
+            Record {
+                generation,
+                last_seen: now,
+            }
+        });
+        r.last_seen = r.last_seen.max(now);
+        GrantLease {
+            lease_ms: u32::try_from(self.lease_us / 1000).unwrap_or(u32::MAX),
+            generation: r.generation,
+        }
+    }
+
+    /// Records `runs` (`(offset, len)`) of blocks of `block_bytes` granted
+    /// to `holder` (which [`Holders::touch`] renewed just before). Runs
+    /// overlapping a recorded piece replace that part of it (the node hands
+    /// out only memory nobody holds, so this happens only if a piece
+    /// outlived its blocks' return).
+    pub fn granted(&mut self, holder: u64, block_bytes: u64, runs: &[(u64, u64)]) {
+        for &(start, len) in runs {
+            let Some(end) = start.checked_add(len).filter(|_| len > 0) else {
+                continue;
+            };
+            self.cut(start, end);
+            self.pieces.insert(
+                start,
+                Piece {
+                    start,
+                    end,
+                    block_bytes,
+                    holder,
+                },
+            );
+        }
+    }
+
+    /// Runs given back to the node (by any client): no holder's any more.
+    pub fn returned(&mut self, runs: &[(u64, u64)]) {
+        for &(start, len) in runs {
+            if let Some(end) = start.checked_add(len) {
+                self.cut(start, end);
+            }
+        }
+    }
+
+    /// Removes `start..end` from every piece, keeping what lies outside it
+    /// on each piece's own block grid (a part block is dropped: kept
+    /// allocated, never taken back).
+    fn cut(&mut self, start: u64, end: u64) {
+        let hit: Vec<u64> = self
+            .pieces
+            .range(..end)
+            .rev()
+            .take_while(|(_, p)| p.end > start)
+            .map(|(&s, _)| s)
+            .collect();
+        for s in hit {
+            let Some(p) = self.pieces.remove(&s) else {
+                continue;
+            };
+            let b = p.block_bytes.max(1);
+            if p.start < start {
+                let keep_end = p.start + (start - p.start) / b * b;
+                if keep_end > p.start {
+                    self.pieces.insert(p.start, Piece { end: keep_end, ..p });
+                }
+            }
+            if end < p.end {
+                let from = p.start + (end - p.start).div_ceil(b) * b;
+                if from < p.end {
+                    self.pieces.insert(from, Piece { start: from, ..p });
+                }
+            }
+        }
+    }
+
+    /// Forgets `holder`'s pieces whose last block `written` says was
+    /// written: carved out, nothing of them will ever be taken back.
+    pub fn prune(&mut self, holder: u64, written: impl Fn(u64) -> bool) {
+        self.pieces
+            .retain(|_, p| p.holder != holder || !p.last_block().is_some_and(&written));
+    }
+
+    /// Ends the record of every holder not heard from for a whole lease
+    /// at `now`, and hands over their pieces (removed from the book) for
+    /// the node to take back what was never written.
+    pub fn expire(&mut self, now: u64) -> Vec<Piece> {
+        let lease = self.lease_us;
+        let dead: HashSet<u64> = self
+            .records
+            .iter()
+            .filter(|(_, r)| now.saturating_sub(r.last_seen) > lease)
+            .map(|(&h, _)| h)
+            .collect();
+        if dead.is_empty() {
+            return Vec::new();
+        }
+        for h in &dead {
+            self.records.remove(h);
+        }
+        self.ended += dead.len() as u64;
+        let mut out = Vec::new();
+        self.pieces.retain(|_, p| {
+            if dead.contains(&p.holder) {
+                out.push(*p);
+                false
+            } else {
+                true
+            }
+        });
+        out
+    }
+
+    /// Counts `bytes` taken back from ended holders (the node's scan).
+    pub fn note_reclaimed(&mut self, bytes: u64) {
+        self.reclaimed += bytes;
+    }
+
+    /// Figures.
+    pub fn stats(&self) -> HolderStats {
+        HolderStats {
+            holders: self.records.len() as u64,
+            pieces: self.pieces.len() as u64,
+            ended: self.ended,
+            reclaimed: self.reclaimed,
+        }
+    }
+}
+
+/// The never-written blocks of `piece` as runs `(offset, len)`, adjacent
+/// ones merged: `first_word(offset)` reads a block's first 8 bytes.
+pub fn unwritten_runs(piece: &Piece, first_word: impl Fn(u64) -> u64) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for at in piece.blocks() {
+        if first_word(at) != 0 {
+            continue;
+        }
+        match out.last_mut() {
+            Some((s, len)) if *s + *len == at => *len += piece.block_bytes,
+            _ => out.push((at, piece.block_bytes)),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LEASE: Duration = Duration::from_millis(10);
+
+    fn ms(n: u64) -> u64 {
+        n * 1000
+    }
+
+    #[test]
+    fn a_record_starts_a_generation_and_renewals_keep_it() {
+        let mut h = Holders::new(LEASE);
+        let a = h.touch(7, 0);
+        assert_eq!(a.lease_ms, 10);
+        assert_eq!(h.touch(7, ms(9)), a, "renewed within the lease");
+        let b = h.touch(8, ms(9));
+        assert_ne!(a.generation, b.generation);
+        // 7 was heard from at 9 ms: alive at 19, dead past it.
+        assert!(h.expire(ms(19)).is_empty());
+        assert_eq!(h.stats().holders, 2);
+        h.expire(ms(20));
+        assert_eq!(h.stats().holders, 0);
+        assert_eq!(h.stats().ended, 2);
+        let again = h.touch(7, ms(21));
+        assert!(
+            again.generation > b.generation,
+            "a new record, a new generation"
+        );
+    }
+
+    #[test]
+    fn a_dead_holder_hands_over_its_pieces_and_only_its() {
+        let mut h = Holders::new(LEASE);
+        h.touch(1, 0);
+        h.granted(1, 128, &[(4096, 1024), (8192, 512)]);
+        h.touch(2, ms(5));
+        h.granted(2, 64, &[(16384, 640)]);
+        let gone = h.expire(ms(11));
+        assert_eq!(gone.len(), 2);
+        assert!(gone.iter().all(|p| p.holder == 1));
+        assert_eq!(h.stats().pieces, 1);
+        let rest = h.expire(ms(16));
+        assert_eq!(rest.len(), 1);
+        assert_eq!(rest[0].holder, 2);
+    }
+
+    #[test]
+    fn runs_given_back_are_cut_out_on_the_block_grid() {
+        let mut h = Holders::new(LEASE);
+        h.touch(1, 0);
+        h.granted(1, 128, &[(4096, 1280)]); // 10 blocks
+                                            // Another client gives back block 3; a run of another size that
+                                            // ends mid-block drops the part block.
+        h.returned(&[(4096 + 3 * 128, 128)]);
+        h.returned(&[(4096 + 8 * 128, 64)]);
+        let mut got = h.expire(ms(11));
+        got.sort_by_key(|p| p.start);
+        let spans: Vec<(u64, u64)> = got.iter().map(|p| (p.start, p.end)).collect();
+        assert_eq!(
+            spans,
+            vec![
+                (4096, 4096 + 3 * 128),
+                (4096 + 4 * 128, 4096 + 8 * 128),
+                (4096 + 9 * 128, 4096 + 10 * 128)
+            ]
+        );
+    }
+
+    #[test]
+    fn carved_out_pieces_are_forgotten() {
+        let mut h = Holders::new(LEASE);
+        h.touch(1, 0);
+        h.granted(1, 64, &[(4096, 640), (8192, 640)]);
+        let written: HashSet<u64> = [4096 + 9 * 64].into_iter().collect();
+        h.prune(1, |at| written.contains(&at));
+        assert_eq!(h.stats().pieces, 1);
+        assert_eq!(h.expire(ms(11))[0].start, 8192);
+    }
+
+    #[test]
+    fn unwritten_blocks_come_out_as_merged_runs() {
+        let p = Piece {
+            start: 0,
+            end: 64 * 8 + 10,
+            block_bytes: 64,
+            holder: 1,
+        };
+        let written = [1u64, 2, 5];
+        let runs = unwritten_runs(&p, |at| u64::from(written.contains(&(at / 64))));
+        assert_eq!(runs, vec![(0, 64), (192, 128), (384, 128)]);
+    }
+}

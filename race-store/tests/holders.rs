@@ -1,0 +1,271 @@
+//! A client that dies (here: forgotten without closing, as a SIGKILL leaves
+//! it) gets its lease on the memory nodes' grants ended, and the nodes
+//! take back every block of its grants it never wrote; what it wrote stays,
+//! and a client whose lease ended while it was idle drops what it held
+//! instead of writing into memory handed out again (see
+//! `race_store::holders`).
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::*;
+use race_store::memory::LocalCluster;
+
+/// Long against a debug build's stalls under a loaded machine: a client
+/// that stalls for half a lease between carving a block and writing it
+/// breaks the fence's timing assumption (`race_store::holders`).
+const LEASE: Duration = Duration::from_secs(1);
+
+fn reclaimed(cluster: &LocalCluster) -> u64 {
+    cluster.stats().iter().map(|s| s.holders.reclaimed).sum()
+}
+
+fn reclaim_now(cluster: &LocalCluster) -> u64 {
+    (0..cluster.len())
+        .filter_map(|i| cluster.node(i))
+        .map(|n| n.reclaim_expired())
+        .sum()
+}
+
+#[test]
+fn a_dead_clients_unwritten_grants_come_back_and_an_idle_ones_are_fenced() {
+    let cluster = tiny_cluster(2, 64, 64 << 20, 16);
+    cluster.set_grant_lease(LEASE);
+    let mut model: HashMap<u64, Vec<u8>> = HashMap::new();
+    let config = system_config();
+
+    // A writes and dies: no close, no drop.
+    let mut a = open(&cluster, system_clock(), config);
+    for k in 0..1500 {
+        let v = value(k, 0, 40 + (k as usize % 150));
+        a.insert(&key(k), &v).unwrap();
+        model.insert(k, v);
+    }
+    let a_held = a.stats().kv_memory;
+    assert!(a_held.uncarved_bytes > 0, "{a_held:?}");
+    std::mem::forget(a);
+
+    // B writes, then idles past its lease too.
+    let mut b = open(&cluster, system_clock(), config);
+    for k in 1500..3000 {
+        let v = value(k, 0, 40 + (k as usize % 150));
+        b.insert(&key(k), &v).unwrap();
+        model.insert(k, v);
+    }
+    let b_held = b.stats().kv_memory;
+    assert_eq!(b_held.dropped_bytes, 0);
+    std::thread::sleep(LEASE + LEASE / 2);
+
+    // Both leases ended: exactly the blocks nobody wrote come back, which
+    // are the two clients' uncarved bytes (their free blocks were written).
+    let back = reclaim_now(&cluster);
+    assert_eq!(back, a_held.uncarved_bytes + b_held.uncarved_bytes);
+    assert_eq!(reclaimed(&cluster), back);
+    assert!(cluster.stats().iter().all(|s| s.holders.holders == 0));
+
+    // C takes what came back, before B wakes up.
+    let reused_before: u64 = cluster.stats().iter().map(|s| s.pool.reused).sum();
+    let mut c = open(&cluster, system_clock(), config);
+    for k in 3000..4500 {
+        let v = value(k, 0, 40 + (k as usize % 150));
+        c.insert(&key(k), &v).unwrap();
+        model.insert(k, v);
+    }
+    let reused: u64 = cluster.stats().iter().map(|s| s.pool.reused).sum();
+    assert!(
+        reused > reused_before,
+        "the blocks taken back were handed out again"
+    );
+
+    // B's next writes must not use what it held (C may hold it now): it
+    // learns of its new lease and drops the old grants.
+    for k in (1500..3000).step_by(3) {
+        let v = value(k, 1, 40 + (k as usize % 190));
+        b.update(&key(k), &v).unwrap();
+        model.insert(k, v);
+    }
+    let b_now = b.stats().kv_memory;
+    assert_eq!(
+        b_now.dropped_bytes,
+        b_held.uncarved_bytes + b_held.free_bytes,
+        "{b_now:?}"
+    );
+    for k in (3000..4500).step_by(2) {
+        let v = value(k, 1, 40 + (k as usize % 190));
+        c.update(&key(k), &v).unwrap();
+        model.insert(k, v);
+    }
+
+    // Every value written, by the dead client too, reads back; the table
+    // checks clean.
+    let mut d = open(&cluster, system_clock(), config);
+    for (k, v) in &model {
+        assert_eq!(d.get(&key(*k)).unwrap().as_deref(), Some(&v[..]), "key {k}");
+    }
+    let check = d.check_table().unwrap();
+    assert!(check.problems.is_empty(), "{:?}", check.problems);
+    assert_eq!(check.duplicates, 0);
+    assert_eq!(check.pairs.len(), model.len());
+    drop((b, c, d));
+}
+
+#[test]
+fn a_closed_client_leaves_nothing_to_take_back() {
+    let cluster = tiny_cluster(1, 64, 16 << 20, 16);
+    cluster.set_grant_lease(LEASE);
+    let mut a = open(&cluster, system_clock(), system_config());
+    for k in 0..500 {
+        a.insert(&key(k), &value(k, 0, 100)).unwrap();
+    }
+    let report = a.close();
+    assert!(report.error.is_none(), "{:?}", report.error);
+    std::thread::sleep(LEASE + LEASE / 2);
+    assert_eq!(
+        reclaim_now(&cluster),
+        0,
+        "it gave back what it did not write"
+    );
+    let s = cluster.stats()[0].holders;
+    assert_eq!((s.holders, s.ended), (0, 1));
+}
+
+/// The same over messaging: memory nodes served on `sim:mem` announce
+/// leases, a client names itself in its requests, and the node's upkeep
+/// thread takes back what a forgotten client never wrote, with no request
+/// from anyone.
+#[test]
+fn served_memory_nodes_take_back_a_dead_clients_grants_by_themselves() {
+    use common::rdma::cluster_leased;
+    use krcore::Node;
+    use krcore_kmod::EngineConfig;
+    use race_store::rdma::{VqpTransport, FEATURE_LEASES};
+    use race_store::Client;
+
+    let c = cluster_leased(
+        2,
+        32 << 20,
+        12,
+        EngineConfig::default(),
+        Some(Duration::from_millis(300)),
+    );
+    assert!(c.infos.iter().all(|i| i.features & FEATURE_LEASES != 0));
+    let node = Node::builder().join(&c.meta).build().unwrap();
+    let t = VqpTransport::connect(&node, &c.infos).unwrap();
+    let mut a = Client::open(t, system_clock(), system_config()).unwrap();
+    for k in 0..2000u64 {
+        a.put(&key(k), &value(k, 0, 300)).unwrap();
+    }
+    let held = a.stats().kv_memory;
+    let uncarved = held.uncarved_bytes;
+    assert!(uncarved > 0, "{held:?}");
+    assert!(c._servers.iter().any(|s| s.stats().holders.holders == 1));
+    std::mem::forget(a);
+
+    let back = || -> u64 { c._servers.iter().map(|s| s.stats().holders.reclaimed).sum() };
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    // Grants asked ahead and answered but not collected come back too.
+    while back() < uncarved {
+        assert!(
+            std::time::Instant::now() < until,
+            "took back {} of {uncarved}",
+            back()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let node = Node::builder().join(&c.meta).build().unwrap();
+    let t = VqpTransport::connect(&node, &c.infos).unwrap();
+    let mut b = Client::open(t, system_clock(), system_config()).unwrap();
+    for k in 2000..4000u64 {
+        b.put(&key(k), &value(k, 0, 300)).unwrap();
+    }
+    for k in 0..4000u64 {
+        assert_eq!(b.get(&key(k)).unwrap(), Some(value(k, 0, 300)), "key {k}");
+    }
+}
+
+/// Threads write their own keys while some idle past their lease (their
+/// grants taken back and handed to others meanwhile) and some die (a new
+/// client takes over their keys); a thread takes back ended leases all
+/// along. Every acknowledged value reads back and the table checks clean:
+/// no client wrote into memory handed out again.
+#[test]
+fn idlers_and_the_dead_never_write_into_memory_handed_out_again() {
+    use rand::rngs::SmallRng;
+    use rand::{Rng, SeedableRng};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    const STRESS_LEASE: Duration = Duration::from_millis(600);
+    let cluster = tiny_cluster(2, 64, 64 << 20, 16);
+    cluster.set_grant_lease(STRESS_LEASE);
+    let stop = Arc::new(AtomicBool::new(false));
+    let reaper = {
+        let (cluster, stop) = (cluster.clone(), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                reclaim_now(&cluster);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        })
+    };
+    let writers: Vec<_> = (0..3u64)
+        .map(|t| {
+            let cluster = cluster.clone();
+            std::thread::spawn(move || {
+                let mut rng = SmallRng::seed_from_u64(t);
+                let mut model: HashMap<u64, Vec<u8>> = HashMap::new();
+                let mut c = open(&cluster, system_clock(), system_config());
+                let (mut idled, mut died, mut dropped) = (0, 0, 0);
+                for round in 0..8u64 {
+                    for _ in 0..300 {
+                        let k = t * 100_000 + rng.gen_range(0..400);
+                        let v = value(k, round, rng.gen_range(8..300));
+                        c.put(&key(k), &v).unwrap();
+                        model.insert(k, v);
+                    }
+                    match rng.gen_range(0..3) {
+                        0 => {
+                            idled += 1;
+                            std::thread::sleep(STRESS_LEASE + STRESS_LEASE / 2);
+                        }
+                        1 => {
+                            died += 1;
+                            dropped += c.stats().kv_memory.dropped_bytes;
+                            std::mem::forget(c);
+                            c = open(&cluster, system_clock(), system_config());
+                        }
+                        _ => {}
+                    }
+                }
+                dropped += c.stats().kv_memory.dropped_bytes;
+                (model, idled, died, dropped, c)
+            })
+        })
+        .collect();
+    let mut model = HashMap::new();
+    let (mut idled, mut dropped) = (0, 0);
+    let mut clients = Vec::new();
+    for w in writers {
+        let (m, i, _, d, c) = w.join().unwrap();
+        model.extend(m);
+        idled += i;
+        dropped += d;
+        clients.push(c);
+    }
+    stop.store(true, Ordering::Relaxed);
+    reaper.join().unwrap();
+    assert!(reclaimed(&cluster) > 0, "nothing was taken back");
+    if idled > 0 {
+        assert!(dropped > 0, "{idled} idle spells and nothing dropped");
+    }
+    let mut d = open(&cluster, system_clock(), system_config());
+    for (k, v) in &model {
+        assert_eq!(d.get(&key(*k)).unwrap().as_deref(), Some(&v[..]), "key {k}");
+    }
+    let check = d.check_table().unwrap();
+    assert!(check.problems.is_empty(), "{:?}", check.problems);
+    assert_eq!(check.pairs.len(), model.len());
+    drop(clients);
+}
