@@ -28,7 +28,7 @@ use krcore_meta::bootstrap;
 use krcore_nic::sim::{LatencyModel, SimConfig, SimFabric};
 use krcore_nic::AnyNic;
 use race_store::clock::{Clock, SystemClock};
-use race_store::memory::TableConfig;
+use race_store::memory::{NodeStats, TableConfig};
 use race_store::rdma::{
     lookup_nodes_on_sim, MemoryNodeHandle, MemoryNodeServer, NodeInfo, VqpTransport,
 };
@@ -296,6 +296,19 @@ impl ClusterHost {
     /// The fabric.
     pub fn fabric(&self) -> &SimFabric {
         &self.fabric
+    }
+
+    /// Usage figures of each memory node.
+    pub fn node_stats(&self) -> Vec<NodeStats> {
+        self._servers.iter().map(MemoryNodeHandle::stats).collect()
+    }
+
+    /// Sets how long a client's lease on the memory nodes' grants lasts
+    /// ([`race_store::holders`]).
+    pub fn set_grant_lease(&self, lease: Duration) {
+        for s in &self._servers {
+            s.set_grant_lease(lease);
+        }
     }
 
     /// The fabric's directory (`None` on `sim:mem`).

@@ -5,7 +5,8 @@
 //! ```text
 //! krcore-soak [--duration 10m] [--processes 3] [--threads 1] [--records 5000]
 //!             [--kill-every 3s] [--memory-nodes 2] [--groups 4] [--value-size 64]
-//!             [--read-proportion 0.5] [--insert-proportion 0.05] [--json PATH]
+//!             [--read-proportion 0.5] [--insert-proportion 0.05] [--grant-lease 2s]
+//!             [--json PATH]
 //! ```
 //!
 //! The driver hosts a meta server and memory nodes on a fresh `/dev/shm`
@@ -37,7 +38,7 @@ use krcore_benches::soak::{
 use krcore_benches::ycsb::ScrambledZipfianGenerator;
 use krcore_nic::sim::{SimConfig, SimFabric};
 use race_store::layout::subtable::SubtableGeometry;
-use race_store::memory::TableConfig;
+use race_store::memory::{NodeStats, TableConfig};
 use race_store::ClientConfig;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -91,6 +92,12 @@ struct Args {
     /// the node daemon's, every client attached to it (`daemon`).
     #[arg(long, value_enum, default_value_t = SoakHost::Process)]
     host: SoakHost,
+    /// A client's lease on the memory nodes' grants: the nodes take back
+    /// what a killed client never wrote this long after its last request
+    /// (the report waits for it after the last kill, unless it is over a
+    /// minute: a long lease is a baseline that takes nothing back).
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    grant_lease: Duration,
     /// Write the summary as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -283,6 +290,23 @@ struct Summary {
     phantom_keys: u64,
     duplicates: usize,
     verification: Verification,
+    memory: SoakMemory,
+}
+
+/// The memory nodes' heap at the end, once the killed clients' leases
+/// ended (bytes, summed over the nodes).
+#[derive(Debug, Default, Serialize)]
+struct SoakMemory {
+    /// Heap handed out since the start (table and blocks).
+    heap_used: u64,
+    /// Of it, blocks back in the nodes' pools.
+    pooled: u64,
+    /// Blocks taken back from clients whose grant lease ended.
+    reclaimed: u64,
+    /// Clients whose lease ended.
+    ended: u64,
+    /// Clients with a live lease (the checker).
+    holders: u64,
 }
 
 fn main() -> ExitCode {
@@ -330,6 +354,7 @@ fn run(args: &Args) -> Result<bool, String> {
         sim: SimConfig::default(),
     };
     let host = ClusterHost::start(fabric.clone(), &opts, None).map_err(|e| e.to_string())?;
+    host.set_grant_lease(args.grant_lease);
     let remote = host.remote().map_err(|e| e.to_string())?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     eprintln!(
@@ -440,6 +465,7 @@ fn run(args: &Args) -> Result<bool, String> {
         deaths.insert(r.incarnation, r.proc.kill());
     }
     let elapsed = start.elapsed();
+    let stopped_at = Instant::now();
     eprintln!("krcore-soak: clients stopped after {elapsed:?}; {kills} kills; verifying");
 
     // Logs.
@@ -481,6 +507,27 @@ fn run(args: &Args) -> Result<bool, String> {
         .check_table()
         .map_err(|e| format!("check_table: {e}"))?;
     let table: HashMap<Vec<u8>, Vec<u8>> = check.pairs.iter().cloned().collect();
+    // The last processes' leases end a lease after their last request
+    // (not waited for past a minute: such a lease is a baseline without
+    // taking back).
+    if args.grant_lease <= Duration::from_secs(60) {
+        let lease_end = stopped_at + args.grant_lease + args.grant_lease / 2;
+        std::thread::sleep(lease_end.saturating_duration_since(Instant::now()));
+    }
+    let memory =
+        host.node_stats()
+            .iter()
+            .fold(SoakMemory::default(), |m: SoakMemory, s: &NodeStats| {
+                // Reclaim runs on the nodes' upkeep threads; what the stats
+                // say now is at most an eighth of a lease behind.
+                SoakMemory {
+                    heap_used: m.heap_used + s.heap_used,
+                    pooled: m.pooled + s.pool.pooled,
+                    reclaimed: m.reclaimed + s.holders.reclaimed,
+                    ended: m.ended + s.holders.ended,
+                    holders: m.holders + s.holders.holders,
+                }
+            });
     let written: std::collections::HashSet<Vec<u8>> = writes
         .iter()
         .map(|w| key_name(w.keynum).into_bytes())
@@ -518,6 +565,7 @@ fn run(args: &Args) -> Result<bool, String> {
         phantom_keys: phantom,
         duplicates: check.duplicates,
         verification,
+        memory,
     };
     let v = &summary.verification;
     println!("# krcore-soak: YCSB A ({:.0}% reads, {:.0}% inserts), {} processes x {} threads, kills every ~{:?}",
@@ -555,6 +603,12 @@ fn run(args: &Args) -> Result<bool, String> {
             st.doorbells, st.wrs, st.refused_doorbells, st.refused_requests
         );
     }
+    let m = &summary.memory;
+    let mib = |b: u64| b as f64 / f64::from(1u32 << 20);
+    println!(
+        "memory              heap handed out {:.1} MiB, {:.1} MiB of it pooled; {:.1} MiB taken back from {} clients whose grant lease ({:?}) ended, {} leases live",
+        mib(m.heap_used), mib(m.pooled), mib(m.reclaimed), m.ended, args.grant_lease, m.holders
+    );
     println!("lost acked writes   {}", v.lost);
     println!("wrong values        {}", v.wrong);
     println!("get vs table scan   {get_mismatch} mismatches");

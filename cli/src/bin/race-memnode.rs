@@ -2,8 +2,8 @@
 //!
 //! ```text
 //! race-memnode --fabric F --meta HOST:PORT --store NAME --id I --nodes N --mb M
-//!              [--lease-ms MS] [--wait-s S] [--meta-wait-s S] [--config FILE]
-//!              [--ready-file PATH]
+//!              [--lease-ms MS] [--grant-lease-ms MS] [--wait-s S]
+//!              [--meta-wait-s S] [--config FILE] [--ready-file PATH]
 //! race-memnode --daemon SOCKET --meta HOST:PORT --store NAME --id I --nodes N --mb M ...
 //! ```
 //!
@@ -20,7 +20,9 @@
 //! `--meta-wait-s S` a node whose meta server does not answer yet waits
 //! for it (at most S seconds, saying so once on stderr). The
 //! node's CPU then only answers block allocations (two-sided messages);
-//! every key-value operation is one-sided.
+//! every key-value operation is one-sided. A client not heard from for
+//! `--grant-lease-ms` (default 10 s) is taken for dead: the blocks of its
+//! grants it never wrote are handed out again (`race_store::holders`).
 //!
 //! Prints `ready: ...` (and writes it to `--ready-file`) once it has joined;
 //! on SIGINT/SIGTERM it leaves the store, deregisters and exits 0. Exit
@@ -74,6 +76,12 @@ struct Args {
     /// (renewed every third) [default: 10000].
     #[arg(long)]
     lease_ms: Option<u64>,
+    /// Lease in ms of a client on the node's grants, renewed by its
+    /// requests: a client not heard from for that long is taken for dead,
+    /// and the blocks of its grants it never wrote come back [default:
+    /// 10000].
+    #[arg(long)]
+    grant_lease_ms: Option<u64>,
     /// Seconds nodes 1..N wait for node 0 [default: 30].
     #[arg(long)]
     wait_s: Option<u64>,
@@ -109,6 +117,7 @@ struct FileConfig {
     nodes: Option<u8>,
     mb: Option<u64>,
     lease_ms: Option<u64>,
+    grant_lease_ms: Option<u64>,
     wait_s: Option<u64>,
     meta_wait_s: Option<u64>,
     /// The engine's settings (`[engine]`: see `krcore::EngineConfig`).
@@ -161,6 +170,15 @@ fn main() -> ExitCode {
         .lease_ms
         .or(file.lease_ms)
         .map_or(DEFAULT_MEMBER_LEASE, Duration::from_millis);
+    if let Some(ms) = args.grant_lease_ms.or(file.grant_lease_ms) {
+        if ms == 0 || ms > u64::from(u32::MAX) {
+            return usage(
+                PROGRAM,
+                format!("--grant-lease-ms {ms}: must be 1..={}", u32::MAX),
+            );
+        }
+        opts.grant_lease = Duration::from_millis(ms);
+    }
     if let Some(s) = args.wait_s.or(file.wait_s) {
         opts.wait = Duration::from_secs(s);
     }
@@ -209,10 +227,13 @@ fn main() -> ExitCode {
     shutdown.wait_until(Duration::from_millis(50), || false);
     tracing::info!("signal received: leaving the store");
     let usage = served.stats().map(|s| {
+        // The pool counts what it took back from dead clients as returned.
         format!(
-            "; heap {} KiB handed out, clients gave back {} KiB ({} KiB of it reused, {} KiB pooled)",
+            "; heap {} KiB handed out, clients gave back {} KiB, {} KiB taken back from {} clients whose grant lease ended ({} KiB of it all reused, {} KiB pooled)",
             s.heap_used >> 10,
-            s.pool.returned >> 10,
+            s.pool.returned.saturating_sub(s.holders.reclaimed) >> 10,
+            s.holders.reclaimed >> 10,
+            s.holders.ended,
             s.pool.reused >> 10,
             s.pool.pooled >> 10
         )
