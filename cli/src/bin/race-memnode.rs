@@ -44,6 +44,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 const PROGRAM: &str = "race-memnode";
+/// The shortest `--grant-lease-ms`.
+const MIN_GRANT_LEASE_MS: u64 = 1000;
 
 /// One memory node of a RACE store (one-sided hash table on disaggregated
 /// memory).
@@ -78,8 +80,8 @@ struct Args {
     lease_ms: Option<u64>,
     /// Lease in ms of a client on the node's grants, renewed by its
     /// requests: a client not heard from for that long is taken for dead,
-    /// and the blocks of its grants it never wrote come back [default:
-    /// 10000].
+    /// and the blocks of its grants it never wrote come back (at least
+    /// 1000) [default: 10000].
     #[arg(long)]
     grant_lease_ms: Option<u64>,
     /// Seconds nodes 1..N wait for node 0 [default: 30].
@@ -171,10 +173,16 @@ fn main() -> ExitCode {
         .or(file.lease_ms)
         .map_or(DEFAULT_MEMBER_LEASE, Duration::from_millis);
     if let Some(ms) = args.grant_lease_ms.or(file.grant_lease_ms) {
-        if ms == 0 || ms > u64::from(u32::MAX) {
+        // Half of it bounds how long a client may stall between carving a
+        // block and writing it (race_store::holders): far above a client's
+        // attempt deadline (100 ms by default).
+        if !(MIN_GRANT_LEASE_MS..=u64::from(u32::MAX)).contains(&ms) {
             return usage(
                 PROGRAM,
-                format!("--grant-lease-ms {ms}: must be 1..={}", u32::MAX),
+                format!(
+                    "--grant-lease-ms {ms}: must be {MIN_GRANT_LEASE_MS}..={}",
+                    u32::MAX
+                ),
             );
         }
         opts.grant_lease = Duration::from_millis(ms);
