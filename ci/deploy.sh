@@ -11,7 +11,9 @@
 # DEPLOY_META_RESTART_BOUND (30) s.
 # Then it SIGKILLs memory node 0 under a running client and checks that the
 # client fails with a typed error and a non-zero exit within 10 s. Then it
-# starts a second store and runs krcore-elastic with 4 joining processes
+# SIGKILLs a writing client of a store of its own and checks that the memory
+# node took back what the client never wrote of its grants (its exit line).
+# Then it starts a second store and runs krcore-elastic with 4 joining processes
 # against it; with DEPLOY_DAEMON (default on) again attached to krcored,
 # then YCSB-A through krcored, and a third store whose memory node runs
 # attached to krcored (race-memnode --daemon). With DEPLOY_LAT=1 it also measures YCSB-C get latency (1
@@ -103,7 +105,8 @@ if [ "${DEPLOY_GIDS:-0}" = 1 ]; then
 fi
 
 # Roles: 1 meta, 2-3 store ci, 4-5 store el, 6 the ycsb driver and the
-# latency and kill clients, 7-8 ycsb's client processes, 9 elastic, 10 krcored.
+# latency and kill clients, 7-8 ycsb's client processes, 9 elastic, 10 krcored,
+# 11 store gc (a killed client's grants taken back).
 cfg=()
 [ -n "${DEPLOY_CONFIG:-}" ] && cfg=(--config "$DEPLOY_CONFIG")
 ycsb() { "$bin/krcore-ycsb" --fabric "$(fab 6)" --meta "$meta" "${cfg[@]}" "$@"; }
@@ -228,6 +231,35 @@ fi
 say "client exited with $rc after $((SECONDS - t0)) s: $(grep -m1 "krcore-ycsb: error" "$work/kill.err" || grep -m1 error "$work/kill.err")"
 [ "$rc" != 0 ] || die "the client exited 0 after its memory node died"
 grep -q "memory node 0 is down\|transport error" "$work/kill.err" || die "no typed error from the client"
+
+# A killed client gives nothing back; its memory node takes back what it
+# never wrote of its grants once its lease (here 1 s) ends, and says so on
+# exit (race_store::holders).
+say "client kill: SIGKILL a writing client; its memory node takes back what it never wrote"
+start mem5 "$bin/race-memnode" --fabric "$(fab 11)" --meta "$meta" --store gc --id 0 --nodes 1 --mb "$mb" \
+  --grant-lease-ms 1000 "${cfg[@]}"
+mem5=$started
+# A load that runs until killed: inserts carve grants all along, so the
+# client always holds some it has not written (100 B records: at most a
+# few MiB a second).
+# (The binary itself in the background, not the ycsb function: $! must be
+# the process that SIGKILL stops.)
+"$bin/krcore-ycsb" --fabric "$(fab 6)" --meta "$meta" "${cfg[@]}" --store gc --workload a \
+  --records 1000000000 --phase load -p fieldcount=1 -p fieldlength=100 >"$work/gc.out" 2>"$work/gc.err" &
+writer=$!
+sleep 3
+kill -0 "$writer" 2>/dev/null || { cat "$work/gc.err" >&2; die "the writing client ended before the kill"; }
+kill -KILL "$writer"
+wait "$writer" 2>/dev/null
+# The lease ends 1 s after the client's last request; the node looks for
+# ended leases every eighth of it.
+sleep 3
+kill -TERM "$mem5"
+wait "$mem5" 2>/dev/null
+line=$(grep -m1 'KiB taken back' "$work/mem5.err") || { cat "$work/mem5.err" >&2; die "no exit line from the memory node"; }
+say "${line#*; }"
+kb=$(printf '%s\n' "$line" | sed -n 's/.*, \([0-9][0-9]*\) KiB taken back .*/\1/p')
+[ "${kb:-0}" -gt 0 ] || die "nothing taken back from the killed client"
 
 say "elastic: a second store, 4 joining processes"
 start mem2 "$bin/race-memnode" --fabric "$(fab 4)" --meta "$meta" --store el --id 0 --nodes 2 --mb "$mb" "${cfg[@]}"

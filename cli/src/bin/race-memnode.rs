@@ -237,7 +237,7 @@ fn main() -> ExitCode {
     let usage = served.stats().map(|s| {
         // The pool counts what it took back from dead clients as returned.
         format!(
-            "; heap {} KiB handed out, clients gave back {} KiB, {} KiB taken back from {} clients whose grant lease ended ({} KiB of it all reused, {} KiB pooled)",
+            "; heap {} KiB handed out, clients gave back {} KiB, {} KiB taken back (grant leases ended: {}; {} KiB of it all reused, {} KiB pooled)",
             s.heap_used >> 10,
             s.pool.returned.saturating_sub(s.holders.reclaimed) >> 10,
             s.holders.reclaimed >> 10,
