@@ -11,7 +11,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use common::*;
-use race_store::memory::LocalCluster;
+use race_store::memory::{LocalCluster, LocalTransport};
+use race_store::Client;
 
 /// Long against a debug build's stalls under a loaded machine: a client
 /// that stalls for half a lease between carving a block and writing it
@@ -20,6 +21,21 @@ const LEASE: Duration = Duration::from_secs(1);
 
 fn reclaimed(cluster: &LocalCluster) -> u64 {
     cluster.stats().iter().map(|s| s.holders.reclaimed).sum()
+}
+
+/// Puts version `version` of each key of `keys` (lengths vary with the
+/// key and the version), noting it in `model`.
+fn write(
+    c: &mut Client<LocalTransport>,
+    keys: std::iter::StepBy<std::ops::Range<u64>>,
+    version: u64,
+    model: &mut HashMap<u64, Vec<u8>>,
+) {
+    for k in keys {
+        let v = value(k, version, 40 + ((k + version * 7) as usize % 190));
+        c.put(&key(k), &v).unwrap();
+        model.insert(k, v);
+    }
 }
 
 fn reclaim_now(cluster: &LocalCluster) -> u64 {
@@ -38,22 +54,14 @@ fn a_dead_clients_unwritten_grants_come_back_and_an_idle_ones_are_fenced() {
 
     // A writes and dies: no close, no drop.
     let mut a = open(&cluster, system_clock(), config);
-    for k in 0..1500 {
-        let v = value(k, 0, 40 + (k as usize % 150));
-        a.insert(&key(k), &v).unwrap();
-        model.insert(k, v);
-    }
+    write(&mut a, (0..1500).step_by(1), 0, &mut model);
     let a_held = a.stats().kv_memory;
     assert!(a_held.uncarved_bytes > 0, "{a_held:?}");
     std::mem::forget(a);
 
     // B writes, then idles past its lease too.
     let mut b = open(&cluster, system_clock(), config);
-    for k in 1500..3000 {
-        let v = value(k, 0, 40 + (k as usize % 150));
-        b.insert(&key(k), &v).unwrap();
-        model.insert(k, v);
-    }
+    write(&mut b, (1500..3000).step_by(1), 0, &mut model);
     let b_held = b.stats().kv_memory;
     assert_eq!(b_held.dropped_bytes, 0);
     std::thread::sleep(LEASE + LEASE / 2);
@@ -68,11 +76,7 @@ fn a_dead_clients_unwritten_grants_come_back_and_an_idle_ones_are_fenced() {
     // C takes what came back, before B wakes up.
     let reused_before: u64 = cluster.stats().iter().map(|s| s.pool.reused).sum();
     let mut c = open(&cluster, system_clock(), config);
-    for k in 3000..4500 {
-        let v = value(k, 0, 40 + (k as usize % 150));
-        c.insert(&key(k), &v).unwrap();
-        model.insert(k, v);
-    }
+    write(&mut c, (3000..4500).step_by(1), 0, &mut model);
     let reused: u64 = cluster.stats().iter().map(|s| s.pool.reused).sum();
     assert!(
         reused > reused_before,
@@ -81,22 +85,14 @@ fn a_dead_clients_unwritten_grants_come_back_and_an_idle_ones_are_fenced() {
 
     // B's next writes must not use what it held (C may hold it now): it
     // learns of its new lease and drops the old grants.
-    for k in (1500..3000).step_by(3) {
-        let v = value(k, 1, 40 + (k as usize % 190));
-        b.update(&key(k), &v).unwrap();
-        model.insert(k, v);
-    }
+    write(&mut b, (1500..3000).step_by(3), 1, &mut model);
     let b_now = b.stats().kv_memory;
     assert_eq!(
         b_now.dropped_bytes,
         b_held.uncarved_bytes + b_held.free_bytes,
         "{b_now:?}"
     );
-    for k in (3000..4500).step_by(2) {
-        let v = value(k, 1, 40 + (k as usize % 190));
-        c.update(&key(k), &v).unwrap();
-        model.insert(k, v);
-    }
+    write(&mut c, (3000..4500).step_by(2), 1, &mut model);
 
     // Every value written, by the dead client too, reads back; the table
     // checks clean.
@@ -141,7 +137,6 @@ fn served_memory_nodes_take_back_a_dead_clients_grants_by_themselves() {
     use krcore::Node;
     use krcore_kmod::EngineConfig;
     use race_store::rdma::{VqpTransport, FEATURE_LEASES};
-    use race_store::Client;
 
     let c = cluster_leased(
         2,
