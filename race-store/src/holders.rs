@@ -37,15 +37,17 @@
 //! The client counts its lease from when it *sent* a request that was
 //! answered, on its own monotonic clock; the node counts from when it
 //! *received* the last one. The client carves from a node's grants only
-//! while at least half of its lease is left, renewing first when less is
-//! ([`crate::remote::Transport::grant_lease`]), and drops every grant and
-//! free block of the node when the generation changed. So a client the
-//! node declared dead stopped carving from the old grants half a lease
-//! before, by its own clock; a block carved before that is written by its
-//! operation within `max_op_ticks` (100 ms by default). This is the same
-//! kind of timing assumption as the grace period's: it holds unless a
-//! client stalls for half a lease (5 s by default) between carving a block
-//! and the doorbell that writes it.
+//! while more than a quarter of its lease is left
+//! ([`crate::remote::Transport::grant_lease`]: it renews once half is
+//! gone, ahead where the transport can, and waits for the renewal at a
+//! quarter), and drops every grant and free block of the node when the
+//! generation changed. So a client the node declared dead stopped carving
+//! from the old grants a quarter of a lease before, by its own clock; a
+//! block carved before that is written by its operation within
+//! `max_op_ticks` (100 ms by default). This is the same kind of timing
+//! assumption as the grace period's: it holds unless a client stalls for
+//! a quarter of a lease (2.5 s by default) between carving a block and the
+//! doorbell that writes it.
 //!
 //! Plain data, no I/O and no clock: the node calls it under its heap lock
 //! with its own microseconds and reads the blocks itself.

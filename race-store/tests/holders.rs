@@ -264,3 +264,42 @@ fn idlers_and_the_dead_never_write_into_memory_handed_out_again() {
     assert_eq!(check.pairs.len(), model.len());
     drop(clients);
 }
+
+/// A client that keeps updating from its own free blocks asks no grants:
+/// its lease lives on renewals alone, sent ahead and collected later. Over
+/// many leases the node never takes it for dead and it never drops what it
+/// holds.
+#[test]
+fn a_writer_that_asks_no_grants_keeps_its_lease_by_renewals() {
+    use common::rdma::cluster_leased;
+    use krcore::Node;
+    use krcore_kmod::EngineConfig;
+    use race_store::rdma::VqpTransport;
+
+    let lease = Duration::from_millis(300);
+    let c = cluster_leased(1, 32 << 20, 12, EngineConfig::default(), Some(lease));
+    let node = Node::builder().join(&c.meta).build().unwrap();
+    let t = VqpTransport::connect(&node, &c.infos).unwrap();
+    let config = race_store::ClientConfig {
+        grace_ticks: 20_000,
+        max_op_ticks: 5_000,
+        ..system_config()
+    };
+    let mut a = Client::open(t, system_clock(), config).unwrap();
+    for k in 0..200u64 {
+        a.put(&key(k), &value(k, 0, 100)).unwrap();
+    }
+    let start = std::time::Instant::now();
+    let mut n = 0u64;
+    while start.elapsed() < lease * 8 {
+        let k = n % 200;
+        a.put(&key(k), &value(k, n, 100)).unwrap();
+        n += 1;
+    }
+    let s = c._servers[0].stats().holders;
+    assert_eq!(s.ended, 0, "{s:?}");
+    assert_eq!(a.stats().kv_memory.dropped_bytes, 0);
+    for k in 0..200u64 {
+        assert!(a.get(&key(k)).unwrap().is_some());
+    }
+}

@@ -173,7 +173,7 @@ fn main() -> ExitCode {
         .or(file.lease_ms)
         .map_or(DEFAULT_MEMBER_LEASE, Duration::from_millis);
     if let Some(ms) = args.grant_lease_ms.or(file.grant_lease_ms) {
-        // Half of it bounds how long a client may stall between carving a
+        // A quarter of it bounds how long a client may stall between carving a
         // block and writing it (race_store::holders): far above a client's
         // attempt deadline (100 ms by default).
         if !(MIN_GRANT_LEASE_MS..=u64::from(u32::MAX)).contains(&ms) {

@@ -112,6 +112,8 @@ pub struct VqpTransport<N: Nic> {
     /// Block allocation: the messaging endpoint (made at the first
     /// allocation) and the requests sent ahead.
     alloc: Allocations<N>,
+    /// Per node: the renewal of the grant lease sent ahead, not collected.
+    renewing: Vec<Option<AllocAsk>>,
     /// WRITEs of at most this many bytes go inline: `MAX_INLINE` (on a
     /// node attached to the node daemon too: its ring carries them in a
     /// continuation slot).
@@ -210,6 +212,7 @@ impl<N: Nic> VqpTransport<N> {
             remotes,
             scratch,
             alloc: Allocations::new(),
+            renewing: Vec::new(),
             max_inline: MAX_INLINE,
             batch: 0,
             wcs: vec![Wc::default(); 16],
@@ -1040,16 +1043,53 @@ impl<N: Nic> Transport for VqpTransport<N> {
         Ok(())
     }
 
-    /// Renewed by a request of its own when due (at most every half
-    /// lease: grants and give-backs renew it too).
+    /// Renewed by a request of its own (grants and give-backs renew it
+    /// too): sent ahead once less than half the lease is left, its answer
+    /// collected by a later call; waited for only when a quarter or less
+    /// is left (an exchange while the memory node's thread sleeps would
+    /// stall the write that carves: up to its idle sleep).
     fn grant_lease(&mut self, node: u8) -> Result<Option<u32>, TransportError> {
         let Some(holder) = self.holder_for(node) else {
             return Ok(None);
         };
-        if self.alloc.leases.due(node, Instant::now()) {
+        let i = usize::from(node);
+        if self.renewing.len() <= i {
+            self.renewing.resize(i + 1, None);
+        }
+        if let Some(ask) = self.renewing.get(i).copied().flatten() {
+            // Collected if answered (a failed one is asked again).
+            if !matches!(self.alloc.answer(ask, false), Ok(None)) {
+                self.renewing.get_mut(i).map(Option::take);
+            }
+        }
+        let now = Instant::now();
+        let pending = self.renewing.get_mut(i).and_then(Option::take);
+        if self.alloc.leases.urgent(node, now) {
             let to = self.alloc_port(node)?;
-            self.alloc
-                .exchange(&self.node, node, to, &Want::Renew { holder })?;
+            match pending {
+                Some(ask) => {
+                    self.alloc.answer(ask, true)?;
+                }
+                None => {
+                    self.alloc
+                        .exchange(&self.node, node, to, &Want::Renew { holder })?;
+                }
+            }
+        } else if pending.is_some() || !self.alloc.leases.due(node, now) {
+            // Still out, or not due yet.
+            if let Some(slot) = self.renewing.get_mut(i) {
+                *slot = pending;
+            }
+        } else {
+            let to = self.alloc_port(node)?;
+            // A renewal that cannot be sent ahead is sent when urgent.
+            let asked = self
+                .alloc
+                .ask(&self.node, node, to, Want::Renew { holder })
+                .ok();
+            if let Some(slot) = self.renewing.get_mut(i) {
+                *slot = asked;
+            }
         }
         Ok(self.alloc.leases.generation(node))
     }

@@ -110,6 +110,17 @@ impl LeaseBook {
         }
     }
 
+    /// Whether node `node`'s lease must be renewed before the client
+    /// carves from its grants at `now`, waiting for the renewal: none
+    /// learned yet, or a quarter of it or less left (a transport that sends
+    /// renewals ahead sends one at [`LeaseBook::due`] and waits only here).
+    pub fn urgent(&self, node: u8, now: Instant) -> bool {
+        match self.held.get(usize::from(node)).copied().flatten() {
+            None => true,
+            Some(h) => now + h.lease / 4 >= h.until,
+        }
+    }
+
     /// The generation of node `node`'s lease, once learned.
     pub fn generation(&self, node: u8) -> Option<u32> {
         self.held
@@ -137,12 +148,14 @@ mod tests {
         assert_ne!(b.holder(), 0);
         assert_ne!(LeaseBook::new().holder(), b.holder());
         let t0 = Instant::now();
-        assert!(b.due(2, t0), "nothing learned yet");
+        assert!(b.due(2, t0) && b.urgent(2, t0), "nothing learned yet");
         b.learn(2, t0, terms(4)).unwrap();
         assert_eq!(b.generation(2), Some(4));
         assert_eq!(b.generation(1), None);
         assert!(!b.due(2, t0 + Duration::from_millis(499)));
         assert!(b.due(2, t0 + Duration::from_millis(500)));
+        assert!(!b.urgent(2, t0 + Duration::from_millis(749)));
+        assert!(b.urgent(2, t0 + Duration::from_millis(750)));
         // An answer to an earlier request does not shorten it.
         b.learn(2, t0 - Duration::from_millis(300), terms(4))
             .unwrap();
