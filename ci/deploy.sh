@@ -28,6 +28,7 @@
 # (7471), DEPLOY_MB (256), DEPLOY_LAT (0), DEPLOY_LAT_OPS (20000),
 # DEPLOY_LAT_ROUNDS (3), DEPLOY_CONFIG (a --config file for every program:
 # [engine] for all, [table] for the memory nodes, [client] for the clients),
+# DEPLOY_STEP_TIMEOUT (400: seconds for the attached elastic run),
 # DEPLOY_GIDS (0), DEPLOY_WORKLOADS ("a b c d f"), DEPLOY_KILL_BOUND (10:
 # seconds the client may take to fail after its memory node died),
 # DEPLOY_DAEMON (default 1: runs krcored and attaches the elastic joiners
@@ -247,7 +248,14 @@ mem5=$started
 "$bin/krcore-ycsb" --fabric "$(fab 6)" --meta "$meta" "${cfg[@]}" --store gc --workload a \
   --records 1000000000 --phase load -p fieldcount=1 -p fieldlength=100 >"$work/gc.out" 2>"$work/gc.err" &
 writer=$!
-sleep 3
+# Its header comes once it has found the store (connected); its inserts
+# take grants from then on (the guest is slow: no fixed sleep before that).
+for _ in $(seq 600); do
+  grep -q '^# krcore-ycsb' "$work/gc.out" 2>/dev/null && break
+  kill -0 "$writer" 2>/dev/null || break
+  sleep 0.1
+done
+sleep 2
 kill -0 "$writer" 2>/dev/null || { cat "$work/gc.err" >&2; die "the writing client ended before the kill"; }
 kill -KILL "$writer"
 wait "$writer" 2>/dev/null
@@ -277,11 +285,15 @@ daemon=${DEPLOY_DAEMON:-1}
 if [ "$daemon" = 1 ]; then
   say "krcored: one engine for the node, 4 joining processes attached to it"
   start krcored "$bin/krcored" --fabric "$(fab 10)" --meta "$meta" --socket "$work/krcored.sock" "${cfg[@]}"
-  "$bin/krcore-elastic" --fabric "$(fab 9)" --meta "$meta" --store el --joiners 4 "${cfg[@]}" \
+  # Bounded (a CI run once stalled here until the guest's timeout, with no
+  # output): on failure, what the driver and the daemon said.
+  timeout -k 5 "${DEPLOY_STEP_TIMEOUT:-400}" \
+    "$bin/krcore-elastic" --fabric "$(fab 9)" --meta "$meta" --store el --joiners 4 "${cfg[@]}" \
     --host daemon --socket "$work/krcored.sock" \
     --records "$((records < 10000 ? records : 10000))" --gets 500 \
     >"$work/elastic-daemon.out" 2>"$work/elastic-daemon.err" ||
-    { cat "$work/elastic-daemon.out" "$work/elastic-daemon.err" >&2; die "krcore-elastic --host daemon"; }
+    { cat "$work/elastic-daemon.out" "$work/elastic-daemon.err" "$work/krcored.err" >&2
+      die "krcore-elastic --host daemon"; }
   cat "$work/elastic-daemon.out"
   # Every joiner: no QP of its own. The daemon's: none on DC (its pool was
   # made at start); in RC fallback mode (no DC) one RC pair per memory node
