@@ -77,6 +77,16 @@ start() {
   die "$name not ready within 60 s"
 }
 
+# await_header OUT PID: waits (60 s at most) until krcore-ycsb process PID
+# printed its header line to OUT (it has found its store), or ended.
+await_header() {
+  for _ in $(seq 600); do
+    grep -q '^# krcore-ycsb:' "$1" 2>/dev/null && return 0
+    kill -0 "$2" 2>/dev/null || return 0
+    sleep 0.1
+  done
+}
+
 # fab ROLE: the fabric string of the process playing ROLE (1..).
 fab() { printf '%s' "$fabric"; }
 if [ "${DEPLOY_GIDS:-0}" = 1 ]; then
@@ -182,11 +192,7 @@ if [ "${DEPLOY_META_RESTART:-1}" = 1 ]; then
   across=$!
   # Its header line comes once it has found the store (its connections
   # made); then a second of gets.
-  for _ in $(seq 600); do
-    grep -q '^# krcore-ycsb:' "$work/across.out" 2>/dev/null && break
-    kill -0 "$across" 2>/dev/null || break
-    sleep 0.1
-  done
+  await_header "$work/across.out" "$across"
   sleep 1
   kill -0 "$across" 2>/dev/null || { cat "$work/across.err" >&2; die "the client ended before the restart"; }
   grep -q '^# krcore-ycsb:' "$work/across.out" || die "the client found no store within 60 s"
@@ -250,11 +256,7 @@ mem5=$started
 writer=$!
 # Its header comes once it has found the store (connected); its inserts
 # take grants from then on (the guest is slow: no fixed sleep before that).
-for _ in $(seq 600); do
-  grep -q '^# krcore-ycsb' "$work/gc.out" 2>/dev/null && break
-  kill -0 "$writer" 2>/dev/null || break
-  sleep 0.1
-done
+await_header "$work/gc.out" "$writer"
 sleep 2
 kill -0 "$writer" 2>/dev/null || { cat "$work/gc.err" >&2; die "the writing client ended before the kill"; }
 kill -KILL "$writer"
