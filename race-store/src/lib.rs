@@ -39,6 +39,8 @@
 //!   counters, the fault injector.
 //! * [`memory`]: [`memory::LocalCluster`] of in-process memory nodes, table
 //!   bootstrap ([`memory::MemoryNode::format`]).
+//! * [`pool`] and [`holders`]: a memory node's blocks given back, and its
+//!   book of the clients holding its grants (leases, taking back).
 //! * [`clock`]: [`clock::Clock`], [`clock::SystemClock`], [`clock::WallClock`]
 //!   (one time base for client processes), [`clock::ManualClock`].
 //! * [`hash`]: the two hash functions, fingerprint, directory index, bucket
@@ -129,9 +131,11 @@
 //! ## Cleanup
 //! [`Client::close`] gives the memory a client took from the nodes back to
 //! them ([`pool`]), after the grace period of its last retired blocks;
-//! dropping a client gives back only what is free at once. A client that
-//! crashed leaks what it held, and a resize lock it held is broken by
-//! another client when the lease expires.
+//! dropping a client gives back only what is free at once. Of a client
+//! that crashed, each memory node takes back what it never wrote of its
+//! grants once its grant lease ends ([`holders`]); what it wrote and had
+//! not linked, or had unlinked, stays allocated. A resize lock it held is
+//! broken by another client when the lock's lease expires.
 //!
 //! ## Tests
 //! `tests/` holds model-based tests (threads against `HashMap` references),
