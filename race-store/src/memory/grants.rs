@@ -35,10 +35,17 @@ impl<M: NodeMemory> MemoryNode<M> {
     ) -> Result<(Vec<(u64, u64)>, GrantLease), TransportError> {
         let lease = self.renew(holder)?;
         let runs = self.alloc_blocks(size, block_bytes)?;
+        self.record_grant(holder, block_bytes, &runs);
+        Ok((runs, lease))
+    }
+
+    /// Records `runs` of blocks of `block_bytes` (from
+    /// [`MemoryNode::alloc_blocks`]) as `holder`'s, whose lease the caller
+    /// renewed ([`MemoryNode::renew`]); forgets its carved-out grants.
+    pub fn record_grant(&self, holder: u64, block_bytes: u64, runs: &[(u64, u64)]) {
         let mut heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());
         heap.holders.prune(holder, |at| self.first_word(at) != 0);
-        heap.holders.granted(holder, block_bytes, &runs);
-        Ok((runs, lease))
+        heap.holders.granted(holder, block_bytes, runs);
     }
 
     /// Renews `holder`'s lease (starting a record if it has none); also

@@ -273,45 +273,34 @@ impl<N: Nic> MemoryNodeServer<N> {
             lease,
         };
         let size_ok = req.block_bytes > 0 && req.block_bytes % BLOCK_ALIGN == 0;
-        let Some(holder) = req.holder else {
-            return match req.kind {
-                RunsKind::Grant { size } if size_ok && size > 0 => {
-                    match self.mem.alloc_blocks(size, req.block_bytes) {
-                        Ok(runs) => answer(0, runs, None),
-                        Err(_) => answer(RUNS_OUT_OF_MEMORY, Vec::new(), None),
-                    }
-                }
-                RunsKind::GiveBack { runs, delay_us } => {
-                    let delay = Duration::from_micros(delay_us);
-                    match self.mem.give_back(req.block_bytes, &runs, delay) {
-                        Ok(_) => answer(0, Vec::new(), None),
-                        Err(_) => answer(RUNS_REFUSED, Vec::new(), None),
-                    }
-                }
-                RunsKind::Grant { .. } | RunsKind::Renew => answer(RUNS_REFUSED, Vec::new(), None),
-            };
-        };
-        // A failure after the renewal still carries the lease: the node
-        // heard from the holder.
-        let Ok(lease) = self.mem.renew(holder) else {
-            return answer(RUNS_OUT_OF_MEMORY, Vec::new(), None);
+        // A named holder's lease is renewed once, first: a failure after it
+        // still carries the lease (the node heard from the holder).
+        let lease = match req.holder.map(|h| self.mem.renew(h)) {
+            None => None,
+            Some(Ok(lease)) => Some(lease),
+            Some(Err(_)) => return answer(RUNS_OUT_OF_MEMORY, Vec::new(), None),
         };
         match req.kind {
             RunsKind::Grant { size } if size_ok && size > 0 => {
-                match self.mem.grant(holder, size, req.block_bytes) {
-                    Ok((runs, lease)) => answer(0, runs, Some(lease)),
-                    Err(_) => answer(RUNS_OUT_OF_MEMORY, Vec::new(), Some(lease)),
+                match self.mem.alloc_blocks(size, req.block_bytes) {
+                    Ok(runs) => {
+                        if let Some(h) = req.holder {
+                            self.mem.record_grant(h, req.block_bytes, &runs);
+                        }
+                        answer(0, runs, lease)
+                    }
+                    Err(_) => answer(RUNS_OUT_OF_MEMORY, Vec::new(), lease),
                 }
             }
             RunsKind::GiveBack { runs, delay_us } => {
                 let delay = Duration::from_micros(delay_us);
-                match self.mem.give_back_as(holder, req.block_bytes, &runs, delay) {
-                    Ok((_, lease)) => answer(0, Vec::new(), Some(lease)),
-                    Err(_) => answer(RUNS_REFUSED, Vec::new(), Some(lease)),
+                match self.mem.give_back(req.block_bytes, &runs, delay) {
+                    Ok(_) => answer(0, Vec::new(), lease),
+                    Err(_) => answer(RUNS_REFUSED, Vec::new(), lease),
                 }
             }
-            RunsKind::Renew => answer(0, Vec::new(), Some(lease)),
-            RunsKind::Grant { .. } => answer(RUNS_REFUSED, Vec::new(), Some(lease)),
+            RunsKind::Renew if lease.is_some() => answer(0, Vec::new(), lease),
+            RunsKind::Grant { .. } | RunsKind::Renew => answer(RUNS_REFUSED, Vec::new(), lease),
         }
     }
 

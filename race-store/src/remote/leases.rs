@@ -104,9 +104,15 @@ impl LeaseBook {
     /// carves from its grants at `now`: none learned yet, or less than
     /// half of it left.
     pub fn due(&self, node: u8, now: Instant) -> bool {
+        self.ends_within(node, now, 2)
+    }
+
+    /// None learned for node `node`, or at most `1 / share` of its lease
+    /// left at `now`.
+    fn ends_within(&self, node: u8, now: Instant, share: u32) -> bool {
         match self.held.get(usize::from(node)).copied().flatten() {
             None => true,
-            Some(h) => now + h.lease / 2 >= h.until,
+            Some(h) => now + h.lease / share >= h.until,
         }
     }
 
@@ -115,10 +121,7 @@ impl LeaseBook {
     /// learned yet, or a quarter of it or less left (a transport that sends
     /// renewals ahead sends one at [`LeaseBook::due`] and waits only here).
     pub fn urgent(&self, node: u8, now: Instant) -> bool {
-        match self.held.get(usize::from(node)).copied().flatten() {
-            None => true,
-            Some(h) => now + h.lease / 4 >= h.until,
-        }
+        self.ends_within(node, now, 4)
     }
 
     /// The generation of node `node`'s lease, once learned.
