@@ -12,7 +12,7 @@ use krcore_nic::CompletionQueue;
 use krcore_nic::{Access, Gid, MemoryRegion, Nic, RecvWr, SharedReceiveQueue, Wc};
 use parking_lot::{Mutex, RwLock};
 
-use super::state::{EndpointShared, PortShared};
+use super::state::{EndpointShared, Opener, PortShared};
 use super::types::*;
 use crate::engine::config::MsgConfig;
 use crate::engine::device::Device;
@@ -261,6 +261,7 @@ impl<N: Nic> MsgNode<N> {
             releases_deferred: l(&c.releases_deferred),
             closed: l(&c.closed),
             reclaimed: l(&c.reclaimed),
+            replaced: l(&c.replaced),
             open_resent: l(&c.open_resent),
             credits_asked: l(&c.credits_asked),
         }
@@ -409,18 +410,30 @@ impl<N: Nic> MsgNode<N> {
                 let reserved =
                     p >= FIRST_RESERVED_PORT || port.as_ref().is_some_and(|q| q.reclaims);
                 let mut reclaimed = Vec::new();
+                let mut replaced = false;
                 let carried = carries.map(|c| (c, body));
                 let only = carries.is_some_and(|c| c.only);
                 let (answer, delivered, total) = match &port {
                     None => (MsgKind::Refuse(RefuseCode::Unbound), false, None),
                     Some(port) => port.admit(
                         from,
+                        Opener { dct_num, dc_key },
                         (window, reply_window),
                         reserved.then_some(self.cfg.control_idle),
                         &mut reclaimed,
+                        &mut replaced,
                         carried,
                     ),
                 };
+                if replaced {
+                    bump(&self.counters.replaced);
+                    tracing::info!(
+                        peer = %from.gid,
+                        vqp = from.vqp,
+                        port = p,
+                        "a channel opened by another process at its sender's GID: the old one dropped"
+                    );
+                }
                 if delivered {
                     bump(&self.counters.inline_delivered);
                 } else if carries.is_some() && (only || !matches!(answer, MsgKind::Grant { .. })) {

@@ -33,26 +33,49 @@ impl<N: Nic> PortShared<N> {
     /// A message the Open `carried` is delivered (seq 0, one credit of the
     /// new window) only when this Open created the channel: a repeated
     /// Open carries it again and must not deliver it twice. Returns the
-    /// answer and whether the carried message was delivered.
+    /// answer, whether the carried message was delivered, and the credits
+    /// returned so far (a repeated Open).
+    ///
+    /// An Open of an open channel whose `opener` names another DCT is not
+    /// a repeat: another process at the sender's GID (a client restarted
+    /// on its host, whose endpoints get the same ids) opens a channel of
+    /// its own. The old channel ended without a Close (its process died):
+    /// it and its messages not popped yet are dropped (`replaced`, counted
+    /// by the caller), then the Open is admitted as new. Answered with
+    /// the old channel's state instead, the new process's messages would
+    /// be taken for repeats and its credits never come back.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn admit(
         &self,
         from: Sender,
+        opener: Opener,
         (window, reply_window): (u32, u32),
         reclaim: Option<Duration>,
         reclaimed: &mut Vec<Sender>,
+        replaced: &mut bool,
         carried: Option<(crate::msg::Carried, Vec<u8>)>,
     ) -> (MsgKind, bool, Option<u64>) {
         let mut st = self.state.lock();
         if !st.bound {
             return (MsgKind::Refuse(RefuseCode::Unbound), false, None);
         }
-        if let Some(c) = st.channels.get(&from) {
-            // A repeated Open (the answer was slow, or the sender waits for
-            // credits and asks again): the same grant, and the credits
-            // returned so far again (their total: one lost on its way is
-            // made up, one that came changes nothing).
-            let total = Some(c.returns.total()).filter(|t| *t > 0);
-            return (MsgKind::Grant { window: c.window }, false, total);
+        match st.channels.get(&from) {
+            Some(c) if c.opener.same(opener) => {
+                // A repeated Open (the answer was slow, or the sender waits
+                // for credits and asks again): the same grant, and the
+                // credits returned so far again (their total: one lost on
+                // its way is made up, one that came changes nothing).
+                let total = Some(c.returns.total()).filter(|t| *t > 0);
+                return (MsgKind::Grant { window: c.window }, false, total);
+            }
+            Some(_) => {
+                if let Some(old) = st.channels.remove(&from) {
+                    st.ungranted += old.window;
+                }
+                st.ring.retain(|m| m.from != from);
+                *replaced = true;
+            }
+            None => {}
         }
         if let (0, Some(idle)) = (st.ungranted, reclaim) {
             let st = &mut *st;
@@ -79,6 +102,7 @@ impl<N: Nic> PortShared<N> {
             reply: SendWindow::new(reply_window),
             last: Instant::now(),
             only: false,
+            opener,
         };
         let delivered = carried.map(|(carried, body)| {
             c.only = carried.only;
@@ -569,5 +593,110 @@ impl<N: Nic> Port<N> {
             }
             std::thread::yield_now();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::msg::Carried;
+    use krcore_nic::sim::SimNic;
+    use krcore_nic::Gid;
+
+    fn port(slots: u32) -> PortShared<SimNic> {
+        PortShared {
+            port: 9,
+            reclaims: true,
+            state: Mutex::new(PortState {
+                ring: VecDeque::new(),
+                channels: HashMap::new(),
+                ungranted: slots,
+                bound: true,
+                released: Vec::new(),
+                credits_owed: false,
+            }),
+        }
+    }
+
+    /// An Open carrying `body` from `from`, opened by `opener`: (answer,
+    /// delivered, credits returned so far, replaced).
+    fn open(
+        p: &PortShared<SimNic>,
+        from: Sender,
+        opener: Opener,
+        body: &[u8],
+    ) -> (MsgKind, bool, Option<u64>, bool) {
+        let mut reclaimed = Vec::new();
+        let mut replaced = false;
+        let carried = Carried {
+            len: body.len() as u32,
+            only: false,
+        };
+        let (a, d, t) = p.admit(
+            from,
+            opener,
+            (2, 4),
+            None,
+            &mut reclaimed,
+            &mut replaced,
+            Some((carried, body.to_vec())),
+        );
+        assert!(reclaimed.is_empty());
+        (a, d, t, replaced)
+    }
+
+    fn bodies(p: &PortShared<SimNic>) -> Vec<Vec<u8>> {
+        p.state
+            .lock()
+            .ring
+            .iter()
+            .map(|m| match &m.body {
+                Body::Inline(b) => b.clone(),
+                _ => Vec::new(),
+            })
+            .collect()
+    }
+
+    /// A process restarted at its GID gets the same endpoint ids: its
+    /// Open names another DCT, so it is a new channel (its first message
+    /// delivered, the old channel's slots and unpopped message dropped),
+    /// not a repeat of the dead process's Open. A repeat from the same
+    /// DCT (or one naming none) stays a repeat.
+    #[test]
+    fn an_open_from_another_process_at_the_same_gid_is_a_new_channel() {
+        let p = port(4);
+        let from = Sender {
+            gid: Gid([7; 16]),
+            vqp: 3,
+        };
+        let old = Opener {
+            dct_num: 41,
+            dc_key: 5,
+        };
+        let new = Opener {
+            dct_num: 42,
+            dc_key: 5,
+        };
+        let (a, delivered, _, replaced) = open(&p, from, old, b"old");
+        assert_eq!(a, MsgKind::Grant { window: 2 });
+        assert!(delivered && !replaced);
+        // The same process asks again: a repeat, nothing delivered twice.
+        let (a, delivered, _, replaced) = open(&p, from, old, b"old");
+        assert_eq!(a, MsgKind::Grant { window: 2 });
+        assert!(!delivered && !replaced);
+        let unsaid = Opener::default();
+        let (_, delivered, _, replaced) = open(&p, from, unsaid, b"old");
+        assert!(!delivered && !replaced);
+        assert_eq!(p.state.lock().ungranted, 2);
+        // The old process died with "old" unpopped; a new one opens.
+        let (a, delivered, total, replaced) = open(&p, from, new, b"new");
+        assert_eq!(a, MsgKind::Grant { window: 2 });
+        assert!(delivered && replaced);
+        assert_eq!(total, None, "a new channel has returned nothing yet");
+        assert_eq!(bodies(&p), vec![b"new".to_vec()]);
+        let st = p.state.lock();
+        assert_eq!(st.ungranted, 2, "the old channel's window went back");
+        assert_eq!(st.channels.len(), 1);
+        assert_eq!(st.channels.get(&from).map(|c| c.opener), Some(new));
     }
 }

@@ -24,6 +24,25 @@ pub(crate) struct ChannelRx {
     /// Opened with its only message ([`crate::msg::Carried::only`]): the
     /// channel ends when that message is popped.
     pub(crate) only: bool,
+    /// The DCT (number, key) its Open named: which process at the
+    /// sender's GID opened it (see `PortShared::admit`).
+    pub(crate) opener: Opener,
+}
+
+/// The DCT (number, key) an Open names: a node has one for its life, so
+/// another one at a known GID is another process there (a restarted
+/// client). Number 0: not said (matches any).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub(crate) struct Opener {
+    pub(crate) dct_num: u32,
+    pub(crate) dc_key: u64,
+}
+
+impl Opener {
+    /// Whether `self` and `other` may be the same process.
+    pub(crate) fn same(self, other: Opener) -> bool {
+        self.dct_num == 0 || other.dct_num == 0 || self == other
+    }
 }
 
 pub(crate) struct PortState<N: Nic> {

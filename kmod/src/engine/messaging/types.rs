@@ -221,6 +221,11 @@ pub struct MsgStats {
     /// Idle channels of the engine's reserved ports reclaimed for another
     /// sender (`msg.control_idle`; the reclaimed sender is told).
     pub reclaimed: u64,
+    /// Channels dropped because another process at their sender's GID
+    /// opened one from the same endpoint id (its Open named another DCT:
+    /// the process that opened the old one died without closing it, and
+    /// its messages not popped yet went with it).
+    pub replaced: u64,
     /// Opens sent again because their answer did not come (a lost answer,
     /// or a slow port).
     pub open_resent: u64,
@@ -252,6 +257,7 @@ pub(crate) struct Counters {
     pub(crate) releases_deferred: AtomicU64,
     pub(crate) closed: AtomicU64,
     pub(crate) reclaimed: AtomicU64,
+    pub(crate) replaced: AtomicU64,
     pub(crate) open_resent: AtomicU64,
     pub(crate) credits_asked: AtomicU64,
     /// Error completions of tagged data messages, by sending VQP: (tag,
