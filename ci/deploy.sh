@@ -87,6 +87,41 @@ await_header() {
   done
 }
 
+# stacks PID...: every thread's backtrace of each PID and of its
+# descendants (gdb, when installed), to stderr.
+stacks() {
+  local p all=()
+  for p in "$@"; do all+=("$p" $(pgrep -P "$p" 2>/dev/null)); done
+  command -v gdb >/dev/null || { say "no gdb: no stacks"; return 0; }
+  for p in "${all[@]}"; do
+    kill -0 "$p" 2>/dev/null || continue
+    say "stacks of $p: $(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | cut -c1-120)"
+    timeout 120 gdb -q -batch -p "$p" -ex 'thread apply all bt 30' 2>&1 |
+      grep -E '^(Thread|#)' >&2
+  done
+}
+
+# bounded SECS OUT ERR CMD...: runs CMD (stdout to OUT, stderr to ERR);
+# past SECS it prints the stacks of CMD's processes and of $watch (pids
+# to look at as well), then kills CMD (exit 124). Exits with CMD's code.
+bounded() {
+  local secs=$1 out=$2 err=$3 c end
+  shift 3
+  "$@" >"$out" 2>"$err" &
+  c=$!
+  end=$((SECONDS + secs))
+  while [ "$SECONDS" -lt "$end" ]; do
+    kill -0 "$c" 2>/dev/null || { wait "$c"; return; }
+    sleep 0.2
+  done
+  say "$(basename "$1") still running after $secs s: stacks"
+  stacks "$c" ${watch:-}
+  pkill -KILL -P "$c" 2>/dev/null
+  kill -KILL "$c" 2>/dev/null
+  wait "$c" 2>/dev/null
+  return 124
+}
+
 # fab ROLE: the fabric string of the process playing ROLE (1..).
 fab() { printf '%s' "$fabric"; }
 if [ "${DEPLOY_GIDS:-0}" = 1 ]; then
@@ -241,7 +276,9 @@ grep -q "memory node 0 is down\|transport error" "$work/kill.err" || die "no typ
 
 say "elastic: a second store, 4 joining processes"
 start mem2 "$bin/race-memnode" --fabric "$(fab 4)" --meta "$meta" --store el --id 0 --nodes 2 --mb "$mb" "${cfg[@]}"
+el_nodes=$started
 start mem3 "$bin/race-memnode" --fabric "$(fab 5)" --meta "$meta" --store el --id 1 --nodes 2 --mb "$mb" "${cfg[@]}"
+el_nodes="$el_nodes $started"
 "$bin/krcore-elastic" --fabric "$(fab 9)" --meta "$meta" --store el --joiners 4 "${cfg[@]}" \
   --records "$((records < 10000 ? records : 10000))" --gets 500 \
   >"$work/elastic.out" 2>"$work/elastic.err" ||
@@ -255,13 +292,13 @@ daemon=${DEPLOY_DAEMON:-1}
 if [ "$daemon" = 1 ]; then
   say "krcored: one engine for the node, 4 joining processes attached to it"
   start krcored "$bin/krcored" --fabric "$(fab 10)" --meta "$meta" --socket "$work/krcored.sock" "${cfg[@]}"
-  # Bounded (a CI run once stalled here until the guest's timeout, with no
-  # output): on failure, what the driver and the daemon said.
-  timeout -k 5 "${DEPLOY_STEP_TIMEOUT:-400}" \
+  # Bounded (CI runs stalled here, with no output): on a stall, the
+  # stacks of the driver, its joiners and the daemon; on failure, what
+  # the driver and the daemon said.
+  watch="$started $el_nodes" bounded "${DEPLOY_STEP_TIMEOUT:-400}" "$work/elastic-daemon.out" "$work/elastic-daemon.err" \
     "$bin/krcore-elastic" --fabric "$(fab 9)" --meta "$meta" --store el --joiners 4 "${cfg[@]}" \
     --host daemon --socket "$work/krcored.sock" \
-    --records "$((records < 10000 ? records : 10000))" --gets 500 \
-    >"$work/elastic-daemon.out" 2>"$work/elastic-daemon.err" ||
+    --records "$((records < 10000 ? records : 10000))" --gets 500 ||
     { cat "$work/elastic-daemon.out" "$work/elastic-daemon.err" "$work/krcored.err" >&2
       die "krcore-elastic --host daemon"; }
   cat "$work/elastic-daemon.out"
