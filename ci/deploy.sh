@@ -292,9 +292,12 @@ daemon=${DEPLOY_DAEMON:-1}
 if [ "$daemon" = 1 ]; then
   say "krcored: one engine for the node, 4 joining processes attached to it"
   start krcored "$bin/krcored" --fabric "$(fab 10)" --meta "$meta" --socket "$work/krcored.sock" "${cfg[@]}"
-  # Bounded (CI runs stalled here, with no output): on a stall, the
-  # stacks of the driver, its joiners and the daemon; on failure, what
-  # the driver and the daemon said.
+  # The driver runs on the GID of the run above's (role 9), as a client
+  # restarted on its host does: the memory nodes' ports must tell the two
+  # processes' channels apart (they did not, and this run stalled: see
+  # docs/design.md 3.5). Bounded: on a stall, the stacks of the driver,
+  # its joiners, the daemon and the memory nodes; on failure, what the
+  # driver and the daemon said.
   watch="$started $el_nodes" bounded "${DEPLOY_STEP_TIMEOUT:-400}" "$work/elastic-daemon.out" "$work/elastic-daemon.err" \
     "$bin/krcore-elastic" --fabric "$(fab 9)" --meta "$meta" --store el --joiners 4 "${cfg[@]}" \
     --host daemon --socket "$work/krcored.sock" \
@@ -331,9 +334,7 @@ if [ "$daemon" = 1 ]; then
     { cat "$work/ycsb-att.out" "$work/ycsb-att.err" >&2; die "krcore-ycsb against the attached memory node"; }
   grep -q '^\[VERIFY\], Wrong, 0$' "$work/ycsb-att.out" || die "krcore-ycsb against the attached memory node: verification"
 fi
-# Last (in two CI runs with this step before the elastic steps, the
-# attached elastic run after it stalled; not seen without it): a killed
-# client gives nothing back; its memory node takes back what it never
+# Last: a killed client gives nothing back; its memory node takes back what it never
 # wrote of its grants once its lease (here 1 s) ends, and says so on
 # exit (race_store::holders).
 say "client kill: SIGKILL a writing client; its memory node takes back what it never wrote"
