@@ -202,17 +202,18 @@ impl<N: Nic> Endpoint<N> {
     /// the port's node to answer: `Ok(true)` once it is open (a push then
     /// waits for no Open round trip), `Ok(false)` while the Open is out.
     /// For requests sent ahead of need (a memory node's allocation port):
-    /// push once this says open. On an attached node the daemon opens
-    /// channels inside its push, so this says `Ok(true)` at once and the
-    /// push waits as before.
+    /// push once this says open. On an attached node the daemon's engine
+    /// opens the channel (one call to the daemon, which does not wait for
+    /// the port's answer either).
     ///
     /// # Errors
     /// [`MsgError::Refused`] for a refused Open (asked again by the next
-    /// call), [`MsgError::NoBuffers`], engine and post errors.
+    /// call), [`MsgError::NoBuffers`], engine and post errors; on an
+    /// attached node also `Daemon`.
     pub fn open_ahead(&self, gid: Gid, port: u16) -> std::result::Result<bool, MsgError> {
         match &self.inner {
             EndpointImpl::Local(e) => e.open_ahead(gid, port),
-            EndpointImpl::Attached(_) => Ok(true),
+            EndpointImpl::Attached(e) => e.open_ahead(gid, port),
         }
     }
 

@@ -340,6 +340,64 @@ fn an_attached_node_pushes_and_gets_replies_through_the_daemon() {
     assert_eq!(s.daemon.stats().clients, 1);
 }
 
+/// An attached endpoint opens a channel ahead of need through the
+/// daemon: the first call sends the Open and says "not open yet" without
+/// waiting for the port's node; a later one says open once the port
+/// answered, and a push then goes with the channel's credit. An unbound
+/// port's refusal comes back typed.
+#[test]
+fn an_attached_endpoint_opens_a_channel_ahead() {
+    use krcore::messaging::RefuseCode;
+    use krcore::MsgError;
+    use std::time::Instant;
+    let s = setup("ahead");
+    let port = s.server.bind(9).unwrap();
+    let client = Node::builder().daemon(&s.socket).build().unwrap();
+    let gid = s.server.gid();
+    let ep = client.endpoint_with_window(1).unwrap();
+    std::thread::scope(|sc| {
+        // The port's node: drains its receives (answers the Opens) until
+        // the message comes.
+        let served = sc.spawn(|| {
+            let start = Instant::now();
+            loop {
+                if let Some(m) = port.try_pop().unwrap() {
+                    return m.to_vec();
+                }
+                assert!(start.elapsed() < Duration::from_secs(20), "no message");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+        assert!(
+            !ep.open_ahead(gid, 9).unwrap(),
+            "the Open went out; its answer cannot be in yet"
+        );
+        let start = Instant::now();
+        while !ep.open_ahead(gid, 9).unwrap() {
+            assert!(start.elapsed() < Duration::from_secs(10), "never opened");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(ep.credits(gid, 9), Some(1), "open, with its window");
+        ep.push(gid, 9, b"ahead").unwrap();
+        assert_eq!(served.join().unwrap(), b"ahead");
+        let start = Instant::now();
+        loop {
+            match ep.open_ahead(gid, 10) {
+                Ok(false) => {
+                    assert!(start.elapsed() < Duration::from_secs(10), "never refused");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(MsgError::Refused {
+                    code: RefuseCode::Unbound,
+                    port: 10,
+                    ..
+                }) => break,
+                other => panic!("{other:?}"),
+            }
+        }
+    });
+}
+
 /// Receiving on an attached node: a port bound through the daemon gets an
 /// in-process node's pushes (in order, up to the engine's 16 MiB limit,
 /// past the 64 KiB a request may carry) and its replies reach the sender;

@@ -210,6 +210,25 @@ impl AttachedEndpoint {
         }
     }
 
+    /// Starts opening the channel to (`gid`, `port`) in the daemon without
+    /// waiting for the port's answer: `Ok(true)` once it is open
+    /// (`Endpoint::open_ahead` in the daemon's engine).
+    ///
+    /// # Errors
+    /// As the engine's `open_ahead` (a refused Open, ...), and
+    /// [`MsgError::Daemon`] when the daemon cannot be asked.
+    pub fn open_ahead(&self, gid: Gid, port: u16) -> Result<bool, MsgError> {
+        let req = Request::OpenAhead {
+            ep: self.ep,
+            gid,
+            port,
+        };
+        match self.conn.msg_call(&req)? {
+            Reply::Flag(b) => Ok(b),
+            _ => Err(unexpected_msg("an OpenAhead")),
+        }
+    }
+
     /// Credits of the channel to (`gid`, `port`) (`None` before it is
     /// open, or when the daemon cannot be asked).
     pub fn credits(&self, gid: Gid, port: u16) -> Option<u32> {

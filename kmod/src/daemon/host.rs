@@ -427,6 +427,7 @@ fn handle<N: Nic>(
         | Request::Push { .. }
         | Request::PopReply { .. }
         | Request::CloseChannel { .. }
+        | Request::OpenAhead { .. }
         | Request::Credits { .. }
         | Request::BindPort { .. }
         | Request::UnbindPort { .. }

@@ -183,6 +183,13 @@ pub(super) fn handle<N: Nic>(s: &Arc<Shared<N>>, c: &Arc<Client<N>>, req: &Reque
                 Err(err) => failed(err),
             },
         },
+        Request::OpenAhead { ep, gid, port } => match ep_of(*ep) {
+            None => unknown(*ep),
+            Some(e) => match e.open_ahead(*gid, *port) {
+                Ok(b) => Reply::Flag(b),
+                Err(err) => failed(err),
+            },
+        },
         Request::Credits { ep, gid, port } => match ep_of(*ep) {
             None => unknown(*ep),
             Some(e) => Reply::Credits(e.credits(*gid, *port)),

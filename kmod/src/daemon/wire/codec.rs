@@ -174,6 +174,7 @@ impl Request {
             Request::PopReply { .. } => "pop a reply",
             Request::CloseChannel { .. } => "close a channel",
             Request::Credits { .. } => "credits",
+            Request::OpenAhead { .. } => "open a channel ahead",
             Request::BindPort { .. } => "bind a port",
             Request::UnbindPort { .. } => "unbind a port",
             Request::PopPort { .. } => "pop a port",
@@ -221,6 +222,7 @@ impl Request {
             Request::PopReply { ep, wait_ms } => Out::new(13).u32(*ep).u64(*wait_ms),
             Request::CloseChannel { ep, gid, port } => Out::new(14).u32(*ep).gid(gid).u16(*port),
             Request::Credits { ep, gid, port } => Out::new(15).u32(*ep).gid(gid).u16(*port),
+            Request::OpenAhead { ep, gid, port } => Out::new(31).u32(*ep).gid(gid).u16(*port),
             Request::BindPort { port, reclaiming } => Out::new(16).u16(*port).u8(*reclaiming),
             Request::UnbindPort { handle } => Out::new(17).u32(*handle),
             Request::PopPort { handle, wait_ms } => Out::new(18).u32(*handle).u64(*wait_ms),
@@ -369,6 +371,11 @@ impl Request {
             30 => Request::StoreLeave {
                 store: r.string(tag)?,
                 id: r.u16()?,
+            },
+            31 => Request::OpenAhead {
+                ep: r.u32()?,
+                gid: r.gid()?,
+                port: r.u16()?,
             },
             tag => return Err(WireError::UnknownTag { tag }),
         };

@@ -60,6 +60,11 @@ fn every_message_round_trips_and_every_cut_is_an_error() {
             gid,
             port: 7,
         },
+        Request::OpenAhead {
+            ep: 1,
+            gid,
+            port: 7,
+        },
         Request::StoreJoin {
             store: "kv".into(),
             id: 3,

@@ -154,6 +154,17 @@ pub enum Request {
         /// The port.
         port: u16,
     },
+    /// Starts opening an endpoint's channel to a port without waiting
+    /// for the port's answer (`Endpoint::open_ahead`): answered
+    /// [`Reply::Flag`], whether it is open.
+    OpenAhead {
+        /// The endpoint.
+        ep: u32,
+        /// The node.
+        gid: Gid,
+        /// The port.
+        port: u16,
+    },
     /// The credits of an endpoint's channel to a port.
     Credits {
         /// The endpoint.
@@ -560,4 +571,4 @@ impl std::fmt::Display for RefuseCode {
 
 /// The control protocol's version: a process and a daemon of different
 /// versions refuse each other at `Hello`.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
