@@ -18,6 +18,22 @@ use crate::msg::{
 };
 
 impl<N: Nic> PortShared<N> {
+    /// A bound port `port` with `slots` receive slots, none granted.
+    pub(crate) fn new(port: u16, reclaims: bool, slots: u32) -> PortShared<N> {
+        PortShared {
+            port,
+            reclaims,
+            state: Mutex::new(PortState {
+                ring: VecDeque::new(),
+                channels: HashMap::new(),
+                ungranted: slots,
+                bound: true,
+                released: Vec::new(),
+                credits_owed: false,
+            }),
+        }
+    }
+
     /// Admits `from`'s channel (the answer to its Open). With `reclaim`
     /// (the engine's reserved ports: `msg.control_idle`), a port whose
     /// slots are all granted first takes back the window of the channel
@@ -250,18 +266,7 @@ impl<N: Nic> Port<N> {
         }
         let vqp = messaging_vqp(&**eng)?;
         let ring = node.staging_ring(&**eng)?;
-        let shared = Arc::new(PortShared {
-            port,
-            reclaims,
-            state: Mutex::new(PortState {
-                ring: VecDeque::new(),
-                channels: HashMap::new(),
-                ungranted: slots,
-                bound: true,
-                released: Vec::new(),
-                credits_owed: false,
-            }),
-        });
+        let shared = Arc::new(PortShared::new(port, reclaims, slots));
         {
             let mut ports = node.ports.write();
             if ports.contains_key(&port) {
@@ -604,18 +609,7 @@ mod tests {
     use krcore_nic::Gid;
 
     fn port(slots: u32) -> PortShared<SimNic> {
-        PortShared {
-            port: 9,
-            reclaims: true,
-            state: Mutex::new(PortState {
-                ring: VecDeque::new(),
-                channels: HashMap::new(),
-                ungranted: slots,
-                bound: true,
-                released: Vec::new(),
-                credits_owed: false,
-            }),
-        }
+        PortShared::new(9, true, slots)
     }
 
     /// An Open carrying `body` from `from`, opened by `opener`: (answer,
