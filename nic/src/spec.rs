@@ -9,7 +9,10 @@
 //! sim:/abs/path               a directory fabric shared by processes
 //! verbs:DEVICE                a real RDMA device (rxe0, mlx5_0, ...)
 //!
-//! options, after commas:      sim:   dc=on|off (default on), latency=none|cx4 (default none)
+//! options, after commas:      sim:   dc=on|off (default on), latency=none|cx4 (default none),
+//!                                    host=H (the node takes host H's GID, as a
+//!                                            restarted process takes its machine's;
+//!                                            H in [A-Za-z0-9._-], 1-64 bytes)
 //!                             verbs: port=N (1-based; default: the first ACTIVE port)
 //!                                    gid=N  (GID index; default: the first RoCE v2
 //!                                            IPv4-mapped GID, index 0 on InfiniBand)
@@ -26,7 +29,7 @@
 //!   `sim:NAME` or a device name, nothing empty, no NUL), so [`Display`]
 //!   round-trips: `s.to_string().parse() == Ok(s)`.
 //! - [`Display`] is canonical: options appear only when they differ from the
-//!   default, in the order `dc`, `latency` / `port`, `gid`.
+//!   default, in the order `dc`, `latency`, `host` / `port`, `gid`.
 //! - Serde (de)serializes a spec as its string.
 //!
 //! [`Display`]: std::fmt::Display
@@ -38,7 +41,7 @@ use std::str::FromStr;
 
 /// What a fabric string looks like, for error messages.
 pub const GRAMMAR: &str = "sim:mem, sim:NAME, sim:/abs/path (options dc=on|off, \
-     latency=none|cx4) or verbs:DEVICE[,port=N][,gid=N]";
+     latency=none|cx4, host=NAME) or verbs:DEVICE[,port=N][,gid=N]";
 
 /// Why a fabric string was refused. Every variant names the whole string.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -55,8 +58,8 @@ pub enum SpecError {
     },
     /// An option nobody knows.
     #[error(
-        "bad fabric {spec:?}: unknown option {key:?} (sim takes dc=on|off and \
-         latency=none|cx4; verbs takes port=N and gid=N)"
+        "bad fabric {spec:?}: unknown option {key:?} (sim takes dc=on|off, \
+         latency=none|cx4 and host=NAME; verbs takes port=N and gid=N)"
     )]
     UnknownOption {
         /// The string.
@@ -129,6 +132,7 @@ pub struct SimSpec {
     location: SimLocation,
     dc: bool,
     latency: Option<LatencyModel>,
+    host: Option<String>,
 }
 
 /// A `verbs:` spec: the device name and the port and GID index to use
@@ -153,6 +157,20 @@ fn check_name(spec: &str, name: &str, what: &'static str) -> Result<(), SpecErro
     let bad = |c: char| matches!(c, '/' | ',' | '=' | '\0') || c.is_whitespace();
     if name.is_empty() || name.contains(bad) {
         return Err(malformed(spec, what));
+    }
+    Ok(())
+}
+
+/// Checks a `host=` value: 1-64 bytes of `[A-Za-z0-9._-]`.
+fn check_host(spec: &str, host: &str) -> Result<(), SpecError> {
+    let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    if host.is_empty() || host.len() > 64 || !host.chars().all(ok) {
+        return Err(SpecError::BadValue {
+            spec: spec.into(),
+            key: "host".into(),
+            value: host.into(),
+            expected: "a host name of 1-64 bytes of [A-Za-z0-9._-]",
+        });
     }
     Ok(())
 }
@@ -209,6 +227,7 @@ impl SimSpec {
             location,
             dc: true,
             latency: None,
+            host: None,
         }
     }
 
@@ -248,12 +267,31 @@ impl SimSpec {
         self.latency
     }
 
+    /// The same spec on host `host` (`host=`; `None`: a GID of the node's
+    /// own).
+    ///
+    /// # Errors
+    /// `BadValue` for a name outside `[A-Za-z0-9._-]{1,64}`.
+    pub fn with_host(mut self, host: Option<&str>) -> Result<SimSpec, SpecError> {
+        if let Some(h) = host {
+            check_host(&self.to_string(), h)?;
+        }
+        self.host = host.map(str::to_string);
+        Ok(self)
+    }
+
+    /// The host nodes take the GID of (`host=`).
+    pub fn host(&self) -> Option<&str> {
+        self.host.as_deref()
+    }
+
     /// The node configuration these options give: [`SimConfig::default`]
-    /// with `dc` and `latency` set.
+    /// with `dc`, `latency` and `host` set.
     pub fn config(&self) -> SimConfig {
         SimConfig {
             dc: self.dc,
             latency: self.latency,
+            host: self.host.clone(),
             ..SimConfig::default()
         }
     }
@@ -390,6 +428,10 @@ impl FabricSpec {
             (FabricSpec::Sim(sim), "latency") => {
                 sim.latency = LatencyModel::from_name(value).map_err(|_| bad("none or cx4"))?;
             }
+            (FabricSpec::Sim(sim), "host") => {
+                check_host(s, value)?;
+                sim.host = Some(value.to_string());
+            }
             (FabricSpec::Verbs(v), "port") => match value.parse::<u8>() {
                 Ok(p) if p >= 1 => v.port = Some(p),
                 _ => return Err(bad("a port number from 1 to 255")),
@@ -399,7 +441,7 @@ impl FabricSpec {
                 _ => return Err(bad("a GID index from 0 to 255")),
             },
             (FabricSpec::Sim(_), "port" | "gid") => return Err(wrong("verbs")),
-            (FabricSpec::Verbs(_), "dc" | "latency") => return Err(wrong("sim")),
+            (FabricSpec::Verbs(_), "dc" | "latency" | "host") => return Err(wrong("sim")),
             _ => {
                 return Err(SpecError::UnknownOption {
                     spec: s.into(),
@@ -487,6 +529,9 @@ impl fmt::Display for SimSpec {
         }
         if let Some(m) = &self.latency {
             write!(f, ",latency={}", m.name)?;
+        }
+        if let Some(h) = &self.host {
+            write!(f, ",host={h}")?;
         }
         Ok(())
     }

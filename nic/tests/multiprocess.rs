@@ -150,7 +150,11 @@ fn child_faa() {
 
 fn child_sleeper() {
     let fabric = SimFabric::open_dir(env("MP_FABRIC"), false).unwrap();
-    let nic = SimNic::open(&fabric, SimConfig::default()).unwrap();
+    let cfg = SimConfig {
+        host: std::env::var("MP_HOST").ok(),
+        ..SimConfig::default()
+    };
+    let nic = SimNic::open(&fabric, cfg).unwrap();
     let e = export(&nic);
     e.side.mr.write(0, b"alive child data").unwrap();
     let info = format!(
@@ -305,4 +309,79 @@ fn killed_child_is_a_dead_node_and_its_entries_are_reclaimed() {
     // The slot is reusable, under a new generation.
     let again = SimNic::open(&fabric, SimConfig::default()).unwrap();
     assert_ne!(again.gid(), gid_from_hex(f[0]));
+}
+
+#[test]
+fn a_killed_process_leaves_its_host_to_the_next() {
+    let dir = fabric_dir();
+    let path = dir.path().join("fab");
+    let info = dir.path().join("info");
+    let fabric = SimFabric::open_dir(&path, true).unwrap();
+    let cfg = SimConfig {
+        liveness_interval: Duration::ZERO,
+        ..SimConfig::default()
+    };
+    let nic = SimNic::open(&fabric, cfg.clone()).unwrap();
+    let mut child = spawn_child(
+        "sleeper",
+        &[
+            ("MP_FABRIC", path.display().to_string()),
+            ("MP_INFO", info.display().to_string()),
+            ("MP_HOST", "box-1".to_string()),
+        ],
+    );
+    let start = Instant::now();
+    let text = loop {
+        if let Ok(t) = std::fs::read_to_string(&info) {
+            break t;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "child never published"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let f: Vec<&str> = text.split_whitespace().collect();
+    let gid = gid_from_hex(f[0]);
+    let on_host = || {
+        SimNic::open(
+            &fabric,
+            SimConfig {
+                host: Some("box-1".into()),
+                ..cfg.clone()
+            },
+        )
+    };
+    match on_host() {
+        Err(NicError::HostInUse { pid, .. }) => assert_eq!(pid, child.id()),
+        r => panic!("the child holds the host: {r:?}"),
+    }
+    let dest = Destination::Dc(DcTarget {
+        gid,
+        dct_num: u32::from_str_radix(f[1], 16).unwrap(),
+        dc_key: 0x5eed,
+    });
+    let remote = RemoteAddr {
+        rkey: u32::from_str_radix(f[2], 16).unwrap(),
+        addr: u64::from_str_radix(f[3], 16).unwrap(),
+    };
+    let s = Side::new(&nic, 4096);
+    let dci = s.qp(QpType::Dci, QpCaps::default(), None, 0);
+    bring_up(&dci, Access::NONE, None).unwrap();
+    dci.post_send(&[SendWr::read(1, s.mr.sge(0, 16).unwrap(), remote).to(dest)])
+        .unwrap();
+    assert_eq!(poll_one(&s.cq).status, WcStatus::Success);
+
+    // SIGKILL: no close. The next process on the host takes the GID, and
+    // the dead one's DCT number and key reach nothing there.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let next = on_host().unwrap();
+    assert_eq!(next.gid(), gid);
+    assert!(fabric.live_nodes().contains(&gid));
+    let _next_side = export(&next);
+    dci.post_send(&[SendWr::read(2, s.mr.sge(0, 16).unwrap(), remote).to(dest)])
+        .unwrap();
+    let wc = poll_one(&s.cq);
+    assert_eq!((wc.wr_id, wc.status), (2, WcStatus::RetryExcErr));
 }

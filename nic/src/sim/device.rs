@@ -30,6 +30,10 @@ pub struct SimConfig {
     pub liveness_interval: Duration,
     /// Interval between receiver-not-ready retries.
     pub rnr_interval: Duration,
+    /// The host the node runs on (`host=`): it takes the host's GID, which a
+    /// restarted process on the host takes again (see the fabric's docs).
+    /// `None`: a GID of the node's own.
+    pub host: Option<String>,
 }
 
 impl Default for SimConfig {
@@ -40,6 +44,7 @@ impl Default for SimConfig {
             max_mr_size: 16 << 30,
             liveness_interval: Duration::from_millis(1),
             rnr_interval: Duration::from_micros(50),
+            host: None,
         }
     }
 }
@@ -70,6 +75,12 @@ pub(crate) struct NodeInner {
     pub qps: Mutex<Vec<Weak<dyn QpCounters>>>,
     pub retired: Mutex<Counters>,
     pub killed: AtomicBool,
+    /// Where a host node's QP and MR numbering starts (index cursors and
+    /// first generations): 0 for a node with a GID of its own; for a host
+    /// node, a value its slot and generation give, so that a process
+    /// restarted on the host does not hand out its predecessor's QP numbers
+    /// and keys (a NIC gives a new process other numbers too).
+    pub numbering_base: u32,
 }
 
 #[derive(Default)]
@@ -80,6 +91,23 @@ pub(crate) struct Cursors {
     pub(crate) srq: u32,
     /// Indexes handed out but not yet published in the control block.
     pub(crate) reserved: Vec<(&'static str, u32)>,
+}
+
+impl Cursors {
+    /// Cursors that start at the places a numbering base gives.
+    pub(crate) fn from_base(base: u32) -> Cursors {
+        Cursors {
+            mr: base % ctl::MAX_MR,
+            qp: (base >> 12) % ctl::MAX_QP,
+            ..Cursors::default()
+        }
+    }
+}
+
+/// The numbering base of a host node in `slot` with generation `gen`.
+pub(crate) fn numbering_base(slot: u32, gen: u32) -> u32 {
+    // A multiplicative hash: consecutive generations land far apart.
+    (gen.wrapping_mul(0x9e37_79b9) ^ slot.wrapping_mul(0x85eb_ca6b)).max(1)
 }
 
 /// A table index handed out by the allocator: other allocations skip it until

@@ -214,23 +214,26 @@ impl Exec<'_> {
             // Same-process nodes: the slot word is the truth. Others: the pid
             // check is trusted for `liveness_interval`.
             let state = self.fabric().slot_state(slot);
-            if state & 0xff != super::fabric::SLOT_ALIVE || state >> 8 != gen as u64 {
-                return None;
+            let mut live = state & 0xff == super::fabric::SLOT_ALIVE && state >> 8 == gen as u64;
+            if live && (local_pid == 0 || local_pid != super::shm::pid()) {
+                let now = now_ns();
+                let interval = self.node().config.liveness_interval.as_nanos() as u64;
+                if now.saturating_sub(checked_ns) > interval {
+                    live = self.fabric().slot_alive(slot, gen as u64);
+                    if let (true, Some(c)) = (live, &mut self.st.target.node) {
+                        c.checked_ns = now;
+                    }
+                }
             }
-            if local_pid != 0 && local_pid == super::shm::pid() {
+            if live {
                 return Some((slot, gen));
             }
-            let now = now_ns();
-            let interval = self.node().config.liveness_interval.as_nanos() as u64;
-            if now.saturating_sub(checked_ns) > interval {
-                if !self.fabric().slot_alive(slot, gen as u64) {
-                    return None;
-                }
-                if let Some(c) = &mut self.st.target.node {
-                    c.checked_ns = now;
-                }
+            if !self.fabric().is_host_gid(gid) {
+                return None;
             }
-            return Some((slot, gen));
+            // A host's GID outlives its process: the host's next process
+            // (a restart) answers to it, if one is up.
+            self.st.target.node = None;
         }
         let (slot, gen) = self.fabric().parse_gid(gid)?;
         if !self.fabric().slot_alive(slot, gen as u64) {

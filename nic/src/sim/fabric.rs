@@ -14,6 +14,18 @@
 //! node in another process is its slot state plus its pid and the pid's start
 //! time in `/proc` (a crashed process is a dead node, and a recycled pid is
 //! not mistaken for it).
+//!
+//! **Hosts.** A node opened with a host name (`sim:NAME,host=H`) takes the
+//! GID of host `H` instead (`(fabric id, HOST_GID, hash of H)`), as every
+//! process of a machine sends from its port's GID: a process restarted on
+//! `H` has its predecessor's GID, and peers that cached that GID reach the
+//! new process, where the dead one's QP numbers and memory keys fail (a
+//! host node numbers its QPs and keys from a base its slot generation
+//! gives, as a NIC hands a new process other numbers). The slot records its
+//! host in a fourth word, `generation << 32 | host id`; a host GID resolves
+//! to the live slot that records it. One live node per host at a time: a
+//! second one is refused ([`NicError::HostInUse`]); on hardware several
+//! processes share a port, here they share it through `krcored`.
 
 use super::shm::Segment;
 use crate::error::{NicError, Result};
@@ -21,7 +33,7 @@ use crate::types::Gid;
 use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
 use std::sync::Arc;
 
 /// Layout version of fabric directories written by this build.
@@ -35,6 +47,10 @@ const H_VERSION: usize = 8;
 const H_ID: usize = 16;
 const SLOTS: usize = 64;
 const SLOT_BYTES: usize = 32;
+/// Offset in a slot of its host word (`generation << 32 | host id`; 0: none).
+const SLOT_HOST: usize = 24;
+/// The slot field of a host node's GID (no slot has this index).
+const HOST_GID: u32 = u32::MAX;
 const HEADER_BYTES: usize = SLOTS + MAX_NODES as usize * SLOT_BYTES;
 
 /// Slot states (low 8 bits of the slot's state word; generation above).
@@ -200,7 +216,7 @@ impl SimFabric {
             .filter_map(|slot| {
                 let w = self.inner.slot_state(slot);
                 (w & 0xff == SLOT_ALIVE && self.inner.slot_alive(slot, w >> 8))
-                    .then(|| self.inner.gid(slot, (w >> 8) as u32))
+                    .then(|| self.inner.slot_gid(slot, (w >> 8) as u32))
             })
             .collect()
     }
@@ -356,6 +372,16 @@ fn wait_for_header(seg: &Segment, path: &Path) -> Result<()> {
 
 /// The start time of `pid` in clock ticks since boot (field 22 of
 /// `/proc/PID/stat`), or `None` when the process does not exist or is a zombie.
+/// The id of host `name` in GIDs and slots: 32 bits of FNV-1a (stable
+/// across builds and processes), never 0. Two names with one id are one
+/// host.
+pub(crate) fn host_id(name: &str) -> u32 {
+    let h = name.bytes().fold(0x811c_9dc5u32, |h, b| {
+        (h ^ b as u32).wrapping_mul(0x0100_0193)
+    });
+    h.max(1)
+}
+
 pub(crate) fn proc_start_time(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let after = &stat[stat.rfind(')')? + 1..];
@@ -385,13 +411,88 @@ impl FabricInner {
         Gid(g)
     }
 
-    /// `(slot, generation)` of a GID on this fabric.
+    /// The GID of host `host` (an id from [`host_id`]) on this fabric.
+    pub(crate) fn host_gid(&self, host: u32) -> Gid {
+        self.gid(HOST_GID, host)
+    }
+
+    /// The GID slot `slot` of generation `gen` answers to: its host's, for a
+    /// host node.
+    fn slot_gid(&self, slot: u32, gen: u32) -> Gid {
+        match self.slot_host(slot, gen) {
+            Some(h) => self.host_gid(h),
+            None => self.gid(slot, gen),
+        }
+    }
+
+    /// Whether `gid` is a host GID of this fabric (one that moves to the
+    /// next process on its host).
+    pub(crate) fn is_host_gid(&self, gid: &Gid) -> bool {
+        let b = gid.as_bytes();
+        b[..8] == self.id.to_le_bytes() && b[8..12] == HOST_GID.to_le_bytes()
+    }
+
+    /// `(slot, generation)` of a GID on this fabric: for a host GID, of the
+    /// live node on that host now.
     pub(crate) fn parse_gid(&self, gid: &Gid) -> Option<(u32, u32)> {
         let b = gid.as_bytes();
         let id = u64::from_le_bytes(b[..8].try_into().ok()?);
         let slot = u32::from_le_bytes(b[8..12].try_into().ok()?);
         let gen = u32::from_le_bytes(b[12..].try_into().ok()?);
-        (id == self.id && slot < MAX_NODES).then_some((slot, gen))
+        if id != self.id {
+            return None;
+        }
+        if slot == HOST_GID {
+            return self.resolve_host(gen);
+        }
+        (slot < MAX_NODES).then_some((slot, gen))
+    }
+
+    fn host_word(&self, slot: u32) -> &std::sync::atomic::AtomicU64 {
+        self.header
+            .word(SLOTS + slot as usize * SLOT_BYTES + SLOT_HOST)
+    }
+
+    /// The host slot `slot` recorded for its generation `gen`, if any (a
+    /// host word of an earlier generation is stale).
+    fn slot_host(&self, slot: u32, gen: u32) -> Option<u32> {
+        let hw = self.host_word(slot).load(SeqCst);
+        (hw != 0 && hw >> 32 == gen as u64).then_some(hw as u32)
+    }
+
+    /// The live node on host `host`: `(slot, generation)`.
+    fn resolve_host(&self, host: u32) -> Option<(u32, u32)> {
+        (0..MAX_NODES).find_map(|slot| {
+            let w = self.slot_state(slot);
+            let gen = (w >> 8) as u32;
+            (w & 0xff == SLOT_ALIVE
+                && self.slot_host(slot, gen) == Some(host)
+                && self.slot_alive(slot, w >> 8))
+            .then_some((slot, gen))
+        })
+    }
+
+    /// The pid of a live process other than slot `except`'s that holds or
+    /// is claiming host `host`.
+    fn host_holder(&self, host: u32, except: u32) -> Option<u32> {
+        (0..MAX_NODES).filter(|&s| s != except).find_map(|slot| {
+            let w = self.slot_state(slot);
+            let gen = w >> 8;
+            if self.slot_host(slot, gen as u32) != Some(host) {
+                return None;
+            }
+            let base = SLOTS + slot as usize * SLOT_BYTES;
+            let pid = self.header.word(base + 8).load(Acquire) as u32;
+            let live = match w & 0xff {
+                SLOT_ALIVE => self.slot_alive(slot, gen),
+                SLOT_CLAIMING => {
+                    pid == super::shm::pid()
+                        || proc_start_time(pid) == Some(self.header.word(base + 16).load(Acquire))
+                }
+                _ => false,
+            };
+            live.then_some(pid)
+        })
     }
 
     /// Whether the node `(slot, gen)` is alive: its slot is ALIVE with that
@@ -431,8 +532,13 @@ impl FabricInner {
         self.segs.write().insert(name.to_string(), seg);
     }
 
-    /// Claims a slot for a new node in this process; returns `(slot, gen)`.
-    pub(crate) fn claim_slot(&self) -> Result<(u32, u32)> {
+    /// Claims a slot for a new node in this process, on host `host` (a
+    /// name) if given; returns `(slot, gen)`.
+    ///
+    /// # Errors
+    /// `HostInUse` when a live process holds (or is claiming) the host;
+    /// `Exhausted` when no slot is free.
+    pub(crate) fn claim_slot(&self, host: Option<&str>) -> Result<(u32, u32)> {
         let pid = super::shm::pid();
         let start = proc_start_time(pid).unwrap_or(0);
         for slot in 0..MAX_NODES {
@@ -462,6 +568,21 @@ impl FabricInner {
             let base = SLOTS + slot as usize * SLOT_BYTES;
             self.header.word(base + 8).store(pid as u64, Relaxed);
             self.header.word(base + 16).store(start, Relaxed);
+            // The host word last, sequentially consistent: of two processes
+            // claiming one host at once, at least one sees the other's word
+            // (and the pid stored before it) in its scan below.
+            let hid = host.map(host_id);
+            let hw = hid.map_or(0, |h| (new_gen << 32) | h as u64);
+            self.host_word(slot).store(hw, SeqCst);
+            if let (Some(name), Some(h)) = (host, hid) {
+                if let Some(pid) = self.host_holder(h, slot) {
+                    self.close_slot(slot, new_gen as u32);
+                    return Err(NicError::HostInUse {
+                        host: name.to_string(),
+                        pid,
+                    });
+                }
+            }
             return Ok((slot, new_gen as u32));
         }
         Err(NicError::Exhausted("fabric node slots"))

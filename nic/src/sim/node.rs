@@ -47,7 +47,7 @@ impl SimNic {
     /// block cannot be created.
     pub fn open(fabric: &SimFabric, config: SimConfig) -> Result<SimNic> {
         let f = fabric.inner.clone();
-        let (slot, gen) = f.claim_slot()?;
+        let (slot, gen) = f.claim_slot(config.host.as_deref())?;
         let ctl_name = FabricInner::seg_name(slot, gen, "ctl");
         let ctl = match f.create_segment(&ctl_name, ctl::CTL_BYTES) {
             Ok(s) => s,
@@ -68,21 +68,29 @@ impl SimNic {
             ud_mtu: 4096,
             register_user_memory: fabric.dir().is_none(),
         };
+        let (gid, numbering_base) = match config.host.as_deref() {
+            Some(h) => (
+                f.host_gid(super::fabric::host_id(h)),
+                super::device::numbering_base(slot, gen),
+            ),
+            None => (f.gid(slot, gen), 0),
+        };
         Ok(SimNic {
             inner: Arc::new(NodeInner {
-                gid: f.gid(slot, gen),
+                gid,
                 fabric: f,
                 slot,
                 gen,
                 ctl,
                 config,
                 caps,
-                alloc: Mutex::new(Cursors::default()),
+                alloc: Mutex::new(Cursors::from_base(numbering_base)),
                 next_pd: AtomicU32::new(1),
                 counters: NodeCounters::default(),
                 qps: Mutex::new(Vec::new()),
                 retired: Mutex::new(Counters::default()),
                 killed: AtomicBool::new(false),
+                numbering_base,
             }),
         })
     }
@@ -399,6 +407,7 @@ impl SimNic {
             |c| &mut c.mr,
             |i| {
                 let (g, v) = ctl::mr_gen(&ctl, i);
+                let g = if g == 0 { n.numbering_base } else { g };
                 (!v).then(|| next_gen(g, 8))
             },
             "memory region keys",
@@ -627,7 +636,12 @@ impl SimQp {
         let slot = node.alloc_qp_index(|i| {
             let sw = QpEntry::new(&ctl_seg, i).state_word();
             sw.qp_type.is_none().then(|| {
-                let mut g = sw.gen.wrapping_add(1);
+                let g = if sw.gen == 0 {
+                    node.numbering_base
+                } else {
+                    sw.gen
+                };
+                let mut g = g.wrapping_add(1);
                 if g & 0xfff == 0 {
                     g = g.wrapping_add(1);
                 }

@@ -30,6 +30,8 @@ fn canonical_round_trip() {
         "sim:/dev/shm/x",
         "sim:/tmp/a b/fab,dc=off",
         "sim:mem,latency=cx4",
+        "sim:krc,host=mem-0",
+        "sim:krc,dc=off,latency=cx4,host=a.b_C-9",
         "verbs:rxe0",
         "verbs:mlx5_0,port=1",
         "verbs:mlx5_0,gid=3",
@@ -48,6 +50,10 @@ fn non_canonical_forms_normalize() {
     assert_eq!(
         p("sim:krc,latency=cx4,dc=off").to_string(),
         "sim:krc,dc=off,latency=cx4"
+    );
+    assert_eq!(
+        p("sim:krc,host=h,dc=off").to_string(),
+        "sim:krc,dc=off,host=h"
     );
     assert_eq!(
         p("verbs:mlx5_0,gid=3,port=1").to_string(),
@@ -79,6 +85,21 @@ fn sim_forms() {
     assert!(!cfg.dc);
     assert_eq!(cfg.latency, Some(LatencyModel::cx4()));
     assert_eq!(cfg.max_mr_size, SimConfig::default().max_mr_size);
+    assert_eq!(cfg.host, None);
+    let hosted = p("sim:krc,host=mem-0");
+    assert_eq!(hosted.as_sim().unwrap().host(), Some("mem-0"));
+    assert_eq!(
+        hosted.as_sim().unwrap().config().host.as_deref(),
+        Some("mem-0")
+    );
+    let long = format!("sim:krc,host={}", "h".repeat(65));
+    assert!(matches!(err(&long), SpecError::BadValue { .. }));
+    let built = SimSpec::shm("krc")
+        .unwrap()
+        .with_host(Some("mem-0"))
+        .unwrap();
+    assert_eq!(FabricSpec::Sim(built), hosted);
+    assert!(SimSpec::mem().with_host(Some("no,comma")).is_err());
 
     let dir = p("sim:/var/tmp/fab");
     assert!(dir.is_multi_process());
@@ -202,6 +223,9 @@ fn bad_values() {
         ("verbs:rxe0,port", "port", ""),
         ("verbs:rxe0,gid=x", "gid", "x"),
         ("verbs:rxe0,gid=300", "gid", "300"),
+        ("sim:krc,host=", "host", ""),
+        ("sim:krc,host=a b", "host", "a b"),
+        ("sim:krc,host=a/b", "host", "a/b"),
     ] {
         match err(s) {
             SpecError::BadValue {
@@ -221,6 +245,7 @@ fn options_of_the_wrong_provider() {
         ("sim:krc,gid=1", "gid", "verbs"),
         ("verbs:rxe0,dc=off", "dc", "sim"),
         ("verbs:rxe0,latency=cx4", "latency", "sim"),
+        ("verbs:rxe0,host=h", "host", "sim"),
     ] {
         match err(s) {
             SpecError::WrongProvider {

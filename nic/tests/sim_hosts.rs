@@ -1,0 +1,161 @@
+//! The sim's host mode (`host=`): a node on a host takes the host's GID, a
+//! process restarted on the host answers to it again, and what peers cached
+//! about the dead process (QP and DCT numbers, memory keys) fails as it does
+//! on hardware instead of reaching the new process's objects.
+
+use krcore_nic::conformance::{poll_one, rc_pair, Side};
+use krcore_nic::sim::{SimConfig, SimFabric, SimNic};
+use krcore_nic::*;
+
+fn on_host(f: &SimFabric, host: &str) -> Result<SimNic> {
+    SimNic::open(
+        f,
+        SimConfig {
+            host: Some(host.into()),
+            ..SimConfig::default()
+        },
+    )
+}
+
+/// A DCT on `side` (key `key`), up, with its SRQ kept alive beside it.
+fn dct(side: &Side<SimNic>, key: u64) -> (sim::SimQp, sim::SimSrq) {
+    let srq = side.nic.create_srq(&side.pd, 16, 1).unwrap();
+    let q = side.qp(QpType::Dct, QpCaps::default(), Some(&srq), key);
+    bring_up(&q, Access::ALL, None).unwrap();
+    (q, srq)
+}
+
+#[test]
+fn a_restarted_host_keeps_its_gid_and_its_predecessors_numbers_fail() {
+    let f = SimFabric::in_memory();
+    let a = SimNic::open(&f, SimConfig::default()).unwrap();
+    let b1 = on_host(&f, "mem-0").unwrap();
+    let gid = b1.gid();
+    let sa = Side::new(&a, 4096);
+    let sb1 = Side::new(&b1, 4096);
+    sb1.mr.write(0, b"first!!!").unwrap();
+    let (qa, qb1) = rc_pair(&sa, &sb1, QpCaps::default());
+    let (dct1, _srq1) = dct(&sb1, 0xdc);
+    let dci = sa.qp(QpType::Dci, QpCaps::default(), None, 0);
+    bring_up(&dci, Access::NONE, None).unwrap();
+    let to = |dct_num| {
+        Destination::Dc(DcTarget {
+            gid,
+            dct_num,
+            dc_key: 0xdc,
+        })
+    };
+    let old_rkey = sb1.mr.remote(0);
+    dci.post_send(&[SendWr::read(1, sa.mr.sge(0, 8).unwrap(), old_rkey).to(to(dct1.qpn()))])
+        .unwrap();
+    assert_eq!(poll_one(&sa.cq).status, WcStatus::Success);
+    let (old_qpn, old_dct) = (qb1.qpn(), dct1.qpn());
+
+    // The process dies; another one starts on the host.
+    b1.kill();
+    drop((qb1, dct1, sb1));
+    let b2 = on_host(&f, "mem-0").unwrap();
+    assert_eq!(b2.gid(), gid, "a host's GID outlives its process");
+    let sb2 = Side::new(&b2, 4096);
+    sb2.mr.write(0, b"second!!").unwrap();
+    let (dct2, _srq2) = dct(&sb2, 0xdc);
+    let qb2 = sb2.qp(QpType::Rc, QpCaps::default(), None, 0);
+    assert_ne!(qb2.qpn(), old_qpn, "a new process numbers its QPs anew");
+    assert_ne!(dct2.qpn(), old_dct);
+    assert_ne!(sb2.mr.remote(0).rkey, old_rkey.rkey, "and its keys");
+
+    // The RC QP connected to the dead process's QP gets no answer.
+    qa.post_send(&[SendWr::read(2, sa.mr.sge(0, 8).unwrap(), old_rkey)])
+        .unwrap();
+    assert_eq!(poll_one(&sa.cq).status, WcStatus::RetryExcErr);
+    // The DCI's cached target follows the GID to the new process: the dead
+    // DCT number is unreachable there, the new one answers with new bytes,
+    // and the dead process's key reaches none of its memory.
+    dci.post_send(&[SendWr::read(3, sa.mr.sge(0, 8).unwrap(), sb2.mr.remote(0)).to(to(old_dct))])
+        .unwrap();
+    assert_eq!(poll_one(&sa.cq).status, WcStatus::RetryExcErr);
+    let dci = sa.qp(QpType::Dci, QpCaps::default(), None, 0);
+    bring_up(&dci, Access::NONE, None).unwrap();
+    dci.post_send(
+        &[SendWr::read(4, sa.mr.sge(0, 8).unwrap(), sb2.mr.remote(0)).to(to(dct2.qpn()))],
+    )
+    .unwrap();
+    assert_eq!(poll_one(&sa.cq).status, WcStatus::Success);
+    let mut got = [0u8; 8];
+    sa.mr.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"second!!");
+    dci.post_send(&[SendWr::read(5, sa.mr.sge(0, 8).unwrap(), old_rkey).to(to(dct2.qpn()))])
+        .unwrap();
+    assert_eq!(poll_one(&sa.cq).status, WcStatus::RemAccessErr);
+}
+
+#[test]
+fn a_qp_that_cached_a_host_reaches_the_hosts_next_process() {
+    // One DCI, never recreated: its target cache holds the first process
+    // when that dies, and must resolve the GID again.
+    let f = SimFabric::in_memory();
+    let a = SimNic::open(&f, SimConfig::default()).unwrap();
+    let sa = Side::new(&a, 4096);
+    let dci = sa.qp(QpType::Dci, QpCaps::default(), None, 0);
+    bring_up(&dci, Access::NONE, None).unwrap();
+    for (round, text) in [b"round-0!", b"round-1!", b"round-2!"].iter().enumerate() {
+        let b = on_host(&f, "mem-1").unwrap();
+        let sb = Side::new(&b, 4096);
+        sb.mr.write(0, *text).unwrap();
+        let (d, _srq) = dct(&sb, 7);
+        let to = Destination::Dc(DcTarget {
+            gid: b.gid(),
+            dct_num: d.qpn(),
+            dc_key: 7,
+        });
+        dci.post_send(&[
+            SendWr::read(round as u64, sa.mr.sge(0, 8).unwrap(), sb.mr.remote(0)).to(to),
+        ])
+        .unwrap();
+        assert_eq!(poll_one(&sa.cq).status, WcStatus::Success, "round {round}");
+        let mut got = [0u8; 8];
+        sa.mr.read(0, &mut got).unwrap();
+        assert_eq!(&got, *text);
+        if round % 2 == 0 {
+            b.kill(); // a crash
+        } // else: a clean close (the drop below)
+    }
+}
+
+#[test]
+fn one_live_node_per_host() {
+    let f = SimFabric::in_memory();
+    let first = on_host(&f, "client-3").unwrap();
+    match on_host(&f, "client-3") {
+        Err(NicError::HostInUse { host, pid }) => {
+            assert_eq!(host, "client-3");
+            assert_eq!(pid, std::process::id());
+        }
+        r => panic!("expected HostInUse, got {r:?}"),
+    }
+    // Another host, and a node without a host, are fine meanwhile.
+    let other = on_host(&f, "client-4").unwrap();
+    let plain = SimNic::open(&f, SimConfig::default()).unwrap();
+    assert_ne!(other.gid(), first.gid());
+    assert_ne!(plain.gid(), first.gid());
+    assert!(f.live_nodes().contains(&first.gid()));
+    let gid = first.gid();
+    drop(first);
+    let again = on_host(&f, "client-3").unwrap();
+    assert_eq!(again.gid(), gid);
+}
+
+#[test]
+fn host_nodes_on_a_directory_fabric_and_its_spec() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = format!("sim:{},host=node-7", dir.path().join("f").display());
+    let n1 = SimNic::from_spec(&spec).unwrap();
+    assert_eq!(n1.config().host.as_deref(), Some("node-7"));
+    let gid = n1.gid();
+    assert!(matches!(
+        SimNic::from_spec(&spec),
+        Err(NicError::HostInUse { .. })
+    ));
+    drop(n1);
+    assert_eq!(SimNic::from_spec(&spec).unwrap().gid(), gid);
+}
