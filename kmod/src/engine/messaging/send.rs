@@ -109,14 +109,27 @@ pub(crate) fn take_buffer<N: Nic>(
 /// fallback mode: a VQP moves to another target's pair only with no WR in
 /// flight; its message sends are signaled there, so reaping them (bounded
 /// by the messaging timeout) lets it move.
+///
+/// A VQP aimed at `to` stays, unless the DCCache names another address for
+/// `to` now: the GID's process restarted, and an Open from the new one
+/// replaced the entry (`learn_sender`); a reply sent to the dead process's
+/// address would be lost.
 pub(crate) fn aim<N: Nic>(
     vqp: &Vqp<N>,
     to: Gid,
     timeout: Duration,
     counters: &Counters,
 ) -> Result<(), MsgError> {
-    if vqp.target().map(|t| t.target.gid) == Some(to) {
-        return Ok(());
+    if let Some(cur) = vqp.target().filter(|t| t.target.gid == to) {
+        let moved = vqp
+            .dev
+            .cache
+            .lookup(&to)
+            .hit()
+            .is_some_and(|now| now.target != cur.target);
+        if !moved {
+            return Ok(());
+        }
     }
     let start = Instant::now();
     loop {
