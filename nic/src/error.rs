@@ -59,9 +59,6 @@ pub enum NicError {
         /// The missing provider (the cargo feature of the same name).
         provider: &'static str,
     },
-    /// A sim node asked for a host (`host=`) that a live process holds.
-    #[error("sim host {host:?} is in use by process {pid} (one live node per host; processes that share a host share it through krcored)")]
-    HostInUse { host: String, pid: u32 },
     /// The node was closed, or its fabric slot was reclaimed.
     #[error("node is closed")]
     NodeClosed,

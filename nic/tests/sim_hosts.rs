@@ -123,26 +123,84 @@ fn a_qp_that_cached_a_host_reaches_the_hosts_next_process() {
 }
 
 #[test]
-fn one_live_node_per_host() {
+fn processes_on_one_host_share_its_gid_and_each_gets_its_own_wrs() {
     let f = SimFabric::in_memory();
-    let first = on_host(&f, "client-3").unwrap();
-    match on_host(&f, "client-3") {
-        Err(NicError::HostInUse { host, pid }) => {
-            assert_eq!(host, "client-3");
-            assert_eq!(pid, std::process::id());
-        }
-        r => panic!("expected HostInUse, got {r:?}"),
-    }
-    // Another host, and a node without a host, are fine meanwhile.
-    let other = on_host(&f, "client-4").unwrap();
+    let a = SimNic::open(&f, SimConfig::default()).unwrap();
+    let sa = Side::new(&a, 4096);
+    let nodes: Vec<SimNic> = (0..3).map(|_| on_host(&f, "box").unwrap()).collect();
+    let gid = nodes[0].gid();
+    assert!(nodes.iter().all(|n| n.gid() == gid), "one GID per host");
+    assert_eq!(
+        f.live_nodes().iter().filter(|&&g| g == gid).count(),
+        1,
+        "listed once"
+    );
     let plain = SimNic::open(&f, SimConfig::default()).unwrap();
-    assert_ne!(other.gid(), first.gid());
-    assert_ne!(plain.gid(), first.gid());
-    assert!(f.live_nodes().contains(&first.gid()));
-    let gid = first.gid();
-    drop(first);
-    let again = on_host(&f, "client-3").unwrap();
-    assert_eq!(again.gid(), gid);
+    assert_ne!(plain.gid(), gid);
+    // Each process: a DCT, an RC QP and an MR with bytes of its own. The
+    // host's QP numbers are unique across its processes.
+    let sides: Vec<Side<SimNic>> = nodes.iter().map(|n| Side::new(n, 4096)).collect();
+    let dcts: Vec<_> = sides.iter().map(|s| dct(s, 9)).collect();
+    let mut qpns: Vec<u32> = dcts.iter().map(|(d, _)| d.qpn()).collect();
+    for (k, s) in sides.iter().enumerate() {
+        s.mr.write(0, format!("process{k}").as_bytes()).unwrap();
+    }
+    let pairs: Vec<_> = sides
+        .iter()
+        .map(|s| rc_pair(&sa, s, QpCaps::default()))
+        .collect();
+    qpns.extend(pairs.iter().map(|(_, q)| q.qpn()));
+    let mut unique = qpns.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), qpns.len(), "{qpns:x?}");
+
+    let dci = sa.qp(QpType::Dci, QpCaps::default(), None, 0);
+    bring_up(&dci, Access::NONE, None).unwrap();
+    let read_back = || {
+        let mut got = [0u8; 8];
+        sa.mr.read(0, &mut got).unwrap();
+        got
+    };
+    // Twice round: the DCI's target cache moves between the host's nodes.
+    for round in 0..2u64 {
+        for (k, ((d, _), s)) in dcts.iter().zip(&sides).enumerate() {
+            let to = Destination::Dc(DcTarget {
+                gid,
+                dct_num: d.qpn(),
+                dc_key: 9,
+            });
+            dci.post_send(&[SendWr::read(round, sa.mr.sge(0, 8).unwrap(), s.mr.remote(0)).to(to)])
+                .unwrap();
+            assert_eq!(poll_one(&sa.cq).status, WcStatus::Success);
+            assert_eq!(read_back(), *format!("process{k}").as_bytes());
+        }
+    }
+    for (k, ((qa, _), s)) in pairs.iter().zip(&sides).enumerate() {
+        qa.post_send(&[SendWr::read(7, sa.mr.sge(0, 8).unwrap(), s.mr.remote(0))])
+            .unwrap();
+        assert_eq!(poll_one(&sa.cq).status, WcStatus::Success);
+        assert_eq!(read_back(), *format!("process{k}").as_bytes());
+    }
+    // One process dies: its QPs are gone, the others' still answer.
+    nodes[1].kill();
+    let (qa1, _) = &pairs[1];
+    qa1.post_send(&[SendWr::read(
+        8,
+        sa.mr.sge(0, 8).unwrap(),
+        sides[1].mr.remote(0),
+    )])
+    .unwrap();
+    assert_eq!(poll_one(&sa.cq).status, WcStatus::RetryExcErr);
+    let (qa2, _) = &pairs[2];
+    qa2.post_send(&[SendWr::read(
+        9,
+        sa.mr.sge(0, 8).unwrap(),
+        sides[2].mr.remote(0),
+    )])
+    .unwrap();
+    assert_eq!(poll_one(&sa.cq).status, WcStatus::Success);
+    assert_eq!(read_back(), *b"process2");
 }
 
 #[test]
@@ -151,11 +209,9 @@ fn host_nodes_on_a_directory_fabric_and_its_spec() {
     let spec = format!("sim:{},host=node-7", dir.path().join("f").display());
     let n1 = SimNic::from_spec(&spec).unwrap();
     assert_eq!(n1.config().host.as_deref(), Some("node-7"));
+    let n2 = SimNic::from_spec(&spec).unwrap();
+    assert_eq!(n2.gid(), n1.gid());
     let gid = n1.gid();
-    assert!(matches!(
-        SimNic::from_spec(&spec),
-        Err(NicError::HostInUse { .. })
-    ));
-    drop(n1);
+    drop((n1, n2));
     assert_eq!(SimNic::from_spec(&spec).unwrap().gid(), gid);
 }

@@ -81,6 +81,8 @@ pub(crate) struct NodeInner {
     /// restarted on the host does not hand out its predecessor's QP numbers
     /// and keys (a NIC gives a new process other numbers too).
     pub numbering_base: u32,
+    /// The host's id (see the fabric's docs), for a host node.
+    pub host: Option<u32>,
 }
 
 #[derive(Default)]

@@ -22,7 +22,7 @@
 use super::cq::{push_cqe, Cqe};
 use super::ctl::{self, QpEntry};
 use super::device::NodeInner;
-use super::fabric::FabricInner;
+use super::fabric::{FabricInner, GidOf};
 use super::qp_state::{QpInner, SendState};
 use super::recv::{decode_recv, flush_recv_ring, RWQE_WORDS};
 use super::ring::Ring;
@@ -201,16 +201,19 @@ impl Exec<'_> {
         Some(seg)
     }
 
-    /// Resolves a destination GID to a live node, leaving it in the cache's
-    /// `node` entry; returns its `(slot, generation)`.
-    fn target_node(&mut self, gid: &Gid) -> Option<(u32, u32)> {
+    /// Resolves a destination (GID, QP number) to a live node, leaving it in
+    /// the cache's `node` entry; returns its `(slot, generation)`. A node's
+    /// GID names the node; a host's GID, the live node of the host that has
+    /// QP `qpn` (see the fabric's docs), looked up again when the cached
+    /// one died (the host's process restarted).
+    fn target_node(&mut self, gid: &Gid, qpn: u32) -> Option<(u32, u32)> {
         let cached = match &self.st.target.node {
-            Some(c) if c.gid == *gid && c.ctl.is_some() => {
-                Some((c.slot, c.gen, c.checked_ns, c.local_pid))
+            Some(c) if c.gid == *gid && (c.qpn == 0 || c.qpn == qpn) && c.ctl.is_some() => {
+                Some((c.slot, c.gen, c.checked_ns, c.local_pid, c.qpn != 0))
             }
             _ => None,
         };
-        if let Some((slot, gen, checked_ns, local_pid)) = cached {
+        if let Some((slot, gen, checked_ns, local_pid, host)) = cached {
             // Same-process nodes: the slot word is the truth. Others: the pid
             // check is trusted for `liveness_interval`.
             let state = self.fabric().slot_state(slot);
@@ -228,23 +231,29 @@ impl Exec<'_> {
             if live {
                 return Some((slot, gen));
             }
-            if !self.fabric().is_host_gid(gid) {
+            if !host {
                 return None;
             }
-            // A host's GID outlives its process: the host's next process
-            // (a restart) answers to it, if one is up.
             self.st.target.node = None;
         }
-        let (slot, gen) = self.fabric().parse_gid(gid)?;
-        if !self.fabric().slot_alive(slot, gen as u64) {
-            return None;
-        }
-        let ctl_seg = self
-            .fabric()
-            .open_segment(&FabricInner::seg_name(slot, gen, "ctl"))?;
-        if !ctl::valid(&ctl_seg) {
-            return None;
-        }
+        let (slot, gen, ctl_seg, cached_qpn) = match self.fabric().parse_gid(gid)? {
+            GidOf::Node(slot, gen) => {
+                if !self.fabric().slot_alive(slot, gen as u64) {
+                    return None;
+                }
+                let ctl_seg = self
+                    .fabric()
+                    .open_segment(&FabricInner::seg_name(slot, gen, "ctl"))?;
+                if !ctl::valid(&ctl_seg) {
+                    return None;
+                }
+                (slot, gen, ctl_seg, 0)
+            }
+            GidOf::Host(host) => {
+                let (slot, gen, ctl_seg) = self.fabric().host_node_of(host, qpn)?;
+                (slot, gen, ctl_seg, qpn)
+            }
+        };
         let local_pid = if self.fabric().slot_pid_is_self(slot) {
             super::shm::pid()
         } else {
@@ -252,6 +261,7 @@ impl Exec<'_> {
         };
         self.st.target.node = Some(CachedNode {
             gid: *gid,
+            qpn: cached_qpn,
             slot,
             gen,
             ctl: Some(ctl_seg),
@@ -644,7 +654,7 @@ impl Exec<'_> {
         } else {
             Err(WcStatus::RetryExcErr)
         };
-        let Some((slot, gen)) = self.target_node(&gid) else {
+        let Some((slot, gen)) = self.target_node(&gid, dst_qpn) else {
             return unreachable;
         };
         // Borrow the target's control block out of the cache for the rest of

@@ -17,15 +17,17 @@
 //!
 //! **Hosts.** A node opened with a host name (`sim:NAME,host=H`) takes the
 //! GID of host `H` instead (`(fabric id, HOST_GID, hash of H)`), as every
-//! process of a machine sends from its port's GID: a process restarted on
-//! `H` has its predecessor's GID, and peers that cached that GID reach the
-//! new process, where the dead one's QP numbers and memory keys fail (a
-//! host node numbers its QPs and keys from a base its slot generation
-//! gives, as a NIC hands a new process other numbers). The slot records its
-//! host in a fourth word, `generation << 32 | host id`; a host GID resolves
-//! to the live slot that records it. One live node per host at a time: a
-//! second one is refused ([`NicError::HostInUse`]); on hardware several
-//! processes share a port, here they share it through `krcored`.
+//! process of a machine sends from its port's GID. Several live processes
+//! may share a host, as they share a port; a process restarted on `H` has
+//! its predecessor's GID, and peers that cached that GID reach the new
+//! process, where the dead one's QP numbers and memory keys fail (a host
+//! node numbers its QPs and keys from a base its slot generation gives, as
+//! a NIC hands a new process other numbers). The slot records its host in
+//! a fourth word, `generation << 32 | host id`. A WR to a host GID goes to
+//! the live node of the host that has the destination QP number; QP numbers
+//! are unique among a host's live nodes (a node skips numbers another one
+//! has when it creates a QP; two processes creating the same number in the
+//! same instant is left to chance, as it is not on hardware).
 
 use super::shm::Segment;
 use crate::error::{NicError, Result};
@@ -33,7 +35,7 @@ use crate::types::Gid;
 use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::Arc;
 
 /// Layout version of fabric directories written by this build.
@@ -211,14 +213,19 @@ impl SimFabric {
     }
 
     /// GIDs of the nodes that are alive now.
+    /// (A host's GID once, however many nodes share it.)
     pub fn live_nodes(&self) -> Vec<Gid> {
-        (0..MAX_NODES)
-            .filter_map(|slot| {
-                let w = self.inner.slot_state(slot);
-                (w & 0xff == SLOT_ALIVE && self.inner.slot_alive(slot, w >> 8))
-                    .then(|| self.inner.slot_gid(slot, (w >> 8) as u32))
-            })
-            .collect()
+        let mut gids: Vec<Gid> = Vec::new();
+        for slot in 0..MAX_NODES {
+            let w = self.inner.slot_state(slot);
+            if w & 0xff == SLOT_ALIVE && self.inner.slot_alive(slot, w >> 8) {
+                let g = self.inner.slot_gid(slot, (w >> 8) as u32);
+                if !gids.contains(&g) {
+                    gids.push(g);
+                }
+            }
+        }
+        gids
     }
 
     /// Publishes `value` under a well-known `name` on this fabric (how a
@@ -372,6 +379,15 @@ fn wait_for_header(seg: &Segment, path: &Path) -> Result<()> {
 
 /// The start time of `pid` in clock ticks since boot (field 22 of
 /// `/proc/PID/stat`), or `None` when the process does not exist or is a zombie.
+/// What a GID names (see [`FabricInner::parse_gid`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum GidOf {
+    /// The node in `(slot, generation)`.
+    Node(u32, u32),
+    /// A host (its id): the live node of the host with the QP a WR names.
+    Host(u32),
+}
+
 /// The id of host `name` in GIDs and slots: 32 bits of FNV-1a (stable
 /// across builds and processes), never 0. Two names with one id are one
 /// host.
@@ -425,16 +441,8 @@ impl FabricInner {
         }
     }
 
-    /// Whether `gid` is a host GID of this fabric (one that moves to the
-    /// next process on its host).
-    pub(crate) fn is_host_gid(&self, gid: &Gid) -> bool {
-        let b = gid.as_bytes();
-        b[..8] == self.id.to_le_bytes() && b[8..12] == HOST_GID.to_le_bytes()
-    }
-
-    /// `(slot, generation)` of a GID on this fabric: for a host GID, of the
-    /// live node on that host now.
-    pub(crate) fn parse_gid(&self, gid: &Gid) -> Option<(u32, u32)> {
+    /// What a GID of this fabric names: a node, or a host.
+    pub(crate) fn parse_gid(&self, gid: &Gid) -> Option<GidOf> {
         let b = gid.as_bytes();
         let id = u64::from_le_bytes(b[..8].try_into().ok()?);
         let slot = u32::from_le_bytes(b[8..12].try_into().ok()?);
@@ -443,9 +451,9 @@ impl FabricInner {
             return None;
         }
         if slot == HOST_GID {
-            return self.resolve_host(gen);
+            return Some(GidOf::Host(gen));
         }
-        (slot < MAX_NODES).then_some((slot, gen))
+        (slot < MAX_NODES).then_some(GidOf::Node(slot, gen))
     }
 
     fn host_word(&self, slot: u32) -> &std::sync::atomic::AtomicU64 {
@@ -456,42 +464,44 @@ impl FabricInner {
     /// The host slot `slot` recorded for its generation `gen`, if any (a
     /// host word of an earlier generation is stale).
     fn slot_host(&self, slot: u32, gen: u32) -> Option<u32> {
-        let hw = self.host_word(slot).load(SeqCst);
+        let hw = self.host_word(slot).load(Acquire);
         (hw != 0 && hw >> 32 == gen as u64).then_some(hw as u32)
     }
 
-    /// The live node on host `host`: `(slot, generation)`.
-    fn resolve_host(&self, host: u32) -> Option<(u32, u32)> {
-        (0..MAX_NODES).find_map(|slot| {
-            let w = self.slot_state(slot);
-            let gen = (w >> 8) as u32;
-            (w & 0xff == SLOT_ALIVE
-                && self.slot_host(slot, gen) == Some(host)
-                && self.slot_alive(slot, w >> 8))
-            .then_some((slot, gen))
+    /// The live nodes on host `host`, but `except`: `(slot, generation)`.
+    pub(crate) fn host_nodes(
+        &self,
+        host: u32,
+        except: u32,
+    ) -> impl Iterator<Item = (u32, u32)> + '_ {
+        (0..MAX_NODES)
+            .filter(move |&s| s != except)
+            .filter_map(move |slot| {
+                let w = self.slot_state(slot);
+                let gen = (w >> 8) as u32;
+                (w & 0xff == SLOT_ALIVE
+                    && self.slot_host(slot, gen) == Some(host)
+                    && self.slot_alive(slot, w >> 8))
+                .then_some((slot, gen))
+            })
+    }
+
+    /// The live node on host `host` whose QP `qpn` exists, with its control
+    /// block.
+    pub(crate) fn host_node_of(&self, host: u32, qpn: u32) -> Option<(u32, u32, Arc<Segment>)> {
+        self.host_nodes(host, MAX_NODES).find_map(|(slot, gen)| {
+            let ctl_seg = self.open_segment(&Self::seg_name(slot, gen, "ctl"))?;
+            (super::ctl::valid(&ctl_seg) && super::ctl::QpEntry::by_qpn(&ctl_seg, qpn).is_some())
+                .then_some((slot, gen, ctl_seg))
         })
     }
 
-    /// The pid of a live process other than slot `except`'s that holds or
-    /// is claiming host `host`.
-    fn host_holder(&self, host: u32, except: u32) -> Option<u32> {
-        (0..MAX_NODES).filter(|&s| s != except).find_map(|slot| {
-            let w = self.slot_state(slot);
-            let gen = w >> 8;
-            if self.slot_host(slot, gen as u32) != Some(host) {
-                return None;
-            }
-            let base = SLOTS + slot as usize * SLOT_BYTES;
-            let pid = self.header.word(base + 8).load(Acquire) as u32;
-            let live = match w & 0xff {
-                SLOT_ALIVE => self.slot_alive(slot, gen),
-                SLOT_CLAIMING => {
-                    pid == super::shm::pid()
-                        || proc_start_time(pid) == Some(self.header.word(base + 16).load(Acquire))
-                }
-                _ => false,
-            };
-            live.then_some(pid)
+    /// Whether a live node of host `host` other than slot `except` has a QP
+    /// numbered `qpn`.
+    pub(crate) fn host_has_qpn(&self, host: u32, except: u32, qpn: u32) -> bool {
+        self.host_nodes(host, except).any(|(slot, gen)| {
+            self.open_segment(&Self::seg_name(slot, gen, "ctl"))
+                .is_some_and(|c| super::ctl::QpEntry::by_qpn(&c, qpn).is_some())
         })
     }
 
@@ -532,13 +542,12 @@ impl FabricInner {
         self.segs.write().insert(name.to_string(), seg);
     }
 
-    /// Claims a slot for a new node in this process, on host `host` (a
-    /// name) if given; returns `(slot, gen)`.
+    /// Claims a slot for a new node in this process, on host `host` (an id
+    /// from [`host_id`]) if given; returns `(slot, gen)`.
     ///
     /// # Errors
-    /// `HostInUse` when a live process holds (or is claiming) the host;
     /// `Exhausted` when no slot is free.
-    pub(crate) fn claim_slot(&self, host: Option<&str>) -> Result<(u32, u32)> {
+    pub(crate) fn claim_slot(&self, host: Option<u32>) -> Result<(u32, u32)> {
         let pid = super::shm::pid();
         let start = proc_start_time(pid).unwrap_or(0);
         for slot in 0..MAX_NODES {
@@ -568,21 +577,10 @@ impl FabricInner {
             let base = SLOTS + slot as usize * SLOT_BYTES;
             self.header.word(base + 8).store(pid as u64, Relaxed);
             self.header.word(base + 16).store(start, Relaxed);
-            // The host word last, sequentially consistent: of two processes
-            // claiming one host at once, at least one sees the other's word
-            // (and the pid stored before it) in its scan below.
-            let hid = host.map(host_id);
-            let hw = hid.map_or(0, |h| (new_gen << 32) | h as u64);
-            self.host_word(slot).store(hw, SeqCst);
-            if let (Some(name), Some(h)) = (host, hid) {
-                if let Some(pid) = self.host_holder(h, slot) {
-                    self.close_slot(slot, new_gen as u32);
-                    return Err(NicError::HostInUse {
-                        host: name.to_string(),
-                        pid,
-                    });
-                }
-            }
+            // (Seen by readers that see the slot ALIVE: `publish_slot`
+            // releases it.)
+            let hw = host.map_or(0, |h| (new_gen << 32) | h as u64);
+            self.host_word(slot).store(hw, Relaxed);
             return Ok((slot, new_gen as u32));
         }
         Err(NicError::Exhausted("fabric node slots"))

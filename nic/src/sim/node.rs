@@ -47,7 +47,8 @@ impl SimNic {
     /// block cannot be created.
     pub fn open(fabric: &SimFabric, config: SimConfig) -> Result<SimNic> {
         let f = fabric.inner.clone();
-        let (slot, gen) = f.claim_slot(config.host.as_deref())?;
+        let host = config.host.as_deref().map(super::fabric::host_id);
+        let (slot, gen) = f.claim_slot(host)?;
         let ctl_name = FabricInner::seg_name(slot, gen, "ctl");
         let ctl = match f.create_segment(&ctl_name, ctl::CTL_BYTES) {
             Ok(s) => s,
@@ -68,11 +69,8 @@ impl SimNic {
             ud_mtu: 4096,
             register_user_memory: fabric.dir().is_none(),
         };
-        let (gid, numbering_base) = match config.host.as_deref() {
-            Some(h) => (
-                f.host_gid(super::fabric::host_id(h)),
-                super::device::numbering_base(slot, gen),
-            ),
+        let (gid, numbering_base) = match host {
+            Some(h) => (f.host_gid(h), super::device::numbering_base(slot, gen)),
             None => (f.gid(slot, gen), 0),
         };
         Ok(SimNic {
@@ -91,6 +89,7 @@ impl SimNic {
                 retired: Mutex::new(Counters::default()),
                 killed: AtomicBool::new(false),
                 numbering_base,
+                host,
             }),
         })
     }
@@ -635,18 +634,24 @@ impl SimQp {
         // QPN is never 0), claimed under the node's allocation lock.
         let slot = node.alloc_qp_index(|i| {
             let sw = QpEntry::new(&ctl_seg, i).state_word();
-            sw.qp_type.is_none().then(|| {
-                let g = if sw.gen == 0 {
-                    node.numbering_base
-                } else {
-                    sw.gen
-                };
-                let mut g = g.wrapping_add(1);
-                if g & 0xfff == 0 {
-                    g = g.wrapping_add(1);
-                }
-                g
-            })
+            if sw.qp_type.is_some() {
+                return None;
+            }
+            let g = if sw.gen == 0 {
+                node.numbering_base
+            } else {
+                sw.gen
+            };
+            let mut g = g.wrapping_add(1);
+            if g & 0xfff == 0 {
+                g = g.wrapping_add(1);
+            }
+            // On a host, a number another live node of the host has is
+            // taken (a WR to the host's GID finds its node by the number).
+            let taken = node
+                .host
+                .is_some_and(|h| node.fabric.host_has_qpn(h, node.slot, ctl::qpn(i, g)));
+            (!taken).then_some(g)
         })?;
         let (idx, gen) = (slot.idx, slot.gen);
         let qpn = ctl::qpn(idx, gen);

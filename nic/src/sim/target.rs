@@ -11,6 +11,9 @@ use std::sync::Arc;
 /// target again) costs no map lookup.
 pub(crate) struct CachedNode {
     pub(super) gid: Gid,
+    /// For a host's GID, the QP number the node was found by (a host's
+    /// nodes share its GID); 0 for a node's own GID.
+    pub(super) qpn: u32,
     pub(super) slot: u32,
     pub(super) gen: u32,
     /// The node's control block; `None` only while a WR borrows it (moved
