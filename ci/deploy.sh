@@ -29,7 +29,8 @@
 # DEPLOY_LAT_ROUNDS (3), DEPLOY_CONFIG (a --config file for every program:
 # [engine] for all, [table] for the memory nodes, [client] for the clients),
 # DEPLOY_STEP_TIMEOUT (400: seconds for the attached elastic run),
-# DEPLOY_GIDS (0), DEPLOY_WORKLOADS ("a b c d f"), DEPLOY_KILL_BOUND (10:
+# DEPLOY_GIDS (0), DEPLOY_HOSTS (1: on sim, one host= per role),
+# DEPLOY_WORKLOADS ("a b c d f"), DEPLOY_KILL_BOUND (10:
 # seconds the client may take to fail after its memory node died),
 # DEPLOY_DAEMON (default 1: runs krcored and attaches the elastic joiners
 # and two YCSB client processes to it; 0 skips it).
@@ -148,6 +149,13 @@ if [ "${DEPLOY_GIDS:-0}" = 1 ]; then
   done
   say "one GID per process role on $dev: ${gidx[*]}"
   fab() { printf '%s,gid=%s' "$fabric" "${gidx[$1]}"; }
+elif [ "${DEPLOY_HOSTS:-1}" = 1 ] && [ "${fabric#sim:}" != "$fabric" ]; then
+  # On sim, each role runs on a host of its own (the sim's host=), as with
+  # DEPLOY_GIDS=1 on verbs: a process restarted in a role (krcore-meta,
+  # the attached elastic driver) has its predecessor's GID, and processes
+  # sharing a role share its GID.
+  say "one sim host per process role"
+  fab() { printf '%s,host=r%s' "$fabric" "$1"; }
 fi
 
 # Roles: 1 meta, 2-3 store ci, 4-5 store el, 6 the ycsb driver and the
