@@ -292,6 +292,88 @@ fn memory_nodes_and_clients_follow_a_restarted_meta_server() {
     assert_eq!(meta_p.terminate(), Some(0));
 }
 
+/// Memory nodes restarted on their hosts (the sim's `host=`: a restarted
+/// process has its predecessor's GID, as on hardware) hold none of their
+/// predecessors' data, and nothing takes them for their predecessors:
+/// - while the dead process's membership lease runs, its id is taken,
+///   even at the same GID (the join would have renewed it);
+/// - a node 0 beside live members of the old table refuses to format;
+/// - a node 1 that joins after its predecessor's lease ran out is caught
+///   by the next client (the table recorded another process at id 1), a
+///   typed error instead of keys gone missing.
+#[test]
+fn memory_nodes_restarted_empty_are_not_taken_for_their_predecessors() {
+    let dir = fabric_dir();
+    let base = format!("sim:{}", dir.path().join("f").display());
+    let on = |host: &str| format!("{base},host={host}");
+    let (meta_p, addr) = meta(&on("meta"));
+    let lease = ["--lease-ms", "900"];
+    let n0_args = memnode(&on("mem0"), &addr, "s", 0, &lease);
+    let n1_args = memnode(&on("mem1"), &addr, "s", 1, &lease);
+    let (n0, _) = start(MEMNODE, &as_refs(&n0_args));
+    let (mut n1, _) = start(MEMNODE, &as_refs(&n1_args));
+    let store = Store::connect(&on("client"), &addr, "s", StoreOptions::default()).unwrap();
+    let mut c = store.client().unwrap();
+    for i in 0..300u32 {
+        c.put(format!("k{i}").as_bytes(), &[7u8; 200]).unwrap();
+    }
+    drop(c);
+
+    // Node 1 dies (SIGKILL) and is started again at once on its host.
+    let _ = n1.0.kill();
+    let _ = n1.0.wait();
+    fails_with(MEMNODE, &n1_args, "memory node id 1 is taken");
+    // Node 0 cannot be started beside the live one either.
+    fails_with(MEMNODE, &n0_args, "memory node id 0 is taken");
+    // Once the dead node's lease ran out, a new node 1 joins (its region
+    // is empty) and a new client is told so.
+    let t0 = Instant::now();
+    let n1_again = loop {
+        std::thread::sleep(Duration::from_millis(300));
+        let mut child = Command::new(MEMNODE)
+            .args(&n1_args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        if line.starts_with("ready: ") {
+            break Proc(child);
+        }
+        let _ = child.wait();
+        assert!(t0.elapsed() < BOUND, "node 1 never joined again");
+    };
+    let later = Store::connect(&on("client"), &addr, "s", StoreOptions::default()).unwrap();
+    match later.client() {
+        Err(race_store::Error::MemberReplaced { id: 1, .. }) => {}
+        Err(e) => panic!("expected MemberReplaced for node 1, got {e:?}"),
+        Ok(_) => panic!("a client took the empty node 1 for the table's"),
+    }
+    // Node 0 (which formatted the table) restarts: refused while node 1 is
+    // a live member of the old table, even after its own lease ran out.
+    let _ = { n0 }.0.kill();
+    let t0 = Instant::now();
+    loop {
+        let out = Command::new(MEMNODE).args(&n0_args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        if err.contains("live members of an earlier table") {
+            break;
+        }
+        assert!(err.contains("is taken"), "{err}");
+        assert!(
+            t0.elapsed() < BOUND,
+            "never refused as an earlier table: {err}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    drop(n1_again);
+    assert_eq!(meta_p.terminate(), Some(0));
+}
+
 #[test]
 fn a_memory_node_started_before_its_meta_server_waits_for_it() {
     let dir = fabric_dir();

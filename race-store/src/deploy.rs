@@ -39,8 +39,20 @@
 //!   differs from node 0's, is a typed error, never a guess.
 //! - A client connects only to a complete store: members `0..n` all live,
 //!   where `n` is node 0's node count.
+//! - A memory node's region lives as long as its process (its record's
+//!   `incarnation`). A node joins only at an id no live member holds, even
+//!   one at its own GID (a process restarted on its host has its
+//!   predecessor's GID; joining would renew the dead one's membership);
+//!   node 0 formats only when the store has no live member (it would
+//!   format an empty table beside their data). Each client, when it
+//!   connects, checks that every member is the process the table recorded
+//!   at its id (node 0's members, `MEMBERS_OFFSET`), recording those the
+//!   table has not met: a node that restarted empty is a typed error
+//!   ([`crate::Error::MemberReplaced`]), never keys gone missing.
 
 use crate::clock::{Clock, WallClock};
+use crate::layout::slot::RemotePtr;
+use crate::layout::table::MEMBERS_OFFSET;
 use crate::memory::TableConfig;
 use crate::rdma::{MemoryNodeHandle, MemoryNodeServer, NodeInfo, VqpTransport};
 use crate::remote::TransportError;
@@ -104,8 +116,24 @@ pub enum DeployError {
         /// How long this node waited.
         waited: Duration,
     },
-    /// Another live node holds this id in the store.
-    #[error("store {store:?}: memory node id {id} is taken by node {holder}")]
+    /// Live memory nodes of the store joined an earlier table: a new node 0
+    /// would format an empty table beside their data.
+    #[error(
+        "store {store:?}: memory nodes {live:?} are live members of an earlier table (their data \
+         is not in a new one): stop them to start the store anew"
+    )]
+    EarlierTable {
+        /// The store.
+        store: String,
+        /// The live members' ids.
+        live: Vec<u8>,
+    },
+    /// Another live node holds this id in the store (an earlier process at
+    /// this node's own GID, too, until its lease runs out: a GID is a
+    /// host's port, not a process).
+    #[error(
+        "store {store:?}: memory node id {id} is taken by node {holder} (until its lease runs out)"
+    )]
     DuplicateId {
         /// The store.
         store: String,
@@ -258,6 +286,38 @@ fn members(addr: &str, store: &str) -> Result<Option<Vec<NodeInfo>>, DeployError
     Ok(Some(out))
 }
 
+/// Whether memory node `opts.id` may join `opts.store` now: no live member
+/// holds the id, even one at this node's GID (a process restarted on its
+/// host has its predecessor's GID: joining would renew the dead one's
+/// membership as if this process had its region), and for node 0, no
+/// member is live at all (node 0 would format an empty table beside their
+/// data). [`MemoryNodeServer::deploy`] checks it first; a program calls it
+/// before it opens (and registers) its node, so that a refused start does
+/// not touch the meta entry of a live node at the same GID.
+///
+/// # Errors
+/// [`DeployError::DuplicateId`], [`DeployError::EarlierTable`],
+/// [`DeployError::Meta`], [`DeployError::BadRecord`].
+pub fn check_membership(opts: &MemoryNodeOptions) -> Result<(), DeployError> {
+    let store = opts.store.as_str();
+    if let Some(list) = members(&opts.meta_addr, store)? {
+        if let Some(held) = list.iter().find(|i| i.id == opts.id) {
+            return Err(DeployError::DuplicateId {
+                store: store.to_string(),
+                id: opts.id,
+                holder: held.gid,
+            });
+        }
+        if opts.id == 0 && !list.is_empty() {
+            return Err(DeployError::EarlierTable {
+                store: store.to_string(),
+                live: list.iter().map(|i| i.id).collect(),
+            });
+        }
+    }
+    Ok(())
+}
+
 impl MemoryNodeServer<AnyNic> {
     /// Serves memory node `opts.id` of the store `opts.store` on `node`
     /// (built with the meta server and registered: peers connect to it by
@@ -266,7 +326,8 @@ impl MemoryNodeServer<AnyNic> {
     ///
     /// # Errors
     /// [`DeployError::NodeZeroMissing`], [`DeployError::NodeCount`],
-    /// [`DeployError::DuplicateId`], [`DeployError::Meta`] (the meta server
+    /// [`DeployError::DuplicateId`], [`DeployError::EarlierTable`] (node 0
+    /// beside live members), [`DeployError::Meta`] (the meta server
     /// unreachable), [`DeployError::Store`] (a bad table or region), and
     /// [`DeployError::Join`].
     pub fn deploy(
@@ -274,6 +335,7 @@ impl MemoryNodeServer<AnyNic> {
         opts: &MemoryNodeOptions,
     ) -> Result<DeployedMemoryNode, DeployError> {
         let store = opts.store.as_str();
+        check_membership(opts)?;
         if opts.id > 0 {
             let start = Instant::now();
             loop {
@@ -511,9 +573,70 @@ impl Store {
     /// # Errors
     /// As [`Store::client`].
     pub fn client_on(&self, node: &Node) -> Result<Client<VqpTransport<AnyNic>>, crate::Error> {
-        let t = VqpTransport::connect(node, &self.infos)?;
+        let mut t = VqpTransport::connect(node, &self.infos)?;
+        check_members(&mut t, &self.infos)?;
         Client::open(t, self.clock(), self.config)
     }
+}
+
+/// Checks that every memory node in `infos` is the process the table
+/// recorded at its id (node 0's members, [`MEMBERS_OFFSET`]), recording
+/// the ones the table has not met yet (a CAS from 0). A region lives as
+/// long as its process: a node that restarted serves an empty region, and
+/// a client that took it for its predecessor would find the keys whose
+/// blocks were there missing, or the subtables there empty.
+///
+/// # Errors
+/// [`crate::Error::MemberReplaced`]; transport errors.
+fn check_members<T: crate::remote::Transport>(
+    t: &mut T,
+    infos: &[NodeInfo],
+) -> Result<(), crate::Error> {
+    use crate::remote::{OpResult, RemoteOp};
+    if infos.iter().any(|i| i.incarnation == 0) {
+        // A node built before incarnations: nothing to compare.
+        return Ok(());
+    }
+    let slot = |id: u8| RemotePtr::new(0, MEMBERS_OFFSET + 8 * u64::from(id));
+    let read = t.execute(&[RemoteOp::Read {
+        ptr: slot(0)?,
+        len: 8 * infos.len() as u32,
+    }])?;
+    let Some(bytes) = read.first().and_then(OpResult::read_bytes) else {
+        return Err(crate::remote::TransportError::BadResponse {
+            reason: "expected a READ result",
+        }
+        .into());
+    };
+    for info in infos {
+        let at = 8 * usize::from(info.id);
+        let mut recorded = krcore_nic::le::read_u64(bytes, at);
+        if recorded == 0 {
+            let r = t.execute(&[RemoteOp::Cas {
+                ptr: slot(info.id)?,
+                expect: 0,
+                new: info.incarnation,
+            }])?;
+            recorded = match r.first() {
+                Some(OpResult::Cas { old: 0 }) => info.incarnation,
+                Some(OpResult::Cas { old }) => *old,
+                _ => {
+                    return Err(crate::remote::TransportError::BadResponse {
+                        reason: "expected a CAS result",
+                    }
+                    .into())
+                }
+            };
+        }
+        if recorded != info.incarnation {
+            return Err(crate::Error::MemberReplaced {
+                id: info.id,
+                recorded,
+                found: info.incarnation,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// `list` as the complete node list `0..n` (`n` from node 0's record).

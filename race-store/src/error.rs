@@ -69,6 +69,22 @@ pub enum Error {
         #[source]
         source: TransportError,
     },
+    /// A memory node of a deployed store is another process than the one
+    /// the table recorded at its id (see `crate::deploy`): it restarted,
+    /// and the table's data on it (blocks, subtables) is lost.
+    #[error(
+        "memory node {id} is another process (incarnation {found:#x}) than the one this table \
+         used ({recorded:#x}): it restarted and the table's data on it is lost; start the \
+         store anew (every memory node)"
+    )]
+    MemberReplaced {
+        /// The node id.
+        id: u8,
+        /// The incarnation the table recorded.
+        recorded: u64,
+        /// The incarnation serving the id now.
+        found: u64,
+    },
     /// A remote structure that must be valid failed its checks.
     #[error("corrupt remote {what}")]
     Corrupt {

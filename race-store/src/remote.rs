@@ -48,7 +48,7 @@
 
 use crate::layout::slot::RemotePtr;
 
-mod leases;
+pub(crate) mod leases;
 mod wrappers;
 pub use leases::LeaseBook;
 pub use wrappers::{CrashPlan, Delayed, FaultInjector};

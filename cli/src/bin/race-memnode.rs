@@ -37,7 +37,7 @@ use krcore_cli::{
     announce_ready, build_waiting_for_meta, fail, init_tracing, load_toml, parse_fabric, usage,
     Shutdown,
 };
-use race_store::deploy::{MemoryNodeOptions, DEFAULT_MEMBER_LEASE};
+use race_store::deploy::{DeployError, MemoryNodeOptions, DEFAULT_MEMBER_LEASE};
 use race_store::rdma::MemoryNodeServer;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -195,6 +195,15 @@ fn main() -> ExitCode {
         Err(e) => return fail(PROGRAM, &e),
     };
     let meta_wait = Duration::from_secs(args.meta_wait_s.or(file.meta_wait_s).unwrap_or(0));
+    // Refused starts end before the node registers: its meta entry would
+    // replace that of a live node at the same GID (a process of the same
+    // host). An unreachable meta server is left to the build (it may wait
+    // for it) and to the same check in `deploy`.
+    if let Err(e @ (DeployError::DuplicateId { .. } | DeployError::EarlierTable { .. })) =
+        race_store::deploy::check_membership(&opts)
+    {
+        return fail(PROGRAM, &e);
+    }
     let opened = match &host {
         Host::Fabric(spec) => build_waiting_for_meta(PROGRAM, meta_wait, &shutdown, || {
             Node::builder()

@@ -5,7 +5,7 @@
 //! node 0 region
 //! 0          64         128                 4096 (DIR_OFFSET)
 //! +----------+----------+-------- ... -------+--------+------------------+----------
-//! |superblock| split log|      (zero)        | dir hdr| dir entries ...   | heap ...
+//! |superblock| split log| members, then zero | dir hdr| dir entries ...   | heap ...
 //! +----------+----------+-------- ... -------+--------+------------------+----------
 //!                                            \__ MAX directory for max_global_depth _/
 //!
@@ -30,6 +30,12 @@
 //! * The client counter is outside the CRC: each opening client takes an id
 //!   with one FAA on it (ids are 16-bit lock owners, so they wrap after 65536
 //!   opens).
+//! * Members ([`MEMBERS_OFFSET`], 8 bytes per memory node id, zero at
+//!   format): the incarnation of the process that serves each node id of
+//!   this table, recorded by the first client of a deployed store that
+//!   meets it (a CAS from 0). A memory node's region lives as long as its
+//!   process, so another incarnation at an id has none of the table's data
+//!   there (see `crate::deploy`).
 //! * The split log is all zeros when idle. A resizing client writes it once,
 //!   under the resize lock, before it changes anything, and clears it last;
 //!   its CRC makes a log torn by a crash mid-WRITE read as idle (correctly:
@@ -51,8 +57,11 @@ pub const CLIENT_COUNTER_OFFSET: u64 = 48;
 pub const SPLIT_LOG_OFFSET: u64 = 64;
 /// Size of the split log.
 pub const SPLIT_LOG_SIZE: usize = 64;
+/// Offset of the member incarnations on node 0 (one u64 per node id).
+pub const MEMBERS_OFFSET: u64 = 128;
 /// Offset of the directory on node 0.
 pub const DIR_OFFSET: u64 = 4096;
+const _: () = assert!(MEMBERS_OFFSET + 8 * 256 <= DIR_OFFSET);
 /// Where the directory lives: node 0, [`DIR_OFFSET`].
 pub const DIR_PTR: RemotePtr = match RemotePtr::new(0, DIR_OFFSET) {
     Ok(p) => p,

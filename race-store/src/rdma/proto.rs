@@ -5,8 +5,10 @@
 //! fabric are untrusted.
 //!
 //! ```text
-//! NodeInfo (48 B):  magic "RSN2" u32 | id u8 | nodes u8 | alloc_port u16 |
-//!                   gid 16 | base u64 | len u64 | rkey u32 | features u32
+//! NodeInfo (56 B):  magic "RSN3" u32 | id u8 | nodes u8 | alloc_port u16 |
+//!                   gid 16 | base u64 | len u64 | rkey u32 | features u32 |
+//!                   incarnation u64
+//!           (a 48-byte "RSN2" record, of older nodes, has no incarnation)
 //! AllocRequest (24 B): magic "RSAQ" u32 | pad u32 | req_id u64 | size u64
 //! AllocReply (28 B):   magic "RSAP" u32 | status u32 | req_id u64 | offset u64 |
 //!                      reserved u32 (0) (status 0: ok, 1: out of memory,
@@ -47,14 +49,18 @@ use krcore_nic::Gid;
 /// The messaging port a memory node serves block allocation on.
 pub const ALLOC_PORT: u16 = 0x5ace;
 
-const NODE_MAGIC: u32 = u32::from_le_bytes(*b"RSN2");
+const NODE_MAGIC: u32 = u32::from_le_bytes(*b"RSN3");
+/// The record of nodes built before incarnations (48 bytes).
+const NODE_MAGIC_V2: u32 = u32::from_le_bytes(*b"RSN2");
 const REQ_MAGIC: u32 = u32::from_le_bytes(*b"RSAQ");
 const REPLY_MAGIC: u32 = u32::from_le_bytes(*b"RSAP");
 const RUNS_REQ_MAGIC: u32 = u32::from_le_bytes(*b"RSRQ");
 const RUNS_REPLY_MAGIC: u32 = u32::from_le_bytes(*b"RSRP");
 
 /// Bytes of an encoded [`NodeInfo`].
-pub const NODE_INFO_LEN: usize = 48;
+pub const NODE_INFO_LEN: usize = 56;
+/// Bytes of a record of an older node (no incarnation).
+const NODE_INFO_V2_LEN: usize = 48;
 /// Bytes of an encoded [`AllocRequest`].
 pub const ALLOC_REQUEST_LEN: usize = 24;
 /// Bytes of an encoded [`AllocReply`].
@@ -104,10 +110,15 @@ pub struct NodeInfo {
     /// What the allocator takes besides the coarse exchange
     /// ([`FEATURE_RUNS`]); unknown bits are kept and ignored.
     pub features: u32,
+    /// The serving process's random id (never 0; 0: a node built before
+    /// incarnations). A region lives as long as its process: a node of
+    /// another incarnation at the same id has none of its predecessor's
+    /// data (see `crate::deploy`).
+    pub incarnation: u64,
 }
 
 impl NodeInfo {
-    /// The 48-byte record.
+    /// The 56-byte record.
     pub fn encode(&self) -> [u8; NODE_INFO_LEN] {
         let mut b = [0u8; NODE_INFO_LEN];
         b[0..4].copy_from_slice(&NODE_MAGIC.to_le_bytes());
@@ -119,6 +130,7 @@ impl NodeInfo {
         b[32..40].copy_from_slice(&self.len.to_le_bytes());
         b[40..44].copy_from_slice(&self.rkey.to_le_bytes());
         b[44..48].copy_from_slice(&self.features.to_le_bytes());
+        b[48..56].copy_from_slice(&self.incarnation.to_le_bytes());
         b
     }
 
@@ -128,9 +140,11 @@ impl NodeInfo {
     /// [`TransportError::BadResponse`] for a wrong length or magic, an
     /// empty or wrapping region, or a node id not below the node count.
     pub fn decode(b: &[u8]) -> Result<NodeInfo, TransportError> {
-        if b.len() != NODE_INFO_LEN || u32_at(b, 0) != NODE_MAGIC {
-            return Err(bad("memory node record: wrong length or magic"));
-        }
+        let incarnation = match (b.len(), u32_at(b, 0)) {
+            (NODE_INFO_LEN, NODE_MAGIC) => u64_at(b, 48),
+            (NODE_INFO_V2_LEN, NODE_MAGIC_V2) => 0,
+            _ => return Err(bad("memory node record: wrong length or magic")),
+        };
         let g: [u8; 16] = b
             .get(8..24)
             .and_then(|s| s.try_into().ok())
@@ -147,6 +161,7 @@ impl NodeInfo {
             len: u64_at(b, 32),
             rkey: u32_at(b, 40),
             features: u32_at(b, 44),
+            incarnation,
         };
         if info.len == 0 || info.base.checked_add(info.len).is_none() {
             return Err(bad("memory node record: empty or wrapping region"));
@@ -462,8 +477,21 @@ mod tests {
             rkey: 0x1234,
             alloc_port: ALLOC_PORT,
             features: FEATURE_RUNS,
+            incarnation: 0x0123_4567_89ab_cdef,
         };
         assert_eq!(NodeInfo::decode(&info.encode()).unwrap(), info);
+        // An older node's record: 48 bytes, "RSN2", no incarnation.
+        let mut v2 = info.encode()[..48].to_vec();
+        v2[..4].copy_from_slice(b"RSN2");
+        let old = NodeInfo::decode(&v2).unwrap();
+        assert_eq!((old.incarnation, old.rkey), (0, info.rkey));
+        let mut mixed = info.encode();
+        mixed[..4].copy_from_slice(b"RSN2");
+        assert!(NodeInfo::decode(&mixed).is_err(), "RSN2 is 48 bytes");
+        assert!(
+            NodeInfo::decode(&info.encode()[..48]).is_err(),
+            "RSN3 is 56"
+        );
         let grant = RunsRequest {
             req_id: 5,
             block_bytes: 128,

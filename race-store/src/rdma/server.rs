@@ -153,6 +153,7 @@ impl<N: Nic> MemoryNodeServer<N> {
             rkey: remote.rkey,
             alloc_port: ALLOC_PORT,
             features: FEATURE_RUNS | FEATURE_LEASES,
+            incarnation: crate::remote::leases::fresh_id(),
         };
         Ok(MemoryNodeServer {
             node: node.clone(),

@@ -25,6 +25,27 @@ pub struct LeaseBook {
     held: Vec<Option<Held>>,
 }
 
+/// A fresh random id, never 0: a grant holder's, a memory node process's
+/// incarnation.
+///
+/// RandomState is keyed from the OS's randomness once per process (then per
+/// thread, incremented): with the pid, the time and a counter, ids drawn
+/// anywhere collide with a probability of about n^2 / 2^64. (A holder-id
+/// collision only delays taking back memory, see crate::holders:
+/// generations keep it safe.)
+pub(crate) fn fresh_id() -> u64 {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_u64(SEQ.fetch_add(1, Ordering::Relaxed));
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish().max(1)
+}
+
 impl Default for LeaseBook {
     fn default() -> Self {
         LeaseBook::new()
@@ -34,22 +55,8 @@ impl Default for LeaseBook {
 impl LeaseBook {
     /// A book with a fresh random holder id (never 0) and no lease yet.
     pub fn new() -> Self {
-        static SEQ: AtomicU64 = AtomicU64::new(0);
-        // RandomState is keyed from the OS's randomness once per process
-        // (then per thread, incremented): with the pid, the time and a
-        // counter, ids of clients anywhere collide with a probability of
-        // about n^2 / 2^64. A collision only delays taking back memory
-        // (see crate::holders): generations keep it safe.
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u32(std::process::id());
-        h.write_u64(SEQ.fetch_add(1, Ordering::Relaxed));
-        h.write_u128(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos()),
-        );
         LeaseBook {
-            holder: h.finish().max(1),
+            holder: fresh_id(),
             held: Vec::new(),
         }
     }
