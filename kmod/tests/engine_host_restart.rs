@@ -136,3 +136,75 @@ fn a_memory_node_restarted_on_its_host_is_reached_anew() {
     // The dead process's key names none of the new process's memory.
     assert_ne!(read(&m2, &mr1).0, WcStatus::Success);
 }
+
+/// RC fallback mode (no DC, as Soft-RoCE): the client's RC pair to a
+/// memory node is per GID; the node restarts on its host, so the pair's
+/// peer QP is gone while the GID lives on. The client's reads fail on the
+/// old pair (never reaching the new process's memory with the old key)
+/// and reach the new process through a new pair.
+#[test]
+fn rc_fallback_a_memory_node_restarted_on_its_host_gets_a_new_pair() {
+    let f = common::fallback::Fabric::new();
+    let host_nic = || {
+        SimNic::open(
+            &f.fabric,
+            SimConfig {
+                host: Some("mem-rc".into()),
+                ..common::fallback::no_dc()
+            },
+        )
+        .unwrap()
+    };
+    let server = |nic: SimNic| {
+        let mut cfg = EngineConfig::default().with_handshake_thread(true);
+        cfg.ungranted = krcore_kmod::Ungranted::Allow;
+        let e = Engine::start(nic, cfg.with_meta(f.location)).unwrap();
+        f.meta
+            .table()
+            .register(e.local_target().unwrap(), 0, 1 << 40, 0)
+            .unwrap();
+        e
+    };
+    let client = f.client();
+    let local = client.alloc_mr(64, Access::ALL).unwrap();
+    let read = |gid, mr: &OwnedMr<SimNic>| {
+        let vqp = client.create_vqp().unwrap();
+        vqp.connect(gid).map_err(|e| format!("connect: {e}"))?;
+        let wr = SendWr::read(1, local.sge(0, 8).unwrap(), mr.remote(0));
+        vqp.post_send(&mut [wr]).map_err(|e| format!("post: {e}"))?;
+        let wc = wait_wcs(&vqp, 1)[0];
+        let mut got = [0u8; 8];
+        local.read(0, &mut got).unwrap();
+        Ok::<_, String>((wc.status, got))
+    };
+    let nic1 = host_nic();
+    let m1 = server(nic1.clone());
+    let mr1 = m1.alloc_mr(4096, Access::ALL).unwrap();
+    mr1.write(0, b"rc-proc1").unwrap();
+    let gid = m1.gid();
+    assert_eq!(read(gid, &mr1).unwrap(), (WcStatus::Success, *b"rc-proc1"));
+    nic1.kill();
+    drop(m1);
+
+    let m2 = server(host_nic());
+    assert_eq!(m2.gid(), gid);
+    let mr2 = m2.alloc_mr(4096, Access::ALL).unwrap();
+    mr2.write(0, b"rc-proc2").unwrap();
+    let t0 = std::time::Instant::now();
+    loop {
+        match read(gid, &mr2) {
+            Ok((WcStatus::Success, v)) => {
+                assert_eq!(v, *b"rc-proc2");
+                break;
+            }
+            other => assert!(
+                t0.elapsed() < WAIT,
+                "never reached the new process: {other:?}"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    if let Ok((WcStatus::Success, v)) = read(gid, &mr1) {
+        panic!("the dead process's key read {v:?}");
+    }
+}

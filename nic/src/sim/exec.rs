@@ -250,7 +250,7 @@ impl Exec<'_> {
                 (slot, gen, ctl_seg, 0)
             }
             GidOf::Host(host) => {
-                let (slot, gen, ctl_seg) = self.fabric().host_node_of(host, qpn)?;
+                let (slot, gen, ctl_seg) = super::host::node_of(self.fabric(), host, qpn)?;
                 (slot, gen, ctl_seg, qpn)
             }
         };

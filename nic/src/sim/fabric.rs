@@ -486,25 +486,6 @@ impl FabricInner {
             })
     }
 
-    /// The live node on host `host` whose QP `qpn` exists, with its control
-    /// block.
-    pub(crate) fn host_node_of(&self, host: u32, qpn: u32) -> Option<(u32, u32, Arc<Segment>)> {
-        self.host_nodes(host, MAX_NODES).find_map(|(slot, gen)| {
-            let ctl_seg = self.open_segment(&Self::seg_name(slot, gen, "ctl"))?;
-            (super::ctl::valid(&ctl_seg) && super::ctl::QpEntry::by_qpn(&ctl_seg, qpn).is_some())
-                .then_some((slot, gen, ctl_seg))
-        })
-    }
-
-    /// Whether a live node of host `host` other than slot `except` has a QP
-    /// numbered `qpn`.
-    pub(crate) fn host_has_qpn(&self, host: u32, except: u32, qpn: u32) -> bool {
-        self.host_nodes(host, except).any(|(slot, gen)| {
-            self.open_segment(&Self::seg_name(slot, gen, "ctl"))
-                .is_some_and(|c| super::ctl::QpEntry::by_qpn(&c, qpn).is_some())
-        })
-    }
-
     /// Whether the node `(slot, gen)` is alive: its slot is ALIVE with that
     /// generation and, when it lives in another process, that process exists
     /// with the recorded start time.

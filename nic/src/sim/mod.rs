@@ -36,6 +36,7 @@ mod ctl;
 mod device;
 mod exec;
 mod fabric;
+mod host;
 mod latency;
 mod node;
 mod qp;

@@ -650,7 +650,7 @@ impl SimQp {
             // taken (a WR to the host's GID finds its node by the number).
             let taken = node
                 .host
-                .is_some_and(|h| node.fabric.host_has_qpn(h, node.slot, ctl::qpn(i, g)));
+                .is_some_and(|h| super::host::has_qpn(&node.fabric, h, node.slot, ctl::qpn(i, g)));
             (!taken).then_some(g)
         })?;
         let (idx, gen) = (slot.idx, slot.gen);
