@@ -185,6 +185,95 @@ fn child_entry() {
     }
 }
 
+/// The parent's side of a test with a sleeper child: the fabric (its
+/// directory kept while this lives), a node on it that checks liveness at
+/// every WR, and the child.
+struct Parent {
+    _dir: tempfile::TempDir,
+    path: std::path::PathBuf,
+    fabric: SimFabric,
+    cfg: SimConfig,
+    nic: SimNic,
+    child: (Child, Gid, Destination, RemoteAddr),
+}
+
+impl Parent {
+    /// A fabric, this process's node, and a sleeper child (on `host` if
+    /// given) that published its target.
+    fn with_sleeper(host: Option<&str>) -> Parent {
+        let dir = fabric_dir();
+        let path = dir.path().join("fab");
+        let fabric = SimFabric::open_dir(&path, true).unwrap();
+        let cfg = SimConfig {
+            liveness_interval: Duration::ZERO,
+            ..SimConfig::default()
+        };
+        let nic = SimNic::open(&fabric, cfg.clone()).unwrap();
+        let child = sleeper(&path, &dir.path().join("info"), host);
+        Parent {
+            _dir: dir,
+            path,
+            fabric,
+            cfg,
+            nic,
+            child,
+        }
+    }
+}
+
+/// A DCI on `nic` (with its side) that has read the sleeper child's 16
+/// bytes at `dest`, checked.
+fn read_child(nic: &SimNic, dest: Destination, remote: RemoteAddr) -> (Side<SimNic>, sim::SimQp) {
+    let s = Side::new(nic, 4096);
+    let dci = s.qp(QpType::Dci, QpCaps::default(), None, 0);
+    bring_up(&dci, Access::NONE, None).unwrap();
+    dci.post_send(&[SendWr::read(1, s.mr.sge(0, 16).unwrap(), remote).to(dest)])
+        .unwrap();
+    assert_eq!(poll_one(&s.cq).status, WcStatus::Success);
+    let mut got = [0u8; 16];
+    s.mr.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"alive child data");
+    (s, dci)
+}
+
+/// A sleeper child (on `host` if given), once it published its target:
+/// the child, its GID, its DCT as a destination and its MR.
+fn sleeper(
+    path: &std::path::Path,
+    info: &std::path::Path,
+    host: Option<&str>,
+) -> (Child, Gid, Destination, RemoteAddr) {
+    let mut envs = vec![
+        ("MP_FABRIC", path.display().to_string()),
+        ("MP_INFO", info.display().to_string()),
+    ];
+    envs.extend(host.map(|h| ("MP_HOST", h.to_string())));
+    let child = spawn_child("sleeper", &envs);
+    let start = Instant::now();
+    let text = loop {
+        if let Ok(t) = std::fs::read_to_string(info) {
+            break t;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "child never published"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let f: Vec<&str> = text.split_whitespace().collect();
+    let gid = gid_from_hex(f[0]);
+    let dest = Destination::Dc(DcTarget {
+        gid,
+        dct_num: u32::from_str_radix(f[1], 16).unwrap(),
+        dc_key: 0x5eed,
+    });
+    let remote = RemoteAddr {
+        rkey: u32::from_str_radix(f[2], 16).unwrap(),
+        addr: u64::from_str_radix(f[3], 16).unwrap(),
+    };
+    (child, gid, dest, remote)
+}
+
 fn wait_ok(mut c: Child) {
     let st = c.wait().unwrap();
     assert!(st.success(), "child failed: {st:?}");
@@ -224,52 +313,15 @@ fn concurrent_faa_from_processes_sums_exactly() {
 
 #[test]
 fn killed_child_is_a_dead_node_and_its_entries_are_reclaimed() {
-    let dir = fabric_dir();
-    let path = dir.path().join("fab");
-    let info = dir.path().join("info");
-    let fabric = SimFabric::open_dir(&path, true).unwrap();
-    let cfg = SimConfig {
-        liveness_interval: Duration::ZERO,
-        ..SimConfig::default()
-    };
-    let nic = SimNic::open(&fabric, cfg).unwrap();
-    let mut child = spawn_child(
-        "sleeper",
-        &[
-            ("MP_FABRIC", path.display().to_string()),
-            ("MP_INFO", info.display().to_string()),
-        ],
-    );
-    let start = Instant::now();
-    let text = loop {
-        if let Ok(t) = std::fs::read_to_string(&info) {
-            break t;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "child never published"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    let f: Vec<&str> = text.split_whitespace().collect();
-    let dest = Destination::Dc(DcTarget {
-        gid: gid_from_hex(f[0]),
-        dct_num: u32::from_str_radix(f[1], 16).unwrap(),
-        dc_key: 0x5eed,
-    });
-    let remote = RemoteAddr {
-        rkey: u32::from_str_radix(f[2], 16).unwrap(),
-        addr: u64::from_str_radix(f[3], 16).unwrap(),
-    };
-    let s = Side::new(&nic, 4096);
-    let dci = s.qp(QpType::Dci, QpCaps::default(), None, 0);
-    bring_up(&dci, Access::NONE, None).unwrap();
-    dci.post_send(&[SendWr::read(1, s.mr.sge(0, 16).unwrap(), remote).to(dest)])
-        .unwrap();
-    assert_eq!(poll_one(&s.cq).status, WcStatus::Success);
-    let mut got = [0u8; 16];
-    s.mr.read(0, &mut got).unwrap();
-    assert_eq!(&got, b"alive child data");
+    let Parent {
+        _dir,
+        path,
+        fabric,
+        cfg: _,
+        nic,
+        child: (mut child, child_gid, dest, remote),
+    } = Parent::with_sleeper(None);
+    let (s, dci) = read_child(&nic, dest, remote);
     assert_eq!(fabric.live_nodes().len(), 2);
 
     child.kill().unwrap();
@@ -291,7 +343,7 @@ fn killed_child_is_a_dead_node_and_its_entries_are_reclaimed() {
         let gen = u32::from_le_bytes(b[12..].try_into().unwrap());
         format!("n{slot}g{gen}-")
     };
-    let child_prefix = prefix(&gid_from_hex(f[0]));
+    let child_prefix = prefix(&child_gid);
     let leftovers = |p: &str| {
         std::fs::read_dir(&path)
             .unwrap()
@@ -308,41 +360,19 @@ fn killed_child_is_a_dead_node_and_its_entries_are_reclaimed() {
     );
     // The slot is reusable, under a new generation.
     let again = SimNic::open(&fabric, SimConfig::default()).unwrap();
-    assert_ne!(again.gid(), gid_from_hex(f[0]));
+    assert_ne!(again.gid(), child_gid);
 }
 
 #[test]
 fn a_killed_process_leaves_its_host_to_the_next() {
-    let dir = fabric_dir();
-    let path = dir.path().join("fab");
-    let info = dir.path().join("info");
-    let fabric = SimFabric::open_dir(&path, true).unwrap();
-    let cfg = SimConfig {
-        liveness_interval: Duration::ZERO,
-        ..SimConfig::default()
-    };
-    let nic = SimNic::open(&fabric, cfg.clone()).unwrap();
-    let mut child = spawn_child(
-        "sleeper",
-        &[
-            ("MP_FABRIC", path.display().to_string()),
-            ("MP_INFO", info.display().to_string()),
-            ("MP_HOST", "box-1".to_string()),
-        ],
-    );
-    let start = Instant::now();
-    let text = loop {
-        if let Ok(t) = std::fs::read_to_string(&info) {
-            break t;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "child never published"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    let f: Vec<&str> = text.split_whitespace().collect();
-    let gid = gid_from_hex(f[0]);
+    let Parent {
+        _dir,
+        fabric,
+        cfg,
+        nic,
+        child: (mut child, gid, dest, remote),
+        ..
+    } = Parent::with_sleeper(Some("box-1"));
     let on_host = || {
         SimNic::open(
             &fabric,
@@ -356,27 +386,8 @@ fn a_killed_process_leaves_its_host_to_the_next() {
     let beside = on_host().unwrap();
     assert_eq!(beside.gid(), gid);
     let _beside_qps = export(&beside);
-    let dest = Destination::Dc(DcTarget {
-        gid,
-        dct_num: u32::from_str_radix(f[1], 16).unwrap(),
-        dc_key: 0x5eed,
-    });
-    let remote = RemoteAddr {
-        rkey: u32::from_str_radix(f[2], 16).unwrap(),
-        addr: u64::from_str_radix(f[3], 16).unwrap(),
-    };
-    let s = Side::new(&nic, 4096);
-    let dci = s.qp(QpType::Dci, QpCaps::default(), None, 0);
-    bring_up(&dci, Access::NONE, None).unwrap();
-    dci.post_send(&[SendWr::read(1, s.mr.sge(0, 16).unwrap(), remote).to(dest)])
-        .unwrap();
-    assert_eq!(poll_one(&s.cq).status, WcStatus::Success);
-    let mut got = [0u8; 16];
-    s.mr.read(0, &mut got).unwrap();
-    assert_eq!(
-        &got, b"alive child data",
-        "the child's, not its neighbour's"
-    );
+    // (The child's bytes, not its neighbour's.)
+    let (s, dci) = read_child(&nic, dest, remote);
 
     // SIGKILL: no close. The next process on the host takes the GID, and
     // the dead one's DCT number and key reach nothing there.
