@@ -10,8 +10,10 @@
 # that the memory nodes follow it: a new client reads every key within
 # DEPLOY_META_RESTART_BOUND (30) s.
 # Then it SIGKILLs memory node 0 under a running client and checks that the
-# client fails with a typed error and a non-zero exit within 10 s. Then it
-# starts a second store and runs krcore-elastic with 4 joining processes
+# client fails with a typed error and a non-zero exit within 10 s, and that
+# a node 0 started again on its GID is refused (its data died with the old
+# one: first its predecessor's lease, then the live node 1 of the old
+# table). Then it starts a second store and runs krcore-elastic with 4 joining processes
 # against it; with DEPLOY_DAEMON (default on) again attached to krcored,
 # then YCSB-A through krcored, and a third store whose memory node runs
 # attached to krcored (race-memnode --daemon). Last, it SIGKILLs a writing
@@ -281,6 +283,27 @@ fi
 say "client exited with $rc after $((SECONDS - t0)) s: $(grep -m1 "krcore-ycsb: error" "$work/kill.err" || grep -m1 error "$work/kill.err")"
 [ "$rc" != 0 ] || die "the client exited 0 after its memory node died"
 grep -q "memory node 0 is down\|transport error" "$work/kill.err" || die "no typed error from the client"
+
+# The killed node's data died with it: a node 0 started again on its GID
+# (its role's) is refused, first as its predecessor's membership lease runs
+# (a join would have renewed it), then because node 1 is a live member of
+# the old table (a new node 0 would format an empty table beside it). A
+# node 0 that starts is killed by the timeout (exit 124): a failure here.
+say "memory node restart: node 0 of store ci again on its GID, beside the live node 1 of its table"
+t0=$SECONDS
+while :; do
+  out=$(timeout 30 "$bin/race-memnode" --fabric "$(fab 2)" --meta "$meta" --store ci --id 0 --nodes 2 --mb "$mb" "${cfg[@]}" 2>&1 >/dev/null)
+  rc=$?
+  [ "$rc" = 1 ] || { printf '%s\n' "$out" >&2; die "memory node restart: exit $rc, not a refusal"; }
+  case $out in
+    *"live members of an earlier table"*) break ;;
+    *"is taken"*) ;;
+    *) printf '%s\n' "$out" >&2; die "memory node restart: an unexpected error" ;;
+  esac
+  [ $((SECONDS - t0)) -lt 60 ] || die "memory node restart: not refused as beside an earlier table within 60 s"
+  sleep 1
+done
+say "refused after $((SECONDS - t0)) s: $(printf '%s\n' "$out" | grep -m1 error)"
 
 say "elastic: a second store, 4 joining processes"
 start mem2 "$bin/race-memnode" --fabric "$(fab 4)" --meta "$meta" --store el --id 0 --nodes 2 --mb "$mb" "${cfg[@]}"

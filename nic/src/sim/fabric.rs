@@ -25,9 +25,10 @@
 //! a NIC hands a new process other numbers). The slot records its host in
 //! a fourth word, `generation << 32 | host id`. A WR to a host GID goes to
 //! the live node of the host that has the destination QP number; QP numbers
-//! are unique among a host's live nodes (a node skips numbers another one
-//! has when it creates a QP; two processes creating the same number in the
-//! same instant is left to chance, as it is not on hardware).
+//! are unique among a host's live nodes: a node skips numbers another one
+//! has when it creates a QP. (Two processes that create a QP in the same
+//! instant may pick one number: left to chance here, while a NIC's own
+//! allocator rules it out.)
 
 use super::shm::Segment;
 use crate::error::{NicError, Result};
@@ -377,8 +378,6 @@ fn wait_for_header(seg: &Segment, path: &Path) -> Result<()> {
     })
 }
 
-/// The start time of `pid` in clock ticks since boot (field 22 of
-/// `/proc/PID/stat`), or `None` when the process does not exist or is a zombie.
 /// What a GID names (see [`FabricInner::parse_gid`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum GidOf {
@@ -398,6 +397,8 @@ pub(crate) fn host_id(name: &str) -> u32 {
     h.max(1)
 }
 
+/// The start time of `pid` in clock ticks since boot (field 22 of
+/// `/proc/PID/stat`), or `None` when the process does not exist or is a zombie.
 pub(crate) fn proc_start_time(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let after = &stat[stat.rfind(')')? + 1..];
