@@ -204,10 +204,7 @@ impl AttachedEndpoint {
             gid,
             port,
         };
-        match self.conn.msg_call(&req)? {
-            Reply::Flag(b) => Ok(b),
-            _ => Err(unexpected_msg("a CloseChannel")),
-        }
+        self.flag_call(&req, "a CloseChannel")
     }
 
     /// Starts opening the channel to (`gid`, `port`) in the daemon without
@@ -223,9 +220,15 @@ impl AttachedEndpoint {
             gid,
             port,
         };
-        match self.conn.msg_call(&req)? {
+        self.flag_call(&req, "an OpenAhead")
+    }
+
+    /// A channel request answered with a flag (`what` names it in the
+    /// error for another answer).
+    fn flag_call(&self, req: &Request, what: &'static str) -> Result<bool, MsgError> {
+        match self.conn.msg_call(req)? {
             Reply::Flag(b) => Ok(b),
-            _ => Err(unexpected_msg("an OpenAhead")),
+            _ => Err(unexpected_msg(what)),
         }
     }
 
