@@ -98,7 +98,10 @@ fn directory_fabric_in_one_process() {
     );
     assert!(host.counters().qps_created >= host_qps);
     // Deregister by message: the entry is gone for a fresh reader.
-    mem.engine().unwrap().meta_deregister(&mem.gid()).unwrap();
+    mem.engine()
+        .unwrap()
+        .meta_deregister(&mem.local_target().unwrap())
+        .unwrap();
     let fresh = reader(&client_fabric, "meta-dir", Duration::from_secs(2));
     assert!(matches!(
         fresh.connect(mem.gid()),
@@ -203,7 +206,7 @@ fn binary_server_in_another_process() {
         )
     });
     // Renewing a swept lease is refused, typed.
-    let r = gone.engine().unwrap().meta_renew(&gone.gid());
+    let r = gone.engine().unwrap().meta_renew(&t);
     assert!(
         matches!(
             r,
@@ -221,7 +224,10 @@ fn binary_server_in_another_process() {
     child.0.kill().unwrap();
     child.0.wait().unwrap();
     let start = Instant::now();
-    let r = client.engine().unwrap().meta_renew(&mem.gid());
+    let r = client
+        .engine()
+        .unwrap()
+        .meta_renew(&mem.local_target().unwrap());
     assert!(
         matches!(
             r,

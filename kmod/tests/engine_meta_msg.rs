@@ -144,12 +144,12 @@ fn registration_arrives_as_a_message_and_lookups_stay_reads() {
     assert_eq!(client.stats().meta.reads, 1);
     assert_eq!(host.stats().requests, 1, "no request for the lookup");
     // Renew keeps the epoch; deregister removes the entry.
-    let renewed = served(&host, || mem.meta_renew(&mem.gid())).unwrap();
+    let renewed = served(&host, || mem.meta_renew(&t)).unwrap();
     assert_eq!(renewed.epoch, lease.epoch);
-    served(&host, || mem.meta_deregister(&mem.gid())).unwrap();
+    served(&host, || mem.meta_deregister(&t)).unwrap();
     assert!(unknown_after_invalidate(&client, &mem.gid()));
     // A second deregister is refused, typed.
-    let r = served(&host, || mem.meta_deregister(&mem.gid()));
+    let r = served(&host, || mem.meta_deregister(&t));
     assert!(
         matches!(
             r,
@@ -283,7 +283,7 @@ fn a_kept_registration_outlives_its_short_lease() {
     }
     // The entry removed behind its back: the next renewal is refused and
     // the thread registers it again (a new epoch).
-    host.table().deregister(&t.gid).unwrap();
+    host.table().deregister(&t.gid, t.dct_num).unwrap();
     while kept.stats().lapsed == lapsed {
         assert!(start.elapsed() < Duration::from_secs(20), "{kept:?}");
         std::thread::sleep(Duration::from_millis(5));
@@ -328,7 +328,7 @@ fn an_unrenewed_lease_is_swept_and_renewal_then_refused() {
         std::thread::sleep(Duration::from_millis(5));
     }
     assert!(host.stats().swept >= 1);
-    let r = mem.meta_renew(&t.gid);
+    let r = mem.meta_renew(&t);
     assert!(
         matches!(
             r,
@@ -368,4 +368,78 @@ fn a_kept_registration_refuses_bad_input_and_a_dead_host() {
         ),
         "{r:?}"
     );
+}
+
+/// Another engine registers at a kept registration's GID (the sim's host
+/// mode: one port, one GID; its registration is made in the table
+/// directly, since messaging replies to a GID reach one engine of it): the
+/// server refuses the older engine's renewals (counted, never a
+/// re-registration that would take the GID back), the older engine's
+/// deregistration leaves the other's entry, and the older engine registers
+/// again once the GID is free.
+#[test]
+fn a_kept_registration_replaced_by_another_engine_is_left_to_it() {
+    let f = Fabric::new();
+    let host = Arc::new(f.meta());
+    let _thread = host.spawn(Duration::from_micros(50)).unwrap();
+    let on_host = || {
+        let nic = SimNic::open(
+            &f.fabric,
+            SimConfig {
+                host: Some("shared-port".into()),
+                ..SimConfig::default()
+            },
+        )
+        .unwrap();
+        let mut cfg = EngineConfig::default()
+            .with_pool_size(1)
+            .with_meta(host.location().unwrap());
+        cfg.meta_timeout = Duration::from_secs(2);
+        Engine::start(nic, cfg).unwrap()
+    };
+    let (a, b) = (on_host(), on_host());
+    assert_eq!(a.gid(), b.gid());
+    let (ta, tb) = (a.local_target().unwrap(), b.local_target().unwrap());
+    assert_ne!(ta.dct_num, tb.dct_num);
+    let holder = || host.table().get(&ta.gid).map(|e| e.dct_num);
+    let wait = |what: &str, done: &dyn Fn() -> bool| {
+        let start = std::time::Instant::now();
+        while !done() {
+            assert!(start.elapsed() < Duration::from_secs(20), "{what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    let register_b = || {
+        let now = host.now_ms();
+        host.table().register(tb, 0, 60_000, now).unwrap()
+    };
+
+    let kept_a = a
+        .meta_keep_registered(&[ta], 0, Duration::from_millis(60))
+        .unwrap();
+    assert_eq!(kept_a.first_leases()[0].replaced_dct, 0);
+    assert_eq!(register_b().replaced_dct, ta.dct_num, "a's lease ran");
+    wait("a's renewals refused", &|| kept_a.stats().replaced >= 3);
+    assert_eq!(holder(), Some(tb.dct_num), "{kept_a:?}");
+    assert_eq!(kept_a.stats().lapsed, 0, "a never took the GID back");
+    let r = a.meta_renew(&ta);
+    assert!(
+        matches!(
+            r,
+            Err(EngineError::MetaRefused {
+                code: ErrorCode::Replaced,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    // b's registration goes: a's next renewal finds the GID free and
+    // registers again.
+    host.table().deregister(&tb.gid, tb.dct_num).unwrap();
+    wait("a registered again", &|| kept_a.stats().lapsed >= 1);
+    assert_eq!(holder(), Some(ta.dct_num));
+    // b registers again, and a leaves: a's deregistration leaves b's entry.
+    assert_eq!(register_b().replaced_dct, ta.dct_num);
+    kept_a.deregister().unwrap();
+    assert_eq!(holder(), Some(tb.dct_num));
 }

@@ -586,8 +586,8 @@ fn registration_travels_as_messages_over_the_rc_pair() {
     assert_eq!(wait_wcs(&v, 1)[0].status, WcStatus::Success);
     assert_eq!(mr.load_u64(0).unwrap(), 42);
     // Renew and deregister, as messages too.
-    assert_eq!(mem.meta_renew(&mem.gid()).unwrap().epoch, lease.epoch);
-    mem.meta_deregister(&mem.gid()).unwrap();
+    assert_eq!(mem.meta_renew(&t).unwrap().epoch, lease.epoch);
+    mem.meta_deregister(&t).unwrap();
     assert_eq!(host.stats().requests, 3);
     client.invalidate(&mem.gid());
     assert!(matches!(

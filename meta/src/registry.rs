@@ -67,6 +67,19 @@ pub enum TableError {
     /// The epoch counter reached `u32::MAX`.
     #[error("epoch counter exhausted")]
     EpochExhausted,
+    /// The GID's registration names another DCT than the renewal's or
+    /// deregistration's: another engine registered at the GID since (a
+    /// second engine on the port, or a restart). The registration is not
+    /// the sender's to renew or remove.
+    #[error("{gid} is registered by another engine now (DCT {holder:#x}, not {asked:#x})")]
+    Replaced {
+        /// The GID.
+        gid: Gid,
+        /// The DCT number the request named.
+        asked: u32,
+        /// The DCT number the registration holds.
+        holder: u32,
+    },
 }
 
 /// What a successful registration or renewal grants.
@@ -76,6 +89,11 @@ pub struct Lease {
     pub epoch: u32,
     /// When the lease ends (server clock, ms).
     pub lease_expiry_ms: u64,
+    /// A registration only: the DCT number of another registration at the
+    /// GID whose lease had not run out, which this one replaced (a process
+    /// restarted at the GID, or a second engine on the port); 0 when there
+    /// was none (and in renewals and other answers).
+    pub replaced_dct: u32,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -212,7 +230,13 @@ impl<M: TableMemory> MetaTable<M> {
     }
 
     /// Registers `target` (or re-registers it: same slot, new epoch, new
-    /// fields) with a lease of `lease_ms` from `now_ms`.
+    /// fields) with a lease of `lease_ms` from `now_ms`. A live
+    /// registration of the GID with another DCT is replaced (the newest
+    /// engine at a GID wins: a process restarted at its GID must be
+    /// reachable at once, and the table cannot tell a restart from a
+    /// second engine): the lease names it in [`Lease::replaced_dct`], and
+    /// the replaced engine's renewals are refused from then on
+    /// ([`TableError::Replaced`]).
     ///
     /// # Errors
     /// [`TableError::InvalidLease`] for `lease_ms == 0`,
@@ -236,6 +260,14 @@ impl<M: TableMemory> MetaTable<M> {
             Some(i) => i,
             None => self.free_slot(&gid)?,
         };
+        let replaced_dct = match self.slots[idx].live {
+            Some(old)
+                if old.entry.dct_num != target.dct_num && now_ms < old.entry.lease_expiry_ms =>
+            {
+                old.entry.dct_num
+            }
+            _ => 0,
+        };
         self.last_epoch = epoch;
         let entry = EntryRepr {
             gid,
@@ -249,18 +281,20 @@ impl<M: TableMemory> MetaTable<M> {
         Ok(Lease {
             epoch,
             lease_expiry_ms: entry.lease_expiry_ms,
+            replaced_dct,
         })
     }
 
-    /// Extends the lease of `gid` to `now_ms` plus the lease length it
-    /// registered with (never shortening it). Rewrites the entry only when the
-    /// expiry changes.
+    /// Extends the lease of `gid`, registered with DCT `dct_num`, to
+    /// `now_ms` plus the lease length it registered with (never shortening
+    /// it). Rewrites the entry only when the expiry changes.
     ///
     /// # Errors
-    /// [`TableError::NotRegistered`]; [`TableError::LeaseExpired`] when
+    /// [`TableError::NotRegistered`]; [`TableError::Replaced`] when the
+    /// registration names another DCT; [`TableError::LeaseExpired`] when
     /// `now_ms >= lease_expiry_ms` (the entry stays until the next sweep).
-    pub fn renew(&mut self, gid: &Gid, now_ms: u64) -> Result<Lease, TableError> {
-        let (idx, mut live) = self.live_slot(gid)?;
+    pub fn renew(&mut self, gid: &Gid, dct_num: u32, now_ms: u64) -> Result<Lease, TableError> {
+        let (idx, mut live) = self.held_slot(gid, dct_num)?;
         let old = live.entry.lease_expiry_ms;
         if now_ms >= old {
             return Err(TableError::LeaseExpired {
@@ -276,15 +310,18 @@ impl<M: TableMemory> MetaTable<M> {
         Ok(Lease {
             epoch: live.entry.epoch,
             lease_expiry_ms: new,
+            replaced_dct: 0,
         })
     }
 
-    /// Removes the registration of `gid` (live or expired), returning it.
+    /// Removes the registration of `gid` with DCT `dct_num` (live or
+    /// expired), returning it.
     ///
     /// # Errors
-    /// [`TableError::NotRegistered`].
-    pub fn deregister(&mut self, gid: &Gid) -> Result<EntryRepr, TableError> {
-        let (idx, live) = self.live_slot(gid)?;
+    /// [`TableError::NotRegistered`]; [`TableError::Replaced`] when the
+    /// registration names another DCT (it stays).
+    pub fn deregister(&mut self, gid: &Gid, dct_num: u32) -> Result<EntryRepr, TableError> {
+        let (idx, live) = self.held_slot(gid, dct_num)?;
         self.clear(idx);
         Ok(live.entry)
     }
@@ -311,10 +348,20 @@ impl<M: TableMemory> MetaTable<M> {
             .find(|&i| self.slots[i].live.is_some_and(|l| l.entry.gid == *gid))
     }
 
-    fn live_slot(&self, gid: &Gid) -> Result<(usize, Live), TableError> {
-        self.find(gid)
+    /// The slot of `gid`'s registration, which must name DCT `dct_num`.
+    fn held_slot(&self, gid: &Gid, dct_num: u32) -> Result<(usize, Live), TableError> {
+        let (i, l) = self
+            .find(gid)
             .and_then(|i| self.slots[i].live.map(|l| (i, l)))
-            .ok_or(TableError::NotRegistered { gid: *gid })
+            .ok_or(TableError::NotRegistered { gid: *gid })?;
+        if l.entry.dct_num != dct_num {
+            return Err(TableError::Replaced {
+                gid: *gid,
+                asked: dct_num,
+                holder: l.entry.dct_num,
+            });
+        }
+        Ok((i, l))
     }
 
     fn free_slot(&self, gid: &Gid) -> Result<usize, TableError> {

@@ -44,6 +44,7 @@ impl StoreRegistry {
                 Message::Ok(Lease {
                     epoch: 1,
                     lease_expiry_ms: m.lease_expiry_ms,
+                    replaced_dct: 0,
                 })
             }),
             Message::StoreList { store } => {
@@ -73,6 +74,7 @@ impl From<&TableError> for ErrorCode {
             TableError::LeaseExpired { .. } => ErrorCode::LeaseExpired,
             TableError::InvalidLease => ErrorCode::InvalidLease,
             TableError::EpochExhausted => ErrorCode::EpochExhausted,
+            TableError::Replaced { .. } => ErrorCode::Replaced,
             TableError::MemoryTooSmall { .. } => ErrorCode::Internal,
         }
     }
@@ -147,11 +149,12 @@ impl<M: TableMemory> MetaTable<M> {
             Message::Register(r) => self
                 .register(r.target, r.lid, r.lease_ms, now_ms)
                 .map(Message::Ok),
-            Message::Renew { gid } => self.renew(&gid, now_ms).map(Message::Ok),
-            Message::Deregister { gid } => self.deregister(&gid).map(|e| {
+            Message::Renew { gid, dct_num } => self.renew(&gid, dct_num, now_ms).map(Message::Ok),
+            Message::Deregister { gid, dct_num } => self.deregister(&gid, dct_num).map(|e| {
                 Message::Ok(Lease {
                     epoch: e.epoch,
                     lease_expiry_ms: e.lease_expiry_ms,
+                    replaced_dct: 0,
                 })
             }),
             Message::BootstrapRequest => Ok(Message::Bootstrap(*bootstrap)),

@@ -292,6 +292,7 @@ impl StoreRegistry {
                     return Ok(Lease {
                         epoch: m.epoch,
                         lease_expiry_ms: m.lease_expiry_ms,
+                        replaced_dct: 0,
                     });
                 }
             }
@@ -326,6 +327,7 @@ impl StoreRegistry {
         Ok(Lease {
             epoch,
             lease_expiry_ms: expiry,
+            replaced_dct: 0,
         })
     }
 

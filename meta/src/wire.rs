@@ -20,10 +20,11 @@
 //!
 //! Register (type 1, 40 B)  0..16 gid  16..20 dct_num u32  20..22 lid u16
 //!                          22..24 reserved (0)  24..32 dc_key u64  32..40 lease_ms u64
-//! Renew (2, 16 B)          0..16 gid
-//! Deregister (3, 16 B)     0..16 gid
+//! Renew (2, 24 B)          0..16 gid  16..20 dct_num u32  20..24 reserved (0)
+//! Deregister (3, 24 B)     0..16 gid  16..20 dct_num u32  20..24 reserved (0)
 //! BootstrapRequest (4, 0 B)
-//! Ok (0x81, 16 B)          0..4 epoch u32 (!= 0)  4..8 reserved (0)  8..16 lease_expiry_ms u64
+//! Ok (0x81, 16 B)          0..4 epoch u32 (!= 0)  4..8 replaced_dct u32
+//!                          8..16 lease_expiry_ms u64
 //! Err (0x82, 8 B)          0..2 code u16 (!= 0)  2..8 reserved (0)
 //! Bootstrap (0x83, 80 B)   0..2 layout_version u16  2..4 entry_len u16
 //!                          4..8 slots_per_bucket u32  8..12 n_buckets u32
@@ -47,6 +48,15 @@
 //!                          8..24 gid  24..32 lease_expiry_ms u64  32..96 record
 //! ```
 //!
+//! A Renew or Deregister names the DCT number its sender registered: the
+//! server refuses it (`Err(Replaced)`) when the GID's registration is now
+//! another DCT's (another engine registered at the GID since), so an
+//! engine never renews or removes another's registration. An `Ok` answering
+//! a Register that replaced another DCT's registration whose lease had not
+//! run out names that DCT in `replaced_dct` (0 otherwise, and in every
+//! other `Ok`): a process restarted at the GID, or a second engine on the
+//! port.
+//!
 //! A StoreJoin answers `Ok(lease)` (the membership's epoch and expiry),
 //! a StoreLeave `Ok` with the removed member's expiry (epoch 1), a StoreList
 //! `StoreMembers` (ids ascending) or `Err(NoSuchStore)`.
@@ -56,7 +66,8 @@
 //! clients send Register/Renew/Deregister/BootstrapRequest; 3 adds store
 //! membership (StoreJoin, StoreLeave, StoreList, StoreMembers and their
 //! error codes), and over TCP a request precedes the reply (a v2 server
-//! answered every connection with its Bootstrap).
+//! answered every connection with its Bootstrap); 4 adds the DCT number to
+//! Renew and Deregister, `replaced_dct` to Ok, and the code `Replaced`.
 //!
 //! Parsing checks, in order: the buffer holds a header, the magic, the
 //! version, the type, the payload length for that type, the buffer holds the
@@ -74,7 +85,7 @@ use krcore_nic::{DcTarget, Gid, RemoteAddr, UdTarget};
 /// First four bytes of every message: ASCII "KRMT" read as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"KRMT");
 /// Version of this message format.
-pub const WIRE_VERSION: u8 = 3;
+pub const WIRE_VERSION: u8 = 4;
 /// Bytes of the header.
 pub const HEADER_LEN: usize = 16;
 /// Bytes of the longest message but `StoreMembers` (a StoreJoin): every
@@ -89,7 +100,7 @@ pub const MAX_STORE_MEMBERS_LEN: usize =
 pub const STORE_ENTRY_LEN: usize = 96;
 
 const REGISTER_LEN: usize = 40;
-const GID_ONLY_LEN: usize = 16;
+const GID_DCT_LEN: usize = 24;
 const OK_LEN: usize = 16;
 const ERR_LEN: usize = 8;
 const BOOTSTRAP_LEN: usize = 80;
@@ -227,7 +238,7 @@ impl MessageType {
     pub fn payload_len(self) -> usize {
         match self {
             MessageType::Register => REGISTER_LEN,
-            MessageType::Renew | MessageType::Deregister => GID_ONLY_LEN,
+            MessageType::Renew | MessageType::Deregister => GID_DCT_LEN,
             MessageType::BootstrapRequest => 0,
             MessageType::StoreJoin => STORE_JOIN_LEN,
             MessageType::StoreLeave => STORE_LEAVE_LEN,
@@ -265,6 +276,9 @@ pub enum ErrorCode {
     InvalidLease,
     /// The server ran out of epochs.
     EpochExhausted,
+    /// The GID's registration is another DCT's than the Renew's or
+    /// Deregister's: another engine registered at the GID since.
+    Replaced,
     /// The store member id is held, live, by another GID.
     MemberExists,
     /// The store has no live member.
@@ -297,6 +311,7 @@ impl ErrorCode {
             ErrorCode::LeaseExpired => 18,
             ErrorCode::InvalidLease => 19,
             ErrorCode::EpochExhausted => 20,
+            ErrorCode::Replaced => 21,
             ErrorCode::MemberExists => 32,
             ErrorCode::NoSuchStore => 33,
             ErrorCode::BadStoreName => 34,
@@ -321,6 +336,7 @@ impl ErrorCode {
             18 => ErrorCode::LeaseExpired,
             19 => ErrorCode::InvalidLease,
             20 => ErrorCode::EpochExhausted,
+            21 => ErrorCode::Replaced,
             32 => ErrorCode::MemberExists,
             33 => ErrorCode::NoSuchStore,
             34 => ErrorCode::BadStoreName,
@@ -570,11 +586,17 @@ pub enum Message {
     Renew {
         /// The node.
         gid: Gid,
+        /// The DCT number it registered (refused when the GID's
+        /// registration is another's).
+        dct_num: u32,
     },
     /// Remove a node.
     Deregister {
         /// The node.
         gid: Gid,
+        /// The DCT number it registered (refused when the GID's
+        /// registration is another's).
+        dct_num: u32,
     },
     /// Ask for the table's location.
     BootstrapRequest,
@@ -754,12 +776,17 @@ impl Repr {
                     lease_ms: get_u64(p, 32..40),
                 })
             }
-            MessageType::Renew => Message::Renew {
-                gid: get_gid(p, 0..16),
-            },
-            MessageType::Deregister => Message::Deregister {
-                gid: get_gid(p, 0..16),
-            },
+            MessageType::Renew | MessageType::Deregister => {
+                if !zero(&p[20..24]) {
+                    return Err(WireError::ReservedNotZero(t));
+                }
+                let (gid, dct_num) = (get_gid(p, 0..16), get_u32(p, 16..20));
+                if t == MessageType::Renew {
+                    Message::Renew { gid, dct_num }
+                } else {
+                    Message::Deregister { gid, dct_num }
+                }
+            }
             MessageType::BootstrapRequest => Message::BootstrapRequest,
             MessageType::StoreJoin => {
                 if !zero(&p[36..40]) {
@@ -786,9 +813,6 @@ impl Repr {
             },
             MessageType::StoreMembers => Message::StoreMembers(parse_members(p)?),
             MessageType::Ok => {
-                if !zero(&p[4..8]) {
-                    return Err(WireError::ReservedNotZero(t));
-                }
                 let epoch = get_u32(p, 0..4);
                 if epoch == 0 {
                     return Err(malformed("epoch 0"));
@@ -796,6 +820,7 @@ impl Repr {
                 Message::Ok(Lease {
                     epoch,
                     lease_expiry_ms: get_u64(p, 8..16),
+                    replaced_dct: get_u32(p, 4..8),
                 })
             }
             MessageType::Err => {
@@ -890,8 +915,9 @@ impl Repr {
                 put(p, 24..32, &r.target.dc_key.to_le_bytes());
                 put(p, 32..40, &r.lease_ms.to_le_bytes());
             }
-            Message::Renew { gid } | Message::Deregister { gid } => {
+            Message::Renew { gid, dct_num } | Message::Deregister { gid, dct_num } => {
                 put(p, 0..16, gid.as_bytes());
+                put(p, 16..20, &dct_num.to_le_bytes());
             }
             Message::BootstrapRequest => {}
             Message::StoreJoin(j) => {
@@ -921,6 +947,7 @@ impl Repr {
             }
             Message::Ok(l) => {
                 put(p, 0..4, &l.epoch.to_le_bytes());
+                put(p, 4..8, &l.replaced_dct.to_le_bytes());
                 put(p, 8..16, &l.lease_expiry_ms.to_le_bytes());
             }
             Message::Err(c) => put(p, 0..2, &c.to_u16().to_le_bytes()),

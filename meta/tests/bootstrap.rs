@@ -177,12 +177,24 @@ fn tcp_server_of_another_wire_version_is_a_typed_error() {
     });
     let e = fetch_bootstrap_tcp(addr, Duration::from_secs(5)).unwrap_err();
     assert!(
-        matches!(e, MetaError::WireVersion { ours: 3, theirs: 2 }),
+        matches!(
+            e,
+            MetaError::WireVersion {
+                ours: krcore_meta::wire::WIRE_VERSION,
+                theirs: 2
+            }
+        ),
         "{e:?}"
     );
     let e = fetch_store_tcp(addr, "s", Duration::from_secs(5)).unwrap_err();
     assert!(
-        matches!(e, MetaError::WireVersion { ours: 3, theirs: 2 }),
+        matches!(
+            e,
+            MetaError::WireVersion {
+                ours: krcore_meta::wire::WIRE_VERSION,
+                theirs: 2
+            }
+        ),
         "{e:?}"
     );
     t.join().unwrap();

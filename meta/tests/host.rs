@@ -50,7 +50,8 @@ fn register_then_lookup_by_one_read() {
         lease,
         Lease {
             epoch: 1,
-            lease_expiry_ms: 1_500
+            lease_expiry_ms: 1_500,
+            replaced_dct: 0,
         }
     );
     let before = s.client.counters();
@@ -77,21 +78,24 @@ fn renew_deregister_and_sweep_change_what_a_read_finds() {
     let b = s.server.bootstrap();
     let me = target(s.client.gid(), 1);
     let lease = s.server.table_mut().register(me, 0, 100, 0).unwrap();
-    let renewed = s.server.table_mut().renew(&me.gid, 50).unwrap();
+    let renewed = s.server.table_mut().renew(&me.gid, me.dct_num, 50).unwrap();
     assert_eq!((renewed.epoch, renewed.lease_expiry_ms), (lease.epoch, 150));
     assert_eq!(s.server.sweep(149), 0);
     assert!(s.reader.lookup(&b, &me.gid).is_some());
     assert_eq!(s.server.sweep(150), 1, "expired at its expiry");
     assert_eq!(s.reader.lookup(&b, &me.gid), None);
     assert!(matches!(
-        s.server.table_mut().renew(&me.gid, 151),
+        s.server.table_mut().renew(&me.gid, me.dct_num, 151),
         Err(TableError::NotRegistered { .. })
     ));
     // Re-registration bumps the epoch; deregistration removes it.
     let again = s.server.table_mut().register(me, 0, 100, 200).unwrap();
     assert!(again.epoch > lease.epoch);
     assert_eq!(s.reader.lookup(&b, &me.gid).unwrap().epoch, again.epoch);
-    s.server.table_mut().deregister(&me.gid).unwrap();
+    s.server
+        .table_mut()
+        .deregister(&me.gid, me.dct_num)
+        .unwrap();
     assert_eq!(s.reader.lookup(&b, &me.gid), None);
 }
 

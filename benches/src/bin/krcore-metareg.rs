@@ -101,7 +101,7 @@ fn run(args: &Args) -> Res<()> {
         }
         for _ in 0..args.ops {
             let t = Instant::now();
-            node.meta_renew(&target.gid)?;
+            node.meta_renew(&target)?;
             renew.push(us(t.elapsed()));
         }
         let t = Instant::now();

@@ -441,30 +441,58 @@ impl<N: Nic> Engine<N> {
         lid: u16,
         lease_ms: u64,
     ) -> Result<Lease, EngineError> {
-        self.meta_call(
+        let lease = self.meta_call(
             target.gid,
             MetaMessage::Register(RegisterRepr {
                 target,
                 lid,
                 lease_ms,
             }),
+        )?;
+        if lease.replaced_dct != 0 {
+            tracing::warn!(
+                gid = %target.gid,
+                dct = target.dct_num,
+                replaced_dct = lease.replaced_dct,
+                "replaced another live registration at this GID: a process that restarted here, or \
+                 another engine on this port (two engines on one port collide: the other's renewals \
+                 are refused from now on; processes share a port through krcored, or each takes a \
+                 GID of its own)"
+            );
+        }
+        Ok(lease)
+    }
+
+    /// Renews the lease of `target`'s registration (see
+    /// [`Engine::meta_register`]).
+    ///
+    /// # Errors
+    /// As [`Engine::meta_register`]; [`EngineError::MetaRefused`] with
+    /// [`ErrorCode::Replaced`] when another engine registered at the GID
+    /// since (its registration names another DCT).
+    pub fn meta_renew(&self, target: &DcTarget) -> Result<Lease, EngineError> {
+        self.meta_call(
+            target.gid,
+            MetaMessage::Renew {
+                gid: target.gid,
+                dct_num: target.dct_num,
+            },
         )
     }
 
-    /// Renews `gid`'s lease (see [`Engine::meta_register`]).
+    /// Removes `target`'s registration (see [`Engine::meta_register`]).
     ///
     /// # Errors
-    /// As [`Engine::meta_register`].
-    pub fn meta_renew(&self, gid: &Gid) -> Result<Lease, EngineError> {
-        self.meta_call(*gid, MetaMessage::Renew { gid: *gid })
-    }
-
-    /// Removes `gid`'s registration (see [`Engine::meta_register`]).
-    ///
-    /// # Errors
-    /// As [`Engine::meta_register`].
-    pub fn meta_deregister(&self, gid: &Gid) -> Result<Lease, EngineError> {
-        self.meta_call(*gid, MetaMessage::Deregister { gid: *gid })
+    /// As [`Engine::meta_renew`] (a registration of another engine at the
+    /// GID stays: [`ErrorCode::Replaced`]).
+    pub fn meta_deregister(&self, target: &DcTarget) -> Result<Lease, EngineError> {
+        self.meta_call(
+            target.gid,
+            MetaMessage::Deregister {
+                gid: target.gid,
+                dct_num: target.dct_num,
+            },
+        )
     }
 
     /// One request to the meta server's [`META_PORT`] (errors name `gid`).
@@ -771,6 +799,13 @@ pub struct MetaLeaseStats {
     /// Renewals or re-registrations that failed (timeout, refusal): tried
     /// again at the next period.
     pub failures: u64,
+    /// Renewals refused because another engine registered at the GID since
+    /// ([`ErrorCode::Replaced`]: a second engine on the port). The target
+    /// is not registered again while the other's registration stands (the
+    /// newest engine at a GID is the one peers reach); renewals go on, and
+    /// once the other's registration is gone (it deregistered, or its
+    /// lease ran out) the target is registered again.
+    pub replaced: u64,
 }
 
 struct KeepShared {
@@ -838,10 +873,14 @@ impl<N: Nic> MetaLease<N> {
         let mut first = Ok(());
         for k in &self.kept {
             let r = match k {
-                Kept::Dc { target, .. } => self.engine.meta_deregister(&target.gid),
-                Kept::Store { store, id, .. } => self.engine.store_leave_name(*store, *id),
+                Kept::Dc { target, .. } => self.engine.meta_deregister(target).map(|_| ()),
+                Kept::Store { store, id, .. } => {
+                    self.engine.store_leave_name(*store, *id).map(|_| ())
+                }
             };
-            if let Err(e) = r {
+            // A registration another engine replaced is not this one's to
+            // remove: this one's is gone already.
+            if let Err(e) = r.or_else(|e| if replaced(&e) { Ok(()) } else { Err(e) }) {
                 if first.is_ok() {
                     first = Err(e);
                 }
@@ -901,6 +940,11 @@ fn keep_alive<N: Nic>(
             // NotRegistered and the target is registered again.)
             let r = renew(engine, k, epoch, lease_ms);
             match &r {
+                Err(e) if replaced(e) => {
+                    if streak.saturating_add(1).is_power_of_two() {
+                        tracing::error!(registration = %k, refusals = *streak + 1, "another engine registered at this GID over this one: peers reach it, not this process; two engines on one port collide (share the port through krcored, or give each process a GID of its own); registering again once its registration is gone");
+                    }
+                }
                 Ok(false) => {
                     tracing::warn!(registration = %k, failures = *streak, "meta lease lapsed (swept by the host): registered again");
                 }
@@ -926,10 +970,23 @@ fn keep_alive<N: Nic>(
                     s.lapsed += 1;
                     s.registrations += 1;
                 }
+                Err(e) if replaced(&e) => s.replaced += 1,
                 Err(_) => s.failures += 1,
             }
         }
     }
+}
+
+/// Whether the meta server refused a renewal or deregistration because
+/// another engine's registration holds the GID now.
+fn replaced(e: &EngineError) -> bool {
+    matches!(
+        e,
+        EngineError::MetaRefused {
+            code: ErrorCode::Replaced,
+            ..
+        }
+    )
 }
 
 /// Whether a failed request may have gone to a meta server that moved:
@@ -953,7 +1010,7 @@ fn renew<N: Nic>(
     lease_ms: u64,
 ) -> Result<bool, EngineError> {
     match k {
-        Kept::Dc { target, lid } => match engine.meta_renew(&target.gid) {
+        Kept::Dc { target, lid } => match engine.meta_renew(target) {
             Ok(_) => Ok(true),
             Err(EngineError::MetaRefused {
                 code: ErrorCode::NotRegistered | ErrorCode::LeaseExpired,

@@ -79,9 +79,12 @@ impl Cluster {
             .register(target, 0, lease_ms, now_ms)
     }
 
-    /// Removes `gid` from the table.
+    /// Removes `gid`'s registration from the table, whichever DCT it names.
     pub fn deregister(&self, gid: &Gid) -> Result<EntryRepr, TableError> {
-        self.meta.lock().table_mut().deregister(gid)
+        let mut meta = self.meta.lock();
+        let t = meta.table_mut();
+        let dct = t.get(gid).map_or(0, |e| e.dct_num);
+        t.deregister(gid, dct)
     }
 
     /// Sweeps leases expired at `now_ms`.

@@ -32,8 +32,8 @@ fn mr_image_equals_the_vector_image() {
         );
         if i % 4 == 3 {
             assert_eq!(
-                in_mr.deregister(&gid(i % 5)),
-                in_vec.deregister(&gid(i % 5))
+                in_mr.deregister(&gid(i % 5), i as u32),
+                in_vec.deregister(&gid(i % 5), i as u32)
             );
         }
         assert_eq!(in_mr.sweep(now), in_vec.sweep(now));

@@ -43,7 +43,8 @@ fn register_is_visible_to_a_reader() {
         lease,
         Lease {
             epoch: 1,
-            lease_expiry_ms: 1_500
+            lease_expiry_ms: 1_500,
+            replaced_dct: 0,
         }
     );
     let e = read(&t, &gid(1)).unwrap().unwrap();
@@ -65,11 +66,12 @@ fn re_registration_bumps_epoch_in_place() {
     restarted.dct_num = 77;
     let l = t.register(restarted, 0, 100, 50).unwrap();
     assert_eq!(l.epoch, 3);
+    assert_eq!(l.replaced_dct, 1001, "the old DCT's lease still ran");
     let e = read(&t, &gid(1)).unwrap().unwrap();
     assert_eq!((e.epoch, e.dct_num, e.lease_expiry_ms), (3, 77, 150));
     assert_eq!(t.len(), 2, "same slot, not a second entry");
     // Deregister + register also gets a new epoch.
-    t.deregister(&gid(1)).unwrap();
+    t.deregister(&gid(1), 77).unwrap();
     assert_eq!(t.register(target(1), 0, 100, 60).unwrap().epoch, 4);
 }
 
@@ -118,28 +120,34 @@ fn lease_expiry_saturates() {
 fn renew_extends_and_never_shortens() {
     let mut t = table(4, 2);
     t.register(target(1), 0, 100, 0).unwrap();
-    let l = t.renew(&gid(1), 60).unwrap();
+    let l = t.renew(&gid(1), target(1).dct_num, 60).unwrap();
     assert_eq!(
         l,
         Lease {
             epoch: 1,
-            lease_expiry_ms: 160
+            lease_expiry_ms: 160,
+            replaced_dct: 0,
         }
     );
     assert_eq!(read(&t, &gid(1)).unwrap().unwrap().lease_expiry_ms, 160);
     // A clock that went backwards does not shorten the lease.
-    assert_eq!(t.renew(&gid(1), 10).unwrap().lease_expiry_ms, 160);
+    assert_eq!(
+        t.renew(&gid(1), target(1).dct_num, 10)
+            .unwrap()
+            .lease_expiry_ms,
+        160
+    );
 }
 
 #[test]
 fn renew_without_change_does_not_rewrite() {
     let mut t = table(1, 1);
     t.register(target(1), 0, 100, 0).unwrap();
-    t.renew(&gid(1), 50).unwrap();
+    t.renew(&gid(1), target(1).dct_num, 50).unwrap();
     let v = EntryView::new_checked(&t.memory()[..ENTRY_LEN])
         .unwrap()
         .version_head();
-    t.renew(&gid(1), 50).unwrap();
+    t.renew(&gid(1), target(1).dct_num, 50).unwrap();
     let v2 = EntryView::new_checked(&t.memory()[..ENTRY_LEN])
         .unwrap()
         .version_head();
@@ -150,12 +158,12 @@ fn renew_without_change_does_not_rewrite() {
 fn renew_errors() {
     let mut t = table(4, 2);
     assert_eq!(
-        t.renew(&gid(1), 0),
+        t.renew(&gid(1), target(1).dct_num, 0),
         Err(TableError::NotRegistered { gid: gid(1) })
     );
     t.register(target(1), 0, 100, 0).unwrap();
     assert_eq!(
-        t.renew(&gid(1), 100),
+        t.renew(&gid(1), target(1).dct_num, 100),
         Err(TableError::LeaseExpired {
             gid: gid(1),
             expired_at_ms: 100
@@ -167,16 +175,57 @@ fn renew_errors() {
 }
 
 #[test]
+fn a_second_engine_at_a_gid_replaces_the_first_which_can_no_longer_renew_or_remove() {
+    let mut t = table(4, 2);
+    let first = target(1);
+    let second = DcTarget {
+        dct_num: 5_000,
+        ..first
+    };
+    assert_eq!(t.register(first, 0, 100, 0).unwrap().replaced_dct, 0);
+    // Registering the same DCT again replaces nothing.
+    assert_eq!(t.register(first, 0, 100, 10).unwrap().replaced_dct, 0);
+    let l = t.register(second, 0, 100, 20).unwrap();
+    assert_eq!(
+        l.replaced_dct, first.dct_num,
+        "a live registration of another DCT"
+    );
+    let refused = Err(TableError::Replaced {
+        gid: gid(1),
+        asked: first.dct_num,
+        holder: second.dct_num,
+    });
+    assert_eq!(t.renew(&gid(1), first.dct_num, 30), refused);
+    assert_eq!(
+        t.deregister(&gid(1), first.dct_num).map(|_| ()),
+        refused.map(|_: Lease| ())
+    );
+    let e = read(&t, &gid(1)).unwrap().unwrap();
+    assert_eq!(
+        (e.dct_num, e.lease_expiry_ms),
+        (second.dct_num, 120),
+        "untouched"
+    );
+    assert_eq!(t.renew(&gid(1), second.dct_num, 30).unwrap().epoch, l.epoch);
+    // A registration whose lease ran out is not reported as replaced.
+    assert_eq!(t.register(first, 0, 100, 500).unwrap().replaced_dct, 0);
+    assert_eq!(
+        t.deregister(&gid(1), first.dct_num).unwrap().dct_num,
+        first.dct_num
+    );
+}
+
+#[test]
 fn deregister_clears_the_slot() {
     let mut t = table(4, 2);
     t.register(target(1), 0, 100, 0).unwrap();
-    let e = t.deregister(&gid(1)).unwrap();
+    let e = t.deregister(&gid(1), target(1).dct_num).unwrap();
     assert_eq!(e.gid, gid(1));
     assert_eq!(read(&t, &gid(1)), Ok(None));
     assert!(t.is_empty());
     assert_eq!(t.next_expiry_ms(), None);
     assert_eq!(
-        t.deregister(&gid(1)),
+        t.deregister(&gid(1), target(1).dct_num),
         Err(TableError::NotRegistered { gid: gid(1) })
     );
 }
@@ -192,7 +241,7 @@ fn sweep_removes_expired_leases() {
     assert!(t.sweep(99).is_empty());
     // Expiry is inclusive: a lease ending at 100 is gone at 100.
     assert_eq!(t.sweep(100), vec![gid(2)]);
-    t.renew(&gid(1), 150).unwrap(); // 1 now expires at 450
+    t.renew(&gid(1), target(1).dct_num, 150).unwrap(); // 1 now expires at 450
     assert_eq!(t.sweep(460), vec![gid(3), gid(1)]);
     assert_eq!(t.len(), 1);
     assert_eq!(t.next_expiry_ms(), Some(1_000));
@@ -224,7 +273,8 @@ fn full_bucket_is_an_error() {
     // Re-registering a present GID in a full bucket is fine.
     t.register(target(same[0]), 0, 100, 0).unwrap();
     // A freed slot is reused.
-    t.deregister(&gid(same[1])).unwrap();
+    t.deregister(&gid(same[1]), target(same[1]).dct_num)
+        .unwrap();
     t.register(target(same[2]), 0, 100, 0).unwrap();
     assert!(read(&t, &gid(same[2])).unwrap().is_some());
     // Other buckets are unaffected.
@@ -322,13 +372,13 @@ fn reader_between_engine_stores_sees_old_new_or_torn() {
         t.register(target(1), 1, 100, 0).unwrap();
     });
     check_op(&mut t, |t| {
-        t.renew(&gid(1), 10).unwrap();
+        t.renew(&gid(1), target(1).dct_num, 10).unwrap();
     });
     check_op(&mut t, |t| {
         t.register(target(1), 2, 100, 20).unwrap();
     });
     check_op(&mut t, |t| {
-        t.deregister(&gid(1)).unwrap();
+        t.deregister(&gid(1), target(1).dct_num).unwrap();
     });
     check_op(&mut t, |t| {
         t.register(target(1), 3, 100, 30).unwrap();
@@ -376,7 +426,7 @@ fn model_based_random_operations() {
                     Err(e) => panic!("step {step}: {e}"),
                 }
             }
-            4..=6 => match (t.renew(&g, now), model.get_mut(&n)) {
+            4..=6 => match (t.renew(&g, target(n).dct_num, now), model.get_mut(&n)) {
                 (Ok(l), Some(m)) => {
                     assert!(now < m.1);
                     m.1 = m.1.max(now + m.2);
@@ -384,7 +434,8 @@ fn model_based_random_operations() {
                         l,
                         Lease {
                             epoch: m.0,
-                            lease_expiry_ms: m.1
+                            lease_expiry_ms: m.1,
+                            replaced_dct: 0,
                         }
                     );
                 }
@@ -395,7 +446,7 @@ fn model_based_random_operations() {
                 (Err(TableError::NotRegistered { .. }), None) => {}
                 (r, m) => panic!("step {step}: renew {r:?} vs model {m:?}"),
             },
-            7 => match (t.deregister(&g), model.remove(&n)) {
+            7 => match (t.deregister(&g, target(n).dct_num), model.remove(&n)) {
                 (Ok(e), Some(m)) => assert_eq!(e.epoch, m.0),
                 (Err(TableError::NotRegistered { .. }), None) => {}
                 (r, m) => panic!("step {step}: deregister {r:?} vs model {m:?}"),

@@ -63,6 +63,7 @@ fn request_reply_flow() {
     let ok = Message::Ok(Lease {
         epoch: 1,
         lease_expiry_ms: 1_100,
+        replaced_dct: 0,
     });
     assert_eq!(call(&mut t, &b, 2, register(1, 100), 1_000), ok);
     // The client reads the table described by the bootstrap reply.
@@ -70,17 +71,37 @@ fn request_reply_flow() {
     let bucket = &t.memory()[g.bucket_range(g.bucket_of(&gid(1)))];
     assert_eq!(find_in_bucket(bucket, &gid(1)).unwrap().unwrap().epoch, 1);
     assert_eq!(
-        call(&mut t, &b, 3, Message::Renew { gid: gid(1) }, 1_050),
+        call(
+            &mut t,
+            &b,
+            3,
+            Message::Renew {
+                gid: gid(1),
+                dct_num: 1
+            },
+            1_050
+        ),
         Message::Ok(Lease {
             epoch: 1,
-            lease_expiry_ms: 1_150
+            lease_expiry_ms: 1_150,
+            replaced_dct: 0,
         })
     );
     assert_eq!(
-        call(&mut t, &b, 4, Message::Deregister { gid: gid(1) }, 1_060),
+        call(
+            &mut t,
+            &b,
+            4,
+            Message::Deregister {
+                gid: gid(1),
+                dct_num: 1
+            },
+            1_060
+        ),
         Message::Ok(Lease {
             epoch: 1,
-            lease_expiry_ms: 1_150
+            lease_expiry_ms: 1_150,
+            replaced_dct: 0,
         })
     );
 }
@@ -90,11 +111,29 @@ fn table_errors_become_codes() {
     let (mut t, b) = setup();
     let e = |c| Message::Err(c);
     assert_eq!(
-        call(&mut t, &b, 1, Message::Renew { gid: gid(1) }, 0),
+        call(
+            &mut t,
+            &b,
+            1,
+            Message::Renew {
+                gid: gid(1),
+                dct_num: 1
+            },
+            0
+        ),
         e(ErrorCode::NotRegistered)
     );
     assert_eq!(
-        call(&mut t, &b, 2, Message::Deregister { gid: gid(1) }, 0),
+        call(
+            &mut t,
+            &b,
+            2,
+            Message::Deregister {
+                gid: gid(1),
+                dct_num: 1
+            },
+            0
+        ),
         e(ErrorCode::NotRegistered)
     );
     assert_eq!(
@@ -103,8 +142,62 @@ fn table_errors_become_codes() {
     );
     call(&mut t, &b, 4, register(1, 10), 0);
     assert_eq!(
-        call(&mut t, &b, 5, Message::Renew { gid: gid(1) }, 10),
+        call(
+            &mut t,
+            &b,
+            5,
+            Message::Renew {
+                gid: gid(1),
+                dct_num: 1
+            },
+            10
+        ),
         e(ErrorCode::LeaseExpired)
+    );
+    // Another DCT registered at the GID: the first may not renew or remove it.
+    let second = Message::Register(RegisterRepr {
+        target: DcTarget {
+            dct_num: 9,
+            ..target(1)
+        },
+        lid: 1,
+        lease_ms: 100,
+    });
+    assert_eq!(
+        call(&mut t, &b, 7, second, 20),
+        Message::Ok(Lease {
+            epoch: 2,
+            lease_expiry_ms: 120,
+            replaced_dct: 0,
+        }),
+        "the first's lease had run out"
+    );
+    for (id, m) in [
+        (
+            8,
+            Message::Renew {
+                gid: gid(1),
+                dct_num: 1,
+            },
+        ),
+        (
+            9,
+            Message::Deregister {
+                gid: gid(1),
+                dct_num: 1,
+            },
+        ),
+    ] {
+        assert_eq!(call(&mut t, &b, id, m, 30), e(ErrorCode::Replaced));
+    }
+    assert_eq!(
+        call(&mut t, &b, 10, register(1, 100), 40),
+        Message::Ok(Lease {
+            epoch: 3,
+            lease_expiry_ms: 140,
+            replaced_dct: 9,
+        }),
+        "the second's lease ran: replaced"
     );
     // One slot per bucket: a second GID in gid(1)'s bucket is refused.
     let g = t.geometry();
@@ -124,6 +217,7 @@ fn replies_sent_as_requests_are_refused() {
         Message::Ok(Lease {
             epoch: 1,
             lease_expiry_ms: 0,
+            replaced_dct: 0,
         }),
         Message::Err(ErrorCode::Internal),
         Message::Bootstrap(b),
@@ -141,7 +235,10 @@ fn unparsable_requests() {
     let (mut t, b) = setup();
     let good = Repr {
         request_id: 77,
-        message: Message::Renew { gid: gid(1) },
+        message: Message::Renew {
+            gid: gid(1),
+            dct_num: 1,
+        },
     }
     .to_bytes();
     // Not a meta message: no reply.

@@ -39,12 +39,19 @@ fn all_messages() -> Vec<Message> {
             lid: 0xbeef,
             lease_ms: 30_000,
         }),
-        Message::Renew { gid: gid(1) },
-        Message::Deregister { gid: gid(2) },
+        Message::Renew {
+            gid: gid(1),
+            dct_num: 0x71,
+        },
+        Message::Deregister {
+            gid: gid(2),
+            dct_num: 0x72,
+        },
         Message::BootstrapRequest,
         Message::Ok(Lease {
             epoch: 7,
             lease_expiry_ms: 123_456,
+            replaced_dct: 0x55,
         }),
         Message::Err(ErrorCode::BucketFull),
         Message::Err(ErrorCode::Unknown(999)),
@@ -140,6 +147,7 @@ fn every_error_code_round_trips() {
         ErrorCode::UnexpectedMessage,
         ErrorCode::BucketFull,
         ErrorCode::NotRegistered,
+        ErrorCode::Replaced,
         ErrorCode::LeaseExpired,
         ErrorCode::InvalidLease,
         ErrorCode::EpochExhausted,
@@ -163,17 +171,22 @@ fn every_error_code_round_trips() {
 fn header_layout() {
     let r = Repr {
         request_id: 0x1122_3344_5566_7788,
-        message: Message::Renew { gid: gid(3) },
+        message: Message::Renew {
+            gid: gid(3),
+            dct_num: 0x73,
+        },
     };
     let b = r.to_bytes();
     assert_eq!(&b[0..4], b"KRMT");
     assert_eq!(b[4], WIRE_VERSION);
     assert_eq!(b[5], 2);
-    assert_eq!(&b[6..8], &16u16.to_le_bytes());
+    assert_eq!(&b[6..8], &24u16.to_le_bytes());
     assert_eq!(&b[8..16], &0x1122_3344_5566_7788u64.to_le_bytes());
     assert_eq!(&b[16..32], gid(3).as_bytes());
+    assert_eq!(&b[32..36], &0x73u32.to_le_bytes());
+    assert_eq!(&b[36..40], &[0; 4]);
     let p = Packet::new_checked(&b[..]).unwrap();
-    assert_eq!(p.payload(), gid(3).as_bytes());
+    assert_eq!(&p.payload()[..16], gid(3).as_bytes());
 }
 
 #[test]
@@ -201,7 +214,10 @@ fn bytes_of(m: Message) -> Vec<u8> {
 
 #[test]
 fn truncated() {
-    let b = bytes_of(Message::Deregister { gid: gid(1) });
+    let b = bytes_of(Message::Deregister {
+        gid: gid(1),
+        dct_num: 0x71,
+    });
     for len in 0..HEADER_LEN {
         assert_eq!(
             Repr::parse_bytes(&b[..len]),
@@ -242,20 +258,26 @@ fn bad_magic_version_type() {
 
 #[test]
 fn wrong_payload_length() {
-    // A Renew header announcing 17 bytes.
-    let mut b = bytes_of(Message::Renew { gid: gid(1) });
-    b[6] = 17;
+    // A Renew header announcing 25 bytes.
+    let mut b = bytes_of(Message::Renew {
+        gid: gid(1),
+        dct_num: 0x71,
+    });
+    b[6] = 25;
     b.push(0);
     assert_eq!(
         Repr::parse_bytes(&b),
         Err(WireError::PayloadLength {
             msg_type: MessageType::Renew,
-            expected: 16,
-            got: 17
+            expected: 24,
+            got: 25
         })
     );
     // A Register header announcing a Renew-sized payload.
-    let mut b = bytes_of(Message::Renew { gid: gid(1) });
+    let mut b = bytes_of(Message::Renew {
+        gid: gid(1),
+        dct_num: 0x71,
+    });
     b[5] = MessageType::Register as u8;
     assert!(matches!(
         Repr::parse_bytes(&b),
@@ -270,7 +292,8 @@ fn wrong_payload_length() {
 fn reserved_bytes_must_be_zero() {
     for (m, off) in [
         (all_messages()[0].clone(), 22),
-        (all_messages()[4].clone(), 5),
+        (all_messages()[1].clone(), 21),
+        (all_messages()[2].clone(), 23),
         (all_messages()[5].clone(), 3),
         (all_messages()[7].clone(), 77),
         (store_join(), 37),
@@ -295,6 +318,7 @@ fn value_rules() {
     let b = bytes_of(Message::Ok(Lease {
         epoch: 0,
         lease_expiry_ms: 1,
+        replaced_dct: 0,
     }));
     assert_eq!(
         Repr::parse_bytes(&b),
