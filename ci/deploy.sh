@@ -162,7 +162,10 @@ fi
 
 # Roles: 1 meta, 2-3 store ci, 4-5 store el, 6 the ycsb driver and the
 # latency and kill clients, 7-8 ycsb's client processes, 9 elastic, 10 krcored,
-# 11 store gc (a killed client's grants taken back).
+# 11 store gc (a killed client's grants taken back), 12 the client running
+# across the meta restart. Processes that run at the same time play
+# different roles: a port (a role's GID) takes one engine at a time (a
+# second one is refused, as two engines on one port collide).
 cfg=()
 [ -n "${DEPLOY_CONFIG:-}" ] && cfg=(--config "$DEPLOY_CONFIG")
 ycsb() { "$bin/krcore-ycsb" --fabric "$(fab 6)" --meta "$meta" "${cfg[@]}" "$@"; }
@@ -232,7 +235,7 @@ if [ "${DEPLOY_META_RESTART:-1}" = 1 ]; then
   # must not notice (--fail-fast: it would end at its first failed get).
   # (The binary itself in the background, not the ycsb function: $! must
   # be the process that SIGTERM stops.)
-  "$bin/krcore-ycsb" --fabric "$(fab 6)" --meta "$meta" "${cfg[@]}" --store ci --workload c --records "$records" --operations 1000000000 --phase run --fail-fast \
+  "$bin/krcore-ycsb" --fabric "$(fab 12)" --meta "$meta" "${cfg[@]}" --store ci --workload c --records "$records" --operations 1000000000 --phase run --fail-fast \
     >"$work/across.out" 2>"$work/across.err" &
   across=$!
   # Its header line comes once it has found the store (its connections

@@ -317,7 +317,10 @@ fn memory_nodes_restarted_empty_are_not_taken_for_their_predecessors() {
     for i in 0..300u32 {
         c.put(format!("k{i}").as_bytes(), &[7u8; 200]).unwrap();
     }
+    // (The loading client ends: the later one runs on its host, whose port
+    // takes one engine at a time.)
     drop(c);
+    drop(store);
 
     // Node 1 dies (SIGKILL) and is started again at once on its host.
     let _ = n1.0.kill();
@@ -787,4 +790,33 @@ fn race_memnode_runs_attached_to_krcored() {
     fails_with(MEMNODE, &bad, "cannot reach the node daemon");
     assert_eq!(d.terminate(), Some(0));
     assert_eq!(meta_p.terminate(), Some(0));
+}
+
+/// Processes on one port share its GID (the sim's `host=`): a second
+/// engine on the port is refused at start, a one-line error naming the
+/// holder, instead of taking over the first one's meta entry, cached
+/// address and messages; once the first process is gone, even killed, the
+/// port is free again.
+#[test]
+fn a_second_engine_on_a_port_is_refused_until_the_first_is_gone() {
+    let dir = fabric_dir();
+    let base = format!("sim:{}", dir.path().join("f").display());
+    let on = |host: &str| format!("{base},host={host}");
+    let (first, addr) = meta(&on("m"));
+    let pid = first.0.id();
+    let needle = format!("another process (pid {pid}) runs a KRCore engine on this port");
+    fails_with(MEMNODE, &memnode(&on("m"), &addr, "s", 0, &[]), &needle);
+    let again: Vec<String> = ["--fabric", &on("m"), "--listen", "127.0.0.1:0"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    fails_with(META, &again, &needle);
+    // Another host of the fabric is another port.
+    let (n0, _) = start(MEMNODE, &as_refs(&memnode(&on("n"), &addr, "s", 0, &[])));
+    assert_eq!(n0.terminate(), Some(0));
+    let mut first = first;
+    let _ = first.0.kill();
+    let _ = first.0.wait();
+    let (second, _) = start(META, &as_refs(&again));
+    assert_eq!(second.terminate(), Some(0));
 }

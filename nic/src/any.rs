@@ -234,6 +234,10 @@ impl Nic for AnyNic {
         each!(self, n => n.caps())
     }
 
+    fn port_lock_path(&self) -> Option<std::path::PathBuf> {
+        each!(self, n => n.port_lock_path())
+    }
+
     #[inline]
     fn counters(&self) -> Counters {
         each!(self, n => n.counters())

@@ -42,6 +42,20 @@ pub trait Nic: Send + Sync + Sized + 'static {
     /// A snapshot of the device counters.
     fn counters(&self) -> Counters;
 
+    /// The file through which the processes of this machine that open this
+    /// port agree that one of them runs its engine (a lock file the engine
+    /// holds for its life; see `krcore_kmod::Engine::start`), or `None`
+    /// when no other process can have this port's GID. A GID is the
+    /// port's: two processes with engines of their own on one port share it
+    /// and collide (the meta table, the DCCache and messaging know a node
+    /// by its GID). Verbs: one file per GID under `$KRCORE_RUN_DIR`
+    /// (default the temporary directory). Sim: the host's file in a
+    /// directory fabric (`host=`); `None` for a node with a GID of its own,
+    /// and in an in-memory fabric (one process).
+    fn port_lock_path(&self) -> Option<std::path::PathBuf> {
+        None
+    }
+
     /// Allocates a protection domain.
     fn alloc_pd(&self) -> Result<Self::Pd>;
 

@@ -117,6 +117,24 @@ pub enum EngineError {
     /// The configuration is inconsistent.
     #[error("bad engine configuration: {0}")]
     Config(String),
+    /// Another process of this machine runs an engine on the port: it holds
+    /// the port's lock file ([`krcore_nic::Nic::port_lock_path`]). Two
+    /// engines on one port share its GID and collide (the meta table, the
+    /// DCCache and messaging know a node by its GID).
+    #[error(
+        "another process{} runs a KRCore engine on this port (GID {gid}, lock {}): processes on \
+         one port share one engine (run krcored and attach to it) or take a GID each",
+        holder.map(|p| format!(" (pid {p})")).unwrap_or_default(),
+        path.display()
+    )]
+    PortInUse {
+        /// The port's GID.
+        gid: Gid,
+        /// The lock file.
+        path: std::path::PathBuf,
+        /// The holder's process id, as it wrote it in the file (if it could).
+        holder: Option<u32>,
+    },
     /// A provider call failed.
     #[error("{op}: {source}")]
     Nic {

@@ -135,6 +135,7 @@ mod mrs;
 mod object;
 mod pairing;
 mod physqp;
+mod port_lock;
 mod rc;
 mod rc_meta;
 mod stats;

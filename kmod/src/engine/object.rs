@@ -102,6 +102,9 @@ pub(crate) struct EngineInner<N: Nic> {
     /// `released`.
     pub(super) handles: AtomicUsize,
     pub(super) released: AtomicBool,
+    /// This port's lock on the machine (see `port_lock`), held while the
+    /// engine's state lives.
+    pub(super) _port_lock: Option<super::port_lock::PortLock>,
     /// DC mode: the endpoint of meta registration over messaging
     /// (`meta_msg`); its lock serializes the calls.
     pub(super) meta_ep: Mutex<Option<Endpoint<N>>>,
@@ -489,12 +492,22 @@ impl<N: Nic> Engine<N> {
     ///   is set (paired at the first lookup).
     ///   [`Engine::mode`] and [`EngineStats::mode`] say which.
     ///
+    /// First of all it takes the port's lock on the machine
+    /// ([`krcore_nic::Nic::port_lock_path`]): one engine per port, held
+    /// while the engine's state lives.
+    ///
     /// # Errors
-    /// [`EngineError::Config`]; [`EngineError::Nic`] when the device refuses
-    /// a resource; in RC fallback mode [`EngineError::NotAFallbackNode`]
-    /// when `cfg.meta` names a DC meta server.
+    /// [`EngineError::PortInUse`] when another engine holds the port's
+    /// lock; [`EngineError::Config`]; [`EngineError::Nic`] when the device
+    /// refuses a resource; in RC fallback mode
+    /// [`EngineError::NotAFallbackNode`] when `cfg.meta` names a DC meta
+    /// server.
     pub fn start(nic: N, cfg: EngineConfig) -> Result<Engine<N>, EngineError> {
         cfg.validate()?;
+        let port_lock = match nic.port_lock_path() {
+            Some(path) => super::port_lock::PortLock::acquire(&path, nic.gid())?,
+            None => None,
+        };
         let caps = nic.caps();
         let mut policy = cfg.policy;
         policy.max_sge = policy.max_sge.min(caps.max_sge as usize).max(1);
@@ -584,6 +597,7 @@ impl<N: Nic> Engine<N> {
             next_vqp: AtomicU32::new(1),
             msg: OnceLock::new(),
             msg_init: Mutex::new(()),
+            _port_lock: port_lock,
         });
         if inner.mode() == EngineMode::Dc {
             let mut pool = inner.pool.lock();

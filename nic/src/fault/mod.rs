@@ -346,6 +346,10 @@ impl<N: Nic> Nic for FaultNic<N> {
         self.inner.caps()
     }
 
+    fn port_lock_path(&self) -> Option<std::path::PathBuf> {
+        self.inner.port_lock_path()
+    }
+
     fn counters(&self) -> Counters {
         self.inner.counters()
     }

@@ -207,10 +207,7 @@ impl SimFabric {
 
     /// The directory of a directory fabric.
     pub fn dir(&self) -> Option<&Path> {
-        match &self.inner.kind {
-            Kind::Dir(p) => Some(p),
-            Kind::Mem => None,
-        }
+        self.inner.dir()
     }
 
     /// GIDs of the nodes that are alive now.
@@ -412,6 +409,14 @@ pub(crate) fn proc_start_time(pid: u32) -> Option<u64> {
 }
 
 impl FabricInner {
+    /// The directory of a directory fabric.
+    pub(crate) fn dir(&self) -> Option<&Path> {
+        match &self.kind {
+            Kind::Dir(p) => Some(p),
+            Kind::Mem => None,
+        }
+    }
+
     fn slot_word(&self, slot: u32) -> &std::sync::atomic::AtomicU64 {
         self.header.word(SLOTS + slot as usize * SLOT_BYTES)
     }

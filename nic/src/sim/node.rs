@@ -152,6 +152,16 @@ impl Nic for SimNic {
         self.inner.caps
     }
 
+    fn port_lock_path(&self) -> Option<std::path::PathBuf> {
+        let host = self.inner.host?;
+        Some(
+            self.inner
+                .fabric
+                .dir()?
+                .join(format!("host-{host:08x}.lock")),
+        )
+    }
+
     fn counters(&self) -> Counters {
         let n = &self.inner;
         let mut c = *n.retired.lock();

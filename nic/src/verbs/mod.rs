@@ -274,6 +274,20 @@ impl Nic for VerbsNic {
         self.inner.caps
     }
 
+    fn port_lock_path(&self) -> Option<std::path::PathBuf> {
+        let dir = std::env::var_os("KRCORE_RUN_DIR")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(std::env::temp_dir);
+        let hex: String = self
+            .inner
+            .gid
+            .as_bytes()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        Some(dir.join(format!("krcore-port-{hex}.lock")))
+    }
+
     fn counters(&self) -> Counters {
         let d = &self.inner;
         let mut c = *d.retired.lock();
