@@ -820,3 +820,35 @@ fn a_second_engine_on_a_port_is_refused_until_the_first_is_gone() {
     let (second, _) = start(META, &as_refs(&again));
     assert_eq!(second.terminate(), Some(0));
 }
+
+/// `--expected-keys` on node 0: the new table starts with the subtables
+/// that hold that many keys at half fill (100,000 keys: 4 subtables of
+/// 86,016 slots).
+#[test]
+fn node_0_presizes_the_table_for_the_expected_keys() {
+    let dir = fabric_dir();
+    let fabric = format!("sim:{}", dir.path().join("f").display());
+    let (meta_p, addr) = meta(&fabric);
+    let (n0, _) = start(
+        MEMNODE,
+        &as_refs(&memnode(
+            &fabric,
+            &addr,
+            "p",
+            0,
+            &["--expected-keys", "100000"],
+        )),
+    );
+    let (n1, _) = start(MEMNODE, &as_refs(&memnode(&fabric, &addr, "p", 1, &[])));
+    let store = Store::connect(&fabric, &addr, "p", StoreOptions::default()).unwrap();
+    let mut c = store.client().unwrap();
+    c.put(b"k", b"v").unwrap();
+    let check = c.check_table().unwrap();
+    assert_eq!((check.global_depth, check.subtables), (2, 4), "{check:?}");
+    assert!(check.problems.is_empty(), "{:?}", check.problems);
+    drop(c);
+    drop(store);
+    assert_eq!(n1.terminate(), Some(0));
+    assert_eq!(n0.terminate(), Some(0));
+    assert_eq!(meta_p.terminate(), Some(0));
+}

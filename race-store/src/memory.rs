@@ -90,6 +90,37 @@ impl Default for TableConfig {
     }
 }
 
+impl TableConfig {
+    /// The fill a presized table is made for: half its slots, so that
+    /// subtables, which hold hash-uniform shares of the keys, are far from
+    /// full (a subtable splits once a key finds no free slot in its
+    /// buckets: at about 60% fill in a YCSB load).
+    pub const PRESIZE_FILL: (u64, u64) = (1, 2);
+
+    /// This table with enough initial subtables for `keys` keys
+    /// without a split ([`Self::PRESIZE_FILL`]): `initial_global_depth`
+    /// is the smallest depth whose `2^depth` subtables hold them, at most
+    /// `max_global_depth`; 0 for `keys` 0 (one subtable, grown by splits).
+    ///
+    /// A split freezes, reads and rewrites a whole subtable (about 100 ms
+    /// for the default geometry's 86,016 slots on `sim`), and while it runs
+    /// the writers of that subtable wait: a table presized for its keys
+    /// never splits to hold them. The initial subtables are all on node 0
+    /// (`2^depth` times [`SubtableGeometry::bytes`]).
+    pub fn presized_for(self, keys: u64) -> TableConfig {
+        let (num, den) = Self::PRESIZE_FILL;
+        let per_subtable = (self.geometry.slots() * num / den).max(1);
+        let subtables = keys.div_ceil(per_subtable).max(1);
+        let depth = subtables.next_power_of_two().trailing_zeros();
+        TableConfig {
+            initial_global_depth: u8::try_from(depth)
+                .unwrap_or(u8::MAX)
+                .min(self.max_global_depth),
+            ..self
+        }
+    }
+}
+
 /// The shape of a [`LocalCluster`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ClusterConfig {
@@ -847,6 +878,20 @@ mod tests {
 
     fn p(node: u8, off: u64) -> RemotePtr {
         RemotePtr::new(node, off).unwrap()
+    }
+
+    #[test]
+    fn presizing_picks_the_smallest_depth_that_holds_the_keys_at_half_fill() {
+        let t = TableConfig::default();
+        // 86,016 slots per subtable: 43,008 keys each.
+        let depth = |keys| t.presized_for(keys).initial_global_depth;
+        assert_eq!(depth(0), 0);
+        assert_eq!(depth(43_008), 0);
+        assert_eq!(depth(43_009), 1);
+        assert_eq!(depth(100_000), 2);
+        assert_eq!(depth(1_000_000), 5);
+        assert_eq!(depth(u64::MAX), t.max_global_depth);
+        assert_eq!(t.presized_for(1_000_000).geometry, t.geometry);
     }
 
     #[test]

@@ -197,3 +197,37 @@ fn garbage_in_remote_memory_is_an_error_not_a_panic() {
         let _ = race_store::Client::open(cluster.transport(), clock.clone(), config);
     }
 }
+
+/// A table presized for its keys holds them without a split; the same
+/// load into a one-subtable table splits.
+#[test]
+fn a_presized_table_holds_its_keys_without_splitting() {
+    use race_store::layout::subtable::SubtableGeometry;
+    use race_store::memory::{ClusterConfig, LocalCluster, TableConfig};
+    let keys = 2_000u64;
+    let base = TableConfig {
+        geometry: SubtableGeometry::new(16).unwrap(),
+        initial_global_depth: 0,
+        max_global_depth: 10,
+    };
+    let presized = base.presized_for(keys);
+    // 336 slots per subtable, 168 keys each: 12 subtables, depth 4.
+    assert_eq!(presized.initial_global_depth, 4);
+    let mut splits = Vec::new();
+    for table in [presized, base] {
+        let cluster = LocalCluster::new(ClusterConfig {
+            nodes: 2,
+            node_bytes: 16 << 20,
+            table,
+        })
+        .unwrap();
+        let mut c = open(&cluster, manual_clock(), manual_config());
+        for i in 0..keys {
+            c.insert(&key(i), &value(i, 0, 8)).unwrap();
+        }
+        assert_eq!(c.get(&key(keys - 1)).unwrap(), Some(value(keys - 1, 0, 8)));
+        splits.push(c.stats().splits);
+    }
+    assert_eq!(splits[0], 0, "presized: {splits:?}");
+    assert!(splits[1] >= 3, "grown from one subtable: {splits:?}");
+}

@@ -43,6 +43,7 @@ use krcore_benches::driver::{
 use krcore_benches::driver::{DeployedTarget, StoreBackend};
 use krcore_benches::ycsb::{KeySpace, Properties, Workload};
 use krcore_nic::sim::{LatencyModel, SimConfig, SimFabric};
+use race_store::memory::TableConfig;
 use race_store::{ClientConfig, ConflictPolicy};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -94,6 +95,13 @@ struct Args {
     /// Run-phase operations (overrides the workload's operationcount).
     #[arg(long)]
     operations: Option<u64>,
+    /// Keys the embedded store's table is presized for: its initial
+    /// subtables hold them without a split (a split stalls the writers of
+    /// its subtable for about 100 ms) [default: the workload's, recordcount
+    /// plus the run's inserts; 0: one subtable, grown by splits]. A
+    /// deployed store's table is node 0's (race-memnode --expected-keys).
+    #[arg(long)]
+    expected_keys: Option<u64>,
     /// Client threads (YCSB's `-threads`; property `threadcount`) [default: 1].
     #[arg(long)]
     threads: Option<usize>,
@@ -411,8 +419,19 @@ fn main() -> ExitCode {
         Err(e) => return krcore_cli::fail("krcore-ycsb", &e),
     };
     if args.store.is_some() || args.meta.is_some() {
+        if args.expected_keys.is_some() {
+            eprintln!(
+                "krcore-ycsb: --expected-keys sizes an embedded store; a deployed store's \
+                 table is formatted by its node 0 (race-memnode --expected-keys)"
+            );
+            return ExitCode::from(2);
+        }
         return run_deployed(&args, workload, records, operations, &stop);
     }
+    let table = TableConfig::default().presized_for(
+        args.expected_keys
+            .unwrap_or_else(|| workload.key_count_bound()),
+    );
     if args.host != HostArg::Process {
         eprintln!(
             "krcore-ycsb: --host daemon:PATH runs against a deployed store (--store NAME); \
@@ -447,7 +466,7 @@ fn main() -> ExitCode {
         return run_multi(&args, &workload, records, operations, model, fabric, &stop);
     }
     let backend: Box<dyn Backend> = match args.db {
-        Db::Race => match RaceBackend::start(args.memory_nodes, args.node_mb << 20, model)
+        Db::Race => match RaceBackend::start(args.memory_nodes, args.node_mb << 20, model, table)
             .map(|b| b.with_client_config(args.client_config(ClientConfig::default())))
         {
             Ok(r) => Box::new(r),
@@ -567,6 +586,15 @@ fn finish(
 }
 
 /// Client processes on a directory fabric: the driver hosts the cluster.
+/// The table of an embedded store: presized for `--expected-keys`, or
+/// for the workload's keys.
+fn embedded_table(args: &Args, workload: &Workload) -> TableConfig {
+    TableConfig::default().presized_for(
+        args.expected_keys
+            .unwrap_or_else(|| workload.key_count_bound()),
+    )
+}
+
 fn run_multi(
     args: &Args,
     workload: &Workload,
@@ -596,11 +624,11 @@ fn run_multi(
     let opts = ClusterOptions {
         memory_nodes: args.memory_nodes.max(1),
         node_bytes: args.node_mb << 20,
+        table: embedded_table(args, workload),
         sim: SimConfig {
             latency: model,
             ..SimConfig::default()
         },
-        ..ClusterOptions::default()
     };
     let _host = match ClusterHost::start(sim_fabric, &opts, tmp) {
         Ok(h) => h,

@@ -34,7 +34,8 @@ fn setup(e: impl std::fmt::Display) -> BackendError {
 
 impl RaceBackend {
     /// A meta server and `memory_nodes` memory nodes of `node_bytes` each on
-    /// a fresh `sim:mem` fabric, under `latency` (figures are then modeled).
+    /// a fresh `sim:mem` fabric, under `latency` (figures are then modeled),
+    /// holding a new table of shape `table`.
     ///
     /// # Errors
     /// [`BackendError::Setup`].
@@ -42,6 +43,7 @@ impl RaceBackend {
         memory_nodes: u8,
         node_bytes: u64,
         latency: Option<LatencyModel>,
+        table: TableConfig,
     ) -> Result<RaceBackend, BackendError> {
         let sim = SimConfig {
             latency,
@@ -53,7 +55,6 @@ impl RaceBackend {
             .host_meta()
             .build()
             .map_err(setup)?;
-        let table = TableConfig::default();
         let mut servers = Vec::new();
         let mut infos = Vec::new();
         for id in 0..memory_nodes.max(1) {

@@ -143,6 +143,15 @@ pub struct Workload {
 const MAX_ZERO_PADDING: usize = 256;
 
 impl Workload {
+    /// The most keys a store holds after this workload's load and run
+    /// phases: `recordcount` plus the run's inserts (`operationcount *
+    /// insertproportion`, rounded up). What an embedded store's table is
+    /// presized for.
+    pub fn key_count_bound(&self) -> u64 {
+        let inserts = (self.operation_count as f64 * self.proportions.insert).ceil();
+        self.record_count.saturating_add(inserts as u64)
+    }
+
     /// One of YCSB's core workloads, `'a'` to `'f'` (either case), with the
     /// settings of YCSB's `workloads/workload[a-f]` files (1000 records, 1000
     /// operations).

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! race-memnode --fabric F --meta HOST:PORT --store NAME --id I --nodes N --mb M
-//!              [--lease-ms MS] [--grant-lease-ms MS] [--wait-s S]
+//!              [--expected-keys K] [--lease-ms MS] [--grant-lease-ms MS] [--wait-s S]
 //!              [--meta-wait-s S] [--config FILE] [--ready-file PATH]
 //! race-memnode --daemon SOCKET --meta HOST:PORT --store NAME --id I --nodes N --mb M ...
 //! ```
@@ -16,7 +16,9 @@
 //! registers an `M` MiB
 //! region for remote READ, WRITE and atomics, and joins store `NAME` as
 //! memory node `I` of `N`. Node 0 formats the table first; nodes `1..N`
-//! wait (at most `--wait-s`, default 30) for node 0 to have joined. With
+//! wait (at most `--wait-s`, default 30) for node 0 to have joined. Node 0
+//! presizes the table for `--expected-keys K` keys (initial subtables that
+//! hold them without a split). With
 //! `--meta-wait-s S` a node whose meta server does not answer yet waits
 //! for it (at most S seconds, saying so once on stderr). The
 //! node's CPU then only answers block allocations (two-sided messages);
@@ -74,6 +76,14 @@ struct Args {
     /// MiB of this node's region [default: 1024].
     #[arg(long)]
     mb: Option<u64>,
+    /// Node 0: the keys the new table is presized for, so that its initial
+    /// subtables hold them without a split (a split stalls the writers of
+    /// its subtable for about 100 ms; the initial subtables are on node 0:
+    /// 768 KiB each, one per 43,008 keys, rounded up to a power of two)
+    /// [default: 0: one subtable, grown by splits]. Overrides the file's
+    /// `[table] initial_global_depth`; other nodes ignore it.
+    #[arg(long)]
+    expected_keys: Option<u64>,
     /// Lease in ms of the store membership and of the node's meta entry
     /// (renewed every third) [default: 10000].
     #[arg(long)]
@@ -118,6 +128,7 @@ struct FileConfig {
     id: Option<u8>,
     nodes: Option<u8>,
     mb: Option<u64>,
+    expected_keys: Option<u64>,
     lease_ms: Option<u64>,
     grant_lease_ms: Option<u64>,
     wait_s: Option<u64>,
@@ -167,7 +178,10 @@ fn main() -> ExitCode {
         return usage(PROGRAM, format!("--mb {mb}: out of range"));
     };
     let mut opts = MemoryNodeOptions::new(&store, id, nodes, bytes, &meta);
-    opts.table = file.table;
+    opts.table = match args.expected_keys.or(file.expected_keys) {
+        Some(keys) => file.table.presized_for(keys),
+        None => file.table,
+    };
     opts.lease = args
         .lease_ms
         .or(file.lease_ms)
