@@ -45,6 +45,30 @@ fn call(t: &mut MetaTable, b: &BootstrapRepr, id: u64, m: Message, now: u64) -> 
     reply.message
 }
 
+/// A Renew of `target(n)`'s registration.
+fn renew(n: u64) -> Message {
+    Message::Renew {
+        gid: gid(n),
+        dct_num: target(n).dct_num,
+    }
+}
+
+/// A Deregister of `target(n)`'s registration.
+fn deregister(n: u64) -> Message {
+    Message::Deregister {
+        gid: gid(n),
+        dct_num: target(n).dct_num,
+    }
+}
+
+fn ok(epoch: u32, lease_expiry_ms: u64, replaced_dct: u32) -> Message {
+    Message::Ok(Lease {
+        epoch,
+        lease_expiry_ms,
+        replaced_dct,
+    })
+}
+
 fn register(n: u64, lease_ms: u64) -> Message {
     Message::Register(RegisterRepr {
         target: target(n),
@@ -60,50 +84,16 @@ fn request_reply_flow() {
         call(&mut t, &b, 1, Message::BootstrapRequest, 0),
         Message::Bootstrap(b)
     );
-    let ok = Message::Ok(Lease {
-        epoch: 1,
-        lease_expiry_ms: 1_100,
-        replaced_dct: 0,
-    });
-    assert_eq!(call(&mut t, &b, 2, register(1, 100), 1_000), ok);
+    assert_eq!(
+        call(&mut t, &b, 2, register(1, 100), 1_000),
+        ok(1, 1_100, 0)
+    );
     // The client reads the table described by the bootstrap reply.
     let g = b.geometry().unwrap();
     let bucket = &t.memory()[g.bucket_range(g.bucket_of(&gid(1)))];
     assert_eq!(find_in_bucket(bucket, &gid(1)).unwrap().unwrap().epoch, 1);
-    assert_eq!(
-        call(
-            &mut t,
-            &b,
-            3,
-            Message::Renew {
-                gid: gid(1),
-                dct_num: 1
-            },
-            1_050
-        ),
-        Message::Ok(Lease {
-            epoch: 1,
-            lease_expiry_ms: 1_150,
-            replaced_dct: 0,
-        })
-    );
-    assert_eq!(
-        call(
-            &mut t,
-            &b,
-            4,
-            Message::Deregister {
-                gid: gid(1),
-                dct_num: 1
-            },
-            1_060
-        ),
-        Message::Ok(Lease {
-            epoch: 1,
-            lease_expiry_ms: 1_150,
-            replaced_dct: 0,
-        })
-    );
+    assert_eq!(call(&mut t, &b, 3, renew(1), 1_050), ok(1, 1_150, 0));
+    assert_eq!(call(&mut t, &b, 4, deregister(1), 1_060), ok(1, 1_150, 0));
 }
 
 #[test]
@@ -111,29 +101,11 @@ fn table_errors_become_codes() {
     let (mut t, b) = setup();
     let e = |c| Message::Err(c);
     assert_eq!(
-        call(
-            &mut t,
-            &b,
-            1,
-            Message::Renew {
-                gid: gid(1),
-                dct_num: 1
-            },
-            0
-        ),
+        call(&mut t, &b, 1, renew(1), 0),
         e(ErrorCode::NotRegistered)
     );
     assert_eq!(
-        call(
-            &mut t,
-            &b,
-            2,
-            Message::Deregister {
-                gid: gid(1),
-                dct_num: 1
-            },
-            0
-        ),
+        call(&mut t, &b, 2, deregister(1), 0),
         e(ErrorCode::NotRegistered)
     );
     assert_eq!(
@@ -142,16 +114,7 @@ fn table_errors_become_codes() {
     );
     call(&mut t, &b, 4, register(1, 10), 0);
     assert_eq!(
-        call(
-            &mut t,
-            &b,
-            5,
-            Message::Renew {
-                gid: gid(1),
-                dct_num: 1
-            },
-            10
-        ),
+        call(&mut t, &b, 5, renew(1), 10),
         e(ErrorCode::LeaseExpired)
     );
     // Another DCT registered at the GID: the first may not renew or remove it.
@@ -165,38 +128,15 @@ fn table_errors_become_codes() {
     });
     assert_eq!(
         call(&mut t, &b, 7, second, 20),
-        Message::Ok(Lease {
-            epoch: 2,
-            lease_expiry_ms: 120,
-            replaced_dct: 0,
-        }),
+        ok(2, 120, 0),
         "the first's lease had run out"
     );
-    for (id, m) in [
-        (
-            8,
-            Message::Renew {
-                gid: gid(1),
-                dct_num: 1,
-            },
-        ),
-        (
-            9,
-            Message::Deregister {
-                gid: gid(1),
-                dct_num: 1,
-            },
-        ),
-    ] {
+    for (id, m) in [(8, renew(1)), (9, deregister(1))] {
         assert_eq!(call(&mut t, &b, id, m, 30), e(ErrorCode::Replaced));
     }
     assert_eq!(
         call(&mut t, &b, 10, register(1, 100), 40),
-        Message::Ok(Lease {
-            epoch: 3,
-            lease_expiry_ms: 140,
-            replaced_dct: 9,
-        }),
+        ok(3, 140, 9),
         "the second's lease ran: replaced"
     );
     // One slot per bucket: a second GID in gid(1)'s bucket is refused.
@@ -214,11 +154,7 @@ fn table_errors_become_codes() {
 fn replies_sent_as_requests_are_refused() {
     let (mut t, b) = setup();
     for m in [
-        Message::Ok(Lease {
-            epoch: 1,
-            lease_expiry_ms: 0,
-            replaced_dct: 0,
-        }),
+        ok(1, 0, 0),
         Message::Err(ErrorCode::Internal),
         Message::Bootstrap(b),
     ] {
@@ -235,10 +171,7 @@ fn unparsable_requests() {
     let (mut t, b) = setup();
     let good = Repr {
         request_id: 77,
-        message: Message::Renew {
-            gid: gid(1),
-            dct_num: 1,
-        },
+        message: renew(1),
     }
     .to_bytes();
     // Not a meta message: no reply.
