@@ -208,3 +208,36 @@ fn rc_fallback_a_memory_node_restarted_on_its_host_gets_a_new_pair() {
         panic!("the dead process's key read {v:?}");
     }
 }
+
+/// The port's lock on a directory fabric's host: a second engine on the
+/// host is refused, typed, while the first lives; an engine started with
+/// `port_lock` off is not (a loopback test's second engine); once the
+/// first is dropped the host takes an engine again.
+#[test]
+fn a_host_takes_one_engine_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let fabric = krcore_nic::sim::SimFabric::open_dir(dir.path().join("f"), true).unwrap();
+    let nic = || {
+        SimNic::open(
+            &fabric,
+            SimConfig {
+                host: Some("h".into()),
+                ..SimConfig::default()
+            },
+        )
+        .unwrap()
+    };
+    let first = Engine::start(nic(), EngineConfig::default()).unwrap();
+    match Engine::start(nic(), EngineConfig::default()) {
+        Err(krcore_kmod::EngineError::PortInUse { gid, holder, .. }) => {
+            assert_eq!(gid, first.gid());
+            assert_eq!(holder, Some(std::process::id()));
+        }
+        other => panic!("a second engine on the host: {:?}", other.map(|e| e.gid())),
+    }
+    let unlocked = Engine::start(nic(), EngineConfig::default().with_port_lock(false)).unwrap();
+    assert_eq!(unlocked.gid(), first.gid());
+    drop(unlocked);
+    drop(first);
+    Engine::start(nic(), EngineConfig::default()).expect("the host is free again");
+}

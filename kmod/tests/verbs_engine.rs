@@ -80,7 +80,10 @@ fn connect_read_cas_through_the_engine_in_rc_fallback() {
     let mut cfg = EngineConfig::default()
         .with_meta(meta.location().unwrap())
         .with_handshake_thread(true)
-        .with_ungranted(krcore_kmod::Ungranted::Allow);
+        .with_ungranted(krcore_kmod::Ungranted::Allow)
+        // Server and client on one port (loopback): the port's lock would
+        // refuse the second engine.
+        .with_port_lock(false);
     cfg.handshake = handshake();
 
     let server = Engine::start(open(), cfg.clone()).expect("server engine");
@@ -179,7 +182,10 @@ fn a_remote_error_is_recovered_by_a_re_handshake() {
     let mut cfg = EngineConfig::default()
         .with_meta(meta.location().unwrap())
         .with_handshake_thread(true)
-        .with_ungranted(krcore_kmod::Ungranted::Allow);
+        .with_ungranted(krcore_kmod::Ungranted::Allow)
+        // Server and client on one port (loopback): the port's lock would
+        // refuse the second engine.
+        .with_port_lock(false);
     cfg.handshake = handshake();
     let server = Engine::start(open(), cfg.clone()).unwrap();
     let region = server.alloc_mr(4096, Access::ALL).unwrap();

@@ -89,7 +89,12 @@ pub(super) fn meta_host(
     )
     .map_err(|e| format!("meta host: {e}"))?;
     let thread = meta.spawn_progress().map_err(|e| e.to_string())?;
-    let mut cfg = EngineConfig::default().with_meta(meta.location().map_err(|e| e.to_string())?);
+    // Every engine of this tool is on one port (loopback, and client
+    // processes beside the parent): the port's lock would refuse all but
+    // the first.
+    let mut cfg = EngineConfig::default()
+        .with_meta(meta.location().map_err(|e| e.to_string())?)
+        .with_port_lock(false);
     cfg.handshake = h;
     if let Some(d) = a.sdk_depth {
         cfg.dci_depth = d;

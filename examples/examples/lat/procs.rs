@@ -632,7 +632,8 @@ pub(super) fn sdk_child(a: &Args, op: &str) -> Result<(), String> {
         access: krcore_nic::Access(num(w[11])? as u32),
         expires_unix_ms: num(w[12])?,
     };
-    let mut cfg = EngineConfig::default().with_meta(loc);
+    // (On the parent's port: see `contenders::meta_host`.)
+    let mut cfg = EngineConfig::default().with_meta(loc).with_port_lock(false);
     cfg.handshake = handshake(a.idle_sleep);
     if let Some(d) = a.sdk_depth {
         cfg.dci_depth = d;

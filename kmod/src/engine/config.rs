@@ -146,6 +146,13 @@ pub struct EngineConfig {
     /// forks children before it registers. Default false: a node that only
     /// issues one-sided operations never creates them.
     pub eager_start: bool,
+    /// Whether the engine takes its port's lock on the machine at start
+    /// ([`krcore_nic::Nic::port_lock_path`]): one engine per port, a second
+    /// one refused with [`super::EngineError::PortInUse`]. Default true.
+    /// Off only where several engines on one port are meant, knowing that
+    /// they share the GID (loopback tests and tools: two engines of one
+    /// process, of which at most one is reached by its GID).
+    pub port_lock: bool,
 }
 
 /// serde helpers writing a [`Duration`] as an integer number of one unit
@@ -241,6 +248,7 @@ impl Default for EngineConfig {
             upgrade_after: None,
             upgrade_endpoint: false,
             eager_start: false,
+            port_lock: true,
         }
     }
 }
@@ -287,6 +295,13 @@ impl EngineConfig {
     /// or off.
     pub fn with_upgrade_endpoint(mut self, on: bool) -> EngineConfig {
         self.upgrade_endpoint = on;
+        self
+    }
+
+    /// With the port's lock taken at start (`true`, the default) or not
+    /// (see [`EngineConfig::port_lock`]).
+    pub fn with_port_lock(mut self, on: bool) -> EngineConfig {
+        self.port_lock = on;
         self
     }
 

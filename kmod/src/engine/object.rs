@@ -494,7 +494,7 @@ impl<N: Nic> Engine<N> {
     ///
     /// First of all it takes the port's lock on the machine
     /// ([`krcore_nic::Nic::port_lock_path`]): one engine per port, held
-    /// while the engine's state lives.
+    /// while the engine's state lives (unless `cfg.port_lock` is off).
     ///
     /// # Errors
     /// [`EngineError::PortInUse`] when another engine holds the port's
@@ -504,7 +504,7 @@ impl<N: Nic> Engine<N> {
     /// server.
     pub fn start(nic: N, cfg: EngineConfig) -> Result<Engine<N>, EngineError> {
         cfg.validate()?;
-        let port_lock = match nic.port_lock_path() {
+        let port_lock = match nic.port_lock_path().filter(|_| cfg.port_lock) {
             Some(path) => super::port_lock::PortLock::acquire(&path, nic.gid())?,
             None => None,
         };
