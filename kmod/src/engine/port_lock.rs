@@ -24,7 +24,8 @@
 //!   rather than not at all.
 
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, Write};
+use std::io::Read;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use krcore_nic::Gid;
@@ -76,11 +77,10 @@ impl PortLock {
             Err(e) => return skip("lock", &e),
         }
         // The holder's pid, for a refused process's message (best effort:
-        // a read-only file still locks).
-        let _ = file
-            .set_len(0)
-            .and_then(|()| file.rewind())
-            .and_then(|()| writeln!(file, "{}", std::process::id()));
+        // a read-only file still locks). Written in place at a fixed width,
+        // so the file never shrinks: a truncation costs a journal commit on
+        // a disk file system (180 us on ext4, 10 times the rest).
+        let _ = file.write_all_at(format!("{:>10}\n", std::process::id()).as_bytes(), 0);
         tracing::debug!(path = %path.display(), %gid, "took the port's lock");
         Ok(Some(PortLock { _file: file }))
     }
