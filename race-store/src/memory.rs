@@ -111,7 +111,9 @@ impl TableConfig {
         let (num, den) = Self::PRESIZE_FILL;
         let per_subtable = (self.geometry.slots() * num / den).max(1);
         let subtables = keys.div_ceil(per_subtable).max(1);
-        let depth = subtables.next_power_of_two().trailing_zeros();
+        let depth = subtables
+            .checked_next_power_of_two()
+            .map_or(u64::BITS, u64::trailing_zeros);
         TableConfig {
             initial_global_depth: u8::try_from(depth)
                 .unwrap_or(u8::MAX)

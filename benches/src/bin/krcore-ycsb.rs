@@ -428,10 +428,7 @@ fn main() -> ExitCode {
         }
         return run_deployed(&args, workload, records, operations, &stop);
     }
-    let table = TableConfig::default().presized_for(
-        args.expected_keys
-            .unwrap_or_else(|| workload.key_count_bound()),
-    );
+    let table = embedded_table(&args, &workload);
     if args.host != HostArg::Process {
         eprintln!(
             "krcore-ycsb: --host daemon:PATH runs against a deployed store (--store NAME); \
@@ -585,7 +582,6 @@ fn finish(
     ExitCode::SUCCESS
 }
 
-/// Client processes on a directory fabric: the driver hosts the cluster.
 /// The table of an embedded store: presized for `--expected-keys`, or
 /// for the workload's keys.
 fn embedded_table(args: &Args, workload: &Workload) -> TableConfig {
@@ -595,6 +591,7 @@ fn embedded_table(args: &Args, workload: &Workload) -> TableConfig {
     )
 }
 
+/// Client processes on a directory fabric: the driver hosts the cluster.
 fn run_multi(
     args: &Args,
     workload: &Workload,
