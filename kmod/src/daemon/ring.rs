@@ -683,21 +683,21 @@ mod tests {
             0,
             "no sleeper, no bump"
         );
-        let done = std::sync::atomic::AtomicBool::new(false);
         let woke = std::sync::atomic::AtomicBool::new(false);
         std::thread::scope(|sc| {
             sc.spawn(|| {
-                sleep_unless(
-                    &map,
-                    || done.load(Ordering::SeqCst),
-                    std::time::Duration::from_secs(60),
-                );
+                // Nothing to be done but the notify: the sleeper returns
+                // only once woken (a spurious return sleeps again). (With
+                // a `done` the test set, the sleeper could see it before
+                // sleeping and leave without any notify: no bump.)
+                while wake_seq(&map).load(Ordering::SeqCst) == 0 {
+                    sleep_unless(&map, || false, std::time::Duration::from_secs(60));
+                }
                 woke.store(true, Ordering::SeqCst);
             });
             while word(&map, SLEEPERS).load(Ordering::SeqCst) == 0 {
                 std::thread::yield_now();
             }
-            done.store(true, Ordering::SeqCst);
             // The sleeper may not be in the kernel yet: notify until it is
             // out (a lost wake-up would keep it asleep for a minute).
             for _ in 0..5_000 {
