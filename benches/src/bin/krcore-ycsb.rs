@@ -511,6 +511,9 @@ fn main() -> ExitCode {
     if let Some(l) = load.closed.line() {
         println!("{l}");
     }
+    if let Some(l) = driver::memory_node_line(&backend.memory_node_usage()) {
+        println!("{l}");
+    }
     if stopped(&stop, "load") {
         return ExitCode::FAILURE;
     }
@@ -523,6 +526,9 @@ fn main() -> ExitCode {
     };
     println!("# run phase\n{}", run.report.to_text());
     if let Some(l) = run.closed.line() {
+        println!("{l}");
+    }
+    if let Some(l) = driver::memory_node_line(&backend.memory_node_usage()) {
         println!("{l}");
     }
     if stopped(&stop, "run") {
@@ -627,7 +633,7 @@ fn run_multi(
             ..SimConfig::default()
         },
     };
-    let _host = match ClusterHost::start(sim_fabric, &opts, tmp) {
+    let host = match ClusterHost::start(sim_fabric, &opts, tmp) {
         Ok(h) => h,
         Err(e) => {
             eprintln!("krcore-ycsb: {e}");
@@ -687,6 +693,10 @@ fn run_multi(
                 let name = if phase == Phase::Load { "load" } else { "run" };
                 println!("# {name} phase\n{}", r.report.to_text());
                 if let Some(l) = r.closed.line() {
+                    println!("{l}");
+                }
+                let used: Vec<u64> = host.node_stats().iter().map(|s| s.heap_used).collect();
+                if let Some(l) = driver::memory_node_line(&used) {
                     println!("{l}");
                 }
                 if stopped(stop, name) {

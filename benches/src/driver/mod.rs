@@ -138,4 +138,27 @@ pub trait Backend: Send + Sync {
     fn label(&self) -> Option<String> {
         None
     }
+    /// Bytes each memory node of an embedded store has handed out (its
+    /// heap's end: table, subtables and KV blocks), by node id; empty for
+    /// backends without memory nodes.
+    fn memory_node_usage(&self) -> Vec<u64> {
+        Vec::new()
+    }
+}
+
+/// The line saying how much each memory node handed out
+/// ([`Backend::memory_node_usage`]); `None` for no nodes.
+pub fn memory_node_line(used: &[u64]) -> Option<String> {
+    if used.is_empty() {
+        return None;
+    }
+    let mib: Vec<String> = used
+        .iter()
+        .map(|&b| format!("{:.1}", b as f64 / f64::from(1u32 << 20)))
+        .collect();
+    Some(format!(
+        "# memory nodes: handed out {} MiB (nodes 0..{})",
+        mib.join(", "),
+        used.len()
+    ))
 }

@@ -101,4 +101,8 @@ impl Backend for RaceBackend {
     fn label(&self) -> Option<String> {
         self.label.clone()
     }
+
+    fn memory_node_usage(&self) -> Vec<u64> {
+        self._servers.iter().map(|s| s.stats().heap_used).collect()
+    }
 }
