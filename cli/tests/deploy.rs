@@ -823,7 +823,8 @@ fn a_second_engine_on_a_port_is_refused_until_the_first_is_gone() {
 
 /// `--expected-keys` on node 0: the new table starts with the subtables
 /// that hold that many keys at half fill (100,000 keys: 4 subtables of
-/// 86,016 slots).
+/// 86,016 slots), two on each node; a node too small for its share is
+/// refused with what it needs.
 #[test]
 fn node_0_presizes_the_table_for_the_expected_keys() {
     let dir = fabric_dir();
@@ -845,10 +846,25 @@ fn node_0_presizes_the_table_for_the_expected_keys() {
     c.put(b"k", b"v").unwrap();
     let check = c.check_table().unwrap();
     assert_eq!((check.global_depth, check.subtables), (2, 4), "{check:?}");
+    // Spread over the two nodes, as splits would place them: node 1 laid
+    // out its share of node 0's table.
+    assert_eq!(check.subtables_per_node, [2, 2], "{check:?}");
     assert!(check.problems.is_empty(), "{:?}", check.problems);
     drop(c);
     drop(store);
     assert_eq!(n1.terminate(), Some(0));
+    assert_eq!(n0.terminate(), Some(0));
+    // 2,000,000 keys: 64 subtables of 768 KiB, 32 on each node: node 0
+    // has room for its share (64 MiB), node 1 (16 MiB) does not.
+    let mut big = memnode(&fabric, &addr, "q", 0, &["--expected-keys", "2000000"]);
+    let mb = big.iter().position(|a| a == "--mb").unwrap() + 1;
+    big[mb] = "64".to_string();
+    let (n0, _) = start(MEMNODE, &as_refs(&big));
+    fails_with(
+        MEMNODE,
+        &memnode(&fabric, &addr, "q", 1, &[]),
+        "memory node 1 holds 32 of the table's initial subtables and needs a region of at least",
+    );
     assert_eq!(n0.terminate(), Some(0));
     assert_eq!(meta_p.terminate(), Some(0));
 }

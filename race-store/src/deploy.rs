@@ -142,6 +142,25 @@ pub enum DeployError {
         /// The GID holding it.
         holder: Gid,
     },
+    /// The region cannot hold this node's share of the initial subtables
+    /// (node 0's: and the directory), which node 0's table places on it.
+    #[error(
+        "store {store:?}: memory node {id} holds {subtables} of the table's initial subtables \
+         and needs a region of at least {need_mib} MiB for them (it has {have_mib} MiB): \
+         give it more memory, or presize the table for fewer keys"
+    )]
+    RegionTooSmall {
+        /// The store.
+        store: String,
+        /// This node.
+        id: u8,
+        /// Initial subtables placed on it.
+        subtables: u64,
+        /// MiB its region needs (rounded up).
+        need_mib: u64,
+        /// MiB it has (rounded down).
+        have_mib: u64,
+    },
     /// This node and node 0 disagree on the number of memory nodes.
     #[error(
         "store {store:?}: node 0 formatted a store of {theirs} memory nodes, this one has {ours}"
@@ -200,7 +219,9 @@ pub struct MemoryNodeOptions {
     pub nodes: u8,
     /// Bytes of this node's region.
     pub bytes: u64,
-    /// The table node 0 formats (ignored by the others).
+    /// The table node 0 formats. The others take node 0's from its
+    /// member record instead, and lay out their shares of its initial
+    /// subtables ([`TableConfig::initial_subtable`]).
     pub table: TableConfig,
     /// The meta server's TCP address (to wait for node 0).
     pub meta_addr: String,
@@ -336,6 +357,7 @@ impl MemoryNodeServer<AnyNic> {
     ) -> Result<DeployedMemoryNode, DeployError> {
         let store = opts.store.as_str();
         check_membership(opts)?;
+        let mut table = opts.table;
         if opts.id > 0 {
             let start = Instant::now();
             loop {
@@ -348,6 +370,13 @@ impl MemoryNodeServer<AnyNic> {
                                 theirs: zero.nodes,
                             });
                         }
+                        // A node 0 of an older build names no table: it
+                        // kept every initial subtable, as a table of one
+                        // initial subtable does.
+                        table = zero.table.unwrap_or(TableConfig {
+                            initial_global_depth: 0,
+                            ..table
+                        });
                         break;
                     }
                 }
@@ -360,7 +389,17 @@ impl MemoryNodeServer<AnyNic> {
                 std::thread::sleep(POLL);
             }
         }
-        let server = MemoryNodeServer::start(node, opts.id, opts.bytes, &opts.table, opts.nodes)?;
+        let (subtables, need) = table.share(opts.id, opts.nodes)?;
+        if need > opts.bytes {
+            return Err(DeployError::RegionTooSmall {
+                store: store.to_string(),
+                id: opts.id,
+                subtables,
+                need_mib: need.div_ceil(1 << 20),
+                have_mib: opts.bytes >> 20,
+            });
+        }
+        let server = MemoryNodeServer::start(node, opts.id, opts.bytes, &table, opts.nodes)?;
         server.set_grant_lease(opts.grant_lease);
         let info = server.info();
         let lease = node

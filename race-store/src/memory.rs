@@ -26,11 +26,15 @@
 //! [`MemoryNode::format`] lays out a new table on node 0 (see
 //! [`crate::layout::table`] for the map): the superblock at offset 0, an idle
 //! split log at 64, the directory at the fixed [`DIR_PTR`] (node 0, offset
-//! 4096) with room to double up to `max_global_depth`, then the heap, where
-//! the `2^initial_global_depth` initial subtables are allocated with every
-//! bucket header set. A client learns everything else from the superblock
-//! when it opens. On other nodes the first 4 KiB are reserved too, so that
-//! offset 0 is never a valid block on any node.
+//! 4096) with room to double up to `max_global_depth`, then the heap. The
+//! `2^initial_global_depth` initial subtables (every bucket header set) are
+//! spread over the nodes as splits place subtables, by suffix modulo the
+//! node count ([`TableConfig::initial_subtable`]): node 0's at the start of
+//! its heap, each other node's at the start of its own, laid out by that
+//! node ([`MemoryNode::lay_out_share`]) before it serves. A client learns
+//! everything else from the superblock when it opens. On other nodes the
+//! first 4 KiB are reserved too, so that offset 0 is never a valid block on
+//! any node.
 
 use crate::sync::AtomicU64;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -105,8 +109,9 @@ impl TableConfig {
     /// A split freezes, reads and rewrites a whole subtable (about 100 ms
     /// for the default geometry's 86,016 slots on `sim`), and while it runs
     /// the writers of that subtable wait: a table presized for its keys
-    /// never splits to hold them. The initial subtables are all on node 0
-    /// (`2^depth` times [`SubtableGeometry::bytes`]).
+    /// never splits to hold them. The initial subtables are spread over
+    /// the memory nodes ([`Self::initial_subtable`]): each node holds
+    /// about `2^depth / nodes` times [`SubtableGeometry::bytes`] of them.
     pub fn presized_for(self, keys: u64) -> TableConfig {
         let (num, den) = Self::PRESIZE_FILL;
         let per_subtable = (self.geometry.slots() * num / den).max(1);
@@ -120,6 +125,98 @@ impl TableConfig {
                 .min(self.max_global_depth),
             ..self
         }
+    }
+
+    /// Where initial subtable `bits` (suffix `bits` of the initial depth)
+    /// lives in a store of `nodes` memory nodes: on node `bits % nodes`,
+    /// where a split would place it, as that node's `bits / nodes`-th
+    /// subtable from the start of its heap (after the directory area on
+    /// node 0, after [`RESERVED_PREFIX`] on the others), each taking
+    /// [`SubtableGeometry::bytes`] rounded up to [`BLOCK_ALIGN`]. Node 0
+    /// writes these addresses into the directory when it formats the table
+    /// ([`MemoryNode::format`]) and every other node lays out its own share
+    /// there before it serves ([`MemoryNode::lay_out_share`]), so the
+    /// directory and the subtables agree without a message between them.
+    ///
+    /// # Errors
+    /// [`Error::BadTable`] for 0 nodes, a suffix beyond the initial depth or
+    /// bad depths; [`Error::OutOfMemory`] for an offset past what a
+    /// [`RemotePtr`] can address.
+    pub fn initial_subtable(&self, bits: u32, nodes: u8) -> Result<RemotePtr, Error> {
+        if nodes == 0 {
+            return Err(Error::BadTable {
+                reason: "a table needs at least one memory node",
+            });
+        }
+        self.check_depths()?;
+        if u64::from(bits) >> self.initial_global_depth != 0 {
+            return Err(Error::BadTable {
+                reason: "initial subtable suffix beyond the initial depth",
+            });
+        }
+        let node = (bits % u32::from(nodes)) as u8;
+        let index = u64::from(bits / u32::from(nodes));
+        let start = if node == 0 {
+            node0_heap_start(self.max_global_depth)?
+        } else {
+            RESERVED_PREFIX
+        };
+        let far = Error::OutOfMemory {
+            what: "initial subtables beyond the addressable offsets",
+        };
+        let stride = self
+            .geometry
+            .bytes()
+            .checked_next_multiple_of(BLOCK_ALIGN)
+            .ok_or(far.clone())?;
+        let offset = index
+            .checked_mul(stride)
+            .and_then(|o| o.checked_add(start.next_multiple_of(BLOCK_ALIGN)))
+            .filter(|&o| o <= MAX_OFFSET)
+            .ok_or(far)?;
+        Ok(RemotePtr::new(node, offset)?)
+    }
+
+    /// How many of the initial subtables node `node` of `nodes` holds
+    /// ([`Self::initial_subtable`]), and the offset where its share ends
+    /// (its heap's start for an empty share): a region of at least that
+    /// many bytes holds the share, and node 0's the directory too.
+    ///
+    /// # Errors
+    /// As [`Self::initial_subtable`]; [`Error::BadTable`] for a node not
+    /// below `nodes`.
+    pub fn share(&self, node: u8, nodes: u8) -> Result<(u64, u64), Error> {
+        if node >= nodes {
+            return Err(Error::BadTable {
+                reason: "memory node id not below the number of memory nodes",
+            });
+        }
+        self.check_depths()?;
+        let total = 1u64 << self.initial_global_depth;
+        let count = total
+            .saturating_sub(u64::from(node))
+            .div_ceil(u64::from(nodes));
+        let end = match count.checked_sub(1) {
+            None if node == 0 => node0_heap_start(self.max_global_depth)?,
+            None => RESERVED_PREFIX,
+            Some(last) => {
+                let bits = u64::from(node) + last * u64::from(nodes);
+                let at = self.initial_subtable(u32::try_from(bits).unwrap_or(u32::MAX), nodes)?;
+                at.offset() + self.geometry.bytes().next_multiple_of(BLOCK_ALIGN)
+            }
+        };
+        Ok((count, end))
+    }
+
+    fn check_depths(&self) -> Result<(), Error> {
+        if self.max_global_depth > MAX_GLOBAL_DEPTH
+            || self.initial_global_depth > self.max_global_depth
+        {
+            return Err(Error::BadTable {
+                reason: "initial depth above max depth, or max depth above 20",
+            });
+        }
+        Ok(())
     }
 }
 
@@ -401,7 +498,11 @@ impl<M: NodeMemory> MemoryNode<M> {
     }
 
     /// Lays out a new table on this node, which must be node 0 (see the module
-    /// docs); `nodes` is the cluster size recorded in the superblock.
+    /// docs); `nodes` is the cluster size recorded in the superblock. The
+    /// directory points at every initial subtable where
+    /// [`TableConfig::initial_subtable`] places it; this node lays out its
+    /// own share, and each other node must lay out its share
+    /// ([`MemoryNode::lay_out_share`]) before a client opens the table.
     ///
     /// # Errors
     /// [`Error::BadTable`] if this is not node 0, the node was already used,
@@ -413,12 +514,8 @@ impl<M: NodeMemory> MemoryNode<M> {
                 reason: "a table is formatted on node 0",
             });
         }
+        table.check_depths()?;
         let g = table.initial_global_depth;
-        if table.max_global_depth > MAX_GLOBAL_DEPTH || g > table.max_global_depth {
-            return Err(Error::BadTable {
-                reason: "initial depth above max depth, or max depth above 20",
-            });
-        }
         {
             let mut heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());
             if heap.next != RESERVED_PREFIX {
@@ -443,19 +540,10 @@ impl<M: NodeMemory> MemoryNode<M> {
             split_log_offset: SPLIT_LOG_OFFSET,
         }
         .emit(&mut sb)?;
-        let oom = |_| Error::OutOfMemory {
-            what: "initial subtables on node 0",
-        };
-        let mut entries = Vec::with_capacity(1 << g);
-        let bytes = table.geometry.bytes();
-        let mut image = vec![0u8; usize::try_from(bytes).map_err(|_| oom(()))?];
-        for bits in 0..(1u32 << g) {
-            let offset = self.alloc(bytes).map_err(|_| oom(()))?;
-            Subtable::new_checked(&mut image[..], table.geometry)?
-                .init_empty(Suffix::new(bits, g)?);
-            self.write(offset, &image)?;
-            entries.push(DirEntry::new(g, RemotePtr::new(0, offset)?)?);
-        }
+        self.write_share(table, nodes)?;
+        let entries = (0..1u32 << g)
+            .map(|bits| Ok(DirEntry::new(g, table.initial_subtable(bits, nodes)?)?))
+            .collect::<Result<Vec<_>, Error>>()?;
         let dir = DirectoryRepr {
             header: DirHeader::unlocked(g)?,
             entries,
@@ -466,6 +554,58 @@ impl<M: NodeMemory> MemoryNode<M> {
         self.write(DIR_PTR.offset(), &dir_bytes)?;
         self.write(SPLIT_LOG_OFFSET, &[0u8; SPLIT_LOG_SIZE])?;
         self.write(SUPERBLOCK_OFFSET, &sb)?;
+        Ok(())
+    }
+
+    /// Lays out this node's share of the initial subtables of `table` in a
+    /// store of `nodes` memory nodes, as node 0's directory expects them
+    /// ([`TableConfig::initial_subtable`]); nothing for a share that is
+    /// empty (`2^initial_global_depth` subtables for `nodes` nodes: node
+    /// `i` holds those whose suffix is `i` modulo `nodes`). Node 0 lays out
+    /// its own share when it formats. The node must be fresh.
+    ///
+    /// # Errors
+    /// [`Error::BadTable`] for node 0, an id not below `nodes`, a node
+    /// already used or bad depths; [`Error::OutOfMemory`] if the node is
+    /// too small for its share.
+    pub fn lay_out_share(&self, table: &TableConfig, nodes: u8) -> Result<(), Error> {
+        if self.id == 0 || self.id >= nodes {
+            return Err(Error::BadTable {
+                reason: "a share of the initial subtables is laid out on nodes 1..nodes",
+            });
+        }
+        table.check_depths()?;
+        if self.heap.lock().unwrap_or_else(|e| e.into_inner()).next != RESERVED_PREFIX {
+            return Err(Error::BadTable {
+                reason: "the memory node is already in use",
+            });
+        }
+        self.write_share(table, nodes)
+    }
+
+    /// Allocates and writes this node's initial subtables (empty, every
+    /// bucket header set) at the offsets [`TableConfig::initial_subtable`]
+    /// gives; the heap must be where the first of them starts.
+    fn write_share(&self, table: &TableConfig, nodes: u8) -> Result<(), Error> {
+        let g = table.initial_global_depth;
+        let oom = Error::OutOfMemory {
+            what: "this memory node's share of the initial subtables",
+        };
+        let bytes = table.geometry.bytes();
+        let mut image = vec![0u8; usize::try_from(bytes).map_err(|_| oom.clone())?];
+        let share = (u32::from(self.id)..1u32 << g).step_by(usize::from(nodes.max(1)));
+        for bits in share {
+            let at = table.initial_subtable(bits, nodes)?;
+            let offset = self.alloc(bytes).map_err(|_| oom.clone())?;
+            if (at.node(), at.offset()) != (self.id, offset) {
+                return Err(Error::BadTable {
+                    reason: "initial subtable allocated away from its place",
+                });
+            }
+            Subtable::new_checked(&mut image[..], table.geometry)?
+                .init_empty(Suffix::new(bits, g)?);
+            self.write(offset, &image)?;
+        }
         Ok(())
     }
 
@@ -640,7 +780,8 @@ pub struct LocalCluster {
 }
 
 impl LocalCluster {
-    /// Creates the nodes and formats the table on node 0.
+    /// Creates the nodes, formats the table on node 0 and lays out the
+    /// other nodes' shares of its initial subtables.
     ///
     /// # Errors
     /// [`Error::BadTable`] for 0 nodes, or the errors of
@@ -660,6 +801,9 @@ impl LocalCluster {
                 reason: "no node 0",
             })?
             .format(&config.table, config.nodes)?;
+        for node in nodes.iter().skip(1) {
+            node.lay_out_share(&config.table, config.nodes)?;
+        }
         Ok(Self { nodes })
     }
 
@@ -1037,9 +1181,20 @@ mod tests {
         let dir = DirectoryRepr::parse(&Directory::new_checked(&dir_bytes[..]).unwrap()).unwrap();
         dir.check_consistency().unwrap();
         assert_eq!(dir.global_depth(), 2);
+        // Spread by suffix as splits place subtables: 0 and 2 on node 0
+        // after the directory area, 1 and 3 on node 1 after its prefix.
+        let stride = table.geometry.bytes().next_multiple_of(BLOCK_ALIGN);
         for (i, e) in dir.entries.iter().enumerate() {
             assert_eq!(e.local_depth(), 2);
-            let img = n0
+            let (node, start) = match i % 2 {
+                0 => (0, node0_heap_start(5).unwrap()),
+                _ => (1, RESERVED_PREFIX),
+            };
+            assert_eq!(e.ptr().node(), node, "subtable {i}");
+            assert_eq!(e.ptr().offset(), start + (i as u64 / 2) * stride);
+            let img = cluster
+                .node(node)
+                .unwrap()
                 .read(e.ptr().offset(), table.geometry.bytes() as usize)
                 .unwrap();
             let st = Subtable::new_checked(&img[..], table.geometry).unwrap();
@@ -1047,12 +1202,45 @@ mod tests {
                 st.bucket(1, 2).unwrap().header(),
                 Ok(Suffix::new(i as u32, 2).unwrap())
             );
-            assert!(e.ptr().offset() >= node0_heap_start(5).unwrap());
+        }
+        for node in 0..2 {
+            let (count, end) = table.share(node, 2).unwrap();
+            assert_eq!(count, 2);
+            assert_eq!(end, cluster.node(node).unwrap().stats().heap_used);
         }
         assert!(matches!(n0.format(&table, 2), Err(Error::BadTable { .. })));
+        let n1 = cluster.node(1).unwrap();
+        assert!(matches!(n1.format(&table, 2), Err(Error::BadTable { .. })));
+        // A share is laid out once, on a node that holds one.
+        for (node, nodes) in [(n1, 2), (n0, 2)] {
+            assert!(matches!(
+                node.lay_out_share(&table, nodes),
+                Err(Error::BadTable { .. })
+            ));
+        }
         assert!(matches!(
-            cluster.node(1).unwrap().format(&table, 2),
+            MemoryNode::new(2, 1 << 16).lay_out_share(&table, 2),
             Err(Error::BadTable { .. })
+        ));
+        // More nodes than subtables: the last ones hold none.
+        let (count, end) = table.share(6, 7).unwrap();
+        assert_eq!((count, end), (0, RESERVED_PREFIX));
+        let idle = MemoryNode::new(6, 1 << 16);
+        idle.lay_out_share(&table, 7).unwrap();
+        assert_eq!(idle.stats().heap_used, RESERVED_PREFIX);
+        assert!(table.share(7, 7).is_err());
+        // A node too small for its share: out of memory, not a short table.
+        let small = ClusterConfig {
+            nodes: 2,
+            node_bytes: RESERVED_PREFIX + stride,
+            table: TableConfig {
+                max_global_depth: 2,
+                ..table
+            },
+        };
+        assert!(matches!(
+            LocalCluster::new(small),
+            Err(Error::OutOfMemory { .. })
         ));
         let tiny = ClusterConfig {
             nodes: 1,

@@ -211,7 +211,7 @@ fn a_presized_table_holds_its_keys_without_splitting() {
         max_global_depth: 10,
     };
     let presized = base.presized_for(keys);
-    // 336 slots per subtable, 168 keys each: 12 subtables, depth 4.
+    // 336 slots per subtable, 168 keys each: 12 subtables, depth 4 (16).
     assert_eq!(presized.initial_global_depth, 4);
     let mut splits = Vec::new();
     for table in [presized, base] {
@@ -222,10 +222,17 @@ fn a_presized_table_holds_its_keys_without_splitting() {
         })
         .unwrap();
         let mut c = open(&cluster, manual_clock(), manual_config());
+        if table == presized {
+            // Spread over both nodes from the start: 8 subtables each.
+            assert_eq!(c.check_table().unwrap().subtables_per_node, [8, 8]);
+        }
         for i in 0..keys {
             c.insert(&key(i), &value(i, 0, 8)).unwrap();
         }
         assert_eq!(c.get(&key(keys - 1)).unwrap(), Some(value(keys - 1, 0, 8)));
+        let check = c.check_table().unwrap();
+        assert!(check.problems.is_empty(), "{:?}", check.problems);
+        assert_eq!(check.pairs.len() as u64, keys);
         splits.push(c.stats().splits);
     }
     assert_eq!(splits[0], 0, "presized: {splits:?}");

@@ -18,7 +18,8 @@
 //! memory node `I` of `N`. Node 0 formats the table first; nodes `1..N`
 //! wait (at most `--wait-s`, default 30) for node 0 to have joined. Node 0
 //! presizes the table for `--expected-keys K` keys (initial subtables that
-//! hold them without a split). With
+//! hold them without a split), spread over the nodes: each of the others
+//! lays out its share before it joins. With
 //! `--meta-wait-s S` a node whose meta server does not answer yet waits
 //! for it (at most S seconds, saying so once on stderr). The
 //! node's CPU then only answers block allocations (two-sided messages);
@@ -78,10 +79,12 @@ struct Args {
     mb: Option<u64>,
     /// Node 0: the keys the new table is presized for, so that its initial
     /// subtables hold them without a split (a split stalls the writers of
-    /// its subtable for about 100 ms; the initial subtables are on node 0:
-    /// 768 KiB each, one per 43,008 keys, rounded up to a power of two)
+    /// its subtable for about 100 ms; 768 KiB each, one per 43,008 keys,
+    /// rounded up to a power of two, spread evenly over the N nodes)
     /// [default: 0: one subtable, grown by splits]. Overrides the file's
-    /// `[table] initial_global_depth`; other nodes ignore it.
+    /// `[table] initial_global_depth`. Other nodes ignore it: they take
+    /// node 0's table from its record and lay out their share of it (a
+    /// region too small for the share is refused, naming what it needs).
     #[arg(long)]
     expected_keys: Option<u64>,
     /// Lease in ms of the store membership and of the node's meta entry

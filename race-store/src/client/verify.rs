@@ -26,6 +26,9 @@ pub struct TableCheck {
     pub global_depth: u8,
     /// Distinct subtables the directory points to.
     pub subtables: usize,
+    /// Of those, how many each memory node holds (index: node id; as long
+    /// as the highest node id holding one, plus one).
+    pub subtables_per_node: Vec<usize>,
     /// Whether the resize lock is held.
     pub locked: bool,
     /// Whether a split is logged (in progress or abandoned by a dead client).
@@ -69,6 +72,15 @@ pub(crate) fn check_table<T: Transport>(c: &mut Client<T>) -> Result<TableCheck,
         subtables.entry(e.ptr()).or_insert(suffix);
     }
     check.subtables = subtables.len();
+    for sub in subtables.keys() {
+        let node = usize::from(sub.node());
+        if check.subtables_per_node.len() <= node {
+            check.subtables_per_node.resize(node + 1, 0);
+        }
+        if let Some(n) = check.subtables_per_node.get_mut(node) {
+            *n += 1;
+        }
+    }
     let mut copies: BTreeMap<Vec<u8>, Vec<(RemotePtr, Vec<u8>)>> = BTreeMap::new();
     let len = u32::try_from(geometry.bytes()).map_err(|_| Error::BadTable {
         reason: "subtable larger than one READ",

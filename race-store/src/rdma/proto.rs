@@ -5,10 +5,12 @@
 //! fabric are untrusted.
 //!
 //! ```text
-//! NodeInfo (56 B):  magic "RSN3" u32 | id u8 | nodes u8 | alloc_port u16 |
+//! NodeInfo (64 B):  magic "RSN4" u32 | id u8 | nodes u8 | alloc_port u16 |
 //!                   gid 16 | base u64 | len u64 | rkey u32 | features u32 |
-//!                   incarnation u64
-//!           (a 48-byte "RSN2" record, of older nodes, has no incarnation)
+//!                   incarnation u64 | geometry_groups u32 |
+//!                   initial_depth u8 | max_depth u8 | reserved u16 (0)
+//!           (older nodes' records: 56-byte "RSN3", no table; 48-byte
+//!           "RSN2", no incarnation either)
 //! AllocRequest (24 B): magic "RSAQ" u32 | pad u32 | req_id u64 | size u64
 //! AllocReply (28 B):   magic "RSAP" u32 | status u32 | req_id u64 | offset u64 |
 //!                      reserved u32 (0) (status 0: ok, 1: out of memory,
@@ -43,13 +45,18 @@
 //! allocates with it and gives nothing back.
 
 use crate::holders::GrantLease;
+use crate::layout::subtable::SubtableGeometry;
+use crate::layout::MAX_GLOBAL_DEPTH;
+use crate::memory::TableConfig;
 use crate::remote::TransportError;
 use krcore_nic::Gid;
 
 /// The messaging port a memory node serves block allocation on.
 pub const ALLOC_PORT: u16 = 0x5ace;
 
-const NODE_MAGIC: u32 = u32::from_le_bytes(*b"RSN3");
+const NODE_MAGIC: u32 = u32::from_le_bytes(*b"RSN4");
+/// The record of nodes built before the table was in it (56 bytes).
+const NODE_MAGIC_V3: u32 = u32::from_le_bytes(*b"RSN3");
 /// The record of nodes built before incarnations (48 bytes).
 const NODE_MAGIC_V2: u32 = u32::from_le_bytes(*b"RSN2");
 const REQ_MAGIC: u32 = u32::from_le_bytes(*b"RSAQ");
@@ -58,7 +65,9 @@ const RUNS_REQ_MAGIC: u32 = u32::from_le_bytes(*b"RSRQ");
 const RUNS_REPLY_MAGIC: u32 = u32::from_le_bytes(*b"RSRP");
 
 /// Bytes of an encoded [`NodeInfo`].
-pub const NODE_INFO_LEN: usize = 56;
+pub const NODE_INFO_LEN: usize = 64;
+/// Bytes of a record of an older node (no table).
+const NODE_INFO_V3_LEN: usize = 56;
 /// Bytes of a record of an older node (no incarnation).
 const NODE_INFO_V2_LEN: usize = 48;
 /// Bytes of an encoded [`AllocRequest`].
@@ -115,10 +124,16 @@ pub struct NodeInfo {
     /// another incarnation at the same id has none of its predecessor's
     /// data (see `crate::deploy`).
     pub incarnation: u64,
+    /// The table the store's node 0 formatted, whose initial subtables
+    /// this node laid out its share of ([`TableConfig::initial_subtable`]):
+    /// nodes `1..nodes` take it from node 0's record. `None` in an older
+    /// node's record (its node 0 kept every initial subtable), and encoded
+    /// as geometry groups 0.
+    pub table: Option<TableConfig>,
 }
 
 impl NodeInfo {
-    /// The 56-byte record.
+    /// The 64-byte record.
     pub fn encode(&self) -> [u8; NODE_INFO_LEN] {
         let mut b = [0u8; NODE_INFO_LEN];
         b[0..4].copy_from_slice(&NODE_MAGIC.to_le_bytes());
@@ -131,6 +146,11 @@ impl NodeInfo {
         b[40..44].copy_from_slice(&self.rkey.to_le_bytes());
         b[44..48].copy_from_slice(&self.features.to_le_bytes());
         b[48..56].copy_from_slice(&self.incarnation.to_le_bytes());
+        if let Some(t) = self.table {
+            b[56..60].copy_from_slice(&t.geometry.groups().to_le_bytes());
+            b[60] = t.initial_global_depth;
+            b[61] = t.max_global_depth;
+        }
         b
     }
 
@@ -138,12 +158,32 @@ impl NodeInfo {
     ///
     /// # Errors
     /// [`TransportError::BadResponse`] for a wrong length or magic, an
-    /// empty or wrapping region, or a node id not below the node count.
+    /// empty or wrapping region, a node id not below the node count, or a
+    /// table that is no table (no groups, more than
+    /// [`SubtableGeometry::MAX_GROUPS`], an initial depth above the
+    /// largest, a largest above [`MAX_GLOBAL_DEPTH`]).
     pub fn decode(b: &[u8]) -> Result<NodeInfo, TransportError> {
         let incarnation = match (b.len(), u32_at(b, 0)) {
-            (NODE_INFO_LEN, NODE_MAGIC) => u64_at(b, 48),
+            (NODE_INFO_LEN, NODE_MAGIC) | (NODE_INFO_V3_LEN, NODE_MAGIC_V3) => u64_at(b, 48),
             (NODE_INFO_V2_LEN, NODE_MAGIC_V2) => 0,
             _ => return Err(bad("memory node record: wrong length or magic")),
+        };
+        // Groups 0: a record that names no table.
+        let table = if b.len() == NODE_INFO_LEN && u32_at(b, 56) != 0 {
+            let initial = b.get(60).copied().unwrap_or(0);
+            let max = b.get(61).copied().unwrap_or(0);
+            let geometry = SubtableGeometry::new(u32_at(b, 56))
+                .map_err(|_| bad("memory node record: table geometry out of range"))?;
+            if max > MAX_GLOBAL_DEPTH || initial > max {
+                return Err(bad("memory node record: table depths out of range"));
+            }
+            Some(TableConfig {
+                geometry,
+                initial_global_depth: initial,
+                max_global_depth: max,
+            })
+        } else {
+            None
         };
         let g: [u8; 16] = b
             .get(8..24)
@@ -162,6 +202,7 @@ impl NodeInfo {
             rkey: u32_at(b, 40),
             features: u32_at(b, 44),
             incarnation,
+            table,
         };
         if info.len == 0 || info.base.checked_add(info.len).is_none() {
             return Err(bad("memory node record: empty or wrapping region"));
@@ -478,8 +519,24 @@ mod tests {
             alloc_port: ALLOC_PORT,
             features: FEATURE_RUNS,
             incarnation: 0x0123_4567_89ab_cdef,
+            table: Some(TableConfig::default().presized_for(1 << 20)),
         };
         assert_eq!(NodeInfo::decode(&info.encode()).unwrap(), info);
+        let untabled = NodeInfo {
+            table: None,
+            ..info
+        };
+        assert_eq!(NodeInfo::decode(&untabled.encode()).unwrap(), untabled);
+        // A table that is no table: refused, not guessed.
+        for (at, byte) in [(59, 0xff), (60, 17), (61, 21)] {
+            let mut b = info.encode();
+            b[at] = byte;
+            assert!(NodeInfo::decode(&b).is_err(), "byte {at} = {byte}");
+        }
+        // An older node's record: 56 bytes, "RSN3", no table.
+        let mut v3 = info.encode()[..56].to_vec();
+        v3[..4].copy_from_slice(b"RSN3");
+        assert_eq!(NodeInfo::decode(&v3).unwrap(), untabled);
         // An older node's record: 48 bytes, "RSN2", no incarnation.
         let mut v2 = info.encode()[..48].to_vec();
         v2[..4].copy_from_slice(b"RSN2");
@@ -489,8 +546,8 @@ mod tests {
         mixed[..4].copy_from_slice(b"RSN2");
         assert!(NodeInfo::decode(&mixed).is_err(), "RSN2 is 48 bytes");
         assert!(
-            NodeInfo::decode(&info.encode()[..48]).is_err(),
-            "RSN3 is 56"
+            NodeInfo::decode(&info.encode()[..56]).is_err(),
+            "RSN4 is 64"
         );
         let grant = RunsRequest {
             req_id: 5,

@@ -110,7 +110,9 @@ impl<N: Nic> std::fmt::Debug for MemoryNodeServer<N> {
 impl<N: Nic> MemoryNodeServer<N> {
     /// Registers `bytes` of memory on `node` as memory node `id` of a store
     /// of `nodes` memory nodes, and binds its allocation port; node 0 also
-    /// formats `table`.
+    /// formats `table`, and every other node lays out its share of the
+    /// table's initial subtables ([`MemoryNode::lay_out_share`]): `table`
+    /// must be the one node 0 formats.
     ///
     /// # Errors
     /// [`Error::BadTable`] for an id not below `nodes` or a bad table;
@@ -138,6 +140,8 @@ impl<N: Nic> MemoryNodeServer<N> {
         let mem = Arc::new(MemoryNode::with_memory(id, MrMemory(region)));
         if id == 0 {
             mem.format(table, nodes)?;
+        } else {
+            mem.lay_out_share(table, nodes)?;
         }
         // Clients come and go (and die): a full port takes back the slots
         // of idle channels.
@@ -154,6 +158,7 @@ impl<N: Nic> MemoryNodeServer<N> {
             alloc_port: ALLOC_PORT,
             features: FEATURE_RUNS | FEATURE_LEASES,
             incarnation: crate::remote::leases::fresh_id(),
+            table: Some(*table),
         };
         Ok(MemoryNodeServer {
             node: node.clone(),
