@@ -210,7 +210,7 @@ fn a_presized_table_holds_its_keys_without_splitting() {
         initial_global_depth: 0,
         max_global_depth: 10,
     };
-    let presized = base.presized_for(keys);
+    let presized = base.presized_for(keys, 2);
     // 336 slots per subtable, 168 keys each: 12 subtables, depth 4 (16).
     assert_eq!(presized.initial_global_depth, 4);
     let mut splits = Vec::new();

@@ -594,6 +594,7 @@ fn embedded_table(args: &Args, workload: &Workload) -> TableConfig {
     TableConfig::default().presized_for(
         args.expected_keys
             .unwrap_or_else(|| workload.key_count_bound()),
+        args.memory_nodes.max(1),
     )
 }
 

@@ -79,8 +79,9 @@ struct Args {
     mb: Option<u64>,
     /// Node 0: the keys the new table is presized for, so that its initial
     /// subtables hold them without a split (a split stalls the writers of
-    /// its subtable for about 100 ms; 768 KiB each, one per 43,008 keys,
-    /// rounded up to a power of two, spread evenly over the N nodes)
+    /// its subtable for about 100 ms; 768 KiB each, one per 43,008 keys
+    /// and at least 4 per node, rounded up to a power of two, spread
+    /// evenly over the N nodes)
     /// [default: 0: one subtable, grown by splits]. Overrides the file's
     /// `[table] initial_global_depth`. Other nodes ignore it: they take
     /// node 0's table from its record and lay out their share of it (a
@@ -182,7 +183,7 @@ fn main() -> ExitCode {
     };
     let mut opts = MemoryNodeOptions::new(&store, id, nodes, bytes, &meta);
     opts.table = match args.expected_keys.or(file.expected_keys) {
-        Some(keys) => file.table.presized_for(keys),
+        Some(keys) => file.table.presized_for(keys, nodes),
         None => file.table,
     };
     opts.lease = args

@@ -45,10 +45,20 @@ impl TableConfig {
     /// buckets: at about 60% fill in a YCSB load).
     pub const PRESIZE_FILL: (u64, u64) = (1, 2);
 
+    /// Initial subtables per memory node a presized table has at least
+    /// (in a store of more than one node), so that every node holds a
+    /// share of the index and, with it, of the data: with `2^depth >= 4 n`
+    /// subtables, a node holds at most `1 + n / 2^depth <= 1.25` times the
+    /// mean share.
+    pub const PRESIZE_PER_NODE: u64 = 4;
+
     /// This table with enough initial subtables for `keys` keys
-    /// without a split ([`Self::PRESIZE_FILL`]): `initial_global_depth`
-    /// is the smallest depth whose `2^depth` subtables hold them, at most
-    /// `max_global_depth`; 0 for `keys` 0 (one subtable, grown by splits).
+    /// without a split ([`Self::PRESIZE_FILL`]) in a store of `nodes`
+    /// memory nodes: `initial_global_depth` is the smallest depth whose
+    /// `2^depth` subtables hold them and, for more than one node, number at
+    /// least [`Self::PRESIZE_PER_NODE`] per node; at most
+    /// `max_global_depth`. `keys` 0: depth 0 (one subtable, grown by
+    /// splits).
     ///
     /// A split freezes, reads and rewrites a whole subtable (about 100 ms
     /// for the default geometry's 86,016 slots on `sim`), and while it runs
@@ -56,10 +66,20 @@ impl TableConfig {
     /// never splits to hold them. The initial subtables are spread over
     /// the memory nodes ([`Self::initial_subtable`]): each node holds
     /// about `2^depth / nodes` times [`SubtableGeometry::bytes`] of them.
-    pub fn presized_for(self, keys: u64) -> TableConfig {
+    pub fn presized_for(self, keys: u64, nodes: u8) -> TableConfig {
+        if keys == 0 {
+            return TableConfig {
+                initial_global_depth: 0,
+                ..self
+            };
+        }
         let (num, den) = Self::PRESIZE_FILL;
         let per_subtable = (self.geometry.slots() * num / den).max(1);
-        let subtables = keys.div_ceil(per_subtable).max(1);
+        let spread = match nodes {
+            0 | 1 => 1,
+            n => Self::PRESIZE_PER_NODE * u64::from(n),
+        };
+        let subtables = keys.div_ceil(per_subtable).max(spread);
         let depth = subtables
             .checked_next_power_of_two()
             .map_or(u64::BITS, u64::trailing_zeros);

@@ -13,14 +13,32 @@ fn p(node: u8, off: u64) -> RemotePtr {
 fn presizing_picks_the_smallest_depth_that_holds_the_keys_at_half_fill() {
     let t = TableConfig::default();
     // 86,016 slots per subtable: 43,008 keys each.
-    let depth = |keys| t.presized_for(keys).initial_global_depth;
-    assert_eq!(depth(0), 0);
-    assert_eq!(depth(43_008), 0);
-    assert_eq!(depth(43_009), 1);
-    assert_eq!(depth(100_000), 2);
-    assert_eq!(depth(1_000_000), 5);
-    assert_eq!(depth(u64::MAX), t.max_global_depth);
-    assert_eq!(t.presized_for(1_000_000).geometry, t.geometry);
+    let depth = |keys, nodes| t.presized_for(keys, nodes).initial_global_depth;
+    assert_eq!(depth(0, 1), 0);
+    assert_eq!(depth(43_008, 1), 0);
+    assert_eq!(depth(43_009, 1), 1);
+    assert_eq!(depth(100_000, 1), 2);
+    assert_eq!(depth(1_000_000, 1), 5);
+    assert_eq!(depth(u64::MAX, 1), t.max_global_depth);
+    assert_eq!(t.presized_for(1_000_000, 1).geometry, t.geometry);
+    // Over several nodes: at least 4 subtables per node, so that each
+    // holds a share; keys 0 still grows from one subtable.
+    assert_eq!(depth(0, 4), 0);
+    assert_eq!(depth(1, 2), 3);
+    assert_eq!(depth(100_000, 3), 4);
+    assert_eq!(depth(1_000_000, 2), 5);
+    assert_eq!(depth(1_000_000, 16), 6);
+    assert_eq!(depth(1_000_000, 255), 10);
+    for nodes in 1..=9u8 {
+        let table = t.presized_for(1, nodes);
+        let shares: Vec<u64> = (0..nodes)
+            .map(|n| table.share(n, nodes).unwrap().0)
+            .collect();
+        let mean = (1u64 << table.initial_global_depth) as f64 / f64::from(nodes);
+        let most = *shares.iter().max().unwrap() as f64;
+        assert!(most <= 1.25 * mean, "{nodes} nodes: {shares:?}");
+        assert!(shares.iter().all(|&s| s > 0), "{nodes} nodes: {shares:?}");
+    }
 }
 
 #[test]

@@ -519,7 +519,7 @@ mod tests {
             alloc_port: ALLOC_PORT,
             features: FEATURE_RUNS,
             incarnation: 0x0123_4567_89ab_cdef,
-            table: Some(TableConfig::default().presized_for(1 << 20)),
+            table: Some(TableConfig::default().presized_for(1 << 20, 2)),
         };
         assert_eq!(NodeInfo::decode(&info.encode()).unwrap(), info);
         let untabled = NodeInfo {
