@@ -8,7 +8,9 @@
 //! retired blocks, with the time left of their grace period. The node keeps
 //! them here, by block size, and hands them out before new heap memory
 //! ([`ReturnPool::take`]) once that time has passed, so that clients that
-//! come and go do not use up the node.
+//! come and go do not use up the node. A request of one size takes runs of
+//! its size first, then runs of other sizes cut into its blocks, so that
+//! memory freed under one value size serves another.
 //!
 //! # Invariants
 //! * Every pooled run lies inside the node's heap as handed out so far
@@ -21,7 +23,9 @@
 //!   from a duplicate, which is why clients give back only at close).
 //! * Runs are handed out first in, first out, split when a request needs
 //!   less than the front run, and never before the time they were given
-//!   back with (they wait in a cooling list until then).
+//!   back with (they wait in a cooling list until then). A run cut into
+//!   blocks of another size leaves its cut block's rest pooled as 64-byte
+//!   blocks and its whole blocks where they were.
 //!
 //! Plain data, no I/O, no lock and no clock: the node calls it under its
 //! heap lock with its own time (any monotonic microseconds).
@@ -204,8 +208,17 @@ impl ReturnPool {
     }
 
     /// Hands out pooled blocks of `block_bytes` usable at `now`: up to
-    /// `want` bytes (whole blocks, at least one if any is pooled) in at most
-    /// `max_runs` runs. Empty when none of that size is.
+    /// `want` bytes (whole blocks, at least one if any fits) in at most
+    /// `max_runs` runs. Runs of that size first, first in first out; then,
+    /// when they do not make `want`, runs of other sizes, cut into blocks
+    /// of `block_bytes` (the pool converts: blocks freed under one size
+    /// serve writes of another, so that a store whose values change size
+    /// does not grow for it). A converted run's rest that makes no whole
+    /// block of `block_bytes` stays pooled as 64-byte blocks. Empty when
+    /// nothing pooled fits a block.
+    ///
+    /// Safe to convert: a pooled run is nobody's (its grace period over),
+    /// and blocks start on any 64-byte boundary.
     pub fn take(
         &mut self,
         block_bytes: u64,
@@ -215,34 +228,85 @@ impl ReturnPool {
     ) -> Vec<(u64, u64)> {
         self.warm(now);
         let mut out = Vec::new();
-        let Some(queue) = self.by_size.get_mut(&block_bytes) else {
+        if block_bytes == 0 {
             return out;
-        };
-        let want = want.max(block_bytes);
-        let mut got = 0;
-        while got < want && out.len() < max_runs {
-            let Some((offset, len)) = queue.pop_front() else {
-                break;
-            };
-            self.index.remove(&offset);
-            let need = (want - got).div_ceil(block_bytes) * block_bytes;
-            if len > need {
-                // Split: the rest stays at the front, first out next time.
-                queue.push_front((offset + need, len - need));
-                self.index.insert(offset + need, offset + len);
-                out.push((offset, need));
-                got += need;
-            } else {
-                out.push((offset, len));
-                got += len;
-            }
         }
-        if queue.is_empty() {
-            self.by_size.remove(&block_bytes);
+        let want = want.max(block_bytes);
+        let mut got = self.take_sized(block_bytes, block_bytes, want, max_runs, &mut out);
+        // Other sizes, the largest first (their runs are the longest).
+        let others: Vec<u64> = self
+            .by_size
+            .keys()
+            .rev()
+            .copied()
+            .filter(|&b| b != block_bytes)
+            .collect();
+        for size in others {
+            if got >= want || out.len() >= max_runs {
+                break;
+            }
+            got += self.take_sized(size, block_bytes, want - got, max_runs, &mut out);
         }
         self.bytes -= got;
         self.reused += got;
         out
+    }
+
+    /// Hands out runs pooled under `size` as blocks of `block_bytes` (see
+    /// [`ReturnPool::take`]), up to `want` bytes, into `out` while it has
+    /// fewer than `max_runs`; returns the bytes handed out.
+    fn take_sized(
+        &mut self,
+        size: u64,
+        block_bytes: u64,
+        want: u64,
+        max_runs: usize,
+        out: &mut Vec<(u64, u64)>,
+    ) -> u64 {
+        let Some(queue) = self.by_size.get_mut(&size) else {
+            return 0;
+        };
+        let mut got = 0;
+        let mut scraps = Vec::new();
+        // Runs shorter than one block of `block_bytes` are passed over
+        // where they are.
+        let mut at = 0;
+        while got < want && out.len() < max_runs {
+            let Some(&(offset, len)) = queue.get(at) else {
+                break;
+            };
+            let need = (want - got).div_ceil(block_bytes) * block_bytes;
+            let give = need.min(len / block_bytes * block_bytes);
+            if give == 0 {
+                at += 1;
+                continue;
+            }
+            queue.remove(at);
+            self.index.remove(&offset);
+            out.push((offset, give));
+            got += give;
+            // The rest stays pooled: the rest of the block of its size
+            // that was cut (if one was) as 64-byte blocks, the whole blocks
+            // after it where the run was (first out next time).
+            let whole_from = give.div_ceil(size) * size;
+            if whole_from > give {
+                let scrap = (offset + give, whole_from - give);
+                self.index.insert(scrap.0, scrap.0 + scrap.1);
+                scraps.push(scrap);
+            }
+            if len > whole_from {
+                let rest = (offset + whole_from, len - whole_from);
+                self.index.insert(rest.0, rest.0 + rest.1);
+                queue.insert(at, rest);
+            }
+        }
+        if queue.is_empty() {
+            self.by_size.remove(&size);
+        }
+        if !scraps.is_empty() {
+            self.by_size.entry(BLOCK_ALIGN).or_default().extend(scraps);
+        }
+        got
     }
 }
 
@@ -257,7 +321,6 @@ mod tests {
             p.give(128, &[(4096, 512), (8192, 128)], (4096, 1 << 20), 0, 0),
             Ok(640)
         );
-        assert_eq!(p.take(64, 1024, 8, 0), vec![], "no block of another size");
         assert_eq!(p.take(128, 256, 8, 0), vec![(4096, 256)]);
         assert_eq!(
             p.take(128, 100, 8, 0),
@@ -277,6 +340,116 @@ mod tests {
         );
         // Everything handed out: the same blocks may come back.
         assert_eq!(p.give(128, &[(4096, 512)], (4096, 1 << 20), 0, 0), Ok(512));
+    }
+
+    #[test]
+    fn runs_of_other_sizes_are_cut_to_the_request_when_its_own_run_out() {
+        let mut p = ReturnPool::new();
+        let bounds = (4096, 1 << 20);
+        // 1,024-byte blocks (a run of 4), 192-byte blocks (a run of 2),
+        // 128-byte blocks (one).
+        p.give(1024, &[(4096, 4096)], bounds, 0, 0).unwrap();
+        p.give(192, &[(16384, 384)], bounds, 0, 0).unwrap();
+        p.give(128, &[(20480, 128)], bounds, 0, 0).unwrap();
+        // Its own size first, then the largest: 128 + 2 x 128 of the first
+        // 1,024-byte block; the rest of that block (768 bytes) is pooled as
+        // 64-byte blocks, the 3 blocks after it stay 1,024-byte ones.
+        assert_eq!(p.take(128, 384, 8, 0), vec![(20480, 128), (4096, 256)]);
+        assert_eq!(p.stats().pooled, 4096 - 256 + 384);
+        // The 1,024-byte run's rest: 3 whole blocks, still first out for
+        // its size; the cut block's 768 bytes serve 64-byte requests.
+        assert_eq!(p.take(1024, 1 << 20, 8, 0), vec![(5120, 3072)]);
+        assert_eq!(p.take(64, 128, 8, 0), vec![(4352, 128)]);
+        // The 192-byte run (384 bytes) serves a 320-byte request with one
+        // block, the 64-byte blocks (640 bytes left) with two.
+        assert_eq!(p.take(320, 1 << 20, 8, 0), vec![(16384, 320), (4480, 640)]);
+        // Left: the 192-byte block that was cut, as a 64-byte block.
+        assert_eq!(p.stats().pooled, 64);
+        // A run shorter than a block is passed over, not cut.
+        assert_eq!(p.take(128, 1 << 20, 8, 0), vec![]);
+        assert_eq!(p.take(64, 1 << 20, 8, 0), vec![(16704, 64)]);
+        assert_eq!(p.stats().pooled, 0);
+        // Nothing overlapped: all of it may come back.
+        p.give(
+            64,
+            &[(4096, 4096), (16384, 384), (20480, 128)],
+            bounds,
+            0,
+            0,
+        )
+        .unwrap();
+        // Cooling runs of another size are not converted before their time.
+        let mut q = ReturnPool::new();
+        q.give(1024, &[(4096, 1024)], bounds, 50, 0).unwrap();
+        assert_eq!(q.take(64, 64, 8, 10), vec![]);
+        assert_eq!(q.take(64, 64, 8, 50), vec![(4096, 64)]);
+    }
+
+    /// Random gives and takes of many sizes against a model of the pooled
+    /// bytes: a take hands out only pooled bytes, each once, in whole
+    /// blocks of the size asked, and the pool's figures add up.
+    #[test]
+    fn random_gives_and_takes_hand_out_each_pooled_byte_once() {
+        use rand::rngs::SmallRng;
+        use rand::{Rng, SeedableRng};
+        use std::collections::BTreeSet;
+        const UNITS: u64 = 4096;
+        for seed in 0..20u64 {
+            let mut rng = SmallRng::seed_from_u64(seed);
+            let mut p = ReturnPool::new();
+            // 64-byte units: pooled, and handed out (to clients).
+            let mut pooled: BTreeSet<u64> = BTreeSet::new();
+            let mut out: BTreeSet<u64> = (0..UNITS).collect();
+            let sizes = [64u64, 128, 192, 320, 1024, 4096];
+            for step in 0..400 {
+                let now = step * 10;
+                let size = sizes[rng.gen_range(0..sizes.len())];
+                if rng.gen_bool(0.5) {
+                    // Give back a run of handed-out units, whole blocks.
+                    let blocks = rng.gen_range(1..8u64);
+                    let len_units = blocks * size / 64;
+                    let start = rng.gen_range(0..UNITS);
+                    let units: Vec<u64> = (start..start + len_units).collect();
+                    let ok = units.iter().all(|u| out.contains(u));
+                    let usable = now + rng.gen_range(0..3u64) * 15;
+                    let r = p.give(
+                        size,
+                        &[(start * 64, len_units * 64)],
+                        (0, UNITS * 64),
+                        usable,
+                        now,
+                    );
+                    if ok {
+                        assert!(r.is_ok(), "seed {seed} step {step}: {r:?}");
+                        for u in units {
+                            out.remove(&u);
+                            pooled.insert(u);
+                        }
+                    } else {
+                        // Partly pooled, or past the heap: refused whole.
+                        assert!(r.is_err(), "seed {seed} step {step}");
+                    }
+                } else {
+                    let want = rng.gen_range(1..16u64) * 64;
+                    let runs = p.take(size, want, 4, now);
+                    assert!(runs.len() <= 4);
+                    for (offset, len) in runs {
+                        assert_eq!(offset % 64, 0);
+                        assert!(len > 0 && len % size == 0, "seed {seed}: {len} of {size}");
+                        for u in offset / 64..(offset + len) / 64 {
+                            assert!(pooled.remove(&u), "seed {seed} step {step}: unit {u}");
+                            out.insert(u);
+                        }
+                    }
+                }
+                assert_eq!(p.stats().pooled, pooled.len() as u64 * 64, "seed {seed}");
+            }
+            // Everything usable comes out in the end.
+            for size in sizes {
+                while !p.take(size, 1 << 20, 64, u64::MAX).is_empty() {}
+            }
+            assert_eq!(p.stats().pooled, 0, "seed {seed}");
+        }
     }
 
     #[test]

@@ -223,6 +223,63 @@ fn clients_that_come_and_go_reuse_what_the_last_ones_gave_back() {
     assert!(check.problems.is_empty(), "{:#?}", check.problems);
 }
 
+/// Values that change size between clients: the blocks one client freed
+/// under one size serve the next client's values of another (the memory
+/// node's pool converts them), so the heap stops growing.
+#[test]
+fn clients_whose_values_change_size_reuse_what_the_last_ones_gave_back() {
+    let cluster = tiny_cluster(2, 64, 256 << 20, 16);
+    let clock = Arc::new(ManualClock::new(0, 1));
+    let config = tick_config();
+    let (keys, rounds) = (400u64, 8u64);
+    // A size of its own each round (their blocks of 2 to 16 units).
+    let sizes = [900usize, 100, 300, 600, 200, 800, 400, 500, 700];
+    let len = |round: u64| sizes[round as usize % sizes.len()];
+    let mut c = open(&cluster, clock.clone(), config);
+    for k in 0..keys {
+        c.insert(&key(k), &value(k, 0, len(0))).unwrap();
+        clock.advance(1);
+    }
+    assert!(c.close().error.is_none());
+    let mut heaps = Vec::new();
+    for round in 1..=rounds {
+        let mut c = open(&cluster, clock.clone(), config);
+        for k in 0..keys {
+            c.update(&key(k), &value(k, round, len(round))).unwrap();
+            clock.advance(1);
+        }
+        let r = c.close();
+        assert!(r.error.is_none(), "round {round}: {:?}", r.error);
+        heaps.push(heap(&cluster));
+    }
+    eprintln!(
+        "heaps after each round (values of another size each): {:?} KiB; pool {:?}",
+        heaps.iter().map(|h| h >> 10).collect::<Vec<_>>(),
+        pool(&cluster)
+    );
+    // Round 1 takes memory for its size; after it, every round finds what
+    // it needs in the blocks the rounds before gave back, cut to its size:
+    // the heap grows by less than one round of the largest values (400 x
+    // 1 KiB) over the other rounds, where without converting it grew by a
+    // round of values each.
+    let growth = heaps[heaps.len() - 1] - heaps[1];
+    assert!(
+        growth < keys * 1024,
+        "heap grew {growth} B over {} rounds",
+        rounds - 2
+    );
+    let mut c = open(&cluster, clock.clone(), config);
+    for k in 0..keys {
+        assert_eq!(
+            c.get(&key(k)).unwrap(),
+            Some(value(k, rounds, len(rounds))),
+            "key {k}"
+        );
+    }
+    let check = c.check_table().unwrap();
+    assert!(check.problems.is_empty(), "{:#?}", check.problems);
+}
+
 #[test]
 fn close_waits_out_the_grace_period_and_a_drop_keeps_what_is_in_it() {
     let cluster = tiny_cluster(1, 64, 64 << 20, 16);
