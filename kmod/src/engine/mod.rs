@@ -130,6 +130,7 @@ mod messaging;
 mod messaging_api;
 mod meta;
 mod meta_follow;
+pub mod meta_lease;
 pub mod meta_msg;
 mod mrs;
 mod object;
@@ -153,9 +154,8 @@ pub use fork::ForkKit;
 pub use handshake_ud::{HandshakeResponder, HandshakeStats, ProgressThread};
 pub use messaging::{Endpoint, Message, MsgError, MsgStats, Port, PortUsage, Sender};
 pub use meta::{MetaRefresh, MetaSource, MetaStats, REFRESH_EVERY};
-pub use meta_msg::{
-    MetaHostStats, MetaHostThread, MetaLease, MetaLeaseStats, MsgMetaHost, META_PORT,
-};
+pub use meta_lease::{MetaLease, MetaLeaseStats};
+pub use meta_msg::{MetaHostStats, MetaHostThread, MsgMetaHost, META_PORT};
 pub use mrs::{LeaseError, LeaseId, LeaseStats, Leased, OwnedMr, LEASE_REAPER};
 pub use object::Engine;
 pub use rc::handshake_gid;

@@ -36,7 +36,8 @@ use krcore_meta::MetaResult;
 use krcore_nic::Nic;
 
 use super::error::EngineError;
-use super::meta_msg::{Kept, MetaLease, MsgMetaHost};
+use super::meta_lease::{Kept, MetaLease};
+use super::meta_msg::MsgMetaHost;
 use super::object::Engine;
 
 impl<N: Nic + 'static> MsgMetaHost<N> {
