@@ -1,0 +1,261 @@
+//! Tests of the client's block allocator.
+
+use super::*;
+use crate::memory::{ClusterConfig, LocalCluster, TableConfig};
+
+/// `nodes` memory nodes of `node_bytes`, a table of one small subtable.
+fn small_cluster(nodes: u8, node_bytes: u64) -> LocalCluster {
+    LocalCluster::new(ClusterConfig {
+        nodes,
+        node_bytes,
+        table: TableConfig {
+            geometry: crate::layout::subtable::SubtableGeometry::new(1).unwrap(),
+            initial_global_depth: 0,
+            max_global_depth: 4,
+        },
+    })
+    .unwrap()
+}
+
+#[test]
+fn classes_cover_every_length_with_bounded_waste() {
+    for units in 1..=255u8 {
+        let c = class_of(units);
+        let size = CLASS_UNITS[c];
+        assert!(size >= units);
+        assert!(u32::from(size) * 4 <= u32::from(units) * 5 + 4, "{units}");
+    }
+    assert_eq!(class_of(1), 0);
+    assert_eq!(class_of(255), CLASS_UNITS.len() - 1);
+}
+
+/// A node whose block request failed is skipped for the back-off, then
+/// asked again; with every node skipped an allocation fails at once
+/// with the node's error (counted: `block_rpcs`, one per request).
+#[test]
+fn an_unreachable_node_is_skipped_for_its_back_off() {
+    let cluster = small_cluster(2, 1 << 20);
+    let mut t = cluster.transport();
+    let mut st = TransportStats::default();
+    let mut a = KvAllocator::new(2, 10, 1024).with_backoff(100);
+    cluster.set_node_down(1, true);
+    // Each allocation below is of a new class: it needs a refill.
+    let len = |units: usize| units * LEN_UNIT;
+    let p = a.alloc(&mut t, &mut st, 1, len(1), 0).unwrap();
+    assert_eq!(
+        (p.node(), st.block_rpcs),
+        (0, 2),
+        "node 1 asked, then node 0"
+    );
+    let p = a.alloc(&mut t, &mut st, 1, len(2), 50).unwrap();
+    assert_eq!((p.node(), st.block_rpcs), (0, 3), "node 1 skipped");
+    let p = a.alloc(&mut t, &mut st, 1, len(3), 100).unwrap();
+    assert_eq!(
+        (p.node(), st.block_rpcs),
+        (0, 5),
+        "back-off over: asked again"
+    );
+    cluster.set_node_down(0, true);
+    let e = a.alloc(&mut t, &mut st, 1, len(4), 120).unwrap_err();
+    assert_eq!(st.block_rpcs, 6, "node 1 skipped, node 0 asked: {e:?}");
+    let e = a.alloc(&mut t, &mut st, 0, len(5), 130).unwrap_err();
+    assert_eq!(st.block_rpcs, 6, "both skipped: no request");
+    assert!(
+        matches!(e, Error::Transport(TransportError::NodeDown { .. })),
+        "{e:?}"
+    );
+    cluster.set_node_down(0, false);
+    cluster.set_node_down(1, false);
+    let p = a.alloc(&mut t, &mut st, 1, len(6), 300).unwrap();
+    assert_eq!((p.node(), st.block_rpcs), (1, 7), "both back");
+    // Without a back-off every allocation asks the node again.
+    let mut b = KvAllocator::new(2, 10, 1024);
+    cluster.set_node_down(1, true);
+    b.alloc(&mut t, &mut st, 1, len(1), 0).unwrap();
+    b.alloc(&mut t, &mut st, 1, len(2), 0).unwrap();
+    assert_eq!(st.block_rpcs, 11);
+}
+
+#[test]
+fn carve_release_retire_reclaim() {
+    let cluster = small_cluster(2, 1 << 16);
+    let mut t = cluster.transport();
+    let mut st = TransportStats::default();
+    let mut a = KvAllocator::new(2, 10, 1024);
+    let p1 = a.alloc(&mut t, &mut st, 1, 64, 0).unwrap();
+    let p2 = a.alloc(&mut t, &mut st, 1, 64, 0).unwrap();
+    assert_eq!((p1.node(), p2.offset() - p1.offset()), (1, 64));
+    assert_eq!(st.block_rpcs, 1);
+    assert_eq!(a.stats().coarse_bytes, 1024);
+    // Unpublished: reused at once.
+    a.release(p2, 64);
+    assert_eq!(a.alloc(&mut t, &mut st, 1, 64, 0).unwrap(), p2);
+    // Published and unlinked: only after the grace period.
+    let fp = core::num::NonZeroU8::new(3).unwrap();
+    a.retire(Slot::for_block(fp, 64, p1).unwrap(), 5);
+    assert_eq!(a.stats().quarantined_bytes, 64);
+    let p3 = a.alloc(&mut t, &mut st, 1, 64, 15).unwrap();
+    assert_ne!(p3, p1);
+    assert_eq!(a.alloc(&mut t, &mut st, 1, 64, 16).unwrap(), p1);
+    assert_eq!(a.stats().quarantined_bytes, 0);
+    // A large class gets its own coarse block.
+    let big = a.alloc(&mut t, &mut st, 0, 4096, 16).unwrap();
+    assert_eq!(big.node(), 0);
+    assert_eq!(a.stats().coarse_bytes, 1024 + 4096);
+    // A full node falls back to the other one.
+    cluster.set_node_down(0, false);
+    let mut small = KvAllocator::new(2, 10, 1 << 20);
+    let q = small.alloc(&mut t, &mut st, 0, 64, 0);
+    assert!(matches!(q, Err(Error::OutOfMemory { .. })));
+    cluster.set_node_down(1, true);
+    let mut b = KvAllocator::new(2, 10, 1024);
+    assert!(matches!(
+        b.alloc(&mut t, &mut st, 1, 64, 0),
+        Ok(p) if p.node() == 0
+    ));
+}
+
+/// A transport that answers blocks asked ahead only when told to (or
+/// when waited for), counting its requests.
+struct Asking {
+    inner: crate::memory::LocalTransport,
+    asked: Vec<(u64, u8, u64)>,
+    ready: bool,
+    sync_calls: u64,
+    answers_waited: u64,
+}
+
+impl Transport for Asking {
+    fn execute(
+        &mut self,
+        batch: &[crate::remote::RemoteOp<'_>],
+    ) -> Result<Vec<crate::remote::OpResult>, TransportError> {
+        self.inner.execute(batch)
+    }
+    fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {
+        self.sync_calls += 1;
+        self.inner.alloc_block(node, size)
+    }
+    fn alloc_block_ask(
+        &mut self,
+        node: u8,
+        size: u64,
+        _block_bytes: u64,
+    ) -> Option<Result<AllocAsk, TransportError>> {
+        let id = self.asked.len() as u64 + 100;
+        self.asked.push((id, node, size));
+        Some(Ok(AllocAsk(id)))
+    }
+    fn alloc_block_answer(
+        &mut self,
+        ask: AllocAsk,
+        wait: bool,
+    ) -> Result<Option<Vec<BlockRun>>, TransportError> {
+        if !wait && !self.ready {
+            return Ok(None);
+        }
+        self.answers_waited += u64::from(wait);
+        let &(_, node, size) = self
+            .asked
+            .iter()
+            .find(|a| a.0 == ask.0)
+            .ok_or(TransportError::BadResponse { reason: "unknown" })?;
+        self.inner
+            .alloc_block(node, size)
+            .map(|start| Some(vec![BlockRun { start, len: size }]))
+    }
+    fn nodes(&self) -> u8 {
+        self.inner.nodes()
+    }
+}
+
+/// A client whose every grant asked ahead is needed before its answer
+/// came doubles its grants, up to MAX_FAST_REFILL; one whose answers
+/// come in time grows by the quarter rule only.
+#[test]
+fn grants_that_come_too_late_double_the_next_ones() {
+    let cluster = small_cluster(1, 64 << 20);
+    let sizes = |ready: bool| -> Vec<u64> {
+        let mut t = Asking {
+            inner: cluster.transport(),
+            asked: Vec::new(),
+            ready,
+            sync_calls: 0,
+            answers_waited: 0,
+        };
+        let mut st = TransportStats::default();
+        let mut a = KvAllocator::new(1, 10, 4096);
+        for _ in 0..200_000 {
+            a.alloc(&mut t, &mut st, 0, LEN_UNIT, 0).unwrap();
+        }
+        t.asked.iter().map(|x| x.2).collect()
+    };
+    let late = sizes(false);
+    let want: Vec<u64> = (0..11)
+        .map(|i| (4096u64 << i).min(MAX_FAST_REFILL))
+        .collect();
+    assert_eq!(late.get(..11), Some(&want[..]), "{late:?}");
+    assert!(late.iter().all(|&s| s <= MAX_FAST_REFILL));
+    let in_time = sizes(true);
+    assert!(in_time.iter().all(|&s| s <= MAX_REFILL), "{in_time:?}");
+}
+
+#[test]
+fn the_next_coarse_block_is_asked_for_once_the_current_is_half_carved() {
+    let cluster = small_cluster(1, 1 << 20);
+    let mut t = Asking {
+        inner: cluster.transport(),
+        asked: Vec::new(),
+        ready: false,
+        sync_calls: 0,
+        answers_waited: 0,
+    };
+    let mut st = TransportStats::default();
+    // Coarse blocks of 1 KiB: 16 blocks of 64 B each.
+    let mut a = KvAllocator::new(1, 10, 1024);
+    let mut got = Vec::new();
+    for i in 0..8 {
+        got.push(a.alloc(&mut t, &mut st, 0, LEN_UNIT, 0).unwrap());
+        // The first refill is waited for; the next is asked once half
+        // of the block is carved (after the 8th).
+        let want = if i < 7 { 0 } else { 1 };
+        assert_eq!(t.asked.len(), want, "after {} blocks", i + 1);
+    }
+    assert_eq!(t.sync_calls, 1);
+    for _ in 8..16 {
+        got.push(a.alloc(&mut t, &mut st, 0, LEN_UNIT, 0).unwrap());
+    }
+    assert_eq!(t.asked.len(), 1, "one ask at a time");
+    // The 17th block comes out of the block asked ahead (its answer
+    // waited for: it had not come), with no request of its own.
+    got.push(a.alloc(&mut t, &mut st, 0, LEN_UNIT, 0).unwrap());
+    assert_eq!((t.sync_calls, t.answers_waited), (1, 1));
+    assert_eq!(st.block_rpcs, 2);
+    // An answer already there is taken without waiting.
+    t.ready = true;
+    for _ in 17..40 {
+        got.push(a.alloc(&mut t, &mut st, 0, LEN_UNIT, 0).unwrap());
+    }
+    assert_eq!((t.sync_calls, t.answers_waited), (1, 1));
+    assert!(t.asked.len() >= 2);
+    // Every block distinct and whole.
+    let mut offs: Vec<u64> = got.iter().map(|p| p.offset()).collect();
+    offs.sort_unstable();
+    assert!(offs.windows(2).all(|w| w[1] - w[0] >= LEN_UNIT as u64));
+    // The refill that waited for the block asked ahead (the 17th)
+    // doubled the grants after it: the first ask was 1 KiB, the next
+    // ones at least 2 KiB. Answers that were there double nothing.
+    let sizes: Vec<u64> = t.asked.iter().map(|a| a.2).collect();
+    assert_eq!(sizes.first(), Some(&1024), "{sizes:?}");
+    assert!(sizes.iter().skip(1).all(|&s| s >= 2048), "{sizes:?}");
+    assert!(sizes.iter().all(|&s| s <= MAX_FAST_REFILL), "{sizes:?}");
+    // Every request's block in use, but the one asked and not yet
+    // collected.
+    let coarse = a.stats().coarse_bytes;
+    let asked: u64 = sizes.iter().sum();
+    let last = sizes.last().copied().unwrap_or(0);
+    assert!(
+        coarse == 1024 + asked || coarse == 1024 + asked - last,
+        "{coarse} bytes for a first grant of 1024 then {sizes:?}"
+    );
+}
