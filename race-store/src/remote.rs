@@ -48,8 +48,10 @@
 
 use crate::layout::slot::RemotePtr;
 
+mod error;
 pub(crate) mod leases;
 mod wrappers;
+pub use error::{Cause, TransportError};
 pub use leases::LeaseBook;
 pub use wrappers::{CrashPlan, Delayed, FaultInjector};
 
@@ -347,166 +349,6 @@ impl Completions {
     pub fn to_results(&self) -> Vec<OpResult> {
         (0..self.len()).filter_map(|i| self.to_result(i)).collect()
     }
-}
-
-/// The error below a [`TransportError`] (the SDK's, the provider's, the
-/// meta server's), shared so that the error stays `Clone`: its
-/// [`std::error::Error::source`] chain is the original's. Two causes are
-/// equal when they print the same (errors of the layers below have no
-/// equality of their own).
-#[derive(Clone)]
-pub struct Cause(std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>);
-
-impl Cause {
-    /// Wraps `e`.
-    pub fn new<E: std::error::Error + Send + Sync + 'static>(e: E) -> Cause {
-        Cause(std::sync::Arc::new(e))
-    }
-
-    /// A cause that is only a message.
-    pub fn msg(message: impl Into<String>) -> Cause {
-        #[derive(Debug)]
-        struct Msg(String);
-        impl std::fmt::Display for Msg {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(&self.0)
-            }
-        }
-        impl std::error::Error for Msg {}
-        Cause::new(Msg(message.into()))
-    }
-
-    /// The wrapped error (to `downcast_ref` it).
-    pub fn get(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
-        &*self.0
-    }
-}
-
-impl std::fmt::Debug for Cause {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Debug::fmt(&*self.0, f)
-    }
-}
-
-impl std::fmt::Display for Cause {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Display::fmt(&*self.0, f)
-    }
-}
-
-impl std::error::Error for Cause {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.0.source()
-    }
-}
-
-impl PartialEq for Cause {
-    fn eq(&self, other: &Cause) -> bool {
-        std::sync::Arc::ptr_eq(&self.0, &other.0) || self.to_string() == other.to_string()
-    }
-}
-
-impl Eq for Cause {}
-
-/// Why a transport call failed.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum TransportError {
-    /// The memory node does not answer (crashed, or failed by fault injection).
-    #[error("memory node {node} is down")]
-    NodeDown {
-        /// The node.
-        node: u8,
-    },
-    /// No memory node has this id.
-    #[error("no memory node {node}")]
-    NoSuchNode {
-        /// The node.
-        node: u8,
-    },
-    /// The range is outside the node's registered region.
-    #[error("range {ptr:?}+{len} is outside the node's region")]
-    OutOfBounds {
-        /// Start of the range.
-        ptr: RemotePtr,
-        /// Its length.
-        len: u64,
-    },
-    /// An atomic on an address that is not 8-byte aligned.
-    #[error("atomic at {ptr:?} is not 8-byte aligned")]
-    Misaligned {
-        /// The address.
-        ptr: RemotePtr,
-    },
-    /// The memory node has no block of this size left.
-    #[error("memory node {node} cannot allocate {size} bytes")]
-    OutOfMemory {
-        /// The node.
-        node: u8,
-        /// The requested size.
-        size: u64,
-    },
-    /// This client's connection is gone (fault injection: the client "died").
-    #[error("transport disconnected")]
-    Disconnected,
-    /// The transport could not be set up (a memory node unknown to the
-    /// meta server, no memory for buffers, ...).
-    #[error("transport setup: {what}")]
-    Setup {
-        /// What was being set up.
-        what: &'static str,
-        /// Why it failed.
-        #[source]
-        source: Cause,
-    },
-    /// The local side refused the operation before it reached the network
-    /// (the KRCore pre-check: out of the node's grant, for example), or a
-    /// call of the layer below failed.
-    #[error("memory node {node}: refused")]
-    Refused {
-        /// The memory node.
-        node: u8,
-        /// Why.
-        #[source]
-        source: Cause,
-    },
-    /// An operation completed with an error status the other variants do
-    /// not name.
-    #[error("memory node {node}: completion status {status:?}")]
-    Failed {
-        /// The memory node.
-        node: u8,
-        /// The status.
-        status: krcore_nic::WcStatus,
-    },
-    /// No completion came within the transport's bound.
-    #[error("memory node {node}: no completion within {after:?}")]
-    Timeout {
-        /// The memory node.
-        node: u8,
-        /// How long the transport waited.
-        after: std::time::Duration,
-    },
-    /// An answer came under a lease the memory node had already ended and
-    /// replaced ([`crate::holders`]): what it granted may have been taken
-    /// back, so it is not used.
-    #[error("memory node {node}: this client's lease on its grants ended (they may have been taken back)")]
-    LeaseEnded {
-        /// Memory node id.
-        node: u8,
-    },
-    /// The transport returned results that do not match the batch.
-    #[error("malformed transport response: {reason}")]
-    BadResponse {
-        /// What was wrong.
-        reason: &'static str,
-    },
-    /// The transport (or the memory node behind it) cannot do this.
-    #[error("unsupported: {what}")]
-    Unsupported {
-        /// What it cannot do.
-        what: &'static str,
-    },
 }
 
 /// A doorbell posted by [`Transport::post_into`], to give back to
