@@ -4,6 +4,7 @@
 //! bad input a typed one-line error with a non-zero exit in bounded time.
 
 use race_store::deploy::{DeployError, Store, StoreOptions};
+use race_store::remote::TransportError;
 use std::io::{BufRead, Read, Write};
 use std::net::TcpListener;
 use std::process::{Child, Command, Output, Stdio};
@@ -308,7 +309,15 @@ fn memory_nodes_restarted_empty_are_not_taken_for_their_predecessors() {
     let on = |host: &str| format!("{base},host={host}");
     let (meta_p, addr) = meta(&on("meta"));
     let lease = ["--lease-ms", "900"];
-    let n0_args = memnode(&on("mem0"), &addr, "s", 0, &lease);
+    // Presized: half the table's subtables (and the keys they index) on
+    // node 1.
+    let n0_args = memnode(
+        &on("mem0"),
+        &addr,
+        "s",
+        0,
+        &["--lease-ms", "900", "--expected-keys", "1000"],
+    );
     let n1_args = memnode(&on("mem1"), &addr, "s", 1, &lease);
     let (n0, _) = start(MEMNODE, &as_refs(&n0_args));
     let (mut n1, _) = start(MEMNODE, &as_refs(&n1_args));
@@ -321,6 +330,11 @@ fn memory_nodes_restarted_empty_are_not_taken_for_their_predecessors() {
     // takes one engine at a time.)
     drop(c);
     drop(store);
+    // A client that stays connected across the restart (on a host of its
+    // own).
+    let across = Store::connect(&on("across"), &addr, "s", StoreOptions::default()).unwrap();
+    let mut kept = across.client().unwrap();
+    assert_eq!(kept.get(b"k0").unwrap(), Some(vec![7u8; 200]));
 
     // Node 1 dies (SIGKILL) and is started again at once on its host.
     let _ = n1.0.kill();
@@ -355,6 +369,25 @@ fn memory_nodes_restarted_empty_are_not_taken_for_their_predecessors() {
         Err(e) => panic!("expected MemberReplaced for node 1, got {e:?}"),
         Ok(_) => panic!("a client took the empty node 1 for the table's"),
     }
+    // The client connected before is told too, by its first operations on
+    // node 1 (the store's membership names another process at id 1): not
+    // "down", and never another value.
+    let t0 = Instant::now();
+    'told: loop {
+        for i in 0..300u32 {
+            match kept.get(format!("k{i}").as_bytes()) {
+                Ok(v) => assert_eq!(v, Some(vec![7u8; 200]), "k{i}"),
+                Err(race_store::Error::Transport(TransportError::NodeReplaced {
+                    node: 1, ..
+                })) => break 'told,
+                Err(_) => {}
+            }
+        }
+        assert!(t0.elapsed() < BOUND, "the connected client was never told");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(kept);
+    drop(across);
     // Node 0 (which formatted the table) restarts: refused while node 1 is
     // a live member of the old table, even after its own lease ran out.
     let _ = { n0 }.0.kill();

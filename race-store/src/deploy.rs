@@ -509,6 +509,7 @@ impl Default for StoreOptions {
 #[derive(Debug, Clone)]
 pub struct Store {
     name: String,
+    meta_addr: String,
     node: Node,
     infos: Vec<NodeInfo>,
     clock: Arc<WallClock>,
@@ -562,6 +563,7 @@ impl Store {
                     Ok(infos) => {
                         return Ok(Store {
                             name: store.to_string(),
+                            meta_addr: meta_addr.to_string(),
                             node: node.clone(),
                             infos,
                             clock: Arc::new(WallClock),
@@ -599,7 +601,11 @@ impl Store {
     }
 
     /// A client (one per thread) on the store's node: one VQP per memory
-    /// node (a meta lookup each, no QP created).
+    /// node (a meta lookup each, no QP created). When a memory node stops
+    /// answering, the client asks the store's membership whether another
+    /// process serves its id now: its operations then fail as
+    /// [`crate::remote::TransportError::NodeReplaced`] (the node restarted
+    /// empty), not as a node that is down.
     ///
     /// # Errors
     /// Transport setup and table errors ([`crate::Error`]).
@@ -614,6 +620,17 @@ impl Store {
     pub fn client_on(&self, node: &Node) -> Result<Client<VqpTransport<AnyNic>>, crate::Error> {
         let mut t = VqpTransport::connect(node, &self.infos)?;
         check_members(&mut t, &self.infos)?;
+        // A memory node that stops answering may have restarted (empty):
+        // the store's membership tells (VqpTransport::set_member_check).
+        let (addr, store) = (self.meta_addr.clone(), self.name.clone());
+        t.set_member_check(Arc::new(move |id| {
+            members(&addr, &store)
+                .ok()
+                .flatten()?
+                .into_iter()
+                .find(|i| i.id == id)
+                .map(|i| i.incarnation)
+        }));
         Client::open(t, self.clock(), self.config)
     }
 }

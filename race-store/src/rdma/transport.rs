@@ -140,7 +140,20 @@ pub struct VqpTransport<N: Nic> {
     /// made: the next batch makes one first.
     scratch_tainted: bool,
     batch_timeout: Duration,
+    /// Asked, when an operation on a memory node fails, which incarnation
+    /// serves its id now ([`VqpTransport::set_member_check`]).
+    member_check: Option<MemberCheck>,
+    /// Per node: when `member_check` was last asked, and the incarnation
+    /// it found serving the id when that was another one.
+    checked: Vec<(Option<Instant>, Option<u64>)>,
 }
+
+/// Which incarnation serves memory node id `id` now (`None`: none, or it
+/// cannot be told): a deployed store asks its meta server.
+pub type MemberCheck = std::sync::Arc<dyn Fn(u8) -> Option<u64> + Send + Sync>;
+
+/// How often one memory node's membership is asked again after a failure.
+const MEMBER_CHECK_EVERY: Duration = Duration::from_secs(1);
 
 impl<N: Nic> std::fmt::Debug for VqpTransport<N> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -222,6 +235,8 @@ impl<N: Nic> VqpTransport<N> {
             quarantine: Vec::new(),
             scratch_tainted: false,
             batch_timeout: BATCH_TIMEOUT,
+            member_check: None,
+            checked: vec![(None, None); infos.len()],
         })
     }
 
@@ -230,6 +245,57 @@ impl<N: Nic> VqpTransport<N> {
     /// is then quarantined (see the module docs).
     pub fn set_batch_timeout(&mut self, timeout: Duration) {
         self.batch_timeout = timeout;
+    }
+
+    /// Sets what tells which process serves a memory node's id now: when
+    /// an operation on a node fails (it does not answer, its region or its
+    /// VQP refuses), the transport asks it, at most once a second per node,
+    /// and a node served by another incarnation than the one connected to
+    /// fails as [`TransportError::NodeReplaced`] from then on: a memory
+    /// node that restarted is empty, and saying "down" would have the
+    /// caller wait for data that is gone. [`crate::deploy::Store`] sets it
+    /// for its clients (the store's membership at the meta server).
+    pub fn set_member_check(&mut self, check: MemberCheck) {
+        self.member_check = Some(check);
+    }
+
+    /// `r`, or [`TransportError::NodeReplaced`] when it failed on a memory
+    /// node that another incarnation serves now (see
+    /// [`VqpTransport::set_member_check`]).
+    fn explain<T>(&mut self, r: Result<T, TransportError>) -> Result<T, TransportError> {
+        let Err(e) = r else {
+            return r;
+        };
+        let node = match &e {
+            TransportError::NodeDown { node }
+            | TransportError::Failed { node, .. }
+            | TransportError::Refused { node, .. }
+            | TransportError::Timeout { node, .. } => *node,
+            TransportError::OutOfBounds { ptr, .. } | TransportError::Misaligned { ptr } => {
+                ptr.node()
+            }
+            _ => return Err(e),
+        };
+        let (Some(check), Some(was)) = (
+            self.member_check.as_ref(),
+            self.remotes
+                .get(usize::from(node))
+                .map(|r| r.info.incarnation)
+                .filter(|&i| i != 0),
+        ) else {
+            return Err(e);
+        };
+        let Some(seen) = self.checked.get_mut(usize::from(node)) else {
+            return Err(e);
+        };
+        if seen.1.is_none() && seen.0.is_none_or(|at| at.elapsed() >= MEMBER_CHECK_EVERY) {
+            seen.0 = Some(Instant::now());
+            seen.1 = check(node).filter(|&now| now != was);
+        }
+        match seen.1 {
+            Some(now) => Err(TransportError::NodeReplaced { node, was, now }),
+            None => Err(e),
+        }
     }
 
     /// Scratch buffers of abandoned batches held out of use now (their
@@ -377,6 +443,112 @@ impl<N: Nic> Transport for VqpTransport<N> {
         batch: &[RemoteOp<'_>],
         out: &mut Completions,
     ) -> Result<(), TransportError> {
+        let r = self.execute_into_raw(batch, out);
+        self.explain(r)
+    }
+
+    /// Up to two doorbells in flight, each with its own scratch buffer. A
+    /// batch that needs more than one doorbell per node (32 ops),
+    /// or finds both slots in flight, executes at once (`Ticket::DONE`).
+    fn post_into(
+        &mut self,
+        batch: &[RemoteOp<'_>],
+        out: &mut Completions,
+    ) -> Result<Ticket, TransportError> {
+        let r = self.post_into_raw(batch, out);
+        self.explain(r)
+    }
+
+    fn complete_into(
+        &mut self,
+        ticket: Ticket,
+        batch: &[RemoteOp<'_>],
+        out: &mut Completions,
+    ) -> Result<(), TransportError> {
+        let r = self.complete_into_raw(ticket, batch, out);
+        self.explain(r)
+    }
+
+    fn max_in_flight(&self) -> usize {
+        IN_FLIGHT
+    }
+
+    fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {
+        let r = self.alloc_block_raw(node, size);
+        self.explain(r)
+    }
+
+    fn alloc_blocks(
+        &mut self,
+        node: u8,
+        size: u64,
+        block_bytes: u64,
+    ) -> Result<Vec<BlockRun>, TransportError> {
+        let r = self.alloc_blocks_raw(node, size, block_bytes);
+        self.explain(r)
+    }
+
+    /// The request goes out now; its answer is collected by
+    /// `alloc_block_answer` (answers to other requests that arrive
+    /// meanwhile are kept for them).
+    fn alloc_block_ask(
+        &mut self,
+        node: u8,
+        size: u64,
+        block_bytes: u64,
+    ) -> Option<Result<AllocAsk, TransportError>> {
+        let r = self.alloc_block_ask_raw(node, size, block_bytes)?;
+        Some(self.explain(r))
+    }
+
+    fn alloc_block_answer(
+        &mut self,
+        ask: AllocAsk,
+        wait: bool,
+    ) -> Result<Option<Vec<BlockRun>>, TransportError> {
+        let r = self.alloc_block_answer_raw(ask, wait);
+        self.explain(r)
+    }
+
+    /// In messages of at most [`MAX_RUNS`] runs; without `wait`, each is
+    /// pushed once and not waited for (a message that cannot go at once is
+    /// not sent: its blocks stay leaked).
+    fn return_blocks(
+        &mut self,
+        node: u8,
+        block_bytes: u64,
+        runs: &[BlockRun],
+        delay: Duration,
+        wait: bool,
+    ) -> Result<(), TransportError> {
+        let r = self.return_blocks_raw(node, block_bytes, runs, delay, wait);
+        self.explain(r)
+    }
+
+    /// Renewed by a request of its own (grants and give-backs renew it
+    /// too): sent ahead once less than half the lease is left, its answer
+    /// collected by a later call; waited for only when a quarter or less
+    /// is left (an exchange while the memory node's thread sleeps would
+    /// stall the write that carves: up to its idle sleep).
+    fn grant_lease(&mut self, node: u8) -> Result<Option<u32>, TransportError> {
+        let r = self.grant_lease_raw(node);
+        self.explain(r)
+    }
+
+    fn nodes(&self) -> u8 {
+        self.remotes.len() as u8
+    }
+}
+
+impl<N: Nic> VqpTransport<N> {
+    // The bodies of the trait methods of the same names, whose errors
+    // `explain` looks at.
+
+    fn execute_into_raw(
+        &mut self,
+        batch: &[RemoteOp<'_>],
+        out: &mut Completions,
+    ) -> Result<(), TransportError> {
         out.clear();
         // Cut the batch where a node would get more than CHUNK ops: each
         // doorbell is a contiguous run, so per-node order is kept.
@@ -410,10 +582,7 @@ impl<N: Nic> Transport for VqpTransport<N> {
         result
     }
 
-    /// Up to two doorbells in flight, each with its own scratch buffer. A
-    /// batch that needs more than one doorbell per node (32 ops),
-    /// or finds both slots in flight, executes at once (`Ticket::DONE`).
-    fn post_into(
+    fn post_into_raw(
         &mut self,
         batch: &[RemoteOp<'_>],
         out: &mut Completions,
@@ -466,7 +635,7 @@ impl<N: Nic> Transport for VqpTransport<N> {
         Ok(Ticket(tag))
     }
 
-    fn complete_into(
+    fn complete_into_raw(
         &mut self,
         ticket: Ticket,
         batch: &[RemoteOp<'_>],
@@ -502,11 +671,7 @@ impl<N: Nic> Transport for VqpTransport<N> {
         land(&s.mr, batch, &s.offs, s.need, out)
     }
 
-    fn max_in_flight(&self) -> usize {
-        IN_FLIGHT
-    }
-
-    fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {
+    fn alloc_block_raw(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {
         let to = self.alloc_port(node)?;
         let runs = self
             .alloc
@@ -518,7 +683,7 @@ impl<N: Nic> Transport for VqpTransport<N> {
             })
     }
 
-    fn alloc_blocks(
+    fn alloc_blocks_raw(
         &mut self,
         node: u8,
         size: u64,
@@ -529,10 +694,7 @@ impl<N: Nic> Transport for VqpTransport<N> {
         self.alloc.exchange(&self.node, node, to, &want)
     }
 
-    /// The request goes out now; its answer is collected by
-    /// `alloc_block_answer` (answers to other requests that arrive
-    /// meanwhile are kept for them).
-    fn alloc_block_ask(
+    fn alloc_block_ask_raw(
         &mut self,
         node: u8,
         size: u64,
@@ -546,7 +708,7 @@ impl<N: Nic> Transport for VqpTransport<N> {
         Some(self.alloc.ask(&self.node, node, to, want))
     }
 
-    fn alloc_block_answer(
+    fn alloc_block_answer_raw(
         &mut self,
         ask: AllocAsk,
         wait: bool,
@@ -554,10 +716,7 @@ impl<N: Nic> Transport for VqpTransport<N> {
         self.alloc.answer(ask, wait)
     }
 
-    /// In messages of at most [`MAX_RUNS`] runs; without `wait`, each is
-    /// pushed once and not waited for (a message that cannot go at once is
-    /// not sent: its blocks stay leaked).
-    fn return_blocks(
+    fn return_blocks_raw(
         &mut self,
         node: u8,
         block_bytes: u64,
@@ -587,12 +746,7 @@ impl<N: Nic> Transport for VqpTransport<N> {
         Ok(())
     }
 
-    /// Renewed by a request of its own (grants and give-backs renew it
-    /// too): sent ahead once less than half the lease is left, its answer
-    /// collected by a later call; waited for only when a quarter or less
-    /// is left (an exchange while the memory node's thread sleeps would
-    /// stall the write that carves: up to its idle sleep).
-    fn grant_lease(&mut self, node: u8) -> Result<Option<u32>, TransportError> {
+    fn grant_lease_raw(&mut self, node: u8) -> Result<Option<u32>, TransportError> {
         let Some(holder) = self.holder_for(node) else {
             return Ok(None);
         };
@@ -636,9 +790,5 @@ impl<N: Nic> Transport for VqpTransport<N> {
             }
         }
         Ok(self.alloc.leases.generation(node))
-    }
-
-    fn nodes(&self) -> u8 {
-        self.remotes.len() as u8
     }
 }

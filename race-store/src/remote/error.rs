@@ -72,6 +72,22 @@ pub enum TransportError {
         /// The node.
         node: u8,
     },
+    /// The memory node stopped answering and another process serves its id
+    /// now: it restarted with an empty region, and the table's data on it
+    /// is lost (a deployed store's client learns it from the store's
+    /// membership when the node stops answering).
+    #[error(
+        "memory node {node} restarted (incarnation {was:#x}, now {now:#x}): the data it held \
+         is lost; start the store anew (every memory node)"
+    )]
+    NodeReplaced {
+        /// The node.
+        node: u8,
+        /// The incarnation this client connected to.
+        was: u64,
+        /// The incarnation serving the id now.
+        now: u64,
+    },
     /// No memory node has this id.
     #[error("no memory node {node}")]
     NoSuchNode {
