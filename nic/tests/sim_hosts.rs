@@ -211,3 +211,52 @@ fn host_nodes_on_a_directory_fabric_and_its_spec() {
     drop((n1, n2));
     assert_eq!(SimNic::from_spec(&spec).unwrap().gid(), gid);
 }
+
+/// Processes of one host pick QP numbers under the host's numbering lock
+/// (a file lock in the fabric's directory): while another holder has it, a
+/// QP of the host waits, and it is created once the lock is let go. Nodes
+/// of the host still get distinct numbers.
+#[test]
+fn a_hosts_qp_numbers_are_picked_under_its_numbering_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = format!("sim:{},host=numbered", dir.path().join("f").display());
+    let n1 = SimNic::from_spec(&spec).unwrap();
+    let n2 = SimNic::from_spec(&spec).unwrap();
+    let (s1, s2) = (Side::new(&n1, 4096), Side::new(&n2, 4096));
+    let qps: Vec<_> = (0..20)
+        .flat_map(|_| {
+            [
+                s1.qp(QpType::Rc, QpCaps::default(), None, 0),
+                s2.qp(QpType::Rc, QpCaps::default(), None, 0),
+            ]
+        })
+        .collect();
+    let mut qpns: Vec<u32> = qps.iter().map(|q| q.qpn()).collect();
+    qpns.sort_unstable();
+    qpns.dedup();
+    assert_eq!(qpns.len(), 40, "numbers unique among the host's nodes");
+    let lock_path = std::fs::read_dir(dir.path().join("f"))
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.to_string_lossy().ends_with(".qpn.lock"))
+        .expect("the host's numbering lock file");
+    let held = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&lock_path)
+        .unwrap();
+    rustix::fs::flock(&held, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let creator = std::thread::spawn(move || {
+        let q = s1.qp(QpType::Rc, QpCaps::default(), None, 0);
+        tx.send(q.qpn()).unwrap();
+    });
+    assert!(
+        rx.recv_timeout(std::time::Duration::from_millis(200))
+            .is_err(),
+        "a QP of the host was created while its numbering lock was held"
+    );
+    rustix::fs::flock(&held, rustix::fs::FlockOperation::Unlock).unwrap();
+    assert!(rx.recv_timeout(std::time::Duration::from_secs(10)).is_ok());
+    creator.join().unwrap();
+    drop((qps, s2));
+}

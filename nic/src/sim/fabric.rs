@@ -26,9 +26,10 @@
 //! a fourth word, `generation << 32 | host id`. A WR to a host GID goes to
 //! the live node of the host that has the destination QP number; QP numbers
 //! are unique among a host's live nodes: a node skips numbers another one
-//! has when it creates a QP. (Two processes that create a QP in the same
-//! instant may pick one number: left to chance here, while a NIC's own
-//! allocator rules it out.)
+//! has when it creates a QP, picking and publishing it under the host's
+//! numbering lock (an `flock` in the fabric's directory), so that two
+//! processes creating QPs at once never pick one number, as a NIC's own
+//! allocator rules it out.
 
 use super::shm::Segment;
 use crate::error::{NicError, Result};

@@ -1,12 +1,47 @@
 //! Which node of a host a WR reaches: a host's nodes share its GID (see the
 //! fabric's docs), so a WR to the host's GID goes to the live node of the
 //! host that has its destination QP number, and a host node skips the QP
-//! numbers another live node of its host has.
+//! numbers another live node of its host has. A node picks and publishes a
+//! number holding its host's numbering lock ([`NumberingLock`]), so that
+//! two processes of a host never pick one number at the same time.
 
 use super::ctl::{self, QpEntry};
 use super::fabric::{FabricInner, MAX_NODES};
 use super::shm::Segment;
+use rustix::fs::{flock, FlockOperation};
+use std::fs::File;
 use std::sync::Arc;
+
+/// The host-wide lock a node of a host holds while it picks a QP number
+/// and publishes its QP: an exclusive `flock` of `host-<id>.qpn.lock` in
+/// the fabric's directory, which the kernel drops with a process that dies
+/// holding it. Unlocked when dropped.
+#[derive(Debug)]
+pub(crate) struct NumberingLock(File);
+
+impl NumberingLock {
+    /// Waits for host `host`'s numbering lock; `None` for a fabric without
+    /// a directory (its hosts live in one process: the node's allocation
+    /// lock orders them) or a lock file that cannot be opened (numbers are
+    /// then left to the check alone, as before).
+    pub(crate) fn take(f: &FabricInner, host: u32) -> Option<NumberingLock> {
+        let path = f.dir()?.join(format!("host-{host:08x}.qpn.lock"));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)
+            .ok()?;
+        flock(&file, FlockOperation::LockExclusive).ok()?;
+        Some(NumberingLock(file))
+    }
+}
+
+impl Drop for NumberingLock {
+    fn drop(&mut self) {
+        let _ = flock(&self.0, FlockOperation::Unlock);
+    }
+}
 
 /// The live node on host `host` whose QP `qpn` exists: `(slot, generation,
 /// control block)`.

@@ -640,6 +640,12 @@ impl SimQp {
             )));
         }
         let ctl_seg = node.ctl.clone();
+        // On a host, the number is picked and the QP published under the
+        // host's numbering lock: another process of the host cannot pick
+        // the same number between the check and the publication.
+        let numbering = node
+            .host
+            .and_then(|h| super::host::NumberingLock::take(&node.fabric, h));
         // A free entry, generation bumped (never 0 in the low 12 bits, so a
         // QPN is never 0), claimed under the node's allocation lock.
         let slot = node.alloc_qp_index(|i| {
@@ -688,6 +694,7 @@ impl SimQp {
             if t == QpType::Dct { init.dc_key } else { 0 },
         );
         drop(slot);
+        drop(numbering);
         node.counters.qps_created.fetch_add(1, Relaxed);
         node.charge(|m| m.qp_create_ns);
         let inner = Arc::new(QpInner {
