@@ -291,3 +291,46 @@ fn a_memory_node_deployed_on_an_attached_process_joins_through_the_daemon() {
     drop(cl_daemon);
     drop(mem_daemon);
 }
+
+/// An attached client that closes gives everything back, however many
+/// runs its blocks make: its give-backs go as messages of at most the
+/// daemon's 64 KiB (about 4,000 runs each). Updating every other key of
+/// 20,000 to a value of another size leaves 10,000 small blocks apart from
+/// each other: thousands of runs of one size, whose one message was refused
+/// `TooLarge`, and the client kept it all.
+#[test]
+fn an_attached_client_gives_back_thousands_of_runs_when_it_closes() {
+    let (dir, meta, _) = fabric_and_table();
+    let table = TableConfig::default().presized_for(40_000, 1);
+    let mem = Node::builder().join(&meta).build().unwrap();
+    let server = MemoryNodeServer::start(&mem, 0, 256 << 20, &table, 1).unwrap();
+    let infos = [server.info()];
+    let handle = server.spawn(Duration::from_micros(50));
+    let (daemon, _engine) = daemon_on(&meta, dir.path(), "gb.sock");
+    let node = Node::attach(daemon.path()).unwrap();
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
+    let t = VqpTransport::connect(&node, &infos).unwrap();
+    let mut cl = Client::open(t, clock, ClientConfig::default()).unwrap();
+    for i in 0..20_000u32 {
+        cl.insert(format!("key{i:05}").as_bytes(), &[1u8; 40])
+            .unwrap();
+    }
+    for i in (0..20_000u32).step_by(2) {
+        // Another size: the freed small blocks are not taken again.
+        cl.update(format!("key{i:05}").as_bytes(), &[2u8; 400])
+            .unwrap();
+    }
+    let held = cl.stats().kv_memory.held_bytes();
+    let report = cl.close();
+    assert!(report.error.is_none(), "{:?}", report.error);
+    assert_eq!(report.kept_bytes, 0);
+    assert_eq!(report.returned_bytes, held);
+    assert!(
+        handle.stats().pool.returned >= held,
+        "{:?}",
+        handle.stats().pool
+    );
+    drop(node);
+    drop(daemon);
+    drop(handle);
+}

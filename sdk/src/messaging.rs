@@ -217,6 +217,17 @@ impl<N: Nic> Endpoint<N> {
         }
     }
 
+    /// The longest message a push takes (longer: [`MsgError::TooLarge`]):
+    /// the engine's `msg.max_message` in this process;
+    /// `krcore_kmod::daemon::wire::MAX_MSG_BYTES` (64 KiB) through the node
+    /// daemon, whose control frames carry the messages.
+    pub fn max_message(&self) -> usize {
+        match &self.inner {
+            EndpointImpl::Local(e) => e.max_message(),
+            EndpointImpl::Attached(_) => krcore_kmod::daemon::wire::MAX_MSG_BYTES,
+        }
+    }
+
     /// Credits available now on the channel to (`gid`, `port`) (`None`
     /// before it is open).
     pub fn credits(&self, gid: Gid, port: u16) -> Option<u32> {

@@ -16,7 +16,8 @@
 //! twice.
 
 use super::proto::{
-    AllocReply, AllocRequest, RunsKind, RunsReply, RunsRequest, ALLOC_REPLY_LEN, RUNS_OUT_OF_MEMORY,
+    AllocReply, AllocRequest, RunsKind, RunsReply, RunsRequest, ALLOC_REPLY_LEN, MAX_RUNS,
+    RUNS_OUT_OF_MEMORY, RUNS_REQUEST_HEADER,
 };
 use crate::holders::GrantLease;
 use crate::layout::slot::RemotePtr;
@@ -37,6 +38,11 @@ pub(super) const CLOSE_WAIT: Duration = Duration::from_millis(20);
 /// (`Busy`): longer than the default `msg.control_idle` (1 s) after which
 /// a full port reclaims the slot of a client that left without a Close.
 pub const ALLOC_BUSY_WAIT: Duration = Duration::from_secs(3);
+/// The shortest time between two looks without waiting for an answer to a
+/// request sent ahead: its answer takes a memory node's round trip and
+/// serving (100 us and more), and a look costs a client attached to the
+/// node daemon two control calls.
+const LOOK_EVERY: Duration = Duration::from_micros(200);
 /// Requests sent ahead and not collected, at most (more are refused: the
 /// caller then allocates when it needs to).
 const MAX_ASKED: usize = 64;
@@ -228,6 +234,9 @@ pub(super) struct Allocations<N: Nic> {
     pub(super) leases: LeaseBook,
     next_req: u64,
     asked: Vec<Asked>,
+    /// When a look without waiting last went to the wire
+    /// ([`Allocations::answer`]).
+    looked: Option<Instant>,
     /// Answers that came for requests in `asked`.
     answers: Vec<(u64, Answer)>,
 }
@@ -239,6 +248,7 @@ impl<N: Nic> Allocations<N> {
             leases: LeaseBook::new(),
             next_req: 1,
             asked: Vec::new(),
+            looked: None,
             answers: Vec::new(),
         }
     }
@@ -261,6 +271,15 @@ impl<N: Nic> Allocations<N> {
         self.ep.as_ref().ok_or(TransportError::BadResponse {
             reason: "no allocation endpoint",
         })
+    }
+
+    /// Most runs one give-back to memory node `to` may carry: what fits
+    /// the allocation endpoint's longest message (64 KiB through the node
+    /// daemon, about 4,000 runs), at most `MAX_RUNS`.
+    pub(super) fn max_runs(&mut self, node: &Node<N>, to: u8) -> Result<usize, TransportError> {
+        let max = self.endpoint(node, to)?.max_message();
+        // The request's header and its optional holder word first.
+        Ok((max.saturating_sub(RUNS_REQUEST_HEADER + 8) / 16).clamp(1, MAX_RUNS))
     }
 
     fn next_request(&mut self, want: &Want) -> (u64, Vec<u8>) {
@@ -450,6 +469,18 @@ impl<N: Nic> Allocations<N> {
                 reason: "no block asked ahead with this id",
             });
         };
+        if !wait {
+            // A look without waiting goes to the wire (on a node attached
+            // to the daemon: a control call for the Open, one for the
+            // answer) at most every LOOK_EVERY, unless what it looks for is
+            // here already; an answer takes longer than that to come.
+            let here = self.answers.iter().any(|(id, _)| *id == ask.0)
+                || self.asked.get(i).is_some_and(|a| a.failed.is_some());
+            if !here && self.looked.is_some_and(|at| at.elapsed() < LOOK_EVERY) {
+                return Ok(None);
+            }
+            self.looked = Some(Instant::now());
+        }
         self.send_opened();
         let Some(a) = self.asked.get_mut(i) else {
             return Ok(None);

@@ -39,7 +39,7 @@
 //! local key check instead of writing anything).
 
 use super::alloc_msg::{Allocations, Want};
-use super::proto::{NodeInfo, FEATURE_LEASES, FEATURE_RUNS, MAX_RUNS};
+use super::proto::{NodeInfo, FEATURE_LEASES, FEATURE_RUNS};
 use crate::layout::slot::RemotePtr;
 use crate::remote::{
     AllocAsk, BlockRun, Cause, Completions, OpResult, RemoteOp, Ticket, Transport, TransportError,
@@ -510,7 +510,9 @@ impl<N: Nic> Transport for VqpTransport<N> {
         self.explain(r)
     }
 
-    /// In messages of at most [`MAX_RUNS`] runs; without `wait`, each is
+    /// In messages of at most [`MAX_RUNS`](super::proto::MAX_RUNS) runs that
+    /// the allocation endpoint takes (about 4,000 through the node daemon);
+    /// without `wait`, each is
     /// pushed once and not waited for (a message that cannot go at once is
     /// not sent: its blocks stay leaked).
     fn return_blocks(
@@ -730,7 +732,11 @@ impl<N: Nic> VqpTransport<N> {
             });
         }
         let to = self.alloc_port(node)?;
-        for part in runs.chunks(MAX_RUNS) {
+        // In messages the allocation endpoint takes (through the node
+        // daemon: 64 KiB, about 4,000 runs; a client's retired blocks come
+        // back in many more runs than that).
+        let per_message = self.alloc.max_runs(&self.node, node)?;
+        for part in runs.chunks(per_message) {
             let want = Want::GiveBack {
                 block_bytes,
                 runs: part.iter().map(|r| (r.start.offset(), r.len)).collect(),

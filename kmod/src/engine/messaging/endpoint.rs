@@ -601,6 +601,12 @@ impl<N: Nic> Endpoint<N> {
         }
     }
 
+    /// The longest message this endpoint pushes (`msg.max_message`): a
+    /// longer one is refused, [`MsgError::TooLarge`].
+    pub fn max_message(&self) -> usize {
+        self.node.cfg.max_message
+    }
+
     /// The oldest reply, if any (non-blocking); a descriptor's body is
     /// pulled here. The reply's credit goes back to its port. As with
     /// [`Port::try_pop`](super::Port::try_pop), a popped reply is always
