@@ -38,11 +38,15 @@ pub(super) const CLOSE_WAIT: Duration = Duration::from_millis(20);
 /// (`Busy`): longer than the default `msg.control_idle` (1 s) after which
 /// a full port reclaims the slot of a client that left without a Close.
 pub const ALLOC_BUSY_WAIT: Duration = Duration::from_secs(3);
+/// The longest one waiting look for an answer waits before the waiter looks
+/// at its deadline again.
+const WAIT_SLICE: Duration = Duration::from_millis(10);
+
 /// The shortest time between two looks without waiting for an answer to a
 /// request sent ahead: its answer takes a memory node's round trip and
 /// serving (100 us and more), and a look costs a client attached to the
 /// node daemon two control calls.
-const LOOK_EVERY: Duration = Duration::from_micros(200);
+const LOOK_EVERY: Duration = Duration::from_micros(500);
 /// Requests sent ahead and not collected, at most (more are refused: the
 /// caller then allocates when it needs to).
 const MAX_ASKED: usize = 64;
@@ -342,13 +346,12 @@ impl<N: Nic> Allocations<N> {
             })?;
             push_when_admitted(ep, gid, port, req).map_err(|e| lost(node, e))?;
             let deadline = Instant::now() + ALLOC_TIMEOUT;
-            while Instant::now() < deadline {
-                match self.next_answer(node)? {
+            while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+                match self.next_answer_within(node, Some(left.min(WAIT_SLICE)))? {
                     Some((id, answer)) if id == req_id => {
                         return self.accept(node, want, sent, answer)
                     }
-                    Some(_) => continue,
-                    None => std::thread::yield_now(),
+                    Some(_) | None => continue,
                 }
             }
         }
@@ -362,10 +365,30 @@ impl<N: Nic> Allocations<N> {
     /// request sent ahead is kept for it (and `Some` returned so that the
     /// caller looks again); a stray one is dropped likewise.
     fn next_answer(&mut self, node: u8) -> Result<Option<(u64, Answer)>, TransportError> {
+        self.next_answer_within(node, None)
+    }
+
+    /// [`Allocations::next_answer`], waiting up to `wait` for one to come
+    /// (`None`: not at all). A wait is one pop that waits: through the
+    /// node daemon one control call, which the daemon answers when the
+    /// reply comes, where looking again and again was a call per look.
+    fn next_answer_within(
+        &mut self,
+        node: u8,
+        wait: Option<Duration>,
+    ) -> Result<Option<(u64, Answer)>, TransportError> {
         let Some(ep) = self.ep.as_ref() else {
             return Ok(None);
         };
-        let Some(m) = ep.try_pop_reply().map_err(|e| lost(node, e))? else {
+        let popped = match wait {
+            None => ep.try_pop_reply(),
+            Some(d) => match ep.pop_reply_timeout(d) {
+                Ok(m) => Ok(Some(m)),
+                Err(krcore::MsgError::Timeout(_)) => Ok(None),
+                Err(e) => Err(e),
+            },
+        };
+        let Some(m) = popped.map_err(|e| lost(node, e))? else {
             return Ok(None);
         };
         let p = m.to_vec();
@@ -516,7 +539,16 @@ impl<N: Nic> Allocations<N> {
                 self.done_with(ask.0);
                 return self.accept(node, &want, at, answer).map(Some);
             }
-            match self.next_answer(node) {
+            let left = ALLOC_TIMEOUT.saturating_sub(at.elapsed());
+            if wait && left.is_zero() {
+                // Given up on: a late answer is dropped (its block leaked).
+                self.forget(ask.0);
+                return Err(TransportError::Timeout {
+                    node,
+                    after: ALLOC_TIMEOUT,
+                });
+            }
+            match self.next_answer_within(node, wait.then_some(left.min(WAIT_SLICE))) {
                 Ok(Some(_)) => continue,
                 Ok(None) => {}
                 Err(e) => {
@@ -527,15 +559,6 @@ impl<N: Nic> Allocations<N> {
             if !wait {
                 return Ok(None);
             }
-            if at.elapsed() >= ALLOC_TIMEOUT {
-                // Given up on: a late answer is dropped (its block leaked).
-                self.forget(ask.0);
-                return Err(TransportError::Timeout {
-                    node,
-                    after: ALLOC_TIMEOUT,
-                });
-            }
-            std::thread::yield_now();
         }
     }
 
