@@ -166,6 +166,14 @@ impl NodeInfo {
         let incarnation = match (b.len(), u32_at(b, 0)) {
             (NODE_INFO_LEN, NODE_MAGIC) | (NODE_INFO_V3_LEN, NODE_MAGIC_V3) => u64_at(b, 48),
             (NODE_INFO_V2_LEN, NODE_MAGIC_V2) => 0,
+            _ if b.starts_with(b"RSN")
+                && ![NODE_MAGIC, NODE_MAGIC_V3, NODE_MAGIC_V2].contains(&u32_at(b, 0)) =>
+            {
+                return Err(bad(
+                    "memory node record of a race-store version this build does not know \
+                     (run one version on every node)",
+                ))
+            }
             _ => return Err(bad("memory node record: wrong length or magic")),
         };
         // Groups 0: a record that names no table.
@@ -533,6 +541,11 @@ mod tests {
             b[at] = byte;
             assert!(NodeInfo::decode(&b).is_err(), "byte {at} = {byte}");
         }
+        // A newer node's record: named as such, not as garbage.
+        let mut newer = info.encode().to_vec();
+        newer[..4].copy_from_slice(b"RSN9");
+        let e = NodeInfo::decode(&newer).unwrap_err().to_string();
+        assert!(e.contains("version this build does not know"), "{e}");
         // An older node's record: 56 bytes, "RSN3", no table.
         let mut v3 = info.encode()[..56].to_vec();
         v3[..4].copy_from_slice(b"RSN3");
