@@ -120,6 +120,32 @@ fn memnode(fabric: &str, meta: &str, store: &str, id: u8, extra: &[&str]) -> Vec
     v
 }
 
+/// Runs a command to its end, as `Command::output`, but bounded: one still
+/// running after [`BOUND`] is killed and the test fails (a memory node that
+/// should have been refused and serves instead never ends by itself).
+fn bounded_output(bin: &str, args: &[String]) -> Output {
+    let child = Command::new(bin)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(BOUND) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+            panic!("{bin} {args:?} still running after {BOUND:?}: it should have been refused");
+        }
+    }
+}
+
 /// Runs a command that must fail: bounded, exit code 1, one line on stderr
 /// containing `needle`.
 fn fails_with(bin: &str, args: &[String], needle: &str) {
@@ -347,17 +373,20 @@ fn memory_nodes_restarted_empty_are_not_taken_for_their_predecessors() {
     let t0 = Instant::now();
     let n1_again = loop {
         std::thread::sleep(Duration::from_millis(300));
+        // Its stderr is not read: a pipe nobody drains would stall its
+        // logging threads, its renewals with them, once full.
         let mut child = Command::new(MEMNODE)
             .args(&n1_args)
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
+            .stderr(Stdio::null())
             .spawn()
             .unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        out.read_line(&mut line).unwrap();
         if line.starts_with("ready: ") {
+            // Drained, so that a later line never blocks (nor kills) it.
+            std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
             break Proc(child);
         }
         let _ = child.wait();
@@ -393,7 +422,7 @@ fn memory_nodes_restarted_empty_are_not_taken_for_their_predecessors() {
     let _ = { n0 }.0.kill();
     let t0 = Instant::now();
     loop {
-        let out = Command::new(MEMNODE).args(&n0_args).output().unwrap();
+        let out = bounded_output(MEMNODE, &n0_args);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{err}");
         if err.contains("live members of an earlier table") {
