@@ -334,7 +334,10 @@ fn memory_nodes_restarted_empty_are_not_taken_for_their_predecessors() {
     let base = format!("sim:{}", dir.path().join("f").display());
     let on = |host: &str| format!("{base},host={host}");
     let (meta_p, addr) = meta(&on("meta"));
-    let lease = ["--lease-ms", "900"];
+    // Leases long enough that a live node's renewals do not lapse on a
+    // loaded machine (a lapse lets node 0 format beside it: see the
+    // restart below), short enough to wait out.
+    let lease = ["--lease-ms", "2500"];
     // Presized: half the table's subtables (and the keys they index) on
     // node 1.
     let n0_args = memnode(
@@ -342,7 +345,7 @@ fn memory_nodes_restarted_empty_are_not_taken_for_their_predecessors() {
         &addr,
         "s",
         0,
-        &["--lease-ms", "900", "--expected-keys", "1000"],
+        &["--lease-ms", "2500", "--expected-keys", "1000"],
     );
     let n1_args = memnode(&on("mem1"), &addr, "s", 1, &lease);
     let (n0, _) = start(MEMNODE, &as_refs(&n0_args));
