@@ -233,19 +233,21 @@ impl ReturnPool {
         }
         let want = want.max(block_bytes);
         let mut got = self.take_sized(block_bytes, block_bytes, want, max_runs, &mut out);
-        // Other sizes, the largest first (their runs are the longest).
-        let others: Vec<u64> = self
-            .by_size
-            .keys()
-            .rev()
-            .copied()
-            .filter(|&b| b != block_bytes)
-            .collect();
-        for size in others {
-            if got >= want || out.len() >= max_runs {
-                break;
+        if got < want && out.len() < max_runs {
+            // Other sizes, the largest first (their runs are the longest).
+            let others: Vec<u64> = self
+                .by_size
+                .keys()
+                .rev()
+                .copied()
+                .filter(|&b| b != block_bytes)
+                .collect();
+            for size in others {
+                if got >= want || out.len() >= max_runs {
+                    break;
+                }
+                got += self.take_sized(size, block_bytes, want - got, max_runs, &mut out);
             }
-            got += self.take_sized(size, block_bytes, want - got, max_runs, &mut out);
         }
         self.bytes -= got;
         self.reused += got;

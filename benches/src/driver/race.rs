@@ -18,7 +18,7 @@ use std::time::Duration;
 pub struct RaceBackend {
     meta: Node,
     infos: Vec<NodeInfo>,
-    _servers: Vec<MemoryNodeHandle>,
+    servers: Vec<MemoryNodeHandle>,
     clock: Arc<dyn Clock>,
     sim: SimConfig,
     label: Option<String>,
@@ -67,7 +67,7 @@ impl RaceBackend {
         Ok(RaceBackend {
             meta,
             infos,
-            _servers: servers,
+            servers,
             clock: Arc::new(SystemClock::new()),
             label: latency.map(|m| format!("modeled ({})", m.name)),
             sim,
@@ -103,6 +103,6 @@ impl Backend for RaceBackend {
     }
 
     fn memory_node_usage(&self) -> Vec<u64> {
-        self._servers.iter().map(|s| s.stats().heap_used).collect()
+        self.servers.iter().map(|s| s.stats().heap_used).collect()
     }
 }

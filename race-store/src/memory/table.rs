@@ -120,25 +120,32 @@ impl TableConfig {
         }
         let node = (bits % u32::from(nodes)) as u8;
         let index = u64::from(bits / u32::from(nodes));
-        let start = if node == 0 {
-            node0_heap_start(self.max_global_depth)?
-        } else {
-            RESERVED_PREFIX
-        };
-        let far = Error::OutOfMemory {
-            what: "initial subtables beyond the addressable offsets",
-        };
-        let stride = self
-            .geometry
-            .bytes()
-            .checked_next_multiple_of(BLOCK_ALIGN)
-            .ok_or(far.clone())?;
         let offset = index
-            .checked_mul(stride)
-            .and_then(|o| o.checked_add(start.next_multiple_of(BLOCK_ALIGN)))
+            .checked_mul(self.stride())
+            .and_then(|o| o.checked_add(Self::heap_start(node, self.max_global_depth).ok()?))
             .filter(|&o| o <= MAX_OFFSET)
-            .ok_or(far)?;
+            .ok_or(Error::OutOfMemory {
+                what: "initial subtables beyond the addressable offsets",
+            })?;
         Ok(RemotePtr::new(node, offset)?)
+    }
+
+    /// Bytes between two initial subtables of a node: a subtable rounded
+    /// up to [`BLOCK_ALIGN`] (the geometry bounds a subtable far below
+    /// `u64::MAX`).
+    fn stride(&self) -> u64 {
+        self.geometry.bytes().next_multiple_of(BLOCK_ALIGN)
+    }
+
+    /// Where node `node`'s heap, and so its first initial subtable, starts:
+    /// after the directory area (reserved up to `max_global_depth`) on node
+    /// 0, after [`RESERVED_PREFIX`] on the others; 64-byte aligned.
+    fn heap_start(node: u8, max_global_depth: u8) -> Result<u64, Error> {
+        let start = match node {
+            0 => node0_heap_start(max_global_depth)?,
+            _ => RESERVED_PREFIX,
+        };
+        Ok(start.next_multiple_of(BLOCK_ALIGN))
     }
 
     /// How many of the initial subtables node `node` of `nodes` holds
@@ -161,12 +168,11 @@ impl TableConfig {
             .saturating_sub(u64::from(node))
             .div_ceil(u64::from(nodes));
         let end = match count.checked_sub(1) {
-            None if node == 0 => node0_heap_start(self.max_global_depth)?,
-            None => RESERVED_PREFIX,
+            None => Self::heap_start(node, self.max_global_depth)?,
             Some(last) => {
                 let bits = u64::from(node) + last * u64::from(nodes);
                 let at = self.initial_subtable(u32::try_from(bits).unwrap_or(u32::MAX), nodes)?;
-                at.offset() + self.geometry.bytes().next_multiple_of(BLOCK_ALIGN)
+                at.offset() + self.stride()
             }
         };
         Ok((count, end))
