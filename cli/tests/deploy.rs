@@ -443,6 +443,105 @@ fn memory_nodes_restarted_empty_are_not_taken_for_their_predecessors() {
 }
 
 #[test]
+fn a_memory_node_whose_membership_lapsed_does_not_serve_a_new_table() {
+    let dir = fabric_dir();
+    let base = format!("sim:{}", dir.path().join("f").display());
+    let on = |host: &str| format!("{base},host={host}");
+    let (meta_p, addr) = meta(&on("meta"));
+    // Presized: half the table's initial subtables on node 1, where a new
+    // node 0's directory points too.
+    let n0_args = memnode(
+        &on("mem0"),
+        &addr,
+        "l",
+        0,
+        &["--lease-ms", "2500", "--expected-keys", "1000"],
+    );
+    let n1_args = memnode(&on("mem1"), &addr, "l", 1, &["--lease-ms", "2500"]);
+    let (n0, _) = start(MEMNODE, &as_refs(&n0_args));
+    let (mut n1, _) = start(MEMNODE, &as_refs(&n1_args));
+    {
+        let store = Store::connect(&on("client"), &addr, "l", StoreOptions::default()).unwrap();
+        let mut c = store.client().unwrap();
+        for i in 0..300u32 {
+            c.put(format!("k{i}").as_bytes(), &[7u8; 200]).unwrap();
+        }
+    }
+    // Node 1 stops (as a process starved past its lease) and node 0 dies;
+    // once both leases ran out the store has no live member, and a new
+    // node 0 formats a new table.
+    let signal = |sig: &str, pid: u32| {
+        assert!(Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .unwrap()
+            .success());
+    };
+    signal("-STOP", n1.0.id());
+    let _ = { n0 }.0.kill();
+    let opts = race_store::deploy::MemoryNodeOptions::new("l", 0, 2, 16 << 20, &addr);
+    let t0 = Instant::now();
+    while race_store::deploy::check_membership(&opts).is_err() {
+        assert!(t0.elapsed() < BOUND, "the leases never ran out");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (n0_new, _) = start(MEMNODE, &as_refs(&n0_args));
+    // Node 1 goes on: its renewals join the store again, beside the new
+    // node 0. No client takes it for the new table's (its region holds the
+    // old table's subtables where the new directory points), and it leaves
+    // by itself.
+    signal("-CONT", n1.0.id());
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = n1.0.try_wait().unwrap() {
+            break s;
+        }
+        match Store::connect(
+            &on("client"),
+            &addr,
+            "l",
+            StoreOptions {
+                wait: Duration::ZERO,
+                ..StoreOptions::default()
+            },
+        ) {
+            Err(DeployError::Incomplete { .. }) => {}
+            Err(e) => panic!("connect: {e}"),
+            Ok(store) => match store.client() {
+                Err(race_store::Error::MemberNotInTable { id: 1, .. }) => {}
+                Err(e) => panic!("expected MemberNotInTable for node 1, got {e:?}"),
+                Ok(_) => panic!("a client took the lapsed node 1 for the new table's"),
+            },
+        }
+        assert!(t0.elapsed() < BOUND, "the lapsed node 1 never left");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut err = String::new();
+    n1.0.stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("has a new table"), "{err}");
+    // A node 1 started anew joins the new table: the store works, and none
+    // of the old table's keys is back.
+    let (n1_new, _) = start(MEMNODE, &as_refs(&n1_args));
+    let store = Store::connect(&on("client"), &addr, "l", StoreOptions::default()).unwrap();
+    let mut c = store.client().unwrap();
+    for i in 0..300u32 {
+        assert_eq!(c.get(format!("k{i}").as_bytes()).unwrap(), None, "k{i}");
+    }
+    c.put(b"fresh", b"v").unwrap();
+    assert_eq!(c.get(b"fresh").unwrap(), Some(b"v".to_vec()));
+    drop(c);
+    drop(store);
+    assert_eq!(n1_new.terminate(), Some(0));
+    assert_eq!(n0_new.terminate(), Some(0));
+    assert_eq!(meta_p.terminate(), Some(0));
+}
+
+#[test]
 fn a_memory_node_started_before_its_meta_server_waits_for_it() {
     let dir = fabric_dir();
     let fabric = format!("sim:{}", dir.path().join("f").display());

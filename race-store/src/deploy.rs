@@ -44,11 +44,17 @@
 //!   one at its own GID (a process restarted on its host has its
 //!   predecessor's GID; joining would renew the dead one's membership);
 //!   node 0 formats only when the store has no live member (it would
-//!   format an empty table beside their data). Each client, when it
-//!   connects, checks that every member is the process the table recorded
-//!   at its id (node 0's members, `MEMBERS_OFFSET`), recording those the
-//!   table has not met: a node that restarted empty is a typed error
-//!   ([`crate::Error::MemberReplaced`]), never keys gone missing.
+//!   format an empty table beside their data).
+//! - Every member records its incarnation in the table (node 0's members,
+//!   `MEMBERS_OFFSET`) before it joins: node 0 when it formats, the others
+//!   by a CAS from 0. Each client, when it connects, checks that every
+//!   member is the process the table recorded at its id: a node that
+//!   restarted empty ([`crate::Error::MemberReplaced`]) or one the table
+//!   does not name ([`crate::Error::MemberNotInTable`]: its membership
+//!   lapsed while a new node 0 formatted a new table, and its region holds
+//!   the old table's data where the new directory points) is a typed
+//!   error, never keys gone missing or old values back. Such a node leaves
+//!   by itself ([`DeployedMemoryNode::check_standing`]).
 
 use crate::clock::{Clock, WallClock};
 use crate::layout::slot::RemotePtr;
@@ -161,6 +167,27 @@ pub enum DeployError {
         /// MiB it has (rounded down).
         have_mib: u64,
     },
+    /// The store's node 0 is another process than the one this node laid
+    /// out its part of the table for: this node's membership lapsed (a
+    /// process stopped or starved past its lease) while node 0 was
+    /// replaced and formatted a new table. Its region holds the old table's
+    /// data at the places the new table's directory names: it must not
+    /// serve the new table ([`DeployedMemoryNode::check_standing`]).
+    #[error(
+        "store {store:?} has a new table (node 0 is incarnation {now:#x}, not {laid_out_for:#x}, \
+         which memory node {id} laid out its part for): this node's membership lapsed and its \
+         region holds the old table's data; it leaves (start it anew to join the new table)"
+    )]
+    TableReplaced {
+        /// The store.
+        store: String,
+        /// This node.
+        id: u8,
+        /// Node 0's incarnation when this node joined.
+        laid_out_for: u64,
+        /// Node 0's incarnation now.
+        now: u64,
+    },
     /// This node and node 0 disagree on the number of memory nodes.
     #[error(
         "store {store:?}: node 0 formatted a store of {theirs} memory nodes, this one has {ours}"
@@ -264,6 +291,11 @@ impl MemoryNodeOptions {
 pub struct DeployedMemoryNode {
     info: NodeInfo,
     store: String,
+    meta_addr: String,
+    /// Node 0's incarnation when this node joined (its own, on node 0).
+    zero: u64,
+    /// The process the table recorded at this id before this one.
+    predecessor: Option<u64>,
     /// Dropped first: stops the renewals.
     lease: Option<StoreMembership<AnyNic>>,
     serving: Option<MemoryNodeHandle>,
@@ -358,6 +390,7 @@ impl MemoryNodeServer<AnyNic> {
         let store = opts.store.as_str();
         check_membership(opts)?;
         let mut table = opts.table;
+        let mut zero_incarnation = None;
         if opts.id > 0 {
             let start = Instant::now();
             loop {
@@ -377,6 +410,7 @@ impl MemoryNodeServer<AnyNic> {
                             initial_global_depth: 0,
                             ..table
                         });
+                        zero_incarnation = Some(*zero);
                         break;
                     }
                 }
@@ -402,6 +436,10 @@ impl MemoryNodeServer<AnyNic> {
         let server = MemoryNodeServer::start(node, opts.id, opts.bytes, &table, opts.nodes)?;
         server.set_grant_lease(opts.grant_lease);
         let info = server.info();
+        let (zero, predecessor) = match zero_incarnation {
+            Some(zero) => (zero.incarnation, record_in_table(node, &zero, &info)?),
+            None => (info.incarnation, None),
+        };
         let lease = node
             .store_keep_joined(store, u16::from(opts.id), &info.encode(), opts.lease)
             .map_err(|source| match source {
@@ -428,6 +466,9 @@ impl MemoryNodeServer<AnyNic> {
         Ok(DeployedMemoryNode {
             info,
             store: store.to_string(),
+            meta_addr: opts.meta_addr.clone(),
+            zero,
+            predecessor,
             lease: Some(lease),
             serving: Some(server.spawn(opts.idle)),
             node: node.clone(),
@@ -449,6 +490,45 @@ impl DeployedMemoryNode {
     /// The node it serves on.
     pub fn node(&self) -> &Node {
         &self.node
+    }
+
+    /// The incarnation of the process that served this id in the table
+    /// before this one (it died and its data is lost: clients refuse the
+    /// store with [`crate::Error::MemberReplaced`]), if one did.
+    pub fn predecessor(&self) -> Option<u64> {
+        self.predecessor
+    }
+
+    /// Whether this node may go on serving the store: its node 0 is still
+    /// the process it joined beside. A membership that lapsed (the process
+    /// stopped or starved past its lease) is renewed as a fresh one, and in
+    /// the meantime a new node 0 may have formatted a new table (no member
+    /// was live) whose directory names places in this node's region that
+    /// hold the old table's data. Clients refuse such a node (it did not
+    /// record itself in the new table, [`crate::Error::MemberNotInTable`]),
+    /// and it keeps the id from a node that could serve it: a program
+    /// calls this every few seconds and leaves on an error, as
+    /// `race-memnode` does. A meta server that does not answer, or a store
+    /// without a node 0 for now (a meta server restarted: the members
+    /// join again), is no reason to leave.
+    ///
+    /// # Errors
+    /// [`DeployError::TableReplaced`].
+    pub fn check_standing(&self) -> Result<(), DeployError> {
+        let Ok(Some(list)) = members(&self.meta_addr, &self.store) else {
+            return Ok(());
+        };
+        match list.iter().find(|i| i.id == 0) {
+            Some(zero) if zero.incarnation != self.zero && zero.incarnation != 0 => {
+                Err(DeployError::TableReplaced {
+                    store: self.store.clone(),
+                    id: self.info.id,
+                    laid_out_for: self.zero,
+                    now: zero.incarnation,
+                })
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Usage figures: heap handed out, and the blocks clients gave back
@@ -635,15 +715,57 @@ impl Store {
     }
 }
 
+/// Memory node `info.id`'s slot in the table's members (node 0's
+/// [`MEMBERS_OFFSET`]).
+fn member_slot(id: u8) -> Result<RemotePtr, crate::Error> {
+    Ok(RemotePtr::new(0, MEMBERS_OFFSET + 8 * u64::from(id))?)
+}
+
+/// Records memory node `info` in node 0's table (a CAS of its slot from
+/// 0), before it joins the store: clients take a member for the table's
+/// only when the table names it ([`check_members`]). A slot that names
+/// another process is left as it is and returned: this node's predecessor
+/// at the id served the table, and its data there is lost; clients are
+/// told so ([`crate::Error::MemberReplaced`]) when they meet this node.
+fn record_in_table(
+    node: &Node,
+    zero: &NodeInfo,
+    info: &NodeInfo,
+) -> Result<Option<u64>, DeployError> {
+    use crate::remote::{OpResult, RemoteOp, Transport};
+    let mut t =
+        VqpTransport::connect(node, std::slice::from_ref(zero)).map_err(crate::Error::from)?;
+    let r = t
+        .execute(&[RemoteOp::Cas {
+            ptr: member_slot(info.id)?,
+            expect: 0,
+            new: info.incarnation,
+        }])
+        .map_err(crate::Error::from)?;
+    match r.first() {
+        Some(OpResult::Cas { old: 0 }) => Ok(None),
+        Some(OpResult::Cas { old }) if *old == info.incarnation => Ok(None),
+        Some(OpResult::Cas { old }) => Ok(Some(*old)),
+        _ => Err(crate::Error::from(TransportError::BadResponse {
+            reason: "expected a CAS result",
+        })
+        .into()),
+    }
+}
+
 /// Checks that every memory node in `infos` is the process the table
-/// recorded at its id (node 0's members, [`MEMBERS_OFFSET`]), recording
-/// the ones the table has not met yet (a CAS from 0). A region lives as
-/// long as its process: a node that restarted serves an empty region, and
-/// a client that took it for its predecessor would find the keys whose
-/// blocks were there missing, or the subtables there empty.
+/// recorded at its id (node 0's members, [`MEMBERS_OFFSET`]: node 0
+/// records itself when it formats, the others before they join). A
+/// region lives as long as its process: a node that restarted serves an
+/// empty region, and a client that took it for its predecessor would find
+/// the keys whose blocks were there missing, or the subtables there
+/// empty; a node the table does not name laid out its part for another
+/// table (its membership lapsed while node 0 was replaced) and holds that
+/// table's data where this one's directory points.
 ///
 /// # Errors
-/// [`crate::Error::MemberReplaced`]; transport errors.
+/// [`crate::Error::MemberReplaced`], [`crate::Error::MemberNotInTable`];
+/// transport errors.
 fn check_members<T: crate::remote::Transport>(
     t: &mut T,
     infos: &[NodeInfo],
@@ -653,9 +775,8 @@ fn check_members<T: crate::remote::Transport>(
         // A node built before incarnations: nothing to compare.
         return Ok(());
     }
-    let slot = |id: u8| RemotePtr::new(0, MEMBERS_OFFSET + 8 * u64::from(id));
     let read = t.execute(&[RemoteOp::Read {
-        ptr: slot(0)?,
+        ptr: member_slot(0)?,
         len: 8 * infos.len() as u32,
     }])?;
     let Some(bytes) = read.first().and_then(OpResult::read_bytes) else {
@@ -666,23 +787,12 @@ fn check_members<T: crate::remote::Transport>(
     };
     for info in infos {
         let at = 8 * usize::from(info.id);
-        let mut recorded = krcore_nic::le::read_u64(bytes, at);
+        let recorded = krcore_nic::le::read_u64(bytes, at);
         if recorded == 0 {
-            let r = t.execute(&[RemoteOp::Cas {
-                ptr: slot(info.id)?,
-                expect: 0,
-                new: info.incarnation,
-            }])?;
-            recorded = match r.first() {
-                Some(OpResult::Cas { old: 0 }) => info.incarnation,
-                Some(OpResult::Cas { old }) => *old,
-                _ => {
-                    return Err(crate::remote::TransportError::BadResponse {
-                        reason: "expected a CAS result",
-                    }
-                    .into())
-                }
-            };
+            return Err(crate::Error::MemberNotInTable {
+                id: info.id,
+                found: info.incarnation,
+            });
         }
         if recorded != info.incarnation {
             return Err(crate::Error::MemberReplaced {
@@ -727,4 +837,64 @@ fn complete(store: &str, list: Vec<NodeInfo>) -> Result<Vec<NodeInfo>, DeployErr
         });
     }
     Ok(infos)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::{ClusterConfig, LocalCluster};
+
+    fn info(id: u8, incarnation: u64) -> NodeInfo {
+        NodeInfo {
+            id,
+            nodes: 2,
+            gid: Gid([id; 16]),
+            base: 0,
+            len: 1 << 20,
+            rkey: 1,
+            alloc_port: crate::rdma::ALLOC_PORT,
+            features: 0,
+            incarnation,
+            table: None,
+        }
+    }
+
+    #[test]
+    fn clients_take_only_the_members_the_table_names() {
+        let cluster = LocalCluster::new(ClusterConfig {
+            nodes: 2,
+            node_bytes: 4 << 20,
+            ..ClusterConfig::default()
+        })
+        .unwrap();
+        let zero = cluster.node(0).unwrap();
+        let record = |id: u8, inc: u64| {
+            zero.write(MEMBERS_OFFSET + 8 * u64::from(id), &inc.to_le_bytes())
+                .unwrap();
+        };
+        let mut t = cluster.transport();
+        let infos = [info(0, 0xA0), info(1, 0xB1)];
+        // Node 0 recorded itself; node 1 did not (it laid out its part for
+        // another table): refused, and nothing is recorded for it.
+        record(0, 0xA0);
+        match check_members(&mut t, &infos) {
+            Err(crate::Error::MemberNotInTable { id: 1, found: 0xB1 }) => {}
+            other => panic!("expected MemberNotInTable for node 1, got {other:?}"),
+        }
+        assert_eq!(zero.read(MEMBERS_OFFSET + 8, 8).unwrap(), vec![0; 8]);
+        // Both recorded: taken.
+        record(1, 0xB1);
+        check_members(&mut t, &infos).unwrap();
+        // Another process at id 1 than the one recorded: it restarted.
+        match check_members(&mut t, &[info(0, 0xA0), info(1, 0xB2)]) {
+            Err(crate::Error::MemberReplaced {
+                id: 1,
+                recorded: 0xB1,
+                found: 0xB2,
+            }) => {}
+            other => panic!("expected MemberReplaced for node 1, got {other:?}"),
+        }
+        // Nodes built before incarnations: nothing to compare.
+        check_members(&mut t, &[info(0, 0), info(1, 0)]).unwrap();
+    }
 }

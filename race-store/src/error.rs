@@ -85,6 +85,22 @@ pub enum Error {
         /// The incarnation serving the id now.
         found: u64,
     },
+    /// A memory node of a deployed store that the table does not name (see
+    /// `crate::deploy`): every member records itself in node 0's table
+    /// before it joins, so this one laid out its part for another table
+    /// (its membership lapsed while node 0 was replaced) or runs a
+    /// race-store older than the table's node 0.
+    #[error(
+        "memory node {id} (incarnation {found:#x}) did not join this store's table: it laid out \
+         its part for an earlier table (its membership lapsed while node 0 was replaced) or runs \
+         an older race-store; stop it and start it anew"
+    )]
+    MemberNotInTable {
+        /// The node id.
+        id: u8,
+        /// The incarnation serving the id.
+        found: u64,
+    },
     /// A remote structure that must be valid failed its checks.
     #[error("corrupt remote {what}")]
     Corrupt {

@@ -31,7 +31,10 @@
 //! on SIGINT/SIGTERM it leaves the store, deregisters and exits 0. Exit
 //! codes: 2 for a bad command line or config file; 1 when it cannot serve
 //! (no such device, the meta server unreachable, the id taken, node 0
-//! missing, ...), with the cause on one line.
+//! missing, ...), with the cause on one line. A node whose membership
+//! lapsed (stopped or starved past `--lease-ms`) while node 0 was replaced
+//! by one that formatted a new table leaves the store and exits 1 (its
+//! region holds the old table's data where the new directory points).
 #![forbid(unsafe_code)]
 
 use clap::Parser;
@@ -44,11 +47,14 @@ use race_store::deploy::{DeployError, MemoryNodeOptions, DEFAULT_MEMBER_LEASE};
 use race_store::rdma::MemoryNodeServer;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const PROGRAM: &str = "race-memnode";
 /// The shortest `--grant-lease-ms`.
 const MIN_GRANT_LEASE_MS: u64 = 1000;
+/// How often a serving node asks whether node 0 is still the one it
+/// joined beside (`DeployedMemoryNode::check_standing`).
+const STANDING_EVERY: Duration = Duration::from_secs(1);
 
 /// One memory node of a RACE store (one-sided hash table on disaggregated
 /// memory).
@@ -259,7 +265,29 @@ fn main() -> ExitCode {
     if let Err(e) = announce_ready(&line, args.ready_file.as_deref()) {
         return fail(PROGRAM, &e);
     }
-    shutdown.wait_until(Duration::from_millis(50), || false);
+    if let Some(old) = served.predecessor() {
+        eprintln!(
+            "{PROGRAM}: warning: memory node {id} of store {store} served its table before as \
+             another process (incarnation {old:#x}): that data is lost and clients will refuse \
+             the store; start the store anew (every memory node)"
+        );
+    }
+    // A node whose membership lapsed while node 0 was replaced must not
+    // serve the new table (race_store::deploy): it looks every second.
+    let mut looked = Instant::now();
+    let mut standing = Ok(());
+    shutdown.wait_until(Duration::from_millis(50), || {
+        if looked.elapsed() < STANDING_EVERY {
+            return false;
+        }
+        looked = Instant::now();
+        standing = served.check_standing();
+        standing.is_err()
+    });
+    if let Err(e) = standing {
+        let _ = served.shutdown();
+        return fail(PROGRAM, &e);
+    }
     tracing::info!("signal received: leaving the store");
     let usage = served.stats().map(|s| {
         // The pool counts what it took back from dead clients as returned.

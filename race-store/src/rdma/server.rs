@@ -138,8 +138,16 @@ impl<N: Nic> MemoryNodeServer<N> {
             .map_err(setup("register the region"))?;
         let remote = region.remote_addr(0);
         let mem = Arc::new(MemoryNode::with_memory(id, MrMemory(region)));
+        let incarnation = crate::remote::leases::fresh_id();
         if id == 0 {
             mem.format(table, nodes)?;
+            // Node 0 is the table's first member: its own slot names it
+            // (the others record themselves there before they join,
+            // `crate::deploy`).
+            mem.write(
+                crate::layout::table::MEMBERS_OFFSET,
+                &incarnation.to_le_bytes(),
+            )?;
         } else {
             mem.lay_out_share(table, nodes)?;
         }
@@ -157,7 +165,7 @@ impl<N: Nic> MemoryNodeServer<N> {
             rkey: remote.rkey,
             alloc_port: ALLOC_PORT,
             features: FEATURE_RUNS | FEATURE_LEASES,
-            incarnation: crate::remote::leases::fresh_id(),
+            incarnation,
             table: Some(*table),
         };
         Ok(MemoryNodeServer {
