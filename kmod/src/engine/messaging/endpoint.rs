@@ -339,6 +339,93 @@ impl<N: Nic> Endpoint<N> {
         Ok(false)
     }
 
+    /// Sends `data` to `port` at `gid` without waiting for anything, when
+    /// it can go: on an open channel with a credit, as a push; on a
+    /// channel not opened yet, carried by its Open (at most `inline_max`
+    /// bytes: the port delivers it with its grant, so that a request and
+    /// its answer cost one round trip, not an Open's and then the
+    /// request's). `Ok(true)`: it went. `Ok(false)`: call again later (the
+    /// channel's Open is out, sent again, carrying what it carries, when
+    /// it is older than 20 ms; no credit is back; or `data` is too long to
+    /// be carried, and the Open went out carrying nothing, as
+    /// [`Endpoint::open_ahead`]).
+    ///
+    /// A carried message is delivered at most once, even when its Open is
+    /// sent again, but a refused Open (`Busy`: the port is full) drops it,
+    /// and an Open never answered leaves it in doubt (as a push that timed
+    /// out): for requests that may be asked again (idempotent, or matched
+    /// to their answers by an id), such as a memory node's block
+    /// allocations.
+    ///
+    /// # Errors
+    /// [`MsgError::TooLarge`] past `msg.max_message`; [`MsgError::Refused`]
+    /// for a refused Open (what it carried was not delivered; the next
+    /// call opens again) and for a channel the port refused after it was
+    /// open; as [`Endpoint::try_push`] on an open channel (a message lost
+    /// earlier, [`MsgError::Lost`], ...); [`MsgError::NoBuffers`], engine
+    /// and post errors.
+    pub fn push_ahead(&self, gid: Gid, port: u16, data: &[u8]) -> Result<bool, MsgError> {
+        let cfg = &self.node.cfg;
+        if data.len() > cfg.max_message {
+            return Err(MsgError::TooLarge {
+                len: data.len(),
+                max: cfg.max_message,
+            });
+        }
+        self.node.progress(&*self.eng)?;
+        let key = (gid, port);
+        let mut tx = self.tx.lock();
+        match self.status(key) {
+            Some(Status::Open) => {
+                drop(tx);
+                return match self.push_with(gid, port, Outgoing::Bytes(data), Wait::No) {
+                    Ok(()) => Ok(true),
+                    Err(MsgError::WouldBlock) => Ok(false),
+                    Err(e) => Err(e),
+                };
+            }
+            Some(Status::Opening) => {
+                // (An Open sent by another path starts the clock now.)
+                let (due, carried) = {
+                    let mut st = self.shared.state.lock();
+                    match st.channels.get_mut(&key) {
+                        Some(c) => {
+                            let sent = *c.ahead_sent.get_or_insert_with(Instant::now);
+                            let due = sent.elapsed() >= OPEN_RESEND_FIRST;
+                            if due {
+                                c.ahead_sent = Some(Instant::now());
+                            }
+                            (due, c.carried.clone())
+                        }
+                        None => (false, None),
+                    }
+                };
+                // A failed repeat is not the end: the first may be answered.
+                if due && self.send_open(&mut tx, key, carried.as_deref()).is_ok() {
+                    bump(&self.node.counters.open_resent);
+                }
+                return Ok(false);
+            }
+            Some(Status::Refused(code) | Status::Lost(code)) => {
+                self.forget(key);
+                return Err(MsgError::Refused { gid, port, code });
+            }
+            None => {}
+        }
+        let carried = (data.len() <= cfg.inline_max).then(|| data.to_vec());
+        let carries = carried.is_some();
+        self.insert_opening(key, carried)?;
+        if let Some(c) = self.shared.state.lock().channels.get_mut(&key) {
+            c.ahead_sent = Some(Instant::now());
+        }
+        let body = carries.then_some(data);
+        if let Err(e) = self.send_open(&mut tx, key, body) {
+            self.forget(key);
+            return Err(e);
+        }
+        Ok(carries)
+    }
+
     /// The state of the channel `key`, if there is one.
     fn status(&self, key: (Gid, u16)) -> Option<Status> {
         self.shared
@@ -363,6 +450,8 @@ impl<N: Nic> Endpoint<N> {
                 reply_seq: SeqCheck::default(),
                 reply_window: cfg.reply_window,
                 carried,
+                ahead_sent: None,
+                early_credit: None,
                 resend_total: false,
             },
         );

@@ -95,10 +95,15 @@
 //!
 //! An Open may carry its channel's first message (inline, seq 0, one
 //! credit of the grant: [`crate::msg::Carried`]), so that a request and
-//! its reply cost one round trip. Only the engine's handshake endpoint
-//! does (its Requests are idempotent: a carried push that times out
-//! leaves its message in doubt, delivered at most once, perhaps later by
-//! the repeated Open). An *only* message is an Open carrying the channel's
+//! its reply cost one round trip: the engine's handshake endpoint's pushes
+//! (its Requests are idempotent: a carried push that times out leaves its
+//! message in doubt, delivered at most once, perhaps later by the repeated
+//! Open), and [`Endpoint::push_ahead`] on a closed channel (for requests
+//! matched to their answers by id: a memory node's block allocations).
+//! The port's node sends the Grant and the port's VQP the carried
+//! message's Credit and reply, on different DCIs: the Credit (and the
+//! reply) may come before the Grant, and is applied when the Grant comes.
+//! An *only* message is an Open carrying the channel's
 //! only message from a sender id outside the VQP ids: nobody waits for its
 //! answer, the port forgets the channel when the message is popped, and a
 //! port that cannot take it counts it `orphaned` (the engine's notices:

@@ -100,6 +100,16 @@ pub(crate) struct ChannelTx {
     /// While opening: the first message, carried by the Open (see
     /// [`crate::msg::Carried`]); a repeated Open carries it again.
     pub(crate) carried: Option<Vec<u8>>,
+    /// When the Open was last sent from `Endpoint::push_ahead` (which
+    /// sends it again, carrying what it carries, once it is older than
+    /// [`OPEN_RESEND_FIRST`]); `None` for the other paths, which resend
+    /// from their own waits.
+    pub(crate) ahead_sent: Option<std::time::Instant>,
+    /// While opening: the latest credit total that came before the Grant
+    /// (the port returned the carried message's credit, and its Credit
+    /// overtook the Grant: they leave the port's node on different DCIs),
+    /// applied when the Grant comes.
+    pub(crate) early_credit: Option<u64>,
     /// The port asked for the reply credits again (a repeated Grant of the
     /// open channel: its `reply` waits for a credit): the next settle sends
     /// the total again.
@@ -107,6 +117,17 @@ pub(crate) struct ChannelTx {
 }
 
 impl ChannelTx {
+    /// Applies a Credit (the port's cumulative `total`); one that comes
+    /// while the channel is opening is kept for the Grant. `false`: a
+    /// total past the credits in use (malformed).
+    pub(crate) fn credited(&mut self, total: u64) -> bool {
+        if self.status == Status::Opening {
+            self.early_credit = Some(self.early_credit.map_or(total, |t| t.max(total)));
+            return true;
+        }
+        self.fwd.credit_total(total).is_ok()
+    }
+
     /// Applies the port's answer to the channel's Open (a duplicate Grant,
     /// answering a repeated Open, changes nothing but asks for the reply
     /// credits' total again: see `resend_total`). A Refuse of an open
@@ -119,6 +140,10 @@ impl ChannelTx {
                 // The carried message went with the grant: seq 0.
                 if self.carried.take().is_some() {
                     let _ = self.fwd.take();
+                }
+                // Its credit may be back already.
+                if let Some(total) = self.early_credit.take() {
+                    let _ = self.fwd.credit_total(total);
                 }
             }
             (Status::Opening, Err(code)) => self.status = Status::Refused(code),
