@@ -217,6 +217,36 @@ impl<N: Nic> Endpoint<N> {
         }
     }
 
+    /// Sends `data` to `port` at `gid` without waiting for anything, when
+    /// it can go: `Ok(true)` when it went (on an open channel with a
+    /// credit, as a push; on a channel not opened yet, carried by its
+    /// Open, so that a request and its answer cost one round trip),
+    /// `Ok(false)` when it must be asked again later (the Open is out, no
+    /// credit is back, or the message is longer than `msg.inline_max` and
+    /// only the Open went). A carried message is delivered at most once;
+    /// a refused Open drops it (the error says so) and one never answered
+    /// leaves it in doubt: for requests that may be asked again (a memory
+    /// node's block allocations, matched to their answers by id). On an
+    /// attached node one call to the daemon, which waits for nothing
+    /// either.
+    ///
+    /// # Errors
+    /// [`MsgError::Refused`] for a refused Open (its message not
+    /// delivered) or a channel refused after it opened; `TooLarge`;
+    /// `Lost` for a message lost earlier; `NoBuffers`; on an attached node
+    /// also `Daemon`.
+    pub fn push_ahead(
+        &self,
+        gid: Gid,
+        port: u16,
+        data: &[u8],
+    ) -> std::result::Result<bool, MsgError> {
+        match &self.inner {
+            EndpointImpl::Local(e) => e.push_ahead(gid, port, data),
+            EndpointImpl::Attached(e) => e.push_ahead(gid, port, data),
+        }
+    }
+
     /// The longest message a push takes (longer: [`MsgError::TooLarge`]):
     /// the engine's `msg.max_message` in this process;
     /// `krcore_kmod::daemon::wire::MAX_MSG_BYTES` (64 KiB) through the node

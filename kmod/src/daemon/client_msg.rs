@@ -223,6 +223,30 @@ impl AttachedEndpoint {
         self.flag_call(&req, "an OpenAhead")
     }
 
+    /// Sends `data` without waiting, when it can go (`Endpoint::push_ahead`
+    /// in the daemon's engine: on a channel not open yet, its Open carries
+    /// it): whether it went. One call, which waits for nothing.
+    ///
+    /// # Errors
+    /// As the engine's `push_ahead` ([`MsgError::Refused`] for a refused
+    /// Open, what it carried not delivered; [`MsgError::TooLarge`] past
+    /// [`MAX_MSG_BYTES`], ...); [`MsgError::Daemon`].
+    pub fn push_ahead(&self, gid: Gid, port: u16, data: &[u8]) -> Result<bool, MsgError> {
+        if data.len() > MAX_MSG_BYTES {
+            return Err(MsgError::TooLarge {
+                len: data.len(),
+                max: MAX_MSG_BYTES,
+            });
+        }
+        let req = Request::PushAhead {
+            ep: self.ep,
+            gid,
+            port,
+            data: data.to_vec(),
+        };
+        self.flag_call(&req, "a PushAhead")
+    }
+
     /// A channel request answered with a flag (`what` names it in the
     /// error for another answer).
     fn flag_call(&self, req: &Request, what: &'static str) -> Result<bool, MsgError> {

@@ -428,6 +428,7 @@ fn handle<N: Nic>(
         | Request::PopReply { .. }
         | Request::CloseChannel { .. }
         | Request::OpenAhead { .. }
+        | Request::PushAhead { .. }
         | Request::Credits { .. }
         | Request::BindPort { .. }
         | Request::UnbindPort { .. }

@@ -190,6 +190,18 @@ pub(super) fn handle<N: Nic>(s: &Arc<Shared<N>>, c: &Arc<Client<N>>, req: &Reque
                 Err(err) => failed(err),
             },
         },
+        Request::PushAhead {
+            ep,
+            gid,
+            port,
+            data,
+        } => match ep_of(*ep) {
+            None => unknown(*ep),
+            Some(e) => match e.push_ahead(*gid, *port, data) {
+                Ok(b) => Reply::Flag(b),
+                Err(err) => failed(err),
+            },
+        },
         Request::Credits { ep, gid, port } => match ep_of(*ep) {
             None => unknown(*ep),
             Some(e) => Reply::Credits(e.credits(*gid, *port)),

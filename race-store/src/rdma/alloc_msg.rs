@@ -45,7 +45,8 @@ const WAIT_SLICE: Duration = Duration::from_millis(10);
 /// The shortest time between two looks without waiting for an answer to a
 /// request sent ahead: its answer takes a memory node's round trip and
 /// serving (100 us and more), and a look costs a client attached to the
-/// node daemon two control calls.
+/// node daemon a control call (two while the request waits for its
+/// channel: the send, the pop).
 const LOOK_EVERY: Duration = Duration::from_micros(500);
 /// Requests sent ahead and not collected, at most (more are refused: the
 /// caller then allocates when it needs to).
@@ -344,7 +345,19 @@ impl<N: Nic> Allocations<N> {
             let ep = self.ep.as_ref().ok_or(TransportError::BadResponse {
                 reason: "no allocation endpoint",
             })?;
-            push_when_admitted(ep, gid, port, req).map_err(|e| lost(node, e))?;
+            // A closed channel's Open carries the request (one round trip
+            // for both); otherwise a push, waiting for what it must.
+            match ep.push_ahead(gid, port, req) {
+                Ok(true) => {}
+                Ok(false)
+                | Err(krcore::MsgError::Refused {
+                    code: BUSY | RECLAIMED,
+                    ..
+                }) => {
+                    push_when_admitted(ep, gid, port, req).map_err(|e| lost(node, e))?;
+                }
+                Err(e) => return Err(lost(node, e)),
+            }
             let deadline = Instant::now() + ALLOC_TIMEOUT;
             while let Some(left) = deadline.checked_duration_since(Instant::now()) {
                 match self.next_answer_within(node, Some(left.min(WAIT_SLICE)))? {
@@ -417,8 +430,10 @@ impl<N: Nic> Allocations<N> {
     }
 
     /// Sends a request to node `to` without waiting for its answer, nor
-    /// for the Open of its channel: when the channel is not open, its Open
-    /// goes out now and the request once the port's node answered it
+    /// for the Open of its channel: when the channel is closed, its Open
+    /// goes out now carrying the request (`Endpoint::push_ahead`: one
+    /// round trip for both); when the Open is out already (another
+    /// request's), the request goes once the port's node answered it
     /// ([`Allocations::answer`] looks, and sends it). The Open is answered
     /// by the memory node's threads, which may be asleep after an idle
     /// spell: waiting for it here made the write that asked wait up to
@@ -438,11 +453,17 @@ impl<N: Nic> Allocations<N> {
         }
         let (req_id, req) = self.next_request(&want);
         let ep = self.endpoint(node, to)?;
-        let unsent = if ep.open_ahead(gid, port).map_err(|e| lost(to, e))? {
-            push_when_admitted(ep, gid, port, &req).map_err(|e| lost(to, e))?;
-            None
-        } else {
-            Some(req)
+        // On a closed channel the Open carries the request: one call to a
+        // node daemon, one round trip to the memory node. A full port
+        // (`Busy`) is asked again by the later looks.
+        let unsent = match ep.push_ahead(gid, port, &req) {
+            Ok(true) => None,
+            Ok(false)
+            | Err(krcore::MsgError::Refused {
+                code: BUSY | RECLAIMED,
+                ..
+            }) => Some(req),
+            Err(e) => return Err(lost(to, e)),
         };
         self.asked.push(Asked {
             req_id,
@@ -457,19 +478,25 @@ impl<N: Nic> Allocations<N> {
         Ok(AllocAsk(req_id))
     }
 
-    /// Pushes the requests asked ahead whose channels have opened since
-    /// (a refused Open fails its request).
+    /// Sends the requests asked ahead that can go now (their channels
+    /// opened, or closed and opened by an Open that carries them); a
+    /// refused Open fails its request, but a full port's (`Busy`) only
+    /// after [`ALLOC_BUSY_WAIT`].
     fn send_opened(&mut self) {
         let Some(ep) = self.ep.as_ref() else {
             return;
         };
         for a in self.asked.iter_mut().filter(|a| a.unsent.is_some()) {
-            let sent = match ep.open_ahead(a.gid, a.port) {
+            let Some(req) = &a.unsent else {
+                continue;
+            };
+            let sent = match ep.push_ahead(a.gid, a.port, req) {
                 Ok(false) => continue,
-                Ok(true) => match &a.unsent {
-                    Some(req) => push_when_admitted(ep, a.gid, a.port, req),
-                    None => continue,
-                },
+                Err(krcore::MsgError::Refused {
+                    code: BUSY | RECLAIMED,
+                    ..
+                }) if a.at.elapsed() < ALLOC_BUSY_WAIT => continue,
+                Ok(true) => Ok(()),
                 Err(e) => Err(e),
             };
             a.unsent = None;
@@ -494,8 +521,8 @@ impl<N: Nic> Allocations<N> {
         };
         if !wait {
             // A look without waiting goes to the wire (on a node attached
-            // to the daemon: a control call for the Open, one for the
-            // answer) at most every LOOK_EVERY, unless what it looks for is
+            // to the daemon: a control call for the answer, one more for a
+            // request not sent yet) at most every LOOK_EVERY, unless what it looks for is
             // here already; an answer takes longer than that to come.
             let here = self.answers.iter().any(|(id, _)| *id == ask.0)
                 || self.asked.get(i).is_some_and(|a| a.failed.is_some());
@@ -685,6 +712,11 @@ fn close<N: Nic>(ep: &Endpoint<N>, gid: Gid, port: u16) {
         std::thread::yield_now();
     }
 }
+
+/// A full port's refusals (its slots taken; one reclaimed from this
+/// endpoint while idle): asked again.
+const BUSY: krcore::messaging::RefuseCode = krcore::messaging::RefuseCode::Busy;
+const RECLAIMED: krcore::messaging::RefuseCode = krcore::messaging::RefuseCode::Reclaimed;
 
 /// Pushes `req`, asking again (pauses of 1 ms doubling to 100 ms) while the
 /// port refuses it `Busy`, for at most [`ALLOC_BUSY_WAIT`]: a full port

@@ -175,6 +175,7 @@ impl Request {
             Request::CloseChannel { .. } => "close a channel",
             Request::Credits { .. } => "credits",
             Request::OpenAhead { .. } => "open a channel ahead",
+            Request::PushAhead { .. } => "push ahead",
             Request::BindPort { .. } => "bind a port",
             Request::UnbindPort { .. } => "unbind a port",
             Request::PopPort { .. } => "pop a port",
@@ -223,6 +224,12 @@ impl Request {
             Request::CloseChannel { ep, gid, port } => Out::new(14).u32(*ep).gid(gid).u16(*port),
             Request::Credits { ep, gid, port } => Out::new(15).u32(*ep).gid(gid).u16(*port),
             Request::OpenAhead { ep, gid, port } => Out::new(31).u32(*ep).gid(gid).u16(*port),
+            Request::PushAhead {
+                ep,
+                gid,
+                port,
+                data,
+            } => Out::new(32).u32(*ep).gid(gid).u16(*port).bytes(data),
             Request::BindPort { port, reclaiming } => Out::new(16).u16(*port).u8(*reclaiming),
             Request::UnbindPort { handle } => Out::new(17).u32(*handle),
             Request::PopPort { handle, wait_ms } => Out::new(18).u32(*handle).u64(*wait_ms),
@@ -376,6 +383,12 @@ impl Request {
                 ep: r.u32()?,
                 gid: r.gid()?,
                 port: r.u16()?,
+            },
+            32 => Request::PushAhead {
+                ep: r.u32()?,
+                gid: r.gid()?,
+                port: r.u16()?,
+                data: r.bytes()?.to_vec(),
             },
             tag => return Err(WireError::UnknownTag { tag }),
         };

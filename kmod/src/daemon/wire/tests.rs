@@ -65,6 +65,12 @@ fn every_message_round_trips_and_every_cut_is_an_error() {
             gid,
             port: 7,
         },
+        Request::PushAhead {
+            ep: 1,
+            gid,
+            port: 7,
+            data: b"grant please".to_vec(),
+        },
         Request::StoreJoin {
             store: "kv".into(),
             id: 3,

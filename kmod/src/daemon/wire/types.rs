@@ -165,6 +165,19 @@ pub enum Request {
         /// The port.
         port: u16,
     },
+    /// Sends a message without waiting (`Endpoint::push_ahead`): on a
+    /// channel not open yet, carried by its Open: answered
+    /// [`Reply::Flag`], whether it went.
+    PushAhead {
+        /// The endpoint.
+        ep: u32,
+        /// The node.
+        gid: Gid,
+        /// The port.
+        port: u16,
+        /// The message.
+        data: Vec<u8>,
+    },
     /// The credits of an endpoint's channel to a port.
     Credits {
         /// The endpoint.
@@ -571,4 +584,4 @@ impl std::fmt::Display for RefuseCode {
 
 /// The control protocol's version: a process and a daemon of different
 /// versions refuse each other at `Hello`.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
