@@ -217,6 +217,32 @@ fn a_deployed_store_is_found_from_the_meta_address_alone() {
         );
     }
     assert!(other.check_table().unwrap().problems.is_empty());
+    // `--status` lists the members from the TCP address alone.
+    let status = |store: &str| {
+        bounded_output(
+            MEMNODE,
+            &["--status", "--store", store, "--meta", &addr].map(String::from),
+        )
+    };
+    let out = status("s");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("2 live member(s), 2 memory node(s)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("  node 0: gid ") && text.contains("  node 1: gid "),
+        "{text}"
+    );
+    assert!(
+        text.contains("region 16 MiB") && text.contains("store s: complete"),
+        "{text}"
+    );
+    let out = status("nope");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("no store named \"nope\""), "{err}");
     // A closing client gives its memory back to the memory nodes.
     let closed = c.close();
     assert!(closed.error.is_none(), "{:?}", closed.error);
@@ -486,6 +512,17 @@ fn a_memory_node_whose_membership_lapsed_does_not_serve_a_new_table() {
         std::thread::sleep(Duration::from_millis(100));
     }
     let (n0_new, _) = start(MEMNODE, &as_refs(&n0_args));
+    // The new node 0 alone: `--status` says the store is incomplete.
+    let out = bounded_output(
+        MEMNODE,
+        &["--status", "--store", "l", "--meta", &addr].map(String::from),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("memory nodes [1] of 2 are not registered"),
+        "{err}"
+    );
     // Node 1 goes on: its renewals join the store again, beside the new
     // node 0. No client takes it for the new table's (its region holds the
     // old table's subtables where the new directory points), and it leaves

@@ -339,6 +339,29 @@ fn members(addr: &str, store: &str) -> Result<Option<Vec<NodeInfo>>, DeployError
     Ok(Some(out))
 }
 
+/// The live members of `store` at the meta server `addr` (TCP only: no
+/// fabric, no engine), by id, and whether they make a complete store
+/// (`Ok`, or the [`DeployError::Incomplete`] or [`DeployError::NodeCount`]
+/// a client would meet): what `race-memnode --status` prints.
+///
+/// # Errors
+/// [`DeployError::NoSuchStore`], [`DeployError::Meta`],
+/// [`DeployError::BadRecord`].
+pub fn store_members(
+    addr: &str,
+    store: &str,
+) -> Result<(Vec<NodeInfo>, Result<(), DeployError>), DeployError> {
+    let Some(mut list) = members(addr, store)? else {
+        return Err(DeployError::NoSuchStore {
+            store: store.to_string(),
+            addr: addr.to_string(),
+        });
+    };
+    list.sort_by_key(|i| i.id);
+    let complete = complete(store, list.clone()).map(|_| ());
+    Ok((list, complete))
+}
+
 /// Whether memory node `opts.id` may join `opts.store` now: no live member
 /// holds the id, even one at this node's GID (a process restarted on its
 /// host has its predecessor's GID: joining would renew the dead one's

@@ -5,7 +5,12 @@
 //!              [--expected-keys K] [--lease-ms MS] [--grant-lease-ms MS] [--wait-s S]
 //!              [--meta-wait-s S] [--config FILE] [--ready-file PATH]
 //! race-memnode --daemon SOCKET --meta HOST:PORT --store NAME --id I --nodes N --mb M ...
+//! race-memnode --status --meta HOST:PORT --store NAME
 //! ```
+//!
+//! With `--status` it serves nothing: it prints the store's live members
+//! (asked of the meta server over TCP) and exits 0 when they make a
+//! complete store, 1 when not (the reason on one line).
 //!
 //! Opens a node on `--fabric`, registered with the meta server at `--meta`
 //! (so compute nodes reach it by a metadata lookup), or with `--daemon`
@@ -118,6 +123,11 @@ struct Args {
     /// Also write the readiness line to this file.
     #[arg(long)]
     ready_file: Option<PathBuf>,
+    /// Print the members of `--store` (asked of the meta server at
+    /// `--meta` over TCP: no fabric) and exit: 0 when they make a complete
+    /// store, 1 when not (the reason on one line).
+    #[arg(long)]
+    status: bool,
 }
 
 /// Where the memory node's engine runs.
@@ -157,6 +167,16 @@ fn main() -> ExitCode {
         Ok(f) => f,
         Err(e) => return usage(PROGRAM, e),
     };
+    if args.status {
+        let Some(store) = args.store.or(file.store) else {
+            return usage(PROGRAM, "--status needs --store (see --help)");
+        };
+        let meta = args
+            .meta
+            .or(file.meta)
+            .unwrap_or_else(|| krcore_cli::DEFAULT_META_ADDR.to_string());
+        return status(&meta, &store);
+    }
     let (Some(store), Some(id), Some(nodes)) = (
         args.store.or(file.store),
         args.id.or(file.id),
@@ -307,6 +327,47 @@ fn main() -> ExitCode {
                 "{PROGRAM}: left store {store} (id {id}){}",
                 usage.unwrap_or_default()
             );
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(PROGRAM, &e),
+    }
+}
+
+/// `--status`: the store's members, one line each, and whether they make a
+/// complete store.
+fn status(meta: &str, store: &str) -> ExitCode {
+    let (members, complete) = match race_store::deploy::store_members(meta, store) {
+        Ok(m) => m,
+        Err(e) => return fail(PROGRAM, &e),
+    };
+    let nodes = members.iter().find(|i| i.id == 0).map(|i| i.nodes);
+    println!(
+        "store {store} at {meta}: {} live member(s){}",
+        members.len(),
+        nodes.map_or(String::new(), |n| format!(
+            ", {n} memory node(s) in node 0's table"
+        ))
+    );
+    for i in &members {
+        let table = i.table.map_or(String::new(), |t| {
+            format!(
+                ", table of {} initial subtable(s) (global depth {}, at most {})",
+                1u64 << t.initial_global_depth,
+                t.initial_global_depth,
+                t.max_global_depth
+            )
+        });
+        println!(
+            "  node {}: gid {} region {} MiB incarnation {:#x}{table}",
+            i.id,
+            i.gid,
+            i.len >> 20,
+            i.incarnation
+        );
+    }
+    match complete {
+        Ok(()) => {
+            println!("store {store}: complete");
             ExitCode::SUCCESS
         }
         Err(e) => fail(PROGRAM, &e),
