@@ -463,29 +463,36 @@ impl MemoryNodeServer<AnyNic> {
             Some(zero) => (zero.incarnation, record_in_table(node, &zero, &info)?),
             None => (info.incarnation, None),
         };
-        let lease = node
-            .store_keep_joined(store, u16::from(opts.id), &info.encode(), opts.lease)
-            .map_err(|source| match source {
-                krcore::Error::Engine(EngineError::MetaRefused {
-                    code: ErrorCode::MemberExists,
-                    ..
-                }) => {
-                    let holder = members(&opts.meta_addr, store)
-                        .ok()
-                        .flatten()
-                        .and_then(|l| l.into_iter().find(|i| i.id == opts.id))
-                        .map_or(Gid([0; 16]), |i| i.gid);
-                    DeployError::DuplicateId {
-                        store: store.to_string(),
-                        id: opts.id,
-                        holder,
-                    }
-                }
-                source => DeployError::Join {
+        let joined = node.store_keep_joined(store, u16::from(opts.id), &info.encode(), opts.lease);
+        if let (Err(_), Some(zero_info)) = (&joined, zero_incarnation) {
+            // Not a member after all: the table forgets this process
+            // (best effort), so that a node started later at the id is
+            // not taken for the successor of one that held data.
+            if predecessor.is_none() {
+                let _ = cas_member_slot(node, &zero_info, opts.id, info.incarnation, 0);
+            }
+        }
+        let lease = joined.map_err(|source| match source {
+            krcore::Error::Engine(EngineError::MetaRefused {
+                code: ErrorCode::MemberExists,
+                ..
+            }) => {
+                let holder = members(&opts.meta_addr, store)
+                    .ok()
+                    .flatten()
+                    .and_then(|l| l.into_iter().find(|i| i.id == opts.id))
+                    .map_or(Gid([0; 16]), |i| i.gid);
+                DeployError::DuplicateId {
                     store: store.to_string(),
-                    source: Box::new(source),
-                },
-            })?;
+                    id: opts.id,
+                    holder,
+                }
+            }
+            source => DeployError::Join {
+                store: store.to_string(),
+                source: Box::new(source),
+            },
+        })?;
         Ok(DeployedMemoryNode {
             info,
             store: store.to_string(),
@@ -755,20 +762,34 @@ fn record_in_table(
     zero: &NodeInfo,
     info: &NodeInfo,
 ) -> Result<Option<u64>, DeployError> {
+    match cas_member_slot(node, zero, info.id, 0, info.incarnation)? {
+        0 => Ok(None),
+        old if old == info.incarnation => Ok(None),
+        old => Ok(Some(old)),
+    }
+}
+
+/// CAS of memory node `id`'s slot in node 0's table from `expect` to
+/// `new`; the value it held.
+fn cas_member_slot(
+    node: &Node,
+    zero: &NodeInfo,
+    id: u8,
+    expect: u64,
+    new: u64,
+) -> Result<u64, DeployError> {
     use crate::remote::{OpResult, RemoteOp, Transport};
     let mut t =
         VqpTransport::connect(node, std::slice::from_ref(zero)).map_err(crate::Error::from)?;
     let r = t
         .execute(&[RemoteOp::Cas {
-            ptr: member_slot(info.id)?,
-            expect: 0,
-            new: info.incarnation,
+            ptr: member_slot(id)?,
+            expect,
+            new,
         }])
         .map_err(crate::Error::from)?;
     match r.first() {
-        Some(OpResult::Cas { old: 0 }) => Ok(None),
-        Some(OpResult::Cas { old }) if *old == info.incarnation => Ok(None),
-        Some(OpResult::Cas { old }) => Ok(Some(*old)),
+        Some(OpResult::Cas { old }) => Ok(*old),
         _ => Err(crate::Error::from(TransportError::BadResponse {
             reason: "expected a CAS result",
         })
