@@ -385,19 +385,14 @@ impl<N: Nic> Endpoint<N> {
                 };
             }
             Some(Status::Opening) => {
-                // (An Open sent by another path starts the clock now.)
                 let (due, carried) = {
                     let mut st = self.shared.state.lock();
                     match st.channels.get_mut(&key) {
-                        Some(c) => {
-                            let sent = *c.ahead_sent.get_or_insert_with(Instant::now);
-                            let due = sent.elapsed() >= OPEN_RESEND_FIRST;
-                            if due {
-                                c.ahead_sent = Some(Instant::now());
-                            }
-                            (due, c.carried.clone())
+                        Some(c) if c.open_sent.elapsed() >= OPEN_RESEND_FIRST => {
+                            c.open_sent = Instant::now();
+                            (true, c.carried.clone())
                         }
-                        None => (false, None),
+                        _ => (false, None),
                     }
                 };
                 // A failed repeat is not the end: the first may be answered.
@@ -415,9 +410,6 @@ impl<N: Nic> Endpoint<N> {
         let carried = (data.len() <= cfg.inline_max).then(|| data.to_vec());
         let carries = carried.is_some();
         self.insert_opening(key, carried)?;
-        if let Some(c) = self.shared.state.lock().channels.get_mut(&key) {
-            c.ahead_sent = Some(Instant::now());
-        }
         let body = carries.then_some(data);
         if let Err(e) = self.send_open(&mut tx, key, body) {
             self.forget(key);
@@ -450,7 +442,7 @@ impl<N: Nic> Endpoint<N> {
                 reply_seq: SeqCheck::default(),
                 reply_window: cfg.reply_window,
                 carried,
-                ahead_sent: None,
+                open_sent: Instant::now(),
                 early_credit: None,
                 resend_total: false,
             },

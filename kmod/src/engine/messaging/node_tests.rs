@@ -352,7 +352,7 @@ fn a_credit_that_overtakes_its_grant_is_applied_with_it() {
         reply_seq: Default::default(),
         reply_window: 1,
         carried: Some(b"req".to_vec()),
-        ahead_sent: None,
+        open_sent: std::time::Instant::now(),
         early_credit: None,
         resend_total: false,
     };

@@ -100,11 +100,11 @@ pub(crate) struct ChannelTx {
     /// While opening: the first message, carried by the Open (see
     /// [`crate::msg::Carried`]); a repeated Open carries it again.
     pub(crate) carried: Option<Vec<u8>>,
-    /// When the Open was last sent from `Endpoint::push_ahead` (which
-    /// sends it again, carrying what it carries, once it is older than
-    /// [`OPEN_RESEND_FIRST`]); `None` for the other paths, which resend
-    /// from their own waits.
-    pub(crate) ahead_sent: Option<std::time::Instant>,
+    /// While opening: when the Open went out (or was last sent again by
+    /// `Endpoint::push_ahead`, which repeats it, carrying what it carries,
+    /// once it is older than [`OPEN_RESEND_FIRST`]; the waiting paths
+    /// repeat it from their own waits).
+    pub(crate) open_sent: std::time::Instant,
     /// While opening: the latest credit total that came before the Grant
     /// (the port returned the carried message's credit, and its Credit
     /// overtook the Grant: they leave the port's node on different DCIs),
