@@ -358,7 +358,7 @@ pub fn store_members(
         });
     };
     list.sort_by_key(|i| i.id);
-    let complete = complete(store, list.clone()).map(|_| ());
+    let complete = complete(store, &list).map(|_| ());
     Ok((list, complete))
 }
 
@@ -413,7 +413,7 @@ impl MemoryNodeServer<AnyNic> {
         let store = opts.store.as_str();
         check_membership(opts)?;
         let mut table = opts.table;
-        let mut zero_incarnation = None;
+        let mut zero_info = None;
         if opts.id > 0 {
             let start = Instant::now();
             loop {
@@ -433,7 +433,7 @@ impl MemoryNodeServer<AnyNic> {
                             initial_global_depth: 0,
                             ..table
                         });
-                        zero_incarnation = Some(*zero);
+                        zero_info = Some(*zero);
                         break;
                     }
                 }
@@ -459,12 +459,12 @@ impl MemoryNodeServer<AnyNic> {
         let server = MemoryNodeServer::start(node, opts.id, opts.bytes, &table, opts.nodes)?;
         server.set_grant_lease(opts.grant_lease);
         let info = server.info();
-        let (zero, predecessor) = match zero_incarnation {
+        let (zero, predecessor) = match zero_info {
             Some(zero) => (zero.incarnation, record_in_table(node, &zero, &info)?),
             None => (info.incarnation, None),
         };
         let joined = node.store_keep_joined(store, u16::from(opts.id), &info.encode(), opts.lease);
-        if let (Err(_), Some(zero_info)) = (&joined, zero_incarnation) {
+        if let (Err(_), Some(zero_info)) = (&joined, zero_info) {
             // Not a member after all: the table forgets this process
             // (best effort), so that a node started later at the id is
             // not taken for the successor of one that held data.
@@ -669,7 +669,7 @@ impl Store {
                     store: store.to_string(),
                     addr: meta_addr.to_string(),
                 },
-                Some(list) => match complete(store, list) {
+                Some(list) => match complete(store, &list) {
                     Ok(infos) => {
                         return Ok(Store {
                             name: store.to_string(),
@@ -850,7 +850,7 @@ fn check_members<T: crate::remote::Transport>(
 }
 
 /// `list` as the complete node list `0..n` (`n` from node 0's record).
-fn complete(store: &str, list: Vec<NodeInfo>) -> Result<Vec<NodeInfo>, DeployError> {
+fn complete(store: &str, list: &[NodeInfo]) -> Result<Vec<NodeInfo>, DeployError> {
     let Some(nodes) = list.iter().find(|i| i.id == 0).map(|i| i.nodes) else {
         return Err(DeployError::Incomplete {
             store: store.to_string(),

@@ -347,16 +347,13 @@ impl<N: Nic> Allocations<N> {
             })?;
             // A closed channel's Open carries the request (one round trip
             // for both); otherwise a push, waiting for what it must.
-            match ep.push_ahead(gid, port, req) {
-                Ok(true) => {}
-                Ok(false)
-                | Err(krcore::MsgError::Refused {
-                    code: BUSY | RECLAIMED,
-                    ..
-                }) => {
-                    push_when_admitted(ep, gid, port, req).map_err(|e| lost(node, e))?;
-                }
+            let went = match ep.push_ahead(gid, port, req) {
+                Ok(went) => went,
+                Err(e) if port_full(&e) => false,
                 Err(e) => return Err(lost(node, e)),
+            };
+            if !went {
+                push_when_admitted(ep, gid, port, req).map_err(|e| lost(node, e))?;
             }
             let deadline = Instant::now() + ALLOC_TIMEOUT;
             while let Some(left) = deadline.checked_duration_since(Instant::now()) {
@@ -456,15 +453,12 @@ impl<N: Nic> Allocations<N> {
         // On a closed channel the Open carries the request: one call to a
         // node daemon, one round trip to the memory node. A full port
         // (`Busy`) is asked again by the later looks.
-        let unsent = match ep.push_ahead(gid, port, &req) {
-            Ok(true) => None,
-            Ok(false)
-            | Err(krcore::MsgError::Refused {
-                code: BUSY | RECLAIMED,
-                ..
-            }) => Some(req),
+        let went = match ep.push_ahead(gid, port, &req) {
+            Ok(went) => went,
+            Err(e) if port_full(&e) => false,
             Err(e) => return Err(lost(to, e)),
         };
+        let unsent = (!went).then_some(req);
         self.asked.push(Asked {
             req_id,
             node: to,
@@ -492,10 +486,7 @@ impl<N: Nic> Allocations<N> {
             };
             let sent = match ep.push_ahead(a.gid, a.port, req) {
                 Ok(false) => continue,
-                Err(krcore::MsgError::Refused {
-                    code: BUSY | RECLAIMED,
-                    ..
-                }) if a.at.elapsed() < ALLOC_BUSY_WAIT => continue,
+                Err(e) if port_full(&e) && a.at.elapsed() < ALLOC_BUSY_WAIT => continue,
                 Ok(true) => Ok(()),
                 Err(e) => Err(e),
             };
@@ -522,8 +513,9 @@ impl<N: Nic> Allocations<N> {
         if !wait {
             // A look without waiting goes to the wire (on a node attached
             // to the daemon: a control call for the answer, one more for a
-            // request not sent yet) at most every LOOK_EVERY, unless what it looks for is
-            // here already; an answer takes longer than that to come.
+            // request not sent yet) at most every LOOK_EVERY, unless what
+            // it looks for is here already; an answer takes longer than
+            // that to come.
             let here = self.answers.iter().any(|(id, _)| *id == ask.0)
                 || self.asked.get(i).is_some_and(|a| a.failed.is_some());
             if !here && self.looked.is_some_and(|at| at.elapsed() < LOOK_EVERY) {
@@ -713,10 +705,18 @@ fn close<N: Nic>(ep: &Endpoint<N>, gid: Gid, port: u16) {
     }
 }
 
-/// A full port's refusals (its slots taken; one reclaimed from this
-/// endpoint while idle): asked again.
-const BUSY: krcore::messaging::RefuseCode = krcore::messaging::RefuseCode::Busy;
-const RECLAIMED: krcore::messaging::RefuseCode = krcore::messaging::RefuseCode::Reclaimed;
+/// Whether `e` is a full port's refusal (its slots taken, or one reclaimed
+/// from this endpoint while idle): the request is asked again.
+fn port_full(e: &krcore::MsgError) -> bool {
+    use krcore::messaging::RefuseCode;
+    matches!(
+        e,
+        krcore::MsgError::Refused {
+            code: RefuseCode::Busy | RefuseCode::Reclaimed,
+            ..
+        }
+    )
+}
 
 /// Pushes `req`, asking again (pauses of 1 ms doubling to 100 ms) while the
 /// port refuses it `Busy`, for at most [`ALLOC_BUSY_WAIT`]: a full port
@@ -732,10 +732,7 @@ fn push_when_admitted<N: Nic>(
     let mut pause = Duration::from_millis(1);
     loop {
         match ep.push(gid, port, req) {
-            Err(krcore::MsgError::Refused {
-                code: krcore::messaging::RefuseCode::Busy | krcore::messaging::RefuseCode::Reclaimed,
-                ..
-            }) if Instant::now() + pause < deadline => {
+            Err(e) if port_full(&e) && Instant::now() + pause < deadline => {
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(Duration::from_millis(100));
             }
