@@ -544,6 +544,29 @@ pub trait Transport {
         })
     }
 
+    /// [`Transport::return_blocks`] without waiting for the node's answer
+    /// where the transport can: `Ok(Some(ask))`, whose answer
+    /// [`Transport::alloc_block_answer`] collects (no runs: the node took
+    /// them; [`TransportError::Refused`]: it did not). `Ok(None)`: the
+    /// node took them already (the default: `return_blocks`, waiting). The
+    /// blocks are usable at once (no `delay`). A running client gives the
+    /// surplus of its free lists back so (after every write, once a free
+    /// list passed [`crate::client::FREE_HIGH`]), at most 2,048 runs at a
+    /// time.
+    ///
+    /// # Errors
+    /// As `return_blocks`; except for [`TransportError::Timeout`], the
+    /// node did not take the blocks.
+    fn return_blocks_ahead(
+        &mut self,
+        node: u8,
+        block_bytes: u64,
+        runs: &[BlockRun],
+    ) -> Result<Option<AllocAsk>, TransportError> {
+        self.return_blocks(node, block_bytes, runs, std::time::Duration::ZERO, true)
+            .map(|()| None)
+    }
+
     /// The client's lease on memory node `node`'s grants (see
     /// [`crate::holders`]): its generation, with more than a quarter of
     /// the lease left (renewed once half is gone: before returning, or
@@ -632,6 +655,14 @@ macro_rules! forward_transport {
                 wait: bool,
             ) -> Result<(), TransportError> {
                 (**self).return_blocks(node, block_bytes, runs, delay, wait)
+            }
+            fn return_blocks_ahead(
+                &mut self,
+                node: u8,
+                block_bytes: u64,
+                runs: &[BlockRun],
+            ) -> Result<Option<AllocAsk>, TransportError> {
+                (**self).return_blocks_ahead(node, block_bytes, runs)
             }
             fn grant_lease(&mut self, node: u8) -> Result<Option<u32>, TransportError> {
                 (**self).grant_lease(node)

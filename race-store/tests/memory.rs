@@ -468,3 +468,76 @@ fn a_node_that_is_down_keeps_its_share_and_the_others_take_theirs() {
     assert_eq!(stats[0].pool.returned, r.returned_bytes);
     assert_eq!(stats[1].pool.returned, 0);
 }
+
+/// A client that deletes more than it inserts gives what it freed back to
+/// the memory nodes while it runs (beyond `FREE_HIGH` per node and size
+/// class), so another client's inserts reuse it instead of new heap; and
+/// what such a client holds, which a kill would leak, stays bounded.
+#[test]
+fn a_client_that_deletes_gives_its_surplus_back_while_it_runs() {
+    use race_store::client::{FREE_HIGH, FREE_KEEP};
+    let cluster = tiny_cluster(1, 64, 256 << 20, 16);
+    let clock = Arc::new(ManualClock::new(0, 1));
+    let config = tick_config();
+    let keys = 50_000u64;
+    let block = kv::block_len(key(0).len(), 100).unwrap() as u64;
+    let mut deleter = open(&cluster, clock.clone(), config);
+    for k in 0..keys {
+        deleter.insert(&key(k), &value(k, 0, 100)).unwrap();
+        clock.advance(1);
+    }
+    let loaded = heap(&cluster);
+    for k in 0..keys {
+        deleter.delete(&key(k)).unwrap();
+        clock.advance(1);
+    }
+    // Past the last deletes' grace period: one more write moves them to the
+    // free list, and trims it.
+    clock.advance(config.grace_ticks + 1);
+    deleter.put(b"last", b"x").unwrap();
+    let held = deleter.stats().kv_memory;
+    assert!(
+        keys * block > 2 * FREE_HIGH,
+        "the test frees more than the threshold"
+    );
+    assert!(held.free_bytes <= FREE_HIGH, "free lists trimmed: {held:?}");
+    assert!(
+        held.trimmed_bytes >= keys * block - FREE_HIGH - 64 * 1024,
+        "what was freed went back: {held:?} (freed {} B)",
+        keys * block
+    );
+    assert_eq!(pool(&cluster).returned, held.trimmed_bytes);
+
+    // Another client inserts as many keys while the deleter is still open:
+    // it takes what the deleter gave back, not new heap.
+    let mut inserter = open(&cluster, clock.clone(), config);
+    for k in keys..2 * keys {
+        inserter.insert(&key(k), &value(k, 0, 100)).unwrap();
+        clock.advance(1);
+    }
+    let grew = heap(&cluster) - loaded;
+    eprintln!(
+        "deleter: {held:?}; heap after the load {} KiB, grew {} KiB for {} KiB of new values",
+        loaded >> 10,
+        grew >> 10,
+        (keys * block) >> 10
+    );
+    assert!(
+        grew < FREE_KEEP + 2 * MAX_REFILL_FOR_TEST,
+        "the inserts took {grew} B of new heap"
+    );
+    for k in keys..2 * keys {
+        assert_eq!(inserter.get(&key(k)).unwrap(), Some(value(k, 0, 100)));
+    }
+    for k in (0..keys).step_by(97) {
+        assert_eq!(inserter.get(&key(k)).unwrap(), None);
+    }
+    let check = inserter.check_table().unwrap();
+    assert!(check.problems.is_empty(), "{:#?}", check.problems);
+    assert!(deleter.close().error.is_none());
+    assert!(inserter.close().error.is_none());
+}
+
+/// The grants a client holds at once (its carving slack): one refill per
+/// (node, class) and the one asked ahead.
+const MAX_REFILL_FOR_TEST: u64 = race_store::client::MAX_REFILL;

@@ -480,6 +480,64 @@ fn a_closed_clients_memory_goes_back_to_the_memory_nodes_over_messaging() {
     assert!(r.kept_bytes > 0 && r.returned_bytes == 0);
 }
 
+/// A client that deletes gives its surplus of free blocks back over
+/// messaging while it runs, each message sent ahead and its answer
+/// collected by a later write; a give-back the node refuses comes back as
+/// `Refused` from the answer.
+#[test]
+fn a_deleting_client_gives_its_surplus_back_over_messaging_while_it_runs() {
+    use race_store::client::FREE_HIGH;
+    use race_store::remote::{Transport, TransportError};
+    let c = cluster(1, 64 << 20, 14);
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
+    let returned =
+        |c: &Cluster| -> u64 { c._servers.iter().map(|s| s.stats().pool.returned).sum() };
+    let mut cl = client(&c, clock.clone());
+    // About 6.5 MiB of blocks of 1,088 B.
+    let keys = 6_000u32;
+    for i in 0..keys {
+        cl.put(&i.to_le_bytes(), &[1; 1000]).unwrap();
+    }
+    for i in 0..keys {
+        cl.delete(&i.to_le_bytes()).unwrap();
+    }
+    // Past the grace period, writes trim (one message at a time, each
+    // collected by a later write).
+    std::thread::sleep(Duration::from_micros(ClientConfig::default().grace_ticks) * 2);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut n = 0u32;
+    let held = loop {
+        cl.put(b"w", &n.to_le_bytes()).unwrap();
+        n += 1;
+        let held = cl.stats().kv_memory;
+        let done = held.free_bytes <= FREE_HIGH && held.giving_bytes == 0;
+        if done || std::time::Instant::now() >= deadline {
+            break held;
+        }
+    };
+    assert!(held.free_bytes <= FREE_HIGH, "{held:?} after {n} writes");
+    assert!(held.trimmed_bytes > 2 * FREE_HIGH, "{held:?}");
+    assert_eq!(returned(&c), held.trimmed_bytes);
+    let r = cl.close();
+    assert!(r.error.is_none(), "{:?}", r.error);
+
+    // Refused: the same runs given back twice.
+    let node = Node::builder().join(&c.meta).build().unwrap();
+    let mut t = VqpTransport::connect(&node, &c.infos).unwrap();
+    let runs = t.alloc_blocks(0, 4096, 128).unwrap();
+    for second in [false, true] {
+        let ask = t.return_blocks_ahead(0, 128, &runs).unwrap().unwrap();
+        let answer = t.alloc_block_answer(ask, true);
+        match second {
+            false => assert_eq!(answer.unwrap(), Some(Vec::new())),
+            true => assert!(
+                matches!(answer, Err(TransportError::Refused { node: 0, .. })),
+                "{answer:?}"
+            ),
+        }
+    }
+}
+
 /// A served memory node faults its heap in ahead of what it hands out, on
 /// its own thread (sim memory is backed lazily: otherwise the first WRITE
 /// to each page pays the kernel's zeroing inside a client's operation).

@@ -23,6 +23,14 @@
 //!   free blocks, uncarved runs, grants asked ahead and retired blocks past
 //!   their grace period go back to their nodes, which hand them out again
 //!   ([`crate::pool`]).
+//! * **Trimmed while running** ([`KvAllocator::trim`], after every write):
+//!   a (node, class) whose free blocks pass [`FREE_HIGH`] gives its oldest
+//!   ones back to the node until [`FREE_KEEP`] is left, without waiting
+//!   for the answer where the transport can
+//!   ([`Transport::return_blocks_ahead`]). Without it a client that deletes
+//!   more than it inserts hoarded what it freed until it closed (the store
+//!   ran out of memory while one client's free lists held it), and a killed
+//!   one leaked all of it.
 //! * **Size classes** ([`CLASS_UNITS`], in 64 B units, at most 25% internal
 //!   waste) are carved from the current coarse block of the class, per node.
 //!   A block's class is a function of its length, so a block freed by any
@@ -58,7 +66,8 @@
 //! updates + the carving slack, and a closed client's footprint goes back
 //! to the nodes. (Free lists are per client while it runs: a pattern where
 //! one client only deletes and another only inserts moves memory from one
-//! to the other's free list until the first closes.)
+//! to the other's free list up to [`FREE_HIGH`] per (node, class); the rest
+//! goes back to the node at once: [`KvAllocator::trim`].)
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
@@ -83,6 +92,20 @@ pub const MAX_REFILL: u64 = 1 << 20;
 /// takes up to its idle sleep twice (the channel's Open, then the request).
 const MAX_FAST_REFILL: u64 = 4 << 20;
 
+/// Free bytes of one (node, class) past which a running client gives the
+/// surplus back to the node ([`KvAllocator::trim`]): twice what it keeps,
+/// so that a client whose frees and allocations alternate does not give
+/// back and ask again.
+pub const FREE_HIGH: u64 = 2 * FREE_KEEP;
+
+/// Free bytes of one (node, class) a trimmed client keeps: one grant's
+/// worth, for its next inserts.
+pub const FREE_KEEP: u64 = MAX_REFILL;
+
+/// Blocks given back by one message of [`KvAllocator::trim`] (at most as
+/// many runs: 32 KiB of runs, inside the node daemon's 64 KiB messages).
+const TRIM_BLOCKS: usize = 2048;
+
 /// Blocks carved between two looks at a grant asked ahead (see
 /// `ask_next`): a look is a messaging poll, too dear for every block.
 const LOOK_EVERY: u32 = 8;
@@ -104,7 +127,8 @@ fn class_bytes(class: usize) -> u64 {
 pub struct KvMemoryStats {
     /// Bytes of coarse blocks obtained from memory nodes for KV blocks.
     pub coarse_bytes: u64,
-    /// Bytes of blocks in the free lists (reusable now).
+    /// Bytes of blocks in the free lists (reusable now; at most
+    /// [`FREE_HIGH`] per (node, class) once [`KvAllocator::trim`] ran).
     pub free_bytes: u64,
     /// Bytes of retired blocks waiting for their grace period.
     pub quarantined_bytes: u64,
@@ -112,15 +136,22 @@ pub struct KvMemoryStats {
     pub uncarved_bytes: u64,
     /// Bytes of free blocks and uncarved runs dropped because a memory
     /// node ended this client's lease on its grants (the node took back
-    /// what was never written: [`crate::holders`]).
+    /// what was never written: [`crate::holders`]), and free blocks given
+    /// back whose answer did not come ([`KvAllocator::trim`]: leaked if
+    /// the node did not take them, never used again).
     pub dropped_bytes: u64,
+    /// Bytes of free blocks given back to the memory nodes while the
+    /// client ran ([`KvAllocator::trim`]).
+    pub trimmed_bytes: u64,
+    /// Bytes of free blocks being given back (sent, not answered yet).
+    pub giving_bytes: u64,
 }
 
 impl KvMemoryStats {
     /// Bytes the client holds and would give back when it closes: free,
-    /// retired and uncarved.
+    /// retired, uncarved, and being given back.
     pub fn held_bytes(&self) -> u64 {
-        self.free_bytes + self.quarantined_bytes + self.uncarved_bytes
+        self.free_bytes + self.quarantined_bytes + self.uncarved_bytes + self.giving_bytes
     }
 }
 
@@ -217,6 +248,18 @@ pub struct KvAllocator {
     /// The tick of the allocation or give-back being served (the back-off
     /// of a node whose lease renewal failed counts from it).
     now: u64,
+    /// (node, class) whose free blocks passed [`FREE_HIGH`], until trimmed
+    /// to [`FREE_KEEP`].
+    over: Vec<(u8, usize)>,
+    /// Free blocks being given back, at most one message per node.
+    giving: Vec<trim::Trim>,
+    /// Whether the transport takes blocks back (cleared when it says it
+    /// cannot).
+    trims: bool,
+    trimmed_bytes: u64,
+    /// Per node: the tick before which it is not trimmed (after a failed
+    /// give-back).
+    trim_after: Vec<u64>,
 }
 
 impl KvAllocator {
@@ -240,6 +283,11 @@ impl KvAllocator {
             held_under: vec![None; usize::from(nodes)],
             dropped_bytes: 0,
             now: 0,
+            over: Vec::new(),
+            giving: Vec::new(),
+            trims: true,
+            trimmed_bytes: 0,
+            trim_after: vec![0; usize::from(nodes)],
         }
     }
 
@@ -590,8 +638,19 @@ impl KvAllocator {
     /// Returns a block that was never published (immediately reusable).
     pub fn release(&mut self, ptr: RemotePtr, block_len: usize) {
         let class = class_of(u8::try_from(block_len / LEN_UNIT).unwrap_or(u8::MAX));
-        if let Some(a) = self.arena(ptr.node(), class) {
-            a.free.push_back(ptr);
+        self.free_one(ptr, class);
+    }
+
+    /// Puts `ptr` on its free list, noting a list past [`FREE_HIGH`].
+    fn free_one(&mut self, ptr: RemotePtr, class: usize) {
+        let node = ptr.node();
+        let Some(a) = self.arena(node, class) else {
+            return;
+        };
+        a.free.push_back(ptr);
+        let over = a.free.len() as u64 * class_bytes(class) > FREE_HIGH;
+        if over && !self.over.contains(&(node, class)) {
+            self.over.push((node, class));
         }
     }
 
@@ -618,9 +677,7 @@ impl KvAllocator {
             }
             let (ptr, class) = (r.ptr, r.class);
             self.quarantine.pop_front();
-            if let Some(a) = self.arena(ptr.node(), class) {
-                a.free.push_back(ptr);
-            }
+            self.free_one(ptr, class);
         }
     }
 
@@ -650,6 +707,7 @@ impl KvAllocator {
     ) -> ReturnReport {
         let mut report = ReturnReport::default();
         self.now = now;
+        self.collect_trims(transport, wait, Some(&mut report));
         self.collect_every_ask(transport, wait, &mut report);
         self.reclaim(now);
         let mut to = Giving {
@@ -761,6 +819,8 @@ impl KvAllocator {
             }
         }
         s.quarantined_bytes = self.quarantine.iter().map(|r| class_bytes(r.class)).sum();
+        s.trimmed_bytes = self.trimmed_bytes;
+        s.giving_bytes = self.giving.iter().map(trim::Trim::bytes).sum();
         s
     }
 }
@@ -804,6 +864,8 @@ impl<T: Transport> Giving<'_, T> {
         }
     }
 }
+
+mod trim;
 
 #[cfg(test)]
 mod tests;

@@ -288,6 +288,12 @@ impl<T: Transport> Client<T> {
         )
     }
 
+    /// Gives back the surplus of the free lists, if any (after a write).
+    pub(crate) fn trim(&mut self) {
+        let now = self.now();
+        self.alloc.trim(&mut self.transport, now);
+    }
+
     /// Retires the block of a slot this client unlinked.
     pub(crate) fn retire(&mut self, word: Slot) {
         let now = self.now();

@@ -56,7 +56,7 @@ mod write;
 
 use std::sync::Arc;
 
-pub use alloc::{KvMemoryStats, ReturnReport, CLASS_UNITS, MAX_REFILL};
+pub use alloc::{KvMemoryStats, ReturnReport, CLASS_UNITS, FREE_HIGH, FREE_KEEP, MAX_REFILL};
 pub use batch::{Op, Reply};
 pub use verify::TableCheck;
 
@@ -531,7 +531,9 @@ impl<T: Transport> Client<T> {
         f: impl FnOnce(&mut Self) -> Result<R, Error>,
     ) -> Result<R, Error> {
         self.atomic_sent = false;
-        match f(self) {
+        let r = f(self);
+        self.trim();
+        match r {
             Err(Error::Transport(source)) if self.atomic_sent => {
                 Err(Error::OutcomeUnknown { op, source })
             }

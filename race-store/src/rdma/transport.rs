@@ -527,6 +527,18 @@ impl<N: Nic> Transport for VqpTransport<N> {
         self.explain(r)
     }
 
+    /// One message, sent ahead as a grant asked ahead is (its Open
+    /// carries it on a closed channel).
+    fn return_blocks_ahead(
+        &mut self,
+        node: u8,
+        block_bytes: u64,
+        runs: &[BlockRun],
+    ) -> Result<Option<AllocAsk>, TransportError> {
+        let r = self.return_blocks_ahead_raw(node, block_bytes, runs);
+        self.explain(r)
+    }
+
     /// Renewed by a request of its own (grants and give-backs renew it
     /// too): sent ahead once less than half the lease is left, its answer
     /// collected by a later call; waited for only when a quarter or less
@@ -750,6 +762,32 @@ impl<N: Nic> VqpTransport<N> {
             }
         }
         Ok(())
+    }
+
+    fn return_blocks_ahead_raw(
+        &mut self,
+        node: u8,
+        block_bytes: u64,
+        runs: &[BlockRun],
+    ) -> Result<Option<AllocAsk>, TransportError> {
+        if !self.takes_runs(node) {
+            return Err(TransportError::Unsupported {
+                what: "giving blocks back to a memory node of an older version",
+            });
+        }
+        let to = self.alloc_port(node)?;
+        if runs.len() > self.alloc.max_runs(&self.node, node)? {
+            return Err(TransportError::Unsupported {
+                what: "giving back more runs than one message holds",
+            });
+        }
+        let want = Want::GiveBack {
+            block_bytes,
+            runs: runs.iter().map(|r| (r.start.offset(), r.len)).collect(),
+            delay_us: 0,
+            holder: self.holder_for(node),
+        };
+        self.alloc.ask(&self.node, node, to, want).map(Some)
     }
 
     fn grant_lease_raw(&mut self, node: u8) -> Result<Option<u32>, TransportError> {

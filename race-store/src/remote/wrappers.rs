@@ -186,6 +186,18 @@ impl<T: Transport> Transport for FaultInjector<T> {
             .return_blocks(node, block_bytes, runs, delay, wait)
     }
 
+    fn return_blocks_ahead(
+        &mut self,
+        node: u8,
+        block_bytes: u64,
+        runs: &[BlockRun],
+    ) -> Result<Option<AllocAsk>, TransportError> {
+        if self.dead {
+            return Err(TransportError::Disconnected);
+        }
+        self.inner.return_blocks_ahead(node, block_bytes, runs)
+    }
+
     fn grant_lease(&mut self, node: u8) -> Result<Option<u32>, TransportError> {
         if self.dead {
             return Err(TransportError::Disconnected);
@@ -285,6 +297,15 @@ impl<T: Transport> Transport for Delayed<T> {
     ) -> Result<(), TransportError> {
         self.inner
             .return_blocks(node, block_bytes, runs, delay, wait)
+    }
+
+    fn return_blocks_ahead(
+        &mut self,
+        node: u8,
+        block_bytes: u64,
+        runs: &[BlockRun],
+    ) -> Result<Option<AllocAsk>, TransportError> {
+        self.inner.return_blocks_ahead(node, block_bytes, runs)
     }
 
     fn grant_lease(&mut self, node: u8) -> Result<Option<u32>, TransportError> {

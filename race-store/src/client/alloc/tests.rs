@@ -259,3 +259,180 @@ fn the_next_coarse_block_is_asked_for_once_the_current_is_half_carved() {
         "{coarse} bytes for a first grant of 1024 then {sizes:?}"
     );
 }
+
+/// What [`Trimming`] does with a give-back sent ahead.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum TrimMode {
+    /// Given to the node; answered at the next look.
+    Take,
+    /// Answered `Refused` at the next look.
+    Refuse,
+    /// Answered `Timeout` at the next look (unknown outcome).
+    Lose,
+    /// Not sent: `Unsupported`.
+    Cannot,
+}
+
+/// A transport whose give-backs sent ahead end as `mode` says.
+struct Trimming {
+    inner: crate::memory::LocalTransport,
+    mode: TrimMode,
+    out: Vec<(u64, u8, u64, Vec<BlockRun>)>,
+    sent: u64,
+}
+
+impl Transport for Trimming {
+    fn execute(
+        &mut self,
+        batch: &[crate::remote::RemoteOp<'_>],
+    ) -> Result<Vec<crate::remote::OpResult>, TransportError> {
+        self.inner.execute(batch)
+    }
+    fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {
+        self.inner.alloc_block(node, size)
+    }
+    fn alloc_blocks(
+        &mut self,
+        node: u8,
+        size: u64,
+        block_bytes: u64,
+    ) -> Result<Vec<BlockRun>, TransportError> {
+        self.inner.alloc_blocks(node, size, block_bytes)
+    }
+    fn return_blocks_ahead(
+        &mut self,
+        node: u8,
+        block_bytes: u64,
+        runs: &[BlockRun],
+    ) -> Result<Option<AllocAsk>, TransportError> {
+        if self.mode == TrimMode::Cannot {
+            return Err(TransportError::Unsupported { what: "test" });
+        }
+        self.sent += 1;
+        self.out.push((self.sent, node, block_bytes, runs.to_vec()));
+        Ok(Some(AllocAsk(self.sent)))
+    }
+    fn alloc_block_answer(
+        &mut self,
+        ask: AllocAsk,
+        _wait: bool,
+    ) -> Result<Option<Vec<BlockRun>>, TransportError> {
+        let i = self
+            .out
+            .iter()
+            .position(|o| o.0 == ask.0)
+            .ok_or(TransportError::BadResponse { reason: "unknown" })?;
+        let (_, node, block_bytes, runs) = self.out.remove(i);
+        match self.mode {
+            TrimMode::Take => self
+                .inner
+                .return_blocks(node, block_bytes, &runs, Duration::ZERO, true)
+                .map(|()| Some(Vec::new())),
+            TrimMode::Refuse | TrimMode::Cannot => Err(TransportError::Refused {
+                node,
+                source: crate::remote::Cause::msg("test"),
+            }),
+            TrimMode::Lose => Err(TransportError::Timeout {
+                node,
+                after: Duration::from_secs(1),
+            }),
+        }
+    }
+    fn nodes(&self) -> u8 {
+        self.inner.nodes()
+    }
+}
+
+/// Free lists past FREE_HIGH are trimmed to FREE_KEEP, one message at a
+/// time; blocks the node refused come back, blocks whose answer was lost
+/// are dropped (never used again), a transport that cannot take blocks
+/// back turns trimming off; nothing is ever in two places.
+#[test]
+fn free_lists_past_the_high_mark_go_back_and_failures_keep_or_drop() {
+    let cluster = small_cluster(1, 64 << 20);
+    let mut t = Trimming {
+        inner: cluster.transport(),
+        mode: TrimMode::Refuse,
+        out: Vec::new(),
+        sent: 0,
+    };
+    let mut st = TransportStats::default();
+    let grace = 10;
+    let mut a = KvAllocator::new(1, grace, 1 << 20);
+    let per_mib = (1u64 << 20) / LEN_UNIT as u64;
+    // 3 MiB of 64 B blocks freed: 1 MiB over FREE_HIGH.
+    let blocks: Vec<RemotePtr> = (0..3 * per_mib)
+        .map(|_| a.alloc(&mut t, &mut st, 0, LEN_UNIT, 0).unwrap())
+        .collect();
+    for &p in &blocks {
+        a.release(p, LEN_UNIT);
+    }
+    let free = |a: &KvAllocator| a.stats().free_bytes;
+    assert_eq!(free(&a), 3 << 20);
+
+    // Refused: sent (2,048 blocks), then back at the front of the list.
+    a.trim(&mut t, 1);
+    assert_eq!(a.stats().giving_bytes, TRIM_BLOCKS as u64 * 64);
+    assert_eq!(free(&a), (3 << 20) - TRIM_BLOCKS as u64 * 64);
+    a.trim(&mut t, 2);
+    assert_eq!((free(&a), a.stats().giving_bytes), (3 << 20, 0));
+    assert_eq!(a.stats().dropped_bytes, 0);
+    assert_eq!(
+        t.sent, 1,
+        "the node is not trimmed again for a grace period"
+    );
+    let front = a.take_free(0, 0);
+    assert_eq!(
+        front,
+        blocks.first().copied(),
+        "the oldest first, as before"
+    );
+    a.release(blocks[0], LEN_UNIT);
+
+    // Lost: dropped, never handed out again.
+    t.mode = TrimMode::Lose;
+    a.trim(&mut t, 2 + grace);
+    a.trim(&mut t, 3 + grace);
+    let lost = TRIM_BLOCKS as u64 * 64;
+    assert_eq!(a.stats().dropped_bytes, lost);
+    assert_eq!(free(&a), (3 << 20) - lost);
+
+    // Taken: trimmed down to FREE_KEEP, a message at a time.
+    t.mode = TrimMode::Take;
+    for now in 4 + 2 * grace..68 + 2 * grace {
+        a.trim(&mut t, now);
+    }
+    let s = a.stats();
+    assert_eq!((s.free_bytes, s.giving_bytes), (FREE_KEEP, 0), "{s:?}");
+    assert_eq!(s.trimmed_bytes, (2 << 20) - lost);
+    let pool = cluster.stats()[0].pool;
+    assert_eq!(pool.returned, s.trimmed_bytes);
+
+    // Cannot: trimming stops; the blocks stay.
+    let mut b = KvAllocator::new(1, grace, 1 << 20);
+    t.mode = TrimMode::Cannot;
+    let mine: Vec<RemotePtr> = (0..3 * per_mib)
+        .map(|_| b.alloc(&mut t, &mut st, 0, LEN_UNIT, 0).unwrap())
+        .collect();
+    for &p in &mine {
+        b.release(p, LEN_UNIT);
+    }
+    b.trim(&mut t, 1);
+    assert_eq!((free(&b), b.stats().dropped_bytes), (3 << 20, 0));
+    assert!(!b.trims && b.over.is_empty());
+    // Nothing in two places: what the node took is handed to the next
+    // client, and none of it is in the first one's free list.
+    let mine: std::collections::HashSet<u64> = a
+        .arenas
+        .iter()
+        .flatten()
+        .flat_map(|arena| arena.free.iter().map(|p| p.offset()))
+        .collect();
+    t.mode = TrimMode::Take;
+    let mut c = KvAllocator::new(1, grace, 1 << 20);
+    for _ in 0..(s.trimmed_bytes / 64) {
+        let p = c.alloc(&mut t, &mut st, 0, LEN_UNIT, 0).unwrap();
+        assert!(!mine.contains(&p.offset()), "{p:?} handed out twice");
+    }
+    assert!(cluster.stats()[0].pool.reused > 0);
+}

@@ -271,6 +271,9 @@ impl<T: Transport> Client<T> {
             out.push(self.single(*op));
         } else {
             self.batch_scratch(ops, out, &mut scratch);
+            if ops.iter().any(|op| !matches!(op, Op::Get(_))) {
+                self.trim();
+            }
         }
         self.batch = scratch;
     }
