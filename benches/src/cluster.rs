@@ -512,10 +512,12 @@ impl<T: race_store::remote::Transport + Send> KvClient for RaceKv<T> {
     }
 
     fn close(self: Box<Self>) -> crate::driver::Closed {
+        let trimmed_bytes = self.client.stats().kv_memory.trimmed_bytes;
         let r = self.client.close();
         crate::driver::Closed {
             returned_bytes: r.returned_bytes,
             kept_bytes: r.kept_bytes,
+            trimmed_bytes,
             error: r.error.map(|e| error_chain(&e)),
         }
     }

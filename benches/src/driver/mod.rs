@@ -96,6 +96,9 @@ pub struct Closed {
     pub returned_bytes: u64,
     /// Bytes the clients still held (leaked once they are gone).
     pub kept_bytes: u64,
+    /// Bytes the clients gave back while they ran (free blocks past what
+    /// a client keeps: race-store's trimming).
+    pub trimmed_bytes: u64,
     /// The first failure.
     pub error: Option<String>,
 }
@@ -105,6 +108,7 @@ impl Closed {
     pub fn add(&mut self, other: Closed) {
         self.returned_bytes += other.returned_bytes;
         self.kept_bytes += other.kept_bytes;
+        self.trimmed_bytes += other.trimmed_bytes;
         if self.error.is_none() {
             self.error = other.error;
         }
@@ -112,7 +116,8 @@ impl Closed {
 
     /// A comment line for the report (`None` when nothing was lent).
     pub fn line(&self) -> Option<String> {
-        if self.returned_bytes + self.kept_bytes == 0 && self.error.is_none() {
+        let lent = self.returned_bytes + self.kept_bytes + self.trimmed_bytes;
+        if lent == 0 && self.error.is_none() {
             return None;
         }
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
@@ -121,6 +126,12 @@ impl Closed {
             mib(self.returned_bytes),
             mib(self.kept_bytes)
         );
+        if self.trimmed_bytes > 0 {
+            l.push_str(&format!(
+                " ({:.1} MiB more given back while they ran)",
+                mib(self.trimmed_bytes)
+            ));
+        }
         if let Some(e) = &self.error {
             l.push_str(&format!(" (first failure: {e})"));
         }

@@ -109,6 +109,9 @@ pub struct ChildResult {
     /// kept, first failure.
     #[serde(default)]
     pub closed: (u64, u64, Option<String>),
+    /// Bytes its clients gave back while they ran (trimmed free lists).
+    #[serde(default)]
+    pub trimmed: u64,
 }
 
 /// Why a multi-process phase failed.
@@ -249,6 +252,7 @@ pub fn run_children(
         closed.add(super::Closed {
             returned_bytes: r.closed.0,
             kept_bytes: r.closed.1,
+            trimmed_bytes: r.trimmed,
             error: r.closed.2,
         });
         k.finish(Duration::from_secs(30));
@@ -342,6 +346,7 @@ pub fn child_main(spec: &ChildSpec) -> Result<(), String> {
         first_error: r.first_error,
         writes: r.writes,
         closed: (r.closed.returned_bytes, r.closed.kept_bytes, r.closed.error),
+        trimmed: r.closed.trimmed_bytes,
     };
     let json = serde_json::to_string(&result).map_err(|e| e.to_string())?;
     say(&format!("RESULT {json}"));
