@@ -52,6 +52,18 @@ const LOOK_EVERY: Duration = Duration::from_micros(500);
 /// caller then allocates when it needs to).
 const MAX_ASKED: usize = 64;
 
+/// Requests sent ahead to one memory node's port whose answers this
+/// endpoint has not taken yet, at most; the rest wait, unsent. The node
+/// answers into this endpoint's reply window (`msg.reply_window`, 4 by
+/// default) and waits while it is full; a push that waits for a credit (a
+/// request needed now) takes no answers meanwhile, and its credit comes
+/// back only once the node took the requests before it. With blocks of
+/// several size classes asked ahead and given back, requests out past the
+/// window held the node and the push up until the reply timed out, and
+/// the node's other clients with them: the window must keep room for the
+/// answer of the request pushed now.
+const MAX_OUT_PER_PORT: usize = 2;
+
 /// What a request asks of a memory node's allocator.
 #[derive(Clone, Debug)]
 pub(super) enum Want {
@@ -449,14 +461,17 @@ impl<N: Nic> Allocations<N> {
             });
         }
         let (req_id, req) = self.next_request(&want);
+        let room = self.out_at(gid, port) < MAX_OUT_PER_PORT;
         let ep = self.endpoint(node, to)?;
         // On a closed channel the Open carries the request: one call to a
         // node daemon, one round trip to the memory node. A full port
-        // (`Busy`) is asked again by the later looks.
-        let went = match ep.push_ahead(gid, port, &req) {
-            Ok(went) => went,
-            Err(e) if port_full(&e) => false,
-            Err(e) => return Err(lost(to, e)),
+        // (`Busy`) is asked again by the later looks, and so is a request
+        // past `MAX_OUT_PER_PORT`.
+        let went = match room.then(|| ep.push_ahead(gid, port, &req)) {
+            None => false,
+            Some(Ok(went)) => went,
+            Some(Err(e)) if port_full(&e) => false,
+            Some(Err(e)) => return Err(lost(to, e)),
         };
         let unsent = (!went).then_some(req);
         self.asked.push(Asked {
@@ -480,7 +495,16 @@ impl<N: Nic> Allocations<N> {
         let Some(ep) = self.ep.as_ref() else {
             return;
         };
-        for a in self.asked.iter_mut().filter(|a| a.unsent.is_some()) {
+        for i in 0..self.asked.len() {
+            let Some(a) = self.asked.get(i).filter(|a| a.unsent.is_some()) else {
+                continue;
+            };
+            if self.out_at(a.gid, a.port) >= MAX_OUT_PER_PORT {
+                continue;
+            }
+            let Some(a) = self.asked.get_mut(i) else {
+                continue;
+            };
             let Some(req) = &a.unsent else {
                 continue;
             };
@@ -600,6 +624,16 @@ impl<N: Nic> Allocations<N> {
             }
         }
         Ok(runs)
+    }
+
+    /// Requests sent ahead to `(gid, port)` whose answers this endpoint
+    /// has not taken yet (see [`MAX_OUT_PER_PORT`]).
+    fn out_at(&self, gid: Gid, port: u16) -> usize {
+        self.asked
+            .iter()
+            .filter(|a| a.gid == gid && a.port == port && a.unsent.is_none())
+            .filter(|a| a.failed.is_none() && !self.answers.iter().any(|(id, _)| *id == a.req_id))
+            .count()
     }
 
     /// Closes the channel to `(gid, port)` unless a request sent ahead
