@@ -548,11 +548,12 @@ pub trait Transport {
     /// where the transport can: `Ok(Some(ask))`, whose answer
     /// [`Transport::alloc_block_answer`] collects (no runs: the node took
     /// them; [`TransportError::Refused`]: it did not). `Ok(None)`: the
-    /// node took them already (the default: `return_blocks`, waiting). The
-    /// blocks are usable at once (no `delay`). A running client gives the
-    /// surplus of its free lists back so (after every write, once a free
-    /// list passed [`crate::client::FREE_HIGH`]), at most 2,048 runs at a
-    /// time.
+    /// node took them already (the default: `return_blocks`, waiting). A
+    /// running client gives the surplus of its free lists back so (after
+    /// every write, once a free list passed [`crate::client::FREE_HIGH`]),
+    /// and the oldest of its retired blocks, with what is left of their
+    /// grace period as `delay` (once they passed
+    /// [`crate::client::RETIRED_HIGH`]), at most 2,048 runs at a time.
     ///
     /// # Errors
     /// As `return_blocks`; except for [`TransportError::Timeout`], the
@@ -562,8 +563,9 @@ pub trait Transport {
         node: u8,
         block_bytes: u64,
         runs: &[BlockRun],
+        delay: std::time::Duration,
     ) -> Result<Option<AllocAsk>, TransportError> {
-        self.return_blocks(node, block_bytes, runs, std::time::Duration::ZERO, true)
+        self.return_blocks(node, block_bytes, runs, delay, true)
             .map(|()| None)
     }
 
@@ -661,8 +663,9 @@ macro_rules! forward_transport {
                 node: u8,
                 block_bytes: u64,
                 runs: &[BlockRun],
+                delay: std::time::Duration,
             ) -> Result<Option<AllocAsk>, TransportError> {
-                (**self).return_blocks_ahead(node, block_bytes, runs)
+                (**self).return_blocks_ahead(node, block_bytes, runs, delay)
             }
             fn grant_lease(&mut self, node: u8) -> Result<Option<u32>, TransportError> {
                 (**self).grant_lease(node)

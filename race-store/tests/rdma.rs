@@ -526,7 +526,10 @@ fn a_deleting_client_gives_its_surplus_back_over_messaging_while_it_runs() {
     let mut t = VqpTransport::connect(&node, &c.infos).unwrap();
     let runs = t.alloc_blocks(0, 4096, 128).unwrap();
     for second in [false, true] {
-        let ask = t.return_blocks_ahead(0, 128, &runs).unwrap().unwrap();
+        let ask = t
+            .return_blocks_ahead(0, 128, &runs, Duration::ZERO)
+            .unwrap()
+            .unwrap();
         let answer = t.alloc_block_answer(ask, true);
         match second {
             false => assert_eq!(answer.unwrap(), Some(Vec::new())),
@@ -536,6 +539,81 @@ fn a_deleting_client_gives_its_surplus_back_over_messaging_while_it_runs() {
             ),
         }
     }
+}
+
+/// With `retired_high_bytes = 0` every block a client retires goes to its
+/// memory node with the rest of its grace period, and comes back to any
+/// client through the node's pool: writers on their own keys and readers
+/// of all of them see every value as last written (a block handed out
+/// before its grace period ended would be rewritten under a reader).
+#[test]
+fn retired_blocks_handed_to_the_nodes_come_back_only_after_their_grace() {
+    let c = cluster(2, 64 << 20, 14);
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
+    let config = ClientConfig {
+        retired_high_bytes: 0,
+        ..ClientConfig::default()
+    };
+    let open = |c: &Cluster| {
+        let node = Node::builder().join(&c.meta).build().unwrap();
+        let t = VqpTransport::connect(&node, &c.infos).unwrap();
+        Client::open(t, clock.clone(), config).unwrap()
+    };
+    let (threads, keys, updates) = (3u64, 200u64, 4_000u64);
+    let value = |t: u64, k: u64, n: u64| {
+        let mut v = format!("t{t}k{k}n{n}:").into_bytes();
+        v.resize(300 + (n % 7) as usize * 100, b'a' + (n % 26) as u8);
+        v
+    };
+    let trimmed: u64 = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let mut cl = open(&c);
+                s.spawn(move || {
+                    let mut last = vec![0u64; keys as usize];
+                    for k in 0..keys {
+                        cl.put(format!("t{t}-{k}").as_bytes(), &value(t, k, 0))
+                            .unwrap();
+                    }
+                    let mut x = 0x2545_f491u64 ^ t;
+                    for n in 1..=updates {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let k = x % keys;
+                        let key = format!("t{t}-{k}").into_bytes();
+                        cl.update(&key, &value(t, k, n)).unwrap();
+                        last[k as usize] = n;
+                        let r = (x >> 20) % keys;
+                        let got = cl.get(format!("t{t}-{r}").as_bytes()).unwrap();
+                        assert_eq!(got, Some(value(t, r, last[r as usize])), "t{t} key {r}");
+                    }
+                    let trimmed = cl.stats().kv_memory.trimmed_bytes;
+                    let r = cl.close();
+                    assert!(r.error.is_none(), "{:?}", r.error);
+                    (last, trimmed)
+                })
+            })
+            .collect();
+        let mut trimmed = 0;
+        let mut cl = open(&c);
+        for (t, h) in handles.into_iter().enumerate() {
+            let (last, n) = h.join().unwrap();
+            trimmed += n;
+            for (k, &v) in last.iter().enumerate() {
+                let got = cl.get(format!("t{t}-{k}").as_bytes()).unwrap();
+                assert_eq!(got, Some(value(t as u64, k as u64, v)));
+            }
+        }
+        let check = cl.check_table().unwrap();
+        assert!(check.problems.is_empty(), "{:#?}", check.problems);
+        trimmed
+    });
+    let reused: u64 = c._servers.iter().map(|s| s.stats().pool.reused).sum();
+    assert!(
+        trimmed > 0 && reused > 0,
+        "trimmed {trimmed}, reused {reused}"
+    );
 }
 
 /// A served memory node faults its heap in ahead of what it hands out, on

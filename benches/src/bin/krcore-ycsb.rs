@@ -177,9 +177,9 @@ struct Args {
     /// How long to wait for the deployed store's memory nodes, in seconds.
     #[arg(long, default_value_t = 10)]
     wait_s: u64,
-    /// A deployed store: a TOML file with `[engine]` (the compute node's
-    /// `EngineConfig`) and `[client]` (race-store's `ClientConfig`); the
-    /// client processes of --processes get the same settings.
+    /// A TOML file with `[client]` (race-store's `ClientConfig`) and, for
+    /// a deployed store, `[engine]` (the compute node's `EngineConfig`);
+    /// the client processes of --processes get the same settings.
     #[arg(long)]
     config: Option<std::path::PathBuf>,
     /// Internal: run as a client process (JSON spec from the driver).
@@ -447,6 +447,11 @@ fn main() -> ExitCode {
         eprintln!("krcore-ycsb: {}", FabricSpec::verbs_unsupported(dev));
         return ExitCode::from(2);
     }
+    let file_client = match krcore_cli::load_toml::<krcore_cli::ClientFile>(args.config.as_deref())
+    {
+        Ok(f) => f.client,
+        Err(e) => return krcore_cli::usage("krcore-ycsb", e),
+    };
     let multi = args.processes > 1 || matches!(fabric, Some(FabricSpec::SimDir(_)));
     if multi {
         if !matches!(args.db, Db::Race) {
@@ -460,11 +465,19 @@ fn main() -> ExitCode {
             );
             return ExitCode::from(2);
         }
-        return run_multi(&args, &workload, records, operations, model, fabric, &stop);
+        return run_multi(
+            &args,
+            &workload,
+            (records, operations),
+            model,
+            fabric,
+            file_client,
+            &stop,
+        );
     }
     let backend: Box<dyn Backend> = match args.db {
         Db::Race => match RaceBackend::start(args.memory_nodes, args.node_mb << 20, model, table)
-            .map(|b| b.with_client_config(args.client_config(ClientConfig::default())))
+            .map(|b| b.with_client_config(args.client_config(file_client)))
         {
             Ok(r) => Box::new(r),
             Err(e) => {
@@ -602,10 +615,10 @@ fn embedded_table(args: &Args, workload: &Workload) -> TableConfig {
 fn run_multi(
     args: &Args,
     workload: &Workload,
-    records: u64,
-    operations: u64,
+    (records, operations): (u64, u64),
     model: Option<LatencyModel>,
     fabric: Option<FabricSpec>,
+    client: ClientConfig,
     stop: &AtomicBool,
 ) -> ExitCode {
     let (path, tmp) = match fabric {
@@ -674,7 +687,7 @@ fn run_multi(
         threads,
         seed: args.seed,
         latency: args.latency_model.clone(),
-        client: args.client_config(ClientConfig::default()),
+        client: args.client_config(client),
     };
     // Generous: a child reports when its share is done.
     let timeout = Duration::from_secs(3600);

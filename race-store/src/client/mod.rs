@@ -56,7 +56,9 @@ mod write;
 
 use std::sync::Arc;
 
-pub use alloc::{KvMemoryStats, ReturnReport, CLASS_UNITS, FREE_HIGH, FREE_KEEP, MAX_REFILL};
+pub use alloc::{
+    KvMemoryStats, ReturnReport, CLASS_UNITS, FREE_HIGH, FREE_KEEP, MAX_REFILL, RETIRED_HIGH,
+};
 pub use batch::{Op, Reply};
 pub use verify::TableCheck;
 
@@ -103,6 +105,16 @@ pub struct ClientConfig {
     /// What a writer does after it lost a CAS to another writer (write
     /// conflict avoidance under skew; `conflict = "retry"` in a file).
     pub conflict: ConflictPolicy,
+    /// Bytes of retired KV blocks (a grace period of this client's writes)
+    /// past which it hands the oldest to their memory nodes with what is
+    /// left of their grace period, while it runs (with a clock that follows
+    /// real time). What a killed client leaks is bounded by about this (and
+    /// [`FREE_HIGH`] per node and size class); below the default, heavy
+    /// update loads pay for it in throughput (every block goes through
+    /// its memory node's pool instead of the client's free list).
+    /// `u64::MAX`: never (a killed client leaks a grace period of its
+    /// writes).
+    pub retired_high_bytes: u64,
 }
 
 /// What a writer does after it lost a CAS on a slot to another writer,
@@ -137,6 +149,7 @@ impl Default for ClientConfig {
             max_attempts: 100_000,
             coarse_block_bytes: 4 << 10,
             conflict: ConflictPolicy::Backoff,
+            retired_high_bytes: RETIRED_HIGH,
         }
     }
 }
@@ -260,7 +273,8 @@ impl<T: Transport> Client<T> {
                 config.grace_ticks,
                 config.coarse_block_bytes,
             )
-            .with_backoff(config.lease_ticks),
+            .with_backoff(config.lease_ticks)
+            .with_tick(clock.tick(), config.retired_high_bytes),
             transport,
             clock,
             config,

@@ -534,8 +534,9 @@ impl<N: Nic> Transport for VqpTransport<N> {
         node: u8,
         block_bytes: u64,
         runs: &[BlockRun],
+        delay: std::time::Duration,
     ) -> Result<Option<AllocAsk>, TransportError> {
-        let r = self.return_blocks_ahead_raw(node, block_bytes, runs);
+        let r = self.return_blocks_ahead_raw(node, block_bytes, runs, delay);
         self.explain(r)
     }
 
@@ -769,6 +770,7 @@ impl<N: Nic> VqpTransport<N> {
         node: u8,
         block_bytes: u64,
         runs: &[BlockRun],
+        delay: std::time::Duration,
     ) -> Result<Option<AllocAsk>, TransportError> {
         if !self.takes_runs(node) {
             return Err(TransportError::Unsupported {
@@ -784,7 +786,7 @@ impl<N: Nic> VqpTransport<N> {
         let want = Want::GiveBack {
             block_bytes,
             runs: runs.iter().map(|r| (r.start.offset(), r.len)).collect(),
-            delay_us: 0,
+            delay_us: u64::try_from(delay.as_micros()).unwrap_or(u64::MAX),
             holder: self.holder_for(node),
         };
         self.alloc.ask(&self.node, node, to, want).map(Some)

@@ -191,11 +191,13 @@ impl<T: Transport> Transport for FaultInjector<T> {
         node: u8,
         block_bytes: u64,
         runs: &[BlockRun],
+        delay: std::time::Duration,
     ) -> Result<Option<AllocAsk>, TransportError> {
         if self.dead {
             return Err(TransportError::Disconnected);
         }
-        self.inner.return_blocks_ahead(node, block_bytes, runs)
+        self.inner
+            .return_blocks_ahead(node, block_bytes, runs, delay)
     }
 
     fn grant_lease(&mut self, node: u8) -> Result<Option<u32>, TransportError> {
@@ -304,8 +306,10 @@ impl<T: Transport> Transport for Delayed<T> {
         node: u8,
         block_bytes: u64,
         runs: &[BlockRun],
+        delay: std::time::Duration,
     ) -> Result<Option<AllocAsk>, TransportError> {
-        self.inner.return_blocks_ahead(node, block_bytes, runs)
+        self.inner
+            .return_blocks_ahead(node, block_bytes, runs, delay)
     }
 
     fn grant_lease(&mut self, node: u8) -> Result<Option<u32>, TransportError> {

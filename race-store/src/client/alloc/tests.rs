@@ -277,7 +277,7 @@ enum TrimMode {
 struct Trimming {
     inner: crate::memory::LocalTransport,
     mode: TrimMode,
-    out: Vec<(u64, u8, u64, Vec<BlockRun>)>,
+    out: Vec<(u64, u8, u64, Vec<BlockRun>, Duration)>,
     sent: u64,
 }
 
@@ -304,12 +304,14 @@ impl Transport for Trimming {
         node: u8,
         block_bytes: u64,
         runs: &[BlockRun],
+        delay: std::time::Duration,
     ) -> Result<Option<AllocAsk>, TransportError> {
         if self.mode == TrimMode::Cannot {
             return Err(TransportError::Unsupported { what: "test" });
         }
         self.sent += 1;
-        self.out.push((self.sent, node, block_bytes, runs.to_vec()));
+        self.out
+            .push((self.sent, node, block_bytes, runs.to_vec(), delay));
         Ok(Some(AllocAsk(self.sent)))
     }
     fn alloc_block_answer(
@@ -322,11 +324,11 @@ impl Transport for Trimming {
             .iter()
             .position(|o| o.0 == ask.0)
             .ok_or(TransportError::BadResponse { reason: "unknown" })?;
-        let (_, node, block_bytes, runs) = self.out.remove(i);
+        let (_, node, block_bytes, runs, delay) = self.out.remove(i);
         match self.mode {
             TrimMode::Take => self
                 .inner
-                .return_blocks(node, block_bytes, &runs, Duration::ZERO, true)
+                .return_blocks(node, block_bytes, &runs, delay, true)
                 .map(|()| Some(Vec::new())),
             TrimMode::Refuse | TrimMode::Cannot => Err(TransportError::Refused {
                 node,
@@ -435,4 +437,76 @@ fn free_lists_past_the_high_mark_go_back_and_failures_keep_or_drop() {
         assert!(!mine.contains(&p.offset()), "{p:?} handed out twice");
     }
     assert!(cluster.stats()[0].pool.reused > 0);
+}
+
+/// With a real-time clock, retired blocks past the mark go to their
+/// nodes, oldest first, with what is left of their grace period; refused
+/// ones come back to the front of the retired queue, as retired when the
+/// youngest of them was.
+#[test]
+fn retired_blocks_past_the_high_mark_go_back_with_the_rest_of_their_grace() {
+    let cluster = small_cluster(1, 64 << 20);
+    let mut t = Trimming {
+        inner: cluster.transport(),
+        mode: TrimMode::Refuse,
+        out: Vec::new(),
+        sent: 0,
+    };
+    let mut st = TransportStats::default();
+    let grace = 1_000;
+    const HIGH: u64 = 8 << 20;
+    let mut a = KvAllocator::new(1, grace, 1 << 20).with_tick(Some(Duration::from_micros(1)), HIGH);
+    let fp = core::num::NonZeroU8::new(3).unwrap();
+    // 9 MiB of 64 B blocks retired at ticks 0..: 1 MiB over the mark.
+    let n = 9 * (1u64 << 20) / 64;
+    for i in 0..n {
+        let p = a.alloc(&mut t, &mut st, 0, LEN_UNIT, 0).unwrap();
+        a.retire(Slot::for_block(fp, 64, p).unwrap(), i / 1_000);
+    }
+    let retired = |a: &KvAllocator| a.stats().quarantined_bytes;
+    assert_eq!(retired(&a), 9 << 20);
+    let now = n / 1_000;
+    a.trim(&mut t, now);
+    assert_eq!(t.out.len(), 1, "one (node, class)");
+    let (_, _, size, runs, delay) = t.out[0].clone();
+    assert_eq!(size, 64);
+    assert_eq!(
+        runs.iter().map(|r| r.len).sum::<u64>(),
+        TRIM_BLOCKS as u64 * 64
+    );
+    // The oldest 2,048 blocks were retired at ticks 0..=2: the youngest's
+    // rest of the grace period.
+    assert_eq!(delay, Duration::from_micros(2 + grace + 1 - now));
+    assert_eq!(retired(&a), (9 << 20) - TRIM_BLOCKS as u64 * 64);
+    // One give-back of retired blocks at a time.
+    a.trim(&mut t, now);
+    assert_eq!(t.sent, 1);
+    // Refused: back at the front, retired at tick 2.
+    a.trim(&mut t, now + 1);
+    assert_eq!(retired(&a), 9 << 20);
+    assert_eq!(a.quarantine.front().map(|r| r.tick), Some(2));
+    assert!(a
+        .quarantine
+        .iter()
+        .zip(a.quarantine.iter().skip(1))
+        .all(|(x, y)| x.tick <= y.tick));
+    // Taken: down to RETIRED_HIGH, 2,048 at a time, after the pause.
+    t.mode = TrimMode::Take;
+    for k in 0..300 {
+        a.trim(&mut t, now + 2 + grace + k);
+    }
+    assert!(retired(&a) <= HIGH, "{:?}", a.stats());
+    assert!(a.stats().trimmed_bytes >= 1 << 20, "{:?}", a.stats());
+    // What the node holds for the rest of the grace period, then hands out.
+    let pool = cluster.stats()[0].pool;
+    assert_eq!(pool.returned, a.stats().trimmed_bytes);
+    // Without a real-time clock nothing retired goes back while running.
+    let mut b = KvAllocator::new(1, grace, 1 << 20).with_tick(None, HIGH);
+    for i in 0..n {
+        let p = b.alloc(&mut t, &mut st, 0, LEN_UNIT, 0).unwrap();
+        b.retire(Slot::for_block(fp, 64, p).unwrap(), i / 1_000);
+    }
+    let before = t.sent;
+    b.trim(&mut t, now);
+    assert_eq!(t.sent, before);
 }
