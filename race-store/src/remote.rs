@@ -553,7 +553,8 @@ pub trait Transport {
     /// every write, once a free list passed [`crate::client::FREE_HIGH`]),
     /// and the oldest of its retired blocks, with what is left of their
     /// grace period as `delay` (once they passed
-    /// [`crate::client::RETIRED_HIGH`]), at most 2,048 runs at a time.
+    /// [`crate::ClientConfig::retired_high_bytes`]), at most 2,048 runs at
+    /// a time.
     ///
     /// # Errors
     /// As `return_blocks`; except for [`TransportError::Timeout`], the

@@ -93,7 +93,7 @@ pub const MAX_REFILL: u64 = 1 << 20;
 const MAX_FAST_REFILL: u64 = 4 << 20;
 
 /// Free bytes of one (node, class) past which a running client gives the
-/// surplus back to the node ([`KvAllocator::trim`]): twice what it keeps,
+/// surplus back to the node (after every write): twice what it keeps,
 /// so that a client whose frees and allocations alternate does not give
 /// back and ask again.
 pub const FREE_HIGH: u64 = 2 * FREE_KEEP;
@@ -101,19 +101,6 @@ pub const FREE_HIGH: u64 = 2 * FREE_KEEP;
 /// Free bytes of one (node, class) a trimmed client keeps: one grant's
 /// worth, for its next inserts.
 pub const FREE_KEEP: u64 = MAX_REFILL;
-
-/// Bytes of retired blocks a running client holds past which it hands the
-/// oldest to their nodes with what is left of their grace period
-/// ([`KvAllocator::trim`]; the nodes hold them that long), by default
-/// (`ClientConfig::retired_high_bytes`). A client holds a grace period of
-/// its writes retired (0.3 s at 1 GB/s of updates: 300 MB), which its kill
-/// would leak. Past the mark every block it retires goes through its
-/// node's pool (a client writing faster than the mark per grace period,
-/// 213 MB/s at 64 MiB and 0.3 s), which costs throughput: YCSB-A in
-/// process, 100,000 records, `--batch 16`, 2 rounds: 487-494 k ops/s at
-/// 64 MiB, 460-464 k at 32 MiB, 451-457 k at 8 MiB (update p99.9 447-532
-/// us), 509-523 k never.
-pub const RETIRED_HIGH: u64 = 64 << 20;
 
 /// Blocks given back by one message of [`KvAllocator::trim`] (at most as
 /// many runs: 32 KiB of runs, inside the node daemon's 64 KiB messages).
@@ -141,7 +128,7 @@ pub struct KvMemoryStats {
     /// Bytes of coarse blocks obtained from memory nodes for KV blocks.
     pub coarse_bytes: u64,
     /// Bytes of blocks in the free lists (reusable now; at most
-    /// [`FREE_HIGH`] per (node, class) once [`KvAllocator::trim`] ran).
+    /// [`FREE_HIGH`] per (node, class) after a write).
     pub free_bytes: u64,
     /// Bytes of retired blocks waiting for their grace period.
     pub quarantined_bytes: u64,
@@ -150,13 +137,14 @@ pub struct KvMemoryStats {
     /// Bytes of free blocks and uncarved runs dropped because a memory
     /// node ended this client's lease on its grants (the node took back
     /// what was never written: [`crate::holders`]), and free blocks given
-    /// back whose answer did not come ([`KvAllocator::trim`]: leaked if
+    /// back whose answer did not come (trimming: leaked if
     /// the node did not take them, never used again).
     pub dropped_bytes: u64,
-    /// Bytes of free blocks given back to the memory nodes while the
-    /// client ran ([`KvAllocator::trim`]).
+    /// Bytes of free blocks given back, and of retired blocks handed over
+    /// (`ClientConfig::retired_high_bytes`), to the memory nodes while the
+    /// client ran (trimming).
     pub trimmed_bytes: u64,
-    /// Bytes of free blocks being given back (sent, not answered yet).
+    /// Bytes of blocks being given back (sent, not answered yet).
     pub giving_bytes: u64,
 }
 
@@ -276,7 +264,7 @@ pub struct KvAllocator {
     /// Bytes in `quarantine`.
     retired_bytes: u64,
     /// Bytes of retired blocks past which the oldest go to their nodes
-    /// ([`RETIRED_HIGH`] by default).
+    /// (`ClientConfig::retired_high_bytes`; never by default).
     retired_high: u64,
     /// The real time of a tick, if the clock follows real time: retired
     /// blocks are handed to the nodes while running only then.
@@ -310,7 +298,7 @@ impl KvAllocator {
             trimmed_bytes: 0,
             trim_after: vec![0; usize::from(nodes)],
             retired_bytes: 0,
-            retired_high: RETIRED_HIGH,
+            retired_high: u64::MAX,
             tick: None,
         }
     }

@@ -490,7 +490,7 @@ fn retired_blocks_past_the_high_mark_go_back_with_the_rest_of_their_grace() {
         .iter()
         .zip(a.quarantine.iter().skip(1))
         .all(|(x, y)| x.tick <= y.tick));
-    // Taken: down to RETIRED_HIGH, 2,048 at a time, after the pause.
+    // Taken: down to the mark, 2,048 at a time, after the pause.
     t.mode = TrimMode::Take;
     for k in 0..300 {
         a.trim(&mut t, now + 2 + grace + k);

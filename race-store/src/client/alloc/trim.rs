@@ -52,7 +52,7 @@ impl KvAllocator {
     ///   message per node at a time;
     /// * with a clock that follows real time, the oldest retired blocks
     ///   while they are more than `retired_high` bytes
-    ///   ([`super::RETIRED_HIGH`] by default), with what is left of
+    ///   (`ClientConfig::retired_high_bytes`), with what is left of
     ///   their grace period: [`TRIM_BLOCKS`] at a time, in one message per
     ///   (node, class) among them.
     ///
