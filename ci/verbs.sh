@@ -149,7 +149,7 @@ if [ "$VERBS_DEPLOY" != 0 ]; then
     sed 's/^"executable":"//; s/"$//' | tail -n1)
   [ -n "$meta_bin" ] && [ -x "$meta_bin" ] || { say "krcore-meta was not built"; exit 1; }
   deploy_bin=$(dirname "$meta_bin")
-  for b in race-memnode krcore-ycsb krcore-elastic; do
+  for b in race-memnode race-kv krcore-ycsb krcore-elastic; do
     [ -x "$deploy_bin/$b" ] || { say "$b was not built"; exit 1; }
   done
 fi

@@ -1,0 +1,125 @@
+//! `race-kv` against a deployed store: a meta server and two memory nodes
+//! as separate processes on a sim directory fabric, and `race-kv` as a
+//! process per command, on a node of its own and through `krcored`.
+
+mod common;
+
+use common::*;
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+const KV: &str = env!("CARGO_BIN_EXE_race-kv");
+const KRCORED: &str = env!("CARGO_BIN_EXE_krcored");
+
+#[test]
+fn race_kv_runs_one_command_against_a_deployed_store() {
+    let dir = fabric_dir();
+    let fabric = format!("sim:{}", dir.path().join("f").display());
+    let (meta_p, addr) = meta(&fabric);
+    let (n0, _) = start(MEMNODE, &as_refs(&memnode(&fabric, &addr, "s", 0, &[])));
+    let (n1, _) = start(MEMNODE, &as_refs(&memnode(&fabric, &addr, "s", 1, &[])));
+    let on = |extra: &[&str]| -> Vec<String> {
+        ["--fabric", &fabric, "--meta", &addr, "--store", "s"]
+            .iter()
+            .chain(extra)
+            .map(|s| s.to_string())
+            .collect()
+    };
+    let ok = |args: Vec<String>| -> String {
+        let out = bounded_output(KV, &args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert_eq!(ok(on(&["put", "k1", "v1"])), "");
+    // Not a terminal: the value's bytes alone.
+    assert_eq!(ok(on(&["get", "k1"])), "v1");
+    fails_with(KV, &on(&["insert", "k1", "x"]), "key already exists");
+    assert_eq!(ok(on(&["get", "k1"])), "v1");
+    ok(on(&["insert", "k3", "three"]));
+    // `-`: the value from stdin, any bytes.
+    let value: Vec<u8> = (0..=255u8).cycle().take(3000).collect();
+    let mut put = Command::new(KV)
+        .args(on(&["put", "k2", "-"]))
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    put.stdin.take().unwrap().write_all(&value).unwrap();
+    let out = put.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = bounded_output(KV, &on(&["get", "k2"]));
+    assert_eq!(out.stdout, value);
+    ok(on(&["delete", "k1"]));
+    fails_with(KV, &on(&["get", "k1"]), "key not found");
+    fails_with(KV, &on(&["delete", "k1"]), "key not found");
+    let report = ok(on(&["check"]));
+    assert!(
+        report.contains(" 2 keys, 0 duplicates, 0 problem(s)"),
+        "{report}"
+    );
+
+    // Through the node daemon: the same store, the same values.
+    let sock = dir.path().join("krcored.sock");
+    let sock_s = sock.display().to_string();
+    let (daemon, _) = start(
+        KRCORED,
+        &[
+            "--fabric", &fabric, "--meta", &addr, "--socket", &sock_s, "--pool", "4",
+        ],
+    );
+    let attached = |extra: &[&str]| -> Vec<String> {
+        ["--daemon", &sock_s, "--meta", &addr, "--store", "s"]
+            .iter()
+            .chain(extra)
+            .map(|s| s.to_string())
+            .collect()
+    };
+    assert_eq!(ok(attached(&["get", "k3"])), "three");
+    ok(attached(&["put", "k3", "drei"]));
+    assert_eq!(ok(on(&["get", "k3"])), "drei");
+    assert_eq!(daemon.terminate(), Some(0));
+
+    // Bad input: typed one-line errors, bounded.
+    let with_store = |store: &str, extra: &[&str]| -> Vec<String> {
+        [
+            "--fabric", &fabric, "--meta", &addr, "--wait-s", "0", "--store", store,
+        ]
+        .iter()
+        .chain(extra)
+        .map(|s| s.to_string())
+        .collect()
+    };
+    fails_with(
+        KV,
+        &with_store("nope", &["get", "k"]),
+        "no store named \"nope\"",
+    );
+    fails_with(KV, &on(&["get", ""]), "empty");
+    for usage in [
+        vec![
+            "--fabric".to_string(),
+            fabric.clone(),
+            "get".into(),
+            "k".into(),
+        ],
+        on(&[]),
+        on(&["frobnicate"]),
+        vec!["--store".into(), "s".into(), "get".into(), "k".into()],
+    ] {
+        let out = bounded_output(KV, &usage);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{usage:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    drop((n1, n0));
+    assert_eq!(meta_p.terminate(), Some(0));
+}
