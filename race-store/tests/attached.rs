@@ -3,7 +3,8 @@
 //! daemon's VQPs, its block allocations through the daemon's messaging,
 //! with no change to the client; a model check against a `HashMap` (single
 //! operations, then batches with two doorbells in flight) with
-//! splits under load, and no QP created for the attached client.
+//! splits under load, every retired block handed to its memory node, and
+//! no QP created for the attached client.
 
 use krcore::{EngineConfig, Node};
 use krcore_kmod::daemon::{Daemon, DaemonConfig};
@@ -58,7 +59,14 @@ fn an_attached_client_inserts_updates_and_deletes_with_splits() {
     let before = node.daemon_stats().unwrap().unwrap();
     let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
     let t = VqpTransport::connect(&node, &infos).unwrap();
-    let mut cl = Client::open(t, clock, ClientConfig::default()).unwrap();
+    // Every block it retires goes back to its memory node through the
+    // daemon's messaging (with the rest of its grace period), and comes
+    // back through the node's pool.
+    let config = ClientConfig {
+        retired_high_bytes: 0,
+        ..ClientConfig::default()
+    };
+    let mut cl = Client::open(t, clock, config).unwrap();
     let mut reference: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
     let mut x = 0x2545_f491_4f6c_dd1du64;
     for i in 0..1500u64 {
@@ -119,6 +127,11 @@ fn an_attached_client_inserts_updates_and_deletes_with_splits() {
         }
     }
     assert!(cl.stats().overlapped_waves > 0, "{:?}", cl.stats());
+    assert!(
+        cl.stats().kv_memory.trimmed_bytes > 0,
+        "retired blocks handed over: {:?}",
+        cl.stats().kv_memory
+    );
     for (k, v) in &reference {
         assert_eq!(cl.get(k).unwrap().as_ref(), Some(v));
     }
