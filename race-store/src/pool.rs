@@ -20,7 +20,9 @@
 //!   whose runs overlap each other, is refused whole ([`Refusal`]), so a
 //!   block given back twice by mistake is never handed out twice by the
 //!   pool (the pool cannot tell a block handed out and given back since
-//!   from a duplicate, which is why clients give back only at close).
+//!   from a duplicate, which is why clients give back only blocks they
+//!   hold: free ones, uncarved ones, and retired ones with the rest of
+//!   their grace period).
 //! * Runs are handed out first in, first out, split when a request needs
 //!   less than the front run, and never before the time they were given
 //!   back with (they wait in a cooling list until then). A run cut into
@@ -79,6 +81,12 @@ pub enum Refusal {
 pub struct ReturnPool {
     /// Block size -> runs `(offset, len)`, first in first out.
     by_size: BTreeMap<u64, VecDeque<(u64, u64)>>,
+    /// Block size -> at least the length of its longest run: a request for
+    /// longer blocks does not walk that size's runs (converted runs leave
+    /// their cut blocks' rests as short 64-byte runs, which pile up, and a
+    /// request that walked them all was linear in the pile, under the
+    /// node's heap lock). Exact after a walk of the whole queue.
+    longest: BTreeMap<u64, u64>,
     /// Runs given back with time left of their grace period: `(usable
     /// from, block size, offset, len)`, in order of that time.
     cooling: BTreeMap<(u64, u64), (u64, u64)>,
@@ -112,6 +120,16 @@ impl ReturnPool {
     /// An empty pool.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Queues a run of blocks of `size` last.
+    fn queue(&mut self, size: u64, offset: u64, len: u64) {
+        self.by_size
+            .entry(size)
+            .or_default()
+            .push_back((offset, len));
+        let longest = self.longest.entry(size).or_default();
+        *longest = (*longest).max(len);
     }
 
     /// Figures.
@@ -177,10 +195,7 @@ impl ReturnPool {
                 self.cooling
                     .insert((usable_from, offset), (block_bytes, len));
             } else {
-                self.by_size
-                    .entry(block_bytes)
-                    .or_default()
-                    .push_back((offset, len));
+                self.queue(block_bytes, offset, len);
             }
         }
         if usable_from > now {
@@ -200,10 +215,7 @@ impl ReturnPool {
             }
             let ((_, offset), (block_bytes, len)) = entry.remove_entry();
             self.cooling_bytes -= len;
-            self.by_size
-                .entry(block_bytes)
-                .or_default()
-                .push_back((offset, len));
+            self.queue(block_bytes, offset, len);
         }
     }
 
@@ -265,21 +277,27 @@ impl ReturnPool {
         max_runs: usize,
         out: &mut Vec<(u64, u64)>,
     ) -> u64 {
+        if self.longest.get(&size).is_none_or(|&l| l < block_bytes) {
+            return 0;
+        }
         let Some(queue) = self.by_size.get_mut(&size) else {
             return 0;
         };
         let mut got = 0;
         let mut scraps = Vec::new();
         // Runs shorter than one block of `block_bytes` are passed over
-        // where they are.
+        // where they are; a walk to the queue's end learns its longest.
         let mut at = 0;
+        let mut passed = 0;
         while got < want && out.len() < max_runs {
             let Some(&(offset, len)) = queue.get(at) else {
+                self.longest.insert(size, passed);
                 break;
             };
             let need = (want - got).div_ceil(block_bytes) * block_bytes;
             let give = need.min(len / block_bytes * block_bytes);
             if give == 0 {
+                passed = passed.max(len);
                 at += 1;
                 continue;
             }
@@ -304,9 +322,10 @@ impl ReturnPool {
         }
         if queue.is_empty() {
             self.by_size.remove(&size);
+            self.longest.remove(&size);
         }
-        if !scraps.is_empty() {
-            self.by_size.entry(BLOCK_ALIGN).or_default().extend(scraps);
+        for (offset, len) in scraps {
+            self.queue(BLOCK_ALIGN, offset, len);
         }
         got
     }
@@ -547,5 +566,37 @@ mod tests {
         assert_eq!(p.take(64, 1 << 20, 8, 10_000), vec![(8192, 64)]);
         assert_eq!(p.stats().cooling, 0);
         assert_eq!(p.stats().pooled, 0);
+    }
+
+    /// Short runs of a small size (the rests conversions leave) are walked
+    /// once by a request for larger blocks, not by every one; a long run
+    /// of that size queued later is found again.
+    #[test]
+    fn short_runs_are_not_walked_by_every_request_for_larger_blocks() {
+        let mut p = ReturnPool::new();
+        let bounds = (0, 1 << 30);
+        // 1,000 scraps of 64-byte blocks, 128..=960 bytes long, apart.
+        let scraps: Vec<(u64, u64)> = (0..1000u64)
+            .map(|i| (i * 4096, 128 + (i % 14) * 64))
+            .collect();
+        p.give(64, &scraps, bounds, 0, 0).unwrap();
+        assert_eq!(p.longest.get(&64), Some(&960));
+        // 1 KiB blocks: none is that long, and the request does not walk
+        // them (the bound says so).
+        assert_eq!(p.take(1024, 4096, 8, 0), vec![]);
+        // A request that fits finds the first run long enough.
+        assert_eq!(p.take(960, 960, 8, 0), vec![(13 * 4096, 960)]);
+        assert_eq!(p.longest.get(&64), Some(&960));
+        // A long run of 64-byte blocks is found by a 1 KiB request; once
+        // taken, the bound is stale until a walk to the queue's end.
+        p.give(64, &[(1 << 29, 4096)], bounds, 0, 0).unwrap();
+        assert_eq!(p.longest.get(&64), Some(&4096));
+        assert_eq!(p.take(1024, 4096, 8, 0), vec![(1 << 29, 4096)]);
+        assert_eq!(p.longest.get(&64), Some(&4096));
+        assert_eq!(p.take(1024, 4096, 8, 0), vec![]);
+        assert_eq!(p.longest.get(&64), Some(&960), "exact after the walk");
+        // Every other scrap is still pooled.
+        let left: u64 = scraps.iter().map(|r| r.1).sum::<u64>() - 960;
+        assert_eq!(p.stats().pooled, left);
     }
 }
