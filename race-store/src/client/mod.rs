@@ -117,7 +117,11 @@ pub struct ClientConfig {
     /// operations, `--batch 16`, 2 memory nodes, about 100 MiB retired at
     /// a time), against off: 64 MiB, 429-485 k ops/s against 510-533 k,
     /// update p99.9 160-820 us against 86-105 us (3 rounds each, taken in
-    /// turn); 8 MiB, 451-457 k against 509-523 k.
+    /// turn); 8 MiB, 451-457 k against 509-523 k. Once the memory nodes'
+    /// pool stopped walking short runs (`crate::pool`), 64 MiB against off
+    /// was within the machine's swing (6 rounds in turn: 367-491 k, median
+    /// 443 k, against 376-439 k, median 417 k); off by default until it is
+    /// measured on hardware.
     pub retired_high_bytes: u64,
 }
 
