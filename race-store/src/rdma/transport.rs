@@ -739,23 +739,13 @@ impl<N: Nic> VqpTransport<N> {
         delay: Duration,
         wait: bool,
     ) -> Result<(), TransportError> {
-        if !self.takes_runs(node) {
-            return Err(TransportError::Unsupported {
-                what: "giving blocks back to a memory node of an older version",
-            });
-        }
-        let to = self.alloc_port(node)?;
+        let to = self.give_back_port(node)?;
         // In messages the allocation endpoint takes (through the node
         // daemon: 64 KiB, about 4,000 runs; a client's retired blocks come
         // back in many more runs than that).
         let per_message = self.alloc.max_runs(&self.node, node)?;
         for part in runs.chunks(per_message) {
-            let want = Want::GiveBack {
-                block_bytes,
-                runs: part.iter().map(|r| (r.start.offset(), r.len)).collect(),
-                delay_us: u64::try_from(delay.as_micros()).unwrap_or(u64::MAX),
-                holder: self.holder_for(node),
-            };
+            let want = self.give_back_want(node, block_bytes, part, delay);
             if wait {
                 self.alloc.exchange(&self.node, node, to, &want)?;
             } else {
@@ -770,26 +760,44 @@ impl<N: Nic> VqpTransport<N> {
         node: u8,
         block_bytes: u64,
         runs: &[BlockRun],
-        delay: std::time::Duration,
+        delay: Duration,
     ) -> Result<Option<AllocAsk>, TransportError> {
-        if !self.takes_runs(node) {
-            return Err(TransportError::Unsupported {
-                what: "giving blocks back to a memory node of an older version",
-            });
-        }
-        let to = self.alloc_port(node)?;
+        let to = self.give_back_port(node)?;
         if runs.len() > self.alloc.max_runs(&self.node, node)? {
             return Err(TransportError::Unsupported {
                 what: "giving back more runs than one message holds",
             });
         }
-        let want = Want::GiveBack {
+        let want = self.give_back_want(node, block_bytes, runs, delay);
+        self.alloc.ask(&self.node, node, to, want).map(Some)
+    }
+
+    /// Node `node`'s allocation port, for a give-back (a node of an older
+    /// version takes none: `Unsupported`).
+    fn give_back_port(&self, node: u8) -> Result<(krcore_nic::Gid, u16), TransportError> {
+        if !self.takes_runs(node) {
+            return Err(TransportError::Unsupported {
+                what: "giving blocks back to a memory node of an older version",
+            });
+        }
+        self.alloc_port(node)
+    }
+
+    /// The request giving `runs` of blocks of `block_bytes` back to node
+    /// `node`, usable by others after `delay`.
+    fn give_back_want(
+        &self,
+        node: u8,
+        block_bytes: u64,
+        runs: &[BlockRun],
+        delay: Duration,
+    ) -> Want {
+        Want::GiveBack {
             block_bytes,
             runs: runs.iter().map(|r| (r.start.offset(), r.len)).collect(),
             delay_us: u64::try_from(delay.as_micros()).unwrap_or(u64::MAX),
             holder: self.holder_for(node),
-        };
-        self.alloc.ask(&self.node, node, to, want).map(Some)
+        }
     }
 
     fn grant_lease_raw(&mut self, node: u8) -> Result<Option<u32>, TransportError> {
