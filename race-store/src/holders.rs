@@ -22,8 +22,15 @@
 //!   was written is forgotten ([`Holders::prune`]): clients carve a grant
 //!   from its start, so it is carved out.
 //! * A holder not heard from for a whole lease is dead: its record ends and
-//!   its pieces are handed to the node ([`Holders::expire`]), which takes
-//!   back every block of them whose first 8 bytes are still zero. The node
+//!   its pieces become *doomed* ([`Holders::expire`]); the node takes back
+//!   every block of them whose first 8 bytes are still zero, a bounded
+//!   chunk at a time ([`Holders::next_doomed`]) with its heap lock let go
+//!   between chunks, so that a dead client's grants (tens of MiB of small
+//!   blocks) do not stall every other client's allocations while the node
+//!   reads them. Doomed pieces are cut like live ones: a run given back
+//!   meanwhile (another client unlinked a written block and the pool may
+//!   hand it out again, first word zeroed) leaves them before the node
+//!   reads it, so no block is taken back while someone holds it. The node
 //!   zeroes the first word of every block it hands out from its pool, and
 //!   new heap is zero, so a zero first word means nobody wrote the block
 //!   since it was granted: it was never linked into the table (a slot is
@@ -109,6 +116,8 @@ pub struct HolderStats {
     pub holders: u64,
     /// Pieces recorded (grants not known to be carved out).
     pub pieces: u64,
+    /// Bytes of ended holders' pieces not looked at yet.
+    pub doomed: u64,
     /// Holders whose lease ended without a word from them, so far.
     pub ended: u64,
     /// Bytes taken back from ended holders, so far.
@@ -131,6 +140,9 @@ pub struct Holders {
     records: HashMap<u64, Record>,
     /// Start -> piece; pieces never overlap.
     pieces: BTreeMap<u64, Piece>,
+    /// Start -> piece of an ended holder whose blocks the node has not read
+    /// yet; these never overlap each other nor `pieces`.
+    doomed: BTreeMap<u64, Piece>,
     ended: u64,
     reclaimed: u64,
 }
@@ -143,6 +155,7 @@ impl Holders {
             next_generation: 1,
             records: HashMap::new(),
             pieces: BTreeMap::new(),
+            doomed: BTreeMap::new(),
             ended: 0,
             reclaimed: 0,
         }
@@ -209,35 +222,10 @@ impl Holders {
         }
     }
 
-    /// Removes `start..end` from every piece, keeping what lies outside it
-    /// on each piece's own block grid (a part block is dropped: kept
-    /// allocated, never taken back).
+    /// Removes `start..end` from every piece, live and doomed.
     fn cut(&mut self, start: u64, end: u64) {
-        let hit: Vec<u64> = self
-            .pieces
-            .range(..end)
-            .rev()
-            .take_while(|(_, p)| p.end > start)
-            .map(|(&s, _)| s)
-            .collect();
-        for s in hit {
-            let Some(p) = self.pieces.remove(&s) else {
-                continue;
-            };
-            let b = p.block_bytes.max(1);
-            if p.start < start {
-                let keep_end = p.start + (start - p.start) / b * b;
-                if keep_end > p.start {
-                    self.pieces.insert(p.start, Piece { end: keep_end, ..p });
-                }
-            }
-            if end < p.end {
-                let from = p.start + (end - p.start).div_ceil(b) * b;
-                if from < p.end {
-                    self.pieces.insert(from, Piece { start: from, ..p });
-                }
-            }
-        }
+        cut_map(&mut self.pieces, start, end);
+        cut_map(&mut self.doomed, start, end);
     }
 
     /// Forgets `holder`'s pieces whose last block `written` says was
@@ -248,9 +236,10 @@ impl Holders {
     }
 
     /// Ends the record of every holder not heard from for a whole lease
-    /// at `now`, and hands over their pieces (removed from the book) for
-    /// the node to take back what was never written.
-    pub fn expire(&mut self, now: u64) -> Vec<Piece> {
+    /// at `now`; their pieces become doomed, for the node to take back
+    /// what was never written ([`Holders::next_doomed`]). Returns how many
+    /// records ended.
+    pub fn expire(&mut self, now: u64) -> usize {
         let lease = self.lease_us;
         let dead: HashSet<u64> = self
             .records
@@ -259,22 +248,37 @@ impl Holders {
             .map(|(&h, _)| h)
             .collect();
         if dead.is_empty() {
-            return Vec::new();
+            return 0;
         }
         for h in &dead {
             self.records.remove(h);
         }
         self.ended += dead.len() as u64;
-        let mut out = Vec::new();
-        self.pieces.retain(|_, p| {
+        let doomed = &mut self.doomed;
+        self.pieces.retain(|&start, p| {
             if dead.contains(&p.holder) {
-                out.push(*p);
+                doomed.insert(start, *p);
                 false
             } else {
                 true
             }
         });
-        out
+        dead.len()
+    }
+
+    /// Takes the next doomed piece off the book, at most `max_blocks`
+    /// blocks of it (the rest stays doomed), for the node to read; `None`
+    /// when nothing is doomed.
+    pub fn next_doomed(&mut self, max_blocks: u64) -> Option<Piece> {
+        let (_, p) = self.doomed.pop_first()?;
+        let b = p.block_bytes.max(1);
+        let whole = p.end.saturating_sub(p.start) / b;
+        if whole <= max_blocks.max(1) {
+            return Some(p);
+        }
+        let split = p.start + max_blocks.max(1) * b;
+        self.doomed.insert(split, Piece { start: split, ..p });
+        Some(Piece { end: split, ..p })
     }
 
     /// Counts `bytes` taken back from ended holders (the node's scan).
@@ -287,8 +291,39 @@ impl Holders {
         HolderStats {
             holders: self.records.len() as u64,
             pieces: self.pieces.len() as u64,
+            doomed: self.doomed.values().map(|p| p.end - p.start).sum(),
             ended: self.ended,
             reclaimed: self.reclaimed,
+        }
+    }
+}
+
+/// Removes `start..end` from every piece of `map`, keeping what lies
+/// outside it on each piece's own block grid (a part block is dropped: kept
+/// allocated, never taken back).
+fn cut_map(map: &mut BTreeMap<u64, Piece>, start: u64, end: u64) {
+    let hit: Vec<u64> = map
+        .range(..end)
+        .rev()
+        .take_while(|(_, p)| p.end > start)
+        .map(|(&s, _)| s)
+        .collect();
+    for s in hit {
+        let Some(p) = map.remove(&s) else {
+            continue;
+        };
+        let b = p.block_bytes.max(1);
+        if p.start < start {
+            let keep_end = p.start + (start - p.start) / b * b;
+            if keep_end > p.start {
+                map.insert(p.start, Piece { end: keep_end, ..p });
+            }
+        }
+        if end < p.end {
+            let from = p.start + (end - p.start).div_ceil(b) * b;
+            if from < p.end {
+                map.insert(from, Piece { start: from, ..p });
+            }
         }
     }
 }
@@ -319,6 +354,12 @@ mod tests {
         n * 1000
     }
 
+    /// Ends the leases due at `now` and takes every doomed piece off.
+    fn expire_all(h: &mut Holders, now: u64) -> Vec<Piece> {
+        h.expire(now);
+        std::iter::from_fn(|| h.next_doomed(u64::MAX)).collect()
+    }
+
     #[test]
     fn a_record_starts_a_generation_and_renewals_keep_it() {
         let mut h = Holders::new(LEASE);
@@ -328,9 +369,9 @@ mod tests {
         let b = h.touch(8, ms(9));
         assert_ne!(a.generation, b.generation);
         // 7 was heard from at 9 ms: alive at 19, dead past it.
-        assert!(h.expire(ms(19)).is_empty());
+        assert_eq!(h.expire(ms(19)), 0);
         assert_eq!(h.stats().holders, 2);
-        h.expire(ms(20));
+        assert_eq!(h.expire(ms(20)), 2);
         assert_eq!(h.stats().holders, 0);
         assert_eq!(h.stats().ended, 2);
         let again = h.touch(7, ms(21));
@@ -347,11 +388,11 @@ mod tests {
         h.granted(1, 128, &[(4096, 1024), (8192, 512)]);
         h.touch(2, ms(5));
         h.granted(2, 64, &[(16384, 640)]);
-        let gone = h.expire(ms(11));
+        let gone = expire_all(&mut h, ms(11));
         assert_eq!(gone.len(), 2);
         assert!(gone.iter().all(|p| p.holder == 1));
         assert_eq!(h.stats().pieces, 1);
-        let rest = h.expire(ms(16));
+        let rest = expire_all(&mut h, ms(16));
         assert_eq!(rest.len(), 1);
         assert_eq!(rest[0].holder, 2);
     }
@@ -365,7 +406,7 @@ mod tests {
                                             // ends mid-block drops the part block.
         h.returned(&[(4096 + 3 * 128, 128)]);
         h.returned(&[(4096 + 8 * 128, 64)]);
-        let mut got = h.expire(ms(11));
+        let mut got = expire_all(&mut h, ms(11));
         got.sort_by_key(|p| p.start);
         let spans: Vec<(u64, u64)> = got.iter().map(|p| (p.start, p.end)).collect();
         assert_eq!(
@@ -386,7 +427,42 @@ mod tests {
         let written: HashSet<u64> = [4096 + 9 * 64].into_iter().collect();
         h.prune(1, |at| written.contains(&at));
         assert_eq!(h.stats().pieces, 1);
-        assert_eq!(h.expire(ms(11))[0].start, 8192);
+        assert_eq!(expire_all(&mut h, ms(11))[0].start, 8192);
+    }
+
+    #[test]
+    fn doomed_pieces_come_off_in_chunks_and_runs_given_back_meanwhile_leave_them() {
+        let mut h = Holders::new(LEASE);
+        h.touch(1, 0);
+        h.granted(1, 64, &[(4096, 64 * 10)]);
+        h.touch(2, ms(5));
+        h.granted(2, 64, &[(65536, 64 * 4)]);
+        assert_eq!(h.expire(ms(11)), 1);
+        assert_eq!(h.stats().doomed, 64 * 10);
+        assert_eq!(h.stats().pieces, 1, "the live holder's piece stays");
+        let first = h.next_doomed(4).unwrap();
+        assert_eq!((first.start, first.end), (4096, 4096 + 4 * 64));
+        assert_eq!(h.stats().doomed, 64 * 6);
+        // Block 5 is given back (another client unlinked it) and block 7
+        // granted anew to holder 2 before the node reads them: neither
+        // may be taken back.
+        h.returned(&[(4096 + 5 * 64, 64)]);
+        h.granted(2, 64, &[(4096 + 7 * 64, 64)]);
+        let rest: Vec<(u64, u64)> = std::iter::from_fn(|| h.next_doomed(4))
+            .map(|p| (p.start, p.end))
+            .collect();
+        assert_eq!(
+            rest,
+            vec![
+                (4096 + 4 * 64, 4096 + 5 * 64),
+                (4096 + 6 * 64, 4096 + 7 * 64),
+                (4096 + 8 * 64, 4096 + 10 * 64)
+            ]
+        );
+        assert_eq!(h.stats().doomed, 0);
+        assert!(h.next_doomed(4).is_none());
+        // Holder 2's later grant is its own, live piece.
+        assert_eq!(h.stats().pieces, 2);
     }
 
     #[test]

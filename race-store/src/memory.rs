@@ -37,8 +37,8 @@
 //! any node.
 
 use crate::sync::AtomicU64;
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
@@ -284,7 +284,7 @@ impl<M: NodeMemory> MemoryNode<M> {
 
     /// Usage figures.
     pub fn stats(&self) -> NodeStats {
-        let heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());
+        let heap = self.heap.lock();
         NodeStats {
             capacity: self.capacity(),
             heap_used: heap.next,
@@ -310,7 +310,7 @@ impl<M: NodeMemory> MemoryNode<M> {
     /// between requests ([`crate::rdma::MemoryNodeServer::poll_once`]), so
     /// its own thread pays instead. It never changes a byte.
     pub fn prefault_ahead(&self) -> u64 {
-        let handed_out = self.heap.lock().unwrap_or_else(|e| e.into_inner()).next;
+        let handed_out = self.heap.lock().next;
         let target = handed_out
             .saturating_add(PREFAULT_AHEAD)
             .min(self.capacity());
@@ -344,7 +344,7 @@ impl<M: NodeMemory> MemoryNode<M> {
         table.check_depths()?;
         let g = table.initial_global_depth;
         {
-            let mut heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());
+            let mut heap = self.heap.lock();
             if heap.next != RESERVED_PREFIX {
                 return Err(Error::BadTable {
                     reason: "node 0 is already in use",
@@ -402,7 +402,7 @@ impl<M: NodeMemory> MemoryNode<M> {
             });
         }
         table.check_depths()?;
-        if self.heap.lock().unwrap_or_else(|e| e.into_inner()).next != RESERVED_PREFIX {
+        if self.heap.lock().next != RESERVED_PREFIX {
             return Err(Error::BadTable {
                 reason: "the memory node is already in use",
             });
@@ -491,7 +491,7 @@ impl<M: NodeMemory> MemoryNode<M> {
             .max(1)
             .checked_next_multiple_of(BLOCK_ALIGN)
             .ok_or(oom.clone())?;
-        let mut heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());
+        let mut heap = self.heap.lock();
         let start = heap.next.next_multiple_of(BLOCK_ALIGN);
         match start.checked_add(rounded) {
             Some(end) if end <= self.capacity() && end <= MAX_OFFSET => {
@@ -518,7 +518,7 @@ impl<M: NodeMemory> MemoryNode<M> {
             return Err(TransportError::NodeDown { node: self.id });
         }
         let reused = {
-            let mut heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());
+            let mut heap = self.heap.lock();
             heap.pool
                 .take(block_bytes, size, MAX_GRANT_RUNS, self.micros())
         };
@@ -550,7 +550,7 @@ impl<M: NodeMemory> MemoryNode<M> {
         }
         let now = self.micros();
         let usable_from = now.saturating_add(u64::try_from(delay.as_micros()).unwrap_or(u64::MAX));
-        let mut heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());
+        let mut heap = self.heap.lock();
         let bounds = (heap.floor, heap.next);
         let taken = heap
             .pool

@@ -12,11 +12,17 @@ use crate::remote::TransportError;
 /// [`crate::holders`]).
 const FIRST_WORD: usize = 8;
 
+/// Blocks of ended holders' grants a node reads per hold of its heap lock
+/// while taking them back: a dead client's grants can be tens of MiB of
+/// 64-byte blocks (64 MiB: 0.1-0.2 s of reading), which held every other
+/// client's allocations on the node when read in one go.
+pub const TAKEBACK_CHUNK_BLOCKS: u64 = 1024;
+
 impl<M: NodeMemory> MemoryNode<M> {
     /// Sets how long a holder's lease lasts without a request
     /// ([`crate::holders::DEFAULT_GRANT_LEASE`] unless set; at least 1 ms).
     pub fn set_grant_lease(&self, lease: Duration) {
-        let mut heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());
+        let mut heap = self.heap.lock();
         heap.holders.set_lease(lease);
         heap.expiry_check_at = 0;
     }
@@ -43,7 +49,7 @@ impl<M: NodeMemory> MemoryNode<M> {
     /// [`MemoryNode::alloc_blocks`]) as `holder`'s, whose lease the caller
     /// renewed ([`MemoryNode::renew`]); forgets its carved-out grants.
     pub fn record_grant(&self, holder: u64, block_bytes: u64, runs: &[(u64, u64)]) {
-        let mut heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());
+        let mut heap = self.heap.lock();
         heap.holders.prune(holder, |at| self.first_word(at) != 0);
         heap.holders.granted(holder, block_bytes, runs);
     }
@@ -57,9 +63,9 @@ impl<M: NodeMemory> MemoryNode<M> {
         if self.is_down() {
             return Err(TransportError::NodeDown { node: self.id });
         }
-        self.reclaim_if_due();
+        self.reclaim_step();
         let now = self.micros();
-        let mut heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());
+        let mut heap = self.heap.lock();
         Ok(heap.holders.touch(holder, now))
     }
 
@@ -80,42 +86,83 @@ impl<M: NodeMemory> MemoryNode<M> {
     }
 
     /// Ends the lease of every holder not heard from for a whole lease and
-    /// takes back the blocks of its grants that were never written (see
+    /// takes back the blocks of its grants (and of grants of holders that
+    /// ended before and are not read yet) that were never written (see
     /// [`crate::holders`]): they are handed out again at once. Returns the
-    /// bytes taken back. A serving node calls it between requests.
+    /// bytes taken back. The heap lock is let go every
+    /// [`TAKEBACK_CHUNK_BLOCKS`] blocks, so other requests go on meanwhile.
     pub fn reclaim_expired(&self) -> u64 {
+        self.look_for_ended();
+        self.take_back(u64::MAX)
+    }
+
+    /// [`MemoryNode::reclaim_expired`], looking for ended leases only if its
+    /// time has come (an eighth of a lease, at least 1 ms, after the last
+    /// look); the bytes taken back. A serving node's upkeep thread calls it.
+    pub fn reclaim_if_due(&self) -> u64 {
+        if self.expiry_due() {
+            self.look_for_ended();
+        }
+        self.take_back(u64::MAX)
+    }
+
+    /// A request's share of the taking back: the look for ended leases if
+    /// due, and one chunk of their blocks, so that a node without an upkeep
+    /// thread takes everything back as requests come, and no request waits
+    /// for more than a chunk.
+    fn reclaim_step(&self) -> u64 {
+        if self.expiry_due() {
+            self.look_for_ended();
+        }
+        self.take_back(1)
+    }
+
+    fn expiry_due(&self) -> bool {
+        let heap = self.heap.lock();
+        self.micros() >= heap.expiry_check_at
+    }
+
+    /// Ends the records of holders not heard from for a whole lease: their
+    /// pieces become doomed.
+    fn look_for_ended(&self) {
         let now = self.micros();
-        let mut heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());
+        let mut heap = self.heap.lock();
         let lease_us = u64::try_from(heap.holders.lease().as_micros()).unwrap_or(u64::MAX);
         heap.expiry_check_at = now.saturating_add((lease_us / 8).max(1_000));
-        let bounds = (heap.floor, heap.next);
+        heap.holders.expire(now);
+    }
+
+    /// Reads up to `chunks` chunks of doomed pieces, one hold of the heap
+    /// lock each, and takes back their never-written blocks; the bytes
+    /// taken back. Between chunks, runs given back or granted leave the
+    /// doomed pieces (the book cuts them), so a block handed out again
+    /// meanwhile is never taken back.
+    fn take_back(&self, chunks: u64) -> u64 {
         let mut taken = 0;
-        for piece in heap.holders.expire(now) {
+        for _ in 0..chunks {
+            let now = self.micros();
+            let mut heap = self.heap.lock();
+            let Some(piece) = heap.holders.next_doomed(TAKEBACK_CHUNK_BLOCKS) else {
+                break;
+            };
+            let bounds = (heap.floor, heap.next);
+            let mut chunk = 0;
             for run in unwritten_runs(&piece, |at| self.first_word(at)) {
                 // One run at a time: a run the pool refuses (it cannot
                 // overlap what the pool holds, as the book cuts returned
                 // runs out) stays allocated rather than spoiling the rest.
                 if let Ok(n) = heap.pool.give(piece.block_bytes, &[run], bounds, now, now) {
-                    taken += n;
+                    chunk += n;
                 }
             }
+            heap.holders.note_reclaimed(chunk);
+            taken += chunk;
+            // Hand the lock to a waiting request, if any: an unfair release
+            // lets this loop take it straight back, and a request then waits
+            // for the whole taking back, chunks or not.
+            parking_lot::MutexGuard::unlock_fair(heap);
         }
-        heap.holders.note_reclaimed(taken);
         taken
-    }
-
-    /// [`MemoryNode::reclaim_expired`] if its time has come (an eighth of
-    /// a lease, at least 1 ms, after the last look); the bytes taken back.
-    pub fn reclaim_if_due(&self) -> u64 {
-        let due = {
-            let heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());
-            self.micros() >= heap.expiry_check_at
-        };
-        if due {
-            self.reclaim_expired()
-        } else {
-            0
-        }
     }
 
     /// The first 8 bytes of the block at `at` (0 when out of range: such a
@@ -217,6 +264,45 @@ mod tests {
         let s = n.stats();
         assert_eq!(s.holders.ended, 2);
         assert_eq!(s.holders.pieces, 0);
+    }
+
+    #[test]
+    fn a_dead_holder_is_taken_back_a_chunk_per_request_and_a_block_handed_out_meanwhile_stays_out()
+    {
+        use super::TAKEBACK_CHUNK_BLOCKS as CHUNK;
+        let n = MemoryNode::new(1, 4 << 20);
+        n.set_grant_lease(LEASE);
+        // Holder 7: five chunks of 64-byte blocks, all written (linked).
+        let (runs, _) = n.grant(7, 5 * CHUNK * 64, 64).unwrap();
+        let (start, _) = runs[0];
+        for b in 0..5 * CHUNK {
+            n.write(start + b * 64, b"RKlinked").unwrap();
+        }
+        past_lease();
+        // Holder 9's first request ends 7's record and reads one chunk.
+        n.renew(9).unwrap();
+        let s = n.stats().holders;
+        assert_eq!(s.ended, 1);
+        assert_eq!(s.doomed, 4 * CHUNK * 64, "one chunk read, four left");
+        // Before the node reads the rest (each request reads one chunk),
+        // holder 9 unlinks a block of the last chunk and gives it back; the
+        // pool hands it out again with its first word zeroed, to holder 10.
+        let late = start + (5 * CHUNK - 5) * 64;
+        n.give_back_as(9, 64, &[(late, 64)], Duration::ZERO)
+            .unwrap();
+        let (again, _) = n.grant(10, 64, 64).unwrap();
+        assert_eq!(again, vec![(late, 64)]);
+        assert_eq!(n.read(late, 8).unwrap(), [0; 8]);
+        assert_eq!(n.stats().holders.doomed, 2 * CHUNK * 64 - 64);
+        // The rest is read: every block was written, nothing comes back,
+        // and the block holder 10 holds is not taken back under it.
+        assert_eq!(n.reclaim_expired(), 0);
+        assert_eq!(n.stats().holders.doomed, 0);
+        assert_eq!(n.stats().pool.pooled, 0);
+        // Holder 10 dies without writing: now it comes back, once.
+        past_lease();
+        assert_eq!(n.reclaim_expired(), 64);
+        assert_eq!(n.stats().pool.pooled, 64);
     }
 
     #[test]
