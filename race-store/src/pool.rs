@@ -23,16 +23,25 @@
 //!   from a duplicate, which is why clients give back only blocks they
 //!   hold: free ones, uncarved ones, and retired ones with the rest of
 //!   their grace period).
-//! * Runs are handed out first in, first out, split when a request needs
-//!   less than the front run, and never before the time they were given
-//!   back with (they wait in a cooling list until then). A run cut into
-//!   blocks of another size leaves its cut block's rest pooled as 64-byte
-//!   blocks and its whole blocks where they were.
+//! * Runs are handed out never before the time they were given back with
+//!   (they wait in a cooling list until then); after it, runs of each
+//!   block size first in, first out, split when a request needs less than
+//!   the front run. A run cut into blocks of another size leaves its cut
+//!   block's rest pooled as 64-byte blocks and its whole blocks where they
+//!   were.
+//! * Runs of 64-byte blocks (*rests*: the rests of cut blocks, and 64-byte
+//!   blocks given back) are kept by address and merged with every rest
+//!   next to them; a run of another size that comes next to a rest joins
+//!   it as 64-byte blocks. A rest serves any block size without leaving a
+//!   rest of its own, so the memory a change of value sizes leaves in cut
+//!   blocks' rests comes back to larger blocks once their neighbours come
+//!   back, instead of serving 64-byte values only. Rests are handed out
+//!   smallest first among those that hold a block of the size asked.
 //!
 //! Plain data, no I/O, no lock and no clock: the node calls it under its
 //! heap lock with its own time (any monotonic microseconds).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use crate::layout::slot::LEN_UNIT;
 
@@ -79,8 +88,14 @@ pub enum Refusal {
 /// docs).
 #[derive(Debug, Default)]
 pub struct ReturnPool {
-    /// Block size -> runs `(offset, len)`, first in first out.
+    /// Block size -> runs `(offset, len)`, first in first out (64-byte
+    /// blocks are in `rests`).
     by_size: BTreeMap<u64, VecDeque<(u64, u64)>>,
+    /// Usable runs of 64-byte blocks, start -> length, none next to
+    /// another (merged when they meet).
+    rests: BTreeMap<u64, u64>,
+    /// The same rests by `(length, start)`, to find one that holds a block.
+    rests_by_len: BTreeSet<(u64, u64)>,
     /// Block size -> at least the length of its longest run: a request for
     /// longer blocks does not walk that size's runs (converted runs leave
     /// their cut blocks' rests as short 64-byte runs, which pile up, and a
@@ -122,14 +137,85 @@ impl ReturnPool {
         Self::default()
     }
 
-    /// Queues a run of blocks of `size` last.
+    /// Queues a usable run of blocks of `size` (its `index` entry made):
+    /// last in its size's queue, or as a rest when its blocks are 64 bytes
+    /// or a rest lies next to it.
     fn queue(&mut self, size: u64, offset: u64, len: u64) {
+        let end = offset + len;
+        let rest_before = self
+            .rests
+            .range(..offset)
+            .next_back()
+            .is_some_and(|(&s, &l)| s + l == offset);
+        if size == BLOCK_ALIGN || rest_before || self.rests.contains_key(&end) {
+            self.add_rest(offset, len);
+            return;
+        }
         self.by_size
             .entry(size)
             .or_default()
             .push_back((offset, len));
         let longest = self.longest.entry(size).or_default();
         *longest = (*longest).max(len);
+    }
+
+    /// Adds a rest (its `index` entry made), merged with the rests next to
+    /// it.
+    fn add_rest(&mut self, offset: u64, len: u64) {
+        let (mut start, mut end) = (offset, offset + len);
+        if let Some((&s, &l)) = self.rests.range(..start).next_back() {
+            if s + l == start {
+                self.remove_rest(s);
+                start = s;
+            }
+        }
+        if self.rests.contains_key(&end) {
+            end += self.remove_rest(end);
+        }
+        self.index.remove(&offset);
+        self.index.insert(start, end);
+        self.rests.insert(start, end - start);
+        self.rests_by_len.insert((end - start, start));
+    }
+
+    /// Removes the rest at `start` (and its `index` entry); its length.
+    fn remove_rest(&mut self, start: u64) -> u64 {
+        let len = self.rests.remove(&start).unwrap_or(0);
+        self.rests_by_len.remove(&(len, start));
+        self.index.remove(&start);
+        len
+    }
+
+    /// Hands out rests as blocks of `block_bytes`, up to `want` bytes, into
+    /// `out` while it has fewer than `max_runs`: from the shortest rest
+    /// that holds a block on; returns the bytes handed out.
+    fn take_rests(
+        &mut self,
+        block_bytes: u64,
+        want: u64,
+        max_runs: usize,
+        out: &mut Vec<(u64, u64)>,
+    ) -> u64 {
+        let mut got = 0;
+        while got < want && out.len() < max_runs {
+            let Some(&(len, start)) = self.rests_by_len.range((block_bytes, 0)..).next() else {
+                break;
+            };
+            self.remove_rest(start);
+            let need = (want - got).div_ceil(block_bytes) * block_bytes;
+            let give = need.min(len / block_bytes * block_bytes);
+            out.push((start, give));
+            got += give;
+            if len > give {
+                // Its neighbours are not rests (rests are merged), and the
+                // part handed out is nobody's pooled run.
+                let (s, l) = (start + give, len - give);
+                self.index.insert(s, s + l);
+                self.rests.insert(s, l);
+                self.rests_by_len.insert((l, s));
+            }
+        }
+        got
     }
 
     /// Figures.
@@ -246,6 +332,10 @@ impl ReturnPool {
         let want = want.max(block_bytes);
         let mut got = self.take_sized(block_bytes, block_bytes, want, max_runs, &mut out);
         if got < want && out.len() < max_runs {
+            // Rests next: cutting them leaves no rest.
+            got += self.take_rests(block_bytes, want - got, max_runs, &mut out);
+        }
+        if got < want && out.len() < max_runs {
             // Other sizes, the largest first (their runs are the longest).
             let others: Vec<u64> = self
                 .by_size
@@ -266,9 +356,10 @@ impl ReturnPool {
         out
     }
 
-    /// Hands out runs pooled under `size` as blocks of `block_bytes` (see
-    /// [`ReturnPool::take`]), up to `want` bytes, into `out` while it has
-    /// fewer than `max_runs`; returns the bytes handed out.
+    /// Hands out runs pooled under `size` (not rests) as blocks of
+    /// `block_bytes` (see [`ReturnPool::take`]), up to `want` bytes, into
+    /// `out` while it has fewer than `max_runs`; returns the bytes handed
+    /// out.
     fn take_sized(
         &mut self,
         size: u64,
@@ -381,9 +472,9 @@ mod tests {
         // its size; the cut block's 768 bytes serve 64-byte requests.
         assert_eq!(p.take(1024, 1 << 20, 8, 0), vec![(5120, 3072)]);
         assert_eq!(p.take(64, 128, 8, 0), vec![(4352, 128)]);
-        // The 192-byte run (384 bytes) serves a 320-byte request with one
-        // block, the 64-byte blocks (640 bytes left) with two.
-        assert_eq!(p.take(320, 1 << 20, 8, 0), vec![(16384, 320), (4480, 640)]);
+        // The 64-byte blocks (640 bytes left) serve a 320-byte request with
+        // two blocks, then the 192-byte run (384 bytes) with one.
+        assert_eq!(p.take(320, 1 << 20, 8, 0), vec![(4480, 640), (16384, 320)]);
         // Left: the 192-byte block that was cut, as a 64-byte block.
         assert_eq!(p.stats().pooled, 64);
         // A run shorter than a block is passed over, not cut.
@@ -464,6 +555,13 @@ mod tests {
                     }
                 }
                 assert_eq!(p.stats().pooled, pooled.len() as u64 * 64, "seed {seed}");
+                // Rests are merged, indexed both ways, and guarded.
+                assert_eq!(p.rests.len(), p.rests_by_len.len());
+                for (&s, &l) in &p.rests {
+                    assert!(!p.rests.contains_key(&(s + l)), "seed {seed}: rests meet");
+                    assert!(p.rests_by_len.contains(&(l, s)));
+                    assert_eq!(p.index.get(&s), Some(&(s + l)));
+                }
             }
             // Everything usable comes out in the end.
             for size in sizes {
@@ -568,35 +666,89 @@ mod tests {
         assert_eq!(p.stats().pooled, 0);
     }
 
-    /// Short runs of a small size (the rests conversions leave) are walked
-    /// once by a request for larger blocks, not by every one; a long run
-    /// of that size queued later is found again.
+    /// Short runs of one size are walked once by a request for larger
+    /// blocks, not by every one; a long run of that size queued later is
+    /// found again.
     #[test]
     fn short_runs_are_not_walked_by_every_request_for_larger_blocks() {
         let mut p = ReturnPool::new();
         let bounds = (0, 1 << 30);
-        // 1,000 scraps of 64-byte blocks, 128..=960 bytes long, apart.
-        let scraps: Vec<(u64, u64)> = (0..1000u64)
-            .map(|i| (i * 4096, 128 + (i % 14) * 64))
+        // 1,000 runs of 128-byte blocks, 128..=896 bytes long, apart.
+        let short: Vec<(u64, u64)> = (0..1000u64)
+            .map(|i| (i * 4096, 128 + (i % 7) * 128))
             .collect();
-        p.give(64, &scraps, bounds, 0, 0).unwrap();
-        assert_eq!(p.longest.get(&64), Some(&960));
+        p.give(128, &short, bounds, 0, 0).unwrap();
+        assert_eq!(p.longest.get(&128), Some(&896));
         // 1 KiB blocks: none is that long, and the request does not walk
         // them (the bound says so).
         assert_eq!(p.take(1024, 4096, 8, 0), vec![]);
         // A request that fits finds the first run long enough.
-        assert_eq!(p.take(960, 960, 8, 0), vec![(13 * 4096, 960)]);
-        assert_eq!(p.longest.get(&64), Some(&960));
-        // A long run of 64-byte blocks is found by a 1 KiB request; once
-        // taken, the bound is stale until a walk to the queue's end.
-        p.give(64, &[(1 << 29, 4096)], bounds, 0, 0).unwrap();
-        assert_eq!(p.longest.get(&64), Some(&4096));
+        assert_eq!(p.take(896, 896, 8, 0), vec![(6 * 4096, 896)]);
+        assert_eq!(p.longest.get(&128), Some(&896));
+        // A long run is found by a 1 KiB request; once taken, the bound is
+        // stale until a walk to the queue's end.
+        p.give(128, &[(1 << 29, 4096)], bounds, 0, 0).unwrap();
+        assert_eq!(p.longest.get(&128), Some(&4096));
         assert_eq!(p.take(1024, 4096, 8, 0), vec![(1 << 29, 4096)]);
-        assert_eq!(p.longest.get(&64), Some(&4096));
+        assert_eq!(p.longest.get(&128), Some(&4096));
         assert_eq!(p.take(1024, 4096, 8, 0), vec![]);
-        assert_eq!(p.longest.get(&64), Some(&960), "exact after the walk");
-        // Every other scrap is still pooled.
-        let left: u64 = scraps.iter().map(|r| r.1).sum::<u64>() - 960;
+        assert_eq!(p.longest.get(&128), Some(&896), "exact after the walk");
+        let left: u64 = short.iter().map(|r| r.1).sum::<u64>() - 896;
         assert_eq!(p.stats().pooled, left);
+    }
+
+    /// Rests (64-byte blocks) are found by their length: a request for
+    /// blocks no rest holds looks at none, one that fits takes the shortest
+    /// rest that holds a block.
+    #[test]
+    fn rests_are_found_by_length_shortest_first() {
+        let mut p = ReturnPool::new();
+        let bounds = (0, 1 << 30);
+        let rests: Vec<(u64, u64)> = (0..1000u64)
+            .map(|i| (i * 4096, 128 + (i % 14) * 64))
+            .collect();
+        p.give(64, &rests, bounds, 0, 0).unwrap();
+        assert_eq!(p.take(1024, 4096, 8, 0), vec![]);
+        assert_eq!(p.take(960, 960, 8, 0), vec![(13 * 4096, 960)]);
+        // 320 bytes: the first rest of 320 (i = 3), whole.
+        assert_eq!(p.take(320, 320, 1, 0), vec![(3 * 4096, 320)]);
+        // 64 bytes from the first 128-byte rest leaves 64 bytes of it.
+        assert_eq!(p.take(64, 64, 1, 0), vec![(0, 64)]);
+        assert_eq!(p.rests.get(&64), Some(&64));
+        let left: u64 = rests.iter().map(|r| r.1).sum::<u64>() - 960 - 320 - 64;
+        assert_eq!(p.stats().pooled, left);
+    }
+
+    /// The rest of a cut block comes back to larger blocks once the blocks
+    /// handed out next to it come back: they join it.
+    #[test]
+    fn a_cut_blocks_rest_joins_its_neighbours_when_they_come_back() {
+        let mut p = ReturnPool::new();
+        let bounds = (0, 1 << 20);
+        // Two 4 KiB blocks; 640-byte requests cut the first into six
+        // blocks (3,840 bytes) and a 256-byte rest.
+        p.give(4096, &[(4096, 8192)], bounds, 0, 0).unwrap();
+        assert_eq!(p.take(640, 3840, 8, 0), vec![(4096, 3840)]);
+        assert_eq!(p.rests.get(&(4096 + 3840)), Some(&256));
+        // The second block is handed out whole; it cannot use the rest.
+        assert_eq!(p.take(4096, 4096, 8, 0), vec![(8192, 4096)]);
+        assert_eq!(p.take(512, 512, 8, 0), vec![]);
+        // The six blocks come back, as 640-byte ones: they join the rest,
+        // and the 4 KiB of the first block serve a 4 KiB request again.
+        p.give(640, &[(4096, 3840)], bounds, 0, 0).unwrap();
+        assert_eq!(p.rests.get(&4096), Some(&4096));
+        // The second block comes back too and joins them.
+        p.give(4096, &[(8192, 4096)], bounds, 0, 0).unwrap();
+        assert_eq!(p.rests.get(&4096), Some(&8192));
+        assert_eq!(p.take(4096, 8192, 8, 0), vec![(4096, 8192)]);
+        assert_eq!(p.stats().pooled, 0);
+        // All of it may come back: nothing overlapped.
+        p.give(64, &[(4096, 8192)], bounds, 0, 0).unwrap();
+        // A cooling run joins its neighbours only once usable.
+        let mut q = ReturnPool::new();
+        q.give(64, &[(4096, 64)], bounds, 0, 0).unwrap();
+        q.give(128, &[(4160, 128)], bounds, 50, 0).unwrap();
+        assert_eq!(q.take(128, 128, 8, 10), vec![]);
+        assert_eq!(q.take(192, 192, 8, 50), vec![(4096, 192)]);
     }
 }
