@@ -18,7 +18,11 @@ fn a_deployed_store_is_found_from_the_meta_address_alone() {
     let dir = fabric_dir();
     let fabric = format!("sim:{}", dir.path().join("f").display());
     let (meta_p, addr) = meta(&fabric);
-    let (n0, _) = start(MEMNODE, &as_refs(&memnode(&fabric, &addr, "s", 0, &[])));
+    // Node 0 reports its usage every second.
+    let (n0, _) = start(
+        MEMNODE,
+        &as_refs(&memnode(&fabric, &addr, "s", 0, &["--report-s", "1"])),
+    );
     // Node 1 takes its settings from a file (flags give the rest).
     let conf = dir.path().join("n1.toml");
     std::fs::write(
@@ -76,15 +80,40 @@ fn a_deployed_store_is_found_from_the_meta_address_alone() {
     let closed = c.close();
     assert!(closed.error.is_none(), "{:?}", closed.error);
     assert!(closed.returned_bytes > 0 && closed.kept_bytes == 0);
+    // A usage line after the close.
+    std::thread::sleep(Duration::from_millis(2500));
     // SIGTERM: each memory node leaves the store and exits 0, saying how
     // much the clients gave back.
     let mut given_kib = 0;
-    for n in [n1, n0] {
+    for (i, n) in [(1, n1), (0, n0)] {
         let (code, err) = n.terminate_with_stderr();
         assert_eq!(code, Some(0), "{err}");
+        let reports: Vec<&str> = err
+            .lines()
+            .filter(|l| l.starts_with("race-memnode: in use "))
+            .collect();
+        if i == 0 {
+            let last = reports
+                .last()
+                .unwrap_or_else(|| panic!("no usage line: {err}"));
+            assert!(
+                last.contains("of 16.0 MiB (") && last.contains("client(s) hold grants"),
+                "{last}"
+            );
+            // The client's close gave memory back within the lines' periods.
+            assert!(
+                reports
+                    .iter()
+                    .any(|l| !l.contains("clients gave back 0 KiB")),
+                "{reports:?}"
+            );
+        } else {
+            assert!(reports.is_empty(), "node 1 reports every 60 s: {err}");
+        }
         let kib = err
-            .split("clients gave back ")
+            .split("left store s")
             .nth(1)
+            .and_then(|r| r.split("clients gave back ").nth(1))
             .and_then(|r| r.split(' ').next())
             .and_then(|k| k.parse::<u64>().ok())
             .unwrap_or_else(|| panic!("no figure on the exit line: {err}"));

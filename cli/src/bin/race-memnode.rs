@@ -3,7 +3,7 @@
 //! ```text
 //! race-memnode --fabric F --meta HOST:PORT --store NAME --id I --nodes N --mb M
 //!              [--expected-keys K] [--lease-ms MS] [--grant-lease-ms MS] [--wait-s S]
-//!              [--meta-wait-s S] [--config FILE] [--ready-file PATH]
+//!              [--meta-wait-s S] [--report-s S] [--config FILE] [--ready-file PATH]
 //! race-memnode --daemon SOCKET --meta HOST:PORT --store NAME --id I --nodes N --mb M ...
 //! race-memnode --status --meta HOST:PORT --store NAME
 //! ```
@@ -32,6 +32,13 @@
 //! `--grant-lease-ms` (default 10 s) is taken for dead: the blocks of its
 //! grants it never wrote are handed out again (`race_store::holders`).
 //!
+//! While it serves, a usage line goes to stderr every `--report-s` seconds
+//! (default 60; 0: none): the region in use, the heap handed out and what
+//! of it is pooled, the clients holding grants, and what was given back,
+//! handed out again and taken back since the last line. Once more than 90%
+//! of the region is in use it warns (again after use fell below 80%):
+//! clients' writes fail with "out of memory" when every node is full.
+//!
 //! Prints `ready: ...` (and writes it to `--ready-file`) once it has joined;
 //! on SIGINT/SIGTERM it leaves the store, deregisters and exits 0. Exit
 //! codes: 2 for a bad command line or config file; 1 when it cannot serve
@@ -49,6 +56,7 @@ use krcore_cli::{
     Shutdown,
 };
 use race_store::deploy::{DeployError, MemoryNodeOptions, DEFAULT_MEMBER_LEASE};
+use race_store::memory::NodeStats;
 use race_store::rdma::MemoryNodeServer;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -60,6 +68,12 @@ const MIN_GRANT_LEASE_MS: u64 = 1000;
 /// How often a serving node asks whether node 0 is still the one it
 /// joined beside (`DeployedMemoryNode::check_standing`).
 const STANDING_EVERY: Duration = Duration::from_secs(1);
+/// Default seconds between usage lines.
+const REPORT_EVERY_S: u64 = 60;
+/// Percent of the region in use past which the node warns...
+const FULL_WARN_PCT: u64 = 90;
+/// ... and below which it warns again the next time.
+const FULL_CLEAR_PCT: u64 = 80;
 
 /// One memory node of a RACE store (one-sided hash table on disaggregated
 /// memory).
@@ -117,6 +131,12 @@ struct Args {
     /// once].
     #[arg(long)]
     meta_wait_s: Option<u64>,
+    /// Seconds between usage lines on stderr (region in use, heap handed
+    /// out and pooled, clients holding grants, given back and taken back
+    /// since the last line) [default: 60; 0: none]. A warning when more
+    /// than 90% of the region is in use comes either way.
+    #[arg(long)]
+    report_s: Option<u64>,
     /// TOML file with any of the settings above (flags override it).
     #[arg(long)]
     config: Option<PathBuf>,
@@ -153,6 +173,7 @@ struct FileConfig {
     grant_lease_ms: Option<u64>,
     wait_s: Option<u64>,
     meta_wait_s: Option<u64>,
+    report_s: Option<u64>,
     /// The engine's settings (`[engine]`: see `krcore::EngineConfig`).
     engine: krcore::EngineConfig,
     /// The table node 0 formats (`[table]`: see
@@ -239,6 +260,11 @@ fn main() -> ExitCode {
         Err(e) => return fail(PROGRAM, &e),
     };
     let meta_wait = Duration::from_secs(args.meta_wait_s.or(file.meta_wait_s).unwrap_or(0));
+    let report_s = args.report_s.or(file.report_s).unwrap_or(REPORT_EVERY_S);
+    if report_s > u64::from(u32::MAX) {
+        return usage(PROGRAM, format!("--report-s {report_s}: out of range"));
+    }
+    let report_every = Duration::from_secs(report_s);
     // Refused starts end before the node registers: its meta entry would
     // replace that of a live node at the same GID (a process of the same
     // host). An unreachable meta server is left to the build (it may wait
@@ -296,11 +322,17 @@ fn main() -> ExitCode {
     // serve the new table (race_store::deploy): it looks every second.
     let mut looked = Instant::now();
     let mut standing = Ok(());
+    let mut report = Report::new(report_every, served.stats());
     shutdown.wait_until(Duration::from_millis(50), || {
         if looked.elapsed() < STANDING_EVERY {
             return false;
         }
         looked = Instant::now();
+        if let Some(s) = served.stats() {
+            for line in report.lines(&s, looked) {
+                eprintln!("{PROGRAM}: {line}");
+            }
+        }
         standing = served.check_standing();
         standing.is_err()
     });
@@ -331,6 +363,112 @@ fn main() -> ExitCode {
         }
         Err(e) => fail(PROGRAM, &e),
     }
+}
+
+/// The usage lines of a serving node (see the module docs).
+struct Report {
+    /// `None`: no periodic lines.
+    every: Option<Duration>,
+    last_at: Instant,
+    last: NodeStats,
+    /// Warned of a full region, and use has not fallen below
+    /// [`FULL_CLEAR_PCT`] since.
+    warned: bool,
+}
+
+impl Report {
+    fn new(every: Duration, first: Option<NodeStats>) -> Self {
+        Report {
+            every: (!every.is_zero()).then_some(every),
+            last_at: Instant::now(),
+            last: first.unwrap_or_default(),
+            warned: false,
+        }
+    }
+
+    /// The lines due at `now` with figures `s`: a warning when use passed
+    /// [`FULL_WARN_PCT`], the usage line when its time came.
+    fn lines(&mut self, s: &NodeStats, now: Instant) -> Vec<String> {
+        let mut out = Vec::new();
+        let pct = in_use_pct(s);
+        if pct > FULL_WARN_PCT && !self.warned {
+            self.warned = true;
+            out.push(format!(
+                "warning: {pct}% of the region in use ({} of {}): clients' writes fail \
+                 with \"out of memory\" once every memory node of the store is full",
+                mib(in_use(s)),
+                mib(s.capacity)
+            ));
+        } else if pct < FULL_CLEAR_PCT {
+            self.warned = false;
+        }
+        if self
+            .every
+            .is_some_and(|e| now.saturating_duration_since(self.last_at) >= e)
+        {
+            out.push(usage_line(
+                s,
+                &self.last,
+                now.saturating_duration_since(self.last_at),
+            ));
+            self.last = *s;
+            self.last_at = now;
+        }
+        out
+    }
+}
+
+/// Bytes of the region in use: handed out and not pooled (clients hold
+/// them: linked, free in their lists, or in their grace period).
+fn in_use(s: &NodeStats) -> u64 {
+    s.heap_used.saturating_sub(s.pool.pooled)
+}
+
+fn in_use_pct(s: &NodeStats) -> u64 {
+    if s.capacity == 0 {
+        return 0;
+    }
+    u64::try_from(u128::from(in_use(s)) * 100 / u128::from(s.capacity)).unwrap_or(100)
+}
+
+/// Bytes in KiB below 1 MiB, else in MiB (one decimal), GiB from 10 GiB.
+fn mib(bytes: u64) -> String {
+    let b = bytes as f64;
+    if bytes < 1 << 20 {
+        format!("{} KiB", bytes >> 10)
+    } else if bytes < 10 << 30 {
+        format!("{:.1} MiB", b / f64::from(1 << 20))
+    } else {
+        format!("{:.1} GiB", b / f64::from(1 << 30))
+    }
+}
+
+/// One usage line: `s` now, against `last` `over` ago.
+fn usage_line(s: &NodeStats, last: &NodeStats, over: Duration) -> String {
+    // The pool counts what it took back from dead clients as returned.
+    let reclaimed = s.holders.reclaimed.saturating_sub(last.holders.reclaimed);
+    let given = s
+        .pool
+        .returned
+        .saturating_sub(last.pool.returned)
+        .saturating_sub(reclaimed);
+    format!(
+        "in use {} of {} ({}%): heap {} handed out, {} of it pooled ({} cooling); \
+         {} client(s) hold grants; last {} s: clients gave back {}, {} handed out again, \
+         {} taken back from {} dead client(s)",
+        mib(in_use(s)),
+        mib(s.capacity),
+        in_use_pct(s),
+        mib(s.heap_used),
+        mib(s.pool.pooled),
+        mib(s.pool.cooling),
+        s.holders.holders,
+        over.as_secs(),
+        mib(given),
+        mib(s.pool.reused.saturating_sub(last.pool.reused)),
+        mib(reclaimed),
+        s.holders.ended.saturating_sub(last.holders.ended),
+    )
 }
 
 /// `--status`: the store's members, one line each, and whether they make a
@@ -371,5 +509,83 @@ fn status(meta: &str, store: &str) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => fail(PROGRAM, &e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats(heap_mib: u64, pooled_mib: u64) -> NodeStats {
+        let mut s = NodeStats {
+            capacity: 100 << 20,
+            heap_used: heap_mib << 20,
+            ..NodeStats::default()
+        };
+        s.pool.pooled = pooled_mib << 20;
+        s
+    }
+
+    #[test]
+    fn a_usage_line_comes_every_period_with_the_figures_since_the_last() {
+        let t0 = Instant::now();
+        let mut r = Report::new(Duration::from_secs(60), Some(stats(10, 0)));
+        assert!(r
+            .lines(&stats(20, 0), t0 + Duration::from_secs(30))
+            .is_empty());
+        let mut s = stats(40, 5);
+        s.pool.returned = 8 << 20;
+        s.pool.reused = 3 << 20;
+        s.holders.reclaimed = 2 << 20;
+        s.holders.ended = 1;
+        s.holders.holders = 3;
+        let lines = r.lines(&s, t0 + Duration::from_secs(61));
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        let l = &lines[0];
+        assert!(l.starts_with("in use 35.0 MiB of 100.0 MiB (35%)"), "{l}");
+        assert!(
+            l.contains("heap 40.0 MiB handed out, 5.0 MiB of it pooled"),
+            "{l}"
+        );
+        assert!(l.contains("3 client(s) hold grants"), "{l}");
+        assert!(
+            l.contains("clients gave back 6.0 MiB, 3.0 MiB handed out again, 2.0 MiB taken back from 1 dead client(s)"),
+            "{l}"
+        );
+        // The next line counts from this one.
+        s.pool.reused = 4 << 20;
+        let lines = r.lines(&s, t0 + Duration::from_secs(122));
+        assert!(
+            lines[0].contains("clients gave back 0 KiB, 1.0 MiB handed out again"),
+            "{lines:?}"
+        );
+        // Small figures in KiB, large ones in GiB.
+        assert_eq!(mib(7 << 10), "7 KiB");
+        assert_eq!(mib(12 << 30), "12.0 GiB");
+        // None with a period of 0.
+        let mut off = Report::new(Duration::ZERO, None);
+        assert!(off.lines(&s, t0 + Duration::from_secs(3600)).is_empty());
+    }
+
+    #[test]
+    fn a_full_region_warns_once_until_use_falls_back() {
+        let t0 = Instant::now();
+        let mut r = Report::new(Duration::ZERO, None);
+        assert!(r.lines(&stats(90, 0), t0).is_empty(), "90% is not past 90%");
+        let w = r.lines(&stats(95, 2), t0);
+        assert_eq!(w.len(), 1);
+        assert!(
+            w[0].starts_with("warning: 93% of the region in use (93.0 MiB of 100.0 MiB)"),
+            "{w:?}"
+        );
+        assert!(r.lines(&stats(99, 0), t0).is_empty(), "once");
+        assert!(r.lines(&stats(85, 0), t0).is_empty(), "not below 80% yet");
+        assert!(r.lines(&stats(95, 0), t0).is_empty());
+        assert!(r.lines(&stats(79, 0), t0).is_empty());
+        assert_eq!(
+            r.lines(&stats(91, 0), t0).len(),
+            1,
+            "again after it fell back"
+        );
     }
 }
