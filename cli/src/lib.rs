@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The meta server's TCP address unless `--meta` / `--listen` say otherwise.
 pub const DEFAULT_META_ADDR: &str = race_store::deploy::DEFAULT_META_ADDR;
@@ -265,6 +265,49 @@ pub fn parse_fabric(program: &str, s: &str) -> Result<krcore_nic::FabricSpec, Ex
         .map_err(|e| usage(program, format!("--fabric: {e}")))
 }
 
+/// Bytes for a person: KiB below 1 MiB, MiB (one decimal) below 10 GiB,
+/// else GiB.
+pub fn bytes_text(bytes: u64) -> String {
+    let b = bytes as f64;
+    if bytes < 1 << 20 {
+        format!("{} KiB", bytes >> 10)
+    } else if bytes < 10 << 30 {
+        format!("{:.1} MiB", b / f64::from(1 << 20))
+    } else {
+        format!("{:.1} GiB", b / f64::from(1 << 30))
+    }
+}
+
+/// When a server's next periodic usage line is due (`--report-s`).
+#[derive(Debug)]
+pub struct Periodic {
+    /// `None`: never.
+    every: Option<Duration>,
+    last: Instant,
+}
+
+impl Periodic {
+    /// Every `every` from now; never for zero.
+    pub fn new(every: Duration) -> Self {
+        Periodic {
+            every: (!every.is_zero()).then_some(every),
+            last: Instant::now(),
+        }
+    }
+
+    /// At `now`: the time since the last line if a line is due (the next is
+    /// then counted from `now`), else `None`.
+    pub fn due(&mut self, now: Instant) -> Option<Duration> {
+        let since = now.saturating_duration_since(self.last);
+        if self.every.is_some_and(|e| since >= e) {
+            self.last = now;
+            Some(since)
+        } else {
+            None
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -312,5 +355,24 @@ mod tests {
         let p = dir.path().join("ready");
         announce_ready("x 1", Some(&p)).unwrap();
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "ready: x 1\n");
+    }
+
+    #[test]
+    fn periodic_lines_come_when_due_and_never_for_zero() {
+        let t0 = Instant::now();
+        let mut p = Periodic::new(Duration::from_secs(10));
+        assert_eq!(p.due(t0 + Duration::from_secs(5)), None);
+        let since = p.due(t0 + Duration::from_secs(11)).unwrap();
+        assert!(since > Duration::from_secs(10) && since <= Duration::from_secs(11));
+        assert_eq!(p.due(t0 + Duration::from_secs(15)), None, "counted anew");
+        assert_eq!(
+            p.due(t0 + Duration::from_secs(21)),
+            Some(Duration::from_secs(10))
+        );
+        let mut never = Periodic::new(Duration::ZERO);
+        assert_eq!(never.due(t0 + Duration::from_secs(1 << 20)), None);
+        assert_eq!(bytes_text(7 << 10), "7 KiB");
+        assert_eq!(bytes_text(3 << 19), "1.5 MiB");
+        assert_eq!(bytes_text(12 << 30), "12.0 GiB");
     }
 }

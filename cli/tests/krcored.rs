@@ -33,7 +33,16 @@ fn krcored_node() -> KrcoredNode {
     let (daemon, line) = start(
         KRCORED,
         &[
-            "--fabric", &fabric, "--meta", &addr, "--socket", &sock_s, "--pool", "4",
+            "--fabric",
+            &fabric,
+            "--meta",
+            &addr,
+            "--socket",
+            &sock_s,
+            "--pool",
+            "4",
+            "--report-s",
+            "1",
         ],
     );
     KrcoredNode {
@@ -93,13 +102,25 @@ fn krcored_serves_attached_processes_and_stops_cleanly() {
     v.wait(1, BOUND).unwrap();
     buf.read(64, &mut got).unwrap();
     assert_eq!(&got, b"through krcored");
+    // A usage line (every second here) while the process is attached.
+    std::thread::sleep(Duration::from_millis(1500));
     // The socket is taken by a live daemon.
     fails_with(
         KRCORED,
         &["--fabric", &fabric, "--meta", &addr, "--socket", &sock_s].map(String::from),
         "already listens",
     );
-    assert_eq!(d.terminate(), Some(0));
+    let (code, err) = d.terminate_with_stderr();
+    assert_eq!(code, Some(0), "{err}");
+    let report = err
+        .lines()
+        .find(|l| l.starts_with("krcored: 1 process(es) attached"))
+        .unwrap_or_else(|| panic!("no usage line: {err}"));
+    assert!(
+        report.contains("holding 1 VQP(s) and 8 KiB registered")
+            && report.contains("QP(s) created on the node"),
+        "{report}"
+    );
     match v.post(&[SendWr::read(3, buf.sge(0, 8).unwrap(), region.remote(0))]) {
         Err(DaemonError::Gone { .. }) => {}
         other => panic!("{other:?}"),

@@ -4,7 +4,7 @@
 //! ```text
 //! krcored --fabric F [--meta HOST:PORT] [--socket PATH] [--pool N]
 //!         [--max-vqps N] [--max-mb M] [--max-ports N] [--max-leases N] [--idle-us U]
-//!         [--data-threads N] [--meta-wait-s S]
+//!         [--data-threads N] [--meta-wait-s S] [--report-s S]
 //!         [--config FILE] [--ready-file PATH]
 //! ```
 //!
@@ -23,6 +23,11 @@
 //! spins without work before it sleeps (a post then costs one eventfd
 //! write).
 //!
+//! While it serves, a usage line goes to stderr every `--report-s` seconds
+//! (default 60; 0: none): the processes attached, their VQPs and
+//! registered memory, the node's QPs, and the doorbells, WRs, completions
+//! and refusals since the last line.
+//!
 //! Prints `ready: ...` (and writes it to `--ready-file`) once serving; on
 //! SIGINT/SIGTERM it closes every attached process's connection (their
 //! next call fails, typed), deregisters and exits 0. Exit codes: 2 for a
@@ -34,15 +39,17 @@
 use clap::Parser;
 use krcore::Node;
 use krcore_cli::{
-    announce_ready, build_waiting_for_meta, fail, init_tracing, load_toml, parse_fabric, usage,
-    Shutdown,
+    announce_ready, build_waiting_for_meta, bytes_text, fail, init_tracing, load_toml,
+    parse_fabric, usage, Periodic, Shutdown,
 };
-use krcore_kmod::daemon::{Daemon, DaemonConfig};
+use krcore_kmod::daemon::{Daemon, DaemonConfig, DaemonStats};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const PROGRAM: &str = "krcored";
+/// Default seconds between usage lines.
+const REPORT_EVERY_S: u64 = 60;
 
 /// The node daemon: one KRCore engine shared by every process of the node.
 #[derive(Parser, Debug)]
@@ -85,6 +92,11 @@ struct Args {
     /// once].
     #[arg(long)]
     meta_wait_s: Option<u64>,
+    /// Seconds between usage lines on stderr (processes attached, their
+    /// VQPs and memory, the node's QPs, doorbells, WRs and refusals since
+    /// the last line) [default: 60; 0: none].
+    #[arg(long)]
+    report_s: Option<u64>,
     /// TOML file with any of the settings above (flags override it).
     #[arg(long)]
     config: Option<PathBuf>,
@@ -108,6 +120,7 @@ struct FileConfig {
     idle_us: Option<u64>,
     data_threads: Option<usize>,
     meta_wait_s: Option<u64>,
+    report_s: Option<u64>,
     /// The engine's settings (`[engine]`: see `krcore::EngineConfig`).
     engine: krcore::EngineConfig,
 }
@@ -183,6 +196,10 @@ fn main() -> ExitCode {
         }
         cfg.data_threads = n;
     }
+    let report_s = args.report_s.or(file.report_s).unwrap_or(REPORT_EVERY_S);
+    if report_s > u64::from(u32::MAX) {
+        return usage(PROGRAM, format!("--report-s {report_s}: out of range"));
+    }
     let shutdown = match Shutdown::install() {
         Ok(s) => s,
         Err(e) => return fail(PROGRAM, &e),
@@ -220,7 +237,17 @@ fn main() -> ExitCode {
     if let Err(e) = announce_ready(&line, args.ready_file.as_deref()) {
         return fail(PROGRAM, &e);
     }
-    shutdown.wait_until(Duration::from_millis(50), || false);
+    let mut period = Periodic::new(Duration::from_secs(report_s));
+    let mut last = daemon.stats();
+    shutdown.wait_until(Duration::from_millis(50), || {
+        if let Some(since) = period.due(Instant::now()) {
+            let now = daemon.stats();
+            let qps = node.counters().qps_created;
+            eprintln!("{PROGRAM}: {}", usage_line(&now, &last, qps, since));
+            last = now;
+        }
+        false
+    });
     let st = daemon.stats();
     tracing::info!(?st, "signal received: closing attached processes");
     daemon.shutdown();
@@ -229,4 +256,62 @@ fn main() -> ExitCode {
         st.attached, st.doorbells, st.wrs
     );
     ExitCode::SUCCESS
+}
+
+/// One usage line: `s` now, against `last` `over` ago; `qps` the node's
+/// QPs created so far.
+fn usage_line(s: &DaemonStats, last: &DaemonStats, qps: u64, over: Duration) -> String {
+    format!(
+        "{} process(es) attached ({} in all, {} gone) holding {} VQP(s) and {} registered; \
+         {qps} QP(s) created on the node; last {} s: {} doorbell(s), {} WR(s), {} completion(s), \
+         {} doorbell(s) and {} request(s) refused, {} data-thread sleep(s)",
+        s.clients,
+        s.attached,
+        s.detached,
+        s.vqps,
+        bytes_text(s.mr_bytes),
+        over.as_secs(),
+        s.doorbells.saturating_sub(last.doorbells),
+        s.wrs.saturating_sub(last.wrs),
+        s.completions.saturating_sub(last.completions),
+        s.refused_doorbells.saturating_sub(last.refused_doorbells),
+        s.refused_requests.saturating_sub(last.refused_requests),
+        s.sleeps.saturating_sub(last.sleeps),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_usage_line_counts_since_the_last_one() {
+        let last = DaemonStats {
+            doorbells: 10,
+            wrs: 100,
+            completions: 90,
+            refused_requests: 1,
+            ..DaemonStats::default()
+        };
+        let now = DaemonStats {
+            clients: 2,
+            vqps: 7,
+            mr_bytes: 3 << 20,
+            attached: 5,
+            detached: 3,
+            doorbells: 25,
+            wrs: 160,
+            completions: 150,
+            refused_doorbells: 2,
+            refused_requests: 1,
+            sleeps: 4,
+        };
+        let l = usage_line(&now, &last, 9, Duration::from_secs(60));
+        assert_eq!(
+            l,
+            "2 process(es) attached (5 in all, 3 gone) holding 7 VQP(s) and 3.0 MiB registered; \
+             9 QP(s) created on the node; last 60 s: 15 doorbell(s), 60 WR(s), 60 completion(s), \
+             2 doorbell(s) and 0 request(s) refused, 4 data-thread sleep(s)"
+        );
+    }
 }

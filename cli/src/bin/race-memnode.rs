@@ -52,8 +52,8 @@
 use clap::Parser;
 use krcore::Node;
 use krcore_cli::{
-    announce_ready, build_waiting_for_meta, fail, init_tracing, load_toml, parse_fabric, usage,
-    Shutdown,
+    announce_ready, build_waiting_for_meta, bytes_text, fail, init_tracing, load_toml,
+    parse_fabric, usage, Periodic, Shutdown,
 };
 use race_store::deploy::{DeployError, MemoryNodeOptions, DEFAULT_MEMBER_LEASE};
 use race_store::memory::NodeStats;
@@ -367,9 +367,7 @@ fn main() -> ExitCode {
 
 /// The usage lines of a serving node (see the module docs).
 struct Report {
-    /// `None`: no periodic lines.
-    every: Option<Duration>,
-    last_at: Instant,
+    period: Periodic,
     last: NodeStats,
     /// Warned of a full region, and use has not fallen below
     /// [`FULL_CLEAR_PCT`] since.
@@ -379,8 +377,7 @@ struct Report {
 impl Report {
     fn new(every: Duration, first: Option<NodeStats>) -> Self {
         Report {
-            every: (!every.is_zero()).then_some(every),
-            last_at: Instant::now(),
+            period: Periodic::new(every),
             last: first.unwrap_or_default(),
             warned: false,
         }
@@ -396,23 +393,15 @@ impl Report {
             out.push(format!(
                 "warning: {pct}% of the region in use ({} of {}): clients' writes fail \
                  with \"out of memory\" once every memory node of the store is full",
-                mib(in_use(s)),
-                mib(s.capacity)
+                bytes_text(in_use(s)),
+                bytes_text(s.capacity)
             ));
         } else if pct < FULL_CLEAR_PCT {
             self.warned = false;
         }
-        if self
-            .every
-            .is_some_and(|e| now.saturating_duration_since(self.last_at) >= e)
-        {
-            out.push(usage_line(
-                s,
-                &self.last,
-                now.saturating_duration_since(self.last_at),
-            ));
+        if let Some(since) = self.period.due(now) {
+            out.push(usage_line(s, &self.last, since));
             self.last = *s;
-            self.last_at = now;
         }
         out
     }
@@ -431,18 +420,6 @@ fn in_use_pct(s: &NodeStats) -> u64 {
     u64::try_from(u128::from(in_use(s)) * 100 / u128::from(s.capacity)).unwrap_or(100)
 }
 
-/// Bytes in KiB below 1 MiB, else in MiB (one decimal), GiB from 10 GiB.
-fn mib(bytes: u64) -> String {
-    let b = bytes as f64;
-    if bytes < 1 << 20 {
-        format!("{} KiB", bytes >> 10)
-    } else if bytes < 10 << 30 {
-        format!("{:.1} MiB", b / f64::from(1 << 20))
-    } else {
-        format!("{:.1} GiB", b / f64::from(1 << 30))
-    }
-}
-
 /// One usage line: `s` now, against `last` `over` ago.
 fn usage_line(s: &NodeStats, last: &NodeStats, over: Duration) -> String {
     // The pool counts what it took back from dead clients as returned.
@@ -456,17 +433,17 @@ fn usage_line(s: &NodeStats, last: &NodeStats, over: Duration) -> String {
         "in use {} of {} ({}%): heap {} handed out, {} of it pooled ({} cooling); \
          {} client(s) hold grants; last {} s: clients gave back {}, {} handed out again, \
          {} taken back from {} dead client(s)",
-        mib(in_use(s)),
-        mib(s.capacity),
+        bytes_text(in_use(s)),
+        bytes_text(s.capacity),
         in_use_pct(s),
-        mib(s.heap_used),
-        mib(s.pool.pooled),
-        mib(s.pool.cooling),
+        bytes_text(s.heap_used),
+        bytes_text(s.pool.pooled),
+        bytes_text(s.pool.cooling),
         s.holders.holders,
         over.as_secs(),
-        mib(given),
-        mib(s.pool.reused.saturating_sub(last.pool.reused)),
-        mib(reclaimed),
+        bytes_text(given),
+        bytes_text(s.pool.reused.saturating_sub(last.pool.reused)),
+        bytes_text(reclaimed),
         s.holders.ended.saturating_sub(last.holders.ended),
     )
 }
@@ -559,9 +536,6 @@ mod tests {
             lines[0].contains("clients gave back 0 KiB, 1.0 MiB handed out again"),
             "{lines:?}"
         );
-        // Small figures in KiB, large ones in GiB.
-        assert_eq!(mib(7 << 10), "7 KiB");
-        assert_eq!(mib(12 << 30), "12.0 GiB");
         // None with a period of 0.
         let mut off = Report::new(Duration::ZERO, None);
         assert!(off.lines(&s, t0 + Duration::from_secs(3600)).is_empty());
