@@ -189,7 +189,7 @@ for w in ${DEPLOY_WORKLOADS:-a b c d f}; do
     die "workload $w: the clients did not give their memory back"
 done
 
-say "race-kv: put, get, delete, check against store ci"
+say "race-kv: put, get, delete, check, usage against store ci"
 kv() { "$bin/race-kv" --fabric "$(fab 6)" --meta "$meta" "${cfg[@]}" --store ci "$@"; }
 kv put ci-greeting "hello from race-kv" || die "race-kv put"
 [ "$(kv get ci-greeting)" = "hello from race-kv" ] || die "race-kv get"
@@ -197,6 +197,10 @@ kv delete ci-greeting || die "race-kv delete"
 kv get ci-greeting 2>/dev/null && die "race-kv get of a deleted key succeeded"
 kv check | tail -1
 kv check >/dev/null || die "race-kv check"
+# Every memory node's usage record (written each second, read one-sided).
+kv usage | tee "$work/usage.out"
+[ "$(grep -c '^node [0-9]*: in use ' "$work/usage.out")" -ge 2 ] &&
+  ! grep -q 'stale\|no usage record' "$work/usage.out" || die "race-kv usage"
 
 if [ "${DEPLOY_LAT:-0}" = 1 ]; then
   # Rounds in turn (the emulated guest drifts: side by side, not one long

@@ -97,7 +97,7 @@ fn a_deployed_store_is_found_from_the_meta_address_alone() {
                 .last()
                 .unwrap_or_else(|| panic!("no usage line: {err}"));
             assert!(
-                last.contains("of 16.0 MiB (") && last.contains("client(s) hold grants"),
+                last.contains("of 16.0 MiB (") && last.contains("live grant lease(s)"),
                 "{last}"
             );
             // The client's close gave memory back within the lines' periods.

@@ -63,6 +63,23 @@ fn race_kv_runs_one_command_against_a_deployed_store() {
         report.contains(" 2 keys, 0 duplicates, 0 problem(s)"),
         "{report}"
     );
+    // Every node's usage, from its usage record (written every second).
+    let usage = ok(on(&["usage"]));
+    let lines: Vec<&str> = usage.lines().collect();
+    assert_eq!(lines.len(), 3, "{usage}");
+    for (i, l) in lines[..2].iter().enumerate() {
+        assert!(
+            l.starts_with(&format!("node {i}: in use ")) && l.contains(" of 16.0 MiB ("),
+            "{usage}"
+        );
+        assert!(!l.contains("stale"), "{usage}");
+    }
+    assert!(
+        lines[2].starts_with("store s: in use ")
+            && lines[2].contains(" of 32.0 MiB (")
+            && lines[2].ends_with("on 2 memory node(s) with a record"),
+        "{usage}"
+    );
 
     // Through the node daemon: the same store, the same values.
     let sock = dir.path().join("krcored.sock");

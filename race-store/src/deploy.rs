@@ -71,6 +71,8 @@ use krcore_nic::{AnyNic, Gid};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod usage;
+
 /// The TCP address a meta server listens on unless told otherwise.
 pub const DEFAULT_META_ADDR: &str = "127.0.0.1:7471";
 

@@ -51,6 +51,7 @@ use crate::layout::table::{
     node0_heap_start, SuperblockRepr, DIR_OFFSET, DIR_PTR, SPLIT_LOG_OFFSET, SPLIT_LOG_SIZE,
     SUPERBLOCK_OFFSET, SUPERBLOCK_SIZE,
 };
+use crate::layout::usage::{UsageRepr, USAGE_OFFSET, USAGE_SIZE};
 use crate::pool::{PoolStats, Refusal, ReturnPool, MAX_GRANT_RUNS};
 use crate::remote::{Cause, TransportError};
 
@@ -67,6 +68,11 @@ pub use table::TableConfig;
 pub const BLOCK_ALIGN: u64 = 64;
 /// Bytes reserved at the start of every node (offset 0 is never a block).
 pub const RESERVED_PREFIX: u64 = 4096;
+const _: () = assert!(USAGE_OFFSET + USAGE_SIZE as u64 <= RESERVED_PREFIX);
+
+/// How often a serving node rewrites its usage record
+/// ([`MemoryNode::publish_usage`]).
+pub const USAGE_EVERY: Duration = Duration::from_secs(1);
 
 /// Usage figures of one memory node.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -292,6 +298,30 @@ impl<M: NodeMemory> MemoryNode<M> {
             pool: heap.pool.stats(),
             prefaulted: self.prefaulted.load(Ordering::Relaxed),
             holders: heap.holders.stats(),
+        }
+    }
+
+    /// Writes the node's usage record ([`crate::layout::usage`]) into its
+    /// reserved prefix, stamped with `written_ms` (the wall clock in ms
+    /// since the epoch), for clients to READ. A serving node's upkeep
+    /// thread calls it every [`USAGE_EVERY`].
+    pub fn publish_usage(&self, written_ms: u64) {
+        let s = self.stats();
+        let record = UsageRepr {
+            written_ms,
+            capacity: s.capacity,
+            heap_used: s.heap_used,
+            pooled: s.pool.pooled,
+            cooling: s.pool.cooling,
+            returned: s.pool.returned,
+            reused: s.pool.reused,
+            reclaimed: s.holders.reclaimed,
+            ended: s.holders.ended,
+            holders: u32::try_from(s.holders.holders).unwrap_or(u32::MAX),
+            doomed_kib: u32::try_from(s.holders.doomed >> 10).unwrap_or(u32::MAX),
+        };
+        if USAGE_OFFSET + USAGE_SIZE as u64 <= self.capacity() {
+            self.mem.write_from(USAGE_OFFSET, &record.emit());
         }
     }
 

@@ -8,6 +8,7 @@
 //!   insert KEY VALUE   add an absent key (refused when present)
 //!   delete KEY         remove a present key
 //!   check              read the whole table, check its invariants, count its keys
+//!   usage              every memory node's usage (one READ of its usage record each)
 //! ```
 //!
 //! Keys and values are the arguments' bytes. The client posts from a node of
@@ -24,7 +25,7 @@
 
 use clap::{Parser, Subcommand};
 use krcore::Node;
-use krcore_cli::{fail, init_tracing, load_toml, parse_fabric, usage};
+use krcore_cli::{bytes_text, fail, init_tracing, load_toml, parse_fabric, usage};
 use race_store::deploy::{Store, StoreOptions};
 use race_store::{Client, Error};
 use std::ffi::OsString;
@@ -77,6 +78,10 @@ enum Command {
     Delete { key: OsString },
     /// Read the whole table, check its invariants and count its keys.
     Check,
+    /// Every memory node's usage: region in use, heap handed out and
+    /// pooled, live grant leases, memory taken back from ended leases
+    /// (each node's usage record, read with one-sided READs).
+    Usage,
 }
 
 /// The settings a `--config` file may hold.
@@ -132,6 +137,9 @@ fn main() -> ExitCode {
         Ok(s) => s,
         Err(e) => return fail(PROGRAM, &e),
     };
+    if let Command::Usage = args.command {
+        return usage_of(&store);
+    }
     let mut client = match store.client() {
         Ok(c) => c,
         Err(e) => return fail(PROGRAM, &e),
@@ -185,11 +193,75 @@ fn run<T: race_store::remote::Transport>(client: &mut Client<T>, command: Comman
         Command::Insert { key, value } => client.insert(key.as_bytes(), &bytes(&value)),
         Command::Delete { key } => client.delete(key.as_bytes()),
         Command::Check => return check(client),
+        // Answered before a client opens (main); never reaches here.
+        Command::Usage => return usage(PROGRAM, "usage is answered without a client"),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(PROGRAM, &e),
     }
+}
+
+/// A usage record older than this is called stale (its node stopped
+/// writing it: stopped, hung, or gone).
+const STALE_MS: u64 = 10_000;
+
+/// `usage`: each memory node's usage record, and the store's total.
+fn usage_of(store: &Store) -> ExitCode {
+    let nodes = match store.usage() {
+        Ok(n) => n,
+        Err(e) => return fail(PROGRAM, &e),
+    };
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let (mut in_use, mut capacity) = (0u64, 0u64);
+    for (id, u) in &nodes {
+        let Some(u) = u else {
+            println!("node {id}: no usage record (a node of an older build, or one that has just started)");
+            continue;
+        };
+        in_use += u.in_use();
+        capacity += u.capacity;
+        let age = now_ms.saturating_sub(u.written_ms);
+        let stale = if age > STALE_MS {
+            format!(
+                " (stale: written {} s ago; the node stopped writing it)",
+                age / 1000
+            )
+        } else {
+            String::new()
+        };
+        println!(
+            "node {id}: in use {} of {} ({}%): heap {} handed out, {} of it pooled ({} cooling); \
+             {} live grant lease(s); {} taken back so far, from {} ended lease(s){stale}",
+            bytes_text(u.in_use()),
+            bytes_text(u.capacity),
+            pct(u.in_use(), u.capacity),
+            bytes_text(u.heap_used),
+            bytes_text(u.pooled),
+            bytes_text(u.cooling),
+            u.holders,
+            bytes_text(u.reclaimed),
+            u.ended,
+        );
+    }
+    println!(
+        "store {}: in use {} of {} ({}%) on {} memory node(s) with a record",
+        store.name(),
+        bytes_text(in_use),
+        bytes_text(capacity),
+        pct(in_use, capacity),
+        nodes.iter().filter(|(_, u)| u.is_some()).count(),
+    );
+    ExitCode::SUCCESS
+}
+
+fn pct(part: u64, whole: u64) -> u64 {
+    if whole == 0 {
+        return 0;
+    }
+    u64::try_from(u128::from(part) * 100 / u128::from(whole)).unwrap_or(100)
 }
 
 /// `check`: the table's invariants and its key count.

@@ -34,7 +34,7 @@
 //!
 //! While it serves, a usage line goes to stderr every `--report-s` seconds
 //! (default 60; 0: none): the region in use, the heap handed out and what
-//! of it is pooled, the clients holding grants, and what was given back,
+//! of it is pooled, the live grant leases, and what was given back,
 //! handed out again and taken back since the last line. Once more than 90%
 //! of the region is in use it warns (again after use fell below 80%):
 //! clients' writes fail with "out of memory" when every node is full.
@@ -132,7 +132,7 @@ struct Args {
     #[arg(long)]
     meta_wait_s: Option<u64>,
     /// Seconds between usage lines on stderr (region in use, heap handed
-    /// out and pooled, clients holding grants, given back and taken back
+    /// out and pooled, live grant leases, given back and taken back
     /// since the last line) [default: 60; 0: none]. A warning when more
     /// than 90% of the region is in use comes either way.
     #[arg(long)]
@@ -431,8 +431,8 @@ fn usage_line(s: &NodeStats, last: &NodeStats, over: Duration) -> String {
         .saturating_sub(reclaimed);
     format!(
         "in use {} of {} ({}%): heap {} handed out, {} of it pooled ({} cooling); \
-         {} client(s) hold grants; last {} s: clients gave back {}, {} handed out again, \
-         {} taken back from {} dead client(s)",
+         {} live grant lease(s); last {} s: clients gave back {}, {} handed out again, \
+         {} taken back from {} ended lease(s)",
         bytes_text(in_use(s)),
         bytes_text(s.capacity),
         in_use_pct(s),
@@ -524,9 +524,9 @@ mod tests {
             l.contains("heap 40.0 MiB handed out, 5.0 MiB of it pooled"),
             "{l}"
         );
-        assert!(l.contains("3 client(s) hold grants"), "{l}");
+        assert!(l.contains("3 live grant lease(s)"), "{l}");
         assert!(
-            l.contains("clients gave back 6.0 MiB, 3.0 MiB handed out again, 2.0 MiB taken back from 1 dead client(s)"),
+            l.contains("clients gave back 6.0 MiB, 3.0 MiB handed out again, 2.0 MiB taken back from 1 ended lease(s)"),
             "{l}"
         );
         // The next line counts from this one.

@@ -16,6 +16,7 @@
 //! | [`extendible`]| entries of a suffix, split rewrites, doubling      | -             |
 //! | [`kv`]        | out-of-place KV block with CRC32                   | 64 B x n      |
 //! | [`table`]     | superblock, split log, fixed locations on node 0   | 64 B each     |
+//! | [`usage`]     | a memory node's usage record, on every node        | 128 B         |
 //!
 //! All multi-byte integers are little-endian, which is also what RDMA atomics
 //! see on little-endian hosts: a slot or directory word is CASed as the `u64`
@@ -31,6 +32,7 @@ pub mod slot;
 pub mod subtable;
 pub mod suffix;
 pub mod table;
+pub mod usage;
 
 /// Largest global depth of a directory, and so the largest local depth.
 ///

@@ -14,7 +14,7 @@ use super::proto::{
     AllocReply, AllocRequest, NodeInfo, RunsKind, RunsReply, RunsRequest, ALLOC_PORT,
     FEATURE_LEASES, FEATURE_RUNS, RUNS_OUT_OF_MEMORY, RUNS_REFUSED,
 };
-use crate::memory::{MemoryNode, NodeMemory, NodeStats, TableConfig, BLOCK_ALIGN};
+use crate::memory::{MemoryNode, NodeMemory, NodeStats, TableConfig, BLOCK_ALIGN, USAGE_EVERY};
 use crate::remote::{Cause, TransportError};
 use crate::Error;
 use krcore::{Access, MemoryRegion, Node, Port};
@@ -22,7 +22,7 @@ use krcore_nic::sim::SimFabric;
 use krcore_nic::Nic;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The shortest sleep of a served node between empty polls (see
 /// [`MemoryNodeServer::spawn`]).
@@ -363,11 +363,18 @@ impl<N: Nic> MemoryNodeServer<N> {
             .name(format!("race-fault-{}", info.id))
             .spawn(move || {
                 let mut sleep = MIN_FAULT_SLEEP;
+                let mut published: Option<Instant> = None;
                 while !flag.load(Ordering::Relaxed) {
                     // Also takes back what dead clients never wrote (a
                     // scan of their grants' blocks: off the serving
                     // thread too).
                     mem_fault.reclaim_if_due();
+                    // And keeps the node's usage record fresh for clients
+                    // to READ.
+                    if published.is_none_or(|t| t.elapsed() >= USAGE_EVERY) {
+                        published = Some(Instant::now());
+                        mem_fault.publish_usage(wall_ms());
+                    }
                     if mem_fault.prefault_ahead() > 0 {
                         sleep = MIN_FAULT_SLEEP;
                     } else {
@@ -386,6 +393,13 @@ impl<N: Nic> MemoryNodeServer<N> {
             set_lease,
         }
     }
+}
+
+/// The wall clock in milliseconds since the Unix epoch (0 before it).
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 type StatsFn = Arc<dyn Fn() -> NodeStats + Send + Sync>;
