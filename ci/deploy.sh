@@ -189,7 +189,7 @@ for w in ${DEPLOY_WORKLOADS:-a b c d f}; do
     die "workload $w: the clients did not give their memory back"
 done
 
-say "race-kv: put, get, delete, check, usage against store ci"
+say "race-kv: put, get, delete, check, dump, load, usage against store ci"
 kv() { "$bin/race-kv" --fabric "$(fab 6)" --meta "$meta" "${cfg[@]}" --store ci "$@"; }
 kv put ci-greeting "hello from race-kv" || die "race-kv put"
 [ "$(kv get ci-greeting)" = "hello from race-kv" ] || die "race-kv get"
@@ -197,6 +197,14 @@ kv delete ci-greeting || die "race-kv delete"
 kv get ci-greeting 2>/dev/null && die "race-kv get of a deleted key succeeded"
 kv check | tail -1
 kv check >/dev/null || die "race-kv check"
+# A dump of the store, loaded back into it (the same pairs: check's count
+# stays); load refuses a cut dump.
+before=$(kv check | tail -1)
+kv dump "$work/ci.dump" || die "race-kv dump"
+kv load "$work/ci.dump" || die "race-kv load"
+[ "$(kv check | tail -1)" = "$before" ] || die "race-kv check after load: not $before"
+head -c 1000 "$work/ci.dump" > "$work/cut.dump"
+kv load "$work/cut.dump" 2>/dev/null && die "race-kv load of a cut dump succeeded"
 # Every memory node's usage record (written each second, read one-sided).
 kv usage | tee "$work/usage.out"
 [ "$(grep -c '^node [0-9]*: in use ' "$work/usage.out")" -ge 2 ] &&

@@ -81,6 +81,44 @@ fn race_kv_runs_one_command_against_a_deployed_store() {
         "{usage}"
     );
 
+    // A dump of store s loads into a new store t: the same pairs.
+    let file = dir.path().join("s.dump").display().to_string();
+    let out = bounded_output(KV, &on(&["dump", &file]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("dumped 2 pair(s)"), "{err}");
+    let (t0, _) = start(MEMNODE, &as_refs(&memnode(&fabric, &addr, "t", 0, &[])));
+    let (t1, _) = start(MEMNODE, &as_refs(&memnode(&fabric, &addr, "t", 1, &[])));
+    let on_t = |extra: &[&str]| -> Vec<String> {
+        ["--fabric", &fabric, "--meta", &addr, "--store", "t"]
+            .iter()
+            .chain(extra)
+            .map(|s| s.to_string())
+            .collect()
+    };
+    let out = bounded_output(KV, &on_t(&["load", &file]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("loaded 2 pair(s)"), "{err}");
+    assert_eq!(bounded_output(KV, &on_t(&["get", "k2"])).stdout, value);
+    assert_eq!(ok(on_t(&["get", "k3"])), "three");
+    assert!(ok(on_t(&["check"])).contains(" 2 keys, 0 duplicates"));
+    // A cut dump is refused (nothing past the cut is taken for the end).
+    let bytes = std::fs::read(&file).unwrap();
+    let cut = dir.path().join("cut.dump");
+    std::fs::write(&cut, &bytes[..bytes.len() - 10]).unwrap();
+    fails_with(
+        KV,
+        &on_t(&["load", &cut.display().to_string()]),
+        "without its footer (truncated)",
+    );
+    fails_with(
+        KV,
+        &on_t(&["load", "/nonexistent/x.dump"]),
+        "/nonexistent/x.dump: No such file",
+    );
+    drop((t0, t1));
+
     // Through the node daemon: the same store, the same values.
     let sock = dir.path().join("krcored.sock");
     let sock_s = sock.display().to_string();

@@ -166,6 +166,7 @@
 pub mod client;
 pub mod clock;
 pub mod deploy;
+pub mod dump;
 pub mod error;
 pub mod hash;
 pub mod holders;

@@ -9,7 +9,17 @@
 //!   delete KEY         remove a present key
 //!   check              read the whole table, check its invariants, count its keys
 //!   usage              every memory node's usage (one READ of its usage record each)
+//!   dump FILE          every pair into FILE (`-`: stdout), in `race_store::dump`'s format
+//!   load FILE          put every pair of a dump (`-`: stdin), 64 per batch
 //! ```
+//!
+//! `dump` scans the table (`race_store::Client::scan`) while writers may
+//! run: each pair written was its key's value at some time during the
+//! dump. A dump that could not see the whole table (a split moved keys
+//! while it ran, or a key's block kept changing under it) gets no footer,
+//! so `load` refuses it, and exits 1 saying why: dump again with the
+//! writers stopped. `load` puts the pairs in order; at its first failure it
+//! exits 1 saying how many it loaded.
 //!
 //! Keys and values are the arguments' bytes. The client posts from a node of
 //! its own on `--fabric` (another process's port is refused: use a GID of
@@ -26,14 +36,16 @@
 use clap::{Parser, Subcommand};
 use krcore::Node;
 use krcore_cli::{bytes_text, fail, init_tracing, load_toml, parse_fabric, usage};
+use race_store::client::Op;
 use race_store::deploy::{Store, StoreOptions};
+use race_store::dump::{DumpReader, DumpWriter};
 use race_store::{Client, Error};
 use std::ffi::OsString;
 use std::io::{IsTerminal, Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const PROGRAM: &str = "race-kv";
 
@@ -78,6 +90,10 @@ enum Command {
     Delete { key: OsString },
     /// Read the whole table, check its invariants and count its keys.
     Check,
+    /// Write every pair of the store into FILE (`-`: stdout), for `load`.
+    Dump { file: OsString },
+    /// Put every pair of a dump FILE (`-`: stdin) into the store.
+    Load { file: OsString },
     /// Every memory node's usage: region in use, heap handed out and
     /// pooled, live grant leases, memory taken back from ended leases
     /// (each node's usage record, read with one-sided READs).
@@ -193,12 +209,192 @@ fn run<T: race_store::remote::Transport>(client: &mut Client<T>, command: Comman
         Command::Insert { key, value } => client.insert(key.as_bytes(), &bytes(&value)),
         Command::Delete { key } => client.delete(key.as_bytes()),
         Command::Check => return check(client),
+        Command::Dump { file } => return dump_to(client, &file),
+        Command::Load { file } => return load_from(client, &file),
         // Answered before a client opens (main); never reaches here.
         Command::Usage => return usage(PROGRAM, "usage is answered without a client"),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(PROGRAM, &e),
+    }
+}
+
+/// Pairs put per batch by `load`.
+const LOAD_BATCH: usize = 64;
+
+/// `dump FILE`: every pair of the table into FILE (see the module docs).
+fn dump_to<T: race_store::remote::Transport>(client: &mut Client<T>, file: &OsString) -> ExitCode {
+    let started = Instant::now();
+    let out: Box<dyn Write> = if file.as_bytes() == b"-" {
+        if std::io::stdout().is_terminal() {
+            return usage(
+                PROGRAM,
+                "dump -: stdout is a terminal (redirect it to a file)",
+            );
+        }
+        Box::new(std::io::stdout().lock())
+    } else {
+        match std::fs::File::create(file) {
+            Ok(f) => Box::new(f),
+            Err(e) => return fail(PROGRAM, &FileError::new(file, e)),
+        }
+    };
+    let mut w = match DumpWriter::new(std::io::BufWriter::new(out)) {
+        Ok(w) => w,
+        Err(e) => return fail(PROGRAM, &e),
+    };
+    let mut failed = None;
+    let mut bytes = 0u64;
+    let report = client.scan(|k, v| match w.pair(k, v) {
+        Ok(()) => {
+            bytes += (k.len() + v.len()) as u64;
+            true
+        }
+        Err(e) => {
+            failed = Some(e);
+            false
+        }
+    });
+    if let Some(e) = failed {
+        return fail(PROGRAM, &e);
+    }
+    let report = match report {
+        Ok(r) => r,
+        Err(e) => return fail(PROGRAM, &e),
+    };
+    if !report.complete() {
+        // No footer: `load` refuses what was written.
+        let why = if report.directory_changed {
+            "the table split while it ran (keys it moved may be missing or twice)".to_string()
+        } else {
+            format!(
+                "{} key(s) changed under it on every read and are missing",
+                report.skipped
+            )
+        };
+        eprintln!(
+            "{PROGRAM}: the dump is incomplete: {why}; it has no footer, so load refuses it: \
+             stop the writers and dump again"
+        );
+        return ExitCode::FAILURE;
+    }
+    match w.finish() {
+        Ok(n) => {
+            eprintln!(
+                "{PROGRAM}: dumped {n} pair(s) ({} of keys and values) from {} subtable(s) in {:.1} s",
+                bytes_text(bytes),
+                report.subtables,
+                started.elapsed().as_secs_f64()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(PROGRAM, &e),
+    }
+}
+
+/// `load FILE`: put every pair of a dump, [`LOAD_BATCH`] per batch.
+fn load_from<T: race_store::remote::Transport>(
+    client: &mut Client<T>,
+    file: &OsString,
+) -> ExitCode {
+    let started = Instant::now();
+    let input: Box<dyn Read> = if file.as_bytes() == b"-" {
+        Box::new(std::io::stdin().lock())
+    } else {
+        match std::fs::File::open(file) {
+            Ok(f) => Box::new(f),
+            Err(e) => return fail(PROGRAM, &FileError::new(file, e)),
+        }
+    };
+    let mut r = match DumpReader::new(std::io::BufReader::new(input)) {
+        Ok(r) => r,
+        Err(e) => return fail(PROGRAM, &e),
+    };
+    let mut loaded = 0u64;
+    loop {
+        let mut pairs = Vec::with_capacity(LOAD_BATCH);
+        let mut end = false;
+        while pairs.len() < LOAD_BATCH {
+            match r.next_pair() {
+                Ok(Some(p)) => pairs.push(p),
+                Ok(None) => {
+                    end = true;
+                    break;
+                }
+                Err(e) => {
+                    // What was read before the damage is put: a loader that
+                    // stops says how far it got.
+                    let _ = put_all(client, &pairs, &mut loaded);
+                    return fail(PROGRAM, &LoadStopped::new(loaded, &e));
+                }
+            }
+        }
+        if let Err(e) = put_all(client, &pairs, &mut loaded) {
+            return fail(PROGRAM, &LoadStopped::new(loaded, &e));
+        }
+        if end {
+            break;
+        }
+    }
+    eprintln!(
+        "{PROGRAM}: loaded {loaded} pair(s) in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    ExitCode::SUCCESS
+}
+
+/// Puts `pairs` as one batch, counting those that succeeded in `loaded`;
+/// the first failure.
+fn put_all<T: race_store::remote::Transport>(
+    client: &mut Client<T>,
+    pairs: &[(Vec<u8>, Vec<u8>)],
+    loaded: &mut u64,
+) -> Result<(), Error> {
+    let ops: Vec<Op<'_>> = pairs.iter().map(|(k, v)| Op::Put(k, v)).collect();
+    let mut first = None;
+    for reply in client.batch(&ops) {
+        match reply {
+            Ok(_) => *loaded += 1,
+            Err(e) => {
+                first.get_or_insert(e);
+            }
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
+
+/// A load that stopped at an error, and how far it got (one line).
+#[derive(Debug, thiserror::Error)]
+#[error("{cause} ({loaded} pair(s) loaded before it)")]
+struct LoadStopped {
+    loaded: u64,
+    cause: String,
+}
+
+impl LoadStopped {
+    fn new(loaded: u64, e: &(dyn std::error::Error + 'static)) -> Self {
+        LoadStopped {
+            loaded,
+            cause: krcore_cli::error_chain(e),
+        }
+    }
+}
+
+/// A file that could not be opened or created, with its name.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {source}", .path.to_string_lossy())]
+struct FileError {
+    path: OsString,
+    source: std::io::Error,
+}
+
+impl FileError {
+    fn new(path: &OsString, source: std::io::Error) -> Self {
+        FileError {
+            path: path.clone(),
+            source,
+        }
     }
 }
 

@@ -49,6 +49,7 @@ mod alloc;
 mod batch;
 mod engine;
 pub mod protocol;
+mod scan;
 mod split;
 mod verify;
 mod view;
@@ -58,6 +59,7 @@ use std::sync::Arc;
 
 pub use alloc::{KvMemoryStats, ReturnReport, CLASS_UNITS, FREE_HIGH, FREE_KEEP, MAX_REFILL};
 pub use batch::{Op, Reply};
+pub use scan::{ScanReport, RESCAN_TRIES};
 pub use verify::TableCheck;
 
 use crate::clock::Clock;
