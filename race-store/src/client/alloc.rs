@@ -35,12 +35,19 @@
 //!   waste) are carved from the current coarse block of the class, per node.
 //!   A block's class is a function of its length, so a block freed by any
 //!   client can be reused by any other through the slot word's length field.
-//! * **Placement**: a block is wanted on the node of the key's slot (then its
-//!   WRITE and the slot's CAS share one doorbell), but memory comes first:
-//!   a free block or carved space on the preferred node, then on any node,
-//!   and only then a new coarse block (preferred node first). Otherwise a
-//!   split that moves keys to another node would strand their old blocks in
-//!   the free list of the first.
+//! * **Placement**: a block goes on the node of the key's slot (then its
+//!   WRITE and the slot's CAS share one doorbell, and a batched write keeps
+//!   its fast path): a free block or carved space of that node, its grant
+//!   asked ahead, else a new grant of it; only when that node is out of
+//!   memory (not asked first again for a grace period) or unreachable,
+//!   another node's room, then another node's new grant. A block on
+//!   another node costs its write a doorbell of its own (a batched write
+//!   falls back to the single operation), a grant one round trip for all
+//!   its blocks. (Until 2026-12-06 any node's room came before a new
+//!   grant: a client placed every block on the first node it had room on,
+//!   and half of a load's batched puts over two nodes went the single
+//!   operation's way.) Free blocks a split strands on a node its keys left
+//!   serve that node's other keys, and past [`FREE_HIGH`] go back to it.
 //! * **Unreachable nodes.** A node whose coarse block request failed on the
 //!   transport (down, no answer in time) is not asked again for a while
 //!   ([`KvAllocator::with_backoff`]; the client uses its `lease_ticks`):
@@ -180,6 +187,9 @@ struct ClassArena {
     /// writer's grants double instead of growing by a quarter of its
     /// holdings.
     floor: u64,
+    /// The tick before which this (node, class) is not refilled ahead of
+    /// other nodes' room (it answered "out of memory").
+    refill_first_after: u64,
 }
 
 impl ClassArena {
@@ -341,6 +351,8 @@ impl KvAllocator {
         let order: Vec<u8> = (0..nodes)
             .map(|i| ((u16::from(prefer) + i) % nodes) as u8)
             .collect();
+        let mut first_err = None;
+        let mut refilled = None;
         for &node in &order {
             // Nothing of a node is used without a live lease on its grants
             // (see crate::holders: the fence).
@@ -360,39 +372,83 @@ impl KvAllocator {
                     return Ok(ptr);
                 }
             }
-        }
-        let mut first_err = None;
-        for &node in &order {
-            let slot = self.unreachable.get_mut(usize::from(node));
-            if let Some(Some((until, e))) = slot.as_deref() {
-                if now < *until {
-                    first_err.get_or_insert(e.clone());
-                    continue;
-                }
-            }
-            match self.refill(transport, stats, node, class) {
-                Ok(()) => {
-                    if let Some(u) = self.unreachable.get_mut(usize::from(node)) {
-                        *u = None;
-                    }
-                    if let Some(ptr) = self.carve(node, class)? {
-                        return Ok(ptr);
-                    }
-                }
-                Err(Error::OutOfMemory { .. }) => {}
-                Err(e) => {
-                    if self.backoff_ticks > 0 && matches!(e, Error::Transport(_)) {
-                        if let Some(u) = self.unreachable.get_mut(usize::from(node)) {
-                            *u = Some((now.saturating_add(self.backoff_ticks), e.clone()));
+            let first_after = self.arena(node, class).map_or(0, |a| a.refill_first_after);
+            if node == prefer && nodes > 1 && now >= first_after {
+                // A new grant of the preferred node before another node's
+                // room: a block on another node costs its write a round
+                // trip of its own (a batched write of a new key falls back
+                // to the single operation), a grant one round trip for
+                // all its blocks. Without this, a client placed every
+                // block on the node it had room on (the first it asked),
+                // and half the batched puts of new keys over two nodes
+                // went the single operation's way.
+                refilled = Some(node);
+                match self.refill_carve(transport, stats, node, class, now, &mut first_err)? {
+                    Some(ptr) => return Ok(ptr),
+                    None if first_err.is_none() => {
+                        // Out of memory there: not first again for a while.
+                        let not_before = now.saturating_add(self.grace_ticks);
+                        if let Some(a) = self.arena(node, class) {
+                            a.refill_first_after = not_before;
                         }
                     }
-                    first_err.get_or_insert(e);
+                    None => {}
                 }
+            }
+        }
+        for &node in &order {
+            if refilled == Some(node) {
+                continue;
+            }
+            if let Some(ptr) =
+                self.refill_carve(transport, stats, node, class, now, &mut first_err)?
+            {
+                return Ok(ptr);
             }
         }
         Err(first_err.unwrap_or(Error::OutOfMemory {
             what: "KV block: no memory node has room",
         }))
+    }
+
+    /// A new grant of (node, class) and a block carved from it; `None` when
+    /// the node is out of memory, or failed (the error kept in `first_err`,
+    /// the node skipped for the back-off after a transport error), or is
+    /// still skipped.
+    fn refill_carve<T: Transport>(
+        &mut self,
+        transport: &mut T,
+        stats: &mut TransportStats,
+        node: u8,
+        class: usize,
+        now: u64,
+        first_err: &mut Option<Error>,
+    ) -> Result<Option<RemotePtr>, Error> {
+        let slot = self.unreachable.get_mut(usize::from(node));
+        if let Some(Some((until, e))) = slot.as_deref() {
+            if now < *until {
+                first_err.get_or_insert(e.clone());
+                return Ok(None);
+            }
+        }
+        match self.refill(transport, stats, node, class) {
+            Ok(()) => {
+                if let Some(u) = self.unreachable.get_mut(usize::from(node)) {
+                    *u = None;
+                }
+                self.carve(node, class)
+            }
+            Err(Error::OutOfMemory { .. }) => Ok(None),
+            Err(e) => {
+                if self.backoff_ticks > 0 && matches!(e, Error::Transport(_)) {
+                    if let Some(u) = self.unreachable.get_mut(usize::from(node)) {
+                        *u = Some((now.saturating_add(self.backoff_ticks), e.clone()));
+                    }
+                }
+                first_err.get_or_insert(e);
+                Ok(None)
+            }
+        }
     }
 
     /// Whether (node, class) has a free block or uncarved bytes.
