@@ -579,3 +579,102 @@ fn a_client_dying_at_every_doorbell_of_a_batch() {
         }
     }
 }
+
+/// Batched puts of new keys over two memory nodes take their fast path:
+/// each block is placed on its slot's node (a grant of that node is asked
+/// for before another node's room is used), so none falls back to the
+/// single operation for a block on the wrong node. Before, a client that
+/// had room on one node placed every block there, and half the puts
+/// (those whose slots were on the other node) were retried as single
+/// operations: 150,096 retries for 300,000 puts, 328,168 round trips
+/// against 28,144 now (in process, release).
+#[test]
+fn batched_puts_of_new_keys_place_blocks_on_their_slots_nodes() {
+    let cluster = race_store::memory::LocalCluster::new(race_store::memory::ClusterConfig {
+        nodes: 2,
+        node_bytes: 256 << 20,
+        table: race_store::memory::TableConfig::default().presized_for(40_000, 2),
+    })
+    .unwrap();
+    let mut c = open(
+        &cluster,
+        system_clock(),
+        race_store::ClientConfig::default(),
+    );
+    let keys = 20_000u64;
+    for chunk in 0..keys / 64 {
+        let ks: Vec<Vec<u8>> = (0..64).map(|j| key(chunk * 64 + j)).collect();
+        let vs: Vec<Vec<u8>> = (0..64).map(|j| value(chunk * 64 + j, 0, 500)).collect();
+        let ops: Vec<race_store::client::Op<'_>> = ks
+            .iter()
+            .zip(&vs)
+            .map(|(k, v)| race_store::client::Op::Put(k, v))
+            .collect();
+        for r in c.batch(&ops) {
+            r.unwrap();
+        }
+    }
+    let s = c.stats();
+    assert!(
+        s.retries < keys / 100,
+        "{} retries for {keys} puts",
+        s.retries
+    );
+    let heaps: Vec<u64> = cluster.stats().iter().map(|n| n.heap_used).collect();
+    assert!(
+        heaps[0] < 2 * heaps[1] && heaps[1] < 2 * heaps[0],
+        "the data spreads: {heaps:?}"
+    );
+    let check = c.check_table().unwrap();
+    assert!(check.problems.is_empty() && check.pairs.len() as u64 == keys - keys % 64);
+}
+
+/// Keys in table order (as a dump lists them: neighbours share buckets)
+/// put in batches into a table of the same geometry: writes of one round
+/// that chose empty slots of the same buckets take different slots
+/// instead of losing their CASes to each other. Before, 9,096 of 20,000
+/// such puts lost their CAS and were retried (with the lost-CAS back-off:
+/// a deployed `race-kv load` of 300,000 pairs took 371 s, now 2.1 s).
+#[test]
+fn batched_puts_in_table_order_take_distinct_empty_slots() {
+    let table = race_store::memory::TableConfig::default().presized_for(20_000, 1);
+    let new_cluster = || {
+        race_store::memory::LocalCluster::new(race_store::memory::ClusterConfig {
+            nodes: 1,
+            node_bytes: 256 << 20,
+            table,
+        })
+        .unwrap()
+    };
+    let first = new_cluster();
+    let mut c = open(&first, system_clock(), race_store::ClientConfig::default());
+    for i in 0..10_000u64 {
+        c.insert(&key(i), &value(i, 0, 100)).unwrap();
+    }
+    let mut pairs = Vec::new();
+    assert!(c
+        .scan(|k, v| {
+            pairs.push((k.to_vec(), v.to_vec()));
+            true
+        })
+        .unwrap()
+        .complete());
+    let second = new_cluster();
+    let mut d = open(&second, system_clock(), race_store::ClientConfig::default());
+    for chunk in pairs.chunks(64) {
+        let ops: Vec<Op<'_>> = chunk.iter().map(|(k, v)| Op::Put(k, v)).collect();
+        for r in d.batch(&ops) {
+            r.unwrap();
+        }
+    }
+    let s = d.stats();
+    assert!(
+        s.cas_failures < pairs.len() as u64 / 20,
+        "{} lost CASes for {} puts",
+        s.cas_failures,
+        pairs.len()
+    );
+    let check = d.check_table().unwrap();
+    assert!(check.problems.is_empty());
+    assert_eq!(check.pairs.len(), pairs.len());
+}

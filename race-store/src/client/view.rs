@@ -7,7 +7,8 @@
 use crate::error::Error;
 use crate::hash::KeyHash;
 use crate::layout::bucket::{
-    choose_insert_slot, BucketLoc, BucketRole, CombinedBucket, COMBINED_SIZE, RETIRED_LOCAL_DEPTH,
+    choose_insert_slot_except, BucketLoc, BucketRole, CombinedBucket, InsertTarget, COMBINED_SIZE,
+    RETIRED_LOCAL_DEPTH,
 };
 use crate::layout::slot::{RemotePtr, Slot, FP_SHIFT, SLOT_FROZEN};
 use crate::layout::subtable::{SubtableGeometry, Suffix};
@@ -369,18 +370,33 @@ impl BucketsView {
         Ok(self.sub.add(off)?)
     }
 
-    /// Where to insert (see [`choose_insert_slot`]), `None` if all four
+    /// Where to insert (see [`crate::layout::bucket::choose_insert_slot`]), `None` if all four
     /// buckets are full.
     pub(crate) fn choose_insert(&self) -> Option<SlotPos> {
+        self.choose_insert_except(&[])
+    }
+
+    /// [`BucketsView::choose_insert`] among the empty slots not in
+    /// `claimed` (slots other writes of the same batch wave chose: the
+    /// images do not show them taken yet).
+    pub(crate) fn choose_insert_except(&self, claimed: &[RemotePtr]) -> Option<SlotPos> {
         let (b0, b1) = (self.bytes(0)?, self.bytes(1)?);
         let c0 = CombinedBucket::new_checked(&b0[..], self.locs[0].side).ok()?;
         let c1 = CombinedBucket::new_checked(&b1[..], self.locs[1].side).ok()?;
-        let t = choose_insert_slot([&c0, &c1])?;
-        Some(SlotPos {
-            loc: *self.locs.get(t.candidate)?,
-            role: t.role,
-            index: t.slot,
-        })
+        let pos = |t: &InsertTarget| -> Option<SlotPos> {
+            Some(SlotPos {
+                loc: *self.locs.get(t.candidate)?,
+                role: t.role,
+                index: t.slot,
+            })
+        };
+        let t = choose_insert_slot_except([&c0, &c1], |t| {
+            !claimed.is_empty()
+                && pos(t)
+                    .and_then(|p| self.addr_of(p).ok())
+                    .is_some_and(|a| claimed.contains(&a))
+        })?;
+        pos(&t)
     }
 }
 

@@ -443,17 +443,45 @@ pub struct InsertTarget {
 pub fn choose_insert_slot<T: AsRef<[u8]>>(
     candidates: [&CombinedBucket<T>; 2],
 ) -> Option<InsertTarget> {
+    choose_insert_slot_except(candidates, |_| false)
+}
+
+/// [`choose_insert_slot`] among the empty slots that `taken` does not
+/// claim (a batch's writes that chose empty slots of the same buckets
+/// before, which the images read do not show yet); claimed slots count in
+/// the loads.
+pub fn choose_insert_slot_except<T: AsRef<[u8]>>(
+    candidates: [&CombinedBucket<T>; 2],
+    taken: impl Fn(&InsertTarget) -> bool,
+) -> Option<InsertTarget> {
     for role in [BucketRole::Main, BucketRole::Overflow] {
-        let loads = candidates.map(|c| c.bucket(role).load());
-        let order = if loads[1] < loads[0] { [1, 0] } else { [0, 1] };
-        for candidate in order {
-            let c = candidates.get(candidate)?;
-            if let Some(slot) = c.bucket(role).first_free() {
-                return Some(InsertTarget {
+        let free = |candidate: usize| -> Vec<InsertTarget> {
+            let Some(c) = candidates.get(candidate) else {
+                return Vec::new();
+            };
+            c.bucket(role)
+                .slots()
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.is_empty())
+                .map(|(slot, _)| InsertTarget {
                     candidate,
                     role,
                     slot,
-                });
+                })
+                .filter(|t| !taken(t))
+                .collect()
+        };
+        let frees = [free(0), free(1)];
+        // The less loaded bucket first (fewer free slots: more loaded).
+        let order = if frees[1].len() > frees[0].len() {
+            [1, 0]
+        } else {
+            [0, 1]
+        };
+        for candidate in order {
+            if let Some(t) = frees.get(candidate).and_then(|f| f.first()) {
+                return Some(*t);
             }
         }
     }
