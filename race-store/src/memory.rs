@@ -61,6 +61,7 @@ mod table;
 #[cfg(test)]
 mod tests;
 
+pub use grants::TAKEBACK_CHUNK_BLOCKS;
 pub use local::{ClusterConfig, LocalCluster, LocalTransport};
 pub use table::TableConfig;
 
