@@ -278,6 +278,14 @@ pub fn bytes_text(bytes: u64) -> String {
     }
 }
 
+/// `part` as a whole percent of `whole`, rounded down (0 of nothing).
+pub fn percent(part: u64, whole: u64) -> u64 {
+    if whole == 0 {
+        return 0;
+    }
+    u64::try_from(u128::from(part) * 100 / u128::from(whole)).unwrap_or(u64::MAX)
+}
+
 /// When a server's next periodic usage line is due (`--report-s`).
 #[derive(Debug)]
 pub struct Periodic {

@@ -35,7 +35,7 @@
 
 use clap::{Parser, Subcommand};
 use krcore::Node;
-use krcore_cli::{bytes_text, fail, init_tracing, load_toml, parse_fabric, usage};
+use krcore_cli::{bytes_text, fail, init_tracing, load_toml, parse_fabric, percent, usage};
 use race_store::client::Op;
 use race_store::deploy::{Store, StoreOptions};
 use race_store::dump::{DumpReader, DumpWriter};
@@ -408,9 +408,7 @@ fn usage_of(store: &Store) -> ExitCode {
         Ok(n) => n,
         Err(e) => return fail(PROGRAM, &e),
     };
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let now_ms = race_store::layout::usage::wall_ms();
     let (mut in_use, mut capacity) = (0u64, 0u64);
     for (id, u) in &nodes {
         let Some(u) = u else {
@@ -433,7 +431,7 @@ fn usage_of(store: &Store) -> ExitCode {
              {} live grant lease(s); {} taken back so far, from {} ended lease(s){stale}",
             bytes_text(u.in_use()),
             bytes_text(u.capacity),
-            pct(u.in_use(), u.capacity),
+            percent(u.in_use(), u.capacity),
             bytes_text(u.heap_used),
             bytes_text(u.pooled),
             bytes_text(u.cooling),
@@ -447,17 +445,10 @@ fn usage_of(store: &Store) -> ExitCode {
         store.name(),
         bytes_text(in_use),
         bytes_text(capacity),
-        pct(in_use, capacity),
+        percent(in_use, capacity),
         nodes.iter().filter(|(_, u)| u.is_some()).count(),
     );
     ExitCode::SUCCESS
-}
-
-fn pct(part: u64, whole: u64) -> u64 {
-    if whole == 0 {
-        return 0;
-    }
-    u64::try_from(u128::from(part) * 100 / u128::from(whole)).unwrap_or(100)
 }
 
 /// `check`: the table's invariants and its key count.

@@ -53,7 +53,7 @@ use clap::Parser;
 use krcore::Node;
 use krcore_cli::{
     announce_ready, build_waiting_for_meta, bytes_text, fail, init_tracing, load_toml,
-    parse_fabric, usage, Periodic, Shutdown,
+    parse_fabric, percent, usage, Periodic, Shutdown,
 };
 use race_store::deploy::{DeployError, MemoryNodeOptions, DEFAULT_MEMBER_LEASE};
 use race_store::memory::NodeStats;
@@ -414,10 +414,7 @@ fn in_use(s: &NodeStats) -> u64 {
 }
 
 fn in_use_pct(s: &NodeStats) -> u64 {
-    if s.capacity == 0 {
-        return 0;
-    }
-    u64::try_from(u128::from(in_use(s)) * 100 / u128::from(s.capacity)).unwrap_or(100)
+    percent(in_use(s), s.capacity)
 }
 
 /// One usage line: `s` now, against `last` `over` ago.

@@ -23,9 +23,9 @@ use std::collections::HashSet;
 use crate::error::Error;
 use crate::hash::KeyHash;
 use crate::layout::kv;
-use crate::layout::low_mask;
 use crate::layout::slot::{RemotePtr, Slot};
 use crate::layout::subtable::Suffix;
+use crate::layout::{low_mask, read_u64};
 use crate::remote::{RemoteOp, Transport};
 
 use super::engine::take_read;
@@ -183,12 +183,7 @@ impl<T: Transport> Client<T> {
         let mut out = Vec::new();
         for (i, p) in pending.into_iter().enumerate() {
             let buf = take_read(&mut res, i)?;
-            let raw = u64::from_le_bytes(
-                buf.get(..8)
-                    .and_then(|b| b.try_into().ok())
-                    .unwrap_or([0; 8]),
-            );
-            let word = Slot::from_raw(raw);
+            let word = Slot::from_raw(read_u64(&buf, 0));
             if word.validate().is_ok() && !word.thawed().is_empty() {
                 out.push(Pending {
                     word: word.thawed(),

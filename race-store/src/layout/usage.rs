@@ -44,6 +44,14 @@ const USAGE_MAGIC: u32 = u32::from_le_bytes(*b"RSU1");
 const USAGE_VERSION: u32 = 1;
 const CRC_AT: usize = 88;
 
+/// The clock records are stamped with: the wall clock in milliseconds
+/// since the Unix epoch (0 before it).
+pub fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// A memory node's usage, as its record holds it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UsageRepr {

@@ -373,7 +373,7 @@ impl<N: Nic> MemoryNodeServer<N> {
                     // to READ.
                     if published.is_none_or(|t| t.elapsed() >= USAGE_EVERY) {
                         published = Some(Instant::now());
-                        mem_fault.publish_usage(wall_ms());
+                        mem_fault.publish_usage(crate::layout::usage::wall_ms());
                     }
                     if mem_fault.prefault_ahead() > 0 {
                         sleep = MIN_FAULT_SLEEP;
@@ -393,13 +393,6 @@ impl<N: Nic> MemoryNodeServer<N> {
             set_lease,
         }
     }
-}
-
-/// The wall clock in milliseconds since the Unix epoch (0 before it).
-fn wall_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 type StatsFn = Arc<dyn Fn() -> NodeStats + Send + Sync>;
