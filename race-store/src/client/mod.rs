@@ -59,7 +59,7 @@ use std::sync::Arc;
 
 pub use alloc::{KvMemoryStats, ReturnReport, CLASS_UNITS, FREE_HIGH, FREE_KEEP, MAX_REFILL};
 pub use batch::{Op, Reply};
-pub use scan::{ScanReport, RESCAN_TRIES};
+pub use scan::{ScanReport, RESCAN_PASSES, RESCAN_TRIES};
 pub use verify::TableCheck;
 
 use crate::clock::Clock;
@@ -243,6 +243,9 @@ pub struct Client<T: Transport> {
     jitter: u64,
     /// Reused storage of [`Client::batch_into`].
     batch: batch::Scratch,
+    /// Empty slots chosen by the CAS rounds of the current batch wave, of
+    /// both its groups (see `batch::rounds`).
+    wave_claims: Vec<RemotePtr>,
     /// [`Client::close`] ran: the drop gives nothing back.
     closed: bool,
 }
@@ -308,6 +311,7 @@ impl<T: Transport> Client<T> {
             atomic_sent: false,
             jitter: 1,
             batch: batch::Scratch::default(),
+            wave_claims: Vec::new(),
             closed: false,
         };
         let sb_ptr = RemotePtr::new(0, 0)?;

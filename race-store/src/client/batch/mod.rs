@@ -415,6 +415,7 @@ impl<T: Transport> Client<T> {
         values: &mut Vec<Vec<u8>>,
     ) {
         let mut res_a = std::mem::take(&mut self.results);
+        self.wave_claims.clear();
         let start = self.now();
         let mid = if flights.len() >= PIPELINE_MIN && self.transport.max_in_flight() >= 2 {
             flights.len() / 2

@@ -301,11 +301,11 @@ impl<T: Transport> Client<T> {
         spare: Vec<RemoteOp<'b>>,
         start: u64,
     ) -> Result<(Vec<RemoteOp<'b>>, u64), (Vec<RemoteOp<'b>>, Error)> {
-        // Empty slots chosen by this round's writes: another write of the
-        // round whose buckets are the same (keys next to each other in the
-        // table: a load of a dump, which lists them in table order) takes
-        // another one instead of losing its CAS to the first.
-        let mut claimed: Vec<RemotePtr> = Vec::new();
+        // Empty slots chosen by this wave's writes (`wave_claims`, of this
+        // group's round and of the other group's, built before it): another
+        // write of the wave whose buckets are the same (keys next to each
+        // other in the table: a load of a dump, which lists them in table
+        // order) takes another one instead of losing its CAS to the first.
         for f in flights
             .iter_mut()
             .filter(|f| matches!(f.fate, Fate::Flying))
@@ -319,7 +319,7 @@ impl<T: Transport> Client<T> {
             let target = match (f.slots.first(), &f.view) {
                 (Some(lowest), _) => lowest.addr,
                 (None, Some(view)) if !matches!(f.op, Op::Update(..)) => {
-                    let Some(pos) = view.choose_insert_except(&claimed) else {
+                    let Some(pos) = view.choose_insert_except(&self.wave_claims) else {
                         // All four buckets full: the single operation
                         // splits the subtable.
                         self.drop_block(f);
@@ -329,7 +329,7 @@ impl<T: Transport> Client<T> {
                     match view.addr_of(pos) {
                         Ok(addr) => {
                             f.empty = Some((pos, addr));
-                            claimed.push(addr);
+                            self.wave_claims.push(addr);
                             addr
                         }
                         Err(e) => {
