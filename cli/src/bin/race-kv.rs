@@ -15,11 +15,14 @@
 //!
 //! `dump` scans the table (`race_store::Client::scan`) while writers may
 //! run: each pair written was its key's value at some time during the
-//! dump. A dump that could not see the whole table (a split moved keys
-//! while it ran, or a key's block kept changing under it) gets no footer,
-//! so `load` refuses it, and exits 1 saying why: dump again with the
-//! writers stopped. `load` puts the pairs in order; at its first failure it
-//! exits 1 saying how many it loaded.
+//! dump, and every key in the table for the whole dump is in it. Subtables
+//! that split while it ran are read again, so a key may be written twice
+//! (the later value last, which `load` keeps). A dump that could not see
+//! the whole table (the table still split after several passes, or a key's
+//! block kept changing under it) gets no footer, so `load` refuses it, and
+//! exits 1 saying why: dump again with fewer writers. `load` puts the
+//! pairs in order; at its first failure it exits 1 saying how many it
+//! loaded.
 //!
 //! Keys and values are the arguments' bytes. The client posts from a node of
 //! its own on `--fabric` (another process's port is refused: use a GID of
@@ -266,7 +269,11 @@ fn dump_to<T: race_store::remote::Transport>(client: &mut Client<T>, file: &OsSt
     if !report.complete() {
         // No footer: `load` refuses what was written.
         let why = if report.directory_changed {
-            "the table split while it ran (keys it moved may be missing or twice)".to_string()
+            format!(
+                "the table still split after {} passes over the subtables that split \
+                 (keys the last splits moved may be missing)",
+                race_store::client::RESCAN_PASSES
+            )
         } else {
             format!(
                 "{} key(s) changed under it on every read and are missing",
@@ -275,16 +282,18 @@ fn dump_to<T: race_store::remote::Transport>(client: &mut Client<T>, file: &OsSt
         };
         eprintln!(
             "{PROGRAM}: the dump is incomplete: {why}; it has no footer, so load refuses it: \
-             stop the writers and dump again"
+             dump again with fewer writers"
         );
         return ExitCode::FAILURE;
     }
     match w.finish() {
         Ok(n) => {
             eprintln!(
-                "{PROGRAM}: dumped {n} pair(s) ({} of keys and values) from {} subtable(s) in {:.1} s",
+                "{PROGRAM}: dumped {n} pair(s) ({} of keys and values) from {} subtable(s) \
+                 ({} read again after splits) in {:.1} s",
                 bytes_text(bytes),
                 report.subtables,
+                report.rescanned,
                 started.elapsed().as_secs_f64()
             );
             ExitCode::SUCCESS

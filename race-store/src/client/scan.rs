@@ -12,16 +12,27 @@
 //! unlinked it and its memory was reused, or a torn read) is looked at
 //! again from its slot, [`RESCAN_TRIES`] times at most; a slot that has
 //! been emptied meanwhile is a key deleted during the scan. Each pair
-//! handed over was the key's value at some time during the scan. What the
-//! scan cannot see is a split: keys it moves after their subtable was read
-//! may be missed, or read twice; [`ScanReport::directory_changed`] says a
-//! split happened between the scan's start and end, and the scan should
-//! be run again (with the writers stopped, for a complete dump).
+//! handed over was the key's value at some time during the scan.
+//!
+//! A split moves keys out of a subtable into two new ones. After reading
+//! every subtable, the scan reads the directory again; the subtables named
+//! by entries that changed since the previous read (the halves of a split)
+//! are read again, and so on until a pass in which the directory did not
+//! change, [`RESCAN_PASSES`] at most. So every key that was in the table
+//! for the whole scan is handed over (unless skipped, and counted): its
+//! subtable either did not split before the last directory read, and was
+//! read with the key in it (a split takes keys out of a subtable only
+//! after the directory names its halves, and a subtable is never reused),
+//! or its entry changed and its current subtable was read after that.
+//! A key whose subtable split during the scan may be handed over twice:
+//! its value at each read, the later read's last. Loading a dump in order
+//! leaves the later value.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use crate::error::Error;
 use crate::hash::KeyHash;
+use crate::layout::directory::DirEntry;
 use crate::layout::kv;
 use crate::layout::slot::{RemotePtr, Slot};
 use crate::layout::subtable::Suffix;
@@ -35,27 +46,37 @@ use super::Client;
 /// How many times a slot whose block did not check out is read again.
 pub const RESCAN_TRIES: usize = 3;
 
+/// How many times the scan reads again the subtables of directory entries
+/// that changed (splits) while it ran, before it gives up
+/// ([`ScanReport::directory_changed`]).
+pub const RESCAN_PASSES: usize = 8;
+
 /// What [`Client::scan`] read.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ScanReport {
-    /// Pairs handed to the caller.
+    /// Pairs handed to the caller (a key whose subtable split during the
+    /// scan may be counted twice).
     pub pairs: u64,
-    /// Subtables read.
+    /// Subtables read, those read again after a split included.
     pub subtables: u64,
+    /// Subtables read again because a split replaced the one read before.
+    pub rescanned: u64,
     /// Slots whose block still did not check out after [`RESCAN_TRIES`]
-    /// reads: their keys are missing from the scan (a key updated over and
-    /// over while the scan ran, or a damaged block).
+    /// reads, and slots holding a malformed word, in the subtables the
+    /// table has at the scan's end: their keys are missing from the scan
+    /// (a key updated over and over while the scan ran, a damaged block,
+    /// or garbage in the table).
     pub skipped: u64,
-    /// Whether the directory changed while the scan ran (a split): keys
-    /// the split moved may be missing or twice.
+    /// Whether the directory still changed (splits) in the last of
+    /// [`RESCAN_PASSES`] passes: keys those splits moved may be missing.
     pub directory_changed: bool,
     /// Whether the caller stopped the scan.
     pub stopped: bool,
 }
 
 impl ScanReport {
-    /// Whether the scan saw the whole table: not stopped, no split, no slot
-    /// skipped.
+    /// Whether the scan saw the whole table: not stopped, no split left
+    /// unread, no slot skipped.
     pub fn complete(&self) -> bool {
         !self.stopped && !self.directory_changed && self.skipped == 0
     }
@@ -67,6 +88,31 @@ struct Pending {
     group: u32,
     bucket: usize,
     word: Slot,
+}
+
+/// The distinct subtables `entries` name, with their suffixes; with
+/// `changed`, only those named by an entry that differs (pointer or depth)
+/// from `before`'s for the same index (a directory that doubled repeats
+/// its lower half).
+fn subtables_of(
+    entries: &[DirEntry],
+    before: Option<&[DirEntry]>,
+) -> Result<Vec<(RemotePtr, Suffix)>, Error> {
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for (i, e) in entries.iter().enumerate() {
+        if let Some(before) = before {
+            let old = before.get(i % before.len().max(1));
+            if old.is_some_and(|o| o.ptr() == e.ptr() && o.local_depth() == e.local_depth()) {
+                continue;
+            }
+        }
+        let d = e.local_depth();
+        if seen.insert(e.ptr()) {
+            out.push((e.ptr(), Suffix::new((i as u64 & low_mask(d)) as u32, d)?));
+        }
+    }
+    Ok(out)
 }
 
 impl<T: Transport> Client<T> {
@@ -82,96 +128,130 @@ impl<T: Transport> Client<T> {
         mut each: impl FnMut(&[u8], &[u8]) -> bool,
     ) -> Result<ScanReport, Error> {
         self.refresh_directory()?;
-        let start: Vec<u64> = self.dir.entries().iter().map(|e| e.raw()).collect();
-        let geometry = self.table.geometry;
-        let mut subtables: Vec<(RemotePtr, Suffix)> = Vec::new();
-        let mut seen_ptr = HashSet::new();
-        for (i, e) in self.dir.entries().iter().enumerate() {
-            let d = e.local_depth();
-            if seen_ptr.insert(e.ptr()) {
-                subtables.push((e.ptr(), Suffix::new((i as u64 & low_mask(d)) as u32, d)?));
+        let mut before: Vec<DirEntry> = self.dir.entries().to_vec();
+        let mut todo = subtables_of(&before, None)?;
+        let mut report = ScanReport::default();
+        // Skipped slots per subtable read: a subtable a split replaced
+        // hands its keys on to its halves, which are read again.
+        let mut skipped: HashMap<RemotePtr, u64> = HashMap::new();
+        let mut passes = 0;
+        loop {
+            for &(sub, suffix) in &todo {
+                report.subtables += 1;
+                let (missed, stopped) = self.scan_subtable(sub, suffix, &mut each, &mut report)?;
+                skipped.insert(sub, missed);
+                if stopped {
+                    report.stopped = true;
+                    report.skipped = skipped.values().sum();
+                    return Ok(report);
+                }
             }
+            self.refresh_directory()?;
+            let now = self.dir.entries();
+            let changed = subtables_of(now, Some(&before))?;
+            if changed.is_empty() {
+                break;
+            }
+            if passes == RESCAN_PASSES {
+                report.directory_changed = true;
+                break;
+            }
+            passes += 1;
+            let named: HashSet<RemotePtr> = now.iter().map(|e| e.ptr()).collect();
+            skipped.retain(|sub, _| named.contains(sub));
+            report.rescanned += changed.len() as u64;
+            before = now.to_vec();
+            todo = changed;
         }
+        report.skipped = skipped.values().sum();
+        Ok(report)
+    }
+
+    /// Reads subtable `sub` and its blocks, and hands its pairs to `each`
+    /// (each key once): how many slots it skipped, and whether `each`
+    /// stopped the scan.
+    fn scan_subtable(
+        &mut self,
+        sub: RemotePtr,
+        suffix: Suffix,
+        each: &mut impl FnMut(&[u8], &[u8]) -> bool,
+        report: &mut ScanReport,
+    ) -> Result<(u64, bool), Error> {
+        let geometry = self.table.geometry;
         let len = u32::try_from(geometry.bytes()).map_err(|_| Error::BadTable {
             reason: "subtable larger than one READ",
         })?;
-        let mut report = ScanReport::default();
-        for (sub, suffix) in subtables {
-            report.subtables += 1;
-            let mut res = self.exec(&[RemoteOp::Read { ptr: sub, len }])?;
-            let image = take_read(&mut res, 0)?;
-            let mut pending: Vec<Pending> = Vec::new();
-            for s in image_slots(&image, geometry) {
-                let word = s.word.thawed();
-                if s.word.validate().is_ok() && !word.is_empty() {
-                    pending.push(Pending {
-                        addr: sub.add(s.offset as u64)?,
-                        group: s.group,
-                        bucket: s.bucket,
-                        word,
-                    });
-                }
+        let mut skipped = 0;
+        let mut res = self.exec(&[RemoteOp::Read { ptr: sub, len }])?;
+        let image = take_read(&mut res, 0)?;
+        let mut pending: Vec<Pending> = Vec::new();
+        for s in image_slots(&image, geometry) {
+            let word = s.word.thawed();
+            if s.word.validate().is_err() {
+                // Garbage in a slot: whatever pair it held is lost to the
+                // scan, which must say so.
+                skipped += 1;
+            } else if !word.is_empty() {
+                pending.push(Pending {
+                    addr: sub.add(s.offset as u64)?,
+                    group: s.group,
+                    bucket: s.bucket,
+                    word,
+                });
             }
-            let mut keys: HashSet<Vec<u8>> = HashSet::new();
-            for round in 0..=RESCAN_TRIES {
+        }
+        let mut keys: HashSet<Vec<u8>> = HashSet::new();
+        for round in 0..=RESCAN_TRIES {
+            if pending.is_empty() {
+                break;
+            }
+            if round > 0 {
+                let malformed;
+                (pending, malformed) = self.reread_slots(pending)?;
+                skipped += malformed;
                 if pending.is_empty() {
                     break;
                 }
-                if round > 0 {
-                    pending = self.reread_slots(pending)?;
-                    if pending.is_empty() {
-                        break;
-                    }
-                }
-                let ops: Vec<RemoteOp<'_>> = pending
-                    .iter()
-                    .map(|p| RemoteOp::Read {
-                        ptr: p.word.ptr(),
-                        len: p.word.block_len() as u32,
-                    })
-                    .collect();
-                let mut res = self.exec(&ops)?;
-                let mut again = Vec::new();
-                for (i, p) in pending.into_iter().enumerate() {
-                    let buf = take_read(&mut res, i)?;
-                    let fits = kv::decode_checked(&buf).ok().filter(|kv| {
-                        let hash = KeyHash::of(kv.key());
-                        suffix.contains(hash.dir_hash())
-                            && hash.fingerprint().get() == p.word.fingerprint()
-                            && position_fits(&hash, geometry, p.group, p.bucket)
-                            && kv.block_len() == p.word.block_len()
-                    });
-                    match fits {
-                        Some(kv) => {
-                            if keys.insert(kv.key().to_vec()) {
-                                report.pairs += 1;
-                                if !each(kv.key(), kv.value()) {
-                                    report.stopped = true;
-                                    return Ok(report);
-                                }
+            }
+            let ops: Vec<RemoteOp<'_>> = pending
+                .iter()
+                .map(|p| RemoteOp::Read {
+                    ptr: p.word.ptr(),
+                    len: p.word.block_len() as u32,
+                })
+                .collect();
+            let mut res = self.exec(&ops)?;
+            let mut again = Vec::new();
+            for (i, p) in pending.into_iter().enumerate() {
+                let buf = take_read(&mut res, i)?;
+                let fits = kv::decode_checked(&buf).ok().filter(|kv| {
+                    let hash = KeyHash::of(kv.key());
+                    suffix.contains(hash.dir_hash())
+                        && hash.fingerprint().get() == p.word.fingerprint()
+                        && position_fits(&hash, geometry, p.group, p.bucket)
+                        && kv.block_len() == p.word.block_len()
+                });
+                match fits {
+                    Some(kv) => {
+                        if keys.insert(kv.key().to_vec()) {
+                            report.pairs += 1;
+                            if !each(kv.key(), kv.value()) {
+                                return Ok((skipped, true));
                             }
                         }
-                        None => again.push(p),
                     }
+                    None => again.push(p),
                 }
-                pending = again;
             }
-            report.skipped += pending.len() as u64;
+            pending = again;
         }
-        self.refresh_directory()?;
-        report.directory_changed = self
-            .dir
-            .entries()
-            .iter()
-            .map(|e| e.raw())
-            .ne(start.iter().copied());
-        Ok(report)
+        Ok((skipped + pending.len() as u64, false))
     }
 
     /// Reads the slots of `pending` again: those that still hold a block,
     /// with their words now (a slot emptied meanwhile is a key deleted
-    /// during the scan).
-    fn reread_slots(&mut self, pending: Vec<Pending>) -> Result<Vec<Pending>, Error> {
+    /// during the scan), and how many now hold a malformed word.
+    fn reread_slots(&mut self, pending: Vec<Pending>) -> Result<(Vec<Pending>, u64), Error> {
         let ops: Vec<RemoteOp<'_>> = pending
             .iter()
             .map(|p| RemoteOp::Read {
@@ -181,16 +261,19 @@ impl<T: Transport> Client<T> {
             .collect();
         let mut res = self.exec(&ops)?;
         let mut out = Vec::new();
+        let mut malformed = 0;
         for (i, p) in pending.into_iter().enumerate() {
             let buf = take_read(&mut res, i)?;
             let word = Slot::from_raw(read_u64(&buf, 0));
-            if word.validate().is_ok() && !word.thawed().is_empty() {
+            if word.validate().is_err() {
+                malformed += 1;
+            } else if !word.thawed().is_empty() {
                 out.push(Pending {
                     word: word.thawed(),
                     ..p
                 });
             }
         }
-        Ok(out)
+        Ok((out, malformed))
     }
 }
