@@ -47,8 +47,9 @@
 //! while more than a quarter of its lease is left
 //! ([`crate::remote::Transport::grant_lease`]: it renews once half is
 //! gone, ahead where the transport can, and waits for the renewal at a
-//! quarter), and drops every grant and free block of the node when the
-//! generation changed. So a client the node declared dead stopped carving
+//! quarter), and drops every grant of the node, with the blocks it
+//! released unpublished (their WRITEs may not have run), when the
+//! generation changed; its free blocks were written, so it keeps them. So a client the node declared dead stopped carving
 //! from the old grants a quarter of a lease before, by its own clock; a
 //! block carved before that is written by its operation within
 //! `max_op_ticks` (100 ms by default). This is the same kind of timing

@@ -54,8 +54,14 @@
 //!   refills go to the other nodes, and when none is left the allocation
 //!   fails at once with the error the node gave, instead of every
 //!   allocation waiting out the node's timeout anew.
-//! * **Reclamation.** A block that was never published (its slot CAS failed)
-//!   goes straight back to its free list ([`KvAllocator::release`]). A block
+//! * **Reclamation.** A block that was never published (its slot CAS failed,
+//!   or never ran) goes straight back to the front of its (node, class)'s
+//!   uncarved runs ([`KvAllocator::release`]): its WRITE may not have run,
+//!   so the node may take it back once the client's lease on its grants
+//!   ends, and a client that learns of a new lease drops its uncarved runs
+//!   (the fence of [`crate::holders`]). Free lists hold written blocks
+//!   only, which no node takes back: they are kept across a new lease. A
+//!   block
 //!   that was published and then unlinked by a successful CAS (update,
 //!   delete, dedup, split) is *retired* by the client whose CAS unlinked it
 //!   ([`KvAllocator::retire`]), stamped with the time, and only reused once
@@ -141,11 +147,12 @@ pub struct KvMemoryStats {
     pub quarantined_bytes: u64,
     /// Bytes not yet carved out of the current coarse blocks.
     pub uncarved_bytes: u64,
-    /// Bytes of free blocks and uncarved runs dropped because a memory
-    /// node ended this client's lease on its grants (the node took back
-    /// what was never written: [`crate::holders`]), and free blocks given
-    /// back whose answer did not come (trimming: leaked if
-    /// the node did not take them, never used again).
+    /// Bytes of uncarved runs (blocks released unpublished among them)
+    /// dropped because a memory node ended this client's lease on its
+    /// grants (the node took back what was never written:
+    /// [`crate::holders`]), and free blocks given back whose answer did
+    /// not come (trimming: leaked if the node did not take them, never
+    /// used again).
     pub dropped_bytes: u64,
     /// Bytes of free blocks given back, and of retired blocks handed over
     /// (`ClientConfig::retired_high_bytes`), to the memory nodes while the
@@ -496,17 +503,19 @@ impl KvAllocator {
         true
     }
 
-    /// Drops node `node`'s free blocks and uncarved runs (kept: retired
-    /// blocks, which were written, so never taken back; and grants asked
-    /// ahead, whose answers say their own lease).
+    /// Drops node `node`'s uncarved runs, blocks released unpublished among
+    /// them: the node may have taken them back. Kept: free and retired
+    /// blocks, which were written (a KV block's first word holds its magic),
+    /// so never taken back; and grants asked ahead, whose answers say their
+    /// own lease. (Until 2026-12-06 free blocks were dropped too: a client
+    /// idle past its lease leaked its free lists, up to [`FREE_HIGH`] per
+    /// class it used, at each such pause.)
     fn drop_node(&mut self, node: u8) {
         let Some(arenas) = self.arenas.get_mut(usize::from(node)) else {
             return;
         };
-        for (class, a) in arenas.iter_mut().enumerate() {
-            let bytes = a.free.len() as u64 * class_bytes(class) + a.uncarved;
-            self.dropped_bytes += bytes;
-            a.free.clear();
+        for a in arenas.iter_mut() {
+            self.dropped_bytes += a.uncarved;
             a.chunks.clear();
             a.uncarved = 0;
         }
@@ -712,10 +721,17 @@ impl KvAllocator {
         Ok(())
     }
 
-    /// Returns a block that was never published (immediately reusable).
+    /// Returns a block that was never published (immediately reusable; its
+    /// WRITE may not have run).
     pub fn release(&mut self, ptr: RemotePtr, block_len: usize) {
         let class = class_of(u8::try_from(block_len / LEN_UNIT).unwrap_or(u8::MAX));
-        self.free_one(ptr, class);
+        // Its WRITE may never have run: back with the uncarved runs, which
+        // a new lease on the node drops (free lists hold written blocks).
+        let size = class_bytes(class);
+        if let Some(a) = self.arena(ptr.node(), class) {
+            a.chunks.push_front((ptr, size));
+            a.uncarved += size;
+        }
     }
 
     /// Puts `ptr` on its free list, noting a list past [`FREE_HIGH`].

@@ -345,6 +345,28 @@ impl Transport for Trimming {
     }
 }
 
+/// A new lease on a node (the node may have taken back what the client
+/// never wrote) drops the uncarved runs, blocks released unpublished
+/// among them, and keeps the free blocks, which were written.
+#[test]
+fn a_new_lease_drops_released_blocks_and_keeps_written_free_ones() {
+    let cluster = small_cluster(1, 1 << 20);
+    let mut t = cluster.transport();
+    let mut st = TransportStats::default();
+    let mut a = KvAllocator::new(1, 10, 1024);
+    let p1 = a.alloc(&mut t, &mut st, 0, 64, 0).unwrap();
+    let p2 = a.alloc(&mut t, &mut st, 0, 64, 0).unwrap();
+    a.release(p2, 64);
+    a.free_one(p1, 0); // written, free (as reclaim makes it)
+    let before = a.stats();
+    assert_eq!((before.free_bytes, before.uncarved_bytes), (64, 1024 - 64));
+    a.drop_node(0);
+    let s = a.stats();
+    assert_eq!((s.free_bytes, s.uncarved_bytes), (64, 0));
+    assert_eq!(s.dropped_bytes, 1024 - 64, "the released block went too");
+    assert_eq!(a.take_free(0, 0), Some(p1));
+}
+
 /// Free lists past FREE_HIGH are trimmed to FREE_KEEP, one message at a
 /// time; blocks the node refused come back, blocks whose answer was lost
 /// are dropped (never used again), a transport that cannot take blocks
@@ -367,7 +389,7 @@ fn free_lists_past_the_high_mark_go_back_and_failures_keep_or_drop() {
         .map(|_| a.alloc(&mut t, &mut st, 0, LEN_UNIT, 0).unwrap())
         .collect();
     for &p in &blocks {
-        a.release(p, LEN_UNIT);
+        a.free_one(p, 0); // a written block, free (as reclaim makes it)
     }
     let free = |a: &KvAllocator| a.stats().free_bytes;
     assert_eq!(free(&a), 3 << 20);
@@ -389,7 +411,7 @@ fn free_lists_past_the_high_mark_go_back_and_failures_keep_or_drop() {
         blocks.first().copied(),
         "the oldest first, as before"
     );
-    a.release(blocks[0], LEN_UNIT);
+    a.free_one(blocks[0], 0);
 
     // Lost: dropped, never handed out again.
     t.mode = TrimMode::Lose;
@@ -417,7 +439,7 @@ fn free_lists_past_the_high_mark_go_back_and_failures_keep_or_drop() {
         .map(|_| b.alloc(&mut t, &mut st, 0, LEN_UNIT, 0).unwrap())
         .collect();
     for &p in &mine {
-        b.release(p, LEN_UNIT);
+        b.free_one(p, 0);
     }
     b.trim(&mut t, 1);
     assert_eq!((free(&b), b.stats().dropped_bytes), (3 << 20, 0));

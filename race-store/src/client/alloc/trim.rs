@@ -11,9 +11,9 @@
 //!   cooling list), as at a close. Either way the node cuts them out of
 //!   whichever client's grant they lie in ([`crate::holders`]);
 //! * only under a live lease on the node's grants (the fence of
-//!   [`crate::holders`]); free blocks the node refused go back to the free
-//!   list only under the generation they were held under (retired blocks
-//!   were written: no lease change takes them);
+//!   [`crate::holders`]); free and retired blocks the node refused go back
+//!   to their lists whatever the lease's generation now: they were written,
+//!   so no lease change takes them;
 //! * a give-back whose outcome is unknown (no answer in time, the node
 //!   gone) is never used again: its blocks are counted as dropped (leaked
 //!   if the node did not take them), never handed out twice.
@@ -33,8 +33,6 @@ pub(super) struct Trim {
     class: usize,
     /// In free-list (or retirement) order, oldest first.
     blocks: Vec<RemotePtr>,
-    /// The node's lease generation they were held under.
-    generation: Option<u32>,
     /// Retired blocks: the tick of the youngest one's retirement.
     retired: Option<u64>,
 }
@@ -111,7 +109,6 @@ impl KvAllocator {
 
     /// Gives the `n` oldest free blocks of (node, class) back.
     fn trim_free<T: Transport>(&mut self, transport: &mut T, node: u8, class: usize, n: usize) {
-        let generation = self.held_under.get(usize::from(node)).copied().flatten();
         let Some(a) = self.arena(node, class) else {
             return;
         };
@@ -124,7 +121,6 @@ impl KvAllocator {
             node,
             class,
             blocks,
-            generation,
             retired: None,
         };
         self.send_trim(transport, trim, Duration::ZERO);
@@ -180,7 +176,6 @@ impl KvAllocator {
                 node,
                 class,
                 blocks,
-                generation: None,
                 retired: Some(youngest),
             };
             self.send_trim(transport, trim, delay);
@@ -245,11 +240,10 @@ impl KvAllocator {
     }
 
     /// Blocks that did not go back, when `kept` (the node did not take
-    /// them): free ones to the front of their free list under the
-    /// generation they were held under, retired ones to the front of the
-    /// retired queue as retired when the youngest of them was (the queue's
-    /// order holds: everything after was retired later); otherwise
-    /// dropped. The node is not trimmed again for a grace period.
+    /// them): free ones to the front of their free list, retired ones to
+    /// the front of the retired queue as retired when the youngest of them
+    /// was (the queue's order holds: everything after was retired later);
+    /// otherwise dropped. The node is not trimmed again for a grace period.
     fn trim_failed(&mut self, trim: Trim, kept: bool) {
         let bytes = trim.bytes();
         let pause = self.grace_ticks.max(1);
@@ -268,12 +262,7 @@ impl KvAllocator {
             self.retired_bytes += bytes;
             return;
         }
-        let held = self
-            .held_under
-            .get(usize::from(trim.node))
-            .copied()
-            .flatten();
-        if !kept || held != trim.generation {
+        if !kept {
             self.dropped_bytes += bytes;
             return;
         }
