@@ -24,9 +24,11 @@
 //! read with the key in it (a split takes keys out of a subtable only
 //! after the directory names its halves, and a subtable is never reused),
 //! or its entry changed and its current subtable was read after that.
-//! A key whose subtable split during the scan may be handed over twice:
-//! its value at each read, the later read's last. Loading a dump in order
-//! leaves the later value.
+//! A split puts each key at the same slot position in its half, so a half
+//! read again passes over the slots that still hold the word handed over
+//! from the split subtable. A key a writer changed between the two reads
+//! is handed over twice: its value at each read, the later read's last.
+//! Loading a dump in order leaves the later value.
 
 use std::collections::{HashMap, HashSet};
 
@@ -55,7 +57,7 @@ pub const RESCAN_PASSES: usize = 8;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ScanReport {
     /// Pairs handed to the caller (a key whose subtable split during the
-    /// scan may be counted twice).
+    /// scan and that a writer changed meanwhile is counted twice).
     pub pairs: u64,
     /// Subtables read, those read again after a split included.
     pub subtables: u64,
@@ -84,32 +86,48 @@ impl ScanReport {
 
 /// A slot to read a block for: where it is, its bucket, its word.
 struct Pending {
+    /// The slot's index in the subtable ([`image_slots`] order).
+    index: usize,
     addr: RemotePtr,
     group: u32,
     bucket: usize,
     word: Slot,
 }
 
+/// What the scan took from one subtable read.
+struct SubtableRead {
+    /// Slots skipped (see [`ScanReport::skipped`]).
+    skipped: u64,
+    /// Per slot ([`image_slots`] order): the word whose pair was handed
+    /// over, or 0. A split puts each key at the same position in its half,
+    /// with the same word until a writer changes it, so a half read again
+    /// after a split passes over the slots that still hold what was handed
+    /// over from the subtable it came from.
+    handed: Vec<u64>,
+}
+
+/// A subtable to read: where, its suffix, and the subtable read before
+/// whose keys it holds now (a split's half: the split subtable).
+type ToRead = (RemotePtr, Suffix, Option<RemotePtr>);
+
 /// The distinct subtables `entries` name, with their suffixes; with
-/// `changed`, only those named by an entry that differs (pointer or depth)
+/// `before`, only those named by an entry that differs (pointer or depth)
 /// from `before`'s for the same index (a directory that doubled repeats
-/// its lower half).
-fn subtables_of(
-    entries: &[DirEntry],
-    before: Option<&[DirEntry]>,
-) -> Result<Vec<(RemotePtr, Suffix)>, Error> {
+/// its lower half), with the subtable that entry named.
+fn subtables_of(entries: &[DirEntry], before: Option<&[DirEntry]>) -> Result<Vec<ToRead>, Error> {
     let mut seen = HashSet::new();
     let mut out = Vec::new();
     for (i, e) in entries.iter().enumerate() {
-        if let Some(before) = before {
-            let old = before.get(i % before.len().max(1));
-            if old.is_some_and(|o| o.ptr() == e.ptr() && o.local_depth() == e.local_depth()) {
+        let old = before.and_then(|b| b.get(i % b.len().max(1)));
+        if let Some(old) = old {
+            if old.ptr() == e.ptr() && old.local_depth() == e.local_depth() {
                 continue;
             }
         }
         let d = e.local_depth();
         if seen.insert(e.ptr()) {
-            out.push((e.ptr(), Suffix::new((i as u64 & low_mask(d)) as u32, d)?));
+            let suffix = Suffix::new((i as u64 & low_mask(d)) as u32, d)?;
+            out.push((e.ptr(), suffix, old.map(|o| o.ptr())));
         }
     }
     Ok(out)
@@ -131,21 +149,28 @@ impl<T: Transport> Client<T> {
         let mut before: Vec<DirEntry> = self.dir.entries().to_vec();
         let mut todo = subtables_of(&before, None)?;
         let mut report = ScanReport::default();
-        // Skipped slots per subtable read: a subtable a split replaced
-        // hands its keys on to its halves, which are read again.
-        let mut skipped: HashMap<RemotePtr, u64> = HashMap::new();
+        // What each subtable read gave, for the subtables the directory
+        // names: one a split replaced hands its keys on to its halves,
+        // which are read again (and its skipped slots with them).
+        let mut reads: HashMap<RemotePtr, SubtableRead> = HashMap::new();
         let mut passes = 0;
         loop {
-            for &(sub, suffix) in &todo {
+            for &(sub, suffix, prior) in &todo {
                 report.subtables += 1;
-                let (missed, stopped) = self.scan_subtable(sub, suffix, &mut each, &mut report)?;
-                skipped.insert(sub, missed);
+                let prior = prior
+                    .and_then(|p| reads.get(&p))
+                    .map(|r| r.handed.as_slice());
+                let (read, stopped) =
+                    self.scan_subtable(sub, suffix, prior, &mut each, &mut report)?;
+                reads.insert(sub, read);
                 if stopped {
                     report.stopped = true;
-                    report.skipped = skipped.values().sum();
+                    report.skipped = reads.values().map(|r| r.skipped).sum();
                     return Ok(report);
                 }
             }
+            let named: HashSet<RemotePtr> = before.iter().map(|e| e.ptr()).collect();
+            reads.retain(|sub, _| named.contains(sub));
             self.refresh_directory()?;
             let now = self.dir.entries();
             let changed = subtables_of(now, Some(&before))?;
@@ -157,26 +182,25 @@ impl<T: Transport> Client<T> {
                 break;
             }
             passes += 1;
-            let named: HashSet<RemotePtr> = now.iter().map(|e| e.ptr()).collect();
-            skipped.retain(|sub, _| named.contains(sub));
             report.rescanned += changed.len() as u64;
             before = now.to_vec();
             todo = changed;
         }
-        report.skipped = skipped.values().sum();
+        report.skipped = reads.values().map(|r| r.skipped).sum();
         Ok(report)
     }
 
     /// Reads subtable `sub` and its blocks, and hands its pairs to `each`
-    /// (each key once): how many slots it skipped, and whether `each`
-    /// stopped the scan.
+    /// (each key once; none whose slot holds the word `prior` handed over
+    /// at its position): what it took, and whether `each` stopped the scan.
     fn scan_subtable(
         &mut self,
         sub: RemotePtr,
         suffix: Suffix,
+        prior: Option<&[u64]>,
         each: &mut impl FnMut(&[u8], &[u8]) -> bool,
         report: &mut ScanReport,
-    ) -> Result<(u64, bool), Error> {
+    ) -> Result<(SubtableRead, bool), Error> {
         let geometry = self.table.geometry;
         let len = u32::try_from(geometry.bytes()).map_err(|_| Error::BadTable {
             reason: "subtable larger than one READ",
@@ -184,15 +208,25 @@ impl<T: Transport> Client<T> {
         let mut skipped = 0;
         let mut res = self.exec(&[RemoteOp::Read { ptr: sub, len }])?;
         let image = take_read(&mut res, 0)?;
+        let slots = image_slots(&image, geometry);
+        let mut handed = vec![0u64; slots.len()];
         let mut pending: Vec<Pending> = Vec::new();
-        for s in image_slots(&image, geometry) {
+        for (index, s) in slots.into_iter().enumerate() {
             let word = s.word.thawed();
             if s.word.validate().is_err() {
                 // Garbage in a slot: whatever pair it held is lost to the
                 // scan, which must say so.
                 skipped += 1;
-            } else if !word.is_empty() {
+            } else if word.is_empty() {
+                continue;
+            } else if prior.and_then(|p| p.get(index)) == Some(&word.raw()) {
+                // Handed over from the subtable this one split from.
+                if let Some(h) = handed.get_mut(index) {
+                    *h = word.raw();
+                }
+            } else {
                 pending.push(Pending {
+                    index,
                     addr: sub.add(s.offset as u64)?,
                     group: s.group,
                     bucket: s.bucket,
@@ -233,10 +267,13 @@ impl<T: Transport> Client<T> {
                 });
                 match fits {
                     Some(kv) => {
+                        if let Some(h) = handed.get_mut(p.index) {
+                            *h = p.word.raw();
+                        }
                         if keys.insert(kv.key().to_vec()) {
                             report.pairs += 1;
                             if !each(kv.key(), kv.value()) {
-                                return Ok((skipped, true));
+                                return Ok((SubtableRead { skipped, handed }, true));
                             }
                         }
                     }
@@ -245,7 +282,8 @@ impl<T: Transport> Client<T> {
             }
             pending = again;
         }
-        Ok((skipped + pending.len() as u64, false))
+        skipped += pending.len() as u64;
+        Ok((SubtableRead { skipped, handed }, false))
     }
 
     /// Reads the slots of `pending` again: those that still hold a block,
