@@ -9,6 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use common::*;
+use race_store::memory::{LocalCluster, LocalTransport};
+use race_store::Client;
 
 #[test]
 fn a_quiescent_table_scans_to_every_pair_once_across_splits() {
@@ -93,10 +95,12 @@ fn a_damaged_block_is_skipped_and_counted() {
     assert!(!report.complete());
 }
 
-/// Garbage in a slot (a word with no fingerprint) hides whatever pair it
-/// held: the scan counts it as skipped and says it is not complete.
-#[test]
-fn a_malformed_slot_word_is_skipped_and_counted() {
+/// A cluster of one node whose key 7 (of 50) has the value
+/// "needle-needle-needle", a client of it, and the offset of key 7's slot
+/// word in the node's memory: the one word whose pointer (node 0: the
+/// offset alone) is the start of the 64-byte-aligned block holding the
+/// value.
+fn needle_table() -> (LocalCluster, Client<LocalTransport>, u64) {
     let cluster = tiny_cluster(1, 16, 16 << 20, 8);
     let mut c = open(&cluster, manual_clock(), manual_config());
     for i in 0..50u64 {
@@ -114,32 +118,29 @@ fn a_malformed_slot_word_is_skipped_and_counted() {
         .windows(20)
         .position(|w| w == b"needle-needle-needle")
         .expect("the value's bytes in the node's memory") as u64;
-    // The slot of key 7: the one word whose pointer (node 0: the offset
-    // alone) is the start of the 64-byte-aligned block holding the value.
+    let word = |o: usize| u64::from_le_bytes(image[o..o + 8].try_into().unwrap());
     let slots: Vec<usize> = (0..image.len() / 8)
         .map(|i| i * 8)
         .filter(|&o| {
-            let w = u64::from_le_bytes(image[o..o + 8].try_into().unwrap());
+            let w = word(o);
             let (ptr, len) = (w & ((1 << 48) - 1), (w >> 48) & 0xff);
             w >> 56 != 0 && len != 0 && ptr % 64 == 0 && ptr <= at && at + 20 <= ptr + len * 64
         })
         .collect();
     let words: Vec<String> = slots
         .iter()
-        .map(|&o| {
-            format!(
-                "{o}: {:#x}",
-                u64::from_le_bytes(image[o..o + 8].try_into().unwrap())
-            )
-        })
+        .map(|&o| format!("{o}: {:#x}", word(o)))
         .collect();
     assert_eq!(
         slots.len(),
         1,
         "one slot points at the block (value at {at}): {words:?}"
     );
-    // Clear the fingerprint byte (the word's most significant, stored last).
-    node.write(slots[0] as u64 + 7, &[0]).unwrap();
+    (cluster, c, slots[0] as u64)
+}
+
+/// Scans `c`, which must miss key 7 and say so.
+fn scan_without_key_7(c: &mut Client<LocalTransport>) {
     let mut got = 0;
     let report = c
         .scan(|k, _| {
@@ -154,6 +155,27 @@ fn a_malformed_slot_word_is_skipped_and_counted() {
         "{report:?}"
     );
     assert!(!report.complete());
+}
+
+/// Garbage in a slot (a word with no fingerprint) hides whatever pair it
+/// held: the scan counts it as skipped and says it is not complete.
+#[test]
+fn a_malformed_slot_word_is_skipped_and_counted() {
+    let (cluster, mut c, slot) = needle_table();
+    // Clear the fingerprint byte (the word's most significant, stored last).
+    cluster.node(0).unwrap().write(slot + 7, &[0]).unwrap();
+    scan_without_key_7(&mut c);
+}
+
+/// A well-formed slot word whose pointer leads past its node's memory:
+/// the scan skips and counts it instead of failing on the refused READ.
+#[test]
+fn a_slot_pointing_out_of_its_nodes_memory_is_skipped_and_counted() {
+    let (cluster, mut c, slot) = needle_table();
+    // Offset 2^39 (bytes 0..5 of the word hold the 40-bit offset).
+    let node = cluster.node(0).unwrap();
+    node.write(slot, &[0, 0, 0, 0, 0x80]).unwrap();
+    scan_without_key_7(&mut c);
 }
 
 /// A writer updates every key over and over while another client scans a

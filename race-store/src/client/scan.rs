@@ -39,7 +39,7 @@ use crate::layout::kv;
 use crate::layout::slot::{RemotePtr, Slot};
 use crate::layout::subtable::Suffix;
 use crate::layout::{low_mask, read_u64};
-use crate::remote::{RemoteOp, Transport};
+use crate::remote::{RemoteOp, Transport, TransportError};
 
 use super::engine::take_read;
 use super::split::{image_slots, position_fits};
@@ -247,17 +247,14 @@ impl<T: Transport> Client<T> {
                     break;
                 }
             }
-            let ops: Vec<RemoteOp<'_>> = pending
-                .iter()
-                .map(|p| RemoteOp::Read {
-                    ptr: p.word.ptr(),
-                    len: p.word.block_len() as u32,
-                })
-                .collect();
-            let mut res = self.exec(&ops)?;
+            let blocks = self.read_blocks(&pending)?;
             let mut again = Vec::new();
-            for (i, p) in pending.into_iter().enumerate() {
-                let buf = take_read(&mut res, i)?;
+            for (p, buf) in pending.into_iter().zip(blocks) {
+                let Some(buf) = buf else {
+                    // Its pointer leads out of its node's memory.
+                    skipped += 1;
+                    continue;
+                };
                 let fits = kv::decode_checked(&buf).ok().filter(|kv| {
                     let hash = KeyHash::of(kv.key());
                     suffix.contains(hash.dir_hash())
@@ -284,6 +281,42 @@ impl<T: Transport> Client<T> {
         }
         skipped += pending.len() as u64;
         Ok((SubtableRead { skipped, handed }, false))
+    }
+
+    /// The blocks the words of `pending` point to; `None` for a pointer
+    /// out of its node's memory (garbage in a slot that passed
+    /// validation: the doorbell of all of them is refused, so they are
+    /// read one by one then).
+    fn read_blocks(&mut self, pending: &[Pending]) -> Result<Vec<Option<Vec<u8>>>, Error> {
+        let op = |p: &Pending| RemoteOp::Read {
+            ptr: p.word.ptr(),
+            len: p.word.block_len() as u32,
+        };
+        let out_of_bounds = |e: &Error| {
+            matches!(
+                e,
+                Error::Transport(
+                    TransportError::OutOfBounds { .. }
+                        | TransportError::Misaligned { .. }
+                        | TransportError::NoSuchNode { .. }
+                )
+            )
+        };
+        let ops: Vec<RemoteOp<'_>> = pending.iter().map(op).collect();
+        match self.exec(&ops) {
+            Ok(mut res) => (0..pending.len())
+                .map(|i| take_read(&mut res, i).map(Some))
+                .collect(),
+            Err(e) if out_of_bounds(&e) => pending
+                .iter()
+                .map(|p| match self.exec(&[op(p)]) {
+                    Ok(mut res) => take_read(&mut res, 0).map(Some),
+                    Err(e) if out_of_bounds(&e) => Ok(None),
+                    Err(e) => Err(e),
+                })
+                .collect(),
+            Err(e) => Err(e),
+        }
     }
 
     /// Reads the slots of `pending` again: those that still hold a block,
