@@ -205,6 +205,22 @@ kv load "$work/ci.dump" || die "race-kv load"
 [ "$(kv check | tail -1)" = "$before" ] || die "race-kv check after load: not $before"
 head -c 1000 "$work/ci.dump" > "$work/cut.dump"
 kv load "$work/cut.dump" 2>/dev/null && die "race-kv load of a cut dump succeeded"
+# A dump while another process updates every key (YCSB-A): complete, each
+# key once (the writer inserts none, so no split: check's count).
+"$bin/krcore-ycsb" --fabric "$(fab 7)" --meta "$meta" "${cfg[@]}" --store ci --workload a --records "$records" --operations 1000000000 --phase run \
+  >"$work/beside.out" 2>"$work/beside.err" &
+beside=$!
+await_header "$work/beside.out" "$beside"
+sleep 0.5
+kill -0 "$beside" 2>/dev/null || { cat "$work/beside.err" >&2; die "the writer beside the dump ended"; }
+kv dump "$work/beside.dump" 2>"$work/beside-dump.err" || { cat "$work/beside-dump.err" >&2; die "race-kv dump beside a writer"; }
+kill -0 "$beside" 2>/dev/null || { cat "$work/beside.err" >&2; die "the writer beside the dump ended"; }
+kill -TERM "$beside"
+wait "$beside" 2>/dev/null
+cat "$work/beside-dump.err"
+keys=$(echo "$before" | sed -n 's/.*subtables.*), \([0-9]*\) keys,.*/\1/p')
+grep -q "dumped $keys pair(s)" "$work/beside-dump.err" || die "race-kv dump beside a writer: not $keys pairs"
+say "a dump beside a writer: $(grep -m1 '^\[UPDATE\], Operations' "$work/beside.out") while it ran"
 # Every memory node's usage record (written each second, read one-sided).
 kv usage | tee "$work/usage.out"
 [ "$(grep -c '^node [0-9]*: in use ' "$work/usage.out")" -ge 2 ] &&
