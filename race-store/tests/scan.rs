@@ -57,50 +57,12 @@ fn the_caller_stops_a_scan() {
     assert_eq!((report.pairs, n), (10, 10));
 }
 
-/// A damaged block is read again from its slot, then skipped and counted:
-/// the scan says it is not complete.
-#[test]
-fn a_damaged_block_is_skipped_and_counted() {
-    let cluster = tiny_cluster(1, 16, 16 << 20, 8);
-    let mut c = open(&cluster, manual_clock(), manual_config());
-    for i in 0..50u64 {
-        let v = if i == 7 {
-            b"needle-needle-needle".to_vec()
-        } else {
-            value(i, 0, 20)
-        };
-        c.insert(&key(i), &v).unwrap();
-    }
-    let node = cluster.node(0).unwrap();
-    let heap = node.stats().heap_used;
-    let image = node.read(0, heap as usize).unwrap();
-    let at = image
-        .windows(20)
-        .position(|w| w == b"needle-needle-needle")
-        .expect("the value's bytes in the node's memory");
-    node.write(at as u64, b"X").unwrap();
-    let mut got = 0;
-    let report = c
-        .scan(|k, _| {
-            assert_ne!(k, key(7).as_slice());
-            got += 1;
-            true
-        })
-        .unwrap();
-    assert_eq!(
-        (report.pairs, report.skipped, got),
-        (49, 1, 49),
-        "{report:?}"
-    );
-    assert!(!report.complete());
-}
-
 /// A cluster of one node whose key 7 (of 50) has the value
-/// "needle-needle-needle", a client of it, and the offset of key 7's slot
-/// word in the node's memory: the one word whose pointer (node 0: the
-/// offset alone) is the start of the 64-byte-aligned block holding the
-/// value.
-fn needle_table() -> (LocalCluster, Client<LocalTransport>, u64) {
+/// "needle-needle-needle", a client of it, and in the node's memory the
+/// offsets of key 7's slot word (the one word whose pointer, node 0: the
+/// offset alone, is the start of the 64-byte-aligned block holding the
+/// value) and of the value.
+fn needle_table() -> (LocalCluster, Client<LocalTransport>, u64, u64) {
     let cluster = tiny_cluster(1, 16, 16 << 20, 8);
     let mut c = open(&cluster, manual_clock(), manual_config());
     for i in 0..50u64 {
@@ -136,7 +98,7 @@ fn needle_table() -> (LocalCluster, Client<LocalTransport>, u64) {
         1,
         "one slot points at the block (value at {at}): {words:?}"
     );
-    (cluster, c, slots[0] as u64)
+    (cluster, c, slots[0] as u64, at)
 }
 
 /// Scans `c`, which must miss key 7 and say so.
@@ -157,11 +119,20 @@ fn scan_without_key_7(c: &mut Client<LocalTransport>) {
     assert!(!report.complete());
 }
 
+/// A damaged block is read again from its slot, then skipped and counted:
+/// the scan says it is not complete.
+#[test]
+fn a_damaged_block_is_skipped_and_counted() {
+    let (cluster, mut c, _, value_at) = needle_table();
+    cluster.node(0).unwrap().write(value_at, b"X").unwrap();
+    scan_without_key_7(&mut c);
+}
+
 /// Garbage in a slot (a word with no fingerprint) hides whatever pair it
 /// held: the scan counts it as skipped and says it is not complete.
 #[test]
 fn a_malformed_slot_word_is_skipped_and_counted() {
-    let (cluster, mut c, slot) = needle_table();
+    let (cluster, mut c, slot, _) = needle_table();
     // Clear the fingerprint byte (the word's most significant, stored last).
     cluster.node(0).unwrap().write(slot + 7, &[0]).unwrap();
     scan_without_key_7(&mut c);
@@ -171,7 +142,7 @@ fn a_malformed_slot_word_is_skipped_and_counted() {
 /// the scan skips and counts it instead of failing on the refused READ.
 #[test]
 fn a_slot_pointing_out_of_its_nodes_memory_is_skipped_and_counted() {
-    let (cluster, mut c, slot) = needle_table();
+    let (cluster, mut c, slot, _) = needle_table();
     // Offset 2^39 (bytes 0..5 of the word hold the 40-bit offset).
     let node = cluster.node(0).unwrap();
     node.write(slot, &[0, 0, 0, 0, 0x80]).unwrap();
@@ -259,17 +230,22 @@ fn a_scan_beside_a_writer_sees_each_key_once_with_a_value_it_had() {
     eprintln!("{scans} scans beside {versions} rounds of updates; {skipped} slots skipped");
 }
 
-/// Another client splits the table while a scan runs (it inserts new keys
-/// and updates the old ones once the scan has handed over a hundred
-/// pairs): the scan reads the split subtables again, hands over every key
-/// that was there from the start with a value it had, and says it is
-/// complete. Before, such a scan only said the directory had changed.
-#[test]
-fn a_scan_reads_subtables_that_split_under_it_again() {
+/// Keys in the table from the start of [`split_under_scan`]'s scan.
+const OLD: u64 = 1000;
+
+/// A scan of a table of [`OLD`] keys, during which (once it has handed
+/// over a hundred pairs) another client inserts 3,000 keys, which splits
+/// the table many times, and then, with `update`, updates the old keys:
+/// the report and every value handed over per key.
+fn split_under_scan(
+    update: bool,
+) -> (
+    race_store::client::ScanReport,
+    HashMap<Vec<u8>, Vec<Vec<u8>>>,
+) {
     let cluster = tiny_cluster(2, 4, 64 << 20, 16);
     let mut c = open(&cluster, manual_clock(), manual_config());
-    let old = 1000u64;
-    for i in 0..old {
+    for i in 0..OLD {
         c.insert(&key(i), &value(i, 0, 40)).unwrap();
     }
     let mut w = open(&cluster, manual_clock(), manual_config());
@@ -279,10 +255,10 @@ fn a_scan_reads_subtables_that_split_under_it_again() {
         .scan(|k, v| {
             handed += 1;
             if handed == 100 {
-                for i in old..old + 3000 {
+                for i in OLD..OLD + 3000 {
                     w.insert(&key(i), &value(i, 0, 40)).unwrap();
                 }
-                for i in 0..old {
+                for i in (0..OLD).filter(|_| update) {
                     w.update(&key(i), &value(i, 1, 60)).unwrap();
                 }
             }
@@ -290,10 +266,27 @@ fn a_scan_reads_subtables_that_split_under_it_again() {
             true
         })
         .unwrap();
+    assert_eq!(report.pairs, handed);
     assert!(report.complete(), "{report:?}");
     assert!(report.rescanned > 0, "the table split: {report:?}");
-    assert_eq!(report.pairs, handed);
-    for i in 0..old {
+    for (k, values) in &seen {
+        let i: u64 = std::str::from_utf8(&k[4..]).unwrap().parse().unwrap();
+        if i >= OLD {
+            assert!(values.iter().all(|v| *v == value(i, 0, 40)), "key {i}");
+        }
+    }
+    (report, seen)
+}
+
+/// Another client splits the table while a scan runs, and updates the
+/// keys that were there: the scan reads the split subtables again, hands
+/// over every key that was there from the start with a value it had, and
+/// says it is complete. Before, such a scan only said the directory had
+/// changed.
+#[test]
+fn a_scan_reads_subtables_that_split_under_it_again() {
+    let (_, seen) = split_under_scan(true);
+    for i in 0..OLD {
         let values = seen
             .get(&key(i))
             .unwrap_or_else(|| panic!("key {i} missing"));
@@ -310,12 +303,6 @@ fn a_scan_reads_subtables_that_split_under_it_again() {
             "key {i}: an older value after a newer one"
         );
     }
-    for (k, values) in &seen {
-        let i: u64 = std::str::from_utf8(&k[4..]).unwrap().parse().unwrap();
-        if i >= old {
-            assert!(values.iter().all(|v| *v == value(i, 0, 40)), "key {i}");
-        }
-    }
 }
 
 /// Splits under a scan with no key changed meanwhile: the halves read
@@ -323,28 +310,10 @@ fn a_scan_reads_subtables_that_split_under_it_again() {
 /// every key is handed over once.
 #[test]
 fn a_split_under_a_scan_hands_no_unchanged_key_over_twice() {
-    let cluster = tiny_cluster(2, 4, 64 << 20, 16);
-    let mut c = open(&cluster, manual_clock(), manual_config());
-    let old = 1000u64;
-    for i in 0..old {
-        c.insert(&key(i), &value(i, 0, 40)).unwrap();
-    }
-    let mut w = open(&cluster, manual_clock(), manual_config());
-    let mut seen: HashMap<Vec<u8>, u32> = HashMap::new();
-    let mut handed = 0;
-    let report = c
-        .scan(|k, _| {
-            handed += 1;
-            if handed == 100 {
-                for i in old..old + 3000 {
-                    w.insert(&key(i), &value(i, 0, 40)).unwrap();
-                }
-            }
-            *seen.entry(k.to_vec()).or_default() += 1;
-            true
-        })
-        .unwrap();
-    assert!(report.complete() && report.rescanned > 0, "{report:?}");
-    assert!(seen.values().all(|&n| n == 1), "a key twice: {report:?}");
-    assert!((0..old).all(|i| seen.contains_key(&key(i))));
+    let (report, seen) = split_under_scan(false);
+    assert!(
+        seen.values().all(|v| v.len() == 1),
+        "a key twice: {report:?}"
+    );
+    assert!((0..OLD).all(|i| seen.contains_key(&key(i))));
 }
