@@ -75,6 +75,11 @@ const _: () = assert!(USAGE_OFFSET + USAGE_SIZE as u64 <= RESERVED_PREFIX);
 /// ([`MemoryNode::publish_usage`]).
 pub const USAGE_EVERY: Duration = Duration::from_secs(1);
 
+/// How often a serving memory node looks whether its usage changed, and
+/// rewrites its record if it did: `race-kv usage` right after a load sees
+/// the load (the record was up to [`USAGE_EVERY`] old before).
+pub const USAGE_CHANGED_EVERY: Duration = Duration::from_millis(100);
+
 /// Usage figures of one memory node.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NodeStats {
@@ -305,10 +310,24 @@ impl<M: NodeMemory> MemoryNode<M> {
     /// Writes the node's usage record ([`crate::layout::usage`]) into its
     /// reserved prefix, stamped with `written_ms` (the wall clock in ms
     /// since the epoch), for clients to READ. A serving node's upkeep
-    /// thread calls it every [`USAGE_EVERY`].
+    /// thread calls it every [`USAGE_EVERY`], and within
+    /// [`USAGE_CHANGED_EVERY`] of a change.
     pub fn publish_usage(&self, written_ms: u64) {
+        self.write_usage(&self.usage(written_ms));
+    }
+
+    /// Writes `record` as the node's usage record (see
+    /// [`MemoryNode::publish_usage`]).
+    pub fn write_usage(&self, record: &UsageRepr) {
+        if USAGE_OFFSET + USAGE_SIZE as u64 <= self.capacity() {
+            self.mem.write_from(USAGE_OFFSET, &record.emit());
+        }
+    }
+
+    /// The node's usage now, as its record holds it, stamped `written_ms`.
+    pub fn usage(&self, written_ms: u64) -> UsageRepr {
         let s = self.stats();
-        let record = UsageRepr {
+        UsageRepr {
             written_ms,
             capacity: s.capacity,
             heap_used: s.heap_used,
@@ -320,9 +339,6 @@ impl<M: NodeMemory> MemoryNode<M> {
             ended: s.holders.ended,
             holders: u32::try_from(s.holders.holders).unwrap_or(u32::MAX),
             doomed_kib: u32::try_from(s.holders.doomed >> 10).unwrap_or(u32::MAX),
-        };
-        if USAGE_OFFSET + USAGE_SIZE as u64 <= self.capacity() {
-            self.mem.write_from(USAGE_OFFSET, &record.emit());
         }
     }
 

@@ -1,6 +1,7 @@
 //! A memory node's usage record: what it handed out of its region, what it
 //! holds pooled, and its clients' grant leases, written by the node into its
-//! own reserved prefix every second so that anyone who reaches the store
+//! own reserved prefix every second, and within 100 ms of a change
+//! ([`crate::memory::USAGE_CHANGED_EVERY`]), so that anyone who reaches the store
 //! reads every node's usage with one one-sided READ each, and nothing to
 //! ask the nodes' CPUs (`race-kv usage`, [`crate::deploy::Store::usage`]).
 //!

@@ -14,7 +14,10 @@ use super::proto::{
     AllocReply, AllocRequest, NodeInfo, RunsKind, RunsReply, RunsRequest, ALLOC_PORT,
     FEATURE_LEASES, FEATURE_RUNS, RUNS_OUT_OF_MEMORY, RUNS_REFUSED,
 };
-use crate::memory::{MemoryNode, NodeMemory, NodeStats, TableConfig, BLOCK_ALIGN, USAGE_EVERY};
+use crate::layout::usage::UsageRepr;
+use crate::memory::{
+    MemoryNode, NodeMemory, NodeStats, TableConfig, BLOCK_ALIGN, USAGE_CHANGED_EVERY, USAGE_EVERY,
+};
 use crate::remote::{Cause, TransportError};
 use crate::Error;
 use krcore::{Access, MemoryRegion, Node, Port};
@@ -363,17 +366,33 @@ impl<N: Nic> MemoryNodeServer<N> {
             .name(format!("race-fault-{}", info.id))
             .spawn(move || {
                 let mut sleep = MIN_FAULT_SLEEP;
-                let mut published: Option<Instant> = None;
+                let mut published: Option<(Instant, UsageRepr)> = None;
+                let mut looked = Instant::now();
                 while !flag.load(Ordering::Relaxed) {
                     // Also takes back what dead clients never wrote (a
                     // scan of their grants' blocks: off the serving
                     // thread too).
                     mem_fault.reclaim_if_due();
                     // And keeps the node's usage record fresh for clients
-                    // to READ.
-                    if published.is_none_or(|t| t.elapsed() >= USAGE_EVERY) {
-                        published = Some(Instant::now());
-                        mem_fault.publish_usage(crate::layout::usage::wall_ms());
+                    // to READ: rewritten every USAGE_EVERY, and as soon as
+                    // it changed (looked at every USAGE_CHANGED_EVERY).
+                    let due = published.is_none_or(|(t, _)| t.elapsed() >= USAGE_EVERY);
+                    if due || looked.elapsed() >= USAGE_CHANGED_EVERY {
+                        looked = Instant::now();
+                        let now = mem_fault.usage(crate::layout::usage::wall_ms());
+                        let changed = published.is_none_or(|(_, last)| {
+                            UsageRepr {
+                                written_ms: 0,
+                                ..last
+                            } != UsageRepr {
+                                written_ms: 0,
+                                ..now
+                            }
+                        });
+                        if due || changed {
+                            mem_fault.write_usage(&now);
+                            published = Some((Instant::now(), now));
+                        }
                     }
                     if mem_fault.prefault_ahead() > 0 {
                         sleep = MIN_FAULT_SLEEP;
