@@ -178,3 +178,64 @@ fn race_kv_runs_one_command_against_a_deployed_store() {
     drop((n1, n0));
     assert_eq!(meta_p.terminate(), Some(0));
 }
+
+/// `load` says what it starts on; SIGTERM stops it between two batches:
+/// it says how many pairs it put, every one of them is in the store, and
+/// it exits 1 after its client gave back what it borrowed.
+#[test]
+fn a_load_stopped_by_sigterm_says_how_far_it_got() {
+    use std::io::BufRead;
+    let dir = fabric_dir();
+    let fabric = format!("sim:{}", dir.path().join("f").display());
+    let (meta_p, addr) = meta(&fabric);
+    let (n0, _) = start(MEMNODE, &as_refs(&memnode(&fabric, &addr, "s", 0, &[])));
+    let (n1, _) = start(MEMNODE, &as_refs(&memnode(&fabric, &addr, "s", 1, &[])));
+    // More pairs than a load puts before the signal lands.
+    let file = dir.path().join("big.dump");
+    let total = 100_000u64;
+    let mut w = race_store::dump::DumpWriter::new(std::io::BufWriter::new(
+        std::fs::File::create(&file).unwrap(),
+    ))
+    .unwrap();
+    for i in 0..total {
+        w.pair(format!("key{i}").as_bytes(), &[b'v'; 32]).unwrap();
+    }
+    w.finish().unwrap();
+    let on = |extra: &[&str]| -> Vec<String> {
+        ["--fabric", &fabric, "--meta", &addr, "--store", "s"]
+            .iter()
+            .chain(extra)
+            .map(|s| s.to_string())
+            .collect()
+    };
+    let mut load = Proc(
+        Command::new(KV)
+            .args(on(&["load", &file.display().to_string()]))
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut lines = std::io::BufReader::new(load.0.stderr.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert!(first.starts_with("race-kv: loading "), "{first}");
+    let _ = Command::new("kill")
+        .args(["-TERM", &load.0.id().to_string()])
+        .status();
+    let rest: String = lines.map_while(Result::ok).map(|l| l + "\n").collect();
+    let code = load.0.wait().unwrap().code();
+    assert_eq!(code, Some(1), "{rest}");
+    let stopped = rest
+        .lines()
+        .find_map(|l| l.strip_prefix("race-kv: load stopped by a signal after "))
+        .unwrap_or_else(|| panic!("{rest}"));
+    let put: u64 = stopped.strip_suffix(" pair(s)").unwrap().parse().unwrap();
+    assert!(put < total, "{rest}");
+    let out = bounded_output(KV, &on(&["check"]));
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        report.contains(&format!(" {put} keys, 0 duplicates, 0 problem(s)")),
+        "{put} put: {report}"
+    );
+    drop((n1, n0));
+    assert_eq!(meta_p.terminate(), Some(0));
+}

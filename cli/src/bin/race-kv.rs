@@ -22,7 +22,10 @@
 //! block kept changing under it) gets no footer, so `load` refuses it, and
 //! exits 1 saying why: dump again with fewer writers. `load` puts the
 //! pairs in order; at its first failure it exits 1 saying how many it
-//! loaded.
+//! loaded. Both say on stderr what they start on, and every 10 s how far
+//! they got; SIGINT or SIGTERM stops them (a dump without its footer, a
+//! load between two batches, saying how many pairs it put), and the client
+//! gives back what it borrowed before race-kv exits 1.
 //!
 //! Keys and values are the arguments' bytes. The client posts from a node of
 //! its own on `--fabric` (another process's port is refused: use a GID of
@@ -38,7 +41,9 @@
 
 use clap::{Parser, Subcommand};
 use krcore::Node;
-use krcore_cli::{bytes_text, fail, init_tracing, load_toml, parse_fabric, percent, usage};
+use krcore_cli::{
+    bytes_text, fail, init_tracing, load_toml, parse_fabric, percent, usage, Periodic, Shutdown,
+};
 use race_store::client::Op;
 use race_store::deploy::{Store, StoreOptions};
 use race_store::dump::{DumpReader, DumpWriter};
@@ -226,6 +231,9 @@ fn run<T: race_store::remote::Transport>(client: &mut Client<T>, command: Comman
 /// Pairs put per batch by `load`.
 const LOAD_BATCH: usize = 64;
 
+/// How often `dump` and `load` say how far they got (on stderr).
+const PROGRESS_EVERY: Duration = Duration::from_secs(10);
+
 /// `dump FILE`: every pair of the table into FILE (see the module docs).
 fn dump_to<T: race_store::remote::Transport>(client: &mut Client<T>, file: &OsString) -> ExitCode {
     let started = Instant::now();
@@ -247,17 +255,33 @@ fn dump_to<T: race_store::remote::Transport>(client: &mut Client<T>, file: &OsSt
         Ok(w) => w,
         Err(e) => return fail(PROGRAM, &e),
     };
+    let shutdown = match Shutdown::install() {
+        Ok(s) => s,
+        Err(e) => return fail(PROGRAM, &e),
+    };
+    eprintln!("{PROGRAM}: dumping into {}", file.to_string_lossy());
+    let mut progress = Periodic::new(PROGRESS_EVERY);
     let mut failed = None;
     let mut bytes = 0u64;
-    let report = client.scan(|k, v| match w.pair(k, v) {
-        Ok(()) => {
-            bytes += (k.len() + v.len()) as u64;
-            true
+    let mut pairs = 0u64;
+    let report = client.scan(|k, v| {
+        if shutdown.requested() {
+            return false;
         }
-        Err(e) => {
+        if let Err(e) = w.pair(k, v) {
             failed = Some(e);
-            false
+            return false;
         }
+        bytes += (k.len() + v.len()) as u64;
+        pairs += 1;
+        if pairs % 1024 == 0 && progress.due(Instant::now()).is_some() {
+            eprintln!(
+                "{PROGRAM}: dump: {pairs} pair(s), {} so far ({:.0} s)",
+                bytes_text(bytes),
+                started.elapsed().as_secs_f64()
+            );
+        }
+        true
     });
     if let Some(e) = failed {
         return fail(PROGRAM, &e);
@@ -266,6 +290,13 @@ fn dump_to<T: race_store::remote::Transport>(client: &mut Client<T>, file: &OsSt
         Ok(r) => r,
         Err(e) => return fail(PROGRAM, &e),
     };
+    if shutdown.requested() {
+        eprintln!(
+            "{PROGRAM}: dump stopped by a signal after {pairs} pair(s); it has no footer, \
+             so load refuses it"
+        );
+        return ExitCode::FAILURE;
+    }
     if !report.complete() {
         // No footer: `load` refuses what was written.
         let why = if report.directory_changed {
@@ -320,8 +351,25 @@ fn load_from<T: race_store::remote::Transport>(
         Ok(r) => r,
         Err(e) => return fail(PROGRAM, &e),
     };
+    let shutdown = match Shutdown::install() {
+        Ok(s) => s,
+        Err(e) => return fail(PROGRAM, &e),
+    };
+    eprintln!("{PROGRAM}: loading {}", file.to_string_lossy());
+    let mut progress = Periodic::new(PROGRESS_EVERY);
     let mut loaded = 0u64;
     loop {
+        if shutdown.requested() {
+            // Between batches: every pair counted is in the store.
+            eprintln!("{PROGRAM}: load stopped by a signal after {loaded} pair(s)");
+            return ExitCode::FAILURE;
+        }
+        if progress.due(Instant::now()).is_some() {
+            eprintln!(
+                "{PROGRAM}: load: {loaded} pair(s) so far ({:.0} s)",
+                started.elapsed().as_secs_f64()
+            );
+        }
         let mut pairs = Vec::with_capacity(LOAD_BATCH);
         let mut end = false;
         while pairs.len() < LOAD_BATCH {
