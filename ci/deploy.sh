@@ -203,6 +203,11 @@ before=$(kv check | tail -1)
 kv dump "$work/ci.dump" || die "race-kv dump"
 kv load "$work/ci.dump" || die "race-kv load"
 [ "$(kv check | tail -1)" = "$before" ] || die "race-kv check after load: not $before"
+# Piped: a dump on stdout straight into a load from stdin (another process,
+# another role), back into the same store while it is dumped.
+kv dump - | "$bin/race-kv" --fabric "$(fab 8)" --meta "$meta" "${cfg[@]}" --store ci load - ||
+  die "race-kv dump - | race-kv load -"
+[ "$(kv check | tail -1)" = "$before" ] || die "race-kv check after a piped load: not $before"
 head -c 1000 "$work/ci.dump" > "$work/cut.dump"
 kv load "$work/cut.dump" 2>/dev/null && die "race-kv load of a cut dump succeeded"
 # A dump while another process updates every key (YCSB-A): complete, each

@@ -231,6 +231,15 @@ fn run<T: race_store::remote::Transport>(client: &mut Client<T>, command: Comman
 /// Pairs put per batch by `load`.
 const LOAD_BATCH: usize = 64;
 
+/// `file` as said on stderr: `dash` for `-`.
+fn name_of(file: &OsString, dash: &str) -> String {
+    if file.as_bytes() == b"-" {
+        dash.to_string()
+    } else {
+        file.to_string_lossy().into_owned()
+    }
+}
+
 /// How often `dump` and `load` say how far they got (on stderr).
 const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 
@@ -259,7 +268,7 @@ fn dump_to<T: race_store::remote::Transport>(client: &mut Client<T>, file: &OsSt
         Ok(s) => s,
         Err(e) => return fail(PROGRAM, &e),
     };
-    eprintln!("{PROGRAM}: dumping into {}", file.to_string_lossy());
+    eprintln!("{PROGRAM}: dumping into {}", name_of(file, "stdout"));
     let mut progress = Periodic::new(PROGRESS_EVERY);
     let mut failed = None;
     let mut bytes = 0u64;
@@ -355,7 +364,7 @@ fn load_from<T: race_store::remote::Transport>(
         Ok(s) => s,
         Err(e) => return fail(PROGRAM, &e),
     };
-    eprintln!("{PROGRAM}: loading {}", file.to_string_lossy());
+    eprintln!("{PROGRAM}: loading {}", name_of(file, "stdin"));
     let mut progress = Periodic::new(PROGRESS_EVERY);
     let mut loaded = 0u64;
     loop {
