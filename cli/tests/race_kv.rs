@@ -11,20 +11,30 @@ use std::process::{Command, Stdio};
 const KV: &str = env!("CARGO_BIN_EXE_race-kv");
 const KRCORED: &str = env!("CARGO_BIN_EXE_krcored");
 
+/// The arguments of a race-kv command against store `store` on `fabric`
+/// through the meta server at `addr`, then `extra`.
+fn store_args(fabric: &str, addr: &str, store: &str, extra: &[&str]) -> Vec<String> {
+    ["--fabric", fabric, "--meta", addr, "--store", store]
+        .iter()
+        .chain(extra)
+        .map(|s| s.to_string())
+        .collect()
+}
+
+/// Memory nodes 0 and 1 of store `store`.
+fn two_nodes(fabric: &str, addr: &str, store: &str) -> (Proc, Proc) {
+    let (n0, _) = start(MEMNODE, &as_refs(&memnode(fabric, addr, store, 0, &[])));
+    let (n1, _) = start(MEMNODE, &as_refs(&memnode(fabric, addr, store, 1, &[])));
+    (n0, n1)
+}
+
 #[test]
 fn race_kv_runs_one_command_against_a_deployed_store() {
     let dir = fabric_dir();
     let fabric = format!("sim:{}", dir.path().join("f").display());
     let (meta_p, addr) = meta(&fabric);
-    let (n0, _) = start(MEMNODE, &as_refs(&memnode(&fabric, &addr, "s", 0, &[])));
-    let (n1, _) = start(MEMNODE, &as_refs(&memnode(&fabric, &addr, "s", 1, &[])));
-    let on = |extra: &[&str]| -> Vec<String> {
-        ["--fabric", &fabric, "--meta", &addr, "--store", "s"]
-            .iter()
-            .chain(extra)
-            .map(|s| s.to_string())
-            .collect()
-    };
+    let (n0, n1) = two_nodes(&fabric, &addr, "s");
+    let on = |extra: &[&str]| store_args(&fabric, &addr, "s", extra);
     let ok = |args: Vec<String>| -> String {
         let out = bounded_output(KV, &args);
         let err = String::from_utf8_lossy(&out.stderr);
@@ -87,15 +97,8 @@ fn race_kv_runs_one_command_against_a_deployed_store() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{err}");
     assert!(err.contains("dumped 2 pair(s)"), "{err}");
-    let (t0, _) = start(MEMNODE, &as_refs(&memnode(&fabric, &addr, "t", 0, &[])));
-    let (t1, _) = start(MEMNODE, &as_refs(&memnode(&fabric, &addr, "t", 1, &[])));
-    let on_t = |extra: &[&str]| -> Vec<String> {
-        ["--fabric", &fabric, "--meta", &addr, "--store", "t"]
-            .iter()
-            .chain(extra)
-            .map(|s| s.to_string())
-            .collect()
-    };
+    let (t0, t1) = two_nodes(&fabric, &addr, "t");
+    let on_t = |extra: &[&str]| store_args(&fabric, &addr, "t", extra);
     let out = bounded_output(KV, &on_t(&["load", &file]));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{err}");
@@ -188,8 +191,7 @@ fn a_load_stopped_by_sigterm_says_how_far_it_got() {
     let dir = fabric_dir();
     let fabric = format!("sim:{}", dir.path().join("f").display());
     let (meta_p, addr) = meta(&fabric);
-    let (n0, _) = start(MEMNODE, &as_refs(&memnode(&fabric, &addr, "s", 0, &[])));
-    let (n1, _) = start(MEMNODE, &as_refs(&memnode(&fabric, &addr, "s", 1, &[])));
+    let (n0, n1) = two_nodes(&fabric, &addr, "s");
     // More pairs than a load puts before the signal lands.
     let file = dir.path().join("big.dump");
     let total = 100_000u64;
@@ -201,13 +203,7 @@ fn a_load_stopped_by_sigterm_says_how_far_it_got() {
         w.pair(format!("key{i}").as_bytes(), &[b'v'; 32]).unwrap();
     }
     w.finish().unwrap();
-    let on = |extra: &[&str]| -> Vec<String> {
-        ["--fabric", &fabric, "--meta", &addr, "--store", "s"]
-            .iter()
-            .chain(extra)
-            .map(|s| s.to_string())
-            .collect()
-    };
+    let on = |extra: &[&str]| store_args(&fabric, &addr, "s", extra);
     let mut load = Proc(
         Command::new(KV)
             .args(on(&["load", &file.display().to_string()]))
