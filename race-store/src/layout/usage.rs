@@ -81,6 +81,17 @@ pub struct UsageRepr {
 }
 
 impl UsageRepr {
+    /// Whether `other` says the same as this record but for its stamp.
+    pub fn same_usage(&self, other: &UsageRepr) -> bool {
+        UsageRepr {
+            written_ms: 0,
+            ..*self
+        } == UsageRepr {
+            written_ms: 0,
+            ..*other
+        }
+    }
+
     /// Bytes in use: handed out and not pooled (clients hold them).
     pub fn in_use(&self) -> u64 {
         self.heap_used.saturating_sub(self.pooled)
@@ -178,6 +189,20 @@ mod tests {
         let r = sample();
         assert_eq!(UsageRepr::parse(&r.emit()), Ok(r));
         assert_eq!(r.in_use(), 280 << 20);
+    }
+
+    #[test]
+    fn records_differing_only_in_their_stamp_say_the_same_usage() {
+        let r = sample();
+        let later = UsageRepr {
+            written_ms: r.written_ms + 100,
+            ..r
+        };
+        assert!(r.same_usage(&later));
+        assert!(!r.same_usage(&UsageRepr {
+            holders: 8,
+            ..later
+        }));
     }
 
     #[test]

@@ -380,15 +380,7 @@ impl<N: Nic> MemoryNodeServer<N> {
                     if due || looked.elapsed() >= USAGE_CHANGED_EVERY {
                         looked = Instant::now();
                         let now = mem_fault.usage(crate::layout::usage::wall_ms());
-                        let changed = published.is_none_or(|(_, last)| {
-                            UsageRepr {
-                                written_ms: 0,
-                                ..last
-                            } != UsageRepr {
-                                written_ms: 0,
-                                ..now
-                            }
-                        });
+                        let changed = published.is_none_or(|(_, last)| !last.same_usage(&now));
                         if due || changed {
                             mem_fault.write_usage(&now);
                             published = Some((Instant::now(), now));
