@@ -597,7 +597,10 @@ impl DeployedMemoryNode {
 #[derive(Debug, Clone)]
 pub struct StoreOptions {
     /// How long [`Store::connect`] waits for the store to be complete (all
-    /// its memory nodes registered).
+    /// its memory nodes registered), and [`Store::client`] for a member the
+    /// meta table does not know yet (after the meta server restarts, each
+    /// memory node joins the store again and registers again on its own
+    /// schedule: a member may show before its registration).
     pub wait: Duration,
     /// The clients' configuration.
     pub client: ClientConfig,
@@ -626,6 +629,7 @@ pub struct Store {
     infos: Vec<NodeInfo>,
     clock: Arc<WallClock>,
     config: ClientConfig,
+    wait: Duration,
 }
 
 impl Store {
@@ -680,6 +684,7 @@ impl Store {
                             infos,
                             clock: Arc::new(WallClock),
                             config: opts.client,
+                            wait: opts.wait,
                         })
                     }
                     Err(e) => e,
@@ -719,6 +724,10 @@ impl Store {
     /// [`crate::remote::TransportError::NodeReplaced`] (the node restarted
     /// empty), not as a node that is down.
     ///
+    /// A member the meta table does not know (it joined the store again
+    /// before it registered again, after a meta server restart) is waited
+    /// for, up to [`StoreOptions::wait`].
+    ///
     /// # Errors
     /// Transport setup and table errors ([`crate::Error`]).
     pub fn client(&self) -> Result<Client<VqpTransport<AnyNic>>, crate::Error> {
@@ -730,7 +739,15 @@ impl Store {
     /// # Errors
     /// As [`Store::client`].
     pub fn client_on(&self, node: &Node) -> Result<Client<VqpTransport<AnyNic>>, crate::Error> {
-        let mut t = VqpTransport::connect(node, &self.infos)?;
+        let start = Instant::now();
+        let mut t = loop {
+            match VqpTransport::connect(node, &self.infos) {
+                Err(e) if unregistered(&e) && start.elapsed() < self.wait => {
+                    std::thread::sleep(POLL);
+                }
+                r => break r?,
+            }
+        };
         check_members(&mut t, &self.infos)?;
         // A memory node that stops answering may have restarted (empty):
         // the store's membership tells (VqpTransport::set_member_check).
@@ -745,6 +762,18 @@ impl Store {
         }));
         Client::open(t, self.clock(), self.config)
     }
+}
+
+/// Whether a transport's setup failed on a memory node the meta table has
+/// no registration for.
+fn unregistered(e: &TransportError) -> bool {
+    let TransportError::Setup { source, .. } = e else {
+        return false;
+    };
+    matches!(
+        source.get().downcast_ref::<krcore::Error>(),
+        Some(krcore::Error::Engine(EngineError::UnknownNode { .. }))
+    )
 }
 
 /// Memory node `info.id`'s slot in the table's members (node 0's

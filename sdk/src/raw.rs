@@ -15,6 +15,19 @@ use crate::error::{Error, Result};
 const NO_UNGRANTED: &str =
     "Ungranted::Allow through the node daemon (every remote key needs a grant: the pre-check guards the other processes' memory)";
 
+/// A connect the daemon refused: a GID the meta server does not know is
+/// the engine's `UnknownNode`, as in process (callers wait for a node to
+/// register on it); the rest as the daemon said.
+pub(crate) fn connect_error(gid: Gid, e: DaemonError) -> Error {
+    match e {
+        DaemonError::Refused {
+            code: krcore_kmod::daemon::wire::RefuseCode::UnknownNode,
+            ..
+        } => Error::Engine(krcore_kmod::EngineError::UnknownNode { gid }),
+        e => e.into(),
+    }
+}
+
 /// A VQP of the daemon's engine, with what this process remembers of it.
 pub(crate) struct AttachedRaw {
     vqp: AttachedVqp,
@@ -91,7 +104,7 @@ impl<N: Nic> RawVqp<N> {
             RawVqp::Attached(a) => {
                 let mut t = a.target.lock();
                 *t = None;
-                a.vqp.connect(gid)?;
+                a.vqp.connect(gid).map_err(|e| connect_error(gid, e))?;
                 *t = Some(gid);
                 Ok(())
             }

@@ -810,7 +810,10 @@ impl<N: Nic> Node<N> {
                 Ok(v)
             }
             Backend::Daemon(a) => {
-                let raw = RawVqp::attached_open(a.open_vqp(gid, rkey, grant)?, gid, rkey, grant);
+                let opened = a
+                    .open_vqp(gid, rkey, grant)
+                    .map_err(|e| crate::raw::connect_error(gid, e))?;
+                let raw = RawVqp::attached_open(opened, gid, rkey, grant);
                 Ok(Vqp::new(raw, self.clone()))
             }
         }

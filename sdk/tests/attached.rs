@@ -219,6 +219,19 @@ fn what_the_daemon_does_not_carry_is_refused_typed() {
     assert!(unsupported(client.fork(|_| 0).map(drop)));
     let buf = client.alloc(4096, Access::ALL).unwrap();
     assert!(buf.raw().is_none());
+    // A GID the meta table does not know: the engine's UnknownNode, as in
+    // process (a caller may wait for the node to register), by both
+    // connects.
+    let nobody = krcore_nic::Gid([7; 16]);
+    let unknown = |r: Result<(), Error>| matches!(r, Err(Error::Engine(krcore::EngineError::UnknownNode { gid })) if gid == nobody);
+    assert!(unknown(client.connect(nobody).map(drop)));
+    let grant = krcore_kmod::RemoteGrant {
+        addr: 0,
+        len: 8,
+        access: Access::REMOTE_READ,
+        expires_at: None,
+    };
+    assert!(unknown(client.connect_granted(nobody, 1, grant).map(drop)));
     let vqp = client.connect(region.token().gid).unwrap();
     assert!(vqp.raw().is_none());
     assert!(unsupported(vqp.set_ungranted(Ungranted::Allow)));

@@ -533,7 +533,7 @@ fn handle<N: Nic>(
             };
             let opened = match slot.vqp.connect(g.gid) {
                 Ok(()) => grant(s, c, &slot, &g),
-                Err(e) => refuse(RefuseCode::Engine, error_line(&e)),
+                Err(e) => connect_refusal(&e),
             };
             if matches!(opened, Reply::Refused { .. }) {
                 // Nothing is left behind: the VQP goes with the refusal.
@@ -564,7 +564,7 @@ fn handle<N: Nic>(
             None => (unknown("VQP", vqp), None),
             Some(v) => match v.vqp.connect(gid) {
                 Ok(()) => (Reply::Done, None),
-                Err(e) => (refuse(RefuseCode::Engine, error_line(&e)), None),
+                Err(e) => (connect_refusal(&e), None),
             },
         },
         Request::Grant { vqp, grant: g } => match vqp_of(vqp) {
@@ -704,6 +704,17 @@ fn node_stats<N: Nic>(s: &Shared<N>) -> NodeStats {
 }
 
 /// An error and its causes on one line.
+/// A connect's refusal: [`RefuseCode::UnknownNode`] for a GID the meta
+/// server does not know (the process may wait for its registration, as
+/// in process), the engine's reason otherwise.
+fn connect_refusal(e: &crate::engine::EngineError) -> Reply {
+    let code = match e {
+        crate::engine::EngineError::UnknownNode { .. } => RefuseCode::UnknownNode,
+        _ => RefuseCode::Engine,
+    };
+    refuse(code, error_line(e))
+}
+
 fn error_line(e: &dyn std::error::Error) -> String {
     let mut line = e.to_string();
     let mut cur = e.source();

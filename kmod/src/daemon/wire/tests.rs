@@ -134,6 +134,10 @@ fn every_message_round_trips_and_every_cut_is_an_error() {
             code: RefuseCode::Quota,
             message: "full".into(),
         },
+        Reply::Refused {
+            code: RefuseCode::UnknownNode,
+            message: "no such node".into(),
+        },
         Reply::Endpoint { ep: 1, id: 3 },
         Reply::Message {
             gid,

@@ -543,6 +543,9 @@ pub enum RefuseCode {
     Engine,
     /// Not supported by this daemon or its provider.
     Unsupported,
+    /// A connect named a GID the meta server has no registration for
+    /// (the engine's `UnknownNode`: not registered yet, or gone).
+    UnknownNode,
 }
 
 impl RefuseCode {
@@ -554,6 +557,7 @@ impl RefuseCode {
             RefuseCode::BadRequest => 4,
             RefuseCode::Engine => 5,
             RefuseCode::Unsupported => 6,
+            RefuseCode::UnknownNode => 7,
         }
     }
 
@@ -564,6 +568,7 @@ impl RefuseCode {
             3 => RefuseCode::UnknownHandle,
             4 => RefuseCode::BadRequest,
             6 => RefuseCode::Unsupported,
+            7 => RefuseCode::UnknownNode,
             _ => RefuseCode::Engine,
         }
     }
@@ -578,6 +583,7 @@ impl std::fmt::Display for RefuseCode {
             RefuseCode::BadRequest => "bad request",
             RefuseCode::Engine => "engine",
             RefuseCode::Unsupported => "unsupported",
+            RefuseCode::UnknownNode => "unknown node",
         })
     }
 }
