@@ -207,6 +207,103 @@ impl Shutdown {
     }
 }
 
+/// A read of [`StoppableStdin`] ended by a signal ([`Shutdown`]).
+#[derive(Debug, thiserror::Error)]
+#[error("stopped by a signal")]
+pub struct Stopped;
+
+/// Whether `e` is a read that a signal stopped ([`StoppableStdin`]).
+pub fn stopped_by_signal(e: &std::io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<Stopped>())
+}
+
+/// How often a [`StoppableStdin`] waiting for input looks at the flag.
+const STDIN_TICK: Duration = Duration::from_millis(100);
+
+/// Standard input read on a thread of its own, so that a program blocked
+/// on it (a `load -` whose writer is slow or stalled) still stops at a
+/// signal: while no input is buffered, a read waits for the thread's next
+/// chunk and looks at the shutdown flag every 100 ms; once the flag is set
+/// it returns an error that [`stopped_by_signal`] recognizes. Input already
+/// buffered is read first. The thread stays blocked in its read until the
+/// process exits (nothing else holds standard input).
+#[derive(Debug)]
+pub struct StoppableStdin {
+    rx: std::sync::mpsc::Receiver<std::io::Result<Vec<u8>>>,
+    chunk: Vec<u8>,
+    at: usize,
+    ended: bool,
+    flag: Arc<AtomicBool>,
+}
+
+impl StoppableStdin {
+    /// Starts the reading thread; reads stop once `shutdown` is requested.
+    ///
+    /// # Errors
+    /// When the thread cannot be created.
+    pub fn new(shutdown: &Shutdown) -> std::io::Result<StoppableStdin> {
+        // A few chunks ahead: the reader keeps the pipe drained while the
+        // program works on what it read.
+        let (tx, rx) = std::sync::mpsc::sync_channel(4);
+        std::thread::Builder::new()
+            .name("stdin".into())
+            .spawn(move || {
+                use std::io::Read;
+                let mut input = std::io::stdin().lock();
+                loop {
+                    let mut buf = vec![0u8; 64 << 10];
+                    let r = match input.read(&mut buf) {
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                        Ok(n) => {
+                            buf.truncate(n);
+                            Ok(buf)
+                        }
+                        Err(e) => Err(e),
+                    };
+                    let last = !matches!(&r, Ok(b) if !b.is_empty());
+                    if tx.send(r).is_err() || last {
+                        return;
+                    }
+                }
+            })?;
+        Ok(StoppableStdin {
+            rx,
+            chunk: Vec::new(),
+            at: 0,
+            ended: false,
+            flag: shutdown.flag(),
+        })
+    }
+}
+
+impl std::io::Read for StoppableStdin {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use std::sync::mpsc::RecvTimeoutError;
+        while self.at >= self.chunk.len() && !self.ended {
+            if self.flag.load(Ordering::Relaxed) {
+                return Err(std::io::Error::other(Stopped));
+            }
+            match self.rx.recv_timeout(STDIN_TICK) {
+                Ok(Ok(chunk)) => {
+                    self.ended = chunk.is_empty();
+                    (self.chunk, self.at) = (chunk, 0);
+                }
+                Ok(Err(e)) => {
+                    self.ended = true;
+                    return Err(e);
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => self.ended = true,
+            }
+        }
+        let rest = self.chunk.get(self.at..).unwrap_or_default();
+        let n = rest.len().min(buf.len());
+        buf[..n].copy_from_slice(&rest[..n]);
+        self.at += n;
+        Ok(n)
+    }
+}
+
 /// Whether `e` says the meta server could not be reached over TCP (nobody
 /// listens at its address yet, or it does not answer): what
 /// [`build_waiting_for_meta`] waits out.

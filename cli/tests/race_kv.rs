@@ -185,6 +185,61 @@ fn race_kv_runs_one_command_against_a_deployed_store() {
 /// `load` says what it starts on; SIGTERM stops it between two batches:
 /// it says how many pairs it put, every one of them is in the store, and
 /// it exits 1 after its client gave back what it borrowed.
+/// `load -` whose writer stalls (the pipe open, nothing more coming) stops
+/// at SIGTERM, putting the pairs it read: before, it sat in its read of
+/// stdin until the next batch, which never came.
+#[test]
+fn a_load_from_a_stalled_pipe_stops_at_sigterm() {
+    use std::io::BufRead;
+    let dir = fabric_dir();
+    let fabric = format!("sim:{}", dir.path().join("f").display());
+    let (meta_p, addr) = meta(&fabric);
+    let (n0, n1) = two_nodes(&fabric, &addr, "s");
+    let on = |extra: &[&str]| store_args(&fabric, &addr, "s", extra);
+    let mut load = Proc(
+        Command::new(KV)
+            .args(on(&["load", "-"]))
+            .stdin(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    // A dump's header and 10 pairs, no footer, and the pipe kept open.
+    let mut pipe = load.0.stdin.take().unwrap();
+    let mut bytes = Vec::new();
+    let mut w = race_store::dump::DumpWriter::new(&mut bytes).unwrap();
+    for i in 0..10 {
+        w.pair(format!("key{i}").as_bytes(), b"value").unwrap();
+    }
+    drop(w);
+    pipe.write_all(&bytes).unwrap();
+    pipe.flush().unwrap();
+    let mut lines = std::io::BufReader::new(load.0.stderr.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert_eq!(first, "race-kv: loading stdin");
+    // Bounded: the load must end within the tests' bound with the pipe open.
+    let code = load.terminate();
+    let rest: String = lines.map_while(Result::ok).map(|l| l + "\n").collect();
+    assert_eq!(code, Some(1), "{rest}");
+    let put: u64 = rest
+        .lines()
+        .find_map(|l| l.strip_prefix("race-kv: load stopped by a signal after "))
+        .and_then(|l| l.strip_suffix(" pair(s)"))
+        .unwrap_or_else(|| panic!("{rest}"))
+        .parse()
+        .unwrap();
+    assert!(put <= 10, "{rest}");
+    let out = bounded_output(KV, &on(&["check"]));
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        report.contains(&format!(" {put} keys, 0 duplicates, 0 problem(s)")),
+        "{put} put: {report}"
+    );
+    drop(pipe);
+    drop((n1, n0));
+    assert_eq!(meta_p.terminate(), Some(0));
+}
+
 #[test]
 fn a_load_stopped_by_sigterm_says_how_far_it_got() {
     use std::io::BufRead;

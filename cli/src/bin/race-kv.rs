@@ -24,7 +24,8 @@
 //! pairs in order; at its first failure it exits 1 saying how many it
 //! loaded. Both say on stderr what they start on, and every 10 s how far
 //! they got; SIGINT or SIGTERM stops them (a dump without its footer, a
-//! load between two batches, saying how many pairs it put), and the client
+//! load between two batches or while it waits for more of stdin, saying
+//! how many pairs it put), and the client
 //! gives back what it borrowed before race-kv exits 1.
 //!
 //! Keys and values are the arguments' bytes. The client posts from a node of
@@ -42,11 +43,12 @@
 use clap::{Parser, Subcommand};
 use krcore::Node;
 use krcore_cli::{
-    bytes_text, fail, init_tracing, load_toml, parse_fabric, percent, usage, Periodic, Shutdown,
+    bytes_text, fail, init_tracing, load_toml, parse_fabric, percent, stopped_by_signal, usage,
+    Periodic, Shutdown, StoppableStdin,
 };
 use race_store::client::Op;
 use race_store::deploy::{Store, StoreOptions};
-use race_store::dump::{DumpReader, DumpWriter};
+use race_store::dump::{DumpError, DumpReader, DumpWriter};
 use race_store::{Client, Error};
 use std::ffi::OsString;
 use std::io::{IsTerminal, Read, Write};
@@ -348,20 +350,31 @@ fn load_from<T: race_store::remote::Transport>(
     file: &OsString,
 ) -> ExitCode {
     let started = Instant::now();
+    let shutdown = match Shutdown::install() {
+        Ok(s) => s,
+        Err(e) => return fail(PROGRAM, &e),
+    };
+    // Standard input is read on a thread of its own: a load waiting for a
+    // slow or stalled writer still stops at a signal.
     let input: Box<dyn Read> = if file.as_bytes() == b"-" {
-        Box::new(std::io::stdin().lock())
+        match StoppableStdin::new(&shutdown) {
+            Ok(s) => Box::new(s),
+            Err(e) => return fail(PROGRAM, &e),
+        }
     } else {
         match std::fs::File::open(file) {
             Ok(f) => Box::new(f),
             Err(e) => return fail(PROGRAM, &FileError::new(file, e)),
         }
     };
+    let stopped = |loaded: u64| {
+        // Between batches: every pair counted is in the store.
+        eprintln!("{PROGRAM}: load stopped by a signal after {loaded} pair(s)");
+        ExitCode::FAILURE
+    };
     let mut r = match DumpReader::new(std::io::BufReader::new(input)) {
         Ok(r) => r,
-        Err(e) => return fail(PROGRAM, &e),
-    };
-    let shutdown = match Shutdown::install() {
-        Ok(s) => s,
+        Err(DumpError::Io(e)) if stopped_by_signal(&e) => return stopped(0),
         Err(e) => return fail(PROGRAM, &e),
     };
     eprintln!("{PROGRAM}: loading {}", name_of(file, "stdin"));
@@ -369,9 +382,7 @@ fn load_from<T: race_store::remote::Transport>(
     let mut loaded = 0u64;
     loop {
         if shutdown.requested() {
-            // Between batches: every pair counted is in the store.
-            eprintln!("{PROGRAM}: load stopped by a signal after {loaded} pair(s)");
-            return ExitCode::FAILURE;
+            return stopped(loaded);
         }
         if progress.due(Instant::now()).is_some() {
             eprintln!(
@@ -389,10 +400,16 @@ fn load_from<T: race_store::remote::Transport>(
                     break;
                 }
                 Err(e) => {
-                    // What was read before the damage is put: a loader that
-                    // stops says how far it got.
-                    let _ = put_all(client, &pairs, &mut loaded);
-                    return fail(PROGRAM, &LoadStopped::new(loaded, &e));
+                    // What was read before the damage (or the signal) is
+                    // put: a loader that stops says how far it got.
+                    let put = put_all(client, &pairs, &mut loaded);
+                    return match e {
+                        DumpError::Io(io) if stopped_by_signal(&io) => match put {
+                            Ok(()) => stopped(loaded),
+                            Err(e) => fail(PROGRAM, &LoadStopped::new(loaded, &e)),
+                        },
+                        e => fail(PROGRAM, &LoadStopped::new(loaded, &e)),
+                    };
                 }
             }
         }
