@@ -207,11 +207,12 @@ fn a_load_from_a_stalled_pipe_stops_at_sigterm() {
     // A dump's header and 10 pairs, no footer, and the pipe kept open.
     let mut pipe = load.0.stdin.take().unwrap();
     let mut bytes = Vec::new();
-    let mut w = race_store::dump::DumpWriter::new(&mut bytes).unwrap();
-    for i in 0..10 {
-        w.pair(format!("key{i}").as_bytes(), b"value").unwrap();
+    {
+        let mut w = race_store::dump::DumpWriter::new(&mut bytes).unwrap();
+        for i in 0..10 {
+            w.pair(format!("key{i}").as_bytes(), b"value").unwrap();
+        }
     }
-    drop(w);
     pipe.write_all(&bytes).unwrap();
     pipe.flush().unwrap();
     let mut lines = std::io::BufReader::new(load.0.stderr.take().unwrap()).lines();
