@@ -347,7 +347,10 @@ fn run_mode(args: &Args, mode: Mode) -> Result<ModeRun, String> {
             .put(key(k).as_bytes(), &k.to_le_bytes())
             .map_err(|e| format!("load: {e}"))?;
     }
-    drop(loader);
+    // Closed, not dropped: a dropped client gives back without waiting
+    // for the answers, and a memory node answering a node that is gone
+    // puts its shared DCI in ERR (recovered, with a warning each run).
+    let _ = loader.close();
     let acceptors: Vec<RcAcceptor> = if mode == Mode::Verbs {
         host.memory_nodes()
             .iter()
