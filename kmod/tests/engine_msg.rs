@@ -286,6 +286,66 @@ fn bind_twice_unbound_port_oversized_and_busy_are_typed_errors() {
     assert!(rc.engine(EngineConfig::default()).bind(1).is_ok());
 }
 
+/// A port bound with a slot count of its own (`bind_reclaiming_with`):
+/// it grants that many channels, not `msg.port_slots`; its slots come out
+/// of the node's budget and go back when it is unbound; more than the
+/// budget, or none, is a typed error.
+#[test]
+fn a_port_sized_for_many_clients_grants_them_all() {
+    let c = Cluster::new();
+    let rx = node(&c, |cfg| {
+        cfg.msg.port_slots = 4;
+        cfg.msg.window = 1;
+        cfg.recv_depth = 256;
+    });
+    let tx = node(&c, |cfg| {
+        cfg.msg.window = 1;
+        cfg.recv_depth = 512;
+    });
+    // Messaging starts with the first bind.
+    drop(rx.bind(PORT + 1).unwrap());
+    let free = rx.msg_unreserved().unwrap();
+    assert!(matches!(
+        rx.bind_reclaiming_with(PORT, 0),
+        Err(MsgError::Config(_))
+    ));
+    match rx.bind_reclaiming_with(PORT, free + 1) {
+        Err(MsgError::NoBuffers { wanted, free: f }) => {
+            assert_eq!((wanted, f), (free + 1, free));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        rx.bind_reclaiming_with(krcore_kmod::engine::handshake_msg::HANDSHAKE_PORT, 8),
+        Err(MsgError::ReservedPort { .. })
+    ));
+    let port = rx.bind_reclaiming_with(PORT, 40).unwrap();
+    assert_eq!(rx.msg_unreserved().unwrap(), free - 40);
+    // 40 senders of one credit each, ten times the engine's port_slots:
+    // every one is granted, none refused or reclaimed.
+    let eps: Vec<_> = (0..40).map(|_| tx.endpoint().unwrap()).collect();
+    for (i, ep) in eps.iter().enumerate() {
+        ep.push(rx.gid(), PORT, &[i as u8]).unwrap();
+    }
+    let usage = rx.msg_port_usage(PORT).unwrap();
+    assert_eq!((usage.channels, usage.ungranted), (40, 0));
+    let mut got: Vec<u8> = (0..40).map(|_| port.pop().unwrap().to_vec()[0]).collect();
+    got.sort_unstable();
+    assert_eq!(got, (0..40).collect::<Vec<u8>>());
+    let stats = rx.msg_stats();
+    assert_eq!((stats.refused, stats.reclaimed), (0, 0));
+    // A 41st is refused, typed: the port is full.
+    assert!(matches!(
+        tx.endpoint().unwrap().push(rx.gid(), PORT, b"x"),
+        Err(MsgError::Refused {
+            code: RefuseCode::Busy,
+            ..
+        })
+    ));
+    drop(port);
+    assert_eq!(rx.msg_unreserved().unwrap(), free);
+}
+
 /// A port unbound while a sender's channel is open: the message pushed
 /// meanwhile reaches no port, and its sender is told. The next push fails
 /// with `Refused(Unbound)`, even when the port is bound again by then (the

@@ -52,7 +52,7 @@ use std::time::Duration;
 use krcore_kmod::daemon::{AttachedEndpoint, AttachedPort};
 use krcore_nic::{Gid, Nic};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::node::{Backend, Node};
 
 pub use krcore_kmod::msg::RefuseCode;
@@ -440,6 +440,27 @@ impl<N: Nic> Node<N> {
     /// As [`Node::bind`].
     pub fn bind_reclaiming(&self, port: u16) -> Result<Port<N>> {
         self.bind_with(port, true)
+    }
+
+    /// [`Node::bind_reclaiming`] with `slots` receive slots instead of
+    /// `msg.port_slots` (see `krcore_kmod::Engine::bind_reclaiming_with`):
+    /// a service that many clients reach at once sizes its port for them.
+    ///
+    /// # Errors
+    /// As [`Node::bind`]; [`crate::MsgError::NoBuffers`] (with what is
+    /// free) when the node's receive budget is smaller;
+    /// [`Error::Unsupported`] on an attached node (its ports have the
+    /// daemon's `msg.port_slots`: size them in `krcored`'s configuration).
+    pub fn bind_reclaiming_with(&self, port: u16, slots: u32) -> Result<Port<N>> {
+        let inner = match self.backend() {
+            Backend::Engine(e) => PortImpl::Local(e.bind_reclaiming_with(port, slots)?),
+            Backend::Daemon(_) => {
+                return Err(Error::Unsupported(
+                    "a port's own slot count through the node daemon (its ports have the daemon's msg.port_slots)",
+                ))
+            }
+        };
+        Ok(Port { inner })
     }
 
     fn bind_with(&self, port: u16, reclaiming: bool) -> Result<Port<N>> {

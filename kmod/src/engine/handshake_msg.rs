@@ -269,7 +269,7 @@ impl<N: Nic> HsMsg<N> {
         dev.refuse_in_child("serving upgrades in a forked child")?;
         let gid = dev.nic.gid();
         let msg: Arc<dyn MsgHost<N>> = eng.clone();
-        let port = Port::bind(&msg, HANDSHAKE_PORT, true).map_err(|e| msg_error(gid, e))?;
+        let port = Port::bind(&msg, HANDSHAKE_PORT, true, None).map_err(|e| msg_error(gid, e))?;
         let passives = Passives::new(
             dev.nic.clone(),
             dev.pd.clone(),

@@ -47,6 +47,23 @@ impl<N: Nic> Engine<N> {
         self.bind_with(port, true)
     }
 
+    /// [`Engine::bind_reclaiming`] with `slots` receive slots instead of
+    /// `msg.port_slots`: a service that many clients reach at once (a
+    /// memory node's allocator: one channel per client with a request
+    /// out) sizes its port for them, and the engine's other ports keep the
+    /// default. The slots come from the node's budget (`recv_depth` less
+    /// `msg.ctl_slots` and what is reserved already).
+    ///
+    /// # Errors
+    /// As [`Engine::bind`]; [`MsgError::NoBuffers`] (with what is free)
+    /// when the budget has fewer than `slots`; [`MsgError::Config`] for 0.
+    pub fn bind_reclaiming_with(&self, port: u16, slots: u32) -> Result<Port<N>, MsgError> {
+        if port >= FIRST_RESERVED_PORT {
+            return Err(MsgError::ReservedPort { port });
+        }
+        Port::bind(&self.msg_host(), port, true, Some(slots))
+    }
+
     /// [`Engine::bind`] without the reserved-port check (the engine's own
     /// services).
     pub(crate) fn bind_reserved(&self, port: u16) -> Result<Port<N>, MsgError> {
@@ -54,7 +71,7 @@ impl<N: Nic> Engine<N> {
     }
 
     fn bind_with(&self, port: u16, reclaims: bool) -> Result<Port<N>, MsgError> {
-        Port::bind(&self.msg_host(), port, reclaims)
+        Port::bind(&self.msg_host(), port, reclaims, None)
     }
 
     /// A new messaging endpoint (a VQP of its own): pushes messages to

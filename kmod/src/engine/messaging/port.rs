@@ -23,6 +23,7 @@ impl<N: Nic> PortShared<N> {
         PortShared {
             port,
             reclaims,
+            slots,
             state: Mutex::new(PortState {
                 ring: VecDeque::new(),
                 channels: HashMap::new(),
@@ -196,7 +197,7 @@ impl<N: Nic> PortShared<N> {
 pub struct PortUsage {
     /// Open channels (senders holding a window of the port's slots).
     pub channels: usize,
-    /// The port's slots granted to no channel (all of `msg.port_slots`
+    /// The port's slots granted to no channel (all of its slots
     /// when no channel is open).
     pub ungranted: u32,
     /// Messages received and not popped.
@@ -247,20 +248,25 @@ impl<N: Nic> Drop for Port<N> {
         let mut st = self.shared.state.lock();
         st.bound = false;
         st.ring.clear();
-        self.node.unreserve(self.node.cfg.port_slots);
+        self.node.unreserve(self.shared.slots);
     }
 }
 
 impl<N: Nic> Port<N> {
     /// Binds `port` on the node of `eng` (see `Engine::bind`; no
-    /// reserved-port check here). `reclaims`: see `Engine::bind_reclaiming`.
+    /// reserved-port check here) with `slots` receive slots (`None`:
+    /// `msg.port_slots`). `reclaims`: see `Engine::bind_reclaiming`.
     pub(crate) fn bind(
         eng: &Arc<dyn MsgHost<N>>,
         port: u16,
         reclaims: bool,
+        slots: Option<u32>,
     ) -> Result<Port<N>, MsgError> {
         let node = MsgNode::get(&**eng)?;
-        let slots = node.cfg.port_slots;
+        let slots = slots.unwrap_or(node.cfg.port_slots);
+        if slots == 0 {
+            return Err(MsgError::Config("a port needs at least one slot".into()));
+        }
         if node.ports.read().contains_key(&port) {
             return Err(MsgError::PortInUse { port });
         }

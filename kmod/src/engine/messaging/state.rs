@@ -63,6 +63,9 @@ pub(crate) struct PortShared<N: Nic> {
     /// Whether a full port takes back idle channels (`msg.control_idle`),
     /// as the engine's reserved ports do ([`Engine::bind_reclaiming`]).
     pub(crate) reclaims: bool,
+    /// The receive slots the port reserved from the node's budget (given
+    /// back when it is unbound).
+    pub(crate) slots: u32,
     pub(crate) state: Mutex<PortState<N>>,
 }
 
