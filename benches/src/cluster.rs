@@ -271,7 +271,7 @@ impl ClusterHost {
         for id in 0..n {
             let node = Node::builder()
                 .join(&meta)
-                .config(memory_engine.clone())
+                .config(race_store::rdma::memory_node_engine(memory_engine.clone()))
                 .build()
                 .map_err(|e| setup("open a memory node")(e.to_string()))?;
             let s = MemoryNodeServer::start(&node, id, opts.node_bytes, &opts.table, n)

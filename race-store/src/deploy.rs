@@ -563,6 +563,16 @@ impl DeployedMemoryNode {
         }
     }
 
+    /// The allocation port's receive slots (how many clients have a
+    /// request out at once without waiting;
+    /// [`MemoryNodeServer::alloc_port_slots`]). `None` once it stopped
+    /// serving, or on a node attached to `krcored`.
+    pub fn alloc_port_slots(&self) -> Option<u32> {
+        self.serving
+            .as_ref()
+            .and_then(MemoryNodeHandle::alloc_port_slots)
+    }
+
     /// Usage figures: heap handed out, and the blocks clients gave back
     /// ([`crate::pool`]). `None` once it stopped serving.
     pub fn stats(&self) -> Option<crate::memory::NodeStats> {

@@ -278,13 +278,73 @@ fn batches_cut_per_node_keep_each_nodes_order() {
     }
 }
 
+/// A memory node's engine with room for an allocation port of 64 slots
+/// only (its receive budget: 128 buffers less 32 control slots, less the
+/// memory node's headroom of 32).
+fn port_of_64() -> krcore_kmod::EngineConfig {
+    let mut cfg = krcore_kmod::EngineConfig::default();
+    cfg.recv_depth = 128;
+    cfg
+}
+
+/// More clients than the engine's default `msg.port_slots` (64) allocate
+/// at once, each with a request out (asked ahead, so each holds a channel
+/// of the allocation port): the memory node sized its port for them
+/// (`ALLOC_PORT_SLOTS`), so every one is granted at once, none refused or
+/// reclaimed. Before, the 65th waited about 1 s for the port to reclaim an
+/// idle channel (100 YCSB threads: each put's worst case about 1 s).
+#[test]
+fn more_clients_than_64_allocate_at_once_without_waiting_for_a_slot() {
+    use race_store::remote::Transport;
+    let c = cluster_with(
+        1,
+        64 << 20,
+        12,
+        race_store::rdma::memory_node_engine(krcore_kmod::EngineConfig::default()),
+    );
+    assert_eq!(
+        c._servers[0].alloc_port_slots(),
+        Some(race_store::rdma::ALLOC_PORT_SLOTS)
+    );
+    // One compute node for all of them (room for their reply windows).
+    let mut cfg = krcore_kmod::EngineConfig::default();
+    cfg.recv_depth = 1024;
+    let node = Node::builder().join(&c.meta).config(cfg).build().unwrap();
+    let mut clients = Vec::new();
+    for i in 0..100 {
+        let mut t = VqpTransport::connect(&node, &c.infos).unwrap();
+        let ask = t
+            .alloc_block_ask(0, 4096, 64)
+            .unwrap_or_else(|| panic!("client {i}: not asked"))
+            .unwrap_or_else(|e| panic!("client {i}: {e}"));
+        clients.push((t, ask));
+    }
+    let usage = c.memory[0]
+        .engine()
+        .unwrap()
+        .msg_port_usage(race_store::rdma::ALLOC_PORT)
+        .unwrap();
+    assert!(usage.channels > 64, "{usage:?}");
+    for (i, (t, ask)) in clients.iter_mut().enumerate() {
+        let runs = t
+            .alloc_block_answer(*ask, true)
+            .unwrap_or_else(|e| panic!("client {i}: {e}"))
+            .unwrap_or_else(|| panic!("client {i}: no answer"));
+        assert_eq!(runs.iter().map(|r| r.len).sum::<u64>(), 4096);
+    }
+    let stats = c.memory[0].engine().unwrap().msg_stats();
+    assert_eq!((stats.refused, stats.reclaimed), (0, 0), "{stats:?}");
+}
+
 #[test]
 fn clients_that_leave_do_not_fill_the_allocation_port() {
     use race_store::remote::Transport;
-    // More short-lived clients than the allocation port has slots (64),
-    // each allocating one block and dropped with its node: each closes
-    // its channel when answered.
-    let c = cluster(1, 64 << 20, 12);
+    // More short-lived clients than the allocation port has slots (64:
+    // the memory node's engine has room for no more), each allocating one
+    // block and dropped with its node: each closes its channel when
+    // answered.
+    let c = cluster_with(1, 64 << 20, 12, port_of_64());
+    assert_eq!(c._servers[0].alloc_port_slots(), Some(64));
     for i in 0..80 {
         let node = Node::builder().join(&c.meta).build().unwrap();
         let mut t = VqpTransport::connect(&node, &c.infos).unwrap();
@@ -373,9 +433,10 @@ fn clients_that_leave_with_a_block_asked_ahead_do_not_fill_the_port() {
     use race_store::remote::Transport;
     // A memory node whose port never reclaims an idle channel: a client
     // that left one open would hold its slot for good.
-    let mut cfg = krcore_kmod::EngineConfig::default();
+    let mut cfg = port_of_64();
     cfg.msg.control_idle = Duration::from_secs(3600);
     let c = cluster_with(1, 64 << 20, 4, cfg);
+    assert_eq!(c._servers[0].alloc_port_slots(), Some(64));
     let (meta, infos) = (&c.meta, &c.infos);
     // More clients than the port has slots (64), each leaving with a
     // block asked ahead and not collected.

@@ -58,7 +58,13 @@ impl RaceBackend {
         let mut servers = Vec::new();
         let mut infos = Vec::new();
         for id in 0..memory_nodes.max(1) {
-            let node = Node::builder().join(&meta).build().map_err(setup)?;
+            // Room for an allocation port of ALLOC_PORT_SLOTS: many client
+            // threads allocate at once.
+            let node = Node::builder()
+                .join(&meta)
+                .config(race_store::rdma::memory_node_engine(Default::default()))
+                .build()
+                .map_err(setup)?;
             let s = MemoryNodeServer::start(&node, id, node_bytes, &table, memory_nodes.max(1))
                 .map_err(setup)?;
             infos.push(s.info());

@@ -278,7 +278,9 @@ fn main() -> ExitCode {
         Host::Fabric(spec) => build_waiting_for_meta(PROGRAM, meta_wait, &shutdown, || {
             Node::builder()
                 .fabric_spec(spec.clone())
-                .config(file.engine.clone())
+                // Room for an allocation port of ALLOC_PORT_SLOTS slots
+                // (a recv_depth set larger in the file stays).
+                .config(race_store::rdma::memory_node_engine(file.engine.clone()))
                 .meta_addr(meta.as_str())
                 .register(true)
                 // The node's meta entry is kept as its membership is: a
@@ -302,8 +304,14 @@ fn main() -> ExitCode {
         Host::Fabric(spec) => format!("fabric {spec}"),
         Host::Daemon(path) => format!("daemon {}", path.display()),
     };
+    // How many clients may have an allocation out at once (the daemon's
+    // msg.port_slots through krcored).
+    let port = served
+        .alloc_port_slots()
+        .map_or_else(|| "the daemon's".to_string(), |n| n.to_string());
     let line = format!(
-        "race-memnode store {store} id {id} of {nodes} {on} mode {:?} gid {} region {} MiB",
+        "race-memnode store {store} id {id} of {nodes} {on} mode {:?} gid {} region {} MiB \
+         allocation port {port} slots",
         node.mode(),
         node.gid(),
         mb

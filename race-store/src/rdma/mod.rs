@@ -20,6 +20,7 @@ pub use proto::{
     RUNS_REPLY_HEADER, RUNS_REQUEST_HEADER,
 };
 pub use server::{
-    lookup_nodes_on_sim, node_name, MemoryNodeHandle, MemoryNodeServer, MrMemory, MIN_IDLE,
+    lookup_nodes_on_sim, memory_node_engine, node_name, MemoryNodeHandle, MemoryNodeServer,
+    MrMemory, ALLOC_PORT_SLOTS, MIN_IDLE,
 };
 pub use transport::{VqpTransport, BATCH_TIMEOUT, MAX_QUARANTINE};

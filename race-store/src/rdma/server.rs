@@ -92,6 +92,55 @@ where
     }
 }
 
+/// Receive slots a memory node's allocation port asks for. A client holds
+/// a channel (one slot) while a request of it is out, asked ahead
+/// included, so this many clients allocate at once without waiting; the
+/// next waits until a channel closes or, idle for `msg.control_idle` (1 s
+/// by default), is reclaimed. Until 2026-12-07 the port had the engine's
+/// `msg.port_slots` (64): 100 writing clients of two memory nodes waited
+/// about 1 s each, some 2 s (an allocation's timeout), and closes failed.
+pub const ALLOC_PORT_SLOTS: u32 = 1024;
+
+/// Receive slots a memory node leaves to its own channels' reply windows
+/// (meta registration, store membership) when its budget is smaller than
+/// [`ALLOC_PORT_SLOTS`] and the port takes the rest.
+const BUDGET_HEADROOM: u32 = 32;
+
+/// `cfg` with room for a memory node's allocation port of
+/// [`ALLOC_PORT_SLOTS`] slots: `recv_depth` raised to hold them beside the
+/// control slots and the engine's other ports (each SRQ receive buffer is
+/// `HEADER_LEN + msg.inline_max` bytes: about 8.2 KiB by default, 12.6 MiB
+/// for the 1,536 here, registered once). A memory node built without it
+/// binds its port with what its budget has ([`MemoryNodeServer::start`]).
+pub fn memory_node_engine(mut cfg: krcore::EngineConfig) -> krcore::EngineConfig {
+    let need = ALLOC_PORT_SLOTS + cfg.msg.ctl_slots + 2 * cfg.msg.port_slots + BUDGET_HEADROOM;
+    cfg.recv_depth = cfg.recv_depth.max(need.next_multiple_of(256));
+    cfg
+}
+
+/// Binds the allocation port with [`ALLOC_PORT_SLOTS`] slots, or with
+/// what the node's receive budget has left (less [`BUDGET_HEADROOM`]) if
+/// that is fewer; an attached node's port has the daemon's slot count.
+/// Clients come and go (and die): a full port takes back the slots of
+/// idle channels.
+fn bind_alloc_port<N: Nic>(node: &Node<N>) -> Result<(Port<N>, Option<u32>), Error> {
+    let bound = match node.bind_reclaiming_with(ALLOC_PORT, ALLOC_PORT_SLOTS) {
+        Ok(p) => Ok((p, Some(ALLOC_PORT_SLOTS))),
+        Err(krcore::Error::Msg(krcore::MsgError::NoBuffers { free, .. }))
+            if free > 2 * BUDGET_HEADROOM =>
+        {
+            let slots = free - BUDGET_HEADROOM;
+            node.bind_reclaiming_with(ALLOC_PORT, slots)
+                .map(|p| (p, Some(slots)))
+        }
+        Err(krcore::Error::Unsupported(_)) if node.is_attached() => {
+            node.bind_reclaiming(ALLOC_PORT).map(|p| (p, None))
+        }
+        Err(e) => Err(e),
+    };
+    bound.map_err(setup("bind the allocation port"))
+}
+
 /// A memory node hosted on a [`Node`].
 pub struct MemoryNodeServer<N: Nic> {
     node: Node<N>,
@@ -99,6 +148,7 @@ pub struct MemoryNodeServer<N: Nic> {
     port: Port<N>,
     info: NodeInfo,
     served: u64,
+    port_slots: Option<u32>,
 }
 
 impl<N: Nic> std::fmt::Debug for MemoryNodeServer<N> {
@@ -154,11 +204,7 @@ impl<N: Nic> MemoryNodeServer<N> {
         } else {
             mem.lay_out_share(table, nodes)?;
         }
-        // Clients come and go (and die): a full port takes back the slots
-        // of idle channels.
-        let port = node
-            .bind_reclaiming(ALLOC_PORT)
-            .map_err(setup("bind the allocation port"))?;
+        let (port, port_slots) = bind_alloc_port(node)?;
         let info = NodeInfo {
             id,
             nodes,
@@ -177,7 +223,17 @@ impl<N: Nic> MemoryNodeServer<N> {
             port,
             info,
             served: 0,
+            port_slots,
         })
+    }
+
+    /// The allocation port's receive slots: as many clients have a request
+    /// out at once without waiting ([`ALLOC_PORT_SLOTS`] when the node's
+    /// engine has the room, see [`memory_node_engine`]); `None` on a node
+    /// attached to `krcored`, whose ports have the daemon's
+    /// `msg.port_slots`.
+    pub fn alloc_port_slots(&self) -> Option<u32> {
+        self.port_slots
     }
 
     /// What clients need to reach this node.
@@ -338,7 +394,7 @@ impl<N: Nic> MemoryNodeServer<N> {
     /// request.
     pub fn spawn(mut self, idle: Duration) -> MemoryNodeHandle {
         let stop = Arc::new(AtomicBool::new(false));
-        let info = self.info;
+        let (info, port_slots) = (self.info, self.port_slots);
         let flag = stop.clone();
         let mem = self.mem.clone();
         let stats: StatsFn = Arc::new(move || mem.stats());
@@ -397,6 +453,7 @@ impl<N: Nic> MemoryNodeServer<N> {
             .ok();
         MemoryNodeHandle {
             info,
+            port_slots,
             stop,
             thread,
             fault,
@@ -412,6 +469,7 @@ type LeaseFn = Arc<dyn Fn(Duration) + Send + Sync>;
 /// A running [`MemoryNodeServer`]; stops (and joins) on drop.
 pub struct MemoryNodeHandle {
     info: NodeInfo,
+    port_slots: Option<u32>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
     fault: Option<std::thread::JoinHandle<()>>,
@@ -437,6 +495,12 @@ impl MemoryNodeHandle {
     /// Usage figures, with the blocks clients gave back.
     pub fn stats(&self) -> NodeStats {
         (self.stats)()
+    }
+
+    /// The allocation port's receive slots
+    /// ([`MemoryNodeServer::alloc_port_slots`]).
+    pub fn alloc_port_slots(&self) -> Option<u32> {
+        self.port_slots
     }
 
     /// Sets how long a client's lease on the node's grants lasts

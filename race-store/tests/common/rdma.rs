@@ -13,6 +13,9 @@ pub struct Cluster {
     pub meta: Node,
     pub _servers: Vec<MemoryNodeHandle>,
     pub infos: Vec<NodeInfo>,
+    /// The memory nodes' own nodes (their engines' counters).
+    #[allow(dead_code)] // not every test binary looks at them
+    pub memory: Vec<Node>,
 }
 
 /// `memory_nodes` memory nodes of `bytes` each, serving (idle sleep 50
@@ -57,6 +60,7 @@ pub fn cluster_leased(
     };
     let mut servers = Vec::new();
     let mut infos = Vec::new();
+    let mut memory = Vec::new();
     for id in 0..memory_nodes {
         let node = Node::builder()
             .join(&meta)
@@ -69,10 +73,12 @@ pub fn cluster_leased(
         }
         infos.push(s.info());
         servers.push(s.spawn(Duration::from_micros(50)));
+        memory.push(node);
     }
     Cluster {
         meta,
         _servers: servers,
         infos,
+        memory,
     }
 }
