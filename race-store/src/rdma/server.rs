@@ -109,8 +109,8 @@ const BUDGET_HEADROOM: u32 = 32;
 /// `cfg` with room for a memory node's allocation port of
 /// [`ALLOC_PORT_SLOTS`] slots: `recv_depth` raised to hold them beside the
 /// control slots and the engine's other ports (each SRQ receive buffer is
-/// `HEADER_LEN + msg.inline_max` bytes: about 8.2 KiB by default, 12.6 MiB
-/// for the 1,536 here, registered once). A memory node built without it
+/// `HEADER_LEN + msg.inline_max` bytes: about 8.2 KiB by default, 10.1 MiB
+/// for the 1,280 of the defaults, registered once). A memory node built without it
 /// binds its port with what its budget has ([`MemoryNodeServer::start`]).
 pub fn memory_node_engine(mut cfg: krcore::EngineConfig) -> krcore::EngineConfig {
     let need = ALLOC_PORT_SLOTS + cfg.msg.ctl_slots + 2 * cfg.msg.port_slots + BUDGET_HEADROOM;
