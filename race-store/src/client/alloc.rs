@@ -634,9 +634,15 @@ impl KvAllocator {
             // Asked ahead: its answer, waited for if it has not come.
             Some(ask) => match transport.alloc_block_answer(ask, true) {
                 Ok(Some(runs)) => Ok(runs),
-                Ok(None) => Err(TransportError::BadResponse {
-                    reason: "a block asked ahead was not answered",
-                }),
+                // An ask that timed out (perhaps long before: a busy node)
+                // or never got its answer is dropped and asked again now,
+                // with the exchange's own attempts: a grant asked ahead is
+                // a guess, and its failure is no reason to fail the write
+                // that needs a block (until 2026-12-07 it failed it).
+                Ok(None) | Err(TransportError::Timeout { .. }) => {
+                    stats.block_rpcs += 1;
+                    transport.alloc_blocks(node, coarse, class_bytes(class))
+                }
                 Err(e) => Err(e),
             },
             None => {

@@ -123,6 +123,8 @@ struct Asking {
     ready: bool,
     sync_calls: u64,
     answers_waited: u64,
+    /// Every answer waited for times out.
+    lost: bool,
 }
 
 impl Transport for Asking {
@@ -155,6 +157,12 @@ impl Transport for Asking {
             return Ok(None);
         }
         self.answers_waited += u64::from(wait);
+        if self.lost {
+            return Err(TransportError::Timeout {
+                node: 0,
+                after: Duration::from_secs(2),
+            });
+        }
         let &(_, node, size) = self
             .asked
             .iter()
@@ -167,6 +175,37 @@ impl Transport for Asking {
     fn nodes(&self) -> u8 {
         self.inner.nodes()
     }
+}
+
+/// A grant asked ahead whose answer timed out (a node too busy to answer
+/// in time: 200 client threads on 2 cores) is asked again when it is
+/// needed, and the write that needs it succeeds; before, the write failed
+/// with the ask's timeout.
+#[test]
+fn an_ask_that_timed_out_is_asked_again_and_the_write_goes_on() {
+    let cluster = small_cluster(1, 64 << 20);
+    let mut t = Asking {
+        inner: cluster.transport(),
+        asked: Vec::new(),
+        ready: false,
+        sync_calls: 0,
+        answers_waited: 0,
+        lost: true,
+    };
+    let mut st = TransportStats::default();
+    let mut a = KvAllocator::new(1, 10, 4096);
+    let mut blocks = std::collections::HashSet::new();
+    for i in 0..1000 {
+        let p = a
+            .alloc(&mut t, &mut st, 0, LEN_UNIT, 0)
+            .unwrap_or_else(|e| panic!("block {i}: {e}"));
+        assert!(blocks.insert(p), "block {i} handed out twice");
+    }
+    assert!(t.answers_waited > 0, "no ask was needed");
+    assert!(
+        t.sync_calls >= t.answers_waited,
+        "each lost ask asked again"
+    );
 }
 
 /// A client whose every grant asked ahead is needed before its answer
@@ -182,6 +221,7 @@ fn grants_that_come_too_late_double_the_next_ones() {
             ready,
             sync_calls: 0,
             answers_waited: 0,
+            lost: false,
         };
         let mut st = TransportStats::default();
         let mut a = KvAllocator::new(1, 10, 4096);
@@ -209,6 +249,7 @@ fn the_next_coarse_block_is_asked_for_once_the_current_is_half_carved() {
         ready: false,
         sync_calls: 0,
         answers_waited: 0,
+        lost: false,
     };
     let mut st = TransportStats::default();
     // Coarse blocks of 1 KiB: 16 blocks of 64 B each.
