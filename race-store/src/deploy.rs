@@ -603,6 +603,16 @@ impl DeployedMemoryNode {
     }
 }
 
+/// The least `recv_depth` of the node [`Store::connect`] opens: its
+/// clients (a thread each) share it, and each channel a client has open
+/// to a memory node's allocation port (one while a request is out, asked
+/// ahead included) reserves `msg.reply_window` (4) of its receive buffers.
+/// 1,024 buffers (8.1 MiB of them by default) leave room for about 120
+/// clients' channels to two memory nodes; past that a client waits for
+/// another's channel to close. The engine's default (256) held about 28,
+/// and a 100-thread client process failed its writes.
+pub const CLIENT_RECV_DEPTH: u32 = 1024;
+
 /// What a client process needs of a deployed store.
 #[derive(Debug, Clone)]
 pub struct StoreOptions {
@@ -645,7 +655,9 @@ pub struct Store {
 impl Store {
     /// Opens a compute node on `fabric` (a fabric string: `sim:NAME`,
     /// `verbs:DEV`, ...) that reads the meta table of the meta server at
-    /// `meta_addr`, and finds the memory nodes of `store`.
+    /// `meta_addr`, and finds the memory nodes of `store`. The node's
+    /// `recv_depth` is at least [`CLIENT_RECV_DEPTH`]: room for many
+    /// clients' allocation channels.
     ///
     /// # Errors
     /// As [`Store::open`], and [`DeployError::Sdk`] when the node cannot be
@@ -657,9 +669,11 @@ impl Store {
         store: &str,
         opts: StoreOptions,
     ) -> Result<Store, DeployError> {
+        let mut engine = opts.engine.clone();
+        engine.recv_depth = engine.recv_depth.max(CLIENT_RECV_DEPTH);
         let node = Node::builder()
             .fabric(fabric)
-            .config(opts.engine.clone())
+            .config(engine)
             .meta_addr(meta_addr)
             .build()?;
         Store::open(&node, meta_addr, store, opts)

@@ -21,7 +21,9 @@
 //! any number of clients allocate over time. A client that dies before its
 //! Close leaves its slot granted until the port, full, reclaims it (idle
 //! for the memory node's `msg.control_idle`); an allocation that finds the
-//! port full asks again for [`ALLOC_BUSY_WAIT`] before it fails.
+//! port full, or its own node's receive budget taken by the reply windows
+//! of other clients' channels (the threads of one process share a node),
+//! asks again for [`ALLOC_BUSY_WAIT`] before it fails.
 //!
 //! Local memory: one registered scratch buffer, cut per batch into a slice
 //! per op (READ destinations, WRITE sources unless inline, 8-byte atomic
