@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! krcored --fabric F [--meta HOST:PORT] [--socket PATH] [--pool N]
-//!         [--max-vqps N] [--max-mb M] [--max-ports N] [--max-leases N] [--idle-us U]
+//!         [--max-vqps N] [--max-mb M] [--max-ports N] [--max-endpoints N]
+//!         [--max-leases N] [--idle-us U]
 //!         [--data-threads N] [--meta-wait-s S] [--report-s S]
 //!         [--config FILE] [--ready-file PATH]
 //! ```
@@ -15,7 +16,11 @@
 //! `/tmp/krcored.sock`): their VQPs are the daemon's, their connects hit
 //! its node-wide DCCache, their memory is registered by it and shared with
 //! them (see `krcore_kmod::daemon`). `--max-vqps`, `--max-mb`,
-//! `--max-ports` and `--max-leases` bound what one process may hold;
+//! `--max-ports`, `--max-endpoints` and `--max-leases` bound what one
+//! process may hold (a race-store client writing through the daemon holds
+//! one endpoint, for its allocations: a process of more client threads
+//! than `--max-endpoints` needs it raised; each costs the daemon a staging
+//! ring of about 1 MiB);
 //! `--meta-wait-s S` makes a daemon whose meta server does not answer yet
 //! wait for it (at most S seconds). `--data-threads` is how many threads drain the processes' rings (each
 //! process is served by the one with the fewest when it attaches: one core
@@ -76,6 +81,10 @@ struct Args {
     /// Ports one process may hold bound [default: 16].
     #[arg(long)]
     max_ports: Option<u32>,
+    /// Messaging endpoints one process may hold (a race-store client that
+    /// writes holds one) [default: 64].
+    #[arg(long)]
+    max_endpoints: Option<u32>,
     /// Live leases one process may hold (each a key of the NIC) [default: 1024].
     #[arg(long)]
     max_leases: Option<u32>,
@@ -116,6 +125,7 @@ struct FileConfig {
     max_vqps: Option<u32>,
     max_mb: Option<u64>,
     max_ports: Option<u32>,
+    max_endpoints: Option<u32>,
     max_leases: Option<u32>,
     idle_us: Option<u64>,
     data_threads: Option<usize>,
@@ -177,6 +187,9 @@ fn main() -> ExitCode {
     }
     if let Some(v) = args.max_ports.or(file.max_ports) {
         cfg.max_ports = v;
+    }
+    if let Some(v) = args.max_endpoints.or(file.max_endpoints) {
+        cfg.max_endpoints = v;
     }
     if let Some(v) = args.max_leases.or(file.max_leases) {
         cfg.max_leases = v;

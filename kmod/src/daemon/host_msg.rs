@@ -127,7 +127,10 @@ pub(super) fn handle<N: Nic>(s: &Arc<Shared<N>>, c: &Arc<Client<N>>, req: &Reque
             if c.endpoints.lock().len() >= s.cfg.max_endpoints as usize {
                 return refuse(
                     RefuseCode::Quota,
-                    format!("{} endpoints per process", s.cfg.max_endpoints),
+                    format!(
+                        "{} endpoints per process (krcored --max-endpoints)",
+                        s.cfg.max_endpoints
+                    ),
                 );
             }
             match s.engine.endpoint_with_window(*window) {
