@@ -8,12 +8,9 @@ use std::time::Duration;
 
 use krcore::Node;
 
-/// A node that records itself in the table and then fails to join (here:
-/// a lease the join refuses) takes its record back: a node started later
-/// at the id is not taken for the successor of one that held data, and
-/// clients take the store.
-#[test]
-fn a_memory_node_whose_join_fails_leaves_no_record_in_the_table() {
+/// A meta server on `sim:mem`, its TCP service on loopback (kept while the
+/// handle lives) and that service's address.
+fn meta_on_tcp() -> (Node, krcore_meta::bootstrap::TcpBootstrap, String) {
     let meta = Node::builder()
         .fabric("sim:mem")
         .host_meta()
@@ -25,6 +22,16 @@ fn a_memory_node_whose_join_fails_leaves_no_record_in_the_table() {
         .serve_tcp("127.0.0.1:0")
         .unwrap();
     let addr = tcp.local_addr().to_string();
+    (meta, tcp, addr)
+}
+
+/// A node that records itself in the table and then fails to join (here:
+/// a lease the join refuses) takes its record back: a node started later
+/// at the id is not taken for the successor of one that held data, and
+/// clients take the store.
+#[test]
+fn a_memory_node_whose_join_fails_leaves_no_record_in_the_table() {
+    let (meta, _tcp, addr) = meta_on_tcp();
     let node = || Node::builder().join(&meta).build().unwrap();
     let (n0, n1) = (node(), node());
     let opts = |id: u8| MemoryNodeOptions::new("rec", id, 2, 16 << 20, &addr);
@@ -56,17 +63,7 @@ fn a_memory_node_whose_join_fails_leaves_no_record_in_the_table() {
 /// right after a meta server restart.
 #[test]
 fn a_client_waits_for_a_member_that_joined_before_it_registered() {
-    let meta = Node::builder()
-        .fabric("sim:mem")
-        .host_meta()
-        .build()
-        .unwrap();
-    let tcp = meta
-        .meta_server()
-        .unwrap()
-        .serve_tcp("127.0.0.1:0")
-        .unwrap();
-    let addr = tcp.local_addr().to_string();
+    let (meta, _tcp, addr) = meta_on_tcp();
     let node = || Node::builder().join(&meta).build().unwrap();
     let (n0, n1) = (node(), node());
     let opts = |id: u8| MemoryNodeOptions::new("unreg", id, 2, 16 << 20, &addr);

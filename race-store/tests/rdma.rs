@@ -287,6 +287,39 @@ fn port_of_64() -> krcore_kmod::EngineConfig {
     cfg
 }
 
+type Asked = (
+    VqpTransport<krcore_nic::AnyNic>,
+    race_store::remote::AllocAsk,
+);
+
+/// `n` clients on `node`, each with a 4 KiB grant of memory node 0 asked
+/// ahead (a channel of its allocation port held while it is out).
+fn ask_ahead(node: &Node, c: &Cluster, n: usize) -> Vec<Asked> {
+    use race_store::remote::Transport;
+    (0..n)
+        .map(|i| {
+            let mut t = VqpTransport::connect(node, &c.infos).unwrap();
+            let ask = t
+                .alloc_block_ask(0, 4096, 64)
+                .unwrap_or_else(|| panic!("client {i}: not asked"))
+                .unwrap_or_else(|e| panic!("client {i}: {e}"));
+            (t, ask)
+        })
+        .collect()
+}
+
+/// Each client's answer, in order, waited for: 4 KiB each.
+fn collect_answers(clients: &mut [Asked]) {
+    use race_store::remote::Transport;
+    for (i, (t, ask)) in clients.iter_mut().enumerate() {
+        let runs = t
+            .alloc_block_answer(*ask, true)
+            .unwrap_or_else(|e| panic!("client {i}: {e}"))
+            .unwrap_or_else(|| panic!("client {i}: no answer"));
+        assert_eq!(runs.iter().map(|r| r.len).sum::<u64>(), 4096);
+    }
+}
+
 /// More clients than the engine's default `msg.port_slots` (64) allocate
 /// at once, each with a request out (asked ahead, so each holds a channel
 /// of the allocation port): the memory node sized its port for them
@@ -295,7 +328,6 @@ fn port_of_64() -> krcore_kmod::EngineConfig {
 /// idle channel (100 YCSB threads: each put's worst case about 1 s).
 #[test]
 fn more_clients_than_64_allocate_at_once_without_waiting_for_a_slot() {
-    use race_store::remote::Transport;
     let c = cluster_with(
         1,
         64 << 20,
@@ -310,28 +342,14 @@ fn more_clients_than_64_allocate_at_once_without_waiting_for_a_slot() {
     let mut cfg = krcore_kmod::EngineConfig::default();
     cfg.recv_depth = 1024;
     let node = Node::builder().join(&c.meta).config(cfg).build().unwrap();
-    let mut clients = Vec::new();
-    for i in 0..100 {
-        let mut t = VqpTransport::connect(&node, &c.infos).unwrap();
-        let ask = t
-            .alloc_block_ask(0, 4096, 64)
-            .unwrap_or_else(|| panic!("client {i}: not asked"))
-            .unwrap_or_else(|e| panic!("client {i}: {e}"));
-        clients.push((t, ask));
-    }
+    let mut clients = ask_ahead(&node, &c, 100);
     let usage = c.memory[0]
         .engine()
         .unwrap()
         .msg_port_usage(race_store::rdma::ALLOC_PORT)
         .unwrap();
     assert!(usage.channels > 64, "{usage:?}");
-    for (i, (t, ask)) in clients.iter_mut().enumerate() {
-        let runs = t
-            .alloc_block_answer(*ask, true)
-            .unwrap_or_else(|e| panic!("client {i}: {e}"))
-            .unwrap_or_else(|| panic!("client {i}: no answer"));
-        assert_eq!(runs.iter().map(|r| r.len).sum::<u64>(), 4096);
-    }
+    collect_answers(&mut clients);
     let stats = c.memory[0].engine().unwrap().msg_stats();
     assert_eq!((stats.refused, stats.reclaimed), (0, 0), "{stats:?}");
 }
@@ -344,31 +362,16 @@ fn more_clients_than_64_allocate_at_once_without_waiting_for_a_slot() {
 /// receive slots wanted, 0 left unreserved").
 #[test]
 fn clients_past_their_nodes_receive_budget_wait_for_room() {
-    use race_store::remote::Transport;
     let c = cluster(1, 64 << 20, 12);
     // Room for 8 channels' reply windows (64 buffers less 32 control
     // slots: 32, 4 per channel).
     let mut cfg = krcore_kmod::EngineConfig::default();
     cfg.recv_depth = 64;
     let node = Node::builder().join(&c.meta).config(cfg).build().unwrap();
-    let mut clients = Vec::new();
-    for i in 0..20 {
-        let mut t = VqpTransport::connect(&node, &c.infos).unwrap();
-        let ask = t
-            .alloc_block_ask(0, 4096, 64)
-            .unwrap_or_else(|| panic!("client {i}: not asked"))
-            .unwrap_or_else(|e| panic!("client {i}: {e}"));
-        clients.push((t, ask));
-    }
+    let mut clients = ask_ahead(&node, &c, 20);
     // The first ones' answers close their channels: the later requests go
     // out as room comes.
-    for (i, (t, ask)) in clients.iter_mut().enumerate() {
-        let runs = t
-            .alloc_block_answer(*ask, true)
-            .unwrap_or_else(|e| panic!("client {i}: {e}"))
-            .unwrap_or_else(|| panic!("client {i}: no answer"));
-        assert_eq!(runs.iter().map(|r| r.len).sum::<u64>(), 4096);
-    }
+    collect_answers(&mut clients);
 }
 
 #[test]

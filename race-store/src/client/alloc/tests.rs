@@ -127,6 +127,19 @@ struct Asking {
     lost: bool,
 }
 
+impl Asking {
+    fn new(inner: crate::memory::LocalTransport, ready: bool, lost: bool) -> Asking {
+        Asking {
+            inner,
+            asked: Vec::new(),
+            ready,
+            sync_calls: 0,
+            answers_waited: 0,
+            lost,
+        }
+    }
+}
+
 impl Transport for Asking {
     fn execute(
         &mut self,
@@ -184,14 +197,7 @@ impl Transport for Asking {
 #[test]
 fn an_ask_that_timed_out_is_asked_again_and_the_write_goes_on() {
     let cluster = small_cluster(1, 64 << 20);
-    let mut t = Asking {
-        inner: cluster.transport(),
-        asked: Vec::new(),
-        ready: false,
-        sync_calls: 0,
-        answers_waited: 0,
-        lost: true,
-    };
+    let mut t = Asking::new(cluster.transport(), false, true);
     let mut st = TransportStats::default();
     let mut a = KvAllocator::new(1, 10, 4096);
     let mut blocks = std::collections::HashSet::new();
@@ -215,14 +221,7 @@ fn an_ask_that_timed_out_is_asked_again_and_the_write_goes_on() {
 fn grants_that_come_too_late_double_the_next_ones() {
     let cluster = small_cluster(1, 64 << 20);
     let sizes = |ready: bool| -> Vec<u64> {
-        let mut t = Asking {
-            inner: cluster.transport(),
-            asked: Vec::new(),
-            ready,
-            sync_calls: 0,
-            answers_waited: 0,
-            lost: false,
-        };
+        let mut t = Asking::new(cluster.transport(), ready, false);
         let mut st = TransportStats::default();
         let mut a = KvAllocator::new(1, 10, 4096);
         for _ in 0..200_000 {
@@ -243,14 +242,7 @@ fn grants_that_come_too_late_double_the_next_ones() {
 #[test]
 fn the_next_coarse_block_is_asked_for_once_the_current_is_half_carved() {
     let cluster = small_cluster(1, 1 << 20);
-    let mut t = Asking {
-        inner: cluster.transport(),
-        asked: Vec::new(),
-        ready: false,
-        sync_calls: 0,
-        answers_waited: 0,
-        lost: false,
-    };
+    let mut t = Asking::new(cluster.transport(), false, false);
     let mut st = TransportStats::default();
     // Coarse blocks of 1 KiB: 16 blocks of 64 B each.
     let mut a = KvAllocator::new(1, 10, 1024);
