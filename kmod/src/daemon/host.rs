@@ -703,7 +703,6 @@ fn node_stats<N: Nic>(s: &Shared<N>) -> NodeStats {
     }
 }
 
-/// An error and its causes on one line.
 /// A connect's refusal: [`RefuseCode::UnknownNode`] for a GID the meta
 /// server does not know (the process may wait for its registration, as
 /// in process), the engine's reason otherwise.
@@ -715,6 +714,7 @@ fn connect_refusal(e: &crate::engine::EngineError) -> Reply {
     refuse(code, error_line(e))
 }
 
+/// An error and its causes on one line.
 fn error_line(e: &dyn std::error::Error) -> String {
     let mut line = e.to_string();
     let mut cur = e.source();

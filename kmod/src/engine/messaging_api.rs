@@ -27,7 +27,7 @@ impl<N: Nic> Engine<N> {
         if port >= FIRST_RESERVED_PORT {
             return Err(MsgError::ReservedPort { port });
         }
-        self.bind_with(port, false)
+        self.bind_with(port, false, None)
     }
 
     /// [`Engine::bind`] for a service that any number of short-lived
@@ -44,7 +44,7 @@ impl<N: Nic> Engine<N> {
         if port >= FIRST_RESERVED_PORT {
             return Err(MsgError::ReservedPort { port });
         }
-        self.bind_with(port, true)
+        self.bind_with(port, true, None)
     }
 
     /// [`Engine::bind_reclaiming`] with `slots` receive slots instead of
@@ -61,17 +61,22 @@ impl<N: Nic> Engine<N> {
         if port >= FIRST_RESERVED_PORT {
             return Err(MsgError::ReservedPort { port });
         }
-        Port::bind(&self.msg_host(), port, true, Some(slots))
+        self.bind_with(port, true, Some(slots))
     }
 
     /// [`Engine::bind`] without the reserved-port check (the engine's own
     /// services).
     pub(crate) fn bind_reserved(&self, port: u16) -> Result<Port<N>, MsgError> {
-        self.bind_with(port, true)
+        self.bind_with(port, true, None)
     }
 
-    fn bind_with(&self, port: u16, reclaims: bool) -> Result<Port<N>, MsgError> {
-        Port::bind(&self.msg_host(), port, reclaims, None)
+    fn bind_with(
+        &self,
+        port: u16,
+        reclaims: bool,
+        slots: Option<u32>,
+    ) -> Result<Port<N>, MsgError> {
+        Port::bind(&self.msg_host(), port, reclaims, slots)
     }
 
     /// A new messaging endpoint (a VQP of its own): pushes messages to

@@ -630,26 +630,21 @@ impl KvAllocator {
         // Asked ahead and not answered yet: this grant is needed before it
         // came (the client carves faster than the node answers).
         let starved = ahead.is_some();
-        let got = match ahead {
-            // Asked ahead: its answer, waited for if it has not come.
-            Some(ask) => match transport.alloc_block_answer(ask, true) {
-                Ok(Some(runs)) => Ok(runs),
-                // An ask that timed out (perhaps long before: a busy node)
-                // or never got its answer is dropped and asked again now,
-                // with the exchange's own attempts: a grant asked ahead is
-                // a guess, and its failure is no reason to fail the write
-                // that needs a block (until 2026-12-07 it failed it).
-                Ok(None) | Err(TransportError::Timeout { .. }) => {
-                    stats.block_rpcs += 1;
-                    transport.alloc_blocks(node, coarse, class_bytes(class))
-                }
-                Err(e) => Err(e),
-            },
-            None => {
-                stats.block_rpcs += 1;
-                transport.alloc_blocks(node, coarse, class_bytes(class))
-            }
-        };
+        // Asked ahead: its answer, waited for if it has not come. An ask
+        // that timed out (perhaps long before: a busy node) or never got
+        // its answer is dropped and asked again now, with the exchange's
+        // own attempts: a grant asked ahead is a guess, and its failure is
+        // no reason to fail the write that needs a block (until 2026-12-07
+        // it failed it).
+        let answered = ahead.and_then(|ask| match transport.alloc_block_answer(ask, true) {
+            Ok(Some(runs)) => Some(Ok(runs)),
+            Ok(None) | Err(TransportError::Timeout { .. }) => None,
+            Err(e) => Some(Err(e)),
+        });
+        let got = answered.unwrap_or_else(|| {
+            stats.block_rpcs += 1;
+            transport.alloc_blocks(node, coarse, class_bytes(class))
+        });
         match got {
             Ok(runs) => {
                 self.install(transport, node, class, &runs)?;
