@@ -182,9 +182,28 @@ fn race_kv_runs_one_command_against_a_deployed_store() {
     assert_eq!(meta_p.terminate(), Some(0));
 }
 
-/// `load` says what it starts on; SIGTERM stops it between two batches:
-/// it says how many pairs it put, every one of them is in the store, and
-/// it exits 1 after its client gave back what it borrowed.
+/// How many pairs a load stopped by a signal said it put (its stderr).
+fn stopped_after(stderr: &str) -> u64 {
+    stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("race-kv: load stopped by a signal after "))
+        .and_then(|l| l.strip_suffix(" pair(s)"))
+        .unwrap_or_else(|| panic!("{stderr}"))
+        .parse()
+        .unwrap()
+}
+
+/// `race-kv` with `check` (the store's arguments, then `check`) finds `keys`
+/// keys and no problem.
+fn assert_keys(check: &[String], keys: u64) {
+    let out = bounded_output(KV, check);
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        report.contains(&format!(" {keys} keys, 0 duplicates, 0 problem(s)")),
+        "{keys} put: {report}"
+    );
+}
+
 /// `load -` whose writer stalls (the pipe open, nothing more coming) stops
 /// at SIGTERM, putting the pairs it read: before, it sat in its read of
 /// stdin until the next batch, which never came.
@@ -222,25 +241,17 @@ fn a_load_from_a_stalled_pipe_stops_at_sigterm() {
     let code = load.terminate();
     let rest: String = lines.map_while(Result::ok).map(|l| l + "\n").collect();
     assert_eq!(code, Some(1), "{rest}");
-    let put: u64 = rest
-        .lines()
-        .find_map(|l| l.strip_prefix("race-kv: load stopped by a signal after "))
-        .and_then(|l| l.strip_suffix(" pair(s)"))
-        .unwrap_or_else(|| panic!("{rest}"))
-        .parse()
-        .unwrap();
+    let put = stopped_after(&rest);
     assert!(put <= 10, "{rest}");
-    let out = bounded_output(KV, &on(&["check"]));
-    let report = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        report.contains(&format!(" {put} keys, 0 duplicates, 0 problem(s)")),
-        "{put} put: {report}"
-    );
+    assert_keys(&on(&["check"]), put);
     drop(pipe);
     drop((n1, n0));
     assert_eq!(meta_p.terminate(), Some(0));
 }
 
+/// `load` says what it starts on; SIGTERM stops it between two batches:
+/// it says how many pairs it put, every one of them is in the store, and
+/// it exits 1 after its client gave back what it borrowed.
 #[test]
 fn a_load_stopped_by_sigterm_says_how_far_it_got() {
     use std::io::BufRead;
@@ -276,18 +287,9 @@ fn a_load_stopped_by_sigterm_says_how_far_it_got() {
     let rest: String = lines.map_while(Result::ok).map(|l| l + "\n").collect();
     let code = load.0.wait().unwrap().code();
     assert_eq!(code, Some(1), "{rest}");
-    let stopped = rest
-        .lines()
-        .find_map(|l| l.strip_prefix("race-kv: load stopped by a signal after "))
-        .unwrap_or_else(|| panic!("{rest}"));
-    let put: u64 = stopped.strip_suffix(" pair(s)").unwrap().parse().unwrap();
+    let put = stopped_after(&rest);
     assert!(put < total, "{rest}");
-    let out = bounded_output(KV, &on(&["check"]));
-    let report = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        report.contains(&format!(" {put} keys, 0 duplicates, 0 problem(s)")),
-        "{put} put: {report}"
-    );
+    assert_keys(&on(&["check"]), put);
     drop((n1, n0));
     assert_eq!(meta_p.terminate(), Some(0));
 }
