@@ -347,3 +347,85 @@ fn an_attached_client_gives_back_thousands_of_runs_when_it_closes() {
     drop(daemon);
     drop(handle);
 }
+
+/// The clients of one attached process share a few allocation endpoints
+/// (`AllocEndpoints`, as `Store::client`'s do): 16 client threads write
+/// through a daemon whose quota is 4 endpoints per process, from a set of
+/// 3, and every write lands. Clients with an endpoint each
+/// (`VqpTransport::connect`) are refused at the fifth: each of the first
+/// four keeps its own.
+#[test]
+fn many_clients_of_an_attached_process_share_a_few_allocation_endpoints() {
+    use race_store::rdma::AllocEndpoints;
+    let (dir, meta, table) = fabric_and_table();
+    let mut servers = Vec::new();
+    let mut infos = Vec::new();
+    for id in 0..2 {
+        let node = Node::builder().join(&meta).build().unwrap();
+        let s = MemoryNodeServer::start(&node, id, 64 << 20, &table, 2).unwrap();
+        infos.push(s.info());
+        servers.push(s.spawn(Duration::from_micros(50)));
+    }
+    let mut cfg = EngineConfig::default();
+    cfg.prestart = cfg.pool_size;
+    let daemon_node = Node::builder().join(&meta).config(cfg).build().unwrap();
+    let socket = dir.path().join("krcored.sock");
+    let quota = DaemonConfig {
+        max_endpoints: 4,
+        ..DaemonConfig::default()
+    };
+    let daemon = Daemon::start(daemon_node.engine().unwrap().clone(), &socket, quota).unwrap();
+    let node = Node::attach(&socket).unwrap();
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
+    let value = |t: usize, i: usize| format!("{t}-{i}-{}", "v".repeat(1500)).into_bytes();
+
+    let endpoints = Arc::new(AllocEndpoints::new(&node, 3));
+    std::thread::scope(|sc| {
+        for t in 0..16 {
+            let (node, infos, clock, endpoints) = (&node, &infos, &clock, &endpoints);
+            sc.spawn(move || {
+                let tr = VqpTransport::connect_sharing(node, infos, endpoints.clone()).unwrap();
+                let mut cl = Client::open(tr, clock.clone(), ClientConfig::default()).unwrap();
+                for i in 0..120 {
+                    cl.put(format!("k{t}-{i}").as_bytes(), &value(t, i))
+                        .unwrap_or_else(|e| panic!("client {t}, put {i}: {e}"));
+                }
+                let closed = cl.close();
+                assert!(closed.error.is_none(), "client {t}: {:?}", closed.error);
+            });
+        }
+    });
+    assert!(endpoints.held() <= 3, "{endpoints:?}");
+    assert!(endpoints.made() >= 1);
+    let tr = VqpTransport::connect_sharing(&node, &infos, endpoints.clone()).unwrap();
+    let mut reader = Client::open(tr, clock.clone(), ClientConfig::default()).unwrap();
+    for t in 0..16 {
+        for i in 0..120 {
+            let got = reader.get(format!("k{t}-{i}").as_bytes()).unwrap();
+            assert_eq!(got, Some(value(t, i)), "client {t}, key {i}");
+        }
+    }
+    drop(reader);
+    drop(endpoints);
+
+    // An endpoint per client: the daemon's quota refuses the fifth.
+    let mut own = Vec::new();
+    let mut refused = None;
+    for t in 0..5 {
+        let tr = VqpTransport::connect(&node, &infos).unwrap();
+        let mut cl = Client::open(tr, clock.clone(), ClientConfig::default()).unwrap();
+        match cl.put(format!("own{t}").as_bytes(), &value(t, 0)) {
+            Ok(()) => own.push(cl),
+            Err(e) => {
+                refused = Some((t, e));
+                break;
+            }
+        }
+    }
+    let (t, e) = refused.expect("the daemon refused a fifth endpoint");
+    assert_eq!(t, 4, "refused at client {t}: {e}");
+    drop(own);
+    drop(node);
+    drop(daemon);
+    drop(servers);
+}

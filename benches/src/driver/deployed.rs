@@ -50,6 +50,7 @@ impl StoreBackend {
             wait,
             client: target.client,
             engine: target.engine.clone(),
+            ..StoreOptions::default()
         };
         let store = match &target.daemon {
             Some(socket) => {

@@ -17,10 +17,10 @@
 //! its node-wide DCCache, their memory is registered by it and shared with
 //! them (see `krcore_kmod::daemon`). `--max-vqps`, `--max-mb`,
 //! `--max-ports`, `--max-endpoints` and `--max-leases` bound what one
-//! process may hold (a race-store client writing through the daemon holds
-//! one endpoint, for its allocations: a process of more client threads
-//! than `--max-endpoints` needs it raised; each costs the daemon a staging
-//! ring of about 1 MiB);
+//! process may hold (the clients of a race-store `Store` writing through
+//! the daemon share at most 32 endpoints for their allocations,
+//! `StoreOptions::alloc_endpoints`; each costs the daemon a staging ring
+//! of about 1 MiB);
 //! `--meta-wait-s S` makes a daemon whose meta server does not answer yet
 //! wait for it (at most S seconds). `--data-threads` is how many threads drain the processes' rings (each
 //! process is served by the one with the fewest when it attaches: one core
@@ -81,8 +81,8 @@ struct Args {
     /// Ports one process may hold bound [default: 16].
     #[arg(long)]
     max_ports: Option<u32>,
-    /// Messaging endpoints one process may hold (a race-store client that
-    /// writes holds one) [default: 64].
+    /// Messaging endpoints one process may hold (a race-store `Store`'s
+    /// clients share at most 32) [default: 64].
     #[arg(long)]
     max_endpoints: Option<u32>,
     /// Live leases one process may hold (each a key of the NIC) [default: 1024].

@@ -140,6 +140,7 @@ fn main() -> ExitCode {
         wait: Duration::from_secs(args.wait_s.or(file.wait_s).unwrap_or(5)),
         client: file.client,
         engine: file.engine.clone(),
+        ..StoreOptions::default()
     };
     let node = match (args.daemon, args.fabric.or(file.fabric)) {
         (Some(path), _) => Node::attach(&path),

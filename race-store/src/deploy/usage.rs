@@ -20,9 +20,9 @@ impl Store {
     /// Transport errors ([`crate::Error`]).
     pub fn usage(&self) -> Result<Vec<(u8, Option<UsageRepr>)>, crate::Error> {
         use crate::remote::{OpResult, RemoteOp, Transport};
-        let mut t = VqpTransport::connect(&self.node, &self.infos)?;
-        let mut out = Vec::with_capacity(self.infos.len());
-        for info in &self.infos {
+        let mut t = VqpTransport::connect(self.node(), self.infos())?;
+        let mut out = Vec::with_capacity(self.infos().len());
+        for info in self.infos() {
             let ptr = RemotePtr::new(info.id, USAGE_OFFSET)?;
             let mut usage = None;
             for _ in 0..USAGE_READS {

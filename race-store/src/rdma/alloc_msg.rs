@@ -15,6 +15,7 @@
 //! request given up on) is dropped, its block leaked, never handed out
 //! twice.
 
+use super::endpoints::{AllocEndpoints, Need};
 use super::proto::{
     AllocReply, AllocRequest, RunsKind, RunsReply, RunsRequest, ALLOC_REPLY_LEN, MAX_RUNS,
     RUNS_OUT_OF_MEMORY, RUNS_REQUEST_HEADER,
@@ -23,8 +24,8 @@ use crate::holders::GrantLease;
 use crate::layout::slot::RemotePtr;
 use crate::remote::{AllocAsk, BlockRun, Cause, LeaseBook, TransportError};
 use krcore::messaging::Endpoint;
-use krcore::Node;
 use krcore_nic::{Gid, Nic};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long a block allocation waits for the memory node's answer, and how
@@ -243,13 +244,21 @@ struct Asked {
     failed: Option<TransportError>,
 }
 
-/// The allocation side of one transport: its messaging endpoint (made on
-/// first use: a client that only reads creates no QP) and its requests.
+/// The allocation side of one transport: the messaging endpoint lent to it
+/// while a request of it is out (from the node's [`AllocEndpoints`], made
+/// on first use: a client that only reads creates no QP; see that type for
+/// the invariants), and its requests.
 pub(super) struct Allocations<N: Nic> {
+    pool: Arc<AllocEndpoints<N>>,
+    /// Held while a request is out (or an exchange runs); `asked` not
+    /// empty implies `Some`.
     ep: Option<Endpoint<N>>,
+    /// Whether an endpoint was ever lent to it.
+    borrowed: bool,
+    /// The longest message of the node's endpoints, once known.
+    max_message: Option<usize>,
     /// The client's leases on the nodes' grants, learned from answers.
     pub(super) leases: LeaseBook,
-    next_req: u64,
     asked: Vec<Asked>,
     /// When a look without waiting last went to the wire
     /// ([`Allocations::answer`]).
@@ -259,67 +268,84 @@ pub(super) struct Allocations<N: Nic> {
 }
 
 impl<N: Nic> Allocations<N> {
-    pub(super) fn new() -> Self {
+    pub(super) fn new(pool: Arc<AllocEndpoints<N>>) -> Self {
         Allocations {
+            pool,
             ep: None,
+            borrowed: false,
+            max_message: None,
             leases: LeaseBook::new(),
-            next_req: 1,
             asked: Vec::new(),
             looked: None,
             answers: Vec::new(),
         }
     }
 
-    /// Whether the endpoint was made.
+    /// Whether an endpoint was ever lent to it (the one QP a client may
+    /// make, at its first allocation).
     pub(super) fn has_endpoint(&self) -> bool {
-        self.ep.is_some()
+        self.borrowed
     }
 
-    fn endpoint(&mut self, node: &Node<N>, to: u8) -> Result<&Endpoint<N>, TransportError> {
+    /// The endpoint held, or one lent now for a request to node `to`.
+    fn endpoint(&mut self, to: u8, need: Need) -> Result<&Endpoint<N>, TransportError> {
         if self.ep.is_none() {
-            self.ep = Some(
-                node.endpoint_with_window(1)
-                    .map_err(|e| TransportError::Refused {
-                        node: to,
-                        source: Cause::new(e),
-                    })?,
-            );
+            let ep = self.pool.lend(to, need)?;
+            self.max_message = Some(ep.max_message());
+            self.ep = Some(ep);
+            self.borrowed = true;
         }
         self.ep.as_ref().ok_or(TransportError::BadResponse {
             reason: "no allocation endpoint",
         })
     }
 
+    /// Gives the endpoint back to the node's set once no request of this
+    /// client is out.
+    fn release_idle(&mut self) {
+        if self.asked.is_empty() {
+            if let Some(ep) = self.ep.take() {
+                self.pool.give_back(ep);
+            }
+        }
+    }
+
     /// Most runs one give-back to memory node `to` may carry: what fits
     /// the allocation endpoint's longest message (64 KiB through the node
     /// daemon, about 4,000 runs), at most `MAX_RUNS`.
-    pub(super) fn max_runs(&mut self, node: &Node<N>, to: u8) -> Result<usize, TransportError> {
-        let max = self.endpoint(node, to)?.max_message();
+    pub(super) fn max_runs(&mut self, to: u8) -> Result<usize, TransportError> {
+        let max = match self.max_message {
+            Some(max) => max,
+            None => {
+                let max = self.endpoint(to, Need::Now(ALLOC_BUSY_WAIT))?.max_message();
+                self.release_idle();
+                max
+            }
+        };
         // The request's header and its optional holder word first.
         Ok((max.saturating_sub(RUNS_REQUEST_HEADER + 8) / 16).clamp(1, MAX_RUNS))
     }
 
     fn next_request(&mut self, want: &Want) -> (u64, Vec<u8>) {
-        let req_id = self.next_req;
-        self.next_req += 1;
+        let req_id = self.pool.next_request_id();
         (req_id, want.encode(req_id))
     }
 
     /// One request to node `to` (its port `port` at `gid`) and its answer.
     pub(super) fn exchange(
         &mut self,
-        node: &Node<N>,
         to: u8,
         (gid, port): (Gid, u16),
         want: &Want,
     ) -> Result<Vec<BlockRun>, TransportError> {
         let (req_id, req) = self.next_request(want);
-        self.endpoint(node, to)?;
+        self.endpoint(to, Need::Now(ALLOC_BUSY_WAIT))?;
         // Requests asked ahead whose channels opened go first: their
         // answers then come while this one is waited for.
         self.send_opened();
         let r = self.exchange_inner(to, gid, port, req_id, want, &req);
         self.close_unless_asked(gid, port);
+        self.release_idle();
         r
     }
 
@@ -328,14 +354,15 @@ impl<N: Nic> Allocations<N> {
     /// back so; a message that cannot go at once is not sent).
     pub(super) fn send_only(
         &mut self,
-        node: &Node<N>,
         to: u8,
         (gid, port): (Gid, u16),
         want: &Want,
     ) -> Result<(), TransportError> {
         let (_, req) = self.next_request(want);
-        let ep = self.endpoint(node, to)?;
-        ep.try_push(gid, port, &req).map_err(|e| lost(to, e))
+        let ep = self.endpoint(to, Need::Now(CLOSE_WAIT))?;
+        let r = ep.try_push(gid, port, &req).map_err(|e| lost(to, e));
+        self.release_idle();
+        r
     }
 
     fn exchange_inner(
@@ -450,7 +477,6 @@ impl<N: Nic> Allocations<N> {
     /// 600,000 operations, the p99.9 of its batched updates).
     pub(super) fn ask(
         &mut self,
-        node: &Node<N>,
         to: u8,
         (gid, port): (Gid, u16),
         want: Want,
@@ -460,9 +486,23 @@ impl<N: Nic> Allocations<N> {
                 reason: "too many blocks asked ahead and not collected",
             });
         }
+        let r = self.ask_inner(to, (gid, port), want);
+        self.release_idle();
+        r
+    }
+
+    fn ask_inner(
+        &mut self,
+        to: u8,
+        (gid, port): (Gid, u16),
+        want: Want,
+    ) -> Result<AllocAsk, TransportError> {
         let (req_id, req) = self.next_request(&want);
         let room = self.out_at(gid, port) < MAX_OUT_PER_PORT;
-        let ep = self.endpoint(node, to)?;
+        // Lent for a request sent ahead only while more than the set's
+        // reserve is free: a client that cannot ask ahead allocates when
+        // it needs to.
+        let ep = self.endpoint(to, Need::Ahead)?;
         // On a closed channel the Open carries the request: one call to a
         // node daemon, one round trip to the memory node. A full port
         // (`Busy`) is asked again by the later looks, and so is a request
@@ -525,6 +565,16 @@ impl<N: Nic> Allocations<N> {
     /// The answer to `ask`, if it came (`wait`: waiting for it until
     /// `ALLOC_TIMEOUT` after it was sent).
     pub(super) fn answer(
+        &mut self,
+        ask: AllocAsk,
+        wait: bool,
+    ) -> Result<Option<Vec<BlockRun>>, TransportError> {
+        let r = self.answer_inner(ask, wait);
+        self.release_idle();
+        r
+    }
+
+    fn answer_inner(
         &mut self,
         ask: AllocAsk,
         wait: bool,
@@ -672,7 +722,22 @@ impl<N: Nic> Drop for Allocations<N> {
     /// for a little (the blocks are leaked) so that their channels can be
     /// closed and the memory nodes' ports get their slots back at once,
     /// not after an idle reclaim; a channel still busy then is left to it.
+    /// The endpoint goes back to the node's set, or, with a request still
+    /// out, is dropped (see [`AllocEndpoints`]).
     fn drop(&mut self) {
+        self.wait_for_asked();
+        match self.ep.take() {
+            Some(ep) if self.asked.is_empty() => self.pool.give_back(ep),
+            Some(ep) => self.pool.discard(ep),
+            None => {}
+        }
+    }
+}
+
+impl<N: Nic> Allocations<N> {
+    /// The wait of [`Allocations`]'s drop for the answers of the requests
+    /// sent ahead.
+    fn wait_for_asked(&mut self) {
         if self.asked.is_empty() {
             return;
         }

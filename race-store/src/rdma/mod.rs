@@ -10,10 +10,12 @@
 //! `race_store::deploy`).
 
 mod alloc_msg;
+mod endpoints;
 mod proto;
 mod server;
 mod transport;
 
+pub use endpoints::{AllocEndpoints, STORE_ALLOC_ENDPOINTS};
 pub use proto::{
     AllocReply, AllocRequest, NodeInfo, RunsKind, RunsReply, RunsRequest, ALLOC_PORT,
     FEATURE_LEASES, FEATURE_RUNS, MAX_RUNS, NODE_INFO_LEN, RUNS_OUT_OF_MEMORY, RUNS_REFUSED,

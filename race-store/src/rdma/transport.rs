@@ -11,8 +11,11 @@
 //!
 //! Block allocation is a two-sided message to the memory node's allocation
 //! port (`ALLOC_PORT`, see [`super::MemoryNodeServer`]) from a messaging
-//! endpoint of the transport's own (the SDK's messaging: credits, no
-//! silent drop), made on the first [`Transport::alloc_block`]: a client
+//! endpoint (the SDK's messaging: credits, no silent drop) lent to the
+//! transport while a request of it is out: its own, or one of a set
+//! shared by the clients of its node ([`super::AllocEndpoints`],
+//! [`VqpTransport::connect_sharing`]), made on the first
+//! [`Transport::alloc_block`]: a client
 //! that only reads (a joining compute node's first get) never creates a
 //! QP at all, so connecting stays a metadata lookup. The endpoint's
 //! channels have a window of one credit (one request out at a time), which
@@ -41,6 +44,7 @@
 //! local key check instead of writing anything).
 
 use super::alloc_msg::{Allocations, Want};
+use super::endpoints::AllocEndpoints;
 use super::proto::{NodeInfo, FEATURE_LEASES, FEATURE_RUNS};
 use crate::layout::slot::RemotePtr;
 use crate::remote::{
@@ -48,6 +52,7 @@ use crate::remote::{
 };
 use krcore::{Access, MemoryRegion, Node, RemoteGrant, Vqp};
 use krcore_nic::{Nic, SendWr, Sge, Wc, WcStatus, MAX_INLINE};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod post;
@@ -192,6 +197,22 @@ impl<N: Nic> VqpTransport<N> {
     /// server or a resource cannot be allocated (the SDK's error is its
     /// source); [`TransportError::BadResponse`] for a list out of id order.
     pub fn connect(node: &Node<N>, infos: &[NodeInfo]) -> Result<Self, TransportError> {
+        VqpTransport::connect_sharing(node, infos, Arc::new(AllocEndpoints::new(node, 1)))
+    }
+
+    /// [`VqpTransport::connect`], making its block allocations from the
+    /// endpoints of `endpoints`, shared with the node's other clients (an
+    /// endpoint is lent to a client while a request of it is out): the
+    /// node then holds at most `endpoints.cap()` allocation endpoints
+    /// whatever its client count. `endpoints` must be of `node`.
+    ///
+    /// # Errors
+    /// As [`VqpTransport::connect`].
+    pub fn connect_sharing(
+        node: &Node<N>,
+        infos: &[NodeInfo],
+        endpoints: Arc<AllocEndpoints<N>>,
+    ) -> Result<Self, TransportError> {
         let mut remotes = Vec::with_capacity(infos.len());
         for (i, info) in infos.iter().enumerate() {
             if usize::from(info.id) != i {
@@ -227,7 +248,7 @@ impl<N: Nic> VqpTransport<N> {
             last: vec![None; infos.len()],
             remotes,
             scratch,
-            alloc: Allocations::new(),
+            alloc: Allocations::new(endpoints),
             renewing: Vec::new(),
             max_inline: MAX_INLINE,
             batch: 0,
@@ -690,9 +711,7 @@ impl<N: Nic> VqpTransport<N> {
 
     fn alloc_block_raw(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {
         let to = self.alloc_port(node)?;
-        let runs = self
-            .alloc
-            .exchange(&self.node, node, to, &Want::Coarse { size })?;
+        let runs = self.alloc.exchange(node, to, &Want::Coarse { size })?;
         runs.first()
             .map(|r| r.start)
             .ok_or(TransportError::BadResponse {
@@ -708,7 +727,7 @@ impl<N: Nic> VqpTransport<N> {
     ) -> Result<Vec<BlockRun>, TransportError> {
         let to = self.alloc_port(node)?;
         let want = self.grant(node, size, block_bytes);
-        self.alloc.exchange(&self.node, node, to, &want)
+        self.alloc.exchange(node, to, &want)
     }
 
     fn alloc_block_ask_raw(
@@ -722,7 +741,7 @@ impl<N: Nic> VqpTransport<N> {
             Err(e) => return Some(Err(e)),
         };
         let want = self.grant(node, size, block_bytes);
-        Some(self.alloc.ask(&self.node, node, to, want))
+        Some(self.alloc.ask(node, to, want))
     }
 
     fn alloc_block_answer_raw(
@@ -745,13 +764,13 @@ impl<N: Nic> VqpTransport<N> {
         // In messages the allocation endpoint takes (through the node
         // daemon: 64 KiB, about 4,000 runs; a client's retired blocks come
         // back in many more runs than that).
-        let per_message = self.alloc.max_runs(&self.node, node)?;
+        let per_message = self.alloc.max_runs(node)?;
         for part in runs.chunks(per_message) {
             let want = self.give_back_want(node, block_bytes, part, delay);
             if wait {
-                self.alloc.exchange(&self.node, node, to, &want)?;
+                self.alloc.exchange(node, to, &want)?;
             } else {
-                self.alloc.send_only(&self.node, node, to, &want)?;
+                self.alloc.send_only(node, to, &want)?;
             }
         }
         Ok(())
@@ -765,13 +784,13 @@ impl<N: Nic> VqpTransport<N> {
         delay: Duration,
     ) -> Result<Option<AllocAsk>, TransportError> {
         let to = self.give_back_port(node)?;
-        if runs.len() > self.alloc.max_runs(&self.node, node)? {
+        if runs.len() > self.alloc.max_runs(node)? {
             return Err(TransportError::Unsupported {
                 what: "giving back more runs than one message holds",
             });
         }
         let want = self.give_back_want(node, block_bytes, runs, delay);
-        self.alloc.ask(&self.node, node, to, want).map(Some)
+        self.alloc.ask(node, to, want).map(Some)
     }
 
     /// Node `node`'s allocation port, for a give-back (a node of an older
@@ -825,8 +844,7 @@ impl<N: Nic> VqpTransport<N> {
                     self.alloc.answer(ask, true)?;
                 }
                 None => {
-                    self.alloc
-                        .exchange(&self.node, node, to, &Want::Renew { holder })?;
+                    self.alloc.exchange(node, to, &Want::Renew { holder })?;
                 }
             }
         } else if pending.is_some() || !self.alloc.leases.due(node, now) {
@@ -837,10 +855,7 @@ impl<N: Nic> VqpTransport<N> {
         } else {
             let to = self.alloc_port(node)?;
             // A renewal that cannot be sent ahead is sent when urgent.
-            let asked = self
-                .alloc
-                .ask(&self.node, node, to, Want::Renew { holder })
-                .ok();
+            let asked = self.alloc.ask(node, to, Want::Renew { holder }).ok();
             if let Some(slot) = self.renewing.get_mut(i) {
                 *slot = asked;
             }
