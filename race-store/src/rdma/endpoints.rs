@@ -208,3 +208,56 @@ impl<N: Nic> std::fmt::Debug for AllocEndpoints<N> {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_ahead_leave_the_reserve_to_requests_needed_now() {
+        let node = Node::builder().host_meta().build().unwrap();
+        let set = AllocEndpoints::new(&node, 4);
+        let now = Need::Now(Duration::from_millis(50));
+        // A quarter (1) kept: 3 lent ahead, the 4th refused ahead, lent now.
+        let ahead: Vec<_> = (0..3).map(|_| set.lend(0, Need::Ahead).unwrap()).collect();
+        assert!(matches!(
+            set.lend(0, Need::Ahead),
+            Err(TransportError::Refused { .. })
+        ));
+        let last = set.lend(0, now).unwrap();
+        assert_eq!((set.held(), set.made()), (4, 4));
+        // Past the cap a request needed now waits, and times out.
+        assert!(matches!(
+            set.lend(0, now),
+            Err(TransportError::Timeout { .. })
+        ));
+        // One given back is lent again (not made anew), also to a waiter.
+        std::thread::scope(|sc| {
+            let waiter = sc.spawn(|| set.lend(0, Need::Now(Duration::from_secs(5))));
+            std::thread::sleep(Duration::from_millis(20));
+            set.give_back(last);
+            let ep = waiter.join().unwrap().unwrap();
+            set.give_back(ep);
+        });
+        assert_eq!((set.held(), set.made()), (4, 4));
+        // One dropped with a request out is replaced by a new one.
+        let mut ahead = ahead.into_iter();
+        set.discard(ahead.next().unwrap());
+        assert_eq!(set.held(), 3);
+        let again: Vec<_> = (0..2).map(|_| set.lend(0, now).unwrap()).collect();
+        assert_eq!((set.held(), set.made()), (4, 5));
+        // Request ids are unique over the set.
+        assert_ne!(set.next_request_id(), set.next_request_id());
+        drop((again, ahead));
+    }
+
+    #[test]
+    fn a_set_of_one_lends_its_endpoint_ahead() {
+        let node = Node::builder().host_meta().build().unwrap();
+        let set = AllocEndpoints::new(&node, 0);
+        assert_eq!(set.cap(), 1);
+        let ep = set.lend(0, Need::Ahead).unwrap();
+        set.give_back(ep);
+        assert!(set.lend(0, Need::Ahead).is_ok());
+    }
+}
