@@ -216,10 +216,21 @@ pub enum DeployError {
     /// The SDK (opening the node, registering).
     #[error(transparent)]
     Sdk(Box<krcore::Error>),
-    /// Joining or leaving the store (through the node's engine, or the
-    /// node daemon's).
+    /// Joining the store (through the node's engine, or the node
+    /// daemon's).
     #[error("joining store {store:?}")]
     Join {
+        /// The store.
+        store: String,
+        /// What failed.
+        #[source]
+        source: Box<krcore::Error>,
+    },
+    /// Leaving the store at a shutdown (the meta server unreachable, for
+    /// one): the node stopped serving all the same, and its membership
+    /// lapses at the end of its lease.
+    #[error("leaving store {store:?} (the membership lapses at the end of its lease)")]
+    Leave {
         /// The store.
         store: String,
         /// What failed.
@@ -584,12 +595,12 @@ impl DeployedMemoryNode {
     /// (the node is gone).
     ///
     /// # Errors
-    /// The first failure of the leave or the deregistration (the rest is
-    /// still done).
+    /// The first failure of the leave ([`DeployError::Leave`]) or the
+    /// deregistration (the rest is still done).
     pub fn shutdown(mut self) -> Result<(), DeployError> {
         let store = self.store.clone();
         let left = match self.lease.take() {
-            Some(l) => l.leave().map_err(|source| DeployError::Join {
+            Some(l) => l.leave().map_err(|source| DeployError::Leave {
                 store,
                 source: Box::new(source),
             }),

@@ -109,3 +109,38 @@ fn a_client_waits_for_a_member_that_joined_before_it_registered() {
     c.put(b"k", b"v").unwrap();
     assert_eq!(c.get(b"k").unwrap(), Some(b"v".to_vec()));
 }
+
+/// A memory node stopped after its meta server went cannot leave the
+/// store: its shutdown stops serving and says so as a failed leave (it
+/// said "joining store" before), and returns.
+#[test]
+fn a_memory_node_whose_meta_server_is_gone_fails_its_leave_and_stops() {
+    let nic = krcore_nic::sim::SimNic::from_spec("sim:mem").unwrap();
+    let meta = Node::builder()
+        .nic(nic.clone())
+        .host_meta()
+        .build()
+        .unwrap();
+    let tcp = meta
+        .meta_server()
+        .unwrap()
+        .serve_tcp("127.0.0.1:0")
+        .unwrap();
+    let addr = tcp.local_addr().to_string();
+    let node = Node::builder().join(&meta).build().unwrap();
+    let served = MemoryNodeServer::deploy(
+        &node,
+        &MemoryNodeOptions::new("gone", 0, 1, 16 << 20, &addr),
+    )
+    .unwrap();
+    // The meta server's machine dies.
+    nic.kill();
+    drop(tcp);
+    match served.shutdown() {
+        Err(e @ DeployError::Leave { .. }) => {
+            let line = e.to_string();
+            assert!(line.starts_with("leaving store \"gone\""), "{line}");
+        }
+        other => panic!("a leave without a meta server: {other:?}"),
+    }
+}
