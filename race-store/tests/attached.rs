@@ -12,7 +12,7 @@ use race_store::client::Op;
 use race_store::clock::{Clock, SystemClock};
 use race_store::layout::subtable::SubtableGeometry;
 use race_store::memory::TableConfig;
-use race_store::rdma::{MemoryNodeServer, VqpTransport};
+use race_store::rdma::{MemoryNodeHandle, MemoryNodeServer, NodeInfo, VqpTransport};
 use race_store::{Client, ClientConfig, Error};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -32,30 +32,29 @@ fn fabric_and_table() -> (tempfile::TempDir, Node, TableConfig) {
     (dir, meta, table)
 }
 
-#[test]
-fn an_attached_client_inserts_updates_and_deletes_with_splits() {
-    let (dir, meta, table) = fabric_and_table();
+/// Two memory nodes of `bytes` each, serving from threads of their own.
+fn memory_nodes(
+    meta: &Node,
+    table: &TableConfig,
+    bytes: u64,
+) -> (Vec<MemoryNodeHandle>, Vec<NodeInfo>) {
     let mut servers = Vec::new();
     let mut infos = Vec::new();
     for id in 0..2 {
-        let node = Node::builder().join(&meta).build().unwrap();
-        let s = MemoryNodeServer::start(&node, id, 32 << 20, &table, 2).unwrap();
+        let node = Node::builder().join(meta).build().unwrap();
+        let s = MemoryNodeServer::start(&node, id, bytes, table, 2).unwrap();
         infos.push(s.info());
         servers.push(s.spawn(Duration::from_micros(50)));
     }
-    let mut cfg = EngineConfig::default();
-    cfg.prestart = cfg.pool_size;
-    cfg.eager_start = true;
-    let daemon_node = Node::builder().join(&meta).config(cfg).build().unwrap();
-    let socket = dir.path().join("krcored.sock");
-    let daemon = Daemon::start(
-        daemon_node.engine().unwrap().clone(),
-        &socket,
-        DaemonConfig::default(),
-    )
-    .unwrap();
+    (servers, infos)
+}
 
-    let node = Node::attach(&socket).unwrap();
+#[test]
+fn an_attached_client_inserts_updates_and_deletes_with_splits() {
+    let (dir, meta, table) = fabric_and_table();
+    let (servers, infos) = memory_nodes(&meta, &table, 32 << 20);
+    let (daemon, _daemon_node) = daemon_on(&meta, dir.path(), "krcored.sock");
+    let node = Node::attach(daemon.path()).unwrap();
     let before = node.daemon_stats().unwrap().unwrap();
     let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
     let t = VqpTransport::connect(&node, &infos).unwrap();
@@ -157,17 +156,22 @@ fn an_attached_client_inserts_updates_and_deletes_with_splits() {
 /// A daemon serving `node`'s engine as `krcored` does (pool made at start)
 /// on a socket in `dir`.
 fn daemon_on(meta: &Node, dir: &std::path::Path, name: &str) -> (Daemon<krcore_nic::AnyNic>, Node) {
+    daemon_with(meta, dir, name, DaemonConfig::default())
+}
+
+/// [`daemon_on`] with the daemon's configuration `config`.
+fn daemon_with(
+    meta: &Node,
+    dir: &std::path::Path,
+    name: &str,
+    config: DaemonConfig,
+) -> (Daemon<krcore_nic::AnyNic>, Node) {
     let mut cfg = EngineConfig::default();
     cfg.prestart = cfg.pool_size;
     cfg.eager_start = true;
     let node = Node::builder().join(meta).config(cfg).build().unwrap();
     let socket = dir.join(name);
-    let daemon = Daemon::start(
-        node.engine().unwrap().clone(),
-        &socket,
-        DaemonConfig::default(),
-    )
-    .unwrap();
+    let daemon = Daemon::start(node.engine().unwrap().clone(), &socket, config).unwrap();
     (daemon, node)
 }
 
@@ -358,24 +362,13 @@ fn an_attached_client_gives_back_thousands_of_runs_when_it_closes() {
 fn many_clients_of_an_attached_process_share_a_few_allocation_endpoints() {
     use race_store::rdma::AllocEndpoints;
     let (dir, meta, table) = fabric_and_table();
-    let mut servers = Vec::new();
-    let mut infos = Vec::new();
-    for id in 0..2 {
-        let node = Node::builder().join(&meta).build().unwrap();
-        let s = MemoryNodeServer::start(&node, id, 64 << 20, &table, 2).unwrap();
-        infos.push(s.info());
-        servers.push(s.spawn(Duration::from_micros(50)));
-    }
-    let mut cfg = EngineConfig::default();
-    cfg.prestart = cfg.pool_size;
-    let daemon_node = Node::builder().join(&meta).config(cfg).build().unwrap();
-    let socket = dir.path().join("krcored.sock");
+    let (servers, infos) = memory_nodes(&meta, &table, 64 << 20);
     let quota = DaemonConfig {
         max_endpoints: 4,
         ..DaemonConfig::default()
     };
-    let daemon = Daemon::start(daemon_node.engine().unwrap().clone(), &socket, quota).unwrap();
-    let node = Node::attach(&socket).unwrap();
+    let (daemon, _daemon_node) = daemon_with(&meta, dir.path(), "krcored.sock", quota);
+    let node = Node::attach(daemon.path()).unwrap();
     let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
     let value = |t: usize, i: usize| format!("{t}-{i}-{}", "v".repeat(1500)).into_bytes();
 

@@ -11,11 +11,14 @@ use krcore::Node;
 /// A meta server on `sim:mem`, its TCP service on loopback (kept while the
 /// handle lives) and that service's address.
 fn meta_on_tcp() -> (Node, krcore_meta::bootstrap::TcpBootstrap, String) {
-    let meta = Node::builder()
-        .fabric("sim:mem")
-        .host_meta()
-        .build()
-        .unwrap();
+    meta_on_tcp_of(Node::builder().fabric("sim:mem"))
+}
+
+/// [`meta_on_tcp`] on the node `builder` makes.
+fn meta_on_tcp_of(
+    builder: krcore::NodeBuilder,
+) -> (Node, krcore_meta::bootstrap::TcpBootstrap, String) {
+    let meta = builder.host_meta().build().unwrap();
     let tcp = meta
         .meta_server()
         .unwrap()
@@ -116,17 +119,7 @@ fn a_client_waits_for_a_member_that_joined_before_it_registered() {
 #[test]
 fn a_memory_node_whose_meta_server_is_gone_fails_its_leave_and_stops() {
     let nic = krcore_nic::sim::SimNic::from_spec("sim:mem").unwrap();
-    let meta = Node::builder()
-        .nic(nic.clone())
-        .host_meta()
-        .build()
-        .unwrap();
-    let tcp = meta
-        .meta_server()
-        .unwrap()
-        .serve_tcp("127.0.0.1:0")
-        .unwrap();
-    let addr = tcp.local_addr().to_string();
+    let (meta, tcp, addr) = meta_on_tcp_of(Node::builder().nic(nic.clone()));
     let node = Node::builder().join(&meta).build().unwrap();
     let served = MemoryNodeServer::deploy(
         &node,
