@@ -205,13 +205,18 @@ pub fn epoch_us() -> u64 {
 /// `/proc/thread-self/schedstat`): time it ran and time it waited on a
 /// run queue, runnable but not running. A stage that took long with most
 /// of it waiting was starved of CPU (the machine oversubscribed), not slow
-/// in its own code.
+/// in its own code; one that took long with neither was blocked, and its
+/// major page faults (`/proc/thread-self/stat`: pages read from disk, the
+/// binary's own code among them) tell a wait for the disk.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SchedSample {
     /// Microseconds on a CPU.
     pub cpu_us: u64,
     /// Microseconds runnable, waiting for a CPU.
     pub wait_us: u64,
+    /// Major page faults so far (`None` where the kernel does not say).
+    #[serde(default)]
+    pub major_faults: Option<u64>,
 }
 
 impl SchedSample {
@@ -219,7 +224,11 @@ impl SchedSample {
     /// report them (no schedstat, another OS).
     pub fn now() -> Option<SchedSample> {
         let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
-        SchedSample::parse(&text)
+        let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap_or_default();
+        SchedSample::parse(&text).map(|s| SchedSample {
+            major_faults: major_faults(&stat),
+            ..s
+        })
     }
 
     /// Parses a schedstat line: `cpu_ns wait_ns timeslices`.
@@ -230,8 +239,16 @@ impl SchedSample {
         Some(SchedSample {
             cpu_us: cpu / 1000,
             wait_us: wait / 1000,
+            major_faults: None,
         })
     }
+}
+
+/// The major page faults of a `/proc/.../stat` line (field 12; the command
+/// name, field 2, may hold spaces: fields resume after the last ')').
+fn major_faults(stat: &str) -> Option<u64> {
+    let rest = stat.get(stat.rfind(')')? + 1..)?;
+    rest.split_ascii_whitespace().nth(9)?.parse().ok()
 }
 
 /// How long ago the calling process was created (fork or clone), from
@@ -284,11 +301,15 @@ mod tests {
             SchedSample::parse("2150000 7260000 12\n"),
             Some(SchedSample {
                 cpu_us: 2150,
-                wait_us: 7260
+                wait_us: 7260,
+                major_faults: None,
             })
         );
         assert_eq!(SchedSample::parse(""), None);
         assert_eq!(SchedSample::parse("12 x 3"), None);
+        let stat = "4242 (a (b) c) S 1 4242 4242 0 -1 4194560 1200 0 37 0 5 2 0 0 20 0";
+        assert_eq!(major_faults(stat), Some(37));
+        assert_eq!(major_faults("4242 (x) S 1"), None);
     }
 
     #[test]

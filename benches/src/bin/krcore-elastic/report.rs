@@ -72,13 +72,26 @@ pub(crate) fn print_mode(r: &ModeRun, model: &str, tail_factor: f64) -> Vec<Stri
     for j in krcore_benches::elastic::outliers(&r.joins, OUTLIER_FACTOR) {
         let (stage, us) = j.slowest_stage();
         let sched = j.sched.map_or(String::new(), |s| {
+            // Pages read from disk (the binary's code among them): a
+            // thread that neither ran nor waited for a CPU was blocked.
+            let faults = match (s.at_main.major_faults, s.at_join.major_faults) {
+                (Some(a), Some(b)) => format!(
+                    "; {a} major page faults (reads from disk) before main, {} after",
+                    b.saturating_sub(a)
+                ),
+                _ => String::new(),
+            };
+            let ran = s.at_join.cpu_us.saturating_sub(s.at_main.cpu_us)
+                + s.at_join.wait_us.saturating_sub(s.at_main.wait_us);
+            let blocked = j.after_main_us().saturating_sub(ran);
             format!(
-                "; the process existed {} of it; its main thread waited {:.2} ms for a CPU and ran {:.2} ms before main, {:.2} ms and {:.2} ms over the join",
+                "; the process existed {} of it; its main thread waited {:.2} ms for a CPU and ran {:.2} ms before main, {:.2} ms and {:.2} ms over the join, and was blocked (neither) {:.2} ms after main{faults}",
                 s.age_at_main_us.map_or("?".to_string(), |a| format!("{:.0} ms", a as f64 / 1000.0)),
                 s.at_main.wait_us as f64 / 1000.0,
                 s.at_main.cpu_us as f64 / 1000.0,
                 s.at_join.wait_us as f64 / 1000.0,
                 s.at_join.cpu_us as f64 / 1000.0,
+                blocked as f64 / 1000.0,
             )
         });
         let note = if stage.starts_with("exec") {
