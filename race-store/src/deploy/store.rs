@@ -11,6 +11,7 @@ use krcore::{EngineError, Node};
 use krcore_nic::AnyNic;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
 /// The least `recv_depth` of the node [`Store::connect`] opens: its
 /// clients (a thread each) share it, and each channel an allocation
 /// endpoint has open to a memory node's allocation port (one while a
