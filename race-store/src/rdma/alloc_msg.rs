@@ -255,6 +255,9 @@ pub(super) struct Allocations<N: Nic> {
     ep: Option<Endpoint<N>>,
     /// Whether an endpoint was ever lent to it.
     borrowed: bool,
+    /// A request of it was given up on (its answer may still come): the
+    /// endpoint is dropped, not given back ([`AllocEndpoints`]).
+    gave_up: bool,
     /// The longest message of the node's endpoints, once known.
     max_message: Option<usize>,
     /// The client's leases on the nodes' grants, learned from answers.
@@ -273,6 +276,7 @@ impl<N: Nic> Allocations<N> {
             pool,
             ep: None,
             borrowed: false,
+            gave_up: false,
             max_message: None,
             leases: LeaseBook::new(),
             asked: Vec::new(),
@@ -301,11 +305,15 @@ impl<N: Nic> Allocations<N> {
     }
 
     /// Gives the endpoint back to the node's set once no request of this
-    /// client is out.
+    /// client is out (drops it when one was given up on).
     fn release_idle(&mut self) {
         if self.asked.is_empty() {
             if let Some(ep) = self.ep.take() {
-                self.pool.give_back(ep);
+                if std::mem::take(&mut self.gave_up) {
+                    self.pool.discard(ep);
+                } else {
+                    self.pool.give_back(ep);
+                }
             }
         }
     }
@@ -344,6 +352,7 @@ impl<N: Nic> Allocations<N> {
         // answers then come while this one is waited for.
         self.send_opened();
         let r = self.exchange_inner(to, gid, port, req_id, want, &req);
+        self.gave_up |= matches!(r, Err(TransportError::Timeout { .. }));
         self.close_unless_asked(gid, port);
         self.release_idle();
         r
@@ -636,6 +645,7 @@ impl<N: Nic> Allocations<N> {
             if wait && left.is_zero() {
                 // Given up on: a late answer is dropped (its block leaked).
                 self.forget(ask.0);
+                self.gave_up = true;
                 return Err(TransportError::Timeout {
                     node,
                     after: ALLOC_TIMEOUT,
@@ -727,7 +737,7 @@ impl<N: Nic> Drop for Allocations<N> {
     fn drop(&mut self) {
         self.wait_for_asked();
         match self.ep.take() {
-            Some(ep) if self.asked.is_empty() => self.pool.give_back(ep),
+            Some(ep) if self.asked.is_empty() && !self.gave_up => self.pool.give_back(ep),
             Some(ep) => self.pool.discard(ep),
             None => {}
         }

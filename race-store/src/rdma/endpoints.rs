@@ -19,9 +19,9 @@
 //!   per-port count of requests out (`MAX_OUT_PER_PORT` in the exchange)
 //!   is the endpoint's.
 //! - A client gives its endpoint back only with no request of its own
-//!   out; one that goes with requests out ([`AllocEndpoints::discard`])
-//!   drops it instead, so no later borrower inherits answers it does not
-//!   count.
+//!   out, and none given up on whose answer may still come; otherwise
+//!   ([`AllocEndpoints::discard`]) it drops it, so no later borrower
+//!   inherits answers it does not count.
 //! - Request ids come from the set ([`AllocEndpoints::next_request_id`]):
 //!   unique over every borrower of every endpoint, so a late answer to a
 //!   request given up on is never taken for a later borrower's.
