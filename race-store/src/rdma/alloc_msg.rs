@@ -643,6 +643,18 @@ impl<N: Nic> Allocations<N> {
             }
             let left = ALLOC_TIMEOUT.saturating_sub(at.elapsed());
             if wait && left.is_zero() {
+                // What came while nobody looked is taken first: an answer
+                // that arrived long ago is not a timeout (a client that
+                // asked ahead and then stood idle past ALLOC_TIMEOUT, a
+                // phase's end, failed its close so).
+                match self.next_answer_within(node, None) {
+                    Ok(Some(_)) => continue,
+                    Ok(None) => {}
+                    Err(e) => {
+                        self.forget(ask.0);
+                        return Err(e);
+                    }
+                }
                 // Given up on: a late answer is dropped (its block leaked).
                 self.forget(ask.0);
                 self.gave_up = true;
