@@ -308,13 +308,19 @@ impl<N: Nic> Allocations<N> {
     /// client is out (drops it when one was given up on).
     fn release_idle(&mut self) {
         if self.asked.is_empty() {
-            if let Some(ep) = self.ep.take() {
-                if std::mem::take(&mut self.gave_up) {
-                    self.pool.discard(ep);
-                } else {
-                    self.pool.give_back(ep);
-                }
-            }
+            self.hand_back();
+        }
+    }
+
+    /// Gives the endpoint held back to the node's set, or drops it when a
+    /// request of this client is out or was given up on (see
+    /// [`AllocEndpoints`]).
+    fn hand_back(&mut self) {
+        let given_up = std::mem::take(&mut self.gave_up);
+        match self.ep.take() {
+            Some(ep) if self.asked.is_empty() && !given_up => self.pool.give_back(ep),
+            Some(ep) => self.pool.discard(ep),
+            None => {}
         }
     }
 
@@ -748,11 +754,7 @@ impl<N: Nic> Drop for Allocations<N> {
     /// out, is dropped (see [`AllocEndpoints`]).
     fn drop(&mut self) {
         self.wait_for_asked();
-        match self.ep.take() {
-            Some(ep) if self.asked.is_empty() && !self.gave_up => self.pool.give_back(ep),
-            Some(ep) => self.pool.discard(ep),
-            None => {}
-        }
+        self.hand_back();
     }
 }
 
