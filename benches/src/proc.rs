@@ -244,11 +244,20 @@ impl SchedSample {
     }
 }
 
-/// The major page faults of a `/proc/.../stat` line (field 12; the command
-/// name, field 2, may hold spaces: fields resume after the last ')').
+/// The major page faults of a `/proc/.../stat` line (field 12).
 fn major_faults(stat: &str) -> Option<u64> {
+    stat_field(stat, 12)
+}
+
+/// Field `n` (1-based, as `proc(5)` numbers them, `n` > 2) of a
+/// `/proc/.../stat` line: the command name (field 2) may hold spaces and
+/// parentheses, so fields resume after the last ')'.
+fn stat_field(stat: &str, n: usize) -> Option<u64> {
     let rest = stat.get(stat.rfind(')')? + 1..)?;
-    rest.split_ascii_whitespace().nth(9)?.parse().ok()
+    rest.split_ascii_whitespace()
+        .nth(n.checked_sub(3)?)?
+        .parse()
+        .ok()
 }
 
 /// How long ago the calling process was created (fork or clone), from
@@ -259,10 +268,8 @@ fn major_faults(stat: &str) -> Option<u64> {
 pub fn process_age_us() -> Option<u64> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
     let uptime = std::fs::read_to_string("/proc/uptime").ok()?;
-    // The command name (field 2) may hold spaces: fields resume after the
-    // last ')'; starttime is field 22, in clock ticks since boot.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let start_ticks: u64 = rest.split_ascii_whitespace().nth(19)?.parse().ok()?;
+    // starttime is field 22, in clock ticks since boot.
+    let start_ticks = stat_field(&stat, 22)?;
     let up_s: f64 = uptime.split_ascii_whitespace().next()?.parse().ok()?;
     // USER_HZ is 100 on every Linux ABI Rust targets.
     let up_us = (up_s * 1e6) as u64;
