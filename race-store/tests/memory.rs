@@ -609,3 +609,69 @@ fn a_client_that_deletes_gives_its_surplus_back_while_it_runs() {
 /// The grants a client holds at once (its carving slack): one refill per
 /// (node, class) and the one asked ahead.
 const MAX_REFILL_FOR_TEST: u64 = race_store::client::MAX_REFILL;
+
+/// Every byte a memory node has in use is its prefix, a live subtable, a
+/// linked KV block, or held by a client: with every client closed (their
+/// grace periods handed to the nodes) a table check accounts for all of it,
+/// and a client that dies holding memory shows as the rest.
+#[test]
+fn a_table_check_accounts_for_every_byte_in_use_but_what_clients_hold() {
+    let cluster = tiny_cluster(2, 16, 256 << 20, 16);
+    let clock = Arc::new(ManualClock::new(0, 1));
+    let config = tick_config();
+    let keys = 600u64;
+    let mut rng = SmallRng::seed_from_u64(11);
+    let mut c = open(&cluster, clock.clone(), config);
+    for k in 0..keys {
+        c.insert(&key(k), &value(k, 0, rng.gen_range(8..600)))
+            .unwrap();
+        clock.advance(1);
+    }
+    for n in 0..2 * keys {
+        let k = rng.gen_range(0..keys);
+        c.update(&key(k), &value(k, n + 1, rng.gen_range(8..600)))
+            .unwrap();
+        clock.advance(1);
+    }
+    for k in (0..keys).step_by(3) {
+        c.delete(&key(k)).unwrap();
+        clock.advance(1);
+    }
+    let r = c.close();
+    assert!(r.error.is_none(), "{:?}", r.error);
+    let accounts = |c: &mut Client<_>| {
+        let check = c.check_table().unwrap();
+        assert!(check.problems.is_empty(), "{:#?}", check.problems);
+        let usages: Vec<_> = (0..2u8)
+            .map(|n| (n, cluster.node(n).unwrap().usage(0)))
+            .collect();
+        check
+            .accounts(&usages, Some(0))
+            .into_iter()
+            .map(|(_, a)| a)
+            .collect::<Vec<_>>()
+    };
+    let mut checker = open(&cluster, clock.clone(), config);
+    let closed = accounts(&mut checker);
+    eprintln!("all closed: {closed:?}");
+    for (n, a) in closed.iter().enumerate() {
+        // Splits made subtables on both nodes and retired their parents.
+        assert!(a.linked > 0 && a.subtables > 0, "node {n}: {a:?}");
+        assert!(a.retired_subtables > Some(0), "node {n}: {a:?}");
+        assert_eq!(a.unlinked, 0, "node {n}: {a:?}");
+    }
+    // A client that dies (never closed, never dropped) holding what it
+    // was granted, freed and retired: the rest is what it held.
+    let mut dead = open(&cluster, clock.clone(), config);
+    for k in 0..keys / 2 {
+        dead.put(&key(k), &value(k, 9, 300)).unwrap();
+        clock.advance(1);
+    }
+    let held = dead.stats().kv_memory.held_bytes();
+    std::mem::forget(dead);
+    let after = accounts(&mut checker);
+    eprintln!("one dead client holding {held} B: {after:?}");
+    let unlinked: u64 = after.iter().map(|a| a.unlinked).sum();
+    assert!(held > 0);
+    assert_eq!(unlinked, held);
+}

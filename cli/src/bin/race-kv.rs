@@ -7,7 +7,8 @@
 //!   put KEY VALUE      set (insert or replace); VALUE `-` reads stdin
 //!   insert KEY VALUE   add an absent key (refused when present)
 //!   delete KEY         remove a present key
-//!   check              read the whole table, check its invariants, count its keys
+//!   check              read the whole table, check its invariants, count its keys,
+//!                      and say what each memory node's memory in use holds
 //!   usage              every memory node's usage (one READ of its usage record each)
 //!   dump FILE          every pair into FILE (`-`: stdout), in `race_store::dump`'s format
 //!   load FILE          put every pair of a dump (`-`: stdin), 64 per batch
@@ -38,6 +39,14 @@
 //! that `get` or `delete` did not find and an `insert` of a present key;
 //! 2 a bad command line or config file. `check` exits 1 when the table has
 //! problems (each on a line).
+//!
+//! `check` splits each memory node's memory in use (its usage record, read
+//! after the table) into its prefix, live subtables, subtables splits
+//! retired, the KV blocks slots link, and the rest, *unlinked*: what running
+//! clients hold (grants, free blocks, blocks in their grace period) and what
+//! killed clients left behind, which stays allocated while the node runs
+//! (a dump and a load into a new store gets it back). Run with no client
+//! writing, the unlinked bytes are that loss.
 #![forbid(unsafe_code)]
 
 use clap::{Parser, Subcommand};
@@ -98,7 +107,10 @@ enum Command {
     Insert { key: OsString, value: OsString },
     /// Remove KEY.
     Delete { key: OsString },
-    /// Read the whole table, check its invariants and count its keys.
+    /// Read the whole table, check its invariants and count its keys; then
+    /// say what each memory node's memory in use holds: its prefix, live
+    /// and retired subtables, the values the table links, and the rest
+    /// (unlinked: what running clients hold, or killed ones left behind).
     Check,
     /// Write every pair of the store into FILE (`-`: stdout), for `load`.
     Dump { file: OsString },
@@ -171,7 +183,10 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail(PROGRAM, &e),
     };
-    let code = run(&mut client, args.command);
+    let code = match args.command {
+        Command::Check => check(&mut client, &store),
+        command => run(&mut client, command),
+    };
     let closed = client.close();
     if let Some(e) = closed.error {
         // The command's outcome stands; the memory it kept is the nodes'
@@ -219,7 +234,8 @@ fn run<T: race_store::remote::Transport>(client: &mut Client<T>, command: Comman
         Command::Put { key, value } => client.put(key.as_bytes(), &bytes(&value)),
         Command::Insert { key, value } => client.insert(key.as_bytes(), &bytes(&value)),
         Command::Delete { key } => client.delete(key.as_bytes()),
-        Command::Check => return check(client),
+        // Answered with the store's usage (main); never reaches here.
+        Command::Check => return usage(PROGRAM, "check is answered with the store"),
         Command::Dump { file } => return dump_to(client, &file),
         Command::Load { file } => return load_from(client, &file),
         // Answered before a client opens (main); never reaches here.
@@ -535,8 +551,9 @@ fn usage_of(store: &Store) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// `check`: the table's invariants and its key count.
-fn check<T: race_store::remote::Transport>(client: &mut Client<T>) -> ExitCode {
+/// `check`: the table's invariants and its key count, then what each
+/// memory node's memory in use holds.
+fn check<T: race_store::remote::Transport>(client: &mut Client<T>, store: &Store) -> ExitCode {
     let c = match client.check_table() {
         Ok(c) => c,
         Err(e) => return fail(PROGRAM, &e),
@@ -552,6 +569,52 @@ fn check<T: race_store::remote::Transport>(client: &mut Client<T>) -> ExitCode {
         c.pairs.len(),
         c.duplicates,
         c.problems.len()
+    );
+    // Read after the table, so that what a client gave back meanwhile is
+    // not counted as unlinked.
+    let usages = match store.usage() {
+        Ok(u) => u,
+        Err(e) => return fail(PROGRAM, &e),
+    };
+    let with_record: Vec<_> = usages
+        .iter()
+        .filter_map(|(n, u)| u.map(|u| (*n, u)))
+        .collect();
+    for (n, u) in &usages {
+        if u.is_none() {
+            println!("node {n}: no usage record (a node of an older build, or one that has just started)");
+        }
+    }
+    let initial_depth = store
+        .infos()
+        .first()
+        .and_then(|i| i.table)
+        .map(|t| t.initial_global_depth);
+    let (mut unlinked, mut in_use) = (0u64, 0u64);
+    for (n, a) in c.accounts(&with_record, initial_depth) {
+        unlinked += a.unlinked;
+        in_use += a.in_use;
+        let retired = match a.retired_subtables {
+            Some(r) => format!("{} retired by splits", bytes_text(r)),
+            None => "retired ones not known (a node 0 of an older build)".to_string(),
+        };
+        println!(
+            "node {n}: in use {}: prefix {}, subtables {} live, {retired}, values {} linked, \
+             {} unlinked ({}%)",
+            bytes_text(a.in_use),
+            bytes_text(a.reserved),
+            bytes_text(a.subtables),
+            bytes_text(a.linked),
+            bytes_text(a.unlinked),
+            percent(a.unlinked, a.in_use),
+        );
+    }
+    println!(
+        "store {}: {} unlinked of {} in use ({}%): held by running clients, or left by killed ones",
+        store.name(),
+        bytes_text(unlinked),
+        bytes_text(in_use),
+        percent(unlinked, in_use),
     );
     if c.problems.is_empty() {
         ExitCode::SUCCESS

@@ -131,7 +131,7 @@ pub fn class_of(units: u8) -> usize {
         .unwrap_or(CLASS_UNITS.len() - 1)
 }
 
-fn class_bytes(class: usize) -> u64 {
+pub(crate) fn class_bytes(class: usize) -> u64 {
     u64::from(CLASS_UNITS.get(class).copied().unwrap_or(u8::MAX)) * LEN_UNIT as u64
 }
 

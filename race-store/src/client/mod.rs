@@ -60,7 +60,7 @@ use std::sync::Arc;
 pub use alloc::{KvMemoryStats, ReturnReport, CLASS_UNITS, FREE_HIGH, FREE_KEEP, MAX_REFILL};
 pub use batch::{Op, Reply};
 pub use scan::{ScanReport, RESCAN_PASSES, RESCAN_TRIES};
-pub use verify::TableCheck;
+pub use verify::{NodeAccount, TableCheck};
 
 use crate::clock::Clock;
 use crate::error::Error;

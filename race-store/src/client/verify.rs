@@ -2,7 +2,7 @@
 //! subtable and every KV block, and checks the invariants of
 //! [`super::protocol`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::error::Error;
 use crate::hash::KeyHash;
@@ -12,9 +12,12 @@ use crate::layout::kv;
 use crate::layout::low_mask;
 use crate::layout::slot::RemotePtr;
 use crate::layout::subtable::{Subtable, Suffix};
-use crate::layout::table::{SplitLogRepr, SPLIT_LOG_SIZE};
+use crate::layout::table::{node0_heap_start, SplitLogRepr, SPLIT_LOG_SIZE};
+use crate::layout::usage::UsageRepr;
+use crate::memory::RESERVED_PREFIX;
 use crate::remote::{RemoteOp, Transport};
 
+use super::alloc::{class_bytes, class_of};
 use super::engine::take_read;
 use super::split::{image_slots, position_fits};
 use super::Client;
@@ -41,6 +44,112 @@ pub struct TableCheck {
     pub pairs: Vec<(Vec<u8>, Vec<u8>)>,
     /// Broken invariants, in words. Empty for a consistent table.
     pub problems: Vec<String>,
+    /// The suffix of every live subtable.
+    pub subtable_suffixes: Vec<Suffix>,
+    /// The table's memory nodes (its superblock).
+    pub nodes: u8,
+    /// Bytes of one subtable (the table's geometry).
+    pub subtable_bytes: u64,
+    /// Bytes below node 0's heap: its records and the directory area, sized
+    /// for the table's largest global depth (other nodes reserve
+    /// [`RESERVED_PREFIX`]).
+    pub node0_prefix: u64,
+    /// Bytes of the KV blocks slots link (their size classes), each block
+    /// once, by the memory node holding it (index: node id; as long as the highest node id
+    /// holding one, plus one).
+    pub linked_bytes_per_node: Vec<u64>,
+}
+
+/// What a memory node's bytes in use hold, by a table check and the node's
+/// usage record read about then ([`TableCheck::accounts`]). Writers that
+/// run meanwhile make it approximate.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NodeAccount {
+    /// Handed out and not pooled ([`UsageRepr::in_use`]).
+    pub in_use: u64,
+    /// Below the node's heap: its records (and node 0's directory area).
+    pub reserved: u64,
+    /// The live subtables it holds.
+    pub subtables: u64,
+    /// Subtables splits retired (kept, never reused: a client following a
+    /// stale directory entry finds a retired subtable, never garbage), as
+    /// splits place them (by suffix modulo the node count); `None` when the
+    /// table's initial depth is not known.
+    pub retired_subtables: Option<u64>,
+    /// The KV blocks slots link.
+    pub linked: u64,
+    /// The rest: what clients hold (grants not carved yet, free blocks,
+    /// blocks in their grace period, blocks written and not linked yet,
+    /// spare subtables) and what dead clients and splitters left behind,
+    /// which stays allocated while the node runs (`docs/design.md`, "Known
+    /// gaps"). With no client running, what was lost.
+    pub unlinked: u64,
+}
+
+impl TableCheck {
+    /// Each memory node's bytes in use (`usages`: its usage record, from
+    /// [`crate::deploy::Store::usage`] or [`crate::memory::MemoryNode::usage`]),
+    /// split by what this check found ([`NodeAccount`]); `initial_depth`:
+    /// the table's initial global depth (a memory node's
+    /// [`crate::memory::TableConfig`]), which tells the subtables splits
+    /// retired.
+    pub fn accounts(
+        &self,
+        usages: &[(u8, UsageRepr)],
+        initial_depth: Option<u8>,
+    ) -> Vec<(u8, NodeAccount)> {
+        let retired = initial_depth.map(|d| self.retired_per_node(d));
+        usages
+            .iter()
+            .map(|&(node, usage)| {
+                let i = usize::from(node);
+                let subtables = self.subtables_per_node.get(i).copied().unwrap_or(0) as u64
+                    * self.subtable_bytes;
+                let retired_subtables = retired
+                    .as_ref()
+                    .map(|r| r.get(i).copied().unwrap_or(0) * self.subtable_bytes);
+                let linked = self.linked_bytes_per_node.get(i).copied().unwrap_or(0);
+                let in_use = usage.in_use();
+                let prefix = if node == 0 {
+                    self.node0_prefix
+                } else {
+                    RESERVED_PREFIX
+                };
+                let reserved = prefix.min(in_use);
+                let known = reserved + subtables + retired_subtables.unwrap_or(0) + linked;
+                let account = NodeAccount {
+                    in_use,
+                    reserved,
+                    subtables,
+                    retired_subtables,
+                    linked,
+                    unlinked: in_use.saturating_sub(known),
+                };
+                (node, account)
+            })
+            .collect()
+    }
+
+    /// Subtables retired by the splits that made the live ones out of the
+    /// `2^initial_depth` initial subtables (every ancestor of a live
+    /// subtable below its depth, down to the initial depth), counted by
+    /// the node splits place each on.
+    fn retired_per_node(&self, initial_depth: u8) -> Vec<u64> {
+        let mut retired = BTreeSet::new();
+        for s in &self.subtable_suffixes {
+            for d in initial_depth..s.depth() {
+                retired.insert((d, s.bits() & low_mask(d) as u32));
+            }
+        }
+        let nodes = u32::from(self.nodes.max(1));
+        let mut per_node = vec![0u64; usize::from(self.nodes.max(1))];
+        for (_, bits) in retired {
+            if let Some(n) = per_node.get_mut((bits % nodes) as usize) {
+                *n += 1;
+            }
+        }
+        per_node
+    }
 }
 
 pub(crate) fn check_table<T: Transport>(c: &mut Client<T>) -> Result<TableCheck, Error> {
@@ -72,6 +181,8 @@ pub(crate) fn check_table<T: Transport>(c: &mut Client<T>) -> Result<TableCheck,
         subtables.entry(e.ptr()).or_insert(suffix);
     }
     check.subtables = subtables.len();
+    check.subtable_suffixes = subtables.values().copied().collect();
+    check.nodes = c.table.nodes;
     for sub in subtables.keys() {
         let node = usize::from(sub.node());
         if check.subtables_per_node.len() <= node {
@@ -82,6 +193,11 @@ pub(crate) fn check_table<T: Transport>(c: &mut Client<T>) -> Result<TableCheck,
         }
     }
     let mut copies: BTreeMap<Vec<u8>, Vec<(RemotePtr, Vec<u8>)>> = BTreeMap::new();
+    // Blocks linked, each once (a split copies slots before it clears the
+    // old ones: two slots may link one block meanwhile).
+    let mut linked: BTreeSet<RemotePtr> = BTreeSet::new();
+    check.subtable_bytes = geometry.bytes();
+    check.node0_prefix = node0_heap_start(c.table.max_global_depth)?;
     let len = u32::try_from(geometry.bytes()).map_err(|_| Error::BadTable {
         reason: "subtable larger than one READ",
     })?;
@@ -130,6 +246,17 @@ pub(crate) fn check_table<T: Transport>(c: &mut Client<T>) -> Result<TableCheck,
         let mut res = c.exec(&ops)?;
         for (i, (addr, group, bucket, word)) in slots.into_iter().enumerate() {
             let buf = take_read(&mut res, i)?;
+            if linked.insert(word.ptr()) {
+                let node = usize::from(word.ptr().node());
+                if check.linked_bytes_per_node.len() <= node {
+                    check.linked_bytes_per_node.resize(node + 1, 0);
+                }
+                if let Some(n) = check.linked_bytes_per_node.get_mut(node) {
+                    // The block's allocation: its size class (a slot
+                    // says its length).
+                    *n += class_bytes(class_of(word.len_units()));
+                }
+            }
             let kv = match kv::decode_checked(&buf) {
                 Ok(kv) => kv,
                 Err(e) => {
