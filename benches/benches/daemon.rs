@@ -8,6 +8,14 @@
 //! READ). The daemon's figure includes the hand-off to its data thread and
 //! back through the shared ring (no system call while it is busy).
 //!
+//! Group `daemon/read64_sync_one_cpu` runs the synchronous READ with the
+//! process thread and the daemon's data thread on one CPU (as on a node
+//! with more waiting threads than cores): each doorbell then costs the
+//! two threads' hand-over of that CPU (before the two sides told each
+//! other their CPUs, a waiter spun and the data thread idled before
+//! either yielded: 14 k gets/s against 103 k after, `krcore-ycsb` through
+//! `krcored`, 2026-12-07).
+//!
 //! Run: `cargo bench -p krcore-benches --bench daemon`
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
@@ -158,7 +166,30 @@ impl Setup {
     }
 }
 
+/// The sync READ with this thread and the daemon's threads (started from
+/// it, so they inherit its CPU mask) on this thread's CPU alone.
+fn one_cpu(c: &mut Criterion) {
+    let before = rustix::thread::sched_getaffinity(None).unwrap();
+    let mut one = rustix::thread::CpuSet::new();
+    one.set(rustix::thread::sched_getcpu());
+    rustix::thread::sched_setaffinity(None, &one).unwrap();
+    {
+        let s = Setup::new(None);
+        let mut g = c.benchmark_group("daemon/read64_sync_one_cpu");
+        let wr = [SendWr::read(1, s.abuf.sge(0, 64).unwrap(), s.remote(0))];
+        g.bench_function("daemon", |b| {
+            b.iter(|| {
+                s.av.post(&wr).unwrap();
+                s.av.wait(1, WAIT).unwrap();
+            })
+        });
+        g.finish();
+    }
+    rustix::thread::sched_setaffinity(None, &before).unwrap();
+}
+
 fn bench(c: &mut Criterion) {
+    one_cpu(c);
     Setup::new(None).bench(c, "");
     // Labelled "modeled" in its group name: the completions wait their
     // cx4 hardware time for real; the software time is the group above.

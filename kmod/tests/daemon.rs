@@ -218,6 +218,30 @@ fn write_read_rounds(n: &Node, v: &AttachedVqp, buf: &AttachedMr, id: u8, rounds
     }
 }
 
+/// A process thread and the daemon's data thread on one CPU (a node with
+/// more waiting threads than cores): each doorbell says the CPU it was
+/// posted from (the ring's `sq_cpu` word, at 8), so the data thread hands
+/// the CPU back after serving it, and the waiter, seeing the data thread's
+/// CPU is its own, yields instead of spinning; every round is served.
+/// (Speed is the bench's: `daemon/read64_sync_one_cpu`.)
+#[test]
+fn a_process_thread_on_the_data_threads_cpu_is_served() {
+    let before = rustix::thread::sched_getaffinity(None).unwrap();
+    let cpu = rustix::thread::sched_getcpu();
+    let mut one = rustix::thread::CpuSet::new();
+    one.set(cpu);
+    rustix::thread::sched_setaffinity(None, &one).unwrap();
+    // The daemon's threads start from this one: they inherit its CPU.
+    let n = Node::new(DaemonConfig::default());
+    let a = n.attach();
+    let buf = local(&a);
+    let v = n.vqp(&a);
+    write_read_rounds(&n, &v, &buf, 3, 300);
+    let said = v.ring_for_tests().word(8).unwrap().load(Ordering::Relaxed);
+    rustix::thread::sched_setaffinity(None, &before).unwrap();
+    assert_eq!(said, cpu as u64 + 1, "sq_cpu: the poster's CPU plus one");
+}
+
 /// Two data threads: processes are placed on the one with the fewest at
 /// attach, and processes on both threads post, complete and sleep-wake
 /// concurrently, each seeing only its own data; a thread that lost its

@@ -6,8 +6,9 @@ use super::error::DaemonError;
 use super::host::wake;
 use super::ring::PostCode;
 use super::ring::{
-    decode_cqe, encode_sqe, read_verdict, sleep_unless, sqe_slots, word, CQ_CAP, CQ_HEAD, CQ_TAIL,
-    PAGE_BYTES, PAGE_SLEEPING, RING_BYTES, SQ_CAP, SQ_HEAD, SQ_TAIL,
+    decode_cqe, encode_sqe, read_verdict, sleep_unless, sqe_slots, this_cpu, word, CQ_CAP, CQ_HEAD,
+    CQ_TAIL, PAGE_BYTES, PAGE_DATA_CPU, PAGE_SLEEPING, RING_BYTES, SQ_CAP, SQ_CPU, SQ_HEAD,
+    SQ_TAIL,
 };
 use super::sock::{self, RecvError};
 use super::wire::PROTOCOL_VERSION;
@@ -37,16 +38,24 @@ const SPIN_BEFORE_SLEEP: Duration = Duration::from_micros(50);
 /// The pacing of one wait for the daemon: spin (the clock read only every
 /// 256 spins), then yield, then sleep on the ring's futex in slices of
 /// [`LIVENESS_EVERY`], probing whether the daemon is alive between them.
+/// A wait on the CPU of the daemon's data thread does not spin: the data
+/// thread runs only once this one yields (spinning there cost a doorbell
+/// the spin and the data thread's own idle spin: 14 k gets/s against
+/// 364 k on two CPUs, 2026-12-07).
 struct Waiter {
     spins: u32,
+    colocated: bool,
     start: Option<Instant>,
     probed: Option<Instant>,
 }
 
 impl Waiter {
-    fn new() -> Waiter {
+    /// A wait for the data thread whose CPU `page` says.
+    fn new(page: &SharedMap) -> Waiter {
+        let data_cpu = word(page, PAGE_DATA_CPU).load(Ordering::Relaxed);
         Waiter {
             spins: 0,
+            colocated: data_cpu != 0 && data_cpu == this_cpu(),
             start: None,
             probed: None,
         }
@@ -54,6 +63,9 @@ impl Waiter {
 
     /// One empty look: `false` while the caller should just look again.
     fn spin(&mut self) -> bool {
+        if self.colocated {
+            return true;
+        }
         self.spins = self.spins.wrapping_add(1);
         if self.spins % 256 != 0 {
             std::hint::spin_loop();
@@ -800,6 +812,8 @@ impl AttachedVqp {
             at = at.wrapping_add(encode_sqe(&self.ring, at, i, wr)?);
         }
         let seq = at;
+        // Published by the tail's store below.
+        word(&self.ring, SQ_CPU).store(this_cpu(), Ordering::Relaxed);
         word(&self.ring, SQ_TAIL).store(seq, Ordering::SeqCst);
         if word(&self.conn.page, PAGE_SLEEPING).load(Ordering::SeqCst) != 0 {
             wake(&self.conn.wake);
@@ -822,7 +836,7 @@ impl AttachedVqp {
 
     fn wait_taken(&self, seq: u64) -> Result<(), DaemonError> {
         let head = word(&self.ring, SQ_HEAD);
-        let mut w = Waiter::new();
+        let mut w = Waiter::new(&self.conn.page);
         while head.load(Ordering::Acquire) != seq {
             if !w.spin() {
                 continue;
@@ -878,7 +892,7 @@ impl AttachedVqp {
     pub fn wait(&self, n: usize, timeout: Duration) -> Result<Vec<Wc>, DaemonError> {
         let mut got = Vec::with_capacity(n);
         let mut buf = [Wc::default(); 16];
-        let mut w = Waiter::new();
+        let mut w = Waiter::new(&self.conn.page);
         let tail = word(&self.ring, CQ_TAIL);
         while got.len() < n {
             let k = self.poll(&mut buf[..(n - got.len()).min(16)])?;

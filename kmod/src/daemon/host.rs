@@ -25,8 +25,8 @@
 use super::host_state::*;
 use super::ring::PostCode;
 use super::ring::{
-    self, decode_sqe, encode_cqe, word, write_verdict, Verdict, CQ_CAP, CQ_HEAD, CQ_TAIL,
-    PAGE_BYTES, PAGE_SLEEPING, RING_BYTES, SQ_CAP, SQ_HEAD, SQ_TAIL,
+    self, decode_sqe, encode_cqe, this_cpu, word, write_verdict, Verdict, CQ_CAP, CQ_HEAD, CQ_TAIL,
+    PAGE_BYTES, PAGE_DATA_CPU, PAGE_SLEEPING, RING_BYTES, SQ_CAP, SQ_CPU, SQ_HEAD, SQ_TAIL,
 };
 use super::sock::{self, RecvError};
 use super::wire::PROTOCOL_VERSION;
@@ -749,6 +749,12 @@ fn data_loop<N: Nic>(s: &Arc<Shared<N>>, t: usize) {
     // few tens of ns, which every empty round would add to the next
     // doorbell's wait.
     let mut empty = 0u32;
+    // This thread's CPU, as the pages say it (see `PAGE_DATA_CPU`), and
+    // whether the last doorbell came from a process thread on it: that
+    // thread waits for this one to give the CPU back, so this one yields
+    // after serving it and, while idle, instead of spinning.
+    let mut cpu = this_cpu();
+    let mut colocated = false;
     while !s.stop.load(Ordering::Relaxed) {
         let v = s.version.load(Ordering::Acquire);
         if v != seen {
@@ -757,13 +763,24 @@ fn data_loop<N: Nic>(s: &Arc<Shared<N>>, t: usize) {
             let mine = || clients.iter().filter(|c| c.thread == t);
             slots = mine().flat_map(|c| c.vqps.read().clone()).collect();
             pages = mine().map(|c| c.core.clone()).collect();
+            publish_cpu(&pages, cpu);
         }
         let mut busy = false;
+        let mut doorbell_here = None;
         for slot in &slots {
-            busy |= serve(s, slot);
+            let (b, here) = serve(s, slot, cpu);
+            busy |= b;
+            doorbell_here = here.or(doorbell_here);
+        }
+        if let Some(here) = doorbell_here {
+            colocated = here;
         }
         if busy {
             empty = 0;
+            if doorbell_here == Some(true) {
+                std::thread::yield_now();
+                cpu = moved(&pages, cpu);
+            }
             continue;
         }
         if empty == 0 {
@@ -772,9 +789,14 @@ fn data_loop<N: Nic>(s: &Arc<Shared<N>>, t: usize) {
         }
         empty += 1;
         if empty % 64 != 0 {
-            std::hint::spin_loop();
+            if colocated {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
             continue;
         }
+        cpu = moved(&pages, cpu);
         let idle = idle_since.elapsed();
         if idle < s.cfg.idle_spin {
             // Idle a while, not yet asleep: give the CPU to a thread that
@@ -783,7 +805,7 @@ fn data_loop<N: Nic>(s: &Arc<Shared<N>>, t: usize) {
             // keeps it off until the spin ends (a whole `idle_spin` per
             // request was measured so). Not in the first microseconds:
             // back-to-back doorbells keep the spin plain.
-            if idle >= YIELD_AFTER {
+            if idle >= YIELD_AFTER || colocated {
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();
@@ -810,6 +832,7 @@ fn data_loop<N: Nic>(s: &Arc<Shared<N>>, t: usize) {
             let _ = rustix::event::poll(&mut fds, Some(&timeout));
             let mut buf = [0u8; 8];
             let _ = rustix::io::read(wake_fd, &mut buf);
+            cpu = moved(&pages, cpu);
         }
         for p in &pages {
             word(&p.page, PAGE_SLEEPING).store(0, Ordering::SeqCst);
@@ -818,16 +841,35 @@ fn data_loop<N: Nic>(s: &Arc<Shared<N>>, t: usize) {
     }
 }
 
+/// Writes `cpu` into every page as the data thread's CPU.
+fn publish_cpu(pages: &[Arc<ClientCore>], cpu: u64) {
+    for p in pages {
+        word(&p.page, PAGE_DATA_CPU).store(cpu, Ordering::Relaxed);
+    }
+}
+
+/// This thread's CPU now, written into the pages when it is not `cpu`.
+fn moved(pages: &[Arc<ClientCore>], cpu: u64) -> u64 {
+    let now = this_cpu();
+    if now != cpu {
+        publish_cpu(pages, now);
+    }
+    now
+}
+
 /// Serves one ring: its new doorbell, then its completions. Whether the
-/// VQP had work or still has WRs in flight.
-fn serve<N: Nic>(s: &Shared<N>, slot: &VqpSlot<N>) -> bool {
+/// VQP had work or still has WRs in flight, and, when a doorbell was
+/// served, whether the process posted it from `cpu` (this thread's).
+fn serve<N: Nic>(s: &Shared<N>, slot: &VqpSlot<N>, cpu: u64) -> (bool, Option<bool>) {
     let mut st = slot.serve.lock();
     let st = &mut *st;
     let ring = &slot.ring;
     let tail = word(ring, SQ_TAIL).load(Ordering::Acquire);
     let mut busy = false;
+    let mut doorbell_here = None;
     if tail != st.head {
         busy = true;
+        doorbell_here = Some(word(ring, SQ_CPU).load(Ordering::Relaxed) == cpu);
         let verdict = doorbell(s, slot, st, tail);
         // Whatever the verdict, look at the VQP's completions again.
         st.active = true;
@@ -840,7 +882,7 @@ fn serve<N: Nic>(s: &Shared<N>, slot: &VqpSlot<N>) -> bool {
         ring::notify(ring);
     }
     if !st.active {
-        return busy;
+        return (busy, doorbell_here);
     }
     let used = st
         .cq_tail
@@ -865,7 +907,7 @@ fn serve<N: Nic>(s: &Shared<N>, slot: &VqpSlot<N>) -> bool {
         }
     }
     st.active = more || slot.vqp.outstanding() > 0;
-    busy || st.active
+    (busy || st.active, doorbell_here)
 }
 
 fn verdict(code: PostCode, index: usize, message: String) -> Verdict {

@@ -2,7 +2,7 @@
 //! file per VQP holding its submission queue (the process writes, the
 //! daemon drains), its completion queue (the daemon fills, the process
 //! drains) and the verdict of the last doorbell; one page per attached
-//! process holding the daemon's idle flag.
+//! process holding the daemon's idle flag and its data thread's CPU.
 //!
 //! Layout of a VQP's ring file (little-endian words; each side's indices
 //! on lines of their own, the other words beside them on the lines of the
@@ -10,6 +10,8 @@
 //!
 //! ```text
 //!   0  sq_tail      entries the process has published (it writes)
+//!   8  sq_cpu       the CPU the process published them from, plus one
+//!                   (0: not said), read with the tail
 //!  64  sq_head      entries the daemon has taken (it writes, after the verdict)
 //!  80  verdict      code (0: posted), WR index, two detail words,
 //! 112               message length, then 192 bytes of message at 128
@@ -61,6 +63,10 @@ pub const SQ_CAP: usize = 64;
 pub const CQ_CAP: usize = 256;
 
 pub(crate) const SQ_TAIL: usize = 0;
+/// The CPU the process's thread published the last doorbell from, plus one
+/// (0: not said, as by a process of an older build): a daemon thread that
+/// served it on that CPU gives the CPU back at once (see `super::host`).
+pub(crate) const SQ_CPU: usize = 8;
 pub(crate) const SQ_HEAD: usize = 64;
 pub(crate) const V_CODE: usize = 80;
 pub(crate) const V_INDEX: usize = 88;
@@ -90,8 +96,20 @@ pub const RING_BYTES: usize = (CQ_AT + CQ_CAP * CQE_BYTES).next_multiple_of(4096
 /// The client page: the daemon's idle flag (1 while its data thread
 /// sleeps: a process that publishes entries then writes the eventfd).
 pub(crate) const PAGE_SLEEPING: usize = 0;
+/// The client page, on a line of its own: the CPU the data thread serving
+/// the process last ran on, plus one (0: not said, as by a daemon of an
+/// older build). A process thread waiting on that CPU yields to it at once
+/// instead of spinning: the data thread cannot run until it does.
+pub(crate) const PAGE_DATA_CPU: usize = 64;
 /// Bytes of a client page.
 pub const PAGE_BYTES: usize = 4096;
+
+/// The CPU this thread runs on, plus one (as [`SQ_CPU`] and
+/// [`PAGE_DATA_CPU`] hold it): a vDSO call, a few ns. The thread may move
+/// right after; the two sides use it to pace their waits only.
+pub(crate) fn this_cpu() -> u64 {
+    rustix::thread::sched_getcpu() as u64 + 1
+}
 
 const OP_READ: u64 = 1;
 const OP_WRITE: u64 = 2;
