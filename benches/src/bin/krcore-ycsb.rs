@@ -177,6 +177,14 @@ struct Args {
     /// How long to wait for the deployed store's memory nodes, in seconds.
     #[arg(long, default_value_t = 10)]
     wait_s: u64,
+    /// A deployed store: the most messaging endpoints this process's client
+    /// threads share for their block allocations (race-store's
+    /// `StoreOptions::alloc_endpoints`, default 32). More lets more threads
+    /// ask for memory ahead at once (up to one per thread); each costs the
+    /// process a VQP, its staging ring, a slot of each memory node's
+    /// allocation port and, through `krcored`, one of its endpoints.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    alloc_endpoints: Option<u32>,
     /// A TOML file with `[client]` (race-store's `ClientConfig`) and, for
     /// a deployed store, `[engine]` (the compute node's `EngineConfig`);
     /// the client processes of --processes get the same settings.
@@ -791,6 +799,7 @@ fn run_deployed(
         engine: file.engine,
         client: args.client_config(file.client),
         daemon,
+        alloc_endpoints: args.alloc_endpoints.map(|n| n as usize),
     };
     let stop = stop.clone();
     let wait = Duration::from_secs(args.wait_s);

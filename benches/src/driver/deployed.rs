@@ -29,6 +29,10 @@ pub struct DeployedTarget {
     /// fabric is then the daemon's, and `engine` is not used.
     #[serde(default)]
     pub daemon: Option<std::path::PathBuf>,
+    /// The most allocation endpoints the process's clients share
+    /// (`StoreOptions::alloc_endpoints`; `None`: its default).
+    #[serde(default)]
+    pub alloc_endpoints: Option<usize>,
 }
 
 /// A deployed store as a YCSB backend: the clients of every thread post
@@ -50,6 +54,9 @@ impl StoreBackend {
             wait,
             client: target.client,
             engine: target.engine.clone(),
+            alloc_endpoints: target
+                .alloc_endpoints
+                .unwrap_or(StoreOptions::default().alloc_endpoints),
             ..StoreOptions::default()
         };
         let store = match &target.daemon {
