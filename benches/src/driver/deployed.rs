@@ -50,15 +50,15 @@ impl StoreBackend {
     /// # Errors
     /// [`DeployError`].
     pub fn connect(target: &DeployedTarget, wait: Duration) -> Result<StoreBackend, DeployError> {
-        let opts = StoreOptions {
+        let mut opts = StoreOptions {
             wait,
             client: target.client,
             engine: target.engine.clone(),
-            alloc_endpoints: target
-                .alloc_endpoints
-                .unwrap_or(StoreOptions::default().alloc_endpoints),
             ..StoreOptions::default()
         };
+        if let Some(n) = target.alloc_endpoints {
+            opts.alloc_endpoints = n;
+        }
         let store = match &target.daemon {
             Some(socket) => {
                 let node = krcore::Node::attach(socket)?;
