@@ -770,7 +770,10 @@ fn data_loop<N: Nic>(s: &Arc<Shared<N>>, t: usize) {
         for slot in &slots {
             let (b, here) = serve(s, slot, cpu);
             busy |= b;
-            doorbell_here = here.or(doorbell_here);
+            if let Some(here) = here {
+                // Any doorbell of the round posted from this CPU counts.
+                doorbell_here = Some(here || doorbell_here == Some(true));
+            }
         }
         if let Some(here) = doorbell_here {
             colocated = here;

@@ -55,8 +55,8 @@ pub struct TableCheck {
     /// [`RESERVED_PREFIX`]).
     pub node0_prefix: u64,
     /// Bytes of the KV blocks slots link (their size classes), each block
-    /// once, by the memory node holding it (index: node id; as long as the highest node id
-    /// holding one, plus one).
+    /// once, by the memory node holding it (index: node id; as long as the
+    /// highest node id holding one, plus one).
     pub linked_bytes_per_node: Vec<u64>,
 }
 
