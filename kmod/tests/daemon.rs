@@ -220,9 +220,10 @@ fn write_read_rounds(n: &Node, v: &AttachedVqp, buf: &AttachedMr, id: u8, rounds
 
 /// A process thread and the daemon's data thread on one CPU (a node with
 /// more waiting threads than cores): each doorbell says the CPU it was
-/// posted from (the ring's `sq_cpu` word, at 8), so the data thread hands
-/// the CPU back after serving it, and the waiter, seeing the data thread's
-/// CPU is its own, yields instead of spinning; every round is served.
+/// posted from (the ring's `sq_cpu` word, at 8), so the data thread gives
+/// the CPU back as soon as it is idle, and the waiter, seeing the data
+/// thread's CPU is its own, yields instead of spinning; every round is
+/// served.
 /// (Speed is the bench's: `daemon/read64_sync_one_cpu`.)
 #[test]
 fn a_process_thread_on_the_data_threads_cpu_is_served() {

@@ -64,8 +64,9 @@ pub const CQ_CAP: usize = 256;
 
 pub(crate) const SQ_TAIL: usize = 0;
 /// The CPU the process's thread published the last doorbell from, plus one
-/// (0: not said, as by a process of an older build): a daemon thread that
-/// served it on that CPU gives the CPU back at once (see `super::host`).
+/// (0: not said, as by a process of an older build): a data thread that
+/// served it on that CPU gives the CPU back as soon as it finds no more
+/// work (see `super::host`).
 pub(crate) const SQ_CPU: usize = 8;
 pub(crate) const SQ_HEAD: usize = 64;
 pub(crate) const V_CODE: usize = 80;
