@@ -183,10 +183,7 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail(PROGRAM, &e),
     };
-    let code = match args.command {
-        Command::Check => check(&mut client, &store),
-        command => run(&mut client, command),
-    };
+    let code = run(&mut client, &store, args.command);
     let closed = client.close();
     if let Some(e) = closed.error {
         // The command's outcome stands; the memory it kept is the nodes'
@@ -196,8 +193,13 @@ fn main() -> ExitCode {
     code
 }
 
-/// Runs `command` with `client`; its exit code.
-fn run<T: race_store::remote::Transport>(client: &mut Client<T>, command: Command) -> ExitCode {
+/// Runs `command` with `client` (`check` also reads `store`'s usage records);
+/// its exit code.
+fn run<T: race_store::remote::Transport>(
+    client: &mut Client<T>,
+    store: &Store,
+    command: Command,
+) -> ExitCode {
     let bytes = |s: &OsString| s.as_bytes().to_vec();
     let outcome = match command {
         Command::Get { key } => match client.get(key.as_bytes()) {
@@ -234,8 +236,7 @@ fn run<T: race_store::remote::Transport>(client: &mut Client<T>, command: Comman
         Command::Put { key, value } => client.put(key.as_bytes(), &bytes(&value)),
         Command::Insert { key, value } => client.insert(key.as_bytes(), &bytes(&value)),
         Command::Delete { key } => client.delete(key.as_bytes()),
-        // Answered with the store's usage (main); never reaches here.
-        Command::Check => return usage(PROGRAM, "check is answered with the store"),
+        Command::Check => return check(client, store),
         Command::Dump { file } => return dump_to(client, &file),
         Command::Load { file } => return load_from(client, &file),
         // Answered before a client opens (main); never reaches here.
