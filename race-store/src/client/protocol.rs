@@ -39,12 +39,12 @@
 //!    installed the slot was posted (or, when both are in one doorbell, the
 //!    block is on the slot's node and ordered before it).
 //! 5. A published block is retired only by the client whose CAS unlinked it
-//!    (update, delete, withdrawal of its own racing copy) or by the splitter
-//!    that dropped it, exactly once, and is reused only after the grace
-//!    period.
+//!    (update, delete, withdrawal of its own racing copy), exactly once, and
+//!    is reused only after the grace period.
 //! 6. Readers and writers use the copy of a key at the lowest slot address;
-//!    de-duplication and splits keep it when they can, so extra copies (of
-//!    racing or crashed inserters) are never the visible one for long.
+//!    de-duplication keeps it when it can, so extra copies (of racing
+//!    inserters) are never the visible one for long. Splits keep every copy
+//!    where it was: only the inserters know which copy won.
 //!
 //! ## Search (get): 2 RTTs on a hit
 //! 1. From the cached directory entry: READ both combined buckets (2 x 128 B,
@@ -94,8 +94,11 @@
 //!    Each client only ever removes its *own* copy, so a copy that won is
 //!    never taken away by de-duplication. If the subtable got frozen
 //!    meanwhile, the client waits for the split and continues in the new
-//!    subtable, where its slot sits at the same position (the splitter keeps
-//!    the lowest copy of a key and drops the others).
+//!    subtable, where its slot and every other copy of the key sit at the
+//!    same positions. (A splitter that kept only the lowest copy, as RACE
+//!    does, would take a winner's copy away from under a lowest copy still
+//!    waiting: that one would then see itself alone and win too. A racing
+//!    test caught it: both inserts returned success.)
 //!
 //! At most one of several concurrent inserts of a key wins: a winner saw,
 //! after its CAS, no other copy, and keeps its copy, so of two winners each
@@ -137,15 +140,15 @@
 //!    the block cannot change while its frozen slot points to it), hash
 //!    the keys, and build both halves: each
 //!    key at the **same slot position** in the half its hash bit `d`
-//!    selects; of several copies of a key, keep the lowest addressed one.
-//!    WRITE both halves in full.
+//!    selects, every copy of a key included (invariant 6). WRITE both
+//!    halves in full.
 //! 8. **Retire** `X`: rewrite its image with retired headers.
 //! 9. **Double** if `d` equals the global depth: WRITE the upper half of the
 //!    directory (a copy of the lower half), then CAS the header to depth
 //!    `g + 1` (still locked by me).
 //! 10. **Publish**: WRITE the `2^(g-d)` entries of `(d, s)` to point to `Y0`
 //!     or `Y1` with depth `d + 1`.
-//! 11. Clear the log, unlock (CAS), retire the dropped duplicate blocks.
+//! 11. Clear the log, unlock (CAS).
 //!
 //! Before steps 5, 7, 8 and 9 the holder checks that at least half its lease
 //! is left and renews it with a CAS if not; a failed renewal means another

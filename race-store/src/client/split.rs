@@ -2,8 +2,6 @@
 //! subtable into two new ones, with directory doubling. The protocol and its
 //! invariants are in [`super::protocol`].
 
-use std::collections::HashSet;
-
 use crate::error::Error;
 use crate::hash::KeyHash;
 use crate::layout::bucket::{BUCKETS_PER_GROUP, BUCKET_HEADER_SIZE, BUCKET_SIZE, GROUP_SIZE};
@@ -22,8 +20,8 @@ use super::Client;
 
 /// What a lock holder's work ended with.
 enum Held {
-    /// Done; retire these blocks once the lock is released cleanly.
-    Done(Vec<Slot>),
+    /// Done.
+    Done,
     /// The lease was lost: another client finishes the work.
     Lost,
 }
@@ -134,15 +132,8 @@ impl<T: Transport> Client<T> {
 
     fn release_lock(&mut self, held: DirHeader, outcome: Result<Held, Error>) -> Result<(), Error> {
         match outcome {
-            Ok(Held::Done(dropped)) => {
-                // Only the client that released the lock it held all along
-                // retires: a client that lost its lease leaves it to the one
-                // that took over, so no block is retired twice.
-                if self.unlock(held)? {
-                    for word in dropped {
-                        self.retire(word);
-                    }
-                }
+            Ok(Held::Done) => {
+                self.unlock(held)?;
                 Ok(())
             }
             Ok(Held::Lost) => Ok(()),
@@ -219,14 +210,14 @@ impl<T: Transport> Client<T> {
         }])?;
         match SplitLogRepr::parse(&take_read(&mut res, 0)?) {
             Ok(Some(log)) => self.finish_split(held, &log),
-            Ok(None) => Ok(Held::Done(Vec::new())),
+            Ok(None) => Ok(Held::Done),
             Err(_) => {
                 // Torn by a crash during its WRITE: nothing had changed yet.
                 self.exec(&[RemoteOp::Write {
                     ptr: log_ptr,
                     bytes: &[0u8; SPLIT_LOG_SIZE],
                 }])?;
-                Ok(Held::Done(Vec::new()))
+                Ok(Held::Done)
             }
         }
     }
@@ -237,7 +228,7 @@ impl<T: Transport> Client<T> {
         hash: &KeyHash,
         sub: RemotePtr,
     ) -> Result<Held, Error> {
-        let Held::Done(mut dropped) = self.recover(held)? else {
+        let Held::Done = self.recover(held)? else {
             return Ok(Held::Lost);
         };
         self.refresh_directory()?;
@@ -246,7 +237,7 @@ impl<T: Transport> Client<T> {
         })?;
         if entry.ptr() != sub {
             // Split by someone else meanwhile.
-            return Ok(Held::Done(dropped));
+            return Ok(Held::Done);
         }
         let depth = entry.local_depth();
         if depth >= self.table.max_global_depth {
@@ -279,13 +270,7 @@ impl<T: Transport> Client<T> {
             ptr: self.split_log_ptr()?,
             bytes: &buf,
         }])?;
-        match self.finish_split(held, &log)? {
-            Held::Done(more) => {
-                dropped.extend(more);
-                Ok(Held::Done(dropped))
-            }
-            Held::Lost => Ok(Held::Lost),
-        }
+        self.finish_split(held, &log)
     }
 
     /// A new subtable's memory: a spare one (allocated for a split that did
@@ -329,13 +314,11 @@ impl<T: Transport> Client<T> {
                     .get(i)
                     .is_some_and(|e| log.new.contains(&e.ptr()))
             });
-        let mut dropped = Vec::new();
         if !published {
             // 1. Freeze every slot of the old subtable; 2. build both halves
             // from the frozen image; 3. write them; 4. retire the old one.
             let image = self.freeze(log.old_ptr)?;
-            let (halves, drop) = self.build_halves(&image, log, &plan)?;
-            dropped = drop;
+            let halves = self.build_halves(&image, log, &plan)?;
             if !self.ensure_lease(held)? {
                 return Ok(Held::Lost);
             }
@@ -409,7 +392,7 @@ impl<T: Transport> Client<T> {
             bytes: &[0u8; SPLIT_LOG_SIZE],
         }])?;
         self.stats.splits += 1;
-        Ok(Held::Done(dropped))
+        Ok(Held::Done)
     }
 
     /// CASes every slot of `sub` to its frozen form, re-reading until all
@@ -446,14 +429,15 @@ impl<T: Transport> Client<T> {
 
     /// The images of the two halves from the frozen image of the old
     /// subtable: every key goes to the same slot position in the half its
-    /// hash bit `d` selects; of several copies of a key only the lowest
-    /// addressed is kept (the others are returned, to be retired).
+    /// hash bit `d` selects, every copy of a key included: which of racing
+    /// copies won is known only to their inserters, who go on settling
+    /// them in the half (see "Insert" in [`super::protocol`]).
     fn build_halves(
         &mut self,
         image: &[u8],
         log: &SplitLogRepr,
         plan: &SplitPlan,
-    ) -> Result<([Vec<u8>; 2], Vec<Slot>), Error> {
+    ) -> Result<[Vec<u8>; 2], Error> {
         let geometry = self.table.geometry;
         let size = usize::try_from(geometry.bytes()).map_err(|_| Error::BadTable {
             reason: "subtable larger than memory",
@@ -470,10 +454,6 @@ impl<T: Transport> Client<T> {
             })
             .filter(|s| !s.word.is_empty())
             .collect();
-        let mut kept: HashSet<Vec<u8>> = HashSet::new();
-        let mut dropped = Vec::new();
-        // `occupied` is in address order, so the first copy of a key is the
-        // lowest addressed one; chunks keep that order.
         for chunk in occupied.chunks(SPLIT_READS) {
             let keys = self.read_keys(chunk)?;
             for (s, key) in chunk.iter().zip(keys) {
@@ -481,10 +461,10 @@ impl<T: Transport> Client<T> {
                     self.stats.bad_blocks += 1;
                     continue;
                 };
-                self.place(s, key, log, plan, &mut halves, &mut kept, &mut dropped);
+                self.place(s, key, log, plan, &mut halves);
             }
         }
-        Ok((halves, dropped))
+        Ok(halves)
     }
 
     /// The keys of the blocks of `slots` (frozen), `None` for a block
@@ -543,10 +523,8 @@ impl<T: Transport> Client<T> {
         Ok(keys)
     }
 
-    /// Puts the frozen slot `s` of `key` into its half, unless it does not
-    /// belong to the old subtable or a lower copy of the key was placed
-    /// (then it is dropped).
-    #[allow(clippy::too_many_arguments)]
+    /// Puts the frozen slot `s` of `key` into its half at the same
+    /// position, unless it does not belong to the old subtable.
     fn place(
         &mut self,
         s: &ImageSlot,
@@ -554,8 +532,6 @@ impl<T: Transport> Client<T> {
         log: &SplitLogRepr,
         plan: &SplitPlan,
         halves: &mut [Vec<u8>; 2],
-        kept: &mut HashSet<Vec<u8>>,
-        dropped: &mut Vec<Slot>,
     ) {
         let hash = KeyHash::of(&key);
         if hash.fingerprint().get() != s.word.fingerprint()
@@ -563,10 +539,6 @@ impl<T: Transport> Client<T> {
             || !position_fits(&hash, self.table.geometry, s.group, s.bucket)
         {
             self.stats.bad_blocks += 1;
-            return;
-        }
-        if !kept.insert(key) {
-            dropped.push(s.word);
             return;
         }
         let half = usize::from(plan.key_moves(hash.dir_hash()));
