@@ -243,6 +243,35 @@ fn a_process_thread_on_the_data_threads_cpu_is_served() {
     assert_eq!(said, cpu as u64 + 1, "sq_cpu: the poster's CPU plus one");
 }
 
+/// A process with more VQPs than the page has doorbell bits (256: VQPs
+/// share them): each VQP's doorbells are served, the data thread looking
+/// at the rings the page marks (and those with WRs in flight) rather than
+/// at every ring each round; and the daemon sleeps between rounds of
+/// doorbells and is woken by the next.
+#[test]
+fn doorbells_of_many_vqps_are_each_served() {
+    let n = Node::new(DaemonConfig {
+        idle_spin: Duration::from_micros(200),
+        ..DaemonConfig::default()
+    });
+    let a = n.attach();
+    let buf = local(&a);
+    let vqps: Vec<AttachedVqp> = (0..300).map(|_| n.vqp(&a)).collect();
+    for round in 0..3u8 {
+        // In an order that is not the VQPs' own, so a doorbell is often
+        // the only one of its bit.
+        for i in (0..vqps.len()).map(|i| (i * 7 + usize::from(round)) % vqps.len()) {
+            let v = vqps.get(i).unwrap();
+            let id = (i % 250) as u8;
+            write_read_rounds(&n, v, &buf, id, 1);
+        }
+        let sleeps = n.daemon().stats().sleeps;
+        wait_until("the data thread to sleep", || {
+            n.daemon().stats().sleeps > sleeps
+        });
+    }
+}
+
 /// Two data threads: processes are placed on the one with the fewest at
 /// attach, and processes on both threads post, complete and sleep-wake
 /// concurrently, each seeing only its own data; a thread that lost its
@@ -555,7 +584,9 @@ fn garbage_in_a_ring_fails_only_that_vqp() {
     let bad = n.vqp(&a);
     let good = n.vqp(&a);
     let other = n.vqp(&b);
-    // Random bytes over the whole ring, then indices the daemon acts on:
+    // Random bytes over the whole ring, then indices the daemon acts on
+    // (each marked on the page, as a post marks its doorbell: a tail
+    // moved without is not looked at):
     // first a plausible tail (random entries: each doorbell refused or
     // posted as the pre-check sees fit, never a crash), then one far
     // ahead (the ring is broken for good).
@@ -571,12 +602,14 @@ fn garbage_in_a_ring_fails_only_that_vqp() {
         ring.word(0)
             .unwrap()
             .store(tail + 1 + round % 5, Ordering::SeqCst);
+        bad.mark_doorbell_for_tests();
         let want = tail + 1 + round % 5;
         wait_until("the daemon to take the garbage", || {
             ring.word(64).unwrap().load(Ordering::Acquire) == want
         });
     }
     ring.word(0).unwrap().store(u64::MAX / 3, Ordering::SeqCst);
+    bad.mark_doorbell_for_tests();
     wait_until("the daemon to refuse the broken ring", || {
         ring.word(64).unwrap().load(Ordering::Acquire) == u64::MAX / 3
     });

@@ -198,7 +198,7 @@ pub use memory::{MemoryRegion, RemoteRegion};
 pub use messaging::{Message, MsgError, Port, Sender};
 pub use node::{MetaHost, Node, NodeBuilder, DEFAULT_LEASE};
 pub use store::StoreMembership;
-pub use vqp::{Completion, Request, Vqp, REQUEST_WR_ID_BIT};
+pub use vqp::{Completion, PollWait, Request, Vqp, REQUEST_WR_ID_BIT};
 
 pub use krcore_kmod::{
     EngineConfig, EngineError, EngineMode, EngineStats, HandshakeFailure, LeaseError, LeaseId,

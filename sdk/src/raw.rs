@@ -216,6 +216,17 @@ impl<N: Nic> RawVqp<N> {
         }
     }
 
+    /// Between empty polls of one wait (see [`crate::Vqp::idle`]).
+    pub(crate) fn idle(&self, w: &mut crate::vqp::PollWait) -> Result<()> {
+        match self {
+            RawVqp::Local(_) => {
+                std::hint::spin_loop();
+                Ok(())
+            }
+            RawVqp::Attached(a) => Ok(a.vqp.idle(&mut w.cq)?),
+        }
+    }
+
     /// The engine's VQP (`None` for an attached one).
     pub(crate) fn local(&self) -> Option<&krcore_kmod::Vqp<N>> {
         match self {

@@ -317,6 +317,22 @@ impl<N: Nic> Vqp<N> {
         Ok(self.sort_out_requests(out, 0, 0..k))
     }
 
+    /// Between polls of this VQP that found nothing, while waiting for
+    /// completions (one `w` per wait, carried across its polls): on an
+    /// engine of this process a pause (the CQ is busy-polled, as a NIC's
+    /// is); on a node attached to `krcored` a short spin, then yields,
+    /// then a sleep until the daemon writes a completion for this VQP (at
+    /// most 1 ms): a thread that spun would keep the CPU from the daemon's
+    /// data thread that serves it. Returns after one such step; the caller
+    /// polls again and bounds its wait.
+    ///
+    /// # Errors
+    /// [`Error::Daemon`] when the daemon went away.
+    #[inline]
+    pub fn idle(&self, w: &mut PollWait) -> Result<()> {
+        self.inner.vqp.idle(w)
+    }
+
     /// [`Vqp::poll`] with completions moved aside by the requests' waiters
     /// (out of line: rare, and kept off the common poll's code).
     #[cold]
@@ -735,11 +751,12 @@ impl<N: Nic> Request<N> {
     /// As [`Request::try_wait`].
     pub fn wait(mut self) -> Result<Completion> {
         // (Drop sees `done` set once this returns a result.)
+        let mut w = PollWait::default();
         loop {
             if let Some(c) = self.try_wait()? {
                 return Ok(c);
             }
-            std::hint::spin_loop();
+            self.vqp.idle(&mut w)?;
         }
     }
 
@@ -750,17 +767,29 @@ impl<N: Nic> Request<N> {
     pub fn wait_timeout(&mut self, timeout: Duration) -> Result<Option<Completion>> {
         let start = Instant::now();
         let mut spins = 0u32;
+        let mut w = PollWait::default();
         loop {
             if let Some(c) = self.try_wait()? {
                 return Ok(Some(c));
             }
-            spins = spins.wrapping_add(1);
-            if spins % SPINS_PER_CLOCK_READ == 0 && start.elapsed() >= timeout {
+            // The clock every few looks, then (an attached VQP may sleep
+            // between looks) every look.
+            spins = spins.saturating_add(1);
+            if (spins % SPINS_PER_CLOCK_READ == 0 || spins > SPINS_PER_CLOCK_READ * 16)
+                && start.elapsed() >= timeout
+            {
                 return Ok(None);
             }
-            std::hint::spin_loop();
+            self.vqp.idle(&mut w)?;
         }
     }
+}
+
+/// One wait for completions across empty polls ([`Vqp::idle`]): a new
+/// one (`PollWait::default()`) for each wait.
+#[derive(Debug, Default)]
+pub struct PollWait {
+    pub(crate) cq: krcore_kmod::daemon::CqWait,
 }
 
 /// The VQPs a node makes (here, above the node, so that the node does not

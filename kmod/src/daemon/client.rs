@@ -6,9 +6,9 @@ use super::error::DaemonError;
 use super::host::wake;
 use super::ring::PostCode;
 use super::ring::{
-    decode_cqe, encode_sqe, read_verdict, sleep_unless, sqe_slots, this_cpu, word, CQ_CAP, CQ_HEAD,
-    CQ_TAIL, PAGE_BYTES, PAGE_DATA_CPU, PAGE_SLEEPING, RING_BYTES, SQ_CAP, SQ_CPU, SQ_HEAD,
-    SQ_TAIL,
+    decode_cqe, encode_sqe, read_verdict, ring_doorbell, sleep_unless, sqe_slots, this_cpu, word,
+    CQ_CAP, CQ_HEAD, CQ_TAIL, PAGE_BYTES, PAGE_DATA_CPU, PAGE_SLEEPING, RING_BYTES, SQ_CAP, SQ_CPU,
+    SQ_HEAD, SQ_TAIL,
 };
 use super::sock::{self, RecvError};
 use super::wire::PROTOCOL_VERSION;
@@ -100,6 +100,17 @@ impl Waiter {
         }
     }
 }
+/// One wait for completions of an attached VQP, across its empty polls
+/// ([`AttachedVqp::idle`]): a new one (`CqWait::default()`) per wait.
+#[derive(Default)]
+pub struct CqWait(Option<Waiter>);
+
+impl std::fmt::Debug for CqWait {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CqWait").finish_non_exhaustive()
+    }
+}
+
 /// How long a control call (attach, allocate, create a VQP, connect, ...)
 /// waits for the daemon's answer. A connect may read the meta server
 /// (bounded by the daemon's own meta timeout, 1 s by default, with
@@ -815,6 +826,7 @@ impl AttachedVqp {
         // Published by the tail's store below.
         word(&self.ring, SQ_CPU).store(this_cpu(), Ordering::Relaxed);
         word(&self.ring, SQ_TAIL).store(seq, Ordering::SeqCst);
+        ring_doorbell(&self.conn.page, self.handle);
         if word(&self.conn.page, PAGE_SLEEPING).load(Ordering::SeqCst) != 0 {
             wake(&self.conn.wake);
         }
@@ -884,6 +896,31 @@ impl AttachedVqp {
         Ok(k)
     }
 
+    /// Between polls of this VQP that found nothing (one wait, `cq`
+    /// carried across its polls): a short spin, then yields while the
+    /// wait is young (50 us), then sleeps until the daemon writes a
+    /// completion into the ring (or 1 ms passes). A process thread that
+    /// spun instead would keep the CPU from the data thread that serves
+    /// it, with many threads on few cores. The caller bounds the wait.
+    ///
+    /// # Errors
+    /// [`DaemonError::Gone`] when the control socket closed.
+    pub fn idle(&self, cq: &mut CqWait) -> Result<(), DaemonError> {
+        let w = cq.0.get_or_insert_with(|| Waiter::new(&self.conn.page));
+        if !w.spin() {
+            return Ok(());
+        }
+        if w.probe_due() && self.conn.closed() {
+            return Err(DaemonError::Gone {
+                what: "the daemon went with WRs in flight",
+            });
+        }
+        let taken = *self.head.lock();
+        let tail = word(&self.ring, CQ_TAIL);
+        w.rest(&self.ring, || tail.load(Ordering::Acquire) != taken);
+        Ok(())
+    }
+
     /// Polls until `n` completions came or `timeout` passed (checking the
     /// daemon is alive meanwhile).
     ///
@@ -919,6 +956,13 @@ impl AttachedVqp {
     #[doc(hidden)]
     pub fn ring_for_tests(&self) -> &SharedMap {
         &self.ring
+    }
+
+    /// Marks this VQP's doorbell on the process's page, as a post does
+    /// after it moves the tail: for tests that move the tail themselves.
+    #[doc(hidden)]
+    pub fn mark_doorbell_for_tests(&self) {
+        ring_doorbell(&self.conn.page, self.handle);
     }
 }
 

@@ -139,8 +139,16 @@ pub(super) struct VqpSlot<N: Nic> {
     pub(super) vqp: Vqp<N>,
     pub(super) ring: SharedMap,
     pub(super) core: Arc<ClientCore>,
+    /// The ring's SQ tail as last served while the VQP had nothing in
+    /// flight ([`QUIET_NEVER`] while it has): the data thread skips the
+    /// ring, without taking `serve`, while its tail still equals it. Only
+    /// the data thread writes it, after serving under `serve`.
+    pub(super) quiet: AtomicU64,
     pub(super) serve: Mutex<Serve>,
 }
+
+/// [`VqpSlot::quiet`] of a VQP with WRs in flight (no tail reaches it).
+pub(super) const QUIET_NEVER: u64 = u64::MAX;
 
 pub(super) struct MrEntry<N: Nic> {
     /// Dropped with the entry: deregisters the region (once its leases
@@ -216,4 +224,16 @@ pub(super) fn prune_retired<N: Nic>(c: &Client<N>) {
         }
         live
     });
+}
+
+/// An error and its causes on one line.
+pub(super) fn error_line(e: &dyn std::error::Error) -> String {
+    let mut line = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        line.push_str(": ");
+        line.push_str(&c.to_string());
+        cur = c.source();
+    }
+    line
 }

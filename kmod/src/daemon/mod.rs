@@ -90,6 +90,7 @@ mod client_msg;
 mod client_store;
 mod error;
 mod host;
+mod host_data;
 mod host_lease;
 mod host_msg;
 mod host_state;
@@ -99,7 +100,7 @@ mod sock;
 pub mod wire;
 
 pub use client::{
-    Attached, AttachedLease, AttachedMr, AttachedVqp, CONTROL_TIMEOUT, DOORBELL_TIMEOUT,
+    Attached, AttachedLease, AttachedMr, AttachedVqp, CqWait, CONTROL_TIMEOUT, DOORBELL_TIMEOUT,
 };
 pub use client_msg::{AttachedEndpoint, AttachedPort, Received};
 pub use error::DaemonError;

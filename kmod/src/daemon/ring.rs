@@ -102,8 +102,59 @@ pub(crate) const PAGE_SLEEPING: usize = 0;
 /// older build). A process thread waiting on that CPU yields to it at once
 /// instead of spinning: the data thread cannot run until it does.
 pub(crate) const PAGE_DATA_CPU: usize = 64;
+/// The client page, on a line of its own: which of the process's VQPs
+/// rang their doorbell since the data thread last looked, as 256 bits
+/// (bit `handle % 256` of a VQP, in 4 words; VQPs that share a bit are
+/// looked at together). A process sets its VQP's bit after it moves the
+/// ring's tail; the data thread takes the bits (a swap to 0) and looks at
+/// the rings they name, and at the VQPs with WRs in flight, not at every
+/// ring: with 200 idle rings, loading each one's tail every round was
+/// most of the data thread's time (one page and one line each).
+pub(crate) const PAGE_DOORBELLS: usize = 128;
+/// Words of [`PAGE_DOORBELLS`].
+pub(crate) const DOORBELL_WORDS: usize = 4;
 /// Bytes of a client page.
 pub const PAGE_BYTES: usize = 4096;
+
+/// The process's side, after it moved the tail of VQP `handle`'s ring:
+/// marks the doorbell on the page.
+pub(crate) fn ring_doorbell(page: &SharedMap, handle: u32) {
+    let (w, bit) = doorbell_bit(handle);
+    word(page, PAGE_DOORBELLS + w * 8).fetch_or(bit, Ordering::SeqCst);
+}
+
+/// The data thread's side: the doorbells marked on `page` since the last
+/// take, cleared.
+pub(crate) fn take_doorbells(page: &SharedMap) -> [u64; DOORBELL_WORDS] {
+    let mut bits = [0u64; DOORBELL_WORDS];
+    for (i, b) in bits.iter_mut().enumerate() {
+        let w = word(page, PAGE_DOORBELLS + i * 8);
+        // A load first: a swap of an empty word would take the line from
+        // the process's cache every round.
+        if w.load(Ordering::Relaxed) != 0 {
+            *b = w.swap(0, Ordering::SeqCst);
+        }
+    }
+    bits
+}
+
+/// Whether doorbells are marked on `page` (the data thread's look before
+/// it sleeps).
+pub(crate) fn doorbells_marked(page: &SharedMap) -> bool {
+    (0..DOORBELL_WORDS).any(|i| word(page, PAGE_DOORBELLS + i * 8).load(Ordering::SeqCst) != 0)
+}
+
+/// Whether `bits` (of [`take_doorbells`]) mark VQP `handle`.
+pub(crate) fn rang(bits: &[u64; DOORBELL_WORDS], handle: u32) -> bool {
+    let (w, bit) = doorbell_bit(handle);
+    bits.get(w).is_some_and(|b| b & bit != 0)
+}
+
+/// The word and the bit of VQP `handle` in [`PAGE_DOORBELLS`].
+fn doorbell_bit(handle: u32) -> (usize, u64) {
+    let b = handle as usize % (DOORBELL_WORDS * 64);
+    (b / 64, 1 << (b % 64))
+}
 
 /// The CPU this thread runs on, plus one (as [`SQ_CPU`] and
 /// [`PAGE_DATA_CPU`] hold it): a vDSO call, a few ns. The thread may move
@@ -574,6 +625,28 @@ pub(crate) fn read_verdict(map: &SharedMap) -> Verdict {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn doorbell_bits_are_taken_once_and_name_their_vqps() {
+        let (page, _file) = SharedMap::create("page-test", PAGE_BYTES).unwrap();
+        assert!(!doorbells_marked(&page));
+        for h in [0u32, 63, 64, 255, 256 + 5, 1000] {
+            ring_doorbell(&page, h);
+        }
+        assert!(doorbells_marked(&page));
+        let bits = take_doorbells(&page);
+        assert!(!doorbells_marked(&page), "taken: cleared");
+        for h in [0u32, 63, 64, 255, 5, 261, 1000, 232] {
+            assert!(rang(&bits, h), "{h}");
+        }
+        for h in [1u32, 62, 65, 254, 256 + 6, 999] {
+            assert!(!rang(&bits, h), "{h}");
+        }
+        assert_eq!(take_doorbells(&page), [0; DOORBELL_WORDS]);
+        // The other words of the page are left alone.
+        assert_eq!(word(&page, PAGE_SLEEPING).load(Ordering::Relaxed), 0);
+        assert_eq!(word(&page, PAGE_DATA_CPU).load(Ordering::Relaxed), 0);
+    }
 
     #[test]
     fn entries_round_trip_through_the_ring() {

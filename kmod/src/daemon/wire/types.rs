@@ -590,4 +590,4 @@ impl std::fmt::Display for RefuseCode {
 
 /// The control protocol's version: a process and a daemon of different
 /// versions refuse each other at `Hello`.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;

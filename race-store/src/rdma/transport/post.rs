@@ -5,7 +5,7 @@
 use super::{setup, sge_of, Quarantined, Slot, VqpTransport, BATCH_MASK, IN_FLIGHT, SLOT_SCRATCH};
 use crate::layout::slot::RemotePtr;
 use crate::remote::{Cause, Completions, RemoteOp, TransportError};
-use krcore::{Access, MemoryRegion, VqpError};
+use krcore::{Access, MemoryRegion, PollWait, VqpError};
 use krcore_nic::{
     Destination, InlineData, Nic, Payload, RemoteAddr, SendFlags, SendWr, SgList, Sge, Wc,
     WcStatus, WrOp,
@@ -118,6 +118,7 @@ impl<N: Nic> VqpTransport<N> {
     /// timeout.
     pub(super) fn wait_slot(&mut self, k: usize, wcs: &mut [Wc]) -> Result<(), TransportError> {
         let mut start: Option<Instant> = None;
+        let mut idle = PollWait::default();
         loop {
             let Some(s) = self.slots.get(k) else {
                 return Ok(());
@@ -125,6 +126,7 @@ impl<N: Nic> VqpTransport<N> {
             if s.waiting == 0 {
                 return Ok(());
             }
+            let mut found = 0;
             let pending = |slots: &[Slot<N>], n: usize| {
                 slots
                     .get(k)
@@ -139,6 +141,7 @@ impl<N: Nic> VqpTransport<N> {
                     continue;
                 };
                 let got = r.vqp.poll(wcs).map_err(|e| vqp_error(n as u8, e))?;
+                found += got;
                 for wc in wcs.iter().take(got) {
                     absorb(&mut self.slots, &mut self.quarantine, n, wc);
                 }
@@ -152,6 +155,14 @@ impl<N: Nic> VqpTransport<N> {
                     node: node as u8,
                     after: self.batch_timeout,
                 });
+            }
+            if still > 0 && found == 0 {
+                // Nothing came: let whoever serves the VQPs run (see
+                // `Vqp::idle`), waiting on a node still pending.
+                let pending_node = (0..self.remotes.len()).find(|&n| pending(&self.slots, n));
+                if let Some((n, r)) = pending_node.and_then(|n| Some((n, self.remotes.get(n)?))) {
+                    r.vqp.idle(&mut idle).map_err(|e| vqp_error(n as u8, e))?;
+                }
             }
         }
     }
@@ -190,6 +201,7 @@ impl<N: Nic> VqpTransport<N> {
             // complete every WR; stale completions of an abandoned batch)
             // take as many as fit.
             let mut want = 1;
+            let mut idle = PollWait::default();
             while last.get(n).is_some_and(Option::is_some) {
                 let all = wcs.len();
                 let got = wcs.get_mut(..want.min(all)).unwrap_or_default();
@@ -222,6 +234,12 @@ impl<N: Nic> VqpTransport<N> {
                         node: n as u8,
                         after: self.batch_timeout,
                     });
+                }
+                if k == 0 && last.get(n).is_some_and(Option::is_some) {
+                    remote
+                        .vqp
+                        .idle(&mut idle)
+                        .map_err(|e| vqp_error(n as u8, e))?;
                 }
             }
         }
