@@ -50,9 +50,14 @@
 //! ];
 //! vqp.post(&mut wrs)?;
 //! let mut wc = [Wc::default(); 4];
-//! let mut n = 0;
+//! let (mut n, mut idle) = (0, krcore::PollWait::default());
 //! while n == 0 {
 //!     n = vqp.poll(&mut wc)?;
+//!     if n == 0 {
+//!         // A pause in process; on a node attached to `krcored`, a
+//!         // yield, then a sleep until the daemon completes a WR.
+//!         vqp.idle(&mut idle)?;
+//!     }
 //! }
 //! assert_eq!((n, wc[0].wr_id, wc[0].status), (1, 2, WcStatus::Success));
 //! let bad = vqp.read(&buf, 0, &token, 4090, 8);

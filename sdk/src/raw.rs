@@ -217,13 +217,13 @@ impl<N: Nic> RawVqp<N> {
     }
 
     /// Between empty polls of one wait (see [`crate::Vqp::idle`]).
-    pub(crate) fn idle(&self, w: &mut crate::vqp::PollWait) -> Result<()> {
+    pub(crate) fn idle(&self, cq: &mut krcore_kmod::daemon::CqWait) -> Result<()> {
         match self {
             RawVqp::Local(_) => {
                 std::hint::spin_loop();
                 Ok(())
             }
-            RawVqp::Attached(a) => Ok(a.vqp.idle(&mut w.cq)?),
+            RawVqp::Attached(a) => Ok(a.vqp.idle(cq)?),
         }
     }
 

@@ -330,7 +330,7 @@ impl<N: Nic> Vqp<N> {
     /// [`Error::Daemon`] when the daemon went away.
     #[inline]
     pub fn idle(&self, w: &mut PollWait) -> Result<()> {
-        self.inner.vqp.idle(w)
+        self.inner.vqp.idle(&mut w.cq)
     }
 
     /// [`Vqp::poll`] with completions moved aside by the requests' waiters
