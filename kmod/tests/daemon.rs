@@ -8,7 +8,7 @@ mod common;
 use common::{config, Cluster, MemNode};
 use krcore_kmod::daemon::wire::{frame_len, RefuseCode, Reply, Request};
 use krcore_kmod::daemon::{
-    Attached, AttachedMr, AttachedVqp, Daemon, DaemonConfig, DaemonError, PostCode,
+    Attached, AttachedMr, AttachedVqp, CqWait, Daemon, DaemonConfig, DaemonError, PostCode,
 };
 use krcore_kmod::Engine;
 use krcore_nic::sim::SimNic;
@@ -270,6 +270,83 @@ fn doorbells_of_many_vqps_are_each_served() {
             n.daemon().stats().sleeps > sleeps
         });
     }
+}
+
+/// Stress for the doorbell bits and the waits: 8 threads of one process
+/// post at once on 32 VQPs each (bits shared by several VQPs, marked and
+/// taken concurrently), pausing now and then so the data thread falls
+/// asleep and is woken by the next doorbell; half the threads wait for
+/// completions with `idle` between polls (the sleep on the ring's futex),
+/// half with `wait`. Every READ sees the thread's own last WRITE, no
+/// doorbell is refused, and every one was counted (none left unserved: a
+/// missed bit would time the wait out, failing the test).
+#[test]
+fn concurrent_doorbells_on_shared_bits_are_all_served() {
+    let n = Node::new(DaemonConfig {
+        idle_spin: Duration::from_micros(20),
+        ..DaemonConfig::default()
+    });
+    let a = n.attach();
+    let threads = 8u8;
+    let rounds = 60usize;
+    let sets: Vec<(Vec<AttachedVqp>, AttachedMr)> = (0..threads)
+        .map(|_| ((0..32).map(|_| n.vqp(&a)).collect(), local(&a)))
+        .collect();
+    let before = n.daemon().stats().doorbells;
+    std::thread::scope(|s| {
+        for (id, (vqps, buf)) in sets.iter().enumerate() {
+            let n = &n;
+            s.spawn(move || {
+                let mut seed = 0x5DEE_CE66_D1CE_u64 + id as u64;
+                let off = 256 * id as u64;
+                for i in 0..rounds {
+                    let v = vqps.get(rng(&mut seed) as usize % vqps.len()).unwrap();
+                    let mark = [id as u8, (i % 251) as u8, 0xa5, 1];
+                    buf.write(0, &mark).unwrap();
+                    v.post(&[SendWr::write(1, buf.sge(0, 4).unwrap(), n.remote(off))])
+                        .unwrap();
+                    settle(v, id);
+                    v.post(&[SendWr::read(2, buf.sge(64, 4).unwrap(), n.remote(off))])
+                        .unwrap();
+                    settle(v, id);
+                    let mut got = [0u8; 4];
+                    buf.read(64, &mut got).unwrap();
+                    assert_eq!(got, mark, "thread {id}, round {i}");
+                    if rng(&mut seed) % 8 == 0 {
+                        std::thread::sleep(Duration::from_micros(100 + rng(&mut seed) % 200));
+                    }
+                }
+            });
+        }
+    });
+    let st = n.daemon().stats();
+    assert_eq!(
+        st.doorbells - before,
+        2 * rounds as u64 * u64::from(threads),
+        "{st:?}"
+    );
+    assert_eq!(st.refused_doorbells, 0, "{st:?}");
+    assert!(
+        st.sleeps > 0,
+        "the data thread slept between doorbells: {st:?}"
+    );
+}
+
+/// One completion of `v`: `wait` on even threads, polls with `idle`
+/// between them on odd ones.
+fn settle(v: &AttachedVqp, thread: usize) {
+    if thread % 2 == 0 {
+        assert_eq!(v.wait(1, WAIT).unwrap()[0].status, WcStatus::Success);
+        return;
+    }
+    let mut wc = [krcore_nic::Wc::default(); 1];
+    let mut idle = CqWait::default();
+    let start = Instant::now();
+    while v.poll(&mut wc).unwrap() == 0 {
+        assert!(start.elapsed() < WAIT, "no completion");
+        v.idle(&mut idle).unwrap();
+    }
+    assert_eq!(wc[0].status, WcStatus::Success);
 }
 
 /// Two data threads: processes are placed on the one with the fewest at
