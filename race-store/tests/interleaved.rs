@@ -11,10 +11,11 @@ use race_store::layout::bucket::MainSide;
 use race_store::layout::slot::{RemotePtr, Slot};
 use race_store::layout::subtable::SubtableGeometry;
 use race_store::memory::LocalTransport;
-use race_store::remote::{BlockRun, OpResult, RemoteOp, Transport, TransportError};
+use race_store::remote::{OpResult, RemoteOp, Transport, TransportError};
 use race_store::{Client, Error};
 
-/// `inner`, with `hook` called before each doorbell with its ops.
+/// `inner`, with `hook` called before each doorbell with its ops (block
+/// allocation by the trait's defaults: one coarse block per request).
 struct Hooked<F> {
     inner: LocalTransport,
     hook: F,
@@ -28,19 +29,6 @@ impl<F: FnMut(&[RemoteOp<'_>])> Transport for Hooked<F> {
 
     fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {
         self.inner.alloc_block(node, size)
-    }
-
-    fn alloc_blocks(
-        &mut self,
-        node: u8,
-        size: u64,
-        block_bytes: u64,
-    ) -> Result<Vec<BlockRun>, TransportError> {
-        self.inner.alloc_blocks(node, size, block_bytes)
-    }
-
-    fn grant_lease(&mut self, node: u8) -> Result<Option<u32>, TransportError> {
-        self.inner.grant_lease(node)
     }
 
     fn nodes(&self) -> u8 {
