@@ -50,15 +50,10 @@
 //! ];
 //! vqp.post(&mut wrs)?;
 //! let mut wc = [Wc::default(); 4];
-//! let (mut n, mut idle) = (0, krcore::PollWait::default());
-//! while n == 0 {
-//!     n = vqp.poll(&mut wc)?;
-//!     if n == 0 {
-//!         // A pause in process; on a node attached to `krcored`, a
-//!         // yield, then a sleep until the daemon completes a WR.
-//!         vqp.idle(&mut idle)?;
-//!     }
-//! }
+//! // Polls until a completion (a hand-written loop calls `vqp.idle`
+//! // between empty polls: a pause in process; attached to `krcored`, a
+//! // yield, then a sleep until the daemon completes a WR).
+//! let n = vqp.poll_wait(&mut wc, std::time::Duration::from_secs(5))?;
 //! assert_eq!((n, wc[0].wr_id, wc[0].status), (1, 2, WcStatus::Success));
 //! let bad = vqp.read(&buf, 0, &token, 4090, 8);
 //! assert!(matches!(bad, Err(krcore::Error::OutOfRange { .. })));

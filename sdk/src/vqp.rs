@@ -333,6 +333,36 @@ impl<N: Nic> Vqp<N> {
         self.inner.vqp.idle(&mut w.cq)
     }
 
+    /// Polls until at least one completion came (up to `out.len()`) or
+    /// `timeout` passed (`Ok(0)`), with [`Vqp::idle`] between empty
+    /// polls: the poll loop a caller would write, right on both an engine
+    /// of this process and a node attached to `krcored`.
+    ///
+    /// # Errors
+    /// As [`Vqp::poll`] and [`Vqp::idle`].
+    pub fn poll_wait(&self, out: &mut [Wc], timeout: Duration) -> Result<usize> {
+        let n = self.poll(out)?;
+        if n > 0 || out.is_empty() {
+            return Ok(n);
+        }
+        let (start, mut w, mut looks) = (Instant::now(), PollWait::default(), 0u32);
+        loop {
+            // The clock every few looks, then (an attached VQP may sleep
+            // between looks) every look.
+            looks = looks.saturating_add(1);
+            if (looks % SPINS_PER_CLOCK_READ == 0 || looks > SPINS_PER_CLOCK_READ * 16)
+                && start.elapsed() >= timeout
+            {
+                return Ok(0);
+            }
+            self.idle(&mut w)?;
+            let n = self.poll(out)?;
+            if n > 0 {
+                return Ok(n);
+            }
+        }
+    }
+
     /// [`Vqp::poll`] with completions moved aside by the requests' waiters
     /// (out of line: rare, and kept off the common poll's code).
     #[cold]

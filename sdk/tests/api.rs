@@ -69,6 +69,36 @@ fn a_token_bounds_every_operation_through_the_precheck() {
     assert_eq!(client.counters().error_completions, 0);
 }
 
+/// `poll_wait`: the completion once it came; `Ok(0)` after the timeout
+/// when nothing is in flight, and at once for an empty slice.
+#[test]
+fn poll_wait_returns_completions_or_nothing_after_its_timeout() {
+    let (server, client) = pair();
+    let region = server.alloc(4096, Access::ALL).unwrap();
+    region.write(8, b"abcdefgh").unwrap();
+    let token = region.token();
+    let vqp = client.connect(server.gid()).unwrap();
+    let buf = client.alloc(64, Access::LOCAL_WRITE).unwrap();
+    let mut wc = [Wc::default(); 4];
+    assert_eq!(
+        vqp.poll_wait(&mut wc, Duration::from_millis(20)).unwrap(),
+        0
+    );
+    vqp.grant(&token).unwrap();
+    let mut wrs = [SendWr::read(9, buf.sge(0, 8).unwrap(), token.at(8))];
+    vqp.post(&mut wrs).unwrap();
+    assert_eq!(vqp.poll_wait(&mut [], Duration::from_secs(10)).unwrap(), 0);
+    let n = vqp.poll_wait(&mut wc, Duration::from_secs(10)).unwrap();
+    assert_eq!((n, wc[0].wr_id, wc[0].status), (1, 9, WcStatus::Success));
+    let mut got = [0u8; 8];
+    buf.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"abcdefgh");
+    assert_eq!(
+        vqp.poll_wait(&mut wc, Duration::from_millis(20)).unwrap(),
+        0
+    );
+}
+
 #[test]
 fn requests_and_user_completions_do_not_mix() {
     let (server, client) = pair();
