@@ -347,12 +347,7 @@ impl<N: Nic> Vqp<N> {
         }
         let (start, mut w, mut looks) = (Instant::now(), PollWait::default(), 0u32);
         loop {
-            // The clock every few looks, then (an attached VQP may sleep
-            // between looks) every look.
-            looks = looks.saturating_add(1);
-            if (looks % SPINS_PER_CLOCK_READ == 0 || looks > SPINS_PER_CLOCK_READ * 16)
-                && start.elapsed() >= timeout
-            {
+            if timed_out(&mut looks, start, timeout) {
                 return Ok(0);
             }
             self.idle(&mut w)?;
@@ -802,17 +797,21 @@ impl<N: Nic> Request<N> {
             if let Some(c) = self.try_wait()? {
                 return Ok(Some(c));
             }
-            // The clock every few looks, then (an attached VQP may sleep
-            // between looks) every look.
-            spins = spins.saturating_add(1);
-            if (spins % SPINS_PER_CLOCK_READ == 0 || spins > SPINS_PER_CLOCK_READ * 16)
-                && start.elapsed() >= timeout
-            {
+            if timed_out(&mut spins, start, timeout) {
                 return Ok(None);
             }
             self.vqp.idle(&mut w)?;
         }
     }
+}
+
+/// Whether a wait begun at `start` is past `timeout`, counting `looks`:
+/// the clock is read every few looks, then (an attached VQP may sleep
+/// between looks) at every look.
+fn timed_out(looks: &mut u32, start: Instant, timeout: Duration) -> bool {
+    *looks = looks.saturating_add(1);
+    (*looks % SPINS_PER_CLOCK_READ == 0 || *looks > SPINS_PER_CLOCK_READ * 16)
+        && start.elapsed() >= timeout
 }
 
 /// One wait for completions across empty polls ([`Vqp::idle`]): a new

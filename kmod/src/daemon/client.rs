@@ -906,9 +906,18 @@ impl AttachedVqp {
     /// # Errors
     /// [`DaemonError::Gone`] when the control socket closed.
     pub fn idle(&self, cq: &mut CqWait) -> Result<(), DaemonError> {
+        self.idle_within(cq, None)
+    }
+
+    /// [`AttachedVqp::idle`], failing with [`DaemonError::Timeout`] once
+    /// the wait is older than `timeout` (looked at when the spin ends).
+    fn idle_within(&self, cq: &mut CqWait, timeout: Option<Duration>) -> Result<(), DaemonError> {
         let w = cq.0.get_or_insert_with(|| Waiter::new(&self.conn.page));
         if !w.spin() {
             return Ok(());
+        }
+        if let Some(t) = timeout.filter(|t| w.elapsed() >= *t) {
+            return Err(DaemonError::Timeout(t));
         }
         if w.probe_due() && self.conn.closed() {
             return Err(DaemonError::Gone {
@@ -929,24 +938,13 @@ impl AttachedVqp {
     pub fn wait(&self, n: usize, timeout: Duration) -> Result<Vec<Wc>, DaemonError> {
         let mut got = Vec::with_capacity(n);
         let mut buf = [Wc::default(); 16];
-        let mut w = Waiter::new(&self.conn.page);
-        let tail = word(&self.ring, CQ_TAIL);
+        let mut cq = CqWait::default();
         while got.len() < n {
             let k = self.poll(&mut buf[..(n - got.len()).min(16)])?;
             got.extend_from_slice(&buf[..k]);
-            if k > 0 || !w.spin() {
-                continue;
+            if k == 0 {
+                self.idle_within(&mut cq, Some(timeout))?;
             }
-            if w.elapsed() >= timeout {
-                return Err(DaemonError::Timeout(timeout));
-            }
-            if w.probe_due() && self.conn.closed() {
-                return Err(DaemonError::Gone {
-                    what: "the daemon went with WRs in flight",
-                });
-            }
-            let taken = *self.head.lock();
-            w.rest(&self.ring, || tail.load(Ordering::Acquire) != taken);
         }
         Ok(got)
     }

@@ -159,9 +159,10 @@ impl<N: Nic> VqpTransport<N> {
             if still > 0 && found == 0 {
                 // Nothing came: let whoever serves the VQPs run (see
                 // `Vqp::idle`), waiting on a node still pending.
-                let pending_node = (0..self.remotes.len()).find(|&n| pending(&self.slots, n));
-                if let Some((n, r)) = pending_node.and_then(|n| Some((n, self.remotes.get(n)?))) {
-                    r.vqp.idle(&mut idle).map_err(|e| vqp_error(n as u8, e))?;
+                if let Some(n) = (0..self.remotes.len()).find(|&n| pending(&self.slots, n)) {
+                    if let Some(r) = self.remotes.get(n) {
+                        r.vqp.idle(&mut idle).map_err(|e| vqp_error(n as u8, e))?;
+                    }
                 }
             }
         }
