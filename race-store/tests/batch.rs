@@ -119,10 +119,11 @@ fn a_batch_shares_its_round_trips() {
     assert_eq!(rts(&c) - before, 3);
     assert!(r.iter().all(|r| r == &Ok(None)), "{r:?}");
 
-    // Inserts of absent keys: their blocks with the buckets, then the CASes
-    // on empty slots with the re-reads (no other key's fingerprint in their
-    // buckets: 16 keys in a table of thousands of buckets); puts of absent
-    // keys likewise, their blocks written with the CASes.
+    // Inserts of absent keys: their blocks with the buckets, then the
+    // tentative CASes on empty slots with the re-reads (no other key's
+    // fingerprint in their buckets: 16 keys in a table of thousands of
+    // buckets), then the commits; puts of absent keys likewise, their
+    // blocks written with the CASes.
     let fresh: Vec<Vec<u8>> = (100..116).map(key).collect();
     let before = rts(&c);
     let inserts: Vec<Op<'_>> = fresh
@@ -134,8 +135,8 @@ fn a_batch_shares_its_round_trips() {
     assert!(r.iter().all(|r| r == &Ok(None)), "{r:?}");
     assert_eq!(
         rts(&c) - before,
-        2,
-        "16 inserts: WRITE + buckets, CAS + re-read"
+        3,
+        "16 inserts: WRITE + buckets, CAS + re-read, commit"
     );
     let r = c.batch(&inserts);
     assert!(r.iter().all(|r| r == &Err(Error::KeyExists)), "{r:?}");
@@ -143,7 +144,7 @@ fn a_batch_shares_its_round_trips() {
     let puts: Vec<Op<'_>> = keys.iter().zip(&new).map(|(k, v)| Op::Put(k, v)).collect();
     let r = c.batch(&puts);
     assert!(r.iter().all(|r| r == &Ok(None)), "{r:?}");
-    assert_eq!(rts(&c) - before, 2, "16 puts of absent keys");
+    assert_eq!(rts(&c) - before, 3, "16 puts of absent keys");
     for (k, v) in fresh.iter().chain(&keys).zip(new.iter().chain(&new)) {
         assert_eq!(c.get(k).unwrap().as_ref(), Some(v));
     }

@@ -6,12 +6,13 @@
 mod common;
 
 use common::*;
+use race_store::clock::Clock;
 use race_store::hash::KeyHash;
 use race_store::layout::bucket::MainSide;
 use race_store::layout::slot::{RemotePtr, Slot};
 use race_store::layout::subtable::SubtableGeometry;
 use race_store::memory::LocalTransport;
-use race_store::remote::{OpResult, RemoteOp, Transport, TransportError};
+use race_store::remote::{CrashPlan, FaultInjector, OpResult, RemoteOp, Transport, TransportError};
 use race_store::{Client, Error};
 
 /// `inner`, with `hook` called before each doorbell with its ops (block
@@ -36,25 +37,11 @@ impl<F: FnMut(&[RemoteOp<'_>])> Transport for Hooked<F> {
     }
 }
 
-/// Two inserts of one key race, and the subtable splits while they settle:
-/// exactly one of them wins, and its value stays.
-///
-/// A reads the key's buckets and picks slot S (the first free slot of its
-/// left main bucket). Before A's CAS, B inserts the key and wins: it read
-/// the buckets while another client held S, so it took a slot of the right
-/// main bucket (a higher address), and saw itself alone after its CAS.
-/// Then A's CAS on S succeeds: A's copy is the lowest, so A waits for B's
-/// to withdraw (it never will: B won). While A waits, the subtable splits.
-/// A splitter that kept only the lowest copy of the key dropped B's, and A
-/// then saw itself alone and won too: two successful inserts, B's value
-/// gone. The splitter keeps every copy; A withdraws.
-#[test]
-fn a_split_while_racing_inserts_settle_keeps_the_winner() {
-    let cluster = tiny_cluster(1, 1, 16 << 20, 8);
+/// The contested key of a one-group table (its candidates: the left main
+/// bucket, then the right one), and 24 other keys of the same buckets.
+fn contested_and_neighbours() -> (Vec<u8>, Vec<Vec<u8>>) {
     let g = SubtableGeometry::new(1).unwrap();
     let locs = |k: &[u8]| KeyHash::of(k).bucket_locs(g);
-    // The contested key: its candidates are the left main bucket, then the
-    // right one; the other keys share its buckets.
     let contested = (0u64..)
         .map(key)
         .find(|k| {
@@ -67,6 +54,33 @@ fn a_split_while_racing_inserts_settle_keeps_the_winner() {
         .filter(|k| locs(k) == locs(&contested))
         .take(24)
         .collect();
+    (contested, others)
+}
+
+/// Whether `ops` is an insert's CAS of an empty slot to its tentative copy.
+fn places_a_copy(ops: &[RemoteOp<'_>]) -> bool {
+    ops.iter().any(
+        |op| matches!(op, RemoteOp::Cas { expect, new, .. } if *expect == Slot::EMPTY.raw() && Slot::from_raw(*new).is_tentative()),
+    )
+}
+
+/// Two inserts of one key race, and the subtable splits while they settle:
+/// exactly one of them wins, and its value stays.
+///
+/// A reads the key's buckets and picks slot S (the first free slot of its
+/// left main bucket). Before A's CAS, B inserts the key and wins: it read
+/// the buckets while another client held S, so it took a slot of the right
+/// main bucket (a higher address), and saw itself alone after its CAS.
+/// Then A's CAS on S succeeds, and the subtable splits while A settles.
+/// (With copies visible from their CAS, A's, the lowest, waited for B's to
+/// withdraw; a splitter that kept only the lowest copy of the key dropped
+/// B's, and A then saw itself alone and won too: two successful inserts,
+/// B's value gone.) The splitter keeps every copy; A sees B's committed
+/// copy and withdraws its tentative one.
+#[test]
+fn a_split_while_racing_inserts_settle_keeps_the_winner() {
+    let cluster = tiny_cluster(1, 1, 16 << 20, 8);
+    let (contested, others) = contested_and_neighbours();
     let clock = manual_clock();
     let mut b = open(&cluster, clock.clone(), manual_config());
     let mut n = open(&cluster, clock.clone(), manual_config());
@@ -74,17 +88,15 @@ fn a_split_while_racing_inserts_settle_keeps_the_winner() {
     let mut b_won = false;
     let hook = |ops: &[RemoteOp<'_>]| match step {
         // A's CAS on its empty slot (with the re-read of its buckets).
-        0 if ops.iter().any(
-            |op| matches!(op, RemoteOp::Cas { expect, .. } if *expect == Slot::EMPTY.raw()),
-        ) =>
-        {
+        0 if places_a_copy(ops) => {
             n.insert(&others[0], b"holds S").unwrap();
             b.insert(&contested, b"from B").unwrap();
             b_won = true;
             n.delete(&others[0]).unwrap();
             step = 1;
         }
-        // A's next doorbell: it is settling its copy against B's.
+        // A's next doorbell: it is settling its copy against B's (reading
+        // B's block).
         1 => {
             for k in &others[1..] {
                 n.put(k, b"fills").unwrap();
@@ -114,4 +126,127 @@ fn a_split_while_racing_inserts_settle_keeps_the_winner() {
     assert!(check.problems.is_empty(), "{:#?}", check.problems);
     assert_eq!((check.duplicates, check.frozen_slots), (0, 0));
     assert!(check.subtables >= 2);
+}
+
+/// A copy that loses a race is never read, and a delete of the winner
+/// cannot make it win.
+///
+/// As above, B inserts the key and wins while A's CAS is on its way; A's
+/// copy lands at a lower address. While A settles, a reader looks the key
+/// up, then deletes it. With copies visible from their CAS, the reader
+/// returned A's value (the lowest copy) although B's was the key's; and
+/// the delete removed both copies, so A saw itself alone and returned
+/// success for an insert whose value no one could read (the table was
+/// left without the key). A tentative copy is invisible to the reader and
+/// to the delete: the reader gets B's value; A sees B's committed copy,
+/// withdraws its own and searches again: the key is absent by then (A's
+/// insert spans B's and the delete), so A inserts it anew, and its value
+/// is the key's.
+#[test]
+fn a_losing_insert_is_never_read_and_a_delete_cannot_make_it_win() {
+    let cluster = tiny_cluster(1, 1, 16 << 20, 8);
+    let (contested, others) = contested_and_neighbours();
+    let clock = manual_clock();
+    let mut b = open(&cluster, clock.clone(), manual_config());
+    let mut n = open(&cluster, clock.clone(), manual_config());
+    let mut step = 0;
+    let mut read = None;
+    let hook = |ops: &[RemoteOp<'_>]| match step {
+        // A's CAS on its empty slot: B wins meanwhile. A's next doorbell
+        // (it settles against B's copy): a reader, then a delete.
+        0 if places_a_copy(ops) => {
+            n.insert(&others[0], b"holds S").unwrap();
+            b.insert(&contested, b"from B").unwrap();
+            n.delete(&others[0]).unwrap();
+            step = 1;
+        }
+        1 => {
+            read = Some(n.get(&contested).unwrap());
+            n.delete(&contested).unwrap();
+            step = 2;
+        }
+        _ => {}
+    };
+    let t = Hooked {
+        inner: cluster.transport(),
+        hook,
+    };
+    let mut a = Client::open(t, clock.clone(), manual_config()).unwrap();
+    let r = a.insert(&contested, b"from A");
+    drop(a);
+    assert_eq!(
+        read,
+        Some(Some(b"from B".to_vec())),
+        "a reader sees the winner, never the racing copy"
+    );
+    assert_eq!(r, Ok(()), "A inserted the key after the delete");
+    let mut c = open(&cluster, clock, manual_config());
+    assert_eq!(c.get(&contested).unwrap(), Some(b"from A".to_vec()));
+    let check = c.check_table().unwrap();
+    assert!(check.problems.is_empty(), "{:#?}", check.problems);
+    assert_eq!((check.duplicates, check.tentative_slots), (0, 0));
+    assert_eq!(check.pairs.len(), 1, "{:?}", check.pairs);
+}
+
+/// An inserter that dies after placing its tentative copy, before it
+/// commits: the copy is not the key's (readers and the table check do not
+/// see it), and the next insert of the key removes it and wins, waiting
+/// out the time an owner may take to commit if the dead copy is in the
+/// way (at a lower address).
+#[test]
+fn a_dead_inserters_tentative_copy_is_invisible_and_removed() {
+    let (contested, others) = contested_and_neighbours();
+    {
+        for warm in [false, true] {
+            let cluster = tiny_cluster(1, 1, 16 << 20, 8);
+            let clock = manual_clock();
+            let mut dead = Client::open(
+                FaultInjector::new(cluster.transport(), None),
+                clock.clone(),
+                manual_config(),
+            )
+            .unwrap();
+            // `warm`: a neighbour takes the first slot of the left bucket
+            // first, so that the dead copy lands in the right one, above
+            // the next inserter's; cold, the dead copy takes the left
+            // bucket's first slot, below it.
+            if warm {
+                dead.insert(&others[0], b"neighbour").unwrap();
+            }
+            // Doorbells of the insert: WRITE + buckets, tentative CAS +
+            // re-read, commit (counted from the plan on).
+            dead.transport_mut().set_plan(Some(CrashPlan {
+                at_doorbell: 3,
+                executed_prefix: 0,
+            }));
+            let r = dead.insert(&contested, b"dead");
+            assert!(
+                matches!(r, Err(Error::OutcomeUnknown { .. } | Error::Transport(_))),
+                "{r:?}"
+            );
+            drop(dead);
+            let mut c = open(&cluster, clock.clone(), manual_config());
+            assert_eq!(c.get(&contested).unwrap(), None);
+            let check = c.check_table().unwrap();
+            assert_eq!(check.tentative_slots, 1, "the dead copy is in place");
+            assert!(!check.pairs.iter().any(|(k, _)| *k == contested));
+            let t0 = clock.now();
+            c.insert(&contested, b"alive").unwrap();
+            assert_eq!(c.stats().rivals_removed, 1, "the dead copy was removed");
+            // Cold, the dead copy is the lower one: waited out (the manual
+            // clock advances only by the inserter's backoffs and pauses);
+            // warm, it is above the new copy: removed at once.
+            let waited = clock.now() - t0;
+            let cfg = manual_config();
+            if warm {
+                assert!(waited < cfg.max_op_ticks, "{waited}");
+            } else {
+                assert!(waited >= cfg.grace_ticks - cfg.max_op_ticks, "{waited}");
+            }
+            assert_eq!(c.get(&contested).unwrap(), Some(b"alive".to_vec()));
+            let check = c.check_table().unwrap();
+            assert!(check.problems.is_empty(), "{:#?}", check.problems);
+            assert_eq!((check.duplicates, check.tentative_slots), (0, 0));
+        }
+    }
 }

@@ -43,8 +43,11 @@ fn round_trips_per_operation() {
         let miss = delta(&mut c, |c| assert_eq!(c.get(k).unwrap(), None));
         assert_eq!(miss.round_trips, 1, "get miss, no fingerprint match");
         let ins = delta(&mut c, |c| c.insert(k, &value(i as u64, 0, 30)).unwrap());
-        assert_eq!(ins.round_trips, 2, "insert: WRITE+READ, CAS+READ");
-        assert_eq!((ins.writes, ins.atomics), (1, 1));
+        assert_eq!(
+            ins.round_trips, 3,
+            "insert: WRITE+READ, tentative CAS+READ, commit CAS"
+        );
+        assert_eq!((ins.writes, ins.atomics), (1, 2));
         let hit = delta(&mut c, |c| {
             assert_eq!(c.get(k).unwrap(), Some(value(i as u64, 0, 30)))
         });
@@ -89,8 +92,8 @@ fn fingerprint_match_costs_one_more_round_trip() {
     c.insert(&first, b"first").unwrap();
     let ins = delta(&mut c, |c| c.insert(&twin, b"twin").unwrap());
     assert_eq!(
-        ins.round_trips, 3,
-        "WRITE+READ, the matching block, CAS+READ"
+        ins.round_trips, 4,
+        "WRITE+READ, the matching block, tentative CAS+READ, commit CAS"
     );
     let hit = delta(&mut c, |c| {
         assert_eq!(c.get(&twin).unwrap().as_deref(), Some(&b"twin"[..]))

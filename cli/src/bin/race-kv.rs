@@ -563,13 +563,14 @@ fn check<T: race_store::remote::Transport>(client: &mut Client<T>, store: &Store
         println!("problem: {p}");
     }
     println!(
-        "global depth {}, {} subtables (per memory node: {:?}), {} keys, {} duplicates, {} problem(s)",
+        "global depth {}, {} subtables (per memory node: {:?}), {} keys, {} duplicates, {} problem(s), {} tentative slot(s)",
         c.global_depth,
         c.subtables,
         c.subtables_per_node,
         c.pairs.len(),
         c.duplicates,
-        c.problems.len()
+        c.problems.len(),
+        c.tentative_slots
     );
     // Read after the table, so that what a client gave back meanwhile is
     // not counted as unlinked.

@@ -96,6 +96,10 @@ pub(crate) struct OpCtx {
     /// Few entries (the fingerprint matches of one key): a vector, searched
     /// linearly, costs less than hashing.
     blocks: Vec<(u64, CachedBlock)>,
+    /// An insert's tentative rivals (other inserters' uncommitted copies of
+    /// its key): slot address, word, and when this operation first saw
+    /// that word there.
+    rivals: Vec<(RemotePtr, u64, u64)>,
 }
 
 #[derive(Debug)]
@@ -111,7 +115,7 @@ impl OpCtx {
     /// `value` (a block the operation wrote itself), as read at `start`.
     pub(crate) fn remember(&mut self, word: Slot, value: &[u8], start: u64) {
         self.cache(
-            word.thawed().raw(),
+            word.plain().raw(),
             CachedBlock {
                 start,
                 value: Some(value.to_vec()),
@@ -126,6 +130,7 @@ impl OpCtx {
             attempts: 0,
             start: 0,
             blocks,
+            rivals: Vec::new(),
         }
     }
 
@@ -138,11 +143,25 @@ impl OpCtx {
     /// Takes the value of the cached block of `word` (which then reads as
     /// not holding the key: call only when the operation is done with it).
     pub(crate) fn take_value(&mut self, word: Slot) -> Option<Vec<u8>> {
-        let raw = word.thawed().raw();
+        let raw = word.plain().raw();
         self.blocks
             .iter_mut()
             .find(|(w, _)| *w == raw)
             .and_then(|(_, b)| b.value.take())
+    }
+
+    /// How long this operation has seen the tentative `word` at `addr`
+    /// (first sighting now if never: 0).
+    pub(crate) fn rival_age(&mut self, addr: RemotePtr, word: Slot, now: u64) -> u64 {
+        self.rivals
+            .retain(|&(a, w, _)| a != addr || w == word.raw());
+        match self.rivals.iter().find(|&&(a, _, _)| a == addr) {
+            Some(&(_, _, first)) => now.saturating_sub(first),
+            None => {
+                self.rivals.push((addr, word.raw(), now));
+                0
+            }
+        }
     }
 
     fn cached(&self, raw: u64) -> Option<&CachedBlock> {
@@ -426,7 +445,7 @@ impl<T: Transport> Client<T> {
             .retain(|(_, b)| start.saturating_sub(b.start) <= max);
         let mut need = InlineList::<Slot, 4>::new(Slot::EMPTY);
         for s in candidates {
-            let w = s.word.thawed();
+            let w = s.word.plain();
             if ctx.cached(w.raw()).is_none() && !need.contains(&w) {
                 need.push(w);
             }
@@ -475,15 +494,25 @@ impl<T: Transport> Client<T> {
         hash: &KeyHash,
         ctx: &mut OpCtx,
     ) -> Result<Option<Vec<KeyCopy>>, Error> {
-        let candidates = view.matching(hash);
-        if !self.fetch_blocks(&candidates, key, ctx)? {
+        self.copies_in(&view.matching(hash), key, ctx)
+    }
+
+    /// As [`Client::copies`], of the slots `candidates` (tentative ones
+    /// included if they are in it).
+    pub(crate) fn copies_in(
+        &mut self,
+        candidates: &[SlotRef],
+        key: &[u8],
+        ctx: &mut OpCtx,
+    ) -> Result<Option<Vec<KeyCopy>>, Error> {
+        if !self.fetch_blocks(candidates, key, ctx)? {
             return Ok(None);
         }
         Ok(Some(
             candidates
                 .iter()
                 .filter_map(|s| {
-                    let value = ctx.cached(s.word.thawed().raw())?.value.clone()?;
+                    let value = ctx.cached(s.word.plain().raw())?.value.clone()?;
                     Some(KeyCopy {
                         addr: s.addr,
                         word: s.word,
@@ -543,7 +572,7 @@ impl<T: Transport> Client<T> {
                 }
                 let lowest = candidates
                     .iter()
-                    .map(|s| s.word.thawed())
+                    .map(|s| s.word.plain())
                     .find(|w| ctx.cached(w.raw()).is_some_and(|b| b.value.is_some()));
                 Ok(Some(lowest.and_then(|w| ctx.take_value(w))))
             }

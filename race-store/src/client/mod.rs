@@ -205,8 +205,13 @@ pub struct ClientStats {
     pub takeovers: u64,
     /// KV blocks that failed their checks when read (torn or reused).
     pub bad_blocks: u64,
-    /// Duplicate copies of a key this client removed.
+    /// Copies of a key this client removed: its own tentative copy,
+    /// withdrawn (another insert of the key won, or its commit deadline
+    /// passed), or extra committed copies a delete took away.
     pub dups_removed: u64,
+    /// Other inserters' tentative copies this client removed: in the way
+    /// of its own (at a higher address), or left by a dead inserter.
+    pub rivals_removed: u64,
     /// Waves of batched operations that ran as two groups with their
     /// doorbells overlapped (see [`Client::batch`]).
     pub overlapped_waves: u64,
@@ -463,9 +468,11 @@ impl<T: Transport> Client<T> {
         }
     }
 
-    /// Inserts `key` if it is absent: 2 round trips without contention and
-    /// fingerprint matches (WRITE block + READ buckets; CAS + re-READ), one
-    /// more to read blocks with a matching fingerprint.
+    /// Inserts `key` if it is absent: 3 round trips without contention and
+    /// fingerprint matches (WRITE block + READ buckets; CAS of a tentative
+    /// copy + re-READ; commit CAS), one more to read blocks with a matching
+    /// fingerprint. The insert takes effect at the commit: until then no
+    /// reader sees the value (see "Insert" in [`protocol`]).
     ///
     /// # Errors
     /// [`Error::KeyExists`], the input errors, [`Error::OutOfMemory`],

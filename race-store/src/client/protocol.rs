@@ -39,12 +39,12 @@
 //!    installed the slot was posted (or, when both are in one doorbell, the
 //!    block is on the slot's node and ordered before it).
 //! 5. A published block is retired only by the client whose CAS unlinked it
-//!    (update, delete, withdrawal of its own racing copy), exactly once, and
-//!    is reused only after the grace period.
-//! 6. Readers and writers use the copy of a key at the lowest slot address;
-//!    de-duplication keeps it when it can, so extra copies (of racing
-//!    inserters) are never the visible one for long. Splits keep every copy
-//!    where it was: only the inserters know which copy won.
+//!    (update, delete, withdrawal of its own tentative copy, removal of a
+//!    rival's), exactly once, and is reused only after the grace period.
+//! 6. A key's value is its committed copy at the lowest slot address; only
+//!    committed copies are read, updated or deleted. A tentative copy
+//!    (an insert settling, or left by a dead inserter) is never the key's
+//!    value. Splits keep every slot where it was, tentative or not.
 //!
 //! ## Search (get): 2 RTTs on a hit
 //! 1. From the cached directory entry: READ both combined buckets (2 x 128 B,
@@ -67,56 +67,72 @@
 //! the publication). Either way there is an instant within the READ where it
 //! was the key's value.
 //!
-//! ## Insert: 2 RTTs (3 with a fingerprint match)
+//! ## Insert: 3 RTTs (4 with a fingerprint match)
 //! 1. Allocate a block and **WRITE it + READ both combined buckets** in one
 //!    doorbell (the block is on the subtable's node when possible).
 //! 2. Check headers (as for search; a frozen slot means "splitting": wait).
-//!    READ fingerprint-matching blocks: if the key is there, `insert` fails
-//!    with [`crate::Error::KeyExists`] (the unpublished block is recycled at
-//!    once), `put` CASes the lowest copy to its new slot.
+//!    READ fingerprint-matching blocks of committed slots: if the key is
+//!    there, `insert` fails with [`crate::Error::KeyExists`] (the
+//!    unpublished block is recycled at once), `put` CASes the lowest copy
+//!    to its new slot.
 //! 3. Choose an empty slot ([`crate::layout::bucket::choose_insert_slot`]:
 //!    less loaded main bucket, then overflow). None: split (below), retry.
-//! 4. **CAS the empty slot + READ both combined buckets again** in one
-//!    doorbell: same node, so the READs execute after the CAS. A failed CAS
-//!    retries from 1 (the block is already written).
-//! 5. **De-duplicate**: read the blocks of new fingerprint matches in the
-//!    re-read. If this client's copy is the only copy of the key, the insert
-//!    has won and returns. Otherwise the copies race:
-//!    * a copy that is not the lowest addressed withdraws: its owner CASes it
-//!      back to empty (retiring its block) and searches again: it finds the
-//!      other copy (`insert` fails with [`crate::Error::KeyExists`], `put`
-//!      updates it), or, if every copy withdrew, inserts anew;
-//!    * the lowest addressed copy (the one readers return) waits a few
-//!      re-reads for the others to withdraw, and wins when they have; if
-//!      they stay, their owner already won (or died after its CAS), and the
-//!      lowest withdraws instead.
+//! 4. **CAS the empty slot to a tentative copy + READ both combined buckets
+//!    again** in one doorbell: same node, so the READs execute after the
+//!    CAS. A tentative word ([`crate::layout::slot::SLOT_TENTATIVE`]) is
+//!    a claim, not the key's value: readers, updates, deletes and scans
+//!    skip it. A failed CAS retries from 1 (the block is already written).
+//! 5. **Settle** (`Client::settle`): read the blocks of the other
+//!    fingerprint matches in the re-read, tentative or not, and act on the
+//!    other copies of the key:
+//!    * a committed copy: the key exists. Withdraw (CAS the own copy back
+//!      to empty, retiring its block) and search again: `insert` fails with
+//!      [`crate::Error::KeyExists`], `put` updates it (or, if it was
+//!      deleted meanwhile, inserts anew);
+//!    * tentative rivals at higher addresses: remove them (CAS to empty;
+//!      the remover retires their blocks); their owners see their copies
+//!      gone and search again;
+//!    * a tentative rival at a lower address: wait for it (it commits,
+//!      and this copy withdraws; or it removes this copy); one seen
+//!      unchanged for longer than its owner may take to commit (below) was
+//!      left by a dead inserter: remove it;
+//!    * no other copy: **commit**, one more doorbell: CAS the own copy from
+//!      its tentative word to the committed one. The insert takes effect
+//!      there. A failed commit: the copy was removed by a rival (search
+//!      again), or frozen by a split (settle on in the new subtable).
 //!
-//!    Each client only ever removes its *own* copy, so a copy that won is
-//!    never taken away by de-duplication. If the subtable got frozen
+//!    An inserter commits only within `max_op_ticks` of the CAS that
+//!    placed its copy; past that it withdraws and starts over. So a rival
+//!    seen unchanged for `grace_ticks - max_op_ticks` (the deadline and the
+//!    skew margin) is dead, and removing it never races its commit (and if
+//!    it did, one of the two CASes would fail). If the subtable got frozen
 //!    meanwhile, the client waits for the split and continues in the new
 //!    subtable, where its slot and every other copy of the key sit at the
-//!    same positions. (A splitter that kept only the lowest copy, as RACE
-//!    does, would take a winner's copy away from under a lowest copy still
-//!    waiting: that one would then see itself alone and win too. A racing
-//!    test caught it: both inserts returned success.)
+//!    same positions, tentative or not.
 //!
-//! At most one of several concurrent inserts of a key wins: a winner saw,
-//! after its CAS, no other copy, and keeps its copy, so of two winners each
-//! would have read the other's slot after the other's CAS. Nothing is left
-//! after an insert returns but copies of other, still running, or crashed
-//! inserters; a crashed inserter's copy is an insert that took effect (a
-//! later insert fails on it, a reader may return it if it is the lowest, a
-//! delete removes it). RACE instead keeps the lowest copy and lets its owner
-//! remove the others, which can remove the copy of an insert that already
-//! returned success (two successes, one lost): we trade that for a few
-//! re-reads in the racing case only. A copy is visible to readers from its
-//! CAS on, so a racing insert's value can be read just before it withdraws.
+//! At most one of several concurrent inserts of a key commits while a
+//! committed copy exists: of two commits, take the copy placed last (B);
+//! B's re-read came after A's copy was placed, so it saw A's copy, unless
+//! it was removed (then A never commits). Committed then, B withdraws;
+//! tentative and lower, B waits and does not commit; tentative and higher,
+//! B removes it, and that CAS or A's commit fails (whichever comes
+//! second). A copy is read only once it is committed, so no reader sees the
+//! value of an insert that does not take effect, and a delete (which
+//! removes committed copies only) cannot turn a losing insert into a
+//! winner. A crashed inserter's tentative copy is not the key's: the next
+//! insert of the key removes it (waiting `grace_ticks - max_op_ticks` if
+//! it is at a lower address); a split carries it along until then. The
+//! price is the commit's round trip on every insert: RACE instead makes a
+//! copy visible at its CAS and lets the lowest copy's owner remove the
+//! others, which can remove the copy of an insert that already returned
+//! success (two successes, one lost).
 //!
 //! ## Update, delete, read-modify-write: 3 RTTs
 //! Search (2 RTTs), then one doorbell with the WRITE of the new block (same
 //! node as the slot; else a doorbell before) and the CAS of the lowest copy
-//! from the word read to the new word. A delete instead CASes every copy to
-//! empty, highest address first, so that no older copy surfaces.
+//! from the word read to the new word. A delete instead CASes every
+//! committed copy to empty, highest address first, so that no older copy
+//! surfaces.
 //! A failed CAS re-searches (and calls the rmw function again). A
 //! read-modify-write on an absent key inserts with the insert protocol and
 //! starts over if the insert finds the key.
@@ -140,7 +156,7 @@
 //!    the block cannot change while its frozen slot points to it), hash
 //!    the keys, and build both halves: each
 //!    key at the **same slot position** in the half its hash bit `d`
-//!    selects, every copy of a key included (invariant 6). WRITE both
+//!    selects, every slot included, tentative or not (invariant 6). WRITE both
 //!    halves in full.
 //! 8. **Retire** `X`: rewrite its image with retired headers.
 //! 9. **Double** if `d` equals the global depth: WRITE the upper half of the

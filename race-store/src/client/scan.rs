@@ -217,7 +217,8 @@ impl<T: Transport> Client<T> {
                 // Garbage in a slot: whatever pair it held is lost to the
                 // scan, which must say so.
                 skipped += 1;
-            } else if word.is_empty() {
+            } else if word.is_empty() || word.is_tentative() {
+                // Empty, or an insert not committed (yet): no pair.
                 continue;
             } else if prior.and_then(|p| p.get(index)) == Some(&word.raw()) {
                 // Handed over from the subtable this one split from.
@@ -338,7 +339,7 @@ impl<T: Transport> Client<T> {
             let word = Slot::from_raw(read_u64(&buf, 0));
             if word.validate().is_err() {
                 malformed += 1;
-            } else if !word.thawed().is_empty() {
+            } else if !word.thawed().is_empty() && !word.is_tentative() {
                 out.push(Pending {
                     word: word.thawed(),
                     ..p

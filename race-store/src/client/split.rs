@@ -429,9 +429,9 @@ impl<T: Transport> Client<T> {
 
     /// The images of the two halves from the frozen image of the old
     /// subtable: every key goes to the same slot position in the half its
-    /// hash bit `d` selects, every copy of a key included: which of racing
-    /// copies won is known only to their inserters, who go on settling
-    /// them in the half (see "Insert" in [`super::protocol`]).
+    /// hash bit `d` selects, every slot included, tentative or not: racing
+    /// inserters go on settling their copies in the half (see "Insert" in
+    /// [`super::protocol`]).
     fn build_halves(
         &mut self,
         image: &[u8],

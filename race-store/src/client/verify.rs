@@ -38,8 +38,13 @@ pub struct TableCheck {
     pub split_logged: bool,
     /// Frozen slots in live subtables (non-zero only during a split).
     pub frozen_slots: usize,
-    /// Keys present in more than one slot.
+    /// Keys present in more than one slot (committed copies).
     pub duplicates: usize,
+    /// Tentative slots in live subtables: copies of inserts still settling,
+    /// or left by inserters that died before they committed or withdrew
+    /// (not part of the table's content; the next insert of the key
+    /// removes them).
+    pub tentative_slots: usize,
     /// Every key with the value of its lowest-addressed copy, sorted by key.
     pub pairs: Vec<(Vec<u8>, Vec<u8>)>,
     /// Broken invariants, in words. Empty for a consistent table.
@@ -265,6 +270,7 @@ pub(crate) fn check_table<T: Transport>(c: &mut Client<T>) -> Result<TableCheck,
                 }
             };
             let hash = KeyHash::of(kv.key());
+            check.tentative_slots += usize::from(word.is_tentative());
             if !suffix.contains(hash.dir_hash())
                 || hash.fingerprint().get() != word.fingerprint()
                 || !position_fits(&hash, geometry, group, bucket)
@@ -273,6 +279,9 @@ pub(crate) fn check_table<T: Transport>(c: &mut Client<T>) -> Result<TableCheck,
                 check
                     .problems
                     .push(format!("slot {addr:?}: key does not belong here"));
+            }
+            if word.is_tentative() {
+                continue;
             }
             copies
                 .entry(kv.key().to_vec())

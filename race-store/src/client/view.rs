@@ -10,7 +10,7 @@ use crate::layout::bucket::{
     choose_insert_slot_except, BucketLoc, BucketRole, CombinedBucket, InsertTarget, COMBINED_SIZE,
     RETIRED_LOCAL_DEPTH,
 };
-use crate::layout::slot::{RemotePtr, Slot, FP_SHIFT, SLOT_FROZEN};
+use crate::layout::slot::{RemotePtr, Slot, FP_SHIFT, SLOT_FROZEN, SLOT_TENTATIVE};
 use crate::layout::subtable::{SubtableGeometry, Suffix};
 use crate::layout::table::DIR_PTR;
 use crate::remote::{OpResult, RemoteOp, TransportError};
@@ -138,13 +138,14 @@ impl<T: Copy, const N: usize> core::ops::Deref for InlineList<T, N> {
 pub(crate) type SlotRefs = InlineList<SlotRef, 4>;
 
 /// Bit `w` set iff slot word `w` of a combined bucket has fingerprint `fp`
-/// (header words never: their bit is cleared). A branch-free loop; a
-/// fingerprint is never 0, so a matching word is never empty (nor the
-/// frozen empty word).
-fn fp_mask(words: &[u64; COMBINED_WORDS], fp: u8) -> u32 {
+/// and, unless `tentative`, is committed (header words never: their bit is
+/// cleared). A branch-free loop; a fingerprint is never 0, so a matching
+/// word is never empty (nor the frozen empty word).
+fn fp_mask(words: &[u64; COMBINED_WORDS], fp: u8, tentative: bool) -> u32 {
+    let skip = if tentative { 0 } else { SLOT_TENTATIVE };
     let mut mask = 0u32;
     for (w, &raw) in words.iter().enumerate() {
-        mask |= u32::from(raw >> FP_SHIFT == u64::from(fp)) << w;
+        mask |= u32::from((raw >> FP_SHIFT == u64::from(fp)) & (raw & skip == 0)) << w;
     }
     mask & SLOT_WORDS
 }
@@ -288,13 +289,22 @@ impl BucketsView {
         }
     }
 
-    /// The distinct slots of both combined buckets whose fingerprint is
-    /// `hash`'s (occupied, frozen or not), in address order (the two
+    /// The distinct committed slots of both combined buckets whose
+    /// fingerprint is `hash`'s (frozen or not), in address order (the two
     /// combined buckets may share their overflow bucket: each slot appears
-    /// once).
+    /// once). Tentative copies are not the key's yet: readers and writers
+    /// never see them.
     pub(crate) fn matching(&self, hash: &KeyHash) -> SlotRefs {
         let fp = hash.fingerprint().get();
-        let masks = self.words.map(|w| fp_mask(&w, fp));
+        let masks = self.words.map(|w| fp_mask(&w, fp, false));
+        self.slots_of(masks)
+    }
+
+    /// As [`BucketsView::matching`], the tentative copies included: what an
+    /// inserter settles its own copy against.
+    pub(crate) fn claims(&self, hash: &KeyHash) -> SlotRefs {
+        let fp = hash.fingerprint().get();
+        let masks = self.words.map(|w| fp_mask(&w, fp, true));
         self.slots_of(masks)
     }
 
@@ -310,7 +320,7 @@ impl BucketsView {
             stale |= s;
             frozen |= f;
             if let Some(fp) = fp {
-                *mask = fp_mask(words, fp);
+                *mask = fp_mask(words, fp, false);
             }
         }
         let state = if stale {

@@ -30,8 +30,10 @@ pub(crate) enum Decision {
     Remove,
 }
 
-/// Re-reads the lowest of several racing copies makes before it withdraws.
-const DEDUP_WAITS: u32 = 8;
+/// Backoffs an inserter makes while a tentative rival at a lower address
+/// settles, before it waits in longer pauses (an eighth of the time after
+/// which the rival counts as dead).
+const RIVAL_BACKOFFS: u32 = 8;
 
 /// The decision function of [`Client::modify`].
 pub(crate) type Decide<'a> = dyn FnMut(Option<&[u8]>) -> Result<Decision, Error> + 'a;
@@ -138,13 +140,15 @@ impl<T: Transport> Client<T> {
             if !self.fresh(ctx) {
                 continue;
             }
-            // Doorbell 2: CAS the empty slot, then re-read both buckets (same
-            // node, so the READs see the CAS).
+            // Doorbell 2: CAS the empty slot to the tentative copy, then
+            // re-read both buckets (same node, so the READs see the CAS).
+            // Doorbell 3 (in `settle`): commit it.
             let addr = view.addr_of(pos)?;
+            let mine = p.slot.tentative();
             let mut ops = vec![RemoteOp::Cas {
                 ptr: addr,
                 expect: Slot::EMPTY.raw(),
-                new: p.slot.raw(),
+                new: mine.raw(),
             }];
             ops.extend(view.read_ops()?);
             p.maybe_published = true;
@@ -161,11 +165,11 @@ impl<T: Transport> Client<T> {
             *pending = None;
             ctx.remember(p.slot, value, start);
             let reread = view.reread(&mut res, 1)?;
-            if self.dedup(key, hash, pos, p.slot, reread, start, ctx)? {
+            if self.settle(key, hash, pos, mine, reread, start, start, ctx)? {
                 return Ok(true);
             }
-            // Lost to another copy: search again (it finds the key, or
-            // inserts anew if the other copy withdrew as well).
+            // Not committed: search again (it finds the key, or inserts
+            // anew if no copy committed).
         }
     }
 
@@ -185,24 +189,31 @@ impl<T: Transport> Client<T> {
         }
     }
 
-    /// After this client's slot `mine` was installed at `pos`: settles
-    /// concurrent inserts of the same key. `Ok(true)`: this insert won (its
-    /// copy is the only one, possibly updated since by another writer).
-    /// `Ok(false)`: another copy holds the key; this client's copy has been
-    /// removed (by its own CAS, or by a delete), or was updated by a writer
-    /// that took it for the key's copy.
+    /// After this client's tentative copy `mine` was installed at `pos` (by
+    /// a CAS sent at `placed`): settles concurrent inserts of the same key,
+    /// and commits `mine` if it wins. `Ok(true)`: committed, the insert took
+    /// effect. `Ok(false)`: it did not, and the copy is gone: withdrawn by
+    /// this client (the key is there, or the commit deadline passed), or
+    /// removed by another inserter whose copy was in a better place (that
+    /// one retires the block). The caller searches again.
     ///
-    /// Each inserter removes only its own copy, so a copy that has won is
-    /// never removed by de-duplication: a copy that is not the lowest
-    /// addressed withdraws at once; the lowest waits a few re-reads for the
-    /// others to withdraw and withdraws itself if they stay (their owner
-    /// already won, or died).
+    /// From each re-read (the first is `view`, read at `start`, after the
+    /// CAS), with `mine` still in place:
+    /// * a committed copy of the key: the key exists; withdraw `mine`;
+    /// * tentative rivals at higher addresses, or that this operation has
+    ///   seen unchanged for longer than an owner may take to commit (dead
+    ///   inserters): remove them (CAS to empty, retiring their blocks);
+    /// * a younger tentative rival at a lower address: wait (it commits,
+    ///   and `mine` withdraws; or it removes `mine`);
+    /// * no other copy: commit (CAS `mine` to its committed word), unless
+    ///   `max_op_ticks` have passed since `placed`: then withdraw, so that
+    ///   no commit ever lands after the time rivals wait for it.
     ///
-    /// `view` was read at `start`, after the CAS. If the subtable is split
-    /// meanwhile, the slot is looked for at the same position in the new
-    /// subtable (a split copies slots in place).
+    /// If the subtable is split meanwhile, the slot is looked for at the
+    /// same position in the new subtable (a split copies slots in place,
+    /// tentative or not).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn dedup(
+    pub(super) fn settle(
         &mut self,
         key: &[u8],
         hash: &KeyHash,
@@ -210,9 +221,10 @@ impl<T: Transport> Client<T> {
         mine: Slot,
         mut view: BucketsView,
         mut start: u64,
+        placed: u64,
         ctx: &mut OpCtx,
     ) -> Result<bool, Error> {
-        let mut waits = 0;
+        let mut waits = 0u32;
         loop {
             if ctx.attempts >= self.config.max_attempts {
                 return Err(Error::Contention {
@@ -233,7 +245,7 @@ impl<T: Transport> Client<T> {
                 }
             };
             let copies = if ready {
-                self.copies(&view, key, hash, ctx)?
+                self.copies_in(&view.claims(hash), key, ctx)?
             } else {
                 None
             };
@@ -244,36 +256,98 @@ impl<T: Transport> Client<T> {
                 continue;
             };
             let addr = view.addr_of(pos)?;
-            let at_mine = copies.iter().find(|c| c.addr == addr);
-            if copies.iter().all(|c| c.addr == addr) {
-                // Alone (or gone with no other copy: deleted after it won).
-                return Ok(true);
-            }
-            let Some(copy) = at_mine.filter(|c| c.word.thawed() == mine) else {
+            if !copies.iter().any(|c| c.addr == addr && c.word == mine) {
+                // Removed by a rival (or this client's earlier withdrawal
+                // CAS did apply after all): not this client's any more.
                 return Ok(false);
-            };
-            let lowest = copies.first().is_some_and(|c| c.addr == addr);
-            if lowest && waits < DEDUP_WAITS {
+            }
+            let now = self.now();
+            let late = now.saturating_sub(placed) > self.config.max_op_ticks;
+            // A tentative rival's owner commits within `max_op_ticks` of
+            // placing it; seen for longer (and the skew margin), it is dead.
+            let dead_after = self.config.grace_ticks - self.config.max_op_ticks;
+            let mut exists = false;
+            let mut wait = false;
+            let mut remove = Vec::new();
+            for c in copies.iter().filter(|c| c.addr != addr) {
+                if !c.word.is_tentative() {
+                    exists = true;
+                } else if c.addr > addr || ctx.rival_age(c.addr, c.word, now) > dead_after {
+                    remove.push((c.addr, c.word));
+                } else {
+                    wait = true;
+                }
+            }
+            // Withdraw when the key is there, or when this copy can no
+            // longer commit.
+            let withdraw = exists || late;
+            if !withdraw && wait {
+                // A live rival commits or removes this copy within a round
+                // trip or two; a dead one is waited out in longer pauses.
                 waits += 1;
-                self.backoff(ctx);
+                if waits <= RIVAL_BACKOFFS {
+                    self.backoff(ctx);
+                } else {
+                    self.clock.pause((dead_after / 8).max(1));
+                }
                 start = self.now();
                 view = self.read_buckets(hash, &[])?;
                 continue;
             }
-            let mut ops = vec![RemoteOp::Cas {
-                ptr: copy.addr,
-                expect: copy.word.raw(),
-                new: Slot::EMPTY.raw(),
-            }];
+            if !withdraw && remove.is_empty() {
+                // Alone: commit.
+                let res = self.exec(&[RemoteOp::Cas {
+                    ptr: addr,
+                    expect: mine.raw(),
+                    new: mine.committed().raw(),
+                }])?;
+                let old = cas_old(&res, 0)?;
+                if old == mine.raw() {
+                    return Ok(true);
+                }
+                if old != mine.frozen().raw() {
+                    return Ok(false);
+                }
+                // Frozen under the commit: settle in the split's half.
+                start = self.now();
+                view = self.read_buckets(hash, &[])?;
+                continue;
+            }
+            let mut ops: Vec<RemoteOp<'_>> = if withdraw {
+                vec![RemoteOp::Cas {
+                    ptr: addr,
+                    expect: mine.raw(),
+                    new: Slot::EMPTY.raw(),
+                }]
+            } else {
+                remove
+                    .iter()
+                    .map(|&(ptr, word)| RemoteOp::Cas {
+                        ptr,
+                        expect: word.raw(),
+                        new: Slot::EMPTY.raw(),
+                    })
+                    .collect()
+            };
+            let n = ops.len();
             ops.extend(view.read_ops()?);
             start = self.now();
             let mut res = self.exec(&ops)?;
-            if cas_old(&res, 0)? == copy.word.raw() {
-                self.retire(mine);
-                self.stats.dups_removed += 1;
-                return Ok(false);
+            if withdraw {
+                if cas_old(&res, 0)? == mine.raw() {
+                    self.retire(mine);
+                    self.stats.dups_removed += 1;
+                    return Ok(false);
+                }
+            } else {
+                for (i, &(_, word)) in remove.iter().enumerate() {
+                    if cas_old(&res, i)? == word.raw() {
+                        self.retire(word);
+                        self.stats.rivals_removed += 1;
+                    }
+                }
             }
-            view = view.reread(&mut res, 1)?;
+            view = view.reread(&mut res, n)?;
         }
     }
 

@@ -27,6 +27,14 @@
 //! slot becomes the word [`SLOT_FROZEN`]), so that no writer's CAS, which
 //! always expects an unfrozen word, can succeed on it any more. Readers mask
 //! the bit off ([`Slot::thawed`]) and keep reading frozen slots normally.
+//!
+//! ## The tentative bit
+//! Bit 1 of the offset is free for the same reason. An inserter installs
+//! its copy of a key *tentative* ([`SLOT_TENTATIVE`]): a claim that readers,
+//! updates, deletes and scans ignore, and that only becomes the key's value
+//! when its owner clears the bit with one more CAS (commits it) after
+//! seeing no other copy of the key in the way (the protocol is in
+//! `client::protocol`). [`Slot::ptr`] masks both flag bits.
 
 use core::num::NonZeroU8;
 
@@ -57,6 +65,12 @@ pub const MAX_LEN_UNITS: u8 = u8::MAX;
 /// The frozen bit (bit 0 of the offset, which a 64 B aligned KV block never
 /// uses); see the module docs. The frozen empty slot is exactly this word.
 pub const SLOT_FROZEN: u64 = 1;
+/// The tentative bit (bit 1 of the offset, also never used by a 64 B
+/// aligned KV block): an insert's copy not committed yet; see the module
+/// docs.
+pub const SLOT_TENTATIVE: u64 = 2;
+/// The flag bits of a slot word ([`SLOT_FROZEN`], [`SLOT_TENTATIVE`]).
+pub const SLOT_FLAGS: u64 = SLOT_FROZEN | SLOT_TENTATIVE;
 
 /// A location in the disaggregated memory: a memory node and a byte offset
 /// into that node's registered region.
@@ -185,9 +199,10 @@ impl Slot {
         self.len_units() as usize * LEN_UNIT
     }
 
-    /// The pointer field.
+    /// The pointer field, without the flag bits ([`SLOT_FLAGS`]: a slot
+    /// points to a 64 B aligned KV block).
     pub const fn ptr(self) -> RemotePtr {
-        RemotePtr::from_bits(self.0 & PTR_MASK)
+        RemotePtr::from_bits(self.0 & PTR_MASK & !SLOT_FLAGS)
     }
 
     /// Whether this slot is occupied with fingerprint `fp` (frozen or not).
@@ -209,6 +224,28 @@ impl Slot {
     /// subtable was frozen (what readers use).
     pub const fn thawed(self) -> Self {
         Slot(self.0 & !SLOT_FROZEN)
+    }
+
+    /// This word without its flag bits (frozen, tentative): the same for
+    /// every state of one copy.
+    pub const fn plain(self) -> Self {
+        Slot(self.0 & !SLOT_FLAGS)
+    }
+
+    /// Whether the tentative bit is set: an insert's copy that its owner
+    /// has not committed (see the module docs).
+    pub const fn is_tentative(self) -> bool {
+        self.0 & SLOT_TENTATIVE != 0
+    }
+
+    /// This word with the tentative bit set.
+    pub const fn tentative(self) -> Self {
+        Slot(self.0 | SLOT_TENTATIVE)
+    }
+
+    /// This word with the tentative bit cleared: the copy committed.
+    pub const fn committed(self) -> Self {
+        Slot(self.0 & !SLOT_TENTATIVE)
     }
 
     /// Checks that the word is either [`Slot::EMPTY`], the frozen empty slot
@@ -365,5 +402,24 @@ mod tests {
         assert_eq!(fe.validate(), Ok(fe));
         // Frozen garbage is still garbage.
         assert!(Slot::from_raw(0x0001_0000_0000_0041).validate().is_err());
+    }
+
+    #[test]
+    fn tentative_bit() {
+        let ptr = RemotePtr::new(3, 4096).unwrap();
+        let s = Slot::new(fp(9), 2, ptr).unwrap();
+        assert!(!s.is_tentative());
+        let t = s.tentative();
+        assert!(t.is_tentative() && !t.is_frozen());
+        assert_eq!(t.raw(), s.raw() | SLOT_TENTATIVE);
+        assert_eq!((t.ptr(), t.committed()), (ptr, s));
+        assert_eq!(t.validate(), Ok(t));
+        // Frozen and tentative are independent; the pointer masks both.
+        let ft = t.frozen();
+        assert!(ft.is_frozen() && ft.is_tentative());
+        assert_eq!(
+            (ft.ptr(), ft.thawed(), ft.thawed().committed()),
+            (ptr, t, s)
+        );
     }
 }

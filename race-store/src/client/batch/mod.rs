@@ -5,10 +5,11 @@
 //! A batch of gets costs 2 round trips however many keys it holds (on
 //! hits: the combined buckets of every key, then every matching KV block);
 //! a batch of updates or deletes 3 (buckets, blocks, then the new blocks'
-//! WRITEs with their CASes); a batch of inserts 2 when no other key's
+//! WRITEs with their CASes); a batch of inserts 3 when no other key's
 //! fingerprint matches (the new blocks' WRITEs with the buckets, then the
-//! CASes on empty slots with the buckets' re-reads), puts of absent keys
-//! 2 or 3 likewise (their blocks written with the CASes). That is the
+//! CASes of tentative copies into empty slots with the buckets' re-reads,
+//! then the commits), puts of absent keys 3 or 4 likewise (their blocks
+//! written with the CASes). That is the
 //! single operations' protocol ([`super::protocol`]) with the rounds of
 //! several keys sharing doorbells. On a transport that keeps two doorbells
 //! in flight ([`Transport::max_in_flight`]), a wave of [`PIPELINE_MIN`] or
@@ -29,10 +30,12 @@
 //!   attempt, a new block not on its slot's node) is finished by the single
 //!   operation at the end of its wave, before the next wave: counted as a
 //!   retry in [`super::ClientStats::retries`].
-//! * An insert, or a put of an absent key, that won its empty slot settles
-//!   concurrent inserts of its key from the re-read buckets as the single
-//!   insert does (further re-reads, if any, are its own); one that meets
-//!   full buckets is finished by the single operation (which splits).
+//! * An insert, or a put of an absent key, that won its empty slot and
+//!   is alone in the re-read buckets (no other slot with its fingerprint)
+//!   commits in round 4 with the others; one that is not settles against
+//!   the other copies from the re-read buckets as the single insert does
+//!   (further doorbells, if any, are its own); one that meets full buckets
+//!   is finished by the single operation (which splits).
 //! * Same-key writes are combined ([`combine`]): a put or update that the
 //!   next operation on its key overwrites sends nothing and answers as that
 //!   one (an update that then runs as a put reports a lost outcome as
@@ -46,7 +49,7 @@
 //!
 //! Failures are per operation, as the single operation reports them. A
 //! doorbell that fails fails every operation in it: before any CAS was
-//! posted with [`Error::Transport`], in the CAS round with
+//! posted with [`Error::Transport`], in the CAS or commit rounds with
 //! [`Error::OutcomeUnknown`] (that write may have applied).
 
 use crate::error::Error;
@@ -131,6 +134,20 @@ enum Round {
     Blocks,
     /// The new blocks' WRITEs and the CASes.
     Cas,
+    /// The commits of the inserts' tentative copies.
+    Commit,
+}
+
+/// An insert's tentative copy, alone in its re-read buckets, to commit in
+/// round 4.
+#[derive(Clone, Copy, Debug)]
+struct Commit {
+    pos: SlotPos,
+    addr: RemotePtr,
+    /// The tentative word placed.
+    mine: Slot,
+    /// When the CAS that placed it was sent.
+    placed: u64,
 }
 
 /// A round's doorbell, posted: its ops (borrowing the group's flights),
@@ -185,6 +202,8 @@ struct Flight<'a> {
     empty: Option<(SlotPos, RemotePtr)>,
     /// Round 3: where its WRITE and CASes start.
     cas_at: usize,
+    /// Round 4: the tentative copy to commit.
+    commit: Option<Commit>,
 }
 
 /// Storage a client reuses from batch to batch, so that a warm batch
@@ -332,6 +351,7 @@ impl<T: Transport> Client<T> {
                     view: None,
                     empty: None,
                     cas_at: 0,
+                    commit: None,
                 });
             }
             // A large wave runs as consecutive parts whose groups'
@@ -460,12 +480,23 @@ impl<T: Transport> Client<T> {
             }
             None => None,
         };
-        let (spare_a, done) = self.round_complete(pa, &mut res_a);
+        let (sa, done) = self.round_complete(pa, &mut res_a);
         self.round_finish(Round::Cas, fa, out, &mut res_a, done, start, values);
-        let spare_bb = match pb {
+        let pa = self.round_post(Round::Commit, fa, out, &mut res_a, recycle(sa), start);
+        let pb = match pb {
             Some(pb) => {
                 let (sb, done) = self.round_complete(pb, res_b);
                 self.round_finish(Round::Cas, fb, out, res_b, done, start, values);
+                Some(self.round_post(Round::Commit, fb, out, res_b, recycle(sb), start))
+            }
+            None => None,
+        };
+        let (spare_a, done) = self.round_complete(pa, &mut res_a);
+        self.round_finish(Round::Commit, fa, out, &mut res_a, done, start, values);
+        let spare_bb = match pb {
+            Some(pb) => {
+                let (sb, done) = self.round_complete(pb, res_b);
+                self.round_finish(Round::Commit, fb, out, res_b, done, start, values);
                 sb
             }
             None => Vec::new(),

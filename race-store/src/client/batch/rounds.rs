@@ -10,7 +10,7 @@ use crate::layout::slot::{RemotePtr, Slot};
 use crate::layout::subtable::SubtableGeometry;
 use crate::remote::{Completions, RemoteOp, Ticket, Transport};
 
-use super::{recycle, Fate, Flight, Op, Posted, Reply, Round};
+use super::{recycle, Commit, Fate, Flight, Op, Posted, Reply, Round};
 use crate::client::engine::{
     bad_response, BucketsView, OpCtx, SlotRef, SlotRefs, ViewState, NO_OP,
 };
@@ -32,6 +32,7 @@ impl<T: Transport> Client<T> {
             Round::Buckets => self.buckets_ops(flights, out, spare),
             Round::Blocks => Ok(blocks_ops(flights, spare)),
             Round::Cas => self.cas_ops(flights, out, spare, start),
+            Round::Commit => Ok(self.commit_ops(flights, out, spare)),
         };
         let (ops, at) = match built {
             Ok(b) => b,
@@ -86,6 +87,7 @@ impl<T: Transport> Client<T> {
             Round::Buckets => self.buckets_done(flights, out, res, done),
             Round::Blocks => self.blocks_done(flights, out, res, done, start, values),
             Round::Cas => self.cas_done(flights, out, res, done, start),
+            Round::Commit => self.commit_done(flights, out, res, done),
         }
     }
 
@@ -464,8 +466,10 @@ impl<T: Transport> Client<T> {
 
     /// Round 3 of an insert (or a put of an absent key) after its CAS on
     /// an empty slot: lost, it is retried as the single operation; won,
-    /// the block is published and the re-read buckets settle concurrent
-    /// inserts of the key as the single insert does.
+    /// its tentative copy is in place. Alone in the re-read buckets (no
+    /// other slot with its fingerprint, tentative or not), it commits in
+    /// round 4; otherwise it settles concurrent inserts of its key as the
+    /// single insert does.
     fn inserted(
         &mut self,
         f: &mut Flight<'_>,
@@ -474,7 +478,7 @@ impl<T: Transport> Client<T> {
         start: u64,
         cas_start: u64,
     ) {
-        let (Some((pos, _)), Some(view)) = (f.empty, f.view.as_ref()) else {
+        let (Some((pos, addr)), Some(view)) = (f.empty, f.view.as_ref()) else {
             return;
         };
         let at = f.cas_at + usize::from(!f.written);
@@ -485,10 +489,11 @@ impl<T: Transport> Client<T> {
             f.fate = Fate::Single { retry: true };
             return;
         }
-        // Published: from now on whoever unlinks it retires it.
+        // Placed: from now on whoever unlinks it retires it.
         let Some((_, _, slot)) = f.block.take() else {
             return;
         };
+        let mine = slot.tentative();
         let second = bucket_reads(f.locs);
         let reread = BucketsView::from_reads(
             view.sub(),
@@ -497,27 +502,140 @@ impl<T: Transport> Client<T> {
             res.read(at + 1),
             res.read(at + second),
         );
+        if let Ok(v) = &reread {
+            let claims = v.claims(&f.hash);
+            if v.state(&f.hash) == ViewState::Ok
+                && matches!(&claims[..], [c] if c.addr == addr && c.word == mine)
+            {
+                f.commit = Some(Commit {
+                    pos,
+                    addr,
+                    mine,
+                    placed: cas_start,
+                });
+                return;
+            }
+        }
+        let settled = reread.and_then(|reread| {
+            let mut ctx = self.settle_ctx(f, slot, cas_start);
+            self.settle(
+                f.op.key(),
+                &f.hash,
+                pos,
+                mine,
+                reread,
+                cas_start,
+                cas_start,
+                &mut ctx,
+            )
+        });
+        settled_answer(f, out, settled);
+    }
+
+    /// An operation state for settling `f`'s copy (`slot`, placed at
+    /// `placed`): its block known to hold its key and value.
+    fn settle_ctx(&self, f: &Flight<'_>, slot: Slot, placed: u64) -> OpCtx {
         let value = match f.op {
             Op::Insert(_, v) | Op::Put(_, v) | Op::Update(_, v) => v,
             Op::Get(_) | Op::Delete(_) => &[],
         };
         let mut ctx = OpCtx::default();
-        (ctx.attempts, ctx.start) = (1, cas_start);
-        ctx.remember(slot, value, cas_start);
-        let settled = reread.and_then(|reread| {
-            self.dedup(f.op.key(), &f.hash, pos, slot, reread, cas_start, &mut ctx)
-        });
-        match settled {
-            Ok(true) => answer(f, out, Ok(None)),
-            // Another copy holds the key (this one withdrew): the single
-            // operation finds it (an insert: `KeyExists`; a put replaces
-            // it).
-            Ok(false) => f.fate = Fate::Single { retry: true },
-            Err(Error::Transport(source)) => {
-                let op = f.op.name();
-                answer(f, out, Err(Error::OutcomeUnknown { op, source }));
+        (ctx.attempts, ctx.start) = (1, placed);
+        ctx.remember(slot, value, placed);
+        ctx
+    }
+
+    /// Round 4's doorbell: the commits of the inserts alone in their
+    /// buckets. One whose deadline passed (`max_op_ticks` since its copy
+    /// was placed) must not commit: it settles as the single insert does
+    /// (which withdraws it).
+    fn commit_ops<'b>(
+        &mut self,
+        flights: &mut [Flight<'_>],
+        out: &mut [Reply],
+        spare: Vec<RemoteOp<'b>>,
+    ) -> (Vec<RemoteOp<'b>>, u64) {
+        let mut ops = spare;
+        ops.clear();
+        let now = self.now();
+        for f in flights
+            .iter_mut()
+            .filter(|f| matches!(f.fate, Fate::Flying))
+        {
+            let Some(c) = f.commit else {
+                continue;
+            };
+            if now.saturating_sub(c.placed) > self.config.max_op_ticks {
+                f.commit = None;
+                self.settle_again(f, out, c);
+                continue;
             }
-            Err(e) => answer(f, out, Err(e)),
+            ops.push(RemoteOp::Cas {
+                ptr: c.addr,
+                expect: c.mine.raw(),
+                new: c.mine.committed().raw(),
+            });
+        }
+        (ops, now)
+    }
+
+    /// Settles `f`'s copy `c` as the single insert does, from a fresh read
+    /// of its buckets.
+    fn settle_again(&mut self, f: &mut Flight<'_>, out: &mut [Reply], c: Commit) {
+        let settled = self.read_buckets(&f.hash, &[]).and_then(|view| {
+            let mut ctx = self.settle_ctx(f, c.mine, c.placed);
+            let start = self.now();
+            self.settle(
+                f.op.key(),
+                &f.hash,
+                c.pos,
+                c.mine,
+                view,
+                start,
+                c.placed,
+                &mut ctx,
+            )
+        });
+        settled_answer(f, out, settled);
+    }
+
+    /// Round 4's results: a commit that applied answers its insert; one
+    /// that did not (the subtable froze, a rival removed the copy, the
+    /// deadline passed before it was sent) settles as the single insert
+    /// does; a failed doorbell leaves the commits' outcome unknown.
+    fn commit_done(
+        &mut self,
+        flights: &mut [Flight<'_>],
+        out: &mut [Reply],
+        res: &mut Completions,
+        done: Result<u64, Error>,
+    ) {
+        let mut k = 0;
+        for f in flights
+            .iter_mut()
+            .filter(|f| matches!(f.fate, Fate::Flying))
+        {
+            let Some(c) = f.commit.take() else {
+                continue;
+            };
+            let at = k;
+            k += 1;
+            if let Err(e) = &done {
+                let e = match e {
+                    Error::Transport(source) => Error::OutcomeUnknown {
+                        op: f.op.name(),
+                        source: source.clone(),
+                    },
+                    other => other.clone(),
+                };
+                answer(f, out, Err(e));
+                continue;
+            }
+            if res.cas_old(at) == Some(c.mine.raw()) {
+                answer(f, out, Ok(None));
+                continue;
+            }
+            self.settle_again(f, out, c);
         }
     }
 
@@ -622,7 +740,7 @@ fn push_cas_ops<'b>(
         ops.push(RemoteOp::Cas {
             ptr: *addr,
             expect: Slot::EMPTY.raw(),
-            new: slot.raw(),
+            new: slot.tentative().raw(),
         });
         let at = ops.len();
         ops.resize(at + 2, NO_OP);
@@ -656,6 +774,22 @@ fn push_cas_ops<'b>(
         }
     }
     Ok(())
+}
+
+/// What settling an insert's copy means for its flight.
+fn settled_answer(f: &mut Flight<'_>, out: &mut [Reply], settled: Result<bool, Error>) {
+    match settled {
+        Ok(true) => answer(f, out, Ok(None)),
+        // Not committed (another copy holds the key, or none does): the
+        // single operation searches again (an insert: `KeyExists`, or a new
+        // attempt; a put replaces the key's value).
+        Ok(false) => f.fate = Fate::Single { retry: true },
+        Err(Error::Transport(source)) => {
+            let op = f.op.name();
+            answer(f, out, Err(Error::OutcomeUnknown { op, source }));
+        }
+        Err(e) => answer(f, out, Err(e)),
+    }
 }
 
 fn answer(f: &mut Flight<'_>, out: &mut [Reply], reply: Reply) {
