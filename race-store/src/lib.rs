@@ -11,8 +11,9 @@
 //!   table geometry, everything that reads or writes remote bytes, with no
 //!   I/O and no clock;
 //! * the **client engine** ([`client`]): the RACE protocol (search, insert
-//!   with de-duplication, update, delete, read-modify-write, client-driven
-//!   resizing under a leased lock, KV block reclamation). It does no I/O and
+//!   of a tentative copy committed once settled, update, delete,
+//!   read-modify-write, client-driven resizing under a leased lock, KV
+//!   block reclamation). It does no I/O and
 //!   reads no clock: it talks to memory nodes through a small [`remote::Transport`]
 //!   trait (one call = one doorbell = one round trip) and gets time from a
 //!   caller-provided [`clock::Clock`];

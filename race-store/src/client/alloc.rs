@@ -63,9 +63,9 @@
 //!   only, which no node takes back: they are kept across a new lease. A
 //!   block
 //!   that was published and then unlinked by a successful CAS (update,
-//!   delete, dedup, split) is *retired* by the client whose CAS unlinked it
-//!   ([`KvAllocator::retire`]), stamped with the time, and only reused once
-//!   `grace_ticks` have passed. Free lists are FIFO, so a reused address is
+//!   delete, withdrawal or removal of a tentative copy) is *retired* by the
+//!   client whose CAS unlinked it ([`KvAllocator::retire`]), stamped with
+//!   the time, and only reused once `grace_ticks` have passed. Free lists are FIFO, so a reused address is
 //!   as old as possible.
 //!
 //! Why the grace period is safe is argued in [`crate::client`] ("Timing

@@ -1,4 +1,5 @@
-//! Writes: insert with de-duplication, update, delete and read-modify-write.
+//! Writes: insert (a tentative copy, settled, then committed), update,
+//! delete and read-modify-write.
 //! The protocol and its invariants are in [`super::protocol`].
 
 use crate::error::Error;
