@@ -583,3 +583,73 @@ fn prefault_brings_the_pages_in() {
     mr.prefault(0, len).unwrap();
     assert!(resident(mr.addr(), len).iter().all(|&r| r));
 }
+
+/// One DCI taking turns between five target nodes (more than its cache of
+/// target nodes holds): every READ reaches the node it names, also after
+/// the node left the cache and came back; a node killed while the DCI was
+/// at another one is found dead when the DCI comes back to it (the cached
+/// entry is checked again, not trusted), and the others still answer.
+#[test]
+fn a_dci_taking_turns_between_nodes_reaches_each_and_sees_a_death() {
+    let f = SimFabric::in_memory();
+    let a = SimNic::open(&f, SimConfig::default()).unwrap();
+    let sa = Side::new(&a, 4096);
+    let targets: Vec<_> = (0..5u8)
+        .map(|i| {
+            let nic = SimNic::open(&f, SimConfig::default()).unwrap();
+            let side = Side::new(&nic, 4096);
+            side.mr.write(0, &[i; 8]).unwrap();
+            let srq = nic.create_srq(&side.pd, 4, 1).unwrap();
+            let dct = side.qp(QpType::Dct, QpCaps::default(), Some(&srq), 0xdc);
+            krcore_nic::bring_up(&dct, Access::ALL, None).unwrap();
+            let to = Destination::Dc(DcTarget {
+                gid: nic.gid(),
+                dct_num: dct.qpn(),
+                dc_key: 0xdc,
+            });
+            (nic, side, srq, dct, to)
+        })
+        .collect();
+    let new_dci = || {
+        let dci = sa.qp(QpType::Dci, QpCaps::default(), None, 0);
+        krcore_nic::bring_up(&dci, Access::NONE, None).unwrap();
+        dci
+    };
+    let dci = new_dci();
+    let read = |dci: &_, i: usize, id: u64| -> Wc {
+        let (_, side, _, _, to) = &targets[i];
+        krcore_nic::QueuePair::post_send(
+            dci,
+            &[SendWr::read(id, sa.mr.sge(0, 8).unwrap(), side.mr.remote(0)).to(*to)],
+        )
+        .unwrap();
+        poll_one(&sa.cq)
+    };
+    let mut id = 0;
+    for round in 0..3 {
+        for i in [0, 1, 2, 3, 4, 2, 0, 3] {
+            id += 1;
+            let wc = read(&dci, i, id);
+            assert_eq!(
+                (wc.wr_id, wc.status),
+                (id, WcStatus::Success),
+                "round {round}"
+            );
+            let mut got = [0u8; 8];
+            sa.mr.read(0, &mut got).unwrap();
+            assert_eq!(got, [i as u8; 8], "round {round}: target {i}");
+        }
+    }
+    // Node 1 dies while the DCI is at node 0 (node 1 is in its cache).
+    read(&dci, 1, 100);
+    read(&dci, 0, 101);
+    targets[1].0.kill();
+    let wc = read(&dci, 1, 102);
+    assert_eq!((wc.wr_id, wc.status), (102, WcStatus::RetryExcErr));
+    // A DCI in error is recreated (as the engine does); the others answer.
+    let dci = new_dci();
+    for i in [0, 2, 3, 4] {
+        let wc = read(&dci, i, 200 + i as u64);
+        assert_eq!(wc.status, WcStatus::Success, "target {i}");
+    }
+}

@@ -207,8 +207,16 @@ impl Exec<'_> {
     /// QP `qpn` (see the fabric's docs), looked up again when the cached
     /// one died (the host's process restarted).
     fn target_node(&mut self, gid: &Gid, qpn: u32) -> Option<(u32, u32)> {
+        let is = |c: &Option<CachedNode>| matches!(c, Some(c) if c.gid == *gid && (c.qpn == 0 || c.qpn == qpn) && c.ctl.is_some());
+        let t = &mut self.st.target;
+        if !is(&t.node) {
+            // An earlier target again: swap it back in.
+            if let Some(i) = t.spare.iter().position(is) {
+                std::mem::swap(&mut t.node, &mut t.spare[i]);
+            }
+        }
         let cached = match &self.st.target.node {
-            Some(c) if c.gid == *gid && (c.qpn == 0 || c.qpn == qpn) && c.ctl.is_some() => {
+            Some(c) if is(&self.st.target.node) => {
                 Some((c.slot, c.gen, c.checked_ns, c.local_pid, c.qpn != 0))
             }
             _ => None,
@@ -222,7 +230,7 @@ impl Exec<'_> {
                 let now = now_ns();
                 let interval = self.node().config.liveness_interval.as_nanos() as u64;
                 if now.saturating_sub(checked_ns) > interval {
-                    live = self.fabric().slot_alive(slot, gen as u64);
+                    live = self.fabric().slot_alive_within(slot, gen as u64, interval);
                     if let (true, Some(c)) = (live, &mut self.st.target.node) {
                         c.checked_ns = now;
                     }
@@ -238,7 +246,8 @@ impl Exec<'_> {
         }
         let (slot, gen, ctl_seg, cached_qpn) = match self.fabric().parse_gid(gid)? {
             GidOf::Node(slot, gen) => {
-                if !self.fabric().slot_alive(slot, gen as u64) {
+                let interval = self.node().config.liveness_interval.as_nanos() as u64;
+                if !self.fabric().slot_alive_within(slot, gen as u64, interval) {
                     return None;
                 }
                 let ctl_seg = self
@@ -259,7 +268,12 @@ impl Exec<'_> {
         } else {
             0
         };
-        self.st.target.node = Some(CachedNode {
+        let t = &mut self.st.target;
+        if let Some(old) = t.node.take() {
+            t.spare[t.spare_next] = Some(old);
+            t.spare_next = (t.spare_next + 1) % SPARE_NODES;
+        }
+        t.node = Some(CachedNode {
             gid: *gid,
             qpn: cached_qpn,
             slot,

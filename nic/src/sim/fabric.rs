@@ -37,6 +37,7 @@ use crate::types::Gid;
 use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::Arc;
 
@@ -77,6 +78,16 @@ pub(crate) struct FabricInner {
     segs: RwLock<HashMap<String, Arc<Segment>>>,
     /// sim:mem: published well-known names.
     names: RwLock<HashMap<String, Vec<u8>>>,
+    /// Per node slot: the generation and the time (`now_ns`) of the last
+    /// check that its process lives ([`FabricInner::slot_alive_within`]),
+    /// shared by every QP of this process.
+    pid_checked: Box<[(AtomicU64, AtomicU64)]>,
+}
+
+fn pid_checks() -> Box<[(AtomicU64, AtomicU64)]> {
+    (0..MAX_NODES)
+        .map(|_| (AtomicU64::new(u64::MAX), AtomicU64::new(0)))
+        .collect()
 }
 
 /// A simulated RDMA fabric that nodes ([`super::SimNic`]) join.
@@ -124,6 +135,7 @@ impl SimFabric {
                 id,
                 segs: RwLock::new(HashMap::new()),
                 names: RwLock::new(HashMap::new()),
+                pid_checked: pid_checks(),
             }),
         }
     }
@@ -179,6 +191,7 @@ impl SimFabric {
                 id,
                 segs: RwLock::new(HashMap::new()),
                 names: RwLock::new(HashMap::new()),
+                pid_checked: pid_checks(),
             }),
         })
     }
@@ -508,6 +521,34 @@ impl FabricInner {
         }
         let start = self.header.word(base + 16).load(Acquire);
         proc_start_time(pid) == Some(start)
+    }
+
+    /// As [`FabricInner::slot_alive`], trusting a check of the node's
+    /// process that any QP of this process made in the last `interval_ns`
+    /// (the slot word is always read: a node that closed, or whose slot was
+    /// taken over, is dead at once). A DCI pool taking turns between a few
+    /// nodes then reads a node's `/proc/PID/stat` once per interval, not
+    /// once per QP and interval.
+    pub(crate) fn slot_alive_within(&self, slot: u32, gen: u64, interval_ns: u64) -> bool {
+        let w = self.slot_state(slot);
+        if w & 0xff != SLOT_ALIVE || w >> 8 != gen {
+            return false;
+        }
+        let Some((g, at)) = self.pid_checked.get(slot as usize) else {
+            return self.slot_alive(slot, gen);
+        };
+        let now = super::shm::now_ns();
+        if g.load(Acquire) == gen && now.saturating_sub(at.load(Acquire)) <= interval_ns {
+            return true;
+        }
+        if !self.slot_alive(slot, gen) {
+            return false;
+        }
+        // Two checkers may interleave these stores: a mixed pair at worst
+        // makes a check come early (the slot word is compared first).
+        at.store(now, Release);
+        g.store(gen, Release);
+        true
     }
 
     /// Whether node slot `slot` belongs to this process.

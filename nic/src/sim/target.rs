@@ -54,6 +54,11 @@ pub(super) struct CachedMr {
 }
 
 pub(super) const SEG_CACHE: usize = 8;
+/// Target nodes kept besides the current one: a DCI that takes turns
+/// between a few memory nodes finds each again without resolving it (a
+/// map lookup, and for a node of another process a read of its
+/// `/proc/PID/stat`).
+pub(super) const SPARE_NODES: usize = 3;
 /// A power of two (the home entry is a mask of the key's hash), at most 16
 /// (`TargetCache::pinned` has a bit per entry).
 pub(super) const MR_CACHE: usize = 16;
@@ -62,7 +67,11 @@ const _: () = assert!(MR_CACHE.is_power_of_two() && MR_CACHE <= 16);
 /// Per-QP caches of resolved nodes, destination QPs, MRs and segments.
 #[derive(Default)]
 pub(crate) struct TargetCache {
+    /// The current target node (the last one reached).
     pub(super) node: Option<CachedNode>,
+    /// Earlier target nodes, swapped back in when reached again.
+    pub(super) spare: [Option<CachedNode>; SPARE_NODES],
+    pub(super) spare_next: usize,
     pub(super) dst: Option<CachedDst>,
     pub(super) mrs: [Option<CachedMr>; MR_CACHE],
     pub(super) mr_next: usize,
