@@ -9,10 +9,13 @@
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Condvar, Mutex};
+use std::thread;
 
-use race_store::clock::ManualClock;
+use race_store::clock::{Clock, ManualClock};
 use race_store::layout::slot::RemotePtr;
-use race_store::remote::{OpResult, RemoteOp, Transport, TransportError};
+use race_store::memory::{LocalCluster, LocalTransport};
+use race_store::remote::{CrashPlan, FaultInjector, OpResult, RemoteOp, Transport, TransportError};
+use race_store::{Client, ClientConfig};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -152,4 +155,60 @@ impl<T: Transport> Drop for Scheduled<T> {
     fn drop(&mut self) {
         self.turnstile.finish(self.id);
     }
+}
+
+/// Leases and deadlines in doorbell ticks: a lease outlives any split, an
+/// attempt outlives any wait (so the interleaving alone decides).
+pub fn sim_config() -> ClientConfig {
+    ClientConfig {
+        lease_ticks: 5_000,
+        lease_unit_ticks: 1,
+        max_op_ticks: 200_000,
+        grace_ticks: 500_000,
+        max_attempts: 100_000,
+        coarse_block_bytes: 2048,
+        ..ClientConfig::default()
+    }
+}
+
+pub type SimClient = Client<Scheduled<FaultInjector<LocalTransport>>>;
+
+/// Runs `clients` closures, one per thread, under one turnstile; returns
+/// their results in order.
+pub fn run<R: Send + 'static>(
+    seed: u64,
+    cluster: &LocalCluster,
+    clock: &Arc<ManualClock>,
+    crash: Vec<Option<CrashPlan>>,
+    body: impl Fn(usize, &mut SimClient) -> R + Send + Sync + 'static,
+) -> Vec<R> {
+    let turnstile = Turnstile::new(seed, crash.len(), Arc::clone(clock), 2_000_000);
+    let body = Arc::new(body);
+    let handles: Vec<_> = crash
+        .into_iter()
+        .enumerate()
+        .map(|(id, plan)| {
+            let t = Scheduled::new(
+                FaultInjector::new(cluster.transport(), plan),
+                id,
+                Arc::clone(&turnstile),
+            );
+            let (clock, body) = (Arc::clone(clock), Arc::clone(&body));
+            thread::spawn(move || {
+                let mut c = Client::open(t, clock as Arc<dyn Clock>, sim_config()).unwrap();
+                body(id, &mut c)
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| {
+            h.join()
+                .unwrap_or_else(|_| panic!("seed {seed}: a client panicked"))
+        })
+        .collect()
+}
+
+pub fn checker(cluster: &LocalCluster, clock: &Arc<ManualClock>) -> Client<LocalTransport> {
+    Client::open(cluster.transport(), clock.clone(), sim_config()).unwrap()
 }
