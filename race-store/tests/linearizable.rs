@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use common::sched::{checker, run};
 use common::*;
+use race_store::client::Op;
 use race_store::hash::KeyHash;
 use race_store::layout::subtable::SubtableGeometry;
 use race_store::Error;
@@ -56,6 +57,10 @@ struct Event {
     ret: Ret,
     invoked: u64,
     returned: u64,
+    /// For an operation of a batch: the batch (per client) and its place
+    /// in it. Operations of one batch on the same key take effect in
+    /// submission order.
+    batch: Option<(u64, usize)>,
 }
 
 fn encode(id: u64) -> Vec<u8> {
@@ -91,14 +96,14 @@ fn apply(call: Call, state: u64) -> (Ret, u64) {
 /// is the sequential map's. Depth-first over the operations that may come
 /// next, each state (done set, value) tried once.
 fn linearizable(ops: &[Event]) -> bool {
-    assert!(ops.len() <= 64, "history too long for the search");
-    let all = if ops.len() == 64 {
-        u64::MAX
+    assert!(ops.len() <= 128, "history too long for the search");
+    let all = if ops.len() == 128 {
+        u128::MAX
     } else {
-        (1u64 << ops.len()) - 1
+        (1u128 << ops.len()) - 1
     };
     let mut seen = HashSet::new();
-    let mut stack = vec![(0u64, 0u64)];
+    let mut stack = vec![(0u128, 0u64)];
     while let Some((done, state)) = stack.pop() {
         if done == all {
             return true;
@@ -109,29 +114,40 @@ fn linearizable(ops: &[Event]) -> bool {
         // The earliest response among the operations left: whatever comes
         // next must have been invoked before it.
         let horizon = (0..ops.len())
-            .filter(|i| done & (1 << i) == 0)
+            .filter(|i| done & (1u128 << i) == 0)
             .map(|i| ops[i].returned)
             .min()
             .unwrap_or(u64::MAX);
         for (i, e) in ops.iter().enumerate() {
-            if done & (1 << i) != 0 || e.invoked > horizon {
+            if done & (1u128 << i) != 0 || e.invoked > horizon {
+                continue;
+            }
+            // An earlier operation of its batch on this key comes first.
+            let earlier = |(j, o): (usize, &Event)| {
+                done & (1u128 << j) == 0
+                    && o.client == e.client
+                    && matches!((o.batch, e.batch), (Some((b, p)), Some((c, q))) if b == c && p < q)
+            };
+            if ops.iter().enumerate().any(earlier) {
                 continue;
             }
             let (ret, next) = apply(e.call, state);
             if ret == e.ret {
-                stack.push((done | (1 << i), next));
+                stack.push((done | (1u128 << i), next));
             }
         }
     }
     false
 }
 
-/// Four clients, 14 random operations each (mostly inserts and deletes) on
-/// two shared keys (and keys of their own that fill the buckets and split
-/// the table in some runs), under one turnstile per seed; every key's
-/// history must linearize. When a copy was visible from its CAS, seed 167
-/// failed: an insert that returned `KeyExists` had its value read by two
-/// gets while it settled.
+/// Four clients, 14 random rounds each, a round a single operation or a
+/// batch of two to four (mostly inserts and deletes) on two shared keys
+/// (and keys of their own that fill the buckets and split the table in
+/// some runs), under one turnstile per seed; every key's history must
+/// linearize, a batch's operations on one key in submission order. On the
+/// protocol before tentative copies (a copy visible from its CAS), seed 87
+/// fails (and, with single operations only, seed 167 did: an insert that
+/// returned `KeyExists` had its value read by two gets while it settled).
 #[test]
 fn random_histories_on_shared_keys_are_linearizable() {
     // The shared keys share their buckets in a one-group table, with room
@@ -165,39 +181,77 @@ fn random_histories_on_shared_keys_are_linearizable() {
                     }
                     continue;
                 }
-                let k = rng.gen_range(0..sh.len());
-                let v = 1 + seed * 1000 + id as u64 * 100 + n;
-                let call = match rng.gen_range(0..10) {
-                    0..=3 => Call::Insert(v),
-                    4 => Call::Put(v),
-                    5 => Call::Update(v),
-                    6 | 7 => Call::Delete,
-                    _ => Call::Get,
+                // A single operation, or a batch of two to four (the
+                // same key more than once in some).
+                let size = if rng.gen_bool(0.6) {
+                    1
+                } else {
+                    rng.gen_range(2..=4)
                 };
+                let calls: Vec<(usize, Call)> = (0..size)
+                    .map(|j| {
+                        let k = rng.gen_range(0..sh.len());
+                        let v = 1 + seed * 10_000 + id as u64 * 1000 + n * 10 + j as u64;
+                        let call = match rng.gen_range(0..10) {
+                            0..=3 => Call::Insert(v),
+                            4 => Call::Put(v),
+                            5 => Call::Update(v),
+                            6 | 7 => Call::Delete,
+                            _ => Call::Get,
+                        };
+                        (k, call)
+                    })
+                    .collect();
+                let values: Vec<Vec<u8>> = calls
+                    .iter()
+                    .map(|&(_, call)| match call {
+                        Call::Insert(v) | Call::Put(v) | Call::Update(v) => encode(v),
+                        Call::Delete | Call::Get => Vec::new(),
+                    })
+                    .collect();
                 let invoked = sq.fetch_add(1, Ordering::SeqCst);
-                let r = match call {
-                    Call::Insert(v) => c.insert(&sh[k], &encode(v)).map(|()| None),
-                    Call::Put(v) => c.put(&sh[k], &encode(v)).map(|()| None),
-                    Call::Update(v) => c.update(&sh[k], &encode(v)).map(|()| None),
-                    Call::Delete => c.delete(&sh[k]).map(|()| None),
-                    Call::Get => c.get(&sh[k]),
+                let replies: Vec<Result<Option<Vec<u8>>, Error>> = if size == 1 {
+                    let ((k, call), v) = (calls[0], &values[0]);
+                    vec![match call {
+                        Call::Insert(_) => c.insert(&sh[k], v).map(|()| None),
+                        Call::Put(_) => c.put(&sh[k], v).map(|()| None),
+                        Call::Update(_) => c.update(&sh[k], v).map(|()| None),
+                        Call::Delete => c.delete(&sh[k]).map(|()| None),
+                        Call::Get => c.get(&sh[k]),
+                    }]
+                } else {
+                    let ops: Vec<Op<'_>> = calls
+                        .iter()
+                        .zip(&values)
+                        .map(|(&(k, call), v)| match call {
+                            Call::Insert(_) => Op::Insert(&sh[k], v),
+                            Call::Put(_) => Op::Put(&sh[k], v),
+                            Call::Update(_) => Op::Update(&sh[k], v),
+                            Call::Delete => Op::Delete(&sh[k]),
+                            Call::Get => Op::Get(&sh[k]),
+                        })
+                        .collect();
+                    c.batch(&ops)
                 };
                 let returned = sq.fetch_add(1, Ordering::SeqCst);
-                let ret = match (call, r) {
-                    (Call::Get, Ok(v)) => Ret::Value(v.as_deref().map_or(0, decode)),
-                    (_, Ok(_)) => Ret::Ok,
-                    (_, Err(Error::KeyExists)) => Ret::Exists,
-                    (_, Err(Error::NotFound)) => Ret::NotFound,
-                    (_, Err(e)) => panic!("seed {seed}: {call:?} failed: {e}"),
-                };
-                hi.lock().unwrap().push(Event {
-                    client: id,
-                    key: k,
-                    call,
-                    ret,
-                    invoked,
-                    returned,
-                });
+                for (pos, (&(k, call), r)) in calls.iter().zip(replies).enumerate() {
+                    let ret = match (call, r) {
+                        (Call::Get, Ok(v)) => Ret::Value(v.as_deref().map_or(0, decode)),
+                        (_, Ok(_)) => Ret::Ok,
+                        (_, Err(Error::KeyExists)) => Ret::Exists,
+                        (_, Err(Error::NotFound)) => Ret::NotFound,
+                        (_, Err(e)) => panic!("seed {seed}: {call:?} failed: {e}"),
+                    };
+                    hi.lock().unwrap().push(Event {
+                        client: id,
+                        key: k,
+                        call,
+                        ret,
+                        invoked,
+                        returned,
+                        batch: (size > 1).then_some((n, pos)),
+                    });
+                }
             }
             c.stats().splits
         });
@@ -215,6 +269,7 @@ fn random_histories_on_shared_keys_are_linearizable() {
                 ret: Ret::Value(v.as_deref().map_or(0, decode)),
                 invoked,
                 returned: seq.fetch_add(1, Ordering::SeqCst),
+                batch: None,
             });
         }
         let mut by_key: HashMap<usize, Vec<Event>> = HashMap::new();
@@ -260,7 +315,8 @@ fn random_histories_on_shared_keys_are_linearizable() {
 
 /// The checker itself: it accepts a history with a valid order and refuses
 /// the one the old insert protocol could produce (a read of a losing
-/// insert's value).
+/// insert's value), two winning inserts, a stale read, and a batch's
+/// same-key operations taken out of submission order.
 #[test]
 fn the_checker_tells_good_histories_from_bad() {
     let e = |client, call, ret, invoked, returned| Event {
@@ -270,6 +326,7 @@ fn the_checker_tells_good_histories_from_bad() {
         ret,
         invoked,
         returned,
+        batch: None,
     };
     // B's insert wins; A's overlapping insert fails; a read in between sees
     // B's value: fine.
@@ -298,4 +355,20 @@ fn the_checker_tells_good_histories_from_bad() {
         e(1, Call::Get, Ret::Value(0), 2, 3),
     ];
     assert!(!linearizable(&stale));
+    // A batch's operations on one key in submission order: its get after
+    // its put sees the put (in the other order it would see nothing).
+    let in_batch = |pos, mut ev: Event| {
+        ev.batch = Some((7, pos));
+        ev
+    };
+    let reordered = [
+        in_batch(0, e(0, Call::Put(1), Ret::Ok, 0, 1)),
+        in_batch(1, e(0, Call::Get, Ret::Value(0), 0, 1)),
+    ];
+    assert!(!linearizable(&reordered));
+    let ordered = [
+        in_batch(0, e(0, Call::Put(1), Ret::Ok, 0, 1)),
+        in_batch(1, e(0, Call::Get, Ret::Value(1), 0, 1)),
+    ];
+    assert!(linearizable(&ordered));
 }
