@@ -19,6 +19,7 @@ use common::*;
 use race_store::client::Op;
 use race_store::hash::KeyHash;
 use race_store::layout::subtable::SubtableGeometry;
+use race_store::remote::CrashPlan;
 use race_store::Error;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -47,6 +48,9 @@ enum Ret {
     Exists,
     NotFound,
     Value(u64),
+    /// Failed when its client died: it took effect before its return, or
+    /// never.
+    Unknown,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -93,7 +97,8 @@ fn apply(call: Call, state: u64) -> (Ret, u64) {
 /// Whether `ops` (one key's history, the key absent at first) has a
 /// linearization: an order that respects real time (an operation that
 /// returned before another was invoked comes first) in which every result
-/// is the sequential map's. Depth-first over the operations that may come
+/// is the sequential map's (an operation whose client died may also be
+/// left out, or have any result). Depth-first over the operations that may come
 /// next, each state (done set, value) tried once.
 fn linearizable(ops: &[Event]) -> bool {
     assert!(ops.len() <= 128, "history too long for the search");
@@ -132,8 +137,12 @@ fn linearizable(ops: &[Event]) -> bool {
                 continue;
             }
             let (ret, next) = apply(e.call, state);
-            if ret == e.ret {
+            if ret == e.ret || e.ret == Ret::Unknown {
                 stack.push((done | (1u128 << i), next));
+            }
+            if e.ret == Ret::Unknown {
+                // Or it never took effect.
+                stack.push((done | (1u128 << i), state));
             }
         }
     }
@@ -150,6 +159,52 @@ fn linearizable(ops: &[Event]) -> bool {
 /// returned `KeyExists` had its value read by two gets while it settled).
 #[test]
 fn random_histories_on_shared_keys_are_linearizable() {
+    let runs = seeds(250);
+    let t = histories(runs, |_| vec![None; 4]);
+    assert!(
+        t.contested * 4 >= t.checked && t.splits * 4 >= runs,
+        "{} of {} key histories had overlapping writes, {} of {runs} runs split the table",
+        t.contested,
+        t.checked,
+        t.splits
+    );
+}
+
+/// As above, with the fourth client dying at a random doorbell (after a
+/// random part of its batch ran): what it had in flight took effect before
+/// it died or never (a tentative copy it left is never read), and the
+/// others' histories still linearize.
+#[test]
+fn random_histories_with_a_client_dying_are_linearizable() {
+    let runs = seeds(250);
+    let t = histories(runs, |seed| {
+        let mut rng = SmallRng::seed_from_u64(seed ^ 0xdead);
+        let plan = CrashPlan {
+            // After `open` (at most 3 doorbells); the turnstile makes every
+            // op a doorbell of its own, so the prefix is all or nothing.
+            at_doorbell: rng.gen_range(4..120),
+            executed_prefix: rng.gen_range(0..2),
+        };
+        vec![None, None, None, Some(plan)]
+    });
+    assert!(
+        t.died * 2 >= runs,
+        "{} of {runs} runs had a client die",
+        t.died
+    );
+}
+
+/// What a series of runs covered.
+struct Tally {
+    checked: usize,
+    contested: usize,
+    splits: u64,
+    died: u64,
+}
+
+/// Runs `runs` seeds of four clients (their crash plans from `crash`) and
+/// checks every shared key's history.
+fn histories(runs: u64, crash: impl Fn(u64) -> Vec<Option<CrashPlan>>) -> Tally {
     // The shared keys share their buckets in a one-group table, with room
     // for a few more before it splits.
     let g = SubtableGeometry::new(1).unwrap();
@@ -160,16 +215,20 @@ fn random_histories_on_shared_keys_are_linearizable() {
         .take(2)
         .collect();
     let shared = Arc::new(shared);
-    let mut checked = 0;
-    let mut contested = 0;
-    let mut splits = 0;
-    for seed in 0..seeds(250) {
+    let mut t = Tally {
+        checked: 0,
+        contested: 0,
+        splits: 0,
+        died: 0,
+    };
+    for seed in 0..runs {
         let cluster = tiny_cluster(1, 1, 4 << 20, 6);
         let clock = manual_clock();
         let seq = Arc::new(AtomicU64::new(0));
         let history = Arc::new(Mutex::new(Vec::new()));
         let (sh, sq, hi) = (Arc::clone(&shared), Arc::clone(&seq), Arc::clone(&history));
-        let split = run(seed, &cluster, &clock, vec![None; 4], move |id, c| {
+        let plans = crash(seed);
+        let split = run(seed, &cluster, &clock, plans, move |id, c| {
             let mut rng = SmallRng::seed_from_u64(seed * 7 + id as u64);
             for n in 0..14u64 {
                 if rng.gen_bool(0.1) {
@@ -177,7 +236,10 @@ fn random_histories_on_shared_keys_are_linearizable() {
                     // splits the table in some runs.
                     for j in 0..3 {
                         let own = key(1_000_000 + seed * 1000 + id as u64 * 100 + n * 3 + j);
-                        c.put(&own, b"filler").unwrap();
+                        if let Err(e) = c.put(&own, b"filler") {
+                            assert!(c.transport().inner().is_dead(), "seed {seed}: {e}");
+                            return (c.stats().splits, true);
+                        }
                     }
                     continue;
                 }
@@ -234,12 +296,16 @@ fn random_histories_on_shared_keys_are_linearizable() {
                     c.batch(&ops)
                 };
                 let returned = sq.fetch_add(1, Ordering::SeqCst);
+                let dead = c.transport().inner().is_dead();
                 for (pos, (&(k, call), r)) in calls.iter().zip(replies).enumerate() {
                     let ret = match (call, r) {
                         (Call::Get, Ok(v)) => Ret::Value(v.as_deref().map_or(0, decode)),
                         (_, Ok(_)) => Ret::Ok,
                         (_, Err(Error::KeyExists)) => Ret::Exists,
                         (_, Err(Error::NotFound)) => Ret::NotFound,
+                        (_, Err(Error::Transport(_) | Error::OutcomeUnknown { .. })) if dead => {
+                            Ret::Unknown
+                        }
                         (_, Err(e)) => panic!("seed {seed}: {call:?} failed: {e}"),
                     };
                     hi.lock().unwrap().push(Event {
@@ -252,10 +318,14 @@ fn random_histories_on_shared_keys_are_linearizable() {
                         batch: (size > 1).then_some((n, pos)),
                     });
                 }
+                if dead {
+                    return (c.stats().splits, true);
+                }
             }
-            c.stats().splits
+            (c.stats().splits, false)
         });
-        splits += usize::from(split.iter().sum::<u64>() > 0);
+        t.splits += u64::from(split.iter().map(|s| s.0).sum::<u64>() > 0);
+        t.died += u64::from(split.iter().any(|s| s.1));
         // A final read of every key, after everything.
         let mut c = checker(&cluster, &clock);
         let mut history = history.lock().unwrap().clone();
@@ -285,9 +355,9 @@ fn random_histories_on_shared_keys_are_linearizable() {
                     .collect::<Vec<_>>()
                     .join("\n")
             );
-            checked += 1;
+            t.checked += 1;
             // Keys that two clients wrote at overlapping times.
-            contested += usize::from(ops.iter().any(|a| {
+            t.contested += usize::from(ops.iter().any(|a| {
                 ops.iter().any(|b| {
                     a.client != b.client
                         && a.invoked < b.returned
@@ -305,12 +375,7 @@ fn random_histories_on_shared_keys_are_linearizable() {
         );
         assert_eq!(check.duplicates, 0, "seed {seed}");
     }
-    let runs = seeds(250) as usize;
-    assert!(
-        contested * 4 >= checked && splits * 4 >= runs,
-        "{contested} of {checked} key histories had overlapping writes, \
-         {splits} of {runs} runs split the table"
-    );
+    t
 }
 
 /// The checker itself: it accepts a history with a valid order and refuses

@@ -128,6 +128,10 @@ impl<T: Transport> Scheduled<T> {
     pub fn inner_mut(&mut self) -> &mut T {
         &mut self.inner
     }
+
+    pub fn inner(&self) -> &T {
+        &self.inner
+    }
 }
 
 impl<T: Transport> Transport for Scheduled<T> {
