@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Extra CI suites, run by .ci/run after the README's test command: the
 # checks of what the code promises (formatting, the engine's import
-# structure, clippy with warnings as errors, docs), the loom models, the deployment as separate processes on
+# structure, clippy with warnings as errors, docs), the loom models, longer
+# race-store linearizability histories, the deployment as separate processes on
 # a sim fabric, a 30 s soak with client kills, a fuzz smoke, and the verbs
 # provider on Soft-RoCE. Prints each step's duration; stops at the first
 # failure.
@@ -36,6 +37,8 @@ step "import structure (ci/imports.py)" import_structure
 step "clippy, warnings as errors" cargo clippy --workspace --all-targets -- -D warnings
 step "docs, warnings as errors" env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps -q
 step "loom models (ci/loom.sh)" ci/loom.sh
+step "race-store histories, 1,500 seeds each (linearizability)" \
+    env RACE_SIM_SEEDS=1500 cargo test -p race-store --test linearizable
 deploy_sim() {
     cargo build -p krcore-cli -p krcore-benches --bins
     DEPLOY_PORT=7491 ci/deploy.sh "sim:krcore-ci-deploy-$$" "${CARGO_TARGET_DIR:-target}/debug"
