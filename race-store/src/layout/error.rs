@@ -180,6 +180,17 @@ pub enum LayoutError {
         /// The largest value length for this key.
         max: usize,
     },
+    /// A table superblock of another format version: the table was made by
+    /// a memory node of another release, whose clients follow another
+    /// protocol (version 2: inserts place tentative copies, see
+    /// `client::protocol`).
+    #[error("table format version {found}; this release reads version {supported}")]
+    UnsupportedFormat {
+        /// The version the superblock says.
+        found: u32,
+        /// The version this release reads and writes.
+        supported: u32,
+    },
     /// A KV block whose magic field is wrong (not a KV block, or garbage).
     #[error("KV block magic {found:#06x}, expected {expected:#06x}")]
     BadMagic {

@@ -69,8 +69,10 @@ pub const DIR_PTR: RemotePtr = match RemotePtr::new(0, DIR_OFFSET) {
 };
 /// The superblock's magic (`b"RACETBL1"`).
 pub const SUPERBLOCK_MAGIC: u64 = u64::from_le_bytes(*b"RACETBL1");
-/// The on-memory format version.
-pub const FORMAT_VERSION: u32 = 1;
+/// The on-memory format version: 2 since inserts place tentative copies
+/// (bit 1 of a slot word, [`crate::layout::slot::SLOT_TENTATIVE`]), which a
+/// client of version 1 would take for committed ones.
+pub const FORMAT_VERSION: u32 = 2;
 /// The split log's state word when a split is logged (`b"SPLITLOG"`).
 pub const SPLIT_LOG_ACTIVE: u64 = u64::from_le_bytes(*b"SPLITLOG");
 
@@ -108,15 +110,23 @@ impl SuperblockRepr {
     /// Parses a superblock read from node 0.
     ///
     /// # Errors
-    /// [`LayoutError::Truncated`], [`LayoutError::BadMagic`] (also for a wrong
-    /// version), [`LayoutError::ChecksumMismatch`], or the range errors of the
-    /// geometry and depth.
+    /// [`LayoutError::Truncated`], [`LayoutError::BadMagic`],
+    /// [`LayoutError::UnsupportedFormat`] (another version),
+    /// [`LayoutError::ChecksumMismatch`], or the range errors of the geometry
+    /// and depth.
     pub fn parse(buf: &[u8]) -> Result<Self> {
         let covered = check_crc(buf, "superblock", SUPERBLOCK_SIZE)?;
-        if read_u64(covered, 0) != SUPERBLOCK_MAGIC || read_u32(covered, 8) != FORMAT_VERSION {
+        if read_u64(covered, 0) != SUPERBLOCK_MAGIC {
             return Err(LayoutError::BadMagic {
                 found: read_array::<2>(covered, 0)[0].into(),
                 expected: SUPERBLOCK_MAGIC as u16,
+            });
+        }
+        let version = read_u32(covered, 8);
+        if version != FORMAT_VERSION {
+            return Err(LayoutError::UnsupportedFormat {
+                found: version,
+                supported: FORMAT_VERSION,
             });
         }
         let geometry = SubtableGeometry::new(read_u32(covered, 12))?;
@@ -282,7 +292,18 @@ mod tests {
         assert!(matches!(
             SuperblockRepr::parse(&buf),
             Err(LayoutError::DepthOutOfRange { .. })
-        ));
+        )); // A table of another format version (CRC intact): refused by name.
+        sb().emit(&mut buf).unwrap();
+        buf[8..12].copy_from_slice(&1u32.to_le_bytes());
+        let crc = crc32fast::hash(&buf[..CRC_COVERS]);
+        buf[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(
+            SuperblockRepr::parse(&buf),
+            Err(LayoutError::UnsupportedFormat {
+                found: 1,
+                supported: FORMAT_VERSION
+            })
+        );
     }
 
     #[test]
