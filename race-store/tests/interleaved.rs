@@ -64,6 +64,20 @@ fn places_a_copy(ops: &[RemoteOp<'_>]) -> bool {
     )
 }
 
+/// B inserts `contested` and wins while A's CAS on slot S is on its way:
+/// `n` holds S with `neighbour` meanwhile, so B's copy lands above it, and
+/// frees S again for A's CAS.
+fn b_wins_above(
+    n: &mut Client<LocalTransport>,
+    b: &mut Client<LocalTransport>,
+    contested: &[u8],
+    neighbour: &[u8],
+) {
+    n.insert(neighbour, b"holds S").unwrap();
+    b.insert(contested, b"from B").unwrap();
+    n.delete(neighbour).unwrap();
+}
+
 /// Two inserts of one key race, and the subtable splits while they settle:
 /// exactly one of them wins, and its value stays.
 ///
@@ -89,10 +103,8 @@ fn a_split_while_racing_inserts_settle_keeps_the_winner() {
     let hook = |ops: &[RemoteOp<'_>]| match step {
         // A's CAS on its empty slot (with the re-read of its buckets).
         0 if places_a_copy(ops) => {
-            n.insert(&others[0], b"holds S").unwrap();
-            b.insert(&contested, b"from B").unwrap();
+            b_wins_above(&mut n, &mut b, &contested, &others[0]);
             b_won = true;
-            n.delete(&others[0]).unwrap();
             step = 1;
         }
         // A's next doorbell: it is settling its copy against B's (reading
@@ -155,9 +167,7 @@ fn a_losing_insert_is_never_read_and_a_delete_cannot_make_it_win() {
         // A's CAS on its empty slot: B wins meanwhile. A's next doorbell
         // (it settles against B's copy): a reader, then a delete.
         0 if places_a_copy(ops) => {
-            n.insert(&others[0], b"holds S").unwrap();
-            b.insert(&contested, b"from B").unwrap();
-            n.delete(&others[0]).unwrap();
+            b_wins_above(&mut n, &mut b, &contested, &others[0]);
             step = 1;
         }
         1 => {
