@@ -207,20 +207,19 @@ impl Exec<'_> {
     /// QP `qpn` (see the fabric's docs), looked up again when the cached
     /// one died (the host's process restarted).
     fn target_node(&mut self, gid: &Gid, qpn: u32) -> Option<(u32, u32)> {
-        let is = |c: &Option<CachedNode>| matches!(c, Some(c) if c.gid == *gid && (c.qpn == 0 || c.qpn == qpn) && c.ctl.is_some());
+        let is = |c: &CachedNode| c.gid == *gid && (c.qpn == 0 || c.qpn == qpn) && c.ctl.is_some();
         let t = &mut self.st.target;
-        if !is(&t.node) {
+        if !t.node.as_ref().is_some_and(is) {
             // An earlier target again: swap it back in.
-            if let Some(i) = t.spare.iter().position(is) {
+            if let Some(i) = t.spare.iter().position(|c| c.as_ref().is_some_and(is)) {
                 std::mem::swap(&mut t.node, &mut t.spare[i]);
             }
         }
-        let cached = match &self.st.target.node {
-            Some(c) if is(&self.st.target.node) => {
-                Some((c.slot, c.gen, c.checked_ns, c.local_pid, c.qpn != 0))
-            }
-            _ => None,
-        };
+        let cached = t
+            .node
+            .as_ref()
+            .filter(|c| is(c))
+            .map(|c| (c.slot, c.gen, c.checked_ns, c.local_pid, c.qpn != 0));
         if let Some((slot, gen, checked_ns, local_pid, host)) = cached {
             // Same-process nodes: the slot word is the truth. Others: the pid
             // check is trusted for `liveness_interval`.

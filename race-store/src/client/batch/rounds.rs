@@ -413,13 +413,7 @@ impl<T: Transport> Client<T> {
                     .iter_mut()
                     .filter(|f| matches!(f.fate, Fate::Flying))
                 {
-                    let e = match &e {
-                        Error::Transport(source) => Error::OutcomeUnknown {
-                            op: f.op.name(),
-                            source: source.clone(),
-                        },
-                        other => other.clone(),
-                    };
+                    let e = outcome_error(f.op, &e);
                     // The block may be published: never recycled.
                     f.block = None;
                     answer(f, out, Err(e));
@@ -610,25 +604,15 @@ impl<T: Transport> Client<T> {
         res: &mut Completions,
         done: Result<u64, Error>,
     ) {
-        let mut k = 0;
-        for f in flights
+        let committing = flights
             .iter_mut()
-            .filter(|f| matches!(f.fate, Fate::Flying))
-        {
+            .filter(|f| matches!(f.fate, Fate::Flying) && f.commit.is_some());
+        for (at, f) in committing.enumerate() {
             let Some(c) = f.commit.take() else {
                 continue;
             };
-            let at = k;
-            k += 1;
             if let Err(e) = &done {
-                let e = match e {
-                    Error::Transport(source) => Error::OutcomeUnknown {
-                        op: f.op.name(),
-                        source: source.clone(),
-                    },
-                    other => other.clone(),
-                };
-                answer(f, out, Err(e));
+                answer(f, out, Err(outcome_error(f.op, e)));
                 continue;
             }
             if res.cas_old(at) == Some(c.mine.raw()) {
@@ -784,11 +768,19 @@ fn settled_answer(f: &mut Flight<'_>, out: &mut [Reply], settled: Result<bool, E
         // single operation searches again (an insert: `KeyExists`, or a new
         // attempt; a put replaces the key's value).
         Ok(false) => f.fate = Fate::Single { retry: true },
-        Err(Error::Transport(source)) => {
-            let op = f.op.name();
-            answer(f, out, Err(Error::OutcomeUnknown { op, source }));
-        }
-        Err(e) => answer(f, out, Err(e)),
+        Err(e) => answer(f, out, Err(outcome_error(f.op, &e))),
+    }
+}
+
+/// `e` as the error of `op` after a doorbell that may have installed its
+/// write: a transport failure leaves the outcome unknown.
+fn outcome_error(op: Op<'_>, e: &Error) -> Error {
+    match e {
+        Error::Transport(source) => Error::OutcomeUnknown {
+            op: op.name(),
+            source: source.clone(),
+        },
+        other => other.clone(),
     }
 }
 
