@@ -198,6 +198,36 @@ fn a_losing_insert_is_never_read_and_a_delete_cannot_make_it_win() {
     assert_eq!(check.pairs.len(), 1, "{:?}", check.pairs);
 }
 
+/// A client inserts `key` and dies at the doorbell that would commit its
+/// copy, after inserting `neighbour` (if any): its tentative copy stays.
+fn dies_placing(
+    cluster: &race_store::memory::LocalCluster,
+    clock: &std::sync::Arc<race_store::clock::ManualClock>,
+    key: &[u8],
+    neighbour: Option<&[u8]>,
+) {
+    let mut dead = Client::open(
+        FaultInjector::new(cluster.transport(), None),
+        clock.clone(),
+        manual_config(),
+    )
+    .unwrap();
+    if let Some(n) = neighbour {
+        dead.insert(n, b"neighbour").unwrap();
+    }
+    // Doorbells of the insert: WRITE + buckets, tentative CAS + re-read,
+    // commit (counted from the plan on).
+    dead.transport_mut().set_plan(Some(CrashPlan {
+        at_doorbell: 3,
+        executed_prefix: 0,
+    }));
+    let r = dead.insert(key, b"dead");
+    assert!(
+        matches!(r, Err(Error::OutcomeUnknown { .. } | Error::Transport(_))),
+        "{r:?}"
+    );
+}
+
 /// An inserter that dies after placing its tentative copy, before it
 /// commits: the copy is not the key's (readers and the table check do not
 /// see it), and the next insert of the key removes it and wins, waiting
@@ -210,31 +240,12 @@ fn a_dead_inserters_tentative_copy_is_invisible_and_removed() {
         for warm in [false, true] {
             let cluster = tiny_cluster(1, 1, 16 << 20, 8);
             let clock = manual_clock();
-            let mut dead = Client::open(
-                FaultInjector::new(cluster.transport(), None),
-                clock.clone(),
-                manual_config(),
-            )
-            .unwrap();
             // `warm`: a neighbour takes the first slot of the left bucket
             // first, so that the dead copy lands in the right one, above
             // the next inserter's; cold, the dead copy takes the left
             // bucket's first slot, below it.
-            if warm {
-                dead.insert(&others[0], b"neighbour").unwrap();
-            }
-            // Doorbells of the insert: WRITE + buckets, tentative CAS +
-            // re-read, commit (counted from the plan on).
-            dead.transport_mut().set_plan(Some(CrashPlan {
-                at_doorbell: 3,
-                executed_prefix: 0,
-            }));
-            let r = dead.insert(&contested, b"dead");
-            assert!(
-                matches!(r, Err(Error::OutcomeUnknown { .. } | Error::Transport(_))),
-                "{r:?}"
-            );
-            drop(dead);
+            let neighbour = warm.then_some(&others[0][..]);
+            dies_placing(&cluster, &clock, &contested, neighbour);
             let mut c = open(&cluster, clock.clone(), manual_config());
             assert_eq!(c.get(&contested).unwrap(), None);
             let check = c.check_table().unwrap();
@@ -259,4 +270,122 @@ fn a_dead_inserters_tentative_copy_is_invisible_and_removed() {
             assert_eq!((check.duplicates, check.tentative_slots), (0, 0));
         }
     }
+}
+
+/// A sweep removes the tentative copy a dead inserter left, once it has
+/// waited out the time an owner may take to commit, and touches nothing
+/// else: committed keys stay, a table without tentative copies is read
+/// and left at once, and the next insert of the key has nothing to wait
+/// for.
+#[test]
+fn a_sweep_removes_what_dead_inserters_left_and_nothing_else() {
+    let (contested, others) = contested_and_neighbours();
+    let cluster = tiny_cluster(1, 1, 16 << 20, 8);
+    let clock = manual_clock();
+    let cfg = manual_config();
+    let mut c = open(&cluster, clock.clone(), manual_config());
+    for k in &others[1..4] {
+        c.insert(k, b"committed").unwrap();
+    }
+    // Cold: the dead copy takes the first slot of the left bucket.
+    dies_placing(&cluster, &clock, &contested, None);
+    assert_eq!(c.check_table().unwrap().tentative_slots, 1);
+
+    let t0 = clock.now();
+    let report = c.sweep_tentative().unwrap();
+    assert_eq!(
+        (
+            report.tentative,
+            report.removed,
+            report.changed,
+            report.splitting
+        ),
+        (1, 1, 0, 0),
+        "{report:?}"
+    );
+    assert!(report.subtables >= 1);
+    assert!(
+        report.waited_ticks > cfg.grace_ticks - cfg.max_op_ticks,
+        "{report:?}"
+    );
+    assert!(clock.now() - t0 >= report.waited_ticks);
+    assert!(
+        c.stats().kv_memory.quarantined_bytes > 0,
+        "the sweeper retired the dead copy's block"
+    );
+    let check = c.check_table().unwrap();
+    assert!(check.problems.is_empty(), "{:#?}", check.problems);
+    assert_eq!((check.tentative_slots, check.duplicates), (0, 0));
+    let mut keys: Vec<_> = check.pairs.iter().map(|(k, _)| k.clone()).collect();
+    keys.sort();
+    let mut want = others[1..4].to_vec();
+    want.sort();
+    assert_eq!(keys, want, "committed keys stay");
+
+    // Nothing left: read and left at once.
+    let t1 = clock.now();
+    let again = c.sweep_tentative().unwrap();
+    assert_eq!(
+        (again.tentative, again.removed, again.waited_ticks),
+        (0, 0, 0)
+    );
+    assert_eq!(clock.now(), t1, "no wait without tentative copies");
+
+    // The key's next insert has no dead copy in its way.
+    let t2 = clock.now();
+    c.insert(&contested, b"alive").unwrap();
+    assert!(clock.now() - t2 < cfg.max_op_ticks);
+    assert_eq!(c.stats().rivals_removed, 0);
+    assert_eq!(c.get(&contested).unwrap(), Some(b"alive".to_vec()));
+}
+
+/// A copy that changes while the sweep waits is not the sweep's: here an
+/// insert of the key removes the dead copy (it lies above the insert's
+/// own) and commits between the sweep's read and its CAS. The sweep's CAS
+/// fails and it retires nothing (the insert retired the block); the key
+/// keeps the insert's value.
+#[test]
+fn a_sweep_leaves_a_copy_that_changed_while_it_waited() {
+    let (contested, others) = contested_and_neighbours();
+    let cluster = tiny_cluster(1, 1, 16 << 20, 8);
+    let clock = manual_clock();
+    // Warm: a neighbour holds the left bucket's first slot, so the dead
+    // copy lands in the right bucket, above the next inserter's.
+    dies_placing(&cluster, &clock, &contested, Some(&others[0]));
+    let mut b = open(&cluster, clock.clone(), manual_config());
+    let mut ran = false;
+    let hook = |ops: &[RemoteOp<'_>]| {
+        let sweeps = ops.iter().any(|op| {
+            matches!(op, RemoteOp::Cas { expect, new, .. }
+                if Slot::from_raw(*expect).is_tentative() && *new == Slot::EMPTY.raw())
+        });
+        if sweeps && !ran {
+            b.insert(&contested, b"alive").unwrap();
+            ran = true;
+        }
+    };
+    let t = Hooked {
+        inner: cluster.transport(),
+        hook,
+    };
+    let mut sweeper = Client::open(t, clock.clone(), manual_config()).unwrap();
+    let report = sweeper.sweep_tentative().unwrap();
+    let retired = sweeper.stats().kv_memory.quarantined_bytes;
+    drop(sweeper);
+    assert_eq!(retired, 0, "the sweep retired nothing: the insert did");
+    assert!(ran, "the insert ran before the sweep's CAS");
+    assert_eq!(
+        (report.tentative, report.removed, report.changed),
+        (1, 0, 1),
+        "{report:?}"
+    );
+    assert_eq!(
+        b.stats().rivals_removed,
+        1,
+        "the insert removed the dead copy"
+    );
+    assert_eq!(b.get(&contested).unwrap(), Some(b"alive".to_vec()));
+    let check = b.check_table().unwrap();
+    assert!(check.problems.is_empty(), "{:#?}", check.problems);
+    assert_eq!((check.tentative_slots, check.duplicates), (0, 0));
 }

@@ -14,13 +14,13 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use common::sched::{checker, run};
+use common::sched::{checker, run_configured, sim_config};
 use common::*;
 use race_store::client::Op;
 use race_store::hash::KeyHash;
 use race_store::layout::subtable::SubtableGeometry;
 use race_store::remote::CrashPlan;
-use race_store::Error;
+use race_store::{ClientConfig, Error};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -160,7 +160,7 @@ fn linearizable(ops: &[Event]) -> bool {
 #[test]
 fn random_histories_on_shared_keys_are_linearizable() {
     let runs = seeds(250);
-    let t = histories(runs, |_| vec![None; 4]);
+    let t = histories(runs, |_| vec![None; 4], false);
     assert!(
         t.contested * 4 >= t.checked && t.splits * 4 >= runs,
         "{} of {} key histories had overlapping writes, {} of {runs} runs split the table",
@@ -173,24 +173,37 @@ fn random_histories_on_shared_keys_are_linearizable() {
 /// As above, with the fourth client dying at a random doorbell (after a
 /// random part of its batch ran): what it had in flight took effect before
 /// it died or never (a tentative copy it left is never read), and the
-/// others' histories still linearize.
+/// others' histories still linearize. A fifth client sweeps tentative
+/// copies meanwhile (`Client::sweep_tentative`), configured to take a copy
+/// seen for 3 ticks as dead: it removes live inserters' copies too, which
+/// must be safe whoever owns them (their owners search again). After the
+/// run a sweep leaves no tentative copy.
 #[test]
 fn random_histories_with_a_client_dying_are_linearizable() {
     let runs = seeds(250);
-    let t = histories(runs, |seed| {
-        let mut rng = SmallRng::seed_from_u64(seed ^ 0xdead);
-        let plan = CrashPlan {
-            // After `open` (at most 3 doorbells); the turnstile makes every
-            // op a doorbell of its own, so the prefix is all or nothing.
-            at_doorbell: rng.gen_range(4..120),
-            executed_prefix: rng.gen_range(0..2),
-        };
-        vec![None, None, None, Some(plan)]
-    });
+    let t = histories(
+        runs,
+        |seed| {
+            let mut rng = SmallRng::seed_from_u64(seed ^ 0xdead);
+            let plan = CrashPlan {
+                // After `open` (at most 3 doorbells); the turnstile makes every
+                // op a doorbell of its own, so the prefix is all or nothing.
+                at_doorbell: rng.gen_range(4..120),
+                executed_prefix: rng.gen_range(0..2),
+            };
+            vec![None, None, None, Some(plan)]
+        },
+        true,
+    );
     assert!(
         t.died * 2 >= runs,
         "{} of {runs} runs had a client die",
         t.died
+    );
+    assert!(
+        t.swept * 4 >= runs,
+        "the sweeper removed {} copies in {runs} runs",
+        t.swept
     );
 }
 
@@ -200,11 +213,17 @@ struct Tally {
     contested: usize,
     splits: u64,
     died: u64,
+    /// Tentative copies the sweeper removed while the others ran.
+    swept: u64,
 }
 
-/// Runs `runs` seeds of four clients (their crash plans from `crash`) and
-/// checks every shared key's history.
-fn histories(runs: u64, crash: impl Fn(u64) -> Vec<Option<CrashPlan>>) -> Tally {
+/// The sweeper's client id (with `sweeper`, after the four).
+const SWEEPER: usize = 4;
+
+/// Runs `runs` seeds of four clients (their crash plans from `crash`) and,
+/// with `sweeper`, a fifth that sweeps tentative copies, and checks every
+/// shared key's history.
+fn histories(runs: u64, crash: impl Fn(u64) -> Vec<Option<CrashPlan>>, sweeper: bool) -> Tally {
     // The shared keys share their buckets in a one-group table, with room
     // for a few more before it splits.
     let g = SubtableGeometry::new(1).unwrap();
@@ -220,6 +239,7 @@ fn histories(runs: u64, crash: impl Fn(u64) -> Vec<Option<CrashPlan>>) -> Tally 
         contested: 0,
         splits: 0,
         died: 0,
+        swept: 0,
     };
     for seed in 0..runs {
         let cluster = tiny_cluster(1, 1, 4 << 20, 6);
@@ -227,8 +247,30 @@ fn histories(runs: u64, crash: impl Fn(u64) -> Vec<Option<CrashPlan>>) -> Tally 
         let seq = Arc::new(AtomicU64::new(0));
         let history = Arc::new(Mutex::new(Vec::new()));
         let (sh, sq, hi) = (Arc::clone(&shared), Arc::clone(&seq), Arc::clone(&history));
-        let plans = crash(seed);
-        let split = run(seed, &cluster, &clock, plans, move |id, c| {
+        let mut plans = crash(seed);
+        if sweeper {
+            plans.push(None);
+        }
+        // The sweeper takes a copy seen for 3 ticks as dead.
+        let config = |id| {
+            if id == SWEEPER {
+                ClientConfig {
+                    max_op_ticks: 1,
+                    grace_ticks: 3,
+                    ..sim_config()
+                }
+            } else {
+                sim_config()
+            }
+        };
+        let split = run_configured(seed, &cluster, &clock, plans, config, move |id, c| {
+            if id == SWEEPER {
+                let mut removed = 0;
+                for _ in 0..12 {
+                    removed += c.sweep_tentative().unwrap().removed;
+                }
+                return (0, false, removed);
+            }
             let mut rng = SmallRng::seed_from_u64(seed * 7 + id as u64);
             for n in 0..14u64 {
                 if rng.gen_bool(0.1) {
@@ -238,7 +280,7 @@ fn histories(runs: u64, crash: impl Fn(u64) -> Vec<Option<CrashPlan>>) -> Tally 
                         let own = key(1_000_000 + seed * 1000 + id as u64 * 100 + n * 3 + j);
                         if let Err(e) = c.put(&own, b"filler") {
                             assert!(c.transport().inner().is_dead(), "seed {seed}: {e}");
-                            return (c.stats().splits, true);
+                            return (c.stats().splits, true, 0);
                         }
                     }
                     continue;
@@ -319,13 +361,14 @@ fn histories(runs: u64, crash: impl Fn(u64) -> Vec<Option<CrashPlan>>) -> Tally 
                     });
                 }
                 if dead {
-                    return (c.stats().splits, true);
+                    return (c.stats().splits, true, 0);
                 }
             }
-            (c.stats().splits, false)
+            (c.stats().splits, false, 0)
         });
         t.splits += u64::from(split.iter().map(|s| s.0).sum::<u64>() > 0);
         t.died += u64::from(split.iter().any(|s| s.1));
+        t.swept += split.iter().map(|s| s.2).sum::<u64>();
         // A final read of every key, after everything.
         let mut c = checker(&cluster, &clock);
         let mut history = history.lock().unwrap().clone();
@@ -374,6 +417,16 @@ fn histories(runs: u64, crash: impl Fn(u64) -> Vec<Option<CrashPlan>>) -> Tally 
             check.problems
         );
         assert_eq!(check.duplicates, 0, "seed {seed}");
+        if sweeper {
+            c.sweep_tentative().unwrap();
+            let check = c.check_table().unwrap();
+            assert_eq!(check.tentative_slots, 0, "seed {seed}: swept");
+            assert!(
+                check.problems.is_empty(),
+                "seed {seed}: {:?}",
+                check.problems
+            );
+        }
     }
     t
 }

@@ -51,6 +51,7 @@ mod engine;
 pub mod protocol;
 mod scan;
 mod split;
+mod sweep;
 mod verify;
 mod view;
 mod write;
@@ -60,6 +61,7 @@ use std::sync::Arc;
 pub use alloc::{KvMemoryStats, ReturnReport, CLASS_UNITS, FREE_HIGH, FREE_KEEP, MAX_REFILL};
 pub use batch::{Op, Reply};
 pub use scan::{ScanReport, RESCAN_PASSES, RESCAN_TRIES};
+pub use sweep::SweepReport;
 pub use verify::{NodeAccount, TableCheck};
 
 use crate::clock::Clock;

@@ -114,7 +114,10 @@ type ToRead = (RemotePtr, Suffix, Option<RemotePtr>);
 /// `before`, only those named by an entry that differs (pointer or depth)
 /// from `before`'s for the same index (a directory that doubled repeats
 /// its lower half), with the subtable that entry named.
-fn subtables_of(entries: &[DirEntry], before: Option<&[DirEntry]>) -> Result<Vec<ToRead>, Error> {
+pub(super) fn subtables_of(
+    entries: &[DirEntry],
+    before: Option<&[DirEntry]>,
+) -> Result<Vec<ToRead>, Error> {
     let mut seen = HashSet::new();
     let mut out = Vec::new();
     for (i, e) in entries.iter().enumerate() {

@@ -186,6 +186,18 @@ pub fn run<R: Send + 'static>(
     crash: Vec<Option<CrashPlan>>,
     body: impl Fn(usize, &mut SimClient) -> R + Send + Sync + 'static,
 ) -> Vec<R> {
+    run_configured(seed, cluster, clock, crash, |_| sim_config(), body)
+}
+
+/// As [`run`], client `id` opened with `config(id)`.
+pub fn run_configured<R: Send + 'static>(
+    seed: u64,
+    cluster: &LocalCluster,
+    clock: &Arc<ManualClock>,
+    crash: Vec<Option<CrashPlan>>,
+    config: impl Fn(usize) -> ClientConfig,
+    body: impl Fn(usize, &mut SimClient) -> R + Send + Sync + 'static,
+) -> Vec<R> {
     let turnstile = Turnstile::new(seed, crash.len(), Arc::clone(clock), 2_000_000);
     let body = Arc::new(body);
     let handles: Vec<_> = crash
@@ -197,9 +209,9 @@ pub fn run<R: Send + 'static>(
                 id,
                 Arc::clone(&turnstile),
             );
-            let (clock, body) = (Arc::clone(clock), Arc::clone(&body));
+            let (clock, body, config) = (Arc::clone(clock), Arc::clone(&body), config(id));
             thread::spawn(move || {
-                let mut c = Client::open(t, clock as Arc<dyn Clock>, sim_config()).unwrap();
+                let mut c = Client::open(t, clock as Arc<dyn Clock>, config).unwrap();
                 body(id, &mut c)
             })
         })
