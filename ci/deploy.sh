@@ -189,7 +189,7 @@ for w in ${DEPLOY_WORKLOADS:-a b c d f}; do
     die "workload $w: the clients did not give their memory back"
 done
 
-say "race-kv: put, get, delete, check, dump, load, usage against store ci"
+say "race-kv: put, get, delete, check, sweep, dump, load, usage against store ci"
 kv() { "$bin/race-kv" --fabric "$(fab 6)" --meta "$meta" "${cfg[@]}" --store ci "$@"; }
 kv put ci-greeting "hello from race-kv" || die "race-kv put"
 [ "$(kv get ci-greeting)" = "hello from race-kv" ] || die "race-kv get"
@@ -199,6 +199,9 @@ kv get ci-greeting 2>/dev/null && die "race-kv get of a deleted key succeeded"
 # client above closed: nothing unlinked but what a close could not give back).
 kv check | tail -4
 kv check >"$work/check.out" || die "race-kv check"
+# A sweep of the tentative copies killed inserters left (if any).
+kv sweep >"$work/sweep.out" || die "race-kv sweep"
+grep -q 'tentative slot(s) found: ' "$work/sweep.out" || die "race-kv sweep: $(cat "$work/sweep.out")"
 grep -q '^store ci: 0 KiB unlinked' "$work/check.out" || die "memory unlinked with every client closed: $(tail -1 "$work/check.out")"
 # A dump of the store, loaded back into it (the same pairs: check's count
 # stays); load refuses a cut dump.
@@ -438,6 +441,11 @@ wait "$writer" 2>/dev/null
 # The lease ends 1 s after the client's last request; the node looks for
 # ended leases every eighth of it.
 sleep 3
+# A tentative copy the client left if it died inside an insert is removed
+# by a sweep (the writer is dead: role 6 is free).
+"$bin/race-kv" --fabric "$(fab 6)" --meta "$meta" "${cfg[@]}" --store gc sweep >"$work/gc-sweep.out" ||
+  die "race-kv sweep after the kill"
+say "race-kv sweep: $(cat "$work/gc-sweep.out")"
 kill -TERM "$mem5"
 wait "$mem5" 2>/dev/null
 line=$(grep -m1 'KiB taken back' "$work/mem5.err") || { cat "$work/mem5.err" >&2; die "no exit line from the memory node"; }

@@ -70,8 +70,15 @@ fn race_kv_runs_one_command_against_a_deployed_store() {
     fails_with(KV, &on(&["delete", "k1"]), "key not found");
     let report = ok(on(&["check"]));
     assert!(
-        report.contains(" 2 keys, 0 duplicates, 0 problem(s)"),
+        report.contains(" 2 keys, 0 duplicates, 0 problem(s), 0 tentative slot(s)"),
         "{report}"
+    );
+    // No inserter died inside an insert: the sweep finds nothing and does
+    // not wait.
+    let swept = ok(on(&["sweep"]));
+    assert!(
+        swept.contains(" 0 tentative slot(s) found: 0 removed"),
+        "{swept}"
     );
     // Every node's usage, from its usage record (written every second).
     let usage = ok(on(&["usage"]));

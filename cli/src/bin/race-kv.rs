@@ -10,6 +10,8 @@
 //!   check              read the whole table, check its invariants, count its keys,
 //!                      and say what each memory node's memory in use holds
 //!   usage              every memory node's usage (one READ of its usage record each)
+//!   sweep              remove the tentative copies killed inserters left (waits
+//!                      grace - max_op ticks, 200 ms by default, when it finds any)
 //!   dump FILE          every pair into FILE (`-`: stdout), in `race_store::dump`'s format
 //!   load FILE          put every pair of a dump (`-`: stdin), 64 per batch
 //! ```
@@ -120,6 +122,12 @@ enum Command {
     /// pooled, live grant leases, memory taken back from ended leases
     /// (each node's usage record, read with one-sided READs).
     Usage,
+    /// Remove the tentative copies that killed inserters left (`check`
+    /// counts them): read the table, wait out the time an inserter may
+    /// take to commit (grace_ticks - max_op_ticks of the client config,
+    /// 200 ms by default) when any were found, then remove those still
+    /// unchanged. Safe beside running clients.
+    Sweep,
 }
 
 /// The settings a `--config` file may hold.
@@ -239,6 +247,7 @@ fn run<T: race_store::remote::Transport>(
         Command::Check => return check(client, store),
         Command::Dump { file } => return dump_to(client, &file),
         Command::Load { file } => return load_from(client, &file),
+        Command::Sweep => return sweep(client),
         // Answered before a client opens (main); never reaches here.
         Command::Usage => return usage(PROGRAM, "usage is answered without a client"),
     };
@@ -550,6 +559,27 @@ fn usage_of(store: &Store) -> ExitCode {
         nodes.iter().filter(|(_, u)| u.is_some()).count(),
     );
     ExitCode::SUCCESS
+}
+
+/// `sweep`: the tentative copies of killed inserters removed.
+fn sweep<T: race_store::remote::Transport>(client: &mut Client<T>) -> ExitCode {
+    let started = Instant::now();
+    match client.sweep_tentative() {
+        Ok(r) => {
+            println!(
+                "{} subtable(s) read, {} tentative slot(s) found: {} removed, {} changed while \
+                 the sweep waited (live inserts), {} left in subtables being split; {:.1} s",
+                r.subtables,
+                r.tentative,
+                r.removed,
+                r.changed,
+                r.splitting,
+                started.elapsed().as_secs_f64()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(PROGRAM, &e),
+    }
 }
 
 /// `check`: the table's invariants and its key count, then what each

@@ -121,7 +121,8 @@
 //! removes committed copies only) cannot turn a losing insert into a
 //! winner. A crashed inserter's tentative copy is not the key's: the next
 //! insert of the key removes it (waiting `grace_ticks - max_op_ticks` if
-//! it is at a lower address); a split carries it along until then. The
+//! it is at a lower address), or a sweep does (`Client::sweep_tentative`,
+//! after the same wait); a split carries it along until then. The
 //! price is the commit's round trip on every insert: RACE instead makes a
 //! copy visible at its CAS and lets the lowest copy's owner remove the
 //! others, which can remove the copy of an insert that already returned
