@@ -22,6 +22,15 @@ fn field(report: &str, section: &str, name: &str) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// `field` of the load phase's report.
+fn load_field(report: &str, section: &str, name: &str) -> Option<f64> {
+    let load = report.split("# run phase").next()?;
+    load.lines()
+        .find(|l| l.starts_with(&format!("[{section}], {name}, ")))
+        .and_then(|l| l.rsplit(", ").next())
+        .and_then(|v| v.parse().ok())
+}
+
 /// The run phase's operations as the workload counts them (a
 /// read-modify-write is also one READ and one UPDATE).
 fn operations(report: &str) -> f64 {
@@ -296,6 +305,53 @@ fn ycsb_takes_property_files_overrides_and_ycsbs_flags() {
         .filter_map(|s| field(&out, s, "Operations"))
         .sum();
     assert_eq!(ops, 200.0, "{out}");
+    // A loader of a share of the key space (YCSB's insertstart and
+    // insertcount, for loaders that split a store's load): it loads its
+    // share only and reads within it (uniform: YCSB's zipfian chooser
+    // also reaches the key after the share, which another loader loads);
+    // --records is recordcount.
+    let (ok, out, err) = run(
+        bin,
+        &[
+            "-P",
+            &c,
+            "--records",
+            "100",
+            "-p",
+            "insertstart=40",
+            "-p",
+            "insertcount=20",
+            "-p",
+            "requestdistribution=uniform",
+            "-p",
+            "operationcount=50",
+            "--node-mb",
+            "32",
+        ],
+    );
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("records=100 insertstart=40 insertcount=20 "),
+        "{out}"
+    );
+    assert_eq!(load_field(&out, "INSERT", "Operations"), Some(20.0), "{out}");
+    assert_eq!(field(&out, "READ", "Return=OK"), Some(50.0), "{out}");
+    // insertcount defaults to the rest of the key space.
+    let (ok, out, err) = run(
+        bin,
+        &[
+            "-P",
+            &c,
+            "--records",
+            "100",
+            "-p",
+            "insertstart=70",
+            "--node-mb",
+            "32",
+        ],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(load_field(&out, "INSERT", "Operations"), Some(30.0), "{out}");
     // Usage errors: one line, exit 2.
     for (args, says) in [
         (
@@ -306,6 +362,19 @@ fn ycsb_takes_property_files_overrides_and_ycsbs_flags() {
         (vec!["-P", "/no/such/workload"], "/no/such/workload"),
         (vec!["-P", c.as_str(), "-target", "-5"], "target"),
         (vec!["-P", c.as_str(), "-p", "threadcount=0"], "threads"),
+        (
+            vec![
+                "-P",
+                c.as_str(),
+                "--records",
+                "100",
+                "-p",
+                "insertstart=90",
+                "-p",
+                "insertcount=20",
+            ],
+            "exceeds recordcount (100)",
+        ),
         (
             vec!["-P", c.as_str(), "-s", "--processes", "2"],
             "unsupported",

@@ -341,7 +341,16 @@ fn number<T: std::str::FromStr>(p: &Properties, key: &str) -> Result<Option<T>, 
 /// The workload, with the driver settings the properties carry folded
 /// into `args` (flags win): threadcount, target, status.interval.
 fn resolve(args: &mut Args) -> Result<Workload, String> {
-    let props = properties(args)?;
+    let mut props = properties(args)?;
+    // The flags win over the properties, and take part in the workload's
+    // own checks and defaults (insertcount is recordcount - insertstart
+    // unless given).
+    if let Some(n) = args.records {
+        props.set("recordcount", n.to_string());
+    }
+    if let Some(n) = args.operations {
+        props.set("operationcount", n.to_string());
+    }
     if args.threads.is_none() {
         args.threads = number(&props, "threadcount")?;
     }
@@ -389,7 +398,7 @@ fn main() -> ExitCode {
         };
     }
     let mut args = args;
-    let mut workload = match resolve(&mut args) {
+    let workload = match resolve(&mut args) {
         Ok(w) => w,
         Err(e) => {
             eprintln!("krcore-ycsb: {e}");
@@ -406,9 +415,8 @@ fn main() -> ExitCode {
         eprintln!("krcore-ycsb: {e}");
         return ExitCode::from(2);
     }
-    let records = args.records.unwrap_or(workload.record_count);
-    let operations = args.operations.unwrap_or(workload.operation_count);
-    workload = driver::sized(workload, records, operations);
+    let records = records_text(&workload);
+    let operations = workload.operation_count;
     let model = match LatencyModel::from_name(&args.latency_model) {
         Ok(m) => m,
         Err(e) => {
@@ -623,7 +631,7 @@ fn embedded_table(args: &Args, workload: &Workload) -> TableConfig {
 fn run_multi(
     args: &Args,
     workload: &Workload,
-    (records, operations): (u64, u64),
+    (records, operations): (String, u64),
     model: Option<LatencyModel>,
     fabric: Option<FabricSpec>,
     client: ClientConfig,
@@ -707,8 +715,6 @@ fn run_multi(
                 ..base.clone()
             },
             processes,
-            records,
-            operations,
         );
         match mp::run_children(&exe, &specs, label.clone(), timeout, Some(stop)) {
             Ok(r) => {
@@ -744,7 +750,7 @@ fn run_multi(
 fn run_deployed(
     args: &Args,
     workload: Workload,
-    records: u64,
+    records: String,
     operations: u64,
     stop: &Arc<AtomicBool>,
 ) -> ExitCode {
@@ -866,7 +872,7 @@ fn run_deployed(
                     latency: "none".into(),
                     client: target.client,
                 };
-                let mut specs = mp::child_specs(&base, processes, records, operations);
+                let mut specs = mp::child_specs(&base, processes);
                 if !args.child_fabric.is_empty() {
                     for (i, s) in specs.iter_mut().enumerate() {
                         if let Some(d) = &mut s.deployed {
@@ -911,9 +917,9 @@ fn run_deployed(
     }
     if args.verify && failed == 0 {
         return match local {
-            Some(b) => verify_with(&b, &workload, records, &writes),
+            Some(b) => verify_with(&b, &workload, &writes),
             None => match StoreBackend::connect(&target, wait) {
-                Ok(b) => verify_with(&b, &workload, records, &writes),
+                Ok(b) => verify_with(&b, &workload, &writes),
                 Err(e) => krcore_cli::fail(P, &e),
             },
         };
@@ -929,11 +935,25 @@ fn backend_label(b: &StoreBackend) -> Option<String> {
     b.label()
 }
 
+/// `recordcount` as the header says it: with the part of the key space
+/// this driver loads when it is not all of it (YCSB's `insertstart` and
+/// `insertcount`, for loaders that share a store).
+fn records_text(w: &Workload) -> String {
+    let range = w.load_range();
+    if range == (0..w.record_count) {
+        w.record_count.to_string()
+    } else {
+        format!(
+            "{} insertstart={} insertcount={}",
+            w.record_count, w.insert_start, w.insert_count
+        )
+    }
+}
+
 /// The verification pass (see `krcore_benches::driver::verify`).
 fn verify_with(
     backend: &StoreBackend,
     workload: &Workload,
-    records: u64,
     writes: &[krcore_benches::driver::verify::WriteRecord],
 ) -> ExitCode {
     const P: &str = "krcore-ycsb";
@@ -941,7 +961,7 @@ fn verify_with(
         Ok(c) => c,
         Err(e) => return krcore_cli::fail(P, &e),
     };
-    match verify(&mut client, workload, 0..records, writes) {
+    match verify(&mut client, workload, workload.load_range(), writes) {
         Ok(report) => {
             println!("# verification\n{}", report.summary());
             if report.is_clean() {

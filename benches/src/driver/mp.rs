@@ -148,17 +148,17 @@ pub fn shares(total: u64, parts: usize) -> Vec<u64> {
         .collect()
 }
 
-/// The per-child specs of a phase.
-pub fn child_specs(
-    base: &ChildSpec,
-    processes: usize,
-    records: u64,
-    operations: u64,
-) -> Vec<ChildSpec> {
+/// The per-child specs of a phase: the load phase splits the base
+/// workload's load range (`insertstart`, `insertcount`) into one share per
+/// child, in order; the run phase splits `operationcount`.
+pub fn child_specs(base: &ChildSpec, processes: usize) -> Vec<ChildSpec> {
     let mut out = Vec::new();
-    let mut start = 0;
-    let op_shares = shares(operations, processes);
-    for (i, n) in shares(records, processes).into_iter().enumerate() {
+    let mut start = base.workload.insert_start;
+    let op_shares = shares(base.workload.operation_count, processes);
+    for (i, n) in shares(base.workload.insert_count, processes)
+        .into_iter()
+        .enumerate()
+    {
         let mut s = base.clone();
         s.seed = base.seed.wrapping_add(1000 * i as u64);
         s.writer = base.writer + (i * base.threads.max(1)) as u64;
@@ -387,17 +387,26 @@ mod tests {
             latency: "none".into(),
             client: ClientConfig::default(),
         };
-        let load = child_specs(&base, 3, 10, 100);
+        let load = child_specs(&base, 3);
         let ranges: Vec<_> = load.iter().map(|s| s.workload.load_range()).collect();
         assert_eq!(ranges, vec![0..4, 4..7, 7..10]);
+        // A loader of a share of a larger key space (YCSB's insertstart
+        // and insertcount) splits its share.
+        let mut share = base.clone();
+        share.workload.record_count = 100;
+        share.workload.insert_start = 40;
+        share.workload.insert_count = 20;
+        let ranges: Vec<_> = child_specs(&share, 3)
+            .iter()
+            .map(|s| s.workload.load_range())
+            .collect();
+        assert_eq!(ranges, vec![40..47, 47..54, 54..60]);
         let run = child_specs(
             &ChildSpec {
                 phase: Phase::Run,
                 ..base
             },
             3,
-            10,
-            100,
         );
         let ops: Vec<_> = run.iter().map(|s| s.workload.operation_count).collect();
         assert_eq!(ops, vec![34, 33, 33]);

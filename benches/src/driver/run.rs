@@ -263,7 +263,7 @@ pub fn run_load(
         .map(|_| backend.client())
         .collect::<Result<_, _>>()?;
     opts.pass_gate()?;
-    let progress = Progress::start(opts, workload.record_count, "load");
+    let progress = Progress::start(opts, workload.insert_count, "load");
     let start = Instant::now();
     let results: Vec<Result<ThreadResult, PhaseError>> = std::thread::scope(|s| {
         let hs: Vec<_> = clients
@@ -327,7 +327,7 @@ pub fn run_load(
     progress.finish();
     let closed = close_all(clients);
     let per_thread = results.into_iter().collect::<Result<Vec<_>, _>>()?;
-    finish_phase(backend, per_thread, runtime, workload.record_count, closed)
+    finish_phase(backend, per_thread, runtime, workload.insert_count, closed)
 }
 
 /// The run phase: `workload.operation_count` operations split over the
