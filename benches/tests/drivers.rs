@@ -334,7 +334,11 @@ fn ycsb_takes_property_files_overrides_and_ycsbs_flags() {
         out.contains("records=100 insertstart=40 insertcount=20 "),
         "{out}"
     );
-    assert_eq!(load_field(&out, "INSERT", "Operations"), Some(20.0), "{out}");
+    assert_eq!(
+        load_field(&out, "INSERT", "Operations"),
+        Some(20.0),
+        "{out}"
+    );
     assert_eq!(field(&out, "READ", "Return=OK"), Some(50.0), "{out}");
     // insertcount defaults to the rest of the key space.
     let (ok, out, err) = run(
@@ -351,7 +355,11 @@ fn ycsb_takes_property_files_overrides_and_ycsbs_flags() {
         ],
     );
     assert!(ok, "{err}");
-    assert_eq!(load_field(&out, "INSERT", "Operations"), Some(30.0), "{out}");
+    assert_eq!(
+        load_field(&out, "INSERT", "Operations"),
+        Some(30.0),
+        "{out}"
+    );
     // Usage errors: one line, exit 2.
     for (args, says) in [
         (

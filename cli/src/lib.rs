@@ -109,6 +109,55 @@ pub fn init_tracing(program: &str) {
         .try_init();
 }
 
+/// Prints a line on stdout as `println!` does, except when stdout cannot
+/// be written: a reader that went away (`race-kv check | head -1`) ends
+/// the program at once and quietly with status 141, as SIGPIPE ends a C
+/// tool (Rust ignores SIGPIPE, and `println!` would panic); any other
+/// write error ends it with a one-line error and status 1. The programs
+/// print with this instead of `println!`.
+#[macro_export]
+macro_rules! outln {
+    () => {
+        $crate::out_line(format_args!(""))
+    };
+    ($($arg:tt)*) => {
+        $crate::out_line(format_args!($($arg)*))
+    };
+}
+
+/// The line of [`outln!`], written and flushed (stdout is line-buffered).
+#[doc(hidden)]
+pub fn out_line(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_fmt(args).and_then(|()| out.write_all(b"\n")) {
+        stdout_failed(&e);
+    }
+}
+
+/// Status of a program whose stdout reader went away (128 + SIGPIPE, what
+/// a shell reports for a C tool that SIGPIPE ended).
+pub const BROKEN_PIPE_STATUS: i32 = 141;
+
+/// Ends the program after a failed write to stdout: quietly with
+/// [`BROKEN_PIPE_STATUS`] when the reader went away, else with a one-line
+/// error and status 1.
+pub fn stdout_failed(e: &std::io::Error) -> ! {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        std::process::exit(BROKEN_PIPE_STATUS);
+    }
+    let program = std::env::args_os()
+        .next()
+        .and_then(|a| {
+            std::path::Path::new(&a)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+        })
+        .unwrap_or_default();
+    eprintln!("{program}: writing to stdout: {e}");
+    std::process::exit(1);
+}
+
 /// An error and its sources on one line: `a: b: c`.
 pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();

@@ -73,6 +73,19 @@ fn race_kv_runs_one_command_against_a_deployed_store() {
         report.contains(" 2 keys, 0 duplicates, 0 problem(s), 0 tentative slot(s)"),
         "{report}"
     );
+    // A reader that goes away (`race-kv check | head -1`): race-kv ends
+    // quietly with SIGPIPE's shell status, no panic.
+    let mut cut = Command::new(KV)
+        .args(on(&["check"]))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(cut.stdout.take());
+    let out = cut.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(141), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
     // No inserter died inside an insert: the sweep finds nothing and does
     // not wait.
     let swept = ok(on(&["sweep"]));

@@ -108,21 +108,22 @@ fn run(args: &Args) -> Res<()> {
         joined.push(Node::builder().join(&sdk_host).build()?);
         join.push(us(t.elapsed()));
     }
-    println!(
+    krcore_cli::outln!(
         "krcore-metareg: sim:mem, no latency model (measured), {} rounds x {} calls per kind",
-        args.rounds, args.ops
+        args.rounds,
+        args.ops
     );
-    println!("first registration: {:.1} us", us(first));
+    krcore_cli::outln!("first registration: {:.1} us", us(first));
     for (name, v) in [
         ("register", &mut reg),
         ("renew", &mut renew),
         ("join", &mut join),
     ] {
         let (p50, p90) = (p(v, 0.5), p(v, 0.9));
-        println!("{name:9} messaging p50 {p50:8.1} us  p90 {p90:8.1} us");
+        krcore_cli::outln!("{name:9} messaging p50 {p50:8.1} us  p90 {p90:8.1} us");
     }
     let s = host.stats();
-    println!(
+    krcore_cli::outln!(
         "messaging host: {} requests, {} malformed, {} reply failures; {} handshake endpoints (UD QPs)",
         s.requests,
         s.malformed,

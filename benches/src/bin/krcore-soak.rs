@@ -568,18 +568,20 @@ fn run(args: &Args) -> Result<bool, String> {
         memory,
     };
     let v = &summary.verification;
-    println!("# krcore-soak: YCSB A ({:.0}% reads, {:.0}% inserts), {} processes x {} threads, kills every ~{:?}",
+    krcore_cli::outln!("# krcore-soak: YCSB A ({:.0}% reads, {:.0}% inserts), {} processes x {} threads, kills every ~{:?}",
         args.read_proportion * 100.0, args.insert_proportion * 100.0, args.processes, args.threads, args.kill_every);
-    println!("duration            {:.1} s", summary.duration_s);
-    println!(
+    krcore_cli::outln!("duration            {:.1} s", summary.duration_s);
+    krcore_cli::outln!(
         "kills               {} (SIGKILL), unexpected exits {}, incarnations {}",
-        kills, unexpected, summary.incarnations
+        kills,
+        unexpected,
+        summary.incarnations
     );
-    println!("operations          {} writes issued ({} acknowledged, {} failed), {} reads verified ({} bad)",
+    krcore_cli::outln!("operations          {} writes issued ({} acknowledged, {} failed), {} reads verified ({} bad)",
         summary.writes_issued, summary.writes_acked, summary.writes_failed, reads_ok, reads_bad);
-    println!("table               global depth {}, {} subtables, {} keys, {} duplicates, {} phantom keys, {} problems",
+    krcore_cli::outln!("table               global depth {}, {} subtables, {} keys, {} duplicates, {} phantom keys, {} problems",
         check.global_depth, check.subtables, table.len(), check.duplicates, phantom, check.problems.len());
-    println!("verification        {} keys, {} writes ({} acked, {} unacked), final value unacked on {} keys",
+    krcore_cli::outln!("verification        {} keys, {} writes ({} acked, {} unacked), final value unacked on {} keys",
         v.keys, v.writes, v.acked, v.unacked, v.final_unacked);
     let mut daemon_ok = true;
     if let Some(d) = &daemon {
@@ -594,31 +596,34 @@ fn run(args: &Args) -> Result<bool, String> {
         // the ones stopped at the end) was released.
         let attached_want = (next_inc - 1) * args.threads as u64;
         daemon_ok = st.clients == 0 && st.detached == st.attached && summary.writes_failed == 0;
-        println!(
+        krcore_cli::outln!(
             "daemon              one for the whole run: {} attachments ({} expected at most), {} released, {} attached now, {} VQPs and {} bytes held now",
             st.attached, attached_want, st.detached, st.clients, st.vqps, st.mr_bytes
         );
-        println!(
+        krcore_cli::outln!(
             "                    {} doorbells, {} WRs, {} refused doorbells, {} refused requests",
-            st.doorbells, st.wrs, st.refused_doorbells, st.refused_requests
+            st.doorbells,
+            st.wrs,
+            st.refused_doorbells,
+            st.refused_requests
         );
     }
     let m = &summary.memory;
     let mib = |b: u64| b as f64 / f64::from(1u32 << 20);
-    println!(
+    krcore_cli::outln!(
         "memory              heap handed out {:.1} MiB, {:.1} MiB of it pooled; {:.1} MiB taken back from {} clients whose grant lease ({:?}) ended, {} leases live",
         mib(m.heap_used), mib(m.pooled), mib(m.reclaimed), m.ended, args.grant_lease, m.holders
     );
-    println!("lost acked writes   {}", v.lost);
-    println!("wrong values        {}", v.wrong);
-    println!("get vs table scan   {get_mismatch} mismatches");
+    krcore_cli::outln!("lost acked writes   {}", v.lost);
+    krcore_cli::outln!("wrong values        {}", v.wrong);
+    krcore_cli::outln!("get vs table scan   {get_mismatch} mismatches");
     for e in v
         .examples
         .iter()
         .chain(&check.problems)
         .chain(bad_read_lines.iter().take(10))
     {
-        println!("  ! {e}");
+        krcore_cli::outln!("  ! {e}");
     }
     if let Some(p) = &args.json {
         let json = serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?;

@@ -521,7 +521,7 @@ fn main() -> ExitCode {
         ..RunOptions::default()
     };
     let keys = KeySpace::new(&workload);
-    println!(
+    krcore_cli::outln!(
         "# krcore-ycsb: db={} workload={} records={} operations={} threads={}",
         backend.name(),
         args.workload_name(),
@@ -536,12 +536,12 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    println!("# load phase\n{}", load.report.to_text());
+    krcore_cli::outln!("# load phase\n{}", load.report.to_text());
     if let Some(l) = load.closed.line() {
-        println!("{l}");
+        krcore_cli::outln!("{l}");
     }
     if let Some(l) = driver::memory_node_line(&backend.memory_node_usage()) {
-        println!("{l}");
+        krcore_cli::outln!("{l}");
     }
     if stopped(&stop, "load") {
         return ExitCode::FAILURE;
@@ -553,12 +553,12 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    println!("# run phase\n{}", run.report.to_text());
+    krcore_cli::outln!("# run phase\n{}", run.report.to_text());
     if let Some(l) = run.closed.line() {
-        println!("{l}");
+        krcore_cli::outln!("{l}");
     }
     if let Some(l) = driver::memory_node_line(&backend.memory_node_usage()) {
-        println!("{l}");
+        krcore_cli::outln!("{l}");
     }
     if stopped(&stop, "run") {
         return ExitCode::FAILURE;
@@ -679,7 +679,7 @@ fn run_multi(
     };
     let processes = args.processes.max(1);
     let threads = args.threads().max(1);
-    println!(
+    krcore_cli::outln!(
         "# krcore-ycsb: db=race workload={} records={} operations={} processes={} threads/process={} fabric=sim:{}",
         args.workload_name(),
         records,
@@ -719,13 +719,13 @@ fn run_multi(
         match mp::run_children(&exe, &specs, label.clone(), timeout, Some(stop)) {
             Ok(r) => {
                 let name = if phase == Phase::Load { "load" } else { "run" };
-                println!("# {name} phase\n{}", r.report.to_text());
+                krcore_cli::outln!("# {name} phase\n{}", r.report.to_text());
                 if let Some(l) = r.closed.line() {
-                    println!("{l}");
+                    krcore_cli::outln!("{l}");
                 }
                 let used: Vec<u64> = host.node_stats().iter().map(|s| s.heap_used).collect();
                 if let Some(l) = driver::memory_node_line(&used) {
-                    println!("{l}");
+                    krcore_cli::outln!("{l}");
                 }
                 if stopped(stop, name) {
                     return ExitCode::FAILURE;
@@ -820,7 +820,7 @@ fn run_deployed(
     } else {
         None
     };
-    println!(
+    krcore_cli::outln!(
         "# krcore-ycsb: db=race store={} meta={} fabric={} workload={} records={} operations={} processes={} threads/process={}",
         target.store, target.meta, target.fabric, args.workload_name(), records, operations, processes, threads
     );
@@ -898,9 +898,9 @@ fn run_deployed(
             }
         };
         let name = if phase == Phase::Load { "load" } else { "run" };
-        println!("# {name} phase\n{}", r.report.to_text());
+        krcore_cli::outln!("# {name} phase\n{}", r.report.to_text());
         if let Some(l) = r.closed.line() {
-            println!("{l}");
+            krcore_cli::outln!("{l}");
         }
         if r.errors > 0 {
             eprintln!(
@@ -963,7 +963,7 @@ fn verify_with(
     };
     match verify(&mut client, workload, workload.load_range(), writes) {
         Ok(report) => {
-            println!("# verification\n{}", report.summary());
+            krcore_cli::outln!("# verification\n{}", report.summary());
             if report.is_clean() {
                 ExitCode::SUCCESS
             } else {

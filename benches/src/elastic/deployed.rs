@@ -267,12 +267,12 @@ pub fn joiner_main(spec: &JoinerSpec) -> Result<(), ElasticError> {
 
 /// The reports as a table, with the median join.
 pub fn print(reports: &[JoinerReport]) {
-    println!("# krcore-elastic (deployed store; measured, not modeled)");
-    println!(
+    krcore_cli::outln!("# krcore-elastic (deployed store; measured, not modeled)");
+    krcore_cli::outln!(
         "joiner  start_ms  connected_ms  first_get_ms  gets/s  qps_created  daemon_qps_created"
     );
     for r in reports {
-        println!(
+        krcore_cli::outln!(
             "{:>6}  {:>8.2}  {:>12.2}  {:>12.2}  {:>6.0}  {:>11}  {:>18}",
             r.index,
             r.start_us as f64 / 1e3,
@@ -287,7 +287,7 @@ pub fn print(reports: &[JoinerReport]) {
     let mut joins: Vec<u64> = reports.iter().map(|r| r.first_get_us).collect();
     joins.sort_unstable();
     if let Some(m) = joins.get(joins.len() / 2) {
-        println!(
+        krcore_cli::outln!(
             "median join (spawn to first get): {:.2} ms over {} joiners",
             *m as f64 / 1e3,
             joins.len()

@@ -162,13 +162,21 @@ fn main() -> ExitCode {
         buckets = b.n_buckets,
         "meta table hosted"
     );
-    println!(
+    krcore_cli::outln!(
         "bootstrap: gid {} dct_num {:#x} dc_key {:#x} meta_port {:#x}",
-        b.server.gid, b.server.dct_num, b.server.dc_key, b.rpc_qpn
+        b.server.gid,
+        b.server.dct_num,
+        b.server.dc_key,
+        b.rpc_qpn
     );
-    println!(
+    krcore_cli::outln!(
         "table: addr {:#x} rkey {:#x} len {} buckets {} slots/bucket {} incarnation {:#x}",
-        b.table.addr, b.table.rkey, b.table_len, b.n_buckets, b.slots_per_bucket, b.incarnation
+        b.table.addr,
+        b.table.rkey,
+        b.table_len,
+        b.n_buckets,
+        b.slots_per_bucket,
+        b.incarnation
     );
     let line = format!(
         "krcore-meta listen {} fabric {} mode {:?} gid {}",

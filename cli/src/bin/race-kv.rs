@@ -39,8 +39,9 @@
 //!
 //! Exit codes: 0 done; 1 a failure (the cause on one line), including a key
 //! that `get` or `delete` did not find and an `insert` of a present key;
-//! 2 a bad command line or config file. `check` exits 1 when the table has
-//! problems (each on a line).
+//! 2 a bad command line or config file; 141, quietly, when stdout's reader
+//! went away (`race-kv check | head -1`). `check` exits 1 when the table
+//! has problems (each on a line).
 //!
 //! `check` splits each memory node's memory in use (its usage record, read
 //! after the table) into its prefix, live subtables, subtables splits
@@ -522,7 +523,7 @@ fn usage_of(store: &Store) -> ExitCode {
     let (mut in_use, mut capacity) = (0u64, 0u64);
     for (id, u) in &nodes {
         let Some(u) = u else {
-            println!("node {id}: no usage record (a node of an older build, or one that has just started)");
+            krcore_cli::outln!("node {id}: no usage record (a node of an older build, or one that has just started)");
             continue;
         };
         in_use += u.in_use();
@@ -536,7 +537,7 @@ fn usage_of(store: &Store) -> ExitCode {
         } else {
             String::new()
         };
-        println!(
+        krcore_cli::outln!(
             "node {id}: in use {} of {} ({}%): heap {} handed out, {} of it pooled ({} cooling); \
              {} live grant lease(s); {} taken back so far, from {} ended lease(s){stale}",
             bytes_text(u.in_use()),
@@ -550,7 +551,7 @@ fn usage_of(store: &Store) -> ExitCode {
             u.ended,
         );
     }
-    println!(
+    krcore_cli::outln!(
         "store {}: in use {} of {} ({}%) on {} memory node(s) with a record",
         store.name(),
         bytes_text(in_use),
@@ -566,7 +567,7 @@ fn sweep<T: race_store::remote::Transport>(client: &mut Client<T>) -> ExitCode {
     let started = Instant::now();
     match client.sweep_tentative() {
         Ok(r) => {
-            println!(
+            krcore_cli::outln!(
                 "{} subtable(s) read, {} tentative slot(s) found: {} removed, {} changed while \
                  the sweep waited (live inserts), {} left in subtables being split; {:.1} s",
                 r.subtables,
@@ -590,9 +591,9 @@ fn check<T: race_store::remote::Transport>(client: &mut Client<T>, store: &Store
         Err(e) => return fail(PROGRAM, &e),
     };
     for p in &c.problems {
-        println!("problem: {p}");
+        krcore_cli::outln!("problem: {p}");
     }
-    println!(
+    krcore_cli::outln!(
         "global depth {}, {} subtables (per memory node: {:?}), {} keys, {} duplicates, {} problem(s), {} tentative slot(s)",
         c.global_depth,
         c.subtables,
@@ -614,7 +615,7 @@ fn check<T: race_store::remote::Transport>(client: &mut Client<T>, store: &Store
         .collect();
     for (n, u) in &usages {
         if u.is_none() {
-            println!("node {n}: no usage record (a node of an older build, or one that has just started)");
+            krcore_cli::outln!("node {n}: no usage record (a node of an older build, or one that has just started)");
         }
     }
     let initial_depth = store
@@ -630,7 +631,7 @@ fn check<T: race_store::remote::Transport>(client: &mut Client<T>, store: &Store
             Some(r) => format!("{} retired by splits", bytes_text(r)),
             None => "retired ones not known (a node 0 of an older build)".to_string(),
         };
-        println!(
+        krcore_cli::outln!(
             "node {n}: in use {}: prefix {}, subtables {} live, {retired}, values {} linked, \
              {} unlinked ({}%)",
             bytes_text(a.in_use),
@@ -641,7 +642,7 @@ fn check<T: race_store::remote::Transport>(client: &mut Client<T>, store: &Store
             percent(a.unlinked, a.in_use),
         );
     }
-    println!(
+    krcore_cli::outln!(
         "store {}: {} unlinked of {} in use ({}%): held by running clients, or left by killed ones",
         store.name(),
         bytes_text(unlinked),

@@ -461,7 +461,7 @@ fn status(meta: &str, store: &str) -> ExitCode {
         Err(e) => return fail(PROGRAM, &e),
     };
     let nodes = members.iter().find(|i| i.id == 0).map(|i| i.nodes);
-    println!(
+    krcore_cli::outln!(
         "store {store} at {meta}: {} live member(s){}",
         members.len(),
         nodes.map_or(String::new(), |n| format!(
@@ -477,7 +477,7 @@ fn status(meta: &str, store: &str) -> ExitCode {
                 t.max_global_depth
             )
         });
-        println!(
+        krcore_cli::outln!(
             "  node {}: gid {} region {} MiB incarnation {:#x}{table}",
             i.id,
             i.gid,
@@ -487,7 +487,7 @@ fn status(meta: &str, store: &str) -> ExitCode {
     }
     match complete {
         Ok(()) => {
-            println!("store {store}: complete");
+            krcore_cli::outln!("store {store}: complete");
             ExitCode::SUCCESS
         }
         Err(e) => fail(PROGRAM, &e),

@@ -620,22 +620,22 @@ fn main() -> ExitCode {
                 0.0
             }
         };
-        println!("# krcore vs verbs: median join time, how much shorter in krcore mode");
-        println!("headline, process start to first get WITH the engine start:");
-        println!(
+        krcore_cli::outln!("# krcore vs verbs: median join time, how much shorter in krcore mode");
+        krcore_cli::outln!("headline, process start to first get WITH the engine start:");
+        krcore_cli::outln!(
             "  modeled ({}) join (measured + modeled control path): krcore {:.2} ms, verbs {:.2} ms: {:.1}% shorter",
             args.latency_model,
             k.median(JoinRecord::modeled_us),
             v.median(JoinRecord::modeled_us),
             red(JoinRecord::modeled_us)
         );
-        println!(
+        krcore_cli::outln!(
             "  measured software time: krcore {:.2} ms, verbs {:.2} ms: {:.1}% shorter",
             k.median(JoinRecord::measured_us),
             v.median(JoinRecord::measured_us),
             red(JoinRecord::measured_us)
         );
-        println!(
+        krcore_cli::outln!(
             "  engine start alone: modeled ({}) control time krcore {:.2} ms, verbs {:.2} ms; measured krcore {:.2} ms, verbs {:.2} ms",
             args.latency_model,
             k.median(|j| j.modeled.context_ns / 1000),
@@ -643,7 +643,7 @@ fn main() -> ExitCode {
             k.median(JoinRecord::context_us),
             v.median(JoinRecord::context_us),
         );
-        println!(
+        krcore_cli::outln!(
             "  from main (without the process start, the same exec in both modes): modeled ({}) krcore {:.2} ms, verbs {:.2} ms: {:.1}% shorter; measured krcore {:.2} ms, verbs {:.2} ms",
             args.latency_model,
             k.median(JoinRecord::after_main_modeled_us),
@@ -652,16 +652,16 @@ fn main() -> ExitCode {
             k.median(JoinRecord::after_main_us),
             v.median(JoinRecord::after_main_us),
         );
-        println!(
+        krcore_cli::outln!(
             "  split: without the per-process engine start (KRCore's DC pool exists at boot):"
         );
-        println!(
+        krcore_cli::outln!(
             "  measured: {:.1}% shorter, modeled ({}): {:.1}% shorter",
             red(JoinRecord::app_measured_us),
             args.latency_model,
             red(JoinRecord::app_modeled_us)
         );
-        println!(
+        krcore_cli::outln!(
             "  modeled ({}) control-path time alone: {:.1}% shorter",
             args.latency_model,
             red(|j| (j.modeled.total_ns() - j.modeled.context_ns) / 1000)

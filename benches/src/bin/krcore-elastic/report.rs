@@ -16,17 +16,17 @@ pub(crate) const TAIL_FLOOR_US: u64 = 50_000;
 /// Prints one mode's joins and returns the tails of the join's own code
 /// (`--tail-factor`; none when it is 0), one line each.
 pub(crate) fn print_mode(r: &ModeRun, model: &str, tail_factor: f64) -> Vec<String> {
-    println!(
+    krcore_cli::outln!(
         "# mode={} memory_nodes={} compute_nodes={} (modeled = measured + {model} control-path time)",
         r.mode.name(),
         r.memory_nodes,
         r.compute_nodes
     );
-    println!("join  measured_ms  modeled_{model}_ms  app_measured_ms  app_modeled_{model}_ms  app_control_{model}_ms  qps(node/memory)  exec_ms  device_ms  context_ms  connect_ms  first_get_ms");
+    krcore_cli::outln!("join  measured_ms  modeled_{model}_ms  app_measured_ms  app_modeled_{model}_ms  app_control_{model}_ms  qps(node/memory)  exec_ms  device_ms  context_ms  connect_ms  first_get_ms");
     for j in &r.joins {
         let s = j.stamps;
         let ms = |a: u64, b: u64| b.saturating_sub(a) as f64 / 1000.0;
-        println!(
+        krcore_cli::outln!(
             "{:>4}  {:>11.2}  {:>14.2}  {:>15.2}  {:>18.2}  {:>18.2}  {:>8}/{:<7}  {:>7.2}  {:>9.2}  {:>10.2}  {:>10.2}  {:>12.2}",
             j.index + 1,
             j.measured_us() as f64 / 1000.0,
@@ -50,7 +50,7 @@ pub(crate) fn print_mode(r: &ModeRun, model: &str, tail_factor: f64) -> Vec<Stri
         ),
         ("median", ModeRun::median),
     ] {
-        println!(
+        krcore_cli::outln!(
             "{name:<6}{:>9.2}  {:>14.2}  {:>15.2}  {:>18.2}",
             f(r, JoinRecord::measured_us),
             f(r, JoinRecord::modeled_us),
@@ -60,7 +60,7 @@ pub(crate) fn print_mode(r: &ModeRun, model: &str, tail_factor: f64) -> Vec<Stri
     }
     if let Some(slow) = r.joins.iter().max_by_key(|j| j.measured_us()) {
         let (stage, us) = slow.slowest_stage();
-        println!(
+        krcore_cli::outln!(
             "slowest: join {} {:.2} ms measured, {:.2} ms modeled; its longest stage {stage} {:.2} ms",
             slow.index + 1,
             slow.measured_us() as f64 / 1000.0,
@@ -99,7 +99,7 @@ pub(crate) fn print_mode(r: &ModeRun, model: &str, tail_factor: f64) -> Vec<Stri
         } else {
             ""
         };
-        println!(
+        krcore_cli::outln!(
             "# OUTLIER: join {} took {:.2} ms measured, over {OUTLIER_FACTOR}x the median; {:.2} ms of it in {stage}{note}{sched}",
             j.index + 1,
             j.measured_us() as f64 / 1000.0,
@@ -130,9 +130,9 @@ pub(crate) fn print_mode(r: &ModeRun, model: &str, tail_factor: f64) -> Vec<Stri
     let total: u64 = r.loads.iter().map(|l| l.ops).sum();
     let errors: u64 = r.loads.iter().map(|l| l.errors).sum();
     let peak = r.timeline.iter().map(|p| p.1).fold(0.0, f64::max);
-    println!("gets {total} ({errors} failed), peak {peak:.0} ops/s per 100 ms bucket");
+    krcore_cli::outln!("gets {total} ({errors} failed), peak {peak:.0} ops/s per 100 ms bucket");
     if let Some(e) = r.loads.iter().find_map(|l| l.engine) {
-        println!(
+        krcore_cli::outln!(
             "engine (node 1 at the end): dcis {} vqps {} connect hits {} misses {} meta reads {} rc upgrades {} downgrades {} failed {}; created on first need: DCT {}, handshake endpoint {}",
             e.dcis, e.vqps_created, e.connect_hits, e.connect_misses, e.meta_reads,
             e.rc_upgrades, e.rc_downgrades, e.rc_upgrade_failures,
@@ -140,13 +140,13 @@ pub(crate) fn print_mode(r: &ModeRun, model: &str, tail_factor: f64) -> Vec<Stri
         );
     }
     if let Some(e) = r.joins.iter().find_map(|j| j.engine) {
-        println!(
+        krcore_cli::outln!(
             "engine (node 1 at its first get): dcis {}, DCT {}, handshake endpoint {} (lazy start: only DCI 0 before the first get)",
             e.dcis, e.dcts_created, e.handshake_endpoints_created
         );
     }
     if let Some(d) = &r.daemon {
-        println!(
+        krcore_cli::outln!(
             "node daemon: started once before the first join (at boot): {:.2} ms measured, {:.2} ms modeled control path, {} QPs; after its start its NIC created {} QPs for {} attached processes; its engine at the end: dcis {} vqps {} connect hits {} misses {} meta reads {} rc upgrades {}",
             d.start_measured_us as f64 / 1000.0,
             d.start_modeled_ns as f64 / 1e6,
@@ -162,9 +162,9 @@ pub(crate) fn print_mode(r: &ModeRun, model: &str, tail_factor: f64) -> Vec<Stri
         );
     }
     if r.mode != Mode::Verbs {
-        println!("upgrade events (DC->RC; time since first spawn, node, cumulative upgrades/downgrades/failed):");
+        krcore_cli::outln!("upgrade events (DC->RC; time since first spawn, node, cumulative upgrades/downgrades/failed):");
         for u in &r.upgrades {
-            println!(
+            krcore_cli::outln!(
                 "  {:>6.2} s  node {:>2}  {}/{}/{}",
                 secs_since(r.start_us, u.t_us),
                 u.node + 1,
@@ -174,16 +174,16 @@ pub(crate) fn print_mode(r: &ModeRun, model: &str, tail_factor: f64) -> Vec<Stri
             );
         }
         if r.upgrades.is_empty() {
-            println!("  none");
+            krcore_cli::outln!("  none");
         }
         for &(n, t, a, b) in &r.upgrade_rates {
-            println!(
+            krcore_cli::outln!(
                 "  node {:>2} first upgrade at {t:.2} s: its gets/s 500 ms before {a:.0}, after {b:.0} ({:+.1}%)",
                 n + 1,
                 if a > 0.0 { 100.0 * (b / a - 1.0) } else { 0.0 }
             );
         }
     }
-    println!();
+    krcore_cli::outln!();
     tail_lines
 }
