@@ -15,17 +15,18 @@ fn run(bin: &str, args: &[&str]) -> (bool, String, String) {
 
 /// The value of `[SECTION], NAME, value` in the run phase's report.
 fn field(report: &str, section: &str, name: &str) -> Option<f64> {
-    let run = report.split("# run phase").nth(1)?;
-    run.lines()
-        .find(|l| l.starts_with(&format!("[{section}], {name}, ")))
-        .and_then(|l| l.rsplit(", ").next())
-        .and_then(|v| v.parse().ok())
+    phase_field(report, 1, section, name)
 }
 
 /// `field` of the load phase's report.
 fn load_field(report: &str, section: &str, name: &str) -> Option<f64> {
-    let load = report.split("# run phase").next()?;
-    load.lines()
+    phase_field(report, 0, section, name)
+}
+
+/// `[section], name, value` in the report's phase `phase` (0: load, 1: run).
+fn phase_field(report: &str, phase: usize, section: &str, name: &str) -> Option<f64> {
+    let text = report.split("# run phase").nth(phase)?;
+    text.lines()
         .find(|l| l.starts_with(&format!("[{section}], {name}, ")))
         .and_then(|l| l.rsplit(", ").next())
         .and_then(|v| v.parse().ok())

@@ -603,6 +603,21 @@ fn check<T: race_store::remote::Transport>(client: &mut Client<T>, store: &Store
         c.problems.len(),
         c.tentative_slots
     );
+    if c.locked || c.split_logged || c.frozen_slots > 0 {
+        // A split running now, or one a dead client left: the next writer
+        // that needs the lock takes it over once its lease ends.
+        krcore_cli::outln!(
+            "split: directory {}, split {}, {} frozen slot(s) (a split in progress, or one a \
+             killed client left: the next writer of its subtable completes it once its lease ends)",
+            if c.locked { "locked" } else { "not locked" },
+            if c.split_logged {
+                "logged"
+            } else {
+                "not logged"
+            },
+            c.frozen_slots
+        );
+    }
     // Read after the table, so that what a client gave back meanwhile is
     // not counted as unlinked.
     let usages = match store.usage() {

@@ -43,7 +43,7 @@ pub struct TableCheck {
     /// Tentative slots in live subtables: copies of inserts still settling,
     /// or left by inserters that died before they committed or withdrew
     /// (not part of the table's content; the next insert of the key
-    /// removes them).
+    /// removes them, and so does [`Client::sweep_tentative`]).
     pub tentative_slots: usize,
     /// Every key with the value of its lowest-addressed copy, sorted by key.
     pub pairs: Vec<(Vec<u8>, Vec<u8>)>,
