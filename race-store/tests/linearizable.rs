@@ -175,9 +175,9 @@ fn random_histories_on_shared_keys_are_linearizable() {
 /// it died or never (a tentative copy it left is never read), and the
 /// others' histories still linearize. A fifth client sweeps tentative
 /// copies meanwhile (`Client::sweep_tentative`), configured to take a copy
-/// seen for 3 ticks as dead: it removes live inserters' copies too, which
-/// must be safe whoever owns them (their owners search again). After the
-/// run a sweep leaves no tentative copy.
+/// seen for more than 2 ticks as dead: it removes live inserters' copies
+/// too, which must be safe whoever owns them (their owners search again).
+/// After the run a sweep leaves no tentative copy.
 #[test]
 fn random_histories_with_a_client_dying_are_linearizable() {
     let runs = seeds(250);
@@ -251,7 +251,7 @@ fn histories(runs: u64, crash: impl Fn(u64) -> Vec<Option<CrashPlan>>, sweeper: 
         if sweeper {
             plans.push(None);
         }
-        // The sweeper takes a copy seen for 3 ticks as dead.
+        // The sweeper takes a copy seen for more than 2 ticks as dead (grace 3 - max_op 1).
         let config = |id| {
             if id == SWEEPER {
                 ClientConfig {
