@@ -311,25 +311,19 @@ fn ycsb_takes_property_files_overrides_and_ycsbs_flags() {
     // share only and reads within it (uniform: YCSB's zipfian chooser
     // also reaches the key after the share, which another loader loads);
     // --records is recordcount.
-    let (ok, out, err) = run(
-        bin,
-        &[
-            "-P",
-            &c,
-            "--records",
-            "100",
-            "-p",
-            "insertstart=40",
-            "-p",
-            "insertcount=20",
-            "-p",
-            "requestdistribution=uniform",
-            "-p",
-            "operationcount=50",
-            "--node-mb",
-            "32",
-        ],
-    );
+    let of_100 = |props: &[&str]| {
+        let mut args = vec!["-P", c.as_str(), "--records", "100", "--node-mb", "32"];
+        for p in props {
+            args.extend(["-p", p]);
+        }
+        run(bin, &args)
+    };
+    let (ok, out, err) = of_100(&[
+        "insertstart=40",
+        "insertcount=20",
+        "requestdistribution=uniform",
+        "operationcount=50",
+    ]);
     assert!(ok, "{err}");
     assert!(
         out.contains("records=100 insertstart=40 insertcount=20 "),
@@ -342,19 +336,7 @@ fn ycsb_takes_property_files_overrides_and_ycsbs_flags() {
     );
     assert_eq!(field(&out, "READ", "Return=OK"), Some(50.0), "{out}");
     // insertcount defaults to the rest of the key space.
-    let (ok, out, err) = run(
-        bin,
-        &[
-            "-P",
-            &c,
-            "--records",
-            "100",
-            "-p",
-            "insertstart=70",
-            "--node-mb",
-            "32",
-        ],
-    );
+    let (ok, out, err) = of_100(&["insertstart=70"]);
     assert!(ok, "{err}");
     assert_eq!(
         load_field(&out, "INSERT", "Operations"),

@@ -260,6 +260,15 @@ impl<T: Transport> Client<T> {
         Ok(())
     }
 
+    /// How long a tentative copy must be seen unchanged before it is taken
+    /// for a dead inserter's: an owner commits within `max_op_ticks` of
+    /// placing its copy, or withdraws; the rest of the grace period is the
+    /// skew margin (`ClientConfig` keeps `grace_ticks > 2 * max_op_ticks`).
+    /// A settling insert and the sweep use it.
+    pub(crate) fn tentative_dead_after(&self) -> u64 {
+        self.config.grace_ticks - self.config.max_op_ticks
+    }
+
     /// Whether the current attempt may still use what it read.
     pub(crate) fn fresh(&self, ctx: &OpCtx) -> bool {
         self.now().saturating_sub(ctx.start) <= self.config.max_op_ticks

@@ -105,7 +105,7 @@ impl<T: Transport> Client<T> {
         }
         // Every copy noted was in place at or before `seen`.
         let seen = self.now();
-        let dead_after = self.config.grace_ticks - self.config.max_op_ticks;
+        let dead_after = self.tentative_dead_after();
         loop {
             let age = self.now().saturating_sub(seen);
             if age > dead_after {

@@ -266,7 +266,7 @@ impl<T: Transport> Client<T> {
             let late = now.saturating_sub(placed) > self.config.max_op_ticks;
             // A tentative rival's owner commits within `max_op_ticks` of
             // placing it; seen for longer (and the skew margin), it is dead.
-            let dead_after = self.config.grace_ticks - self.config.max_op_ticks;
+            let dead_after = self.tentative_dead_after();
             let mut exists = false;
             let mut wait = false;
             let mut remove = Vec::new();
