@@ -10,7 +10,10 @@
 //! # Logs
 //! Each writer (one client thread of one process incarnation, id `wid`)
 //! appends lines to its own file, one `write(2)` per line, so a SIGKILL
-//! loses nothing already written (the page cache outlives the process):
+//! loses nothing already written (the page cache outlives the process).
+//! The kill can cut the line being written short (between two pages): a
+//! last line without its newline is ignored, so a write whose `A` line was
+//! cut is unacknowledged, and one whose `I` line was cut was never issued.
 //!
 //! ```text
 //! I <seq> <keynum> <invoke_us>   before a write is issued
@@ -230,7 +233,8 @@ pub struct ParsedLog {
     pub reads_bad: u64,
     /// The `X` lines.
     pub bad_reads: Vec<String>,
-    /// Lines that did not parse (a torn last line is expected after a kill).
+    /// Lines that did not parse, and a last line without its newline (a
+    /// kill can cut a line short, mid-number: see [`parse_log`]).
     pub torn_lines: u64,
 }
 
@@ -238,7 +242,17 @@ pub struct ParsedLog {
 pub fn parse_log(wid: u64, text: &str) -> ParsedLog {
     let mut out = ParsedLog::default();
     let mut by_seq: HashMap<u64, usize> = HashMap::new();
-    for line in text.lines() {
+    for line in text.split_inclusive('\n') {
+        // A line is whole only with its newline: SIGKILL can end a write(2)
+        // between two pages, leaving `A 7 17966` of `A 7 1796668841047288`,
+        // which parses as an acknowledgement 30 years early. Without it, an
+        // intent was never followed by its write, and an acknowledgement
+        // never reached the driver: the write is unacknowledged, ended by the
+        // process's death.
+        let Some(line) = line.strip_suffix('\n') else {
+            out.torn_lines += 1;
+            continue;
+        };
         let f: Vec<&str> = line.split(' ').collect();
         let num = |i: usize| f.get(i).and_then(|s| s.parse::<u64>().ok());
         let ok = match f.first().copied() {
@@ -444,17 +458,26 @@ mod tests {
         log.reads(10, 1).unwrap();
         log.bad_read(42, "corrupt\nvalue").unwrap();
         drop(log);
-        let mut text = std::fs::read_to_string(log_path(dir.path(), 5)).unwrap();
-        text.push_str("A 3 3"); // killed mid-line: no newline, but parses
-        text.push_str("\nI 4 4");
-        let p = parse_log(5, &text);
-        assert_eq!(p.writes.len(), 3);
-        assert_eq!(p.writes[0].ack_us, Some(150));
-        assert!(p.writes[1].failed && p.writes[1].ack_us.is_none());
-        assert_eq!(p.writes[2].ack_us, Some(3));
-        assert_eq!((p.reads_ok, p.reads_bad), (10, 1));
-        assert_eq!(p.bad_reads, vec!["X 42 corrupt value".to_string()]);
+        let text = std::fs::read_to_string(log_path(dir.path(), 5)).unwrap();
+        let whole = parse_log(5, &text);
+        assert_eq!(whole.writes.len(), 3);
+        assert_eq!(whole.writes[0].ack_us, Some(150));
+        assert!(whole.writes[1].failed && whole.writes[1].ack_us.is_none());
+        assert_eq!(whole.writes[2].ack_us, None);
+        assert_eq!((whole.reads_ok, whole.reads_bad), (10, 1));
+        assert_eq!(whole.bad_reads, vec!["X 42 corrupt value".to_string()]);
+        assert_eq!(whole.torn_lines, 0);
+
+        // Killed while writing seq 3's acknowledgement: its time was cut
+        // short. It parses as a number, but the write stays unacknowledged.
+        let p = parse_log(5, &format!("{text}A 3 3"));
+        assert_eq!(p.writes[2].ack_us, None);
         assert_eq!(p.torn_lines, 1);
+        // Killed while writing an intent (whose write was never issued),
+        // after a line that does not parse.
+        let p = parse_log(5, &format!("{text}Z 1\nI 4 44 1000"));
+        assert_eq!(p.writes.len(), 3);
+        assert_eq!(p.torn_lines, 2);
     }
 
     fn w(wid: u64, seq: u64, keynum: u64, invoke: u64, ack: Option<u64>) -> WriteRec {
