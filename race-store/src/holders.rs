@@ -21,6 +21,8 @@
 //!   piece) is cut out of the pieces it falls in. A piece whose last block
 //!   was written is forgotten ([`Holders::prune`]): clients carve a grant
 //!   from its start, so it is carved out.
+//! * A client that closes ends its lease itself ([`Holders::end`]), after
+//!   giving back what it held: its pieces are doomed at once, as below.
 //! * A holder not heard from for a whole lease is dead: its record ends and
 //!   its pieces become *doomed* ([`Holders::expire`]); the node takes back
 //!   every block of them whose first 8 bytes are still zero, a bounded
@@ -255,16 +257,33 @@ impl Holders {
             self.records.remove(h);
         }
         self.ended += dead.len() as u64;
+        self.doom(|h| dead.contains(&h));
+        dead.len()
+    }
+
+    /// Moves the pieces of the holders `ended` says ended to the doomed.
+    fn doom(&mut self, ended: impl Fn(u64) -> bool) {
         let doomed = &mut self.doomed;
         self.pieces.retain(|&start, p| {
-            if dead.contains(&p.holder) {
+            if ended(p.holder) {
                 doomed.insert(start, *p);
                 false
             } else {
                 true
             }
         });
-        dead.len()
+    }
+
+    /// Ends `holder`'s record at its own request (a client that closed):
+    /// its pieces become doomed, as in [`Holders::expire`]. Returns whether
+    /// it had a record.
+    pub fn end(&mut self, holder: u64) -> bool {
+        if self.records.remove(&holder).is_none() {
+            return false;
+        }
+        self.ended += 1;
+        self.doom(|h| h == holder);
+        true
     }
 
     /// Takes the next doomed piece off the book, at most `max_blocks`
@@ -396,6 +415,28 @@ mod tests {
         let rest = expire_all(&mut h, ms(16));
         assert_eq!(rest.len(), 1);
         assert_eq!(rest[0].holder, 2);
+    }
+
+    #[test]
+    fn a_holder_that_ends_its_lease_hands_over_its_pieces_at_once() {
+        let mut h = Holders::new(LEASE);
+        h.touch(1, 0);
+        h.granted(1, 128, &[(4096, 1024)]);
+        h.touch(2, 0);
+        h.granted(2, 64, &[(16384, 640)]);
+        assert!(h.end(1), "1 had a record");
+        assert!(!h.end(1), "and has none now");
+        assert!(!h.end(9), "9 never had one");
+        let s = h.stats();
+        assert_eq!((s.holders, s.pieces, s.doomed, s.ended), (1, 1, 1024, 1));
+        let gone: Vec<Piece> = std::iter::from_fn(|| h.next_doomed(u64::MAX)).collect();
+        assert_eq!(gone.len(), 1);
+        assert_eq!((gone[0].holder, gone[0].start), (1, 4096));
+        let again = h.touch(1, ms(1));
+        assert!(
+            again.generation > 2,
+            "a holder back after its end has a new record"
+        );
     }
 
     #[test]

@@ -586,6 +586,24 @@ pub trait Transport {
         Ok(None)
     }
 
+    /// Ends the client's leases on the memory nodes' grants (see
+    /// [`crate::holders`]), after it gave back what it holds at its close:
+    /// each node then takes back at once what is left unwritten of its
+    /// grants, instead of a lease later, and no longer counts it as a
+    /// live holder. The client uses nothing of those grants afterwards (a
+    /// later allocation starts a new lease). With `wait` each node's answer
+    /// is waited for; without, what can go at once is sent. Returns how
+    /// many nodes were told. `Ok(0)` (the default): the transport keeps
+    /// no leases, or its nodes cannot end one.
+    ///
+    /// # Errors
+    /// The first node's failure (the others are still told); its lease
+    /// then runs out as a dead client's would.
+    fn end_grant_leases(&mut self, wait: bool) -> Result<usize, TransportError> {
+        let _ = wait;
+        Ok(0)
+    }
+
     /// Number of memory nodes (ids `0..nodes()`).
     fn nodes(&self) -> u8;
 }
@@ -670,6 +688,9 @@ macro_rules! forward_transport {
             }
             fn grant_lease(&mut self, node: u8) -> Result<Option<u32>, TransportError> {
                 (**self).grant_lease(node)
+            }
+            fn end_grant_leases(&mut self, wait: bool) -> Result<usize, TransportError> {
+                (**self).end_grant_leases(wait)
             }
             fn nodes(&self) -> u8 {
                 (**self).nodes()

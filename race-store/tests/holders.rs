@@ -175,14 +175,19 @@ fn a_closed_client_leaves_nothing_to_take_back() {
     }
     let report = a.close();
     assert!(report.error.is_none(), "{:?}", report.error);
-    std::thread::sleep(LEASE + LEASE / 2);
+    assert_eq!(report.leases_ended, 1);
+    // Its close ended its lease: no longer a live holder, with no wait.
+    let s = cluster.stats()[0].holders;
+    assert_eq!((s.holders, s.ended), (0, 1));
     assert_eq!(
         reclaim_now(&cluster),
         0,
         "it gave back what it did not write"
     );
-    let s = cluster.stats()[0].holders;
-    assert_eq!((s.holders, s.ended), (0, 1));
+    // The node ends nothing more when the lease would have run out.
+    std::thread::sleep(LEASE + LEASE / 2);
+    assert_eq!(reclaim_now(&cluster), 0);
+    assert_eq!(cluster.stats()[0].holders.ended, 1);
 }
 
 /// The same over messaging: memory nodes served on `sim:mem` announce

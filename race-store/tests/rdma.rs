@@ -516,6 +516,10 @@ fn a_closed_clients_memory_goes_back_to_the_memory_nodes_over_messaging() {
     let r = cl.close();
     assert!(r.error.is_none(), "{:?}", r.error);
     assert_eq!(r.kept_bytes, 0);
+    // Its lease on the node's grants ended with its close.
+    assert_eq!(r.leases_ended, 1);
+    let live = |c: &Cluster| -> u64 { c._servers.iter().map(|s| s.stats().holders.holders).sum() };
+    assert_eq!(live(&c), 0);
     // All it held, and a grant asked ahead if one was still out.
     assert!(r.returned_bytes >= held.held_bytes(), "{r:?} {held:?}");
     assert_eq!(pooled(&c).0, r.returned_bytes);
@@ -556,6 +560,22 @@ fn a_closed_clients_memory_goes_back_to_the_memory_nodes_over_messaging() {
         t.return_blocks(0, 128, &[far], Duration::ZERO, true),
         Err(TransportError::Refused { node: 0, .. })
     ));
+
+    // A node of an older version that keeps leases but takes no end: the
+    // lease stays until it runs out.
+    let mut older = c.infos.clone();
+    for i in &mut older {
+        i.features &= !race_store::rdma::FEATURE_LEASE_END;
+    }
+    let node = Node::builder().join(&c.meta).build().unwrap();
+    let t = VqpTransport::connect(&node, &older).unwrap();
+    let before = live(&c);
+    let mut cl = Client::open(t, clock.clone(), ClientConfig::default()).unwrap();
+    cl.update(&7u32.to_le_bytes(), &[4; 150]).unwrap();
+    let r = cl.close();
+    assert!(r.error.is_none(), "{:?}", r.error);
+    assert_eq!(r.leases_ended, 0);
+    assert_eq!(live(&c), before + 1);
 
     // A node of an older version (no FEATURE_RUNS): allocation still works
     // with coarse blocks, and closing says it could give nothing back.

@@ -235,6 +235,11 @@ pub struct ReturnReport {
     /// The first failure (a node that does not take blocks back says
     /// [`TransportError::Unsupported`]).
     pub error: Option<Error>,
+    /// Memory nodes told that this client's lease on their grants ended
+    /// ([`Transport::end_grant_leases`]): they no longer count it as a
+    /// live holder. A node not told (an older one, or one that failed)
+    /// ends the lease when it runs out.
+    pub leases_ended: usize,
 }
 
 #[derive(Debug)]
@@ -844,22 +849,33 @@ impl KvAllocator {
                 }
             }
         }
-        let (Some(tick), Some(end)) = (tick, self.quarantine_ends()) else {
+        if let (Some(tick), Some(end)) = (tick, self.quarantine_ends()) {
+            let left = u32::try_from(end.saturating_sub(now)).unwrap_or(u32::MAX);
+            let delay = tick.saturating_mul(left);
+            let mut groups: BTreeMap<(u8, usize), Vec<(RemotePtr, u64)>> = BTreeMap::new();
+            self.retired_bytes = 0;
+            for r in self.quarantine.drain(..) {
+                groups
+                    .entry((r.ptr.node(), r.class))
+                    .or_default()
+                    .push((r.ptr, class_bytes(r.class)));
+            }
+            for ((node, class), blocks) in groups {
+                to.give(node, class_bytes(class), &coalesce(blocks), delay);
+            }
+        } else {
             to.report.kept_bytes += self.stats().quarantined_bytes;
-            return to.report;
-        };
-        let left = u32::try_from(end.saturating_sub(now)).unwrap_or(u32::MAX);
-        let delay = tick.saturating_mul(left);
-        let mut groups: BTreeMap<(u8, usize), Vec<(RemotePtr, u64)>> = BTreeMap::new();
-        self.retired_bytes = 0;
-        for r in self.quarantine.drain(..) {
-            groups
-                .entry((r.ptr.node(), r.class))
-                .or_default()
-                .push((r.ptr, class_bytes(r.class)));
         }
-        for ((node, class), blocks) in groups {
-            to.give(node, class_bytes(class), &coalesce(blocks), delay);
+        // Last, after every give-back: the nodes take back what is left
+        // unwritten of the grants now, not a lease later. The allocator
+        // holds nothing of them any more; a later allocation (a client
+        // dropped after `close` does not make one) starts a new lease,
+        // whose new generation drops what is left.
+        match to.transport.end_grant_leases(wait) {
+            Ok(n) => to.report.leases_ended = n,
+            Err(e) => {
+                to.report.error.get_or_insert(e.into());
+            }
         }
         to.report
     }

@@ -69,6 +69,17 @@ impl<M: NodeMemory> MemoryNode<M> {
         Ok(heap.holders.touch(holder, now))
     }
 
+    /// Ends `holder`'s lease at its request (it closed): its grants are
+    /// doomed at once, as if the lease had run out, and what is left of
+    /// them unwritten is taken back as requests come and by the upkeep
+    /// thread ([`MemoryNode::reclaim_if_due`]). Nothing if it has no
+    /// record.
+    pub fn end_lease(&self, holder: u64) {
+        let mut heap = self.heap.lock();
+        heap.holders.prune(holder, |at| self.first_word(at) != 0);
+        heap.holders.end(holder);
+    }
+
     /// [`MemoryNode::give_back`] for `holder`, whose lease this renews.
     ///
     /// # Errors

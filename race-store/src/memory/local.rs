@@ -270,6 +270,19 @@ impl Transport for LocalTransport {
         Ok(self.leases.generation(node))
     }
 
+    fn end_grant_leases(&mut self, _wait: bool) -> Result<usize, TransportError> {
+        let mut told = 0;
+        for node in 0..self.nodes() {
+            if self.leases.generation(node).is_none() {
+                continue;
+            }
+            self.leases.forget(node);
+            self.node(node)?.end_lease(self.leases.holder());
+            told += 1;
+        }
+        Ok(told)
+    }
+
     fn nodes(&self) -> u8 {
         self.nodes.len() as u8
     }

@@ -98,6 +98,11 @@ pub(super) enum Want {
         /// The client's holder id.
         holder: u64,
     },
+    /// The client's lease ended (it closed).
+    End {
+        /// The client's holder id.
+        holder: u64,
+    },
 }
 
 impl Want {
@@ -142,6 +147,13 @@ impl Want {
                 holder: Some(*holder),
             }
             .encode(),
+            Want::End { holder } => RunsRequest {
+                req_id,
+                block_bytes: 0,
+                kind: RunsKind::End,
+                holder: Some(*holder),
+            }
+            .encode(),
         }
     }
 
@@ -149,7 +161,7 @@ impl Want {
         match self {
             Want::Coarse { size } | Want::Grant { size, .. } => *size,
             Want::GiveBack { runs, .. } => runs.iter().map(|r| r.1).sum(),
-            Want::Renew { .. } => 0,
+            Want::Renew { .. } | Want::End { .. } => 0,
         }
     }
 
@@ -171,11 +183,10 @@ impl Want {
             (Want::Coarse { .. }, Answer::Coarse(None)) => {
                 return Err(TransportError::OutOfMemory { node, size })
             }
-            (Want::Grant { .. } | Want::GiveBack { .. } | Want::Renew { .. }, Answer::Runs(r))
-                if r.status == 0 =>
-            {
-                r.runs
-            }
+            (
+                Want::Grant { .. } | Want::GiveBack { .. } | Want::Renew { .. } | Want::End { .. },
+                Answer::Runs(r),
+            ) if r.status == 0 => r.runs,
             (Want::Grant { .. }, Answer::Runs(r)) if r.status == RUNS_OUT_OF_MEMORY => {
                 return Err(TransportError::OutOfMemory { node, size })
             }
@@ -198,7 +209,7 @@ impl Want {
                     && granted <= size
                     && runs.iter().all(|r| r.1 > 0 && r.1 % block_bytes == 0)
             }
-            Want::GiveBack { .. } | Want::Renew { .. } => runs.is_empty(),
+            Want::GiveBack { .. } | Want::Renew { .. } | Want::End { .. } => runs.is_empty(),
             Want::Coarse { .. } => true,
         };
         if !fits {

@@ -22,12 +22,12 @@
 //!
 //! ```text
 //! RunsRequest (40 B + 16 B per run): magic "RSRQ" u32 | kind u32
-//!               (1: grant, 2: give back, 3: renew) | req_id u64 |
+//!               (1: grant, 2: give back, 3: renew, 4: end) | req_id u64 |
 //!               block_bytes u64 | size u64 (grant: bytes wanted; give
 //!               back: microseconds before the blocks may be handed out;
-//!               renew: 0) | count u32 | flags u32 | [holder u64 if flags
-//!               bit 0] | count x (offset u64 | len u64) (grant and renew:
-//!               count 0)
+//!               renew and end: 0) | count u32 | flags u32 | [holder u64
+//!               if flags bit 0] | count x (offset u64 | len u64) (grant,
+//!               renew and end: count 0)
 //! RunsReply (24 B + 16 B per run): magic "RSRP" u32 | status u32 (0: ok,
 //!               1: out of memory, 2: refused) | req_id u64 | count u32 |
 //!               flags u32 | [lease_ms u32 | generation u32 if flags bit 0]
@@ -37,7 +37,9 @@
 //! Nodes with [`FEATURE_LEASES`] also take a *holder* id (flags bit 0) in
 //! runs requests, renew that holder's lease on its grants, and answer with
 //! the lease's terms ([`GrantLease`], flags bit 0 of the reply); renew
-//! (kind 3) needs a holder. See [`crate::holders`]. Older nodes refuse
+//! (kind 3) needs a holder. Nodes with [`FEATURE_LEASE_END`] also take
+//! *end* (kind 4, with a holder): a client that closed ends its lease at
+//! once instead of letting it run out. See [`crate::holders`]. Older nodes refuse
 //! flags they do not know, so a client sends a holder only to nodes that
 //! announce the feature.
 //!
@@ -87,6 +89,9 @@ pub const FEATURE_RUNS: u32 = 1;
 /// named in runs requests and takes back what dead holders never wrote
 /// ([`crate::holders`]).
 pub const FEATURE_LEASES: u32 = 2;
+/// [`NodeInfo::features`]: the node takes [`RunsKind::End`]: a closing
+/// client ends its lease on the node's grants.
+pub const FEATURE_LEASE_END: u32 = 4;
 /// Runs request and reply flags: the optional 8-byte field is present.
 const FLAG_EXTRA: u32 = 1;
 
@@ -315,6 +320,11 @@ pub enum RunsKind {
     },
     /// Renews the holder's lease (the request names a holder).
     Renew,
+    /// Ends the holder's lease ([`FEATURE_LEASE_END`]; the request names
+    /// a holder): it closed, gave back what it did not write, and will use
+    /// nothing of the node's grants again. The node takes back at once
+    /// what is left of its grants unwritten, as for a holder that died.
+    End,
 }
 
 /// A request about blocks of one size (see the module docs).
@@ -405,6 +415,7 @@ impl RunsRequest {
             RunsKind::Grant { size } => (1, *size, &[]),
             RunsKind::GiveBack { runs, delay_us } => (2, *delay_us, runs),
             RunsKind::Renew => (3, 0, &[]),
+            RunsKind::End => (4, 0, &[]),
         };
         let mut b = Vec::with_capacity(RUNS_REQUEST_HEADER + 8 + 16 * runs.len());
         b.extend_from_slice(&RUNS_REQ_MAGIC.to_le_bytes());
@@ -444,6 +455,7 @@ impl RunsRequest {
                 delay_us: size,
             },
             3 if runs.is_empty() && size == 0 && holder.is_some() => RunsKind::Renew,
+            4 if runs.is_empty() && size == 0 && holder.is_some() => RunsKind::End,
             _ => return Err(bad(WHAT)),
         };
         Ok(RunsRequest {
@@ -582,6 +594,20 @@ mod tests {
             holder: Some(3),
         };
         assert_eq!(RunsRequest::decode(&renew.encode()).unwrap(), renew);
+        let end = RunsRequest {
+            kind: RunsKind::End,
+            ..renew.clone()
+        };
+        assert_eq!(RunsRequest::decode(&end.encode()).unwrap(), end);
+        let mut e = end.encode();
+        e[24] = 1; // an end with a size
+        assert!(RunsRequest::decode(&e).is_err());
+        let e = RunsRequest {
+            holder: None,
+            ..end.clone()
+        }
+        .encode();
+        assert!(RunsRequest::decode(&e).is_err(), "an end names its holder");
         // A renew without a holder, a holder 0, an unknown flag: refused.
         let mut e = RunsRequest {
             holder: None,

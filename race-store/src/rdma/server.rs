@@ -12,7 +12,7 @@
 
 use super::proto::{
     AllocReply, AllocRequest, NodeInfo, RunsKind, RunsReply, RunsRequest, ALLOC_PORT,
-    FEATURE_LEASES, FEATURE_RUNS, RUNS_OUT_OF_MEMORY, RUNS_REFUSED,
+    FEATURE_LEASES, FEATURE_LEASE_END, FEATURE_RUNS, RUNS_OUT_OF_MEMORY, RUNS_REFUSED,
 };
 use crate::layout::usage::UsageRepr;
 use crate::memory::{
@@ -213,7 +213,7 @@ impl<N: Nic> MemoryNodeServer<N> {
             len: bytes,
             rkey: remote.rkey,
             alloc_port: ALLOC_PORT,
-            features: FEATURE_RUNS | FEATURE_LEASES,
+            features: FEATURE_RUNS | FEATURE_LEASES | FEATURE_LEASE_END,
             incarnation,
             table: Some(*table),
         };
@@ -336,7 +336,7 @@ impl<N: Nic> MemoryNodeServer<N> {
     }
 
     /// A grant (blocks given back first, else a coarse block), blocks
-    /// given back, or a lease renewed; for a request that names a holder,
+    /// given back, or a lease renewed or ended; for a request that names a holder,
     /// on its behalf ([`crate::holders`]), with its lease in the answer.
     fn answer_runs(&self, req: RunsRequest) -> RunsReply {
         let answer = |status, runs, lease| RunsReply {
@@ -373,6 +373,13 @@ impl<N: Nic> MemoryNodeServer<N> {
                 }
             }
             RunsKind::Renew if lease.is_some() => answer(0, Vec::new(), lease),
+            RunsKind::End => match req.holder {
+                Some(h) => {
+                    self.mem.end_lease(h);
+                    answer(0, Vec::new(), None)
+                }
+                None => answer(RUNS_REFUSED, Vec::new(), None),
+            },
             RunsKind::Grant { .. } | RunsKind::Renew => answer(RUNS_REFUSED, Vec::new(), lease),
         }
     }

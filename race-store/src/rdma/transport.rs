@@ -45,7 +45,7 @@
 
 use super::alloc_msg::{Allocations, Want};
 use super::endpoints::AllocEndpoints;
-use super::proto::{NodeInfo, FEATURE_LEASES, FEATURE_RUNS};
+use super::proto::{NodeInfo, FEATURE_LEASES, FEATURE_LEASE_END, FEATURE_RUNS};
 use crate::layout::slot::RemotePtr;
 use crate::remote::{
     AllocAsk, BlockRun, Cause, Completions, OpResult, RemoteOp, Ticket, Transport, TransportError,
@@ -573,6 +573,15 @@ impl<N: Nic> Transport for VqpTransport<N> {
         self.explain(r)
     }
 
+    /// An end request to every node that keeps leases, takes ends
+    /// ([`FEATURE_LEASE_END`]) and gave this client one: after the
+    /// give-backs of its close, on the same channels, so each node has
+    /// them first.
+    fn end_grant_leases(&mut self, wait: bool) -> Result<usize, TransportError> {
+        let r = self.end_grant_leases_raw(wait);
+        self.explain(r)
+    }
+
     fn nodes(&self) -> u8 {
         self.remotes.len() as u8
     }
@@ -819,6 +828,47 @@ impl<N: Nic> VqpTransport<N> {
             delay_us: u64::try_from(delay.as_micros()).unwrap_or(u64::MAX),
             holder: self.holder_for(node),
         }
+    }
+
+    fn end_grant_leases_raw(&mut self, wait: bool) -> Result<usize, TransportError> {
+        let (mut told, mut first_err) = (0, None);
+        for node in 0..self.nodes() {
+            let ends = self
+                .remotes
+                .get(usize::from(node))
+                .is_some_and(|r| r.info.features & FEATURE_LEASE_END != 0);
+            let Some(holder) = self.holder_for(node).filter(|_| ends) else {
+                continue;
+            };
+            if self.alloc.leases.generation(node).is_none() {
+                continue;
+            }
+            // A renewal still out is answered first (or left: the end
+            // follows it on the channel either way).
+            if let Some(ask) = self
+                .renewing
+                .get_mut(usize::from(node))
+                .and_then(Option::take)
+            {
+                let _ = self.alloc.answer(ask, wait);
+            }
+            self.alloc.leases.forget(node);
+            let want = Want::End { holder };
+            let r = self.alloc_port(node).and_then(|to| {
+                if wait {
+                    self.alloc.exchange(node, to, &want).map(drop)
+                } else {
+                    self.alloc.send_only(node, to, &want)
+                }
+            });
+            match r {
+                Ok(()) => told += 1,
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        first_err.map_or(Ok(told), Err)
     }
 
     fn grant_lease_raw(&mut self, node: u8) -> Result<Option<u32>, TransportError> {

@@ -131,6 +131,14 @@ impl LeaseBook {
         self.ends_within(node, now, 4)
     }
 
+    /// Forgets node `node`'s lease (the client ended it): the next use
+    /// renews it, and the node answers with a new generation.
+    pub fn forget(&mut self, node: u8) {
+        if let Some(h) = self.held.get_mut(usize::from(node)) {
+            *h = None;
+        }
+    }
+
     /// The generation of node `node`'s lease, once learned.
     pub fn generation(&self, node: u8) -> Option<u32> {
         self.held

@@ -207,6 +207,13 @@ impl<T: Transport> Transport for FaultInjector<T> {
         self.inner.grant_lease(node)
     }
 
+    fn end_grant_leases(&mut self, wait: bool) -> Result<usize, TransportError> {
+        if self.dead {
+            return Err(TransportError::Disconnected);
+        }
+        self.inner.end_grant_leases(wait)
+    }
+
     fn nodes(&self) -> u8 {
         self.inner.nodes()
     }
@@ -314,6 +321,10 @@ impl<T: Transport> Transport for Delayed<T> {
 
     fn grant_lease(&mut self, node: u8) -> Result<Option<u32>, TransportError> {
         self.inner.grant_lease(node)
+    }
+
+    fn end_grant_leases(&mut self, wait: bool) -> Result<usize, TransportError> {
+        self.inner.end_grant_leases(wait)
     }
 
     fn nodes(&self) -> u8 {
