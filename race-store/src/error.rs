@@ -124,6 +124,27 @@ pub enum Error {
         /// Attempts made.
         attempts: u32,
     },
+    /// A memory node's clients still held live leases on it when a
+    /// collection gave up waiting ([`crate::client::Client::collect`]):
+    /// nothing was taken back, and the node serves them again.
+    #[error(
+        "memory node {node}: {leases} client lease(s) still live after {waited:?}; not collected"
+    )]
+    LeasesLive {
+        /// The node.
+        node: u8,
+        /// Leases live at the last look.
+        leases: u64,
+        /// How long the collection waited.
+        waited: std::time::Duration,
+    },
+    /// A collection was cancelled ([`crate::client::CollectOptions::cancel`])
+    /// before it took anything back from the node.
+    #[error("memory node {node}: collection cancelled; nothing taken back there")]
+    Cancelled {
+        /// The node.
+        node: u8,
+    },
     /// An internal layout computation failed (a bug, or a configuration
     /// outside the layout's limits).
     #[error("layout error")]

@@ -76,6 +76,12 @@ pub struct GrantLease {
     /// The node's record of this holder: new (higher) each time the node
     /// starts one. Grants of an older generation may have been taken back.
     pub generation: u32,
+    /// Collections the node has applied so far
+    /// ([`crate::memory::MemoryNode::collect_finish`]): each one may have
+    /// taken back any block of the node that no slot linked, so a client
+    /// that sees this count change drops every block of the node it holds
+    /// (free, retired, uncarved).
+    pub collections: u32,
 }
 
 /// A recorded grant, or what is left of one.
@@ -148,6 +154,7 @@ pub struct Holders {
     doomed: BTreeMap<u64, Piece>,
     ended: u64,
     reclaimed: u64,
+    collections: u32,
 }
 
 impl Holders {
@@ -161,6 +168,7 @@ impl Holders {
             doomed: BTreeMap::new(),
             ended: 0,
             reclaimed: 0,
+            collections: 0,
         }
     }
 
@@ -190,7 +198,38 @@ impl Holders {
         GrantLease {
             lease_ms: u32::try_from(self.lease_us / 1000).unwrap_or(u32::MAX),
             generation: r.generation,
+            collections: self.collections,
         }
+    }
+
+    /// Holders with a live record.
+    pub fn live(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Microseconds from `now` until the last live record's lease ends (0
+    /// with none live): how long a node that renews nothing waits for
+    /// every holder to be dead.
+    pub fn last_lease_ends_in(&self, now: u64) -> u64 {
+        self.records
+            .values()
+            .map(|r| {
+                r.last_seen
+                    .saturating_add(self.lease_us)
+                    .saturating_sub(now)
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Collections applied so far ([`GrantLease::collections`]).
+    pub fn collections(&self) -> u32 {
+        self.collections
+    }
+
+    /// Counts a collection that took blocks back.
+    pub fn collected(&mut self) {
+        self.collections = self.collections.wrapping_add(1);
     }
 
     /// Records `runs` (`(offset, len)`) of blocks of `block_bytes` granted

@@ -166,6 +166,7 @@
 
 pub mod client;
 pub mod clock;
+pub mod collection;
 pub mod deploy;
 pub mod dump;
 pub mod error;

@@ -38,6 +38,7 @@
 
 use crate::sync::AtomicU64;
 use parking_lot::Mutex;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -55,6 +56,7 @@ use crate::layout::usage::{UsageRepr, USAGE_OFFSET, USAGE_SIZE};
 use crate::pool::{PoolStats, Refusal, ReturnPool, MAX_GRANT_RUNS};
 use crate::remote::{Cause, TransportError};
 
+mod collect;
 mod grants;
 mod local;
 mod table;
@@ -119,6 +121,12 @@ struct Heap {
     holders: Holders,
     /// The node's microseconds at which ended leases are next looked for.
     expiry_check_at: u64,
+    /// Start -> length of every block [`MemoryNode::alloc`] handed out
+    /// (subtables, live or retired, and coarse blocks of clients of older
+    /// nodes): a collection never takes them.
+    coarse: BTreeMap<u64, u64>,
+    /// The collection under way, if any ([`collect`]).
+    collection: Option<collect::Collection>,
 }
 
 /// The bytes behind a memory node: plain atomic words in this process
@@ -258,6 +266,8 @@ impl<M: NodeMemory> MemoryNode<M> {
                 pool: ReturnPool::new(),
                 holders: Holders::new(DEFAULT_GRANT_LEASE),
                 expiry_check_at: 0,
+                coarse: BTreeMap::new(),
+                collection: None,
             }),
             down: AtomicBool::new(false),
             prefaulted: std::sync::atomic::AtomicU64::new(0),
@@ -522,11 +532,20 @@ impl<M: NodeMemory> MemoryNode<M> {
     }
 
     /// Allocates a block of `size` bytes (rounded up to 64), 64-byte aligned;
-    /// returns its offset. Blocks are never freed (clients recycle them).
+    /// returns its offset. Blocks are never freed (clients recycle them;
+    /// they are subtables, which a collection never takes back).
     ///
     /// # Errors
     /// [`TransportError::NodeDown`] or [`TransportError::OutOfMemory`].
     pub fn alloc(&self, size: u64) -> Result<u64, TransportError> {
+        let start = self.alloc_heap(size)?;
+        let rounded = size.max(1).next_multiple_of(BLOCK_ALIGN);
+        self.heap.lock().coarse.insert(start, rounded);
+        Ok(start)
+    }
+
+    /// New heap: `size` bytes (rounded up to 64), 64-byte aligned.
+    fn alloc_heap(&self, size: u64) -> Result<u64, TransportError> {
         if self.is_down() {
             return Err(TransportError::NodeDown { node: self.id });
         }
@@ -575,7 +594,7 @@ impl<M: NodeMemory> MemoryNode<M> {
             self.zero_first_words(&reused, block_bytes);
             return Ok(reused);
         }
-        self.alloc(size).map(|offset| vec![(offset, size)])
+        self.alloc_heap(size).map(|offset| vec![(offset, size)])
     }
 
     /// Takes back `runs` (`(offset, len)`) of blocks of `block_bytes` that a

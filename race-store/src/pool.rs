@@ -132,6 +132,12 @@ pub struct PoolStats {
 }
 
 impl ReturnPool {
+    /// Every pooled run as `(start, end)`, cooling ones included, by
+    /// address.
+    pub fn runs(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.index.iter().map(|(&s, &e)| (s, e))
+    }
+
     /// An empty pool.
     pub fn new() -> Self {
         Self::default()

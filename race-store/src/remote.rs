@@ -46,6 +46,7 @@
 //! over a two-sided message (the node's CPU serves it). Clients carve their
 //! own size classes out of these blocks; there is no remote free.
 
+use crate::collection::{CollectStart, Collected};
 use crate::layout::slot::RemotePtr;
 
 mod error;
@@ -604,6 +605,67 @@ pub trait Transport {
         Ok(0)
     }
 
+    /// Node `node`'s collection count as the client's last lease answer
+    /// from it said ([`crate::holders::GrantLease::collections`]): the
+    /// client drops every block of the node it holds when it changes.
+    /// `None` before the first answer, and (the default) where nothing is
+    /// collected.
+    fn lease_collections(&self, node: u8) -> Option<u32> {
+        let _ = node;
+        None
+    }
+
+    /// Starts collection `token` on node `node`, or looks again whether it
+    /// is ready ([`crate::memory::MemoryNode::collect_begin`]; the whole
+    /// protocol: [`crate::client::Client::collect`]).
+    ///
+    /// # Errors
+    /// [`TransportError::Unsupported`] (the default: a transport or node
+    /// that cannot collect); [`TransportError::Refused`] while another
+    /// collection is under way; as `alloc_blocks` otherwise.
+    fn collect_begin(&mut self, node: u8, token: u64) -> Result<CollectStart, TransportError> {
+        let _ = (node, token);
+        Err(TransportError::Unsupported {
+            what: "collecting a memory node",
+        })
+    }
+
+    /// Runs `(offset, len)` of node `node` that the table links, for its
+    /// ready collection `token` ([`crate::memory::MemoryNode::collect_live`]),
+    /// in as many requests as they need.
+    ///
+    /// # Errors
+    /// As [`Transport::collect_begin`]; [`TransportError::Refused`] when
+    /// `token` is not ready there.
+    fn collect_live(
+        &mut self,
+        node: u8,
+        token: u64,
+        runs: &[(u64, u64)],
+    ) -> Result<(), TransportError> {
+        let _ = (node, token, runs);
+        Err(TransportError::Unsupported {
+            what: "collecting a memory node",
+        })
+    }
+
+    /// Ends collection `token` on node `node`, taking back what nothing
+    /// reaches with `apply` ([`crate::memory::MemoryNode::collect_finish`]).
+    ///
+    /// # Errors
+    /// As [`Transport::collect_live`].
+    fn collect_finish(
+        &mut self,
+        node: u8,
+        token: u64,
+        apply: bool,
+    ) -> Result<Collected, TransportError> {
+        let _ = (node, token, apply);
+        Err(TransportError::Unsupported {
+            what: "collecting a memory node",
+        })
+    }
+
     /// Number of memory nodes (ids `0..nodes()`).
     fn nodes(&self) -> u8;
 }
@@ -691,6 +753,32 @@ macro_rules! forward_transport {
             }
             fn end_grant_leases(&mut self, wait: bool) -> Result<usize, TransportError> {
                 (**self).end_grant_leases(wait)
+            }
+            fn lease_collections(&self, node: u8) -> Option<u32> {
+                (**self).lease_collections(node)
+            }
+            fn collect_begin(
+                &mut self,
+                node: u8,
+                token: u64,
+            ) -> Result<CollectStart, TransportError> {
+                (**self).collect_begin(node, token)
+            }
+            fn collect_live(
+                &mut self,
+                node: u8,
+                token: u64,
+                runs: &[(u64, u64)],
+            ) -> Result<(), TransportError> {
+                (**self).collect_live(node, token, runs)
+            }
+            fn collect_finish(
+                &mut self,
+                node: u8,
+                token: u64,
+                apply: bool,
+            ) -> Result<Collected, TransportError> {
+                (**self).collect_finish(node, token, apply)
             }
             fn nodes(&self) -> u8 {
                 (**self).nodes()

@@ -369,3 +369,60 @@ fn a_writer_that_asks_no_grants_keeps_its_lease_by_renewals() {
         assert!(a.get(&key(k)).unwrap().is_some());
     }
 }
+
+/// Over messaging a client asks for its next grant ahead. One that stands
+/// idle past its lease with such an answer uncollected: the node ends its
+/// lease and takes the granted runs back (never written), and another
+/// client is handed them. When the idle one writes again it renews its
+/// lease first, so the old answer is refused instead of installed: it never
+/// writes into the other client's blocks.
+#[test]
+fn an_idle_clients_grant_asked_ahead_is_not_used_after_its_lease_ended() {
+    use common::rdma::cluster_leased;
+    use krcore::Node;
+    use krcore_kmod::EngineConfig;
+    use race_store::rdma::VqpTransport;
+
+    let lease = Duration::from_millis(300);
+    let c = cluster_leased(1, 32 << 20, 12, EngineConfig::default(), Some(lease));
+    let connect = || {
+        let node = Node::builder().join(&c.meta).build().unwrap();
+        let t = VqpTransport::connect(&node, &c.infos).unwrap();
+        Client::open(t, system_clock(), system_config()).unwrap()
+    };
+    let mut model: HashMap<u64, Vec<u8>> = HashMap::new();
+    let mut idle = connect();
+    for k in 0..300u64 {
+        let v = value(k, 0, 300);
+        idle.put(&key(k), &v).unwrap();
+        model.insert(k, v);
+    }
+    // Its grants asked ahead come in; then it stands idle past its lease.
+    std::thread::sleep(lease * 3);
+    let back: u64 = c._servers.iter().map(|s| s.stats().holders.reclaimed).sum();
+    assert!(back > 0, "the node took back what it never wrote");
+    let mut other = connect();
+    for k in 1000..1600u64 {
+        let v = value(k, 0, 300);
+        other.put(&key(k), &v).unwrap();
+        model.insert(k, v);
+    }
+    for k in 300..900u64 {
+        let v = value(k, 1, 300);
+        idle.put(&key(k), &v).unwrap();
+        model.insert(k, v);
+    }
+    for (k, v) in &model {
+        assert_eq!(
+            other.get(&key(*k)).unwrap().as_deref(),
+            Some(&v[..]),
+            "key {k}"
+        );
+    }
+    let check = other.check_table().unwrap();
+    assert!(check.problems.is_empty(), "{:#?}", check.problems);
+    for cl in [idle, other] {
+        let r = cl.close();
+        assert!(r.error.is_none(), "{:?}", r.error);
+    }
+}

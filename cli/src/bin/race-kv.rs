@@ -12,6 +12,9 @@
 //!   usage              every memory node's usage (one READ of its usage record each)
 //!   sweep              remove the tentative copies killed inserters left (waits
 //!                      grace - max_op ticks, 200 ms by default, when it finds any)
+//!   collect            take back what killed clients left on the memory nodes, one
+//!                      node at a time (each stops granting until its clients'
+//!                      leases end: up to a grant lease); --dry-run only counts
 //!   dump FILE          every pair into FILE (`-`: stdout), in `race_store::dump`'s format
 //!   load FILE          put every pair of a dump (`-`: stdin), 64 per batch
 //! ```
@@ -129,6 +132,25 @@ enum Command {
     /// 200 ms by default) when any were found, then remove those still
     /// unchanged. Safe beside running clients.
     Sweep,
+    /// Take back what killed clients left on the memory nodes (written and
+    /// not linked, retired, free: what `check` counts as unlinked once no
+    /// client runs), one node at a time: the node grants and renews
+    /// nothing until every client's lease on it ended (up to a grant
+    /// lease, 10 s by default: writers use the other nodes meanwhile, and
+    /// get an error on a one-node store), then the table is read and the
+    /// node takes back what nothing links, pools or holds. Readers go on.
+    Collect {
+        /// Only count what would be taken back.
+        #[arg(long)]
+        dry_run: bool,
+        /// Collect only this memory node (repeatable; default: every node).
+        #[arg(long = "node", value_name = "ID")]
+        nodes: Vec<u8>,
+        /// Give up on a node whose clients' leases did not end within this
+        /// many seconds (nothing is taken back from it).
+        #[arg(long, default_value_t = 60, value_name = "S")]
+        max_drain_s: u64,
+    },
 }
 
 /// The settings a `--config` file may hold.
@@ -249,6 +271,11 @@ fn run<T: race_store::remote::Transport>(
         Command::Dump { file } => return dump_to(client, &file),
         Command::Load { file } => return load_from(client, &file),
         Command::Sweep => return sweep(client),
+        Command::Collect {
+            dry_run,
+            nodes,
+            max_drain_s,
+        } => return collect(client, dry_run, nodes, max_drain_s),
         // Answered before a client opens (main); never reaches here.
         Command::Usage => return usage(PROGRAM, "usage is answered without a client"),
     };
@@ -558,6 +585,55 @@ fn usage_of(store: &Store) -> ExitCode {
         bytes_text(capacity),
         percent(in_use, capacity),
         nodes.iter().filter(|(_, u)| u.is_some()).count(),
+    );
+    ExitCode::SUCCESS
+}
+
+/// `collect`: what killed clients left, taken back node by node.
+fn collect<T: race_store::remote::Transport>(
+    client: &mut Client<T>,
+    dry_run: bool,
+    nodes: Vec<u8>,
+    max_drain_s: u64,
+) -> ExitCode {
+    let shutdown = match Shutdown::install() {
+        Ok(s) => s,
+        Err(e) => return fail(PROGRAM, &e),
+    };
+    let opts = race_store::client::CollectOptions {
+        apply: !dry_run,
+        nodes: (!nodes.is_empty()).then_some(nodes),
+        max_drain: Duration::from_secs(max_drain_s),
+        cancel: Some(shutdown.flag()),
+    };
+    let started = Instant::now();
+    let done = match client.collect(&opts) {
+        Ok(d) => d,
+        Err(e) => return fail(PROGRAM, &e),
+    };
+    let verb = if dry_run {
+        "would take back"
+    } else {
+        "took back"
+    };
+    for n in &done {
+        krcore_cli::outln!(
+            "node {}: leases ended after {:.2} s; {} subtable(s) read, {} linked block(s) ({}); \
+             {verb} {} in {} run(s)",
+            n.node,
+            n.drained.as_secs_f64(),
+            n.subtables,
+            n.live_blocks,
+            bytes_text(n.live_bytes),
+            bytes_text(n.collected.bytes),
+            n.collected.runs
+        );
+    }
+    krcore_cli::outln!(
+        "{} memory node(s): {verb} {}; {:.1} s",
+        done.len(),
+        bytes_text(done.iter().map(|n| n.collected.bytes).sum()),
+        started.elapsed().as_secs_f64()
     );
     ExitCode::SUCCESS
 }

@@ -152,7 +152,8 @@ pub struct KvMemoryStats {
     /// grants (the node took back what was never written:
     /// [`crate::holders`]), and free blocks given back whose answer did
     /// not come (trimming: leaked if the node did not take them, never
-    /// used again).
+    /// used again), and every block of a node held when it was collected
+    /// (free, retired: [`crate::client::Client::collect`]).
     pub dropped_bytes: u64,
     /// Bytes of free blocks given back, and of retired blocks handed over
     /// (`ClientConfig::retired_high_bytes`), to the memory nodes while the
@@ -267,6 +268,11 @@ pub struct KvAllocator {
     /// Per node: the generation of the lease under which its free blocks
     /// and uncarved runs were obtained ([`Transport::grant_lease`]).
     held_under: Vec<Option<u32>>,
+    /// Per node: its collection count as last learned
+    /// ([`Transport::lease_collections`]; `None` before, read as 0), and
+    /// how many times a change of it dropped what this client held there
+    /// (a give-back sent before a drop and refused is dropped too).
+    collections: Vec<(Option<u32>, u32)>,
     dropped_bytes: u64,
     /// The tick of the allocation or give-back being served (the back-off
     /// of a node whose lease renewal failed counts from it).
@@ -312,6 +318,7 @@ impl KvAllocator {
             backoff_ticks: 0,
             ask_ahead: true,
             held_under: vec![None; usize::from(nodes)],
+            collections: vec![(None, 0); usize::from(nodes)],
             dropped_bytes: 0,
             now: 0,
             over: Vec::new(),
@@ -453,76 +460,14 @@ impl KvAllocator {
             Err(Error::OutOfMemory { .. }) => Ok(None),
             Err(e) => {
                 if self.backoff_ticks > 0 && matches!(e, Error::Transport(_)) {
+                    let ticks = self.backoff_after(&e);
                     if let Some(u) = self.unreachable.get_mut(usize::from(node)) {
-                        *u = Some((now.saturating_add(self.backoff_ticks), e.clone()));
+                        *u = Some((now.saturating_add(ticks), e.clone()));
                     }
                 }
                 first_err.get_or_insert(e);
                 Ok(None)
             }
-        }
-    }
-
-    /// Whether (node, class) has a free block or uncarved bytes.
-    fn holds(&self, node: u8, class: usize) -> bool {
-        self.arenas
-            .get(usize::from(node))
-            .and_then(|a| a.get(class))
-            .is_some_and(|a| !a.free.is_empty() || a.uncarved > 0)
-    }
-
-    /// Whether this client's lease on node `node`'s grants is live
-    /// (renewed if due). When the node started a new one, everything held
-    /// under the old one is dropped first: the node may have taken it back.
-    /// A node whose renewal failed is skipped for the back-off, as one
-    /// whose grant failed (each renewal may wait out its timeout).
-    fn lease_ok<T: Transport>(&mut self, transport: &mut T, node: u8) -> bool {
-        let now = self.now;
-        if let Some(Some((until, _))) = self.unreachable.get(usize::from(node)) {
-            if now < *until {
-                return false;
-            }
-        }
-        let generation = match transport.grant_lease(node) {
-            Ok(None) => return true,
-            Ok(Some(g)) => g,
-            Err(e) => {
-                if self.backoff_ticks > 0 {
-                    if let Some(u) = self.unreachable.get_mut(usize::from(node)) {
-                        *u = Some((now.saturating_add(self.backoff_ticks), e.into()));
-                    }
-                }
-                return false;
-            }
-        };
-        let Some(held) = self.held_under.get_mut(usize::from(node)) else {
-            return false;
-        };
-        if *held != Some(generation) {
-            let stale = held.is_some();
-            *held = Some(generation);
-            if stale {
-                self.drop_node(node);
-            }
-        }
-        true
-    }
-
-    /// Drops node `node`'s uncarved runs, blocks released unpublished among
-    /// them: the node may have taken them back. Kept: free and retired
-    /// blocks, which were written (a KV block's first word holds its magic),
-    /// so never taken back; and grants asked ahead, whose answers say their
-    /// own lease. (Until 2026-12-06 free blocks were dropped too: a client
-    /// idle past its lease leaked its free lists, up to [`FREE_HIGH`] per
-    /// class it used, at each such pause.)
-    fn drop_node(&mut self, node: u8) {
-        let Some(arenas) = self.arenas.get_mut(usize::from(node)) else {
-            return;
-        };
-        for a in arenas.iter_mut() {
-            self.dropped_bytes += a.uncarved;
-            a.chunks.clear();
-            a.uncarved = 0;
         }
     }
 
@@ -641,11 +586,22 @@ impl KvAllocator {
         // own attempts: a grant asked ahead is a guess, and its failure is
         // no reason to fail the write that needs a block (until 2026-12-07
         // it failed it).
+        // The lease first (see `collect_ahead`): an answer that came under
+        // an ended lease is refused, or, with no live lease, not used.
+        let live = ahead.is_none() || self.lease_ok(transport, node);
+        let mut stale = 0;
         let answered = ahead.and_then(|ask| match transport.alloc_block_answer(ask, true) {
+            Ok(Some(runs)) if !live => {
+                stale = runs.iter().map(|r| r.len).sum();
+                None
+            }
             Ok(Some(runs)) => Some(Ok(runs)),
-            Ok(None) | Err(TransportError::Timeout { .. }) => None,
+            Ok(None) | Err(TransportError::Timeout { .. } | TransportError::LeaseEnded { .. }) => {
+                None
+            }
             Err(e) => Some(Err(e)),
         });
+        self.dropped_bytes += stale;
         let got = answered.unwrap_or_else(|| {
             stats.block_rpcs += 1;
             transport.alloc_blocks(node, coarse, class_bytes(class))
@@ -676,22 +632,27 @@ impl KvAllocator {
         node: u8,
         class: usize,
     ) -> Result<bool, Error> {
-        let Some(a) = self.arena(node, class) else {
+        let Some(ask) = self.arena(node, class).and_then(|a| a.ahead) else {
             return Ok(false);
         };
-        let Some(ask) = a.ahead else {
+        // The lease first: renewed now if it ran out, so that an answer
+        // that came under the ended one is refused (LeaseEnded) rather than
+        // installed after the renewal dropped what that lease held (the
+        // node took back those runs when it ended).
+        if !self.lease_ok(transport, node) {
             return Ok(false);
-        };
-        match transport.alloc_block_answer(ask, false) {
-            Ok(None) => Ok(false),
-            Ok(Some(runs)) => {
+        }
+        let answer = transport.alloc_block_answer(ask, false);
+        if !matches!(answer, Ok(None)) {
+            if let Some(a) = self.arena(node, class) {
                 a.ahead = None;
+            }
+        }
+        match answer {
+            Ok(None) | Err(_) => Ok(false),
+            Ok(Some(runs)) => {
                 self.install(transport, node, class, &runs)?;
                 Ok(true)
-            }
-            Err(_) => {
-                a.ahead = None;
-                Ok(false)
             }
         }
     }
@@ -852,9 +813,29 @@ impl KvAllocator {
         if let (Some(tick), Some(end)) = (tick, self.quarantine_ends()) {
             let left = u32::try_from(end.saturating_sub(now)).unwrap_or(u32::MAX);
             let delay = tick.saturating_mul(left);
+            // Retired blocks go back too only under a live lease: a node
+            // collected since may have taken them back (the lease's answer
+            // says so, and they are dropped).
+            let mut live = vec![false; self.arenas.len()];
+            let nodes: std::collections::BTreeSet<u8> =
+                self.quarantine.iter().map(|r| r.ptr.node()).collect();
+            for node in nodes {
+                let ok = self.lease_ok(to.transport, node);
+                if let Some(l) = live.get_mut(usize::from(node)) {
+                    *l = ok;
+                }
+            }
             let mut groups: BTreeMap<(u8, usize), Vec<(RemotePtr, u64)>> = BTreeMap::new();
             self.retired_bytes = 0;
             for r in self.quarantine.drain(..) {
+                if !live
+                    .get(usize::from(r.ptr.node()))
+                    .copied()
+                    .unwrap_or(false)
+                {
+                    to.report.kept_bytes += class_bytes(r.class);
+                    continue;
+                }
                 groups
                     .entry((r.ptr.node(), r.class))
                     .or_default()
@@ -898,7 +879,13 @@ impl KvAllocator {
                 let Some(ask) = ask.filter(|_| wait) else {
                     continue;
                 };
+                // As in `collect_ahead`: under a live lease only (else the
+                // runs may have been taken back: collected, not kept).
+                let live = self.lease_ok(transport, node as u8);
                 match transport.alloc_block_answer(ask, true) {
+                    Ok(Some(runs)) if !live => {
+                        self.dropped_bytes += runs.iter().map(|r| r.len).sum::<u64>();
+                    }
                     Ok(Some(runs)) => {
                         if let Err(e) = self.install(transport, node as u8, class, &runs) {
                             report.error.get_or_insert(e);
@@ -979,6 +966,7 @@ impl<T: Transport> Giving<'_, T> {
     }
 }
 
+mod lease;
 mod trim;
 
 #[cfg(test)]

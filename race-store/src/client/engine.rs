@@ -13,7 +13,7 @@ use crate::layout::kv;
 use crate::layout::slot::{RemotePtr, Slot};
 use crate::layout::table::DIR_PTR;
 use crate::layout::{low_mask, read_u64};
-use crate::remote::{Completions, OpResult, RemoteOp, Ticket, Transport};
+use crate::remote::{Completions, OpResult, RemoteOp, Ticket, Transport, TransportError};
 
 pub(crate) use super::view::{
     bad_response, BucketsView, InlineList, KeyCopy, SlotPos, SlotRef, SlotRefs, ViewState, NO_OP,
@@ -304,16 +304,30 @@ impl<T: Transport> Client<T> {
         self.clock.pause(x % (span + 1));
     }
 
-    /// Allocates a KV block, preferably on `node`.
+    /// Allocates a KV block, preferably on `node`. While the nodes it
+    /// could use are collecting (`race-kv collect` moves from node to node;
+    /// a client that met one collecting skips it for an eighth of a grace
+    /// period), it waits and asks again, for up to `lease_ticks`.
     pub(crate) fn alloc_block(&mut self, node: u8, len: usize) -> Result<RemotePtr, Error> {
-        let now = self.now();
-        self.alloc.alloc(
-            &mut self.transport,
-            &mut self.stats.transport,
-            node,
-            len,
-            now,
-        )
+        let first = self.now();
+        loop {
+            let now = self.now();
+            let r = self.alloc.alloc(
+                &mut self.transport,
+                &mut self.stats.transport,
+                node,
+                len,
+                now,
+            );
+            match r {
+                Err(Error::Transport(TransportError::Collecting { .. }))
+                    if now.saturating_sub(first) < self.config.lease_ticks =>
+                {
+                    self.clock.pause((self.config.grace_ticks / 8).max(1));
+                }
+                r => return r,
+            }
+        }
     }
 
     /// Gives back the surplus of the free lists, if any (after a write).

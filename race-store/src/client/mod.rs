@@ -47,6 +47,7 @@
 
 mod alloc;
 mod batch;
+mod collect;
 mod engine;
 pub mod protocol;
 mod scan;
@@ -60,6 +61,7 @@ use std::sync::Arc;
 
 pub use alloc::{KvMemoryStats, ReturnReport, CLASS_UNITS, FREE_HIGH, FREE_KEEP, MAX_REFILL};
 pub use batch::{Op, Reply};
+pub use collect::{CollectOptions, NodeCollect};
 pub use scan::{ScanReport, RESCAN_PASSES, RESCAN_TRIES};
 pub use sweep::SweepReport;
 pub use verify::{NodeAccount, TableCheck};

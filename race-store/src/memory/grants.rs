@@ -58,7 +58,9 @@ impl<M: NodeMemory> MemoryNode<M> {
     /// takes back what holders whose leases ended never wrote, when due.
     ///
     /// # Errors
-    /// [`TransportError::NodeDown`].
+    /// [`TransportError::NodeDown`]; [`TransportError::Collecting`] while
+    /// a collection is under way (it renews nobody: see
+    /// [`MemoryNode::collect_begin`]).
     pub fn renew(&self, holder: u64) -> Result<GrantLease, TransportError> {
         if self.is_down() {
             return Err(TransportError::NodeDown { node: self.id });
@@ -66,7 +68,16 @@ impl<M: NodeMemory> MemoryNode<M> {
         self.reclaim_step();
         let now = self.micros();
         let mut heap = self.heap.lock();
+        if heap.collecting(now) {
+            return Err(TransportError::Collecting { node: self.id });
+        }
         Ok(heap.holders.touch(holder, now))
+    }
+
+    /// Collections that took blocks back so far
+    /// ([`GrantLease::collections`]).
+    pub fn collections(&self) -> u32 {
+        self.heap.lock().holders.collections()
     }
 
     /// Ends `holder`'s lease at its request (it closed): its grants are

@@ -2,6 +2,7 @@
 //! reaches them ([`LocalTransport`]).
 
 use super::{MemoryNode, NodeStats, TableConfig};
+use crate::collection::{CollectStart, Collected};
 use crate::error::Error;
 use crate::layout::slot::RemotePtr;
 use crate::remote::{
@@ -281,6 +282,32 @@ impl Transport for LocalTransport {
             told += 1;
         }
         Ok(told)
+    }
+
+    fn lease_collections(&self, node: u8) -> Option<u32> {
+        self.leases.collections(node)
+    }
+
+    fn collect_begin(&mut self, node: u8, token: u64) -> Result<CollectStart, TransportError> {
+        self.node(node)?.collect_begin(token)
+    }
+
+    fn collect_live(
+        &mut self,
+        node: u8,
+        token: u64,
+        runs: &[(u64, u64)],
+    ) -> Result<(), TransportError> {
+        self.node(node)?.collect_live(token, runs)
+    }
+
+    fn collect_finish(
+        &mut self,
+        node: u8,
+        token: u64,
+        apply: bool,
+    ) -> Result<Collected, TransportError> {
+        self.node(node)?.collect_finish(token, apply)
     }
 
     fn nodes(&self) -> u8 {

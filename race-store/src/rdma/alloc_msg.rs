@@ -18,7 +18,7 @@
 use super::endpoints::{AllocEndpoints, Need};
 use super::proto::{
     AllocReply, AllocRequest, RunsKind, RunsReply, RunsRequest, ALLOC_REPLY_LEN, MAX_RUNS,
-    RUNS_OUT_OF_MEMORY, RUNS_REQUEST_HEADER,
+    RUNS_COLLECTING, RUNS_OUT_OF_MEMORY, RUNS_REQUEST_HEADER,
 };
 use crate::holders::GrantLease;
 use crate::layout::slot::RemotePtr;
@@ -65,6 +65,16 @@ const MAX_ASKED: usize = 64;
 /// answer of the request pushed now.
 const MAX_OUT_PER_PORT: usize = 2;
 
+/// How a client names itself to a node that keeps leases: its holder id,
+/// and whether it drops what it holds of the node when the node's
+/// collection count changes ([`RunsRequest::aware`]: to nodes that
+/// collect).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Holder {
+    pub(super) id: u64,
+    pub(super) aware: bool,
+}
+
 /// What a request asks of a memory node's allocator.
 #[derive(Clone, Debug)]
 pub(super) enum Want {
@@ -79,8 +89,8 @@ pub(super) enum Want {
         size: u64,
         /// Bytes of one block.
         block_bytes: u64,
-        /// The client's holder id, for a node that keeps leases.
-        holder: Option<u64>,
+        /// The client, for a node that keeps leases.
+        holder: Option<Holder>,
     },
     /// Blocks given back.
     GiveBack {
@@ -91,18 +101,22 @@ pub(super) enum Want {
         /// Microseconds before the node may hand them out.
         delay_us: u64,
         /// As for a grant.
-        holder: Option<u64>,
+        holder: Option<Holder>,
     },
     /// The client's lease renewed.
     Renew {
-        /// The client's holder id.
-        holder: u64,
+        /// The client.
+        holder: Holder,
     },
     /// The client's lease ended (it closed).
     End {
-        /// The client's holder id.
-        holder: u64,
+        /// The client.
+        holder: Holder,
     },
+    /// A step of a collection ([`RunsKind::CollectBegin`] and the two
+    /// after it), whose answer is taken as it comes
+    /// ([`Allocations::exchange_reply`]).
+    Collect(RunsKind),
 }
 
 impl Want {
@@ -122,7 +136,8 @@ impl Want {
                 req_id,
                 block_bytes: *block_bytes,
                 kind: RunsKind::Grant { size: *size },
-                holder: *holder,
+                holder: holder.map(|h| h.id),
+                aware: holder.is_some_and(|h| h.aware),
             }
             .encode(),
             Want::GiveBack {
@@ -137,21 +152,32 @@ impl Want {
                     runs: runs.clone(),
                     delay_us: *delay_us,
                 },
-                holder: *holder,
+                holder: holder.map(|h| h.id),
+                aware: holder.is_some_and(|h| h.aware),
             }
             .encode(),
             Want::Renew { holder } => RunsRequest {
                 req_id,
                 block_bytes: 0,
                 kind: RunsKind::Renew,
-                holder: Some(*holder),
+                holder: Some(holder.id),
+                aware: holder.aware,
             }
             .encode(),
             Want::End { holder } => RunsRequest {
                 req_id,
                 block_bytes: 0,
                 kind: RunsKind::End,
-                holder: Some(*holder),
+                holder: Some(holder.id),
+                aware: holder.aware,
+            }
+            .encode(),
+            Want::Collect(kind) => RunsRequest {
+                req_id,
+                block_bytes: 0,
+                kind: kind.clone(),
+                holder: None,
+                aware: false,
             }
             .encode(),
         }
@@ -161,7 +187,7 @@ impl Want {
         match self {
             Want::Coarse { size } | Want::Grant { size, .. } => *size,
             Want::GiveBack { runs, .. } => runs.iter().map(|r| r.1).sum(),
-            Want::Renew { .. } | Want::End { .. } => 0,
+            Want::Renew { .. } | Want::End { .. } | Want::Collect(_) => 0,
         }
     }
 
@@ -190,6 +216,9 @@ impl Want {
             (Want::Grant { .. }, Answer::Runs(r)) if r.status == RUNS_OUT_OF_MEMORY => {
                 return Err(TransportError::OutOfMemory { node, size })
             }
+            (_, Answer::Runs(r)) if r.status == RUNS_COLLECTING => {
+                return Err(TransportError::Collecting { node })
+            }
             (Want::GiveBack { .. }, Answer::Runs(_)) => {
                 return Err(TransportError::Refused {
                     node,
@@ -210,7 +239,7 @@ impl Want {
                     && runs.iter().all(|r| r.1 > 0 && r.1 % block_bytes == 0)
             }
             Want::GiveBack { .. } | Want::Renew { .. } | Want::End { .. } => runs.is_empty(),
-            Want::Coarse { .. } => true,
+            Want::Coarse { .. } | Want::Collect(_) => true,
         };
         if !fits {
             return Err(TransportError::BadResponse {
@@ -360,15 +389,42 @@ impl<N: Nic> Allocations<N> {
     pub(super) fn exchange(
         &mut self,
         to: u8,
-        (gid, port): (Gid, u16),
+        port: (Gid, u16),
         want: &Want,
     ) -> Result<Vec<BlockRun>, TransportError> {
+        let (answer, sent) = self.exchange_answer(to, port, want)?;
+        self.accept(to, want, sent, answer)
+    }
+
+    /// One request of a collection to node `to` and its answer, as it
+    /// came (a runs reply).
+    pub(super) fn exchange_reply(
+        &mut self,
+        to: u8,
+        port: (Gid, u16),
+        want: &Want,
+    ) -> Result<RunsReply, TransportError> {
+        match self.exchange_answer(to, port, want)?.0 {
+            Answer::Runs(r) => Ok(r),
+            Answer::Coarse(_) => Err(TransportError::BadResponse {
+                reason: "allocation answer of another kind than its request",
+            }),
+        }
+    }
+
+    /// One request and its answer, with the time it was sent.
+    fn exchange_answer(
+        &mut self,
+        to: u8,
+        (gid, port): (Gid, u16),
+        want: &Want,
+    ) -> Result<(Answer, Instant), TransportError> {
         let (req_id, req) = self.next_request(want);
         self.endpoint(to, Need::Now(ALLOC_BUSY_WAIT))?;
         // Requests asked ahead whose channels opened go first: their
         // answers then come while this one is waited for.
         self.send_opened();
-        let r = self.exchange_inner(to, gid, port, req_id, want, &req);
+        let r = self.exchange_inner(to, gid, port, req_id, &req);
         self.gave_up |= matches!(r, Err(TransportError::Timeout { .. }));
         self.close_unless_asked(gid, port);
         self.release_idle();
@@ -397,9 +453,8 @@ impl<N: Nic> Allocations<N> {
         gid: Gid,
         port: u16,
         req_id: u64,
-        want: &Want,
         req: &[u8],
-    ) -> Result<Vec<BlockRun>, TransportError> {
+    ) -> Result<(Answer, Instant), TransportError> {
         // Messaging delivers a pushed request once or reports it lost; an
         // answer that does not come in time (a memory node stalled, or its
         // reply lost) is asked again with the same request id: a block
@@ -423,9 +478,7 @@ impl<N: Nic> Allocations<N> {
             let deadline = Instant::now() + ALLOC_TIMEOUT;
             while let Some(left) = deadline.checked_duration_since(Instant::now()) {
                 match self.next_answer_within(node, Some(left.min(WAIT_SLICE)))? {
-                    Some((id, answer)) if id == req_id => {
-                        return self.accept(node, want, sent, answer)
-                    }
+                    Some((id, answer)) if id == req_id => return Ok((answer, sent)),
                     Some(_) | None => continue,
                 }
             }

@@ -18,8 +18,9 @@ mod transport;
 pub use endpoints::{AllocEndpoints, STORE_ALLOC_ENDPOINTS};
 pub use proto::{
     AllocReply, AllocRequest, NodeInfo, RunsKind, RunsReply, RunsRequest, ALLOC_PORT,
-    FEATURE_LEASES, FEATURE_LEASE_END, FEATURE_RUNS, MAX_RUNS, NODE_INFO_LEN, RUNS_OUT_OF_MEMORY,
-    RUNS_REFUSED, RUNS_REPLY_HEADER, RUNS_REQUEST_HEADER,
+    FEATURE_COLLECT, FEATURE_LEASES, FEATURE_LEASE_END, FEATURE_RUNS, MAX_RUNS, NODE_INFO_LEN,
+    RUNS_COLLECTING, RUNS_DRAINING, RUNS_OUT_OF_MEMORY, RUNS_REFUSED, RUNS_REPLY_HEADER,
+    RUNS_REQUEST_HEADER,
 };
 pub use server::{
     lookup_nodes_on_sim, memory_node_engine, node_name, MemoryNodeHandle, MemoryNodeServer,

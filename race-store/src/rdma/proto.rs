@@ -92,8 +92,15 @@ pub const FEATURE_LEASES: u32 = 2;
 /// [`NodeInfo::features`]: the node takes [`RunsKind::End`]: a closing
 /// client ends its lease on the node's grants.
 pub const FEATURE_LEASE_END: u32 = 4;
+/// [`NodeInfo::features`]: the node collects what dead clients left
+/// ([`RunsKind::CollectBegin`]) and says its collection count to
+/// [`RunsRequest::aware`] requests.
+pub const FEATURE_COLLECT: u32 = 8;
 /// Runs request and reply flags: the optional 8-byte field is present.
 const FLAG_EXTRA: u32 = 1;
+/// Runs request flag: the client is [`RunsRequest::aware`]; reply flag: the
+/// node's collection count follows (8 bytes, after the lease).
+const FLAG_AWARE: u32 = 2;
 
 // Callers check the length first; out of range reads 0 (the workspace's
 // one little-endian helper).
@@ -325,6 +332,32 @@ pub enum RunsKind {
     /// nothing of the node's grants again. The node takes back at once
     /// what is left of its grants unwritten, as for a holder that died.
     End,
+    /// Starts (or looks again at) collection `token` ([`FEATURE_COLLECT`];
+    /// no holder): the node renews and grants nothing from now on; the
+    /// answer is ok once no holder's lease is live, else
+    /// [`RUNS_DRAINING`] with one run `(microseconds until the last lease
+    /// ends, live leases)`. See [`crate::memory::MemoryNode::collect_begin`].
+    CollectBegin {
+        /// The collection's token (never 0).
+        token: u64,
+    },
+    /// Runs `(offset, len)` of the node that the table links (KV blocks),
+    /// for collection `token`.
+    CollectLive {
+        /// The collection's token.
+        token: u64,
+        /// The runs.
+        runs: Vec<(u64, u64)>,
+    },
+    /// Ends collection `token`: with `apply`, takes back every byte of
+    /// the heap in use that no live run, subtable or pooled run covers;
+    /// without, only counts it. The answer's one run is `(bytes, runs)`.
+    CollectFinish {
+        /// The collection's token.
+        token: u64,
+        /// Whether to take the bytes back.
+        apply: bool,
+    },
 }
 
 /// A request about blocks of one size (see the module docs).
@@ -339,6 +372,11 @@ pub struct RunsRequest {
     /// The client's holder id ([`FEATURE_LEASES`]; never 0), whose lease
     /// the request renews.
     pub holder: Option<u64>,
+    /// The client drops what it holds of the node when the node's
+    /// collection count changes ([`FEATURE_COLLECT`]; flags bit 1): the
+    /// answer's lease says the count. A node that has collected refuses
+    /// requests of holders that do not say so.
+    pub aware: bool,
 }
 
 /// The answer to a [`RunsRequest`].
@@ -350,8 +388,12 @@ pub struct RunsReply {
     pub status: u32,
     /// The runs granted `(offset, len)` (empty for a give back).
     pub runs: Vec<(u64, u64)>,
-    /// The holder's lease, in answers to requests that named one.
+    /// The holder's lease, in answers to requests that named one; its
+    /// `collections` is sent only with `aware` (0 otherwise).
     pub lease: Option<GrantLease>,
+    /// Whether the lease carries the node's collection count (flags bit
+    /// 1): in answers to [`RunsRequest::aware`] requests.
+    pub aware: bool,
 }
 
 /// [`RunsReply::status`]: no memory for the grant.
@@ -359,6 +401,12 @@ pub const RUNS_OUT_OF_MEMORY: u32 = 1;
 /// [`RunsReply::status`]: the request was malformed, or the blocks given
 /// back were refused (outside the heap, overlapping blocks held).
 pub const RUNS_REFUSED: u32 = 2;
+/// [`RunsReply::status`] of a [`RunsKind::CollectBegin`]: holders' leases
+/// are still live.
+pub const RUNS_DRAINING: u32 = 3;
+/// [`RunsReply::status`]: the node is collecting and serves no holder
+/// ([`TransportError::Collecting`]).
+pub const RUNS_COLLECTING: u32 = 4;
 
 fn put_runs(b: &mut Vec<u8>, runs: &[(u64, u64)]) {
     for &(offset, len) in runs {
@@ -367,43 +415,60 @@ fn put_runs(b: &mut Vec<u8>, runs: &[(u64, u64)]) {
     }
 }
 
-/// The optional 8-byte field and the runs of a message whose header of
-/// `header` bytes ends with `count u32 | flags u32`, checked against the
-/// message length (unknown flags refused).
+/// The fields after a header of `header` bytes that ends with `count u32
+/// | flags u32`: the flags ([`FLAG_EXTRA`] and [`FLAG_AWARE`], others
+/// refused), the 8-byte words they announce (bit 0's, then bit 1's where
+/// `aware_word`), and the runs, checked against the message length.
 #[allow(clippy::type_complexity)]
 fn get_runs(
     b: &[u8],
     header: usize,
+    aware_word: bool,
     what: &'static str,
-) -> Result<(Option<u64>, Vec<(u64, u64)>), TransportError> {
+) -> Result<(u32, [Option<u64>; 2], Vec<(u64, u64)>), TransportError> {
     let count = u32_at(b, header - 8) as usize;
     let flags = u32_at(b, header - 4);
-    let extra = if flags == FLAG_EXTRA {
-        8
-    } else if flags == 0 {
-        0
-    } else {
-        return Err(bad(what));
-    };
-    if count > MAX_RUNS || b.len() != header + extra + 16 * count {
+    if flags & !(FLAG_EXTRA | FLAG_AWARE) != 0 {
         return Err(bad(what));
     }
-    let field = (extra > 0).then(|| u64_at(b, header));
+    let mut words = [None; 2];
+    let mut at = header;
+    for (i, (bit, carries)) in [(FLAG_EXTRA, true), (FLAG_AWARE, aware_word)]
+        .into_iter()
+        .enumerate()
+    {
+        if flags & bit != 0 && carries {
+            if let Some(w) = words.get_mut(i) {
+                *w = Some(u64_at(b, at));
+            }
+            at += 8;
+        }
+    }
+    if count > MAX_RUNS || b.len() != at + 16 * count {
+        return Err(bad(what));
+    }
     let runs = (0..count)
         .map(|i| {
-            let at = header + extra + 16 * i;
-            (u64_at(b, at), u64_at(b, at + 8))
+            let r = at + 16 * i;
+            (u64_at(b, r), u64_at(b, r + 8))
         })
         .collect();
-    Ok((field, runs))
+    Ok((flags, words, runs))
 }
 
-/// Writes `count u32 | flags u32 | [field u64]`.
-fn put_count_and_field(b: &mut Vec<u8>, count: usize, field: Option<u64>) {
+/// Writes `count u32 | flags u32 | [field u64] | [aware word u64]`: bit 0
+/// with `field`, bit 1 with `aware` (its word only if given).
+fn put_count_and_fields(
+    b: &mut Vec<u8>,
+    count: usize,
+    field: Option<u64>,
+    aware: Option<Option<u64>>,
+) {
+    let flags = u32::from(field.is_some()) * FLAG_EXTRA + u32::from(aware.is_some()) * FLAG_AWARE;
     b.extend_from_slice(&(count as u32).to_le_bytes());
-    b.extend_from_slice(&u32::from(field.is_some()).to_le_bytes());
-    if let Some(f) = field {
-        b.extend_from_slice(&f.to_le_bytes());
+    b.extend_from_slice(&flags.to_le_bytes());
+    for w in [field, aware.flatten()].into_iter().flatten() {
+        b.extend_from_slice(&w.to_le_bytes());
     }
 }
 
@@ -416,6 +481,9 @@ impl RunsRequest {
             RunsKind::GiveBack { runs, delay_us } => (2, *delay_us, runs),
             RunsKind::Renew => (3, 0, &[]),
             RunsKind::End => (4, 0, &[]),
+            RunsKind::CollectBegin { token } => (5, *token, &[]),
+            RunsKind::CollectLive { token, runs } => (6, *token, runs),
+            RunsKind::CollectFinish { token, apply } => (7 + u32::from(*apply), *token, &[]),
         };
         let mut b = Vec::with_capacity(RUNS_REQUEST_HEADER + 8 + 16 * runs.len());
         b.extend_from_slice(&RUNS_REQ_MAGIC.to_le_bytes());
@@ -423,7 +491,7 @@ impl RunsRequest {
         b.extend_from_slice(&self.req_id.to_le_bytes());
         b.extend_from_slice(&self.block_bytes.to_le_bytes());
         b.extend_from_slice(&size.to_le_bytes());
-        put_count_and_field(&mut b, runs.len(), self.holder);
+        put_count_and_fields(&mut b, runs.len(), self.holder, self.aware.then_some(None));
         put_runs(&mut b, runs);
         b
     }
@@ -443,11 +511,13 @@ impl RunsRequest {
         if b.len() < RUNS_REQUEST_HEADER || u32_at(b, 0) != RUNS_REQ_MAGIC {
             return Err(bad(WHAT));
         }
-        let (holder, runs) = get_runs(b, RUNS_REQUEST_HEADER, WHAT)?;
+        let (flags, [holder, _], runs) = get_runs(b, RUNS_REQUEST_HEADER, false, WHAT)?;
         if holder == Some(0) {
             return Err(bad(WHAT));
         }
         let size = u64_at(b, 24);
+        // Collection requests name no holder and a token.
+        let collect = holder.is_none() && size != 0;
         let kind = match u32_at(b, 4) {
             1 if runs.is_empty() => RunsKind::Grant { size },
             2 => RunsKind::GiveBack {
@@ -456,6 +526,12 @@ impl RunsRequest {
             },
             3 if runs.is_empty() && size == 0 && holder.is_some() => RunsKind::Renew,
             4 if runs.is_empty() && size == 0 && holder.is_some() => RunsKind::End,
+            5 if runs.is_empty() && collect => RunsKind::CollectBegin { token: size },
+            6 if collect => RunsKind::CollectLive { token: size, runs },
+            k @ (7 | 8) if runs.is_empty() && collect => RunsKind::CollectFinish {
+                token: size,
+                apply: k == 8,
+            },
             _ => return Err(bad(WHAT)),
         };
         Ok(RunsRequest {
@@ -463,6 +539,7 @@ impl RunsRequest {
             block_bytes: u64_at(b, 16),
             kind,
             holder,
+            aware: flags & FLAG_AWARE != 0,
         })
     }
 }
@@ -477,7 +554,11 @@ impl RunsReply {
         let lease = self
             .lease
             .map(|l| u64::from(l.lease_ms) | u64::from(l.generation) << 32);
-        put_count_and_field(&mut b, self.runs.len(), lease);
+        let collections = self
+            .lease
+            .filter(|_| self.aware)
+            .map(|l| u64::from(l.collections));
+        put_count_and_fields(&mut b, self.runs.len(), lease, collections.map(Some));
         put_runs(&mut b, &self.runs);
         b
     }
@@ -497,28 +578,32 @@ impl RunsReply {
             return Err(bad(WHAT));
         }
         let status = u32_at(b, 4);
-        if status > RUNS_REFUSED {
+        if status > RUNS_COLLECTING {
             return Err(bad(WHAT));
         }
-        let (lease, runs) = get_runs(b, RUNS_REPLY_HEADER, WHAT)?;
-        let lease = match lease {
-            None => None,
-            Some(f) => {
+        let (flags, [lease, collections], runs) = get_runs(b, RUNS_REPLY_HEADER, true, WHAT)?;
+        let lease = match (lease, collections) {
+            (None, None) => None,
+            (Some(f), c) => {
                 let (lease_ms, generation) = (f as u32, (f >> 32) as u32);
+                let collections = u32::try_from(c.unwrap_or(0)).map_err(|_| bad(WHAT))?;
                 if lease_ms == 0 || generation == 0 {
                     return Err(bad(WHAT));
                 }
                 Some(GrantLease {
                     lease_ms,
                     generation,
+                    collections,
                 })
             }
+            (None, Some(_)) => return Err(bad(WHAT)),
         };
         Ok(RunsReply {
             req_id: u64_at(b, 8),
             status,
             runs,
             lease,
+            aware: flags & FLAG_AWARE != 0,
         })
     }
 }
@@ -579,6 +664,7 @@ mod tests {
             block_bytes: 128,
             kind: RunsKind::Grant { size: 4096 },
             holder: None,
+            aware: false,
         };
         assert_eq!(RunsRequest::decode(&grant.encode()).unwrap(), grant);
         let owned = RunsRequest {
@@ -592,6 +678,7 @@ mod tests {
             block_bytes: 0,
             kind: RunsKind::Renew,
             holder: Some(3),
+            aware: false,
         };
         assert_eq!(RunsRequest::decode(&renew.encode()).unwrap(), renew);
         let end = RunsRequest {
@@ -622,8 +709,48 @@ mod tests {
         .encode();
         assert!(RunsRequest::decode(&e).is_err());
         e = owned.encode();
-        e[36] = 3;
+        e[36] = 4;
         assert!(RunsRequest::decode(&e).is_err());
+        // Aware: a flag, no word.
+        let aware = RunsRequest {
+            aware: true,
+            ..owned.clone()
+        };
+        assert_eq!(aware.encode().len(), RUNS_REQUEST_HEADER + 8);
+        assert_eq!(RunsRequest::decode(&aware.encode()).unwrap(), aware);
+        // Collection steps: a token, no holder.
+        for kind in [
+            RunsKind::CollectBegin { token: 77 },
+            RunsKind::CollectLive {
+                token: 77,
+                runs: vec![(4096, 64), (8192, 128)],
+            },
+            RunsKind::CollectFinish {
+                token: 77,
+                apply: false,
+            },
+            RunsKind::CollectFinish {
+                token: 77,
+                apply: true,
+            },
+        ] {
+            let step = RunsRequest {
+                req_id: 1,
+                block_bytes: 0,
+                kind,
+                holder: None,
+                aware: false,
+            };
+            assert_eq!(RunsRequest::decode(&step.encode()).unwrap(), step);
+            let named = RunsRequest {
+                holder: Some(5),
+                ..step.clone()
+            };
+            assert!(RunsRequest::decode(&named.encode()).is_err(), "{step:?}");
+            let mut e = step.encode();
+            e[24..32].copy_from_slice(&0u64.to_le_bytes());
+            assert!(RunsRequest::decode(&e).is_err(), "token 0: {step:?}");
+        }
         let give = RunsRequest {
             req_id: 6,
             block_bytes: 192,
@@ -632,6 +759,7 @@ mod tests {
                 delay_us: 250_000,
             },
             holder: Some(u64::MAX),
+            aware: false,
         };
         assert_eq!(RunsRequest::decode(&give.encode()).unwrap(), give);
         let reply = RunsReply {
@@ -639,16 +767,38 @@ mod tests {
             status: 0,
             runs: vec![(4096, 128)],
             lease: None,
+            aware: false,
         };
         assert_eq!(RunsReply::decode(&reply.encode()).unwrap(), reply);
         let leased = RunsReply {
             lease: Some(GrantLease {
                 lease_ms: 10_000,
                 generation: u32::MAX,
+                collections: 0,
             }),
             ..reply.clone()
         };
         assert_eq!(RunsReply::decode(&leased.encode()).unwrap(), leased);
+        // The collection count goes only to aware requests.
+        let counted = RunsReply {
+            lease: Some(GrantLease {
+                collections: 3,
+                ..leased.lease.unwrap()
+            }),
+            aware: true,
+            ..reply.clone()
+        };
+        assert_eq!(counted.encode().len(), leased.encode().len() + 8);
+        assert_eq!(RunsReply::decode(&counted.encode()).unwrap(), counted);
+        let unaware = RunsReply {
+            aware: false,
+            ..counted.clone()
+        };
+        assert_eq!(
+            RunsReply::decode(&unaware.encode()).unwrap().lease,
+            leased.lease,
+            "not sent: read as 0"
+        );
         let mut e = leased.encode();
         e[24..28].copy_from_slice(&0u32.to_le_bytes());
         assert!(RunsReply::decode(&e).is_err(), "a lease of 0 ms");
@@ -659,7 +809,7 @@ mod tests {
         let e = give.encode();
         assert!(RunsRequest::decode(&e[..e.len() - 1]).is_err());
         let mut e = reply.encode();
-        e[4] = 3;
+        e[4] = 5;
         assert!(RunsReply::decode(&e).is_err());
         let req = AllocRequest {
             req_id: 9,

@@ -12,8 +12,10 @@
 
 use super::proto::{
     AllocReply, AllocRequest, NodeInfo, RunsKind, RunsReply, RunsRequest, ALLOC_PORT,
-    FEATURE_LEASES, FEATURE_LEASE_END, FEATURE_RUNS, RUNS_OUT_OF_MEMORY, RUNS_REFUSED,
+    FEATURE_COLLECT, FEATURE_LEASES, FEATURE_LEASE_END, FEATURE_RUNS, RUNS_COLLECTING,
+    RUNS_DRAINING, RUNS_OUT_OF_MEMORY, RUNS_REFUSED,
 };
+use crate::collection::CollectStart;
 use crate::layout::usage::UsageRepr;
 use crate::memory::{
     MemoryNode, NodeMemory, NodeStats, TableConfig, BLOCK_ALIGN, USAGE_CHANGED_EVERY, USAGE_EVERY,
@@ -213,7 +215,7 @@ impl<N: Nic> MemoryNodeServer<N> {
             len: bytes,
             rkey: remote.rkey,
             alloc_port: ALLOC_PORT,
-            features: FEATURE_RUNS | FEATURE_LEASES | FEATURE_LEASE_END,
+            features: FEATURE_RUNS | FEATURE_LEASES | FEATURE_LEASE_END | FEATURE_COLLECT,
             incarnation,
             table: Some(*table),
         };
@@ -344,13 +346,22 @@ impl<N: Nic> MemoryNodeServer<N> {
             status,
             runs,
             lease,
+            aware: req.aware,
         };
         let size_ok = req.block_bytes > 0 && req.block_bytes % BLOCK_ALIGN == 0;
+        // A holder that would not drop what it holds after a collection
+        // (a client of an older version) is served only until the first.
+        if req.holder.is_some() && !req.aware && self.mem.collections() > 0 {
+            return answer(RUNS_REFUSED, Vec::new(), None);
+        }
         // A named holder's lease is renewed once, first: a failure after it
         // still carries the lease (the node heard from the holder).
         let lease = match req.holder.map(|h| self.mem.renew(h)) {
             None => None,
             Some(Ok(lease)) => Some(lease),
+            Some(Err(TransportError::Collecting { .. })) => {
+                return answer(RUNS_COLLECTING, Vec::new(), None)
+            }
             Some(Err(_)) => return answer(RUNS_OUT_OF_MEMORY, Vec::new(), None),
         };
         match req.kind {
@@ -380,6 +391,24 @@ impl<N: Nic> MemoryNodeServer<N> {
                 }
                 None => answer(RUNS_REFUSED, Vec::new(), None),
             },
+            RunsKind::CollectBegin { token } => match self.mem.collect_begin(token) {
+                Ok(CollectStart::Ready) => answer(0, Vec::new(), None),
+                Ok(CollectStart::Draining { wait, leases }) => {
+                    let wait_us = u64::try_from(wait.as_micros()).unwrap_or(u64::MAX);
+                    answer(RUNS_DRAINING, vec![(wait_us, leases)], None)
+                }
+                Err(_) => answer(RUNS_REFUSED, Vec::new(), None),
+            },
+            RunsKind::CollectLive { token, runs } => match self.mem.collect_live(token, &runs) {
+                Ok(()) => answer(0, Vec::new(), None),
+                Err(_) => answer(RUNS_REFUSED, Vec::new(), None),
+            },
+            RunsKind::CollectFinish { token, apply } => {
+                match self.mem.collect_finish(token, apply) {
+                    Ok(c) => answer(0, vec![(c.bytes, c.runs)], None),
+                    Err(_) => answer(RUNS_REFUSED, Vec::new(), None),
+                }
+            }
             RunsKind::Grant { .. } | RunsKind::Renew => answer(RUNS_REFUSED, Vec::new(), lease),
         }
     }

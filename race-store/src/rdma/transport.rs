@@ -43,9 +43,10 @@
 //! deregistered beyond that (a WR still naming it then fails at the NIC's
 //! local key check instead of writing anything).
 
-use super::alloc_msg::{Allocations, Want};
+use super::alloc_msg::{Allocations, Holder, Want};
 use super::endpoints::AllocEndpoints;
-use super::proto::{NodeInfo, FEATURE_LEASES, FEATURE_LEASE_END, FEATURE_RUNS};
+use super::proto::{NodeInfo, FEATURE_COLLECT, FEATURE_LEASES, FEATURE_RUNS};
+use crate::collection::{CollectStart, Collected};
 use crate::layout::slot::RemotePtr;
 use crate::remote::{
     AllocAsk, BlockRun, Cause, Completions, OpResult, RemoteOp, Ticket, Transport, TransportError,
@@ -55,6 +56,7 @@ use krcore_nic::{Nic, SendWr, Sge, Wc, WcStatus, MAX_INLINE};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod collect;
 mod post;
 
 use post::{failure_of, land, slot_mut};
@@ -391,9 +393,21 @@ impl<N: Nic> VqpTransport<N> {
             .is_some_and(|r| r.info.features & FEATURE_LEASES != 0)
     }
 
-    /// The holder id to name to node `node`: none if it keeps no leases.
-    fn holder_for(&self, node: u8) -> Option<u64> {
-        self.takes_leases(node).then(|| self.alloc.leases.holder())
+    /// Whether node `node` has feature bit `feature` (see
+    /// [`NodeInfo::features`]).
+    fn has(&self, node: u8, feature: u32) -> bool {
+        self.remotes
+            .get(usize::from(node))
+            .is_some_and(|r| r.info.features & feature != 0)
+    }
+
+    /// How to name this client to node `node`: not at all if it keeps no
+    /// leases; aware of its collections where it collects.
+    fn holder_for(&self, node: u8) -> Option<Holder> {
+        self.takes_leases(node).then(|| Holder {
+            id: self.alloc.leases.holder(),
+            aware: self.has(node, FEATURE_COLLECT),
+        })
     }
 
     /// A request for about `size` bytes of blocks of `block_bytes`: a grant
@@ -573,8 +587,39 @@ impl<N: Nic> Transport for VqpTransport<N> {
         self.explain(r)
     }
 
+    fn lease_collections(&self, node: u8) -> Option<u32> {
+        self.has(node, FEATURE_COLLECT)
+            .then(|| self.alloc.leases.collections(node))
+            .flatten()
+    }
+
+    fn collect_begin(&mut self, node: u8, token: u64) -> Result<CollectStart, TransportError> {
+        let r = self.collect_begin_raw(node, token);
+        self.explain(r)
+    }
+
+    fn collect_live(
+        &mut self,
+        node: u8,
+        token: u64,
+        runs: &[(u64, u64)],
+    ) -> Result<(), TransportError> {
+        let r = self.collect_live_raw(node, token, runs);
+        self.explain(r)
+    }
+
+    fn collect_finish(
+        &mut self,
+        node: u8,
+        token: u64,
+        apply: bool,
+    ) -> Result<Collected, TransportError> {
+        let r = self.collect_finish_raw(node, token, apply);
+        self.explain(r)
+    }
+
     /// An end request to every node that keeps leases, takes ends
-    /// ([`FEATURE_LEASE_END`]) and gave this client one: after the
+    /// ([`crate::rdma::FEATURE_LEASE_END`]) and gave this client one: after the
     /// give-backs of its close, on the same channels, so each node has
     /// them first.
     fn end_grant_leases(&mut self, wait: bool) -> Result<usize, TransportError> {
@@ -828,47 +873,6 @@ impl<N: Nic> VqpTransport<N> {
             delay_us: u64::try_from(delay.as_micros()).unwrap_or(u64::MAX),
             holder: self.holder_for(node),
         }
-    }
-
-    fn end_grant_leases_raw(&mut self, wait: bool) -> Result<usize, TransportError> {
-        let (mut told, mut first_err) = (0, None);
-        for node in 0..self.nodes() {
-            let ends = self
-                .remotes
-                .get(usize::from(node))
-                .is_some_and(|r| r.info.features & FEATURE_LEASE_END != 0);
-            let Some(holder) = self.holder_for(node).filter(|_| ends) else {
-                continue;
-            };
-            if self.alloc.leases.generation(node).is_none() {
-                continue;
-            }
-            // A renewal still out is answered first (or left: the end
-            // follows it on the channel either way).
-            if let Some(ask) = self
-                .renewing
-                .get_mut(usize::from(node))
-                .and_then(Option::take)
-            {
-                let _ = self.alloc.answer(ask, wait);
-            }
-            self.alloc.leases.forget(node);
-            let want = Want::End { holder };
-            let r = self.alloc_port(node).and_then(|to| {
-                if wait {
-                    self.alloc.exchange(node, to, &want).map(drop)
-                } else {
-                    self.alloc.send_only(node, to, &want)
-                }
-            });
-            match r {
-                Ok(()) => told += 1,
-                Err(e) => {
-                    first_err.get_or_insert(e);
-                }
-            }
-        }
-        first_err.map_or(Ok(told), Err)
     }
 
     fn grant_lease_raw(&mut self, node: u8) -> Result<Option<u32>, TransportError> {

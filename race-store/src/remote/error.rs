@@ -165,6 +165,15 @@ pub enum TransportError {
         /// Memory node id.
         node: u8,
     },
+    /// The memory node is collecting what dead clients left
+    /// ([`crate::client::Client::collect`]): until it is done (a grant
+    /// lease at most, then a scan of the table) it grants, renews and
+    /// takes back nothing for any client; other nodes serve meanwhile.
+    #[error("memory node {node} is collecting the memory dead clients left; try again later")]
+    Collecting {
+        /// Memory node id.
+        node: u8,
+    },
     /// The transport returned results that do not match the batch.
     #[error("malformed transport response: {reason}")]
     BadResponse {

@@ -12,6 +12,8 @@ use crate::holders::GrantLease;
 #[derive(Clone, Copy, Debug)]
 struct Held {
     generation: u32,
+    /// The node's collections as the answer said ([`GrantLease::collections`]).
+    collections: u32,
     lease: Duration,
     /// End of the lease by this client's clock: the send time of the last
     /// answered request plus the lease.
@@ -87,6 +89,7 @@ impl LeaseBook {
         let lease = Duration::from_millis(u64::from(terms.lease_ms));
         let fresh = Held {
             generation: terms.generation,
+            collections: terms.collections,
             lease,
             until: sent + lease,
         };
@@ -139,6 +142,16 @@ impl LeaseBook {
         }
     }
 
+    /// The collection count of node `node` its last lease answer said,
+    /// once learned.
+    pub fn collections(&self, node: u8) -> Option<u32> {
+        self.held
+            .get(usize::from(node))
+            .copied()
+            .flatten()
+            .map(|h| h.collections)
+    }
+
     /// The generation of node `node`'s lease, once learned.
     pub fn generation(&self, node: u8) -> Option<u32> {
         self.held
@@ -157,6 +170,7 @@ mod tests {
         GrantLease {
             lease_ms: 1000,
             generation,
+            collections: 0,
         }
     }
 

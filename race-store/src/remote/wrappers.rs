@@ -5,6 +5,7 @@
 use super::{
     AllocAsk, BlockRun, Completions, OpResult, RemoteOp, Ticket, Transport, TransportError,
 };
+use crate::collection::{CollectStart, Collected};
 use crate::layout::slot::RemotePtr;
 
 /// When a [`FaultInjector`] kills its client.
@@ -214,6 +215,41 @@ impl<T: Transport> Transport for FaultInjector<T> {
         self.inner.end_grant_leases(wait)
     }
 
+    fn lease_collections(&self, node: u8) -> Option<u32> {
+        self.inner.lease_collections(node)
+    }
+
+    fn collect_begin(&mut self, node: u8, token: u64) -> Result<CollectStart, TransportError> {
+        if self.dead {
+            return Err(TransportError::Disconnected);
+        }
+        self.inner.collect_begin(node, token)
+    }
+
+    fn collect_live(
+        &mut self,
+        node: u8,
+        token: u64,
+        runs: &[(u64, u64)],
+    ) -> Result<(), TransportError> {
+        if self.dead {
+            return Err(TransportError::Disconnected);
+        }
+        self.inner.collect_live(node, token, runs)
+    }
+
+    fn collect_finish(
+        &mut self,
+        node: u8,
+        token: u64,
+        apply: bool,
+    ) -> Result<Collected, TransportError> {
+        if self.dead {
+            return Err(TransportError::Disconnected);
+        }
+        self.inner.collect_finish(node, token, apply)
+    }
+
     fn nodes(&self) -> u8 {
         self.inner.nodes()
     }
@@ -325,6 +361,32 @@ impl<T: Transport> Transport for Delayed<T> {
 
     fn end_grant_leases(&mut self, wait: bool) -> Result<usize, TransportError> {
         self.inner.end_grant_leases(wait)
+    }
+
+    fn lease_collections(&self, node: u8) -> Option<u32> {
+        self.inner.lease_collections(node)
+    }
+
+    fn collect_begin(&mut self, node: u8, token: u64) -> Result<CollectStart, TransportError> {
+        self.inner.collect_begin(node, token)
+    }
+
+    fn collect_live(
+        &mut self,
+        node: u8,
+        token: u64,
+        runs: &[(u64, u64)],
+    ) -> Result<(), TransportError> {
+        self.inner.collect_live(node, token, runs)
+    }
+
+    fn collect_finish(
+        &mut self,
+        node: u8,
+        token: u64,
+        apply: bool,
+    ) -> Result<Collected, TransportError> {
+        self.inner.collect_finish(node, token, apply)
     }
 
     fn nodes(&self) -> u8 {

@@ -12,8 +12,10 @@
 //!   whichever client's grant they lie in ([`crate::holders`]);
 //! * only under a live lease on the node's grants (the fence of
 //!   [`crate::holders`]); free and retired blocks the node refused go back
-//!   to their lists whatever the lease's generation now: they were written,
-//!   so no lease change takes them;
+//!   to their lists whatever the lease's generation now (they were written,
+//!   so no lease change takes them), unless the node was collected since
+//!   they were sent ([`crate::client::Client::collect`]): then they are
+//!   dropped;
 //! * a give-back whose outcome is unknown (no answer in time, the node
 //!   gone) is never used again: its blocks are counted as dropped (leaked
 //!   if the node did not take them), never handed out twice.
@@ -35,6 +37,9 @@ pub(super) struct Trim {
     blocks: Vec<RemotePtr>,
     /// Retired blocks: the tick of the youngest one's retirement.
     retired: Option<u64>,
+    /// The node's collection drops when it was sent: blocks of a refused
+    /// give-back are not taken back in after a drop.
+    drops: u32,
 }
 
 impl Trim {
@@ -122,6 +127,7 @@ impl KvAllocator {
             class,
             blocks,
             retired: None,
+            drops: self.collection_drops(node),
         };
         self.send_trim(transport, trim, Duration::ZERO);
     }
@@ -177,6 +183,7 @@ impl KvAllocator {
                 class,
                 blocks,
                 retired: Some(youngest),
+                drops: self.collection_drops(node),
             };
             self.send_trim(transport, trim, delay);
         }
@@ -245,6 +252,8 @@ impl KvAllocator {
     /// was (the queue's order holds: everything after was retired later);
     /// otherwise dropped. The node is not trimmed again for a grace period.
     fn trim_failed(&mut self, trim: Trim, kept: bool) {
+        // A collection since it was sent: they may have been taken back.
+        let kept = kept && trim.drops == self.collection_drops(trim.node);
         let bytes = trim.bytes();
         let pause = self.grace_ticks.max(1);
         let now = self.now;
