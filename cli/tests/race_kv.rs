@@ -93,6 +93,32 @@ fn race_kv_runs_one_command_against_a_deployed_store() {
         swept.contains(" 0 tentative slot(s) found: 0 removed"),
         "{swept}"
     );
+    // Every client so far closed (its lease ended): a collection finds
+    // both nodes ready at once, reads the table and takes back what no
+    // slot links (a closed client left nothing: every block it held went
+    // back with its close).
+    let collected = ok(on(&["collect", "--dry-run"]));
+    let lines: Vec<&str> = collected.lines().collect();
+    assert_eq!(lines.len(), 3, "{collected}");
+    assert!(
+        lines[0].starts_with("node 0: leases ended after "),
+        "{collected}"
+    );
+    assert!(
+        lines[1].contains("would take back 0 KiB in 0 run(s)"),
+        "{collected}"
+    );
+    assert!(
+        lines[2].starts_with("2 memory node(s): would take back "),
+        "{collected}"
+    );
+    let collected = ok(on(&["collect", "--node", "1"]));
+    assert!(
+        collected.starts_with("node 1: ") && collected.contains("took back"),
+        "{collected}"
+    );
+    fails_with(KV, &on(&["collect", "--node", "7"]), "no memory node 7");
+    assert_eq!(ok(on(&["get", "k3"])), "three");
     // Every node's usage, from its usage record (written every second).
     let usage = ok(on(&["usage"]));
     let lines: Vec<&str> = usage.lines().collect();

@@ -53,7 +53,7 @@ use std::time::{Duration, Instant};
 
 use crate::collection::{CollectStart, Collected};
 use crate::error::Error;
-use crate::remote::{RemoteOp, Transport};
+use crate::remote::{RemoteOp, Transport, TransportError};
 
 use super::alloc::{class_bytes, class_of};
 use super::engine::take_read;
@@ -122,17 +122,22 @@ impl<T: Transport> Client<T> {
     /// reads go on.
     ///
     /// # Errors
-    /// [`crate::remote::TransportError::Unsupported`] for a node that
+    /// [`TransportError::NoSuchNode`] for a node id out of range (before
+    /// anything starts); [`TransportError::Unsupported`] for a node that
     /// cannot collect;
     /// [`Error::LeasesLive`] when a node's leases did not end within
     /// `max_drain`; transport and table errors. A node whose collection
     /// failed after it started ends it without taking anything back;
     /// nodes collected before stay collected.
     pub fn collect(&mut self, opts: &CollectOptions) -> Result<Vec<NodeCollect>, Error> {
+        let count = self.transport.nodes();
         let nodes = match &opts.nodes {
             Some(n) => n.clone(),
-            None => (0..self.transport.nodes()).collect(),
+            None => (0..count).collect(),
         };
+        if let Some(&node) = nodes.iter().find(|&&n| n >= count) {
+            return Err(TransportError::NoSuchNode { node }.into());
+        }
         let mut out = Vec::with_capacity(nodes.len());
         for node in nodes {
             let token = crate::remote::leases::fresh_id();
