@@ -21,16 +21,6 @@ use rand::{Rng, SeedableRng};
 /// Grant leases this short: a collection drains within one.
 const LEASE: Duration = Duration::from_millis(40);
 
-fn tick_config() -> ClientConfig {
-    ClientConfig {
-        lease_ticks: 1 << 30,
-        lease_unit_ticks: 1,
-        max_op_ticks: 64,
-        grace_ticks: 256,
-        ..ClientConfig::default()
-    }
-}
-
 fn cluster(nodes: u8) -> LocalCluster {
     let c = tiny_cluster(nodes, 16, 256 << 20, 16);
     c.set_grant_lease(LEASE);
@@ -56,10 +46,18 @@ fn unlinked(a: &[NodeAccount]) -> u64 {
     a.iter().map(|a| a.unlinked).sum()
 }
 
-fn assert_model(c: &mut Client<LocalTransport>, model: &HashMap<u64, Vec<u8>>) {
+/// Every key of `model` reads back its value, and the table checks clean
+/// with exactly those keys.
+fn assert_store<T: race_store::remote::Transport>(
+    c: &mut Client<T>,
+    model: &HashMap<u64, Vec<u8>>,
+) {
     for (k, v) in model {
         assert_eq!(c.get(&key(*k)).unwrap().as_deref(), Some(&v[..]), "key {k}");
     }
+    let check = c.check_table().unwrap();
+    assert!(check.problems.is_empty(), "{:#?}", check.problems);
+    assert_eq!(check.pairs.len(), model.len());
 }
 
 /// Three clients write, update and delete, then die holding what they
@@ -122,7 +120,7 @@ fn a_collection_takes_back_what_dead_clients_left_and_nothing_else() {
     let after = accounts(&cluster, &mut collector);
     eprintln!("collected {collected} B: {after:?}");
     assert_eq!(unlinked(&after), 0);
-    assert_model(&mut collector, &model);
+    assert_store(&mut collector, &model);
     // Nothing more to take.
     let again = collector.collect(&CollectOptions::default()).unwrap();
     assert!(again.iter().all(|n| n.collected.bytes == 0), "{again:?}");
@@ -141,10 +139,7 @@ fn a_collection_takes_back_what_dead_clients_left_and_nothing_else() {
         heap_after, heap_before,
         "new heap taken while collected memory was pooled"
     );
-    assert_model(&mut writer, &model);
-    let check = writer.check_table().unwrap();
-    assert!(check.problems.is_empty(), "{:#?}", check.problems);
-    assert_eq!(check.pairs.len(), model.len());
+    assert_store(&mut writer, &model);
 }
 
 /// A client that wrote and updated, then stood idle past its lease,
@@ -203,10 +198,7 @@ fn an_idle_client_drops_what_it_held_on_a_collected_node() {
         now.dropped_bytes >= dropped_before + held.free_bytes,
         "{now:?} {held:?}"
     );
-    assert_model(&mut collector, &model);
-    let check = collector.check_table().unwrap();
-    assert!(check.problems.is_empty(), "{:#?}", check.problems);
-    assert_eq!(check.pairs.len(), model.len());
+    assert_store(&mut collector, &model);
     for c in [idle, other, collector] {
         let r = c.close();
         assert!(r.error.is_none(), "{:?}", r.error);
@@ -281,18 +273,13 @@ fn writers_meet_a_typed_error_while_the_only_node_drains() {
 #[test]
 fn served_memory_nodes_collect_over_messaging() {
     use common::rdma::cluster_leased;
-    use krcore::Node;
     use krcore_kmod::EngineConfig;
-    use race_store::rdma::{VqpTransport, FEATURE_COLLECT};
+    use race_store::rdma::FEATURE_COLLECT;
 
     let lease = Duration::from_millis(300);
     let c = cluster_leased(2, 32 << 20, 12, EngineConfig::default(), Some(lease));
     assert!(c.infos.iter().all(|i| i.features & FEATURE_COLLECT != 0));
-    let connect = || {
-        let node = Node::builder().join(&c.meta).build().unwrap();
-        let t = VqpTransport::connect(&node, &c.infos).unwrap();
-        Client::open(t, system_clock(), ClientConfig::default()).unwrap()
-    };
+    let connect = || c.client(ClientConfig::default());
     let mut model: HashMap<u64, Vec<u8>> = HashMap::new();
     let mut dead = connect();
     let mut idle = connect();
@@ -331,16 +318,7 @@ fn served_memory_nodes_collect_over_messaging() {
         fresh.insert(&key(k), &v).unwrap();
         model.insert(k, v);
     }
-    for (k, v) in &model {
-        assert_eq!(
-            collector.get(&key(*k)).unwrap().as_deref(),
-            Some(&v[..]),
-            "key {k}"
-        );
-    }
-    let check = collector.check_table().unwrap();
-    assert!(check.problems.is_empty(), "{:#?}", check.problems);
-    assert_eq!(check.pairs.len(), model.len());
+    assert_store(&mut collector, &model);
 }
 
 /// Writers update their own keys without pause while a collector collects
@@ -387,16 +365,7 @@ where
     stop.store(true, Ordering::Relaxed);
     let puts: u64 = writers.into_iter().map(|w| w.join().unwrap()).sum();
     let model = model.lock().unwrap();
-    for (k, v) in model.iter() {
-        assert_eq!(
-            collector.get(&key(*k)).unwrap().as_deref(),
-            Some(&v[..]),
-            "key {k}"
-        );
-    }
-    let check = collector.check_table().unwrap();
-    assert!(check.problems.is_empty(), "{:#?}", check.problems);
-    assert_eq!(check.pairs.len(), model.len());
+    assert_store(&mut collector, &model);
     (puts, taken)
 }
 
@@ -419,9 +388,7 @@ fn collections_beside_running_writers_lose_nothing() {
 #[test]
 fn collections_beside_running_writers_over_messaging_lose_nothing() {
     use common::rdma::cluster_leased;
-    use krcore::Node;
     use krcore_kmod::EngineConfig;
-    use race_store::rdma::VqpTransport;
 
     let c = cluster_leased(
         2,
@@ -430,11 +397,7 @@ fn collections_beside_running_writers_over_messaging_lose_nothing() {
         EngineConfig::default(),
         Some(Duration::from_millis(200)),
     );
-    let (puts, taken) = collections_beside_writers(|| {
-        let node = Node::builder().join(&c.meta).build().unwrap();
-        let t = VqpTransport::connect(&node, &c.infos).unwrap();
-        Client::open(t, system_clock(), ClientConfig::default()).unwrap()
-    });
+    let (puts, taken) = collections_beside_writers(|| c.client(ClientConfig::default()));
     eprintln!("{puts} puts beside 6 collections that took back {taken} B");
     assert!(taken > 0);
 }

@@ -379,17 +379,11 @@ fn a_writer_that_asks_no_grants_keeps_its_lease_by_renewals() {
 #[test]
 fn an_idle_clients_grant_asked_ahead_is_not_used_after_its_lease_ended() {
     use common::rdma::cluster_leased;
-    use krcore::Node;
     use krcore_kmod::EngineConfig;
-    use race_store::rdma::VqpTransport;
 
     let lease = Duration::from_millis(300);
     let c = cluster_leased(1, 32 << 20, 12, EngineConfig::default(), Some(lease));
-    let connect = || {
-        let node = Node::builder().join(&c.meta).build().unwrap();
-        let t = VqpTransport::connect(&node, &c.infos).unwrap();
-        Client::open(t, system_clock(), system_config()).unwrap()
-    };
+    let connect = || c.client(system_config());
     let mut model: HashMap<u64, Vec<u8>> = HashMap::new();
     let mut idle = connect();
     for k in 0..300u64 {

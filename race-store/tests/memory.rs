@@ -150,17 +150,6 @@ fn memory_bound_full_size() {
     assert!(f.allocated_kv <= 2 * f.live_kv + grant_slack(4, 2));
 }
 
-/// The logical-clock configuration of these tests.
-fn tick_config() -> ClientConfig {
-    ClientConfig {
-        lease_ticks: 1 << 30,
-        lease_unit_ticks: 1,
-        max_op_ticks: 64,
-        grace_ticks: 256,
-        ..ClientConfig::default()
-    }
-}
-
 fn heap(cluster: &race_store::memory::LocalCluster) -> u64 {
     cluster.stats().iter().map(|s| s.heap_used).sum()
 }

@@ -37,6 +37,18 @@ pub fn manual_config() -> ClientConfig {
     }
 }
 
+/// For a [`ManualClock`] moved by hand one tick per operation: short
+/// operations and grace periods, leases that never run out.
+pub fn tick_config() -> ClientConfig {
+    ClientConfig {
+        lease_ticks: 1 << 30,
+        lease_unit_ticks: 1,
+        max_op_ticks: 64,
+        grace_ticks: 256,
+        ..ClientConfig::default()
+    }
+}
+
 /// For a [`SystemClock`] (microseconds) under a loaded debug build.
 pub fn system_config() -> ClientConfig {
     ClientConfig {

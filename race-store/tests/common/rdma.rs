@@ -18,6 +18,21 @@ pub struct Cluster {
     pub memory: Vec<Node>,
 }
 
+impl Cluster {
+    /// A client on a node of its own, reaching the memory nodes over
+    /// messaging, on the system clock.
+    pub fn client(
+        &self,
+        config: race_store::ClientConfig,
+    ) -> race_store::Client<race_store::rdma::VqpTransport<krcore_nic::AnyNic>> {
+        let node = Node::builder().join(&self.meta).build().unwrap();
+        let t = race_store::rdma::VqpTransport::connect(&node, &self.infos).unwrap();
+        let clock: std::sync::Arc<dyn race_store::clock::Clock> =
+            std::sync::Arc::new(race_store::clock::SystemClock::new());
+        race_store::Client::open(t, clock, config).unwrap()
+    }
+}
+
 /// `memory_nodes` memory nodes of `bytes` each, serving (idle sleep 50
 /// us); the table may grow to `max_global_depth`.
 pub fn cluster(memory_nodes: u8, bytes: u64, max_global_depth: u8) -> Cluster {
