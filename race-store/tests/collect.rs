@@ -274,7 +274,7 @@ fn writers_meet_a_typed_error_while_the_only_node_drains() {
 fn served_memory_nodes_collect_over_messaging() {
     use common::rdma::cluster_leased;
     use krcore_kmod::EngineConfig;
-    use race_store::rdma::FEATURE_COLLECT;
+    use race_store::rdma::{FEATURE_COLLECT, FEATURE_LEASES, FEATURE_RUNS};
 
     let lease = Duration::from_millis(300);
     let c = cluster_leased(2, 32 << 20, 12, EngineConfig::default(), Some(lease));
@@ -312,6 +312,22 @@ fn served_memory_nodes_collect_over_messaging() {
         model.insert(k, v);
     }
     assert!(idle.stats().kv_memory.dropped_bytes >= dropped + held.free_bytes);
+    // A client of an older version, which would not drop what it holds
+    // after a collection (no lease, or not aware), is refused now.
+    for features in [FEATURE_RUNS, FEATURE_RUNS | FEATURE_LEASES] {
+        use race_store::remote::Transport;
+        let mut old = c.infos.clone();
+        for i in &mut old {
+            i.features = features;
+        }
+        let node = krcore::Node::builder().join(&c.meta).build().unwrap();
+        let mut t = race_store::rdma::VqpTransport::connect(&node, &old).unwrap();
+        let r = t.alloc_blocks(0, 4096, 128);
+        assert!(
+            matches!(r, Err(TransportError::Refused { node: 0, .. })),
+            "features {features}: {r:?}"
+        );
+    }
     let mut fresh = connect();
     for k in 600..900u64 {
         let v = value(k, 0, 250);

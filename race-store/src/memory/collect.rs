@@ -77,6 +77,12 @@ impl Heap {
 }
 
 impl<M: NodeMemory> MemoryNode<M> {
+    /// Whether a collection is under way.
+    pub fn collecting(&self) -> bool {
+        let now = self.micros();
+        self.heap.lock().collecting(now)
+    }
+
     /// Starts collection `token` (not 0), or looks again whether it is
     /// ready (see the module docs).
     ///

@@ -18,7 +18,7 @@
 use super::endpoints::{AllocEndpoints, Need};
 use super::proto::{
     AllocReply, AllocRequest, RunsKind, RunsReply, RunsRequest, ALLOC_REPLY_LEN, MAX_RUNS,
-    RUNS_COLLECTING, RUNS_OUT_OF_MEMORY, RUNS_REQUEST_HEADER,
+    RUNS_COLLECTING, RUNS_OUT_OF_MEMORY, RUNS_REFUSED, RUNS_REQUEST_HEADER,
 };
 use crate::holders::GrantLease;
 use crate::layout::slot::RemotePtr;
@@ -218,6 +218,17 @@ impl Want {
             }
             (_, Answer::Runs(r)) if r.status == RUNS_COLLECTING => {
                 return Err(TransportError::Collecting { node })
+            }
+            (Want::Grant { .. } | Want::Renew { .. }, Answer::Runs(r))
+                if r.status == RUNS_REFUSED =>
+            {
+                return Err(TransportError::Refused {
+                    node,
+                    source: Cause::msg(
+                        "the memory node refused the request (a client of an older version \
+                         after a collection?)",
+                    ),
+                })
             }
             (Want::GiveBack { .. }, Answer::Runs(_)) => {
                 return Err(TransportError::Refused {

@@ -349,10 +349,17 @@ impl<N: Nic> MemoryNodeServer<N> {
             aware: req.aware,
         };
         let size_ok = req.block_bytes > 0 && req.block_bytes % BLOCK_ALIGN == 0;
-        // A holder that would not drop what it holds after a collection
-        // (a client of an older version) is served only until the first.
-        if req.holder.is_some() && !req.aware && self.mem.collections() > 0 {
+        // A client that would not drop what it holds after a collection
+        // (one of an older version: not aware, or naming no holder, which
+        // no collection drains) is served only until the first, and a
+        // client naming no holder not while one is under way.
+        let blocks = matches!(req.kind, RunsKind::Grant { .. } | RunsKind::GiveBack { .. });
+        let unaware = !req.aware && (req.holder.is_some() || blocks);
+        if unaware && self.mem.collections() > 0 {
             return answer(RUNS_REFUSED, Vec::new(), None);
+        }
+        if req.holder.is_none() && blocks && self.mem.collecting() {
+            return answer(RUNS_COLLECTING, Vec::new(), None);
         }
         // A named holder's lease is renewed once, first: a failure after it
         // still carries the lease (the node heard from the holder).

@@ -19,7 +19,8 @@ impl KvAllocator {
 
     /// Whether this client's lease on node `node`'s grants is live
     /// (renewed if due). When the node started a new one, everything held
-    /// under the old one is dropped first: the node may have taken it back.
+    /// under the old one is dropped first: the node may have taken it back;
+    /// when the node's collection count changed, every block of it held.
     /// A node whose renewal failed is skipped for the back-off, as one
     /// whose grant failed (each renewal may wait out its timeout).
     pub(super) fn lease_ok<T: Transport>(&mut self, transport: &mut T, node: u8) -> bool {
