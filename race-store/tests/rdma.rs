@@ -343,11 +343,20 @@ fn more_clients_than_64_allocate_at_once_without_waiting_for_a_slot() {
     cfg.recv_depth = 1024;
     let node = Node::builder().join(&c.meta).config(cfg).build().unwrap();
     let mut clients = ask_ahead(&node, &c, 100);
-    let usage = c.memory[0]
-        .engine()
-        .unwrap()
-        .msg_port_usage(race_store::rdma::ALLOC_PORT)
-        .unwrap();
+    // The asks' channels open as the node's thread gets to their Opens (a
+    // loaded machine: a while); all 100 stay open until collected.
+    let port_usage = || {
+        c.memory[0]
+            .engine()
+            .unwrap()
+            .msg_port_usage(race_store::rdma::ALLOC_PORT)
+            .unwrap()
+    };
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    while port_usage().channels <= 64 && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let usage = port_usage();
     assert!(usage.channels > 64, "{usage:?}");
     collect_answers(&mut clients);
     let stats = c.memory[0].engine().unwrap().msg_stats();
