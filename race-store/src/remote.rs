@@ -625,9 +625,7 @@ pub trait Transport {
     /// collection is under way; as `alloc_blocks` otherwise.
     fn collect_begin(&mut self, node: u8, token: u64) -> Result<CollectStart, TransportError> {
         let _ = (node, token);
-        Err(TransportError::Unsupported {
-            what: "collecting a memory node",
-        })
+        Err(CANNOT_COLLECT)
     }
 
     /// Runs `(offset, len)` of node `node` that the table links, for its
@@ -644,9 +642,7 @@ pub trait Transport {
         runs: &[(u64, u64)],
     ) -> Result<(), TransportError> {
         let _ = (node, token, runs);
-        Err(TransportError::Unsupported {
-            what: "collecting a memory node",
-        })
+        Err(CANNOT_COLLECT)
     }
 
     /// Ends collection `token` on node `node`, taking back what nothing
@@ -661,14 +657,17 @@ pub trait Transport {
         apply: bool,
     ) -> Result<Collected, TransportError> {
         let _ = (node, token, apply);
-        Err(TransportError::Unsupported {
-            what: "collecting a memory node",
-        })
+        Err(CANNOT_COLLECT)
     }
 
     /// Number of memory nodes (ids `0..nodes()`).
     fn nodes(&self) -> u8;
 }
+
+/// What a transport that cannot collect answers each collection step.
+const CANNOT_COLLECT: TransportError = TransportError::Unsupported {
+    what: "collecting a memory node",
+};
 
 /// Implements [`Transport`] for a pointer type by forwarding every call to
 /// the transport it points to (`&mut T`, `Box<T>`).

@@ -191,10 +191,7 @@ impl<T: Transport> Client<T> {
         // A reader that read a slot before its block was unlinked is done
         // within a grace period.
         let seen = self.now();
-        while self.now().saturating_sub(seen) <= self.config.grace_ticks {
-            let left = self.config.grace_ticks - self.now().saturating_sub(seen);
-            self.clock.pause(left + 1);
-        }
+        self.wait_past(seen, self.config.grace_ticks);
         if opts.cancelled() {
             return Err(cancelled());
         }

@@ -309,7 +309,7 @@ impl<T: Transport> Client<T> {
     /// a client that met one collecting skips it for an eighth of a grace
     /// period), it waits and asks again, for up to `lease_ticks`.
     pub(crate) fn alloc_block(&mut self, node: u8, len: usize) -> Result<RemotePtr, Error> {
-        let first = self.now();
+        let mut first = None;
         loop {
             let now = self.now();
             let r = self.alloc.alloc(
@@ -319,14 +319,27 @@ impl<T: Transport> Client<T> {
                 len,
                 now,
             );
+            let since = *first.get_or_insert(now);
             match r {
                 Err(Error::Transport(TransportError::Collecting { .. }))
-                    if now.saturating_sub(first) < self.config.lease_ticks =>
+                    if now.saturating_sub(since) < self.config.lease_ticks =>
                 {
-                    self.clock.pause((self.config.grace_ticks / 8).max(1));
+                    self.clock.pause(self.alloc.collecting_skip());
                 }
                 r => return r,
             }
+        }
+    }
+
+    /// Waits until more than `ticks` have passed since `since` (on this
+    /// client's clock); the ticks that had passed when it returned.
+    pub(crate) fn wait_past(&self, since: u64, ticks: u64) -> u64 {
+        loop {
+            let age = self.now().saturating_sub(since);
+            if age > ticks {
+                return age;
+            }
+            self.clock.pause(ticks - age + 1);
         }
     }
 

@@ -105,15 +105,7 @@ impl<T: Transport> Client<T> {
         }
         // Every copy noted was in place at or before `seen`.
         let seen = self.now();
-        let dead_after = self.tentative_dead_after();
-        loop {
-            let age = self.now().saturating_sub(seen);
-            if age > dead_after {
-                report.waited_ticks = age;
-                break;
-            }
-            self.clock.pause(dead_after - age + 1);
-        }
+        report.waited_ticks = self.wait_past(seen, self.tentative_dead_after());
         for here in found {
             let ops: Vec<RemoteOp<'_>> = here
                 .iter()

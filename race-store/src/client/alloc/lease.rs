@@ -77,10 +77,16 @@ impl KvAllocator {
     /// two-node store would find both skipped).
     pub(super) fn backoff_after(&self, e: &Error) -> u64 {
         if matches!(e, Error::Transport(TransportError::Collecting { .. })) {
-            (self.grace_ticks / 8).clamp(1, self.backoff_ticks.max(1))
+            self.collecting_skip().min(self.backoff_ticks.max(1))
         } else {
             self.backoff_ticks
         }
+    }
+
+    /// How long a node found collecting is left alone: an eighth of a
+    /// grace period (at least a tick).
+    pub(crate) fn collecting_skip(&self) -> u64 {
+        (self.grace_ticks / 8).max(1)
     }
 
     /// Drops every block of node `node` this client holds (free, retired,
