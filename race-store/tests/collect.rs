@@ -337,6 +337,38 @@ fn served_memory_nodes_collect_over_messaging() {
     assert_store(&mut collector, &model);
 }
 
+/// A client that closes while its node drains for a collection ends its
+/// lease there (the end is what the drain waits for: before, the node
+/// answered it "collecting" and the close reported that as its error),
+/// keeps what the node cannot take back now, and reports no error; the
+/// drain is over at once.
+#[test]
+fn a_client_closes_cleanly_while_its_node_drains() {
+    use common::rdma::cluster_leased;
+    use krcore_kmod::EngineConfig;
+    use race_store::collection::CollectStart;
+    use race_store::remote::Transport;
+
+    let c = cluster_leased(1, 32 << 20, 12, EngineConfig::default(), None);
+    let mut writer = c.client(ClientConfig::default());
+    for k in 0..200u64 {
+        writer.put(&key(k), &value(k, 0, 100)).unwrap();
+    }
+    let node = krcore::Node::builder().join(&c.meta).build().unwrap();
+    let mut t = race_store::rdma::VqpTransport::connect(&node, &c.infos).unwrap();
+    let start = t.collect_begin(0, 11).unwrap();
+    assert!(
+        matches!(start, CollectStart::Draining { leases: 1, .. }),
+        "{start:?}"
+    );
+    let r = writer.close();
+    assert!(r.error.is_none(), "{r:?}");
+    assert_eq!(r.leases_ended, 1, "{r:?}");
+    assert!(r.kept_bytes > 0, "{r:?}");
+    assert_eq!(t.collect_begin(0, 11).unwrap(), CollectStart::Ready);
+    t.collect_finish(0, 11, false).unwrap();
+}
+
 /// Writers update their own keys without pause while a collector collects
 /// both nodes again and again: every acknowledged value reads back, the
 /// table checks clean, and the writers' closes give back only what they

@@ -892,6 +892,11 @@ impl KvAllocator {
                         }
                     }
                     Ok(None) => {}
+                    // Nothing was granted, so nothing is lost: a node out of
+                    // memory, or collecting when the ask came (answered
+                    // during a collection that may have ended since).
+                    Err(TransportError::OutOfMemory { .. } | TransportError::Collecting { .. }) => {
+                    }
                     Err(e) => {
                         report.error.get_or_insert(e.into());
                     }
@@ -956,7 +961,11 @@ impl<T: Transport> Giving<'_, T> {
             }
             Err(e) => {
                 self.report.kept_bytes += bytes;
-                self.report.error.get_or_insert(e.into());
+                // A node being collected takes nothing back, and takes
+                // what is kept itself: that is no failure of the close.
+                if !matches!(e, TransportError::Collecting { .. }) {
+                    self.report.error.get_or_insert(e.into());
+                }
                 if let Some(f) = failed {
                     *f = true;
                 }

@@ -362,8 +362,11 @@ impl<N: Nic> MemoryNodeServer<N> {
             return answer(RUNS_COLLECTING, Vec::new(), None);
         }
         // A named holder's lease is renewed once, first: a failure after it
-        // still carries the lease (the node heard from the holder).
-        let lease = match req.holder.map(|h| self.mem.renew(h)) {
+        // still carries the lease (the node heard from the holder). Not for
+        // an end: a holder may end its lease while a collection drains the
+        // node (which renews nobody; the end is what the drain waits for).
+        let renews = !matches!(req.kind, RunsKind::End);
+        let lease = match req.holder.filter(|_| renews).map(|h| self.mem.renew(h)) {
             None => None,
             Some(Ok(lease)) => Some(lease),
             Some(Err(TransportError::Collecting { .. })) => {

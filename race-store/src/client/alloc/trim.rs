@@ -234,6 +234,10 @@ impl KvAllocator {
                     None => self.trimmed_bytes += trim.bytes(),
                 },
                 Ok(None) => self.trim_failed(trim, false),
+                // A node collecting when they came did not take them: they
+                // are still this client's (unless that collection finished:
+                // see `trim_failed`), and the client is not to blame.
+                Err(TransportError::Collecting { .. }) => self.trim_failed(trim, true),
                 Err(e) => {
                     // The node said no: they are still this client's.
                     let kept = matches!(e, TransportError::Refused { .. });
