@@ -339,3 +339,119 @@ fn a_load_stopped_by_sigterm_says_how_far_it_got() {
     drop((n1, n0));
     assert_eq!(meta_p.terminate(), Some(0));
 }
+
+/// `maintain`: one round (`--once`, as from cron) takes back what a killed
+/// client left (`check` then finds nothing unlinked); the loop prints a
+/// ready line and a round every `--every-s`, and stops at SIGTERM with 0;
+/// a round every 0 s is refused.
+#[test]
+fn maintain_takes_back_what_a_killed_client_left_and_stops_at_sigterm() {
+    use std::io::BufRead;
+    let dir = fabric_dir();
+    let fabric = format!("sim:{}", dir.path().join("f").display());
+    let (meta_p, addr) = meta(&fabric);
+    let lease = ["--grant-lease-ms", "1000"];
+    let (n0, _) = start(MEMNODE, &as_refs(&memnode(&fabric, &addr, "s", 0, &lease)));
+    let (n1, _) = start(MEMNODE, &as_refs(&memnode(&fabric, &addr, "s", 1, &lease)));
+    let on = |extra: &[&str]| store_args(&fabric, &addr, "s", extra);
+    // A client that dies holding what it wrote over: never closed.
+    let node = krcore::Node::builder()
+        .fabric(&fabric)
+        .meta_addr(&addr)
+        .build()
+        .unwrap();
+    let store = race_store::deploy::Store::open(&node, &addr, "s", Default::default()).unwrap();
+    let mut dying = store.client().unwrap();
+    for round in 0..3u8 {
+        for k in 0..300u32 {
+            dying
+                .put(format!("key{k}").as_bytes(), &[round; 200])
+                .unwrap();
+        }
+    }
+    std::mem::forget(dying);
+
+    let out = bounded_output(KV, &on(&["maintain", "--once", "--collect-above-mib", "0"]));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{text}{err}");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines.first(),
+        Some(&"round 1: sweep, check, collect"),
+        "{text}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains(" 300 keys, 0 duplicates, 0 problem(s)")),
+        "{text}"
+    );
+    // The table's one subtable, and the values, are on node 0; node 1
+    // holds nothing unlinked and is left alone.
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("node 0: leases ended after ") && l.contains("took back")),
+        "{text}"
+    );
+    let last = lines.last().copied().unwrap_or_default();
+    assert!(
+        last.starts_with("round 1: done in ") && last.contains("node(s) collected: [0],"),
+        "{text}"
+    );
+    assert!(!last.ends_with(", 0 KiB taken back"), "{text}");
+    // Each node rewrites its usage record within 100 ms of a change.
+    let mut check = String::new();
+    for _ in 0..50 {
+        let out = bounded_output(KV, &on(&["check"]));
+        check = String::from_utf8_lossy(&out.stdout).into_owned();
+        if check.contains("store s: 0 KiB unlinked of ") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(check.contains("store s: 0 KiB unlinked of "), "{check}");
+
+    // The loop: a ready line, then rounds; SIGTERM between them ends it.
+    let mut child = Proc(
+        Command::new(KV)
+            .args(on(&["maintain", "--every-s", "1"]))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut out = std::io::BufReader::new(child.0.stdout.take().unwrap()).lines();
+    let ready = out.next().unwrap().unwrap();
+    assert!(
+        ready.starts_with("ready: race-kv maintain: store s, a round every 1 s"),
+        "{ready}"
+    );
+    let mut seen = Vec::new();
+    for line in out.by_ref().map_while(Result::ok) {
+        let done = line.starts_with("round 2: done in ");
+        seen.push(line);
+        if done {
+            break;
+        }
+    }
+    assert!(
+        seen.iter().any(|l| l.starts_with("round 2: done in ")),
+        "{seen:#?}"
+    );
+    // Nothing unlinked reached the default mark: nothing collected.
+    assert!(
+        seen.iter().all(|l| !l.starts_with("node 0: leases ended")),
+        "{seen:#?}"
+    );
+    let (code, err) = child.terminate_with_stderr();
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("maintain stopped by a signal after "), "{err}");
+
+    let out = bounded_output(KV, &on(&["maintain", "--every-s", "0"]));
+    assert_eq!(out.status.code(), Some(2));
+    drop(node);
+    drop((n1, n0));
+    assert_eq!(meta_p.terminate(), Some(0));
+}

@@ -15,6 +15,9 @@
 //!   collect            take back what killed clients left on the memory nodes, one
 //!                      node at a time (each stops granting until its clients'
 //!                      leases end: up to a grant lease); --dry-run only counts
+//!   maintain           until SIGTERM, a round every --every-s seconds (600): sweep,
+//!                      check, and collect each node with --collect-above-mib (256)
+//!                      unlinked or more; --once: one round (for cron)
 //!   dump FILE          every pair into FILE (`-`: stdout), in `race_store::dump`'s format
 //!   load FILE          put every pair of a dump (`-`: stdin), 64 per batch
 //! ```
@@ -55,12 +58,15 @@
 //! writing, the unlinked bytes are that loss.
 #![forbid(unsafe_code)]
 
+mod maintenance;
+
 use clap::{Parser, Subcommand};
 use krcore::Node;
 use krcore_cli::{
-    bytes_text, fail, init_tracing, load_toml, parse_fabric, percent, stopped_by_signal, usage,
-    Periodic, Shutdown, StoppableStdin,
+    bytes_text, fail, init_tracing, load_toml, parse_fabric, stopped_by_signal, usage, Periodic,
+    Shutdown, StoppableStdin,
 };
+use maintenance::{check, collect, maintain, sweep, usage_of, MaintainOptions};
 use race_store::client::Op;
 use race_store::deploy::{Store, StoreOptions};
 use race_store::dump::{DumpError, DumpReader, DumpWriter};
@@ -151,6 +157,32 @@ enum Command {
         #[arg(long, default_value_t = 60, value_name = "S")]
         max_drain_s: u64,
     },
+    /// Look after the store until SIGINT or SIGTERM: a round every
+    /// --every-s seconds runs `sweep`, `check`, and `collect` on each
+    /// memory node whose unlinked bytes (`check`'s figure: what running
+    /// clients hold and killed ones left) reached --collect-above-mib.
+    /// Prints a ready line, then each step's lines; a step that fails is
+    /// said on stderr and tried again next round.
+    Maintain {
+        /// Seconds from the start of a round to the start of the next.
+        #[arg(long, default_value_t = 600, value_name = "S",
+              value_parser = clap::value_parser!(u64).range(1..))]
+        every_s: u64,
+        /// Collect a node once this many MiB of it are unlinked (0: every
+        /// round). Set it above what the running clients hold (free lists
+        /// up to 2 MiB per size class and node, grants, blocks in their
+        /// grace period): a collection costs writers the node's new
+        /// memory for up to a grant lease.
+        #[arg(long, default_value_t = 256, value_name = "MIB")]
+        collect_above_mib: u64,
+        /// As for `collect`.
+        #[arg(long, default_value_t = 60, value_name = "S")]
+        max_drain_s: u64,
+        /// One round, then exit: 0, or 1 when a step failed or the table
+        /// has problems (for cron).
+        #[arg(long)]
+        once: bool,
+    },
 }
 
 /// The settings a `--config` file may hold.
@@ -207,8 +239,23 @@ fn main() -> ExitCode {
         Ok(s) => s,
         Err(e) => return fail(PROGRAM, &e),
     };
-    if let Command::Usage = args.command {
-        return usage_of(&store);
+    match args.command {
+        Command::Usage => return usage_of(&store),
+        Command::Maintain {
+            every_s,
+            collect_above_mib,
+            max_drain_s,
+            once,
+        } => {
+            let opts = MaintainOptions {
+                every: Duration::from_secs(every_s),
+                collect_above: collect_above_mib.saturating_mul(1 << 20),
+                max_drain: Duration::from_secs(max_drain_s),
+                once,
+            };
+            return maintain(&store, || store.client(), &opts);
+        }
+        _ => {}
     }
     let mut client = match store.client() {
         Ok(c) => c,
@@ -276,8 +323,10 @@ fn run<T: race_store::remote::Transport>(
             nodes,
             max_drain_s,
         } => return collect(client, dry_run, nodes, max_drain_s),
-        // Answered before a client opens (main); never reaches here.
-        Command::Usage => return usage(PROGRAM, "usage is answered without a client"),
+        // Answered before a client opens (main); never reach here.
+        Command::Usage | Command::Maintain { .. } => {
+            return usage(PROGRAM, "usage and maintain are answered without a client")
+        }
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -533,216 +582,5 @@ impl FileError {
             path: path.clone(),
             source,
         }
-    }
-}
-
-/// A usage record older than this is called stale (its node stopped
-/// writing it: stopped, hung, or gone).
-const STALE_MS: u64 = 10_000;
-
-/// `usage`: each memory node's usage record, and the store's total.
-fn usage_of(store: &Store) -> ExitCode {
-    let nodes = match store.usage() {
-        Ok(n) => n,
-        Err(e) => return fail(PROGRAM, &e),
-    };
-    let now_ms = race_store::layout::usage::wall_ms();
-    let (mut in_use, mut capacity) = (0u64, 0u64);
-    for (id, u) in &nodes {
-        let Some(u) = u else {
-            krcore_cli::outln!("node {id}: no usage record (a node of an older build, or one that has just started)");
-            continue;
-        };
-        in_use += u.in_use();
-        capacity += u.capacity;
-        let age = now_ms.saturating_sub(u.written_ms);
-        let stale = if age > STALE_MS {
-            format!(
-                " (stale: written {} s ago; the node stopped writing it)",
-                age / 1000
-            )
-        } else {
-            String::new()
-        };
-        krcore_cli::outln!(
-            "node {id}: in use {} of {} ({}%): heap {} handed out, {} of it pooled ({} cooling); \
-             {} live grant lease(s); {} taken back so far, from {} ended lease(s){stale}",
-            bytes_text(u.in_use()),
-            bytes_text(u.capacity),
-            percent(u.in_use(), u.capacity),
-            bytes_text(u.heap_used),
-            bytes_text(u.pooled),
-            bytes_text(u.cooling),
-            u.holders,
-            bytes_text(u.reclaimed),
-            u.ended,
-        );
-    }
-    krcore_cli::outln!(
-        "store {}: in use {} of {} ({}%) on {} memory node(s) with a record",
-        store.name(),
-        bytes_text(in_use),
-        bytes_text(capacity),
-        percent(in_use, capacity),
-        nodes.iter().filter(|(_, u)| u.is_some()).count(),
-    );
-    ExitCode::SUCCESS
-}
-
-/// `collect`: what killed clients left, taken back node by node.
-fn collect<T: race_store::remote::Transport>(
-    client: &mut Client<T>,
-    dry_run: bool,
-    nodes: Vec<u8>,
-    max_drain_s: u64,
-) -> ExitCode {
-    let shutdown = match Shutdown::install() {
-        Ok(s) => s,
-        Err(e) => return fail(PROGRAM, &e),
-    };
-    let opts = race_store::client::CollectOptions {
-        apply: !dry_run,
-        nodes: (!nodes.is_empty()).then_some(nodes),
-        max_drain: Duration::from_secs(max_drain_s),
-        cancel: Some(shutdown.flag()),
-    };
-    let started = Instant::now();
-    let done = match client.collect(&opts) {
-        Ok(d) => d,
-        Err(e) => return fail(PROGRAM, &e),
-    };
-    let verb = if dry_run {
-        "would take back"
-    } else {
-        "took back"
-    };
-    for n in &done {
-        krcore_cli::outln!(
-            "node {}: leases ended after {:.2} s; {} subtable(s) read, {} linked block(s) ({}); \
-             {verb} {} in {} run(s)",
-            n.node,
-            n.drained.as_secs_f64(),
-            n.subtables,
-            n.live_blocks,
-            bytes_text(n.live_bytes),
-            bytes_text(n.collected.bytes),
-            n.collected.runs
-        );
-    }
-    krcore_cli::outln!(
-        "{} memory node(s): {verb} {}; {:.1} s",
-        done.len(),
-        bytes_text(done.iter().map(|n| n.collected.bytes).sum()),
-        started.elapsed().as_secs_f64()
-    );
-    ExitCode::SUCCESS
-}
-
-/// `sweep`: the tentative copies of killed inserters removed.
-fn sweep<T: race_store::remote::Transport>(client: &mut Client<T>) -> ExitCode {
-    let started = Instant::now();
-    match client.sweep_tentative() {
-        Ok(r) => {
-            krcore_cli::outln!(
-                "{} subtable(s) read, {} tentative slot(s) found: {} removed, {} changed while \
-                 the sweep waited (live inserts), {} left in subtables being split; {:.1} s",
-                r.subtables,
-                r.tentative,
-                r.removed,
-                r.changed,
-                r.splitting,
-                started.elapsed().as_secs_f64()
-            );
-            ExitCode::SUCCESS
-        }
-        Err(e) => fail(PROGRAM, &e),
-    }
-}
-
-/// `check`: the table's invariants and its key count, then what each
-/// memory node's memory in use holds.
-fn check<T: race_store::remote::Transport>(client: &mut Client<T>, store: &Store) -> ExitCode {
-    let c = match client.check_table() {
-        Ok(c) => c,
-        Err(e) => return fail(PROGRAM, &e),
-    };
-    for p in &c.problems {
-        krcore_cli::outln!("problem: {p}");
-    }
-    krcore_cli::outln!(
-        "global depth {}, {} subtables (per memory node: {:?}), {} keys, {} duplicates, {} problem(s), {} tentative slot(s)",
-        c.global_depth,
-        c.subtables,
-        c.subtables_per_node,
-        c.pairs.len(),
-        c.duplicates,
-        c.problems.len(),
-        c.tentative_slots
-    );
-    if c.locked || c.split_logged || c.frozen_slots > 0 {
-        // A split running now, or one a dead client left: the next writer
-        // that needs the lock takes it over once its lease ends.
-        krcore_cli::outln!(
-            "split: directory {}, split {}, {} frozen slot(s) (a split in progress, or one a \
-             killed client left: the next writer of its subtable completes it once its lease ends)",
-            if c.locked { "locked" } else { "not locked" },
-            if c.split_logged {
-                "logged"
-            } else {
-                "not logged"
-            },
-            c.frozen_slots
-        );
-    }
-    // Read after the table, so that what a client gave back meanwhile is
-    // not counted as unlinked.
-    let usages = match store.usage() {
-        Ok(u) => u,
-        Err(e) => return fail(PROGRAM, &e),
-    };
-    let with_record: Vec<_> = usages
-        .iter()
-        .filter_map(|(n, u)| u.map(|u| (*n, u)))
-        .collect();
-    for (n, u) in &usages {
-        if u.is_none() {
-            krcore_cli::outln!("node {n}: no usage record (a node of an older build, or one that has just started)");
-        }
-    }
-    let initial_depth = store
-        .infos()
-        .first()
-        .and_then(|i| i.table)
-        .map(|t| t.initial_global_depth);
-    let (mut unlinked, mut in_use) = (0u64, 0u64);
-    for (n, a) in c.accounts(&with_record, initial_depth) {
-        unlinked += a.unlinked;
-        in_use += a.in_use;
-        let retired = match a.retired_subtables {
-            Some(r) => format!("{} retired by splits", bytes_text(r)),
-            None => "retired ones not known (a node 0 of an older build)".to_string(),
-        };
-        krcore_cli::outln!(
-            "node {n}: in use {}: prefix {}, subtables {} live, {retired}, values {} linked, \
-             {} unlinked ({}%)",
-            bytes_text(a.in_use),
-            bytes_text(a.reserved),
-            bytes_text(a.subtables),
-            bytes_text(a.linked),
-            bytes_text(a.unlinked),
-            percent(a.unlinked, a.in_use),
-        );
-    }
-    krcore_cli::outln!(
-        "store {}: {} unlinked of {} in use ({}%): held by running clients, or left by killed ones",
-        store.name(),
-        bytes_text(unlinked),
-        bytes_text(in_use),
-        percent(unlinked, in_use),
-    );
-    if c.problems.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
     }
 }

@@ -1,0 +1,393 @@
+//! The commands that look after a store rather than its keys: `usage`,
+//! `check`, `sweep`, `collect`, and `maintain`, which runs the last three
+//! on a schedule.
+
+use crate::PROGRAM;
+use krcore_cli::{bytes_text, fail, percent, Shutdown};
+use race_store::client::{CollectOptions, NodeCollect};
+use race_store::deploy::Store;
+use race_store::remote::Transport;
+use race_store::{Client, Error};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+/// Any error of a maintenance step, as the step's line says it.
+type StepError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A usage record older than this is called stale (its node stopped
+/// writing it: stopped, hung, or gone).
+const STALE_MS: u64 = 10_000;
+
+/// `usage`: each memory node's usage record, and the store's total.
+pub(crate) fn usage_of(store: &Store) -> ExitCode {
+    let nodes = match store.usage() {
+        Ok(n) => n,
+        Err(e) => return fail(PROGRAM, &e),
+    };
+    let now_ms = race_store::layout::usage::wall_ms();
+    let (mut in_use, mut capacity) = (0u64, 0u64);
+    for (id, u) in &nodes {
+        let Some(u) = u else {
+            krcore_cli::outln!("node {id}: no usage record (a node of an older build, or one that has just started)");
+            continue;
+        };
+        in_use += u.in_use();
+        capacity += u.capacity;
+        let age = now_ms.saturating_sub(u.written_ms);
+        let stale = if age > STALE_MS {
+            format!(
+                " (stale: written {} s ago; the node stopped writing it)",
+                age / 1000
+            )
+        } else {
+            String::new()
+        };
+        krcore_cli::outln!(
+            "node {id}: in use {} of {} ({}%): heap {} handed out, {} of it pooled ({} cooling); \
+             {} live grant lease(s); {} taken back so far, from {} ended lease(s){stale}",
+            bytes_text(u.in_use()),
+            bytes_text(u.capacity),
+            percent(u.in_use(), u.capacity),
+            bytes_text(u.heap_used),
+            bytes_text(u.pooled),
+            bytes_text(u.cooling),
+            u.holders,
+            bytes_text(u.reclaimed),
+            u.ended,
+        );
+    }
+    krcore_cli::outln!(
+        "store {}: in use {} of {} ({}%) on {} memory node(s) with a record",
+        store.name(),
+        bytes_text(in_use),
+        bytes_text(capacity),
+        percent(in_use, capacity),
+        nodes.iter().filter(|(_, u)| u.is_some()).count(),
+    );
+    ExitCode::SUCCESS
+}
+
+/// `collect`: what killed clients left, taken back node by node.
+pub(crate) fn collect<T: Transport>(
+    client: &mut Client<T>,
+    dry_run: bool,
+    nodes: Vec<u8>,
+    max_drain_s: u64,
+) -> ExitCode {
+    let shutdown = match Shutdown::install() {
+        Ok(s) => s,
+        Err(e) => return fail(PROGRAM, &e),
+    };
+    let opts = CollectOptions {
+        apply: !dry_run,
+        nodes: (!nodes.is_empty()).then_some(nodes),
+        max_drain: Duration::from_secs(max_drain_s),
+        cancel: Some(shutdown.flag()),
+    };
+    let started = Instant::now();
+    let done = match client.collect(&opts) {
+        Ok(d) => d,
+        Err(e) => return fail(PROGRAM, &e),
+    };
+    let verb = collect_verb(dry_run);
+    for n in &done {
+        print_collected(n, verb);
+    }
+    krcore_cli::outln!(
+        "{} memory node(s): {verb} {}; {:.1} s",
+        done.len(),
+        bytes_text(done.iter().map(|n| n.collected.bytes).sum()),
+        started.elapsed().as_secs_f64()
+    );
+    ExitCode::SUCCESS
+}
+
+fn collect_verb(dry_run: bool) -> &'static str {
+    if dry_run {
+        "would take back"
+    } else {
+        "took back"
+    }
+}
+
+/// A node's collection, on one line.
+fn print_collected(n: &NodeCollect, verb: &str) {
+    krcore_cli::outln!(
+        "node {}: leases ended after {:.2} s; {} subtable(s) read, {} linked block(s) ({}); \
+         {verb} {} in {} run(s)",
+        n.node,
+        n.drained.as_secs_f64(),
+        n.subtables,
+        n.live_blocks,
+        bytes_text(n.live_bytes),
+        bytes_text(n.collected.bytes),
+        n.collected.runs
+    );
+}
+
+/// `sweep`: the tentative copies of killed inserters removed.
+pub(crate) fn sweep<T: Transport>(client: &mut Client<T>) -> ExitCode {
+    match sweep_step(client) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(PROGRAM, &e),
+    }
+}
+
+/// The sweep, its outcome printed.
+fn sweep_step<T: Transport>(client: &mut Client<T>) -> Result<(), Error> {
+    let started = Instant::now();
+    let r = client.sweep_tentative()?;
+    krcore_cli::outln!(
+        "{} subtable(s) read, {} tentative slot(s) found: {} removed, {} changed while \
+         the sweep waited (live inserts), {} left in subtables being split; {:.1} s",
+        r.subtables,
+        r.tentative,
+        r.removed,
+        r.changed,
+        r.splitting,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// `check`: the table's invariants and its key count, then what each
+/// memory node's memory in use holds; exits 1 when the table has problems.
+pub(crate) fn check<T: Transport>(client: &mut Client<T>, store: &Store) -> ExitCode {
+    match check_step(client, store) {
+        Ok(c) if c.problems == 0 => ExitCode::SUCCESS,
+        Ok(_) => ExitCode::FAILURE,
+        Err(e) => fail(PROGRAM, &*e),
+    }
+}
+
+/// What a check found that `maintain` acts on.
+struct Checked {
+    /// Problems the table has (each printed).
+    problems: usize,
+    /// Each memory node's unlinked bytes (nodes with a usage record).
+    unlinked: Vec<(u8, u64)>,
+}
+
+/// The table checked and each node's memory in use split, printed.
+fn check_step<T: Transport>(client: &mut Client<T>, store: &Store) -> Result<Checked, StepError> {
+    let c = client.check_table()?;
+    for p in &c.problems {
+        krcore_cli::outln!("problem: {p}");
+    }
+    krcore_cli::outln!(
+        "global depth {}, {} subtables (per memory node: {:?}), {} keys, {} duplicates, {} problem(s), {} tentative slot(s)",
+        c.global_depth,
+        c.subtables,
+        c.subtables_per_node,
+        c.pairs.len(),
+        c.duplicates,
+        c.problems.len(),
+        c.tentative_slots
+    );
+    if c.locked || c.split_logged || c.frozen_slots > 0 {
+        // A split running now, or one a dead client left: the next writer
+        // that needs the lock takes it over once its lease ends.
+        krcore_cli::outln!(
+            "split: directory {}, split {}, {} frozen slot(s) (a split in progress, or one a \
+             killed client left: the next writer of its subtable completes it once its lease ends)",
+            if c.locked { "locked" } else { "not locked" },
+            if c.split_logged {
+                "logged"
+            } else {
+                "not logged"
+            },
+            c.frozen_slots
+        );
+    }
+    // Read after the table, so that what a client gave back meanwhile is
+    // not counted as unlinked.
+    let usages = store.usage()?;
+    let with_record: Vec<_> = usages
+        .iter()
+        .filter_map(|(n, u)| u.map(|u| (*n, u)))
+        .collect();
+    for (n, u) in &usages {
+        if u.is_none() {
+            krcore_cli::outln!("node {n}: no usage record (a node of an older build, or one that has just started)");
+        }
+    }
+    let initial_depth = store
+        .infos()
+        .first()
+        .and_then(|i| i.table)
+        .map(|t| t.initial_global_depth);
+    let (mut unlinked, mut in_use) = (0u64, 0u64);
+    let mut per_node = Vec::with_capacity(with_record.len());
+    for (n, a) in c.accounts(&with_record, initial_depth) {
+        per_node.push((n, a.unlinked));
+        unlinked += a.unlinked;
+        in_use += a.in_use;
+        let retired = match a.retired_subtables {
+            Some(r) => format!("{} retired by splits", bytes_text(r)),
+            None => "retired ones not known (a node 0 of an older build)".to_string(),
+        };
+        krcore_cli::outln!(
+            "node {n}: in use {}: prefix {}, subtables {} live, {retired}, values {} linked, \
+             {} unlinked ({}%)",
+            bytes_text(a.in_use),
+            bytes_text(a.reserved),
+            bytes_text(a.subtables),
+            bytes_text(a.linked),
+            bytes_text(a.unlinked),
+            percent(a.unlinked, a.in_use),
+        );
+    }
+    krcore_cli::outln!(
+        "store {}: {} unlinked of {} in use ({}%): held by running clients, or left by killed ones",
+        store.name(),
+        bytes_text(unlinked),
+        bytes_text(in_use),
+        percent(unlinked, in_use),
+    );
+    Ok(Checked {
+        problems: c.problems.len(),
+        unlinked: per_node,
+    })
+}
+
+/// How `maintain` runs.
+pub(crate) struct MaintainOptions {
+    /// Time from the start of a round to the start of the next.
+    pub every: Duration,
+    /// A node is collected once its unlinked bytes reach this.
+    pub collect_above: u64,
+    /// As `collect --max-drain-s`.
+    pub max_drain: Duration,
+    /// One round, then exit (for cron): 1 if a step failed.
+    pub once: bool,
+}
+
+/// `maintain`: a round every `every` until SIGINT or SIGTERM (or one
+/// round with `once`): the sweep, the check, and a collection of each node
+/// whose unlinked bytes reached `collect_above` (and are not 0; none when the table has
+/// problems). Each round opens a client of its own (a memory node that
+/// restarted is reached again) and closes it. A step that fails is said
+/// on stderr and the round goes on; the next round tries again.
+pub(crate) fn maintain<T: Transport>(
+    store: &Store,
+    mut open: impl FnMut() -> Result<Client<T>, Error>,
+    opts: &MaintainOptions,
+) -> ExitCode {
+    let shutdown = match Shutdown::install() {
+        Ok(s) => s,
+        Err(e) => return fail(PROGRAM, &e),
+    };
+    if !opts.once {
+        let line = format!(
+            "race-kv maintain: store {}, a round every {} s, collecting a node with {} unlinked or more",
+            store.name(),
+            opts.every.as_secs(),
+            bytes_text(opts.collect_above)
+        );
+        if let Err(e) = krcore_cli::announce_ready(&line, None) {
+            return fail(PROGRAM, &e);
+        }
+    }
+    let mut round = 0u64;
+    loop {
+        round += 1;
+        let started = Instant::now();
+        let failed = maintain_round(store, &mut open, opts, &shutdown, round);
+        if opts.once {
+            return if failed {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+        let next = started + opts.every;
+        if shutdown.wait_until(Duration::from_millis(100), || Instant::now() >= next) {
+            eprintln!("{PROGRAM}: maintain stopped by a signal after {round} round(s)");
+            return ExitCode::SUCCESS;
+        }
+    }
+}
+
+/// One round of `maintain`; whether a step failed (or the table has
+/// problems).
+fn maintain_round<T: Transport>(
+    store: &Store,
+    open: &mut impl FnMut() -> Result<Client<T>, Error>,
+    opts: &MaintainOptions,
+    shutdown: &Shutdown,
+    round: u64,
+) -> bool {
+    let started = Instant::now();
+    let say_failed = |step: &str, e: &(dyn std::error::Error + 'static)| {
+        eprintln!(
+            "{PROGRAM}: round {round}: {step} failed: {}",
+            krcore_cli::error_chain(e)
+        );
+    };
+    krcore_cli::outln!("round {round}: sweep, check, collect");
+    let mut client = match open() {
+        Ok(c) => c,
+        Err(e) => {
+            say_failed("opening a client", &e);
+            return true;
+        }
+    };
+    let mut failed = false;
+    if let Err(e) = sweep_step(&mut client) {
+        say_failed("sweep", &e);
+        failed = true;
+    }
+    let mut taken = 0u64;
+    let mut collected = Vec::new();
+    match check_step(&mut client, store) {
+        Err(e) => {
+            say_failed("check", &*e);
+            failed = true;
+        }
+        Ok(c) if c.problems > 0 => {
+            krcore_cli::outln!(
+                "round {round}: the table has {} problem(s): nothing collected",
+                c.problems
+            );
+            failed = true;
+        }
+        Ok(c) => {
+            for (node, unlinked) in c.unlinked {
+                if unlinked == 0 || unlinked < opts.collect_above || shutdown.requested() {
+                    continue;
+                }
+                let one = CollectOptions {
+                    apply: true,
+                    nodes: Some(vec![node]),
+                    max_drain: opts.max_drain,
+                    cancel: Some(shutdown.flag()),
+                };
+                match client.collect(&one) {
+                    Ok(done) => {
+                        for n in &done {
+                            print_collected(n, collect_verb(false));
+                            taken += n.collected.bytes;
+                        }
+                        collected.push(node);
+                    }
+                    Err(Error::Cancelled { .. }) => break,
+                    Err(e) => {
+                        say_failed(&format!("collecting node {node}"), &e);
+                        failed = true;
+                    }
+                }
+            }
+        }
+    }
+    let closed = client.close();
+    if let Some(e) = closed.error {
+        eprintln!("{PROGRAM}: warning: round {round}: giving memory back: {e}");
+    }
+    krcore_cli::outln!(
+        "round {round}: {} in {:.1} s; node(s) collected: {collected:?}, {} taken back",
+        if failed { "a step failed" } else { "done" },
+        started.elapsed().as_secs_f64(),
+        bytes_text(taken)
+    );
+    failed
+}
