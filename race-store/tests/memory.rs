@@ -628,9 +628,17 @@ fn a_table_check_accounts_for_every_byte_in_use_but_what_clients_hold() {
     }
     let r = c.close();
     assert!(r.error.is_none(), "{:?}", r.error);
+    // The light check (subtables only) accounts for the same bytes.
     let accounts = |c: &mut Client<_>| {
         let check = c.check_table().unwrap();
         assert!(check.problems.is_empty(), "{:#?}", check.problems);
+        let light = c.account_table().unwrap();
+        assert!(light.problems.is_empty() && light.pairs.is_empty());
+        assert_eq!(
+            (&light.linked_bytes_per_node, &light.subtable_suffixes),
+            (&check.linked_bytes_per_node, &check.subtable_suffixes)
+        );
+        assert_eq!(light.tentative_slots, check.tentative_slots);
         let usages: Vec<_> = (0..2u8)
             .map(|n| (n, cluster.node(n).unwrap().usage(0)))
             .collect();

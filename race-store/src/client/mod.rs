@@ -605,6 +605,21 @@ impl<T: Transport> Client<T> {
     pub fn check_table(&mut self) -> Result<TableCheck, Error> {
         verify::check_table(self)
     }
+
+    /// [`Client::check_table`] without the KV blocks: reads the directory,
+    /// the split log and every subtable (one READ each), checks their
+    /// structure (directory, bucket headers, slot words) and counts the
+    /// bytes slots link on each node, so that [`TableCheck::accounts`]
+    /// says what each node's memory holds, at the cost of the subtables
+    /// alone and 16 bytes of memory per slot in use (the full check keeps
+    /// every pair). `pairs` is empty, `duplicates` 0, and keys are not
+    /// checked against their slots.
+    ///
+    /// # Errors
+    /// Transport errors; problems found are reported in the result.
+    pub fn account_table(&mut self) -> Result<TableCheck, Error> {
+        verify::account_table(self)
+    }
 }
 
 fn check_key(key: &[u8]) -> Result<(), Error> {

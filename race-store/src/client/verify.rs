@@ -1,6 +1,7 @@
 //! A whole-table checker for tests and tools: reads the directory, every
 //! subtable and every KV block, and checks the invariants of
-//! [`super::protocol`].
+//! [`super::protocol`]; and its light form, which reads no KV block, for
+//! what each memory node's memory holds ([`TableCheck::accounts`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -10,7 +11,7 @@ use crate::layout::bucket::BUCKETS_PER_GROUP;
 use crate::layout::directory::DirectoryRepr;
 use crate::layout::kv;
 use crate::layout::low_mask;
-use crate::layout::slot::RemotePtr;
+use crate::layout::slot::{RemotePtr, Slot};
 use crate::layout::subtable::{Subtable, Suffix};
 use crate::layout::table::{node0_heap_start, SplitLogRepr, SPLIT_LOG_SIZE};
 use crate::layout::usage::UsageRepr;
@@ -157,7 +158,17 @@ impl TableCheck {
     }
 }
 
-pub(crate) fn check_table<T: Transport>(c: &mut Client<T>) -> Result<TableCheck, Error> {
+/// A non-empty slot of a live subtable: its address, bucket group, bucket
+/// and word (thawed).
+type LiveSlot = (RemotePtr, u32, usize, Slot);
+
+/// What both checks read first: the directory (checked), the split log,
+/// and every live subtable with its suffix; the check so far, the
+/// subtables, and the length of one subtable's READ.
+#[allow(clippy::type_complexity)]
+fn check_prelude<T: Transport>(
+    c: &mut Client<T>,
+) -> Result<(TableCheck, BTreeMap<RemotePtr, Suffix>, u32), Error> {
     c.refresh_directory()?;
     let geometry = c.table.geometry;
     let dir = DirectoryRepr {
@@ -197,47 +208,105 @@ pub(crate) fn check_table<T: Transport>(c: &mut Client<T>) -> Result<TableCheck,
             *n += 1;
         }
     }
-    let mut copies: BTreeMap<Vec<u8>, Vec<(RemotePtr, Vec<u8>)>> = BTreeMap::new();
-    // Blocks linked, each once (a split copies slots before it clears the
-    // old ones: two slots may link one block meanwhile).
-    let mut linked: BTreeSet<RemotePtr> = BTreeSet::new();
     check.subtable_bytes = geometry.bytes();
     check.node0_prefix = node0_heap_start(c.table.max_global_depth)?;
     let len = u32::try_from(geometry.bytes()).map_err(|_| Error::BadTable {
         reason: "subtable larger than one READ",
     })?;
-    for (&sub, &suffix) in &subtables {
-        let mut res = c.exec(&[RemoteOp::Read { ptr: sub, len }])?;
-        let image = take_read(&mut res, 0)?;
-        let st = Subtable::new_checked(&image[..], geometry)?;
-        for group in 0..geometry.groups() {
-            for bucket in 0..BUCKETS_PER_GROUP {
-                let b = st.bucket(group, bucket)?;
-                if b.header().ok() != Some(suffix) {
-                    check.problems.push(format!(
-                        "subtable {sub:?} ({suffix:?}) bucket {group}/{bucket}: header ({}, {})",
-                        b.local_depth(),
-                        b.suffix()
-                    ));
-                }
-            }
-        }
-        let mut slots = Vec::new();
-        for s in image_slots(&image, geometry) {
-            if let Err(e) = s.word.validate() {
-                check.problems.push(format!("{sub:?}: {e}"));
-                continue;
-            }
-            check.frozen_slots += usize::from(s.word.is_frozen());
-            if !s.word.thawed().is_empty() {
-                slots.push((
-                    sub.add(s.offset as u64)?,
-                    s.group,
-                    s.bucket,
-                    s.word.thawed(),
+    Ok((check, subtables, len))
+}
+
+/// Reads live subtable `sub` (`suffix`), checks its bucket headers and
+/// slot words (problems into `check`, frozen slots counted); its non-empty
+/// slots.
+fn check_subtable<T: Transport>(
+    c: &mut Client<T>,
+    check: &mut TableCheck,
+    sub: RemotePtr,
+    suffix: Suffix,
+    len: u32,
+) -> Result<Vec<LiveSlot>, Error> {
+    let geometry = c.table.geometry;
+    let mut res = c.exec(&[RemoteOp::Read { ptr: sub, len }])?;
+    let image = take_read(&mut res, 0)?;
+    let st = Subtable::new_checked(&image[..], geometry)?;
+    for group in 0..geometry.groups() {
+        for bucket in 0..BUCKETS_PER_GROUP {
+            let b = st.bucket(group, bucket)?;
+            if b.header().ok() != Some(suffix) {
+                check.problems.push(format!(
+                    "subtable {sub:?} ({suffix:?}) bucket {group}/{bucket}: header ({}, {})",
+                    b.local_depth(),
+                    b.suffix()
                 ));
             }
         }
+    }
+    let mut slots = Vec::new();
+    for s in image_slots(&image, geometry) {
+        if let Err(e) = s.word.validate() {
+            check.problems.push(format!("{sub:?}: {e}"));
+            continue;
+        }
+        check.frozen_slots += usize::from(s.word.is_frozen());
+        if !s.word.thawed().is_empty() {
+            slots.push((
+                sub.add(s.offset as u64)?,
+                s.group,
+                s.bucket,
+                s.word.thawed(),
+            ));
+        }
+    }
+    Ok(slots)
+}
+
+/// Adds `bytes` to node `node`'s linked bytes.
+fn add_linked(check: &mut TableCheck, node: u8, bytes: u64) {
+    let node = usize::from(node);
+    if check.linked_bytes_per_node.len() <= node {
+        check.linked_bytes_per_node.resize(node + 1, 0);
+    }
+    if let Some(n) = check.linked_bytes_per_node.get_mut(node) {
+        *n += bytes;
+    }
+}
+
+/// The block a slot links: its allocation's bytes (its size class: a
+/// slot says its length).
+fn block_bytes(word: Slot) -> u64 {
+    class_bytes(class_of(word.len_units()))
+}
+
+/// [`Client::account_table`]: the directory and the subtables only.
+pub(crate) fn account_table<T: Transport>(c: &mut Client<T>) -> Result<TableCheck, Error> {
+    let (mut check, subtables, len) = check_prelude(c)?;
+    // Each block once (a split copies slots before it clears the old
+    // ones): sorted and deduplicated at the end, 16 bytes a slot.
+    let mut blocks: Vec<(RemotePtr, u64)> = Vec::new();
+    for (&sub, &suffix) in &subtables {
+        for (_, _, _, word) in check_subtable(c, &mut check, sub, suffix, len)? {
+            check.tentative_slots += usize::from(word.is_tentative());
+            blocks.push((word.ptr(), block_bytes(word)));
+        }
+    }
+    blocks.sort_unstable();
+    blocks.dedup_by_key(|b| b.0);
+    for (ptr, bytes) in blocks {
+        add_linked(&mut check, ptr.node(), bytes);
+    }
+    Ok(check)
+}
+
+pub(crate) fn check_table<T: Transport>(c: &mut Client<T>) -> Result<TableCheck, Error> {
+    let (mut check, subtables, len) = check_prelude(c)?;
+    let geometry = c.table.geometry;
+    let mut copies: BTreeMap<Vec<u8>, Vec<(RemotePtr, Vec<u8>)>> = BTreeMap::new();
+    // Blocks linked, each once (a split copies slots before it clears the
+    // old ones: two slots may link one block meanwhile).
+    let mut linked: BTreeSet<RemotePtr> = BTreeSet::new();
+    for (&sub, &suffix) in &subtables {
+        let slots = check_subtable(c, &mut check, sub, suffix, len)?;
         if slots.is_empty() {
             continue;
         }
@@ -252,15 +321,7 @@ pub(crate) fn check_table<T: Transport>(c: &mut Client<T>) -> Result<TableCheck,
         for (i, (addr, group, bucket, word)) in slots.into_iter().enumerate() {
             let buf = take_read(&mut res, i)?;
             if linked.insert(word.ptr()) {
-                let node = usize::from(word.ptr().node());
-                if check.linked_bytes_per_node.len() <= node {
-                    check.linked_bytes_per_node.resize(node + 1, 0);
-                }
-                if let Some(n) = check.linked_bytes_per_node.get_mut(node) {
-                    // The block's allocation: its size class (a slot
-                    // says its length).
-                    *n += class_bytes(class_of(word.len_units()));
-                }
+                add_linked(&mut check, word.ptr().node(), block_bytes(word));
             }
             let kv = match kv::decode_checked(&buf) {
                 Ok(kv) => kv,

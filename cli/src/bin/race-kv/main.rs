@@ -158,7 +158,8 @@ enum Command {
         max_drain_s: u64,
     },
     /// Look after the store until SIGINT or SIGTERM: a round every
-    /// --every-s seconds runs `sweep`, `check`, and `collect` on each
+    /// --every-s seconds runs `sweep`, `check` (light: the subtables
+    /// alone, no value read), and `collect` on each
     /// memory node whose unlinked bytes (`check`'s figure: what running
     /// clients hold and killed ones left) reached --collect-above-mib.
     /// Prints a ready line, then each step's lines; a step that fails is

@@ -153,7 +153,7 @@ fn sweep_step<T: Transport>(client: &mut Client<T>) -> Result<(), Error> {
 /// `check`: the table's invariants and its key count, then what each
 /// memory node's memory in use holds; exits 1 when the table has problems.
 pub(crate) fn check<T: Transport>(client: &mut Client<T>, store: &Store) -> ExitCode {
-    match check_step(client, store) {
+    match check_step(client, store, true) {
         Ok(c) if c.problems == 0 => ExitCode::SUCCESS,
         Ok(_) => ExitCode::FAILURE,
         Err(e) => fail(PROGRAM, &*e),
@@ -169,18 +169,33 @@ struct Checked {
 }
 
 /// The table checked and each node's memory in use split, printed.
-fn check_step<T: Transport>(client: &mut Client<T>, store: &Store) -> Result<Checked, StepError> {
-    let c = client.check_table()?;
+/// With `values`, the full check (every KV block read, and held: the
+/// store's keys and values in this process's memory); without, the
+/// light one (`Client::account_table`: the subtables alone), which says
+/// the same of each node's memory.
+fn check_step<T: Transport>(
+    client: &mut Client<T>,
+    store: &Store,
+    values: bool,
+) -> Result<Checked, StepError> {
+    let c = if values {
+        client.check_table()?
+    } else {
+        client.account_table()?
+    };
     for p in &c.problems {
         krcore_cli::outln!("problem: {p}");
     }
+    let content = if values {
+        format!("{} keys, {} duplicates", c.pairs.len(), c.duplicates)
+    } else {
+        "values not read".to_string()
+    };
     krcore_cli::outln!(
-        "global depth {}, {} subtables (per memory node: {:?}), {} keys, {} duplicates, {} problem(s), {} tentative slot(s)",
+        "global depth {}, {} subtables (per memory node: {:?}), {content}, {} problem(s), {} tentative slot(s)",
         c.global_depth,
         c.subtables,
         c.subtables_per_node,
-        c.pairs.len(),
-        c.duplicates,
         c.problems.len(),
         c.tentative_slots
     );
@@ -339,7 +354,7 @@ fn maintain_round<T: Transport>(
     }
     let mut taken = 0u64;
     let mut collected = Vec::new();
-    match check_step(&mut client, store) {
+    match check_step(&mut client, store, false) {
         Err(e) => {
             say_failed("check", &*e);
             failed = true;
