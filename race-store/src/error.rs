@@ -167,4 +167,16 @@ impl Error {
     pub fn corrupt(what: &'static str, source: LayoutError) -> Self {
         Error::Corrupt { what, source }
     }
+
+    /// Whether an operation that failed with this error may have left a
+    /// WR whose outcome is unknown (a transport failure other than a
+    /// memory node's answer that it is collecting, which is definite).
+    pub(crate) fn may_leave_work(&self) -> bool {
+        match self {
+            Error::Transport(e) | Error::OutcomeUnknown { source: e, .. } => {
+                !matches!(e, TransportError::Collecting { .. })
+            }
+            _ => false,
+        }
+    }
 }

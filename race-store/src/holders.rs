@@ -127,7 +127,8 @@ pub struct HolderStats {
     pub pieces: u64,
     /// Bytes of ended holders' pieces not looked at yet.
     pub doomed: u64,
-    /// Holders whose lease ended without a word from them, so far.
+    /// Holders whose lease ended, so far: ran out (no word from them for a
+    /// lease) or ended at their request (a close: [`Holders::end`]).
     pub ended: u64,
     /// Bytes taken back from ended holders, so far.
     pub reclaimed: u64,

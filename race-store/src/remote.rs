@@ -595,13 +595,15 @@ pub trait Transport {
     /// later allocation starts a new lease). With `wait` each node's answer
     /// is waited for; without, what can go at once is sent. Returns how
     /// many nodes were told. `Ok(0)` (the default): the transport keeps
-    /// no leases, or its nodes cannot end one.
+    /// no leases, or its nodes cannot end one. With `only`, that node's
+    /// lease alone (a client ends it early when the node is collecting:
+    /// see [`crate::client::Client::collect`]).
     ///
     /// # Errors
     /// The first node's failure (the others are still told); its lease
     /// then runs out as a dead client's would.
-    fn end_grant_leases(&mut self, wait: bool) -> Result<usize, TransportError> {
-        let _ = wait;
+    fn end_grant_leases(&mut self, only: Option<u8>, wait: bool) -> Result<usize, TransportError> {
+        let _ = (only, wait);
         Ok(0)
     }
 
@@ -750,8 +752,12 @@ macro_rules! forward_transport {
             fn grant_lease(&mut self, node: u8) -> Result<Option<u32>, TransportError> {
                 (**self).grant_lease(node)
             }
-            fn end_grant_leases(&mut self, wait: bool) -> Result<usize, TransportError> {
-                (**self).end_grant_leases(wait)
+            fn end_grant_leases(
+                &mut self,
+                only: Option<u8>,
+                wait: bool,
+            ) -> Result<usize, TransportError> {
+                (**self).end_grant_leases(only, wait)
             }
             fn lease_collections(&self, node: u8) -> Option<u32> {
                 (**self).lease_collections(node)

@@ -373,9 +373,10 @@ fn a_client_closes_cleanly_while_its_node_drains() {
 /// both nodes again and again: every acknowledged value reads back, the
 /// table checks clean, and the writers' closes give back only what they
 /// hold (a node refuses a block given back twice: a writer that kept a
-/// block a collection took back would be refused). Returns the puts and
-/// the bytes the collections took back.
-fn collections_beside_writers<T, F>(connect: F) -> (u64, u64)
+/// block a collection took back would be refused). Returns the puts, the
+/// bytes the collections took back, and the leases the writers ended
+/// early on nodes they found collecting.
+fn collections_beside_writers<T, F>(connect: F) -> (u64, u64, u64)
 where
     T: race_store::remote::Transport + Send + 'static,
     F: Fn() -> Client<T>,
@@ -398,9 +399,10 @@ where
                     model.lock().unwrap().insert(k, v);
                     n += 1;
                 }
+                let early = c.stats().kv_memory.leases_ended_early;
                 let r = c.close();
                 assert!(r.error.is_none(), "writer {w}: {:?}", r.error);
-                n
+                (n, early)
             })
         })
         .collect();
@@ -411,10 +413,15 @@ where
         taken += done.iter().map(|n| n.collected.bytes).sum::<u64>();
     }
     stop.store(true, Ordering::Relaxed);
-    let puts: u64 = writers.into_iter().map(|w| w.join().unwrap()).sum();
+    let (mut puts, mut early) = (0, 0);
+    for w in writers {
+        let (n, e) = w.join().unwrap();
+        puts += n;
+        early += e;
+    }
     let model = model.lock().unwrap();
     assert_store(&mut collector, &model);
-    (puts, taken)
+    (puts, taken, early)
 }
 
 #[test]
@@ -425,9 +432,13 @@ fn collections_beside_running_writers_lose_nothing() {
         coarse_block_bytes: 4096,
         ..ClientConfig::default()
     };
-    let (puts, taken) = collections_beside_writers(|| open(&cluster, system_clock(), config));
-    eprintln!("{puts} puts beside 6 collections that took back {taken} B");
+    let (puts, taken, early) =
+        collections_beside_writers(|| open(&cluster, system_clock(), config));
+    eprintln!("{puts} puts beside 6 collections that took back {taken} B; {early} early ends");
     assert!(taken > 0);
+    // Writers that found a node collecting ended their leases there
+    // between two puts instead of letting them run out.
+    assert!(early > 0);
 }
 
 /// The same over messaging, where clients ask for grants ahead and renew
@@ -445,7 +456,7 @@ fn collections_beside_running_writers_over_messaging_lose_nothing() {
         EngineConfig::default(),
         Some(Duration::from_millis(200)),
     );
-    let (puts, taken) = collections_beside_writers(|| c.client(ClientConfig::default()));
-    eprintln!("{puts} puts beside 6 collections that took back {taken} B");
-    assert!(taken > 0);
+    let (puts, taken, early) = collections_beside_writers(|| c.client(ClientConfig::default()));
+    eprintln!("{puts} puts beside 6 collections that took back {taken} B; {early} early ends");
+    assert!(taken > 0 && early > 0);
 }

@@ -14,7 +14,11 @@
 //!    quarter earlier: the fence of [`crate::holders`]). Writers allocate
 //!    on the other nodes meanwhile; a store of one node refuses writes
 //!    ([`crate::remote::TransportError::Collecting`]). The collector asks
-//!    again until no lease is live.
+//!    again until no lease is live. A client that learns that the node is
+//!    collecting ends its lease there itself at the next point between
+//!    two operations (`KvAllocator::end_collecting_leases`), where no
+//!    block it carved waits to be linked: running writers do not make the
+//!    drain wait for their leases to run out.
 //! 2. **Scan.** It reads every subtable the directory names and notes every
 //!    slot word that names a block on the node (tentative and frozen ones
 //!    too), and sends those blocks as the node's live runs.

@@ -343,7 +343,17 @@ impl<T: Transport> Client<T> {
         }
     }
 
-    /// Gives back the surplus of the free lists, if any (after a write).
+    /// No lease ends early for a lease from now (see
+    /// `KvAllocator::hold_early_ends`): an operation failed with a transport
+    /// error.
+    pub(crate) fn hold_early_ends(&mut self) {
+        let now = self.now();
+        self.alloc
+            .hold_early_ends(now.saturating_add(self.config.lease_ticks));
+    }
+
+    /// Gives back the surplus of the free lists, if any, and ends the
+    /// leases on nodes found collecting (after a write).
     pub(crate) fn trim(&mut self) {
         let now = self.now();
         self.alloc.trim(&mut self.transport, now);

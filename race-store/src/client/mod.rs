@@ -575,6 +575,9 @@ impl<T: Transport> Client<T> {
     ) -> Result<R, Error> {
         self.atomic_sent = false;
         let r = f(self);
+        if r.as_ref().is_err_and(Error::may_leave_work) {
+            self.hold_early_ends();
+        }
         self.trim();
         match r {
             Err(Error::Transport(source)) if self.atomic_sent => {

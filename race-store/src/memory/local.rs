@@ -271,10 +271,10 @@ impl Transport for LocalTransport {
         Ok(self.leases.generation(node))
     }
 
-    fn end_grant_leases(&mut self, _wait: bool) -> Result<usize, TransportError> {
+    fn end_grant_leases(&mut self, only: Option<u8>, _wait: bool) -> Result<usize, TransportError> {
         let mut told = 0;
         for node in 0..self.nodes() {
-            if self.leases.generation(node).is_none() {
+            if only.is_some_and(|n| n != node) || self.leases.generation(node).is_none() {
                 continue;
             }
             self.leases.forget(node);

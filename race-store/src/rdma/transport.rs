@@ -622,8 +622,8 @@ impl<N: Nic> Transport for VqpTransport<N> {
     /// ([`crate::rdma::FEATURE_LEASE_END`]) and gave this client one: after the
     /// give-backs of its close, on the same channels, so each node has
     /// them first.
-    fn end_grant_leases(&mut self, wait: bool) -> Result<usize, TransportError> {
-        let r = self.end_grant_leases_raw(wait);
+    fn end_grant_leases(&mut self, only: Option<u8>, wait: bool) -> Result<usize, TransportError> {
+        let r = self.end_grant_leases_raw(only, wait);
         self.explain(r)
     }
 
@@ -884,9 +884,17 @@ impl<N: Nic> VqpTransport<N> {
             self.renewing.resize(i + 1, None);
         }
         if let Some(ask) = self.renewing.get(i).copied().flatten() {
-            // Collected if answered (a failed one is asked again).
-            if !matches!(self.alloc.answer(ask, false), Ok(None)) {
-                self.renewing.get_mut(i).map(Option::take);
+            // Collected if answered (a failed one is asked again), but a
+            // node collecting is said at once, not when the lease is urgent:
+            // the client ends its lease there early (see `Client::collect`).
+            match self.alloc.answer(ask, false) {
+                Ok(None) => {}
+                r => {
+                    self.renewing.get_mut(i).map(Option::take);
+                    if let Err(e @ TransportError::Collecting { .. }) = r {
+                        return Err(e);
+                    }
+                }
             }
         }
         let now = Instant::now();

@@ -208,11 +208,11 @@ impl<T: Transport> Transport for FaultInjector<T> {
         self.inner.grant_lease(node)
     }
 
-    fn end_grant_leases(&mut self, wait: bool) -> Result<usize, TransportError> {
+    fn end_grant_leases(&mut self, only: Option<u8>, wait: bool) -> Result<usize, TransportError> {
         if self.dead {
             return Err(TransportError::Disconnected);
         }
-        self.inner.end_grant_leases(wait)
+        self.inner.end_grant_leases(only, wait)
     }
 
     fn lease_collections(&self, node: u8) -> Option<u32> {
@@ -359,8 +359,8 @@ impl<T: Transport> Transport for Delayed<T> {
         self.inner.grant_lease(node)
     }
 
-    fn end_grant_leases(&mut self, wait: bool) -> Result<usize, TransportError> {
-        self.inner.end_grant_leases(wait)
+    fn end_grant_leases(&mut self, only: Option<u8>, wait: bool) -> Result<usize, TransportError> {
+        self.inner.end_grant_leases(only, wait)
     }
 
     fn lease_collections(&self, node: u8) -> Option<u32> {

@@ -34,6 +34,7 @@ impl KvAllocator {
             Ok(None) => return true,
             Ok(Some(g)) => g,
             Err(e) => {
+                self.note_collecting(node, &e);
                 if self.backoff_ticks > 0 {
                     let e = Error::from(e);
                     let ticks = self.backoff_after(&e);
@@ -68,6 +69,53 @@ impl KvAllocator {
             }
         }
         true
+    }
+
+    /// Notes node `node` as collecting if `e` says so (its lease ends at
+    /// the next point between operations).
+    pub(super) fn note_collecting(&mut self, node: u8, e: &TransportError) {
+        if matches!(e, TransportError::Collecting { .. }) {
+            if let Some(f) = self.ending.get_mut(usize::from(node)) {
+                *f = true;
+            }
+        }
+    }
+
+    /// Ends this client's lease on every node found collecting since the
+    /// last call, unless held (`hold_early_ends`). Called between
+    /// operations (after a write: `trim`), where no block this client
+    /// carved is written and not yet linked: the node's drain need not
+    /// wait for the lease to run out, and nothing the collection's scan
+    /// misses can be linked afterwards. What the client held there is
+    /// handled as for any ended lease: the uncarved runs go now (the node
+    /// takes back what was never written), the written free and retired
+    /// blocks are kept until the next lease says whether the node
+    /// collected (then they are dropped: `drop_collected`).
+    pub(crate) fn end_collecting_leases<T: Transport>(&mut self, transport: &mut T) {
+        if self.now < self.quiet_until || !self.ending.contains(&true) {
+            return;
+        }
+        for node in 0..self.ending.len() {
+            let Some(flag) = self.ending.get_mut(node) else {
+                continue;
+            };
+            if !std::mem::take(flag) {
+                continue;
+            }
+            let node = node as u8;
+            self.drop_node(node);
+            if let Ok(n) = transport.end_grant_leases(Some(node), true) {
+                self.early_ends += n as u64;
+            }
+        }
+    }
+
+    /// No lease is ended early before tick `until`: an operation failed
+    /// with a transport error, and a WR of it whose outcome is unknown
+    /// might still link a block; the lease then runs out by the clock, as
+    /// the grant lease's fence assumes.
+    pub(crate) fn hold_early_ends(&mut self, until: u64) {
+        self.quiet_until = self.quiet_until.max(until);
     }
 
     /// How long a node that failed with `e` is skipped: the back-off, but

@@ -66,6 +66,8 @@ impl KvAllocator {
     /// comparisons when nothing is over.
     pub fn trim<T: Transport>(&mut self, transport: &mut T, now: u64) {
         self.reclaim(now);
+        self.now = now;
+        self.end_collecting_leases(transport);
         let retired_over = self.retired_bytes > self.retired_high && self.tick.is_some();
         if self.over.is_empty() && self.giving.is_empty() && !retired_over {
             return;

@@ -291,6 +291,12 @@ impl<T: Transport> Client<T> {
         } else {
             self.batch_scratch(ops, out, &mut scratch);
             if ops.iter().any(|op| !matches!(op, Op::Get(_))) {
+                if out
+                    .iter()
+                    .any(|r| r.as_ref().is_err_and(Error::may_leave_work))
+                {
+                    self.hold_early_ends();
+                }
                 self.trim();
             }
         }

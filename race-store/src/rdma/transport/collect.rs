@@ -74,9 +74,16 @@ impl<N: Nic> VqpTransport<N> {
         self.alloc.exchange_reply(node, to, &Want::Collect(kind))
     }
 
-    pub(super) fn end_grant_leases_raw(&mut self, wait: bool) -> Result<usize, TransportError> {
+    pub(super) fn end_grant_leases_raw(
+        &mut self,
+        only: Option<u8>,
+        wait: bool,
+    ) -> Result<usize, TransportError> {
         let (mut told, mut first_err) = (0, None);
         for node in 0..self.nodes() {
+            if only.is_some_and(|n| n != node) {
+                continue;
+            }
             let ends = self.has(node, FEATURE_LEASE_END);
             let Some(holder) = self.holder_for(node).filter(|_| ends) else {
                 continue;
