@@ -26,78 +26,10 @@ pub(crate) fn key(k: u64) -> String {
     format!("elastic{k:012}")
 }
 
-/// The RACE transport of either mode.
-#[allow(clippy::large_enum_variant)] // one per process, never moved on a hot path
-pub(crate) enum AnyTransport {
-    Vqp(VqpTransport<krcore_nic::AnyNic>),
-    Rc(RcTransport),
-}
-
-impl Transport for AnyTransport {
-    fn execute(&mut self, batch: &[RemoteOp<'_>]) -> Result<Vec<OpResult>, TransportError> {
-        match self {
-            AnyTransport::Vqp(t) => t.execute(batch),
-            AnyTransport::Rc(t) => t.execute(batch),
-        }
-    }
-    fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {
-        match self {
-            AnyTransport::Vqp(t) => t.alloc_block(node, size),
-            AnyTransport::Rc(t) => t.alloc_block(node, size),
-        }
-    }
-    fn alloc_blocks(
-        &mut self,
-        node: u8,
-        size: u64,
-        block_bytes: u64,
-    ) -> Result<Vec<race_store::remote::BlockRun>, TransportError> {
-        match self {
-            AnyTransport::Vqp(t) => t.alloc_blocks(node, size, block_bytes),
-            AnyTransport::Rc(t) => t.alloc_blocks(node, size, block_bytes),
-        }
-    }
-    fn alloc_block_ask(
-        &mut self,
-        node: u8,
-        size: u64,
-        block_bytes: u64,
-    ) -> Option<Result<race_store::remote::AllocAsk, TransportError>> {
-        match self {
-            AnyTransport::Vqp(t) => t.alloc_block_ask(node, size, block_bytes),
-            AnyTransport::Rc(t) => t.alloc_block_ask(node, size, block_bytes),
-        }
-    }
-    fn alloc_block_answer(
-        &mut self,
-        ask: race_store::remote::AllocAsk,
-        wait: bool,
-    ) -> Result<Option<Vec<race_store::remote::BlockRun>>, TransportError> {
-        match self {
-            AnyTransport::Vqp(t) => t.alloc_block_answer(ask, wait),
-            AnyTransport::Rc(t) => t.alloc_block_answer(ask, wait),
-        }
-    }
-    fn return_blocks(
-        &mut self,
-        node: u8,
-        block_bytes: u64,
-        runs: &[race_store::remote::BlockRun],
-        delay: std::time::Duration,
-        wait: bool,
-    ) -> Result<(), TransportError> {
-        match self {
-            AnyTransport::Vqp(t) => t.return_blocks(node, block_bytes, runs, delay, wait),
-            AnyTransport::Rc(t) => t.return_blocks(node, block_bytes, runs, delay, wait),
-        }
-    }
-    fn nodes(&self) -> u8 {
-        match self {
-            AnyTransport::Vqp(t) => t.nodes(),
-            AnyTransport::Rc(t) => t.nodes(),
-        }
-    }
-}
+/// The RACE transport of either mode (VQPs, or the RC baseline), boxed:
+/// every `Transport` method forwards (leases, give-backs sent ahead, two
+/// doorbells in flight), which a hand-written enum had not done for all.
+pub(crate) type AnyTransport = Box<dyn Transport + Send>;
 
 pub(crate) fn engine_summary(node: &Node) -> Option<EngineSummary> {
     let s = node.engine().ok()?.stats();
@@ -158,7 +90,7 @@ pub(crate) fn child_main(spec: &ChildSpec) -> Result<(), String> {
             let c1 = nic.counters();
             let t = VqpTransport::connect(&n, &remote.infos).map_err(|x| e(&x))?;
             node = Some(n);
-            (AnyTransport::Vqp(t), context, c1)
+            (Box::new(t) as AnyTransport, context, c1)
         }
         Mode::Verbs => {
             let ep = RcEndpoint::new(nic.clone(), 1024).map_err(|x| e(&x))?;
@@ -167,7 +99,7 @@ pub(crate) fn child_main(spec: &ChildSpec) -> Result<(), String> {
             let t = RcTransport::connect(ep, &remote.infos, &spec.acceptors).map_err(|x| e(&x))?;
             modeled.server_ns = t.server_modeled_ns;
             modeled.server_qps = spec.acceptors.len() as u64;
-            (AnyTransport::Rc(t), context, c1)
+            (Box::new(t) as AnyTransport, context, c1)
         }
         Mode::Daemon => return Err("a daemon join runs in daemon_child".into()),
     };
@@ -226,8 +158,7 @@ pub(crate) fn daemon_child(spec: &ChildSpec, main: u64, remote: &Remote) -> Resu
         connect_ns: s2.modeled_control_ns - s1.modeled_control_ns,
         ..Modeled::default()
     };
-    let (client, rng, slept_us) =
-        open_and_get(spec, AnyTransport::Vqp(t), remote, modeled.connect_ns)?;
+    let (client, rng, slept_us) = open_and_get(spec, Box::new(t), remote, modeled.connect_ns)?;
     let first_get = epoch_us();
     let s3 = stats(&n)?;
     modeled.first_get_ns = s3.modeled_control_ns - s2.modeled_control_ns;

@@ -37,9 +37,8 @@ use krcore_benches::proc::{epoch_us, process_age_us, say, ChildProc, SchedSample
 use krcore_kmod::EngineConfig;
 use krcore_nic::sim::{LatencyModel, SimConfig, SimFabric, SimNic};
 use krcore_nic::Nic;
-use race_store::layout::slot::RemotePtr;
 use race_store::rdma::VqpTransport;
-use race_store::remote::{OpResult, RemoteOp, Transport, TransportError};
+use race_store::remote::Transport;
 use race_store::{Client, ClientConfig};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
