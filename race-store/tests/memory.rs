@@ -639,6 +639,21 @@ fn a_table_check_accounts_for_every_byte_in_use_but_what_clients_hold() {
             (&check.linked_bytes_per_node, &check.subtable_suffixes)
         );
         assert_eq!(light.tentative_slots, check.tentative_slots);
+        // The full check without the pairs: the same counts.
+        let counts = c.check_table_counts().unwrap();
+        assert!(counts.problems.is_empty() && counts.pairs.is_empty());
+        assert_eq!(
+            (
+                counts.keys,
+                counts.duplicates,
+                &counts.linked_bytes_per_node
+            ),
+            (
+                check.pairs.len(),
+                check.duplicates,
+                &check.linked_bytes_per_node
+            )
+        );
         let usages: Vec<_> = (0..2u8)
             .map(|n| (n, cluster.node(n).unwrap().usage(0)))
             .collect();

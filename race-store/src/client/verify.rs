@@ -46,8 +46,12 @@ pub struct TableCheck {
     /// (not part of the table's content; the next insert of the key
     /// removes them, and so does [`Client::sweep_tentative`]).
     pub tentative_slots: usize,
-    /// Every key with the value of its lowest-addressed copy, sorted by key.
+    /// Every key with the value of its lowest-addressed copy, sorted by key
+    /// ([`Client::check_table`] only).
     pub pairs: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Distinct keys with a committed copy (a full check's; 0 from
+    /// [`Client::account_table`]).
+    pub keys: usize,
     /// Broken invariants, in words. Empty for a consistent table.
     pub problems: Vec<String>,
     /// The suffix of every live subtable.
@@ -298,7 +302,14 @@ pub(crate) fn account_table<T: Transport>(c: &mut Client<T>) -> Result<TableChec
     Ok(check)
 }
 
-pub(crate) fn check_table<T: Transport>(c: &mut Client<T>) -> Result<TableCheck, Error> {
+/// The full check; with `keep_pairs`, every pair kept (`pairs`), else keys
+/// counted and duplicates found subtable by subtable (a committed copy
+/// outside its key's subtable is a problem already), so that what is held
+/// is one subtable's keys.
+pub(crate) fn check_table<T: Transport>(
+    c: &mut Client<T>,
+    keep_pairs: bool,
+) -> Result<TableCheck, Error> {
     let (mut check, subtables, len) = check_prelude(c)?;
     let geometry = c.table.geometry;
     let mut copies: BTreeMap<Vec<u8>, Vec<(RemotePtr, Vec<u8>)>> = BTreeMap::new();
@@ -344,10 +355,20 @@ pub(crate) fn check_table<T: Transport>(c: &mut Client<T>) -> Result<TableCheck,
             if word.is_tentative() {
                 continue;
             }
+            let value = if keep_pairs {
+                kv.value().to_vec()
+            } else {
+                Vec::new()
+            };
             copies
                 .entry(kv.key().to_vec())
                 .or_default()
-                .push((addr, kv.value().to_vec()));
+                .push((addr, value));
+        }
+        if !keep_pairs {
+            check.keys += copies.len();
+            check.duplicates += copies.values().filter(|v| v.len() > 1).count();
+            copies.clear();
         }
     }
     for (key, mut v) in copies {
@@ -356,6 +377,9 @@ pub(crate) fn check_table<T: Transport>(c: &mut Client<T>) -> Result<TableCheck,
         if let Some((_, value)) = v.into_iter().next() {
             check.pairs.push((key, value));
         }
+    }
+    if keep_pairs {
+        check.keys = check.pairs.len();
     }
     Ok(check)
 }

@@ -169,17 +169,17 @@ struct Checked {
 }
 
 /// The table checked and each node's memory in use split, printed.
-/// With `values`, the full check (every KV block read, and held: the
-/// store's keys and values in this process's memory); without, the
-/// light one (`Client::account_table`: the subtables alone), which says
-/// the same of each node's memory.
+/// With `values`, the full check (`Client::check_table_counts`: every KV
+/// block read and verified, one subtable's keys held at a time); without,
+/// the light one (`Client::account_table`: the subtables alone), which
+/// says the same of each node's memory.
 fn check_step<T: Transport>(
     client: &mut Client<T>,
     store: &Store,
     values: bool,
 ) -> Result<Checked, StepError> {
     let c = if values {
-        client.check_table()?
+        client.check_table_counts()?
     } else {
         client.account_table()?
     };
@@ -187,7 +187,7 @@ fn check_step<T: Transport>(
         krcore_cli::outln!("problem: {p}");
     }
     let content = if values {
-        format!("{} keys, {} duplicates", c.pairs.len(), c.duplicates)
+        format!("{} keys, {} duplicates", c.keys, c.duplicates)
     } else {
         "values not read".to_string()
     };
