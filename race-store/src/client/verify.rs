@@ -302,6 +302,9 @@ pub(crate) fn account_table<T: Transport>(c: &mut Client<T>) -> Result<TableChec
     Ok(check)
 }
 
+/// KV blocks a check reads in one doorbell batch.
+const CHECK_READS: usize = 2048;
+
 /// The full check; with `keep_pairs`, every pair kept (`pairs`), else keys
 /// counted and duplicates found subtable by subtable (a committed copy
 /// outside its key's subtable is a problem already), so that what is held
@@ -321,49 +324,52 @@ pub(crate) fn check_table<T: Transport>(
         if slots.is_empty() {
             continue;
         }
-        let ops: Vec<RemoteOp<'_>> = slots
-            .iter()
-            .map(|(_, _, _, w)| RemoteOp::Read {
-                ptr: w.ptr(),
-                len: w.block_len() as u32,
-            })
-            .collect();
-        let mut res = c.exec(&ops)?;
-        for (i, (addr, group, bucket, word)) in slots.into_iter().enumerate() {
-            let buf = take_read(&mut res, i)?;
-            if linked.insert(word.ptr()) {
-                add_linked(&mut check, word.ptr().node(), block_bytes(word));
-            }
-            let kv = match kv::decode_checked(&buf) {
-                Ok(kv) => kv,
-                Err(e) => {
-                    check.problems.push(format!("slot {addr:?}: block {e}"));
+        // The blocks in parts: what is read at once stays bounded.
+        for part in slots.chunks(CHECK_READS) {
+            let ops: Vec<RemoteOp<'_>> = part
+                .iter()
+                .map(|(_, _, _, w)| RemoteOp::Read {
+                    ptr: w.ptr(),
+                    len: w.block_len() as u32,
+                })
+                .collect();
+            let mut res = c.exec(&ops)?;
+            for (i, &(addr, group, bucket, word)) in part.iter().enumerate() {
+                let buf = take_read(&mut res, i)?;
+                if linked.insert(word.ptr()) {
+                    add_linked(&mut check, word.ptr().node(), block_bytes(word));
+                }
+                let kv = match kv::decode_checked(&buf) {
+                    Ok(kv) => kv,
+                    Err(e) => {
+                        check.problems.push(format!("slot {addr:?}: block {e}"));
+                        continue;
+                    }
+                };
+                let hash = KeyHash::of(kv.key());
+                check.tentative_slots += usize::from(word.is_tentative());
+                if !suffix.contains(hash.dir_hash())
+                    || hash.fingerprint().get() != word.fingerprint()
+                    || !position_fits(&hash, geometry, group, bucket)
+                    || kv.block_len() != word.block_len()
+                {
+                    check
+                        .problems
+                        .push(format!("slot {addr:?}: key does not belong here"));
+                }
+                if word.is_tentative() {
                     continue;
                 }
-            };
-            let hash = KeyHash::of(kv.key());
-            check.tentative_slots += usize::from(word.is_tentative());
-            if !suffix.contains(hash.dir_hash())
-                || hash.fingerprint().get() != word.fingerprint()
-                || !position_fits(&hash, geometry, group, bucket)
-                || kv.block_len() != word.block_len()
-            {
-                check
-                    .problems
-                    .push(format!("slot {addr:?}: key does not belong here"));
+                let value = if keep_pairs {
+                    kv.value().to_vec()
+                } else {
+                    Vec::new()
+                };
+                copies
+                    .entry(kv.key().to_vec())
+                    .or_default()
+                    .push((addr, value));
             }
-            if word.is_tentative() {
-                continue;
-            }
-            let value = if keep_pairs {
-                kv.value().to_vec()
-            } else {
-                Vec::new()
-            };
-            copies
-                .entry(kv.key().to_vec())
-                .or_default()
-                .push((addr, value));
         }
         if !keep_pairs {
             check.keys += copies.len();
