@@ -32,14 +32,7 @@ fn cluster(nodes: u8) -> LocalCluster {
 fn accounts(cluster: &LocalCluster, c: &mut Client<LocalTransport>) -> Vec<NodeAccount> {
     let check = c.check_table().unwrap();
     assert!(check.problems.is_empty(), "{:#?}", check.problems);
-    let usages: Vec<_> = (0..cluster.len())
-        .map(|n| (n, cluster.node(n).unwrap().usage(0)))
-        .collect();
-    check
-        .accounts(&usages, Some(0))
-        .into_iter()
-        .map(|(_, a)| a)
-        .collect()
+    node_accounts(cluster, &check)
 }
 
 fn unlinked(a: &[NodeAccount]) -> u64 {

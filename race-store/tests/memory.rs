@@ -654,14 +654,7 @@ fn a_table_check_accounts_for_every_byte_in_use_but_what_clients_hold() {
                 &check.linked_bytes_per_node
             )
         );
-        let usages: Vec<_> = (0..2u8)
-            .map(|n| (n, cluster.node(n).unwrap().usage(0)))
-            .collect();
-        check
-            .accounts(&usages, Some(0))
-            .into_iter()
-            .map(|(_, a)| a)
-            .collect::<Vec<_>>()
+        node_accounts(&cluster, &check)
     };
     let mut checker = open(&cluster, clock.clone(), config);
     let closed = accounts(&mut checker);

@@ -65,12 +65,18 @@ impl<T: Transport> FaultInjector<T> {
 }
 
 impl<T: Transport> FaultInjector<T> {
+    /// `Err(Disconnected)` once the client is dead.
+    fn alive(&self) -> Result<(), TransportError> {
+        match self.dead {
+            true => Err(TransportError::Disconnected),
+            false => Ok(()),
+        }
+    }
+
     /// Counts a doorbell; `Err` if the client is (now) dead, after letting
     /// the planned prefix of `batch` execute.
     fn doorbell(&mut self, batch: &[RemoteOp<'_>]) -> Result<(), TransportError> {
-        if self.dead {
-            return Err(TransportError::Disconnected);
-        }
+        self.alive()?;
         self.doorbells += 1;
         match self.plan {
             Some(plan) if plan.at_doorbell == self.doorbells => {
@@ -120,9 +126,7 @@ impl<T: Transport> Transport for FaultInjector<T> {
         out: &mut Completions,
     ) -> Result<(), TransportError> {
         let r = self.inner.complete_into(ticket, batch, out);
-        if self.dead {
-            return Err(TransportError::Disconnected);
-        }
+        self.alive()?;
         r
     }
 
@@ -131,9 +135,7 @@ impl<T: Transport> Transport for FaultInjector<T> {
     }
 
     fn alloc_block(&mut self, node: u8, size: u64) -> Result<RemotePtr, TransportError> {
-        if self.dead {
-            return Err(TransportError::Disconnected);
-        }
+        self.alive()?;
         self.inner.alloc_block(node, size)
     }
 
@@ -143,9 +145,7 @@ impl<T: Transport> Transport for FaultInjector<T> {
         size: u64,
         block_bytes: u64,
     ) -> Result<Vec<BlockRun>, TransportError> {
-        if self.dead {
-            return Err(TransportError::Disconnected);
-        }
+        self.alive()?;
         self.inner.alloc_blocks(node, size, block_bytes)
     }
 
@@ -155,8 +155,8 @@ impl<T: Transport> Transport for FaultInjector<T> {
         size: u64,
         block_bytes: u64,
     ) -> Option<Result<AllocAsk, TransportError>> {
-        if self.dead {
-            return Some(Err(TransportError::Disconnected));
+        if let Err(e) = self.alive() {
+            return Some(Err(e));
         }
         self.inner.alloc_block_ask(node, size, block_bytes)
     }
@@ -166,9 +166,7 @@ impl<T: Transport> Transport for FaultInjector<T> {
         ask: AllocAsk,
         wait: bool,
     ) -> Result<Option<Vec<BlockRun>>, TransportError> {
-        if self.dead {
-            return Err(TransportError::Disconnected);
-        }
+        self.alive()?;
         self.inner.alloc_block_answer(ask, wait)
     }
 
@@ -180,9 +178,7 @@ impl<T: Transport> Transport for FaultInjector<T> {
         delay: std::time::Duration,
         wait: bool,
     ) -> Result<(), TransportError> {
-        if self.dead {
-            return Err(TransportError::Disconnected);
-        }
+        self.alive()?;
         self.inner
             .return_blocks(node, block_bytes, runs, delay, wait)
     }
@@ -194,24 +190,18 @@ impl<T: Transport> Transport for FaultInjector<T> {
         runs: &[BlockRun],
         delay: std::time::Duration,
     ) -> Result<Option<AllocAsk>, TransportError> {
-        if self.dead {
-            return Err(TransportError::Disconnected);
-        }
+        self.alive()?;
         self.inner
             .return_blocks_ahead(node, block_bytes, runs, delay)
     }
 
     fn grant_lease(&mut self, node: u8) -> Result<Option<u32>, TransportError> {
-        if self.dead {
-            return Err(TransportError::Disconnected);
-        }
+        self.alive()?;
         self.inner.grant_lease(node)
     }
 
     fn end_grant_leases(&mut self, only: Option<u8>, wait: bool) -> Result<usize, TransportError> {
-        if self.dead {
-            return Err(TransportError::Disconnected);
-        }
+        self.alive()?;
         self.inner.end_grant_leases(only, wait)
     }
 
@@ -220,9 +210,7 @@ impl<T: Transport> Transport for FaultInjector<T> {
     }
 
     fn collect_begin(&mut self, node: u8, token: u64) -> Result<CollectStart, TransportError> {
-        if self.dead {
-            return Err(TransportError::Disconnected);
-        }
+        self.alive()?;
         self.inner.collect_begin(node, token)
     }
 
@@ -232,9 +220,7 @@ impl<T: Transport> Transport for FaultInjector<T> {
         token: u64,
         runs: &[(u64, u64)],
     ) -> Result<(), TransportError> {
-        if self.dead {
-            return Err(TransportError::Disconnected);
-        }
+        self.alive()?;
         self.inner.collect_live(node, token, runs)
     }
 
@@ -244,9 +230,7 @@ impl<T: Transport> Transport for FaultInjector<T> {
         token: u64,
         apply: bool,
     ) -> Result<Collected, TransportError> {
-        if self.dead {
-            return Err(TransportError::Disconnected);
-        }
+        self.alive()?;
         self.inner.collect_finish(node, token, apply)
     }
 

@@ -37,6 +37,22 @@ pub fn manual_config() -> ClientConfig {
     }
 }
 
+/// Every node's account of its memory in use by `check`
+/// (`TableCheck::accounts`, with the nodes' usage records now).
+pub fn node_accounts(
+    cluster: &LocalCluster,
+    check: &race_store::client::TableCheck,
+) -> Vec<race_store::client::NodeAccount> {
+    let usages: Vec<_> = (0..cluster.len())
+        .map(|n| (n, cluster.node(n).unwrap().usage(0)))
+        .collect();
+    check
+        .accounts(&usages, Some(0))
+        .into_iter()
+        .map(|(_, a)| a)
+        .collect()
+}
+
 /// For a [`ManualClock`] moved by hand one tick per operation: short
 /// operations and grace periods, leases that never run out.
 pub fn tick_config() -> ClientConfig {
