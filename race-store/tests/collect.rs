@@ -453,3 +453,49 @@ fn collections_beside_running_writers_over_messaging_lose_nothing() {
     eprintln!("{puts} puts beside 6 collections that took back {taken} B; {early} early ends");
     assert!(taken > 0 && early > 0);
 }
+
+/// A client dropped without closing ends its lease and gives back what
+/// it holds, as `close` does, without waiting for answers: its node has
+/// no lease left to drain. Until 2026-12-08 the end found the channel's
+/// credits taken by the give-backs before it and was not sent (none of
+/// 10 drops ended its lease; 5 of 10 under other timing).
+#[test]
+fn a_dropped_client_ends_its_lease_and_gives_back_its_memory() {
+    use common::rdma::cluster_leased;
+    use krcore_kmod::EngineConfig;
+    use race_store::collection::CollectStart;
+    use race_store::remote::Transport;
+
+    for round in 0..4u64 {
+        let c = cluster_leased(1, 32 << 20, 12, EngineConfig::default(), None);
+        let mut writer = c.client(ClientConfig::default());
+        // Updates retire blocks and leave free ones: several give-backs.
+        for k in 0..300 * (round + 1) {
+            writer
+                .put(&key(k % 150), &value(k, 0, 40 + (k % 300) as usize))
+                .unwrap();
+        }
+        let held = writer.stats().kv_memory.held_bytes();
+        assert!(held > 0);
+        let returned = c._servers[0].stats().pool.returned;
+        drop(writer);
+        // The node takes the give-backs after the drop returned.
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while c._servers[0].stats().pool.returned - returned < held {
+            assert!(
+                std::time::Instant::now() < until,
+                "round {round}: given back {} of {held}",
+                c._servers[0].stats().pool.returned - returned
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let node = krcore::Node::builder().join(&c.meta).build().unwrap();
+        let mut t = race_store::rdma::VqpTransport::connect(&node, &c.infos).unwrap();
+        assert_eq!(
+            t.collect_begin(0, 11).unwrap(),
+            CollectStart::Ready,
+            "round {round}"
+        );
+        t.collect_finish(0, 11, false).unwrap();
+    }
+}

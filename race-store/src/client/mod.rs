@@ -41,8 +41,9 @@
 //! ([`Clock::tick`]: [`crate::clock::SystemClock`],
 //! [`crate::clock::WallClock`]); with a clock of its own, `close` waits
 //! the grace period out first (at most `grace_ticks`). Dropping a client
-//! gives back the same without waiting for the nodes' answers (and, with
-//! a clock of its own, keeps its retired blocks). Everything of a client
+//! gives back the same, and ends its grant leases, without waiting for
+//! the nodes' answers (and, with a clock of its own, keeps its retired
+//! blocks). Everything of a client
 //! that crashed stays allocated for good.
 
 mod alloc;

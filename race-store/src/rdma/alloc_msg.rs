@@ -319,6 +319,9 @@ pub(super) struct Allocations<N: Nic> {
     looked: Option<Instant>,
     /// Answers that came for requests in `asked`.
     answers: Vec<(u64, Answer)>,
+    /// Nodes a message sent without waiting for its answer found no room
+    /// for in time ([`Allocations::send_only`]).
+    stalled: Vec<u8>,
 }
 
 impl<N: Nic> Allocations<N> {
@@ -333,6 +336,7 @@ impl<N: Nic> Allocations<N> {
             asked: Vec::new(),
             looked: None,
             answers: Vec::new(),
+            stalled: Vec::new(),
         }
     }
 
@@ -442,20 +446,49 @@ impl<N: Nic> Allocations<N> {
         r
     }
 
-    /// Sends `want` to node `to` once, without waiting for admission or
-    /// for the answer (a client dropped without closing gives its blocks
-    /// back so; a message that cannot go at once is not sent).
+    /// Sends `want` to node `to` once, without waiting for its answer (a
+    /// client dropped without closing gives its blocks back and ends its
+    /// leases so). The node answers every message and takes the next only
+    /// while its answers have room here, so a message that finds no
+    /// credit pops the answers that came (nobody waits for them) and tries
+    /// again, for at most [`CLOSE_WAIT`]; a node that gave no room in time
+    /// gets no more of them (`stalled`), so a drop waits at most that long
+    /// per node. Until 2026-12-08 a message went only if it could go at
+    /// once: the give-backs before it took the channel's credits, and a
+    /// dropped client's lease end went out in none of 10 drops in a row
+    /// (its node held the grants a whole lease), some of its give-backs
+    /// in none either.
     pub(super) fn send_only(
         &mut self,
         to: u8,
         (gid, port): (Gid, u16),
         want: &Want,
     ) -> Result<(), TransportError> {
+        if self.stalled.contains(&to) {
+            return Err(TransportError::Refused {
+                node: to,
+                source: Cause::msg("an earlier message found no room on the channel in time"),
+            });
+        }
         let (_, req) = self.next_request(want);
-        let ep = self.endpoint(to, Need::Now(CLOSE_WAIT))?;
-        let r = ep.try_push(gid, port, &req).map_err(|e| lost(to, e));
+        let until = Instant::now() + CLOSE_WAIT;
+        let r = loop {
+            let ep = self.endpoint(to, Need::Now(CLOSE_WAIT))?;
+            match ep.try_push(gid, port, &req) {
+                Err(krcore::MsgError::WouldBlock) if Instant::now() < until => {}
+                r => break r,
+            }
+            // The node answers every message, and takes the next ones
+            // only while its answers have room here: they are popped (and
+            // dropped: nobody waits for them).
+            while let Ok(Some(_)) = self.next_answer(to) {}
+            std::thread::yield_now();
+        };
+        if matches!(r, Err(krcore::MsgError::WouldBlock)) {
+            self.stalled.push(to);
+        }
         self.release_idle();
-        r
+        r.map_err(|e| lost(to, e))
     }
 
     fn exchange_inner(
