@@ -238,3 +238,66 @@ fn a_presized_table_holds_its_keys_without_splitting() {
     assert_eq!(splits[0], 0, "presized: {splits:?}");
     assert!(splits[1] >= 3, "grown from one subtable: {splits:?}");
 }
+
+/// A key whose slot word is copied into a free slot of its bucket (two
+/// committed copies, as a broken insert would leave): both checks count
+/// one duplicate and report it as a problem, the block is counted once,
+/// and a clean table has neither.
+#[test]
+fn a_key_linked_twice_is_a_duplicate_and_a_problem() {
+    use race_store::hash::KeyHash;
+    use race_store::layout::slot::Slot;
+
+    // One subtable of one group: 3 buckets of a header and 7 slots.
+    let cluster = tiny_cluster(1, 1, 1 << 20, 4);
+    let mut c = open(&cluster, manual_clock(), manual_config());
+    for k in 0..5 {
+        c.insert(&key(k), &value(k, 0, 30)).unwrap();
+    }
+    let clean = c.check_table_counts().unwrap();
+    assert_eq!((clean.keys, clean.duplicates), (5, 0));
+    assert!(clean.problems.is_empty(), "{:?}", clean.problems);
+
+    let node = cluster.node(0).unwrap();
+    let base = race_store::layout::table::node0_heap_start(4).unwrap();
+    let img = node.read(base, 192).unwrap();
+    let words: Vec<u64> = img
+        .chunks(64)
+        .flat_map(|b| b[8..].chunks(8))
+        .map(|w| u64::from_le_bytes(w.try_into().unwrap()))
+        .collect();
+    let fp = KeyHash::of(&key(0)).fingerprint();
+    let at: Vec<usize> = (0..words.len())
+        .filter(|&i| Slot::from_raw(words[i]).matches(fp))
+        .collect();
+    assert_eq!(at.len(), 1, "key 0's fingerprint in slots {at:?}");
+    let (bucket, word) = (at[0] / 7, words[at[0]]);
+    let free = (bucket * 7..bucket * 7 + 7)
+        .find(|&i| Slot::from_raw(words[i]).is_empty())
+        .expect("5 keys leave a free slot in every bucket");
+    let free_addr = base + 64 * bucket as u64 + 8 + 8 * (free % 7) as u64;
+    node.write(free_addr, &word.to_le_bytes()).unwrap();
+
+    let full = c.check_table().unwrap();
+    let counts = c.check_table_counts().unwrap();
+    for check in [&full, &counts] {
+        assert_eq!(check.duplicates, 1);
+        assert_eq!(check.problems.len(), 1, "{:?}", check.problems);
+        assert!(
+            check.problems[0].contains("key-00000000")
+                && check.problems[0].contains("2 committed copies"),
+            "{:?}",
+            check.problems
+        );
+        assert_eq!(check.linked_bytes_per_node, clean.linked_bytes_per_node);
+    }
+    assert_eq!(counts.keys, 5);
+    assert_eq!(full.pairs.len(), 5);
+    assert_eq!(
+        full.pairs
+            .iter()
+            .find(|(k, _)| *k == key(0))
+            .map(|(_, v)| v.clone()),
+        Some(value(0, 0, 30))
+    );
+}

@@ -39,7 +39,8 @@ pub struct TableCheck {
     pub split_logged: bool,
     /// Frozen slots in live subtables (non-zero only during a split).
     pub frozen_slots: usize,
-    /// Keys present in more than one slot (committed copies).
+    /// Keys present in more than one slot (committed copies); each is also
+    /// a problem (`problems`).
     pub duplicates: usize,
     /// Tentative slots in live subtables: copies of inserts still settling,
     /// or left by inserters that died before they committed or withdrew
@@ -282,6 +283,21 @@ fn block_bytes(word: Slot) -> u64 {
     class_bytes(class_of(word.len_units()))
 }
 
+/// Counts a key with more than one committed copy as a duplicate, and
+/// says where its copies are: a broken invariant (an update changes one of
+/// them, and a read may find the other).
+fn note_copies<V>(check: &mut TableCheck, key: &[u8], copies: &[(RemotePtr, V)]) {
+    if copies.len() > 1 {
+        check.duplicates += 1;
+        let at: Vec<_> = copies.iter().map(|(addr, _)| *addr).collect();
+        check.problems.push(format!(
+            "key \"{}\": {} committed copies, in slots {at:?}",
+            key.escape_ascii(),
+            copies.len()
+        ));
+    }
+}
+
 /// [`Client::account_table`]: the directory and the subtables only.
 pub(crate) fn account_table<T: Transport>(c: &mut Client<T>) -> Result<TableCheck, Error> {
     let (mut check, subtables, len) = check_prelude(c)?;
@@ -373,13 +389,15 @@ pub(crate) fn check_table<T: Transport>(
         }
         if !keep_pairs {
             check.keys += copies.len();
-            check.duplicates += copies.values().filter(|v| v.len() > 1).count();
+            for (key, v) in &copies {
+                note_copies(&mut check, key, v);
+            }
             copies.clear();
         }
     }
     for (key, mut v) in copies {
         v.sort_by_key(|(addr, _)| *addr);
-        check.duplicates += usize::from(v.len() > 1);
+        note_copies(&mut check, &key, &v);
         if let Some((_, value)) = v.into_iter().next() {
             check.pairs.push((key, value));
         }
