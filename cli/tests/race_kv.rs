@@ -370,8 +370,31 @@ fn maintain_takes_back_what_a_killed_client_left_and_stops_at_sigterm() {
         }
     }
     std::mem::forget(dying);
+    // Its lease runs out (1 s), and node 0's usage record says so.
+    let mut usage = String::new();
+    for _ in 0..50 {
+        let out = bounded_output(KV, &on(&["usage"]));
+        usage = String::from_utf8_lossy(&out.stdout).into_owned();
+        if usage.contains("node 0: ")
+            && usage.contains("1 lease(s) ran out since its last collection")
+        {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(
+        usage.contains("1 lease(s) ran out since its last collection"),
+        "{usage}"
+    );
 
-    let out = bounded_output(KV, &on(&["maintain", "--once", "--collect-above-mib", "0"]));
+    // By the mark alone (far above what is unlinked), nothing is collected;
+    // after a lease ran out, the node is.
+    let high = ["maintain", "--once", "--collect-above-mib", "100000"];
+    let out = bounded_output(KV, &on(&[&high[..], &["--mark-only"]].concat()));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("node(s) collected: [],"), "{text}");
+    let out = bounded_output(KV, &on(&high));
     let text = String::from_utf8_lossy(&out.stdout);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{text}{err}");
@@ -389,6 +412,12 @@ fn maintain_takes_back_what_a_killed_client_left_and_stops_at_sigterm() {
     );
     // The table's one subtable, and the values, are on node 0; node 1
     // holds nothing unlinked and is left alone.
+    assert!(
+        lines.contains(
+            &"round 1: collecting node 0: a lease ran out on it since its last collection"
+        ),
+        "{text}"
+    );
     assert!(
         lines
             .iter()
@@ -412,6 +441,11 @@ fn maintain_takes_back_what_a_killed_client_left_and_stops_at_sigterm() {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
     assert!(check.contains("store s: 0 KiB unlinked of "), "{check}");
+    assert!(
+        check.lines().any(|l| l.starts_with("node 0: ")
+            && l.ends_with("; no lease ran out since its last collection")),
+        "{check}"
+    );
 
     // The loop: a ready line, then rounds; SIGTERM between them ends it.
     let mut child = Proc(
@@ -440,7 +474,8 @@ fn maintain_takes_back_what_a_killed_client_left_and_stops_at_sigterm() {
         seen.iter().any(|l| l.starts_with("round 2: done in ")),
         "{seen:#?}"
     );
-    // Nothing unlinked reached the default mark: nothing collected.
+    // Nothing unlinked reached the default mark, and no lease ran out
+    // since the collection: nothing collected.
     assert!(
         seen.iter().all(|l| !l.starts_with("node 0: leases ended")),
         "{seen:#?}"

@@ -130,6 +130,15 @@ pub struct HolderStats {
     /// Holders whose lease ended, so far: ran out (no word from them for a
     /// lease) or ended at their request (a close: [`Holders::end`]).
     pub ended: u64,
+    /// Of those, the leases that ran out: holders that died, or went
+    /// silent for a lease, and left what they held (a close ends its
+    /// lease itself, and so does a dropped client).
+    pub ran_out: u64,
+    /// Leases that ran out since the node's last applied collection
+    /// ([`Holders::note_collection`]): nonzero when what their holders
+    /// left may still be allocated (`race-kv maintain` collects such a
+    /// node).
+    pub ran_out_since_collection: u64,
     /// Bytes taken back from ended holders, so far.
     pub reclaimed: u64,
 }
@@ -154,6 +163,9 @@ pub struct Holders {
     /// yet; these never overlap each other nor `pieces`.
     doomed: BTreeMap<u64, Piece>,
     ended: u64,
+    ran_out: u64,
+    /// `ran_out` when the last collection was applied.
+    ran_out_at_collection: u64,
     reclaimed: u64,
     collections: u32,
 }
@@ -168,6 +180,8 @@ impl Holders {
             pieces: BTreeMap::new(),
             doomed: BTreeMap::new(),
             ended: 0,
+            ran_out: 0,
+            ran_out_at_collection: 0,
             reclaimed: 0,
             collections: 0,
         }
@@ -297,6 +311,7 @@ impl Holders {
             self.records.remove(h);
         }
         self.ended += dead.len() as u64;
+        self.ran_out += dead.len() as u64;
         self.doom(|h| dead.contains(&h));
         dead.len()
     }
@@ -341,6 +356,13 @@ impl Holders {
         Some(Piece { end: split, ..p })
     }
 
+    /// A collection was applied with no lease live: whatever the holders
+    /// whose leases ran out before it left is taken back (and no lease can
+    /// run out during one: none is live, and none is granted).
+    pub fn note_collection(&mut self) {
+        self.ran_out_at_collection = self.ran_out;
+    }
+
     /// Counts `bytes` taken back from ended holders (the node's scan).
     pub fn note_reclaimed(&mut self, bytes: u64) {
         self.reclaimed += bytes;
@@ -353,6 +375,8 @@ impl Holders {
             pieces: self.pieces.len() as u64,
             doomed: self.doomed.values().map(|p| p.end - p.start).sum(),
             ended: self.ended,
+            ran_out: self.ran_out,
+            ran_out_since_collection: self.ran_out - self.ran_out_at_collection,
             reclaimed: self.reclaimed,
         }
     }
@@ -469,6 +493,7 @@ mod tests {
         assert!(!h.end(9), "9 never had one");
         let s = h.stats();
         assert_eq!((s.holders, s.pieces, s.doomed, s.ended), (1, 1, 1024, 1));
+        assert_eq!((s.ran_out, s.ran_out_since_collection), (0, 0), "an end");
         let gone: Vec<Piece> = std::iter::from_fn(|| h.next_doomed(u64::MAX)).collect();
         assert_eq!(gone.len(), 1);
         assert_eq!((gone[0].holder, gone[0].start), (1, 4096));
@@ -477,6 +502,13 @@ mod tests {
             again.generation > 2,
             "a holder back after its end has a new record"
         );
+        // 2, silent since 0, runs out; 1 was heard from at 1 ms.
+        assert_eq!(h.expire(ms(10) + 1), 1);
+        let s = h.stats();
+        assert_eq!((s.ended, s.ran_out, s.ran_out_since_collection), (2, 1, 1));
+        h.note_collection();
+        assert_eq!(h.stats().ran_out_since_collection, 0);
+        assert_eq!(h.stats().ran_out, 1);
     }
 
     #[test]

@@ -349,6 +349,9 @@ impl<M: NodeMemory> MemoryNode<M> {
             ended: s.holders.ended,
             holders: u32::try_from(s.holders.holders).unwrap_or(u32::MAX),
             doomed_kib: u32::try_from(s.holders.doomed >> 10).unwrap_or(u32::MAX),
+            ran_out_since_collection: Some(
+                u32::try_from(s.holders.ran_out_since_collection).unwrap_or(u32::MAX),
+            ),
         }
     }
 

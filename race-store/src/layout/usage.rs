@@ -11,11 +11,16 @@
 //! +------+-------+------------+----------+-----------+--------+---------+
 //! |magic |version| written ms | capacity | heap used | pooled | cooling |
 //! +------+-------+------------+----------+-----------+--------+---------+
-//!  48         56       64          72      80       84        88     92   128
-//! +----------+--------+-----------+-------+--------+---------+------+----+
-//! | returned | reused | reclaimed | ended |holders | doomed  |crc32 | 0  |
-//! |          |        |           | u64   | u32    | KiB u32 |      |    |
-//! +----------+--------+-----------+-------+--------+---------+------+----+
+//!  48         56       64          72      80       84        88     92  96
+//! +----------+--------+-----------+-------+--------+---------+------+---+
+//! | returned | reused | reclaimed | ended |holders | doomed  |crc32 | 0 |
+//! |          |        |           | u64   | u32    | KiB u32 |      |   |
+//! +----------+--------+-----------+-------+--------+---------+------+---+
+//!  96                 100          104  128
+//! +------------------+------------+----+
+//! | ran out since    | crc32 of   | 0  |
+//! | collection u32   | bytes 0-99 |    |
+//! +------------------+------------+----+
 //! ```
 //!
 //! * `written ms`: the node's wall clock (milliseconds since the Unix
@@ -27,6 +32,10 @@
 //!   reads again.
 //! * Nodes of older builds have zeros there (the prefix is never handed
 //!   out): "no record" ([`LayoutError::BadMagic`]).
+//! * Bytes 96-103 were added later, with a checksum of their own, so that
+//!   readers of either build read the other's records: older readers check
+//!   bytes 0-87 alone, and a node of an older build leaves 96-103 zero
+//!   (`ran_out_since_collection` is `None`).
 
 use crate::layout::error::{LayoutError, Result};
 use crate::layout::table::{DIR_OFFSET, MEMBERS_OFFSET};
@@ -44,6 +53,9 @@ const _: () = assert!(USAGE_OFFSET % 64 == 0);
 const USAGE_MAGIC: u32 = u32::from_le_bytes(*b"RSU1");
 const USAGE_VERSION: u32 = 1;
 const CRC_AT: usize = 88;
+/// The later fields' value and checksum.
+const RAN_OUT_AT: usize = 96;
+const CRC2_AT: usize = 100;
 
 /// The clock records are stamped with: the wall clock in milliseconds
 /// since the Unix epoch (0 before it).
@@ -78,6 +90,11 @@ pub struct UsageRepr {
     pub holders: u32,
     /// KiB of dead clients' grants not read yet (saturating).
     pub doomed_kib: u32,
+    /// Leases that ran out since the node's last collection (saturating):
+    /// what their holders left may still be allocated
+    /// ([`crate::holders::HolderStats::ran_out_since_collection`]); `None`
+    /// from a node of an older build.
+    pub ran_out_since_collection: Option<u32>,
 }
 
 impl UsageRepr {
@@ -123,7 +140,19 @@ impl UsageRepr {
         if stored != computed {
             return Err(LayoutError::ChecksumMismatch { stored, computed });
         }
+        let later = buf.get(RAN_OUT_AT..CRC2_AT + 4).unwrap_or(&[]);
+        let ran_out_since_collection = if later.iter().all(|&b| b == 0) {
+            None
+        } else {
+            let stored = read_u32(buf, CRC2_AT);
+            let computed = crc32fast::hash(buf.get(..CRC2_AT).unwrap_or(&[]));
+            if stored != computed {
+                return Err(LayoutError::ChecksumMismatch { stored, computed });
+            }
+            Some(read_u32(buf, RAN_OUT_AT))
+        };
         Ok(UsageRepr {
+            ran_out_since_collection,
             written_ms: read_u64(buf, 8),
             capacity: read_u64(buf, 16),
             heap_used: read_u64(buf, 24),
@@ -160,6 +189,11 @@ impl UsageRepr {
         write_array(&mut out, 84, self.doomed_kib.to_le_bytes());
         let crc = crc32fast::hash(&out[..CRC_AT]);
         write_array(&mut out, CRC_AT, crc.to_le_bytes());
+        if let Some(n) = self.ran_out_since_collection {
+            write_array(&mut out, RAN_OUT_AT, n.to_le_bytes());
+            let crc = crc32fast::hash(&out[..CRC2_AT]);
+            write_array(&mut out, CRC2_AT, crc.to_le_bytes());
+        }
         out
     }
 }
@@ -181,6 +215,7 @@ mod tests {
             ended: 3,
             holders: 7,
             doomed_kib: 64,
+            ran_out_since_collection: Some(2),
         }
     }
 
@@ -203,6 +238,35 @@ mod tests {
             holders: 8,
             ..later
         }));
+    }
+
+    /// Records of either build read in the other: a record of an older
+    /// node (bytes 96-103 zero) has no count, and a newer record's first
+    /// 96 bytes, all an older reader checks, are those of the older
+    /// layout.
+    #[test]
+    fn the_later_count_keeps_both_builds_reading_each_other() {
+        let old = UsageRepr {
+            ran_out_since_collection: None,
+            ..sample()
+        };
+        let old_bytes = old.emit();
+        assert!(old_bytes[RAN_OUT_AT..].iter().all(|&b| b == 0));
+        assert_eq!(UsageRepr::parse(&old_bytes), Ok(old));
+        let new_bytes = sample().emit();
+        assert_eq!(new_bytes[..RAN_OUT_AT], old_bytes[..RAN_OUT_AT]);
+        let zero = UsageRepr {
+            ran_out_since_collection: Some(0),
+            ..sample()
+        };
+        assert_eq!(UsageRepr::parse(&zero.emit()), Ok(zero));
+        // The later count torn by the node's next write.
+        let mut torn = new_bytes;
+        torn[RAN_OUT_AT..RAN_OUT_AT + 4].copy_from_slice(&3u32.to_le_bytes());
+        assert!(matches!(
+            UsageRepr::parse(&torn),
+            Err(LayoutError::ChecksumMismatch { .. })
+        ));
     }
 
     #[test]

@@ -187,6 +187,7 @@ impl<M: NodeMemory> MemoryNode<M> {
         let Some(c) = heap.collection.take() else {
             return Err(refused(self.id, "no such ready collection"));
         };
+
         let mut kept: Vec<(u64, u64)> = c.live;
         kept.extend(heap.pool.runs());
         kept.extend(heap.coarse.iter().map(|(&s, &l)| (s, s + l)));
@@ -195,7 +196,11 @@ impl<M: NodeMemory> MemoryNode<M> {
             bytes: unreached.iter().map(|&(s, e)| e - s).sum(),
             runs: unreached.len() as u64,
         };
-        if !apply || unreached.is_empty() {
+        if !apply {
+            return Ok(done);
+        }
+        if unreached.is_empty() {
+            heap.holders.note_collection();
             return Ok(done);
         }
         let runs: Vec<(u64, u64)> = unreached.iter().map(|&(s, e)| (s, e - s)).collect();
@@ -208,6 +213,7 @@ impl<M: NodeMemory> MemoryNode<M> {
             })?;
         heap.holders.returned(&runs);
         heap.holders.collected();
+        heap.holders.note_collection();
         Ok(done)
     }
 }
@@ -280,6 +286,8 @@ mod tests {
         assert!(n.collect_live(5, &[(g + 128, 128)]).is_err(), "not ready");
         std::thread::sleep(lease * 2);
         assert_eq!(n.collect_begin(5).unwrap(), CollectStart::Ready);
+        let h = n.stats().holders;
+        assert_eq!((h.ran_out, h.ran_out_since_collection), (1, 1));
         n.collect_live(5, &[(g + 128, 128)]).unwrap();
         assert!(n.collect_live(5, &[(g + 1, 64)]).is_err(), "misaligned");
         assert!(n.collect_live(5, &[(1 << 20, 64)]).is_err(), "outside");
@@ -292,10 +300,14 @@ mod tests {
             }
         );
         assert!(n.collect_finish(5, true).is_err(), "the dry run ended it");
+        assert_eq!(n.stats().holders.ran_out_since_collection, 1, "a dry run");
         // Again, applied.
         assert_eq!(n.collect_begin(5).unwrap(), CollectStart::Ready);
         n.collect_live(5, &[(g + 128, 128)]).unwrap();
         assert_eq!(n.collect_finish(5, true).unwrap(), dry);
+        let h = n.stats().holders;
+        assert_eq!((h.ran_out, h.ran_out_since_collection), (1, 0));
+        assert_eq!(n.usage(0).ran_out_since_collection, Some(0));
         assert_eq!(n.stats().pool.pooled, 256);
         assert!(n.stats().heap_used > sub);
         // Served again, and the lease says a collection took blocks.

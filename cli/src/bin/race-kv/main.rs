@@ -17,7 +17,9 @@
 //!                      leases end: up to a grant lease); --dry-run only counts
 //!   maintain           until SIGTERM, a round every --every-s seconds (600): sweep,
 //!                      check, and collect each node with --collect-above-mib (256)
-//!                      unlinked or more; --once: one round (for cron)
+//!                      unlinked or more, or on which a client's lease ran out
+//!                      since its last collection (not with --mark-only);
+//!                      --once: one round (for cron)
 //!   dump FILE          every pair into FILE (`-`: stdout), in `race_store::dump`'s format
 //!   load FILE          put every pair of a dump (`-`: stdin), 64 per batch
 //! ```
@@ -173,9 +175,15 @@ enum Command {
         /// round). Set it above what the running clients hold (free lists
         /// up to 2 MiB per size class and node, grants, blocks in their
         /// grace period): a collection costs writers the node's new
-        /// memory for up to a grant lease.
+        /// memory for up to a grant lease. A node on which a client's
+        /// lease ran out since its last collection (a killed client's, or
+        /// one silent for a lease) is collected whatever its unlinked
+        /// bytes, unless --mark-only.
         #[arg(long, default_value_t = 256, value_name = "MIB")]
         collect_above_mib: u64,
+        /// Collect by --collect-above-mib alone, not after a lease ran out.
+        #[arg(long)]
+        mark_only: bool,
         /// As for `collect`.
         #[arg(long, default_value_t = 60, value_name = "S")]
         max_drain_s: u64,
@@ -245,12 +253,14 @@ fn main() -> ExitCode {
         Command::Maintain {
             every_s,
             collect_above_mib,
+            mark_only,
             max_drain_s,
             once,
         } => {
             let opts = MaintainOptions {
                 every: Duration::from_secs(every_s),
                 collect_above: collect_above_mib.saturating_mul(1 << 20),
+                after_ran_out: !mark_only,
                 max_drain: Duration::from_secs(max_drain_s),
                 once,
             };

@@ -44,7 +44,7 @@ pub(crate) fn usage_of(store: &Store) -> ExitCode {
         };
         krcore_cli::outln!(
             "node {id}: in use {} of {} ({}%): heap {} handed out, {} of it pooled ({} cooling); \
-             {} live grant lease(s); {} taken back so far, from {} ended lease(s){stale}",
+             {} live grant lease(s); {} taken back so far, from {} ended lease(s){}{stale}",
             bytes_text(u.in_use()),
             bytes_text(u.capacity),
             percent(u.in_use(), u.capacity),
@@ -54,6 +54,7 @@ pub(crate) fn usage_of(store: &Store) -> ExitCode {
             u.holders,
             bytes_text(u.reclaimed),
             u.ended,
+            ran_out_text(u.ran_out_since_collection),
         );
     }
     krcore_cli::outln!(
@@ -65,6 +66,19 @@ pub(crate) fn usage_of(store: &Store) -> ExitCode {
         nodes.iter().filter(|(_, u)| u.is_some()).count(),
     );
     ExitCode::SUCCESS
+}
+
+/// A node's leases that ran out since its last collection, for a line
+/// that says its usage ("" from a node of an older build).
+fn ran_out_text(ran_out: Option<u32>) -> String {
+    match ran_out {
+        Some(0) => "; no lease ran out since its last collection".to_string(),
+        Some(n) => format!(
+            "; {n} lease(s) ran out since its last collection (killed or silent clients: \
+             what they left is taken back by a collection)"
+        ),
+        None => String::new(),
+    }
 }
 
 /// `collect`: what killed clients left, taken back node by node.
@@ -164,8 +178,17 @@ pub(crate) fn check<T: Transport>(client: &mut Client<T>, store: &Store) -> Exit
 struct Checked {
     /// Problems the table has (each printed).
     problems: usize,
-    /// Each memory node's unlinked bytes (nodes with a usage record).
-    unlinked: Vec<(u8, u64)>,
+    /// Each memory node's unlinked bytes, and the leases that ran out on
+    /// it since its last collection (nodes with a usage record).
+    nodes: Vec<NodeChecked>,
+}
+
+/// A memory node, as a check found it.
+struct NodeChecked {
+    node: u8,
+    unlinked: u64,
+    /// `None` from a node of an older build.
+    ran_out: Option<u32>,
 }
 
 /// The table checked and each node's memory in use split, printed.
@@ -234,7 +257,15 @@ fn check_step<T: Transport>(
     let (mut unlinked, mut in_use) = (0u64, 0u64);
     let mut per_node = Vec::with_capacity(with_record.len());
     for (n, a) in c.accounts(&with_record, initial_depth) {
-        per_node.push((n, a.unlinked));
+        let ran_out = with_record
+            .iter()
+            .find(|(id, _)| *id == n)
+            .and_then(|(_, u)| u.ran_out_since_collection);
+        per_node.push(NodeChecked {
+            node: n,
+            unlinked: a.unlinked,
+            ran_out,
+        });
         unlinked += a.unlinked;
         in_use += a.in_use;
         let retired = match a.retired_subtables {
@@ -243,13 +274,14 @@ fn check_step<T: Transport>(
         };
         krcore_cli::outln!(
             "node {n}: in use {}: prefix {}, subtables {} live, {retired}, values {} linked, \
-             {} unlinked ({}%)",
+             {} unlinked ({}%){}",
             bytes_text(a.in_use),
             bytes_text(a.reserved),
             bytes_text(a.subtables),
             bytes_text(a.linked),
             bytes_text(a.unlinked),
             percent(a.unlinked, a.in_use),
+            ran_out_text(ran_out),
         );
     }
     krcore_cli::outln!(
@@ -261,7 +293,7 @@ fn check_step<T: Transport>(
     );
     Ok(Checked {
         problems: c.problems.len(),
-        unlinked: per_node,
+        nodes: per_node,
     })
 }
 
@@ -271,6 +303,9 @@ pub(crate) struct MaintainOptions {
     pub every: Duration,
     /// A node is collected once its unlinked bytes reach this.
     pub collect_above: u64,
+    /// A node is also collected when a lease ran out on it since its last
+    /// collection (and it has unlinked bytes).
+    pub after_ran_out: bool,
     /// As `collect --max-drain-s`.
     pub max_drain: Duration,
     /// One round, then exit (for cron): 1 if a step failed.
@@ -279,7 +314,9 @@ pub(crate) struct MaintainOptions {
 
 /// `maintain`: a round every `every` until SIGINT or SIGTERM (or one
 /// round with `once`): the sweep, the check, and a collection of each node
-/// whose unlinked bytes reached `collect_above` (and are not 0; none when the table has
+/// whose unlinked bytes reached `collect_above`, or, with `after_ran_out`,
+/// on which a lease ran out since its last collection (a node with no
+/// unlinked bytes is not collected; none is when the table has
 /// problems). Each round opens a client of its own (a memory node that
 /// restarted is reached again) and closes it. A step that fails is said
 /// on stderr and the round goes on; the next round tries again.
@@ -294,10 +331,15 @@ pub(crate) fn maintain<T: Transport>(
     };
     if !opts.once {
         let line = format!(
-            "race-kv maintain: store {}, a round every {} s, collecting a node with {} unlinked or more",
+            "race-kv maintain: store {}, a round every {} s, collecting a node with {} unlinked or more{}",
             store.name(),
             opts.every.as_secs(),
-            bytes_text(opts.collect_above)
+            bytes_text(opts.collect_above),
+            if opts.after_ran_out {
+                ", or on which a lease ran out"
+            } else {
+                ""
+            }
         );
         if let Err(e) = krcore_cli::announce_ready(&line, None) {
             return fail(PROGRAM, &e);
@@ -367,10 +409,27 @@ fn maintain_round<T: Transport>(
             failed = true;
         }
         Ok(c) => {
-            for (node, unlinked) in c.unlinked {
-                if unlinked == 0 || unlinked < opts.collect_above || shutdown.requested() {
+            for NodeChecked {
+                node,
+                unlinked,
+                ran_out,
+            } in c.nodes
+            {
+                let ran_out = opts.after_ran_out && ran_out.is_some_and(|n| n > 0);
+                if unlinked == 0
+                    || (unlinked < opts.collect_above && !ran_out)
+                    || shutdown.requested()
+                {
                     continue;
                 }
+                krcore_cli::outln!(
+                    "round {round}: collecting node {node}: {}",
+                    if unlinked >= opts.collect_above {
+                        format!("{} unlinked", bytes_text(unlinked))
+                    } else {
+                        "a lease ran out on it since its last collection".to_string()
+                    }
+                );
                 let one = CollectOptions {
                     apply: true,
                     nodes: Some(vec![node]),
