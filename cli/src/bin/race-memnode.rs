@@ -437,7 +437,7 @@ fn usage_line(s: &NodeStats, last: &NodeStats, over: Duration) -> String {
     format!(
         "in use {} of {} ({}%): heap {} handed out, {} of it pooled ({} cooling); \
          {} live grant lease(s); last {} s: clients gave back {}, {} handed out again, \
-         {} taken back from {} ended lease(s)",
+         {} taken back from {} ended lease(s), {} of them ran out (killed or silent clients)",
         bytes_text(in_use(s)),
         bytes_text(s.capacity),
         in_use_pct(s),
@@ -450,6 +450,7 @@ fn usage_line(s: &NodeStats, last: &NodeStats, over: Duration) -> String {
         bytes_text(s.pool.reused.saturating_sub(last.pool.reused)),
         bytes_text(reclaimed),
         s.holders.ended.saturating_sub(last.holders.ended),
+        s.holders.ran_out.saturating_sub(last.holders.ran_out),
     )
 }
 
@@ -520,6 +521,7 @@ mod tests {
         s.pool.reused = 3 << 20;
         s.holders.reclaimed = 2 << 20;
         s.holders.ended = 1;
+        s.holders.ran_out = 1;
         s.holders.holders = 3;
         let lines = r.lines(&s, t0 + Duration::from_secs(61));
         assert_eq!(lines.len(), 1, "{lines:?}");
@@ -531,7 +533,7 @@ mod tests {
         );
         assert!(l.contains("3 live grant lease(s)"), "{l}");
         assert!(
-            l.contains("clients gave back 6.0 MiB, 3.0 MiB handed out again, 2.0 MiB taken back from 1 ended lease(s)"),
+            l.contains("clients gave back 6.0 MiB, 3.0 MiB handed out again, 2.0 MiB taken back from 1 ended lease(s), 1 of them ran out"),
             "{l}"
         );
         // The next line counts from this one.
