@@ -319,8 +319,8 @@ pub(super) struct Allocations<N: Nic> {
     looked: Option<Instant>,
     /// Answers that came for requests in `asked`.
     answers: Vec<(u64, Answer)>,
-    /// Nodes a message sent without waiting for its answer found no room
-    /// for in time ([`Allocations::send_only`]).
+    /// Nodes a message sent without waiting for its answer failed to reach
+    /// ([`Allocations::send_only`]).
     stalled: Vec<u8>,
 }
 
@@ -451,9 +451,10 @@ impl<N: Nic> Allocations<N> {
     /// leases so). The node answers every message and takes the next only
     /// while its answers have room here, so a message that finds no
     /// credit pops the answers that came (nobody waits for them) and tries
-    /// again, for at most [`CLOSE_WAIT`]; a node that gave no room in time
-    /// gets no more of them (`stalled`), so a drop waits at most that long
-    /// per node. Until 2026-12-08 a message went only if it could go at
+    /// again, for at most [`CLOSE_WAIT`]; a node that gave no room in time,
+    /// or refused or lost a message, gets no more of them (`stalled`), so
+    /// a drop waits at most that long per node (and, for a channel not
+    /// open yet, once for its Open). Until 2026-12-08 a message went only if it could go at
     /// once: the give-backs before it took the channel's credits, and a
     /// dropped client's lease end went out in none of 10 drops in a row
     /// (its node held the grants a whole lease), some of its give-backs
@@ -467,7 +468,7 @@ impl<N: Nic> Allocations<N> {
         if self.stalled.contains(&to) {
             return Err(TransportError::Refused {
                 node: to,
-                source: Cause::msg("an earlier message found no room on the channel in time"),
+                source: Cause::msg("an earlier message to the node failed"),
             });
         }
         let (_, req) = self.next_request(want);
@@ -484,7 +485,9 @@ impl<N: Nic> Allocations<N> {
             while let Ok(Some(_)) = self.next_answer(to) {}
             std::thread::yield_now();
         };
-        if matches!(r, Err(krcore::MsgError::WouldBlock)) {
+        if r.is_err() {
+            // No room in time, or the channel could not open (its Open is
+            // waited for up to the messaging timeout once, not per message).
             self.stalled.push(to);
         }
         self.release_idle();
