@@ -422,3 +422,47 @@ fn many_clients_of_an_attached_process_share_a_few_allocation_endpoints() {
     drop(daemon);
     drop(servers);
 }
+
+/// An attached client dropped without closing ends its grant leases and
+/// gives back what it holds through the daemon's messaging, as one of its
+/// own engine does (`collect.rs`): its nodes have no lease left to drain.
+#[test]
+fn an_attached_client_dropped_without_closing_ends_its_leases() {
+    use race_store::collection::CollectStart;
+    use race_store::remote::Transport;
+
+    let (dir, meta, table) = fabric_and_table();
+    let (servers, infos) = memory_nodes(&meta, &table, 32 << 20);
+    let (daemon, _daemon_node) = daemon_on(&meta, dir.path(), "krcored.sock");
+    let node = Node::attach(daemon.path()).unwrap();
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
+    let t = VqpTransport::connect(&node, &infos).unwrap();
+    let mut cl = Client::open(t, clock, ClientConfig::default()).unwrap();
+    for i in 0..1200u64 {
+        let key = format!("k{}", i % 300).into_bytes();
+        cl.put(&key, &vec![b'v'; 30 + (i % 200) as usize]).unwrap();
+    }
+    let held = cl.stats().kv_memory.held_bytes();
+    assert!(held > 0);
+    let returned = |s: &[MemoryNodeHandle]| s.iter().map(|s| s.stats().pool.returned).sum::<u64>();
+    let before = returned(&servers);
+    drop(cl);
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while returned(&servers) - before < held {
+        assert!(
+            std::time::Instant::now() < until,
+            "given back {} of {held}",
+            returned(&servers) - before
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut t = VqpTransport::connect(&node, &infos).unwrap();
+    for n in 0..2 {
+        assert_eq!(
+            t.collect_begin(n, 3).unwrap(),
+            CollectStart::Ready,
+            "node {n}"
+        );
+        t.collect_finish(n, 3, false).unwrap();
+    }
+}
