@@ -386,6 +386,21 @@ fn maintain_takes_back_what_a_killed_client_left_and_stops_at_sigterm() {
         usage.contains("1 lease(s) ran out since its last collection"),
         "{usage}"
     );
+    // The same for monitoring.
+    let out = bounded_output(KV, &on(&["usage", "--format", "prometheus"]));
+    let prom = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        prom.lines()
+            .any(|l| l
+                == "race_store_node_leases_ran_out_since_collection{store=\"s\",node=\"0\"} 1"),
+        "{prom}"
+    );
+    let out = bounded_output(KV, &on(&["usage", "--format", "json"]));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        json["nodes"][0]["record"]["ran_out_since_collection"], 1,
+        "{json}"
+    );
 
     // By the mark alone (far above what is unlinked), nothing is collected;
     // after a lease ran out, the node is.

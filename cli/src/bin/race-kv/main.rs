@@ -9,7 +9,8 @@
 //!   delete KEY         remove a present key
 //!   check              read the whole table, check its invariants, count its keys,
 //!                      and say what each memory node's memory in use holds
-//!   usage              every memory node's usage (one READ of its usage record each)
+//!   usage              every memory node's usage (one READ of its usage record each);
+//!                      --format json or prometheus for monitoring
 //!   sweep              remove the tentative copies killed inserters left (waits
 //!                      grace - max_op ticks, 200 ms by default, when it finds any)
 //!   collect            take back what killed clients left on the memory nodes, one
@@ -68,7 +69,7 @@ use krcore_cli::{
     bytes_text, fail, init_tracing, load_toml, parse_fabric, stopped_by_signal, usage, Periodic,
     Shutdown, StoppableStdin,
 };
-use maintenance::{check, collect, maintain, sweep, usage_of, MaintainOptions};
+use maintenance::{check, collect, maintain, sweep, usage_of, MaintainOptions, UsageFormat};
 use race_store::client::Op;
 use race_store::deploy::{Store, StoreOptions};
 use race_store::dump::{DumpError, DumpReader, DumpWriter};
@@ -133,7 +134,13 @@ enum Command {
     /// Every memory node's usage: region in use, heap handed out and
     /// pooled, live grant leases, memory taken back from ended leases
     /// (each node's usage record, read with one-sided READs).
-    Usage,
+    Usage {
+        /// text (lines for people), json (one object), or prometheus
+        /// (the text exposition format, e.g. for node_exporter's textfile
+        /// collector).
+        #[arg(long, value_enum, default_value_t = UsageFormat::Text)]
+        format: UsageFormat,
+    },
     /// Remove the tentative copies that killed inserters left (`check`
     /// counts them): read the table, wait out the time an inserter may
     /// take to commit (grace_ticks - max_op_ticks of the client config,
@@ -249,7 +256,7 @@ fn main() -> ExitCode {
         Err(e) => return fail(PROGRAM, &e),
     };
     match args.command {
-        Command::Usage => return usage_of(&store),
+        Command::Usage { format } => return usage_of(&store, format),
         Command::Maintain {
             every_s,
             collect_above_mib,
@@ -335,7 +342,7 @@ fn run<T: race_store::remote::Transport>(
             max_drain_s,
         } => return collect(client, dry_run, nodes, max_drain_s),
         // Answered before a client opens (main); never reach here.
-        Command::Usage | Command::Maintain { .. } => {
+        Command::Usage { .. } | Command::Maintain { .. } => {
             return usage(PROGRAM, "usage and maintain are answered without a client")
         }
     };

@@ -6,6 +6,7 @@ use crate::PROGRAM;
 use krcore_cli::{bytes_text, fail, percent, Shutdown};
 use race_store::client::{CollectOptions, NodeCollect};
 use race_store::deploy::Store;
+use race_store::layout::usage::UsageRepr;
 use race_store::remote::Transport;
 use race_store::{Client, Error};
 use std::process::ExitCode;
@@ -18,15 +19,40 @@ type StepError = Box<dyn std::error::Error + Send + Sync>;
 /// writing it: stopped, hung, or gone).
 const STALE_MS: u64 = 10_000;
 
+/// How `usage` prints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum UsageFormat {
+    /// A line per node, and the store's total.
+    Text,
+    /// One JSON object: the store, its nodes and their records.
+    Json,
+    /// Prometheus's text exposition format.
+    Prometheus,
+}
+
 /// `usage`: each memory node's usage record, and the store's total.
-pub(crate) fn usage_of(store: &Store) -> ExitCode {
+pub(crate) fn usage_of(store: &Store, format: UsageFormat) -> ExitCode {
     let nodes = match store.usage() {
         Ok(n) => n,
         Err(e) => return fail(PROGRAM, &e),
     };
     let now_ms = race_store::layout::usage::wall_ms();
+    match format {
+        UsageFormat::Text => usage_text(store, &nodes, now_ms),
+        UsageFormat::Json => krcore_cli::outln!("{}", usage_json(store.name(), &nodes, now_ms)),
+        UsageFormat::Prometheus => {
+            krcore_cli::outln!(
+                "{}",
+                usage_prometheus(store.name(), &nodes, now_ms).trim_end()
+            );
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+fn usage_text(store: &Store, nodes: &[(u8, Option<UsageRepr>)], now_ms: u64) {
     let (mut in_use, mut capacity) = (0u64, 0u64);
-    for (id, u) in &nodes {
+    for (id, u) in nodes {
         let Some(u) = u else {
             krcore_cli::outln!("node {id}: no usage record (a node of an older build, or one that has just started)");
             continue;
@@ -65,7 +91,105 @@ pub(crate) fn usage_of(store: &Store) -> ExitCode {
         percent(in_use, capacity),
         nodes.iter().filter(|(_, u)| u.is_some()).count(),
     );
-    ExitCode::SUCCESS
+}
+
+/// The records as one JSON object: `{"store", "nodes": [{"node",
+/// "record"}]}`, a record `null` for a node without one, its age in ms
+/// beside its fields.
+fn usage_json(store: &str, nodes: &[(u8, Option<UsageRepr>)], now_ms: u64) -> String {
+    let nodes: Vec<serde_json::Value> = nodes
+        .iter()
+        .map(|(id, u)| {
+            let record = u.map(|u| {
+                serde_json::json!({
+                    "written_ms": u.written_ms,
+                    "age_ms": now_ms.saturating_sub(u.written_ms),
+                    "capacity": u.capacity,
+                    "in_use": u.in_use(),
+                    "heap_used": u.heap_used,
+                    "pooled": u.pooled,
+                    "cooling": u.cooling,
+                    "returned": u.returned,
+                    "reused": u.reused,
+                    "reclaimed": u.reclaimed,
+                    "ended_leases": u.ended,
+                    "live_leases": u.holders,
+                    "doomed_kib": u.doomed_kib,
+                    "ran_out_since_collection": u.ran_out_since_collection,
+                })
+            });
+            serde_json::json!({ "node": id, "record": record })
+        })
+        .collect();
+    serde_json::json!({ "store": store, "nodes": nodes }).to_string()
+}
+
+/// The records in Prometheus's text exposition format: a gauge or a
+/// counter per field, labelled with the store and the node; a node
+/// without a record has `race_store_usage_record 0` only.
+fn usage_prometheus(store: &str, nodes: &[(u8, Option<UsageRepr>)], now_ms: u64) -> String {
+    type Field = fn(&UsageRepr, u64) -> Option<u64>;
+    let metrics: [(&str, &str, &str, Field); 13] = [
+        ("capacity_bytes", "gauge", "Bytes of the node's region.", |u, _| Some(u.capacity)),
+        ("in_use_bytes", "gauge", "Bytes handed out and not pooled (clients hold them).", |u, _| {
+            Some(u.in_use())
+        }),
+        ("heap_used_bytes", "gauge", "Bytes handed out by the block allocator.", |u, _| {
+            Some(u.heap_used)
+        }),
+        ("pooled_bytes", "gauge", "Bytes given back, pooled to hand out again.", |u, _| {
+            Some(u.pooled)
+        }),
+        ("cooling_bytes", "gauge", "Pooled bytes still in their grace period.", |u, _| {
+            Some(u.cooling)
+        }),
+        ("returned_bytes_total", "counter", "Bytes given back since the node started.", |u, _| {
+            Some(u.returned)
+        }),
+        ("reused_bytes_total", "counter", "Bytes handed out again since the node started.", |u, _| {
+            Some(u.reused)
+        }),
+        ("reclaimed_bytes_total", "counter", "Bytes taken back from ended leases since the node started.", |u, _| {
+            Some(u.reclaimed)
+        }),
+        ("leases_ended_total", "counter", "Grant leases that ended since the node started.", |u, _| {
+            Some(u.ended)
+        }),
+        ("live_leases", "gauge", "Clients holding grants now.", |u, _| Some(u64::from(u.holders))),
+        ("doomed_bytes", "gauge", "Bytes of dead clients' grants not read yet.", |u, _| {
+            Some(u64::from(u.doomed_kib) << 10)
+        }),
+        (
+            "leases_ran_out_since_collection",
+            "gauge",
+            "Grant leases that ran out since the node's last collection (killed or silent clients).",
+            |u, _| u.ran_out_since_collection.map(u64::from),
+        ),
+        ("record_age_seconds", "gauge", "Age of the node's usage record.", |u, now| {
+            Some(now.saturating_sub(u.written_ms) / 1000)
+        }),
+    ];
+    let label = |id: u8| format!("{{store=\"{}\",node=\"{id}\"}}", store.escape_default());
+    let mut out = String::new();
+    out.push_str("# HELP race_store_usage_record Whether the node has a usage record.\n");
+    out.push_str("# TYPE race_store_usage_record gauge\n");
+    for (id, u) in nodes {
+        out.push_str(&format!(
+            "race_store_usage_record{} {}\n",
+            label(*id),
+            u64::from(u.is_some())
+        ));
+    }
+    for (name, kind, help, field) in metrics {
+        out.push_str(&format!("# HELP race_store_node_{name} {help}\n"));
+        out.push_str(&format!("# TYPE race_store_node_{name} {kind}\n"));
+        for (id, u) in nodes {
+            if let Some(v) = u.as_ref().and_then(|u| field(u, now_ms)) {
+                out.push_str(&format!("race_store_node_{name}{} {v}\n", label(*id)));
+            }
+        }
+    }
+    out
 }
 
 /// A node's leases that ran out since its last collection, for a line
@@ -464,4 +588,64 @@ fn maintain_round<T: Transport>(
         bytes_text(taken)
     );
     failed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nodes() -> Vec<(u8, Option<UsageRepr>)> {
+        let record = UsageRepr {
+            written_ms: 1_000_000,
+            capacity: 1 << 30,
+            heap_used: 300 << 20,
+            pooled: 20 << 20,
+            cooling: 1 << 20,
+            returned: 900 << 20,
+            reused: 880 << 20,
+            reclaimed: 5 << 20,
+            ended: 3,
+            holders: 7,
+            doomed_kib: 64,
+            ran_out_since_collection: Some(2),
+        };
+        vec![(0, Some(record)), (1, None)]
+    }
+
+    #[test]
+    fn usage_in_prometheus_format_has_a_sample_per_field_and_node_with_a_record() {
+        let text = usage_prometheus("s\"1", &nodes(), 1_004_500);
+        let lines: Vec<&str> = text.lines().collect();
+        for want in [
+            "race_store_usage_record{store=\"s\\\"1\",node=\"0\"} 1",
+            "race_store_usage_record{store=\"s\\\"1\",node=\"1\"} 0",
+            "race_store_node_in_use_bytes{store=\"s\\\"1\",node=\"0\"} 293601280",
+            "race_store_node_doomed_bytes{store=\"s\\\"1\",node=\"0\"} 65536",
+            "race_store_node_leases_ran_out_since_collection{store=\"s\\\"1\",node=\"0\"} 2",
+            "race_store_node_record_age_seconds{store=\"s\\\"1\",node=\"0\"} 4",
+            "# TYPE race_store_node_leases_ended_total counter",
+        ] {
+            assert!(lines.contains(&want), "{want} in\n{text}");
+        }
+        let samples: Vec<&&str> = lines.iter().filter(|l| !l.starts_with('#')).collect();
+        assert_eq!(samples.len(), 2 + 13, "{text}");
+        assert!(samples.iter().all(|l| l.split(' ').count() == 2), "{text}");
+        // Every family has its HELP and TYPE before its samples.
+        assert_eq!(
+            lines.iter().filter(|l| l.starts_with("# TYPE ")).count(),
+            14
+        );
+    }
+
+    #[test]
+    fn usage_in_json_is_one_object_with_a_record_or_null_per_node() {
+        let v: serde_json::Value =
+            serde_json::from_str(&usage_json("s", &nodes(), 1_004_500)).unwrap();
+        assert_eq!(v["store"], "s");
+        assert_eq!(v["nodes"][0]["node"], 0);
+        assert_eq!(v["nodes"][0]["record"]["in_use"], 293_601_280u64);
+        assert_eq!(v["nodes"][0]["record"]["age_ms"], 4500);
+        assert_eq!(v["nodes"][0]["record"]["ran_out_since_collection"], 2);
+        assert!(v["nodes"][1]["record"].is_null());
+    }
 }
