@@ -47,9 +47,9 @@
 //! answered, on its own monotonic clock; the node counts from when it
 //! *received* the last one. The client carves from a node's grants only
 //! while more than a quarter of its lease is left
-//! ([`crate::remote::Transport::grant_lease`]: it renews once half is
-//! gone, ahead where the transport can, and waits for the renewal at a
-//! quarter), and drops every grant of the node, with the blocks it
+//! ([`crate::remote::Transport::grant_lease`]: it renews once a quarter
+//! is gone, ahead where the transport can, and waits for the renewal
+//! when a quarter is left), and drops every grant of the node, with the blocks it
 //! released unpublished (their WRITEs may not have run), when the
 //! generation changed; its free blocks were written, so it keeps them. So a client the node declared dead stopped carving
 //! from the old grants a quarter of a lease before, by its own clock; a

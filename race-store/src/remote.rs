@@ -573,8 +573,8 @@ pub trait Transport {
 
     /// The client's lease on memory node `node`'s grants (see
     /// [`crate::holders`]): its generation, with more than a quarter of
-    /// the lease left (renewed once half is gone: before returning, or
-    /// sent ahead and waited for only at a quarter). The client carves from a node's grants and
+    /// the lease left (renewed once a quarter is gone: before returning,
+    /// or sent ahead and waited for only when a quarter is left). The client carves from a node's grants and
     /// free blocks only after this said `Ok`, and drops them all when the
     /// generation changed (the node may have taken them back). `Ok(None)`
     /// (the default): the transport or the node keeps no leases.

@@ -578,7 +578,7 @@ impl<N: Nic> Transport for VqpTransport<N> {
     }
 
     /// Renewed by a request of its own (grants and give-backs renew it
-    /// too): sent ahead once less than half the lease is left, its answer
+    /// too): sent ahead once a quarter of the lease is gone, its answer
     /// collected by a later call; waited for only when a quarter or less
     /// is left (an exchange while the memory node's thread sleeps would
     /// stall the write that carves: up to its idle sleep).
