@@ -151,9 +151,15 @@ impl KvAllocator {
                     Ok(None) => {}
                     // Nothing was granted, so nothing is lost: a node out of
                     // memory, or collecting when the ask came (answered
-                    // during a collection that may have ended since).
-                    Err(TransportError::OutOfMemory { .. } | TransportError::Collecting { .. }) => {
-                    }
+                    // during a collection that may have ended since); or
+                    // granted under a lease that has ended since (the client
+                    // ended it on a collecting node and renewed after the
+                    // collection), which the node took back when it ended.
+                    Err(
+                        TransportError::OutOfMemory { .. }
+                        | TransportError::Collecting { .. }
+                        | TransportError::LeaseEnded { .. },
+                    ) => {}
                     Err(e) => {
                         report.error.get_or_insert(e.into());
                     }
