@@ -216,6 +216,19 @@ impl Transport for Asking {
     }
 }
 
+/// An allocator of one node that carved 8 blocks from `t`, with the next
+/// grant asked ahead and not answered yet.
+fn carved_with_an_ask_out(t: &mut Asking) -> KvAllocator {
+    let mut st = TransportStats::default();
+    let mut a = KvAllocator::new(1, 10, 1024);
+    let asked = t.asked.len();
+    for _ in 0..8 {
+        a.alloc(t, &mut st, 0, LEN_UNIT, 0).unwrap();
+    }
+    assert_eq!(t.asked.len(), asked + 1, "an ask ahead is out");
+    a
+}
+
 /// A close that meets a collection (answers of asks and give-backs sent
 /// while the node collected, or a node collecting now) keeps what the
 /// node did not take and reports no error: a collection is the
@@ -226,12 +239,7 @@ impl Transport for Asking {
 fn a_close_that_meets_a_collection_keeps_without_error() {
     let cluster = small_cluster(1, 1 << 20);
     let mut t = Asking::new(cluster.transport(), false, false);
-    let mut st = TransportStats::default();
-    let mut a = KvAllocator::new(1, 10, 1024);
-    for _ in 0..8 {
-        a.alloc(&mut t, &mut st, 0, LEN_UNIT, 0).unwrap();
-    }
-    assert_eq!(t.asked.len(), 1, "an ask ahead is out");
+    let mut a = carved_with_an_ask_out(&mut t);
     t.collecting = true;
     let held = a.stats().uncarved_bytes;
     let r = a.give_back(&mut t, 8, None, true);
@@ -239,11 +247,8 @@ fn a_close_that_meets_a_collection_keeps_without_error() {
     assert_eq!((r.returned_bytes, r.kept_bytes), (0, held), "{r:?}");
     assert_eq!(t.answers_waited, 1, "the ask was answered");
     // Given back when the node is not collecting.
-    let mut b = KvAllocator::new(1, 10, 1024);
     t.collecting = false;
-    for _ in 0..8 {
-        b.alloc(&mut t, &mut st, 0, LEN_UNIT, 0).unwrap();
-    }
+    let mut b = carved_with_an_ask_out(&mut t);
     let r = b.give_back(&mut t, 8, None, true);
     assert!(r.error.is_none() && r.returned_bytes > 0, "{r:?}");
 }
@@ -258,12 +263,7 @@ fn a_close_that_meets_a_collection_keeps_without_error() {
 fn a_close_whose_ask_came_under_an_ended_lease_reports_no_error() {
     let cluster = small_cluster(1, 1 << 20);
     let mut t = Asking::new(cluster.transport(), false, false);
-    let mut st = TransportStats::default();
-    let mut a = KvAllocator::new(1, 10, 1024);
-    for _ in 0..8 {
-        a.alloc(&mut t, &mut st, 0, LEN_UNIT, 0).unwrap();
-    }
-    assert_eq!(t.asked.len(), 1, "an ask ahead is out");
+    let mut a = carved_with_an_ask_out(&mut t);
     t.lease_ended = true;
     let r = a.give_back(&mut t, 8, None, true);
     assert!(r.error.is_none(), "{r:?}");
