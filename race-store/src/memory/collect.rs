@@ -187,7 +187,6 @@ impl<M: NodeMemory> MemoryNode<M> {
         let Some(c) = heap.collection.take() else {
             return Err(refused(self.id, "no such ready collection"));
         };
-
         let mut kept: Vec<(u64, u64)> = c.live;
         kept.extend(heap.pool.runs());
         kept.extend(heap.coarse.iter().map(|(&s, &l)| (s, s + l)));
@@ -199,20 +198,18 @@ impl<M: NodeMemory> MemoryNode<M> {
         if !apply {
             return Ok(done);
         }
-        if unreached.is_empty() {
-            heap.holders.note_collection();
-            return Ok(done);
+        if !unreached.is_empty() {
+            let runs: Vec<(u64, u64)> = unreached.iter().map(|&(s, e)| (s, e - s)).collect();
+            let bounds = (heap.floor, heap.next);
+            heap.pool
+                .give(BLOCK_ALIGN, &runs, bounds, now, now)
+                .map_err(|r| TransportError::Refused {
+                    node: self.id,
+                    source: Cause::new(r),
+                })?;
+            heap.holders.returned(&runs);
+            heap.holders.collected();
         }
-        let runs: Vec<(u64, u64)> = unreached.iter().map(|&(s, e)| (s, e - s)).collect();
-        let bounds = (heap.floor, heap.next);
-        heap.pool
-            .give(BLOCK_ALIGN, &runs, bounds, now, now)
-            .map_err(|r| TransportError::Refused {
-                node: self.id,
-                source: Cause::new(r),
-            })?;
-        heap.holders.returned(&runs);
-        heap.holders.collected();
         heap.holders.note_collection();
         Ok(done)
     }
