@@ -428,9 +428,6 @@ fn many_clients_of_an_attached_process_share_a_few_allocation_endpoints() {
 /// own engine does (`collect.rs`): its nodes have no lease left to drain.
 #[test]
 fn an_attached_client_dropped_without_closing_ends_its_leases() {
-    use race_store::collection::CollectStart;
-    use race_store::remote::Transport;
-
     let (dir, meta, table) = fabric_and_table();
     let (servers, infos) = memory_nodes(&meta, &table, 32 << 20);
     let (daemon, _daemon_node) = daemon_on(&meta, dir.path(), "krcored.sock");
@@ -447,22 +444,20 @@ fn an_attached_client_dropped_without_closing_ends_its_leases() {
     let returned = |s: &[MemoryNodeHandle]| s.iter().map(|s| s.stats().pool.returned).sum::<u64>();
     let before = returned(&servers);
     drop(cl);
+    // Everything given back, and no lease left on either node (what a
+    // collection would wait for), as the nodes' own books say: asked over
+    // messaging, a collection's begin once timed out in CI (closing note
+    // of 2026-12-08). The end follows the give-backs, so both are waited
+    // for.
+    let leases = |s: &[MemoryNodeHandle]| s.iter().map(|s| s.stats().holders.holders).sum::<u64>();
     let until = std::time::Instant::now() + Duration::from_secs(5);
-    while returned(&servers) - before < held {
+    while returned(&servers) - before < held || leases(&servers) > 0 {
         assert!(
             std::time::Instant::now() < until,
-            "given back {} of {held}",
-            returned(&servers) - before
+            "given back {} of {held}, {} lease(s) left",
+            returned(&servers) - before,
+            leases(&servers)
         );
         std::thread::sleep(Duration::from_millis(5));
-    }
-    let mut t = VqpTransport::connect(&node, &infos).unwrap();
-    for n in 0..2 {
-        assert_eq!(
-            t.collect_begin(n, 3).unwrap(),
-            CollectStart::Ready,
-            "node {n}"
-        );
-        t.collect_finish(n, 3, false).unwrap();
     }
 }
